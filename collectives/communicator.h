@@ -1,0 +1,83 @@
+// A Communicator: a group of ranks that run collectives over core/net transports.
+//
+// Collective calls must be made by every rank in the same order with matching arguments
+// (count, dtype, op, root). Arguments that disagree across ranks are detected where the bytes
+// show it (message sizes are checked at every step) and end in an error, never a hang.
+//
+// Threading: collective calls on one Communicator are serialised (one at a time; a blocking call
+// made while async operations are pending waits for them first, keeping the issue order). abort()
+// may be called from any thread at any time: every pending and later call returns kAborted.
+// Every wait has the deadline GW_TIMEOUT_MS (or CommOptions::timeout_ms).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collectives/types.h"
+#include "core/status.h"
+#include "core/store.h"
+
+namespace gw::coll {
+
+enum class Algo { kAuto, kRing, kRhd };
+
+struct CommOptions {
+  int rank = -1;
+  int world_size = -1;
+  std::shared_ptr<Store> store;   // required; the communicator uses keys under its own prefix
+  std::string transport = "auto"; // auto (shm within a host, tcp across), tcp, shm
+  int64_t timeout_ms = -1;        // -1: GW_TIMEOUT_MS
+  std::string job_token;          // "" : agree one through the store (GW_JOB_TOKEN wins if set)
+  std::string host_id;            // "" : bootstrap host_identity()
+};
+
+// Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until
+// done, then destroy. Destroying an unfinished request waits for it (bounded by the deadline).
+class AsyncOp {
+ public:
+  virtual ~AsyncOp() = default;
+  // Waits up to timeout_ms (-1: forever, bounded by the communicator's own deadline).
+  // Returns kTimeout if it is still running at that point (the op continues).
+  virtual Status wait(int64_t timeout_ms) = 0;
+  // Sets *done; when done, returns the op's final status.
+  virtual Status test(bool* done) = 0;
+};
+
+class Communicator {
+ public:
+  static Result<std::unique_ptr<Communicator>> create(const CommOptions& options);
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // sendbuf == recvbuf means in place. count may be 0. Buffers must not overlap otherwise.
+  virtual Status allreduce(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  virtual Status broadcast(void* buf, size_t count, DataType dtype, int root) = 0;
+  // recvbuf holds size()*sendcount elements, rank r's block at r*sendcount.
+  virtual Status allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                           DataType dtype) = 0;
+  // sendbuf holds size()*recvcount elements; rank r receives the reduction of block r.
+  virtual Status reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                DataType dtype, ReduceOp op) = 0;
+  virtual Status barrier() = 0;
+
+  // Starts an allreduce that runs on the communicator's progress thread. Buffers must stay
+  // valid until the op is done.
+  virtual Result<std::unique_ptr<AsyncOp>> iallreduce(const void* sendbuf, void* recvbuf,
+                                                      size_t count, DataType dtype,
+                                                      ReduceOp op) = 0;
+
+  // Thread-safe, idempotent, never blocks.
+  virtual void abort() = 0;
+  virtual bool aborted() const = 0;
+
+  // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
+  virtual Algo choose_allreduce_algo(size_t bytes) const = 0;
+};
+
+}  // namespace gw::coll

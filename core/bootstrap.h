@@ -1,0 +1,49 @@
+// Where a process learns who it is: rank, world size, local rank and the store address, from
+// the environment of the launcher that started it, and which ranks share its host.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/store.h"
+
+namespace gw {
+
+struct LaunchInfo {
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;        // -1 when the launcher does not say
+  int local_world_size = -1;
+  std::string store_host;     // empty when the launcher gives no address
+  int store_port = 0;
+  std::string source;         // "GW_*", "torchrun", "Open MPI", "Slurm"
+};
+
+// Order: GW_RANK/GW_WORLD_SIZE/GW_STORE; torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Open MPI (OMPI_COMM_WORLD_RANK,
+// OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK); Slurm (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID). The store address falls back to MASTER_ADDR/MASTER_PORT for every launcher.
+// Missing or malformed values are kInvalidArg naming the variable.
+Result<LaunchInfo> detect_launch();
+
+// This process's host identity: GW_HOSTID/NCCL_HOSTID if set, else hostname + boot id + the
+// network namespace inode (namespaces used as hosts in tests are distinct hosts).
+std::string host_identity();
+
+// Publishes this rank's host identity and reads everyone's. Returns, for each rank, the index of
+// its host (0..nhosts-1, in order of first appearance).
+struct HostMap {
+  std::vector<int> host_of_rank;
+  std::vector<std::vector<int>> ranks_of_host;
+  int my_host = -1;
+  int local_rank = -1;  // position of this rank among the ranks of its host
+};
+Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline);
+
+// Job token: GW_JOB_TOKEN if set; else rank 0 generates 128 random bits and publishes them in the
+// store, and the others read them.
+Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline);
+
+}  // namespace gw

@@ -1,0 +1,44 @@
+#include "core/log.h"
+
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <mutex>
+
+#include "core/config.h"
+
+namespace gw::log {
+
+namespace {
+
+spdlog::level::level_enum level_from_config() {
+  std::string v = config::get_string(config::Key::kLogLevel);
+  auto lvl = spdlog::level::from_str(v);  // unknown names map to off
+  if (v == "warning") lvl = spdlog::level::warn;
+  return lvl;
+}
+
+std::shared_ptr<spdlog::logger> make_logger() {
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>("gradwire", sink);
+  logger->set_pattern("[gradwire %P] %^%l%$ %v");
+  logger->set_level(level_from_config());
+  logger->flush_on(spdlog::level::trace);
+  return logger;
+}
+
+std::shared_ptr<spdlog::logger>& instance() {
+  static std::shared_ptr<spdlog::logger> logger = make_logger();
+  return logger;
+}
+
+}  // namespace
+
+spdlog::logger& get() { return *instance(); }
+
+void set_rank(int rank) {
+  get().set_pattern(fmt::format("[gradwire {} %P] %^%l%$ %v", rank));
+}
+
+void reload_level() { get().set_level(level_from_config()); }
+
+}  // namespace gw::log

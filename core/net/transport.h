@@ -1,0 +1,133 @@
+// The one transport interface every backend implements (tcp, shm, and later dpdk, verbs).
+//
+// Its shape follows the NCCL net API on purpose, so plugin/ is a thin adapter and the
+// collectives run on exactly the code NCCL runs on:
+//
+//   receiver: Transport::listen(&handle) -> Listener; handle travels out of band (the store,
+//             or NCCL's bootstrap) to the sender; Listener::accept() -> RecvComm
+//   sender:   Transport::connect(handle) -> Connector; Connector::poll() -> SendComm
+//   data:     SendComm::isend / RecvComm::irecv post a request; Comm::test polls it
+//
+// Contract (every backend; the conformance suite in tests/unit/transport_conformance_test.cc
+// checks each point):
+// - Connections are one-way: a SendComm only sends, a RecvComm only receives.
+// - No call blocks. accept()/poll() return nullptr for "not yet"; isend/irecv return nullptr
+//   for "no free request slot now, retry after testing an older request".
+// - At least kMaxRequests requests may be in flight per comm.
+// - Sends and receives match in posting order (FIFO). The receive's tag must equal the send's
+//   tag, or be kAnyTag; a mismatch fails the receive with kInternal ("tag mismatch").
+// - A receive may be larger than the matching send (test reports the bytes received); a send
+//   larger than its receive fails both sides' requests with kInvalidArg ("message truncated").
+// - 0-byte messages are delivered like any other.
+// - Requests of one comm complete in posting order; test() may be called on any outstanding
+//   request, and after it reports done the request is dead (its slot reused).
+// - A peer that closes or dies makes outstanding and later requests fail with kPeer, naming
+//   the peer; a Connector whose peer never answers fails with kTimeout after timeout_ms.
+// - Destroying a comm with requests in flight is allowed: they are abandoned, never completed,
+//   and destruction does not block for longer than a short bounded linger.
+// - Thread-safety: different comms may be used from different threads at once. One comm is used
+//   by one thread at a time, except reg_mr/dereg_mr, which may race with isend/irecv/test.
+// - Handshakes carry the job token; a peer presenting a different token is refused (kPeer on the
+//   connector side, the accept side drops it and keeps listening).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+
+namespace gw::net {
+
+inline constexpr size_t kHandleSize = 128;  // NCCL_NET_HANDLE_MAXSIZE
+inline constexpr int kMaxRequests = 32;     // NCCL_NET_MAX_REQUESTS
+inline constexpr int kAnyTag = -1;
+
+// Opaque connection address produced by listen() and consumed by connect().
+struct Handle {
+  std::array<uint8_t, kHandleSize> bytes{};
+};
+
+enum class MemType { kHost = 0, kCuda = 1 };
+
+// Registered memory. Backends derive from it to keep keys; tcp/shm need nothing more.
+struct MemRegion {
+  virtual ~MemRegion() = default;
+  void* base = nullptr;
+  size_t size = 0;
+  MemType type = MemType::kHost;
+};
+
+class Request;  // backend-defined, owned by the comm that created it
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  // Registration is optional for tcp/shm (nullptr mr is always accepted), required by verbs.
+  virtual Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) = 0;
+  virtual Status dereg_mr(MemRegion* mr) = 0;
+  // Polls a request. On completion sets *done = true and *size = bytes transferred (for a
+  // receive, what the sender sent) and frees the request. On error the request is freed too.
+  virtual Status test(Request* request, bool* done, size_t* size) = 0;
+  // "rank 3 via tcp 10.0.0.2:41234" style description for error messages.
+  virtual std::string peer_name() const = 0;
+};
+
+class SendComm : public Comm {
+ public:
+  // Returns nullptr when no request slot is free now.
+  virtual Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) = 0;
+};
+
+class RecvComm : public Comm {
+ public:
+  // Returns nullptr when no request slot is free now. `size` is the capacity of `data`.
+  virtual Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) = 0;
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Returns nullptr until a peer has connected and completed the handshake.
+  virtual Result<std::unique_ptr<RecvComm>> accept() = 0;
+};
+
+class Connector {
+ public:
+  virtual ~Connector() = default;
+  // Returns nullptr until the connection is established; kTimeout after timeout_ms.
+  virtual Result<std::unique_ptr<SendComm>> poll() = 0;
+};
+
+struct Properties {
+  std::string name;         // "tcp", "shm"
+  std::string interfaces;   // e.g. "eth0:10.0.0.1" (tcp), "" otherwise
+  int sockets_per_conn = 1; // tcp striping
+  int speed_mbps = 0;       // link speed, 0 when unknown
+  double latency_us = 0;    // typical small-message one-way latency, for the cost model
+  double bandwidth_gbps = 0;// typical per-connection bandwidth (GB/s), for the cost model
+  bool supports_cuda = false;
+};
+
+struct TransportOptions {
+  std::string job_token;      // compared in every handshake
+  int64_t timeout_ms = 30000; // connector deadline
+  std::string host_id;        // this process's host identity (shm refuses other hosts)
+  int rank = -1;              // for names in messages only
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const Properties& properties() const = 0;
+  virtual Result<std::unique_ptr<Listener>> listen(Handle* handle) = 0;
+  virtual Result<std::unique_ptr<Connector>> connect(const Handle& handle) = 0;
+};
+
+// "tcp" or "shm" (later "dpdk", "verbs"). Tunables come from the config table.
+Result<std::unique_ptr<Transport>> make_transport(const std::string& name,
+                                                  const TransportOptions& options);
+
+}  // namespace gw::net

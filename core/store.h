@@ -1,0 +1,77 @@
+// The rendezvous store: a small key/value service hosted by rank 0 over TCP, used only while a
+// communicator is set up (addresses, handles, host identities) and for barriers at teardown.
+//
+// Every call has a deadline; a missing key or a dead store ends in kTimeout / kPeer, never a
+// hang. Keys are strings, values are bytes. The wire format is length-prefixed and every
+// decoder is bounds-checked (docs/wire-store.md). Clients present the job token first; a
+// server with a token refuses clients without it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace gw {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+inline Deadline deadline_after_ms(int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+
+using Bytes = std::vector<uint8_t>;
+
+// Thread-safe: one Store may be used from several threads at once.
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual Status set(const std::string& key, const Bytes& value, Deadline deadline) = 0;
+  // Blocks until the key exists or the deadline passes.
+  virtual Result<Bytes> get(const std::string& key, Deadline deadline) = 0;
+  // Atomically adds delta to an integer counter (created at 0) and returns the new value.
+  virtual Result<int64_t> add(const std::string& key, int64_t delta, Deadline deadline) = 0;
+  // Removes a key; missing keys are not an error.
+  virtual Status erase(const std::string& key, Deadline deadline) = 0;
+};
+
+// Same keys seen through a prefix ("comm3/"), so several communicators share one store.
+std::unique_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, std::string prefix);
+
+// In-process store for tests that run ranks as threads.
+std::shared_ptr<Store> make_memory_store();
+
+class TcpStoreServer;
+
+// A client of the TCP store. If `host_server` is true (rank 0), a server is started first on
+// host:port (port 0 picks a free one; see TcpStore::port()).
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  bool host_server = false;
+  std::string token;            // job token presented to / required by the server
+  int64_t connect_timeout_ms = 30000;
+};
+
+class TcpStore : public Store {
+ public:
+  static Result<std::shared_ptr<TcpStore>> create(const TcpStoreOptions& options);
+  ~TcpStore() override;
+  int port() const;  // the server's port (useful when it was chosen by the kernel)
+  Status set(const std::string& key, const Bytes& value, Deadline deadline) override;
+  Result<Bytes> get(const std::string& key, Deadline deadline) override;
+  Result<int64_t> add(const std::string& key, int64_t delta, Deadline deadline) override;
+  Status erase(const std::string& key, Deadline deadline) override;
+
+ private:
+  struct Impl;
+  explicit TcpStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Store-based barrier among `world` participants: every rank increments `key` and waits until
+// it reaches `world`. Keys must be unique per use (callers add a sequence number).
+Status store_barrier(Store& store, const std::string& key, int world, Deadline deadline);
+
+}  // namespace gw

@@ -1,0 +1,151 @@
+/* gradwire: gradient transport for distributed training. The C ABI.
+ *
+ * Conventions that hold for every call below:
+ * - Every call returns gw_status_t (except the getters documented otherwise). On failure the
+ *   outputs are left untouched and gw_last_error() returns a message that names the operation and,
+ *   where one is involved, the peer rank.
+ * - No C++ exception crosses this boundary.
+ * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, barrier, iallreduce) must be
+ *   made by every rank of the communicator, in the same order, with matching count, dtype, op and
+ *   root. Arguments that disagree are reported as errors, not hangs.
+ * - Collective calls block the calling thread until the operation completes locally, and at most
+ *   GW_TIMEOUT_MS milliseconds (default 300000): a rank that died or stopped calling makes the
+ *   others return GW_ERR_PEER or GW_ERR_TIMEOUT.
+ * - Thread-safety: different communicators may be used concurrently from different threads.
+ *   Calls on one communicator are serialised internally; issue collectives on it from one thread
+ *   (the order defines the matching). gw_comm_abort, gw_comm_rank, gw_comm_size, gw_status_string,
+ *   gw_last_error and gw_version are safe from any thread at any time.
+ * - Once a communicator has failed with GW_ERR_PEER/GW_ERR_TIMEOUT its connections are in an
+ *   unknown state: abort or destroy it and create a new one.
+ */
+#ifndef GRADWIRE_GRADWIRE_H_
+#define GRADWIRE_GRADWIRE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GW_VERSION_MAJOR 0
+#define GW_VERSION_MINOR 1
+#define GW_VERSION_PATCH 0
+
+typedef enum {
+  GW_OK = 0,
+  GW_ERR_INVALID_ARG = 1, /* bad argument: NULL pointer, unknown dtype/op, size overflow, ... */
+  GW_ERR_TIMEOUT = 2,     /* a deadline (GW_TIMEOUT_MS) passed */
+  GW_ERR_PEER = 3,        /* a peer closed, died or sent something unexpected */
+  GW_ERR_SYSTEM = 4,      /* a system call failed */
+  GW_ERR_UNSUPPORTED = 5, /* not available in this build or on this host */
+  GW_ERR_NO_MEMORY = 6,
+  GW_ERR_ABORTED = 7, /* the communicator was aborted (gw_comm_abort) */
+  GW_ERR_INTERNAL = 8 /* a bug in gradwire: please report it with gw_last_error() */
+} gw_status_t;
+
+typedef enum {
+  GW_FLOAT32 = 0,
+  GW_FLOAT64 = 1,
+  GW_FLOAT16 = 2, /* IEEE half; reduced in float32 */
+  GW_BFLOAT16 = 3, /* reduced in float32 */
+  GW_INT32 = 4,
+  GW_INT64 = 5,
+  GW_UINT8 = 6
+} gw_dtype_t;
+
+typedef enum {
+  GW_SUM = 0,
+  GW_PROD = 1,
+  GW_MIN = 2,
+  GW_MAX = 3,
+  GW_AVG = 4 /* sum divided by the number of ranks (integers: truncated) */
+} gw_op_t;
+
+typedef struct gw_comm* gw_comm_t;
+typedef struct gw_request* gw_request_t;
+
+/* Explicit configuration for gw_comm_init. Zero-initialise it, then set what you need; a field
+ * left 0/NULL takes its value from the environment (GW_* variables, then torchrun/Open MPI/Slurm)
+ * or its default. */
+typedef struct {
+  int rank;                /* required: 0 <= rank < world_size */
+  int world_size;          /* required: >= 1 */
+  const char* store_addr;  /* "host:port" of the rendezvous store; rank 0 hosts it there.
+                              NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
+  const char* transport;   /* "auto" (default), "tcp", "shm" */
+  int timeout_ms;          /* deadline of every wait; 0: GW_TIMEOUT_MS */
+  const char* job_token;   /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
+} gw_config_t;
+
+/* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
+ * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
+ * GW_TIMEOUT_MS passes. On success *comm is set. */
+gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
+
+/* Same, with explicit configuration (see gw_config_t). config must not be NULL. */
+gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config);
+
+/* Frees the communicator. Not collective; waits (bounded) for its pending operations. After this
+ * the handle is invalid; a later call with it is undefined unless the library can still detect it
+ * (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
+gw_status_t gw_comm_destroy(gw_comm_t comm);
+
+/* Aborts: every pending and later call on comm returns GW_ERR_ABORTED, promptly. Thread-safe,
+ * never blocks, idempotent. The communicator must still be destroyed. */
+gw_status_t gw_comm_abort(gw_comm_t comm);
+
+/* Rank and size into *out. */
+gw_status_t gw_comm_rank(gw_comm_t comm, int* rank);
+gw_status_t gw_comm_size(gw_comm_t comm, int* size);
+
+/* Reduces count elements across all ranks; every rank gets the result in recvbuf.
+ * sendbuf == recvbuf means in place; otherwise the buffers must not overlap. count may be 0
+ * (the buffers may then be NULL). Blocking. */
+gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                         gw_dtype_t dtype, gw_op_t op);
+
+/* Copies count elements from root's buf to every rank's buf. Blocking. */
+gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int root);
+
+/* Gathers sendcount elements from every rank into recvbuf (size * sendcount elements, rank r's
+ * block at offset r * sendcount). Blocking. */
+gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
+                         gw_dtype_t dtype);
+
+/* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Blocking. */
+gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
+                              size_t recvcount, gw_dtype_t dtype, gw_op_t op);
+
+/* Returns once every rank has entered the barrier. Blocking. */
+gw_status_t gw_barrier(gw_comm_t comm);
+
+/* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
+ * unmodified until gw_wait/gw_test report completion. Requests complete in issue order. */
+gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                          gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
+
+/* Waits up to timeout_ms (-1: until the communicator's deadline) for the request. Returns the
+ * operation's status and frees the request, or GW_ERR_TIMEOUT if it is still running (the request
+ * stays valid; wait again). Blocking. */
+gw_status_t gw_wait(gw_request_t request, int timeout_ms);
+
+/* Non-blocking: sets *done to 1 and returns the operation's status (freeing the request) when it
+ * has finished, else sets *done to 0 and returns GW_OK. */
+gw_status_t gw_test(gw_request_t request, int* done);
+
+/* Static text for a status code ("GW_ERR_PEER: a peer closed, died or ..."). Never NULL. */
+const char* gw_status_string(gw_status_t status);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next gradwire
+ * call on this thread. Never NULL. */
+const char* gw_last_error(void);
+
+/* "0.1.0". Never NULL. */
+const char* gw_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GRADWIRE_GRADWIRE_H_ */

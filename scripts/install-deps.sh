@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything gradwire needs to build, test and benchmark on Debian 12.
+# Idempotent: packages already present are skipped by apt; safe to run repeatedly.
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake ninja-build pkg-config git clang-format
+  libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
+  openmpi-bin libopenmpi-dev
+  python3 python3-torch
+  iproute2 procps
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

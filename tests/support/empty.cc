@@ -1,0 +1,1 @@
+// Keeps gw_test_support non-empty.
