@@ -10,7 +10,8 @@ pkgs=(
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
   openmpi-bin libopenmpi-dev
   python3 python3-torch
-  iproute2 procps
+  iproute2 procps ethtool
+  libdpdk-dev dpdk libxdp-dev libbpf-dev tshark
 )
 
 missing=()
