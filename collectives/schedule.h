@@ -1,0 +1,70 @@
+// Collective schedules as data: pure functions of (rank, nranks, count) that list, step by step,
+// which element range this rank sends to whom and receives from whom, and whether the received
+// elements are reduced into or copied over the output. The Communicator executes these lists
+// over a transport (chunked, pipelined, per channel); tests execute them in memory for every
+// rank count without a network.
+//
+// Buffers: every schedule works on one output buffer of `count` elements (ranges index it) and,
+// for the reducing schedules, a read-only input buffer of the same shape (may be the same memory:
+// in place). A step's send and receive happen concurrently; unless the step is `forward`, its send
+// range and its receive range are disjoint, so the order does not matter.
+//
+// Step ids are global within one schedule family: the two ends of every message compute the same
+// id for it (it travels in the transport tag, so a rank that runs a different collective or a
+// different step is detected). Ranks may skip ids (folded ranks in RHD).
+//
+// Algorithms:
+// - ring reduce-scatter / allgather / allreduce: 2(p-1) steps, neighbour traffic only.
+// - recursive halving-doubling (Rabenseifner): 2 lg p' steps on p' = 2^floor(lg p) ranks. The
+//   r = p - p' extra ranks fold in first: even rank 2i (i < r) sends its whole vector to 2i+1,
+//   which reduces it and takes part in the core; 2i+1 sends the result back in a post-step.
+// - broadcast: a pipelined chain from the root (root -> root+1 -> ... -> root-1). Each rank
+//   forwards chunk c as soon as it has received it, so the time is about n*beta + (p-1)*alpha
+//   + (p-2)*chunk*beta: bandwidth-optimal for the gradient-sized buffers this library moves.
+//   (A binomial tree would win for tiny buffers at large p, at lg p times the bytes.)
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace gw::coll {
+
+struct Range {
+  size_t offset = 0;  // elements
+  size_t count = 0;
+  bool operator==(const Range&) const = default;
+};
+
+enum class RecvAction { kCopy, kReduce };
+
+struct Step {
+  int id = 0;
+  int send_to = -1;  // -1: this step sends nothing
+  Range send;
+  bool send_from_input = false;  // the send reads the input buffer (not yet touched), else output
+  int recv_from = -1;            // -1: this step receives nothing
+  Range recv;
+  RecvAction action = RecvAction::kCopy;
+  bool reduce_with_input = false;  // kReduce: output = input op received, else output op received
+  bool forward = false;  // chain: send == recv range, chunk c is sent once chunk c has arrived
+};
+
+using Schedule = std::vector<Step>;
+
+// Block b of `count` split into `nblocks` near-equal blocks (the first count % nblocks blocks get
+// one element more). Blocks may be empty when count < nblocks.
+Range block_range(size_t count, int nblocks, int b);
+
+// Every function requires 0 <= rank < nranks and nranks >= 1; nranks == 1 yields no steps.
+Schedule ring_allreduce(int rank, int nranks, size_t count);
+// Ends with block `rank` (block_range(count, nranks, rank)) fully reduced in the output.
+Schedule ring_reduce_scatter(int rank, int nranks, size_t count);
+// Block `rank` (of blocks of `count_per_rank`) must already be in the output.
+Schedule ring_allgather(int rank, int nranks, size_t count_per_rank);
+Schedule rhd_allreduce(int rank, int nranks, size_t count);
+Schedule chain_broadcast(int rank, int nranks, int root, size_t count);
+
+std::string describe(const Step& step);  // for test failure messages and debug logs
+
+}  // namespace gw::coll

@@ -1,0 +1,246 @@
+// Runs every schedule for p = 1..17 ranks entirely in memory: each rank's steps are applied in
+// order, messages travel through per-pair FIFO queues carrying (step id, elements), and the
+// receiver checks the id and the element count like the Communicator does. Results are checked
+// against the exact answer (int64 sums, so order of reduction does not matter).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <vector>
+
+#include "collectives/reduce.h"
+#include "collectives/schedule.h"
+
+namespace gw::coll {
+namespace {
+
+struct Message {
+  int id;
+  std::vector<int64_t> data;
+};
+
+struct RankState {
+  Schedule sched;
+  std::vector<int64_t> input;
+  std::vector<int64_t> output;
+  size_t next = 0;
+  bool sent = false;  // the current step's send is posted
+};
+
+// Applies all schedules in lock-step rounds; fails the test on a mismatch or a deadlock.
+void simulate(std::vector<RankState>& ranks) {
+  const int p = static_cast<int>(ranks.size());
+  std::map<std::pair<int, int>, std::deque<Message>> wire;
+  auto do_send = [&](int r, const Step& st) {
+    const auto& src = st.send_from_input ? ranks[r].input : ranks[r].output;
+    ASSERT_LE(st.send.offset + st.send.count, src.size()) << describe(st);
+    Message m{st.id, std::vector<int64_t>(src.begin() + st.send.offset,
+                                          src.begin() + st.send.offset + st.send.count)};
+    wire[{r, st.send_to}].push_back(std::move(m));
+  };
+  for (int round = 0;; ++round) {
+    bool progress = false, all_done = true;
+    for (int r = 0; r < p; ++r) {
+      RankState& rs = ranks[r];
+      if (rs.next >= rs.sched.size()) continue;
+      all_done = false;
+      const Step& st = rs.sched[rs.next];
+      ASSERT_TRUE(st.send_to >= 0 || st.recv_from >= 0) << "empty " << describe(st);
+      ASSERT_NE(st.send_to, r);
+      ASSERT_NE(st.recv_from, r);
+      if (!st.forward && st.send_to >= 0 && st.recv_from >= 0 && st.send.count && st.recv.count) {
+        // The executor posts both at once, so they must not overlap.
+        const bool disjoint = st.send.offset + st.send.count <= st.recv.offset ||
+                              st.recv.offset + st.recv.count <= st.send.offset;
+        ASSERT_TRUE(disjoint) << "rank " << r << " " << describe(st);
+      }
+      if (st.send_to >= 0 && !st.forward && !rs.sent) {
+        do_send(r, st);
+        rs.sent = true;
+        progress = true;
+      }
+      if (st.recv_from >= 0) {
+        auto& q = wire[{st.recv_from, r}];
+        if (q.empty()) continue;
+        Message m = std::move(q.front());
+        q.pop_front();
+        ASSERT_EQ(m.id, st.id) << "rank " << r << " got a message of another step; "
+                               << describe(st);
+        ASSERT_EQ(m.data.size(), st.recv.count) << "rank " << r << " " << describe(st);
+        ASSERT_LE(st.recv.offset + st.recv.count, rs.output.size());
+        int64_t* out = rs.output.data() + st.recv.offset;
+        if (st.action == RecvAction::kReduce) {
+          const int64_t* local =
+              (st.reduce_with_input ? rs.input.data() : rs.output.data()) + st.recv.offset;
+          reduce(DataType::kI64, ReduceOp::kSum, local, m.data.data(), out, m.data.size());
+        } else if (!m.data.empty()) {
+          std::memcpy(out, m.data.data(), m.data.size() * sizeof(int64_t));
+        }
+      }
+      if (st.send_to >= 0 && st.forward) do_send(r, st);
+      rs.next++;
+      rs.sent = false;
+      progress = true;
+    }
+    if (all_done) break;
+    ASSERT_TRUE(progress) << "deadlock in round " << round;
+  }
+  for (auto& [pair, q] : wire) {
+    ASSERT_TRUE(q.empty()) << "unreceived message " << pair.first << "->" << pair.second;
+  }
+}
+
+int64_t value(int rank, size_t i) { return static_cast<int64_t>(rank) * 1000003 + i * 7 + 1; }
+
+std::vector<size_t> counts_for(int p) {
+  return {0,
+          1,
+          2,
+          static_cast<size_t>(p > 1 ? p - 1 : 0),
+          static_cast<size_t>(p),
+          static_cast<size_t>(p + 1),
+          37,
+          1000};
+}
+
+enum class Algo { kRing, kRhd };
+
+void check_allreduce(Algo algo, int p, size_t count, bool in_place) {
+  std::vector<RankState> ranks(p);
+  for (int r = 0; r < p; ++r) {
+    ranks[r].sched = algo == Algo::kRing ? ring_allreduce(r, p, count) : rhd_allreduce(r, p, count);
+    ranks[r].input.resize(count);
+    for (size_t i = 0; i < count; ++i) ranks[r].input[i] = value(r, i);
+    // Out of place: the output starts as garbage; every element must be written.
+    ranks[r].output = in_place ? ranks[r].input : std::vector<int64_t>(count, -777);
+  }
+  if (in_place) {
+    for (auto& rs : ranks) {
+      // In place: input and output are the same buffer; model it by pointing both at output.
+      for (auto& st : rs.sched) st.send_from_input = st.reduce_with_input = false;
+    }
+  }
+  simulate(ranks);
+  if (p == 1 && !in_place) ranks[0].output = ranks[0].input;  // the executor's local copy
+  for (int r = 0; r < p; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      int64_t want = 0;
+      for (int q = 0; q < p; ++q) want += value(q, i);
+      ASSERT_EQ(ranks[r].output[i], want)
+          << "p=" << p << " count=" << count << " rank " << r << " element " << i;
+    }
+  }
+}
+
+TEST(ScheduleSimulation, RingAllreduce) {
+  for (int p = 1; p <= 17; ++p)
+    for (size_t n : counts_for(p))
+      for (bool in_place : {false, true}) check_allreduce(Algo::kRing, p, n, in_place);
+}
+
+TEST(ScheduleSimulation, RhdAllreduceWithNonPowerOfTwoFold) {
+  for (int p = 1; p <= 17; ++p)
+    for (size_t n : counts_for(p))
+      for (bool in_place : {false, true}) check_allreduce(Algo::kRhd, p, n, in_place);
+}
+
+TEST(ScheduleSimulation, RingReduceScatter) {
+  for (int p = 1; p <= 17; ++p) {
+    for (size_t n : counts_for(p)) {
+      std::vector<RankState> ranks(p);
+      for (int r = 0; r < p; ++r) {
+        ranks[r].sched = ring_reduce_scatter(r, p, n);
+        ranks[r].input.resize(n);
+        for (size_t i = 0; i < n; ++i) ranks[r].input[i] = value(r, i);
+        ranks[r].output.assign(n, -5);
+      }
+      simulate(ranks);
+      for (int r = 0; r < p; ++r) {
+        Range mine = block_range(n, p, r);
+        for (size_t i = mine.offset; i < mine.offset + mine.count; ++i) {
+          int64_t want = 0;
+          for (int q = 0; q < p; ++q) want += value(q, i);
+          if (p == 1) ranks[r].output[i] = ranks[r].input[i];  // executor's local copy
+          ASSERT_EQ(ranks[r].output[i], want) << "p=" << p << " n=" << n << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleSimulation, RingAllgather) {
+  for (int p = 1; p <= 17; ++p) {
+    for (size_t per : {size_t{0}, size_t{1}, size_t{3}, size_t{100}}) {
+      std::vector<RankState> ranks(p);
+      for (int r = 0; r < p; ++r) {
+        ranks[r].sched = ring_allgather(r, p, per);
+        ranks[r].output.assign(per * p, -1);
+        for (size_t i = 0; i < per; ++i) ranks[r].output[r * per + i] = value(r, i);
+      }
+      simulate(ranks);
+      for (int r = 0; r < p; ++r)
+        for (int q = 0; q < p; ++q)
+          for (size_t i = 0; i < per; ++i)
+            ASSERT_EQ(ranks[r].output[q * per + i], value(q, i)) << p << " " << r << " " << q;
+    }
+  }
+}
+
+TEST(ScheduleSimulation, ChainBroadcastFromEveryRoot) {
+  for (int p = 1; p <= 17; ++p) {
+    for (int root = 0; root < p; ++root) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{50}}) {
+        std::vector<RankState> ranks(p);
+        for (int r = 0; r < p; ++r) {
+          ranks[r].sched = chain_broadcast(r, p, root, n);
+          ranks[r].output.assign(n, -3);
+          if (r == root)
+            for (size_t i = 0; i < n; ++i) ranks[r].output[i] = value(root, i);
+        }
+        simulate(ranks);
+        for (int r = 0; r < p; ++r)
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(ranks[r].output[i], value(root, i));
+      }
+    }
+  }
+}
+
+// Bandwidth-optimality: ring and RHD (power of two) move 2(p-1)/p * n elements per rank.
+TEST(ScheduleShape, BytesAndStepsMatchTheCostModel) {
+  for (int p : {2, 4, 8, 16}) {
+    const size_t n = 16 * 1024;
+    for (int r = 0; r < p; ++r) {
+      for (const Schedule& s : {ring_allreduce(r, p, n), rhd_allreduce(r, p, n)}) {
+        size_t sent = 0;
+        for (const auto& st : s) sent += st.send_to >= 0 ? st.send.count : 0;
+        EXPECT_EQ(sent, 2 * (p - 1) * n / p) << "p=" << p;
+      }
+      EXPECT_EQ(ring_allreduce(r, p, n).size(), static_cast<size_t>(2 * (p - 1)));
+      int lg = 0;
+      while ((1 << lg) < p) ++lg;
+      EXPECT_EQ(rhd_allreduce(r, p, n).size(), static_cast<size_t>(2 * lg));
+    }
+  }
+  // Non-power-of-two: folded even ranks do just the pre and post steps.
+  EXPECT_EQ(rhd_allreduce(0, 3, 10).size(), 2u);
+  EXPECT_EQ(rhd_allreduce(1, 3, 10).size(), 4u);
+}
+
+TEST(ScheduleShape, BlockRangeCoversEverythingOnce) {
+  for (size_t n : {0, 1, 5, 16, 17}) {
+    for (int b = 1; b <= 9; ++b) {
+      size_t next = 0;
+      for (int i = 0; i < b; ++i) {
+        Range rg = block_range(n, b, i);
+        EXPECT_EQ(rg.offset, next);
+        next += rg.count;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gw::coll
