@@ -1,0 +1,508 @@
+#include "perf/coll_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/config.h"
+#include "gradwire/gradwire.h"
+#include "perf/rank_launcher.h"
+
+namespace gw::perf {
+
+namespace {
+
+using json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr size_t kHostLen = 64;
+
+bool has_op(Collective c) { return c == Collective::kAllreduce || c == Collective::kReduceScatter; }
+
+std::string busbw_formula(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce:
+      return "algbw * 2(n-1)/n";
+    case Collective::kAllgather:
+    case Collective::kReduceScatter:
+      return "algbw * (n-1)/n";
+    case Collective::kBroadcast:
+      return "algbw";
+  }
+  return "?";
+}
+
+// Writes `doc` to path as exactly one JSON document (NaN/inf become null).
+bool write_json_file(const std::string& path, const json& doc) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) {
+    std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", path.c_str());
+    return false;
+  }
+  f << doc.dump(2) << "\n";
+  return static_cast<bool>(f);
+}
+
+json config_json(const CollConfig& c) {
+  json j;
+  j["collective"] = c.name;
+  j["ranks_requested"] = c.np;
+  j["transport"] = c.transport;
+  j["algorithm"] = c.algo.empty() ? config::get_string(config::Key::kAlgo) : c.algo;
+  j["dtype"] = std::string(coll::dtype_name(c.dtype));
+  j["op"] = has_op(c.coll) ? std::string(coll::op_name(c.op)) : "none";
+  j["root"] = c.coll == Collective::kBroadcast ? c.root : -1;
+  j["min_bytes"] = c.min_bytes;
+  j["max_bytes"] = c.max_bytes;
+  j["step_factor"] = c.factor;
+  j["iters"] = c.iters > 0 ? json(c.iters) : json("adaptive");
+  j["warmup"] = c.warmup;
+  j["check"] = c.check;
+  j["time"] = "median over iterations of the slowest rank's per-iteration time (out-of-place)";
+  j["gradwire_version"] = gw_version();
+  json env = json::object();
+  for (const auto& row : config::table()) {
+    if (auto v = config::raw(row.key)) env[row.name] = *v;
+  }
+  j["gw_env"] = env;
+  return j;
+}
+
+// One rank of the sweep. Rank 0 prints the table; in forked mode it also sends the JSON pieces to
+// the parent ("config ...", "row ...", "summary ...", "error ..."), otherwise it writes the JSON
+// file itself.
+class RankRun {
+ public:
+  RankRun(const CollConfig& c, int msg_fd) : c_(c), msg_fd_(msg_fd) {}
+
+  int run(const gw_config_t* explicit_config) {
+    gw_status_t s =
+        explicit_config ? gw_comm_init(&comm_, explicit_config) : gw_comm_init_from_env(&comm_);
+    if (s != GW_OK) {
+      comm_ = nullptr;
+      return fail("communicator set-up (gw_comm_init)", s);
+    }
+    if ((s = gw_comm_rank(comm_, &rank_)) != GW_OK) return fail("gw_comm_rank", s);
+    if ((s = gw_comm_size(comm_, &world_)) != GW_OK) return fail("gw_comm_size", s);
+    if (c_.coll == Collective::kBroadcast && c_.root >= world_) {
+      return fail_msg(fmt::format("--root {} is not a rank of this {}-rank job", c_.root, world_));
+    }
+    int rc = gather_hosts();
+    if (rc != 0) return rc;
+    if (rank_ == 0) start_report();
+    rc = sweep();
+    if (rc == 2) return rc;
+    if (rank_ == 0) finish_report(rc);
+    s = gw_comm_destroy(comm_);
+    comm_ = nullptr;
+    if (s != GW_OK) return fail("gw_comm_destroy", s);
+    return rc;
+  }
+
+  ~RankRun() {
+    if (comm_) {
+      gw_comm_abort(comm_);
+      gw_comm_destroy(comm_);
+    }
+  }
+
+ private:
+  int fail(const std::string& what, gw_status_t s) {
+    std::string msg = fmt::format("rank {}: {} failed: {}: {}", rank_, what, gw_status_string(s),
+                                  gw_last_error());
+    return fail_msg(msg);
+  }
+
+  int fail_msg(const std::string& msg) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+    std::fflush(stderr);
+    send_message(msg_fd_, "error " + json(msg).dump());
+    if (rank_ <= 0 && msg_fd_ < 0 && !c_.json_path.empty()) {
+      doc_["error"] = msg;
+      if (!doc_.contains("config")) doc_["config"] = config_json(c_);
+      if (!doc_.contains("rows")) doc_["rows"] = json::array();
+      write_json_file(c_.json_path, doc_);
+    }
+    return 2;
+  }
+
+  int gather_hosts() {
+    std::vector<uint8_t> mine(kHostLen, 0);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    std::string me = fmt::format("{} pid {}", host, getpid());
+    std::memcpy(mine.data(), me.data(), std::min(me.size(), kHostLen - 1));
+    std::vector<uint8_t> all(kHostLen * static_cast<size_t>(world_));
+    gw_status_t s = gw_allgather(comm_, mine.data(), all.data(), kHostLen, GW_UINT8);
+    if (s != GW_OK) return fail("allgather of host names", s);
+    for (int r = 0; r < world_; ++r) {
+      const char* p = reinterpret_cast<const char*>(all.data() + kHostLen * static_cast<size_t>(r));
+      hosts_.emplace_back(p, strnlen(p, kHostLen));
+    }
+    return 0;
+  }
+
+  void start_report() {
+    doc_["config"] = config_json(c_);
+    doc_["config"]["ranks"] = world_;
+    doc_["config"]["hosts"] = hosts_;
+    doc_["rows"] = json::array();
+    send_message(msg_fd_, "config " + doc_["config"].dump());
+
+    std::string iters =
+        c_.iters > 0 ? std::to_string(c_.iters) : "adaptive clamp(2e9/size/ranks, 3, 50)";
+    std::string env;
+    for (const auto& row : config::table()) {
+      if (auto v = config::raw(row.key)) env += fmt::format(" {}={}", row.name, *v);
+    }
+    if (env.empty()) env = " none";
+    std::string out;
+    out += fmt::format("# gradwire-perf {} (gradwire {})\n", c_.name, gw_version());
+    out += fmt::format("# ranks: {} ({})\n", world_,
+                       c_.np > 0 ? fmt::format("forked --np {}, private store", c_.np)
+                                 : std::string("from the launcher's environment"));
+    out +=
+        fmt::format("# transport: {}  algorithm: {}  dtype: {}  op: {}  root: {}\n", c_.transport,
+                    c_.algo.empty() ? config::get_string(config::Key::kAlgo) : c_.algo,
+                    coll::dtype_name(c_.dtype), has_op(c_.coll) ? coll::op_name(c_.op) : "none",
+                    c_.coll == Collective::kBroadcast ? c_.root : -1);
+    out += fmt::format("# sizes: {} .. {} bytes, factor {}  iters: {}  warmup: {}  check: {}\n",
+                       c_.min_bytes, c_.max_bytes, c_.factor, iters, c_.warmup,
+                       c_.check ? "on" : "off");
+    out +=
+        "# time: median over iterations of the slowest rank's per-iteration time, "
+        "out-of-place\n";
+    out +=
+        fmt::format("# algbw = size / time, busbw = {} (GB/s = 1e9 B/s)\n", busbw_formula(c_.coll));
+    out += fmt::format("# GW_* set:{}\n", env);
+    out += "# hosts:\n";
+    for (int r = 0; r < world_; ++r) {
+      out += fmt::format("#   rank {:>3}: {}\n", r, hosts_[static_cast<size_t>(r)]);
+    }
+    out += "#\n";
+    out +=
+        fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}  {:>6}\n", "size(B)",
+                    "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  // Returns 0, 1 (some element wrong) or 2 (error, already reported).
+  int sweep() {
+    const size_t esz = coll::dtype_size(c_.dtype);
+    const size_t max_count = count_for_size(c_.coll, c_.max_bytes, c_.dtype, world_);
+    // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data.
+    size_t send_elems = max_count, recv_elems = max_count;
+    if (c_.coll == Collective::kAllgather) send_elems = max_count / static_cast<size_t>(world_);
+    if (c_.coll == Collective::kReduceScatter) recv_elems = max_count / static_cast<size_t>(world_);
+    std::vector<uint8_t> sendbuf(std::max<size_t>(send_elems * esz, 1));
+    std::vector<uint8_t> recvbuf(std::max<size_t>(recv_elems * esz, 1));
+
+    std::vector<uint64_t> sizes;
+    for (uint64_t b = c_.min_bytes; b <= c_.max_bytes;) {
+      sizes.push_back(b);
+      if (b > c_.max_bytes / static_cast<uint64_t>(c_.factor)) break;
+      uint64_t next = b * static_cast<uint64_t>(c_.factor);
+      if (next == b) next = b + 1;  // -b 0
+      b = next;
+    }
+    bool progress = rank_ == 0 && (c_.progress || isatty(STDERR_FILENO));
+    auto t_start = SteadyClock::now();
+    int result = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      size_t total = count_for_size(c_.coll, sizes[k], c_.dtype, world_);
+      size_t arg_count = total;  // the count argument of the call
+      if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter) {
+        arg_count = total / static_cast<size_t>(world_);
+      }
+      size_t send_count = c_.coll == Collective::kAllgather ? arg_count : total;
+      size_t first = 0;
+      fill_pattern(sendbuf.data(), send_count, c_.dtype, c_.op, world_, rank_, first);
+      if (c_.coll == Collective::kBroadcast) {
+        fill_pattern(recvbuf.data(), total, c_.dtype, c_.op, world_, rank_, 0);
+      }
+      const int iters = c_.iters > 0 ? c_.iters : adaptive_iters(total * esz, world_);
+      for (int w = 0; w < c_.warmup; ++w) {
+        gw_status_t s = call(arg_count, sendbuf.data(), recvbuf.data());
+        if (s != GW_OK) return fail(what(total * esz, "warm-up"), s);
+      }
+      gw_status_t s = gw_barrier(comm_);
+      if (s != GW_OK) return fail("barrier before timing", s);
+      std::vector<double> times(static_cast<size_t>(iters));
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = SteadyClock::now();
+        s = call(arg_count, sendbuf.data(), recvbuf.data());
+        auto t1 = SteadyClock::now();
+        if (s != GW_OK) return fail(what(total * esz, "timed iteration"), s);
+        times[static_cast<size_t>(i)] = std::chrono::duration<double>(t1 - t0).count();
+      }
+      // The slowest rank defines each iteration's time.
+      s = gw_allreduce(comm_, times.data(), times.data(), times.size(), GW_FLOAT64, GW_MAX);
+      if (s != GW_OK) return fail("allreduce(max) of the iteration times", s);
+      int64_t wrong = -1;
+      if (c_.check) {
+        if (c_.coll == Collective::kBroadcast) {
+          if (rank_ == c_.root) {
+            fill_pattern(recvbuf.data(), total, c_.dtype, c_.op, world_, rank_, 0);
+          } else {
+            fill_sentinel(recvbuf.data(), total, c_.dtype);
+          }
+        } else {
+          size_t recv_count = c_.coll == Collective::kReduceScatter ? arg_count : total;
+          fill_sentinel(recvbuf.data(), recv_count, c_.dtype);
+        }
+        s = call(arg_count, sendbuf.data(), recvbuf.data());
+        if (s != GW_OK) return fail(what(total * esz, "checked run"), s);
+        int64_t mine = static_cast<int64_t>(count_wrong(c_.coll, recvbuf.data(), arg_count,
+                                                        c_.dtype, c_.op, world_, rank_, c_.root));
+        s = gw_allreduce(comm_, &mine, &wrong, 1, GW_INT64, GW_SUM);
+        if (s != GW_OK) return fail("allreduce(sum) of the wrong-element counts", s);
+        if (wrong > 0) result = 1;
+      }
+      if (rank_ == 0) {
+        report_row(total * esz, total, iters, times, wrong);
+        if (progress) {
+          double el = std::chrono::duration<double>(SteadyClock::now() - t_start).count();
+          std::fprintf(stderr, "# progress: %zu/%zu sizes, %llu B done, %.1f s elapsed\n", k + 1,
+                       sizes.size(), static_cast<unsigned long long>(total * esz), el);
+          std::fflush(stderr);
+        }
+      } else {
+        send_message(msg_fd_, "alive");
+      }
+    }
+    return result;
+  }
+
+  std::string what(size_t bytes, const char* phase) const {
+    return fmt::format("{} of {} B ({})", c_.name, bytes, phase);
+  }
+
+  gw_status_t call(size_t count, const void* send, void* recv) {
+    auto dt = static_cast<gw_dtype_t>(c_.dtype);
+    auto op = static_cast<gw_op_t>(c_.op);
+    switch (c_.coll) {
+      case Collective::kAllreduce:
+        return gw_allreduce(comm_, send, recv, count, dt, op);
+      case Collective::kAllgather:
+        return gw_allgather(comm_, send, recv, count, dt);
+      case Collective::kReduceScatter:
+        return gw_reduce_scatter(comm_, send, recv, count, dt, op);
+      case Collective::kBroadcast:
+        return gw_broadcast(comm_, recv, count, dt, c_.root);
+    }
+    return GW_ERR_INVALID_ARG;
+  }
+
+  void report_row(size_t bytes, size_t count, int iters, std::vector<double> times, int64_t wrong) {
+    std::sort(times.begin(), times.end());
+    size_t n = times.size();
+    double med = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+    double algbw = med > 0 ? static_cast<double>(bytes) / med / 1e9 : 0.0;
+    double busbw = algbw * busbw_factor(c_.coll, world_);
+    busbw_sum_ += busbw;
+    ++rows_;
+    std::string wrong_s = wrong < 0 ? "N/A" : std::to_string(wrong);
+    std::printf("  %10zu  %12zu  %8s  %6s  %10.1f  %11.3f  %11.3f  %6s\n", bytes, count,
+                std::string(coll::dtype_name(c_.dtype)).c_str(),
+                has_op(c_.coll) ? std::string(coll::op_name(c_.op)).c_str() : "none", med * 1e6,
+                algbw, busbw, wrong_s.c_str());
+    std::fflush(stdout);
+    json row = {{"size_bytes", bytes},
+                {"count", count},
+                {"type", std::string(coll::dtype_name(c_.dtype))},
+                {"redop", has_op(c_.coll) ? std::string(coll::op_name(c_.op)) : "none"},
+                {"iters", iters},
+                {"time_us", med * 1e6},
+                {"time_min_us", times.front() * 1e6},
+                {"time_max_us", times.back() * 1e6},
+                {"algbw_gbps", algbw},
+                {"busbw_gbps", busbw},
+                {"wrong", wrong < 0 ? json(nullptr) : json(wrong)}};
+    doc_["rows"].push_back(row);
+    send_message(msg_fd_, "row " + row.dump());
+  }
+
+  void finish_report(int rc) {
+    double avg = rows_ > 0 ? busbw_sum_ / rows_ : 0.0;
+    if (c_.check) {
+      std::printf("# Out of bounds values : %s\n", rc == 0 ? "0 OK" : "FAILED");
+    }
+    std::printf("# Avg bus bandwidth : %.4f\n", avg);
+    std::printf("#\n");
+    std::fflush(stdout);
+    doc_["avg_busbw_gbps"] = avg;
+    doc_["check_passed"] = c_.check ? json(rc == 0) : json(nullptr);
+    send_message(msg_fd_, "summary " + json({{"avg_busbw_gbps", avg}}).dump());
+    if (msg_fd_ < 0 && !c_.json_path.empty()) write_json_file(c_.json_path, doc_);
+  }
+
+  const CollConfig& c_;
+  int msg_fd_;
+  gw_comm_t comm_ = nullptr;
+  int rank_ = -1;
+  int world_ = 0;
+  std::vector<std::string> hosts_;
+  json doc_ = json::object();
+  double busbw_sum_ = 0;
+  int rows_ = 0;
+};
+
+int run_forked_sweep(const CollConfig& c) {
+  auto port = reserve_loopback_port();
+  if (!port.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", port.status().to_string().c_str());
+    return 2;
+  }
+  std::string store = fmt::format("127.0.0.1:{}", *port);
+  json doc = json::object();
+  doc["config"] = config_json(c);
+  doc["rows"] = json::array();
+  std::string first_error;
+  bool have_summary = false;
+  ForkOptions fo;
+  fo.nranks = c.np;
+  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  fo.idle_timeout_ms = timeout + 30000;
+  Status st = run_forked(
+      fo,
+      [&](int rank, int fd) {
+        gw_config_t cfg{};
+        cfg.rank = rank;
+        cfg.world_size = c.np;
+        cfg.store_addr = store.c_str();
+        cfg.transport = c.transport.c_str();
+        cfg.timeout_ms = static_cast<int>(c.timeout_ms);
+        RankRun run(c, fd);
+        return run.run(&cfg);
+      },
+      [&](int rank, const std::string& line) {
+        auto sp = line.find(' ');
+        std::string kind = line.substr(0, sp);
+        std::string body = sp == std::string::npos ? "" : line.substr(sp + 1);
+        json j = json::parse(body, nullptr, false);
+        if (kind == "config" && !j.is_discarded()) {
+          doc["config"] = j;
+        } else if (kind == "row" && !j.is_discarded()) {
+          doc["rows"].push_back(j);
+        } else if (kind == "summary" && !j.is_discarded()) {
+          doc["avg_busbw_gbps"] = j["avg_busbw_gbps"];
+          have_summary = true;
+        } else if (kind == "error" && j.is_string() && first_error.empty()) {
+          first_error = j.get<std::string>();
+        }
+      });
+  int rc = 0;
+  if (!st.ok()) {
+    std::string msg =
+        first_error.empty() ? st.to_string() : fmt::format("{} ({})", first_error, st.to_string());
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
+    doc["error"] = msg;
+    rc = 2;
+    // Exit status 1 of a rank means wrong results, not an error.
+    if (first_error.empty() && st.message().find("exited with status 1") != std::string::npos) {
+      doc.erase("error");
+      doc["check_passed"] = false;
+      rc = 1;
+    }
+  } else if (!have_summary) {
+    doc["error"] = "rank 0 finished without a summary";
+    rc = 2;
+  } else if (c.check) {
+    doc["check_passed"] = true;
+  }
+  if (!c.json_path.empty() && !write_json_file(c.json_path, doc) && rc == 0) rc = 2;
+  return rc;
+}
+
+}  // namespace
+
+double busbw_factor(Collective coll, int nranks) {
+  if (nranks <= 0) return 0;
+  double n = nranks;
+  switch (coll) {
+    case Collective::kAllreduce:
+      return 2.0 * (n - 1) / n;
+    case Collective::kAllgather:
+    case Collective::kReduceScatter:
+      return (n - 1) / n;
+    case Collective::kBroadcast:
+      return 1.0;
+  }
+  return 0;
+}
+
+int adaptive_iters(uint64_t bytes, int nranks) {
+  double it = 2e9 / static_cast<double>(std::max<uint64_t>(bytes, 1)) / std::max(nranks, 1);
+  return static_cast<int>(std::clamp(it, 3.0, 50.0));
+}
+
+size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks) {
+  size_t count = bytes / coll::dtype_size(dtype);
+  if (coll == Collective::kAllgather || coll == Collective::kReduceScatter) {
+    size_t n = static_cast<size_t>(std::max(nranks, 1));
+    count = count / n * n;
+  }
+  return count;
+}
+
+Status validate(const CollConfig& c) {
+  if (c.min_bytes > c.max_bytes) {
+    return invalid_arg("-b {} is larger than -e {}", c.min_bytes, c.max_bytes);
+  }
+  if (c.factor < 2) return invalid_arg("-f {}: the step factor must be at least 2", c.factor);
+  if (c.max_bytes > (uint64_t{1} << 40)) {
+    return invalid_arg("-e {}: sizes above 1 TiB are not supported", c.max_bytes);
+  }
+  if (c.iters < 0) return invalid_arg("--iters {}: must be >= 0 (0 = adaptive)", c.iters);
+  if (c.warmup < 0) return invalid_arg("--warmup {}: must be >= 0", c.warmup);
+  if (c.np < 0) return invalid_arg("--np {}: must be >= 1", c.np);
+  if (c.np > 256) return invalid_arg("--np {}: at most 256 forked ranks", c.np);
+  if (c.root < 0 || (c.np > 0 && c.root >= c.np)) {
+    return invalid_arg("--root {} is not a rank of a {}-rank job", c.root, c.np);
+  }
+  if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm") {
+    return invalid_arg("--transport {}: use auto, tcp or shm", c.transport);
+  }
+  if (!c.algo.empty() && c.algo != "auto" && c.algo != "ring" && c.algo != "rhd") {
+    return invalid_arg("--algo {}: use auto, ring or rhd", c.algo);
+  }
+  if (c.timeout_ms < 0 || c.timeout_ms > INT32_MAX) {
+    return invalid_arg("--timeout-ms {}: out of range", c.timeout_ms);
+  }
+  if (c.coll == Collective::kAllreduce || c.coll == Collective::kReduceScatter) {
+    (void)0;  // every op is valid for every dtype
+  }
+  return config::validate();
+}
+
+int run_collective(const CollConfig& config) {
+  Status s = validate(config);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
+    if (!config.json_path.empty()) {
+      write_json_file(
+          config.json_path,
+          json{{"config", config_json(config)}, {"rows", json::array()}, {"error", s.to_string()}});
+    }
+    return 2;
+  }
+  // The algorithm override is a GW_* knob read by the library; forked ranks inherit it.
+  if (!config.algo.empty()) setenv("GW_ALGO", config.algo.c_str(), 1);
+  if (config.np > 0) return run_forked_sweep(config);
+  if (config.transport != "auto") setenv("GW_TRANSPORT", config.transport.c_str(), 1);
+  if (config.timeout_ms > 0) {
+    setenv("GW_TIMEOUT_MS", std::to_string(config.timeout_ms).c_str(), 1);
+  }
+  RankRun run(config, -1);
+  return run.run(nullptr);
+}
+
+}  // namespace gw::perf

@@ -1,0 +1,54 @@
+// The collective sweeps of gradwire-perf (allreduce, allgather, reduce_scatter, broadcast),
+// nccl-tests style, run through the C ABI (libgradwire.so) exactly as an application would.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "collectives/types.h"
+#include "core/status.h"
+#include "perf/check_pattern.h"
+
+namespace gw::perf {
+
+struct CollConfig {
+  Collective coll = Collective::kAllreduce;
+  std::string name = "allreduce";
+  uint64_t min_bytes = 1024;
+  uint64_t max_bytes = 256ull << 20;
+  int factor = 2;
+  coll::DataType dtype = coll::DataType::kF32;
+  coll::ReduceOp op = coll::ReduceOp::kSum;
+  int root = 0;
+  int np = 0;  // 0: take rank/world/store from the launcher's environment
+  std::string transport = "auto";
+  std::string algo;  // "" : GW_ALGO as set in the environment
+  int iters = 0;     // 0: adaptive
+  int warmup = 2;
+  bool check = false;
+  bool progress = false;   // progress lines on stderr even when it is not a tty
+  std::string json_path;   // "" : no JSON
+  int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
+};
+
+// Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n,
+// broadcast 1.
+double busbw_factor(Collective coll, int nranks);
+
+// Iterations for one size when --iters is not given: clamp(2e9 / size / nranks, 3, 50), the rule
+// the peer baselines (shared/peers) use, so both sides average over comparable work.
+int adaptive_iters(uint64_t bytes, int nranks);
+
+// The element count nccl-tests uses for a size: whole elements, a multiple of nranks for
+// allgather / reduce_scatter (the size column is then the whole gathered / scattered buffer).
+size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks);
+
+// Checks the configuration (sizes, factor, root, iterations) before any rank starts.
+Status validate(const CollConfig& config);
+
+// Runs the whole sweep; returns the process exit status (0 ok, 1 wrong results, 2 error).
+// With config.np > 0 it forks np ranks with a private store and supervises them; otherwise this
+// process is one rank of a job started by torchrun / mpirun / srun / GW_* variables.
+int run_collective(const CollConfig& config);
+
+}  // namespace gw::perf

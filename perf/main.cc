@@ -1,0 +1,173 @@
+// gradwire-perf: nccl-tests style collective sweeps and perftest style point-to-point numbers.
+// See docs/perf.md for the columns, their formulas and how to compare against peers.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "core/config.h"
+#include "perf/coll_bench.h"
+#include "perf/p2p_bench.h"
+
+namespace {
+
+using gw::perf::Collective;
+
+// A size option accepting K/M/G suffixes (powers of 1024), like nccl-tests' -b/-e.
+std::string parse_size_into(const std::string& text, uint64_t* out) {
+  auto v = gw::config::parse_size(text);
+  if (!v.ok()) return v.status().message();
+  *out = *v;
+  return "";
+}
+
+void add_size_option(CLI::App* app, const std::string& flags, uint64_t* target,
+                     const std::string& help) {
+  auto* opt = app->add_option_function<std::string>(
+      flags,
+      [target](const std::string& text) {
+        std::string err = parse_size_into(text, target);
+        if (!err.empty()) throw CLI::ValidationError(err);
+      },
+      help);
+  opt->type_name("SIZE");
+}
+
+struct CollCli {
+  gw::perf::CollConfig config;
+  std::string dtype = "float32";
+  std::string op = "sum";
+};
+
+CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll,
+                         const std::string& what, CollCli* cli) {
+  cli->config.coll = coll;
+  cli->config.name = name;
+  auto* sub = app.add_subcommand(name, what);
+  auto& c = cli->config;
+  add_size_option(sub, "-b,--minbytes", &c.min_bytes,
+                  "smallest size in bytes (K/M/G suffixes; default 1K)");
+  add_size_option(sub, "-e,--maxbytes", &c.max_bytes, "largest size in bytes (default 256M)");
+  sub->add_option("-f,--stepfactor", c.factor, "multiply the size by this between rows")
+      ->capture_default_str();
+  sub->add_option("-d,--datatype", cli->dtype,
+                  "float32, float64, float16, bfloat16, int32, int64, uint8")
+      ->capture_default_str();
+  if (coll == Collective::kAllreduce || coll == Collective::kReduceScatter) {
+    sub->add_option("-o,--op", cli->op, "sum, prod, min, max, avg")->capture_default_str();
+  }
+  if (coll == Collective::kBroadcast) {
+    sub->add_option("-r,--root", c.root, "root rank of the broadcast")->capture_default_str();
+  }
+  sub->add_option("--np", c.np,
+                  "fork this many ranks on this machine with a private store; without it the "
+                  "ranks come from the launcher's environment (torchrun, mpirun, srun, GW_*)");
+  sub->add_option("--transport", c.transport, "auto (shm within a host, tcp across), tcp, shm")
+      ->capture_default_str();
+  sub->add_option("--algo", c.algo,
+                  "force the allreduce algorithm: auto, ring, rhd (sets GW_ALGO)");
+  sub->add_option("-n,--iters", c.iters,
+                  "timed iterations per size; 0 = adaptive clamp(2e9/size/ranks, 3, 50)")
+      ->capture_default_str();
+  sub->add_option("-w,--warmup", c.warmup, "untimed iterations per size")->capture_default_str();
+  sub->add_flag("-c,--check", c.check,
+                "verify every result against a rank- and index-dependent pattern (exact for "
+                "integers, dtype rounding for floats); exit status 1 if any element is wrong");
+  sub->add_option("-J,--json", c.json_path,
+                  "write one JSON document (configuration, rows, and \"error\" on failure)");
+  sub->add_flag("--progress", c.progress, "progress lines on stderr (default: only on a tty)");
+  sub->add_option("--timeout-ms", c.timeout_ms,
+                  "deadline of every wait inside the library (default: GW_TIMEOUT_MS)");
+  return sub;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "gradwire-perf: collective bandwidth sweeps (nccl-tests columns) and point-to-point "
+      "transport bandwidth/latency (perftest columns). Non-data lines start with '#'."};
+  app.require_subcommand(0, 1);
+  bool dump_config = false, toml = false;
+  app.add_flag("--dump-config", dump_config,
+               "print every GW_* tunable with its default and current value, then exit");
+  app.add_flag("--toml", toml, "with --dump-config: print it as a TOML file");
+
+  CollCli allreduce, allgather, reduce_scatter, broadcast;
+  std::vector<std::pair<CLI::App*, CollCli*>> colls = {
+      {add_collective(app, "allreduce", Collective::kAllreduce,
+                      "allreduce sweep; busbw = algbw * 2(n-1)/n", &allreduce),
+       &allreduce},
+      {add_collective(app, "allgather", Collective::kAllgather,
+                      "allgather sweep (size = the whole gathered buffer); busbw = algbw * (n-1)/n",
+                      &allgather),
+       &allgather},
+      {add_collective(
+           app, "reduce_scatter", Collective::kReduceScatter,
+           "reduce-scatter sweep (size = the whole input buffer); busbw = algbw * (n-1)/n",
+           &reduce_scatter),
+       &reduce_scatter},
+      {add_collective(app, "broadcast", Collective::kBroadcast, "broadcast sweep; busbw = algbw",
+                      &broadcast),
+       &broadcast},
+  };
+
+  gw::perf::P2pConfig p2p;
+  auto* p2p_cmd = app.add_subcommand(
+      "p2p",
+      "point-to-point over one transport between 2 forked processes: bandwidth sweep with a "
+      "window of outstanding sends (ib_write_bw columns), then ping-pong latency (ib_send_lat)");
+  p2p_cmd->add_option("--transport", p2p.transport, "tcp or shm")->capture_default_str();
+  add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
+  add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");
+  p2p_cmd->add_option("-f,--stepfactor", p2p.factor, "size step factor")->capture_default_str();
+  p2p_cmd
+      ->add_option("-n,--iters", p2p.iters,
+                   "messages per size; 0 = adaptive clamp(2e9/size, 20, 1000)")
+      ->capture_default_str();
+  p2p_cmd->add_option("--window", p2p.window, "outstanding sends while streaming")
+      ->capture_default_str();
+  add_size_option(p2p_cmd, "--lat-size", &p2p.lat_bytes, "ping-pong message size (default 8)");
+  p2p_cmd->add_option("--lat-iters", p2p.lat_iters, "ping-pong round trips")->capture_default_str();
+  p2p_cmd->add_option("--np", p2p.np, "ranks to fork (p2p needs exactly 2)")->capture_default_str();
+  p2p_cmd->add_option("-J,--json", p2p.json_path, "write one JSON document");
+  p2p_cmd->add_option("--timeout-ms", p2p.timeout_ms,
+                      "deadline of every wait (default: GW_TIMEOUT_MS)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (dump_config) {
+    std::fputs(gw::config::dump(toml).c_str(), stdout);
+    return 0;
+  }
+  if (toml) {
+    std::fprintf(stderr, "gradwire-perf: --toml only makes sense with --dump-config\n");
+    return 2;
+  }
+  for (auto& [cmd, cli] : colls) {
+    if (!cmd->parsed()) continue;
+    auto dt = gw::coll::parse_dtype(cli->dtype);
+    if (!dt) {
+      std::fprintf(stderr,
+                   "gradwire-perf: -d %s: unknown datatype (float32, float64, float16, bfloat16, "
+                   "int32, int64, uint8)\n",
+                   cli->dtype.c_str());
+      return 2;
+    }
+    auto op = gw::coll::parse_op(cli->op);
+    if (!op) {
+      std::fprintf(stderr, "gradwire-perf: -o %s: unknown op (sum, prod, min, max, avg)\n",
+                   cli->op.c_str());
+      return 2;
+    }
+    cli->config.dtype = *dt;
+    cli->config.op = *op;
+    return gw::perf::run_collective(cli->config);
+  }
+  if (p2p_cmd->parsed()) return gw::perf::run_p2p(p2p);
+  std::fputs(app.help().c_str(), stdout);
+  return 2;
+}

@@ -1,0 +1,440 @@
+#include "perf/p2p_bench.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "core/config.h"
+#include "core/net/transport.h"
+#include "core/store.h"
+#include "perf/rank_launcher.h"
+
+namespace gw::perf {
+
+namespace {
+
+using json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+using net::Handle;
+using net::Request;
+
+constexpr int kDataTag = 1;
+constexpr int kCtrlTag = 2;
+
+// Reads or writes exactly `size` bytes on the socketpair shared with the other rank, within the
+// deadline (the handle exchange happens before any transport connection exists).
+Status exchange_bytes(int fd, bool write_side, void* data, size_t size, Deadline deadline) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < size) {
+    int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      return timeout_error("p2p: handle exchange with the other rank timed out ({} of {} bytes)",
+                           done, size);
+    }
+    pollfd pfd{fd, static_cast<short>(write_side ? POLLOUT : POLLIN), 0};
+    int n = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+    if (n < 0 && errno != EINTR) return system_error("p2p: poll() on the handle socketpair", errno);
+    if (n <= 0) continue;
+    ssize_t got = write_side ? write(fd, p + done, size - done) : read(fd, p + done, size - done);
+    if (got == 0) return peer_error("p2p: the other rank closed the handle socketpair");
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return system_error("p2p: handle exchange on the socketpair", errno);
+    }
+    done += static_cast<size_t>(got);
+  }
+  return ok_status();
+}
+
+class P2pRank {
+ public:
+  P2pRank(const P2pConfig& c, int rank, int pair_fd, int msg_fd, std::string token,
+          int64_t timeout_ms)
+      : c_(c),
+        rank_(rank),
+        pair_fd_(pair_fd),
+        msg_fd_(msg_fd),
+        token_(std::move(token)),
+        timeout_ms_(timeout_ms) {}
+
+  int run() {
+    Status s = body();
+    if (!s.ok()) {
+      std::string msg = fmt::format("p2p rank {}: {}", rank_, s.to_string());
+      std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+      std::fflush(stderr);
+      send_message(msg_fd_, "error " + json(msg).dump());
+      return 2;
+    }
+    return 0;
+  }
+
+ private:
+  Deadline deadline() const { return deadline_after_ms(timeout_ms_); }
+
+  Status connect_pair() {
+    net::TransportOptions opts;
+    opts.job_token = token_;
+    opts.timeout_ms = timeout_ms_;
+    opts.host_id = "gradwire-perf-p2p";  // both ranks are forked on this host
+    opts.rank = rank_;
+    GW_ASSIGN_OR_RETURN(transport_, net::make_transport(c_.transport, opts));
+    Handle mine, theirs;
+    GW_ASSIGN_OR_RETURN(auto listener, transport_->listen(&mine));
+    Deadline d = deadline();
+    GW_RETURN_IF_ERROR(exchange_bytes(pair_fd_, true, mine.bytes.data(), mine.bytes.size(), d));
+    GW_RETURN_IF_ERROR(
+        exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
+    GW_ASSIGN_OR_RETURN(auto connector, transport_->connect(theirs));
+    while (!send_ || !recv_) {
+      if (Clock::now() > d) {
+        return timeout_error("p2p rank {}: connecting to rank {} over {} timed out after {} ms",
+                             rank_, 1 - rank_, c_.transport, timeout_ms_);
+      }
+      if (!send_) {
+        GW_ASSIGN_OR_RETURN(send_, connector->poll());
+      }
+      if (!recv_) {
+        GW_ASSIGN_OR_RETURN(recv_, listener->accept());
+      }
+    }
+    return ok_status();
+  }
+
+  Status wait(net::Comm* comm, Request* req, const char* what, size_t* size = nullptr) {
+    Deadline d = deadline();
+    bool done = false;
+    size_t got = 0;
+    uint32_t spins = 0;
+    while (true) {
+      Status s = comm->test(req, &done, &got);
+      if (!s.ok()) return s.with_context(fmt::format("p2p {} with {}: ", what, comm->peer_name()));
+      if (done) break;
+      if ((++spins & 1023u) == 0 && Clock::now() > d) {
+        return timeout_error("p2p {} with {} timed out after {} ms", what, comm->peer_name(),
+                             timeout_ms_);
+      }
+    }
+    if (size) *size = got;
+    return ok_status();
+  }
+
+  // Posts a send/recv, retrying while every request slot is taken (none should be here).
+  Result<Request*> post_send(const void* data, size_t size, int tag) {
+    Deadline d = deadline();
+    while (true) {
+      GW_ASSIGN_OR_RETURN(Request * r, send_->isend(data, size, tag, nullptr));
+      if (r) return r;
+      if (Clock::now() > d)
+        return timeout_error("p2p isend to {}: no free request slot", send_->peer_name());
+    }
+  }
+  Result<Request*> post_recv(void* data, size_t size, int tag) {
+    Deadline d = deadline();
+    while (true) {
+      GW_ASSIGN_OR_RETURN(Request * r, recv_->irecv(data, size, tag, nullptr));
+      if (r) return r;
+      if (Clock::now() > d)
+        return timeout_error("p2p irecv from {}: no free request slot", recv_->peer_name());
+    }
+  }
+
+  Status ctrl_send() {
+    GW_ASSIGN_OR_RETURN(Request * r, post_send(ctrl_out_, 0, kCtrlTag));
+    return wait(send_.get(), r, "control send");
+  }
+  Status ctrl_recv() {
+    GW_ASSIGN_OR_RETURN(Request * r, post_recv(ctrl_in_, sizeof(ctrl_in_), kCtrlTag));
+    return wait(recv_.get(), r, "control receive");
+  }
+
+  // Streams `count` messages of `size` bytes from rank 0 to rank 1 with `window` in flight.
+  // Returns the seconds rank 0 measured, from the receiver's "ready" to its final "done".
+  Result<double> stream(size_t size, int count) {
+    int window = std::min(c_.window, count);
+    std::deque<Request*> inflight;
+    if (rank_ == 1) {
+      int posted = 0, completed = 0;
+      for (; posted < window; ++posted) {
+        GW_ASSIGN_OR_RETURN(Request * r, post_recv(buf_.data(), size, kDataTag));
+        inflight.push_back(r);
+      }
+      GW_RETURN_IF_ERROR(ctrl_send());
+      while (completed < count) {
+        size_t got = 0;
+        GW_RETURN_IF_ERROR(wait(recv_.get(), inflight.front(), "bandwidth receive", &got));
+        inflight.pop_front();
+        if (got != size) {
+          return peer_error("p2p: received {} bytes from {} where {} were sent", got,
+                            recv_->peer_name(), size);
+        }
+        ++completed;
+        if (posted < count) {
+          GW_ASSIGN_OR_RETURN(Request * r, post_recv(buf_.data(), size, kDataTag));
+          inflight.push_back(r);
+          ++posted;
+        }
+      }
+      GW_RETURN_IF_ERROR(ctrl_send());
+      return 0.0;
+    }
+    GW_RETURN_IF_ERROR(ctrl_recv());
+    auto t0 = SteadyClock::now();
+    int posted = 0, completed = 0;
+    for (; posted < window; ++posted) {
+      GW_ASSIGN_OR_RETURN(Request * r, post_send(buf_.data(), size, kDataTag));
+      inflight.push_back(r);
+    }
+    while (completed < count) {
+      GW_RETURN_IF_ERROR(wait(send_.get(), inflight.front(), "bandwidth send"));
+      inflight.pop_front();
+      ++completed;
+      if (posted < count) {
+        GW_ASSIGN_OR_RETURN(Request * r, post_send(buf_.data(), size, kDataTag));
+        inflight.push_back(r);
+        ++posted;
+      }
+    }
+    GW_RETURN_IF_ERROR(ctrl_recv());
+    return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  }
+
+  Status latency(std::vector<double>* half_rtts) {
+    size_t size = static_cast<size_t>(c_.lat_bytes);
+    const int warmup = std::min(100, c_.lat_iters);
+    for (int i = 0; i < warmup + c_.lat_iters; ++i) {
+      if (rank_ == 0) {
+        auto t0 = SteadyClock::now();
+        GW_ASSIGN_OR_RETURN(Request * rr, post_recv(lat_in_.data(), size, kDataTag));
+        GW_ASSIGN_OR_RETURN(Request * sr, post_send(lat_out_.data(), size, kDataTag));
+        GW_RETURN_IF_ERROR(wait(send_.get(), sr, "latency ping"));
+        GW_RETURN_IF_ERROR(wait(recv_.get(), rr, "latency pong"));
+        double dt = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+        if (i >= warmup) half_rtts->push_back(dt / 2);
+      } else {
+        GW_ASSIGN_OR_RETURN(Request * rr, post_recv(lat_in_.data(), size, kDataTag));
+        GW_RETURN_IF_ERROR(wait(recv_.get(), rr, "latency ping"));
+        GW_ASSIGN_OR_RETURN(Request * sr, post_send(lat_out_.data(), size, kDataTag));
+        GW_RETURN_IF_ERROR(wait(send_.get(), sr, "latency pong"));
+      }
+    }
+    return ok_status();
+  }
+
+  Status body() {
+    GW_RETURN_IF_ERROR(connect_pair());
+    buf_.assign(std::max<uint64_t>(c_.max_bytes, 1), 0x5a);
+    lat_in_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0);
+    lat_out_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0x33);
+    if (rank_ == 0) {
+      const auto& p = transport_->properties();
+      std::printf(
+          "# gradwire-perf p2p: transport %s, 2 forked processes, unidirectional "
+          "rank 0 -> rank 1\n",
+          p.name.c_str());
+      std::printf("# interfaces: %s  sockets per connection: %d  window: %d outstanding sends\n",
+                  p.interfaces.empty() ? "-" : p.interfaces.c_str(), p.sockets_per_conn, c_.window);
+      std::printf(
+          "# iters: %s  BW average = bytes * iters / time, MB = 1e6 B; "
+          "latency = round trip / 2\n",
+          c_.iters > 0 ? std::to_string(c_.iters).c_str() : "adaptive clamp(2e9/size, 20, 1000)");
+      std::string env;
+      for (const auto& row : config::table()) {
+        if (auto v = config::raw(row.key)) env += fmt::format(" {}={}", row.name, *v);
+      }
+      std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
+      std::printf("#bytes     #iterations    BW average[MB/s]   MsgRate[Mpps]\n");
+      std::fflush(stdout);
+      send_message(msg_fd_, "config " + json({{"transport", p.name},
+                                              {"interfaces", p.interfaces},
+                                              {"sockets_per_conn", p.sockets_per_conn},
+                                              {"window", c_.window}})
+                                            .dump());
+    }
+    for (uint64_t b = c_.min_bytes; b <= c_.max_bytes;) {
+      int iters = c_.iters > 0 ? c_.iters : p2p_adaptive_iters(b);
+      GW_RETURN_IF_ERROR(stream(static_cast<size_t>(b), std::min(iters, c_.window)).status());
+      GW_ASSIGN_OR_RETURN(double secs, stream(static_cast<size_t>(b), iters));
+      if (rank_ == 0) {
+        double mbps = secs > 0 ? static_cast<double>(b) * iters / secs / 1e6 : 0;
+        double mpps = secs > 0 ? iters / secs / 1e6 : 0;
+        std::printf(" %-10llu %-14d %-18.2f %-.6f\n", static_cast<unsigned long long>(b), iters,
+                    mbps, mpps);
+        std::fflush(stdout);
+        send_message(msg_fd_, "bw " + json({{"bytes", b},
+                                            {"iterations", iters},
+                                            {"bw_average_MBps", mbps},
+                                            {"msg_rate_Mpps", mpps}})
+                                          .dump());
+      } else {
+        send_message(msg_fd_, "alive");
+      }
+      if (b > c_.max_bytes / static_cast<uint64_t>(c_.factor)) break;
+      b = b == 0 ? 1 : b * static_cast<uint64_t>(c_.factor);
+    }
+    std::vector<double> lat;
+    GW_RETURN_IF_ERROR(latency(&lat));
+    if (rank_ == 0) {
+      std::sort(lat.begin(), lat.end());
+      auto pct = [&](double q) {
+        size_t i = static_cast<size_t>(q * static_cast<double>(lat.size() - 1) + 0.5);
+        return lat[std::min(i, lat.size() - 1)] * 1e6;
+      };
+      std::printf(
+          "#\n#bytes #iterations  t_min[usec]  t_typical[usec]  99%%[usec]  "
+          "99.9%%[usec]  t_max[usec]\n");
+      std::printf(" %-6llu %-11zu  %-11.2f  %-15.2f  %-9.2f  %-11.2f  %-.2f\n",
+                  static_cast<unsigned long long>(c_.lat_bytes), lat.size(), pct(0), pct(0.5),
+                  pct(0.99), pct(0.999), pct(1.0));
+      std::printf("# t_typical is the median\n");
+      std::fflush(stdout);
+      send_message(msg_fd_, "lat " + json({{"bytes", c_.lat_bytes},
+                                           {"iterations", lat.size()},
+                                           {"t_min_us", pct(0)},
+                                           {"t_median_us", pct(0.5)},
+                                           {"t_p99_us", pct(0.99)},
+                                           {"t_p999_us", pct(0.999)},
+                                           {"t_max_us", pct(1.0)}})
+                                         .dump());
+    }
+    // Both sides finish together, so neither tears down a connection the other still drains.
+    if (rank_ == 0) {
+      GW_RETURN_IF_ERROR(ctrl_send());
+    } else {
+      GW_RETURN_IF_ERROR(ctrl_recv());
+    }
+    return ok_status();
+  }
+
+  const P2pConfig& c_;
+  int rank_;
+  int pair_fd_;
+  int msg_fd_;
+  std::string token_;
+  int64_t timeout_ms_;
+  std::unique_ptr<net::Transport> transport_;
+  std::unique_ptr<net::SendComm> send_;
+  std::unique_ptr<net::RecvComm> recv_;
+  std::vector<uint8_t> buf_, lat_in_, lat_out_;
+  uint8_t ctrl_in_[8] = {};
+  uint8_t ctrl_out_[8] = {};
+};
+
+std::string random_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+}
+
+}  // namespace
+
+int p2p_adaptive_iters(uint64_t bytes) {
+  double it = 2e9 / static_cast<double>(std::max<uint64_t>(bytes, 1));
+  return static_cast<int>(std::clamp(it, 20.0, 1000.0));
+}
+
+Status validate(const P2pConfig& c) {
+  if (c.transport != "tcp" && c.transport != "shm") {
+    return invalid_arg("p2p --transport {}: use tcp or shm", c.transport);
+  }
+  if (c.np != 2) return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
+  if (c.min_bytes > c.max_bytes) {
+    return invalid_arg("-b {} is larger than -e {}", c.min_bytes, c.max_bytes);
+  }
+  if (c.factor < 2) return invalid_arg("-f {}: the step factor must be at least 2", c.factor);
+  if (c.max_bytes > (uint64_t{1} << 32)) return invalid_arg("-e {}: at most 4 GiB", c.max_bytes);
+  if (c.iters < 0) return invalid_arg("--iters {}: must be >= 0 (0 = adaptive)", c.iters);
+  if (c.window < 1 || c.window > net::kMaxRequests - 1) {
+    return invalid_arg("--window {}: must be in 1..{}", c.window, net::kMaxRequests - 1);
+  }
+  if (c.lat_iters < 1) return invalid_arg("--lat-iters {}: must be >= 1", c.lat_iters);
+  if (c.lat_bytes > (uint64_t{1} << 20)) {
+    return invalid_arg("--lat-size {}: at most 1 MiB", c.lat_bytes);
+  }
+  if (c.timeout_ms < 0) return invalid_arg("--timeout-ms {}: must be >= 0", c.timeout_ms);
+  return config::validate();
+}
+
+int run_p2p(const P2pConfig& c) {
+  json doc = {{"test", "p2p"},
+              {"config",
+               {{"transport", c.transport},
+                {"min_bytes", c.min_bytes},
+                {"max_bytes", c.max_bytes},
+                {"step_factor", c.factor},
+                {"iters", c.iters > 0 ? json(c.iters) : json("adaptive")},
+                {"window", c.window},
+                {"lat_bytes", c.lat_bytes},
+                {"lat_iters", c.lat_iters}}},
+              {"bandwidth", json::array()}};
+  auto write_doc = [&]() {
+    if (c.json_path.empty()) return true;
+    std::ofstream f(c.json_path, std::ios::trunc);
+    f << doc.dump(2) << "\n";
+    if (!f)
+      std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", c.json_path.c_str());
+    return static_cast<bool>(f);
+  };
+  Status s = validate(c);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
+    doc["error"] = s.to_string();
+    write_doc();
+    return 2;
+  }
+  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    s = system_error("p2p: socketpair() for the handle exchange", errno);
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
+    doc["error"] = s.to_string();
+    write_doc();
+    return 2;
+  }
+  std::string token = random_token();
+  std::string first_error;
+  ForkOptions fo;
+  fo.nranks = 2;
+  fo.idle_timeout_ms = timeout + 30000;
+  s = run_forked(
+      fo,
+      [&](int rank, int msg_fd) {
+        close(sv[1 - rank]);
+        P2pRank r(c, rank, sv[rank], msg_fd, token, timeout);
+        return r.run();
+      },
+      [&](int, const std::string& line) {
+        auto sp = line.find(' ');
+        std::string kind = line.substr(0, sp);
+        json j = json::parse(sp == std::string::npos ? "" : line.substr(sp + 1), nullptr, false);
+        if (j.is_discarded()) return;
+        if (kind == "config") doc["transport_properties"] = j;
+        if (kind == "bw") doc["bandwidth"].push_back(j);
+        if (kind == "lat") doc["latency"] = j;
+        if (kind == "error" && j.is_string() && first_error.empty())
+          first_error = j.get<std::string>();
+      });
+  close(sv[0]);
+  close(sv[1]);
+  int rc = 0;
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", s.to_string().c_str());
+    doc["error"] =
+        first_error.empty() ? s.to_string() : fmt::format("{} ({})", first_error, s.to_string());
+    rc = 2;
+  }
+  if (!write_doc() && rc == 0) rc = 2;
+  return rc;
+}
+
+}  // namespace gw::perf

@@ -1,0 +1,43 @@
+// Runs N ranks of a benchmark as forked processes on this machine, with no launcher.
+//
+// Why fork instead of threads: every rank is its own process, as under torchrun or mpirun, so the
+// collectives run through libgradwire.so exactly as a user's job would, and a rank that dies is a
+// real dead process. The parent never touches the library; it only supervises:
+// - each child gets a pipe to the parent and sends one-line messages over it (see send_message);
+//   rank 0 uses it to hand its result rows to the parent, which writes the JSON file;
+// - a child that exits non-zero or is killed ends the run: the parent gives the others
+//   kFailureGraceMs to report their own error, then SIGKILLs and reaps every remaining child;
+// - if no child has sent anything for idle_timeout_ms the parent declares a hang, kills all
+//   children and returns kTimeout, so even a bug in the library cannot hang the tool;
+// - children die with the parent (PR_SET_PDEATHSIG), so an interrupted parent leaves nothing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+
+namespace gw::perf {
+
+inline constexpr int64_t kFailureGraceMs = 2000;
+
+struct ForkOptions {
+  int nranks = 2;
+  int64_t idle_timeout_ms = 330000;
+};
+
+// Runs body(rank, msg_fd) in nranks forked children; the child exits with body's return value.
+// on_message(rank, line) is called in the parent for every line a child sends. Returns OK when
+// every child exited 0; otherwise a Status naming the first rank that failed and how.
+Status run_forked(const ForkOptions& options, const std::function<int(int rank, int msg_fd)>& body,
+                  const std::function<void(int rank, const std::string& line)>& on_message);
+
+// Sends one line (no '\n' inside) to the parent. msg_fd < 0 (not forked) is a no-op.
+void send_message(int msg_fd, const std::string& line);
+
+// Asks the kernel for a free TCP port on 127.0.0.1 (bind to port 0, read it, close). Used for the
+// private store of forked ranks: rank 0 hosts the store there.
+Result<int> reserve_loopback_port();
+
+}  // namespace gw::perf
