@@ -1,0 +1,567 @@
+// TcpStore: the server (one thread, poll() over every client) and the client (a small pool of
+// connections, one per call in flight). Wire format: docs/wire-store.md, codec in store_wire.cc.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+#include "core/store.h"
+#include "core/store_socket.h"
+#include "core/store_wire.h"
+
+namespace gw {
+
+using store_socket::Fd;
+using store_wire::Op;
+using store_wire::ReplyCode;
+using store_wire::Request;
+using store_wire::Response;
+
+namespace {
+
+constexpr size_t kMaxClients = 4096;
+constexpr size_t kReadChunk = 256 * 1024;
+// Extra time a client waits for the server's own "not found" answer to a get.
+constexpr auto kReplyGrace = std::chrono::milliseconds(500);
+
+bool token_equal(const std::string& a, const std::string& b) {
+  // Constant time in the content, so the comparison does not leak a prefix.
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+class TcpStoreServer {
+ public:
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port,
+                                                       std::string token, int* failed_errno) {
+    int bound = 0;
+    GW_ASSIGN_OR_RETURN(Fd listen_fd, store_socket::listen_tcp(host, port, &bound, failed_errno));
+    Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake.valid()) return system_error("store server: eventfd", errno);
+    std::unique_ptr<TcpStoreServer> s(
+        new TcpStoreServer(std::move(listen_fd), std::move(wake), bound, std::move(token)));
+    s->thread_ = std::thread([p = s.get()] { p->run(); });
+    return s;
+  }
+
+  ~TcpStoreServer() {
+    stop_.store(true);
+    uint64_t one = 1;
+    ssize_t ignored = ::write(wake_.get(), &one, sizeof(one));
+    (void)ignored;
+    if (thread_.joinable()) thread_.join();
+    // Client sockets close with conns_; connected clients see EOF and fail with kPeer.
+  }
+
+  int port() const { return port_; }
+
+ private:
+  struct Conn {
+    Fd fd;
+    Bytes in;   // received, not yet parsed
+    Bytes out;  // encoded replies not yet sent
+    size_t out_off = 0;
+    bool authenticated = false;
+    bool waiting = false;  // a get is parked in waiters_; later frames wait their turn
+    bool close_after_flush = false;
+  };
+  using ConnIt = std::list<Conn>::iterator;
+  struct Waiter {
+    ConnIt conn;
+    std::string key;
+    Deadline deadline;
+  };
+
+  TcpStoreServer(Fd listen_fd, Fd wake, int port, std::string token)
+      : listen_(std::move(listen_fd)),
+        wake_(std::move(wake)),
+        port_(port),
+        token_(std::move(token)) {}
+
+  void run() {
+    std::vector<pollfd> fds;
+    std::vector<ConnIt> order;
+    while (!stop_.load()) {
+      fds.clear();
+      order.clear();
+      fds.push_back({wake_.get(), POLLIN, 0});
+      fds.push_back({listen_.get(), POLLIN, 0});
+      for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+        short ev = 0;
+        bool backlog = it->out.size() - it->out_off > store_wire::kMaxBody;
+        if (!it->waiting && !it->close_after_flush && !backlog) ev |= POLLIN;
+        if (it->out_off < it->out.size()) ev |= POLLOUT;
+        fds.push_back({it->fd.get(), ev, 0});
+        order.push_back(it);
+      }
+      int timeout = -1;
+      for (const Waiter& w : waiters_) {
+        int t = store_socket::ms_until(w.deadline);
+        timeout = timeout < 0 ? t : std::min(timeout, t);
+      }
+      int n = ::poll(fds.data(), fds.size(), timeout);
+      if (n < 0 && errno != EINTR) {
+        GW_LOG_ERROR("store server: poll failed: {}", strerror(errno));
+        return;
+      }
+      if (stop_.load()) break;
+      if (n > 0) {
+        if (fds[1].revents & POLLIN) accept_all();
+        for (size_t i = 0; i < order.size(); ++i) {
+          short re = fds[i + 2].revents;
+          if (re == 0) continue;
+          ConnIt c = order[i];
+          bool alive = true;
+          if (re & (POLLIN | POLLHUP | POLLERR)) alive = read_conn(c);
+          if (alive && (re & POLLOUT)) alive = flush(c);
+          if (!alive) drop(c);
+        }
+      }
+      expire_waiters();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or a transient error (EMFILE...): try at the next wake-up
+      if (conns_.size() >= kMaxClients) {
+        GW_LOG_WARN("store server: refusing a client, {} connections already", conns_.size());
+        ::close(fd);
+        continue;
+      }
+      conns_.emplace_back();
+      conns_.back().fd.reset(fd);
+    }
+  }
+
+  // Returns false when the connection must be dropped now.
+  bool read_conn(ConnIt c) {
+    size_t old = c->in.size();
+    c->in.resize(old + kReadChunk);
+    ssize_t k;
+    do {
+      k = ::recv(c->fd.get(), c->in.data() + old, kReadChunk, 0);
+    } while (k < 0 && errno == EINTR);
+    if (k <= 0) {
+      c->in.resize(old);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      return false;  // EOF or error: the client went away
+    }
+    c->in.resize(old + static_cast<size_t>(k));
+    return process(c);
+  }
+
+  bool process(ConnIt c) {
+    size_t off = 0;
+    bool ok = true;
+    while (!c->waiting && !c->close_after_flush) {
+      size_t avail = c->in.size() - off;
+      if (avail < store_wire::kHeaderSize) break;
+      auto len = store_wire::decode_length(c->in.data() + off);
+      if (!len.ok()) {
+        fail(c, Op::kHello, len.status().message());
+        break;
+      }
+      if (avail < store_wire::kHeaderSize + *len) break;
+      auto req = store_wire::decode_request(c->in.data() + off + store_wire::kHeaderSize, *len);
+      off += store_wire::kHeaderSize + *len;
+      if (!req.ok()) {
+        fail(c, Op::kHello, req.status().message());
+        break;
+      }
+      handle(c, *req);
+    }
+    if (off > 0) c->in.erase(c->in.begin(), c->in.begin() + static_cast<ptrdiff_t>(off));
+    if (c->close_after_flush) c->in.clear();
+    if (ok) ok = flush(c);
+    return ok && !(c->close_after_flush && c->out_off == c->out.size());
+  }
+
+  // A protocol violation: tell the client why, then close the connection.
+  void fail(ConnIt c, Op op, const std::string& why) {
+    GW_LOG_WARN("store server: dropping a client: {}", why);
+    Response r;
+    r.code = ReplyCode::kError;
+    r.message = why;
+    reply(c, op, r);
+    c->close_after_flush = true;
+  }
+
+  void reply(ConnIt c, Op op, const Response& r) {
+    Bytes b = store_wire::encode_response(op, r);
+    if (c->out_off == c->out.size()) {
+      c->out.clear();
+      c->out_off = 0;
+    }
+    c->out.insert(c->out.end(), b.begin(), b.end());
+  }
+
+  void handle(ConnIt c, Request& req) {
+    if (!c->authenticated) {
+      if (req.op != Op::kHello) {
+        fail(c, req.op, "store protocol: the first message must be hello");
+        return;
+      }
+      if (req.version != store_wire::kVersion) {
+        fail(c, Op::kHello,
+             fmt::format("store protocol version {} not supported (server speaks {})", req.version,
+                         store_wire::kVersion));
+        return;
+      }
+      if (!token_.empty() && !token_equal(token_, req.token)) {
+        fail(c, Op::kHello, "job token mismatch: this client belongs to another job");
+        return;
+      }
+      c->authenticated = true;
+      reply(c, Op::kHello, Response{});
+      return;
+    }
+    Response r;
+    switch (req.op) {
+      case Op::kHello:
+        fail(c, Op::kHello, "store protocol: hello sent twice");
+        return;
+      case Op::kSet:
+        data_[req.key] = std::move(req.value);
+        reply(c, req.op, r);
+        wake_waiters(req.key);
+        return;
+      case Op::kGet: {
+        auto it = data_.find(req.key);
+        if (it != data_.end()) {
+          r.value = it->second;
+          reply(c, req.op, r);
+        } else {
+          c->waiting = true;
+          waiters_.push_back({c, req.key, deadline_after_ms(req.wait_ms)});
+        }
+        return;
+      }
+      case Op::kAdd: {
+        int64_t cur = 0;
+        auto it = data_.find(req.key);
+        if (it != data_.end() && !store_wire::parse_counter(it->second, &cur)) {
+          r.code = ReplyCode::kError;
+          r.message = fmt::format("store add '{}': existing value is not an integer", req.key);
+        } else if (__builtin_add_overflow(cur, req.delta, &r.number)) {
+          r.code = ReplyCode::kError;
+          r.message = fmt::format("store add '{}': {} + {} overflows", req.key, cur, req.delta);
+        } else {
+          data_[req.key] = store_wire::format_counter(r.number);
+        }
+        reply(c, req.op, r);
+        if (r.code == ReplyCode::kOk) wake_waiters(req.key);
+        return;
+      }
+      case Op::kErase:
+        data_.erase(req.key);
+        reply(c, req.op, r);
+        return;
+    }
+  }
+
+  void wake_waiters(const std::string& key) {
+    std::vector<ConnIt> woken;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->key == key) {
+        Response r;
+        r.value = data_[key];
+        reply(it->conn, Op::kGet, r);
+        it->conn->waiting = false;
+        woken.push_back(it->conn);
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Frames the woken clients sent meanwhile are processed at their next readable event; a
+    // well-behaved client sends nothing while it waits, so nothing is buffered in practice.
+    for (ConnIt c : woken) {
+      if (!c->in.empty()) pending_process_.push_back(c);
+    }
+  }
+
+  void expire_waiters() {
+    auto now = Clock::now();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline <= now) {
+        Response r;
+        r.code = ReplyCode::kNotFound;
+        reply(it->conn, Op::kGet, r);
+        it->conn->waiting = false;
+        if (!it->conn->in.empty()) pending_process_.push_back(it->conn);
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Flush replies produced for connections other than the one being served.
+    for (auto c = conns_.begin(); c != conns_.end();) {
+      auto next = std::next(c);
+      bool alive = flush(c);
+      if (alive && std::find(pending_process_.begin(), pending_process_.end(), c) !=
+                       pending_process_.end()) {
+        alive = process(c);
+      }
+      if (!alive) drop(c);
+      c = next;
+    }
+    pending_process_.clear();
+  }
+
+  // Writes what the socket takes now. Returns false when the connection is dead or finished.
+  bool flush(ConnIt c) {
+    while (c->out_off < c->out.size()) {
+      ssize_t k =
+          ::send(c->fd.get(), c->out.data() + c->out_off, c->out.size() - c->out_off, MSG_NOSIGNAL);
+      if (k > 0) {
+        c->out_off += static_cast<size_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      return false;
+    }
+    c->out.clear();
+    c->out_off = 0;
+    return !c->close_after_flush;
+  }
+
+  void drop(ConnIt c) {
+    waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(),
+                                  [&](const Waiter& w) { return w.conn == c; }),
+                   waiters_.end());
+    pending_process_.erase(std::remove(pending_process_.begin(), pending_process_.end(), c),
+                           pending_process_.end());
+    conns_.erase(c);
+  }
+
+  Fd listen_;
+  Fd wake_;
+  int port_;
+  std::string token_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // Owned by the server thread only.
+  std::list<Conn> conns_;
+  std::vector<Waiter> waiters_;
+  std::vector<ConnIt> pending_process_;
+  std::map<std::string, Bytes> data_;
+};
+
+struct TcpStore::Impl {
+  TcpStoreOptions options;
+  std::string connect_host;
+  int port = 0;
+  std::unique_ptr<TcpStoreServer> server;
+  // Idle connections. A call takes one (or opens one) for its request/reply and gives it back,
+  // so a get parked on the server never blocks other threads' calls through the same TcpStore.
+  std::mutex mu;
+  std::vector<Fd> idle;
+
+  std::string where() const { return store_socket::format_addr(connect_host, port); }
+
+  // One connection plus hello. A refused token is final (kPeer); other failures may be retried.
+  Result<Fd> connect_once(Deadline deadline, bool* refused) {
+    *refused = false;
+    GW_ASSIGN_OR_RETURN(Fd c, store_socket::connect_tcp(connect_host, port, deadline));
+    Request hello;
+    hello.op = Op::kHello;
+    hello.token = options.token;
+    GW_ASSIGN_OR_RETURN(Response r, exchange(c.get(), hello, deadline, "hello"));
+    if (r.code != ReplyCode::kOk) {
+      *refused = true;
+      return peer_error("store at {} refused this client: {}", where(), r.message);
+    }
+    return c;
+  }
+
+  // Start-up: the server may come up after its clients, so refused connections are retried.
+  Result<Fd> connect_with_retries(Deadline deadline) {
+    auto backoff = std::chrono::milliseconds(10);
+    Status last;
+    for (;;) {
+      bool refused = false;
+      // Each attempt gets at most a few seconds so a silently dropped SYN is retried.
+      Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      auto c = connect_once(attempt, &refused);
+      if (c.ok() || refused || c.status().code() == Code::kInvalidArg) return c;
+      last = c.status();
+      auto now = Clock::now();
+      if (now >= deadline) break;
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
+    }
+    return timeout_error("could not reach the store at {} within {} ms: {}", where(),
+                         options.connect_timeout_ms, last.message());
+  }
+
+  Result<Response> exchange(int sock, const Request& req, Deadline deadline, std::string_view op) {
+    std::string what = fmt::format("store {} at {}", op, where());
+    GW_ASSIGN_OR_RETURN(Bytes frame, store_wire::encode_request(req));
+    GW_RETURN_IF_ERROR(store_socket::send_all(sock, frame.data(), frame.size(), deadline, what));
+    Deadline reply_deadline = req.op == Op::kGet ? deadline + kReplyGrace : deadline;
+    uint8_t header[store_wire::kHeaderSize];
+    GW_RETURN_IF_ERROR(store_socket::recv_all(sock, header, sizeof(header), reply_deadline, what));
+    auto len = store_wire::decode_length(header);
+    if (!len.ok()) return len.status().with_context(what);
+    Bytes body(*len);
+    GW_RETURN_IF_ERROR(
+        store_socket::recv_all(sock, body.data(), body.size(), reply_deadline, what));
+    auto r = store_wire::decode_response(req.op, body.data(), body.size());
+    if (!r.ok()) return r.status().with_context(what);
+    return r;
+  }
+
+  // One request/reply. A connection that failed is closed (its stream position is unknown);
+  // new connections after start-up are tried once, without the start-up retries, so a dead
+  // server is reported at once.
+  Result<Response> call(const Request& req, Deadline deadline) {
+    std::string op = fmt::format("{} '{}'", store_wire::op_name(req.op), req.key);
+    Fd conn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!idle.empty()) {
+        conn = std::move(idle.back());
+        idle.pop_back();
+      }
+    }
+    if (!conn.valid()) {
+      bool refused = false;
+      auto c = connect_once(deadline, &refused);
+      if (!c.ok()) {
+        return Status(c.status().code() == Code::kTimeout ? Code::kTimeout : Code::kPeer,
+                      fmt::format("store {}: store at {} is unreachable: {}", op, where(),
+                                  c.status().message()));
+      }
+      conn = std::move(*c);
+    }
+    auto r = exchange(conn.get(), req, deadline, op);
+    if (!r.ok()) return r.status();  // conn closes here
+    if (r->code == ReplyCode::kError) {
+      // The server closes the connection after a protocol error; drop ours too.
+      return Status(Code::kInvalidArg, fmt::format("store {} at {}: {}", op, where(), r->message));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (idle.size() < kMaxIdle) idle.push_back(std::move(conn));
+    }
+    return r;
+  }
+
+  static constexpr size_t kMaxIdle = 8;
+};
+
+TcpStore::TcpStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpStore::~TcpStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->idle.clear();
+  }
+  impl_->server.reset();
+}
+
+Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return invalid_arg("TcpStore: port {} outside 0..65535", options.port);
+  }
+  if (!options.host_server && options.port == 0) {
+    return invalid_arg("TcpStore: a client needs the server's port (got 0)");
+  }
+  if (options.host.empty()) return invalid_arg("TcpStore: empty host");
+  if (options.token.size() > store_wire::kMaxToken) {
+    return invalid_arg("TcpStore: job token longer than {} bytes", store_wire::kMaxToken);
+  }
+  if (options.connect_timeout_ms < 0) {
+    return invalid_arg("TcpStore: connect_timeout_ms {} < 0", options.connect_timeout_ms);
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->connect_host = options.host;
+  impl->port = options.port;
+  if (options.host_server) {
+    int bind_errno = 0;
+    auto server = TcpStoreServer::start(options.host, options.port, options.token, &bind_errno);
+    if (!server.ok() && options.host != "0.0.0.0" && options.host != "::" &&
+        bind_errno == EADDRNOTAVAIL) {
+      // The address names this host but not one of its interfaces (NAT, container): serve on
+      // every interface instead, as torchrun does; the job token still guards the door.
+      GW_LOG_WARN("store: cannot bind {} ({}); serving on 0.0.0.0 instead",
+                  store_socket::format_addr(options.host, options.port), server.status().message());
+      server = TcpStoreServer::start("0.0.0.0", options.port, options.token, nullptr);
+      impl->connect_host = "127.0.0.1";
+    }
+    if (!server.ok()) return server.status().with_context("store server");
+    impl->server = std::move(*server);
+    impl->port = impl->server->port();
+    if (options.host == "0.0.0.0") impl->connect_host = "127.0.0.1";
+    if (options.host == "::") impl->connect_host = "::1";
+  }
+  auto conn = impl->connect_with_retries(deadline_after_ms(options.connect_timeout_ms));
+  if (!conn.ok()) return conn.status();
+  impl->idle.push_back(std::move(*conn));
+  return std::shared_ptr<TcpStore>(new TcpStore(std::move(impl)));
+}
+
+int TcpStore::port() const { return impl_->port; }
+
+Status TcpStore::set(const std::string& key, const Bytes& value, Deadline deadline) {
+  GW_RETURN_IF_ERROR(store_wire::check_key(key));
+  GW_RETURN_IF_ERROR(store_wire::check_value_size(value.size()));
+  Request req;
+  req.op = Op::kSet;
+  req.key = key;
+  req.value = value;
+  return impl_->call(req, deadline).status();
+}
+
+Result<Bytes> TcpStore::get(const std::string& key, Deadline deadline) {
+  GW_RETURN_IF_ERROR(store_wire::check_key(key));
+  Request req;
+  req.op = Op::kGet;
+  req.key = key;
+  int ms = store_socket::ms_until(deadline);
+  req.wait_ms = static_cast<uint32_t>(ms);
+  GW_ASSIGN_OR_RETURN(Response r, impl_->call(req, deadline));
+  if (r.code == ReplyCode::kNotFound) {
+    return timeout_error("store get '{}' at {}: key not set before the deadline", key,
+                         impl_->where());
+  }
+  return std::move(r.value);
+}
+
+Result<int64_t> TcpStore::add(const std::string& key, int64_t delta, Deadline deadline) {
+  GW_RETURN_IF_ERROR(store_wire::check_key(key));
+  Request req;
+  req.op = Op::kAdd;
+  req.key = key;
+  req.delta = delta;
+  GW_ASSIGN_OR_RETURN(Response r, impl_->call(req, deadline));
+  return r.number;
+}
+
+Status TcpStore::erase(const std::string& key, Deadline deadline) {
+  GW_RETURN_IF_ERROR(store_wire::check_key(key));
+  Request req;
+  req.op = Op::kErase;
+  req.key = key;
+  return impl_->call(req, deadline).status();
+}
+
+}  // namespace gw
