@@ -1,0 +1,55 @@
+// Alpha-beta-gamma cost model (Thakur, Rabenseifner, Gropp 2005) that picks the allreduce
+// algorithm. Pure functions; thread-safe.
+//
+//   ring: 2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
+//   rhd:  2 lg p' a + 2(p'-1)/p' n b + (p'-1)/p' n g      on p' = 2^floor(lg p) ranks, plus, when
+//         p != p', the fold: 2 a + 2 n b + n g (the whole vector to the partner and back)
+// a = per-message latency, b = seconds per byte on a link, g = seconds per byte of reduction.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "collectives/communicator.h"
+#include "core/status.h"
+
+namespace gw::coll {
+
+struct CostParams {
+  double alpha_us = 20.0;    // per-message latency
+  double bw_gbps = 1.0;      // GB/s per link
+  double reduce_gbps = 8.0;  // GB/s of the reduction kernel
+};
+
+// Fills from a transport's typical figures (0 = unknown: keep the defaults for that transport
+// name), then GW_COST_ALPHA_US / GW_COST_BW_GBPS when set (non-zero).
+CostParams cost_params_for(std::string_view transport_name, double latency_us,
+                           double bandwidth_gbps);
+
+double ring_allreduce_seconds(int nranks, size_t bytes, const CostParams& params);
+double rhd_allreduce_seconds(int nranks, size_t bytes, const CostParams& params);
+
+struct AlgoChoice {
+  Algo algo = Algo::kRing;
+  bool forced = false;
+  double ring_s = 0;
+  double rhd_s = 0;
+};
+
+// `forced` is Algo::kAuto to let the model decide (ties go to ring: neighbour traffic only).
+AlgoChoice choose_allreduce(int nranks, size_t bytes, const CostParams& params, Algo forced);
+
+// "auto", "ring", "rhd" -> Algo; anything else is kInvalidArg naming GW_ALGO.
+Result<Algo> parse_algo(std::string_view name);
+std::string_view algo_name(Algo algo);
+
+// "64 MiB", "1.5 KiB", "12 B".
+std::string format_bytes(size_t bytes);
+// "allreduce 64 MiB: ring, 2 channels (cost model: ring 40.1 ms, rhd 41.0 ms)"
+std::string describe_choice(size_t bytes, const AlgoChoice& choice, int nchannels);
+// Power-of-two bucket of a byte count, the unit the choice is logged once per.
+int size_class(size_t bytes);
+
+}  // namespace gw::coll
