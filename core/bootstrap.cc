@@ -1,0 +1,262 @@
+#include "core/bootstrap.h"
+
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include "core/bootstrap_env.h"
+#include "core/config.h"
+#include "core/store_socket.h"
+
+namespace gw {
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+// Names of one launcher's variables. local_size may be null (the launcher has none we trust).
+struct Launcher {
+  const char* source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+};
+
+constexpr Launcher kTorchrun{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+constexpr Launcher kOpenMpi{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr Launcher kSlurm{"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr};
+
+Result<int> required_int(const char* name, const std::optional<std::string>& value,
+                         const char* source) {
+  if (!value) return invalid_arg("{} is not set ({} launch needs it)", name, source);
+  return parse_env_int(name, *value);
+}
+
+Result<int> optional_int(const char* name) {
+  if (name == nullptr) return -1;
+  auto v = env(name);
+  if (!v) return -1;
+  return parse_env_int(name, *v);
+}
+
+Status check_rank(const char* rank_name, int rank, const char* size_name, int size) {
+  if (size < 1) return invalid_arg("{}={} must be at least 1", size_name, size);
+  if (rank < 0 || rank >= size) {
+    return invalid_arg("{}={} is out of range for {}={} (want 0..{})", rank_name, rank, size_name,
+                       size, size - 1);
+  }
+  return ok_status();
+}
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  if (f) std::getline(f, line);
+  return line;
+}
+
+std::string to_hex(const uint8_t* p, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(kDigits[p[i] >> 4]);
+    s.push_back(kDigits[p[i] & 15]);
+  }
+  return s;
+}
+
+constexpr const char* kTokenKey = "gw/job_token";
+
+}  // namespace
+
+Result<int> parse_env_int(const char* name, const std::string& value) {
+  int v = 0;
+  const char* b = value.data();
+  const char* e = b + value.size();
+  auto [ptr, ec] = std::from_chars(b, e, v);
+  if (value.empty() || ec != std::errc() || ptr != e) {
+    return invalid_arg("{}='{}' is not an integer", name, value);
+  }
+  return v;
+}
+
+Result<StoreAddress> store_address_from_env() {
+  StoreAddress a;
+  std::string gw_store = config::get_string(config::Key::kStore);
+  if (!gw_store.empty()) {
+    Status s = store_socket::parse_addr(gw_store, false, &a.host, &a.port);
+    if (!s.ok()) return invalid_arg("GW_STORE: {}", s.message());
+    a.source = "GW_STORE";
+    return a;
+  }
+  auto addr = env("MASTER_ADDR");
+  auto port = env("MASTER_PORT");
+  if (!addr && !port) return a;
+  if (!addr || addr->empty()) return invalid_arg("MASTER_PORT is set but MASTER_ADDR is not");
+  if (!port) return invalid_arg("MASTER_ADDR is set but MASTER_PORT is not");
+  GW_ASSIGN_OR_RETURN(int p, parse_env_int("MASTER_PORT", *port));
+  if (p < 1 || p > 65535) return invalid_arg("MASTER_PORT={} is outside 1..65535", p);
+  a.host = *addr;
+  // MASTER_ADDR may be a bracketed IPv6 literal.
+  if (a.host.size() > 2 && a.host.front() == '[' && a.host.back() == ']') {
+    a.host = a.host.substr(1, a.host.size() - 2);
+  }
+  a.port = p;
+  a.source = "MASTER_ADDR/MASTER_PORT";
+  return a;
+}
+
+Result<LaunchInfo> detect_launch() {
+  LaunchInfo info;
+  auto gw_rank = config::raw(config::Key::kRank);
+  auto gw_size = config::raw(config::Key::kWorldSize);
+  if (gw_rank || gw_size) {
+    // GW_* set explicitly wins, and half of it is a mistake rather than a reason to look further.
+    info.source = "GW_*";
+    GW_ASSIGN_OR_RETURN(info.rank, required_int("GW_RANK", gw_rank, "GW_*"));
+    GW_ASSIGN_OR_RETURN(info.world_size, required_int("GW_WORLD_SIZE", gw_size, "GW_*"));
+    GW_RETURN_IF_ERROR(check_rank("GW_RANK", info.rank, "GW_WORLD_SIZE", info.world_size));
+    // A launcher underneath may still say where this rank sits on its host.
+    for (const Launcher* l : {&kTorchrun, &kOpenMpi, &kSlurm}) {
+      if (!env(l->local_rank)) continue;
+      GW_ASSIGN_OR_RETURN(info.local_rank, optional_int(l->local_rank));
+      GW_ASSIGN_OR_RETURN(info.local_world_size, optional_int(l->local_size));
+      break;
+    }
+  } else {
+    const Launcher* found = nullptr;
+    for (const Launcher* l : {&kTorchrun, &kOpenMpi, &kSlurm}) {
+      if (env(l->rank)) {
+        found = l;
+        break;
+      }
+    }
+    if (found == nullptr) {
+      return invalid_arg(
+          "no launcher environment: set GW_RANK and GW_WORLD_SIZE, or start the job with "
+          "torchrun (RANK, WORLD_SIZE), mpirun (OMPI_COMM_WORLD_RANK) or srun (SLURM_PROCID)");
+    }
+    info.source = found->source;
+    GW_ASSIGN_OR_RETURN(info.rank, required_int(found->rank, env(found->rank), found->source));
+    GW_ASSIGN_OR_RETURN(info.world_size,
+                        required_int(found->size, env(found->size), found->source));
+    GW_RETURN_IF_ERROR(check_rank(found->rank, info.rank, found->size, info.world_size));
+    GW_ASSIGN_OR_RETURN(info.local_rank, optional_int(found->local_rank));
+    GW_ASSIGN_OR_RETURN(info.local_world_size, optional_int(found->local_size));
+  }
+  if (info.local_world_size != -1 && info.local_world_size < 1) {
+    return invalid_arg("local world size {} from the {} environment must be at least 1",
+                       info.local_world_size, info.source);
+  }
+  if (info.local_world_size > info.world_size) {
+    return invalid_arg("local world size {} exceeds the world size {} ({} environment)",
+                       info.local_world_size, info.world_size, info.source);
+  }
+  if (info.local_rank != -1 &&
+      (info.local_rank < 0 ||
+       (info.local_world_size > 0 && info.local_rank >= info.local_world_size) ||
+       info.local_rank >= info.world_size)) {
+    return invalid_arg("local rank {} from the {} environment is out of range (local size {})",
+                       info.local_rank, info.source, info.local_world_size);
+  }
+
+  GW_ASSIGN_OR_RETURN(StoreAddress addr, store_address_from_env());
+  if (addr.host.empty() && info.world_size > 1) {
+    return invalid_arg(
+        "no store address for a job of {} ranks: set GW_STORE=host:port or MASTER_ADDR and "
+        "MASTER_PORT",
+        info.world_size);
+  }
+  info.store_host = addr.host;
+  info.store_port = addr.port;
+  return info;
+}
+
+std::string host_identity() {
+  std::string id = config::get_string(config::Key::kHostId);
+  if (!id.empty()) return id;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::string boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  struct stat st {};
+  unsigned long long netns = 0;
+  if (stat("/proc/self/ns/net", &st) == 0) netns = static_cast<unsigned long long>(st.st_ino);
+  return fmt::format("{}/{}/netns:{}", host, boot, netns);
+}
+
+Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline) {
+  if (world < 1) return invalid_arg("exchange_hosts: world size {} < 1", world);
+  if (rank < 0 || rank >= world) {
+    return invalid_arg("exchange_hosts: rank {} out of range 0..{}", rank, world - 1);
+  }
+  std::string mine = host_identity();
+  Status s = store.set(fmt::format("gw/host/{}", rank), Bytes(mine.begin(), mine.end()), deadline);
+  if (!s.ok()) return s.with_context(fmt::format("exchange_hosts: rank {} publishing", rank));
+  HostMap map;
+  map.host_of_rank.assign(world, -1);
+  std::map<std::string, int> index;
+  for (int r = 0; r < world; ++r) {
+    auto v = store.get(fmt::format("gw/host/{}", r), deadline);
+    if (!v.ok()) {
+      return v.status().with_context(
+          fmt::format("exchange_hosts: waiting for the host identity of rank {}", r));
+    }
+    std::string id(v->begin(), v->end());
+    auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
+    if (inserted) map.ranks_of_host.emplace_back();
+    map.host_of_rank[r] = it->second;
+    map.ranks_of_host[it->second].push_back(r);
+  }
+  map.my_host = map.host_of_rank[rank];
+  const auto& peers = map.ranks_of_host[map.my_host];
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (peers[i] == rank) map.local_rank = static_cast<int>(i);
+  }
+  return map;
+}
+
+Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
+  std::string configured = config::get_string(config::Key::kJobToken);
+  if (!configured.empty()) return configured;
+  if (rank < 0) return invalid_arg("agree_job_token: rank {} < 0", rank);
+  if (rank == 0) {
+    uint8_t bits[16];
+    size_t got = 0;
+    while (got < sizeof(bits)) {
+      ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return system_error("agree_job_token: getrandom", errno);
+      }
+      got += static_cast<size_t>(n);
+    }
+    std::string token = to_hex(bits, sizeof(bits));
+    Status s = store.set(kTokenKey, Bytes(token.begin(), token.end()), deadline);
+    if (!s.ok()) return s.with_context("agree_job_token: rank 0 publishing the token");
+    return token;
+  }
+  auto v = store.get(kTokenKey, deadline);
+  if (!v.ok()) return v.status().with_context("agree_job_token: waiting for rank 0's token");
+  if (v->size() != 32) {
+    return peer_error("agree_job_token: rank 0 published a token of {} bytes, expected 32",
+                      v->size());
+  }
+  return std::string(v->begin(), v->end());
+}
+
+}  // namespace gw
