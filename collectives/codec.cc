@@ -1,0 +1,698 @@
+#include "collectives/codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "collectives/codec_kernels.h"
+
+namespace gw::coll {
+
+namespace ck = codec_kernels;
+
+// ------------------------------------------------------------------------------------------
+// Spec parsing.
+
+namespace {
+
+constexpr size_t kMaxChunk = size_t{1} << 20;
+constexpr uint32_t kTopkMagic = 0x4B504F54;  // "TOPK"
+
+struct NameKind {
+  std::string_view name;
+  CodecKind kind;
+};
+constexpr NameKind kNames[] = {
+    {"none", CodecKind::kNone}, {"fp16", CodecKind::kFp16},         {"bf16", CodecKind::kBf16},
+    {"topk", CodecKind::kTopK}, {"randomk", CodecKind::kRandomK},   {"sign", CodecKind::kSign},
+    {"qsgd", CodecKind::kQsgd}, {"powersgd", CodecKind::kPowerSgd},
+};
+
+template <typename T>
+bool parse_number(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  const char* end = s.data() + s.size();
+  auto [ptr, ec] = std::from_chars(s.data(), end, *out);
+  return ec == std::errc() && ptr == end;
+}
+
+bool parse_bool01(std::string_view s, bool* out) {
+  if (s == "1")
+    *out = true;
+  else if (s == "0")
+    *out = false;
+  else
+    return false;
+  return true;
+}
+
+}  // namespace
+
+std::string_view codec_name(CodecKind kind) {
+  for (const auto& n : kNames) {
+    if (n.kind == kind) return n.name;
+  }
+  return "?";
+}
+
+Result<CodecSpec> parse_codec_spec(std::string_view text) {
+  if (text.empty()) return invalid_arg("codec spec is empty (use \"none\" for no compression)");
+  CodecSpec spec;
+  std::string_view head = text.substr(0, text.find(','));
+  std::string_view rest = head.size() < text.size() ? text.substr(head.size() + 1) : "";
+  if (head.size() < text.size() && rest.empty()) {
+    return invalid_arg("codec spec \"{}\": empty option after ','", text);
+  }
+  const size_t colon = head.find(':');
+  const std::string_view name = head.substr(0, colon);
+  const bool has_arg = colon != std::string_view::npos;
+  const std::string_view arg = has_arg ? head.substr(colon + 1) : std::string_view();
+  bool known = false;
+  for (const auto& n : kNames) {
+    if (n.name == name) {
+      spec.kind = n.kind;
+      known = true;
+    }
+  }
+  if (!known) {
+    return invalid_arg(
+        "codec spec \"{}\": unknown codec \"{}\" (expected none, fp16, bf16, topk:RATIO, "
+        "randomk:RATIO, sign, qsgd:LEVELS, powersgd:RANK)",
+        text, name);
+  }
+  switch (spec.kind) {
+    case CodecKind::kNone:
+    case CodecKind::kFp16:
+    case CodecKind::kBf16:
+    case CodecKind::kSign:
+      if (has_arg) return invalid_arg("codec spec \"{}\": {} takes no ':' argument", text, name);
+      break;
+    case CodecKind::kTopK:
+    case CodecKind::kRandomK:
+      if (!parse_number(arg, &spec.ratio) || !(spec.ratio > 0.0 && spec.ratio <= 1.0)) {
+        return invalid_arg("codec spec \"{}\": {} needs a ratio in (0, 1], e.g. {}:0.01", text,
+                           name, name);
+      }
+      break;
+    case CodecKind::kQsgd:
+      if (!parse_number(arg, &spec.levels) || spec.levels < 1 || spec.levels > 127) {
+        return invalid_arg("codec spec \"{}\": qsgd needs LEVELS in 1..127, e.g. qsgd:16", text);
+      }
+      break;
+    case CodecKind::kPowerSgd:
+      if (!parse_number(arg, &spec.rank) || spec.rank < 1 || spec.rank > 64) {
+        return invalid_arg("codec spec \"{}\": powersgd needs RANK in 1..64, e.g. powersgd:4",
+                           text);
+      }
+      break;
+  }
+  spec.error_feedback = spec.kind != CodecKind::kNone && spec.kind != CodecKind::kFp16 &&
+                        spec.kind != CodecKind::kBf16;
+
+  std::vector<std::string_view> seen;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view opt = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (comma != std::string_view::npos && rest.empty()) {
+      return invalid_arg("codec spec \"{}\": empty option after ','", text);
+    }
+    const size_t eq = opt.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      return invalid_arg("codec spec \"{}\": option \"{}\" is not key=value", text, opt);
+    }
+    const std::string_view key = opt.substr(0, eq);
+    const std::string_view value = opt.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return invalid_arg("codec spec \"{}\": option \"{}\" given twice", text, key);
+    }
+    seen.push_back(key);
+    auto bad = [&](std::string_view what) {
+      return invalid_arg("codec spec \"{}\": option {}={} {}", text, key, value, what);
+    };
+    auto not_for = [&]() {
+      return invalid_arg("codec spec \"{}\": option \"{}\" does not apply to {}", text, key, name);
+    };
+    if (key == "ef") {
+      if (spec.kind == CodecKind::kNone) return not_for();
+      if (!parse_bool01(value, &spec.error_feedback)) return bad("must be 0 or 1");
+    } else if (key == "seed") {
+      if (spec.kind != CodecKind::kRandomK && spec.kind != CodecKind::kQsgd) return not_for();
+      if (!parse_number(value, &spec.seed)) return bad("must be an unsigned integer");
+    } else if (key == "chunk") {
+      if (spec.kind != CodecKind::kSign) return not_for();
+      if (!parse_number(value, &spec.chunk) || spec.chunk == 0 || spec.chunk % 64 != 0 ||
+          spec.chunk > kMaxChunk) {
+        return bad("must be a multiple of 64 in 64..1048576");
+      }
+    } else if (key == "bucket") {
+      if (spec.kind != CodecKind::kQsgd) return not_for();
+      if (!parse_number(value, &spec.bucket) || spec.bucket == 0 || spec.bucket > kMaxChunk) {
+        return bad("must be in 1..1048576");
+      }
+    } else if (key == "cols") {
+      if (spec.kind != CodecKind::kPowerSgd) return not_for();
+      if (!parse_number(value, &spec.cols) || spec.cols == 0) return bad("must be >= 1");
+    } else if (key == "warm") {
+      if (spec.kind != CodecKind::kPowerSgd) return not_for();
+      if (!parse_bool01(value, &spec.warm_start)) return bad("must be 0 or 1");
+    } else {
+      return invalid_arg(
+          "codec spec \"{}\": unknown option \"{}\" (known: ef, seed, chunk, bucket, cols, warm)",
+          text, key);
+    }
+  }
+  return spec;
+}
+
+std::string format_codec_spec(const CodecSpec& spec) {
+  std::string out(codec_name(spec.kind));
+  switch (spec.kind) {
+    case CodecKind::kTopK:
+    case CodecKind::kRandomK:
+      out += fmt::format(":{}", spec.ratio);
+      break;
+    case CodecKind::kQsgd:
+      out += fmt::format(":{}", spec.levels);
+      break;
+    case CodecKind::kPowerSgd:
+      out += fmt::format(":{}", spec.rank);
+      break;
+    default:
+      break;
+  }
+  if (spec.kind == CodecKind::kNone) return out;
+  out += fmt::format(",ef={}", spec.error_feedback ? 1 : 0);
+  if (spec.kind == CodecKind::kRandomK || spec.kind == CodecKind::kQsgd) {
+    out += fmt::format(",seed={}", spec.seed);
+  }
+  if (spec.kind == CodecKind::kSign) out += fmt::format(",chunk={}", spec.chunk);
+  if (spec.kind == CodecKind::kQsgd) out += fmt::format(",bucket={}", spec.bucket);
+  if (spec.kind == CodecKind::kPowerSgd) {
+    if (spec.cols) out += fmt::format(",cols={}", spec.cols);
+    out += fmt::format(",warm={}", spec.warm_start ? 1 : 0);
+  }
+  return out;
+}
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------
+// Selection helpers.
+
+namespace {
+
+inline uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Magnitude with NaN ordered below everything, so comparisons stay a strict weak order.
+inline float mag(float x) {
+  const float a = std::fabs(x);
+  return a == a ? a : -1.0f;
+}
+
+// Keeps the k best (largest magnitude, then lowest index) of idx, sorted by index.
+void keep_best(const float* v, std::vector<uint32_t>* idx, size_t k) {
+  auto better = [v](uint32_t a, uint32_t b) {
+    const float ma = mag(v[a]), mb = mag(v[b]);
+    return ma > mb || (ma == mb && a < b);
+  };
+  if (idx->size() > k) {
+    std::nth_element(idx->begin(), idx->begin() + static_cast<ptrdiff_t>(k), idx->end(), better);
+    idx->resize(k);
+  }
+  std::sort(idx->begin(), idx->end());
+}
+
+}  // namespace
+
+size_t topk_count(double ratio, size_t count) {
+  if (count == 0) return 0;
+  const double k = std::round(ratio * static_cast<double>(count));
+  return std::clamp<size_t>(static_cast<size_t>(k), 1, count);
+}
+
+std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
+  std::vector<uint32_t> idx;
+  k = std::min(k, count);
+  if (k == 0) return idx;
+  constexpr size_t kSample = 65536;
+  if (count <= 4 * kSample || k * 4 >= count) {
+    idx.resize(count);
+    for (size_t i = 0; i < count; ++i) idx[i] = static_cast<uint32_t>(i);
+    keep_best(v, &idx, k);
+    return idx;
+  }
+  // Threshold from a sample: aim at ~1.25 k candidates plus a few standard deviations, so one
+  // pass almost always collects a superset of the top k without collecting much more.
+  std::vector<float> sample(kSample);
+  uint64_t state = count;
+  for (size_t j = 0; j < kSample; ++j) sample[j] = mag(v[splitmix64(&state) % count]);
+  const double expect = static_cast<double>(kSample) * static_cast<double>(k) / count;
+  const size_t pos = static_cast<size_t>(expect * 1.25 + 4.0 * std::sqrt(expect) + 8.0);
+  if (pos < kSample) {
+    std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(pos), sample.end(),
+                     std::greater<float>());
+    const float threshold = sample[pos];
+    if (threshold > 0.0f) {
+      idx.reserve(pos * (count / kSample) + 1024);
+      ck::collect_abs_ge(v, count, threshold, 0, &idx);
+      if (idx.size() >= k) {
+        keep_best(v, &idx, k);
+        return idx;
+      }
+      idx.clear();
+    }
+  }
+  // The sample misjudged the distribution (many zeros or ties): exact selection over everything.
+  idx.resize(count);
+  for (size_t i = 0; i < count; ++i) idx[i] = static_cast<uint32_t>(i);
+  keep_best(v, &idx, k);
+  return idx;
+}
+
+std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
+                                      size_t k) {
+  std::vector<uint32_t> idx;
+  k = std::min(k, count);
+  if (k == 0) return idx;
+  // Rejection sampling into a bitmap; when k is more than half, pick the complement instead.
+  const bool complement = k * 2 > count;
+  const size_t want = complement ? count - k : k;
+  std::vector<uint64_t> bits((count + 63) / 64, 0);
+  uint64_t state = seed ^ (ctx.key_hash * 0x9e3779b97f4a7c15ull) ^ (ctx.step << 1);
+  splitmix64(&state);
+  size_t have = 0;
+  while (have < want) {
+    const size_t i = static_cast<size_t>(splitmix64(&state) % count);
+    uint64_t& w = bits[i / 64];
+    const uint64_t b = uint64_t{1} << (i % 64);
+    if (!(w & b)) {
+      w |= b;
+      ++have;
+    }
+  }
+  idx.reserve(k);
+  for (size_t wi = 0; wi < bits.size(); ++wi) {
+    uint64_t w = complement ? ~bits[wi] : bits[wi];
+    if (complement && wi + 1 == bits.size() && count % 64) w &= (uint64_t{1} << (count % 64)) - 1;
+    while (w) {
+      idx.push_back(static_cast<uint32_t>(wi * 64 + std::countr_zero(w)));
+      w &= w - 1;
+    }
+  }
+  return idx;
+}
+
+// ------------------------------------------------------------------------------------------
+// Codecs.
+
+namespace {
+
+Status check_out(size_t out_size, size_t need, std::string_view codec) {
+  if (out_size < need) {
+    return invalid_arg("{} encode: output buffer holds {} bytes, {} needed", codec, out_size, need);
+  }
+  return ok_status();
+}
+
+Status check_count(size_t count, std::string_view codec) {
+  if (count > std::numeric_limits<uint32_t>::max()) {
+    return invalid_arg("{}: {} elements exceed the codec's 32-bit index limit", codec, count);
+  }
+  return ok_status();
+}
+
+class CastCodec final : public Codec {
+ public:
+  explicit CastCodec(const CodecSpec& spec) : Codec(spec), bf16_(spec.kind == CodecKind::kBf16) {}
+  Aggregation aggregation() const override { return Aggregation::kSummable; }
+  DataType wire_dtype() const override { return bf16_ ? DataType::kBF16 : DataType::kF16; }
+  size_t encoded_size(size_t count) const override { return count * 2; }
+  Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), codec_name(spec_.kind)));
+    ck::encode_cast16(in, residual, count, reinterpret_cast<uint16_t*>(out), bf16_);
+    return ok_status();
+  }
+  Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                    const CodecContext&) const override {
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("{} decode: {} bytes for {} elements, expected {}", codec_name(spec_.kind),
+                         in_size, count, encoded_size(count));
+    }
+    ck::decode_cast16(reinterpret_cast<const uint16_t*>(in), count, acc, bf16_, true);
+    return ok_status();
+  }
+
+ private:
+  bool bf16_;
+};
+
+class RandomKCodec final : public Codec {
+ public:
+  explicit RandomKCodec(const CodecSpec& spec) : Codec(spec) {}
+  Aggregation aggregation() const override { return Aggregation::kSummable; }
+  DataType wire_dtype() const override { return DataType::kF32; }
+  size_t encoded_size(size_t count) const override {
+    return topk_count(spec_.ratio, count) * sizeof(float);
+  }
+  Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                const CodecContext& ctx) const override {
+    GW_RETURN_IF_ERROR(check_count(count, "randomk"));
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "randomk"));
+    const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
+    float* vals = reinterpret_cast<float*>(out);
+    if (residual) {
+      ck::add_f32(in, count, residual);
+      for (size_t j = 0; j < idx.size(); ++j) {
+        vals[j] = residual[idx[j]];
+        residual[idx[j]] = 0.0f;
+      }
+    } else {
+      for (size_t j = 0; j < idx.size(); ++j) vals[j] = in[idx[j]];
+    }
+    return ok_status();
+  }
+  Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                    const CodecContext& ctx) const override {
+    GW_RETURN_IF_ERROR(check_count(count, "randomk"));
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("randomk decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
+    const float* vals = reinterpret_cast<const float*>(in);
+    for (size_t j = 0; j < idx.size(); ++j) acc[idx[j]] += vals[j];
+    return ok_status();
+  }
+};
+
+// Layout: u32 magic, u32 k, k u32 indices, k f32 values.
+class TopKCodec final : public Codec {
+ public:
+  explicit TopKCodec(const CodecSpec& spec) : Codec(spec) {}
+  Aggregation aggregation() const override { return Aggregation::kGather; }
+  size_t encoded_size(size_t count) const override {
+    return 8 + topk_count(spec_.ratio, count) * 8;
+  }
+  Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(check_count(count, "topk"));
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
+    const size_t k = topk_count(spec_.ratio, count);
+    const float* v = in;
+    if (residual) {
+      ck::add_f32(in, count, residual);
+      v = residual;
+    }
+    const auto idx = topk_select(v, count, k);
+    const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
+    std::memcpy(out, header, 8);
+    std::memcpy(out + 8, idx.data(), k * 4);
+    float* vals = reinterpret_cast<float*>(out + 8 + k * 4);
+    for (size_t j = 0; j < k; ++j) vals[j] = v[idx[j]];
+    if (residual) {
+      for (uint32_t i : idx) residual[i] = 0.0f;
+    }
+    return ok_status();
+  }
+  Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                    const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(check_count(count, "topk"));
+    const size_t k = topk_count(spec_.ratio, count);
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("topk decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    uint32_t header[2];
+    std::memcpy(header, in, 8);
+    if (header[0] != kTopkMagic || header[1] != k) {
+      return invalid_arg("topk decode: bad header (magic {:#x}, k {}; expected k {})", header[0],
+                         header[1], k);
+    }
+    const uint8_t* ip = in + 8;
+    const uint8_t* vp = in + 8 + k * 4;
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t i;
+      float val;
+      std::memcpy(&i, ip + 4 * j, 4);
+      std::memcpy(&val, vp + 4 * j, 4);
+      if (i >= count) return invalid_arg("topk decode: index {} out of range {}", i, count);
+      acc[i] += val;
+    }
+    return ok_status();
+  }
+};
+
+// Layout: nchunks f32 scales, then chunk/64 u64 words per chunk.
+class SignCodec final : public Codec {
+ public:
+  explicit SignCodec(const CodecSpec& spec) : Codec(spec) {}
+  Aggregation aggregation() const override { return Aggregation::kTwoPhase; }
+  size_t encoded_size(size_t count) const override {
+    const size_t nchunks = (count + spec_.chunk - 1) / spec_.chunk;
+    return nchunks * (4 + spec_.chunk / 8);
+  }
+  Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "sign"));
+    const size_t chunk = spec_.chunk;
+    const size_t nchunks = (count + chunk - 1) / chunk;
+    float* scales = reinterpret_cast<float*>(out);
+    uint64_t* words = reinterpret_cast<uint64_t*>(out + nchunks * 4);
+    for (size_t c = 0; c < nchunks; ++c) {
+      const size_t off = c * chunk;
+      const size_t n = std::min(chunk, count - off);
+      uint64_t* w = words + c * (chunk / 64);
+      if (n < chunk) std::memset(w, 0, chunk / 8);
+      const float s = ck::sign_encode_chunk(in + off, residual ? residual + off : nullptr, n, w);
+      std::memcpy(scales + c, &s, 4);
+    }
+    return ok_status();
+  }
+  Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                    const CodecContext&) const override {
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("sign decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    const size_t chunk = spec_.chunk;
+    const size_t nchunks = (count + chunk - 1) / chunk;
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(in + nchunks * 4);
+    for (size_t c = 0; c < nchunks; ++c) {
+      float s;
+      std::memcpy(&s, in + 4 * c, 4);
+      const size_t off = c * chunk;
+      ck::sign_decode_add(words + c * (chunk / 64), s, std::min(chunk, count - off), acc + off);
+    }
+    return ok_status();
+  }
+};
+
+// Layout: nbuckets f32 norms, then count int8 levels in [-levels, levels].
+class QsgdCodec final : public Codec {
+ public:
+  explicit QsgdCodec(const CodecSpec& spec) : Codec(spec) {}
+  Aggregation aggregation() const override { return Aggregation::kGather; }
+  size_t encoded_size(size_t count) const override {
+    return (count + spec_.bucket - 1) / spec_.bucket * 4 + count;
+  }
+  Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                const CodecContext& ctx) const override {
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "qsgd"));
+    const size_t bucket = spec_.bucket;
+    const size_t nb = (count + bucket - 1) / bucket;
+    const float s = static_cast<float>(spec_.levels);
+    int8_t* q = reinterpret_cast<int8_t*>(out + nb * 4);
+    uint64_t state = spec_.seed ^ (ctx.key_hash * 0x9e3779b97f4a7c15ull) ^ (ctx.step << 20) ^
+                     (static_cast<uint64_t>(ctx.rank) << 48);
+    splitmix64(&state);
+    if (residual) ck::add_f32(in, count, residual);
+    const float* v = residual ? residual : in;
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t off = b * bucket;
+      const size_t n = std::min(bucket, count - off);
+      double sq = 0;
+      for (size_t i = 0; i < n; ++i) sq += static_cast<double>(v[off + i]) * v[off + i];
+      const float norm = static_cast<float>(std::sqrt(sq));
+      std::memcpy(out + 4 * b, &norm, 4);
+      const float inv = norm > 0 && std::isfinite(norm) ? s / norm : 0.0f;
+      const float step = norm / s;
+      for (size_t i = 0; i < n; ++i) {
+        const float x = v[off + i];
+        float a = std::fabs(x) * inv;
+        if (!(a >= 0.0f)) a = 0.0f;  // NaN
+        if (a > s) a = s;
+        const float l = std::floor(a);
+        const float u = static_cast<float>(splitmix64(&state) >> 40) * (1.0f / 16777216.0f);
+        int lv = static_cast<int>(l) + (u < a - l ? 1 : 0);
+        if (lv > spec_.levels) lv = spec_.levels;
+        const int sq_level = std::signbit(x) ? -lv : lv;
+        q[off + i] = static_cast<int8_t>(sq_level);
+        if (residual) residual[off + i] = x - static_cast<float>(sq_level) * step;
+      }
+    }
+    return ok_status();
+  }
+  Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                    const CodecContext&) const override {
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("qsgd decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    const size_t bucket = spec_.bucket;
+    const size_t nb = (count + bucket - 1) / bucket;
+    const int8_t* q = reinterpret_cast<const int8_t*>(in + nb * 4);
+    const float s = static_cast<float>(spec_.levels);
+    for (size_t b = 0; b < nb; ++b) {
+      float norm;
+      std::memcpy(&norm, in + 4 * b, 4);
+      const float step = norm / s;
+      const size_t off = b * bucket;
+      const size_t n = std::min(bucket, count - off);
+      for (size_t i = 0; i < n; ++i) {
+        const int lv = q[off + i];
+        if (lv > spec_.levels || lv < -spec_.levels) {
+          return invalid_arg("qsgd decode: level {} at element {} outside +-{}", lv, off + i,
+                             spec_.levels);
+        }
+        acc[off + i] += static_cast<float>(lv) * step;
+      }
+    }
+    return ok_status();
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Codec>> Codec::create(const CodecSpec& spec) {
+  switch (spec.kind) {
+    case CodecKind::kFp16:
+    case CodecKind::kBf16:
+      return std::unique_ptr<Codec>(new CastCodec(spec));
+    case CodecKind::kTopK:
+      if (!(spec.ratio > 0 && spec.ratio <= 1)) return invalid_arg("topk: ratio must be in (0, 1]");
+      return std::unique_ptr<Codec>(new TopKCodec(spec));
+    case CodecKind::kRandomK:
+      if (!(spec.ratio > 0 && spec.ratio <= 1)) {
+        return invalid_arg("randomk: ratio must be in (0, 1]");
+      }
+      return std::unique_ptr<Codec>(new RandomKCodec(spec));
+    case CodecKind::kSign:
+      if (spec.chunk == 0 || spec.chunk % 64 || spec.chunk > kMaxChunk) {
+        return invalid_arg("sign: chunk must be a multiple of 64 in 64..1048576");
+      }
+      return std::unique_ptr<Codec>(new SignCodec(spec));
+    case CodecKind::kQsgd:
+      if (spec.levels < 1 || spec.levels > 127 || spec.bucket == 0 || spec.bucket > kMaxChunk) {
+        return invalid_arg("qsgd: levels must be 1..127 and bucket 1..1048576");
+      }
+      return std::unique_ptr<Codec>(new QsgdCodec(spec));
+    case CodecKind::kNone:
+      return invalid_arg("codec \"none\" has no encoding (send the tensor as it is)");
+    case CodecKind::kPowerSgd:
+      return invalid_arg(
+          "powersgd is a low-rank scheme, not a byte codec: use the compressed "
+          "allreduce");
+  }
+  return invalid_arg("unknown codec kind {}", static_cast<int>(spec.kind));
+}
+
+// ------------------------------------------------------------------------------------------
+// PowerSGD linear algebra.
+
+MatrixShape powersgd_shape(size_t count, size_t cols_hint) {
+  MatrixShape s;
+  if (count == 0) return s;
+  s.cols = cols_hint ? std::min(cols_hint, count)
+                     : static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(count))));
+  s.rows = (count + s.cols - 1) / s.cols;
+  return s;
+}
+
+namespace {
+
+inline float dot(const float* __restrict a, const float* __restrict b, size_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+inline void axpy(float alpha, const float* __restrict x, size_t n, float* __restrict y) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+void matmul_mq(const float* m, size_t count, MatrixShape shape, const float* q, size_t r,
+               float* out) {
+  for (size_t i = 0; i < shape.rows; ++i) {
+    const size_t off = i * shape.cols;
+    const size_t n = std::min(shape.cols, count - off);
+    for (size_t j = 0; j < r; ++j) out[j * shape.rows + i] = dot(m + off, q + j * shape.cols, n);
+  }
+}
+
+void matmul_mtp(const float* m, size_t count, MatrixShape shape, const float* p, size_t r,
+                float* out) {
+  std::fill(out, out + shape.cols * r, 0.0f);
+  for (size_t i = 0; i < shape.rows; ++i) {
+    const size_t off = i * shape.cols;
+    const size_t n = std::min(shape.cols, count - off);
+    for (size_t j = 0; j < r; ++j) axpy(p[j * shape.rows + i], m + off, n, out + j * shape.cols);
+  }
+}
+
+void orthogonalize(float* a, size_t rows, size_t r) {
+  for (size_t j = 0; j < r; ++j) {
+    float* aj = a + j * rows;
+    double orig = 0;
+    for (size_t i = 0; i < rows; ++i) orig += static_cast<double>(aj[i]) * aj[i];
+    for (size_t l = 0; l < j; ++l) {
+      const float* al = a + l * rows;
+      double d = 0;
+      for (size_t i = 0; i < rows; ++i) d += static_cast<double>(al[i]) * aj[i];
+      const float df = static_cast<float>(d);
+      for (size_t i = 0; i < rows; ++i) aj[i] -= df * al[i];
+    }
+    double nn = 0;
+    for (size_t i = 0; i < rows; ++i) nn += static_cast<double>(aj[i]) * aj[i];
+    if (!(orig > 0) || !(nn > 1e-12 * orig) || !std::isfinite(nn)) {
+      std::fill(aj, aj + rows, 0.0f);
+      continue;
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(nn));
+    for (size_t i = 0; i < rows; ++i) aj[i] *= inv;
+  }
+}
+
+void add_pq(const float* p, const float* q, MatrixShape shape, size_t r, size_t count, float sign,
+            float* m) {
+  for (size_t i = 0; i < shape.rows; ++i) {
+    const size_t off = i * shape.cols;
+    const size_t n = std::min(shape.cols, count - off);
+    for (size_t j = 0; j < r; ++j)
+      axpy(sign * p[j * shape.rows + i], q + j * shape.cols, n, m + off);
+  }
+}
+
+}  // namespace gw::coll

@@ -1,0 +1,134 @@
+// Gradient codecs: the local half of gradient compression (encode, decode, error feedback).
+//
+// A codec spec string selects a codec and its options:
+//   none | fp16 | bf16 | topk:RATIO | randomk:RATIO | sign | qsgd:LEVELS | powersgd:RANK
+// followed by optional ",key=value" options:
+//   ef=0|1        error feedback (residual accumulation); default 1 where it applies (all but
+//                 none/fp16/bf16, where it is also accepted)
+//   seed=N        randomk index seed / qsgd rounding seed (default 0)
+//   chunk=N       sign: elements per scale (multiple of 64, default 2048)
+//   bucket=N      qsgd: elements per norm (default 512)
+//   cols=N        powersgd: matrix columns the flat gradient is viewed as (default ~sqrt(count))
+//   warm=0|1      powersgd: warm start Q from the previous step (default 1)
+// e.g. "topk:0.01", "sign", "powersgd:4,ef=1", "qsgd:16,seed=3". A malformed spec is kInvalidArg
+// with a message that names the offending part.
+//
+// How each codec is aggregated across ranks (compress.h does it):
+//   kSummable  encoded values add element-wise (fp16, bf16, randomk with a shared seed): one
+//              allreduce of the encoded buffer in wire_dtype().
+//   kGather    per-rank encodings differ in support or scale (topk, qsgd): allgather of the
+//              encodings, then every rank decodes and sums them in rank order.
+//   kTwoPhase  sign (1-bit Adam): worker encode with worker error feedback, exchange of chunks,
+//              per-partition decode + sum + re-encode with server error feedback, allgather.
+//   kLowRank   powersgd: P = MQ and Q = M^T P allreduced, P orthogonalised (see PowerSgd below).
+//
+// Thread-safety: a Codec is immutable after creation and may be used from several threads;
+// the residual and output buffers passed to it belong to the caller. Nothing blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/types.h"
+#include "core/status.h"
+
+namespace gw::coll {
+
+enum class CodecKind { kNone, kFp16, kBf16, kTopK, kRandomK, kSign, kQsgd, kPowerSgd };
+enum class Aggregation { kSummable, kGather, kTwoPhase, kLowRank };
+
+struct CodecSpec {
+  CodecKind kind = CodecKind::kNone;
+  double ratio = 0;  // topk / randomk: fraction of elements kept, (0, 1]
+  int levels = 0;    // qsgd: quantisation levels per sign, 1..127
+  int rank = 0;      // powersgd: approximation rank, 1..64
+  bool error_feedback = false;
+  uint64_t seed = 0;       // randomk / qsgd
+  size_t chunk = 2048;     // sign: elements per scale
+  size_t bucket = 512;     // qsgd: elements per norm
+  size_t cols = 0;         // powersgd: 0 = choose from the count
+  bool warm_start = true;  // powersgd
+};
+
+// Parses a spec (see the top of this file). Whitespace is not allowed.
+Result<CodecSpec> parse_codec_spec(std::string_view text);
+// The canonical spec ("topk:0.01,ef=1"): parse_codec_spec(format_codec_spec(s)) == s.
+std::string format_codec_spec(const CodecSpec& spec);
+std::string_view codec_name(CodecKind kind);
+
+// Per-call context an encoding may depend on. Every rank passes the same key_hash and step for
+// the same tensor, so shared-seed codecs (randomk) pick the same elements everywhere.
+struct CodecContext {
+  uint64_t key_hash = 0;  // hash of the tensor key (fnv1a64)
+  uint64_t step = 0;      // how many times this key was compressed before
+  int rank = 0;           // this rank (qsgd's rounding stream differs per rank)
+};
+
+uint64_t fnv1a64(std::string_view text);
+
+class Codec {
+ public:
+  // kInvalidArg when spec cannot be used (e.g. kNone, or kPowerSgd, which is not a byte codec).
+  static Result<std::unique_ptr<Codec>> create(const CodecSpec& spec);
+  virtual ~Codec() = default;
+
+  const CodecSpec& spec() const { return spec_; }
+  virtual Aggregation aggregation() const = 0;
+  // kSummable codecs: the element type the encoded buffer is reduced in.
+  virtual DataType wire_dtype() const { return DataType::kU8; }
+  // Bytes of the encoding of `count` elements (the same on every rank for equal counts).
+  virtual size_t encoded_size(size_t count) const = 0;
+
+  // Encodes v = in + residual (residual may be null: no error feedback) into out, which holds
+  // encoded_size(count) bytes. With a residual, sets residual = v - decode(out), so that what
+  // was sent plus the residual equals the input plus the previous residual. in and residual must
+  // not overlap. Fails only on bad arguments (sizes, count beyond the codec's limit).
+  virtual Status encode(const float* in, float* residual, size_t count, uint8_t* out,
+                        size_t out_size, const CodecContext& ctx) const = 0;
+  // acc[i] += decode(in)[i] for i < count. Every field read from `in` is bounds-checked: a
+  // corrupt or truncated encoding ends in kInvalidArg, never an out-of-range access.
+  virtual Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
+                            const CodecContext& ctx) const = 0;
+
+ protected:
+  explicit Codec(const CodecSpec& spec) : spec_(spec) {}
+  CodecSpec spec_;
+};
+
+// Exactly the k = max(1, round(ratio * count)) indices of the largest |v[i]| (ties broken by the
+// lower index), in increasing order. Runs in O(count) expected: the threshold comes from a
+// sample, one vectorised pass collects candidates, nth_element settles the exact set.
+std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k);
+size_t topk_count(double ratio, size_t count);
+// The k distinct indices (increasing) that randomk picks for this context: identical on every
+// rank for the same key_hash, step and seed.
+std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
+                                      size_t k);
+
+// PowerSGD helpers (the communicating part lives in compress.cc). The flat gradient of `count`
+// elements is viewed as a rows x cols row-major matrix M, zero-padded at the end. The factors
+// are stored as r column vectors: P (rows x r) as p[j * rows + i], Q (cols x r) as q[j * cols + c].
+struct MatrixShape {
+  size_t rows = 0;
+  size_t cols = 0;
+};
+MatrixShape powersgd_shape(size_t count, size_t cols_hint);
+// P = M * Q; M holds `count` valid elements.
+void matmul_mq(const float* m, size_t count, MatrixShape shape, const float* q, size_t r,
+               float* out);
+// Q = M^T * P.
+void matmul_mtp(const float* m, size_t count, MatrixShape shape, const float* p, size_t r,
+                float* out);
+// In-place modified Gram-Schmidt on r column vectors of length rows (accumulated in double, so
+// every rank gets the same bits from the same input). A column whose remaining norm falls below
+// 1e-6 of its original norm (or is zero) becomes zero, so rank-deficient inputs stay finite.
+void orthogonalize(float* a, size_t rows, size_t r);
+// m += sign * P Q^T over the count valid elements (used for the residual and the decode).
+void add_pq(const float* p, const float* q, MatrixShape shape, size_t r, size_t count, float sign,
+            float* m);
+
+}  // namespace gw::coll

@@ -1,0 +1,261 @@
+#include "collectives/codec_kernels.h"
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "collectives/reduce.h"
+
+namespace gw::coll::codec_kernels {
+
+namespace {
+
+bool have_avx2() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+// The 8-lane partial sums both paths use, reduced in the order the AVX2 path reduces them, so
+// the sign scale is bit-identical between the two.
+inline float hsum8(const float* s) {
+  const float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+}  // namespace
+
+std::string_view isa() { return have_avx2() ? "avx2" : "portable"; }
+
+// ------------------------------------------------------------------------------------------
+// Portable versions.
+namespace portable {
+
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
+  for (size_t i = 0; i < n; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    const uint16_t h = bf16 ? float_to_bf16(v) : float_to_half(v);
+    out[i] = h;
+    if (residual) residual[i] = v - (bf16 ? bf16_to_float(h) : half_to_float(h));
+  }
+}
+
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  for (size_t i = 0; i < n; ++i) {
+    const float f = bf16 ? bf16_to_float(in[i]) : half_to_float(in[i]);
+    acc[i] = add ? acc[i] + f : f;
+  }
+}
+
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < n; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    if (residual) residual[i] = v;
+    lanes[i % 8] += std::fabs(v);
+  }
+  const float scale = n ? hsum8(lanes) / static_cast<float>(n) : 0.0f;
+  const float* v = residual ? residual : in;
+  std::memset(words, 0, ((n + 63) / 64) * sizeof(uint64_t));
+  for (size_t i = 0; i < n; ++i) {
+    const bool neg = std::signbit(v[i]);
+    if (neg) words[i / 64] |= uint64_t{1} << (i % 64);
+    if (residual) residual[i] = v[i] - std::copysign(scale, v[i]);
+  }
+  return scale;
+}
+
+void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
+  for (size_t i = 0; i < n; ++i) {
+    const bool neg = (words[i / 64] >> (i % 64)) & 1u;
+    acc[i] += neg ? -scale : scale;
+  }
+}
+
+void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                    std::vector<uint32_t>* out) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::fabs(v[i]) >= threshold) out->push_back(offset + static_cast<uint32_t>(i));
+  }
+}
+
+}  // namespace portable
+
+// ------------------------------------------------------------------------------------------
+// AVX2 + F16C versions.
+namespace avx2 {
+
+#define GW_AVX2 __attribute__((target("avx2,f16c,fma")))
+
+GW_AVX2 static inline __m128i bf16_pack(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7F800000));
+  const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x400000));
+  const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+GW_AVX2 static inline __m256 bf16_unpack(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+GW_AVX2 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+    __m128i h;
+    __m256 back;
+    if (bf16) {
+      h = bf16_pack(v);
+      back = bf16_unpack(h);
+    } else {
+      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      back = _mm256_cvtph_ps(h);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    if (residual) _mm256_storeu_ps(residual + i, _mm256_sub_ps(v, back));
+  }
+  portable::encode_cast16(in + i, residual ? residual + i : nullptr, n - i, out + i, bf16);
+}
+
+GW_AVX2 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    __m256 f = bf16 ? bf16_unpack(h) : _mm256_cvtph_ps(h);
+    if (add) f = _mm256_add_ps(f, _mm256_loadu_ps(acc + i));
+    _mm256_storeu_ps(acc + i, f);
+  }
+  portable::decode_cast16(in + i, n - i, acc + i, bf16, add);
+}
+
+GW_AVX2 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  __m256 acc = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (residual) {
+      v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+      _mm256_storeu_ps(residual + i, v);
+    }
+    acc = _mm256_add_ps(acc, _mm256_and_ps(v, abs_mask));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (size_t j = i; j < n; ++j) {
+    const float v = residual ? in[j] + residual[j] : in[j];
+    if (residual) residual[j] = v;
+    lanes[j % 8] += std::fabs(v);
+  }
+  const float scale = n ? hsum8(lanes) / static_cast<float>(n) : 0.0f;
+  const float* v = residual ? residual : in;
+  const __m256 vs = _mm256_set1_ps(scale);
+  const size_t nwords = (n + 63) / 64;
+  for (size_t w = 0; w < nwords; ++w) {
+    const size_t base = w * 64;
+    if (base + 64 <= n) {
+      uint64_t bits = 0;
+      for (int k = 0; k < 8; ++k) {
+        const __m256 x = _mm256_loadu_ps(v + base + 8 * k);
+        bits |= static_cast<uint64_t>(_mm256_movemask_ps(x)) << (8 * k);
+        if (residual) {
+          const __m256 dec = _mm256_or_ps(vs, _mm256_and_ps(x, sign_mask));
+          _mm256_storeu_ps(residual + base + 8 * k, _mm256_sub_ps(x, dec));
+        }
+      }
+      words[w] = bits;
+    } else {
+      uint64_t bits = 0;
+      for (size_t j = base; j < n; ++j) {
+        if (std::signbit(v[j])) bits |= uint64_t{1} << (j - base);
+        if (residual) residual[j] = v[j] - std::copysign(scale, v[j]);
+      }
+      words[w] = bits;
+    }
+  }
+  return scale;
+}
+
+GW_AVX2 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint32_t byte = static_cast<uint32_t>(words[i / 64] >> (i % 64)) & 0xFFu;
+    const __m256i m = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
+    const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(m, 31));
+    const __m256 dec = _mm256_or_ps(vs, sign);
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), dec));
+  }
+  for (; i < n; ++i) {
+    const bool neg = (words[i / 64] >> (i % 64)) & 1u;
+    acc[i] += neg ? -scale : scale;
+  }
+}
+
+GW_AVX2 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                            std::vector<uint32_t>* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 t = _mm256_set1_ps(threshold);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    uint32_t mask = 0;
+    for (int k = 0; k < 4; ++k) {
+      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i + 8 * k), abs_mask);
+      mask |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, t, _CMP_GE_OQ))) << (8 * k);
+    }
+    while (mask) {
+      const int b = std::countr_zero(mask);
+      out->push_back(offset + static_cast<uint32_t>(i + b));
+      mask &= mask - 1;
+    }
+  }
+  portable::collect_abs_ge(v + i, n - i, threshold, offset + static_cast<uint32_t>(i), out);
+}
+
+#undef GW_AVX2
+
+}  // namespace avx2
+
+// ------------------------------------------------------------------------------------------
+// Dispatch.
+
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
+  if (have_avx2()) return avx2::encode_cast16(in, residual, n, out, bf16);
+  portable::encode_cast16(in, residual, n, out, bf16);
+}
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  if (have_avx2()) return avx2::decode_cast16(in, n, acc, bf16, add);
+  portable::decode_cast16(in, n, acc, bf16, add);
+}
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
+  if (have_avx2()) return avx2::sign_encode_chunk(in, residual, n, words);
+  return portable::sign_encode_chunk(in, residual, n, words);
+}
+void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
+  if (have_avx2()) return avx2::sign_decode_add(words, scale, n, acc);
+  portable::sign_decode_add(words, scale, n, acc);
+}
+void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                    std::vector<uint32_t>* out) {
+  if (have_avx2()) return avx2::collect_abs_ge(v, n, threshold, offset, out);
+  portable::collect_abs_ge(v, n, threshold, offset, out);
+}
+
+void add_f32(const float* __restrict src, size_t n, float* __restrict dst) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace gw::coll::codec_kernels

@@ -1,0 +1,57 @@
+// CPU kernels of the codecs: casts, sign packing, top-k candidate scan, error-feedback updates.
+//
+// Each kernel has a portable version and an AVX2 (+F16C, FMA) version compiled with a function
+// target attribute; the dispatching entry points pick one once at run time with
+// __builtin_cpu_supports, so the build never assumes the CPU it runs on (no -march=native).
+// Both paths produce bit-identical results (tests compare them). Thread-safe, never block.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace gw::coll::codec_kernels {
+
+// "avx2" or "portable".
+std::string_view isa();
+
+// v = in + residual (residual may be null); out = cast16(v) with round to nearest even; when
+// residual is set it becomes v - widen(out). bf16 selects bfloat16, else IEEE half.
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
+// acc[i] += widen(in[i]) (add) or acc[i] = widen(in[i]) (!add).
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
+
+// One sign chunk of n <= 64*nwords elements: v = in + residual; scale = mean |v|;
+// bit i of words = (v[i] < 0 or v[i] is -0); decode is -scale / +scale. residual (may be null)
+// becomes v - decode. Unused bits are zero. Returns the scale.
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
+void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+
+// Appends every i in [0, n) with |v[i]| >= threshold to out (offset added), increasing.
+void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                    std::vector<uint32_t>* out);
+
+// dst[i] += src[i].
+void add_f32(const float* src, size_t n, float* dst);
+
+// The portable and AVX2 versions, exposed for tests. The avx2 ones must only be called when
+// isa() == "avx2".
+namespace portable {
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
+void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                    std::vector<uint32_t>* out);
+}  // namespace portable
+namespace avx2 {
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
+void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
+                    std::vector<uint32_t>* out);
+}  // namespace avx2
+
+}  // namespace gw::coll::codec_kernels
