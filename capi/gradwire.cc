@@ -1,1 +1,545 @@
-// placeholder until capi lands
+// The C ABI (include/gradwire/gradwire.h) over gw::coll::Communicator.
+//
+// Every entry point validates its arguments before touching anything, converts Status to
+// gw_status_t (same numeric values) and keeps the message for gw_last_error(); no exception
+// leaves it. Handles are checked against a registry of live ones, so a destroyed or foreign
+// handle is reported instead of dereferenced (as long as its address has not been reused by a
+// newer handle).
+#include "gradwire/gradwire.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_set>
+
+#include "collectives/communicator.h"
+#include "collectives/types.h"
+#include "core/bootstrap.h"
+#include "core/bootstrap_env.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/store.h"
+#include "core/store_socket.h"
+
+#define GW_EXPORT extern "C" __attribute__((visibility("default")))
+
+#ifndef GW_VERSION_STRING
+#error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
+#endif
+
+namespace {
+
+using gw::Code;
+using gw::Result;
+using gw::Status;
+
+constexpr uint64_t kCommMagic = 0x31436d6d6f437747ull;     // "GwCommC1"
+constexpr uint64_t kRequestMagic = 0x3152716552774747ull;  // "GGwReqR1"
+
+struct CommState {
+  std::unique_ptr<gw::coll::Communicator> comm;
+  std::shared_ptr<gw::Store> store;  // rank 0's TcpStore hosts the server: keep it alive
+  int rank = -1;
+  int size = -1;
+};
+
+}  // namespace
+
+struct gw_comm {
+  uint64_t magic = kCommMagic;
+  std::shared_ptr<CommState> state;
+};
+
+namespace {
+struct RequestState {
+  std::mutex mu;  // one wait/test at a time per request
+  bool finished = false;
+  std::unique_ptr<gw::coll::AsyncOp> op;
+  std::shared_ptr<CommState> comm;  // the communicator outlives its requests
+};
+}  // namespace
+
+struct gw_request {
+  uint64_t magic = kRequestMagic;
+  std::shared_ptr<RequestState> state;
+};
+
+namespace {
+
+// Live handles. Allocated once and never freed, so calls made during static destruction still
+// find it.
+struct Registry {
+  std::mutex mu;
+  std::unordered_set<gw_comm*> comms;
+  std::unordered_set<gw_request*> requests;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+thread_local std::string t_last_error;
+
+gw_status_t to_c(Code c) { return static_cast<gw_status_t>(static_cast<int>(c)); }
+
+gw_status_t fail(const char* call, const Status& s) {
+  const std::string& m = s.message();
+  if (m.rfind(call, 0) == 0) {
+    t_last_error = m;
+  } else {
+    t_last_error = fmt::format("{}: {}", call, m);
+  }
+  return to_c(s.code());
+}
+
+// Runs an entry point's body: converts its Status, and every exception, to a gw_status_t.
+template <typename F>
+gw_status_t guarded(const char* call, F&& body) noexcept {
+  try {
+    Status s = body();
+    if (s.ok()) return GW_OK;
+    return fail(call, s);
+  } catch (const std::bad_alloc&) {
+    return fail(call, gw::no_memory("out of memory"));
+  } catch (const std::exception& e) {
+    return fail(call, gw::internal_error("unexpected exception: {}", e.what()));
+  } catch (...) {
+    return fail(call, gw::internal_error("unexpected non-standard exception"));
+  }
+}
+
+Result<std::shared_ptr<CommState>> lookup(gw_comm_t comm) {
+  if (comm == nullptr) return gw::invalid_arg("comm is NULL");
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->state) {
+    return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
+  }
+  return comm->state;
+}
+
+// A live communicator that has not been aborted.
+Result<std::shared_ptr<CommState>> usable(gw_comm_t comm) {
+  GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+  if (state->comm->aborted()) {
+    return gw::aborted_error("comm was aborted (gw_comm_abort); destroy it and create a new one");
+  }
+  return state;
+}
+
+Status check_dtype(gw_dtype_t dtype) {
+  int v = static_cast<int>(dtype);
+  if (!gw::coll::valid_dtype(v)) {
+    return gw::invalid_arg("argument dtype: unknown gw_dtype_t value {}", v);
+  }
+  return gw::ok_status();
+}
+
+Status check_op(gw_op_t op) {
+  int v = static_cast<int>(op);
+  if (!gw::coll::valid_op(v)) return gw::invalid_arg("argument op: unknown gw_op_t value {}", v);
+  return gw::ok_status();
+}
+
+// count elements of dtype, `blocks` times, must fit in size_t bytes.
+Result<size_t> buffer_bytes(const char* arg, size_t count, gw_dtype_t dtype, size_t blocks = 1) {
+  size_t elem = gw::coll::dtype_size(static_cast<gw::coll::DataType>(dtype));
+  size_t elems = 0;
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(count, blocks, &elems) ||
+      __builtin_mul_overflow(elems, elem, &bytes)) {
+    return gw::invalid_arg("argument {}: {} x {} elements of {} bytes overflow size_t", arg, count,
+                           blocks, elem);
+  }
+  return bytes;
+}
+
+Status check_buffer(const char* name, const void* p, size_t bytes) {
+  if (p == nullptr && bytes > 0) {
+    return gw::invalid_arg("argument {} is NULL with {} bytes to transfer", name, bytes);
+  }
+  return gw::ok_status();
+}
+
+// Distinct buffers must not overlap (in place means exactly equal pointers).
+Status check_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a == nullptr || b == nullptr || a == b || a_bytes == 0 || b_bytes == 0) {
+    return gw::ok_status();
+  }
+  auto x = reinterpret_cast<uintptr_t>(a);
+  auto y = reinterpret_cast<uintptr_t>(b);
+  if (x < y + b_bytes && y < x + a_bytes) {
+    return gw::invalid_arg("sendbuf and recvbuf overlap without being equal (in place)");
+  }
+  return gw::ok_status();
+}
+
+gw::coll::DataType dt(gw_dtype_t d) { return static_cast<gw::coll::DataType>(d); }
+gw::coll::ReduceOp rop(gw_op_t o) { return static_cast<gw::coll::ReduceOp>(o); }
+
+gw_comm_t register_comm(std::shared_ptr<CommState> state) {
+  auto* h = new gw_comm();
+  h->state = std::move(state);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  reg.comms.insert(h);
+  return h;
+}
+
+Status init(gw_comm_t* out, const gw_config_t& cfg) {
+  if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
+  if (cfg.rank < 0) return gw::invalid_arg("config.rank {} < 0", cfg.rank);
+  if (cfg.world_size < 0) return gw::invalid_arg("config.world_size {} < 0", cfg.world_size);
+  if (cfg.timeout_ms < 0) return gw::invalid_arg("config.timeout_ms {} < 0", cfg.timeout_ms);
+  GW_RETURN_IF_ERROR(gw::config::validate());
+
+  int rank = cfg.rank;
+  int world = cfg.world_size;
+  std::string host;
+  int port = 0;
+  if (world == 0) {
+    // Rank and size from the launcher; the store address too unless given.
+    GW_ASSIGN_OR_RETURN(gw::LaunchInfo info, gw::detect_launch());
+    if (cfg.rank != 0) {
+      return gw::invalid_arg("config.rank {} given without config.world_size", cfg.rank);
+    }
+    rank = info.rank;
+    world = info.world_size;
+    host = info.store_host;
+    port = info.store_port;
+  } else {
+    if (rank >= world) {
+      return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", rank,
+                             world);
+    }
+    if (cfg.store_addr == nullptr) {
+      GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
+      host = a.host;
+      port = a.port;
+    }
+  }
+  if (cfg.store_addr != nullptr) {
+    Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &host, &port);
+    if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());
+  }
+  int64_t timeout_ms =
+      cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::config::Key::kTimeoutMs);
+  if (timeout_ms <= 0) return gw::invalid_arg("GW_TIMEOUT_MS {} must be positive", timeout_ms);
+  std::string token = cfg.job_token != nullptr ? std::string(cfg.job_token)
+                                               : gw::config::get_string(gw::config::Key::kJobToken);
+  std::string transport = cfg.transport != nullptr ? std::string(cfg.transport) : "auto";
+  if (transport.empty()) return gw::invalid_arg("config.transport is empty");
+
+  gw::log::set_rank(rank);
+
+  auto state = std::make_shared<CommState>();
+  if (host.empty()) {
+    if (world > 1) {
+      return gw::invalid_arg(
+          "no store address for {} ranks: set config.store_addr, GW_STORE or "
+          "MASTER_ADDR/MASTER_PORT",
+          world);
+    }
+    state->store = gw::make_memory_store();  // a world of one talks to nobody
+  } else {
+    gw::TcpStoreOptions so;
+    so.host = host;
+    so.port = port;
+    so.host_server = rank == 0;
+    so.token = token;
+    so.connect_timeout_ms = timeout_ms;
+    auto store = gw::TcpStore::create(so);
+    if (!store.ok()) return store.status().with_context("rendezvous store");
+    state->store = std::move(*store);
+  }
+
+  gw::coll::CommOptions co;
+  co.rank = rank;
+  co.world_size = world;
+  co.store = state->store;
+  co.transport = transport;
+  co.timeout_ms = timeout_ms;
+  co.job_token = token;
+  auto comm = gw::coll::Communicator::create(co);
+  if (!comm.ok()) return comm.status();
+  state->comm = std::move(*comm);
+  state->rank = rank;
+  state->size = world;
+  GW_LOG_INFO("communicator ready: rank {} of {}, transport {}", rank, world, transport);
+  *out = register_comm(std::move(state));
+  return gw::ok_status();
+}
+
+const char* status_text(gw_status_t s) {
+  switch (s) {
+    case GW_OK:
+      return "GW_OK: success";
+    case GW_ERR_INVALID_ARG:
+      return "GW_ERR_INVALID_ARG: bad argument (NULL pointer, unknown dtype/op, size overflow, "
+             "...)";
+    case GW_ERR_TIMEOUT:
+      return "GW_ERR_TIMEOUT: a deadline (GW_TIMEOUT_MS) passed";
+    case GW_ERR_PEER:
+      return "GW_ERR_PEER: a peer closed, died or sent something unexpected";
+    case GW_ERR_SYSTEM:
+      return "GW_ERR_SYSTEM: a system call failed";
+    case GW_ERR_UNSUPPORTED:
+      return "GW_ERR_UNSUPPORTED: not available in this build or on this host";
+    case GW_ERR_NO_MEMORY:
+      return "GW_ERR_NO_MEMORY: out of memory";
+    case GW_ERR_ABORTED:
+      return "GW_ERR_ABORTED: the communicator was aborted (gw_comm_abort)";
+    case GW_ERR_INTERNAL:
+      return "GW_ERR_INTERNAL: a bug in gradwire: please report it with gw_last_error()";
+  }
+  return "GW_ERR_?: unknown gw_status_t value";
+}
+
+}  // namespace
+
+GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
+  return guarded("gw_comm_init_from_env", [&] {
+    gw_config_t cfg;
+    std::memset(&cfg, 0, sizeof(cfg));
+    return init(comm, cfg);
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config) {
+  return guarded("gw_comm_init", [&] {
+    if (config == nullptr) return gw::invalid_arg("argument config is NULL");
+    return init(comm, *config);
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_destroy(gw_comm_t comm) {
+  return guarded("gw_comm_destroy", [&]() -> Status {
+    if (comm == nullptr) return gw::ok_status();
+    std::shared_ptr<CommState> state;
+    {
+      Registry& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mu);
+      if (reg.comms.erase(comm) == 0 || comm->magic != kCommMagic) {
+        return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
+      }
+      comm->magic = 0;
+      state = std::move(comm->state);
+      delete comm;
+    }
+    // The communicator itself goes when its last user does (this call, a call still running on
+    // another thread, or an outstanding request); its destructor waits, bounded, for pending ops.
+    state.reset();
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_abort(gw_comm_t comm) {
+  return guarded("gw_comm_abort", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+    state->comm->abort();
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_rank(gw_comm_t comm, int* rank) {
+  return guarded("gw_comm_rank", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+    if (rank == nullptr) return gw::invalid_arg("argument rank (the output pointer) is NULL");
+    *rank = state->rank;
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_size(gw_comm_t comm, int* size) {
+  return guarded("gw_comm_size", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+    if (size == nullptr) return gw::invalid_arg("argument size (the output pointer) is NULL");
+    *size = state->size;
+    return gw::ok_status();
+  });
+}
+
+namespace {
+
+Status check_allreduce(const CommState& st, const void* sendbuf, void* recvbuf, size_t count,
+                       gw_dtype_t dtype, gw_op_t op) {
+  GW_RETURN_IF_ERROR(check_dtype(dtype));
+  GW_RETURN_IF_ERROR(check_op(op));
+  GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
+  GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
+  GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+  return check_overlap(sendbuf, bytes, recvbuf, bytes);
+}
+
+}  // namespace
+
+GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                                   gw_dtype_t dtype, gw_op_t op) {
+  return guarded("gw_allreduce", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
+    return st->comm->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
+  });
+}
+
+GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
+                                   int root) {
+  return guarded("gw_broadcast", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    GW_RETURN_IF_ERROR(check_dtype(dtype));
+    GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
+    GW_RETURN_IF_ERROR(check_buffer("buf", buf, bytes));
+    if (root < 0 || root >= st->size) {
+      return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st->size);
+    }
+    return st->comm->broadcast(buf, count, dt(dtype), root);
+  });
+}
+
+GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
+                                   size_t sendcount, gw_dtype_t dtype) {
+  return guarded("gw_allgather", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    GW_RETURN_IF_ERROR(check_dtype(dtype));
+    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
+    GW_ASSIGN_OR_RETURN(size_t recv_bytes,
+                        buffer_bytes("sendcount", sendcount, dtype, static_cast<size_t>(st->size)));
+    GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
+    GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    // In place: sendbuf is this rank's block of recvbuf.
+    const void* own_block = static_cast<const uint8_t*>(recvbuf) + st->rank * send_bytes;
+    if (sendbuf != own_block) {
+      GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
+    }
+    return st->comm->allgather(sendbuf, recvbuf, sendcount, dt(dtype));
+  });
+}
+
+GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
+                                        size_t recvcount, gw_dtype_t dtype, gw_op_t op) {
+  return guarded("gw_reduce_scatter", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    GW_RETURN_IF_ERROR(check_dtype(dtype));
+    GW_RETURN_IF_ERROR(check_op(op));
+    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
+    GW_ASSIGN_OR_RETURN(size_t send_bytes,
+                        buffer_bytes("recvcount", recvcount, dtype, static_cast<size_t>(st->size)));
+    GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
+    GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    const void* own_block = static_cast<const uint8_t*>(sendbuf) + st->rank * recv_bytes;
+    if (recvbuf != own_block) {
+      GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
+    }
+    return st->comm->reduce_scatter(sendbuf, recvbuf, recvcount, dt(dtype), rop(op));
+  });
+}
+
+GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
+  return guarded("gw_barrier", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    return st->comm->barrier();
+  });
+}
+
+GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf,
+                                    size_t count, gw_dtype_t dtype, gw_op_t op,
+                                    gw_request_t* request) {
+  return guarded("gw_iallreduce", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+    GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
+    auto rs = std::make_shared<RequestState>();
+    rs->comm = st;
+    GW_ASSIGN_OR_RETURN(rs->op, st->comm->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
+    if (!rs->op) return gw::internal_error("iallreduce returned no operation");
+    auto* raw = new gw_request();
+    raw->state = std::move(rs);
+    {
+      Registry& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mu);
+      reg.requests.insert(raw);
+    }
+    *request = raw;
+    return gw::ok_status();
+  });
+}
+
+namespace {
+
+// Finds a live request. The handle is only dereferenced under the registry lock; callers work on
+// the shared state, so a request completed by another thread meanwhile is never freed under them.
+Result<std::shared_ptr<RequestState>> lookup_request(gw_request_t request) {
+  if (request == nullptr) return gw::invalid_arg("argument request is NULL");
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (reg.requests.count(request) == 0 || request->magic != kRequestMagic) {
+    return gw::invalid_arg("request was already completed or is not a gradwire request");
+  }
+  return request->state;
+}
+
+// Frees the handle of a finished request (the caller holds the state's mutex).
+void retire(gw_request_t request, RequestState& state) {
+  state.finished = true;
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (reg.requests.erase(request) != 0) {
+    request->magic = 0;
+    delete request;
+  }
+}
+
+Status already_completed() {
+  return gw::invalid_arg("request was already completed or is not a gradwire request");
+}
+
+}  // namespace
+
+GW_EXPORT gw_status_t gw_wait(gw_request_t request, int timeout_ms) {
+  return guarded("gw_wait", [&]() -> Status {
+    if (timeout_ms < -1) return gw::invalid_arg("argument timeout_ms {} < -1", timeout_ms);
+    GW_ASSIGN_OR_RETURN(auto rs, lookup_request(request));
+    std::lock_guard<std::mutex> held(rs->mu);
+    if (rs->finished) return already_completed();
+    Status s = rs->op->wait(timeout_ms);
+    if (s.code() == Code::kTimeout) {
+      // Still running (the request stays valid), or did the op itself end in a timeout?
+      bool done = false;
+      Status t = rs->op->test(&done);
+      if (!done) return gw::timeout_error("request still running after {} ms", timeout_ms);
+      s = t;
+    }
+    retire(request, *rs);
+    return s;
+  });
+}
+
+GW_EXPORT gw_status_t gw_test(gw_request_t request, int* done) {
+  return guarded("gw_test", [&]() -> Status {
+    if (done == nullptr) return gw::invalid_arg("argument done (the output pointer) is NULL");
+    GW_ASSIGN_OR_RETURN(auto rs, lookup_request(request));
+    std::lock_guard<std::mutex> held(rs->mu);
+    if (rs->finished) return already_completed();
+    bool finished = false;
+    Status s = rs->op->test(&finished);
+    if (!finished) {
+      *done = 0;
+      return gw::ok_status();
+    }
+    *done = 1;
+    retire(request, *rs);
+    return s;
+  });
+}
+
+GW_EXPORT const char* gw_status_string(gw_status_t status) { return status_text(status); }
+
+GW_EXPORT const char* gw_last_error(void) { return t_last_error.c_str(); }
+
+GW_EXPORT const char* gw_version(void) { return GW_VERSION_STRING; }
