@@ -1,0 +1,327 @@
+#include "collectives/compress.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/codec_kernels.h"
+#include "collectives/reduce.h"
+
+namespace gw::coll {
+
+namespace ck = codec_kernels;
+
+uint64_t allreduce_send_bytes(uint64_t bytes, int nranks) {
+  if (nranks <= 1) return 0;
+  return 2 * static_cast<uint64_t>(nranks - 1) * bytes / static_cast<uint64_t>(nranks);
+}
+
+uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks) {
+  if (nranks <= 1) return 0;
+  return static_cast<uint64_t>(nranks - 1) * bytes_per_rank;
+}
+
+struct Compressor::TensorState {
+  std::string key;
+  std::string spec_text;  // canonical
+  CodecSpec spec;
+  size_t count = 0;
+  DataType dtype = DataType::kF32;
+  std::unique_ptr<Codec> codec;        // null for none / powersgd
+  std::vector<float> residual;         // worker error feedback (count)
+  std::vector<float> server_residual;  // sign: this rank's partition
+  std::vector<float> q;                // powersgd: r vectors of cols (warm start)
+  uint64_t key_hash = 0;
+  uint64_t step = 0;
+};
+
+Compressor::Compressor(Communicator* comm) : comm_(comm) {}
+Compressor::~Compressor() = default;
+
+CompressStats Compressor::stats() const {
+  CompressStats s;
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_uncompressed = bytes_uncompressed_.load(std::memory_order_relaxed);
+  s.calls = calls_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void Compressor::reset_stats() {
+  bytes_sent_.store(0);
+  bytes_uncompressed_.store(0);
+  calls_.store(0);
+}
+
+size_t Compressor::num_keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tensors_.size();
+}
+
+std::vector<float> Compressor::residual(std::string_view key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tensors_.find(key);
+  return it == tensors_.end() ? std::vector<float>() : it->second->residual;
+}
+
+Result<Compressor::TensorState*> Compressor::state_for(std::string_view key, const CodecSpec& spec,
+                                                       size_t count, DataType dtype) {
+  const std::string canon = format_codec_spec(spec);
+  auto it = tensors_.find(key);
+  if (it != tensors_.end()) {
+    TensorState& t = *it->second;
+    if (t.spec_text != canon || t.count != count || t.dtype != dtype) {
+      return invalid_arg(
+          "compressed allreduce: tensor key \"{}\" was used with codec {}, {} x {} and now with "
+          "codec {}, {} x {}; use one key per tensor",
+          key, t.spec_text, t.count, dtype_name(t.dtype), canon, count, dtype_name(dtype));
+    }
+    return &t;
+  }
+  // First use: check that every rank agrees on spec, key, count and dtype.
+  const int p = comm_->size();
+  const std::string fp_text =
+      fmt::format("{}|{}|{}|{}", canon, key, count, static_cast<int>(dtype));
+  const int64_t fp = static_cast<int64_t>(fnv1a64(fp_text));
+  std::vector<int64_t> all(static_cast<size_t>(p));
+  GW_RETURN_IF_ERROR(comm_->allgather(&fp, all.data(), 1, DataType::kI64)
+                         .with_context(fmt::format("compressed allreduce \"{}\" agreement", key)));
+  count_sent(allgather_send_bytes(8, p));
+  for (int r = 0; r < p; ++r) {
+    if (all[static_cast<size_t>(r)] != fp) {
+      return invalid_arg(
+          "compressed allreduce: rank {} called with a different codec, tensor key, count or "
+          "dtype than rank {} (this rank: codec {}, key \"{}\", {} x {})",
+          r, comm_->rank(), canon, key, count, dtype_name(dtype));
+    }
+  }
+  auto t = std::make_unique<TensorState>();
+  t->key = std::string(key);
+  t->spec_text = canon;
+  t->spec = spec;
+  t->count = count;
+  t->dtype = dtype;
+  t->key_hash = fnv1a64(key);
+  if (spec.kind != CodecKind::kNone && spec.kind != CodecKind::kPowerSgd) {
+    GW_ASSIGN_OR_RETURN(t->codec, Codec::create(spec));
+  }
+  if (spec.error_feedback) t->residual.assign(count, 0.0f);
+  TensorState* raw = t.get();
+  tensors_.emplace(t->key, std::move(t));
+  return raw;
+}
+
+Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::string_view spec_text,
+                             std::string_view key) {
+  if (dtype != DataType::kF32 && dtype != DataType::kF16 && dtype != DataType::kBF16) {
+    return invalid_arg(
+        "compressed allreduce: dtype {} is not supported (float32, float16, "
+        "bfloat16 only)",
+        dtype_name(dtype));
+  }
+  if (key.empty()) return invalid_arg("compressed allreduce: tensor key is empty");
+  if (count > 0 && buf == nullptr) return invalid_arg("compressed allreduce: buffer is null");
+  GW_ASSIGN_OR_RETURN(CodecSpec spec, parse_codec_spec(spec_text));
+  std::lock_guard<std::mutex> lock(mu_);
+  const int p = comm_->size();
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  bytes_uncompressed_.fetch_add(allreduce_send_bytes(count * dtype_size(dtype), p),
+                                std::memory_order_relaxed);
+  if (spec.kind == CodecKind::kNone) {
+    count_sent(allreduce_send_bytes(count * dtype_size(dtype), p));
+    return comm_->allreduce(buf, buf, count, dtype, ReduceOp::kSum);
+  }
+  GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype));
+  if (count == 0) return ok_status();
+  float* x = static_cast<float*>(buf);
+  if (dtype != DataType::kF32) {
+    work_.resize(count);
+    ck::decode_cast16(static_cast<const uint16_t*>(buf), count, work_.data(),
+                      dtype == DataType::kBF16, false);
+    x = work_.data();
+  }
+  Status st = run(*t, x);
+  ++t->step;
+  if (!st.ok())
+    return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
+  if (dtype != DataType::kF32) {
+    ck::encode_cast16(x, nullptr, count, static_cast<uint16_t*>(buf), dtype == DataType::kBF16);
+  }
+  return ok_status();
+}
+
+Status Compressor::run(TensorState& t, float* x) {
+  if (t.spec.kind == CodecKind::kPowerSgd) return run_low_rank(t, x);
+  switch (t.codec->aggregation()) {
+    case Aggregation::kSummable:
+      return run_summable(t, x);
+    case Aggregation::kGather:
+      return run_gather(t, x);
+    case Aggregation::kTwoPhase:
+      return run_two_phase(t, x);
+    case Aggregation::kLowRank:
+      break;
+  }
+  return internal_error("codec {} has no aggregation", t.spec_text);
+}
+
+Status Compressor::run_summable(TensorState& t, float* x) {
+  const Codec& c = *t.codec;
+  const size_t n = t.count;
+  const size_t e = c.encoded_size(n);
+  const DataType wire = c.wire_dtype();
+  const size_t elems = e / dtype_size(wire);
+  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
+  enc_.resize(e);
+  GW_RETURN_IF_ERROR(
+      c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
+  GW_RETURN_IF_ERROR(comm_->allreduce(enc_.data(), enc_.data(), elems, wire, ReduceOp::kSum));
+  count_sent(allreduce_send_bytes(e, comm_->size()));
+  if (wire == DataType::kF16 || wire == DataType::kBF16) {
+    ck::decode_cast16(reinterpret_cast<const uint16_t*>(enc_.data()), n, x, wire == DataType::kBF16,
+                      false);
+    return ok_status();
+  }
+  std::fill(x, x + n, 0.0f);
+  return c.decode_add(enc_.data(), e, n, x, ctx);
+}
+
+Status Compressor::run_gather(TensorState& t, float* x) {
+  const Codec& c = *t.codec;
+  const size_t n = t.count;
+  const size_t e = c.encoded_size(n);
+  const int p = comm_->size();
+  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
+  enc_.resize(e);
+  GW_RETURN_IF_ERROR(
+      c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
+  gather_.resize(e * static_cast<size_t>(p));
+  GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), e, DataType::kU8));
+  count_sent(allgather_send_bytes(e, p));
+  std::fill(x, x + n, 0.0f);
+  for (int r = 0; r < p; ++r) {
+    const CodecContext rctx{t.key_hash, t.step, r};
+    Status st = c.decode_add(gather_.data() + e * static_cast<size_t>(r), e, n, x, rctx);
+    if (!st.ok()) return st.with_context(fmt::format("encoding from rank {}", r));
+  }
+  return ok_status();
+}
+
+Status Compressor::run_two_phase(TensorState& t, float* x) {
+  const Codec& c = *t.codec;
+  const size_t n = t.count;
+  const int p = comm_->size();
+  const int me = comm_->rank();
+  const size_t chunk = t.spec.chunk;
+  const size_t nchunks = (n + chunk - 1) / chunk;
+  const size_t part = (nchunks + static_cast<size_t>(p) - 1) / static_cast<size_t>(p) * chunk;
+  const size_t ep = c.encoded_size(part);  // fixed slot per partition
+  auto part_len = [&](int j) {
+    const size_t off = static_cast<size_t>(j) * part;
+    return off >= n ? size_t{0} : std::min(part, n - off);
+  };
+  const CodecContext ctx{t.key_hash, t.step, me};
+  float* res = t.residual.empty() ? nullptr : t.residual.data();
+  // Phase 1: worker encode, one slot per partition, then the exchange.
+  const size_t blob = ep * static_cast<size_t>(p);
+  enc_.assign(blob, 0);
+  for (int j = 0; j < p; ++j) {
+    const size_t off = static_cast<size_t>(j) * part, len = part_len(j);
+    if (len == 0) continue;
+    GW_RETURN_IF_ERROR(c.encode(x + off, res ? res + off : nullptr, len,
+                                enc_.data() + ep * static_cast<size_t>(j), ep, ctx));
+  }
+  gather_.resize(blob * static_cast<size_t>(p));
+  GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), blob, DataType::kU8)
+                         .with_context("sign phase 1 (all-to-all)"));
+  count_sent(allgather_send_bytes(blob, p));
+  // Server step for this rank's partition: decode + sum, re-encode with server error feedback.
+  const size_t my_len = part_len(me);
+  const size_t my_off = static_cast<size_t>(me) * part;
+  std::vector<uint8_t> server(ep, 0);
+  if (my_len > 0) {
+    std::fill(x + my_off, x + my_off + my_len, 0.0f);
+    for (int r = 0; r < p; ++r) {
+      const uint8_t* slot =
+          gather_.data() + blob * static_cast<size_t>(r) + ep * static_cast<size_t>(me);
+      Status st = c.decode_add(slot, c.encoded_size(my_len), my_len, x + my_off, ctx);
+      if (!st.ok()) return st.with_context(fmt::format("sign partition from rank {}", r));
+    }
+    float* sres = nullptr;
+    if (t.spec.error_feedback) {
+      t.server_residual.resize(my_len, 0.0f);
+      sres = t.server_residual.data();
+    }
+    GW_RETURN_IF_ERROR(c.encode(x + my_off, sres, my_len, server.data(), ep, ctx));
+  }
+  // Phase 2: allgather of the server partitions, decoded by everyone.
+  gather_.resize(ep * static_cast<size_t>(p));
+  GW_RETURN_IF_ERROR(comm_->allgather(server.data(), gather_.data(), ep, DataType::kU8)
+                         .with_context("sign phase 2 (allgather)"));
+  count_sent(allgather_send_bytes(ep, p));
+  std::fill(x, x + n, 0.0f);
+  for (int j = 0; j < p; ++j) {
+    const size_t off = static_cast<size_t>(j) * part, len = part_len(j);
+    if (len == 0) continue;
+    Status st = c.decode_add(gather_.data() + ep * static_cast<size_t>(j), c.encoded_size(len), len,
+                             x + off, ctx);
+    if (!st.ok()) return st.with_context(fmt::format("sign server partition of rank {}", j));
+  }
+  return ok_status();
+}
+
+namespace {
+
+// Deterministic pseudo-random column vectors (same on every rank for the same key).
+void seed_columns(uint64_t key_hash, size_t first, size_t ncols, size_t len, float* q) {
+  for (size_t j = first; j < first + ncols; ++j) {
+    uint64_t s = key_hash ^ (0x5851f42d4c957f2dull * (j + 1));
+    for (size_t i = 0; i < len; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      q[j * len + i] = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) *
+                       (1.0f / static_cast<float>(1 << 23));
+    }
+  }
+}
+
+}  // namespace
+
+Status Compressor::run_low_rank(TensorState& t, float* x) {
+  const size_t n = t.count;
+  const int p = comm_->size();
+  const MatrixShape shape = powersgd_shape(n, t.spec.cols);
+  const size_t r = std::min({static_cast<size_t>(t.spec.rank), shape.rows, shape.cols});
+  float* m = x;
+  if (!t.residual.empty()) {
+    ck::add_f32(x, n, t.residual.data());
+    m = t.residual.data();
+  }
+  if (t.q.size() != shape.cols * r || !t.spec.warm_start) {
+    t.q.resize(shape.cols * r);
+    seed_columns(t.key_hash, 0, r, shape.cols, t.q.data());
+  } else {
+    // A column that collapsed to zero would stay zero under warm start: reseed it.
+    for (size_t j = 0; j < r; ++j) {
+      const float* col = t.q.data() + j * shape.cols;
+      if (std::all_of(col, col + shape.cols, [](float v) { return v == 0.0f; })) {
+        seed_columns(t.key_hash + t.step, j, 1, shape.cols, t.q.data());
+      }
+    }
+  }
+  std::vector<float> pm(shape.rows * r);
+  matmul_mq(m, n, shape, t.q.data(), r, pm.data());
+  GW_RETURN_IF_ERROR(
+      comm_->allreduce(pm.data(), pm.data(), pm.size(), DataType::kF32, ReduceOp::kSum)
+          .with_context("powersgd P"));
+  count_sent(allreduce_send_bytes(pm.size() * 4, p));
+  orthogonalize(pm.data(), shape.rows, r);
+  matmul_mtp(m, n, shape, pm.data(), r, t.q.data());
+  if (!t.residual.empty()) add_pq(pm.data(), t.q.data(), shape, r, n, -1.0f, t.residual.data());
+  GW_RETURN_IF_ERROR(
+      comm_->allreduce(t.q.data(), t.q.data(), t.q.size(), DataType::kF32, ReduceOp::kSum)
+          .with_context("powersgd Q"));
+  count_sent(allreduce_send_bytes(t.q.size() * 4, p));
+  std::fill(x, x + n, 0.0f);
+  add_pq(pm.data(), t.q.data(), shape, r, n, 1.0f, x);
+  return ok_status();
+}
+
+}  // namespace gw::coll

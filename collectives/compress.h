@@ -1,0 +1,104 @@
+// Compressed allreduce over the public Communicator API, with per-tensor error-feedback state.
+//
+// A Compressor belongs to one Communicator (it borrows it; the owner destroys the Compressor
+// first) and keeps, per tensor key, the codec, the worker residual, the sign codec's server
+// residual and PowerSGD's warm-start Q. All of it is freed with the Compressor.
+//
+// allreduce(buf, count, dtype, spec, key) is collective: every rank calls it in the same order
+// with the same count, dtype, spec and key. On return every rank's buf holds the same values:
+// the sum over ranks of what each rank's codec delivered (the decoded compressed gradients). What
+// the codec could not deliver stays in that rank's residual and is added to the next call with
+// the same key (error feedback). How each codec is aggregated:
+//   fp16/bf16   encode (cast) -> allreduce in f16/bf16 (f32 accumulation in the ring) -> widen
+//   randomk     shared-seed indices (same on every rank) -> allreduce of the k f32 values
+//   topk, qsgd  encode -> allgather of the encodings -> decode-and-sum in rank order
+//   sign        1-bit Adam: worker encode per partition (worker EF) -> exchange of partitions
+//               (all-to-all, emulated with one allgather: the Communicator has no point-to-point
+//               call) -> each rank decodes and sums its partition from every worker, re-encodes it
+//               with its server EF -> allgather of the server partitions -> decode
+//   powersgd    P = M Q allreduced, orthogonalised; Q = M^T P allreduced; result P Q^T; EF
+//               residual M - P Q_local^T; Q kept for the next step (warm start)
+//   none        plain allreduce
+// The first call with a key checks with one tiny allgather that every rank passes the same spec,
+// key, count and dtype (kInvalidArg naming the first rank that differs); a key reused later with
+// another spec, count or dtype is kInvalidArg on every rank without communication.
+//
+// Byte accounting (stats()): bytes_sent is the payload this rank hands to the transport for
+// compressed collectives, derived from the volume the ring/RHD schedules send per rank:
+// allreduce of B bytes sends 2(p-1)/p * B, allgather of B bytes per rank sends (p-1) * B.
+// bytes_uncompressed is what the same allreduce without compression would have sent:
+// 2(p-1)/p * count * dtype_size. Both are 0 when p == 1. calls counts allreduce() calls.
+//
+// Threading: calls are serialised on an internal mutex (the Communicator serialises too);
+// stats() and reset_stats() are safe from any thread. Every wait is the Communicator's, so it has
+// its deadline; a failed collective leaves the residuals of that key in an unspecified but finite
+// state and the Communicator unusable, as any failed collective does.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/codec.h"
+#include "collectives/communicator.h"
+#include "core/status.h"
+
+namespace gw::coll {
+
+struct CompressStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_uncompressed = 0;
+  uint64_t calls = 0;
+};
+
+// Per-rank send volume of the collectives the compressed allreduce uses (see above).
+uint64_t allreduce_send_bytes(uint64_t bytes, int nranks);
+uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks);
+
+class Compressor {
+ public:
+  explicit Compressor(Communicator* comm);
+  ~Compressor();
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+
+  // In place; buf holds count elements of dtype (kF32, kF16 or kBF16; others are kInvalidArg).
+  // spec: see codec.h. key: non-empty name of the tensor (error-feedback state lives under it).
+  Status allreduce(void* buf, size_t count, DataType dtype, std::string_view spec,
+                   std::string_view key);
+
+  CompressStats stats() const;
+  void reset_stats();
+  size_t num_keys() const;
+  // The worker residual of a key (empty when none): exposed for tests of the EF invariant.
+  std::vector<float> residual(std::string_view key) const;
+
+ private:
+  struct TensorState;
+  Status run(TensorState& t, float* x);
+  Status run_summable(TensorState& t, float* x);
+  Status run_gather(TensorState& t, float* x);
+  Status run_two_phase(TensorState& t, float* x);
+  Status run_low_rank(TensorState& t, float* x);
+  Result<TensorState*> state_for(std::string_view key, const CodecSpec& spec, size_t count,
+                                 DataType dtype);
+  void count_sent(uint64_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
+
+  Communicator* comm_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<TensorState>, std::less<>> tensors_;
+  std::vector<float> work_;      // f32 copy of f16/bf16 buffers
+  std::vector<uint8_t> enc_;     // this rank's encoding
+  std::vector<uint8_t> gather_;  // every rank's encodings
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_uncompressed_{0};
+  std::atomic<uint64_t> calls_{0};
+};
+
+}  // namespace gw::coll

@@ -1,0 +1,334 @@
+// The compressed allreduce's algorithms, run by N ranks as threads over a minimal in-process
+// Communicator (a shared-memory group below: real copies and reductions, reduced in rank order so
+// every rank gets the same bits, as the ring does). The same algorithms over the real Communicator
+// and transports are covered by compress_comm_test.cc.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "collectives/compress.h"
+#include "collectives/reduce.h"
+
+namespace gw::coll {
+namespace {
+
+class Group {
+ public:
+  explicit Group(int n) : n_(n), sync_(n), ptrs_(static_cast<size_t>(n)) {}
+  int size() const { return n_; }
+  // Every rank publishes a pointer; fn(rank) runs once all are published; then all wait again.
+  void exchange(int rank, const void* ptr, const std::function<void()>& fn) {
+    ptrs_[static_cast<size_t>(rank)] = ptr;
+    sync_.arrive_and_wait();
+    fn();
+    sync_.arrive_and_wait();
+  }
+  const void* ptr(int r) const { return ptrs_[static_cast<size_t>(r)]; }
+
+ private:
+  int n_;
+  std::barrier<> sync_;
+  std::vector<const void*> ptrs_;
+};
+
+class GroupComm final : public Communicator {
+ public:
+  GroupComm(Group* g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size(); }
+  Status allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                   ReduceOp op) override {
+    const size_t bytes = count * dtype_size(dtype);
+    std::vector<uint8_t> acc(bytes);
+    g_->exchange(rank_, send, [&] {
+      std::memcpy(acc.data(), g_->ptr(0), bytes);
+      for (int r = 1; r < size(); ++r) reduce(dtype, op, acc.data(), g_->ptr(r), acc.data(), count);
+    });
+    std::memcpy(recv, acc.data(), bytes);
+    ++allreduces;
+    return ok_status();
+  }
+  Status allgather(const void* send, void* recv, size_t count, DataType dtype) override {
+    const size_t bytes = count * dtype_size(dtype);
+    std::vector<uint8_t> copy(static_cast<const uint8_t*>(send),
+                              static_cast<const uint8_t*>(send) + bytes);
+    g_->exchange(rank_, copy.data(), [&] {
+      for (int r = 0; r < size(); ++r) {
+        std::memcpy(static_cast<uint8_t*>(recv) + bytes * static_cast<size_t>(r), g_->ptr(r),
+                    bytes);
+      }
+    });
+    ++allgathers;
+    return ok_status();
+  }
+  Status broadcast(void*, size_t, DataType, int) override { return unsupported("test"); }
+  Status reduce_scatter(const void*, void*, size_t, DataType, ReduceOp) override {
+    return unsupported("test");
+  }
+  Status barrier() override { return unsupported("test"); }
+  Result<std::unique_ptr<AsyncOp>> iallreduce(const void*, void*, size_t, DataType,
+                                              ReduceOp) override {
+    return unsupported("test");
+  }
+  void abort() override {}
+  bool aborted() const override { return false; }
+  Algo choose_allreduce_algo(size_t) const override { return Algo::kRing; }
+
+  int allreduces = 0;
+  int allgathers = 0;
+
+ private:
+  Group* g_;
+  int rank_;
+};
+
+std::vector<float> gradient(size_t n, int rank, int step) {
+  std::mt19937 gen(static_cast<uint32_t>(1000 * rank + step));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// Runs fn(rank, comm, compressor) on p threads; collects failures.
+void run_ranks(int p, const std::function<void(int, GroupComm&, Compressor&)>& fn) {
+  Group g(p);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < p; ++r) {
+    ts.emplace_back([&, r] {
+      GroupComm comm(&g, r);
+      Compressor c(&comm);
+      fn(r, comm, c);
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+const char* const kSpecs[] = {"fp16",    "bf16",       "topk:0.05", "randomk:0.1", "sign,chunk=64",
+                              "qsgd:16", "powersgd:2", "none",      "fp16,ef=1"};
+
+TEST(CompressAllreduce, EveryRankEndsWithIdenticalResults) {
+  for (int p : {1, 2, 3, 4}) {
+    for (const char* spec : kSpecs) {
+      const size_t n = 1000 + 37 * p;  // not a multiple of chunks or partitions
+      std::vector<std::vector<float>> out(static_cast<size_t>(p));
+      run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+        for (int step = 0; step < 3; ++step) {
+          auto g = gradient(n, rank, step);
+          Status st = c.allreduce(g.data(), n, DataType::kF32, spec, "w");
+          ASSERT_TRUE(st.ok()) << spec << ": " << st.to_string();
+          if (step == 2) out[static_cast<size_t>(rank)] = g;
+        }
+      });
+      for (int r = 1; r < p; ++r) {
+        EXPECT_EQ(0, std::memcmp(out[0].data(), out[static_cast<size_t>(r)].data(), n * 4))
+            << spec << " p=" << p << " rank " << r;
+      }
+    }
+  }
+}
+
+// Relative L2 error of one compressed allreduce against the exact sum, first step.
+double first_step_error(int p, const char* spec, size_t n) {
+  std::vector<float> result;
+  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+    auto g = gradient(n, rank, 0);
+    ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "k").ok());
+    if (rank == 0) result = g;
+  });
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int r = 0; r < p; ++r) exact += gradient(n, r, 0)[i];
+    err += (result[i] - exact) * (result[i] - exact);
+    norm += exact * exact;
+  }
+  return std::sqrt(err / norm);
+}
+
+TEST(CompressAllreduce, ResultIsCloseToTheExactSumWhereTheCodecPromisesIt) {
+  EXPECT_LT(first_step_error(3, "none", 2000), 1e-6);
+  EXPECT_LT(first_step_error(3, "fp16", 2000), 1e-3);
+  EXPECT_LT(first_step_error(3, "bf16", 2000), 1e-2);
+  EXPECT_LT(first_step_error(3, "topk:1", 2000), 1e-6);     // k = n: exact
+  EXPECT_LT(first_step_error(3, "randomk:1", 2000), 1e-6);  // all indices: exact
+  EXPECT_LT(first_step_error(3, "qsgd:127", 2000), 0.1);
+  // sign is 1-bit: the error is large but strictly below the signal.
+  EXPECT_LT(first_step_error(3, "sign,chunk=64", 2000), 1.0);
+}
+
+TEST(CompressAllreduce, ErrorFeedbackDeliversEverythingOverTime) {
+  // Sum over steps of the results + the residuals of all ranks == sum of all gradients.
+  const int p = 3;
+  const size_t n = 3000;
+  for (const char* spec : {"topk:0.01", "randomk:0.05", "qsgd:4", "powersgd:1"}) {
+    std::vector<double> delivered(n, 0.0), total(n, 0.0);
+    std::vector<std::vector<float>> residuals(p);
+    std::mutex mu;
+    run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+      for (int step = 0; step < 10; ++step) {
+        auto g = gradient(n, rank, step);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          for (size_t i = 0; i < n; ++i) total[i] += g[i];
+        }
+        ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "x").ok());
+        if (rank == 0) {
+          for (size_t i = 0; i < n; ++i) delivered[i] += g[i];
+        }
+      }
+      residuals[static_cast<size_t>(rank)] = c.residual("x");
+    });
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      double lhs = delivered[i];
+      for (int r = 0; r < p; ++r) lhs += residuals[static_cast<size_t>(r)][i];
+      worst = std::max(worst, std::fabs(lhs - total[i]));
+    }
+    EXPECT_LT(worst, 1e-3) << spec;
+  }
+}
+
+TEST(CompressAllreduce, SignKeepsErrorFeedbackOnBothSides) {
+  // With worker and server residuals, the running sum of results tracks the running sum of
+  // gradients: the gap is the residuals, which stay bounded, so the average error shrinks.
+  const int p = 4;
+  const size_t n = 4096;
+  std::vector<double> delivered(n, 0.0), total(n, 0.0);
+  std::mutex mu;
+  const int steps = 60;
+  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+    for (int step = 0; step < steps; ++step) {
+      auto g = gradient(n, rank, step);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (size_t i = 0; i < n; ++i) total[i] += g[i];
+      }
+      ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=256", "s").ok());
+      if (rank == 0) {
+        for (size_t i = 0; i < n; ++i) delivered[i] += g[i];
+      }
+    }
+  });
+  double gap = 0, sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    gap += (delivered[i] - total[i]) * (delivered[i] - total[i]);
+    sum += total[i] * total[i];
+  }
+  // Without error feedback the gap would grow like the sum (relative ~1); with it, it stays at
+  // the size of one step's residual while the sum grows like sqrt(steps).
+  EXPECT_LT(std::sqrt(gap / sum), 0.5);
+}
+
+TEST(CompressAllreduce, PowerSgdOfAKnownRankSumIsExact) {
+  // Every rank holds a multiple of the same rank-2 matrix: the sum has rank 2, so rank 2
+  // PowerSGD reproduces it.
+  const int p = 3;
+  const size_t rows = 24, cols = 16, n = rows * cols;
+  std::vector<float> base(n, 0.0f);
+  for (size_t i = 0; i < rows; ++i) {
+    for (size_t c = 0; c < cols; ++c) {
+      base[i * cols + c] = std::sin(0.3f * i) * std::cos(0.2f * c) + 0.5f * (i % 3) * (c % 5);
+    }
+  }
+  run_ranks(p, [&](int rank, GroupComm&, Compressor& comp) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = base[i] * static_cast<float>(rank + 1);
+    ASSERT_TRUE(comp.allreduce(g.data(), n, DataType::kF32, "powersgd:2,cols=16", "m").ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(g[i], 6.0f * base[i], 1e-4f * 6.0f) << i;
+  });
+}
+
+TEST(CompressAllreduce, HalfPrecisionBuffersAreSupported) {
+  const size_t n = 777;
+  run_ranks(2, [&](int rank, GroupComm&, Compressor& c) {
+    for (DataType dt : {DataType::kF16, DataType::kBF16}) {
+      std::vector<uint16_t> buf(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = 0.25f * static_cast<float>(i % 8) + rank;
+        buf[i] = dt == DataType::kF16 ? float_to_half(v) : float_to_bf16(v);
+      }
+      ASSERT_TRUE(c.allreduce(buf.data(), n, dt, "topk:1", dt == DataType::kF16 ? "h" : "b").ok());
+      for (size_t i = 0; i < n; ++i) {
+        const float got = dt == DataType::kF16 ? half_to_float(buf[i]) : bf16_to_float(buf[i]);
+        EXPECT_EQ(got, 0.5f * static_cast<float>(i % 8) + 1.0f) << i;
+      }
+    }
+  });
+}
+
+TEST(CompressAllreduce, BytesSentReflectTheCompression) {
+  const size_t n = 1 << 16;
+  std::map<std::string, CompressStats> stats;
+  std::mutex mu;
+  for (const char* spec : {"none", "fp16", "topk:0.01", "sign", "powersgd:4", "randomk:0.01"}) {
+    run_ranks(4, [&](int rank, GroupComm&, Compressor& c) {
+      auto g = gradient(n, rank, 0);
+      ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "w").ok());
+      c.reset_stats();  // leave the first-use agreement out
+      ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "w").ok());
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        stats[spec] = c.stats();
+      }
+    });
+  }
+  const uint64_t full = 2 * 3 * n * 4 / 4;  // ring allreduce of n f32 at p = 4
+  for (auto& [spec, s] : stats) {
+    EXPECT_EQ(s.calls, 1u) << spec;
+    EXPECT_EQ(s.bytes_uncompressed, full) << spec;
+  }
+  EXPECT_EQ(stats["none"].bytes_sent, full);
+  EXPECT_EQ(stats["fp16"].bytes_sent, full / 2);
+  EXPECT_EQ(stats["topk:0.01"].bytes_sent, 3 * (8 + 655 * 8));
+  EXPECT_EQ(stats["randomk:0.01"].bytes_sent, 2 * 3 * 655 * 4 / 4);
+  // sign: phase 1 sends the whole 1-bit vector to 3 peers, phase 2 a quarter of it.
+  const uint64_t sign_part = 8 * (4 + 256);  // 8 chunks of 2048 per partition
+  EXPECT_EQ(stats["sign"].bytes_sent, 3 * 4 * sign_part + 3 * sign_part);
+  EXPECT_LT(stats["sign"].bytes_sent * 10, full);
+  EXPECT_LT(stats["powersgd:4"].bytes_sent * 20, full);
+}
+
+TEST(CompressAllreduce, BadArgumentsAreRejectedWithAMessage) {
+  run_ranks(1, [&](int, GroupComm&, Compressor& c) {
+    std::vector<float> g(100, 1.0f);
+    Status st = c.allreduce(g.data(), 100, DataType::kF32, "topk:2", "w");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_NE(st.message().find("ratio"), std::string::npos) << st.message();
+    st = c.allreduce(g.data(), 100, DataType::kF32, "topk:0.1", "");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_NE(st.message().find("key"), std::string::npos) << st.message();
+    std::vector<int32_t> ints(100);
+    st = c.allreduce(ints.data(), 100, DataType::kI32, "fp16", "i");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_NE(st.message().find("int32"), std::string::npos) << st.message();
+    st = c.allreduce(nullptr, 100, DataType::kF32, "fp16", "n");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    ASSERT_TRUE(c.allreduce(g.data(), 100, DataType::kF32, "topk:0.1", "w").ok());
+    st = c.allreduce(g.data(), 50, DataType::kF32, "topk:0.1", "w");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_NE(st.message().find("tensor key \"w\""), std::string::npos) << st.message();
+    st = c.allreduce(g.data(), 100, DataType::kF32, "sign", "w");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_EQ(c.num_keys(), 1u);
+    EXPECT_TRUE(c.allreduce(g.data(), 0, DataType::kF32, "sign", "empty").ok());
+  });
+}
+
+TEST(CompressAllreduce, RanksThatDisagreeOnSpecOrKeyGetAnErrorNotGarbage) {
+  run_ranks(3, [&](int rank, GroupComm&, Compressor& c) {
+    std::vector<float> g(256, 1.0f);
+    const char* spec = rank == 2 ? "topk:0.5" : "topk:0.25";
+    Status st = c.allreduce(g.data(), 256, DataType::kF32, spec, "w");
+    EXPECT_EQ(st.code(), Code::kInvalidArg);
+    EXPECT_NE(st.message().find("rank"), std::string::npos) << st.message();
+  });
+}
+
+}  // namespace
+}  // namespace gw::coll
