@@ -1,0 +1,434 @@
+// N ranks as threads of this process, over the in-process transport and over tcp / shm when the
+// build has them (skipped with the reason otherwise), all through a memory store.
+#include "collectives/communicator.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator_impl.h"
+#include "collectives/reduce.h"
+#include "core/net/transport.h"
+#include "core/store.h"
+#include "tests/support/inproc_transport.h"
+
+namespace gw::coll {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value) setenv(name, value, 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+using RankFn = std::function<void(Communicator&, int)>;
+
+CommInternalOptions internal_for(const std::string& backend) {
+  CommInternalOptions in;
+  if (backend == "inproc") {
+    in.transport_factory = [](const std::string&, const net::TransportOptions& o)
+        -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(o); };
+  }
+  return in;
+}
+
+// Runs fn on n ranks; every rank's communicator is created in its own thread.
+void run_ranks(const std::string& backend, int n, const RankFn& fn, int64_t timeout_ms = 20000,
+               std::function<void(CommOptions&)> tweak = nullptr) {
+  auto store = make_memory_store();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.world_size = n;
+      o.store = store;
+      o.timeout_ms = timeout_ms;
+      o.transport = backend == "inproc" ? "auto" : backend;
+      if (tweak) tweak(o);
+      auto comm = create_communicator(o, internal_for(backend));
+      if (!comm.ok()) {
+        ADD_FAILURE() << "rank " << r << ": " << comm.status().to_string();
+        return;
+      }
+      fn(**comm, r);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Element value of rank r at index i, as bytes of dtype; prod uses 1s and 2s so every order of
+// reduction is exact.
+void fill(DataType dt, ReduceOp op, int r, size_t count, std::vector<uint8_t>& buf) {
+  buf.assign(count * dtype_size(dt), 0);
+  for (size_t i = 0; i < count; ++i) {
+    const int v = op == ReduceOp::kProd ? 1 + static_cast<int>((r + i) % 2)
+                                        : static_cast<int>((r * 3 + i) % 7);
+    uint8_t* p = buf.data() + i * dtype_size(dt);
+    switch (dt) {
+      case DataType::kF32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::kF64: {
+        double d = v;
+        std::memcpy(p, &d, 8);
+        break;
+      }
+      case DataType::kF16: {
+        uint16_t h = float_to_half(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBF16: {
+        uint16_t h = float_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kI32: {
+        int32_t x = v - 3;
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::kI64: {
+        int64_t x = v - 3;
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::kU8:
+        *p = static_cast<uint8_t>(v);
+        break;
+    }
+  }
+}
+
+std::vector<uint8_t> expected_allreduce(DataType dt, ReduceOp op, int n, size_t count) {
+  std::vector<uint8_t> acc, tmp;
+  fill(dt, op, 0, count, acc);
+  for (int r = 1; r < n; ++r) {
+    fill(dt, op, r, count, tmp);
+    reduce(dt, op, acc.data(), tmp.data(), acc.data(), count);
+  }
+  if (op == ReduceOp::kAvg) finalize_avg(dt, acc.data(), count, n);
+  return acc;
+}
+
+class CommTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string& b = GetParam();
+    if (b == "inproc") return;
+    net::TransportOptions o;
+    o.job_token = "probe";
+    o.host_id = "probe-host";
+    auto t = net::make_transport(b, o);
+    if (!t.ok()) GTEST_SKIP() << "transport " << b << " unavailable: " << t.status().to_string();
+  }
+  std::vector<int> sizes() const {
+    if (GetParam() == "inproc") return {1, 2, 3, 4, 5, 8};
+    return {1, 2, 3, 4};
+  }
+};
+
+TEST_P(CommTest, AllreduceEveryDtypeOpBothAlgosInAndOutOfPlace) {
+  for (const char* algo : {"ring", "rhd"}) {
+    ScopedEnv env("GW_ALGO", algo);
+    for (int n : sizes()) {
+      run_ranks(GetParam(), n, [&](Communicator& c, int r) {
+        EXPECT_EQ(c.choose_allreduce_algo(1000),
+                  n == 1 ? c.choose_allreduce_algo(1000)
+                         : (std::string(algo) == "ring" ? Algo::kRing : Algo::kRhd));
+        for (int d = 0; d < kNumDataTypes; ++d) {
+          for (int o = 0; o < kNumReduceOps; ++o) {
+            auto dt = static_cast<DataType>(d);
+            auto op = static_cast<ReduceOp>(o);
+            for (size_t count :
+                 {size_t{0}, size_t{1}, static_cast<size_t>(n > 1 ? n - 1 : 2), size_t{37}}) {
+              auto want = expected_allreduce(dt, op, n, count);
+              for (bool in_place : {false, true}) {
+                std::vector<uint8_t> in, out(count * dtype_size(dt), 0xEE);
+                fill(dt, op, r, count, in);
+                void* recv = in_place ? in.data() : out.data();
+                Status s = c.allreduce(in.data(), recv, count, dt, op);
+                ASSERT_TRUE(s.ok()) << s.to_string();
+                ASSERT_EQ(0, std::memcmp(recv, want.data(), want.size()))
+                    << algo << " n=" << n << " rank " << r << " " << dtype_name(dt) << " "
+                    << op_name(op) << " count=" << count << " in_place=" << in_place;
+              }
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_P(CommTest, LargeAllreduceBothAlgosAndChannels) {
+  const size_t count = (1u << 20) + 3;
+  for (const char* algo : {"ring", "rhd"}) {
+    for (const char* nch : {"0", "3"}) {
+      ScopedEnv env("GW_ALGO", algo);
+      ScopedEnv ch("GW_NCHANNELS", nch);
+      ScopedEnv chunk("GW_CHUNK_SIZE", "256K");
+      const int n = GetParam() == "inproc" ? 5 : 4;
+      run_ranks(GetParam(), n, [&](Communicator& c, int r) {
+        std::vector<float> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + r) % 1000);
+        ASSERT_TRUE(c.allreduce(in.data(), out.data(), count, DataType::kF32, ReduceOp::kSum).ok());
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<float>((i + q) % 1000);
+          ASSERT_EQ(out[i], want) << algo << " channels " << nch << " element " << i;
+        }
+      });
+    }
+  }
+}
+
+TEST_P(CommTest, BroadcastAllgatherReduceScatterBarrier) {
+  for (int n : sizes()) {
+    run_ranks(GetParam(), n, [&](Communicator& c, int r) {
+      for (int root = 0; root < n; ++root) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1000}}) {
+          std::vector<int32_t> buf(count, r == root ? 0 : -1);
+          for (size_t i = 0; i < count && r == root; ++i)
+            buf[i] = static_cast<int32_t>(i * 3 + root);
+          ASSERT_TRUE(c.broadcast(buf.data(), count, DataType::kI32, root).ok());
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<int32_t>(i * 3 + root));
+        }
+      }
+      for (size_t per : {size_t{0}, size_t{1}, size_t{333}}) {
+        std::vector<int64_t> mine(per), all(per * n, -1);
+        for (size_t i = 0; i < per; ++i) mine[i] = r * 10000 + static_cast<int64_t>(i);
+        ASSERT_TRUE(c.allgather(mine.data(), all.data(), per, DataType::kI64).ok());
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < per; ++i) ASSERT_EQ(all[q * per + i], q * 10000 + int64_t(i));
+        // In place: own block already inside the output.
+        std::vector<int64_t> inplace(per * n, -1);
+        for (size_t i = 0; i < per; ++i) inplace[r * per + i] = mine[i];
+        ASSERT_TRUE(
+            c.allgather(inplace.data() + r * per, inplace.data(), per, DataType::kI64).ok());
+        ASSERT_EQ(inplace, all);
+      }
+      for (size_t per : {size_t{0}, size_t{1}, size_t{257}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+          std::vector<double> in(per * n), out(per, -1);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<double>(i + r);
+          ASSERT_TRUE(c.reduce_scatter(in.data(), out.data(), per, DataType::kF64, op).ok());
+          for (size_t i = 0; i < per; ++i) {
+            const double base = static_cast<double>(r * per + i);
+            double want = op == ReduceOp::kMax ? base + (n - 1) : n * base + n * (n - 1) / 2.0;
+            if (op == ReduceOp::kAvg) want /= n;
+            ASSERT_EQ(out[i], want) << "n=" << n << " op " << op_name(op);
+          }
+        }
+      }
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.barrier().ok());
+    });
+  }
+}
+
+TEST_P(CommTest, IallreduceQueuesInOrderAndBlockingCallsWait) {
+  run_ranks(GetParam(), 3, [&](Communicator& c, int r) {
+    std::vector<std::vector<int32_t>> bufs(4, std::vector<int32_t>(5000));
+    std::vector<std::unique_ptr<AsyncOp>> ops;
+    for (int k = 0; k < 4; ++k) {
+      for (auto& x : bufs[k]) x = r + k;
+      auto op = c.iallreduce(bufs[k].data(), bufs[k].data(), bufs[k].size(), DataType::kI32,
+                             ReduceOp::kSum);
+      ASSERT_TRUE(op.ok()) << op.status().to_string();
+      ops.push_back(std::move(*op));
+    }
+    std::vector<int32_t> blocking(10, r);
+    ASSERT_TRUE(
+        c.allreduce(blocking.data(), blocking.data(), 10, DataType::kI32, ReduceOp::kMax).ok());
+    EXPECT_EQ(blocking[0], 2);
+    for (int k = 0; k < 4; ++k) {
+      ASSERT_TRUE(ops[k]->wait(-1).ok());
+      bool done = false;
+      ASSERT_TRUE(ops[k]->test(&done).ok());
+      EXPECT_TRUE(done);
+      for (auto x : bufs[k]) ASSERT_EQ(x, 3 + 3 * k);
+    }
+  });
+}
+
+TEST_P(CommTest, RanksThatDisagreeOnCountAllFailWithinTheDeadline) {
+  for (int n : {2, 3, 4}) {
+    const auto start = std::chrono::steady_clock::now();
+    run_ranks(
+        GetParam(), n,
+        [&](Communicator& c, int r) {
+          const size_t count = r == 0 ? 100 : 101;
+          std::vector<float> buf(count, 1.0f);
+          Status s = c.allreduce(buf.data(), buf.data(), count, DataType::kF32, ReduceOp::kSum);
+          EXPECT_FALSE(s.ok()) << "rank " << r;
+          // Later calls refuse at once.
+          Status again = c.barrier();
+          EXPECT_FALSE(again.ok());
+        },
+        3000);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+  // The rank that sees the short message names the peer and both sizes.
+  run_ranks(
+      GetParam(), 2,
+      [&](Communicator& c, int r) {
+        const size_t count = r == 0 ? 10 : 9;
+        std::vector<int32_t> buf(count, 1);
+        Status s = c.allreduce(buf.data(), buf.data(), count, DataType::kI32, ReduceOp::kSum);
+        ASSERT_FALSE(s.ok());
+        if (s.code() == Code::kInvalidArg) {
+          EXPECT_NE(s.message().find("ranks disagree on count"), std::string::npos) << s.message();
+        }
+      },
+      3000);
+}
+
+TEST_P(CommTest, AbortUnblocksAPendingAllreduce) {
+  run_ranks(
+      GetParam(), 2,
+      [&](Communicator& c, int r) {
+        ASSERT_TRUE(c.barrier().ok());  // connections are up
+        if (r == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          return;  // never joins the allreduce
+        }
+        std::thread killer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          c.abort();
+        });
+        std::vector<float> buf(1000, 1.0f);
+        const auto start = std::chrono::steady_clock::now();
+        Status s = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+        killer.join();
+        EXPECT_EQ(s.code(), Code::kAborted) << s.to_string();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+        EXPECT_TRUE(c.aborted());
+        EXPECT_EQ(c.barrier().code(), Code::kAborted);
+      },
+      30000);
+}
+
+TEST_P(CommTest, ARankThatLeavesMakesTheOthersFailQuickly) {
+  run_ranks(
+      GetParam(), 3,
+      [&](Communicator& c, int r) {
+        std::vector<float> buf(100000, 1.0f);
+        ASSERT_TRUE(
+            c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum).ok());
+        if (r == 2) return;  // run_ranks destroys this rank's communicator now
+        const auto start = std::chrono::steady_clock::now();
+        Status s = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+        EXPECT_TRUE(s.code() == Code::kPeer || s.code() == Code::kTimeout) << s.to_string();
+        EXPECT_NE(s.message().find("rank"), std::string::npos) << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      2000);
+}
+
+TEST_P(CommTest, BadArgumentsAreRejected) {
+  run_ranks(GetParam(), 2, [&](Communicator& c, int r) {
+    std::vector<float> buf(10);
+    EXPECT_EQ(c.allreduce(nullptr, buf.data(), 10, DataType::kF32, ReduceOp::kSum).code(),
+              Code::kInvalidArg);
+    EXPECT_EQ(
+        c.allreduce(buf.data(), buf.data(), 10, static_cast<DataType>(42), ReduceOp::kSum).code(),
+        Code::kInvalidArg);
+    EXPECT_EQ(
+        c.allreduce(buf.data(), buf.data(), 10, DataType::kF32, static_cast<ReduceOp>(9)).code(),
+        Code::kInvalidArg);
+    EXPECT_EQ(c.allreduce(buf.data(), buf.data() + 1, 5, DataType::kF32, ReduceOp::kSum).code(),
+              Code::kInvalidArg);  // partial overlap
+    EXPECT_EQ(c.broadcast(buf.data(), 10, DataType::kF32, 2).code(), Code::kInvalidArg);
+    EXPECT_EQ(c.broadcast(buf.data(), 10, DataType::kF32, -1).code(), Code::kInvalidArg);
+    EXPECT_EQ(c.allgather(nullptr, buf.data(), 1, DataType::kF32).code(), Code::kInvalidArg);
+    EXPECT_EQ(c.reduce_scatter(buf.data(), nullptr, 1, DataType::kF32, ReduceOp::kSum).code(),
+              Code::kInvalidArg);
+    // A rejected call does not break the communicator.
+    EXPECT_TRUE(c.allreduce(buf.data(), buf.data(), 10, DataType::kF32, ReduceOp::kSum).ok());
+  });
+}
+
+TEST_P(CommTest, BadOptionsAreRejected) {
+  auto store = make_memory_store();
+  auto make = [&](std::function<void(CommOptions&)> tweak) {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 1;
+    o.store = store;
+    o.timeout_ms = 2000;
+    tweak(o);
+    return create_communicator(o, internal_for(GetParam())).status();
+  };
+  EXPECT_EQ(make([](CommOptions& o) { o.rank = 1; }).code(), Code::kInvalidArg);
+  EXPECT_EQ(make([](CommOptions& o) { o.world_size = 0; }).code(), Code::kInvalidArg);
+  EXPECT_EQ(make([](CommOptions& o) { o.store = nullptr; }).code(), Code::kInvalidArg);
+  EXPECT_EQ(make([](CommOptions& o) { o.transport = "carrier-pigeon"; }).code(), Code::kInvalidArg);
+  {
+    ScopedEnv env("GW_ALGO", "tree");
+    EXPECT_EQ(make([](CommOptions&) {}).code(), Code::kInvalidArg);
+  }
+  EXPECT_TRUE(make([](CommOptions&) {}).ok());
+}
+
+TEST_P(CommTest, ForcedShmAcrossHostsIsRefused) {
+  std::vector<Code> codes(2);
+  auto store = make_memory_store();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.world_size = 2;
+      o.store = store;
+      o.timeout_ms = 5000;
+      o.transport = "shm";
+      o.host_id = r == 0 ? "host-a" : "host-b";
+      codes[r] = create_communicator(o, internal_for(GetParam())).status().code();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(codes[0], Code::kInvalidArg);
+  EXPECT_EQ(codes[1], Code::kInvalidArg);
+}
+
+TEST_P(CommTest, SeveralCommunicatorsShareOneStore) {
+  auto store = make_memory_store();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      for (int k = 0; k < 3; ++k) {
+        CommOptions o;
+        o.rank = r;
+        o.world_size = 2;
+        o.store = store;
+        o.timeout_ms = 10000;
+        o.transport = GetParam() == "inproc" ? "auto" : GetParam();
+        auto c = create_communicator(o, internal_for(GetParam()));
+        ASSERT_TRUE(c.ok()) << c.status().to_string();
+        int32_t v = r + k, out = 0;
+        ASSERT_TRUE((*c)->allreduce(&v, &out, 1, DataType::kI32, ReduceOp::kSum).ok());
+        EXPECT_EQ(out, 1 + 2 * k);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CommTest, ::testing::Values("inproc", "tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace gw::coll
