@@ -1,0 +1,114 @@
+// The one definition of gw::net::Request (forward-declared in transport.h) and the request table
+// the tcp and shm comms share. Backends derive their request type from Request.
+//
+// RequestTable keeps at most kMaxRequests requests per comm. Requests get consecutive sequence
+// numbers in posting order; the backend completes them in that order (complete_through), and
+// test() may release any of them in any order. Not thread-safe: one comm, one thread at a time.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/net/transport.h"
+
+namespace gw::net {
+
+class Request {
+ public:
+  virtual ~Request() = default;
+};
+
+enum class RequestState : uint8_t { kFree, kActive, kDone };
+
+// R derives from Request and has members `uint64_t seq` and `RequestState state`.
+template <typename R>
+class RequestTable {
+ public:
+  // A free slot with the next sequence number, or nullptr when all kMaxRequests are taken.
+  R* post() {
+    for (R& r : slots_) {
+      if (r.state == RequestState::kFree) {
+        r = R{};
+        r.state = RequestState::kActive;
+        r.seq = next_seq_++;
+        by_seq_[r.seq % kMaxRequests] = &r;
+        return &r;
+      }
+    }
+    return nullptr;
+  }
+
+  // The request with sequence number `seq` when it is posted and not yet complete.
+  R* active(uint64_t seq) const {
+    if (seq < done_seq_ || seq >= next_seq_) return nullptr;
+    return by_seq_[seq % kMaxRequests];
+  }
+
+  // Marks every request with seq < `seq` complete.
+  void complete_through(uint64_t seq) {
+    for (; done_seq_ < seq && done_seq_ < next_seq_; ++done_seq_) {
+      by_seq_[done_seq_ % kMaxRequests]->state = RequestState::kDone;
+    }
+  }
+
+  // The request behind a caller's pointer, or nullptr when it is not a live request of this table.
+  R* find(Request* request) {
+    for (R& r : slots_) {
+      if (static_cast<Request*>(&r) == request && r.state != RequestState::kFree) return &r;
+    }
+    return nullptr;
+  }
+
+  void release(R* r) { r->state = RequestState::kFree; }
+
+  uint64_t next_seq() const { return next_seq_; }  // sequence number of the next post()
+  uint64_t done_seq() const { return done_seq_; }  // every seq below this one is complete
+  bool idle() const { return done_seq_ == next_seq_; }
+
+ private:
+  std::array<R, kMaxRequests> slots_{};
+  std::array<R*, kMaxRequests> by_seq_{};
+  uint64_t next_seq_ = 0;
+  uint64_t done_seq_ = 0;
+};
+
+// Host-memory registrations for backends that need no keys (tcp, shm). reg/dereg are
+// thread-safe, so they may race with isend/irecv/test as the contract allows.
+class HostMrRegistry {
+ public:
+  Result<MemRegion*> reg(void* data, size_t size, MemType type, const char* backend) {
+    if (data == nullptr && size > 0) return invalid_arg("reg_mr: null buffer of {} bytes", size);
+    if (type != MemType::kHost) {
+      return unsupported("reg_mr: the {} transport moves host memory only (got CUDA memory)",
+                         backend);
+    }
+    auto mr = std::make_unique<MemRegion>();
+    mr->base = data;
+    mr->size = size;
+    mr->type = type;
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_.push_back(std::move(mr));
+    return regions_.back().get();
+  }
+
+  Status dereg(MemRegion* mr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [mr](const std::unique_ptr<MemRegion>& r) { return r.get() == mr; });
+    if (mr == nullptr || it == regions_.end()) {
+      return invalid_arg("dereg_mr: {} is not a registration of this comm", static_cast<void*>(mr));
+    }
+    regions_.erase(it);
+    return ok_status();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<MemRegion>> regions_;
+};
+
+}  // namespace gw::net

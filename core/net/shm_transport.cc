@@ -1,0 +1,777 @@
+#include "core/net/shm_transport.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/net/request.h"
+#include "core/net/socket_util.h"
+
+namespace gw::net {
+namespace {
+
+constexpr uint16_t kVersion = 1;
+constexpr size_t kMaxToken = 256;
+constexpr size_t kHostIdSize = 64;
+constexpr size_t kSockNameSize = 32;
+constexpr uint32_t kRingMagic = 0x47575231;  // "GWR1"
+constexpr uint8_t kAccept = 'A';
+constexpr uint8_t kRefuse = 'R';
+constexpr int64_t kRetryNs = 10 * 1000 * 1000;    // between connect() attempts
+constexpr int64_t kLivenessNs = 1 * 1000 * 1000;  // between peer liveness checks
+
+// All wire structs are little-endian, fixed size (docs/wire-shm.md).
+struct HandleWire {
+  char magic[4];  // "GWS1"
+  uint16_t version;
+  uint16_t reserved;
+  uint64_t nonce;
+  int32_t rank;
+  uint32_t reserved2;
+  char sock_name[kSockNameSize];  // abstract AF_UNIX name, NUL-padded
+  char host_id[kHostIdSize];      // NUL-padded
+};
+static_assert(sizeof(HandleWire) == 120 && sizeof(HandleWire) <= kHandleSize);
+
+struct Hello {
+  char magic[4];  // "GWSH"
+  uint32_t token_len;
+  uint64_t nonce;
+  int32_t rank;
+  uint32_t reserved;
+  char token[kMaxToken];
+};
+static_assert(sizeof(Hello) == 280);
+
+struct Reply {
+  char magic[4];  // "GWSR"
+  uint8_t answer;
+  uint8_t reserved[3];
+  uint32_t nslots;
+  uint32_t reserved2;
+  uint64_t slot_size;
+  uint64_t total_size;
+};
+static_assert(sizeof(Reply) == 32);
+
+// The control block at offset 0 of the segment. Counters only grow; slot = count % nslots.
+struct RingCtrl {
+  uint32_t magic;
+  uint32_t nslots;
+  uint64_t slot_size;
+  alignas(64) std::atomic<uint64_t> head;        // slots published by the sender
+  alignas(64) std::atomic<uint64_t> tail;        // slots released by the receiver
+  alignas(64) std::atomic<uint32_t> error_code;  // receiver's verdict on error_seq (0 = none)
+  uint64_t error_seq;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(RingCtrl) == 256);
+
+struct SlotHeader {
+  uint64_t msg_seq;   // message number on this connection
+  uint64_t msg_size;  // bytes of the whole message
+  uint64_t offset;    // where this slot's bytes go in the message
+  uint32_t len;       // bytes in this slot
+  int32_t tag;
+};
+static_assert(sizeof(SlotHeader) == 32);
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+struct Geometry {
+  uint32_t nslots = 0;
+  uint64_t slot_size = 0;
+  size_t headers_offset() const { return sizeof(RingCtrl); }
+  size_t data_offset() const {
+    return round_up(sizeof(RingCtrl) + nslots * sizeof(SlotHeader), 4096);
+  }
+  size_t slot_stride() const { return round_up(slot_size, 64); }
+  size_t total() const { return data_offset() + nslots * slot_stride(); }
+};
+
+// One mapping of a ring segment.
+class Ring {
+ public:
+  Ring() = default;
+  Ring(void* base, Geometry g) : base_(static_cast<char*>(base)), g_(g) {}
+  Ring(Ring&& o) noexcept : base_(std::exchange(o.base_, nullptr)), g_(o.g_) {}
+  Ring& operator=(Ring&&) = delete;
+  ~Ring() {
+    if (base_ != nullptr) munmap(base_, g_.total());
+  }
+  RingCtrl* ctrl() const { return reinterpret_cast<RingCtrl*>(base_); }
+  SlotHeader* header(uint64_t slot) const {
+    return reinterpret_cast<SlotHeader*>(base_ + g_.headers_offset()) + slot;
+  }
+  char* data(uint64_t slot) const { return base_ + g_.data_offset() + slot * g_.slot_stride(); }
+  const Geometry& geometry() const { return g_; }
+
+ private:
+  char* base_ = nullptr;
+  Geometry g_;
+};
+
+Result<Ring> map_ring(int fd, Geometry g) {
+  void* p = mmap(nullptr, g.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return system_error(fmt::format("shm: mmap {} bytes", g.total()), errno);
+  return Ring(p, g);
+}
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Host ids longer than the handle field travel as a hash.
+std::string encode_host_id(const std::string& id) {
+  if (id.size() <= kHostIdSize) return id;
+  return fmt::format("#{:016x}", fnv1a(id));
+}
+
+std::string default_host_id() {
+  std::string id = config::get_string(config::Key::kHostId);
+  if (!id.empty()) return id;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  return fmt::format("{}:{}", host, boot);
+}
+
+sockaddr_un abstract_addr(std::string_view name, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  addr.sun_path[0] = '\0';
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+bool is_peer_errno(int err) {
+  return err == ECONNRESET || err == EPIPE || err == ENOTCONN || err == ECONNREFUSED;
+}
+
+struct ShmRequest : Request {
+  uint64_t seq = 0;
+  RequestState state = RequestState::kFree;
+  char* data = nullptr;
+  size_t size = 0;  // send: message size; receive: capacity
+  int tag = 0;
+  size_t msg_size = 0;
+};
+
+Status check_buffer(const char* op, const void* data, size_t size, int tag, bool any_tag_ok,
+                    MemRegion* mr) {
+  if (data == nullptr && size > 0) return invalid_arg("{}: null buffer of {} bytes", op, size);
+  if (tag < 0 && !(any_tag_ok && tag == kAnyTag)) {
+    return invalid_arg("{}: tag {} is negative{}", op, tag, any_tag_ok ? " (only kAnyTag)" : "");
+  }
+  if (mr != nullptr && size > 0) {
+    auto begin = reinterpret_cast<uintptr_t>(data);
+    auto base = reinterpret_cast<uintptr_t>(mr->base);
+    if (begin < base || begin - base > mr->size || size > mr->size - (begin - base)) {
+      return invalid_arg("{}: buffer of {} bytes lies outside its memory registration", op, size);
+    }
+  }
+  return ok_status();
+}
+
+// What both directions share: the liveness socket, the ring, requests and the sticky error.
+class ShmCommCore {
+ protected:
+  ShmCommCore(UniqueFd sock, Ring ring, std::string peer)
+      : sock_(std::move(sock)), ring_(std::move(ring)), peer_(std::move(peer)) {}
+
+  Status fail(Status status) {
+    if (error_.ok()) error_ = std::move(status);
+    return error_;
+  }
+
+  // True once the peer's end of the unix socket is closed (it exited, crashed or closed the
+  // comm). Checked at most every kLivenessNs so that spinning on test() stays syscall-free.
+  bool peer_gone(bool force) {
+    if (gone_) return true;
+    int64_t now = now_ns();
+    if (!force && now - last_check_ns_ < kLivenessNs) return false;
+    last_check_ns_ = now;
+    char byte;
+    ssize_t n = recv(sock_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && is_peer_errno(errno))) gone_ = true;
+    return gone_;
+  }
+
+  template <typename Progress>
+  Status test_impl(Request* request, bool* done, size_t* size, Progress&& progress) {
+    if (done == nullptr) return invalid_arg("test: null done pointer");
+    ShmRequest* r = reqs_.find(request);
+    if (r == nullptr) {
+      return invalid_arg("test: {} is not an outstanding request of the comm to {}",
+                         static_cast<void*>(request), peer_);
+    }
+    if (r->state != RequestState::kDone && error_.ok()) (void)progress();
+    if (r->state == RequestState::kDone) {
+      *done = true;
+      if (size != nullptr) *size = r->msg_size;
+      reqs_.release(r);
+      return ok_status();
+    }
+    if (!error_.ok()) {
+      reqs_.release(r);
+      return error_;
+    }
+    *done = false;
+    return ok_status();
+  }
+
+  UniqueFd sock_;
+  Ring ring_;
+  std::string peer_;
+  RequestTable<ShmRequest> reqs_;
+  Status error_;
+  HostMrRegistry mrs_;
+  uint64_t cur_seq_ = 0;  // message being copied
+  size_t off_ = 0;        // bytes of it copied
+  uint64_t count_ = 0;    // local copy of head (sender) or tail (receiver)
+  bool gone_ = false;
+  int64_t last_check_ns_ = 0;
+};
+
+class ShmSendComm final : public SendComm, private ShmCommCore {
+ public:
+  ShmSendComm(UniqueFd sock, Ring ring, std::string peer)
+      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
+
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
+    return mrs_.reg(data, size, type, "shm");
+  }
+  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
+  std::string peer_name() const override { return peer_; }
+
+  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
+    if (!error_.ok()) return error_;
+    ShmRequest* r = reqs_.post();
+    if (r == nullptr) return static_cast<Request*>(nullptr);
+    r->data = static_cast<char*>(const_cast<void*>(data));
+    r->size = size;
+    r->msg_size = size;
+    r->tag = tag;
+    (void)progress();
+    return static_cast<Request*>(r);
+  }
+
+  Status test(Request* request, bool* done, size_t* size) override {
+    return test_impl(request, done, size, [this] { return progress(); });
+  }
+
+ private:
+  Status progress() {
+    if (!error_.ok()) return error_;
+    RingCtrl* ctrl = ring_.ctrl();
+    uint32_t verdict = ctrl->error_code.load(std::memory_order_acquire);
+    if (verdict != 0) {
+      if (verdict == static_cast<uint32_t>(Code::kInvalidArg)) {
+        return fail(invalid_arg(
+            "send to {}: message truncated: message #{} is larger than the receive posted for it",
+            peer_, ctrl->error_seq));
+      }
+      return fail(internal_error("send to {}: tag mismatch: the receiver rejected message #{}",
+                                 peer_, ctrl->error_seq));
+    }
+    if (peer_gone(false)) return fail(peer_error("send to {}: connection closed by peer", peer_));
+    const Geometry& g = ring_.geometry();
+    while (ShmRequest* r = reqs_.active(cur_seq_)) {
+      uint64_t tail = ctrl->tail.load(std::memory_order_acquire);
+      if (count_ - tail >= g.nslots) break;  // ring full
+      uint64_t slot = count_ % g.nslots;
+      size_t len = std::min<size_t>(g.slot_size, r->size - off_);
+      if (len > 0) std::memcpy(ring_.data(slot), r->data + off_, len);
+      *ring_.header(slot) = SlotHeader{cur_seq_, r->size, off_, static_cast<uint32_t>(len), r->tag};
+      off_ += len;
+      ctrl->head.store(++count_, std::memory_order_release);
+      if (off_ == r->size) {
+        off_ = 0;
+        reqs_.complete_through(++cur_seq_);
+      }
+    }
+    return ok_status();
+  }
+};
+
+class ShmRecvComm final : public RecvComm, private ShmCommCore {
+ public:
+  ShmRecvComm(UniqueFd sock, Ring ring, std::string peer)
+      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
+
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
+    return mrs_.reg(data, size, type, "shm");
+  }
+  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
+  std::string peer_name() const override { return peer_; }
+
+  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
+    if (!error_.ok()) return error_;
+    ShmRequest* r = reqs_.post();
+    if (r == nullptr) return static_cast<Request*>(nullptr);
+    r->data = static_cast<char*>(data);
+    r->size = size;
+    r->tag = tag;
+    (void)progress();
+    return static_cast<Request*>(r);
+  }
+
+  Status test(Request* request, bool* done, size_t* size) override {
+    return test_impl(request, done, size, [this] { return progress(); });
+  }
+
+ private:
+  Status reject(Code code, uint64_t seq, Status status) {
+    RingCtrl* ctrl = ring_.ctrl();
+    ctrl->error_seq = seq;
+    ctrl->error_code.store(static_cast<uint32_t>(code), std::memory_order_release);
+    return fail(std::move(status));
+  }
+
+  // Copies what the ring holds into posted receives; true when it moved anything.
+  Result<bool> drain() {
+    RingCtrl* ctrl = ring_.ctrl();
+    const Geometry& g = ring_.geometry();
+    bool moved = false;
+    while (ShmRequest* r = reqs_.active(cur_seq_)) {
+      uint64_t head = ctrl->head.load(std::memory_order_acquire);
+      if (head == count_) break;
+      if (head - count_ > g.nslots) {
+        return fail(
+            internal_error("recv from {}: corrupt ring (head {} tail {})", peer_, head, count_));
+      }
+      uint64_t slot = count_ % g.nslots;
+      SlotHeader h = *ring_.header(slot);
+      if (h.msg_seq != cur_seq_ || h.offset != off_ || h.len > g.slot_size ||
+          h.len > h.msg_size - std::min(h.msg_size, h.offset) ||
+          (off_ > 0 && h.msg_size != r->msg_size)) {
+        return fail(
+            internal_error("recv from {}: corrupt slot header for message #{}", peer_, cur_seq_));
+      }
+      if (off_ == 0) {
+        if (r->tag != kAnyTag && h.tag != r->tag) {
+          return reject(Code::kInternal, cur_seq_,
+                        internal_error("recv from {}: tag mismatch: receive #{} expects tag {}, "
+                                       "message has tag {}",
+                                       peer_, cur_seq_, r->tag, h.tag));
+        }
+        if (h.msg_size > r->size) {
+          return reject(Code::kInvalidArg, cur_seq_,
+                        invalid_arg("recv from {}: message truncated: message #{} has {} bytes, "
+                                    "the receive only {}",
+                                    peer_, cur_seq_, h.msg_size, r->size));
+        }
+        r->msg_size = h.msg_size;
+      }
+      if (h.len > 0) std::memcpy(r->data + off_, ring_.data(slot), h.len);
+      off_ += h.len;
+      ctrl->tail.store(++count_, std::memory_order_release);
+      moved = true;
+      if (off_ == r->msg_size) {
+        off_ = 0;
+        reqs_.complete_through(++cur_seq_);
+      }
+    }
+    return moved;
+  }
+
+  Status progress() {
+    if (!error_.ok()) return error_;
+    GW_ASSIGN_OR_RETURN(bool moved, drain());
+    if (moved || reqs_.active(cur_seq_) == nullptr || !peer_gone(false)) return ok_status();
+    // The sender is gone: deliver what it published before it closed, then fail.
+    GW_ASSIGN_OR_RETURN(moved, drain());
+    if (moved || reqs_.active(cur_seq_) == nullptr) return ok_status();
+    return fail(peer_error("recv from {}: connection closed by peer", peer_));
+  }
+};
+
+struct ShmConfig {
+  Geometry geometry;
+};
+
+class ShmListener final : public Listener {
+ public:
+  ShmListener(UniqueFd fd, uint64_t nonce, ShmConfig config, TransportOptions options)
+      : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
+
+  Result<std::unique_ptr<RecvComm>> accept() override {
+    while (true) {
+      int fd = accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return system_error("shm accept", errno);
+      }
+      pending_.push_back({UniqueFd(fd), now_ns() + options_.timeout_ms * 1000000});
+    }
+    const int64_t now = now_ns();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      Result<std::unique_ptr<RecvComm>> comm = advance(pending_[i], now);
+      if (!comm.ok() || *comm != nullptr || !pending_[i].fd.valid()) {
+        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+        if (!comm.ok() || *comm != nullptr) return comm;
+        --i;
+      }
+    }
+    return std::unique_ptr<RecvComm>();
+  }
+
+ private:
+  struct Pending {
+    UniqueFd fd;
+    int64_t deadline_ns;
+  };
+
+  void refuse(Pending& p, std::string_view why) {
+    GW_LOG_WARN("shm accept: refused a connection: {}", why);
+    Reply reply{};
+    std::memcpy(reply.magic, "GWSR", 4);
+    reply.answer = kRefuse;
+    (void)!send(p.fd.get(), &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+    p.fd.reset();
+  }
+
+  // Returns a comm when the handshake completed; resets p.fd when the socket is done with.
+  Result<std::unique_ptr<RecvComm>> advance(Pending& p, int64_t now) {
+    Hello hello{};
+    ssize_t n = recv(p.fd.get(), &hello, sizeof(hello), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (now >= p.deadline_ns) {
+        GW_LOG_WARN("shm accept: a client sent no handshake within {} ms; dropped",
+                    options_.timeout_ms);
+        p.fd.reset();
+      }
+      return std::unique_ptr<RecvComm>();
+    }
+    if (n <= 0) {
+      p.fd.reset();
+      return std::unique_ptr<RecvComm>();
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(p.fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != getuid()) {
+      refuse(p, fmt::format("peer uid {} is not this user's", cred.uid));
+      return std::unique_ptr<RecvComm>();
+    }
+    if (static_cast<size_t>(n) != sizeof(hello) || std::memcmp(hello.magic, "GWSH", 4) != 0) {
+      refuse(p, "not a gradwire shm handshake");
+      return std::unique_ptr<RecvComm>();
+    }
+    if (hello.nonce != nonce_) {
+      refuse(p, "handshake for another listener (nonce mismatch)");
+      return std::unique_ptr<RecvComm>();
+    }
+    if (hello.token_len > kMaxToken ||
+        std::string_view(hello.token, hello.token_len) != options_.job_token) {
+      refuse(p, fmt::format("job token mismatch (pid {})", cred.pid));
+      return std::unique_ptr<RecvComm>();
+    }
+    const Geometry& g = config_.geometry;
+    // The segment lives only as this fd and the two mappings: nothing in any filesystem.
+    UniqueFd mem(memfd_create("gradwire-shm", MFD_CLOEXEC));
+    if (!mem.valid()) return system_error("shm accept: memfd_create", errno);
+    if (ftruncate(mem.get(), static_cast<off_t>(g.total())) != 0) {
+      return system_error(fmt::format("shm accept: ftruncate {} bytes", g.total()), errno);
+    }
+    GW_ASSIGN_OR_RETURN(Ring ring, map_ring(mem.get(), g));
+    RingCtrl* ctrl = new (ring.ctrl()) RingCtrl{};
+    ctrl->magic = kRingMagic;
+    ctrl->nslots = g.nslots;
+    ctrl->slot_size = g.slot_size;
+
+    Reply reply{};
+    std::memcpy(reply.magic, "GWSR", 4);
+    reply.answer = kAccept;
+    reply.nslots = g.nslots;
+    reply.slot_size = g.slot_size;
+    reply.total_size = g.total();
+    iovec iov{&reply, sizeof(reply)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    int memfd = mem.get();
+    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+    if (sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(reply)) {
+      GW_LOG_WARN("shm accept: could not answer pid {}: {}", cred.pid, strerror(errno));
+      p.fd.reset();
+      return std::unique_ptr<RecvComm>();
+    }
+    std::string peer = fmt::format("{} via shm pid {}", rank_name(hello.rank), cred.pid);
+    return std::unique_ptr<RecvComm>(
+        std::make_unique<ShmRecvComm>(std::move(p.fd), std::move(ring), std::move(peer)));
+  }
+
+  UniqueFd fd_;
+  uint64_t nonce_;
+  ShmConfig config_;
+  TransportOptions options_;
+  std::vector<Pending> pending_;
+};
+
+class ShmConnector final : public Connector {
+ public:
+  ShmConnector(const HandleWire& wire, const TransportOptions& options)
+      : name_(wire.sock_name, strnlen(wire.sock_name, kSockNameSize)),
+        deadline_(Deadline::after_ms(options.timeout_ms)),
+        timeout_ms_(options.timeout_ms),
+        peer_(fmt::format("{} via shm @{}", rank_name(wire.rank), name_)) {
+    std::memcpy(hello_.magic, "GWSH", 4);
+    hello_.token_len = static_cast<uint32_t>(options.job_token.size());
+    hello_.nonce = wire.nonce;
+    hello_.rank = options.rank;
+    std::memcpy(hello_.token, options.job_token.data(), options.job_token.size());
+  }
+
+  Result<std::unique_ptr<SendComm>> poll() override {
+    if (!error_.ok()) return error_;
+    if (returned_) return invalid_arg("poll: the connection to {} was already returned", peer_);
+    Result<std::unique_ptr<SendComm>> comm = advance();
+    if (!comm.ok()) {
+      error_ = comm.status();
+      fd_.reset();
+      return error_;
+    }
+    if (*comm != nullptr) {
+      returned_ = true;
+      return comm;
+    }
+    if (deadline_.expired()) {
+      error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
+                             last_problem_.empty() ? "no answer" : last_problem_);
+      fd_.reset();
+      return error_;
+    }
+    return comm;
+  }
+
+ private:
+  enum class Phase { kIdle, kHello, kReply };
+
+  Result<std::unique_ptr<SendComm>> advance() {
+    if (phase_ == Phase::kIdle) {
+      if (now_ns() < retry_at_ns_) return std::unique_ptr<SendComm>();
+      fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      if (!fd_.valid()) return system_error("shm connect: socket", errno);
+      socklen_t len = 0;
+      sockaddr_un addr = abstract_addr(name_, &len);
+      if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+        int err = errno;
+        if (err == ECONNREFUSED || err == EAGAIN || err == ENOENT || err == EINTR) {
+          last_problem_ = fmt::format("last attempt: {}", strerror(err));
+          fd_.reset();
+          retry_at_ns_ = now_ns() + kRetryNs;
+          return std::unique_ptr<SendComm>();
+        }
+        return system_error(fmt::format("shm connect to {}", peer_), err);
+      }
+      phase_ = Phase::kHello;
+    }
+    if (phase_ == Phase::kHello) {
+      ssize_t n = send(fd_.get(), &hello_, sizeof(hello_), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          return std::unique_ptr<SendComm>();
+        }
+        if (is_peer_errno(errno)) {
+          return peer_error("handshake with {}: {}", peer_, strerror(errno));
+        }
+        return system_error(fmt::format("shm handshake with {}", peer_), errno);
+      }
+      phase_ = Phase::kReply;
+    }
+    Reply reply{};
+    iovec iov{&reply, sizeof(reply)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return std::unique_ptr<SendComm>();
+      }
+      if (is_peer_errno(errno)) return peer_error("handshake with {}: {}", peer_, strerror(errno));
+      return system_error(fmt::format("shm handshake with {}", peer_), errno);
+    }
+    std::vector<UniqueFd> fds;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+    if (n == 0) {
+      return peer_error("handshake with {}: connection closed by the listener", peer_);
+    }
+    if (static_cast<size_t>(n) != sizeof(reply) || std::memcmp(reply.magic, "GWSR", 4) != 0) {
+      return peer_error("handshake with {}: malformed answer ({} bytes)", peer_, n);
+    }
+    if (reply.answer == kRefuse) {
+      return peer_error("handshake with {}: refused (job token mismatch or stale handle)", peer_);
+    }
+    Geometry g;
+    g.nslots = reply.nslots;
+    g.slot_size = reply.slot_size;
+    if (reply.answer != kAccept || fds.size() != 1 || g.nslots == 0 || g.nslots > 4096 ||
+        g.slot_size == 0 || g.slot_size > (uint64_t{1} << 30) || reply.total_size != g.total()) {
+      return peer_error("handshake with {}: malformed answer", peer_);
+    }
+    struct stat st {};
+    if (fstat(fds[0].get(), &st) != 0) return system_error("shm: fstat of the segment", errno);
+    if (static_cast<uint64_t>(st.st_size) != g.total()) {
+      return peer_error("handshake with {}: segment is {} bytes, expected {}", peer_, st.st_size,
+                        g.total());
+    }
+    GW_ASSIGN_OR_RETURN(Ring ring, map_ring(fds[0].get(), g));
+    if (ring.ctrl()->magic != kRingMagic) {
+      return peer_error("handshake with {}: segment has no ring", peer_);
+    }
+    return std::unique_ptr<SendComm>(
+        std::make_unique<ShmSendComm>(std::move(fd_), std::move(ring), peer_));
+  }
+
+  std::string name_;
+  Deadline deadline_;
+  int64_t timeout_ms_;
+  std::string peer_;
+  Hello hello_{};
+  UniqueFd fd_;
+  Phase phase_ = Phase::kIdle;
+  int64_t retry_at_ns_ = 0;
+  Status error_;
+  std::string last_problem_;
+  bool returned_ = false;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport(TransportOptions options, ShmConfig config)
+      : options_(std::move(options)), config_(config) {
+    props_.name = "shm";
+    props_.sockets_per_conn = 1;
+    props_.latency_us = 2;
+    props_.bandwidth_gbps = 4.0;
+    host_id_ = encode_host_id(options_.host_id);
+  }
+
+  const Properties& properties() const override { return props_; }
+
+  Result<std::unique_ptr<Listener>> listen(Handle* handle) override {
+    if (handle == nullptr) return invalid_arg("shm listen: null handle");
+    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return system_error("shm listen: socket", errno);
+    uint8_t rnd[8];
+    fill_random(rnd, sizeof(rnd));
+    std::string name = "gradwire-shm-";
+    for (uint8_t b : rnd) name += fmt::format("{:02x}", b);
+    socklen_t len = 0;
+    sockaddr_un addr = abstract_addr(name, &len);
+    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      return system_error(fmt::format("shm listen: bind @{}", name), errno);
+    }
+    if (::listen(fd.get(), 64) != 0) return system_error("shm listen: listen", errno);
+    HandleWire wire{};
+    std::memcpy(wire.magic, "GWS1", 4);
+    wire.version = kVersion;
+    wire.nonce = random_u64();
+    wire.rank = options_.rank;
+    std::memcpy(wire.sock_name, name.data(), std::min(name.size(), kSockNameSize));
+    std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
+    *handle = Handle{};
+    std::memcpy(handle->bytes.data(), &wire, sizeof(wire));
+    return std::unique_ptr<Listener>(
+        std::make_unique<ShmListener>(std::move(fd), wire.nonce, config_, options_));
+  }
+
+  Result<std::unique_ptr<Connector>> connect(const Handle& handle) override {
+    HandleWire wire;
+    std::memcpy(&wire, handle.bytes.data(), sizeof(wire));
+    if (std::memcmp(wire.magic, "GWS1", 4) != 0) {
+      return invalid_arg("shm connect: the handle is not an shm handle");
+    }
+    if (wire.version != kVersion) {
+      return invalid_arg("shm connect: handle version {} (this build speaks {})", wire.version,
+                         kVersion);
+    }
+    std::string_view theirs(wire.host_id, strnlen(wire.host_id, kHostIdSize));
+    if (theirs != host_id_) {
+      return unsupported(
+          "shm connect to {}: it runs on host '{}', this process on '{}'; shared memory needs "
+          "both on one host",
+          rank_name(wire.rank), theirs, host_id_);
+    }
+    if (strnlen(wire.sock_name, kSockNameSize) == 0) {
+      return invalid_arg("shm connect: the handle names no socket");
+    }
+    return std::unique_ptr<Connector>(std::make_unique<ShmConnector>(wire, options_));
+  }
+
+ private:
+  TransportOptions options_;
+  ShmConfig config_;
+  Properties props_;
+  std::string host_id_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& options) {
+  using config::Key;
+  int64_t nslots = config::get_int(Key::kShmNslots);
+  if (nslots < 2 || nslots > 4096) {
+    return invalid_arg("GW_SHM_NSLOTS={} is out of range (2-4096)", nslots);
+  }
+  int64_t slot_size = config::get_int(Key::kShmSlotSize);
+  if (slot_size < 4096 || slot_size > (int64_t{1} << 30)) {
+    return invalid_arg("GW_SHM_SLOT_SIZE={} is out of range (4K-1G)", slot_size);
+  }
+  if (options.job_token.size() > kMaxToken) {
+    return invalid_arg("shm: job token of {} bytes is longer than {}", options.job_token.size(),
+                       kMaxToken);
+  }
+  if (options.timeout_ms <= 0) {
+    return invalid_arg("shm: timeout_ms must be positive (got {})", options.timeout_ms);
+  }
+  ShmConfig cfg;
+  cfg.geometry.nslots = static_cast<uint32_t>(nslots);
+  cfg.geometry.slot_size = static_cast<uint64_t>(slot_size);
+  TransportOptions opts = options;
+  if (opts.host_id.empty()) opts.host_id = default_host_id();
+  return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(opts, cfg));
+}
+
+}  // namespace gw::net

@@ -1,0 +1,880 @@
+#include "core/net/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/net/request.h"
+#include "core/net/socket_util.h"
+
+namespace gw::net {
+
+StripeRange tcp_stripe(size_t size, int nsocks, size_t unit, int index) {
+  size_t n = static_cast<size_t>(std::max(nsocks, 1));
+  size_t part = std::max(unit, (size + n - 1) / n);
+  size_t begin = std::min(size, part * static_cast<size_t>(index));
+  size_t end = std::min(size, begin + part);
+  return {begin, end};
+}
+
+namespace {
+
+constexpr uint16_t kVersion = 1;
+constexpr size_t kMaxToken = 256;
+constexpr uint32_t kHeaderMagic = 0x47574d31;  // "GWM1"
+constexpr uint32_t kNoticeMagic = 0x47574e31;  // "GWN1"
+constexpr uint8_t kAccept = 'A';
+constexpr uint8_t kRefuse = 'R';
+constexpr int64_t kRetryNs = 20 * 1000 * 1000;  // between connect() attempts on ECONNREFUSED
+
+// All wire structs are little-endian, fixed size, no implicit padding (docs/wire-tcp.md).
+struct HandleWire {
+  char magic[4];  // "GWT1"
+  uint16_t version;
+  uint16_t nsocks;
+  uint16_t family;   // AF_INET or AF_INET6
+  uint16_t port_be;  // network byte order
+  uint32_t scope_id;
+  uint8_t addr[16];
+  uint64_t nonce;
+  int32_t rank;
+  uint32_t reserved;
+};
+static_assert(sizeof(HandleWire) == 48 && sizeof(HandleWire) <= kHandleSize);
+
+struct Hello {
+  char magic[4];  // "GWH1"
+  uint16_t sock_index;
+  uint16_t nsocks;
+  uint64_t nonce;
+  uint64_t conn_id;
+  int32_t rank;
+  uint32_t token_len;
+  char token[kMaxToken];
+};
+static_assert(sizeof(Hello) == 288);
+
+struct MsgHeader {
+  uint32_t magic;
+  int32_t tag;
+  uint64_t size;
+};
+static_assert(sizeof(MsgHeader) == 16);
+
+struct Notice {
+  uint32_t magic;
+  uint32_t code;  // gw::Code of the receiver's failure
+  uint64_t seq;   // message number (0-based, per connection)
+};
+static_assert(sizeof(Notice) == 16);
+
+struct TcpConfig {
+  int nsocks = 4;
+  int64_t bufsize = 0;
+  size_t chunk = 0;
+};
+
+bool is_peer_errno(int err) {
+  switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ENOTCONN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ECONNABORTED:
+    case ECONNREFUSED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status socket_error(std::string_view what, const std::string& peer, int err) {
+  if (is_peer_errno(err)) {
+    char buf[128];
+    return peer_error("{} {}: {}", what, peer, strerror_r(err, buf, sizeof(buf)));
+  }
+  return system_error(fmt::format("{} {}", what, peer), err);
+}
+
+Status configure_socket(int fd, int64_t bufsize) {
+  GW_RETURN_IF_ERROR(set_nonblocking(fd));
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return system_error("setsockopt(TCP_NODELAY)", errno);
+  }
+  if (bufsize > 0) {
+    int size = static_cast<int>(std::min<int64_t>(bufsize, 1 << 30));
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size)) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size)) != 0) {
+      return system_error("setsockopt(SO_SNDBUF/SO_RCVBUF)", errno);
+    }
+  }
+  return ok_status();
+}
+
+socklen_t sockaddr_len(const sockaddr_storage& addr) {
+  return addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+struct TcpRequest : Request {
+  uint64_t seq = 0;
+  RequestState state = RequestState::kFree;
+  char* data = nullptr;
+  size_t size = 0;  // send: message size; receive: capacity
+  int tag = 0;
+  bool header_known = false;
+  size_t msg_size = 0;  // bytes of the message (known to the receiver once its header arrived)
+};
+
+Status check_buffer(const char* op, const void* data, size_t size, int tag, bool any_tag_ok,
+                    MemRegion* mr) {
+  if (data == nullptr && size > 0) return invalid_arg("{}: null buffer of {} bytes", op, size);
+  if (tag < 0 && !(any_tag_ok && tag == kAnyTag)) {
+    return invalid_arg("{}: tag {} is negative{}", op, tag, any_tag_ok ? " (only kAnyTag)" : "");
+  }
+  if (mr != nullptr && size > 0) {
+    auto begin = reinterpret_cast<uintptr_t>(data);
+    auto base = reinterpret_cast<uintptr_t>(mr->base);
+    if (begin < base || begin - base > mr->size || size > mr->size - (begin - base)) {
+      return invalid_arg("{}: buffer of {} bytes lies outside its memory registration", op, size);
+    }
+  }
+  return ok_status();
+}
+
+// What both comm directions share: sockets, request table, sticky error, registrations.
+class TcpCommCore {
+ protected:
+  TcpCommCore(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+      : socks_(std::move(socks)), chunk_(chunk), peer_(std::move(peer)), pos_(socks_.size()) {}
+
+  Status fail(Status status) {
+    if (error_.ok()) error_ = std::move(status);
+    return error_;
+  }
+
+  // Marks requests complete up to the slowest socket: requests finish in posting order.
+  void complete() {
+    uint64_t done = UINT64_MAX;
+    for (const SockPos& p : pos_) done = std::min(done, p.seq);
+    reqs_.complete_through(done);
+  }
+
+  template <typename Progress>
+  Status test_impl(Request* request, bool* done, size_t* size, Progress&& progress) {
+    if (done == nullptr) return invalid_arg("test: null done pointer");
+    TcpRequest* r = reqs_.find(request);
+    if (r == nullptr) {
+      return invalid_arg("test: {} is not an outstanding request of the comm to {}",
+                         static_cast<void*>(request), peer_);
+    }
+    if (r->state != RequestState::kDone && error_.ok()) (void)progress();
+    if (r->state == RequestState::kDone) {
+      *done = true;
+      if (size != nullptr) *size = r->msg_size;
+      reqs_.release(r);
+      return ok_status();
+    }
+    if (!error_.ok()) {
+      reqs_.release(r);
+      return error_;
+    }
+    *done = false;
+    return ok_status();
+  }
+
+  struct SockPos {
+    uint64_t seq = 0;    // message this socket works on
+    size_t off = 0;      // bytes of its part done
+    size_t hdr_off = 0;  // socket 0: header bytes done
+  };
+
+  std::vector<UniqueFd> socks_;
+  size_t chunk_;
+  std::string peer_;
+  std::vector<SockPos> pos_;
+  RequestTable<TcpRequest> reqs_;
+  Status error_;
+  HostMrRegistry mrs_;
+};
+
+class TcpSendComm final : public SendComm, private TcpCommCore {
+ public:
+  TcpSendComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+      : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
+
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
+    return mrs_.reg(data, size, type, "tcp");
+  }
+  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
+  std::string peer_name() const override { return peer_; }
+
+  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
+    if (!error_.ok()) return error_;
+    TcpRequest* r = reqs_.post();
+    if (r == nullptr) return static_cast<Request*>(nullptr);
+    r->data = static_cast<char*>(const_cast<void*>(data));
+    r->size = size;
+    r->msg_size = size;
+    r->tag = tag;
+    (void)progress();  // start moving bytes now; errors surface in test()
+    return static_cast<Request*>(r);
+  }
+
+  Status test(Request* request, bool* done, size_t* size) override {
+    return test_impl(request, done, size, [this] { return progress(); });
+  }
+
+ private:
+  Status progress() {
+    if (!error_.ok()) return error_;
+    const int n = static_cast<int>(socks_.size());
+    for (int i = 0; i < n; ++i) {
+      SockPos& p = pos_[i];
+      while (true) {
+        TcpRequest* r = reqs_.active(p.seq);
+        if (r == nullptr) break;
+        StripeRange range = tcp_stripe(r->size, n, chunk_, i);
+        size_t part = range.end - range.begin;
+        MsgHeader hdr{kHeaderMagic, r->tag, r->size};
+        iovec iov[2];
+        int count = 0;
+        bool need_header = i == 0 && p.hdr_off < sizeof(hdr);
+        if (need_header) {
+          iov[count++] = {reinterpret_cast<char*>(&hdr) + p.hdr_off, sizeof(hdr) - p.hdr_off};
+        }
+        if (p.off < part) iov[count++] = {r->data + range.begin + p.off, part - p.off};
+        if (count == 0) {
+          p = SockPos{p.seq + 1};
+          continue;
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = count;
+        ssize_t sent = sendmsg(socks_[i].get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          return fail(socket_error("send to", peer_, errno));
+        }
+        size_t left = static_cast<size_t>(sent);
+        if (need_header) {
+          size_t h = std::min(left, sizeof(hdr) - p.hdr_off);
+          p.hdr_off += h;
+          left -= h;
+        }
+        p.off += left;
+        if ((i != 0 || p.hdr_off == sizeof(hdr)) && p.off == part) {
+          p = SockPos{p.seq + 1};
+          continue;
+        }
+        break;  // the socket buffer is full
+      }
+    }
+    complete();
+    return read_notice();
+  }
+
+  // The receiver reports a truncated or mismatched message, or closes, on socket 0.
+  Status read_notice() {
+    while (notice_got_ < sizeof(notice_)) {
+      ssize_t got = recv(socks_[0].get(), reinterpret_cast<char*>(&notice_) + notice_got_,
+                         sizeof(notice_) - notice_got_, MSG_DONTWAIT);
+      if (got == 0) return fail(peer_error("send to {}: connection closed by peer", peer_));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
+        return fail(socket_error("send to", peer_, errno));
+      }
+      notice_got_ += static_cast<size_t>(got);
+    }
+    if (notice_.magic != kNoticeMagic) {
+      return fail(internal_error("send to {}: corrupt notice from the receiver", peer_));
+    }
+    if (notice_.code == static_cast<uint32_t>(Code::kInvalidArg)) {
+      return fail(invalid_arg(
+          "send to {}: message truncated: message #{} is larger than the receive posted for it",
+          peer_, notice_.seq));
+    }
+    if (notice_.code == static_cast<uint32_t>(Code::kInternal)) {
+      return fail(internal_error("send to {}: tag mismatch: the receiver rejected message #{}",
+                                 peer_, notice_.seq));
+    }
+    return fail(internal_error("send to {}: unknown notice code {} from the receiver", peer_,
+                               notice_.code));
+  }
+
+  Notice notice_{};
+  size_t notice_got_ = 0;
+};
+
+class TcpRecvComm final : public RecvComm, private TcpCommCore {
+ public:
+  TcpRecvComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+      : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
+
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
+    return mrs_.reg(data, size, type, "tcp");
+  }
+  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
+  std::string peer_name() const override { return peer_; }
+
+  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
+    if (!error_.ok()) return error_;
+    TcpRequest* r = reqs_.post();
+    if (r == nullptr) return static_cast<Request*>(nullptr);
+    r->data = static_cast<char*>(data);
+    r->size = size;
+    r->tag = tag;
+    (void)progress();
+    return static_cast<Request*>(r);
+  }
+
+  Status test(Request* request, bool* done, size_t* size) override {
+    return test_impl(request, done, size, [this] { return progress(); });
+  }
+
+ private:
+  // Tells the sender why its message failed (best effort: the sender also sees the comm die).
+  void send_notice(Code code, uint64_t seq) {
+    Notice notice{kNoticeMagic, static_cast<uint32_t>(code), seq};
+    (void)!send(socks_[0].get(), &notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  // Reads socket 0's header of request r; false when it is not complete yet.
+  Result<bool> read_header(TcpRequest* r) {
+    while (hdr_got_ < sizeof(hdr_)) {
+      ssize_t got = recv(socks_[0].get(), reinterpret_cast<char*>(&hdr_) + hdr_got_,
+                         sizeof(hdr_) - hdr_got_, MSG_DONTWAIT);
+      if (got == 0) return fail(peer_error("recv from {}: connection closed by peer", peer_));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        return fail(socket_error("recv from", peer_, errno));
+      }
+      hdr_got_ += static_cast<size_t>(got);
+    }
+    hdr_got_ = 0;
+    if (hdr_.magic != kHeaderMagic) {
+      return fail(
+          internal_error("recv from {}: corrupt message header (magic {:#x})", peer_, hdr_.magic));
+    }
+    if (r->tag != kAnyTag && hdr_.tag != r->tag) {
+      send_notice(Code::kInternal, r->seq);
+      return fail(
+          internal_error("recv from {}: tag mismatch: receive #{} expects tag {}, message "
+                         "has tag {}",
+                         peer_, r->seq, r->tag, hdr_.tag));
+    }
+    if (hdr_.size > r->size) {
+      send_notice(Code::kInvalidArg, r->seq);
+      return fail(
+          invalid_arg("recv from {}: message truncated: message #{} has {} bytes, the "
+                      "receive only {}",
+                      peer_, r->seq, hdr_.size, r->size));
+    }
+    r->msg_size = hdr_.size;
+    r->header_known = true;
+    return true;
+  }
+
+  Status progress() {
+    if (!error_.ok()) return error_;
+    const int n = static_cast<int>(socks_.size());
+    for (int i = 0; i < n; ++i) {
+      SockPos& p = pos_[i];
+      while (true) {
+        TcpRequest* r = reqs_.active(p.seq);
+        if (r == nullptr) break;
+        if (i == 0 && !r->header_known) {
+          GW_ASSIGN_OR_RETURN(bool have, read_header(r));
+          if (!have) break;
+        }
+        if (!r->header_known) break;  // socket 0 has not delivered this message's header yet
+        StripeRange range = tcp_stripe(r->msg_size, n, chunk_, i);
+        size_t part = range.end - range.begin;
+        if (p.off == part) {
+          p = SockPos{p.seq + 1};
+          continue;
+        }
+        ssize_t got =
+            recv(socks_[i].get(), r->data + range.begin + p.off, part - p.off, MSG_DONTWAIT);
+        if (got == 0) return fail(peer_error("recv from {}: connection closed by peer", peer_));
+        if (got < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          return fail(socket_error("recv from", peer_, errno));
+        }
+        p.off += static_cast<size_t>(got);
+        if (p.off < part) break;  // drained what the kernel had
+      }
+    }
+    complete();
+    return ok_status();
+  }
+
+  MsgHeader hdr_{};
+  size_t hdr_got_ = 0;
+};
+
+class TcpListener final : public Listener {
+ public:
+  TcpListener(UniqueFd fd, uint64_t nonce, TcpConfig config, TransportOptions options)
+      : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
+
+  Result<std::unique_ptr<RecvComm>> accept() override {
+    GW_RETURN_IF_ERROR(accept_new());
+    const int64_t now = now_ns();
+    for (size_t i = 0; i < pending_.size();) {
+      Result<bool> keep = advance(pending_[i], now);
+      if (!keep.ok()) return keep.status();
+      if (*keep) {
+        ++i;
+      } else {
+        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+      }
+    }
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      Group& g = groups_[i];
+      if (g.count == config_.nsocks) {
+        auto comm =
+            std::make_unique<TcpRecvComm>(std::move(g.socks), config_.chunk,
+                                          fmt::format("{} via tcp {}", rank_name(g.rank), g.addr));
+        groups_.erase(groups_.begin() + static_cast<ptrdiff_t>(i));
+        return std::unique_ptr<RecvComm>(std::move(comm));
+      }
+    }
+    std::erase_if(groups_, [now](const Group& g) {
+      if (now < g.deadline_ns) return false;
+      GW_LOG_WARN("tcp accept: dropping incomplete connection from {} ({} sockets arrived)", g.addr,
+                  g.count);
+      return true;
+    });
+    return std::unique_ptr<RecvComm>();
+  }
+
+ private:
+  struct Pending {
+    UniqueFd fd;
+    std::string addr;
+    Hello hello{};
+    size_t got = 0;
+    int64_t deadline_ns = 0;
+  };
+  struct Group {
+    uint64_t conn_id = 0;
+    int rank = -1;
+    std::string addr;
+    std::vector<UniqueFd> socks;
+    int count = 0;
+    int64_t deadline_ns = 0;
+  };
+
+  Status accept_new() {
+    while (true) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
+        return system_error("tcp accept", errno);
+      }
+      Pending p;
+      p.fd.reset(fd);
+      p.addr = format_sockaddr(reinterpret_cast<sockaddr*>(&addr));
+      // A silent client holds a slot until this deadline; it never stalls other handshakes.
+      p.deadline_ns = now_ns() + options_.timeout_ms * 1000000;
+      Status s = configure_socket(fd, 0);
+      if (!s.ok()) {
+        GW_LOG_WARN("tcp accept from {}: {}", p.addr, s.to_string());
+        continue;
+      }
+      pending_.push_back(std::move(p));
+    }
+  }
+
+  // Reads one pending handshake; false when the socket is done with (grouped or dropped).
+  Result<bool> advance(Pending& p, int64_t now) {
+    while (p.got < sizeof(Hello)) {
+      ssize_t got = recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got,
+                         sizeof(Hello) - p.got, MSG_DONTWAIT);
+      if (got == 0) return false;  // the client went away mid-handshake
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (now < p.deadline_ns) return true;
+          GW_LOG_WARN("tcp accept: {} sent no handshake within {} ms; dropped", p.addr,
+                      options_.timeout_ms);
+          return false;
+        }
+        return false;
+      }
+      p.got += static_cast<size_t>(got);
+    }
+    const Hello& h = p.hello;
+    std::string_view why;
+    if (std::memcmp(h.magic, "GWH1", 4) != 0) {
+      why = "not a gradwire tcp handshake";
+    } else if (h.nonce != nonce_) {
+      why = "handshake for another listener (nonce mismatch)";
+    } else if (h.nsocks != config_.nsocks || h.sock_index >= h.nsocks) {
+      why = "socket count or index out of range";
+    } else if (h.token_len > kMaxToken ||
+               std::string_view(h.token, h.token_len) != options_.job_token) {
+      why = "job token mismatch";
+    }
+    if (!why.empty()) {
+      GW_LOG_WARN("tcp accept: refused connection from {}: {}", p.addr, why);
+      uint8_t refuse = kRefuse;
+      (void)!send(p.fd.get(), &refuse, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      return false;
+    }
+    auto it = std::find_if(groups_.begin(), groups_.end(),
+                           [&](const Group& g) { return g.conn_id == h.conn_id; });
+    if (it == groups_.end()) {
+      Group g;
+      g.conn_id = h.conn_id;
+      g.rank = h.rank;
+      g.socks.resize(static_cast<size_t>(config_.nsocks));
+      g.deadline_ns = now + options_.timeout_ms * 1000000;
+      groups_.push_back(std::move(g));
+      it = groups_.end() - 1;
+    }
+    if (it->socks[h.sock_index].valid()) {
+      GW_LOG_WARN("tcp accept: duplicate socket {} from {}; dropped", h.sock_index, p.addr);
+      return false;
+    }
+    uint8_t accept_byte = kAccept;
+    if (send(p.fd.get(), &accept_byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) return false;
+    if (h.sock_index == 0) it->addr = p.addr;
+    it->socks[h.sock_index] = std::move(p.fd);
+    ++it->count;
+    return false;
+  }
+
+  UniqueFd fd_;
+  uint64_t nonce_;
+  TcpConfig config_;
+  TransportOptions options_;
+  std::vector<Pending> pending_;
+  std::vector<Group> groups_;
+};
+
+class TcpConnector final : public Connector {
+ public:
+  TcpConnector(const HandleWire& handle, sockaddr_storage addr, TcpConfig config,
+               const TransportOptions& options)
+      : addr_(addr),
+        config_(config),
+        deadline_(Deadline::after_ms(options.timeout_ms)),
+        timeout_ms_(options.timeout_ms),
+        peer_(fmt::format("{} via tcp {}", rank_name(handle.rank),
+                          format_sockaddr(reinterpret_cast<const sockaddr*>(&addr)))) {
+    config_.nsocks = handle.nsocks;
+    socks_.resize(handle.nsocks);
+    hello_ = Hello{};
+    std::memcpy(hello_.magic, "GWH1", 4);
+    hello_.nsocks = handle.nsocks;
+    hello_.nonce = handle.nonce;
+    hello_.conn_id = random_u64();
+    hello_.rank = options.rank;
+    hello_.token_len = static_cast<uint32_t>(options.job_token.size());
+    std::memcpy(hello_.token, options.job_token.data(), options.job_token.size());
+  }
+
+  Result<std::unique_ptr<SendComm>> poll() override {
+    if (!error_.ok()) return error_;
+    if (returned_) return invalid_arg("poll: the connection to {} was already returned", peer_);
+    bool all_done = true;
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      Status s = advance(socks_[i], static_cast<uint16_t>(i));
+      if (!s.ok()) {
+        error_ = s;
+        return error_;
+      }
+      all_done &= socks_[i].phase == Phase::kDone;
+    }
+    if (all_done) {
+      std::vector<UniqueFd> fds;
+      for (Sock& s : socks_) fds.push_back(std::move(s.fd));
+      returned_ = true;
+      return std::unique_ptr<SendComm>(
+          std::make_unique<TcpSendComm>(std::move(fds), config_.chunk, peer_));
+    }
+    if (deadline_.expired()) {
+      error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
+                             last_problem_.empty() ? "no answer" : last_problem_);
+      socks_.clear();
+      return error_;
+    }
+    return std::unique_ptr<SendComm>();
+  }
+
+ private:
+  enum class Phase { kIdle, kConnecting, kHello, kAck, kDone };
+  struct Sock {
+    UniqueFd fd;
+    Phase phase = Phase::kIdle;
+    size_t sent = 0;
+    int64_t retry_at_ns = 0;
+  };
+
+  void retry_later(Sock& s, int err) {
+    char buf[128];
+    last_problem_ = fmt::format("last attempt: {}", strerror_r(err, buf, sizeof(buf)));
+    s.fd.reset();
+    s.phase = Phase::kIdle;
+    s.retry_at_ns = now_ns() + kRetryNs;
+  }
+
+  Status advance(Sock& s, uint16_t index) {
+    while (true) {
+      switch (s.phase) {
+        case Phase::kIdle: {
+          if (now_ns() < s.retry_at_ns) return ok_status();
+          int fd = socket(addr_.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          if (fd < 0) return system_error("socket", errno);
+          s.fd.reset(fd);
+          GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize));
+          if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr_), sockaddr_len(addr_)) == 0) {
+            s.phase = Phase::kHello;
+          } else if (errno == EINPROGRESS || errno == EINTR) {
+            s.phase = Phase::kConnecting;
+          } else if (is_peer_errno(errno) || errno == EAGAIN) {
+            retry_later(s, errno);
+            return ok_status();
+          } else {
+            return socket_error("connect to", peer_, errno);
+          }
+          break;
+        }
+        case Phase::kConnecting: {
+          pollfd pfd{s.fd.get(), POLLOUT, 0};
+          if (::poll(&pfd, 1, 0) == 0) return ok_status();
+          int err = 0;
+          socklen_t len = sizeof(err);
+          if (getsockopt(s.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+          if (err == 0) {
+            s.phase = Phase::kHello;
+          } else if (is_peer_errno(err)) {
+            retry_later(s, err);
+            return ok_status();
+          } else {
+            return socket_error("connect to", peer_, err);
+          }
+          break;
+        }
+        case Phase::kHello: {
+          Hello hello = hello_;
+          hello.sock_index = index;
+          ssize_t n = send(s.fd.get(), reinterpret_cast<const char*>(&hello) + s.sent,
+                           sizeof(hello) - s.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ok_status();
+            return socket_error("handshake with", peer_, errno);
+          }
+          s.sent += static_cast<size_t>(n);
+          if (s.sent < sizeof(hello)) return ok_status();
+          s.phase = Phase::kAck;
+          break;
+        }
+        case Phase::kAck: {
+          uint8_t answer = 0;
+          ssize_t n = recv(s.fd.get(), &answer, 1, MSG_DONTWAIT);
+          if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ok_status();
+            return socket_error("handshake with", peer_, errno);
+          }
+          if (n == 0) {
+            return peer_error("handshake with {}: connection closed by the listener", peer_);
+          }
+          if (answer == kRefuse) {
+            return peer_error("handshake with {}: refused (job token mismatch or stale handle)",
+                              peer_);
+          }
+          if (answer != kAccept) {
+            return peer_error("handshake with {}: unexpected answer {:#x}", peer_, answer);
+          }
+          s.phase = Phase::kDone;
+          break;
+        }
+        case Phase::kDone:
+          return ok_status();
+      }
+    }
+  }
+
+  sockaddr_storage addr_;
+  TcpConfig config_;
+  Deadline deadline_;
+  int64_t timeout_ms_;
+  std::string peer_;
+  Hello hello_{};
+  std::vector<Sock> socks_;
+  Status error_;
+  std::string last_problem_;
+  bool returned_ = false;
+};
+
+int read_link_speed(const std::string& ifname) {
+  std::ifstream in("/sys/class/net/" + ifname + "/speed");
+  int speed = 0;
+  if (!(in >> speed) || speed < 0) return 0;
+  return speed;
+}
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(TransportOptions options, TcpConfig config, Interface iface)
+      : options_(std::move(options)), config_(config), iface_(std::move(iface)) {
+    props_.name = "tcp";
+    std::string ip = format_sockaddr(reinterpret_cast<const sockaddr*>(&iface_.addr));
+    ip = ip.substr(0, ip.rfind(':'));  // drop the port
+    props_.interfaces = fmt::format("{}:{}", iface_.name, ip);
+    props_.sockets_per_conn = config_.nsocks;
+    props_.speed_mbps = read_link_speed(iface_.name);
+    props_.latency_us = 30;
+    // Loopback and unknown links: what this path measures on a small box; else ~90% of line rate.
+    props_.bandwidth_gbps =
+        iface_.loopback || props_.speed_mbps == 0 ? 2.0 : props_.speed_mbps / 8000.0 * 0.9;
+    props_.supports_cuda = false;
+  }
+
+  const Properties& properties() const override { return props_; }
+
+  Result<std::unique_ptr<Listener>> listen(Handle* handle) override {
+    if (handle == nullptr) return invalid_arg("tcp listen: null handle");
+    int fd = socket(iface_.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return system_error("tcp listen: socket", errno);
+    UniqueFd owned(fd);
+    // Accepted sockets inherit the buffer sizes (they must be set before listen()).
+    GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize));
+    sockaddr_storage addr = iface_.addr;
+    if (addr.ss_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
+    }
+    std::string where = fmt::format("{} ({})", props_.interfaces, iface_.name);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sockaddr_len(addr)) != 0) {
+      return system_error(fmt::format("tcp listen: bind {}", where), errno);
+    }
+    if (::listen(fd, 256) != 0) return system_error("tcp listen: listen", errno);
+    socklen_t len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return system_error("tcp listen: getsockname", errno);
+    }
+    HandleWire wire{};
+    std::memcpy(wire.magic, "GWT1", 4);
+    wire.version = kVersion;
+    wire.nsocks = static_cast<uint16_t>(config_.nsocks);
+    wire.family = addr.ss_family;
+    if (addr.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+      wire.port_be = in->sin_port;
+      std::memcpy(wire.addr, &in->sin_addr, 4);
+    } else {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+      wire.port_be = in6->sin6_port;
+      wire.scope_id = in6->sin6_scope_id;
+      std::memcpy(wire.addr, &in6->sin6_addr, 16);
+    }
+    wire.nonce = random_u64();
+    wire.rank = options_.rank;
+    *handle = Handle{};
+    std::memcpy(handle->bytes.data(), &wire, sizeof(wire));
+    GW_LOG_DEBUG("tcp listening on {}", format_sockaddr(reinterpret_cast<sockaddr*>(&addr)));
+    return std::unique_ptr<Listener>(
+        std::make_unique<TcpListener>(std::move(owned), wire.nonce, config_, options_));
+  }
+
+  Result<std::unique_ptr<Connector>> connect(const Handle& handle) override {
+    HandleWire wire;
+    std::memcpy(&wire, handle.bytes.data(), sizeof(wire));
+    if (std::memcmp(wire.magic, "GWT1", 4) != 0) {
+      return invalid_arg("tcp connect: the handle is not a tcp handle");
+    }
+    if (wire.version != kVersion) {
+      return invalid_arg("tcp connect: handle version {} (this build speaks {})", wire.version,
+                         kVersion);
+    }
+    if (wire.nsocks < 1 || wire.nsocks > 16) {
+      return invalid_arg("tcp connect: handle asks for {} sockets (1-16)", wire.nsocks);
+    }
+    sockaddr_storage addr{};
+    if (wire.family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&addr);
+      in->sin_family = AF_INET;
+      in->sin_port = wire.port_be;
+      std::memcpy(&in->sin_addr, wire.addr, 4);
+    } else if (wire.family == AF_INET6) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&addr);
+      in6->sin6_family = AF_INET6;
+      in6->sin6_port = wire.port_be;
+      in6->sin6_scope_id = wire.scope_id;
+      std::memcpy(&in6->sin6_addr, wire.addr, 16);
+    } else {
+      return invalid_arg("tcp connect: handle has address family {}", wire.family);
+    }
+    if (wire.port_be == 0) return invalid_arg("tcp connect: handle has port 0");
+    return std::unique_ptr<Connector>(
+        std::make_unique<TcpConnector>(wire, addr, config_, options_));
+  }
+
+ private:
+  TransportOptions options_;
+  TcpConfig config_;
+  Interface iface_;
+  Properties props_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options) {
+  using config::Key;
+  TcpConfig cfg;
+  int64_t nsocks = config::get_int(Key::kSocketNsocks);
+  if (nsocks < 1 || nsocks > 16) {
+    return invalid_arg("GW_SOCKET_NSOCKS={} is out of range (1-16)", nsocks);
+  }
+  cfg.nsocks = static_cast<int>(nsocks);
+  cfg.bufsize = config::get_int(Key::kSocketBufsize);
+  if (cfg.bufsize < 0 || cfg.bufsize > (int64_t{1} << 30)) {
+    return invalid_arg("GW_SOCKET_BUFSIZE={} is out of range (0-1G)", cfg.bufsize);
+  }
+  int64_t chunk = config::get_int(Key::kSocketChunk);
+  if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
+    return invalid_arg("GW_SOCKET_CHUNK={} is out of range (4K-1G)", chunk);
+  }
+  cfg.chunk = static_cast<size_t>(chunk);
+  if (options.job_token.size() > kMaxToken) {
+    return invalid_arg("tcp: job token of {} bytes is longer than {}", options.job_token.size(),
+                       kMaxToken);
+  }
+  if (options.timeout_ms <= 0) {
+    return invalid_arg("tcp: timeout_ms must be positive (got {})", options.timeout_ms);
+  }
+  GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
+  GW_ASSIGN_OR_RETURN(Interface iface,
+                      select_interface(config::get_string(Key::kSocketIfname), all));
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options, cfg, iface));
+}
+
+}  // namespace gw::net
