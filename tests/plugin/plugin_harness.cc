@@ -1,0 +1,532 @@
+#include "tests/plugin/plugin_harness.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+namespace gw::plugin_test {
+
+namespace {
+
+std::mutex log_mu;
+std::vector<std::string>& log_store() {
+  static auto* lines = new std::vector<std::string>;
+  return *lines;
+}
+
+using Clock = std::chrono::steady_clock;
+
+bool past(Clock::time_point deadline) { return Clock::now() > deadline; }
+Clock::time_point after_ms(int ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+
+}  // namespace
+
+void set_test_environment() {
+  // Loopback only, and deadlines short enough that a broken peer fails a test quickly.
+  if (getenv("GW_SOCKET_IFNAME") == nullptr && getenv("NCCL_SOCKET_IFNAME") == nullptr) {
+    setenv("GW_SOCKET_IFNAME", "lo", 0);
+  }
+  setenv("GW_TIMEOUT_MS", "10000", 0);
+  setenv("GW_SOCKET_NSOCKS", "2", 0);
+}
+
+const Loaded& plugin() {
+  static Loaded* loaded = [] {
+    set_test_environment();
+    auto* l = new Loaded;
+    l->lib = dlopen(GW_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (l->lib == nullptr) {
+      throw std::runtime_error(fmt::format("dlopen {}: {}", GW_PLUGIN_PATH, dlerror()));
+    }
+    l->v11 = static_cast<ncclNet_v11_t*>(dlsym(l->lib, "ncclNetPlugin_v11"));
+    l->v10 = static_cast<ncclNet_v10_t*>(dlsym(l->lib, "ncclNetPlugin_v10"));
+    l->v9 = static_cast<ncclNet_v9_t*>(dlsym(l->lib, "ncclNetPlugin_v9"));
+    l->v8 = static_cast<ncclNet_v8_t*>(dlsym(l->lib, "ncclNetPlugin_v8"));
+    if (l->v11 != nullptr) {
+      // The process's first init, as NCCL's first communicator would do it; tests read its lines.
+      void* ctx = nullptr;
+      ncclNetCommConfig_v11_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+      l->first_init = l->v11->init(&ctx, 1, &cfg, record_log, nullptr);
+      l->first_init_log = log_lines();
+      l->v11->finalize(ctx);
+    }
+    return l;
+  }();
+  return *loaded;
+}
+
+void record_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                const char* fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  const char* lvl = level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "OTHER";
+  std::lock_guard<std::mutex> lock(log_mu);
+  log_store().push_back(fmt::format("{} {}", lvl, buf));
+}
+
+std::vector<std::string> log_lines() {
+  std::lock_guard<std::mutex> lock(log_mu);
+  return log_store();
+}
+
+void clear_log() {
+  std::lock_guard<std::mutex> lock(log_mu);
+  log_store().clear();
+}
+
+// ---- per-version adapters ------------------------------------------------------------------
+
+namespace {
+
+template <typename Props>
+void common_props(const Props& s, ncclNetProperties_v11_t* p) {
+  p->name = s.name;
+  p->pciPath = s.pciPath;
+  p->guid = s.guid;
+  p->ptrSupport = s.ptrSupport;
+  p->regIsGlobal = s.regIsGlobal;
+  p->speed = s.speed;
+  p->port = s.port;
+  p->latency = s.latency;
+  p->maxComms = s.maxComms;
+  p->maxRecvs = s.maxRecvs;
+  p->netDeviceType = s.netDeviceType;
+  p->netDeviceVersion = s.netDeviceVersion;
+}
+
+// Shared by every version: the entries whose signature never changed.
+template <typename Table>
+class ApiBase : public NetApi {
+ public:
+  explicit ApiBase(Table* t) : t_(t) {}
+  const char* name() const override { return t_->name; }
+  ncclResult_t devices(int* n) override { return t_->devices(n); }
+  ncclResult_t accept(void* lc, void** rc) override {
+    ncclNetDeviceHandle_v11_t* dev = nullptr;
+    return t_->accept(lc, rc, &dev);
+  }
+  ncclResult_t reg_mr(void* c, void* d, size_t s, int type, void** mh) override {
+    return t_->regMr(c, d, s, type, mh);
+  }
+  ncclResult_t dereg_mr(void* c, void* mh) override { return t_->deregMr(c, mh); }
+  ncclResult_t test(void* r, int* done, int* size) override { return t_->test(r, done, size); }
+  ncclResult_t close_send(void* c) override { return t_->closeSend(c); }
+  ncclResult_t close_recv(void* c) override { return t_->closeRecv(c); }
+  ncclResult_t close_listen(void* c) override { return t_->closeListen(c); }
+
+ protected:
+  Table* t_;
+};
+
+class V11 : public ApiBase<ncclNet_v11_t> {
+ public:
+  using ApiBase::ApiBase;
+  const char* version() const override { return "v11"; }
+  ncclResult_t init(void** ctx) override {
+    ncclNetCommConfig_v11_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+    return t_->init(ctx, 0x1234, &cfg, record_log, nullptr);
+  }
+  ncclResult_t finalize(void* ctx) override { return t_->finalize(ctx); }
+  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
+    return t_->getProperties(dev, p);
+  }
+  ncclResult_t listen(void* ctx, int dev, void* h, void** lc) override {
+    return t_->listen(ctx, dev, h, lc);
+  }
+  ncclResult_t connect(void* ctx, int dev, void* h, void** sc) override {
+    ncclNetDeviceHandle_v11_t* dev_comm = nullptr;
+    return t_->connect(ctx, dev, h, sc, &dev_comm);
+  }
+  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->isend(sc, d, s, tag, mh, nullptr, r);
+  }
+  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
+    void* phandle = nullptr;
+    return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
+  }
+};
+
+class V10 : public ApiBase<ncclNet_v10_t> {
+ public:
+  using ApiBase::ApiBase;
+  const char* version() const override { return "v10"; }
+  ncclResult_t init(void** ctx) override {
+    *ctx = nullptr;
+    return t_->init(record_log, nullptr);
+  }
+  ncclResult_t finalize(void*) override { return ncclSuccess; }
+  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
+    ncclNetProperties_v10_t s{};
+    ncclResult_t r = t_->getProperties(dev, &s);
+    common_props(s, p);
+    p->forceFlush = s.forceFlush;
+    p->vProps = s.vProps;
+    p->maxP2pBytes = s.maxP2pBytes;
+    p->maxCollBytes = s.maxCollBytes;
+    return r;
+  }
+  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
+    return t_->listen(dev, h, lc);
+  }
+  ncclResult_t connect(void*, int dev, void* h, void** sc) override {
+    ncclNetCommConfig_v10_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+    ncclNetDeviceHandle_v10_t* dev_comm = nullptr;
+    return t_->connect(dev, &cfg, h, sc, &dev_comm);
+  }
+  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->isend(sc, d, s, tag, mh, nullptr, r);
+  }
+  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
+    void* phandle = nullptr;
+    return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
+  }
+};
+
+class V9 : public ApiBase<ncclNet_v9_t> {
+ public:
+  using ApiBase::ApiBase;
+  const char* version() const override { return "v9"; }
+  ncclResult_t init(void** ctx) override {
+    *ctx = nullptr;
+    return t_->init(record_log);
+  }
+  ncclResult_t finalize(void*) override { return ncclSuccess; }
+  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
+    ncclNetProperties_v9_t s{};
+    ncclResult_t r = t_->getProperties(dev, &s);
+    common_props(s, p);
+    p->forceFlush = s.forceFlush;
+    p->vProps = s.vProps;
+    p->maxP2pBytes = s.maxP2pBytes;
+    p->maxCollBytes = s.maxCollBytes;
+    return r;
+  }
+  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
+    return t_->listen(dev, h, lc);
+  }
+  ncclResult_t connect(void*, int dev, void* h, void** sc) override {
+    ncclNetDeviceHandle_v9_t* dev_comm = nullptr;
+    return t_->connect(dev, h, sc, &dev_comm);
+  }
+  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->isend(sc, d, s, tag, mh, r);
+  }
+  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->irecv(rc, 1, &d, &s, &tag, &mh, r);
+  }
+};
+
+class V8 : public ApiBase<ncclNet_v8_t> {
+ public:
+  using ApiBase::ApiBase;
+  const char* version() const override { return "v8"; }
+  ncclResult_t init(void** ctx) override {
+    *ctx = nullptr;
+    return t_->init(record_log);
+  }
+  ncclResult_t finalize(void*) override { return ncclSuccess; }
+  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
+    ncclNetProperties_v8_t s{};
+    ncclResult_t r = t_->getProperties(dev, &s);
+    common_props(s, p);
+    return r;
+  }
+  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
+    return t_->listen(dev, h, lc);
+  }
+  ncclResult_t connect(void*, int dev, void* h, void** sc) override {
+    ncclNetDeviceHandle_v8_t* dev_comm = nullptr;
+    return t_->connect(dev, h, sc, &dev_comm);
+  }
+  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->isend(sc, d, static_cast<int>(s), tag, mh, r);
+  }
+  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
+    int size = static_cast<int>(s);
+    return t_->irecv(rc, 1, &d, &size, &tag, &mh, r);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<NetApi> make_api(const std::string& version) {
+  const Loaded& l = plugin();
+  if (version == "v11") return std::make_unique<V11>(l.v11);
+  if (version == "v10") return std::make_unique<V10>(l.v10);
+  if (version == "v9") return std::make_unique<V9>(l.v9);
+  if (version == "v8") return std::make_unique<V8>(l.v8);
+  throw std::invalid_argument("unknown plugin API version " + version);
+}
+
+// ---- buffers and patterns ------------------------------------------------------------------
+
+Buffer::Buffer(size_t n) : size(n) {
+  size_t rounded = (n + 4095) / 4096 * 4096;
+  data = static_cast<uint8_t*>(std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded));
+  if (data == nullptr) throw std::bad_alloc();
+}
+
+Buffer::~Buffer() { std::free(data); }
+
+void fill_pattern(uint8_t* p, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + static_cast<uint32_t>(n);
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = static_cast<uint8_t>(x >> 24);
+  }
+}
+
+int64_t check_pattern(const uint8_t* p, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + static_cast<uint32_t>(n);
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    if (p[i] != static_cast<uint8_t>(x >> 24)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// ---- drivers -------------------------------------------------------------------------------
+
+Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm, int deadline_ms) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  *send_comm = nullptr;
+  *recv_comm = nullptr;
+  if (ncclResult_t r = api.listen(ctx, 0, handle, &lc); r != ncclSuccess || lc == nullptr) {
+    return fmt::format("listen returned {} (listenComm {})", static_cast<int>(r), lc);
+  }
+  auto deadline = after_ms(deadline_ms);
+  while (*send_comm == nullptr || *recv_comm == nullptr) {
+    if (*send_comm == nullptr) {
+      if (ncclResult_t r = api.connect(ctx, 0, handle, send_comm); r != ncclSuccess) {
+        api.close_listen(lc);
+        return fmt::format("connect returned {}", static_cast<int>(r));
+      }
+    }
+    if (*recv_comm == nullptr) {
+      if (ncclResult_t r = api.accept(lc, recv_comm); r != ncclSuccess) {
+        api.close_listen(lc);
+        return fmt::format("accept returned {}", static_cast<int>(r));
+      }
+    }
+    if (past(deadline)) {
+      api.close_listen(lc);
+      return fmt::format("connect/accept not done after {} ms (send {}, recv {})", deadline_ms,
+                         *send_comm, *recv_comm);
+    }
+  }
+  if (api.close_listen(lc) != ncclSuccess) return "closeListen failed";
+  return "";
+}
+
+Error wait_request(NetApi& api, void* req, int* size, int deadline_ms) {
+  auto deadline = after_ms(deadline_ms);
+  int done = 0;
+  while (true) {
+    ncclResult_t r = api.test(req, &done, size);
+    if (r != ncclSuccess) return fmt::format("test returned {}", static_cast<int>(r));
+    if (done) return "";
+    if (past(deadline)) return fmt::format("request not done after {} ms", deadline_ms);
+  }
+}
+
+Error wait_all(NetApi& api, const std::vector<void*>& reqs, std::vector<int>* sizes,
+               int deadline_ms) {
+  auto deadline = after_ms(deadline_ms);
+  std::vector<bool> done(reqs.size(), false);
+  if (sizes != nullptr) sizes->assign(reqs.size(), -1);
+  size_t remaining = reqs.size();
+  while (remaining > 0) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (done[i]) continue;
+      int d = 0, size = -1;
+      ncclResult_t r = api.test(reqs[i], &d, &size);
+      if (r != ncclSuccess)
+        return fmt::format("test of request {} returned {}", i, static_cast<int>(r));
+      if (d) {
+        done[i] = true;
+        --remaining;
+        if (sizes != nullptr) (*sizes)[i] = size;
+      }
+    }
+    if (remaining > 0 && past(deadline)) {
+      return fmt::format("{} of {} requests not done after {} ms", remaining, reqs.size(),
+                         deadline_ms);
+    }
+  }
+  return "";
+}
+
+Error post_send(NetApi& api, void* sc, void* data, size_t size, int tag, void* mh, void** req,
+                int deadline_ms) {
+  auto deadline = after_ms(deadline_ms);
+  while (true) {
+    *req = reinterpret_cast<void*>(0x5);  // the plugin must always overwrite it
+    ncclResult_t r = api.isend(sc, data, size, tag, mh, req);
+    if (r != ncclSuccess) return fmt::format("isend returned {}", static_cast<int>(r));
+    if (*req != nullptr) return "";
+    if (past(deadline)) return "isend kept returning a NULL request";
+    std::this_thread::yield();
+  }
+}
+
+Error post_recv(NetApi& api, void* rc, void* data, size_t size, int tag, void* mh, void** req,
+                int deadline_ms) {
+  auto deadline = after_ms(deadline_ms);
+  while (true) {
+    // NCCL stores the optional-completion hint here before calling irecv.
+    *req = reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION);
+    ncclResult_t r = api.irecv(rc, data, size, tag, mh, req);
+    if (r != ncclSuccess) return fmt::format("irecv returned {}", static_cast<int>(r));
+    if (*req == reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION)) {
+      return "irecv left the request slot unwritten";
+    }
+    if (*req != nullptr) return "";
+    if (past(deadline)) return "irecv kept returning a NULL request";
+    std::this_thread::yield();
+  }
+}
+
+std::string handle_hex(const uint8_t* handle) {
+  std::string s;
+  for (int i = 0; i < NCCL_NET_HANDLE_MAXSIZE; ++i) s += fmt::format("{:02x}", handle[i]);
+  return s;
+}
+
+}  // namespace gw::plugin_test
+
+namespace gw::plugin_test {
+
+namespace {
+
+Error write_all(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return fmt::format("write to pipe: {}", strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return "";
+}
+
+Error read_all(int fd, uint8_t* p, size_t n, int deadline_ms) {
+  auto deadline = after_ms(deadline_ms);
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    if (ms <= 0) return "peer did not send its handle in time";
+    int rc = ::poll(&pfd, 1, ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return "peer closed the pipe before sending its handle";
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return "";
+}
+
+struct Step {
+  size_t size;
+  uint32_t seed;
+};
+
+}  // namespace
+
+Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role) {
+  void* ctx = nullptr;
+  if (api.init(&ctx) != ncclSuccess) return "init failed";
+  uint8_t mine[NCCL_NET_HANDLE_MAXSIZE] = {}, theirs[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  if (api.listen(ctx, 0, mine, &lc) != ncclSuccess || lc == nullptr) return "listen failed";
+  if (Error e = write_all(write_fd, mine, sizeof(mine)); !e.empty()) return e;
+  if (Error e = read_all(read_fd, theirs, sizeof(theirs), 15000); !e.empty()) return e;
+  void *sc = nullptr, *rc = nullptr;
+  auto deadline = after_ms(15000);
+  while (sc == nullptr || rc == nullptr) {
+    if (sc == nullptr && api.connect(ctx, 0, theirs, &sc) != ncclSuccess) return "connect failed";
+    if (rc == nullptr && api.accept(lc, &rc) != ncclSuccess) return "accept failed";
+    if (past(deadline)) return "connect/accept across processes timed out";
+  }
+  api.close_listen(lc);
+
+  std::vector<Step> steps;
+  for (size_t s : {size_t{0}, size_t{1}, size_t{4096}, (size_t{1} << 20) + 3, size_t{64} << 20}) {
+    steps.push_back({s, static_cast<uint32_t>(s % 1000)});
+  }
+  for (const Step& st : steps) {
+    Buffer out(st.size), in(st.size + 128);  // receive posted larger than the send
+    fill_pattern(out.data, st.size, st.seed * 2 + role);
+    void *sreq = nullptr, *rreq = nullptr;
+    if (Error e = post_recv(api, rc, in.data, in.size, 1 - role, nullptr, &rreq); !e.empty()) {
+      return e;
+    }
+    if (Error e = post_send(api, sc, out.data, st.size, role, nullptr, &sreq); !e.empty()) return e;
+    std::vector<int> sizes;
+    if (Error e = wait_all(api, {sreq, rreq}, &sizes); !e.empty()) return e;
+    int rsize = sizes[1];
+    if (rsize != static_cast<int>(st.size)) {
+      return fmt::format("received {} bytes, peer sent {}", rsize, st.size);
+    }
+    if (int64_t bad = check_pattern(in.data, st.size, st.seed * 2 + (1 - role)); bad >= 0) {
+      return fmt::format("{}-byte message corrupt at byte {}", st.size, bad);
+    }
+  }
+  // 32 registered buffers in flight each way.
+  constexpr int kN = NCCL_NET_MAX_REQUESTS;
+  constexpr size_t kSize = 64 * 1024;
+  Buffer out(kSize * kN), in(kSize * kN);
+  void *smh = nullptr, *rmh = nullptr;
+  if (api.reg_mr(sc, out.data, out.size, NCCL_PTR_HOST, &smh) != ncclSuccess) return "regMr";
+  if (api.reg_mr(rc, in.data, in.size, NCCL_PTR_HOST, &rmh) != ncclSuccess) return "regMr";
+  std::vector<void*> sreq(kN), rreq(kN);
+  for (int i = 0; i < kN; ++i) {
+    fill_pattern(out.data + i * kSize, kSize, 500 + i * 2 + role);
+    if (Error e = post_recv(api, rc, in.data + i * kSize, kSize, 1 - role, rmh, &rreq[i]);
+        !e.empty()) {
+      return e;
+    }
+  }
+  for (int i = 0; i < kN; ++i) {
+    if (Error e = post_send(api, sc, out.data + i * kSize, kSize, role, smh, &sreq[i]);
+        !e.empty()) {
+      return e;
+    }
+  }
+  std::vector<void*> all = sreq;
+  all.insert(all.end(), rreq.begin(), rreq.end());
+  if (Error e = wait_all(api, all); !e.empty()) return "burst: " + e;
+  for (int i = 0; i < kN; ++i) {
+    if (check_pattern(in.data + i * kSize, kSize, 500 + i * 2 + (1 - role)) >= 0) {
+      return fmt::format("burst message {} corrupt or out of order", i);
+    }
+  }
+  api.dereg_mr(sc, smh);
+  api.dereg_mr(rc, rmh);
+  // Both sides must be done reading before either closes: a one-byte barrier over the pipes.
+  uint8_t token = 1;
+  if (Error e = write_all(write_fd, &token, 1); !e.empty()) return e;
+  if (Error e = read_all(read_fd, &token, 1, 30000); !e.empty()) return e;
+  if (api.close_send(sc) != ncclSuccess || api.close_recv(rc) != ncclSuccess) return "close";
+  if (api.finalize(ctx) != ncclSuccess) return "finalize";
+  return "";
+}
+
+}  // namespace gw::plugin_test

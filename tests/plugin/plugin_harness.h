@@ -1,0 +1,110 @@
+// A driver for the built libnccl-net-gradwire.so that calls it the way NCCL's proxy does, with
+// no NCCL and no GPU: dlopen, init with a recording logger, connect and accept alternately from
+// one thread, post with retry on NULL requests, test until done. Every loop has a deadline.
+//
+// NetApi gives one shape to the four exported tables (v8..v11) so the same scenarios run
+// through each version's function pointers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "plugin/nccl_net_abi.h"
+
+namespace gw::plugin_test {
+
+// The plugin as loaded by this process (dlopen RTLD_NOW|RTLD_LOCAL of GW_PLUGIN_PATH). The first
+// call sets the environment the tests rely on (loopback only, short deadlines).
+struct Loaded {
+  void* lib = nullptr;
+  ncclNet_v11_t* v11 = nullptr;
+  ncclNet_v10_t* v10 = nullptr;
+  ncclNet_v9_t* v9 = nullptr;
+  ncclNet_v8_t* v8 = nullptr;
+  ncclResult_t first_init = ncclNumResults;  // result of the first v11 init in this process
+  std::vector<std::string> first_init_log;   // what it logged
+};
+const Loaded& plugin();
+void set_test_environment();
+
+// Lines the logger passed to init received, as "LEVEL message".
+std::vector<std::string> log_lines();
+void clear_log();
+void record_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                const char* fmt, ...);
+
+class NetApi {
+ public:
+  virtual ~NetApi() = default;
+  virtual const char* version() const = 0;
+  virtual const char* name() const = 0;
+  virtual ncclResult_t init(void** ctx) = 0;
+  virtual ncclResult_t finalize(void* ctx) = 0;  // no-op before v11
+  virtual ncclResult_t devices(int* n) = 0;
+  // Fills the fields every version has; the rest stay zero.
+  virtual ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) = 0;
+  virtual ncclResult_t listen(void* ctx, int dev, void* handle, void** lc) = 0;
+  virtual ncclResult_t connect(void* ctx, int dev, void* handle, void** sc) = 0;
+  virtual ncclResult_t accept(void* lc, void** rc) = 0;
+  virtual ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mh) = 0;
+  virtual ncclResult_t dereg_mr(void* comm, void* mh) = 0;
+  virtual ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) = 0;
+  virtual ncclResult_t irecv(void* rc, void* data, size_t size, int tag, void* mh, void** req) = 0;
+  virtual ncclResult_t test(void* req, int* done, int* size) = 0;
+  virtual ncclResult_t close_send(void* sc) = 0;
+  virtual ncclResult_t close_recv(void* rc) = 0;
+  virtual ncclResult_t close_listen(void* lc) = 0;
+};
+
+// "v8", "v9", "v10", "v11".
+std::unique_ptr<NetApi> make_api(const std::string& version);
+
+// Page-aligned host buffer.
+struct Buffer {
+  explicit Buffer(size_t size);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+};
+void fill_pattern(uint8_t* p, size_t n, uint32_t seed);
+// Index of the first byte that differs from the pattern, or -1.
+int64_t check_pattern(const uint8_t* p, size_t n, uint32_t seed);
+
+// Result of a helper: empty = success, else what went wrong.
+using Error = std::string;
+
+// listen on `listen_ctx`'s side, then connect and accept alternately from this thread until
+// both are non-NULL (deadline_ms). Closes the listen comm after accept, as NCCL does.
+Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm,
+                   int deadline_ms = 10000);
+// Polls test() until done (or error/deadline); *size gets the reported size.
+Error wait_request(NetApi& api, void* req, int* size, int deadline_ms = 20000);
+// Polls every request round robin, as NCCL's progress thread does, until all are done; sizes
+// (if given) receives each one's reported size. A sender may only finish once its peer's receive
+// is tested, so requests of one process are never waited for one at a time.
+Error wait_all(NetApi& api, const std::vector<void*>& reqs, std::vector<int>* sizes = nullptr,
+               int deadline_ms = 30000);
+// Posts with retry while the plugin answers NULL (deadline_ms).
+Error post_send(NetApi& api, void* sc, void* data, size_t size, int tag, void* mh, void** req,
+                int deadline_ms = 10000);
+Error post_recv(NetApi& api, void* rc, void* data, size_t size, int tag, void* mh, void** req,
+                int deadline_ms = 10000);
+
+std::string handle_hex(const uint8_t* handle);
+
+}  // namespace gw::plugin_test
+
+namespace gw::plugin_test {
+
+// One side of the two-process scenario: listen, send our handle on write_fd, read the peer's
+// from read_fd, connect and accept alternately, then for every size both sides send and receive
+// at once (content checked; each side's pattern seed includes its role 0 or 1), then a burst of
+// 32 messages in flight each way, then close and finalize.
+Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role);
+
+}  // namespace gw::plugin_test
