@@ -1,0 +1,517 @@
+// The C ABI through the real libgradwire.so: bad input of every kind, handle misuse (NULL,
+// foreign, destroyed, aborted), a world of one doing every collective, and 2-4 ranks as threads
+// rendezvousing over the TCP store.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/store_socket.h"
+#include "gradwire/gradwire.h"
+
+namespace {
+
+std::string last() { return gw_last_error(); }
+
+// Clears launcher and store variables for the test's duration.
+class CleanEnv {
+ public:
+  CleanEnv() {
+    for (const char* v :
+         {"GW_RANK", "GW_WORLD_SIZE", "GW_STORE", "GW_JOB_TOKEN", "GW_TIMEOUT_MS", "RANK",
+          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
+      if (const char* old = std::getenv(v)) saved_[v] = old;
+      unsetenv(v);
+    }
+  }
+  ~CleanEnv() {
+    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+#define EXPECT_GW(code, call)                                   \
+  do {                                                          \
+    gw_status_t gw_s_ = (call);                                 \
+    EXPECT_EQ(gw_s_, code) << #call << ": " << gw_last_error(); \
+    if ((code) != GW_OK) {                                      \
+      EXPECT_STRNE(gw_last_error(), "") << #call;               \
+    }                                                           \
+  } while (0)
+
+TEST(CapiTest, VersionAndStatusStrings) {
+  std::string v = gw_version();
+  EXPECT_EQ(v, std::to_string(GW_VERSION_MAJOR) + "." + std::to_string(GW_VERSION_MINOR) + "." +
+                   std::to_string(GW_VERSION_PATCH));
+  const std::pair<gw_status_t, const char*> codes[] = {{GW_OK, "GW_OK"},
+                                                       {GW_ERR_INVALID_ARG, "GW_ERR_INVALID_ARG"},
+                                                       {GW_ERR_TIMEOUT, "GW_ERR_TIMEOUT"},
+                                                       {GW_ERR_PEER, "GW_ERR_PEER"},
+                                                       {GW_ERR_SYSTEM, "GW_ERR_SYSTEM"},
+                                                       {GW_ERR_UNSUPPORTED, "GW_ERR_UNSUPPORTED"},
+                                                       {GW_ERR_NO_MEMORY, "GW_ERR_NO_MEMORY"},
+                                                       {GW_ERR_ABORTED, "GW_ERR_ABORTED"},
+                                                       {GW_ERR_INTERNAL, "GW_ERR_INTERNAL"}};
+  for (const auto& [code, name] : codes) {
+    std::string s = gw_status_string(code);
+    EXPECT_EQ(s.rfind(std::string(name) + ":", 0), 0u) << s;
+  }
+  ASSERT_NE(gw_status_string(static_cast<gw_status_t>(99)), nullptr);
+  ASSERT_NE(gw_status_string(static_cast<gw_status_t>(-1)), nullptr);
+}
+
+TEST(CapiTest, LibraryExportsOnlyTheCApi) {
+  void* lib = dlopen(GW_LIBGRADWIRE_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  for (const char* sym :
+       {"gw_comm_init", "gw_comm_init_from_env", "gw_comm_destroy", "gw_comm_abort", "gw_comm_rank",
+        "gw_comm_size", "gw_allreduce", "gw_broadcast", "gw_allgather", "gw_reduce_scatter",
+        "gw_barrier", "gw_iallreduce", "gw_wait", "gw_test", "gw_status_string", "gw_last_error",
+        "gw_version"}) {
+    EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
+  }
+  // Internals stay hidden: gw::code_name(gw::Code), gw::config::table().
+  EXPECT_EQ(dlsym(lib, "_ZN2gw9code_nameENS_4CodeE"), nullptr);
+  EXPECT_EQ(dlsym(lib, "_ZN2gw6config5tableEv"), nullptr);
+  dlclose(lib);
+}
+
+TEST(CapiTest, NullAndForeignHandles) {
+  float x = 1;
+  int v = 0;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(nullptr, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("gw_allreduce"), std::string::npos) << last();
+  EXPECT_NE(last().find("comm"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(nullptr, &v));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_size(nullptr, &v));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(nullptr));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(nullptr));
+  EXPECT_GW(GW_OK, gw_comm_destroy(nullptr));
+
+  // Something that was never a communicator is detected, not dereferenced.
+  alignas(64) static unsigned char junk[256];
+  std::memset(junk, 0xAB, sizeof(junk));
+  auto fake = reinterpret_cast<gw_comm_t>(junk);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(fake, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("not a gradwire communicator"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(fake, &x, 1, GW_FLOAT32, 0));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(fake));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(fake));
+
+  auto fake_req = reinterpret_cast<gw_request_t>(junk);
+  int done = 7;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_wait(nullptr, 0));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_wait(fake_req, 0));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_test(fake_req, &done));
+  EXPECT_EQ(done, 7);  // outputs untouched on failure
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_test(fake_req, nullptr));
+}
+
+TEST(CapiTest, InitRejectsBadConfiguration) {
+  CleanEnv env;
+  gw_config_t cfg{};
+  cfg.world_size = 1;
+  gw_comm_t sentinel = reinterpret_cast<gw_comm_t>(0x1234);
+  gw_comm_t c = sentinel;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(nullptr, &cfg));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, nullptr));
+  EXPECT_NE(last().find("config"), std::string::npos);
+  cfg.rank = -1;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  cfg.rank = 1;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));  // rank == world_size
+  EXPECT_NE(last().find("rank"), std::string::npos) << last();
+  cfg.rank = 0;
+  cfg.world_size = -2;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  cfg.world_size = 1;
+  cfg.timeout_ms = -5;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  cfg.timeout_ms = 0;
+  for (const char* bad : {"nonsense", "host:", "host:0", "host:99999", ":1", "[::1"}) {
+    cfg.store_addr = bad;
+    EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+    EXPECT_NE(last().find("store_addr"), std::string::npos) << last();
+  }
+  cfg.store_addr = nullptr;
+  cfg.world_size = 2;  // more than one rank needs a store address
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("store"), std::string::npos) << last();
+  cfg.world_size = 1;
+  cfg.transport = "";
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  cfg.transport = nullptr;
+  setenv("GW_TIMEOUT_MS", "soon", 1);  // malformed knobs are refused, not guessed
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("GW_TIMEOUT_MS"), std::string::npos) << last();
+  unsetenv("GW_TIMEOUT_MS");
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(&c));  // no launcher at all
+  EXPECT_NE(last().find("GW_RANK"), std::string::npos) << last();
+  setenv("GW_RANK", "3", 1);
+  setenv("GW_WORLD_SIZE", "2", 1);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(&c));
+  EXPECT_NE(last().find("GW_RANK"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(nullptr));
+  EXPECT_EQ(c, sentinel);
+}
+
+// --- a world of one -----------------------------------------------------------------------------
+
+class SingleRankTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gw_config_t cfg{};
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    cfg.timeout_ms = 20000;
+    ASSERT_EQ(gw_comm_init(&comm_, &cfg), GW_OK) << gw_last_error();
+  }
+  void TearDown() override {
+    if (comm_ != nullptr) {
+      EXPECT_EQ(gw_comm_destroy(comm_), GW_OK) << gw_last_error();
+    }
+  }
+  gw_comm_t comm_ = nullptr;
+  CleanEnv env_;
+};
+
+TEST_F(SingleRankTest, RankAndSize) {
+  int r = -1;
+  int s = -1;
+  EXPECT_GW(GW_OK, gw_comm_rank(comm_, &r));
+  EXPECT_GW(GW_OK, gw_comm_size(comm_, &s));
+  EXPECT_EQ(r, 0);
+  EXPECT_EQ(s, 1);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(comm_, nullptr));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_size(comm_, nullptr));
+}
+
+TEST_F(SingleRankTest, EveryCollective) {
+  std::vector<float> in = {1.5f, -2.0f, 3.25f, 0.0f};
+  for (gw_op_t op : {GW_SUM, GW_PROD, GW_MIN, GW_MAX, GW_AVG}) {
+    std::vector<float> out(in.size(), -99.0f);
+    EXPECT_GW(GW_OK, gw_allreduce(comm_, in.data(), out.data(), in.size(), GW_FLOAT32, op));
+    EXPECT_EQ(out, in) << "op " << op;
+  }
+  std::vector<double> d = {1e300, -1e-300, 7};
+  std::vector<double> d0 = d;
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, d.data(), d.data(), d.size(), GW_FLOAT64, GW_SUM));
+  EXPECT_EQ(d, d0);
+  std::vector<int64_t> i64 = {INT64_MAX, INT64_MIN, 5};
+  std::vector<int64_t> i64o(3);
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, i64.data(), i64o.data(), 3, GW_INT64, GW_MAX));
+  EXPECT_EQ(i64o, i64);
+  std::vector<int32_t> i32 = {1, 2, 3};
+  std::vector<int32_t> i32o(3);
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, i32.data(), i32o.data(), 3, GW_INT32, GW_AVG));
+  EXPECT_EQ(i32o, i32);
+  std::vector<uint8_t> u8 = {0, 255, 7};
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, u8.data(), u8.data(), 3, GW_UINT8, GW_MIN));
+  EXPECT_EQ(u8, (std::vector<uint8_t>{0, 255, 7}));
+  std::vector<uint16_t> half = {0x3C00, 0xC000};  // 1.0, -2.0 as float16 and bfloat16 bits
+  std::vector<uint16_t> halfo(2);
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, half.data(), halfo.data(), 2, GW_FLOAT16, GW_SUM));
+  EXPECT_EQ(halfo, half);
+  std::vector<uint16_t> bf = {0x3F80, 0xC000};
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, bf.data(), halfo.data(), 2, GW_BFLOAT16, GW_SUM));
+  EXPECT_EQ(halfo, bf);
+
+  std::vector<int32_t> b = {4, 5, 6};
+  EXPECT_GW(GW_OK, gw_broadcast(comm_, b.data(), b.size(), GW_INT32, 0));
+  EXPECT_EQ(b, (std::vector<int32_t>{4, 5, 6}));
+  std::vector<float> g(in.size());
+  EXPECT_GW(GW_OK, gw_allgather(comm_, in.data(), g.data(), in.size(), GW_FLOAT32));
+  EXPECT_EQ(g, in);
+  std::vector<float> rs(in.size());
+  EXPECT_GW(GW_OK, gw_reduce_scatter(comm_, in.data(), rs.data(), in.size(), GW_FLOAT32, GW_SUM));
+  EXPECT_EQ(rs, in);
+  EXPECT_GW(GW_OK, gw_barrier(comm_));
+  // count 0: buffers may be NULL.
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, nullptr, nullptr, 0, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_OK, gw_broadcast(comm_, nullptr, 0, GW_FLOAT32, 0));
+  EXPECT_GW(GW_OK, gw_allgather(comm_, nullptr, nullptr, 0, GW_INT64));
+  EXPECT_GW(GW_OK, gw_reduce_scatter(comm_, nullptr, nullptr, 0, GW_UINT8, GW_MAX));
+}
+
+TEST_F(SingleRankTest, AsyncAllreduce) {
+  std::vector<float> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+  std::vector<float> out(in.size());
+  gw_request_t req = nullptr;
+  EXPECT_GW(GW_OK,
+            gw_iallreduce(comm_, in.data(), out.data(), in.size(), GW_FLOAT32, GW_SUM, &req));
+  ASSERT_NE(req, nullptr);
+  EXPECT_GW(GW_OK, gw_wait(req, -1));
+  EXPECT_EQ(out, in);
+  // The request is gone once it has reported completion.
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_wait(req, 0));
+
+  std::fill(out.begin(), out.end(), 0.0f);
+  EXPECT_GW(GW_OK,
+            gw_iallreduce(comm_, in.data(), out.data(), in.size(), GW_FLOAT32, GW_MAX, &req));
+  int done = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(gw_test(req, &done), GW_OK) << gw_last_error();
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(done, 1);
+  EXPECT_EQ(out, in);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_test(req, &done));
+}
+
+TEST_F(SingleRankTest, BadArguments) {
+  float x[4] = {1, 2, 3, 4};
+  float y[4] = {};
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, nullptr, y, 4, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("sendbuf"), std::string::npos) << last();
+  EXPECT_NE(last().find("gw_allreduce"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, nullptr, 4, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("recvbuf"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, 4, static_cast<gw_dtype_t>(42), GW_SUM));
+  EXPECT_NE(last().find("dtype"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, 4, static_cast<gw_dtype_t>(-1), GW_SUM));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, 4, GW_FLOAT32, static_cast<gw_op_t>(17)));
+  EXPECT_NE(last().find("op"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, 4, GW_FLOAT32, static_cast<gw_op_t>(-3)));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, SIZE_MAX / 2, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("overflow"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, y, SIZE_MAX / 8 + 1, GW_INT64, GW_SUM));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(comm_, x, x + 1, 2, GW_FLOAT32, GW_SUM));  // overlap
+  EXPECT_NE(last().find("overlap"), std::string::npos) << last();
+
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(comm_, x, 4, GW_FLOAT32, 1));
+  EXPECT_NE(last().find("root"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(comm_, x, 4, GW_FLOAT32, -1));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(comm_, nullptr, 4, GW_FLOAT32, 0));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(comm_, x, 4, static_cast<gw_dtype_t>(7), 0));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(comm_, x, SIZE_MAX, GW_FLOAT64, 0));
+
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allgather(comm_, nullptr, y, 4, GW_FLOAT32));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allgather(comm_, x, nullptr, 4, GW_FLOAT32));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allgather(comm_, x, y, SIZE_MAX / 3, GW_FLOAT32));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allgather(comm_, x, y, 4, static_cast<gw_dtype_t>(100)));
+
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_reduce_scatter(comm_, nullptr, y, 4, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_reduce_scatter(comm_, x, nullptr, 4, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_ERR_INVALID_ARG,
+            gw_reduce_scatter(comm_, x, y, 4, GW_FLOAT32, static_cast<gw_op_t>(5)));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_reduce_scatter(comm_, x, y, SIZE_MAX / 2, GW_INT32, GW_SUM));
+
+  gw_request_t req = nullptr;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_iallreduce(comm_, x, y, 4, GW_FLOAT32, GW_SUM, nullptr));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_iallreduce(comm_, nullptr, y, 4, GW_FLOAT32, GW_SUM, &req));
+  EXPECT_GW(GW_ERR_INVALID_ARG,
+            gw_iallreduce(comm_, x, y, 4, static_cast<gw_dtype_t>(9), GW_SUM, &req));
+  EXPECT_EQ(req, nullptr);  // untouched
+  EXPECT_GW(GW_OK, gw_iallreduce(comm_, x, y, 4, GW_FLOAT32, GW_SUM, &req));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_wait(req, -7));
+  EXPECT_GW(GW_OK, gw_wait(req, -1));
+
+  // Nothing above broke the communicator.
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, x, y, 4, GW_FLOAT32, GW_SUM));
+  EXPECT_EQ(y[3], 4.0f);
+}
+
+TEST_F(SingleRankTest, CallsOnADestroyedComm) {
+  gw_comm_t c = comm_;
+  comm_ = nullptr;
+  EXPECT_GW(GW_OK, gw_comm_destroy(c));
+  float x = 1;
+  int v = 0;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_allreduce(c, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("destroyed"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(c, &v));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(c));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(c));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(c));  // double destroy
+}
+
+TEST_F(SingleRankTest, CallsOnAnAbortedComm) {
+  EXPECT_GW(GW_OK, gw_comm_abort(comm_));
+  EXPECT_GW(GW_OK, gw_comm_abort(comm_));  // idempotent
+  float x[2] = {1, 2};
+  gw_request_t req = nullptr;
+  EXPECT_GW(GW_ERR_ABORTED, gw_allreduce(comm_, x, x, 2, GW_FLOAT32, GW_SUM));
+  EXPECT_NE(last().find("abort"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_ABORTED, gw_broadcast(comm_, x, 2, GW_FLOAT32, 0));
+  EXPECT_GW(GW_ERR_ABORTED, gw_allgather(comm_, x, x, 1, GW_FLOAT32));
+  EXPECT_GW(GW_ERR_ABORTED, gw_reduce_scatter(comm_, x, x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_ERR_ABORTED, gw_barrier(comm_));
+  EXPECT_GW(GW_ERR_ABORTED, gw_iallreduce(comm_, x, x, 2, GW_FLOAT32, GW_SUM, &req));
+  EXPECT_EQ(req, nullptr);
+  int r = -1;
+  EXPECT_GW(GW_OK, gw_comm_rank(comm_, &r));  // getters still answer
+  EXPECT_EQ(r, 0);
+}
+
+// --- several ranks as threads over the TCP store -------------------------------------------------
+
+int free_port() {
+  int port = 0;
+  auto fd = gw::store_socket::listen_tcp("127.0.0.1", 0, &port);
+  EXPECT_TRUE(fd.ok());
+  return port;
+}
+
+struct RankResult {
+  gw_status_t init = GW_ERR_INTERNAL;
+  std::string error;
+  bool checked = false;
+};
+
+// Every rank: init, allreduce (sum and max), iallreduce with gw_wait, iallreduce with gw_test,
+// broadcast from the last rank, barrier, destroy. Checks values itself.
+void run_rank(int rank, int world, const std::string& addr, const char* transport,
+              RankResult* out) {
+  gw_config_t cfg{};
+  cfg.rank = rank;
+  cfg.world_size = world;
+  cfg.store_addr = addr.c_str();
+  cfg.transport = transport;
+  cfg.timeout_ms = 30000;
+  cfg.job_token = "capi-test-token";
+  gw_comm_t comm = nullptr;
+  out->init = gw_comm_init(&comm, &cfg);
+  if (out->init != GW_OK) {
+    out->error = gw_last_error();
+    return;
+  }
+  auto fail = [&](const std::string& what) {
+    if (out->error.empty()) out->error = what + ": " + gw_last_error();
+  };
+  constexpr size_t kCount = 100003;  // odd: uneven ring chunks
+  std::vector<float> in(kCount);
+  std::vector<float> out_buf(kCount);
+  for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((rank + 1) * (i % 97));
+  if (gw_allreduce(comm, in.data(), out_buf.data(), kCount, GW_FLOAT32, GW_SUM) != GW_OK) {
+    fail("allreduce");
+  }
+  const float tri = static_cast<float>(world * (world + 1) / 2);
+  for (size_t i = 0; i < kCount; ++i) {
+    if (out_buf[i] != tri * static_cast<float>(i % 97)) {
+      fail("allreduce sum value at " + std::to_string(i));
+      break;
+    }
+  }
+  std::vector<int64_t> iv = {rank, -rank, 1000 + rank};
+  if (gw_allreduce(comm, iv.data(), iv.data(), 3, GW_INT64, GW_MAX) != GW_OK) fail("allreduce max");
+  if (iv != std::vector<int64_t>{world - 1, 0, 1000 + world - 1}) fail("allreduce max value");
+
+  gw_request_t req = nullptr;
+  std::vector<double> d(4096, rank + 0.5);
+  std::vector<double> dout(4096);
+  if (gw_iallreduce(comm, d.data(), dout.data(), d.size(), GW_FLOAT64, GW_SUM, &req) != GW_OK ||
+      gw_wait(req, -1) != GW_OK) {
+    fail("iallreduce + wait");
+  } else if (dout[4095] != world * world / 2.0) {
+    fail("iallreduce value");
+  }
+  std::vector<int32_t> a(777, rank);
+  if (gw_iallreduce(comm, a.data(), a.data(), a.size(), GW_INT32, GW_SUM, &req) != GW_OK) {
+    fail("iallreduce (test)");
+  } else {
+    int done = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      if (gw_test(req, &done) != GW_OK) {
+        fail("gw_test");
+        break;
+      }
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!done) fail("gw_test never finished");
+    if (a[776] != world * (world - 1) / 2) fail("iallreduce (test) value");
+  }
+  std::vector<uint8_t> b(1000, static_cast<uint8_t>(rank == world - 1 ? 42 : 0));
+  if (gw_broadcast(comm, b.data(), b.size(), GW_UINT8, world - 1) != GW_OK) fail("broadcast");
+  if (b[999] != 42) fail("broadcast value");
+  if (gw_barrier(comm) != GW_OK) fail("barrier");
+  if (gw_comm_destroy(comm) != GW_OK) fail("destroy");
+  out->checked = true;
+}
+
+class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
+  CleanEnv env;
+  auto [world, transport] = GetParam();
+  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back(run_rank, r, world, addr, transport, &results[r]);
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
+    EXPECT_TRUE(results[r].checked) << "rank " << r;
+    EXPECT_EQ(results[r].error, "") << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
+                         ::testing::Values(std::make_tuple(2, "tcp"), std::make_tuple(3, "tcp"),
+                                           std::make_tuple(4, "auto")));
+
+TEST(CapiFailureTest, MissingRankEndsInAnErrorNotAHang) {
+  CleanEnv env;
+  gw_config_t cfg{};
+  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  cfg.rank = 0;
+  cfg.world_size = 2;  // rank 1 never comes
+  cfg.store_addr = addr.c_str();
+  cfg.timeout_ms = 1500;
+  gw_comm_t comm = nullptr;
+  auto start = std::chrono::steady_clock::now();
+  gw_status_t s = gw_comm_init(&comm, &cfg);
+  EXPECT_TRUE(s == GW_ERR_TIMEOUT || s == GW_ERR_PEER) << s << ": " << gw_last_error();
+  EXPECT_STRNE(gw_last_error(), "");
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+TEST(CapiFailureTest, WrongJobTokenIsRefused) {
+  CleanEnv env;
+  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  gw_status_t s0 = GW_OK;
+  gw_status_t s1 = GW_OK;
+  std::string e1;
+  std::thread r0([&] {
+    gw_config_t cfg{};
+    cfg.rank = 0;
+    cfg.world_size = 2;
+    cfg.store_addr = addr.c_str();
+    cfg.timeout_ms = 2000;
+    cfg.job_token = "job-A";
+    gw_comm_t c = nullptr;
+    s0 = gw_comm_init(&c, &cfg);
+    if (s0 == GW_OK) gw_comm_destroy(c);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  gw_config_t cfg{};
+  cfg.rank = 1;
+  cfg.world_size = 2;
+  cfg.store_addr = addr.c_str();
+  cfg.timeout_ms = 2000;
+  cfg.job_token = "job-B";
+  gw_comm_t c = nullptr;
+  s1 = gw_comm_init(&c, &cfg);
+  e1 = gw_last_error();
+  r0.join();
+  EXPECT_EQ(s1, GW_ERR_PEER) << e1;
+  EXPECT_NE(e1.find("token"), std::string::npos) << e1;
+  EXPECT_NE(s0, GW_OK);
+}
+
+}  // namespace
