@@ -144,6 +144,53 @@ const char* gw_last_error(void);
 /* "0.1.0". Never NULL. */
 const char* gw_version(void);
 
+/* ---- Gradient compression (collectives/compress.h, docs/compression.md) ----------------------
+ *
+ * gw_allreduce_compressed sums a gradient across ranks through a codec, in place. codec_spec
+ * selects the codec and its options: "none", "fp16", "bf16", "topk:RATIO", "randomk:RATIO",
+ * "sign", "qsgd:LEVELS", "powersgd:RANK", each optionally followed by ",key=value" options
+ * (ef=0|1 error feedback, seed=N, chunk=N, bucket=N, cols=N, warm=0|1), e.g. "topk:0.01",
+ * "powersgd:4,ef=1". A malformed spec is GW_ERR_INVALID_ARG with the reason in gw_last_error().
+ *
+ * tensor_key names the tensor (non-empty, NUL-terminated): the error-feedback residual and the
+ * codec state (PowerSGD's warm start) live under it, per communicator, and are freed with
+ * gw_comm_release_compression (or at process exit). Reusing a key with another spec, count or
+ * dtype is GW_ERR_INVALID_ARG. On return every rank's buf holds the same values: the sum over
+ * ranks of each rank's decoded compressed gradient (what a codec could not send stays in that
+ * rank's residual and is added to the next call with the same key).
+ *
+ * Requirements: a collective call (same order, spec, key, count and dtype on every rank; the first
+ * call with a key checks this and reports the first rank that differs); dtype GW_FLOAT32,
+ * GW_FLOAT16 or GW_BFLOAT16 (others: GW_ERR_INVALID_ARG); buf may be NULL only when count is 0.
+ * Blocking, with the communicator's deadline like every collective. Thread-safety: as the other
+ * collectives (one thread per communicator); gw_comm_stats and gw_comm_reset_stats may be
+ * called from any thread. */
+gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
+                                    const char* codec_spec, const char* tensor_key);
+
+/* Byte counters of the compressed collectives of one communicator, on this rank.
+ * bytes_sent: payload bytes this rank handed to the transport for gw_allreduce_compressed,
+ *   derived from the schedule's per-rank volume: an allreduce of B bytes sends 2(p-1)/p * B, an
+ *   allgather of B bytes per rank sends (p-1) * B (p = ranks; headers of the transport not
+ *   included; the one-time key agreement of 8 bytes per rank is included).
+ * bytes_uncompressed: what the same calls would have sent as a plain allreduce of the buffer in
+ *   its own dtype: 2(p-1)/p * count * dtype size.
+ * calls: number of gw_allreduce_compressed calls counted. All three are 0 when p == 1. */
+typedef struct {
+  uint64_t bytes_sent;
+  uint64_t bytes_uncompressed;
+  uint64_t calls;
+} gw_comm_stats_t;
+
+/* Copies the counters into *out (not collective, never blocks). */
+gw_status_t gw_comm_stats(gw_comm_t comm, gw_comm_stats_t* out);
+/* Sets the counters to 0 (not collective, never blocks). */
+gw_status_t gw_comm_reset_stats(gw_comm_t comm);
+/* Frees the compression state (residuals, PowerSGD factors, counters) of comm. Not collective,
+ * never blocks; call it before gw_comm_destroy (state left behind is freed at process exit). A
+ * later gw_allreduce_compressed on comm starts from empty residuals. */
+gw_status_t gw_comm_release_compression(gw_comm_t comm);
+
 #ifdef __cplusplus
 }
 #endif

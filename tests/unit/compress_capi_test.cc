@@ -1,0 +1,149 @@
+// gw_allreduce_compressed, gw_comm_stats and friends through the real libgradwire.so: 4 ranks as
+// threads over the TCP store and the tcp transport (loopback only), every codec ending identical
+// on every rank, the byte counters, and bad arguments.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/reduce.h"
+#include "core/store_socket.h"
+#include "gradwire/gradwire.h"
+
+namespace {
+
+int free_port() {
+  int port = 0;
+  auto fd = gw::store_socket::listen_tcp("127.0.0.1", 0, &port);
+  EXPECT_TRUE(fd.ok());
+  return port;
+}
+
+std::vector<float> gradient(size_t n, int rank, int step) {
+  std::mt19937 gen(static_cast<uint32_t>(77 * rank + step));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// Runs body(rank, comm) on `world` threads, each with its own communicator.
+template <typename F>
+void with_ranks(int world, const char* transport, F body) {
+  const std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r) {
+    ts.emplace_back([&, r] {
+      gw_config_t cfg{};
+      cfg.rank = r;
+      cfg.world_size = world;
+      cfg.store_addr = addr.c_str();
+      cfg.transport = transport;
+      cfg.timeout_ms = 30000;
+      gw_comm_t comm = nullptr;
+      ASSERT_EQ(gw_comm_init(&comm, &cfg), GW_OK) << gw_last_error();
+      body(r, comm);
+      EXPECT_EQ(gw_comm_release_compression(comm), GW_OK);
+      EXPECT_EQ(gw_comm_destroy(comm), GW_OK) << gw_last_error();
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+TEST(CompressCapi, EveryCodecGivesIdenticalResultsOnFourRanksOverTcp) {
+  const int world = 4;
+  const size_t n = 20011;
+  const char* specs[] = {"none",         "fp16", "bf16",    "topk:0.01",
+                         "randomk:0.01", "sign", "qsgd:16", "powersgd:4,ef=1"};
+  std::vector<std::vector<std::vector<float>>> out(world);
+  std::vector<gw_comm_stats_t> stats(world);
+  with_ranks(world, "tcp", [&](int rank, gw_comm_t comm) {
+    for (const char* spec : specs) {
+      std::vector<float> last;
+      for (int step = 0; step < 2; ++step) {
+        auto g = gradient(n, rank, step);
+        ASSERT_EQ(gw_allreduce_compressed(comm, g.data(), n, GW_FLOAT32, spec, spec), GW_OK)
+            << spec << ": " << gw_last_error();
+        last = g;
+      }
+      out[rank].push_back(last);
+    }
+    ASSERT_EQ(gw_comm_stats(comm, &stats[rank]), GW_OK);
+  });
+  for (size_t s = 0; s < std::size(specs); ++s) {
+    for (int r = 1; r < world; ++r) {
+      ASSERT_EQ(out[r].size(), std::size(specs));
+      EXPECT_EQ(0, std::memcmp(out[0][s].data(), out[r][s].data(), n * 4))
+          << specs[s] << " rank " << r;
+    }
+  }
+  // The uncompressed spec is the exact sum (up to summation order).
+  for (size_t i = 0; i < n; i += 997) {
+    float exact = 0;
+    for (int r = 0; r < world; ++r) exact += gradient(n, r, 1)[i];
+    EXPECT_NEAR(out[0][0][i], exact, 1e-4f);
+  }
+  EXPECT_EQ(stats[0].calls, 2 * std::size(specs));
+  EXPECT_EQ(stats[0].bytes_uncompressed, 2 * std::size(specs) * (2 * 3 * n * 4 / 4));
+  EXPECT_GT(stats[0].bytes_sent, 0u);
+  EXPECT_LT(stats[0].bytes_sent, stats[0].bytes_uncompressed / 2);
+}
+
+TEST(CompressCapi, HalfPrecisionBuffersAndStatsReset) {
+  with_ranks(2, "tcp", [&](int rank, gw_comm_t comm) {
+    std::vector<uint16_t> h(1000);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = gw::coll::float_to_bf16(1.0f + rank);
+    ASSERT_EQ(gw_allreduce_compressed(comm, h.data(), h.size(), GW_BFLOAT16, "bf16", "h"), GW_OK)
+        << gw_last_error();
+    for (uint16_t v : h) ASSERT_EQ(gw::coll::bf16_to_float(v), 3.0f);
+    gw_comm_stats_t st{};
+    ASSERT_EQ(gw_comm_stats(comm, &st), GW_OK);
+    EXPECT_EQ(st.calls, 1u);
+    EXPECT_EQ(st.bytes_uncompressed, 2000u * 2 * 1 / 2);  // 2(p-1)/p * 2000 bytes at p = 2
+    ASSERT_EQ(gw_comm_reset_stats(comm), GW_OK);
+    ASSERT_EQ(gw_comm_stats(comm, &st), GW_OK);
+    EXPECT_EQ(st.calls, 0u);
+    EXPECT_EQ(st.bytes_sent, 0u);
+  });
+}
+
+TEST(CompressCapi, BadArgumentsAreRejected) {
+  with_ranks(1, "auto", [&](int, gw_comm_t comm) {
+    std::vector<float> g(100, 1.0f);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, "topk:7", "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, "bogus", "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, nullptr, "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, "fp16", nullptr),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, "fp16", ""),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_INT32, "fp16", "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(
+        gw_allreduce_compressed(comm, g.data(), 100, static_cast<gw_dtype_t>(42), "fp16", "k"),
+        GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, nullptr, 100, GW_FLOAT32, "fp16", "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(nullptr, g.data(), 100, GW_FLOAT32, "fp16", "k"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_comm_stats(comm, nullptr), GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_comm_stats(nullptr, nullptr), GW_ERR_INVALID_ARG);
+    ASSERT_EQ(gw_allreduce_compressed(comm, g.data(), 100, GW_FLOAT32, "topk:0.5", "k"), GW_OK)
+        << gw_last_error();
+    // A key reused with another count is refused.
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 50, GW_FLOAT32, "topk:0.5", "k"),
+              GW_ERR_INVALID_ARG);
+    // After a release the key starts over.
+    ASSERT_EQ(gw_comm_release_compression(comm), GW_OK);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), 50, GW_FLOAT32, "topk:0.5", "k"), GW_OK);
+  });
+}
+
+}  // namespace
