@@ -62,7 +62,14 @@ std::string pci_path_of(const std::string& ifname) {
   fs::path dev = fs::path("/sys/class/net") / ifname / "device";
   if (!fs::exists(dev, ec)) return "";
   fs::path real = fs::canonical(dev, ec);
-  return ec ? "" : real.string();
+  if (ec) return "";
+  // Virtual functions such as virtio sit below their PCI device (.../0000:00:03.0/virtio2);
+  // NCCL's topology wants the directory named by the PCI address.
+  for (fs::path p = real; !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    std::string b = p.filename().string();
+    if (b.size() == 12 && b[4] == ':' && b[7] == ':' && b[10] == '.') return p.string();
+  }
+  return "";
 }
 
 int speed_of(const std::string& ifname) {

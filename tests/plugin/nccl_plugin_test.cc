@@ -88,8 +88,12 @@ class PluginTest : public ::testing::Test {
     ASSERT_NE(ctx_, nullptr);
   }
   void TearDown() override {
-    if (send_ != nullptr) EXPECT_EQ(api_->close_send(send_), ncclSuccess);
-    if (recv_ != nullptr) EXPECT_EQ(api_->close_recv(recv_), ncclSuccess);
+    if (send_ != nullptr) {
+      EXPECT_EQ(api_->close_send(send_), ncclSuccess);
+    }
+    if (recv_ != nullptr) {
+      EXPECT_EQ(api_->close_recv(recv_), ncclSuccess);
+    }
     EXPECT_EQ(api_->finalize(ctx_), ncclSuccess);
   }
   void connect() { ASSERT_EQ(connect_pair(*api_, ctx_, &send_, &recv_), ""); }

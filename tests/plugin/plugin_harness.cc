@@ -37,7 +37,7 @@ void set_test_environment() {
   if (getenv("GW_SOCKET_IFNAME") == nullptr && getenv("NCCL_SOCKET_IFNAME") == nullptr) {
     setenv("GW_SOCKET_IFNAME", "lo", 0);
   }
-  setenv("GW_TIMEOUT_MS", "10000", 0);
+  setenv("GW_TIMEOUT_MS", "4000", 0);
   setenv("GW_SOCKET_NSOCKS", "2", 0);
 }
 
