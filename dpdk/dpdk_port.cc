@@ -1,0 +1,239 @@
+#include "dpdk/dpdk_port.h"
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <rte_ring.h>
+#include <sched.h>
+
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "core/log.h"
+
+namespace gw::dpdk {
+
+std::vector<std::string> split_eal_args(const std::string& args) {
+  std::istringstream in(args);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+Status eal_init_once(const std::string& args) {
+  static std::once_flag once;
+  static Status result;
+  std::call_once(once, [&] {
+    std::vector<std::string> words = split_eal_args(args.empty() ? kDefaultEalArgs : args);
+    words.insert(words.begin(), "gradwire");
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    cpu_set_t saved;
+    const bool have_mask = sched_getaffinity(0, sizeof(saved), &saved) == 0;
+    int rc = rte_eal_init(static_cast<int>(words.size()), argv.data());
+    if (have_mask) sched_setaffinity(0, sizeof(saved), &saved);
+    if (rc < 0) {
+      result = unsupported("dpdk: rte_eal_init({}) failed: {}",
+                           args.empty() ? kDefaultEalArgs : args, rte_strerror(rte_errno));
+    } else {
+      GW_LOG_INFO("dpdk: EAL up ({}), {} ethdev(s)", args.empty() ? kDefaultEalArgs : args,
+                  rte_eth_dev_count_avail());
+    }
+  });
+  return result;
+}
+
+namespace {
+
+class DpdkPort : public FramePort {
+ public:
+  ~DpdkPort() override {
+    rte_eth_dev_stop(port_id_);
+    // The mempool stays: the PMD may still reference mbufs of it until the process ends.
+  }
+
+  static Result<std::unique_ptr<FramePort>> open(const DpdkPortOptions& o) {
+    auto p = std::unique_ptr<DpdkPort>(new DpdkPort());
+    GW_RETURN_IF_ERROR(p->init(o));
+    return std::unique_ptr<FramePort>(std::move(p));
+  }
+
+  MacAddr mac() const override { return mac_; }
+  size_t mtu() const override { return mtu_; }
+  bool tx_l4_offload() const override { return tx_offload_; }
+  std::string name() const override { return name_; }
+
+  bool alloc(FrameBuf* buf) override {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool_);
+    if (m == nullptr) return false;
+    buf->opaque = m;
+    buf->data = rte_pktmbuf_mtod(m, uint8_t*);
+    buf->cap = rte_pktmbuf_tailroom(m);
+    buf->len = 0;
+    buf->l4_checksum_ok = false;
+    return true;
+  }
+  void free(FrameBuf& buf) override {
+    rte_pktmbuf_free(static_cast<rte_mbuf*>(buf.opaque));
+    buf = FrameBuf{};
+  }
+  size_t tx_burst(FrameBuf* bufs, size_t n) override {
+    rte_mbuf* ms[512];
+    n = std::min<size_t>(n, 512);
+    for (size_t i = 0; i < n; ++i) {
+      rte_mbuf* m = static_cast<rte_mbuf*>(bufs[i].opaque);
+      m->data_len = static_cast<uint16_t>(bufs[i].len);
+      m->pkt_len = static_cast<uint32_t>(bufs[i].len);
+      if (tx_offload_) {
+        m->l2_len = kEthLen;
+        m->l3_len = kIpLen;
+        m->ol_flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_UDP_CKSUM;
+      }
+      ms[i] = m;
+    }
+    return rte_eth_tx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+  }
+  size_t rx_burst(FrameBuf* bufs, size_t n) override {
+    rte_mbuf* ms[512];
+    n = std::min<size_t>(n, 512);
+    uint16_t got = rte_eth_rx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    size_t out = 0;
+    for (uint16_t i = 0; i < got; ++i) {
+      rte_mbuf* m = ms[i];
+      if (m->nb_segs != 1 && rte_pktmbuf_linearize(m) != 0) {
+        rte_pktmbuf_free(m);  // cannot happen with our mbuf size; counted by the decoder as lost
+        continue;
+      }
+      bufs[out].opaque = m;
+      bufs[out].data = rte_pktmbuf_mtod(m, uint8_t*);
+      bufs[out].len = rte_pktmbuf_data_len(m);
+      bufs[out].cap = bufs[out].len;
+      bufs[out].l4_checksum_ok =
+          rx_offload_ && (m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_GOOD;
+      ++out;
+    }
+    return out;
+  }
+
+ private:
+  DpdkPort() = default;
+
+  Status init(const DpdkPortOptions& o) {
+    GW_RETURN_IF_ERROR(eal_init_once(o.eal_args));
+    const uint16_t avail = rte_eth_dev_count_avail();
+    if (o.port == "ring" || (o.port.empty() && avail == 0)) {
+      // A loopback ring port: what is sent comes back (one-process tests, no privileges).
+      static std::mutex mu;
+      static int count = 0;
+      std::lock_guard<std::mutex> lock(mu);
+      std::string rname = "gw_lo" + std::to_string(count++);
+      rte_ring* r = rte_ring_create(rname.c_str(), 4096, SOCKET_ID_ANY, 0);
+      if (r == nullptr) return unsupported("dpdk: rte_ring_create: {}", rte_strerror(rte_errno));
+      int id = rte_eth_from_ring(r);
+      if (id < 0) return unsupported("dpdk: rte_eth_from_ring: {}", rte_strerror(rte_errno));
+      port_id_ = static_cast<uint16_t>(id);
+    } else if (o.port.empty()) {
+      uint16_t pid;
+      RTE_ETH_FOREACH_DEV(pid) {
+        port_id_ = pid;
+        break;
+      }
+    } else {
+      char* end = nullptr;
+      long v = std::strtol(o.port.c_str(), &end, 10);
+      if (*end != '\0' || v < 0 || v >= RTE_MAX_ETHPORTS || !rte_eth_dev_is_valid_port(v)) {
+        return invalid_arg("dpdk: GW_DPDK_PORT '{}' is not 'ring' or a valid port id ({} ports)",
+                           o.port, avail);
+      }
+      port_id_ = static_cast<uint16_t>(v);
+    }
+    rte_eth_dev_info info;
+    if (int rc = rte_eth_dev_info_get(port_id_, &info); rc != 0) {
+      return unsupported("dpdk: rte_eth_dev_info_get({}): {}", port_id_, rte_strerror(-rc));
+    }
+    char dev_name[RTE_ETH_NAME_MAX_LEN] = {};
+    rte_eth_dev_get_name_by_port(port_id_, dev_name);
+    name_ = fmt::format("{} (port {}, {})", dev_name, port_id_, info.driver_name);
+
+    // mbufs hold a whole frame: no scatter on RX, one segment on TX.
+    size_t want_mtu = std::max<size_t>(576, o.mtu);
+    if (info.max_mtu > 0) want_mtu = std::min<size_t>(want_mtu, info.max_mtu);
+    const size_t room = want_mtu + kEthLen + 64 + RTE_PKTMBUF_HEADROOM;
+    const std::string pname = fmt::format("gw_pool{}", port_id_);
+    pool_ = rte_pktmbuf_pool_create(pname.c_str(), static_cast<unsigned>(o.nb_mbufs), 256, 0,
+                                    static_cast<uint16_t>(std::min<size_t>(room, 65535)),
+                                    static_cast<int>(rte_socket_id()));
+    if (pool_ == nullptr) {
+      return no_memory(
+          "dpdk: mbuf pool of {} x {} bytes: {} (raise -m in GW_DPDK_EAL_ARGS or "
+          "lower GW_DPDK_NB_MBUFS)",
+          o.nb_mbufs, room, rte_strerror(rte_errno));
+    }
+    rte_eth_conf conf;
+    std::memset(&conf, 0, sizeof(conf));
+    const uint64_t tx_need = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+    if ((info.tx_offload_capa & tx_need) == tx_need) {
+      conf.txmode.offloads |= tx_need;
+      tx_offload_ = true;
+    }
+    if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_UDP_CKSUM) {
+      conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
+      rx_offload_ = true;
+    }
+    if (int rc = rte_eth_dev_configure(port_id_, 1, 1, &conf); rc != 0) {
+      return unsupported("dpdk: rte_eth_dev_configure({}): {}", name_, rte_strerror(-rc));
+    }
+    uint16_t nrx = static_cast<uint16_t>(o.nb_desc), ntx = static_cast<uint16_t>(o.nb_desc);
+    rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
+    const int sock = rte_eth_dev_socket_id(port_id_);
+    const unsigned s = sock < 0 ? 0 : static_cast<unsigned>(sock);
+    if (int rc = rte_eth_rx_queue_setup(port_id_, 0, nrx, s, nullptr, pool_); rc != 0) {
+      return unsupported("dpdk: rx queue of {}: {}", name_, rte_strerror(-rc));
+    }
+    if (int rc = rte_eth_tx_queue_setup(port_id_, 0, ntx, s, nullptr); rc != 0) {
+      return unsupported("dpdk: tx queue of {}: {}", name_, rte_strerror(-rc));
+    }
+    // Jumbo where the port allows it; otherwise whatever MTU it has.
+    uint16_t cur = 0;
+    const int mrc = rte_eth_dev_set_mtu(port_id_, static_cast<uint16_t>(want_mtu));
+    if (mrc == 0 || (mrc == -ENOTSUP && info.max_rx_pktlen >= want_mtu + kEthLen)) {
+      mtu_ = want_mtu;  // set, or a software port (net_ring) with no MTU of its own
+    } else if (rte_eth_dev_get_mtu(port_id_, &cur) == 0 && cur > 0) {
+      mtu_ = std::min<size_t>(cur, want_mtu);
+    } else {
+      mtu_ = std::min<size_t>(1500, want_mtu);
+    }
+    if (int rc = rte_eth_dev_start(port_id_); rc != 0) {
+      return unsupported("dpdk: rte_eth_dev_start({}): {}", name_, rte_strerror(-rc));
+    }
+    rte_eth_promiscuous_enable(port_id_);  // best effort (not every vdev supports it)
+    rte_ether_addr a;
+    rte_eth_macaddr_get(port_id_, &a);
+    std::memcpy(mac_.data(), a.addr_bytes, 6);
+    GW_LOG_INFO("dpdk: port {} mac {} mtu {} tx-cksum-offload {} rx-cksum-offload {}", name_,
+                format_mac(mac_), mtu_, tx_offload_, rx_offload_);
+    return ok_status();
+  }
+
+  uint16_t port_id_ = 0;
+  rte_mempool* pool_ = nullptr;
+  MacAddr mac_{};
+  size_t mtu_ = 1500;
+  bool tx_offload_ = false;
+  bool rx_offload_ = false;
+  std::string name_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FramePort>> open_dpdk_port(const DpdkPortOptions& options) {
+  return DpdkPort::open(options);
+}
+
+}  // namespace gw::dpdk

@@ -1,0 +1,1026 @@
+#include "dpdk/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <random>
+
+#include "core/log.h"
+#include "core/net/transport.h"
+
+namespace gw::dpdk {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Receive-side sequence tracking window (bits); bounds the send window too.
+constexpr uint32_t kRcvWindow = 4096;
+constexpr int kFastRetxThreshold = 3;  // SACKed packets above a hole before it is resent
+
+}  // namespace
+
+struct Engine::SendReq {
+  uint32_t msg = 0;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  int tag = 0;
+  uint64_t next_off = 0;
+  bool emitted = false;  // every fragment has been sent once
+  uint32_t unacked = 0;
+  bool done = false;
+  Status err;
+};
+
+struct Engine::RecvReq {
+  uint32_t msg = 0;
+  uint8_t* data = nullptr;
+  size_t cap = 0;
+  int tag = 0;
+  uint64_t got = 0;
+  uint64_t total = 0;
+  bool done = false;
+  Status err;
+};
+
+struct Engine::TxPkt {
+  uint32_t seq = 0;
+  FrameType type = FrameType::kData;
+  uint16_t flags = 0;
+  uint32_t msg = 0;
+  int32_t tag = 0;
+  uint64_t msg_len = 0;
+  uint64_t offset = 0;
+  uint32_t len = 0;
+  const uint8_t* src = nullptr;
+  SendReq* req = nullptr;
+  int64_t sent_ns = 0;
+  int tx_count = 0;
+  bool acked = false;
+};
+
+struct Engine::Listener {
+  uint32_t id = 0;
+  std::string token;
+  uint32_t token_tag = 0;
+  std::deque<uint32_t> ready;
+};
+
+struct Engine::Conn {
+  enum class State { kConnecting, kOpen, kDead };
+  uint32_t id = 0;
+  uint32_t peer_id = 0;
+  uint64_t session = 0;
+  Endpoint peer;
+  bool sender = false;
+  State state = State::kConnecting;
+  uint32_t token_tag = 0;
+  std::string token;  // connector: sent in HELLO
+  uint32_t listener = 0;
+  std::string label;
+  int64_t deadline_ns = 0;
+  int64_t last_hello_ns = 0;
+  bool refused = false;
+  Status error;
+  int64_t peer_timeout_ns = 0;
+  // reliability, our direction
+  uint32_t snd_una = 0, snd_next = 0;
+  std::deque<TxPkt> inflight;     // seq snd_una .. snd_next-1
+  std::deque<TxPkt> ctl_pending;  // reliable control frames waiting for window
+  uint32_t high_sacked = 0;
+  bool any_sacked = false;
+  double srtt_us = 0, rttvar_us = 0;
+  int64_t rto_ns = 0;
+  // reliability, the peer's direction
+  uint32_t rcv_next = 0;
+  uint32_t rcv_high = 0;  // one past the highest seq received
+  std::vector<uint8_t> rcv_bits = std::vector<uint8_t>(kRcvWindow, 0);
+  bool ack_due = false;
+  int64_t last_rx_ns = 0, last_tx_ns = 0;
+  // messages
+  uint32_t next_msg = 0;
+  std::deque<std::unique_ptr<SendReq>> sends;
+  std::deque<std::unique_ptr<RecvReq>> recvs;
+  struct Cts {
+    uint64_t cap;
+    int32_t tag;
+  };
+  std::unordered_map<uint32_t, Cts> cts;
+
+  std::string name() const {
+    return fmt::format("{}dpdk {}:{} conn {}->{}", label.empty() ? "" : label + " via ",
+                       format_ip(peer.ip), peer.port, id, peer_id);
+  }
+};
+
+Result<std::shared_ptr<Engine>> Engine::create(std::unique_ptr<FramePort> port,
+                                               const EngineConfig& config) {
+  if (!port) return invalid_arg("dpdk engine: no port");
+  if (config.burst <= 0 || config.burst > 1024) {
+    return invalid_arg("dpdk engine: burst {} out of range 1..1024", config.burst);
+  }
+  if (config.window < 0 || config.window >= static_cast<int>(kRcvWindow)) {
+    return invalid_arg("dpdk engine: window {} out of range 0..{}", config.window, kRcvWindow - 1);
+  }
+  auto fail_prob = [](double p) { return !(p >= 0 && p < 1); };
+  if (fail_prob(config.faults.loss) || fail_prob(config.faults.reorder) ||
+      fail_prob(config.faults.dup) ||
+      config.faults.loss + config.faults.dup + config.faults.reorder >= 1) {
+    return invalid_arg(
+        "dpdk engine: fault probabilities loss={} dup={} reorder={} must be in [0,1)",
+        config.faults.loss, config.faults.dup, config.faults.reorder);
+  }
+  size_t mtu = std::min(config.mtu, port->mtu());
+  if (mtu < kIpLen + kUdpLen + kGwLen + 64) {
+    return invalid_arg("dpdk engine: MTU {} of port {} too small", mtu, port->name());
+  }
+  std::shared_ptr<Engine> e(new Engine(std::move(port), config));
+  e->payload_max_ = std::min<size_t>(mtu - kIpLen - kUdpLen - kGwLen, 0xffff);
+  if (config.progress_interval_us > 0) {
+    Engine* raw = e.get();
+    e->thread_ = std::thread([raw] {
+      std::unique_lock<std::mutex> lk(raw->thread_mu_);
+      while (!raw->stop_) {
+        raw->thread_cv_.wait_for(lk, std::chrono::microseconds(raw->config_.progress_interval_us));
+        if (raw->stop_) break;
+        lk.unlock();
+        raw->progress();
+        lk.lock();
+      }
+    });
+  }
+  return e;
+}
+
+Engine::Engine(std::unique_ptr<FramePort> port, const EngineConfig& config)
+    : port_(std::move(port)), config_(config), faults_(config.faults) {
+  local_.mac = port_->mac();
+  local_.ip = config.ip;
+  local_.port = config.udp_port;
+  offload_ = port_->tx_l4_offload();
+  std::random_device rd;
+  rng_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(now_ns());
+  // Ids start at a random point so frames of an earlier incarnation rarely hit a new connection.
+  next_id_ = static_cast<uint32_t>(rng_state_ % 0x7fffffffu) + 1;
+  rx_batch_.resize(config.burst);
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(thread_mu_);
+    stop_ = true;
+  }
+  thread_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, c] : conns_) {
+    if (c->state == Conn::State::kOpen) send_simple(*c, FrameType::kClose);
+  }
+  release_held(true);
+  flush_tx();
+  for (auto& b : tx_batch_) port_->free(b);
+  tx_batch_.clear();
+}
+
+std::string Engine::port_name() const { return port_->name(); }
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+uint32_t Engine::new_id() {
+  uint32_t id;
+  do {
+    id = next_id_++;
+    if (next_id_ == 0) next_id_ = 1;
+  } while (id == 0 || conns_.count(id) || listeners_.count(id));
+  return id;
+}
+
+Engine::Conn* Engine::find(uint32_t id) {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+const Engine::Conn* Engine::find(uint32_t id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+uint32_t Engine::listen(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto l = std::make_unique<Listener>();
+  l->id = new_id();
+  l->token = token;
+  l->token_tag = token_tag(token);
+  uint32_t id = l->id;
+  listeners_[id] = std::move(l);
+  return id;
+}
+
+void Engine::close_listener(uint32_t listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = listeners_.find(listener);
+  if (it == listeners_.end()) return;
+  // Connections accepted by the handshake but never taken by accept() are closed too.
+  for (uint32_t id : it->second->ready) {
+    if (Conn* c = find(id)) {
+      send_simple(*c, FrameType::kClose);
+      conns_.erase(id);
+    }
+  }
+  listeners_.erase(it);
+  flush_tx();
+}
+
+Result<uint32_t> Engine::accept(uint32_t listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_locked();
+  auto it = listeners_.find(listener);
+  if (it == listeners_.end()) return invalid_arg("dpdk accept: unknown listener {}", listener);
+  if (it->second->ready.empty()) return 0u;
+  uint32_t id = it->second->ready.front();
+  it->second->ready.pop_front();
+  return id;
+}
+
+uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, int64_t timeout_ms,
+                         std::string label) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto c = std::make_unique<Conn>();
+  c->id = new_id();
+  c->sender = true;
+  c->peer = target.ep;
+  c->listener = target.listener_id;
+  c->token = token;
+  c->token_tag = token_tag(token);
+  c->label = std::move(label);
+  rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
+  c->session = rng_state_ ^ (static_cast<uint64_t>(c->id) << 17) ^ 0x9e3779b97f4a7c15ull;
+  if (c->session == 0) c->session = 1;
+  int64_t now = now_ns();
+  c->deadline_ns = now + timeout_ms * 1000000;
+  c->peer_timeout_ns =
+      std::min(config_.peer_timeout_ms, std::max<int64_t>(timeout_ms, 1)) * 1000000;
+  c->rto_ns = config_.rto_min_us * 1000;
+  c->last_rx_ns = now;
+  uint32_t id = c->id;
+  Conn& ref = *c;
+  conns_[id] = std::move(c);
+  // First HELLO now; progress resends it every hello_interval_ms.
+  GwHeader h;
+  h.type = FrameType::kHello;
+  h.dst_conn = ref.listener;
+  h.src_conn = ref.id;
+  h.session = ref.session;
+  h.token_tag = ref.token_tag;
+  send_ctl(ref.peer, h, ref.token.data(), std::min(ref.token.size(), kMaxToken));
+  ref.last_hello_ns = now;
+  flush_tx();
+  return id;
+}
+
+Result<bool> Engine::connect_poll(uint32_t conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_locked();
+  Conn* c = find(conn);
+  if (c == nullptr) return invalid_arg("dpdk connect: unknown connection {}", conn);
+  if (c->refused) {
+    return peer_error("dpdk connect to {}: the peer refused the handshake (job token mismatch)",
+                      c->name());
+  }
+  if (!c->error.ok()) return c->error;
+  if (c->state == Conn::State::kOpen) return true;
+  if (now_ns() > c->deadline_ns) {
+    return timeout_error("dpdk connect to {}: no answer to the handshake before the deadline",
+                         c->name());
+  }
+  return false;
+}
+
+std::string Engine::peer_name(uint32_t conn) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Conn* c = find(conn);
+  return c ? c->name() : fmt::format("dpdk conn {} (closed)", conn);
+}
+
+void Engine::set_peer_timeout(uint32_t conn, int64_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Conn* c = find(conn)) c->peer_timeout_ns = std::max<int64_t>(ms, 1) * 1000000;
+}
+
+void Engine::close_conn(uint32_t conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr) return;
+  if (c->state == Conn::State::kOpen) {
+    // Twice: CLOSE is not retransmitted; heartbeat silence is the backstop.
+    send_simple(*c, FrameType::kClose);
+    send_simple(*c, FrameType::kClose);
+  } else if (c->state == Conn::State::kConnecting && c->sender) {
+    // Tell a listener that may already have accepted us.
+    GwHeader h;
+    h.type = FrameType::kClose;
+    h.dst_conn = c->listener;
+    h.src_conn = c->id;
+    h.session = c->session;
+    h.token_tag = c->token_tag;
+    send_ctl(c->peer, h, nullptr, 0);
+  }
+  conns_.erase(conn);
+  flush_tx();
+}
+
+uint32_t Engine::window_of(const Conn& c) const {
+  uint32_t w;
+  if (config_.window > 0) {
+    w = static_cast<uint32_t>(config_.window);
+  } else {
+    // Bandwidth-delay product, doubled so loss recovery does not stall the pipe.
+    double rtt_us = std::max(c.srtt_us, 100.0);
+    double bdp_bytes = config_.link_gbps * 1e9 / 8 * rtt_us * 1e-6;
+    double pkts = 2 * bdp_bytes / static_cast<double>(payload_max_);
+    w = static_cast<uint32_t>(std::clamp(pkts, 32.0, static_cast<double>(config_.max_window)));
+  }
+  return std::min(w, kRcvWindow - 1);
+}
+
+Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr || !c->sender) return invalid_arg("dpdk isend: unknown connection {}", conn);
+  if (data == nullptr && size > 0)
+    return invalid_arg("isend to {}: null buffer of {} bytes", c->name(), size);
+  if (!c->error.ok()) return c->error.with_context("isend: ");
+  if (c->sends.size() >= static_cast<size_t>(net::kMaxRequests)) return static_cast<void*>(nullptr);
+  auto r = std::make_unique<SendReq>();
+  r->msg = c->next_msg++;
+  r->data = static_cast<const uint8_t*>(data);
+  r->size = size;
+  r->tag = tag;
+  void* handle = r.get();
+  c->sends.push_back(std::move(r));
+  pump(*c);
+  flush_tx();
+  return handle;
+}
+
+Result<void*> Engine::irecv(uint32_t conn, void* data, size_t size, int tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr || c->sender) return invalid_arg("dpdk irecv: unknown connection {}", conn);
+  if (data == nullptr && size > 0)
+    return invalid_arg("irecv from {}: null buffer of {} bytes", c->name(), size);
+  if (!c->error.ok()) return c->error.with_context("irecv: ");
+  if (c->recvs.size() >= static_cast<size_t>(net::kMaxRequests)) return static_cast<void*>(nullptr);
+  auto r = std::make_unique<RecvReq>();
+  r->msg = c->next_msg++;
+  r->data = static_cast<uint8_t*>(data);
+  r->cap = size;
+  r->tag = tag;
+  TxPkt p;
+  p.type = FrameType::kCts;
+  p.msg = r->msg;
+  p.tag = tag;
+  p.msg_len = size;
+  void* handle = r.get();
+  c->recvs.push_back(std::move(r));
+  c->ctl_pending.push_back(p);
+  pump(*c);
+  flush_tx();
+  return handle;
+}
+
+Status Engine::test(uint32_t conn, void* request, bool* done, size_t* size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr) return invalid_arg("dpdk test: unknown connection {}", conn);
+  progress_locked();
+  auto finish = [&](auto& q, auto it, size_t bytes) -> Status {
+    // Requests complete in posting order: an earlier unfinished one holds this one back.
+    for (auto e = q.begin(); e != it; ++e) {
+      if (!(*e)->done) {
+        *done = false;
+        return ok_status();
+      }
+    }
+    Status s = (*it)->err;
+    q.erase(it);
+    if (s.ok()) {
+      *done = true;
+      *size = bytes;
+    }
+    return s;
+  };
+  if (c->sender) {
+    auto it = std::find_if(c->sends.begin(), c->sends.end(),
+                           [&](const auto& r) { return r.get() == request; });
+    if (it == c->sends.end()) return invalid_arg("test on {}: unknown request", c->name());
+    SendReq& r = **it;
+    if (!r.done && !c->error.ok()) {
+      r.done = true;
+      r.err = c->error.with_context(fmt::format("send of {} bytes: ", r.size));
+    }
+    if (!r.done) {
+      *done = false;
+      return ok_status();
+    }
+    return finish(c->sends, it, r.size);
+  }
+  auto it = std::find_if(c->recvs.begin(), c->recvs.end(),
+                         [&](const auto& r) { return r.get() == request; });
+  if (it == c->recvs.end()) return invalid_arg("test on {}: unknown request", c->name());
+  RecvReq& r = **it;
+  if (!r.done && !c->error.ok()) {
+    r.done = true;
+    r.err = c->error.with_context(fmt::format("recv into {} bytes: ", r.cap));
+  }
+  if (!r.done) {
+    *done = false;
+    return ok_status();
+  }
+  return finish(c->recvs, it, r.total);
+}
+
+void Engine::progress() {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_locked();
+}
+
+void Engine::inject_rx(const uint8_t* data, size_t len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handle_frame(data, len, false);
+  flush_tx();
+}
+
+void Engine::progress_locked() {
+  for (int round = 0; round < 4; ++round) {
+    size_t n = port_->rx_burst(rx_batch_.data(), rx_batch_.size());
+    for (size_t i = 0; i < n; ++i) {
+      handle_frame(rx_batch_[i].data, rx_batch_[i].len, rx_batch_[i].l4_checksum_ok);
+      port_->free(rx_batch_[i]);
+    }
+    if (n < rx_batch_.size()) break;
+  }
+  for (auto& [id, c] : conns_) {
+    timers(*c);
+    pump(*c);
+    if (c->ack_due) send_ack(*c);
+  }
+  release_held(false);
+  flush_tx();
+}
+
+void Engine::fail_conn(Conn& c, Status s) {
+  if (!c.error.ok()) return;
+  GW_LOG_DEBUG("dpdk: {}: {}", c.name(), s.to_string());
+  c.error = std::move(s);
+  c.state = Conn::State::kDead;
+}
+
+void Engine::timers(Conn& c) {
+  const int64_t now = now_ns();
+  if (c.state == Conn::State::kConnecting) {
+    if (c.sender && now - c.last_hello_ns >= config_.hello_interval_ms * 1000000 &&
+        now < c.deadline_ns && !c.refused) {
+      GwHeader h;
+      h.type = FrameType::kHello;
+      h.dst_conn = c.listener;
+      h.src_conn = c.id;
+      h.session = c.session;
+      h.token_tag = c.token_tag;
+      send_ctl(c.peer, h, c.token.data(), std::min(c.token.size(), kMaxToken));
+      c.last_hello_ns = now;
+    }
+    return;
+  }
+  if (c.state != Conn::State::kOpen) return;
+  if (now - c.last_rx_ns > c.peer_timeout_ns) {
+    fail_conn(c, peer_error("{}: no frame from the peer for {} ms (host dead or unreachable)",
+                            c.name(), (now - c.last_rx_ns) / 1000000));
+    return;
+  }
+  // Retransmission on timeout, with exponential backoff per packet.
+  for (TxPkt& p : c.inflight) {
+    if (p.acked || p.tx_count == 0) continue;
+    int64_t rto = c.rto_ns << std::min(p.tx_count - 1, 6);
+    if (now - p.sent_ns >= rto) {
+      if (p.tx_count > config_.max_retx) {
+        fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
+                                p.seq, p.tx_count));
+        return;
+      }
+      ++stats_.timeout_retransmits;
+      send_pkt(c, p, true);
+    }
+  }
+  if (now - c.last_tx_ns >= config_.heartbeat_ms * 1000000) send_ack(c);
+}
+
+bool Engine::emit_reliable(Conn& c, TxPkt pkt) {
+  if (c.snd_next - c.snd_una >= window_of(c)) return false;
+  pkt.seq = c.snd_next++;
+  c.inflight.push_back(pkt);
+  send_pkt(c, c.inflight.back(), false);
+  return true;
+}
+
+void Engine::pump(Conn& c) {
+  if (c.state != Conn::State::kOpen) return;
+  while (!c.ctl_pending.empty()) {
+    if (!emit_reliable(c, c.ctl_pending.front())) return;
+    c.ctl_pending.pop_front();
+  }
+  if (!c.sender) return;
+  for (auto& rp : c.sends) {
+    SendReq& r = *rp;
+    if (r.emitted || r.done) continue;
+    auto cts = c.cts.find(r.msg);
+    if (cts == c.cts.end()) return;  // rendezvous: wait for the receive to be posted
+    if (r.next_off == 0 && r.unacked == 0) {
+      const bool trunc = r.size > cts->second.cap;
+      const bool tag_bad = cts->second.tag != net::kAnyTag && cts->second.tag != r.tag;
+      if (trunc || tag_bad) {
+        TxPkt e;
+        e.type = FrameType::kMsgErr;
+        e.flags = trunc ? kFlagErrTrunc : kFlagErrTag;
+        e.msg = r.msg;
+        e.tag = r.tag;
+        e.msg_len = r.size;
+        if (c.snd_next - c.snd_una >= window_of(c)) return;
+        emit_reliable(c, e);
+        r.emitted = true;
+        r.done = true;
+        r.err = trunc ? invalid_arg(
+                            "send to {}: message truncated: {} bytes sent, receive posted "
+                            "{} bytes",
+                            c.name(), r.size, cts->second.cap)
+                      : internal_error(
+                            "send to {}: tag mismatch: sent tag {}, receive posted "
+                            "tag {}",
+                            c.name(), r.tag, cts->second.tag);
+        c.cts.erase(cts);
+        continue;
+      }
+    }
+    while (!r.emitted) {
+      TxPkt p;
+      p.type = FrameType::kData;
+      p.msg = r.msg;
+      p.tag = r.tag;
+      p.msg_len = r.size;
+      p.offset = r.next_off;
+      p.len = static_cast<uint32_t>(std::min<uint64_t>(payload_max_, r.size - r.next_off));
+      p.src = r.data + r.next_off;
+      p.req = &r;
+      if (r.next_off + p.len == r.size) p.flags = kFlagLast;
+      if (!emit_reliable(c, p)) return;
+      ++r.unacked;
+      r.next_off += p.len;
+      if (r.next_off == r.size) {
+        r.emitted = true;
+        c.cts.erase(cts);
+      }
+    }
+  }
+}
+
+void Engine::send_pkt(Conn& c, TxPkt& p, bool retx) {
+  GwHeader h;
+  h.type = p.type;
+  h.flags = static_cast<uint16_t>(p.flags | (retx ? kFlagRetx : 0));
+  h.dst_conn = c.peer_id;
+  h.src_conn = c.id;
+  h.session = c.session;
+  h.seq = p.seq;
+  h.ack = c.rcv_next;
+  h.msg = p.msg;
+  h.tag = p.tag;
+  h.msg_len = p.msg_len;
+  h.offset = p.offset;
+  h.window = window_of(c);
+  h.token_tag = c.token_tag;
+  FrameBuf b;
+  p.sent_ns = now_ns();
+  ++p.tx_count;
+  if (retx) ++stats_.retransmits;
+  if (!port_->alloc(&b)) {
+    ++stats_.pool_empty;  // counts as a loss; the timer resends it
+    return;
+  }
+  b.len = encode_frame(b.data, b.cap, local_, c.peer, h, p.src, p.len, ip_id_++, offload_);
+  if (b.len == 0) {
+    port_->free(b);
+    return;
+  }
+  if (p.type == FrameType::kData) ++stats_.data_frames_tx;
+  c.last_tx_ns = p.sent_ns;
+  queue_tx(b);
+}
+
+void Engine::send_ack(Conn& c) {
+  GwHeader h;
+  h.type = FrameType::kAck;
+  h.dst_conn = c.peer_id;
+  h.src_conn = c.id;
+  h.session = c.session;
+  h.ack = c.rcv_next;
+  h.window = window_of(c);
+  h.token_tag = c.token_tag;
+  uint8_t sack[kMaxSackBits / 8] = {};
+  uint32_t nbits = 0;
+  if (seq_lt(c.rcv_next + 1, c.rcv_high)) {
+    nbits = std::min<uint32_t>(c.rcv_high - c.rcv_next - 1, kMaxSackBits);
+    for (uint32_t i = 0; i < nbits; ++i) {
+      if (c.rcv_bits[(c.rcv_next + 1 + i) % kRcvWindow]) sack[i / 8] |= (1u << (i % 8));
+    }
+  }
+  h.sack_bits = static_cast<uint16_t>(nbits);
+  send_ctl(c.peer, h, sack, (nbits + 7) / 8);
+  ++stats_.acks_tx;
+  c.last_tx_ns = now_ns();
+  c.ack_due = false;
+}
+
+void Engine::send_simple(Conn& c, FrameType type, const void* payload, size_t len) {
+  GwHeader h;
+  h.type = type;
+  h.dst_conn = c.peer_id;
+  h.src_conn = c.id;
+  h.session = c.session;
+  h.ack = c.rcv_next;
+  h.token_tag = c.token_tag;
+  send_ctl(c.peer, h, payload, len);
+}
+
+void Engine::send_ctl(const Endpoint& dst, GwHeader hdr, const void* payload, size_t len) {
+  FrameBuf b;
+  if (!port_->alloc(&b)) {
+    ++stats_.pool_empty;
+    return;
+  }
+  b.len = encode_frame(b.data, b.cap, local_, dst, hdr, payload, len, ip_id_++, offload_);
+  if (b.len == 0) {
+    port_->free(b);
+    return;
+  }
+  queue_tx(b);
+}
+
+void Engine::queue_tx(FrameBuf b) {
+  if (faults_.enabled()) {
+    switch (faults_.decide()) {
+      case FaultAction::kDrop:
+        ++stats_.injected_drops;
+        port_->free(b);
+        return;
+      case FaultAction::kDup: {
+        FrameBuf d;
+        if (port_->alloc(&d) && d.cap >= b.len) {
+          std::memcpy(d.data, b.data, b.len);
+          d.len = b.len;
+          tx_batch_.push_back(d);
+          ++stats_.injected_dups;
+        } else if (d.data) {
+          port_->free(d);
+        }
+        break;
+      }
+      case FaultAction::kHold:
+        ++stats_.injected_holds;
+        held_.push_back(Held{b, faults_.hold_distance(), now_ns()});
+        return;
+      case FaultAction::kPass:
+        break;
+    }
+    // Frames held back go out after `countdown` later frames: that is the reordering.
+    for (size_t i = 0; i < held_.size();) {
+      if (--held_[i].countdown <= 0) {
+        tx_batch_.push_back(b);
+        b = held_[i].buf;
+        held_.erase(held_.begin() + static_cast<long>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  tx_batch_.push_back(b);
+  if (tx_batch_.size() >= static_cast<size_t>(config_.burst)) flush_tx();
+}
+
+void Engine::release_held(bool all) {
+  const int64_t now = now_ns();
+  for (size_t i = 0; i < held_.size();) {
+    if (all || now - held_[i].since_ns > 200000) {
+      tx_batch_.push_back(held_[i].buf);
+      held_.erase(held_.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Engine::flush_tx() {
+  size_t off = 0;
+  int spins = 0;
+  while (off < tx_batch_.size()) {
+    for (size_t i = off; i < tx_batch_.size(); ++i) {
+      stats_.tx_bytes += tx_batch_[i].len;
+    }
+    size_t n = port_->tx_burst(tx_batch_.data() + off, tx_batch_.size() - off);
+    for (size_t i = off + n; i < tx_batch_.size(); ++i) stats_.tx_bytes -= tx_batch_[i].len;
+    stats_.tx_frames += n;
+    off += n;
+    if (n == 0 && ++spins > 64) break;
+  }
+  for (size_t i = off; i < tx_batch_.size(); ++i) {
+    ++stats_.tx_ring_full;  // lost; retransmission recovers it
+    port_->free(tx_batch_[i]);
+  }
+  tx_batch_.clear();
+}
+
+void Engine::handle_frame(const uint8_t* data, size_t len, bool l4_ok) {
+  ++stats_.rx_frames;
+  stats_.rx_bytes += len;
+  Frame f;
+  DecodeError e = decode_frame(data, len, l4_ok, &f);
+  if (e != DecodeError::kOk) {
+    ++stats_.decode_drops[static_cast<int>(e)];
+    return;
+  }
+  if (f.dst.ip != local_.ip || f.dst.port != local_.port ||
+      (f.dst.mac != local_.mac && f.dst.mac != MacAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})) {
+    ++stats_.not_for_us;
+    return;
+  }
+  if (f.hdr.type == FrameType::kHello) {
+    handle_hello(f);
+    return;
+  }
+  Conn* c = find(f.hdr.dst_conn);
+  if (c == nullptr) {
+    if (f.hdr.type == FrameType::kClose) {
+      // A connector that gave up before accept(): forget what its handshake created.
+      for (auto& [lid, l] : listeners_) {
+        for (auto it = l->ready.begin(); it != l->ready.end(); ++it) {
+          Conn* a = find(*it);
+          if (a && a->peer_id == f.hdr.src_conn && a->session == f.hdr.session) {
+            conns_.erase(*it);
+            l->ready.erase(it);
+            return;
+          }
+        }
+      }
+    }
+    ++stats_.unknown_conn;
+    // A reliable frame for a connection we no longer have: tell the peer, at most every 10 ms.
+    if (is_reliable(f.hdr.type)) {
+      int64_t now = now_ns();
+      if (now - last_rst_ns_ > 10000000) {
+        last_rst_ns_ = now;
+        GwHeader h;
+        h.type = FrameType::kClose;
+        h.dst_conn = f.hdr.src_conn;
+        h.src_conn = f.hdr.dst_conn;
+        h.session = f.hdr.session;
+        h.token_tag = f.hdr.token_tag;
+        send_ctl(f.src, h, nullptr, 0);
+      }
+    }
+    return;
+  }
+  if (f.hdr.token_tag != c->token_tag) {
+    ++stats_.wrong_token;
+    return;
+  }
+  if (f.hdr.session != c->session || !(f.src == c->peer) ||
+      (c->state != Conn::State::kConnecting && f.hdr.src_conn != c->peer_id)) {
+    ++stats_.wrong_session;
+    return;
+  }
+  handle_conn_frame(*c, f);
+}
+
+void Engine::handle_hello(const Frame& f) {
+  auto it = listeners_.find(f.hdr.dst_conn);
+  if (it == listeners_.end()) {
+    ++stats_.unknown_conn;  // no listener: the connector times out
+    return;
+  }
+  Listener& l = *it->second;
+  const std::string token(reinterpret_cast<const char*>(f.payload), f.payload_len);
+  GwHeader h;
+  h.dst_conn = f.hdr.src_conn;
+  h.session = f.hdr.session;
+  h.token_tag = f.hdr.token_tag;
+  if (token != l.token.substr(0, kMaxToken) || f.hdr.token_tag != l.token_tag) {
+    ++stats_.wrong_token;
+    ++stats_.hello_refused;
+    h.type = FrameType::kHelloNak;
+    h.src_conn = l.id;
+    send_ctl(f.src, h, nullptr, 0);
+    return;
+  }
+  // A retransmitted HELLO: answer again with the connection already made.
+  for (auto& [id, c] : conns_) {
+    if (!c->sender && c->listener == l.id && c->peer_id == f.hdr.src_conn &&
+        c->session == f.hdr.session && c->peer == f.src) {
+      h.type = FrameType::kHelloAck;
+      h.src_conn = c->id;
+      send_ctl(f.src, h, nullptr, 0);
+      return;
+    }
+  }
+  auto c = std::make_unique<Conn>();
+  c->id = new_id();
+  c->peer_id = f.hdr.src_conn;
+  c->session = f.hdr.session;
+  c->peer = f.src;
+  c->sender = false;
+  c->state = Conn::State::kOpen;
+  c->token_tag = l.token_tag;
+  c->listener = l.id;
+  c->rto_ns = config_.rto_min_us * 1000;
+  c->peer_timeout_ns = config_.peer_timeout_ms * 1000000;
+  c->last_rx_ns = c->last_tx_ns = now_ns();
+  h.type = FrameType::kHelloAck;
+  h.src_conn = c->id;
+  send_ctl(f.src, h, nullptr, 0);
+  l.ready.push_back(c->id);
+  conns_[c->id] = std::move(c);
+}
+
+void Engine::handle_conn_frame(Conn& c, const Frame& f) {
+  const int64_t now = now_ns();
+  switch (f.hdr.type) {
+    case FrameType::kHelloAck:
+      if (c.state == Conn::State::kConnecting && c.sender) {
+        c.peer_id = f.hdr.src_conn;
+        c.state = Conn::State::kOpen;
+        c.last_rx_ns = c.last_tx_ns = now;
+      }
+      return;
+    case FrameType::kHelloNak:
+      if (c.state == Conn::State::kConnecting) {
+        c.refused = true;
+        ++stats_.hello_refused;
+      }
+      return;
+    default:
+      break;
+  }
+  if (c.state != Conn::State::kOpen) return;
+  c.last_rx_ns = now;
+  if (f.hdr.type == FrameType::kClose) {
+    fail_conn(c, peer_error("{}: the peer closed the connection", c.name()));
+    return;
+  }
+  on_ack(c, f);
+  if (is_reliable(f.hdr.type)) on_reliable(c, f);
+}
+
+void Engine::acked(Conn& c, TxPkt& p) {
+  if (p.acked) return;
+  p.acked = true;
+  if (p.tx_count == 1) {  // Karn: only unambiguous samples
+    double sample = static_cast<double>(now_ns() - p.sent_ns) / 1000.0;
+    if (c.srtt_us == 0) {
+      c.srtt_us = sample;
+      c.rttvar_us = sample / 2;
+    } else {
+      c.rttvar_us = 0.75 * c.rttvar_us + 0.25 * std::fabs(c.srtt_us - sample);
+      c.srtt_us = 0.875 * c.srtt_us + 0.125 * sample;
+    }
+    c.rto_ns = std::max<int64_t>(config_.rto_min_us * 1000,
+                                 static_cast<int64_t>((c.srtt_us + 4 * c.rttvar_us) * 1000));
+  }
+  if (p.req != nullptr) {
+    SendReq& r = *p.req;
+    if (r.unacked > 0) --r.unacked;
+    if (r.emitted && r.unacked == 0 && !r.done) r.done = true;
+  }
+}
+
+void Engine::on_ack(Conn& c, const Frame& f) {
+  const uint32_t a = f.hdr.ack;
+  if (seq_lt(c.snd_next, a)) {
+    ++stats_.bad_ack;  // acknowledges what we never sent
+    return;
+  }
+  while (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
+    acked(c, c.inflight.front());
+    c.inflight.pop_front();
+    ++c.snd_una;
+  }
+  if (c.inflight.empty()) c.snd_una = c.snd_next;
+  if (f.hdr.type != FrameType::kAck) return;
+  ++stats_.acks_rx;
+  if (a != c.snd_una) return;  // stale ack
+  bool any = false;
+  uint32_t high = 0;
+  for (uint32_t i = 0; i < f.hdr.sack_bits; ++i) {
+    if (!(f.payload[i / 8] & (1u << (i % 8)))) continue;
+    uint32_t seq = a + 1 + i;
+    uint32_t idx = seq - c.snd_una;
+    if (idx >= c.inflight.size()) break;
+    acked(c, c.inflight[idx]);
+    any = true;
+    high = seq;
+  }
+  if (!any || c.inflight.empty()) return;
+  // Fast retransmit: a hole with enough SACKed packets above it, resent at most once per RTT.
+  const int64_t now = now_ns();
+  const int64_t min_gap =
+      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), config_.rto_min_us * 250);
+  for (TxPkt& p : c.inflight) {
+    if (!seq_lt(p.seq, high)) break;
+    if (p.acked || static_cast<int32_t>(high - p.seq) < kFastRetxThreshold) continue;
+    if (now - p.sent_ns < min_gap) continue;
+    ++stats_.fast_retransmits;
+    send_pkt(c, p, true);
+  }
+}
+
+void Engine::on_reliable(Conn& c, const Frame& f) {
+  const uint32_t s = f.hdr.seq;
+  c.ack_due = true;
+  if (seq_lt(s, c.rcv_next)) {
+    ++stats_.duplicates;  // replayed or retransmitted: already delivered
+    return;
+  }
+  if (s - c.rcv_next >= kRcvWindow) {
+    ++stats_.out_of_window;
+    return;
+  }
+  uint8_t& bit = c.rcv_bits[s % kRcvWindow];
+  if (bit) {
+    ++stats_.duplicates;
+    return;
+  }
+  // Validate before accepting the sequence number, so a bad frame can be resent correctly.
+  switch (f.hdr.type) {
+    case FrameType::kData: {
+      if (c.sender) return;
+      auto it = std::find_if(c.recvs.begin(), c.recvs.end(),
+                             [&](const auto& r) { return r->msg == f.hdr.msg; });
+      // A frame for no posted receive, or larger than it, is not from a sane peer: its sequence
+      // number is consumed (so it is not resent forever) and its payload dropped.
+      if (it == c.recvs.end() || (*it)->done || f.hdr.msg_len > (*it)->cap) {
+        ++stats_.stale_msg;
+        break;
+      }
+      RecvReq& r = **it;
+      ++stats_.data_frames_rx;
+      if (f.payload_len > 0) std::memcpy(r.data + f.hdr.offset, f.payload, f.payload_len);
+      r.got += f.payload_len;
+      r.total = f.hdr.msg_len;
+      if (r.got >= r.total) r.done = true;
+      break;
+    }
+    case FrameType::kCts:
+      if (!c.sender) return;
+      c.cts[f.hdr.msg] = Conn::Cts{f.hdr.msg_len, f.hdr.tag};
+      break;
+    case FrameType::kMsgErr: {
+      if (c.sender) return;
+      auto it = std::find_if(c.recvs.begin(), c.recvs.end(),
+                             [&](const auto& r) { return r->msg == f.hdr.msg; });
+      if (it != c.recvs.end() && !(*it)->done) {
+        RecvReq& r = **it;
+        r.done = true;
+        if (f.hdr.flags & kFlagErrTrunc) {
+          r.err = invalid_arg(
+              "recv from {}: message truncated: peer sent {} bytes into a "
+              "{}-byte receive",
+              c.name(), f.hdr.msg_len, r.cap);
+        } else {
+          r.err = internal_error(
+              "recv from {}: tag mismatch: receive posted tag {}, peer sent "
+              "tag {}",
+              c.name(), r.tag, f.hdr.tag);
+        }
+      }
+      break;
+    }
+    default:
+      return;
+  }
+  bit = 1;
+  if (seq_lt(c.rcv_high, s + 1) || c.rcv_high == c.rcv_next) c.rcv_high = s + 1;
+  while (c.rcv_bits[c.rcv_next % kRcvWindow]) {
+    c.rcv_bits[c.rcv_next % kRcvWindow] = 0;
+    ++c.rcv_next;
+  }
+  if (seq_lt(c.rcv_high, c.rcv_next)) c.rcv_high = c.rcv_next;
+}
+
+}  // namespace gw::dpdk

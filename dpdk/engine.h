@@ -1,0 +1,174 @@
+// Engine: the reliable protocol of the DPDK backend over one FramePort (docs/wire-dpdk.md).
+//
+// One engine per port; every connection of the process that uses that port is multiplexed on it
+// by connection id. It implements the whole transport contract of core/net/transport.h:
+// handshake with the job token, per-direction sequence numbers, a window sized to the
+// bandwidth-delay product, cumulative + selective acknowledgements, retransmission on timeout
+// and on gap, fragmentation to the port MTU, rendezvous (a receive posts a CTS; data is placed
+// straight into the receive buffer at its offset), heartbeats and dead-peer detection.
+//
+// Thread-safety: every public call is safe from any thread (one internal mutex). Progress is made
+// by the calls themselves (test/accept/poll drive the RX/TX loop) and by a background thread that
+// wakes every progress_interval_us so acknowledgements and heartbeats flow while the application
+// is busy elsewhere. No call blocks beyond the mutex.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "dpdk/fault_injector.h"
+#include "dpdk/frame_port.h"
+#include "dpdk/wire.h"
+
+namespace gw::dpdk {
+
+struct EngineConfig {
+  uint32_t ip = 0;                     // this endpoint's IPv4 address (host order)
+  uint16_t udp_port = 47000;           // UDP port of every connection of this engine
+  size_t mtu = 9000;                   // L3 MTU wanted; clamped to the port's
+  int window = 0;                      // packets in flight per connection; 0 = from the BDP
+  int max_window = 1024;               // upper bound of the automatic window
+  double link_gbps = 10;               // for the BDP window
+  int64_t rto_min_us = 3000;           // retransmission timeout floor
+  int64_t heartbeat_ms = 100;          // an idle connection sends an ACK this often
+  int64_t peer_timeout_ms = 10000;     // silence after which a peer is dead (also capped per comm)
+  int64_t hello_interval_ms = 20;      // handshake retransmission
+  int max_retx = 64;                   // a packet retransmitted this often kills the connection
+  int burst = 32;                      // RX/TX burst size
+  int64_t progress_interval_us = 500;  // background progress period; 0 = no thread
+  FaultConfig faults;
+};
+
+struct EngineStats {
+  uint64_t rx_frames = 0, tx_frames = 0, rx_bytes = 0, tx_bytes = 0;
+  uint64_t data_frames_tx = 0, data_frames_rx = 0;
+  uint64_t retransmits = 0, fast_retransmits = 0, timeout_retransmits = 0;
+  uint64_t acks_tx = 0, acks_rx = 0;
+  uint64_t decode_drops[static_cast<int>(DecodeError::kCount)] = {};
+  uint64_t not_for_us = 0, unknown_conn = 0, wrong_session = 0, wrong_token = 0;
+  uint64_t duplicates = 0, out_of_window = 0, stale_msg = 0, bad_ack = 0;
+  uint64_t hello_refused = 0, tx_ring_full = 0, pool_empty = 0;
+  uint64_t injected_drops = 0, injected_dups = 0, injected_holds = 0;
+  uint64_t decode_drops_total() const {
+    uint64_t s = 0;
+    for (uint64_t v : decode_drops) s += v;
+    return s;
+  }
+};
+
+struct ConnectTarget {
+  Endpoint ep;
+  uint32_t listener_id = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::shared_ptr<Engine>> create(std::unique_ptr<FramePort> port,
+                                                const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Endpoint local() const { return local_; }
+  size_t payload_max() const { return payload_max_; }
+  const EngineConfig& config() const { return config_; }
+  std::string port_name() const;
+  EngineStats stats() const;
+
+  // Listener side. Returns the listener id.
+  uint32_t listen(const std::string& token);
+  void close_listener(uint32_t listener);
+  // A connection that completed the handshake, or 0.
+  Result<uint32_t> accept(uint32_t listener);
+
+  // Connector side: starts the handshake; connect_poll says when it is done.
+  uint32_t connect(const ConnectTarget& target, const std::string& token, int64_t timeout_ms,
+                   std::string label);
+  Result<bool> connect_poll(uint32_t conn);
+
+  // Data. Request handles are opaque; nullptr means "no free slot now".
+  Result<void*> isend(uint32_t conn, const void* data, size_t size, int tag);
+  Result<void*> irecv(uint32_t conn, void* data, size_t size, int tag);
+  Status test(uint32_t conn, void* request, bool* done, size_t* size);
+  // Tells the peer and forgets the connection (requests in flight are abandoned).
+  void close_conn(uint32_t conn);
+  std::string peer_name(uint32_t conn) const;
+  // Sets the dead-peer timeout of one connection (the transport caps it by its timeout_ms).
+  void set_peer_timeout(uint32_t conn, int64_t ms);
+
+  // One pass of the RX/TX loop (tests call it to step the protocol).
+  void progress();
+  // Processes one received frame as if the port had delivered it (the fuzz driver uses it).
+  void inject_rx(const uint8_t* data, size_t len);
+
+ private:
+  struct Conn;
+  struct SendReq;
+  struct RecvReq;
+  struct TxPkt;
+  struct Listener;
+
+  Engine(std::unique_ptr<FramePort> port, const EngineConfig& config);
+  void progress_locked();
+  void handle_frame(const uint8_t* data, size_t len, bool l4_ok);
+  void handle_hello(const Frame& f);
+  void handle_conn_frame(Conn& c, const Frame& f);
+  void on_ack(Conn& c, const Frame& f);
+  void on_reliable(Conn& c, const Frame& f);
+  void acked(Conn& c, TxPkt& p);
+  void pump(Conn& c);
+  void timers(Conn& c);
+  bool emit_reliable(Conn& c, TxPkt pkt);
+  void send_pkt(Conn& c, TxPkt& p, bool retx);
+  void send_ack(Conn& c);
+  void send_ctl(const Endpoint& dst, GwHeader hdr, const void* payload, size_t len);
+  void send_simple(Conn& c, FrameType type, const void* payload = nullptr, size_t len = 0);
+  void fail_conn(Conn& c, Status s);
+  uint32_t window_of(const Conn& c) const;
+  void queue_tx(FrameBuf b);
+  void flush_tx();
+  void release_held(bool all);
+  Conn* find(uint32_t id);
+  const Conn* find(uint32_t id) const;
+  uint32_t new_id();
+
+  std::unique_ptr<FramePort> port_;
+  EngineConfig config_;
+  Endpoint local_;
+  size_t payload_max_ = 0;
+  bool offload_ = false;
+
+  mutable std::mutex mu_;
+  std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<uint32_t, std::unique_ptr<Listener>> listeners_;
+  uint32_t next_id_ = 1;
+  uint16_t ip_id_ = 0;
+  uint64_t rng_state_ = 0;
+  FaultInjector faults_;
+  struct Held {
+    FrameBuf buf;
+    int countdown;
+    int64_t since_ns;
+  };
+  std::vector<Held> held_;
+  std::vector<FrameBuf> tx_batch_;
+  std::vector<FrameBuf> rx_batch_;
+  int64_t last_rst_ns_ = 0;
+  EngineStats stats_;
+
+  std::thread thread_;
+  std::mutex thread_mu_;
+  std::condition_variable thread_cv_;
+  bool stop_ = false;
+};
+
+}  // namespace gw::dpdk

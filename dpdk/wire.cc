@@ -1,0 +1,271 @@
+#include "dpdk/wire.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace gw::dpdk {
+
+namespace {
+
+inline void put16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+}
+inline void put32(uint8_t* p, uint32_t v) {
+  put16(p, static_cast<uint16_t>(v >> 16));
+  put16(p + 2, static_cast<uint16_t>(v));
+}
+inline void put64(uint8_t* p, uint64_t v) {
+  put32(p, static_cast<uint32_t>(v >> 32));
+  put32(p + 4, static_cast<uint32_t>(v));
+}
+inline uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1]); }
+inline uint32_t get32(const uint8_t* p) {
+  return (static_cast<uint32_t>(get16(p)) << 16) | get16(p + 2);
+}
+inline uint64_t get64(const uint8_t* p) {
+  return (static_cast<uint64_t>(get32(p)) << 32) | get32(p + 4);
+}
+
+constexpr uint16_t kEtherIpv4 = 0x0800;
+constexpr uint8_t kProtoUdp = 17;
+
+// Sum of the pseudo header (RFC 768) as memory words in network order.
+uint32_t pseudo_sum(uint32_t src_ip, uint32_t dst_ip, uint16_t udp_len) {
+  uint8_t ph[12];
+  put32(ph, src_ip);
+  put32(ph + 4, dst_ip);
+  ph[8] = 0;
+  ph[9] = kProtoUdp;
+  put16(ph + 10, udp_len);
+  return cksum_partial(ph, sizeof(ph), 0);
+}
+
+}  // namespace
+
+uint32_t cksum_partial(const void* data, size_t len, uint32_t sum) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  uint64_t acc = sum;
+  while (len >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    acc += (v & 0xffffffffu) + (v >> 32);
+    p += 8;
+    len -= 8;
+  }
+  while (len >= 2) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    acc += v;
+    p += 2;
+    len -= 2;
+  }
+  if (len == 1) {
+    uint16_t v = 0;
+    std::memcpy(&v, p, 1);  // the odd byte is the first byte of a zero-padded word
+    acc += v;
+  }
+  acc = (acc & 0xffffffffu) + (acc >> 32);
+  acc = (acc & 0xffffffffu) + (acc >> 32);
+  return static_cast<uint32_t>(acc);
+}
+
+uint16_t cksum_fold(uint32_t sum) {
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(sum);
+}
+
+uint32_t token_tag(const std::string& token) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : token) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+const char* decode_error_name(DecodeError e) {
+  switch (e) {
+    case DecodeError::kOk:
+      return "ok";
+    case DecodeError::kTruncated:
+      return "truncated";
+    case DecodeError::kNotIpv4:
+      return "not_ipv4";
+    case DecodeError::kIpOptions:
+      return "ip_options";
+    case DecodeError::kIpFragment:
+      return "ip_fragment";
+    case DecodeError::kNotUdp:
+      return "not_udp";
+    case DecodeError::kIpChecksum:
+      return "ip_checksum";
+    case DecodeError::kUdpLength:
+      return "udp_length";
+    case DecodeError::kUdpChecksum:
+      return "udp_checksum";
+    case DecodeError::kBadMagic:
+      return "bad_magic";
+    case DecodeError::kBadVersion:
+      return "bad_version";
+    case DecodeError::kBadType:
+      return "bad_type";
+    case DecodeError::kBadPayloadLen:
+      return "bad_payload_len";
+    case DecodeError::kCount:
+      break;
+  }
+  return "?";
+}
+
+size_t encode_frame(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst,
+                    GwHeader hdr, const void* payload, size_t len, uint16_t ip_id,
+                    bool offload_l4) {
+  if (len > 0xffff || kHeadersLen + len > cap || kIpLen + kUdpLen + kGwLen + len > 0xffff) {
+    return 0;
+  }
+  hdr.payload_len = static_cast<uint16_t>(len);
+  uint8_t* eth = buf;
+  std::memcpy(eth, dst.mac.data(), 6);
+  std::memcpy(eth + 6, src.mac.data(), 6);
+  put16(eth + 12, kEtherIpv4);
+
+  const uint16_t udp_len = static_cast<uint16_t>(kUdpLen + kGwLen + len);
+  uint8_t* ip = eth + kEthLen;
+  ip[0] = 0x45;
+  ip[1] = 0;
+  put16(ip + 2, static_cast<uint16_t>(kIpLen + udp_len));
+  put16(ip + 4, ip_id);
+  put16(ip + 6, 0x4000);  // DF, never fragmented: we fragment ourselves
+  ip[8] = 64;
+  ip[9] = kProtoUdp;
+  put16(ip + 10, 0);
+  put32(ip + 12, src.ip);
+  put32(ip + 16, dst.ip);
+  const uint16_t ipsum = static_cast<uint16_t>(~cksum_fold(cksum_partial(ip, kIpLen, 0)));
+  std::memcpy(ip + 10, &ipsum, 2);
+
+  uint8_t* udp = ip + kIpLen;
+  put16(udp, src.port);
+  put16(udp + 2, dst.port);
+  put16(udp + 4, udp_len);
+  put16(udp + 6, 0);
+
+  uint8_t* g = udp + kUdpLen;
+  put32(g, kMagic);
+  g[4] = kVersion;
+  g[5] = static_cast<uint8_t>(hdr.type);
+  put16(g + 6, hdr.flags);
+  put32(g + 8, hdr.dst_conn);
+  put32(g + 12, hdr.src_conn);
+  put64(g + 16, hdr.session);
+  put32(g + 24, hdr.seq);
+  put32(g + 28, hdr.ack);
+  put32(g + 32, hdr.msg);
+  put32(g + 36, static_cast<uint32_t>(hdr.tag));
+  put64(g + 40, hdr.msg_len);
+  put64(g + 48, hdr.offset);
+  put16(g + 56, hdr.payload_len);
+  put16(g + 58, hdr.sack_bits);
+  put32(g + 60, hdr.window);
+  put32(g + 64, hdr.token_tag);
+  put32(g + 68, 0);
+  if (len > 0) std::memcpy(g + kGwLen, payload, len);
+
+  uint32_t sum = pseudo_sum(src.ip, dst.ip, udp_len);
+  if (offload_l4) {
+    const uint16_t ph = cksum_fold(sum);  // the port adds the rest and complements
+    std::memcpy(udp + 6, &ph, 2);
+  } else {
+    sum = cksum_partial(udp, udp_len, sum);
+    uint16_t c = static_cast<uint16_t>(~cksum_fold(sum));
+    if (c == 0) c = 0xffff;  // 0 means "no checksum" in UDP/IPv4
+    std::memcpy(udp + 6, &c, 2);
+  }
+  return kEthLen + kIpLen + udp_len;
+}
+
+DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verified, Frame* out) {
+  if (data == nullptr || len < kHeadersLen) return DecodeError::kTruncated;
+  if (get16(data + 12) != kEtherIpv4) return DecodeError::kNotIpv4;
+  const uint8_t* ip = data + kEthLen;
+  if ((ip[0] >> 4) != 4) return DecodeError::kNotIpv4;
+  if ((ip[0] & 0xf) != 5) return DecodeError::kIpOptions;
+  if ((get16(ip + 6) & 0x3fff) != 0) return DecodeError::kIpFragment;  // MF or offset
+  if (ip[9] != kProtoUdp) return DecodeError::kNotUdp;
+  const size_t ip_total = get16(ip + 2);
+  if (ip_total < kIpLen + kUdpLen + kGwLen || ip_total > len - kEthLen) {
+    return DecodeError::kTruncated;
+  }
+  if (cksum_fold(cksum_partial(ip, kIpLen, 0)) != 0xffff) return DecodeError::kIpChecksum;
+  const uint8_t* udp = ip + kIpLen;
+  const size_t udp_len = get16(udp + 4);
+  if (udp_len != ip_total - kIpLen) return DecodeError::kUdpLength;
+  const uint32_t src_ip = get32(ip + 12);
+  const uint32_t dst_ip = get32(ip + 16);
+  uint16_t wire_sum;
+  std::memcpy(&wire_sum, udp + 6, 2);
+  // Our frames always carry a checksum; 0 ("none") is refused since ring/memif/veth have no FCS.
+  if (wire_sum == 0) return DecodeError::kUdpChecksum;
+  if (!l4_checksum_verified) {
+    uint32_t sum = pseudo_sum(src_ip, dst_ip, static_cast<uint16_t>(udp_len));
+    sum = cksum_partial(udp, udp_len, sum);
+    if (cksum_fold(sum) != 0xffff) return DecodeError::kUdpChecksum;
+  }
+  const uint8_t* g = udp + kUdpLen;
+  if (get32(g) != kMagic) return DecodeError::kBadMagic;
+  if (g[4] != kVersion) return DecodeError::kBadVersion;
+  const uint8_t type = g[5];
+  if (type == 0 || type > kMaxFrameType) return DecodeError::kBadType;
+  const uint16_t plen = get16(g + 56);
+  if (plen != udp_len - kUdpLen - kGwLen) return DecodeError::kBadPayloadLen;
+  GwHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.flags = get16(g + 6);
+  h.dst_conn = get32(g + 8);
+  h.src_conn = get32(g + 12);
+  h.session = get64(g + 16);
+  h.seq = get32(g + 24);
+  h.ack = get32(g + 28);
+  h.msg = get32(g + 32);
+  h.tag = static_cast<int32_t>(get32(g + 36));
+  h.msg_len = get64(g + 40);
+  h.offset = get64(g + 48);
+  h.payload_len = plen;
+  h.sack_bits = get16(g + 58);
+  h.window = get32(g + 60);
+  h.token_tag = get32(g + 64);
+  // Type-specific sanity: bounds that later code relies on.
+  if (h.type == FrameType::kAck && (h.sack_bits > kMaxSackBits || (h.sack_bits + 7u) / 8u > plen)) {
+    return DecodeError::kBadPayloadLen;
+  }
+  if (h.type == FrameType::kHello && plen > kMaxToken) return DecodeError::kBadPayloadLen;
+  if (h.type == FrameType::kData && (h.offset > h.msg_len || plen > h.msg_len - h.offset)) {
+    return DecodeError::kBadPayloadLen;
+  }
+  Frame f;
+  std::memcpy(f.dst.mac.data(), data, 6);
+  std::memcpy(f.src.mac.data(), data + 6, 6);
+  f.src.ip = src_ip;
+  f.dst.ip = dst_ip;
+  f.src.port = get16(udp);
+  f.dst.port = get16(udp + 2);
+  f.hdr = h;
+  f.payload = g + kGwLen;
+  f.payload_len = plen;
+  *out = f;
+  return DecodeError::kOk;
+}
+
+std::string format_ip(uint32_t ip) {
+  return fmt::format("{}.{}.{}.{}", ip >> 24, (ip >> 16) & 0xff, (ip >> 8) & 0xff, ip & 0xff);
+}
+
+std::string format_mac(const MacAddr& m) {
+  return fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4],
+                     m[5]);
+}
+
+}  // namespace gw::dpdk

@@ -1,0 +1,416 @@
+// The transport contract (core/net/transport.h) on the DPDK backend:
+//   mem:        two engines ("hosts") over an in-memory switch, no DPDK involved;
+//   mem_faults: the same with 5% loss, 5% reordering and 5% duplication injected on both sides;
+//   ring:       the real backend (EAL + a loopback net_ring port) in this one process.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "dpdk/dpdk_transport.h"
+#include "dpdk/engine.h"
+
+namespace gw::dpdk {
+namespace {
+
+using net::Handle;
+using net::RecvComm;
+using net::SendComm;
+using net::Transport;
+using net::TransportOptions;
+
+struct Backend {
+  std::shared_ptr<MemSwitch> sw;
+  std::shared_ptr<Engine> a, b;  // a: the listening host, b: the connecting host
+};
+
+EngineConfig mem_config(uint32_t ip, bool faults, uint64_t seed) {
+  EngineConfig c;
+  c.ip = ip;
+  c.rto_min_us = 2000;
+  c.peer_timeout_ms = 1500;
+  c.heartbeat_ms = 50;
+  if (faults) c.faults = FaultConfig{0.05, 0.05, 0.05, seed};
+  return c;
+}
+
+class Contract : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string& p = GetParam();
+    if (p == "ring") {
+      auto e = process_engine();
+      if (!e.ok()) GTEST_SKIP() << "DPDK cannot start here: " << e.status().to_string();
+      be_.a = be_.b = *e;
+      return;
+    }
+    be_.sw = std::make_shared<MemSwitch>();
+    const bool faults = p == "mem_faults";
+    be_.a = *Engine::create(be_.sw->attach({2, 0, 0, 0, 0, 1}), mem_config(0x0a000001, faults, 11));
+    be_.b = *Engine::create(be_.sw->attach({2, 0, 0, 0, 0, 2}), mem_config(0x0a000002, faults, 22));
+  }
+
+  std::unique_ptr<Transport> transport(bool listening_side, const std::string& token = "tok",
+                                       int64_t timeout_ms = 5000) {
+    TransportOptions o;
+    o.job_token = token;
+    o.timeout_ms = timeout_ms;
+    return make_engine_transport(listening_side ? be_.a : be_.b, o);
+  }
+
+  // Connects b -> a and returns both ends.
+  void connect(std::unique_ptr<SendComm>* s, std::unique_ptr<RecvComm>* r,
+               const std::string& token = "tok") {
+    auto ta = transport(true, token), tb = transport(false, token);
+    Handle h;
+    auto l = ta->listen(&h);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    auto c = tb->connect(h);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((!*s || !*r) && std::chrono::steady_clock::now() < deadline) {
+      if (!*s) {
+        auto x = (*c)->poll();
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        if (*x) *s = std::move(*x);
+      }
+      if (!*r) {
+        auto x = (*l)->accept();
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        if (*x) *r = std::move(*x);
+      }
+    }
+    ASSERT_TRUE(*s && *r) << "handshake did not complete";
+  }
+
+  template <typename CommT>
+  static Status wait(CommT& comm, net::Request* req, size_t* size, int64_t ms = 20000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool done = false;
+      Status s = comm.test(req, &done, size);
+      if (!s.ok() || done) return s;
+    }
+    return timeout_error("test did not complete in {} ms", ms);
+  }
+
+  Backend be_;
+};
+
+TEST_P(Contract, SmallMessageWithTag) {
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  const char msg[] = "hello gradwire";
+  char buf[64] = {};
+  auto rr = r->irecv(buf, sizeof(buf), 7, nullptr);
+  auto sr = s->isend(msg, sizeof(msg), 7, nullptr);
+  ASSERT_TRUE(rr.ok() && *rr && sr.ok() && *sr);
+  size_t n = 0;
+  ASSERT_TRUE(wait(*r, *rr, &n).ok());
+  EXPECT_EQ(n, sizeof(msg));
+  EXPECT_STREQ(buf, msg);
+  ASSERT_TRUE(wait(*s, *sr, &n).ok());
+  EXPECT_EQ(n, sizeof(msg));
+  EXPECT_NE(s->peer_name().find("dpdk"), std::string::npos);
+}
+
+TEST_P(Contract, OrderingZeroBytesAnyTagAndLargeOffsets) {
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  // Sizes straddle the fragment size; a 0-byte message sits in the middle.
+  const std::vector<size_t> sizes = {1, 0, 1000, 8928, 8929, 3 << 20, 17, 0, 65537};
+  size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
+  std::vector<uint8_t> src(total), dst(total + 4096, 0xee);
+  for (size_t i = 0; i < total; ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::vector<net::Request*> sreqs, rreqs;
+  size_t off = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto rr = r->irecv(dst.data() + off, sizes[i] + 16, i % 2 ? net::kAnyTag : int(i), nullptr);
+    auto sr = s->isend(src.data() + off, sizes[i], int(i), nullptr);
+    ASSERT_TRUE(rr.ok() && *rr && sr.ok() && *sr);
+    rreqs.push_back(*rr);
+    sreqs.push_back(*sr);
+    off += sizes[i];
+  }
+  // Test the last one first: it must not complete before the earlier ones are tested.
+  bool done = true;
+  size_t n = 0;
+  ASSERT_TRUE(r->test(rreqs.back(), &done, &n).ok());
+  EXPECT_FALSE(done);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(wait(*r, rreqs[i], &n).ok()) << i;
+    EXPECT_EQ(n, sizes[i]) << i;
+    ASSERT_TRUE(wait(*s, sreqs[i], &n).ok()) << i;
+    EXPECT_EQ(n, sizes[i]);
+  }
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), total), 0);
+}
+
+TEST_P(Contract, ThirtyTwoInFlightThenNoSlot) {
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  std::vector<uint64_t> src(net::kMaxRequests), dst(net::kMaxRequests);
+  std::vector<net::Request*> sq, rq;
+  for (int i = 0; i < net::kMaxRequests; ++i) {
+    src[i] = 0x1000 + i;
+    auto sr = s->isend(&src[i], 8, 1, nullptr);
+    ASSERT_TRUE(sr.ok() && *sr);
+    sq.push_back(*sr);
+    auto rr = r->irecv(&dst[i], 8, 1, nullptr);
+    ASSERT_TRUE(rr.ok() && *rr);
+    rq.push_back(*rr);
+  }
+  uint64_t extra = 0;
+  auto full = s->isend(&extra, 8, 1, nullptr);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(*full, nullptr);
+  auto rfull = r->irecv(&extra, 8, 1, nullptr);
+  ASSERT_TRUE(rfull.ok());
+  EXPECT_EQ(*rfull, nullptr);
+  size_t n;
+  for (int i = 0; i < net::kMaxRequests; ++i) {
+    ASSERT_TRUE(wait(*s, sq[i], &n).ok());
+    ASSERT_TRUE(wait(*r, rq[i], &n).ok());
+    EXPECT_EQ(dst[i], src[i]);
+  }
+  net::Request* bogus = reinterpret_cast<net::Request*>(&extra);
+  bool done;
+  EXPECT_EQ(r->test(bogus, &done, &n).code(), Code::kInvalidArg);
+}
+
+TEST_P(Contract, TruncationFailsBothSidesAndConnectionGoesOn) {
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  std::vector<uint8_t> big(100000, 1), small(1000);
+  auto rr = r->irecv(small.data(), small.size(), 0, nullptr);
+  auto sr = s->isend(big.data(), big.size(), 0, nullptr);
+  size_t n;
+  Status rs = wait(*r, *rr, &n), ss = wait(*s, *sr, &n);
+  EXPECT_EQ(rs.code(), Code::kInvalidArg) << rs.to_string();
+  EXPECT_EQ(ss.code(), Code::kInvalidArg) << ss.to_string();
+  EXPECT_NE(rs.message().find("truncated"), std::string::npos);
+  // Tag mismatch fails the receive with kInternal.
+  uint32_t v = 5, w = 0;
+  rr = r->irecv(&w, 4, 1, nullptr);
+  sr = s->isend(&v, 4, 2, nullptr);
+  rs = wait(*r, *rr, &n);
+  EXPECT_EQ(rs.code(), Code::kInternal) << rs.to_string();
+  EXPECT_NE(rs.message().find("tag mismatch"), std::string::npos);
+  (void)wait(*s, *sr, &n);
+  // The next message still flows.
+  rr = r->irecv(&w, 4, 3, nullptr);
+  sr = s->isend(&v, 4, 3, nullptr);
+  ASSERT_TRUE(wait(*r, *rr, &n).ok());
+  ASSERT_TRUE(wait(*s, *sr, &n).ok());
+  EXPECT_EQ(w, 5u);
+}
+
+TEST_P(Contract, CloseWithRequestsInFlightFailsThePeerWithKPeer) {
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  std::vector<uint8_t> buf(1 << 20);
+  auto rr = r->irecv(buf.data(), buf.size(), 0, nullptr);
+  ASSERT_TRUE(rr.ok() && *rr);
+  auto sr = s->isend(buf.data(), 4096, 5, nullptr);  // wrong tag pending: irrelevant, we close
+  auto t0 = std::chrono::steady_clock::now();
+  s.reset();  // abandons the send; must not block
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  // The receive either completed before the close or fails with kPeer naming the peer.
+  std::vector<uint8_t> buf2(16);
+  size_t n;
+  Status st = wait(*r, *rr, &n, 5000);
+  if (st.ok()) {
+    auto r2 = r->irecv(buf2.data(), buf2.size(), 0, nullptr);
+    if (r2.ok() && *r2)
+      st = wait(*r, *r2, &n, 5000);
+    else
+      st = r2.status();
+  }
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+  EXPECT_NE(st.message().find("dpdk"), std::string::npos);
+  // The receiver side closing fails the sender's requests too.
+  std::unique_ptr<SendComm> s2;
+  std::unique_ptr<RecvComm> r2;
+  ASSERT_NO_FATAL_FAILURE(connect(&s2, &r2));
+  auto sr2 = s2->isend(buf.data(), 64, 0, nullptr);
+  r2.reset();
+  st = wait(*s2, *sr2, &n, 5000);
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+}
+
+TEST_P(Contract, ConnectorTimesOutWhenNobodyAnswers) {
+  auto ta = transport(true), tb = transport(false, "tok", 300);
+  Handle h;
+  auto l = ta->listen(&h);
+  ASSERT_TRUE(l.ok());
+  l->reset();  // the listener is gone: nobody will answer
+  auto c = tb->connect(h);
+  ASSERT_TRUE(c.ok());
+  auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  while (true) {
+    auto x = (*c)->poll();
+    if (!x.ok()) {
+      st = x.status();
+      break;
+    }
+    ASSERT_EQ(*x, nullptr);
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  }
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.to_string();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
+}
+
+TEST_P(Contract, WrongTokenIsRefusedAndTheListenerKeepsListening) {
+  auto ta = transport(true, "right"), bad = transport(false, "wrong"),
+       good = transport(false, "right");
+  Handle h;
+  auto l = ta->listen(&h);
+  ASSERT_TRUE(l.ok());
+  auto c = bad->connect(h);
+  ASSERT_TRUE(c.ok());
+  Status st;
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    auto x = (*c)->poll();
+    auto a = (*l)->accept();
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(*a, nullptr);  // never accepted
+    if (!x.ok()) {
+      st = x.status();
+      break;
+    }
+  }
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+  EXPECT_NE(st.message().find("token"), std::string::npos);
+  auto c2 = good->connect(h);
+  ASSERT_TRUE(c2.ok());
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  t0 = std::chrono::steady_clock::now();
+  while ((!s || !r) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    if (!s) s = std::move(*(*c2)->poll());
+    if (!r) r = std::move(*(*l)->accept());
+  }
+  EXPECT_TRUE(s && r);
+  EXPECT_GT(be_.a->stats().hello_refused, 0u);
+}
+
+TEST_P(Contract, BadArgumentsAreRefused) {
+  auto t = transport(true);
+  Handle junk;
+  junk.bytes.fill(0xab);
+  auto c = t->connect(junk);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArg);
+  EXPECT_EQ(t->listen(nullptr).status().code(), Code::kInvalidArg);
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_NO_FATAL_FAILURE(connect(&s, &r));
+  EXPECT_EQ(s->isend(nullptr, 10, 0, nullptr).status().code(), Code::kInvalidArg);
+  EXPECT_EQ(r->irecv(nullptr, 10, 0, nullptr).status().code(), Code::kInvalidArg);
+  std::vector<uint8_t> buf(100);
+  auto mr = s->reg_mr(buf.data(), 50, net::MemType::kHost);
+  ASSERT_TRUE(mr.ok());
+  EXPECT_EQ(s->isend(buf.data() + 40, 20, 0, *mr).status().code(), Code::kInvalidArg);
+  EXPECT_EQ(s->reg_mr(buf.data(), 50, net::MemType::kCuda).status().code(), Code::kUnsupported);
+  EXPECT_TRUE(s->dereg_mr(*mr).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Dpdk, Contract, ::testing::Values("mem", "mem_faults", "ring"),
+                         [](const auto& info) { return info.param; });
+
+// A host that goes silent (no CLOSE: power cut, kill -9) is detected by heartbeat silence.
+TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
+  auto sw = std::make_shared<MemSwitch>();
+  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}), mem_config(0x0a000001, false, 1));
+  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}), mem_config(0x0a000002, false, 2));
+  TransportOptions o;
+  o.job_token = "t";
+  o.timeout_ms = 800;
+  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
+  Handle h;
+  auto l = *ta->listen(&h);
+  auto c = *tb->connect(h);
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  while (!s || !r) {
+    if (!s) s = std::move(*c->poll());
+    if (!r) r = std::move(*l->accept());
+  }
+  std::vector<uint8_t> buf(64);
+  auto rr = *r->irecv(buf.data(), buf.size(), 0, nullptr);
+  // Host b vanishes: its engine stops without a word (the switch forgets its port first).
+  sw->detach({2, 0, 0, 0, 0, 2});
+  auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  bool done = false;
+  size_t n;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    st = r->test(rr, &done, &n);
+    if (!st.ok() || done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+  EXPECT_NE(st.message().find("no frame from the peer"), std::string::npos);
+  EXPECT_LT(took, std::chrono::milliseconds(2000));
+}
+
+// Heavy loss, reordering and duplication: a large message still arrives intact, and the
+// counters show the protocol worked for it.
+TEST(DpdkEngine, LargeTransferSurvivesHeavyFaults) {
+  auto sw = std::make_shared<MemSwitch>();
+  EngineConfig ca = mem_config(0x0a000001, false, 1), cb = mem_config(0x0a000002, false, 2);
+  ca.faults = FaultConfig{0.10, 0.10, 0.10, 5};
+  cb.faults = FaultConfig{0.10, 0.10, 0.10, 6};
+  ca.mtu = cb.mtu = 1500;
+  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}, 1500), ca);
+  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}, 1500), cb);
+  TransportOptions o;
+  o.job_token = "t";
+  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
+  Handle h;
+  auto l = *ta->listen(&h);
+  auto c = *tb->connect(h);
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  while (!s || !r) {
+    if (!s) s = std::move(*c->poll());
+    if (!r) r = std::move(*l->accept());
+  }
+  std::vector<uint8_t> src(4 << 20), dst(4 << 20);
+  std::mt19937 rng(3);
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  auto rr = *r->irecv(dst.data(), dst.size(), 0, nullptr);
+  auto sr = *s->isend(src.data(), src.size(), 0, nullptr);
+  bool sd = false, rd = false;
+  size_t n;
+  auto t0 = std::chrono::steady_clock::now();
+  while ((!sd || !rd) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    if (!sd) {
+      ASSERT_TRUE(s->test(sr, &sd, &n).ok());
+    }
+    if (!rd) {
+      ASSERT_TRUE(r->test(rr, &rd, &n).ok());
+    }
+  }
+  ASSERT_TRUE(sd && rd);
+  EXPECT_EQ(src, dst);
+  EngineStats sa = a->stats(), sb = b->stats();
+  EXPECT_GT(sb.retransmits, 0u);
+  EXPECT_GT(sb.fast_retransmits, 0u);
+  EXPECT_GT(sa.duplicates, 0u);
+  EXPECT_GT(sb.injected_drops + sa.injected_drops, 0u);
+  EXPECT_EQ(sa.decode_drops_total(), 0u);
+}
+
+}  // namespace
+}  // namespace gw::dpdk
