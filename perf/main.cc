@@ -60,7 +60,8 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
   }
   sub->add_option("--np", c.np,
                   "fork this many ranks on this machine with a private store; without it the "
-                  "ranks come from the launcher's environment (torchrun, mpirun, srun, GW_*)");
+                  "ranks come from the launcher's environment (torchrun, mpirun, srun, GW_*)")
+      ->check(CLI::Range(1, 256));
   sub->add_option("--transport", c.transport, "auto (shm within a host, tcp across), tcp, shm")
       ->capture_default_str();
   sub->add_option("--algo", c.algo,

@@ -1,6 +1,7 @@
 #include "perf/p2p_bench.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -119,9 +120,12 @@ class P2pRank {
     uint32_t spins = 0;
     while (true) {
       Status s = comm->test(req, &done, &got);
-      if (!s.ok()) return s.with_context(fmt::format("p2p {} with {}: ", what, comm->peer_name()));
+      if (!s.ok()) return s.with_context(fmt::format("p2p {} with {}", what, comm->peer_name()));
       if (done) break;
-      if ((++spins & 1023u) == 0 && Clock::now() > d) {
+      if ((++spins & 1023u) == 0) {
+        // Busy-polling like perftest, but let a descheduled peer run on an oversubscribed host.
+        sched_yield();
+        if (Clock::now() <= d) continue;
         return timeout_error("p2p {} with {} timed out after {} ms", what, comm->peer_name(),
                              timeout_ms_);
       }

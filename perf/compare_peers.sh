@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Side-by-side allreduce bus bandwidth of gradwire and its peers, measured in ONE run on the same
+# sizes and rank counts: gradwire over tcp and shm, PyTorch Gloo (tcp), Open MPI over tcp and over
+# shared memory (vader). Each measurement is repeated R times, interleaved (gradwire, gloo, mpi,
+# gradwire, ...), so a noisy neighbour hits every column alike; the table shows the medians.
+#
+# usage: perf/compare_peers.sh [-s "SIZE ..."] [-n "NP ..."] [-r R] [-B BUILD_DIR]
+#   -s  sizes in bytes (K/M/G suffixes allowed), default 64M
+#   -n  rank counts, default "2 4"
+#   -r  repetitions, default 3
+#   -B  build directory holding perf/gradwire-perf, default build/release
+# Environment: GW_SHARED (default: the shared/ directory beside the repository).
+# A peer that is not installed is reported as such in the table; it never fails the script.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+sizes="64M"
+nps="2 4"
+reps=3
+build="$root/build/release"
+while getopts "s:n:r:B:h" opt; do
+  case "$opt" in
+    s) sizes="$OPTARG" ;;
+    n) nps="$OPTARG" ;;
+    r) reps="$OPTARG" ;;
+    B) build="$(cd "$OPTARG" && pwd)" ;;
+    *) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  esac
+done
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: -r $reps: need a positive integer" >&2; exit 2; }
+shared="${GW_SHARED:-$(cd "$root/.." && pwd)/shared}"
+perf="$build/perf/gradwire-perf"
+[ -x "$perf" ] || { echo "compare_peers: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
+
+to_bytes() {  # 64M -> 67108864
+  local s="$1" n="${1%[KkMmGg]}"
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare_peers: bad size '$s'" >&2; exit 2; }
+  case "$s" in
+    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
+    *) echo "$n" ;;
+  esac
+}
+byte_sizes=""
+for s in $sizes; do byte_sizes+=" $(to_bytes "$s")"; done
+for n in $nps; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: bad rank count '$n'" >&2; exit 2; }; done
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# Which peers can run here.
+missing_gloo=""
+if [ ! -f "$shared/peers/gloo_allreduce.py" ]; then
+  missing_gloo="missing: $shared/peers/gloo_allreduce.py"
+elif ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+  missing_gloo="missing: /usr/bin/python3 with torch (apt-get install python3-torch)"
+fi
+missing_mpi=""
+mpi_bin="$build/peers/mpi_allreduce"
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
+elif [ ! -f "$shared/peers/mpi_allreduce.c" ]; then
+  missing_mpi="missing: $shared/peers/mpi_allreduce.c"
+else
+  mkdir -p "$build/peers"
+  if ! mpicc -O2 -o "$mpi_bin" "$shared/peers/mpi_allreduce.c" 2>"$work/mpicc.log"; then
+    missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log")"
+  fi
+fi
+
+declare -A results  # "impl np size" -> list of busbw values
+run_one() {  # impl np size -> prints busbw (GB/s) or nothing
+  local impl="$1" n="$2" s="$3" out
+  case "$impl" in
+    gw-tcp|gw-shm)
+      out=$(timeout 900 "$perf" allreduce --np "$n" --transport "${impl#gw-}" -b "$s" -e "$s" 2>"$work/err") \
+        && awk '!/^#/ && NF >= 7 { print $7; exit }' <<<"$out" ;;
+    gloo)
+      out=$(cd "$work" && timeout 900 /usr/bin/python3 "$shared/peers/gloo_allreduce.py" "$n" "$s" 2>"$work/err") \
+        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+    mpi-tcp)
+      out=$(timeout 900 mpirun --allow-run-as-root --oversubscribe -np "$n" --mca btl tcp,self \
+              --mca btl_tcp_if_include lo "$mpi_bin" "$s" 2>"$work/err") \
+        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+    mpi-shm)
+      out=$(timeout 900 mpirun --allow-run-as-root --oversubscribe -np "$n" --mca btl vader,self \
+              "$mpi_bin" "$s" 2>"$work/err") \
+        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+  esac
+}
+
+impls="gw-tcp gw-shm"
+[ -z "$missing_gloo" ] && impls+=" gloo"
+[ -z "$missing_mpi" ] && impls+=" mpi-tcp mpi-shm"
+
+echo "# compare_peers: allreduce float32 sum, sizes:$byte_sizes B, ranks: $nps, $reps repetitions (interleaved), medians"
+echo "# gradwire: $perf ($("$perf" --dump-config >/dev/null 2>&1 && echo ok))"
+[ -n "$missing_gloo" ] && echo "# gloo: $missing_gloo"
+[ -n "$missing_mpi" ] && echo "# Open MPI: $missing_mpi"
+for ((rep = 1; rep <= reps; rep++)); do
+  for n in $nps; do
+    for s in $byte_sizes; do
+      for impl in $impls; do
+        v=$(run_one "$impl" "$n" "$s")
+        if [ -z "$v" ]; then
+          echo "# rep $rep: $impl np=$n size=$s failed: $(tail -c 300 "$work/err" 2>/dev/null | tr '\n' ' ')" >&2
+          v="fail"
+        fi
+        results["$impl $n $s"]+="$v "
+        echo "# rep $rep/$reps: $impl np=$n size=$s busbw=$v GB/s" >&2
+      done
+    done
+  done
+done
+
+median() {  # values... ("fail" ignored) -> median or "fail"
+  local vals
+  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
+  [ -z "$vals" ] && { echo "fail"; return; }
+  local count
+  count=$(wc -l <<<"$vals")
+  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
+}
+cell() {  # impl n s
+  local impl="$1"
+  if [[ "$impl" == gloo && -n "$missing_gloo" ]] || [[ "$impl" == mpi-* && -n "$missing_mpi" ]]; then
+    echo "missing"
+    return
+  fi
+  # shellcheck disable=SC2086
+  median ${results["$impl $2 $3"]}
+}
+ratio() {
+  if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'
+  else
+    echo "-"
+  fi
+}
+
+echo "#"
+echo "# busbw in GB/s (nccl-tests definition: bytes * 2(n-1)/n / time); ratios > 1 mean gradwire is faster"
+printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s\n" "#np" "size(B)" "gw-tcp" "gloo" "gw/gloo" \
+  "gw-shm" "mpi-shm" "gw/mpi-shm" "mpi-tcp"
+for n in $nps; do
+  for s in $byte_sizes; do
+    gt=$(cell gw-tcp "$n" "$s"); gs=$(cell gw-shm "$n" "$s"); gl=$(cell gloo "$n" "$s")
+    ms=$(cell mpi-shm "$n" "$s"); mt=$(cell mpi-tcp "$n" "$s")
+    printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s\n" "$n" "$s" "$gt" "$gl" "$(ratio "$gt" "$gl")" \
+      "$gs" "$ms" "$(ratio "$gs" "$ms")" "$mt"
+  done
+done

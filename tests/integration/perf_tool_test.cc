@@ -1,0 +1,241 @@
+// gradwire-perf as a user runs it: the table and its columns, --check, --json (one valid document,
+// with "error" on failure), bad arguments, --dump-config, and the p2p test.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/integration/proc_harness.h"
+
+namespace gw::test {
+namespace {
+
+using json = nlohmann::json;
+
+ProcResult run_perf(std::vector<std::string> args, Env env = clean_env(),
+                    int64_t deadline_ms = 120000) {
+  args.insert(args.begin(), GW_PERF_PATH);
+  if (!env.count("GW_TIMEOUT_MS")) env["GW_TIMEOUT_MS"] = "20000";
+  ProcGroup group;
+  group.start(args, env);
+  return group.wait_all(deadline_ms)[0];
+}
+
+class TempFile {
+ public:
+  TempFile() {
+    char tmpl[] = "/tmp/gw_perf_test_XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd >= 0) close(fd);
+    path_ = tmpl;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+  json read_json() const {
+    std::ifstream f(path_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return json::parse(ss.str(), nullptr, false);
+  }
+
+ private:
+  std::string path_;
+};
+
+// The data rows of the table: lines not starting with '#', split into columns.
+std::vector<std::vector<std::string>> data_rows(const std::string& output) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream words(line);
+    std::vector<std::string> cols;
+    std::string w;
+    while (words >> w) cols.push_back(w);
+    if (!cols.empty()) rows.push_back(cols);
+  }
+  return rows;
+}
+
+TEST(PerfToolTest, DumpConfigListsTheTable) {
+  auto res = run_perf({"--dump-config"});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  EXPECT_NE(res.output.find("GW_TIMEOUT_MS"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("GW_TRANSPORT"), std::string::npos) << res.output;
+  auto toml = run_perf({"--dump-config", "--toml"});
+  ASSERT_TRUE(toml.exited && toml.exit_code == 0) << toml.describe();
+  EXPECT_NE(toml.output.find("timeout_ms = "), std::string::npos) << toml.output;
+}
+
+TEST(PerfToolTest, HelpDescribesEverySubcommand) {
+  auto res = run_perf({"--help"});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  for (const char* sub : {"allreduce", "allgather", "reduce_scatter", "broadcast", "p2p"}) {
+    EXPECT_NE(res.output.find(sub), std::string::npos) << sub << "\n" << res.output;
+  }
+}
+
+TEST(PerfToolTest, BadArgumentsFailWithAMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"allreduce", "--np", "2", "-b", "1M", "-e", "1K"}, "-b"},
+      {{"allreduce", "--np", "2", "-b", "1X"}, "suffix"},
+      {{"allreduce", "--np", "2", "-d", "float99"}, "datatype"},
+      {{"allreduce", "--np", "2", "-o", "xor"}, "op"},
+      {{"allreduce", "--np", "2", "-f", "1"}, "factor"},
+      {{"allreduce", "--np", "2", "--transport", "udp"}, "transport"},
+      {{"broadcast", "--np", "2", "--root", "5"}, "root"},
+      {{"allreduce", "--np", "0"}, "np"},
+      {{"p2p", "--transport", "auto"}, "transport"},
+      {{"p2p", "--np", "3"}, "exactly 2"},
+      {{"frobnicate"}, "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    auto res = run_perf(c.args);
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    EXPECT_TRUE(res.exited && res.exit_code != 0) << joined << res.describe();
+    EXPECT_NE(res.output.find(c.expect), std::string::npos) << joined << res.describe();
+  }
+}
+
+TEST(PerfToolTest, MalformedKnobIsReportedInTheJson) {
+  TempFile out;
+  Env env = clean_env();
+  env["GW_TIMEOUT_MS"] = "soon";
+  ProcGroup group;
+  group.start({GW_PERF_PATH, "allreduce", "--np", "2", "--json", out.path()}, env);
+  auto res = group.wait_all(30000)[0];
+  ASSERT_TRUE(res.exited) << res.describe();
+  EXPECT_EQ(res.exit_code, 2) << res.describe();
+  EXPECT_NE(res.output.find("GW_TIMEOUT_MS"), std::string::npos) << res.describe();
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded()) << "--json must hold one valid document";
+  ASSERT_TRUE(doc.contains("error"));
+  EXPECT_NE(doc["error"].get<std::string>().find("GW_TIMEOUT_MS"), std::string::npos);
+}
+
+TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
+  TempFile out;
+  auto res =
+      run_perf({"allreduce", "--np", "3", "--transport", "tcp", "-b", "1K", "-e", "256K", "-f", "4",
+                "--check", "--iters", "3", "--warmup", "1", "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  auto rows = data_rows(res.output);
+  ASSERT_EQ(rows.size(), 5u) << res.output;  // 1K 4K 16K 64K 256K
+  uint64_t size = 1024;
+  for (const auto& row : rows) {
+    ASSERT_EQ(row.size(), 8u) << res.output;
+    EXPECT_EQ(row[0], std::to_string(size));
+    EXPECT_EQ(row[1], std::to_string(size / 4));
+    EXPECT_EQ(row[2], "float32");
+    EXPECT_EQ(row[3], "sum");
+    double algbw = std::stod(row[5]), busbw = std::stod(row[6]);
+    EXPECT_GT(algbw, 0);
+    EXPECT_NEAR(busbw, algbw * 2 * 2 / 3, 0.002 + algbw * 0.01);  // 2(n-1)/n at n = 3
+    EXPECT_EQ(row[7], "0");
+    size *= 4;
+  }
+  EXPECT_NE(res.output.find("# Avg bus bandwidth : "), std::string::npos);
+  EXPECT_NE(res.output.find("# ranks: 3"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("median"), std::string::npos) << res.output;
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_FALSE(doc.contains("error")) << doc.dump();
+  ASSERT_EQ(doc["rows"].size(), 5u) << doc.dump();
+  for (const auto& row : doc["rows"]) EXPECT_EQ(row["wrong"], 0) << row.dump();
+  EXPECT_EQ(doc["config"]["ranks"], 3);
+  EXPECT_EQ(doc["check_passed"], true);
+}
+
+struct CollCase {
+  std::string coll, dtype, op, transport;
+  int np;
+};
+
+class PerfCollectiveTest : public ::testing::TestWithParam<CollCase> {};
+
+TEST_P(PerfCollectiveTest, CheckFindsNoWrongElement) {
+  const auto& c = GetParam();
+  std::vector<std::string> args = {c.coll,        "--np",      std::to_string(c.np),
+                                   "--transport", c.transport, "-b",
+                                   "64",          "-e",        "1M",
+                                   "-f",          "16",        "--check",
+                                   "-n",          "2",         "-w",
+                                   "1",           "-d",        c.dtype};
+  if (!c.op.empty()) {
+    args.push_back("-o");
+    args.push_back(c.op);
+  }
+  if (c.coll == "broadcast") {
+    args.push_back("--root");
+    args.push_back(std::to_string(c.np - 1));
+  }
+  auto res = run_perf(args);
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  auto rows = data_rows(res.output);
+  ASSERT_EQ(rows.size(), 4u) << res.output;  // 64 1K 16K 256K
+  for (const auto& row : rows) EXPECT_EQ(row.back(), "0") << res.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, PerfCollectiveTest,
+                         ::testing::Values(CollCase{"allreduce", "bfloat16", "sum", "shm", 3},
+                                           CollCase{"allreduce", "float16", "avg", "tcp", 2},
+                                           CollCase{"allreduce", "uint8", "prod", "shm", 4},
+                                           CollCase{"allreduce", "int64", "max", "auto", 3},
+                                           CollCase{"allgather", "float32", "", "tcp", 3},
+                                           CollCase{"allgather", "uint8", "", "shm", 4},
+                                           CollCase{"reduce_scatter", "int32", "sum", "shm", 3},
+                                           CollCase{"reduce_scatter", "float64", "min", "tcp", 2},
+                                           CollCase{"broadcast", "float32", "", "tcp", 3},
+                                           CollCase{"broadcast", "int32", "", "shm", 2}),
+                         [](const auto& info) {
+                           const auto& c = info.param;
+                           return c.coll + "_" + c.dtype + (c.op.empty() ? "" : "_" + c.op) + "_" +
+                                  c.transport + "_" + std::to_string(c.np);
+                         });
+
+class PerfP2pTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PerfP2pTest, BandwidthAndLatencyTables) {
+  TempFile out;
+  auto res = run_perf({"p2p", "--transport", GetParam(), "-b", "1", "-e", "1M", "-f", "32", "-n",
+                       "50", "--lat-iters", "200", "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  auto rows = data_rows(res.output);
+  ASSERT_EQ(rows.size(), 6u) << res.output;  // 1 32 1K 32K 1M, then the latency row
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {
+    ASSERT_EQ(rows[i].size(), 4u) << res.output;
+    EXPECT_EQ(rows[i][1], "50") << res.output;
+  }
+  ASSERT_EQ(rows.back().size(), 7u) << res.output;
+  double tmin = std::stod(rows.back()[2]), tmed = std::stod(rows.back()[3]),
+         tmax = std::stod(rows.back()[6]);
+  EXPECT_GT(tmin, 0);
+  EXPECT_LE(tmin, tmed);
+  EXPECT_LE(tmed, tmax);
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc["bandwidth"].size(), 5u) << doc.dump();
+  for (const auto& bw : doc["bandwidth"]) {
+    // The table rounds to 0.01 MB/s; the JSON keeps full precision.
+    EXPECT_GT(bw["bw_average_MBps"].get<double>(), 0) << doc.dump();
+    EXPECT_GT(bw["msg_rate_Mpps"].get<double>(), 0) << doc.dump();
+  }
+  EXPECT_TRUE(doc.contains("latency")) << doc.dump();
+  EXPECT_FALSE(doc.contains("error")) << doc.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PerfP2pTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace gw::test
