@@ -1,0 +1,325 @@
+// tcp-specific checks beyond the conformance suite: interface selection (NCCL_SOCKET_IFNAME
+// syntax), the striping rule, tunables, and an accept loop that silent or bogus clients cannot
+// stall.
+#include "core/net/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/net/socket_util.h"
+
+namespace gw::net {
+namespace {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Sets an environment variable for one scope and restores the old value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+Interface iface(const char* name, const char* ip, bool up = true, bool loopback = false) {
+  Interface i;
+  i.name = name;
+  i.up = up;
+  i.loopback = loopback;
+  if (std::strchr(ip, ':') != nullptr) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&i.addr);
+    in6->sin6_family = AF_INET6;
+    EXPECT_EQ(inet_pton(AF_INET6, ip, &in6->sin6_addr), 1);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&i.addr);
+    in->sin_family = AF_INET;
+    EXPECT_EQ(inet_pton(AF_INET, ip, &in->sin_addr), 1);
+  }
+  return i;
+}
+
+std::vector<Interface> sample() {
+  return {iface("lo", "127.0.0.1", true, true),
+          iface("eth0", "fe80::1"),
+          iface("eth0", "fd00::1"),
+          iface("eth0", "10.0.0.1"),
+          iface("eth1", "10.1.0.1", false),
+          iface("docker0", "172.17.0.1"),
+          iface("ib0", "fe80::2")};
+}
+
+std::string pick(std::string_view spec, const std::vector<Interface>& all = sample()) {
+  Result<Interface> r = select_interface(spec, all);
+  if (!r.ok()) return "error: " + r.status().message();
+  return r->name + " " + format_sockaddr(reinterpret_cast<const sockaddr*>(&r->addr));
+}
+
+TEST(TcpInterfaceSelection, DefaultIsFirstUpNonLoopbackPreferringIPv4) {
+  EXPECT_EQ(pick(""), "eth0 10.0.0.1:0");
+}
+
+TEST(TcpInterfaceSelection, DefaultFallsBackToLoopback) {
+  EXPECT_EQ(pick("", {iface("lo", "127.0.0.1", true, true), iface("eth1", "10.1.0.1", false)}),
+            "lo 127.0.0.1:0");
+}
+
+TEST(TcpInterfaceSelection, PrefixExcludeAndExactForms) {
+  EXPECT_EQ(pick("docker,ib"), "docker0 172.17.0.1:0");
+  EXPECT_EQ(pick("ib"), "ib0 [fe80::2]:0");  // link-local only when nothing else matches
+  EXPECT_EQ(pick("^eth,docker"), "lo 127.0.0.1:0");
+  EXPECT_EQ(pick("=eth0"), "eth0 10.0.0.1:0");
+  EXPECT_EQ(pick("^=lo,eth0"), "docker0 172.17.0.1:0");
+}
+
+TEST(TcpInterfaceSelection, NoMatchIsInvalidArgNamingTheSpec) {
+  for (const char* spec : {"=eth", "eth1", "wlan", ",", "^"}) {
+    Result<Interface> r = select_interface(spec, sample());
+    ASSERT_FALSE(r.ok()) << spec;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArg);
+    EXPECT_NE(r.status().message().find(std::string("'") + spec + "'"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(TcpStripe, PartsTileTheMessageAndSmallMessagesUseSocketZero) {
+  const size_t unit = 4096;
+  for (int n : {1, 2, 3, 4, 16}) {
+    for (size_t size : {size_t{0}, size_t{1}, unit - 1, unit, unit + 1, 3 * unit + 7,
+                        size_t{64} << 20, (size_t{5} << 30) + 3}) {
+      size_t next = 0;
+      for (int i = 0; i < n; ++i) {
+        StripeRange r = tcp_stripe(size, n, unit, i);
+        ASSERT_LE(r.begin, r.end);
+        if (r.end > r.begin) {
+          ASSERT_EQ(r.begin, next) << "gap or overlap, n=" << n << " size=" << size;
+          next = r.end;
+        }
+      }
+      EXPECT_EQ(next, size) << "n=" << n;
+      if (size <= unit) EXPECT_EQ(tcp_stripe(size, n, unit, 0).end, size);
+    }
+  }
+  // 64 MiB on 4 sockets: four equal 16 MiB parts.
+  EXPECT_EQ(tcp_stripe(size_t{64} << 20, 4, unit, 3).begin, size_t{48} << 20);
+}
+
+TransportOptions options(int64_t timeout_ms = 5000) {
+  TransportOptions o;
+  o.job_token = "tcp-test";
+  o.timeout_ms = timeout_ms;
+  o.rank = 2;
+  return o;
+}
+
+TEST(TcpTransport, TunablesOutOfRangeAreInvalidArg) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  {
+    ScopedEnv e("GW_SOCKET_NSOCKS", "0");
+    EXPECT_EQ(make_tcp_transport(options()).status().code(), Code::kInvalidArg);
+  }
+  {
+    ScopedEnv e("GW_SOCKET_NSOCKS", "17");
+    EXPECT_EQ(make_tcp_transport(options()).status().code(), Code::kInvalidArg);
+  }
+  {
+    ScopedEnv e("GW_SOCKET_CHUNK", "100");
+    EXPECT_EQ(make_tcp_transport(options()).status().code(), Code::kInvalidArg);
+  }
+  {
+    ScopedEnv e("GW_SOCKET_IFNAME", "=no-such-interface0");
+    auto t = make_tcp_transport(options());
+    EXPECT_EQ(t.status().code(), Code::kInvalidArg);
+    EXPECT_NE(t.status().message().find("no-such-interface0"), std::string::npos);
+  }
+  TransportOptions long_token = options();
+  long_token.job_token.assign(300, 'x');
+  EXPECT_EQ(make_tcp_transport(long_token).status().code(), Code::kInvalidArg);
+}
+
+TEST(TcpTransport, PropertiesDescribeTheChosenInterface) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "3");
+  auto t = make_tcp_transport(options());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const Properties& p = (*t)->properties();
+  EXPECT_EQ(p.name, "tcp");
+  EXPECT_EQ(p.interfaces, "lo:127.0.0.1");
+  EXPECT_EQ(p.sockets_per_conn, 3);
+  EXPECT_GT(p.latency_us, 0);
+  EXPECT_GT(p.bandwidth_gbps, 0);
+  EXPECT_FALSE(p.supports_cuda);
+}
+
+struct Conn {
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+};
+
+Conn connect_both(Transport& t, Listener& l, const Handle& h) {
+  Conn c;
+  auto connector = t.connect(h);
+  EXPECT_TRUE(connector.ok()) << connector.status().to_string();
+  if (!connector.ok()) return c;
+  int64_t deadline = now_ms() + 10000;
+  while ((!c.send || !c.recv) && now_ms() < deadline) {
+    if (!c.send) {
+      auto s = (*connector)->poll();
+      EXPECT_TRUE(s.ok()) << s.status().to_string();
+      if (!s.ok()) return c;
+      c.send = std::move(*s);
+    }
+    if (!c.recv) {
+      auto r = l.accept();
+      EXPECT_TRUE(r.ok()) << r.status().to_string();
+      if (!r.ok()) return c;
+      c.recv = std::move(*r);
+    }
+  }
+  return c;
+}
+
+// Moves `size` bytes and checks them; returns false on any failure.
+void roundtrip(Conn& c, size_t size) {
+  std::vector<uint8_t> src(size), dst(size);
+  for (size_t i = 0; i < size; ++i) src[i] = static_cast<uint8_t>(i * 31 + (i >> 12));
+  auto s = c.send->isend(src.data(), size, 1, nullptr);
+  auto r = c.recv->irecv(dst.data(), size, 1, nullptr);
+  ASSERT_TRUE(s.ok() && r.ok() && *s && *r);
+  bool sd = false, rd = false;
+  size_t n = 0;
+  int64_t deadline = now_ms() + 10000;
+  while ((!sd || !rd) && now_ms() < deadline) {
+    if (!sd) ASSERT_TRUE(c.send->test(*s, &sd, &n).ok());
+    if (!rd) ASSERT_TRUE(c.recv->test(*r, &rd, &n).ok());
+  }
+  ASSERT_TRUE(sd && rd);
+  EXPECT_EQ(n, size);
+  EXPECT_TRUE(src == dst);
+}
+
+TEST(TcpTransport, OddSocketCountsAndStripeUnitsCarryEveryByte) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  for (const char* nsocks : {"1", "3", "16"}) {
+    ScopedEnv n("GW_SOCKET_NSOCKS", nsocks);
+    ScopedEnv c("GW_SOCKET_CHUNK", "4K");
+    ScopedEnv b("GW_SOCKET_BUFSIZE", "0");  // kernel autotuning path
+    auto t = make_tcp_transport(options());
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    Handle h;
+    auto l = (*t)->listen(&h);
+    ASSERT_TRUE(l.ok());
+    Conn conn = connect_both(**t, **l, h);
+    ASSERT_TRUE(conn.send && conn.recv);
+    for (size_t size : {size_t{1}, size_t{4097}, size_t{12289}, (size_t{5} << 20) + 11}) {
+      SCOPED_TRACE(testing::Message() << "nsocks " << nsocks << " size " << size);
+      roundtrip(conn, size);
+    }
+  }
+}
+
+sockaddr_in listener_addr(const Handle& h) {
+  // docs/wire-tcp.md: family at byte 8, port (network order) at 10, address at 16.
+  sockaddr_in a{};
+  uint16_t family;
+  std::memcpy(&family, h.bytes.data() + 8, 2);
+  EXPECT_EQ(family, AF_INET);
+  a.sin_family = AF_INET;
+  std::memcpy(&a.sin_port, h.bytes.data() + 10, 2);
+  std::memcpy(&a.sin_addr, h.bytes.data() + 16, 4);
+  return a;
+}
+
+int raw_connect(const sockaddr_in& a) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+TEST(TcpTransport, SilentAndBogusClientsDoNotStallAccept) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  auto t = make_tcp_transport(options(400));
+  ASSERT_TRUE(t.ok());
+  Handle h;
+  auto l = (*t)->listen(&h);
+  ASSERT_TRUE(l.ok());
+  sockaddr_in addr = listener_addr(h);
+  UniqueFd silent(raw_connect(addr));
+  UniqueFd bogus(raw_connect(addr));
+  std::vector<char> junk(288, 'j');  // a handshake-sized blob with a wrong magic
+  ASSERT_EQ(send(bogus.get(), junk.data(), junk.size(), MSG_NOSIGNAL), 288);
+  // A real peer still gets through while the silent one is pending.
+  Conn conn = connect_both(**t, **l, h);
+  ASSERT_TRUE(conn.send && conn.recv);
+  roundtrip(conn, 1000);
+  // The bogus client was refused ('R', then close).
+  char answer[4] = {};
+  ssize_t n = recv(bogus.get(), answer, sizeof(answer), 0);
+  ASSERT_GE(n, 1);
+  EXPECT_EQ(answer[0], 'R');
+  // The silent client is dropped once the handshake deadline passes (accept keeps being polled).
+  timeval tv{0, 10000};
+  setsockopt(silent.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  int64_t deadline = now_ms() + 5000;
+  bool dropped = false;
+  while (!dropped && now_ms() < deadline) {
+    auto a = (*l)->accept();
+    ASSERT_TRUE(a.ok());
+    ASSERT_EQ(*a, nullptr);
+    char b;
+    dropped = recv(silent.get(), &b, 1, 0) == 0;
+  }
+  EXPECT_TRUE(dropped) << "the silent client was never dropped";
+}
+
+TEST(TcpTransport, HandleWithBadFieldsIsInvalidArg) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  auto t = make_tcp_transport(options());
+  ASSERT_TRUE(t.ok());
+  Handle h;
+  auto l = (*t)->listen(&h);
+  ASSERT_TRUE(l.ok());
+  Handle bad_nsocks = h;
+  bad_nsocks.bytes[6] = 0;  // nsocks = 0
+  bad_nsocks.bytes[7] = 0;
+  EXPECT_EQ((*t)->connect(bad_nsocks).status().code(), Code::kInvalidArg);
+  Handle bad_family = h;
+  bad_family.bytes[8] = 99;
+  EXPECT_EQ((*t)->connect(bad_family).status().code(), Code::kInvalidArg);
+  Handle bad_version = h;
+  bad_version.bytes[4] = 7;
+  EXPECT_EQ((*t)->connect(bad_version).status().code(), Code::kInvalidArg);
+}
+
+}  // namespace
+}  // namespace gw::net
