@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 namespace gw::config {
@@ -23,6 +25,10 @@ const char* type_name(Type t) {
 
 Result<int64_t> parse_int(std::string_view s) {
   if (s.empty()) return invalid_arg("empty integer");
+  // strtoll skips leading blanks; a value with blanks is a typo, not a number.
+  if (std::isspace(static_cast<unsigned char>(s[0]))) {
+    return invalid_arg("'{}' is not an integer", s);
+  }
   std::string tmp(s);
   char* end = nullptr;
   errno = 0;
@@ -44,15 +50,26 @@ Result<double> parse_double(std::string_view s) {
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(tmp.c_str(), &end);
-  if (tmp.empty() || errno != 0 || *end != '\0') return invalid_arg("'{}' is not a number", s);
+  if (tmp.empty() || std::isspace(static_cast<unsigned char>(tmp[0])) || errno != 0 ||
+      *end != '\0') {
+    return invalid_arg("'{}' is not a number", s);
+  }
   return v;
+}
+
+// Size rows are read through get_int (int64): larger sizes would wrap negative.
+Result<int64_t> parse_size_i64(std::string_view v) {
+  auto s = parse_size(v);
+  if (!s.ok()) return s.status();
+  if (*s > static_cast<uint64_t>(INT64_MAX)) return invalid_arg("size '{}' is out of range", v);
+  return static_cast<int64_t>(*s);
 }
 
 Status check(const Row& r, std::string_view v) {
   switch (r.type) {
     case Type::Int: return parse_int(v).status();
     case Type::Bool: return parse_bool(v).status();
-    case Type::Size: return parse_size(v).status();
+    case Type::Size: return parse_size_i64(v).status();
     case Type::Double: return parse_double(v).status();
     case Type::String: return ok_status();
   }
@@ -116,9 +133,8 @@ int64_t get_int(Key key) {
   const Row& r = row(key);
   std::string v = value_or_default(key);
   if (r.type == Type::Size) {
-    auto s = parse_size(v);
-    if (s.ok()) return static_cast<int64_t>(*s);
-    return static_cast<int64_t>(*parse_size(r.default_value));
+    auto s = parse_size_i64(v);
+    return s.ok() ? *s : *parse_size_i64(r.default_value);
   }
   auto i = parse_int(v);
   return i.ok() ? *i : *parse_int(r.default_value);
