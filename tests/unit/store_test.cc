@@ -221,6 +221,19 @@ TEST(TcpStoreTest, PortZeroPicksAPort) {
   EXPECT_GT((*s)->port(), 0);
 }
 
+TEST(TcpStoreTest, PortInUseIsASystemErrorNamingTheAddress) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  auto first = TcpStore::create(o);
+  ASSERT_TRUE(first.ok());
+  o.port = (*first)->port();
+  auto second = TcpStore::create(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kSystem);
+  EXPECT_NE(second.status().message().find(std::to_string(o.port)), std::string::npos)
+      << second.status().message();
+}
+
 TEST(TcpStoreTest, ClientsMayStartBeforeTheServer) {
   int port = free_port();
   std::shared_ptr<TcpStore> client;
