@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/plugin/plugin_harness.h"
@@ -420,6 +422,92 @@ TEST_F(PluginTest, TwoConnectionsSharingOneContextStayApart) {
   EXPECT_EQ(check_pattern(rb.data, rb.size, 22), -1);
   EXPECT_EQ(api_->close_send(send2), ncclSuccess);
   EXPECT_EQ(api_->close_recv(recv2), ncclSuccess);
+}
+
+// Several communicators' proxy threads call the plugin at once, and a "service thread" registers
+// memory on a comm while its "progress thread" sends on it.
+TEST_F(PluginTest, ConcurrentCommsAndRegistrationRacingTheDataPath) {
+  constexpr int kThreads = 4;
+  constexpr int kMessages = 40;
+  constexpr size_t kSize = 96 * 1024;
+  std::vector<std::string> errors(kThreads);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  std::vector<void*> sends(kThreads), recvs(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(connect_pair(*api_, ctx_, &sends[t], &recvs[t]), "");
+  }
+  std::thread registrar([&] {
+    Buffer scratch(1 << 16);
+    while (!stop.load()) {
+      for (int t = 0; t < kThreads; ++t) {
+        void* mh = nullptr;
+        if (api_->reg_mr(sends[t], scratch.data, scratch.size, NCCL_PTR_HOST, &mh) != ncclSuccess ||
+            api_->dereg_mr(sends[t], mh) != ncclSuccess) {
+          errors[t] = "regMr/deregMr racing the data path failed";
+        }
+      }
+      std::this_thread::yield();
+    }
+  });
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Buffer out(kSize), in(kSize);
+      for (int m = 0; m < kMessages && errors[t].empty(); ++m) {
+        uint32_t seed = 1000 * t + m;
+        fill_pattern(out.data, kSize, seed);
+        void *sreq = nullptr, *rreq = nullptr;
+        Error e = post_recv(*api_, recvs[t], in.data, kSize, t, nullptr, &rreq);
+        if (e.empty()) e = post_send(*api_, sends[t], out.data, kSize, t, nullptr, &sreq);
+        if (e.empty()) e = wait_all(*api_, {sreq, rreq});
+        if (e.empty() && check_pattern(in.data, kSize, seed) >= 0) e = "corrupt message";
+        if (!e.empty()) errors[t] = e;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  stop.store(true);
+  registrar.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(errors[t], "") << "connection " << t;
+    EXPECT_EQ(api_->close_send(sends[t]), ncclSuccess);
+    EXPECT_EQ(api_->close_recv(recvs[t]), ncclSuccess);
+  }
+}
+
+// connect is called again with the same buffer until it yields a comm; a buffer reused for a
+// different handle must start a new connection, not finish the old one.
+TEST_F(PluginTest, ConnectStateFollowsTheHandleContents) {
+  uint8_t h1[NCCL_NET_HANDLE_MAXSIZE] = {}, h2[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void *l1 = nullptr, *l2 = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, h1, &l1), ncclSuccess);
+  ASSERT_EQ(api_->listen(ctx_, 0, h2, &l2), ncclSuccess);
+  uint8_t buf[NCCL_NET_HANDLE_MAXSIZE];
+  std::memcpy(buf, h1, sizeof(buf));
+  void* sc = nullptr;
+  ASSERT_EQ(api_->connect(ctx_, 0, buf, &sc), ncclSuccess);  // starts towards l1
+  if (sc != nullptr) api_->close_send(sc);
+  std::memcpy(buf, h2, sizeof(buf));  // same buffer, now l2's handle
+  sc = nullptr;
+  void* rc = nullptr;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((sc == nullptr || rc == nullptr) && std::chrono::steady_clock::now() < deadline) {
+    if (sc == nullptr) {
+      ASSERT_EQ(api_->connect(ctx_, 0, buf, &sc), ncclSuccess);
+    }
+    if (rc == nullptr) {
+      ASSERT_EQ(api_->accept(l2, &rc), ncclSuccess);
+    }
+  }
+  ASSERT_NE(sc, nullptr);
+  ASSERT_NE(rc, nullptr) << "the comm from the reused buffer must reach the second listener";
+  send_ = sc;
+  recv_ = rc;
+  int reported = -1;
+  transfer(5000, 5000, 31, &reported);
+  EXPECT_EQ(reported, 5000);
+  EXPECT_EQ(api_->close_listen(l1), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(l2), ncclSuccess);
 }
 
 // Every exported table, through its own function pointers.
