@@ -1,6 +1,7 @@
 // gradwire-perf as a user runs it: the table and its columns, --check, --json (one valid document,
 // with "error" on failure), bad arguments, --dump-config, and the p2p test.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -154,6 +155,40 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   for (const auto& row : doc["rows"]) EXPECT_EQ(row["wrong"], 0) << row.dump();
   EXPECT_EQ(doc["config"]["ranks"], 3);
   EXPECT_EQ(doc["check_passed"], true);
+}
+
+TEST(PerfToolTest, DeadRankEndsTheRunWithAnError) {
+  TempFile out;
+  Env env = clean_env();
+  env["GW_TIMEOUT_MS"] = "3000";
+  ProcGroup group;
+  group.start({GW_PERF_PATH, "allreduce", "--np", "3", "--transport", "tcp", "-b", "16M", "-e",
+               "16M", "-n", "100000", "-w", "0", "--json", out.path()},
+              env);
+  ASSERT_TRUE(group.wait_for_output(0, "#wrong", 60000)) << group.output(0);
+  // The header lists every rank's pid: SIGKILL rank 2 in the middle of the timed loop.
+  std::string text = group.output(0);
+  auto at = text.find("#   rank   2: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  auto pid_at = text.find(" pid ", at);
+  ASSERT_NE(pid_at, std::string::npos) << text;
+  pid_t victim = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
+  ASSERT_GT(victim, 1);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto res = group.wait_all(3000 + 15000)[0];
+  ASSERT_FALSE(res.timed_out) << res.describe();
+  ASSERT_TRUE(res.exited) << res.describe();
+  EXPECT_EQ(res.exit_code, 2) << res.describe();
+  EXPECT_NE(res.output.find("rank 2"), std::string::npos) << res.describe();
+  EXPECT_NE(res.output.find("signal 9"), std::string::npos) << res.describe();
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  ASSERT_TRUE(doc.contains("error")) << doc.dump();
+  // Every rank is gone (reaped by gradwire-perf, not left running).
+  for (auto pos = text.find(" pid "); pos != std::string::npos; pos = text.find(" pid ", pos + 1)) {
+    pid_t pid = static_cast<pid_t>(std::stol(text.substr(pos + 5)));
+    EXPECT_NE(kill(pid, 0), 0) << "rank pid " << pid << " still exists";
+  }
 }
 
 struct CollCase {

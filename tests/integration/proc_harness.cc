@@ -132,6 +132,24 @@ size_t ProcGroup::start(const std::vector<std::string>& argv, const Env& env) {
   return procs_.size() - 1;
 }
 
+bool ProcGroup::wait_for_output(size_t index, const std::string& needle, int64_t deadline_ms) {
+  Proc* p = procs_.at(index);
+  auto start = SteadyClock::now();
+  while (ms_between(start, SteadyClock::now()) < static_cast<double>(deadline_ms)) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(p->fd, buf, sizeof(buf))) > 0)
+      p->result.output.append(buf, static_cast<size_t>(n));
+    if (p->result.output.find(needle) != std::string::npos) return true;
+    if (n == 0) return false;  // EOF: it exited without printing the needle
+    pollfd pfd{p->fd, POLLIN, 0};
+    poll(&pfd, 1, 20);
+  }
+  return false;
+}
+
+std::string ProcGroup::output(size_t index) const { return procs_.at(index)->result.output; }
+
 std::vector<ProcResult> ProcGroup::wait_all(int64_t deadline_ms, bool kill_on_failure,
                                             int64_t grace_ms) {
   auto start = SteadyClock::now();

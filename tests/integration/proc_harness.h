@@ -40,6 +40,11 @@ class ProcGroup {
   // Starts argv[0] (a path) with exactly `env`; returns the index of the process.
   size_t start(const std::vector<std::string>& argv, const Env& env);
 
+  // Reads output until process `index`'s output contains `needle` (true) or the deadline passes
+  // or the process exits without it (false). The output read so far is returned by output().
+  bool wait_for_output(size_t index, const std::string& needle, int64_t deadline_ms);
+  std::string output(size_t index) const;
+
   // Waits until every process has exited or `deadline_ms` from now has passed (then kills the
   // rest, marking them timed_out). With kill_on_failure, the first process that exits non-zero or
   // by a signal gets the others killed after grace_ms.

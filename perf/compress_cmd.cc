@@ -1,0 +1,254 @@
+#include "perf/compress_cmd.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "collectives/codec.h"
+#include "collectives/codec_kernels.h"
+#include "core/config.h"
+#include "gradwire/gradwire.h"
+#include "perf/rank_launcher.h"
+
+namespace gw::perf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<float> gaussian(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+int iters_for(uint64_t bytes, int nranks, int forced) {
+  if (forced > 0) return forced;
+  const double it = 2e9 / static_cast<double>(std::max<uint64_t>(bytes, 1)) / std::max(nranks, 1);
+  return static_cast<int>(std::clamp(it, 3.0, 50.0));
+}
+
+void add_size(CLI::App* app, const std::string& flags, uint64_t* target, const std::string& help) {
+  app->add_option_function<std::string>(
+         flags,
+         [target](const std::string& text) {
+           auto v = config::parse_size(text);
+           if (!v.ok()) throw CLI::ValidationError(v.status().message());
+           *target = *v;
+         },
+         help)
+      ->type_name("SIZE");
+}
+
+}  // namespace
+
+CLI::App* add_compress_command(CLI::App& app, CompressCmdConfig* c) {
+  auto* sub = app.add_subcommand(
+      "compress",
+      "codec throughput on this CPU, one thread: encode (with error feedback) and decode GB/s of "
+      "float32 input, and the compression ratio, per codec and size");
+  sub->add_option("--codec", c->codecs,
+                  "codec spec (repeatable; default fp16 bf16 topk:0.01 randomk:0.01 sign qsgd:16)")
+      ->delimiter('\0');
+  add_size(sub, "-b,--minbytes", &c->min_bytes, "smallest input in bytes (default 1M)");
+  add_size(sub, "-e,--maxbytes", &c->max_bytes, "largest input in bytes (default 64M)");
+  sub->add_option("-f,--stepfactor", c->factor, "size step factor")->capture_default_str();
+  sub->add_option("-n,--iters", c->iters, "iterations per size (0: adaptive)")
+      ->capture_default_str();
+  return sub;
+}
+
+void add_codec_option(CLI::App* allreduce, std::vector<std::string>* codecs) {
+  allreduce
+      ->add_option("--codec", *codecs,
+                   "run the compressed allreduce (gw_allreduce_compressed) with this codec spec, "
+                   "repeatable; an uncompressed float32 row is measured in the same run; adds a "
+                   "bytes_sent column")
+      ->delimiter('\0');
+}
+
+int run_compress_command(const CompressCmdConfig& c) {
+  std::vector<std::string> codecs = c.codecs;
+  if (codecs.empty()) codecs = {"fp16", "bf16", "topk:0.01", "randomk:0.01", "sign", "qsgd:16"};
+  if (c.min_bytes < 4 || c.min_bytes > c.max_bytes || c.factor < 2) {
+    std::fprintf(stderr, "gradwire-perf compress: need 4 <= -b <= -e and -f >= 2\n");
+    return 2;
+  }
+  std::printf("# gradwire-perf compress: one thread, float32 input, error feedback as the spec "
+              "says; kernels: %s\n",
+              std::string(coll::codec_kernels::isa()).c_str());
+  std::printf("# %-22s %12s %10s %12s %12s %8s\n", "codec", "size", "iters", "encode_GBps",
+              "decode_GBps", "ratio");
+  for (const auto& text : codecs) {
+    auto spec = coll::parse_codec_spec(text);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "gradwire-perf compress: %s\n", spec.status().to_string().c_str());
+      return 2;
+    }
+    auto codec = coll::Codec::create(*spec);
+    if (!codec.ok()) {
+      std::fprintf(stderr, "gradwire-perf compress: %s: %s\n", text.c_str(),
+                   codec.status().to_string().c_str());
+      return 2;
+    }
+    for (uint64_t b = c.min_bytes; b <= c.max_bytes; b *= static_cast<uint64_t>(c.factor)) {
+      const size_t n = b / 4;
+      auto in = gaussian(n, 1);
+      std::vector<float> residual(n, 0.0f), acc(n, 0.0f);
+      const size_t e = (*codec)->encoded_size(n);
+      std::vector<uint8_t> enc(e);
+      const int iters = iters_for(b, 1, c.iters);
+      float* res = spec->error_feedback ? residual.data() : nullptr;
+      coll::CodecContext ctx{coll::fnv1a64("perf"), 0, 0};
+      // One untimed pass (page faults), then the timed ones.
+      Status st = (*codec)->encode(in.data(), res, n, enc.data(), e, ctx);
+      double t_enc = 0, t_dec = 0;
+      for (int i = 0; i < iters && st.ok(); ++i) {
+        ctx.step = static_cast<uint64_t>(i + 1);
+        auto t0 = Clock::now();
+        st = (*codec)->encode(in.data(), res, n, enc.data(), e, ctx);
+        auto t1 = Clock::now();
+        if (st.ok()) st = (*codec)->decode_add(enc.data(), e, n, acc.data(), ctx);
+        auto t2 = Clock::now();
+        t_enc += std::chrono::duration<double>(t1 - t0).count();
+        t_dec += std::chrono::duration<double>(t2 - t1).count();
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "gradwire-perf compress: %s: %s\n", text.c_str(),
+                     st.to_string().c_str());
+        return 2;
+      }
+      const double gb = static_cast<double>(b) * iters / 1e9;
+      std::printf("  %-22s %12llu %10d %12.2f %12.2f %8.1f\n", text.c_str(),
+                  static_cast<unsigned long long>(b), iters, gb / t_enc, gb / t_dec,
+                  static_cast<double>(b) / static_cast<double>(e));
+      std::fflush(stdout);
+      if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// One rank of the compressed allreduce sweep; rank 0 prints the rows. 0 on success.
+int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs, int rank,
+               const std::string& store) {
+  gw_config_t cfg{};
+  cfg.rank = rank;
+  cfg.world_size = c.np;
+  cfg.store_addr = store.c_str();
+  cfg.transport = c.transport.c_str();
+  cfg.timeout_ms = static_cast<int>(c.timeout_ms);
+  gw_comm_t comm = nullptr;
+  if (gw_comm_init(&comm, &cfg) != GW_OK) {
+    std::fprintf(stderr, "rank %d: gw_comm_init: %s\n", rank, gw_last_error());
+    return 2;
+  }
+  if (rank == 0) {
+    std::printf("# gradwire-perf allreduce --codec: %d ranks, transport %s, float32 sum of a "
+                "gradient (encode, exchange, decode and error feedback all timed)\n",
+                c.np, c.transport.c_str());
+    std::printf("# busbw uses the uncompressed size; bytes_sent = per rank per call "
+                "(gw_comm_stats); speedup = time of none / time of the codec at that size\n");
+    std::printf("# %-16s %12s %12s %6s %11s %10s %10s %14s %8s\n", "codec", "size", "count",
+                "iters", "time_us", "algbw", "busbw", "bytes_sent", "speedup");
+  }
+  std::map<uint64_t, double> base_us;
+  int rc = 0;
+  for (const auto& codec : codecs) {
+    for (uint64_t b = c.min_bytes; b <= c.max_bytes && rc == 0;
+         b *= static_cast<uint64_t>(c.factor)) {
+      const size_t n = b / 4;
+      const auto src = gaussian(n, 7 + static_cast<uint32_t>(rank));
+      std::vector<float> buf(n);
+      const std::string key = codec + "@" + std::to_string(b);
+      const int iters = iters_for(b, c.np, c.iters);
+      double total = 0;
+      gw_comm_stats_t st{};
+      for (int i = -c.warmup; i < iters; ++i) {
+        std::memcpy(buf.data(), src.data(), n * 4);
+        if (i == 0) gw_comm_reset_stats(comm);
+        if (gw_barrier(comm) != GW_OK) {
+          rc = 2;
+          break;
+        }
+        auto t0 = Clock::now();
+        if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(),
+                                    key.c_str()) != GW_OK) {
+          std::fprintf(stderr, "rank %d: %s %llu B: %s\n", rank, codec.c_str(),
+                       static_cast<unsigned long long>(b), gw_last_error());
+          rc = 2;
+          break;
+        }
+        if (i >= 0) total += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      if (rc != 0) break;
+      gw_comm_stats(comm, &st);
+      double worst = total;
+      if (gw_allreduce(comm, &total, &worst, 1, GW_FLOAT64, GW_MAX) != GW_OK) rc = 2;
+      const double us = worst / iters * 1e6;
+      if (codec == "none") base_us[b] = us;
+      if (rank == 0) {
+        const double algbw = static_cast<double>(b) / (us * 1e-6) / 1e9;
+        const double busbw = algbw * 2.0 * (c.np - 1) / c.np;
+        const auto it = base_us.find(b);
+        std::printf("  %-16s %12llu %12zu %6d %11.1f %10.3f %10.3f %14.0f %8.2f\n", codec.c_str(),
+                    static_cast<unsigned long long>(b), n, iters, us, algbw, busbw,
+                    static_cast<double>(st.bytes_sent) / iters,
+                    it != base_us.end() ? it->second / us : 0.0);
+        std::fflush(stdout);
+      }
+      if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
+    }
+  }
+  gw_comm_release_compression(comm);
+  gw_comm_destroy(comm);
+  return rc;
+}
+
+}  // namespace
+
+int run_codec_allreduce(const CodecAllreduceConfig& c) {
+  std::vector<std::string> codecs = {"none"};
+  for (const auto& s : c.codecs) {
+    auto spec = coll::parse_codec_spec(s);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "gradwire-perf: --codec %s\n", spec.status().to_string().c_str());
+      return 2;
+    }
+    if (s != "none") codecs.push_back(s);
+  }
+  if (c.np < 1 || c.min_bytes < 4 || c.min_bytes > c.max_bytes || c.factor < 2) {
+    std::fprintf(stderr, "gradwire-perf: --codec needs --np >= 1, 4 <= -b <= -e, -f >= 2\n");
+    return 2;
+  }
+  auto port = reserve_loopback_port();
+  if (!port.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", port.status().to_string().c_str());
+    return 2;
+  }
+  const std::string store = fmt::format("127.0.0.1:{}", *port);
+  std::fflush(stdout);
+  ForkOptions fo;
+  fo.nranks = c.np;
+  const int64_t timeout =
+      c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  fo.idle_timeout_ms = timeout + 600000;  // rows print from rank 0 directly, not as messages
+  Status st = run_forked(
+      fo, [&](int rank, int) { return codec_rank(c, codecs, rank, store); },
+      [](int, const std::string&) {});
+  if (!st.ok()) {
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace gw::perf
