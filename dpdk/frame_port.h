@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,8 @@ class MemSwitch : public std::enable_shared_from_this<MemSwitch> {
   bool deliver(const uint8_t* data, size_t len);
   void detach(const MacAddr& mac);
   uint64_t delivered() const;
+  // Sees every frame the switch forwards (tests record frames to replay or mutate them).
+  void set_tap(std::function<void(const uint8_t*, size_t)> tap);
 
  private:
   friend class MemPort;
@@ -68,6 +71,7 @@ class MemSwitch : public std::enable_shared_from_this<MemSwitch> {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Queue> queues_;
   uint64_t delivered_ = 0;
+  std::function<void(const uint8_t*, size_t)> tap_;
 };
 
 }  // namespace gw::dpdk

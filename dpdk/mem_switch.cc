@@ -82,6 +82,7 @@ bool MemSwitch::deliver(const uint8_t* data, size_t len) {
   MacAddr dst;
   std::memcpy(dst.data(), data, 6);
   std::lock_guard<std::mutex> lock(mu_);
+  if (tap_) tap_(data, len);
   auto it = queues_.find(mac_key(dst));
   if (it == queues_.end() || it->second.frames.size() >= it->second.limit) return false;
   it->second.frames.emplace_back(data, data + len);
@@ -96,6 +97,11 @@ bool MemSwitch::pop(const MacAddr& mac, std::vector<uint8_t>* out) {
   *out = std::move(it->second.frames.front());
   it->second.frames.pop_front();
   return true;
+}
+
+void MemSwitch::set_tap(std::function<void(const uint8_t*, size_t)> tap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tap_ = std::move(tap);
 }
 
 uint64_t MemSwitch::delivered() const {
