@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/net/transport.h"
@@ -883,6 +884,32 @@ TEST_P(TransportConformance, BadInputIsRejectedWithInvalidArg) {
   }
   // The comms still work after all of that.
   roundtrip(p, 64, 4);
+}
+
+TEST_P(TransportConformance, DifferentCommsRunOnDifferentThreadsAtOnce) {
+  constexpr int kThreads = 3;
+  std::vector<Pair> pairs(kThreads);
+  for (Pair& p : pairs) p = pair();
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Pair& p = pairs[t];
+      for (int i = 0; i < 100; ++i) {
+        size_t size = static_cast<size_t>((i * 4099 + t * 17) % 300000);
+        std::vector<uint8_t> src(size), dst(size);
+        fill_pattern(src.data(), size, t * 1000 + i);
+        Op s = post_send(p.send.get(), src.data(), size, t);
+        Op r = post_recv(p.recv.get(), dst.data(), size, t);
+        if (s.req == nullptr || r.req == nullptr || !run_ops({&s, &r}) || !s.status.ok() ||
+            !r.status.ok() || r.size != size || !check_pattern(dst.data(), size, t * 1000 + i)) {
+          ++failures[t];
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
 }
 
 TEST_P(TransportConformance, InvalidTimeoutIsRejected) {
