@@ -232,6 +232,7 @@ class RankRun {
       for (int w = 0; w < c_.warmup; ++w) {
         gw_status_t s = call(arg_count, sendbuf.data(), recvbuf.data());
         if (s != GW_OK) return fail(what(total * esz, "warm-up"), s);
+        heartbeat();
       }
       gw_status_t s = gw_barrier(comm_);
       if (s != GW_OK) return fail("barrier before timing", s);
@@ -242,6 +243,7 @@ class RankRun {
         auto t1 = SteadyClock::now();
         if (s != GW_OK) return fail(what(total * esz, "timed iteration"), s);
         times[static_cast<size_t>(i)] = std::chrono::duration<double>(t1 - t0).count();
+        heartbeat();
       }
       // The slowest rank defines each iteration's time.
       s = gw_allreduce(comm_, times.data(), times.data(), times.size(), GW_FLOAT64, GW_MAX);
@@ -279,6 +281,16 @@ class RankRun {
       }
     }
     return result;
+  }
+
+  // Tells the supervising parent (forked mode) that this rank is alive, at most once a second:
+  // the parent kills a run only when nothing was heard for longer than the library's deadline.
+  void heartbeat() {
+    auto now = SteadyClock::now();
+    if (msg_fd_ >= 0 && now - last_beat_ > std::chrono::seconds(1)) {
+      send_message(msg_fd_, "alive");
+      last_beat_ = now;
+    }
   }
 
   std::string what(size_t bytes, const char* phase) const {
@@ -353,6 +365,7 @@ class RankRun {
   json doc_ = json::object();
   double busbw_sum_ = 0;
   int rows_ = 0;
+  SteadyClock::time_point last_beat_ = SteadyClock::now();
 };
 
 int run_forked_sweep(const CollConfig& c) {
