@@ -225,15 +225,18 @@ inline float mag(float x) {
   return a == a ? a : -1.0f;
 }
 
-// Keeps the k best (largest magnitude, then lowest index) of idx, sorted by index.
+// Keeps the k best (largest magnitude, then lowest index) of idx, sorted by index. Works on
+// (magnitude, index) pairs so the selection never goes back to v at random.
 void keep_best(const float* v, std::vector<uint32_t>* idx, size_t k) {
-  auto better = [v](uint32_t a, uint32_t b) {
-    const float ma = mag(v[a]), mb = mag(v[b]);
-    return ma > mb || (ma == mb && a < b);
-  };
   if (idx->size() > k) {
-    std::nth_element(idx->begin(), idx->begin() + static_cast<ptrdiff_t>(k), idx->end(), better);
+    std::vector<std::pair<float, uint32_t>> m(idx->size());
+    for (size_t j = 0; j < idx->size(); ++j) m[j] = {mag(v[(*idx)[j]]), (*idx)[j]};
+    auto better = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    std::nth_element(m.begin(), m.begin() + static_cast<ptrdiff_t>(k), m.end(), better);
     idx->resize(k);
+    for (size_t j = 0; j < k; ++j) (*idx)[j] = m[j].second;
   }
   std::sort(idx->begin(), idx->end());
 }
@@ -250,7 +253,7 @@ std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
   std::vector<uint32_t> idx;
   k = std::min(k, count);
   if (k == 0) return idx;
-  constexpr size_t kSample = 65536;
+  constexpr size_t kSample = 16384;
   if (count <= 4 * kSample || k * 4 >= count) {
     idx.resize(count);
     for (size_t i = 0; i < count; ++i) idx[i] = static_cast<uint32_t>(i);

@@ -80,9 +80,10 @@ int run_compress_command(const CompressCmdConfig& c) {
     std::fprintf(stderr, "gradwire-perf compress: need 4 <= -b <= -e and -f >= 2\n");
     return 2;
   }
-  std::printf("# gradwire-perf compress: one thread, float32 input, error feedback as the spec "
-              "says; kernels: %s\n",
-              std::string(coll::codec_kernels::isa()).c_str());
+  std::printf(
+      "# gradwire-perf compress: one thread, float32 input, error feedback as the spec "
+      "says; kernels: %s\n",
+      std::string(coll::codec_kernels::isa()).c_str());
   std::printf("# %-22s %12s %10s %12s %12s %8s\n", "codec", "size", "iters", "encode_GBps",
               "decode_GBps", "ratio");
   for (const auto& text : codecs) {
@@ -152,11 +153,13 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
     return 2;
   }
   if (rank == 0) {
-    std::printf("# gradwire-perf allreduce --codec: %d ranks, transport %s, float32 sum of a "
-                "gradient (encode, exchange, decode and error feedback all timed)\n",
-                c.np, c.transport.c_str());
-    std::printf("# busbw uses the uncompressed size; bytes_sent = per rank per call "
-                "(gw_comm_stats); speedup = time of none / time of the codec at that size\n");
+    std::printf(
+        "# gradwire-perf allreduce --codec: %d ranks, transport %s, float32 sum of a "
+        "gradient (encode, exchange, decode and error feedback all timed)\n",
+        c.np, c.transport.c_str());
+    std::printf(
+        "# busbw uses the uncompressed size; bytes_sent = per rank per call "
+        "(gw_comm_stats); speedup = time of none / time of the codec at that size\n");
     std::printf("# %-16s %12s %12s %6s %11s %10s %10s %14s %8s\n", "codec", "size", "count",
                 "iters", "time_us", "algbw", "busbw", "bytes_sent", "speedup");
   }
@@ -180,8 +183,8 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
           break;
         }
         auto t0 = Clock::now();
-        if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(),
-                                    key.c_str()) != GW_OK) {
+        if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(), key.c_str()) !=
+            GW_OK) {
           std::fprintf(stderr, "rank %d: %s %llu B: %s\n", rank, codec.c_str(),
                        static_cast<unsigned long long>(b), gw_last_error());
           rc = 2;
@@ -249,6 +252,24 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
     return 2;
   }
   return 0;
+}
+
+int run_codec_allreduce(const CollConfig& base, const std::vector<std::string>& codecs) {
+  CodecAllreduceConfig c;
+  c.codecs = codecs;
+  c.min_bytes = base.min_bytes;
+  c.max_bytes = base.max_bytes;
+  c.factor = base.factor;
+  c.np = base.np > 0 ? base.np : 4;
+  c.transport = base.transport == "auto" ? "tcp" : base.transport;
+  c.iters = base.iters;
+  c.warmup = base.warmup;
+  c.timeout_ms = base.timeout_ms;
+  if (base.dtype != coll::DataType::kF32 || base.op != coll::ReduceOp::kSum) {
+    std::fprintf(stderr, "gradwire-perf: --codec runs a float32 sum only\n");
+    return 2;
+  }
+  return run_codec_allreduce(c);
 }
 
 }  // namespace gw::perf

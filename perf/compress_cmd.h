@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "perf/coll_bench.h"
+
 namespace gw::perf {
 
 struct CompressCmdConfig {
@@ -39,5 +41,7 @@ void add_codec_option(CLI::App* allreduce, std::vector<std::string>* codecs);
 // Exit status 0 ok, 2 error.
 int run_compress_command(const CompressCmdConfig& config);
 int run_codec_allreduce(const CodecAllreduceConfig& config);
+// The same, configured from the allreduce subcommand's options (sizes, --np, --transport, iters).
+int run_codec_allreduce(const CollConfig& base, const std::vector<std::string>& codecs);
 
 }  // namespace gw::perf

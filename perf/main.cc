@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "perf/coll_bench.h"
+#include "perf/compress_cmd.h"
 #include "perf/p2p_bench.h"
 
 namespace {
@@ -112,6 +113,11 @@ int main(int argc, char** argv) {
        &broadcast},
   };
 
+  gw::perf::CompressCmdConfig compress;  // gradwire-perf compress, allreduce --codec
+  auto* compress_cmd = gw::perf::add_compress_command(app, &compress);
+  std::vector<std::string> codecs;
+  gw::perf::add_codec_option(colls[0].first, &codecs);
+
   gw::perf::P2pConfig p2p;
   auto* p2p_cmd = app.add_subcommand(
       "p2p",
@@ -148,6 +154,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradwire-perf: --toml only makes sense with --dump-config\n");
     return 2;
   }
+  if (compress_cmd->parsed()) return gw::perf::run_compress_command(compress);
   for (auto& [cmd, cli] : colls) {
     if (!cmd->parsed()) continue;
     auto dt = gw::coll::parse_dtype(cli->dtype);
@@ -166,6 +173,7 @@ int main(int argc, char** argv) {
     }
     cli->config.dtype = *dt;
     cli->config.op = *op;
+    if (!codecs.empty()) return gw::perf::run_codec_allreduce(cli->config, codecs);
     return gw::perf::run_collective(cli->config);
   }
   if (p2p_cmd->parsed()) return gw::perf::run_p2p(p2p);
