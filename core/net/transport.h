@@ -102,20 +102,20 @@ class Connector {
 };
 
 struct Properties {
-  std::string name;         // "tcp", "shm"
-  std::string interfaces;   // e.g. "eth0:10.0.0.1" (tcp), "" otherwise
-  int sockets_per_conn = 1; // tcp striping
-  int speed_mbps = 0;       // link speed, 0 when unknown
-  double latency_us = 0;    // typical small-message one-way latency, for the cost model
-  double bandwidth_gbps = 0;// typical per-connection bandwidth (GB/s), for the cost model
+  std::string name;           // "tcp", "shm"
+  std::string interfaces;     // e.g. "eth0:10.0.0.1" (tcp), "" otherwise
+  int sockets_per_conn = 1;   // tcp striping
+  int speed_mbps = 0;         // link speed, 0 when unknown
+  double latency_us = 0;      // typical small-message one-way latency, for the cost model
+  double bandwidth_gbps = 0;  // typical per-connection bandwidth (GB/s), for the cost model
   bool supports_cuda = false;
 };
 
 struct TransportOptions {
-  std::string job_token;      // compared in every handshake
-  int64_t timeout_ms = 30000; // connector deadline
-  std::string host_id;        // this process's host identity (shm refuses other hosts)
-  int rank = -1;              // for names in messages only
+  std::string job_token;       // compared in every handshake
+  int64_t timeout_ms = 30000;  // connector deadline
+  std::string host_id;         // this process's host identity (shm refuses other hosts)
+  int rank = -1;               // for names in messages only
 };
 
 class Transport {
