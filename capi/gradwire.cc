@@ -133,22 +133,30 @@ Result<std::shared_ptr<CommState>> usable(gw_comm_t comm) {
   return state;
 }
 
-Status check_dtype(gw_dtype_t dtype) {
-  int v = static_cast<int>(dtype);
+// The raw bits of an enum argument. C callers may pass any int; loading such a value as the C++
+// enum type would be undefined, so the bytes are copied instead and validated as an int.
+template <typename E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+Status check_dtype(int v) {
   if (!gw::coll::valid_dtype(v)) {
     return gw::invalid_arg("argument dtype: unknown gw_dtype_t value {}", v);
   }
   return gw::ok_status();
 }
 
-Status check_op(gw_op_t op) {
-  int v = static_cast<int>(op);
+Status check_op(int v) {
   if (!gw::coll::valid_op(v)) return gw::invalid_arg("argument op: unknown gw_op_t value {}", v);
   return gw::ok_status();
 }
 
 // count elements of dtype, `blocks` times, must fit in size_t bytes.
-Result<size_t> buffer_bytes(const char* arg, size_t count, gw_dtype_t dtype, size_t blocks = 1) {
+Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blocks = 1) {
   size_t elem = gw::coll::dtype_size(static_cast<gw::coll::DataType>(dtype));
   size_t elems = 0;
   size_t bytes = 0;
@@ -180,8 +188,8 @@ Status check_overlap(const void* a, size_t a_bytes, const void* b, size_t b_byte
   return gw::ok_status();
 }
 
-gw::coll::DataType dt(gw_dtype_t d) { return static_cast<gw::coll::DataType>(d); }
-gw::coll::ReduceOp rop(gw_op_t o) { return static_cast<gw::coll::ReduceOp>(o); }
+gw::coll::DataType dt(int d) { return static_cast<gw::coll::DataType>(d); }
+gw::coll::ReduceOp rop(int o) { return static_cast<gw::coll::ReduceOp>(o); }
 
 gw_comm_t register_comm(std::shared_ptr<CommState> state) {
   auto* h = new gw_comm();
@@ -276,7 +284,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   return gw::ok_status();
 }
 
-const char* status_text(gw_status_t s) {
+const char* status_text(int s) {
   switch (s) {
     case GW_OK:
       return "GW_OK: success";
@@ -368,7 +376,7 @@ GW_EXPORT gw_status_t gw_comm_size(gw_comm_t comm, int* size) {
 namespace {
 
 Status check_allreduce(const CommState& st, const void* sendbuf, void* recvbuf, size_t count,
-                       gw_dtype_t dtype, gw_op_t op) {
+                       int dtype, int op) {
   GW_RETURN_IF_ERROR(check_dtype(dtype));
   GW_RETURN_IF_ERROR(check_op(op));
   GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
@@ -380,17 +388,20 @@ Status check_allreduce(const CommState& st, const void* sendbuf, void* recvbuf, 
 }  // namespace
 
 GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
-                                   gw_dtype_t dtype, gw_op_t op) {
+                                   gw_dtype_t dtype_arg, gw_op_t op_arg) {
   return guarded("gw_allreduce", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
+    const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
     return st->comm->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
   });
 }
 
-GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
+GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype_arg,
                                    int root) {
   return guarded("gw_broadcast", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
@@ -403,8 +414,9 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
 }
 
 GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
-                                   size_t sendcount, gw_dtype_t dtype) {
+                                   size_t sendcount, gw_dtype_t dtype_arg) {
   return guarded("gw_allgather", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
@@ -422,8 +434,10 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
 }
 
 GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
-                                        size_t recvcount, gw_dtype_t dtype, gw_op_t op) {
+                                        size_t recvcount, gw_dtype_t dtype_arg, gw_op_t op_arg) {
   return guarded("gw_reduce_scatter", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
+    const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_RETURN_IF_ERROR(check_op(op));
@@ -448,9 +462,11 @@ GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
 }
 
 GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf,
-                                    size_t count, gw_dtype_t dtype, gw_op_t op,
+                                    size_t count, gw_dtype_t dtype_arg, gw_op_t op_arg,
                                     gw_request_t* request) {
   return guarded("gw_iallreduce", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
+    const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
     GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
@@ -538,7 +554,7 @@ GW_EXPORT gw_status_t gw_test(gw_request_t request, int* done) {
   });
 }
 
-GW_EXPORT const char* gw_status_string(gw_status_t status) { return status_text(status); }
+GW_EXPORT const char* gw_status_string(gw_status_t status) { return status_text(raw_enum(status)); }
 
 GW_EXPORT const char* gw_last_error(void) { return t_last_error.c_str(); }
 
