@@ -164,7 +164,14 @@ class DpdkPort : public FramePort {
     // mbufs hold a whole frame: no scatter on RX, one segment on TX.
     size_t want_mtu = std::max<size_t>(576, o.mtu);
     if (info.max_mtu > 0) want_mtu = std::min<size_t>(want_mtu, info.max_mtu);
-    const size_t room = want_mtu + kEthLen + 64 + RTE_PKTMBUF_HEADROOM;
+    // At least 10 KiB: af_packet wants its whole frame slot (framesz) to fit in one mbuf.
+    size_t room = std::max<size_t>(want_mtu + kEthLen + 64, 10240) + RTE_PKTMBUF_HEADROOM;
+    if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
+      // The mempool is the XDP umem: a whole mbuf must fit in one 4 KiB umem chunk.
+      room = RTE_MBUF_DEFAULT_BUF_SIZE;
+      // Minus the mbuf headroom and XDP_PACKET_HEADROOM (256): 1500 leaves margin.
+      want_mtu = std::min<size_t>(want_mtu, 1500);
+    }
     const std::string pname = fmt::format("gw_pool{}", port_id_);
     pool_ = rte_pktmbuf_pool_create(pname.c_str(), static_cast<unsigned>(o.nb_mbufs), 256, 0,
                                     static_cast<uint16_t>(std::min<size_t>(room, 65535)),

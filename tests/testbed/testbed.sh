@@ -1,0 +1,112 @@
+#!/bin/bash
+# Network-namespace testbed: N "hosts" (network namespaces), each with a data interface d0
+# (veth to the bridge gwbd<id>, MTU 9000, 10.77.0.<i+1>/24) for DPDK or kernel TCP, and a control
+# interface c0 (veth to bridge gwbc<id>, 10.79.0.<i+1>/24) for the rendezvous store, so binding
+# DPDK (AF_XDP takes every frame of d0) never cuts the store off.
+#
+#   testbed.sh [-n HOSTS] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES] [-c PCAP] -- COMMAND...
+#
+# COMMAND runs in every host at once (bash -c), with TB_HOST (0..N-1), TB_HOSTS, TB_IFACE (d0),
+# TB_IP, TB_CTL_IP, TB_STORE (10.79.0.1), TB_ID and TB_EAL_MEM (the EAL memory flags: hugepages
+# when -H reserved them, else --no-huge) in its environment; host i's output goes to stderr
+# prefixed with [h<i>]. -c writes a capture of the bridge's data traffic (tshark/dumpcap) to PCAP.
+# Exit status: 0 when every host exits 0; 77 when the testbed cannot be built here (not root,
+# no ip/netns support); else the first failing host's status. Everything created (namespaces,
+# links, bridges, hugepage reservation and files) is removed on exit, whatever happened.
+set -u
+N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""
+while getopts "n:m:t:H:c:" o; do
+  case $o in
+    n) N=$OPTARG ;; m) MTU=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
+    *) echo "usage: $0 [-n hosts] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" = "--" ] && shift
+[ $# -ge 1 ] || { echo "testbed: no command" >&2; exit 2; }
+CMD="$*"
+
+if [ "$(id -u)" != 0 ]; then echo "testbed: SKIP: needs root (network namespaces)" >&2; exit 77; fi
+command -v ip >/dev/null || { echo "testbed: SKIP: iproute2 missing" >&2; exit 77; }
+
+ID="$$"
+ID=${ID: -6}
+NS=(); PIDS=(); CAP_PID=""; HUGE_OLD=""
+cleanup() {
+  trap - EXIT INT TERM
+  for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+  [ -n "$CAP_PID" ] && { kill -INT "$CAP_PID" 2>/dev/null; sleep 0.5; kill -KILL "$CAP_PID" 2>/dev/null; }
+  for ns in "${NS[@]}"; do
+    # Processes left inside the namespace (a host's own children) go with it.
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  for i in $(seq 0 $((N - 1))); do
+    ip link del "gd${ID}h$i" 2>/dev/null; ip link del "gc${ID}h$i" 2>/dev/null
+  done
+  ip link del "gwbd$ID" 2>/dev/null; ip link del "gwbc$ID" 2>/dev/null
+  rm -f /dev/hugepages/gwtb${ID}* 2>/dev/null
+  [ -n "$HUGE_OLD" ] && echo "$HUGE_OLD" > /proc/sys/vm/nr_hugepages
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail_setup() { echo "testbed: SKIP: $1" >&2; exit 77; }
+ip link add "gwbd$ID" type bridge 2>/dev/null || fail_setup "cannot create a bridge"
+ip link add "gwbc$ID" type bridge || fail_setup "cannot create a bridge"
+ip link set "gwbd$ID" mtu "$MTU" up; ip link set "gwbc$ID" up
+for i in $(seq 0 $((N - 1))); do
+  ns="gwtb${ID}h$i"
+  ip netns add "$ns" || fail_setup "ip netns add failed"
+  NS+=("$ns")
+  ip link add "gd${ID}h$i" mtu "$MTU" type veth peer name d0 mtu "$MTU" netns "$ns" || fail_setup "veth"
+  ip link add "gc${ID}h$i" type veth peer name c0 netns "$ns" || fail_setup "veth"
+  ip link set "gd${ID}h$i" master "gwbd$ID" up; ip link set "gc${ID}h$i" master "gwbc$ID" up
+  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev d0
+  ip -n "$ns" addr add "10.79.0.$((i + 1))/24" dev c0
+  ip -n "$ns" link set lo up; ip -n "$ns" link set d0 up; ip -n "$ns" link set c0 up
+  # Kernel UDP senders on veth leave CHECKSUM_PARTIAL: compute it (docs: transport.md 1.5).
+  ip netns exec "$ns" ethtool -K d0 tx off >/dev/null 2>&1
+done
+
+EAL_MEM="--no-huge -m 512 --no-shconf"
+if [ "$HUGE" -gt 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+  HUGE_OLD=$(cat /proc/sys/vm/nr_hugepages)
+  echo $((HUGE_OLD + HUGE * N)) > /proc/sys/vm/nr_hugepages 2>/dev/null
+  if [ "$(cat /proc/sys/vm/nr_hugepages)" -ge $((HUGE_OLD + HUGE * N)) ] && mountpoint -q /dev/hugepages; then
+    EAL_MEM="--in-memory -m $((HUGE * 2))"
+  else
+    echo "testbed: hugepages unavailable, falling back to --no-huge" >&2
+  fi
+fi
+
+if [ -n "$PCAP" ]; then
+  command -v dumpcap >/dev/null || fail_setup "dumpcap (tshark) missing"
+  dumpcap -q -i "gwbd$ID" -w "$PCAP" -f "udp" >/dev/null 2>&1 &
+  CAP_PID=$!
+  sleep 1
+fi
+
+for i in $(seq 0 $((N - 1))); do
+  ns="gwtb${ID}h$i"
+  setsid env TB_HOST=$i TB_HOSTS=$N TB_IFACE=d0 TB_IP="10.77.0.$((i + 1))" \
+    TB_CTL_IP="10.79.0.$((i + 1))" TB_STORE=10.79.0.1 TB_ID="$ID" TB_EAL_MEM="$EAL_MEM" \
+    ip netns exec "$ns" bash -c "$CMD" > >(sed "s/^/[h$i] /" >&2) 2>&1 &
+  PIDS+=($!)
+done
+
+rc=0
+deadline=$((SECONDS + TIMEOUT))
+for idx in "${!PIDS[@]}"; do
+  p=${PIDS[$idx]}
+  while kill -0 "$p" 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "testbed: host $idx still running after ${TIMEOUT}s: killing everything" >&2
+      exit 124
+    fi
+    sleep 0.2
+  done
+  wait "$p"; s=$?
+  if [ $s -ne 0 ] && [ $rc -eq 0 ]; then rc=$s; echo "testbed: host $idx exited with $s" >&2; fi
+done
+exit $rc
