@@ -162,7 +162,7 @@ TEST_P(CommTest, AllreduceEveryDtypeOpBothAlgosInAndOutOfPlace) {
                 void* recv = in_place ? in.data() : out.data();
                 Status s = c.allreduce(in.data(), recv, count, dt, op);
                 ASSERT_TRUE(s.ok()) << s.to_string();
-                ASSERT_EQ(0, std::memcmp(recv, want.data(), want.size()))
+                ASSERT_TRUE(want.empty() || std::memcmp(recv, want.data(), want.size()) == 0)
                     << algo << " n=" << n << " rank " << r << " " << dtype_name(dt) << " "
                     << op_name(op) << " count=" << count << " in_place=" << in_place;
               }
