@@ -17,6 +17,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "capi/capi_internal.h"
 #include "collectives/communicator.h"
 #include "collectives/types.h"
 #include "core/bootstrap.h"
@@ -26,13 +27,11 @@
 #include "core/store.h"
 #include "core/store_socket.h"
 
-#define GW_EXPORT extern "C" __attribute__((visibility("default")))
-
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
 #endif
 
-namespace {
+namespace gw::capi {
 
 using gw::Code;
 using gw::Result;
@@ -41,14 +40,9 @@ using gw::Status;
 constexpr uint64_t kCommMagic = 0x31436d6d6f437747ull;     // "GwCommC1"
 constexpr uint64_t kRequestMagic = 0x3152716552774747ull;  // "GGwReqR1"
 
-struct CommState {
-  std::unique_ptr<gw::coll::Communicator> comm;
-  std::shared_ptr<gw::Store> store;  // rank 0's TcpStore hosts the server: keep it alive
-  int rank = -1;
-  int size = -1;
-};
+}  // namespace gw::capi
 
-}  // namespace
+using namespace gw::capi;  // NOLINT: this file implements gw::capi
 
 struct gw_comm {
   uint64_t magic = kCommMagic;
@@ -82,55 +76,6 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
-}
-
-thread_local std::string t_last_error;
-
-gw_status_t to_c(Code c) { return static_cast<gw_status_t>(static_cast<int>(c)); }
-
-gw_status_t fail(const char* call, const Status& s) {
-  const std::string& m = s.message();
-  if (m.rfind(call, 0) == 0) {
-    t_last_error = m;
-  } else {
-    t_last_error = fmt::format("{}: {}", call, m);
-  }
-  return to_c(s.code());
-}
-
-// Runs an entry point's body: converts its Status, and every exception, to a gw_status_t.
-template <typename F>
-gw_status_t guarded(const char* call, F&& body) noexcept {
-  try {
-    Status s = body();
-    if (s.ok()) return GW_OK;
-    return fail(call, s);
-  } catch (const std::bad_alloc&) {
-    return fail(call, gw::no_memory("out of memory"));
-  } catch (const std::exception& e) {
-    return fail(call, gw::internal_error("unexpected exception: {}", e.what()));
-  } catch (...) {
-    return fail(call, gw::internal_error("unexpected non-standard exception"));
-  }
-}
-
-Result<std::shared_ptr<CommState>> lookup(gw_comm_t comm) {
-  if (comm == nullptr) return gw::invalid_arg("comm is NULL");
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->state) {
-    return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
-  }
-  return comm->state;
-}
-
-// A live communicator that has not been aborted.
-Result<std::shared_ptr<CommState>> usable(gw_comm_t comm) {
-  GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
-  if (state->comm->aborted()) {
-    return gw::aborted_error("comm was aborted (gw_comm_abort); destroy it and create a new one");
-  }
-  return state;
 }
 
 // The raw bits of an enum argument. C callers may pass any int; loading such a value as the C++
@@ -310,6 +255,41 @@ const char* status_text(int s) {
 }
 
 }  // namespace
+
+namespace gw::capi {
+
+thread_local std::string t_last_error;
+
+gw_status_t fail(const char* call, const Status& s) {
+  const std::string& m = s.message();
+  if (m.rfind(call, 0) == 0) {
+    t_last_error = m;
+  } else {
+    t_last_error = fmt::format("{}: {}", call, m);
+  }
+  return static_cast<gw_status_t>(static_cast<int>(s.code()));
+}
+
+Result<std::shared_ptr<CommState>> lookup(gw_comm_t comm) {
+  if (comm == nullptr) return gw::invalid_arg("comm is NULL");
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->state) {
+    return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
+  }
+  return comm->state;
+}
+
+// A live communicator that has not been aborted.
+Result<std::shared_ptr<CommState>> usable(gw_comm_t comm) {
+  GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+  if (state->comm->aborted()) {
+    return gw::aborted_error("comm was aborted (gw_comm_abort); destroy it and create a new one");
+  }
+  return state;
+}
+
+}  // namespace gw::capi
 
 GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
   return guarded("gw_comm_init_from_env", [&] {

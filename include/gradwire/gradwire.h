@@ -153,8 +153,8 @@ const char* gw_version(void);
  * "powersgd:4,ef=1". A malformed spec is GW_ERR_INVALID_ARG with the reason in gw_last_error().
  *
  * tensor_key names the tensor (non-empty, NUL-terminated): the error-feedback residual and the
- * codec state (PowerSGD's warm start) live under it, per communicator, and are freed with
- * gw_comm_release_compression (or at process exit). Reusing a key with another spec, count or
+ * codec state (PowerSGD's warm start) live under it, per communicator, and are freed with the
+ * communicator (gw_comm_destroy) or earlier by gw_comm_release_compression. Reusing a key with another spec, count or
  * dtype is GW_ERR_INVALID_ARG. On return every rank's buf holds the same values: the sum over
  * ranks of each rank's decoded compressed gradient (what a codec could not send stays in that
  * rank's residual and is added to the next call with the same key).
@@ -164,7 +164,7 @@ const char* gw_version(void);
  * GW_FLOAT16 or GW_BFLOAT16 (others: GW_ERR_INVALID_ARG); buf may be NULL only when count is 0.
  * Blocking, with the communicator's deadline like every collective. Thread-safety: as the other
  * collectives (one thread per communicator); gw_comm_stats and gw_comm_reset_stats may be
- * called from any thread. */
+ * called from any thread (they wait for a compressed allreduce in progress on another thread). */
 gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
                                     const char* codec_spec, const char* tensor_key);
 
@@ -182,13 +182,13 @@ typedef struct {
   uint64_t calls;
 } gw_comm_stats_t;
 
-/* Copies the counters into *out (not collective, never blocks). */
+/* Copies the counters into *out. Not collective. */
 gw_status_t gw_comm_stats(gw_comm_t comm, gw_comm_stats_t* out);
-/* Sets the counters to 0 (not collective, never blocks). */
+/* Sets the counters to 0. Not collective. */
 gw_status_t gw_comm_reset_stats(gw_comm_t comm);
-/* Frees the compression state (residuals, PowerSGD factors, counters) of comm. Not collective,
- * never blocks; call it before gw_comm_destroy (state left behind is freed at process exit). A
- * later gw_allreduce_compressed on comm starts from empty residuals. */
+/* Frees the compression state (residuals, PowerSGD factors, counters) of comm now, e.g. when the
+ * model's tensors change. Not collective. gw_comm_destroy frees it too. A later
+ * gw_allreduce_compressed on comm starts from empty residuals. */
 gw_status_t gw_comm_release_compression(gw_comm_t comm);
 
 #ifdef __cplusplus
