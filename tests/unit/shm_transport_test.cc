@@ -104,7 +104,7 @@ void roundtrip(Conn& c, size_t size) {
   }
   ASSERT_TRUE(sd && rd);
   EXPECT_EQ(n, size);
-  EXPECT_EQ(std::memcmp(src.data(), dst.data(), size), 0);
+  if (size > 0) EXPECT_EQ(std::memcmp(src.data(), dst.data(), size), 0);
   EXPECT_EQ(dst[size], 0x5A);
 }
 
