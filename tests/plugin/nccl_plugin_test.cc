@@ -569,7 +569,10 @@ TEST(PluginFreshProcess, MissingInterfaceIsInvalidUsage) {
 
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {
   EXPECT_EQ(run_peer({"GW_PLUGIN_PIN=1"}, {"pin", "1"}), 0);
-  EXPECT_EQ(run_peer({"GW_PLUGIN_PIN=0"}, {"pin", "0"}), 0);  // the check can fail
+  // Unpinned, the library really unloads (so the check above can fail). The process-wide plugin
+  // state is deliberately never freed (NCCL may call in from exit paths), which LeakSanitizer
+  // reports once its module is gone: leak checking is off for this one run.
+  EXPECT_EQ(run_peer({"GW_PLUGIN_PIN=0", "ASAN_OPTIONS=detect_leaks=0"}, {"pin", "0"}), 0);
 }
 
 }  // namespace
