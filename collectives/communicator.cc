@@ -24,6 +24,9 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/net/transport.h"
+#if defined(GW_HAVE_DPDK)
+#include "dpdk/dpdk_transport.h"
+#endif
 
 namespace gw::coll {
 namespace {
@@ -221,14 +224,26 @@ struct CommImpl::ChanRun {
 
 // ---- set-up -----------------------------------------------------------------------------------
 
+// net::make_transport, plus the backends that live above gw_core: gw_dpdk is reached from here so
+// that every program linking the collectives (libgradwire.so, gradwire-perf) links it too.
+Result<std::unique_ptr<net::Transport>> default_transport(const std::string& name,
+                                                          const net::TransportOptions& options) {
+#if defined(GW_HAVE_DPDK)
+  if (name == "dpdk") return dpdk::make_dpdk_transport(options);
+#endif
+  return net::make_transport(name, options);
+}
+
 Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal) {
   if (o.world_size < 1) return invalid_arg("communicator: world size {} < 1", o.world_size);
   if (o.rank < 0 || o.rank >= o.world_size) {
     return invalid_arg("communicator: rank {} out of range 0..{}", o.rank, o.world_size - 1);
   }
   if (!o.store) return invalid_arg("communicator: a store is required");
-  if (o.transport != "auto" && o.transport != "tcp" && o.transport != "shm") {
-    return invalid_arg("communicator: transport '{}': expected auto, tcp or shm", o.transport);
+  if (o.transport != "auto" && o.transport != "tcp" && o.transport != "shm" &&
+      o.transport != "dpdk") {
+    return invalid_arg("communicator: transport '{}': expected auto, tcp, shm or dpdk",
+                       o.transport);
   }
   GW_RETURN_IF_ERROR(config::validate());
   rank_ = o.rank;
@@ -237,7 +252,7 @@ Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal)
   timeout_ms_ = o.timeout_ms >= 0 ? o.timeout_ms : config::get_int(config::Key::kTimeoutMs);
   if (timeout_ms_ <= 0) return invalid_arg("communicator: timeout {} ms must be > 0", timeout_ms_);
   factory_ = internal.transport_factory;
-  if (!factory_) factory_ = &net::make_transport;
+  if (!factory_) factory_ = &default_transport;
   GW_ASSIGN_OR_RETURN(forced_algo_, parse_algo(config::get_string(config::Key::kAlgo)));
   chunk_bytes_ =
       static_cast<size_t>(std::max<int64_t>(4096, config::get_int(config::Key::kChunkSize)));
