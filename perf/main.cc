@@ -63,7 +63,10 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "fork this many ranks on this machine with a private store; without it the "
                   "ranks come from the launcher's environment (torchrun, mpirun, srun, GW_*)")
       ->check(CLI::Range(1, 256));
-  sub->add_option("--transport", c.transport, "auto (shm within a host, tcp across), tcp, shm")
+  sub->add_option("--transport", c.transport,
+                  "auto (shm within a host, tcp across), tcp, shm, dpdk (port from "
+                  "GW_DPDK_EAL_ARGS; one rank per host: run it under a launcher)")
+      ->check(CLI::IsMember({"auto", "tcp", "shm", "dpdk"}))
       ->capture_default_str();
   sub->add_option("--algo", c.algo,
                   "force the allreduce algorithm: auto, ring, rhd (sets GW_ALGO)");
