@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <unordered_set>
 
 #include "core/config.h"
 #include "core/log.h"
@@ -25,7 +26,10 @@ class Mr : public net::MemRegion {};
 class CommBase {
  protected:
   CommBase(std::shared_ptr<Engine> e, uint32_t id) : engine_(std::move(e)), id_(id) {}
-  ~CommBase() { engine_->close_conn(id_); }
+  ~CommBase() {
+    engine_->close_conn(id_);
+    for (Mr* mr : mrs_) delete mr;
+  }
   Result<net::MemRegion*> do_reg(void* data, size_t size, net::MemType type) {
     if (type != net::MemType::kHost) {
       return unsupported(
@@ -33,19 +37,44 @@ class CommBase {
           "staged)");
     }
     if (data == nullptr && size > 0) return invalid_arg("dpdk reg_mr: null buffer");
-    auto* mr = new Mr();
+    auto mr = std::make_unique<Mr>();
     mr->base = data;
     mr->size = size;
     mr->type = type;
-    return static_cast<net::MemRegion*>(mr);
+    net::MemRegion* raw = mr.get();
+    std::lock_guard<std::mutex> lock(mr_mu_);
+    mrs_.insert(mr.release());
+    return raw;
   }
   Status do_dereg(net::MemRegion* mr) {
     if (mr == nullptr) return invalid_arg("dpdk dereg_mr: null region");
-    delete static_cast<Mr*>(mr);
+    std::lock_guard<std::mutex> lock(mr_mu_);
+    auto it = mrs_.find(static_cast<Mr*>(mr));
+    if (it == mrs_.end()) {
+      return invalid_arg("dpdk dereg_mr: region is not registered with this comm (or released)");
+    }
+    delete *it;
+    mrs_.erase(it);
     return ok_status();
+  }
+  Status check_args(const void* data, size_t size, int tag, bool any_tag_ok, net::MemRegion* mr,
+                    const char* op) {
+    if (data == nullptr && size > 0)
+      return invalid_arg("dpdk {}: null buffer of {} bytes", op, size);
+    if (tag < 0 && !(any_tag_ok && tag == net::kAnyTag)) {
+      return invalid_arg("dpdk {}: tag {} is negative{}", op, tag,
+                         any_tag_ok ? " (only kAnyTag)" : "");
+    }
+    return check_mr(data, size, mr);
   }
   Status check_mr(const void* data, size_t size, net::MemRegion* mr) {
     if (mr == nullptr) return ok_status();
+    {
+      std::lock_guard<std::mutex> lock(mr_mu_);
+      if (!mrs_.count(static_cast<Mr*>(mr))) {
+        return invalid_arg("dpdk: memory region is not registered with this comm");
+      }
+    }
     const auto* b = static_cast<const uint8_t*>(mr->base);
     const auto* d = static_cast<const uint8_t*>(data);
     if (size > 0 && (d < b || d + size > b + mr->size)) {
@@ -55,6 +84,8 @@ class CommBase {
   }
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
+  std::mutex mr_mu_;
+  std::unordered_set<Mr*> mrs_;  // owned; freed with the comm
 };
 
 class DpdkSendComm : public net::SendComm, CommBase {
@@ -72,7 +103,7 @@ class DpdkSendComm : public net::SendComm, CommBase {
   }
   std::string peer_name() const override { return engine_->peer_name(id_); }
   Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override {
-    GW_RETURN_IF_ERROR(check_mr(data, size, mr));
+    GW_RETURN_IF_ERROR(check_args(data, size, tag, false, mr, "isend"));
     GW_ASSIGN_OR_RETURN(void* r, engine_->isend(id_, data, size, tag));
     return to_req(r);
   }
@@ -93,7 +124,7 @@ class DpdkRecvComm : public net::RecvComm, CommBase {
   }
   std::string peer_name() const override { return engine_->peer_name(id_); }
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override {
-    GW_RETURN_IF_ERROR(check_mr(data, size, mr));
+    GW_RETURN_IF_ERROR(check_args(data, size, tag, true, mr, "irecv"));
     GW_ASSIGN_OR_RETURN(void* r, engine_->irecv(id_, data, size, tag));
     return to_req(r);
   }
@@ -158,7 +189,8 @@ class DpdkTransport : public net::Transport {
   Result<std::unique_ptr<net::Connector>> connect(const net::Handle& handle) override {
     GW_ASSIGN_OR_RETURN(ConnectTarget t, decode_handle(handle));
     std::string label = options_.rank >= 0 ? fmt::format("rank {}", options_.rank) : "";
-    uint32_t id = engine_->connect(t, options_.job_token, options_.timeout_ms, label);
+    uint32_t id =
+        engine_->connect(t, options_.job_token, options_.timeout_ms, label, options_.rank);
     return std::unique_ptr<net::Connector>(new DpdkConnector(engine_, id));
   }
 
@@ -279,12 +311,16 @@ Result<std::shared_ptr<Engine>> process_engine() {
 }
 
 Result<std::unique_ptr<net::Transport>> make_dpdk_transport(const net::TransportOptions& options) {
+  if (options.timeout_ms <= 0) {
+    return invalid_arg("dpdk transport: timeout_ms {} must be > 0", options.timeout_ms);
+  }
   GW_ASSIGN_OR_RETURN(std::shared_ptr<Engine> e, process_engine());
   return make_engine_transport(std::move(e), options);
 }
 
 std::unique_ptr<net::Transport> make_engine_transport(std::shared_ptr<Engine> engine,
                                                       const net::TransportOptions& options) {
+  // Callers of this hook (tests) pass valid options; make_dpdk_transport checks them.
   return std::make_unique<DpdkTransport>(std::move(engine), options);
 }
 

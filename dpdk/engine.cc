@@ -86,6 +86,7 @@ struct Engine::Conn {
   std::string token;  // connector: sent in HELLO
   uint32_t listener = 0;
   std::string label;
+  int32_t rank = -1;  // connector: our rank, sent in HELLO's tag field
   int64_t deadline_ns = 0;
   int64_t last_hello_ns = 0;
   bool refused = false;
@@ -253,7 +254,7 @@ Result<uint32_t> Engine::accept(uint32_t listener) {
 }
 
 uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, int64_t timeout_ms,
-                         std::string label) {
+                         std::string label, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto c = std::make_unique<Conn>();
   c->id = new_id();
@@ -263,6 +264,7 @@ uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, 
   c->token = token;
   c->token_tag = token_tag(token);
   c->label = std::move(label);
+  c->rank = rank < 0 ? -1 : rank;
   rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
   c->session = rng_state_ ^ (static_cast<uint64_t>(c->id) << 17) ^ 0x9e3779b97f4a7c15ull;
   if (c->session == 0) c->session = 1;
@@ -282,6 +284,7 @@ uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, 
   h.src_conn = ref.id;
   h.session = ref.session;
   h.token_tag = ref.token_tag;
+  h.tag = ref.rank;
   send_ctl(ref.peer, h, ref.token.data(), std::min(ref.token.size(), kMaxToken));
   ref.last_hello_ns = now;
   flush_tx();
@@ -497,6 +500,7 @@ void Engine::timers(Conn& c) {
       h.src_conn = c.id;
       h.session = c.session;
       h.token_tag = c.token_tag;
+      h.tag = c.rank;
       send_ctl(c.peer, h, c.token.data(), std::min(c.token.size(), kMaxToken));
       c.last_hello_ns = now;
     }
@@ -849,6 +853,7 @@ void Engine::handle_hello(const Frame& f) {
   c->state = Conn::State::kOpen;
   c->token_tag = l.token_tag;
   c->listener = l.id;
+  if (f.hdr.tag >= 0) c->label = fmt::format("rank {}", f.hdr.tag);
   c->rto_ns = config_.rto_min_us * 1000;
   c->peer_timeout_ns = config_.peer_timeout_ms * 1000000;
   c->last_rx_ns = c->last_tx_ns = now_ns();
@@ -1007,6 +1012,9 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
               "recv from {}: tag mismatch: receive posted tag {}, peer sent "
               "tag {}",
               c.name(), r.tag, f.hdr.tag);
+          // The streams are out of step from here on: the comm stays failed (the protocol
+          // keeps running so the peer's frames are still acknowledged).
+          if (c.error.ok()) c.error = r.err;
         }
       }
       break;

@@ -91,8 +91,9 @@ class Engine {
   Result<uint32_t> accept(uint32_t listener);
 
   // Connector side: starts the handshake; connect_poll says when it is done.
+  // `rank` (-1: none) travels in the HELLO so the accepting side can name this peer.
   uint32_t connect(const ConnectTarget& target, const std::string& token, int64_t timeout_ms,
-                   std::string label);
+                   std::string label, int rank = -1);
   Result<bool> connect_poll(uint32_t conn);
 
   // Data. Request handles are opaque; nullptr means "no free slot now".

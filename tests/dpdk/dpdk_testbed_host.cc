@@ -142,10 +142,16 @@ void run_p2p(Store& store, int host) {
     Status st = host == 0 ? wait(*p.r, take(p.r->irecv(b.data(), 1000, 0, nullptr), "irecv"), &n)
                           : wait(*p.s, take(p.s->isend(b.data(), 5000, 0, nullptr), "isend"), &n);
     if (st.code() != Code::kInvalidArg) fail("truncation: " + st.to_string());
+    // Tag mismatch leaves the receiving comm failed: run it on a pair of its own.
+    Pair t = make_pair(store, host, "dpdk", "p2p-tag");
     uint32_t v = 1;
-    st = host == 0 ? wait(*p.r, take(p.r->irecv(&v, 4, 1, nullptr), "irecv"), &n)
-                   : wait(*p.s, take(p.s->isend(&v, 4, 2, nullptr), "isend"), &n);
+    st = host == 0 ? wait(*t.r, take(t.r->irecv(&v, 4, 1, nullptr), "irecv"), &n)
+                   : wait(*t.s, take(t.s->isend(&v, 4, 2, nullptr), "isend"), &n);
     if (host == 0 && st.code() != Code::kInternal) fail("tag mismatch: " + st.to_string());
+    if (host == 0 && t.r->irecv(&v, 4, net::kAnyTag, nullptr).ok()) {
+      fail("receive after a tag mismatch did not fail");
+    }
+    CHECK_OK(store_barrier(store, "p2p-tag-done", 2, dl()));
   }
   // Wrong token across hosts.
   if (host == 0) {
