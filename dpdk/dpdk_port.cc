@@ -1,5 +1,8 @@
 #include "dpdk/dpdk_port.h"
 
+#include <net/if.h>
+#include <rte_dev.h>
+#include <rte_devargs.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_eth_ring.h>
@@ -8,6 +11,9 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 #include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <mutex>
@@ -50,6 +56,28 @@ Status eal_init_once(const std::string& args) {
 }
 
 namespace {
+
+// The value of `key` in a vdev argument string "iface=d0,framesz=9216", or "".
+std::string devarg(const std::string& args, const std::string& key) {
+  std::istringstream in(args);
+  std::string kv;
+  while (std::getline(in, kv, ',')) {
+    if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
+  }
+  return "";
+}
+
+// The kernel MTU of a network interface, or 0.
+size_t kernel_mtu(const std::string& iface) {
+  if (iface.empty() || iface.size() >= IFNAMSIZ) return 0;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return 0;
+  ifreq ifr{};
+  std::memcpy(ifr.ifr_name, iface.c_str(), iface.size());
+  size_t mtu = ioctl(fd, SIOCGIFMTU, &ifr) == 0 ? static_cast<size_t>(ifr.ifr_mtu) : 0;
+  close(fd);
+  return mtu;
+}
 
 class DpdkPort : public FramePort {
  public:
@@ -99,6 +127,18 @@ class DpdkPort : public FramePort {
     }
     return rte_eth_tx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
   }
+  Drops drops() const override {
+    rte_eth_stats st;
+    Drops d;
+    if (rte_eth_stats_get(port_id_, &st) == 0) {
+      d.rx_missed = st.imissed;
+      d.rx_errors = st.ierrors;
+      d.rx_nombuf = st.rx_nombuf;
+      d.tx_errors = st.oerrors;
+    }
+    return d;
+  }
+  size_t rx_ring_size() const override { return rx_desc_; }
   size_t rx_burst(FrameBuf* bufs, size_t n) override {
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
@@ -198,6 +238,7 @@ class DpdkPort : public FramePort {
     }
     uint16_t nrx = static_cast<uint16_t>(o.nb_desc), ntx = static_cast<uint16_t>(o.nb_desc);
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
+    rx_desc_ = nrx;
     const int sock = rte_eth_dev_socket_id(port_id_);
     const unsigned s = sock < 0 ? 0 : static_cast<unsigned>(sock);
     if (int rc = rte_eth_rx_queue_setup(port_id_, 0, nrx, s, nullptr, pool_); rc != 0) {
@@ -208,8 +249,26 @@ class DpdkPort : public FramePort {
     }
     // Jumbo where the port allows it; otherwise whatever MTU it has.
     uint16_t cur = 0;
-    const int mrc = rte_eth_dev_set_mtu(port_id_, static_cast<uint16_t>(want_mtu));
-    if (mrc == 0 || (mrc == -ENOTSUP && info.max_rx_pktlen >= want_mtu + kEthLen)) {
+    const rte_devargs* da = info.device ? rte_dev_devargs(info.device) : nullptr;
+    const std::string dargs = da && da->args ? da->args : "";
+    if (std::strcmp(info.driver_name, "net_af_packet") == 0) {
+      // net_af_packet (22.11) reports a 1518-byte max frame, but what really bounds a frame is
+      // its ring slot (framesz, minus the kernel's tpacket header and alignment: 142 bytes is
+      // safe) and the kernel interface's MTU. Its RX ring has framecnt slots.
+      const std::string fs = devarg(dargs, "framesz"), fc = devarg(dargs, "framecnt");
+      const size_t framesz = fs.empty() ? 2048 : std::strtoul(fs.c_str(), nullptr, 10);
+      const size_t kmtu = kernel_mtu(devarg(dargs, "iface"));
+      if (!fc.empty())
+        rx_desc_ = std::strtoul(fc.c_str(), nullptr, 10);
+      else
+        rx_desc_ = 512;
+      if (framesz > 142 + kEthLen && kmtu > 0) {
+        mtu_ = std::min({want_mtu, kmtu, framesz - 142});
+      } else {
+        mtu_ = 1500;
+      }
+    } else if (const int mrc = rte_eth_dev_set_mtu(port_id_, static_cast<uint16_t>(want_mtu));
+               mrc == 0 || (mrc == -ENOTSUP && info.max_rx_pktlen >= want_mtu + kEthLen)) {
       mtu_ = want_mtu;  // set, or a software port (net_ring) with no MTU of its own
     } else if (rte_eth_dev_get_mtu(port_id_, &cur) == 0 && cur > 0) {
       mtu_ = std::min<size_t>(cur, want_mtu);
@@ -229,6 +288,7 @@ class DpdkPort : public FramePort {
   }
 
   uint16_t port_id_ = 0;
+  size_t rx_desc_ = 1024;
   rte_mempool* pool_ = nullptr;
   MacAddr mac_{};
   size_t mtu_ = 1500;

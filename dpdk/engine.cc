@@ -25,6 +25,19 @@ int64_t now_ns() {
 // Receive-side sequence tracking window (bits); bounds the send window too.
 constexpr uint32_t kRcvWindow = 4096;
 constexpr int kFastRetxThreshold = 3;  // SACKed packets above a hole before it is resent
+// A receiver acknowledges at once on a gap, a duplicate, the last fragment of a message or a
+// control frame, or after this many frames; otherwise at most kAckDelayNs after the first
+// unacknowledged frame (coalescing: one ACK per burst, not per frame).
+constexpr uint32_t kAckEvery = 16;
+constexpr int64_t kAckDelayNs = 50000;
+// A timeout retransmits at most this many packets at once (then backs off): a peer that was
+// only descheduled must not be answered with a whole window of duplicates.
+constexpr int kRtoBurst = 32;
+// Fast retransmission waits at least this long after the previous transmission of a packet.
+constexpr int64_t kFastRetxMinGapNs = 20000;
+// test() calls that find nothing new before the caller's thread yields the CPU (spin-then-yield:
+// on a shared host the peer process may need this core to answer).
+constexpr int kSpinBeforeYield = 32;
 
 }  // namespace
 
@@ -105,6 +118,11 @@ struct Engine::Conn {
   uint32_t rcv_high = 0;  // one past the highest seq received
   std::vector<uint8_t> rcv_bits = std::vector<uint8_t>(kRcvWindow, 0);
   bool ack_due = false;
+  bool ack_now = false;       // acknowledge at the end of this pass
+  uint32_t rx_since_ack = 0;  // reliable frames received since our last ACK
+  int64_t ack_due_since = 0;  // first unacknowledged frame
+  uint32_t peer_window = 0;   // the peer's advertised receive window (0: not heard yet)
+  int backoff = 0;            // retransmission-timeout doublings since the last progress
   int64_t last_rx_ns = 0, last_tx_ns = 0;
   // messages
   uint32_t next_msg = 0;
@@ -152,6 +170,9 @@ Result<std::shared_ptr<Engine>> Engine::create(std::unique_ptr<FramePort> port,
       while (!raw->stop_) {
         raw->thread_cv_.wait_for(lk, std::chrono::microseconds(raw->config_.progress_interval_us));
         if (raw->stop_) break;
+        // The application is polling: it drives the loop, this thread only fills the gaps.
+        const int64_t since = now_ns() - raw->last_progress_ns_.load(std::memory_order_relaxed);
+        if (since < raw->config_.progress_interval_us * 500) continue;
         lk.unlock();
         raw->progress();
         lk.lock();
@@ -195,7 +216,10 @@ std::string Engine::port_name() const { return port_->name(); }
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  EngineStats s = stats_;
+  s.yields = yields_;
+  s.port = port_->drops();
+  return s;
 }
 
 uint32_t Engine::new_id() {
@@ -353,7 +377,14 @@ uint32_t Engine::window_of(const Conn& c) const {
     double pkts = 2 * bdp_bytes / static_cast<double>(payload_max_);
     w = static_cast<uint32_t>(std::clamp(pkts, 32.0, static_cast<double>(config_.max_window)));
   }
+  if (c.peer_window > 0) w = std::min(w, c.peer_window);
   return std::min(w, kRcvWindow - 1);
+}
+
+uint32_t Engine::advertised_window() const {
+  // What our RX ring absorbs while this process is off the CPU, shared with the other direction.
+  return static_cast<uint32_t>(
+      std::clamp<size_t>(port_->rx_ring_size() / 2, 16, static_cast<size_t>(kRcvWindow - 1)));
 }
 
 Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int tag) {
@@ -403,10 +434,29 @@ Result<void*> Engine::irecv(uint32_t conn, void* data, size_t size, int tag) {
 }
 
 Status Engine::test(uint32_t conn, void* request, bool* done, size_t* size) {
-  std::lock_guard<std::mutex> lock(mu_);
+  bool idle = false;
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = test_locked(conn, request, done, size, &idle);
+    if (!idle || !s.ok() || *done) {
+      idle_tests_ = 0;
+      idle = false;
+    } else {
+      idle = ++idle_tests_ >= kSpinBeforeYield;
+    }
+  }
+  if (idle) {
+    ++yields_;
+    std::this_thread::yield();
+  }
+  return s;
+}
+
+Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* size, bool* idle) {
   Conn* c = find(conn);
   if (c == nullptr) return invalid_arg("dpdk test: unknown connection {}", conn);
-  progress_locked();
+  *idle = progress_locked() == 0;
   auto finish = [&](auto& q, auto it, size_t bytes) -> Status {
     // Requests complete in posting order: an earlier unfinished one holds this one back.
     for (auto e = q.begin(); e != it; ++e) {
@@ -464,22 +514,33 @@ void Engine::inject_rx(const uint8_t* data, size_t len) {
   flush_tx();
 }
 
-void Engine::progress_locked() {
+size_t Engine::progress_locked() {
+  ++stats_.polls;
+  last_progress_ns_.store(now_ns(), std::memory_order_relaxed);
+  size_t total = 0;
   for (int round = 0; round < 4; ++round) {
     size_t n = port_->rx_burst(rx_batch_.data(), rx_batch_.size());
+    if (round == 0 && n == 0) ++stats_.idle_polls;
     for (size_t i = 0; i < n; ++i) {
       handle_frame(rx_batch_[i].data, rx_batch_[i].len, rx_batch_[i].l4_checksum_ok);
       port_->free(rx_batch_[i]);
     }
+    total += n;
     if (n < rx_batch_.size()) break;
   }
+  const int64_t now = now_ns();
   for (auto& [id, c] : conns_) {
     timers(*c);
     pump(*c);
-    if (c->ack_due) send_ack(*c);
+    if (c->ack_due &&
+        (c->ack_now || c->rx_since_ack >= kAckEvery || now - c->ack_due_since >= kAckDelayNs)) {
+      if (c->ack_now) ++stats_.acks_prompt;
+      send_ack(*c);
+    }
   }
   release_held(false);
   flush_tx();
+  return total;
 }
 
 void Engine::fail_conn(Conn& c, Status s) {
@@ -512,20 +573,25 @@ void Engine::timers(Conn& c) {
                             c.name(), (now - c.last_rx_ns) / 1000000));
     return;
   }
-  // Retransmission on timeout, with exponential backoff per packet.
+  // Retransmission on timeout: RTO from the measured RTT (Jacobson, floored), doubled per
+  // timeout without progress (reset by any new acknowledgement). At most kRtoBurst of the
+  // timed-out packets go out per firing; SACK-driven fast retransmission recovers the rest once
+  // acknowledgements flow again.
+  const int64_t rto = c.rto_ns << std::min(c.backoff, 6);
+  int resent = 0;
   for (TxPkt& p : c.inflight) {
     if (p.acked || p.tx_count == 0) continue;
-    int64_t rto = c.rto_ns << std::min(p.tx_count - 1, 6);
-    if (now - p.sent_ns >= rto) {
-      if (p.tx_count > config_.max_retx) {
-        fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
-                                p.seq, p.tx_count));
-        return;
-      }
-      ++stats_.timeout_retransmits;
-      send_pkt(c, p, true);
+    if (now - p.sent_ns < rto) break;  // later packets were sent later still
+    if (p.tx_count > config_.max_retx) {
+      fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
+                              p.seq, p.tx_count));
+      return;
     }
+    ++stats_.timeout_retransmits;
+    send_pkt(c, p, true);
+    if (++resent >= kRtoBurst) break;
   }
+  if (resent > 0) ++c.backoff;
   if (now - c.last_tx_ns >= config_.heartbeat_ms * 1000000) send_ack(c);
 }
 
@@ -610,7 +676,7 @@ void Engine::send_pkt(Conn& c, TxPkt& p, bool retx) {
   h.tag = p.tag;
   h.msg_len = p.msg_len;
   h.offset = p.offset;
-  h.window = window_of(c);
+  h.window = advertised_window();
   h.token_tag = c.token_tag;
   FrameBuf b;
   p.sent_ns = now_ns();
@@ -637,7 +703,7 @@ void Engine::send_ack(Conn& c) {
   h.src_conn = c.id;
   h.session = c.session;
   h.ack = c.rcv_next;
-  h.window = window_of(c);
+  h.window = advertised_window();
   h.token_tag = c.token_tag;
   uint8_t sack[kMaxSackBits / 8] = {};
   uint32_t nbits = 0;
@@ -652,6 +718,8 @@ void Engine::send_ack(Conn& c) {
   ++stats_.acks_tx;
   c.last_tx_ns = now_ns();
   c.ack_due = false;
+  c.ack_now = false;
+  c.rx_since_ack = 0;
 }
 
 void Engine::send_simple(Conn& c, FrameType type, const void* payload, size_t len) {
@@ -885,6 +953,7 @@ void Engine::handle_conn_frame(Conn& c, const Frame& f) {
   }
   if (c.state != Conn::State::kOpen) return;
   c.last_rx_ns = now;
+  if (f.hdr.window > 0) c.peer_window = f.hdr.window;
   if (f.hdr.type == FrameType::kClose) {
     fail_conn(c, peer_error("{}: the peer closed the connection", c.name()));
     return;
@@ -907,6 +976,9 @@ void Engine::acked(Conn& c, TxPkt& p) {
     }
     c.rto_ns = std::max<int64_t>(config_.rto_min_us * 1000,
                                  static_cast<int64_t>((c.srtt_us + 4 * c.rttvar_us) * 1000));
+    stats_.srtt_us = c.srtt_us;
+    stats_.rttvar_us = c.rttvar_us;
+    stats_.rto_us = static_cast<double>(c.rto_ns) / 1000;
   }
   if (p.req != nullptr) {
     SendReq& r = *p.req;
@@ -921,6 +993,7 @@ void Engine::on_ack(Conn& c, const Frame& f) {
     ++stats_.bad_ack;  // acknowledges what we never sent
     return;
   }
+  if (!c.inflight.empty() && seq_lt(c.snd_una, a)) c.backoff = 0;
   while (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
     acked(c, c.inflight.front());
     c.inflight.pop_front();
@@ -937,6 +1010,7 @@ void Engine::on_ack(Conn& c, const Frame& f) {
     uint32_t seq = a + 1 + i;
     uint32_t idx = seq - c.snd_una;
     if (idx >= c.inflight.size()) break;
+    if (!c.inflight[idx].acked) c.backoff = 0;
     acked(c, c.inflight[idx]);
     any = true;
     high = seq;
@@ -945,7 +1019,7 @@ void Engine::on_ack(Conn& c, const Frame& f) {
   // Fast retransmit: a hole with enough SACKed packets above it, resent at most once per RTT.
   const int64_t now = now_ns();
   const int64_t min_gap =
-      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), config_.rto_min_us * 250);
+      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), kFastRetxMinGapNs);
   for (TxPkt& p : c.inflight) {
     if (!seq_lt(p.seq, high)) break;
     if (p.acked || static_cast<int32_t>(high - p.seq) < kFastRetxThreshold) continue;
@@ -957,7 +1031,15 @@ void Engine::on_ack(Conn& c, const Frame& f) {
 
 void Engine::on_reliable(Conn& c, const Frame& f) {
   const uint32_t s = f.hdr.seq;
+  if (!c.ack_due) c.ack_due_since = now_ns();
   c.ack_due = true;
+  ++c.rx_since_ack;
+  // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), the end of a message
+  // (the send completes on it), control frames, and a sender about to fill the window we give it.
+  if (s != c.rcv_next || f.hdr.type != FrameType::kData || (f.hdr.flags & kFlagLast) ||
+      c.rx_since_ack >= advertised_window() / 4) {
+    c.ack_now = true;
+  }
   if (seq_lt(s, c.rcv_next)) {
     ++stats_.duplicates;  // replayed or retransmitted: already delivered
     return;

@@ -38,7 +38,7 @@ struct EngineConfig {
   int window = 0;                      // packets in flight per connection; 0 = from the BDP
   int max_window = 1024;               // upper bound of the automatic window
   double link_gbps = 10;               // for the BDP window
-  int64_t rto_min_us = 3000;           // retransmission timeout floor
+  int64_t rto_min_us = 1000;           // retransmission timeout floor
   int64_t heartbeat_ms = 100;          // an idle connection sends an ACK this often
   int64_t peer_timeout_ms = 10000;     // silence after which a peer is dead (also capped per comm)
   int64_t hello_interval_ms = 20;      // handshake retransmission
@@ -58,6 +58,13 @@ struct EngineStats {
   uint64_t duplicates = 0, out_of_window = 0, stale_msg = 0, bad_ack = 0;
   uint64_t hello_refused = 0, tx_ring_full = 0, pool_empty = 0;
   uint64_t injected_drops = 0, injected_dups = 0, injected_holds = 0;
+  // Progress loop: passes, passes that received nothing, acks sent because the sender's window
+  // looked full (prompt), acks coalesced away.
+  uint64_t polls = 0, idle_polls = 0, acks_prompt = 0;
+  uint64_t yields = 0;  // test() calls that found nothing and yielded the CPU
+  // The latest RTT estimate of any connection (us), and its retransmission timeout.
+  double srtt_us = 0, rttvar_us = 0, rto_us = 0;
+  FramePort::Drops port;  // the port's own losses (rte_eth_stats)
   uint64_t decode_drops_total() const {
     uint64_t s = 0;
     for (uint64_t v : decode_drops) s += v;
@@ -119,7 +126,8 @@ class Engine {
   struct Listener;
 
   Engine(std::unique_ptr<FramePort> port, const EngineConfig& config);
-  void progress_locked();
+  size_t progress_locked();  // returns the frames received
+  Status test_locked(uint32_t conn, void* request, bool* done, size_t* size, bool* idle);
   void handle_frame(const uint8_t* data, size_t len, bool l4_ok);
   void handle_hello(const Frame& f);
   void handle_conn_frame(Conn& c, const Frame& f);
@@ -135,6 +143,7 @@ class Engine {
   void send_simple(Conn& c, FrameType type, const void* payload = nullptr, size_t len = 0);
   void fail_conn(Conn& c, Status s);
   uint32_t window_of(const Conn& c) const;
+  uint32_t advertised_window() const;
   void queue_tx(FrameBuf b);
   void flush_tx();
   void release_held(bool all);
@@ -165,6 +174,9 @@ class Engine {
   std::vector<FrameBuf> rx_batch_;
   int64_t last_rst_ns_ = 0;
   EngineStats stats_;
+  int idle_tests_ = 0;
+  std::atomic<uint64_t> yields_{0};
+  std::atomic<int64_t> last_progress_ns_{0};
 
   std::thread thread_;
   std::mutex thread_mu_;

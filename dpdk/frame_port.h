@@ -45,6 +45,14 @@ class FramePort {
   // Sends up to n frames; returns how many were taken (the rest still belong to the caller).
   virtual size_t tx_burst(FrameBuf* bufs, size_t n) = 0;
   virtual size_t rx_burst(FrameBuf* bufs, size_t n) = 0;
+  // Frames the port itself lost (RX ring full, no mbuf, TX errors): losses the protocol never
+  // sees as frames. Zero where the port cannot tell.
+  struct Drops {
+    uint64_t rx_missed = 0, rx_errors = 0, rx_nombuf = 0, tx_errors = 0;
+  };
+  virtual Drops drops() const { return {}; }
+  // RX descriptors of the port: the most frames a peer should have in flight to us at once.
+  virtual size_t rx_ring_size() const { return 4096; }
 };
 
 // An in-memory Ethernet switch: ports attached to it deliver frames by destination MAC

@@ -204,6 +204,21 @@ void run_p2p(Store& store, int host) {
       st.decode_drops_total(), st.wrong_token);
 }
 
+void print_stats() {
+  auto st = take(dpdk::process_engine(), "engine")->stats();
+  std::printf(
+      "stats: tx %lu rx %lu data_tx %lu data_rx %lu retx %lu (timeout %lu fast %lu) dups %lu "
+      "acks tx/rx %lu/%lu prompt %lu polls %lu idle %lu srtt %.0f us rttvar %.0f rto %.0f us "
+      "pool_empty %lu tx_ring_full %lu decode_drops %lu port: rx_missed %lu rx_err %lu "
+      "rx_nombuf %lu tx_err %lu injected drop/dup/hold %lu/%lu/%lu\n",
+      st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
+      st.timeout_retransmits, st.fast_retransmits, st.duplicates, st.acks_tx, st.acks_rx,
+      st.acks_prompt, st.polls, st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty,
+      st.tx_ring_full, st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors,
+      st.port.rx_nombuf, st.port.tx_errors, st.injected_drops, st.injected_dups, st.injected_holds);
+  std::fflush(stdout);
+}
+
 std::unique_ptr<coll::Communicator> make_comm(std::shared_ptr<Store> store, int host, int n) {
   coll::CommOptions o;
   o.rank = host;
@@ -241,10 +256,7 @@ void run_allreduce(std::shared_ptr<Store> store, int host, int n, size_t max_byt
     std::printf("allreduce %zu B ok in %.1f ms\n", bytes, ms);
     std::fflush(stdout);
   }
-  auto st = take(dpdk::process_engine(), "engine")->stats();
-  std::printf("stats: data_tx %lu retx %lu fast %lu dups %lu injected drop/dup/hold %lu/%lu/%lu\n",
-              st.data_frames_tx, st.retransmits, st.fast_retransmits, st.duplicates,
-              st.injected_drops, st.injected_dups, st.injected_holds);
+  print_stats();
 }
 
 void run_kill(std::shared_ptr<Store> store, int host, int n) {
@@ -338,6 +350,7 @@ void bench_one(Store& store, int host, const std::string& transport) {
   double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("BENCH transport=%s lat_us=%.1f bw_MBps=%.0f\n", transport.c_str(), lat_us,
               total / sec / 1e6);
+  if (transport == "dpdk") print_stats();
   std::fflush(stdout);
   CHECK_OK(store_barrier(store, "bench-done-" + transport, 2, dl()));
 }
