@@ -222,6 +222,16 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
   Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
   std::string peer_name() const override { return peer_; }
 
+  bool wait_fds(std::vector<pollfd>* fds) const override {
+    // Sockets with bytes left to write wait for room; socket 0 also reports notices and close.
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      short events = i == 0 ? POLLIN : 0;
+      if (reqs_.active(pos_[i].seq) != nullptr) events |= POLLOUT;
+      if (events != 0) fds->push_back(pollfd{socks_[i].get(), events, 0});
+    }
+    return true;
+  }
+
   Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
     GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
     if (!error_.ok()) return error_;
@@ -332,6 +342,19 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
   }
   Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
   std::string peer_name() const override { return peer_; }
+
+  bool wait_fds(std::vector<pollfd>* fds) const override {
+    // A socket is worth waiting on while a posted receive still expects bytes from it; sockets
+    // other than 0 only once socket 0 has delivered the message's header (their part follows
+    // from its size).
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      const TcpRequest* r = reqs_.active(pos_[i].seq);
+      if (r != nullptr && (i == 0 || r->header_known)) {
+        fds->push_back(pollfd{socks_[i].get(), POLLIN, 0});
+      }
+    }
+    return true;
+  }
 
   Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
     GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));

@@ -31,11 +31,14 @@
 //   connector side, the accept side drops it and keeps listening).
 #pragma once
 
+#include <poll.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -73,6 +76,11 @@ class Comm {
   virtual Status test(Request* request, bool* done, size_t* size) = 0;
   // "rank 3 via tcp 10.0.0.2:41234" style description for error messages.
   virtual std::string peer_name() const = 0;
+  // For a caller with nothing else to do: appends the descriptors (with poll() events) that
+  // become ready when this comm can make progress on its outstanding requests, and returns true.
+  // Returns false when the backend progresses by polling memory (shm) and cannot be waited on
+  // this way; the caller then spins or yields. Never blocks.
+  virtual bool wait_fds(std::vector<pollfd>* fds) const { return false; }
 };
 
 class SendComm : public Comm {
