@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -125,7 +126,10 @@ class DpdkPort : public FramePort {
       }
       ms[i] = m;
     }
-    return rte_eth_tx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    const int64_t t0 = mono_us();
+    const uint16_t sent = rte_eth_tx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    note_time(t0, &slow_tx_, &max_tx_us_);
+    return sent;
   }
   Drops drops() const override {
     rte_eth_stats st;
@@ -136,13 +140,19 @@ class DpdkPort : public FramePort {
       d.rx_nombuf = st.rx_nombuf;
       d.tx_errors = st.oerrors;
     }
+    d.slow_rx = slow_rx_;
+    d.slow_tx = slow_tx_;
+    d.max_rx_us = max_rx_us_;
+    d.max_tx_us = max_tx_us_;
     return d;
   }
   size_t rx_ring_size() const override { return rx_desc_; }
   size_t rx_burst(FrameBuf* bufs, size_t n) override {
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
+    const int64_t t0 = mono_us();
     uint16_t got = rte_eth_rx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    note_time(t0, &slow_rx_, &max_rx_us_);
     size_t out = 0;
     for (uint16_t i = 0; i < got; ++i) {
       rte_mbuf* m = ms[i];
@@ -207,10 +217,11 @@ class DpdkPort : public FramePort {
     // At least 10 KiB: af_packet wants its whole frame slot (framesz) to fit in one mbuf.
     size_t room = std::max<size_t>(want_mtu + kEthLen + 64, 10240) + RTE_PKTMBUF_HEADROOM;
     if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
-      // The mempool is the XDP umem: a whole mbuf must fit in one 4 KiB umem chunk.
-      room = RTE_MBUF_DEFAULT_BUF_SIZE;
-      // Minus the mbuf headroom and XDP_PACKET_HEADROOM (256): 1500 leaves margin.
-      want_mtu = std::min<size_t>(want_mtu, 1500);
+      // The mempool is the XDP umem: a whole mbuf (object header, struct rte_mbuf, data room)
+      // must fit in one 4 KiB umem chunk. The kernel puts a frame XDP_PACKET_HEADROOM (256)
+      // after the mbuf headroom, so the frame gets room - headroom - 256 bytes (32 spare).
+      room = 4096 - sizeof(rte_mbuf) - 128;
+      want_mtu = std::min<size_t>(want_mtu, room - RTE_PKTMBUF_HEADROOM - 256 - kEthLen - 32);
     }
     const std::string pname = fmt::format("gw_pool{}", port_id_);
     pool_ = rte_pktmbuf_pool_create(pname.c_str(), static_cast<unsigned>(o.nb_mbufs), 256, 0,
@@ -287,8 +298,20 @@ class DpdkPort : public FramePort {
     return ok_status();
   }
 
+  static int64_t mono_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  static void note_time(int64_t t0, uint64_t* slow, uint64_t* max_us) {
+    const int64_t us = mono_us() - t0;
+    if (us > 1000) ++*slow;
+    if (us > 0 && static_cast<uint64_t>(us) > *max_us) *max_us = static_cast<uint64_t>(us);
+  }
+
   uint16_t port_id_ = 0;
   size_t rx_desc_ = 1024;
+  uint64_t slow_rx_ = 0, slow_tx_ = 0, max_rx_us_ = 0, max_tx_us_ = 0;
   rte_mempool* pool_ = nullptr;
   MacAddr mac_{};
   size_t mtu_ = 1500;

@@ -22,6 +22,12 @@ int64_t now_ns() {
       .count();
 }
 
+// The wire timestamp: microseconds, wrapping at 2^32, never 0 (0 means "none").
+uint32_t wire_ts(int64_t ns) {
+  const uint32_t us = static_cast<uint32_t>(ns / 1000);
+  return us == 0 ? 1 : us;
+}
+
 // Receive-side sequence tracking window (bits); bounds the send window too.
 constexpr uint32_t kRcvWindow = 4096;
 constexpr int kFastRetxThreshold = 3;  // SACKed packets above a hole before it is resent
@@ -118,11 +124,20 @@ struct Engine::Conn {
   uint32_t rcv_high = 0;  // one past the highest seq received
   std::vector<uint8_t> rcv_bits = std::vector<uint8_t>(kRcvWindow, 0);
   bool ack_due = false;
-  bool ack_now = false;       // acknowledge at the end of this pass
-  uint32_t rx_since_ack = 0;  // reliable frames received since our last ACK
-  int64_t ack_due_since = 0;  // first unacknowledged frame
-  uint32_t peer_window = 0;   // the peer's advertised receive window (0: not heard yet)
-  int backoff = 0;            // retransmission-timeout doublings since the last progress
+  bool ack_now = false;         // acknowledge at the end of this pass
+  uint32_t rx_since_ack = 0;    // reliable frames received since our last ACK
+  int64_t ack_due_since = 0;    // first unacknowledged frame
+  uint32_t peer_window = 0;     // the peer's advertised receive window (0: not heard yet)
+  uint32_t ts_recent = 0;       // timestamp of the first frame our next ACK acknowledges
+  bool peer_echoes_ts = false;  // the peer's ACKs echo timestamps: RTT comes from those
+  // Spurious retransmissions: the receiver counts retransmitted frames it already had (sent in
+  // its ACKs' seq field); each increase widens the delay the sender tolerates before it
+  // declares a packet lost (the path reorders or stalls: veth backlogs on a busy 2-vCPU host).
+  uint32_t spurious_rx = 0;    // receiver: retransmissions that were duplicates
+  uint32_t peer_spurious = 0;  // sender: the last count the peer reported
+  int64_t tolerance_ns = 0;    // sender: extra delay before fast or timeout retransmission
+  uint32_t acks_since_spurious = 0;
+  int backoff = 0;  // retransmission-timeout doublings since the last progress
   int64_t last_rx_ns = 0, last_tx_ns = 0;
   // messages
   uint32_t next_msg = 0;
@@ -577,11 +592,11 @@ void Engine::timers(Conn& c) {
   // timeout without progress (reset by any new acknowledgement). At most kRtoBurst of the
   // timed-out packets go out per firing; SACK-driven fast retransmission recovers the rest once
   // acknowledgements flow again.
-  const int64_t rto = c.rto_ns << std::min(c.backoff, 6);
+  const int64_t rto = (c.rto_ns + c.tolerance_ns) << std::min(c.backoff, 6);
   int resent = 0;
   for (TxPkt& p : c.inflight) {
     if (p.acked || p.tx_count == 0) continue;
-    if (now - p.sent_ns < rto) break;  // later packets were sent later still
+    if (now - p.sent_ns < rto) continue;
     if (p.tx_count > config_.max_retx) {
       fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
                               p.seq, p.tx_count));
@@ -680,6 +695,7 @@ void Engine::send_pkt(Conn& c, TxPkt& p, bool retx) {
   h.token_tag = c.token_tag;
   FrameBuf b;
   p.sent_ns = now_ns();
+  h.ts = wire_ts(p.sent_ns);
   ++p.tx_count;
   if (retx) ++stats_.retransmits;
   if (!port_->alloc(&b)) {
@@ -714,6 +730,9 @@ void Engine::send_ack(Conn& c) {
     }
   }
   h.sack_bits = static_cast<uint16_t>(nbits);
+  h.seq = c.spurious_rx;  // ACKs are not sequenced: the field reports spurious retransmissions
+  h.ts = c.ts_recent;
+  c.ts_recent = 0;
   send_ctl(c.peer, h, sack, (nbits + 7) / 8);
   ++stats_.acks_tx;
   c.last_tx_ns = now_ns();
@@ -962,11 +981,8 @@ void Engine::handle_conn_frame(Conn& c, const Frame& f) {
   if (is_reliable(f.hdr.type)) on_reliable(c, f);
 }
 
-void Engine::acked(Conn& c, TxPkt& p) {
-  if (p.acked) return;
-  p.acked = true;
-  if (p.tx_count == 1) {  // Karn: only unambiguous samples
-    double sample = static_cast<double>(now_ns() - p.sent_ns) / 1000.0;
+void Engine::rtt_sample(Conn& c, double sample) {
+  {
     if (c.srtt_us == 0) {
       c.srtt_us = sample;
       c.rttvar_us = sample / 2;
@@ -979,6 +995,16 @@ void Engine::acked(Conn& c, TxPkt& p) {
     stats_.srtt_us = c.srtt_us;
     stats_.rttvar_us = c.rttvar_us;
     stats_.rto_us = static_cast<double>(c.rto_ns) / 1000;
+  }
+}
+
+void Engine::acked(Conn& c, TxPkt& p) {
+  if (p.acked) return;
+  p.acked = true;
+  // Karn: only unambiguous samples, and only when the peer does not echo timestamps (those also
+  // measure the packets Karn has to skip: the delayed ones that caused a retransmission).
+  if (p.tx_count == 1 && !c.peer_echoes_ts) {
+    rtt_sample(c, static_cast<double>(now_ns() - p.sent_ns) / 1000.0);
   }
   if (p.req != nullptr) {
     SendReq& r = *p.req;
@@ -1002,6 +1028,26 @@ void Engine::on_ack(Conn& c, const Frame& f) {
   if (c.inflight.empty()) c.snd_una = c.snd_next;
   if (f.hdr.type != FrameType::kAck) return;
   ++stats_.acks_rx;
+  if (f.hdr.seq != c.peer_spurious) {
+    const uint32_t n = f.hdr.seq - c.peer_spurious;
+    c.peer_spurious = f.hdr.seq;
+    if (n < 0x80000000u) {
+      stats_.spurious_retransmits += n;
+      c.tolerance_ns = std::min<int64_t>(std::max<int64_t>(2 * c.tolerance_ns, 250000), 20000000);
+      c.acks_since_spurious = 0;
+    }
+  } else if (c.tolerance_ns > 0 && ++c.acks_since_spurious >= 256) {
+    c.tolerance_ns = c.tolerance_ns * 3 / 4;  // the path calmed down
+    c.acks_since_spurious = 0;
+  }
+  stats_.tolerance_us = static_cast<double>(c.tolerance_ns) / 1000;
+  if (f.hdr.ts != 0) {
+    const uint32_t d = wire_ts(now_ns()) - f.hdr.ts;
+    if (d < 60000000u) {  // a sane sample (< 60 s); anything else is a forged or stale echo
+      c.peer_echoes_ts = true;
+      rtt_sample(c, static_cast<double>(d));
+    }
+  }
   if (a != c.snd_una) return;  // stale ack
   bool any = false;
   uint32_t high = 0;
@@ -1019,7 +1065,7 @@ void Engine::on_ack(Conn& c, const Frame& f) {
   // Fast retransmit: a hole with enough SACKed packets above it, resent at most once per RTT.
   const int64_t now = now_ns();
   const int64_t min_gap =
-      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), kFastRetxMinGapNs);
+      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), kFastRetxMinGapNs) + c.tolerance_ns;
   for (TxPkt& p : c.inflight) {
     if (!seq_lt(p.seq, high)) break;
     if (p.acked || static_cast<int32_t>(high - p.seq) < kFastRetxThreshold) continue;
@@ -1031,7 +1077,10 @@ void Engine::on_ack(Conn& c, const Frame& f) {
 
 void Engine::on_reliable(Conn& c, const Frame& f) {
   const uint32_t s = f.hdr.seq;
-  if (!c.ack_due) c.ack_due_since = now_ns();
+  if (!c.ack_due) {
+    c.ack_due_since = now_ns();
+    c.ts_recent = f.hdr.ts;
+  }
   c.ack_due = true;
   ++c.rx_since_ack;
   // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), the end of a message
@@ -1042,6 +1091,7 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   }
   if (seq_lt(s, c.rcv_next)) {
     ++stats_.duplicates;  // replayed or retransmitted: already delivered
+    if (f.hdr.flags & kFlagRetx) ++c.spurious_rx;
     return;
   }
   if (s - c.rcv_next >= kRcvWindow) {
@@ -1051,6 +1101,7 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   uint8_t& bit = c.rcv_bits[s % kRcvWindow];
   if (bit) {
     ++stats_.duplicates;
+    if (f.hdr.flags & kFlagRetx) ++c.spurious_rx;
     return;
   }
   // Validate before accepting the sequence number, so a bad frame can be resent correctly.

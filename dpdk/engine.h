@@ -62,6 +62,9 @@ struct EngineStats {
   // looked full (prompt), acks coalesced away.
   uint64_t polls = 0, idle_polls = 0, acks_prompt = 0;
   uint64_t yields = 0;  // test() calls that found nothing and yielded the CPU
+  // Retransmissions the peer reported as duplicates, and the delay tolerance they raised (us).
+  uint64_t spurious_retransmits = 0;
+  double tolerance_us = 0;
   // The latest RTT estimate of any connection (us), and its retransmission timeout.
   double srtt_us = 0, rttvar_us = 0, rto_us = 0;
   FramePort::Drops port;  // the port's own losses (rte_eth_stats)
@@ -134,6 +137,7 @@ class Engine {
   void on_ack(Conn& c, const Frame& f);
   void on_reliable(Conn& c, const Frame& f);
   void acked(Conn& c, TxPkt& p);
+  void rtt_sample(Conn& c, double us);
   void pump(Conn& c);
   void timers(Conn& c);
   bool emit_reliable(Conn& c, TxPkt pkt);

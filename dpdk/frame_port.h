@@ -49,6 +49,8 @@ class FramePort {
   // sees as frames. Zero where the port cannot tell.
   struct Drops {
     uint64_t rx_missed = 0, rx_errors = 0, rx_nombuf = 0, tx_errors = 0;
+    // PMD calls that took longer than 1 ms (a PMD that blocks, or a descheduled thread).
+    uint64_t slow_rx = 0, slow_tx = 0, max_rx_us = 0, max_tx_us = 0;
   };
   virtual Drops drops() const { return {}; }
   // RX descriptors of the port: the most frames a peer should have in flight to us at once.

@@ -171,7 +171,7 @@ size_t encode_frame(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoin
   put16(g + 58, hdr.sack_bits);
   put32(g + 60, hdr.window);
   put32(g + 64, hdr.token_tag);
-  put32(g + 68, 0);
+  put32(g + 68, hdr.ts);
   if (len > 0) std::memcpy(g + kGwLen, payload, len);
 
   uint32_t sum = pseudo_sum(src.ip, dst.ip, udp_len);
@@ -237,6 +237,7 @@ DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verif
   h.sack_bits = get16(g + 58);
   h.window = get32(g + 60);
   h.token_tag = get32(g + 64);
+  h.ts = get32(g + 68);
   // Type-specific sanity: bounds that later code relies on.
   if (h.type == FrameType::kAck && (h.sack_bits > kMaxSackBits || (h.sack_bits + 7u) / 8u > plen)) {
     return DecodeError::kBadPayloadLen;

@@ -63,6 +63,9 @@ struct GwHeader {
   uint16_t sack_bits = 0;  // ACK: number of SACK bits in the payload
   uint32_t window = 0;     // free receive window in packets
   uint32_t token_tag = 0;  // 32-bit hash of the job token
+  // Timestamp (us, wrapping; 0 = none): reliable frames carry the sender's clock, ACKs echo the
+  // clock of the first frame they acknowledge, so every ACK is an unambiguous RTT sample.
+  uint32_t ts = 0;
 };
 
 // L2-L4 addressing of one endpoint.

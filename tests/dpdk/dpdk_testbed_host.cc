@@ -208,14 +208,18 @@ void print_stats() {
   auto st = take(dpdk::process_engine(), "engine")->stats();
   std::printf(
       "stats: tx %lu rx %lu data_tx %lu data_rx %lu retx %lu (timeout %lu fast %lu) dups %lu "
-      "acks tx/rx %lu/%lu prompt %lu polls %lu idle %lu srtt %.0f us rttvar %.0f rto %.0f us "
+      "spurious %lu tolerance %.0f us acks tx/rx %lu/%lu prompt %lu polls %lu idle %lu srtt %.0f "
+      "us rttvar %.0f rto %.0f us "
       "pool_empty %lu tx_ring_full %lu decode_drops %lu port: rx_missed %lu rx_err %lu "
-      "rx_nombuf %lu tx_err %lu injected drop/dup/hold %lu/%lu/%lu\n",
+      "rx_nombuf %lu tx_err %lu slow rx/tx %lu/%lu max %lu/%lu us injected drop/dup/hold "
+      "%lu/%lu/%lu\n",
       st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
-      st.timeout_retransmits, st.fast_retransmits, st.duplicates, st.acks_tx, st.acks_rx,
-      st.acks_prompt, st.polls, st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty,
-      st.tx_ring_full, st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors,
-      st.port.rx_nombuf, st.port.tx_errors, st.injected_drops, st.injected_dups, st.injected_holds);
+      st.timeout_retransmits, st.fast_retransmits, st.duplicates, st.spurious_retransmits,
+      st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt, st.polls, st.idle_polls, st.srtt_us,
+      st.rttvar_us, st.rto_us, st.pool_empty, st.tx_ring_full, st.decode_drops_total(),
+      st.port.rx_missed, st.port.rx_errors, st.port.rx_nombuf, st.port.tx_errors, st.port.slow_rx,
+      st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us, st.injected_drops, st.injected_dups,
+      st.injected_holds);
   std::fflush(stdout);
 }
 
@@ -331,6 +335,8 @@ void bench_one(Store& store, int host, const std::string& transport) {
   t0 = Clock::now();
   std::vector<net::Request*> inflight;
   size_t posted = 0, done_bytes = 0;
+  const bool trace = getenv("TB_TRACE") != nullptr;
+  auto last_trace = Clock::now();
   while (done_bytes < total) {
     while (posted < total && inflight.size() < 4) {
       uint8_t* b = buf.data() + (posted / msg % 4) * msg;
@@ -339,6 +345,19 @@ void bench_one(Store& store, int host, const std::string& transport) {
       if (!rq) break;
       inflight.push_back(rq);
       posted += msg;
+    }
+    if (trace && transport == "dpdk" &&
+        Clock::now() - last_trace > std::chrono::milliseconds(100)) {
+      last_trace = Clock::now();
+      auto st = take(dpdk::process_engine(), "engine")->stats();
+      std::printf(
+          "trace t=%.0f ms done %zu MB data_tx %lu retx %lu (to %lu fast %lu) spurious %lu "
+          "srtt %.0f rto %.0f tol %.0f polls %lu idle %lu yields %lu slow rx/tx %lu/%lu max "
+          "%lu/%lu us\n",
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), done_bytes >> 20,
+          st.data_frames_tx, st.retransmits, st.timeout_retransmits, st.fast_retransmits,
+          st.spurious_retransmits, st.srtt_us, st.rto_us, st.tolerance_us, st.polls, st.idle_polls,
+          st.yields, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us);
     }
     bool d = false;
     CHECK_OK(host == 0 ? p.r->test(inflight.front(), &d, &n) : p.s->test(inflight.front(), &d, &n));
