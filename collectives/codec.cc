@@ -225,20 +225,108 @@ inline float mag(float x) {
   return a == a ? a : -1.0f;
 }
 
-// Keeps the k best (largest magnitude, then lowest index) of idx, sorted by index. Works on
-// (magnitude, index) pairs so the selection never goes back to v at random.
-void keep_best(const float* v, std::vector<uint32_t>* idx, size_t k) {
-  if (idx->size() > k) {
-    std::vector<std::pair<float, uint32_t>> m(idx->size());
-    for (size_t j = 0; j < idx->size(); ++j) m[j] = {mag(v[(*idx)[j]]), (*idx)[j]};
-    auto better = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    std::nth_element(m.begin(), m.begin() + static_cast<ptrdiff_t>(k), m.end(), better);
-    idx->resize(k);
-    for (size_t j = 0; j < k; ++j) (*idx)[j] = m[j].second;
+// Keeps the k best (largest magnitude, then lowest index) of the candidates idx (increasing) with
+// their values val, in index order: nth_element on a copy of the magnitudes gives the k-th best
+// magnitude t, then one scan keeps everything above t and the first (lowest-index) ties at t.
+void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
+  const size_t n = idx->size();
+  if (n <= k) return;
+  if (k == 0) {
+    idx->clear();
+    val->clear();
+    return;
   }
-  std::sort(idx->begin(), idx->end());
+  std::vector<float> part(n);
+  for (size_t j = 0; j < n; ++j) part[j] = mag((*val)[j]);
+  std::nth_element(part.begin(), part.begin() + static_cast<ptrdiff_t>(k - 1), part.end(),
+                   std::greater<float>());
+  const float t = part[k - 1];
+  size_t ties = k;
+  for (size_t j = 0; j + 1 < k; ++j) ties -= part[j] > t ? 1 : 0;
+  size_t w = 0;
+  for (size_t j = 0; j < n && w < k; ++j) {
+    const float m = mag((*val)[j]);
+    if (m > t || (m == t && ties > 0)) {
+      if (m == t) --ties;
+      (*idx)[w] = (*idx)[j];
+      (*val)[w] = (*val)[j];
+      ++w;
+    }
+  }
+  idx->resize(w);
+  val->resize(w);
+}
+
+struct TopKSet {
+  std::vector<uint32_t> idx;  // increasing
+  std::vector<float> val;     // v[idx[j]]
+};
+
+// topk_select_fused (see codec.h), also returning the selected values.
+TopKSet topk_fused(const float* in, float* residual, size_t count, size_t k, float* zero) {
+  TopKSet s;
+  k = std::min(k, count);
+  if (!residual && zero) {  // v is in itself: clear it only once the selection is made
+    s = topk_fused(in, nullptr, count, k, nullptr);
+    std::fill(zero, zero + count, 0.0f);
+    return s;
+  }
+  const float* v = residual ? residual : in;  // v = in + residual once the pass has run
+  const float kNoThreshold = std::numeric_limits<float>::quiet_NaN();
+  // Exact selection over everything (small inputs, k a large fraction, a misjudged sample).
+  auto exact = [&](bool pass_done) {
+    if (!pass_done && residual) {
+      ck::add_collect_abs_ge(in, residual, count, kNoThreshold, zero, 0, &s.idx, nullptr);
+    }
+    s.idx.resize(count);
+    for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
+    s.val.assign(v, v + count);
+    keep_best(&s.idx, &s.val, k);
+    return std::move(s);
+  };
+  // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~1000
+  // random line reads, not 16384.
+  constexpr size_t kRun = 16, kSample = 16384;
+  if (count <= 4 * kSample || k * 4 >= count) return exact(false);
+  std::vector<float> sample(kSample);
+  uint64_t state = count;
+  for (size_t j = 0; j < kSample; j += kRun) {
+    const size_t base = splitmix64(&state) % (count - kRun + 1);
+    for (size_t i = base; i < base + kRun; ++i) {
+      sample[j + i - base] = mag(residual ? in[i] + residual[i] : in[i]);
+    }
+  }
+  // Threshold: aim at ~1.25 k candidates plus a few standard deviations (and a margin for the
+  // runs being correlated), so one pass almost always collects a superset of the top k without
+  // collecting much more.
+  const double expect = static_cast<double>(kSample) * static_cast<double>(k) / count;
+  const size_t pos = static_cast<size_t>(expect * 1.25 + 6.0 * std::sqrt(expect) + 16.0);
+  if (pos >= kSample) return exact(false);
+  std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(pos), sample.end(),
+                   std::greater<float>());
+  float threshold = sample[pos];
+  if (!(threshold > 0.0f)) return exact(false);
+  const size_t expect_cands = pos * (count / kSample) + 1024;
+  s.idx.reserve(expect_cands);
+  s.val.reserve(expect_cands);
+  ck::add_collect_abs_ge(in, residual, count, threshold, zero, 0, &s.idx, &s.val);
+  // The sample misjudged the distribution: rescan v (now materialised) with a lower threshold a
+  // few times, then give up and select exactly.
+  for (int retry = 0; s.idx.size() < k && retry < 4; ++retry) {
+    threshold *= 0.5f;
+    s.idx.clear();
+    s.val.clear();
+    if (threshold > 0.0f) ck::collect_abs_ge(v, count, threshold, 0, &s.idx);
+    for (uint32_t i : s.idx) s.val.push_back(v[i]);
+  }
+  if (s.idx.size() < k) {
+    s.idx.clear();
+    s.val.clear();
+    return exact(true);
+  }
+  // Every element of the top k has |v| >= the k-th best candidate >= threshold: exact.
+  keep_best(&s.idx, &s.val, k);
+  return s;
 }
 
 }  // namespace
@@ -250,42 +338,12 @@ size_t topk_count(double ratio, size_t count) {
 }
 
 std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
-  std::vector<uint32_t> idx;
-  k = std::min(k, count);
-  if (k == 0) return idx;
-  constexpr size_t kSample = 16384;
-  if (count <= 4 * kSample || k * 4 >= count) {
-    idx.resize(count);
-    for (size_t i = 0; i < count; ++i) idx[i] = static_cast<uint32_t>(i);
-    keep_best(v, &idx, k);
-    return idx;
-  }
-  // Threshold from a sample: aim at ~1.25 k candidates plus a few standard deviations, so one
-  // pass almost always collects a superset of the top k without collecting much more.
-  std::vector<float> sample(kSample);
-  uint64_t state = count;
-  for (size_t j = 0; j < kSample; ++j) sample[j] = mag(v[splitmix64(&state) % count]);
-  const double expect = static_cast<double>(kSample) * static_cast<double>(k) / count;
-  const size_t pos = static_cast<size_t>(expect * 1.25 + 4.0 * std::sqrt(expect) + 8.0);
-  if (pos < kSample) {
-    std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(pos), sample.end(),
-                     std::greater<float>());
-    const float threshold = sample[pos];
-    if (threshold > 0.0f) {
-      idx.reserve(pos * (count / kSample) + 1024);
-      ck::collect_abs_ge(v, count, threshold, 0, &idx);
-      if (idx.size() >= k) {
-        keep_best(v, &idx, k);
-        return idx;
-      }
-      idx.clear();
-    }
-  }
-  // The sample misjudged the distribution (many zeros or ties): exact selection over everything.
-  idx.resize(count);
-  for (size_t i = 0; i < count; ++i) idx[i] = static_cast<uint32_t>(i);
-  keep_best(v, &idx, k);
-  return idx;
+  return topk_select_fused(v, nullptr, count, k, nullptr);
+}
+
+std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k,
+                                        float* zero) {
+  return topk_fused(in, residual, count, k, zero).idx;
 }
 
 std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
@@ -362,6 +420,16 @@ class CastCodec final : public Codec {
     return ok_status();
   }
 
+  Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
+                const CodecContext&) const override {
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("{} decode: {} bytes for {} elements, expected {}", codec_name(spec_.kind),
+                         in_size, count, encoded_size(count));
+    }
+    ck::decode_cast16(reinterpret_cast<const uint16_t*>(in), count, out, bf16_, false);
+    return ok_status();
+  }
+
  private:
   bool bf16_;
 };
@@ -415,23 +483,11 @@ class TopKCodec final : public Codec {
   }
   Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
                 const CodecContext&) const override {
-    GW_RETURN_IF_ERROR(check_count(count, "topk"));
-    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
-    const size_t k = topk_count(spec_.ratio, count);
-    const float* v = in;
-    if (residual) {
-      ck::add_f32(in, count, residual);
-      v = residual;
-    }
-    const auto idx = topk_select(v, count, k);
-    const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
-    std::memcpy(out, header, 8);
-    std::memcpy(out + 8, idx.data(), k * 4);
-    float* vals = reinterpret_cast<float*>(out + 8 + k * 4);
-    for (size_t j = 0; j < k; ++j) vals[j] = v[idx[j]];
-    if (residual) {
-      for (uint32_t i : idx) residual[i] = 0.0f;
-    }
+    return encode_impl(in, residual, count, out, out_size, nullptr);
+  }
+  Status encode_and_zero(float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                         const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(encode_impl(in, residual, count, out, out_size, in));
     return ok_status();
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
@@ -457,6 +513,24 @@ class TopKCodec final : public Codec {
       std::memcpy(&val, vp + 4 * j, 4);
       if (i >= count) return invalid_arg("topk decode: index {} out of range {}", i, count);
       acc[i] += val;
+    }
+    return ok_status();
+  }
+
+ private:
+  // zero: in, to be cleared in the same pass (with a residual), or null.
+  Status encode_impl(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
+                     float* zero) const {
+    GW_RETURN_IF_ERROR(check_count(count, "topk"));
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
+    const size_t k = topk_count(spec_.ratio, count);
+    const TopKSet sel = topk_fused(in, residual, count, k, zero);
+    const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
+    std::memcpy(out, header, 8);
+    std::memcpy(out + 8, sel.idx.data(), k * 4);
+    std::memcpy(out + 8 + k * 4, sel.val.data(), k * 4);
+    if (residual) {
+      for (uint32_t i : sel.idx) residual[i] = 0.0f;
     }
     return ok_status();
   }
@@ -502,6 +576,53 @@ class SignCodec final : public Codec {
       std::memcpy(&s, in + 4 * c, 4);
       const size_t off = c * chunk;
       ck::sign_decode_add(words + c * (chunk / 64), s, std::min(chunk, count - off), acc + off);
+    }
+    return ok_status();
+  }
+  Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
+                const CodecContext&) const override {
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("sign decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    const size_t chunk = spec_.chunk;
+    const size_t nchunks = (count + chunk - 1) / chunk;
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(in + nchunks * 4);
+    for (size_t c = 0; c < nchunks; ++c) {
+      float s;
+      std::memcpy(&s, in + 4 * c, 4);
+      const size_t off = c * chunk;
+      ck::sign_decode_set(words + c * (chunk / 64), s, std::min(chunk, count - off), out + off);
+    }
+    return ok_status();
+  }
+  // Chunk by chunk: the decoded sum of one chunk stays in L1 and goes straight into the encode,
+  // so the partition is read and written once (its server residual), not once per sender.
+  Status merge_encode(const uint8_t* const* encs, size_t nenc, size_t count, float* residual,
+                      uint8_t* out, size_t out_size, const CodecContext&) const override {
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "sign"));
+    const size_t chunk = spec_.chunk;
+    const size_t nchunks = (count + chunk - 1) / chunk;
+    const size_t words_per_chunk = chunk / 64;
+    std::vector<float> sum(chunk);
+    float* scales = reinterpret_cast<float*>(out);
+    uint64_t* words = reinterpret_cast<uint64_t*>(out + nchunks * 4);
+    for (size_t c = 0; c < nchunks; ++c) {
+      const size_t off = c * chunk;
+      const size_t n = std::min(chunk, count - off);
+      // Summed from +0 as the generic form does, so a zero comes out with the same sign.
+      std::fill(sum.begin(), sum.begin() + static_cast<ptrdiff_t>(n), 0.0f);
+      for (size_t j = 0; j < nenc; ++j) {
+        float s;
+        std::memcpy(&s, encs[j] + 4 * c, 4);
+        const uint64_t* w =
+            reinterpret_cast<const uint64_t*>(encs[j] + nchunks * 4) + c * words_per_chunk;
+        ck::sign_decode_add(w, s, n, sum.data());
+      }
+      uint64_t* ow = words + c * words_per_chunk;
+      if (n < chunk) std::memset(ow, 0, chunk / 8);
+      const float s = ck::sign_encode_chunk(sum.data(), residual ? residual + off : nullptr, n, ow);
+      std::memcpy(scales + c, &s, 4);
     }
     return ok_status();
   }
@@ -582,6 +703,28 @@ class QsgdCodec final : public Codec {
 };
 
 }  // namespace
+
+Status Codec::encode_and_zero(float* in, float* residual, size_t count, uint8_t* out,
+                              size_t out_size, const CodecContext& ctx) const {
+  GW_RETURN_IF_ERROR(encode(in, residual, count, out, out_size, ctx));
+  std::fill(in, in + count, 0.0f);
+  return ok_status();
+}
+
+Status Codec::decode(const uint8_t* in, size_t in_size, size_t count, float* out,
+                     const CodecContext& ctx) const {
+  std::fill(out, out + count, 0.0f);
+  return decode_add(in, in_size, count, out, ctx);
+}
+
+Status Codec::merge_encode(const uint8_t* const* encs, size_t nenc, size_t count, float* residual,
+                           uint8_t* out, size_t out_size, const CodecContext& ctx) const {
+  std::vector<float> sum(count, 0.0f);
+  for (size_t j = 0; j < nenc; ++j) {
+    GW_RETURN_IF_ERROR(decode_add(encs[j], encoded_size(count), count, sum.data(), ctx));
+  }
+  return encode(sum.data(), residual, count, out, out_size, ctx);
+}
 
 Result<std::unique_ptr<Codec>> Codec::create(const CodecSpec& spec) {
   switch (spec.kind) {

@@ -94,15 +94,40 @@ class Codec {
   virtual Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
                             const CodecContext& ctx) const = 0;
 
+  // The fused forms the compressed allreduce uses, so that no 100 MiB pass is made twice. Each
+  // has a generic default in terms of encode / decode_add; codecs that can fuse override it and
+  // give the same bytes and values as the default (a decoded zero may come out as -0).
+  //
+  // encode(), then in[0, count) = 0 (the caller decodes-and-sums into it next). in may not
+  // overlap residual or out.
+  virtual Status encode_and_zero(float* in, float* residual, size_t count, uint8_t* out,
+                                 size_t out_size, const CodecContext& ctx) const;
+  // out[i] = decode(in)[i] (overwrites; out is not read). Bounds-checked as decode_add.
+  virtual Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
+                        const CodecContext& ctx) const;
+  // A server step (sign's 1-bit Adam): v = sum over j < nenc of decode(encs[j]) + residual;
+  // encodes v into out, and with a residual sets residual = v - decode(out). Each encs[j] holds
+  // encoded_size(count) bytes; residual may be null (no error feedback).
+  virtual Status merge_encode(const uint8_t* const* encs, size_t nenc, size_t count,
+                              float* residual, uint8_t* out, size_t out_size,
+                              const CodecContext& ctx) const;
+
  protected:
   explicit Codec(const CodecSpec& spec) : spec_(spec) {}
   CodecSpec spec_;
 };
 
 // Exactly the k = max(1, round(ratio * count)) indices of the largest |v[i]| (ties broken by the
-// lower index), in increasing order. Runs in O(count) expected: the threshold comes from a
-// sample, one vectorised pass collects candidates, nth_element settles the exact set.
+// lower index, NaN below every number), in increasing order. Runs in O(count) expected with no
+// sort: the threshold comes from a sample, one vectorised pass collects the candidates (in index
+// order), nth_element on their magnitudes gives the exact k-th magnitude, and one scan of the
+// candidates keeps the k best in index order.
 std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k);
+// The same selection on v = in + residual, made in one pass over the data that also stores v into
+// residual (when set) and clears zero (when set; it may alias in only when residual is set).
+// topk_select(v, count, k) == topk_select_fused(v, nullptr, count, k, nullptr).
+std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k,
+                                        float* zero);
 size_t topk_count(double ratio, size_t count);
 // The k distinct indices (increasing) that randomk picks for this context: identical on every
 // rank for the same key_hash, step and seed.

@@ -21,6 +21,17 @@ bool have_avx2() {
   return ok;
 }
 
+// The sign words follow the f32 scales in the encoding, so they are 4-byte aligned only: every
+// access goes through memcpy (one unaligned mov), never a uint64_t load or store.
+inline uint64_t load_word(const uint64_t* words, size_t w) {
+  uint64_t x;
+  std::memcpy(&x, reinterpret_cast<const unsigned char*>(words) + 8 * w, 8);
+  return x;
+}
+inline void store_word(uint64_t* words, size_t w, uint64_t x) {
+  std::memcpy(reinterpret_cast<unsigned char*>(words) + 8 * w, &x, 8);
+}
+
 // The 8-lane partial sums both paths use, reduced in the order the AVX2 path reduces them, so
 // the sign scale is bit-identical between the two.
 inline float hsum8(const float* s) {
@@ -64,7 +75,7 @@ float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* wo
   std::memset(words, 0, ((n + 63) / 64) * sizeof(uint64_t));
   for (size_t i = 0; i < n; ++i) {
     const bool neg = std::signbit(v[i]);
-    if (neg) words[i / 64] |= uint64_t{1} << (i % 64);
+    if (neg) store_word(words, i / 64, load_word(words, i / 64) | uint64_t{1} << (i % 64));
     if (residual) residual[i] = v[i] - std::copysign(scale, v[i]);
   }
   return scale;
@@ -72,8 +83,15 @@ float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* wo
 
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
   for (size_t i = 0; i < n; ++i) {
-    const bool neg = (words[i / 64] >> (i % 64)) & 1u;
+    const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
     acc[i] += neg ? -scale : scale;
+  }
+}
+
+void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
+    out[i] = 0.0f + (neg ? -scale : scale);  // +0 for a zero scale, as 0 + decode gives
   }
 }
 
@@ -81,6 +99,19 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out) {
   for (size_t i = 0; i < n; ++i) {
     if (std::fabs(v[i]) >= threshold) out->push_back(offset + static_cast<uint32_t>(i));
+  }
+}
+
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
+  for (size_t i = 0; i < n; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    if (residual) residual[i] = v;
+    if (zero) zero[i] = 0.0f;
+    if (std::fabs(v) >= threshold) {
+      out->push_back(offset + static_cast<uint32_t>(i));
+      if (vals) vals->push_back(v);
+    }
   }
 }
 
@@ -174,14 +205,14 @@ GW_AVX2 float sign_encode_chunk(const float* in, float* residual, size_t n, uint
           _mm256_storeu_ps(residual + base + 8 * k, _mm256_sub_ps(x, dec));
         }
       }
-      words[w] = bits;
+      store_word(words, w, bits);
     } else {
       uint64_t bits = 0;
       for (size_t j = base; j < n; ++j) {
         if (std::signbit(v[j])) bits |= uint64_t{1} << (j - base);
         if (residual) residual[j] = v[j] - std::copysign(scale, v[j]);
       }
-      words[w] = bits;
+      store_word(words, w, bits);
     }
   }
   return scale;
@@ -192,7 +223,7 @@ GW_AVX2 void sign_decode_add(const uint64_t* words, float scale, size_t n, float
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const uint32_t byte = static_cast<uint32_t>(words[i / 64] >> (i % 64)) & 0xFFu;
+    const uint32_t byte = static_cast<uint32_t>(load_word(words, i / 64) >> (i % 64)) & 0xFFu;
     const __m256i m = _mm256_cmpeq_epi32(
         _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
     const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(m, 31));
@@ -200,8 +231,25 @@ GW_AVX2 void sign_decode_add(const uint64_t* words, float scale, size_t n, float
     _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), dec));
   }
   for (; i < n; ++i) {
-    const bool neg = (words[i / 64] >> (i % 64)) & 1u;
+    const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
     acc[i] += neg ? -scale : scale;
+  }
+}
+
+GW_AVX2 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint32_t byte = static_cast<uint32_t>(load_word(words, i / 64) >> (i % 64)) & 0xFFu;
+    const __m256i m = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
+    const __m256 dec = _mm256_or_ps(vs, _mm256_castsi256_ps(_mm256_slli_epi32(m, 31)));
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_setzero_ps(), dec));
+  }
+  for (; i < n; ++i) {
+    const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
+    out[i] = 0.0f + (neg ? -scale : scale);  // +0 for a zero scale, as 0 + decode gives
   }
 }
 
@@ -223,6 +271,43 @@ GW_AVX2 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t 
     }
   }
   portable::collect_abs_ge(v + i, n - i, threshold, offset + static_cast<uint32_t>(i), out);
+}
+
+GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
+                                float* zero, uint32_t offset, std::vector<uint32_t>* out,
+                                std::vector<float>* vals) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 t = _mm256_set1_ps(threshold);
+  const __m256 z = _mm256_setzero_ps();
+  size_t i = 0;
+  alignas(32) float lanes[32];
+  for (; i + 32 <= n; i += 32) {
+    uint32_t mask = 0;
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(in + i + 8 * k);
+      if (residual) {
+        v[k] = _mm256_add_ps(v[k], _mm256_loadu_ps(residual + i + 8 * k));
+        _mm256_storeu_ps(residual + i + 8 * k, v[k]);
+      }
+      if (zero) _mm256_storeu_ps(zero + i + 8 * k, z);
+      const __m256 a = _mm256_and_ps(v[k], abs_mask);
+      mask |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, t, _CMP_GE_OQ))) << (8 * k);
+    }
+    if (!mask) continue;
+    if (vals) {
+      for (int k = 0; k < 4; ++k) _mm256_store_ps(lanes + 8 * k, v[k]);
+    }
+    while (mask) {
+      const int b = std::countr_zero(mask);
+      out->push_back(offset + static_cast<uint32_t>(i + b));
+      if (vals) vals->push_back(lanes[b]);
+      mask &= mask - 1;
+    }
+  }
+  portable::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
+                               zero ? zero + i : nullptr, offset + static_cast<uint32_t>(i), out,
+                               vals);
 }
 
 #undef GW_AVX2
@@ -248,10 +333,21 @@ void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
   if (have_avx2()) return avx2::sign_decode_add(words, scale, n, acc);
   portable::sign_decode_add(words, scale, n, acc);
 }
+void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
+  if (have_avx2()) return avx2::sign_decode_set(words, scale, n, out);
+  portable::sign_decode_set(words, scale, n, out);
+}
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out) {
   if (have_avx2()) return avx2::collect_abs_ge(v, n, threshold, offset, out);
   portable::collect_abs_ge(v, n, threshold, offset, out);
+}
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
+  if (have_avx2()) {
+    return avx2::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
+  }
+  portable::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
 }
 
 void add_f32(const float* __restrict src, size_t n, float* __restrict dst) {

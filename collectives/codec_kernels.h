@@ -27,10 +27,18 @@ void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add
 // becomes v - decode. Unused bits are zero. Returns the scale.
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+// out[i] = decode (overwrites; out is never read).
+void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
 
 // Appends every i in [0, n) with |v[i]| >= threshold to out (offset added), increasing.
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
+// Top-k's one pass over the data: v = in + residual (residual may be null: v = in); residual,
+// when set, becomes v; zero, when set, is cleared (it may alias in only when residual is set, as
+// v then lives in residual); every i with |v[i]| >= threshold is appended to out (offset added),
+// increasing, and v[i] to vals when vals is set. A NaN threshold collects nothing.
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
@@ -42,16 +50,22 @@ void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bo
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 }  // namespace portable
 namespace avx2 {
 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
+void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 }  // namespace avx2
 
 }  // namespace gw::coll::codec_kernels

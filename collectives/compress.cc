@@ -1,14 +1,22 @@
 #include "collectives/compress.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "collectives/codec_kernels.h"
 #include "collectives/reduce.h"
+#include "core/log.h"
 
 namespace gw::coll {
 
 namespace ck = codec_kernels;
+
+void Compressor::PhaseTimes::mark(int phase) {
+  const auto now = std::chrono::steady_clock::now();
+  ms[phase] += std::chrono::duration<double, std::milli>(now - last).count();
+  last = now;
+}
 
 uint64_t allreduce_send_bytes(uint64_t bytes, int nranks) {
   if (nranks <= 1) return 0;
@@ -138,8 +146,15 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
                       dtype == DataType::kBF16, false);
     x = work_.data();
   }
+  phases_ = PhaseTimes();
   Status st = run(*t, x);
+  phases_.mark(PhaseTimes::kDecode);
   ++t->step;
+  GW_LOG_DEBUG(
+      "compressed allreduce \"{}\" ({}, {} elements): encode {:.1f} ms, exchange {:.1f} ms, decode "
+      "{:.1f} ms",
+      key, t->spec_text, count, phases_.ms[PhaseTimes::kEncode], phases_.ms[PhaseTimes::kExchange],
+      phases_.ms[PhaseTimes::kDecode]);
   if (!st.ok())
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
   if (dtype != DataType::kF32) {
@@ -171,17 +186,69 @@ Status Compressor::run_summable(TensorState& t, float* x) {
   const size_t elems = e / dtype_size(wire);
   const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   enc_.resize(e);
+  if ((wire == DataType::kF16 || wire == DataType::kBF16) && n >= 2 * kCastSlice) {
+    return run_cast_pipelined(t, x);
+  }
   GW_RETURN_IF_ERROR(
       c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
+  phases_.mark(PhaseTimes::kEncode);
   GW_RETURN_IF_ERROR(comm_->allreduce(enc_.data(), enc_.data(), elems, wire, ReduceOp::kSum));
+  phases_.mark(PhaseTimes::kExchange);
   count_sent(allreduce_send_bytes(e, comm_->size()));
   if (wire == DataType::kF16 || wire == DataType::kBF16) {
     ck::decode_cast16(reinterpret_cast<const uint16_t*>(enc_.data()), n, x, wire == DataType::kBF16,
                       false);
     return ok_status();
   }
-  std::fill(x, x + n, 0.0f);
-  return c.decode_add(enc_.data(), e, n, x, ctx);
+  return c.decode(enc_.data(), e, n, x, ctx);
+}
+
+// fp16/bf16 on large tensors, in slices: slice s is reduced by an iallreduce on the
+// communicator's progress thread while this thread casts slice s+1 and widens slice s-1, so the
+// two casts mostly hide behind the exchange instead of adding to it. Slices are element ranges
+// of the same ring allreduce, so the sum is the same elementwise sum and every rank gets the same
+// bits. A communicator without asynchronous ops (kUnsupported) gets blocking slices.
+Status Compressor::run_cast_pipelined(TensorState& t, float* x) {
+  const Codec& c = *t.codec;
+  const size_t n = t.count;
+  const DataType wire = c.wire_dtype();
+  const bool bf16 = wire == DataType::kBF16;
+  uint16_t* enc = reinterpret_cast<uint16_t*>(enc_.data());
+  float* res = t.residual.empty() ? nullptr : t.residual.data();
+  const size_t nslices = (n + kCastSlice - 1) / kCastSlice;
+  std::vector<std::unique_ptr<AsyncOp>> ops(nslices);  // unfinished ones are waited for on exit
+  auto slice = [&](size_t s) {
+    const size_t off = s * kCastSlice;
+    return std::pair<size_t, size_t>(off, std::min(kCastSlice, n - off));
+  };
+  auto finish = [&](size_t s) -> Status {
+    const auto [off, len] = slice(s);
+    if (ops[s]) {
+      GW_RETURN_IF_ERROR(ops[s]->wait(-1).with_context(fmt::format("{} slice {}", t.spec_text, s)));
+      ops[s].reset();
+    }
+    phases_.mark(PhaseTimes::kExchange);
+    ck::decode_cast16(enc + off, len, x + off, bf16, false);
+    phases_.mark(PhaseTimes::kDecode);
+    return ok_status();
+  };
+  for (size_t s = 0; s < nslices; ++s) {
+    const auto [off, len] = slice(s);
+    ck::encode_cast16(x + off, res ? res + off : nullptr, len, enc + off, bf16);
+    phases_.mark(PhaseTimes::kEncode);
+    auto op = comm_->iallreduce(enc + off, enc + off, len, wire, ReduceOp::kSum);
+    if (op.ok()) {
+      ops[s] = std::move(op).value();
+    } else if (op.status().code() == Code::kUnsupported) {
+      GW_RETURN_IF_ERROR(comm_->allreduce(enc + off, enc + off, len, wire, ReduceOp::kSum));
+    } else {
+      return op.status();
+    }
+    if (s > 0) GW_RETURN_IF_ERROR(finish(s - 1));
+  }
+  GW_RETURN_IF_ERROR(finish(nslices - 1));
+  count_sent(allreduce_send_bytes(n * 2, comm_->size()));
+  return ok_status();
 }
 
 Status Compressor::run_gather(TensorState& t, float* x) {
@@ -191,12 +258,14 @@ Status Compressor::run_gather(TensorState& t, float* x) {
   const int p = comm_->size();
   const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   enc_.resize(e);
-  GW_RETURN_IF_ERROR(
-      c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
+  // x is cleared in the encode pass: the decode-and-sum below accumulates into it.
+  GW_RETURN_IF_ERROR(c.encode_and_zero(x, t.residual.empty() ? nullptr : t.residual.data(), n,
+                                       enc_.data(), e, ctx));
+  phases_.mark(PhaseTimes::kEncode);
   gather_.resize(e * static_cast<size_t>(p));
   GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), e, DataType::kU8));
+  phases_.mark(PhaseTimes::kExchange);
   count_sent(allgather_send_bytes(e, p));
-  std::fill(x, x + n, 0.0f);
   for (int r = 0; r < p; ++r) {
     const CodecContext rctx{t.key_hash, t.step, r};
     Status st = c.decode_add(gather_.data() + e * static_cast<size_t>(r), e, n, x, rctx);
@@ -229,40 +298,43 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
     GW_RETURN_IF_ERROR(c.encode(x + off, res ? res + off : nullptr, len,
                                 enc_.data() + ep * static_cast<size_t>(j), ep, ctx));
   }
+  phases_.mark(PhaseTimes::kEncode);
   gather_.resize(blob * static_cast<size_t>(p));
   GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), blob, DataType::kU8)
                          .with_context("sign phase 1 (all-to-all)"));
   count_sent(allgather_send_bytes(blob, p));
+  phases_.mark(PhaseTimes::kExchange);
   // Server step for this rank's partition: decode + sum, re-encode with server error feedback.
   const size_t my_len = part_len(me);
   const size_t my_off = static_cast<size_t>(me) * part;
-  std::vector<uint8_t> server(ep, 0);
+  server_.assign(ep, 0);
   if (my_len > 0) {
-    std::fill(x + my_off, x + my_off + my_len, 0.0f);
+    std::vector<const uint8_t*> slots(static_cast<size_t>(p));
     for (int r = 0; r < p; ++r) {
-      const uint8_t* slot =
+      slots[static_cast<size_t>(r)] =
           gather_.data() + blob * static_cast<size_t>(r) + ep * static_cast<size_t>(me);
-      Status st = c.decode_add(slot, c.encoded_size(my_len), my_len, x + my_off, ctx);
-      if (!st.ok()) return st.with_context(fmt::format("sign partition from rank {}", r));
     }
     float* sres = nullptr;
     if (t.spec.error_feedback) {
       t.server_residual.resize(my_len, 0.0f);
       sres = t.server_residual.data();
     }
-    GW_RETURN_IF_ERROR(c.encode(x + my_off, sres, my_len, server.data(), ep, ctx));
+    GW_RETURN_IF_ERROR(
+        c.merge_encode(slots.data(), slots.size(), my_len, sres, server_.data(), ep, ctx));
   }
+  phases_.mark(PhaseTimes::kDecode);
   // Phase 2: allgather of the server partitions, decoded by everyone.
   gather_.resize(ep * static_cast<size_t>(p));
-  GW_RETURN_IF_ERROR(comm_->allgather(server.data(), gather_.data(), ep, DataType::kU8)
+  GW_RETURN_IF_ERROR(comm_->allgather(server_.data(), gather_.data(), ep, DataType::kU8)
                          .with_context("sign phase 2 (allgather)"));
   count_sent(allgather_send_bytes(ep, p));
-  std::fill(x, x + n, 0.0f);
+  phases_.mark(PhaseTimes::kExchange);
+  // The partitions cover [0, n): each is decoded straight into place (no zero fill, no read).
   for (int j = 0; j < p; ++j) {
     const size_t off = static_cast<size_t>(j) * part, len = part_len(j);
     if (len == 0) continue;
-    Status st = c.decode_add(gather_.data() + ep * static_cast<size_t>(j), c.encoded_size(len), len,
-                             x + off, ctx);
+    Status st = c.decode(gather_.data() + ep * static_cast<size_t>(j), c.encoded_size(len), len,
+                         x + off, ctx);
     if (!st.ok()) return st.with_context(fmt::format("sign server partition of rank {}", j));
   }
   return ok_status();

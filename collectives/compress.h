@@ -36,6 +36,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -63,6 +64,10 @@ uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks);
 
 class Compressor {
  public:
+  // fp16/bf16 tensors of at least 2 slices are reduced slice by slice, the casts overlapping the
+  // exchange (see run_cast_pipelined in compress.cc).
+  static constexpr size_t kCastSlice = size_t{4} << 20;  // elements
+
   explicit Compressor(Communicator* comm);
   ~Compressor();
   Compressor(const Compressor&) = delete;
@@ -81,8 +86,17 @@ class Compressor {
 
  private:
   struct TensorState;
+  // Wall time per phase of the current call, logged at debug level (GW_LOG_LEVEL=debug), so a
+  // slow codec shows where its time goes without a profiler.
+  struct PhaseTimes {
+    enum { kEncode, kExchange, kDecode, kCount };
+    std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+    double ms[kCount] = {0, 0, 0};
+    void mark(int phase);  // charges the time since the previous mark to phase
+  };
   Status run(TensorState& t, float* x);
   Status run_summable(TensorState& t, float* x);
+  Status run_cast_pipelined(TensorState& t, float* x);
   Status run_gather(TensorState& t, float* x);
   Status run_two_phase(TensorState& t, float* x);
   Status run_low_rank(TensorState& t, float* x);
@@ -96,9 +110,11 @@ class Compressor {
   std::vector<float> work_;      // f32 copy of f16/bf16 buffers
   std::vector<uint8_t> enc_;     // this rank's encoding
   std::vector<uint8_t> gather_;  // every rank's encodings
+  std::vector<uint8_t> server_;  // sign: this rank's re-encoded partition
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_uncompressed_{0};
   std::atomic<uint64_t> calls_{0};
+  PhaseTimes phases_;  // of the call in progress (under mu_)
 };
 
 }  // namespace gw::coll

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <random>
 
 #include "collectives/codec.h"
@@ -138,7 +137,17 @@ int run_compress_command(const CompressCmdConfig& c) {
 
 namespace {
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
 // One rank of the compressed allreduce sweep; rank 0 prints the rows. 0 on success.
+// The codecs take turns within every iteration (none, codec 1, codec 2, ..., then again), so a
+// change of load on a shared machine hits every codec alike; a row's time is the median over the
+// iterations of the slowest rank's time, and speedup compares medians of the same run.
 int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs, int rank,
                const std::string& store) {
   gw_config_t cfg{};
@@ -158,27 +167,30 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
         "gradient (encode, exchange, decode and error feedback all timed)\n",
         c.np, c.transport.c_str());
     std::printf(
-        "# busbw uses the uncompressed size; bytes_sent = per rank per call "
-        "(gw_comm_stats); speedup = time of none / time of the codec at that size\n");
+        "# codecs take turns within each iteration; time = median over iterations of the slowest "
+        "rank; busbw uses the uncompressed size; bytes_sent = per rank per call (gw_comm_stats); "
+        "speedup = median time of none / median time of the codec, same run\n");
     std::printf("# %-16s %12s %12s %6s %11s %10s %10s %14s %8s\n", "codec", "size", "count",
                 "iters", "time_us", "algbw", "busbw", "bytes_sent", "speedup");
   }
-  std::map<uint64_t, double> base_us;
   int rc = 0;
-  for (const auto& codec : codecs) {
-    for (uint64_t b = c.min_bytes; b <= c.max_bytes && rc == 0;
-         b *= static_cast<uint64_t>(c.factor)) {
-      const size_t n = b / 4;
-      const auto src = gaussian(n, 7 + static_cast<uint32_t>(rank));
-      std::vector<float> buf(n);
-      const std::string key = codec + "@" + std::to_string(b);
-      const int iters = iters_for(b, c.np, c.iters);
-      double total = 0;
-      gw_comm_stats_t st{};
-      for (int i = -c.warmup; i < iters; ++i) {
+  for (uint64_t b = c.min_bytes; b <= c.max_bytes && rc == 0;
+       b *= static_cast<uint64_t>(c.factor)) {
+    const size_t n = b / 4;
+    const auto src = gaussian(n, 7 + static_cast<uint32_t>(rank));
+    std::vector<float> buf(n);
+    const int iters = iters_for(b, c.np, c.iters);
+    const size_t nc = codecs.size();
+    std::vector<std::vector<double>> times(nc);
+    std::vector<uint64_t> sent(nc, 0);
+    for (int i = -c.warmup; i < iters && rc == 0; ++i) {
+      for (size_t ci = 0; ci < nc && rc == 0; ++ci) {
+        const std::string& codec = codecs[ci];
+        const std::string key = codec + "@" + std::to_string(b);
         std::memcpy(buf.data(), src.data(), n * 4);
-        if (i == 0) gw_comm_reset_stats(comm);
-        if (gw_barrier(comm) != GW_OK) {
+        gw_comm_stats_t before{}, after{};
+        if (gw_barrier(comm) != GW_OK || gw_comm_stats(comm, &before) != GW_OK) {
+          std::fprintf(stderr, "rank %d: barrier: %s\n", rank, gw_last_error());
           rc = 2;
           break;
         }
@@ -190,26 +202,35 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
           rc = 2;
           break;
         }
-        if (i >= 0) total += std::chrono::duration<double>(Clock::now() - t0).count();
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        gw_comm_stats(comm, &after);
+        if (i >= 0) {
+          times[ci].push_back(dt);
+          sent[ci] += after.bytes_sent - before.bytes_sent;
+        }
       }
-      if (rc != 0) break;
-      gw_comm_stats(comm, &st);
-      double worst = total;
-      if (gw_allreduce(comm, &total, &worst, 1, GW_FLOAT64, GW_MAX) != GW_OK) rc = 2;
-      const double us = worst / iters * 1e6;
-      if (codec == "none") base_us[b] = us;
+    }
+    if (rc != 0) break;
+    double base_us = 0;
+    for (size_t ci = 0; ci < nc; ++ci) {
+      std::vector<double> worst(times[ci].size());
+      if (gw_allreduce(comm, times[ci].data(), worst.data(), worst.size(), GW_FLOAT64, GW_MAX) !=
+          GW_OK) {
+        rc = 2;
+        break;
+      }
+      const double us = median(worst) * 1e6;
+      if (ci == 0) base_us = us;  // codecs[0] is "none"
       if (rank == 0) {
         const double algbw = static_cast<double>(b) / (us * 1e-6) / 1e9;
         const double busbw = algbw * 2.0 * (c.np - 1) / c.np;
-        const auto it = base_us.find(b);
-        std::printf("  %-16s %12llu %12zu %6d %11.1f %10.3f %10.3f %14.0f %8.2f\n", codec.c_str(),
-                    static_cast<unsigned long long>(b), n, iters, us, algbw, busbw,
-                    static_cast<double>(st.bytes_sent) / iters,
-                    it != base_us.end() ? it->second / us : 0.0);
+        std::printf("  %-16s %12llu %12zu %6d %11.1f %10.3f %10.3f %14.0f %8.2f\n",
+                    codecs[ci].c_str(), static_cast<unsigned long long>(b), n, iters, us, algbw,
+                    busbw, static_cast<double>(sent[ci]) / iters, base_us / us);
         std::fflush(stdout);
       }
-      if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
     }
+    if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
   }
   gw_comm_release_compression(comm);
   gw_comm_destroy(comm);

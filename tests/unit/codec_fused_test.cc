@@ -1,0 +1,236 @@
+// The fused forms the compressed allreduce runs (one pass over the data instead of several): the
+// fused top-k selection against a plain exact reference (including the re-scan and exact
+// fallbacks), its one-pass kernel and the sign set-decode on the AVX2 and portable paths bit for
+// bit, and every codec's encode_and_zero / decode / merge_encode giving the same bytes and values
+// as the generic forms they replace, with the error-feedback invariant kept.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "collectives/codec.h"
+#include "collectives/codec_kernels.h"
+
+namespace gw::coll {
+namespace {
+
+namespace ck = codec_kernels;
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+std::unique_ptr<Codec> make(const char* text) {
+  auto spec = parse_codec_spec(text);
+  EXPECT_TRUE(spec.ok()) << text;
+  auto c = Codec::create(*spec);
+  EXPECT_TRUE(c.ok()) << text << ": " << c.status().to_string();
+  return std::move(c).value();
+}
+
+// Largest magnitude first, ties by lower index, NaN below every number; returned increasing.
+std::vector<uint32_t> reference_topk(const std::vector<float>& v, size_t k) {
+  auto key = [](float x) { return std::isnan(x) ? -1.0f : std::fabs(x); };
+  std::vector<uint32_t> idx(v.size());
+  for (size_t i = 0; i < v.size(); ++i) idx[i] = static_cast<uint32_t>(i);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](uint32_t a, uint32_t b) { return key(v[a]) > key(v[b]); });
+  idx.resize(std::min(k, v.size()));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidualAndZeroCleared) {
+  const size_t n = 140001;
+  // Distributions that defeat the sampled threshold in different ways: a long tail of equal
+  // values (re-scan), a few huge values hidden among zeros (exact fallback), layers of very
+  // different scales (runs of the sample are correlated), and NaN / inf sprinkled in.
+  std::vector<std::vector<float>> inputs;
+  inputs.push_back(gaussian(n, 1));
+  std::vector<float> plateau(n, 0.25f);
+  for (size_t i = 0; i < n; i += 7) plateau[i] = 0.5f;
+  inputs.push_back(plateau);
+  std::vector<float> sparse(n, 0.0f);
+  for (size_t i = 3; i < n; i += 1001) sparse[i] = static_cast<float>(i % 13) - 6.0f;
+  inputs.push_back(sparse);
+  auto layers = gaussian(n, 2);
+  for (size_t i = 0; i < n / 3; ++i) layers[i] *= 1e-4f;
+  for (size_t i = 2 * n / 3; i < n; ++i) layers[i] *= 1e3f;
+  inputs.push_back(layers);
+  auto odd = gaussian(n, 3);
+  odd[10] = std::nanf("");
+  odd[20] = INFINITY;
+  odd[30] = -INFINITY;
+  odd[40] = -0.0f;
+  inputs.push_back(odd);
+  for (size_t t = 0; t < inputs.size(); ++t) {
+    const auto& g = inputs[t];
+    for (size_t k : {size_t{1}, size_t{300}, size_t{3000}, size_t{40000}}) {
+      // Without a residual: the public selection.
+      EXPECT_EQ(topk_select(g.data(), n, k), reference_topk(g, k)) << t << " k " << k;
+      // With a residual and the input cleared in the same pass.
+      auto r = gaussian(n, 50 + static_cast<uint32_t>(t), 0.1f);
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = g[i] + r[i];
+      auto in = g;
+      const auto idx = topk_select_fused(in.data(), r.data(), n, k, in.data());
+      EXPECT_EQ(idx, reference_topk(v, k)) << t << " k " << k;
+      EXPECT_TRUE(same_bits(r, v)) << t;
+      EXPECT_TRUE(std::all_of(in.begin(), in.end(), [](float x) { return x == 0.0f; })) << t;
+      // zero without a residual: v is the input itself, still selected before it is cleared.
+      auto in2 = g;
+      EXPECT_EQ(topk_select_fused(in2.data(), nullptr, n, k, in2.data()), reference_topk(g, k));
+      EXPECT_TRUE(std::all_of(in2.begin(), in2.end(), [](float x) { return x == 0.0f; }));
+    }
+  }
+}
+
+TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
+  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{1000}, size_t{4133}}) {
+    auto in = gaussian(n, 21, 2.0f);
+    if (n > 5) {
+      in[1] = std::nanf("");
+      in[2] = -0.0f;
+      in[3] = INFINITY;
+    }
+    const auto r0 = gaussian(n, 22, 0.5f);
+    for (bool with_res : {false, true}) {
+      for (bool with_zero : {false, true}) {
+        if (with_zero && !with_res) continue;  // zero may alias in only with a residual
+        auto r1 = r0, r2 = r0;
+        auto i1 = in, i2 = in;
+        std::vector<uint32_t> c1, c2;
+        std::vector<float> v1, v2;
+        ck::portable::add_collect_abs_ge(i1.data(), with_res ? r1.data() : nullptr, n, 1.5f,
+                                         with_zero ? i1.data() : nullptr, 7, &c1, &v1);
+        ck::avx2::add_collect_abs_ge(i2.data(), with_res ? r2.data() : nullptr, n, 1.5f,
+                                     with_zero ? i2.data() : nullptr, 7, &c2, &v2);
+        EXPECT_EQ(c1, c2) << n;
+        EXPECT_TRUE(same_bits(v1, v2)) << n;
+        EXPECT_TRUE(same_bits(r1, r2)) << n;
+        EXPECT_TRUE(same_bits(i1, i2)) << n;
+        ASSERT_EQ(c1.size(), v1.size());
+        for (size_t j = 0; j < c1.size(); ++j) {
+          const size_t i = c1[j] - 7;
+          const float v = with_res ? in[i] + r0[i] : in[i];
+          EXPECT_EQ(std::bit_cast<uint32_t>(v1[j]), std::bit_cast<uint32_t>(v)) << i;
+          EXPECT_GE(std::fabs(v), 1.5f);
+        }
+        if (with_zero) {
+          EXPECT_TRUE(std::all_of(i1.begin(), i1.end(), [](float x) { return x == 0.0f; }));
+        } else {
+          EXPECT_TRUE(same_bits(i1, in));
+        }
+      }
+    }
+    // A NaN threshold collects nothing but still runs the pass.
+    auto r = gaussian(n, 23), in3 = in;
+    std::vector<uint32_t> none;
+    ck::add_collect_abs_ge(in3.data(), r.data(), n, std::nanf(""), in3.data(), 0, &none, nullptr);
+    EXPECT_TRUE(none.empty());
+    // sign_decode_set: the same bits on both paths, and the values of 0 + decode_add.
+    std::vector<uint64_t> w((n + 63) / 64);
+    for (size_t j = 0; j < w.size(); ++j) w[j] = 0x9E3779B97F4A7C15ull * (j + 1);
+    for (float scale : {0.0f, 0.75f}) {
+      std::vector<float> s1(n, 5.0f), s2(n, 6.0f), ref(n, 0.0f);
+      ck::portable::sign_decode_set(w.data(), scale, n, s1.data());
+      ck::avx2::sign_decode_set(w.data(), scale, n, s2.data());
+      ck::portable::sign_decode_add(w.data(), scale, n, ref.data());
+      EXPECT_TRUE(same_bits(s1, s2)) << n;
+      EXPECT_TRUE(same_bits(s1, ref)) << n;
+    }
+  }
+}
+
+// encode_and_zero == encode + clear, decode == clear + decode_add, merge_encode == decode-sum +
+// encode: same bytes, same residuals, same values, for every byte codec.
+TEST(CodecFused, FusedFormsGiveTheSameBytesAsTheGenericForms) {
+  const size_t n = 70001;  // above the sampled top-k threshold size, not a multiple of anything
+  for (const char* spec : {"fp16", "bf16,ef=1", "topk:0.01", "topk:0.01,ef=0", "randomk:0.05",
+                           "sign", "sign,chunk=64,ef=0", "qsgd:8"}) {
+    auto c = make(spec);
+    const size_t e = c->encoded_size(n);
+    const CodecContext ctx{fnv1a64("k"), 3, 1};
+    const bool ef = c->spec().error_feedback;
+    auto g = gaussian(n, 31);
+    auto r1 = gaussian(n, 32, 0.3f), r2 = r1;
+    std::vector<uint8_t> e1(e), e2(e);
+    ASSERT_TRUE(c->encode(g.data(), ef ? r1.data() : nullptr, n, e1.data(), e, ctx).ok());
+    auto x = g;
+    ASSERT_TRUE(c->encode_and_zero(x.data(), ef ? r2.data() : nullptr, n, e2.data(), e, ctx).ok());
+    EXPECT_EQ(e1, e2) << spec;
+    EXPECT_TRUE(same_bits(r1, r2)) << spec;
+    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return v == 0.0f; })) << spec;
+
+    std::vector<float> d1(n, 0.0f), d2(n, 123.0f);
+    ASSERT_TRUE(c->decode_add(e1.data(), e, n, d1.data(), ctx).ok());
+    ASSERT_TRUE(c->decode(e1.data(), e, n, d2.data(), ctx).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(d1[i], d2[i]) << spec << " at " << i;
+    EXPECT_FALSE(c->decode(e1.data(), e - 1, n, d2.data(), ctx).ok()) << spec;
+
+    if (c->aggregation() == Aggregation::kTwoPhase) {
+      // Three senders' encodings of the same partition, merged with server error feedback.
+      std::vector<std::vector<uint8_t>> encs(3, std::vector<uint8_t>(e));
+      std::vector<const uint8_t*> ptrs;
+      for (size_t j = 0; j < 3; ++j) {
+        auto gj = gaussian(n, 40 + static_cast<uint32_t>(j));
+        ASSERT_TRUE(c->encode(gj.data(), nullptr, n, encs[j].data(), e, ctx).ok());
+        ptrs.push_back(encs[j].data());
+      }
+      auto s1 = gaussian(n, 45, 0.2f), s2 = s1;
+      std::vector<float> sum(n, 0.0f);
+      for (auto& enc : encs) ASSERT_TRUE(c->decode_add(enc.data(), e, n, sum.data(), ctx).ok());
+      std::vector<uint8_t> m1(e), m2(e);
+      ASSERT_TRUE(c->encode(sum.data(), ef ? s1.data() : nullptr, n, m1.data(), e, ctx).ok());
+      ASSERT_TRUE(
+          c->merge_encode(ptrs.data(), ptrs.size(), n, ef ? s2.data() : nullptr, m2.data(), e, ctx)
+              .ok());
+      EXPECT_EQ(m1, m2) << spec;
+      EXPECT_TRUE(same_bits(s1, s2)) << spec;
+      EXPECT_FALSE(
+          c->merge_encode(ptrs.data(), ptrs.size(), n, nullptr, m2.data(), e - 1, ctx).ok())
+          << spec;
+    }
+  }
+}
+
+// The invariant through the fused path: what was sent plus the residual equals the sum of the
+// gradients, step after step (top-k through encode_and_zero, as the allreduce runs it).
+TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndZero) {
+  const size_t n = 100003;
+  auto c = make("topk:0.01");
+  std::vector<float> residual(n, 0.0f);
+  std::vector<double> sum_in(n, 0.0), sum_sent(n, 0.0);
+  const size_t e = c->encoded_size(n);
+  std::vector<uint8_t> enc(e);
+  for (int step = 0; step < 12; ++step) {
+    auto g = gaussian(n, 200 + static_cast<uint32_t>(step), step % 3 ? 1.0f : 1e-3f);
+    auto x = g;
+    const CodecContext ctx{1, static_cast<uint64_t>(step), 0};
+    ASSERT_TRUE(c->encode_and_zero(x.data(), residual.data(), n, enc.data(), e, ctx).ok());
+    ASSERT_TRUE(c->decode_add(enc.data(), e, n, x.data(), ctx).ok());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; ++i) {
+      sum_in[i] += g[i];
+      sum_sent[i] += x[i];
+      worst = std::max(worst, std::fabs(sum_sent[i] + residual[i] - sum_in[i]));
+      scale = std::max(scale, std::fabs(sum_in[i]));
+    }
+    ASSERT_LE(worst, 1e-5 * (scale + 1)) << "step " << step;
+  }
+}
+
+}  // namespace
+}  // namespace gw::coll
