@@ -39,6 +39,12 @@ std::string eal(const std::string& vdev) {
          vdev + "\\\" ";
 }
 
+// net_af_packet with ring slots that hold a 9000-byte frame (the port then runs at the veth's
+// MTU instead of 1500), and a 1024-slot RX ring.
+const char* const kAfPacket = "net_af_packet0,iface=d0,framesz=9216,blocksz=36864,framecnt=1024";
+// net_af_xdp: a frame must fit one 4 KiB umem chunk, so the veths run at MTU 3498.
+const char* const kAfXdp = "net_af_xdp0,iface=d0";
+
 ShellRun testbed(const std::string& opts, const std::string& env, const std::string& args) {
   std::string cmd = std::string("bash ") + GW_TESTBED_SCRIPT + " " + opts + " -- \"" + env + " " +
                     GW_TESTBED_HOST + " " + args + "\"";
@@ -59,14 +65,18 @@ class DpdkNetns : public ::testing::Test {
 };
 
 TEST_F(DpdkNetns, ContractAcrossTwoHostsOverAfPacket) {
-  check(testbed("-n 2 -t 100", eal("net_af_packet0,iface=d0"), "p2p"), 2);
+  check(testbed("-n 2 -t 100", eal(kAfPacket), "p2p"), 2);
+}
+
+TEST_F(DpdkNetns, ContractAcrossTwoHostsOverAfXdp) {
+  check(testbed("-n 2 -m 3498 -t 100", eal(kAfXdp), "p2p"), 2);
 }
 
 TEST_F(DpdkNetns, AllreduceFourHostsWithLossReorderDup) {
   ShellRun r = testbed("-n 4 -t 170",
                        "GW_TIMEOUT_MS=30000 GW_DPDK_INJECT_LOSS=0.01 GW_DPDK_INJECT_REORDER=0.01 "
                        "GW_DPDK_INJECT_DUP=0.01 GW_DPDK_INJECT_SEED=\\$((TB_HOST+1)) " +
-                           eal("net_af_packet0,iface=d0"),
+                           eal(kAfPacket),
                        "allreduce 268435456");
   check(r, 4);
   EXPECT_EQ(count(r.out, "allreduce 268435456 B ok"), 4) << r.out;
@@ -74,8 +84,7 @@ TEST_F(DpdkNetns, AllreduceFourHostsWithLossReorderDup) {
 }
 
 TEST_F(DpdkNetns, HostKilledMidRunMakesTheOthersFailWithinTimeout) {
-  ShellRun r =
-      testbed("-n 4 -t 60", "GW_TIMEOUT_MS=5000 " + eal("net_af_packet0,iface=d0"), "kill");
+  ShellRun r = testbed("-n 4 -t 60", "GW_TIMEOUT_MS=5000 " + eal(kAfPacket), "kill");
   if (r.rc == 77) GTEST_SKIP() << r.out;
   EXPECT_EQ(count(r.out, "KILL-OK"), 3) << r.out;  // the killed host cannot say anything
   EXPECT_EQ(count(r.out, "killing myself"), 1) << r.out;
@@ -84,7 +93,7 @@ TEST_F(DpdkNetns, HostKilledMidRunMakesTheOthersFailWithinTimeout) {
 TEST_F(DpdkNetns, CaptureDecodesAsValidUdpIpv4WithCorrectChecksums) {
   if (run("command -v tshark").rc != 0) GTEST_SKIP() << "tshark not installed";
   const std::string pcap = "/tmp/gw_dpdk_cap_" + std::to_string(getpid()) + ".pcap";
-  ShellRun r = testbed("-n 2 -t 100 -c " + pcap, eal("net_af_packet0,iface=d0"), "p2p");
+  ShellRun r = testbed("-n 2 -t 100 -c " + pcap, eal(kAfPacket), "p2p");
   check(r, 2);
   // Every frame of the transport: IPv4 + UDP, both checksums verified by tshark.
   ShellRun t = run(

@@ -4,11 +4,13 @@
 //   allreduce  N hosts: Communicator over "dpdk", sizes 0 B .. argv[2] bytes, results checked
 //   kill       N hosts: the last host SIGKILLs itself mid-run; the others must fail in time
 //   bench      2 hosts: latency and bandwidth of tcp then dpdk over the same veth, in one run
+//   allreduce-bench  N hosts: allreduce median time per size, tcp then dpdk, in one run
 // The rendezvous store runs on host 0's control interface (TB_STORE). Prints "RESULT ok" or
 // "RESULT fail <why>" and exits 0/1.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/communicator_impl.h"
 #include "core/config.h"
 #include "core/net/transport.h"
 #include "core/store.h"
@@ -223,20 +224,49 @@ void print_stats() {
   std::fflush(stdout);
 }
 
-std::unique_ptr<coll::Communicator> make_comm(std::shared_ptr<Store> store, int host, int n) {
+std::unique_ptr<coll::Communicator> make_comm(std::shared_ptr<Store> store, int host, int n,
+                                              const std::string& transport = "dpdk") {
   coll::CommOptions o;
   o.rank = host;
   o.world_size = n;
   o.store = store;
-  // CommOptions::transport accepts only auto/tcp/shm today; the internal factory hook routes
-  // every peer connection of the communicator through the DPDK backend instead.
-  o.transport = "tcp";
+  o.transport = transport;  // "dpdk" reaches gw::dpdk::make_dpdk_transport
   o.job_token = "tb-token";
-  coll::CommInternalOptions in;
-  in.transport_factory = [](const std::string&, const net::TransportOptions& t) {
-    return dpdk::make_dpdk_transport(t);
-  };
-  return take(coll::create_communicator(o, in), "Communicator::create");
+  return take(coll::Communicator::create(o), "Communicator::create");
+}
+
+// Allreduce timing, tcp then dpdk over the same data interface (GW_SOCKET_IFNAME=d0 for tcp):
+// per size, `iters` timed runs after one warm-up; prints the median and the bus bandwidth.
+void run_allreduce_bench(std::shared_ptr<Store> store, int host, int n,
+                         const std::vector<size_t>& sizes, int iters) {
+  for (const std::string transport : {"tcp", "dpdk"}) {
+    auto comm = make_comm(store, host, n, transport);
+    for (size_t bytes : sizes) {
+      const size_t count = bytes / 4;
+      std::vector<float> x(count);
+      std::vector<double> ms;
+      for (int it = 0; it <= iters; ++it) {
+        for (size_t i = 0; i < count; ++i) x[i] = float(host + 1 + int(i % 7));
+        auto t0 = Clock::now();
+        CHECK_OK(
+            comm->allreduce(x.data(), x.data(), count, coll::DataType::kF32, coll::ReduceOp::kSum));
+        if (it > 0)
+          ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        for (size_t i = 0; i < count; i += 4099) {
+          if (x[i] != float(n * (n + 1) / 2 + n * int(i % 7)))
+            fail("allreduce bench: wrong result");
+        }
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      const double algbw = bytes / (med / 1e3) / 1e6;
+      std::printf("ARBENCH transport=%s bytes=%zu median_ms=%.2f algbw_MBps=%.0f busbw_MBps=%.0f\n",
+                  transport.c_str(), bytes, med, algbw, algbw * 2 * (n - 1) / n);
+      std::fflush(stdout);
+    }
+    CHECK_OK(store_barrier(*store, "arbench-" + transport, n, dl()));
+  }
+  print_stats();
 }
 
 void run_allreduce(std::shared_ptr<Store> store, int host, int n, size_t max_bytes) {
@@ -377,7 +407,10 @@ void bench_one(Store& store, int host, const std::string& transport) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) fail("usage: dpdk_testbed_host p2p|allreduce [max_bytes]|kill|bench");
+  if (argc < 2) {
+    fail(
+        "usage: dpdk_testbed_host p2p|allreduce [max_bytes]|allreduce-bench [bytes...]|kill|bench");
+  }
   const std::string mode = argv[1];
   const int host = env_int("TB_HOST", -1), n = env_int("TB_HOSTS", 0);
   const char* store_ip = getenv("TB_STORE");
@@ -396,6 +429,11 @@ int main(int argc, char** argv) {
     run_p2p(*store, host);
   } else if (mode == "allreduce") {
     run_allreduce(store, host, n, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (16u << 20));
+  } else if (mode == "allreduce-bench") {
+    std::vector<size_t> sizes;
+    for (int i = 2; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+    if (sizes.empty()) sizes = {4096, 1u << 20, 64u << 20};
+    run_allreduce_bench(store, host, n, sizes, env_int("TB_ITERS", 5));
   } else if (mode == "kill") {
     run_kill(store, host, n);
   } else if (mode == "bench") {
