@@ -8,6 +8,7 @@
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
+#include <rte_mbuf_pool_ops.h>
 #include <rte_mempool.h>
 #include <rte_ring.h>
 #include <sched.h>
@@ -57,6 +58,10 @@ Status eal_init_once(const std::string& args) {
 }
 
 namespace {
+
+// net_af_xdp: the veth pair of the testbed runs at 3498 with XDP attached (its page-sized
+// buffers); a frame must also fit one 4 KiB umem chunk.
+constexpr size_t kAfXdpMtu = 3498;
 
 // The value of `key` in a vdev argument string "iface=d0,framesz=9216", or "".
 std::string devarg(const std::string& args, const std::string& key) {
@@ -216,22 +221,24 @@ class DpdkPort : public FramePort {
     if (info.max_mtu > 0) want_mtu = std::min<size_t>(want_mtu, info.max_mtu);
     // At least 10 KiB: af_packet wants its whole frame slot (framesz) to fit in one mbuf.
     size_t room = std::max<size_t>(want_mtu + kEthLen + 64, 10240) + RTE_PKTMBUF_HEADROOM;
-    if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
-      // The mempool is the XDP umem: a whole mbuf (object header, struct rte_mbuf, data room)
-      // must fit in one 4 KiB umem chunk. The kernel puts a frame XDP_PACKET_HEADROOM (256)
-      // after the mbuf headroom, so the frame gets room - headroom - 256 bytes (32 spare).
-      room = 4096 - sizeof(rte_mbuf) - 128;
-      want_mtu = std::min<size_t>(want_mtu, room - RTE_PKTMBUF_HEADROOM - 256 - kEthLen - 32);
-    }
     const std::string pname = fmt::format("gw_pool{}", port_id_);
-    pool_ = rte_pktmbuf_pool_create(pname.c_str(), static_cast<unsigned>(o.nb_mbufs), 256, 0,
-                                    static_cast<uint16_t>(std::min<size_t>(room, 65535)),
-                                    static_cast<int>(rte_socket_id()));
-    if (pool_ == nullptr) {
-      return no_memory(
-          "dpdk: mbuf pool of {} x {} bytes: {} (raise -m in GW_DPDK_EAL_ARGS or "
-          "lower GW_DPDK_NB_MBUFS)",
-          o.nb_mbufs, room, rte_strerror(rte_errno));
+    if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
+      GW_RETURN_IF_ERROR(make_umem_pool(pname, o.nb_mbufs));
+      // The kernel puts a received frame XDP_PACKET_HEADROOM (256) after the mbuf's own
+      // headroom, in a 4 KiB chunk that starts with the object header and struct rte_mbuf.
+      const size_t frame_max =
+          4096 - pool_->header_size - sizeof(rte_mbuf) - RTE_PKTMBUF_HEADROOM - 256;
+      want_mtu = std::min<size_t>({want_mtu, frame_max - kEthLen, kAfXdpMtu});
+    } else {
+      pool_ = rte_pktmbuf_pool_create(pname.c_str(), static_cast<unsigned>(o.nb_mbufs), 256, 0,
+                                      static_cast<uint16_t>(std::min<size_t>(room, 65535)),
+                                      static_cast<int>(rte_socket_id()));
+      if (pool_ == nullptr) {
+        return no_memory(
+            "dpdk: mbuf pool of {} x {} bytes: {} (raise -m in GW_DPDK_EAL_ARGS or "
+            "lower GW_DPDK_NB_MBUFS)",
+            o.nb_mbufs, room, rte_strerror(rte_errno));
+      }
     }
     rte_eth_conf conf;
     std::memset(&conf, 0, sizeof(conf));
@@ -295,6 +302,49 @@ class DpdkPort : public FramePort {
     std::memcpy(mac_.data(), a.addr_bytes, 6);
     GW_LOG_INFO("dpdk: port {} mac {} mtu {} tx-cksum-offload {} rx-cksum-offload {}", name_,
                 format_mac(mac_), mtu_, tx_offload_, rx_offload_);
+    return ok_status();
+  }
+
+  // net_af_xdp (22.11) registers the mempool itself as the XDP umem: from the first object's page
+  // for populated_size x object size bytes, and the kernel rejects (silently drops) a TX or fill
+  // descriptor outside that range. Objects must therefore tile the memory exactly: one object
+  // per 4 KiB page, no spreading pad, one memory chunk. A pool made by rte_pktmbuf_pool_create
+  // (objects padded to a page each, but counted at their own size) leaves its last mbufs
+  // outside the umem: their frames vanish, the fill ring drains and the link stalls.
+  Status make_umem_pool(const std::string& name, int n) {
+    const unsigned hdr = sizeof(rte_mempool_objhdr);
+    const unsigned hdr_aligned = RTE_ALIGN_CEIL(hdr, RTE_MEMPOOL_ALIGN);
+    const unsigned elt = 4096 - hdr_aligned;  // struct rte_mbuf + data room
+    rte_pktmbuf_pool_private priv{};
+    priv.mbuf_data_room_size = static_cast<uint16_t>(elt - sizeof(rte_mbuf));
+    priv.mbuf_priv_size = 0;
+    rte_mempool* mp =
+        rte_mempool_create_empty(name.c_str(), static_cast<unsigned>(n), elt, 256, sizeof(priv),
+                                 static_cast<int>(rte_socket_id()), RTE_MEMPOOL_F_NO_SPREAD);
+    if (mp == nullptr) {
+      return no_memory("dpdk: af_xdp umem pool of {} x 4 KiB: {}", n, rte_strerror(rte_errno));
+    }
+    int rc = rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), nullptr);
+    if (rc == 0) {
+      rte_pktmbuf_pool_init(mp, &priv);
+      rc = rte_mempool_populate_default(mp);
+      rc = rc < 0 ? rc : 0;
+    }
+    if (rc != 0 || mp->header_size + mp->elt_size + mp->trailer_size != 4096 ||
+        mp->nb_mem_chunks != 1) {
+      const std::string why =
+          rc != 0
+              ? rte_strerror(-rc)
+              : fmt::format("object {} B in {} memory chunk(s)",
+                            mp->header_size + mp->elt_size + mp->trailer_size, mp->nb_mem_chunks);
+      rte_mempool_free(mp);
+      return no_memory(
+          "dpdk: af_xdp umem pool of {} x 4 KiB: {} (raise -m in GW_DPDK_EAL_ARGS or lower "
+          "GW_DPDK_NB_MBUFS)",
+          n, why);
+    }
+    rte_mempool_obj_iter(mp, rte_pktmbuf_init, nullptr);
+    pool_ = mp;
     return ok_status();
   }
 
