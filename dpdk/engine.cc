@@ -44,6 +44,8 @@ constexpr int64_t kFastRetxMinGapNs = 20000;
 // test() calls that find nothing new before the caller's thread yields the CPU (spin-then-yield:
 // on a shared host the peer process may need this core to answer).
 constexpr int kSpinBeforeYield = 32;
+// Longest interval between two scans of a connection's window for timed-out packets.
+constexpr int64_t kTimerScanNs = 250000;
 
 }  // namespace
 
@@ -137,7 +139,8 @@ struct Engine::Conn {
   uint32_t peer_spurious = 0;  // sender: the last count the peer reported
   int64_t tolerance_ns = 0;    // sender: extra delay before fast or timeout retransmission
   uint32_t acks_since_spurious = 0;
-  int backoff = 0;  // retransmission-timeout doublings since the last progress
+  int backoff = 0;             // retransmission-timeout doublings since the last progress
+  int64_t timer_check_ns = 0;  // no retransmission timeout can fire before this
   int64_t last_rx_ns = 0, last_tx_ns = 0;
   // messages
   uint32_t next_msg = 0;
@@ -592,21 +595,33 @@ void Engine::timers(Conn& c) {
   // timeout without progress (reset by any new acknowledgement). At most kRtoBurst of the
   // timed-out packets go out per firing; SACK-driven fast retransmission recovers the rest once
   // acknowledgements flow again.
+  // The scan over the window runs only when the earliest deadline may have come (and at least
+  // every kTimerScanNs, since the RTO may shrink): not on every pass of a busy loop.
   const int64_t rto = (c.rto_ns + c.tolerance_ns) << std::min(c.backoff, 6);
-  int resent = 0;
-  for (TxPkt& p : c.inflight) {
-    if (p.acked || p.tx_count == 0) continue;
-    if (now - p.sent_ns < rto) continue;
-    if (p.tx_count > config_.max_retx) {
-      fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
-                              p.seq, p.tx_count));
-      return;
+  if (now >= c.timer_check_ns) {
+    int resent = 0;
+    int64_t next = now + kTimerScanNs;
+    for (TxPkt& p : c.inflight) {
+      if (p.acked || p.tx_count == 0) continue;
+      if (now - p.sent_ns < rto) {
+        next = std::min(next, p.sent_ns + rto);
+        continue;
+      }
+      if (p.tx_count > config_.max_retx) {
+        fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
+                                p.seq, p.tx_count));
+        return;
+      }
+      ++stats_.timeout_retransmits;
+      send_pkt(c, p, true);
+      if (++resent >= kRtoBurst) {
+        next = now;  // more may be due: look again on the next pass
+        break;
+      }
     }
-    ++stats_.timeout_retransmits;
-    send_pkt(c, p, true);
-    if (++resent >= kRtoBurst) break;
+    if (resent > 0) ++c.backoff;
+    c.timer_check_ns = next;
   }
-  if (resent > 0) ++c.backoff;
   if (now - c.last_tx_ns >= config_.heartbeat_ms * 1000000) send_ack(c);
 }
 

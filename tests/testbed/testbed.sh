@@ -2,7 +2,9 @@
 # Network-namespace testbed: N "hosts" (network namespaces), each with a data interface d0
 # (veth to the bridge gwbd<id>, MTU 9000, 10.77.0.<i+1>/24) for DPDK or kernel TCP, and a control
 # interface c0 (veth to bridge gwbc<id>, 10.79.0.<i+1>/24) for the rendezvous store, so binding
-# DPDK (AF_XDP takes every frame of d0) never cuts the store off.
+# DPDK (AF_XDP takes every frame of d0) never cuts the store off. The bridges live in a "switch"
+# namespace of their own, where bridged frames skip the host firewall (bridge-nf-call-*tables
+# = 0 there only; the machine's settings are untouched): a switch, not a filtering host.
 #
 #   testbed.sh [-n HOSTS] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES] [-c PCAP] -- COMMAND...
 #
@@ -31,12 +33,12 @@ command -v ip >/dev/null || { echo "testbed: SKIP: iproute2 missing" >&2; exit 7
 
 ID="$$"
 ID=${ID: -6}
-NS=(); PIDS=(); CAP_PID=""; HUGE_OLD=""
+NS=(); PIDS=(); CAP_PID=""; HUGE_OLD=""; SW=""
 cleanup() {
   trap - EXIT INT TERM
   for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
   [ -n "$CAP_PID" ] && { kill -INT "$CAP_PID" 2>/dev/null; sleep 0.5; kill -KILL "$CAP_PID" 2>/dev/null; }
-  for ns in "${NS[@]}"; do
+  for ns in "${NS[@]}" "$SW"; do
     # Processes left inside the namespace (a host's own children) go with it.
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
@@ -52,16 +54,22 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 fail_setup() { echo "testbed: SKIP: $1" >&2; exit 77; }
-ip link add "gwbd$ID" type bridge 2>/dev/null || fail_setup "cannot create a bridge"
-ip link add "gwbc$ID" type bridge || fail_setup "cannot create a bridge"
-ip link set "gwbd$ID" mtu "$MTU" up; ip link set "gwbc$ID" up
+SW="gwtb${ID}sw"
+ip netns add "$SW" || fail_setup "ip netns add failed"
+ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
+  net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 >/dev/null 2>&1
+ip -n "$SW" link add "gwbd$ID" type bridge 2>/dev/null || fail_setup "cannot create a bridge"
+ip -n "$SW" link add "gwbc$ID" type bridge || fail_setup "cannot create a bridge"
+ip -n "$SW" link set "gwbd$ID" mtu "$MTU" up; ip -n "$SW" link set "gwbc$ID" up
 for i in $(seq 0 $((N - 1))); do
   ns="gwtb${ID}h$i"
   ip netns add "$ns" || fail_setup "ip netns add failed"
   NS+=("$ns")
-  ip link add "gd${ID}h$i" mtu "$MTU" type veth peer name d0 mtu "$MTU" netns "$ns" || fail_setup "veth"
-  ip link add "gc${ID}h$i" type veth peer name c0 netns "$ns" || fail_setup "veth"
-  ip link set "gd${ID}h$i" master "gwbd$ID" up; ip link set "gc${ID}h$i" master "gwbc$ID" up
+  ip -n "$SW" link add "gd${ID}h$i" mtu "$MTU" type veth peer name d0 mtu "$MTU" netns "$ns" ||
+    fail_setup "veth"
+  ip -n "$SW" link add "gc${ID}h$i" type veth peer name c0 netns "$ns" || fail_setup "veth"
+  ip -n "$SW" link set "gd${ID}h$i" master "gwbd$ID" up
+  ip -n "$SW" link set "gc${ID}h$i" master "gwbc$ID" up
   ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev d0
   ip -n "$ns" addr add "10.79.0.$((i + 1))/24" dev c0
   ip -n "$ns" link set lo up; ip -n "$ns" link set d0 up; ip -n "$ns" link set c0 up
@@ -82,7 +90,7 @@ fi
 
 if [ -n "$PCAP" ]; then
   command -v dumpcap >/dev/null || fail_setup "dumpcap (tshark) missing"
-  dumpcap -q -i "gwbd$ID" -w "$PCAP" -f "udp" >/dev/null 2>&1 &
+  ip netns exec "$SW" dumpcap -q -B 64 -i "gwbd$ID" -w "$PCAP" -f "udp" >/dev/null 2>&1 &
   CAP_PID=$!
   sleep 1
 fi
