@@ -28,7 +28,7 @@ class CommBase {
   CommBase(std::shared_ptr<Engine> e, uint32_t id) : engine_(std::move(e)), id_(id) {}
   ~CommBase() {
     engine_->close_conn(id_);
-    for (Mr* mr : mrs_) delete mr;
+    for (net::MemRegion* mr : mrs_) delete mr;
   }
   Result<net::MemRegion*> do_reg(void* data, size_t size, net::MemType type) {
     if (type != net::MemType::kHost) {
@@ -49,7 +49,7 @@ class CommBase {
   Status do_dereg(net::MemRegion* mr) {
     if (mr == nullptr) return invalid_arg("dpdk dereg_mr: null region");
     std::lock_guard<std::mutex> lock(mr_mu_);
-    auto it = mrs_.find(static_cast<Mr*>(mr));
+    auto it = mrs_.find(mr);  // no cast: mr may be a stale pointer (bad input)
     if (it == mrs_.end()) {
       return invalid_arg("dpdk dereg_mr: region is not registered with this comm (or released)");
     }
@@ -71,7 +71,7 @@ class CommBase {
     if (mr == nullptr) return ok_status();
     {
       std::lock_guard<std::mutex> lock(mr_mu_);
-      if (!mrs_.count(static_cast<Mr*>(mr))) {
+      if (!mrs_.count(mr)) {
         return invalid_arg("dpdk: memory region is not registered with this comm");
       }
     }
@@ -85,7 +85,7 @@ class CommBase {
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
   std::mutex mr_mu_;
-  std::unordered_set<Mr*> mrs_;  // owned; freed with the comm
+  std::unordered_set<net::MemRegion*> mrs_;  // owned (Mr); freed with the comm
 };
 
 class DpdkSendComm : public net::SendComm, CommBase {
