@@ -83,6 +83,17 @@ TEST_F(DpdkNetns, AllreduceFourHostsWithLossReorderDup) {
   EXPECT_EQ(count(r.out, "allreduce 0 B ok"), 4);
 }
 
+TEST_F(DpdkNetns, AllreduceFourHostsOverAfXdpWithLossReorderDup) {
+  ShellRun r = testbed("-n 4 -m 3498 -t 170",
+                       "GW_TIMEOUT_MS=30000 GW_DPDK_INJECT_LOSS=0.01 GW_DPDK_INJECT_REORDER=0.01 "
+                       "GW_DPDK_INJECT_DUP=0.01 GW_DPDK_INJECT_SEED=\\$((TB_HOST+7)) " +
+                           eal(kAfXdp),
+                       "allreduce 67108864");
+  check(r, 4);
+  EXPECT_EQ(count(r.out, "allreduce 67108864 B ok"), 4) << r.out;
+  EXPECT_EQ(count(r.out, "allreduce 0 B ok"), 4);
+}
+
 TEST_F(DpdkNetns, HostKilledMidRunMakesTheOthersFailWithinTimeout) {
   ShellRun r = testbed("-n 4 -t 60", "GW_TIMEOUT_MS=5000 " + eal(kAfPacket), "kill");
   if (r.rc == 77) GTEST_SKIP() << r.out;
