@@ -771,40 +771,28 @@ MatrixShape powersgd_shape(size_t count, size_t cols_hint) {
   return s;
 }
 
-namespace {
-
-inline float dot(const float* __restrict a, const float* __restrict b, size_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  }
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-inline void axpy(float alpha, const float* __restrict x, size_t n, float* __restrict y) {
-  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-}  // namespace
+// Row by row, each row (cols floats) read once and kept in L1 while all r factor columns pass
+// over it (codec_kernels::pq_row_*: vectorised, the same bits on every path).
 
 void matmul_mq(const float* m, size_t count, MatrixShape shape, const float* q, size_t r,
                float* out) {
+  std::vector<float> dots(r);
   for (size_t i = 0; i < shape.rows; ++i) {
     const size_t off = i * shape.cols;
-    const size_t n = std::min(shape.cols, count - off);
-    for (size_t j = 0; j < r; ++j) out[j * shape.rows + i] = dot(m + off, q + j * shape.cols, n);
+    ck::pq_row_dots(m + off, q, shape.cols, r, std::min(shape.cols, count - off), dots.data());
+    for (size_t j = 0; j < r; ++j) out[j * shape.rows + i] = dots[j];
   }
 }
 
 void matmul_mtp(const float* m, size_t count, MatrixShape shape, const float* p, size_t r,
                 float* out) {
   std::fill(out, out + shape.cols * r, 0.0f);
+  std::vector<float> a(r);
   for (size_t i = 0; i < shape.rows; ++i) {
     const size_t off = i * shape.cols;
     const size_t n = std::min(shape.cols, count - off);
-    for (size_t j = 0; j < r; ++j) axpy(p[j * shape.rows + i], m + off, n, out + j * shape.cols);
+    for (size_t j = 0; j < r; ++j) a[j] = p[j * shape.rows + i];
+    ck::pq_row_axpy_out(a.data(), m + off, shape.cols, r, n, out);
   }
 }
 
@@ -831,13 +819,43 @@ void orthogonalize(float* a, size_t rows, size_t r) {
   }
 }
 
-void add_pq(const float* p, const float* q, MatrixShape shape, size_t r, size_t count, float sign,
-            float* m) {
+void add_matmul_mq(const float* x, float* m, size_t count, MatrixShape shape, const float* q,
+                   size_t r, float* out) {
+  std::vector<float> dots(r);
   for (size_t i = 0; i < shape.rows; ++i) {
     const size_t off = i * shape.cols;
     const size_t n = std::min(shape.cols, count - off);
-    for (size_t j = 0; j < r; ++j)
-      axpy(sign * p[j * shape.rows + i], q + j * shape.cols, n, m + off);
+    if (x) ck::add_f32(x + off, n, m + off);  // the row stays in L1 for the dots below
+    ck::pq_row_dots(m + off, q, shape.cols, r, n, dots.data());
+    for (size_t j = 0; j < r; ++j) out[j * shape.rows + i] = dots[j];
+  }
+}
+
+void residual_and_decode_pq(const float* p, const float* q_local, const float* q_sum,
+                            MatrixShape shape, size_t r, size_t count, float* residual,
+                            float* out) {
+  std::vector<float> neg(r), pos(r);
+  for (size_t i = 0; i < shape.rows; ++i) {
+    const size_t off = i * shape.cols;
+    const size_t n = std::min(shape.cols, count - off);
+    for (size_t j = 0; j < r; ++j) {
+      neg[j] = -1.0f * p[j * shape.rows + i];
+      pos[j] = 1.0f * p[j * shape.rows + i];
+    }
+    if (residual) ck::pq_row_axpy_in(neg.data(), q_local, shape.cols, r, n, residual + off);
+    std::fill(out + off, out + off + n, 0.0f);
+    ck::pq_row_axpy_in(pos.data(), q_sum, shape.cols, r, n, out + off);
+  }
+}
+
+void add_pq(const float* p, const float* q, MatrixShape shape, size_t r, size_t count, float sign,
+            float* m) {
+  std::vector<float> a(r);
+  for (size_t i = 0; i < shape.rows; ++i) {
+    const size_t off = i * shape.cols;
+    const size_t n = std::min(shape.cols, count - off);
+    for (size_t j = 0; j < r; ++j) a[j] = sign * p[j * shape.rows + i];
+    ck::pq_row_axpy_in(a.data(), q, shape.cols, r, n, m + off);
   }
 }
 

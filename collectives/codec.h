@@ -155,5 +155,13 @@ void orthogonalize(float* a, size_t rows, size_t r);
 // m += sign * P Q^T over the count valid elements (used for the residual and the decode).
 void add_pq(const float* p, const float* q, MatrixShape shape, size_t r, size_t count, float sign,
             float* m);
+// The fused passes the compressed allreduce runs (bit for bit the same as the unfused calls):
+// m += x (x may be null: m as it is), then out = M Q, in one pass over m, row by row.
+void add_matmul_mq(const float* x, float* m, size_t count, MatrixShape shape, const float* q,
+                   size_t r, float* out);
+// residual -= P Q_local^T (residual may be null: skipped) and out = P Q_sum^T, in one pass:
+// add_pq(p, q_local, ..., -1, residual), then fill(out, 0) and add_pq(p, q_sum, ..., +1, out).
+void residual_and_decode_pq(const float* p, const float* q_local, const float* q_sum,
+                            MatrixShape shape, size_t r, size_t count, float* residual, float* out);
 
 }  // namespace gw::coll

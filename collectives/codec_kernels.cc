@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -37,6 +38,50 @@ inline void store_word(uint64_t* words, size_t w, uint64_t x) {
 inline float hsum8(const float* s) {
   const float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
   return (t0 + t2) + (t1 + t3);
+}
+
+// PowerSGD row kernels, written once and compiled twice (portable, and inlined into AVX2 wrappers
+// below): 8 lanes per step, the lane loops vectorise to one AVX register or two SSE ones, with
+// the same per-lane operations, so both give the same bits. No FMA: the avx2 wrappers' target
+// leaves it out.
+__attribute__((always_inline)) inline void pq_row_dots_body(const float* __restrict row,
+                                                            const float* __restrict q, size_t ld,
+                                                            size_t r, size_t n,
+                                                            float* __restrict out) {
+  // One sweep of the (L1-resident) row per factor column, 8 accumulators in registers.
+  for (size_t j = 0; j < r; ++j) {
+    const float* qj = q + j * ld;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      for (int l = 0; l < 8; ++l) acc[l] += row[i + l] * qj[i + l];
+    }
+    for (; i < n; ++i) acc[0] += row[i] * qj[i];
+    out[j] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  }
+}
+
+__attribute__((always_inline)) inline void pq_row_axpy_in_body(const float* __restrict a,
+                                                               const float* __restrict x, size_t ld,
+                                                               size_t r, size_t n,
+                                                               float* __restrict y) {
+  // One sweep of the (L1-resident) row per factor column: the plain loop vectorises fully.
+  for (size_t j = 0; j < r; ++j) {
+    const float aj = a[j];
+    const float* xj = x + j * ld;
+    for (size_t c = 0; c < n; ++c) y[c] += aj * xj[c];
+  }
+}
+
+__attribute__((always_inline)) inline void pq_row_axpy_out_body(const float* __restrict a,
+                                                                const float* __restrict x,
+                                                                size_t ld, size_t r, size_t n,
+                                                                float* __restrict y) {
+  for (size_t j = 0; j < r; ++j) {
+    float* yj = y + j * ld;
+    const float aj = a[j];
+    for (size_t c = 0; c < n; ++c) yj[c] += aj * x[c];
+  }
 }
 
 }  // namespace
@@ -113,6 +158,16 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
       if (vals) vals->push_back(v);
     }
   }
+}
+
+void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {
+  pq_row_dots_body(row, q, ld, r, n, out);
+}
+void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
+  pq_row_axpy_in_body(a, x, ld, r, n, y);
+}
+void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
+  pq_row_axpy_out_body(a, x, ld, r, n, y);
 }
 
 }  // namespace portable
@@ -310,6 +365,23 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
                                vals);
 }
 
+// No fma in this target: the compiler must not contract a * b + c, or the bits would differ from
+// the portable path.
+#define GW_AVX2_NOFMA __attribute__((target("avx2")))
+GW_AVX2_NOFMA void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n,
+                               float* out) {
+  pq_row_dots_body(row, q, ld, r, n, out);
+}
+GW_AVX2_NOFMA void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n,
+                                  float* y) {
+  pq_row_axpy_in_body(a, x, ld, r, n, y);
+}
+GW_AVX2_NOFMA void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n,
+                                   float* y) {
+  pq_row_axpy_out_body(a, x, ld, r, n, y);
+}
+#undef GW_AVX2_NOFMA
+
 #undef GW_AVX2
 
 }  // namespace avx2
@@ -348,6 +420,19 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
     return avx2::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
   }
   portable::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
+}
+
+void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {
+  if (have_avx2()) return avx2::pq_row_dots(row, q, ld, r, n, out);
+  portable::pq_row_dots(row, q, ld, r, n, out);
+}
+void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
+  if (have_avx2()) return avx2::pq_row_axpy_in(a, x, ld, r, n, y);
+  portable::pq_row_axpy_in(a, x, ld, r, n, y);
+}
+void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
+  if (have_avx2()) return avx2::pq_row_axpy_out(a, x, ld, r, n, y);
+  portable::pq_row_axpy_out(a, x, ld, r, n, y);
 }
 
 void add_f32(const float* __restrict src, size_t n, float* __restrict dst) {

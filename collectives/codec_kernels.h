@@ -43,6 +43,17 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
 
+// PowerSGD's row kernels: one row of a matrix (n elements) against r factor columns stored ld
+// apart. The AVX2 versions use no FMA and keep the portable per-lane order, so both give the same
+// bits (PowerSGD's result must be the same on every rank).
+// out[j] = dot(row, q + j * ld) for j < r, summed in 8 lanes ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7))
+// with the tail (n % 8 elements) added to lane 0.
+void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
+// y[c] += a[j] * x[j * ld + c] for j = 0..r-1 in that order, c < n.
+void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
+// y[j * ld + c] += a[j] * x[c] for j < r, c < n.
+void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
+
 // The portable and AVX2 versions, exposed for tests. The avx2 ones must only be called when
 // isa() == "avx2".
 namespace portable {
@@ -55,6 +66,9 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
+void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
+void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 }  // namespace portable
 namespace avx2 {
 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
@@ -66,6 +80,9 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
+void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
+void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 }  // namespace avx2
 
 }  // namespace gw::coll::codec_kernels

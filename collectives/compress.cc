@@ -306,7 +306,6 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
   phases_.mark(PhaseTimes::kExchange);
   // Server step for this rank's partition: decode + sum, re-encode with server error feedback.
   const size_t my_len = part_len(me);
-  const size_t my_off = static_cast<size_t>(me) * part;
   server_.assign(ep, 0);
   if (my_len > 0) {
     std::vector<const uint8_t*> slots(static_cast<size_t>(p));
@@ -361,11 +360,10 @@ Status Compressor::run_low_rank(TensorState& t, float* x) {
   const int p = comm_->size();
   const MatrixShape shape = powersgd_shape(n, t.spec.cols);
   const size_t r = std::min({static_cast<size_t>(t.spec.rank), shape.rows, shape.cols});
-  float* m = x;
-  if (!t.residual.empty()) {
-    ck::add_f32(x, n, t.residual.data());
-    m = t.residual.data();
-  }
+  // With error feedback M = x + residual, formed in the residual by the first pass (fused with
+  // P = M Q); without, M is x itself.
+  float* res = t.residual.empty() ? nullptr : t.residual.data();
+  float* m = res ? res : x;
   if (t.q.size() != shape.cols * r || !t.spec.warm_start) {
     t.q.resize(shape.cols * r);
     seed_columns(t.key_hash, 0, r, shape.cols, t.q.data());
@@ -379,20 +377,25 @@ Status Compressor::run_low_rank(TensorState& t, float* x) {
     }
   }
   std::vector<float> pm(shape.rows * r);
-  matmul_mq(m, n, shape, t.q.data(), r, pm.data());
+  add_matmul_mq(res ? x : nullptr, m, n, shape, t.q.data(), r, pm.data());
+  phases_.mark(PhaseTimes::kEncode);
   GW_RETURN_IF_ERROR(
       comm_->allreduce(pm.data(), pm.data(), pm.size(), DataType::kF32, ReduceOp::kSum)
           .with_context("powersgd P"));
   count_sent(allreduce_send_bytes(pm.size() * 4, p));
+  phases_.mark(PhaseTimes::kExchange);
   orthogonalize(pm.data(), shape.rows, r);
   matmul_mtp(m, n, shape, pm.data(), r, t.q.data());
-  if (!t.residual.empty()) add_pq(pm.data(), t.q.data(), shape, r, n, -1.0f, t.residual.data());
+  std::vector<float> q_local;
+  if (res) q_local = t.q;  // the residual subtracts this rank's own P Q^T
+  phases_.mark(PhaseTimes::kEncode);
   GW_RETURN_IF_ERROR(
       comm_->allreduce(t.q.data(), t.q.data(), t.q.size(), DataType::kF32, ReduceOp::kSum)
           .with_context("powersgd Q"));
   count_sent(allreduce_send_bytes(t.q.size() * 4, p));
-  std::fill(x, x + n, 0.0f);
-  add_pq(pm.data(), t.q.data(), shape, r, n, 1.0f, x);
+  phases_.mark(PhaseTimes::kExchange);
+  // One pass: residual = M - P Q_local^T, x = P Q^T (M is no longer needed when res is null).
+  residual_and_decode_pq(pm.data(), q_local.data(), t.q.data(), shape, r, n, res, x);
   return ok_status();
 }
 

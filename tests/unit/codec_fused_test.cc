@@ -232,5 +232,81 @@ TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndZero) {
   }
 }
 
+TEST(CodecFused, PowerSgdRowKernelsAgreeBitForBitAcrossPaths) {
+  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{61}, size_t{1000}}) {
+    for (size_t r : {size_t{1}, size_t{4}, size_t{17}, size_t{40}}) {
+      const size_t ld = n + 3;
+      auto row = gaussian(n, 71), q = gaussian(ld * r, 72), a = gaussian(r, 73);
+      std::vector<float> d1(r), d2(r);
+      ck::portable::pq_row_dots(row.data(), q.data(), ld, r, n, d1.data());
+      ck::avx2::pq_row_dots(row.data(), q.data(), ld, r, n, d2.data());
+      EXPECT_TRUE(same_bits(d1, d2)) << n << " " << r;
+      // The documented order: 8 lanes, tail into lane 0, fixed pairwise reduction.
+      for (size_t j = 0; j < r; ++j) {
+        float l[8] = {};
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+          for (int k = 0; k < 8; ++k) l[k] += row[i + k] * q[j * ld + i + k];
+        }
+        for (; i < n; ++i) l[0] += row[i] * q[j * ld + i];
+        const float want = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        EXPECT_EQ(std::bit_cast<uint32_t>(d1[j]), std::bit_cast<uint32_t>(want)) << j;
+      }
+      auto y1 = gaussian(n, 74), y2 = y1, want = y1;
+      ck::portable::pq_row_axpy_in(a.data(), q.data(), ld, r, n, y1.data());
+      ck::avx2::pq_row_axpy_in(a.data(), q.data(), ld, r, n, y2.data());
+      for (size_t j = 0; j < r; ++j) {
+        for (size_t c = 0; c < n; ++c) want[c] += a[j] * q[j * ld + c];
+      }
+      EXPECT_TRUE(same_bits(y1, y2)) << n << " " << r;
+      EXPECT_TRUE(same_bits(y1, want)) << n << " " << r;
+      auto z1 = gaussian(ld * r, 75), z2 = z1, zw = z1;
+      ck::portable::pq_row_axpy_out(a.data(), row.data(), ld, r, n, z1.data());
+      ck::avx2::pq_row_axpy_out(a.data(), row.data(), ld, r, n, z2.data());
+      for (size_t j = 0; j < r; ++j) {
+        for (size_t c = 0; c < n; ++c) zw[j * ld + c] += a[j] * row[c];
+      }
+      EXPECT_TRUE(same_bits(z1, z2)) << n << " " << r;
+      EXPECT_TRUE(same_bits(z1, zw)) << n << " " << r;
+    }
+  }
+}
+
+// PowerSGD's two fused passes give the same bits as the separate calls they replace.
+TEST(CodecFused, PowerSgdFusedPassesMatchTheSeparateCalls) {
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{12347}}) {
+    const MatrixShape shape = powersgd_shape(count, 0);
+    const size_t r = std::min<size_t>(3, std::min(shape.rows, shape.cols));
+    auto x = gaussian(count, 61), m0 = gaussian(count, 62, 0.3f);
+    auto q = gaussian(shape.cols * r, 63), q_sum = gaussian(shape.cols * r, 64);
+    // m += x; P = M Q.
+    auto m1 = m0, m2 = m0;
+    std::vector<float> p1(shape.rows * r), p2(shape.rows * r);
+    ck::add_f32(x.data(), count, m1.data());
+    matmul_mq(m1.data(), count, shape, q.data(), r, p1.data());
+    add_matmul_mq(x.data(), m2.data(), count, shape, q.data(), r, p2.data());
+    EXPECT_TRUE(same_bits(m1, m2)) << count;
+    EXPECT_TRUE(same_bits(p1, p2)) << count;
+    std::vector<float> p3(shape.rows * r);
+    auto m3 = m0;
+    add_matmul_mq(nullptr, m3.data(), count, shape, q.data(), r, p3.data());
+    EXPECT_TRUE(same_bits(m3, m0)) << count;
+    // residual -= P Q_local^T; out = P Q_sum^T.
+    auto res1 = m1, res2 = m1;
+    std::vector<float> out1(count, 9.0f), out2(count, -9.0f);
+    add_pq(p1.data(), q.data(), shape, r, count, -1.0f, res1.data());
+    std::fill(out1.begin(), out1.end(), 0.0f);
+    add_pq(p1.data(), q_sum.data(), shape, r, count, 1.0f, out1.data());
+    residual_and_decode_pq(p1.data(), q.data(), q_sum.data(), shape, r, count, res2.data(),
+                           out2.data());
+    EXPECT_TRUE(same_bits(res1, res2)) << count;
+    EXPECT_TRUE(same_bits(out1, out2)) << count;
+    std::vector<float> out3(count, 1.0f);
+    residual_and_decode_pq(p1.data(), nullptr, q_sum.data(), shape, r, count, nullptr, out3.data());
+    EXPECT_TRUE(same_bits(out1, out3)) << count;
+  }
+}
+
 }  // namespace
 }  // namespace gw::coll
