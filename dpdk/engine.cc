@@ -57,6 +57,10 @@ struct Engine::SendReq {
   uint64_t next_off = 0;
   bool emitted = false;  // every fragment has been sent once
   uint32_t unacked = 0;
+  // Eager: a one-frame message sent before its CTS; it completes when the frame is acknowledged
+  // and the CTS has shown that the receive matches (size and tag), as a rendezvous send would.
+  bool eager = false;
+  bool cts_ok = false;
   bool done = false;
   Status err;
 };
@@ -151,6 +155,14 @@ struct Engine::Conn {
     int32_t tag;
   };
   std::unordered_map<uint32_t, Cts> cts;
+  // Receiver: eager messages that arrived before their receive was posted (at most
+  // kMaxRequests; more are not accepted, so the sender retransmits them later).
+  struct Early {
+    uint64_t len;
+    int32_t tag;
+    std::vector<uint8_t> payload;
+  };
+  std::unordered_map<uint32_t, Early> early;
 
   std::string name() const {
     return fmt::format("{}dpdk {}:{} conn {}->{}", label.empty() ? "" : label + " via ",
@@ -444,8 +456,12 @@ Result<void*> Engine::irecv(uint32_t conn, void* data, size_t size, int tag) {
   p.tag = tag;
   p.msg_len = size;
   void* handle = r.get();
+  if (auto e = c->early.find(r->msg); e != c->early.end()) {
+    deliver_eager(*c, *r, e->second.len, e->second.tag, e->second.payload.data());
+    c->early.erase(e);
+  }
   c->recvs.push_back(std::move(r));
-  c->ctl_pending.push_back(p);
+  c->ctl_pending.push_back(p);  // the sender's eager send completes on it
   pump(*c);
   flush_tx();
   return handle;
@@ -644,7 +660,27 @@ void Engine::pump(Conn& c) {
     SendReq& r = *rp;
     if (r.emitted || r.done) continue;
     auto cts = c.cts.find(r.msg);
-    if (cts == c.cts.end()) return;  // rendezvous: wait for the receive to be posted
+    if (cts == c.cts.end()) {
+      // A message that fits one frame goes at once (eager); larger ones wait for the receive
+      // to be posted (rendezvous), and so do all messages after them, to keep frames in order.
+      if (r.size > payload_max_ || r.next_off != 0) return;
+      TxPkt p;
+      p.type = FrameType::kData;
+      p.flags = kFlagLast | kFlagEager;
+      p.msg = r.msg;
+      p.tag = r.tag;
+      p.msg_len = r.size;
+      p.len = static_cast<uint32_t>(r.size);
+      p.src = r.data;
+      p.req = &r;
+      if (!emit_reliable(c, p)) return;
+      ++stats_.eager_sends;
+      r.eager = true;
+      r.unacked = 1;
+      r.next_off = r.size;
+      r.emitted = true;
+      continue;
+    }
     if (r.next_off == 0 && r.unacked == 0) {
       const bool trunc = r.size > cts->second.cap;
       const bool tag_bad = cts->second.tag != net::kAnyTag && cts->second.tag != r.tag;
@@ -1024,7 +1060,7 @@ void Engine::acked(Conn& c, TxPkt& p) {
   if (p.req != nullptr) {
     SendReq& r = *p.req;
     if (r.unacked > 0) --r.unacked;
-    if (r.emitted && r.unacked == 0 && !r.done) r.done = true;
+    if (r.emitted && r.unacked == 0 && !r.done && (!r.eager || r.cts_ok)) r.done = true;
   }
 }
 
@@ -1090,6 +1126,22 @@ void Engine::on_ack(Conn& c, const Frame& f) {
   }
 }
 
+void Engine::deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const uint8_t* payload) {
+  r.done = true;
+  if (len > r.cap) {
+    r.err =
+        invalid_arg("recv from {}: message truncated: peer sent {} bytes into a {}-byte receive",
+                    c.name(), len, r.cap);
+  } else if (r.tag != net::kAnyTag && r.tag != tag) {
+    r.err = internal_error("recv from {}: tag mismatch: receive posted tag {}, peer sent tag {}",
+                           c.name(), r.tag, tag);
+    if (c.error.ok()) c.error = r.err;  // out of step from here on, as with MSG_ERR
+  } else {
+    if (len > 0) std::memcpy(r.data, payload, len);
+    r.got = r.total = len;
+  }
+}
+
 void Engine::on_reliable(Conn& c, const Frame& f) {
   const uint32_t s = f.hdr.seq;
   if (!c.ack_due) {
@@ -1125,6 +1177,29 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
       if (c.sender) return;
       auto it = std::find_if(c.recvs.begin(), c.recvs.end(),
                              [&](const auto& r) { return r->msg == f.hdr.msg; });
+      if (f.hdr.flags & kFlagEager) {
+        if (f.hdr.offset != 0 || f.hdr.payload_len != f.hdr.msg_len) {
+          ++stats_.stale_msg;  // an eager message is one whole frame
+          break;
+        }
+        if (it == c.recvs.end()) {
+          if (seq_lt(f.hdr.msg, c.next_msg) || c.early.count(f.hdr.msg)) {
+            ++stats_.stale_msg;  // its receive came and went: not from a sane peer
+            break;
+          }
+          if (c.early.size() >= static_cast<size_t>(net::kMaxRequests)) {
+            ++stats_.early_full;
+            return;  // not accepted: the sender retransmits it
+          }
+          c.early[f.hdr.msg] = Conn::Early{
+              f.hdr.msg_len, f.hdr.tag, std::vector<uint8_t>(f.payload, f.payload + f.payload_len)};
+          ++stats_.data_frames_rx;
+          break;
+        }
+        if (!(*it)->done) deliver_eager(c, **it, f.hdr.msg_len, f.hdr.tag, f.payload);
+        ++stats_.data_frames_rx;
+        break;
+      }
       // A frame for no posted receive, or larger than it, is not from a sane peer: its sequence
       // number is consumed (so it is not resent forever) and its payload dropped.
       if (it == c.recvs.end() || (*it)->done || f.hdr.msg_len > (*it)->cap) {
@@ -1139,10 +1214,31 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
       if (r.got >= r.total) r.done = true;
       break;
     }
-    case FrameType::kCts:
+    case FrameType::kCts: {
       if (!c.sender) return;
-      c.cts[f.hdr.msg] = Conn::Cts{f.hdr.msg_len, f.hdr.tag};
+      auto it = std::find_if(c.sends.begin(), c.sends.end(),
+                             [&](const auto& r) { return r->msg == f.hdr.msg && r->eager; });
+      if (it == c.sends.end()) {
+        c.cts[f.hdr.msg] = Conn::Cts{f.hdr.msg_len, f.hdr.tag};
+        break;
+      }
+      // The CTS of an eager message: the receiver judges the frame by the same rules.
+      SendReq& r = **it;
+      if (r.done) break;
+      if (r.size > f.hdr.msg_len) {
+        r.done = true;
+        r.err = invalid_arg("send to {}: message truncated: {} bytes sent, receive posted {} bytes",
+                            c.name(), r.size, f.hdr.msg_len);
+      } else if (f.hdr.tag != net::kAnyTag && f.hdr.tag != r.tag) {
+        r.done = true;
+        r.err = internal_error("send to {}: tag mismatch: sent tag {}, receive posted tag {}",
+                               c.name(), r.tag, f.hdr.tag);
+      } else {
+        r.cts_ok = true;
+        if (r.unacked == 0) r.done = true;
+      }
       break;
+    }
     case FrameType::kMsgErr: {
       if (c.sender) return;
       auto it = std::find_if(c.recvs.begin(), c.recvs.end(),

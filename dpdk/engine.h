@@ -62,6 +62,8 @@ struct EngineStats {
   // looked full (prompt), acks coalesced away.
   uint64_t polls = 0, idle_polls = 0, acks_prompt = 0;
   uint64_t yields = 0;  // test() calls that found nothing and yielded the CPU
+  // One-frame messages sent before their CTS, and eager frames refused (too many waiting).
+  uint64_t eager_sends = 0, early_full = 0;
   // Retransmissions the peer reported as duplicates, and the delay tolerance they raised (us).
   uint64_t spurious_retransmits = 0;
   double tolerance_us = 0;
@@ -136,6 +138,7 @@ class Engine {
   void handle_conn_frame(Conn& c, const Frame& f);
   void on_ack(Conn& c, const Frame& f);
   void on_reliable(Conn& c, const Frame& f);
+  void deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const uint8_t* payload);
   void acked(Conn& c, TxPkt& p);
   void rtt_sample(Conn& c, double us);
   void pump(Conn& c);

@@ -39,6 +39,7 @@ inline constexpr uint8_t kMaxFrameType = 8;
 // Flags (16 bits).
 inline constexpr uint16_t kFlagLast = 1;          // DATA: last fragment of the message
 inline constexpr uint16_t kFlagRetx = 2;          // any reliable frame: a retransmission
+inline constexpr uint16_t kFlagEager = 4;         // DATA: sent before the receive's CTS
 inline constexpr uint16_t kFlagErrTrunc = 0x100;  // MSG_ERR: send larger than the receive
 inline constexpr uint16_t kFlagErrTag = 0x200;    // MSG_ERR: tag mismatch
 
