@@ -267,6 +267,7 @@ Result<EngineConfig> engine_config_from_table(const MacAddr& mac) {
   c.peer_timeout_ms = config::get_int(Key::kDpdkPeerTimeoutMs);
   c.burst = static_cast<int>(config::get_int(Key::kDpdkBurst));
   c.progress_interval_us = config::get_int(Key::kDpdkProgressUs);
+  c.eager = config::get_bool(Key::kDpdkEager);
   if (c.rto_min_us <= 0 || c.heartbeat_ms <= 0 || c.peer_timeout_ms <= c.heartbeat_ms) {
     return invalid_arg(
         "GW_DPDK_RTO_US, GW_DPDK_HEARTBEAT_MS must be > 0 and "

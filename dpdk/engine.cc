@@ -663,7 +663,7 @@ void Engine::pump(Conn& c) {
     if (cts == c.cts.end()) {
       // A message that fits one frame goes at once (eager); larger ones wait for the receive
       // to be posted (rendezvous), and so do all messages after them, to keep frames in order.
-      if (r.size > payload_max_ || r.next_off != 0) return;
+      if (!config_.eager || r.size > payload_max_ || r.next_off != 0) return;
       TxPkt p;
       p.type = FrameType::kData;
       p.flags = kFlagLast | kFlagEager;

@@ -44,6 +44,7 @@ struct EngineConfig {
   int64_t hello_interval_ms = 20;      // handshake retransmission
   int max_retx = 64;                   // a packet retransmitted this often kills the connection
   int burst = 32;                      // RX/TX burst size
+  bool eager = true;                   // one-frame messages go before their CTS
   int64_t progress_interval_us = 500;  // background progress period; 0 = no thread
   FaultConfig faults;
 };
