@@ -156,12 +156,19 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
     } else if (key == "cols") {
       if (spec.kind != CodecKind::kPowerSgd) return not_for();
       if (!parse_number(value, &spec.cols) || spec.cols == 0) return bad("must be >= 1");
+    } else if (key == "slice") {
+      if (spec.kind != CodecKind::kFp16 && spec.kind != CodecKind::kBf16) return not_for();
+      if (!parse_number(value, &spec.slice) ||
+          (spec.slice != 0 && (spec.slice < 4096 || spec.slice > (size_t{1} << 31)))) {
+        return bad("must be 0 (no slicing) or 4096..2147483648 elements");
+      }
     } else if (key == "warm") {
       if (spec.kind != CodecKind::kPowerSgd) return not_for();
       if (!parse_bool01(value, &spec.warm_start)) return bad("must be 0 or 1");
     } else {
       return invalid_arg(
-          "codec spec \"{}\": unknown option \"{}\" (known: ef, seed, chunk, bucket, cols, warm)",
+          "codec spec \"{}\": unknown option \"{}\" (known: ef, seed, chunk, bucket, cols, warm, "
+          "slice)",
           text, key);
     }
   }
@@ -188,6 +195,10 @@ std::string format_codec_spec(const CodecSpec& spec) {
   out += fmt::format(",ef={}", spec.error_feedback ? 1 : 0);
   if (spec.kind == CodecKind::kRandomK || spec.kind == CodecKind::kQsgd) {
     out += fmt::format(",seed={}", spec.seed);
+  }
+  if ((spec.kind == CodecKind::kFp16 || spec.kind == CodecKind::kBf16) &&
+      spec.slice != kDefaultCastSlice) {
+    out += fmt::format(",slice={}", spec.slice);
   }
   if (spec.kind == CodecKind::kSign) out += fmt::format(",chunk={}", spec.chunk);
   if (spec.kind == CodecKind::kQsgd) out += fmt::format(",bucket={}", spec.bucket);

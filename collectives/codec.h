@@ -10,6 +10,8 @@
 //   bucket=N      qsgd: elements per norm (default 512)
 //   cols=N        powersgd: matrix columns the flat gradient is viewed as (default ~sqrt(count))
 //   warm=0|1      powersgd: warm start Q from the previous step (default 1)
+//   slice=N       fp16/bf16: elements per slice of the pipelined allreduce (default 4194304; 0 =
+//                 one allreduce of the whole tensor; otherwise 4096..2^31)
 // e.g. "topk:0.01", "sign", "powersgd:4,ef=1", "qsgd:16,seed=3". A malformed spec is kInvalidArg
 // with a message that names the offending part.
 //
@@ -41,17 +43,22 @@ namespace gw::coll {
 enum class CodecKind { kNone, kFp16, kBf16, kTopK, kRandomK, kSign, kQsgd, kPowerSgd };
 enum class Aggregation { kSummable, kGather, kTwoPhase, kLowRank };
 
+// fp16/bf16 tensors of at least two slices are reduced slice by slice, the casts overlapping the
+// exchange (compress.h).
+constexpr size_t kDefaultCastSlice = size_t{4} << 20;
+
 struct CodecSpec {
   CodecKind kind = CodecKind::kNone;
   double ratio = 0;  // topk / randomk: fraction of elements kept, (0, 1]
   int levels = 0;    // qsgd: quantisation levels per sign, 1..127
   int rank = 0;      // powersgd: approximation rank, 1..64
   bool error_feedback = false;
-  uint64_t seed = 0;       // randomk / qsgd
-  size_t chunk = 2048;     // sign: elements per scale
-  size_t bucket = 512;     // qsgd: elements per norm
-  size_t cols = 0;         // powersgd: 0 = choose from the count
-  bool warm_start = true;  // powersgd
+  uint64_t seed = 0;                 // randomk / qsgd
+  size_t chunk = 2048;               // sign: elements per scale
+  size_t bucket = 512;               // qsgd: elements per norm
+  size_t cols = 0;                   // powersgd: 0 = choose from the count
+  bool warm_start = true;            // powersgd
+  size_t slice = kDefaultCastSlice;  // fp16 / bf16: elements per pipelined slice, 0 = none
 };
 
 // Parses a spec (see the top of this file). Whitespace is not allowed.

@@ -186,7 +186,8 @@ Status Compressor::run_summable(TensorState& t, float* x) {
   const size_t elems = e / dtype_size(wire);
   const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   enc_.resize(e);
-  if ((wire == DataType::kF16 || wire == DataType::kBF16) && n >= 2 * kCastSlice) {
+  if ((wire == DataType::kF16 || wire == DataType::kBF16) && t.spec.slice > 0 &&
+      n >= 2 * t.spec.slice) {
     return run_cast_pipelined(t, x);
   }
   GW_RETURN_IF_ERROR(
@@ -215,11 +216,12 @@ Status Compressor::run_cast_pipelined(TensorState& t, float* x) {
   const bool bf16 = wire == DataType::kBF16;
   uint16_t* enc = reinterpret_cast<uint16_t*>(enc_.data());
   float* res = t.residual.empty() ? nullptr : t.residual.data();
-  const size_t nslices = (n + kCastSlice - 1) / kCastSlice;
+  const size_t slice_len = t.spec.slice;
+  const size_t nslices = (n + slice_len - 1) / slice_len;
   std::vector<std::unique_ptr<AsyncOp>> ops(nslices);  // unfinished ones are waited for on exit
   auto slice = [&](size_t s) {
-    const size_t off = s * kCastSlice;
-    return std::pair<size_t, size_t>(off, std::min(kCastSlice, n - off));
+    const size_t off = s * slice_len;
+    return std::pair<size_t, size_t>(off, std::min(slice_len, n - off));
   };
   auto finish = [&](size_t s) -> Status {
     const auto [off, len] = slice(s);

@@ -64,9 +64,9 @@ uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks);
 
 class Compressor {
  public:
-  // fp16/bf16 tensors of at least 2 slices are reduced slice by slice, the casts overlapping the
-  // exchange (see run_cast_pipelined in compress.cc).
-  static constexpr size_t kCastSlice = size_t{4} << 20;  // elements
+  // fp16/bf16 tensors of at least 2 slices (spec option slice, this by default) are reduced slice
+  // by slice, the casts overlapping the exchange (see run_cast_pipelined in compress.cc).
+  static constexpr size_t kCastSlice = kDefaultCastSlice;  // elements
 
   explicit Compressor(Communicator* comm);
   ~Compressor();

@@ -131,6 +131,35 @@ TEST(CodecSpec, RejectsBadSpecsWithAMessage) {
   }
 }
 
+TEST(CodecSpec, SliceOptionOfTheHalfPrecisionCasts) {
+  auto d = parse_codec_spec("fp16");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->slice, kDefaultCastSlice);
+  EXPECT_EQ(format_codec_spec(*d), "fp16,ef=0");  // the default is not spelled out
+  for (const char* text : {"fp16,slice=0", "bf16,ef=1,slice=4096", "fp16,slice=2147483648"}) {
+    auto a = parse_codec_spec(text);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status().to_string();
+    auto b = parse_codec_spec(format_codec_spec(*a));
+    ASSERT_TRUE(b.ok()) << format_codec_spec(*a);
+    EXPECT_EQ(b->slice, a->slice) << text;
+    EXPECT_NE(format_codec_spec(*a).find(",slice="), std::string::npos) << text;
+  }
+  EXPECT_EQ(parse_codec_spec("fp16,slice=0")->slice, 0u);
+  for (const char* text : {"fp16,slice=4095", "bf16,slice=2147483649", "fp16,slice=-1",
+                           "fp16,slice=1k", "fp16,slice="}) {
+    auto r = parse_codec_spec(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("4096..2147483648"), std::string::npos)
+        << r.status().message();
+  }
+  for (const char* text : {"topk:0.1,slice=0", "sign,slice=4096", "none,slice=0"}) {
+    auto r = parse_codec_spec(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("does not apply"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(CodecSpec, CreateRejectsSpecsWithoutAByteCodec) {
   CodecSpec none;
   EXPECT_EQ(Codec::create(none).status().code(), Code::kInvalidArg);

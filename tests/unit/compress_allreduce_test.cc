@@ -340,6 +340,39 @@ TEST(CompressAllreduce, SlicedHalfPrecisionGivesTheSameSumAsOneAllreduce) {
   }
 }
 
+TEST(CompressAllreduce, SliceOptionSetsTheSlicesAndZeroTurnsSlicingOff) {
+  const size_t n = 3 * 4096 + 7;  // 4 slices of 4096 (the last short)
+  const int p = 3;
+  for (const char* spec : {"fp16,slice=4096", "bf16,slice=0", "fp16,slice=8192"}) {
+    std::vector<std::vector<float>> got(p);
+    std::vector<int> iallreduces(p);
+    run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+      comm.async = true;
+      auto x = gradient(n, rank, 1);
+      ASSERT_TRUE(c.allreduce(x.data(), n, DataType::kF32, spec, "s").ok());
+      got[static_cast<size_t>(rank)] = std::move(x);
+      iallreduces[static_cast<size_t>(rank)] = comm.iallreduces;
+    });
+    const int want_slices = std::string(spec).ends_with("=4096") ? 4 : 0;  // 8192: < 2 slices
+    for (int r = 0; r < p; ++r) {
+      EXPECT_EQ(iallreduces[static_cast<size_t>(r)], want_slices) << spec;
+      EXPECT_EQ(0, std::memcmp(got[static_cast<size_t>(r)].data(), got[0].data(), n * 4)) << spec;
+    }
+    // Close to the exact sum (half precision casts of three gradients).
+    std::vector<double> exact(n, 0.0);
+    for (int r = 0; r < p; ++r) {
+      const auto g = gradient(n, r, 1);
+      for (size_t i = 0; i < n; ++i) exact[i] += g[i];
+    }
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < n; ++i) {
+      err += (got[0][i] - exact[i]) * (got[0][i] - exact[i]);
+      norm += exact[i] * exact[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 1e-2) << spec;
+  }
+}
+
 TEST(CompressAllreduce, AFailedSliceEndsTheCallWithTheErrorNotAHang) {
   const size_t n = 2 * Compressor::kCastSlice + 5;
   run_ranks(2, [&](int rank, GroupComm& comm, Compressor& c) {
