@@ -236,9 +236,18 @@ inline float mag(float x) {
   return a == a ? a : -1.0f;
 }
 
+// The order key of a magnitude as an integer: the bits of |x| + 1 (non-negative floats order as
+// their bit patterns), and 0 for NaN, below every number.
+inline uint32_t mag_key(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu;
+  return bits > 0x7F800000u ? 0u : bits + 1u;
+}
+
 // Keeps the k best (largest magnitude, then lowest index) of the candidates idx (increasing) with
-// their values val, in index order: nth_element on a copy of the magnitudes gives the k-th best
-// magnitude t, then one scan keeps everything above t and the first (lowest-index) ties at t.
+// their values val, in index order. A radix select over the magnitude keys (three histogram
+// passes of 11, 11 and 10 bits over a cache-resident array) gives the exact k-th best key t, then
+// one scan keeps everything above t and the first (lowest-index) ties at t. No sort, no
+// nth_element.
 void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
   const size_t n = idx->size();
   if (n <= k) return;
@@ -247,18 +256,37 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
     val->clear();
     return;
   }
-  std::vector<float> part(n);
-  for (size_t j = 0; j < n; ++j) part[j] = mag((*val)[j]);
-  std::nth_element(part.begin(), part.begin() + static_cast<ptrdiff_t>(k - 1), part.end(),
-                   std::greater<float>());
-  const float t = part[k - 1];
-  size_t ties = k;
-  for (size_t j = 0; j + 1 < k; ++j) ties -= part[j] > t ? 1 : 0;
+  std::vector<uint32_t> key(n);
+  for (size_t j = 0; j < n; ++j) key[j] = mag_key((*val)[j]);
+  // Digits from the top: after each, prefix holds the known high bits of t and `above` how many
+  // keys are known to be greater than t.
+  constexpr int kShift[3] = {21, 10, 0};
+  constexpr uint32_t kBins[3] = {2048, 2048, 1024};
+  uint32_t prefix = 0;
+  size_t above = 0;
+  std::vector<size_t> hist(2048);
+  for (int d = 0; d < 3; ++d) {
+    const int hi = d == 0 ? 32 : kShift[d - 1];  // bits above this digit are fixed to prefix
+    std::fill(hist.begin(), hist.end(), 0);
+    for (size_t j = 0; j < n; ++j) {
+      const uint32_t kj = key[j];
+      if (hi < 32 && (kj >> hi) != (prefix >> hi)) continue;
+      ++hist[(kj >> kShift[d]) & (kBins[d] - 1)];
+    }
+    uint32_t bin = kBins[d];
+    while (bin-- > 0) {
+      if (above + hist[bin] >= k) break;
+      above += hist[bin];
+    }
+    prefix |= bin << kShift[d];
+  }
+  const uint32_t t = prefix;
+  size_t ties = k - above;  // keys equal to t that make the cut, lowest index first
   size_t w = 0;
   for (size_t j = 0; j < n && w < k; ++j) {
-    const float m = mag((*val)[j]);
-    if (m > t || (m == t && ties > 0)) {
-      if (m == t) --ties;
+    const uint32_t kj = key[j];
+    if (kj > t || (kj == t && ties > 0)) {
+      if (kj == t) --ties;
       (*idx)[w] = (*idx)[j];
       (*val)[w] = (*val)[j];
       ++w;

@@ -68,6 +68,14 @@ TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidualAndZeroCleared) {
   for (size_t i = 0; i < n / 3; ++i) layers[i] *= 1e-4f;
   for (size_t i = 2 * n / 3; i < n; ++i) layers[i] *= 1e3f;
   inputs.push_back(layers);
+  // Magnitudes a few ulps apart (the selection's key digits differ only in the lowest bits), with
+  // repeats, and both signs.
+  std::vector<float> ulps(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = 0x3F800000u + static_cast<uint32_t>((i * 7919) % 3001);
+    ulps[i] = (i % 2 ? -1.0f : 1.0f) * std::bit_cast<float>(bits);
+  }
+  inputs.push_back(ulps);
   auto odd = gaussian(n, 3);
   odd[10] = std::nanf("");
   odd[20] = INFINITY;
