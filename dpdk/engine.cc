@@ -44,6 +44,11 @@ constexpr int64_t kFastRetxMinGapNs = 20000;
 // test() calls that find nothing new before the caller's thread yields the CPU (spin-then-yield:
 // on a shared host the peer process may need this core to answer).
 constexpr int kSpinBeforeYield = 32;
+// Spurious-retransmission tolerance: step per report and ceiling.
+constexpr int64_t kToleranceStepNs = 250000;
+constexpr int64_t kToleranceMaxNs = 2000000;
+// Shortest silence before a tail loss probe.
+constexpr int64_t kProbeMinNs = 200000;
 // Longest interval between two scans of a connection's window for timed-out packets.
 constexpr int64_t kTimerScanNs = 250000;
 
@@ -145,6 +150,10 @@ struct Engine::Conn {
   uint32_t acks_since_spurious = 0;
   int backoff = 0;             // retransmission-timeout doublings since the last progress
   int64_t timer_check_ns = 0;  // no retransmission timeout can fire before this
+  // Tail loss probe: the last new send or acknowledgement progress, and whether the probe for
+  // the current silence went out.
+  int64_t last_progress_ns = 0;
+  bool probed = false;
   int64_t last_rx_ns = 0, last_tx_ns = 0;
   // messages
   uint32_t next_msg = 0;
@@ -611,6 +620,22 @@ void Engine::timers(Conn& c) {
   // timeout without progress (reset by any new acknowledgement). At most kRtoBurst of the
   // timed-out packets go out per firing; SACK-driven fast retransmission recovers the rest once
   // acknowledgements flow again.
+  // Tail loss probe: when nothing was sent or acknowledged for two RTTs (at least 200 us) and
+  // packets are outstanding, the newest unacknowledged one is resent once. If the tail of a
+  // message was lost, no later packet's SACK can reveal it; the probe's ACK (with SACK) does,
+  // long before the RTO would.
+  if (!c.probed && !c.inflight.empty() &&
+      now - c.last_progress_ns >=
+          std::max<int64_t>(static_cast<int64_t>(2 * c.srtt_us * 1000), kProbeMinNs) +
+              c.tolerance_ns) {
+    for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
+      if (it->acked || it->tx_count == 0) continue;
+      ++stats_.tail_probes;
+      send_pkt(c, *it, true);
+      break;
+    }
+    c.probed = true;
+  }
   // The scan over the window runs only when the earliest deadline may have come (and at least
   // every kTimerScanNs, since the RTO may shrink): not on every pass of a busy loop.
   const int64_t rto = (c.rto_ns + c.tolerance_ns) << std::min(c.backoff, 6);
@@ -646,6 +671,8 @@ bool Engine::emit_reliable(Conn& c, TxPkt pkt) {
   pkt.seq = c.snd_next++;
   c.inflight.push_back(pkt);
   send_pkt(c, c.inflight.back(), false);
+  c.last_progress_ns = c.inflight.back().sent_ns;
+  c.probed = false;
   return true;
 }
 
@@ -1070,7 +1097,11 @@ void Engine::on_ack(Conn& c, const Frame& f) {
     ++stats_.bad_ack;  // acknowledges what we never sent
     return;
   }
-  if (!c.inflight.empty() && seq_lt(c.snd_una, a)) c.backoff = 0;
+  if (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
+    c.backoff = 0;
+    c.last_progress_ns = now_ns();
+    c.probed = false;
+  }
   while (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
     acked(c, c.inflight.front());
     c.inflight.pop_front();
@@ -1084,10 +1115,12 @@ void Engine::on_ack(Conn& c, const Frame& f) {
     c.peer_spurious = f.hdr.seq;
     if (n < 0x80000000u) {
       stats_.spurious_retransmits += n;
-      c.tolerance_ns = std::min<int64_t>(std::max<int64_t>(2 * c.tolerance_ns, 250000), 20000000);
+      // Linear and capped: a retransmission too many costs one frame, a tolerance too large
+      // delays every real recovery by as much.
+      c.tolerance_ns = std::min<int64_t>(c.tolerance_ns + kToleranceStepNs, kToleranceMaxNs);
       c.acks_since_spurious = 0;
     }
-  } else if (c.tolerance_ns > 0 && ++c.acks_since_spurious >= 256) {
+  } else if (c.tolerance_ns > 0 && ++c.acks_since_spurious >= 64) {
     c.tolerance_ns = c.tolerance_ns * 3 / 4;  // the path calmed down
     c.acks_since_spurious = 0;
   }
@@ -1107,7 +1140,11 @@ void Engine::on_ack(Conn& c, const Frame& f) {
     uint32_t seq = a + 1 + i;
     uint32_t idx = seq - c.snd_una;
     if (idx >= c.inflight.size()) break;
-    if (!c.inflight[idx].acked) c.backoff = 0;
+    if (!c.inflight[idx].acked) {
+      c.backoff = 0;
+      c.last_progress_ns = now_ns();
+      c.probed = false;
+    }
     acked(c, c.inflight[idx]);
     any = true;
     high = seq;

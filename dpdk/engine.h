@@ -65,6 +65,7 @@ struct EngineStats {
   uint64_t yields = 0;  // test() calls that found nothing and yielded the CPU
   // One-frame messages sent before their CTS, and eager frames refused (too many waiting).
   uint64_t eager_sends = 0, early_full = 0;
+  uint64_t tail_probes = 0;  // retransmissions of the newest packet after a silence
   // Retransmissions the peer reported as duplicates, and the delay tolerance they raised (us).
   uint64_t spurious_retransmits = 0;
   double tolerance_us = 0;
