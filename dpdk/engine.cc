@@ -509,6 +509,11 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
       }
     }
     Status s = (*it)->err;
+    // A send that failed early (an eager message the CTS refused) may still have its frame in
+    // flight: that frame must not point at the request once it is gone.
+    for (TxPkt& p : c->inflight) {
+      if (p.req == static_cast<void*>(it->get())) p.req = nullptr;
+    }
     q.erase(it);
     if (s.ok()) {
       *done = true;
