@@ -41,6 +41,7 @@ TEST(DpdkWire, RoundTripEveryField) {
   h.offset = 997;
   h.window = 256;
   h.token_tag = token_tag("secret");
+  h.ts = 0xfedcba98;
   std::vector<uint8_t> payload = {1, 2, 3};  // odd length exercises the checksum padding
   auto buf = make(h, payload);
   ASSERT_EQ(buf.size(), kHeadersLen + 3);
@@ -59,6 +60,7 @@ TEST(DpdkWire, RoundTripEveryField) {
   EXPECT_EQ(f.hdr.offset, 997u);
   EXPECT_EQ(f.hdr.window, 256u);
   EXPECT_EQ(f.hdr.token_tag, token_tag("secret"));
+  EXPECT_EQ(f.hdr.ts, 0xfedcba98u);
   EXPECT_EQ(f.src, ep(1, 0x0a000001, 47000));
   EXPECT_EQ(f.dst, ep(2, 0x0a000002, 47001));
   ASSERT_EQ(f.payload_len, 3u);
