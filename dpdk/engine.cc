@@ -43,7 +43,7 @@ constexpr int kRtoBurst = 32;
 constexpr int64_t kFastRetxMinGapNs = 20000;
 // test() calls that find nothing new before the caller's thread yields the CPU (spin-then-yield:
 // on a shared host the peer process may need this core to answer).
-constexpr int kSpinBeforeYield = 32;
+constexpr int kSpinBeforeYield = 4;
 // Spurious-retransmission tolerance: step per report and ceiling.
 constexpr int64_t kToleranceStepNs = 250000;
 constexpr int64_t kToleranceMaxNs = 2000000;
