@@ -18,6 +18,9 @@
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "perf/rank_launcher.h"
+#ifdef GW_HAVE_DPDK
+#include "dpdk/dpdk_transport.h"
+#endif
 
 namespace gw::perf {
 
@@ -84,19 +87,51 @@ class P2pRank {
  private:
   Deadline deadline() const { return deadline_after_ms(timeout_ms_); }
 
+  // dpdk: the two forked ranks share no NIC, so unless GW_DPDK_EAL_ARGS says otherwise each
+  // gets one end of a net_memif pair (rank 0 the server; an abstract socket named after the
+  // parent process, so concurrent runs do not meet), with its own MAC and IPv4 address. The
+  // parent never starts DPDK, so each rank initialises its own EAL after the fork.
+  Result<std::unique_ptr<net::Transport>> make_rank_transport(const net::TransportOptions& opts) {
+    if (c_.transport != "dpdk") return net::make_transport(c_.transport, opts);
+#ifdef GW_HAVE_DPDK
+    if (config::get_string(config::Key::kDpdkEalArgs).empty()) {
+      const std::string eal = fmt::format(
+          "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error "
+          "--vdev net_memif0,role={},id=0,socket=/gradwire-perf-{}.sock,mac=02:67:77:00:00:0{}",
+          rank_ == 0 ? "server" : "client", getppid(), rank_ + 1);
+      setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
+      if (config::get_string(config::Key::kDpdkIp).empty()) {
+        setenv("GW_DPDK_IP", fmt::format("10.67.0.{}", rank_ + 1).c_str(), 1);
+      }
+    }
+    return dpdk::make_dpdk_transport(opts);
+#else
+    return unsupported("p2p --transport dpdk: this build has no DPDK backend (GW_WITH_DPDK off)");
+#endif
+  }
+
   Status connect_pair() {
     net::TransportOptions opts;
     opts.job_token = token_;
     opts.timeout_ms = timeout_ms_;
     opts.host_id = "gradwire-perf-p2p";  // both ranks are forked on this host
     opts.rank = rank_;
-    GW_ASSIGN_OR_RETURN(transport_, net::make_transport(c_.transport, opts));
     Handle mine, theirs;
-    GW_ASSIGN_OR_RETURN(auto listener, transport_->listen(&mine));
     Deadline d = deadline();
+    // dpdk over net_memif: the client end (rank 1) must start after the server is up, so rank 1
+    // takes rank 0's handle (sent once rank 0's port is running) before it starts its own.
+    const bool late = c_.transport == "dpdk" && rank_ == 1;
+    if (late) {
+      GW_RETURN_IF_ERROR(
+          exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
+    }
+    GW_ASSIGN_OR_RETURN(transport_, make_rank_transport(opts));
+    GW_ASSIGN_OR_RETURN(auto listener, transport_->listen(&mine));
     GW_RETURN_IF_ERROR(exchange_bytes(pair_fd_, true, mine.bytes.data(), mine.bytes.size(), d));
-    GW_RETURN_IF_ERROR(
-        exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
+    if (!late) {
+      GW_RETURN_IF_ERROR(
+          exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
+    }
     GW_ASSIGN_OR_RETURN(auto connector, transport_->connect(theirs));
     while (!send_ || !recv_) {
       if (Clock::now() > d) {
@@ -348,8 +383,8 @@ int p2p_adaptive_iters(uint64_t bytes) {
 }
 
 Status validate(const P2pConfig& c) {
-  if (c.transport != "tcp" && c.transport != "shm") {
-    return invalid_arg("p2p --transport {}: use tcp or shm", c.transport);
+  if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk") {
+    return invalid_arg("p2p --transport {}: use tcp, shm or dpdk", c.transport);
   }
   if (c.np != 2) return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
   if (c.min_bytes > c.max_bytes) {
