@@ -15,7 +15,7 @@ namespace gw::dpdk {
 using MacAddr = std::array<uint8_t, 6>;
 
 inline constexpr uint32_t kMagic = 0x47574450;  // "GWDP"
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;          // 2: ts, advertised window, eager, spurious reports
 inline constexpr size_t kEthLen = 14;
 inline constexpr size_t kIpLen = 20;
 inline constexpr size_t kUdpLen = 8;
