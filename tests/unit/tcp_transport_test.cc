@@ -145,7 +145,7 @@ TransportOptions options(int64_t timeout_ms = 5000) {
 TEST(TcpTransport, TunablesOutOfRangeAreInvalidArg) {
   ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
   {
-    ScopedEnv e("GW_SOCKET_NSOCKS", "0");
+    ScopedEnv e("GW_SOCKET_NSOCKS", "-1");
     EXPECT_EQ(make_tcp_transport(options()).status().code(), Code::kInvalidArg);
   }
   {
@@ -165,6 +165,22 @@ TEST(TcpTransport, TunablesOutOfRangeAreInvalidArg) {
   TransportOptions long_token = options();
   long_token.job_token.assign(300, 'x');
   EXPECT_EQ(make_tcp_transport(long_token).status().code(), Code::kInvalidArg);
+}
+
+TEST(TcpTransport, AutoSocketCountIsOneWithoutAFastLinkAndExplicitCountsWin) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  {
+    ScopedEnv e("GW_SOCKET_NSOCKS", "0");
+    auto t = make_tcp_transport(options());
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ((*t)->properties().sockets_per_conn, 1);
+  }
+  {
+    ScopedEnv e("GW_SOCKET_NSOCKS", "3");
+    auto t = make_tcp_transport(options());
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ((*t)->properties().sockets_per_conn, 3);
+  }
 }
 
 TEST(TcpTransport, PropertiesDescribeTheChosenInterface) {
