@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/net/transport.h"
@@ -75,6 +76,34 @@ class RequestTable {
   uint64_t next_seq_ = 0;
   uint64_t done_seq_ = 0;
 };
+
+// Comm::test for tables whose R also has `size_t msg_size`: unless the request is done or the
+// comm has failed, `progress` moves bytes first; then a done request reports its size and is
+// freed, and a failed comm frees it and returns its sticky `error` (read after progress, which
+// may set it).
+template <typename R, typename Progress>
+Status test_request(RequestTable<R>& reqs, const Status& error, const std::string& peer,
+                    Request* request, bool* done, size_t* size, Progress&& progress) {
+  if (done == nullptr) return invalid_arg("test: null done pointer");
+  R* r = reqs.find(request);
+  if (r == nullptr) {
+    return invalid_arg("test: {} is not an outstanding request of the comm to {}",
+                       static_cast<void*>(request), peer);
+  }
+  if (r->state != RequestState::kDone && error.ok()) (void)progress();
+  if (r->state == RequestState::kDone) {
+    *done = true;
+    if (size != nullptr) *size = r->msg_size;
+    reqs.release(r);
+    return ok_status();
+  }
+  if (!error.ok()) {
+    reqs.release(r);
+    return error;
+  }
+  *done = false;
+  return ok_status();
+}
 
 // Host-memory registrations for backends that need no keys (tcp, shm). reg/dereg are
 // thread-safe, so they may race with isend/irecv/test as the contract allows.

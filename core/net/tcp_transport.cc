@@ -175,25 +175,8 @@ class TcpCommCore {
 
   template <typename Progress>
   Status test_impl(Request* request, bool* done, size_t* size, Progress&& progress) {
-    if (done == nullptr) return invalid_arg("test: null done pointer");
-    TcpRequest* r = reqs_.find(request);
-    if (r == nullptr) {
-      return invalid_arg("test: {} is not an outstanding request of the comm to {}",
-                         static_cast<void*>(request), peer_);
-    }
-    if (r->state != RequestState::kDone && error_.ok()) (void)progress();
-    if (r->state == RequestState::kDone) {
-      *done = true;
-      if (size != nullptr) *size = r->msg_size;
-      reqs_.release(r);
-      return ok_status();
-    }
-    if (!error_.ok()) {
-      reqs_.release(r);
-      return error_;
-    }
-    *done = false;
-    return ok_status();
+    return test_request(reqs_, error_, peer_, request, done, size,
+                        std::forward<Progress>(progress));
   }
 
   struct SockPos {
