@@ -603,23 +603,16 @@ class SignCodec final : public Codec {
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
                     const CodecContext&) const override {
-    if (in_size != encoded_size(count)) {
-      return invalid_arg("sign decode: {} bytes for {} elements, expected {}", in_size, count,
-                         encoded_size(count));
-    }
-    const size_t chunk = spec_.chunk;
-    const size_t nchunks = (count + chunk - 1) / chunk;
-    const uint64_t* words = reinterpret_cast<const uint64_t*>(in + nchunks * 4);
-    for (size_t c = 0; c < nchunks; ++c) {
-      float s;
-      std::memcpy(&s, in + 4 * c, 4);
-      const size_t off = c * chunk;
-      ck::sign_decode_add(words + c * (chunk / 64), s, std::min(chunk, count - off), acc + off);
-    }
-    return ok_status();
+    return decode_chunks(in, in_size, count, acc, ck::sign_decode_add);
   }
   Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
                 const CodecContext&) const override {
+    return decode_chunks(in, in_size, count, out, ck::sign_decode_set);
+  }
+  // Applies `kernel` (decode-and-add or decode-and-set) to every chunk of an encoding.
+  template <typename Kernel>
+  Status decode_chunks(const uint8_t* in, size_t in_size, size_t count, float* out,
+                       Kernel&& kernel) const {
     if (in_size != encoded_size(count)) {
       return invalid_arg("sign decode: {} bytes for {} elements, expected {}", in_size, count,
                          encoded_size(count));
@@ -631,7 +624,7 @@ class SignCodec final : public Codec {
       float s;
       std::memcpy(&s, in + 4 * c, 4);
       const size_t off = c * chunk;
-      ck::sign_decode_set(words + c * (chunk / 64), s, std::min(chunk, count - off), out + off);
+      kernel(words + c * (chunk / 64), s, std::min(chunk, count - off), out + off);
     }
     return ok_status();
   }
