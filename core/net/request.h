@@ -77,6 +77,24 @@ class RequestTable {
   uint64_t done_seq_ = 0;
 };
 
+// Arguments of isend/irecv: a buffer for any non-empty message, a tag >= 0 (receives may also
+// use kAnyTag), and, when a registration is given, a buffer that lies inside it.
+inline Status check_buffer(const char* op, const void* data, size_t size, int tag, bool any_tag_ok,
+                           MemRegion* mr) {
+  if (data == nullptr && size > 0) return invalid_arg("{}: null buffer of {} bytes", op, size);
+  if (tag < 0 && !(any_tag_ok && tag == kAnyTag)) {
+    return invalid_arg("{}: tag {} is negative{}", op, tag, any_tag_ok ? " (only kAnyTag)" : "");
+  }
+  if (mr != nullptr && size > 0) {
+    auto begin = reinterpret_cast<uintptr_t>(data);
+    auto base = reinterpret_cast<uintptr_t>(mr->base);
+    if (begin < base || begin - base > mr->size || size > mr->size - (begin - base)) {
+      return invalid_arg("{}: buffer of {} bytes lies outside its memory registration", op, size);
+    }
+  }
+  return ok_status();
+}
+
 // Comm::test for tables whose R also has `size_t msg_size`: unless the request is done or the
 // comm has failed, `progress` moves bytes first; then a done request reports its size and is
 // freed, and a failed comm frees it and returns its sticky `error` (read after progress, which

@@ -139,22 +139,6 @@ struct TcpRequest : Request {
   size_t msg_size = 0;  // bytes of the message (known to the receiver once its header arrived)
 };
 
-Status check_buffer(const char* op, const void* data, size_t size, int tag, bool any_tag_ok,
-                    MemRegion* mr) {
-  if (data == nullptr && size > 0) return invalid_arg("{}: null buffer of {} bytes", op, size);
-  if (tag < 0 && !(any_tag_ok && tag == kAnyTag)) {
-    return invalid_arg("{}: tag {} is negative{}", op, tag, any_tag_ok ? " (only kAnyTag)" : "");
-  }
-  if (mr != nullptr && size > 0) {
-    auto begin = reinterpret_cast<uintptr_t>(data);
-    auto base = reinterpret_cast<uintptr_t>(mr->base);
-    if (begin < base || begin - base > mr->size || size > mr->size - (begin - base)) {
-      return invalid_arg("{}: buffer of {} bytes lies outside its memory registration", op, size);
-    }
-  }
-  return ok_status();
-}
-
 // What both comm directions share: sockets, request table, sticky error, registrations.
 class TcpCommCore {
  protected:
