@@ -16,20 +16,12 @@
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "tests/support/inproc_transport.h"
+#include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (value) setenv(name, value, 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using ::gw::testing::ScopedEnv;
 
 using RankFn = std::function<void(Communicator&, int)>;
 

@@ -3,17 +3,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "tests/support/test_env.h"
+
 namespace gw::coll {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using ::gw::testing::ScopedEnv;
 
 TEST(CostModel, FormulasMatchTheAlphaBetaGammaModel) {
   CostParams p{.alpha_us = 10, .bw_gbps = 1, .reduce_gbps = 4};

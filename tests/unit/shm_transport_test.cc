@@ -17,34 +17,13 @@
 #include <vector>
 
 #include "core/net/socket_util.h"
+#include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ::gw::testing::now_ms;
+using ::gw::testing::ScopedEnv;
 
 TransportOptions options(const std::string& host = "host-a", int64_t timeout_ms = 5000) {
   TransportOptions o;

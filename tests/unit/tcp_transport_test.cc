@@ -18,39 +18,13 @@
 #include <vector>
 
 #include "core/net/socket_util.h"
+#include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Sets an environment variable for one scope and restores the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ::gw::testing::now_ms;
+using ::gw::testing::ScopedEnv;
 
 Interface iface(const char* name, const char* ip, bool up = true, bool loopback = false) {
   Interface i;
@@ -258,7 +232,7 @@ TEST(TcpTransport, OddSocketCountsAndStripeUnitsCarryEveryByte) {
     Conn conn = connect_both(**t, **l, h);
     ASSERT_TRUE(conn.send && conn.recv);
     for (size_t size : {size_t{1}, size_t{4097}, size_t{12289}, (size_t{5} << 20) + 11}) {
-      SCOPED_TRACE(testing::Message() << "nsocks " << nsocks << " size " << size);
+      SCOPED_TRACE(::testing::Message() << "nsocks " << nsocks << " size " << size);
       roundtrip(conn, size);
     }
   }

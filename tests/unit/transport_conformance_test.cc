@@ -17,12 +17,15 @@
 
 #include "core/net/transport.h"
 #include "core/net/transport_registry.h"
+#include "tests/support/test_env.h"
 #ifdef GW_HAVE_DPDK
 #include "dpdk/dpdk_transport.h"
 #endif
 
 namespace gw::net {
 namespace {
+
+using ::gw::testing::now_ms;
 
 #ifdef GW_HAVE_DPDK
 // gw_dpdk is a static library and nothing here calls it by name, so make_transport's weak hook
@@ -48,12 +51,6 @@ class DpdkRegistration : public ::testing::Environment {
                   "run across namespaces in dpdk_netns_test"
 
 constexpr int64_t kWaitMs = 20000;  // generous bound for any single wait in this suite
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 TransportOptions make_options(const std::string& token = "conformance-token",
                               int64_t timeout_ms = 10000, int rank = 0) {
