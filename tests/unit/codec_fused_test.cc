@@ -13,27 +13,15 @@
 
 #include "collectives/codec.h"
 #include "collectives/codec_kernels.h"
+#include "tests/support/codec_test_util.h"
 
 namespace gw::coll {
 namespace {
 
 namespace ck = codec_kernels;
 
-std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-std::unique_ptr<Codec> make(const char* text) {
-  auto spec = parse_codec_spec(text);
-  EXPECT_TRUE(spec.ok()) << text;
-  auto c = Codec::create(*spec);
-  EXPECT_TRUE(c.ok()) << text << ": " << c.status().to_string();
-  return std::move(c).value();
-}
+using ::gw::testing::gaussian;
+std::unique_ptr<Codec> make(const char* text) { return ::gw::testing::make_codec(text); }
 
 // Largest magnitude first, ties by lower index, NaN below every number; returned increasing.
 std::vector<uint32_t> reference_topk(const std::vector<float>& v, size_t k) {
