@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Prepares .gpu/ (git-ignored) for the GPU test machine, which has CUDA, cmake, ninja, g++ and
+# torch but no apt, no internet and none of the -dev packages this project builds against:
+#   .gpu/include/{fmt,spdlog}  headers for the header-only builds of the NCCL plugin and of
+#                              gpudirect's check program (GW_THIRD_PARTY_INCLUDE)
+#   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
+#                              does not travel with the repository
+# Then, through the device tool: run(command="bash scripts/gpu_check.sh all", carry=[".gpu"]).
+# usage: scripts/gpu_prepare.sh [PEERS_DIR]   (default ../shared/peers beside the checkout)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+peers=${1:-$root/../shared/peers}
+dest=$root/.gpu
+
+for d in /usr/include/fmt /usr/include/spdlog; do
+  [ -d "$d" ] || { echo "gpu_prepare.sh: $d missing: run scripts/install-deps.sh first" >&2; exit 2; }
+done
+[ -f "$peers/nccl_torch_allreduce.py" ] || {
+  echo "gpu_prepare.sh: no nccl_torch_allreduce.py in $peers (pass the peers directory)" >&2
+  exit 2
+}
+rm -rf "$dest"
+mkdir -p "$dest/include"
+cp -r /usr/include/fmt /usr/include/spdlog "$dest/include/"
+cp -r "$peers" "$dest/peers"
+echo "gpu_prepare.sh: $dest ready ($(du -sh "$dest" | cut -f1)); carry it: carry=[\".gpu\"]"
