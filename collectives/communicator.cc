@@ -34,6 +34,10 @@ namespace {
 
 constexpr int kWindow = 4;  // chunks in flight per direction per channel
 constexpr int kMaxChannels = 16;
+// All-to-all steps run at once (each on its own peer's connection): p-1 of them, up to this many.
+// On a 4-rank tcp job every rank then streams to its three peers together instead of one after
+// the other, so no link idles while a step drains.
+constexpr int kAlltoallInFlight = 8;
 
 // Tag = (collective sequence number, step id): a rank that runs a different collective or a
 // different step than its peer fails the receive with a tag mismatch instead of mixing data.
@@ -155,6 +159,7 @@ class CommImpl : public Communicator {
   Status reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType dtype,
                         ReduceOp op) override;
   Status barrier() override;
+  Status alltoall(const void* sendbuf, void* recvbuf, size_t count, DataType dtype) override;
   Result<std::unique_ptr<AsyncOp>> iallreduce(const void* sendbuf, void* recvbuf, size_t count,
                                               DataType dtype, ReduceOp op) override;
   void abort() override { aborted_.store(true); }
@@ -517,6 +522,7 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
   const size_t es = dtype_size(dtype);
   const Step& st = c.plan->sched[c.step];
   auto nchunks = [&](size_t count) {
+    if (st.short_last_chunk) return count / c.chunk_elems + 1;
     return std::max<size_t>(1, (count + c.chunk_elems - 1) / c.chunk_elems);
   };
   auto chunk = [&](const Range& r, size_t i) {
@@ -596,6 +602,10 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
     Status s = c.sc->test(c.sreqs.front().first, &done, &got);
     if (!s.ok()) {
       c.sreqs.pop_front();
+      if (s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos) {
+        return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
+                           where(true), st.send_to, s.message());
+      }
       return s.with_context(where(true));
     }
     if (!done) break;
@@ -847,6 +857,41 @@ Status CommImpl::barrier() {
     std::vector<Plan> plans(1);
     plans[0].sched = ring_allgather(rank_, world_, 1);
     return execute("barrier", plans, buf, buf, DataType::kU8, ReduceOp::kSum, deadline);
+  });
+}
+
+Status CommImpl::alltoall(const void* sendbuf, void* recvbuf, size_t count, DataType dtype) {
+  wait_async_idle();
+  std::lock_guard<std::mutex> lock(exec_mu_);
+  if (!valid_dtype(static_cast<int>(dtype))) {
+    return invalid_arg("alltoall: invalid dtype {}", static_cast<int>(dtype));
+  }
+  const size_t p = static_cast<size_t>(world_);
+  if (count > (SIZE_MAX / 64) / dtype_size(dtype) / p) {
+    return invalid_arg("alltoall: count {} too large for {} ranks", count, world_);
+  }
+  GW_RETURN_IF_ERROR(
+      validate_buffers("alltoall", sendbuf, recvbuf, count, dtype, p * count, p * count));
+  return run_collective("alltoall", [&](Deadline deadline) -> Status {
+    const size_t blk = count * dtype_size(dtype);
+    auto* out = static_cast<uint8_t*>(recvbuf);
+    const auto* in = static_cast<const uint8_t*>(sendbuf);
+    if (in == out && world_ > 1 && blk > 0) {
+      // Step k overwrites block (me-k) of the output before step p-k has sent that block of the
+      // input: in place needs a copy of the input.
+      uint8_t* copy = scratch(p * blk);
+      std::memcpy(copy, in, p * blk);
+      in = copy;
+    }
+    if (in != out && blk > 0) std::memcpy(out + rank_ * blk, in + rank_ * blk, blk);
+    if (world_ == 1) return ok_status();
+    // The steps are independent: deal them round-robin to up to kAlltoallInFlight plans that run
+    // together. Each step talks to a different peer, so no two plans share a connection.
+    Schedule all = pairwise_alltoall(rank_, world_, count);
+    const size_t nplans = std::min<size_t>(all.size(), kAlltoallInFlight);
+    std::vector<Plan> plans(nplans);
+    for (size_t i = 0; i < all.size(); ++i) plans[i % nplans].sched.push_back(all[i]);
+    return execute("alltoall", plans, in, out, dtype, ReduceOp::kSum, deadline);
   });
 }
 

@@ -27,11 +27,11 @@ enum class Algo { kAuto, kRing, kRhd };
 struct CommOptions {
   int rank = -1;
   int world_size = -1;
-  std::shared_ptr<Store> store;   // required; the communicator uses keys under its own prefix
-  std::string transport = "auto"; // auto (shm within a host, tcp across), tcp, shm
-  int64_t timeout_ms = -1;        // -1: GW_TIMEOUT_MS
-  std::string job_token;          // "" : agree one through the store (GW_JOB_TOKEN wins if set)
-  std::string host_id;            // "" : bootstrap host_identity()
+  std::shared_ptr<Store> store;    // required; the communicator uses keys under its own prefix
+  std::string transport = "auto";  // auto (shm within a host, tcp across), tcp, shm
+  int64_t timeout_ms = -1;         // -1: GW_TIMEOUT_MS
+  std::string job_token;           // "" : agree one through the store (GW_JOB_TOKEN wins if set)
+  std::string host_id;             // "" : bootstrap host_identity()
 };
 
 // Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until
@@ -65,6 +65,14 @@ class Communicator {
   virtual Status reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                 DataType dtype, ReduceOp op) = 0;
   virtual Status barrier() = 0;
+  // sendbuf holds size()*count elements, block j (at j*count) goes to rank j; recvbuf (size()*count
+  // elements) receives rank j's block for this rank at j*count. Every rank must pass the same
+  // count: a rank whose count differs from a peer's fails with kInvalidArg ("ranks disagree on
+  // count"), and so does that peer, whatever the sizes. sendbuf == recvbuf is supported (in place:
+  // the input is copied to internal scratch first, one extra pass); other overlaps are kInvalidArg.
+  // count may be 0. Pairwise exchange over direct connections to every peer, several steps in
+  // flight, each step chunked and pipelined.
+  virtual Status alltoall(const void* sendbuf, void* recvbuf, size_t count, DataType dtype) = 0;
 
   // Starts an allreduce that runs on the communicator's progress thread. Buffers must stay
   // valid until the op is done.

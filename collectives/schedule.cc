@@ -196,6 +196,23 @@ Schedule chain_broadcast(int rank, int nranks, int root, size_t count) {
   return s;
 }
 
+Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
+  Schedule s;
+  for (int k = 1; k < nranks; ++k) {
+    Step st;
+    st.id = k;
+    st.send_to = mod(rank + k, nranks);
+    st.send = Range{static_cast<size_t>(st.send_to) * count_per_rank, count_per_rank};
+    st.send_from_input = true;
+    st.recv_from = mod(rank - k, nranks);
+    st.recv = Range{static_cast<size_t>(st.recv_from) * count_per_rank, count_per_rank};
+    st.action = RecvAction::kCopy;
+    st.short_last_chunk = true;
+    s.push_back(st);
+  }
+  return s;
+}
+
 std::string describe(const Step& st) {
   std::string out = fmt::format("step {}:", st.id);
   if (st.send_to >= 0) {

@@ -22,6 +22,10 @@
 //   forwards chunk c as soon as it has received it, so the time is about n*beta + (p-1)*alpha
 //   + (p-2)*chunk*beta: bandwidth-optimal for the gradient-sized buffers this library moves.
 //   (A binomial tree would win for tiny buffers at large p, at lg p times the bytes.)
+// - pairwise all-to-all: p-1 steps; step k sends block (rank+k)%p of the input to that rank and
+//   receives block (rank-k)%p of the output from that rank. Every pair of ranks exchanges exactly
+//   once, so the steps are independent (the executor may run several at once), and a rank sends
+//   each of its p-1 foreign blocks once, straight to its owner: the minimum volume.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +52,10 @@ struct Step {
   RecvAction action = RecvAction::kCopy;
   bool reduce_with_input = false;  // kReduce: output = input op received, else output op received
   bool forward = false;  // chain: send == recv range, chunk c is sent once chunk c has arrived
+  // The last chunk of each direction is always shorter than a full chunk (an empty message ends a
+  // range that is a whole number of chunks), so a peer that sends more or fewer elements than
+  // the receiver expects is caught by the size check on both ends, whatever the sizes.
+  bool short_last_chunk = false;
 };
 
 using Schedule = std::vector<Step>;
@@ -64,6 +72,10 @@ Schedule ring_reduce_scatter(int rank, int nranks, size_t count);
 Schedule ring_allgather(int rank, int nranks, size_t count_per_rank);
 Schedule rhd_allreduce(int rank, int nranks, size_t count);
 Schedule chain_broadcast(int rank, int nranks, int root, size_t count);
+// Input and output both hold nranks blocks of `count_per_rank`; block j of the input goes to rank
+// j, block j of the output comes from rank j. The own block is not part of the schedule (the
+// caller copies it). Steps are independent and have ids 1..nranks-1 (k = the rank distance).
+Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank);
 
 std::string describe(const Step& step);  // for test failure messages and debug logs
 

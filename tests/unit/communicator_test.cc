@@ -419,6 +419,157 @@ TEST_P(CommTest, SeveralCommunicatorsShareOneStore) {
   for (auto& t : threads) t.join();
 }
 
+// The byte at index i of the block that rank src sends to rank dst: a block delivered to the
+// wrong rank, from the wrong rank or at the wrong offset shows up as a wrong byte.
+uint8_t a2a_byte(int src, int dst, size_t i) {
+  return static_cast<uint8_t>(
+      (static_cast<size_t>(src) * 31 + static_cast<size_t>(dst) * 7 + i + i / 251) % 253);
+}
+
+// Checks one alltoall of `count` elements of dt on every rank, in place or not.
+void check_alltoall(Communicator& c, int r, size_t count, DataType dt, bool in_place) {
+  const size_t p = static_cast<size_t>(c.size());
+  const size_t blk = count * dtype_size(dt);
+  std::vector<uint8_t> send(p * blk + 1), recv(p * blk + 1, 0xEE);
+  for (size_t j = 0; j < p; ++j) {
+    for (size_t i = 0; i < blk; ++i) send[j * blk + i] = a2a_byte(r, static_cast<int>(j), i);
+  }
+  send.back() = recv.back() = 0x5A;  // a guard byte past the end must stay
+  uint8_t* out = in_place ? send.data() : recv.data();
+  Status s = c.alltoall(send.data(), out, count, dt);
+  ASSERT_TRUE(s.ok()) << "rank " << r << " count " << count << ": " << s.to_string();
+  size_t wrong = 0;
+  for (size_t j = 0; j < p; ++j) {
+    for (size_t i = 0; i < blk; ++i)
+      wrong += out[j * blk + i] != a2a_byte(static_cast<int>(j), r, i);
+  }
+  EXPECT_EQ(wrong, 0u) << "rank " << r << " of " << p << ", count " << count << " "
+                       << dtype_name(dt) << (in_place ? " in place" : "");
+  EXPECT_EQ(out[p * blk], 0x5A);
+  if (!in_place) {  // the input is left alone
+    for (size_t i = 0; i < blk; ++i) {
+      ASSERT_EQ(send[r * blk + i], a2a_byte(r, r, i));
+    }
+  }
+}
+
+TEST_P(CommTest, AlltoallEveryRankCountSizeDtypeInAndOutOfPlace) {
+  // A small chunk makes the larger blocks stream in many chunks; 64K * 2 u8 is a block of exactly
+  // two chunks (its last message is the empty one that closes a whole number of chunks).
+  ScopedEnv chunk("GW_CHUNK_SIZE", "64K");
+  for (int n : sizes()) {
+    run_ranks(GetParam(), n, [&](Communicator& c, int r) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{131072}}) {
+        for (DataType dt : {DataType::kU8, DataType::kF32, DataType::kF16, DataType::kF64}) {
+          if (count == 131072 && dt != DataType::kU8 && dt != DataType::kF32) continue;
+          check_alltoall(c, r, count, dt, false);
+          check_alltoall(c, r, count, dt, true);
+        }
+      }
+      // A few MiB per rank: 3 MiB at 4 ranks (each block about 6 chunks over shm, 1.5 over tcp).
+      if (n <= 4)
+        check_alltoall(c, r, (size_t{3} << 20) / 4 / static_cast<size_t>(n) + 3, DataType::kF32,
+                       false);
+      // Collectives keep working on the same connections afterwards.
+      std::vector<float> one{1.0f};
+      ASSERT_TRUE(c.allreduce(one.data(), one.data(), 1, DataType::kF32, ReduceOp::kSum).ok());
+      EXPECT_EQ(one[0], static_cast<float>(n));
+    });
+  }
+}
+
+TEST_P(CommTest, AlltoallWithDefaultChunkOfSeveralMiB) {
+  // The default pipeline chunk (per transport), blocks of several chunks at 3 ranks; rank 1 in
+  // place, the others not (a local choice).
+  run_ranks(GetParam(), 3, [&](Communicator& c, int r) {
+    check_alltoall(c, r, (size_t{5} << 20) / 3 / 4, DataType::kF32, r == 1);
+  });
+}
+
+TEST_P(CommTest, AlltoallRanksThatDisagreeOnCountAllFailWithinTheDeadline) {
+  ScopedEnv chunk("GW_CHUNK_SIZE", "64K");
+  const size_t k64 = 65536;
+  // (rank 0's count, everyone else's), u8: one chunk each; a whole number of chunks against more
+  // (the receiver of the shorter block would see only full chunks without the closing message);
+  // fewer than the others; zero against some.
+  const std::vector<std::pair<size_t, size_t>> cases = {
+      {100, 101}, {2 * k64, 3 * k64}, {3 * k64, 2 * k64}, {2 * k64, 2 * k64 + 1}, {0, 5}};
+  for (int n : {2, 3, 4}) {
+    for (auto [c0, cn] : cases) {
+      const auto start = std::chrono::steady_clock::now();
+      run_ranks(
+          GetParam(), n,
+          [&](Communicator& c, int r) {
+            const size_t count = r == 0 ? c0 : cn;
+            std::vector<uint8_t> send(count * static_cast<size_t>(n) + 1, 1), recv(send.size());
+            Status s = c.alltoall(send.data(), recv.data(), count, DataType::kU8);
+            EXPECT_FALSE(s.ok()) << "rank " << r << " of " << n << ", counts " << c0 << "/" << cn;
+            if (s.code() == Code::kInvalidArg) {
+              EXPECT_NE(s.message().find("ranks disagree on count"), std::string::npos)
+                  << s.message();
+            }
+            EXPECT_FALSE(c.barrier().ok());  // the communicator refuses later calls
+          },
+          3000);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+          << n << " ranks, counts " << c0 << "/" << cn;
+    }
+  }
+}
+
+TEST_P(CommTest, AlltoallAbortAndBadArguments) {
+  run_ranks(
+      GetParam(), 2,
+      [&](Communicator& c, int r) {
+        std::vector<float> a(20), b(20);
+        // Bad arguments are refused before any communication, the communicator stays usable.
+        EXPECT_EQ(c.alltoall(a.data(), b.data(), 10, static_cast<DataType>(99)).code(),
+                  Code::kInvalidArg);
+        EXPECT_EQ(c.alltoall(nullptr, b.data(), 10, DataType::kF32).code(), Code::kInvalidArg);
+        EXPECT_EQ(c.alltoall(a.data(), nullptr, 10, DataType::kF32).code(), Code::kInvalidArg);
+        EXPECT_EQ(c.alltoall(a.data(), a.data() + 1, 9, DataType::kF32).code(),
+                  Code::kInvalidArg);  // overlapping, not the same buffer
+        EXPECT_EQ(c.alltoall(a.data(), b.data(), SIZE_MAX / 16, DataType::kF32).code(),
+                  Code::kInvalidArg);
+        ASSERT_TRUE(c.alltoall(nullptr, nullptr, 0, DataType::kF32).ok());
+        ASSERT_TRUE(c.barrier().ok());
+        if (r == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          return;  // never joins the alltoall
+        }
+        std::thread killer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          c.abort();
+        });
+        const auto start = std::chrono::steady_clock::now();
+        Status s = c.alltoall(a.data(), b.data(), 10, DataType::kF32);
+        killer.join();
+        EXPECT_EQ(s.code(), Code::kAborted) << s.to_string();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+        EXPECT_EQ(c.alltoall(a.data(), b.data(), 10, DataType::kF32).code(), Code::kAborted);
+      },
+      30000);
+}
+
+TEST_P(CommTest, AlltoallWithAPeerThatNeverCallsTimesOutNamingIt) {
+  run_ranks(
+      GetParam(), 3,
+      [&](Communicator& c, int r) {
+        ASSERT_TRUE(c.barrier().ok());
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return;
+        }
+        std::vector<int32_t> a(30, r), b(30);
+        const auto start = std::chrono::steady_clock::now();
+        Status s = c.alltoall(a.data(), b.data(), 10, DataType::kI32);
+        EXPECT_TRUE(s.code() == Code::kTimeout || s.code() == Code::kPeer) << s.to_string();
+        EXPECT_NE(s.message().find("alltoall"), std::string::npos) << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      800);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CommTest, ::testing::Values("inproc", "tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
