@@ -28,6 +28,11 @@ uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks) {
   return static_cast<uint64_t>(nranks - 1) * bytes_per_rank;
 }
 
+uint64_t alltoall_send_bytes(uint64_t bytes_per_block, int nranks) {
+  if (nranks <= 1) return 0;
+  return static_cast<uint64_t>(nranks - 1) * bytes_per_block;
+}
+
 struct Compressor::TensorState {
   std::string key;
   std::string spec_text;  // canonical
@@ -291,7 +296,8 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
   };
   const CodecContext ctx{t.key_hash, t.step, me};
   float* res = t.residual.empty() ? nullptr : t.residual.data();
-  // Phase 1: worker encode, one slot per partition, then the exchange.
+  // Phase 1: worker encode, one slot per partition, then the all-to-all: slot j goes to rank j,
+  // and this rank gets slot `me` of every worker (rank r's at r * ep), all merge_encode needs.
   const size_t blob = ep * static_cast<size_t>(p);
   enc_.assign(blob, 0);
   for (int j = 0; j < p; ++j) {
@@ -301,10 +307,10 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
                                 enc_.data() + ep * static_cast<size_t>(j), ep, ctx));
   }
   phases_.mark(PhaseTimes::kEncode);
-  gather_.resize(blob * static_cast<size_t>(p));
-  GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), blob, DataType::kU8)
+  gather_.resize(blob);
+  GW_RETURN_IF_ERROR(comm_->alltoall(enc_.data(), gather_.data(), ep, DataType::kU8)
                          .with_context("sign phase 1 (all-to-all)"));
-  count_sent(allgather_send_bytes(blob, p));
+  count_sent(alltoall_send_bytes(ep, p));
   phases_.mark(PhaseTimes::kExchange);
   // Server step for this rank's partition: decode + sum, re-encode with server error feedback.
   const size_t my_len = part_len(me);
@@ -312,8 +318,7 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
   if (my_len > 0) {
     std::vector<const uint8_t*> slots(static_cast<size_t>(p));
     for (int r = 0; r < p; ++r) {
-      slots[static_cast<size_t>(r)] =
-          gather_.data() + blob * static_cast<size_t>(r) + ep * static_cast<size_t>(me);
+      slots[static_cast<size_t>(r)] = gather_.data() + ep * static_cast<size_t>(r);
     }
     float* sres = nullptr;
     if (t.spec.error_feedback) {

@@ -12,10 +12,10 @@
 //   fp16/bf16   encode (cast) -> allreduce in f16/bf16 (f32 accumulation in the ring) -> widen
 //   randomk     shared-seed indices (same on every rank) -> allreduce of the k f32 values
 //   topk, qsgd  encode -> allgather of the encodings -> decode-and-sum in rank order
-//   sign        1-bit Adam: worker encode per partition (worker EF) -> exchange of partitions
-//               (all-to-all, emulated with one allgather: the Communicator has no point-to-point
-//               call) -> each rank decodes and sums its partition from every worker, re-encodes it
-//               with its server EF -> allgather of the server partitions -> decode
+//   sign        1-bit Adam: worker encode per partition (worker EF) -> all-to-all of the
+//               partitions (partition j of every worker goes to rank j) -> each rank decodes and
+//               sums its partition from every worker, re-encodes it with its server EF ->
+//               allgather of the server partitions -> decode
 //   powersgd    P = M Q allreduced, orthogonalised; Q = M^T P allreduced; result P Q^T; EF
 //               residual M - P Q_local^T; Q kept for the next step (warm start)
 //   none        plain allreduce
@@ -25,7 +25,8 @@
 //
 // Byte accounting (stats()): bytes_sent is the payload this rank hands to the transport for
 // compressed collectives, derived from the volume the ring/RHD schedules send per rank:
-// allreduce of B bytes sends 2(p-1)/p * B, allgather of B bytes per rank sends (p-1) * B.
+// allreduce of B bytes sends 2(p-1)/p * B, allgather of B bytes per rank sends (p-1) * B,
+// all-to-all of B bytes per destination block sends (p-1) * B (the own block is a local copy).
 // bytes_uncompressed is what the same allreduce without compression would have sent:
 // 2(p-1)/p * count * dtype_size. Both are 0 when p == 1. calls counts allreduce() calls.
 //
@@ -61,6 +62,7 @@ struct CompressStats {
 // Per-rank send volume of the collectives the compressed allreduce uses (see above).
 uint64_t allreduce_send_bytes(uint64_t bytes, int nranks);
 uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks);
+uint64_t alltoall_send_bytes(uint64_t bytes_per_block, int nranks);
 
 class Compressor {
  public:
@@ -109,7 +111,7 @@ class Compressor {
   std::map<std::string, std::unique_ptr<TensorState>, std::less<>> tensors_;
   std::vector<float> work_;      // f32 copy of f16/bf16 buffers
   std::vector<uint8_t> enc_;     // this rank's encoding
-  std::vector<uint8_t> gather_;  // every rank's encodings
+  std::vector<uint8_t> gather_;  // received encodings (sign: this rank's partition per worker)
   std::vector<uint8_t> server_;  // sign: this rank's re-encoded partition
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_uncompressed_{0};

@@ -80,6 +80,22 @@ class GroupComm final : public Communicator {
     ++allgathers;
     return ok_status();
   }
+  Status alltoall(const void* send, void* recv, size_t count, DataType dtype) override {
+    const size_t bytes = count * dtype_size(dtype);
+    const size_t p = static_cast<size_t>(size());
+    std::vector<uint8_t> copy(static_cast<const uint8_t*>(send),
+                              static_cast<const uint8_t*>(send) + bytes * p);
+    g_->exchange(rank_, copy.data(), [&] {
+      for (size_t r = 0; r < p; ++r) {
+        std::memcpy(static_cast<uint8_t*>(recv) + bytes * r,
+                    static_cast<const uint8_t*>(g_->ptr(static_cast<int>(r))) +
+                        bytes * static_cast<size_t>(rank_),
+                    bytes);
+      }
+    });
+    ++alltoalls;
+    return ok_status();
+  }
   Status broadcast(void*, size_t, DataType, int) override { return unsupported("test"); }
   Status reduce_scatter(const void*, void*, size_t, DataType, ReduceOp) override {
     return unsupported("test");
@@ -105,6 +121,7 @@ class GroupComm final : public Communicator {
 
   int allreduces = 0;
   int allgathers = 0;
+  int alltoalls = 0;
   int iallreduces = 0;
   bool async = false;
   int fail_iallreduce = -1;  // the index of the iallreduce whose wait fails
@@ -411,11 +428,46 @@ TEST(CompressAllreduce, BytesSentReflectTheCompression) {
   EXPECT_EQ(stats["fp16"].bytes_sent, full / 2);
   EXPECT_EQ(stats["topk:0.01"].bytes_sent, 3 * (8 + 655 * 8));
   EXPECT_EQ(stats["randomk:0.01"].bytes_sent, 2 * 3 * 655 * 4 / 4);
-  // sign: phase 1 sends the whole 1-bit vector to 3 peers, phase 2 a quarter of it.
+  // sign: phase 1 (all-to-all) sends each peer its partition, phase 2 (allgather) sends each
+  // peer this rank's server partition.
   const uint64_t sign_part = 8 * (4 + 256);  // 8 chunks of 2048 per partition
-  EXPECT_EQ(stats["sign"].bytes_sent, 3 * 4 * sign_part + 3 * sign_part);
+  EXPECT_EQ(stats["sign"].bytes_sent, 3 * sign_part + 3 * sign_part);
   EXPECT_LT(stats["sign"].bytes_sent * 10, full);
   EXPECT_LT(stats["powersgd:4"].bytes_sent * 20, full);
+}
+
+TEST(CompressAllreduce, SignPhaseOneIsAnAllToAllOfPartitions) {
+  // Phase 1 used to allgather every worker's whole 1-bit vector: p times the bytes of phase 2.
+  // As an all-to-all, each rank sends each peer one partition, as much as phase 2 sends, and a
+  // sign call sends 2(p-1)/p of the encoding: 16x less than f32 (1 bit + 32 bits per 2048).
+  const size_t n = 3 * 4096 + 100;  // partitions of unequal length (the last one short)
+  for (int p : {2, 3, 5}) {
+    std::vector<CompressStats> stats(static_cast<size_t>(p));
+    std::vector<std::vector<float>> out(static_cast<size_t>(p));
+    run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+      auto g = gradient(n, rank, 1);
+      ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64", "a2a").ok());
+      c.reset_stats();
+      const int a2a_before = comm.alltoalls, ag_before = comm.allgathers;
+      g = gradient(n, rank, 2);
+      ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64", "a2a").ok());
+      EXPECT_EQ(comm.alltoalls - a2a_before, 1) << "p " << p;
+      EXPECT_EQ(comm.allgathers - ag_before, 1) << "p " << p;
+      stats[static_cast<size_t>(rank)] = c.stats();
+      out[static_cast<size_t>(rank)] = g;
+    });
+    const size_t chunks = (n + 63) / 64;
+    const size_t part_chunks = (chunks + static_cast<size_t>(p) - 1) / static_cast<size_t>(p);
+    const uint64_t ep = part_chunks * (4 + 64 / 8);  // f32 scale + 64 bits per chunk
+    for (int r = 0; r < p; ++r) {
+      const auto& s = stats[static_cast<size_t>(r)];
+      EXPECT_EQ(s.bytes_sent, 2 * static_cast<uint64_t>(p - 1) * ep) << "p " << p;
+      // The allgather emulation sent (p-1)*p*ep in phase 1, (p-1)*(p+1)*ep in all.
+      EXPECT_LT(s.bytes_sent, static_cast<uint64_t>(p - 1) * static_cast<uint64_t>(p + 1) * ep);
+      EXPECT_EQ(s.bytes_uncompressed, allreduce_send_bytes(n * 4, p));
+      EXPECT_EQ(out[static_cast<size_t>(r)], out[0]) << "rank " << r << " of " << p;
+    }
+  }
 }
 
 TEST(CompressAllreduce, BadArgumentsAreRejectedWithAMessage) {
