@@ -434,6 +434,21 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
   });
 }
 
+GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                                  gw_dtype_t dtype_arg) {
+  return guarded("gw_alltoall", [&]() -> Status {
+    const int dtype = raw_enum(dtype_arg);
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    GW_RETURN_IF_ERROR(check_dtype(dtype));
+    GW_ASSIGN_OR_RETURN(size_t bytes,
+                        buffer_bytes("count", count, dtype, static_cast<size_t>(st->size)));
+    GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
+    GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+    GW_RETURN_IF_ERROR(check_overlap(sendbuf, bytes, recvbuf, bytes));
+    return st->comm->alltoall(sendbuf, recvbuf, count, dt(dtype));
+  });
+}
+
 GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
   return guarded("gw_barrier", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));

@@ -5,9 +5,9 @@
  *   outputs are left untouched and gw_last_error() returns a message that names the operation and,
  *   where one is involved, the peer rank.
  * - No C++ exception crosses this boundary.
- * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, barrier, iallreduce) must be
- *   made by every rank of the communicator, in the same order, with matching count, dtype, op and
- *   root. Arguments that disagree are reported as errors, not hangs.
+ * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, alltoall, barrier,
+ *   iallreduce) must be made by every rank of the communicator, in the same order, with matching
+ *   count, dtype, op and root. Arguments that disagree are reported as errors, not hangs.
  * - Collective calls block the calling thread until the operation completes locally, and at most
  *   GW_TIMEOUT_MS milliseconds (default 300000): a rank that died or stopped calling makes the
  *   others return GW_ERR_PEER or GW_ERR_TIMEOUT.
@@ -116,6 +116,14 @@ gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, siz
 /* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Blocking. */
 gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                               size_t recvcount, gw_dtype_t dtype, gw_op_t op);
+
+/* All-to-all: sendbuf holds size * count elements, block j (at offset j * count) goes to rank j;
+ * recvbuf (size * count elements) receives rank j's block for this rank at offset j * count.
+ * sendbuf == recvbuf means in place (the library copies the input first); otherwise the buffers
+ * must not overlap. count may be 0 (the buffers may then be NULL). Ranks that pass different
+ * counts all fail with GW_ERR_INVALID_ARG or GW_ERR_PEER, never a hang. Blocking. */
+gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                        gw_dtype_t dtype);
 
 /* Returns once every rank has entered the barrier. Blocking. */
 gw_status_t gw_barrier(gw_comm_t comm);

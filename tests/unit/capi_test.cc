@@ -76,8 +76,8 @@ TEST(CapiTest, LibraryExportsOnlyTheCApi) {
   for (const char* sym :
        {"gw_comm_init", "gw_comm_init_from_env", "gw_comm_destroy", "gw_comm_abort", "gw_comm_rank",
         "gw_comm_size", "gw_allreduce", "gw_broadcast", "gw_allgather", "gw_reduce_scatter",
-        "gw_barrier", "gw_iallreduce", "gw_wait", "gw_test", "gw_status_string", "gw_last_error",
-        "gw_version"}) {
+        "gw_alltoall", "gw_barrier", "gw_iallreduce", "gw_wait", "gw_test", "gw_status_string",
+        "gw_last_error", "gw_version"}) {
     EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
   }
   // Internals stay hidden: gw::code_name(gw::Code), gw::config::table().
@@ -235,12 +235,18 @@ TEST_F(SingleRankTest, EveryCollective) {
   std::vector<float> rs(in.size());
   EXPECT_GW(GW_OK, gw_reduce_scatter(comm_, in.data(), rs.data(), in.size(), GW_FLOAT32, GW_SUM));
   EXPECT_EQ(rs, in);
+  std::vector<float> a2a(in.size());
+  EXPECT_GW(GW_OK, gw_alltoall(comm_, in.data(), a2a.data(), in.size(), GW_FLOAT32));
+  EXPECT_EQ(a2a, in);
+  EXPECT_GW(GW_OK, gw_alltoall(comm_, a2a.data(), a2a.data(), a2a.size(), GW_FLOAT32));
+  EXPECT_EQ(a2a, in);
   EXPECT_GW(GW_OK, gw_barrier(comm_));
   // count 0: buffers may be NULL.
   EXPECT_GW(GW_OK, gw_allreduce(comm_, nullptr, nullptr, 0, GW_FLOAT32, GW_SUM));
   EXPECT_GW(GW_OK, gw_broadcast(comm_, nullptr, 0, GW_FLOAT32, 0));
   EXPECT_GW(GW_OK, gw_allgather(comm_, nullptr, nullptr, 0, GW_INT64));
   EXPECT_GW(GW_OK, gw_reduce_scatter(comm_, nullptr, nullptr, 0, GW_UINT8, GW_MAX));
+  EXPECT_GW(GW_OK, gw_alltoall(comm_, nullptr, nullptr, 0, GW_BFLOAT16));
 }
 
 TEST_F(SingleRankTest, AsyncAllreduce) {
@@ -308,6 +314,16 @@ TEST_F(SingleRankTest, BadArguments) {
             gw_reduce_scatter(comm_, x, y, 4, GW_FLOAT32, static_cast<gw_op_t>(5)));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_reduce_scatter(comm_, x, y, SIZE_MAX / 2, GW_INT32, GW_SUM));
 
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(comm_, nullptr, y, 4, GW_FLOAT32));
+  EXPECT_NE(last().find("sendbuf"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(comm_, x, nullptr, 4, GW_FLOAT32));
+  EXPECT_NE(last().find("recvbuf"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(comm_, x, x + 1, 2, GW_FLOAT32));
+  EXPECT_NE(last().find("overlap"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(comm_, x, y, SIZE_MAX / 2, GW_INT32));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(comm_, x, y, 4, static_cast<gw_dtype_t>(-3)));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_alltoall(nullptr, x, y, 4, GW_FLOAT32));
+
   gw_request_t req = nullptr;
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_iallreduce(comm_, x, y, 4, GW_FLOAT32, GW_SUM, nullptr));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_iallreduce(comm_, nullptr, y, 4, GW_FLOAT32, GW_SUM, &req));
@@ -347,6 +363,7 @@ TEST_F(SingleRankTest, CallsOnAnAbortedComm) {
   EXPECT_GW(GW_ERR_ABORTED, gw_broadcast(comm_, x, 2, GW_FLOAT32, 0));
   EXPECT_GW(GW_ERR_ABORTED, gw_allgather(comm_, x, x, 1, GW_FLOAT32));
   EXPECT_GW(GW_ERR_ABORTED, gw_reduce_scatter(comm_, x, x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_ERR_ABORTED, gw_alltoall(comm_, x, x, 1, GW_FLOAT32));
   EXPECT_GW(GW_ERR_ABORTED, gw_barrier(comm_));
   EXPECT_GW(GW_ERR_ABORTED, gw_iallreduce(comm_, x, x, 2, GW_FLOAT32, GW_SUM, &req));
   EXPECT_EQ(req, nullptr);
@@ -436,6 +453,16 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   std::vector<uint8_t> b(1000, static_cast<uint8_t>(rank == world - 1 ? 42 : 0));
   if (gw_broadcast(comm, b.data(), b.size(), GW_UINT8, world - 1) != GW_OK) fail("broadcast");
   if (b[999] != 42) fail("broadcast value");
+  // alltoall: block j of rank r holds 1000 * r + j, so rank r receives 1000 * j + r from rank j.
+  std::vector<int64_t> send(static_cast<size_t>(world) * 3), recv(send.size());
+  for (size_t i = 0; i < send.size(); ++i) send[i] = 1000 * rank + static_cast<int64_t>(i / 3);
+  if (gw_alltoall(comm, send.data(), recv.data(), 3, GW_INT64) != GW_OK) fail("alltoall");
+  for (size_t i = 0; i < recv.size(); ++i) {
+    if (recv[i] != 1000 * static_cast<int64_t>(i / 3) + rank) {
+      fail("alltoall value at " + std::to_string(i));
+      break;
+    }
+  }
   if (gw_barrier(comm) != GW_OK) fail("barrier");
   if (gw_comm_destroy(comm) != GW_OK) fail("destroy");
   out->checked = true;
