@@ -242,6 +242,16 @@ size_t count_wrong(Collective coll, const void* out, size_t count, DataType dtyp
         if (load(out, i, dtype) != want) ++wrong;
       }
       break;
+    case Collective::kAlltoall:
+      // Block r of the output is block `rank` of rank r's input.
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          double want = static_cast<double>(
+              pattern_value(dtype, op, world, r, static_cast<size_t>(rank) * count + i));
+          if (load(out, static_cast<size_t>(r) * count + i, dtype) != want) ++wrong;
+        }
+      }
+      break;
   }
   return wrong;
 }

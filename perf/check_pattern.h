@@ -14,7 +14,7 @@
 
 namespace gw::perf {
 
-enum class Collective { kAllreduce, kAllgather, kReduceScatter, kBroadcast };
+enum class Collective { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kAlltoall };
 
 // The value rank `rank` contributes at (global) index `index`, for this dtype/op/world.
 int64_t pattern_value(coll::DataType dtype, coll::ReduceOp op, int world, int rank, size_t index);
@@ -27,7 +27,8 @@ void fill_pattern(void* buf, size_t count, coll::DataType dtype, coll::ReduceOp 
 void fill_sentinel(void* buf, size_t count, coll::DataType dtype);
 
 // Counts the elements of this rank's output that differ from what the collective must produce.
-// `count` is the collective's count argument (per-rank block for allgather/reduce_scatter).
+// `count` is the collective's count argument (per-rank block for allgather/reduce_scatter/alltoall;
+// alltoall inputs are fill_pattern over the whole send buffer from index 0).
 size_t count_wrong(Collective coll, const void* out, size_t count, coll::DataType dtype,
                    coll::ReduceOp op, int world, int rank, int root);
 

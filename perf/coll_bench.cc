@@ -32,6 +32,7 @@ std::string busbw_formula(Collective c) {
       return "algbw * 2(n-1)/n";
     case Collective::kAllgather:
     case Collective::kReduceScatter:
+    case Collective::kAlltoall:
       return "algbw * (n-1)/n";
     case Collective::kBroadcast:
       return "algbw";
@@ -198,7 +199,8 @@ class RankRun {
   int sweep() {
     const size_t esz = coll::dtype_size(c_.dtype);
     const size_t max_count = count_for_size(c_.coll, c_.max_bytes, c_.dtype, world_);
-    // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data.
+    // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data
+    // (alltoall: both hold the whole per-rank buffer, size blocks of count).
     size_t send_elems = max_count, recv_elems = max_count;
     if (c_.coll == Collective::kAllgather) send_elems = max_count / static_cast<size_t>(world_);
     if (c_.coll == Collective::kReduceScatter) recv_elems = max_count / static_cast<size_t>(world_);
@@ -219,7 +221,8 @@ class RankRun {
     for (size_t k = 0; k < sizes.size(); ++k) {
       size_t total = count_for_size(c_.coll, sizes[k], c_.dtype, world_);
       size_t arg_count = total;  // the count argument of the call
-      if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter) {
+      if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter ||
+          c_.coll == Collective::kAlltoall) {
         arg_count = total / static_cast<size_t>(world_);
       }
       size_t send_count = c_.coll == Collective::kAllgather ? arg_count : total;
@@ -309,6 +312,8 @@ class RankRun {
         return gw_reduce_scatter(comm_, send, recv, count, dt, op);
       case Collective::kBroadcast:
         return gw_broadcast(comm_, recv, count, dt, c_.root);
+      case Collective::kAlltoall:
+        return gw_alltoall(comm_, send, recv, count, dt);
     }
     return GW_ERR_INVALID_ARG;
   }
@@ -445,6 +450,7 @@ double busbw_factor(Collective coll, int nranks) {
       return 2.0 * (n - 1) / n;
     case Collective::kAllgather:
     case Collective::kReduceScatter:
+    case Collective::kAlltoall:
       return (n - 1) / n;
     case Collective::kBroadcast:
       return 1.0;
@@ -459,7 +465,8 @@ int adaptive_iters(uint64_t bytes, int nranks) {
 
 size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks) {
   size_t count = bytes / coll::dtype_size(dtype);
-  if (coll == Collective::kAllgather || coll == Collective::kReduceScatter) {
+  if (coll == Collective::kAllgather || coll == Collective::kReduceScatter ||
+      coll == Collective::kAlltoall) {
     size_t n = static_cast<size_t>(std::max(nranks, 1));
     count = count / n * n;
   }

@@ -1,4 +1,5 @@
-// The collective sweeps of gradwire-perf (allreduce, allgather, reduce_scatter, broadcast),
+// The collective sweeps of gradwire-perf (allreduce, allgather, reduce_scatter, broadcast,
+// alltoall),
 // nccl-tests style, run through the C ABI (libgradwire.so) exactly as an application would.
 #pragma once
 
@@ -31,8 +32,8 @@ struct CollConfig {
   int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
 };
 
-// Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n,
-// broadcast 1.
+// Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather, reduce_scatter and alltoall
+// (n-1)/n, broadcast 1.
 double busbw_factor(Collective coll, int nranks);
 
 // Iterations for one size when --iters is not given: clamp(2e9 / size / nranks, 3, 50), the rule
@@ -40,7 +41,8 @@ double busbw_factor(Collective coll, int nranks);
 int adaptive_iters(uint64_t bytes, int nranks);
 
 // The element count nccl-tests uses for a size: whole elements, a multiple of nranks for
-// allgather / reduce_scatter (the size column is then the whole gathered / scattered buffer).
+// allgather / reduce_scatter / alltoall (the size column is then the whole gathered / scattered
+// buffer; for alltoall the whole send buffer of one rank).
 size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks);
 
 // Checks the configuration (sizes, factor, root, iterations) before any rank starts.

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
                "print every GW_* tunable with its default and current value, then exit");
   app.add_flag("--toml", toml, "with --dump-config: print it as a TOML file");
 
-  CollCli allreduce, allgather, reduce_scatter, broadcast;
+  CollCli allreduce, allgather, reduce_scatter, broadcast, alltoall;
   std::vector<std::pair<CLI::App*, CollCli*>> colls = {
       {add_collective(app, "allreduce", Collective::kAllreduce,
                       "allreduce sweep; busbw = algbw * 2(n-1)/n", &allreduce),
@@ -114,6 +114,11 @@ int main(int argc, char** argv) {
       {add_collective(app, "broadcast", Collective::kBroadcast, "broadcast sweep; busbw = algbw",
                       &broadcast),
        &broadcast},
+      {add_collective(app, "alltoall", Collective::kAlltoall,
+                      "all-to-all sweep (size = the whole send buffer of a rank, size/n to each "
+                      "rank); busbw = algbw * (n-1)/n",
+                      &alltoall),
+       &alltoall},
   };
 
   gw::perf::CompressCmdConfig compress;  // gradwire-perf compress, allreduce --codec

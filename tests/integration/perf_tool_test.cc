@@ -76,7 +76,8 @@ TEST(PerfToolTest, DumpConfigListsTheTable) {
 TEST(PerfToolTest, HelpDescribesEverySubcommand) {
   auto res = run_perf({"--help"});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
-  for (const char* sub : {"allreduce", "allgather", "reduce_scatter", "broadcast", "p2p"}) {
+  for (const char* sub :
+       {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "p2p"}) {
     EXPECT_NE(res.output.find(sub), std::string::npos) << sub << "\n" << res.output;
   }
 }
@@ -237,7 +238,10 @@ INSTANTIATE_TEST_SUITE_P(Collectives, PerfCollectiveTest,
                                            CollCase{"reduce_scatter", "int32", "sum", "shm", 3},
                                            CollCase{"reduce_scatter", "float64", "min", "tcp", 2},
                                            CollCase{"broadcast", "float32", "", "tcp", 3},
-                                           CollCase{"broadcast", "int32", "", "shm", 2}),
+                                           CollCase{"broadcast", "int32", "", "shm", 2},
+                                           CollCase{"alltoall", "float32", "", "tcp", 3},
+                                           CollCase{"alltoall", "bfloat16", "", "tcp", 4},
+                                           CollCase{"alltoall", "uint8", "", "shm", 2}),
                          [](const auto& info) {
                            const auto& c = info.param;
                            return c.coll + "_" + c.dtype + (c.op.empty() ? "" : "_" + c.op) + "_" +
