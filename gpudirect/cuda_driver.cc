@@ -1,0 +1,153 @@
+#include "gpudirect/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+namespace gw::cuda {
+
+namespace {
+
+// Looks up `name` (the first of the names that exists) into `*slot`.
+template <typename Fn>
+bool bind(void* lib, Fn* slot, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (void* sym = dlsym(lib, n)) {
+      *slot = reinterpret_cast<Fn>(sym);
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<const Driver*> load(const char* library) {
+  // RTLD_LOCAL: the driver's symbols must not satisfy anyone else's references by accident.
+  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    return unsupported("no CUDA driver: {} not found ({})", library, why ? why : "dlopen failed");
+  }
+  auto d = std::make_unique<Driver>();
+  d->library = library;
+  const char* missing = nullptr;
+#define GW_BIND(field, ...) \
+  if (!missing && !bind(lib, &d->field, {__VA_ARGS__})) missing = #field
+  GW_BIND(cuInit, "cuInit");
+  GW_BIND(cuDriverGetVersion, "cuDriverGetVersion");
+  GW_BIND(cuGetErrorString, "cuGetErrorString");
+  GW_BIND(cuGetErrorName, "cuGetErrorName");
+  GW_BIND(cuDeviceGetCount, "cuDeviceGetCount");
+  GW_BIND(cuDeviceGet, "cuDeviceGet");
+  GW_BIND(cuDeviceGetAttribute, "cuDeviceGetAttribute");
+  GW_BIND(cuDeviceGetName, "cuDeviceGetName");
+  GW_BIND(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  GW_BIND(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  GW_BIND(cuCtxSetCurrent, "cuCtxSetCurrent");
+  GW_BIND(cuCtxGetCurrent, "cuCtxGetCurrent");
+  GW_BIND(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  GW_BIND(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  GW_BIND(cuModuleLoadData, "cuModuleLoadData");
+  GW_BIND(cuModuleUnload, "cuModuleUnload");
+  GW_BIND(cuModuleGetFunction, "cuModuleGetFunction");
+  GW_BIND(cuLaunchKernel, "cuLaunchKernel");
+  GW_BIND(cuMemAlloc, "cuMemAlloc_v2");
+  GW_BIND(cuMemFree, "cuMemFree_v2");
+  GW_BIND(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+  GW_BIND(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+  GW_BIND(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  GW_BIND(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  GW_BIND(cuMemsetD8, "cuMemsetD8_v2");
+  GW_BIND(cuStreamCreate, "cuStreamCreate");
+  GW_BIND(cuStreamDestroy, "cuStreamDestroy_v2");
+  GW_BIND(cuStreamQuery, "cuStreamQuery");
+  GW_BIND(cuStreamSynchronize, "cuStreamSynchronize");
+  GW_BIND(cuEventCreate, "cuEventCreate");
+  GW_BIND(cuEventDestroy, "cuEventDestroy_v2");
+  GW_BIND(cuEventRecord, "cuEventRecord");
+  GW_BIND(cuEventQuery, "cuEventQuery");
+  // _v2 (CUDA 12.8+) and the original have the same signature; older drivers only have the latter.
+  GW_BIND(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime");
+  GW_BIND(cuPointerGetAttribute, "cuPointerGetAttribute");
+#undef GW_BIND
+  if (missing) {
+    dlclose(lib);
+    return unsupported("no usable CUDA driver: {} lacks {} (driver too old?)", library, missing);
+  }
+  const CUresult r = d->cuInit(0);
+  if (r != kCudaSuccess) {
+    const std::string text = error_text(*d, r);
+    dlclose(lib);
+    return unsupported("no usable CUDA driver: cuInit failed: {}", text);
+  }
+  int count = 0;
+  if (d->cuDeviceGetCount(&count) != kCudaSuccess || count <= 0) {
+    dlclose(lib);
+    return unsupported("no CUDA device: the driver ({}) sees none", library);
+  }
+  d->cuDriverGetVersion(&d->version);
+  // The library stays loaded for the life of the process: tables and modules point into it.
+  return static_cast<const Driver*>(d.release());
+}
+
+}  // namespace
+
+Result<const Driver*> load_driver(const char* library) {
+  if (library == nullptr || *library == '\0') return invalid_arg("load_driver: empty library name");
+  return load(library);
+}
+
+Result<const Driver*> driver() {
+  static const Result<const Driver*> loaded = load("libcuda.so.1");
+  return loaded;
+}
+
+std::string error_text(const Driver& d, CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.cuGetErrorName(r, &name) != kCudaSuccess || name == nullptr) name = "CUDA_ERROR_UNKNOWN";
+  if (d.cuGetErrorString(r, &text) != kCudaSuccess || text == nullptr) text = "no description";
+  return fmt::format("{} ({}, code {})", name, text, r);
+}
+
+Status cuda_error(const Driver& d, CUresult r, std::string_view what) {
+  constexpr CUresult kOutOfMemory = 2;
+  const Code code = r == kOutOfMemory             ? Code::kNoMemory
+                    : r == kCudaErrorInvalidValue ? Code::kInvalidArg
+                                                  : Code::kSystem;
+  return Status(code, fmt::format("{}: {}", what, error_text(d, r)));
+}
+
+bool is_device_pointer(const void* p) {
+  if (p == nullptr) return false;
+  auto d = driver();
+  if (!d.ok()) return false;
+  unsigned type = 0;
+  const CUresult r =
+      (*d)->cuPointerGetAttribute(&type, kPointerAttrMemoryType, reinterpret_cast<CUdeviceptr>(p));
+  return r == kCudaSuccess && (type == kMemoryTypeDevice || type == kMemoryTypeUnified);
+}
+
+Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const CUresult r = d.cuStreamQuery(stream);
+    if (r == kCudaSuccess) return ok_status();
+    if (r != kCudaErrorNotReady) return cuda_error(d, r, "stream wait");
+    const auto now = clock::now();
+    if (now >= deadline) {
+      return timeout_error("stream wait: GPU work not finished after {} ms", timeout_ms);
+    }
+    // Kernels of a few µs finish while spinning; longer ones are polled every 50 µs.
+    if (now - start > std::chrono::microseconds(200)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace gw::cuda

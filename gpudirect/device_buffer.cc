@@ -1,0 +1,95 @@
+#include "gpudirect/device_buffer.h"
+
+#include <memory>
+#include <utility>
+
+namespace gw::cuda {
+
+Result<std::unique_ptr<ScopedContext>> ScopedContext::enter(int device) {
+  GW_ASSIGN_OR_RETURN(const Driver* d, driver());
+  CUdevice dev;
+  CUresult r = d->cuDeviceGet(&dev, device);
+  if (r != kCudaSuccess) return cuda_error(*d, r, fmt::format("cuDeviceGet({})", device));
+  CUcontext ctx;
+  r = d->cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r != kCudaSuccess) return cuda_error(*d, r, "cuDevicePrimaryCtxRetain");
+  r = d->cuCtxPushCurrent(ctx);
+  if (r != kCudaSuccess) {
+    d->cuDevicePrimaryCtxRelease(dev);
+    return cuda_error(*d, r, "cuCtxPushCurrent");
+  }
+  return std::unique_ptr<ScopedContext>(new ScopedContext(d, dev, ctx));
+}
+
+ScopedContext::~ScopedContext() {
+  CUcontext popped;
+  d_->cuCtxPopCurrent(&popped);
+  d_->cuDevicePrimaryCtxRelease(dev_);
+}
+
+Result<DeviceBuffer> DeviceBuffer::allocate(int device, size_t bytes) {
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device));
+  const Driver& d = **driver();
+  DeviceBuffer b;
+  const CUresult r = d.cuMemAlloc(&b.ptr_, bytes == 0 ? 1 : bytes);
+  if (r != kCudaSuccess) {
+    return cuda_error(d, r, fmt::format("cuMemAlloc({} bytes) on device {}", bytes, device));
+  }
+  b.size_ = bytes;
+  b.ctx_ = scope->context();
+  b.device_ = device;
+  return b;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ptr_ = std::exchange(o.ptr_, 0);
+    size_ = std::exchange(o.size_, 0);
+    ctx_ = std::exchange(o.ctx_, nullptr);
+    device_ = std::exchange(o.device_, -1);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (ptr_ == 0) return;
+  if (auto scope = ScopedContext::enter(device_); scope.ok()) (*driver())->cuMemFree(ptr_);
+  ptr_ = 0;
+  size_ = 0;
+}
+
+Status DeviceBuffer::check_range(std::string_view op, size_t bytes, size_t offset) const {
+  if (ptr_ == 0) return invalid_arg("DeviceBuffer::{}: no buffer", op);
+  if (offset > size_ || bytes > size_ - offset) {
+    return invalid_arg("DeviceBuffer::{}: {} bytes at offset {} exceed the buffer ({} bytes)", op,
+                       bytes, offset, size_);
+  }
+  return ok_status();
+}
+
+Status DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  GW_RETURN_IF_ERROR(check_range("upload", bytes, offset));
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device_));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyHtoD(ptr_ + offset, src, bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyHtoD");
+}
+
+Status DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  GW_RETURN_IF_ERROR(check_range("download", bytes, offset));
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device_));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyDtoH(dst, ptr_ + offset, bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyDtoH");
+}
+
+Status DeviceBuffer::fill(unsigned char value) {
+  GW_RETURN_IF_ERROR(check_range("fill", size_, 0));
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device_));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemsetD8(ptr_, value, size_);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemsetD8");
+}
+
+}  // namespace gw::cuda

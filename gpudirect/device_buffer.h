@@ -1,0 +1,69 @@
+// DeviceBuffer: device memory from cuMemAlloc in a device's primary context, freed on
+// destruction. For tests, gw-gpu-check and staging; not a caching allocator.
+//
+// upload / download are synchronous copies (cuMemcpyHtoD/DtoH): they return when the bytes have
+// arrived. Not thread-safe per object; distinct objects may be used from any thread.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/status.h"
+#include "gpudirect/cuda_driver.h"
+
+namespace gw::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // kUnsupported without a driver, kNoMemory when the device is full.
+  static Result<DeviceBuffer> allocate(int device, size_t bytes);
+
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  template <typename T>
+  T* as(size_t byte_offset = 0) const {
+    return reinterpret_cast<T*>(ptr_ + byte_offset);
+  }
+  size_t size() const { return size_; }
+
+  // Copies `bytes` to / from offset `offset` of the buffer; kInvalidArg past its end.
+  Status upload(const void* src, size_t bytes, size_t offset = 0);
+  Status download(void* dst, size_t bytes, size_t offset = 0) const;
+  // Sets every byte to `value`.
+  Status fill(unsigned char value);
+
+  void reset();
+
+ private:
+  Status check_range(std::string_view op, size_t bytes, size_t offset) const;
+
+  CUdeviceptr ptr_ = 0;
+  size_t size_ = 0;
+  CUcontext ctx_ = nullptr;
+  int device_ = -1;
+};
+
+// Makes the primary context of `device` current on this thread for the life of the object
+// (push on construction, pop on destruction) and keeps it retained meanwhile.
+class ScopedContext {
+ public:
+  static Result<std::unique_ptr<ScopedContext>> enter(int device);
+  ~ScopedContext();
+  CUcontext context() const { return ctx_; }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  ScopedContext(const Driver* d, CUdevice dev, CUcontext ctx) : d_(d), dev_(dev), ctx_(ctx) {}
+  const Driver* d_;
+  CUdevice dev_;
+  CUcontext ctx_;
+};
+
+}  // namespace gw::cuda
