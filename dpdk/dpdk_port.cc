@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <sstream>
 
 #include "core/log.h"
@@ -117,13 +118,46 @@ class DpdkPort : public FramePort {
     rte_pktmbuf_free(static_cast<rte_mbuf*>(buf.opaque));
     buf = FrameBuf{};
   }
+  bool zero_copy() const override { return zero_copy_; }
+  bool attach_external(FrameBuf* buf, const uint8_t* data, size_t len, TxRef* const* refs,
+                       int n) override {
+    if (!zero_copy_ || len == 0 || len > UINT16_MAX || n < 0 || n > kMaxZcRefs) return false;
+    rte_mbuf* e = rte_pktmbuf_alloc(pool_);
+    if (e == nullptr) return false;
+    // The segment's shared info lives in the segment mbuf's own data room, which the external
+    // buffer leaves unused: DPDK calls zc_release from rte_pktmbuf_detach before it restores the
+    // mbuf's buffer and returns it to the pool, so the room is ours until then (no allocation).
+    auto* z = new (e->buf_addr) ZcSeg();
+    z->shinfo.free_cb = &DpdkPort::zc_release;
+    z->shinfo.fcb_opaque = z;
+    rte_mbuf_ext_refcnt_set(&z->shinfo, 1);
+    z->n = n;
+    for (int i = 0; i < n; ++i) {
+      z->refs[i] = refs[i];
+      refs[i]->frame_attached();
+    }
+    void* va = const_cast<uint8_t*>(data);  // read only: the PMD never writes a TX segment
+    const rte_iova_t iova = rte_eal_iova_mode() == RTE_IOVA_VA
+                                ? static_cast<rte_iova_t>(reinterpret_cast<uintptr_t>(va))
+                                : RTE_BAD_IOVA;
+    rte_pktmbuf_attach_extbuf(e, va, iova, static_cast<uint16_t>(len), &z->shinfo);
+    e->data_len = static_cast<uint16_t>(len);
+    e->pkt_len = static_cast<uint32_t>(len);
+    rte_mbuf* head = static_cast<rte_mbuf*>(buf->opaque);
+    head->next = e;
+    head->nb_segs = 2;
+    buf->data2 = data;
+    buf->len2 = len;
+    return true;
+  }
+  void tx_cleanup() override { rte_eth_tx_done_cleanup(port_id_, 0, 0); }
   size_t tx_burst(FrameBuf* bufs, size_t n) override {
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
     for (size_t i = 0; i < n; ++i) {
       rte_mbuf* m = static_cast<rte_mbuf*>(bufs[i].opaque);
       m->data_len = static_cast<uint16_t>(bufs[i].len);
-      m->pkt_len = static_cast<uint32_t>(bufs[i].len);
+      m->pkt_len = static_cast<uint32_t>(bufs[i].len + bufs[i].len2);
       if (tx_offload_) {
         m->l2_len = kEthLen;
         m->l3_len = kIpLen;
@@ -161,7 +195,14 @@ class DpdkPort : public FramePort {
     size_t out = 0;
     for (uint16_t i = 0; i < got; ++i) {
       rte_mbuf* m = ms[i];
-      if (m->nb_segs != 1 && rte_pktmbuf_linearize(m) != 0) {
+      bufs[out].data2 = nullptr;
+      bufs[out].len2 = 0;
+      if (m->nb_segs == 2 && m->data_len == kHeadersLen && m->next != nullptr) {
+        // Headers + payload segments, as a zero-copy sender builds them (net_ring hands us the
+        // sender's mbufs): the payload is read where it lies.
+        bufs[out].data2 = rte_pktmbuf_mtod(m->next, uint8_t*);
+        bufs[out].len2 = m->next->data_len;
+      } else if (m->nb_segs != 1 && rte_pktmbuf_linearize(m) != 0) {
         rte_pktmbuf_free(m);  // cannot happen with our mbuf size; counted by the decoder as lost
         continue;
       }
@@ -242,6 +283,8 @@ class DpdkPort : public FramePort {
     }
     rte_eth_conf conf;
     std::memset(&conf, 0, sizeof(conf));
+    GW_ASSIGN_OR_RETURN(zc_reason_, decide_zero_copy(o.zero_copy, info));
+    if (zero_copy_) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
     const uint64_t tx_need = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
     if ((info.tx_offload_capa & tx_need) == tx_need) {
       conf.txmode.offloads |= tx_need;
@@ -300,9 +343,63 @@ class DpdkPort : public FramePort {
     rte_ether_addr a;
     rte_eth_macaddr_get(port_id_, &a);
     std::memcpy(mac_.data(), a.addr_bytes, 6);
-    GW_LOG_INFO("dpdk: port {} mac {} mtu {} tx-cksum-offload {} rx-cksum-offload {}", name_,
-                format_mac(mac_), mtu_, tx_offload_, rx_offload_);
+    GW_LOG_INFO(
+        "dpdk: port {} mac {} mtu {} tx-cksum-offload {} rx-cksum-offload {} zero-copy-tx {} ({})",
+        name_, format_mac(mac_), mtu_, tx_offload_, rx_offload_, zero_copy_ ? "on" : "off",
+        zc_reason_);
     return ok_status();
+  }
+
+  // Zero-copy TX sends a registered payload as a second, external-buffer segment. Whether a PMD
+  // can take that is read from its 22.11 source, not only from its capabilities:
+  //  - net_ring hands the mbufs to the receiver untouched: true zero copy (in one process);
+  //  - net_af_packet and net_memif copy every segment of a chain into their ring slot: the
+  //    PMD's copy remains, ours (into an mbuf) goes;
+  //  - net_af_xdp advertises no MULTI_SEGS, and its TX copies pkt_len bytes from the first
+  //    segment only: a chain would send garbage, so it stays on copy;
+  //  - a hardware PMD would DMA from the user's memory, which nothing maps for the device
+  //    (rte_extmem_register / rte_dev_dma_map at reg_mr): copy.
+  // Returns the reason logged in the port's INFO line.
+  Result<std::string> decide_zero_copy(const std::string& mode, const rte_eth_dev_info& info) {
+    if (mode != "auto" && mode != "on" && mode != "off") {
+      return invalid_arg("dpdk: GW_DPDK_ZERO_COPY '{}' is not auto, on or off", mode);
+    }
+    const std::string drv = info.driver_name;
+    const bool multi_seg = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
+    std::string why;
+    bool able = false;
+    if (!multi_seg) {
+      why = drv + " has no multi-segment TX";
+    } else if (drv == "net_ring") {
+      able = true;
+      why = "net_ring passes mbufs through: payload never copied on TX";
+    } else if (drv == "net_af_packet" || drv == "net_memif") {
+      able = true;
+      why = drv + " copies each segment into its ring: one copy saved";
+    } else {
+      why = drv + ": registered memory is not DMA-mapped for the device";
+    }
+    if (mode == "off") {
+      zero_copy_ = false;
+      return std::string("GW_DPDK_ZERO_COPY=off");
+    }
+    if (mode == "on" && !able) {
+      return unsupported("dpdk: GW_DPDK_ZERO_COPY=on but port {} cannot take it: {}", name_, why);
+    }
+    zero_copy_ = able;
+    return why;
+  }
+
+  struct ZcSeg {
+    rte_mbuf_ext_shared_info shinfo;
+    TxRef* refs[3];
+    int n = 0;
+  };
+  static constexpr int kMaxZcRefs = 3;
+  static void zc_release(void* /*addr*/, void* opaque) {
+    auto* z = static_cast<ZcSeg*>(opaque);
+    for (int i = 0; i < z->n; ++i) z->refs[i]->frame_released();
+    z->~ZcSeg();
   }
 
   // net_af_xdp (22.11) registers the mempool itself as the XDP umem: from the first object's page
@@ -367,6 +464,8 @@ class DpdkPort : public FramePort {
   size_t mtu_ = 1500;
   bool tx_offload_ = false;
   bool rx_offload_ = false;
+  bool zero_copy_ = false;
+  std::string zc_reason_;
   std::string name_;
 };
 

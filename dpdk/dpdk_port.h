@@ -21,6 +21,7 @@ struct DpdkPortOptions {
   size_t mtu = 9000;
   int nb_mbufs = 8192;
   int nb_desc = 1024;
+  std::string zero_copy = "auto";  // GW_DPDK_ZERO_COPY: auto, on, off
 };
 
 inline constexpr const char* kDefaultEalArgs =

@@ -21,14 +21,19 @@ struct Req;  // requests are the engine's; the pointer is only passed through
 
 net::Request* to_req(void* p) { return reinterpret_cast<net::Request*>(p); }
 
-class Mr : public net::MemRegion {};
+// A registered region: its counter tells how many zero-copy frames still point into it.
+class Mr : public net::MemRegion {
+ public:
+  TxRefHandle zc = TxRefHandle::make();
+};
 
 class CommBase {
  protected:
-  CommBase(std::shared_ptr<Engine> e, uint32_t id) : engine_(std::move(e)), id_(id) {}
+  CommBase(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+      : engine_(std::move(e)), id_(id), timeout_ms_(timeout_ms) {}
   ~CommBase() {
     engine_->close_conn(id_);
-    for (net::MemRegion* mr : mrs_) delete mr;
+    for (net::MemRegion* mr : mrs_) delete static_cast<Mr*>(mr);
   }
   Result<net::MemRegion*> do_reg(void* data, size_t size, net::MemType type) {
     if (type != net::MemType::kHost) {
@@ -48,14 +53,35 @@ class CommBase {
   }
   Status do_dereg(net::MemRegion* mr) {
     if (mr == nullptr) return invalid_arg("dpdk dereg_mr: null region");
+    TxRef* zc = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mr_mu_);
+      auto it = mrs_.find(mr);  // no cast: mr may be a stale pointer (bad input)
+      if (it == mrs_.end()) {
+        return invalid_arg("dpdk dereg_mr: region is not registered with this comm (or released)");
+      }
+      zc = static_cast<Mr*>(*it)->zc.get();
+    }
+    // Zero-copy frames may still point into the region (a send in flight, a PMD that frees
+    // lazily): the region is released only once the port let go of all of them. On timeout it
+    // stays registered, so the caller knows the memory may still be read.
+    if (zc->frames() > 0) {
+      GW_RETURN_IF_ERROR(engine_->wait_released(
+          zc, timeout_ms_,
+          fmt::format("dpdk dereg_mr of {} bytes on {}", mr->size, engine_->peer_name(id_))));
+    }
     std::lock_guard<std::mutex> lock(mr_mu_);
-    auto it = mrs_.find(mr);  // no cast: mr may be a stale pointer (bad input)
+    auto it = mrs_.find(mr);
     if (it == mrs_.end()) {
       return invalid_arg("dpdk dereg_mr: region is not registered with this comm (or released)");
     }
-    delete *it;
+    delete static_cast<Mr*>(*it);
     mrs_.erase(it);
     return ok_status();
+  }
+  // The region's zero-copy counter (null when `mr` is null; check_mr validated it).
+  TxRef* region_ref(net::MemRegion* mr) {
+    return mr == nullptr ? nullptr : static_cast<Mr*>(mr)->zc.get();
   }
   Status check_args(const void* data, size_t size, int tag, bool any_tag_ok, net::MemRegion* mr,
                     const char* op) {
@@ -84,13 +110,15 @@ class CommBase {
   }
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
+  int64_t timeout_ms_;
   std::mutex mr_mu_;
   std::unordered_set<net::MemRegion*> mrs_;  // owned (Mr); freed with the comm
 };
 
 class DpdkSendComm : public net::SendComm, CommBase {
  public:
-  DpdkSendComm(std::shared_ptr<Engine> e, uint32_t id) : CommBase(std::move(e), id) {}
+  DpdkSendComm(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+      : CommBase(std::move(e), id, timeout_ms) {}
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return do_reg(data, size, type);
   }
@@ -104,14 +132,15 @@ class DpdkSendComm : public net::SendComm, CommBase {
   std::string peer_name() const override { return engine_->peer_name(id_); }
   Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override {
     GW_RETURN_IF_ERROR(check_args(data, size, tag, false, mr, "isend"));
-    GW_ASSIGN_OR_RETURN(void* r, engine_->isend(id_, data, size, tag));
+    GW_ASSIGN_OR_RETURN(void* r, engine_->isend(id_, data, size, tag, region_ref(mr)));
     return to_req(r);
   }
 };
 
 class DpdkRecvComm : public net::RecvComm, CommBase {
  public:
-  DpdkRecvComm(std::shared_ptr<Engine> e, uint32_t id) : CommBase(std::move(e), id) {}
+  DpdkRecvComm(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+      : CommBase(std::move(e), id, timeout_ms) {}
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return do_reg(data, size, type);
   }
@@ -140,7 +169,7 @@ class DpdkListener : public net::Listener {
     if (conn == 0) return std::unique_ptr<net::RecvComm>();
     engine_->set_peer_timeout(conn,
                               std::min<int64_t>(timeout_ms_, engine_->config().peer_timeout_ms));
-    return std::unique_ptr<net::RecvComm>(new DpdkRecvComm(engine_, conn));
+    return std::unique_ptr<net::RecvComm>(new DpdkRecvComm(engine_, conn, timeout_ms_));
   }
 
  private:
@@ -151,7 +180,8 @@ class DpdkListener : public net::Listener {
 
 class DpdkConnector : public net::Connector {
  public:
-  DpdkConnector(std::shared_ptr<Engine> e, uint32_t id) : engine_(std::move(e)), id_(id) {}
+  DpdkConnector(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+      : engine_(std::move(e)), id_(id), timeout_ms_(timeout_ms) {}
   ~DpdkConnector() override {
     if (id_ != 0) engine_->close_conn(id_);
   }
@@ -161,12 +191,13 @@ class DpdkConnector : public net::Connector {
     if (!ready) return std::unique_ptr<net::SendComm>();
     uint32_t id = id_;
     id_ = 0;
-    return std::unique_ptr<net::SendComm>(new DpdkSendComm(engine_, id));
+    return std::unique_ptr<net::SendComm>(new DpdkSendComm(engine_, id, timeout_ms_));
   }
 
  private:
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
+  int64_t timeout_ms_;
 };
 
 class DpdkTransport : public net::Transport {
@@ -191,7 +222,7 @@ class DpdkTransport : public net::Transport {
     std::string label = options_.rank >= 0 ? fmt::format("rank {}", options_.rank) : "";
     uint32_t id =
         engine_->connect(t, options_.job_token, options_.timeout_ms, label, options_.rank);
-    return std::unique_ptr<net::Connector>(new DpdkConnector(engine_, id));
+    return std::unique_ptr<net::Connector>(new DpdkConnector(engine_, id, options_.timeout_ms));
   }
 
  private:
@@ -293,6 +324,7 @@ Result<std::shared_ptr<Engine>> process_engine() {
   po.port = config::get_string(Key::kDpdkPort);
   po.mtu = static_cast<size_t>(config::get_int(Key::kDpdkMtu));
   po.nb_mbufs = static_cast<int>(config::get_int(Key::kDpdkNbMbufs));
+  po.zero_copy = config::get_string(Key::kDpdkZeroCopy);
   auto port = open_dpdk_port(po);
   if (!port.ok()) {
     failed = port.status();

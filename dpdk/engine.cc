@@ -68,6 +68,11 @@ struct Engine::SendReq {
   bool cts_ok = false;
   bool done = false;
   Status err;
+  // Zero copy: this send's frames still held by the port (the send completes only when none
+  // is), and the registered region's counter (held so a retransmission can count on it).
+  TxRefHandle zc;
+  TxRefHandle region;
+  int64_t release_deadline_ns = 0;  // 0: not waiting for the port yet
 };
 
 struct Engine::RecvReq {
@@ -172,6 +177,8 @@ struct Engine::Conn {
     std::vector<uint8_t> payload;
   };
   std::unordered_map<uint32_t, Early> early;
+  // Zero-copy frames of this connection still held by the port (close waits for them).
+  TxRefHandle zc = TxRefHandle::make();
 
   std::string name() const {
     return fmt::format("{}dpdk {}:{} conn {}->{}", label.empty() ? "" : label + " via ",
@@ -247,6 +254,10 @@ Engine::~Engine() {
   }
   release_held(true);
   flush_tx();
+  for (auto& [id, c] : conns_) {
+    Status s = wait_released_locked(c->zc.get(), 1000, c->name());
+    if (!s.ok()) GW_LOG_WARN("dpdk: engine shutdown: {}", s.to_string());
+  }
   for (auto& b : tx_batch_) port_->free(b);
   tx_batch_.clear();
 }
@@ -401,8 +412,15 @@ void Engine::close_conn(uint32_t conn) {
     h.token_tag = c->token_tag;
     send_ctl(c->peer, h, nullptr, 0);
   }
-  conns_.erase(conn);
   flush_tx();
+  // Requests in flight are abandoned, but their memory may not be read after the close returns:
+  // wait (bounded) until the port let go of every zero-copy frame of this connection.
+  if (c->zc.get()->frames() > 0) {
+    Status s = wait_released_locked(c->zc.get(), std::min<int64_t>(config_.peer_timeout_ms, 1000),
+                                    c->name());
+    if (!s.ok()) GW_LOG_WARN("dpdk: close: {}", s.to_string());
+  }
+  conns_.erase(conn);
 }
 
 uint32_t Engine::window_of(const Conn& c) const {
@@ -426,7 +444,7 @@ uint32_t Engine::advertised_window() const {
       std::clamp<size_t>(port_->rx_ring_size() / 2, 16, static_cast<size_t>(kRcvWindow - 1)));
 }
 
-Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int tag) {
+Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int tag, TxRef* region) {
   std::lock_guard<std::mutex> lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr || !c->sender) return invalid_arg("dpdk isend: unknown connection {}", conn);
@@ -439,6 +457,11 @@ Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int ta
   r->data = static_cast<const uint8_t*>(data);
   r->size = size;
   r->tag = tag;
+  if (region != nullptr && port_->zero_copy() && size >= config_.zero_copy_min) {
+    r->zc = TxRefHandle::make();
+    region->hold();
+    r->region = TxRefHandle(region);
+  }
   void* handle = r.get();
   c->sends.push_back(std::move(r));
   pump(*c);
@@ -534,6 +557,27 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
       *done = false;
       return ok_status();
     }
+    if (r.zc && r.zc.get()->frames() > 0) {
+      // Acknowledged, but the port still holds frames that point into the user's buffer (a
+      // retransmitted copy in a ring, a PMD that frees lazily): not complete until it lets go.
+      const int64_t now = now_ns();
+      if (r.release_deadline_ns == 0) {
+        r.release_deadline_ns = now + c->peer_timeout_ns;
+      }
+      port_->tx_cleanup();
+      if (r.zc.get()->frames() > 0) {
+        if (now < r.release_deadline_ns) {
+          *done = false;
+          return ok_status();
+        }
+        if (r.err.ok()) {
+          r.err = timeout_error(
+              "send of {} bytes to {}: {} zero-copy frame(s) still held by port {} {} ms after "
+              "the send was acknowledged (the buffer may still be read)",
+              r.size, c->name(), r.zc.get()->frames(), port_->name(), c->peer_timeout_ns / 1000000);
+        }
+      }
+    }
     return finish(c->sends, it, r.size);
   }
   auto it = std::find_if(c->recvs.begin(), c->recvs.end(),
@@ -558,8 +602,38 @@ void Engine::progress() {
 
 void Engine::inject_rx(const uint8_t* data, size_t len) {
   std::lock_guard<std::mutex> lock(mu_);
-  handle_frame(data, len, false);
+  FrameBuf b;
+  b.data = const_cast<uint8_t*>(data);
+  b.len = len;
+  handle_frame(b);
   flush_tx();
+}
+
+void Engine::set_frame_tap(std::function<void(const Frame&)> tap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  frame_tap_ = std::move(tap);
+}
+
+Status Engine::wait_released(TxRef* ref, int64_t timeout_ms, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wait_released_locked(ref, timeout_ms, what);
+}
+
+Status Engine::wait_released_locked(TxRef* ref, int64_t timeout_ms, const std::string& what) {
+  if (ref == nullptr || ref->frames() <= 0) return ok_status();
+  const int64_t deadline = now_ns() + std::max<int64_t>(timeout_ms, 0) * 1000000;
+  while (true) {
+    // Our own RX loop frees what a loopback port (net_ring) hands back; the PMD frees what it
+    // finished sending.
+    progress_locked();
+    port_->tx_cleanup();
+    if (ref->frames() <= 0) return ok_status();
+    if (now_ns() >= deadline) {
+      return timeout_error("{}: {} zero-copy frame(s) still held by port {} after {} ms", what,
+                           ref->frames(), port_->name(), timeout_ms);
+    }
+    std::this_thread::yield();
+  }
 }
 
 size_t Engine::progress_locked() {
@@ -570,7 +644,7 @@ size_t Engine::progress_locked() {
     size_t n = port_->rx_burst(rx_batch_.data(), rx_batch_.size());
     if (round == 0 && n == 0) ++stats_.idle_polls;
     for (size_t i = 0; i < n; ++i) {
-      handle_frame(rx_batch_[i].data, rx_batch_[i].len, rx_batch_[i].l4_checksum_ok);
+      handle_frame(rx_batch_[i]);
       port_->free(rx_batch_[i]);
     }
     total += n;
@@ -785,7 +859,25 @@ void Engine::send_pkt(Conn& c, TxPkt& p, bool retx) {
     ++stats_.pool_empty;  // counts as a loss; the timer resends it
     return;
   }
-  b.len = encode_frame(b.data, b.cap, local_, c.peer, h, p.src, p.len, ip_id_++, offload_);
+  // Zero copy: a data fragment of a send from registered memory goes as headers + the user's
+  // bytes in place (a retransmission attaches them again). The request's, the region's and the
+  // connection's counters follow the frame until the port releases it.
+  bool zc = false;
+  if (p.type == FrameType::kData && p.req != nullptr && p.req->zc && p.len > 0) {
+    b.len = encode_headers(b.data, b.cap, local_, c.peer, h, p.src, p.len, ip_id_, offload_);
+    TxRef* refs[3] = {p.req->zc.get(), c.zc.get(), p.req->region.get()};
+    zc = b.len != 0 && port_->attach_external(&b, p.src, p.len, refs, p.req->region ? 3 : 2);
+    if (zc) {
+      ++ip_id_;
+      ++stats_.zc_frames_tx;
+      stats_.zc_bytes_tx += p.len;
+    } else {
+      ++stats_.zc_fallbacks;
+    }
+  }
+  if (!zc) {
+    b.len = encode_frame(b.data, b.cap, local_, c.peer, h, p.src, p.len, ip_id_++, offload_);
+  }
   if (b.len == 0) {
     port_->free(b);
     return;
@@ -858,9 +950,11 @@ void Engine::queue_tx(FrameBuf b) {
         return;
       case FaultAction::kDup: {
         FrameBuf d;
-        if (port_->alloc(&d) && d.cap >= b.len) {
+        if (port_->alloc(&d) && d.cap >= b.len + b.len2) {
+          // A zero-copy frame is duplicated as one copied segment (same bytes, same checksum).
           std::memcpy(d.data, b.data, b.len);
-          d.len = b.len;
+          if (b.len2 > 0) std::memcpy(d.data + b.len, b.data2, b.len2);
+          d.len = b.len + b.len2;
           tx_batch_.push_back(d);
           ++stats_.injected_dups;
         } else if (d.data) {
@@ -907,10 +1001,12 @@ void Engine::flush_tx() {
   int spins = 0;
   while (off < tx_batch_.size()) {
     for (size_t i = off; i < tx_batch_.size(); ++i) {
-      stats_.tx_bytes += tx_batch_[i].len;
+      stats_.tx_bytes += tx_batch_[i].len + tx_batch_[i].len2;
     }
     size_t n = port_->tx_burst(tx_batch_.data() + off, tx_batch_.size() - off);
-    for (size_t i = off + n; i < tx_batch_.size(); ++i) stats_.tx_bytes -= tx_batch_[i].len;
+    for (size_t i = off + n; i < tx_batch_.size(); ++i) {
+      stats_.tx_bytes -= tx_batch_[i].len + tx_batch_[i].len2;
+    }
     stats_.tx_frames += n;
     off += n;
     if (n == 0 && ++spins > 64) break;
@@ -922,15 +1018,17 @@ void Engine::flush_tx() {
   tx_batch_.clear();
 }
 
-void Engine::handle_frame(const uint8_t* data, size_t len, bool l4_ok) {
+void Engine::handle_frame(const FrameBuf& b) {
   ++stats_.rx_frames;
-  stats_.rx_bytes += len;
+  stats_.rx_bytes += b.len + b.len2;
+  if (b.len2 > 0) ++stats_.rx_split_frames;
   Frame f;
-  DecodeError e = decode_frame(data, len, l4_ok, &f);
+  DecodeError e = decode_frame_split(b.data, b.len, b.data2, b.len2, b.l4_checksum_ok, &f);
   if (e != DecodeError::kOk) {
     ++stats_.decode_drops[static_cast<int>(e)];
     return;
   }
+  if (frame_tap_) frame_tap_(f);
   if (f.dst.ip != local_.ip || f.dst.port != local_.port ||
       (f.dst.mac != local_.mac && f.dst.mac != MacAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})) {
     ++stats_.not_for_us;

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,11 @@ struct EngineConfig {
   int burst = 32;                      // RX/TX burst size
   bool eager = true;                   // one-frame messages go before their CTS
   int64_t progress_interval_us = 500;  // background progress period; 0 = no thread
+  // Zero-copy TX (where the port allows it, FramePort::zero_copy): a fragment of a send from
+  // registered memory with at least this many payload bytes goes as an external segment
+  // instead of being copied into an mbuf. Below it the copy is cheaper than the extra mbuf and
+  // the release bookkeeping (docs/dpdk.md has the measurement).
+  size_t zero_copy_min = 1024;
   FaultConfig faults;
 };
 
@@ -71,6 +77,10 @@ struct EngineStats {
   double tolerance_us = 0;
   // The latest RTT estimate of any connection (us), and its retransmission timeout.
   double srtt_us = 0, rttvar_us = 0, rto_us = 0;
+  // Zero-copy TX: data frames sent with the payload as an external segment (and their payload
+  // bytes), fragments that fell back to a copy (no mbuf for the segment), and frames received
+  // as headers + payload segments (the payload read in place, not linearised).
+  uint64_t zc_frames_tx = 0, zc_bytes_tx = 0, zc_fallbacks = 0, rx_split_frames = 0;
   FramePort::Drops port;  // the port's own losses (rte_eth_stats)
   uint64_t decode_drops_total() const {
     uint64_t s = 0;
@@ -111,7 +121,11 @@ class Engine {
   Result<bool> connect_poll(uint32_t conn);
 
   // Data. Request handles are opaque; nullptr means "no free slot now".
-  Result<void*> isend(uint32_t conn, const void* data, size_t size, int tag);
+  // `region` (may be null): the counter of the registered region that holds `data`. Only such a
+  // send may go zero copy; its frames are then counted on `region` too (dereg waits for them),
+  // and the send completes only once the port has released every frame of it.
+  Result<void*> isend(uint32_t conn, const void* data, size_t size, int tag,
+                      TxRef* region = nullptr);
   Result<void*> irecv(uint32_t conn, void* data, size_t size, int tag);
   Status test(uint32_t conn, void* request, bool* done, size_t* size);
   // Tells the peer and forgets the connection (requests in flight are abandoned).
@@ -122,6 +136,12 @@ class Engine {
 
   // One pass of the RX/TX loop (tests call it to step the protocol).
   void progress();
+  // Drives progress until no frame counted on `ref` is held by the port any more, or until
+  // `timeout_ms` passes (kTimeout naming `what` and the frames still held).
+  Status wait_released(TxRef* ref, int64_t timeout_ms, const std::string& what);
+  bool zero_copy() const { return port_->zero_copy(); }
+  // Tests: sees every frame that decoded (under the engine's lock; payload in place).
+  void set_frame_tap(std::function<void(const Frame&)> tap);
   // Processes one received frame as if the port had delivered it (the fuzz driver uses it).
   void inject_rx(const uint8_t* data, size_t len);
 
@@ -135,7 +155,8 @@ class Engine {
   Engine(std::unique_ptr<FramePort> port, const EngineConfig& config);
   size_t progress_locked();  // returns the frames received
   Status test_locked(uint32_t conn, void* request, bool* done, size_t* size, bool* idle);
-  void handle_frame(const uint8_t* data, size_t len, bool l4_ok);
+  void handle_frame(const FrameBuf& b);
+  Status wait_released_locked(TxRef* ref, int64_t timeout_ms, const std::string& what);
   void handle_hello(const Frame& f);
   void handle_conn_frame(Conn& c, const Frame& f);
   void on_ack(Conn& c, const Frame& f);
@@ -184,6 +205,7 @@ class Engine {
   int64_t last_rst_ns_ = 0;
   EngineStats stats_;
   int idle_tests_ = 0;
+  std::function<void(const Frame&)> frame_tap_;
   std::atomic<uint64_t> yields_{0};
   std::atomic<int64_t> last_progress_ns_{0};
 

@@ -8,6 +8,7 @@
 // may be used by several ports' engines at once.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -26,8 +27,79 @@ struct FrameBuf {
   uint8_t* data = nullptr;
   size_t len = 0;
   size_t cap = 0;
+  // A second segment: on TX the user's payload attached by attach_external (not copied); on RX
+  // the payload when the port delivered the frame as headers + payload segments (data/len then
+  // hold exactly the kHeadersLen bytes of headers). Null/0 for one-segment frames.
+  const uint8_t* data2 = nullptr;
+  size_t len2 = 0;
   void* opaque = nullptr;       // the port's handle (an rte_mbuf*)
   bool l4_checksum_ok = false;  // RX: the port verified the UDP checksum
+};
+
+// Counts the frames that still reference some user memory (zero-copy TX) for one owner: a send
+// request, a registered region, a connection. Intrusive and shared: the owner holds one
+// reference (TxRefHandle), every frame one more, so whichever lets go last frees it; a port may
+// release a frame from any thread.
+class TxRef {
+ public:
+  static TxRef* make() { return new TxRef(); }
+  void hold() { holders_.fetch_add(1, std::memory_order_relaxed); }
+  void unhold() {
+    if (holders_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  void frame_attached() {
+    hold();
+    frames_.fetch_add(1, std::memory_order_relaxed);
+    attached_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void frame_released() {
+    frames_.fetch_sub(1, std::memory_order_release);
+    unhold();
+  }
+  // Frames attached and not yet released by the port.
+  int64_t frames() const { return frames_.load(std::memory_order_acquire); }
+  // Frames ever attached (zero-copy frames sent for this owner).
+  uint64_t attached() const { return attached_.load(std::memory_order_relaxed); }
+
+ private:
+  TxRef() = default;
+  std::atomic<int64_t> holders_{1};
+  std::atomic<int64_t> frames_{0};
+  std::atomic<uint64_t> attached_{0};
+};
+
+// The owner's reference to a TxRef (move-only).
+class TxRefHandle {
+ public:
+  TxRefHandle() = default;
+  explicit TxRefHandle(TxRef* r) : r_(r) {}
+  static TxRefHandle make() { return TxRefHandle(TxRef::make()); }
+  TxRefHandle(TxRefHandle&& o) noexcept : r_(o.r_) { o.r_ = nullptr; }
+  TxRefHandle& operator=(TxRefHandle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      r_ = o.r_;
+      o.r_ = nullptr;
+    }
+    return *this;
+  }
+  TxRefHandle(const TxRefHandle&) = delete;
+  TxRefHandle& operator=(const TxRefHandle&) = delete;
+  ~TxRefHandle() { reset(); }
+  // Another owner's reference to the same counter.
+  TxRefHandle share() const {
+    if (r_ != nullptr) r_->hold();
+    return TxRefHandle(r_);
+  }
+  void reset() {
+    if (r_ != nullptr) r_->unhold();
+    r_ = nullptr;
+  }
+  TxRef* get() const { return r_; }
+  explicit operator bool() const { return r_ != nullptr; }
+
+ private:
+  TxRef* r_ = nullptr;
 };
 
 class FramePort {
@@ -55,6 +127,22 @@ class FramePort {
   virtual Drops drops() const { return {}; }
   // RX descriptors of the port: the most frames a peer should have in flight to us at once.
   virtual size_t rx_ring_size() const { return 4096; }
+
+  // Zero-copy transmit: whether attach_external may be used (decided when the port opened, from
+  // the PMD and GW_DPDK_ZERO_COPY; see docs/dpdk.md).
+  virtual bool zero_copy() const { return false; }
+  // Makes `len` bytes at `data` (user memory, not copied) the frame's second segment, after the
+  // headers already in buf->data. Every counter in refs[0..n) is told frame_attached now and
+  // frame_released when the port lets go of the segment (after tx_burst, possibly on another
+  // thread, or in free()). The memory must stay valid and unchanged until then. False (nothing
+  // attached) when the port cannot: the caller copies instead.
+  virtual bool attach_external(FrameBuf* /*buf*/, const uint8_t* /*data*/, size_t /*len*/,
+                               TxRef* const* /*refs*/, int /*n*/) {
+    return false;
+  }
+  // Asks the PMD to free the mbufs of frames it has finished sending (so zero-copy segments are
+  // released without waiting for more traffic). Best effort.
+  virtual void tx_cleanup() {}
 };
 
 // An in-memory Ethernet switch: ports attached to it deliver frames by destination MAC

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace gw::dpdk {
@@ -120,10 +121,17 @@ const char* decode_error_name(DecodeError e) {
   return "?";
 }
 
-size_t encode_frame(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst,
-                    GwHeader hdr, const void* payload, size_t len, uint16_t ip_id,
-                    bool offload_l4) {
-  if (len > 0xffff || kHeadersLen + len > cap || kIpLen + kUdpLen + kGwLen + len > 0xffff) {
+namespace {
+
+// Writes the headers of a frame whose payload (`len` bytes at `payload`) either follows them in
+// `buf` (inline: copied here) or travels as a separate segment (not copied). The UDP checksum
+// covers the payload either way: the 80 bytes of UDP + gradwire header are an even count, so the
+// payload's partial sum continues theirs across the segment boundary.
+size_t encode(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst, GwHeader hdr,
+              const void* payload, size_t len, uint16_t ip_id, bool offload_l4,
+              bool inline_payload) {
+  if (len > 0xffff || kHeadersLen + (inline_payload ? len : 0) > cap ||
+      kIpLen + kUdpLen + kGwLen + len > 0xffff) {
     return 0;
   }
   hdr.payload_len = static_cast<uint16_t>(len);
@@ -172,23 +180,47 @@ size_t encode_frame(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoin
   put32(g + 60, hdr.window);
   put32(g + 64, hdr.token_tag);
   put32(g + 68, hdr.ts);
-  if (len > 0) std::memcpy(g + kGwLen, payload, len);
+  if (len > 0 && inline_payload) std::memcpy(g + kGwLen, payload, len);
 
   uint32_t sum = pseudo_sum(src.ip, dst.ip, udp_len);
   if (offload_l4) {
     const uint16_t ph = cksum_fold(sum);  // the port adds the rest and complements
     std::memcpy(udp + 6, &ph, 2);
   } else {
-    sum = cksum_partial(udp, udp_len, sum);
+    sum = cksum_partial(udp, kUdpLen + kGwLen, sum);
+    if (len > 0) sum = cksum_partial(inline_payload ? g + kGwLen : payload, len, sum);
     uint16_t c = static_cast<uint16_t>(~cksum_fold(sum));
     if (c == 0) c = 0xffff;  // 0 means "no checksum" in UDP/IPv4
     std::memcpy(udp + 6, &c, 2);
   }
-  return kEthLen + kIpLen + udp_len;
+  return inline_payload ? kEthLen + kIpLen + udp_len : kHeadersLen;
+}
+
+}  // namespace
+
+size_t encode_frame(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst,
+                    GwHeader hdr, const void* payload, size_t len, uint16_t ip_id,
+                    bool offload_l4) {
+  return encode(buf, cap, src, dst, hdr, payload, len, ip_id, offload_l4, true);
+}
+
+size_t encode_headers(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst,
+                      GwHeader hdr, const void* payload, size_t len, uint16_t ip_id,
+                      bool offload_l4) {
+  return encode(buf, cap, src, dst, hdr, payload, len, ip_id, offload_l4, false);
 }
 
 DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verified, Frame* out) {
-  if (data == nullptr || len < kHeadersLen) return DecodeError::kTruncated;
+  return decode_frame_split(data, len, nullptr, 0, l4_checksum_verified, out);
+}
+
+DecodeError decode_frame_split(const uint8_t* data, size_t head_len, const uint8_t* tail,
+                               size_t tail_len, bool l4_checksum_verified, Frame* out) {
+  if (data == nullptr || head_len < kHeadersLen) return DecodeError::kTruncated;
+  // A split frame has exactly the headers in its first segment (the checksum continues across
+  // the boundary only at an even UDP offset, and the payload must be one piece).
+  if (tail_len > 0 && (tail == nullptr || head_len != kHeadersLen)) return DecodeError::kTruncated;
+  const size_t len = head_len + tail_len;
   if (get16(data + 12) != kEtherIpv4) return DecodeError::kNotIpv4;
   const uint8_t* ip = data + kEthLen;
   if ((ip[0] >> 4) != 4) return DecodeError::kNotIpv4;
@@ -211,7 +243,9 @@ DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verif
   if (wire_sum == 0) return DecodeError::kUdpChecksum;
   if (!l4_checksum_verified) {
     uint32_t sum = pseudo_sum(src_ip, dst_ip, static_cast<uint16_t>(udp_len));
-    sum = cksum_partial(udp, udp_len, sum);
+    const size_t in_head = std::min(udp_len, head_len - kEthLen - kIpLen);
+    sum = cksum_partial(udp, in_head, sum);
+    if (udp_len > in_head) sum = cksum_partial(tail, udp_len - in_head, sum);
     if (cksum_fold(sum) != 0xffff) return DecodeError::kUdpChecksum;
   }
   const uint8_t* g = udp + kUdpLen;
@@ -254,7 +288,7 @@ DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verif
   f.src.port = get16(udp);
   f.dst.port = get16(udp + 2);
   f.hdr = h;
-  f.payload = g + kGwLen;
+  f.payload = tail_len > 0 ? tail : g + kGwLen;
   f.payload_len = plen;
   *out = f;
   return DecodeError::kOk;

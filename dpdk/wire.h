@@ -108,6 +108,17 @@ const char* decode_error_name(DecodeError e);
 // (unless `l4_checksum_verified`, set when the port validated it in hardware), magic, version,
 // type and payload length. On kOk, `out` points into `data`.
 DecodeError decode_frame(const uint8_t* data, size_t len, bool l4_checksum_verified, Frame* out);
+// A frame in two segments: `data` holds exactly the kHeadersLen bytes of headers, `tail` the
+// rest (the payload); the same checks, the checksum across both. tail_len 0 = decode_frame.
+DecodeError decode_frame_split(const uint8_t* data, size_t head_len, const uint8_t* tail,
+                               size_t tail_len, bool l4_checksum_verified, Frame* out);
+
+// The same frame for a frame whose payload, a separate segment, is not copied: only the
+// kHeadersLen bytes of headers go into `buf` (the checksum still covers `payload`). Returns
+// kHeadersLen, or 0 when it does not fit.
+size_t encode_headers(uint8_t* buf, size_t cap, const Endpoint& src, const Endpoint& dst,
+                      GwHeader hdr, const void* payload, size_t len, uint16_t ip_id,
+                      bool offload_l4 = false);
 
 // Writes headers + payload into `buf` (capacity `cap`) and fills both checksums in software
 // (unless `offload_l4`: then the UDP checksum holds the pseudo-header sum for the port to finish).
