@@ -3,14 +3,21 @@
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "core/config.h"
@@ -83,6 +90,7 @@ struct TcpConfig {
   int nsocks = 4;
   int64_t bufsize = 0;
   size_t chunk = 0;
+  int threads = 0;  // I/O worker threads per comm; 0 = the caller's thread
 };
 
 bool is_peer_errno(int err) {
@@ -139,11 +147,53 @@ struct TcpRequest : Request {
   size_t msg_size = 0;  // bytes of the message (known to the receiver once its header arrived)
 };
 
-// What both comm directions share: sockets, request table, sticky error, registrations.
+// Worker threads wait in poll() at most this long, so a stop or failure they were not woken for
+// is still seen promptly.
+constexpr int kWorkerPollMs = 50;
+// test() on a failed comm waits at most this long for workers to leave the user's buffers.
+constexpr int64_t kQuiesceMs = 2000;
+
+void signal_fd(int fd) {
+  uint64_t one = 1;
+  (void)!write(fd, &one, sizeof(one));  // EAGAIN only when the counter is saturated: still ready
+}
+
+void drain_fd(int fd) {
+  uint64_t count = 0;
+  (void)!read(fd, &count, sizeof(count));
+}
+
+// What both comm directions share: sockets, request table, sticky error, registrations, and the
+// optional worker threads.
+//
+// Unthreaded (nthreads_ == 0): the caller's isend/irecv/test move bytes; no locks.
+// Threaded: worker t owns sockets s with s % nthreads_ == t and is the only thread touching
+// them and pos_[s] outside mu_. mu_ guards reqs_, error_, every pos_[s].seq and the wake-up
+// state. A worker copies a request under mu_, moves bytes without it (busy_ counts those moves),
+// and publishes its progress under mu_ again. The caller only posts and checks completion.
 class TcpCommCore {
  protected:
+  struct SockPos {
+    uint64_t seq = 0;    // message this socket works on
+    size_t off = 0;      // bytes of its part done
+    size_t hdr_off = 0;  // socket 0: header bytes done
+  };
+
   TcpCommCore(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
       : socks_(std::move(socks)), chunk_(chunk), peer_(std::move(peer)), pos_(socks_.size()) {}
+  virtual ~TcpCommCore() = default;
+
+  // Moves bytes of request r on socket s from p onwards without blocking: true when the socket
+  // has finished its part of r, false when the kernel has no room/data now. Errors are returned,
+  // not recorded. In threaded mode r is the worker's copy of the request.
+  virtual Result<bool> part_io(int s, TcpRequest& r, SockPos& p) = 0;
+  // Threaded mode, mu_ held: poll() events worth waiting for on socket s (0 = none).
+  virtual short events_locked(int s) const = 0;
+  // Threaded mode, mu_ held, after part_io on a copy: folds what the copy learned into the real
+  // request; true when other workers may now have work (the receiver learned a header).
+  virtual bool publish_locked(int s, const TcpRequest& copy, TcpRequest& real) { return false; }
+  // Threaded mode, socket 0's worker, once per round: reads what the peer sends back.
+  virtual Status socket0_extra() { return ok_status(); }
 
   Status fail(Status status) {
     if (error_.ok()) error_ = std::move(status);
@@ -157,17 +207,91 @@ class TcpCommCore {
     reqs_.complete_through(done);
   }
 
-  template <typename Progress>
-  Status test_impl(Request* request, bool* done, size_t* size, Progress&& progress) {
-    return test_request(reqs_, error_, peer_, request, done, size,
-                        std::forward<Progress>(progress));
+  bool threaded() const { return nthreads_ > 0; }
+
+  // Starts min(threads, nsocks) workers; 0 keeps all I/O on the caller's thread.
+  Status start_workers(int threads) {
+    const int n = std::min<int>(threads, static_cast<int>(socks_.size()));
+    if (n <= 0) return ok_status();
+    int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) return system_error("tcp: eventfd", errno);
+    done_fd_.reset(fd);
+    for (int t = 0; t < n; ++t) {
+      fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (fd < 0) return system_error("tcp: eventfd", errno);
+      wake_.emplace_back(fd);
+    }
+    sleeping_.assign(static_cast<size_t>(n), 0);
+    nthreads_ = n;
+    try {
+      for (int t = 0; t < n; ++t) workers_.emplace_back([this, t] { worker_main(t); });
+    } catch (const std::system_error& e) {
+      stop_workers();
+      return system_error(fmt::format("tcp: starting I/O thread for {}", peer_), e.code().value());
+    }
+    return ok_status();
   }
 
-  struct SockPos {
-    uint64_t seq = 0;    // message this socket works on
-    size_t off = 0;      // bytes of its part done
-    size_t hdr_off = 0;  // socket 0: header bytes done
-  };
+  // Derived destructors call this first: afterwards no thread touches the comm or user buffers.
+  // Bounded: workers are woken and never block for longer than one non-blocking syscall.
+  void stop_workers() {
+    if (workers_.empty()) return;
+    halt_.store(true);
+    for (const UniqueFd& w : wake_) signal_fd(w.get());
+    for (std::thread& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  // Threaded-mode post: under mu_, a slot filled by `fill`, then the sleeping workers woken.
+  template <typename Fill>
+  Result<Request*> post_threaded(Fill&& fill) {
+    uint32_t wake = 0;
+    TcpRequest* r = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) return error_;
+      r = reqs_.post();
+      if (r == nullptr) return static_cast<Request*>(nullptr);
+      fill(r);
+      wake = sleepers_locked(-1);
+    }
+    wake_workers(wake);
+    return static_cast<Request*>(r);
+  }
+
+  template <typename Progress>
+  Status test_impl(Request* request, bool* done, size_t* size, Progress&& progress) {
+    if (!threaded()) {
+      return test_request(reqs_, error_, peer_, request, done, size,
+                          std::forward<Progress>(progress));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    // A failed request is handed back to the caller, who may free its buffer: first wait until
+    // no worker is still inside a send/recv on some buffer (they stop at once after a failure).
+    if (!error_.ok()) {
+      quiesce_cv_.wait_for(lock, std::chrono::milliseconds(kQuiesceMs),
+                           [this] { return busy_ == 0; });
+    }
+    Status s = test_request(reqs_, error_, peer_, request, done, size, [] { return ok_status(); });
+    if (s.ok() && done != nullptr && *done) --unreported_;
+    return s;
+  }
+
+  // Threaded mode: one eventfd the workers signal when a request completes or the comm fails.
+  // It is ready at once when a completion has not been collected by test() yet.
+  bool wait_fds_threaded(std::vector<pollfd>* fds) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain_fd(done_fd_.get());
+    if (!error_.ok() || unreported_ > 0) {
+      signal_fd(done_fd_.get());
+    } else if (reqs_.idle()) {
+      return true;  // nothing outstanding: nothing to wait for
+    } else {
+      done_armed_ = true;
+    }
+    fds->push_back(pollfd{done_fd_.get(), POLLIN, 0});
+    return true;
+  }
 
   std::vector<UniqueFd> socks_;
   size_t chunk_;
@@ -176,12 +300,154 @@ class TcpCommCore {
   RequestTable<TcpRequest> reqs_;
   Status error_;
   HostMrRegistry mrs_;
+  // Set when workers must stop moving bytes (failure or close); checked between syscalls.
+  std::atomic<bool> halt_{false};
+
+ private:
+  // mu_ held: marks the comm failed (first error wins) and tells everyone.
+  void fail_locked(Status status) {
+    (void)fail(std::move(status));
+    halt_.store(true);
+    if (done_armed_) {
+      done_armed_ = false;
+      signal_fd(done_fd_.get());
+    }
+  }
+
+  // mu_ held: the workers (except `self`) asleep in poll(), as a bit mask; they count as awake
+  // from now on.
+  uint32_t sleepers_locked(int self) {
+    uint32_t mask = 0;
+    for (int t = 0; t < nthreads_; ++t) {
+      if (t != self && sleeping_[t] != 0) {
+        sleeping_[t] = 0;
+        mask |= 1u << t;
+      }
+    }
+    return mask;
+  }
+
+  void wake_workers(uint32_t mask) {
+    for (int t = 0; mask != 0; ++t, mask >>= 1) {
+      if ((mask & 1u) != 0) signal_fd(wake_[t].get());
+    }
+  }
+
+  // mu_ held: request completion from the sockets' positions; wakes a waiter in wait_fds.
+  void complete_locked() {
+    const uint64_t before = reqs_.done_seq();
+    complete();
+    if (reqs_.done_seq() != before) {
+      unreported_ += reqs_.done_seq() - before;
+      if (done_armed_) {
+        done_armed_ = false;
+        signal_fd(done_fd_.get());
+      }
+    }
+  }
+
+  // Socket s's share of one round: every message it can finish or advance without blocking.
+  Status run_socket(int t, int s) {
+    SockPos& p = pos_[s];
+    while (true) {
+      TcpRequest copy;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (halt_.load()) return ok_status();
+        TcpRequest* r = reqs_.active(p.seq);
+        if (r == nullptr) return ok_status();
+        copy = *r;
+        ++busy_;
+      }
+      Result<bool> finished = part_io(s, copy, p);
+      uint32_t wake = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --busy_;
+        if (!finished.ok()) {
+          fail_locked(finished.status());
+        } else {
+          TcpRequest* r = reqs_.active(p.seq);
+          if (r != nullptr && !halt_.load() && publish_locked(s, copy, *r)) {
+            wake = sleepers_locked(t);
+          }
+          if (*finished) {
+            p = SockPos{p.seq + 1};
+            complete_locked();
+          }
+        }
+        if (halt_.load()) {
+          wake = sleepers_locked(t);
+          if (busy_ == 0) quiesce_cv_.notify_all();
+        }
+      }
+      wake_workers(wake);
+      if (!finished.ok()) return finished.status();
+      if (!*finished) return ok_status();
+    }
+  }
+
+  void worker_main(int t) {
+    std::vector<pollfd> fds;
+    const int n = static_cast<int>(socks_.size());
+    while (!halt_.load()) {
+      for (int s = t; s < n && !halt_.load(); s += nthreads_) {
+        if (!run_socket(t, s).ok()) return;
+        if (s != 0) continue;
+        Status extra = socket0_extra();
+        if (!extra.ok()) {
+          uint32_t wake = 0;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            fail_locked(std::move(extra));
+            wake = sleepers_locked(t);
+            if (busy_ == 0) quiesce_cv_.notify_all();
+          }
+          wake_workers(wake);
+          return;
+        }
+      }
+      // Sleep until a socket is ready, a post or another worker wakes us, or the timeout.
+      fds.clear();
+      fds.push_back(pollfd{wake_[t].get(), POLLIN, 0});
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (halt_.load()) return;
+        for (int s = t; s < n; s += nthreads_) {
+          short events = events_locked(s);
+          if (events != 0) fds.push_back(pollfd{socks_[s].get(), events, 0});
+        }
+        sleeping_[t] = 1;
+      }
+      if (::poll(fds.data(), fds.size(), kWorkerPollMs) > 0 && (fds[0].revents & POLLIN) != 0) {
+        drain_fd(wake_[t].get());
+      }
+    }
+  }
+
+  int nthreads_ = 0;  // 0: caller's thread
+  std::vector<std::thread> workers_;
+  std::vector<UniqueFd> wake_;  // one eventfd per worker
+  UniqueFd done_fd_;            // see wait_fds_threaded
+
+ protected:
+  mutable std::mutex mu_;
+
+ private:
+  std::condition_variable quiesce_cv_;  // busy_ dropped to 0 after a failure
+  int busy_ = 0;                        // workers inside part_io
+  std::vector<char> sleeping_;          // per worker: asleep in poll() (mu_)
+  mutable bool done_armed_ = false;     // a caller waits on done_fd_ (mu_)
+  uint64_t unreported_ = 0;             // completed requests test() has not returned yet (mu_)
 };
 
 class TcpSendComm final : public SendComm, private TcpCommCore {
  public:
   TcpSendComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
       : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
+  ~TcpSendComm() override { stop_workers(); }
+
+  Status start(int threads) { return start_workers(threads); }
 
   Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
     return mrs_.reg(data, size, type, "tcp");
@@ -190,6 +456,7 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
   std::string peer_name() const override { return peer_; }
 
   bool wait_fds(std::vector<pollfd>* fds) const override {
+    if (threaded()) return wait_fds_threaded(fds);
     // Sockets with bytes left to write wait for room; socket 0 also reports notices and close.
     for (size_t i = 0; i < socks_.size(); ++i) {
       short events = i == 0 ? POLLIN : 0;
@@ -201,13 +468,17 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
 
   Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
     GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
+    auto fill = [&](TcpRequest* r) {
+      r->data = static_cast<char*>(const_cast<void*>(data));
+      r->size = size;
+      r->msg_size = size;
+      r->tag = tag;
+    };
+    if (threaded()) return post_threaded(fill);
     if (!error_.ok()) return error_;
     TcpRequest* r = reqs_.post();
     if (r == nullptr) return static_cast<Request*>(nullptr);
-    r->data = static_cast<char*>(const_cast<void*>(data));
-    r->size = size;
-    r->msg_size = size;
-    r->tag = tag;
+    fill(r);
     (void)progress();  // start moving bytes now; errors surface in test()
     return static_cast<Request*>(r);
   }
@@ -217,82 +488,103 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
   }
 
  private:
+  Result<bool> part_io(int i, TcpRequest& r, SockPos& p) override {
+    const int n = static_cast<int>(socks_.size());
+    StripeRange range = tcp_stripe(r.size, n, chunk_, i);
+    size_t part = range.end - range.begin;
+    MsgHeader hdr{kHeaderMagic, r.tag, r.size};
+    while (!halt_.load(std::memory_order_relaxed)) {
+      iovec iov[2];
+      int count = 0;
+      bool need_header = i == 0 && p.hdr_off < sizeof(hdr);
+      if (need_header) {
+        iov[count++] = {reinterpret_cast<char*>(&hdr) + p.hdr_off, sizeof(hdr) - p.hdr_off};
+      }
+      if (p.off < part) iov[count++] = {r.data + range.begin + p.off, part - p.off};
+      if (count == 0) return true;
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      ssize_t sent = sendmsg(socks_[i].get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        return socket_error("send to", peer_, errno);
+      }
+      size_t left = static_cast<size_t>(sent);
+      if (need_header) {
+        size_t h = std::min(left, sizeof(hdr) - p.hdr_off);
+        p.hdr_off += h;
+        left -= h;
+      }
+      p.off += left;
+      if ((i != 0 || p.hdr_off == sizeof(hdr)) && p.off == part) return true;
+      return false;  // the socket buffer is full
+    }
+    return false;
+  }
+
+  short events_locked(int s) const override {
+    // Room to write while this socket has a part to send; socket 0 also hears notices and close
+    // while any request is outstanding (an idle comm learns of them on its next request).
+    short events = reqs_.active(pos_[s].seq) != nullptr ? POLLOUT : 0;
+    if (s == 0 && !reqs_.idle()) events |= POLLIN;
+    return events;
+  }
+
+  Status socket0_extra() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reqs_.idle()) return ok_status();
+    }
+    return read_notice();
+  }
+
   Status progress() {
     if (!error_.ok()) return error_;
     const int n = static_cast<int>(socks_.size());
     for (int i = 0; i < n; ++i) {
       SockPos& p = pos_[i];
-      while (true) {
-        TcpRequest* r = reqs_.active(p.seq);
-        if (r == nullptr) break;
-        StripeRange range = tcp_stripe(r->size, n, chunk_, i);
-        size_t part = range.end - range.begin;
-        MsgHeader hdr{kHeaderMagic, r->tag, r->size};
-        iovec iov[2];
-        int count = 0;
-        bool need_header = i == 0 && p.hdr_off < sizeof(hdr);
-        if (need_header) {
-          iov[count++] = {reinterpret_cast<char*>(&hdr) + p.hdr_off, sizeof(hdr) - p.hdr_off};
-        }
-        if (p.off < part) iov[count++] = {r->data + range.begin + p.off, part - p.off};
-        if (count == 0) {
-          p = SockPos{p.seq + 1};
-          continue;
-        }
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = count;
-        ssize_t sent = sendmsg(socks_[i].get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (sent < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-          return fail(socket_error("send to", peer_, errno));
-        }
-        size_t left = static_cast<size_t>(sent);
-        if (need_header) {
-          size_t h = std::min(left, sizeof(hdr) - p.hdr_off);
-          p.hdr_off += h;
-          left -= h;
-        }
-        p.off += left;
-        if ((i != 0 || p.hdr_off == sizeof(hdr)) && p.off == part) {
-          p = SockPos{p.seq + 1};
-          continue;
-        }
-        break;  // the socket buffer is full
+      while (TcpRequest* r = reqs_.active(p.seq)) {
+        Result<bool> finished = part_io(i, *r, p);
+        if (!finished.ok()) return fail(finished.status());
+        if (!*finished) break;
+        p = SockPos{p.seq + 1};
       }
     }
     complete();
-    return read_notice();
+    Status notice = read_notice();
+    return notice.ok() ? notice : fail(std::move(notice));
   }
 
-  // The receiver reports a truncated or mismatched message, or closes, on socket 0.
+  // The receiver reports a truncated or mismatched message, or closes, on socket 0. Returns the
+  // comm's error, if any, without recording it.
   Status read_notice() {
     while (notice_got_ < sizeof(notice_)) {
       ssize_t got = recv(socks_[0].get(), reinterpret_cast<char*>(&notice_) + notice_got_,
                          sizeof(notice_) - notice_got_, MSG_DONTWAIT);
-      if (got == 0) return fail(peer_error("send to {}: connection closed by peer", peer_));
+      if (got == 0) return peer_error("send to {}: connection closed by peer", peer_);
       if (got < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
-        return fail(socket_error("send to", peer_, errno));
+        return socket_error("send to", peer_, errno);
       }
       notice_got_ += static_cast<size_t>(got);
     }
     if (notice_.magic != kNoticeMagic) {
-      return fail(internal_error("send to {}: corrupt notice from the receiver", peer_));
+      return internal_error("send to {}: corrupt notice from the receiver", peer_);
     }
     if (notice_.code == static_cast<uint32_t>(Code::kInvalidArg)) {
-      return fail(invalid_arg(
+      return invalid_arg(
           "send to {}: message truncated: message #{} is larger than the receive posted for it",
-          peer_, notice_.seq));
+          peer_, notice_.seq);
     }
     if (notice_.code == static_cast<uint32_t>(Code::kInternal)) {
-      return fail(internal_error("send to {}: tag mismatch: the receiver rejected message #{}",
-                                 peer_, notice_.seq));
+      return internal_error("send to {}: tag mismatch: the receiver rejected message #{}", peer_,
+                            notice_.seq);
     }
-    return fail(internal_error("send to {}: unknown notice code {} from the receiver", peer_,
-                               notice_.code));
+    return internal_error("send to {}: unknown notice code {} from the receiver", peer_,
+                          notice_.code);
   }
 
   Notice notice_{};
@@ -303,6 +595,9 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
  public:
   TcpRecvComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
       : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
+  ~TcpRecvComm() override { stop_workers(); }
+
+  Status start(int threads) { return start_workers(threads); }
 
   Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
     return mrs_.reg(data, size, type, "tcp");
@@ -311,26 +606,29 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
   std::string peer_name() const override { return peer_; }
 
   bool wait_fds(std::vector<pollfd>* fds) const override {
+    if (threaded()) return wait_fds_threaded(fds);
     // A socket is worth waiting on while a posted receive still expects bytes from it; sockets
     // other than 0 only once socket 0 has delivered the message's header (their part follows
     // from its size).
     for (size_t i = 0; i < socks_.size(); ++i) {
-      const TcpRequest* r = reqs_.active(pos_[i].seq);
-      if (r != nullptr && (i == 0 || r->header_known)) {
-        fds->push_back(pollfd{socks_[i].get(), POLLIN, 0});
-      }
+      short events = events_locked(static_cast<int>(i));
+      if (events != 0) fds->push_back(pollfd{socks_[i].get(), events, 0});
     }
     return true;
   }
 
   Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
     GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
+    auto fill = [&](TcpRequest* r) {
+      r->data = static_cast<char*>(data);
+      r->size = size;
+      r->tag = tag;
+    };
+    if (threaded()) return post_threaded(fill);
     if (!error_.ok()) return error_;
     TcpRequest* r = reqs_.post();
     if (r == nullptr) return static_cast<Request*>(nullptr);
-    r->data = static_cast<char*>(data);
-    r->size = size;
-    r->tag = tag;
+    fill(r);
     (void)progress();
     return static_cast<Request*>(r);
   }
@@ -347,39 +645,71 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
   }
 
   // Reads socket 0's header of request r; false when it is not complete yet.
-  Result<bool> read_header(TcpRequest* r) {
+  Result<bool> read_header(TcpRequest& r) {
     while (hdr_got_ < sizeof(hdr_)) {
       ssize_t got = recv(socks_[0].get(), reinterpret_cast<char*>(&hdr_) + hdr_got_,
                          sizeof(hdr_) - hdr_got_, MSG_DONTWAIT);
-      if (got == 0) return fail(peer_error("recv from {}: connection closed by peer", peer_));
+      if (got == 0) return peer_error("recv from {}: connection closed by peer", peer_);
       if (got < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-        return fail(socket_error("recv from", peer_, errno));
+        return socket_error("recv from", peer_, errno);
       }
       hdr_got_ += static_cast<size_t>(got);
     }
     hdr_got_ = 0;
     if (hdr_.magic != kHeaderMagic) {
-      return fail(
-          internal_error("recv from {}: corrupt message header (magic {:#x})", peer_, hdr_.magic));
+      return internal_error("recv from {}: corrupt message header (magic {:#x})", peer_,
+                            hdr_.magic);
     }
-    if (r->tag != kAnyTag && hdr_.tag != r->tag) {
-      send_notice(Code::kInternal, r->seq);
-      return fail(
-          internal_error("recv from {}: tag mismatch: receive #{} expects tag {}, message "
-                         "has tag {}",
-                         peer_, r->seq, r->tag, hdr_.tag));
+    if (r.tag != kAnyTag && hdr_.tag != r.tag) {
+      send_notice(Code::kInternal, r.seq);
+      return internal_error(
+          "recv from {}: tag mismatch: receive #{} expects tag {}, message has tag {}", peer_,
+          r.seq, r.tag, hdr_.tag);
     }
-    if (hdr_.size > r->size) {
-      send_notice(Code::kInvalidArg, r->seq);
-      return fail(
-          invalid_arg("recv from {}: message truncated: message #{} has {} bytes, the "
-                      "receive only {}",
-                      peer_, r->seq, hdr_.size, r->size));
+    if (hdr_.size > r.size) {
+      send_notice(Code::kInvalidArg, r.seq);
+      return invalid_arg(
+          "recv from {}: message truncated: message #{} has {} bytes, the receive only {}", peer_,
+          r.seq, hdr_.size, r.size);
     }
-    r->msg_size = hdr_.size;
-    r->header_known = true;
+    r.msg_size = hdr_.size;
+    r.header_known = true;
+    return true;
+  }
+
+  Result<bool> part_io(int i, TcpRequest& r, SockPos& p) override {
+    if (i == 0 && !r.header_known) {
+      GW_ASSIGN_OR_RETURN(bool have, read_header(r));
+      if (!have) return false;
+    }
+    if (!r.header_known) return false;  // socket 0 has not delivered this message's header yet
+    StripeRange range = tcp_stripe(r.msg_size, static_cast<int>(socks_.size()), chunk_, i);
+    size_t part = range.end - range.begin;
+    while (p.off < part && !halt_.load(std::memory_order_relaxed)) {
+      ssize_t got = recv(socks_[i].get(), r.data + range.begin + p.off, part - p.off, MSG_DONTWAIT);
+      if (got == 0) return peer_error("recv from {}: connection closed by peer", peer_);
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        return socket_error("recv from", peer_, errno);
+      }
+      p.off += static_cast<size_t>(got);
+      if (p.off < part) return false;  // drained what the kernel had
+    }
+    return p.off == part;
+  }
+
+  short events_locked(int s) const override {
+    const TcpRequest* r = reqs_.active(pos_[s].seq);
+    return r != nullptr && (s == 0 || r->header_known) ? POLLIN : 0;
+  }
+
+  bool publish_locked(int s, const TcpRequest& copy, TcpRequest& real) override {
+    if (s != 0 || !copy.header_known || real.header_known) return false;
+    real.msg_size = copy.msg_size;
+    real.header_known = true;
     return true;
   }
 
@@ -388,30 +718,11 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
     const int n = static_cast<int>(socks_.size());
     for (int i = 0; i < n; ++i) {
       SockPos& p = pos_[i];
-      while (true) {
-        TcpRequest* r = reqs_.active(p.seq);
-        if (r == nullptr) break;
-        if (i == 0 && !r->header_known) {
-          GW_ASSIGN_OR_RETURN(bool have, read_header(r));
-          if (!have) break;
-        }
-        if (!r->header_known) break;  // socket 0 has not delivered this message's header yet
-        StripeRange range = tcp_stripe(r->msg_size, n, chunk_, i);
-        size_t part = range.end - range.begin;
-        if (p.off == part) {
-          p = SockPos{p.seq + 1};
-          continue;
-        }
-        ssize_t got =
-            recv(socks_[i].get(), r->data + range.begin + p.off, part - p.off, MSG_DONTWAIT);
-        if (got == 0) return fail(peer_error("recv from {}: connection closed by peer", peer_));
-        if (got < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-          return fail(socket_error("recv from", peer_, errno));
-        }
-        p.off += static_cast<size_t>(got);
-        if (p.off < part) break;  // drained what the kernel had
+      while (TcpRequest* r = reqs_.active(p.seq)) {
+        Result<bool> finished = part_io(i, *r, p);
+        if (!finished.ok()) return fail(finished.status());
+        if (!*finished) break;
+        p = SockPos{p.seq + 1};
       }
     }
     complete();
@@ -446,6 +757,7 @@ class TcpListener final : public Listener {
             std::make_unique<TcpRecvComm>(std::move(g.socks), config_.chunk,
                                           fmt::format("{} via tcp {}", rank_name(g.rank), g.addr));
         groups_.erase(groups_.begin() + static_cast<ptrdiff_t>(i));
+        GW_RETURN_IF_ERROR(comm->start(config_.threads));
         return std::unique_ptr<RecvComm>(std::move(comm));
       }
     }
@@ -605,8 +917,10 @@ class TcpConnector final : public Connector {
       std::vector<UniqueFd> fds;
       for (Sock& s : socks_) fds.push_back(std::move(s.fd));
       returned_ = true;
-      return std::unique_ptr<SendComm>(
-          std::make_unique<TcpSendComm>(std::move(fds), config_.chunk, peer_));
+      auto comm = std::make_unique<TcpSendComm>(std::move(fds), config_.chunk, peer_);
+      error_ = comm->start(config_.threads);
+      if (!error_.ok()) return error_;
+      return std::unique_ptr<SendComm>(std::move(comm));
     }
     if (deadline_.expired()) {
       error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
@@ -739,6 +1053,7 @@ class TcpTransport final : public Transport {
     ip = ip.substr(0, ip.rfind(':'));  // drop the port
     props_.interfaces = fmt::format("{}:{}", iface_.name, ip);
     props_.sockets_per_conn = config_.nsocks;
+    props_.io_threads = std::min(config_.threads, config_.nsocks);
     props_.speed_mbps = read_link_speed(iface_.name);
     props_.latency_us = 30;
     // Loopback and unknown links: what this path measures on a small box; else ~90% of line rate.
@@ -844,6 +1159,20 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   if (nsocks < 0 || nsocks > 16) {
     return invalid_arg("GW_SOCKET_NSOCKS={} is out of range (0 = auto, 1-16)", nsocks);
   }
+  int64_t threads = config::get_int(Key::kSocketNthreads);
+  if (threads < -1 || threads > 16) {
+    return invalid_arg("GW_SOCKET_NTHREADS={} is out of range (-1 = none, 0 = auto, 1-16)",
+                       threads);
+  }
+  if (options.socket_threads < 0 || options.socket_threads > 16 || options.socket_nsocks < 0 ||
+      options.socket_nsocks > 16) {
+    return invalid_arg("tcp: socket_threads {} / socket_nsocks {} out of range (0-16)",
+                       options.socket_threads, options.socket_nsocks);
+  }
+  // An explicit GW_SOCKET_NTHREADS wins; auto (0) takes the caller's policy (the Communicator
+  // keeps 0, the caller's thread; the NCCL plugin chooses from the host, plugin/net_plugin.cc).
+  cfg.threads =
+      threads > 0 ? static_cast<int>(threads) : (threads == 0 ? options.socket_threads : 0);
   cfg.bufsize = config::get_int(Key::kSocketBufsize);
   if (cfg.bufsize < 0 || cfg.bufsize > (int64_t{1} << 30)) {
     return invalid_arg("GW_SOCKET_BUFSIZE={} is out of range (0-1G)", cfg.bufsize);
@@ -868,7 +1197,9 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   // (2-core build machine, 4 ranks, 64 MiB: 1 socket 1.29 GB/s busbw, 4 sockets 1.13). NCCL's
   // Socket transport also defaults to one socket per connection.
   int link_mbps = iface.loopback ? 0 : read_link_speed(iface.name);
-  cfg.nsocks = nsocks > 0 ? static_cast<int>(nsocks) : (link_mbps >= 25000 ? 4 : 1);
+  cfg.nsocks = nsocks > 0                  ? static_cast<int>(nsocks)
+               : options.socket_nsocks > 0 ? options.socket_nsocks
+                                           : (link_mbps >= 25000 ? 4 : 1);
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options, cfg, iface));
 }
 

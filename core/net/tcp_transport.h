@@ -1,4 +1,5 @@
-// The tcp backend: striped, non-blocking TCP sockets, progressed on the caller's thread.
+// The tcp backend: striped, non-blocking TCP sockets, progressed on the caller's thread, or with
+// GW_SOCKET_NTHREADS = T > 0 by T I/O worker threads per comm (socket s -> thread s % T).
 // Wire format: docs/wire-tcp.md.
 #pragma once
 
@@ -10,7 +11,8 @@
 
 namespace gw::net {
 
-// Reads GW_SOCKET_IFNAME / GW_SOCKET_NSOCKS / GW_SOCKET_BUFSIZE / GW_SOCKET_CHUNK; fails with
+// Reads GW_SOCKET_IFNAME / GW_SOCKET_NSOCKS / GW_SOCKET_NTHREADS / GW_SOCKET_BUFSIZE /
+// GW_SOCKET_CHUNK (and TransportOptions::socket_threads / socket_nsocks for auto); fails with
 // kInvalidArg when one is out of range or no interface matches.
 Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options);
 

@@ -27,6 +27,8 @@
 //   and destruction does not block for longer than a short bounded linger.
 // - Thread-safety: different comms may be used from different threads at once. One comm is used
 //   by one thread at a time, except reg_mr/dereg_mr, which may race with isend/irecv/test.
+//   A backend may move bytes on its own helper threads (tcp with GW_SOCKET_NTHREADS > 0); the
+//   points above hold unchanged, and wait_fds then offers a descriptor those threads signal.
 // - Handshakes carry the job token; a peer presenting a different token is refused (kPeer on the
 //   connector side, the accept side drops it and keeps listening).
 #pragma once
@@ -113,6 +115,7 @@ struct Properties {
   std::string name;           // "tcp", "shm"
   std::string interfaces;     // e.g. "eth0:10.0.0.1" (tcp), "" otherwise
   int sockets_per_conn = 1;   // tcp striping
+  int io_threads = 0;         // tcp: I/O worker threads per comm (0 = the caller's thread)
   int speed_mbps = 0;         // link speed, 0 when unknown
   double latency_us = 0;      // typical small-message one-way latency, for the cost model
   double bandwidth_gbps = 0;  // typical per-connection bandwidth (GB/s), for the cost model
@@ -124,6 +127,11 @@ struct TransportOptions {
   int64_t timeout_ms = 30000;  // connector deadline
   std::string host_id;         // this process's host identity (shm refuses other hosts)
   int rank = -1;               // for names in messages only
+  // tcp only, used when GW_SOCKET_NTHREADS / GW_SOCKET_NSOCKS are 0 (auto): the caller's choice
+  // of I/O worker threads per comm (0 = progress on the caller's thread) and of sockets per
+  // connection (0 = tcp's own rule). The Communicator leaves both 0; the NCCL plugin sets them.
+  int socket_threads = 0;
+  int socket_nsocks = 0;
 };
 
 class Transport {

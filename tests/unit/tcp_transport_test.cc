@@ -10,11 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/net/socket_util.h"
@@ -365,6 +367,238 @@ TEST(TcpTransport, WaitFdsBecomeReadyExactlyWhenThereIsProgressToMake) {
   ASSERT_TRUE(sd && rd);
   EXPECT_EQ(got, size);
   EXPECT_TRUE(src == dst);
+}
+
+// ---- threaded mode (GW_SOCKET_NTHREADS) ------------------------------------------------------
+
+TEST(TcpThreads, KnobRangeAndPolicy) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "4");
+  for (const char* bad : {"-2", "17"}) {
+    ScopedEnv e("GW_SOCKET_NTHREADS", bad);
+    EXPECT_EQ(make_tcp_transport(options()).status().code(), Code::kInvalidArg) << bad;
+  }
+  TransportOptions wants_two = options();
+  wants_two.socket_threads = 2;
+  auto threads_of = [](const TransportOptions& o) {
+    auto t = make_tcp_transport(o);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? (*t)->properties().io_threads : -100;
+  };
+  {
+    ScopedEnv e("GW_SOCKET_NTHREADS", nullptr);
+    EXPECT_EQ(threads_of(options()), 0) << "auto without a caller policy: the caller's thread";
+    EXPECT_EQ(threads_of(wants_two), 2) << "auto takes the caller's policy";
+  }
+  {
+    ScopedEnv e("GW_SOCKET_NTHREADS", "-1");
+    EXPECT_EQ(threads_of(wants_two), 0) << "-1 forces the caller's thread";
+  }
+  {
+    ScopedEnv e("GW_SOCKET_NTHREADS", "3");
+    EXPECT_EQ(threads_of(wants_two), 3) << "an explicit value wins";
+  }
+  {
+    ScopedEnv e("GW_SOCKET_NTHREADS", "16");
+    EXPECT_EQ(threads_of(options()), 4) << "never more threads than sockets";
+  }
+  TransportOptions bad_policy = options();
+  bad_policy.socket_threads = 17;
+  EXPECT_EQ(make_tcp_transport(bad_policy).status().code(), Code::kInvalidArg);
+  {
+    ScopedEnv e("GW_SOCKET_NSOCKS", "0");
+    TransportOptions socks = options();
+    socks.socket_nsocks = 6;
+    auto t = make_tcp_transport(socks);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ((*t)->properties().sockets_per_conn, 6) << "auto nsocks takes the caller's policy";
+  }
+}
+
+// A transport whose comms use `threads` I/O threads (0: the caller's thread) over 4 sockets.
+std::unique_ptr<Transport> tcp_with_threads(const char* threads) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "4");
+  ScopedEnv c("GW_SOCKET_CHUNK", "4K");
+  ScopedEnv e("GW_SOCKET_NTHREADS", threads);
+  auto t = make_tcp_transport(options());
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+// The wire format does not change with threads: a threaded end talks to an unthreaded one in
+// both directions, for every size class, many messages in flight, in order.
+TEST(TcpThreads, ThreadedAndUnthreadedEndsInteroperate) {
+  for (bool threaded_sender : {true, false}) {
+    SCOPED_TRACE(threaded_sender ? "threaded sender, unthreaded receiver"
+                                 : "unthreaded sender, threaded receiver");
+    std::unique_ptr<Transport> rx = tcp_with_threads(threaded_sender ? "-1" : "2");
+    std::unique_ptr<Transport> tx = tcp_with_threads(threaded_sender ? "2" : "-1");
+    ASSERT_TRUE(rx && tx);
+    EXPECT_EQ(rx->properties().io_threads, threaded_sender ? 0 : 2);
+    EXPECT_EQ(tx->properties().io_threads, threaded_sender ? 2 : 0);
+    Handle h;
+    auto l = rx->listen(&h);
+    ASSERT_TRUE(l.ok());
+    Conn conn = connect_both(*tx, **l, h);
+    ASSERT_TRUE(conn.send && conn.recv);
+    for (size_t size : {size_t{0}, size_t{1}, size_t{4097}, (size_t{5} << 20) + 11}) {
+      SCOPED_TRACE(::testing::Message() << "size " << size);
+      roundtrip(conn, size);
+    }
+    // A window of messages in flight at once; each receive is twice as large as its send.
+    constexpr int kCount = 24;
+    std::vector<std::vector<uint8_t>> src(kCount), dst(kCount);
+    std::vector<Request*> sreq(kCount), rreq(kCount);
+    for (int i = 0; i < kCount; ++i) {
+      src[i].assign(static_cast<size_t>(i) * 9001, static_cast<uint8_t>(i + 1));
+      dst[i].assign(src[i].size() * 2 + 1, 0);
+      auto r = conn.recv->irecv(dst[i].data(), dst[i].size(), i, nullptr);
+      auto s = conn.send->isend(src[i].data(), src[i].size(), i, nullptr);
+      ASSERT_TRUE(r.ok() && s.ok() && *r && *s);
+      rreq[i] = *r;
+      sreq[i] = *s;
+    }
+    int64_t deadline = now_ms() + 10000;
+    for (int i = 0; i < kCount; ++i) {
+      bool sd = false, rd = false;
+      size_t ssz = 0, rsz = 0;
+      while ((!sd || !rd) && now_ms() < deadline) {
+        if (!sd) ASSERT_TRUE(conn.send->test(sreq[i], &sd, &ssz).ok());
+        if (!rd) ASSERT_TRUE(conn.recv->test(rreq[i], &rd, &rsz).ok());
+      }
+      ASSERT_TRUE(sd && rd) << "message " << i;
+      EXPECT_EQ(rsz, src[i].size());
+      EXPECT_TRUE(std::equal(src[i].begin(), src[i].end(), dst[i].begin())) << "message " << i;
+    }
+  }
+}
+
+// Closing comms whose workers are mid-transfer with a full request table: bounded, and (under
+// ASan) no worker touches a comm or buffer afterwards.
+TEST(TcpThreads, CloseWithThirtyTwoRequestsInFlight) {
+  std::unique_ptr<Transport> t = tcp_with_threads("2");
+  ASSERT_TRUE(t);
+  for (bool recv_first : {true, false}) {
+    Handle h;
+    auto l = (*t).listen(&h);
+    ASSERT_TRUE(l.ok());
+    Conn conn = connect_both(*t, **l, h);
+    ASSERT_TRUE(conn.send && conn.recv);
+    const size_t size = size_t{1} << 20;
+    auto src = std::make_unique<std::vector<uint8_t>>(size * kMaxRequests, 5);
+    auto dst = std::make_unique<std::vector<uint8_t>>(size * kMaxRequests);
+    for (int i = 0; i < kMaxRequests; ++i) {
+      auto s = conn.send->isend(src->data() + i * size, size, 0, nullptr);
+      auto r = conn.recv->irecv(dst->data() + i * size, size, 0, nullptr);
+      ASSERT_TRUE(s.ok() && r.ok() && *s && *r) << i;
+    }
+    char byte = 0;
+    auto full = conn.send->isend(&byte, 1, 0, nullptr);
+    ASSERT_TRUE(full.ok());
+    EXPECT_EQ(*full, nullptr) << "the 33rd request must find the table full";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the workers get going
+    int64_t t0 = now_ms();
+    if (recv_first) conn.recv.reset();
+    conn.send.reset();
+    conn.recv.reset();
+    EXPECT_LT(now_ms() - t0, 1000) << "closing lingered";
+    src.reset();  // buffers go right after the comms: a late worker write would be a UAF
+    dst.reset();
+  }
+}
+
+// A dead peer ends a threaded transfer with kPeer within the deadline, whether the peer side
+// dies while this side sends or while it receives.
+TEST(TcpThreads, PeerClosedMidTransferFailsWithPeerPromptly) {
+  for (bool kill_receiver : {true, false}) {
+    SCOPED_TRACE(kill_receiver ? "receiver closes" : "sender closes");
+    std::unique_ptr<Transport> t = tcp_with_threads("2");
+    ASSERT_TRUE(t);
+    Handle h;
+    auto l = t->listen(&h);
+    ASSERT_TRUE(l.ok());
+    Conn conn = connect_both(*t, **l, h);
+    ASSERT_TRUE(conn.send && conn.recv);
+    const size_t size = size_t{64} << 20;  // far more than the kernel buffers hold
+    std::vector<uint8_t> src(size, 1), dst(size);
+    auto s = conn.send->isend(src.data(), size, 0, nullptr);
+    auto r = conn.recv->irecv(dst.data(), size, 0, nullptr);
+    ASSERT_TRUE(s.ok() && r.ok() && *s && *r);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    Comm* survivor = kill_receiver ? static_cast<Comm*>(conn.send.get()) : conn.recv.get();
+    Request* req = kill_receiver ? *s : *r;
+    if (kill_receiver) {
+      conn.recv.reset();
+    } else {
+      conn.send.reset();
+    }
+    const int64_t t0 = now_ms();
+    bool done = false;
+    Status st;
+    while (!done && st.ok() && now_ms() - t0 < 5000) {
+      st = survivor->test(req, &done, nullptr);
+      std::vector<pollfd> fds;
+      if (!done && st.ok() && survivor->wait_fds(&fds) && !fds.empty()) {
+        ::poll(fds.data(), fds.size(), 100);  // the workers signal the failure
+      }
+    }
+    EXPECT_FALSE(done) << "a 64 MiB message cannot have been delivered";
+    EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+    EXPECT_LT(now_ms() - t0, 2000);
+    // Sticky: later posts fail the same way.
+    if (kill_receiver) {
+      EXPECT_EQ(conn.send->isend(src.data(), 1, 0, nullptr).status().code(), Code::kPeer);
+    } else {
+      EXPECT_EQ(conn.recv->irecv(dst.data(), 1, 0, nullptr).status().code(), Code::kPeer);
+    }
+  }
+}
+
+// Threaded wait_fds: one eventfd the workers signal on completion. Nothing outstanding -> no
+// descriptor; a pending receive with a silent peer -> not ready; a completion not yet collected
+// by test() -> ready at once.
+TEST(TcpThreads, WaitFdsOfferAnEventfdSignalledOnCompletion) {
+  std::unique_ptr<Transport> t = tcp_with_threads("2");
+  ASSERT_TRUE(t);
+  Handle h;
+  auto l = t->listen(&h);
+  ASSERT_TRUE(l.ok());
+  Conn conn = connect_both(*t, **l, h);
+  ASSERT_TRUE(conn.send && conn.recv);
+  std::vector<pollfd> fds;
+  ASSERT_TRUE(conn.recv->wait_fds(&fds));
+  EXPECT_TRUE(fds.empty()) << "nothing outstanding: nothing to wait for";
+
+  const size_t size = 256 << 10;
+  std::vector<uint8_t> src(size, 3), dst(size, 0);
+  auto r = conn.recv->irecv(dst.data(), size, 9, nullptr);
+  ASSERT_TRUE(r.ok() && *r);
+  ASSERT_TRUE(conn.recv->wait_fds(&fds));
+  ASSERT_EQ(fds.size(), 1u);
+  EXPECT_EQ(::poll(fds.data(), fds.size(), 50), 0) << "silent peer: nothing may be ready";
+
+  auto s = conn.send->isend(src.data(), size, 9, nullptr);
+  ASSERT_TRUE(s.ok() && *s);
+  // No test() calls: the workers alone move the bytes and signal the completion.
+  EXPECT_EQ(::poll(fds.data(), fds.size(), 5000), 1) << "completion was not signalled";
+  fds.clear();
+  ASSERT_TRUE(conn.recv->wait_fds(&fds));
+  ASSERT_EQ(fds.size(), 1u);
+  EXPECT_EQ(::poll(fds.data(), fds.size(), 0), 1) << "uncollected completion: ready at once";
+  bool done = false;
+  size_t got = 0;
+  ASSERT_TRUE(conn.recv->test(*r, &done, &got).ok());
+  EXPECT_TRUE(done);
+  EXPECT_EQ(got, size);
+  EXPECT_TRUE(src == dst);
+  fds.clear();
+  ASSERT_TRUE(conn.recv->wait_fds(&fds));
+  EXPECT_TRUE(fds.empty()) << "everything collected: nothing to wait for";
+  int64_t deadline = now_ms() + 5000;
+  done = false;
+  while (!done && now_ms() < deadline) ASSERT_TRUE(conn.send->test(*s, &done, &got).ok());
+  EXPECT_TRUE(done);
 }
 
 }  // namespace

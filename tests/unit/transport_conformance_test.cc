@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,7 @@ namespace gw::net {
 namespace {
 
 using ::gw::testing::now_ms;
+using ::gw::testing::ScopedEnv;
 
 #ifdef GW_HAVE_DPDK
 // gw_dpdk is a static library and nothing here calls it by name, so make_transport's weak hook
@@ -209,6 +211,9 @@ class Child {
   pid_t pid_ = -1;
 };
 
+// A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
+// worker threads per comm over four sockets (so each thread owns two), set through the
+// environment for the whole test, forked children included.
 class TransportConformance : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
@@ -216,17 +221,31 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     setenv("GW_SOCKET_IFNAME", "lo", 1);
   }
 
+  // The backend's name as make_transport and Properties know it.
+  static std::string backend() {
+    const std::string& p = GetParam();
+    return p.substr(0, p.find('-'));
+  }
+
   void SetUp() override {
-    Result<std::unique_ptr<Transport>> t = make_transport(GetParam(), make_options());
+    if (GetParam() == "tcp-threads") {
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NTHREADS", "2"));
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NSOCKS", "4"));
+    }
+    Result<std::unique_ptr<Transport>> t = make_transport(backend(), make_options());
     if (!t.ok() && t.status().code() == Code::kUnsupported) {
       GTEST_SKIP() << GetParam() << " cannot run here: " << t.status().to_string();
     }
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     transport_ = std::move(*t);
+    if (GetParam() == "tcp-threads") {
+      ASSERT_EQ(transport_->properties().io_threads, 2);
+      ASSERT_EQ(transport_->properties().sockets_per_conn, 4);
+    }
   }
 
   std::unique_ptr<Transport> make(const TransportOptions& o) {
-    Result<std::unique_ptr<Transport>> t = make_transport(GetParam(), o);
+    Result<std::unique_ptr<Transport>> t = make_transport(backend(), o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -253,10 +272,11 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Transport> transport_;
+  std::vector<std::unique_ptr<ScopedEnv>> env_;  // restored after the test's transports are gone
 };
 
 TEST_P(TransportConformance, ConnectAndAcceptPolledAlternatelyFromOneThread) {
-  EXPECT_EQ(transport_->properties().name, GetParam());
+  EXPECT_EQ(transport_->properties().name, backend());
   Handle handle;
   auto listener = transport_->listen(&handle);
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
@@ -279,7 +299,7 @@ TEST_P(TransportConformance, ConnectAndAcceptPolledAlternatelyFromOneThread) {
   }
   ASSERT_NE(send, nullptr);
   ASSERT_NE(recv, nullptr);
-  EXPECT_NE(send->peer_name().find("via " + GetParam()), std::string::npos) << send->peer_name();
+  EXPECT_NE(send->peer_name().find("via " + backend()), std::string::npos) << send->peer_name();
   EXPECT_NE(recv->peer_name().find("rank 0"), std::string::npos) << recv->peer_name();
   // The listener is done with this peer: further accepts find nobody.
   auto again = (*listener)->accept();
@@ -547,7 +567,7 @@ TEST_P(TransportConformance, KilledSenderProcessFailsReceiverWithPeer) {
   Handle handle;
   auto listener = transport_->listen(&handle);
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
-  const std::string backend = GetParam();
+  const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
   Child child([&]() -> int {
     auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
@@ -604,7 +624,7 @@ TEST_P(TransportConformance, KilledReceiverProcessFailsSenderWithPeer) {
   SKIP_IF_ONE_PROCESS_ONLY();
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const std::string backend = GetParam();
+  const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
   Child child([&]() -> int {
     close(fds[0]);
@@ -799,7 +819,7 @@ TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildSends) {
   Handle handle;
   auto listener = transport_->listen(&handle);
   ASSERT_TRUE(listener.ok());
-  const std::string backend = GetParam();
+  const std::string backend = TransportConformance::backend();
   Child child([&]() -> int {
     auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
     if (!t.ok()) return 2;
@@ -832,7 +852,7 @@ TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildReceives) {
   // The child listens and passes its handle through a pipe; this process connects and sends.
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const std::string backend = GetParam();
+  const std::string backend = TransportConformance::backend();
   Child child([&]() -> int {
     close(fds[0]);
     auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
@@ -941,15 +961,18 @@ TEST_P(TransportConformance, DifferentCommsRunOnDifferentThreadsAtOnce) {
 }
 
 TEST_P(TransportConformance, InvalidTimeoutIsRejected) {
-  auto t = make_transport(GetParam(), make_options("x", 0));
+  auto t = make_transport(backend(), make_options("x", 0));
   EXPECT_EQ(t.status().code(), Code::kInvalidArg);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
-                         ::testing::Values(std::string("tcp"), std::string("shm"),
-                                           std::string("dpdk"), std::string("verbs")),
+                         ::testing::Values(std::string("tcp"), std::string("tcp-threads"),
+                                           std::string("shm"), std::string("dpdk"),
+                                           std::string("verbs")),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 TEST(MakeTransport, UnknownNameListsValidNames) {
