@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds gw-gpu-check standalone (cmake -S gpudirect: needs only cmake, ninja, a C++20 compiler
+# and nvcc; fmt headers installed or under $GW_THIRD_PARTY_INCLUDE/fmt) and runs it: every
+# GPU-vs-CPU codec comparison, then the throughput table (GB/s of f32 input, 1 MiB .. 1 GiB,
+# median of 20). Prints PASS or FAIL last; exits with gw-gpu-check's status (0 pass, 1 fail,
+# 3 no GPU). Usage, from the repository root: bash gpudirect/run_gpu_check.sh [gw-gpu-check args]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
+args=(-S "$root/gpudirect" -B "$build" -DCMAKE_BUILD_TYPE=Release)
+if command -v ninja >/dev/null; then args+=(-G Ninja); fi
+if [[ -n "${GW_THIRD_PARTY_INCLUDE:-}" ]]; then
+  args+=("-DGW_THIRD_PARTY_INCLUDE=$GW_THIRD_PARTY_INCLUDE")
+fi
+if [[ -z "${CUDA_HOME:-}" && -x /usr/local/cuda/bin/nvcc ]]; then export CUDA_HOME=/usr/local/cuda; fi
+echo "== configure: cmake ${args[*]}"
+cmake "${args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; echo FAIL; exit 1; }
+echo "== build"
+cmake --build "$build" --target gw-gpu-check -j "$(nproc)" >"$build.build.log" 2>&1 ||
+  { tail -50 "$build.build.log"; echo FAIL; exit 1; }
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
+  --format=csv,noheader || true
+echo "== gw-gpu-check $*"
+set +e
+timeout 280 "$build/gw-gpu-check" "$@"
+rc=$?
+set -e
+if [[ $rc -eq 124 ]]; then echo "gw-gpu-check: timed out after 280 s"; echo FAIL; fi
+exit $rc
