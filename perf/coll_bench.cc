@@ -488,8 +488,18 @@ Status validate(const CollConfig& c) {
   if (c.root < 0 || (c.np > 0 && c.root >= c.np)) {
     return invalid_arg("--root {} is not a rank of a {}-rank job", c.root, c.np);
   }
-  if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm") {
-    return invalid_arg("--transport {}: use auto, tcp or shm", c.transport);
+  if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm" &&
+      c.transport != "dpdk") {
+    return invalid_arg("--transport {}: use auto, tcp, shm or dpdk", c.transport);
+  }
+  if (c.transport == "dpdk" && c.np > 0) {
+    // DPDK owns a port per process (EAL and port are process-wide): forked ranks on one host
+    // would all open the port GW_DPDK_EAL_ARGS names.
+    return invalid_arg(
+        "--transport dpdk with --np: DPDK needs one rank per host, each with its own port; run "
+        "one rank per host under a launcher (GW_RANK, GW_WORLD_SIZE, GW_STORE, or torchrun / "
+        "mpirun / srun) with that host's GW_DPDK_EAL_ARGS and GW_DPDK_IP, or run "
+        "perf/dpdk_vs_tcp.sh, which does so on network-namespace hosts");
   }
   if (!c.algo.empty() && c.algo != "auto" && c.algo != "ring" && c.algo != "rhd") {
     return invalid_arg("--algo {}: use auto, ring or rhd", c.algo);
@@ -517,12 +527,16 @@ int run_collective(const CollConfig& config) {
   // The algorithm override is a GW_* knob read by the library; forked ranks inherit it.
   if (!config.algo.empty()) setenv("GW_ALGO", config.algo.c_str(), 1);
   if (config.np > 0) return run_forked_sweep(config);
-  if (config.transport != "auto") setenv("GW_TRANSPORT", config.transport.c_str(), 1);
+  // Rank, size and store from the launcher (world_size 0); the transport is passed explicitly
+  // because gw_comm_init_from_env does not read GW_TRANSPORT (it would silently run "auto").
+  gw_config_t cfg{};
+  cfg.transport = config.transport.c_str();
+  cfg.timeout_ms = static_cast<int>(config.timeout_ms);
   if (config.timeout_ms > 0) {
     setenv("GW_TIMEOUT_MS", std::to_string(config.timeout_ms).c_str(), 1);
   }
   RankRun run(config, -1);
-  return run.run(nullptr);
+  return run.run(&cfg);
 }
 
 }  // namespace gw::perf

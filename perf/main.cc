@@ -129,9 +129,14 @@ int main(int argc, char** argv) {
   gw::perf::P2pConfig p2p;
   auto* p2p_cmd = app.add_subcommand(
       "p2p",
-      "point-to-point over one transport between 2 forked processes: bandwidth sweep with a "
-      "window of outstanding sends (ib_write_bw columns), then ping-pong latency (ib_send_lat)");
-  p2p_cmd->add_option("--transport", p2p.transport, "tcp or shm")->capture_default_str();
+      "point-to-point over one transport between 2 ranks (forked here, or one per host under a "
+      "launcher): bandwidth sweep with a window of outstanding sends (ib_write_bw columns), then "
+      "ping-pong latency (ib_send_lat)");
+  p2p_cmd
+      ->add_option("--transport", p2p.transport,
+                   "tcp, shm or dpdk (forked: a net_memif pair unless GW_DPDK_EAL_ARGS is set; "
+                   "under a launcher: each host's GW_DPDK_EAL_ARGS and GW_DPDK_IP)")
+      ->capture_default_str();
   add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
   add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");
   p2p_cmd->add_option("-f,--stepfactor", p2p.factor, "size step factor")->capture_default_str();
@@ -143,7 +148,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   add_size_option(p2p_cmd, "--lat-size", &p2p.lat_bytes, "ping-pong message size (default 8)");
   p2p_cmd->add_option("--lat-iters", p2p.lat_iters, "ping-pong round trips")->capture_default_str();
-  p2p_cmd->add_option("--np", p2p.np, "ranks to fork (p2p needs exactly 2)")->capture_default_str();
+  p2p_cmd->add_option("--np", p2p.np,
+                      "2: fork both ranks here; without it the ranks come from the launcher's "
+                      "environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun, mpirun, srun: one "
+                      "per host, world size 2) when it names a rank, else both are forked here");
   p2p_cmd->add_option("-J,--json", p2p.json_path, "write one JSON document");
   p2p_cmd->add_option("--timeout-ms", p2p.timeout_ms,
                       "deadline of every wait (default: GW_TIMEOUT_MS)");

@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
+#include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/net/transport.h"
 #include "core/store.h"
@@ -61,16 +64,23 @@ Status exchange_bytes(int fd, bool write_side, void* data, size_t size, Deadline
   return ok_status();
 }
 
+// How the two ranks of a run find each other and where rank 0's results go.
+struct P2pSetup {
+  int rank = 0;
+  // Forked: a socketpair to the other rank for the handle exchange. Launcher: the job's store.
+  int pair_fd = -1;
+  Store* store = nullptr;
+  std::string token;    // job token of the transport handshakes
+  std::string host_id;  // TransportOptions::host_id
+  std::string origin;   // for the header: "2 forked processes" or the launcher's name
+  // Takes every result line ("config {...}", "bw {...}", "lat {...}", "error \"...\"").
+  std::function<void(const std::string& line)> emit;
+};
+
 class P2pRank {
  public:
-  P2pRank(const P2pConfig& c, int rank, int pair_fd, int msg_fd, std::string token,
-          int64_t timeout_ms)
-      : c_(c),
-        rank_(rank),
-        pair_fd_(pair_fd),
-        msg_fd_(msg_fd),
-        token_(std::move(token)),
-        timeout_ms_(timeout_ms) {}
+  P2pRank(const P2pConfig& c, P2pSetup setup, int64_t timeout_ms)
+      : c_(c), rank_(setup.rank), setup_(std::move(setup)), timeout_ms_(timeout_ms) {}
 
   int run() {
     Status s = body();
@@ -78,23 +88,51 @@ class P2pRank {
       std::string msg = fmt::format("p2p rank {}: {}", rank_, s.to_string());
       std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
       std::fflush(stderr);
-      send_message(msg_fd_, "error " + json(msg).dump());
+      setup_.emit("error " + json(msg).dump());
       return 2;
     }
     return 0;
   }
 
  private:
+  // The handle exchange: over the socketpair (forked) or under this rank's key in the store.
+  Status publish(const Handle& mine, Deadline d) {
+    if (setup_.store == nullptr) {
+      return exchange_bytes(setup_.pair_fd, true, const_cast<uint8_t*>(mine.bytes.data()),
+                            mine.bytes.size(), d);
+    }
+    return setup_.store
+        ->set(fmt::format("gw/p2p/handle/{}", rank_), Bytes(mine.bytes.begin(), mine.bytes.end()),
+              d)
+        .with_context("p2p: publishing this rank's handle in the store");
+  }
+  Status fetch(Handle* theirs, Deadline d) {
+    if (setup_.store == nullptr) {
+      return exchange_bytes(setup_.pair_fd, false, theirs->bytes.data(), theirs->bytes.size(), d);
+    }
+    auto v = setup_.store->get(fmt::format("gw/p2p/handle/{}", 1 - rank_), d);
+    if (!v.ok()) {
+      return v.status().with_context(
+          fmt::format("p2p: waiting for rank {}'s handle in the store", 1 - rank_));
+    }
+    if (v->size() != theirs->bytes.size()) {
+      return peer_error("p2p: rank {}'s handle has {} bytes, expected {}", 1 - rank_, v->size(),
+                        theirs->bytes.size());
+    }
+    std::copy(v->begin(), v->end(), theirs->bytes.begin());
+    return ok_status();
+  }
+
   Deadline deadline() const { return deadline_after_ms(timeout_ms_); }
 
-  // dpdk: the two forked ranks share no NIC, so unless GW_DPDK_EAL_ARGS says otherwise each
+  // dpdk, forked: the two ranks share no NIC, so unless GW_DPDK_EAL_ARGS says otherwise each
   // gets one end of a net_memif pair (rank 0 the server; an abstract socket named after the
   // parent process, so concurrent runs do not meet), with its own MAC and IPv4 address. The
   // parent never starts DPDK, so each rank initialises its own EAL after the fork.
   Result<std::unique_ptr<net::Transport>> make_rank_transport(const net::TransportOptions& opts) {
     if (c_.transport != "dpdk") return net::make_transport(c_.transport, opts);
 #ifdef GW_HAVE_DPDK
-    if (config::get_string(config::Key::kDpdkEalArgs).empty()) {
+    if (setup_.store == nullptr && config::get_string(config::Key::kDpdkEalArgs).empty()) {
       const std::string eal = fmt::format(
           "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error "
           "--vdev net_memif0,role={},id=0,socket=/gradwire-perf-{}.sock,mac=02:67:77:00:00:0{}",
@@ -112,26 +150,20 @@ class P2pRank {
 
   Status connect_pair() {
     net::TransportOptions opts;
-    opts.job_token = token_;
+    opts.job_token = setup_.token;
     opts.timeout_ms = timeout_ms_;
-    opts.host_id = "gradwire-perf-p2p";  // both ranks are forked on this host
+    opts.host_id = setup_.host_id;
     opts.rank = rank_;
     Handle mine, theirs;
     Deadline d = deadline();
     // dpdk over net_memif: the client end (rank 1) must start after the server is up, so rank 1
     // takes rank 0's handle (sent once rank 0's port is running) before it starts its own.
     const bool late = c_.transport == "dpdk" && rank_ == 1;
-    if (late) {
-      GW_RETURN_IF_ERROR(
-          exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
-    }
+    if (late) GW_RETURN_IF_ERROR(fetch(&theirs, d));
     GW_ASSIGN_OR_RETURN(transport_, make_rank_transport(opts));
     GW_ASSIGN_OR_RETURN(auto listener, transport_->listen(&mine));
-    GW_RETURN_IF_ERROR(exchange_bytes(pair_fd_, true, mine.bytes.data(), mine.bytes.size(), d));
-    if (!late) {
-      GW_RETURN_IF_ERROR(
-          exchange_bytes(pair_fd_, false, theirs.bytes.data(), theirs.bytes.size(), d));
-    }
+    GW_RETURN_IF_ERROR(publish(mine, d));
+    if (!late) GW_RETURN_IF_ERROR(fetch(&theirs, d));
     GW_ASSIGN_OR_RETURN(auto connector, transport_->connect(theirs));
     while (!send_ || !recv_) {
       if (Clock::now() > d) {
@@ -278,10 +310,8 @@ class P2pRank {
     lat_out_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0x33);
     if (rank_ == 0) {
       const auto& p = transport_->properties();
-      std::printf(
-          "# gradwire-perf p2p: transport %s, 2 forked processes, unidirectional "
-          "rank 0 -> rank 1\n",
-          p.name.c_str());
+      std::printf("# gradwire-perf p2p: transport %s, %s, unidirectional rank 0 -> rank 1\n",
+                  p.name.c_str(), setup_.origin.c_str());
       std::printf("# interfaces: %s  sockets per connection: %d  window: %d outstanding sends\n",
                   p.interfaces.empty() ? "-" : p.interfaces.c_str(), p.sockets_per_conn, c_.window);
       std::printf(
@@ -295,11 +325,12 @@ class P2pRank {
       std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
       std::printf("#bytes     #iterations    BW average[MB/s]   MsgRate[Mpps]\n");
       std::fflush(stdout);
-      send_message(msg_fd_, "config " + json({{"transport", p.name},
-                                              {"interfaces", p.interfaces},
-                                              {"sockets_per_conn", p.sockets_per_conn},
-                                              {"window", c_.window}})
-                                            .dump());
+      setup_.emit("config " + json({{"transport", p.name},
+                                    {"ranks", setup_.origin},
+                                    {"interfaces", p.interfaces},
+                                    {"sockets_per_conn", p.sockets_per_conn},
+                                    {"window", c_.window}})
+                                  .dump());
     }
     for (uint64_t b = c_.min_bytes; b <= c_.max_bytes;) {
       int iters = c_.iters > 0 ? c_.iters : p2p_adaptive_iters(b);
@@ -311,13 +342,13 @@ class P2pRank {
         std::printf(" %-10llu %-14d %-18.2f %-.6f\n", static_cast<unsigned long long>(b), iters,
                     mbps, mpps);
         std::fflush(stdout);
-        send_message(msg_fd_, "bw " + json({{"bytes", b},
-                                            {"iterations", iters},
-                                            {"bw_average_MBps", mbps},
-                                            {"msg_rate_Mpps", mpps}})
-                                          .dump());
+        setup_.emit("bw " + json({{"bytes", b},
+                                  {"iterations", iters},
+                                  {"bw_average_MBps", mbps},
+                                  {"msg_rate_Mpps", mpps}})
+                                .dump());
       } else {
-        send_message(msg_fd_, "alive");
+        setup_.emit("alive");
       }
       if (b > c_.max_bytes / static_cast<uint64_t>(c_.factor)) break;
       b = b == 0 ? 1 : b * static_cast<uint64_t>(c_.factor);
@@ -338,14 +369,14 @@ class P2pRank {
                   pct(0.99), pct(0.999), pct(1.0));
       std::printf("# t_typical is the median\n");
       std::fflush(stdout);
-      send_message(msg_fd_, "lat " + json({{"bytes", c_.lat_bytes},
-                                           {"iterations", lat.size()},
-                                           {"t_min_us", pct(0)},
-                                           {"t_median_us", pct(0.5)},
-                                           {"t_p99_us", pct(0.99)},
-                                           {"t_p999_us", pct(0.999)},
-                                           {"t_max_us", pct(1.0)}})
-                                         .dump());
+      setup_.emit("lat " + json({{"bytes", c_.lat_bytes},
+                                 {"iterations", lat.size()},
+                                 {"t_min_us", pct(0)},
+                                 {"t_median_us", pct(0.5)},
+                                 {"t_p99_us", pct(0.99)},
+                                 {"t_p999_us", pct(0.999)},
+                                 {"t_max_us", pct(1.0)}})
+                               .dump());
     }
     // Both sides finish together, so neither tears down a connection the other still drains.
     if (rank_ == 0) {
@@ -358,9 +389,7 @@ class P2pRank {
 
   const P2pConfig& c_;
   int rank_;
-  int pair_fd_;
-  int msg_fd_;
-  std::string token_;
+  P2pSetup setup_;
   int64_t timeout_ms_;
   std::unique_ptr<net::Transport> transport_;
   std::unique_ptr<net::SendComm> send_;
@@ -375,6 +404,153 @@ std::string random_token() {
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
 }
 
+// The JSON document of a run; rank 0's result lines are folded into it.
+class P2pReport {
+ public:
+  explicit P2pReport(const P2pConfig& c)
+      : c_(c),
+        doc_({{"test", "p2p"},
+              {"config",
+               {{"transport", c.transport},
+                {"min_bytes", c.min_bytes},
+                {"max_bytes", c.max_bytes},
+                {"step_factor", c.factor},
+                {"iters", c.iters > 0 ? json(c.iters) : json("adaptive")},
+                {"window", c.window},
+                {"lat_bytes", c.lat_bytes},
+                {"lat_iters", c.lat_iters}}},
+              {"bandwidth", json::array()}}) {}
+
+  void absorb(const std::string& line) {
+    auto sp = line.find(' ');
+    std::string kind = line.substr(0, sp);
+    json j = json::parse(sp == std::string::npos ? "" : line.substr(sp + 1), nullptr, false);
+    if (j.is_discarded()) return;
+    if (kind == "config") doc_["transport_properties"] = j;
+    if (kind == "bw") doc_["bandwidth"].push_back(j);
+    if (kind == "lat") doc_["latency"] = j;
+    if (kind == "error" && j.is_string() && first_error_.empty()) {
+      first_error_ = j.get<std::string>();
+    }
+  }
+  const std::string& first_error() const { return first_error_; }
+  void set_error(const std::string& e) { doc_["error"] = e; }
+
+  // Writes the document when --json was given; false if that failed.
+  bool write() {
+    if (c_.json_path.empty()) return true;
+    std::ofstream f(c_.json_path, std::ios::trunc);
+    f << doc_.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", c_.json_path.c_str());
+    }
+    return static_cast<bool>(f);
+  }
+
+  // Reports a failure that happened before any rank ran; returns the exit status 2.
+  int fail(const Status& s) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
+    set_error(s.to_string());
+    write();
+    return 2;
+  }
+
+ private:
+  const P2pConfig& c_;
+  json doc_;
+  std::string first_error_;
+};
+
+// Whether a launcher's environment names this process's rank (then p2p without --np runs as one
+// rank of a 2-rank job instead of forking both).
+bool launched_by_launcher() {
+  if (config::raw(config::Key::kRank) || config::raw(config::Key::kWorldSize)) return true;
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+int run_forked_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    return report->fail(system_error("p2p: socketpair() for the handle exchange", errno));
+  }
+  std::string token = random_token();
+  ForkOptions fo;
+  fo.nranks = 2;
+  fo.idle_timeout_ms = timeout + 30000;
+  Status s = run_forked(
+      fo,
+      [&](int rank, int msg_fd) {
+        close(sv[1 - rank]);
+        P2pSetup setup;
+        setup.rank = rank;
+        setup.pair_fd = sv[rank];
+        setup.token = token;
+        setup.host_id = "gradwire-perf-p2p";  // both ranks are forked on this host
+        setup.origin = "2 forked processes";
+        setup.emit = [msg_fd](const std::string& line) { send_message(msg_fd, line); };
+        P2pRank r(c, std::move(setup), timeout);
+        return r.run();
+      },
+      [&](int, const std::string& line) { report->absorb(line); });
+  close(sv[0]);
+  close(sv[1]);
+  int rc = 0;
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", s.to_string().c_str());
+    report->set_error(report->first_error().empty()
+                          ? s.to_string()
+                          : fmt::format("{} ({})", report->first_error(), s.to_string()));
+    rc = 2;
+  }
+  if (!report->write() && rc == 0) rc = 2;
+  return rc;
+}
+
+// One of the two ranks of a job started by a launcher (one per host, e.g. over DPDK): the
+// handles go through the job's store (rank 0 hosts it), and rank 0 prints and writes the JSON.
+int run_launched_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
+  auto info = detect_launch();
+  if (!info.ok()) return report->fail(info.status().with_context("p2p under a launcher"));
+  if (info->world_size != 2) {
+    return report->fail(invalid_arg(
+        "p2p under a launcher needs a world of exactly 2 ranks ({} says {}); start 2 ranks, or "
+        "pass --np 2 to fork both here",
+        info->source, info->world_size));
+  }
+  const int rank = info->rank;
+  TcpStoreOptions so;
+  so.host = info->store_host;
+  so.port = info->store_port;
+  so.host_server = rank == 0;
+  so.token = config::get_string(config::Key::kJobToken);
+  so.connect_timeout_ms = timeout;
+  auto store = TcpStore::create(so);
+  if (!store.ok()) {
+    return report->fail(store.status().with_context(
+        fmt::format("p2p rank {}: rendezvous store {}:{}", rank, so.host, so.port)));
+  }
+  auto token = agree_job_token(**store, rank, deadline_after_ms(timeout));
+  if (!token.ok()) return report->fail(token.status().with_context("p2p"));
+  P2pSetup setup;
+  setup.rank = rank;
+  setup.store = store->get();
+  setup.token = *token;
+  setup.host_id = host_identity();
+  setup.origin =
+      fmt::format("2 ranks from the launcher ({}, store {}:{})", info->source, so.host, so.port);
+  setup.emit = [report, rank](const std::string& line) {
+    if (rank == 0) report->absorb(line);
+  };
+  int rc = P2pRank(c, std::move(setup), timeout).run();
+  if (rank != 0) return rc;
+  if (rc != 0) report->set_error(report->first_error());
+  if (!report->write() && rc == 0) rc = 2;
+  return rc;
+}
+
 }  // namespace
 
 int p2p_adaptive_iters(uint64_t bytes) {
@@ -386,7 +562,9 @@ Status validate(const P2pConfig& c) {
   if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk") {
     return invalid_arg("p2p --transport {}: use tcp, shm or dpdk", c.transport);
   }
-  if (c.np != 2) return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
+  if (c.np != 0 && c.np != 2) {
+    return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
+  }
   if (c.min_bytes > c.max_bytes) {
     return invalid_arg("-b {} is larger than -e {}", c.min_bytes, c.max_bytes);
   }
@@ -405,75 +583,12 @@ Status validate(const P2pConfig& c) {
 }
 
 int run_p2p(const P2pConfig& c) {
-  json doc = {{"test", "p2p"},
-              {"config",
-               {{"transport", c.transport},
-                {"min_bytes", c.min_bytes},
-                {"max_bytes", c.max_bytes},
-                {"step_factor", c.factor},
-                {"iters", c.iters > 0 ? json(c.iters) : json("adaptive")},
-                {"window", c.window},
-                {"lat_bytes", c.lat_bytes},
-                {"lat_iters", c.lat_iters}}},
-              {"bandwidth", json::array()}};
-  auto write_doc = [&]() {
-    if (c.json_path.empty()) return true;
-    std::ofstream f(c.json_path, std::ios::trunc);
-    f << doc.dump(2) << "\n";
-    if (!f)
-      std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", c.json_path.c_str());
-    return static_cast<bool>(f);
-  };
+  P2pReport report(c);
   Status s = validate(c);
-  if (!s.ok()) {
-    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
-    doc["error"] = s.to_string();
-    write_doc();
-    return 2;
-  }
+  if (!s.ok()) return report.fail(s);
   int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-    s = system_error("p2p: socketpair() for the handle exchange", errno);
-    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
-    doc["error"] = s.to_string();
-    write_doc();
-    return 2;
-  }
-  std::string token = random_token();
-  std::string first_error;
-  ForkOptions fo;
-  fo.nranks = 2;
-  fo.idle_timeout_ms = timeout + 30000;
-  s = run_forked(
-      fo,
-      [&](int rank, int msg_fd) {
-        close(sv[1 - rank]);
-        P2pRank r(c, rank, sv[rank], msg_fd, token, timeout);
-        return r.run();
-      },
-      [&](int, const std::string& line) {
-        auto sp = line.find(' ');
-        std::string kind = line.substr(0, sp);
-        json j = json::parse(sp == std::string::npos ? "" : line.substr(sp + 1), nullptr, false);
-        if (j.is_discarded()) return;
-        if (kind == "config") doc["transport_properties"] = j;
-        if (kind == "bw") doc["bandwidth"].push_back(j);
-        if (kind == "lat") doc["latency"] = j;
-        if (kind == "error" && j.is_string() && first_error.empty())
-          first_error = j.get<std::string>();
-      });
-  close(sv[0]);
-  close(sv[1]);
-  int rc = 0;
-  if (!s.ok()) {
-    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", s.to_string().c_str());
-    doc["error"] =
-        first_error.empty() ? s.to_string() : fmt::format("{} ({})", first_error, s.to_string());
-    rc = 2;
-  }
-  if (!write_doc() && rc == 0) rc = 2;
-  return rc;
+  if (c.np == 0 && launched_by_launcher()) return run_launched_p2p(c, timeout, &report);
+  return run_forked_p2p(c, timeout, &report);
 }
 
 }  // namespace gw::perf
