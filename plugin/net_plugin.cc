@@ -2,13 +2,16 @@
 
 #include <dlfcn.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/config.h"
@@ -105,11 +108,76 @@ std::string job_token() {
   return token.empty() ? kDefaultJobToken : token;
 }
 
+// One of NCCL's own Socket-transport knobs: nullopt when unset or <= 0 (NCCL's "auto" values),
+// kInvalidArg when it is not a number. These are NCCL's variables, not gradwire tunables, so
+// they are read here and not through the config table.
+Result<std::optional<int>> nccl_socket_knob(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::optional<int>();
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v, &end, 10);
+  if (*v == '\0' || end == nullptr || *end != '\0' || errno != 0) {
+    return invalid_arg("{}='{}' is not a number", name, v);
+  }
+  if (n <= 0) return std::optional<int>();
+  return std::optional<int>(static_cast<int>(std::min<long>(n, 16)));
+}
+
+// How many I/O threads and sockets each tcp comm gets when GW_SOCKET_NTHREADS / GW_SOCKET_NSOCKS
+// are 0 (auto); an explicit GW_ value wins inside make_tcp_transport.
+//
+// Without our own threads NCCL's single proxy thread would run every kernel copy of every send
+// and receive of every connection, which caps bandwidth below NCCL's Socket transport on a
+// many-core GPU host: Socket hands a connection's socket I/O to helper threads
+// (NCCL_SOCKET_NTHREADS, documented default 1, so send and receive copies run on separate
+// threads beside the proxy; 2.28.9's code picks 0 for NICs other than AWS/GCP, see
+// /work/shared/reference/nccl_net.md) and its recommended 4x4 tuning runs 4 threads x 4
+// sockets. So on hosts with 8+ online CPUs every comm gets one worker (the send and receive
+// copies of all connections spread over cores); on smaller hosts (the 2-core build machine)
+// extra threads only add wake-ups and fight the ranks for the cores, so I/O stays on the
+// caller's thread. NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD are honoured as fallbacks so a
+// job tuned for Socket keeps its tuning: nsocks = threads x sockets per thread (at most 16).
+struct SocketPolicy {
+  int threads = 0;
+  int nsocks = 0;  // 0 = tcp's own rule
+  std::string why;
+};
+
+Result<SocketPolicy> socket_policy() {
+  SocketPolicy p;
+  GW_ASSIGN_OR_RETURN(std::optional<int> nthreads, nccl_socket_knob("NCCL_SOCKET_NTHREADS"));
+  GW_ASSIGN_OR_RETURN(std::optional<int> per_thread, nccl_socket_knob("NCCL_NSOCKS_PERTHREAD"));
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (nthreads) {
+    p.threads = *nthreads;
+    p.why = fmt::format("NCCL_SOCKET_NTHREADS={}", *nthreads);
+  } else {
+    p.threads = cpus >= 8 ? 1 : 0;
+    p.why = fmt::format("auto: {} online CPUs", cpus);
+  }
+  if (nthreads || per_thread) {
+    p.nsocks = std::min(16, nthreads.value_or(1) * per_thread.value_or(1));
+    p.why +=
+        fmt::format(", {} socket(s) from NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD", p.nsocks);
+  }
+  return p;
+}
+
 // The one place the backend is chosen. "auto" prefers verbs when the host has RDMA devices and
 // the build has the verbs backend, and falls back to tcp otherwise.
 Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requested,
-                                                     std::string* chosen) {
+                                                     std::string* chosen,
+                                                     std::string* thread_policy = nullptr) {
   net::TransportOptions options;
+  GW_ASSIGN_OR_RETURN(SocketPolicy policy, socket_policy());
+  options.socket_threads = policy.threads;
+  options.socket_nsocks = policy.nsocks;
+  if (thread_policy != nullptr) {
+    const int64_t gw_threads = config::get_int(config::Key::kSocketNthreads);
+    *thread_policy =
+        gw_threads != 0 ? fmt::format("GW_SOCKET_NTHREADS={}", gw_threads) : policy.why;
+  }
   options.job_token = job_token();
   options.timeout_ms = config::get_int(config::Key::kTimeoutMs);
   options.host_id = config::get_string(config::Key::kHostId);
@@ -409,13 +477,17 @@ Status NetPlugin::discover() {
   Status valid = config::validate();
   if (!valid.ok()) return valid.with_context("malformed GW_* environment variable");
   std::string backend;
-  GW_ASSIGN_OR_RETURN(std::unique_ptr<net::Transport> transport,
-                      open_backend(config::get_string(config::Key::kPluginBackend), &backend));
+  std::string thread_policy;
+  GW_ASSIGN_OR_RETURN(
+      std::unique_ptr<net::Transport> transport,
+      open_backend(config::get_string(config::Key::kPluginBackend), &backend, &thread_policy));
   const net::Properties& p = transport->properties();
   DeviceInfo d;
   d.backend = backend;
   d.interfaces = p.interfaces;
   d.sockets_per_conn = std::max(1, p.sockets_per_conn);
+  d.io_threads = p.io_threads;
+  d.thread_policy = std::move(thread_policy);
   d.latency_us = static_cast<float>(p.latency_us);
   d.ptr_support = NCCL_PTR_HOST;  // tcp moves host memory; GPU memory arrives via NCCL staging
   std::vector<std::string> ifs = interface_names(p.interfaces);
@@ -460,14 +532,17 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
     announced_ = true;
     const DeviceInfo& d = devices_.front();
     bool own_token = !config::get_string(config::Key::kJobToken).empty();
-    GWP_INFO(NCCL_INIT | NCCL_NET,
-             "NET/gradwire: backend {}, device {} (interfaces {}, pci {}), {} socket(s) per "
-             "connection, {} Mbps, pointer support {}, job token {}, library {}",
-             d.backend, d.name, d.interfaces.empty() ? "?" : d.interfaces,
-             d.pci_path.empty() ? "none" : d.pci_path, d.sockets_per_conn, d.speed_mbps,
-             (d.ptr_support & NCCL_PTR_CUDA) ? "HOST|CUDA" : "HOST",
-             own_token ? "from GW_JOB_TOKEN" : "default (set GW_JOB_TOKEN on every rank)",
-             pinned_ ? "pinned" : "not pinned");
+    GWP_INFO(
+        NCCL_INIT | NCCL_NET,
+        "NET/gradwire: backend {}, device {} (interfaces {}, pci {}), {} socket(s) per "
+        "connection, {} I/O thread(s) per comm ({}), {} Mbps, pointer support {}, job "
+        "token {}, library {}",
+        d.backend, d.name, d.interfaces.empty() ? "?" : d.interfaces,
+        d.pci_path.empty() ? "none" : d.pci_path, d.sockets_per_conn, d.io_threads,
+        d.io_threads == 0 ? "progress on NCCL's proxy thread; " + d.thread_policy : d.thread_policy,
+        d.speed_mbps, (d.ptr_support & NCCL_PTR_CUDA) ? "HOST|CUDA" : "HOST",
+        own_token ? "from GW_JOB_TOKEN" : "default (set GW_JOB_TOKEN on every rank)",
+        pinned_ ? "pinned" : "not pinned");
   }
   auto* ctx = new Context;
   ctx->comm_id = comm_id;

@@ -40,6 +40,8 @@ struct DeviceInfo {
   float latency_us = 0;
   int max_comms = 0;
   int sockets_per_conn = 1;
+  int io_threads = 0;         // tcp I/O worker threads per comm (0 = NCCL's proxy thread)
+  std::string thread_policy;  // why: "auto: 16 online CPUs", "GW_SOCKET_NTHREADS=2", ...
   int ptr_support = NCCL_PTR_HOST;
 };
 

@@ -1,6 +1,7 @@
 // Helper process for the plugin tests: scenarios that need a process of their own.
 //   nccl_plugin_peer exchange ROLE   one side of the two-process transfer (handles on stdin/stdout)
 //   nccl_plugin_peer init CODE TEXT  the first init must return CODE and WARN a line with TEXT
+//   nccl_plugin_peer info TEXT       the first init must succeed and its INFO line contain TEXT
 //   nccl_plugin_peer pin EXPECT      after init/finalize/dlclose the library is (1) or is not (0)
 //                                    still mapped
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
@@ -41,6 +42,20 @@ int run_init(int expected, const std::string& needle) {
   return 0;
 }
 
+int run_info(const std::string& needle) {
+  const Loaded& l = plugin();
+  if (l.v11 == nullptr) return fail("no ncclNetPlugin_v11");
+  for (const std::string& line : l.first_init_log) std::fprintf(stderr, "  %s\n", line.c_str());
+  if (l.first_init != ncclSuccess) return fail("init failed");
+  for (const std::string& line : l.first_init_log) {
+    if (line.rfind("INFO NET/gradwire: backend ", 0) == 0 &&
+        line.find(needle) != std::string::npos) {
+      return 0;
+    }
+  }
+  return fail("no INFO line mentioning " + needle);
+}
+
 int run_pin(bool expect_loaded) {
   set_test_environment();
   void* lib = dlopen(GW_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
@@ -72,7 +87,8 @@ int run_pin(bool expect_loaded) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return fail("usage: nccl_plugin_peer exchange ROLE | init CODE TEXT | pin 0|1");
+  if (argc < 2)
+    return fail("usage: nccl_plugin_peer exchange ROLE | init CODE TEXT | info TEXT | pin 0|1");
   std::string mode = argv[1];
   try {
     if (mode == "exchange" && argc == 3) {
@@ -81,6 +97,7 @@ int main(int argc, char** argv) {
       return e.empty() ? 0 : fail(e);
     }
     if (mode == "init" && argc == 4) return run_init(std::atoi(argv[2]), argv[3]);
+    if (mode == "info" && argc == 3) return run_info(argv[2]);
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
   } catch (const std::exception& e) {
     return fail(e.what());

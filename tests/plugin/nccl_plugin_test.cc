@@ -1,6 +1,7 @@
 // The built libnccl-net-gradwire.so driven in one process the way NCCL's proxy drives it
 // (no NCCL, no GPU, loopback only). Scenarios that need a fresh process (bad configuration,
 // pinning) run the nccl_plugin_peer helper.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -180,6 +181,12 @@ TEST(PluginLibrary, FirstInitLogsOneInfoLineWithTheChoice) {
       EXPECT_NE(line.find("backend tcp"), std::string::npos) << line;
       EXPECT_NE(line.find("device gw-tcp-lo"), std::string::npos) << line;
       EXPECT_NE(line.find("socket(s) per connection"), std::string::npos) << line;
+      EXPECT_NE(line.find("I/O thread(s) per comm"), std::string::npos) << line;
+      if (const char* t = getenv("GW_SOCKET_NTHREADS")) {  // the threaded ctest run
+        EXPECT_NE(line.find(fmt::format("{} I/O thread(s) per comm (GW_SOCKET_NTHREADS={})", t, t)),
+                  std::string::npos)
+            << line;
+      }
       EXPECT_NE(line.find("pointer support HOST"), std::string::npos) << line;
       EXPECT_NE(line.find("library pinned"), std::string::npos) << line;
     }
@@ -565,6 +572,39 @@ TEST(PluginFreshProcess, MissingInterfaceIsInvalidUsage) {
   EXPECT_EQ(run_peer({"-GW_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME==gwnosuchif0"},
                      {"init", "5", "gwnosuchif0"}),
             0);
+}
+
+// The thread policy: without GW_ or NCCL knobs, hosts with 8+ CPUs get one I/O thread per comm
+// and smaller ones keep I/O on NCCL's proxy thread.
+TEST(PluginFreshProcess, AutoThreadPolicyFollowsTheCpuCount) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const std::string want =
+      cpus >= 8 ? fmt::format("1 I/O thread(s) per comm (auto: {} online CPUs)", cpus)
+                : fmt::format(
+                      "0 I/O thread(s) per comm (progress on NCCL's proxy thread; auto: "
+                      "{} online CPUs)",
+                      cpus);
+  EXPECT_EQ(run_peer({"-GW_SOCKET_NTHREADS", "-NCCL_SOCKET_NTHREADS", "-NCCL_NSOCKS_PERTHREAD"},
+                     {"info", want}),
+            0);
+}
+
+// NCCL's Socket knobs are honoured when the GW_ ones are unset: nsocks = threads x per thread.
+TEST(PluginFreshProcess, NcclSocketKnobsApplyWhenGwKnobsAreUnset) {
+  EXPECT_EQ(run_peer({"-GW_SOCKET_NSOCKS", "-GW_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS=4",
+                      "NCCL_NSOCKS_PERTHREAD=2"},
+                     {"info",
+                      "8 socket(s) per connection, 4 I/O thread(s) per comm "
+                      "(NCCL_SOCKET_NTHREADS=4, 8 socket(s) from"}),
+            0);
+  // The GW_ knobs win over NCCL's.
+  EXPECT_EQ(run_peer({"GW_SOCKET_NSOCKS=3", "GW_SOCKET_NTHREADS=1", "NCCL_SOCKET_NTHREADS=4",
+                      "NCCL_NSOCKS_PERTHREAD=4"},
+                     {"info",
+                      "3 socket(s) per connection, 1 I/O thread(s) per comm "
+                      "(GW_SOCKET_NTHREADS=1)"}),
+            0);
+  EXPECT_EQ(run_peer({"NCCL_SOCKET_NTHREADS=lots"}, {"init", "5", "NCCL_SOCKET_NTHREADS"}), 0);
 }
 
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {

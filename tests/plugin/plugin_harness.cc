@@ -38,7 +38,10 @@ void set_test_environment() {
     setenv("GW_SOCKET_IFNAME", "lo", 0);
   }
   setenv("GW_TIMEOUT_MS", "4000", 0);
-  setenv("GW_SOCKET_NSOCKS", "2", 0);
+  // Two sockets by default, unless a test sets the count, or NCCL's knobs that imply one.
+  if (getenv("NCCL_SOCKET_NTHREADS") == nullptr && getenv("NCCL_NSOCKS_PERTHREAD") == nullptr) {
+    setenv("GW_SOCKET_NSOCKS", "2", 0);
+  }
 }
 
 const Loaded& plugin() {
