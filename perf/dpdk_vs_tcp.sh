@@ -301,7 +301,19 @@ if any(t == "allreduce" for t, _ in runs):
     print(f"# allreduce: {hosts} hosts, gradwire-perf allreduce --check, float32 sum; time = the tool's "
           "median over iterations of the slowest rank (us), median over runs; algbw = size/time (GB/s)")
     print(f"# {'size(B)':>10} {'port':<10} {'loss':>5} {'runs':>4} {'TCP us':>10} {'DPDK us':>10} "
-          f"{'TCP algbw':>9} {'DPDK algbw':>10} {'DPDK/TCP':>9} {'vs 0 loss':>9}")
+          f"{'TCP algbw':>9} {'DPDK algbw':>10} {'DPDK/TCP':>9} {'vs 0 loss':>9}  (ratios of algbw)")
+    # What the C ABI really ran (rank 0's INFO lines), so a silent fallback cannot pass as DPDK.
+    for c in ["tcp"] + cfgs():
+        seen = set()
+        for rep, _ in runs.get(("allreduce", c), []):
+            try:
+                log = open(os.path.join(d, "log", f"{rep}-allreduce-{c}.h0.log")).read()
+            except OSError:
+                continue
+            m = re.search(r"communicator ready: rank 0 of \d+, transport (\w+)", log)
+            e = re.search(r"dpdk: engine on (\S+)", log)
+            seen.add((m.group(1) if m else "?") + (f" on {e.group(1)}" if e else ""))
+        print(f"#   {c} ran: {', '.join(sorted(seen)) or '?'}")
     tt = ar_times(tcp)
     for c in cfgs():
         docs = [doc for _, doc in runs.get(("allreduce", c), [])]

@@ -29,7 +29,10 @@ for size in 4096 16384 65536; do
   grep -Eq "^ +$size +af_xdp +0 +1 +$num +$num" <<<"$table" || fail "no allreduce row of $size B"
 done
 grep -q "^# tcp interfaces: d0:10.77.0.1" <<<"$table" || fail "tcp did not run on d0"
-grep -q "interfaces: net_af_xdp0" <<<"$table" || fail "dpdk did not run on net_af_xdp0"
+grep -q "interfaces: net_af_xdp0" <<<"$table" || fail "p2p dpdk did not run on net_af_xdp0"
+grep -q "^#   tcp ran: tcp$" <<<"$table" || fail "allreduce --transport tcp did not run tcp"
+grep -q "^#   dpdk-af_xdp-0 ran: dpdk on net_af_xdp0$" <<<"$table" ||
+  fail "allreduce --transport dpdk did not reach the DPDK backend on net_af_xdp0"
 grep -Eq "^# check: [1-9][0-9]* allreduce rows verified with --check, 0 wrong elements" <<<"$table" ||
   fail "allreduce --check did not pass"
 ! grep -q INCOMPLETE <<<"$table" || fail "the table says it is incomplete"
