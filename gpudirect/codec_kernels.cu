@@ -238,21 +238,23 @@ __device__ __forceinline__ void sign_decode(const float* __restrict__ scales,
     const size_t off = c * chunk;
     const size_t cn = min(chunk, n - off);
     const float scale = scales[c];
+    // -scale by flipping the sign bit: neg.f32 may not keep a NaN's payload, x86 does.
+    const float nscale = float_of(bits_of(scale) ^ 0x80000000u);
     const uint32_t* w = words + c * (chunk / 32);
     for (size_t e = 4 * threadIdx.x; e < cn; e += 4 * blockDim.x) {
       const uint32_t b = w[e / 32] >> (e % 32);  // e % 32 <= 28: the four bits are in this half
       if (vec && e + 4 <= cn) {
         float4* p = reinterpret_cast<float4*>(acc + off + e);
         float4 a = kAdd ? *p : make_float4(0, 0, 0, 0);
-        a.x = xadd(a.x, (b & 1u) ? -scale : scale);
-        a.y = xadd(a.y, (b & 2u) ? -scale : scale);
-        a.z = xadd(a.z, (b & 4u) ? -scale : scale);
-        a.w = xadd(a.w, (b & 8u) ? -scale : scale);
+        a.x = xadd(a.x, (b & 1u) ? nscale : scale);
+        a.y = xadd(a.y, (b & 2u) ? nscale : scale);
+        a.z = xadd(a.z, (b & 4u) ? nscale : scale);
+        a.w = xadd(a.w, (b & 8u) ? nscale : scale);
         *p = a;
       } else {
         for (int j = 0; j < 4 && e + j < cn; ++j) {
           float* p = acc + off + e + j;
-          *p = xadd(kAdd ? *p : 0.0f, ((b >> j) & 1u) ? -scale : scale);
+          *p = xadd(kAdd ? *p : 0.0f, ((b >> j) & 1u) ? nscale : scale);
         }
       }
     }
@@ -306,12 +308,12 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   sign_encode_any<true>(in, res, n, chunk, scales, words);
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gw_sign_decode_set(const float* scales, const uint32_t* words, size_t n, size_t chunk,
                        float* out, int vec) {
   sign_decode<false>(scales, words, n, chunk, out, vec);
 }
-extern "C" __global__ void __launch_bounds__(kThreads)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gw_sign_decode_add(const float* scales, const uint32_t* words, size_t n, size_t chunk,
                        float* acc, int vec) {
   sign_decode<true>(scales, words, n, chunk, acc, vec);
