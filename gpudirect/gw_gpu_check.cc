@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
   }
 
   const auto fatbin = gw::cuda::codec_fatbin();
+  if (fatbin.empty()) {
+    std::printf("SKIP: gw-gpu-check was built without CUDA kernels (no nvcc at configure time)\n");
+    return 3;
+  }
   std::printf("gw-gpu-check: CPU kernels %s, fatbin %zu bytes:",
               std::string(gw::coll::codec_kernels::isa()).c_str(), fatbin.size());
   if (auto entries = gw::cuda::parse_fatbin(fatbin); entries.ok()) {
