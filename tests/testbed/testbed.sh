@@ -31,8 +31,9 @@ CMD="$*"
 if [ "$(id -u)" != 0 ]; then echo "testbed: SKIP: needs root (network namespaces)" >&2; exit 77; fi
 command -v ip >/dev/null || { echo "testbed: SKIP: iproute2 missing" >&2; exit 77; }
 
-ID="$$"
-ID=${ID: -6}
+# Six digits of the PID name this session's namespaces and links (${ID: -6} was empty for a PID
+# of fewer than six digits, so concurrent sessions collided on the same names).
+ID=$(printf '%06d' $(($$ % 1000000)))
 NS=(); PIDS=(); CAP_PID=""; HUGE_OLD=""; SW=""
 cleanup() {
   trap - EXIT INT TERM
