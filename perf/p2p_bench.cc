@@ -156,8 +156,9 @@ class P2pRank {
     opts.rank = rank_;
     Handle mine, theirs;
     Deadline d = deadline();
-    // dpdk over net_memif: the client end (rank 1) must start after the server is up, so rank 1
-    // takes rank 0's handle (sent once rank 0's port is running) before it starts its own.
+    // dpdk: rank 1 takes rank 0's handle (published once rank 0's port is running) before it
+    // starts its own port. A net_memif client end (the forked pair, or two launched ranks on one
+    // host) fails to start without its server; on two hosts it only serialises the EAL starts.
     const bool late = c_.transport == "dpdk" && rank_ == 1;
     if (late) GW_RETURN_IF_ERROR(fetch(&theirs, d));
     GW_ASSIGN_OR_RETURN(transport_, make_rank_transport(opts));
