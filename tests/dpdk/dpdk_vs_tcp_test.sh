@@ -17,7 +17,9 @@ out=$(bash "$script" -b /nonexistent/gradwire-perf 2>&1)
 
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT
-table=$(bash "$script" -b "$perf" -r 1 -n 2 -s "4K 64K 4" -q "64K 64K 2" -L 200 -l "0 0.01" -t 60 2>"$err")
+# Few iterations: seconds on a quiet machine; the limit leaves room for a heavily loaded one.
+table=$(bash "$script" -b "$perf" -r 1 -n 2 -s "4K 64K 4" -q "64K 64K 2" -i 20 -L 100 -l "0 0.01" \
+  -t 120 2>"$err")
 rc=$?
 if [ $rc = 77 ]; then cat "$err" >&2; exit 77; fi
 echo "$table"
