@@ -457,7 +457,9 @@ Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int ta
   r->data = static_cast<const uint8_t*>(data);
   r->size = size;
   r->tag = tag;
-  if (region != nullptr && port_->zero_copy() && size >= config_.zero_copy_min) {
+  const bool zc_size =
+      config_.zero_copy_min == 0 ? size > payload_max_ : size >= config_.zero_copy_min;
+  if (region != nullptr && port_->zero_copy() && zc_size) {
     r->zc = TxRefHandle::make();
     region->hold();
     r->region = TxRefHandle(region);

@@ -47,11 +47,12 @@ struct EngineConfig {
   int burst = 32;                      // RX/TX burst size
   bool eager = true;                   // one-frame messages go before their CTS
   int64_t progress_interval_us = 500;  // background progress period; 0 = no thread
-  // Zero-copy TX (where the port allows it, FramePort::zero_copy): a fragment of a send from
-  // registered memory with at least this many payload bytes goes as an external segment
-  // instead of being copied into an mbuf. Below it the copy is cheaper than the extra mbuf and
-  // the release bookkeeping (docs/dpdk.md has the measurement).
-  size_t zero_copy_min = 1024;
+  // Zero-copy TX (where the port allows it, FramePort::zero_copy): a send from registered
+  // memory of at least this many bytes sends its fragments as external segments instead of
+  // copying them into mbufs; 0 = sends of more than one frame. A one-frame message comes from
+  // cache and its copy costs less than the extra mbuf and the release bookkeeping (measured:
+  // docs/dpdk.md, `dpdk_testbed_host zc-bench`).
+  size_t zero_copy_min = 0;
   FaultConfig faults;
 };
 
