@@ -517,14 +517,18 @@ uint8_t* CommImpl::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+// A transport's "message truncated": the sender sent more than the receive posted for it.
+bool truncated(const Status& s) {
+  return s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos;
+}
+
 Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8_t* out,
                           DataType dtype, ReduceOp op, bool* progressed) {
   const size_t es = dtype_size(dtype);
   const Step& st = c.plan->sched[c.step];
-  auto nchunks = [&](size_t count) {
-    if (st.short_last_chunk) return count / c.chunk_elems + 1;
-    return std::max<size_t>(1, (count + c.chunk_elems - 1) / c.chunk_elems);
-  };
+  // Always a short last chunk (schedule.h): one more, empty message only when the range is a
+  // whole number of chunks, so that a count mismatch always shows as a size mismatch.
+  auto nchunks = [&](size_t count) { return count / c.chunk_elems + 1; };
   auto chunk = [&](const Range& r, size_t i) {
     const size_t off = i * c.chunk_elems;
     return Range{c.plan->base + r.offset + off,
@@ -550,7 +554,13 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
                        ? c.stage + (c.r_posted % kWindow) * chunk_bytes_
                        : out + r.offset * es;
     auto req = c.rc->irecv(dst, r.count * es, tag, nullptr);
-    if (!req.ok()) return req.status().with_context(where(false));
+    if (!req.ok()) {
+      if (truncated(req.status())) {
+        return invalid_arg("{}: ranks disagree on count: rank {} sent more than expected ({})",
+                           where(false), st.recv_from, req.status().message());
+      }
+      return req.status().with_context(where(false));
+    }
     if (*req == nullptr) break;
     c.rreqs.emplace_back(*req, c.r_posted++);
     *progressed = true;
@@ -560,7 +570,14 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
     Range r = chunk(st.send, c.s_posted);
     const uint8_t* src = (st.send_from_input ? in : out) + r.offset * es;
     auto req = c.sc->isend(src, r.count * es, tag, nullptr);
-    if (!req.ok()) return req.status().with_context(where(true));
+    if (!req.ok()) {
+      // tcp reports the receiver's truncation notice on whatever call comes next, isend too.
+      if (truncated(req.status())) {
+        return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
+                           where(true), st.send_to, req.status().message());
+      }
+      return req.status().with_context(where(true));
+    }
     if (*req == nullptr) break;
     c.sreqs.emplace_back(*req, c.s_posted++);
     *progressed = true;
@@ -573,7 +590,7 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
     Status s = c.rc->test(req, &done, &got);
     if (!s.ok()) {
       c.rreqs.pop_front();
-      if (s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos) {
+      if (truncated(s)) {
         return invalid_arg(
             "{}: ranks disagree on count: rank {} sent more than the {} bytes "
             "expected ({})",
@@ -602,7 +619,7 @@ Status CommImpl::progress(const char* name, ChanRun& c, const uint8_t* in, uint8
     Status s = c.sc->test(c.sreqs.front().first, &done, &got);
     if (!s.ok()) {
       c.sreqs.pop_front();
-      if (s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos) {
+      if (truncated(s)) {
         return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
                            where(true), st.send_to, s.message());
       }

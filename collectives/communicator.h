@@ -2,7 +2,10 @@
 //
 // Collective calls must be made by every rank in the same order with matching arguments
 // (count, dtype, op, root). Arguments that disagree across ranks are detected where the bytes
-// show it (message sizes are checked at every step) and end in an error, never a hang.
+// show it (message sizes are checked at every step; every range ends with a short, possibly
+// empty, message, so a count mismatch always shows in some size) and end in an error on every
+// rank, never a hang and never an ok with partial data (broadcast passes a closing token round
+// the ring so that the ranks upstream of a mismatch learn it too).
 //
 // Threading: collective calls on one Communicator are serialised (one at a time; a blocking call
 // made while async operations are pending waits for them first, keeping the issue order). abort()

@@ -193,6 +193,18 @@ Schedule chain_broadcast(int rank, int nranks, int root, size_t count) {
   }
   st.forward = (vr > 0 && vr < nranks - 1);
   s.push_back(st);
+  // The closing token: an empty message that the last rank sends on once it has checked all it
+  // received, and that goes on round the ring to the rank before it (root-1 -> root -> root+1
+  // -> ... -> root-2), each rank passing it on once it arrives.
+  Step done;
+  done.id = 1;
+  if (vr < nranks - 1) {
+    done.recv_from = mod(rank - 1, nranks);
+    done.action = RecvAction::kCopy;
+  }
+  if (vr != nranks - 2) done.send_to = mod(rank + 1, nranks);
+  done.forward = done.send_to >= 0 && done.recv_from >= 0;
+  s.push_back(done);
   return s;
 }
 
@@ -207,7 +219,6 @@ Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
     st.recv_from = mod(rank - k, nranks);
     st.recv = Range{static_cast<size_t>(st.recv_from) * count_per_rank, count_per_rank};
     st.action = RecvAction::kCopy;
-    st.short_last_chunk = true;
     s.push_back(st);
   }
   return s;

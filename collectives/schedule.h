@@ -9,6 +9,13 @@
 // in place). A step's send and receive happen concurrently; unless the step is `forward`, its send
 // range and its receive range are disjoint, so the order does not matter.
 //
+// The executor cuts every range into chunks and always ends it with a chunk shorter than a full
+// one (an empty message closes a range that is a whole number of chunks): the sizes of a range's
+// messages then spell its count, so a receiver whose count differs from its sender's sees a size
+// it did not expect, whatever the sizes. Every rank's output depends on every rank's messages
+// having passed that check (the broadcast passes a closing token round the ring for that), so no
+// rank can finish a call whose counts disagree.
+//
 // Step ids are global within one schedule family: the two ends of every message compute the same
 // id for it (it travels in the transport tag, so a rank that runs a different collective or a
 // different step is detected). Ranks may skip ids (folded ranks in RHD).
@@ -21,7 +28,11 @@
 // - broadcast: a pipelined chain from the root (root -> root+1 -> ... -> root-1). Each rank
 //   forwards chunk c as soon as it has received it, so the time is about n*beta + (p-1)*alpha
 //   + (p-2)*chunk*beta: bandwidth-optimal for the gradient-sized buffers this library moves.
-//   (A binomial tree would win for tiny buffers at large p, at lg p times the bytes.)
+//   (A binomial tree would win for tiny buffers at large p, at lg p times the bytes.) Then an
+//   empty token goes once round the ring from the last rank (root-1 -> root -> ... -> root-2):
+//   the last rank fails if any rank's count differs (a rank that fails stops forwarding), and the
+//   token tells every rank upstream of a mismatch, which would otherwise have all it expects.
+//   It costs (p-1) alpha of latency and no bandwidth.
 // - pairwise all-to-all: p-1 steps; step k sends block (rank+k)%p of the input to that rank and
 //   receives block (rank-k)%p of the output from that rank. Every pair of ranks exchanges exactly
 //   once, so the steps are independent (the executor may run several at once), and a rank sends
@@ -52,10 +63,6 @@ struct Step {
   RecvAction action = RecvAction::kCopy;
   bool reduce_with_input = false;  // kReduce: output = input op received, else output op received
   bool forward = false;  // chain: send == recv range, chunk c is sent once chunk c has arrived
-  // The last chunk of each direction is always shorter than a full chunk (an empty message ends a
-  // range that is a whole number of chunks), so a peer that sends more or fewer elements than
-  // the receiver expects is caught by the size check on both ends, whatever the sizes.
-  bool short_last_chunk = false;
 };
 
 using Schedule = std::vector<Step>;

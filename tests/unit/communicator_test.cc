@@ -288,6 +288,76 @@ TEST_P(CommTest, RanksThatDisagreeOnCountAllFailWithinTheDeadline) {
       3000);
 }
 
+// The blind spot of a size check alone: when a rank's ranges are a whole number of chunks, the
+// rank with the smaller count receives only full chunks, exactly what it expects, and would return
+// ok with the first part of its peer's data while the peer waits for the rest until its deadline.
+// Every collective and algorithm, with rank 0's count a whole number of (4 KiB) chunks per range
+// against more, fewer, and one element more on the others: every rank must fail, none by timing
+// out (a matching call first sets up the connections, so the failures travel as closed
+// connections in milliseconds, not deadlines).
+TEST_P(CommTest, RanksThatDisagreeOnCountAllFailEvenWithWholeChunks) {
+  ScopedEnv chunk("GW_CHUNK_SIZE", "4096");
+  ScopedEnv channels("GW_NCHANNELS", "1");  // one channel whatever the count (channels_for)
+  constexpr size_t kC = 4096;               // u8 elements per chunk
+  struct Coll {
+    const char* name;
+    const char* algo;
+    size_t unit;  // a count whose every step range is a whole number of chunks (0: n chunks)
+    std::function<Status(Communicator&, int n, size_t count)> call;
+  };
+  auto allreduce = [](Communicator& c, int, size_t count) {
+    std::vector<uint8_t> buf(count, 1);
+    return c.allreduce(buf.data(), buf.data(), count, DataType::kU8, ReduceOp::kSum);
+  };
+  const std::vector<Coll> colls = {
+      {"allreduce ring", "ring", 0, allreduce},
+      {"allreduce rhd", "rhd", 4 * kC, allreduce},
+      {"allgather", "auto", kC,
+       [](Communicator& c, int n, size_t count) {
+         std::vector<uint8_t> in(count, 1), out(count * n + 1);
+         return c.allgather(in.data(), out.data(), count, DataType::kU8);
+       }},
+      {"reduce_scatter", "auto", kC,
+       [](Communicator& c, int n, size_t count) {
+         std::vector<uint8_t> in(count * n + 1, 1), out(count + 1);
+         return c.reduce_scatter(in.data(), out.data(), count, DataType::kU8, ReduceOp::kSum);
+       }},
+      {"broadcast root 0", "auto", 2 * kC,
+       [](Communicator& c, int, size_t count) {
+         std::vector<uint8_t> buf(count, 1);
+         return c.broadcast(buf.data(), count, DataType::kU8, 0);
+       }},
+      {"broadcast root 1", "auto", 2 * kC,
+       [](Communicator& c, int, size_t count) {
+         std::vector<uint8_t> buf(count, 1);
+         return c.broadcast(buf.data(), count, DataType::kU8, 1);
+       }},
+  };
+  for (const Coll& coll : colls) {
+    ScopedEnv algo("GW_ALGO", coll.algo);
+    for (int n : {2, 3, 4}) {
+      const size_t u = coll.unit ? coll.unit : kC * static_cast<size_t>(n);
+      for (auto [c0, cn] :
+           std::vector<std::pair<size_t, size_t>>{{u, 2 * u}, {2 * u, u}, {u, u + 1}}) {
+        const auto start = std::chrono::steady_clock::now();
+        run_ranks(
+            GetParam(), n,
+            [&](Communicator& c, int r) {
+              ASSERT_TRUE(coll.call(c, n, u).ok()) << coll.name;  // connections up
+              Status s = coll.call(c, n, r == 0 ? c0 : cn);
+              EXPECT_FALSE(s.ok())
+                  << coll.name << ": rank " << r << " of " << n << ", counts " << c0 << "/" << cn;
+              EXPECT_NE(s.code(), Code::kTimeout)
+                  << coll.name << ": rank " << r << " of " << n << ": " << s.to_string();
+            },
+            2000);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500))
+            << coll.name << ", " << n << " ranks, counts " << c0 << "/" << cn;
+      }
+    }
+  }
+}
+
 TEST_P(CommTest, AbortUnblocksAPendingAllreduce) {
   run_ranks(
       GetParam(), 2,

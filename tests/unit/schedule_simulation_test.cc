@@ -8,6 +8,8 @@
 #include <deque>
 #include <map>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/reduce.h"
@@ -226,6 +228,31 @@ TEST(ScheduleShape, BytesAndStepsMatchTheCostModel) {
   // Non-power-of-two: folded even ranks do just the pre and post steps.
   EXPECT_EQ(rhd_allreduce(0, 3, 10).size(), 2u);
   EXPECT_EQ(rhd_allreduce(1, 3, 10).size(), 4u);
+}
+
+// The executor's size check can only stop a rank that receives: a rank that only sent would
+// return ok from a call whose counts disagree. So every rank of every schedule receives somewhere
+// (the broadcast root: the closing token).
+TEST(ScheduleShape, EveryRankReceivesSoACountMismatchReachesIt) {
+  for (int p = 2; p <= 17; ++p) {
+    for (int r = 0; r < p; ++r) {
+      std::vector<std::pair<std::string, Schedule>> all = {
+          {"ring allreduce", ring_allreduce(r, p, 100)},
+          {"ring reduce_scatter", ring_reduce_scatter(r, p, 100)},
+          {"ring allgather", ring_allgather(r, p, 10)},
+          {"rhd allreduce", rhd_allreduce(r, p, 100)},
+          {"alltoall", pairwise_alltoall(r, p, 10)}};
+      for (int root = 0; root < p; ++root) {
+        all.emplace_back("broadcast from " + std::to_string(root),
+                         chain_broadcast(r, p, root, 100));
+      }
+      for (const auto& [name, s] : all) {
+        bool receives = false;
+        for (const Step& st : s) receives |= st.recv_from >= 0;
+        EXPECT_TRUE(receives) << name << ": rank " << r << " of " << p << " never receives";
+      }
+    }
+  }
 }
 
 TEST(ScheduleShape, BlockRangeCoversEverythingOnce) {
