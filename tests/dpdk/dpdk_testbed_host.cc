@@ -370,7 +370,7 @@ void bench_one(Store& store, int host, const std::string& transport) {
   // Bandwidth: host 1 -> host 0, 4 MiB messages, 4 in flight, 256 MiB total.
   const size_t msg = 4u << 20, total = 256u << 20;
   std::vector<uint8_t> buf(msg * 4, 1);
-  // Registered, as NCCL and the Communicator do: the sender may then go zero copy
+  // Registered, as the NCCL plugin does: the sender may then go zero copy
   // (TB_REG=0: unregistered, always copied).
   net::MemRegion* mr = nullptr;
   if (env_int("TB_REG", 1) == 1) {
