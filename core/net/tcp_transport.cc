@@ -222,6 +222,7 @@ class TcpCommCore {
       wake_.emplace_back(fd);
     }
     sleeping_.assign(static_cast<size_t>(n), 0);
+    rounds_.assign(static_cast<size_t>(n), 0);
     nthreads_ = n;
     try {
       for (int t = 0; t < n; ++t) workers_.emplace_back([this, t] { worker_main(t); });
@@ -302,6 +303,9 @@ class TcpCommCore {
   HostMrRegistry mrs_;
   // Set when workers must stop moving bytes (failure or close); checked between syscalls.
   std::atomic<bool> halt_{false};
+  // Worker 0 saw the peer close socket 0 and reports it after the other workers' next round
+  // (written by worker 0 under mu_; read by the workers under mu_).
+  bool close_pending_ = false;
 
  private:
   // mu_ held: marks the comm failed (first error wins) and tells everyone.
@@ -387,38 +391,79 @@ class TcpCommCore {
     }
   }
 
+  // Worker 0 (it owns socket 0), after its sockets' round: what the peer sent back. A notice
+  // fails the comm at once. A close (EOF, reset) fails it only after every other worker has
+  // finished a round since: the unthreaded pass moves every socket's bytes before it reads
+  // socket 0, so a request whose bytes were all handed to the kernel completes before the
+  // close is reported; this keeps that order (bounded: the others are woken for those rounds).
+  // False when the comm failed.
+  bool socket0_round() {
+    uint32_t wake = 0;
+    bool failed = false;
+    if (!close_pending_) {
+      Status extra = socket0_extra();
+      if (!extra.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (extra.code() == Code::kPeer) {
+          close_pending_ = true;
+          close_error_ = std::move(extra);
+          close_at_ = rounds_;
+          wake = sleepers_locked(0);
+        } else {
+          fail_locked(std::move(extra));
+          failed = true;
+        }
+      }
+    }
+    if (close_pending_ && !failed) {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Two rounds: the first may have begun before the close (or the last post) was seen.
+      bool all = true;
+      for (int t = 1; t < nthreads_; ++t) all &= rounds_[t] >= close_at_[t] + 2;
+      if (all) {
+        fail_locked(close_error_);
+        failed = true;
+      } else {
+        wake |= sleepers_locked(0);
+      }
+    }
+    if (failed) {
+      std::lock_guard<std::mutex> lock(mu_);
+      wake = sleepers_locked(0);
+      if (busy_ == 0) quiesce_cv_.notify_all();
+    }
+    wake_workers(wake);
+    return !failed;
+  }
+
   void worker_main(int t) {
     std::vector<pollfd> fds;
     const int n = static_cast<int>(socks_.size());
     while (!halt_.load()) {
       for (int s = t; s < n && !halt_.load(); s += nthreads_) {
         if (!run_socket(t, s).ok()) return;
-        if (s != 0) continue;
-        Status extra = socket0_extra();
-        if (!extra.ok()) {
-          uint32_t wake = 0;
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            fail_locked(std::move(extra));
-            wake = sleepers_locked(t);
-            if (busy_ == 0) quiesce_cv_.notify_all();
-          }
-          wake_workers(wake);
-          return;
-        }
       }
+      if (t == 0 && !socket0_round()) return;
       // Sleep until a socket is ready, a post or another worker wakes us, or the timeout.
       fds.clear();
       fds.push_back(pollfd{wake_[t].get(), POLLIN, 0});
+      uint32_t wake = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (halt_.load()) return;
+        ++rounds_[t];
+        // Worker 0 waits for this round before it reports a close (socket0_round).
+        if (close_pending_ && t != 0 && sleeping_[0] != 0) {
+          sleeping_[0] = 0;
+          wake = 1;
+        }
         for (int s = t; s < n; s += nthreads_) {
           short events = events_locked(s);
           if (events != 0) fds.push_back(pollfd{socks_[s].get(), events, 0});
         }
         sleeping_[t] = 1;
       }
+      wake_workers(wake);
       if (::poll(fds.data(), fds.size(), kWorkerPollMs) > 0 && (fds[0].revents & POLLIN) != 0) {
         drain_fd(wake_[t].get());
       }
@@ -437,6 +482,9 @@ class TcpCommCore {
   std::condition_variable quiesce_cv_;  // busy_ dropped to 0 after a failure
   int busy_ = 0;                        // workers inside part_io
   std::vector<char> sleeping_;          // per worker: asleep in poll() (mu_)
+  std::vector<uint64_t> rounds_;        // per worker: rounds finished (mu_)
+  std::vector<uint64_t> close_at_;      // rounds_ when worker 0 saw the close (mu_)
+  Status close_error_;                  // that close (mu_)
   mutable bool done_armed_ = false;     // a caller waits on done_fd_ (mu_)
   uint64_t unreported_ = 0;             // completed requests test() has not returned yet (mu_)
 };
@@ -528,7 +576,7 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
     // Room to write while this socket has a part to send; socket 0 also hears notices and close
     // while any request is outstanding (an idle comm learns of them on its next request).
     short events = reqs_.active(pos_[s].seq) != nullptr ? POLLOUT : 0;
-    if (s == 0 && !reqs_.idle()) events |= POLLIN;
+    if (s == 0 && !reqs_.idle() && !close_pending_) events |= POLLIN;
     return events;
   }
 

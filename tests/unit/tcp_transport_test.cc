@@ -555,6 +555,43 @@ TEST(TcpThreads, PeerClosedMidTransferFailsWithPeerPromptly) {
   }
 }
 
+// A receiver that closes right after taking a message must not fail the sender's request for
+// it: its bytes were all handed over, as in the unthreaded mode (which moves every socket's bytes
+// before it reads socket 0). In threaded mode socket 0's worker may see the close before the other
+// workers have moved their (empty) parts past the message; the close is reported after them.
+// Sixteen workers, one socket each, make the race likely on a small host (the other workers are
+// often not yet scheduled when the close arrives).
+TEST(TcpThreads, ReceiverClosingAfterTheLastMessageDoesNotFailItsSend) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "16");
+  ScopedEnv e("GW_SOCKET_NTHREADS", "16");
+  auto made = make_tcp_transport(options());
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  std::unique_ptr<Transport> t = std::move(*made);
+  for (int i = 0; i < 60; ++i) {
+    SCOPED_TRACE(::testing::Message() << "iteration " << i);
+    Handle h;
+    auto l = t->listen(&h);
+    ASSERT_TRUE(l.ok());
+    Conn conn = connect_both(*t, **l, h);
+    ASSERT_TRUE(conn.send && conn.recv);
+    uint64_t word = 42, got_word = 0;
+    auto s = conn.send->isend(&word, sizeof(word), 1, nullptr);
+    auto r = conn.recv->irecv(&got_word, sizeof(got_word), 1, nullptr);
+    ASSERT_TRUE(s.ok() && r.ok() && *s && *r);
+    bool rd = false, sd = false;
+    int64_t deadline = now_ms() + 5000;
+    while (!rd && now_ms() < deadline) ASSERT_TRUE(conn.recv->test(*r, &rd, nullptr).ok());
+    ASSERT_TRUE(rd);
+    EXPECT_EQ(got_word, 42u);
+    conn.recv.reset();  // the receiver is done and leaves at once
+    Status st;
+    while (!sd && st.ok() && now_ms() < deadline) st = conn.send->test(*s, &sd, nullptr);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(sd);
+  }
+}
+
 // Threaded wait_fds: one eventfd the workers signal on completion. Nothing outstanding -> no
 // descriptor; a pending receive with a silent peer -> not ready; a completion not yet collected
 // by test() -> ready at once.
