@@ -186,7 +186,9 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   if (timeout_ms <= 0) return gw::invalid_arg("GW_TIMEOUT_MS {} must be positive", timeout_ms);
   std::string token = cfg.job_token != nullptr ? std::string(cfg.job_token)
                                                : gw::config::get_string(gw::config::Key::kJobToken);
-  std::string transport = cfg.transport != nullptr ? std::string(cfg.transport) : "auto";
+  std::string transport = cfg.transport != nullptr
+                              ? std::string(cfg.transport)
+                              : gw::config::get_string(gw::config::Key::kTransport);
   if (transport.empty()) return gw::invalid_arg("config.transport is empty");
 
   gw::log::set_rank(rank);

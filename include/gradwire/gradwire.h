@@ -47,7 +47,7 @@ typedef enum {
 typedef enum {
   GW_FLOAT32 = 0,
   GW_FLOAT64 = 1,
-  GW_FLOAT16 = 2, /* IEEE half; reduced in float32 */
+  GW_FLOAT16 = 2,  /* IEEE half; reduced in float32 */
   GW_BFLOAT16 = 3, /* reduced in float32 */
   GW_INT32 = 4,
   GW_INT64 = 5,
@@ -69,13 +69,13 @@ typedef struct gw_request* gw_request_t;
  * left 0/NULL takes its value from the environment (GW_* variables, then torchrun/Open MPI/Slurm)
  * or its default. */
 typedef struct {
-  int rank;                /* required: 0 <= rank < world_size */
-  int world_size;          /* required: >= 1 */
-  const char* store_addr;  /* "host:port" of the rendezvous store; rank 0 hosts it there.
-                              NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
-  const char* transport;   /* "auto" (default), "tcp", "shm" */
-  int timeout_ms;          /* deadline of every wait; 0: GW_TIMEOUT_MS */
-  const char* job_token;   /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
+  int rank;               /* required: 0 <= rank < world_size */
+  int world_size;         /* required: >= 1 */
+  const char* store_addr; /* "host:port" of the rendezvous store; rank 0 hosts it there.
+                             NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
+  const char* transport;  /* "auto", "tcp", "shm", "dpdk"; NULL: GW_TRANSPORT (default auto) */
+  int timeout_ms;         /* deadline of every wait; 0: GW_TIMEOUT_MS */
+  const char* job_token;  /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
 } gw_config_t;
 
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
@@ -114,8 +114,8 @@ gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, siz
                          gw_dtype_t dtype);
 
 /* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Blocking. */
-gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
-                              size_t recvcount, gw_dtype_t dtype, gw_op_t op);
+gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
+                              gw_dtype_t dtype, gw_op_t op);
 
 /* All-to-all: sendbuf holds size * count elements, block j (at offset j * count) goes to rank j;
  * recvbuf (size * count elements) receives rank j's block for this rank at offset j * count.
@@ -162,10 +162,10 @@ const char* gw_version(void);
  *
  * tensor_key names the tensor (non-empty, NUL-terminated): the error-feedback residual and the
  * codec state (PowerSGD's warm start) live under it, per communicator, and are freed with the
- * communicator (gw_comm_destroy) or earlier by gw_comm_release_compression. Reusing a key with another spec, count or
- * dtype is GW_ERR_INVALID_ARG. On return every rank's buf holds the same values: the sum over
- * ranks of each rank's decoded compressed gradient (what a codec could not send stays in that
- * rank's residual and is added to the next call with the same key).
+ * communicator (gw_comm_destroy) or earlier by gw_comm_release_compression. Reusing a key with
+ * another spec, count or dtype is GW_ERR_INVALID_ARG. On return every rank's buf holds the same
+ * values: the sum over ranks of each rank's decoded compressed gradient (what a codec could not
+ * send stays in that rank's residual and is added to the next call with the same key).
  *
  * Requirements: a collective call (same order, spec, key, count and dtype on every rank; the first
  * call with a key checks this and reports the first rank that differs); dtype GW_FLOAT32,

@@ -162,6 +162,17 @@ TEST(CapiTest, InitRejectsBadConfiguration) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(&c));
   EXPECT_NE(last().find("GW_RANK"), std::string::npos) << last();
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(nullptr));
+  // A NULL config.transport means GW_TRANSPORT, for gw_comm_init_from_env too (it was ignored).
+  setenv("GW_RANK", "0", 1);
+  setenv("GW_WORLD_SIZE", "1", 1);
+  setenv("GW_TRANSPORT", "carrier-pigeon", 1);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init_from_env(&c));
+  EXPECT_NE(last().find("carrier-pigeon"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("carrier-pigeon"), std::string::npos) << last();
+  unsetenv("GW_TRANSPORT");
+  unsetenv("GW_RANK");
+  unsetenv("GW_WORLD_SIZE");
   EXPECT_EQ(c, sentinel);
 }
 
