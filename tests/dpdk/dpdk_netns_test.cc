@@ -9,23 +9,12 @@
 #include <cstdio>
 #include <string>
 
+#include "tests/support/shell_run.h"
+
 namespace {
 
-struct ShellRun {
-  int rc = -1;
-  std::string out;
-};
-
-ShellRun run(const std::string& cmd) {
-  ShellRun r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using gw::testing::run_shell;
+using gw::testing::ShellRun;
 
 int count(const std::string& s, const std::string& what) {
   int n = 0;
@@ -48,14 +37,14 @@ const char* const kAfXdp = "net_af_xdp0,iface=d0";
 ShellRun testbed(const std::string& opts, const std::string& env, const std::string& args) {
   std::string cmd = std::string("bash ") + GW_TESTBED_SCRIPT + " " + opts + " -- \"" + env + " " +
                     GW_TESTBED_HOST + " " + args + "\"";
-  return run(cmd);
+  return run_shell(cmd);
 }
 
 class DpdkNetns : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
-    if (run("ip netns list").rc != 0) GTEST_SKIP() << "ip netns unavailable";
+    if (run_shell("ip netns list").rc != 0) GTEST_SKIP() << "ip netns unavailable";
   }
   void check(const ShellRun& r, int hosts) {
     if (r.rc == 77) GTEST_SKIP() << "testbed unavailable: " << r.out;
@@ -102,12 +91,12 @@ TEST_F(DpdkNetns, HostKilledMidRunMakesTheOthersFailWithinTimeout) {
 }
 
 TEST_F(DpdkNetns, CaptureDecodesAsValidUdpIpv4WithCorrectChecksums) {
-  if (run("command -v tshark").rc != 0) GTEST_SKIP() << "tshark not installed";
+  if (run_shell("command -v tshark").rc != 0) GTEST_SKIP() << "tshark not installed";
   const std::string pcap = "/tmp/gw_dpdk_cap_" + std::to_string(getpid()) + ".pcap";
   ShellRun r = testbed("-n 2 -t 100 -c " + pcap, eal(kAfPacket), "p2p");
   check(r, 2);
   // Every frame of the transport: IPv4 + UDP, both checksums verified by tshark.
-  ShellRun t = run(
+  ShellRun t = run_shell(
       "tshark -r " + pcap +
       " -o ip.check_checksum:TRUE -o udp.check_checksum:TRUE -Y 'udp.port==47000' -T "
       "fields -e ip.checksum.status -e udp.checksum.status 2>/dev/null | grep -v '^Running as'");

@@ -17,30 +17,14 @@
 #include <sstream>
 #include <string>
 
+#include "tests/support/shell_run.h"
+
 namespace {
 
-struct ShellRun {
-  int rc = -1;
-  std::string out;
-};
+using gw::testing::run_shell;
+using gw::testing::ShellRun;
 
-ShellRun run(const std::string& cmd) {
-  ShellRun r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using gw::testing::slurp;
 
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -75,13 +59,16 @@ PairRun run_pair(const std::string& args, const std::string& env0, const std::st
                           common + " -J " + tag + "json > " + tag + "out0 2>&1; echo $? > " + tag +
                           "rc0; wait";
   PairRun r;
-  run("bash -c '" + cmd + "'");
+  run_shell("bash -c '" + cmd + "'");
   r.out0 = slurp(tag + "out0");
   r.out1 = slurp(tag + "out1");
-  r.rc0 = std::atoi(slurp(tag + "rc0").c_str());
-  r.rc1 = std::atoi(slurp(tag + "rc1").c_str());
-  if (slurp(tag + "rc0").empty()) r.rc0 = -1;
-  if (slurp(tag + "rc1").empty()) r.rc1 = -1;
+  // An exit status file that was never written (the rank was killed first) reads as -1.
+  auto status = [&](const char* name) {
+    const std::string text = slurp(tag + name);
+    return text.empty() ? -1 : std::atoi(text.c_str());
+  };
+  r.rc0 = status("rc0");
+  r.rc1 = status("rc1");
   std::ifstream in(tag + "json");
   r.doc = nlohmann::json::parse(in, nullptr, false);
   for (const char* f : {"out0", "out1", "rc0", "rc1", "json"}) unlink((tag + f).c_str());
@@ -143,8 +130,8 @@ TEST(PerfLauncher, AllreduceDpdkWithBadEalArgumentsFailsClearlyOnEveryRank) {
 }
 
 TEST(PerfLauncher, P2pJobOfThreeRanksIsRefused) {
-  ShellRun r = run("env GW_RANK=0 GW_WORLD_SIZE=3 GW_STORE=127.0.0.1:1 " GW_PERF_BINARY
-                   " p2p --transport tcp -e 1K");
+  ShellRun r = run_shell("env GW_RANK=0 GW_WORLD_SIZE=3 GW_STORE=127.0.0.1:1 " GW_PERF_BINARY
+                         " p2p --transport tcp -e 1K");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("exactly 2 ranks"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--np 2"), std::string::npos) << r.out;
@@ -152,7 +139,8 @@ TEST(PerfLauncher, P2pJobOfThreeRanksIsRefused) {
 
 TEST(PerfLauncher, ForkedDpdkCollectiveIsRefusedWithHowToRunIt) {
   for (const char* coll : {"allreduce", "allgather", "reduce_scatter", "broadcast"}) {
-    ShellRun r = run(std::string(GW_PERF_BINARY " ") + coll + " --np 2 --transport dpdk -e 4K");
+    ShellRun r =
+        run_shell(std::string(GW_PERF_BINARY " ") + coll + " --np 2 --transport dpdk -e 4K");
     EXPECT_EQ(r.rc, 2) << coll << ": " << r.out;
     EXPECT_NE(r.out.find("one rank per host"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("perf/dpdk_vs_tcp.sh"), std::string::npos) << r.out;

@@ -11,30 +11,19 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/shell_run.h"
+
 namespace {
 
-struct ShellRun {
-  int rc = -1;
-  std::string out;
-};
-
-ShellRun run(const std::string& cmd) {
-  ShellRun r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using gw::testing::run_shell;
+using gw::testing::ShellRun;
 
 TEST(DpdkPerfP2p, MemifPairReportsBandwidthAndLatency) {
   const std::string json_path = "/tmp/gw_dpdk_perf_p2p_" + std::to_string(getpid()) + ".json";
-  ShellRun r =
-      run("env -u GW_DPDK_EAL_ARGS -u GW_DPDK_IP GW_TIMEOUT_MS=30000 timeout 90 " GW_PERF_BINARY
-          " p2p --transport dpdk -b 8 -e 1M -f 8 -J " +
-          json_path);
+  ShellRun r = run_shell(
+      "env -u GW_DPDK_EAL_ARGS -u GW_DPDK_IP GW_TIMEOUT_MS=30000 timeout 90 " GW_PERF_BINARY
+      " p2p --transport dpdk -b 8 -e 1M -f 8 -J " +
+      json_path);
   std::ifstream in(json_path);
   nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
   unlink(json_path.c_str());
@@ -55,7 +44,7 @@ TEST(DpdkPerfP2p, MemifPairReportsBandwidthAndLatency) {
 }
 
 TEST(DpdkPerfP2p, UnknownTransportIsRefused) {
-  ShellRun r = run(GW_PERF_BINARY " p2p --transport carrier-pigeon -e 1K");
+  ShellRun r = run_shell(GW_PERF_BINARY " p2p --transport carrier-pigeon -e 1K");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("tcp, shm or dpdk"), std::string::npos) << r.out;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpudirect/fatbin.h"
+#include "tests/support/shell_run.h"
 
 namespace gw::cuda {
 namespace {
@@ -58,17 +59,11 @@ TEST(Fatbin, CuobjdumpListsTheArchitectures) {
   const auto image = codec_fatbin();
   ASSERT_EQ(write(fd, image.data(), image.size()), static_cast<ssize_t>(image.size()));
   close(fd);
-  const std::string cmd = tool + " --list-elf " + path + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[256];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = pclose(p);
+  const gw::testing::ShellRun r = gw::testing::run_shell(tool + " --list-elf " + path);
   unlink(path);
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("sm_80"), std::string::npos) << out;
-  EXPECT_NE(out.find("sm_90"), std::string::npos) << out;
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("sm_80"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sm_90"), std::string::npos) << r.out;
 }
 
 std::vector<unsigned char> header(uint32_t magic, uint16_t version, uint16_t hsize, uint64_t body) {
