@@ -273,25 +273,11 @@ GW_AVX2 float sign_encode_chunk(const float* in, float* residual, size_t n, uint
   return scale;
 }
 
-GW_AVX2 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
-  const __m256 vs = _mm256_set1_ps(scale);
-  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const uint32_t byte = static_cast<uint32_t>(load_word(words, i / 64) >> (i % 64)) & 0xFFu;
-    const __m256i m = _mm256_cmpeq_epi32(
-        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
-    const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(m, 31));
-    const __m256 dec = _mm256_or_ps(vs, sign);
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), dec));
-  }
-  for (; i < n; ++i) {
-    const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
-    acc[i] += neg ? -scale : scale;
-  }
-}
-
-GW_AVX2 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
+// dst[i] = base[i] + decode with base = dst (kAdd) or +0 (set: a zero scale gives +0, as the
+// portable 0 + decode does). Add and set share this one loop.
+template <bool kAdd>
+GW_AVX2 static inline void sign_decode_into(const uint64_t* words, float scale, size_t n,
+                                            float* dst) {
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   size_t i = 0;
@@ -300,12 +286,21 @@ GW_AVX2 void sign_decode_set(const uint64_t* words, float scale, size_t n, float
     const __m256i m = _mm256_cmpeq_epi32(
         _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
     const __m256 dec = _mm256_or_ps(vs, _mm256_castsi256_ps(_mm256_slli_epi32(m, 31)));
-    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_setzero_ps(), dec));
+    const __m256 base = kAdd ? _mm256_loadu_ps(dst + i) : _mm256_setzero_ps();
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(base, dec));
   }
   for (; i < n; ++i) {
     const bool neg = (load_word(words, i / 64) >> (i % 64)) & 1u;
-    out[i] = 0.0f + (neg ? -scale : scale);  // +0 for a zero scale, as 0 + decode gives
+    dst[i] = (kAdd ? dst[i] : 0.0f) + (neg ? -scale : scale);
   }
+}
+
+GW_AVX2 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
+  sign_decode_into<true>(words, scale, n, acc);
+}
+
+GW_AVX2 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
+  sign_decode_into<false>(words, scale, n, out);
 }
 
 GW_AVX2 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
