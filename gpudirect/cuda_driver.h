@@ -115,7 +115,9 @@ Status cuda_error(const Driver& d, CUresult r, std::string_view what);
 bool is_device_pointer(const void* p);
 
 // Waits until the work queued on `stream` has finished, polling cuStreamQuery (spin, then short
-// sleeps): kTimeout after `timeout_ms`, a driver error if the stream failed.
+// sleeps): kTimeout after `timeout_ms`, a driver error if the stream failed. A null `stream` is
+// the legacy default stream of the context current on this thread, so one must be current
+// (ScopedContext in device_buffer.h).
 Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms);
 
 }  // namespace gw::cuda

@@ -1,9 +1,31 @@
 #include "gpudirect/device_buffer.h"
 
 #include <memory>
+#include <mutex>
+#include <set>
 #include <utility>
 
 namespace gw::cuda {
+
+namespace {
+
+// Keeps `dev`'s primary context alive for the rest of the process, as the CUDA runtime does.
+// Without this, the last ScopedContext's release destroys the primary context, and with it
+// every allocation made in it: a DeviceBuffer would outlive its own memory (seen on the H100:
+// every cuMemsetD8 after DeviceBuffer::allocate failed with CUDA_ERROR_INVALID_VALUE).
+Status pin_primary_context(const Driver& d, CUdevice dev) {
+  static std::mutex mu;
+  static std::set<CUdevice> pinned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pinned.count(dev)) return ok_status();
+  CUcontext ctx;
+  const CUresult r = d.cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r != kCudaSuccess) return cuda_error(d, r, "cuDevicePrimaryCtxRetain (pin)");
+  pinned.insert(dev);
+  return ok_status();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<ScopedContext>> ScopedContext::enter(int device) {
   GW_ASSIGN_OR_RETURN(const Driver* d, driver());
@@ -13,6 +35,10 @@ Result<std::unique_ptr<ScopedContext>> ScopedContext::enter(int device) {
   CUcontext ctx;
   r = d->cuDevicePrimaryCtxRetain(&ctx, dev);
   if (r != kCudaSuccess) return cuda_error(*d, r, "cuDevicePrimaryCtxRetain");
+  if (Status pin = pin_primary_context(*d, dev); !pin.ok()) {
+    d->cuDevicePrimaryCtxRelease(dev);
+    return pin;
+  }
   r = d->cuCtxPushCurrent(ctx);
   if (r != kCudaSuccess) {
     d->cuDevicePrimaryCtxRelease(dev);

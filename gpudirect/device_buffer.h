@@ -50,7 +50,9 @@ class DeviceBuffer {
 };
 
 // Makes the primary context of `device` current on this thread for the life of the object
-// (push on construction, pop on destruction) and keeps it retained meanwhile.
+// (push on construction, pop on destruction) and keeps it retained meanwhile. The first entry
+// per device also pins the primary context for the life of the process, so memory allocated
+// in it survives between scopes.
 class ScopedContext {
  public:
   static Result<std::unique_ptr<ScopedContext>> enter(int device);

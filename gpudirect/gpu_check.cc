@@ -100,6 +100,9 @@ Result<std::vector<T>> from_device(const DeviceBuffer& b, size_t n, size_t misal
 
 Status wait() {
   GW_ASSIGN_OR_RETURN(const Driver* d, driver());
+  // The legacy default stream is the current context's: without one, cuStreamQuery fails with
+  // CUDA_ERROR_INVALID_CONTEXT (seen on the H100).
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(kDevice));
   return stream_wait(*d, nullptr, kWaitMs);
 }
 

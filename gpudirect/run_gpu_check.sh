@@ -7,6 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
+mkdir -p "$(dirname "$build")"
 args=(-S "$root/gpudirect" -B "$build" -DCMAKE_BUILD_TYPE=Release)
 if command -v ninja >/dev/null; then args+=(-G Ninja); fi
 if [[ -n "${GW_THIRD_PARTY_INCLUDE:-}" ]]; then
