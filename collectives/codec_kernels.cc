@@ -285,7 +285,9 @@ GW_AVX2 static inline void sign_decode_into(const uint64_t* words, float scale, 
     const uint32_t byte = static_cast<uint32_t>(load_word(words, i / 64) >> (i % 64)) & 0xFFu;
     const __m256i m = _mm256_cmpeq_epi32(
         _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
-    const __m256 dec = _mm256_or_ps(vs, _mm256_castsi256_ps(_mm256_slli_epi32(m, 31)));
+    // XOR, not OR: a set bit negates the scale, as the portable loop and the GPU do, also for
+    // a negative or NaN scale (which no encoder writes, but a decoder must treat alike).
+    const __m256 dec = _mm256_xor_ps(vs, _mm256_castsi256_ps(_mm256_slli_epi32(m, 31)));
     const __m256 base = kAdd ? _mm256_loadu_ps(dst + i) : _mm256_setzero_ps();
     _mm256_storeu_ps(dst + i, _mm256_add_ps(base, dec));
   }

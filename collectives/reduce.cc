@@ -18,7 +18,11 @@ float half_to_float(uint16_t h) {
     const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
     return sign ? -v : v;
   }
-  if (e == 31) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));
+  if (e == 31) {
+    // A NaN comes out quiet with its payload, as F16C's vcvtph2ps gives (the AVX2 paths use it).
+    const uint32_t quiet = m != 0 ? 0x400000u : 0u;
+    return std::bit_cast<float>(sign | 0x7F800000u | quiet | (m << 13));
+  }
   return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
 }
 

@@ -65,7 +65,8 @@ GW_HD uint16_t to_half(float f) {
 GW_HD float from_half(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7FFFu;
-  if (em >= 0x7C00u) return float_of(sign | 0x7F800000u | ((em & 0x3FFu) << 13));
+  if (em > 0x7C00u) return float_of(sign | 0x7FC00000u | ((em & 0x3FFu) << 13));  // quiet, as F16C
+  if (em == 0x7C00u) return float_of(sign | 0x7F800000u);
   if (em >= 0x0400u) return float_of(sign | ((em << 13) + 0x38000000u));
   // Subnormal or zero: em * 2^-24 is exact.
   return float_of(sign | bits_of(static_cast<float>(em) * 5.9604644775390625e-8f));

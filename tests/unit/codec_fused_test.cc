@@ -139,13 +139,43 @@ TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
     // sign_decode_set: the same bits on both paths, and the values of 0 + decode_add.
     std::vector<uint64_t> w((n + 63) / 64);
     for (size_t j = 0; j < w.size(); ++j) w[j] = 0x9E3779B97F4A7C15ull * (j + 1);
-    for (float scale : {0.0f, 0.75f}) {
-      std::vector<float> s1(n, 5.0f), s2(n, 6.0f), ref(n, 0.0f);
+    // No encoder writes a negative or NaN scale, but a decoder must treat one the same way on
+    // every path (the GPU check on the H100 caught the AVX2 path OR-ing the sign in: a set bit
+    // left -0.75 at -0.75 where the portable loop and the GPU give +0.75).
+    for (float scale : {0.0f, 0.75f, -0.75f, std::bit_cast<float>(0xFFC12345u)}) {
+      std::vector<float> s1(n, 5.0f), s2(n, 6.0f), ref(n, 0.0f), a1(n, 1.0f), a2(n, 1.0f);
       ck::portable::sign_decode_set(w.data(), scale, n, s1.data());
       ck::avx2::sign_decode_set(w.data(), scale, n, s2.data());
       ck::portable::sign_decode_add(w.data(), scale, n, ref.data());
-      EXPECT_TRUE(same_bits(s1, s2)) << n;
-      EXPECT_TRUE(same_bits(s1, ref)) << n;
+      ck::portable::sign_decode_add(w.data(), scale, n, a1.data());
+      ck::avx2::sign_decode_add(w.data(), scale, n, a2.data());
+      EXPECT_TRUE(same_bits(s1, s2)) << n << " scale " << scale;
+      EXPECT_TRUE(same_bits(s1, ref)) << n << " scale " << scale;
+      EXPECT_TRUE(same_bits(a1, a2)) << n << " scale " << scale;
+      for (size_t i = 0; i < n && scale == -0.75f; ++i) {
+        const bool neg = (w[i / 64] >> (i % 64)) & 1u;
+        ASSERT_EQ(s1[i], neg ? 0.75f : -0.75f) << i;
+      }
+    }
+  }
+}
+
+// Every half and bfloat16 bit pattern decodes to the same f32 bits on both CPU paths; F16C
+// quiets a signalling NaN, so the portable conversion does too (the GPU check on the H100 found
+// the CUDA kernel keeping it signalling while the AVX2 path quieted it).
+TEST(CodecFused, Cast16DecodeOfEveryBitPatternAgreesAcrossPaths) {
+  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  for (bool bf16 : {false, true}) {
+    for (bool add : {false, true}) {
+      std::vector<float> p(all.size(), 0.25f), v(all.size(), 0.25f);
+      ck::portable::decode_cast16(all.data(), all.size(), p.data(), bf16, add);
+      ck::avx2::decode_cast16(all.data(), all.size(), v.data(), bf16, add);
+      for (size_t h = 0; h < all.size(); ++h) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(p[h]), std::bit_cast<uint32_t>(v[h]))
+            << std::hex << "half 0x" << h << " bf16 " << bf16 << " add " << add;
+      }
     }
   }
 }

@@ -247,6 +247,9 @@ TEST(HalfConversion, KnownValues) {
   EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
   EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(half_to_float(0x7C00), std::numeric_limits<float>::infinity());
+  // NaNs come out quiet with their payload and sign, as F16C's vcvtph2ps gives.
+  EXPECT_EQ(std::bit_cast<uint32_t>(half_to_float(0x7C01)), 0x7FC02000u);  // signalling in
+  EXPECT_EQ(std::bit_cast<uint32_t>(half_to_float(0xFE00)), 0xFFC00000u);  // quiet in
 }
 
 #if defined(__FLT16_MAX__)
