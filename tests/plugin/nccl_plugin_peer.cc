@@ -2,6 +2,8 @@
 //   nccl_plugin_peer exchange ROLE   one side of the two-process transfer (handles on stdin/stdout)
 //   nccl_plugin_peer init CODE TEXT  the first init must return CODE and WARN a line with TEXT
 //   nccl_plugin_peer info TEXT       the first init must succeed and its INFO line contain TEXT
+//   nccl_plugin_peer channels VALUE  the first init must succeed and leave NCCL_MIN_NCHANNELS at
+//                                    VALUE ("-": unset)
 //   nccl_plugin_peer pin EXPECT      after init/finalize/dlclose the library is (1) or is not (0)
 //                                    still mapped
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
@@ -56,6 +58,17 @@ int run_info(const std::string& needle) {
   return fail("no INFO line mentioning " + needle);
 }
 
+int run_channels(const std::string& want) {
+  const Loaded& l = plugin();
+  if (l.v11 == nullptr) return fail("no ncclNetPlugin_v11");
+  for (const std::string& line : l.first_init_log) std::fprintf(stderr, "  %s\n", line.c_str());
+  if (l.first_init != ncclSuccess) return fail("init failed");
+  const char* v = std::getenv("NCCL_MIN_NCHANNELS");
+  const std::string got = v == nullptr ? "-" : v;
+  if (got != want) return fail("NCCL_MIN_NCHANNELS is " + got + ", expected " + want);
+  return 0;
+}
+
 int run_pin(bool expect_loaded) {
   set_test_environment();
   void* lib = dlopen(GW_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
@@ -88,7 +101,9 @@ int run_pin(bool expect_loaded) {
 
 int main(int argc, char** argv) {
   if (argc < 2)
-    return fail("usage: nccl_plugin_peer exchange ROLE | init CODE TEXT | info TEXT | pin 0|1");
+    return fail(
+        "usage: nccl_plugin_peer exchange ROLE | init CODE TEXT | info TEXT | channels VALUE | "
+        "pin 0|1");
   std::string mode = argv[1];
   try {
     if (mode == "exchange" && argc == 3) {
@@ -98,6 +113,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "init" && argc == 4) return run_init(std::atoi(argv[2]), argv[3]);
     if (mode == "info" && argc == 3) return run_info(argv[2]);
+    if (mode == "channels" && argc == 3) return run_channels(argv[2]);
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
   } catch (const std::exception& e) {
     return fail(e.what());

@@ -607,6 +607,28 @@ TEST(PluginFreshProcess, NcclSocketKnobsApplyWhenGwKnobsAreUnset) {
   EXPECT_EQ(run_peer({"NCCL_SOCKET_NTHREADS=lots"}, {"init", "5", "NCCL_SOCKET_NTHREADS"}), 0);
 }
 
+// The plugin asks NCCL for 4 channels (NCCL_MIN_NCHANNELS) when its tcp comms have I/O threads,
+// never overrides the user's NCCL_MIN_NCHANNELS or a lower NCCL_MAX_NCHANNELS, and refuses an
+// out-of-range GW_PLUGIN_MIN_CHANNELS.
+TEST(PluginFreshProcess, AsksNcclForChannelsOnlyWhenTheUserHasNot) {
+  const std::vector<std::string> clean = {"-NCCL_MIN_NCHANNELS", "-NCCL_MAX_NCHANNELS",
+                                          "-GW_PLUGIN_MIN_CHANNELS"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), clean.begin(), clean.end());
+    return extra;
+  };
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1"}), {"channels", "4"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=-1"}), {"channels", "-"}), 0);  // no I/O threads
+  EXPECT_EQ(
+      run_peer(with({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}), {"channels", "-"}), 0);
+  EXPECT_EQ(
+      run_peer(with({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}), {"channels", "6"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}), {"channels", "2"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}), {"channels", "-"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_PLUGIN_MIN_CHANNELS=33"}), {"init", "5", "GW_PLUGIN_MIN_CHANNELS"}),
+            0);
+}
+
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {
   EXPECT_EQ(run_peer({"GW_PLUGIN_PIN=1"}, {"pin", "1"}), 0);
   // Unpinned, the library really unloads (so the check above can fail). The process-wide plugin
