@@ -43,6 +43,7 @@ fi
 plugin=${1:-}
 if [ -z "$plugin" ]; then
   build="$root/build/plugin-gpu"
+  mkdir -p "$root/build"
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   extra=()
@@ -94,33 +95,63 @@ run() {
       result[$label,$np,$s]="fail(rc=$rc)"
     fi
   done
+  grep -m1 "coll channels" "$log" | sed 's/^.*INFO /   /' >&2
   # The plugin must really have been used: its INFO line and NCCL's channel lines.
   if [[ $label == gradwire* ]]; then
     grep -m1 "NET/gradwire: backend" "$log" >&2 || echo "   (no gradwire INFO line in $log)" >&2
+    grep -m1 -E "NET/gradwire: (set|could not|NCCL)" "$log" >&2
     grep -m1 -E "via NET/gradwire|Using network gradwire|Assigned NET plugin gradwire" "$log" >&2 ||
       echo "   (NCCL did not report using gradwire; see $log)" >&2
   fi
 }
 
+# Columns: "LABEL=ENV ENV ...", one per line; labels starting with gradwire load the plugin.
+# CONFIGS overrides the default four (e.g. to sweep GW_SOCKET_NTHREADS/GW_SOCKET_NSOCKS).
+configs=${CONFIGS:-"Socket defaults=NCCL_NET=Socket
+Socket 4x4=NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+gradwire=
+gradwire 4x4=GW_SOCKET_NTHREADS=4 GW_SOCKET_NSOCKS=4"}
+labels=()
+declare -A envs
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  labels+=("${line%%=*}")
+  envs[${line%%=*}]=${line#*=}
+done <<<"$configs"
+
 runs_start=$SECONDS
 for np in $nps; do
-  run "Socket defaults" "$np" NCCL_NET=Socket
-  run "Socket 4x4" "$np" NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
-  run "gradwire" "$np" NCCL_NET_PLUGIN="$plugin" NCCL_NET=gradwire
-  run "gradwire 4x4" "$np" NCCL_NET_PLUGIN="$plugin" NCCL_NET=gradwire GW_SOCKET_NTHREADS=4 \
-    GW_SOCKET_NSOCKS=4
+  for l in "${labels[@]}"; do
+    # shellcheck disable=SC2206
+    e=(${envs[$l]})
+    if [[ $l == gradwire* ]]; then
+      run "$l" "$np" NCCL_NET_PLUGIN="$plugin" NCCL_NET=gradwire "${e[@]}"
+    else
+      run "$l" "$np" "${e[@]}"
+    fi
+  done
 done
 
 # ---- table --------------------------------------------------------------------------------
 echo
 echo "allreduce busbw GB/s (float32 sum, ranks on one GPU under MPS, NCCL_HOSTID per rank)"
-printf "%-4s %-12s %-18s %-18s %-18s %-18s\n" np bytes "Socket defaults" "Socket 4x4" gradwire \
-  "gradwire 4x4"
+for l in "${labels[@]}"; do echo "  $l: ${envs[$l]:-(defaults)}"; done
+printf "%-4s %-12s" np bytes
+for l in "${labels[@]}"; do printf " %-16s" "$l"; done
+echo
+bad=0
 for np in $nps; do
   for s in $sizes; do
-    printf "%-4s %-12s %-18s %-18s %-18s %-18s\n" "$np" "$s" "${result[Socket defaults,$np,$s]}" \
-      "${result[Socket 4x4,$np,$s]}" "${result[gradwire,$np,$s]}" "${result[gradwire 4x4,$np,$s]}"
+    printf "%-4s %-12s" "$np" "$s"
+    for l in "${labels[@]}"; do
+      [[ ${result[$l,$np,$s]} =~ ^[0-9.]+$ ]] || [ "${result[$l,$np,$s]}" = skipped ] || bad=1
+      printf " %-16s" "${result[$l,$np,$s]}"
+    done
+    echo
   done
 done
 echo "runs took $((SECONDS - runs_start)) s"
 echo "logs: $logdir"
+# The device tool brings back what is under $OUT: the per-run NCCL logs, as one file.
+[ -n "${OUT:-}" ] && tar czf "$OUT/nccl-logs.tgz" -C "$logdir" . && echo "logs also in $OUT/nccl-logs.tgz"
+exit $bad  # 1 when a run failed or gave a wrong result
