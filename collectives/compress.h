@@ -80,6 +80,17 @@ class Compressor {
   Status allreduce(void* buf, size_t count, DataType dtype, std::string_view spec,
                    std::string_view key);
 
+  // For a caller that encodes and decodes a cast codec (fp16/bf16) itself, on memory this class
+  // cannot touch (the C ABI's GPU path: the kernels of gpudirect/ run the casts and the error
+  // feedback on the device). `wire` holds this rank's count-element encoding in the codec's wire
+  // dtype, in host memory; on success it holds the sum over ranks, exactly as allreduce() sums
+  // its own encoding. The first call with a key checks agreement across ranks like allreduce()
+  // and marks the key as encoded elsewhere: allreduce() with that key is then kInvalidArg, and
+  // vice versa. Counts the call's bytes. `spec` must be an fp16 or bf16 spec, dtype the
+  // caller's buffer dtype (kF32).
+  Status allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype, std::string_view spec,
+                                std::string_view key);
+
   CompressStats stats() const;
   void reset_stats();
   size_t num_keys() const;
@@ -103,7 +114,7 @@ class Compressor {
   Status run_two_phase(TensorState& t, float* x);
   Status run_low_rank(TensorState& t, float* x);
   Result<TensorState*> state_for(std::string_view key, const CodecSpec& spec, size_t count,
-                                 DataType dtype);
+                                 DataType dtype, bool external = false);
   void count_sent(uint64_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
 
   Communicator* comm_;

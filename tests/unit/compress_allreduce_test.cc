@@ -306,6 +306,49 @@ TEST(CompressAllreduce, HalfPrecisionBuffersAreSupported) {
   });
 }
 
+// allreduce_cast_encoded is the exchange of the GPU path (the caller encodes and decodes): an
+// encoding made with the CPU kernels, summed by it and widened, gives what allreduce() gives for
+// the same spec, bit for bit, with the same byte counts; a key belongs to one side only; only
+// cast specs are accepted.
+TEST(CompressAllreduce, ExternallyEncodedCastsSumLikeTheHostPath) {
+  const size_t n = 3001;
+  for (const char* spec : {"fp16", "bf16,ef=1"}) {
+    const bool bf16 = std::string_view(spec).starts_with("bf16");
+    const bool ef = std::string_view(spec).find("ef=1") != std::string_view::npos;
+    run_ranks(3, [&](int rank, GroupComm&, Compressor& c) {
+      std::vector<float> res(n, 0.0f);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> host = gradient(n, rank, step), ext = host;
+        ASSERT_TRUE(c.allreduce(host.data(), n, DataType::kF32, spec, "host").ok());
+        std::vector<uint16_t> wire(n);
+        codec_kernels::encode_cast16(ext.data(), ef ? res.data() : nullptr, n, wire.data(), bf16);
+        ASSERT_TRUE(c.allreduce_cast_encoded(wire.data(), n, DataType::kF32, spec, "ext").ok());
+        codec_kernels::decode_cast16(wire.data(), n, ext.data(), bf16, false);
+        ASSERT_EQ(std::memcmp(host.data(), ext.data(), n * 4), 0) << spec << " step " << step;
+        if (ef) {
+          const std::vector<float> hres = c.residual("host");
+          ASSERT_EQ(std::memcmp(hres.data(), res.data(), n * 4), 0) << spec << " step " << step;
+        }
+      }
+      const CompressStats st = c.stats();
+      EXPECT_EQ(st.calls, 6u);
+      std::vector<uint16_t> w(n);
+      Status mixed = c.allreduce_cast_encoded(w.data(), n, DataType::kF32, spec, "host");
+      EXPECT_EQ(mixed.code(), Code::kInvalidArg);
+      EXPECT_NE(mixed.message().find("host memory"), std::string::npos) << mixed.message();
+      std::vector<float> f(n, 1.0f);
+      mixed = c.allreduce(f.data(), n, DataType::kF32, spec, "ext");
+      EXPECT_EQ(mixed.code(), Code::kInvalidArg);
+      EXPECT_NE(mixed.message().find("on the GPU"), std::string::npos) << mixed.message();
+      Status not_cast = c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "topk:0.1", "k2");
+      EXPECT_EQ(not_cast.code(), Code::kInvalidArg);
+      EXPECT_NE(not_cast.message().find("not a cast codec"), std::string::npos);
+      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "fp16", "").code(),
+                Code::kInvalidArg);
+    });
+  }
+}
+
 // Large fp16/bf16 tensors go slice by slice (the casts overlap the exchange): the result is the
 // same elementwise sum of the casts as one allreduce would give (here, in rank order: bit for
 // bit), the residual is the local cast error, and both the async and the blocking fallback work.
