@@ -19,6 +19,8 @@
 
 namespace gw::capi {
 
+struct DeviceCompression;  // compressed_device.h
+
 struct CommState {
   std::unique_ptr<gw::coll::Communicator> comm;
   std::shared_ptr<gw::Store> store;  // rank 0's TcpStore hosts the server: keep it alive
@@ -30,6 +32,8 @@ struct CommState {
   // before it).
   std::mutex compress_mu;
   std::unique_ptr<gw::coll::Compressor> compressor;
+  // GPU tensors' residuals and staging (compressed_device.h), created on the first GPU call.
+  std::shared_ptr<DeviceCompression> device_compression;
 };
 
 // Stores "call: message" for gw_last_error() on this thread and returns the matching code.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "capi/capi_internal.h"
+#include "capi/compressed_device.h"
 #include "collectives/compress.h"
 #include "collectives/types.h"
 
@@ -47,6 +48,11 @@ GW_EXPORT gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t 
       return gw::invalid_arg("argument buf is NULL with {} elements", count);
     }
     std::lock_guard<std::mutex> lock(st->compress_mu);
+    if (count > 0 && gw::capi::is_device_buffer(buf)) {
+      return gw::capi::allreduce_compressed_device(st->device_compression, compressor_of(*st), buf,
+                                                   count, static_cast<gw::coll::DataType>(d),
+                                                   codec_spec, tensor_key);
+    }
     return compressor_of(*st).allreduce(buf, count, static_cast<gw::coll::DataType>(d), codec_spec,
                                         tensor_key);
   });
@@ -79,6 +85,7 @@ GW_EXPORT gw_status_t gw_comm_release_compression(gw_comm_t comm) {
     GW_ASSIGN_OR_RETURN(auto st, gw::capi::lookup(comm));
     std::lock_guard<std::mutex> lock(st->compress_mu);
     st->compressor.reset();
+    st->device_compression.reset();
     return gw::ok_status();
   });
 }

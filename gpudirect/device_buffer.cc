@@ -118,4 +118,34 @@ Status DeviceBuffer::fill(unsigned char value) {
   return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemsetD8");
 }
 
+Result<int> device_of(const void* p) {
+  GW_ASSIGN_OR_RETURN(const Driver* d, driver());
+  if (p == nullptr) return invalid_arg("device_of: null pointer");
+  int ordinal = -1;
+  const CUresult r = d->cuPointerGetAttribute(&ordinal, kPointerAttrDeviceOrdinal,
+                                              reinterpret_cast<CUdeviceptr>(p));
+  if (r != kCudaSuccess || ordinal < 0) {
+    return invalid_arg("{} is not GPU memory ({})", p, error_text(*d, r));
+  }
+  return ordinal;
+}
+
+Status copy_to_host(void* dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  GW_ASSIGN_OR_RETURN(int dev, device_of(device_src));
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(dev));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(device_src), bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyDtoH");
+}
+
+Status copy_to_device(void* device_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  GW_ASSIGN_OR_RETURN(int dev, device_of(device_dst));
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(dev));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(device_dst), src, bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyHtoD");
+}
+
 }  // namespace gw::cuda

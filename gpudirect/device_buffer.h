@@ -49,6 +49,14 @@ class DeviceBuffer {
   int device_ = -1;
 };
 
+// The device ordinal of device (or managed) memory `p`; kInvalidArg for host memory or null,
+// kUnsupported without a driver.
+Result<int> device_of(const void* p);
+// Copies between host memory and device memory that need not be a DeviceBuffer (a caller's
+// cudaMalloc'd tensor, say), through the legacy default stream, so after work queued there.
+Status copy_to_host(void* dst, const void* device_src, size_t bytes);
+Status copy_to_device(void* device_dst, const void* src, size_t bytes);
+
 // Makes the primary context of `device` current on this thread for the life of the object
 // (push on construction, pop on destruction) and keeps it retained meanwhile. The first entry
 // per device also pins the primary context for the life of the process, so memory allocated

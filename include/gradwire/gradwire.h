@@ -170,7 +170,15 @@ const char* gw_version(void);
  * Requirements: a collective call (same order, spec, key, count and dtype on every rank; the first
  * call with a key checks this and reports the first rank that differs); dtype GW_FLOAT32,
  * GW_FLOAT16 or GW_BFLOAT16 (others: GW_ERR_INVALID_ARG); buf may be NULL only when count is 0.
- * Blocking, with the communicator's deadline like every collective. Thread-safety: as the other
+ * Blocking, with the communicator's deadline like every collective.
+ *
+ * buf may be GPU memory (cudaMalloc'd; the CUDA driver is loaded at run time when present). fp16
+ * and bf16 on float32 then cast and keep their error feedback on the GPU (residuals in GPU
+ * memory, freed with the communicator) and move only the halves across PCIe; other codecs and
+ * dtypes are staged through host memory. Results are bit for bit those of a host buffer. The call
+ * uses the legacy default stream and returns when buf holds the result: work writing buf on a
+ * non-blocking stream must be finished first. A key used with GPU memory cannot be reused with
+ * host memory for fp16/bf16 (GW_ERR_INVALID_ARG). Thread-safety: as the other
  * collectives (one thread per communicator); gw_comm_stats and gw_comm_reset_stats may be
  * called from any thread (they wait for a compressed allreduce in progress on another thread). */
 gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
