@@ -4,6 +4,8 @@
 # GPU-vs-CPU codec comparison, then the throughput table (GB/s of f32 input, 1 MiB .. 1 GiB,
 # median of 20). Prints PASS or FAIL last; exits with gw-gpu-check's status (0 pass, 1 fail,
 # 3 no GPU). Usage, from the repository root: bash gpudirect/run_gpu_check.sh [gw-gpu-check args]
+# With --allreduce instead: builds and runs gw-gpu-allreduce-check (gw_allreduce_compressed on GPU
+# memory against host memory, 2 and then 4 ranks forked on the one GPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
@@ -16,9 +18,19 @@ fi
 if [[ -z "${CUDA_HOME:-}" && -x /usr/local/cuda/bin/nvcc ]]; then export CUDA_HOME=/usr/local/cuda; fi
 echo "== configure: cmake ${args[*]}"
 cmake "${args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; echo FAIL; exit 1; }
-echo "== build"
-cmake --build "$build" --target gw-gpu-check -j "$(nproc)" >"$build.build.log" 2>&1 ||
+target=gw-gpu-check
+[[ "${1:-}" == --allreduce ]] && target=gw-gpu-allreduce-check
+echo "== build $target"
+cmake --build "$build" --target "$target" -j "$(nproc)" >"$build.build.log" 2>&1 ||
   { tail -50 "$build.build.log"; echo FAIL; exit 1; }
+if [[ $target == gw-gpu-allreduce-check ]]; then
+  rc=0
+  for np in 2 4; do
+    echo "== gw-gpu-allreduce-check --np $np"
+    timeout 280 "$build/gw-gpu-allreduce-check" --np "$np" || rc=1
+  done
+  exit $rc
+fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
   --format=csv,noheader || true
 echo "== gw-gpu-check $*"

@@ -1,0 +1,238 @@
+// gw-gpu-allreduce-check: gw_allreduce_compressed on GPU memory against the same call on host
+// memory, on a machine with a GPU. Forks N ranks (before any CUDA call) that share the GPU, joins
+// them through the C ABI over tcp on loopback, and for every codec and dtype below runs three
+// steps of the same gradients twice: once from a host buffer and once from a cuMemAlloc'd copy,
+// under different tensor keys. The results, and the bytes sent, must be identical bit for bit
+// (fp16/bf16 run their casts and error feedback on the GPU, the others are staged through host
+// memory; see capi/compressed_device.cc). Then times one 64 MiB fp16 call each way.
+//
+//   gw-gpu-allreduce-check [--np N]    (default 2; prints PASS or FAIL last; exit 0 or 1)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpudirect/cast16_math.h"
+#include "gpudirect/cuda_driver.h"
+#include "gpudirect/device_buffer.h"
+#include "gpudirect/gpu_codecs.h"
+#include "gradwire/gradwire.h"
+
+namespace {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::vector<float> gradient(size_t n, int rank, int step) {
+  std::mt19937 gen(static_cast<uint32_t>(7919 * rank + 31 * step + 1));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  if (n > 8) {        // values the casts must treat alike on both sides
+    v[1] = 70000.0f;  // fp16 overflow
+    v[2] = 1e-8f;     // fp16 subnormal
+    v[3] = -0.0f;
+  }
+  return v;
+}
+
+struct Case {
+  const char* spec;
+  gw_dtype_t dtype;
+};
+
+int run_rank(int rank, int np, const std::string& store) {
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "rank %d: FAIL %s\n", rank, what.c_str());
+    return 1;
+  };
+  gw_config_t cfg{};
+  cfg.rank = rank;
+  cfg.world_size = np;
+  cfg.store_addr = store.c_str();
+  cfg.transport = "tcp";
+  cfg.timeout_ms = 60000;
+  gw_comm_t comm = nullptr;
+  if (gw_comm_init(&comm, &cfg) != GW_OK) return fail(std::string("init: ") + gw_last_error());
+  auto drv = gw::cuda::driver();
+  if (!drv.ok()) return fail(drv.status().message());
+  int failures = 0;
+  const Case cases[] = {{"fp16", GW_FLOAT32},      {"bf16", GW_FLOAT32},
+                        {"fp16,ef=0", GW_FLOAT32}, {"bf16,slice=4096", GW_FLOAT32},
+                        {"sign", GW_FLOAT32},      {"topk:0.01", GW_FLOAT32},
+                        {"fp16", GW_FLOAT16},      {"none", GW_FLOAT32}};
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{262147}}) {
+    for (const Case& c : cases) {
+      const size_t elem = c.dtype == GW_FLOAT16 ? 2 : 4;
+      const std::string tag =
+          std::string(c.spec) + (elem == 2 ? " f16" : " f32") + " n=" + std::to_string(n);
+      auto dev = gw::cuda::DeviceBuffer::allocate(0, n * elem);
+      if (!dev.ok()) return fail(tag + ": " + dev.status().message());
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<float> g = gradient(n, rank, step);
+        std::vector<unsigned char> host(n * elem);
+        if (elem == 4) {
+          std::memcpy(host.data(), g.data(), n * 4);
+        } else {
+          for (size_t i = 0; i < n; ++i) {
+            const uint16_t h = gw::cuda::cast16::to_half(g[i] * 1e-3f);
+            std::memcpy(host.data() + 2 * i, &h, 2);
+          }
+        }
+        if (!dev->upload(host.data(), host.size()).ok()) return fail(tag + ": upload");
+        gw_comm_stats_t s0{}, s1{}, s2{};
+        gw_comm_stats(comm, &s0);
+        if (gw_allreduce_compressed(comm, host.data(), n, c.dtype, c.spec, ("h " + tag).c_str()) !=
+            GW_OK) {
+          return fail(tag + " host: " + gw_last_error());
+        }
+        gw_comm_stats(comm, &s1);
+        if (gw_allreduce_compressed(comm, dev->get(), n, c.dtype, c.spec, ("d " + tag).c_str()) !=
+            GW_OK) {
+          return fail(tag + " device: " + gw_last_error());
+        }
+        gw_comm_stats(comm, &s2);
+        std::vector<unsigned char> back(host.size());
+        if (!dev->download(back.data(), back.size()).ok()) return fail(tag + ": download");
+        if (std::memcmp(back.data(), host.data(), host.size()) != 0) {
+          size_t i = 0;
+          while (i < host.size() && back[i] == host[i]) ++i;
+          std::fprintf(stderr, "rank %d: FAIL %s step %d: device result differs at byte %zu\n",
+                       rank, tag.c_str(), step, i);
+          ++failures;
+        }
+        if (s2.bytes_sent - s1.bytes_sent != s1.bytes_sent - s0.bytes_sent) {
+          std::fprintf(stderr, "rank %d: FAIL %s step %d: bytes sent %llu (device) vs %llu\n", rank,
+                       tag.c_str(), step,
+                       static_cast<unsigned long long>(s2.bytes_sent - s1.bytes_sent),
+                       static_cast<unsigned long long>(s1.bytes_sent - s0.bytes_sent));
+          ++failures;
+        }
+      }
+    }
+  }
+  // A key used on the GPU may not be reused for a host buffer (its residual is on the GPU).
+  {
+    auto dev = gw::cuda::DeviceBuffer::allocate(0, 64 * 4);
+    std::vector<float> h(64, 1.0f);
+    if (!dev.ok() || !dev->upload(h.data(), 256).ok()) return fail("alloc");
+    if (gw_allreduce_compressed(comm, dev->get(), 64, GW_FLOAT32, "fp16", "mixed") != GW_OK) {
+      return fail(std::string("mixed device: ") + gw_last_error());
+    }
+    if (gw_allreduce_compressed(comm, h.data(), 64, GW_FLOAT32, "fp16", "mixed") !=
+        GW_ERR_INVALID_ARG) {
+      std::fprintf(stderr, "rank %d: FAIL host reuse of a GPU key was not refused\n", rank);
+      ++failures;
+    }
+  }
+  // Timing: a 64 MiB float32 tensor, fp16 with error feedback, GPU casts vs host casts (the host
+  // figure excludes the copies a caller would need to get the tensor to the host).
+  {
+    const size_t n = size_t{16} << 20;
+    std::vector<float> h = gradient(n, rank, 9);
+    auto dev = gw::cuda::DeviceBuffer::allocate(0, n * 4);
+    if (!dev.ok() || !dev->upload(h.data(), n * 4).ok()) return fail("alloc 64 MiB");
+    std::vector<double> td, th;
+    for (int it = 0; it < 7; ++it) {
+      gw_barrier(comm);
+      auto t0 = std::chrono::steady_clock::now();
+      if (gw_allreduce_compressed(comm, dev->get(), n, GW_FLOAT32, "fp16", "td") != GW_OK) {
+        return fail(std::string("timed device: ") + gw_last_error());
+      }
+      auto t1 = std::chrono::steady_clock::now();
+      gw_barrier(comm);
+      auto t2 = std::chrono::steady_clock::now();
+      if (gw_allreduce_compressed(comm, h.data(), n, GW_FLOAT32, "fp16", "th") != GW_OK) {
+        return fail(std::string("timed host: ") + gw_last_error());
+      }
+      auto t3 = std::chrono::steady_clock::now();
+      if (it >= 2) {
+        td.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        th.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+      }
+    }
+    std::sort(td.begin(), td.end());
+    std::sort(th.begin(), th.end());
+    if (rank == 0) {
+      std::printf(
+          "64 MiB f32, fp16 with error feedback, %d ranks over tcp: GPU tensor %.1f ms, "
+          "host tensor %.1f ms (medians of 5, rank 0)\n",
+          np, td[td.size() / 2], th[th.size() / 2]);
+    }
+  }
+  gw_comm_destroy(comm);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int np = 2;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--np") == 0 && i + 1 < argc) {
+      np = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: gw-gpu-allreduce-check [--np N]\n");
+      return 2;
+    }
+  }
+  if (np < 1 || np > 8) {
+    std::fprintf(stderr, "gw-gpu-allreduce-check: --np must be 1..8\n");
+    return 2;
+  }
+  const int port = free_port();
+  if (port < 0) return 2;
+  const std::string store = "127.0.0.1:" + std::to_string(port);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < np; ++r) {  // fork before any CUDA call: a CUDA context does not survive it
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = run_rank(r, np, store);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int bad = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        std::fprintf(stderr, "gw-gpu-allreduce-check: ranks still running after 240 s\n");
+        waitpid(pid, &status, 0);
+        status = 1 << 8;
+        break;
+      }
+      usleep(20000);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) bad = 1;
+  }
+  std::printf("%s\n", bad ? "FAIL" : "PASS");
+  return bad;
+}
