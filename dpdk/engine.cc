@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <thread>
 
 #include "core/log.h"
 #include "core/net/transport.h"
@@ -36,6 +37,8 @@ constexpr int kFastRetxThreshold = 3;  // SACKed packets above a hole before it 
 // unacknowledged frame (coalescing: one ACK per burst, not per frame).
 constexpr uint32_t kAckEvery = 16;
 constexpr int64_t kAckDelayNs = 50000;
+// How long close_conn keeps retransmitting unacknowledged reliable frames before its CLOSE.
+constexpr int64_t kCloseLingerNs = 200 * 1000 * 1000;
 // A timeout retransmits at most this many packets at once (then backs off): a peer that was
 // only descheduled must not be answered with a whole window of duplicates.
 constexpr int kRtoBurst = 32;
@@ -395,9 +398,22 @@ void Engine::set_peer_timeout(uint32_t conn, int64_t ms) {
 }
 
 void Engine::close_conn(uint32_t conn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return;
+  // A graceful close delivers what was already sent: reliable frames still unacknowledged (a
+  // receiver's CTS, say, whose loss would leave the peer's delivered send failing) get their
+  // retransmissions for a bounded time first. A dead peer costs at most kCloseLingerNs.
+  const int64_t linger_until = now_ns() + std::min<int64_t>(kCloseLingerNs, c->peer_timeout_ns);
+  while (c->state == Conn::State::kOpen && !c->inflight.empty() && now_ns() < linger_until) {
+    if (progress_locked() == 0) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      lock.lock();
+    }
+    c = find(conn);
+    if (c == nullptr) return;
+  }
   if (c->state == Conn::State::kOpen) {
     // Twice: CLOSE is not retransmitted; heartbeat silence is the backstop.
     send_simple(*c, FrameType::kClose);
@@ -1157,6 +1173,9 @@ void Engine::handle_conn_frame(Conn& c, const Frame& f) {
   c.last_rx_ns = now;
   if (f.hdr.window > 0) c.peer_window = f.hdr.window;
   if (f.hdr.type == FrameType::kClose) {
+    // The CLOSE carries the peer's cumulative ack like every frame: what it received before it
+    // went completes here (its ACK may have been lost), and only what it never got fails.
+    on_ack(c, f);
     fail_conn(c, peer_error("{}: the peer closed the connection", c.name()));
     return;
   }

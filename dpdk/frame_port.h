@@ -158,6 +158,9 @@ class MemSwitch : public std::enable_shared_from_this<MemSwitch> {
   uint64_t delivered() const;
   // Sees every frame the switch forwards (tests record frames to replay or mutate them).
   void set_tap(std::function<void(const uint8_t*, size_t)> tap);
+  // Decides per frame whether the switch forwards it (false: dropped, as a lossy link would),
+  // after the tap has seen it. Tests use it to lose chosen frames deterministically.
+  void set_filter(std::function<bool(const uint8_t*, size_t)> filter);
 
  private:
   friend class MemPort;
@@ -170,6 +173,7 @@ class MemSwitch : public std::enable_shared_from_this<MemSwitch> {
   std::unordered_map<uint64_t, Queue> queues_;
   uint64_t delivered_ = 0;
   std::function<void(const uint8_t*, size_t)> tap_;
+  std::function<bool(const uint8_t*, size_t)> filter_;
 };
 
 }  // namespace gw::dpdk

@@ -83,6 +83,7 @@ bool MemSwitch::deliver(const uint8_t* data, size_t len) {
   std::memcpy(dst.data(), data, 6);
   std::lock_guard<std::mutex> lock(mu_);
   if (tap_) tap_(data, len);
+  if (filter_ && !filter_(data, len)) return true;  // lost on the way, as far as the sender knows
   auto it = queues_.find(mac_key(dst));
   if (it == queues_.end() || it->second.frames.size() >= it->second.limit) return false;
   it->second.frames.emplace_back(data, data + len);
@@ -102,6 +103,11 @@ bool MemSwitch::pop(const MacAddr& mac, std::vector<uint8_t>* out) {
 void MemSwitch::set_tap(std::function<void(const uint8_t*, size_t)> tap) {
   std::lock_guard<std::mutex> lock(mu_);
   tap_ = std::move(tap);
+}
+
+void MemSwitch::set_filter(std::function<bool(const uint8_t*, size_t)> filter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  filter_ = std::move(filter);
 }
 
 uint64_t MemSwitch::delivered() const {
