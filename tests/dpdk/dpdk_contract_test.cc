@@ -421,24 +421,40 @@ TEST_P(Contract, BadArgumentsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Dpdk, Contract, ::testing::Values("mem", "mem_faults", "ring"),
                          [](const auto& info) { return info.param; });
 
-// A host that goes silent (no CLOSE: power cut, kill -9) is detected by heartbeat silence.
-TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
-  auto sw = std::make_shared<MemSwitch>();
-  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}), mem_config(0x0a000001, false, 1));
-  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}), mem_config(0x0a000002, false, 2));
-  TransportOptions o;
-  o.job_token = "t";
-  o.timeout_ms = 800;
-  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
-  Handle h;
-  auto l = *ta->listen(&h);
-  auto c = *tb->connect(h);
+// Two engines on one in-memory switch, hosts a (10.0.0.1) and b (10.0.0.2), and one connection
+// with its sender on `sender` ('a' or 'b'): s and r. Everything lives as long as the struct.
+struct EnginePair {
+  std::shared_ptr<MemSwitch> sw = std::make_shared<MemSwitch>();
+  std::shared_ptr<Engine> a, b;
+  std::unique_ptr<Transport> ta, tb;
+  std::unique_ptr<net::Listener> l;
+  std::unique_ptr<net::Connector> c;
   std::unique_ptr<SendComm> s;
   std::unique_ptr<RecvComm> r;
-  while (!s || !r) {
-    if (!s) s = std::move(*c->poll());
-    if (!r) r = std::move(*l->accept());
+
+  EnginePair(EngineConfig ca, EngineConfig cb, int64_t timeout_ms, char sender, size_t mtu = 9000) {
+    a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}, mtu), ca);
+    b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}, mtu), cb);
+    TransportOptions o;
+    o.job_token = "t";
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+    ta = make_engine_transport(a, o);
+    tb = make_engine_transport(b, o);
+    Handle h;
+    l = *(sender == 'a' ? tb : ta)->listen(&h);
+    c = *(sender == 'a' ? ta : tb)->connect(h);
+    while (!s || !r) {
+      if (!s) s = std::move(*c->poll());
+      if (!r) r = std::move(*l->accept());
+    }
   }
+};
+
+// A host that goes silent (no CLOSE: power cut, kill -9) is detected by heartbeat silence.
+TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 800, 'b');
+  auto& sw = p.sw;
+  auto& r = p.r;
   std::vector<uint8_t> buf(64);
   auto rr = *r->irecv(buf.data(), buf.size(), 0, nullptr);
   // Host b vanishes: its engine stops without a word (the switch forgets its port first).
@@ -463,22 +479,10 @@ TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
 // so the sender's delivered send completes instead of failing with "the peer closed the
 // connection". (CI hit this in perf/dpdk_vs_tcp.sh: p2p's final control message under 1% loss.)
 TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
-  auto sw = std::make_shared<MemSwitch>();
-  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}), mem_config(0x0a000001, false, 1));
-  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}), mem_config(0x0a000002, false, 2));
-  TransportOptions o;
-  o.job_token = "t";
-  o.timeout_ms = 3000;
-  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
-  Handle h;
-  auto l = *tb->listen(&h);
-  auto c = *ta->connect(h);
-  std::unique_ptr<SendComm> s;
-  std::unique_ptr<RecvComm> r;
-  while (!s || !r) {
-    if (!s) s = std::move(*c->poll());
-    if (!r) r = std::move(*l->accept());
-  }
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000, 'a');
+  auto& sw = p.sw;
+  auto& s = p.s;
+  auto& r = p.r;
   // The next frames from b to a are lost (its ACK and its CTS for the message below); later
   // ones, retransmissions included, get through.
   std::atomic<int> dropped{0};
@@ -517,25 +521,13 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
 // Heavy loss, reordering and duplication: a large message still arrives intact, and the
 // counters show the protocol worked for it.
 TEST(DpdkEngine, LargeTransferSurvivesHeavyFaults) {
-  auto sw = std::make_shared<MemSwitch>();
   EngineConfig ca = mem_config(0x0a000001, false, 1), cb = mem_config(0x0a000002, false, 2);
   ca.faults = FaultConfig{0.10, 0.10, 0.10, 5};
   cb.faults = FaultConfig{0.10, 0.10, 0.10, 6};
   ca.mtu = cb.mtu = 1500;
-  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}, 1500), ca);
-  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}, 1500), cb);
-  TransportOptions o;
-  o.job_token = "t";
-  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
-  Handle h;
-  auto l = *ta->listen(&h);
-  auto c = *tb->connect(h);
-  std::unique_ptr<SendComm> s;
-  std::unique_ptr<RecvComm> r;
-  while (!s || !r) {
-    if (!s) s = std::move(*c->poll());
-    if (!r) r = std::move(*l->accept());
-  }
+  EnginePair p(ca, cb, 0, 'b', 1500);
+  auto& s = p.s;
+  auto& r = p.r;
   std::vector<uint8_t> src(4 << 20), dst(4 << 20);
   std::mt19937 rng(3);
   for (auto& x : src) x = static_cast<uint8_t>(rng());
@@ -554,7 +546,7 @@ TEST(DpdkEngine, LargeTransferSurvivesHeavyFaults) {
   }
   ASSERT_TRUE(sd && rd);
   EXPECT_EQ(src, dst);
-  EngineStats sa = a->stats(), sb = b->stats();
+  EngineStats sa = p.a->stats(), sb = p.b->stats();
   EXPECT_GT(sb.retransmits, 0u);
   EXPECT_GT(sb.fast_retransmits, 0u);
   EXPECT_GT(sa.duplicates, 0u);
