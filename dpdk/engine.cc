@@ -1101,6 +1101,23 @@ void Engine::handle_frame(const FrameBuf& b) {
 }
 
 void Engine::handle_hello(const Frame& f) {
+  GwHeader h;
+  h.dst_conn = f.hdr.src_conn;
+  h.session = f.hdr.session;
+  h.token_tag = f.hdr.token_tag;
+  // A retransmitted HELLO (our HELLO_ACK was lost): answer again with the connection already
+  // made. This must work after the listener is gone too: a Communicator closes its listeners as
+  // soon as it has accepted, and a connector whose only HELLO_ACK was lost would otherwise
+  // retransmit into "no listener" until its deadline (seen in the 4-host netns test).
+  for (auto& [id, c] : conns_) {
+    if (!c->sender && c->listener == f.hdr.dst_conn && c->peer_id == f.hdr.src_conn &&
+        c->session == f.hdr.session && c->peer == f.src && c->token_tag == f.hdr.token_tag) {
+      h.type = FrameType::kHelloAck;
+      h.src_conn = c->id;
+      send_ctl(f.src, h, nullptr, 0);
+      return;
+    }
+  }
   auto it = listeners_.find(f.hdr.dst_conn);
   if (it == listeners_.end()) {
     ++stats_.unknown_conn;  // no listener: the connector times out
@@ -1108,10 +1125,6 @@ void Engine::handle_hello(const Frame& f) {
   }
   Listener& l = *it->second;
   const std::string token(reinterpret_cast<const char*>(f.payload), f.payload_len);
-  GwHeader h;
-  h.dst_conn = f.hdr.src_conn;
-  h.session = f.hdr.session;
-  h.token_tag = f.hdr.token_tag;
   if (token != l.token.substr(0, kMaxToken) || f.hdr.token_tag != l.token_tag) {
     ++stats_.wrong_token;
     ++stats_.hello_refused;
@@ -1119,16 +1132,6 @@ void Engine::handle_hello(const Frame& f) {
     h.src_conn = l.id;
     send_ctl(f.src, h, nullptr, 0);
     return;
-  }
-  // A retransmitted HELLO: answer again with the connection already made.
-  for (auto& [id, c] : conns_) {
-    if (!c->sender && c->listener == l.id && c->peer_id == f.hdr.src_conn &&
-        c->session == f.hdr.session && c->peer == f.src) {
-      h.type = FrameType::kHelloAck;
-      h.src_conn = c->id;
-      send_ctl(f.src, h, nullptr, 0);
-      return;
-    }
   }
   auto c = std::make_unique<Conn>();
   c->id = new_id();
