@@ -39,8 +39,18 @@ int env_int(const char* n, int d) {
   return v ? atoi(v) : d;
 }
 
+// Set once this process's DPDK engine exists: a failure then prints the engine's counters, which
+// tell a frame lost on the way (tx_ring_full, injected drops, port errors) from one dropped on
+// arrival (not_for_us, unknown_conn, wrong_session, decode drops).
+bool g_engine_up = false;
+void print_stats();
+
 [[noreturn]] void fail(const std::string& why) {
   std::printf("RESULT fail %s\n", why.c_str());
+  if (g_engine_up) {
+    g_engine_up = false;  // print_stats() failing calls fail() again: once is enough
+    print_stats();
+  }
   std::fflush(stdout);
   std::_Exit(1);
 }
@@ -220,7 +230,9 @@ void print_stats() {
       "us rttvar %.0f rto %.0f us "
       "pool_empty %lu tx_ring_full %lu decode_drops %lu port: rx_missed %lu rx_err %lu "
       "rx_nombuf %lu tx_err %lu slow rx/tx %lu/%lu max %lu/%lu us injected drop/dup/hold "
-      "%lu/%lu/%lu zc frames %lu bytes %lu fallbacks %lu rx_split %lu yields %lu\n",
+      "%lu/%lu/%lu zc frames %lu bytes %lu fallbacks %lu rx_split %lu yields %lu not_for_us %lu "
+      "unknown_conn %lu wrong_session %lu wrong_token %lu hello_refused %lu bad_ack %lu "
+      "out_of_window %lu\n",
       st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
       st.timeout_retransmits, st.fast_retransmits, st.tail_probes, st.duplicates,
       st.spurious_retransmits, st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt, st.polls,
@@ -228,7 +240,8 @@ void print_stats() {
       st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors, st.port.rx_nombuf,
       st.port.tx_errors, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us,
       st.injected_drops, st.injected_dups, st.injected_holds, st.zc_frames_tx, st.zc_bytes_tx,
-      st.zc_fallbacks, st.rx_split_frames, st.yields);
+      st.zc_fallbacks, st.rx_split_frames, st.yields, st.not_for_us, st.unknown_conn,
+      st.wrong_session, st.wrong_token, st.hello_refused, st.bad_ack, st.out_of_window);
   std::fflush(stdout);
 }
 
@@ -240,7 +253,9 @@ std::unique_ptr<coll::Communicator> make_comm(std::shared_ptr<Store> store, int 
   o.store = store;
   o.transport = transport;  // "dpdk" reaches gw::dpdk::make_dpdk_transport
   o.job_token = "tb-token";
-  return take(coll::Communicator::create(o), "Communicator::create");
+  auto comm = take(coll::Communicator::create(o), "Communicator::create");
+  if (transport == "dpdk") g_engine_up = true;  // the Communicator brought the engine up
+  return comm;
 }
 
 // Allreduce timing, tcp then dpdk over the same data interface (GW_SOCKET_IFNAME=d0 for tcp):
