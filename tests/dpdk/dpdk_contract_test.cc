@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dpdk/dpdk_transport.h"
@@ -421,8 +422,9 @@ TEST_P(Contract, BadArgumentsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Dpdk, Contract, ::testing::Values("mem", "mem_faults", "ring"),
                          [](const auto& info) { return info.param; });
 
-// Two engines on one in-memory switch, hosts a (10.0.0.1) and b (10.0.0.2), and one connection
-// with its sender on `sender` ('a' or 'b'): s and r. Everything lives as long as the struct.
+// Two engines on one in-memory switch, hosts a (10.0.0.1) and b (10.0.0.2), their transports,
+// and after connect(sender) one connection with its sender on `sender` ('a' or 'b'): s and r.
+// Everything lives as long as the struct.
 struct EnginePair {
   std::shared_ptr<MemSwitch> sw = std::make_shared<MemSwitch>();
   std::shared_ptr<Engine> a, b;
@@ -432,7 +434,7 @@ struct EnginePair {
   std::unique_ptr<SendComm> s;
   std::unique_ptr<RecvComm> r;
 
-  EnginePair(EngineConfig ca, EngineConfig cb, int64_t timeout_ms, char sender, size_t mtu = 9000) {
+  EnginePair(EngineConfig ca, EngineConfig cb, int64_t timeout_ms, size_t mtu = 9000) {
     a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}, mtu), ca);
     b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}, mtu), cb);
     TransportOptions o;
@@ -440,9 +442,15 @@ struct EnginePair {
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
     ta = make_engine_transport(a, o);
     tb = make_engine_transport(b, o);
+  }
+  // Starts the connection (listener on the other host); connect() also polls it up.
+  void start(char sender) {
     Handle h;
     l = *(sender == 'a' ? tb : ta)->listen(&h);
     c = *(sender == 'a' ? ta : tb)->connect(h);
+  }
+  void connect(char sender) {
+    start(sender);
     while (!s || !r) {
       if (!s) s = std::move(*c->poll());
       if (!r) r = std::move(*l->accept());
@@ -452,7 +460,8 @@ struct EnginePair {
 
 // A host that goes silent (no CLOSE: power cut, kill -9) is detected by heartbeat silence.
 TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
-  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 800, 'b');
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 800);
+  p.connect('b');
   auto& sw = p.sw;
   auto& r = p.r;
   std::vector<uint8_t> buf(64);
@@ -479,7 +488,8 @@ TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
 // so the sender's delivered send completes instead of failing with "the peer closed the
 // connection". (CI hit this in perf/dpdk_vs_tcp.sh: p2p's final control message under 1% loss.)
 TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
-  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000, 'a');
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  p.connect('a');
   auto& sw = p.sw;
   auto& s = p.s;
   auto& r = p.r;
@@ -523,24 +533,15 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
 // engine answers the retransmitted HELLO from the connection it made. Before, the HELLO found
 // no listener and the connector timed out (the 4-host netns test's one-way "not established").
 TEST(DpdkEngine, LostHelloAckIsRepeatedAfterTheListenerIsClosed) {
-  auto sw = std::make_shared<MemSwitch>();
-  auto a = *Engine::create(sw->attach({2, 0, 0, 0, 0, 1}), mem_config(0x0a000001, false, 1));
-  auto b = *Engine::create(sw->attach({2, 0, 0, 0, 0, 2}), mem_config(0x0a000002, false, 2));
-  TransportOptions o;
-  o.job_token = "t";
-  o.timeout_ms = 3000;
-  auto ta = make_engine_transport(a, o), tb = make_engine_transport(b, o);
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
   std::atomic<int> acks_dropped{0};
-  sw->set_filter([&](const uint8_t* data, size_t len) {
+  p.sw->set_filter([&](const uint8_t* data, size_t len) {
     Frame f;
     if (decode_frame(data, len, false, &f) != DecodeError::kOk) return true;
     return f.hdr.type != FrameType::kHelloAck || acks_dropped.fetch_add(1) >= 1;
   });
-  Handle h;
-  auto l = *tb->listen(&h);
-  auto c = *ta->connect(h);
-  std::unique_ptr<SendComm> s;
-  std::unique_ptr<RecvComm> r;
+  p.start('a');
+  auto [l, c, s, r] = std::tie(p.l, p.c, p.s, p.r);  // references into p
   const auto t0 = std::chrono::steady_clock::now();
   while (!s && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
     auto polled = c->poll();
@@ -576,7 +577,8 @@ TEST(DpdkEngine, LargeTransferSurvivesHeavyFaults) {
   ca.faults = FaultConfig{0.10, 0.10, 0.10, 5};
   cb.faults = FaultConfig{0.10, 0.10, 0.10, 6};
   ca.mtu = cb.mtu = 1500;
-  EnginePair p(ca, cb, 0, 'b', 1500);
+  EnginePair p(ca, cb, 0, 1500);
+  p.connect('b');
   auto& s = p.s;
   auto& r = p.r;
   std::vector<uint8_t> src(4 << 20), dst(4 << 20);
