@@ -9,6 +9,7 @@
 
 #include "collectives/codec_kernels.h"
 #include "collectives/reduce.h"
+#include "gpudirect/cast16_math.h"
 #include "gpudirect/device_buffer.h"
 #include "gpudirect/gpu_codecs.h"
 
@@ -21,19 +22,10 @@ namespace {
 constexpr int kDevice = 0;
 constexpr int64_t kWaitMs = 60000;
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Equal bits, or both NaN (an f32 result whose NaN payload is unspecified: see gpu_codecs.h).
-bool same_f32(float a, float b) { return bits(a) == bits(b) || (std::isnan(a) && std::isnan(b)); }
+bool same_f32(float a, float b) {
+  return cast16::bits_of(a) == cast16::bits_of(b) || (std::isnan(a) && std::isnan(b));
+}
 
 // Gradient-like values with the special ones mixed in. `specials` false: finite normal values
 // only (for residuals, which are finite in practice).
@@ -63,16 +55,17 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, bool specials) 
   for (size_t i = 0; i < n; ++i) {
     const int p = specials ? pick(rng) : 99;
     if (p < 3) {  // NaN, quiet or signalling, either sign, random payload
-      v[i] = from_bits((any(rng) & 0x807FFFFFu) | 0x7F800000u | (any(rng) & 1 ? 0x400000u : 1u));
+      v[i] = cast16::float_of((any(rng) & 0x807FFFFFu) | 0x7F800000u |
+                              (any(rng) & 1 ? 0x400000u : 1u));
     } else if (p < 10) {
       v[i] = kEdges[any(rng) % std::size(kEdges)];
     } else if (p < 15) {  // denormal f32
-      v[i] = from_bits((any(rng) & 0x807FFFFFu));
+      v[i] = cast16::float_of((any(rng) & 0x807FFFFFu));
     } else if (p < 25) {  // any finite bit pattern
       uint32_t u;
       do u = any(rng);
       while ((u & 0x7F800000u) == 0x7F800000u);
-      v[i] = from_bits(u);
+      v[i] = cast16::float_of(u);
     } else {
       v[i] = std::ldexp(gauss(rng), expo(rng));
     }
@@ -151,13 +144,15 @@ Status cast_encode(const Case& c) {
   ck::encode_cast16(in.data(), c.ef ? c_res.data() : nullptr, c.n, c_out.data(), c.bf16);
   for (size_t i = 0; i < c.n; ++i) {
     if (g_out[i] != c_out[i]) {
-      return mismatch(c, "payload", i,
-                      fmt::format("in {:#010x} res {:#010x}: gpu {:#06x} cpu {:#06x}", bits(in[i]),
-                                  bits(res[i]), g_out[i], c_out[i]));
+      return mismatch(
+          c, "payload", i,
+          fmt::format("in {:#010x} res {:#010x}: gpu {:#06x} cpu {:#06x}", cast16::bits_of(in[i]),
+                      cast16::bits_of(res[i]), g_out[i], c_out[i]));
     }
     if (!same_f32(g_res[i], c_res[i])) {
       return mismatch(c, "residual", i,
-                      fmt::format("gpu {:#010x} cpu {:#010x}", bits(g_res[i]), bits(c_res[i])));
+                      fmt::format("gpu {:#010x} cpu {:#010x}", cast16::bits_of(g_res[i]),
+                                  cast16::bits_of(c_res[i])));
     }
     if (c.ef) {  // error feedback: what was sent plus the new residual is v, exactly
       const float v = in[i] + res[i];
@@ -188,11 +183,12 @@ Status cast_decode(const Case& c) {
   ck::decode_cast16(in.data(), c.n, cpu.data(), c.bf16, c.add);
   for (size_t i = 0; i < c.n; ++i) {
     // set: a pure bit conversion, identical NaN payloads included.
-    const bool ok = c.add ? same_f32(g[i], cpu[i]) : bits(g[i]) == bits(cpu[i]);
+    const bool ok =
+        c.add ? same_f32(g[i], cpu[i]) : cast16::bits_of(g[i]) == cast16::bits_of(cpu[i]);
     if (!ok) {
-      return mismatch(
-          c, "decoded value", i,
-          fmt::format("in {:#06x}: gpu {:#010x} cpu {:#010x}", in[i], bits(g[i]), bits(cpu[i])));
+      return mismatch(c, "decoded value", i,
+                      fmt::format("in {:#06x}: gpu {:#010x} cpu {:#010x}", in[i],
+                                  cast16::bits_of(g[i]), cast16::bits_of(cpu[i])));
     }
   }
   return ok_status();
@@ -236,7 +232,7 @@ Status sign_encode(const Case& c) {
       if (c.ef && !same_f32(g_res[i], want)) {
         return mismatch(c, "residual", i, fmt::format("gpu {} want {}", g_res[i], want));
       }
-      if (!c.ef && bits(g_res[i]) != bits(res[i])) {
+      if (!c.ef && cast16::bits_of(g_res[i]) != cast16::bits_of(res[i])) {
         return mismatch(c, "residual (must be untouched without ef)", i, "");
       }
     }
@@ -256,7 +252,7 @@ Status sign_decode(const Case& c) {
   // A CPU encoding (interchangeable with the GPU's), with a negative, a zero and a NaN scale.
   std::vector<unsigned char> enc = cpu_sign_encode(in.data(), nullptr, c.n, c.chunk);
   const size_t nchunks = (c.n + c.chunk - 1) / c.chunk;
-  const float odd[] = {-0.5f, 0.0f, from_bits(0xFFC12345u)};
+  const float odd[] = {-0.5f, 0.0f, cast16::float_of(0xFFC12345u)};
   for (size_t k = 0; k < std::size(odd) && k < nchunks; ++k) {
     std::memcpy(enc.data() + 4 * (k * 7 % nchunks), &odd[k], 4);
   }
@@ -283,8 +279,9 @@ Status sign_decode(const Case& c) {
   }
   for (size_t i = 0; i < c.n; ++i) {
     if (!same_f32(g[i], cpu[i])) {
-      return mismatch(c, "decoded value", i,
-                      fmt::format("gpu {:#010x} cpu {:#010x}", bits(g[i]), bits(cpu[i])));
+      return mismatch(
+          c, "decoded value", i,
+          fmt::format("gpu {:#010x} cpu {:#010x}", cast16::bits_of(g[i]), cast16::bits_of(cpu[i])));
     }
   }
   return ok_status();

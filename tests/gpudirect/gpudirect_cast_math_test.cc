@@ -12,27 +12,18 @@
 namespace gw::cuda {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 TEST(Cast16Math, EveryHalfAndBf16WidensLikeTheCpu) {
   for (uint32_t h = 0; h <= 0xFFFF; ++h) {
     const auto x = static_cast<uint16_t>(h);
-    ASSERT_EQ(bits(cast16::from_half(x)), bits(coll::half_to_float(x))) << std::hex << h;
-    ASSERT_EQ(bits(cast16::from_bf16(x)), bits(coll::bf16_to_float(x))) << std::hex << h;
+    ASSERT_EQ(cast16::bits_of(cast16::from_half(x)), cast16::bits_of(coll::half_to_float(x)))
+        << std::hex << h;
+    ASSERT_EQ(cast16::bits_of(cast16::from_bf16(x)), cast16::bits_of(coll::bf16_to_float(x)))
+        << std::hex << h;
   }
 }
 
 void expect_narrow_same(uint32_t u) {
-  const float f = from_bits(u);
+  const float f = cast16::float_of(u);
   ASSERT_EQ(cast16::to_half(f), coll::float_to_half(f)) << std::hex << u;
   ASSERT_EQ(cast16::to_bf16(f), coll::float_to_bf16(f)) << std::hex << u;
 }
