@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 
 #include "gpudirect/fatbin.h"
 
@@ -136,7 +137,7 @@ struct Arg {
 };
 
 // Host-side checks that need no driver: null pointers, alignment, overlap.
-Status check_args(std::string_view op, std::initializer_list<Arg> args) {
+Status check_args(std::string_view op, std::span<const Arg> args) {
   for (const Arg& a : args) {
     if (a.ptr == nullptr) return invalid_arg("{}: argument {} is NULL", op, a.name);
     if (reinterpret_cast<uintptr_t>(a.ptr) % a.align != 0) {
@@ -155,7 +156,7 @@ Status check_args(std::string_view op, std::initializer_list<Arg> args) {
 }
 
 // Driver-side checks: every pointer is device memory, all on one device; returns its module.
-Result<const DeviceModule*> module_for(std::string_view op, std::initializer_list<Arg> args) {
+Result<const DeviceModule*> module_for(std::string_view op, std::span<const Arg> args) {
   GW_ASSIGN_OR_RETURN(const Driver* d, usable_driver());
   int device = -1;
   for (const Arg& a : args) {
@@ -174,6 +175,12 @@ Result<const DeviceModule*> module_for(std::string_view op, std::initializer_lis
     device = ordinal;
   }
   return ModuleRegistry::instance().get(*d, device);
+}
+
+// Both checks, in that order, for a kernel's arguments; returns the module to launch from.
+Result<const DeviceModule*> checked_module(std::string_view op, std::span<const Arg> args) {
+  GW_RETURN_IF_ERROR(check_args(op, args));
+  return module_for(op, args);
 }
 
 Status launch(const DeviceModule& m, Fn fn, size_t blocks, CUstream stream, void** params) {
@@ -217,20 +224,15 @@ Status encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, 
   constexpr std::string_view op = "gpu encode_cast16";
   if (n == 0) return ok_status();
   GW_RETURN_IF_ERROR(check_count(op, n, 4));
-  const Arg a_in{"in", in, n * 4, 4}, a_out{"out", out, n * 2, 2},
-      a_res{"residual", residual, n * 4, 4};
-  if (residual) {
-    GW_RETURN_IF_ERROR(check_args(op, {a_in, a_out, a_res}));
-  } else {
-    GW_RETURN_IF_ERROR(check_args(op, {a_in, a_out}));
-  }
-  auto m = residual ? module_for(op, {a_in, a_out, a_res}) : module_for(op, {a_in, a_out});
-  if (!m.ok()) return m.status();
+  const Arg args[] = {{"in", in, n * 4, 4},
+                      {"out", out, n * 2, 2},
+                      {"residual", residual, n * 4, 4}};  // the residual is optional
+  GW_ASSIGN_OR_RETURN(const DeviceModule* m, checked_module(op, std::span(args, residual ? 3 : 2)));
   int vec = aligned16(in) && reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
             (!residual || aligned16(residual));
   const Fn fn = bf16 ? (residual ? kEncBf16Ef : kEncBf16) : (residual ? kEncF16Ef : kEncF16);
   void* params[] = {&in, &residual, &out, &n, &vec};
-  return launch(**m, fn, elementwise_blocks(**m, vec ? n / 4 : n), stream, params);
+  return launch(*m, fn, elementwise_blocks(*m, vec ? n / 4 : n), stream, params);
 }
 
 Status decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add,
@@ -238,9 +240,8 @@ Status decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool a
   constexpr std::string_view op = "gpu decode_cast16";
   if (n == 0) return ok_status();
   GW_RETURN_IF_ERROR(check_count(op, n, 4));
-  const Arg a_in{"in", in, n * 2, 2}, a_acc{"acc", acc, n * 4, 4};
-  GW_RETURN_IF_ERROR(check_args(op, {a_in, a_acc}));
-  GW_ASSIGN_OR_RETURN(const DeviceModule* m, module_for(op, {a_in, a_acc}));
+  const Arg args[] = {{"in", in, n * 2, 2}, {"acc", acc, n * 4, 4}};
+  GW_ASSIGN_OR_RETURN(const DeviceModule* m, checked_module(op, args));
   int vec = reinterpret_cast<uintptr_t>(in) % 8 == 0 && aligned16(acc);
   const Fn fn = bf16 ? (add ? kDecBf16Add : kDecBf16Set) : (add ? kDecF16Add : kDecF16Set);
   void* params[] = {&in, &acc, &n, &vec};
@@ -259,16 +260,12 @@ Status sign_encode(const float* in, float* residual, size_t count, size_t chunk,
   if (count == 0) return ok_status();
   GW_RETURN_IF_ERROR(check_count(op, count, 4));
   const size_t bytes = sign_encoded_size(count, chunk);
-  const Arg a_in{"in", in, count * 4, 4}, a_out{"out", out, bytes, 4},
-      a_res{"residual", residual, count * 4, 4};
-  if (residual) {
-    GW_RETURN_IF_ERROR(check_args(op, {a_in, a_out, a_res}));
-  } else {
-    GW_RETURN_IF_ERROR(check_args(op, {a_in, a_out}));
-  }
-  auto mr = residual ? module_for(op, {a_in, a_out, a_res}) : module_for(op, {a_in, a_out});
-  if (!mr.ok()) return mr.status();
-  const DeviceModule& m = **mr;
+  const Arg args[] = {{"in", in, count * 4, 4},
+                      {"out", out, bytes, 4},
+                      {"residual", residual, count * 4, 4}};  // the residual is optional
+  GW_ASSIGN_OR_RETURN(const DeviceModule* mp,
+                      checked_module(op, std::span(args, residual ? 3 : 2)));
+  const DeviceModule& m = *mp;
   const size_t nchunks = (count + chunk - 1) / chunk;
   float* scales = static_cast<float*>(out);
   uint32_t* words = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(out) + nchunks * 4);
@@ -303,9 +300,8 @@ Status sign_decode(const void* in, size_t count, size_t chunk, float* acc, bool 
   GW_RETURN_IF_ERROR(check_chunk(op, chunk));
   if (count == 0) return ok_status();
   GW_RETURN_IF_ERROR(check_count(op, count, 4));
-  const Arg a_in{"in", in, sign_encoded_size(count, chunk), 4}, a_acc{"acc", acc, count * 4, 4};
-  GW_RETURN_IF_ERROR(check_args(op, {a_in, a_acc}));
-  GW_ASSIGN_OR_RETURN(const DeviceModule* m, module_for(op, {a_in, a_acc}));
+  const Arg args[] = {{"in", in, sign_encoded_size(count, chunk), 4}, {"acc", acc, count * 4, 4}};
+  GW_ASSIGN_OR_RETURN(const DeviceModule* m, checked_module(op, args));
   const size_t nchunks = (count + chunk - 1) / chunk;
   const float* scales = static_cast<const float*>(in);
   const uint32_t* words =
