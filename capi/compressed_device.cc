@@ -31,12 +31,17 @@ namespace {
 // A device wait must end: the encode or decode of even a 1 GiB tensor takes a few ms.
 constexpr int64_t kKernelWaitMs = 60000;
 
+// Waits for the kernels queued on `device`'s legacy default stream (it needs the context).
+Status wait_default_stream(int device) {
+  GW_ASSIGN_OR_RETURN(auto scope, cuda::ScopedContext::enter(device));
+  return cuda::stream_wait(**cuda::driver(), nullptr, kKernelWaitMs);
+}
+
 }  // namespace
 
 struct DeviceCompression {
   struct Tensor {
     int device = -1;
-    size_t count = 0;
     bool bf16 = false;
     cuda::DeviceBuffer residual;  // count floats; empty without error feedback
     cuda::DeviceBuffer wire;      // count halves
@@ -63,39 +68,33 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
     if (fresh) {
       DeviceCompression::Tensor t;
       t.device = device;
-      t.count = count;
       t.bf16 = spec.kind == coll::CodecKind::kBf16;
-      if (count > 0) {
-        if (spec.error_feedback) {
-          GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
-          GW_RETURN_IF_ERROR(t.residual.fill(0));
-        }
-        GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, count * 2));
-        t.host.resize(count);
+      if (spec.error_feedback) {
+        GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
+        GW_RETURN_IF_ERROR(t.residual.fill(0));
       }
+      GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, count * 2));
+      t.host.resize(count);
       it = state->tensors.emplace(name, std::move(t)).first;
     }
     DeviceCompression::Tensor& t = it->second;
-    if (t.count != count || t.device != device) {
+    if (t.device != device) {
       return invalid_arg(
-          "compressed allreduce: tensor key \"{}\" was used with {} elements on GPU {} and now "
-          "with {} on GPU {}; use one key per tensor",
-          key, t.count, t.device, count, device);
+          "compressed allreduce: tensor key \"{}\" was used on GPU {} and now on GPU {}; use one "
+          "key per tensor",
+          key, t.device, device);
     }
-    // The Compressor checks the rest (spec, agreement of the ranks) on the first call; it is
-    // called with an empty exchange when there is nothing to encode.
-    if (count > 0) {
-      float* x = static_cast<float*>(buf);
+    // The Compressor checks spec, count and (on first use) the ranks' agreement before it runs
+    // the encode, so a refused call leaves the residual as it was.
+    auto encode = [&]() -> Status {
       float* res = t.residual.size() > 0 ? t.residual.as<float>() : nullptr;
-      uint16_t* wire = t.wire.as<uint16_t>();
-      GW_RETURN_IF_ERROR(cuda::encode_cast16(x, res, count, wire, t.bf16, nullptr));
-      {
-        GW_ASSIGN_OR_RETURN(auto scope, cuda::ScopedContext::enter(device));
-        GW_RETURN_IF_ERROR(cuda::stream_wait(**cuda::driver(), nullptr, kKernelWaitMs));
-      }
-      GW_RETURN_IF_ERROR(t.wire.download(t.host.data(), count * 2));
-    }
-    Status st = compressor.allreduce_cast_encoded(t.host.data(), count, dtype, spec_text, key);
+      GW_RETURN_IF_ERROR(cuda::encode_cast16(static_cast<const float*>(buf), res, count,
+                                             t.wire.as<uint16_t>(), t.bf16, nullptr));
+      GW_RETURN_IF_ERROR(wait_default_stream(device));
+      return t.wire.download(t.host.data(), count * 2);
+    };
+    Status st =
+        compressor.allreduce_cast_encoded(t.host.data(), count, dtype, spec_text, key, encode);
     if (!st.ok()) {
       // A first use the Compressor refused (another spec or host state under the key, ranks
       // disagreeing) keeps no device memory behind. A later failure keeps the residual, as the
@@ -103,12 +102,10 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
       if (fresh) state->tensors.erase(it);
       return st;
     }
-    if (count == 0) return ok_status();
     GW_RETURN_IF_ERROR(t.wire.upload(t.host.data(), count * 2));
     GW_RETURN_IF_ERROR(cuda::decode_cast16(t.wire.as<uint16_t>(), count, static_cast<float*>(buf),
                                            t.bf16, /*add=*/false, nullptr));
-    GW_ASSIGN_OR_RETURN(auto scope, cuda::ScopedContext::enter(device));
-    return cuda::stream_wait(**cuda::driver(), nullptr, kKernelWaitMs);
+    return wait_default_stream(device);
   }
   // Staged: the host path on a host copy.
   const size_t bytes = count * coll::dtype_size(dtype);

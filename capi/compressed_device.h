@@ -18,7 +18,8 @@ struct DeviceCompression;
 // True when p is GPU memory known to the CUDA driver (false without a driver: never loads more).
 bool is_device_buffer(const void* p);
 
-// gw_allreduce_compressed for a buffer in GPU memory (arguments already checked by the caller);
+// gw_allreduce_compressed for a buffer in GPU memory (arguments already checked by the caller,
+// count > 0);
 // creates *state on first use. fp16/bf16 on float32 run on the GPU, the rest is staged through
 // host memory (see the .cc).
 Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,

@@ -184,7 +184,8 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
 }
 
 Status Compressor::allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype,
-                                          std::string_view spec_text, std::string_view key) {
+                                          std::string_view spec_text, std::string_view key,
+                                          const std::function<Status()>& encode) {
   if (key.empty()) return invalid_arg("compressed allreduce: tensor key is empty");
   if (count > 0 && wire == nullptr) return invalid_arg("compressed allreduce: buffer is null");
   GW_ASSIGN_OR_RETURN(CodecSpec spec, parse_codec_spec(spec_text));
@@ -200,6 +201,7 @@ Status Compressor::allreduce_cast_encoded(uint16_t* wire, size_t count, DataType
                                 std::memory_order_relaxed);
   GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype, /*external=*/true));
   if (count == 0) return ok_status();
+  GW_RETURN_IF_ERROR(encode());
   Status st = comm_->allreduce(wire, wire, count, wire_dtype, ReduceOp::kSum);
   if (!st.ok()) {
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));

@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,14 +83,15 @@ class Compressor {
 
   // For a caller that encodes and decodes a cast codec (fp16/bf16) itself, on memory this class
   // cannot touch (the C ABI's GPU path: the kernels of gpudirect/ run the casts and the error
-  // feedback on the device). `wire` holds this rank's count-element encoding in the codec's wire
-  // dtype, in host memory; on success it holds the sum over ranks, exactly as allreduce() sums
-  // its own encoding. The first call with a key checks agreement across ranks like allreduce()
-  // and marks the key as encoded elsewhere: allreduce() with that key is then kInvalidArg, and
-  // vice versa. Counts the call's bytes. `spec` must be an fp16 or bf16 spec, dtype the
-  // caller's buffer dtype (kF32).
+  // feedback on the device). Checks the key like allreduce() does (on its first use every rank
+  // must agree; later uses must match spec, count and dtype) and only then calls `encode`, which
+  // must write this rank's count-element encoding in the codec's wire dtype to `wire` (host
+  // memory); then sums `wire` over the ranks exactly as allreduce() sums its own encoding and
+  // counts the call's bytes. A refused call never runs `encode`, so the caller's error feedback
+  // is untouched. The key is marked as encoded elsewhere: allreduce() with it is kInvalidArg,
+  // and vice versa. `spec` must be fp16 or bf16, dtype the caller's buffer dtype (kF32).
   Status allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype, std::string_view spec,
-                                std::string_view key);
+                                std::string_view key, const std::function<Status()>& encode);
 
   CompressStats stats() const;
   void reset_stats();

@@ -321,8 +321,12 @@ TEST(CompressAllreduce, ExternallyEncodedCastsSumLikeTheHostPath) {
         std::vector<float> host = gradient(n, rank, step), ext = host;
         ASSERT_TRUE(c.allreduce(host.data(), n, DataType::kF32, spec, "host").ok());
         std::vector<uint16_t> wire(n);
-        codec_kernels::encode_cast16(ext.data(), ef ? res.data() : nullptr, n, wire.data(), bf16);
-        ASSERT_TRUE(c.allreduce_cast_encoded(wire.data(), n, DataType::kF32, spec, "ext").ok());
+        auto encode = [&] {
+          codec_kernels::encode_cast16(ext.data(), ef ? res.data() : nullptr, n, wire.data(), bf16);
+          return ok_status();
+        };
+        ASSERT_TRUE(
+            c.allreduce_cast_encoded(wire.data(), n, DataType::kF32, spec, "ext", encode).ok());
         codec_kernels::decode_cast16(wire.data(), n, ext.data(), bf16, false);
         ASSERT_EQ(std::memcmp(host.data(), ext.data(), n * 4), 0) << spec << " step " << step;
         if (ef) {
@@ -333,18 +337,36 @@ TEST(CompressAllreduce, ExternallyEncodedCastsSumLikeTheHostPath) {
       const CompressStats st = c.stats();
       EXPECT_EQ(st.calls, 6u);
       std::vector<uint16_t> w(n);
-      Status mixed = c.allreduce_cast_encoded(w.data(), n, DataType::kF32, spec, "host");
+      // A refused call never runs the encoder (the caller's residual stays as it is).
+      bool encoded = false;
+      auto must_not_run = [&] {
+        encoded = true;
+        return ok_status();
+      };
+      Status mixed =
+          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, spec, "host", must_not_run);
       EXPECT_EQ(mixed.code(), Code::kInvalidArg);
       EXPECT_NE(mixed.message().find("host memory"), std::string::npos) << mixed.message();
       std::vector<float> f(n, 1.0f);
       mixed = c.allreduce(f.data(), n, DataType::kF32, spec, "ext");
       EXPECT_EQ(mixed.code(), Code::kInvalidArg);
       EXPECT_NE(mixed.message().find("on the GPU"), std::string::npos) << mixed.message();
-      Status not_cast = c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "topk:0.1", "k2");
+      Status not_cast =
+          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "topk:0.1", "k2", must_not_run);
       EXPECT_EQ(not_cast.code(), Code::kInvalidArg);
       EXPECT_NE(not_cast.message().find("not a cast codec"), std::string::npos);
-      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "fp16", "").code(),
+      EXPECT_EQ(
+          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "fp16", "", must_not_run).code(),
+          Code::kInvalidArg);
+      // The key "ext" with another spec or count: refused before encoding.
+      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n, DataType::kF32, bf16 ? "fp16" : "bf16", "ext",
+                                         must_not_run)
+                    .code(),
                 Code::kInvalidArg);
+      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n - 1, DataType::kF32, spec, "ext", must_not_run)
+                    .code(),
+                Code::kInvalidArg);
+      EXPECT_FALSE(encoded);
     });
   }
 }
