@@ -25,6 +25,21 @@ Status pin_primary_context(const Driver& d, CUdevice dev) {
   return ok_status();
 }
 
+// The two copies, on `device`'s legacy default stream (so after the work queued there).
+Status htod(int device, CUdeviceptr dst, const void* src, size_t bytes) {
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyHtoD(dst, src, bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyHtoD");
+}
+
+Status dtoh(int device, void* dst, CUdeviceptr src, size_t bytes) {
+  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device));
+  const Driver& d = **driver();
+  const CUresult r = d.cuMemcpyDtoH(dst, src, bytes);
+  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyDtoH");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ScopedContext>> ScopedContext::enter(int device) {
@@ -96,18 +111,12 @@ Status DeviceBuffer::check_range(std::string_view op, size_t bytes, size_t offse
 
 Status DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
   GW_RETURN_IF_ERROR(check_range("upload", bytes, offset));
-  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device_));
-  const Driver& d = **driver();
-  const CUresult r = d.cuMemcpyHtoD(ptr_ + offset, src, bytes);
-  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyHtoD");
+  return htod(device_, ptr_ + offset, src, bytes);
 }
 
 Status DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
   GW_RETURN_IF_ERROR(check_range("download", bytes, offset));
-  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(device_));
-  const Driver& d = **driver();
-  const CUresult r = d.cuMemcpyDtoH(dst, ptr_ + offset, bytes);
-  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyDtoH");
+  return dtoh(device_, dst, ptr_ + offset, bytes);
 }
 
 Status DeviceBuffer::fill(unsigned char value) {
@@ -133,19 +142,13 @@ Result<int> device_of(const void* p) {
 Status copy_to_host(void* dst, const void* device_src, size_t bytes) {
   if (bytes == 0) return ok_status();
   GW_ASSIGN_OR_RETURN(int dev, device_of(device_src));
-  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(dev));
-  const Driver& d = **driver();
-  const CUresult r = d.cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(device_src), bytes);
-  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyDtoH");
+  return dtoh(dev, dst, reinterpret_cast<CUdeviceptr>(device_src), bytes);
 }
 
 Status copy_to_device(void* device_dst, const void* src, size_t bytes) {
   if (bytes == 0) return ok_status();
   GW_ASSIGN_OR_RETURN(int dev, device_of(device_dst));
-  GW_ASSIGN_OR_RETURN(auto scope, ScopedContext::enter(dev));
-  const Driver& d = **driver();
-  const CUresult r = d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(device_dst), src, bytes);
-  return r == kCudaSuccess ? ok_status() : cuda_error(d, r, "cuMemcpyHtoD");
+  return htod(dev, reinterpret_cast<CUdeviceptr>(device_dst), src, bytes);
 }
 
 }  // namespace gw::cuda
