@@ -636,21 +636,21 @@ class SignCodec final : public Codec {
     const size_t chunk = spec_.chunk;
     const size_t nchunks = (count + chunk - 1) / chunk;
     const size_t words_per_chunk = chunk / 64;
-    std::vector<float> sum(chunk);
+    std::vector<float> sum(chunk), src_scales(nenc);
+    std::vector<const uint64_t*> src_words(nenc);
     float* scales = reinterpret_cast<float*>(out);
     uint64_t* words = reinterpret_cast<uint64_t*>(out + nchunks * 4);
     for (size_t c = 0; c < nchunks; ++c) {
       const size_t off = c * chunk;
       const size_t n = std::min(chunk, count - off);
-      // Summed from +0 as the generic form does, so a zero comes out with the same sign.
-      std::fill(sum.begin(), sum.begin() + static_cast<ptrdiff_t>(n), 0.0f);
       for (size_t j = 0; j < nenc; ++j) {
-        float s;
-        std::memcpy(&s, encs[j] + 4 * c, 4);
-        const uint64_t* w =
+        std::memcpy(&src_scales[j], encs[j] + 4 * c, 4);
+        src_words[j] =
             reinterpret_cast<const uint64_t*>(encs[j] + nchunks * 4) + c * words_per_chunk;
-        ck::sign_decode_add(w, s, n, sum.data());
       }
+      // Summed from +0 in sender order, as the generic form's zero fill and decode_add do, so
+      // the bits (and a zero's sign) are the same.
+      ck::sign_decode_sum(src_words.data(), src_scales.data(), nenc, n, sum.data());
       uint64_t* ow = words + c * words_per_chunk;
       if (n < chunk) std::memset(ow, 0, chunk / 8);
       const float s = ck::sign_encode_chunk(sum.data(), residual ? residual + off : nullptr, n, ow);

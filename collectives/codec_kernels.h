@@ -29,6 +29,11 @@ float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* wo
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
 // out[i] = decode (overwrites; out is never read).
 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
+// out[i] = ((+0 + decode_0) + decode_1) + ... over nsrc encodings of the same n elements (words[j]
+// with scales[j]), summed in that order: the bits of a zero fill followed by sign_decode_add of
+// each source in turn, in one pass that writes out once (the sign server's merge).
+void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,
+                     float* out);
 
 // Appends every i in [0, n) with |v[i]| >= threshold to out (offset added), increasing.
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
@@ -62,6 +67,8 @@ void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
+void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,
+                     float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
@@ -76,6 +83,8 @@ void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);
 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);
+void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,
+                     float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,

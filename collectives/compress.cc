@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 
 #include "collectives/codec_kernels.h"
 #include "collectives/reduce.h"
@@ -12,10 +13,24 @@ namespace gw::coll {
 
 namespace ck = codec_kernels;
 
+namespace {
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+}  // namespace
+
+Compressor::PhaseTimes::PhaseTimes()
+    : last(std::chrono::steady_clock::now()), last_cpu_ms(thread_cpu_ms()) {}
+
 void Compressor::PhaseTimes::mark(int phase) {
   const auto now = std::chrono::steady_clock::now();
+  const double cpu = thread_cpu_ms();
   ms[phase] += std::chrono::duration<double, std::milli>(now - last).count();
+  cpu_ms[phase] += cpu - last_cpu_ms;
   last = now;
+  last_cpu_ms = cpu;
 }
 
 uint64_t allreduce_send_bytes(uint64_t bytes, int nranks) {
@@ -171,10 +186,12 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
   phases_.mark(PhaseTimes::kDecode);
   ++t->step;
   GW_LOG_DEBUG(
-      "compressed allreduce \"{}\" ({}, {} elements): encode {:.1f} ms, exchange {:.1f} ms, decode "
-      "{:.1f} ms",
-      key, t->spec_text, count, phases_.ms[PhaseTimes::kEncode], phases_.ms[PhaseTimes::kExchange],
-      phases_.ms[PhaseTimes::kDecode]);
+      "compressed allreduce \"{}\" ({}, {} elements), wall (this thread's cpu) ms: encode {:.1f} "
+      "({:.1f}), exchange {:.1f} ({:.1f}), decode {:.1f} ({:.1f})",
+      key, t->spec_text, count, phases_.ms[PhaseTimes::kEncode],
+      phases_.cpu_ms[PhaseTimes::kEncode], phases_.ms[PhaseTimes::kExchange],
+      phases_.cpu_ms[PhaseTimes::kExchange], phases_.ms[PhaseTimes::kDecode],
+      phases_.cpu_ms[PhaseTimes::kDecode]);
   if (!st.ok())
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
   if (dtype != DataType::kF32) {

@@ -105,9 +105,12 @@ class Compressor {
   // slow codec shows where its time goes without a profiler.
   struct PhaseTimes {
     enum { kEncode, kExchange, kDecode, kCount };
-    std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+    PhaseTimes();
+    std::chrono::steady_clock::time_point last;
+    double last_cpu_ms = 0;  // the calling thread's CPU time at the previous mark
     double ms[kCount] = {0, 0, 0};
-    void mark(int phase);  // charges the time since the previous mark to phase
+    double cpu_ms[kCount] = {0, 0, 0};  // the calling thread's CPU time in each phase
+    void mark(int phase);  // charges the wall and CPU time since the previous mark to phase
   };
   Status run(TensorState& t, float* x);
   Status run_summable(TensorState& t, float* x);

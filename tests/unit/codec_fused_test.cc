@@ -157,6 +157,32 @@ TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
         ASSERT_EQ(s1[i], neg ? 0.75f : -0.75f) << i;
       }
     }
+    // sign_decode_sum (the server's merge): the bits of a zero fill plus sign_decode_add of every
+    // source in order, on both paths, for 1 to 5 sources whose words are 4-byte aligned only (as
+    // in an encoding, where they follow the f32 scales), with zero, negative and NaN scales.
+    const float scales[5] = {0.75f, -0.0f, 2.5f, std::bit_cast<float>(0xFFC12345u), 1e-3f};
+    std::vector<std::vector<unsigned char>> raw(5);
+    std::vector<const uint64_t*> srcs(5);
+    for (size_t j = 0; j < 5; ++j) {
+      raw[j].resize(4 + 8 * w.size());
+      for (size_t k = 0; k < w.size(); ++k) {
+        const uint64_t word = w[k] * (j + 3) ^ (0xD1B54A32D192ED03ull >> j);
+        std::memcpy(raw[j].data() + 4 + 8 * k, &word, 8);
+      }
+      srcs[j] = reinterpret_cast<const uint64_t*>(raw[j].data() + 4);
+    }
+    for (size_t nsrc = 1; nsrc <= 5; ++nsrc) {
+      const size_t first = nsrc == 5 ? 0 : 5 - nsrc;  // the NaN scale is in some sets, not all
+      std::vector<float> ref(n, 0.0f), p1(n, 9.0f), p2(n, 9.0f);
+      for (size_t j = first; j < first + nsrc && j < 5; ++j) {
+        ck::portable::sign_decode_add(srcs[j], scales[j], n, ref.data());
+      }
+      const size_t m = std::min(nsrc, size_t{5} - first);
+      ck::portable::sign_decode_sum(srcs.data() + first, scales + first, m, n, p1.data());
+      ck::avx2::sign_decode_sum(srcs.data() + first, scales + first, m, n, p2.data());
+      EXPECT_TRUE(same_bits(p1, ref)) << n << " sources " << m;
+      EXPECT_TRUE(same_bits(p2, ref)) << n << " sources " << m;
+    }
   }
 }
 
