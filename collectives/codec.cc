@@ -531,18 +531,7 @@ class TopKCodec final : public Codec {
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
                     const CodecContext&) const override {
-    GW_RETURN_IF_ERROR(check_count(count, "topk"));
-    const size_t k = topk_count(spec_.ratio, count);
-    if (in_size != encoded_size(count)) {
-      return invalid_arg("topk decode: {} bytes for {} elements, expected {}", in_size, count,
-                         encoded_size(count));
-    }
-    uint32_t header[2];
-    std::memcpy(header, in, 8);
-    if (header[0] != kTopkMagic || header[1] != k) {
-      return invalid_arg("topk decode: bad header (magic {:#x}, k {}; expected k {})", header[0],
-                         header[1], k);
-    }
+    GW_ASSIGN_OR_RETURN(const size_t k, check_encoding(in, in_size, count));
     const uint8_t* ip = in + 8;
     const uint8_t* vp = in + 8 + k * 4;
     for (size_t j = 0; j < k; ++j) {
@@ -555,8 +544,77 @@ class TopKCodec final : public Codec {
     }
     return ok_status();
   }
+  // Block by block (kBlock elements, in L1): every source's pairs that fall in the block are
+  // added, in source order, to a zeroed block, which is then written out with streaming stores.
+  // So the output is written once and never read (instead of cleared by the encode and then
+  // read back for each of the p scattered adds), and the adds hit L1. The encoder writes its
+  // indices increasing; an encoding whose indices are not strictly increasing is rejected.
+  Status decode_sum(const uint8_t* const* encs, size_t in_size, size_t nenc, size_t count,
+                    float* out, const CodecContext* ctxs) const override {
+    constexpr size_t kBlock = 4096;
+    size_t k = 0;
+    for (size_t j = 0; j < nenc; ++j) {
+      auto kj = check_encoding(encs[j], in_size, count);
+      if (!kj.ok()) {
+        return kj.status().with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+      }
+      k = *kj;
+    }
+    std::vector<size_t> cursor(nenc, 0);
+    std::vector<int64_t> last(nenc, -1);
+    alignas(64) float block[kBlock];
+    for (size_t b = 0; b < count; b += kBlock) {
+      const size_t len = std::min(kBlock, count - b);
+      std::memset(block, 0, len * 4);
+      for (size_t j = 0; j < nenc; ++j) {
+        const uint8_t* ip = encs[j] + 8;
+        const uint8_t* vp = encs[j] + 8 + k * 4;
+        size_t c = cursor[j];
+        for (; c < k; ++c) {
+          uint32_t i;
+          std::memcpy(&i, ip + 4 * c, 4);
+          if (i >= b + len) break;
+          if (static_cast<int64_t>(i) <= last[j]) {
+            return invalid_arg("topk decode: index {} after {} (indices must increase)", i, last[j])
+                .with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+          }
+          last[j] = i;
+          float val;
+          std::memcpy(&val, vp + 4 * c, 4);
+          block[i - b] += val;
+        }
+        cursor[j] = c;
+      }
+      ck::store_stream_f32(block, len, out + b);
+    }
+    for (size_t j = 0; j < nenc; ++j) {
+      if (cursor[j] < k) {  // only an index >= count stops a cursor early
+        uint32_t i;
+        std::memcpy(&i, encs[j] + 8 + 4 * cursor[j], 4);
+        return invalid_arg("topk decode: index {} out of range {}", i, count)
+            .with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+      }
+    }
+    return ok_status();
+  }
 
  private:
+  // k, once the size and the header are checked.
+  Result<size_t> check_encoding(const uint8_t* in, size_t in_size, size_t count) const {
+    GW_RETURN_IF_ERROR(check_count(count, "topk"));
+    const size_t k = topk_count(spec_.ratio, count);
+    if (in_size != encoded_size(count)) {
+      return invalid_arg("topk decode: {} bytes for {} elements, expected {}", in_size, count,
+                         encoded_size(count));
+    }
+    uint32_t header[2];
+    std::memcpy(header, in, 8);
+    if (header[0] != kTopkMagic || header[1] != k) {
+      return invalid_arg("topk decode: bad header (magic {:#x}, k {}; expected k {})", header[0],
+                         header[1], k);
+    }
+    return k;
+  }
   // zero: in, to be cleared in the same pass (with a residual), or null.
   Status encode_impl(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
                      float* zero) const {
@@ -747,6 +805,16 @@ Status Codec::decode(const uint8_t* in, size_t in_size, size_t count, float* out
                      const CodecContext& ctx) const {
   std::fill(out, out + count, 0.0f);
   return decode_add(in, in_size, count, out, ctx);
+}
+
+Status Codec::decode_sum(const uint8_t* const* encs, size_t in_size, size_t nenc, size_t count,
+                         float* out, const CodecContext* ctxs) const {
+  std::fill(out, out + count, 0.0f);
+  for (size_t j = 0; j < nenc; ++j) {
+    Status st = decode_add(encs[j], in_size, count, out, ctxs[j]);
+    if (!st.ok()) return st.with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+  }
+  return ok_status();
 }
 
 Status Codec::merge_encode(const uint8_t* const* encs, size_t nenc, size_t count, float* residual,

@@ -112,6 +112,13 @@ class Codec {
   // out[i] = decode(in)[i] (overwrites; out is not read). Bounds-checked as decode_add.
   virtual Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
                         const CodecContext& ctx) const;
+  // out[i] = ((+0 + decode(encs[0])[i]) + decode(encs[1])[i]) + ... over nenc encodings of
+  // in_size bytes each, decoded with ctxs[j]: the bits of a zero fill followed by decode_add of
+  // every source in order, but out is only written, never read (the gather codecs' decode-and-sum
+  // of every rank's encoding). Bounds-checked as decode_add; on an error out is unspecified and
+  // the message names the source.
+  virtual Status decode_sum(const uint8_t* const* encs, size_t in_size, size_t nenc, size_t count,
+                            float* out, const CodecContext* ctxs) const;
   // A server step (sign's 1-bit Adam): v = sum over j < nenc of decode(encs[j]) + residual;
   // encodes v into out, and with a residual sets residual = v - decode(out). Each encs[j] holds
   // encoded_size(count) bytes; residual may be null (no error feedback).

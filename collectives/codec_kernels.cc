@@ -182,6 +182,10 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
   pq_row_axpy_out_body(a, x, ld, r, n, y);
 }
 
+void store_stream_f32(const float* src, size_t n, float* dst) {
+  if (n) std::memcpy(dst, src, n * 4);
+}
+
 }  // namespace portable
 
 // ------------------------------------------------------------------------------------------
@@ -433,6 +437,18 @@ GW_AVX2_NOFMA void pq_row_axpy_out(const float* a, const float* x, size_t ld, si
 
 #undef GW_AVX2
 
+__attribute__((target("avx2"))) void store_stream_f32(const float* src, size_t n, float* dst) {
+  size_t i = 0;
+  // Plain stores up to the first 32-byte boundary (a float pointer is 4-byte aligned at least).
+  while (i < n && (reinterpret_cast<uintptr_t>(dst + i) & 31) != 0) {
+    dst[i] = src[i];
+    ++i;
+  }
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
 }  // namespace avx2
 
 // ------------------------------------------------------------------------------------------
@@ -487,6 +503,11 @@ void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t 
 void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
   if (have_avx2()) return avx2::pq_row_axpy_out(a, x, ld, r, n, y);
   portable::pq_row_axpy_out(a, x, ld, r, n, y);
+}
+
+void store_stream_f32(const float* src, size_t n, float* dst) {
+  if (have_avx2()) return avx2::store_stream_f32(src, n, dst);
+  portable::store_stream_f32(src, n, dst);
 }
 
 void add_f32(const float* __restrict src, size_t n, float* __restrict dst) {

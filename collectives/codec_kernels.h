@@ -47,6 +47,10 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
 
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
+// dst[i] = src[i], with streaming (non-temporal) stores where the CPU has them: dst's cache lines
+// are written without being read first and do not evict the caller's working set. For output
+// that is written once and not read again soon. Ordered before the function returns (sfence).
+void store_stream_f32(const float* src, size_t n, float* dst);
 
 // PowerSGD's row kernels: one row of a matrix (n elements) against r factor columns stored ld
 // apart. The AVX2 versions use no FMA and keep the portable per-lane order, so both give the same
@@ -73,6 +77,7 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+void store_stream_f32(const float* src, size_t n, float* dst);
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
 void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
@@ -89,6 +94,7 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+void store_stream_f32(const float* src, size_t n, float* dst);
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
 void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);

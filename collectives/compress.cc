@@ -325,20 +325,21 @@ Status Compressor::run_gather(TensorState& t, float* x) {
   const int p = comm_->size();
   const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   enc_.resize(e);
-  // x is cleared in the encode pass: the decode-and-sum below accumulates into it.
-  GW_RETURN_IF_ERROR(c.encode_and_zero(x, t.residual.empty() ? nullptr : t.residual.data(), n,
-                                       enc_.data(), e, ctx));
+  GW_RETURN_IF_ERROR(
+      c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
   phases_.mark(PhaseTimes::kEncode);
   gather_.resize(e * static_cast<size_t>(p));
   GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), e, DataType::kU8));
   phases_.mark(PhaseTimes::kExchange);
   count_sent(allgather_send_bytes(e, p));
+  // Every rank's encoding decoded and summed in rank order into x, which is only written.
+  std::vector<const uint8_t*> encs(static_cast<size_t>(p));
+  std::vector<CodecContext> ctxs(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) {
-    const CodecContext rctx{t.key_hash, t.step, r};
-    Status st = c.decode_add(gather_.data() + e * static_cast<size_t>(r), e, n, x, rctx);
-    if (!st.ok()) return st.with_context(fmt::format("encoding from rank {}", r));
+    encs[static_cast<size_t>(r)] = gather_.data() + e * static_cast<size_t>(r);
+    ctxs[static_cast<size_t>(r)] = CodecContext{t.key_hash, t.step, r};
   }
-  return ok_status();
+  return c.decode_sum(encs.data(), e, encs.size(), n, x, ctxs.data());
 }
 
 Status Compressor::run_two_phase(TensorState& t, float* x) {

@@ -258,6 +258,68 @@ TEST(CodecFused, FusedFormsGiveTheSameBytesAsTheGenericForms) {
   }
 }
 
+// decode_sum == zero fill + decode_add of every source in order, bit for bit, for every byte codec
+// (top-k's blocked form across its 4096-element block edges, on a misaligned output), and a bad
+// source is refused with its rank named.
+TEST(CodecFused, DecodeSumGivesTheBitsOfAZeroFillAndDecodeAddInOrder) {
+  for (size_t n : {size_t{70001}, size_t{4096 * 20}, size_t{4096 * 20 + 1}}) {
+    for (const char* spec : {"topk:0.01", "topk:0.3", "topk:0.01,ef=0", "qsgd:8", "sign"}) {
+      auto c = make(spec);
+      const size_t e = c->encoded_size(n);
+      std::vector<std::vector<uint8_t>> encs(4, std::vector<uint8_t>(e));
+      std::vector<const uint8_t*> ptrs;
+      std::vector<CodecContext> ctxs;
+      for (int j = 0; j < 4; ++j) {
+        const CodecContext ctx{fnv1a64("k"), 2, j};
+        auto g = gaussian(n, 60 + static_cast<uint32_t>(j));
+        if (j == 2) g[4095] = g[4096] = 1e6f;  // both sides of a block edge, in every top-k
+        ASSERT_TRUE(c->encode(g.data(), nullptr, n, encs[j].data(), e, ctx).ok()) << spec;
+        ptrs.push_back(encs[j].data());
+        ctxs.push_back(ctx);
+      }
+      std::vector<float> ref(n, 0.0f);
+      for (int j = 0; j < 4; ++j) {
+        ASSERT_TRUE(c->decode_add(ptrs[j], e, n, ref.data(), ctxs[j]).ok()) << spec;
+      }
+      std::vector<float> buf(n + 1, 7.0f);
+      float* out = buf.data() + 1;  // 4-byte aligned only: the streaming stores' head path
+      ASSERT_TRUE(c->decode_sum(ptrs.data(), e, 4, n, out, ctxs.data()).ok()) << spec;
+      ASSERT_EQ(0, std::memcmp(out, ref.data(), n * 4)) << spec << " n " << n;
+      EXPECT_EQ(buf[0], 7.0f) << spec;  // nothing written before out
+      // One source truncated: refused, naming it.
+      auto st = c->decode_sum(ptrs.data(), e - 1, 4, n, out, ctxs.data());
+      EXPECT_EQ(st.code(), Code::kInvalidArg) << spec;
+    }
+  }
+  // Top-k: an index out of range, and indices that do not increase, in rank 3's encoding.
+  const size_t n = 70001;
+  auto c = make("topk:0.01");
+  const size_t e = c->encoded_size(n), k = topk_count(0.01, n);
+  std::vector<std::vector<uint8_t>> encs(4, std::vector<uint8_t>(e));
+  std::vector<const uint8_t*> ptrs;
+  std::vector<CodecContext> ctxs;
+  for (int j = 0; j < 4; ++j) {
+    const CodecContext ctx{1, 0, j};
+    auto g = gaussian(n, 70 + static_cast<uint32_t>(j));
+    ASSERT_TRUE(c->encode(g.data(), nullptr, n, encs[j].data(), e, ctx).ok());
+    ptrs.push_back(encs[j].data());
+    ctxs.push_back(ctx);
+  }
+  std::vector<float> out(n);
+  const uint32_t too_big = static_cast<uint32_t>(n);
+  std::memcpy(encs[3].data() + 8 + 4 * (k - 1), &too_big, 4);
+  auto st = c->decode_sum(ptrs.data(), e, 4, n, out.data(), ctxs.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArg);
+  EXPECT_NE(st.message().find("out of range"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("rank 3"), std::string::npos) << st.message();
+  uint32_t first;
+  std::memcpy(&first, encs[3].data() + 8, 4);
+  std::memcpy(encs[3].data() + 8 + 4 * (k - 1), &first, 4);  // repeats the first index last
+  st = c->decode_sum(ptrs.data(), e, 4, n, out.data(), ctxs.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArg);
+  EXPECT_NE(st.message().find("must increase"), std::string::npos) << st.message();
+}
+
 // The invariant through the fused path: what was sent plus the residual equals the sum of the
 // gradients, step after step (top-k through encode_and_zero, as the allreduce runs it).
 TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndZero) {
