@@ -663,9 +663,16 @@ class SignCodec final : public Codec {
                     const CodecContext&) const override {
     return decode_chunks(in, in_size, count, acc, ck::sign_decode_add);
   }
+  // Each chunk is decoded into an L1 buffer and written out with streaming stores: the output
+  // is written once and not read (no read-for-ownership of its cache lines).
   Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
                 const CodecContext&) const override {
-    return decode_chunks(in, in_size, count, out, ck::sign_decode_set);
+    std::vector<float> buf(std::min(spec_.chunk, count));
+    return decode_chunks(in, in_size, count, out,
+                         [&](const uint64_t* words, float scale, size_t n, float* dst) {
+                           ck::sign_decode_set(words, scale, n, buf.data());
+                           ck::store_stream_f32(buf.data(), n, dst);
+                         });
   }
   // Applies `kernel` (decode-and-add or decode-and-set) to every chunk of an encoding.
   template <typename Kernel>
