@@ -244,10 +244,13 @@ inline uint32_t mag_key(float x) {
 }
 
 // Keeps the k best (largest magnitude, then lowest index) of the candidates idx (increasing) with
-// their values val, in index order. A radix select over the magnitude keys (three histogram
-// passes of 11, 11 and 10 bits over a cache-resident array) gives the exact k-th best key t, then
-// one scan keeps everything above t and the first (lowest-index) ties at t. No sort, no
-// nth_element.
+// their values val, in index order. A radix select over the magnitude keys gives the exact k-th
+// best key t: a histogram of the top 11 bits over every candidate, then the keys in the chosen
+// bin (a small part: the candidates' magnitudes sit in a few binades just above the sampled
+// threshold) are compacted and their next 11 and last 10 bits resolved on that subset alone. One
+// scan then keeps everything above t and the first (lowest-index) ties at t. The hot loops have no
+// data-dependent branches (the keep/compact decisions are additions), and the histogram is split
+// in four so that equal bins in a row do not wait on each other. No sort, no nth_element.
 void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
   const size_t n = idx->size();
   if (n <= k) return;
@@ -256,41 +259,69 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
     val->clear();
     return;
   }
-  std::vector<uint32_t> key(n);
-  for (size_t j = 0; j < n; ++j) key[j] = mag_key((*val)[j]);
-  // Digits from the top: after each, prefix holds the known high bits of t and `above` how many
-  // keys are known to be greater than t.
-  constexpr int kShift[3] = {21, 10, 0};
-  constexpr uint32_t kBins[3] = {2048, 2048, 1024};
-  uint32_t prefix = 0;
+  // Scratch kept per thread: two fresh 4n-byte arrays per call would cost page faults each time.
+  thread_local std::vector<uint32_t> key_buf, sub_buf;
+  if (key_buf.size() < n) key_buf.resize(n);
+  if (sub_buf.size() < n) sub_buf.resize(n);
+  uint32_t* key = key_buf.data();
+  uint32_t* sub = sub_buf.data();
+  // Picks the bin of a histogram from the top holding the k-th best key; `above` counts the keys
+  // known to be greater than t.
   size_t above = 0;
-  std::vector<size_t> hist(2048);
-  for (int d = 0; d < 3; ++d) {
-    const int hi = d == 0 ? 32 : kShift[d - 1];  // bits above this digit are fixed to prefix
-    std::fill(hist.begin(), hist.end(), 0);
-    for (size_t j = 0; j < n; ++j) {
-      const uint32_t kj = key[j];
-      if (hi < 32 && (kj >> hi) != (prefix >> hi)) continue;
-      ++hist[(kj >> kShift[d]) & (kBins[d] - 1)];
-    }
-    uint32_t bin = kBins[d];
+  auto pick = [&](const uint32_t* hist, uint32_t bins) {
+    uint32_t bin = bins;
     while (bin-- > 0) {
       if (above + hist[bin] >= k) break;
       above += hist[bin];
     }
-    prefix |= bin << kShift[d];
+    return bin;
+  };
+  std::vector<uint32_t> h4(4 * 2048, 0);
+  const float* v = val->data();
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (size_t l = 0; l < 4; ++l) {
+      const uint32_t kj = mag_key(v[j + l]);
+      key[j + l] = kj;
+      ++h4[l * 2048 + (kj >> 21)];
+    }
   }
-  const uint32_t t = prefix;
+  for (; j < n; ++j) {
+    key[j] = mag_key(v[j]);
+    ++h4[key[j] >> 21];
+  }
+  for (uint32_t b = 0; b < 2048; ++b) h4[b] += h4[2048 + b] + h4[4096 + b] + h4[6144 + b];
+  uint32_t prefix = pick(h4.data(), 2048) << 21;
+  // The keys in that bin, then the next two digits over them only.
+  size_t m = 0;
+  for (j = 0; j < n; ++j) {
+    sub[m] = key[j];
+    m += (key[j] >> 21) == (prefix >> 21);
+  }
+  uint32_t hist[2048];
+  std::fill(hist, hist + 2048, 0u);
+  for (j = 0; j < m; ++j) ++hist[(sub[j] >> 10) & 2047u];
+  prefix |= pick(hist, 2048) << 10;
+  size_t m2 = 0;
+  for (j = 0; j < m; ++j) {
+    sub[m2] = sub[j];
+    m2 += (sub[j] >> 10) == (prefix >> 10);
+  }
+  std::fill(hist, hist + 1024, 0u);
+  for (j = 0; j < m2; ++j) ++hist[sub[j] & 1023u];
+  const uint32_t t = prefix | pick(hist, 1024);
   size_t ties = k - above;  // keys equal to t that make the cut, lowest index first
   size_t w = 0;
-  for (size_t j = 0; j < n && w < k; ++j) {
+  uint32_t* ip = idx->data();
+  float* vp = val->data();
+  for (j = 0; j < n; ++j) {
     const uint32_t kj = key[j];
-    if (kj > t || (kj == t && ties > 0)) {
-      if (kj == t) --ties;
-      (*idx)[w] = (*idx)[j];
-      (*val)[w] = (*val)[j];
-      ++w;
-    }
+    const size_t eq = kj == t;
+    const size_t keep = (kj > t) | (eq & (ties > 0));
+    ip[w] = ip[j];  // w <= j: an in-place compaction
+    vp[w] = vp[j];
+    w += keep;
+    ties -= eq & keep;
   }
   idx->resize(w);
   val->resize(w);
@@ -302,13 +333,18 @@ struct TopKSet {
 };
 
 // topk_select_fused (see codec.h), also returning the selected values.
-TopKSet topk_fused(const float* in, float* residual, size_t count, size_t k, float* zero) {
-  TopKSet s;
+// Fills *out (its vectors are cleared; their capacity is reused, so a caller that keeps one
+// TopKSet across calls does not pay fresh pages for the candidates every time).
+void topk_fused(const float* in, float* residual, size_t count, size_t k, float* zero,
+                TopKSet* out) {
+  TopKSet& s = *out;
+  s.idx.clear();
+  s.val.clear();
   k = std::min(k, count);
   if (!residual && zero) {  // v is in itself: clear it only once the selection is made
-    s = topk_fused(in, nullptr, count, k, nullptr);
+    topk_fused(in, nullptr, count, k, nullptr, out);
     std::fill(zero, zero + count, 0.0f);
-    return s;
+    return;
   }
   const float* v = residual ? residual : in;  // v = in + residual once the pass has run
   const float kNoThreshold = std::numeric_limits<float>::quiet_NaN();
@@ -321,13 +357,13 @@ TopKSet topk_fused(const float* in, float* residual, size_t count, size_t k, flo
     for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
     s.val.assign(v, v + count);
     keep_best(&s.idx, &s.val, k);
-    return std::move(s);
   };
   // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~1000
   // random line reads, not 16384.
   constexpr size_t kRun = 16, kSample = 16384;
   if (count <= 4 * kSample || k * 4 >= count) return exact(false);
-  std::vector<float> sample(kSample);
+  thread_local std::vector<float> sample;
+  sample.resize(kSample);
   uint64_t state = count;
   for (size_t j = 0; j < kSample; j += kRun) {
     const size_t base = splitmix64(&state) % (count - kRun + 1);
@@ -365,7 +401,6 @@ TopKSet topk_fused(const float* in, float* residual, size_t count, size_t k, flo
   }
   // Every element of the top k has |v| >= the k-th best candidate >= threshold: exact.
   keep_best(&s.idx, &s.val, k);
-  return s;
 }
 
 }  // namespace
@@ -382,7 +417,9 @@ std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
 
 std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k,
                                         float* zero) {
-  return topk_fused(in, residual, count, k, zero).idx;
+  TopKSet s;
+  topk_fused(in, residual, count, k, zero, &s);
+  return std::move(s.idx);
 }
 
 std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
@@ -621,7 +658,10 @@ class TopKCodec final : public Codec {
     GW_RETURN_IF_ERROR(check_count(count, "topk"));
     GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
     const size_t k = topk_count(spec_.ratio, count);
-    const TopKSet sel = topk_fused(in, residual, count, k, zero);
+    // Kept per thread: the candidates of a 100 MiB tensor take megabytes, which would be fresh
+    // pages (faults) on every call.
+    thread_local TopKSet sel;
+    topk_fused(in, residual, count, k, zero, &sel);
     const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
     std::memcpy(out, header, 8);
     std::memcpy(out + 8, sel.idx.data(), k * 4);

@@ -381,37 +381,60 @@ GW_AVX2 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t 
   portable::collect_abs_ge(v + i, n - i, threshold, offset + static_cast<uint32_t>(i), out);
 }
 
+// Lane positions of the set bits of every 8-bit mask, packed to the front (the rest 0): the
+// shuffle that compresses the selected lanes of a vector to its low end.
+struct CompressTable {
+  alignas(64) uint8_t pos[256][8];
+  constexpr CompressTable() : pos{} {
+    for (int m = 0; m < 256; ++m) {
+      int w = 0;
+      for (int b = 0; b < 8; ++b) {
+        if ((m >> b) & 1) pos[m][w++] = static_cast<uint8_t>(b);
+      }
+    }
+  }
+};
+constexpr CompressTable kCompress;
+
+// The candidates of each 8 elements are written with one compressing shuffle and two stores, and
+// the write position advances by their count, with no branch on the data: at top-k's ~2%
+// candidate rate a branch per 32 elements is taken a third of the time and mispredicts about as
+// often, which cost ~2.5 ms per 100 MiB on top of the ~5.7 ms the memory traffic takes. The
+// stores go to a block buffer in L1 (each writes 8 lanes, of which only the first popcount
+// count) and every block's candidates are appended to the vectors.
 GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                                 float* zero, uint32_t offset, std::vector<uint32_t>* out,
                                 std::vector<float>* vals) {
+  constexpr size_t kBlock = 1024;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 t = _mm256_set1_ps(threshold);
   const __m256 z = _mm256_setzero_ps();
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  alignas(32) uint32_t bidx[kBlock + 8];
+  alignas(32) float bval[kBlock + 8];
   size_t i = 0;
-  alignas(32) float lanes[32];
-  for (; i + 32 <= n; i += 32) {
-    uint32_t mask = 0;
-    __m256 v[4];
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(in + i + 8 * k);
+  while (i + 8 <= n) {
+    const size_t end = std::min(n & ~size_t{7}, i + kBlock);
+    size_t w = 0;
+    for (; i < end; i += 8) {
+      __m256 v = _mm256_loadu_ps(in + i);
       if (residual) {
-        v[k] = _mm256_add_ps(v[k], _mm256_loadu_ps(residual + i + 8 * k));
-        _mm256_storeu_ps(residual + i + 8 * k, v[k]);
+        v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+        _mm256_storeu_ps(residual + i, v);
       }
-      if (zero) _mm256_storeu_ps(zero + i + 8 * k, z);
-      const __m256 a = _mm256_and_ps(v[k], abs_mask);
-      mask |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, t, _CMP_GE_OQ))) << (8 * k);
+      if (zero) _mm256_storeu_ps(zero + i, z);
+      const unsigned m = static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), t, _CMP_GE_OQ)));
+      const __m256i perm =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[m])));
+      const __m256i base = _mm256_set1_epi32(static_cast<int>(offset + static_cast<uint32_t>(i)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bidx + w),
+                          _mm256_add_epi32(_mm256_permutevar8x32_epi32(iota, perm), base));
+      if (vals) _mm256_storeu_ps(bval + w, _mm256_permutevar8x32_ps(v, perm));
+      w += static_cast<size_t>(std::popcount(m));
     }
-    if (!mask) continue;
-    if (vals) {
-      for (int k = 0; k < 4; ++k) _mm256_store_ps(lanes + 8 * k, v[k]);
-    }
-    while (mask) {
-      const int b = std::countr_zero(mask);
-      out->push_back(offset + static_cast<uint32_t>(i + b));
-      if (vals) vals->push_back(lanes[b]);
-      mask &= mask - 1;
-    }
+    out->insert(out->end(), bidx, bidx + w);
+    if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   portable::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
                                zero ? zero + i : nullptr, offset + static_cast<uint32_t>(i), out,
