@@ -335,23 +335,17 @@ struct TopKSet {
 // topk_select_fused (see codec.h), also returning the selected values.
 // Fills *out (its vectors are cleared; their capacity is reused, so a caller that keeps one
 // TopKSet across calls does not pay fresh pages for the candidates every time).
-void topk_fused(const float* in, float* residual, size_t count, size_t k, float* zero,
-                TopKSet* out) {
+void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out) {
   TopKSet& s = *out;
   s.idx.clear();
   s.val.clear();
   k = std::min(k, count);
-  if (!residual && zero) {  // v is in itself: clear it only once the selection is made
-    topk_fused(in, nullptr, count, k, nullptr, out);
-    std::fill(zero, zero + count, 0.0f);
-    return;
-  }
   const float* v = residual ? residual : in;  // v = in + residual once the pass has run
   const float kNoThreshold = std::numeric_limits<float>::quiet_NaN();
   // Exact selection over everything (small inputs, k a large fraction, a misjudged sample).
   auto exact = [&](bool pass_done) {
     if (!pass_done && residual) {
-      ck::add_collect_abs_ge(in, residual, count, kNoThreshold, zero, 0, &s.idx, nullptr);
+      ck::add_collect_abs_ge(in, residual, count, kNoThreshold, 0, &s.idx, nullptr);
     }
     s.idx.resize(count);
     for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
@@ -384,7 +378,7 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, float*
   const size_t expect_cands = pos * (count / kSample) + 1024;
   s.idx.reserve(expect_cands);
   s.val.reserve(expect_cands);
-  ck::add_collect_abs_ge(in, residual, count, threshold, zero, 0, &s.idx, &s.val);
+  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val);
   // The sample misjudged the distribution: rescan v (now materialised) with a lower threshold a
   // few times, then give up and select exactly.
   for (int retry = 0; s.idx.size() < k && retry < 4; ++retry) {
@@ -412,13 +406,12 @@ size_t topk_count(double ratio, size_t count) {
 }
 
 std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
-  return topk_select_fused(v, nullptr, count, k, nullptr);
+  return topk_select_fused(v, nullptr, count, k);
 }
 
-std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k,
-                                        float* zero) {
+std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k) {
   TopKSet s;
-  topk_fused(in, residual, count, k, zero, &s);
+  topk_fused(in, residual, count, k, &s);
   return std::move(s.idx);
 }
 
@@ -559,11 +552,21 @@ class TopKCodec final : public Codec {
   }
   Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
                 const CodecContext&) const override {
-    return encode_impl(in, residual, count, out, out_size, nullptr);
-  }
-  Status encode_and_zero(float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
-                         const CodecContext&) const override {
-    GW_RETURN_IF_ERROR(encode_impl(in, residual, count, out, out_size, in));
+    GW_RETURN_IF_ERROR(check_count(count, "topk"));
+    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
+    const size_t k = topk_count(spec_.ratio, count);
+    // Kept per thread: the candidates of a 100 MiB tensor take megabytes, which would be fresh
+    // pages (faults) on every call. (The memory, about 16 bytes per candidate, ~2% of the
+    // elements, stays with the thread.)
+    thread_local TopKSet sel;
+    topk_fused(in, residual, count, k, &sel);
+    const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
+    std::memcpy(out, header, 8);
+    std::memcpy(out + 8, sel.idx.data(), k * 4);
+    std::memcpy(out + 8 + k * 4, sel.val.data(), k * 4);
+    if (residual) {
+      for (uint32_t i : sel.idx) residual[i] = 0.0f;
+    }
     return ok_status();
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
@@ -651,25 +654,6 @@ class TopKCodec final : public Codec {
                          header[1], k);
     }
     return k;
-  }
-  // zero: in, to be cleared in the same pass (with a residual), or null.
-  Status encode_impl(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
-                     float* zero) const {
-    GW_RETURN_IF_ERROR(check_count(count, "topk"));
-    GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "topk"));
-    const size_t k = topk_count(spec_.ratio, count);
-    // Kept per thread: the candidates of a 100 MiB tensor take megabytes, which would be fresh
-    // pages (faults) on every call.
-    thread_local TopKSet sel;
-    topk_fused(in, residual, count, k, zero, &sel);
-    const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
-    std::memcpy(out, header, 8);
-    std::memcpy(out + 8, sel.idx.data(), k * 4);
-    std::memcpy(out + 8 + k * 4, sel.val.data(), k * 4);
-    if (residual) {
-      for (uint32_t i : sel.idx) residual[i] = 0.0f;
-    }
-    return ok_status();
   }
 };
 
@@ -840,13 +824,6 @@ class QsgdCodec final : public Codec {
 };
 
 }  // namespace
-
-Status Codec::encode_and_zero(float* in, float* residual, size_t count, uint8_t* out,
-                              size_t out_size, const CodecContext& ctx) const {
-  GW_RETURN_IF_ERROR(encode(in, residual, count, out, out_size, ctx));
-  std::fill(in, in + count, 0.0f);
-  return ok_status();
-}
 
 Status Codec::decode(const uint8_t* in, size_t in_size, size_t count, float* out,
                      const CodecContext& ctx) const {

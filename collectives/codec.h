@@ -105,10 +105,6 @@ class Codec {
   // has a generic default in terms of encode / decode_add; codecs that can fuse override it and
   // give the same bytes and values as the default (a decoded zero may come out as -0).
   //
-  // encode(), then in[0, count) = 0 (the caller decodes-and-sums into it next). in may not
-  // overlap residual or out.
-  virtual Status encode_and_zero(float* in, float* residual, size_t count, uint8_t* out,
-                                 size_t out_size, const CodecContext& ctx) const;
   // out[i] = decode(in)[i] (overwrites; out is not read). Bounds-checked as decode_add.
   virtual Status decode(const uint8_t* in, size_t in_size, size_t count, float* out,
                         const CodecContext& ctx) const;
@@ -138,10 +134,8 @@ class Codec {
 // candidates keeps the k best in index order.
 std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k);
 // The same selection on v = in + residual, made in one pass over the data that also stores v into
-// residual (when set) and clears zero (when set; it may alias in only when residual is set).
-// topk_select(v, count, k) == topk_select_fused(v, nullptr, count, k, nullptr).
-std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k,
-                                        float* zero);
+// residual (when set). topk_select(v, count, k) == topk_select_fused(v, nullptr, count, k).
+std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k);
 size_t topk_count(double ratio, size_t count);
 // The k distinct indices (increasing) that randomk picks for this context: identical on every
 // rank for the same key_hash, step and seed.

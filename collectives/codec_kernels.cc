@@ -159,12 +159,11 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
   }
 }
 
-void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
   for (size_t i = 0; i < n; ++i) {
     const float v = residual ? in[i] + residual[i] : in[i];
     if (residual) residual[i] = v;
-    if (zero) zero[i] = 0.0f;
     if (std::fabs(v) >= threshold) {
       out->push_back(offset + static_cast<uint32_t>(i));
       if (vals) vals->push_back(v);
@@ -403,12 +402,11 @@ constexpr CompressTable kCompress;
 // stores go to a block buffer in L1 (each writes 8 lanes, of which only the first popcount
 // count) and every block's candidates are appended to the vectors.
 GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                                float* zero, uint32_t offset, std::vector<uint32_t>* out,
+                                uint32_t offset, std::vector<uint32_t>* out,
                                 std::vector<float>* vals) {
   constexpr size_t kBlock = 1024;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 t = _mm256_set1_ps(threshold);
-  const __m256 z = _mm256_setzero_ps();
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   alignas(32) uint32_t bidx[kBlock + 8];
   alignas(32) float bval[kBlock + 8];
@@ -422,7 +420,6 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
         v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
         _mm256_storeu_ps(residual + i, v);
       }
-      if (zero) _mm256_storeu_ps(zero + i, z);
       const unsigned m = static_cast<unsigned>(
           _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), t, _CMP_GE_OQ)));
       const __m256i perm =
@@ -437,8 +434,7 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
     if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   portable::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
-                               zero ? zero + i : nullptr, offset + static_cast<uint32_t>(i), out,
-                               vals);
+                               offset + static_cast<uint32_t>(i), out, vals);
 }
 
 // No fma in this target: the compiler must not contract a * b + c, or the bits would differ from
@@ -507,12 +503,12 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
   if (have_avx2()) return avx2::collect_abs_ge(v, n, threshold, offset, out);
   portable::collect_abs_ge(v, n, threshold, offset, out);
 }
-void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
   if (have_avx2()) {
-    return avx2::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
+    return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
   }
-  portable::add_collect_abs_ge(in, residual, n, threshold, zero, offset, out, vals);
+  portable::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
 }
 
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {

@@ -39,10 +39,9 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 // Top-k's one pass over the data: v = in + residual (residual may be null: v = in); residual,
-// when set, becomes v; zero, when set, is cleared (it may alias in only when residual is set, as
-// v then lives in residual); every i with |v[i]| >= threshold is appended to out (offset added),
+// when set, becomes v; every i with |v[i]| >= threshold is appended to out (offset added),
 // increasing, and v[i] to vals when vals is set. A NaN threshold collects nothing.
-void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 
 // dst[i] += src[i].
@@ -75,7 +74,7 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
                      float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
-void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 void store_stream_f32(const float* src, size_t n, float* dst);
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);
@@ -92,7 +91,7 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
                      float* out);
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
-void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold, float* zero,
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
 void store_stream_f32(const float* src, size_t n, float* dst);
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);

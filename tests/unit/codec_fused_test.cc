@@ -1,7 +1,7 @@
 // The fused forms the compressed allreduce runs (one pass over the data instead of several): the
 // fused top-k selection against a plain exact reference (including the re-scan and exact
 // fallbacks), its one-pass kernel and the sign set-decode on the AVX2 and portable paths bit for
-// bit, and every codec's encode_and_zero / decode / merge_encode giving the same bytes and values
+// bit, and every codec's decode / decode_sum / merge_encode giving the same bytes and values
 // as the generic forms they replace, with the error-feedback invariant kept.
 #include <gtest/gtest.h>
 
@@ -39,7 +39,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
-TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidualAndZeroCleared) {
+TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidual) {
   const size_t n = 140001;
   // Distributions that defeat the sampled threshold in different ways: a long tail of equal
   // values (re-scan), a few huge values hidden among zeros (exact fallback), layers of very
@@ -75,19 +75,15 @@ TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidualAndZeroCleared) {
     for (size_t k : {size_t{1}, size_t{300}, size_t{3000}, size_t{40000}}) {
       // Without a residual: the public selection.
       EXPECT_EQ(topk_select(g.data(), n, k), reference_topk(g, k)) << t << " k " << k;
-      // With a residual and the input cleared in the same pass.
+      // With a residual: v = g + r selected, and left in r; the input untouched.
       auto r = gaussian(n, 50 + static_cast<uint32_t>(t), 0.1f);
       std::vector<float> v(n);
       for (size_t i = 0; i < n; ++i) v[i] = g[i] + r[i];
       auto in = g;
-      const auto idx = topk_select_fused(in.data(), r.data(), n, k, in.data());
+      const auto idx = topk_select_fused(in.data(), r.data(), n, k);
       EXPECT_EQ(idx, reference_topk(v, k)) << t << " k " << k;
       EXPECT_TRUE(same_bits(r, v)) << t;
-      EXPECT_TRUE(std::all_of(in.begin(), in.end(), [](float x) { return x == 0.0f; })) << t;
-      // zero without a residual: v is the input itself, still selected before it is cleared.
-      auto in2 = g;
-      EXPECT_EQ(topk_select_fused(in2.data(), nullptr, n, k, in2.data()), reference_topk(g, k));
-      EXPECT_TRUE(std::all_of(in2.begin(), in2.end(), [](float x) { return x == 0.0f; }));
+      EXPECT_TRUE(same_bits(in, g)) << t;
     }
   }
 }
@@ -103,38 +99,31 @@ TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
     }
     const auto r0 = gaussian(n, 22, 0.5f);
     for (bool with_res : {false, true}) {
-      for (bool with_zero : {false, true}) {
-        if (with_zero && !with_res) continue;  // zero may alias in only with a residual
-        auto r1 = r0, r2 = r0;
-        auto i1 = in, i2 = in;
-        std::vector<uint32_t> c1, c2;
-        std::vector<float> v1, v2;
-        ck::portable::add_collect_abs_ge(i1.data(), with_res ? r1.data() : nullptr, n, 1.5f,
-                                         with_zero ? i1.data() : nullptr, 7, &c1, &v1);
-        ck::avx2::add_collect_abs_ge(i2.data(), with_res ? r2.data() : nullptr, n, 1.5f,
-                                     with_zero ? i2.data() : nullptr, 7, &c2, &v2);
-        EXPECT_EQ(c1, c2) << n;
-        EXPECT_TRUE(same_bits(v1, v2)) << n;
-        EXPECT_TRUE(same_bits(r1, r2)) << n;
-        EXPECT_TRUE(same_bits(i1, i2)) << n;
-        ASSERT_EQ(c1.size(), v1.size());
-        for (size_t j = 0; j < c1.size(); ++j) {
-          const size_t i = c1[j] - 7;
-          const float v = with_res ? in[i] + r0[i] : in[i];
-          EXPECT_EQ(std::bit_cast<uint32_t>(v1[j]), std::bit_cast<uint32_t>(v)) << i;
-          EXPECT_GE(std::fabs(v), 1.5f);
-        }
-        if (with_zero) {
-          EXPECT_TRUE(std::all_of(i1.begin(), i1.end(), [](float x) { return x == 0.0f; }));
-        } else {
-          EXPECT_TRUE(same_bits(i1, in));
-        }
+      auto r1 = r0, r2 = r0;
+      std::vector<uint32_t> c1, c2;
+      std::vector<float> v1, v2;
+      ck::portable::add_collect_abs_ge(in.data(), with_res ? r1.data() : nullptr, n, 1.5f, 7, &c1,
+                                       &v1);
+      ck::avx2::add_collect_abs_ge(in.data(), with_res ? r2.data() : nullptr, n, 1.5f, 7, &c2, &v2);
+      EXPECT_EQ(c1, c2) << n;
+      EXPECT_TRUE(same_bits(v1, v2)) << n;
+      EXPECT_TRUE(same_bits(r1, r2)) << n;
+      ASSERT_EQ(c1.size(), v1.size());
+      for (size_t j = 0; j < c1.size(); ++j) {
+        const size_t i = c1[j] - 7;
+        const float v = with_res ? in[i] + r0[i] : in[i];
+        EXPECT_EQ(std::bit_cast<uint32_t>(v1[j]), std::bit_cast<uint32_t>(v)) << i;
+        EXPECT_GE(std::fabs(v), 1.5f);
       }
+      // Every element at or above the threshold was collected (none missed between blocks).
+      size_t want = 0;
+      for (size_t i = 0; i < n; ++i) want += std::fabs(with_res ? in[i] + r0[i] : in[i]) >= 1.5f;
+      EXPECT_EQ(c1.size(), want) << n;
     }
     // A NaN threshold collects nothing but still runs the pass.
     auto r = gaussian(n, 23), in3 = in;
     std::vector<uint32_t> none;
-    ck::add_collect_abs_ge(in3.data(), r.data(), n, std::nanf(""), in3.data(), 0, &none, nullptr);
+    ck::add_collect_abs_ge(in3.data(), r.data(), n, std::nanf(""), 0, &none, nullptr);
     EXPECT_TRUE(none.empty());
     // sign_decode_set: the same bits on both paths, and the values of 0 + decode_add.
     std::vector<uint64_t> w((n + 63) / 64);
@@ -206,8 +195,8 @@ TEST(CodecFused, Cast16DecodeOfEveryBitPatternAgreesAcrossPaths) {
   }
 }
 
-// encode_and_zero == encode + clear, decode == clear + decode_add, merge_encode == decode-sum +
-// encode: same bytes, same residuals, same values, for every byte codec.
+// decode == clear + decode_add, merge_encode == decode-sum + encode: same bytes, same residuals,
+// same values, for every byte codec.
 TEST(CodecFused, FusedFormsGiveTheSameBytesAsTheGenericForms) {
   const size_t n = 70001;  // above the sampled top-k threshold size, not a multiple of anything
   for (const char* spec : {"fp16", "bf16,ef=1", "topk:0.01", "topk:0.01,ef=0", "randomk:0.05",
@@ -217,14 +206,9 @@ TEST(CodecFused, FusedFormsGiveTheSameBytesAsTheGenericForms) {
     const CodecContext ctx{fnv1a64("k"), 3, 1};
     const bool ef = c->spec().error_feedback;
     auto g = gaussian(n, 31);
-    auto r1 = gaussian(n, 32, 0.3f), r2 = r1;
-    std::vector<uint8_t> e1(e), e2(e);
+    auto r1 = gaussian(n, 32, 0.3f);
+    std::vector<uint8_t> e1(e);
     ASSERT_TRUE(c->encode(g.data(), ef ? r1.data() : nullptr, n, e1.data(), e, ctx).ok());
-    auto x = g;
-    ASSERT_TRUE(c->encode_and_zero(x.data(), ef ? r2.data() : nullptr, n, e2.data(), e, ctx).ok());
-    EXPECT_EQ(e1, e2) << spec;
-    EXPECT_TRUE(same_bits(r1, r2)) << spec;
-    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return v == 0.0f; })) << spec;
 
     std::vector<float> d1(n, 0.0f), d2(n, 123.0f);
     ASSERT_TRUE(c->decode_add(e1.data(), e, n, d1.data(), ctx).ok());
@@ -321,8 +305,8 @@ TEST(CodecFused, DecodeSumGivesTheBitsOfAZeroFillAndDecodeAddInOrder) {
 }
 
 // The invariant through the fused path: what was sent plus the residual equals the sum of the
-// gradients, step after step (top-k through encode_and_zero, as the allreduce runs it).
-TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndZero) {
+// gradients, step after step (top-k through encode and decode_sum, as the allreduce runs it).
+TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndDecodeSum) {
   const size_t n = 100003;
   auto c = make("topk:0.01");
   std::vector<float> residual(n, 0.0f);
@@ -333,8 +317,9 @@ TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndZero) {
     auto g = gaussian(n, 200 + static_cast<uint32_t>(step), step % 3 ? 1.0f : 1e-3f);
     auto x = g;
     const CodecContext ctx{1, static_cast<uint64_t>(step), 0};
-    ASSERT_TRUE(c->encode_and_zero(x.data(), residual.data(), n, enc.data(), e, ctx).ok());
-    ASSERT_TRUE(c->decode_add(enc.data(), e, n, x.data(), ctx).ok());
+    ASSERT_TRUE(c->encode(x.data(), residual.data(), n, enc.data(), e, ctx).ok());
+    const uint8_t* src = enc.data();
+    ASSERT_TRUE(c->decode_sum(&src, e, 1, n, x.data(), &ctx).ok());
     double worst = 0, scale = 0;
     for (size_t i = 0; i < n; ++i) {
       sum_in[i] += g[i];
