@@ -86,12 +86,43 @@ class Compressor {
   // feedback on the device). Checks the key like allreduce() does (on its first use every rank
   // must agree; later uses must match spec, count and dtype) and only then calls `encode`, which
   // must write this rank's count-element encoding in the codec's wire dtype to `wire` (host
-  // memory); then sums `wire` over the ranks exactly as allreduce() sums its own encoding and
-  // counts the call's bytes. A refused call never runs `encode`, so the caller's error feedback
-  // is untouched. The key is marked as encoded elsewhere: allreduce() with it is kInvalidArg,
-  // and vice versa. `spec` must be fp16 or bf16, dtype the caller's buffer dtype (kF32).
+  // memory); then sums `wire` over the ranks with one allreduce and counts the call's bytes. That
+  // is allreduce()'s sum bit for bit only where allreduce() does not cut the tensor into slices
+  // (or at p <= 2: see run_cast_pipelined); allreduce_cast_encoded_sliced always is. A refused call
+  // never runs `encode`, so the caller's error feedback is untouched. The key is marked as encoded
+  // elsewhere: allreduce() with it is kInvalidArg, and vice versa. `spec` must be fp16 or bf16,
+  // dtype the caller's buffer dtype (kF32).
   Status allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype, std::string_view spec,
                                 std::string_view key, const std::function<Status()>& encode);
+
+  // allreduce_cast_encoded for a caller whose encode and decode run asynchronously (the GPU path:
+  // a stream encodes slice s+1 and copies it to the host while the ring sums slice s, and copies
+  // slice s-1 back and widens it meanwhile). The same key check, the same byte counts, and the
+  // same sum as allreduce() bit for bit: the tensor is cut into the slices allreduce() uses for
+  // this spec and count (the spec's slice option; one slice when it is 0 or the tensor is shorter
+  // than two slices), each reduced by an allreduce of its own as allreduce() reduces it. After
+  // the check (a refused call calls no hook), per slice s (elements [offset, offset + len) of
+  // `wire`), on the calling thread, in this order:
+  //   start(s, offset, len)  begin writing this rank's encoding of the slice into `wire`; may
+  //                          return before it is there. start(s + 1) is called before ready(s),
+  //                          start(s + 2) only after ready(s) returned: at most two slices are
+  //                          started and not yet ready.
+  //   ready(s, offset, len)  block (with a deadline) until the slice's encoding is in `wire`;
+  //                          then its exchange starts (on the communicator's progress thread).
+  //   done(s, offset, len)   the slice holds the sum; the Compressor no longer touches it. Called
+  //                          for s - 1 after ready(s) (the exchanges queue back to back), in
+  //                          slice order.
+  // The first error, a hook's or a slice's exchange's (with the slice named), ends the call: no
+  // hook runs after it, and the call returns only once no exchange it started can still touch
+  // `wire`. Slices started but not done are the caller's to clean up (wait for its own work).
+  struct CastSliceHooks {
+    std::function<Status(size_t slice, size_t offset, size_t len)> start;
+    std::function<Status(size_t slice, size_t offset, size_t len)> ready;
+    std::function<Status(size_t slice, size_t offset, size_t len)> done;
+  };
+  Status allreduce_cast_encoded_sliced(uint16_t* wire, size_t count, DataType dtype,
+                                       std::string_view spec, std::string_view key,
+                                       const CastSliceHooks& hooks);
 
   CompressStats stats() const;
   void reset_stats();
