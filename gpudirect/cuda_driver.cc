@@ -59,6 +59,8 @@ Result<const Driver*> load(const char* library) {
   GW_BIND(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   GW_BIND(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   GW_BIND(cuMemsetD8, "cuMemsetD8_v2");
+  GW_BIND(cuMemHostAlloc, "cuMemHostAlloc");
+  GW_BIND(cuMemFreeHost, "cuMemFreeHost");
   GW_BIND(cuStreamCreate, "cuStreamCreate");
   GW_BIND(cuStreamDestroy, "cuStreamDestroy_v2");
   GW_BIND(cuStreamQuery, "cuStreamQuery");
@@ -129,17 +131,22 @@ bool is_device_pointer(const void* p) {
   return r == kCudaSuccess && (type == kMemoryTypeDevice || type == kMemoryTypeUnified);
 }
 
-Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms) {
+namespace {
+
+// Polls `query` (cuStreamQuery or cuEventQuery of one object) until it is no longer
+// CUDA_ERROR_NOT_READY or `timeout_ms` has passed.
+template <typename Query>
+Status poll_done(const Driver& d, Query query, int64_t timeout_ms, std::string_view what) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    const CUresult r = d.cuStreamQuery(stream);
+    const CUresult r = query();
     if (r == kCudaSuccess) return ok_status();
-    if (r != kCudaErrorNotReady) return cuda_error(d, r, "stream wait");
+    if (r != kCudaErrorNotReady) return cuda_error(d, r, what);
     const auto now = clock::now();
     if (now >= deadline) {
-      return timeout_error("stream wait: GPU work not finished after {} ms", timeout_ms);
+      return timeout_error("{}: GPU work not finished after {} ms", what, timeout_ms);
     }
     // Kernels of a few µs finish while spinning; longer ones are polled every 50 µs.
     if (now - start > std::chrono::microseconds(200)) {
@@ -148,6 +155,18 @@ Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms) {
       std::this_thread::yield();
     }
   }
+}
+
+}  // namespace
+
+Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms) {
+  return poll_done(
+      d, [&] { return d.cuStreamQuery(stream); }, timeout_ms, "stream wait");
+}
+
+Status event_wait(const Driver& d, CUevent event, int64_t timeout_ms) {
+  return poll_done(
+      d, [&] { return d.cuEventQuery(event); }, timeout_ms, "event wait");
 }
 
 }  // namespace gw::cuda

@@ -47,6 +47,8 @@ inline constexpr unsigned kMemoryTypeDevice = 2;     // CU_MEMORYTYPE_DEVICE
 inline constexpr unsigned kMemoryTypeUnified = 4;    // CU_MEMORYTYPE_UNIFIED
 inline constexpr unsigned kStreamNonBlocking = 1;    // CU_STREAM_NON_BLOCKING
 inline constexpr unsigned kEventDefault = 0;
+inline constexpr unsigned kEventDisableTiming = 2;    // CU_EVENT_DISABLE_TIMING
+inline constexpr unsigned kMemHostAllocPortable = 1;  // CU_MEMHOSTALLOC_PORTABLE
 
 // The function table. Every entry is non-null in a table that driver() returned.
 struct Driver {
@@ -79,6 +81,9 @@ struct Driver {
   CUresult (*cuMemcpyDtoHAsync)(void* dst, CUdeviceptr src, size_t bytes,
                                 CUstream stream);                              // _v2
   CUresult (*cuMemsetD8)(CUdeviceptr dst, unsigned char value, size_t bytes);  // _v2
+  // Page-locked host memory (cuda.h maps neither name to a _v2).
+  CUresult (*cuMemHostAlloc)(void** p, size_t bytes, unsigned flags);
+  CUresult (*cuMemFreeHost)(void* p);
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags);
   CUresult (*cuStreamDestroy)(CUstream stream);  // _v2
   CUresult (*cuStreamQuery)(CUstream stream);
@@ -119,5 +124,8 @@ bool is_device_pointer(const void* p);
 // the legacy default stream of the context current on this thread, so one must be current
 // (ScopedContext in device_buffer.h).
 Status stream_wait(const Driver& d, CUstream stream, int64_t timeout_ms);
+// The same for an event: waits until the work before its last cuEventRecord has finished (at
+// once for an event never recorded), polling cuEventQuery; kTimeout after `timeout_ms`.
+Status event_wait(const Driver& d, CUevent event, int64_t timeout_ms);
 
 }  // namespace gw::cuda

@@ -1,5 +1,7 @@
 // DeviceBuffer: device memory from cuMemAlloc in a device's primary context, freed on
 // destruction. For tests, gw-gpu-check and staging; not a caching allocator.
+// PinnedBuffer: host memory for copies to and from the GPU, page-locked when the driver allows.
+// Stream: a CUDA stream with a few events, for asynchronous copies and kernels (gpu_codecs.h).
 //
 // upload / download are synchronous copies (cuMemcpyHtoD/DtoH): they return when the bytes have
 // arrived. Not thread-safe per object; distinct objects may be used from any thread.
@@ -7,6 +9,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "gpudirect/cuda_driver.h"
@@ -47,6 +51,83 @@ class DeviceBuffer {
   size_t size_ = 0;
   CUcontext ctx_ = nullptr;
   int device_ = -1;
+};
+
+// Host memory that copies to and from GPU memory can use without the driver staging it: page-
+// locked (cuMemHostAlloc, portable to every context, so any device may use it) when the driver
+// allows, else ordinary pageable memory, which every copy accepts too, only slower and without
+// overlapping the host (cuMemcpyDtoHAsync into pageable memory returns when the copy is done).
+// pinned() says which and why_pageable() why not. Freed on destruction.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  // Never fails for the pinning: without a driver, or when cuMemHostAlloc fails (the locked-memory
+  // limit, say), the buffer is pageable. kNoMemory only when no memory at all can be had.
+  // `device`'s primary context is current for the cuMemHostAlloc.
+  static Result<PinnedBuffer> allocate(int device, size_t bytes);
+
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { reset(); }
+
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return size_; }
+  bool pinned() const { return pinned_; }
+  const std::string& why_pageable() const { return why_; }
+
+  void reset();
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+  bool pinned_ = false;
+  int device_ = -1;
+  std::string why_;
+};
+
+// A stream of `device`'s primary context and a few events, destroyed with the object. The stream
+// is a blocking one (not CU_STREAM_NON_BLOCKING): its work runs after work queued before on the
+// legacy default stream, and the default stream's later work after it, as with the synchronous
+// copies below. Every call makes the context current for itself and returns without waiting,
+// except the waits. Not thread-safe per object.
+class Stream {
+ public:
+  Stream() = default;
+  static Result<Stream> create(int device);
+
+  Stream(Stream&& o) noexcept { *this = std::move(o); }
+  Stream& operator=(Stream&& o) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { reset(); }
+
+  CUstream get() const { return stream_; }
+  int device() const { return device_; }
+
+  // Queue a copy (cuMemcpyDtoHAsync / HtoDAsync). The host memory must stay valid, and must not
+  // be written (to device) or read (to host) until the copy has run: a later wait says when.
+  Status copy_to_host(void* dst, const void* device_src, size_t bytes);
+  Status copy_to_device(void* device_dst, const void* src, size_t bytes);
+  // Records event `i` (created on first use, without timing) after the work queued so far.
+  Status record(size_t i);
+  // Waits until the work before the last record(i) has finished: kTimeout after timeout_ms, a
+  // driver error when it failed. kInvalidArg for an event never recorded.
+  Status wait_event(size_t i, int64_t timeout_ms) const;
+  // Waits until all queued work has finished (stream_wait).
+  Status wait(int64_t timeout_ms) const;
+
+  void reset();
+
+ private:
+  CUstream stream_ = nullptr;
+  int device_ = -1;
+  std::vector<CUevent> events_;
 };
 
 // The device ordinal of device (or managed) memory `p`; kInvalidArg for host memory or null,
