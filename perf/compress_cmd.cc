@@ -144,6 +144,19 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+constexpr const char* kFloorRow = "ef-floor";
+
+// residual += g, then g = 0 written with streaming stores (the output, written without being
+// read): the least memory traffic of an error-feedback codec's call, done with plain kernels.
+void memory_floor(float* g, float* residual, size_t n) {
+  coll::codec_kernels::add_f32(g, n, residual);
+  constexpr size_t kBlock = 4096;
+  static const std::vector<float> zeros(kBlock, 0.0f);
+  for (size_t off = 0; off < n; off += kBlock) {
+    coll::codec_kernels::store_stream_f32(zeros.data(), std::min(kBlock, n - off), g + off);
+  }
+}
+
 // One rank of the compressed allreduce sweep; rank 0 prints the rows. 0 on success.
 // The codecs take turns within every iteration (none, codec 1, codec 2, ..., then again), so a
 // change of load on a shared machine hits every codec alike; a row's time is the median over the
@@ -169,7 +182,11 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
     std::printf(
         "# codecs take turns within each iteration; time = median over iterations of the slowest "
         "rank; busbw uses the uncompressed size; bytes_sent = per rank per call (gw_comm_stats); "
-        "speedup = median time of none / median time of the codec, same run\n");
+        "speedup = median time of none / median time of the codec, same run\n"
+        "# %s: no codec, the memory passes any error-feedback codec makes (read gradient and "
+        "residual, write residual, write output) on every rank at once: the floor of a codec's "
+        "time on this machine\n",
+        kFloorRow);
     std::printf("# %-16s %12s %12s %6s %11s %10s %10s %14s %8s\n", "codec", "size", "count",
                 "iters", "time_us", "algbw", "busbw", "bytes_sent", "speedup");
   }
@@ -180,12 +197,17 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
     const auto src = gaussian(n, 7 + static_cast<uint32_t>(rank));
     std::vector<float> buf(n);
     const int iters = iters_for(b, c.np, c.iters);
-    const size_t nc = codecs.size();
+    // The last row, kFloorRow, is no codec: the memory passes any error-feedback codec must make
+    // (read the gradient and the residual, write the residual, write the output), on every rank
+    // at once, with no compute and no exchange. No codec's row can go below it on this machine.
+    const size_t nc = codecs.size() + 1;
+    std::vector<float> floor_residual(n, 0.0f);
     std::vector<std::vector<double>> times(nc);
     std::vector<uint64_t> sent(nc, 0);
     for (int i = -c.warmup; i < iters && rc == 0; ++i) {
       for (size_t ci = 0; ci < nc && rc == 0; ++ci) {
-        const std::string& codec = codecs[ci];
+        const bool floor = ci == nc - 1;
+        const std::string& codec = floor ? kFloorRow : codecs[ci];
         const std::string key = codec + "@" + std::to_string(b);
         std::memcpy(buf.data(), src.data(), n * 4);
         gw_comm_stats_t before{}, after{};
@@ -195,8 +217,10 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
           break;
         }
         auto t0 = Clock::now();
-        if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(), key.c_str()) !=
-            GW_OK) {
+        if (floor) {
+          memory_floor(buf.data(), floor_residual.data(), n);
+        } else if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(),
+                                           key.c_str()) != GW_OK) {
           std::fprintf(stderr, "rank %d: %s %llu B: %s\n", rank, codec.c_str(),
                        static_cast<unsigned long long>(b), gw_last_error());
           rc = 2;
@@ -225,8 +249,9 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
         const double algbw = static_cast<double>(b) / (us * 1e-6) / 1e9;
         const double busbw = algbw * 2.0 * (c.np - 1) / c.np;
         std::printf("  %-16s %12llu %12zu %6d %11.1f %10.3f %10.3f %14.0f %8.2f\n",
-                    codecs[ci].c_str(), static_cast<unsigned long long>(b), n, iters, us, algbw,
-                    busbw, static_cast<double>(sent[ci]) / iters, base_us / us);
+                    ci == nc - 1 ? kFloorRow : codecs[ci].c_str(),
+                    static_cast<unsigned long long>(b), n, iters, us, algbw, busbw,
+                    static_cast<double>(sent[ci]) / iters, base_us / us);
         std::fflush(stdout);
       }
     }

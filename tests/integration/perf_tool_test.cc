@@ -164,6 +164,32 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   EXPECT_EQ(doc["check_passed"], true);
 }
 
+// --codec: one row per codec after the uncompressed one, then the ef-floor reference row; the
+// bytes each rank sent come from gw_comm_stats, so a compressed row must send fewer than none.
+TEST(PerfToolTest, CodecAllreduceTableHasARowPerCodecAndTheFloor) {
+  auto res = run_perf({"allreduce", "--np", "2", "--transport", "tcp", "-b", "1M", "-e", "1M",
+                       "--iters", "2", "--warmup", "1", "--codec", "sign", "--codec", "topk:0.01"});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  auto rows = data_rows(res.output);
+  ASSERT_EQ(rows.size(), 4u) << res.output;
+  const char* names[] = {"none", "sign", "topk:0.01", "ef-floor"};
+  for (size_t r = 0; r < rows.size(); ++r) {
+    ASSERT_EQ(rows[r].size(), 9u) << res.output;
+    EXPECT_EQ(rows[r][0], names[r]);
+    EXPECT_EQ(rows[r][1], "1048576");
+    EXPECT_GT(std::stod(rows[r][4]), 0.0) << res.output;  // time_us
+    EXPECT_GT(std::stod(rows[r][8]), 0.0) << res.output;  // speedup
+  }
+  EXPECT_EQ(rows[0][7], "1048576");  // none: 2(p-1)/p of 1 MiB at 2 ranks
+  EXPECT_LT(std::stod(rows[1][7]), 1048576.0 / 16) << res.output;
+  EXPECT_LT(std::stod(rows[2][7]), 1048576.0 / 16) << res.output;
+  EXPECT_EQ(rows[3][7], "0");  // the floor sends nothing
+  // A bad spec is refused before any rank starts.
+  auto bad = run_perf({"allreduce", "--np", "2", "--codec", "topk:7"});
+  EXPECT_TRUE(bad.exited && bad.exit_code == 2) << bad.describe();
+  EXPECT_NE(bad.output.find("topk"), std::string::npos) << bad.output;
+}
+
 TEST(PerfToolTest, DeadRankEndsTheRunWithAnError) {
   TempFile out;
   Env env = clean_env();
