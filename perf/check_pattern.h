@@ -32,10 +32,4 @@ void fill_sentinel(void* buf, size_t count, coll::DataType dtype);
 size_t count_wrong(Collective coll, const void* out, size_t count, coll::DataType dtype,
                    coll::ReduceOp op, int world, int rank, int root);
 
-// f32 <-> IEEE half / bfloat16 (round to nearest even).
-uint16_t float_to_half(float f);
-float half_to_float(uint16_t h);
-uint16_t float_to_bf16(float f);
-float bf16_to_float(uint16_t b);
-
 }  // namespace gw::perf
