@@ -1,25 +1,34 @@
 // gw_allreduce_compressed on GPU memory (a cudaMalloc'd tensor).
 //
 // fp16 / bf16 on a float32 buffer run their casts and error feedback on the GPU with the kernels of
-// gpudirect/: encode (with the residual, kept on the device per tensor key) into a device buffer
-// of halves, copy the halves to the host, sum them over the ranks with the Compressor's ring
-// (exactly the exchange of the host path), copy the sum back and widen it into the tensor. Only
-// half the tensor's bytes cross PCIe each way, and the results are those of the host path bit for
-// bit (the kernels match the CPU ones; checked by gw-gpu-allreduce-check on an H100).
+// gpudirect/, slice by slice (the slices the host path uses for the spec, so the same exchanges):
+// a stream of this module's encodes slice s+1 (with the residual, kept on the device per tensor
+// key) into a device buffer of halves and copies it into page-locked host memory while the
+// Compressor's ring sums slice s on the communicator's progress thread, and copies slice s-1's
+// sum back and widens it into the tensor meanwhile (Compressor::allreduce_cast_encoded_sliced).
+// Only half the tensor's bytes cross PCIe each way, mostly hidden behind the exchange, and the
+// results are those of the host path bit for bit (the kernels match the CPU ones; checked by
+// gw-gpu-allreduce-check on an H100).
 //
 // Every other codec and dtype is staged: the tensor is copied to host memory, compressed there by
 // the Compressor like a host buffer (its residuals in host memory), and copied back.
 //
-// Both paths are synchronous: the call returns when the tensor holds the result. They use the
-// legacy default stream, so they run after work queued on blocking streams (PyTorch's default
-// stream is one); work on a non-blocking stream must be finished by the caller.
+// Host memory is one page-locked buffer per communicator, grown to the largest call (calls are
+// serialised by the C ABI); where pinning fails it is pageable (one debug line says why), which
+// is slower, never an error.
+//
+// Both paths are synchronous: the call returns when the tensor holds the result and no copy or
+// kernel of the call is still queued, on success or failure (every wait has a deadline). The
+// stream is a blocking one, so its work runs after work queued on the legacy default stream and
+// on other blocking streams (PyTorch's default stream is the legacy one); work on a non-blocking
+// stream must be finished by the caller.
 #include "capi/compressed_device.h"
 
 #include <map>
 #include <string>
-#include <vector>
 
 #include "collectives/codec.h"
+#include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_buffer.h"
 #include "gpudirect/gpu_codecs.h"
@@ -30,12 +39,8 @@ namespace {
 
 // A device wait must end: the encode or decode of even a 1 GiB tensor takes a few ms.
 constexpr int64_t kKernelWaitMs = 60000;
-
-// Waits for the kernels queued on `device`'s legacy default stream (it needs the context).
-Status wait_default_stream(int device) {
-  GW_ASSIGN_OR_RETURN(auto scope, cuda::ScopedContext::enter(device));
-  return cuda::stream_wait(**cuda::driver(), nullptr, kKernelWaitMs);
-}
+// The Compressor starts at most two slices that are not yet ready (compress.h): one event each.
+constexpr size_t kSliceEvents = 2;
 
 }  // namespace
 
@@ -45,10 +50,49 @@ struct DeviceCompression {
     bool bf16 = false;
     cuda::DeviceBuffer residual;  // count floats; empty without error feedback
     cuda::DeviceBuffer wire;      // count halves
-    std::vector<uint16_t> host;   // count halves
   };
   std::map<std::string, Tensor, std::less<>> tensors;
-  std::vector<unsigned char> staging;  // the staged path's host copy
+  cuda::PinnedBuffer host;              // the halves, or the staged path's copy
+  std::map<int, cuda::Stream> streams;  // per device
+
+  // `bytes` of host memory for copies with `device` (page-locked: portable to every device).
+  Result<void*> host_memory(int device, size_t bytes) {
+    if (host.get() != nullptr && host.size() >= bytes) return host.get();
+    host.reset();  // before the new one: never two of the largest size
+    GW_ASSIGN_OR_RETURN(host, cuda::PinnedBuffer::allocate(device, bytes));
+    if (!host.pinned()) {
+      GW_LOG_DEBUG(
+          "compressed allreduce on GPU {}: host staging of {} bytes is pageable, not pinned ({}); "
+          "copies will be slower and not overlap the exchange",
+          device, bytes, host.why_pageable());
+    }
+    return host.get();
+  }
+
+  Result<cuda::Stream*> stream(int device) {
+    auto it = streams.find(device);
+    if (it == streams.end()) {
+      GW_ASSIGN_OR_RETURN(cuda::Stream s, cuda::Stream::create(device));
+      it = streams.emplace(device, std::move(s)).first;
+    }
+    return &it->second;
+  }
+
+  // After a stream that did not drain: its queued copies and kernels may still use the host
+  // buffer, the stream and the tensor's device memory, so none of them may be freed or reused.
+  // They are leaked on purpose (a GPU that does not finish in kKernelWaitMs is wedged anyway);
+  // the next call starts with new ones, and the key with a zero residual.
+  void abandon(int device, std::string_view key) {
+    (void)new cuda::PinnedBuffer(std::move(host));
+    if (auto s = streams.find(device); s != streams.end()) {
+      (void)new cuda::Stream(std::move(s->second));
+      streams.erase(s);
+    }
+    if (auto t = tensors.find(key); t != tensors.end()) {
+      (void)new Tensor(std::move(t->second));
+      tensors.erase(t);
+    }
+  }
 };
 
 bool is_device_buffer(const void* p) { return cuda::is_device_pointer(p); }
@@ -62,6 +106,9 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
   GW_ASSIGN_OR_RETURN(int device, cuda::device_of(buf));
   const bool cast = spec.kind == coll::CodecKind::kFp16 || spec.kind == coll::CodecKind::kBf16;
   if (cast && dtype == coll::DataType::kF32 && cuda::codecs_available().ok()) {
+    GW_ASSIGN_OR_RETURN(void* host_bytes, state->host_memory(device, count * 2));
+    GW_ASSIGN_OR_RETURN(cuda::Stream * stream, state->stream(device));
+    auto* host = static_cast<uint16_t*>(host_bytes);
     const std::string name(key);
     auto it = state->tensors.find(name);
     const bool fresh = it == state->tensors.end();
@@ -74,7 +121,6 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
         GW_RETURN_IF_ERROR(t.residual.fill(0));
       }
       GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, count * 2));
-      t.host.resize(count);
       it = state->tensors.emplace(name, std::move(t)).first;
     }
     DeviceCompression::Tensor& t = it->second;
@@ -84,35 +130,55 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
           "key per tensor",
           key, t.device, device);
     }
-    // The Compressor checks spec, count and (on first use) the ranks' agreement before it runs
-    // the encode, so a refused call leaves the residual as it was.
-    auto encode = [&]() -> Status {
-      float* res = t.residual.size() > 0 ? t.residual.as<float>() : nullptr;
-      GW_RETURN_IF_ERROR(cuda::encode_cast16(static_cast<const float*>(buf), res, count,
-                                             t.wire.as<uint16_t>(), t.bf16, nullptr));
-      GW_RETURN_IF_ERROR(wait_default_stream(device));
-      return t.wire.download(t.host.data(), count * 2);
+    // The Compressor checks spec, count and (on first use) the ranks' agreement before it calls
+    // a hook, so a refused call leaves the residual as it was. Each hook only queues work on the
+    // stream, except ready, which waits for one slice's copy to the host.
+    const auto* in = static_cast<const float*>(buf);
+    auto* out = static_cast<float*>(buf);
+    float* res = t.residual.size() > 0 ? t.residual.as<float>() : nullptr;
+    uint16_t* dwire = t.wire.as<uint16_t>();
+    const bool bf16 = t.bf16;
+    coll::Compressor::CastSliceHooks hooks;
+    hooks.start = [&](size_t s, size_t off, size_t len) -> Status {
+      GW_RETURN_IF_ERROR(cuda::encode_cast16(in + off, res ? res + off : nullptr, len, dwire + off,
+                                             bf16, stream->get()));
+      GW_RETURN_IF_ERROR(stream->copy_to_host(host + off, dwire + off, len * 2));
+      return stream->record(s % kSliceEvents);
     };
-    Status st =
-        compressor.allreduce_cast_encoded(t.host.data(), count, dtype, spec_text, key, encode);
+    hooks.ready = [&](size_t s, size_t, size_t) {
+      return stream->wait_event(s % kSliceEvents, kKernelWaitMs);
+    };
+    hooks.done = [&](size_t, size_t off, size_t len) -> Status {
+      GW_RETURN_IF_ERROR(stream->copy_to_device(dwire + off, host + off, len * 2));
+      return cuda::decode_cast16(dwire + off, len, out + off, bf16, /*add=*/false, stream->get());
+    };
+    Status st = compressor.allreduce_cast_encoded_sliced(host, count, dtype, spec_text, key, hooks);
+    // On success and on failure alike: nothing of this call may still run when it returns (the
+    // host buffer and the stream are shared by the next call, the tensor is the caller's).
+    Status drained = stream->wait(kKernelWaitMs);
+    if (!drained.ok()) {
+      GW_LOG_ERROR(
+          "compressed allreduce \"{}\" on GPU {}: the stream did not drain ({}); its buffers are "
+          "abandoned",
+          key, device, drained.to_string());
+      state->abandon(device, key);
+      return st.ok() ? drained : st;
+    }
     if (!st.ok()) {
-      // A first use the Compressor refused (another spec or host state under the key, ranks
-      // disagreeing) keeps no device memory behind. A later failure keeps the residual, as the
-      // host path does.
+      // A first use that failed (refused by the Compressor: another spec or host state under the
+      // key, ranks disagreeing; or failed later) keeps no device memory behind. A later failure
+      // keeps the residual, as the host path does.
       if (fresh) state->tensors.erase(it);
       return st;
     }
-    GW_RETURN_IF_ERROR(t.wire.upload(t.host.data(), count * 2));
-    GW_RETURN_IF_ERROR(cuda::decode_cast16(t.wire.as<uint16_t>(), count, static_cast<float*>(buf),
-                                           t.bf16, /*add=*/false, nullptr));
-    return wait_default_stream(device);
+    return ok_status();
   }
   // Staged: the host path on a host copy.
   const size_t bytes = count * coll::dtype_size(dtype);
-  state->staging.resize(bytes);
-  GW_RETURN_IF_ERROR(cuda::copy_to_host(state->staging.data(), buf, bytes));
-  GW_RETURN_IF_ERROR(compressor.allreduce(state->staging.data(), count, dtype, spec_text, key));
-  return cuda::copy_to_device(buf, state->staging.data(), bytes);
+  GW_ASSIGN_OR_RETURN(void* host, state->host_memory(device, bytes));
+  GW_RETURN_IF_ERROR(cuda::copy_to_host(host, buf, bytes));
+  GW_RETURN_IF_ERROR(compressor.allreduce(host, count, dtype, spec_text, key));
+  return cuda::copy_to_device(buf, host, bytes);
 }
 
 }  // namespace gw::capi

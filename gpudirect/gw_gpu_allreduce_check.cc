@@ -4,7 +4,8 @@
 // steps of the same gradients twice: once from a host buffer and once from a cuMemAlloc'd copy,
 // under different tensor keys. The results, and the bytes sent, must be identical bit for bit
 // (fp16/bf16 run their casts and error feedback on the GPU, the others are staged through host
-// memory; see capi/compressed_device.cc). Then times one 64 MiB fp16 call each way.
+// memory; see capi/compressed_device.cc). Then times 64 MiB fp16 calls, without and with error
+// feedback, each way.
 //
 //   gw-gpu-allreduce-check [--np N]    (default 2; prints PASS or FAIL last; exit 0 or 1)
 #include <arpa/inet.h>
@@ -80,10 +81,18 @@ int run_rank(int rank, int np, const std::string& store) {
   auto drv = gw::cuda::driver();
   if (!drv.ok()) return fail(drv.status().message());
   int failures = 0;
-  const Case cases[] = {{"fp16", GW_FLOAT32},      {"bf16", GW_FLOAT32},
-                        {"fp16,ef=0", GW_FLOAT32}, {"bf16,slice=4096", GW_FLOAT32},
-                        {"sign", GW_FLOAT32},      {"topk:0.01", GW_FLOAT32},
-                        {"fp16", GW_FLOAT16},      {"none", GW_FLOAT32}};
+  // The slice=... cases cut 262147 elements into 64 slices (4096) and into 53 whose offsets are
+  // not 16-byte aligned (5001: the kernels' scalar path), with the residual carried over steps.
+  const Case cases[] = {{"fp16", GW_FLOAT32},
+                        {"bf16", GW_FLOAT32},
+                        {"fp16,ef=1", GW_FLOAT32},
+                        {"bf16,slice=4096", GW_FLOAT32},
+                        {"fp16,ef=1,slice=4096", GW_FLOAT32},
+                        {"bf16,ef=1,slice=5001", GW_FLOAT32},
+                        {"sign", GW_FLOAT32},
+                        {"topk:0.01", GW_FLOAT32},
+                        {"fp16", GW_FLOAT16},
+                        {"none", GW_FLOAT32}};
   for (size_t n : {size_t{1}, size_t{1000}, size_t{262147}}) {
     for (const Case& c : cases) {
       const size_t elem = c.dtype == GW_FLOAT16 ? 2 : 4;
@@ -148,39 +157,44 @@ int run_rank(int rank, int np, const std::string& store) {
       ++failures;
     }
   }
-  // Timing: a 64 MiB float32 tensor, fp16 with error feedback, GPU casts vs host casts (the host
-  // figure excludes the copies a caller would need to get the tensor to the host).
+  // Timing: a 64 MiB float32 tensor (4 slices of the default 4 Mi elements), fp16 without and
+  // with error feedback (casts default to ef=0), GPU casts vs host casts (the host figure excludes
+  // the copies a caller would need to get the tensor to the host). The four kinds of call take
+  // turns, so that a slow stretch of the machine (loopback tcp varies by a third from run to run)
+  // falls on all of them alike; the first two rounds warm up.
   {
     const size_t n = size_t{16} << 20;
     std::vector<float> h = gradient(n, rank, 9);
     auto dev = gw::cuda::DeviceBuffer::allocate(0, n * 4);
     if (!dev.ok() || !dev->upload(h.data(), n * 4).ok()) return fail("alloc 64 MiB");
-    std::vector<double> td, th;
-    for (int it = 0; it < 7; ++it) {
-      gw_barrier(comm);
-      auto t0 = std::chrono::steady_clock::now();
-      if (gw_allreduce_compressed(comm, dev->get(), n, GW_FLOAT32, "fp16", "td") != GW_OK) {
-        return fail(std::string("timed device: ") + gw_last_error());
-      }
-      auto t1 = std::chrono::steady_clock::now();
-      gw_barrier(comm);
-      auto t2 = std::chrono::steady_clock::now();
-      if (gw_allreduce_compressed(comm, h.data(), n, GW_FLOAT32, "fp16", "th") != GW_OK) {
-        return fail(std::string("timed host: ") + gw_last_error());
-      }
-      auto t3 = std::chrono::steady_clock::now();
-      if (it >= 2) {
-        td.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        th.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+    const char* specs[] = {"fp16", "fp16,ef=1"};
+    constexpr int kRounds = 13, kWarm = 2;
+    std::vector<double> ms[2][2];  // [spec][0: GPU tensor, 1: host tensor]
+    for (int it = 0; it < kRounds; ++it) {
+      for (int c = 0; c < 2; ++c) {
+        for (int side = 0; side < 2; ++side) {
+          const std::string k = std::string(side == 0 ? "td " : "th ") + specs[c];
+          void* p = side == 0 ? dev->get() : static_cast<void*>(h.data());
+          gw_barrier(comm);
+          const auto t0 = std::chrono::steady_clock::now();
+          if (gw_allreduce_compressed(comm, p, n, GW_FLOAT32, specs[c], k.c_str()) != GW_OK) {
+            return fail(std::string("timed ") + k + ": " + gw_last_error());
+          }
+          const auto t1 = std::chrono::steady_clock::now();
+          if (it >= kWarm)
+            ms[c][side].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
       }
     }
-    std::sort(td.begin(), td.end());
-    std::sort(th.begin(), th.end());
-    if (rank == 0) {
-      std::printf(
-          "64 MiB f32, fp16 with error feedback, %d ranks over tcp: GPU tensor %.1f ms, "
-          "host tensor %.1f ms (medians of 5, rank 0)\n",
-          np, td[td.size() / 2], th[th.size() / 2]);
+    for (int c = 0; c < 2; ++c) {
+      for (auto& v : ms[c]) std::sort(v.begin(), v.end());
+      if (rank == 0) {
+        std::printf(
+            "64 MiB f32, %s, %d ranks over tcp: GPU tensor %.1f ms, host tensor %.1f ms "
+            "(medians of %d, rank 0; GPU min %.1f max %.1f, host min %.1f max %.1f)\n",
+            specs[c], np, ms[c][0][ms[c][0].size() / 2], ms[c][1][ms[c][1].size() / 2],
+            kRounds - kWarm, ms[c][0].front(), ms[c][0].back(), ms[c][1].front(), ms[c][1].back());
+      }
     }
   }
   gw_comm_destroy(comm);
