@@ -32,6 +32,7 @@
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_buffer.h"
 #include "gpudirect/gpu_codecs.h"
+#include "gpudirect/stream.h"
 
 namespace gw::capi {
 

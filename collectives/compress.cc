@@ -60,7 +60,7 @@ struct Compressor::TensorState {
   std::vector<float> q;                // powersgd: r vectors of cols (warm start)
   uint64_t key_hash = 0;
   uint64_t step = 0;
-  bool external = false;  // encoded and decoded by the caller (allreduce_cast_encoded)
+  bool external = false;  // encoded and decoded by the caller (allreduce_cast_encoded_sliced)
 };
 
 Compressor::Compressor(Communicator* comm) : comm_(comm) {}
@@ -197,34 +197,6 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
   if (dtype != DataType::kF32) {
     ck::encode_cast16(x, nullptr, count, static_cast<uint16_t*>(buf), dtype == DataType::kBF16);
   }
-  return ok_status();
-}
-
-Status Compressor::allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype,
-                                          std::string_view spec_text, std::string_view key,
-                                          const std::function<Status()>& encode) {
-  if (key.empty()) return invalid_arg("compressed allreduce: tensor key is empty");
-  if (count > 0 && wire == nullptr) return invalid_arg("compressed allreduce: buffer is null");
-  GW_ASSIGN_OR_RETURN(CodecSpec spec, parse_codec_spec(spec_text));
-  if (spec.kind != CodecKind::kFp16 && spec.kind != CodecKind::kBf16) {
-    return invalid_arg("compressed allreduce: {} is not a cast codec (fp16, bf16)",
-                       format_codec_spec(spec));
-  }
-  const DataType wire_dtype = spec.kind == CodecKind::kBf16 ? DataType::kBF16 : DataType::kF16;
-  std::lock_guard<std::mutex> lock(mu_);
-  const int p = comm_->size();
-  calls_.fetch_add(1, std::memory_order_relaxed);
-  bytes_uncompressed_.fetch_add(allreduce_send_bytes(count * dtype_size(dtype), p),
-                                std::memory_order_relaxed);
-  GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype, /*external=*/true));
-  if (count == 0) return ok_status();
-  GW_RETURN_IF_ERROR(encode());
-  Status st = comm_->allreduce(wire, wire, count, wire_dtype, ReduceOp::kSum);
-  if (!st.ok()) {
-    return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
-  }
-  count_sent(allreduce_send_bytes(count * 2, p));
-  ++t->step;
   return ok_status();
 }
 

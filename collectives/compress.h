@@ -81,24 +81,15 @@ class Compressor {
   Status allreduce(void* buf, size_t count, DataType dtype, std::string_view spec,
                    std::string_view key);
 
-  // For a caller that encodes and decodes a cast codec (fp16/bf16) itself, on memory this class
-  // cannot touch (the C ABI's GPU path: the kernels of gpudirect/ run the casts and the error
-  // feedback on the device). Checks the key like allreduce() does (on its first use every rank
-  // must agree; later uses must match spec, count and dtype) and only then calls `encode`, which
-  // must write this rank's count-element encoding in the codec's wire dtype to `wire` (host
-  // memory); then sums `wire` over the ranks with one allreduce and counts the call's bytes. That
-  // is allreduce()'s sum bit for bit only where allreduce() does not cut the tensor into slices
-  // (or at p <= 2: see run_cast_pipelined); allreduce_cast_encoded_sliced always is. A refused call
-  // never runs `encode`, so the caller's error feedback is untouched. The key is marked as encoded
-  // elsewhere: allreduce() with it is kInvalidArg, and vice versa. `spec` must be fp16 or bf16,
-  // dtype the caller's buffer dtype (kF32).
-  Status allreduce_cast_encoded(uint16_t* wire, size_t count, DataType dtype, std::string_view spec,
-                                std::string_view key, const std::function<Status()>& encode);
-
-  // allreduce_cast_encoded for a caller whose encode and decode run asynchronously (the GPU path:
-  // a stream encodes slice s+1 and copies it to the host while the ring sums slice s, and copies
-  // slice s-1 back and widens it meanwhile). The same key check, the same byte counts, and the
-  // same sum as allreduce() bit for bit: the tensor is cut into the slices allreduce() uses for
+  // For a caller that encodes and decodes a cast codec (fp16/bf16) itself, asynchronously, on
+  // memory this class cannot touch (the C ABI's GPU path: the kernels of gpudirect/ run the casts
+  // and the error feedback on the device; a stream encodes slice s+1 and copies it to the host
+  // while the ring sums slice s, and copies slice s-1 back and widens it meanwhile). Checks the
+  // key as allreduce() does (on its first use every rank must agree; later uses must match spec,
+  // count and dtype); the key is then marked as encoded elsewhere: allreduce() with it is
+  // kInvalidArg, and vice versa. `spec` must be fp16 or bf16, dtype the caller's buffer dtype
+  // (kF32), `wire` host memory of count halves. The same byte counts, and the same sum as
+  // allreduce() bit for bit: the tensor is cut into the slices allreduce() uses for
   // this spec and count (the spec's slice option; one slice when it is 0 or the tensor is shorter
   // than two slices), each reduced by an allreduce of its own as allreduce() reduces it. After
   // the check (a refused call calls no hook), per slice s (elements [offset, offset + len) of

@@ -5,7 +5,7 @@
 # median of 20). Prints PASS or FAIL last; exits with gw-gpu-check's status (0 pass, 1 fail,
 # 3 no GPU). Usage, from the repository root: bash gpudirect/run_gpu_check.sh [gw-gpu-check args]
 # With --allreduce instead: builds and runs gw-gpu-allreduce-check (gw_allreduce_compressed on GPU
-# memory against host memory, 2 and then 4 ranks forked on the one GPU).
+# memory against host memory, 2, 3 and then 4 ranks forked on the one GPU).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
@@ -25,7 +25,7 @@ cmake --build "$build" --target "$target" -j "$(nproc)" >"$build.build.log" 2>&1
   { tail -50 "$build.build.log"; echo FAIL; exit 1; }
 if [[ $target == gw-gpu-allreduce-check ]]; then
   rc=0
-  for np in 2 4; do
+  for np in 2 3 4; do
     echo "== gw-gpu-allreduce-check --np $np"
     timeout 280 "$build/gw-gpu-allreduce-check" --np "$np" || rc=1
   done

@@ -3,7 +3,7 @@
 # and carry .gpu/ along). One call of the device tool runs at most 10 minutes, so the parts can
 # be run one at a time:
 #   scripts/gpu_check.sh kernels   gpudirect's CUDA codec kernels against the CPU ones + GB/s
-#   scripts/gpu_check.sh allreduce gw_allreduce_compressed on GPU memory vs host memory
+#   scripts/gpu_check.sh allreduce gw_allreduce_compressed on GPU memory vs host memory (2-4 ranks)
 #   scripts/gpu_check.sh plugin    NCCL allreduce through libnccl-net-gradwire.so vs NCCL Socket,
 #                                  2 and 4 ranks on the one GPU under MPS (issue 3's table)
 #   scripts/gpu_check.sh all       all three (default)

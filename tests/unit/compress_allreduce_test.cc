@@ -342,71 +342,6 @@ TEST(CompressAllreduce, HalfPrecisionBuffersAreSupported) {
   });
 }
 
-// allreduce_cast_encoded is the exchange of the GPU path (the caller encodes and decodes): an
-// encoding made with the CPU kernels, summed by it and widened, gives what allreduce() gives for
-// the same spec, bit for bit, with the same byte counts; a key belongs to one side only; only
-// cast specs are accepted.
-TEST(CompressAllreduce, ExternallyEncodedCastsSumLikeTheHostPath) {
-  const size_t n = 3001;
-  for (const char* spec : {"fp16", "bf16,ef=1"}) {
-    const bool bf16 = std::string_view(spec).starts_with("bf16");
-    const bool ef = std::string_view(spec).find("ef=1") != std::string_view::npos;
-    run_ranks(3, [&](int rank, GroupComm&, Compressor& c) {
-      std::vector<float> res(n, 0.0f);
-      for (int step = 0; step < 3; ++step) {
-        std::vector<float> host = gradient(n, rank, step), ext = host;
-        ASSERT_TRUE(c.allreduce(host.data(), n, DataType::kF32, spec, "host").ok());
-        std::vector<uint16_t> wire(n);
-        auto encode = [&] {
-          codec_kernels::encode_cast16(ext.data(), ef ? res.data() : nullptr, n, wire.data(), bf16);
-          return ok_status();
-        };
-        ASSERT_TRUE(
-            c.allreduce_cast_encoded(wire.data(), n, DataType::kF32, spec, "ext", encode).ok());
-        codec_kernels::decode_cast16(wire.data(), n, ext.data(), bf16, false);
-        ASSERT_EQ(std::memcmp(host.data(), ext.data(), n * 4), 0) << spec << " step " << step;
-        if (ef) {
-          const std::vector<float> hres = c.residual("host");
-          ASSERT_EQ(std::memcmp(hres.data(), res.data(), n * 4), 0) << spec << " step " << step;
-        }
-      }
-      const CompressStats st = c.stats();
-      EXPECT_EQ(st.calls, 6u);
-      std::vector<uint16_t> w(n);
-      // A refused call never runs the encoder (the caller's residual stays as it is).
-      bool encoded = false;
-      auto must_not_run = [&] {
-        encoded = true;
-        return ok_status();
-      };
-      Status mixed =
-          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, spec, "host", must_not_run);
-      EXPECT_EQ(mixed.code(), Code::kInvalidArg);
-      EXPECT_NE(mixed.message().find("host memory"), std::string::npos) << mixed.message();
-      std::vector<float> f(n, 1.0f);
-      mixed = c.allreduce(f.data(), n, DataType::kF32, spec, "ext");
-      EXPECT_EQ(mixed.code(), Code::kInvalidArg);
-      EXPECT_NE(mixed.message().find("on the GPU"), std::string::npos) << mixed.message();
-      Status not_cast =
-          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "topk:0.1", "k2", must_not_run);
-      EXPECT_EQ(not_cast.code(), Code::kInvalidArg);
-      EXPECT_NE(not_cast.message().find("not a cast codec"), std::string::npos);
-      EXPECT_EQ(
-          c.allreduce_cast_encoded(w.data(), n, DataType::kF32, "fp16", "", must_not_run).code(),
-          Code::kInvalidArg);
-      // The key "ext" with another spec or count: refused before encoding.
-      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n, DataType::kF32, bf16 ? "fp16" : "bf16", "ext",
-                                         must_not_run)
-                    .code(),
-                Code::kInvalidArg);
-      EXPECT_EQ(c.allreduce_cast_encoded(w.data(), n - 1, DataType::kF32, spec, "ext", must_not_run)
-                    .code(),
-                Code::kInvalidArg);
-      EXPECT_FALSE(encoded);
-    });
-  }
-}
-
 // allreduce_cast_encoded_sliced with hooks that encode and decode with the CPU kernels, as the GPU
 // path does with its stream; records what the hooks were asked, in order.
 struct SliceHookLog {
@@ -472,7 +407,7 @@ Compressor::CastSliceHooks cpu_slice_hooks(SliceHookLog& log, const float* in, f
   return h;
 }
 
-// The sliced form of allreduce_cast_encoded (the GPU path's exchange): the same slices as
+// allreduce_cast_encoded_sliced (the GPU path's exchange): the same slices as
 // allreduce() for the spec (the counts of the slices' allreduces are the same list), so the same
 // bits, residual and byte counts; the hooks are called in the promised order; with blocking
 // slices (no iallreduce) too.
@@ -562,17 +497,20 @@ TEST(CompressAllreduce, ARefusedSlicedCallRunsNoHook) {
     Status host_key = refused("fp16,ef=1", n, "host", hooks);
     EXPECT_EQ(host_key.code(), Code::kInvalidArg);
     EXPECT_NE(host_key.message().find("host memory"), std::string::npos) << host_key.message();
-    EXPECT_EQ(refused("topk:0.1", n, "t", hooks).code(), Code::kInvalidArg);
+    Status not_cast = refused("topk:0.1", n, "t", hooks);
+    EXPECT_EQ(not_cast.code(), Code::kInvalidArg);
+    EXPECT_NE(not_cast.message().find("not a cast codec"), std::string::npos) << not_cast.message();
     EXPECT_EQ(refused("fp16", n, "", hooks).code(), Code::kInvalidArg);
     Compressor::CastSliceHooks no_done = hooks;
     no_done.done = nullptr;
     EXPECT_EQ(refused("fp16,ef=1", n, "k", no_done).code(), Code::kInvalidArg);
     EXPECT_TRUE(log.calls.empty()) << log.calls.front();
     EXPECT_EQ(std::memcmp(res.data(), res_before.data(), n * 4), 0);
-    // The unsliced form and the sliced one share the key: it is one GPU tensor either way.
-    auto encode = [] { return ok_status(); };
-    EXPECT_TRUE(
-        c.allreduce_cast_encoded(wire.data(), n, DataType::kF32, "fp16,ef=1", "k", encode).ok());
+    // The key holds state encoded elsewhere: allreduce() on host memory with it is refused.
+    std::vector<float> host(n, 1.0f);
+    Status gpu_key = c.allreduce(host.data(), n, DataType::kF32, "fp16,ef=1", "k");
+    EXPECT_EQ(gpu_key.code(), Code::kInvalidArg);
+    EXPECT_NE(gpu_key.message().find("on the GPU"), std::string::npos) << gpu_key.message();
   });
 }
 
