@@ -10,6 +10,13 @@
 // results are those of the host path bit for bit (the kernels match the CPU ones; checked by
 // gw-gpu-allreduce-check on an H100).
 //
+// sign on a float32 buffer runs the worker side on the GPU: its encode (with the worker residual
+// on the device) and the final decode use gpudirect's sign kernels, only the 1-bit encodings
+// cross PCIe, and the host runs the all-to-all, the server step (server residual in host memory)
+// and the allgather (Compressor::allreduce_two_phase_encoded). The GPU sums a chunk's scale in
+// another order than the CPU, so results may differ from the host path's within the kernels'
+// scale tolerance (gpu_codecs.h); every rank gets the same bits.
+//
 // Every other codec and dtype is staged: the tensor is copied to host memory, compressed there by
 // the Compressor like a host buffer (its residuals in host memory), and copied back.
 //
@@ -24,6 +31,7 @@
 // stream must be finished by the caller.
 #include "capi/compressed_device.h"
 
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -50,7 +58,7 @@ struct DeviceCompression {
     int device = -1;
     bool bf16 = false;
     cuda::DeviceBuffer residual;  // count floats; empty without error feedback
-    cuda::DeviceBuffer wire;      // count halves
+    cuda::DeviceBuffer wire;      // fp16/bf16: count halves; sign: the p slots of its encodings
   };
   std::map<std::string, Tensor, std::less<>> tensors;
   cuda::PinnedBuffer host;              // the halves, or the staged path's copy
@@ -97,6 +105,108 @@ struct DeviceCompression {
 };
 
 bool is_device_buffer(const void* p) { return cuda::is_device_pointer(p); }
+
+namespace {
+
+// Waits for the stream after a call, on success and failure alike (nothing of the call may still
+// run when it returns: the host buffer and the stream are shared by the next call, the tensor is
+// the caller's). A stream that does not drain abandons the buffers. A first use that failed keeps
+// no device memory behind; a later failure keeps the residual, as the host path does.
+Status finish_call(DeviceCompression& state, cuda::Stream& stream, int device, std::string_view key,
+                   bool fresh, Status st) {
+  Status drained = stream.wait(kKernelWaitMs);
+  if (!drained.ok()) {
+    GW_LOG_ERROR(
+        "compressed allreduce \"{}\" on GPU {}: the stream did not drain ({}); its buffers are "
+        "abandoned",
+        key, device, drained.to_string());
+    state.abandon(device, key);
+    return st.ok() ? drained : st;
+  }
+  if (!st.ok() && fresh) {
+    if (auto it = state.tensors.find(key); it != state.tensors.end()) state.tensors.erase(it);
+  }
+  return st;
+}
+
+// sign on a float32 GPU tensor: the worker encode (with the worker residual, on the device) and
+// the final decode run on the GPU with gpudirect's kernels; only the 1-bit encodings cross PCIe
+// (p slots of ~count / 32 floats' size each way), and the host runs the exchange and the server
+// step (Compressor::allreduce_two_phase_encoded). The GPU's per-chunk scale is summed in another
+// order than the CPU's (gpu_codecs.h), so the result may differ from the host path's within
+// sign_scale_tolerance; every rank still gets the same bits.
+Status allreduce_sign_device(DeviceCompression& state, coll::Compressor& compressor, int device,
+                             float* buf, size_t count, const coll::CodecSpec& spec,
+                             std::string_view spec_text, std::string_view key) {
+  GW_ASSIGN_OR_RETURN(cuda::Stream * stream, state.stream(device));
+  const std::string name(key);
+  auto it = state.tensors.find(name);
+  const bool fresh = it == state.tensors.end();
+  if (fresh) {
+    DeviceCompression::Tensor t;
+    t.device = device;
+    if (spec.error_feedback) {
+      GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
+      GW_RETURN_IF_ERROR(t.residual.fill(0));
+    }
+    it = state.tensors.emplace(name, std::move(t)).first;
+  }
+  DeviceCompression::Tensor& t = it->second;
+  if (t.device != device) {
+    return invalid_arg(
+        "compressed allreduce: tensor key \"{}\" was used on GPU {} and now on GPU {}; use one "
+        "key per tensor",
+        key, t.device, device);
+  }
+  const size_t chunk = spec.chunk;
+  float* res = t.residual.size() > 0 ? t.residual.as<float>() : nullptr;
+  // The device copy of the p slots (grown to the blob size on first use; the key's spec and
+  // count are fixed once the Compressor accepted them, so is the size).
+  auto device_blob = [&](size_t bytes) -> Result<uint8_t*> {
+    if (t.wire.size() < bytes) {
+      t.wire.reset();
+      GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, bytes));
+    }
+    return t.wire.as<uint8_t>();
+  };
+  coll::Compressor::TwoPhaseHooks hooks;
+  hooks.encode = [&](uint8_t* blob, size_t slot,
+                     const std::vector<coll::Compressor::Partition>& parts) -> Status {
+    const size_t bytes = slot * parts.size();
+    GW_ASSIGN_OR_RETURN(uint8_t * dblob, device_blob(bytes));
+    GW_ASSIGN_OR_RETURN(void* host, state.host_memory(device, bytes));
+    GW_RETURN_IF_ERROR(t.wire.fill(0));  // the slots' unused tail bytes, as the host path's
+    for (size_t j = 0; j < parts.size(); ++j) {
+      if (parts[j].len == 0) continue;
+      GW_RETURN_IF_ERROR(cuda::sign_encode(buf + parts[j].offset,
+                                           res ? res + parts[j].offset : nullptr, parts[j].len,
+                                           chunk, dblob + slot * j, stream->get()));
+    }
+    GW_RETURN_IF_ERROR(stream->copy_to_host(host, dblob, bytes));
+    GW_RETURN_IF_ERROR(stream->wait(kKernelWaitMs));
+    std::memcpy(blob, host, bytes);
+    return ok_status();
+  };
+  hooks.decode = [&](const uint8_t* blob, size_t slot,
+                     const std::vector<coll::Compressor::Partition>& parts) -> Status {
+    const size_t bytes = slot * parts.size();
+    GW_ASSIGN_OR_RETURN(uint8_t * dblob, device_blob(bytes));
+    GW_ASSIGN_OR_RETURN(void* host, state.host_memory(device, bytes));
+    std::memcpy(host, blob, bytes);
+    GW_RETURN_IF_ERROR(stream->copy_to_device(dblob, host, bytes));
+    for (size_t j = 0; j < parts.size(); ++j) {
+      if (parts[j].len == 0) continue;
+      GW_RETURN_IF_ERROR(cuda::sign_decode(dblob + slot * j, parts[j].len, chunk,
+                                           buf + parts[j].offset, /*add=*/false, stream->get()));
+    }
+    return ok_status();
+  };
+  Status st =
+      compressor.allreduce_two_phase_encoded(count, coll::DataType::kF32, spec_text, key, hooks);
+  return finish_call(state, *stream, device, key, fresh, std::move(st));
+}
+
+}  // namespace
 
 Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
                                    coll::Compressor& compressor, void* buf, size_t count,
@@ -154,25 +264,12 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
       return cuda::decode_cast16(dwire + off, len, out + off, bf16, /*add=*/false, stream->get());
     };
     Status st = compressor.allreduce_cast_encoded_sliced(host, count, dtype, spec_text, key, hooks);
-    // On success and on failure alike: nothing of this call may still run when it returns (the
-    // host buffer and the stream are shared by the next call, the tensor is the caller's).
-    Status drained = stream->wait(kKernelWaitMs);
-    if (!drained.ok()) {
-      GW_LOG_ERROR(
-          "compressed allreduce \"{}\" on GPU {}: the stream did not drain ({}); its buffers are "
-          "abandoned",
-          key, device, drained.to_string());
-      state->abandon(device, key);
-      return st.ok() ? drained : st;
-    }
-    if (!st.ok()) {
-      // A first use that failed (refused by the Compressor: another spec or host state under the
-      // key, ranks disagreeing; or failed later) keeps no device memory behind. A later failure
-      // keeps the residual, as the host path does.
-      if (fresh) state->tensors.erase(it);
-      return st;
-    }
-    return ok_status();
+    return finish_call(*state, *stream, device, key, fresh, std::move(st));
+  }
+  if (spec.kind == coll::CodecKind::kSign && dtype == coll::DataType::kF32 &&
+      cuda::codecs_available().ok()) {
+    return allreduce_sign_device(*state, compressor, device, static_cast<float*>(buf), count, spec,
+                                 spec_text, key);
   }
   // Staged: the host path on a host copy.
   const size_t bytes = count * coll::dtype_size(dtype);

@@ -138,15 +138,11 @@ Result<Compressor::TensorState*> Compressor::state_for(std::string_view key, con
   t->dtype = dtype;
   t->key_hash = fnv1a64(key);
   t->external = external;
-  if (external) {  // the caller holds the residual; nothing else is needed here
-    TensorState* raw = t.get();
-    tensors_.emplace(t->key, std::move(t));
-    return raw;
-  }
   if (spec.kind != CodecKind::kNone && spec.kind != CodecKind::kPowerSgd) {
     GW_ASSIGN_OR_RETURN(t->codec, Codec::create(spec));
   }
-  if (spec.error_feedback) t->residual.assign(count, 0.0f);
+  // The caller holds the worker residual of an external key (sign's server residual is here).
+  if (spec.error_feedback && !external) t->residual.assign(count, 0.0f);
   TensorState* raw = t.get();
   tensors_.emplace(t->key, std::move(t));
   return raw;
@@ -392,31 +388,65 @@ Status Compressor::run_gather(TensorState& t, float* x) {
   return c.decode_sum(encs.data(), e, encs.size(), n, x, ctxs.data());
 }
 
-Status Compressor::run_two_phase(TensorState& t, float* x) {
-  const Codec& c = *t.codec;
+std::vector<Compressor::Partition> Compressor::two_phase_partitions(const TensorState& t) const {
   const size_t n = t.count;
-  const int p = comm_->size();
-  const int me = comm_->rank();
+  const size_t p = static_cast<size_t>(comm_->size());
   const size_t chunk = t.spec.chunk;
   const size_t nchunks = (n + chunk - 1) / chunk;
-  const size_t part = (nchunks + static_cast<size_t>(p) - 1) / static_cast<size_t>(p) * chunk;
-  const size_t ep = c.encoded_size(part);  // fixed slot per partition
-  auto part_len = [&](int j) {
-    const size_t off = static_cast<size_t>(j) * part;
-    return off >= n ? size_t{0} : std::min(part, n - off);
-  };
-  const CodecContext ctx{t.key_hash, t.step, me};
+  const size_t part = (nchunks + p - 1) / p * chunk;
+  std::vector<Partition> parts(p);
+  for (size_t j = 0; j < p; ++j) {
+    const size_t off = j * part;
+    parts[j] = Partition{std::min(off, n), off >= n ? size_t{0} : std::min(part, n - off)};
+  }
+  return parts;
+}
+
+size_t Compressor::two_phase_slot_bytes(const TensorState& t) const {
+  const size_t p = static_cast<size_t>(comm_->size());
+  const size_t nchunks = (t.count + t.spec.chunk - 1) / t.spec.chunk;
+  return t.codec->encoded_size((nchunks + p - 1) / p * t.spec.chunk);  // fixed slot per partition
+}
+
+Status Compressor::run_two_phase(TensorState& t, float* x) {
+  const Codec& c = *t.codec;
+  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   float* res = t.residual.empty() ? nullptr : t.residual.data();
+  TwoPhaseHooks hooks;
+  hooks.encode = [&](uint8_t* blob, size_t slot, const std::vector<Partition>& parts) -> Status {
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const auto [off, len] = parts[j];
+      if (len == 0) continue;
+      GW_RETURN_IF_ERROR(
+          c.encode(x + off, res ? res + off : nullptr, len, blob + slot * j, slot, ctx));
+    }
+    return ok_status();
+  };
+  // The partitions cover [0, n): each is decoded straight into place (no zero fill, no read).
+  hooks.decode = [&](const uint8_t* blob, size_t slot, const std::vector<Partition>& parts) {
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const auto [off, len] = parts[j];
+      if (len == 0) continue;
+      Status st = c.decode(blob + slot * j, c.encoded_size(len), len, x + off, ctx);
+      if (!st.ok()) return st.with_context(fmt::format("sign server partition of rank {}", j));
+    }
+    return ok_status();
+  };
+  return run_two_phase(t, hooks);
+}
+
+Status Compressor::run_two_phase(TensorState& t, const TwoPhaseHooks& hooks) {
+  const Codec& c = *t.codec;
+  const int p = comm_->size();
+  const int me = comm_->rank();
+  const std::vector<Partition> parts = two_phase_partitions(t);
+  const size_t ep = two_phase_slot_bytes(t);
+  const CodecContext ctx{t.key_hash, t.step, me};
   // Phase 1: worker encode, one slot per partition, then the all-to-all: slot j goes to rank j,
   // and this rank gets slot `me` of every worker (rank r's at r * ep), all merge_encode needs.
   const size_t blob = ep * static_cast<size_t>(p);
   enc_.assign(blob, 0);
-  for (int j = 0; j < p; ++j) {
-    const size_t off = static_cast<size_t>(j) * part, len = part_len(j);
-    if (len == 0) continue;
-    GW_RETURN_IF_ERROR(c.encode(x + off, res ? res + off : nullptr, len,
-                                enc_.data() + ep * static_cast<size_t>(j), ep, ctx));
-  }
+  GW_RETURN_IF_ERROR(hooks.encode(enc_.data(), ep, parts));
   phases_.mark(PhaseTimes::kEncode);
   gather_.resize(blob);
   GW_RETURN_IF_ERROR(comm_->alltoall(enc_.data(), gather_.data(), ep, DataType::kU8)
@@ -424,7 +454,7 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
   count_sent(alltoall_send_bytes(ep, p));
   phases_.mark(PhaseTimes::kExchange);
   // Server step for this rank's partition: decode + sum, re-encode with server error feedback.
-  const size_t my_len = part_len(me);
+  const size_t my_len = parts[static_cast<size_t>(me)].len;
   server_.assign(ep, 0);
   if (my_len > 0) {
     std::vector<const uint8_t*> slots(static_cast<size_t>(p));
@@ -446,13 +476,36 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
                          .with_context("sign phase 2 (allgather)"));
   count_sent(allgather_send_bytes(ep, p));
   phases_.mark(PhaseTimes::kExchange);
-  // The partitions cover [0, n): each is decoded straight into place (no zero fill, no read).
-  for (int j = 0; j < p; ++j) {
-    const size_t off = static_cast<size_t>(j) * part, len = part_len(j);
-    if (len == 0) continue;
-    Status st = c.decode(gather_.data() + ep * static_cast<size_t>(j), c.encoded_size(len), len,
-                         x + off, ctx);
-    if (!st.ok()) return st.with_context(fmt::format("sign server partition of rank {}", j));
+  return hooks.decode(gather_.data(), ep, parts);
+}
+
+Status Compressor::allreduce_two_phase_encoded(size_t count, DataType dtype,
+                                               std::string_view spec_text, std::string_view key,
+                                               const TwoPhaseHooks& hooks) {
+  if (key.empty()) return invalid_arg("compressed allreduce: tensor key is empty");
+  if (!hooks.encode || !hooks.decode) {
+    return invalid_arg("compressed allreduce: a two-phase hook is missing");
+  }
+  if (dtype != DataType::kF32) {
+    return invalid_arg("compressed allreduce: externally encoded sign needs float32, not {}",
+                       dtype_name(dtype));
+  }
+  GW_ASSIGN_OR_RETURN(CodecSpec spec, parse_codec_spec(spec_text));
+  if (spec.kind != CodecKind::kSign) {
+    return invalid_arg("compressed allreduce: {} is not a two-phase codec (sign)",
+                       format_codec_spec(spec));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  bytes_uncompressed_.fetch_add(allreduce_send_bytes(count * 4, comm_->size()),
+                                std::memory_order_relaxed);
+  GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype, /*external=*/true));
+  if (count == 0) return ok_status();
+  phases_ = PhaseTimes();
+  Status st = run_two_phase(*t, hooks);
+  ++t->step;
+  if (!st.ok()) {
+    return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
   }
   return ok_status();
 }

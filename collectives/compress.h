@@ -115,6 +115,32 @@ class Compressor {
                                        std::string_view spec, std::string_view key,
                                        const CastSliceHooks& hooks);
 
+  // sign (1-bit Adam's two phases) for a caller that makes the worker side's encode and decode
+  // itself, on memory this class cannot touch (the C ABI's GPU path: gpudirect's sign kernels,
+  // with the worker residual on the device). Checks the key as allreduce() does (the key is then
+  // marked as encoded elsewhere, as for the cast form), then:
+  //   encode(blob, slot_bytes, parts)  write this rank's encoding of partition j (elements
+  //       [parts[j].offset, + parts[j].len) of its tensor, with its worker error feedback) at
+  //       blob + j * slot_bytes, for every j with len > 0; blob (host memory, p slots) is zeroed.
+  //   decode(blob, slot_bytes, parts)  the sum: slot j holds partition j's server encoding;
+  //       decode each into place (every element of the tensor is in one partition).
+  // Between them the all-to-all, the server step (merge with the server residual, kept here) and
+  // the allgather run as in allreduce(), with the same byte counts. With the CPU's encode and
+  // decode the result is allreduce()'s bit for bit. f32 tensors only.
+  struct Partition {
+    size_t offset;
+    size_t len;
+  };
+  struct TwoPhaseHooks {
+    std::function<Status(uint8_t* blob, size_t slot_bytes, const std::vector<Partition>& parts)>
+        encode;
+    std::function<Status(const uint8_t* blob, size_t slot_bytes,
+                         const std::vector<Partition>& parts)>
+        decode;
+  };
+  Status allreduce_two_phase_encoded(size_t count, DataType dtype, std::string_view spec,
+                                     std::string_view key, const TwoPhaseHooks& hooks);
+
   CompressStats stats() const;
   void reset_stats();
   size_t num_keys() const;
@@ -139,6 +165,11 @@ class Compressor {
   Status run_cast_pipelined(TensorState& t, float* x);
   Status run_gather(TensorState& t, float* x);
   Status run_two_phase(TensorState& t, float* x);
+  Status run_two_phase(TensorState& t, const TwoPhaseHooks& hooks);
+  // Sign's partitions of t (chunk-aligned, one per rank, the last ones possibly empty) and the
+  // fixed size of one partition's slot in the exchanged blobs.
+  std::vector<Partition> two_phase_partitions(const TensorState& t) const;
+  size_t two_phase_slot_bytes(const TensorState& t) const;
   Status run_low_rank(TensorState& t, float* x);
   Result<TensorState*> state_for(std::string_view key, const CodecSpec& spec, size_t count,
                                  DataType dtype, bool external = false);

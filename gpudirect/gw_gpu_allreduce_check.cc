@@ -2,10 +2,12 @@
 // memory, on a machine with a GPU. Forks N ranks (before any CUDA call) that share the GPU, joins
 // them through the C ABI over tcp on loopback, and for every codec and dtype below runs three
 // steps of the same gradients twice: once from a host buffer and once from a cuMemAlloc'd copy,
-// under different tensor keys. The results, and the bytes sent, must be identical bit for bit
-// (fp16/bf16 run their casts and error feedback on the GPU, the others are staged through host
-// memory; see capi/compressed_device.cc). Then times 64 MiB fp16 calls, without and with error
-// feedback, each way.
+// under different tensor keys. The bytes sent must be equal, and the results identical bit for
+// bit (fp16/bf16 run their casts and error feedback on the GPU, sign's worker side too, the
+// others are staged through host memory; see capi/compressed_device.cc), except sign's: the GPU
+// sums a chunk's scale in another order (gpu_codecs.h), so there every rank's result must be the
+// same bits and within the scale tolerance of the host path's. Then times 64 MiB fp16 (without
+// and with error feedback) and sign calls, each way.
 //
 //   gw-gpu-allreduce-check [--np N]    (default 2; prints PASS or FAIL last; exit 0 or 1)
 #include <arpa/inet.h>
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpudirect/cast16_math.h"
@@ -65,6 +68,42 @@ struct Case {
   gw_dtype_t dtype;
 };
 
+// sign's GPU result (`dev`) against the host path's (`host`), n floats each: every rank must hold
+// the same bits (a hash, min and max over the ranks), and each element the host's value within the
+// scale tolerance: the GPU's worker scales may differ from the CPU's by sign_scale_tolerance (a
+// few 1e-4 relative at most; in practice ~1e-7), which moves the server's sums and scales by as
+// little, and flips the sign of a server sum only where it is that close to zero (allowed for 0.1%
+// of the elements). "" when it holds, else what failed.
+std::string sign_problem(gw_comm_t comm, const std::vector<unsigned char>& dev,
+                         const std::vector<unsigned char>& host, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char b : dev) h = (h ^ b) * 1099511628211ull;
+  int64_t mine = static_cast<int64_t>(h >> 1), lo = 0, hi = 0;
+  if (gw_allreduce(comm, &mine, &lo, 1, GW_INT64, GW_MIN) != GW_OK ||
+      gw_allreduce(comm, &mine, &hi, 1, GW_INT64, GW_MAX) != GW_OK) {
+    return std::string("hash exchange: ") + gw_last_error();
+  }
+  if (lo != hi) return "the ranks' GPU results differ";
+  size_t flips = 0;
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float d, e;
+    std::memcpy(&d, dev.data() + 4 * i, 4);
+    std::memcpy(&e, host.data() + 4 * i, 4);
+    if (std::signbit(d) != std::signbit(e)) {
+      ++flips;
+      continue;
+    }
+    const double rel = std::fabs(static_cast<double>(d) - e) / std::max(1e-30, std::fabs(1.0 * e));
+    worst = std::max(worst, rel);
+  }
+  if (flips > n / 1000 + 1 || worst > 1e-3) {
+    return "vs the host path: " + std::to_string(flips) + " sign flips of " + std::to_string(n) +
+           ", worst relative difference " + std::to_string(worst);
+  }
+  return "";
+}
+
 int run_rank(int rank, int np, const std::string& store) {
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "rank %d: FAIL %s\n", rank, what.c_str());
@@ -90,6 +129,7 @@ int run_rank(int rank, int np, const std::string& store) {
                         {"fp16,ef=1,slice=4096", GW_FLOAT32},
                         {"bf16,ef=1,slice=5001", GW_FLOAT32},
                         {"sign", GW_FLOAT32},
+                        {"sign,chunk=256,ef=0", GW_FLOAT32},
                         {"topk:0.01", GW_FLOAT32},
                         {"fp16", GW_FLOAT16},
                         {"none", GW_FLOAT32}};
@@ -126,7 +166,14 @@ int run_rank(int rank, int np, const std::string& store) {
         gw_comm_stats(comm, &s2);
         std::vector<unsigned char> back(host.size());
         if (!dev->download(back.data(), back.size()).ok()) return fail(tag + ": download");
-        if (std::memcmp(back.data(), host.data(), host.size()) != 0) {
+        if (std::string_view(c.spec).starts_with("sign") && elem == 4) {
+          const std::string problem = sign_problem(comm, back, host, n);
+          if (!problem.empty()) {
+            std::fprintf(stderr, "rank %d: FAIL %s step %d: %s\n", rank, tag.c_str(), step,
+                         problem.c_str());
+            ++failures;
+          }
+        } else if (std::memcmp(back.data(), host.data(), host.size()) != 0) {
           size_t i = 0;
           while (i < host.size() && back[i] == host[i]) ++i;
           std::fprintf(stderr, "rank %d: FAIL %s step %d: device result differs at byte %zu\n",
@@ -158,8 +205,9 @@ int run_rank(int rank, int np, const std::string& store) {
     }
   }
   // Timing: a 64 MiB float32 tensor (4 slices of the default 4 Mi elements), fp16 without and
-  // with error feedback (casts default to ef=0), GPU casts vs host casts (the host figure excludes
-  // the copies a caller would need to get the tensor to the host). The four kinds of call take
+  // with error feedback (casts default to ef=0) and sign (error feedback on), GPU tensor vs host
+  // tensor (the host figure excludes the copies a caller would need to get the tensor to the
+  // host). The four kinds of call take
   // turns, so that a slow stretch of the machine (loopback tcp varies by a third from run to run)
   // falls on all of them alike; the first two rounds warm up.
   {
@@ -167,11 +215,11 @@ int run_rank(int rank, int np, const std::string& store) {
     std::vector<float> h = gradient(n, rank, 9);
     auto dev = gw::cuda::DeviceBuffer::allocate(0, n * 4);
     if (!dev.ok() || !dev->upload(h.data(), n * 4).ok()) return fail("alloc 64 MiB");
-    const char* specs[] = {"fp16", "fp16,ef=1"};
-    constexpr int kRounds = 13, kWarm = 2;
-    std::vector<double> ms[2][2];  // [spec][0: GPU tensor, 1: host tensor]
+    const char* specs[] = {"fp16", "fp16,ef=1", "sign"};
+    constexpr int kSpecs = 3, kRounds = 13, kWarm = 2;
+    std::vector<double> ms[kSpecs][2];  // [spec][0: GPU tensor, 1: host tensor]
     for (int it = 0; it < kRounds; ++it) {
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < kSpecs; ++c) {
         for (int side = 0; side < 2; ++side) {
           const std::string k = std::string(side == 0 ? "td " : "th ") + specs[c];
           void* p = side == 0 ? dev->get() : static_cast<void*>(h.data());
@@ -186,7 +234,7 @@ int run_rank(int rank, int np, const std::string& store) {
         }
       }
     }
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < kSpecs; ++c) {
       for (auto& v : ms[c]) std::sort(v.begin(), v.end());
       if (rank == 0) {
         std::printf(

@@ -305,6 +305,121 @@ TEST(CompressAllreduce, SignKeepsErrorFeedbackOnBothSides) {
   EXPECT_LT(std::sqrt(gap / sum), 0.5);
 }
 
+// allreduce_two_phase_encoded (sign with the worker side encoded and decoded by the caller, as the
+// GPU path does on the device): with the CPU codec behind the hooks it gives allreduce()'s bits,
+// residuals and byte counts step after step, including partitions that are empty (2 chunks over 4
+// ranks) and a short last one; a refused call runs no hook; a hook's error ends the call.
+TEST(CompressAllreduce, ExternallyEncodedSignSumsLikeTheHostPath) {
+  struct Case {
+    int p;
+    size_t n;
+    const char* spec;
+  };
+  for (const Case& k : {Case{3, 5 * 256 + 77, "sign,chunk=256"}, Case{4, 2 * 2048, "sign"},
+                        Case{2, 3001, "sign,ef=0,chunk=64"}}) {
+    run_ranks(k.p, [&](int rank, GroupComm&, Compressor& c) {
+      auto codec = Codec::create(*parse_codec_spec(k.spec));
+      ASSERT_TRUE(codec.ok());
+      const bool ef = (*codec)->spec().error_feedback;
+      std::vector<float> res(k.n, 0.0f);
+      size_t hook_calls = 0;
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> host = gradient(k.n, rank, step), ext = host;
+        const CompressStats s0 = c.stats();
+        ASSERT_TRUE(c.allreduce(host.data(), k.n, DataType::kF32, k.spec, "host").ok());
+        const CompressStats s1 = c.stats();
+        const CodecContext ctx{fnv1a64("ext"), static_cast<uint64_t>(step), rank};
+        Compressor::TwoPhaseHooks hooks;
+        size_t covered = 0;
+        hooks.encode = [&](uint8_t* blob, size_t slot,
+                           const std::vector<Compressor::Partition>& ps) {
+          ++hook_calls;
+          EXPECT_EQ(ps.size(), static_cast<size_t>(k.p));
+          for (size_t j = 0; j < ps.size(); ++j) {
+            if (ps[j].len == 0) continue;
+            Status st = (*codec)->encode(ext.data() + ps[j].offset,
+                                         ef ? res.data() + ps[j].offset : nullptr, ps[j].len,
+                                         blob + slot * j, slot, ctx);
+            if (!st.ok()) return st;
+          }
+          return ok_status();
+        };
+        hooks.decode = [&](const uint8_t* blob, size_t slot,
+                           const std::vector<Compressor::Partition>& ps) {
+          ++hook_calls;
+          for (size_t j = 0; j < ps.size(); ++j) {
+            covered += ps[j].len;
+            if (ps[j].len == 0) continue;
+            Status st = (*codec)->decode(blob + slot * j, (*codec)->encoded_size(ps[j].len),
+                                         ps[j].len, ext.data() + ps[j].offset, ctx);
+            if (!st.ok()) return st;
+          }
+          return ok_status();
+        };
+        Status st = c.allreduce_two_phase_encoded(k.n, DataType::kF32, k.spec, "ext", hooks);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        const CompressStats s2 = c.stats();
+        EXPECT_EQ(covered, k.n);
+        ASSERT_EQ(std::memcmp(host.data(), ext.data(), k.n * 4), 0) << k.spec << " step " << step;
+        if (ef) {
+          ASSERT_EQ(std::memcmp(c.residual("host").data(), res.data(), k.n * 4), 0) << k.spec;
+        }
+        EXPECT_EQ(s2.bytes_sent - s1.bytes_sent, s1.bytes_sent - s0.bytes_sent) << k.spec;
+        EXPECT_EQ(s2.calls - s1.calls, 1u);
+      }
+      EXPECT_EQ(hook_calls, 6u);
+      EXPECT_TRUE(c.residual("ext").empty());  // the worker residual is the caller's
+      // Refused before any hook runs: another spec or count under the key, a host key, not sign,
+      // not f32, an empty key, a missing hook.
+      Compressor::TwoPhaseHooks never;
+      never.encode = [&](uint8_t*, size_t, const std::vector<Compressor::Partition>&) {
+        ADD_FAILURE() << "a refused call ran its encode";
+        return ok_status();
+      };
+      never.decode = [&](const uint8_t*, size_t, const std::vector<Compressor::Partition>&) {
+        ADD_FAILURE() << "a refused call ran its decode";
+        return ok_status();
+      };
+      EXPECT_EQ(
+          c.allreduce_two_phase_encoded(k.n, DataType::kF32, "sign,chunk=128", "ext", never).code(),
+          Code::kInvalidArg);
+      EXPECT_EQ(c.allreduce_two_phase_encoded(k.n + 1, DataType::kF32, k.spec, "ext", never).code(),
+                Code::kInvalidArg);
+      Status host_key = c.allreduce_two_phase_encoded(k.n, DataType::kF32, k.spec, "host", never);
+      EXPECT_NE(host_key.message().find("host memory"), std::string::npos) << host_key.message();
+      EXPECT_EQ(c.allreduce_two_phase_encoded(k.n, DataType::kF32, "topk:0.1", "t", never).code(),
+                Code::kInvalidArg);
+      EXPECT_EQ(c.allreduce_two_phase_encoded(k.n, DataType::kF16, k.spec, "h", never).code(),
+                Code::kInvalidArg);
+      EXPECT_EQ(c.allreduce_two_phase_encoded(k.n, DataType::kF32, k.spec, "", never).code(),
+                Code::kInvalidArg);
+      Compressor::TwoPhaseHooks half = never;
+      half.decode = nullptr;
+      EXPECT_EQ(c.allreduce_two_phase_encoded(k.n, DataType::kF32, k.spec, "z", half).code(),
+                Code::kInvalidArg);
+      std::vector<float> f(k.n, 1.0f);
+      Status gpu_key = c.allreduce(f.data(), k.n, DataType::kF32, k.spec, "ext");
+      EXPECT_NE(gpu_key.message().find("on the GPU"), std::string::npos) << gpu_key.message();
+    });
+  }
+  // A hook that fails (on every rank, as the in-memory group cannot abandon a peer) ends the call
+  // with its error, named after the tensor.
+  run_ranks(2, [&](int, GroupComm&, Compressor& c) {
+    Compressor::TwoPhaseHooks bad;
+    bad.encode = [](uint8_t*, size_t, const std::vector<Compressor::Partition>&) {
+      return Status(Code::kSystem, "test: device fault");
+    };
+    bad.decode = [](const uint8_t*, size_t, const std::vector<Compressor::Partition>&) {
+      ADD_FAILURE() << "decode after a failed encode";
+      return ok_status();
+    };
+    Status st = c.allreduce_two_phase_encoded(4096, DataType::kF32, "sign", "b", bad);
+    EXPECT_EQ(st.code(), Code::kSystem);
+    EXPECT_NE(st.message().find("device fault"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("\"b\""), std::string::npos) << st.message();
+  });
+}
+
 TEST(CompressAllreduce, PowerSgdOfAKnownRankSumIsExact) {
   // Every rank holds a multiple of the same rank-2 matrix: the sum has rank 2, so rank 2
   // PowerSGD reproduces it.
