@@ -78,6 +78,35 @@ struct DeviceCompression {
     return host.get();
   }
 
+  // The key's device state, made on its first use (*fresh): with error feedback a zeroed residual
+  // of count floats, and wire_bytes of device wire (none when 0). kInvalidArg for a key used on
+  // another GPU before.
+  Result<Tensor*> tensor(std::string_view key, int device, size_t count, bool error_feedback,
+                         bool bf16, size_t wire_bytes, bool* fresh) {
+    auto it = tensors.find(key);
+    *fresh = it == tensors.end();
+    if (*fresh) {
+      Tensor t;
+      t.device = device;
+      t.bf16 = bf16;
+      if (error_feedback) {
+        GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
+        GW_RETURN_IF_ERROR(t.residual.fill(0));
+      }
+      if (wire_bytes > 0) {
+        GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, wire_bytes));
+      }
+      it = tensors.emplace(std::string(key), std::move(t)).first;
+    }
+    if (it->second.device != device) {
+      return invalid_arg(
+          "compressed allreduce: tensor key \"{}\" was used on GPU {} and now on GPU {}; use one "
+          "key per tensor",
+          key, it->second.device, device);
+    }
+    return &it->second;
+  }
+
   Result<cuda::Stream*> stream(int device) {
     auto it = streams.find(device);
     if (it == streams.end()) {
@@ -139,25 +168,10 @@ Status allreduce_sign_device(DeviceCompression& state, coll::Compressor& compres
                              float* buf, size_t count, const coll::CodecSpec& spec,
                              std::string_view spec_text, std::string_view key) {
   GW_ASSIGN_OR_RETURN(cuda::Stream * stream, state.stream(device));
-  const std::string name(key);
-  auto it = state.tensors.find(name);
-  const bool fresh = it == state.tensors.end();
-  if (fresh) {
-    DeviceCompression::Tensor t;
-    t.device = device;
-    if (spec.error_feedback) {
-      GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
-      GW_RETURN_IF_ERROR(t.residual.fill(0));
-    }
-    it = state.tensors.emplace(name, std::move(t)).first;
-  }
-  DeviceCompression::Tensor& t = it->second;
-  if (t.device != device) {
-    return invalid_arg(
-        "compressed allreduce: tensor key \"{}\" was used on GPU {} and now on GPU {}; use one "
-        "key per tensor",
-        key, t.device, device);
-  }
+  bool fresh = false;
+  GW_ASSIGN_OR_RETURN(DeviceCompression::Tensor * tp,
+                      state.tensor(key, device, count, spec.error_feedback, false, 0, &fresh));
+  DeviceCompression::Tensor& t = *tp;
   const size_t chunk = spec.chunk;
   float* res = t.residual.size() > 0 ? t.residual.as<float>() : nullptr;
   // The device copy of the p slots (grown to the blob size on first use; the key's spec and
@@ -220,27 +234,11 @@ Status allreduce_compressed_device(std::shared_ptr<DeviceCompression>& state,
     GW_ASSIGN_OR_RETURN(void* host_bytes, state->host_memory(device, count * 2));
     GW_ASSIGN_OR_RETURN(cuda::Stream * stream, state->stream(device));
     auto* host = static_cast<uint16_t*>(host_bytes);
-    const std::string name(key);
-    auto it = state->tensors.find(name);
-    const bool fresh = it == state->tensors.end();
-    if (fresh) {
-      DeviceCompression::Tensor t;
-      t.device = device;
-      t.bf16 = spec.kind == coll::CodecKind::kBf16;
-      if (spec.error_feedback) {
-        GW_ASSIGN_OR_RETURN(t.residual, cuda::DeviceBuffer::allocate(device, count * 4));
-        GW_RETURN_IF_ERROR(t.residual.fill(0));
-      }
-      GW_ASSIGN_OR_RETURN(t.wire, cuda::DeviceBuffer::allocate(device, count * 2));
-      it = state->tensors.emplace(name, std::move(t)).first;
-    }
-    DeviceCompression::Tensor& t = it->second;
-    if (t.device != device) {
-      return invalid_arg(
-          "compressed allreduce: tensor key \"{}\" was used on GPU {} and now on GPU {}; use one "
-          "key per tensor",
-          key, t.device, device);
-    }
+    bool fresh = false;
+    GW_ASSIGN_OR_RETURN(DeviceCompression::Tensor * tp,
+                        state->tensor(key, device, count, spec.error_feedback,
+                                      spec.kind == coll::CodecKind::kBf16, count * 2, &fresh));
+    DeviceCompression::Tensor& t = *tp;
     // The Compressor checks spec, count and (on first use) the ranks' agreement before it calls
     // a hook, so a refused call leaves the residual as it was. Each hook only queues work on the
     // stream, except ready, which waits for one slice's copy to the host.
