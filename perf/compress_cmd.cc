@@ -65,10 +65,12 @@ CLI::App* add_compress_command(CLI::App& app, CompressCmdConfig* c) {
 
 void add_codec_option(CLI::App* allreduce, std::vector<std::string>* codecs) {
   allreduce
-      ->add_option("--codec", *codecs,
-                   "run the compressed allreduce (gw_allreduce_compressed) with this codec spec, "
-                   "repeatable; an uncompressed float32 row is measured in the same run; adds a "
-                   "bytes_sent column")
+      ->add_option(
+          "--codec", *codecs,
+          "run the compressed allreduce (gw_allreduce_compressed) with this codec spec, "
+          "repeatable; an uncompressed float32 row and an ef-floor row (the memory passes of "
+          "error feedback alone, no codec) are measured in the same run; adds a bytes_sent "
+          "column")
       ->delimiter('\0');
 }
 
