@@ -211,15 +211,27 @@ Status Compressor::allreduce_cast_encoded_sliced(uint16_t* wire, size_t count, D
   }
   const DataType wire_dtype = spec.kind == CodecKind::kBf16 ? DataType::kBF16 : DataType::kF16;
   std::lock_guard<std::mutex> lock(mu_);
-  const int p = comm_->size();
   calls_.fetch_add(1, std::memory_order_relaxed);
-  bytes_uncompressed_.fetch_add(allreduce_send_bytes(count * dtype_size(dtype), p),
+  bytes_uncompressed_.fetch_add(allreduce_send_bytes(count * dtype_size(dtype), comm_->size()),
                                 std::memory_order_relaxed);
   GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype, /*external=*/true));
   if (count == 0) return ok_status();
-  // The slices of run_summable / run_cast_pipelined. They must be the same: slicing changes which
-  // ring block, and so which order of additions, an element gets (see run_cast_pipelined).
-  const size_t slice_len = spec.slice > 0 && count >= 2 * spec.slice ? spec.slice : count;
+  // The slices of run_summable / run_cast_pipelined (cast_slice_len): they must be the same, as
+  // slicing changes which ring block, and so which order of additions, an element gets.
+  Status st = run_cast_slices(wire, wire_dtype, count, cast_slice_len(spec, count), hooks);
+  if (!st.ok()) {
+    return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
+  }
+  ++t->step;
+  return ok_status();
+}
+
+size_t Compressor::cast_slice_len(const CodecSpec& spec, size_t count) {
+  return spec.slice > 0 && count >= 2 * spec.slice ? spec.slice : count;
+}
+
+Status Compressor::run_cast_slices(uint16_t* wire, DataType wire_dtype, size_t count,
+                                   size_t slice_len, const CastSliceHooks& hooks) {
   const size_t nslices = (count + slice_len - 1) / slice_len;
   auto range = [&](size_t s) {
     const size_t off = s * slice_len;
@@ -227,8 +239,7 @@ Status Compressor::allreduce_cast_encoded_sliced(uint16_t* wire, size_t count, D
   };
   auto in_slice = [&](Status st, size_t s) {
     if (st.ok()) return st;
-    return st.with_context(fmt::format("compressed allreduce \"{}\" ({}) slice {} of {}", key,
-                                       t->spec_text, s, nslices));
+    return st.with_context(fmt::format("slice {} of {}", s, nslices));
   };
   // Destroying an unfinished AsyncOp waits for it (bounded by the communicator's deadline): on
   // every return below, no exchange started here still reads or writes `wire`.
@@ -264,8 +275,7 @@ Status Compressor::allreduce_cast_encoded_sliced(uint16_t* wire, size_t count, D
     if (s > 0) GW_RETURN_IF_ERROR(finish(s - 1));
   }
   GW_RETURN_IF_ERROR(finish(nslices - 1));
-  count_sent(allreduce_send_bytes(count * 2, p));
-  ++t->step;
+  count_sent(allreduce_send_bytes(count * 2, comm_->size()));
   return ok_status();
 }
 
@@ -292,8 +302,7 @@ Status Compressor::run_summable(TensorState& t, float* x) {
   const size_t elems = e / dtype_size(wire);
   const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
   enc_.resize(e);
-  if ((wire == DataType::kF16 || wire == DataType::kBF16) && t.spec.slice > 0 &&
-      n >= 2 * t.spec.slice) {
+  if ((wire == DataType::kF16 || wire == DataType::kBF16) && cast_slice_len(t.spec, n) < n) {
     return run_cast_pipelined(t, x);
   }
   GW_RETURN_IF_ERROR(
@@ -321,47 +330,26 @@ Status Compressor::run_summable(TensorState& t, float* x) {
 // bit cuts the same slices (allreduce_cast_encoded_sliced does). A communicator without
 // asynchronous ops (kUnsupported) gets blocking slices.
 Status Compressor::run_cast_pipelined(TensorState& t, float* x) {
-  const Codec& c = *t.codec;
-  const size_t n = t.count;
-  const DataType wire = c.wire_dtype();
+  const DataType wire = t.codec->wire_dtype();
   const bool bf16 = wire == DataType::kBF16;
   uint16_t* enc = reinterpret_cast<uint16_t*>(enc_.data());
   float* res = t.residual.empty() ? nullptr : t.residual.data();
-  const size_t slice_len = t.spec.slice;
-  const size_t nslices = (n + slice_len - 1) / slice_len;
-  std::vector<std::unique_ptr<AsyncOp>> ops(nslices);  // unfinished ones are waited for on exit
-  auto slice = [&](size_t s) {
-    const size_t off = s * slice_len;
-    return std::pair<size_t, size_t>(off, std::min(slice_len, n - off));
+  // Slice s is cast in `ready`, just before its exchange starts (start has nothing to queue on
+  // this thread), and widened in `done`, after slice s+1's exchange has started.
+  CastSliceHooks hooks;
+  hooks.start = [](size_t, size_t, size_t) { return ok_status(); };
+  hooks.ready = [&](size_t, size_t off, size_t len) {
+    ck::encode_cast16(x + off, res ? res + off : nullptr, len, enc + off, bf16);
+    phases_.mark(PhaseTimes::kEncode);
+    return ok_status();
   };
-  auto finish = [&](size_t s) -> Status {
-    const auto [off, len] = slice(s);
-    if (ops[s]) {
-      GW_RETURN_IF_ERROR(ops[s]->wait(-1).with_context(fmt::format("{} slice {}", t.spec_text, s)));
-      ops[s].reset();
-    }
+  hooks.done = [&](size_t, size_t off, size_t len) {
     phases_.mark(PhaseTimes::kExchange);
     ck::decode_cast16(enc + off, len, x + off, bf16, false);
     phases_.mark(PhaseTimes::kDecode);
     return ok_status();
   };
-  for (size_t s = 0; s < nslices; ++s) {
-    const auto [off, len] = slice(s);
-    ck::encode_cast16(x + off, res ? res + off : nullptr, len, enc + off, bf16);
-    phases_.mark(PhaseTimes::kEncode);
-    auto op = comm_->iallreduce(enc + off, enc + off, len, wire, ReduceOp::kSum);
-    if (op.ok()) {
-      ops[s] = std::move(op).value();
-    } else if (op.status().code() == Code::kUnsupported) {
-      GW_RETURN_IF_ERROR(comm_->allreduce(enc + off, enc + off, len, wire, ReduceOp::kSum));
-    } else {
-      return op.status();
-    }
-    if (s > 0) GW_RETURN_IF_ERROR(finish(s - 1));
-  }
-  GW_RETURN_IF_ERROR(finish(nslices - 1));
-  count_sent(allreduce_send_bytes(n * 2, comm_->size()));
-  return ok_status();
+  return run_cast_slices(enc, wire, t.count, t.spec.slice, hooks);
 }
 
 Status Compressor::run_gather(TensorState& t, float* x) {

@@ -163,6 +163,15 @@ class Compressor {
   Status run(TensorState& t, float* x);
   Status run_summable(TensorState& t, float* x);
   Status run_cast_pipelined(TensorState& t, float* x);
+  // The fp16/bf16 slice length for spec and count: spec.slice when the tensor holds at least two
+  // slices, else the whole tensor (one slice). The host path and the externally encoded one must
+  // cut the same slices to give the same bits.
+  static size_t cast_slice_len(const CodecSpec& spec, size_t count);
+  // The slice schedule both share: the hooks in the order allreduce_cast_encoded_sliced documents,
+  // each slice's exchange an iallreduce (a blocking allreduce where there is none); errors name
+  // the slice; returns only when no exchange it started can still touch `wire`. Counts the bytes.
+  Status run_cast_slices(uint16_t* wire, DataType wire_dtype, size_t count, size_t slice_len,
+                         const CastSliceHooks& hooks);
   Status run_gather(TensorState& t, float* x);
   Status run_two_phase(TensorState& t, float* x);
   Status run_two_phase(TensorState& t, const TwoPhaseHooks& hooks);
