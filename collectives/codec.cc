@@ -592,12 +592,13 @@ class TopKCodec final : public Codec {
   Status decode_sum(const uint8_t* const* encs, size_t in_size, size_t nenc, size_t count,
                     float* out, const CodecContext* ctxs) const override {
     constexpr size_t kBlock = 4096;
+    auto from = [&](Status st, size_t j) {
+      return st.with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+    };
     size_t k = 0;
     for (size_t j = 0; j < nenc; ++j) {
       auto kj = check_encoding(encs[j], in_size, count);
-      if (!kj.ok()) {
-        return kj.status().with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
-      }
+      if (!kj.ok()) return from(kj.status(), j);
       k = *kj;
     }
     std::vector<size_t> cursor(nenc, 0);
@@ -615,8 +616,9 @@ class TopKCodec final : public Codec {
           std::memcpy(&i, ip + 4 * c, 4);
           if (i >= b + len) break;
           if (static_cast<int64_t>(i) <= last[j]) {
-            return invalid_arg("topk decode: index {} after {} (indices must increase)", i, last[j])
-                .with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+            return from(
+                invalid_arg("topk decode: index {} after {} (indices must increase)", i, last[j]),
+                j);
           }
           last[j] = i;
           float val;
@@ -631,8 +633,7 @@ class TopKCodec final : public Codec {
       if (cursor[j] < k) {  // only an index >= count stops a cursor early
         uint32_t i;
         std::memcpy(&i, encs[j] + 8 + 4 * cursor[j], 4);
-        return invalid_arg("topk decode: index {} out of range {}", i, count)
-            .with_context(fmt::format("encoding from rank {}", ctxs[j].rank));
+        return from(invalid_arg("topk decode: index {} out of range {}", i, count), j);
       }
     }
     return ok_status();
