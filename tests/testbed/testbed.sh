@@ -6,23 +6,52 @@
 # namespace of their own, where bridged frames skip the host firewall (bridge-nf-call-*tables
 # = 0 there only; the machine's settings are untouched): a switch, not a filtering host.
 #
-#   testbed.sh [-n HOSTS] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES] [-c PCAP] -- COMMAND...
+#   testbed.sh [-n HOSTS] [-R RANKS_PER_HOST] [-r RATE] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES]
+#              [-c PCAP] -- COMMAND...
 #
 # COMMAND runs in every host at once (bash -c), with TB_HOST (0..N-1), TB_HOSTS, TB_IFACE (d0),
 # TB_IP, TB_CTL_IP, TB_STORE (10.79.0.1), TB_ID and TB_EAL_MEM (the EAL memory flags: hugepages
 # when -H reserved them, else --no-huge) in its environment; host i's output goes to stderr
 # prefixed with [h<i>]. -c writes a capture of the bridge's data traffic (tshark/dumpcap) to PCAP.
+#
+# -R R starts COMMAND R times in every host instead, as the ranks of one job of HOSTS*R ranks
+# (host-major: host i holds ranks i*R .. i*R+R-1), each with the launcher environment gradwire
+# and torchrun programs read: GW_RANK, GW_WORLD_SIZE, GW_STORE (rank 0's host, on the control
+# network, port TB_PORT), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+# MASTER_PORT, plus GW_SOCKET_IFNAME=d0 so that tcp between hosts crosses the data link; the
+# ranks of one host share its namespace (shm works among them). Rank r's output is prefixed
+# [h<i>r<r>]. -r RATE shapes every host's data link to RATE (tc's units: 1gbit, 100mbit, ...)
+# in both directions with a token bucket (tc tbf on the host's d0 and on its port of the
+# bridge); the control network is never shaped. TB_RATE holds RATE ("" when unshaped).
 # Exit status: 0 when every host exits 0; 77 when the testbed cannot be built here (not root,
 # no ip/netns support); else the first failing host's status. Everything created (namespaces,
 # links, bridges, hugepage reservation and files) is removed on exit, whatever happened.
 set -u
-N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""
-while getopts "n:m:t:H:c:" o; do
+N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RATE=""
+usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd"
+while getopts "n:R:r:m:t:H:c:" o; do
   case $o in
     n) N=$OPTARG ;; m) MTU=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
-    *) echo "usage: $0 [-n hosts] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd" >&2; exit 2 ;;
+    R) RPH=$OPTARG ;; r) RATE=$OPTARG ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+for v in "$N" "$MTU" "$TIMEOUT" "$HUGE" "$RPH"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || { echo "testbed: '$v' is not a number; $usage" >&2; exit 2; }
+done
+[ "$N" -ge 1 ] && [ "$N" -le 200 ] || { echo "testbed: -n $N: need 1..200 hosts" >&2; exit 2; }
+[ "$RPH" -le 64 ] || { echo "testbed: -R $RPH: at most 64 ranks per host" >&2; exit 2; }
+# tbf wants a rate tc understands; refuse a typo before building anything.
+rate_bits=""
+if [ -n "$RATE" ]; then
+  case "$RATE" in
+    *[0-9]gbit) rate_bits=$(( ${RATE%gbit} * 1000000000 )) ;;
+    *[0-9]mbit) rate_bits=$(( ${RATE%mbit} * 1000000 )) ;;
+    *[0-9]kbit) rate_bits=$(( ${RATE%kbit} * 1000 )) ;;
+    *) echo "testbed: -r $RATE: expected <integer>gbit, mbit or kbit (e.g. 1gbit)" >&2; exit 2 ;;
+  esac
+  [[ "${RATE%?bit}" =~ ^[1-9][0-9]*$ ]] || { echo "testbed: -r $RATE: expected an integer rate" >&2; exit 2; }
+fi
 shift $((OPTIND - 1))
 [ "${1:-}" = "--" ] && shift
 [ $# -ge 1 ] || { echo "testbed: no command" >&2; exit 2; }
@@ -76,6 +105,17 @@ for i in $(seq 0 $((N - 1))); do
   ip -n "$ns" link set lo up; ip -n "$ns" link set d0 up; ip -n "$ns" link set c0 up
   # Kernel UDP senders on veth leave CHECKSUM_PARTIAL: compute it (docs: transport.md 1.5).
   ip netns exec "$ns" ethtool -K d0 tx off >/dev/null 2>&1
+  if [ -n "$RATE" ]; then
+    # A token bucket on both ends of the host's data link: d0's egress shapes what the host
+    # sends, the bridge port's egress what it receives. The bucket holds 2 ms at the rate, at
+    # least 256 KiB: veth hands tbf segments of up to 64 KiB (GSO), and a bucket smaller than
+    # a segment would drop it forever. The queue holds 20 ms more before tbf drops.
+    burst=$(( rate_bits / 8 / 500 )); [ "$burst" -ge 262144 ] || burst=262144
+    for end in "$ns d0" "$SW gd${ID}h$i"; do
+      tc -n "${end% *}" qdisc replace dev "${end#* }" root tbf rate "$RATE" burst "$burst" \
+        latency 20ms || fail_setup "tc qdisc tbf rate $RATE on host $i (is sch_tbf available?)"
+    done
+  fi
 done
 
 EAL_MEM="--no-huge -m 512 --no-shconf"
@@ -96,12 +136,27 @@ if [ -n "$PCAP" ]; then
   sleep 1
 fi
 
+TB_PORT=$((29500 + $$ % 400))
+launch() {  # launch NS PREFIX ENV... : runs CMD in namespace NS, output prefixed
+  local ns=$1 prefix=$2; shift 2
+  setsid env "$@" TB_HOSTS=$N TB_IFACE=d0 TB_STORE=10.79.0.1 TB_ID="$ID" TB_EAL_MEM="$EAL_MEM" \
+    TB_RATE="$RATE" TB_PORT=$TB_PORT \
+    ip netns exec "$ns" bash -c "$CMD" > >(sed "s/^/[$prefix] /" >&2) 2>&1 &
+  PIDS+=($!)
+}
 for i in $(seq 0 $((N - 1))); do
   ns="gwtb${ID}h$i"
-  setsid env TB_HOST=$i TB_HOSTS=$N TB_IFACE=d0 TB_IP="10.77.0.$((i + 1))" \
-    TB_CTL_IP="10.79.0.$((i + 1))" TB_STORE=10.79.0.1 TB_ID="$ID" TB_EAL_MEM="$EAL_MEM" \
-    ip netns exec "$ns" bash -c "$CMD" > >(sed "s/^/[h$i] /" >&2) 2>&1 &
-  PIDS+=($!)
+  host_env=(TB_HOST=$i TB_IP="10.77.0.$((i + 1))" TB_CTL_IP="10.79.0.$((i + 1))")
+  if [ "$RPH" -gt 0 ]; then
+    for l in $(seq 0 $((RPH - 1))); do
+      r=$((i * RPH + l))
+      launch "$ns" "h${i}r$r" "${host_env[@]}" GW_RANK=$r GW_WORLD_SIZE=$((N * RPH)) \
+        GW_STORE="10.79.0.1:$TB_PORT" RANK=$r WORLD_SIZE=$((N * RPH)) LOCAL_RANK=$l \
+        LOCAL_WORLD_SIZE=$RPH MASTER_ADDR=10.79.0.1 MASTER_PORT=$TB_PORT GW_SOCKET_IFNAME=d0
+    done
+    continue
+  fi
+  launch "$ns" "h$i" "${host_env[@]}"
 done
 
 rc=0
@@ -110,12 +165,12 @@ for idx in "${!PIDS[@]}"; do
   p=${PIDS[$idx]}
   while kill -0 "$p" 2>/dev/null; do
     if [ $SECONDS -ge $deadline ]; then
-      echo "testbed: host $idx still running after ${TIMEOUT}s: killing everything" >&2
+      echo "testbed: process $idx still running after ${TIMEOUT}s: killing everything" >&2
       exit 124
     fi
     sleep 0.2
   done
   wait "$p"; s=$?
-  if [ $s -ne 0 ] && [ $rc -eq 0 ]; then rc=$s; echo "testbed: host $idx exited with $s" >&2; fi
+  if [ $s -ne 0 ] && [ $rc -eq 0 ]; then rc=$s; echo "testbed: process $idx exited with $s" >&2; fi
 done
 exit $rc

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Checks tests/testbed/testbed.sh itself: the launcher environment of every rank (-R), the token
+# bucket on both ends of every host's data link (-r), refusal of bad arguments, a correct 2x2
+# allreduce across the shaped link, and that nothing (namespaces, links) is left behind, also
+# after a failing rank. Exit 77 (skipped) where the testbed cannot be built (not root).
+# usage: testbed_test.sh TESTBED_SH GRADWIRE_PERF
+set -uo pipefail
+tb="$1"; perf="$2"
+fail() { echo "testbed_test: FAIL: $*" >&2; exit 1; }
+leftovers() { ip netns list 2>/dev/null | grep -c "^gwtb$1" || true; }
+
+# Bad arguments are refused before anything is built (exit 2), root or not.
+bash "$tb" -r 1gigabit -- true 2>/dev/null; [ $? -eq 2 ] || fail "-r 1gigabit accepted"
+bash "$tb" -R x -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R x accepted"
+bash "$tb" -n 0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-n 0 accepted"
+
+out=$(bash "$tb" -n 2 -R 2 -r 200mbit -t 60 -- \
+  'echo "env $GW_RANK $GW_WORLD_SIZE $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GW_STORE $MASTER_ADDR:$MASTER_PORT $GW_SOCKET_IFNAME $TB_HOST"
+   tc qdisc show dev d0' 2>&1)
+rc=$?
+[ $rc -eq 77 ] && { echo "$out" >&2; exit 77; }
+[ $rc -eq 0 ] || { echo "$out" >&2; fail "testbed exited $rc"; }
+for r in 0 1 2 3; do
+  h=$((r / 2)); l=$((r % 2))
+  line=$(grep "^\[h${h}r$r\] env" <<<"$out") || { echo "$out" >&2; fail "no output from rank $r"; }
+  read -r _ _ grank gws rank ws lrank lws store master ifname host <<<"$line"
+  [ "$grank $gws $rank $ws $lrank $lws $ifname $host" = "$r 4 $r 4 $l 2 d0 $h" ] ||
+    fail "rank $r environment: $line"
+  [ "$store" = "$master" ] && [ "${store%:*}" = 10.79.0.1 ] || fail "rank $r store: $line"
+done
+[ "$(grep -c 'tbf .*rate 200Mbit' <<<"$out")" -eq 4 ] || { echo "$out" >&2; fail "tbf 200Mbit not on every rank's d0"; }
+
+# A failing rank fails the run, and cleanup still happens.
+bash "$tb" -n 2 -R 2 -t 60 -- '[ "$GW_RANK" != 3 ]' 2>/dev/null && fail "a failing rank was not reported"
+[ "$(ip netns list | grep -c '^gwtb')" -eq 0 ] || fail "namespaces left behind: $(ip netns list)"
+
+# A real job: 2 hosts x 2 ranks over the shaped link, checked results.
+out=$(bash "$tb" -n 2 -R 2 -r 1gbit -t 120 -- "$perf allreduce -b 1M -e 4M -f 4 -n 3 -w 1 --check" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" >&2; fail "2x2 allreduce over the testbed exited $rc"; }
+grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "$out" >&2; fail "allreduce check failed"; }
+[ "$(ip netns list | grep -c '^gwtb')" -eq 0 ] || fail "namespaces left behind: $(ip netns list)"
+echo "testbed_test: ok"
