@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# Allreduce across the shaped namespace testbed (tests/testbed/testbed.sh): gradwire's algorithms
+# and codecs side by side with PyTorch Gloo and Open MPI (coll tuned and coll han), in ONE run,
+# same sizes, same layout, interleaved repetitions (rep 1 of every system, then rep 2, ...), so
+# a noisy neighbour hits every column alike. Reports medians over the repetitions.
+#
+# usage: perf/cluster_bench.sh --hosts H --ranks-per-host R --rate RATE --sizes "64M 256M" -r N
+#                              [--codec SPEC ...] [--systems "LIST"] [--json FILE] [--png FILE]
+#                              [-B BUILD_DIR] [-n ITERS] [-t TIMEOUT_S]
+#   --rate      tc rate of every host's link (1gbit, 10gbit, 100mbit; "none" = unshaped)
+#   --codec     adds system gradwire-<SPEC> (gw_allreduce_compressed), repeatable
+#   --systems   subset of: gradwire-flat gradwire-auto gradwire-hier gloo mpi-tuned mpi-han
+#               (default: all of them; codec systems come from --codec)
+#   -n          timed iterations per run (default: each tool's own rule, clamp(2e9/size/ranks,3,50))
+# Needs root (network namespaces). A system that cannot run here (peer not installed, algorithm
+# not built) is reported as missing with the reason, and never fails the script; a run that
+# fails or reports a wrong element is reported and counted as a failure (exit 1 at the end).
+# JSON: a list of rows {"system", "hosts", "ranks_per_host", "rate", "bytes", "time_us",
+# "busbw_gbps", "runs"}, medians over the repetitions; busbw is the nccl-tests busbw of the
+# uncompressed size. --png draws busbw against size per system (python3-matplotlib).
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+hosts=2; rph=2; rate=1gbit; sizes="64M"; reps=3; codecs=(); json=""; png=""; iters=0
+build="$root/build/release"; timeout_s=900
+systems="gradwire-flat gradwire-auto gradwire-hier gloo mpi-tuned mpi-han"
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) hosts="$2"; shift 2 ;;
+    --ranks-per-host) rph="$2"; shift 2 ;;
+    --rate) rate="$2"; shift 2 ;;
+    --sizes) sizes="$2"; shift 2 ;;
+    -r) reps="$2"; shift 2 ;;
+    --codec) codecs+=("$2"); shift 2 ;;
+    --systems) systems="$2"; shift 2 ;;
+    --json) json="$2"; shift 2 ;;
+    --png) png="$2"; shift 2 ;;
+    -B) build="$(cd "$2" && pwd)" || exit 2; shift 2 ;;
+    -n) iters="$2"; shift 2 ;;
+    -t) timeout_s="$2"; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "cluster_bench: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+for v in "$hosts" "$rph" "$reps" "$iters" "$timeout_s"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || { echo "cluster_bench: '$v' is not a number" >&2; exit 2; }
+done
+[ "$hosts" -ge 1 ] && [ "$rph" -ge 1 ] && [ "$reps" -ge 1 ] ||
+  { echo "cluster_bench: --hosts, --ranks-per-host and -r must be >= 1" >&2; exit 2; }
+for s in $systems; do
+  case "$s" in gradwire-flat|gradwire-auto|gradwire-hier|gloo|mpi-tuned|mpi-han) ;;
+    *) echo "cluster_bench: unknown system '$s'" >&2; exit 2 ;; esac
+done
+to_bytes() {  # 64M -> 67108864
+  local s="$1" n="${1%[KkMmGg]}"
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "cluster_bench: bad size '$s'" >&2; exit 2; }
+  case "$s" in
+    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
+    *) echo "$n" ;;
+  esac
+}
+byte_sizes=""
+for s in $sizes; do byte_sizes+=" $(to_bytes "$s") "; done
+testbed="$root/tests/testbed/testbed.sh"
+perf="$build/perf/gradwire-perf"
+[ -x "$perf" ] || { echo "cluster_bench: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "cluster_bench: needs root (network namespaces)" >&2; exit 77; }
+rate_arg=(-r "$rate"); [ "$rate" = none ] && rate_arg=()
+world=$((hosts * rph))
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# Which systems can run here, and why not.
+declare -A missing
+if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+  missing[gloo]="/usr/bin/python3 with torch missing (apt-get install python3-torch)"
+fi
+mpi_bin="$work/mpi_allreduce"
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  missing[mpi-tuned]="mpicc/mpirun missing (apt-get install openmpi-bin libopenmpi-dev)"
+elif ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_allreduce.c" 2>"$work/mpicc.log"; then
+  missing[mpi-tuned]="mpicc failed: $(head -c 200 "$work/mpicc.log")"
+fi
+[ -n "${missing[mpi-tuned]:-}" ] && missing[mpi-han]="${missing[mpi-tuned]}"
+if ! "$perf" allreduce --np 2 --algo hier -b 4 -e 4 >/dev/null 2>"$work/hier.log"; then
+  missing[gradwire-hier]="--algo hier refused by this build: $(grep -m1 -i 'algo' "$work/hier.log" | head -c 200)"
+fi
+for c in "${codecs[@]}"; do systems+=" gradwire-$c"; done
+
+iters_gw=(); iters_peer=()
+[ "$iters" -gt 0 ] && { iters_gw=(-n "$iters"); iters_peer=(-n "$iters"); }
+
+# run_one SYSTEM BYTES -> "time_us busbw" on stdout, or nothing (reason in $work/err)
+run_one() {
+  local sys="$1" s="$2" cmd out line
+  case "$sys" in
+    gradwire-flat|gradwire-auto|gradwire-hier)
+      local algo=auto
+      [ "$sys" = gradwire-flat ] && algo=ring
+      [ "$sys" = gradwire-hier ] && algo=hier
+      cmd="$perf allreduce -b $s -e $s ${iters_gw[*]} --check --algo $algo"
+      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+        { echo "$out" | tail -20 >"$work/err"; return; }
+      # [h0r0]  size count type redop time_us algbw busbw wrong
+      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 8 { print; exit }')
+      [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
+      awk '$8 != 0 { exit 1 } { print $5, $7 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+    gradwire-*)
+      local spec="${sys#gradwire-}"
+      cmd="$perf allreduce --codec $spec -b $s -e $s ${iters_gw[*]}"
+      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+        { echo "$out" | tail -20 >"$work/err"; return; }
+      # Only rank 0 of the launcher's job prints a table; a table from another rank means each
+      # process ran a job of its own instead of joining the launcher's.
+      if grep -q '^\[h[0-9]*r[1-9][0-9]*\] # gradwire-perf allreduce --codec' <<<"$out" ||
+         ! grep -q "^\[h0r0\] # gradwire-perf allreduce --codec: $world ranks" <<<"$out"; then
+        echo "gradwire-perf --codec did not run as the launcher's $world ranks" >"$work/err"
+        return
+      fi
+      # [h0r0]   codec size count iters time_us algbw busbw bytes_sent speedup
+      sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v c="$spec" -v s="$s" '$1 == c && $2 == s { print $5, $7; exit }' ;;
+    gloo)
+      cmd="GLOO_SOCKET_IFNAME=d0 /usr/bin/python3 $here/peers/gloo_allreduce.py ${iters_peer[*]} $s"
+      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+        { echo "$out" | tail -20 >"$work/err"; return; }
+      parse_peer "$out" ;;
+    mpi-tuned|mpi-han)
+      local coll=(--mca coll_han_priority 0)
+      [ "$sys" = mpi-han ] && coll=(--mca coll_han_priority 100)
+      local hostlist="" h
+      for ((h = 0; h < hosts; h++)); do hostlist+="gwtb\${TB_ID}h$h:$rph,"; done
+      cmd="if [ \$TB_HOST = 0 ]; then mpirun --allow-run-as-root --oversubscribe -np $world \
+        --host ${hostlist%,} --mca plm_rsh_agent $here/peers/netns_rsh.sh --mca plm_rsh_no_tree_spawn 1 \
+        --mca oob_tcp_if_include c0 --mca btl tcp,vader,self --mca btl_tcp_if_include d0 ${coll[*]} \
+        $mpi_bin ${iters_peer[*]} $s; fi"
+      out=$(bash "$testbed" -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+        { echo "$out" | tail -20 >"$work/err"; return; }
+      parse_peer "$out" ;;
+  esac
+}
+parse_peer() {  # "... time_us=T busbw_GBps=B wrong=W" -> "T B"
+  local line
+  line=$(grep -m1 -o 'time_us=[0-9.]* busbw_GBps=[0-9.]* wrong=[0-9]*' <<<"$1") ||
+    { echo "$1" | tail -20 >"$work/err"; return; }
+  if [ "${line##*wrong=}" != 0 ]; then echo "wrong elements: $line" >"$work/err"; return; fi
+  sed 's/time_us=\([0-9.]*\) busbw_GBps=\([0-9.]*\).*/\1 \2/' <<<"$line"
+}
+
+declare -A times busbws
+failures=0
+echo "# cluster_bench: $hosts hosts x $rph ranks, links $rate, float32 sum, sizes:$byte_sizes B, $reps repetitions (interleaved), medians"
+echo "# gradwire: $perf"
+for sys in $systems; do [ -n "${missing[$sys]:-}" ] && echo "# $sys: missing: ${missing[$sys]}"; done
+for ((rep = 1; rep <= reps; rep++)); do
+  for s in $byte_sizes; do
+    for sys in $systems; do
+      [ -n "${missing[$sys]:-}" ] && continue
+      : >"$work/err"
+      v=$(run_one "$sys" "$s")
+      if [ -z "$v" ]; then
+        echo "# rep $rep: $sys bytes=$s FAILED: $(tr '\n' ' ' <"$work/err" | tail -c 400)" >&2
+        failures=$((failures + 1))
+        continue
+      fi
+      times["$sys $s"]+="${v% *} "; busbws["$sys $s"]+="${v#* } "
+      echo "# rep $rep/$reps: $sys bytes=$s time_us=${v% *} busbw=${v#* } GB/s" >&2
+    done
+  done
+done
+
+median() {  # values... -> median, or "-" when none
+  printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) printf "%.4f\n", v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# Link bound of a hierarchical allreduce: each host sends and receives 2(H-1)/H x bytes.
+rate_bps=""
+case "$rate" in *gbit) rate_bps=$(( ${rate%gbit} * 1000000000 )) ;; *mbit) rate_bps=$(( ${rate%mbit} * 1000000 )) ;; esac
+echo "#"
+echo "# busbw in GB/s (nccl-tests: bytes * 2(n-1)/n / time, n = $world ranks); time in us"
+[ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && echo "# link bound (2(H-1)/H x bytes / rate) given per size"
+printf "%-26s %12s %14s %10s %6s\n" "#system" "bytes" "time_us" "busbw" "runs"
+rows=()
+for s in $byte_sizes; do
+  if [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ]; then
+    awk -v s="$s" -v h="$hosts" -v r="$rate_bps" -v n="$world" 'BEGIN {
+      t = 2 * (h - 1) / h * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", "(link bound)", s, t * 1e6, s * 2 * (n - 1) / n / t / 1e9, "-" }'
+  fi
+  for sys in $systems; do
+    [ -n "${missing[$sys]:-}" ] && { printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "missing" "-" 0; continue; }
+    # shellcheck disable=SC2086
+    t=$(median ${times["$sys $s"]:-}); b=$(median ${busbws["$sys $s"]:-})
+    # shellcheck disable=SC2086
+    n=$(wc -w <<<"${times["$sys $s"]:-}")
+    [ "$t" != "-" ] && t=$(printf "%.1f" "$t")
+    printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "$t" "$b" "$n"
+    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"hosts\": $hosts, \"ranks_per_host\": $rph, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
+  done
+done
+if [ -n "$json" ]; then
+  { echo "["; for i in "${!rows[@]}"; do sep=","; [ "$i" -eq $((${#rows[@]} - 1)) ] && sep=""; echo "  ${rows[$i]}$sep"; done; echo "]"; } >"$json"
+  echo "# wrote $json"
+fi
+if [ -n "$png" ] && [ -n "$json" ]; then
+  /usr/bin/python3 - "$json" "$png" "$hosts x $rph ranks, $rate" <<'PY' || echo "# --png: plotting failed (python3-matplotlib installed?)" >&2
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = json.load(open(sys.argv[1]))
+fig, ax = plt.subplots(figsize=(7, 4.5))
+for system in dict.fromkeys(r["system"] for r in rows):
+    pts = sorted((r["bytes"], r["busbw_gbps"]) for r in rows if r["system"] == system)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("bytes (float32 sum)")
+ax.set_ylabel("busbw (GB/s)")
+ax.set_title(f"allreduce on the namespace testbed: {sys.argv[3]}")
+ax.grid(True, alpha=0.3)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+PY
+  [ -f "$png" ] && echo "# wrote $png"
+elif [ -n "$png" ]; then
+  echo "# --png needs --json FILE too" >&2
+fi
+[ "$failures" -eq 0 ] || { echo "# $failures run(s) failed" >&2; exit 1; }
