@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace gw::coll {
 
 Range block_range(size_t count, int nblocks, int b) {
@@ -14,38 +16,50 @@ namespace {
 
 int mod(int a, int p) { return ((a % p) + p) % p; }
 
-// Ring reduce-scatter over the given blocks. `shift` 0 leaves rank r owning block r+1 (the ring
-// allreduce's natural layout), shift p-1 leaves it owning block r.
-void add_ring_reduce_scatter(Schedule& s, int rank, int p, const std::vector<Range>& blocks,
-                             int shift, int first_id) {
+// Ring reduce-scatter over the given blocks, among the ranks of `ring` (global ranks in ring
+// order; this rank is ring[pos]). `shift` 0 leaves ring[i] owning block i+1 (the ring allreduce's
+// natural layout), shift p-1 leaves it owning block i. `from_input`: the blocks are still in the
+// input (the first phase of a schedule), else the output holds this rank's contribution.
+void add_ring_reduce_scatter(Schedule& s, const std::vector<int>& ring, int pos,
+                             const std::vector<Range>& blocks, int shift, int first_id,
+                             bool from_input = true) {
+  const int p = static_cast<int>(ring.size());
   for (int k = 0; k < p - 1; ++k) {
     Step st;
     st.id = first_id + k;
-    st.send_to = mod(rank + 1, p);
-    st.send = blocks[mod(rank - k + shift, p)];
-    st.send_from_input = (k == 0);  // later sends forward what the previous step reduced
-    st.recv_from = mod(rank - 1, p);
-    st.recv = blocks[mod(rank - k - 1 + shift, p)];
+    st.send_to = ring[mod(pos + 1, p)];
+    st.send = blocks[mod(pos - k + shift, p)];
+    st.send_from_input = from_input && k == 0;  // later sends forward what a step reduced
+    st.recv_from = ring[mod(pos - 1, p)];
+    st.recv = blocks[mod(pos - k - 1 + shift, p)];
     st.action = RecvAction::kReduce;
-    st.reduce_with_input = true;  // each block is received once, so its local part is untouched
+    // Each block is received once, so its local part is untouched until then.
+    st.reduce_with_input = from_input;
     s.push_back(st);
   }
 }
 
-// Ring allgather where rank r starts owning block `owned(r)` = r + shift.
-void add_ring_allgather(Schedule& s, int rank, int p, const std::vector<Range>& blocks, int shift,
-                        int first_id) {
-  const int own = mod(rank + shift, p);
+// Ring allgather among the ranks of `ring` where ring[i] starts owning block i + shift.
+void add_ring_allgather(Schedule& s, const std::vector<int>& ring, int pos,
+                        const std::vector<Range>& blocks, int shift, int first_id) {
+  const int p = static_cast<int>(ring.size());
+  const int own = mod(pos + shift, p);
   for (int k = 0; k < p - 1; ++k) {
     Step st;
     st.id = first_id + k;
-    st.send_to = mod(rank + 1, p);
+    st.send_to = ring[mod(pos + 1, p)];
     st.send = blocks[mod(own - k, p)];
-    st.recv_from = mod(rank - 1, p);
+    st.recv_from = ring[mod(pos - 1, p)];
     st.recv = blocks[mod(own - k - 1, p)];
     st.action = RecvAction::kCopy;
     s.push_back(st);
   }
+}
+
+std::vector<int> identity_ring(int p) {
+  std::vector<int> ring(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) ring[i] = i;
+  return ring;
 }
 
 std::vector<Range> split_blocks(size_t count, int n) {
@@ -59,16 +73,18 @@ std::vector<Range> split_blocks(size_t count, int n) {
 Schedule ring_allreduce(int rank, int nranks, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;
+  const auto ring = identity_ring(nranks);
   auto blocks = split_blocks(count, nranks);
-  add_ring_reduce_scatter(s, rank, nranks, blocks, 0, 0);
-  add_ring_allgather(s, rank, nranks, blocks, 1, nranks - 1);
+  add_ring_reduce_scatter(s, ring, rank, blocks, 0, 0);
+  add_ring_allgather(s, ring, rank, blocks, 1, nranks - 1);
   return s;
 }
 
 Schedule ring_reduce_scatter(int rank, int nranks, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;
-  add_ring_reduce_scatter(s, rank, nranks, split_blocks(count, nranks), nranks - 1, 0);
+  add_ring_reduce_scatter(s, identity_ring(nranks), rank, split_blocks(count, nranks), nranks - 1,
+                          0);
   return s;
 }
 
@@ -77,7 +93,7 @@ Schedule ring_allgather(int rank, int nranks, size_t count_per_rank) {
   if (nranks <= 1) return s;
   std::vector<Range> blocks(static_cast<size_t>(nranks));
   for (int b = 0; b < nranks; ++b) blocks[b] = Range{b * count_per_rank, count_per_rank};
-  add_ring_allgather(s, rank, nranks, blocks, 0, 0);
+  add_ring_allgather(s, identity_ring(nranks), rank, blocks, 0, 0);
   return s;
 }
 
@@ -219,6 +235,215 @@ Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
     st.recv_from = mod(rank - k, nranks);
     st.recv = Range{static_cast<size_t>(st.recv_from) * count_per_rank, count_per_rank};
     st.action = RecvAction::kCopy;
+    s.push_back(st);
+  }
+  return s;
+}
+
+// ---- topology-aware schedules --------------------------------------------------------------
+
+namespace {
+
+// Phases of a composed schedule take step ids from disjoint bands, so the two ends of every
+// message agree on its id whatever the other phases hold (tags carry 12 bits of step id).
+constexpr int kPhaseBand = 1024;
+
+struct Place {
+  int host = -1;
+  int local = -1;
+};
+
+Place place_of(const HostRanks& hosts, int rank) {
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    for (size_t l = 0; l < hosts[h].size(); ++l) {
+      if (hosts[h][l] == rank) return Place{static_cast<int>(h), static_cast<int>(l)};
+    }
+  }
+  return Place{};
+}
+
+// Blocks of `whole` split into n near-equal parts, offset into the buffer.
+std::vector<Range> split_range(const Range& whole, int n) {
+  auto blocks = split_blocks(whole.count, n);
+  for (auto& b : blocks) b.offset += whole.offset;
+  return blocks;
+}
+
+// A pipelined chain over `chain` (chain[0] holds the data in its output) along which the range
+// travels with forwarding, as chain_broadcast's first step.
+void add_chain(Schedule& s, const std::vector<int>& chain, int pos, const Range& range, int id) {
+  const int p = static_cast<int>(chain.size());
+  if (p <= 1) return;
+  Step st;
+  st.id = id;
+  if (pos > 0) {
+    st.recv_from = chain[pos - 1];
+    st.recv = range;
+    st.action = RecvAction::kCopy;
+  }
+  if (pos < p - 1) {
+    st.send_to = chain[pos + 1];
+    st.send = range;
+  }
+  st.forward = pos > 0 && pos < p - 1;
+  s.push_back(st);
+}
+
+}  // namespace
+
+bool uniform_hosts(const HostRanks& hosts) {
+  if (hosts.empty()) return false;
+  for (const auto& h : hosts) {
+    if (h.size() != hosts[0].size() || h.empty()) return false;
+  }
+  return true;
+}
+
+HostRanks hosts_from_map(const std::vector<int>& host_of_rank) {
+  HostRanks hosts;
+  for (size_t r = 0; r < host_of_rank.size(); ++r) {
+    const int h = host_of_rank[r];
+    if (h < 0) continue;
+    if (hosts.size() <= static_cast<size_t>(h)) hosts.resize(static_cast<size_t>(h) + 1);
+    hosts[h].push_back(static_cast<int>(r));
+  }
+  return hosts;
+}
+
+Schedule host_ring_allreduce(const HostRanks& hosts, int rank, size_t count) {
+  Schedule s;
+  std::vector<int> ring;
+  for (const auto& h : hosts) ring.insert(ring.end(), h.begin(), h.end());
+  const int p = static_cast<int>(ring.size());
+  if (p <= 1) return s;
+  const int pos = static_cast<int>(std::find(ring.begin(), ring.end(), rank) - ring.begin());
+  auto blocks = split_blocks(count, p);
+  add_ring_reduce_scatter(s, ring, pos, blocks, 0, 0);
+  add_ring_allgather(s, ring, pos, blocks, 1, p - 1);
+  return s;
+}
+
+Schedule hier_allreduce(const HostRanks& hosts, int rank, size_t count) {
+  Schedule s;
+  const Place me = place_of(hosts, rank);
+  const int nhosts = static_cast<int>(hosts.size());
+  const int nlocal = static_cast<int>(hosts[me.host].size());
+  // 1. Within the host: ring reduce-scatter, local rank l ends with block l summed over the host.
+  const Range all{0, count};
+  const auto blocks = split_range(all, nlocal);
+  if (nlocal > 1) add_ring_reduce_scatter(s, hosts[me.host], me.local, blocks, nlocal - 1, 0);
+  // 2. Across hosts: the ranks with the same local index allreduce their block with a ring, so
+  //    every rank of a host drives its share of the host's link at once.
+  if (nhosts > 1) {
+    std::vector<int> column(static_cast<size_t>(nhosts));
+    for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
+    const auto sub = split_range(blocks[me.local], nhosts);
+    add_ring_reduce_scatter(s, column, me.host, sub, 0, kPhaseBand, nlocal == 1);
+    add_ring_allgather(s, column, me.host, sub, 1, kPhaseBand + nhosts - 1);
+  }
+  // 3. Within the host: ring allgather of the summed blocks.
+  if (nlocal > 1) add_ring_allgather(s, hosts[me.host], me.local, blocks, 0, 2 * kPhaseBand);
+  return s;
+}
+
+Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count) {
+  Schedule s;
+  const Place me = place_of(hosts, rank);
+  const int nhosts = static_cast<int>(hosts.size());
+  const auto& local = hosts[me.host];
+  const int nlocal = static_cast<int>(local.size());
+  const Range all{0, count};
+  const auto blocks = split_range(all, nlocal);
+  if (nlocal > 1) {
+    // 1. Reduce to the host's leader (local rank 0): a ring reduce-scatter, then every other
+    //    local rank hands its summed block to the leader.
+    add_ring_reduce_scatter(s, local, me.local, blocks, nlocal - 1, 0);
+    if (me.local == 0) {
+      for (int l = 1; l < nlocal; ++l) {
+        Step st;
+        st.id = kPhaseBand / 2 + l;
+        st.recv_from = local[l];
+        st.recv = blocks[l];
+        st.action = RecvAction::kCopy;
+        s.push_back(st);
+      }
+    } else {
+      Step st;
+      st.id = kPhaseBand / 2 + me.local;
+      st.send_to = local[0];
+      st.send = blocks[me.local];
+      s.push_back(st);
+    }
+  }
+  // 2. The leaders allreduce the whole vector with a ring.
+  if (me.local == 0 && nhosts > 1) {
+    std::vector<int> leaders(static_cast<size_t>(nhosts));
+    for (int h = 0; h < nhosts; ++h) leaders[h] = hosts[h][0];
+    const auto lblocks = split_range(all, nhosts);
+    add_ring_reduce_scatter(s, leaders, me.host, lblocks, 0, kPhaseBand, nlocal == 1);
+    add_ring_allgather(s, leaders, me.host, lblocks, 1, kPhaseBand + nhosts - 1);
+  }
+  // 3. The leader passes the result down a pipelined chain through its host.
+  add_chain(s, local, me.local, all, 2 * kPhaseBand);
+  return s;
+}
+
+TreeLinks tree_links(int rank, int nranks, int tree) {
+  // Heap layout over a permutation of the ranks: position i has children 2i+1 and 2i+2. Tree 0
+  // places rank r at position r, tree 1 at position p-1-r, so the interior positions (the lower
+  // half) of one tree are the leaves of the other: every rank forwards in at most one of the
+  // two trees (NCCL's double binary tree property, with a simpler layout).
+  auto at = [&](int pos) { return tree == 0 ? pos : nranks - 1 - pos; };
+  const int pos = tree == 0 ? rank : nranks - 1 - rank;
+  TreeLinks t;
+  t.parent = pos == 0 ? -1 : at((pos - 1) / 2);
+  t.slot = pos == 0 ? -1 : (pos - 1) % 2;
+  for (int c = 0; c < 2; ++c) {
+    const int child = 2 * pos + 1 + c;
+    if (child < nranks) t.children.push_back(at(child));
+  }
+  return t;
+}
+
+Schedule tree_allreduce(int rank, int nranks, int tree, const Range& range) {
+  Schedule s;
+  if (nranks <= 1) return s;
+  const TreeLinks t = tree_links(rank, nranks, tree);
+  // Up: reduce the children's partial sums (step id 1 + the child's slot), then send to the
+  // parent; down: the result, step id 5 + the child's slot.
+  bool touched = false;
+  for (size_t c = 0; c < t.children.size(); ++c) {
+    Step st;
+    st.id = 1 + static_cast<int>(c);
+    st.recv_from = t.children[c];
+    st.recv = range;
+    st.action = RecvAction::kReduce;
+    st.reduce_with_input = !touched;
+    touched = true;
+    s.push_back(st);
+  }
+  // The send to the parent and the receive of the result from it are one step: the parent
+  // answers only after it has everything, so the two never overlap in time.
+  if (t.parent >= 0) {
+    Step st;
+    st.id = 1 + t.slot;
+    st.send_to = t.parent;
+    st.send = range;
+    st.send_from_input = !touched;
+    s.push_back(st);
+    Step down;
+    down.id = 5 + t.slot;
+    down.recv_from = t.parent;
+    down.recv = range;
+    down.action = RecvAction::kCopy;
+    s.push_back(down);
+  }
+  // Down: the result to each child.
+  for (size_t c = 0; c < t.children.size(); ++c) {
+    Step st;
+    st.id = 5 + static_cast<int>(c);
+    st.send_to = t.children[c];
+    st.send = range;
     s.push_back(st);
   }
   return s;

@@ -37,6 +37,23 @@
 //   receives block (rank-k)%p of the output from that rank. Every pair of ranks exchanges exactly
 //   once, so the steps are independent (the executor may run several at once), and a rank sends
 //   each of its p-1 foreign blocks once, straight to its owner: the minimum volume.
+//
+// Topology-aware algorithms take the ranks grouped by host (HostRanks: hosts[h] lists host h's
+// global ranks in local-rank order):
+// - hierarchical allreduce (every host the same number L of ranks): ring reduce-scatter within
+//   each host (local rank l ends with block l of L summed over its host), a ring allreduce of
+//   block l among the H ranks of local index l (so every rank of a host drives a share of its
+//   link, as NCCL's and Horovod's hierarchical modes do), ring allgather within each host. Each
+//   host's link then carries 2(H-1)/H x n per direction, where a flat ring ordered by host
+//   carries 2(p-1)/p x n (2 hosts x 2 ranks: n against 1.5 n).
+// - hierarchical allreduce, leader form (any layout, e.g. 3+1): reduce to local rank 0 (ring
+//   reduce-scatter, then the blocks to the leader), ring allreduce among the H leaders, a
+//   pipelined chain from the leader through its host.
+// - host-ordered ring: a ring allreduce whose order lists the hosts' ranks one host after the
+//   other, so it crosses each host boundary once per direction whatever the rank numbering.
+// - double binary tree: two binary trees (tree_links) whose interior ranks are disjoint, each
+//   reducing and broadcasting half of the vector (the caller runs tree 0 and tree 1 on two
+//   channels): 2 lg p latency steps instead of the ring's 2(p-1), for latency-bound sizes.
 #pragma once
 
 #include <cstddef>
@@ -83,6 +100,30 @@ Schedule chain_broadcast(int rank, int nranks, int root, size_t count);
 // j, block j of the output comes from rank j. The own block is not part of the schedule (the
 // caller copies it). Steps are independent and have ids 1..nranks-1 (k = the rank distance).
 Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank);
+
+// Ranks grouped by host: hosts[h] holds the global ranks of host h in local-rank order. Every
+// rank 0..p-1 appears exactly once and no host is empty.
+using HostRanks = std::vector<std::vector<int>>;
+// Groups ranks by host_of_rank[r] (hosts numbered 0..H-1 in order of first appearance).
+HostRanks hosts_from_map(const std::vector<int>& host_of_rank);
+// True when every host has the same number of ranks (hier_allreduce applies).
+bool uniform_hosts(const HostRanks& hosts);
+
+// The schedules below require `rank` to be listed in `hosts`.
+Schedule host_ring_allreduce(const HostRanks& hosts, int rank, size_t count);
+// Requires uniform_hosts(hosts).
+Schedule hier_allreduce(const HostRanks& hosts, int rank, size_t count);
+Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count);
+
+struct TreeLinks {
+  int parent = -1;            // -1 at the root
+  int slot = -1;              // which child of the parent (0 or 1); -1 at the root
+  std::vector<int> children;  // 0, 1 or 2 ranks
+};
+// Tree 0 or 1 of the double binary tree over nranks ranks.
+TreeLinks tree_links(int rank, int nranks, int tree);
+// Allreduce of `range` (elements of the buffer) over tree 0 or 1: reduce up, broadcast down.
+Schedule tree_allreduce(int rank, int nranks, int tree, const Range& range);
 
 std::string describe(const Step& step);  // for test failure messages and debug logs
 

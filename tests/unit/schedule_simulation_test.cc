@@ -1,13 +1,16 @@
-// Runs every schedule for p = 1..17 ranks entirely in memory: each rank's steps are applied in
-// order, messages travel through per-pair FIFO queues carrying (step id, elements), and the
-// receiver checks the id and the element count like the Communicator does. Results are checked
-// against the exact answer (int64 sums, so order of reduction does not matter).
+// Runs every schedule for p = 1..17 ranks (1..33 for the topology-aware ones) entirely in memory:
+// each rank's steps are applied in order, messages travel through per-pair FIFO queues carrying
+// (step id, elements), and the receiver checks the id and the element count like the Communicator
+// does. Results are checked against the exact answer (int64 sums, so order of reduction does not
+// matter).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <numeric>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -265,6 +268,217 @@ TEST(ScheduleShape, BlockRangeCoversEverythingOnce) {
         next += rg.count;
       }
       EXPECT_EQ(next, n);
+    }
+  }
+}
+
+// ---- topology-aware schedules ----------------------------------------------------------------
+
+// Simulates schedule(r) on every rank and checks that `covered` of every rank's output holds the
+// exact sum (the rest of the buffer is another schedule's business, e.g. the other tree).
+void check_sum(int p, size_t count, bool in_place, const std::function<Schedule(int)>& schedule,
+               const Range& covered, const std::string& what) {
+  std::vector<RankState> ranks(p);
+  for (int r = 0; r < p; ++r) {
+    ranks[r].sched = schedule(r);
+    ranks[r].input.resize(count);
+    for (size_t i = 0; i < count; ++i) ranks[r].input[i] = value(r, i);
+    ranks[r].output = in_place ? ranks[r].input : std::vector<int64_t>(count, -777);
+    if (in_place) {
+      for (auto& st : ranks[r].sched) st.send_from_input = st.reduce_with_input = false;
+    }
+  }
+  simulate(ranks);
+  if (::testing::Test::HasFatalFailure()) {
+    ADD_FAILURE() << what;
+    return;
+  }
+  if (p == 1 && !in_place) ranks[0].output = ranks[0].input;
+  for (int r = 0; r < p; ++r) {
+    for (size_t i = covered.offset; i < covered.offset + covered.count; ++i) {
+      int64_t want = 0;
+      for (int q = 0; q < p; ++q) want += value(q, i);
+      ASSERT_EQ(ranks[r].output[i], want)
+          << what << " rank " << r << " element " << i << (in_place ? " in place" : "");
+    }
+  }
+}
+
+std::string layout_name(const HostRanks& hosts) {
+  std::string out;
+  for (const auto& h : hosts) out += (out.empty() ? "" : "+") + std::to_string(h.size());
+  return out;
+}
+
+// Host-major (ranks 0..L-1 on host 0, ...) and interleaved (rank r on host r % H) numberings of
+// a layout given by its host sizes.
+std::vector<HostRanks> numberings(const std::vector<int>& sizes) {
+  std::vector<HostRanks> out(2);
+  int next = 0;
+  for (int n : sizes) {
+    out[0].emplace_back();
+    for (int i = 0; i < n; ++i) out[0].back().push_back(next++);
+  }
+  std::vector<int> host_of;
+  std::vector<int> left = sizes;
+  for (bool any = true; any;) {
+    any = false;
+    for (size_t h = 0; h < left.size(); ++h) {
+      if (left[h] > 0) {
+        host_of.push_back(static_cast<int>(h));
+        --left[h];
+        any = true;
+      }
+    }
+  }
+  out[1] = hosts_from_map(host_of);
+  return out;
+}
+
+std::vector<std::vector<int>> uneven_layouts() {
+  std::vector<std::vector<int>> all = {{3, 1}, {1, 3},       {2, 2, 1}, {1, 1, 1}, {5, 3, 2},
+                                       {1, 7}, {4, 4, 4, 1}, {16, 17},  {1},       {6}};
+  std::mt19937 rng(7);
+  for (int t = 0; t < 12; ++t) {
+    std::vector<int> sizes;
+    int total = 0;
+    const int hosts = 1 + static_cast<int>(rng() % 6);
+    for (int h = 0; h < hosts && total < 33; ++h) {
+      const int n = 1 + static_cast<int>(rng() % std::min(8, 33 - total));
+      sizes.push_back(n);
+      total += n;
+    }
+    all.push_back(sizes);
+  }
+  return all;
+}
+
+TEST(ScheduleSimulation, HierAllreduceOnEveryUniformLayoutUpTo33Ranks) {
+  for (int nhosts = 1; nhosts <= 33; ++nhosts) {
+    for (int local = 1; nhosts * local <= 33; ++local) {
+      const int p = nhosts * local;
+      for (const HostRanks& hosts : numberings(std::vector<int>(nhosts, local))) {
+        ASSERT_TRUE(uniform_hosts(hosts));
+        for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(p), size_t{97}, size_t{1000}}) {
+          for (bool in_place : {false, true}) {
+            check_sum(
+                p, n, in_place, [&](int r) { return hier_allreduce(hosts, r, n); }, Range{0, n},
+                "hier " + layout_name(hosts) + " n=" + std::to_string(n));
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleSimulation, HierLeaderAndHostRingOnUnevenLayouts) {
+  for (const auto& sizes : uneven_layouts()) {
+    int p = 0;
+    for (int n : sizes) p += n;
+    for (const HostRanks& hosts : numberings(sizes)) {
+      for (size_t n :
+           {size_t{0}, size_t{1}, size_t{13}, static_cast<size_t>(p) + 1, size_t{1000}}) {
+        for (bool in_place : {false, true}) {
+          const std::string what = layout_name(hosts) + " n=" + std::to_string(n);
+          check_sum(
+              p, n, in_place, [&](int r) { return hier_leader_allreduce(hosts, r, n); },
+              Range{0, n}, "leader " + what);
+          if (HasFatalFailure()) return;
+          check_sum(
+              p, n, in_place, [&](int r) { return host_ring_allreduce(hosts, r, n); }, Range{0, n},
+              "host ring " + what);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleSimulation, DoubleBinaryTreeUpTo33Ranks) {
+  for (int p = 1; p <= 33; ++p) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{31}, size_t{1000}}) {
+      for (bool in_place : {false, true}) {
+        for (int tree = 0; tree < 2; ++tree) {
+          const Range half = block_range(n, 2, tree);
+          check_sum(
+              p, n, in_place, [&](int r) { return tree_allreduce(r, p, tree, half); }, half,
+              "tree " + std::to_string(tree) + " p=" + std::to_string(p));
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleShape, DoubleBinaryTreesAreTreesWithDisjointInteriors) {
+  for (int p = 1; p <= 33; ++p) {
+    std::vector<int> interior(p, 0);
+    for (int tree = 0; tree < 2; ++tree) {
+      int roots = 0;
+      for (int r = 0; r < p; ++r) {
+        const TreeLinks t = tree_links(r, p, tree);
+        if (t.parent < 0) {
+          ++roots;
+        } else {
+          const TreeLinks up = tree_links(t.parent, p, tree);
+          ASSERT_LT(static_cast<size_t>(t.slot), up.children.size());
+          EXPECT_EQ(up.children[t.slot], r) << "p=" << p << " tree " << tree;
+        }
+        if (!t.children.empty()) ++interior[r];
+        // Depth at most lg p + 1: walk to the root.
+        int depth = 0;
+        for (int x = r; tree_links(x, p, tree).parent >= 0; x = tree_links(x, p, tree).parent) {
+          ASSERT_LE(++depth, 6) << "p=" << p;
+        }
+      }
+      EXPECT_EQ(roots, 1);
+    }
+    for (int r = 0; r < p; ++r) EXPECT_LE(interior[r], 1) << "p=" << p << " rank " << r;
+  }
+}
+
+// A hierarchical allreduce moves 2(H-1)/H x n across each host's link per direction; a flat ring
+// over the same host-major ranks moves 2(p-1)/p x n across each boundary it crosses.
+TEST(ScheduleShape, HierAllreduceSendsLessAcrossHosts) {
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
+    const int p = nhosts * local;
+    const size_t n = 1 << 16;
+    const HostRanks hosts = numberings(std::vector<int>(nhosts, local))[0];
+    auto across = [&](const std::function<Schedule(int)>& schedule) {
+      size_t out_of_host0 = 0;
+      for (int r : hosts[0])
+        for (const Step& st : schedule(r))
+          if (st.send_to >= 0 && st.send_to >= local) out_of_host0 += st.send.count;
+      return out_of_host0;
+    };
+    const size_t hier = across([&](int r) { return hier_allreduce(hosts, r, n); });
+    const size_t flat = across([&](int r) { return ring_allreduce(r, p, n); });
+    // Exact up to the rounding of blocks that do not divide n.
+    EXPECT_NEAR(static_cast<double>(hier), 2.0 * (nhosts - 1) * n / nhosts, p)
+        << nhosts << "x" << local;
+    EXPECT_NEAR(static_cast<double>(flat), 2.0 * (p - 1) * n / p, p) << nhosts << "x" << local;
+  }
+}
+
+TEST(ScheduleShape, TopologySchedulesMakeEveryRankReceive) {
+  for (const auto& sizes : uneven_layouts()) {
+    int p = 0;
+    for (int n : sizes) p += n;
+    if (p < 2) continue;
+    const HostRanks hosts = numberings(sizes)[1];
+    for (int r = 0; r < p; ++r) {
+      std::vector<std::pair<std::string, Schedule>> all = {
+          {"leader", hier_leader_allreduce(hosts, r, 100)},
+          {"host ring", host_ring_allreduce(hosts, r, 100)},
+          {"tree 0", tree_allreduce(r, p, 0, Range{0, 50})},
+          {"tree 1", tree_allreduce(r, p, 1, Range{50, 50})}};
+      if (uniform_hosts(hosts)) all.emplace_back("hier", hier_allreduce(hosts, r, 100));
+      for (const auto& [name, s] : all) {
+        bool receives = false;
+        for (const Step& st : s) receives |= st.recv_from >= 0;
+        EXPECT_TRUE(receives) << name << " " << layout_name(hosts) << ": rank " << r;
+      }
     }
   }
 }
