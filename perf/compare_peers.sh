@@ -4,13 +4,16 @@
 # shared memory (vader). Each measurement is repeated R times, interleaved (gradwire, gloo, mpi,
 # gradwire, ...), so a noisy neighbour hits every column alike; the table shows the medians.
 #
-# usage: perf/compare_peers.sh [-s "SIZE ..."] [-n "NP ..."] [-r R] [-B BUILD_DIR]
+# usage: perf/compare_peers.sh [-s "SIZE ..."] [-n "NP ..."] [-r R] [-L RUNS] [-B BUILD_DIR]
 #   -s  sizes in bytes (K/M/G suffixes allowed), default 64M
 #   -n  rank counts, default "2 4"
 #   -r  repetitions, default 3
+#   -L  small-message table: RUNS separate runs of a 4 KiB allreduce at 2 ranks, gradwire (shm,
+#       tcp) alternated with Open MPI (vader, tcp); default 10, 0 skips it
 #   -B  build directory holding perf/gradwire-perf, default build/release
-# Environment: GW_SHARED (default: the shared/ directory beside the repository).
-# A peer that is not installed is reported as such in the table; it never fails the script.
+# The peers are the project's own drivers in perf/peers/ (Gloo through Debian's python3-torch,
+# Open MPI through mpicc). A peer that is not installed is reported as such in the table; it
+# never fails the script.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,18 +21,20 @@ root="$(cd "$here/.." && pwd)"
 sizes="64M"
 nps="2 4"
 reps=3
+lat_runs=10
 build="$root/build/release"
-while getopts "s:n:r:B:h" opt; do
+while getopts "s:n:r:L:B:h" opt; do
   case "$opt" in
     s) sizes="$OPTARG" ;;
     n) nps="$OPTARG" ;;
     r) reps="$OPTARG" ;;
+    L) lat_runs="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
-    *) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: -r $reps: need a positive integer" >&2; exit 2; }
-shared="${GW_SHARED:-$(cd "$root/.." && pwd)/shared}"
+[[ "$lat_runs" =~ ^[0-9]+$ ]] || { echo "compare_peers: -L $lat_runs: need a number" >&2; exit 2; }
 perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "compare_peers: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 
@@ -50,42 +55,40 @@ trap 'rm -rf "$work"' EXIT
 
 # Which peers can run here.
 missing_gloo=""
-if [ ! -f "$shared/peers/gloo_allreduce.py" ]; then
-  missing_gloo="missing: $shared/peers/gloo_allreduce.py"
-elif ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
   missing_gloo="missing: /usr/bin/python3 with torch (apt-get install python3-torch)"
 fi
 missing_mpi=""
 mpi_bin="$build/peers/mpi_allreduce"
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-elif [ ! -f "$shared/peers/mpi_allreduce.c" ]; then
-  missing_mpi="missing: $shared/peers/mpi_allreduce.c"
 else
   mkdir -p "$build/peers"
-  if ! mpicc -O2 -o "$mpi_bin" "$shared/peers/mpi_allreduce.c" 2>"$work/mpicc.log"; then
+  if ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_allreduce.c" 2>"$work/mpicc.log"; then
     missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log")"
   fi
 fi
 
 declare -A results  # "impl np size" -> list of busbw values
-run_one() {  # impl np size -> prints busbw (GB/s) or nothing
+run_one() {  # impl np size [field] -> prints busbw (GB/s), or time (us) with field "time"
   local impl="$1" n="$2" s="$3" out
+  local gwcol=7 peerkey=busbw_GBps
+  [ "${4:-}" = time ] && { gwcol=5; peerkey=time_us; }
   case "$impl" in
     gw-tcp|gw-shm)
       out=$(timeout 900 "$perf" allreduce --np "$n" --transport "${impl#gw-}" -b "$s" -e "$s" 2>"$work/err") \
-        && awk '!/^#/ && NF >= 7 { print $7; exit }' <<<"$out" ;;
+        && awk -v c="$gwcol" '!/^#/ && NF >= 7 { print $c; exit }' <<<"$out" ;;
     gloo)
-      out=$(cd "$work" && timeout 900 /usr/bin/python3 "$shared/peers/gloo_allreduce.py" "$n" "$s" 2>"$work/err") \
-        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+      out=$(cd "$work" && timeout 900 /usr/bin/python3 "$here/peers/gloo_allreduce.py" --np "$n" "$s" 2>"$work/err") \
+        && sed -n "s/.*$peerkey=\([0-9.]*\).*/\1/p" <<<"$out" | head -1 ;;
     mpi-tcp)
       out=$(timeout 900 mpirun --allow-run-as-root --oversubscribe -np "$n" --mca btl tcp,self \
               --mca btl_tcp_if_include lo "$mpi_bin" "$s" 2>"$work/err") \
-        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+        && sed -n "s/.*$peerkey=\([0-9.]*\).*/\1/p" <<<"$out" | head -1 ;;
     mpi-shm)
       out=$(timeout 900 mpirun --allow-run-as-root --oversubscribe -np "$n" --mca btl vader,self \
               "$mpi_bin" "$s" 2>"$work/err") \
-        && sed -n 's/.*busbw_GBps=\([0-9.]*\).*/\1/p' <<<"$out" | head -1 ;;
+        && sed -n "s/.*$peerkey=\([0-9.]*\).*/\1/p" <<<"$out" | head -1 ;;
   esac
 }
 
@@ -150,3 +153,31 @@ for n in $nps; do
       "$gs" "$ms" "$(ratio "$gs" "$ms")" "$mt"
   done
 done
+
+# Small messages: separate runs (each a new set of processes, so each gets its own placement on
+# the cores) of a 4 KiB float32 allreduce at 2 ranks, gradwire alternated with Open MPI. A
+# steady median is not enough: the slowest run shows the bimodal cases a median hides.
+if [ "$lat_runs" -gt 0 ]; then
+  lat_impls="gw-shm gw-tcp"
+  [ -z "$missing_mpi" ] && lat_impls="gw-shm mpi-shm gw-tcp mpi-tcp"
+  declare -A lat
+  for ((run = 1; run <= lat_runs; run++)); do
+    for impl in $lat_impls; do
+      v=$(run_one "$impl" 2 4096 time)
+      [ -z "$v" ] && { echo "# latency run $run: $impl failed: $(tail -c 300 "$work/err" | tr '\n' ' ')" >&2; v=fail; }
+      lat["$impl"]+="$v "
+    done
+  done
+  slowest() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | tail -1; }
+  echo "#"
+  echo "# 4 KiB float32 sum allreduce, 2 ranks, $lat_runs separate runs alternated; time in us (each run: median over its iterations)"
+  printf "%-10s %10s %10s %14s   %s\n" "#impl" "median" "slowest" "slowest/med" "runs"
+  for impl in $lat_impls; do
+    # shellcheck disable=SC2086
+    m=$(median ${lat[$impl]}); w=$(slowest ${lat[$impl]}); w=${w:-fail}
+    printf "%-10s %10s %10s %14s   %s\n" "$impl" "$m" "$w" "$(ratio "$w" "$m")" "${lat[$impl]}"
+  done
+  if [ -z "$missing_mpi" ]; then
+    echo "# gw-shm / mpi-shm (vader): $(ratio "$(median ${lat[gw-shm]})" "$(median ${lat[mpi-shm]})")   gw-tcp / mpi-tcp: $(ratio "$(median ${lat[gw-tcp]})" "$(median ${lat[mpi-tcp]})")   (time ratios: < 1 means gradwire is faster)"
+  fi
+fi

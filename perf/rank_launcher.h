@@ -24,6 +24,8 @@ inline constexpr int64_t kFailureGraceMs = 2000;
 
 struct ForkOptions {
   int nranks = 2;
+  // Bind rank r to the r-th CPU this process may run on, when there are at least nranks of them.
+  bool bind_cores = true;
   int64_t idle_timeout_ms = 330000;
 };
 
