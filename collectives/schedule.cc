@@ -388,6 +388,110 @@ Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count) {
   return s;
 }
 
+Schedule binary_blocks_allreduce(int rank, int nranks, size_t count) {
+  Schedule s;
+  if (nranks <= 1) return s;
+  // Blocks: the binary digits of p, largest first (13 = 8 + 4 + 1: ranks 0-7, 8-11, 12).
+  std::vector<int> base, lg;
+  for (int bit = 30, next = 0; bit >= 0; --bit) {
+    if (nranks & (1 << bit)) {
+      base.push_back(next);
+      lg.push_back(bit);
+      next += 1 << bit;
+    }
+  }
+  const int nblocks = static_cast<int>(base.size());
+  int j = nblocks - 1;
+  while (base[j] > rank) --j;
+  const int a = lg[j], i = rank - base[j], K = lg[0];
+  // Fine pieces: the largest block's 2^K. Rank i of a block of 2^x ranks owns the pieces
+  // [i 2^(K-x), (i+1) 2^(K-x)): the same boundaries in every block, so a segment of a smaller
+  // block is exactly the union of segments of a larger one.
+  const auto fine = split_blocks(count, 1 << K);
+  auto seg = [&](int x, int lo, int hi) {  // segments [lo, hi) of a block of 2^x ranks
+    const int w = 1 << (K - x);
+    const Range first = fine[lo * w];
+    const Range last = fine[hi * w - 1];
+    return Range{first.offset, last.offset + last.count - first.offset};
+  };
+  bool touched = false;
+  // 1. Reduce-scatter by recursive halving inside the block: rank i ends with segment i.
+  {
+    int lo = 0, hi = 1 << a, id = 0;
+    for (int mask = (1 << a) / 2; mask >= 1; mask /= 2, ++id) {
+      const int mid = (lo + hi) / 2;
+      const bool lower = (i & mask) == 0;
+      Step st;
+      st.id = id;
+      st.send_to = st.recv_from = base[j] + (i ^ mask);
+      st.send = lower ? seg(a, mid, hi) : seg(a, lo, mid);
+      st.recv = lower ? seg(a, lo, mid) : seg(a, mid, hi);
+      st.send_from_input = st.reduce_with_input = !touched;
+      st.action = RecvAction::kReduce;
+      touched = true;
+      s.push_back(st);
+      (lower ? hi : lo) = mid;
+    }
+  }
+  // 2. Up: each block adds the next smaller block's sums, then hands its own to the next larger.
+  if (j + 1 < nblocks) {
+    const int c = lg[j + 1];
+    Step st;
+    st.id = kPhaseBand + j + 1;
+    st.recv_from = base[j + 1] + (i >> (a - c));
+    st.recv = seg(a, i, i + 1);
+    st.action = RecvAction::kReduce;
+    st.reduce_with_input = !touched;
+    touched = true;
+    s.push_back(st);
+  }
+  if (j > 0) {
+    const int b = lg[j - 1];
+    for (int m = i << (b - a); m < (i + 1) << (b - a); ++m) {
+      Step st;
+      st.id = kPhaseBand + j;
+      st.send_to = base[j - 1] + m;
+      st.send = seg(b, m, m + 1);
+      st.send_from_input = !touched;
+      s.push_back(st);
+    }
+    // 3. Down: the segment's final sum from the larger block.
+    Step down;
+    down.id = 3 * kPhaseBand + j;
+    down.recv_from = base[j - 1] + (i << (b - a));
+    down.recv = seg(a, i, i + 1);
+    down.action = RecvAction::kCopy;
+    s.push_back(down);
+  }
+  // 4. Allgather by recursive doubling inside the block.
+  {
+    int lo = i, hi = i + 1, id = 2 * kPhaseBand + 64 * j;
+    for (int mask = 1; mask < (1 << a); mask *= 2, ++id) {
+      const bool upper = (i & mask) != 0;
+      Step st;
+      st.id = id;
+      st.send_to = st.recv_from = base[j] + (i ^ mask);
+      st.send = seg(a, lo, hi);
+      st.recv = upper ? seg(a, lo - mask, lo) : seg(a, hi, hi + mask);
+      st.action = RecvAction::kCopy;
+      s.push_back(st);
+      (upper ? lo : hi) += upper ? -mask : mask;
+    }
+  }
+  // 5. Down: the final sums to the next smaller block, each of its ranks' segment.
+  if (j + 1 < nblocks) {
+    const int c = lg[j + 1];
+    if (i % (1 << (a - c)) == 0) {
+      Step st;
+      st.id = 3 * kPhaseBand + j + 1;
+      st.send_to = base[j + 1] + (i >> (a - c));
+      st.send = seg(c, i >> (a - c), (i >> (a - c)) + 1);
+      s.push_back(st);
+    }
+  }
+  return s;
+}
+
 TreeLinks tree_links(int rank, int nranks, int tree) {
   // Heap layout over a permutation of the ranks: position i has children 2i+1 and 2i+2. Tree 0
   // places rank r at position r, tree 1 at position p-1-r, so the interior positions (the lower

@@ -51,6 +51,12 @@
 //   pipelined chain from the leader through its host.
 // - host-ordered ring: a ring allreduce whose order lists the hosts' ranks one host after the
 //   other, so it crosses each host boundary once per direction whatever the rank numbering.
+// - binary blocks (for p not a power of two, "A Hitchhiker's Guide on Distributed Training of
+//   Deep Neural Networks", after Rabenseifner and Traeff): the ranks form blocks of the sizes of
+//   p's binary digits (13 = 8 + 4 + 1); each block reduce-scatters by recursive halving, each
+//   block adds the next smaller block's segments and hands its own to the next larger, the
+//   largest allgathers by recursive doubling, and the result goes back down block by block.
+//   Unlike RHD's fold, no rank sits idle through the core phase with the whole vector in hand.
 // - double binary tree: two binary trees (tree_links) whose interior ranks are disjoint, each
 //   reducing and broadcasting half of the vector (the caller runs tree 0 and tree 1 on two
 //   channels): 2 lg p latency steps instead of the ring's 2(p-1), for latency-bound sizes.
@@ -114,6 +120,9 @@ Schedule host_ring_allreduce(const HostRanks& hosts, int rank, size_t count);
 // Requires uniform_hosts(hosts).
 Schedule hier_allreduce(const HostRanks& hosts, int rank, size_t count);
 Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count);
+
+// Any nranks; a power of two gives recursive halving + doubling.
+Schedule binary_blocks_allreduce(int rank, int nranks, size_t count);
 
 struct TreeLinks {
   int parent = -1;            // -1 at the root

@@ -395,6 +395,19 @@ TEST(ScheduleSimulation, HierLeaderAndHostRingOnUnevenLayouts) {
   }
 }
 
+TEST(ScheduleSimulation, BinaryBlocksUpTo33Ranks) {
+  for (int p = 1; p <= 33; ++p) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, static_cast<size_t>(p), size_t{1000}}) {
+      for (bool in_place : {false, true}) {
+        check_sum(
+            p, n, in_place, [&](int r) { return binary_blocks_allreduce(r, p, n); }, Range{0, n},
+            "binary blocks p=" + std::to_string(p) + " n=" + std::to_string(n));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(ScheduleSimulation, DoubleBinaryTreeUpTo33Ranks) {
   for (int p = 1; p <= 33; ++p) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{31}, size_t{1000}}) {
@@ -471,6 +484,7 @@ TEST(ScheduleShape, TopologySchedulesMakeEveryRankReceive) {
       std::vector<std::pair<std::string, Schedule>> all = {
           {"leader", hier_leader_allreduce(hosts, r, 100)},
           {"host ring", host_ring_allreduce(hosts, r, 100)},
+          {"binary blocks", binary_blocks_allreduce(r, p, 100)},
           {"tree 0", tree_allreduce(r, p, 0, Range{0, 50})},
           {"tree 1", tree_allreduce(r, p, 1, Range{50, 50})}};
       if (uniform_hosts(hosts)) all.emplace_back("hier", hier_allreduce(hosts, r, 100));
