@@ -10,7 +10,7 @@
 #include <string>
 
 #include "collectives/communicator.h"
-#include "collectives/compress.h"
+#include "collectives/compress/compress.h"
 #include "core/status.h"
 #include "core/store.h"
 #include "gradwire/gradwire.h"

@@ -9,7 +9,7 @@
 
 #include "capi/capi_internal.h"
 #include "capi/compressed_device.h"
-#include "collectives/compress.h"
+#include "collectives/compress/compress.h"
 #include "collectives/types.h"
 
 namespace {

@@ -35,7 +35,7 @@
 #include <map>
 #include <string>
 
-#include "collectives/codec.h"
+#include "collectives/compress/codec.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_buffer.h"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string_view>
 
-#include "collectives/compress.h"
+#include "collectives/compress/compress.h"
 #include "collectives/types.h"
 #include "core/status.h"
 

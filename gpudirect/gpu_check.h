@@ -1,5 +1,5 @@
-// Comparisons of the GPU codec kernels with the CPU ones (collectives/codec_kernels.h) and a
-// throughput bench, shared by the gtest cases (tests/gpudirect/) and gw-gpu-check (no gtest).
+// Comparisons of the GPU codec kernels with the CPU ones (collectives/compress/codec_kernels.h) and
+// a throughput bench, shared by the gtest cases (tests/gpudirect/) and gw-gpu-check (no gtest).
 //
 // Each check draws fresh random data (gaussians of random magnitude plus NaN with payloads,
 // +-inf, denormals, -0, values at the f16 overflow and rounding boundaries), runs the kernel on

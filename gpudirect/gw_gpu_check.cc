@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec_kernels.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/fatbin.h"
 #include "gpudirect/gpu_check.h"

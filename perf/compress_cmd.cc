@@ -7,8 +7,8 @@
 #include <cstring>
 #include <random>
 
-#include "collectives/codec.h"
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec.h"
+#include "collectives/compress/codec_kernels.h"
 #include "core/config.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"

@@ -152,7 +152,7 @@ const char* gw_last_error(void);
 /* "0.1.0". Never NULL. */
 const char* gw_version(void);
 
-/* ---- Gradient compression (collectives/compress.h, docs/compression.md) ----------------------
+/* ---- Gradient compression (collectives/compress/compress.h, docs/compression.md) --------------
  *
  * gw_allreduce_compressed sums a gradient across ranks through a codec, in place. codec_spec
  * selects the codec and its options: "none", "fp16", "bf16", "topk:RATIO", "randomk:RATIO",

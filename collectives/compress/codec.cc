@@ -1,4 +1,4 @@
-#include "collectives/codec.h"
+#include "collectives/compress/codec.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec_kernels.h"
 
 namespace gw::coll {
 

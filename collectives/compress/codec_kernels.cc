@@ -1,4 +1,4 @@
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec_kernels.h"
 
 #include <immintrin.h>
 

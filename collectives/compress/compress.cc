@@ -1,11 +1,11 @@
-#include "collectives/compress.h"
+#include "collectives/compress/compress.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec_kernels.h"
 #include "collectives/reduce.h"
 #include "core/log.h"
 

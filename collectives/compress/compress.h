@@ -48,8 +48,8 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/codec.h"
 #include "collectives/communicator.h"
+#include "collectives/compress/codec.h"
 #include "core/status.h"
 
 namespace gw::coll {
