@@ -17,9 +17,11 @@
 
 #define GW_EXPORT extern "C" __attribute__((visibility("default")))
 
-namespace gw::capi {
+namespace gw::cuda {
+class DeviceCompression;  // gpudirect/device_compression.h
+}
 
-struct DeviceCompression;  // compressed_device.h
+namespace gw::capi {
 
 struct CommState {
   std::unique_ptr<gw::coll::Communicator> comm;
@@ -32,8 +34,9 @@ struct CommState {
   // before it).
   std::mutex compress_mu;
   std::unique_ptr<gw::coll::Compressor> compressor;
-  // GPU tensors' residuals and staging (compressed_device.h), created on the first GPU call.
-  std::shared_ptr<DeviceCompression> device_compression;
+  // GPU tensors' residuals and staging (gpudirect/device_compression.h), created on the first
+  // GPU call.
+  std::shared_ptr<gw::cuda::DeviceCompression> device_compression;
 };
 
 // Stores "call: message" for gw_last_error() on this thread and returns the matching code.

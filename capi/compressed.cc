@@ -8,9 +8,10 @@
 #include <cstring>
 
 #include "capi/capi_internal.h"
-#include "capi/compressed_device.h"
 #include "collectives/compress/compress.h"
 #include "collectives/types.h"
+#include "gpudirect/cuda_driver.h"
+#include "gpudirect/device_compression.h"
 
 namespace {
 
@@ -48,10 +49,13 @@ GW_EXPORT gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t 
       return gw::invalid_arg("argument buf is NULL with {} elements", count);
     }
     std::lock_guard<std::mutex> lock(st->compress_mu);
-    if (count > 0 && gw::capi::is_device_buffer(buf)) {
-      return gw::capi::allreduce_compressed_device(st->device_compression, compressor_of(*st), buf,
-                                                   count, static_cast<gw::coll::DataType>(d),
-                                                   codec_spec, tensor_key);
+    if (count > 0 && gw::cuda::is_device_pointer(buf)) {
+      if (!st->device_compression) {
+        st->device_compression = std::make_shared<gw::cuda::DeviceCompression>();
+      }
+      return st->device_compression->allreduce(compressor_of(*st), buf, count,
+                                               static_cast<gw::coll::DataType>(d), codec_spec,
+                                               tensor_key);
     }
     return compressor_of(*st).allreduce(buf, count, static_cast<gw::coll::DataType>(d), codec_spec,
                                         tensor_key);

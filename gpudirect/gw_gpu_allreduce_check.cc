@@ -4,9 +4,9 @@
 // steps of the same gradients twice: once from a host buffer and once from a cuMemAlloc'd copy,
 // under different tensor keys. The bytes sent must be equal, and the results identical bit for
 // bit (fp16/bf16 run their casts and error feedback on the GPU, sign's worker side too, the
-// others are staged through host memory; see capi/compressed_device.cc), except sign's: the GPU
-// sums a chunk's scale in another order (gpu_codecs.h), so there every rank's result must be the
-// same bits and within the scale tolerance of the host path's. Then times 64 MiB fp16 (without
+// others are staged through host memory; see gpudirect/device_compression.cc), except sign's: the
+// GPU sums a chunk's scale in another order (gpu_codecs.h), so there every rank's result must be
+// the same bits and within the scale tolerance of the host path's. Then times 64 MiB fp16 (without
 // and with error feedback) and sign calls, each way.
 //
 //   gw-gpu-allreduce-check [--np N]    (default 2; prints PASS or FAIL last; exit 0 or 1)

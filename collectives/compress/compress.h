@@ -82,7 +82,7 @@ class Compressor {
                    std::string_view key);
 
   // For a caller that encodes and decodes a cast codec (fp16/bf16) itself, asynchronously, on
-  // memory this class cannot touch (the C ABI's GPU path: the kernels of gpudirect/ run the casts
+  // memory this class cannot touch (gpudirect/'s DeviceCompression: its kernels run the casts
   // and the error feedback on the device; a stream encodes slice s+1 and copies it to the host
   // while the ring sums slice s, and copies slice s-1 back and widens it meanwhile). Checks the
   // key as allreduce() does (on its first use every rank must agree; later uses must match spec,
@@ -116,7 +116,7 @@ class Compressor {
                                        const CastSliceHooks& hooks);
 
   // sign (1-bit Adam's two phases) for a caller that makes the worker side's encode and decode
-  // itself, on memory this class cannot touch (the C ABI's GPU path: gpudirect's sign kernels,
+  // itself, on memory this class cannot touch (gpudirect/'s DeviceCompression: its sign kernels,
   // with the worker residual on the device). Checks the key as allreduce() does (the key is then
   // marked as encoded elsewhere, as for the cast form), then:
   //   encode(blob, slot_bytes, parts)  write this rank's encoding of partition j (elements
