@@ -1,4 +1,4 @@
-#include "gpudirect/gpu_check.h"
+#include "perf/gpu/gpu_check.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Builds gw-gpu-check standalone (cmake -S gpudirect: needs only cmake, ninja, a C++20 compiler
+# Builds gw-gpu-check standalone (cmake -S perf/gpu: needs only cmake, ninja, a C++20 compiler
 # and nvcc; fmt headers installed or under $GW_THIRD_PARTY_INCLUDE/fmt) and runs it: every
 # GPU-vs-CPU codec comparison, then the throughput table (GB/s of f32 input, 1 MiB .. 1 GiB,
 # median of 20). Prints PASS or FAIL last; exits with gw-gpu-check's status (0 pass, 1 fail,
-# 3 no GPU). Usage, from the repository root: bash gpudirect/run_gpu_check.sh [gw-gpu-check args]
+# 3 no GPU). Usage, from the repository root: bash perf/gpu/run_gpu_check.sh [gw-gpu-check args]
 # With --allreduce instead: builds and runs gw-gpu-allreduce-check (gw_allreduce_compressed on GPU
 # memory against host memory, 2, 3 and then 4 ranks forked on the one GPU).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
 mkdir -p "$(dirname "$build")"
-args=(-S "$root/gpudirect" -B "$build" -DCMAKE_BUILD_TYPE=Release)
+args=(-S "$root/perf/gpu" -B "$build" -DCMAKE_BUILD_TYPE=Release)
 if command -v ninja >/dev/null; then args+=(-G Ninja); fi
 if [[ -n "${GW_THIRD_PARTY_INCLUDE:-}" ]]; then
   args+=("-DGW_THIRD_PARTY_INCLUDE=$GW_THIRD_PARTY_INCLUDE")

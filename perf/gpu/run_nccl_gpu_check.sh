@@ -6,7 +6,7 @@
 # defaults (auto thread policy: 1 I/O thread per comm on 8+ CPU hosts) and at 4 I/O threads x 4
 # sockets (GW_SOCKET_NTHREADS=4 GW_SOCKET_NSOCKS=4).
 #
-# usage: plugin/run_nccl_gpu_check.sh [PLUGIN_SO]
+# usage: perf/gpu/run_nccl_gpu_check.sh [PLUGIN_SO]
 #   PLUGIN_SO  an already built libnccl-net-gradwire.so; without it the plugin is built
 #              standalone (cmake -S plugin) into build/plugin-gpu, which needs only a C++20
 #              compiler, cmake, and the fmt + spdlog headers (installed, or a directory holding
@@ -19,7 +19,7 @@
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
+root=$(cd "$here/../.." && pwd)
 peers=${PEERS:-/work/shared/peers}
 nps=${NPS:-2 4}
 sizes=${SIZES:-67108864 268435456}

@@ -1,7 +1,7 @@
 // gw-gpu-check: runs every GPU-vs-CPU codec comparison of gpu_check.h, then the throughput
 // bench, and prints a table. Exit status: 0 all checks passed, 1 a mismatch or a CUDA error,
 // 2 usage, 3 no GPU (nothing was checked). No gtest, no CLI11: it builds on a GPU host that has
-// only a compiler, cmake and nvcc (cmake -S gpudirect).
+// only a compiler, cmake and nvcc (cmake -S perf/gpu).
 //
 //   gw-gpu-check [--quick] [--no-bench] [--max-mib N] [--reps N]
 #include <cstdio>
@@ -12,8 +12,8 @@
 #include "collectives/compress/codec_kernels.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/fatbin.h"
-#include "gpudirect/gpu_check.h"
 #include "gpudirect/gpu_codecs.h"
+#include "perf/gpu/gpu_check.h"
 
 namespace {
 
