@@ -78,5 +78,8 @@ void register_or_log(gw::net::Backend backend) {
   add_library(gw_backends OBJECT ${CMAKE_BINARY_DIR}/generated/gw_backends.cc)
   target_link_libraries(gw_backends PUBLIC gw_core ${targets})
   list(JOIN built_names ", " shown)
+  if(NOT shown)
+    set(shown "none")
+  endif()
   message(STATUS "gradwire: backends outside gw_core built: ${shown}")
 endfunction()
