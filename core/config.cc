@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -81,7 +82,20 @@ std::string value_or_default(Key key) {
   return v ? *v : std::string(row(key).default_value);
 }
 
+// Zero-initialised (no constructor runs), so completions may be installed from other
+// translation units' static initialisers in any order.
+std::atomic<HelpCompletion> g_help_completion[static_cast<size_t>(Key::kCount)];
+
 }  // namespace
+
+void set_help_completion(Key key, HelpCompletion completion) {
+  g_help_completion[static_cast<size_t>(key)].store(completion);
+}
+
+std::string help(const Row& r) {
+  HelpCompletion completion = g_help_completion[static_cast<size_t>(r.key)].load();
+  return completion != nullptr ? fmt::format("{}: {}", r.help, completion()) : r.help;
+}
 
 const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
@@ -179,7 +193,8 @@ std::string dump(bool as_toml) {
     out += "# gradwire configuration (current values; environment overrides these keys)\n";
     for (const Row& r : table()) {
       std::string v = value_or_default(r.key);
-      out += fmt::format("# {} ({}, default \"{}\")\n", r.help, type_name(r.type), r.default_value);
+      out +=
+          fmt::format("# {} ({}, default \"{}\")\n", help(r), type_name(r.type), r.default_value);
       if (r.type == Type::String || r.type == Type::Size) {
         out += fmt::format("{} = \"{}\"\n", toml_key(r), v);
       } else {
@@ -196,7 +211,7 @@ std::string dump(bool as_toml) {
     std::string name = r.name;
     if (r.alias[0] != '\0') name += fmt::format(" ({})", r.alias);
     out += fmt::format("{:<22} {:<7} {:<10} {:<14} {}\n", name, type_name(r.type),
-                       r.default_value[0] ? r.default_value : "\"\"", shown, r.help);
+                       r.default_value[0] ? r.default_value : "\"\"", shown, help(r));
   }
   return out;
 }

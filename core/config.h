@@ -54,6 +54,15 @@ Status validate();
 // "GW_TIMEOUT_MS" -> "timeout_ms": the key of the daemon's TOML config.
 std::string toml_key(const Row& row);
 
+// A row whose help names a list known only at run time (GW_TRANSPORT's backends, which the
+// backend registry holds) has it completed by its owner: `completion` returns the text printed
+// after the row's own help. Install it during static initialisation or before printing.
+using HelpCompletion = std::string (*)();
+void set_help_completion(Key key, HelpCompletion completion);
+
+// The row's help with its completion, if any: what dump() prints.
+std::string help(const Row& row);
+
 // Human-readable table (name, type, default, current value, help) or TOML with comments.
 std::string dump(bool as_toml);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/net/backend_registry.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"
 
@@ -488,10 +489,7 @@ Status validate(const CollConfig& c) {
   if (c.root < 0 || (c.np > 0 && c.root >= c.np)) {
     return invalid_arg("--root {} is not a rank of a {}-rank job", c.root, c.np);
   }
-  if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm" &&
-      c.transport != "dpdk") {
-    return invalid_arg("--transport {}: use auto, tcp, shm or dpdk", c.transport);
-  }
+  GW_RETURN_IF_ERROR(net::check_backend_name(c.transport, "--transport"));
   if (c.transport == "dpdk" && c.np > 0) {
     // DPDK owns a port per process (EAL and port are process-wide): forked ranks on one host
     // would all open the port GW_DPDK_EAL_ARGS names.

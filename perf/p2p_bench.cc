@@ -1,5 +1,6 @@
 #include "perf/p2p_bench.h"
 
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -18,12 +19,10 @@
 
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "perf/rank_launcher.h"
-#ifdef GW_HAVE_DPDK
-#include "dpdk/dpdk_transport.h"
-#endif
 
 namespace gw::perf {
 
@@ -130,9 +129,8 @@ class P2pRank {
   // parent process, so concurrent runs do not meet), with its own MAC and IPv4 address. The
   // parent never starts DPDK, so each rank initialises its own EAL after the fork.
   Result<std::unique_ptr<net::Transport>> make_rank_transport(const net::TransportOptions& opts) {
-    if (c_.transport != "dpdk") return net::make_transport(c_.transport, opts);
-#ifdef GW_HAVE_DPDK
-    if (setup_.store == nullptr && config::get_string(config::Key::kDpdkEalArgs).empty()) {
+    if (c_.transport == "dpdk" && setup_.store == nullptr &&
+        config::get_string(config::Key::kDpdkEalArgs).empty()) {
       const std::string eal = fmt::format(
           "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error "
           "--vdev net_memif0,role={},id=0,socket=/gradwire-perf-{}.sock,mac=02:67:77:00:00:0{}",
@@ -142,10 +140,7 @@ class P2pRank {
         setenv("GW_DPDK_IP", fmt::format("10.67.0.{}", rank_ + 1).c_str(), 1);
       }
     }
-    return dpdk::make_dpdk_transport(opts);
-#else
-    return unsupported("p2p --transport dpdk: this build has no DPDK backend (GW_WITH_DPDK off)");
-#endif
+    return net::make_transport(c_.transport, opts);
   }
 
   Status connect_pair() {
@@ -560,8 +555,9 @@ int p2p_adaptive_iters(uint64_t bytes) {
 }
 
 Status validate(const P2pConfig& c) {
-  if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk") {
-    return invalid_arg("p2p --transport {}: use tcp, shm or dpdk", c.transport);
+  const std::vector<std::string> names = net::backend_names();
+  if (std::find(names.begin(), names.end(), c.transport) == names.end()) {
+    return invalid_arg("p2p --transport {}: use one of {}", c.transport, fmt::join(names, ", "));
   }
   if (c.np != 0 && c.np != 2) {
     return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);

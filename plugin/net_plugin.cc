@@ -16,6 +16,8 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/auto_backend.h"
+#include "core/net/backend_registry.h"
 
 namespace gw::plugin {
 
@@ -97,12 +99,6 @@ uint64_t guid_of(const std::string& ifname) {
   return guid;
 }
 
-bool has_rdma_devices() {
-  std::error_code ec;
-  fs::directory_iterator it("/sys/class/infiniband", ec);
-  return !ec && it != fs::directory_iterator();
-}
-
 std::string job_token() {
   std::string token = config::get_string(config::Key::kJobToken);
   return token.empty() ? kDefaultJobToken : token;
@@ -164,8 +160,10 @@ Result<SocketPolicy> socket_policy() {
   return p;
 }
 
-// The one place the backend is chosen. "auto" prefers verbs when the host has RDMA devices and
-// the build has the verbs backend, and falls back to tcp otherwise.
+// The one place the plugin's backend is chosen. GW_PLUGIN_BACKEND names a backend that auto may
+// pick across hosts (NCCL handles ranks on one host itself), or "auto": the registry's one rule
+// (core/net/auto_backend.h) for a peer on another host, trying the next backend when one turns
+// out unsupported when it opens.
 Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requested,
                                                      std::string* chosen,
                                                      std::string* thread_policy = nullptr) {
@@ -185,29 +183,35 @@ Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requeste
     return invalid_arg("GW_TIMEOUT_MS={} must be a positive number of milliseconds",
                        options.timeout_ms);
   }
-  std::string name = requested;
-  if (name == "auto") {
-    if (has_rdma_devices()) {
-      auto verbs = net::make_transport("verbs", options);
-      if (verbs.ok()) {
-        *chosen = "verbs";
-        return verbs;
-      }
-      GWP_INFO(NCCL_INIT | NCCL_NET,
-               "NET/gradwire: RDMA devices present but verbs unavailable ({}); using tcp",
-               verbs.status().to_string());
+  if (requested != "auto") {
+    auto backend = net::find_backend(requested);
+    if (!backend.ok() || !backend->auto_across_hosts) {
+      return invalid_arg(
+          "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use {}; NCCL handles "
+          "ranks on one host itself)",
+          requested, net::describe_cross_host_backends());
     }
-    name = "tcp";
-  } else if (name != "tcp" && name != "verbs") {
-    return invalid_arg(
-        "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use auto, tcp or verbs; "
-        "NCCL handles ranks on one host itself)",
-        requested);
+    auto t = net::make_transport(requested, options);
+    if (!t.ok()) return t.status().with_context(fmt::format("opening the {} backend", requested));
+    *chosen = requested;
+    return t;
   }
-  auto t = net::make_transport(name, options);
-  if (!t.ok()) return t.status().with_context(fmt::format("opening the {} backend", name));
-  *chosen = name;
-  return t;
+  std::vector<std::string> failed;
+  while (true) {
+    GW_ASSIGN_OR_RETURN(net::AutoChoice choice, net::choose_auto_backend(false, failed));
+    GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", choice.reason);
+    auto t = net::make_transport(choice.name, options);
+    if (t.ok()) {
+      *chosen = choice.name;
+      return t;
+    }
+    if (t.status().code() != Code::kUnsupported) {
+      return t.status().with_context(fmt::format("opening the {} backend", choice.name));
+    }
+    GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {} unavailable ({}); auto chooses again",
+             choice.name, t.status().to_string());
+    failed.push_back(choice.name);
+  }
 }
 
 int max_comms_for(int sockets_per_conn) {

@@ -661,4 +661,14 @@ Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& op
   return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(opts, cfg));
 }
 
+Backend shm_backend() {
+  Backend b;
+  b.name = "shm";
+  b.summary = "shared memory, ranks on one host";
+  b.factory = &make_shm_transport;
+  b.auto_priority = 20;
+  b.auto_within_host = true;
+  return b;
+}
+
 }  // namespace gw::net

@@ -1231,4 +1231,15 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options, cfg, iface));
 }
 
+Backend tcp_backend() {
+  Backend b;
+  b.name = "tcp";
+  b.summary = "TCP sockets";
+  b.factory = &make_tcp_transport;
+  b.auto_priority = 10;  // below shm within a host
+  b.auto_within_host = true;
+  b.auto_across_hosts = true;
+  return b;
+}
+
 }  // namespace gw::net

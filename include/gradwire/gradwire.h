@@ -73,7 +73,10 @@ typedef struct {
   int world_size;         /* required: >= 1 */
   const char* store_addr; /* "host:port" of the rendezvous store; rank 0 hosts it there.
                              NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
-  const char* transport;  /* "auto", "tcp", "shm", "dpdk"; NULL: GW_TRANSPORT (default auto) */
+  const char* transport;  /* "auto" or a backend: "tcp", "shm", "dpdk", "verbs"; one this build
+                             lacks fails with GW_ERR_UNSUPPORTED when a peer needs it
+                             (gradwire-perf --dump-config says which are built). NULL:
+                             GW_TRANSPORT (default auto) */
   int timeout_ms;         /* deadline of every wait; 0: GW_TIMEOUT_MS */
   const char* job_token;  /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
 } gw_config_t;
