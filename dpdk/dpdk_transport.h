@@ -21,7 +21,7 @@ Result<std::unique_ptr<net::Transport>> make_dpdk_transport(const net::Transport
 std::unique_ptr<net::Transport> make_engine_transport(std::shared_ptr<Engine> engine,
                                                       const net::TransportOptions& options);
 
-// Engine settings from the config table (GW_DPDK_*), for a port with this MAC.
+// Engine settings from the configuration (dpdk/dpdk_config.h), for a port with this MAC.
 Result<EngineConfig> engine_config_from_table(const MacAddr& mac);
 
 // The process-wide engine over the DPDK port (created on first call).

@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/net/net_config.h"
 #include "core/net/shm_transport.h"
 #include "core/net/tcp_transport.h"
 #include "core/net/transport_registry.h"
@@ -25,6 +26,9 @@ Registry& registry() {
   static Registry* r = new Registry();  // never destroyed: usable from static destructors
   return *r;
 }
+
+// GW_TRANSPORT names the choice made here: linking the transports registers it.
+[[maybe_unused]] const config::RowSet& net_rows = net_config::rows();
 
 }  // namespace
 

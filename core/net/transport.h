@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config_snapshot.h"
 #include "core/status.h"
 
 namespace gw::net {
@@ -132,6 +133,8 @@ struct TransportOptions {
   // connection (0 = tcp's own rule). The Communicator leaves both 0; the NCCL plugin sets them.
   int socket_threads = 0;
   int socket_nsocks = 0;
+  // The configuration the backend reads its rows from; empty: captured when it is made.
+  config::Snapshot config;
 };
 
 class Transport {
@@ -142,7 +145,7 @@ class Transport {
   virtual Result<std::unique_ptr<Connector>> connect(const Handle& handle) = 0;
 };
 
-// "tcp" or "shm" (later "dpdk", "verbs"). Tunables come from the config table.
+// "tcp" or "shm" (later "dpdk", "verbs"). Tunables come from options.config (its rows).
 Result<std::unique_ptr<Transport>> make_transport(const std::string& name,
                                                   const TransportOptions& options);
 
