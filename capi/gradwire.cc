@@ -23,7 +23,9 @@
 #include "core/bootstrap.h"
 #include "core/bootstrap_env.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
+#include "core/net/net_config.h"
 #include "core/store.h"
 #include "core/store_socket.h"
 
@@ -182,13 +184,13 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
     if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());
   }
   int64_t timeout_ms =
-      cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::config::Key::kTimeoutMs);
+      cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::core_config::kTimeoutMs);
   if (timeout_ms <= 0) return gw::invalid_arg("GW_TIMEOUT_MS {} must be positive", timeout_ms);
   std::string token = cfg.job_token != nullptr ? std::string(cfg.job_token)
-                                               : gw::config::get_string(gw::config::Key::kJobToken);
+                                               : gw::config::get_string(gw::core_config::kJobToken);
   std::string transport = cfg.transport != nullptr
                               ? std::string(cfg.transport)
-                              : gw::config::get_string(gw::config::Key::kTransport);
+                              : gw::config::get_string(gw::net::net_config::kTransport);
   if (transport.empty()) return gw::invalid_arg("config.transport is empty");
 
   gw::log::set_rank(rank);
@@ -548,6 +550,19 @@ GW_EXPORT gw_status_t gw_test(gw_request_t request, int* done) {
     *done = 1;
     retire(request, *rs);
     return s;
+  });
+}
+
+GW_EXPORT gw_status_t gw_config_set(const char* name, const char* value) {
+  return guarded("gw_config_set", [&]() -> Status {
+    if (name == nullptr) return gw::invalid_arg("argument name is NULL");
+    const gw::config::Row* row = gw::config::find(name);
+    if (row == nullptr) return gw::invalid_arg("unknown setting '{}'", name);
+    if (value == nullptr) {
+      gw::config::clear(*row);
+      return gw::ok_status();
+    }
+    return gw::config::set(*row, value);
   });
 }
 

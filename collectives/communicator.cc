@@ -17,12 +17,14 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/coll_config.h"
 #include "collectives/communicator_impl.h"
 #include "collectives/cost_model.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
 #include "core/net/auto_backend.h"
 #include "core/net/backend_registry.h"
@@ -194,6 +196,7 @@ class CommImpl : public Communicator {
 
   int rank_ = -1, world_ = 0;
   int64_t timeout_ms_ = 0;
+  config::Snapshot config_;       // read at init; handed to the transports
   std::unique_ptr<Store> store_;  // this communicator's prefix of the caller's store
   std::string token_;
   std::string mode_;  // auto, tcp, shm
@@ -251,21 +254,22 @@ Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal)
   }
   if (!o.store) return invalid_arg("communicator: a store is required");
   GW_RETURN_IF_ERROR(net::check_backend_name(o.transport, "communicator: transport"));
-  GW_RETURN_IF_ERROR(config::validate());
+  config_ = o.config.empty() ? config::Snapshot::capture() : o.config;
+  GW_RETURN_IF_ERROR(config_.validate());
   rank_ = o.rank;
   world_ = o.world_size;
   mode_ = o.transport;
-  timeout_ms_ = o.timeout_ms >= 0 ? o.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  timeout_ms_ = o.timeout_ms >= 0 ? o.timeout_ms : config_.get_int(core_config::kTimeoutMs);
   if (timeout_ms_ <= 0) return invalid_arg("communicator: timeout {} ms must be > 0", timeout_ms_);
   factory_ = internal.transport_factory;
   if (!factory_) factory_ = &net::make_transport;
-  GW_ASSIGN_OR_RETURN(forced_algo_, parse_algo(config::get_string(config::Key::kAlgo)));
-  const int64_t chunk_cfg = config::get_int(config::Key::kChunkSize);  // 0: per transport
+  GW_ASSIGN_OR_RETURN(forced_algo_, parse_algo(config_.get_string(coll::coll_config::kAlgo)));
+  const int64_t chunk_cfg = config_.get_int(coll::coll_config::kChunkSize);  // 0: per transport
   chunk_bytes_ =
       chunk_cfg > 0 ? static_cast<size_t>(std::max<int64_t>(4096, chunk_cfg)) : size_t{512} * 1024;
   nchannels_cfg_ = static_cast<int>(
-      std::clamp<int64_t>(config::get_int(config::Key::kNchannels), 0, kMaxChannels));
-  spin_us_ = std::max<int64_t>(0, config::get_int(config::Key::kSpinUs));
+      std::clamp<int64_t>(config_.get_int(coll::coll_config::kNchannels), 0, kMaxChannels));
+  spin_us_ = std::max<int64_t>(0, config_.get_int(coll::coll_config::kSpinUs));
 
   const Deadline deadline = deadline_after_ms(timeout_ms_);
   // Each rank counts the communicators it created on this store; ranks create them in the same
@@ -361,6 +365,7 @@ Result<net::Transport*> CommImpl::transport_for(int peer) {
   topts.timeout_ms = timeout_ms_;
   topts.host_id = host_id_;
   topts.rank = rank_;
+  topts.config = config_;
   auto t = factory_(name, topts);
   if (!t.ok() && mode_ == "auto" && t.status().code() == Code::kUnsupported) {
     // auto: a host without shared memory still works over loopback tcp.

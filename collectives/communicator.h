@@ -20,6 +20,7 @@
 #include <string>
 
 #include "collectives/types.h"
+#include "core/config_snapshot.h"
 #include "core/status.h"
 #include "core/store.h"
 
@@ -36,6 +37,7 @@ struct CommOptions {
   int64_t timeout_ms = -1;         // -1: GW_TIMEOUT_MS
   std::string job_token;           // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;             // "" : bootstrap host_identity()
+  config::Snapshot config;         // the settings it reads; empty: captured at creation
 };
 
 // Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until

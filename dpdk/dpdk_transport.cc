@@ -4,12 +4,12 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "dpdk/dpdk_config.h"
 #include "dpdk/dpdk_port.h"
 #include "dpdk/engine_transport.h"
 
 namespace gw::dpdk {
 
-using config::Key;
 
 Result<std::shared_ptr<Engine>> process_engine() {
   // EAL and the port are process-wide by nature; so is the engine that owns the port.
@@ -20,11 +20,11 @@ Result<std::shared_ptr<Engine>> process_engine() {
   if (engine) return engine;
   if (!failed.ok()) return failed;
   DpdkPortOptions po;
-  po.eal_args = config::get_string(Key::kDpdkEalArgs);
-  po.port = config::get_string(Key::kDpdkPort);
-  po.mtu = static_cast<size_t>(config::get_int(Key::kDpdkMtu));
-  po.nb_mbufs = static_cast<int>(config::get_int(Key::kDpdkNbMbufs));
-  po.zero_copy = config::get_string(Key::kDpdkZeroCopy);
+  po.eal_args = config::get_string(dpdk_config::kDpdkEalArgs);
+  po.port = config::get_string(dpdk_config::kDpdkPort);
+  po.mtu = static_cast<size_t>(config::get_int(dpdk_config::kDpdkMtu));
+  po.nb_mbufs = static_cast<int>(config::get_int(dpdk_config::kDpdkNbMbufs));
+  po.zero_copy = config::get_string(dpdk_config::kDpdkZeroCopy);
   auto port = open_dpdk_port(po);
   if (!port.ok()) {
     failed = port.status();

@@ -8,12 +8,12 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "dpdk/dpdk_config.h"
 
 namespace gw::dpdk {
 
 namespace {
 
-using config::Key;
 constexpr uint32_t kHandleMagic = 0x47574448;  // "GWDH"
 
 struct Req;  // requests are the engine's; the pointer is only passed through
@@ -270,7 +270,7 @@ Result<ConnectTarget> decode_handle(const net::Handle& handle) {
 Result<EngineConfig> engine_config_from_table(const MacAddr& mac) {
   GW_RETURN_IF_ERROR(config::validate());
   EngineConfig c;
-  const std::string ip = config::get_string(Key::kDpdkIp);
+  const std::string ip = config::get_string(dpdk_config::kDpdkIp);
   if (ip.empty()) {
     c.ip = (10u << 24) | (static_cast<uint32_t>(mac[3]) << 16) |
            (static_cast<uint32_t>(mac[4]) << 8) | mac[5];
@@ -281,32 +281,32 @@ Result<EngineConfig> engine_config_from_table(const MacAddr& mac) {
     }
     c.ip = ntohl(a.s_addr);
   }
-  const int64_t port = config::get_int(Key::kDpdkUdpPort);
+  const int64_t port = config::get_int(dpdk_config::kDpdkUdpPort);
   if (port <= 0 || port > 65535) return invalid_arg("GW_DPDK_UDP_PORT {} out of range", port);
   c.udp_port = static_cast<uint16_t>(port);
-  c.mtu = static_cast<size_t>(config::get_int(Key::kDpdkMtu));
-  c.window = static_cast<int>(config::get_int(Key::kDpdkWindow));
-  c.max_window = static_cast<int>(config::get_int(Key::kDpdkMaxWindow));
+  c.mtu = static_cast<size_t>(config::get_int(dpdk_config::kDpdkMtu));
+  c.window = static_cast<int>(config::get_int(dpdk_config::kDpdkWindow));
+  c.max_window = static_cast<int>(config::get_int(dpdk_config::kDpdkMaxWindow));
   if (c.max_window < 32 || c.max_window > 4000) {
     return invalid_arg("GW_DPDK_MAX_WINDOW {} out of range 32..4000", c.max_window);
   }
-  c.link_gbps = config::get_double(Key::kDpdkLinkGbps);
+  c.link_gbps = config::get_double(dpdk_config::kDpdkLinkGbps);
   if (!(c.link_gbps > 0)) return invalid_arg("GW_DPDK_LINK_GBPS must be > 0");
-  c.rto_min_us = config::get_int(Key::kDpdkRtoUs);
-  c.heartbeat_ms = config::get_int(Key::kDpdkHeartbeatMs);
-  c.peer_timeout_ms = config::get_int(Key::kDpdkPeerTimeoutMs);
-  c.burst = static_cast<int>(config::get_int(Key::kDpdkBurst));
-  c.progress_interval_us = config::get_int(Key::kDpdkProgressUs);
-  c.eager = config::get_bool(Key::kDpdkEager);
+  c.rto_min_us = config::get_int(dpdk_config::kDpdkRtoUs);
+  c.heartbeat_ms = config::get_int(dpdk_config::kDpdkHeartbeatMs);
+  c.peer_timeout_ms = config::get_int(dpdk_config::kDpdkPeerTimeoutMs);
+  c.burst = static_cast<int>(config::get_int(dpdk_config::kDpdkBurst));
+  c.progress_interval_us = config::get_int(dpdk_config::kDpdkProgressUs);
+  c.eager = config::get_bool(dpdk_config::kDpdkEager);
   if (c.rto_min_us <= 0 || c.heartbeat_ms <= 0 || c.peer_timeout_ms <= c.heartbeat_ms) {
     return invalid_arg(
         "GW_DPDK_RTO_US, GW_DPDK_HEARTBEAT_MS must be > 0 and "
         "GW_DPDK_PEER_TIMEOUT_MS > GW_DPDK_HEARTBEAT_MS");
   }
-  c.faults.loss = config::get_double(Key::kDpdkInjectLoss);
-  c.faults.reorder = config::get_double(Key::kDpdkInjectReorder);
-  c.faults.dup = config::get_double(Key::kDpdkInjectDup);
-  c.faults.seed = static_cast<uint64_t>(config::get_int(Key::kDpdkInjectSeed));
+  c.faults.loss = config::get_double(dpdk_config::kDpdkInjectLoss);
+  c.faults.reorder = config::get_double(dpdk_config::kDpdkInjectReorder);
+  c.faults.dup = config::get_double(dpdk_config::kDpdkInjectDup);
+  c.faults.seed = static_cast<uint64_t>(config::get_int(dpdk_config::kDpdkInjectSeed));
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include "collectives/compress/codec.h"
 #include "collectives/compress/codec_kernels.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"
 
@@ -290,7 +291,7 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
   ForkOptions fo;
   fo.nranks = c.np;
   const int64_t timeout =
-      c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+      c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
   fo.idle_timeout_ms = timeout + 600000;  // rows print from rank 0 directly, not as messages
   Status st = run_forked(
       fo, [&](int rank, int) { return codec_rank(c, codecs, rank, store); },

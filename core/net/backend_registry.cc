@@ -7,6 +7,7 @@
 
 #include "core/config.h"
 #include "core/net/auto_backend.h"
+#include "core/net/net_config.h"
 #include "core/net/shm_transport.h"
 #include "core/net/tcp_transport.h"
 
@@ -59,14 +60,8 @@ Status unknown_name(const std::string& name) {
 
 Status probe(const Backend& b) { return b.probe ? b.probe() : ok_status(); }
 
-// The help rows that list the backends are completed from the registry when they are printed.
-std::string transport_help() { return describe_backends(); }
-std::string plugin_backend_help() { return describe_cross_host_backends(); }
-[[maybe_unused]] const bool kHelpHooked = [] {
-  config::set_help_completion(config::Key::kTransport, &transport_help);
-  config::set_help_completion(config::Key::kPluginBackend, &plugin_backend_help);
-  return true;
-}();
+// GW_TRANSPORT names the choice made here: linking the registry registers the row.
+[[maybe_unused]] const config::RowSet& net_rows = net_config::rows();
 
 }  // namespace
 

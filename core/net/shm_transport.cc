@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
 #include "core/net/comm_adapter.h"
 #include "core/net/handshake.h"
 #include "core/net/request.h"
+#include "core/net/shm_config.h"
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
@@ -145,7 +147,7 @@ std::string encode_host_id(const std::string& id) {
 }
 
 std::string default_host_id() {
-  std::string id = config::get_string(config::Key::kHostId);
+  std::string id = config::get_string(core_config::kHostId);
   if (!id.empty()) return id;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -643,12 +645,13 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& options) {
-  using config::Key;
-  int64_t nslots = config::get_int(Key::kShmNslots);
+  const config::Snapshot settings =
+      options.config.empty() ? config::Snapshot::capture() : options.config;
+  int64_t nslots = settings.get_int(net::shm_config::kShmNslots);
   if (nslots < 2 || nslots > 4096) {
     return invalid_arg("GW_SHM_NSLOTS={} is out of range (2-4096)", nslots);
   }
-  int64_t slot_size = config::get_int(Key::kShmSlotSize);
+  int64_t slot_size = settings.get_int(net::shm_config::kShmSlotSize);
   if (slot_size < 4096 || slot_size > (int64_t{1} << 30)) {
     return invalid_arg("GW_SHM_SLOT_SIZE={} is out of range (4K-1G)", slot_size);
   }

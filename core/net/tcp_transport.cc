@@ -28,6 +28,7 @@
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
 #include "core/sys/time.h"
+#include "core/net/tcp_config.h"
 
 namespace gw::net {
 
@@ -1187,13 +1188,14 @@ class TcpTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options) {
-  using config::Key;
+  const config::Snapshot settings =
+      options.config.empty() ? config::Snapshot::capture() : options.config;
   TcpConfig cfg;
-  int64_t nsocks = config::get_int(Key::kSocketNsocks);
+  int64_t nsocks = settings.get_int(net::tcp_config::kSocketNsocks);
   if (nsocks < 0 || nsocks > 16) {
     return invalid_arg("GW_SOCKET_NSOCKS={} is out of range (0 = auto, 1-16)", nsocks);
   }
-  int64_t threads = config::get_int(Key::kSocketNthreads);
+  int64_t threads = settings.get_int(net::tcp_config::kSocketNthreads);
   if (threads < -1 || threads > 16) {
     return invalid_arg("GW_SOCKET_NTHREADS={} is out of range (-1 = none, 0 = auto, 1-16)",
                        threads);
@@ -1207,11 +1209,11 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   // keeps 0, the caller's thread; the NCCL plugin chooses from the host, plugin/net_plugin.cc).
   cfg.threads =
       threads > 0 ? static_cast<int>(threads) : (threads == 0 ? options.socket_threads : 0);
-  cfg.bufsize = config::get_int(Key::kSocketBufsize);
+  cfg.bufsize = settings.get_int(net::tcp_config::kSocketBufsize);
   if (cfg.bufsize < 0 || cfg.bufsize > (int64_t{1} << 30)) {
     return invalid_arg("GW_SOCKET_BUFSIZE={} is out of range (0-1G)", cfg.bufsize);
   }
-  int64_t chunk = config::get_int(Key::kSocketChunk);
+  int64_t chunk = settings.get_int(net::tcp_config::kSocketChunk);
   if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
     return invalid_arg("GW_SOCKET_CHUNK={} is out of range (4K-1G)", chunk);
   }
@@ -1219,7 +1221,7 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   GW_RETURN_IF_ERROR(handshake::check_options("tcp", options));
   GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
   GW_ASSIGN_OR_RETURN(Interface iface,
-                      select_interface(config::get_string(Key::kSocketIfname), all));
+                      select_interface(settings.get_string(net::tcp_config::kSocketIfname), all));
   // Auto: striping pays on links a single TCP stream cannot fill (>= 25 Gb/s). Elsewhere, and
   // over loopback or between ranks of one host, extra sockets only add wake-ups and cold copies
   // (2-core build machine, 4 ranks, 64 MiB: 1 socket 1.29 GB/s busbw, 4 sockets 1.13). NCCL's

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config_snapshot.h"
 #include "core/status.h"
 
 namespace gw::net {
@@ -133,6 +134,8 @@ struct TransportOptions {
   // connection (0 = tcp's own rule). The Communicator leaves both 0; the NCCL plugin sets them.
   int socket_threads = 0;
   int socket_nsocks = 0;
+  // The configuration the backend reads its rows from; empty: captured when it is made.
+  config::Snapshot config;
 };
 
 class Transport {
@@ -145,7 +148,8 @@ class Transport {
 
 // A transport of the registered backend `name` (not "auto": core/net/auto_backend.h resolves
 // that). kInvalidArg listing the registered names for an unknown name; kUnsupported with the
-// probe's reason for a backend this process cannot use. Tunables come from the config table.
+// probe's reason for a backend this process cannot use. Tunables come from options.config (its
+// rows).
 Result<std::unique_ptr<Transport>> make_transport(const std::string& name,
                                                   const TransportOptions& options);
 

@@ -81,6 +81,14 @@ typedef struct {
   const char* job_token;  /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
 } gw_config_t;
 
+/* Sets a setting at the API layer, the highest of the configuration's layers (defaults < the TOML
+ * file named by GW_CONFIG_FILE < environment < API; docs/configuration.md). name is the GW_*
+ * variable ("GW_ALGO") or its file key ("algo"); value is spelled as in the environment; NULL
+ * clears the API value. Process-wide; it applies to communicators created afterwards.
+ * GW_ERR_INVALID_ARG for an unknown name or a value that does not parse as the setting's type
+ * (nothing is changed then). Thread-safe. */
+gw_status_t gw_config_set(const char* name, const char* value);
+
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
  * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
  * GW_TIMEOUT_MS passes. On success *comm is set. */

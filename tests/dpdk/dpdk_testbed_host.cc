@@ -23,6 +23,7 @@
 
 #include "collectives/communicator.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "dpdk/dpdk_port.h"
@@ -320,7 +321,7 @@ void run_allreduce(std::shared_ptr<Store> store, int host, int n, size_t max_byt
 void run_kill(std::shared_ptr<Store> store, int host, int n) {
   auto comm = make_comm(store, host, n);
   std::vector<float> x(1 << 20);
-  const int64_t timeout_ms = config::get_int(config::Key::kTimeoutMs);
+  const int64_t timeout_ms = config::get_int(core_config::kTimeoutMs);
   for (int it = 0;; ++it) {
     if (host == n - 1 && it == 3) {
       std::printf("host %d: killing myself mid-run\n", host);

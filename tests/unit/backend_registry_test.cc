@@ -14,6 +14,8 @@
 
 #include "core/config.h"
 #include "core/net/auto_backend.h"
+#include "core/net/net_config.h"
+#include "plugin/plugin_config.h"
 #include "core/net/transport.h"
 
 namespace gw::net {
@@ -179,13 +181,13 @@ TEST(BackendRegistry, CHeaderNamesTheRegisteredBackends) {
 
 TEST(BackendRegistry, DumpConfigCompletesTheBackendRowsFromTheRegistry) {
   const std::string table = config::dump(false);
-  const std::string transport_help = config::help(config::row(config::Key::kTransport));
+  const std::string transport_help = config::help(net_config::kTransport);
   EXPECT_NE(table.find(transport_help), std::string::npos);
   EXPECT_NE(transport_help.find(describe_backends()), std::string::npos) << transport_help;
   for (const std::string& n : backend_names()) {
     EXPECT_NE(transport_help.find(n), std::string::npos) << n;
   }
-  const std::string plugin_help = config::help(config::row(config::Key::kPluginBackend));
+  const std::string plugin_help = config::help(plugin::plugin_config::kPluginBackend);
   EXPECT_NE(plugin_help.find("auto (across hosts: tcp), tcp"), std::string::npos) << plugin_help;
   EXPECT_EQ(plugin_help.find("shm"), std::string::npos) << plugin_help;
 }
