@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -102,6 +103,45 @@ gw_comm_t register_comm(std::shared_ptr<Session> session) {
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.comms.insert(h);
   return h;
+}
+
+// The fields gw_comm_init cannot do without: a config shorter than this is refused.
+constexpr size_t kConfigMinSize = offsetof(gw_config_t, world_size) + sizeof(int);
+
+// The caller's config as this library's gw_config_t: the fields that lie wholly within the
+// caller's config.size are copied, the rest (a caller built against an older header) keep the
+// defaults of GW_CONFIG_INIT. Only config.size bytes of the caller's memory are read.
+Result<gw_config_t> read_config(const gw_config_t* config) {
+  const size_t size = config->size;
+  if (size == 0) {
+    return gw::invalid_arg("config.size is 0: initialise the config with GW_CONFIG_INIT");
+  }
+  if (size < kConfigMinSize) {
+    return gw::invalid_arg(
+        "config.size {} is too small: gw_comm_init needs at least {} bytes (up to world_size); "
+        "initialise the config with GW_CONFIG_INIT",
+        size, kConfigMinSize);
+  }
+  if (size > sizeof(gw_config_t)) {
+    return gw::unsupported(
+        "config.size {} is larger than this library's gw_config_t ({} bytes, gradwire {}): the "
+        "program was built against a newer gradwire.h and its newer fields would be ignored",
+        size, sizeof(gw_config_t), GW_VERSION_STRING);
+  }
+  gw_config_t cfg = GW_CONFIG_INIT;
+  auto has = [size](size_t offset, size_t bytes) { return offset + bytes <= size; };
+#define GW_TAKE_FIELD(f) \
+  if (has(offsetof(gw_config_t, f), sizeof(cfg.f))) cfg.f = config->f
+  GW_TAKE_FIELD(rank);
+  GW_TAKE_FIELD(world_size);
+  GW_TAKE_FIELD(store_addr);
+  GW_TAKE_FIELD(transport);
+  GW_TAKE_FIELD(timeout_ms);
+  GW_TAKE_FIELD(job_token);
+#undef GW_TAKE_FIELD
+  static_assert(sizeof(gw_config_t) == offsetof(gw_config_t, job_token) + sizeof(const char*),
+                "a field was added to gw_config_t: take it in read_config");
+  return cfg;
 }
 
 // The configuration resolved against the launcher and the environment, and checked.
@@ -257,8 +297,7 @@ Result<std::shared_ptr<Session>> usable(gw_comm_t comm) {
 
 GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
   return guarded("gw_comm_init_from_env", [&] {
-    gw_config_t cfg;
-    std::memset(&cfg, 0, sizeof(cfg));
+    const gw_config_t cfg = GW_CONFIG_INIT;
     return init(comm, cfg);
   });
 }
@@ -266,7 +305,8 @@ GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
 GW_EXPORT gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config) {
   return guarded("gw_comm_init", [&] {
     if (config == nullptr) return gw::invalid_arg("argument config is NULL");
-    return init(comm, *config);
+    GW_ASSIGN_OR_RETURN(gw_config_t cfg, read_config(config));
+    return init(comm, cfg);
   });
 }
 

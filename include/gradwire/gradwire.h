@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define GW_VERSION_MAJOR 0
-#define GW_VERSION_MINOR 1
+#define GW_VERSION_MINOR 2
 #define GW_VERSION_PATCH 0
 
 typedef enum {
@@ -65,12 +65,26 @@ typedef enum {
 typedef struct gw_comm* gw_comm_t;
 typedef struct gw_request* gw_request_t;
 
-/* Explicit configuration for gw_comm_init. Zero-initialise it, then set what you need; a field
- * left 0/NULL takes its value from the environment (GW_* variables, then torchrun/Open MPI/Slurm)
- * or its default. */
+/* Explicit configuration for gw_comm_init. Initialise it with GW_CONFIG_INIT, then set what you
+ * need; a field left 0/NULL takes its value from the environment (GW_* variables, then
+ * torchrun/Open MPI/Slurm) or its default:
+ *
+ *   gw_config_t cfg = GW_CONFIG_INIT;
+ *   cfg.rank = r;
+ *   cfg.world_size = n;
+ *
+ * size is the size of the struct the caller was compiled with (sizeof(gw_config_t), set by
+ * GW_CONFIG_INIT). It lets later versions add fields at the end without breaking programs built
+ * against this header: the library reads only the first `size` bytes and gives every field beyond
+ * them its default. gw_comm_init refuses (GW_ERR_INVALID_ARG) a size of 0 or one that does not
+ * reach world_size, and refuses (GW_ERR_UNSUPPORTED) a size larger than the library's own
+ * gw_config_t (a program built against a newer header than the library: the fields the library
+ * does not know would be ignored). New fields are only ever appended. */
 typedef struct {
-  int rank;               /* required: 0 <= rank < world_size */
-  int world_size;         /* required: >= 1 */
+  size_t size;            /* sizeof(gw_config_t) (GW_CONFIG_INIT sets it) */
+  int rank;               /* 0 <= rank < world_size */
+  int world_size;         /* >= 1; 0: rank, size and store address from the launcher (then rank
+                             must be 0) */
   const char* store_addr; /* "host:port" of the rendezvous store; rank 0 hosts it there.
                              NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
   const char* transport;  /* "auto", "tcp", "shm", "dpdk"; NULL: GW_TRANSPORT (default auto) */
@@ -78,12 +92,16 @@ typedef struct {
   const char* job_token;  /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
 } gw_config_t;
 
+/* The defaults of every field, with size set: `gw_config_t cfg = GW_CONFIG_INIT;` */
+#define GW_CONFIG_INIT {sizeof(gw_config_t), 0, 0, NULL, NULL, 0, NULL}
+
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
  * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
  * GW_TIMEOUT_MS passes. On success *comm is set. */
 gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
 
-/* Same, with explicit configuration (see gw_config_t). config must not be NULL. */
+/* Same, with explicit configuration (see gw_config_t). config must not be NULL and config->size
+ * must be set (GW_CONFIG_INIT). */
 gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config);
 
 /* Frees the communicator. Not collective; waits (bounded) for its pending operations. After this
@@ -149,7 +167,8 @@ const char* gw_status_string(gw_status_t status);
  * call on this thread. Never NULL. */
 const char* gw_last_error(void);
 
-/* "0.1.0". Never NULL. */
+/* "MAJOR.MINOR.PATCH" of the library, e.g. "0.2.0" (compare GW_VERSION_* of the header the
+ * program was built with). Never NULL. */
 const char* gw_version(void);
 
 /* ---- Gradient compression (collectives/compress.h, docs/compression.md) ----------------------

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -119,7 +120,7 @@ TEST(CapiTest, NullAndForeignHandles) {
 
 TEST(CapiTest, InitRejectsBadConfiguration) {
   CleanEnv env;
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.world_size = 1;
   gw_comm_t sentinel = reinterpret_cast<gw_comm_t>(0x1234);
   gw_comm_t c = sentinel;
@@ -176,12 +177,91 @@ TEST(CapiTest, InitRejectsBadConfiguration) {
   EXPECT_EQ(c, sentinel);
 }
 
+// --- gw_config_t's size
+// ----------------------------------------------------------------------------
+
+TEST(CapiConfigTest, ConfigInitSetsSizeAndDefaults) {
+  CleanEnv env;
+  gw_config_t cfg = GW_CONFIG_INIT;
+  EXPECT_EQ(cfg.size, sizeof(gw_config_t));
+  EXPECT_EQ(cfg.rank, 0);
+  EXPECT_EQ(cfg.world_size, 0);
+  EXPECT_EQ(cfg.store_addr, nullptr);
+  EXPECT_EQ(cfg.transport, nullptr);
+  EXPECT_EQ(cfg.timeout_ms, 0);
+  EXPECT_EQ(cfg.job_token, nullptr);
+  cfg.world_size = 1;
+  gw_comm_t c = nullptr;
+  EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+  int size = 0;
+  EXPECT_GW(GW_OK, gw_comm_size(c, &size));
+  EXPECT_EQ(size, 1);
+  EXPECT_GW(GW_OK, gw_comm_destroy(c));
+}
+
+// A caller built against an older, shorter gw_config_t: the library reads only config.size bytes
+// and gives every field beyond them its default. The bytes past the caller's size hold values
+// that would fail (or differ) if they were read.
+TEST(CapiConfigTest, OlderShorterConfigGetsDefaultsForMissingFields) {
+  CleanEnv env;
+  const size_t ends[] = {
+      offsetof(gw_config_t, world_size) + sizeof(int),  // the least gw_comm_init needs
+      offsetof(gw_config_t, store_addr) + 4,            // a field cut in half is not read either
+      offsetof(gw_config_t, transport),
+      offsetof(gw_config_t, timeout_ms),
+      offsetof(gw_config_t, job_token),
+  };
+  for (size_t end : ends) {
+    gw_config_t cfg = GW_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    // Every field the caller's struct does not have holds something gw_comm_init would refuse.
+    cfg.store_addr = "not-an-address";
+    cfg.transport = "carrier-pigeon";
+    cfg.timeout_ms = -5;
+    cfg.job_token = "unread";
+    if (end > offsetof(gw_config_t, store_addr)) cfg.store_addr = nullptr;
+    if (end > offsetof(gw_config_t, transport)) cfg.transport = nullptr;
+    if (end > offsetof(gw_config_t, timeout_ms)) cfg.timeout_ms = 20000;
+    cfg.size = end;
+    gw_comm_t c = nullptr;
+    EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+    ASSERT_NE(c, nullptr) << "size " << end;
+    float x = 2;
+    EXPECT_GW(GW_OK, gw_allreduce(c, &x, &x, 1, GW_FLOAT32, GW_SUM));
+    EXPECT_GW(GW_OK, gw_comm_destroy(c));
+  }
+}
+
+TEST(CapiConfigTest, BadSizesAreRefused) {
+  CleanEnv env;
+  gw_comm_t sentinel = reinterpret_cast<gw_comm_t>(0x1234);
+  gw_comm_t c = sentinel;
+  gw_config_t zero{};  // zero-initialised without GW_CONFIG_INIT: size 0
+  zero.world_size = 1;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &zero));
+  EXPECT_NE(last().find("config.size"), std::string::npos) << last();
+  EXPECT_NE(last().find("GW_CONFIG_INIT"), std::string::npos) << last();
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.world_size = 1;
+  for (size_t small : {size_t{1}, sizeof(size_t), offsetof(gw_config_t, world_size) + 3}) {
+    cfg.size = small;
+    EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+    EXPECT_NE(last().find("too small"), std::string::npos) << last();
+  }
+  // Larger than this library's struct: built against a newer header whose fields would be lost.
+  cfg.size = sizeof(gw_config_t) + 8;
+  EXPECT_GW(GW_ERR_UNSUPPORTED, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("newer"), std::string::npos) << last();
+  EXPECT_EQ(c, sentinel);
+}
+
 // --- a world of one -----------------------------------------------------------------------------
 
 class SingleRankTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    gw_config_t cfg{};
+    gw_config_t cfg = GW_CONFIG_INIT;
     cfg.rank = 0;
     cfg.world_size = 1;
     cfg.timeout_ms = 20000;
@@ -402,7 +482,7 @@ struct RankResult {
 // broadcast from the last rank, barrier, destroy. Checks values itself.
 void run_rank(int rank, int world, const std::string& addr, const char* transport,
               RankResult* out) {
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = world;
   cfg.store_addr = addr.c_str();
@@ -504,7 +584,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
 
 TEST(CapiFailureTest, MissingRankEndsInAnErrorNotAHang) {
   CleanEnv env;
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   std::string addr = "127.0.0.1:" + std::to_string(free_port());
   cfg.rank = 0;
   cfg.world_size = 2;  // rank 1 never comes
@@ -526,7 +606,7 @@ TEST(CapiFailureTest, WrongJobTokenIsRefused) {
   gw_status_t s1 = GW_OK;
   std::string e1;
   std::thread r0([&] {
-    gw_config_t cfg{};
+    gw_config_t cfg = GW_CONFIG_INIT;
     cfg.rank = 0;
     cfg.world_size = 2;
     cfg.store_addr = addr.c_str();
@@ -537,7 +617,7 @@ TEST(CapiFailureTest, WrongJobTokenIsRefused) {
     if (s0 == GW_OK) gw_comm_destroy(c);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 1;
   cfg.world_size = 2;
   cfg.store_addr = addr.c_str();
