@@ -339,6 +339,24 @@ GW_EXPORT gw_status_t gw_comm_abort(gw_comm_t comm) {
   });
 }
 
+GW_EXPORT gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm) {
+  return guarded("gw_comm_split", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto session, usable(comm));
+    if (newcomm == nullptr) {
+      return gw::invalid_arg("argument newcomm (the output pointer) is NULL");
+    }
+    GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> child, session->split(color, key));
+    if (color < 0) {
+      if (child) return gw::internal_error("split with color {} returned a communicator", color);
+      *newcomm = nullptr;
+      return gw::ok_status();
+    }
+    if (!child) return gw::internal_error("split with color {} returned no communicator", color);
+    *newcomm = register_comm(std::move(child));
+    return gw::ok_status();
+  });
+}
+
 GW_EXPORT gw_status_t gw_comm_rank(gw_comm_t comm, int* rank) {
   return guarded("gw_comm_rank", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto session, lookup(comm));

@@ -6,7 +6,7 @@
  *   where one is involved, the peer rank.
  * - No C++ exception crosses this boundary.
  * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, alltoall, barrier,
- *   iallreduce) must be made by every rank of the communicator, in the same order, with matching
+ *   iallreduce, comm_split) must be made by every rank of the communicator, in the same order, with matching
  *   count, dtype, op and root. Arguments that disagree are reported as errors, not hangs.
  * - Collective calls block the calling thread until the operation completes locally, and at most
  *   GW_TIMEOUT_MS milliseconds (default 300000): a rank that died or stopped calling makes the
@@ -104,14 +104,26 @@ gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
  * must be set (GW_CONFIG_INIT). */
 gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config);
 
-/* Frees the communicator. Not collective; waits (bounded) for its pending operations. After this
- * the handle is invalid; a later call with it is undefined unless the library can still detect it
- * (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
+/* Frees the communicator (one made by gw_comm_init* or gw_comm_split). Not collective; waits
+ * (bounded) for its pending operations. After this the handle is invalid; a later call with it is
+ * undefined unless the library can still detect it (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
 gw_status_t gw_comm_destroy(gw_comm_t comm);
 
 /* Aborts: every pending and later call on comm returns GW_ERR_ABORTED, promptly. Thread-safe,
  * never blocks, idempotent. The communicator must still be destroyed. */
 gw_status_t gw_comm_abort(gw_comm_t comm);
+
+/* Splits comm into sub-communicators. Collective over every rank of comm (each calls it, in the
+ * same order relative to the other collectives on comm). Ranks passing the same color >= 0 form
+ * one new communicator, ranked in it by key and then by their rank in comm, and *newcomm is set
+ * to it. A rank passing color < 0 joins none: *newcomm is set to NULL and the call returns GW_OK
+ * (like MPI_UNDEFINED). The new communicator has comm's transport, deadline and job token; it
+ * lives until gw_comm_destroy, is destroyed independently of comm (either may go first) and may
+ * be used beside comm from the same thread: collectives on each are matched among that
+ * communicator's ranks only. NULL comm or newcomm is
+ * GW_ERR_INVALID_ARG, an aborted comm GW_ERR_ABORTED; on failure *newcomm is untouched.
+ * Blocking. */
+gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm);
 
 /* Rank and size into *out. */
 gw_status_t gw_comm_rank(gw_comm_t comm, int* rank);

@@ -74,11 +74,29 @@ TEST(CapiTest, VersionAndStatusStrings) {
 TEST(CapiTest, LibraryExportsOnlyTheCApi) {
   void* lib = dlopen(GW_LIBGRADWIRE_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
-  for (const char* sym :
-       {"gw_comm_init", "gw_comm_init_from_env", "gw_comm_destroy", "gw_comm_abort", "gw_comm_rank",
-        "gw_comm_size", "gw_allreduce", "gw_broadcast", "gw_allgather", "gw_reduce_scatter",
-        "gw_alltoall", "gw_barrier", "gw_iallreduce", "gw_wait", "gw_test", "gw_status_string",
-        "gw_last_error", "gw_version"}) {
+  for (const char* sym : {"gw_comm_init",
+                          "gw_comm_init_from_env",
+                          "gw_comm_destroy",
+                          "gw_comm_abort",
+                          "gw_comm_rank",
+                          "gw_comm_size",
+                          "gw_allreduce",
+                          "gw_broadcast",
+                          "gw_allgather",
+                          "gw_reduce_scatter",
+                          "gw_alltoall",
+                          "gw_barrier",
+                          "gw_iallreduce",
+                          "gw_wait",
+                          "gw_test",
+                          "gw_status_string",
+                          "gw_last_error",
+                          "gw_version",
+                          "gw_comm_split",
+                          "gw_allreduce_compressed",
+                          "gw_comm_stats",
+                          "gw_comm_reset_stats",
+                          "gw_comm_release_compression"}) {
     EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
   }
   // Internals stay hidden: gw::code_name(gw::Code), gw::config::table().
@@ -97,6 +115,10 @@ TEST(CapiTest, NullAndForeignHandles) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_size(nullptr, &v));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(nullptr));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(nullptr));
+  gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(nullptr, 0, 0, &sub));
+  EXPECT_NE(last().find("gw_comm_split"), std::string::npos) << last();
+  EXPECT_EQ(sub, reinterpret_cast<gw_comm_t>(0x1234));
   EXPECT_GW(GW_OK, gw_comm_destroy(nullptr));
 
   // Something that was never a communicator is detected, not dereferenced.
@@ -108,6 +130,7 @@ TEST(CapiTest, NullAndForeignHandles) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(fake, &x, 1, GW_FLOAT32, 0));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(fake));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(fake));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(fake, 0, 0, &sub));
 
   auto fake_req = reinterpret_cast<gw_request_t>(junk);
   int done = 7;
@@ -430,6 +453,13 @@ TEST_F(SingleRankTest, BadArguments) {
   EXPECT_EQ(y[3], 4.0f);
 }
 
+TEST_F(SingleRankTest, SplitNeedsAnOutputPointer) {
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(comm_, 0, 0, nullptr));
+  EXPECT_NE(last().find("newcomm"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(comm_, -1, 0, nullptr));
+  EXPECT_GW(GW_OK, gw_barrier(comm_));  // nothing was started
+}
+
 TEST_F(SingleRankTest, CallsOnADestroyedComm) {
   gw_comm_t c = comm_;
   comm_ = nullptr;
@@ -441,6 +471,9 @@ TEST_F(SingleRankTest, CallsOnADestroyedComm) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(c, &v));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(c));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(c));
+  gw_comm_t sub = nullptr;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(c, 0, 0, &sub));
+  EXPECT_EQ(sub, nullptr);
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(c));  // double destroy
 }
 
@@ -458,6 +491,10 @@ TEST_F(SingleRankTest, CallsOnAnAbortedComm) {
   EXPECT_GW(GW_ERR_ABORTED, gw_barrier(comm_));
   EXPECT_GW(GW_ERR_ABORTED, gw_iallreduce(comm_, x, x, 2, GW_FLOAT32, GW_SUM, &req));
   EXPECT_EQ(req, nullptr);
+  gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
+  EXPECT_GW(GW_ERR_ABORTED, gw_comm_split(comm_, 0, 0, &sub));
+  EXPECT_GW(GW_ERR_ABORTED, gw_comm_split(comm_, -1, 0, &sub));
+  EXPECT_EQ(sub, reinterpret_cast<gw_comm_t>(0x1234));
   int r = -1;
   EXPECT_GW(GW_OK, gw_comm_rank(comm_, &r));  // getters still answer
   EXPECT_EQ(r, 0);
