@@ -19,6 +19,21 @@ class DirectRequest final : public SessionRequest {
   std::unique_ptr<coll::AsyncOp> op_;
 };
 
+// Communicator::split(color, key) where the Communicator has it. It is being added to
+// collectives/ beside this change; until then a split is kUnsupported. A template, so that the
+// branch not taken is never compiled.
+template <typename C>
+Result<std::unique_ptr<coll::Communicator>> split_communicator(C& comm, int color, int key) {
+  if constexpr (requires { comm.split(color, key); }) {
+    return comm.split(color, key);
+  } else {
+    (void)comm;
+    (void)color;
+    (void)key;
+    return unsupported("gw_comm_split: this build's Communicator cannot split yet");
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
@@ -138,9 +153,11 @@ Status DirectSession::release_compression() {
 }
 
 Result<std::unique_ptr<Session>> DirectSession::split(int color, int key) {
-  (void)color;
-  (void)key;
-  return unsupported("communicator split is not available in this build yet");
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<coll::Communicator> child,
+                      split_communicator(*comm_, color, key));
+  if (!child) return std::unique_ptr<Session>();  // color < 0: joins none
+  // The child shares the store: rank 0's server must outlive every communicator that uses it.
+  return std::unique_ptr<Session>(new DirectSession(store_, std::move(child)));
 }
 
 }  // namespace gw::capi
