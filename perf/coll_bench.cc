@@ -397,7 +397,7 @@ int run_forked_sweep(const CollConfig& c) {
   Status st = run_forked(
       fo,
       [&](int rank, int fd) {
-        gw_config_t cfg{};
+        gw_config_t cfg = GW_CONFIG_INIT;
         cfg.rank = rank;
         cfg.world_size = c.np;
         cfg.store_addr = store.c_str();
@@ -547,7 +547,7 @@ int run_collective(const CollConfig& config) {
   if (config.np > 0) return run_forked_sweep(config);
   // Rank, size and store from the launcher (world_size 0); the transport is passed explicitly
   // because gw_comm_init_from_env does not read GW_TRANSPORT (it would silently run "auto").
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.transport = config.transport.c_str();
   cfg.timeout_ms = static_cast<int>(config.timeout_ms);
   RankRun run(config, -1);

@@ -166,7 +166,7 @@ void memory_floor(float* g, float* residual, size_t n) {
 // iterations of the slowest rank's time, and speedup compares medians of the same run.
 int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs, int rank,
                const std::string& store) {
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = c.np;
   cfg.store_addr = store.c_str();

@@ -109,7 +109,7 @@ int run_rank(int rank, int np, const std::string& store) {
     std::fprintf(stderr, "rank %d: FAIL %s\n", rank, what.c_str());
     return 1;
   };
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = np;
   cfg.store_addr = store.c_str();
