@@ -23,11 +23,13 @@ send/recv, uneven splits, bitwise reductions and several tensors per call raise 
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import secrets
 import socket
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
@@ -43,8 +45,27 @@ __all__ = ["ProcessGroupGradwire", "comm_of", "run_async", "BACKEND_NAME"]
 BACKEND_NAME = "gradwire"
 
 
+def _unwrap(fut: torch.futures.Future) -> Any:
+    v = fut.value()
+    if isinstance(v, _Failed):
+        raise v.error
+    return v
+
+
+class _Failed:
+    """What the worker completes a future with when the operation raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class _Worker:
-    """One thread that runs a communicator's operations in submission order."""
+    """One thread that runs a communicator's operations in submission order.
+
+    A failure must reach C++ consumers (DDP's reducer) as a future error: torch.futures.Future's
+    set_exception only stores the exception as the future's value (C++ would read it as the
+    result), so the worker completes an inner future and hands out inner.then(_unwrap), whose
+    raising callback marks the outer future failed for Python and C++ alike."""
 
     def __init__(self, name: str) -> None:
         self._q: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
@@ -60,17 +81,29 @@ class _Worker:
             try:
                 value = fn()
             except BaseException as e:  # noqa: BLE001 (the future carries it to the waiter)
-                fut.set_exception(e)
-            else:
-                fut.set_result(value)
+                value = _Failed(e)
+            fut.set_result(value)
 
     def submit(self, fn: Callable[[], Any]) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        self._q.put((fn, fut))
-        return fut
+        inner: torch.futures.Future = torch.futures.Future()
+        outer = inner.then(_unwrap)
+        self._q.put((fn, inner))
+        return outer
 
     def stop(self) -> None:
         self._q.put(None)
+        self._t.join(timeout=10)
+
+
+_workers: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    # Ends the worker threads before the interpreter finalises; registered after gradwire.comm's
+    # handler, so it runs first and the communicators close with no thread inside them.
+    for w in list(_workers):
+        w.stop()
 
 
 def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
@@ -79,6 +112,7 @@ def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
     w = getattr(comm, "_torch_worker", None)
     if w is None:
         w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
+        _workers.add(w)
     return w.submit(fn)
 
 
