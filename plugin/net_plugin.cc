@@ -131,7 +131,7 @@ Result<std::optional<int>> nccl_socket_knob(const char* name) {
 // many-core GPU host: Socket hands a connection's socket I/O to helper threads
 // (NCCL_SOCKET_NTHREADS, documented default 1, so send and receive copies run on separate
 // threads beside the proxy; 2.28.9's code picks 0 for NICs other than AWS/GCP, see
-// /work/shared/reference/nccl_net.md) and its recommended 4x4 tuning runs 4 threads x 4
+// docs/nccl-plugin.md) and its recommended 4x4 tuning runs 4 threads x 4
 // sockets. So on hosts with 8+ online CPUs every comm gets one worker (the send and receive
 // copies of all connections spread over cores); on smaller hosts (the 2-core build machine)
 // extra threads only add wake-ups and fight the ranks for the cores, so I/O stays on the
