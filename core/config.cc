@@ -80,19 +80,25 @@ Result<int64_t> parse_size_i64(std::string_view v) {
 }
 
 Status check_text(const Row& r, std::string_view v) {
+  Status typed = ok_status();
   switch (r.type) {
     case Type::Int:
-      return parse_int(v).status();
+      typed = parse_int(v).status();
+      break;
     case Type::Bool:
-      return parse_bool(v).status();
+      typed = parse_bool(v).status();
+      break;
     case Type::Size:
-      return parse_size_i64(v).status();
+      typed = parse_size_i64(v).status();
+      break;
     case Type::Double:
-      return parse_double(v).status();
+      typed = parse_double(v).status();
+      break;
     case Type::String:
-      return ok_status();
+      break;
   }
-  return ok_status();
+  if (!typed.ok()) return typed;
+  return r.validator != nullptr ? r.validator(v) : ok_status();
 }
 
 // Whether a TOML value of `kind` may set a row of `type`: strings only for strings; sizes as an
@@ -183,8 +189,6 @@ std::shared_ptr<const ConfigFile> current_file() {
   reg.file_stat = exists ? st : (struct ::stat){};
   return file;
 }
-
-std::string value_text(const Row& r) { return resolve(r).text; }
 
 }  // namespace
 
@@ -298,29 +302,35 @@ Result<uint64_t> parse_size(std::string_view text) {
   return static_cast<uint64_t>(v * mult);
 }
 
+// An invalid value (wrong type or refused by the row's validator) reads as the default.
 int64_t as_int(const Row& r, const Value& v) {
+  const std::string_view text = v.valid ? std::string_view(v.text) : r.default_value;
   if (r.type == Type::Size) {
-    auto s = parse_size_i64(v.text);
+    auto s = parse_size_i64(text);
     return s.ok() ? *s : *parse_size_i64(r.default_value);
   }
-  auto i = parse_int(v.text);
+  auto i = parse_int(text);
   return i.ok() ? *i : *parse_int(r.default_value);
 }
 
 bool as_bool(const Row& r, const Value& v) {
-  auto b = parse_bool(v.text);
+  auto b = parse_bool(v.valid ? std::string_view(v.text) : r.default_value);
   return b.ok() ? *b : *parse_bool(r.default_value);
 }
 
 double as_double(const Row& r, const Value& v) {
-  auto d = parse_double(v.text);
+  auto d = parse_double(v.valid ? std::string_view(v.text) : r.default_value);
   return d.ok() ? *d : *parse_double(r.default_value);
+}
+
+std::string as_string(const Row& r, const Value& v) {
+  return v.valid ? v.text : std::string(r.default_value);
 }
 
 int64_t get_int(const Row& r) { return as_int(r, resolve(r)); }
 bool get_bool(const Row& r) { return as_bool(r, resolve(r)); }
 double get_double(const Row& r) { return as_double(r, resolve(r)); }
-std::string get_string(const Row& r) { return value_text(r); }
+std::string get_string(const Row& r) { return as_string(r, resolve(r)); }
 
 Status check(const Row& r, std::string_view text) { return check_text(r, text); }
 

@@ -44,6 +44,9 @@ struct Row {
   const char* default_value;
   const char* alias;  // second environment variable honoured when the first is unset ("" = none)
   const char* help;
+  // Checks a value's text beyond its type (allowed names, ranges); nullptr: the type is enough.
+  // Its message says what is allowed; validate() and set() prefix the variable and the value.
+  Status (*validator)(std::string_view text) = nullptr;
 };
 
 // Registers a component's rows (in the given order) for the file, validate(), dump() and
@@ -99,6 +102,7 @@ std::string get_string(const Row& row);
 int64_t as_int(const Row& row, const Value& v);
 bool as_bool(const Row& row, const Value& v);
 double as_double(const Row& row, const Value& v);
+std::string as_string(const Row& row, const Value& v);
 
 // The API layer: a value set here beats the environment and the file, process-wide, until
 // cleared. The value must parse as the row's type (else GW_ERR_INVALID_ARG, nothing set).

@@ -34,7 +34,7 @@ class Snapshot {
   int64_t get_int(const Row& row) const { return as_int(row, value(row)); }
   bool get_bool(const Row& row) const { return as_bool(row, value(row)); }
   double get_double(const Row& row) const { return as_double(row, value(row)); }
-  std::string get_string(const Row& row) const { return value(row).text; }
+  std::string get_string(const Row& row) const { return as_string(row, value(row)); }
   Source source(const Row& row) const { return value(row).source; }
 
   // A copy whose `row` has `text` at the API layer (this snapshot is unchanged). The text must

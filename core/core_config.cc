@@ -1,18 +1,52 @@
 #include "core/core_config.h"
 
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
 namespace gw::core_config {
 
 using config::Type;
+
+namespace {
+
+Status check_log_level(std::string_view text) {
+  std::string v(text);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* ok : {"trace", "debug", "info", "warn", "warning", "error", "off"}) {
+    if (v == ok) return ok_status();
+  }
+  return invalid_arg("unknown log level (trace, debug, info, warn, error or off, any case)");
+}
+
+// A deadline is now + timeout on a nanosecond clock: keep it far from overflowing (about 24
+// days, also what a C int in gw_config_t can carry).
+Status check_timeout(std::string_view text) {
+  const int64_t ms = std::strtoll(std::string(text).c_str(), nullptr, 10);
+  if (ms <= 0 || ms > std::numeric_limits<int32_t>::max()) {
+    return invalid_arg("timeout must be 1..{} ms", std::numeric_limits<int32_t>::max());
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 constinit const config::Row kConfigFile{
     "GW_CONFIG_FILE", Type::String, "", "",
     "TOML file of settings (key = name without GW_, lower case); the environment and the API "
     "override it"};
-constinit const config::Row kLogLevel{"GW_LOG_LEVEL", Type::String, "warn", "",
-                                      "log level: trace, debug, info, warn, error, off"};
+constinit const config::Row kLogLevel{
+    "GW_LOG_LEVEL",  Type::String, "warn", "", "log level: trace, debug, info, warn, error, off",
+    &check_log_level};
 constinit const config::Row kTimeoutMs{
-    "GW_TIMEOUT_MS", Type::Int, "300000", "",
-    "deadline in milliseconds for every wait: store calls, connection set-up, each collective"};
+    "GW_TIMEOUT_MS",
+    Type::Int,
+    "300000",
+    "",
+    "deadline in milliseconds for every wait: store calls, connection set-up, each collective",
+    &check_timeout};
 constinit const config::Row kRank{"GW_RANK", Type::Int, "-1", "",
                                   "this process's rank (else torchrun/Open MPI/Slurm vars)"};
 constinit const config::Row kWorldSize{"GW_WORLD_SIZE", Type::Int, "-1", "",

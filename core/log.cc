@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <cctype>
 #include <mutex>
 
 #include "core/config.h"
@@ -12,10 +13,12 @@ namespace gw::log {
 namespace {
 
 spdlog::level::level_enum level_from_config() {
+  // Case-insensitive (NCCL users write INFO). The row's validator refuses unknown names at
+  // start-up; get_string then yields the default, so errors are never silenced.
   std::string v = config::get_string(core_config::kLogLevel);
-  auto lvl = spdlog::level::from_str(v);  // unknown names map to off
-  if (v == "warning") lvl = spdlog::level::warn;
-  return lvl;
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "warning") v = "warn";
+  return spdlog::level::from_str(v);
 }
 
 std::shared_ptr<spdlog::logger> make_logger() {
@@ -36,9 +39,7 @@ std::shared_ptr<spdlog::logger>& instance() {
 
 spdlog::logger& get() { return *instance(); }
 
-void set_rank(int rank) {
-  get().set_pattern(fmt::format("[gradwire {} %P] %^%l%$ %v", rank));
-}
+void set_rank(int rank) { get().set_pattern(fmt::format("[gradwire {} %P] %^%l%$ %v", rank)); }
 
 void reload_level() { get().set_level(level_from_config()); }
 

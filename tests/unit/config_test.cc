@@ -542,5 +542,42 @@ TEST(LogTest, LevelFromEnvironment) {
   EXPECT_EQ(log::get().level(), spdlog::level::warn);
 }
 
+// NCCL users write NCCL_DEBUG=INFO; GW_LOG_LEVEL=INFO used to turn logging off, errors included.
+TEST(LogTest, LevelsAreCaseInsensitiveAndUnknownOnesAreAnErrorNotSilence) {
+  EnvGuard env;
+  env.set("GW_LOG_LEVEL", "INFO");
+  EXPECT_TRUE(config::validate().ok());
+  log::reload_level();
+  EXPECT_EQ(log::get().level(), spdlog::level::info);
+  env.set("GW_LOG_LEVEL", "Trace");
+  log::reload_level();
+  EXPECT_EQ(log::get().level(), spdlog::level::trace);
+  env.set("GW_LOG_LEVEL", "verbose");
+  Status s = config::validate();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("GW_LOG_LEVEL=verbose: unknown log level"), std::string::npos)
+      << s.message();
+  log::reload_level();
+  EXPECT_EQ(log::get().level(), spdlog::level::warn);  // the default, never off
+  EXPECT_FALSE(config::set(cc::kLogLevel, "loud").ok());
+  env.unset("GW_LOG_LEVEL");
+  log::reload_level();
+}
+
+// 9.2e12 ms used to pass and overflow the deadline (init then timed out at once).
+TEST(ConfigTest, TimeoutsThatWouldOverflowADeadlineAreRefused) {
+  EnvGuard env;
+  for (const char* bad : {"9300000000000", "2147483648", "0", "-5"}) {
+    env.set("GW_TIMEOUT_MS", bad);
+    Status s = config::validate();
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("timeout must be 1..2147483647 ms"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(config::get_int(cc::kTimeoutMs), 300000) << bad;
+  }
+  env.set("GW_TIMEOUT_MS", "2147483647");
+  EXPECT_TRUE(config::validate().ok());
+}
+
 }  // namespace
 }  // namespace gw
