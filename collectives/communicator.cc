@@ -28,6 +28,9 @@
 #if defined(GW_HAVE_DPDK)
 #include "dpdk/dpdk_transport.h"
 #endif
+#if defined(GW_HAVE_VERBS)
+#include "verbs/verbs_transport.h"
+#endif
 
 namespace gw::coll {
 namespace {
@@ -252,6 +255,9 @@ Result<std::unique_ptr<net::Transport>> default_transport(const std::string& nam
 #if defined(GW_HAVE_DPDK)
   if (name == "dpdk") return dpdk::make_dpdk_transport(options);
 #endif
+#if defined(GW_HAVE_VERBS)
+  if (name == "verbs") return verbs::make_verbs_transport(options);
+#endif
   return net::make_transport(name, options);
 }
 
@@ -262,8 +268,8 @@ Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal)
   }
   if (!o.store) return invalid_arg("communicator: a store is required");
   if (o.transport != "auto" && o.transport != "tcp" && o.transport != "shm" &&
-      o.transport != "dpdk") {
-    return invalid_arg("communicator: transport '{}': expected auto, tcp, shm or dpdk",
+      o.transport != "dpdk" && o.transport != "verbs") {
+    return invalid_arg("communicator: transport '{}': expected auto, tcp, shm, dpdk or verbs",
                        o.transport);
   }
   GW_RETURN_IF_ERROR(config::validate());

@@ -12,6 +12,10 @@ namespace gw::dpdk {
 Result<std::unique_ptr<net::Transport>> make_dpdk_transport(const net::TransportOptions& options)
     __attribute__((weak));
 }  // namespace gw::dpdk
+namespace gw::verbs {
+Result<std::unique_ptr<net::Transport>> make_verbs_transport(const net::TransportOptions& options)
+    __attribute__((weak));
+}  // namespace gw::verbs
 
 namespace gw::net {
 namespace {
@@ -57,6 +61,9 @@ Result<std::unique_ptr<Transport>> make_transport(const std::string& name,
   if (factory) return factory(options);
   if (name == "dpdk" && gw::dpdk::make_dpdk_transport != nullptr) {
     return gw::dpdk::make_dpdk_transport(options);
+  }
+  if (name == "verbs" && gw::verbs::make_verbs_transport != nullptr) {
+    return gw::verbs::make_verbs_transport(options);
   }
   if (name == "dpdk" || name == "verbs") {
     return unsupported(
