@@ -1299,6 +1299,21 @@ void force_qp_error(ibv_qp* qp) {
   nic.post_event(qp->context, ev);
 }
 
+void inject_drop_all(int count) {
+  Nic& nic = Nic::get();
+  std::lock_guard<std::mutex> lock(nic.mu);
+  for (auto& [qpn, q] : nic.qps) q->drop = count;
+}
+
+void force_error_all() {
+  std::vector<ibv_qp*> all;
+  {
+    std::lock_guard<std::mutex> lock(Nic::get().mu);
+    for (auto& [qpn, q] : Nic::get().qps) all.push_back(&q->qp);
+  }
+  for (ibv_qp* qp : all) force_qp_error(qp);
+}
+
 void set_dmabuf_supported(bool supported) {
   Nic& nic = Nic::get();
   std::lock_guard<std::mutex> lock(nic.mu);

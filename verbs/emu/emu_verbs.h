@@ -39,6 +39,9 @@ void inject_delay(ibv_qp* qp, int ms);
 // Moves `qp` to the error state as a fatal hardware error would: IBV_EVENT_QP_FATAL on the async
 // queue, outstanding work flushed.
 void force_qp_error(ibv_qp* qp);
+// The same on every QP of this process that exists now (for tests of code that owns its QPs).
+void inject_drop_all(int count);
+void force_error_all();
 // dma-buf registration support as the device reports it (default: GW_VERBS_EMU_DMABUF).
 void set_dmabuf_supported(bool supported);
 
