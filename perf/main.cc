@@ -134,8 +134,9 @@ int main(int argc, char** argv) {
       "ping-pong latency (ib_send_lat)");
   p2p_cmd
       ->add_option("--transport", p2p.transport,
-                   "tcp, shm or dpdk (forked: a net_memif pair unless GW_DPDK_EAL_ARGS is set; "
-                   "under a launcher: each host's GW_DPDK_EAL_ARGS and GW_DPDK_IP)")
+                   "tcp, shm, dpdk or verbs (dpdk forked: a net_memif pair unless "
+                   "GW_DPDK_EAL_ARGS is set; under a launcher: each host's GW_DPDK_EAL_ARGS and "
+                   "GW_DPDK_IP; verbs: GW_IB_HCA, or GW_VERBS_EMULATE=1 without RDMA hardware)")
       ->capture_default_str();
   add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
   add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");

@@ -24,6 +24,9 @@
 #ifdef GW_HAVE_DPDK
 #include "dpdk/dpdk_transport.h"
 #endif
+#ifdef GW_HAVE_VERBS
+#include "verbs/verbs_transport.h"
+#endif
 
 namespace gw::perf {
 
@@ -130,6 +133,10 @@ class P2pRank {
   // parent process, so concurrent runs do not meet), with its own MAC and IPv4 address. The
   // parent never starts DPDK, so each rank initialises its own EAL after the fork.
   Result<std::unique_ptr<net::Transport>> make_rank_transport(const net::TransportOptions& opts) {
+#ifdef GW_HAVE_VERBS
+    // Each forked rank opens its own device (the emulator's NIC, under GW_VERBS_EMULATE=1).
+    if (c_.transport == "verbs") return verbs::make_verbs_transport(opts);
+#endif
     if (c_.transport != "dpdk") return net::make_transport(c_.transport, opts);
 #ifdef GW_HAVE_DPDK
     if (setup_.store == nullptr && config::get_string(config::Key::kDpdkEalArgs).empty()) {
@@ -560,8 +567,9 @@ int p2p_adaptive_iters(uint64_t bytes) {
 }
 
 Status validate(const P2pConfig& c) {
-  if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk") {
-    return invalid_arg("p2p --transport {}: use tcp, shm or dpdk", c.transport);
+  if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk" &&
+      c.transport != "verbs") {
+    return invalid_arg("p2p --transport {}: use tcp, shm, dpdk or verbs", c.transport);
   }
   if (c.np != 0 && c.np != 2) {
     return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
