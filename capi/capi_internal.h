@@ -1,48 +1,49 @@
-// Internal to libgradwire.so: the state behind a gw_comm_t and the helpers every C entry point
-// uses (handle lookup, Status -> gw_status_t with the message kept for gw_last_error(), and the
-// exception barrier). capi/gradwire.cc defines them; other capi/*.cc files (compressed.cc) use
-// them so that every part of the C ABI reports errors and checks handles the same way.
+// Internal to libgradwire.so: what every C entry point uses: handle lookup, the argument checks
+// that hold whatever Session runs the call, Status -> gw_status_t with the message kept for
+// gw_last_error(), and the exception barrier. capi/gradwire.cc defines them; other capi/*.cc
+// files (compressed.cc) use them so that every part of the C ABI reports errors and checks
+// handles and arguments the same way.
 #pragma once
 
+#include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
 
-#include "collectives/communicator.h"
-#include "collectives/compress.h"
+#include "capi/session.h"
 #include "core/status.h"
-#include "core/store.h"
 #include "gradwire/gradwire.h"
 
 #define GW_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace gw::capi {
 
-struct DeviceCompression;  // compressed_device.h
-
-struct CommState {
-  std::unique_ptr<gw::coll::Communicator> comm;
-  std::shared_ptr<gw::Store> store;  // rank 0's TcpStore hosts the server: keep it alive
-  int rank = -1;
-  int size = -1;
-
-  // Compression: error-feedback residuals per tensor key and byte counters, created on the
-  // first compressed call and freed with the communicator (declared after comm, so destroyed
-  // before it).
-  std::mutex compress_mu;
-  std::unique_ptr<gw::coll::Compressor> compressor;
-  // GPU tensors' residuals and staging (compressed_device.h), created on the first GPU call.
-  std::shared_ptr<DeviceCompression> device_compression;
-};
-
 // Stores "call: message" for gw_last_error() on this thread and returns the matching code.
 gw_status_t fail(const char* call, const Status& s);
 
-// The state of a live handle, or kInvalidArg (NULL, destroyed, foreign).
-Result<std::shared_ptr<CommState>> lookup(gw_comm_t comm);
+// The Session of a live handle, or kInvalidArg (NULL, destroyed, foreign).
+Result<std::shared_ptr<Session>> lookup(gw_comm_t comm);
 // Same, and kAborted when the communicator was aborted.
-Result<std::shared_ptr<CommState>> usable(gw_comm_t comm);
+Result<std::shared_ptr<Session>> usable(gw_comm_t comm);
+
+// The raw bits of an enum argument. C callers may pass any int; loading such a value as the C++
+// enum type would be undefined, so the bytes are copied instead and validated as an int.
+template <typename E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+// kInvalidArg unless v is a gw_dtype_t / gw_op_t enumerator.
+Status check_dtype(int v);
+Status check_op(int v);
+// The bytes of count elements of dtype (checked), `blocks` times; kInvalidArg naming `arg` when
+// that overflows size_t.
+Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blocks = 1);
+// kInvalidArg when p is NULL with bytes to transfer.
+Status check_buffer(const char* name, const void* p, size_t bytes);
 
 // Runs an entry point's body: converts its Status, and every exception, to a gw_status_t.
 template <typename F>

@@ -1,14 +1,16 @@
-// The C ABI (include/gradwire/gradwire.h) over gw::coll::Communicator.
+// The C ABI (include/gradwire/gradwire.h) over a Session (capi/session.h).
 //
 // Every entry point validates its arguments before touching anything, converts Status to
 // gw_status_t (same numeric values) and keeps the message for gw_last_error(); no exception
 // leaves it. Handles are checked against a registry of live ones, so a destroyed or foreign
 // handle is reported instead of dereferenced (as long as its address has not been reused by a
-// newer handle).
+// newer handle). The checks that hold whatever runs the collectives (NULL pointers, dtype/op,
+// sizes, overlaps, root) are made here, once; the Session does the rest.
 #include "gradwire/gradwire.h"
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -18,13 +20,15 @@
 #include <unordered_set>
 
 #include "capi/capi_internal.h"
-#include "collectives/communicator.h"
+#include "capi/direct_session.h"
+#include "capi/session.h"
 #include "collectives/types.h"
 #include "core/bootstrap.h"
 #include "core/bootstrap_env.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
-#include "core/store.h"
+#include "core/net/net_config.h"
 #include "core/store_socket.h"
 
 #ifndef GW_VERSION_STRING
@@ -46,15 +50,15 @@ using namespace gw::capi;  // NOLINT: this file implements gw::capi
 
 struct gw_comm {
   uint64_t magic = kCommMagic;
-  std::shared_ptr<CommState> state;
+  std::shared_ptr<Session> session;
 };
 
 namespace {
 struct RequestState {
   std::mutex mu;  // one wait/test at a time per request
   bool finished = false;
-  std::unique_ptr<gw::coll::AsyncOp> op;
-  std::shared_ptr<CommState> comm;  // the communicator outlives its requests
+  std::shared_ptr<Session> session;  // declared before op: the session outlives its requests
+  std::unique_ptr<SessionRequest> op;
 };
 }  // namespace
 
@@ -78,48 +82,6 @@ Registry& registry() {
   return *r;
 }
 
-// The raw bits of an enum argument. C callers may pass any int; loading such a value as the C++
-// enum type would be undefined, so the bytes are copied instead and validated as an int.
-template <typename E>
-int raw_enum(const E& e) {
-  static_assert(sizeof(E) == sizeof(int));
-  int v;
-  std::memcpy(&v, &e, sizeof(v));
-  return v;
-}
-
-Status check_dtype(int v) {
-  if (!gw::coll::valid_dtype(v)) {
-    return gw::invalid_arg("argument dtype: unknown gw_dtype_t value {}", v);
-  }
-  return gw::ok_status();
-}
-
-Status check_op(int v) {
-  if (!gw::coll::valid_op(v)) return gw::invalid_arg("argument op: unknown gw_op_t value {}", v);
-  return gw::ok_status();
-}
-
-// count elements of dtype, `blocks` times, must fit in size_t bytes.
-Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blocks = 1) {
-  size_t elem = gw::coll::dtype_size(static_cast<gw::coll::DataType>(dtype));
-  size_t elems = 0;
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(count, blocks, &elems) ||
-      __builtin_mul_overflow(elems, elem, &bytes)) {
-    return gw::invalid_arg("argument {}: {} x {} elements of {} bytes overflow size_t", arg, count,
-                           blocks, elem);
-  }
-  return bytes;
-}
-
-Status check_buffer(const char* name, const void* p, size_t bytes) {
-  if (p == nullptr && bytes > 0) {
-    return gw::invalid_arg("argument {} is NULL with {} bytes to transfer", name, bytes);
-  }
-  return gw::ok_status();
-}
-
 // Distinct buffers must not overlap (in place means exactly equal pointers).
 Status check_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   if (a == nullptr || b == nullptr || a == b || a_bytes == 0 || b_bytes == 0) {
@@ -136,98 +98,109 @@ Status check_overlap(const void* a, size_t a_bytes, const void* b, size_t b_byte
 gw::coll::DataType dt(int d) { return static_cast<gw::coll::DataType>(d); }
 gw::coll::ReduceOp rop(int o) { return static_cast<gw::coll::ReduceOp>(o); }
 
-gw_comm_t register_comm(std::shared_ptr<CommState> state) {
+gw_comm_t register_comm(std::shared_ptr<Session> session) {
   auto* h = new gw_comm();
-  h->state = std::move(state);
+  h->session = std::move(session);
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.comms.insert(h);
   return h;
 }
 
-Status init(gw_comm_t* out, const gw_config_t& cfg) {
-  if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
+// The fields gw_comm_init cannot do without: a config shorter than this is refused.
+constexpr size_t kConfigMinSize = offsetof(gw_config_t, world_size) + sizeof(int);
+
+// The caller's config as this library's gw_config_t: the fields that lie wholly within the
+// caller's config.size are copied, the rest (a caller built against an older header) keep the
+// defaults of GW_CONFIG_INIT. Only config.size bytes of the caller's memory are read.
+Result<gw_config_t> read_config(const gw_config_t* config) {
+  const size_t size = config->size;
+  if (size == 0) {
+    return gw::invalid_arg("config.size is 0: initialise the config with GW_CONFIG_INIT");
+  }
+  if (size < kConfigMinSize) {
+    return gw::invalid_arg(
+        "config.size {} is too small: gw_comm_init needs at least {} bytes (up to world_size); "
+        "initialise the config with GW_CONFIG_INIT",
+        size, kConfigMinSize);
+  }
+  if (size > sizeof(gw_config_t)) {
+    return gw::unsupported(
+        "config.size {} is larger than this library's gw_config_t ({} bytes, gradwire {}): the "
+        "program was built against a newer gradwire.h and its newer fields would be ignored",
+        size, sizeof(gw_config_t), GW_VERSION_STRING);
+  }
+  gw_config_t cfg = GW_CONFIG_INIT;
+  auto has = [size](size_t offset, size_t bytes) { return offset + bytes <= size; };
+#define GW_TAKE_FIELD(f) \
+  if (has(offsetof(gw_config_t, f), sizeof(cfg.f))) cfg.f = config->f
+  GW_TAKE_FIELD(rank);
+  GW_TAKE_FIELD(world_size);
+  GW_TAKE_FIELD(store_addr);
+  GW_TAKE_FIELD(transport);
+  GW_TAKE_FIELD(timeout_ms);
+  GW_TAKE_FIELD(job_token);
+#undef GW_TAKE_FIELD
+  static_assert(sizeof(gw_config_t) == offsetof(gw_config_t, job_token) + sizeof(const char*),
+                "a field was added to gw_config_t: take it in read_config");
+  return cfg;
+}
+
+// The configuration resolved against the launcher and the environment, and checked.
+Result<SessionOptions> resolve(const gw_config_t& cfg) {
   if (cfg.rank < 0) return gw::invalid_arg("config.rank {} < 0", cfg.rank);
   if (cfg.world_size < 0) return gw::invalid_arg("config.world_size {} < 0", cfg.world_size);
   if (cfg.timeout_ms < 0) return gw::invalid_arg("config.timeout_ms {} < 0", cfg.timeout_ms);
   GW_RETURN_IF_ERROR(gw::config::validate());
 
-  int rank = cfg.rank;
-  int world = cfg.world_size;
-  std::string host;
-  int port = 0;
-  if (world == 0) {
+  SessionOptions o;
+  o.rank = cfg.rank;
+  o.world_size = cfg.world_size;
+  if (o.world_size == 0) {
     // Rank and size from the launcher; the store address too unless given.
     GW_ASSIGN_OR_RETURN(gw::LaunchInfo info, gw::detect_launch());
     if (cfg.rank != 0) {
       return gw::invalid_arg("config.rank {} given without config.world_size", cfg.rank);
     }
-    rank = info.rank;
-    world = info.world_size;
-    host = info.store_host;
-    port = info.store_port;
+    o.rank = info.rank;
+    o.world_size = info.world_size;
+    o.store_host = info.store_host;
+    o.store_port = info.store_port;
   } else {
-    if (rank >= world) {
-      return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", rank,
-                             world);
+    if (o.rank >= o.world_size) {
+      return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", o.rank,
+                             o.world_size);
     }
     if (cfg.store_addr == nullptr) {
       GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
-      host = a.host;
-      port = a.port;
+      o.store_host = a.host;
+      o.store_port = a.port;
     }
   }
   if (cfg.store_addr != nullptr) {
-    Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &host, &port);
+    Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &o.store_host, &o.store_port);
     if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());
   }
-  int64_t timeout_ms =
-      cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::config::Key::kTimeoutMs);
-  if (timeout_ms <= 0) return gw::invalid_arg("GW_TIMEOUT_MS {} must be positive", timeout_ms);
-  std::string token = cfg.job_token != nullptr ? std::string(cfg.job_token)
-                                               : gw::config::get_string(gw::config::Key::kJobToken);
-  std::string transport = cfg.transport != nullptr
-                              ? std::string(cfg.transport)
-                              : gw::config::get_string(gw::config::Key::kTransport);
-  if (transport.empty()) return gw::invalid_arg("config.transport is empty");
-
-  gw::log::set_rank(rank);
-
-  auto state = std::make_shared<CommState>();
-  if (host.empty()) {
-    if (world > 1) {
-      return gw::invalid_arg(
-          "no store address for {} ranks: set config.store_addr, GW_STORE or "
-          "MASTER_ADDR/MASTER_PORT",
-          world);
-    }
-    state->store = gw::make_memory_store();  // a world of one talks to nobody
-  } else {
-    gw::TcpStoreOptions so;
-    so.host = host;
-    so.port = port;
-    so.host_server = rank == 0;
-    so.token = token;
-    so.connect_timeout_ms = timeout_ms;
-    auto store = gw::TcpStore::create(so);
-    if (!store.ok()) return store.status().with_context("rendezvous store");
-    state->store = std::move(*store);
+  o.timeout_ms =
+      cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::core_config::kTimeoutMs);
+  if (o.timeout_ms <= 0) {
+    return gw::invalid_arg("GW_TIMEOUT_MS {} must be positive", o.timeout_ms);
   }
+  o.job_token = cfg.job_token != nullptr ? std::string(cfg.job_token)
+                                         : gw::config::get_string(gw::core_config::kJobToken);
+  o.transport = cfg.transport != nullptr ? std::string(cfg.transport)
+                                         : gw::config::get_string(gw::net::net_config::kTransport);
+  if (o.transport.empty()) return gw::invalid_arg("config.transport is empty");
+  return o;
+}
 
-  gw::coll::CommOptions co;
-  co.rank = rank;
-  co.world_size = world;
-  co.store = state->store;
-  co.transport = transport;
-  co.timeout_ms = timeout_ms;
-  co.job_token = token;
-  auto comm = gw::coll::Communicator::create(co);
-  if (!comm.ok()) return comm.status();
-  state->comm = std::move(*comm);
-  state->rank = rank;
-  state->size = world;
-  GW_LOG_INFO("communicator ready: rank {} of {}, transport {}", rank, world, transport);
-  *out = register_comm(std::move(state));
+Status init(gw_comm_t* out, const gw_config_t& cfg) {
+  if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
+  GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
+  gw::log::set_rank(o.rank);
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, DirectSession::create(o));
+  GW_LOG_INFO("communicator ready: rank {} of {}, transport {}", o.rank, o.world_size, o.transport);
+  *out = register_comm(std::move(session));
   return gw::ok_status();
 }
 
@@ -272,31 +245,61 @@ gw_status_t fail(const char* call, const Status& s) {
   return static_cast<gw_status_t>(static_cast<int>(s.code()));
 }
 
-Result<std::shared_ptr<CommState>> lookup(gw_comm_t comm) {
+Status check_dtype(int v) {
+  if (!gw::coll::valid_dtype(v)) {
+    return gw::invalid_arg("argument dtype: unknown gw_dtype_t value {}", v);
+  }
+  return gw::ok_status();
+}
+
+Status check_op(int v) {
+  if (!gw::coll::valid_op(v)) return gw::invalid_arg("argument op: unknown gw_op_t value {}", v);
+  return gw::ok_status();
+}
+
+Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blocks) {
+  size_t elem = gw::coll::dtype_size(static_cast<gw::coll::DataType>(dtype));
+  size_t elems = 0;
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(count, blocks, &elems) ||
+      __builtin_mul_overflow(elems, elem, &bytes)) {
+    return gw::invalid_arg("argument {}: {} x {} elements of {} bytes overflow size_t", arg, count,
+                           blocks, elem);
+  }
+  return bytes;
+}
+
+Status check_buffer(const char* name, const void* p, size_t bytes) {
+  if (p == nullptr && bytes > 0) {
+    return gw::invalid_arg("argument {} is NULL with {} bytes to transfer", name, bytes);
+  }
+  return gw::ok_status();
+}
+
+Result<std::shared_ptr<Session>> lookup(gw_comm_t comm) {
   if (comm == nullptr) return gw::invalid_arg("comm is NULL");
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
-  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->state) {
+  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->session) {
     return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
   }
-  return comm->state;
+  return comm->session;
 }
 
 // A live communicator that has not been aborted.
-Result<std::shared_ptr<CommState>> usable(gw_comm_t comm) {
-  GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
-  if (state->comm->aborted()) {
+Result<std::shared_ptr<Session>> usable(gw_comm_t comm) {
+  GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
+  if (session->aborted()) {
     return gw::aborted_error("comm was aborted (gw_comm_abort); destroy it and create a new one");
   }
-  return state;
+  return session;
 }
 
 }  // namespace gw::capi
 
 GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
   return guarded("gw_comm_init_from_env", [&] {
-    gw_config_t cfg;
-    std::memset(&cfg, 0, sizeof(cfg));
+    const gw_config_t cfg = GW_CONFIG_INIT;
     return init(comm, cfg);
   });
 }
@@ -304,14 +307,15 @@ GW_EXPORT gw_status_t gw_comm_init_from_env(gw_comm_t* comm) {
 GW_EXPORT gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config) {
   return guarded("gw_comm_init", [&] {
     if (config == nullptr) return gw::invalid_arg("argument config is NULL");
-    return init(comm, *config);
+    GW_ASSIGN_OR_RETURN(gw_config_t cfg, read_config(config));
+    return init(comm, cfg);
   });
 }
 
 GW_EXPORT gw_status_t gw_comm_destroy(gw_comm_t comm) {
   return guarded("gw_comm_destroy", [&]() -> Status {
     if (comm == nullptr) return gw::ok_status();
-    std::shared_ptr<CommState> state;
+    std::shared_ptr<Session> session;
     {
       Registry& reg = registry();
       std::lock_guard<std::mutex> lock(reg.mu);
@@ -319,46 +323,63 @@ GW_EXPORT gw_status_t gw_comm_destroy(gw_comm_t comm) {
         return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
       }
       comm->magic = 0;
-      state = std::move(comm->state);
+      session = std::move(comm->session);
       delete comm;
     }
     // The communicator itself goes when its last user does (this call, a call still running on
     // another thread, or an outstanding request); its destructor waits, bounded, for pending ops.
-    state.reset();
+    session.reset();
     return gw::ok_status();
   });
 }
 
 GW_EXPORT gw_status_t gw_comm_abort(gw_comm_t comm) {
   return guarded("gw_comm_abort", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
-    state->comm->abort();
+    GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
+    session->abort();
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm) {
+  return guarded("gw_comm_split", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto session, usable(comm));
+    if (newcomm == nullptr) {
+      return gw::invalid_arg("argument newcomm (the output pointer) is NULL");
+    }
+    GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> child, session->split(color, key));
+    if (color < 0) {
+      if (child) return gw::internal_error("split with color {} returned a communicator", color);
+      *newcomm = nullptr;
+      return gw::ok_status();
+    }
+    if (!child) return gw::internal_error("split with color {} returned no communicator", color);
+    *newcomm = register_comm(std::move(child));
     return gw::ok_status();
   });
 }
 
 GW_EXPORT gw_status_t gw_comm_rank(gw_comm_t comm, int* rank) {
   return guarded("gw_comm_rank", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+    GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
     if (rank == nullptr) return gw::invalid_arg("argument rank (the output pointer) is NULL");
-    *rank = state->rank;
+    *rank = session->rank();
     return gw::ok_status();
   });
 }
 
 GW_EXPORT gw_status_t gw_comm_size(gw_comm_t comm, int* size) {
   return guarded("gw_comm_size", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto state, lookup(comm));
+    GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
     if (size == nullptr) return gw::invalid_arg("argument size (the output pointer) is NULL");
-    *size = state->size;
+    *size = session->size();
     return gw::ok_status();
   });
 }
 
 namespace {
 
-Status check_allreduce(const CommState& st, const void* sendbuf, void* recvbuf, size_t count,
-                       int dtype, int op) {
+Status check_allreduce(const void* sendbuf, void* recvbuf, size_t count, int dtype, int op) {
   GW_RETURN_IF_ERROR(check_dtype(dtype));
   GW_RETURN_IF_ERROR(check_op(op));
   GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
@@ -375,8 +396,8 @@ GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* re
     const int dtype = raw_enum(dtype_arg);
     const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
-    return st->comm->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
+    GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
+    return st->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
   });
 }
 
@@ -388,10 +409,10 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
     GW_RETURN_IF_ERROR(check_buffer("buf", buf, bytes));
-    if (root < 0 || root >= st->size) {
-      return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st->size);
+    if (root < 0 || root >= st->size()) {
+      return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st->size());
     }
-    return st->comm->broadcast(buf, count, dt(dtype), root);
+    return st->broadcast(buf, count, dt(dtype), root);
   });
 }
 
@@ -402,16 +423,16 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
-    GW_ASSIGN_OR_RETURN(size_t recv_bytes,
-                        buffer_bytes("sendcount", sendcount, dtype, static_cast<size_t>(st->size)));
+    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("sendcount", sendcount, dtype,
+                                                        static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
     // In place: sendbuf is this rank's block of recvbuf.
-    const void* own_block = static_cast<const uint8_t*>(recvbuf) + st->rank * send_bytes;
+    const void* own_block = static_cast<const uint8_t*>(recvbuf) + st->rank() * send_bytes;
     if (sendbuf != own_block) {
       GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
     }
-    return st->comm->allgather(sendbuf, recvbuf, sendcount, dt(dtype));
+    return st->allgather(sendbuf, recvbuf, sendcount, dt(dtype));
   });
 }
 
@@ -424,15 +445,15 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_RETURN_IF_ERROR(check_op(op));
     GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
-    GW_ASSIGN_OR_RETURN(size_t send_bytes,
-                        buffer_bytes("recvcount", recvcount, dtype, static_cast<size_t>(st->size)));
+    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("recvcount", recvcount, dtype,
+                                                        static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
-    const void* own_block = static_cast<const uint8_t*>(sendbuf) + st->rank * recv_bytes;
+    const void* own_block = static_cast<const uint8_t*>(sendbuf) + st->rank() * recv_bytes;
     if (recvbuf != own_block) {
       GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
     }
-    return st->comm->reduce_scatter(sendbuf, recvbuf, recvcount, dt(dtype), rop(op));
+    return st->reduce_scatter(sendbuf, recvbuf, recvcount, dt(dtype), rop(op));
   });
 }
 
@@ -443,18 +464,18 @@ GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* rec
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes,
-                        buffer_bytes("count", count, dtype, static_cast<size_t>(st->size)));
+                        buffer_bytes("count", count, dtype, static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
     GW_RETURN_IF_ERROR(check_overlap(sendbuf, bytes, recvbuf, bytes));
-    return st->comm->alltoall(sendbuf, recvbuf, count, dt(dtype));
+    return st->alltoall(sendbuf, recvbuf, count, dt(dtype));
   });
 }
 
 GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
   return guarded("gw_barrier", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return st->comm->barrier();
+    return st->barrier();
   });
 }
 
@@ -466,10 +487,10 @@ GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* r
     const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
-    GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op));
+    GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
     auto rs = std::make_shared<RequestState>();
-    rs->comm = st;
-    GW_ASSIGN_OR_RETURN(rs->op, st->comm->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
+    rs->session = st;
+    GW_ASSIGN_OR_RETURN(rs->op, st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
     if (!rs->op) return gw::internal_error("iallreduce returned no operation");
     auto* raw = new gw_request();
     raw->state = std::move(rs);
@@ -548,6 +569,19 @@ GW_EXPORT gw_status_t gw_test(gw_request_t request, int* done) {
     *done = 1;
     retire(request, *rs);
     return s;
+  });
+}
+
+GW_EXPORT gw_status_t gw_config_set(const char* name, const char* value) {
+  return guarded("gw_config_set", [&]() -> Status {
+    if (name == nullptr) return gw::invalid_arg("argument name is NULL");
+    const gw::config::Row* row = gw::config::find(name);
+    if (row == nullptr) return gw::invalid_arg("unknown setting '{}'", name);
+    if (value == nullptr) {
+      gw::config::clear(*row);
+      return gw::ok_status();
+    }
+    return gw::config::set(*row, value);
   });
 }
 

@@ -17,20 +17,18 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/coll_config.h"
 #include "collectives/communicator_impl.h"
 #include "collectives/cost_model.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
+#include "core/net/auto_backend.h"
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
-#if defined(GW_HAVE_DPDK)
-#include "dpdk/dpdk_transport.h"
-#endif
-#if defined(GW_HAVE_VERBS)
-#include "verbs/verbs_transport.h"
-#endif
 
 namespace gw::coll {
 namespace {
@@ -198,6 +196,7 @@ class CommImpl : public Communicator {
 
   int rank_ = -1, world_ = 0;
   int64_t timeout_ms_ = 0;
+  config::Snapshot config_;       // read at init; handed to the transports
   std::unique_ptr<Store> store_;  // this communicator's prefix of the caller's store
   std::string token_;
   std::string mode_;  // auto, tcp, shm
@@ -205,7 +204,7 @@ class CommImpl : public Communicator {
   std::vector<int> host_of_rank_;
   TransportFactory factory_;
   std::map<std::string, std::unique_ptr<net::Transport>> transports_;
-  std::map<std::string, std::string> alias_;  // auto's shm -> tcp fallback
+  std::vector<std::string> auto_failed_;  // backends auto saw fail with kUnsupported here
   size_t chunk_bytes_ = 512 * 1024;
   int nchannels_cfg_ = 0;
   int64_t spin_us_ = 50;
@@ -248,45 +247,29 @@ struct CommImpl::ChanRun {
 
 // ---- set-up -----------------------------------------------------------------------------------
 
-// net::make_transport, plus the backends that live above gw_core: gw_dpdk is reached from here so
-// that every program linking the collectives (libgradwire.so, gradwire-perf) links it too.
-Result<std::unique_ptr<net::Transport>> default_transport(const std::string& name,
-                                                          const net::TransportOptions& options) {
-#if defined(GW_HAVE_DPDK)
-  if (name == "dpdk") return dpdk::make_dpdk_transport(options);
-#endif
-#if defined(GW_HAVE_VERBS)
-  if (name == "verbs") return verbs::make_verbs_transport(options);
-#endif
-  return net::make_transport(name, options);
-}
-
 Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal) {
   if (o.world_size < 1) return invalid_arg("communicator: world size {} < 1", o.world_size);
   if (o.rank < 0 || o.rank >= o.world_size) {
     return invalid_arg("communicator: rank {} out of range 0..{}", o.rank, o.world_size - 1);
   }
   if (!o.store) return invalid_arg("communicator: a store is required");
-  if (o.transport != "auto" && o.transport != "tcp" && o.transport != "shm" &&
-      o.transport != "dpdk" && o.transport != "verbs") {
-    return invalid_arg("communicator: transport '{}': expected auto, tcp, shm, dpdk or verbs",
-                       o.transport);
-  }
-  GW_RETURN_IF_ERROR(config::validate());
+  GW_RETURN_IF_ERROR(net::check_backend_name(o.transport, "communicator: transport"));
+  config_ = o.config.empty() ? config::Snapshot::capture() : o.config;
+  GW_RETURN_IF_ERROR(config_.validate());
   rank_ = o.rank;
   world_ = o.world_size;
   mode_ = o.transport;
-  timeout_ms_ = o.timeout_ms >= 0 ? o.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  timeout_ms_ = o.timeout_ms >= 0 ? o.timeout_ms : config_.get_int(core_config::kTimeoutMs);
   if (timeout_ms_ <= 0) return invalid_arg("communicator: timeout {} ms must be > 0", timeout_ms_);
   factory_ = internal.transport_factory;
-  if (!factory_) factory_ = &default_transport;
-  GW_ASSIGN_OR_RETURN(forced_algo_, parse_algo(config::get_string(config::Key::kAlgo)));
-  const int64_t chunk_cfg = config::get_int(config::Key::kChunkSize);  // 0: per transport
+  if (!factory_) factory_ = &net::make_transport;
+  GW_ASSIGN_OR_RETURN(forced_algo_, parse_algo(config_.get_string(coll::coll_config::kAlgo)));
+  const int64_t chunk_cfg = config_.get_int(coll::coll_config::kChunkSize);  // 0: per transport
   chunk_bytes_ =
       chunk_cfg > 0 ? static_cast<size_t>(std::max<int64_t>(4096, chunk_cfg)) : size_t{512} * 1024;
   nchannels_cfg_ = static_cast<int>(
-      std::clamp<int64_t>(config::get_int(config::Key::kNchannels), 0, kMaxChannels));
-  spin_us_ = std::max<int64_t>(0, config::get_int(config::Key::kSpinUs));
+      std::clamp<int64_t>(config_.get_int(coll::coll_config::kNchannels), 0, kMaxChannels));
+  spin_us_ = std::max<int64_t>(0, config_.get_int(coll::coll_config::kSpinUs));
 
   const Deadline deadline = deadline_after_ms(timeout_ms_);
   // Each rank counts the communicators it created on this store; ranks create them in the same
@@ -342,7 +325,11 @@ Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal)
     }
   }
   // Cost model figures from the transport most links use.
-  std::string main = mode_ == "auto" ? (multi_host ? "tcp" : "shm") : mode_;
+  std::string main = mode_;
+  if (mode_ == "auto") {
+    auto choice = net::choose_auto_backend(!multi_host, auto_failed_);
+    if (choice.ok()) main = choice->name;
+  }
   double lat = 0, bw = 0;
   if (world_ > 1) {
     int probe = (rank_ + 1) % world_;
@@ -365,8 +352,12 @@ Status CommImpl::init(const CommOptions& o, const CommInternalOptions& internal)
 
 Result<net::Transport*> CommImpl::transport_for(int peer) {
   std::string name = mode_;
-  if (mode_ == "auto") name = host_of_rank_[peer] == host_of_rank_[rank_] ? "shm" : "tcp";
-  if (auto a = alias_.find(name); a != alias_.end()) name = a->second;
+  if (mode_ == "auto") {
+    const bool same_host = host_of_rank_[peer] == host_of_rank_[rank_];
+    GW_ASSIGN_OR_RETURN(net::AutoChoice choice, net::choose_auto_backend(same_host, auto_failed_));
+    name = choice.name;
+    if (transports_.find(name) == transports_.end()) GW_LOG_DEBUG("{}", choice.reason);
+  }
   auto it = transports_.find(name);
   if (it != transports_.end()) return it->second.get();
   net::TransportOptions topts;
@@ -374,12 +365,13 @@ Result<net::Transport*> CommImpl::transport_for(int peer) {
   topts.timeout_ms = timeout_ms_;
   topts.host_id = host_id_;
   topts.rank = rank_;
+  topts.config = config_;
   auto t = factory_(name, topts);
-  if (!t.ok() && mode_ == "auto" && name == "shm" && t.status().code() == Code::kUnsupported) {
+  if (!t.ok() && mode_ == "auto" && t.status().code() == Code::kUnsupported) {
     // auto: a host without shared memory still works over loopback tcp.
-    GW_LOG_WARN("transport shm unavailable ({}); using tcp within the host",
+    GW_LOG_WARN("transport {} unavailable ({}); auto chooses again without it", name,
                 t.status().to_string());
-    alias_["shm"] = "tcp";
+    auto_failed_.push_back(name);
     return transport_for(peer);
   }
   if (!t.ok()) {

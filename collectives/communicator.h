@@ -20,6 +20,7 @@
 #include <string>
 
 #include "collectives/types.h"
+#include "core/config_snapshot.h"
 #include "core/status.h"
 #include "core/store.h"
 
@@ -31,10 +32,12 @@ struct CommOptions {
   int rank = -1;
   int world_size = -1;
   std::shared_ptr<Store> store;    // required; the communicator uses keys under its own prefix
-  std::string transport = "auto";  // auto (shm within a host, tcp across), tcp, shm
+  // "auto" (core/net/auto_backend.h) or a name in the backend registry.
+  std::string transport = "auto";
   int64_t timeout_ms = -1;         // -1: GW_TIMEOUT_MS
   std::string job_token;           // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;             // "" : bootstrap host_identity()
+  config::Snapshot config;         // the settings it reads; empty: captured at creation
 };
 
 // Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until

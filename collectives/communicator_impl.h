@@ -12,7 +12,8 @@
 
 namespace gw::coll {
 
-// Called with "tcp" or "shm" (the per-peer choice) and the communicator's transport options.
+// Called with a backend name (the requested one, or auto's per-peer choice) and the
+// communicator's transport options.
 // Must be thread-safe if several communicators are created at once.
 using TransportFactory = std::function<Result<std::unique_ptr<net::Transport>>(
     const std::string& name, const net::TransportOptions& options)>;

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 
+#include "collectives/coll_config.h"
 #include "core/config.h"
 
 namespace gw::coll {
@@ -21,8 +22,8 @@ CostParams cost_params_for(std::string_view transport_name, double latency_us,
   }
   if (latency_us > 0) p.alpha_us = latency_us;
   if (bandwidth_gbps > 0) p.bw_gbps = bandwidth_gbps;
-  const double alpha = config::get_double(config::Key::kCostAlphaUs);
-  const double bw = config::get_double(config::Key::kCostBwGbps);
+  const double alpha = config::get_double(coll::coll_config::kCostAlphaUs);
+  const double bw = config::get_double(coll::coll_config::kCostBwGbps);
   if (alpha > 0) p.alpha_us = alpha;
   if (bw > 0) p.bw_gbps = bw;
   return p;

@@ -14,6 +14,7 @@
 
 #include "core/bootstrap_env.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/store_socket.h"
 
 namespace gw {
@@ -97,7 +98,7 @@ Result<int> parse_env_int(const char* name, const std::string& value) {
 
 Result<StoreAddress> store_address_from_env() {
   StoreAddress a;
-  std::string gw_store = config::get_string(config::Key::kStore);
+  std::string gw_store = config::get_string(core_config::kStore);
   if (!gw_store.empty()) {
     Status s = store_socket::parse_addr(gw_store, false, &a.host, &a.port);
     if (!s.ok()) return invalid_arg("GW_STORE: {}", s.message());
@@ -123,8 +124,8 @@ Result<StoreAddress> store_address_from_env() {
 
 Result<LaunchInfo> detect_launch() {
   LaunchInfo info;
-  auto gw_rank = config::raw(config::Key::kRank);
-  auto gw_size = config::raw(config::Key::kWorldSize);
+  auto gw_rank = config::raw(core_config::kRank);
+  auto gw_size = config::raw(core_config::kWorldSize);
   if (gw_rank || gw_size) {
     // GW_* set explicitly wins, and half of it is a mistake rather than a reason to look further.
     info.source = "GW_*";
@@ -188,7 +189,7 @@ Result<LaunchInfo> detect_launch() {
 }
 
 std::string host_identity() {
-  std::string id = config::get_string(config::Key::kHostId);
+  std::string id = config::get_string(core_config::kHostId);
   if (!id.empty()) return id;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
@@ -231,7 +232,7 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
 }
 
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
-  std::string configured = config::get_string(config::Key::kJobToken);
+  std::string configured = config::get_string(core_config::kJobToken);
   if (!configured.empty()) return configured;
   if (rank < 0) return invalid_arg("agree_job_token: rank {} < 0", rank);
   if (rank == 0) {

@@ -5,13 +5,14 @@
 #include <mutex>
 
 #include "core/config.h"
+#include "core/core_config.h"
 
 namespace gw::log {
 
 namespace {
 
 spdlog::level::level_enum level_from_config() {
-  std::string v = config::get_string(config::Key::kLogLevel);
+  std::string v = config::get_string(core_config::kLogLevel);
   auto lvl = spdlog::level::from_str(v);  // unknown names map to off
   if (v == "warning") lvl = spdlog::level::warn;
   return lvl;

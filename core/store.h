@@ -14,12 +14,14 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/sys/time.h"
 
 namespace gw {
 
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
-inline Deadline deadline_after_ms(int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+// The store's deadlines are gw::sys's (core/sys/time.h); these names predate core/sys.
+using sys::Clock;
+using sys::Deadline;
+using sys::deadline_after_ms;
 
 using Bytes = std::vector<uint8_t>;
 
@@ -50,7 +52,7 @@ struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 0;
   bool host_server = false;
-  std::string token;            // job token presented to / required by the server
+  std::string token;  // job token presented to / required by the server
   int64_t connect_timeout_ms = 30000;
 };
 

@@ -11,20 +11,13 @@
 
 #include <cerrno>
 #include <charconv>
-#include <climits>
 #include <cstring>
 
 namespace gw::store_socket {
 
-Fd& Fd::operator=(Fd&& o) noexcept {
-  if (this != &o) reset(o.release());
-  return *this;
-}
-
-void Fd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
+using sys::Fd;
+using sys::ms_until;
+using sys::set_nonblocking;
 
 std::string format_addr(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
@@ -62,22 +55,7 @@ Status parse_addr(const std::string& text, bool allow_zero, std::string* host, i
   return ok_status();
 }
 
-int ms_until(Deadline deadline) {
-  auto now = Clock::now();
-  if (deadline <= now) return 0;
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-  return ms > INT32_MAX ? INT32_MAX : static_cast<int>(ms);
-}
-
 namespace {
-
-Status set_nonblocking(int fd) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return system_error("fcntl(O_NONBLOCK)", errno);
-  }
-  return ok_status();
-}
 
 Result<addrinfo*> resolve(const std::string& host, int port, bool passive) {
   addrinfo hints{};

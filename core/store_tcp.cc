@@ -15,17 +15,18 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/store.h"
 #include "core/store_socket.h"
 #include "core/store_wire.h"
 
 namespace gw {
 
-using store_socket::Fd;
 using store_wire::Op;
 using store_wire::ReplyCode;
 using store_wire::Request;
 using store_wire::Response;
+using sys::Fd;
 
 namespace {
 
@@ -33,14 +34,6 @@ constexpr size_t kMaxClients = 4096;
 constexpr size_t kReadChunk = 256 * 1024;
 // Extra time a client waits for the server's own "not found" answer to a get.
 constexpr auto kReplyGrace = std::chrono::milliseconds(500);
-
-bool token_equal(const std::string& a, const std::string& b) {
-  // Constant time in the content, so the comparison does not leak a prefix.
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 }  // namespace
 
@@ -110,7 +103,7 @@ class TcpStoreServer {
       }
       int timeout = -1;
       for (const Waiter& w : waiters_) {
-        int t = store_socket::ms_until(w.deadline);
+        int t = sys::ms_until(w.deadline);
         timeout = timeout < 0 ? t : std::min(timeout, t);
       }
       int n = ::poll(fds.data(), fds.size(), timeout);
@@ -223,7 +216,7 @@ class TcpStoreServer {
                          store_wire::kVersion));
         return;
       }
-      if (!token_.empty() && !token_equal(token_, req.token)) {
+      if (!token_.empty() && !net::handshake::tokens_equal(token_, req.token)) {
         fail(c, Op::kHello, "job token mismatch: this client belongs to another job");
         return;
       }
@@ -536,7 +529,7 @@ Result<Bytes> TcpStore::get(const std::string& key, Deadline deadline) {
   Request req;
   req.op = Op::kGet;
   req.key = key;
-  int ms = store_socket::ms_until(deadline);
+  int ms = sys::ms_until(deadline);
   req.wait_ms = static_cast<uint32_t>(ms);
   GW_ASSIGN_OR_RETURN(Response r, impl_->call(req, deadline));
   if (r.code == ReplyCode::kNotFound) {

@@ -209,7 +209,7 @@ int free_port() {
 }
 
 int run_rank(int rank, const Options& o, const std::string& store) {
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = o.ranks;
   cfg.store_addr = store.c_str();

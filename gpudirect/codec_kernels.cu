@@ -2,13 +2,13 @@
 // (sm_80, sm_90 SASS + compute_90 PTX), embedded in the library and loaded with
 // cuModuleLoadData by gpu_codecs.cc; the entry points are extern "C" so their names are plain.
 //
-// Results are those of collectives/codec_kernels.cc, bit for bit: the conversions are the integer
-// ones of cast16_math.h, and every f32 addition or subtraction whose result is NaN is given the
-// NaN x86 gives (the first NaN operand, quieted; the default NaN 0xFFC00000 for inf - inf), since
-// the GPU would produce its canonical NaN instead and the NaN's sign and payload reach the wire
-// (f16 payload bits, sign bits). The one difference: sign's scale (mean |v| per chunk) is a block
-// tree reduction here and an 8-lane sum on the CPU, so the scales agree within float rounding
-// (see gpu_codecs.h for the bound).
+// Results are those of collectives/compress/codec_kernels.cc, bit for bit: the conversions are
+// the integer ones of cast16_math.h, and every f32 addition or subtraction whose result is NaN is
+// given the NaN x86 gives (the first NaN operand, quieted; the default NaN 0xFFC00000 for
+// inf - inf), since the GPU would produce its canonical NaN instead and the NaN's sign and payload
+// reach the wire (f16 payload bits, sign bits). The one difference: sign's scale (mean |v| per
+// chunk) is a block tree reduction here and an 8-lane sum on the CPU, so the scales agree within
+// float rounding (see gpu_codecs.h for the bound).
 //
 // Memory access: 16-byte loads and stores per thread (float4; uint2 for four halves), coalesced
 // across the warp, grid-stride loops over a grid sized from the SM count. A scalar path covers

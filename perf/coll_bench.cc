@@ -11,7 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "collectives/coll_config.h"
 #include "core/config.h"
+#include "core/net/backend_registry.h"
+#include "core/config_snapshot.h"
+#include "core/core_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"
 
@@ -56,7 +60,7 @@ json config_json(const CollConfig& c) {
   j["collective"] = c.name;
   j["ranks_requested"] = c.np;
   j["transport"] = c.transport;
-  j["algorithm"] = c.algo.empty() ? config::get_string(config::Key::kAlgo) : c.algo;
+  j["algorithm"] = c.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c.algo;
   j["dtype"] = std::string(coll::dtype_name(c.dtype));
   j["op"] = has_op(c.coll) ? std::string(coll::op_name(c.op)) : "none";
   j["root"] = c.coll == Collective::kBroadcast ? c.root : -1;
@@ -68,9 +72,10 @@ json config_json(const CollConfig& c) {
   j["check"] = c.check;
   j["time"] = "median over iterations of the slowest rank's per-iteration time (out-of-place)";
   j["gradwire_version"] = gw_version();
+  // Every setting a layer above the default sets (file, environment, or the options above).
   json env = json::object();
-  for (const auto& row : config::table()) {
-    if (auto v = config::raw(row.key)) env[row.name] = *v;
+  for (const auto& [row, v] : config::Snapshot::capture().entries()) {
+    if (v.source != config::Source::kDefault) env[row->name] = v.text;
   }
   j["gw_env"] = env;
   return j;
@@ -160,8 +165,8 @@ class RankRun {
     std::string iters =
         c_.iters > 0 ? std::to_string(c_.iters) : "adaptive clamp(2e9/size/ranks, 3, 50)";
     std::string env;
-    for (const auto& row : config::table()) {
-      if (auto v = config::raw(row.key)) env += fmt::format(" {}={}", row.name, *v);
+    for (const auto& [row, v] : config::Snapshot::capture().entries()) {
+      if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
     }
     if (env.empty()) env = " none";
     std::string out;
@@ -171,7 +176,7 @@ class RankRun {
                                  : std::string("from the launcher's environment"));
     out +=
         fmt::format("# transport: {}  algorithm: {}  dtype: {}  op: {}  root: {}\n", c_.transport,
-                    c_.algo.empty() ? config::get_string(config::Key::kAlgo) : c_.algo,
+                    c_.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c_.algo,
                     coll::dtype_name(c_.dtype), has_op(c_.coll) ? coll::op_name(c_.op) : "none",
                     c_.coll == Collective::kBroadcast ? c_.root : -1);
     out += fmt::format("# sizes: {} .. {} bytes, factor {}  iters: {}  warmup: {}  check: {}\n",
@@ -387,12 +392,12 @@ int run_forked_sweep(const CollConfig& c) {
   bool have_summary = false;
   ForkOptions fo;
   fo.nranks = c.np;
-  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
   fo.idle_timeout_ms = timeout + 30000;
   Status st = run_forked(
       fo,
       [&](int rank, int fd) {
-        gw_config_t cfg{};
+        gw_config_t cfg = GW_CONFIG_INIT;
         cfg.rank = rank;
         cfg.world_size = c.np;
         cfg.store_addr = store.c_str();
@@ -442,6 +447,14 @@ int run_forked_sweep(const CollConfig& c) {
 
 }  // namespace
 
+Status set_api_value(const config::Row& row, const std::string& value) {
+  GW_RETURN_IF_ERROR(config::set(row, value));
+  if (gw_config_set(row.name, value.c_str()) != GW_OK) {
+    return invalid_arg("gw_config_set({}): {}", row.name, gw_last_error());
+  }
+  return ok_status();
+}
+
 double busbw_factor(Collective coll, int nranks) {
   if (nranks <= 0) return 0;
   double n = nranks;
@@ -488,10 +501,7 @@ Status validate(const CollConfig& c) {
   if (c.root < 0 || (c.np > 0 && c.root >= c.np)) {
     return invalid_arg("--root {} is not a rank of a {}-rank job", c.root, c.np);
   }
-  if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm" &&
-      c.transport != "dpdk") {
-    return invalid_arg("--transport {}: use auto, tcp, shm or dpdk", c.transport);
-  }
+  GW_RETURN_IF_ERROR(net::check_backend_name(c.transport, "--transport"));
   if (c.transport == "dpdk" && c.np > 0) {
     // DPDK owns a port per process (EAL and port are process-wide): forked ranks on one host
     // would all open the port GW_DPDK_EAL_ARGS names.
@@ -524,17 +534,22 @@ int run_collective(const CollConfig& config) {
     }
     return 2;
   }
-  // The algorithm override is a GW_* knob read by the library; forked ranks inherit it.
-  if (!config.algo.empty()) setenv("GW_ALGO", config.algo.c_str(), 1);
+  // The options are settings of the API layer, here and in libgradwire (its own copy of the
+  // configuration); forked ranks inherit them.
+  if (!config.algo.empty()) s = set_api_value(coll::coll_config::kAlgo, config.algo);
+  if (s.ok() && config.np == 0 && config.timeout_ms > 0) {
+    s = set_api_value(core_config::kTimeoutMs, std::to_string(config.timeout_ms));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.to_string().c_str());
+    return 2;
+  }
   if (config.np > 0) return run_forked_sweep(config);
   // Rank, size and store from the launcher (world_size 0); the transport is passed explicitly
   // because gw_comm_init_from_env does not read GW_TRANSPORT (it would silently run "auto").
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.transport = config.transport.c_str();
   cfg.timeout_ms = static_cast<int>(config.timeout_ms);
-  if (config.timeout_ms > 0) {
-    setenv("GW_TIMEOUT_MS", std::to_string(config.timeout_ms).c_str(), 1);
-  }
   RankRun run(config, -1);
   return run.run(&cfg);
 }

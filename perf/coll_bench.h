@@ -7,6 +7,7 @@
 #include <string>
 
 #include "collectives/types.h"
+#include "core/config.h"
 #include "core/status.h"
 #include "perf/check_pattern.h"
 
@@ -35,6 +36,10 @@ struct CollConfig {
 // Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather, reduce_scatter and alltoall
 // (n-1)/n, broadcast 1.
 double busbw_factor(Collective coll, int nranks);
+
+// Sets a setting at the API layer of the configuration, both in this program and in libgradwire
+// (which keeps its own copy): the perf tool's options override the environment this way.
+Status set_api_value(const config::Row& row, const std::string& value);
 
 // Iterations for one size when --iters is not given: clamp(2e9 / size / nranks, 3, 50), the rule
 // the peer baselines (shared/peers) use, so both sides average over comparable work.

@@ -7,9 +7,10 @@
 #include <cstring>
 #include <random>
 
-#include "collectives/codec.h"
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec.h"
+#include "collectives/compress/codec_kernels.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"
 
@@ -165,7 +166,7 @@ void memory_floor(float* g, float* residual, size_t n) {
 // iterations of the slowest rank's time, and speedup compares medians of the same run.
 int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs, int rank,
                const std::string& store) {
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = c.np;
   cfg.store_addr = store.c_str();
@@ -290,7 +291,7 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
   ForkOptions fo;
   fo.nranks = c.np;
   const int64_t timeout =
-      c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+      c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
   fo.idle_timeout_ms = timeout + 600000;  // rows print from rank 0 directly, not as messages
   Status st = run_forked(
       fo, [&](int rank, int) { return codec_rank(c, codecs, rank, store); },

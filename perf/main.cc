@@ -1,10 +1,14 @@
 // gradwire-perf: nccl-tests style collective sweeps and perftest style point-to-point numbers.
 // See docs/perf.md for the columns, their formulas and how to compare against peers.
+#include <fmt/ranges.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
+#include "core/net/backend_registry.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
 #include "perf/p2p_bench.h"
@@ -19,6 +23,13 @@ std::string parse_size_into(const std::string& text, uint64_t* out) {
   if (!v.ok()) return v.status().message();
   *out = *v;
   return "";
+}
+
+// "auto" and every backend the registry knows (gw_backends registered them before main).
+std::vector<std::string> transport_choices() {
+  std::vector<std::string> names = gw::net::backend_names();
+  names.insert(names.begin(), "auto");
+  return names;
 }
 
 void add_size_option(CLI::App* app, const std::string& flags, uint64_t* target,
@@ -64,9 +75,10 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "ranks come from the launcher's environment (torchrun, mpirun, srun, GW_*)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--transport", c.transport,
-                  "auto (shm within a host, tcp across), tcp, shm, dpdk (port from "
-                  "GW_DPDK_EAL_ARGS; one rank per host: run it under a launcher)")
-      ->check(CLI::IsMember({"auto", "tcp", "shm", "dpdk"}))
+                  gw::net::describe_backends() +
+                      " (dpdk: port from GW_DPDK_EAL_ARGS; one rank per host: run it under a "
+                      "launcher)")
+      ->check(CLI::IsMember(transport_choices()))
       ->capture_default_str();
   sub->add_option("--algo", c.algo,
                   "force the allreduce algorithm: auto, ring, rhd (sets GW_ALGO)");
@@ -134,9 +146,10 @@ int main(int argc, char** argv) {
       "ping-pong latency (ib_send_lat)");
   p2p_cmd
       ->add_option("--transport", p2p.transport,
-                   "tcp, shm, dpdk or verbs (dpdk forked: a net_memif pair unless "
-                   "GW_DPDK_EAL_ARGS is set; under a launcher: each host's GW_DPDK_EAL_ARGS and "
-                   "GW_DPDK_IP; verbs: GW_IB_HCA, or GW_VERBS_EMULATE=1 without RDMA hardware)")
+                   fmt::format("{} (dpdk forked: a net_memif pair unless GW_DPDK_EAL_ARGS is "
+                               "set; under a launcher: each host's GW_DPDK_EAL_ARGS and "
+                               "GW_DPDK_IP)",
+                               fmt::join(gw::net::backend_names(), ", ")))
       ->capture_default_str();
   add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
   add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");

@@ -1,5 +1,6 @@
 #include "perf/p2p_bench.h"
 
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -18,15 +19,13 @@
 
 #include "core/bootstrap.h"
 #include "core/config.h"
+#include "core/config_snapshot.h"
+#include "core/core_config.h"
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 #include "core/store.h"
+#include "dpdk/dpdk_config.h"
 #include "perf/rank_launcher.h"
-#ifdef GW_HAVE_DPDK
-#include "dpdk/dpdk_transport.h"
-#endif
-#ifdef GW_HAVE_VERBS
-#include "verbs/verbs_transport.h"
-#endif
 
 namespace gw::perf {
 
@@ -132,27 +131,21 @@ class P2pRank {
   // gets one end of a net_memif pair (rank 0 the server; an abstract socket named after the
   // parent process, so concurrent runs do not meet), with its own MAC and IPv4 address. The
   // parent never starts DPDK, so each rank initialises its own EAL after the fork.
-  Result<std::unique_ptr<net::Transport>> make_rank_transport(const net::TransportOptions& opts) {
-#ifdef GW_HAVE_VERBS
-    // Each forked rank opens its own device (the emulator's NIC, under GW_VERBS_EMULATE=1).
-    if (c_.transport == "verbs") return verbs::make_verbs_transport(opts);
-#endif
-    if (c_.transport != "dpdk") return net::make_transport(c_.transport, opts);
-#ifdef GW_HAVE_DPDK
-    if (setup_.store == nullptr && config::get_string(config::Key::kDpdkEalArgs).empty()) {
+  Result<std::unique_ptr<net::Transport>> make_rank_transport(net::TransportOptions opts) {
+    if (c_.transport == "dpdk" && setup_.store == nullptr &&
+        config::get_string(dpdk::dpdk_config::kDpdkEalArgs).empty()) {
       const std::string eal = fmt::format(
           "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error "
           "--vdev net_memif0,role={},id=0,socket=/gradwire-perf-{}.sock,mac=02:67:77:00:00:0{}",
           rank_ == 0 ? "server" : "client", getppid(), rank_ + 1);
-      setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
-      if (config::get_string(config::Key::kDpdkIp).empty()) {
-        setenv("GW_DPDK_IP", fmt::format("10.67.0.{}", rank_ + 1).c_str(), 1);
+      GW_RETURN_IF_ERROR(config::set(dpdk::dpdk_config::kDpdkEalArgs, eal));
+      if (config::get_string(dpdk::dpdk_config::kDpdkIp).empty()) {
+        GW_RETURN_IF_ERROR(
+            config::set(dpdk::dpdk_config::kDpdkIp, fmt::format("10.67.0.{}", rank_ + 1)));
       }
     }
-    return dpdk::make_dpdk_transport(opts);
-#else
-    return unsupported("p2p --transport dpdk: this build has no DPDK backend (GW_WITH_DPDK off)");
-#endif
+    opts.config = config::Snapshot::capture();  // after the DPDK rows set above
+    return net::make_transport(c_.transport, opts);
   }
 
   Status connect_pair() {
@@ -327,8 +320,8 @@ class P2pRank {
           "latency = round trip / 2\n",
           c_.iters > 0 ? std::to_string(c_.iters).c_str() : "adaptive clamp(2e9/size, 20, 1000)");
       std::string env;
-      for (const auto& row : config::table()) {
-        if (auto v = config::raw(row.key)) env += fmt::format(" {}={}", row.name, *v);
+      for (const auto& [row, v] : config::Snapshot::capture().entries()) {
+        if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
       }
       std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
       std::printf("#bytes     #iterations    BW average[MB/s]   MsgRate[Mpps]\n");
@@ -472,7 +465,7 @@ class P2pReport {
 // Whether a launcher's environment names this process's rank (then p2p without --np runs as one
 // rank of a 2-rank job instead of forking both).
 bool launched_by_launcher() {
-  if (config::raw(config::Key::kRank) || config::raw(config::Key::kWorldSize)) return true;
+  if (config::raw(core_config::kRank) || config::raw(core_config::kWorldSize)) return true;
   for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
     if (std::getenv(v) != nullptr) return true;
   }
@@ -533,7 +526,7 @@ int run_launched_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
   so.host = info->store_host;
   so.port = info->store_port;
   so.host_server = rank == 0;
-  so.token = config::get_string(config::Key::kJobToken);
+  so.token = config::get_string(core_config::kJobToken);
   so.connect_timeout_ms = timeout;
   auto store = TcpStore::create(so);
   if (!store.ok()) {
@@ -567,9 +560,9 @@ int p2p_adaptive_iters(uint64_t bytes) {
 }
 
 Status validate(const P2pConfig& c) {
-  if (c.transport != "tcp" && c.transport != "shm" && c.transport != "dpdk" &&
-      c.transport != "verbs") {
-    return invalid_arg("p2p --transport {}: use tcp, shm, dpdk or verbs", c.transport);
+  const std::vector<std::string> names = net::backend_names();
+  if (std::find(names.begin(), names.end(), c.transport) == names.end()) {
+    return invalid_arg("p2p --transport {}: use one of {}", c.transport, fmt::join(names, ", "));
   }
   if (c.np != 0 && c.np != 2) {
     return invalid_arg("p2p --np {}: p2p runs between exactly 2 ranks", c.np);
@@ -595,7 +588,7 @@ int run_p2p(const P2pConfig& c) {
   P2pReport report(c);
   Status s = validate(c);
   if (!s.ok()) return report.fail(s);
-  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(config::Key::kTimeoutMs);
+  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
   if (c.np == 0 && launched_by_launcher()) return run_launched_p2p(c, timeout, &report);
   return run_forked_p2p(c, timeout, &report);
 }

@@ -15,7 +15,12 @@
 #include <sstream>
 
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
+#include "core/net/auto_backend.h"
+#include "core/net/backend_registry.h"
+#include "core/net/tcp_config.h"
+#include "plugin/plugin_config.h"
 
 namespace gw::plugin {
 
@@ -97,20 +102,14 @@ uint64_t guid_of(const std::string& ifname) {
   return guid;
 }
 
-bool has_rdma_devices() {
-  std::error_code ec;
-  fs::directory_iterator it("/sys/class/infiniband", ec);
-  return !ec && it != fs::directory_iterator();
-}
-
 std::string job_token() {
-  std::string token = config::get_string(config::Key::kJobToken);
+  std::string token = config::get_string(core_config::kJobToken);
   return token.empty() ? kDefaultJobToken : token;
 }
 
 // One of NCCL's own Socket-transport knobs: nullopt when unset or <= 0 (NCCL's "auto" values),
 // kInvalidArg when it is not a number. These are NCCL's variables, not gradwire tunables, so
-// they are read here and not through the config table.
+// they are read here and not through the configuration rows.
 Result<std::optional<int>> nccl_socket_knob(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) return std::optional<int>();
@@ -164,8 +163,10 @@ Result<SocketPolicy> socket_policy() {
   return p;
 }
 
-// The one place the backend is chosen. "auto" prefers verbs when the host has RDMA devices and
-// the build has the verbs backend, and falls back to tcp otherwise.
+// The one place the plugin's backend is chosen. GW_PLUGIN_BACKEND names a backend that auto may
+// pick across hosts (NCCL handles ranks on one host itself), or "auto": the registry's one rule
+// (core/net/auto_backend.h) for a peer on another host, trying the next backend when one turns
+// out unsupported when it opens.
 Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requested,
                                                      std::string* chosen,
                                                      std::string* thread_policy = nullptr) {
@@ -174,40 +175,46 @@ Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requeste
   options.socket_threads = policy.threads;
   options.socket_nsocks = policy.nsocks;
   if (thread_policy != nullptr) {
-    const int64_t gw_threads = config::get_int(config::Key::kSocketNthreads);
+    const int64_t gw_threads = config::get_int(net::tcp_config::kSocketNthreads);
     *thread_policy =
         gw_threads != 0 ? fmt::format("GW_SOCKET_NTHREADS={}", gw_threads) : policy.why;
   }
   options.job_token = job_token();
-  options.timeout_ms = config::get_int(config::Key::kTimeoutMs);
-  options.host_id = config::get_string(config::Key::kHostId);
+  options.timeout_ms = config::get_int(core_config::kTimeoutMs);
+  options.host_id = config::get_string(core_config::kHostId);
   if (options.timeout_ms <= 0) {
     return invalid_arg("GW_TIMEOUT_MS={} must be a positive number of milliseconds",
                        options.timeout_ms);
   }
-  std::string name = requested;
-  if (name == "auto") {
-    if (has_rdma_devices()) {
-      auto verbs = net::make_transport("verbs", options);
-      if (verbs.ok()) {
-        *chosen = "verbs";
-        return verbs;
-      }
-      GWP_INFO(NCCL_INIT | NCCL_NET,
-               "NET/gradwire: RDMA devices present but verbs unavailable ({}); using tcp",
-               verbs.status().to_string());
+  if (requested != "auto") {
+    auto backend = net::find_backend(requested);
+    if (!backend.ok() || !backend->auto_across_hosts) {
+      return invalid_arg(
+          "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use {}; NCCL handles "
+          "ranks on one host itself)",
+          requested, net::describe_cross_host_backends());
     }
-    name = "tcp";
-  } else if (name != "tcp" && name != "verbs") {
-    return invalid_arg(
-        "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use auto, tcp or verbs; "
-        "NCCL handles ranks on one host itself)",
-        requested);
+    auto t = net::make_transport(requested, options);
+    if (!t.ok()) return t.status().with_context(fmt::format("opening the {} backend", requested));
+    *chosen = requested;
+    return t;
   }
-  auto t = net::make_transport(name, options);
-  if (!t.ok()) return t.status().with_context(fmt::format("opening the {} backend", name));
-  *chosen = name;
-  return t;
+  std::vector<std::string> failed;
+  while (true) {
+    GW_ASSIGN_OR_RETURN(net::AutoChoice choice, net::choose_auto_backend(false, failed));
+    GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", choice.reason);
+    auto t = net::make_transport(choice.name, options);
+    if (t.ok()) {
+      *chosen = choice.name;
+      return t;
+    }
+    if (t.status().code() != Code::kUnsupported) {
+      return t.status().with_context(fmt::format("opening the {} backend", choice.name));
+    }
+    GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {} unavailable ({}); auto chooses again",
+             choice.name, t.status().to_string());
+    failed.push_back(choice.name);
+  }
 }
 
 int max_comms_for(int sockets_per_conn) {
@@ -456,7 +463,7 @@ void NetPlugin::log(ncclDebugLogLevel level, unsigned long flags, const char* fi
 void NetPlugin::pin_library() {
   // NCCL 2.28.9 dlcloses the plugin when its last communicator goes away and then fails to
   // reopen it (NVIDIA/nccl#1978); pinning keeps our code and threads valid for the process.
-  if (pinned_ || !config::get_bool(config::Key::kPluginPin)) return;
+  if (pinned_ || !config::get_bool(plugin::plugin_config::kPluginPin)) return;
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&NetPlugin::instance), &info) == 0 ||
       info.dli_fname == nullptr) {
@@ -481,7 +488,7 @@ void NetPlugin::pin_library() {
 // has not capped NCCL_MAX_NCHANNELS below it). NCCL reads it after the plugin's init.
 // Returns what was done, for the INFO line.
 static Result<std::string> request_channels(const DeviceInfo& d) {
-  const int64_t knob = config::get_int(config::Key::kPluginMinChannels);
+  const int64_t knob = config::get_int(plugin::plugin_config::kPluginMinChannels);
   if (knob < -1 || knob > 32) {
     return invalid_arg("GW_PLUGIN_MIN_CHANNELS={} is out of range (-1 = never, 0 = auto, 1-32)",
                        knob);
@@ -519,9 +526,9 @@ Status NetPlugin::discover() {
   if (!valid.ok()) return valid.with_context("malformed GW_* environment variable");
   std::string backend;
   std::string thread_policy;
-  GW_ASSIGN_OR_RETURN(
-      std::unique_ptr<net::Transport> transport,
-      open_backend(config::get_string(config::Key::kPluginBackend), &backend, &thread_policy));
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<net::Transport> transport,
+                      open_backend(config::get_string(plugin::plugin_config::kPluginBackend),
+                                   &backend, &thread_policy));
   const net::Properties& p = transport->properties();
   DeviceInfo d;
   d.backend = backend;
@@ -573,7 +580,7 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
     GW_ASSIGN_OR_RETURN(const std::string channels, request_channels(devices_.front()));
     announced_ = true;
     const DeviceInfo& d = devices_.front();
-    bool own_token = !config::get_string(config::Key::kJobToken).empty();
+    bool own_token = !config::get_string(core_config::kJobToken).empty();
     GWP_INFO(
         NCCL_INIT | NCCL_NET,
         "NET/gradwire: backend {}, device {} (interfaces {}, pci {}), {} socket(s) per "

@@ -35,14 +35,14 @@ part() {
   [ "$rc" = 0 ] && rc=$r
 }
 if [ "$what" = kernels ] || [ "$what" = all ]; then
-  if [ -f gpudirect/run_gpu_check.sh ]; then
-    part kernels bash gpudirect/run_gpu_check.sh
+  if [ -f perf/gpu/run_gpu_check.sh ]; then
+    part kernels bash perf/gpu/run_gpu_check.sh
   else
-    echo "gpu_check.sh: gpudirect/run_gpu_check.sh missing" >&2; rc=2
+    echo "gpu_check.sh: perf/gpu/run_gpu_check.sh missing" >&2; rc=2
   fi
 fi
 if [ "$what" = allreduce ] || [ "$what" = all ]; then
-  part allreduce bash gpudirect/run_gpu_check.sh --allreduce
+  part allreduce bash perf/gpu/run_gpu_check.sh --allreduce
 fi
-[ "$what" = plugin ] || [ "$what" = all ] && part plugin bash plugin/run_nccl_gpu_check.sh
+[ "$what" = plugin ] || [ "$what" = all ] && part plugin bash perf/gpu/run_nccl_gpu_check.sh
 exit "$rc"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prepares .gpu/ (git-ignored) for the GPU test machine, which has CUDA, cmake, ninja, g++ and
 # torch but no apt, no internet and none of the -dev packages this project builds against:
-#   .gpu/include/{fmt,spdlog}  headers for the header-only builds of the NCCL plugin and of
-#                              gpudirect's check program (GW_THIRD_PARTY_INCLUDE)
+#   .gpu/include/{fmt,spdlog}  headers for the header-only builds of the NCCL plugin and of the
+#                              GPU check programs in perf/gpu/ (GW_THIRD_PARTY_INCLUDE)
 #   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
 #                              does not travel with the repository
 # Then, through the device tool: run(command="bash scripts/gpu_check.sh all", carry=[".gpu"]).

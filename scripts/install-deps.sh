@@ -9,7 +9,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
   openmpi-bin libopenmpi-dev
-  python3 python3-torch python3-matplotlib
+  python3 python3-torch python3-numpy python3-matplotlib python3-pytest
   iproute2 procps ethtool
   libdpdk-dev dpdk libxdp-dev libbpf-dev tshark
 )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, release build + ctest, then the debug build
+# The whole test suite, as CI runs it: dependencies, release build + ctest, the Python tests
+# (tests/python, pytest), then the debug build
 # (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest. Fails on the first failure.
 # usage: scripts/test.sh            (GW_TEST_JOBS overrides ctest's parallelism, default 2)
 set -euo pipefail
@@ -32,6 +33,12 @@ run_ctest() {
 }
 run_ctest release
 phase "release tests"
+
+# The Python package and the torch backend against the release libgradwire.so, with Debian's
+# python3 (its torch); a few ranks and short deadlines, so it stays well under a minute.
+GRADWIRE_LIBRARY="$PWD/build/release/capi/libgradwire.so" GW_TIMEOUT_MS=10000 \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
+phase "python tests"
 
 bash scripts/build.sh debug
 phase "debug (ASan+UBSan) build"

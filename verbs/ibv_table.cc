@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "verbs/emu/emu_verbs.h"
+#include "verbs/verbs_config.h"
 
 namespace gw::verbs {
 namespace {
@@ -33,8 +34,9 @@ int lib_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr) {
 const char* (*lib_get_device_name_fn)(ibv_device*) = nullptr;
 
 int lib_query_gid_type(ibv_context* context, uint8_t port, int index, char* out, size_t len) {
+  // A test knob of the process-wide library table, not of one transport: read when asked.
   std::string type;
-  int err = read_sysfs_gid_type(config::get_string(config::Key::kIbSysfsRoot),
+  int err = read_sysfs_gid_type(config::get_string(verbs_config::kIbSysfsRoot),
                                 lib_get_device_name_fn(context->device), port, index, &type);
   if (err != 0) return err;
   std::snprintf(out, len, "%s", type.c_str());
@@ -58,7 +60,7 @@ Loaded load_library() {
   if (lib == nullptr) {
     const char* why = dlerror();
     l.status = unsupported(
-        "verbs unavailable: cannot load libibverbs.so.1 ({}); install "
+        "libibverbs.so.1 not found ({}); install "
         "rdma-core's libibverbs1, or set GW_VERBS_EMULATE=1 for the emulator",
         why != nullptr ? why : "dlopen failed");
     return l;
@@ -93,7 +95,7 @@ Loaded load_library() {
   need(&t.ack_async_event, "ibv_ack_async_event");
   need(&t.fork_init, "ibv_fork_init");
   if (missing != nullptr) {
-    l.status = unsupported("verbs unavailable: libibverbs.so.1 lacks {}@IBVERBS_1.1", missing);
+    l.status = unsupported("libibverbs.so.1 lacks {}@IBVERBS_1.1", missing);
     return l;
   }
   (void)load(lib, &t.reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");  // optional
@@ -116,9 +118,21 @@ Result<const IbvTable*> ibv_library_table() {
   return &l.table;
 }
 
-Result<const IbvTable*> ibv_table() {
-  if (config::get_bool(config::Key::kVerbsEmulate)) return emu::emu_table();
+Result<const IbvTable*> ibv_table(bool emulate) {
+  if (emulate) return emu::emu_table();
   return ibv_library_table();
+}
+
+Status rdma_devices_present(const IbvTable& ibv) {
+  int num = 0;
+  errno = 0;
+  ibv_device** list = ibv.get_device_list(&num);
+  const int err = errno;
+  if (list != nullptr) ibv.free_device_list(list);
+  if (list != nullptr && num > 0) return ok_status();
+  return unsupported("no RDMA devices ({}{})",
+                     err == ENOSYS ? "the kernel has no RDMA support: " : "",
+                     err != 0 ? strerror(err) : "the device list is empty");
 }
 
 int read_sysfs_gid_type(const std::string& sysfs_root, const std::string& device, int port,

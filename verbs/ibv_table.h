@@ -5,9 +5,9 @@
 // table entries), so a table from the emulator (verbs/emu/) sees every post and every poll.
 //
 // ibv_table() loads libibverbs.so.1 with dlopen and resolves each symbol with dlvsym at its
-// IBVERBS_1.x version; reg_dmabuf_mr (IBVERBS_1.12) is optional and null when absent. With
-// GW_VERBS_EMULATE=1 it returns the emulator's table instead. The result is computed once per
-// process and is immutable afterwards, so reads need no locking.
+// IBVERBS_1.x version; reg_dmabuf_mr (IBVERBS_1.12) is optional and null when absent.
+// ibv_table(true) (GW_VERBS_EMULATE=1) returns the emulator's table instead. Each table is made
+// once per process and is immutable afterwards, so reads need no locking.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -57,11 +57,15 @@ struct IbvTable {
   int (*fork_init)() = nullptr;
 };
 
-// The process's table, or kUnsupported saying why verbs cannot be used ("unavailable: ...").
-Result<const IbvTable*> ibv_table();
+// The emulator's table when `emulate`, else the library's, or kUnsupported saying why the
+// library cannot be used ("libibverbs.so.1 not found (...)").
+Result<const IbvTable*> ibv_table(bool emulate);
 
 // The table of the real library regardless of GW_VERBS_EMULATE (for tests of the loader).
 Result<const IbvTable*> ibv_library_table();
+
+// Ok when `ibv` lists at least one device, else kUnsupported "no RDMA devices (<why>)".
+Status rdma_devices_present(const IbvTable& ibv);
 
 // Reads <sysfs_root>/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>; 0 or an errno.
 int read_sysfs_gid_type(const std::string& sysfs_root, const std::string& device, int port,

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "core/sys/time.h"
 #include "verbs/device_select.h"
 
 namespace gw::verbs {
@@ -159,7 +160,7 @@ int QpSet::index_of(uint32_t qp_num) const {
 
 // ---- VerbsCommCore --------------------------------------------------------------------------
 
-VerbsCommCore::VerbsCommCore(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer)
+VerbsCommCore::VerbsCommCore(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer)
     : device_(qps->device()),
       qps_(std::move(qps)),
       socket_(std::move(socket)),
@@ -215,7 +216,7 @@ Status VerbsCommCore::health() {
     Status s = device_->async_error(qps_->qps(), qps_->cq());
     if (!s.ok()) return peer_error("connection to {} failed: {}", peer_, s.message());
   }
-  int64_t now = net::now_ns();
+  int64_t now = sys::now_ns();
   if (now < next_check_ns_) return ok_status();
   next_check_ns_ = now + kHealthCheckNs;
   char byte;
@@ -241,7 +242,7 @@ Status VerbsCommCore::fail_from_wc(const ibv_wc& wc) {
 
 // ---- VerbsSendComm --------------------------------------------------------------------------
 
-VerbsSendComm::VerbsSendComm(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer,
+VerbsSendComm::VerbsSendComm(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer,
                              std::unique_ptr<CtsWire[]> fifo, VerbsDevice::Registration* fifo_reg)
     : core_(std::make_unique<VerbsCommCore>(std::move(qps), std::move(socket), std::move(peer))),
       fifo_(std::move(fifo)),
@@ -383,7 +384,7 @@ void VerbsSendComm::issue() {
 
 // ---- VerbsRecvComm --------------------------------------------------------------------------
 
-VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer,
+VerbsRecvComm::VerbsRecvComm(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer,
                              uint64_t fifo_addr, uint32_t fifo_rkey, bool use_inline)
     : core_(std::make_unique<VerbsCommCore>(std::move(qps), std::move(socket), std::move(peer))),
       fifo_addr_(fifo_addr),

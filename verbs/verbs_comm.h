@@ -11,6 +11,7 @@
 
 #include "core/net/request.h"
 #include "core/net/socket_util.h"
+#include "core/sys/fd.h"
 #include "verbs/verbs_config.h"
 #include "verbs/verbs_device.h"
 #include "verbs/verbs_wire.h"
@@ -59,7 +60,7 @@ struct VerbsMr : net::MemRegion {
 // What both comms share: the QPs, the set-up socket kept for liveness, the sticky error.
 class VerbsCommCore {
  public:
-  VerbsCommCore(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer);
+  VerbsCommCore(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer);
   ~VerbsCommCore();
 
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type);
@@ -77,7 +78,7 @@ class VerbsCommCore {
  private:
   std::shared_ptr<VerbsDevice> device_;
   std::unique_ptr<QpSet> qps_;
-  net::UniqueFd socket_;
+  sys::Fd socket_;
   std::string peer_;
   int64_t next_check_ns_ = 0;
   uint64_t event_gen_ = 0;
@@ -88,7 +89,7 @@ class VerbsCommCore {
 class VerbsSendComm final : public net::SendComm {
  public:
   // `fifo` is the registered CTS FIFO the receiver writes into (kFifoDepth records).
-  VerbsSendComm(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer,
+  VerbsSendComm(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer,
                 std::unique_ptr<CtsWire[]> fifo, VerbsDevice::Registration* fifo_reg);
   ~VerbsSendComm() override;
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
@@ -124,8 +125,8 @@ class VerbsSendComm final : public net::SendComm {
 
 class VerbsRecvComm final : public net::RecvComm {
  public:
-  VerbsRecvComm(std::unique_ptr<QpSet> qps, net::UniqueFd socket, std::string peer,
-                uint64_t fifo_addr, uint32_t fifo_rkey, bool use_inline);
+  VerbsRecvComm(std::unique_ptr<QpSet> qps, sys::Fd socket, std::string peer, uint64_t fifo_addr,
+                uint32_t fifo_rkey, bool use_inline);
   ~VerbsRecvComm() override;
   Status init();
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {

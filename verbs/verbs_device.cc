@@ -68,7 +68,9 @@ Cache& cache() {
 }  // namespace
 
 Result<std::shared_ptr<VerbsDevice>> VerbsDevice::open(const VerbsConfig& config) {
-  GW_ASSIGN_OR_RETURN(const IbvTable* ibv, ibv_table());
+  Result<const IbvTable*> table = ibv_table(config.emulate);
+  if (!table.ok()) return table.status().with_context("verbs unavailable");
+  const IbvTable* ibv = *table;
   GW_ASSIGN_OR_RETURN(HcaSpec spec, HcaSpec::parse(config.hca));
   const std::string key =
       fmt::format("{}|{}|{}|{}", ibv->provider, config.hca, config.gid_index, config.addr_family);
@@ -92,15 +94,12 @@ Result<std::shared_ptr<VerbsDevice>> VerbsDevice::open(const VerbsConfig& config
                   strerror(err));
     }
   });
+  if (Status s = rdma_devices_present(*ibv); !s.ok()) return s.with_context("verbs unavailable");
   int num = 0;
-  errno = 0;
   ibv_device** list = ibv->get_device_list(&num);
   if (list == nullptr || num == 0) {
-    int err = errno;
     if (list != nullptr) ibv->free_device_list(list);
-    return unsupported("verbs unavailable: no RDMA devices ({}{})",
-                       err == ENOSYS ? "the kernel has no RDMA support: " : "",
-                       err != 0 ? strerror(err) : "the device list is empty");
+    return unsupported("verbs unavailable: the RDMA devices went away");
   }
   std::string tried;
   std::shared_ptr<VerbsDevice> found;

@@ -10,10 +10,11 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/config.h"
 #include "core/log.h"
 #include "core/net/socket_util.h"
-#include "core/net/transport_registry.h"
+#include "core/net/tcp_config.h"
+#include "core/sys/fd.h"
+#include "core/sys/time.h"
 #include "verbs/device_select.h"
 #include "verbs/verbs_comm.h"
 #include "verbs/verbs_config.h"
@@ -23,8 +24,8 @@
 namespace gw::verbs {
 namespace {
 
-using net::Deadline;
-using net::UniqueFd;
+using sys::Deadline;
+using UniqueFd = sys::Fd;
 
 constexpr int64_t kRetryNs = 20 * 1000 * 1000;  // between connect() attempts on ECONNREFUSED
 
@@ -38,7 +39,7 @@ bool retryable(int err) {
 }
 
 Status configure(int fd) {
-  GW_RETURN_IF_ERROR(net::set_nonblocking(fd));
+  GW_RETURN_IF_ERROR(sys::set_nonblocking(fd));
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return ok_status();
@@ -114,7 +115,7 @@ class VerbsListener final : public net::Listener {
     HelloWire hello{};
     ReplyWire reply{};
     size_t io = 0;
-    int64_t deadline_ns = 0;
+    Deadline deadline{};
     std::unique_ptr<QpSet> qps;
   };
 
@@ -128,7 +129,7 @@ class VerbsListener final : public net::Listener {
       Pending p;
       p.fd.reset(fd);
       p.addr = net::format_sockaddr(reinterpret_cast<sockaddr*>(&addr));
-      p.deadline_ns = net::now_ns() + options_.timeout_ms * 1000000;
+      p.deadline = sys::deadline_after_ms(options_.timeout_ms);
       (void)configure(fd);
       pending_.push_back(std::move(p));
     }
@@ -141,7 +142,7 @@ class VerbsListener final : public net::Listener {
 
   Result<std::unique_ptr<net::RecvComm>> advance(Pending& p) {
     std::unique_ptr<net::RecvComm> none;
-    if (net::now_ns() > p.deadline_ns) {
+    if (sys::expired(p.deadline)) {
       drop(p, "handshake not finished in time");
       return none;
     }
@@ -237,7 +238,7 @@ class VerbsConnector final : public net::Connector {
       : addr_(addr),
         device_(std::move(device)),
         config_(std::move(config)),
-        deadline_(Deadline::after_ms(options.timeout_ms)),
+        deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
         peer_rank_(handle.rank),
         peer_(fmt::format("{} via verbs ({})", net::rank_name(handle.rank),
@@ -293,7 +294,7 @@ class VerbsConnector final : public net::Connector {
       return std::unique_ptr<net::SendComm>(std::make_unique<VerbsSendComm>(
           std::move(qps_), std::move(fd_), peer, std::move(fifo_), reg));
     }
-    if (deadline_.expired()) {
+    if (sys::expired(deadline_)) {
       error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
                              last_problem_.empty() ? "no answer" : last_problem_);
       fd_.reset();
@@ -309,14 +310,14 @@ class VerbsConnector final : public net::Connector {
     last_problem_ = fmt::format("last attempt: {}", strerror(err));
     fd_.reset();
     phase_ = Phase::kIdle;
-    retry_at_ns_ = net::now_ns() + kRetryNs;
+    retry_at_ns_ = sys::now_ns() + kRetryNs;
   }
 
   Status advance() {
     while (true) {
       switch (phase_) {
         case Phase::kIdle: {
-          if (net::now_ns() < retry_at_ns_) return ok_status();
+          if (sys::now_ns() < retry_at_ns_) return ok_status();
           int fd = socket(addr_.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
           if (fd < 0) return system_error("socket", errno);
           fd_.reset(fd);
@@ -538,15 +539,40 @@ Result<std::unique_ptr<net::Transport>> make_verbs_transport(const net::Transpor
     return invalid_arg("verbs: job token of {} bytes is longer than {}", options.job_token.size(),
                        kMaxToken);
   }
-  GW_ASSIGN_OR_RETURN(VerbsConfig config, load_verbs_config());
+  const config::Snapshot snapshot =
+      options.config.empty() ? config::Snapshot::capture() : options.config;
+  GW_ASSIGN_OR_RETURN(VerbsConfig config, load_verbs_config(snapshot));
   GW_ASSIGN_OR_RETURN(std::shared_ptr<VerbsDevice> device, VerbsDevice::open(config));
   GW_ASSIGN_OR_RETURN(std::vector<net::Interface> all, net::list_interfaces());
-  GW_ASSIGN_OR_RETURN(net::Interface iface,
-                      net::select_interface(config::get_string(config::Key::kSocketIfname), all));
+  GW_ASSIGN_OR_RETURN(
+      net::Interface iface,
+      net::select_interface(snapshot.get_string(net::tcp_config::kSocketIfname), all));
   return std::unique_ptr<net::Transport>(
       std::make_unique<VerbsTransport>(options, std::move(config), std::move(device), iface));
 }
 
-Status register_verbs_backend() { return net::register_transport("verbs", &make_verbs_transport); }
+Status probe_verbs() {
+  // The emulator is always there; the library and its devices are looked for once per process
+  // (the probe runs for every peer that `auto` places).
+  if (config::get_bool(verbs_config::kVerbsEmulate)) return ok_status();
+  static const Status* const found = [] {
+    Result<const IbvTable*> ibv = ibv_table(false);
+    if (!ibv.ok()) return new Status(Code::kUnsupported, ibv.status().message());
+    return new Status(rdma_devices_present(**ibv));
+  }();
+  return *found;
+}
+
+net::Backend verbs_backend() {
+  net::Backend b;
+  b.name = "verbs";
+  b.summary = "RDMA verbs: InfiniBand or RoCE, RC queue pairs";
+  b.probe = &probe_verbs;
+  b.factory = &make_verbs_transport;
+  b.auto_priority = 30;  // above tcp (10) across hosts
+  b.auto_within_host = false;
+  b.auto_across_hosts = true;
+  return b;
+}
 
 }  // namespace gw::verbs

@@ -12,15 +12,24 @@
 
 #include <memory>
 
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 #include "core/status.h"
 
 namespace gw::verbs {
 
 // kUnsupported with "verbs unavailable: <reason>" where the library or a device is missing.
+// Tunables come from options.config (captured now when empty).
 Result<std::unique_ptr<net::Transport>> make_verbs_transport(const net::TransportOptions& options);
 
-// Makes "verbs" reachable through net::make_transport(). Idempotent.
-Status register_verbs_backend();
+// Ok when GW_VERBS_EMULATE=1 (read now) or when libibverbs.so.1 loads and lists a device (looked
+// for once per process); otherwise kUnsupported with the reason ("libibverbs.so.1 not found
+// (...)", "no RDMA devices (...)"). Opens nothing.
+Status probe_verbs();
+
+// The registry's entry for verbs: `auto` picks it for peers on other hosts when the probe
+// passes, ahead of tcp, and never for peers on this host (shm or tcp serve those). Registered by
+// gw_backends (cmake/backends.cmake).
+net::Backend verbs_backend();
 
 }  // namespace gw::verbs

@@ -1,9 +1,6 @@
 #include "core/net/shm_transport.h"
 
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,20 +11,31 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
+#include "core/net/comm_adapter.h"
+#include "core/net/handshake.h"
 #include "core/net/request.h"
+#include "core/net/shm_config.h"
 #include "core/net/socket_util.h"
+#include "core/sys/fd.h"
+#include "core/sys/memfd_region.h"
+#include "core/sys/time.h"
+#include "core/sys/unix_socket.h"
 
 namespace gw::net {
 namespace {
 
+using handshake::kAccept;
+using handshake::kRefuse;
+using sys::Fd;
+using sys::MemfdRegion;
+using sys::now_ns;
+
 constexpr uint16_t kVersion = 1;
-constexpr size_t kMaxToken = 256;
 constexpr size_t kHostIdSize = 64;
 constexpr size_t kSockNameSize = 32;
-constexpr uint32_t kRingMagic = 0x47575231;  // "GWR1"
-constexpr uint8_t kAccept = 'A';
-constexpr uint8_t kRefuse = 'R';
+constexpr uint32_t kRingMagic = 0x47575231;       // "GWR1"
 constexpr int64_t kRetryNs = 10 * 1000 * 1000;    // between connect() attempts
 constexpr int64_t kLivenessNs = 1 * 1000 * 1000;  // between peer liveness checks
 
@@ -50,7 +58,7 @@ struct Hello {
   uint64_t nonce;
   int32_t rank;
   uint32_t reserved;
-  char token[kMaxToken];
+  handshake::TokenField token;
 };
 static_assert(sizeof(Hello) == 280);
 
@@ -103,13 +111,13 @@ struct Geometry {
 // One mapping of a ring segment.
 class Ring {
  public:
-  Ring() = default;
-  Ring(void* base, Geometry g) : base_(static_cast<char*>(base)), g_(g) {}
-  Ring(Ring&& o) noexcept : base_(std::exchange(o.base_, nullptr)), g_(o.g_) {}
+  Ring(MemfdRegion region, Geometry g)
+      : region_(std::move(region)), base_(static_cast<char*>(region_.data())), g_(g) {}
+  Ring(Ring&& o) noexcept
+      : region_(std::move(o.region_)), base_(std::exchange(o.base_, nullptr)), g_(o.g_) {}
   Ring& operator=(Ring&&) = delete;
-  ~Ring() {
-    if (base_ != nullptr) munmap(base_, g_.total());
-  }
+  // The segment's descriptor is needed only until it has been passed to the peer.
+  void close_fd() { region_.close_fd(); }
   RingCtrl* ctrl() const { return reinterpret_cast<RingCtrl*>(base_); }
   SlotHeader* header(uint64_t slot) const {
     return reinterpret_cast<SlotHeader*>(base_ + g_.headers_offset()) + slot;
@@ -118,15 +126,10 @@ class Ring {
   const Geometry& geometry() const { return g_; }
 
  private:
+  MemfdRegion region_;
   char* base_ = nullptr;
   Geometry g_;
 };
-
-Result<Ring> map_ring(int fd, Geometry g) {
-  void* p = mmap(nullptr, g.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return system_error(fmt::format("shm: mmap {} bytes", g.total()), errno);
-  return Ring(p, g);
-}
 
 uint64_t fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -144,7 +147,7 @@ std::string encode_host_id(const std::string& id) {
 }
 
 std::string default_host_id() {
-  std::string id = config::get_string(config::Key::kHostId);
+  std::string id = config::get_string(core_config::kHostId);
   if (!id.empty()) return id;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -152,15 +155,6 @@ std::string default_host_id() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
   return fmt::format("{}:{}", host, boot);
-}
-
-sockaddr_un abstract_addr(std::string_view name, socklen_t* len) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  addr.sun_path[0] = '\0';
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  return addr;
 }
 
 bool is_peer_errno(int err) {
@@ -178,8 +172,15 @@ struct ShmRequest : Request {
 
 // What both directions share: the liveness socket, the ring, requests and the sticky error.
 class ShmCommCore {
+ public:
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) {
+    return mrs_.reg(data, size, type, "shm");
+  }
+  Status dereg_mr(MemRegion* mr) { return mrs_.dereg(mr); }
+  std::string peer_name() const { return peer_; }
+
  protected:
-  ShmCommCore(UniqueFd sock, Ring ring, std::string peer)
+  ShmCommCore(Fd sock, Ring ring, std::string peer)
       : sock_(std::move(sock)), ring_(std::move(ring)), peer_(std::move(peer)) {}
 
   Status fail(Status status) {
@@ -206,7 +207,7 @@ class ShmCommCore {
                         std::forward<Progress>(progress));
   }
 
-  UniqueFd sock_;
+  Fd sock_;
   Ring ring_;
   std::string peer_;
   RequestTable<ShmRequest> reqs_;
@@ -219,18 +220,13 @@ class ShmCommCore {
   int64_t last_check_ns_ = 0;
 };
 
-class ShmSendComm final : public SendComm, private ShmCommCore {
+// One direction of a connection; ShmSendComm forwards the SendComm interface to it.
+class ShmSendCore final : public ShmCommCore {
  public:
-  ShmSendComm(UniqueFd sock, Ring ring, std::string peer)
+  ShmSendCore(Fd sock, Ring ring, std::string peer)
       : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
 
-  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
-    return mrs_.reg(data, size, type, "shm");
-  }
-  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
-  std::string peer_name() const override { return peer_; }
-
-  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
+  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
     if (!error_.ok()) return error_;
     ShmRequest* r = reqs_.post();
@@ -243,7 +239,7 @@ class ShmSendComm final : public SendComm, private ShmCommCore {
     return static_cast<Request*>(r);
   }
 
-  Status test(Request* request, bool* done, size_t* size) override {
+  Status test(Request* request, bool* done, size_t* size) {
     return test_impl(request, done, size, [this] { return progress(); });
   }
 
@@ -281,18 +277,13 @@ class ShmSendComm final : public SendComm, private ShmCommCore {
   }
 };
 
-class ShmRecvComm final : public RecvComm, private ShmCommCore {
+// One direction of a connection; ShmRecvComm forwards the RecvComm interface to it.
+class ShmRecvCore final : public ShmCommCore {
  public:
-  ShmRecvComm(UniqueFd sock, Ring ring, std::string peer)
+  ShmRecvCore(Fd sock, Ring ring, std::string peer)
       : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
 
-  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
-    return mrs_.reg(data, size, type, "shm");
-  }
-  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
-  std::string peer_name() const override { return peer_; }
-
-  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
+  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
     if (!error_.ok()) return error_;
     ShmRequest* r = reqs_.post();
@@ -304,7 +295,7 @@ class ShmRecvComm final : public RecvComm, private ShmCommCore {
     return static_cast<Request*>(r);
   }
 
-  Status test(Request* request, bool* done, size_t* size) override {
+  Status test(Request* request, bool* done, size_t* size) {
     return test_impl(request, done, size, [this] { return progress(); });
   }
 
@@ -374,24 +365,23 @@ class ShmRecvComm final : public RecvComm, private ShmCommCore {
   }
 };
 
+using ShmSendComm = SendCommAdapter<ShmSendCore>;
+using ShmRecvComm = RecvCommAdapter<ShmRecvCore>;
+
 struct ShmConfig {
   Geometry geometry;
 };
 
 class ShmListener final : public Listener {
  public:
-  ShmListener(UniqueFd fd, uint64_t nonce, ShmConfig config, TransportOptions options)
+  ShmListener(Fd fd, uint64_t nonce, ShmConfig config, TransportOptions options)
       : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
 
   Result<std::unique_ptr<RecvComm>> accept() override {
     while (true) {
-      int fd = accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return system_error("shm accept", errno);
-      }
-      pending_.push_back({UniqueFd(fd), now_ns() + options_.timeout_ms * 1000000});
+      GW_ASSIGN_OR_RETURN(Fd fd, sys::accept_unix(fd_.get()));
+      if (!fd.valid()) break;
+      pending_.push_back({std::move(fd), now_ns() + options_.timeout_ms * 1000000});
     }
     const int64_t now = now_ns();
     for (size_t i = 0; i < pending_.size(); ++i) {
@@ -407,24 +397,26 @@ class ShmListener final : public Listener {
 
  private:
   struct Pending {
-    UniqueFd fd;
+    Fd fd;
     int64_t deadline_ns;
   };
 
   void refuse(Pending& p, std::string_view why) {
     GW_LOG_WARN("shm accept: refused a connection: {}", why);
     Reply reply{};
-    std::memcpy(reply.magic, "GWSR", 4);
+    handshake::put_magic(reply.magic, "GWSR");
     reply.answer = kRefuse;
-    (void)!send(p.fd.get(), &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)sys::send_with_fds(p.fd.get(), &reply, sizeof(reply), {}, sys::kNoWait, "shm refuse");
     p.fd.reset();
   }
 
   // Returns a comm when the handshake completed; resets p.fd when the socket is done with.
   Result<std::unique_ptr<RecvComm>> advance(Pending& p, int64_t now) {
     Hello hello{};
-    ssize_t n = recv(p.fd.get(), &hello, sizeof(hello), MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    std::vector<Fd> unwanted;  // a client has no reason to send descriptors: closed unread
+    Result<size_t> n = sys::recv_with_fds(p.fd.get(), &hello, sizeof(hello), &unwanted,
+                                          sys::kNoWait, "shm accept");
+    if (!n.ok() && n.status().code() == Code::kTimeout) {
       if (now >= p.deadline_ns) {
         GW_LOG_WARN("shm accept: a client sent no handshake within {} ms; dropped",
                     options_.timeout_ms);
@@ -432,72 +424,56 @@ class ShmListener final : public Listener {
       }
       return std::unique_ptr<RecvComm>();
     }
-    if (n <= 0) {
+    if (!n.ok() || *n == 0) {
       p.fd.reset();
       return std::unique_ptr<RecvComm>();
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(p.fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != getuid()) {
-      refuse(p, fmt::format("peer uid {} is not this user's", cred.uid));
+    Result<ucred> cred = sys::peer_credentials(p.fd.get());
+    if (!cred.ok() || cred->uid != getuid()) {
+      refuse(p, cred.ok() ? fmt::format("peer uid {} is not this user's", cred->uid)
+                          : cred.status().to_string());
       return std::unique_ptr<RecvComm>();
     }
-    if (static_cast<size_t>(n) != sizeof(hello) || std::memcmp(hello.magic, "GWSH", 4) != 0) {
-      refuse(p, "not a gradwire shm handshake");
-      return std::unique_ptr<RecvComm>();
-    }
-    if (hello.nonce != nonce_) {
-      refuse(p, "handshake for another listener (nonce mismatch)");
-      return std::unique_ptr<RecvComm>();
-    }
-    if (hello.token_len > kMaxToken ||
-        std::string_view(hello.token, hello.token_len) != options_.job_token) {
-      refuse(p, fmt::format("job token mismatch (pid {})", cred.pid));
+    std::string why =
+        *n != sizeof(hello)
+            ? std::string("not a gradwire shm handshake")
+            : handshake::refusal({hello.magic, hello.nonce, hello.token_len, hello.token},
+                                 {"shm", "GWSH", nonce_, options_.job_token});
+    if (!why.empty()) {
+      refuse(p, fmt::format("{} (pid {})", why, cred->pid));
       return std::unique_ptr<RecvComm>();
     }
     const Geometry& g = config_.geometry;
     // The segment lives only as this fd and the two mappings: nothing in any filesystem.
-    UniqueFd mem(memfd_create("gradwire-shm", MFD_CLOEXEC));
-    if (!mem.valid()) return system_error("shm accept: memfd_create", errno);
-    if (ftruncate(mem.get(), static_cast<off_t>(g.total())) != 0) {
-      return system_error(fmt::format("shm accept: ftruncate {} bytes", g.total()), errno);
-    }
-    GW_ASSIGN_OR_RETURN(Ring ring, map_ring(mem.get(), g));
+    Result<MemfdRegion> region = MemfdRegion::create("gradwire-shm", g.total());
+    if (!region.ok()) return region.status().with_context("shm accept: ");
+    const int memfd = region->fd();
+    Ring ring(std::move(*region), g);
     RingCtrl* ctrl = new (ring.ctrl()) RingCtrl{};
     ctrl->magic = kRingMagic;
     ctrl->nslots = g.nslots;
     ctrl->slot_size = g.slot_size;
 
     Reply reply{};
-    std::memcpy(reply.magic, "GWSR", 4);
+    handshake::put_magic(reply.magic, "GWSR");
     reply.answer = kAccept;
     reply.nslots = g.nslots;
     reply.slot_size = g.slot_size;
     reply.total_size = g.total();
-    iovec iov{&reply, sizeof(reply)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    int memfd = mem.get();
-    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-    if (sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(reply)) {
-      GW_LOG_WARN("shm accept: could not answer pid {}: {}", cred.pid, strerror(errno));
+    Status sent = sys::send_with_fds(p.fd.get(), &reply, sizeof(reply), {&memfd, 1}, sys::kNoWait,
+                                     fmt::format("shm accept: answer to pid {}", cred->pid));
+    if (!sent.ok()) {
+      GW_LOG_WARN("{}", sent.message());
       p.fd.reset();
       return std::unique_ptr<RecvComm>();
     }
-    std::string peer = fmt::format("{} via shm pid {}", rank_name(hello.rank), cred.pid);
+    ring.close_fd();  // the peer has its own copy now
+    std::string peer = handshake::peer_label(hello.rank, "shm", fmt::format("pid {}", cred->pid));
     return std::unique_ptr<RecvComm>(
         std::make_unique<ShmRecvComm>(std::move(p.fd), std::move(ring), std::move(peer)));
   }
 
-  UniqueFd fd_;
+  Fd fd_;
   uint64_t nonce_;
   ShmConfig config_;
   TransportOptions options_;
@@ -508,14 +484,13 @@ class ShmConnector final : public Connector {
  public:
   ShmConnector(const HandleWire& wire, const TransportOptions& options)
       : name_(wire.sock_name, strnlen(wire.sock_name, kSockNameSize)),
-        deadline_(Deadline::after_ms(options.timeout_ms)),
+        deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
-        peer_(fmt::format("{} via shm @{}", rank_name(wire.rank), name_)) {
-    std::memcpy(hello_.magic, "GWSH", 4);
-    hello_.token_len = static_cast<uint32_t>(options.job_token.size());
+        peer_(handshake::peer_label(wire.rank, "shm", "@" + name_)) {
+    handshake::put_magic(hello_.magic, "GWSH");
     hello_.nonce = wire.nonce;
     hello_.rank = options.rank;
-    std::memcpy(hello_.token, options.job_token.data(), options.job_token.size());
+    handshake::put_token(options.job_token, &hello_.token_len, hello_.token);
   }
 
   Result<std::unique_ptr<SendComm>> poll() override {
@@ -531,9 +506,8 @@ class ShmConnector final : public Connector {
       returned_ = true;
       return comm;
     }
-    if (deadline_.expired()) {
-      error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
-                             last_problem_.empty() ? "no answer" : last_problem_);
+    if (sys::expired(deadline_)) {
+      error_ = handshake::connect_timeout_error(peer_, timeout_ms_, last_problem_);
       fd_.reset();
       return error_;
     }
@@ -544,99 +518,64 @@ class ShmConnector final : public Connector {
   enum class Phase { kIdle, kHello, kReply };
 
   Result<std::unique_ptr<SendComm>> advance() {
+    const std::string what = fmt::format("handshake with {}", peer_);
     if (phase_ == Phase::kIdle) {
       if (now_ns() < retry_at_ns_) return std::unique_ptr<SendComm>();
-      fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-      if (!fd_.valid()) return system_error("shm connect: socket", errno);
-      socklen_t len = 0;
-      sockaddr_un addr = abstract_addr(name_, &len);
-      if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-        int err = errno;
-        if (err == ECONNREFUSED || err == EAGAIN || err == ENOENT || err == EINTR) {
-          last_problem_ = fmt::format("last attempt: {}", strerror(err));
-          fd_.reset();
-          retry_at_ns_ = now_ns() + kRetryNs;
-          return std::unique_ptr<SendComm>();
-        }
-        return system_error(fmt::format("shm connect to {}", peer_), err);
+      GW_ASSIGN_OR_RETURN(sys::UnixAddress addr, sys::UnixAddress::abstract(name_));
+      Result<Fd> fd = sys::connect_unix(addr, SOCK_SEQPACKET);
+      if (!fd.ok()) {
+        if (fd.status().code() != Code::kPeer) return fd.status();
+        last_problem_ = fmt::format("last attempt: {}", fd.status().message());
+        retry_at_ns_ = now_ns() + kRetryNs;
+        return std::unique_ptr<SendComm>();
       }
+      fd_ = std::move(*fd);
       phase_ = Phase::kHello;
     }
     if (phase_ == Phase::kHello) {
-      ssize_t n = send(fd_.get(), &hello_, sizeof(hello_), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-          return std::unique_ptr<SendComm>();
-        }
-        if (is_peer_errno(errno)) {
-          return peer_error("handshake with {}: {}", peer_, strerror(errno));
-        }
-        return system_error(fmt::format("shm handshake with {}", peer_), errno);
-      }
+      Status sent = sys::send_with_fds(fd_.get(), &hello_, sizeof(hello_), {}, sys::kNoWait, what);
+      if (sent.code() == Code::kTimeout) return std::unique_ptr<SendComm>();
+      GW_RETURN_IF_ERROR(sent);
       phase_ = Phase::kReply;
     }
     Reply reply{};
-    iovec iov{&reply, sizeof(reply)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        return std::unique_ptr<SendComm>();
-      }
-      if (is_peer_errno(errno)) return peer_error("handshake with {}: {}", peer_, strerror(errno));
-      return system_error(fmt::format("shm handshake with {}", peer_), errno);
+    std::vector<Fd> fds;
+    Result<size_t> got =
+        sys::recv_with_fds(fd_.get(), &reply, sizeof(reply), &fds, sys::kNoWait, what);
+    if (!got.ok()) {
+      if (got.status().code() == Code::kTimeout) return std::unique_ptr<SendComm>();
+      return got.status();
     }
-    std::vector<UniqueFd> fds;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        fds.emplace_back(fd);
-      }
+    const size_t n = *got;
+    if (n == 0) return handshake::closed_by_listener_error(peer_);
+    if (n != sizeof(reply) || !handshake::magic_is(reply.magic, "GWSR")) {
+      return peer_error("{}: malformed answer ({} bytes)", what, n);
     }
-    if (n == 0) {
-      return peer_error("handshake with {}: connection closed by the listener", peer_);
-    }
-    if (static_cast<size_t>(n) != sizeof(reply) || std::memcmp(reply.magic, "GWSR", 4) != 0) {
-      return peer_error("handshake with {}: malformed answer ({} bytes)", peer_, n);
-    }
-    if (reply.answer == kRefuse) {
-      return peer_error("handshake with {}: refused (job token mismatch or stale handle)", peer_);
-    }
+    if (reply.answer == kRefuse) return handshake::refused_error(peer_);
     Geometry g;
     g.nslots = reply.nslots;
     g.slot_size = reply.slot_size;
     if (reply.answer != kAccept || fds.size() != 1 || g.nslots == 0 || g.nslots > 4096 ||
         g.slot_size == 0 || g.slot_size > (uint64_t{1} << 30) || reply.total_size != g.total()) {
-      return peer_error("handshake with {}: malformed answer", peer_);
+      return peer_error("{}: malformed answer", what);
     }
-    struct stat st {};
-    if (fstat(fds[0].get(), &st) != 0) return system_error("shm: fstat of the segment", errno);
-    if (static_cast<uint64_t>(st.st_size) != g.total()) {
-      return peer_error("handshake with {}: segment is {} bytes, expected {}", peer_, st.st_size,
-                        g.total());
-    }
-    GW_ASSIGN_OR_RETURN(Ring ring, map_ring(fds[0].get(), g));
+    Result<MemfdRegion> region = MemfdRegion::map(std::move(fds[0]), g.total());
+    if (!region.ok()) return region.status().with_context(what + ": ");
+    region->close_fd();  // the mapping is all this side needs
+    Ring ring(std::move(*region), g);
     if (ring.ctrl()->magic != kRingMagic) {
-      return peer_error("handshake with {}: segment has no ring", peer_);
+      return peer_error("{}: segment has no ring", what);
     }
     return std::unique_ptr<SendComm>(
         std::make_unique<ShmSendComm>(std::move(fd_), std::move(ring), peer_));
   }
 
   std::string name_;
-  Deadline deadline_;
+  sys::Deadline deadline_;
   int64_t timeout_ms_;
   std::string peer_;
   Hello hello_{};
-  UniqueFd fd_;
+  Fd fd_;
   Phase phase_ = Phase::kIdle;
   int64_t retry_at_ns_ = 0;
   Status error_;
@@ -659,20 +598,15 @@ class ShmTransport final : public Transport {
 
   Result<std::unique_ptr<Listener>> listen(Handle* handle) override {
     if (handle == nullptr) return invalid_arg("shm listen: null handle");
-    UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return system_error("shm listen: socket", errno);
     uint8_t rnd[8];
     fill_random(rnd, sizeof(rnd));
     std::string name = "gradwire-shm-";
     for (uint8_t b : rnd) name += fmt::format("{:02x}", b);
-    socklen_t len = 0;
-    sockaddr_un addr = abstract_addr(name, &len);
-    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      return system_error(fmt::format("shm listen: bind @{}", name), errno);
-    }
-    if (::listen(fd.get(), 64) != 0) return system_error("shm listen: listen", errno);
+    GW_ASSIGN_OR_RETURN(sys::UnixAddress addr, sys::UnixAddress::abstract(name));
+    Result<Fd> fd = sys::listen_unix(addr, SOCK_SEQPACKET, 64);
+    if (!fd.ok()) return fd.status().with_context("shm listen: ");
     HandleWire wire{};
-    std::memcpy(wire.magic, "GWS1", 4);
+    handshake::put_magic(wire.magic, "GWS1");
     wire.version = kVersion;
     wire.nonce = random_u64();
     wire.rank = options_.rank;
@@ -681,19 +615,13 @@ class ShmTransport final : public Transport {
     *handle = Handle{};
     std::memcpy(handle->bytes.data(), &wire, sizeof(wire));
     return std::unique_ptr<Listener>(
-        std::make_unique<ShmListener>(std::move(fd), wire.nonce, config_, options_));
+        std::make_unique<ShmListener>(std::move(*fd), wire.nonce, config_, options_));
   }
 
   Result<std::unique_ptr<Connector>> connect(const Handle& handle) override {
     HandleWire wire;
     std::memcpy(&wire, handle.bytes.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, "GWS1", 4) != 0) {
-      return invalid_arg("shm connect: the handle is not an shm handle");
-    }
-    if (wire.version != kVersion) {
-      return invalid_arg("shm connect: handle version {} (this build speaks {})", wire.version,
-                         kVersion);
-    }
+    GW_RETURN_IF_ERROR(handshake::check_handle("shm", wire.magic, "GWS1", wire.version, kVersion));
     std::string_view theirs(wire.host_id, strnlen(wire.host_id, kHostIdSize));
     if (theirs != host_id_) {
       return unsupported(
@@ -717,28 +645,33 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& options) {
-  using config::Key;
-  int64_t nslots = config::get_int(Key::kShmNslots);
+  const config::Snapshot settings =
+      options.config.empty() ? config::Snapshot::capture() : options.config;
+  int64_t nslots = settings.get_int(net::shm_config::kShmNslots);
   if (nslots < 2 || nslots > 4096) {
     return invalid_arg("GW_SHM_NSLOTS={} is out of range (2-4096)", nslots);
   }
-  int64_t slot_size = config::get_int(Key::kShmSlotSize);
+  int64_t slot_size = settings.get_int(net::shm_config::kShmSlotSize);
   if (slot_size < 4096 || slot_size > (int64_t{1} << 30)) {
     return invalid_arg("GW_SHM_SLOT_SIZE={} is out of range (4K-1G)", slot_size);
   }
-  if (options.job_token.size() > kMaxToken) {
-    return invalid_arg("shm: job token of {} bytes is longer than {}", options.job_token.size(),
-                       kMaxToken);
-  }
-  if (options.timeout_ms <= 0) {
-    return invalid_arg("shm: timeout_ms must be positive (got {})", options.timeout_ms);
-  }
+  GW_RETURN_IF_ERROR(handshake::check_options("shm", options));
   ShmConfig cfg;
   cfg.geometry.nslots = static_cast<uint32_t>(nslots);
   cfg.geometry.slot_size = static_cast<uint64_t>(slot_size);
   TransportOptions opts = options;
   if (opts.host_id.empty()) opts.host_id = default_host_id();
   return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(opts, cfg));
+}
+
+Backend shm_backend() {
+  Backend b;
+  b.name = "shm";
+  b.summary = "shared memory, ranks on one host";
+  b.factory = &make_shm_transport;
+  b.auto_priority = 20;
+  b.auto_within_host = true;
+  return b;
 }
 
 }  // namespace gw::net

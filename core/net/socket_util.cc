@@ -9,33 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
+
+#include "core/sys/time.h"
 
 namespace gw::net {
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) reset(other.release());
-  return *this;
-}
-
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-Status set_nonblocking(int fd) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return system_error("fcntl(O_NONBLOCK)", errno);
-  }
-  return ok_status();
-}
 
 std::string format_sockaddr(const sockaddr* addr) {
   char text[INET6_ADDRSTRLEN] = {};
@@ -174,7 +151,7 @@ void fill_random(void* out, size_t size) {
     got += static_cast<size_t>(n);
   }
   // Fallback: mix the clock and the pid; uniqueness, not secrecy, is what callers need here.
-  uint64_t x = static_cast<uint64_t>(now_ns()) ^ (static_cast<uint64_t>(getpid()) << 32);
+  uint64_t x = static_cast<uint64_t>(sys::now_ns()) ^ (static_cast<uint64_t>(getpid()) << 32);
   for (; got < size; ++got) {
     x ^= x << 13;
     x ^= x >> 7;

@@ -1,5 +1,5 @@
-// Small helpers shared by the tcp and shm backends: an owning fd, deadlines, socket options,
-// address formatting, interface selection (NCCL_SOCKET_IFNAME syntax) and random bytes.
+// Small helpers shared by the tcp and shm backends: address formatting, interface selection
+// (NCCL_SOCKET_IFNAME syntax) and random bytes. Descriptors and time are core/sys's.
 //
 // Everything here is thread-compatible (no shared state) and never blocks.
 #pragma once
@@ -10,49 +10,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "core/status.h"
 
 namespace gw::net {
-
-// Owns one file descriptor; closes it on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
-
-// Monotonic clock in nanoseconds.
-int64_t now_ns();
-
-// A point on the monotonic clock; every wait in core/net is bounded by one.
-class Deadline {
- public:
-  static Deadline after_ms(int64_t ms) { return Deadline(now_ns() + ms * 1000000); }
-  bool expired() const { return now_ns() >= at_ns_; }
-  int64_t at_ns() const { return at_ns_; }
-
- private:
-  explicit Deadline(int64_t at_ns) : at_ns_(at_ns) {}
-  int64_t at_ns_;
-};
-
-Status set_nonblocking(int fd);
 
 // "10.0.0.2:41234" or "[fd00::2]:41234".
 std::string format_sockaddr(const sockaddr* addr);

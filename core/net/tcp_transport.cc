@@ -22,8 +22,13 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/comm_adapter.h"
+#include "core/net/handshake.h"
 #include "core/net/request.h"
 #include "core/net/socket_util.h"
+#include "core/sys/fd.h"
+#include "core/sys/time.h"
+#include "core/net/tcp_config.h"
 
 namespace gw::net {
 
@@ -37,12 +42,15 @@ StripeRange tcp_stripe(size_t size, int nsocks, size_t unit, int index) {
 
 namespace {
 
+using handshake::kAccept;
+using handshake::kRefuse;
+using sys::Fd;
+using sys::now_ns;
+using sys::set_nonblocking;
+
 constexpr uint16_t kVersion = 1;
-constexpr size_t kMaxToken = 256;
-constexpr uint32_t kHeaderMagic = 0x47574d31;  // "GWM1"
-constexpr uint32_t kNoticeMagic = 0x47574e31;  // "GWN1"
-constexpr uint8_t kAccept = 'A';
-constexpr uint8_t kRefuse = 'R';
+constexpr uint32_t kHeaderMagic = 0x47574d31;   // "GWM1"
+constexpr uint32_t kNoticeMagic = 0x47574e31;   // "GWN1"
 constexpr int64_t kRetryNs = 20 * 1000 * 1000;  // between connect() attempts on ECONNREFUSED
 
 // All wire structs are little-endian, fixed size, no implicit padding (docs/wire-tcp.md).
@@ -68,7 +76,7 @@ struct Hello {
   uint64_t conn_id;
   int32_t rank;
   uint32_t token_len;
-  char token[kMaxToken];
+  handshake::TokenField token;
 };
 static_assert(sizeof(Hello) == 288);
 
@@ -179,10 +187,21 @@ class TcpCommCore {
     size_t hdr_off = 0;  // socket 0: header bytes done
   };
 
-  TcpCommCore(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+  TcpCommCore(std::vector<Fd> socks, size_t chunk, std::string peer)
       : socks_(std::move(socks)), chunk_(chunk), peer_(std::move(peer)), pos_(socks_.size()) {}
+
+ public:
   virtual ~TcpCommCore() = default;
 
+  // Starts min(threads, nsocks) workers; 0 keeps all I/O on the caller's thread.
+  Status start(int threads) { return start_workers(threads); }
+  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) {
+    return mrs_.reg(data, size, type, "tcp");
+  }
+  Status dereg_mr(MemRegion* mr) { return mrs_.dereg(mr); }
+  std::string peer_name() const { return peer_; }
+
+ protected:
   // Moves bytes of request r on socket s from p onwards without blocking: true when the socket
   // has finished its part of r, false when the kernel has no room/data now. Errors are returned,
   // not recorded. In threaded mode r is the worker's copy of the request.
@@ -209,7 +228,6 @@ class TcpCommCore {
 
   bool threaded() const { return nthreads_ > 0; }
 
-  // Starts min(threads, nsocks) workers; 0 keeps all I/O on the caller's thread.
   Status start_workers(int threads) {
     const int n = std::min<int>(threads, static_cast<int>(socks_.size()));
     if (n <= 0) return ok_status();
@@ -238,7 +256,7 @@ class TcpCommCore {
   void stop_workers() {
     if (workers_.empty()) return;
     halt_.store(true);
-    for (const UniqueFd& w : wake_) signal_fd(w.get());
+    for (const Fd& w : wake_) signal_fd(w.get());
     for (std::thread& w : workers_) w.join();
     workers_.clear();
   }
@@ -294,7 +312,7 @@ class TcpCommCore {
     return true;
   }
 
-  std::vector<UniqueFd> socks_;
+  std::vector<Fd> socks_;
   size_t chunk_;
   std::string peer_;
   std::vector<SockPos> pos_;
@@ -472,8 +490,8 @@ class TcpCommCore {
 
   int nthreads_ = 0;  // 0: caller's thread
   std::vector<std::thread> workers_;
-  std::vector<UniqueFd> wake_;  // one eventfd per worker
-  UniqueFd done_fd_;            // see wait_fds_threaded
+  std::vector<Fd> wake_;  // one eventfd per worker
+  Fd done_fd_;            // see wait_fds_threaded
 
  protected:
   mutable std::mutex mu_;
@@ -489,21 +507,14 @@ class TcpCommCore {
   uint64_t unreported_ = 0;             // completed requests test() has not returned yet (mu_)
 };
 
-class TcpSendComm final : public SendComm, private TcpCommCore {
+// One direction of a connection; TcpSendComm forwards the SendComm interface to it.
+class TcpSendCore final : public TcpCommCore {
  public:
-  TcpSendComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+  TcpSendCore(std::vector<Fd> socks, size_t chunk, std::string peer)
       : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
-  ~TcpSendComm() override { stop_workers(); }
+  ~TcpSendCore() override { stop_workers(); }
 
-  Status start(int threads) { return start_workers(threads); }
-
-  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
-    return mrs_.reg(data, size, type, "tcp");
-  }
-  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
-  std::string peer_name() const override { return peer_; }
-
-  bool wait_fds(std::vector<pollfd>* fds) const override {
+  bool wait_fds(std::vector<pollfd>* fds) const {
     if (threaded()) return wait_fds_threaded(fds);
     // Sockets with bytes left to write wait for room; socket 0 also reports notices and close.
     for (size_t i = 0; i < socks_.size(); ++i) {
@@ -514,7 +525,7 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
     return true;
   }
 
-  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) override {
+  Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
     auto fill = [&](TcpRequest* r) {
       r->data = static_cast<char*>(const_cast<void*>(data));
@@ -531,7 +542,7 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
     return static_cast<Request*>(r);
   }
 
-  Status test(Request* request, bool* done, size_t* size) override {
+  Status test(Request* request, bool* done, size_t* size) {
     return test_impl(request, done, size, [this] { return progress(); });
   }
 
@@ -639,21 +650,14 @@ class TcpSendComm final : public SendComm, private TcpCommCore {
   size_t notice_got_ = 0;
 };
 
-class TcpRecvComm final : public RecvComm, private TcpCommCore {
+// One direction of a connection; TcpRecvComm forwards the RecvComm interface to it.
+class TcpRecvCore final : public TcpCommCore {
  public:
-  TcpRecvComm(std::vector<UniqueFd> socks, size_t chunk, std::string peer)
+  TcpRecvCore(std::vector<Fd> socks, size_t chunk, std::string peer)
       : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
-  ~TcpRecvComm() override { stop_workers(); }
+  ~TcpRecvCore() override { stop_workers(); }
 
-  Status start(int threads) { return start_workers(threads); }
-
-  Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) override {
-    return mrs_.reg(data, size, type, "tcp");
-  }
-  Status dereg_mr(MemRegion* mr) override { return mrs_.dereg(mr); }
-  std::string peer_name() const override { return peer_; }
-
-  bool wait_fds(std::vector<pollfd>* fds) const override {
+  bool wait_fds(std::vector<pollfd>* fds) const {
     if (threaded()) return wait_fds_threaded(fds);
     // A socket is worth waiting on while a posted receive still expects bytes from it; sockets
     // other than 0 only once socket 0 has delivered the message's header (their part follows
@@ -665,7 +669,7 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
     return true;
   }
 
-  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) override {
+  Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
     auto fill = [&](TcpRequest* r) {
       r->data = static_cast<char*>(data);
@@ -681,7 +685,7 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
     return static_cast<Request*>(r);
   }
 
-  Status test(Request* request, bool* done, size_t* size) override {
+  Status test(Request* request, bool* done, size_t* size) {
     return test_impl(request, done, size, [this] { return progress(); });
   }
 
@@ -781,9 +785,12 @@ class TcpRecvComm final : public RecvComm, private TcpCommCore {
   size_t hdr_got_ = 0;
 };
 
+using TcpSendComm = SendCommAdapter<TcpSendCore>;
+using TcpRecvComm = RecvCommAdapter<TcpRecvCore>;
+
 class TcpListener final : public Listener {
  public:
-  TcpListener(UniqueFd fd, uint64_t nonce, TcpConfig config, TransportOptions options)
+  TcpListener(Fd fd, uint64_t nonce, TcpConfig config, TransportOptions options)
       : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
 
   Result<std::unique_ptr<RecvComm>> accept() override {
@@ -801,11 +808,10 @@ class TcpListener final : public Listener {
     for (size_t i = 0; i < groups_.size(); ++i) {
       Group& g = groups_[i];
       if (g.count == config_.nsocks) {
-        auto comm =
-            std::make_unique<TcpRecvComm>(std::move(g.socks), config_.chunk,
-                                          fmt::format("{} via tcp {}", rank_name(g.rank), g.addr));
+        auto comm = std::make_unique<TcpRecvComm>(std::move(g.socks), config_.chunk,
+                                                  handshake::peer_label(g.rank, "tcp", g.addr));
         groups_.erase(groups_.begin() + static_cast<ptrdiff_t>(i));
-        GW_RETURN_IF_ERROR(comm->start(config_.threads));
+        GW_RETURN_IF_ERROR(comm->core().start(config_.threads));
         return std::unique_ptr<RecvComm>(std::move(comm));
       }
     }
@@ -820,7 +826,7 @@ class TcpListener final : public Listener {
 
  private:
   struct Pending {
-    UniqueFd fd;
+    Fd fd;
     std::string addr;
     Hello hello{};
     size_t got = 0;
@@ -830,7 +836,7 @@ class TcpListener final : public Listener {
     uint64_t conn_id = 0;
     int rank = -1;
     std::string addr;
-    std::vector<UniqueFd> socks;
+    std::vector<Fd> socks;
     int count = 0;
     int64_t deadline_ns = 0;
   };
@@ -879,16 +885,10 @@ class TcpListener final : public Listener {
       p.got += static_cast<size_t>(got);
     }
     const Hello& h = p.hello;
-    std::string_view why;
-    if (std::memcmp(h.magic, "GWH1", 4) != 0) {
-      why = "not a gradwire tcp handshake";
-    } else if (h.nonce != nonce_) {
-      why = "handshake for another listener (nonce mismatch)";
-    } else if (h.nsocks != config_.nsocks || h.sock_index >= h.nsocks) {
+    std::string why = handshake::refusal({h.magic, h.nonce, h.token_len, h.token},
+                                         {"tcp", "GWH1", nonce_, options_.job_token});
+    if (why.empty() && (h.nsocks != config_.nsocks || h.sock_index >= h.nsocks)) {
       why = "socket count or index out of range";
-    } else if (h.token_len > kMaxToken ||
-               std::string_view(h.token, h.token_len) != options_.job_token) {
-      why = "job token mismatch";
     }
     if (!why.empty()) {
       GW_LOG_WARN("tcp accept: refused connection from {}: {}", p.addr, why);
@@ -919,7 +919,7 @@ class TcpListener final : public Listener {
     return false;
   }
 
-  UniqueFd fd_;
+  Fd fd_;
   uint64_t nonce_;
   TcpConfig config_;
   TransportOptions options_;
@@ -933,20 +933,19 @@ class TcpConnector final : public Connector {
                const TransportOptions& options)
       : addr_(addr),
         config_(config),
-        deadline_(Deadline::after_ms(options.timeout_ms)),
+        deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
-        peer_(fmt::format("{} via tcp {}", rank_name(handle.rank),
-                          format_sockaddr(reinterpret_cast<const sockaddr*>(&addr)))) {
+        peer_(handshake::peer_label(handle.rank, "tcp",
+                                    format_sockaddr(reinterpret_cast<const sockaddr*>(&addr)))) {
     config_.nsocks = handle.nsocks;
     socks_.resize(handle.nsocks);
     hello_ = Hello{};
-    std::memcpy(hello_.magic, "GWH1", 4);
+    handshake::put_magic(hello_.magic, "GWH1");
     hello_.nsocks = handle.nsocks;
     hello_.nonce = handle.nonce;
     hello_.conn_id = random_u64();
     hello_.rank = options.rank;
-    hello_.token_len = static_cast<uint32_t>(options.job_token.size());
-    std::memcpy(hello_.token, options.job_token.data(), options.job_token.size());
+    handshake::put_token(options.job_token, &hello_.token_len, hello_.token);
   }
 
   Result<std::unique_ptr<SendComm>> poll() override {
@@ -962,17 +961,16 @@ class TcpConnector final : public Connector {
       all_done &= socks_[i].phase == Phase::kDone;
     }
     if (all_done) {
-      std::vector<UniqueFd> fds;
+      std::vector<Fd> fds;
       for (Sock& s : socks_) fds.push_back(std::move(s.fd));
       returned_ = true;
       auto comm = std::make_unique<TcpSendComm>(std::move(fds), config_.chunk, peer_);
-      error_ = comm->start(config_.threads);
+      error_ = comm->core().start(config_.threads);
       if (!error_.ok()) return error_;
       return std::unique_ptr<SendComm>(std::move(comm));
     }
-    if (deadline_.expired()) {
-      error_ = timeout_error("connect to {}: no connection within {} ms ({})", peer_, timeout_ms_,
-                             last_problem_.empty() ? "no answer" : last_problem_);
+    if (sys::expired(deadline_)) {
+      error_ = handshake::connect_timeout_error(peer_, timeout_ms_, last_problem_);
       socks_.clear();
       return error_;
     }
@@ -982,7 +980,7 @@ class TcpConnector final : public Connector {
  private:
   enum class Phase { kIdle, kConnecting, kHello, kAck, kDone };
   struct Sock {
-    UniqueFd fd;
+    Fd fd;
     Phase phase = Phase::kIdle;
     size_t sent = 0;
     int64_t retry_at_ns = 0;
@@ -1054,13 +1052,8 @@ class TcpConnector final : public Connector {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ok_status();
             return socket_error("handshake with", peer_, errno);
           }
-          if (n == 0) {
-            return peer_error("handshake with {}: connection closed by the listener", peer_);
-          }
-          if (answer == kRefuse) {
-            return peer_error("handshake with {}: refused (job token mismatch or stale handle)",
-                              peer_);
-          }
+          if (n == 0) return handshake::closed_by_listener_error(peer_);
+          if (answer == kRefuse) return handshake::refused_error(peer_);
           if (answer != kAccept) {
             return peer_error("handshake with {}: unexpected answer {:#x}", peer_, answer);
           }
@@ -1075,7 +1068,7 @@ class TcpConnector final : public Connector {
 
   sockaddr_storage addr_;
   TcpConfig config_;
-  Deadline deadline_;
+  sys::Deadline deadline_;
   int64_t timeout_ms_;
   std::string peer_;
   Hello hello_{};
@@ -1116,7 +1109,7 @@ class TcpTransport final : public Transport {
     if (handle == nullptr) return invalid_arg("tcp listen: null handle");
     int fd = socket(iface_.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return system_error("tcp listen: socket", errno);
-    UniqueFd owned(fd);
+    Fd owned(fd);
     // Accepted sockets inherit the buffer sizes (they must be set before listen()).
     GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize));
     sockaddr_storage addr = iface_.addr;
@@ -1135,7 +1128,7 @@ class TcpTransport final : public Transport {
       return system_error("tcp listen: getsockname", errno);
     }
     HandleWire wire{};
-    std::memcpy(wire.magic, "GWT1", 4);
+    handshake::put_magic(wire.magic, "GWT1");
     wire.version = kVersion;
     wire.nsocks = static_cast<uint16_t>(config_.nsocks);
     wire.family = addr.ss_family;
@@ -1161,13 +1154,7 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<Connector>> connect(const Handle& handle) override {
     HandleWire wire;
     std::memcpy(&wire, handle.bytes.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, "GWT1", 4) != 0) {
-      return invalid_arg("tcp connect: the handle is not a tcp handle");
-    }
-    if (wire.version != kVersion) {
-      return invalid_arg("tcp connect: handle version {} (this build speaks {})", wire.version,
-                         kVersion);
-    }
+    GW_RETURN_IF_ERROR(handshake::check_handle("tcp", wire.magic, "GWT1", wire.version, kVersion));
     if (wire.nsocks < 1 || wire.nsocks > 16) {
       return invalid_arg("tcp connect: handle asks for {} sockets (1-16)", wire.nsocks);
     }
@@ -1201,13 +1188,14 @@ class TcpTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options) {
-  using config::Key;
+  const config::Snapshot settings =
+      options.config.empty() ? config::Snapshot::capture() : options.config;
   TcpConfig cfg;
-  int64_t nsocks = config::get_int(Key::kSocketNsocks);
+  int64_t nsocks = settings.get_int(net::tcp_config::kSocketNsocks);
   if (nsocks < 0 || nsocks > 16) {
     return invalid_arg("GW_SOCKET_NSOCKS={} is out of range (0 = auto, 1-16)", nsocks);
   }
-  int64_t threads = config::get_int(Key::kSocketNthreads);
+  int64_t threads = settings.get_int(net::tcp_config::kSocketNthreads);
   if (threads < -1 || threads > 16) {
     return invalid_arg("GW_SOCKET_NTHREADS={} is out of range (-1 = none, 0 = auto, 1-16)",
                        threads);
@@ -1221,25 +1209,19 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   // keeps 0, the caller's thread; the NCCL plugin chooses from the host, plugin/net_plugin.cc).
   cfg.threads =
       threads > 0 ? static_cast<int>(threads) : (threads == 0 ? options.socket_threads : 0);
-  cfg.bufsize = config::get_int(Key::kSocketBufsize);
+  cfg.bufsize = settings.get_int(net::tcp_config::kSocketBufsize);
   if (cfg.bufsize < 0 || cfg.bufsize > (int64_t{1} << 30)) {
     return invalid_arg("GW_SOCKET_BUFSIZE={} is out of range (0-1G)", cfg.bufsize);
   }
-  int64_t chunk = config::get_int(Key::kSocketChunk);
+  int64_t chunk = settings.get_int(net::tcp_config::kSocketChunk);
   if (chunk < 4096 || chunk > (int64_t{1} << 30)) {
     return invalid_arg("GW_SOCKET_CHUNK={} is out of range (4K-1G)", chunk);
   }
   cfg.chunk = static_cast<size_t>(chunk);
-  if (options.job_token.size() > kMaxToken) {
-    return invalid_arg("tcp: job token of {} bytes is longer than {}", options.job_token.size(),
-                       kMaxToken);
-  }
-  if (options.timeout_ms <= 0) {
-    return invalid_arg("tcp: timeout_ms must be positive (got {})", options.timeout_ms);
-  }
+  GW_RETURN_IF_ERROR(handshake::check_options("tcp", options));
   GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
   GW_ASSIGN_OR_RETURN(Interface iface,
-                      select_interface(config::get_string(Key::kSocketIfname), all));
+                      select_interface(settings.get_string(net::tcp_config::kSocketIfname), all));
   // Auto: striping pays on links a single TCP stream cannot fill (>= 25 Gb/s). Elsewhere, and
   // over loopback or between ranks of one host, extra sockets only add wake-ups and cold copies
   // (2-core build machine, 4 ranks, 64 MiB: 1 socket 1.29 GB/s busbw, 4 sockets 1.13). NCCL's
@@ -1249,6 +1231,17 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
                : options.socket_nsocks > 0 ? options.socket_nsocks
                                            : (link_mbps >= 25000 ? 4 : 1);
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options, cfg, iface));
+}
+
+Backend tcp_backend() {
+  Backend b;
+  b.name = "tcp";
+  b.summary = "TCP sockets";
+  b.factory = &make_tcp_transport;
+  b.auto_priority = 10;  // below shm within a host
+  b.auto_within_host = true;
+  b.auto_across_hosts = true;
+  return b;
 }
 
 }  // namespace gw::net

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 
 namespace gw::net {
@@ -15,6 +16,9 @@ namespace gw::net {
 // GW_SOCKET_CHUNK (and TransportOptions::socket_threads / socket_nsocks for auto); fails with
 // kInvalidArg when one is out of range or no interface matches.
 Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options);
+
+// The registry's entry for tcp (core/net/backend_registry.h).
+Backend tcp_backend();
 
 // The striping rule: a message of `size` bytes on `nsocks` sockets with stripe unit `unit` puts
 // bytes [begin, end) on socket `index`. Part size = max(unit, ceil(size / nsocks)); socket i

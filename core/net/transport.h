@@ -1,4 +1,5 @@
-// The one transport interface every backend implements (tcp, shm, and later dpdk, verbs).
+// The one transport interface every backend implements (tcp, shm, dpdk, later verbs). Backends
+// are found by name through the registry (core/net/backend_registry.h).
 //
 // Its shape follows the NCCL net API on purpose, so plugin/ is a thin adapter and the
 // collectives run on exactly the code NCCL runs on:
@@ -42,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config_snapshot.h"
 #include "core/status.h"
 
 namespace gw::net {
@@ -132,6 +134,8 @@ struct TransportOptions {
   // connection (0 = tcp's own rule). The Communicator leaves both 0; the NCCL plugin sets them.
   int socket_threads = 0;
   int socket_nsocks = 0;
+  // The configuration the backend reads its rows from; empty: captured when it is made.
+  config::Snapshot config;
 };
 
 class Transport {
@@ -142,7 +146,10 @@ class Transport {
   virtual Result<std::unique_ptr<Connector>> connect(const Handle& handle) = 0;
 };
 
-// "tcp" or "shm" (later "dpdk", "verbs"). Tunables come from the config table.
+// A transport of the registered backend `name` (not "auto": core/net/auto_backend.h resolves
+// that). kInvalidArg listing the registered names for an unknown name; kUnsupported with the
+// probe's reason for a backend this process cannot use. Tunables come from options.config (its
+// rows).
 Result<std::unique_ptr<Transport>> make_transport(const std::string& name,
                                                   const TransportOptions& options);
 

@@ -6,7 +6,7 @@
  *   where one is involved, the peer rank.
  * - No C++ exception crosses this boundary.
  * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, alltoall, barrier,
- *   iallreduce) must be made by every rank of the communicator, in the same order, with matching
+ *   iallreduce, comm_split) must be made by every rank of the communicator, in the same order, with matching
  *   count, dtype, op and root. Arguments that disagree are reported as errors, not hangs.
  * - Collective calls block the calling thread until the operation completes locally, and at most
  *   GW_TIMEOUT_MS milliseconds (default 300000): a rank that died or stopped calling makes the
@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define GW_VERSION_MAJOR 0
-#define GW_VERSION_MINOR 1
+#define GW_VERSION_MINOR 2
 #define GW_VERSION_PATCH 0
 
 typedef enum {
@@ -65,35 +65,76 @@ typedef enum {
 typedef struct gw_comm* gw_comm_t;
 typedef struct gw_request* gw_request_t;
 
-/* Explicit configuration for gw_comm_init. Zero-initialise it, then set what you need; a field
- * left 0/NULL takes its value from the environment (GW_* variables, then torchrun/Open MPI/Slurm)
- * or its default. */
+/* Explicit configuration for gw_comm_init. Initialise it with GW_CONFIG_INIT, then set what you
+ * need; a field left 0/NULL takes its value from the environment (GW_* variables, then
+ * torchrun/Open MPI/Slurm) or its default:
+ *
+ *   gw_config_t cfg = GW_CONFIG_INIT;
+ *   cfg.rank = r;
+ *   cfg.world_size = n;
+ *
+ * size is the size of the struct the caller was compiled with (sizeof(gw_config_t), set by
+ * GW_CONFIG_INIT). It lets later versions add fields at the end without breaking programs built
+ * against this header: the library reads only the first `size` bytes and gives every field beyond
+ * them its default. gw_comm_init refuses (GW_ERR_INVALID_ARG) a size of 0 or one that does not
+ * reach world_size, and refuses (GW_ERR_UNSUPPORTED) a size larger than the library's own
+ * gw_config_t (a program built against a newer header than the library: the fields the library
+ * does not know would be ignored). New fields are only ever appended. */
 typedef struct {
-  int rank;               /* required: 0 <= rank < world_size */
-  int world_size;         /* required: >= 1 */
+  size_t size;            /* sizeof(gw_config_t) (GW_CONFIG_INIT sets it) */
+  int rank;               /* 0 <= rank < world_size */
+  int world_size;         /* >= 1; 0: rank, size and store address from the launcher (then rank
+                             must be 0) */
   const char* store_addr; /* "host:port" of the rendezvous store; rank 0 hosts it there.
                              NULL: GW_STORE, then MASTER_ADDR:MASTER_PORT. */
-  const char* transport;  /* "auto", "tcp", "shm", "dpdk"; NULL: GW_TRANSPORT (default auto) */
+  const char* transport;  /* "auto" or a backend: "tcp", "shm", "dpdk", "verbs"; one this build
+                             lacks fails with GW_ERR_UNSUPPORTED when a peer needs it
+                             (gradwire-perf --dump-config says which are built). NULL:
+                             GW_TRANSPORT (default auto) */
   int timeout_ms;         /* deadline of every wait; 0: GW_TIMEOUT_MS */
   const char* job_token;  /* shared secret for handshakes; NULL: GW_JOB_TOKEN or generated */
 } gw_config_t;
+
+/* The defaults of every field, with size set: `gw_config_t cfg = GW_CONFIG_INIT;` */
+#define GW_CONFIG_INIT {sizeof(gw_config_t), 0, 0, NULL, NULL, 0, NULL}
+
+/* Sets a setting at the API layer, the highest of the configuration's layers (defaults < the TOML
+ * file named by GW_CONFIG_FILE < environment < API; docs/configuration.md). name is the GW_*
+ * variable ("GW_ALGO") or its file key ("algo"); value is spelled as in the environment; NULL
+ * clears the API value. Process-wide; it applies to communicators created afterwards.
+ * GW_ERR_INVALID_ARG for an unknown name or a value that does not parse as the setting's type
+ * (nothing is changed then). Thread-safe. */
+gw_status_t gw_config_set(const char* name, const char* value);
 
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
  * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
  * GW_TIMEOUT_MS passes. On success *comm is set. */
 gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
 
-/* Same, with explicit configuration (see gw_config_t). config must not be NULL. */
+/* Same, with explicit configuration (see gw_config_t). config must not be NULL and config->size
+ * must be set (GW_CONFIG_INIT). */
 gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config);
 
-/* Frees the communicator. Not collective; waits (bounded) for its pending operations. After this
- * the handle is invalid; a later call with it is undefined unless the library can still detect it
- * (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
+/* Frees the communicator (one made by gw_comm_init* or gw_comm_split). Not collective; waits
+ * (bounded) for its pending operations. After this the handle is invalid; a later call with it is
+ * undefined unless the library can still detect it (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
 gw_status_t gw_comm_destroy(gw_comm_t comm);
 
 /* Aborts: every pending and later call on comm returns GW_ERR_ABORTED, promptly. Thread-safe,
  * never blocks, idempotent. The communicator must still be destroyed. */
 gw_status_t gw_comm_abort(gw_comm_t comm);
+
+/* Splits comm into sub-communicators. Collective over every rank of comm (each calls it, in the
+ * same order relative to the other collectives on comm). Ranks passing the same color >= 0 form
+ * one new communicator, ranked in it by key and then by their rank in comm, and *newcomm is set
+ * to it. A rank passing color < 0 joins none: *newcomm is set to NULL and the call returns GW_OK
+ * (like MPI_UNDEFINED). The new communicator has comm's transport, deadline and job token; it
+ * lives until gw_comm_destroy, is destroyed independently of comm (either may go first) and may
+ * be used beside comm from the same thread: collectives on each are matched among that
+ * communicator's ranks only. NULL comm or newcomm is
+ * GW_ERR_INVALID_ARG, an aborted comm GW_ERR_ABORTED; on failure *newcomm is untouched.
+ * Blocking. */
+gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm);
 
 /* Rank and size into *out. */
 gw_status_t gw_comm_rank(gw_comm_t comm, int* rank);
@@ -149,10 +190,11 @@ const char* gw_status_string(gw_status_t status);
  * call on this thread. Never NULL. */
 const char* gw_last_error(void);
 
-/* "0.1.0". Never NULL. */
+/* "MAJOR.MINOR.PATCH" of the library, e.g. "0.2.0" (compare GW_VERSION_* of the header the
+ * program was built with). Never NULL. */
 const char* gw_version(void);
 
-/* ---- Gradient compression (collectives/compress.h, docs/compression.md) ----------------------
+/* ---- Gradient compression (collectives/compress/compress.h, docs/compression.md) --------------
  *
  * gw_allreduce_compressed sums a gradient across ranks through a codec, in place. codec_spec
  * selects the codec and its options: "none", "fp16", "bf16", "topk:RATIO", "randomk:RATIO",

@@ -46,7 +46,7 @@ TEST(DpdkPerfP2p, MemifPairReportsBandwidthAndLatency) {
 TEST(DpdkPerfP2p, UnknownTransportIsRefused) {
   ShellRun r = run_shell(GW_PERF_BINARY " p2p --transport carrier-pigeon -e 1K");
   EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("tcp, shm or dpdk"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("use one of tcp, shm, dpdk"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -23,11 +23,13 @@
 
 #include "collectives/communicator.h"
 #include "core/config.h"
+#include "core/core_config.h"
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "dpdk/dpdk_port.h"
 #include "dpdk/dpdk_transport.h"
 #include "dpdk/engine.h"
+#include "dpdk/engine_transport.h"
 
 using namespace gw;
 using Clock = std::chrono::steady_clock;
@@ -251,7 +253,7 @@ std::unique_ptr<coll::Communicator> make_comm(std::shared_ptr<Store> store, int 
   o.rank = host;
   o.world_size = n;
   o.store = store;
-  o.transport = transport;  // "dpdk" reaches gw::dpdk::make_dpdk_transport
+  o.transport = transport;  // "dpdk" is found in the registry (gw_backends registers it)
   o.job_token = "tb-token";
   auto comm = take(coll::Communicator::create(o), "Communicator::create");
   if (transport == "dpdk") g_engine_up = true;  // the Communicator brought the engine up
@@ -319,7 +321,7 @@ void run_allreduce(std::shared_ptr<Store> store, int host, int n, size_t max_byt
 void run_kill(std::shared_ptr<Store> store, int host, int n) {
   auto comm = make_comm(store, host, n);
   std::vector<float> x(1 << 20);
-  const int64_t timeout_ms = config::get_int(config::Key::kTimeoutMs);
+  const int64_t timeout_ms = config::get_int(core_config::kTimeoutMs);
   for (int it = 0;; ++it) {
     if (host == n - 1 && it == 3) {
       std::printf("host %d: killing myself mid-run\n", host);
@@ -556,9 +558,6 @@ int main(int argc, char** argv) {
   const int host = env_int("TB_HOST", -1), n = env_int("TB_HOSTS", 0);
   const char* store_ip = getenv("TB_STORE");
   if (host < 0 || n <= 0 || store_ip == nullptr) fail("TB_HOST/TB_HOSTS/TB_STORE not set");
-  // Referenced so the linker keeps the backend make_transport("dpdk") finds.
-  volatile auto keep = &dpdk::make_dpdk_transport;
-  (void)keep;
   TcpStoreOptions so;
   so.host = store_ip;
   so.port = 29411;

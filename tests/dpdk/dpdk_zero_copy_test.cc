@@ -13,6 +13,7 @@
 #include "dpdk/dpdk_port.h"
 #include "dpdk/dpdk_transport.h"
 #include "dpdk/engine.h"
+#include "dpdk/engine_transport.h"
 
 namespace gw::dpdk {
 namespace {

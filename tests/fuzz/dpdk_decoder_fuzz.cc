@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "core/net/transport.h"
-#include "dpdk/dpdk_transport.h"
+#include "dpdk/engine_transport.h"
 
 namespace gw::dpdk::fuzz {
 

@@ -1,12 +1,12 @@
 // The GPU codec kernels against the CPU ones, bit for bit (see gpu_codecs.h for the two
 // documented exceptions), on random data with NaN / inf / denormals / -0, odd sizes and
 // unaligned pointers. Skipped, with the reason, where there is no CUDA driver or device; the
-// same cases run in gw-gpu-check (gpudirect/run_gpu_check.sh) on a GPU host. One test per kernel
+// same cases run in gw-gpu-check (perf/gpu/run_gpu_check.sh) on a GPU host. One test per kernel
 // loops over every case (one CUDA initialisation per kernel instead of one per case).
 #include <gtest/gtest.h>
 
-#include "gpudirect/gpu_check.h"
 #include "gpudirect/gpu_codecs.h"
+#include "perf/gpu/gpu_check.h"
 
 namespace gw::cuda::check {
 namespace {

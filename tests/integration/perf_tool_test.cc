@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -71,6 +72,76 @@ TEST(PerfToolTest, DumpConfigListsTheTable) {
   auto toml = run_perf({"--dump-config", "--toml"});
   ASSERT_TRUE(toml.exited && toml.exit_code == 0) << toml.describe();
   EXPECT_NE(toml.output.find("timeout_ms = "), std::string::npos) << toml.output;
+}
+
+// The layers as --dump-config shows them: a TOML file (GW_CONFIG_FILE) sets values, the
+// environment overrides some of them, and each row names its source.
+TEST(PerfToolTest, DumpConfigShowsTheFileAndTheEnvironmentOverridingIt) {
+  TempFile file;
+  std::ofstream(file.path()) << "timeout_ms = 60000\n"
+                                "algo = \"ring\"\n"
+                                "\n"
+                                "[socket]\n"
+                                "chunk = \"2M\"\n";
+  Env env = clean_env();
+  env["GW_CONFIG_FILE"] = file.path();
+  env["GW_ALGO"] = "rhd";                       // beats the file's "ring"
+  auto res = run_perf({"--dump-config"}, env);  // run_perf sets GW_TIMEOUT_MS=20000
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  std::map<std::string, std::vector<std::string>> by_name;
+  for (auto& cols : data_rows(res.output)) by_name[cols[0]] = cols;
+  // columns: variable type default value source meaning...
+  ASSERT_TRUE(by_name.count("GW_SOCKET_CHUNK")) << res.output;
+  EXPECT_EQ(by_name["GW_SOCKET_CHUNK"][3], "2M") << res.output;
+  EXPECT_EQ(by_name["GW_SOCKET_CHUNK"][4], file.path() + ":5") << res.output;
+  EXPECT_EQ(by_name["GW_ALGO"][3], "rhd") << res.output;
+  EXPECT_EQ(by_name["GW_ALGO"][4], "env") << res.output;
+  EXPECT_EQ(by_name["GW_TIMEOUT_MS"][3], "20000") << res.output;
+  EXPECT_EQ(by_name["GW_TIMEOUT_MS"][4], "env") << res.output;
+  EXPECT_EQ(by_name["GW_SPIN_US"][4], "default") << res.output;
+  EXPECT_EQ(by_name["GW_CONFIG_FILE"][4], "env") << res.output;
+
+  // Without the environment's values the file's show through.
+  env.erase("GW_ALGO");
+  env.erase("GW_TIMEOUT_MS");
+  ProcGroup group;
+  group.start({GW_PERF_PATH, "--dump-config", "--toml"}, env);
+  auto toml = group.wait_all(60000)[0];
+  ASSERT_TRUE(toml.exited && toml.exit_code == 0) << toml.describe();
+  EXPECT_NE(toml.output.find("algo = \"ring\"\n"), std::string::npos) << toml.output;
+  EXPECT_NE(toml.output.find("from " + file.path() + ":2)"), std::string::npos) << toml.output;
+  EXPECT_NE(toml.output.find("timeout_ms = 60000\n"), std::string::npos) << toml.output;
+}
+
+// The perf tool's options are API-layer settings, in libgradwire too (gw_config_set): --algo
+// beats GW_ALGO from the environment, which would otherwise stop the communicator.
+TEST(PerfToolTest, OptionsBeatTheEnvironment) {
+  Env env = clean_env();
+  env["GW_ALGO"] = "bogus";
+  auto bad = run_perf({"allreduce", "--np", "2", "-b", "8", "-e", "8"}, env);
+  ASSERT_TRUE(bad.exited) << bad.describe();
+  EXPECT_EQ(bad.exit_code, 2) << bad.describe();
+  EXPECT_NE(bad.output.find("bogus"), std::string::npos) << bad.output;
+  auto good = run_perf({"allreduce", "--np", "2", "-b", "8", "-e", "8", "--algo", "ring"}, env);
+  ASSERT_TRUE(good.exited && good.exit_code == 0) << good.describe();
+}
+
+// A file with an unknown key or a value of the wrong type stops a run, naming file, line and key.
+TEST(PerfToolTest, BadConfigFileNamesFileLineAndKey) {
+  TempFile file;
+  std::ofstream(file.path()) << "algo = \"ring\"\n"
+                                "timout_ms = 5\n"
+                                "nchannels = \"two\"\n";
+  Env env = clean_env();
+  env["GW_CONFIG_FILE"] = file.path();
+  auto res = run_perf({"allreduce", "--np", "2", "-b", "8", "-e", "8"}, env);
+  ASSERT_TRUE(res.exited) << res.describe();
+  EXPECT_EQ(res.exit_code, 2) << res.describe();
+  EXPECT_NE(res.output.find(file.path() + ":2: key 'timout_ms': unknown key"), std::string::npos)
+      << res.output;
+  EXPECT_NE(res.output.find(file.path() + ":3: key 'nchannels': expected an integer, got string"),
+            std::string::npos)
+      << res.output;
 }
 
 TEST(PerfToolTest, HelpDescribesEverySubcommand) {

@@ -274,8 +274,7 @@ static int run_identity(gw_comm_t comm, int rank, int world) {
 }
 
 int main(int argc, char** argv) {
-  gw_config_t cfg;
-  memset(&cfg, 0, sizeof(cfg));
+  gw_config_t cfg = GW_CONFIG_INIT;
   int explicit_cfg = 0;
   int i = 1;
   for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {

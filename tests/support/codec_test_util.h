@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "collectives/codec.h"
+#include "collectives/compress/codec.h"
 
 namespace gw::testing {
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/net/comm_adapter.h"
 #include "core/net/request.h"
 #include "core/store.h"
 
@@ -65,6 +66,7 @@ struct Pipe {
   }
 };
 
+// One end of a Pipe; the send and receive comms forward to it (core/net/comm_adapter.h).
 class InprocComm {
  public:
   InprocComm(std::shared_ptr<Pipe> pipe, bool is_sender)
@@ -146,47 +148,27 @@ class InprocComm {
     return peer_name_locked();
   }
 
-  net::HostMrRegistry mrs_;
+  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) {
+    return mrs_.reg(data, size, type, "inproc");
+  }
+  Status dereg_mr(net::MemRegion* mr) { return mrs_.dereg(mr); }
+  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) {
+    return post(data, nullptr, size, tag);
+  }
+  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion*) {
+    return post(nullptr, data, size, tag);
+  }
 
  private:
+  net::HostMrRegistry mrs_;
   std::shared_ptr<Pipe> pipe_;
   bool sender_;
   std::array<InReq, net::kMaxRequests> slots_{};
 };
 
-class InprocSendComm : public net::SendComm {
- public:
-  explicit InprocSendComm(std::shared_ptr<Pipe> pipe) : c_(std::move(pipe), true) {}
-  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return c_.mrs_.reg(data, size, type, "inproc");
-  }
-  Status dereg_mr(net::MemRegion* mr) override { return c_.mrs_.dereg(mr); }
-  Status test(net::Request* r, bool* done, size_t* size) override { return c_.test(r, done, size); }
-  std::string peer_name() const override { return c_.peer_name(); }
-  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) override {
-    return c_.post(data, nullptr, size, tag);
-  }
-
- private:
-  InprocComm c_;
-};
-
-class InprocRecvComm : public net::RecvComm {
- public:
-  explicit InprocRecvComm(std::shared_ptr<Pipe> pipe) : c_(std::move(pipe), false) {}
-  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return c_.mrs_.reg(data, size, type, "inproc");
-  }
-  Status dereg_mr(net::MemRegion* mr) override { return c_.mrs_.dereg(mr); }
-  Status test(net::Request* r, bool* done, size_t* size) override { return c_.test(r, done, size); }
-  std::string peer_name() const override { return c_.peer_name(); }
-  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion*) override {
-    return c_.post(nullptr, data, size, tag);
-  }
-
- private:
-  InprocComm c_;
-};
+// The sender's end is built with is_sender = true, the receiver's with false.
+using InprocSendComm = net::SendCommAdapter<InprocComm>;
+using InprocRecvComm = net::RecvCommAdapter<InprocComm>;
 
 struct ListenerState {
   std::string token;
@@ -228,7 +210,7 @@ class InprocListener : public net::Listener {
     if (st_->pending.empty()) return std::unique_ptr<net::RecvComm>();
     auto pipe = std::move(st_->pending.front());
     st_->pending.pop_front();
-    return std::unique_ptr<net::RecvComm>(std::make_unique<InprocRecvComm>(std::move(pipe)));
+    return std::unique_ptr<net::RecvComm>(std::make_unique<InprocRecvComm>(std::move(pipe), false));
   }
 
  private:
@@ -258,7 +240,7 @@ class InprocConnector : public net::Connector {
     pipe->sender_rank = opts_.rank;
     pipe->receiver_rank = it->second->rank;
     it->second->pending.push_back(pipe);
-    return std::unique_ptr<net::SendComm>(std::make_unique<InprocSendComm>(std::move(pipe)));
+    return std::unique_ptr<net::SendComm>(std::make_unique<InprocSendComm>(std::move(pipe), true));
   }
 
  private:

@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -73,11 +75,29 @@ TEST(CapiTest, VersionAndStatusStrings) {
 TEST(CapiTest, LibraryExportsOnlyTheCApi) {
   void* lib = dlopen(GW_LIBGRADWIRE_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
-  for (const char* sym :
-       {"gw_comm_init", "gw_comm_init_from_env", "gw_comm_destroy", "gw_comm_abort", "gw_comm_rank",
-        "gw_comm_size", "gw_allreduce", "gw_broadcast", "gw_allgather", "gw_reduce_scatter",
-        "gw_alltoall", "gw_barrier", "gw_iallreduce", "gw_wait", "gw_test", "gw_status_string",
-        "gw_last_error", "gw_version"}) {
+  for (const char* sym : {"gw_comm_init",
+                          "gw_comm_init_from_env",
+                          "gw_comm_destroy",
+                          "gw_comm_abort",
+                          "gw_comm_rank",
+                          "gw_comm_size",
+                          "gw_allreduce",
+                          "gw_broadcast",
+                          "gw_allgather",
+                          "gw_reduce_scatter",
+                          "gw_alltoall",
+                          "gw_barrier",
+                          "gw_iallreduce",
+                          "gw_wait",
+                          "gw_test",
+                          "gw_status_string",
+                          "gw_last_error",
+                          "gw_version",
+                          "gw_comm_split",
+                          "gw_allreduce_compressed",
+                          "gw_comm_stats",
+                          "gw_comm_reset_stats",
+                          "gw_comm_release_compression"}) {
     EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
   }
   // Internals stay hidden: gw::code_name(gw::Code), gw::config::table().
@@ -96,6 +116,10 @@ TEST(CapiTest, NullAndForeignHandles) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_size(nullptr, &v));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(nullptr));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(nullptr));
+  gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(nullptr, 0, 0, &sub));
+  EXPECT_NE(last().find("gw_comm_split"), std::string::npos) << last();
+  EXPECT_EQ(sub, reinterpret_cast<gw_comm_t>(0x1234));
   EXPECT_GW(GW_OK, gw_comm_destroy(nullptr));
 
   // Something that was never a communicator is detected, not dereferenced.
@@ -107,6 +131,7 @@ TEST(CapiTest, NullAndForeignHandles) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_broadcast(fake, &x, 1, GW_FLOAT32, 0));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(fake));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(fake));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(fake, 0, 0, &sub));
 
   auto fake_req = reinterpret_cast<gw_request_t>(junk);
   int done = 7;
@@ -119,7 +144,7 @@ TEST(CapiTest, NullAndForeignHandles) {
 
 TEST(CapiTest, InitRejectsBadConfiguration) {
   CleanEnv env;
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.world_size = 1;
   gw_comm_t sentinel = reinterpret_cast<gw_comm_t>(0x1234);
   gw_comm_t c = sentinel;
@@ -176,12 +201,91 @@ TEST(CapiTest, InitRejectsBadConfiguration) {
   EXPECT_EQ(c, sentinel);
 }
 
+// --- gw_config_t's size
+// ----------------------------------------------------------------------------
+
+TEST(CapiConfigTest, ConfigInitSetsSizeAndDefaults) {
+  CleanEnv env;
+  gw_config_t cfg = GW_CONFIG_INIT;
+  EXPECT_EQ(cfg.size, sizeof(gw_config_t));
+  EXPECT_EQ(cfg.rank, 0);
+  EXPECT_EQ(cfg.world_size, 0);
+  EXPECT_EQ(cfg.store_addr, nullptr);
+  EXPECT_EQ(cfg.transport, nullptr);
+  EXPECT_EQ(cfg.timeout_ms, 0);
+  EXPECT_EQ(cfg.job_token, nullptr);
+  cfg.world_size = 1;
+  gw_comm_t c = nullptr;
+  EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+  int size = 0;
+  EXPECT_GW(GW_OK, gw_comm_size(c, &size));
+  EXPECT_EQ(size, 1);
+  EXPECT_GW(GW_OK, gw_comm_destroy(c));
+}
+
+// A caller built against an older, shorter gw_config_t: the library reads only config.size bytes
+// and gives every field beyond them its default. The bytes past the caller's size hold values
+// that would fail (or differ) if they were read.
+TEST(CapiConfigTest, OlderShorterConfigGetsDefaultsForMissingFields) {
+  CleanEnv env;
+  const size_t ends[] = {
+      offsetof(gw_config_t, world_size) + sizeof(int),  // the least gw_comm_init needs
+      offsetof(gw_config_t, store_addr) + 4,            // a field cut in half is not read either
+      offsetof(gw_config_t, transport),
+      offsetof(gw_config_t, timeout_ms),
+      offsetof(gw_config_t, job_token),
+  };
+  for (size_t end : ends) {
+    gw_config_t cfg = GW_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    // Every field the caller's struct does not have holds something gw_comm_init would refuse.
+    cfg.store_addr = "not-an-address";
+    cfg.transport = "carrier-pigeon";
+    cfg.timeout_ms = -5;
+    cfg.job_token = "unread";
+    if (end > offsetof(gw_config_t, store_addr)) cfg.store_addr = nullptr;
+    if (end > offsetof(gw_config_t, transport)) cfg.transport = nullptr;
+    if (end > offsetof(gw_config_t, timeout_ms)) cfg.timeout_ms = 20000;
+    cfg.size = end;
+    gw_comm_t c = nullptr;
+    EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+    ASSERT_NE(c, nullptr) << "size " << end;
+    float x = 2;
+    EXPECT_GW(GW_OK, gw_allreduce(c, &x, &x, 1, GW_FLOAT32, GW_SUM));
+    EXPECT_GW(GW_OK, gw_comm_destroy(c));
+  }
+}
+
+TEST(CapiConfigTest, BadSizesAreRefused) {
+  CleanEnv env;
+  gw_comm_t sentinel = reinterpret_cast<gw_comm_t>(0x1234);
+  gw_comm_t c = sentinel;
+  gw_config_t zero{};  // zero-initialised without GW_CONFIG_INIT: size 0
+  zero.world_size = 1;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &zero));
+  EXPECT_NE(last().find("config.size"), std::string::npos) << last();
+  EXPECT_NE(last().find("GW_CONFIG_INIT"), std::string::npos) << last();
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.world_size = 1;
+  for (size_t small : {size_t{1}, sizeof(size_t), offsetof(gw_config_t, world_size) + 3}) {
+    cfg.size = small;
+    EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+    EXPECT_NE(last().find("too small"), std::string::npos) << last();
+  }
+  // Larger than this library's struct: built against a newer header whose fields would be lost.
+  cfg.size = sizeof(gw_config_t) + 8;
+  EXPECT_GW(GW_ERR_UNSUPPORTED, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("newer"), std::string::npos) << last();
+  EXPECT_EQ(c, sentinel);
+}
+
 // --- a world of one -----------------------------------------------------------------------------
 
 class SingleRankTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    gw_config_t cfg{};
+    gw_config_t cfg = GW_CONFIG_INIT;
     cfg.rank = 0;
     cfg.world_size = 1;
     cfg.timeout_ms = 20000;
@@ -350,6 +454,13 @@ TEST_F(SingleRankTest, BadArguments) {
   EXPECT_EQ(y[3], 4.0f);
 }
 
+TEST_F(SingleRankTest, SplitNeedsAnOutputPointer) {
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(comm_, 0, 0, nullptr));
+  EXPECT_NE(last().find("newcomm"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(comm_, -1, 0, nullptr));
+  EXPECT_GW(GW_OK, gw_barrier(comm_));  // nothing was started
+}
+
 TEST_F(SingleRankTest, CallsOnADestroyedComm) {
   gw_comm_t c = comm_;
   comm_ = nullptr;
@@ -361,6 +472,9 @@ TEST_F(SingleRankTest, CallsOnADestroyedComm) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(c, &v));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_barrier(c));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_abort(c));
+  gw_comm_t sub = nullptr;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_split(c, 0, 0, &sub));
+  EXPECT_EQ(sub, nullptr);
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_destroy(c));  // double destroy
 }
 
@@ -378,6 +492,10 @@ TEST_F(SingleRankTest, CallsOnAnAbortedComm) {
   EXPECT_GW(GW_ERR_ABORTED, gw_barrier(comm_));
   EXPECT_GW(GW_ERR_ABORTED, gw_iallreduce(comm_, x, x, 2, GW_FLOAT32, GW_SUM, &req));
   EXPECT_EQ(req, nullptr);
+  gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
+  EXPECT_GW(GW_ERR_ABORTED, gw_comm_split(comm_, 0, 0, &sub));
+  EXPECT_GW(GW_ERR_ABORTED, gw_comm_split(comm_, -1, 0, &sub));
+  EXPECT_EQ(sub, reinterpret_cast<gw_comm_t>(0x1234));
   int r = -1;
   EXPECT_GW(GW_OK, gw_comm_rank(comm_, &r));  // getters still answer
   EXPECT_EQ(r, 0);
@@ -396,13 +514,14 @@ struct RankResult {
   gw_status_t init = GW_ERR_INTERNAL;
   std::string error;
   bool checked = false;
+  bool unsupported = false;  // gw_comm_split said GW_ERR_UNSUPPORTED
 };
 
 // Every rank: init, allreduce (sum and max), iallreduce with gw_wait, iallreduce with gw_test,
 // broadcast from the last rank, barrier, destroy. Checks values itself.
 void run_rank(int rank, int world, const std::string& addr, const char* transport,
               RankResult* out) {
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = world;
   cfg.store_addr = addr.c_str();
@@ -504,7 +623,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
 
 TEST(CapiFailureTest, MissingRankEndsInAnErrorNotAHang) {
   CleanEnv env;
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   std::string addr = "127.0.0.1:" + std::to_string(free_port());
   cfg.rank = 0;
   cfg.world_size = 2;  // rank 1 never comes
@@ -526,7 +645,7 @@ TEST(CapiFailureTest, WrongJobTokenIsRefused) {
   gw_status_t s1 = GW_OK;
   std::string e1;
   std::thread r0([&] {
-    gw_config_t cfg{};
+    gw_config_t cfg = GW_CONFIG_INIT;
     cfg.rank = 0;
     cfg.world_size = 2;
     cfg.store_addr = addr.c_str();
@@ -537,7 +656,7 @@ TEST(CapiFailureTest, WrongJobTokenIsRefused) {
     if (s0 == GW_OK) gw_comm_destroy(c);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  gw_config_t cfg{};
+  gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 1;
   cfg.world_size = 2;
   cfg.store_addr = addr.c_str();
@@ -550,6 +669,242 @@ TEST(CapiFailureTest, WrongJobTokenIsRefused) {
   EXPECT_EQ(s1, GW_ERR_PEER) << e1;
   EXPECT_NE(e1.find("token"), std::string::npos) << e1;
   EXPECT_NE(s0, GW_OK);
+}
+
+// --- gw_comm_split: ranks as threads over the TCP store ------------------------------------------
+
+// Parent ranks of the communicator that `color` forms when parent rank r passes colors[r] and
+// keys[r]: ordered by key, then by parent rank.
+std::vector<int> split_members(const std::vector<int>& colors, const std::vector<int>& keys,
+                               int color) {
+  std::vector<int> m;
+  for (int r = 0; r < static_cast<int>(colors.size()); ++r) {
+    if (colors[r] == color) m.push_back(r);
+  }
+  std::stable_sort(m.begin(), m.end(), [&](int a, int b) { return keys[a] < keys[b]; });
+  return m;
+}
+
+// First split: up to three colours, keys that reverse the parent's order, and (from four ranks on)
+// rank 1 joining none.
+int color_a(int rank, int world) {
+  if (world >= 4 && rank == 1) return -1;
+  return rank % std::min(world, 3);
+}
+int key_a(int rank, int world) { return world - rank; }
+// Second split, taken while the first is alive: one colour with equal keys (the parent's order
+// decides), the last rank of two or more joining none with a colour other than -1.
+int color_b(int rank, int world) { return world > 1 && rank == world - 1 ? -7 : 5; }
+
+// Checks that `sub` is the communicator the plan gives this rank; returns "" or what is wrong.
+std::string check_membership(gw_comm_t sub, const std::vector<int>& members, int parent_rank) {
+  int r = -1;
+  int s = -1;
+  if (gw_comm_rank(sub, &r) != GW_OK || gw_comm_size(sub, &s) != GW_OK) return gw_last_error();
+  auto it = std::find(members.begin(), members.end(), parent_rank);
+  const int want = static_cast<int>(it - members.begin());
+  if (s != static_cast<int>(members.size()) || r != want) {
+    return "rank " + std::to_string(r) + " of " + std::to_string(s) + ", expected " +
+           std::to_string(want) + " of " + std::to_string(members.size());
+  }
+  return "";
+}
+
+// Every rank: split twice, then collectives on both sub-communicators interleaved with the parent
+// (blocking and asynchronous), a split of a sub-communicator, and destruction in both orders
+// (even ranks destroy the parent before their last use of the first sub-communicator).
+void run_split_rank(int rank, int world, const std::string& addr, const char* transport,
+                    RankResult* out) {
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.rank = rank;
+  cfg.world_size = world;
+  cfg.store_addr = addr.c_str();
+  cfg.transport = transport;
+  cfg.timeout_ms = 30000;
+  cfg.job_token = "capi-split-token";
+  gw_comm_t comm = nullptr;
+  out->init = gw_comm_init(&comm, &cfg);
+  if (out->init != GW_OK) {
+    out->error = gw_last_error();
+    return;
+  }
+  auto fail = [&](const std::string& what) {
+    if (out->error.empty()) out->error = what + ": " + gw_last_error();
+  };
+  std::vector<int> colors(world);
+  std::vector<int> keys(world);
+  std::vector<int> colors_b(world);
+  for (int r = 0; r < world; ++r) {
+    colors[r] = color_a(r, world);
+    keys[r] = key_a(r, world);
+    colors_b[r] = color_b(r, world) < 0 ? -1 : color_b(r, world);
+  }
+  const std::vector<int> zeros(world, 0);
+  const int my_color = color_a(rank, world);
+  const std::vector<int> mine = split_members(colors, keys, my_color);
+  const std::vector<int> mine_b = split_members(colors_b, zeros, color_b(rank, world));
+
+  gw_comm_t a = reinterpret_cast<gw_comm_t>(0x1);
+  const gw_status_t sa = gw_comm_split(comm, my_color, key_a(rank, world), &a);
+  if (sa == GW_ERR_UNSUPPORTED) {  // a build whose Communicator cannot split yet
+    out->unsupported = true;
+    out->checked = true;
+    gw_comm_destroy(comm);
+    return;
+  }
+  if (sa != GW_OK) fail("split a");
+  if (my_color < 0) {
+    if (a != nullptr) fail("split a with color -1 gave a communicator");
+  } else if (a == nullptr) {
+    fail("split a gave no communicator");
+  } else {
+    std::string m = check_membership(a, mine, rank);
+    if (!m.empty()) fail("split a membership: " + m);
+  }
+  gw_comm_t b = reinterpret_cast<gw_comm_t>(0x1);
+  if (gw_comm_split(comm, color_b(rank, world), 0, &b) != GW_OK) fail("split b");
+  if (color_b(rank, world) < 0) {
+    if (b != nullptr) fail("split b with a negative color gave a communicator");
+  } else if (b == nullptr) {
+    fail("split b gave no communicator");
+  } else {
+    std::string m = check_membership(b, mine_b, rank);
+    if (!m.empty()) fail("split b membership: " + m);
+  }
+  if (!out->error.empty()) {
+    gw_comm_destroy(a == reinterpret_cast<gw_comm_t>(0x1) ? nullptr : a);
+    gw_comm_destroy(b == reinterpret_cast<gw_comm_t>(0x1) ? nullptr : b);
+    gw_comm_destroy(comm);
+    return;
+  }
+
+  // Interleaved: a, parent, b, a (async across a parent collective), parent.
+  int64_t sum_a = 0;
+  for (int p : mine) sum_a += 1000 + p;
+  if (a != nullptr) {
+    int64_t v = 1000 + rank;
+    if (gw_allreduce(a, &v, &v, 1, GW_INT64, GW_SUM) != GW_OK) fail("allreduce on a");
+    if (v != sum_a) fail("allreduce on a value " + std::to_string(v));
+  }
+  int64_t all = rank;
+  if (gw_allreduce(comm, &all, &all, 1, GW_INT64, GW_SUM) != GW_OK) fail("allreduce on parent");
+  if (all != static_cast<int64_t>(world) * (world - 1) / 2) fail("allreduce on parent value");
+  if (b != nullptr) {
+    std::vector<int32_t> g(mine_b.size(), -1);
+    int32_t own = rank;
+    if (gw_allgather(b, &own, g.data(), 1, GW_INT32) != GW_OK) fail("allgather on b");
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != mine_b[i]) fail("allgather on b: block " + std::to_string(i));
+    }
+  }
+  if (a != nullptr) {
+    // Blocks in the sub-communicator's order: its rank i holds parent rank mine[i].
+    std::vector<int32_t> g(mine.size(), -1);
+    int32_t own = rank;
+    if (gw_allgather(a, &own, g.data(), 1, GW_INT32) != GW_OK) fail("allgather on a");
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != mine[i]) fail("allgather on a: block " + std::to_string(i));
+    }
+    std::vector<float> in(10007, static_cast<float>(rank + 1));
+    std::vector<float> res(in.size());
+    gw_request_t req = nullptr;
+    if (gw_iallreduce(a, in.data(), res.data(), in.size(), GW_FLOAT32, GW_SUM, &req) != GW_OK) {
+      fail("iallreduce on a");
+    }
+    if (gw_barrier(comm) != GW_OK) fail("barrier on parent while a works");
+    if (req != nullptr && gw_wait(req, -1) != GW_OK) fail("wait on a");
+    float want = 0;
+    for (int p : mine) want += static_cast<float>(p + 1);
+    if (res[10006] != want) fail("iallreduce on a value");
+    int32_t root_value = static_cast<int32_t>(rank == mine.back() ? 77 : 0);
+    if (gw_broadcast(a, &root_value, 1, GW_INT32, static_cast<int>(mine.size()) - 1) != GW_OK) {
+      fail("broadcast on a");
+    }
+    if (root_value != 77) fail("broadcast on a value");
+    // A split of a split: one colour, keys reversing a's order.
+    int ar = -1;
+    gw_comm_rank(a, &ar);
+    gw_comm_t aa = nullptr;
+    if (gw_comm_split(a, 0, -ar, &aa) != GW_OK || aa == nullptr) {
+      fail("split of a");
+    } else {
+      int aar = -1;
+      gw_comm_rank(aa, &aar);
+      if (aar != static_cast<int>(mine.size()) - 1 - ar) fail("split of a: rank");
+      int64_t v = 1000 + rank;
+      if (gw_allreduce(aa, &v, &v, 1, GW_INT64, GW_SUM) != GW_OK || v != sum_a) {
+        fail("allreduce on the split of a");
+      }
+      if (gw_comm_destroy(aa) != GW_OK) fail("destroy split of a");
+    }
+  } else {
+    if (gw_barrier(comm) != GW_OK) fail("barrier on parent");
+  }
+  if (b != nullptr && gw_barrier(b) != GW_OK) fail("barrier on b");
+  if (gw_barrier(comm) != GW_OK) fail("last barrier on parent");
+  if (gw_comm_destroy(b) != GW_OK) fail("destroy b");
+
+  // Either may go first: even ranks drop the parent before using a again.
+  const bool parent_first = rank % 2 == 0;
+  if (parent_first && gw_comm_destroy(comm) != GW_OK) fail("destroy parent");
+  if (a != nullptr) {
+    int64_t v = 1000 + rank;
+    if (gw_allreduce(a, &v, &v, 1, GW_INT64, GW_SUM) != GW_OK) fail("allreduce on a at the end");
+    if (v != sum_a) fail("allreduce on a at the end: value");
+    if (gw_comm_destroy(a) != GW_OK) fail("destroy a");
+  }
+  if (!parent_first && gw_comm_destroy(comm) != GW_OK) fail("destroy parent");
+  out->checked = true;
+}
+
+class SplitTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(SplitTest, SubCommunicatorsBesideTheParent) {
+  CleanEnv env;
+  auto [world, transport] = GetParam();
+  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back(run_split_rank, r, world, addr, transport, &results[r]);
+  }
+  for (auto& t : threads) t.join();
+  if (results[0].unsupported) GTEST_SKIP() << "this build's Communicator cannot split yet";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
+    EXPECT_TRUE(results[r].checked) << "rank " << r;
+    EXPECT_EQ(results[r].error, "") << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, SplitTest,
+                         ::testing::Values(std::make_tuple(1, "tcp"), std::make_tuple(2, "tcp"),
+                                           std::make_tuple(3, "tcp"), std::make_tuple(4, "tcp"),
+                                           std::make_tuple(5, "tcp"), std::make_tuple(6, "auto"),
+                                           std::make_tuple(7, "tcp"), std::make_tuple(8, "auto")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  std::get<1>(info.param);
+                         });
+
+// A rank that passes color < 0 in a world of one gets NULL and GW_OK; the parent is unharmed.
+TEST_F(SingleRankTest, SplitWithNegativeColorJoinsNone) {
+  gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
+  if (gw_comm_split(comm_, -1, 3, &sub) == GW_ERR_UNSUPPORTED) {
+    GTEST_SKIP() << "this build's Communicator cannot split yet";
+  }
+  EXPECT_GW(GW_OK, gw_comm_split(comm_, -1, 3, &sub));
+  EXPECT_EQ(sub, nullptr);
+  EXPECT_GW(GW_OK, gw_comm_split(comm_, 0, 3, &sub));
+  ASSERT_NE(sub, nullptr);
+  float x = 3;
+  EXPECT_GW(GW_OK, gw_allreduce(sub, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_GW(GW_OK, gw_allreduce(comm_, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_EQ(x, 3.0f);
+  EXPECT_GW(GW_OK, gw_comm_abort(sub));  // aborting the child leaves the parent usable
+  EXPECT_GW(GW_ERR_ABORTED, gw_comm_split(sub, 0, 0, &sub));
+  EXPECT_GW(GW_OK, gw_barrier(comm_));
+  EXPECT_GW(GW_OK, gw_comm_destroy(sub));
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <random>
 
-#include "collectives/codec.h"
-#include "collectives/codec_kernels.h"
+#include "collectives/compress/codec.h"
+#include "collectives/compress/codec_kernels.h"
 #include "tests/support/codec_test_util.h"
 
 namespace gw::coll {

@@ -2,7 +2,7 @@
 // message naming the offending part.
 #include <gtest/gtest.h>
 
-#include "collectives/codec.h"
+#include "collectives/compress/codec.h"
 
 namespace gw::coll {
 namespace {

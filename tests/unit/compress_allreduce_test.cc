@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "collectives/codec_kernels.h"
-#include "collectives/compress.h"
+#include "collectives/compress/codec_kernels.h"
+#include "collectives/compress/compress.h"
 #include "collectives/reduce.h"
 
 namespace gw::coll {

@@ -38,7 +38,7 @@ void with_ranks(int world, const char* transport, F body) {
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r) {
     ts.emplace_back([&, r] {
-      gw_config_t cfg{};
+      gw_config_t cfg = GW_CONFIG_INIT;
       cfg.rank = r;
       cfg.world_size = world;
       cfg.store_addr = addr.c_str();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/net/socket_util.h"
+#include "core/sys/fd.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
@@ -188,7 +189,7 @@ TEST(ShmTransport, BogusHandshakeIsRefusedAndListenerKeepsListening) {
   std::string name(reinterpret_cast<const char*>(h.bytes.data() + 24),
                    strnlen(reinterpret_cast<const char*>(h.bytes.data() + 24), 32));
   ASSERT_FALSE(name.empty());
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sys::Fd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path + 1, name.data(), name.size());

@@ -409,7 +409,7 @@ class RawClient {
   }
 
  private:
-  store_socket::Fd fd_;
+  sys::Fd fd_;
 };
 
 class HostileWireTest : public ::testing::Test {

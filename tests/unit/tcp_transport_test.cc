@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/net/socket_util.h"
+#include "core/sys/fd.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
@@ -267,8 +268,8 @@ TEST(TcpTransport, SilentAndBogusClientsDoNotStallAccept) {
   auto l = (*t)->listen(&h);
   ASSERT_TRUE(l.ok());
   sockaddr_in addr = listener_addr(h);
-  UniqueFd silent(raw_connect(addr));
-  UniqueFd bogus(raw_connect(addr));
+  sys::Fd silent(raw_connect(addr));
+  sys::Fd bogus(raw_connect(addr));
   std::vector<char> junk(288, 'j');  // a handshake-sized blob with a wrong magic
   ASSERT_EQ(send(bogus.get(), junk.data(), junk.size(), MSG_NOSIGNAL), 288);
   // A real peer still gets through while the silent one is pending.

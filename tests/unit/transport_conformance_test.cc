@@ -17,14 +17,7 @@
 #include <vector>
 
 #include "core/net/transport.h"
-#include "core/net/transport_registry.h"
 #include "tests/support/test_env.h"
-#ifdef GW_HAVE_DPDK
-#include "dpdk/dpdk_transport.h"
-#endif
-#ifdef GW_HAVE_VERBS
-#include "verbs/verbs_transport.h"
-#endif
 
 namespace gw::net {
 namespace {
@@ -32,34 +25,9 @@ namespace {
 using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
-#ifdef GW_HAVE_DPDK
-// gw_dpdk is a static library and nothing here calls it by name, so make_transport's weak hook
-// would find nothing: register the backend explicitly. Without GW_DPDK_EAL_ARGS the backend's
-// default EAL arguments (no hugepages, no PCI) give a loopback net_ring port in this process.
-class DpdkRegistration : public ::testing::Environment {
- public:
-  void SetUp() override {
-    Status s = register_transport("dpdk", &gw::dpdk::make_dpdk_transport);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-  }
-};
-::testing::Environment* const kDpdkEnv =
-    ::testing::AddGlobalTestEnvironment(new DpdkRegistration());
-#endif
-
-#ifdef GW_HAVE_VERBS
-// "verbs" runs on this host's RDMA devices (skipped where there are none); "verbs-emu" runs the
-// same backend over the verbs emulator (verbs/emu/), in one process and across forked ones.
-class VerbsRegistration : public ::testing::Environment {
- public:
-  void SetUp() override {
-    Status s = gw::verbs::register_verbs_backend();
-    ASSERT_TRUE(s.ok()) << s.to_string();
-  }
-};
-::testing::Environment* const kVerbsEnv =
-    ::testing::AddGlobalTestEnvironment(new VerbsRegistration());
-#endif
+// Backends outside gw_core (dpdk) come from gw_backends, which this test links. Without
+// GW_DPDK_EAL_ARGS dpdk's default EAL arguments (no hugepages, no PCI) give a loopback net_ring
+// port in this process; in a build without dpdk its case is skipped with the registry's reason.
 
 // A loopback net_ring lives inside one process: a forked child gets a copy of the ring that
 // leads nowhere. Cross-process and killed-process cases of dpdk run across network namespaces

@@ -23,6 +23,8 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/sys/time.h"
+#include "verbs/verbs_config.h"
 
 namespace gw::verbs::emu {
 namespace {
@@ -64,11 +66,7 @@ struct WireResponse {
 };
 static_assert(sizeof(WireResponse) == 16);
 
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+using sys::now_ns;
 
 // IB local ACK timeout: 4.096 us x 2^timeout; 0 means wait forever.
 int64_t ack_timeout_ns(uint8_t timeout) {
@@ -188,7 +186,7 @@ class Nic {
   static Nic& get() {
     static Nic* nic = [] {
       auto* n = new Nic();  // never destroyed: the thread may run until exit
-      n->dmabuf_supported = config::get_bool(config::Key::kVerbsEmuDmabuf);
+      n->dmabuf_supported = config::get_bool(verbs_config::kVerbsEmuDmabuf);
       // A forked child has no NIC thread and must not touch the parent's QPs (hardware behaves
       // alike): it starts with an empty device of its own.
       pthread_atfork([] { get().mu.lock(); }, [] { get().mu.unlock(); },
@@ -238,7 +236,7 @@ class Nic {
     std::lock_guard<std::mutex> lock(mu);
     if (started_) return start_error.empty();
     started_ = true;
-    std::string a = config::get_string(config::Key::kVerbsEmuAddr);
+    std::string a = config::get_string(verbs_config::kVerbsEmuAddr);
     if (inet_pton(AF_INET, a.c_str(), &addr) != 1) {
       start_error = "GW_VERBS_EMU_ADDR='" + a + "' is not an IPv4 address";
       return false;

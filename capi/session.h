@@ -1,0 +1,95 @@
+// The seam between the C ABI and whatever runs the collectives: a Session is one rank's
+// membership in one communicator. capi/gradwire.cc checks arguments, keeps handles and maps
+// Status to gw_status_t; a Session does the work. DirectSession (direct_session.h) runs a
+// gw::coll::Communicator in this process; a client of a separate daemon process is meant to be a
+// second implementation, so these signatures carry only plain and C types, nothing of
+// collectives/'s internals.
+//
+// What every implementation may rely on (the C layer has checked it before calling): dtype and op
+// are valid enumerators; the byte sizes of the buffers (count x dtype size, times size() where the
+// call says so) fit in size_t; a buffer is non-NULL whenever it has bytes to transfer; distinct
+// buffers do not overlap except in the in-place forms of the C header; root is in [0, size());
+// codec specs and tensor keys are non-NULL. Calls on one Session come from the C layer in the
+// order the caller made them; abort() and aborted() may come from any thread at any time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "collectives/types.h"
+#include "core/status.h"
+#include "gradwire/gradwire.h"
+
+namespace gw::capi {
+
+// The resolved configuration of a new communicator: gw_config_t after the C layer has filled
+// in what the caller left to the environment or the launcher, and checked it.
+struct SessionOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_host;  // "": no store (only for a world of one)
+  int store_port = 0;
+  std::string transport;   // a name the transport registry knows, or "auto"
+  int64_t timeout_ms = 0;  // > 0
+  std::string job_token;   // "": agree one through the store
+};
+
+// An operation started by Session::iallreduce.
+class SessionRequest {
+ public:
+  virtual ~SessionRequest() = default;
+  // Waits up to timeout_ms (-1: the communicator's own deadline). kTimeout when it is still
+  // running then (it goes on; wait or test again).
+  virtual Status wait(int64_t timeout_ms) = 0;
+  // Sets *done; once done, returns the operation's final status.
+  virtual Status test(bool* done) = 0;
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // The collectives of the C header, with its semantics (in place, count 0, matching across ranks).
+  virtual Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,
+                           coll::ReduceOp op) = 0;
+  virtual Status broadcast(void* buf, size_t count, coll::DataType dtype, int root) = 0;
+  virtual Status allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                           coll::DataType dtype) = 0;
+  virtual Status reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                coll::DataType dtype, coll::ReduceOp op) = 0;
+  virtual Status alltoall(const void* sendbuf, void* recvbuf, size_t count,
+                          coll::DataType dtype) = 0;
+  virtual Status barrier() = 0;
+  // Never returns a null request on success. The Session must outlive the request.
+  virtual Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
+                                                             size_t count, coll::DataType dtype,
+                                                             coll::ReduceOp op) = 0;
+
+  // gw_allreduce_compressed: buf may be host or GPU memory; count may be 0.
+  virtual Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
+                                      std::string_view codec_spec, std::string_view tensor_key) = 0;
+  // Counters of the compressed calls on this rank; safe while a compressed call runs on another
+  // thread (waits for it), like reset_compression_stats and release_compression.
+  virtual Result<gw_comm_stats_t> compression_stats() = 0;
+  virtual Status reset_compression_stats() = 0;
+  // Frees the residuals and codec state of every tensor key.
+  virtual Status release_compression() = 0;
+
+  // Thread-safe, idempotent, never blocks: every pending and later collective ends in kAborted.
+  virtual void abort() = 0;
+  virtual bool aborted() const = 0;
+
+  // Collective over this Session's ranks: those passing the same color >= 0 form a new
+  // communicator, ranked by key and then by rank here. A rank passing color < 0 joins none and
+  // gets a null Session. The new Session is independent of this one (either may be destroyed
+  // first) and may be used beside it from the same thread.
+  virtual Result<std::unique_ptr<Session>> split(int color, int key) = 0;
+};
+
+}  // namespace gw::capi

@@ -1,0 +1,36 @@
+#include "collectives/coll_config.h"
+
+namespace gw::coll::coll_config {
+
+using config::Type;
+
+constinit const config::Row kSpinUs{
+    "GW_SPIN_US", Type::Int, "50", "",
+    "microseconds to busy-poll before yielding the CPU while waiting"};
+constinit const config::Row kAlgo{
+    "GW_ALGO", Type::String, "auto", "",
+    "allreduce algorithm: auto (cost model), ring, rhd (recursive halving-doubling)"};
+constinit const config::Row kNchannels{
+    "GW_NCHANNELS", Type::Int, "0", "",
+    "parallel ring channels per collective (0 = choose from message size)"};
+constinit const config::Row kChunkSize{
+    "GW_CHUNK_SIZE", Type::Size, "0", "",
+    "pipeline chunk of the collectives (0 = auto: 128K over shm, 512K otherwise)"};
+constinit const config::Row kCostAlphaUs{
+    "GW_COST_ALPHA_US", Type::Double, "0", "",
+    "per-message latency for the cost model (0 = transport default)"};
+constinit const config::Row kCostBwGbps{
+    "GW_COST_BW_GBPS", Type::Double, "0", "",
+    "link bandwidth in GB/s for the cost model (0 = transport default)"};
+
+const config::RowSet& rows() {
+  static const config::RowSet set(
+      "collectives", {&kSpinUs, &kAlgo, &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps});
+  return set;
+}
+
+namespace {
+[[maybe_unused]] const config::RowSet& registered = rows();
+}  // namespace
+
+}  // namespace gw::coll::coll_config

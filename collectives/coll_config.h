@@ -1,0 +1,18 @@
+// Rows of the Communicator and its cost model; see core/config.h.
+#pragma once
+
+#include "core/config.h"
+
+namespace gw::coll::coll_config {
+
+extern const config::Row kSpinUs;
+extern const config::Row kAlgo;
+extern const config::Row kNchannels;
+extern const config::Row kChunkSize;
+extern const config::Row kCostAlphaUs;
+extern const config::Row kCostBwGbps;
+
+// The registered set; calling it links and registers the rows in a program that reads none.
+const config::RowSet& rows();
+
+}  // namespace gw::coll::coll_config

@@ -1,0 +1,42 @@
+// The TOML layer of the configuration (GW_CONFIG_FILE), parsed with toml++.
+//
+// The file is flattened to `key -> value`: a top-level `timeout_ms = 60000` is "timeout_ms", and
+// `[dpdk] port = "ring"` is "dpdk_port" (tables join their names with '_'). Each entry keeps its
+// line so errors can name it. Whether a key exists and whether the value's type fits the row is
+// decided by core/config.cc against the registered rows.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gw::config {
+
+class ConfigFile {
+ public:
+  enum class Kind { kString, kInt, kFloat, kBool, kOther };
+
+  struct Entry {
+    std::string text;  // the value as an environment variable would spell it
+    Kind kind = Kind::kOther;
+    const char* kind_name = "";  // "string", "integer", "float", "boolean", "array", ...
+    int line = 0;
+  };
+
+  // Reads and parses `path`. Never fails: a file that cannot be read or parsed yields no entries
+  // and one error ("path:line:column: why").
+  static std::shared_ptr<const ConfigFile> load(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  const std::vector<std::string>& errors() const { return errors_; }
+  const Entry* find(const std::string& key) const;
+
+ private:
+  std::string path_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace gw::config

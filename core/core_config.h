@@ -1,0 +1,20 @@
+// core's rows (logging, deadlines, bootstrap, the config file itself); see core/config.h.
+#pragma once
+
+#include "core/config.h"
+
+namespace gw::core_config {
+
+extern const config::Row kConfigFile;
+extern const config::Row kLogLevel;
+extern const config::Row kTimeoutMs;
+extern const config::Row kRank;
+extern const config::Row kWorldSize;
+extern const config::Row kStore;
+extern const config::Row kJobToken;
+extern const config::Row kHostId;
+
+// The registered set; calling it links and registers the rows in a program that reads none.
+const config::RowSet& rows();
+
+}  // namespace gw::core_config

@@ -1,0 +1,34 @@
+#include "core/net/tcp_config.h"
+
+namespace gw::net::tcp_config {
+
+using config::Type;
+
+constinit const config::Row kSocketIfname{
+    "GW_SOCKET_IFNAME", Type::String, "", "NCCL_SOCKET_IFNAME",
+    "interface(s) for tcp: name prefix list, ^ to exclude, = for exact (NCCL syntax)"};
+constinit const config::Row kSocketNsocks{
+    "GW_SOCKET_NSOCKS", Type::Int, "0", "",
+    "TCP sockets striped per connection (1-16; 0 = auto: 4 on links of 25 Gb/s and more, else 1)"};
+constinit const config::Row kSocketNthreads{
+    "GW_SOCKET_NTHREADS", Type::Int, "0", "",
+    "I/O worker threads per TCP comm (1-16; socket s -> thread s % N; -1 = none; 0 = auto: "
+    "none, except 1 in the NCCL plugin on hosts with 8+ CPUs)"};
+constinit const config::Row kSocketBufsize{
+    "GW_SOCKET_BUFSIZE", Type::Size, "0", "",
+    "SO_SNDBUF/SO_RCVBUF of each TCP socket (0 keeps the kernel's autotuning)"};
+constinit const config::Row kSocketChunk{
+    "GW_SOCKET_CHUNK", Type::Size, "256K", "",
+    "bytes per stripe unit when a message is split across a connection's sockets"};
+
+const config::RowSet& rows() {
+  static const config::RowSet set(
+      "tcp", {&kSocketIfname, &kSocketNsocks, &kSocketNthreads, &kSocketBufsize, &kSocketChunk});
+  return set;
+}
+
+namespace {
+[[maybe_unused]] const config::RowSet& registered = rows();
+}  // namespace
+
+}  // namespace gw::net::tcp_config

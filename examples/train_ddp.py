@@ -1,0 +1,123 @@
+"""DDP training side by side: gloo, the gradwire backend, and gradwire's compressed hooks.
+
+    PYTHONPATH=python python/bin/gradwire-run -np 2 -- /usr/bin/python3 examples/train_ddp.py
+
+Every configuration trains the same model (a small transformer encoder classifying synthetic
+token sequences it makes itself, same seed) for --steps steps; rank 0 prints final loss, loss
+ratio to gloo, median step time and gradient bytes sent per step per rank, and writes
+train_ddp.png (loss curves and step times) when matplotlib is present.
+"""
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+import gradwire.torch  # noqa: F401 (registers the backend)
+from gradwire.torch import comm_of, hooks
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=30)
+ap.add_argument("--batch", type=int, default=16)
+ap.add_argument("--png", default="train_ddp.png")
+ap.add_argument("--configs", default="gloo,gradwire,gw-fp16,gw-topk:0.01,gw-powersgd:4",
+                help="comma list; gloo-torch-powersgd:R (torch's powerSGD_hook over gloo) aborts in"
+                " gloo on Debian's torch 1.13 here, so it is not in the default list")
+args = ap.parse_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+gw_group = dist.new_group(backend="gradwire")  # gradwire for the gradients, gloo for the rest
+gw_comm = comm_of(gw_group)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, vocab=1000, dim=128, classes=10):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        layer = torch.nn.TransformerEncoderLayer(dim, 4, 4 * dim, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 2)
+        self.head = torch.nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)).mean(1))
+
+
+def data(step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randint(0, 1000, (args.batch, 32), generator=g)
+    y = (x[:, 0] % 10)  # a learnable rule
+    return x, y
+
+
+def train(config):
+    torch.manual_seed(0)
+    model = Model()
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    pg = gw_group if config == "gradwire" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    sent = None
+    if config.startswith("gw-"):
+        ddp.register_comm_hook(gw_comm, hooks.compressed_hook(config[3:]))
+    elif config.startswith("gloo-torch-powersgd:"):
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(
+            config.split(":")[1]), start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    losses, times = [], []
+    gw_comm.reset_stats()
+    for step in range(args.steps):
+        x, y = data(step)
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    if config.startswith("gw-"):
+        sent = gw_comm.stats().bytes_sent / args.steps
+    elif world > 1:
+        sent = 2 * (world - 1) / world * nbytes  # a ring allreduce of every gradient
+    del ddp, opt
+    gc.collect()  # the finished DDP's reducer must be gone before the next one starts
+    dist.barrier()
+    return losses, times, sent
+
+
+results = {}
+for config in args.configs.split(","):
+    results[config] = train(config)
+
+if rank == 0:
+    base = statistics.mean(results["gloo"][0][-5:]) if "gloo" in results else None
+    print(f"{world} ranks, {args.steps} steps, batch {args.batch}")
+    print(f"{'config':24} {'final loss':>10} {'vs gloo':>8} {'step ms':>8} {'MB sent/step':>13}")
+    for config, (losses, times, sent) in results.items():
+        final = statistics.mean(losses[-5:])
+        ratio = f"{final / base:.2f}" if base else "-"
+        ms = statistics.median(times[2:]) * 1000
+        mb = f"{sent / 1e6:.2f}" if sent is not None else "-"
+        print(f"{config:24} {final:10.4f} {ratio:>8} {ms:8.1f} {mb:>13}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+        for config, (losses, times, _) in results.items():
+            a.plot(losses, label=config)
+            b.plot([t * 1000 for t in times], label=config)
+        a.set(xlabel="step", ylabel="loss", title="loss")
+        b.set(xlabel="step", ylabel="ms", title="step time")
+        a.legend()
+        fig.tight_layout()
+        fig.savefig(args.png)
+        print(f"wrote {args.png}")
+    except ImportError:
+        pass
+dist.destroy_process_group()

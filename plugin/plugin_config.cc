@@ -1,0 +1,34 @@
+#include "plugin/plugin_config.h"
+
+#include "core/net/backend_registry.h"
+
+namespace gw::plugin::plugin_config {
+
+using config::Type;
+
+constinit const config::Row kPluginBackend{"GW_PLUGIN_BACKEND", Type::String, "auto", "",
+                                           "transport under the NCCL net plugin, auto or a backend "
+                                           "auto may pick across hosts"};
+constinit const config::Row kPluginMinChannels{
+    "GW_PLUGIN_MIN_CHANNELS", Type::Int, "0", "",
+    "NCCL channels the plugin asks for by setting NCCL_MIN_NCHANNELS when the user has not: "
+    "0 = auto (4 when tcp comms have I/O threads, else none), -1 = never, 1-32"};
+constinit const config::Row kPluginPin{
+    "GW_PLUGIN_PIN", Type::Bool, "1", "",
+    "keep the NCCL plugin loaded after the last communicator (works around NCCL 2.28 reload bug)"};
+
+const config::RowSet& rows() {
+  static const config::RowSet set("plugin", {&kPluginBackend, &kPluginMinChannels, &kPluginPin});
+  static const bool hooked = [] {
+    config::set_help_completion(kPluginBackend, [] { return net::describe_cross_host_backends(); });
+    return true;
+  }();
+  (void)hooked;
+  return set;
+}
+
+namespace {
+[[maybe_unused]] const config::RowSet& registered = rows();
+}  // namespace
+
+}  // namespace gw::plugin::plugin_config

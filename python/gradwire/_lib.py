@@ -1,0 +1,174 @@
+"""Loading libgradwire.so and declaring its C ABI (include/gradwire/gradwire.h) for ctypes.
+
+Everything that knows the C ABI's layout lives in this module: the library search, the argument
+and result types of every function, and the two structs (gw_config_t, gw_comm_stats_t). A change
+of the header is a change here only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Optional
+
+# gw_status_t
+GW_OK = 0
+GW_ERR_INVALID_ARG = 1
+GW_ERR_TIMEOUT = 2
+GW_ERR_PEER = 3
+GW_ERR_SYSTEM = 4
+GW_ERR_UNSUPPORTED = 5
+GW_ERR_NO_MEMORY = 6
+GW_ERR_ABORTED = 7
+GW_ERR_INTERNAL = 8
+
+# gw_dtype_t
+GW_FLOAT32 = 0
+GW_FLOAT64 = 1
+GW_FLOAT16 = 2
+GW_BFLOAT16 = 3
+GW_INT32 = 4
+GW_INT64 = 5
+GW_UINT8 = 6
+
+# gw_op_t
+GW_SUM = 0
+GW_PROD = 1
+GW_MIN = 2
+GW_MAX = 3
+GW_AVG = 4
+
+comm_t = ctypes.c_void_p
+request_t = ctypes.c_void_p
+
+
+class CommStats(ctypes.Structure):
+    """gw_comm_stats_t."""
+
+    _fields_ = [
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_uncompressed", ctypes.c_uint64),
+        ("calls", ctypes.c_uint64),
+    ]
+
+
+_CONFIG_TAIL = [
+    ("rank", ctypes.c_int),
+    ("world_size", ctypes.c_int),
+    ("store_addr", ctypes.c_char_p),
+    ("transport", ctypes.c_char_p),
+    ("timeout_ms", ctypes.c_int),
+    ("job_token", ctypes.c_char_p),
+]
+
+
+class ConfigV1(ctypes.Structure):
+    """gw_config_t of C ABI 0.1: no size member."""
+
+    _fields_ = list(_CONFIG_TAIL)
+
+
+class ConfigV2(ctypes.Structure):
+    """gw_config_t of C ABI 0.2 and later: a leading size member (what GW_CONFIG_INIT sets)."""
+
+    _fields_ = [("size", ctypes.c_size_t)] + list(_CONFIG_TAIL)
+
+
+_SEARCHED: list[str] = []
+
+
+def _candidates() -> list[Path]:
+    """Where libgradwire.so is looked for, in order."""
+    out: list[Path] = []
+    env = os.environ.get("GRADWIRE_LIBRARY")
+    if env:
+        out.append(Path(env))
+    here = Path(__file__).resolve().parent
+    out.append(here / "libgradwire.so")  # installed beside the package
+    for root in (here.parent.parent, Path.cwd()):  # the source tree: python/gradwire/ -> root
+        out.append(root / "build" / "release" / "capi" / "libgradwire.so")
+        out.append(root / "build" / "debug" / "capi" / "libgradwire.so")
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    env = os.environ.get("GRADWIRE_LIBRARY")
+    for path in _candidates():
+        _SEARCHED.append(str(path))
+        if path.is_file():
+            return ctypes.CDLL(str(path))
+        if env and str(path) == env:
+            raise OSError(f"GRADWIRE_LIBRARY={env} does not name a file")
+    raise OSError(
+        "libgradwire.so not found; build it (cmake --preset release && cmake --build --preset "
+        "release --target gradwire) or set GRADWIRE_LIBRARY. Looked in: " + ", ".join(_SEARCHED)
+    )
+
+
+lib = _load()
+path: str = lib._name
+
+
+def _declare(name: str, args: list, res=ctypes.c_int) -> None:
+    fn = getattr(lib, name)
+    fn.argtypes = args
+    fn.restype = res
+
+
+_P = ctypes.c_void_p
+_SZ = ctypes.c_size_t
+_I = ctypes.c_int
+_declare("gw_version", [], ctypes.c_char_p)
+_declare("gw_status_string", [_I], ctypes.c_char_p)
+_declare("gw_last_error", [], ctypes.c_char_p)
+
+version: str = lib.gw_version().decode()
+_major, _minor = (int(x) for x in version.split(".")[:2])
+Config = ConfigV2 if (_major, _minor) >= (0, 2) else ConfigV1
+
+_declare("gw_comm_init_from_env", [ctypes.POINTER(comm_t)])
+_declare("gw_comm_init", [ctypes.POINTER(comm_t), ctypes.POINTER(Config)])
+_declare("gw_comm_destroy", [comm_t])
+_declare("gw_comm_abort", [comm_t])
+_declare("gw_comm_rank", [comm_t, ctypes.POINTER(_I)])
+_declare("gw_comm_size", [comm_t, ctypes.POINTER(_I)])
+_declare("gw_allreduce", [comm_t, _P, _P, _SZ, _I, _I])
+_declare("gw_broadcast", [comm_t, _P, _SZ, _I, _I])
+_declare("gw_allgather", [comm_t, _P, _P, _SZ, _I])
+_declare("gw_reduce_scatter", [comm_t, _P, _P, _SZ, _I, _I])
+_declare("gw_alltoall", [comm_t, _P, _P, _SZ, _I])
+_declare("gw_barrier", [comm_t])
+_declare("gw_iallreduce", [comm_t, _P, _P, _SZ, _I, _I, ctypes.POINTER(request_t)])
+_declare("gw_wait", [request_t, _I])
+_declare("gw_test", [request_t, ctypes.POINTER(_I)])
+_declare("gw_allreduce_compressed", [comm_t, _P, _SZ, _I, ctypes.c_char_p, ctypes.c_char_p])
+_declare("gw_comm_stats", [comm_t, ctypes.POINTER(CommStats)])
+_declare("gw_comm_reset_stats", [comm_t])
+_declare("gw_comm_release_compression", [comm_t])
+
+# Calls a newer library may have: None where this one lacks them.
+has_split = hasattr(lib, "gw_comm_split")
+if has_split:
+    _declare("gw_comm_split", [comm_t, _I, _I, ctypes.POINTER(comm_t)])
+
+
+def make_config(
+    rank: int,
+    world_size: int,
+    store_addr: Optional[str],
+    transport: Optional[str],
+    timeout_ms: int,
+    job_token: Optional[str],
+) -> ctypes.Structure:
+    """A gw_config_t of the loaded library's version (GW_CONFIG_INIT's size set where it has one)."""
+    cfg = Config()
+    if hasattr(cfg, "size"):
+        cfg.size = ctypes.sizeof(Config)
+    cfg.rank = rank
+    cfg.world_size = world_size
+    cfg.store_addr = store_addr.encode() if store_addr else None
+    cfg.transport = transport.encode() if transport else None
+    cfg.timeout_ms = timeout_ms
+    cfg.job_token = job_token.encode() if job_token else None
+    return cfg

@@ -1,0 +1,235 @@
+"""gradwire-run: start the ranks of a job, like horovodrun or torchrun.
+
+    gradwire-run -np 4 -- python3 train.py --epochs 3
+    gradwire-run -np 4 -H host1:2,host2:2 -- python3 train.py
+    python3 -m gradwire.run -np 2 -- python3 train.py
+
+Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT) and GW_STORE (a second port beside MASTER_PORT, so gradwire's store and
+torch's own TCPStore do not compete for one port). Every line a rank prints is prefixed with
+"[rank]". SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits non-zero
+(or is killed) the others are sent SIGTERM, then SIGKILL after --grace seconds, and gradwire-run
+exits with the first failing rank's status (128 + signal for a signal).
+
+Ranks on hosts other than this one (-H) are started with ssh (BatchMode, the same working
+directory and the variables above on the command line); this needs password-less ssh and the
+same paths on every host, and it is not tested in this repository (one machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Optional
+
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def parse_hosts(spec: Optional[str], np_: int) -> list[tuple[str, int]]:
+    """"h1:2,h2:2" -> [("h1", 2), ("h2", 2)]; None -> [("localhost", np_)]."""
+    if not spec:
+        return [("localhost", np_)]
+    out = []
+    for item in spec.split(","):
+        host, _, slots = item.strip().partition(":")
+        if not host:
+            raise ValueError(f"-H: empty host name in {spec!r}")
+        try:
+            n = int(slots) if slots else 1
+        except ValueError:
+            raise ValueError(f"-H: slots of {host!r} is not a number: {slots!r}") from None
+        if n < 1:
+            raise ValueError(f"-H: {host} has {n} slots")
+        out.append((host, n))
+    return out
+
+
+def plan(np_: int, hosts: list[tuple[str, int]]) -> list[tuple[str, int, int, int, int]]:
+    """(host, rank, local_rank, local_world_size, group_rank) for every rank, hosts in order."""
+    total = sum(n for _, n in hosts)
+    if np_ > total:
+        raise ValueError(f"-np {np_} exceeds the {total} slots of -H")
+    out = []
+    rank = 0
+    for group, (host, n) in enumerate(hosts):
+        k = min(n, np_ - rank)
+        for lr in range(k):
+            out.append((host, rank, lr, k, group))
+            rank += 1
+        if rank == np_:
+            break
+    return out
+
+
+class Launcher:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.procs: list[subprocess.Popen] = []
+        self.failed: Optional[tuple[int, int]] = None  # (rank, exit status)
+        self.lock = threading.Lock()
+        self.out_lock = threading.Lock()
+        self.stopping = False
+
+    def _env(self, rank: int, lr: int, lws: int, group: int, addr: str, ports: list[int]) -> dict:
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.args.np),
+            "LOCAL_RANK": str(lr),
+            "LOCAL_WORLD_SIZE": str(lws),
+            "GROUP_RANK": str(group),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(self.args.np),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(ports[0]),
+            "GW_STORE": f"{addr}:{ports[1]}",
+            "TORCHELASTIC_RUN_ID": "gradwire-run",
+        }
+
+    def _pump(self, rank: int, stream: IO[bytes], out: IO[bytes]) -> None:
+        prefix = b"" if self.args.no_prefix else f"[{rank}] ".encode()
+        for line in iter(stream.readline, b""):
+            with self.out_lock:
+                out.write(prefix + line)
+                out.flush()
+        stream.close()
+
+    def start(self) -> None:
+        hosts = parse_hosts(self.args.hosts, self.args.np)
+        ranks = plan(self.args.np, hosts)
+        first = ranks[0][0]
+        addr = self.args.master_addr or ("127.0.0.1" if _is_local(first) else first)
+        ports = [self.args.master_port, self.args.master_port + 1] if self.args.master_port \
+            else _free_ports(2)
+        threads = []
+        for host, rank, lr, lws, group in ranks:
+            env = self._env(rank, lr, lws, group, addr, ports)
+            if _is_local(host):
+                cmd = list(self.args.command)
+                penv = dict(os.environ, **env)
+            else:
+                assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+                remote = f"cd {shlex.quote(os.getcwd())} && env {assigns} " + \
+                    " ".join(shlex.quote(c) for c in self.args.command)
+                cmd = ["ssh", "-o", "BatchMode=yes", "-tt", host, remote]
+                penv = dict(os.environ)
+            # Own process group: a terminal's Ctrl-C reaches gradwire-run, which forwards it
+            # once, and a rank's children are ended with it.
+            p = subprocess.Popen(cmd, env=penv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True)
+            p.gw_rank = rank  # type: ignore[attr-defined]
+            self.procs.append(p)
+            for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
+                t = threading.Thread(target=self._pump, args=(rank, stream, out), daemon=True)
+                t.start()
+                threads.append(t)
+        self.threads = threads
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def stop_all(self) -> None:
+        with self.lock:
+            if self.stopping:
+                return
+            self.stopping = True
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self.args.grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.05)
+        self.signal_all(signal.SIGKILL)
+
+    def wait(self) -> int:
+        live = list(self.procs)
+        while live:
+            for p in list(live):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                live.remove(p)
+                if rc != 0 and self.failed is None:
+                    self.failed = (p.gw_rank, rc)  # type: ignore[attr-defined]
+                    if not self.stopping:
+                        how = f"signal {-rc}" if rc < 0 else f"status {rc}"
+                        with self.out_lock:
+                            sys.stderr.write(f"gradwire-run: rank {p.gw_rank} exited with {how}; "
+                                             "ending the other ranks\n")
+                            sys.stderr.flush()
+                    threading.Thread(target=self.stop_all, daemon=True).start()
+            time.sleep(0.02)
+        for t in self.threads:
+            t.join(timeout=2)
+        if self.failed is None:
+            return 0
+        rc = self.failed[1]
+        return 128 - rc if rc < 0 else rc
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="gradwire-run",
+        description="Start N ranks of a program with torchrun-compatible variables.",
+        usage="gradwire-run -np N [-H host1:2,host2:2] [options] -- program [args...]")
+    ap.add_argument("-np", "--np", type=int, required=True, dest="np", help="number of ranks")
+    ap.add_argument("-H", "--hosts", help="host:slots,... (default: all ranks on this host)")
+    ap.add_argument("--master-addr", help="address of rank 0's host (default: the first host)")
+    ap.add_argument("--master-port", type=int, default=0,
+                    help="MASTER_PORT; GW_STORE gets the next port (default: two free ports)")
+    ap.add_argument("--grace", type=float, default=5.0,
+                    help="seconds between SIGTERM and SIGKILL when ending the ranks (default 5)")
+    ap.add_argument("--no-prefix", action="store_true", help="do not prefix output with [rank]")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program [args...]")
+    args = ap.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        ap.error("no program given (gradwire-run -np N -- program args)")
+    if args.np < 1:
+        ap.error(f"-np {args.np}: need at least one rank")
+    try:
+        launcher = Launcher(args)
+        launcher.start()
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"gradwire-run: {e}\n")
+        return 2
+
+    def forward(sig: int, _frame: object) -> None:
+        launcher.signal_all(sig)
+        if launcher.failed is None:
+            launcher.failed = (-1, -sig)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    return launcher.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

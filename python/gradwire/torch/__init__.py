@@ -1,0 +1,415 @@
+"""gradwire for PyTorch: the "gradwire" torch.distributed backend and DDP communication hooks.
+
+Importing this module registers the backend:
+
+    import torch.distributed as dist
+    import gradwire.torch
+    dist.init_process_group("gradwire")          # under gradwire-run, torchrun, ...
+    dist.all_reduce(t)                           # runs on gradwire
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+
+The process group (ProcessGroupGradwire) is written in Python over gradwire.Comm. Every operation
+is queued to one worker thread per communicator, which runs the blocking C call (ctypes releases
+the GIL, so backward keeps computing) and completes a torch.futures.Future; the Work handed to
+torch wraps that future. The rendezvous goes through torch's own store: rank 0 picks a free port
+for gradwire's store and a job token and publishes both there, so nothing beyond what torch already
+needs (MASTER_ADDR/MASTER_PORT or an init_method) has to be set.
+
+Supported: all_reduce (sum, product, min, max, avg), broadcast, all_gather (equal sizes),
+all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, all_to_all (equal
+sizes), all_to_all_single (even splits), barrier, and reduce, gather, scatter built on them.
+send/recv, uneven splits, bitwise reductions and several tensors per call raise Unsupported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import secrets
+import socket
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+
+from ..comm import Comm, Op
+from ..errors import GradwireError, InvalidArgument, Unsupported
+
+__all__ = ["ProcessGroupGradwire", "comm_of", "run_async", "BACKEND_NAME"]
+
+BACKEND_NAME = "gradwire"
+
+
+def _unwrap(fut: torch.futures.Future) -> Any:
+    v = fut.value()
+    if isinstance(v, _Failed):
+        raise v.error
+    return v
+
+
+class _Failed:
+    """What the worker completes a future with when the operation raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Worker:
+    """One thread that runs a communicator's operations in submission order.
+
+    A failure must reach C++ consumers (DDP's reducer) as a future error: torch.futures.Future's
+    set_exception only stores the exception as the future's value (C++ would read it as the
+    result), so the worker completes an inner future and hands out inner.then(_unwrap), whose
+    raising callback marks the outer future failed for Python and C++ alike."""
+
+    def __init__(self, name: str) -> None:
+        self._q: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                value = fn()
+            except BaseException as e:  # noqa: BLE001 (the future carries it to the waiter)
+                value = _Failed(e)
+            fut.set_result(value)
+
+    def submit(self, fn: Callable[[], Any]) -> torch.futures.Future:
+        inner: torch.futures.Future = torch.futures.Future()
+        outer = inner.then(_unwrap)
+        self._q.put((fn, inner))
+        return outer
+
+    def stop(self) -> None:
+        self._q.put(None)
+        self._t.join(timeout=10)
+
+
+_workers: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    # Ends the worker threads before the interpreter finalises; registered after gradwire.comm's
+    # handler, so it runs first and the communicators close with no thread inside them.
+    for w in list(_workers):
+        w.stop()
+
+
+def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
+    """Runs fn() on comm's worker thread (after everything submitted before it); returns a
+    Future completed with fn's value or its exception."""
+    w = getattr(comm, "_torch_worker", None)
+    if w is None:
+        w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
+        _workers.add(w)
+    return w.submit(fn)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def comm_over_store(store: Any, rank: int, size: int, timeout: Optional[timedelta] = None,
+                    prefix: str = "gradwire") -> Comm:
+    """A gradwire Comm for these ranks, its rendezvous arranged through a torch.distributed Store.
+
+    Collective over the ranks. Rank 0 hosts gradwire's store on a free port of MASTER_ADDR (else
+    127.0.0.1; GW_STORE_HOST overrides) and publishes the address and a job token."""
+    timeout_ms = 0
+    if timeout is not None and "GW_TIMEOUT_MS" not in os.environ:
+        timeout_ms = max(1, int(timeout.total_seconds() * 1000))
+    if size == 1:
+        return Comm(0, 1, store_addr=None, timeout_ms=timeout_ms)
+    if rank == 0:
+        host = os.environ.get("GW_STORE_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        addr = f"{host}:{_free_port()}"
+        token = secrets.token_hex(16)
+        store.set(f"{prefix}/addr", addr)
+        store.set(f"{prefix}/token", token)
+    else:
+        addr = store.get(f"{prefix}/addr").decode()
+        token = store.get(f"{prefix}/token").decode()
+    return Comm(rank, size, store_addr=addr, job_token=token, timeout_ms=timeout_ms)
+
+
+def _gw_op(reduce_op: Any) -> Op:
+    R = dist.ReduceOp
+    for torch_op, op in ((R.SUM, Op.SUM), (R.PRODUCT, Op.PROD), (R.MIN, Op.MIN),
+                         (R.MAX, Op.MAX), (R.AVG, Op.AVG)):
+        if reduce_op == torch_op:
+            return op
+    raise Unsupported(f"gradwire: reduce op {reduce_op} is not supported (sum, product, min, max, "
+                      "avg)")
+
+
+def _one(tensors: list, what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise Unsupported(f"gradwire {what}: exactly one tensor per call is supported, got "
+                          f"{len(tensors)}")
+    return tensors[0]
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+
+
+def _equal(ts: list, like: torch.Tensor, what: str) -> None:
+    for i, t in enumerate(ts):
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise Unsupported(
+                f"gradwire {what}: every tensor must have the input's size and dtype "
+                f"({like.numel()} x {like.dtype}); tensor {i} has {t.numel()} x {t.dtype} "
+                "(uneven sizes are not supported)")
+
+
+class ProcessGroupGradwire(ProcessGroup):
+    """A torch.distributed ProcessGroup running its collectives on a gradwire.Comm."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: Optional[timedelta] = None,
+                 comm: Optional[Comm] = None) -> None:
+        super().__init__(rank, size)
+        self.comm: Comm = comm if comm is not None else comm_over_store(store, rank, size, timeout)
+        self._rank = rank
+        self._size = size
+
+    # torch calls these
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _work(self, fn: Callable[[], Any]) -> Any:
+        return _create_work_from_future(run_async(self.comm, fn))
+
+    def allreduce(self, tensors: list, opts: Any = None) -> Any:
+        t = _one(tensors, "all_reduce")
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        self._check(t, "all_reduce")
+
+        def run() -> list:
+            self.comm.allreduce(t, op=op)
+            return tensors
+        return self._work(run)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        for t in tensors:
+            self._check(t, "all_reduce_coalesced")
+
+        def run() -> list:
+            for t in tensors:
+                self.comm.allreduce(t, op=op)
+            return tensors
+        return self._work(run)
+
+    def broadcast(self, tensors: list, opts: Any = None) -> Any:
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        self._check(t, "broadcast")
+
+        def run() -> list:
+            self.comm.broadcast(t, root)
+            return tensors
+        return self._work(run)
+
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        t = _one(inputs, "all_gather")
+        outs = _one(output_lists, "all_gather")
+        if len(outs) != self._size:
+            raise InvalidArgument(f"gradwire all_gather: {len(outs)} output tensors for "
+                                  f"{self._size} ranks")
+        _equal(outs, t, "all_gather")
+
+        def run() -> list:
+            flat = torch.empty(self._size * t.numel(), dtype=t.dtype, device=t.device)
+            self.comm.allgather(_flat(t), flat)
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view(o.shape))
+            return output_lists
+        return self._work(run)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if output.numel() != input.numel() * self._size:
+            raise InvalidArgument(f"gradwire all_gather_into_tensor: output has {output.numel()} "
+                                  f"elements, expected {self._size} x {input.numel()}")
+
+        def run() -> list:
+            if output.is_contiguous():
+                self.comm.allgather(_flat(input), output)
+            else:
+                output.copy_(self.comm.allgather(_flat(input)).view(output.shape))
+            return [output]
+        return self._work(run)
+
+    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
+        out = _one(outputs, "reduce_scatter")
+        ins = _one(input_lists, "reduce_scatter")
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        if len(ins) != self._size:
+            raise InvalidArgument(f"gradwire reduce_scatter: {len(ins)} input tensors for "
+                                  f"{self._size} ranks")
+        _equal(ins, out, "reduce_scatter")
+
+        def run() -> list:
+            flat = torch.cat([_flat(i) for i in ins])
+            res = self.comm.reduce_scatter(flat, op=op)
+            out.copy_(res.view(out.shape))
+            return outputs
+        return self._work(run)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Any:
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        if input.numel() != output.numel() * self._size:
+            raise InvalidArgument(f"gradwire reduce_scatter_tensor: input has {input.numel()} "
+                                  f"elements, expected {self._size} x {output.numel()}")
+
+        def run() -> list:
+            res = self.comm.reduce_scatter(_flat(input), op=op)
+            output.copy_(res.view(output.shape))
+            return [output]
+        return self._work(run)
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        if len(inputs) != self._size or len(outputs) != self._size:
+            raise InvalidArgument(f"gradwire all_to_all: {len(inputs)} inputs and {len(outputs)} "
+                                  f"outputs for {self._size} ranks")
+        _equal(inputs, inputs[0], "all_to_all")
+        _equal(outputs, inputs[0], "all_to_all")
+
+        def run() -> list:
+            res = self.comm.alltoall(torch.cat([_flat(i) for i in inputs]))
+            n = inputs[0].numel()
+            for j, o in enumerate(outputs):
+                o.copy_(res[j * n:(j + 1) * n].view(o.shape))
+            return outputs
+        return self._work(run)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list,
+                      input_splits: list, opts: Any = None) -> Any:
+        for splits, what in ((output_splits, "output"), (input_splits, "input")):
+            if splits and len(set(splits)) != 1:
+                raise Unsupported(f"gradwire all_to_all_single: uneven {what} splits {splits} "
+                                  "are not supported")
+        if input.numel() % self._size or output.numel() != input.numel():
+            raise InvalidArgument(f"gradwire all_to_all_single: input ({input.numel()}) and "
+                                  f"output ({output.numel()}) must be equal multiples of "
+                                  f"{self._size} ranks")
+
+        def run() -> list:
+            res = self.comm.alltoall(_flat(input))
+            output.copy_(res.view(output.shape))
+            return [output]
+        return self._work(run)
+
+    def barrier(self, opts: Any = None) -> Any:
+        def run() -> list:
+            self.comm.barrier()
+            return []
+        return self._work(run)
+
+    def reduce(self, tensors: list, opts: Any = None) -> Any:
+        t = _one(tensors, "reduce")
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        root = opts.rootRank if opts is not None else 0
+
+        def run() -> list:
+            # An allreduce; ranks other than root reduce a copy and keep their tensor.
+            self.comm.allreduce(t if self._rank == root else t.clone(), op=op)
+            return tensors
+        return self._work(run)
+
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        t = _one(inputs, "gather")
+        root = opts.rootRank if opts is not None else 0
+        outs = output_lists[0] if self._rank == root else []
+        if self._rank == root:
+            _equal(outs, t, "gather")
+
+        def run() -> list:
+            res = self.comm.allgather(_flat(t))
+            for i, o in enumerate(outs):
+                o.copy_(res[i].view(o.shape))
+            return output_lists
+        return self._work(run)
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
+        out = _one(outputs, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        if self._rank == root:
+            _equal(_one(input_lists, "scatter"), out, "scatter")
+
+        def run() -> list:
+            if self._rank == root:
+                flat = torch.cat([_flat(i) for i in input_lists[0]])
+            else:
+                flat = torch.empty(self._size * out.numel(), dtype=out.dtype, device=out.device)
+            self.comm.broadcast(flat, root)
+            n = out.numel()
+            out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
+            return outputs
+        return self._work(run)
+
+    def send(self, *args: Any) -> Any:
+        raise Unsupported("gradwire: send/recv (point-to-point) is not supported")
+
+    def recv(self, *args: Any) -> Any:
+        raise Unsupported("gradwire: send/recv (point-to-point) is not supported")
+
+    def recv_anysource(self, *args: Any) -> Any:
+        raise Unsupported("gradwire: recv from any source is not supported")
+
+    def allgather_coalesced(self, *args: Any) -> Any:
+        raise Unsupported("gradwire: all_gather_coalesced is not supported")
+
+    def monitored_barrier(self, *args: Any, **kw: Any) -> Any:
+        raise Unsupported("gradwire: monitored_barrier is not supported (use barrier)")
+
+    def _check(self, t: torch.Tensor, what: str) -> None:
+        if not t.is_contiguous():
+            raise InvalidArgument(f"gradwire {what}: the tensor is not contiguous")
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupGradwire:
+    return ProcessGroupGradwire(store, rank, size, timeout)
+
+
+if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+    dist.Backend.register_backend(BACKEND_NAME, _create)
+
+_comms: dict = {}
+
+
+def comm_of(group: Any = None) -> Comm:
+    """The gradwire Comm for a process group (default: the default group).
+
+    A gradwire group's own Comm; for another group (gloo, nccl) a Comm made once per group over
+    the default store (collective over the group the first time)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupGradwire):
+        return pg.comm
+    c = _comms.get(id(pg))
+    if c is None:
+        if pg is not dist.distributed_c10d._get_default_group():
+            raise Unsupported("gradwire: comm_of works for gradwire groups and the default group")
+        store = dist.distributed_c10d._get_default_store()
+        c = comm_over_store(store, pg.rank(), pg.size(), None, prefix="gradwire-hooks")
+        _comms[id(pg)] = c
+    return c

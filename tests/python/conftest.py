@@ -1,0 +1,53 @@
+"""Helpers for the gradwire Python tests: launch a worker on N ranks with the package's launcher.
+
+The tests run with Debian's /usr/bin/python3 (its torch 1.13) unless GW_PYTHON names another
+interpreter, against build/release/capi/libgradwire.so unless GRADWIRE_LIBRARY is set.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).resolve().parent / "workers"
+PYTHON = os.environ.get("GW_PYTHON", "/usr/bin/python3" if Path("/usr/bin/python3").exists()
+                        else sys.executable)
+sys.path.insert(0, str(ROOT / "python"))
+
+
+def env(**extra: str) -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("GW_TIMEOUT_MS", "10000")
+    e["PYTHONWARNINGS"] = "ignore"
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GW_STORE", "GW_RANK",
+              "GW_WORLD_SIZE"):
+        e.pop(k, None)
+    e.update(extra)
+    return e
+
+
+def launch(np_: int, *args: str, timeout: float = 60, extra_env: dict | None = None,
+           launcher_args: tuple = ()) -> subprocess.CompletedProcess:
+    """Runs `gradwire-run -np np_ -- PYTHON args...`; returns the finished process (text)."""
+    return launch_cmd(np_, PYTHON, *args, timeout=timeout, extra_env=extra_env,
+                      launcher_args=launcher_args)
+
+
+def launch_cmd(np_: int, *cmd_args: str, timeout: float = 60, extra_env: dict | None = None,
+               launcher_args: tuple = ()) -> subprocess.CompletedProcess:
+    """Runs `gradwire-run -np np_ [launcher_args] -- cmd_args...`."""
+    cmd = [PYTHON, "-m", "gradwire.run", "-np", str(np_), *launcher_args, "--", *cmd_args]
+    return subprocess.run(cmd, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def worker(name: str) -> str:
+    return str(WORKERS / name)
+
+
+@pytest.fixture
+def run_ranks():
+    return launch

@@ -1,0 +1,58 @@
+"""gradwire-run: variables, output prefixes, failure propagation, signal forwarding."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import PYTHON, ROOT, env, launch_cmd
+
+SHOW = "import os; print(*(os.environ[k] for k in ('RANK','WORLD_SIZE','LOCAL_RANK'," \
+       "'LOCAL_WORLD_SIZE','MASTER_ADDR','MASTER_PORT','GW_STORE')))"
+
+
+def test_torchrun_variables_and_prefixes():
+    p = launch_cmd(3, PYTHON, "-c", SHOW, timeout=30)
+    assert p.returncode == 0, p.stderr
+    lines = sorted(p.stdout.splitlines())
+    assert len(lines) == 3
+    ports = set()
+    for r, line in enumerate(lines):
+        prefix, rank, world, local, lws, addr, port, store = line.split()
+        assert prefix == f"[{r}]" and rank == str(r) and world == "3" and local == str(r)
+        assert lws == "3" and addr == "127.0.0.1" and store != f"{addr}:{port}"
+        ports.add(port)
+    assert len(ports) == 1
+
+
+def test_hosts_plan():
+    sys.path.insert(0, str(ROOT / "python"))
+    from gradwire.run import parse_hosts, plan
+    ranks = plan(3, parse_hosts("a:2,b:2", 3))
+    assert ranks == [("a", 0, 0, 2, 0), ("a", 1, 1, 2, 0), ("b", 2, 0, 1, 1)]
+
+
+def test_one_rank_failing_ends_all():
+    t0 = time.monotonic()
+    p = launch_cmd(3, "sh", "-c", 'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 60', timeout=30)
+    assert p.returncode == 7, p.stderr
+    assert time.monotonic() - t0 < 15
+    assert "rank 1 exited with status 7" in p.stderr
+
+
+def test_signals_forwarded():
+    code = ("import signal, sys, time, os\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), "
+            "sys.exit(0)))\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([PYTHON, "-m", "gradwire.run", "-np", "2", "--", PYTHON, "-c", code],
+                         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    ready = 0
+    while ready < 2:
+        line = p.stdout.readline()
+        assert line, "launcher ended early"
+        ready += "ready" in line
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=30)
+    assert out.count("got TERM") == 2, out
+    assert p.returncode == 128 + signal.SIGTERM

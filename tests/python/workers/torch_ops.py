@@ -1,0 +1,81 @@
+"""Worker: every supported torch.distributed call on the gradwire backend, checked on each rank."""
+import sys
+
+import torch
+import torch.distributed as dist
+
+import gradwire
+import gradwire.torch  # noqa: F401 (registers the backend)
+
+dist.init_process_group("gradwire")
+r, n = dist.get_rank(), dist.get_world_size()
+assert dist.get_backend() == "gradwire", dist.get_backend()
+
+t = torch.full((5,), float(r + 1))
+dist.all_reduce(t)
+assert torch.equal(t, torch.full((5,), n * (n + 1) / 2)), t
+for op, want in ((dist.ReduceOp.MAX, n), (dist.ReduceOp.MIN, 1), (dist.ReduceOp.PRODUCT,
+                 float(torch.arange(1, n + 1).prod()))):
+    t = torch.full((3,), float(r + 1), dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    assert torch.all(t == want), (op, t)
+t = torch.full((4,), r + 1, dtype=torch.int64)
+w = dist.all_reduce(t, async_op=True)
+w.wait()
+assert torch.all(t == n * (n + 1) // 2), t
+
+t = torch.arange(6, dtype=torch.float32) if r == n - 1 else torch.zeros(6)
+dist.broadcast(t, src=n - 1)
+assert torch.equal(t, torch.arange(6, dtype=torch.float32)), t
+
+outs = [torch.zeros(2, 2) for _ in range(n)]
+dist.all_gather(outs, torch.full((2, 2), float(r)))
+assert all(torch.all(o == i) for i, o in enumerate(outs)), outs
+out = torch.zeros(n * 3, dtype=torch.bfloat16)
+dist._all_gather_base(out, torch.full((3,), float(r), dtype=torch.bfloat16))
+assert torch.equal(out, torch.arange(n).repeat_interleave(3).to(torch.bfloat16)), out
+
+ins = [torch.full((3,), float(j + r)) for j in range(n)]
+o = torch.zeros(3)
+dist.reduce_scatter(o, ins)
+want = float(sum(rr + r for rr in range(n)))  # block r on rank rr holds r + rr
+assert torch.all(o == want), (o, want)
+
+ins = [torch.full((2,), float(r * 10 + j)) for j in range(n)]
+outs = [torch.zeros(2) for _ in range(n)]
+dist.all_to_all(outs, ins)
+assert all(torch.all(o == j * 10 + r) for j, o in enumerate(outs)), outs
+src = torch.arange(n * 2, dtype=torch.float32) + 100 * r
+dst = torch.zeros(n * 2)
+dist.all_to_all_single(dst, src)
+assert torch.equal(dst, torch.tensor([100.0 * j + 2 * r + k for j in range(n) for k in range(2)]))
+
+t = torch.full((2,), float(r + 1))
+dist.reduce(t, dst=0)
+assert (r != 0) or torch.all(t == n * (n + 1) / 2), t
+assert (r == 0) or torch.all(t == r + 1), t
+
+dist.barrier()
+
+# Unsupported calls raise, never a wrong result.
+for call in (lambda: dist.send(torch.zeros(1), (r + 1) % n),
+             lambda: dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND),
+             lambda: dist.all_to_all_single(torch.zeros(n + 1), torch.zeros(n + 1),
+                                            [1] * (n - 1) + [2], [1] * (n - 1) + [2])):
+    try:
+        call()
+    except RuntimeError as e:
+        assert "not supported" in str(e) or "gradwire" in str(e), e
+    else:
+        raise AssertionError("an unsupported call did not raise")
+
+# A subgroup of the even ranks runs its own communicator.
+evens = list(range(0, n, 2))
+g = dist.new_group(evens, backend="gradwire")
+if r in evens:
+    t = torch.ones(2)
+    dist.all_reduce(t, group=g)
+    assert torch.all(t == len(evens)), t
+dist.barrier()
+dist.destroy_process_group()
+print(f"rank {r}: torch ops ok")

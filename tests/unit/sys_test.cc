@@ -1,0 +1,356 @@
+// core/sys (descriptors, time, unix sockets with descriptor passing, memfd regions) and the two
+// helpers the transports share on top of it: the handshake fields and the comm adapters.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/net/comm_adapter.h"
+#include "core/net/handshake.h"
+#include "core/store.h"
+#include "core/sys/fd.h"
+#include "core/sys/memfd_region.h"
+#include "core/sys/time.h"
+#include "core/sys/unix_socket.h"
+
+namespace gw::sys {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool is_open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
+
+TEST(SysFd, ClosesOnDestructionAndMovesOwnership) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  {
+    Fd a(fds[0]);
+    Fd b(std::move(a));
+    EXPECT_FALSE(a.valid());
+    EXPECT_EQ(b.get(), fds[0]);
+    Fd c;
+    c = std::move(b);
+    EXPECT_TRUE(is_open(fds[0]));
+  }
+  EXPECT_FALSE(is_open(fds[0]));
+  Fd w(fds[1]);
+  int raw = w.release();
+  EXPECT_FALSE(w.valid());
+  EXPECT_TRUE(is_open(raw));
+  w.reset(raw);
+  w.reset();
+  EXPECT_FALSE(is_open(raw));
+}
+
+TEST(SysTime, DeadlinesAndRemainingTime) {
+  Deadline d = deadline_after_ms(200);
+  EXPECT_FALSE(expired(d));
+  int ms = ms_until(d);
+  EXPECT_GT(ms, 150);
+  EXPECT_LE(ms, 200);
+  EXPECT_GT(ns_until(d), 150'000'000);
+  EXPECT_TRUE(expired(kNoWait));
+  EXPECT_EQ(ms_until(kNoWait), 0);
+  EXPECT_EQ(ns_until(deadline_after_ms(-5)), 0);
+  // Far deadlines clamp to what poll() takes.
+  EXPECT_EQ(ms_until(Clock::now() + std::chrono::hours(24 * 365 * 100)), INT32_MAX);
+  // Rounded up: a deadline 1 ns away still waits 1 ms, never 0 (which would spin).
+  EXPECT_EQ(ms_until(Clock::now() + 500us), 1);
+  // The store's names are these.
+  static_assert(std::is_same_v<gw::Deadline, Deadline>);
+  int64_t a = now_ns();
+  std::this_thread::sleep_for(2ms);
+  EXPECT_GE(now_ns() - a, 2'000'000);
+}
+
+TEST(SysUnixSocket, PassesDescriptorsOverASocketPair) {
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET}) {
+    auto pair = unix_socket_pair(type);
+    ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+    auto& [a, b] = *pair;
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    Fd read_end(p[0]);
+    Fd write_end(p[1]);
+    const int lent[] = {write_end.get()};
+    ASSERT_TRUE(send_with_fds(a.get(), "hello", 5, lent, deadline_after_ms(1000), "test").ok());
+    write_end.reset();  // the peer's duplicate keeps the pipe open
+
+    char buf[16] = {};
+    std::vector<Fd> got;
+    auto n = recv_with_fds(b.get(), buf, sizeof(buf), &got, deadline_after_ms(1000), "test");
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    EXPECT_EQ(*n, 5u);
+    EXPECT_EQ(std::string(buf, 5), "hello");
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(fcntl(got[0].get(), F_GETFD) & FD_CLOEXEC);
+    ASSERT_EQ(write(got[0].get(), "x", 1), 1);
+    char c = 0;
+    ASSERT_EQ(read(read_end.get(), &c, 1), 1);
+    EXPECT_EQ(c, 'x');
+  }
+}
+
+TEST(SysUnixSocket, DeadlinesCloseAndBadInput) {
+  auto pair = unix_socket_pair(SOCK_SEQPACKET);
+  ASSERT_TRUE(pair.ok());
+  auto& [a, b] = *pair;
+  char buf[8];
+  std::vector<Fd> got;
+  auto start = Clock::now();
+  auto n = recv_with_fds(b.get(), buf, sizeof(buf), &got, deadline_after_ms(50), "quiet peer");
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), Code::kTimeout);
+  EXPECT_NE(n.status().message().find("quiet peer"), std::string::npos);
+  EXPECT_GE(Clock::now() - start, 45ms);
+  // kNoWait: one attempt, no wait.
+  n = recv_with_fds(b.get(), buf, sizeof(buf), &got, kNoWait, "try");
+  EXPECT_EQ(n.status().code(), Code::kTimeout);
+
+  std::vector<int> many(kMaxPassedFds + 1, a.get());
+  EXPECT_EQ(send_with_fds(a.get(), "x", 1, many, kNoWait, "many").code(), Code::kInvalidArg);
+  const int one[] = {a.get()};
+  EXPECT_EQ(send_with_fds(a.get(), "", 0, one, kNoWait, "empty").code(), Code::kInvalidArg);
+
+  a.reset();
+  n = recv_with_fds(b.get(), buf, sizeof(buf), &got, deadline_after_ms(1000), "closed");
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(*n, 0u);
+  Status s = send_with_fds(b.get(), "x", 1, {}, deadline_after_ms(1000), "to closed");
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+}
+
+TEST(SysUnixSocket, StreamSendWaitsForRoomUntilItsDeadline) {
+  auto pair = unix_socket_pair(SOCK_STREAM);
+  ASSERT_TRUE(pair.ok());
+  auto& [a, b] = *pair;
+  std::vector<char> big(8 << 20, 'z');
+  Status s = send_with_fds(a.get(), big.data(), big.size(), {}, deadline_after_ms(50), "full");
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.to_string();
+
+  // With a reader, every byte arrives.
+  auto pair2 = unix_socket_pair(SOCK_STREAM);
+  ASSERT_TRUE(pair2.ok());
+  auto& [c, d] = *pair2;
+  size_t total = 0;
+  std::thread reader([&, fd = d.get()] {
+    std::vector<char> buf(1 << 16);
+    std::vector<Fd> got;
+    while (total < big.size()) {
+      auto n = recv_with_fds(fd, buf.data(), buf.size(), &got, deadline_after_ms(5000), "r");
+      if (!n.ok() || *n == 0) break;
+      total += *n;
+    }
+  });
+  s = send_with_fds(c.get(), big.data(), big.size(), {}, deadline_after_ms(5000), "all");
+  reader.join();
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(total, big.size());
+}
+
+TEST(SysUnixSocket, AbstractListenerAcceptsAndNamesItsPeer) {
+  std::string name = "gradwire-sys-test-" + std::to_string(getpid());
+  auto addr = UnixAddress::abstract(name);
+  ASSERT_TRUE(addr.ok());
+  EXPECT_EQ(addr->to_string(), "@" + name);
+  auto none = connect_unix(*addr, SOCK_SEQPACKET);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kPeer) << none.status().to_string();
+
+  auto l = listen_unix(*addr, SOCK_SEQPACKET, 4);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto nothing = accept_unix(l->get());
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_FALSE(nothing->valid());
+  auto c = connect_unix(*addr, SOCK_SEQPACKET);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = accept_unix(l->get());
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(s->valid());
+  auto cred = peer_credentials(s->get());
+  ASSERT_TRUE(cred.ok());
+  EXPECT_EQ(cred->pid, getpid());
+  EXPECT_EQ(cred->uid, getuid());
+
+  EXPECT_FALSE(UnixAddress::abstract("").ok());
+  EXPECT_FALSE(UnixAddress::path(std::string(200, 'p')).ok());
+  auto path = UnixAddress::path("/tmp/x.sock");
+  ASSERT_TRUE(path.ok());
+  EXPECT_EQ(path->to_string(), "/tmp/x.sock");
+}
+
+TEST(SysMemfdRegion, MappedTwiceSeesTheSameBytes) {
+  auto region = MemfdRegion::create("gradwire-sys-test", 64 << 10);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  EXPECT_EQ(region->size(), 64u << 10);
+  std::memcpy(region->data(), "first", 5);
+
+  // Share it the way the processes do: over a unix socket.
+  auto pair = unix_socket_pair(SOCK_SEQPACKET);
+  ASSERT_TRUE(pair.ok());
+  const int lent[] = {region->fd()};
+  ASSERT_TRUE(send_with_fds(pair->first.get(), "m", 1, lent, kNoWait, "share").ok());
+  region->close_fd();
+  EXPECT_EQ(region->fd(), -1);
+  char byte;
+  std::vector<Fd> got;
+  ASSERT_TRUE(recv_with_fds(pair->second.get(), &byte, 1, &got, kNoWait, "share").ok());
+  ASSERT_EQ(got.size(), 1u);
+
+  auto peer = MemfdRegion::map(std::move(got[0]), 64 << 10);
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  EXPECT_NE(peer->data(), region->data());
+  EXPECT_EQ(std::memcmp(peer->data(), "first", 5), 0);
+  std::memcpy(static_cast<char*>(peer->data()) + 1000, "second", 6);
+  EXPECT_EQ(std::memcmp(static_cast<char*>(region->data()) + 1000, "second", 6), 0);
+
+  // The size is sealed: nobody can shrink the file under a mapping.
+  EXPECT_NE(ftruncate(peer->fd(), 4096), 0);
+  EXPECT_EQ(fcntl(peer->fd(), F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW),
+            F_SEAL_SHRINK | F_SEAL_GROW);
+
+  MemfdRegion moved = std::move(*peer);
+  EXPECT_FALSE(peer->mapped());
+  EXPECT_EQ(std::memcmp(static_cast<char*>(moved.data()) + 1000, "second", 6), 0);
+}
+
+TEST(SysMemfdRegion, RefusesADescriptorOfAnotherSize) {
+  auto region = MemfdRegion::create("gradwire-sys-test", 8192);
+  ASSERT_TRUE(region.ok());
+  auto wrong = MemfdRegion::map(Fd(dup(region->fd())), 16384);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Code::kPeer);
+  EXPECT_NE(wrong.status().message().find("8192"), std::string::npos) << wrong.status().to_string();
+  EXPECT_EQ(MemfdRegion::map(Fd(), 8192).status().code(), Code::kInvalidArg);
+  EXPECT_EQ(MemfdRegion::create("empty", 0).status().code(), Code::kInvalidArg);
+}
+
+}  // namespace
+}  // namespace gw::sys
+
+namespace gw::net {
+namespace {
+
+TEST(Handshake, TokenFieldsAndVerdict) {
+  struct Hello {
+    char magic[4];
+    uint64_t nonce;
+    uint32_t token_len;
+    handshake::TokenField token;
+  } h{};
+  handshake::put_magic(h.magic, "GWH1");
+  h.nonce = 7;
+  handshake::put_token("secret", &h.token_len, h.token);
+  EXPECT_EQ(h.token_len, 6u);
+  EXPECT_EQ(std::string(h.token), "secret");
+
+  auto verdict = [&](std::string_view token, uint64_t nonce) {
+    return handshake::refusal({h.magic, h.nonce, h.token_len, h.token},
+                              {"tcp", "GWH1", nonce, token});
+  };
+  EXPECT_EQ(verdict("secret", 7), "");
+  EXPECT_EQ(verdict("secreT", 7), "job token mismatch");
+  EXPECT_EQ(verdict("secret", 8), "handshake for another listener (nonce mismatch)");
+  h.token_len = 9999;
+  EXPECT_EQ(verdict("secret", 7), "job token mismatch");
+  handshake::put_magic(h.magic, "XXXX");
+  EXPECT_EQ(verdict("secret", 7), "not a gradwire tcp handshake");
+
+  EXPECT_TRUE(handshake::tokens_equal("", ""));
+  EXPECT_FALSE(handshake::tokens_equal("a", "ab"));
+
+  char magic[4];
+  handshake::put_magic(magic, "GWT1");
+  EXPECT_TRUE(handshake::check_handle("tcp", magic, "GWT1", 1, 1).ok());
+  EXPECT_EQ(handshake::check_handle("shm", magic, "GWS1", 1, 1).code(), Code::kInvalidArg);
+  Status v = handshake::check_handle("tcp", magic, "GWT1", 2, 1);
+  EXPECT_NE(v.message().find("version 2"), std::string::npos) << v.message();
+
+  TransportOptions o;
+  o.job_token = std::string(handshake::kMaxToken + 1, 't');
+  EXPECT_EQ(handshake::check_options("tcp", o).code(), Code::kInvalidArg);
+  o.job_token = "t";
+  o.timeout_ms = 0;
+  EXPECT_EQ(handshake::check_options("tcp", o).code(), Code::kInvalidArg);
+  o.timeout_ms = 1;
+  EXPECT_TRUE(handshake::check_options("tcp", o).ok());
+
+  EXPECT_EQ(handshake::peer_label(3, "shm", "pid 9"), "rank 3 via shm pid 9");
+  EXPECT_EQ(handshake::refused_error("p").code(), Code::kPeer);
+  EXPECT_EQ(handshake::connect_timeout_error("p", 5, "").code(), Code::kTimeout);
+}
+
+// A core that records what the adapters forward to it.
+struct FakeCore {
+  explicit FakeCore(std::string name) : name(std::move(name)) {}
+  Result<MemRegion*> reg_mr(void*, size_t, MemType) { return &region; }
+  Status dereg_mr(MemRegion* mr) { return mr == &region ? ok_status() : invalid_arg("no"); }
+  Status test(Request*, bool* done, size_t* size) {
+    *done = true;
+    *size = last_size;
+    return ok_status();
+  }
+  std::string peer_name() const { return name; }
+  Result<Request*> isend(const void*, size_t size, int, MemRegion*) {
+    last_size = size;
+    return static_cast<Request*>(nullptr);
+  }
+  Result<Request*> irecv(void*, size_t size, int, MemRegion*) {
+    last_size = size + 1;
+    return static_cast<Request*>(nullptr);
+  }
+  bool wait_fds(std::vector<pollfd>* fds) const {
+    fds->push_back(pollfd{-1, POLLIN, 0});
+    return true;
+  }
+  std::string name;
+  MemRegion region;
+  size_t last_size = 0;
+};
+
+TEST(CommAdapter, ForwardsEveryCallToItsCore) {
+  SendCommAdapter<FakeCore> send("to rank 1");
+  RecvCommAdapter<FakeCore> recv("from rank 0");
+  SendComm& s = send;
+  RecvComm& r = recv;
+  EXPECT_EQ(s.peer_name(), "to rank 1");
+  EXPECT_EQ(r.peer_name(), "from rank 0");
+  auto mr = s.reg_mr(nullptr, 0, MemType::kHost);
+  ASSERT_TRUE(mr.ok());
+  EXPECT_EQ(*mr, &send.core().region);
+  EXPECT_TRUE(s.dereg_mr(*mr).ok());
+  ASSERT_TRUE(s.isend(nullptr, 42, 0, nullptr).ok());
+  ASSERT_TRUE(r.irecv(nullptr, 42, 0, nullptr).ok());
+  bool done = false;
+  size_t size = 0;
+  ASSERT_TRUE(s.test(nullptr, &done, &size).ok());
+  EXPECT_EQ(size, 42u);
+  ASSERT_TRUE(r.test(nullptr, &done, &size).ok());
+  EXPECT_EQ(size, 43u);
+  std::vector<pollfd> fds;
+  EXPECT_TRUE(s.wait_fds(&fds));
+  EXPECT_EQ(fds.size(), 1u);
+}
+
+struct MinimalCore {
+  Result<MemRegion*> reg_mr(void*, size_t, MemType) { return unsupported("no"); }
+  Status dereg_mr(MemRegion*) { return unsupported("no"); }
+  Status test(Request*, bool*, size_t*) { return unsupported("no"); }
+  std::string peer_name() const { return "minimal"; }
+  Result<Request*> isend(const void*, size_t, int, MemRegion*) { return unsupported("no"); }
+};
+
+TEST(CommAdapter, CoreWithoutWaitFdsCannotBeWaitedOn) {
+  SendCommAdapter<MinimalCore> send;
+  std::vector<pollfd> fds;
+  EXPECT_FALSE(static_cast<Comm&>(send).wait_fds(&fds));
+  EXPECT_TRUE(fds.empty());
+}
+
+}  // namespace
+}  // namespace gw::net
