@@ -11,11 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "core/config_snapshot.h"
+#include "core/net/auto_backend.h"
+#include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 #include "tests/support/test_env.h"
 #include "verbs/device_select.h"
 #include "verbs/emu/emu_verbs.h"
 #include "verbs/ibv_table.h"
+#include "verbs/verbs_config.h"
 #include "verbs/verbs_transport.h"
 
 namespace gw::verbs {
@@ -103,6 +107,55 @@ TEST(VerbsBackend, UnavailableSaysWhy) {
       << t.status().to_string();
 }
 
+TEST(VerbsBackend, ProbeSaysWhyWithoutOpeningAnything) {
+  ScopedEnv real("GW_VERBS_EMULATE", "0");
+  Status s = net::backend_status("verbs");
+  if (s.ok()) GTEST_SKIP() << "this host has libibverbs and an RDMA device";
+  EXPECT_EQ(s.code(), Code::kUnsupported);
+  const bool known_reason = s.message().rfind("libibverbs.so.1 not found", 0) == 0 ||
+                            s.message().rfind("libibverbs.so.1 lacks", 0) == 0 ||
+                            s.message().rfind("no RDMA devices", 0) == 0;
+  EXPECT_TRUE(known_reason) << s.message();
+  // auto passes over it across hosts, saying why.
+  auto c = net::choose_auto_backend(false);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->name, "tcp");
+  EXPECT_NE(c->reason.find("verbs unavailable: " + s.message()), std::string::npos) << c->reason;
+}
+
+TEST(VerbsBackend, AutoPicksTheEmulatorAcrossHostsButNeverWithinAHost) {
+  ScopedEnv emulate("GW_VERBS_EMULATE", "1");
+  EXPECT_TRUE(net::backend_status("verbs").ok());
+  auto across = net::choose_auto_backend(false);
+  ASSERT_TRUE(across.ok()) << across.status().to_string();
+  EXPECT_EQ(across->name, "verbs");
+  auto within = net::choose_auto_backend(true);
+  ASSERT_TRUE(within.ok()) << within.status().to_string();
+  EXPECT_EQ(within->name, "shm");
+  // A verbs factory that failed is left out: tcp then.
+  EXPECT_EQ(net::choose_auto_backend(false, {"verbs"})->name, "tcp");
+}
+
+TEST(VerbsBackend, ReadsItsRowsFromTheOptionsSnapshot) {
+  ScopedEnv real("GW_VERBS_EMULATE", "0");
+  config::Snapshot base = config::Snapshot::capture();
+  auto emulated = base.with(verbs_config::kVerbsEmulate, "1");
+  ASSERT_TRUE(emulated.ok()) << emulated.status().to_string();
+  net::TransportOptions o;
+  o.job_token = "t";
+  o.config = *emulated;
+  auto t = make_verbs_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ((*t)->properties().name, "verbs");
+  auto bad = emulated->with(verbs_config::kIbQpsPerConn, "17");
+  ASSERT_TRUE(bad.ok());
+  o.config = *bad;
+  auto rejected = make_verbs_transport(o);
+  ASSERT_EQ(rejected.status().code(), Code::kInvalidArg);
+  EXPECT_NE(rejected.status().message().find("GW_IB_QPS_PER_CONN=17"), std::string::npos)
+      << rejected.status().to_string();
+}
+
 struct Pair {
   std::unique_ptr<net::Listener> listener;
   std::unique_ptr<net::SendComm> send;
@@ -156,12 +209,14 @@ TEST_F(VerbsEmuBackend, WorkCompletionErrorIsPeerNamingThePeer) {
   Pair p = connect_pair(*t);
   ASSERT_TRUE(p.send && p.recv);
   std::vector<uint8_t> src(4096, 1), dst(4096);
+  // Every transmission from now on vanishes. Dropping before the receive is posted (not after)
+  // leaves the emulated NIC no chance to send the CTS first on a loaded machine: the CTS write
+  // is then the first one dropped, so the receiver's QP exhausts its retries.
+  emu::inject_drop_all(1000);
   auto r = p.recv->irecv(dst.data(), dst.size(), 0, nullptr);
   ASSERT_TRUE(r.ok());
-  emu::inject_drop_all(1000);  // every transmission from now on vanishes
   auto s = p.send->isend(src.data(), src.size(), 0, nullptr);
   ASSERT_TRUE(s.ok());
-  // The CTS write is dropped first, so the receiver's QP exhausts its retries.
   Status rs = finish(p.recv.get(), *r);
   EXPECT_EQ(rs.code(), Code::kPeer) << rs.to_string();
   EXPECT_NE(rs.message().find("IBV_WC_RETRY_EXC_ERR"), std::string::npos) << rs.to_string();
