@@ -8,6 +8,7 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/comm_adapter.h"
 #include "dpdk/dpdk_config.h"
 
 namespace gw::dpdk {
@@ -26,15 +27,11 @@ class Mr : public net::MemRegion {
   TxRefHandle zc = TxRefHandle::make();
 };
 
+// What both directions of an engine connection share; the comms forward to it
+// (core/net/comm_adapter.h).
 class CommBase {
- protected:
-  CommBase(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
-      : engine_(std::move(e)), id_(id), timeout_ms_(timeout_ms) {}
-  ~CommBase() {
-    engine_->close_conn(id_);
-    for (net::MemRegion* mr : mrs_) delete static_cast<Mr*>(mr);
-  }
-  Result<net::MemRegion*> do_reg(void* data, size_t size, net::MemType type) {
+ public:
+  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) {
     if (type != net::MemType::kHost) {
       return unsupported(
           "dpdk reg_mr: only host memory can be registered (CUDA memory must be "
@@ -50,7 +47,7 @@ class CommBase {
     mrs_.insert(mr.release());
     return raw;
   }
-  Status do_dereg(net::MemRegion* mr) {
+  Status dereg_mr(net::MemRegion* mr) {
     if (mr == nullptr) return invalid_arg("dpdk dereg_mr: null region");
     TxRef* zc = nullptr;
     {
@@ -77,6 +74,21 @@ class CommBase {
     delete static_cast<Mr*>(*it);
     mrs_.erase(it);
     return ok_status();
+  }
+  Status test(net::Request* request, bool* done, size_t* size) {
+    if (request == nullptr || done == nullptr || size == nullptr) {
+      return invalid_arg("dpdk test: null argument");
+    }
+    return engine_->test(id_, request, done, size);
+  }
+  std::string peer_name() const { return engine_->peer_name(id_); }
+
+ protected:
+  CommBase(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+      : engine_(std::move(e)), id_(id), timeout_ms_(timeout_ms) {}
+  ~CommBase() {
+    engine_->close_conn(id_);
+    for (net::MemRegion* mr : mrs_) delete static_cast<Mr*>(mr);
   }
   // The region's zero-copy counter (null when `mr` is null; check_mr validated it).
   TxRef* region_ref(net::MemRegion* mr) {
@@ -114,49 +126,30 @@ class CommBase {
   std::unordered_set<net::MemRegion*> mrs_;  // owned (Mr); freed with the comm
 };
 
-class DpdkSendComm : public net::SendComm, CommBase {
+class DpdkSendCore : public CommBase {
  public:
-  DpdkSendComm(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+  DpdkSendCore(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
       : CommBase(std::move(e), id, timeout_ms) {}
-  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return do_reg(data, size, type);
-  }
-  Status dereg_mr(net::MemRegion* mr) override { return do_dereg(mr); }
-  Status test(net::Request* request, bool* done, size_t* size) override {
-    if (request == nullptr || done == nullptr || size == nullptr) {
-      return invalid_arg("dpdk test: null argument");
-    }
-    return engine_->test(id_, request, done, size);
-  }
-  std::string peer_name() const override { return engine_->peer_name(id_); }
-  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override {
+  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_args(data, size, tag, false, mr, "isend"));
     GW_ASSIGN_OR_RETURN(void* r, engine_->isend(id_, data, size, tag, region_ref(mr)));
     return to_req(r);
   }
 };
 
-class DpdkRecvComm : public net::RecvComm, CommBase {
+class DpdkRecvCore : public CommBase {
  public:
-  DpdkRecvComm(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
+  DpdkRecvCore(std::shared_ptr<Engine> e, uint32_t id, int64_t timeout_ms)
       : CommBase(std::move(e), id, timeout_ms) {}
-  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return do_reg(data, size, type);
-  }
-  Status dereg_mr(net::MemRegion* mr) override { return do_dereg(mr); }
-  Status test(net::Request* request, bool* done, size_t* size) override {
-    if (request == nullptr || done == nullptr || size == nullptr) {
-      return invalid_arg("dpdk test: null argument");
-    }
-    return engine_->test(id_, request, done, size);
-  }
-  std::string peer_name() const override { return engine_->peer_name(id_); }
-  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override {
+  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_args(data, size, tag, true, mr, "irecv"));
     GW_ASSIGN_OR_RETURN(void* r, engine_->irecv(id_, data, size, tag));
     return to_req(r);
   }
 };
+
+using DpdkSendComm = net::SendCommAdapter<DpdkSendCore>;
+using DpdkRecvComm = net::RecvCommAdapter<DpdkRecvCore>;
 
 class DpdkListener : public net::Listener {
  public:

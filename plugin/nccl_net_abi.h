@@ -1,5 +1,5 @@
 // The NCCL net-plugin ABI (versions 8 to 11), declared from the documented layout of NCCL 2.28.9
-// (see /work/shared/reference/nccl_net.md, section 2). Nothing here comes from an installed NCCL:
+// (docs/nccl-plugin.md lists the versions). Nothing here comes from an installed NCCL:
 // Debian has no libnccl-dev and a plugin must build on hosts without CUDA.
 //
 // Only what the plugin exports or receives is declared. The static_asserts pin the x86-64 sizes

@@ -131,7 +131,7 @@ Result<std::optional<int>> nccl_socket_knob(const char* name) {
 // many-core GPU host: Socket hands a connection's socket I/O to helper threads
 // (NCCL_SOCKET_NTHREADS, documented default 1, so send and receive copies run on separate
 // threads beside the proxy; 2.28.9's code picks 0 for NICs other than AWS/GCP, see
-// /work/shared/reference/nccl_net.md) and its recommended 4x4 tuning runs 4 threads x 4
+// docs/nccl-plugin.md) and its recommended 4x4 tuning runs 4 threads x 4
 // sockets. So on hosts with 8+ online CPUs every comm gets one worker (the send and receive
 // copies of all connections spread over cores); on smaller hosts (the 2-core build machine)
 // extra threads only add wake-ups and fight the ranks for the cores, so I/O stays on the
@@ -481,9 +481,9 @@ void NetPlugin::pin_library() {
 
 // NCCL gives one network channel's traffic to one send comm and one receive comm, and with I/O
 // threads each comm is served by threads of its own, so throughput grows with the number of
-// channels. NCCL's topology search gives a single-NIC host 2 channels, which on the H100 test
-// machine (2 ranks, 64-256 MiB allreduce) left the plugin at 3.5-4.5 GB/s busbw; 4 channels gave
-// 6.2 GB/s (NCCL's Socket transport gained nothing from 4). So, like other NCCL net plugins that
+// channels. NCCL's topology search gives a single-NIC host 2 channels, which left the plugin well
+// short of what 4 channels reach (docs/nccl-plugin.md, "Measured on the H100 test machine"; NCCL's
+// Socket transport gained nothing from 4). So, like other NCCL net plugins that
 // tune NCCL for their network, the plugin sets NCCL_MIN_NCHANNELS when the user has not (and
 // has not capped NCCL_MAX_NCHANNELS below it). NCCL reads it after the plugin's init.
 // Returns what was done, for the INFO line.

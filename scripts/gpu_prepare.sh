@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares .gpu/ (git-ignored) for the GPU test machine, which has CUDA, cmake, ninja, g++ and
 # torch but no apt, no internet and none of the -dev packages this project builds against:
-#   .gpu/include/{fmt,spdlog}  headers for the header-only builds of the NCCL plugin and of the
+#   .gpu/include/{fmt,spdlog,toml++}  headers for the header-only builds of the NCCL plugin and of the
 #                              GPU check programs in perf/gpu/ (GW_THIRD_PARTY_INCLUDE)
 #   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
 #                              does not travel with the repository
@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 peers=${1:-$root/../shared/peers}
 dest=$root/.gpu
 
-for d in /usr/include/fmt /usr/include/spdlog; do
+for d in /usr/include/fmt /usr/include/spdlog /usr/include/toml++; do
   [ -d "$d" ] || { echo "gpu_prepare.sh: $d missing: run scripts/install-deps.sh first" >&2; exit 2; }
 done
 [ -f "$peers/nccl_torch_allreduce.py" ] || {
@@ -21,6 +21,6 @@ done
 }
 rm -rf "$dest"
 mkdir -p "$dest/include"
-cp -r /usr/include/fmt /usr/include/spdlog "$dest/include/"
+cp -r /usr/include/fmt /usr/include/spdlog /usr/include/toml++ "$dest/include/"
 cp -r "$peers" "$dest/peers"
 echo "gpu_prepare.sh: $dest ready ($(du -sh "$dest" | cut -f1)); carry it: carry=[\".gpu\"]"

@@ -590,7 +590,7 @@ class ShmTransport final : public Transport {
     props_.name = "shm";
     props_.sockets_per_conn = 1;
     props_.latency_us = 2;
-    props_.bandwidth_gbps = 8.0;  // conservative: ~19 GB/s one-way measured on an idle 2-core box
+    props_.bandwidth_gbps = 8.0;  // conservative (docs/perf.md, "Why the defaults")
     host_id_ = encode_host_id(options_.host_id);
   }
 

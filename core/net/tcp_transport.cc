@@ -1224,8 +1224,8 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
                       select_interface(settings.get_string(net::tcp_config::kSocketIfname), all));
   // Auto: striping pays on links a single TCP stream cannot fill (>= 25 Gb/s). Elsewhere, and
   // over loopback or between ranks of one host, extra sockets only add wake-ups and cold copies
-  // (2-core build machine, 4 ranks, 64 MiB: 1 socket 1.29 GB/s busbw, 4 sockets 1.13). NCCL's
-  // Socket transport also defaults to one socket per connection.
+  // (docs/perf.md, "Why the defaults"). NCCL's Socket transport also defaults to one socket per
+  // connection.
   int link_mbps = iface.loopback ? 0 : read_link_speed(iface.name);
   cfg.nsocks = nsocks > 0                  ? static_cast<int>(nsocks)
                : options.socket_nsocks > 0 ? options.socket_nsocks

@@ -12,7 +12,8 @@
 #              compiler, cmake, and the fmt + spdlog headers (installed, or a directory holding
 #              fmt/ and spdlog/ given as GW_THIRD_PARTY_INCLUDE=<dir>).
 # environment: PYTHON (default: the first python3 that imports torch), PEERS (the directory of
-#              nccl_torch_allreduce.py and with_mps.sh, default /work/shared/peers),
+#              nccl_torch_allreduce.py and with_mps.sh, default .gpu/peers, which
+#              scripts/gpu_prepare.sh copies from ../shared/peers beside the checkout),
 #              NPS ("2 4"), SIZES ("67108864 268435456"), RUN_TIMEOUT seconds per run (600),
 #              BUDGET seconds for all runs (330; runs that would start later are skipped, so
 #              the whole check fits one 10-minute device call with the build).
@@ -20,7 +21,7 @@ set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-peers=${PEERS:-/work/shared/peers}
+peers=${PEERS:-$root/.gpu/peers}
 nps=${NPS:-2 4}
 sizes=${SIZES:-67108864 268435456}
 run_timeout=${RUN_TIMEOUT:-600}
