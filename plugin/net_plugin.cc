@@ -537,7 +537,7 @@ Status NetPlugin::discover() {
   d.io_threads = p.io_threads;
   d.thread_policy = std::move(thread_policy);
   d.latency_us = static_cast<float>(p.latency_us);
-  d.ptr_support = NCCL_PTR_HOST;  // tcp moves host memory; GPU memory arrives via NCCL staging
+  d.ptr_support = NCCL_PTR_HOST;  // host memory only; GPU memory arrives via NCCL staging
   std::vector<std::string> ifs = interface_names(p.interfaces);
   std::string joined;
   int speed = 0;

@@ -33,7 +33,7 @@ namespace gw::plugin {
 struct DeviceInfo {
   std::string name;        // unique per device, e.g. "gw-tcp-eth0"
   std::string pci_path;    // sysfs realpath of /sys/class/net/<if>/device; empty if none
-  std::string backend;     // a registry name: "tcp", later "verbs"
+  std::string backend;     // a registry name: "tcp", "verbs"
   std::string interfaces;  // as the backend describes them ("eth0:10.0.0.1")
   uint64_t guid = 0;
   int speed_mbps = 0;

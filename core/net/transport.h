@@ -1,4 +1,4 @@
-// The one transport interface every backend implements (tcp, shm, dpdk, later verbs). Backends
+// The one transport interface every backend implements (tcp, shm, dpdk, verbs). Backends
 // are found by name through the registry (core/net/backend_registry.h).
 //
 // Its shape follows the NCCL net API on purpose, so plugin/ is a thin adapter and the

@@ -564,6 +564,19 @@ TEST(PluginFreshProcess, UnknownBackendIsInvalidUsage) {
   EXPECT_EQ(run_peer({"GW_PLUGIN_BACKEND=carrier-pigeon"}, {"init", "5", "GW_PLUGIN_BACKEND"}), 0);
 }
 
+#ifdef GW_TEST_VERBS_BUILT
+// verbs is registered: auto picks it across hosts when it is usable (here on the emulator), and
+// tcp when it is not (no RDMA device here); both can be asked for by name.
+TEST(PluginFreshProcess, AutoPicksVerbsWhenUsable) {
+  EXPECT_EQ(run_peer({"GW_VERBS_EMULATE=1", "-GW_PLUGIN_BACKEND"},
+                     {"info", "backend verbs, device gw-verbs-"}),
+            0);
+  EXPECT_EQ(run_peer({"GW_VERBS_EMULATE=1", "GW_PLUGIN_BACKEND=verbs"}, {"info", "backend verbs"}),
+            0);
+  EXPECT_EQ(run_peer({"GW_VERBS_EMULATE=1", "GW_PLUGIN_BACKEND=tcp"}, {"info", "backend tcp"}), 0);
+}
+#endif
+
 TEST(PluginFreshProcess, MalformedKnobIsInvalidUsage) {
   EXPECT_EQ(run_peer({"GW_SOCKET_NSOCKS=lots"}, {"init", "5", "GW_SOCKET_NSOCKS"}), 0);
 }

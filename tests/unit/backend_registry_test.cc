@@ -83,14 +83,24 @@ TEST(AutoRule, NothingAvailableListsEveryReason) {
   EXPECT_NE(c.status().message().find("no memfd"), std::string::npos);
 }
 
+// Whether this build has the verbs backend (gw_backends registered its factory).
+bool verbs_built() {
+  auto b = find_backend("verbs");
+  return b.ok() && static_cast<bool>(b->factory);
+}
+
 TEST(AutoRule, OverTheRegistryItIsTodaysRule) {
   EXPECT_EQ(choose_auto_backend(true)->name, "shm");
-  EXPECT_EQ(choose_auto_backend(false)->name, "tcp");
+  // verbs, where built and usable (an RDMA device, or the emulator), goes first across hosts.
+  EXPECT_EQ(choose_auto_backend(false)->name, backend_status("verbs").ok() ? "verbs" : "tcp");
+  EXPECT_EQ(choose_auto_backend(false, {"verbs"})->name, "tcp");
   // A backend whose factory failed with kUnsupported is left out: shm -> tcp.
   auto c = choose_auto_backend(true, {"shm"});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->name, "tcp");
-  EXPECT_EQ(describe_auto_rule(), "within a host: shm, else tcp; across hosts: tcp");
+  EXPECT_EQ(describe_auto_rule(),
+            verbs_built() ? "within a host: shm, else tcp; across hosts: verbs, else tcp"
+                          : "within a host: shm, else tcp; across hosts: tcp");
 }
 
 TEST(BackendRegistry, BuiltInsComeFirstAndCannotBeReplaced) {
@@ -127,9 +137,13 @@ TEST(BackendRegistry, DpdkAndVerbsAreKnownEvenWhenNotBuilt) {
   for (const char* n : {"dpdk", "verbs"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
     Status s = backend_status(n);
+    auto b = find_backend(n);
+    ASSERT_TRUE(b.ok());
     if (!s.ok()) {
       EXPECT_EQ(s.code(), Code::kUnsupported);
-      EXPECT_EQ(s.message().rfind("not built: ", 0), 0u) << s.message();
+      // A backend that is built but unusable here (verbs without RDMA) says why instead.
+      if (!b->factory) EXPECT_EQ(s.message().rfind("not built: ", 0), 0u) << s.message();
+      EXPECT_FALSE(s.message().empty());
     }
   }
   // dpdk owns a port: only by name, never by auto, not offered to the NCCL plugin.
@@ -137,6 +151,15 @@ TEST(BackendRegistry, DpdkAndVerbsAreKnownEvenWhenNotBuilt) {
   ASSERT_TRUE(dpdk.ok());
   EXPECT_FALSE(dpdk->auto_within_host);
   EXPECT_FALSE(dpdk->auto_across_hosts);
+  // verbs, when built: auto's first choice across hosts, never picked within a host.
+  if (verbs_built()) {
+    auto verbs = find_backend("verbs");
+    auto tcp = find_backend("tcp");
+    ASSERT_TRUE(verbs.ok() && tcp.ok());
+    EXPECT_FALSE(verbs->auto_within_host);
+    EXPECT_TRUE(verbs->auto_across_hosts);
+    EXPECT_GT(verbs->auto_priority, tcp->auto_priority);
+  }
 }
 
 TEST(BackendRegistry, UnknownNameListsTheRegisteredNames) {
@@ -188,7 +211,9 @@ TEST(BackendRegistry, DumpConfigCompletesTheBackendRowsFromTheRegistry) {
     EXPECT_NE(transport_help.find(n), std::string::npos) << n;
   }
   const std::string plugin_help = config::help(plugin::plugin_config::kPluginBackend);
-  EXPECT_NE(plugin_help.find("auto (across hosts: tcp), tcp"), std::string::npos) << plugin_help;
+  const std::string cross = verbs_built() ? "auto (across hosts: verbs, else tcp), tcp, verbs"
+                                          : "auto (across hosts: tcp), tcp";
+  EXPECT_NE(plugin_help.find(cross), std::string::npos) << plugin_help;
   EXPECT_EQ(plugin_help.find("shm"), std::string::npos) << plugin_help;
 }
 

@@ -198,7 +198,8 @@ class Child {
 
 // A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
 // worker threads per comm over four sockets (so each thread owns two), set through the
-// environment for the whole test, forked children included.
+// environment for the whole test, forked children included. "verbs-emu" is verbs over the
+// emulator; "verbs-emu-striped" stripes every message over three queue pairs.
 class TransportConformance : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
@@ -216,6 +217,12 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "tcp-threads") {
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NTHREADS", "2"));
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NSOCKS", "4"));
+    }
+    if (GetParam().rfind("verbs-emu", 0) == 0) {
+      env_.push_back(std::make_unique<ScopedEnv>("GW_VERBS_EMULATE", "1"));
+    }
+    if (GetParam() == "verbs-emu-striped") {
+      env_.push_back(std::make_unique<ScopedEnv>("GW_IB_QPS_PER_CONN", "3"));
     }
     Result<std::unique_ptr<Transport>> t = make_transport(backend(), make_options());
     if (!t.ok() && t.status().code() == Code::kUnsupported) {
@@ -954,7 +961,8 @@ TEST_P(TransportConformance, InvalidTimeoutIsRejected) {
 INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
                          ::testing::Values(std::string("tcp"), std::string("tcp-threads"),
                                            std::string("shm"), std::string("dpdk"),
-                                           std::string("verbs")),
+                                           std::string("verbs"), std::string("verbs-emu"),
+                                           std::string("verbs-emu-striped")),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
