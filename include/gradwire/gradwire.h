@@ -233,7 +233,8 @@ gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t count, gw_
  *   included; the one-time key agreement of 8 bytes per rank is included).
  * bytes_uncompressed: what the same calls would have sent as a plain allreduce of the buffer in
  *   its own dtype: 2(p-1)/p * count * dtype size.
- * calls: number of gw_allreduce_compressed calls counted. All three are 0 when p == 1. */
+ * calls: number of gw_allreduce_compressed calls that completed, at any p. With p == 1 nothing
+ *   crosses a wire: both byte counters stay 0 while calls still counts. */
 typedef struct {
   uint64_t bytes_sent;
   uint64_t bytes_uncompressed;

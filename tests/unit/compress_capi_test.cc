@@ -111,6 +111,45 @@ TEST(CompressCapi, HalfPrecisionBuffersAndStatsReset) {
   });
 }
 
+// At one rank nothing crosses a wire: the bytes stay 0 and the calls are counted (the header said
+// all three were 0 while calls counted; the header now says what the code does).
+TEST(CompressCapi, OneRankCountsCallsButNoBytes) {
+  with_ranks(1, "auto", [&](int, gw_comm_t comm) {
+    std::vector<float> g(64, 2.0f);
+    ASSERT_EQ(gw_allreduce_compressed(comm, g.data(), g.size(), GW_FLOAT32, "fp16", "a"), GW_OK);
+    ASSERT_EQ(gw_allreduce_compressed(comm, g.data(), g.size(), GW_FLOAT32, "topk:0.25", "b"),
+              GW_OK);
+    gw_comm_stats_t st{};
+    ASSERT_EQ(gw_comm_stats(comm, &st), GW_OK);
+    EXPECT_EQ(st.calls, 2u);
+    EXPECT_EQ(st.bytes_sent, 0u);
+    EXPECT_EQ(st.bytes_uncompressed, 0u);
+  });
+}
+
+// Counts whose byte size overflows once multiplied by the ranks: reduce_scatter and top-k used
+// to return GW_ERR_INTERNAL and allgather crashed. Every rank refuses before any traffic, so the
+// communicator stays usable.
+TEST(CompressCapi, CountsThatOverflowWithTheRankCountAreInvalidArguments) {
+  with_ranks(4, "tcp", [&](int, gw_comm_t comm) {
+    std::vector<float> g(16, 1.0f), out(64);
+    const size_t huge = SIZE_MAX / sizeof(float) / 4 + 1;  // fits alone, not times 4 ranks
+    EXPECT_EQ(gw_allgather(comm, g.data(), out.data(), huge, GW_FLOAT32), GW_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(gw_last_error()).find("overflow"), std::string::npos) << gw_last_error();
+    EXPECT_EQ(gw_reduce_scatter(comm, out.data(), g.data(), huge, GW_FLOAT32, GW_SUM),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_alltoall(comm, out.data(), out.data() + 32, huge, GW_FLOAT32), GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_allreduce_compressed(comm, g.data(), SIZE_MAX / 2, GW_FLOAT32, "topk:0.01", "t"),
+              GW_ERR_INVALID_ARG);
+    EXPECT_EQ(
+        gw_allreduce_compressed(comm, g.data(), SIZE_MAX / 4 + 1, GW_FLOAT32, "powersgd:2", "p"),
+        GW_ERR_INVALID_ARG);
+    ASSERT_EQ(gw_allreduce(comm, g.data(), g.data(), g.size(), GW_FLOAT32, GW_SUM), GW_OK)
+        << gw_last_error();
+    EXPECT_EQ(g[0], 4.0f);
+  });
+}
+
 TEST(CompressCapi, BadArgumentsAreRejected) {
   with_ranks(1, "auto", [&](int, gw_comm_t comm) {
     std::vector<float> g(100, 1.0f);
