@@ -45,10 +45,12 @@ int make_tag(uint32_t seq, int step) {
   return static_cast<int>(((seq & 0x7FFFFu) << 12) | (static_cast<uint32_t>(step) & 0xFFFu));
 }
 
-// Waiting policy: spin for spin_us; then, when every connection being waited on can be waited
-// on with poll() (tcp), block in poll() for at most 1 ms so an oversubscribed host (4 ranks on 2
-// cores) gives the CPU to the rank that has work; otherwise (shm) yield for a while, then sleep
-// briefly.
+// Waiting policy: spin for a couple of microseconds (a peer on another core usually answers
+// within that); then, until spin_us, keep polling but give the core away between polls with
+// sched_yield(), which returns at once when nothing else wants this core and otherwise runs the
+// other task (often the very peer being waited for, when the ranks outnumber the cores); then,
+// when every connection being waited on can be waited on with poll() (tcp), block in poll() for
+// at most 1 ms; otherwise (shm) yield for a while, then sleep briefly.
 class Backoff {
  public:
   explicit Backoff(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
@@ -59,7 +61,11 @@ class Backoff {
   void idle(Gather&& gather) {
     if (idle_++ == 0) since_ = Clock::now();
     const auto waited = Clock::now() - since_;
-    if (waited < spin_) return;
+    if (waited < kPureSpin) return;
+    if (waited < spin_) {
+      sched_yield();
+      return;
+    }
     fds_.clear();
     if (gather(&fds_) && !fds_.empty()) {
       (void)::poll(fds_.data(), fds_.size(), 1);
@@ -76,6 +82,7 @@ class Backoff {
   }
 
  private:
+  static constexpr std::chrono::microseconds kPureSpin{2};
   std::vector<pollfd> fds_;
   std::chrono::microseconds spin_;
   int64_t idle_ = 0;
