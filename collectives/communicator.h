@@ -89,6 +89,15 @@ class Communicator {
 
   // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
   virtual Algo choose_allreduce_algo(size_t bytes) const = 0;
+
+  // Collective over this communicator (every rank calls it, in the same order relative to its
+  // other collectives): ranks passing the same color form a new communicator, ranked by key and
+  // then by their rank here. A rank passing color < 0 joins none and gets nullptr (OK). The new
+  // communicator shares this one's store (under a key prefix of its own), job token, host map,
+  // transport and timeout, has its own connections, and lives on its own: either may be
+  // destroyed first, and both may be used side by side from one thread. Blocks until every rank
+  // has called it, or the deadline (kTimeout); kAborted when aborted.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key);
 };
 
 }  // namespace gw::coll
