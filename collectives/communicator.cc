@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -121,6 +122,8 @@ class CommImpl : public Communicator {
   Status check_usable(const char* name) const;
   void wait_async_idle() { queue_.wait_idle(); }
   int channels_for(size_t bytes) const;
+  // Rank 0 publishes cost_, the others replace theirs with it.
+  Status agree_cost_params();
 
   Group group_;
   CommSettings settings_;
@@ -161,26 +164,62 @@ Status CommImpl::init() {
       }
     }
   }
-  // Cost model figures from the transport most links use.
+  // Cost model figures: each level's from the transport that carries it, the flat ones from the
+  // transport most links use (the inter-host one on several hosts). Every rank then takes rank
+  // 0's figures, so that all choose the same algorithm even when their links differ.
   std::string main = settings_.mode == "auto" ? (multi_host ? "tcp" : "shm") : settings_.mode;
-  double lat = 0, bw = 0;
   if (world > 1) {
-    int probe = (me + 1) % world;
-    for (int r = 0; r < world; ++r) {
-      if (r != me && !group_.same_host(r) == multi_host) probe = r;
+    LinkFigures intra, inter;
+    auto figures = [](const net::Transport* t) {
+      const auto& props = t->properties();
+      return LinkFigures{props.name, props.latency_us, props.bandwidth_gbps};
+    };
+    if (group_.max_local_size() > 1) {
+      GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(true));
+      intra = figures(t);
     }
-    GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for(probe));
-    main = t->properties().name;
-    lat = t->properties().latency_us;
-    bw = t->properties().bandwidth_gbps;
+    if (multi_host) {
+      GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(false));
+      inter = figures(t);
+    }
+    if (!multi_host) inter = intra;
+    if (group_.max_local_size() == 1) intra = inter;
+    const LinkFigures& flat = multi_host ? inter : intra;
+    main = std::string(flat.transport);
+    cost_ = cost_params_for_levels(flat, intra, inter);
+    GW_RETURN_IF_ERROR(agree_cost_params());
+  } else {
+    cost_ = cost_params_for(main, 0, 0);
   }
-  cost_ = cost_params_for(main, lat, bw);
   // Auto chunk: shared memory wants chunks whose staging stays in cache (4 ranks, 64 MiB here:
   // 64-128K about 2.8 GB/s busbw, 512K about 2.0); sockets want fewer, larger calls (512K).
   if (settings_.chunk_cfg <= 0 && main == "shm") exec_.set_chunk_bytes(size_t{128} * 1024);
   GW_LOG_DEBUG("communicator rank {}/{}: transport {}, chunk {}, channels {}, algo {}", me, world,
                main, format_bytes(exec_.chunk_bytes()), settings_.nchannels_cfg,
                algo_name(settings_.forced_algo));
+  return ok_status();
+}
+
+Status CommImpl::agree_cost_params() {
+  const Deadline deadline = deadline_after_ms(settings_.timeout_ms);
+  Store& store = *group_.store();
+  const std::string key = "cost_params";
+  if (rank() == 0) {
+    const std::string v =
+        fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g}", cost_.alpha_us,
+                    cost_.bw_gbps, cost_.reduce_gbps, cost_.intra_alpha_us, cost_.intra_bw_gbps,
+                    cost_.inter_alpha_us, cost_.inter_bw_gbps);
+    return store.set(key, Bytes(v.begin(), v.end()), deadline)
+        .with_context("communicator: publishing the cost model's figures");
+  }
+  auto v = store.get(key, deadline);
+  if (!v.ok()) return v.status().with_context("communicator: waiting for rank 0's cost figures");
+  CostParams p;
+  std::istringstream in(std::string(v->begin(), v->end()));
+  in >> p.alpha_us >> p.bw_gbps >> p.reduce_gbps >> p.intra_alpha_us >> p.intra_bw_gbps >>
+      p.inter_alpha_us >> p.inter_bw_gbps;
+  if (!in) return peer_error("communicator: rank 0 published malformed cost figures");
+  cost_ = p;
   return ok_status();
 }
 

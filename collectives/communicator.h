@@ -25,7 +25,8 @@
 
 namespace gw::coll {
 
-enum class Algo { kAuto, kRing, kRhd };
+// Allreduce algorithms (collectives/algorithms.h says when each applies; GW_ALGO names them).
+enum class Algo { kAuto, kRing, kRhd, kHostRing, kHier, kHierLeader, kTree, kBblocks };
 
 struct CommOptions {
   int rank = -1;

@@ -34,10 +34,10 @@ void ConnectionPool::close_all() {
   recv_.clear();
 }
 
-Result<net::Transport*> ConnectionPool::transport_for(int peer) {
+Result<net::Transport*> ConnectionPool::transport_for_link(bool same_host, int peer) {
   const std::string& mode = options_.mode;
   std::string name = mode;
-  if (mode == "auto") name = group_.same_host(peer) ? "shm" : "tcp";
+  if (mode == "auto") name = same_host ? "shm" : "tcp";
   if (auto a = alias_.find(name); a != alias_.end()) name = a->second;
   auto it = transports_.find(name);
   if (it != transports_.end()) return it->second.get();
@@ -52,9 +52,10 @@ Result<net::Transport*> ConnectionPool::transport_for(int peer) {
     GW_LOG_WARN("transport shm unavailable ({}); using tcp within the host",
                 t.status().to_string());
     alias_["shm"] = "tcp";
-    return transport_for(peer);
+    return transport_for_link(same_host, peer);
   }
   if (!t.ok()) {
+    if (peer < 0) return t.status().with_context(fmt::format("transport {}", name));
     return t.status().with_context(fmt::format("transport {} for rank {}", name, peer));
   }
   net::Transport* raw = t->get();

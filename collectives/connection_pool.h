@@ -47,7 +47,12 @@ class ConnectionPool {
   ~ConnectionPool();
 
   // The transport that carries traffic to `peer` (created on first use).
-  Result<net::Transport*> transport_for(int peer);
+  Result<net::Transport*> transport_for(int peer) {
+    return transport_for_link(group_.same_host(peer), peer);
+  }
+  // The transport for links within a host (same_host) or across hosts (`peer` names the rank in
+  // errors; -1 for none).
+  Result<net::Transport*> transport_for_link(bool same_host, int peer = -1);
   // Establishes every connection the plans use that is not up yet; blocks until all are up, the
   // deadline passes or the communicator is aborted.
   Status connect_all(const char* name, const std::vector<Plan>& plans, Deadline deadline);
