@@ -9,7 +9,8 @@ constinit const config::Row kSpinUs{
     "microseconds to busy-poll before yielding the CPU while waiting"};
 constinit const config::Row kAlgo{
     "GW_ALGO", Type::String, "auto", "",
-    "allreduce algorithm: auto (cost model), ring, rhd (recursive halving-doubling)"};
+    "allreduce algorithm: auto (cost model), ring, rhd (recursive halving-doubling), "
+    "host_ring, hier, hier_leader, tree (double binary tree), bblocks (binary blocks)"};
 constinit const config::Row kNchannels{
     "GW_NCHANNELS", Type::Int, "0", "",
     "parallel ring channels per collective (0 = choose from message size)"};
@@ -22,10 +23,24 @@ constinit const config::Row kCostAlphaUs{
 constinit const config::Row kCostBwGbps{
     "GW_COST_BW_GBPS", Type::Double, "0", "",
     "link bandwidth in GB/s for the cost model (0 = transport default)"};
+constinit const config::Row kCostIntraAlphaUs{
+    "GW_COST_INTRA_ALPHA_US", Type::Double, "0", "",
+    "per-message latency within a host for the cost model (0 = GW_COST_ALPHA_US, else probed)"};
+constinit const config::Row kCostIntraBwGbps{
+    "GW_COST_INTRA_BW_GBPS", Type::Double, "0", "",
+    "link bandwidth in GB/s within a host for the cost model (0 = GW_COST_BW_GBPS, else probed)"};
+constinit const config::Row kCostInterAlphaUs{
+    "GW_COST_INTER_ALPHA_US", Type::Double, "0", "",
+    "per-message latency between hosts for the cost model (0 = GW_COST_ALPHA_US, else probed)"};
+constinit const config::Row kCostInterBwGbps{
+    "GW_COST_INTER_BW_GBPS", Type::Double, "0", "",
+    "a host's link bandwidth in GB/s for the cost model (0 = GW_COST_BW_GBPS, else probed)"};
 
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "collectives", {&kSpinUs, &kAlgo, &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps});
+      "collectives",
+      {&kSpinUs, &kAlgo, &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
+       &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps});
   return set;
 }
 

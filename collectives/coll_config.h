@@ -11,6 +11,10 @@ extern const config::Row kNchannels;
 extern const config::Row kChunkSize;
 extern const config::Row kCostAlphaUs;
 extern const config::Row kCostBwGbps;
+extern const config::Row kCostIntraAlphaUs;
+extern const config::Row kCostIntraBwGbps;
+extern const config::Row kCostInterAlphaUs;
+extern const config::Row kCostInterBwGbps;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

@@ -26,18 +26,19 @@
 
 namespace gw::coll {
 
-enum class Algo { kAuto, kRing, kRhd };
+// Allreduce algorithms (collectives/algorithms.h says when each applies; GW_ALGO names them).
+enum class Algo { kAuto, kRing, kRhd, kHostRing, kHier, kHierLeader, kTree, kBblocks };
 
 struct CommOptions {
   int rank = -1;
   int world_size = -1;
-  std::shared_ptr<Store> store;    // required; the communicator uses keys under its own prefix
+  std::shared_ptr<Store> store;  // required; the communicator uses keys under its own prefix
   // "auto" (core/net/auto_backend.h) or a name in the backend registry.
   std::string transport = "auto";
-  int64_t timeout_ms = -1;         // -1: GW_TIMEOUT_MS
-  std::string job_token;           // "" : agree one through the store (GW_JOB_TOKEN wins if set)
-  std::string host_id;             // "" : bootstrap host_identity()
-  config::Snapshot config;         // the settings it reads; empty: captured at creation
+  int64_t timeout_ms = -1;  // -1: GW_TIMEOUT_MS
+  std::string job_token;    // "" : agree one through the store (GW_JOB_TOKEN wins if set)
+  std::string host_id;      // "" : bootstrap host_identity()
+  config::Snapshot config;  // the settings it reads; empty: captured at creation
 };
 
 // Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until
@@ -92,6 +93,15 @@ class Communicator {
 
   // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
   virtual Algo choose_allreduce_algo(size_t bytes) const = 0;
+
+  // Collective over this communicator (every rank calls it, in the same order relative to its
+  // other collectives): ranks passing the same color form a new communicator, ranked by key and
+  // then by their rank here. A rank passing color < 0 joins none and gets nullptr (OK). The new
+  // communicator shares this one's store (under a key prefix of its own), job token, host map,
+  // transport and timeout, has its own connections, and lives on its own: either may be
+  // destroyed first, and both may be used side by side from one thread. Blocks until every rank
+  // has called it, or the deadline (kTimeout); kAborted when aborted.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key);
 };
 
 }  // namespace gw::coll

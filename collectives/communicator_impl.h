@@ -8,15 +8,10 @@
 #include <string>
 
 #include "collectives/communicator.h"
+#include "collectives/connection_pool.h"
 #include "core/net/transport.h"
 
 namespace gw::coll {
-
-// Called with a backend name (the requested one, or auto's per-peer choice) and the
-// communicator's transport options.
-// Must be thread-safe if several communicators are created at once.
-using TransportFactory = std::function<Result<std::unique_ptr<net::Transport>>(
-    const std::string& name, const net::TransportOptions& options)>;
 
 struct CommInternalOptions {
   TransportFactory transport_factory;  // empty: net::make_transport

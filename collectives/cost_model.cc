@@ -29,6 +29,33 @@ CostParams cost_params_for(std::string_view transport_name, double latency_us,
   return p;
 }
 
+CostParams cost_params_for_levels(const LinkFigures& main, const LinkFigures& intra,
+                                  const LinkFigures& inter) {
+  CostParams p = cost_params_for(main.transport, main.latency_us, main.bandwidth_gbps);
+  const CostParams i = cost_params_for(intra.transport, intra.latency_us, intra.bandwidth_gbps);
+  const CostParams e = cost_params_for(inter.transport, inter.latency_us, inter.bandwidth_gbps);
+  auto pick = [](double level, double fallback) { return level > 0 ? level : fallback; };
+  p.intra_alpha_us = pick(config::get_double(coll::coll_config::kCostIntraAlphaUs), i.alpha_us);
+  p.intra_bw_gbps = pick(config::get_double(coll::coll_config::kCostIntraBwGbps), i.bw_gbps);
+  p.inter_alpha_us = pick(config::get_double(coll::coll_config::kCostInterAlphaUs), e.alpha_us);
+  p.inter_bw_gbps = pick(config::get_double(coll::coll_config::kCostInterBwGbps), e.bw_gbps);
+  return p;
+}
+
+LinkCost intra_link(const CostParams& p) {
+  const double a = p.intra_alpha_us > 0 ? p.intra_alpha_us : p.alpha_us;
+  const double bw = p.intra_bw_gbps > 0 ? p.intra_bw_gbps : p.bw_gbps;
+  return LinkCost{a * 1e-6, 1.0 / (bw * 1e9)};
+}
+
+LinkCost inter_link(const CostParams& p) {
+  const double a = p.inter_alpha_us > 0 ? p.inter_alpha_us : p.alpha_us;
+  const double bw = p.inter_bw_gbps > 0 ? p.inter_bw_gbps : p.bw_gbps;
+  return LinkCost{a * 1e-6, 1.0 / (bw * 1e9)};
+}
+
+double reduce_seconds_per_byte(const CostParams& p) { return 1.0 / (p.reduce_gbps * 1e9); }
+
 namespace {
 struct Terms {
   double a, b, g;  // seconds per message, per byte on a link, per byte reduced
@@ -75,11 +102,19 @@ AlgoChoice choose_allreduce(int nranks, size_t bytes, const CostParams& params, 
   return c;
 }
 
+namespace {
+constexpr Algo kEveryAlgo[] = {Algo::kRing,       Algo::kRhd,  Algo::kHostRing, Algo::kHier,
+                               Algo::kHierLeader, Algo::kTree, Algo::kBblocks};
+}  // namespace
+
 Result<Algo> parse_algo(std::string_view name) {
   if (name == "auto" || name.empty()) return Algo::kAuto;
-  if (name == "ring") return Algo::kRing;
-  if (name == "rhd") return Algo::kRhd;
-  return invalid_arg("GW_ALGO={}: expected auto, ring or rhd", name);
+  std::string names = "auto";
+  for (Algo a : kEveryAlgo) {
+    if (name == algo_name(a)) return a;
+    names += fmt::format(", {}", algo_name(a));
+  }
+  return invalid_arg("GW_ALGO={}: expected one of {}", name, names);
 }
 
 std::string_view algo_name(Algo algo) {
@@ -90,6 +125,16 @@ std::string_view algo_name(Algo algo) {
       return "ring";
     case Algo::kRhd:
       return "rhd";
+    case Algo::kHostRing:
+      return "host_ring";
+    case Algo::kHier:
+      return "hier";
+    case Algo::kHierLeader:
+      return "hier_leader";
+    case Algo::kTree:
+      return "tree";
+    case Algo::kBblocks:
+      return "bblocks";
   }
   return "?";
 }

@@ -5,6 +5,10 @@
 //   rhd:  2 lg p' a + 2(p'-1)/p' n b + (p'-1)/p' n g      on p' = 2^floor(lg p) ranks, plus, when
 //         p != p', the fold: 2 a + 2 n b + n g (the whole vector to the partner and back)
 // a = per-message latency, b = seconds per byte on a link, g = seconds per byte of reduction.
+//
+// Two levels: links within a host (intra: a_i, b_i) and a host's link to the others (inter: a_e,
+// b_e, shared by every rank of the host). The per-algorithm formulas over both levels are in
+// collectives/algorithms.cc, next to the schedules they model.
 #pragma once
 
 #include <cstddef>
@@ -18,15 +22,41 @@
 namespace gw::coll {
 
 struct CostParams {
-  double alpha_us = 20.0;    // per-message latency
+  double alpha_us = 20.0;    // per-message latency (the flat model: the link most traffic uses)
   double bw_gbps = 1.0;      // GB/s per link
   double reduce_gbps = 8.0;  // GB/s of the reduction kernel
+  // The two levels; 0 = the flat figures above.
+  double intra_alpha_us = 0;
+  double intra_bw_gbps = 0;
+  double inter_alpha_us = 0;
+  double inter_bw_gbps = 0;
 };
 
 // Fills from a transport's typical figures (0 = unknown: keep the defaults for that transport
 // name), then GW_COST_ALPHA_US / GW_COST_BW_GBPS when set (non-zero).
 CostParams cost_params_for(std::string_view transport_name, double latency_us,
                            double bandwidth_gbps);
+
+// A transport's figures as its properties give them (0 = unknown).
+struct LinkFigures {
+  std::string_view transport;
+  double latency_us = 0;
+  double bandwidth_gbps = 0;
+};
+// The flat figures from `main` (as cost_params_for), each level from its transport's figures,
+// then GW_COST_ALPHA_US / GW_COST_BW_GBPS, then GW_COST_INTRA_* / GW_COST_INTER_* (non-zero).
+CostParams cost_params_for_levels(const LinkFigures& main, const LinkFigures& intra,
+                                  const LinkFigures& inter);
+
+// One level's terms: seconds per message and per byte.
+struct LinkCost {
+  double a = 0;
+  double b = 0;
+};
+LinkCost intra_link(const CostParams& params);
+LinkCost inter_link(const CostParams& params);
+// Seconds per byte of reduction.
+double reduce_seconds_per_byte(const CostParams& params);
 
 double ring_allreduce_seconds(int nranks, size_t bytes, const CostParams& params);
 double rhd_allreduce_seconds(int nranks, size_t bytes, const CostParams& params);
@@ -41,7 +71,7 @@ struct AlgoChoice {
 // `forced` is Algo::kAuto to let the model decide (ties go to ring: neighbour traffic only).
 AlgoChoice choose_allreduce(int nranks, size_t bytes, const CostParams& params, Algo forced);
 
-// "auto", "ring", "rhd" -> Algo; anything else is kInvalidArg naming GW_ALGO.
+// "auto" or an algorithm's name (algo_name) -> Algo; anything else is kInvalidArg naming GW_ALGO.
 Result<Algo> parse_algo(std::string_view name);
 std::string_view algo_name(Algo algo);
 

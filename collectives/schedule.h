@@ -90,6 +90,15 @@ struct Step {
 
 using Schedule = std::vector<Step>;
 
+// A schedule placed on one channel (its own connections per peer) over the slice of the buffer
+// that starts at element `base` (the schedule's ranges are relative to it). Several plans run
+// together; two plans on one channel must not talk to the same peer.
+struct Plan {
+  int chan = 0;
+  size_t base = 0;
+  Schedule sched;
+};
+
 // Block b of `count` split into `nblocks` near-equal blocks (the first count % nblocks blocks get
 // one element more). Blocks may be empty when count < nblocks.
 Range block_range(size_t count, int nblocks, int b);

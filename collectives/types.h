@@ -15,13 +15,20 @@ inline constexpr int kNumReduceOps = 5;
 
 inline size_t dtype_size(DataType t) {
   switch (t) {
-    case DataType::kF32: return 4;
-    case DataType::kF64: return 8;
-    case DataType::kF16: return 2;
-    case DataType::kBF16: return 2;
-    case DataType::kI32: return 4;
-    case DataType::kI64: return 8;
-    case DataType::kU8: return 1;
+    case DataType::kF32:
+      return 4;
+    case DataType::kF64:
+      return 8;
+    case DataType::kF16:
+      return 2;
+    case DataType::kBF16:
+      return 2;
+    case DataType::kI32:
+      return 4;
+    case DataType::kI64:
+      return 8;
+    case DataType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -30,7 +37,7 @@ inline bool valid_op(int op) { return op >= 0 && op < kNumReduceOps; }
 
 // "float32"/"f32"/"float", "float64", "float16"/"half", "bfloat16", "int32", "int64", "uint8"
 std::optional<DataType> parse_dtype(std::string_view name);
-std::string_view dtype_name(DataType t);  // "float32", ...
+std::string_view dtype_name(DataType t);                  // "float32", ...
 std::optional<ReduceOp> parse_op(std::string_view name);  // "sum", "prod", "min", "max", "avg"
 std::string_view op_name(ReduceOp op);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/coll_config.h"
+#include "collectives/cost_model.h"
 #include "core/config.h"
 #include "core/net/backend_registry.h"
 #include "core/config_snapshot.h"
@@ -511,8 +512,10 @@ Status validate(const CollConfig& c) {
         "mpirun / srun) with that host's GW_DPDK_EAL_ARGS and GW_DPDK_IP, or run "
         "perf/dpdk_vs_tcp.sh, which does so on network-namespace hosts");
   }
-  if (!c.algo.empty() && c.algo != "auto" && c.algo != "ring" && c.algo != "rhd") {
-    return invalid_arg("--algo {}: use auto, ring or rhd", c.algo);
+  if (!c.algo.empty()) {
+    // The library's own parser: every name in its algorithm table.
+    auto algo = coll::parse_algo(c.algo);
+    if (!algo.ok()) return algo.status().with_context(fmt::format("--algo {}", c.algo));
   }
   if (c.timeout_ms < 0 || c.timeout_ms > INT32_MAX) {
     return invalid_arg("--timeout-ms {}: out of range", c.timeout_ms);

@@ -56,7 +56,11 @@ TEST(CostModel, ParseAlgoRejectsUnknownNames) {
   EXPECT_EQ(*parse_algo("ring"), Algo::kRing);
   EXPECT_EQ(*parse_algo("rhd"), Algo::kRhd);
   EXPECT_EQ(*parse_algo("auto"), Algo::kAuto);
-  auto bad = parse_algo("tree");
+  for (Algo a : {Algo::kRing, Algo::kRhd, Algo::kHostRing, Algo::kHier, Algo::kHierLeader,
+                 Algo::kTree, Algo::kBblocks}) {
+    EXPECT_EQ(*parse_algo(algo_name(a)), a) << algo_name(a);
+  }
+  auto bad = parse_algo("bogus");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArg);
   EXPECT_NE(bad.status().message().find("GW_ALGO"), std::string::npos);

@@ -1,0 +1,61 @@
+// How a thread that polls connections waits when nothing moved (the executor and the connection
+// pool's set-up loop share it).
+#pragma once
+
+#include <poll.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "core/store.h"
+
+namespace gw::coll {
+
+// Waiting policy: spin for a couple of microseconds (a peer on another core usually answers
+// within that); then, until spin_us, keep polling but give the core away between polls with
+// sched_yield(), which returns at once when nothing else wants this core and otherwise runs the
+// other task (often the very peer being waited for, when the ranks outnumber the cores); then,
+// when every connection being waited on can be waited on with poll() (tcp), block in poll() for
+// at most 1 ms; otherwise (shm) yield for a while, then sleep briefly.
+class Backoff {
+ public:
+  explicit Backoff(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
+  void reset() { idle_ = 0; }
+  // gather(&fds) appends the descriptors to wait on and returns false if some connection
+  // cannot be waited on that way.
+  template <typename Gather>
+  void idle(Gather&& gather) {
+    if (idle_++ == 0) since_ = Clock::now();
+    const auto waited = Clock::now() - since_;
+    if (waited < kPureSpin) return;
+    if (waited < spin_) {
+      sched_yield();
+      return;
+    }
+    fds_.clear();
+    if (gather(&fds_) && !fds_.empty()) {
+      (void)::poll(fds_.data(), fds_.size(), 1);
+      return;
+    }
+    if (waited < spin_ + std::chrono::milliseconds(2)) {
+      sched_yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  void idle() {
+    idle([](std::vector<pollfd>*) { return false; });
+  }
+
+ private:
+  static constexpr std::chrono::microseconds kPureSpin{2};
+  std::vector<pollfd> fds_;
+  std::chrono::microseconds spin_;
+  int64_t idle_ = 0;
+  Clock::time_point since_;
+};
+
+}  // namespace gw::coll

@@ -1,0 +1,219 @@
+#include "collectives/executor.h"
+
+#include <algorithm>
+#include <deque>
+#include <string>
+
+#include "collectives/backoff.h"
+#include "collectives/reduce.h"
+
+namespace gw::coll {
+namespace {
+
+// Tag = (collective sequence number, step id): a rank that runs a different collective or a
+// different step than its peer fails the receive with a tag mismatch instead of mixing data.
+int make_tag(uint32_t seq, int step) {
+  return static_cast<int>(((seq & 0x7FFFFu) << 12) | (static_cast<uint32_t>(step) & 0xFFFu));
+}
+
+// A transport's "message truncated": the sender sent more than the receive posted for it.
+bool truncated(const Status& s) {
+  return s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos;
+}
+
+}  // namespace
+
+struct Executor::ChanRun {
+  Plan* plan = nullptr;
+  size_t step = 0;
+  bool started = false;
+  net::SendComm* sc = nullptr;
+  net::RecvComm* rc = nullptr;
+  size_t chunk_elems = 1;
+  size_t ns = 0, nr = 0;  // chunks to send / receive in this step
+  size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
+  std::deque<std::pair<net::Request*, size_t>> sreqs, rreqs;
+  uint8_t* stage = nullptr;
+  bool finished() const { return step >= plan->sched.size(); }
+};
+
+Executor::Executor(ConnectionPool* pool, const std::atomic<bool>* aborted, ExecutorOptions options)
+    : pool_(pool), aborted_(aborted), options_(options) {}
+
+uint8_t* Executor::staging(int chan) {
+  if (staging_.size() <= static_cast<size_t>(chan)) staging_.resize(chan + 1);
+  auto& s = staging_[chan];
+  if (s.size() < kWindow * options_.chunk_bytes) s.resize(kWindow * options_.chunk_bytes);
+  return s.data();
+}
+
+uint8_t* Executor::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+Status Executor::progress(const char* name, uint32_t seq, ChanRun& c, const uint8_t* in,
+                          uint8_t* out, DataType dtype, ReduceOp op, bool* progressed) {
+  const size_t es = dtype_size(dtype);
+  const Step& st = c.plan->sched[c.step];
+  // Always a short last chunk (schedule.h): one more, empty message only when the range is a
+  // whole number of chunks, so that a count mismatch always shows as a size mismatch.
+  auto nchunks = [&](size_t count) { return count / c.chunk_elems + 1; };
+  auto chunk = [&](const Range& r, size_t i) {
+    const size_t off = i * c.chunk_elems;
+    return Range{c.plan->base + r.offset + off,
+                 std::min(c.chunk_elems, r.count - std::min(off, r.count))};
+  };
+  if (!c.started) {
+    c.started = true;
+    c.ns = st.send_to >= 0 ? nchunks(st.send.count) : 0;
+    c.nr = st.recv_from >= 0 ? nchunks(st.recv.count) : 0;
+    c.s_posted = c.s_done = c.r_posted = c.r_done = 0;
+    c.sc = st.send_to >= 0 ? pool_->send_comm(st.send_to, c.plan->chan) : nullptr;
+    c.rc = st.recv_from >= 0 ? pool_->recv_comm(st.recv_from, c.plan->chan) : nullptr;
+  }
+  const int tag = make_tag(seq, st.id);
+  auto where = [&](bool send) {
+    return fmt::format("{} step {}: {} rank {}", name, st.id, send ? "send to" : "recv from",
+                       send ? st.send_to : st.recv_from);
+  };
+  // Post receives: straight into the output for copies, into the staging ring for reductions.
+  while (c.r_posted < c.nr && c.r_posted < c.r_done + kWindow) {
+    Range r = chunk(st.recv, c.r_posted);
+    uint8_t* dst = st.action == RecvAction::kReduce
+                       ? c.stage + (c.r_posted % kWindow) * options_.chunk_bytes
+                       : out + r.offset * es;
+    auto req = c.rc->irecv(dst, r.count * es, tag, nullptr);
+    if (!req.ok()) {
+      if (truncated(req.status())) {
+        return invalid_arg("{}: ranks disagree on count: rank {} sent more than expected ({})",
+                           where(false), st.recv_from, req.status().message());
+      }
+      return req.status().with_context(where(false));
+    }
+    if (*req == nullptr) break;
+    c.rreqs.emplace_back(*req, c.r_posted++);
+    *progressed = true;
+  }
+  while (c.s_posted < c.ns && c.s_posted < c.s_done + kWindow &&
+         (!st.forward || c.s_posted < c.r_done)) {
+    Range r = chunk(st.send, c.s_posted);
+    const uint8_t* src = (st.send_from_input ? in : out) + r.offset * es;
+    auto req = c.sc->isend(src, r.count * es, tag, nullptr);
+    if (!req.ok()) {
+      // tcp reports the receiver's truncation notice on whatever call comes next, isend too.
+      if (truncated(req.status())) {
+        return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
+                           where(true), st.send_to, req.status().message());
+      }
+      return req.status().with_context(where(true));
+    }
+    if (*req == nullptr) break;
+    c.sreqs.emplace_back(*req, c.s_posted++);
+    *progressed = true;
+  }
+  // Requests of one comm complete in order: test the oldest only.
+  while (!c.rreqs.empty()) {
+    auto [req, idx] = c.rreqs.front();
+    bool done = false;
+    size_t got = 0;
+    Status s = c.rc->test(req, &done, &got);
+    if (!s.ok()) {
+      c.rreqs.pop_front();
+      if (truncated(s)) {
+        return invalid_arg(
+            "{}: ranks disagree on count: rank {} sent more than the {} bytes "
+            "expected ({})",
+            where(false), st.recv_from, chunk(st.recv, idx).count * es, s.message());
+      }
+      return s.with_context(where(false));
+    }
+    if (!done) break;
+    c.rreqs.pop_front();
+    Range r = chunk(st.recv, idx);
+    if (got != r.count * es) {
+      return invalid_arg("{}: ranks disagree on count: rank {} sent {} bytes, expected {}",
+                         where(false), st.recv_from, got, r.count * es);
+    }
+    if (st.action == RecvAction::kReduce) {
+      const uint8_t* local = (st.reduce_with_input ? in : out) + r.offset * es;
+      reduce(dtype, op, local, c.stage + (idx % kWindow) * options_.chunk_bytes,
+             out + r.offset * es, r.count);
+    }
+    ++c.r_done;
+    *progressed = true;
+  }
+  while (!c.sreqs.empty()) {
+    bool done = false;
+    size_t got = 0;
+    Status s = c.sc->test(c.sreqs.front().first, &done, &got);
+    if (!s.ok()) {
+      c.sreqs.pop_front();
+      if (truncated(s)) {
+        return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
+                           where(true), st.send_to, s.message());
+      }
+      return s.with_context(where(true));
+    }
+    if (!done) break;
+    c.sreqs.pop_front();
+    ++c.s_done;
+    *progressed = true;
+  }
+  if (c.r_done == c.nr && c.s_done == c.ns) {
+    ++c.step;
+    c.started = false;
+    *progressed = true;
+  }
+  return ok_status();
+}
+
+Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, const uint8_t* in,
+                     uint8_t* out, DataType dtype, ReduceOp op, Deadline deadline) {
+  GW_RETURN_IF_ERROR(pool_->connect_all(name, plans, deadline));
+  std::vector<ChanRun> runs(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    runs[i].plan = &plans[i];
+    runs[i].chunk_elems = std::max<size_t>(1, options_.chunk_bytes / dtype_size(dtype));
+    runs[i].stage = staging(plans[i].chan);
+  }
+  Backoff backoff(options_.spin_us);
+  while (true) {
+    bool any = false, all_done = true;
+    for (auto& c : runs) {
+      while (!c.finished()) {
+        bool progressed = false;
+        GW_RETURN_IF_ERROR(progress(name, seq, c, in, out, dtype, op, &progressed));
+        any |= progressed;
+        if (!progressed) break;
+      }
+      all_done &= c.finished();
+    }
+    if (all_done) return ok_status();
+    if (aborted_->load()) return aborted_error("{}: communicator aborted", name);
+    if (Clock::now() >= deadline) {
+      for (auto& c : runs) {
+        if (c.finished()) continue;
+        const Step& st = c.plan->sched[c.step];
+        const bool on_recv = c.r_done < c.nr;
+        return timeout_error("{} step {}: {} rank {}: no progress within {} ms", name, st.id,
+                             on_recv ? "recv from" : "send to", on_recv ? st.recv_from : st.send_to,
+                             options_.timeout_ms);
+      }
+    }
+    if (any) {
+      backoff.reset();
+    } else {
+      backoff.idle([&runs](std::vector<pollfd>* fds) {
+        for (const auto& c : runs) {
+          if (c.finished()) continue;
+          if (c.r_done < c.nr && (c.rc == nullptr || !c.rc->wait_fds(fds))) return false;
+          if (c.s_done < c.ns && (c.sc == nullptr || !c.sc->wait_fds(fds))) return false;
+        }
+        return true;
+      });
+    }
+  }
+}
+
+}  // namespace gw::coll

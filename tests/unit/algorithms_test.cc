@@ -1,0 +1,264 @@
+// The allreduce algorithm table: when each entry applies, what the two-level cost model picks,
+// GW_ALGO forcing an entry that does not apply, and the level figures from the configuration.
+#include "collectives/algorithms.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator_impl.h"
+#include "core/store.h"
+#include "tests/support/inproc_transport.h"
+#include "tests/support/test_env.h"
+
+namespace gw::coll {
+namespace {
+
+using ::gw::testing::ScopedEnv;
+
+// n ranks spread over hosts by `host_of`; the group of rank 0.
+Group layout(const std::vector<int>& host_of) { return Group(0, host_of); }
+std::vector<int> hosts_of(int nhosts, int per_host) {
+  std::vector<int> h;
+  for (int i = 0; i < nhosts; ++i) h.insert(h.end(), per_host, i);
+  return h;
+}
+
+// Shared memory within a host, a 1 Gbit/s link between hosts.
+CostParams two_level() {
+  return CostParams{.alpha_us = 30,
+                    .bw_gbps = 0.125,
+                    .reduce_gbps = 8,
+                    .intra_alpha_us = 2,
+                    .intra_bw_gbps = 8,
+                    .inter_alpha_us = 30,
+                    .inter_bw_gbps = 0.125};
+}
+
+TEST(Algorithms, TableNamesEveryAlgoOnce) {
+  std::vector<std::string> names;
+  for (const auto& a : allreduce_algorithms()) {
+    names.emplace_back(a.name);
+    EXPECT_EQ(a.name, algo_name(a.algo));
+    EXPECT_EQ(find_allreduce_algorithm(a.name), &a);
+    EXPECT_EQ(find_allreduce_algorithm(a.algo), &a);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ring", "rhd", "host_ring", "hier", "hier_leader",
+                                             "tree", "bblocks"}));
+  EXPECT_EQ(find_allreduce_algorithm("auto"), nullptr);
+}
+
+TEST(Algorithms, WhenEachApplies) {
+  auto applies = [](std::string_view name, const std::vector<int>& hosts) {
+    return find_allreduce_algorithm(name)->applies(layout(hosts), 1024);
+  };
+  const auto one_host = hosts_of(1, 4), two_by_two = hosts_of(2, 2), one_each = hosts_of(4, 1);
+  const std::vector<int> three_plus_one = {0, 0, 0, 1};
+  for (const char* flat : {"ring", "rhd", "tree", "bblocks"}) {
+    EXPECT_TRUE(applies(flat, one_host).ok()) << flat;
+    EXPECT_TRUE(applies(flat, three_plus_one).ok()) << flat;
+  }
+  for (const char* topo : {"host_ring", "hier", "hier_leader"}) {
+    Status s = applies(topo, one_host);
+    EXPECT_EQ(s.code(), Code::kInvalidArg) << topo;
+    EXPECT_NE(s.message().find("more than one host"), std::string::npos) << s.message();
+    EXPECT_TRUE(applies(topo, two_by_two).ok()) << topo;
+  }
+  EXPECT_TRUE(applies("hier_leader", three_plus_one).ok());
+  EXPECT_TRUE(applies("host_ring", three_plus_one).ok());
+  Status uneven = applies("hier", three_plus_one);
+  EXPECT_EQ(uneven.code(), Code::kInvalidArg);
+  EXPECT_NE(uneven.message().find("same number of ranks on every host (ranks per host: 3+1)"),
+            std::string::npos)
+      << uneven.message();
+  Status single = applies("hier", one_each);
+  EXPECT_NE(single.message().find("more than one rank per host"), std::string::npos)
+      << single.message();
+}
+
+TEST(Algorithms, CostModelPicksHierForLargeSizesOverSlowLinksWithManyLocalRanks) {
+  const CostParams p = two_level();
+  for (int per_host : {2, 4, 8}) {
+    for (size_t bytes : {size_t{64} << 20, size_t{256} << 20}) {
+      auto c = choose_allreduce(layout(hosts_of(2, per_host)), bytes, p, Algo::kAuto);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      EXPECT_EQ(c->algorithm->algo, Algo::kHier)
+          << per_host << " ranks per host, " << describe_choice(bytes, *c, 1);
+      EXPECT_FALSE(c->forced);
+    }
+  }
+  // Ranks numbered round-robin over the hosts: the flat ring crosses the link four times per
+  // direction, the host-ordered ring once.
+  std::vector<int> interleaved;
+  for (int r = 0; r < 8; ++r) interleaved.push_back(r % 2);
+  auto c = choose_allreduce(layout(interleaved), 64 << 20, p, Algo::kAuto);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->algorithm->algo, Algo::kHier);
+  double ring = 0, host_ring = 0;
+  for (auto [name, s] : c->costs) {
+    if (name == "ring") ring = s;
+    if (name == "host_ring") host_ring = s;
+  }
+  EXPECT_GT(ring, 3 * host_ring);
+  // Uneven hosts: hier does not apply, the leader form does and beats the flat ring.
+  auto uneven = choose_allreduce(layout({0, 0, 0, 1}), 64 << 20, p, Algo::kAuto);
+  ASSERT_TRUE(uneven.ok());
+  EXPECT_EQ(uneven->algorithm->algo, Algo::kHierLeader) << describe_choice(64 << 20, *uneven, 1);
+}
+
+TEST(Algorithms, CostModelPicksTreeForSmallSizesAtManyRanks) {
+  CostParams shm{.alpha_us = 2, .bw_gbps = 8};
+  for (int p : {12, 24, 33}) {
+    auto c = choose_allreduce(layout(hosts_of(1, p)), 512, shm, Algo::kAuto);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->algorithm->algo, Algo::kTree) << p << " ranks: " << describe_choice(512, *c, 2);
+  }
+  // Large sizes stay on the bandwidth-optimal ones.
+  auto big = choose_allreduce(layout(hosts_of(1, 24)), 64 << 20, shm, Algo::kAuto);
+  ASSERT_TRUE(big.ok());
+  EXPECT_NE(big->algorithm->algo, Algo::kTree);
+  // Two ranks: one exchange either way; the ring sends half the bytes.
+  auto two = choose_allreduce(layout(hosts_of(1, 2)), 512, shm, Algo::kAuto);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->algorithm->algo, Algo::kRing);
+}
+
+TEST(Algorithms, ForcedAlgorithmThatDoesNotApplySaysWhy) {
+  auto c = choose_allreduce(layout(hosts_of(1, 4)), 4096, two_level(), Algo::kHier);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kInvalidArg);
+  EXPECT_NE(c.status().message().find("GW_ALGO=hier"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("more than one host"), std::string::npos);
+  auto ok = choose_allreduce(layout(hosts_of(2, 2)), 4096, two_level(), Algo::kHier);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->forced);
+  EXPECT_EQ(ok->algorithm->algo, Algo::kHier);
+  EXPECT_NE(describe_choice(4096, *ok, 1).find("forced by GW_ALGO"), std::string::npos);
+}
+
+TEST(Algorithms, GwAlgoHierOnOneHostIsRefusedByTheCommunicator) {
+  ScopedEnv env("GW_ALGO", "hier");
+  auto store = make_memory_store();
+  std::vector<Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.world_size = 2;
+      o.store = store;
+      o.timeout_ms = 10000;
+      o.host_id = "one-host";
+      CommInternalOptions in;
+      in.transport_factory = [](const std::string&, const net::TransportOptions& t)
+          -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(t); };
+      status[r] = create_communicator(o, in).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : status) {
+    EXPECT_EQ(s.code(), Code::kInvalidArg);
+    EXPECT_NE(s.message().find("GW_ALGO=hier does not apply"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("all 2 ranks are on one host"), std::string::npos) << s.message();
+  }
+}
+
+TEST(Algorithms, LevelFiguresFromTheConfiguration) {
+  const LinkFigures shm{"shm", 2, 8}, tcp{"tcp", 30, 2};
+  auto probed = cost_params_for_levels(tcp, shm, tcp);
+  EXPECT_EQ(probed.intra_alpha_us, 2);
+  EXPECT_EQ(probed.intra_bw_gbps, 8);
+  EXPECT_EQ(probed.inter_alpha_us, 30);
+  EXPECT_EQ(probed.inter_bw_gbps, 2);
+  {
+    // The flat override applies to both levels ...
+    ScopedEnv a("GW_COST_ALPHA_US", "7");
+    auto flat = cost_params_for_levels(tcp, shm, tcp);
+    EXPECT_EQ(flat.intra_alpha_us, 7);
+    EXPECT_EQ(flat.inter_alpha_us, 7);
+    // ... and each level's own one wins over it.
+    ScopedEnv ia("GW_COST_INTRA_ALPHA_US", "1.5");
+    ScopedEnv ib("GW_COST_INTRA_BW_GBPS", "20");
+    ScopedEnv ea("GW_COST_INTER_ALPHA_US", "50");
+    ScopedEnv eb("GW_COST_INTER_BW_GBPS", "0.125");
+    auto both = cost_params_for_levels(tcp, shm, tcp);
+    EXPECT_EQ(both.intra_alpha_us, 1.5);
+    EXPECT_EQ(both.intra_bw_gbps, 20);
+    EXPECT_EQ(both.inter_alpha_us, 50);
+    EXPECT_EQ(both.inter_bw_gbps, 0.125);
+    EXPECT_EQ(both.alpha_us, 7);
+  }
+  // Unset levels fall back to the flat figures.
+  CostParams flat_only{.alpha_us = 10, .bw_gbps = 1};
+  EXPECT_DOUBLE_EQ(intra_link(flat_only).a, 10e-6);
+  EXPECT_DOUBLE_EQ(inter_link(flat_only).b, 1e-9);
+}
+
+// Every algorithm that applies, forced, on ranks as threads over the in-process transport (a
+// send completes only once its receive is posted, the strictest order) with host ids that lay
+// the ranks out as given: int32 sum and max, in and out of place, odd counts and many chunks.
+void run_every_algorithm(const std::vector<int>& host_of) {
+  const int n = static_cast<int>(host_of.size());
+  ScopedEnv chunk("GW_CHUNK_SIZE", "4K");
+  for (const auto& algo : allreduce_algorithms()) {
+    if (!algo.applies(layout(host_of), 0).ok()) continue;
+    ScopedEnv env("GW_ALGO", std::string(algo.name).c_str());
+    auto store = make_memory_store();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        CommOptions o;
+        o.rank = r;
+        o.world_size = n;
+        o.store = store;
+        o.timeout_ms = 20000;
+        o.host_id = "host-" + std::to_string(host_of[r]);
+        CommInternalOptions in;
+        in.transport_factory =
+            [](const std::string&,
+               const net::TransportOptions& t) -> Result<std::unique_ptr<net::Transport>> {
+          return testing::make_inproc_transport(t);
+        };
+        auto comm = create_communicator(o, in);
+        ASSERT_TRUE(comm.ok()) << algo.name << ": " << comm.status().to_string();
+        EXPECT_EQ((*comm)->choose_allreduce_algo(1 << 20), algo.algo);
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{30001}}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+            for (bool in_place : {false, true}) {
+              std::vector<int32_t> in(count), out(count, -1);
+              for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>((i * 7 + r) % 1000);
+              int32_t* recv = in_place ? in.data() : out.data();
+              Status s = (*comm)->allreduce(in.data(), recv, count, DataType::kI32, op);
+              ASSERT_TRUE(s.ok()) << algo.name << ": " << s.to_string();
+              for (size_t i = 0; i < count; ++i) {
+                int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
+                for (int q = 0; q < n; ++q) {
+                  const int32_t v = static_cast<int32_t>((i * 7 + q) % 1000);
+                  want = op == ReduceOp::kSum ? want + v : std::max(want, v);
+                }
+                ASSERT_EQ(recv[i], want) << algo.name << " rank " << r << " count " << count
+                                         << " element " << i << (in_place ? " in place" : "");
+              }
+            }
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(Algorithms, EveryAlgorithmIsExactOnTwoHostsOfTwo) { run_every_algorithm({0, 0, 1, 1}); }
+TEST(Algorithms, EveryAlgorithmIsExactOnInterleavedHosts) {
+  run_every_algorithm({0, 1, 0, 1, 0, 1});
+}
+TEST(Algorithms, EveryAlgorithmIsExactOnUnevenHosts) { run_every_algorithm({0, 0, 0, 1, 2, 2}); }
+TEST(Algorithms, EveryAlgorithmIsExactOnOneHost) { run_every_algorithm({0, 0, 0, 0, 0}); }
+
+}  // namespace
+}  // namespace gw::coll
