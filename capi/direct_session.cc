@@ -2,9 +2,9 @@
 
 #include <utility>
 
+#include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_compression.h"
-#include "core/log.h"
 
 namespace gw::capi {
 
@@ -19,21 +19,6 @@ class DirectRequest final : public SessionRequest {
  private:
   std::unique_ptr<coll::AsyncOp> op_;
 };
-
-// Communicator::split(color, key) where the Communicator has it. It is being added to
-// collectives/ beside this change; until then a split is kUnsupported. A template, so that the
-// branch not taken is never compiled.
-template <typename C>
-Result<std::unique_ptr<coll::Communicator>> split_communicator(C& comm, int color, int key) {
-  if constexpr (requires { comm.split(color, key); }) {
-    return comm.split(color, key);
-  } else {
-    (void)comm;
-    (void)color;
-    (void)key;
-    return unsupported("gw_comm_split: this build's Communicator cannot split yet");
-  }
-}
 
 }  // namespace
 
@@ -125,8 +110,7 @@ Status DirectSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
   std::lock_guard<std::mutex> lock(compress_mu_);
   if (count > 0 && cuda::is_device_pointer(buf)) {
     if (!device_compression_) device_compression_ = std::make_shared<cuda::DeviceCompression>();
-    return device_compression_->allreduce(compressor(), buf, count, dtype,
-                                       codec_spec, tensor_key);
+    return device_compression_->allreduce(compressor(), buf, count, dtype, codec_spec, tensor_key);
   }
   return compressor().allreduce(buf, count, dtype, codec_spec, tensor_key);
 }
@@ -155,8 +139,7 @@ Status DirectSession::release_compression() {
 }
 
 Result<std::unique_ptr<Session>> DirectSession::split(int color, int key) {
-  GW_ASSIGN_OR_RETURN(std::unique_ptr<coll::Communicator> child,
-                      split_communicator(*comm_, color, key));
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<coll::Communicator> child, comm_->split(color, key));
   if (!child) return std::unique_ptr<Session>();  // color < 0: joins none
   // The child shares the store: rank 0's server must outlive every communicator that uses it.
   return std::unique_ptr<Session>(new DirectSession(store_, std::move(child)));

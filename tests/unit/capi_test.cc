@@ -514,7 +514,6 @@ struct RankResult {
   gw_status_t init = GW_ERR_INTERNAL;
   std::string error;
   bool checked = false;
-  bool unsupported = false;  // gw_comm_split said GW_ERR_UNSUPPORTED
 };
 
 // Every rank: init, allreduce (sum and max), iallreduce with gw_wait, iallreduce with gw_test,
@@ -746,12 +745,6 @@ void run_split_rank(int rank, int world, const std::string& addr, const char* tr
 
   gw_comm_t a = reinterpret_cast<gw_comm_t>(0x1);
   const gw_status_t sa = gw_comm_split(comm, my_color, key_a(rank, world), &a);
-  if (sa == GW_ERR_UNSUPPORTED) {  // a build whose Communicator cannot split yet
-    out->unsupported = true;
-    out->checked = true;
-    gw_comm_destroy(comm);
-    return;
-  }
   if (sa != GW_OK) fail("split a");
   if (my_color < 0) {
     if (a != nullptr) fail("split a with color -1 gave a communicator");
@@ -869,7 +862,6 @@ TEST_P(SplitTest, SubCommunicatorsBesideTheParent) {
     threads.emplace_back(run_split_rank, r, world, addr, transport, &results[r]);
   }
   for (auto& t : threads) t.join();
-  if (results[0].unsupported) GTEST_SKIP() << "this build's Communicator cannot split yet";
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
     EXPECT_TRUE(results[r].checked) << "rank " << r;
@@ -890,9 +882,6 @@ INSTANTIATE_TEST_SUITE_P(Worlds, SplitTest,
 // A rank that passes color < 0 in a world of one gets NULL and GW_OK; the parent is unharmed.
 TEST_F(SingleRankTest, SplitWithNegativeColorJoinsNone) {
   gw_comm_t sub = reinterpret_cast<gw_comm_t>(0x1234);
-  if (gw_comm_split(comm_, -1, 3, &sub) == GW_ERR_UNSUPPORTED) {
-    GTEST_SKIP() << "this build's Communicator cannot split yet";
-  }
   EXPECT_GW(GW_OK, gw_comm_split(comm_, -1, 3, &sub));
   EXPECT_EQ(sub, nullptr);
   EXPECT_GW(GW_OK, gw_comm_split(comm_, 0, 3, &sub));
