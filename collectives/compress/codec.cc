@@ -921,21 +921,33 @@ void matmul_mtp(const float* m, size_t count, MatrixShape shape, const float* p,
   }
 }
 
+// Modified Gram-Schmidt, twice ("twice is enough": the second pass removes what round-off left of
+// the earlier directions). A column whose remainder is at the level of float round-off of its
+// original length lies in the span of the earlier ones; normalising it would turn round-off into
+// a basis vector that is not orthogonal to the rest, so it becomes zero instead (rank-deficient
+// gradients compressed at a high rank hit this on every step).
 void orthogonalize(float* a, size_t rows, size_t r) {
+  // Squared-length threshold: (64 float epsilons * sqrt(rows))^2 of the original.
+  const double eps = 64.0 * std::numeric_limits<float>::epsilon();
+  const double keep = eps * eps * static_cast<double>(std::max<size_t>(rows, 1));
   for (size_t j = 0; j < r; ++j) {
     float* aj = a + j * rows;
     double orig = 0;
     for (size_t i = 0; i < rows; ++i) orig += static_cast<double>(aj[i]) * aj[i];
-    for (size_t l = 0; l < j; ++l) {
-      const float* al = a + l * rows;
-      double d = 0;
-      for (size_t i = 0; i < rows; ++i) d += static_cast<double>(al[i]) * aj[i];
-      const float df = static_cast<float>(d);
-      for (size_t i = 0; i < rows; ++i) aj[i] -= df * al[i];
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t l = 0; l < j; ++l) {
+        const float* al = a + l * rows;
+        double d = 0;
+        for (size_t i = 0; i < rows; ++i) d += static_cast<double>(al[i]) * aj[i];
+        if (d == 0) continue;  // also skips the zeroed columns
+        for (size_t i = 0; i < rows; ++i) {
+          aj[i] = static_cast<float>(aj[i] - d * static_cast<double>(al[i]));
+        }
+      }
     }
     double nn = 0;
     for (size_t i = 0; i < rows; ++i) nn += static_cast<double>(aj[i]) * aj[i];
-    if (!(orig > 0) || !(nn > 1e-12 * orig) || !std::isfinite(nn)) {
+    if (!(orig > 0) || !(nn > keep * orig) || !std::isfinite(nn)) {
       std::fill(aj, aj + rows, 0.0f);
       continue;
     }
