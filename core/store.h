@@ -54,6 +54,13 @@ struct TcpStoreOptions {
   bool host_server = false;
   std::string token;  // job token presented to / required by the server
   int64_t connect_timeout_ms = 30000;
+  // Server limits (the host_server side). Until a client's hello is accepted it may send one
+  // frame of at most a hello's size, must finish it within hello_timeout_ms, and counts against
+  // max_pending_hello (the oldest such client is dropped to make room); max_clients caps every
+  // connection, and at that cap a client still without hello is dropped first.
+  int64_t hello_timeout_ms = 10000;
+  size_t max_clients = 4096;
+  size_t max_pending_hello = 64;
 };
 
 class TcpStore : public Store {

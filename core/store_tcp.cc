@@ -1,7 +1,9 @@
 // TcpStore: the server (one thread, poll() over every client) and the client (a small pool of
 // connections, one per call in flight). Wire format: docs/wire-store.md, codec in store_wire.cc.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,23 +32,57 @@ using sys::Fd;
 
 namespace {
 
-constexpr size_t kMaxClients = 4096;
 constexpr size_t kReadChunk = 256 * 1024;
+// When accept() fails for want of descriptors, the listener is left alone this long (the
+// connection stays in the kernel's backlog) instead of waking poll() again at once.
+constexpr int kDescriptorBackoffMs = 100;
+
+struct ServerLimits {
+  int64_t hello_timeout_ms = 10000;
+  size_t max_clients = 4096;
+  size_t max_pending_hello = 64;
+};
+
+// Raises this process's descriptor soft limit to the hard one, once: the usual soft limit of
+// 1,024 is a few dozen ranks' worth of store and transport connections.
+void raise_descriptor_limit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rlimit raised = rl;
+      raised.rlim_cur = rl.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+        GW_LOG_DEBUG("descriptor limit raised from {} to {}", rl.rlim_cur, rl.rlim_max);
+      }
+    }
+  });
+}
 // Extra time a client waits for the server's own "not found" answer to a get.
 constexpr auto kReplyGrace = std::chrono::milliseconds(500);
 
 }  // namespace
 
+class TcpStoreServer;
+
+namespace {
+ServerLimits server_limits(const TcpStoreOptions& o) {
+  return ServerLimits{o.hello_timeout_ms, o.max_clients, o.max_pending_hello};
+}
+}  // namespace
+
 class TcpStoreServer {
  public:
   static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port,
-                                                       std::string token, int* failed_errno) {
+                                                       std::string token, ServerLimits limits,
+                                                       int* failed_errno) {
+    raise_descriptor_limit();
     int bound = 0;
     GW_ASSIGN_OR_RETURN(Fd listen_fd, store_socket::listen_tcp(host, port, &bound, failed_errno));
     Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake.valid()) return system_error("store server: eventfd", errno);
     std::unique_ptr<TcpStoreServer> s(
-        new TcpStoreServer(std::move(listen_fd), std::move(wake), bound, std::move(token)));
+        new TcpStoreServer(std::move(listen_fd), std::move(wake), bound, std::move(token), limits));
     s->thread_ = std::thread([p = s.get()] { p->run(); });
     return s;
   }
@@ -69,7 +105,8 @@ class TcpStoreServer {
     Bytes out;  // encoded replies not yet sent
     size_t out_off = 0;
     bool authenticated = false;
-    bool waiting = false;  // a get is parked in waiters_; later frames wait their turn
+    Deadline hello_deadline;  // until authenticated
+    bool waiting = false;     // a get is parked in waiters_; later frames wait their turn
     bool close_after_flush = false;
   };
   using ConnIt = std::list<Conn>::iterator;
@@ -79,11 +116,13 @@ class TcpStoreServer {
     Deadline deadline;
   };
 
-  TcpStoreServer(Fd listen_fd, Fd wake, int port, std::string token)
+  TcpStoreServer(Fd listen_fd, Fd wake, int port, std::string token, ServerLimits limits)
       : listen_(std::move(listen_fd)),
         wake_(std::move(wake)),
         port_(port),
-        token_(std::move(token)) {}
+        token_(std::move(token)),
+        limits_(limits),
+        spare_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
   void run() {
     std::vector<pollfd> fds;
@@ -92,7 +131,8 @@ class TcpStoreServer {
       fds.clear();
       order.clear();
       fds.push_back({wake_.get(), POLLIN, 0});
-      fds.push_back({listen_.get(), POLLIN, 0});
+      const bool listening = Clock::now() >= listen_paused_until_;
+      fds.push_back({listen_.get(), static_cast<short>(listening ? POLLIN : 0), 0});
       for (auto it = conns_.begin(); it != conns_.end(); ++it) {
         short ev = 0;
         bool backlog = it->out.size() - it->out_off > store_wire::kMaxBody;
@@ -102,10 +142,15 @@ class TcpStoreServer {
         order.push_back(it);
       }
       int timeout = -1;
-      for (const Waiter& w : waiters_) {
-        int t = sys::ms_until(w.deadline);
+      auto until = [&timeout](Deadline d) {
+        int t = sys::ms_until(d);
         timeout = timeout < 0 ? t : std::min(timeout, t);
+      };
+      for (const Waiter& w : waiters_) until(w.deadline);
+      for (const Conn& c : conns_) {
+        if (!c.authenticated) until(c.hello_deadline);
       }
+      if (!listening) until(listen_paused_until_);
       int n = ::poll(fds.data(), fds.size(), timeout);
       if (n < 0 && errno != EINTR) {
         GW_LOG_ERROR("store server: poll failed: {}", strerror(errno));
@@ -125,30 +170,86 @@ class TcpStoreServer {
         }
       }
       expire_waiters();
+      expire_hellos();
     }
   }
 
   void accept_all() {
     for (;;) {
       int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or a transient error (EMFILE...): try at the next wake-up
-      if (conns_.size() >= kMaxClients) {
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) shed_one();
+        return;  // EAGAIN, or a transient error: try at the next wake-up
+      }
+      size_t pending = 0;
+      for (const Conn& c : conns_) pending += c.authenticated ? 0 : 1;
+      if (pending >= limits_.max_pending_hello ||
+          (conns_.size() >= limits_.max_clients && pending > 0)) {
+        drop_oldest_pending();  // idle strangers make way for clients that may say hello
+      }
+      if (conns_.size() >= limits_.max_clients) {
         GW_LOG_WARN("store server: refusing a client, {} connections already", conns_.size());
         ::close(fd);
         continue;
       }
       conns_.emplace_back();
       conns_.back().fd.reset(fd);
+      conns_.back().hello_deadline = deadline_after_ms(limits_.hello_timeout_ms);
+    }
+  }
+
+  // Out of descriptors: accept the waiting connection with the spare descriptor and close it at
+  // once (its client sees a reset and retries), then pause the listener briefly, so poll() does
+  // not spin on a listener that stays readable.
+  void shed_one() {
+    GW_LOG_WARN("store server: out of file descriptors ({}); shedding a connection",
+                strerror(errno));
+    if (spare_.valid()) {
+      spare_.reset();
+      int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+      spare_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    listen_paused_until_ = Clock::now() + std::chrono::milliseconds(kDescriptorBackoffMs);
+  }
+
+  void drop_oldest_pending() {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {  // oldest first
+      if (!it->authenticated) {
+        GW_LOG_WARN("store server: dropping a client that has not said hello (too many pending)");
+        drop(it);
+        return;
+      }
+    }
+  }
+
+  // A client that has not completed its hello in time is dropped without an answer.
+  void expire_hellos() {
+    const auto now = Clock::now();
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      auto next = std::next(it);
+      if (!it->authenticated && it->hello_deadline <= now) {
+        GW_LOG_WARN("store server: dropping a client whose hello did not arrive within {} ms",
+                    limits_.hello_timeout_ms);
+        drop(it);
+      }
+      it = next;
     }
   }
 
   // Returns false when the connection must be dropped now.
   bool read_conn(ConnIt c) {
     size_t old = c->in.size();
-    c->in.resize(old + kReadChunk);
+    // Before its hello a client gets room for one hello frame and no more.
+    const size_t room =
+        c->authenticated ? kReadChunk
+                         : store_wire::kHeaderSize + store_wire::kMaxHelloBody -
+                               std::min(old, store_wire::kHeaderSize + store_wire::kMaxHelloBody);
+    if (room == 0) return process(c);
+    c->in.resize(old + room);
     ssize_t k;
     do {
-      k = ::recv(c->fd.get(), c->in.data() + old, kReadChunk, 0);
+      k = ::recv(c->fd.get(), c->in.data() + old, room, 0);
     } while (k < 0 && errno == EINTR);
     if (k <= 0) {
       c->in.resize(old);
@@ -168,6 +269,13 @@ class TcpStoreServer {
       auto len = store_wire::decode_length(c->in.data() + off);
       if (!len.ok()) {
         fail(c, Op::kHello, len.status().message());
+        break;
+      }
+      if (!c->authenticated && *len > store_wire::kMaxHelloBody) {
+        fail(
+            c, Op::kHello,
+            fmt::format("store protocol: a frame of {} bytes before hello (a hello has at most {})",
+                        *len, store_wire::kMaxHelloBody));
         break;
       }
       if (avail < store_wire::kHeaderSize + *len) break;
@@ -348,6 +456,9 @@ class TcpStoreServer {
   Fd wake_;
   int port_;
   std::string token_;
+  ServerLimits limits_;
+  Fd spare_;  // released to accept-and-close one connection when descriptors run out
+  Clock::time_point listen_paused_until_{};
   std::atomic<bool> stop_{false};
   std::thread thread_;
   // Owned by the server thread only.
@@ -481,6 +592,10 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
   if (options.token.size() > store_wire::kMaxToken) {
     return invalid_arg("TcpStore: job token longer than {} bytes", store_wire::kMaxToken);
   }
+  if (options.host_server &&
+      (options.hello_timeout_ms <= 0 || options.max_clients < 1 || options.max_pending_hello < 1)) {
+    return invalid_arg("TcpStore: hello_timeout_ms, max_clients and max_pending_hello must be > 0");
+  }
   if (options.connect_timeout_ms < 0) {
     return invalid_arg("TcpStore: connect_timeout_ms {} < 0", options.connect_timeout_ms);
   }
@@ -490,14 +605,16 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
   impl->port = options.port;
   if (options.host_server) {
     int bind_errno = 0;
-    auto server = TcpStoreServer::start(options.host, options.port, options.token, &bind_errno);
+    auto server = TcpStoreServer::start(options.host, options.port, options.token,
+                                        server_limits(options), &bind_errno);
     if (!server.ok() && options.host != "0.0.0.0" && options.host != "::" &&
         bind_errno == EADDRNOTAVAIL) {
       // The address names this host but not one of its interfaces (NAT, container): serve on
       // every interface instead, as torchrun does; the job token still guards the door.
       GW_LOG_WARN("store: cannot bind {} ({}); serving on 0.0.0.0 instead",
                   store_socket::format_addr(options.host, options.port), server.status().message());
-      server = TcpStoreServer::start("0.0.0.0", options.port, options.token, nullptr);
+      server = TcpStoreServer::start("0.0.0.0", options.port, options.token, server_limits(options),
+                                     nullptr);
       impl->connect_host = "127.0.0.1";
     }
     if (!server.ok()) return server.status().with_context("store server");

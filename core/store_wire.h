@@ -22,7 +22,9 @@ inline constexpr size_t kMaxValue = 64u << 20;                // bytes of a valu
 inline constexpr size_t kMaxToken = 1024;                     // bytes of a job token
 inline constexpr size_t kMaxMessage = 1024;                   // bytes of an error message
 inline constexpr size_t kMaxBody = kMaxValue + kMaxKey + 64;  // largest frame body accepted
-inline constexpr size_t kHeaderSize = 4;                      // u32 body length
+// Largest hello body: op, magic, version, token length, token.
+inline constexpr size_t kMaxHelloBody = 1 + 4 + 2 + 2 + kMaxToken;
+inline constexpr size_t kHeaderSize = 4;  // u32 body length
 
 enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kErase = 5 };
 enum class ReplyCode : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };

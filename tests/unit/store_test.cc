@@ -2,7 +2,14 @@
 // loopback), its wire codec, and hostile input on the wire.
 #include "core/store.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <random>
@@ -434,6 +441,117 @@ TEST_F(HostileWireTest, HugeLengthIsRefused) {
   RawClient c(store_->port());
   c.send_u32(0xFFFFFFFFu);
   EXPECT_TRUE(c.closed_by_server());
+}
+
+// A stranger announcing a 64 MiB frame used to make the server buffer all of it before the hello
+// check (8 such connections grew rank 0 by 0.5 GiB). Before hello only a hello-sized frame is
+// taken: the announcement alone gets the connection refused, with the reason.
+TEST_F(HostileWireTest, BigFrameBeforeHelloIsRefusedBeforeItsBodyIsRead) {
+  RawClient c(store_->port());
+  c.send_u32(static_cast<uint32_t>(store_wire::kMaxValue));
+  auto reply = c.reply(store_wire::Op::kHello);
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->code, store_wire::ReplyCode::kError);
+  EXPECT_NE(reply->message.find("before hello"), std::string::npos) << reply->message;
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+// A half hello is not kept forever: the client is dropped at the hello deadline.
+TEST(TcpStoreLimits, HalfHelloIsDroppedAtTheHelloDeadline) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.hello_timeout_ms = 300;
+  auto s = TcpStore::create(o);
+  ASSERT_TRUE(s.ok());
+  RawClient c((*s)->port());
+  c.send_u32(20);  // promises 20 bytes, sends none
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_LT(elapsed_ms(start), 1800);
+  EXPECT_TRUE((*s)->set("k", B("v"), deadline_after_ms(2000)).ok());
+}
+
+// Silent connections used to fill every slot (4,100 of them shut every rank out). Clients that
+// have not said hello are capped on their own and the oldest make way for new ones, so a rank can
+// still join; at the total cap a silent one is dropped before anyone is refused.
+TEST(TcpStoreLimits, SilentConnectionsCannotShutOutARank) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.token = "tok";
+  o.max_pending_hello = 8;
+  o.max_clients = 12;
+  auto s = TcpStore::create(o);
+  ASSERT_TRUE(s.ok());
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 40; ++i) silent.push_back(std::make_unique<RawClient>((*s)->port()));
+  TcpStoreOptions co;
+  co.port = (*s)->port();
+  co.token = "tok";
+  co.connect_timeout_ms = 5000;
+  auto client = TcpStore::create(co);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_TRUE((*client)->set("joined", B("1"), deadline_after_ms(3000)).ok());
+  // More silent ones after that do not push the authenticated client out.
+  for (int i = 0; i < 20; ++i) silent.push_back(std::make_unique<RawClient>((*s)->port()));
+  auto v = (*client)->get("joined", deadline_after_ms(3000));
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+}
+
+// Out of descriptors: the accept loop used to spin at 100% CPU on EMFILE. It now sheds the
+// connection and backs off; once descriptors are free again clients are served.
+TEST(TcpStoreLimits, RunningOutOfDescriptorsDoesNotSpinAndRecovers) {
+  // In a child process: it lowers its own descriptor limit.
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    TcpStoreOptions o;
+    o.host_server = true;
+    auto s = TcpStore::create(o);
+    if (!s.ok()) _exit(10);
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    std::vector<int> hog;
+    for (;;) {  // use up every descriptor but a few
+      int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      hog.push_back(fd);
+      if (hog.size() > 200000) break;
+    }
+    for (int i = 0; i < 3 && !hog.empty(); ++i) {
+      ::close(hog.back());
+      hog.pop_back();
+    }
+    // Clients whose connections the server cannot accept (each client takes one of the few
+    // descriptors left; the server's accept then fails with EMFILE).
+    std::vector<int> socks;
+    for (int i = 0; i < 3; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>((*s)->port()));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) socks.push_back(fd);
+    }
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    getrusage(RUSAGE_SELF, &after);
+    auto cpu_ms = [](const rusage& r) {
+      return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000.0 +
+             (r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1000.0;
+    };
+    const double used = cpu_ms(after) - cpu_ms(before);
+    for (int fd : hog) ::close(fd);
+    for (int fd : socks) ::close(fd);
+    if (used > 300) _exit(11);  // a spinning accept loop burns the whole second
+    if (!(*s)->set("after", B("1"), deadline_after_ms(3000)).ok()) _exit(12);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "11: the server spun on EMFILE; 12: it did not recover";
 }
 
 TEST_F(HostileWireTest, ZeroLengthIsRefused) {
