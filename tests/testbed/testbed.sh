@@ -20,27 +20,46 @@
 # network, port TB_PORT), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 # MASTER_PORT, plus GW_SOCKET_IFNAME=d0 so that tcp between hosts crosses the data link; the
 # ranks of one host share its namespace (shm works among them). Rank r's output is prefixed
-# [h<i>r<r>]. -r RATE shapes every host's data link to RATE (tc's units: 1gbit, 100mbit, ...)
+# [h<i>r<r>]. -R also takes one count per host, comma-separated, for uneven layouts: -n 2 -R 3,1
+# puts ranks 0-2 on host 0 and rank 3 on host 1. -r RATE shapes every host's data link to RATE (tc's units: 1gbit, 100mbit, ...)
 # in both directions with a token bucket (tc tbf on the host's d0 and on its port of the
 # bridge); the control network is never shaped. TB_RATE holds RATE ("" when unshaped).
 # Exit status: 0 when every host exits 0; 77 when the testbed cannot be built here (not root,
 # no ip/netns support); else the first failing host's status. Everything created (namespaces,
 # links, bridges, hugepage reservation and files) is removed on exit, whatever happened.
 set -u
-N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RATE=""
+N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""
 usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd"
 while getopts "n:R:r:m:t:H:c:" o; do
   case $o in
     n) N=$OPTARG ;; m) MTU=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
-    R) RPH=$OPTARG ;; r) RATE=$OPTARG ;;
+    R) RPH_LIST=$OPTARG ;; r) RATE=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
-for v in "$N" "$MTU" "$TIMEOUT" "$HUGE" "$RPH"; do
+for v in "$N" "$MTU" "$TIMEOUT" "$HUGE"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "testbed: '$v' is not a number; $usage" >&2; exit 2; }
 done
 [ "$N" -ge 1 ] && [ "$N" -le 200 ] || { echo "testbed: -n $N: need 1..200 hosts" >&2; exit 2; }
-[ "$RPH" -le 64 ] || { echo "testbed: -R $RPH: at most 64 ranks per host" >&2; exit 2; }
+# Ranks per host: RPHS[i] for host i (all equal unless -R listed them), RANK0[i] its first rank.
+IFS=, read -r -a RPHS <<<"$RPH_LIST"
+for v in "${RPHS[@]}"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || { echo "testbed: -R '$RPH_LIST' is not a count or a list; $usage" >&2; exit 2; }
+  [ "$v" -le 64 ] || { echo "testbed: -R $v: at most 64 ranks per host" >&2; exit 2; }
+done
+if [ "${#RPHS[@]}" -eq 1 ]; then
+  RPHS=(); for _ in $(seq 1 "$N"); do RPHS+=("$RPH_LIST"); done
+elif [ "${#RPHS[@]}" -ne "$N" ]; then
+  echo "testbed: -R $RPH_LIST lists ${#RPHS[@]} hosts, -n says $N" >&2; exit 2
+fi
+WORLD=0; RANK0=()
+for v in "${RPHS[@]}"; do RANK0+=("$WORLD"); WORLD=$((WORLD + v)); done
+RPH=$WORLD  # non-zero: launch ranks
+if [ "$RPH" -gt 0 ]; then
+  for v in "${RPHS[@]}"; do
+    [ "$v" -ge 1 ] || { echo "testbed: -R $RPH_LIST: every host needs a rank" >&2; exit 2; }
+  done
+fi
 # tbf wants a rate tc understands; refuse a typo before building anything.
 rate_bits=""
 if [ -n "$RATE" ]; then
@@ -148,11 +167,11 @@ for i in $(seq 0 $((N - 1))); do
   ns="gwtb${ID}h$i"
   host_env=(TB_HOST=$i TB_IP="10.77.0.$((i + 1))" TB_CTL_IP="10.79.0.$((i + 1))")
   if [ "$RPH" -gt 0 ]; then
-    for l in $(seq 0 $((RPH - 1))); do
-      r=$((i * RPH + l))
-      launch "$ns" "h${i}r$r" "${host_env[@]}" GW_RANK=$r GW_WORLD_SIZE=$((N * RPH)) \
-        GW_STORE="10.79.0.1:$TB_PORT" RANK=$r WORLD_SIZE=$((N * RPH)) LOCAL_RANK=$l \
-        LOCAL_WORLD_SIZE=$RPH MASTER_ADDR=10.79.0.1 MASTER_PORT=$TB_PORT GW_SOCKET_IFNAME=d0
+    for l in $(seq 0 $((RPHS[i] - 1))); do
+      r=$((RANK0[i] + l))
+      launch "$ns" "h${i}r$r" "${host_env[@]}" GW_RANK=$r GW_WORLD_SIZE=$WORLD \
+        GW_STORE="10.79.0.1:$TB_PORT" RANK=$r WORLD_SIZE=$WORLD LOCAL_RANK=$l \
+        LOCAL_WORLD_SIZE=${RPHS[i]} MASTER_ADDR=10.79.0.1 MASTER_PORT=$TB_PORT GW_SOCKET_IFNAME=d0
     done
     continue
   fi

@@ -12,6 +12,8 @@ leftovers() { ip netns list 2>/dev/null | grep -c "^gwtb$1" || true; }
 # Bad arguments are refused before anything is built (exit 2), root or not.
 bash "$tb" -r 1gigabit -- true 2>/dev/null; [ $? -eq 2 ] || fail "-r 1gigabit accepted"
 bash "$tb" -R x -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R x accepted"
+bash "$tb" -n 3 -R 2,1 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R with 2 counts for 3 hosts accepted"
+bash "$tb" -n 2 -R 2,0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R with an empty host accepted"
 bash "$tb" -n 0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-n 0 accepted"
 
 out=$(bash "$tb" -n 2 -R 2 -r 200mbit -t 60 -- \
