@@ -10,7 +10,9 @@
 #   --rate      tc rate of every host's link (1gbit, 10gbit, 100mbit; "none" = unshaped)
 #   --codec     adds system gradwire-<SPEC> (gw_allreduce_compressed), repeatable
 #   --systems   subset of: gradwire-flat gradwire-auto gradwire-hier gloo mpi-tuned mpi-han
-#               (default: all of them; codec systems come from --codec)
+#               (default: all of them; codec systems come from --codec), plus
+#               gradwire-algo:NAME for any GW_ALGO name (ring, rhd, host_ring, hier, hier_leader,
+#               tree, bblocks) to see what auto chose against each algorithm forced
 #   -n          timed iterations per run (default: each tool's own rule, clamp(2e9/size/ranks,3,50))
 # Needs root (network namespaces). A system that cannot run here (peer not installed, algorithm
 # not built) is reported as missing with the reason, and never fails the script; a run that
@@ -50,7 +52,7 @@ done
 [ "$hosts" -ge 1 ] && [ "$rph" -ge 1 ] && [ "$reps" -ge 1 ] ||
   { echo "cluster_bench: --hosts, --ranks-per-host and -r must be >= 1" >&2; exit 2; }
 for s in $systems; do
-  case "$s" in gradwire-flat|gradwire-auto|gradwire-hier|gloo|mpi-tuned|mpi-han) ;;
+  case "$s" in gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:?*|gloo|mpi-tuned|mpi-han) ;;
     *) echo "cluster_bench: unknown system '$s'" >&2; exit 2 ;; esac
 done
 to_bytes() {  # 64M -> 67108864
@@ -98,10 +100,11 @@ iters_gw=(); iters_peer=()
 run_one() {
   local sys="$1" s="$2" cmd out line
   case "$sys" in
-    gradwire-flat|gradwire-auto|gradwire-hier)
+    gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:*)
       local algo=auto
       [ "$sys" = gradwire-flat ] && algo=ring
       [ "$sys" = gradwire-hier ] && algo=hier
+      [[ "$sys" == gradwire-algo:* ]] && algo=${sys#gradwire-algo:}
       cmd="$perf allreduce -b $s -e $s ${iters_gw[*]} --check --algo $algo"
       out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
         { echo "$out" | tail -20 >"$work/err"; return; }
