@@ -18,6 +18,12 @@ constexpr int kPollBatch = 16;  // completions taken per poll_cq call
 constexpr uint64_t kCtsWrId = ~uint64_t{0};
 constexpr int kCtsSignalEvery = 8;  // one signaled CTS write in 8 keeps the send queue free
 constexpr int64_t kHealthCheckNs = 1000000;
+// How long writes posted before the peer's close still get to complete. A peer closes after its
+// receive completed, and the responder sends the ACK when it places the data, so the ACK is
+// already on its way when the close is seen; only its processing may lag (an emulated NIC's
+// thread on a loaded host). Writes the peer never took fail at this deadline, or sooner through
+// the RC retries.
+constexpr int64_t kCloseGraceNs = 1000000000;
 
 Status verbs_errno(const char* what, const std::string& where, int err) {
   return system_error(fmt::format("{} on {}", what, where), err);
@@ -75,6 +81,8 @@ QpSet::~QpSet() {
   if (cq_ != nullptr) {
     if (int err = ibv.destroy_cq(cq_); err != 0) GW_LOG_WARN("verbs: ibv_destroy_cq: {}", err);
   }
+  // After the destroys: ibv_destroy_qp returns only once this QP's reported events were acked.
+  device_->forget_errors(qps_, cq_);
 }
 
 Status QpSet::post_receives(int qp_index, int count) {
@@ -209,7 +217,8 @@ Status VerbsCommCore::dereg_mr(net::MemRegion* mr) {
   return ok_status();
 }
 
-Status VerbsCommCore::health() {
+Status VerbsCommCore::health(bool* closed) {
+  *closed = false;
   uint64_t gen = device_->event_generation();
   if (gen != event_gen_) {
     event_gen_ = gen;
@@ -221,8 +230,12 @@ Status VerbsCommCore::health() {
   next_check_ns_ = now + kHealthCheckNs;
   char byte;
   ssize_t n = recv(socket_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return peer_error("{} closed the connection", peer_);
+  if (n == 0) {
+    *closed = true;
+    return peer_error("{} closed the connection", peer_);
+  }
   if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    *closed = true;
     char buf[128];
     return peer_error("connection to {} lost: {}", peer_, strerror_r(errno, buf, sizeof(buf)));
   }
@@ -325,12 +338,33 @@ void VerbsSendComm::poll() {
 void VerbsSendComm::progress() {
   poll();
   if (!core_->error.ok()) return;
-  if (Status h = core_->health(); !h.ok()) {
+  if (!peer_closed_.ok()) {
+    settle_after_close();
+    return;
+  }
+  bool closed = false;
+  if (Status h = core_->health(&closed); !h.ok()) {
     poll();  // completions that arrived before the failure still count
-    if (core_->error.ok()) core_->error = h;
+    if (!core_->error.ok()) return;
+    if (!closed) {
+      core_->error = h;
+      return;
+    }
+    // A receiver may close as soon as its last receive completed, before the ACK of that write
+    // has completed it here: the write's own completion decides, not the close.
+    peer_closed_ = h;
+    close_deadline_ns_ = sys::now_ns() + kCloseGraceNs;
+    settle_after_close();
     return;
   }
   issue();
+}
+
+void VerbsSendComm::settle_after_close() {
+  // Requests are issued and completed in order: if any issued one is outstanding, the oldest is.
+  Req* r = reqs_.idle() ? nullptr : reqs_.active(reqs_.done_seq());
+  const bool awaiting = r != nullptr && r->issued;
+  if (!awaiting || sys::now_ns() >= close_deadline_ns_) core_->error = peer_closed_;
 }
 
 void VerbsSendComm::issue() {
@@ -507,7 +541,8 @@ void VerbsRecvComm::poll() {
 void VerbsRecvComm::progress() {
   poll();
   if (!core_->error.ok()) return;
-  if (Status h = core_->health(); !h.ok()) {
+  bool closed = false;
+  if (Status h = core_->health(&closed); !h.ok()) {
     poll();  // messages that arrived before the close still complete
     if (core_->error.ok()) core_->error = h;
     return;

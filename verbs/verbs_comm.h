@@ -66,8 +66,9 @@ class VerbsCommCore {
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type);
   Status dereg_mr(net::MemRegion* mr);
   // Failures found outside the CQ: async events and a closed set-up socket (the socket at most
-  // every millisecond). Does not touch `error`.
-  Status health();
+  // every millisecond). Does not touch `error`. `*closed` tells a failure of the socket (the
+  // peer closed or lost it) from a failure of the device or QPs.
+  Status health(bool* closed);
   Status fail_from_wc(const ibv_wc& wc);
 
   QpSet& qps() { return *qps_; }
@@ -115,8 +116,14 @@ class VerbsSendComm final : public net::SendComm {
   void progress();
   void poll();
   void issue();
+  // After the peer closed: fails the comm once no posted write awaits its completion, or at the
+  // grace deadline.
+  void settle_after_close();
 
   std::unique_ptr<VerbsCommCore> core_;
+  // The peer's close, once seen; nothing is issued after it.
+  Status peer_closed_;
+  int64_t close_deadline_ns_ = 0;
   std::unique_ptr<CtsWire[]> fifo_;
   VerbsDevice::Registration* fifo_reg_;
   net::RequestTable<Req> reqs_;

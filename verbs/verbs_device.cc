@@ -235,6 +235,12 @@ Status VerbsDevice::async_error(const std::vector<ibv_qp*>& qps, ibv_cq* cq) con
   return ok_status();
 }
 
+void VerbsDevice::forget_errors(const std::vector<ibv_qp*>& qps, ibv_cq* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ibv_qp* qp : qps) object_errors_.erase(qp);
+  object_errors_.erase(cq);
+}
+
 Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t size, int access) {
   auto a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t begin = a & ~(kPage - 1);

@@ -58,6 +58,9 @@ class VerbsDevice {
   uint64_t event_generation() const { return event_gen_.load(std::memory_order_acquire); }
   // The first fatal event that names `qp` or `cq`, or a device-wide one; ok when none.
   Status async_error(const std::vector<ibv_qp*>& qps, ibv_cq* cq) const;
+  // Drops the events recorded for `qps` and `cq`; requires that they were destroyed. The next QP
+  // or CQ may be allocated at the same address and must not inherit their errors.
+  void forget_errors(const std::vector<ibv_qp*>& qps, ibv_cq* cq);
 
  private:
   VerbsDevice() = default;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/config_snapshot.h"
@@ -234,6 +235,41 @@ TEST_F(VerbsEmuBackend, FatalAsyncEventFailsTheNextCall) {
   Status rs = finish(p.recv.get(), *r);
   EXPECT_EQ(rs.code(), Code::kPeer) << rs.to_string();
   EXPECT_NE(rs.message().find("rank 5"), std::string::npos) << rs.to_string();
+}
+
+TEST_F(VerbsEmuBackend, ASendTheReceiverTookSucceedsThoughTheReceiverClosedBeforeItsAck) {
+  // The end of a collective: the receiver has its data and closes at once, while the ACK that
+  // completes the send here is still on its way (held back for 300 ms).
+  auto t = make();
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> src(4096, 3), dst(4096);
+  auto r = p.recv->irecv(dst.data(), dst.size(), 0, nullptr);
+  ASSERT_TRUE(r.ok());
+  emu::inject_ack_delay_all(300);
+  auto s = p.send->isend(src.data(), src.size(), 0, nullptr);
+  ASSERT_TRUE(s.ok());
+  // Drives both sides until the receive is done (the sender issues its write once the CTS lands).
+  bool send_done = false, recv_done = false;
+  for (int64_t end = now_ms() + 10000; !recv_done && now_ms() < end;) {
+    if (!send_done) ASSERT_TRUE(p.send->test(*s, &send_done, nullptr).ok());
+    ASSERT_TRUE(p.recv->test(*r, &recv_done, nullptr).ok());
+  }
+  ASSERT_TRUE(recv_done);
+  ASSERT_FALSE(send_done) << "the ACK is held back";
+  EXPECT_EQ(dst, src);
+  p.recv.reset();  // closes the set-up socket and destroys the receiver's QPs
+  // The close is visible to the sender now (it checks the socket every millisecond).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int64_t start = now_ms();
+  Status ss = finish(p.send.get(), *s);
+  EXPECT_TRUE(ss.ok()) << ss.to_string();
+  EXPECT_LT(now_ms() - start, 5000);
+  // What is sent after the close fails, naming the close.
+  auto late = p.send->isend(src.data(), 64, 0, nullptr);
+  Status ls = late.ok() ? finish(p.send.get(), *late) : late.status();
+  EXPECT_EQ(ls.code(), Code::kPeer) << ls.to_string();
+  EXPECT_NE(ls.message().find("closed the connection"), std::string::npos) << ls.to_string();
 }
 
 TEST_F(VerbsEmuBackend, RegisteredBuffersShareTheCacheAndStillMoveBytes) {

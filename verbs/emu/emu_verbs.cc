@@ -118,6 +118,7 @@ struct Wr {
   uint64_t length = 0;
   uint32_t psn = 0;
   bool awaiting = false;  // transmitted, waiting for a response
+  bool acked = false;     // awaiting: its ACK arrived and is held until due_ns (inject_ack_delay)
   int64_t due_ns = 0;     // queued: earliest transmission; awaiting: the ACK timeout
   int retries = 0;
   int rnr_retries = 0;
@@ -155,6 +156,7 @@ struct EmuQp {
   // Injected faults.
   int drop = 0;
   int delay_ms = 0;
+  int ack_delay_ms = 0;
 };
 
 struct InConn {
@@ -282,6 +284,16 @@ class Nic {
         char b = 1;
         (void)!write(c->pipe_w, &b, 1);
       }
+    }
+  }
+
+  // Events not yet read that name a destroyed object go with it (the kernel drops them too): the
+  // next object at the same address must not receive them.
+  void drop_events(const void* object) {
+    for (EmuContext* c : contexts) {
+      std::erase_if(c->events, [object](const ibv_async_event& ev) {
+        return ev.element.qp == object || ev.element.cq == object;
+      });
     }
   }
 
@@ -430,6 +442,11 @@ class Nic {
     Wr& w = q->sq.front();
     if (w.awaiting) {
       if (now < w.due_ns) return;
+      if (w.acked) {  // a held ACK takes effect now
+        complete_front(q, IBV_WC_SUCCESS);
+        drive(q, now);
+        return;
+      }
       // No response within the ACK timeout: retry, or give up.
       if (w.retries >= q->retry_cnt) {
         to_error(q, IBV_WC_RETRY_EXC_ERR);
@@ -544,8 +561,11 @@ class Nic {
   void on_response(EmuQp* q, const WireResponse& r) {
     if (q->sq.empty() || r.magic != kMagic) return;
     Wr& w = q->sq.front();
-    if (!w.awaiting || r.psn != w.psn) return;  // stale (an earlier retry's answer)
-    if (r.type == kAck) {
+    if (!w.awaiting || w.acked || r.psn != w.psn) return;  // stale (an earlier retry's answer)
+    if (r.type == kAck && q->ack_delay_ms > 0) {
+      w.acked = true;
+      w.due_ns = now_ns() + int64_t{q->ack_delay_ms} * 1000000;
+    } else if (r.type == kAck) {
       complete_front(q, IBV_WC_SUCCESS);
       if (!q->sq.empty()) q->sq.front().due_ns = std::max<int64_t>(q->sq.front().due_ns, 0);
     } else if (r.type == kNakRnr) {
@@ -1006,6 +1026,7 @@ int emu_destroy_cq(ibv_cq* cq) {
   std::lock_guard<std::mutex> lock(nic.mu);
   auto* c = reinterpret_cast<EmuCq*>(cq);
   if (c->users > 0) return EBUSY;
+  nic.drop_events(cq);
   delete c;
   return 0;
 }
@@ -1109,6 +1130,7 @@ int emu_destroy_qp(ibv_qp* qp) {
   std::lock_guard<std::mutex> lock(nic.mu);
   auto* q = reinterpret_cast<EmuQp*>(qp);
   nic.close_out(q);
+  nic.drop_events(qp);
   nic.qps.erase(qp->qp_num);
   --q->scq->users;
   --q->rcq->users;
@@ -1287,6 +1309,11 @@ void inject_delay(ibv_qp* qp, int ms) {
   as_qp(qp)->delay_ms = ms;
 }
 
+void inject_ack_delay(ibv_qp* qp, int ms) {
+  std::lock_guard<std::mutex> lock(Nic::get().mu);
+  as_qp(qp)->ack_delay_ms = ms;
+}
+
 void force_qp_error(ibv_qp* qp) {
   Nic& nic = Nic::get();
   std::lock_guard<std::mutex> lock(nic.mu);
@@ -1301,6 +1328,12 @@ void inject_drop_all(int count) {
   Nic& nic = Nic::get();
   std::lock_guard<std::mutex> lock(nic.mu);
   for (auto& [qpn, q] : nic.qps) q->drop = count;
+}
+
+void inject_ack_delay_all(int ms) {
+  Nic& nic = Nic::get();
+  std::lock_guard<std::mutex> lock(nic.mu);
+  for (auto& [qpn, q] : nic.qps) q->ack_delay_ms = ms;
 }
 
 void force_error_all() {

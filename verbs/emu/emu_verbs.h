@@ -11,7 +11,8 @@
 // RDMA WRITE and WRITE_WITH_IMM (consuming a posted receive), receiver-not-ready retries,
 // transport retries with the QP's timeout and retry count, flush on error, send-queue slots held
 // by unsignaled work requests, CQ overrun (IBV_EVENT_CQ_ERR), device limits, the dma-buf probe;
-// and injected faults: dropped and delayed transmissions, a QP forced into the error state.
+// and injected faults: dropped and delayed transmissions, late ACKs, a QP forced into the error
+// state.
 // Not modelled: SEND, RDMA READ, atomics, UD/UC/XRC, SRQ, memory windows, completion channels,
 // page pinning, timing of real hardware, packet-level MTU segmentation.
 #pragma once
@@ -36,11 +37,16 @@ const IbvTable* emu_table();
 void inject_drop(ibv_qp* qp, int count);
 // Holds every later transmission of `qp` for `ms` milliseconds before it goes out.
 void inject_delay(ibv_qp* qp, int ms);
+// ACKs that reach `qp` from now on take effect `ms` milliseconds late, as over a slow return
+// path: the responder has placed the data and completed its receive long before this QP's send
+// completes. Held ACKs do not count against the ACK timeout.
+void inject_ack_delay(ibv_qp* qp, int ms);
 // Moves `qp` to the error state as a fatal hardware error would: IBV_EVENT_QP_FATAL on the async
 // queue, outstanding work flushed.
 void force_qp_error(ibv_qp* qp);
 // The same on every QP of this process that exists now (for tests of code that owns its QPs).
 void inject_drop_all(int count);
+void inject_ack_delay_all(int ms);
 void force_error_all();
 // dma-buf registration support as the device reports it (default: GW_VERBS_EMU_DMABUF).
 void set_dmabuf_supported(bool supported);
