@@ -500,6 +500,11 @@ TEST(TcpStoreLimits, SilentConnectionsCannotShutOutARank) {
 // Out of descriptors: the accept loop used to spin at 100% CPU on EMFILE. It now sheds the
 // connection and backs off; once descriptors are free again clients are served.
 TEST(TcpStoreLimits, RunningOutOfDescriptorsDoesNotSpinAndRecovers) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizer runtimes open files of their own (UBSan's vptr check reported a false error
+  // with no descriptor left); the release build runs this test.
+  GTEST_SKIP() << "needs every descriptor used up, which the sanitizer runtimes cannot bear";
+#endif
   // In a child process: it lowers its own descriptor limit.
   pid_t pid = fork();
   ASSERT_GE(pid, 0);

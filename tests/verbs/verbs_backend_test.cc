@@ -55,7 +55,7 @@ TEST(HcaSpec, NcclSyntax) {
 GidInfo gid(int index, std::vector<uint8_t> head, std::string type, int type_err = 0) {
   GidInfo g;
   g.index = index;
-  std::memcpy(g.gid.raw, head.data(), std::min<size_t>(16, head.size()));
+  if (!head.empty()) std::memcpy(g.gid.raw, head.data(), std::min<size_t>(16, head.size()));
   g.type = std::move(type);
   g.type_err = type_err;
   return g;
