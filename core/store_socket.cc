@@ -124,6 +124,18 @@ Result<Fd> listen_tcp(const std::string& host, int port, int* bound_port, int* f
   return last;
 }
 
+namespace {
+
+bool connected_to_itself(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return false;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return false;
+  return llen == plen && std::memcmp(&local, &peer, llen) == 0;
+}
+
+}  // namespace
+
 Result<Fd> connect_tcp(const std::string& host, int port, Deadline deadline) {
   std::string where = format_addr(host, port);
   GW_ASSIGN_OR_RETURN(addrinfo * res, resolve(host, port, false));
@@ -155,6 +167,13 @@ Result<Fd> connect_tcp(const std::string& host, int port, Deadline deadline) {
     }
     if (err != 0) {
       last = peer_error("connect to {}: {}", where, strerror(err));
+      continue;
+    }
+    if (connected_to_itself(fd.get())) {
+      // TCP simultaneous open: with no listener on a local port inside the ephemeral range, a
+      // retrying client can be given that very port as its own and connect to itself, which
+      // also keeps the real server from binding it. Treat it as "nobody listening yet".
+      last = peer_error("connect to {}: no listener yet (the socket connected to itself)", where);
       continue;
     }
     int one = 1;
