@@ -218,6 +218,8 @@ Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, c
                              on_recv ? "recv from" : "send to", on_recv ? st.recv_from : st.send_to,
                              options_.timeout_ms);
       }
+      return timeout_error("{}: no progress within {} ms: every plan left waits for another", name,
+                           options_.timeout_ms);
     }
     if (any) {
       backoff.reset();

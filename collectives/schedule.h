@@ -45,7 +45,9 @@
 //   block l among the H ranks of local index l (so every rank of a host drives a share of its
 //   link, as NCCL's and Horovod's hierarchical modes do), ring allgather within each host. Each
 //   host's link then carries 2(H-1)/H x n per direction, where a flat ring ordered by host
-//   carries 2(p-1)/p x n (2 hosts x 2 ranks: n against 1.5 n).
+//   carries 2(p-1)/p x n (2 hosts x 2 ranks: n against 1.5 n). Its pipelined form
+//   (hier_pipelined_allreduce) sends the same messages cut into segments, one plan per phase,
+//   so that one segment crosses the link while others are reduced or gathered within the host.
 // - hierarchical allreduce, leader form (any layout, e.g. 3+1): reduce to local rank 0 (ring
 //   reduce-scatter, then the blocks to the leader), ring allreduce among the H leaders, a
 //   pipelined chain from the leader through its host.
