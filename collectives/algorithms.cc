@@ -6,6 +6,8 @@
 #include <array>
 #include <cmath>
 
+#include "collectives/executor.h"
+
 namespace gw::coll {
 namespace {
 
@@ -141,16 +143,36 @@ double tree_cost(const Group& g, size_t bytes, const CostParams& p) {
   return 2.0 * depth * (a + n * b) + depth * n * gm;
 }
 
+// Segments of the pipelined hierarchical allreduce of `count` elements: the more, the shorter
+// the time the pipeline takes to fill (the first segment's intra-host reduce-scatter) and drain
+// (the last one's allgather), but every inter-host ring step keeps a whole chunk at least (a
+// step ends when all its chunks have, so shorter steps leave the link idle between them). At
+// most kHierMaxSegments.
+constexpr size_t kHierMaxSegments = 64;
+int hier_segments(size_t count, int nlocal, int nhosts, size_t chunk_elems) {
+  const size_t per_segment =
+      chunk_elems * static_cast<size_t>(nlocal) * static_cast<size_t>(nhosts);
+  return static_cast<int>(std::clamp<size_t>(count / per_segment, 1, kHierMaxSegments));
+}
+
 // Hierarchical (L ranks on each of H hosts): ring reduce-scatter and allgather within the host,
 // a ring allreduce of each 1/L shard among the H ranks of one local index, all L at once over
-// the host's link:
-// 2(L-1) a_i + 2(L-1)/L n b_i + 2(H-1) a_e + 2(H-1)/H n b_e + ((L-1)/L + (H-1)/(H L)) n g.
+// the host's link, pipelined over S segments. The intra-host phases cost
+//   I = 2 S (L-1) a_i + 2(L-1)/L n b_i + (L-1)/L n g,
+// the inter-host one E = 2 S (H-1) a_e + 2(H-1)/H n b_e + (H-1)/(H L) n g. The two overlap
+// except while the first segment is reduce-scattered and the last allgathered (or, when the
+// host is the slower part, while the last segment crosses the link): max(I, E) + min(I, E) / S.
+// S as the builder picks it for 4-byte elements and the executor's default chunk.
 double hier_cost(const Group& g, size_t bytes, const CostParams& p) {
   const LinkCost i = intra_link(p), e = inter_link(p);
   const double gm = reduce_seconds_per_byte(p), n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
-  return 2 * (L - 1) * i.a + 2 * (L - 1) / L * n * i.b + 2 * (H - 1) * e.a +
-         2 * (H - 1) / H * n * e.b + ((L - 1) / L + (H - 1) / (H * L)) * n * gm;
+  const double S =
+      hier_segments(bytes / 4, g.max_local_size(), g.nhosts(), ExecutorOptions{}.chunk_bytes / 4);
+  const double intra = 2 * S * (L - 1) * i.a + 2 * (L - 1) / L * n * i.b + (L - 1) / L * n * gm;
+  const double inter =
+      2 * S * (H - 1) * e.a + 2 * (H - 1) / H * n * e.b + (H - 1) / (H * L) * n * gm;
+  return std::max(intra, inter) + std::min(intra, inter) / S;
 }
 
 // Leader form (any layout, L the largest host): reduce-scatter within the host and gather to the
@@ -168,29 +190,32 @@ double hier_leader_cost(const Group& g, size_t bytes, const CostParams& p) {
 
 // ---- builders ---------------------------------------------------------------------------------
 
-std::vector<Plan> ring_build(const Group& g, size_t count, int nch) {
+std::vector<Plan> ring_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch, [&](size_t n) { return ring_allreduce(g.rank(), g.size(), n); });
 }
-std::vector<Plan> rhd_build(const Group& g, size_t count, int nch) {
+std::vector<Plan> rhd_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch, [&](size_t n) { return rhd_allreduce(g.rank(), g.size(), n); });
 }
-std::vector<Plan> host_ring_build(const Group& g, size_t count, int nch) {
+std::vector<Plan> host_ring_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch,
                      [&](size_t n) { return host_ring_allreduce(g.hosts(), g.rank(), n); });
 }
-std::vector<Plan> hier_build(const Group& g, size_t count, int nch) {
-  return per_channel(count, nch, [&](size_t n) { return hier_allreduce(g.hosts(), g.rank(), n); });
+// One pipeline (hier_pipelined_allreduce): its segments are what runs side by side, so more
+// channels would only cut the segments smaller.
+std::vector<Plan> hier_build(const Group& g, size_t count, int, size_t chunk_elems) {
+  return hier_pipelined_allreduce(g.hosts(), g.rank(), count,
+                                  hier_segments(count, g.local_size(), g.nhosts(), chunk_elems));
 }
-std::vector<Plan> hier_leader_build(const Group& g, size_t count, int nch) {
+std::vector<Plan> hier_leader_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch,
                      [&](size_t n) { return hier_leader_allreduce(g.hosts(), g.rank(), n); });
 }
-std::vector<Plan> bblocks_build(const Group& g, size_t count, int nch) {
+std::vector<Plan> bblocks_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch,
                      [&](size_t n) { return binary_blocks_allreduce(g.rank(), g.size(), n); });
 }
 // Always two channels: tree 0 reduces the first half of the vector, tree 1 the second.
-std::vector<Plan> tree_build(const Group& g, size_t count, int) {
+std::vector<Plan> tree_build(const Group& g, size_t count, int, size_t) {
   std::vector<Plan> plans(2);
   for (int t = 0; t < 2; ++t) {
     plans[t].chan = t;
@@ -209,7 +234,8 @@ const std::array<AllreduceAlgorithm, 7> kTable = {{
     // so more channels only add messages.
     {Algo::kRhd, "rhd", 2, &always, &rhd_cost, &rhd_build},
     {Algo::kHostRing, "host_ring", kAnyChannels, &several_hosts, &host_ring_cost, &host_ring_build},
-    {Algo::kHier, "hier", kAnyChannels, &uniform_hosts_of_several, &hier_cost, &hier_build},
+    // One pipeline of three channels (hier_build).
+    {Algo::kHier, "hier", 1, &uniform_hosts_of_several, &hier_cost, &hier_build},
     {Algo::kHierLeader, "hier_leader", 2, &several_hosts, &hier_leader_cost, &hier_leader_build},
     {Algo::kTree, "tree", 2, &always, &tree_cost, &tree_build},
     {Algo::kBblocks, "bblocks", 2, &always, &bblocks_cost, &bblocks_build},

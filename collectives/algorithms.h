@@ -29,8 +29,10 @@ struct AllreduceAlgorithm {
   // The model's time in seconds for `bytes` on `group`.
   double (*cost_seconds)(const Group& group, size_t bytes, const CostParams& params) = nullptr;
   // This rank's plans for an allreduce of `count` elements on `nchannels` channels (1 to
-  // max_channels); requires applies() to be OK.
-  std::vector<Plan> (*build)(const Group& group, size_t count, int nchannels) = nullptr;
+  // max_channels), the executor cutting ranges into chunks of `chunk_elems` elements; requires
+  // applies() to be OK.
+  std::vector<Plan> (*build)(const Group& group, size_t count, int nchannels,
+                             size_t chunk_elems) = nullptr;
 };
 
 // Every entry, in order of preference when costs tie.

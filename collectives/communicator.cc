@@ -333,7 +333,8 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
                         choose_allreduce(group_, bytes, cost_, settings_.forced_algo));
     const AllreduceAlgorithm& algo = *choice.algorithm;
     const int nch = std::min(algo.max_channels, channels_for(bytes));
-    std::vector<Plan> plans = algo.build(group_, count, nch);
+    std::vector<Plan> plans =
+        algo.build(group_, count, nch, std::max<size_t>(1, exec_.chunk_bytes() / es));
     if (logged_.insert({static_cast<int>(algo.algo), size_class(bytes)}).second) {
       GW_LOG_INFO("{}", describe_choice(bytes, choice, static_cast<int>(plans.size())));
     }

@@ -40,9 +40,9 @@ struct Executor::ChanRun {
 Executor::Executor(ConnectionPool* pool, const std::atomic<bool>* aborted, ExecutorOptions options)
     : pool_(pool), aborted_(aborted), options_(options) {}
 
-uint8_t* Executor::staging(int chan) {
-  if (staging_.size() <= static_cast<size_t>(chan)) staging_.resize(chan + 1);
-  auto& s = staging_[chan];
+uint8_t* Executor::staging(int plan) {
+  if (staging_.size() <= static_cast<size_t>(plan)) staging_.resize(plan + 1);
+  auto& s = staging_[plan];
   if (s.size() < kWindow * options_.chunk_bytes) s.resize(kWindow * options_.chunk_bytes);
   return s.data();
 }
@@ -52,8 +52,9 @@ uint8_t* Executor::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-Status Executor::progress(const char* name, uint32_t seq, ChanRun& c, const uint8_t* in,
-                          uint8_t* out, DataType dtype, ReduceOp op, bool* progressed) {
+Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
+                          const std::vector<ChanRun>* runs, const uint8_t* in, uint8_t* out,
+                          DataType dtype, ReduceOp op, bool* progressed) {
   const size_t es = dtype_size(dtype);
   const Step& st = c.plan->sched[c.step];
   // Always a short last chunk (schedule.h): one more, empty message only when the range is a
@@ -65,6 +66,10 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c, const uint
                  std::min(c.chunk_elems, r.count - std::min(off, r.count))};
   };
   if (!c.started) {
+    // A step that waits for another plan (Step::after_plan) starts once that plan is far enough.
+    if (st.after_plan >= 0 && (*runs)[static_cast<size_t>(st.after_plan)].step < st.after_steps) {
+      return ok_status();
+    }
     c.started = true;
     c.ns = st.send_to >= 0 ? nchunks(st.send.count) : 0;
     c.nr = st.recv_from >= 0 ? nchunks(st.recv.count) : 0;
@@ -173,9 +178,20 @@ Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, c
   GW_RETURN_IF_ERROR(pool_->connect_all(name, plans, deadline));
   std::vector<ChanRun> runs(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
+    bool reduces = false;
+    for (const Step& st : plans[i].sched) {
+      reduces |= st.recv_from >= 0 && st.action == RecvAction::kReduce;
+      if (st.after_plan < 0) continue;
+      const auto other = static_cast<size_t>(st.after_plan);
+      if (other >= plans.size() || other == i || st.after_steps > plans[other].sched.size()) {
+        return internal_error("{} step {}: waits for {} steps of plan {} (plan {} of {})", name,
+                              st.id, st.after_steps, st.after_plan, i, plans.size());
+      }
+    }
     runs[i].plan = &plans[i];
     runs[i].chunk_elems = std::max<size_t>(1, options_.chunk_bytes / dtype_size(dtype));
-    runs[i].stage = staging(plans[i].chan);
+    // Staging per plan, not per channel: plans of one channel may reduce at the same time.
+    if (reduces) runs[i].stage = staging(static_cast<int>(i));
   }
   Backoff backoff(options_.spin_us);
   while (true) {
@@ -183,7 +199,7 @@ Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, c
     for (auto& c : runs) {
       while (!c.finished()) {
         bool progressed = false;
-        GW_RETURN_IF_ERROR(progress(name, seq, c, in, out, dtype, op, &progressed));
+        GW_RETURN_IF_ERROR(progress(name, seq, c, &runs, in, out, dtype, op, &progressed));
         any |= progressed;
         if (!progressed) break;
       }
@@ -195,11 +211,15 @@ Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, c
       for (auto& c : runs) {
         if (c.finished()) continue;
         const Step& st = c.plan->sched[c.step];
+        // A plan waiting for another is not the one stuck: that other plan is.
+        if (!c.started && st.after_plan >= 0) continue;
         const bool on_recv = c.r_done < c.nr;
         return timeout_error("{} step {}: {} rank {}: no progress within {} ms", name, st.id,
                              on_recv ? "recv from" : "send to", on_recv ? st.recv_from : st.send_to,
                              options_.timeout_ms);
       }
+      return timeout_error("{}: no progress within {} ms: every plan left waits for another", name,
+                           options_.timeout_ms);
     }
     if (any) {
       backoff.reset();

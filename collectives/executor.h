@@ -1,6 +1,8 @@
 // The schedule executor: runs plans (schedules placed on channels, collectives/schedule.h) over a
 // ConnectionPool, chunked and pipelined (kWindow chunks in flight per direction per channel),
-// progressed from the calling thread by polling every outstanding request round-robin.
+// progressed from the calling thread by polling every outstanding request round-robin. Each
+// plan runs its steps in order; a step that waits for another plan (Step::after_plan) starts
+// once that plan has finished the steps it names.
 //
 // Every range ends with a chunk shorter than a full one, so a receive whose size differs from the
 // schedule's is reported as "ranks disagree on count". Not thread-safe: one run() at a time.
@@ -46,9 +48,9 @@ class Executor {
  private:
   struct ChanRun;
 
-  Status progress(const char* name, uint32_t seq, ChanRun& c, const uint8_t* in, uint8_t* out,
-                  DataType dtype, ReduceOp op, bool* progressed);
-  uint8_t* staging(int chan);
+  Status progress(const char* name, uint32_t seq, ChanRun& c, const std::vector<ChanRun>* runs,
+                  const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op, bool* progressed);
+  uint8_t* staging(int plan);
 
   ConnectionPool* pool_;
   const std::atomic<bool>* aborted_;

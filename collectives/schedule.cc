@@ -388,6 +388,63 @@ Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count) {
   return s;
 }
 
+// ---- pipelined hierarchical allreduce ----------------------------------------------------------
+
+std::vector<Plan> hier_pipelined_allreduce(const HostRanks& hosts, int rank, size_t count,
+                                           int nsegments) {
+  enum Lane { kIntraReduce = 0, kInter = 1, kIntraGather = 2 };
+  std::vector<Plan> lanes(3);
+  for (int i = 0; i < 3; ++i) lanes[i].chan = i;
+  const Place me = place_of(hosts, rank);
+  const int nhosts = static_cast<int>(hosts.size());
+  const int nlocal = static_cast<int>(hosts[me.host].size());
+  const auto& local = hosts[me.host];
+  std::vector<int> column(static_cast<size_t>(nhosts));
+  for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
+  // Steps per segment in each lane; ids go on from segment to segment within the lane's band
+  // (each lane has a channel of its own, so only the two ends of one lane's messages compare).
+  const int intra_steps = nlocal > 1 ? nlocal - 1 : 0;
+  const int inter_steps = nhosts > 1 ? 2 * (nhosts - 1) : 0;
+  // The first step of a segment waits until the lane before it has finished that segment: the
+  // allgather waits for the inter-host lane, or for the reduce-scatter when there is one host.
+  auto wait_for = [&](Schedule& s, size_t first, int lane, int per_segment, int k) {
+    if (first >= s.size() || per_segment == 0) return;
+    s[first].after_plan = lane;
+    s[first].after_steps = static_cast<size_t>(per_segment) * static_cast<size_t>(k + 1);
+  };
+  for (int k = 0; k < nsegments; ++k) {
+    const Range seg = block_range(count, nsegments, k);
+    const auto blocks = split_range(seg, nlocal);
+    // 1. Within the host: local rank l ends with block l of the segment summed over the host.
+    if (intra_steps > 0) {
+      add_ring_reduce_scatter(lanes[kIntraReduce].sched, local, me.local, blocks, nlocal - 1,
+                              k * intra_steps);
+    }
+    // 2. Across hosts: the ring allreduce of block l among the ranks of local index l.
+    if (inter_steps > 0) {
+      Schedule& s = lanes[kInter].sched;
+      const size_t first = s.size();
+      const auto sub = split_range(blocks[me.local], nhosts);
+      const int id = kPhaseBand + k * inter_steps;
+      add_ring_reduce_scatter(s, column, me.host, sub, 0, id, nlocal == 1);
+      add_ring_allgather(s, column, me.host, sub, 1, id + nhosts - 1);
+      wait_for(s, first, kIntraReduce, intra_steps, k);
+    }
+    // 3. Within the host: ring allgather of the segment's summed blocks.
+    if (intra_steps > 0) {
+      Schedule& s = lanes[kIntraGather].sched;
+      const size_t first = s.size();
+      add_ring_allgather(s, local, me.local, blocks, 0, 2 * kPhaseBand + k * intra_steps);
+      if (inter_steps > 0) {
+        wait_for(s, first, kInter, inter_steps, k);
+      } else {
+        wait_for(s, first, kIntraReduce, intra_steps, k);
+      }
+    }
+  }
+  return lanes;
+}
+
 Schedule binary_blocks_allreduce(int rank, int nranks, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;
@@ -565,6 +622,8 @@ std::string describe(const Step& st) {
                        st.reduce_with_input ? " with input" : "");
   }
   if (st.forward) out += " forward";
+  if (st.after_plan >= 0)
+    out += fmt::format(" after plan {} step {}", st.after_plan, st.after_steps);
   return out;
 }
 

@@ -45,7 +45,9 @@
 //   block l among the H ranks of local index l (so every rank of a host drives a share of its
 //   link, as NCCL's and Horovod's hierarchical modes do), ring allgather within each host. Each
 //   host's link then carries 2(H-1)/H x n per direction, where a flat ring ordered by host
-//   carries 2(p-1)/p x n (2 hosts x 2 ranks: n against 1.5 n).
+//   carries 2(p-1)/p x n (2 hosts x 2 ranks: n against 1.5 n). Its pipelined form
+//   (hier_pipelined_allreduce) sends the same messages cut into segments, one plan per phase,
+//   so that one segment crosses the link while others are reduced or gathered within the host.
 // - hierarchical allreduce, leader form (any layout, e.g. 3+1): reduce to local rank 0 (ring
 //   reduce-scatter, then the blocks to the leader), ring allreduce among the H leaders, a
 //   pipelined chain from the leader through its host.
@@ -86,13 +88,21 @@ struct Step {
   RecvAction action = RecvAction::kCopy;
   bool reduce_with_input = false;  // kReduce: output = input op received, else output op received
   bool forward = false;  // chain: send == recv range, chunk c is sent once chunk c has arrived
+  // The step starts only once plan number `after_plan` (an index into the plans run together)
+  // has finished its first `after_steps` steps: orders the plans of one rank that hand buffer
+  // ranges to each other (hier_pipelined_allreduce's phases). -1: starts when the previous one
+  // of its own plan has finished.
+  int after_plan = -1;
+  size_t after_steps = 0;
 };
 
 using Schedule = std::vector<Step>;
 
 // A schedule placed on one channel (its own connections per peer) over the slice of the buffer
 // that starts at element `base` (the schedule's ranges are relative to it). Several plans run
-// together; two plans on one channel must not talk to the same peer.
+// together, each its steps in order, the steps of different plans concurrently unless a step
+// waits for another plan (Step::after_plan); two plans on one channel must not talk to the same
+// peer.
 struct Plan {
   int chan = 0;
   size_t base = 0;
@@ -129,6 +139,20 @@ Schedule host_ring_allreduce(const HostRanks& hosts, int rank, size_t count);
 // Requires uniform_hosts(hosts).
 Schedule hier_allreduce(const HostRanks& hosts, int rank, size_t count);
 Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count);
+
+// Pipelined hierarchical allreduce (requires uniform_hosts(hosts) and 1 <= nsegments): the
+// buffer is cut into `nsegments` segments (block_range) that go through hier_allreduce's three
+// phases in order, each phase a plan of its own: plan 0 on channel 0 the intra-host ring
+// reduce-scatters, plan 1 on channel 1 the inter-host ring allreduces per local index, plan 2 on
+// channel 2 the intra-host ring allgathers, segment after segment. A plan's first step of
+// segment k waits (Step::after_plan) until the plan before it has finished segment k, so while
+// segment k crosses the hosts' links, segment k+1 is reduce-scattered and segment k-1
+// allgathered within the host. Each element is reduced by one rank and copied to the others, in
+// the same order as hier_allreduce, so every rank ends with the same bits. The three plans must
+// run together, at indices 0, 1, 2 of the plans vector (a caller that places them elsewhere adds
+// its offset to after_plan and chan). A plan may be empty (one host, or one rank per host).
+std::vector<Plan> hier_pipelined_allreduce(const HostRanks& hosts, int rank, size_t count,
+                                           int nsegments);
 
 // Any nranks; a power of two gives recursive halving + doubling.
 Schedule binary_blocks_allreduce(int rank, int nranks, size_t count);

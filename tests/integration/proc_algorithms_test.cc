@@ -13,7 +13,7 @@ namespace {
 
 class ProcAlgorithmsTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(ProcAlgorithmsTest, TwoHostsOfTwoRanksAreExact) {
+void run_two_hosts_of_two(const std::string& algo, const char* chunk) {
   const int nranks = 4;
   int port = free_port();
   ASSERT_GT(port, 0);
@@ -21,7 +21,8 @@ TEST_P(ProcAlgorithmsTest, TwoHostsOfTwoRanksAreExact) {
   for (int r = 0; r < nranks; ++r) {
     Env env = clean_env();
     env["GW_TIMEOUT_MS"] = "30000";
-    env["GW_ALGO"] = GetParam();
+    env["GW_ALGO"] = algo;
+    if (chunk != nullptr) env["GW_CHUNK_SIZE"] = chunk;
     env["GW_HOSTID"] = r < 2 ? "fake-host-a" : "fake-host-b";
     env["GW_LOG_LEVEL"] = "info";
     group.start({GW_RANK_MAIN_PATH, "--rank", std::to_string(r), "--world", std::to_string(nranks),
@@ -38,10 +39,17 @@ TEST_P(ProcAlgorithmsTest, TwoHostsOfTwoRanksAreExact) {
     EXPECT_EQ((*fields)["status"], "0");
     EXPECT_EQ((*fields)["calls"], "250");  // 5 counts x 5 dtypes x 5 ops x 2 placements
     // The choice is logged, and it is the forced one.
-    EXPECT_NE(results[r].output.find(": " + GetParam() + ", "), std::string::npos)
-        << results[r].output;
+    EXPECT_NE(results[r].output.find(": " + algo + ", "), std::string::npos) << results[r].output;
   }
 }
+
+TEST_P(ProcAlgorithmsTest, TwoHostsOfTwoRanksAreExact) {
+  run_two_hosts_of_two(GetParam(), nullptr);
+}
+
+// Small chunks cut the largest count into many pipeline segments of hier (its intra-host phases
+// over shm overlapping the inter-host one over tcp).
+TEST(ProcAlgorithms, HierPipelinedOverManySegmentsIsExact) { run_two_hosts_of_two("hier", "4K"); }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, ProcAlgorithmsTest,
                          ::testing::Values("ring", "rhd", "host_ring", "hier", "hier_leader",

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -259,6 +260,92 @@ TEST(Algorithms, EveryAlgorithmIsExactOnInterleavedHosts) {
 }
 TEST(Algorithms, EveryAlgorithmIsExactOnUnevenHosts) { run_every_algorithm({0, 0, 0, 1, 2, 2}); }
 TEST(Algorithms, EveryAlgorithmIsExactOnOneHost) { run_every_algorithm({0, 0, 0, 0, 0}); }
+
+// The pipelined hier over many segments (small chunks make many segments of a few chunks each,
+// up to the most there may be): int32 exact for sum and max, float32 and float64 sums
+// bit-identical on every rank, uneven counts.
+TEST(Algorithms, HierPipelineIsExactAndBitIdenticalAcrossRanks) {
+  ScopedEnv algo("GW_ALGO", "hier");
+  for (const std::vector<int>& host_of :
+       {std::vector<int>{0, 0, 1, 1}, {0, 1, 0, 1, 0, 1}, {0, 0, 0, 1, 1, 1, 2, 2, 2}}) {
+    for (const char* chunk_size : {"4K", "12K"}) {
+      ScopedEnv chunk("GW_CHUNK_SIZE", chunk_size);
+      const int n = static_cast<int>(host_of.size());
+      const std::vector<size_t> counts = {100003, 65536 * 3 + 5};
+      // outputs[r][c]: rank r's float32 and float64 results for counts[c], as bytes.
+      std::vector<std::vector<std::vector<uint8_t>>> f32(n), f64(n);
+      auto store = make_memory_store();
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+          CommOptions o;
+          o.rank = r;
+          o.world_size = n;
+          o.store = store;
+          o.timeout_ms = 20000;
+          o.host_id = "host-" + std::to_string(host_of[r]);
+          CommInternalOptions in;
+          in.transport_factory =
+              [](const std::string&,
+                 const net::TransportOptions& t) -> Result<std::unique_ptr<net::Transport>> {
+            return testing::make_inproc_transport(t);
+          };
+          auto comm = create_communicator(o, in);
+          ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+          for (size_t count : counts) {
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+              std::vector<int32_t> v(count);
+              for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>((i * 13 + r) % 977);
+              ASSERT_TRUE((*comm)->allreduce(v.data(), v.data(), count, DataType::kI32, op).ok());
+              for (size_t i = 0; i < count; ++i) {
+                int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
+                for (int q = 0; q < n; ++q) {
+                  const auto x = static_cast<int32_t>((i * 13 + q) % 977);
+                  want = op == ReduceOp::kSum ? want + x : std::max(want, x);
+                }
+                ASSERT_EQ(v[i], want) << "rank " << r << " count " << count << " element " << i;
+              }
+            }
+            // Values whose sums round differently in different orders.
+            std::vector<float> a(count), ao(count);
+            std::vector<double> b(count), bo(count);
+            for (size_t i = 0; i < count; ++i) {
+              a[i] = 1.0f / static_cast<float>(1 + (i * 31 + static_cast<size_t>(r) * 7) % 1013);
+              b[i] = 1.0 / static_cast<double>(3 + (i * 17 + static_cast<size_t>(r) * 11) % 2039);
+            }
+            ASSERT_TRUE((*comm)
+                            ->allreduce(a.data(), ao.data(), count, DataType::kF32, ReduceOp::kSum)
+                            .ok());
+            ASSERT_TRUE((*comm)
+                            ->allreduce(b.data(), bo.data(), count, DataType::kF64, ReduceOp::kSum)
+                            .ok());
+            const auto* pa = reinterpret_cast<const uint8_t*>(ao.data());
+            const auto* pb = reinterpret_cast<const uint8_t*>(bo.data());
+            f32[r].emplace_back(pa, pa + count * sizeof(float));
+            f64[r].emplace_back(pb, pb + count * sizeof(double));
+            for (size_t i = 0; i < count; i += 997) {
+              double want = 0;
+              for (int q = 0; q < n; ++q) {
+                want += 1.0 / static_cast<double>(1 + (i * 31 + static_cast<size_t>(q) * 7) % 1013);
+              }
+              ASSERT_NEAR(ao[i], want, 1e-5 * want) << "rank " << r << " element " << i;
+            }
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      if (HasFailure()) return;
+      for (int r = 1; r < n; ++r) {
+        for (size_t c = 0; c < counts.size(); ++c) {
+          EXPECT_TRUE(f32[r][c] == f32[0][c]) << "float32 differs on rank " << r << " count "
+                                              << counts[c] << ", chunk " << chunk_size;
+          EXPECT_TRUE(f64[r][c] == f64[0][c]) << "float64 differs on rank " << r << " count "
+                                              << counts[c] << ", chunk " << chunk_size;
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace gw::coll

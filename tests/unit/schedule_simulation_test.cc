@@ -5,6 +5,7 @@
 // matter).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -493,6 +495,263 @@ TEST(ScheduleShape, TopologySchedulesMakeEveryRankReceive) {
         for (const Step& st : s) receives |= st.recv_from >= 0;
         EXPECT_TRUE(receives) << name << " " << layout_name(hosts) << ": rank " << r;
       }
+    }
+  }
+}
+
+// ---- plans that run together (pipelined hier) -------------------------------------------------
+
+// Finished-step counts of every plan of one rank that the dependencies (each plan's own order,
+// Step::after_plan) guarantee before each step starts: start[l][i][m] steps of plan m.
+std::vector<std::vector<std::vector<size_t>>> guaranteed_before(const std::vector<Plan>& plans) {
+  const size_t np = plans.size();
+  std::vector<std::vector<std::vector<size_t>>> start(np);
+  std::vector<std::vector<bool>> known(np);
+  for (size_t l = 0; l < np; ++l) {
+    start[l].assign(plans[l].sched.size(), std::vector<size_t>(np, 0));
+    known[l].assign(plans[l].sched.size(), false);
+  }
+  // Dependencies are acyclic when the plans can finish at all: sweep until every step is known.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t l = 0; l < np; ++l) {
+      for (size_t i = 0; i < plans[l].sched.size(); ++i) {
+        if (known[l][i]) continue;
+        std::vector<size_t> v(np, 0);
+        if (i > 0) {
+          if (!known[l][i - 1]) continue;
+          v = start[l][i - 1];
+          v[l] = i;
+        }
+        const Step& st = plans[l].sched[i];
+        if (st.after_plan >= 0 && st.after_steps > 0) {
+          const auto m = static_cast<size_t>(st.after_plan);
+          if (!known[m][st.after_steps - 1]) continue;
+          const auto& w = start[m][st.after_steps - 1];
+          for (size_t q = 0; q < np; ++q) v[q] = std::max(v[q], w[q]);
+          v[m] = std::max(v[m], st.after_steps);
+        }
+        start[l][i] = v;
+        known[l][i] = true;
+        changed = true;
+      }
+    }
+  }
+  for (size_t l = 0; l < np; ++l) {
+    for (size_t i = 0; i < known[l].size(); ++i) {
+      EXPECT_TRUE(known[l][i]) << "plan " << l << " step " << i << " waits in a cycle";
+    }
+  }
+  return start;
+}
+
+bool overlap(size_t a_off, size_t a_count, size_t b_off, size_t b_count) {
+  return a_count && b_count && a_off < b_off + b_count && b_off < a_off + a_count;
+}
+
+// Two steps of different plans of one rank that may run at the same time (neither is ordered
+// before the other) must not touch a range the other writes. Input and output are taken as one
+// buffer (in place), the stricter case.
+void expect_no_races(const std::vector<Plan>& plans, const std::string& what) {
+  const auto start = guaranteed_before(plans);
+  for (size_t a = 0; a < plans.size(); ++a) {
+    for (size_t b = a + 1; b < plans.size(); ++b) {
+      for (size_t i = 0; i < plans[a].sched.size(); ++i) {
+        for (size_t j = 0; j < plans[b].sched.size(); ++j) {
+          if (start[b][j][a] > i || start[a][i][b] > j) continue;  // ordered
+          const Step& x = plans[a].sched[i];
+          const Step& y = plans[b].sched[j];
+          const size_t xb = plans[a].base, yb = plans[b].base;
+          const bool xw = x.recv_from >= 0, yw = y.recv_from >= 0;
+          const bool xs = x.send_to >= 0, ys = y.send_to >= 0;
+          bool race = false;
+          if (xw && yw)
+            race |= overlap(xb + x.recv.offset, x.recv.count, yb + y.recv.offset, y.recv.count);
+          if (xw && ys)
+            race |= overlap(xb + x.recv.offset, x.recv.count, yb + y.send.offset, y.send.count);
+          if (xs && yw)
+            race |= overlap(xb + x.send.offset, x.send.count, yb + y.recv.offset, y.recv.count);
+          ASSERT_FALSE(race) << what << ": plan " << a << " " << describe(x) << " and plan " << b
+                             << " " << describe(y) << " may run at once";
+        }
+      }
+    }
+  }
+}
+
+struct PlanRank {
+  std::vector<Plan> plans;
+  std::vector<size_t> next;
+  std::vector<bool> sent;
+  std::vector<int64_t> input, output;
+};
+
+// simulate() for several plans per rank: messages queue per (sender, receiver, channel), a
+// plan's step starts once the plan it waits for is far enough, and the plans of a rank are
+// visited in a shuffled order every round so that they interleave differently.
+void simulate_plans(std::vector<PlanRank>& ranks, uint32_t seed) {
+  const int p = static_cast<int>(ranks.size());
+  std::mt19937 rng(seed);
+  std::map<std::tuple<int, int, int>, std::deque<Message>> wire;
+  for (int round = 0;; ++round) {
+    bool progress = false, all_done = true;
+    for (int r = 0; r < p; ++r) {
+      PlanRank& rs = ranks[r];
+      std::vector<size_t> order(rs.plans.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::shuffle(order.begin(), order.end(), rng);
+      for (size_t l : order) {
+        const Plan& plan = rs.plans[l];
+        if (rs.next[l] >= plan.sched.size()) continue;
+        all_done = false;
+        const Step& st = plan.sched[rs.next[l]];
+        if (st.after_plan >= 0 && rs.next[static_cast<size_t>(st.after_plan)] < st.after_steps) {
+          continue;
+        }
+        ASSERT_TRUE(st.send_to >= 0 || st.recv_from >= 0) << "empty " << describe(st);
+        ASSERT_NE(st.send_to, r);
+        ASSERT_NE(st.recv_from, r);
+        ASSERT_FALSE(st.forward);
+        if (st.send_to >= 0 && st.recv_from >= 0) {
+          ASSERT_FALSE(overlap(st.send.offset, st.send.count, st.recv.offset, st.recv.count))
+              << "rank " << r << " " << describe(st);
+        }
+        if (st.send_to >= 0 && !rs.sent[l]) {
+          const auto& src = st.send_from_input ? rs.input : rs.output;
+          const size_t off = plan.base + st.send.offset;
+          ASSERT_LE(off + st.send.count, src.size()) << describe(st);
+          wire[{r, st.send_to, plan.chan}].push_back(Message{
+              st.id, std::vector<int64_t>(src.begin() + off, src.begin() + off + st.send.count)});
+          rs.sent[l] = true;
+          progress = true;
+        }
+        if (st.recv_from >= 0) {
+          auto& q = wire[{st.recv_from, r, plan.chan}];
+          if (q.empty()) continue;
+          Message m = std::move(q.front());
+          q.pop_front();
+          ASSERT_EQ(m.id, st.id) << "rank " << r << " plan " << l
+                                 << " got a message of another step; " << describe(st);
+          ASSERT_EQ(m.data.size(), st.recv.count) << "rank " << r << " " << describe(st);
+          const size_t off = plan.base + st.recv.offset;
+          ASSERT_LE(off + st.recv.count, rs.output.size());
+          int64_t* out = rs.output.data() + off;
+          if (st.action == RecvAction::kReduce) {
+            const int64_t* local =
+                (st.reduce_with_input ? rs.input.data() : rs.output.data()) + off;
+            reduce(DataType::kI64, ReduceOp::kSum, local, m.data.data(), out, m.data.size());
+          } else if (!m.data.empty()) {
+            std::memcpy(out, m.data.data(), m.data.size() * sizeof(int64_t));
+          }
+        }
+        rs.next[l]++;
+        rs.sent[l] = false;
+        progress = true;
+      }
+    }
+    if (all_done) break;
+    ASSERT_TRUE(progress) << "deadlock in round " << round;
+  }
+  for (auto& [key, q] : wire) {
+    ASSERT_TRUE(q.empty()) << "unreceived message " << std::get<0>(key) << "->" << std::get<1>(key)
+                           << " on channel " << std::get<2>(key);
+  }
+}
+
+void check_plans_sum(int p, size_t count, bool in_place,
+                     const std::function<std::vector<Plan>(int)>& make, const std::string& what,
+                     uint32_t seed, bool check_races) {
+  std::vector<PlanRank> ranks(p);
+  for (int r = 0; r < p; ++r) {
+    PlanRank& rs = ranks[r];
+    rs.plans = make(r);
+    rs.next.assign(rs.plans.size(), 0);
+    rs.sent.assign(rs.plans.size(), false);
+    rs.input.resize(count);
+    for (size_t i = 0; i < count; ++i) rs.input[i] = value(r, i);
+    rs.output = in_place ? rs.input : std::vector<int64_t>(count, -777);
+    if (in_place) {
+      for (auto& plan : rs.plans) {
+        for (auto& st : plan.sched) st.send_from_input = st.reduce_with_input = false;
+      }
+    }
+    if (check_races) {
+      expect_no_races(rs.plans, what + " rank " + std::to_string(r));
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  simulate_plans(ranks, seed);
+  if (::testing::Test::HasFatalFailure()) {
+    ADD_FAILURE() << what;
+    return;
+  }
+  if (p == 1 && !in_place) ranks[0].output = ranks[0].input;
+  for (int r = 0; r < p; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      int64_t want = 0;
+      for (int q = 0; q < p; ++q) want += value(q, i);
+      ASSERT_EQ(ranks[r].output[i], want)
+          << what << " rank " << r << " element " << i << (in_place ? " in place" : "");
+    }
+  }
+}
+
+TEST(ScheduleSimulation, HierPipelinedAllreduceOnEveryUniformLayoutUpTo33Ranks) {
+  uint32_t seed = 1;
+  for (int nhosts = 1; nhosts <= 33; ++nhosts) {
+    for (int local = 1; nhosts * local <= 33; ++local) {
+      const int p = nhosts * local;
+      for (const HostRanks& hosts : numberings(std::vector<int>(nhosts, local))) {
+        for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(p), size_t{97}, size_t{1000}}) {
+          for (int segments : {1, 3, 16}) {
+            for (bool in_place : {false, true}) {
+              check_plans_sum(
+                  p, n, in_place,
+                  [&](int r) { return hier_pipelined_allreduce(hosts, r, n, segments); },
+                  "pipelined hier " + layout_name(hosts) + " n=" + std::to_string(n) + " " +
+                      std::to_string(segments) + " segments",
+                  seed++, n == 1000 && !in_place);
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The pipelined form sends exactly what hier_allreduce sends, only cut into segments: the same
+// bytes across each host's link.
+TEST(ScheduleShape, HierPipelinedSendsWhatHierSends) {
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
+    const int p = nhosts * local;
+    const size_t n = 1 << 16;
+    const HostRanks hosts = numberings(std::vector<int>(nhosts, local))[0];
+    for (int segments : {1, 7, 16}) {
+      size_t across = 0, within = 0;
+      for (int r = 0; r < p; ++r) {
+        const auto plans = hier_pipelined_allreduce(hosts, r, n, segments);
+        ASSERT_EQ(plans.size(), 3u);
+        for (size_t l = 0; l < plans.size(); ++l) {
+          EXPECT_EQ(plans[l].chan, static_cast<int>(l));
+          for (const Step& st : plans[l].sched) {
+            if (st.send_to < 0) continue;
+            // Lanes 0 and 2 stay within the host, lane 1 only crosses.
+            const bool crosses = (st.send_to / local) != (r / local);
+            EXPECT_EQ(crosses, l == 1) << describe(st);
+            (crosses ? across : within) += st.send.count;
+          }
+        }
+      }
+      size_t hier_across = 0, hier_within = 0;
+      for (int r = 0; r < p; ++r) {
+        for (const Step& st : hier_allreduce(hosts, r, n)) {
+          if (st.send_to < 0) continue;
+          ((st.send_to / local) != (r / local) ? hier_across : hier_within) += st.send.count;
+        }
+      }
+      EXPECT_EQ(across, hier_across) << nhosts << "x" << local << " " << segments;
+      EXPECT_EQ(within, hier_within) << nhosts << "x" << local << " " << segments;
     }
   }
 }
