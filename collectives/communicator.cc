@@ -114,6 +114,10 @@ class CommImpl : public Communicator {
     return c.ok() ? c->algorithm->algo : settings_.forced_algo;
   }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override;
+  HostLayout host_layout() const override {
+    return HostLayout{group_.host(), group_.nhosts(), group_.local_rank(), group_.local_size(),
+                      uniform_hosts(group_.hosts())};
+  }
 
  private:
   Status allreduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
@@ -483,6 +487,8 @@ Result<std::unique_ptr<AsyncOp>> CommImpl::iallreduce(const void* sendbuf, void*
 }
 
 }  // namespace
+
+HostLayout Communicator::host_layout() const { return HostLayout{0, 1, rank(), size(), true}; }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int, int) {
   return unsupported("split: this communicator cannot be split");

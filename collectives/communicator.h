@@ -41,6 +41,18 @@ struct CommOptions {
   config::Snapshot config;  // the settings it reads; empty: captured at creation
 };
 
+// Where this rank runs relative to the others (the host map every rank agreed at creation).
+// host: this rank's host, 0..num_hosts-1 in order of first appearance by rank; local_rank: its
+// index among its host's ranks (by rank); local_size: ranks on its host; uniform: every host has
+// local_size ranks.
+struct HostLayout {
+  int host = 0;
+  int num_hosts = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  bool uniform = true;
+};
+
 // Handle of an asynchronous collective (iallreduce). Owned by the caller; wait() or test() until
 // done, then destroy. Destroying an unfinished request waits for it (bounded by the deadline).
 class AsyncOp {
@@ -90,6 +102,10 @@ class Communicator {
   // Thread-safe, idempotent, never blocks.
   virtual void abort() = 0;
   virtual bool aborted() const = 0;
+
+  // This rank's place in the host layout. The default (for communicators that do not know
+  // their hosts) puts every rank on one host.
+  virtual HostLayout host_layout() const;
 
   // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
   virtual Algo choose_allreduce_algo(size_t bytes) const = 0;

@@ -160,28 +160,26 @@ void memory_floor(float* g, float* residual, size_t n) {
   }
 }
 
-// One rank of the compressed allreduce sweep; rank 0 prints the rows. 0 on success.
+// One rank of the compressed allreduce sweep (cfg: a forked rank's, or the launcher's with
+// world_size 0); rank 0 prints the rows. 0 on success.
 // The codecs take turns within every iteration (none, codec 1, codec 2, ..., then again), so a
 // change of load on a shared machine hits every codec alike; a row's time is the median over the
 // iterations of the slowest rank's time, and speedup compares medians of the same run.
-int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs, int rank,
-               const std::string& store) {
-  gw_config_t cfg = GW_CONFIG_INIT;
-  cfg.rank = rank;
-  cfg.world_size = c.np;
-  cfg.store_addr = store.c_str();
-  cfg.transport = c.transport.c_str();
-  cfg.timeout_ms = static_cast<int>(c.timeout_ms);
+int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs,
+               const gw_config_t& cfg) {
   gw_comm_t comm = nullptr;
   if (gw_comm_init(&comm, &cfg) != GW_OK) {
-    std::fprintf(stderr, "rank %d: gw_comm_init: %s\n", rank, gw_last_error());
+    std::fprintf(stderr, "rank %d: gw_comm_init: %s\n", cfg.rank, gw_last_error());
     return 2;
   }
+  int rank = 0, np = 1;
+  gw_comm_rank(comm, &rank);
+  gw_comm_size(comm, &np);
   if (rank == 0) {
     std::printf(
         "# gradwire-perf allreduce --codec: %d ranks, transport %s, float32 sum of a "
         "gradient (encode, exchange, decode and error feedback all timed)\n",
-        c.np, c.transport.c_str());
+        np, c.transport.c_str());
     std::printf(
         "# codecs take turns within each iteration; time = median over iterations of the slowest "
         "rank; busbw uses the uncompressed size; bytes_sent = per rank per call (gw_comm_stats); "
@@ -199,7 +197,7 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
     const size_t n = b / 4;
     const auto src = gaussian(n, 7 + static_cast<uint32_t>(rank));
     std::vector<float> buf(n);
-    const int iters = iters_for(b, c.np, c.iters);
+    const int iters = iters_for(b, np, c.iters);
     // The last row, kFloorRow, is no codec: the memory passes any error-feedback codec must make
     // (read the gradient and the residual, write the residual, write the output), on every rank
     // at once, with no compute and no exchange. No codec's row can go below it on this machine.
@@ -250,7 +248,7 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
       if (ci == 0) base_us = us;  // codecs[0] is "none"
       if (rank == 0) {
         const double algbw = static_cast<double>(b) / (us * 1e-6) / 1e9;
-        const double busbw = algbw * 2.0 * (c.np - 1) / c.np;
+        const double busbw = algbw * 2.0 * (np - 1) / np;
         std::printf("  %-16s %12llu %12zu %6d %11.1f %10.3f %10.3f %14.0f %8.2f\n",
                     ci == nc - 1 ? kFloorRow : codecs[ci].c_str(),
                     static_cast<unsigned long long>(b), n, iters, us, algbw, busbw,
@@ -277,9 +275,17 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
     }
     if (s != "none") codecs.push_back(s);
   }
-  if (c.np < 1 || c.min_bytes < 4 || c.min_bytes > c.max_bytes || c.factor < 2) {
+  if (c.np < 0 || c.min_bytes < 4 || c.min_bytes > c.max_bytes || c.factor < 2) {
     std::fprintf(stderr, "gradwire-perf: --codec needs --np >= 1, 4 <= -b <= -e, -f >= 2\n");
     return 2;
+  }
+  if (c.np == 0) {
+    // One rank of the launcher's job: rank, size and store from its environment, as plain runs.
+    gw_config_t cfg = GW_CONFIG_INIT;
+    cfg.transport = c.transport.c_str();
+    cfg.timeout_ms = static_cast<int>(c.timeout_ms);
+    std::fflush(stdout);
+    return codec_rank(c, codecs, cfg);
   }
   auto port = reserve_loopback_port();
   if (!port.ok()) {
@@ -294,7 +300,16 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
       c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
   fo.idle_timeout_ms = timeout + 600000;  // rows print from rank 0 directly, not as messages
   Status st = run_forked(
-      fo, [&](int rank, int) { return codec_rank(c, codecs, rank, store); },
+      fo,
+      [&](int rank, int) {
+        gw_config_t cfg = GW_CONFIG_INIT;
+        cfg.rank = rank;
+        cfg.world_size = c.np;
+        cfg.store_addr = store.c_str();
+        cfg.transport = c.transport.c_str();
+        cfg.timeout_ms = static_cast<int>(c.timeout_ms);
+        return codec_rank(c, codecs, cfg);
+      },
       [](int, const std::string&) {});
   if (!st.ok()) {
     std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
@@ -309,8 +324,11 @@ int run_codec_allreduce(const CollConfig& base, const std::vector<std::string>& 
   c.min_bytes = base.min_bytes;
   c.max_bytes = base.max_bytes;
   c.factor = base.factor;
-  c.np = base.np > 0 ? base.np : 4;
-  c.transport = base.transport == "auto" ? "tcp" : base.transport;
+  // Without --np: the launcher's ranks when its environment names one (its transport choice as
+  // plain runs make it), else 4 forked ranks over tcp.
+  const bool launched = base.np == 0 && launched_by_launcher();
+  c.np = base.np > 0 ? base.np : launched ? 0 : 4;
+  c.transport = base.transport == "auto" && !launched ? "tcp" : base.transport;
   c.iters = base.iters;
   c.warmup = base.warmup;
   c.timeout_ms = base.timeout_ms;

@@ -26,7 +26,7 @@ struct CodecAllreduceConfig {
   uint64_t min_bytes = 1 << 20;
   uint64_t max_bytes = 64 << 20;
   int factor = 4;
-  int np = 4;
+  int np = 4;  // 0: one rank of the launcher's job (rank, size, store from its environment)
   std::string transport = "tcp";
   int iters = 0;  // 0: clamp(2e9/size/ranks, 3, 50)
   int warmup = 1;

@@ -462,16 +462,6 @@ class P2pReport {
   std::string first_error_;
 };
 
-// Whether a launcher's environment names this process's rank (then p2p without --np runs as one
-// rank of a 2-rank job instead of forking both).
-bool launched_by_launcher() {
-  if (config::raw(core_config::kRank) || config::raw(core_config::kWorldSize)) return true;
-  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
-
 int run_forked_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {

@@ -14,8 +14,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <vector>
+
+#include "core/config.h"
+#include "core/core_config.h"
 
 namespace gw::perf {
 
@@ -73,6 +77,14 @@ void send_message(int msg_fd, const std::string& line) {
     p += n;
     left -= static_cast<size_t>(n);
   }
+}
+
+bool launched_by_launcher() {
+  if (config::raw(core_config::kRank) || config::raw(core_config::kWorldSize)) return true;
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
 }
 
 Result<int> reserve_loopback_port() {

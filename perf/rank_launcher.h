@@ -38,6 +38,11 @@ Status run_forked(const ForkOptions& options, const std::function<int(int rank, 
 // Sends one line (no '\n' inside) to the parent. msg_fd < 0 (not forked) is a no-op.
 void send_message(int msg_fd, const std::string& line);
 
+// Whether a launcher's environment names this process's rank (GW_RANK or GW_WORLD_SIZE set, or
+// torchrun's RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID): then a benchmark without --np runs as one
+// rank of the launcher's job instead of forking its own ranks.
+bool launched_by_launcher();
+
 // Asks the kernel for a free TCP port on 127.0.0.1 (bind to port 0, read it, close). Used for the
 // private store of forked ranks: rank 0 hosts the store there.
 Result<int> reserve_loopback_port();

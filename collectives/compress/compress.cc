@@ -6,6 +6,7 @@
 #include <ctime>
 
 #include "collectives/compress/codec_kernels.h"
+#include "collectives/compress/compress_config.h"
 #include "collectives/reduce.h"
 #include "core/log.h"
 
@@ -48,6 +49,15 @@ uint64_t alltoall_send_bytes(uint64_t bytes_per_block, int nranks) {
   return static_cast<uint64_t>(nranks - 1) * bytes_per_block;
 }
 
+uint64_t reduce_scatter_send_bytes(uint64_t bytes_per_rank, int nranks) {
+  if (nranks <= 1) return 0;
+  return static_cast<uint64_t>(nranks - 1) * bytes_per_rank;
+}
+
+uint64_t broadcast_send_bytes(uint64_t bytes, int nranks, int position_from_root) {
+  return nranks > 1 && position_from_root < nranks - 1 ? bytes : 0;
+}
+
 struct Compressor::TensorState {
   std::string key;
   std::string spec_text;  // canonical
@@ -61,9 +71,22 @@ struct Compressor::TensorState {
   uint64_t key_hash = 0;
   uint64_t step = 0;
   bool external = false;  // encoded and decoded by the caller (allreduce_cast_encoded_sliced)
+  bool hier = false;      // run in the hierarchical form: the residual is in `inter`
+  // Hierarchical form: this rank's inter-host part (its shard, or the whole tensor on a leader),
+  // at offset `inter_offset` of the tensor; null until first used, and on non-leaders.
+  std::unique_ptr<TensorState> inter;
+  size_t inter_offset = 0;
 };
 
-Compressor::Compressor(Communicator* comm) : comm_(comm) {}
+Compressor::Compressor(Communicator* comm, const config::Snapshot& config)
+    : comm_(comm), layout_(comm->host_layout()) {
+  const std::string mode = config.get_string(compress_config::kHier);
+  // Every host the same size gives size-1 hosts too: then "auto" keeps the flat form.
+  const bool several_on_a_host = !layout_.uniform || layout_.local_size > 1;
+  if (layout_.num_hosts > 1 && (mode == "on" || (mode == "auto" && several_on_a_host))) {
+    hier_ = layout_.uniform ? HierForm::kShards : HierForm::kLeader;
+  }
+}
 Compressor::~Compressor() = default;
 
 CompressStats Compressor::stats() const {
@@ -88,7 +111,18 @@ size_t Compressor::num_keys() const {
 std::vector<float> Compressor::residual(std::string_view key) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tensors_.find(key);
-  return it == tensors_.end() ? std::vector<float>() : it->second->residual;
+  if (it == tensors_.end()) return {};
+  const TensorState& t = *it->second;
+  if (!t.hier) return t.residual;
+  // The hierarchical form: this rank's part in place, zeros elsewhere, so that the sum over
+  // ranks keeps the error-feedback invariant.
+  if (!t.spec.error_feedback) return {};
+  std::vector<float> out(t.count, 0.0f);
+  if (t.inter && !t.inter->residual.empty()) {
+    const size_t len = std::min(t.inter->residual.size(), t.count - t.inter_offset);
+    std::copy_n(t.inter->residual.begin(), len, out.begin() + t.inter_offset);
+  }
+  return out;
 }
 
 Result<Compressor::TensorState*> Compressor::state_for(std::string_view key, const CodecSpec& spec,
@@ -115,8 +149,11 @@ Result<Compressor::TensorState*> Compressor::state_for(std::string_view key, con
   }
   // First use: check that every rank agrees on spec, key, count and dtype.
   const int p = comm_->size();
-  const std::string fp_text =
-      fmt::format("{}|{}|{}|{}", canon, key, count, static_cast<int>(dtype));
+  // The form is part of the agreement: ranks configured differently (GW_COMPRESS_HIER) would
+  // otherwise make different collectives.
+  const bool hier = hier_ != HierForm::kFlat && !external && spec.kind != CodecKind::kNone;
+  const std::string fp_text = fmt::format("{}|{}|{}|{}|{}", canon, key, count,
+                                          static_cast<int>(dtype), static_cast<int>(hier));
   const int64_t fp = static_cast<int64_t>(fnv1a64(fp_text));
   std::vector<int64_t> all(static_cast<size_t>(p));
   GW_RETURN_IF_ERROR(comm_->allgather(&fp, all.data(), 1, DataType::kI64)
@@ -138,11 +175,12 @@ Result<Compressor::TensorState*> Compressor::state_for(std::string_view key, con
   t->dtype = dtype;
   t->key_hash = fnv1a64(key);
   t->external = external;
+  t->hier = hier;
   if (spec.kind != CodecKind::kNone && spec.kind != CodecKind::kPowerSgd) {
     GW_ASSIGN_OR_RETURN(t->codec, Codec::create(spec));
   }
   // The caller holds the worker residual of an external key (sign's server residual is here).
-  if (spec.error_feedback && !external) t->residual.assign(count, 0.0f);
+  if (spec.error_feedback && !external && !hier) t->residual.assign(count, 0.0f);
   TensorState* raw = t.get();
   tensors_.emplace(t->key, std::move(t));
   return raw;
@@ -178,7 +216,7 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
     x = work_.data();
   }
   phases_ = PhaseTimes();
-  Status st = run(*t, x);
+  Status st = t->hier ? run_hier(*t, x) : run(*comm_, *t, x);
   phases_.mark(PhaseTimes::kDecode);
   ++t->step;
   GW_LOG_DEBUG(
@@ -193,6 +231,91 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
   if (dtype != DataType::kF32) {
     ck::encode_cast16(x, nullptr, count, static_cast<uint16_t*>(buf), dtype == DataType::kBF16);
   }
+  return ok_status();
+}
+
+Status Compressor::ensure_hier_comms() {
+  if (hier_comms_ready_) return ok_status();
+  const bool leader_form = hier_ == HierForm::kLeader;
+  auto local = comm_->split(layout_.host, layout_.local_rank);
+  if (!local.ok()) {
+    return local.status().with_context("compressed allreduce: splitting the host's ranks");
+  }
+  const int cross_color = leader_form ? (layout_.local_rank == 0 ? 0 : -1) : layout_.local_rank;
+  auto cross = comm_->split(cross_color, layout_.host);
+  if (!cross.ok()) {
+    return cross.status().with_context("compressed allreduce: splitting the ranks across hosts");
+  }
+  local_ = std::move(local).value();
+  cross_ = std::move(cross).value();
+  hier_comms_ready_ = true;
+  return ok_status();
+}
+
+Compressor::TensorState& Compressor::inter_state(TensorState& t, size_t shard, size_t offset,
+                                                 size_t len) {
+  if (!t.inter) {
+    auto s = std::make_unique<TensorState>();
+    s->key = fmt::format("{}#{}", t.key, shard);
+    s->spec_text = t.spec_text;
+    s->spec = t.spec;
+    s->count = len;
+    s->dtype = DataType::kF32;
+    s->key_hash = fnv1a64(s->key);
+    if (t.codec) s->codec = Codec::create(t.spec).value();  // t's spec made a codec already
+    if (t.spec.error_feedback) s->residual.assign(len, 0.0f);
+    t.inter = std::move(s);
+    t.inter_offset = offset;
+  }
+  return *t.inter;
+}
+
+Status Compressor::run_hier(TensorState& t, float* x) {
+  GW_RETURN_IF_ERROR(ensure_hier_comms());
+  const size_t n = t.count;
+  Communicator& local = *local_;
+  const int s = local.size();
+  if (hier_ == HierForm::kLeader) {
+    GW_RETURN_IF_ERROR(local.allreduce(x, x, n, DataType::kF32, ReduceOp::kSum)
+                           .with_context("host sum (allreduce within the host)"));
+    count_sent(allreduce_send_bytes(n * 4, s));
+    phases_.mark(PhaseTimes::kExchange);
+    if (cross_) {
+      TensorState& part = inter_state(t, 0, 0, n);
+      Status st = run(*cross_, part, x);
+      ++part.step;
+      GW_RETURN_IF_ERROR(st.with_context("across hosts"));
+    }
+    GW_RETURN_IF_ERROR(local.broadcast(x, n, DataType::kF32, 0)
+                           .with_context("result to the host (broadcast within the host)"));
+    count_sent(broadcast_send_bytes(n * 4, s, local.rank()));
+    return ok_status();
+  }
+  // Shards: local rank i holds the host's exact sum of shard i, compresses it with the ranks of
+  // local index i on the other hosts, and the host gathers the shards.
+  const size_t len = (n + static_cast<size_t>(s) - 1) / static_cast<size_t>(s);
+  const size_t padded = len * static_cast<size_t>(s);
+  float* whole = x;
+  if (padded != n) {
+    hier_buf_.resize(padded);
+    std::copy_n(x, n, hier_buf_.data());
+    std::fill(hier_buf_.begin() + static_cast<ptrdiff_t>(n), hier_buf_.end(), 0.0f);
+    whole = hier_buf_.data();
+  }
+  shard_.resize(len);
+  GW_RETURN_IF_ERROR(local.reduce_scatter(whole, shard_.data(), len, DataType::kF32, ReduceOp::kSum)
+                         .with_context("host sum (reduce_scatter within the host)"));
+  count_sent(reduce_scatter_send_bytes(len * 4, s));
+  phases_.mark(PhaseTimes::kExchange);
+  const size_t i = static_cast<size_t>(local.rank());
+  TensorState& part = inter_state(t, i, std::min(i * len, n), len);
+  Status st = run(*cross_, part, shard_.data());
+  ++part.step;
+  GW_RETURN_IF_ERROR(st.with_context(fmt::format("shard {} across hosts", i)));
+  GW_RETURN_IF_ERROR(local.allgather(shard_.data(), whole, len, DataType::kF32)
+                         .with_context("shards to the host (allgather within the host)"));
+  count_sent(allgather_send_bytes(len * 4, s));
+  if (whole != x) std::copy_n(whole, n, x);
   return ok_status();
 }
 
@@ -218,7 +341,7 @@ Status Compressor::allreduce_cast_encoded_sliced(uint16_t* wire, size_t count, D
   if (count == 0) return ok_status();
   // The slices of run_summable / run_cast_pipelined (cast_slice_len): they must be the same, as
   // slicing changes which ring block, and so which order of additions, an element gets.
-  Status st = run_cast_slices(wire, wire_dtype, count, cast_slice_len(spec, count), hooks);
+  Status st = run_cast_slices(*comm_, wire, wire_dtype, count, cast_slice_len(spec, count), hooks);
   if (!st.ok()) {
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
   }
@@ -230,8 +353,8 @@ size_t Compressor::cast_slice_len(const CodecSpec& spec, size_t count) {
   return spec.slice > 0 && count >= 2 * spec.slice ? spec.slice : count;
 }
 
-Status Compressor::run_cast_slices(uint16_t* wire, DataType wire_dtype, size_t count,
-                                   size_t slice_len, const CastSliceHooks& hooks) {
+Status Compressor::run_cast_slices(Communicator& net, uint16_t* wire, DataType wire_dtype,
+                                   size_t count, size_t slice_len, const CastSliceHooks& hooks) {
   const size_t nslices = (count + slice_len - 1) / slice_len;
   auto range = [&](size_t s) {
     const size_t off = s * slice_len;
@@ -263,54 +386,54 @@ Status Compressor::run_cast_slices(uint16_t* wire, DataType wire_dtype, size_t c
     }
     const auto [off, len] = range(s);
     GW_RETURN_IF_ERROR(in_slice(hooks.ready(s, off, len), s));
-    auto op = comm_->iallreduce(wire + off, wire + off, len, wire_dtype, ReduceOp::kSum);
+    auto op = net.iallreduce(wire + off, wire + off, len, wire_dtype, ReduceOp::kSum);
     if (op.ok()) {
       ops[s] = std::move(op).value();
     } else if (op.status().code() == Code::kUnsupported) {
       GW_RETURN_IF_ERROR(
-          in_slice(comm_->allreduce(wire + off, wire + off, len, wire_dtype, ReduceOp::kSum), s));
+          in_slice(net.allreduce(wire + off, wire + off, len, wire_dtype, ReduceOp::kSum), s));
     } else {
       return in_slice(op.status(), s);
     }
     if (s > 0) GW_RETURN_IF_ERROR(finish(s - 1));
   }
   GW_RETURN_IF_ERROR(finish(nslices - 1));
-  count_sent(allreduce_send_bytes(count * 2, comm_->size()));
+  count_sent(allreduce_send_bytes(count * 2, net.size()));
   return ok_status();
 }
 
-Status Compressor::run(TensorState& t, float* x) {
-  if (t.spec.kind == CodecKind::kPowerSgd) return run_low_rank(t, x);
+Status Compressor::run(Communicator& net, TensorState& t, float* x) {
+  if (t.spec.kind == CodecKind::kPowerSgd) return run_low_rank(net, t, x);
   switch (t.codec->aggregation()) {
     case Aggregation::kSummable:
-      return run_summable(t, x);
+      return run_summable(net, t, x);
     case Aggregation::kGather:
-      return run_gather(t, x);
+      return run_gather(net, t, x);
     case Aggregation::kTwoPhase:
-      return run_two_phase(t, x);
+      return run_two_phase(net, t, x);
     case Aggregation::kLowRank:
       break;
   }
   return internal_error("codec {} has no aggregation", t.spec_text);
 }
 
-Status Compressor::run_summable(TensorState& t, float* x) {
+Status Compressor::run_summable(Communicator& net, TensorState& t, float* x) {
   const Codec& c = *t.codec;
   const size_t n = t.count;
   const size_t e = c.encoded_size(n);
   const DataType wire = c.wire_dtype();
   const size_t elems = e / dtype_size(wire);
-  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
+  const CodecContext ctx{t.key_hash, t.step, net.rank()};
   enc_.resize(e);
   if ((wire == DataType::kF16 || wire == DataType::kBF16) && cast_slice_len(t.spec, n) < n) {
-    return run_cast_pipelined(t, x);
+    return run_cast_pipelined(net, t, x);
   }
   GW_RETURN_IF_ERROR(
       c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
   phases_.mark(PhaseTimes::kEncode);
-  GW_RETURN_IF_ERROR(comm_->allreduce(enc_.data(), enc_.data(), elems, wire, ReduceOp::kSum));
+  GW_RETURN_IF_ERROR(net.allreduce(enc_.data(), enc_.data(), elems, wire, ReduceOp::kSum));
   phases_.mark(PhaseTimes::kExchange);
-  count_sent(allreduce_send_bytes(e, comm_->size()));
+  count_sent(allreduce_send_bytes(e, net.size()));
   if (wire == DataType::kF16 || wire == DataType::kBF16) {
     ck::decode_cast16(reinterpret_cast<const uint16_t*>(enc_.data()), n, x, wire == DataType::kBF16,
                       false);
@@ -329,7 +452,7 @@ Status Compressor::run_summable(TensorState& t, float* x) {
 // p = 2, where a sum of two is the same in either order). Whoever must match this path bit for
 // bit cuts the same slices (allreduce_cast_encoded_sliced does). A communicator without
 // asynchronous ops (kUnsupported) gets blocking slices.
-Status Compressor::run_cast_pipelined(TensorState& t, float* x) {
+Status Compressor::run_cast_pipelined(Communicator& net, TensorState& t, float* x) {
   const DataType wire = t.codec->wire_dtype();
   const bool bf16 = wire == DataType::kBF16;
   uint16_t* enc = reinterpret_cast<uint16_t*>(enc_.data());
@@ -349,21 +472,21 @@ Status Compressor::run_cast_pipelined(TensorState& t, float* x) {
     phases_.mark(PhaseTimes::kDecode);
     return ok_status();
   };
-  return run_cast_slices(enc, wire, t.count, t.spec.slice, hooks);
+  return run_cast_slices(net, enc, wire, t.count, t.spec.slice, hooks);
 }
 
-Status Compressor::run_gather(TensorState& t, float* x) {
+Status Compressor::run_gather(Communicator& net, TensorState& t, float* x) {
   const Codec& c = *t.codec;
   const size_t n = t.count;
   const size_t e = c.encoded_size(n);
-  const int p = comm_->size();
-  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
+  const int p = net.size();
+  const CodecContext ctx{t.key_hash, t.step, net.rank()};
   enc_.resize(e);
   GW_RETURN_IF_ERROR(
       c.encode(x, t.residual.empty() ? nullptr : t.residual.data(), n, enc_.data(), e, ctx));
   phases_.mark(PhaseTimes::kEncode);
   gather_.resize(e * static_cast<size_t>(p));
-  GW_RETURN_IF_ERROR(comm_->allgather(enc_.data(), gather_.data(), e, DataType::kU8));
+  GW_RETURN_IF_ERROR(net.allgather(enc_.data(), gather_.data(), e, DataType::kU8));
   phases_.mark(PhaseTimes::kExchange);
   count_sent(allgather_send_bytes(e, p));
   // Every rank's encoding decoded and summed in rank order into x, which is only written.
@@ -376,9 +499,10 @@ Status Compressor::run_gather(TensorState& t, float* x) {
   return c.decode_sum(encs.data(), e, encs.size(), n, x, ctxs.data());
 }
 
-std::vector<Compressor::Partition> Compressor::two_phase_partitions(const TensorState& t) const {
+std::vector<Compressor::Partition> Compressor::two_phase_partitions(const Communicator& net,
+                                                                    const TensorState& t) {
   const size_t n = t.count;
-  const size_t p = static_cast<size_t>(comm_->size());
+  const size_t p = static_cast<size_t>(net.size());
   const size_t chunk = t.spec.chunk;
   const size_t nchunks = (n + chunk - 1) / chunk;
   const size_t part = (nchunks + p - 1) / p * chunk;
@@ -390,15 +514,15 @@ std::vector<Compressor::Partition> Compressor::two_phase_partitions(const Tensor
   return parts;
 }
 
-size_t Compressor::two_phase_slot_bytes(const TensorState& t) const {
-  const size_t p = static_cast<size_t>(comm_->size());
+size_t Compressor::two_phase_slot_bytes(const Communicator& net, const TensorState& t) {
+  const size_t p = static_cast<size_t>(net.size());
   const size_t nchunks = (t.count + t.spec.chunk - 1) / t.spec.chunk;
   return t.codec->encoded_size((nchunks + p - 1) / p * t.spec.chunk);  // fixed slot per partition
 }
 
-Status Compressor::run_two_phase(TensorState& t, float* x) {
+Status Compressor::run_two_phase(Communicator& net, TensorState& t, float* x) {
   const Codec& c = *t.codec;
-  const CodecContext ctx{t.key_hash, t.step, comm_->rank()};
+  const CodecContext ctx{t.key_hash, t.step, net.rank()};
   float* res = t.residual.empty() ? nullptr : t.residual.data();
   TwoPhaseHooks hooks;
   hooks.encode = [&](uint8_t* blob, size_t slot, const std::vector<Partition>& parts) -> Status {
@@ -420,15 +544,15 @@ Status Compressor::run_two_phase(TensorState& t, float* x) {
     }
     return ok_status();
   };
-  return run_two_phase(t, hooks);
+  return run_two_phase(net, t, hooks);
 }
 
-Status Compressor::run_two_phase(TensorState& t, const TwoPhaseHooks& hooks) {
+Status Compressor::run_two_phase(Communicator& net, TensorState& t, const TwoPhaseHooks& hooks) {
   const Codec& c = *t.codec;
-  const int p = comm_->size();
-  const int me = comm_->rank();
-  const std::vector<Partition> parts = two_phase_partitions(t);
-  const size_t ep = two_phase_slot_bytes(t);
+  const int p = net.size();
+  const int me = net.rank();
+  const std::vector<Partition> parts = two_phase_partitions(net, t);
+  const size_t ep = two_phase_slot_bytes(net, t);
   const CodecContext ctx{t.key_hash, t.step, me};
   // Phase 1: worker encode, one slot per partition, then the all-to-all: slot j goes to rank j,
   // and this rank gets slot `me` of every worker (rank r's at r * ep), all merge_encode needs.
@@ -437,7 +561,7 @@ Status Compressor::run_two_phase(TensorState& t, const TwoPhaseHooks& hooks) {
   GW_RETURN_IF_ERROR(hooks.encode(enc_.data(), ep, parts));
   phases_.mark(PhaseTimes::kEncode);
   gather_.resize(blob);
-  GW_RETURN_IF_ERROR(comm_->alltoall(enc_.data(), gather_.data(), ep, DataType::kU8)
+  GW_RETURN_IF_ERROR(net.alltoall(enc_.data(), gather_.data(), ep, DataType::kU8)
                          .with_context("sign phase 1 (all-to-all)"));
   count_sent(alltoall_send_bytes(ep, p));
   phases_.mark(PhaseTimes::kExchange);
@@ -460,7 +584,7 @@ Status Compressor::run_two_phase(TensorState& t, const TwoPhaseHooks& hooks) {
   phases_.mark(PhaseTimes::kDecode);
   // Phase 2: allgather of the server partitions, decoded by everyone.
   gather_.resize(ep * static_cast<size_t>(p));
-  GW_RETURN_IF_ERROR(comm_->allgather(server_.data(), gather_.data(), ep, DataType::kU8)
+  GW_RETURN_IF_ERROR(net.allgather(server_.data(), gather_.data(), ep, DataType::kU8)
                          .with_context("sign phase 2 (allgather)"));
   count_sent(allgather_send_bytes(ep, p));
   phases_.mark(PhaseTimes::kExchange);
@@ -490,7 +614,7 @@ Status Compressor::allreduce_two_phase_encoded(size_t count, DataType dtype,
   GW_ASSIGN_OR_RETURN(TensorState * t, state_for(key, spec, count, dtype, /*external=*/true));
   if (count == 0) return ok_status();
   phases_ = PhaseTimes();
-  Status st = run_two_phase(*t, hooks);
+  Status st = run_two_phase(*comm_, *t, hooks);
   ++t->step;
   if (!st.ok()) {
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
@@ -514,9 +638,9 @@ void seed_columns(uint64_t key_hash, size_t first, size_t ncols, size_t len, flo
 
 }  // namespace
 
-Status Compressor::run_low_rank(TensorState& t, float* x) {
+Status Compressor::run_low_rank(Communicator& net, TensorState& t, float* x) {
   const size_t n = t.count;
-  const int p = comm_->size();
+  const int p = net.size();
   const MatrixShape shape = powersgd_shape(n, t.spec.cols);
   const size_t r = std::min({static_cast<size_t>(t.spec.rank), shape.rows, shape.cols});
   // With error feedback M = x + residual, formed in the residual by the first pass (fused with
@@ -538,9 +662,8 @@ Status Compressor::run_low_rank(TensorState& t, float* x) {
   std::vector<float> pm(shape.rows * r);
   add_matmul_mq(res ? x : nullptr, m, n, shape, t.q.data(), r, pm.data());
   phases_.mark(PhaseTimes::kEncode);
-  GW_RETURN_IF_ERROR(
-      comm_->allreduce(pm.data(), pm.data(), pm.size(), DataType::kF32, ReduceOp::kSum)
-          .with_context("powersgd P"));
+  GW_RETURN_IF_ERROR(net.allreduce(pm.data(), pm.data(), pm.size(), DataType::kF32, ReduceOp::kSum)
+                         .with_context("powersgd P"));
   count_sent(allreduce_send_bytes(pm.size() * 4, p));
   phases_.mark(PhaseTimes::kExchange);
   orthogonalize(pm.data(), shape.rows, r);
@@ -549,7 +672,7 @@ Status Compressor::run_low_rank(TensorState& t, float* x) {
   if (res) q_local = t.q;  // the residual subtracts this rank's own P Q^T
   phases_.mark(PhaseTimes::kEncode);
   GW_RETURN_IF_ERROR(
-      comm_->allreduce(t.q.data(), t.q.data(), t.q.size(), DataType::kF32, ReduceOp::kSum)
+      net.allreduce(t.q.data(), t.q.data(), t.q.size(), DataType::kF32, ReduceOp::kSum)
           .with_context("powersgd Q"));
   count_sent(allreduce_send_bytes(t.q.size() * 4, p));
   phases_.mark(PhaseTimes::kExchange);

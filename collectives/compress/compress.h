@@ -30,6 +30,23 @@
 // bytes_uncompressed is what the same allreduce without compression would have sent:
 // 2(p-1)/p * count * dtype_size. Both are 0 when p == 1. calls counts allreduce() calls.
 //
+// Hierarchical form (GW_COMPRESS_HIER: auto, the default, when the communicator spans more than
+// one host and some host has several ranks; on: whenever it spans more than one host; off: never).
+// Only what crosses hosts is compressed; a host's ranks are summed exactly (in f32):
+//   hosts of equal size S (shards): reduce_scatter within the host gives local rank i the host's
+//     exact sum of shard i (count split in S shards of ceil(count/S), zero-padded); the ranks with
+//     local index i (one per host) run the codec above on that shard (error feedback, PowerSGD's
+//     Q, sign's server residual: per rank, under "<key>#<i>"); allgather within the host.
+//   hosts of unequal size (leader): allreduce within the host; local rank 0 of every host runs the
+//     codec on the whole host sum (state under "<key>#0"); broadcast within the host.
+// The sub-communicators (split from this one: host, and local index across hosts) are made by
+// the first call that needs them and kept. "none" stays the communicator's own allreduce, and the
+// externally encoded forms below (GPU memory) stay flat. Every rank still ends with the same bits.
+// Byte accounting counts both legs: the exact intra-host collectives (f32, with the formulas
+// above, reduce_scatter of B per rank (p-1) * B, chain broadcast B per rank but the chain's last)
+// plus the codec's exchange over the inter-host ranks; bytes_uncompressed stays the flat f32
+// (or f16/bf16) allreduce over the whole communicator.
+//
 // Threading: calls are serialised on an internal mutex (the Communicator serialises too);
 // stats() and reset_stats() are safe from any thread. Every wait is the Communicator's, so it has
 // its deadline; a failed collective leaves the residuals of that key in an unspecified but finite
@@ -50,6 +67,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/compress/codec.h"
+#include "core/config_snapshot.h"
 #include "core/status.h"
 
 namespace gw::coll {
@@ -64,6 +82,9 @@ struct CompressStats {
 uint64_t allreduce_send_bytes(uint64_t bytes, int nranks);
 uint64_t allgather_send_bytes(uint64_t bytes_per_rank, int nranks);
 uint64_t alltoall_send_bytes(uint64_t bytes_per_block, int nranks);
+uint64_t reduce_scatter_send_bytes(uint64_t bytes_per_rank, int nranks);
+// A chain broadcast: every rank but the chain's last (position nranks-1 from the root) sends B.
+uint64_t broadcast_send_bytes(uint64_t bytes, int nranks, int position_from_root);
 
 class Compressor {
  public:
@@ -71,7 +92,12 @@ class Compressor {
   // by slice, the casts overlapping the exchange (see run_cast_pipelined in compress.cc).
   static constexpr size_t kCastSlice = kDefaultCastSlice;  // elements
 
-  explicit Compressor(Communicator* comm);
+  // How the compressed allreduce of host-memory keys runs (see "Hierarchical form" above).
+  enum class HierForm { kFlat, kShards, kLeader };
+
+  // config: the settings read (GW_COMPRESS_HIER); empty: resolved now.
+  explicit Compressor(Communicator* comm, const config::Snapshot& config = {});
+  HierForm hier_form() const { return hier_; }
   ~Compressor();
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
@@ -160,9 +186,11 @@ class Compressor {
     double cpu_ms[kCount] = {0, 0, 0};  // the calling thread's CPU time in each phase
     void mark(int phase);  // charges the wall and CPU time since the previous mark to phase
   };
-  Status run(TensorState& t, float* x);
-  Status run_summable(TensorState& t, float* x);
-  Status run_cast_pipelined(TensorState& t, float* x);
+  // The flat algorithms run over `net`: the whole communicator, or in the hierarchical form the
+  // ranks that exchange one shard across hosts.
+  Status run(Communicator& net, TensorState& t, float* x);
+  Status run_summable(Communicator& net, TensorState& t, float* x);
+  Status run_cast_pipelined(Communicator& net, TensorState& t, float* x);
   // The fp16/bf16 slice length for spec and count: spec.slice when the tensor holds at least two
   // slices, else the whole tensor (one slice). The host path and the externally encoded one must
   // cut the same slices to give the same bits.
@@ -170,27 +198,44 @@ class Compressor {
   // The slice schedule both share: the hooks in the order allreduce_cast_encoded_sliced documents,
   // each slice's exchange an iallreduce (a blocking allreduce where there is none); errors name
   // the slice; returns only when no exchange it started can still touch `wire`. Counts the bytes.
-  Status run_cast_slices(uint16_t* wire, DataType wire_dtype, size_t count, size_t slice_len,
-                         const CastSliceHooks& hooks);
-  Status run_gather(TensorState& t, float* x);
-  Status run_two_phase(TensorState& t, float* x);
-  Status run_two_phase(TensorState& t, const TwoPhaseHooks& hooks);
+  Status run_cast_slices(Communicator& net, uint16_t* wire, DataType wire_dtype, size_t count,
+                         size_t slice_len, const CastSliceHooks& hooks);
+  Status run_gather(Communicator& net, TensorState& t, float* x);
+  Status run_two_phase(Communicator& net, TensorState& t, float* x);
+  Status run_two_phase(Communicator& net, TensorState& t, const TwoPhaseHooks& hooks);
   // Sign's partitions of t (chunk-aligned, one per rank, the last ones possibly empty) and the
   // fixed size of one partition's slot in the exchanged blobs.
-  std::vector<Partition> two_phase_partitions(const TensorState& t) const;
-  size_t two_phase_slot_bytes(const TensorState& t) const;
-  Status run_low_rank(TensorState& t, float* x);
+  static std::vector<Partition> two_phase_partitions(const Communicator& net, const TensorState& t);
+  static size_t two_phase_slot_bytes(const Communicator& net, const TensorState& t);
+  Status run_low_rank(Communicator& net, TensorState& t, float* x);
+  // The hierarchical form (see "Hierarchical form" above): exact sum within the host, t's
+  // inter-host state compressed over cross_, exact spread within the host.
+  Status run_hier(TensorState& t, float* x);
+  // Splits local_ and cross_ from comm_ on the first hierarchical call (collective: every rank
+  // makes that call, as every rank makes every compressed call).
+  Status ensure_hier_comms();
+  // t's inter-host state (the shard or, for the leader form, the whole tensor this rank
+  // compresses), made on first use under the key "<key>#<shard>", without communication (t's
+  // agreement covers it).
+  TensorState& inter_state(TensorState& t, size_t shard, size_t offset, size_t len);
   Result<TensorState*> state_for(std::string_view key, const CodecSpec& spec, size_t count,
                                  DataType dtype, bool external = false);
   void count_sent(uint64_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
 
   Communicator* comm_;
+  HostLayout layout_;
+  HierForm hier_ = HierForm::kFlat;      // for host-memory keys; external keys are flat
+  std::unique_ptr<Communicator> local_;  // this rank's host (hierarchical form)
+  std::unique_ptr<Communicator> cross_;  // the inter-host exchange; null: not in it
+  bool hier_comms_ready_ = false;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<TensorState>, std::less<>> tensors_;
   std::vector<float> work_;      // f32 copy of f16/bf16 buffers
   std::vector<uint8_t> enc_;     // this rank's encoding
   std::vector<uint8_t> gather_;  // received encodings (sign: this rank's partition per worker)
   std::vector<uint8_t> server_;  // sign: this rank's re-encoded partition
+  std::vector<float> hier_buf_;  // the padded tensor when count is not a multiple of the shards
+  std::vector<float> shard_;     // this rank's shard of the host sum
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_uncompressed_{0};
   std::atomic<uint64_t> calls_{0};

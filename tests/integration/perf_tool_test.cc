@@ -261,6 +261,42 @@ TEST(PerfToolTest, CodecAllreduceTableHasARowPerCodecAndTheFloor) {
   EXPECT_NE(bad.output.find("topk"), std::string::npos) << bad.output;
 }
 
+// --codec without --np under a launcher: the processes join the launcher's job (one table, from
+// rank 0, for its 4 ranks) instead of each forking a job of its own, as plain runs do. Two fake
+// hosts (GW_HOSTID) make it the hierarchical form: topk sends less than none still.
+TEST(PerfToolTest, CodecAllreduceRunsAsTheLaunchersRanks) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int n = 4;
+  ProcGroup group;
+  for (int r = 0; r < n; ++r) {
+    Env env = clean_env();
+    env["GW_TIMEOUT_MS"] = "20000";
+    env["GW_RANK"] = std::to_string(r);
+    env["GW_WORLD_SIZE"] = std::to_string(n);
+    env["GW_STORE"] = "127.0.0.1:" + std::to_string(port);
+    env["GW_HOSTID"] = "perf-host-" + std::to_string(r / 2);
+    group.start({GW_PERF_PATH, "allreduce", "--transport", "tcp", "-b", "1M", "-e", "1M", "--iters",
+                 "2", "--warmup", "1", "--codec", "topk:0.01"},
+                env);
+  }
+  auto results = group.wait_all(120000, true);
+  ASSERT_EQ(results.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const auto& res = results[static_cast<size_t>(r)];
+    ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+    const bool header = res.output.find("# gradwire-perf allreduce --codec") != std::string::npos;
+    EXPECT_EQ(header, r == 0) << res.output;
+  }
+  EXPECT_NE(results[0].output.find("--codec: 4 ranks"), std::string::npos) << results[0].output;
+  auto rows = data_rows(results[0].output);
+  ASSERT_EQ(rows.size(), 3u) << results[0].output;  // none, topk:0.01, ef-floor
+  EXPECT_EQ(rows[0][0], "none");
+  EXPECT_EQ(rows[1][0], "topk:0.01");
+  EXPECT_EQ(rows[0][7], "1572864");  // none: 2(p-1)/p of 1 MiB at 4 ranks
+  EXPECT_LT(std::stod(rows[1][7]), 1572864.0) << results[0].output;
+}
+
 TEST(PerfToolTest, DeadRankEndsTheRunWithAnError) {
   TempFile out;
   Env env = clean_env();

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "collectives/coll_config.h"
+#include "collectives/compress/compress_config.h"
 #include "core/config_snapshot.h"
 #include "core/core_config.h"
 #include "core/net/net_config.h"
@@ -43,6 +44,7 @@ namespace kc = coll::coll_config;
   tc::rows();
   net::shm_config::rows();
   kc::rows();
+  coll::compress_config::rows();
   plugin::plugin_config::rows();
 #if defined(GW_HAVE_DPDK)
   dpdk::dpdk_config::rows();
