@@ -498,45 +498,68 @@ TEST_P(TransportConformance, SendLargerThanReceiveFailsBothSides) {
   EXPECT_NE(sender.message().find("truncated"), std::string::npos) << sender.to_string();
 }
 
+// A NIC (or the emulator's NIC thread) moves a posted message without the owner's help, so on a
+// loaded machine the whole message may be placed before the destruction below: then nothing was
+// lost and the other end rightly completes. Such an attempt shows nothing about the in-flight
+// path and is run again; every attempt completing is a failure (the destruction never raced).
+constexpr int kInFlightAttempts = 5;
+
 TEST_P(TransportConformance, DestroyingSendCommInFlightFailsReceiverWithPeer) {
-  Pair p = pair();
   const size_t size = size_t{512} << 20;  // more than all buffers between the ends hold
   SparseBuffer src(size), dst(size);
   ASSERT_TRUE(src.data() && dst.data());
-  Op s = post_send(p.send.get(), src.data(), size, 0);
-  Op r = post_recv(p.recv.get(), dst.data(), size, 0);
-  (void)p.send->test(s.req, &s.done, &s.size);
-  (void)p.recv->test(r.req, &r.done, &r.size);
-  ASSERT_FALSE(s.done);
-  int64_t t0 = now_ms();
-  p.send.reset();
-  EXPECT_LT(now_ms() - t0, 2000) << "destruction lingered";
-  ASSERT_TRUE(run_ops({&r}, 10000)) << "receiver did not notice the closed sender";
-  EXPECT_EQ(r.status.code(), Code::kPeer) << r.status.to_string();
-  EXPECT_NE(r.status.message().find("rank 0"), std::string::npos) << r.status.to_string();
-  // Later receives fail the same way.
-  EXPECT_FALSE(p.recv->irecv(dst.data(), 10, 0, nullptr).ok());
+  for (int attempt = 1;; ++attempt) {
+    Pair p = pair();
+    Op s = post_send(p.send.get(), src.data(), size, 0);
+    Op r = post_recv(p.recv.get(), dst.data(), size, 0);
+    (void)p.send->test(s.req, &s.done, &s.size);
+    (void)p.recv->test(r.req, &r.done, &r.size);
+    if (s.done && attempt < kInFlightAttempts) continue;
+    ASSERT_FALSE(s.done);
+    int64_t t0 = now_ms();
+    p.send.reset();
+    EXPECT_LT(now_ms() - t0, 2000) << "destruction lingered";
+    ASSERT_TRUE(run_ops({&r}, 10000)) << "receiver did not notice the closed sender";
+    if (r.status.ok()) {
+      EXPECT_EQ(r.size, size) << "a receive completed without the whole message";
+      ASSERT_LT(attempt, kInFlightAttempts) << "the message was delivered before every destruction";
+      continue;
+    }
+    EXPECT_EQ(r.status.code(), Code::kPeer) << r.status.to_string();
+    EXPECT_NE(r.status.message().find("rank 0"), std::string::npos) << r.status.to_string();
+    // Later receives fail the same way.
+    EXPECT_FALSE(p.recv->irecv(dst.data(), 10, 0, nullptr).ok());
+    return;
+  }
 }
 
 TEST_P(TransportConformance, DestroyingRecvCommInFlightFailsSenderWithPeer) {
-  Pair p = pair();
   const size_t size = size_t{512} << 20;
   SparseBuffer src(size), dst(size);
   ASSERT_TRUE(src.data() && dst.data());
-  Op s = post_send(p.send.get(), src.data(), size, 0);
-  Op r = post_recv(p.recv.get(), dst.data(), size, 0);
-  (void)p.send->test(s.req, &s.done, &s.size);
-  (void)p.recv->test(r.req, &r.done, &r.size);
-  ASSERT_FALSE(s.done);
-  int64_t t0 = now_ms();
-  p.recv.reset();
-  EXPECT_LT(now_ms() - t0, 2000) << "destruction lingered";
-  ASSERT_TRUE(run_ops({&s}, 10000)) << "sender did not notice the closed receiver";
-  EXPECT_EQ(s.status.code(), Code::kPeer) << s.status.to_string();
-  // Later requests fail the same way.
-  char byte = 0;
-  auto later = p.send->isend(&byte, 1, 0, nullptr);
-  EXPECT_FALSE(later.ok());
+  for (int attempt = 1;; ++attempt) {
+    Pair p = pair();
+    Op s = post_send(p.send.get(), src.data(), size, 0);
+    Op r = post_recv(p.recv.get(), dst.data(), size, 0);
+    (void)p.send->test(s.req, &s.done, &s.size);
+    (void)p.recv->test(r.req, &r.done, &r.size);
+    if ((s.done || r.done) && attempt < kInFlightAttempts) continue;
+    ASSERT_FALSE(s.done);
+    int64_t t0 = now_ms();
+    p.recv.reset();
+    EXPECT_LT(now_ms() - t0, 2000) << "destruction lingered";
+    ASSERT_TRUE(run_ops({&s}, 10000)) << "sender did not notice the closed receiver";
+    if (s.status.ok()) {
+      ASSERT_LT(attempt, kInFlightAttempts) << "the message was delivered before every destruction";
+      continue;
+    }
+    EXPECT_EQ(s.status.code(), Code::kPeer) << s.status.to_string();
+    // Later requests fail the same way.
+    char byte = 0;
+    auto later = p.send->isend(&byte, 1, 0, nullptr);
+    EXPECT_FALSE(later.ok());
+    return;
+  }
 }
 
 TEST_P(TransportConformance, DestroyingBothEndsWithRequestsInFlightIsSafe) {
