@@ -5,7 +5,9 @@
 # median of 20). Prints PASS or FAIL last; exits with gw-gpu-check's status (0 pass, 1 fail,
 # 3 no GPU). Usage, from the repository root: bash perf/gpu/run_gpu_check.sh [gw-gpu-check args]
 # With --allreduce instead: builds and runs gw-gpu-allreduce-check (gw_allreduce_compressed on GPU
-# memory against host memory, 2, 3 and then 4 ranks forked on the one GPU).
+# memory against host memory, 2, 3 and then 4 ranks forked on the one GPU; GW_GPU_NPS="2 3 4").
+# With --python instead: builds libgradwire.so standalone and runs the Python package's tests
+# (tests/python, test_cuda.py included) under the first python3 that imports torch.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
@@ -20,12 +22,25 @@ echo "== configure: cmake ${args[*]}"
 cmake "${args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; echo FAIL; exit 1; }
 target=gw-gpu-check
 [[ "${1:-}" == --allreduce ]] && target=gw-gpu-allreduce-check
+[[ "${1:-}" == --python ]] && target=gradwire
 echo "== build $target"
 cmake --build "$build" --target "$target" -j "$(nproc)" >"$build.build.log" 2>&1 ||
   { tail -50 "$build.build.log"; echo FAIL; exit 1; }
+if [[ $target == gradwire ]]; then
+  py=""
+  for p in python3 /usr/bin/python3 python; do
+    if command -v "$p" >/dev/null && "$p" -c 'import torch, pytest' 2>/dev/null; then py=$p; break; fi
+  done
+  [[ -n $py ]] || { echo "no python with torch and pytest"; echo FAIL; exit 1; }
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+  cd "$root"
+  GRADWIRE_LIBRARY="$build/libgradwire.so" GW_PYTHON="$(command -v "$py")" GW_TIMEOUT_MS=20000 \
+    timeout 280 "$py" -m pytest -q -rs -p no:cacheprovider tests/python && echo PASS || { echo FAIL; exit 1; }
+  exit 0
+fi
 if [[ $target == gw-gpu-allreduce-check ]]; then
   rc=0
-  for np in 2 3 4; do
+  for np in ${GW_GPU_NPS:-2 3 4}; do
     echo "== gw-gpu-allreduce-check --np $np"
     timeout 280 "$build/gw-gpu-allreduce-check" --np "$np" || rc=1
   done
