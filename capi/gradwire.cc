@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <unordered_set>
 
 #include "capi/capi_internal.h"
@@ -43,6 +45,8 @@ using gw::Status;
 
 constexpr uint64_t kCommMagic = 0x31436d6d6f437747ull;     // "GwCommC1"
 constexpr uint64_t kRequestMagic = 0x3152716552774747ull;  // "GGwReqR1"
+// How long gw_comm_destroy waits for calls on other threads to notice its abort.
+constexpr std::chrono::seconds kDestroyWait{5};
 
 }  // namespace gw::capi
 
@@ -57,7 +61,8 @@ namespace {
 struct RequestState {
   std::mutex mu;  // one wait/test at a time per request
   bool finished = false;
-  std::shared_ptr<Session> session;  // declared before op: the session outlives its requests
+  // Does not hold the session: gw_comm_destroy frees it while requests are outstanding (a
+  // SessionRequest outlives its Session and then reports the abort).
   std::unique_ptr<SessionRequest> op;
 };
 }  // namespace
@@ -326,9 +331,21 @@ GW_EXPORT gw_status_t gw_comm_destroy(gw_comm_t comm) {
       session = std::move(comm->session);
       delete comm;
     }
-    // The communicator itself goes when its last user does (this call, a call still running on
-    // another thread, or an outstanding request); its destructor waits, bounded, for pending ops.
-    session.reset();
+    // Pending work ends now: an iallreduce in flight and calls blocked on other threads end in
+    // GW_ERR_ABORTED, and this returns only once none of them can still touch a caller's buffer.
+    // Calls on other threads hold the session while they run; the abort ends them promptly.
+    session->abort();
+    const auto deadline = std::chrono::steady_clock::now() + kDestroyWait;
+    while (session.use_count() > 1) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return gw::timeout_error(
+            "a call on another thread did not return within {} ms of the abort; the "
+            "communicator is freed when it returns",
+            std::chrono::duration_cast<std::chrono::milliseconds>(kDestroyWait).count());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    session.reset();  // ends the iallreduce thread and closes the connections
     return gw::ok_status();
   });
 }
@@ -489,7 +506,6 @@ GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* r
     if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
     GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
     auto rs = std::make_shared<RequestState>();
-    rs->session = st;
     GW_ASSIGN_OR_RETURN(rs->op, st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
     if (!rs->op) return gw::internal_error("iallreduce returned no operation");
     auto* raw = new gw_request();

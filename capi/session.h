@@ -38,6 +38,8 @@ struct SessionOptions {
 };
 
 // An operation started by Session::iallreduce.
+// May outlive its Session: gw_comm_destroy frees the Session while requests are outstanding, after
+// aborting it; a request then reports how its operation ended (kAborted when the abort ended it).
 class SessionRequest {
  public:
   virtual ~SessionRequest() = default;

@@ -115,9 +115,14 @@ gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
  * must be set (GW_CONFIG_INIT). */
 gw_status_t gw_comm_init(gw_comm_t* comm, const gw_config_t* config);
 
-/* Frees the communicator (one made by gw_comm_init* or gw_comm_split). Not collective; waits
- * (bounded) for its pending operations. After this the handle is invalid; a later call with it is
- * undefined unless the library can still detect it (then GW_ERR_INVALID_ARG). NULL is accepted and does nothing. */
+/* Frees the communicator (one made by gw_comm_init* or gw_comm_split). Not collective. Work still
+ * pending is aborted first, as by gw_comm_abort: an iallreduce in flight and calls blocked on
+ * other threads end with GW_ERR_ABORTED, and this returns only once none of them can still write
+ * a buffer (GW_ERR_TIMEOUT if a call on another thread did not return within 5 s of the abort;
+ * the communicator is then freed when it returns). Outstanding requests stay valid: gw_wait /
+ * gw_test report how they ended and free them. After this the handle is invalid; a later call
+ * with it is undefined unless the library can still detect it (then GW_ERR_INVALID_ARG). NULL
+ * is accepted and does nothing. */
 gw_status_t gw_comm_destroy(gw_comm_t comm);
 
 /* Aborts: every pending and later call on comm returns GW_ERR_ABORTED, promptly. Thread-safe,
@@ -170,7 +175,8 @@ gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size
 gw_status_t gw_barrier(gw_comm_t comm);
 
 /* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
- * unmodified until gw_wait/gw_test report completion. Requests complete in issue order. */
+ * unmodified until gw_wait/gw_test report completion or gw_comm_destroy returns (which aborts
+ * it). Requests complete in issue order. */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                           gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
 

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -897,3 +899,77 @@ TEST_F(SingleRankTest, SplitWithNegativeColorJoinsNone) {
 }
 
 }  // namespace
+
+// ---- gw_comm_destroy with work pending (issue 16) ---------------------------------------------
+
+// Two ranks as threads on tcp; returns both communicators (rank order) or fails the test.
+std::vector<gw_comm_t> two_ranks(const std::string& token) {
+  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<gw_comm_t> comms(2, nullptr);
+  std::vector<gw_status_t> st(2, GW_OK);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      gw_config_t cfg = GW_CONFIG_INIT;
+      cfg.rank = r;
+      cfg.world_size = 2;
+      cfg.store_addr = addr.c_str();
+      cfg.transport = "tcp";
+      cfg.timeout_ms = 20000;
+      cfg.job_token = token.c_str();
+      st[r] = gw_comm_init(&comms[r], &cfg);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(st[0], GW_OK);
+  EXPECT_EQ(st[1], GW_OK);
+  return comms;
+}
+
+// The peer never joins the iallreduce: destroy must end it (not leave it running for the deadline,
+// writing recvbuf after destroy returned), and the request must report the abort.
+TEST(CapiDestroyTest, DestroyAbortsAnIallreduceInFlightAndNothingIsWrittenAfter) {
+  CleanEnv env;
+  std::vector<gw_comm_t> comms = two_ranks("capi-destroy-async");
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<float> send(1 << 16, 1.0f), recv(1 << 16, -5.0f);
+  gw_request_t req = nullptr;
+  ASSERT_EQ(
+      gw_iallreduce(comms[0], send.data(), recv.data(), send.size(), GW_FLOAT32, GW_SUM, &req),
+      GW_OK)
+      << gw_last_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // it is waiting for rank 1 now
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(gw_comm_destroy(comms[0]), GW_OK) << gw_last_error();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  const std::vector<float> after = recv;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(recv, after) << "recvbuf written after gw_comm_destroy returned";
+  EXPECT_EQ(gw_wait(req, 1000), GW_ERR_ABORTED) << gw_last_error();
+  EXPECT_EQ(gw_wait(req, 0), GW_ERR_INVALID_ARG);  // freed by the wait
+  EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK) << gw_last_error();
+}
+
+// A call blocked on another thread (its peer never comes) ends in GW_ERR_ABORTED when the
+// communicator is destroyed, promptly, and destroy returns after it.
+TEST(CapiDestroyTest, DestroyFromAnotherThreadEndsABlockedCall) {
+  CleanEnv env;
+  std::vector<gw_comm_t> comms = two_ranks("capi-destroy-blocked");
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<float> buf(1 << 16, 1.0f);
+  std::atomic<int> result{-1};
+  std::atomic<bool> returned{false};
+  std::thread blocked([&] {
+    result = gw_allreduce(comms[0], buf.data(), buf.data(), buf.size(), GW_FLOAT32, GW_SUM);
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE(returned.load()) << "the allreduce returned without its peer: " << result.load();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(gw_comm_destroy(comms[0]), GW_OK) << gw_last_error();
+  EXPECT_TRUE(returned.load()) << "destroy returned while the call was still running";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  blocked.join();
+  EXPECT_EQ(result.load(), GW_ERR_ABORTED);
+  EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK) << gw_last_error();
+}
