@@ -162,13 +162,22 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
           (spec.slice != 0 && (spec.slice < 4096 || spec.slice > (size_t{1} << 31)))) {
         return bad("must be 0 (no slicing) or 4096..2147483648 elements");
       }
+    } else if (key == "nonfinite") {
+      if (spec.kind == CodecKind::kNone) return not_for();
+      if (value == "skip") {
+        spec.skip_nonfinite = true;
+      } else if (value == "keep") {
+        spec.skip_nonfinite = false;
+      } else {
+        return bad("must be skip or keep");
+      }
     } else if (key == "warm") {
       if (spec.kind != CodecKind::kPowerSgd) return not_for();
       if (!parse_bool01(value, &spec.warm_start)) return bad("must be 0 or 1");
     } else {
       return invalid_arg(
           "codec spec \"{}\": unknown option \"{}\" (known: ef, seed, chunk, bucket, cols, warm, "
-          "slice)",
+          "slice, nonfinite)",
           text, key);
     }
   }
@@ -206,6 +215,7 @@ std::string format_codec_spec(const CodecSpec& spec) {
     if (spec.cols) out += fmt::format(",cols={}", spec.cols);
     out += fmt::format(",warm={}", spec.warm_start ? 1 : 0);
   }
+  if (!spec.skip_nonfinite) out += ",nonfinite=keep";
   return out;
 }
 

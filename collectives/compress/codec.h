@@ -12,6 +12,11 @@
 //   warm=0|1      powersgd: warm start Q from the previous step (default 1)
 //   slice=N       fp16/bf16: elements per slice of the pipelined allreduce (default 4194304; 0 =
 //                 one allreduce of the whole tensor; otherwise 4096..2^31)
+//   nonfinite=skip|keep
+//                 with error feedback: a step whose input holds a NaN or an Inf on any rank is
+//                 summed uncompressed (the result carries the NaN/Inf, for AMP's scaler to see)
+//                 and leaves every residual and codec state as it was (skip, the default); keep
+//                 feeds it to the codec like any step (the residuals then stay NaN for good)
 // e.g. "topk:0.01", "sign", "powersgd:4,ef=1", "qsgd:16,seed=3". A malformed spec is kInvalidArg
 // with a message that names the offending part.
 //
@@ -59,6 +64,7 @@ struct CodecSpec {
   size_t cols = 0;                   // powersgd: 0 = choose from the count
   bool warm_start = true;            // powersgd
   size_t slice = kDefaultCastSlice;  // fp16 / bf16: elements per pipelined slice, 0 = none
+  bool skip_nonfinite = true;        // nonfinite=skip (see the top of this file)
 };
 
 // Parses a spec (see the top of this file). Whitespace is not allowed.

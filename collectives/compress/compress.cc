@@ -15,6 +15,18 @@ namespace gw::coll {
 namespace ck = codec_kernels;
 
 namespace {
+
+// No NaN or Inf among v[0..n): an OR of the exponent fields' all-ones test, branch-free so the
+// compiler vectorises it (one read of the tensor).
+bool all_finite(const float* v, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any == 0;
+}
 double thread_cpu_ms() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -70,6 +82,7 @@ struct Compressor::TensorState {
   std::vector<float> q;                // powersgd: r vectors of cols (warm start)
   uint64_t key_hash = 0;
   uint64_t step = 0;
+  uint64_t nonfinite_logged = 0;  // steps skipped for a NaN/Inf input
   bool external = false;  // encoded and decoded by the caller (allreduce_cast_encoded_sliced)
   bool hier = false;      // run in the hierarchical form: the residual is in `inter`
   // Hierarchical form: this rank's inter-host part (its shard, or the whole tensor on a leader),
@@ -94,6 +107,7 @@ CompressStats Compressor::stats() const {
   s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   s.bytes_uncompressed = bytes_uncompressed_.load(std::memory_order_relaxed);
   s.calls = calls_.load(std::memory_order_relaxed);
+  s.nonfinite_steps = nonfinite_steps_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -101,6 +115,7 @@ void Compressor::reset_stats() {
   bytes_sent_.store(0);
   bytes_uncompressed_.store(0);
   calls_.store(0);
+  nonfinite_steps_.store(0);
 }
 
 size_t Compressor::num_keys() const {
@@ -214,6 +229,27 @@ Status Compressor::allreduce(void* buf, size_t count, DataType dtype, std::strin
     ck::decode_cast16(static_cast<const uint16_t*>(buf), count, work_.data(),
                       dtype == DataType::kBF16, false);
     x = work_.data();
+  }
+  if (spec.error_feedback && spec.skip_nonfinite) {
+    // One NaN or Inf in a residual stays there for good: agree first whether any rank's input
+    // has one, and if so sum this step uncompressed and leave every residual as it was.
+    int32_t bad = all_finite(x, count) ? 0 : 1;
+    GW_RETURN_IF_ERROR(comm_->allreduce(&bad, &bad, 1, DataType::kI32, ReduceOp::kMax)
+                           .with_context(fmt::format("compressed allreduce \"{}\": agreeing on "
+                                                     "non-finite input",
+                                                     key)));
+    if (bad != 0) {
+      nonfinite_steps_.fetch_add(1, std::memory_order_relaxed);
+      if (t->nonfinite_logged++ % 100 == 0) {
+        GW_LOG_WARN(
+            "compressed allreduce \"{}\": a rank's input holds a NaN or Inf; this step is summed "
+            "uncompressed and the error-feedback state is left as it was ({} such steps of this "
+            "tensor so far)",
+            key, t->nonfinite_logged);
+      }
+      count_sent(allreduce_send_bytes(count * dtype_size(dtype), p));
+      return comm_->allreduce(buf, buf, count, dtype, ReduceOp::kSum);
+    }
   }
   phases_ = PhaseTimes();
   Status st = t->hier ? run_hier(*t, x) : run(*comm_, *t, x);

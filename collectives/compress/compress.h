@@ -76,6 +76,7 @@ struct CompressStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_uncompressed = 0;
   uint64_t calls = 0;
+  uint64_t nonfinite_steps = 0;  // calls summed uncompressed for a NaN/Inf input (nonfinite=skip)
 };
 
 // Per-rank send volume of the collectives the compressed allreduce uses (see above).
@@ -239,6 +240,7 @@ class Compressor {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_uncompressed_{0};
   std::atomic<uint64_t> calls_{0};
+  std::atomic<uint64_t> nonfinite_steps_{0};
   PhaseTimes phases_;  // of the call in progress (under mu_)
 };
 

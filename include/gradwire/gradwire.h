@@ -205,8 +205,11 @@ const char* gw_version(void);
  * gw_allreduce_compressed sums a gradient across ranks through a codec, in place. codec_spec
  * selects the codec and its options: "none", "fp16", "bf16", "topk:RATIO", "randomk:RATIO",
  * "sign", "qsgd:LEVELS", "powersgd:RANK", each optionally followed by ",key=value" options
- * (ef=0|1 error feedback, seed=N, chunk=N, bucket=N, cols=N, warm=0|1), e.g. "topk:0.01",
- * "powersgd:4,ef=1". A malformed spec is GW_ERR_INVALID_ARG with the reason in gw_last_error().
+ * (ef=0|1 error feedback, seed=N, chunk=N, bucket=N, cols=N, warm=0|1, slice=N,
+ * nonfinite=skip|keep), e.g. "topk:0.01", "powersgd:4,ef=1". A malformed spec is
+ * GW_ERR_INVALID_ARG with the reason in gw_last_error(). With error feedback, a call whose input
+ * holds a NaN or Inf on any rank is summed uncompressed and leaves the residuals as they were
+ * (nonfinite=skip, the default; host memory only); docs/compression.md.
  *
  * tensor_key names the tensor (non-empty, NUL-terminated): the error-feedback residual and the
  * codec state (PowerSGD's warm start) live under it, per communicator, and are freed with the

@@ -62,7 +62,8 @@ TEST(CodecSpec, ParsesEveryCodec) {
 
 TEST(CodecSpec, CanonicalFormRoundTrips) {
   for (const char* text : {"none", "fp16", "bf16,ef=1", "topk:0.01", "randomk:0.25,seed=9",
-                           "sign,chunk=128", "qsgd:127", "powersgd:4,cols=33,warm=0"}) {
+                           "sign,chunk=128", "qsgd:127", "powersgd:4,cols=33,warm=0",
+                           "sign,nonfinite=keep", "topk:0.1,nonfinite=skip"}) {
     auto a = parse_codec_spec(text);
     ASSERT_TRUE(a.ok()) << text;
     const std::string canon = format_codec_spec(*a);
@@ -78,7 +79,10 @@ TEST(CodecSpec, CanonicalFormRoundTrips) {
     EXPECT_EQ(b->chunk, a->chunk);
     EXPECT_EQ(b->cols, a->cols);
     EXPECT_EQ(b->warm_start, a->warm_start);
+    EXPECT_EQ(b->skip_nonfinite, a->skip_nonfinite);
   }
+  EXPECT_TRUE(parse_codec_spec("sign")->skip_nonfinite);  // the safe default
+  EXPECT_FALSE(parse_codec_spec("sign,nonfinite=keep")->skip_nonfinite);
 }
 
 struct Bad {
@@ -121,6 +125,8 @@ TEST(CodecSpec, RejectsBadSpecsWithAMessage) {
       {"powersgd:2,cols=0", ">= 1"},
       {"qsgd:8,bucket=0", "1..1048576"},
       {"TOPK:0.1", "unknown codec"},
+      {"sign,nonfinite=drop", "skip or keep"},
+      {"none,nonfinite=skip", "does not apply"},
   };
   for (const auto& b : bad) {
     auto r = parse_codec_spec(b.spec);

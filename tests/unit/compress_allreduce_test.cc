@@ -548,7 +548,14 @@ TEST(CompressAllreduce, ExternallyEncodedSlicesSumLikeTheHostPath) {
           const CompressStats s0 = c.stats();
           comm.reduced_counts.clear();
           ASSERT_TRUE(c.allreduce(host.data(), n, DataType::kF32, w.spec, "host").ok());
-          const std::vector<size_t> host_counts = comm.reduced_counts;
+          std::vector<size_t> host_counts = comm.reduced_counts;
+          // With error feedback the host path first agrees on non-finite input (one element);
+          // the externally encoded path leaves that to its caller.
+          if (ef) {
+            ASSERT_FALSE(host_counts.empty());
+            EXPECT_EQ(host_counts.front(), 1u) << w.spec;
+            host_counts.erase(host_counts.begin());
+          }
           const CompressStats s1 = c.stats();
           comm.reduced_counts.clear();
           std::vector<uint16_t> wire(n);
@@ -870,6 +877,67 @@ TEST(CompressAllreduce, RanksThatDisagreeOnSpecOrKeyGetAnErrorNotGarbage) {
     Status st = c.allreduce(g.data(), 256, DataType::kF32, spec, "w");
     EXPECT_EQ(st.code(), Code::kInvalidArg);
     EXPECT_NE(st.message().find("rank"), std::string::npos) << st.message();
+  });
+}
+
+}  // namespace
+}  // namespace gw::coll
+
+namespace gw::coll {
+namespace {
+
+// A step whose input holds a NaN (one rank) or an Inf is summed uncompressed on every rank (its
+// result carries the non-finite value) and leaves every residual and codec state as it was: the
+// steps after it give the same bits as a run without that step. With nonfinite=keep the residual
+// is poisoned and every later result holds NaNs.
+TEST(CompressAllreduce, ANonFiniteStepLeavesTheErrorFeedbackStateAsItWas) {
+  const int p = 3;
+  const size_t n = 2048;
+  for (const char* spec : {"sign,chunk=64", "qsgd:4", "powersgd:2", "topk:0.05", "randomk:0.1"}) {
+    for (float poison : {std::nanf(""), INFINITY}) {
+      // results[with_bad_step][rank][step]
+      std::vector<std::vector<std::vector<float>>> results(
+          2, std::vector<std::vector<float>>(p, std::vector<float>()));
+      std::vector<uint64_t> skipped(p, 0);
+      for (int with_bad = 0; with_bad < 2; ++with_bad) {
+        run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+          auto& out = results[static_cast<size_t>(with_bad)][static_cast<size_t>(rank)];
+          for (int step = 0; step < 4; ++step) {
+            if (with_bad && step == 2) {
+              auto g = gradient(n, rank, 99);
+              if (rank == 1) g[5] = poison;
+              ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "t").ok()) << spec;
+              EXPECT_FALSE(std::isfinite(g[5])) << spec << ": the bad step's result is finite";
+            }
+            auto g = gradient(n, rank, step);
+            ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "t").ok()) << spec;
+            out.insert(out.end(), g.begin(), g.end());
+          }
+          skipped[static_cast<size_t>(rank)] = c.stats().nonfinite_steps;
+        });
+      }
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(skipped[static_cast<size_t>(r)], 1u) << spec;
+        const auto& a = results[0][static_cast<size_t>(r)];
+        const auto& b = results[1][static_cast<size_t>(r)];
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << spec << " poison " << poison << ", rank " << r
+            << ": the steps after a skipped one differ from a run without it";
+      }
+    }
+  }
+  // keep: the old behaviour, the residual is poisoned for good.
+  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+    auto g = gradient(n, rank, 0);
+    if (rank == 1) g[5] = std::nanf("");
+    ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64,nonfinite=keep", "k").ok());
+    g = gradient(n, rank, 1);
+    ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64,nonfinite=keep", "k").ok());
+    size_t bad = 0;
+    for (float v : g) bad += std::isfinite(v) ? 0 : 1;
+    EXPECT_GT(bad, 0u) << "nonfinite=keep: the step after a NaN was clean";
+    EXPECT_EQ(c.stats().nonfinite_steps, 0u);
   });
 }
 
