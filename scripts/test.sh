@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, release build + ctest, the Python tests
 # (tests/python, pytest), then the debug build
-# (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest. Fails on the first failure.
+# (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest, then ThreadSanitizer over the threaded
+# parts (scripts/tsan.sh). Fails on the first failure.
 # usage: scripts/test.sh            (GW_TEST_JOBS overrides ctest's parallelism, default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,5 +45,8 @@ bash scripts/build.sh debug
 phase "debug (ASan+UBSan) build"
 run_ctest debug
 phase "debug (ASan+UBSan) tests"
+
+bash scripts/tsan.sh
+phase "ThreadSanitizer build and tests"
 
 echo "test.sh: all passed in $(( $(date +%s) - t0 )) s"
