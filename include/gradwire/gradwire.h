@@ -59,7 +59,10 @@ typedef enum {
   GW_PROD = 1,
   GW_MIN = 2,
   GW_MAX = 3,
-  GW_AVG = 4 /* sum divided by the number of ranks (integers: truncated) */
+  GW_AVG = 4 /* sum divided by the number of ranks. Integers: the sum is taken in the dtype
+              * itself and wraps on overflow before the division (uint8 255 and 255 average to
+              * 127, not 255), then divides truncating toward zero, as NCCL's ncclAvg does;
+              * average in a wider dtype when sums may overflow */
 } gw_op_t;
 
 typedef struct gw_comm* gw_comm_t;

@@ -1044,3 +1044,30 @@ TEST(CapiLeakTest, ThousandCommunicatorsLeaveFdsThreadsAndMemoryFlat) {
   EXPECT_LT(rss1, rss0 + 8 * 1024)
       << "resident memory grew from " << rss0 << " KiB to " << rss1 << " KiB";
 }
+
+// The header's promise for integer GW_AVG: summed in the dtype (wrapping), then divided.
+TEST(CapiAvgTest, IntegerAverageWrapsInTheDtypeAsDocumented) {
+  CleanEnv env;
+  std::vector<gw_comm_t> comms = two_ranks("capi-avg");
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<std::vector<uint8_t>> u8(2, std::vector<uint8_t>{255, 3, 200});
+  u8[1][1] = 4;
+  std::vector<std::vector<int32_t>> i32(2, std::vector<int32_t>{-7, 9});
+  std::vector<gw_status_t> st(4, GW_OK);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = gw_allreduce(comms[r], u8[r].data(), u8[r].data(), 3, GW_UINT8, GW_AVG);
+      st[2 + r] = gw_allreduce(comms[r], i32[r].data(), i32[r].data(), 2, GW_INT32, GW_AVG);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (gw_status_t s : st) EXPECT_EQ(s, GW_OK);
+  for (int r = 0; r < 2; ++r) {
+    // 255+255 = 510 wraps to 254 in uint8, /2 = 127; 3+4 = 7, /2 = 3; 200+200 wraps to 144, 72.
+    EXPECT_EQ(u8[r], (std::vector<uint8_t>{127, 3, 72})) << "rank " << r;
+    EXPECT_EQ(i32[r], (std::vector<int32_t>{-7, 9})) << "rank " << r;  // -14/2, 18/2
+  }
+  EXPECT_EQ(gw_comm_destroy(comms[0]), GW_OK);
+  EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK);
+}
