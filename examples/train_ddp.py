@@ -2,6 +2,12 @@
 
     PYTHONPATH=python python/bin/gradwire-run -np 2 -- /usr/bin/python3 examples/train_ddp.py
 
+With --device cuda the model and data live on the GPU (every rank uses cuda:0 unless
+LOCAL_RANK names another device and there are several), and the configurations nccl (DDP over an
+NCCL process group) and nccl-torch-powersgd:R (torch's powerSGD_hook over NCCL) are available
+for comparison; each rank sets NCCL_HOSTID to its rank first, so ranks sharing one GPU pose as
+hosts (run under CUDA MPS, as ../shared/peers/with_mps.sh does).
+
 Every configuration trains the same model (a small transformer encoder classifying synthetic
 token sequences it makes itself, same seed) for --steps steps; rank 0 prints final loss, loss
 ratio to gloo, median step time and gradient bytes sent per step per rank, and writes
@@ -25,14 +31,27 @@ ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--png", default="train_ddp.png")
 ap.add_argument("--configs", default="gloo,gradwire,gw-fp16,gw-topk:0.01,gw-powersgd:4",
                 help="comma list; gloo-torch-powersgd:R (torch's powerSGD_hook over gloo) aborts in"
-                " gloo on Debian's torch 1.13 here, so it is not in the default list")
+                " gloo on Debian's torch 1.13 here, so it is not in the default list; with --device"
+                " cuda also nccl and nccl-torch-powersgd:R")
+ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 args = ap.parse_args()
 
+if args.device == "cuda":
+    import os
+    os.environ.setdefault("NCCL_HOSTID", f"gw-rank-{os.environ.get('RANK', '0')}")
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.set_num_threads(1)
 gw_group = dist.new_group(backend="gradwire")  # gradwire for the gradients, gloo for the rest
 gw_comm = comm_of(gw_group)
+dev = torch.device("cpu")
+nccl_group = None
+if args.device == "cuda":
+    n = torch.cuda.device_count()
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % n)
+    torch.cuda.set_device(dev)
+    if any(c.startswith("nccl") for c in args.configs.split(",")):
+        nccl_group = dist.new_group(backend="nccl")
 
 
 class Model(torch.nn.Module):
@@ -51,20 +70,21 @@ def data(step):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randint(0, 1000, (args.batch, 32), generator=g)
     y = (x[:, 0] % 10)  # a learnable rule
-    return x, y
+    return x.to(dev), y.to(dev)
 
 
 def train(config):
     torch.manual_seed(0)
-    model = Model()
+    model = Model().to(dev)
     nbytes = sum(p.numel() * 4 for p in model.parameters())
-    pg = gw_group if config == "gradwire" else None
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    pg = gw_group if config == "gradwire" else nccl_group if config.startswith("nccl") else None
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, process_group=pg, device_ids=[dev.index] if dev.type == "cuda" else None)
     sent = None
     if config.startswith("gw-"):
         ddp.register_comm_hook(gw_comm, hooks.compressed_hook(config[3:]))
-    elif config.startswith("gloo-torch-powersgd:"):
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(
+    elif config.startswith(("gloo-torch-powersgd:", "nccl-torch-powersgd:")):
+        state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=int(
             config.split(":")[1]), start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
@@ -78,6 +98,8 @@ def train(config):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     if config.startswith("gw-"):
@@ -96,7 +118,8 @@ for config in args.configs.split(","):
 
 if rank == 0:
     base = statistics.mean(results["gloo"][0][-5:]) if "gloo" in results else None
-    print(f"{world} ranks, {args.steps} steps, batch {args.batch}")
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"{world} ranks, {args.steps} steps, batch {args.batch}, {where}, torch {torch.__version__}")
     print(f"{'config':24} {'final loss':>10} {'vs gloo':>8} {'step ms':>8} {'MB sent/step':>13}")
     for config, (losses, times, sent) in results.items():
         final = statistics.mean(losses[-5:])
