@@ -392,7 +392,14 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGrou
 
 
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):
-    dist.Backend.register_backend(BACKEND_NAME, _create)
+    import inspect
+
+    # torch 2.x asks which devices a backend serves (CUDA tensors are staged through pinned host
+    # memory here); torch 1.13's register_backend has no such argument.
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    else:
+        dist.Backend.register_backend(BACKEND_NAME, _create)
 
 _comms: dict = {}
 
