@@ -11,6 +11,7 @@
 #include "core/net/backend_registry.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
+#include "perf/doctor.h"
 #include "perf/p2p_bench.h"
 
 namespace {
@@ -172,6 +173,17 @@ int main(int argc, char** argv) {
   p2p_cmd->add_option("--timeout-ms", p2p.timeout_ms,
                       "deadline of every wait (default: GW_TIMEOUT_MS)");
 
+  auto* doctor_cmd = app.add_subcommand(
+      "doctor",
+      "read this host's RDMA and network set-up (RDMA devices and ports, link layer, LID, RoCE v2 "
+      "GIDs and their netdev's MTU, ulimit -l, hugepages, GPUs, GPUDirect RDMA, NUMA of GPUs and "
+      "NICs) and print findings, each with what to change; exit 1 when one is an error");
+  bool doctor_json = false;
+  std::string doctor_root;
+  doctor_cmd->add_flag("--json", doctor_json, "print the findings as one JSON document");
+  doctor_cmd->add_option("--sysfs-root", doctor_root,
+                         "the sysfs tree to read (default: GW_IB_SYSFS_ROOT, /sys)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -187,6 +199,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (compress_cmd->parsed()) return gw::perf::run_compress_command(compress);
+  if (doctor_cmd->parsed()) {
+    gw::perf::DoctorInputs in = gw::perf::host_inputs();
+    if (doctor_root.empty()) {
+      const gw::config::Row* row = gw::config::find("GW_IB_SYSFS_ROOT");
+      doctor_root = row != nullptr ? gw::config::get_string(*row) : "/sys";
+    }
+    in.root = doctor_root;
+    const auto findings = gw::perf::run_doctor(in);
+    const std::string text =
+        doctor_json ? gw::perf::findings_json(findings) : gw::perf::format_findings(findings);
+    std::fputs(text.c_str(), stdout);
+    for (const auto& f : findings) {
+      if (f.severity == gw::perf::Severity::kError) return 1;
+    }
+    return 0;
+  }
   for (auto& [cmd, cli] : colls) {
     if (!cmd->parsed()) continue;
     auto dt = gw::coll::parse_dtype(cli->dtype);
