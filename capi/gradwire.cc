@@ -385,6 +385,8 @@ Status check_allreduce(const void* sendbuf, void* recvbuf, size_t count, int dty
   GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
   GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
   GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
   return check_overlap(sendbuf, bytes, recvbuf, bytes);
 }
 
@@ -409,6 +411,7 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
     GW_RETURN_IF_ERROR(check_buffer("buf", buf, bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("buf", buf));
     if (root < 0 || root >= st->size()) {
       return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st->size());
     }
@@ -427,6 +430,8 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
                                                         static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     // In place: sendbuf is this rank's block of recvbuf.
     const void* own_block = static_cast<const uint8_t*>(recvbuf) + st->rank() * send_bytes;
     if (sendbuf != own_block) {
@@ -449,6 +454,8 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
                                                         static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     const void* own_block = static_cast<const uint8_t*>(sendbuf) + st->rank() * recv_bytes;
     if (recvbuf != own_block) {
       GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
@@ -467,6 +474,8 @@ GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* rec
                         buffer_bytes("count", count, dtype, static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     GW_RETURN_IF_ERROR(check_overlap(sendbuf, bytes, recvbuf, bytes));
     return st->alltoall(sendbuf, recvbuf, count, dt(dtype));
   });
