@@ -34,6 +34,11 @@
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
 #endif
+#ifdef GW_GIT_COMMIT
+#define GW_COMMIT_SUFFIX " (commit " GW_GIT_COMMIT ")"
+#else
+#define GW_COMMIT_SUFFIX ""
+#endif
 
 namespace gw::capi {
 
@@ -166,7 +171,10 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
     o.world_size = info.world_size;
     o.store_host = info.store_host;
     o.store_port = info.store_port;
+    o.launcher = info.source;
+    o.store_source = info.store_source;
   } else {
+    o.launcher = "config";
     if (o.rank >= o.world_size) {
       return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", o.rank,
                              o.world_size);
@@ -175,11 +183,13 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
       GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
       o.store_host = a.host;
       o.store_port = a.port;
+      o.store_source = a.source;
     }
   }
   if (cfg.store_addr != nullptr) {
     Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &o.store_host, &o.store_port);
     if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());
+    o.store_source = "config.store_addr";
   }
   o.timeout_ms =
       cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::core_config::kTimeoutMs);
@@ -188,10 +198,32 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   }
   o.job_token = cfg.job_token != nullptr ? std::string(cfg.job_token)
                                          : gw::config::get_string(gw::core_config::kJobToken);
+  o.token_source = cfg.job_token != nullptr ? "config.job_token"
+                   : o.job_token.empty()    ? ""
+                                            : "GW_JOB_TOKEN";
   o.transport = cfg.transport != nullptr ? std::string(cfg.transport)
                                          : gw::config::get_string(gw::net::net_config::kTransport);
   if (o.transport.empty()) return gw::invalid_arg("config.transport is empty");
   return o;
+}
+
+// The one INFO line a communicator logs when it is ready: what was chosen and where from.
+std::string startup_line(const SessionOptions& o, const Session& session) {
+  std::string store = "none (one rank)";
+  if (!o.store_host.empty()) {
+    store = fmt::format("{}:{} ({}{})", o.store_host, o.store_port,
+                        o.store_source.empty() ? "launcher" : o.store_source,
+                        o.rank == 0 ? ", hosted by this rank" : "");
+  }
+  std::string token = o.token_source.empty()
+                          ? (o.world_size > 1 ? "made by rank 0 and shared through the store"
+                                              : "none needed (one rank)")
+                          : "from " + o.token_source;
+  return fmt::format(
+      "gradwire {}{}: communicator ready: rank {} of {}, launcher {}, store {}, "
+      "job token {}, {}",
+      GW_VERSION_STRING, GW_COMMIT_SUFFIX, o.rank, o.world_size, o.launcher, store, token,
+      session.describe());
 }
 
 Status init(gw_comm_t* out, const gw_config_t& cfg) {
@@ -199,7 +231,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
   gw::log::set_rank(o.rank);
   GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, DirectSession::create(o));
-  GW_LOG_INFO("communicator ready: rank {} of {}, transport {}", o.rank, o.world_size, o.transport);
+  GW_LOG_INFO("{}", startup_line(o, *session));
   *out = register_comm(std::move(session));
   return gw::ok_status();
 }

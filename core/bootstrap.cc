@@ -177,6 +177,7 @@ Result<LaunchInfo> detect_launch() {
   }
 
   GW_ASSIGN_OR_RETURN(StoreAddress addr, store_address_from_env());
+  info.store_source = addr.source;
   if (addr.host.empty() && info.world_size > 1) {
     return invalid_arg(
         "no store address for a job of {} ranks: set GW_STORE=host:port or MASTER_ADDR and "

@@ -14,11 +14,12 @@ namespace gw {
 struct LaunchInfo {
   int rank = -1;
   int world_size = -1;
-  int local_rank = -1;        // -1 when the launcher does not say
+  int local_rank = -1;  // -1 when the launcher does not say
   int local_world_size = -1;
-  std::string store_host;     // empty when the launcher gives no address
+  std::string store_host;  // empty when the launcher gives no address
   int store_port = 0;
-  std::string source;         // "GW_*", "torchrun", "Open MPI", "Slurm"
+  std::string source;        // "GW_*", "torchrun", "Open MPI", "Slurm"
+  std::string store_source;  // "GW_STORE", "MASTER_ADDR/MASTER_PORT", "" (no address)
 };
 
 // Order: GW_RANK/GW_WORLD_SIZE/GW_STORE; torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
