@@ -108,7 +108,12 @@ gw_status_t gw_config_set(const char* name, const char* value);
 
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
  * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
- * GW_TIMEOUT_MS passes. On success *comm is set. */
+ * GW_TIMEOUT_MS passes. On success *comm is set.
+ * It may be called again, in the same process, for more communicators of the same job (this and
+ * gw_comm_init alike): communicators made with the same store address and job token share this
+ * process's store (rank 0 hosts its server once, until its last such communicator is destroyed),
+ * each under its own keys. Every rank must then create them in the same order, and collectives on
+ * each are matched among that communicator's ranks only, as for gw_comm_split. */
 gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
 
 /* Same, with explicit configuration (see gw_config_t). config must not be NULL and config->size
