@@ -153,8 +153,10 @@ Result<LaunchInfo> detect_launch() {
     }
     if (found == nullptr) {
       return invalid_arg(
-          "no launcher environment: set GW_RANK and GW_WORLD_SIZE, or start the job with "
-          "torchrun (RANK, WORLD_SIZE), mpirun (OMPI_COMM_WORLD_RANK) or srun (SLURM_PROCID)");
+          "no launcher environment: set GW_RANK, GW_WORLD_SIZE and GW_STORE=host:port (rank 0 "
+          "hosts the store there) on every rank, or start the job with torchrun (RANK, "
+          "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_RANK) or srun "
+          "(SLURM_PROCID)");
     }
     info.source = found->source;
     GW_ASSIGN_OR_RETURN(info.rank, required_int(found->rank, env(found->rank), found->source));

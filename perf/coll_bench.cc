@@ -173,8 +173,12 @@ class RankRun {
 
  private:
   int fail(const std::string& what, gw_status_t s) {
-    std::string msg = fmt::format("rank {}: {} failed: {}: {}", rank_, what, gw_status_string(s),
-                                  gw_last_error());
+    // Before the communicator exists the library has not said which rank this is: name the one
+    // the launcher's environment gives, if any.
+    std::string who = rank_ >= 0 ? fmt::format("rank {}", rank_) : launcher_rank_text();
+    if (who.empty()) who = "this process";
+    std::string msg =
+        fmt::format("{}: {} failed: {}: {}", who, what, gw_status_string(s), gw_last_error());
     return fail_msg(msg);
   }
 
@@ -774,6 +778,16 @@ int run_collective(const CollConfig& config) {
     return 2;
   }
   if (config.np > 0) return run_forked_sweep(config);
+  if (!launched_by_launcher()) {
+    const std::string msg = no_launcher_advice();
+    std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+    if (!config.json_path.empty()) {
+      write_json_file(
+          config.json_path,
+          json{{"config", config_json(config)}, {"rows", json::array()}, {"error", msg}});
+    }
+    return 2;
+  }
   // Rank, size and store from the launcher (world_size 0); the transport is passed explicitly
   // because gw_comm_init_from_env does not read GW_TRANSPORT (it would silently run "auto").
   gw_config_t cfg = GW_CONFIG_INIT;

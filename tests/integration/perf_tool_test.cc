@@ -304,6 +304,27 @@ TEST(PerfToolTest, NcclTestsOptions) {
   EXPECT_NE(codec.output.find("does not apply to --codec"), std::string::npos) << codec.describe();
 }
 
+// Without --np and without a launcher, the error says what to do; with a half-set launcher
+// environment it names the rank the launcher gave, never "rank -1".
+TEST(PerfToolTest, NoLauncherSuggestsWhatToDo) {
+  TempFile out;
+  auto bare = run_perf({"allreduce", "-e", "1K", "--json", out.path()});
+  EXPECT_TRUE(bare.exited && bare.exit_code == 2) << bare.describe();
+  EXPECT_NE(bare.output.find("--np N"), std::string::npos) << bare.describe();
+  EXPECT_NE(bare.output.find("GW_STORE"), std::string::npos) << bare.describe();
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_NE(doc["error"].get<std::string>().find("--np N"), std::string::npos) << doc.dump();
+
+  Env env = clean_env();
+  env["SLURM_PROCID"] = "3";  // SLURM_NTASKS missing
+  auto slurm = run_perf({"allreduce", "-e", "1K"}, env);
+  EXPECT_TRUE(slurm.exited && slurm.exit_code == 2) << slurm.describe();
+  EXPECT_NE(slurm.output.find("rank 3 (SLURM_PROCID)"), std::string::npos) << slurm.describe();
+  EXPECT_NE(slurm.output.find("SLURM_NTASKS"), std::string::npos) << slurm.describe();
+  EXPECT_EQ(slurm.output.find("rank -1"), std::string::npos) << slurm.describe();
+}
+
 // --codec: one row per codec after the uncompressed one, then the ef-floor reference row; the
 // bytes each rank sent come from gw_comm_stats, so a compressed row must send fewer than none.
 TEST(PerfToolTest, CodecAllreduceTableHasARowPerCodecAndTheFloor) {
