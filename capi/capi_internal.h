@@ -45,6 +45,10 @@ Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blo
 // kInvalidArg when p is NULL with bytes to transfer.
 Status check_buffer(const char* name, const void* p, size_t bytes);
 
+// kUnsupported naming `arg` when p is CUDA device memory (not managed memory) and the process has
+// the CUDA driver loaded; OK otherwise (capi/host_memory.cc).
+Status check_host_memory(const char* arg, const void* p);
+
 // Runs an entry point's body: converts its Status, and every exception, to a gw_status_t.
 template <typename F>
 gw_status_t guarded(const char* call, F&& body) noexcept {

@@ -1,5 +1,10 @@
 #include "capi/direct_session.h"
 
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+#include <string>
 #include <utility>
 
 #include "core/log.h"
@@ -20,6 +25,41 @@ class DirectRequest final : public SessionRequest {
   std::unique_ptr<coll::AsyncOp> op_;
 };
 
+// The TCP stores of this process's live communicators, by address, token and role. A second
+// communicator of the same job (gw_comm_init_from_env called again) shares the first one's store
+// instead of binding the server's port twice; each communicator still works under its own key
+// prefix (collectives/group.cc numbers them per rank), so they do not see each other's keys.
+// Rank 0's store (host_server) is never shared with a client of the same address in this process
+// (ranks run as threads of one process in tests): the server must come from rank 0's own call.
+class StoreCache {
+ public:
+  Result<std::shared_ptr<Store>> get(const TcpStoreOptions& so) {
+    const std::string key = fmt::format("{}|{}|{}|{}", so.host, so.port,
+                                        so.host_server ? "server" : "client", so.token);
+    // Rank 0 holds the lock while it binds (quick, and two binds of one port must not race);
+    // a client does not, since its connect waits for rank 0, possibly a thread of this process.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (auto found = stores_[key].lock()) return found;
+    if (!so.host_server) lock.unlock();
+    auto tcp = TcpStore::create(so);
+    if (!tcp.ok()) return tcp.status();
+    std::shared_ptr<Store> made = std::move(*tcp);
+    if (!so.host_server) lock.lock();
+    if (auto raced = stores_[key].lock()) return raced;  // another thread's client won
+    stores_[key] = made;
+    return made;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<Store>> stores_;
+};
+
+StoreCache& store_cache() {
+  static StoreCache* cache = new StoreCache();  // never freed: used until the last session goes
+  return *cache;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
@@ -39,9 +79,9 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
     so.host_server = options.rank == 0;
     so.token = options.job_token;
     so.connect_timeout_ms = options.timeout_ms;
-    auto tcp = TcpStore::create(so);
-    if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
-    store = std::move(*tcp);
+    auto shared = store_cache().get(so);
+    if (!shared.ok()) return shared.status().with_context("rendezvous store");
+    store = std::move(*shared);
   }
 
   coll::CommOptions co;

@@ -54,6 +54,7 @@ class DirectSession final : public Session {
   bool aborted() const override { return comm_->aborted(); }
 
   Result<std::unique_ptr<Session>> split(int color, int key) override;
+  std::string describe() const override { return comm_->describe(); }
 
  private:
   // The comm's compressor, created on first use. Callers hold compress_mu_.

@@ -36,6 +36,11 @@
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
 #endif
+#ifdef GW_GIT_COMMIT
+#define GW_COMMIT_SUFFIX " (commit " GW_GIT_COMMIT ")"
+#else
+#define GW_COMMIT_SUFFIX ""
+#endif
 
 namespace gw::capi {
 
@@ -171,7 +176,10 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
     o.world_size = info.world_size;
     o.store_host = info.store_host;
     o.store_port = info.store_port;
+    o.launcher = info.source;
+    o.store_source = info.store_source;
   } else {
+    o.launcher = "config";
     if (o.rank >= o.world_size) {
       return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", o.rank,
                              o.world_size);
@@ -180,11 +188,13 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
       GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
       o.store_host = a.host;
       o.store_port = a.port;
+      o.store_source = a.source;
     }
   }
   if (cfg.store_addr != nullptr) {
     Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &o.store_host, &o.store_port);
     if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());
+    o.store_source = "config.store_addr";
   }
   o.timeout_ms =
       cfg.timeout_ms > 0 ? cfg.timeout_ms : gw::config::get_int(gw::core_config::kTimeoutMs);
@@ -193,10 +203,32 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   }
   o.job_token = cfg.job_token != nullptr ? std::string(cfg.job_token)
                                          : gw::config::get_string(gw::core_config::kJobToken);
+  o.token_source = cfg.job_token != nullptr ? "config.job_token"
+                   : o.job_token.empty()    ? ""
+                                            : "GW_JOB_TOKEN";
   o.transport = cfg.transport != nullptr ? std::string(cfg.transport)
                                          : gw::config::get_string(gw::net::net_config::kTransport);
   if (o.transport.empty()) return gw::invalid_arg("config.transport is empty");
   return o;
+}
+
+// The one INFO line a communicator logs when it is ready: what was chosen and where from.
+std::string startup_line(const SessionOptions& o, const Session& session) {
+  std::string store = "none (one rank)";
+  if (!o.store_host.empty()) {
+    store = fmt::format("{}:{} ({}{})", o.store_host, o.store_port,
+                        o.store_source.empty() ? "launcher" : o.store_source,
+                        o.rank == 0 ? ", hosted by this rank" : "");
+  }
+  std::string token = o.token_source.empty()
+                          ? (o.world_size > 1 ? "made by rank 0 and shared through the store"
+                                              : "none needed (one rank)")
+                          : "from " + o.token_source;
+  return fmt::format(
+      "gradwire {}{}: communicator ready: rank {} of {}, launcher {}, store {}, "
+      "job token {}, {}",
+      GW_VERSION_STRING, GW_COMMIT_SUFFIX, o.rank, o.world_size, o.launcher, store, token,
+      session.describe());
 }
 
 Status init(gw_comm_t* out, const gw_config_t& cfg) {
@@ -204,7 +236,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
   gw::log::set_rank(o.rank);
   GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, DirectSession::create(o));
-  GW_LOG_INFO("communicator ready: rank {} of {}, transport {}", o.rank, o.world_size, o.transport);
+  GW_LOG_INFO("{}", startup_line(o, *session));
   *out = register_comm(std::move(session));
   return gw::ok_status();
 }
@@ -402,6 +434,8 @@ Status check_allreduce(const void* sendbuf, void* recvbuf, size_t count, int dty
   GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
   GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
   GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
   return check_overlap(sendbuf, bytes, recvbuf, bytes);
 }
 
@@ -426,6 +460,7 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
     GW_RETURN_IF_ERROR(check_buffer("buf", buf, bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("buf", buf));
     if (root < 0 || root >= st->size()) {
       return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st->size());
     }
@@ -444,6 +479,8 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
                                                         static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     // In place: sendbuf is this rank's block of recvbuf.
     const void* own_block = static_cast<const uint8_t*>(recvbuf) + st->rank() * send_bytes;
     if (sendbuf != own_block) {
@@ -466,6 +503,8 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
                                                         static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     const void* own_block = static_cast<const uint8_t*>(sendbuf) + st->rank() * recv_bytes;
     if (recvbuf != own_block) {
       GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
@@ -484,6 +523,8 @@ GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* rec
                         buffer_bytes("count", count, dtype, static_cast<size_t>(st->size())));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, bytes));
+    GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
+    if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
     GW_RETURN_IF_ERROR(check_overlap(sendbuf, bytes, recvbuf, bytes));
     return st->alltoall(sendbuf, recvbuf, count, dt(dtype));
   });

@@ -35,6 +35,10 @@ struct SessionOptions {
   std::string transport;   // a name the transport registry knows, or "auto"
   int64_t timeout_ms = 0;  // > 0
   std::string job_token;   // "": agree one through the store
+  // Where the values came from, for the start-up log line only (never the token itself):
+  std::string launcher;      // "torchrun", "Open MPI", "Slurm", "GW_*", "config"
+  std::string store_source;  // "config.store_addr", "GW_STORE", "MASTER_ADDR/MASTER_PORT"
+  std::string token_source;  // "config.job_token", "GW_JOB_TOKEN", "" (agreed via the store)
 };
 
 // An operation started by Session::iallreduce.
@@ -92,6 +96,9 @@ class Session {
   // gets a null Session. The new Session is independent of this one (either may be destroyed
   // first) and may be used beside it from the same thread.
   virtual Result<std::unique_ptr<Session>> split(int color, int key) = 0;
+
+  // What the session resolved (transport, channels, algorithms...) for the start-up log line.
+  virtual std::string describe() const { return ""; }
 };
 
 }  // namespace gw::capi

@@ -114,6 +114,7 @@ class CommImpl : public Communicator {
     return c.ok() ? c->algorithm->algo : settings_.forced_algo;
   }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override;
+  std::string describe() const override { return summary_; }
   HostLayout host_layout() const override {
     return HostLayout{group_.host(), group_.nhosts(), group_.local_rank(), group_.local_size(),
                       uniform_hosts(group_.hosts())};
@@ -131,6 +132,10 @@ class CommImpl : public Communicator {
   int channels_for(size_t bytes) const;
   // Rank 0 publishes cost_, the others replace theirs with it.
   Status agree_cost_params();
+  // "transport tcp (eth0:10.0.0.1, 1 socket per connection, 0 I/O threads)".
+  static std::string describe_transport(std::string_view level, const net::Properties& p);
+  // describe()'s text, once the transports and the cost model are known.
+  std::string make_summary(const std::string& transports) const;
 
   Group group_;
   CommSettings settings_;
@@ -142,6 +147,7 @@ class CommImpl : public Communicator {
   uint32_t seq_ = 0;
   Status broken_;
   std::set<std::pair<int, int>> logged_;  // (algo, size class)
+  std::string summary_;                   // describe(), made by init()
 
   std::mutex exec_mu_;  // one collective at a time
   AsyncQueue queue_;    // iallreduce
@@ -179,6 +185,7 @@ Status CommImpl::init() {
     auto choice = net::choose_auto_backend(!multi_host, {});
     if (choice.ok()) main = choice->name;
   }
+  std::string transports;  // for describe()
   if (world > 1) {
     LinkFigures intra, inter;
     auto figures = [](const net::Transport* t) {
@@ -188,10 +195,14 @@ Status CommImpl::init() {
     if (group_.max_local_size() > 1) {
       GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(true));
       intra = figures(t);
+      transports = describe_transport(multi_host ? "within hosts " : "", t->properties());
     }
     if (multi_host) {
       GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(false));
       inter = figures(t);
+      if (!transports.empty()) transports += "; ";
+      transports +=
+          describe_transport(group_.max_local_size() > 1 ? "across hosts " : "", t->properties());
     }
     if (!multi_host) inter = intra;
     if (group_.max_local_size() == 1) intra = inter;
@@ -208,7 +219,63 @@ Status CommImpl::init() {
   GW_LOG_DEBUG("communicator rank {}/{}: transport {}, chunk {}, channels {}, algo {}", me, world,
                main, format_bytes(exec_.chunk_bytes()), settings_.nchannels_cfg,
                algo_name(settings_.forced_algo));
+  summary_ = make_summary(transports);
   return ok_status();
+}
+
+std::string CommImpl::describe_transport(std::string_view level, const net::Properties& p) {
+  std::string s = fmt::format("transport {}{}", level, p.name);
+  std::string detail = p.interfaces.empty() ? "" : p.interfaces + ", ";
+  if (p.name == "tcp") {
+    detail +=
+        fmt::format("{} socket{} per connection, {} I/O thread{}", p.sockets_per_conn,
+                    p.sockets_per_conn == 1 ? "" : "s", p.io_threads, p.io_threads == 1 ? "" : "s");
+  } else if (!detail.empty()) {
+    detail.resize(detail.size() - 2);
+  }
+  if (!detail.empty()) s += fmt::format(" ({})", detail);
+  return s;
+}
+
+std::string CommImpl::make_summary(const std::string& transports) const {
+  if (size() == 1) return "one rank: no transport, no algorithm";
+  std::string channels;
+  if (settings_.nchannels_cfg > 0) {
+    channels = fmt::format("channels {}", settings_.nchannels_cfg);
+  } else {
+    // channels_for(): 2 once each rank's ring step holds 2 chunks, 4 once it holds 8.
+    const size_t step = exec_.chunk_bytes() * static_cast<size_t>(size());
+    channels = fmt::format("channels auto (1, 2 from {}, 4 from {})", format_bytes(2 * step),
+                           format_bytes(8 * step));
+  }
+  // The algorithm table's choice at each power of two from 1 KiB to 1 GiB, as runs.
+  std::string algos;
+  std::string_view run_name;
+  size_t run_from = 0;
+  auto close_run = [&](size_t upto) {
+    if (run_name.empty()) return;
+    if (!algos.empty()) algos += ", ";
+    algos += upto == 0
+                 ? fmt::format("from {} {}", format_bytes(run_from), run_name)
+                 : fmt::format("{}-{} {}", format_bytes(run_from), format_bytes(upto), run_name);
+  };
+  constexpr size_t kFrom = size_t{1} << 10, kTo = size_t{1} << 30;
+  size_t prev = 0;
+  for (size_t bytes = kFrom; bytes <= kTo; bytes *= 2) {
+    auto c = choose_allreduce(group_, bytes, cost_, settings_.forced_algo);
+    const std::string_view name = c.ok() ? c->algorithm->name : std::string_view("none");
+    if (name != run_name) {
+      close_run(prev);
+      run_name = name;
+      run_from = bytes;
+    }
+    prev = bytes;
+  }
+  close_run(0);
+  if (algos.find(", ") == std::string::npos) algos = fmt::format("{} at every size", run_name);
+  return fmt::format("{}, {}, chunk {}, allreduce{} {}", transports, channels,
+                     format_bytes(exec_.chunk_bytes()),
+                     settings_.forced_algo == Algo::kAuto ? "" : " (GW_ALGO)", algos);
 }
 
 Status CommImpl::agree_cost_params() {
@@ -489,6 +556,8 @@ Result<std::unique_ptr<AsyncOp>> CommImpl::iallreduce(const void* sendbuf, void*
 }  // namespace
 
 HostLayout Communicator::host_layout() const { return HostLayout{0, 1, rank(), size(), true}; }
+
+std::string Communicator::describe() const { return fmt::format("rank {} of {}", rank(), size()); }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int, int) {
   return unsupported("split: this communicator cannot be split");

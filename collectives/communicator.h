@@ -110,6 +110,13 @@ class Communicator {
   // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
   virtual Algo choose_allreduce_algo(size_t bytes) const = 0;
 
+  // What this communicator resolved at creation, for the start-up log line: the transport of
+  // each link level (never "auto") with its interface, sockets and I/O threads, the channels,
+  // the chunk, and the allreduce algorithm per size class ("transport tcp (eth0:10.0.0.1, 1
+  // socket, 0 threads), channels auto (1-4 by size), chunk 512 KiB, allreduce <=32 KiB rhd,
+  // >32 KiB ring"). The default names only rank and size.
+  virtual std::string describe() const;
+
   // Collective over this communicator (every rank calls it, in the same order relative to its
   // other collectives): ranks passing the same color form a new communicator, ranked by key and
   // then by their rank here. A rank passing color < 0 joins none and gets nullptr (OK). The new

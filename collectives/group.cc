@@ -88,14 +88,13 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
     g.host_id_ = o.host_id;
     GW_RETURN_IF_ERROR(g.store_->set(fmt::format("hostid/{}", o.rank),
                                      Bytes(g.host_id_.begin(), g.host_id_.end()), deadline));
+    auto joined = gather_joined(
+        *g.store_, world, [](int r) { return fmt::format("hostid/{}", r); }, deadline);
+    if (!joined.ok()) return joined.status().with_context("communicator");
     std::vector<std::string> ids;
     for (int r = 0; r < world; ++r) {
-      auto v = g.store_->get(fmt::format("hostid/{}", r), deadline);
-      if (!v.ok()) {
-        return v.status().with_context(
-            fmt::format("communicator: waiting for the host identity of rank {}", r));
-      }
-      std::string id(v->begin(), v->end());
+      const Bytes& v = (*joined)[static_cast<size_t>(r)];
+      std::string id(v.begin(), v.end());
       auto it = std::find(ids.begin(), ids.end(), id);
       g.host_of_rank_.push_back(static_cast<int>(it - ids.begin()));
       if (it == ids.end()) ids.push_back(id);

@@ -1,11 +1,14 @@
 #include "core/bootstrap.h"
 
+#include <fmt/ranges.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include "core/bootstrap_env.h"
 #include "core/config.h"
 #include "core/core_config.h"
+#include "core/log.h"
 #include "core/store_socket.h"
 
 namespace gw {
@@ -149,8 +153,10 @@ Result<LaunchInfo> detect_launch() {
     }
     if (found == nullptr) {
       return invalid_arg(
-          "no launcher environment: set GW_RANK and GW_WORLD_SIZE, or start the job with "
-          "torchrun (RANK, WORLD_SIZE), mpirun (OMPI_COMM_WORLD_RANK) or srun (SLURM_PROCID)");
+          "no launcher environment: set GW_RANK, GW_WORLD_SIZE and GW_STORE=host:port (rank 0 "
+          "hosts the store there) on every rank, or start the job with torchrun (RANK, "
+          "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_RANK) or srun "
+          "(SLURM_PROCID)");
     }
     info.source = found->source;
     GW_ASSIGN_OR_RETURN(info.rank, required_int(found->rank, env(found->rank), found->source));
@@ -177,6 +183,7 @@ Result<LaunchInfo> detect_launch() {
   }
 
   GW_ASSIGN_OR_RETURN(StoreAddress addr, store_address_from_env());
+  info.store_source = addr.source;
   if (addr.host.empty() && info.world_size > 1) {
     return invalid_arg(
         "no store address for a job of {} ranks: set GW_STORE=host:port or MASTER_ADDR and "
@@ -211,13 +218,13 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
   HostMap map;
   map.host_of_rank.assign(world, -1);
   std::map<std::string, int> index;
+  GW_ASSIGN_OR_RETURN(
+      std::vector<Bytes> ids,
+      gather_joined(
+          store, world, [](int r) { return fmt::format("gw/host/{}", r); }, deadline));
   for (int r = 0; r < world; ++r) {
-    auto v = store.get(fmt::format("gw/host/{}", r), deadline);
-    if (!v.ok()) {
-      return v.status().with_context(
-          fmt::format("exchange_hosts: waiting for the host identity of rank {}", r));
-    }
-    std::string id(v->begin(), v->end());
+    const Bytes& v = ids[static_cast<size_t>(r)];
+    std::string id(v.begin(), v.end());
     auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
     if (inserted) map.ranks_of_host.emplace_back();
     map.host_of_rank[r] = it->second;
@@ -229,6 +236,70 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
     if (peers[i] == rank) map.local_rank = static_cast<int>(i);
   }
   return map;
+}
+
+Result<std::vector<Bytes>> gather_joined(Store& store, int world,
+                                         const std::function<std::string(int)>& key_of,
+                                         Deadline deadline) {
+  // A probe asks whether a key is there without waiting for it: one round trip.
+  constexpr int64_t kProbeMs = 20;
+  // Probes stop after this many missing ranks: the line stays readable, the probes short.
+  constexpr size_t kMaxNamed = 32;
+  const int64_t every = config::get_int(core_config::kJoinReportMs);
+  const auto start = Clock::now();
+  auto report_at = every > 0 ? start + std::chrono::milliseconds(every) : Deadline::max();
+  std::vector<Bytes> out(static_cast<size_t>(world));
+  std::vector<bool> have(static_cast<size_t>(world), false);
+  int next = 0;  // the lowest rank not read yet
+  while (next < world) {
+    if (have[next]) {
+      ++next;
+      continue;
+    }
+    auto v = store.get(key_of(next), std::min(deadline, report_at));
+    if (v.ok()) {
+      out[next] = std::move(*v);
+      have[next] = true;
+      continue;
+    }
+    if (v.status().code() != Code::kTimeout || Clock::now() >= deadline) {
+      return v.status().with_context(fmt::format("waiting for rank {} to join", next));
+    }
+    // Time to say who is missing: probe every rank not read yet.
+    std::vector<int> missing;
+    bool all_probed = true;
+    for (int r = next; r < world; ++r) {
+      if (have[r]) continue;
+      if (missing.size() == kMaxNamed) {
+        all_probed = false;
+        break;
+      }
+      auto p = store.get(key_of(r), std::min(deadline, deadline_after_ms(kProbeMs)));
+      if (p.ok()) {
+        out[r] = std::move(*p);
+        have[r] = true;
+      } else if (p.status().code() == Code::kTimeout) {
+        missing.push_back(r);
+      } else {
+        return p.status().with_context(fmt::format("waiting for rank {} to join", r));
+      }
+    }
+    const auto now = Clock::now();
+    if (!missing.empty()) {
+      const auto secs = [](auto d) {
+        return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+      };
+      const std::string joined =
+          all_probed
+              ? fmt::format("{} of {} joined", world - static_cast<int>(missing.size()), world)
+              : fmt::format("{} ranks, more missing", world);
+      GW_LOG_INFO("communicator: waiting for rank{} {} to join ({}, {} s of the {} s deadline)",
+                  missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), joined,
+                  secs(now - start), secs(deadline - start));
+    }
+    report_at = now + std::chrono::milliseconds(every);
+  }
+  return out;
 }
 
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {

@@ -2,6 +2,7 @@
 // the environment of the launcher that started it, and which ranks share its host.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,11 +15,12 @@ namespace gw {
 struct LaunchInfo {
   int rank = -1;
   int world_size = -1;
-  int local_rank = -1;        // -1 when the launcher does not say
+  int local_rank = -1;  // -1 when the launcher does not say
   int local_world_size = -1;
-  std::string store_host;     // empty when the launcher gives no address
+  std::string store_host;  // empty when the launcher gives no address
   int store_port = 0;
-  std::string source;         // "GW_*", "torchrun", "Open MPI", "Slurm"
+  std::string source;        // "GW_*", "torchrun", "Open MPI", "Slurm"
+  std::string store_source;  // "GW_STORE", "MASTER_ADDR/MASTER_PORT", "" (no address)
 };
 
 // Order: GW_RANK/GW_WORLD_SIZE/GW_STORE; torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -41,6 +43,14 @@ struct HostMap {
   int local_rank = -1;  // position of this rank among the ranks of its host
 };
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline);
+
+// Reads key_of(r) for every rank r < world (the value each rank publishes when it joins), waiting
+// until `deadline` for those not there yet. Every GW_JOIN_REPORT_MS of waiting it names at INFO
+// the ranks still missing ("communicator: waiting for ranks 2, 5 to join (8 of 10 joined, 10 s
+// of the 300 s deadline)"). kTimeout at the deadline names the first missing rank.
+Result<std::vector<Bytes>> gather_joined(Store& store, int world,
+                                         const std::function<std::string(int)>& key_of,
+                                         Deadline deadline);
 
 // Job token: GW_JOB_TOKEN if set; else rank 0 generates 128 random bits and publishes them in the
 // store, and the others read them.

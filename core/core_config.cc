@@ -61,9 +61,15 @@ constinit const config::Row kHostId{
     "GW_HOSTID", Type::String, "", "NCCL_HOSTID",
     "override this process's host identity (ranks with equal ids share memory)"};
 
+constinit const config::Row kJoinReportMs{
+    "GW_JOIN_REPORT_MS", Type::Int, "10000", "",
+    "while a rank waits for the others to join a communicator, it names the missing ranks at "
+    "INFO this often (ms; 0: never)"};
+
 const config::RowSet& rows() {
-  static const config::RowSet set("core", {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank,
-                                           &kWorldSize, &kStore, &kJobToken, &kHostId});
+  static const config::RowSet set(
+      "core", {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank, &kWorldSize, &kStore, &kJobToken,
+               &kHostId, &kJoinReportMs});
   return set;
 }
 

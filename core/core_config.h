@@ -13,6 +13,7 @@ extern const config::Row kWorldSize;
 extern const config::Row kStore;
 extern const config::Row kJobToken;
 extern const config::Row kHostId;
+extern const config::Row kJoinReportMs;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

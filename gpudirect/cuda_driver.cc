@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 namespace gw::cuda {
@@ -129,6 +131,48 @@ bool is_device_pointer(const void* p) {
   const CUresult r =
       (*d)->cuPointerGetAttribute(&type, kPointerAttrMemoryType, reinterpret_cast<CUdeviceptr>(p));
   return r == kCudaSuccess && (type == kMemoryTypeDevice || type == kMemoryTypeUnified);
+}
+
+const Driver* resident_driver() {
+  static std::atomic<const Driver*> table{nullptr};
+  static std::atomic<bool> unusable{false};
+  static std::mutex mu;
+  if (const Driver* d = table.load(std::memory_order_acquire)) return d;
+  if (unusable.load(std::memory_order_acquire)) return nullptr;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;  // nobody in this process uses CUDA (yet)
+  dlclose(lib);  // drops the reference RTLD_NOLOAD took; the library stays mapped
+  std::lock_guard<std::mutex> lock(mu);
+  if (const Driver* d = table.load(std::memory_order_acquire)) return d;
+  auto d = driver();
+  // driver() caches its first answer: when that was made before the application mapped the
+  // library, load a table of our own now that it is there.
+  if (!d.ok()) d = load_driver("libcuda.so.1");
+  if (!d.ok()) {
+    unusable.store(true, std::memory_order_release);
+    return nullptr;
+  }
+  table.store(*d, std::memory_order_release);
+  return *d;
+}
+
+MemoryKind resident_memory_kind(const void* p) {
+  if (p == nullptr) return MemoryKind::kHost;
+  const Driver* d = resident_driver();
+  if (d == nullptr) return MemoryKind::kHost;
+  const auto ptr = reinterpret_cast<CUdeviceptr>(p);
+  unsigned type = 0;
+  // Host memory the driver never saw is CUDA_ERROR_INVALID_VALUE: host.
+  if (d->cuPointerGetAttribute(&type, kPointerAttrMemoryType, ptr) != kCudaSuccess ||
+      (type != kMemoryTypeDevice && type != kMemoryTypeUnified)) {
+    return MemoryKind::kHost;
+  }
+  unsigned managed = 0;
+  if (d->cuPointerGetAttribute(&managed, kPointerAttrIsManaged, ptr) == kCudaSuccess &&
+      managed != 0) {
+    return MemoryKind::kManaged;
+  }
+  return MemoryKind::kDevice;
 }
 
 namespace {

@@ -42,6 +42,7 @@ inline constexpr int kAttrMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULT
 inline constexpr int kAttrCcMajor = 75;              // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 inline constexpr int kAttrCcMinor = 76;              // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 inline constexpr int kPointerAttrMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+inline constexpr int kPointerAttrIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MANAGED
 inline constexpr int kPointerAttrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 inline constexpr unsigned kMemoryTypeDevice = 2;     // CU_MEMORYTYPE_DEVICE
 inline constexpr unsigned kMemoryTypeUnified = 4;    // CU_MEMORYTYPE_UNIFIED
@@ -118,6 +119,19 @@ Status cuda_error(const Driver& d, CUresult r, std::string_view what);
 // True when a driver is loaded and `p` is device (or managed) memory known to it; false for host
 // memory, null, or when there is no driver. Never fails, never loads anything but the driver.
 bool is_device_pointer(const void* p);
+
+// The table when libcuda.so.1 is already mapped into this process (by the application, a
+// framework, or driver()), else nullptr. It never maps the library itself, so a process that
+// never touched CUDA pays one dlopen(RTLD_NOLOAD) per call and nothing else; once the library is
+// seen the table is cached and later calls are one atomic load. Thread-safe.
+const Driver* resident_driver();
+
+// What the resident driver (above) says `p` is: kHost for host memory, null, or when no driver is
+// mapped; kDevice for memory only a GPU can read (cuMemAlloc, cudaMalloc); kManaged for managed
+// memory (cudaMallocManaged), which the host can read too. One cuPointerGetAttribute for host
+// memory, two for device memory; never fails.
+enum class MemoryKind { kHost, kDevice, kManaged };
+MemoryKind resident_memory_kind(const void* p);
 
 // Waits until the work queued on `stream` has finished, polling cuStreamQuery (spin, then short
 // sleeps): kTimeout after `timeout_ms`, a driver error if the stream failed. A null `stream` is

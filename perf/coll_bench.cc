@@ -14,9 +14,9 @@
 #include "collectives/coll_config.h"
 #include "collectives/cost_model.h"
 #include "core/config.h"
-#include "core/net/backend_registry.h"
 #include "core/config_snapshot.h"
 #include "core/core_config.h"
+#include "core/net/backend_registry.h"
 #include "gradwire/gradwire.h"
 #include "perf/rank_launcher.h"
 
@@ -56,6 +56,53 @@ bool write_json_file(const std::string& path, const json& doc) {
   return static_cast<bool>(f);
 }
 
+const char* average_name(CollConfig::Average a) {
+  switch (a) {
+    case CollConfig::Average::kRank0:
+      return "rank0";
+    case CollConfig::Average::kMean:
+      return "mean";
+    case CollConfig::Average::kMin:
+      return "min";
+    case CollConfig::Average::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+// How the time column is made, for the header and the JSON.
+std::string time_rule(const CollConfig& c) {
+  const char* across = c.average == CollConfig::Average::kRank0  ? "rank 0's"
+                       : c.average == CollConfig::Average::kMean ? "the mean over ranks of the"
+                       : c.average == CollConfig::Average::kMin  ? "the fastest rank's"
+                                                                 : "the slowest rank's";
+  if (!c.blocking) {
+    return fmt::format(
+        "{} time of all iterations issued at once (gw_iallreduce) divided by the iterations",
+        across);
+  }
+  return fmt::format("median over iterations of {} per-iteration time (blocking calls)", across);
+}
+
+// The sizes of the sweep: -b, then times -f (or plus -i), up to -e.
+std::vector<uint64_t> sweep_sizes(const CollConfig& c) {
+  std::vector<uint64_t> sizes;
+  for (uint64_t b = c.min_bytes; b <= c.max_bytes;) {
+    sizes.push_back(b);
+    uint64_t next = 0;
+    if (c.step_bytes > 0) {
+      if (b > c.max_bytes - c.step_bytes) break;
+      next = b + c.step_bytes;
+    } else {
+      if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
+      next = b * static_cast<uint64_t>(c.factor);
+      if (next == b) next = b + 1;  // -b 0
+    }
+    b = next;
+  }
+  return sizes;
+}
+
 json config_json(const CollConfig& c) {
   json j;
   j["collective"] = c.name;
@@ -70,8 +117,12 @@ json config_json(const CollConfig& c) {
   j["step_factor"] = c.factor;
   j["iters"] = c.iters > 0 ? json(c.iters) : json("adaptive");
   j["warmup"] = c.warmup;
-  j["check"] = c.check;
-  j["time"] = "median over iterations of the slowest rank's per-iteration time (out-of-place)";
+  j["step_bytes"] = c.step_bytes;
+  j["check"] = c.check_iters > 0;
+  j["check_iters"] = c.check_iters;
+  j["average"] = average_name(c.average);
+  j["blocking"] = c.blocking;
+  j["time"] = time_rule(c);
   j["gradwire_version"] = gw_version();
   // Every setting a layer above the default sets (file, environment, or the options above).
   json env = json::object();
@@ -122,8 +173,12 @@ class RankRun {
 
  private:
   int fail(const std::string& what, gw_status_t s) {
-    std::string msg = fmt::format("rank {}: {} failed: {}: {}", rank_, what, gw_status_string(s),
-                                  gw_last_error());
+    // Before the communicator exists the library has not said which rank this is: name the one
+    // the launcher's environment gives, if any.
+    std::string who = rank_ >= 0 ? fmt::format("rank {}", rank_) : launcher_rank_text();
+    if (who.empty()) who = "this process";
+    std::string msg =
+        fmt::format("{}: {} failed: {}: {}", who, what, gw_status_string(s), gw_last_error());
     return fail_msg(msg);
   }
 
@@ -180,12 +235,15 @@ class RankRun {
                     c_.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c_.algo,
                     coll::dtype_name(c_.dtype), has_op(c_.coll) ? coll::op_name(c_.op) : "none",
                     c_.coll == Collective::kBroadcast ? c_.root : -1);
-    out += fmt::format("# sizes: {} .. {} bytes, factor {}  iters: {}  warmup: {}  check: {}\n",
-                       c_.min_bytes, c_.max_bytes, c_.factor, iters, c_.warmup,
-                       c_.check ? "on" : "off");
-    out +=
-        "# time: median over iterations of the slowest rank's per-iteration time, "
-        "out-of-place\n";
+    out += fmt::format("# sizes: {} .. {} bytes, {}  iters: {}  warmup: {}  check: {}\n",
+                       c_.min_bytes, c_.max_bytes,
+                       c_.step_bytes > 0 ? fmt::format("increment {}", c_.step_bytes)
+                                         : fmt::format("factor {}", c_.factor),
+                       iters, c_.warmup,
+                       c_.check_iters > 0 ? fmt::format("{} iteration{}", c_.check_iters,
+                                                        c_.check_iters == 1 ? "" : "s")
+                                          : std::string("off"));
+    out += fmt::format("# time: {}, out-of-place and in-place\n", time_rule(c_));
     out +=
         fmt::format("# algbw = size / time, busbw = {} (GB/s = 1e9 B/s)\n", busbw_formula(c_.coll));
     out += fmt::format("# GW_* set:{}\n", env);
@@ -194,95 +252,228 @@ class RankRun {
       out += fmt::format("#   rank {:>3}: {}\n", r, hosts_[static_cast<size_t>(r)]);
     }
     out += "#\n";
-    out +=
-        fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}  {:>6}\n", "size(B)",
-                    "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    out += fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:^44}  {:^44}", "", "", "", "",
+                       "out-of-place", "in-place");
+    out.erase(out.find_last_not_of(' ') + 1);
+    out += "\n";
+    out += fmt::format(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}  {:>6}  {:>10}  {:>11}  {:>11}  "
+        "{:>6}\n",
+        "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
+        "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
+  }
+
+  // One size's arguments: the element counts and where each placement reads and writes.
+  struct Shape {
+    size_t total = 0;      // elements of the size column
+    size_t arg_count = 0;  // the count argument of the call
+    size_t send_count = 0;
+    size_t recv_count = 0;
+  };
+
+  Shape shape_for(uint64_t bytes) const {
+    Shape sh;
+    sh.total = count_for_size(c_.coll, bytes, c_.dtype, world_);
+    sh.arg_count = sh.total;
+    if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter ||
+        c_.coll == Collective::kAlltoall) {
+      sh.arg_count = sh.total / static_cast<size_t>(world_);
+    }
+    sh.send_count = c_.coll == Collective::kAllgather ? sh.arg_count : sh.total;
+    sh.recv_count = c_.coll == Collective::kReduceScatter ? sh.arg_count : sh.total;
+    return sh;
+  }
+
+  // The buffers of one call. In place, the data lives in one buffer as the C header defines it:
+  // allreduce and alltoall sendbuf == recvbuf; allgather's input is this rank's block of recvbuf;
+  // reduce_scatter's output is this rank's block of sendbuf; broadcast has one buffer anyway.
+  struct Bufs {
+    void* send = nullptr;
+    void* recv = nullptr;
+    void* out = nullptr;  // where count_wrong looks
+  };
+
+  Bufs bufs_for(bool in_place, const Shape& sh) {
+    const size_t esz = coll::dtype_size(c_.dtype);
+    Bufs b;
+    if (!in_place) {
+      b.send = sendbuf_.data();
+      b.recv = recvbuf_.data();
+      b.out = recvbuf_.data();
+      return b;
+    }
+    const size_t own = static_cast<size_t>(rank_) * sh.arg_count * esz;
+    switch (c_.coll) {
+      case Collective::kAllreduce:
+      case Collective::kAlltoall:
+      case Collective::kBroadcast:
+        b.send = b.recv = b.out = recvbuf_.data();
+        break;
+      case Collective::kAllgather:
+        b.recv = b.out = recvbuf_.data();
+        b.send = recvbuf_.data() + own;
+        break;
+      case Collective::kReduceScatter:
+        b.send = sendbuf_.data();
+        b.recv = b.out = sendbuf_.data() + own;
+        break;
+    }
+    return b;
+  }
+
+  // Writes the inputs of one call (in place, the input was overwritten by the previous call).
+  void fill_inputs(bool in_place, const Shape& sh, const Bufs& b) {
+    if (c_.coll == Collective::kBroadcast) {
+      fill_pattern(b.recv, sh.total, c_.dtype, c_.op, world_, rank_, 0);
+      return;
+    }
+    if (!in_place) return;  // out of place, sendbuf keeps the pattern of the size
+    fill_pattern(b.send, sh.send_count, c_.dtype, c_.op, world_, rank_, 0);
+  }
+
+  // The per-iteration times of one placement, combined across ranks as -a says. Returns 2 on error.
+  int time_calls(bool in_place, const Shape& sh, int iters, std::vector<double>* times) {
+    const size_t bytes = sh.total * coll::dtype_size(c_.dtype);
+    const char* where = in_place ? "in-place" : "out-of-place";
+    const Bufs b = bufs_for(in_place, sh);
+    if (in_place) fill_inputs(true, sh, b);
+    for (int w = 0; w < c_.warmup; ++w) {
+      gw_status_t s = call(sh.arg_count, b.send, b.recv);
+      if (s != GW_OK) return fail(what(bytes, fmt::format("{} warm-up", where)), s);
+      heartbeat();
+    }
+    gw_status_t s = gw_barrier(comm_);
+    if (s != GW_OK) return fail("barrier before timing", s);
+    if (!c_.blocking) {
+      // nccl-tests' default: every iteration issued, then one wait; time = total / iters.
+      std::vector<gw_request_t> reqs(static_cast<size_t>(iters), nullptr);
+      auto t0 = SteadyClock::now();
+      for (auto& r : reqs) {
+        s = gw_iallreduce(comm_, b.send, b.recv, sh.arg_count, static_cast<gw_dtype_t>(c_.dtype),
+                          static_cast<gw_op_t>(c_.op), &r);
+        if (s != GW_OK) return fail(what(bytes, fmt::format("{} gw_iallreduce", where)), s);
+      }
+      for (auto& r : reqs) {
+        s = gw_wait(r, -1);
+        if (s != GW_OK) return fail(what(bytes, fmt::format("{} gw_wait", where)), s);
+      }
+      auto t1 = SteadyClock::now();
+      heartbeat();
+      times->assign(1, std::chrono::duration<double>(t1 - t0).count() / iters);
+    } else {
+      times->assign(static_cast<size_t>(iters), 0.0);
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = SteadyClock::now();
+        s = call(sh.arg_count, b.send, b.recv);
+        auto t1 = SteadyClock::now();
+        if (s != GW_OK) return fail(what(bytes, fmt::format("{} timed iteration", where)), s);
+        (*times)[static_cast<size_t>(i)] = std::chrono::duration<double>(t1 - t0).count();
+        heartbeat();
+      }
+    }
+    return combine_times(times);
+  }
+
+  // -a: rank 0's times, the mean, the fastest or the slowest rank's, element by element.
+  int combine_times(std::vector<double>* times) {
+    gw_status_t s = GW_OK;
+    double* t = times->data();
+    const size_t n = times->size();
+    switch (c_.average) {
+      case CollConfig::Average::kRank0:
+        s = gw_broadcast(comm_, t, n, GW_FLOAT64, 0);
+        break;
+      case CollConfig::Average::kMean:
+        s = gw_allreduce(comm_, t, t, n, GW_FLOAT64, GW_AVG);
+        break;
+      case CollConfig::Average::kMin:
+        s = gw_allreduce(comm_, t, t, n, GW_FLOAT64, GW_MIN);
+        break;
+      case CollConfig::Average::kMax:
+        s = gw_allreduce(comm_, t, t, n, GW_FLOAT64, GW_MAX);
+        break;
+    }
+    if (s != GW_OK) return fail("combining the iteration times across ranks (-a)", s);
+    return 0;
+  }
+
+  // -c N: N checked calls of one placement; the wrong elements summed over calls and ranks into
+  // *wrong. Returns 2 on error.
+  int check_calls(bool in_place, const Shape& sh, int64_t* wrong) {
+    const size_t bytes = sh.total * coll::dtype_size(c_.dtype);
+    const Bufs b = bufs_for(in_place, sh);
+    int64_t mine = 0;
+    for (int k = 0; k < c_.check_iters; ++k) {
+      if (c_.coll == Collective::kBroadcast) {
+        if (rank_ == c_.root) {
+          fill_inputs(in_place, sh, b);
+        } else {
+          fill_sentinel(b.recv, sh.total, c_.dtype);
+        }
+      } else {
+        if (in_place) {
+          // The input first, then the output's part of it not used as input gets the sentinel.
+          fill_inputs(true, sh, b);
+          if (c_.coll == Collective::kAllgather) {
+            const size_t esz = coll::dtype_size(c_.dtype);
+            fill_sentinel(recvbuf_.data(), static_cast<size_t>(rank_) * sh.arg_count, c_.dtype);
+            const size_t after = static_cast<size_t>(rank_ + 1) * sh.arg_count;
+            fill_sentinel(recvbuf_.data() + after * esz, sh.total - after, c_.dtype);
+          }
+        } else {
+          fill_sentinel(b.recv, sh.recv_count, c_.dtype);
+        }
+      }
+      gw_status_t s = call(sh.arg_count, b.send, b.recv);
+      if (s != GW_OK) {
+        return fail(what(bytes, in_place ? "in-place checked run" : "checked run"), s);
+      }
+      mine += static_cast<int64_t>(
+          count_wrong(c_.coll, b.out, sh.arg_count, c_.dtype, c_.op, world_, rank_, c_.root));
+    }
+    gw_status_t s = gw_allreduce(comm_, &mine, wrong, 1, GW_INT64, GW_SUM);
+    if (s != GW_OK) return fail("allreduce(sum) of the wrong-element counts", s);
+    return 0;
   }
 
   // Returns 0, 1 (some element wrong) or 2 (error, already reported).
   int sweep() {
     const size_t esz = coll::dtype_size(c_.dtype);
-    const size_t max_count = count_for_size(c_.coll, c_.max_bytes, c_.dtype, world_);
+    const Shape biggest = shape_for(c_.max_bytes);
     // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data
     // (alltoall: both hold the whole per-rank buffer, size blocks of count).
-    size_t send_elems = max_count, recv_elems = max_count;
-    if (c_.coll == Collective::kAllgather) send_elems = max_count / static_cast<size_t>(world_);
-    if (c_.coll == Collective::kReduceScatter) recv_elems = max_count / static_cast<size_t>(world_);
-    std::vector<uint8_t> sendbuf(std::max<size_t>(send_elems * esz, 1));
-    std::vector<uint8_t> recvbuf(std::max<size_t>(recv_elems * esz, 1));
-
-    std::vector<uint64_t> sizes;
-    for (uint64_t b = c_.min_bytes; b <= c_.max_bytes;) {
-      sizes.push_back(b);
-      if (b > c_.max_bytes / static_cast<uint64_t>(c_.factor)) break;
-      uint64_t next = b * static_cast<uint64_t>(c_.factor);
-      if (next == b) next = b + 1;  // -b 0
-      b = next;
+    sendbuf_.assign(std::max<size_t>(biggest.send_count * esz, 1), 0);
+    recvbuf_.assign(std::max<size_t>(biggest.recv_count * esz, 1), 0);
+    if (c_.coll == Collective::kAllgather || c_.coll == Collective::kAlltoall) {
+      // In place, the whole gathered / exchanged buffer lives in recvbuf.
+      recvbuf_.resize(std::max<size_t>(biggest.total * esz, 1));
     }
+    const std::vector<uint64_t> sizes = sweep_sizes(c_);
     bool progress = rank_ == 0 && (c_.progress || isatty(STDERR_FILENO));
     auto t_start = SteadyClock::now();
     int result = 0;
     for (size_t k = 0; k < sizes.size(); ++k) {
-      size_t total = count_for_size(c_.coll, sizes[k], c_.dtype, world_);
-      size_t arg_count = total;  // the count argument of the call
-      if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter ||
-          c_.coll == Collective::kAlltoall) {
-        arg_count = total / static_cast<size_t>(world_);
-      }
-      size_t send_count = c_.coll == Collective::kAllgather ? arg_count : total;
-      size_t first = 0;
-      fill_pattern(sendbuf.data(), send_count, c_.dtype, c_.op, world_, rank_, first);
-      if (c_.coll == Collective::kBroadcast) {
-        fill_pattern(recvbuf.data(), total, c_.dtype, c_.op, world_, rank_, 0);
-      }
-      const int iters = c_.iters > 0 ? c_.iters : adaptive_iters(total * esz, world_);
-      for (int w = 0; w < c_.warmup; ++w) {
-        gw_status_t s = call(arg_count, sendbuf.data(), recvbuf.data());
-        if (s != GW_OK) return fail(what(total * esz, "warm-up"), s);
-        heartbeat();
-      }
-      gw_status_t s = gw_barrier(comm_);
-      if (s != GW_OK) return fail("barrier before timing", s);
-      std::vector<double> times(static_cast<size_t>(iters));
-      for (int i = 0; i < iters; ++i) {
-        auto t0 = SteadyClock::now();
-        s = call(arg_count, sendbuf.data(), recvbuf.data());
-        auto t1 = SteadyClock::now();
-        if (s != GW_OK) return fail(what(total * esz, "timed iteration"), s);
-        times[static_cast<size_t>(i)] = std::chrono::duration<double>(t1 - t0).count();
-        heartbeat();
-      }
-      // The slowest rank defines each iteration's time.
-      s = gw_allreduce(comm_, times.data(), times.data(), times.size(), GW_FLOAT64, GW_MAX);
-      if (s != GW_OK) return fail("allreduce(max) of the iteration times", s);
-      int64_t wrong = -1;
-      if (c_.check) {
-        if (c_.coll == Collective::kBroadcast) {
-          if (rank_ == c_.root) {
-            fill_pattern(recvbuf.data(), total, c_.dtype, c_.op, world_, rank_, 0);
-          } else {
-            fill_sentinel(recvbuf.data(), total, c_.dtype);
-          }
-        } else {
-          size_t recv_count = c_.coll == Collective::kReduceScatter ? arg_count : total;
-          fill_sentinel(recvbuf.data(), recv_count, c_.dtype);
+      const Shape sh = shape_for(sizes[k]);
+      fill_pattern(sendbuf_.data(), sh.send_count, c_.dtype, c_.op, world_, rank_, 0);
+      fill_inputs(false, sh, bufs_for(false, sh));
+      const int iters = c_.iters > 0 ? c_.iters : adaptive_iters(sh.total * esz, world_);
+      Placement oop, ip;
+      for (bool in_place : {false, true}) {
+        Placement& p = in_place ? ip : oop;
+        if (time_calls(in_place, sh, iters, &p.times) != 0) return 2;
+        if (c_.check_iters > 0) {
+          if (check_calls(in_place, sh, &p.wrong) != 0) return 2;
+          if (p.wrong > 0) result = 1;
         }
-        s = call(arg_count, sendbuf.data(), recvbuf.data());
-        if (s != GW_OK) return fail(what(total * esz, "checked run"), s);
-        int64_t mine = static_cast<int64_t>(count_wrong(c_.coll, recvbuf.data(), arg_count,
-                                                        c_.dtype, c_.op, world_, rank_, c_.root));
-        s = gw_allreduce(comm_, &mine, &wrong, 1, GW_INT64, GW_SUM);
-        if (s != GW_OK) return fail("allreduce(sum) of the wrong-element counts", s);
-        if (wrong > 0) result = 1;
       }
       if (rank_ == 0) {
-        report_row(total * esz, total, iters, times, wrong);
+        report_row(sh.total * esz, sh.total, iters, oop, ip);
         if (progress) {
           double el = std::chrono::duration<double>(SteadyClock::now() - t_start).count();
           std::fprintf(stderr, "# progress: %zu/%zu sizes, %llu B done, %.1f s elapsed\n", k + 1,
-                       sizes.size(), static_cast<unsigned long long>(total * esz), el);
+                       sizes.size(), static_cast<unsigned long long>(sh.total * esz), el);
           std::fflush(stderr);
         }
       } else {
@@ -302,7 +493,7 @@ class RankRun {
     }
   }
 
-  std::string what(size_t bytes, const char* phase) const {
+  std::string what(size_t bytes, std::string_view phase) const {
     return fmt::format("{} of {} B ({})", c_.name, bytes, phase);
   }
 
@@ -324,45 +515,74 @@ class RankRun {
     return GW_ERR_INVALID_ARG;
   }
 
-  void report_row(size_t bytes, size_t count, int iters, std::vector<double> times, int64_t wrong) {
+  struct Placement {
+    std::vector<double> times;
+    int64_t wrong = -1;  // -1: not checked
+  };
+
+  // time (median), min, max, algbw, busbw of one placement.
+  struct Figures {
+    double med = 0, min = 0, max = 0, algbw = 0, busbw = 0;
+  };
+
+  Figures figures(size_t bytes, std::vector<double> times) const {
+    Figures f;
     std::sort(times.begin(), times.end());
-    size_t n = times.size();
-    double med = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
-    double algbw = med > 0 ? static_cast<double>(bytes) / med / 1e9 : 0.0;
-    double busbw = algbw * busbw_factor(c_.coll, world_);
-    busbw_sum_ += busbw;
+    const size_t n = times.size();
+    f.med = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+    f.min = times.front();
+    f.max = times.back();
+    f.algbw = f.med > 0 ? static_cast<double>(bytes) / f.med / 1e9 : 0.0;
+    f.busbw = f.algbw * busbw_factor(c_.coll, world_);
+    return f;
+  }
+
+  void report_row(size_t bytes, size_t count, int iters, const Placement& oop,
+                  const Placement& ip) {
+    const Figures o = figures(bytes, oop.times);
+    const Figures i = figures(bytes, ip.times);
+    busbw_sum_ += o.busbw;
     ++rows_;
-    std::string wrong_s = wrong < 0 ? "N/A" : std::to_string(wrong);
-    std::printf("  %10zu  %12zu  %8s  %6s  %10.1f  %11.3f  %11.3f  %6s\n", bytes, count,
-                std::string(coll::dtype_name(c_.dtype)).c_str(),
-                has_op(c_.coll) ? std::string(coll::op_name(c_.op)).c_str() : "none", med * 1e6,
-                algbw, busbw, wrong_s.c_str());
+    auto wrong_s = [](int64_t w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+    std::printf(
+        "  %10zu  %12zu  %8s  %6s  %10.1f  %11.3f  %11.3f  %6s  %10.1f  %11.3f  %11.3f  %6s\n",
+        bytes, count, std::string(coll::dtype_name(c_.dtype)).c_str(),
+        has_op(c_.coll) ? std::string(coll::op_name(c_.op)).c_str() : "none", o.med * 1e6, o.algbw,
+        o.busbw, wrong_s(oop.wrong).c_str(), i.med * 1e6, i.algbw, i.busbw,
+        wrong_s(ip.wrong).c_str());
     std::fflush(stdout);
     json row = {{"size_bytes", bytes},
                 {"count", count},
                 {"type", std::string(coll::dtype_name(c_.dtype))},
                 {"redop", has_op(c_.coll) ? std::string(coll::op_name(c_.op)) : "none"},
                 {"iters", iters},
-                {"time_us", med * 1e6},
-                {"time_min_us", times.front() * 1e6},
-                {"time_max_us", times.back() * 1e6},
-                {"algbw_gbps", algbw},
-                {"busbw_gbps", busbw},
-                {"wrong", wrong < 0 ? json(nullptr) : json(wrong)}};
+                {"time_us", o.med * 1e6},
+                {"time_min_us", o.min * 1e6},
+                {"time_max_us", o.max * 1e6},
+                {"algbw_gbps", o.algbw},
+                {"busbw_gbps", o.busbw},
+                {"wrong", oop.wrong < 0 ? json(nullptr) : json(oop.wrong)},
+                {"in_place",
+                 {{"time_us", i.med * 1e6},
+                  {"time_min_us", i.min * 1e6},
+                  {"time_max_us", i.max * 1e6},
+                  {"algbw_gbps", i.algbw},
+                  {"busbw_gbps", i.busbw},
+                  {"wrong", ip.wrong < 0 ? json(nullptr) : json(ip.wrong)}}}};
     doc_["rows"].push_back(row);
     send_message(msg_fd_, "row " + row.dump());
   }
 
   void finish_report(int rc) {
     double avg = rows_ > 0 ? busbw_sum_ / rows_ : 0.0;
-    if (c_.check) {
+    if (c_.check_iters > 0) {
       std::printf("# Out of bounds values : %s\n", rc == 0 ? "0 OK" : "FAILED");
     }
-    std::printf("# Avg bus bandwidth : %.4f\n", avg);
+    std::printf("# Avg bus bandwidth : %.4f (out-of-place)\n", avg);
     std::printf("#\n");
     std::fflush(stdout);
     doc_["avg_busbw_gbps"] = avg;
-    doc_["check_passed"] = c_.check ? json(rc == 0) : json(nullptr);
+    doc_["check_passed"] = c_.check_iters > 0 ? json(rc == 0) : json(nullptr);
     send_message(msg_fd_, "summary " + json({{"avg_busbw_gbps", avg}}).dump());
     if (msg_fd_ < 0 && !c_.json_path.empty()) write_json_file(c_.json_path, doc_);
   }
@@ -377,6 +597,8 @@ class RankRun {
   double busbw_sum_ = 0;
   int rows_ = 0;
   SteadyClock::time_point last_beat_ = SteadyClock::now();
+  std::vector<uint8_t> sendbuf_;
+  std::vector<uint8_t> recvbuf_;
 };
 
 int run_forked_sweep(const CollConfig& c) {
@@ -439,7 +661,7 @@ int run_forked_sweep(const CollConfig& c) {
   } else if (!have_summary) {
     doc["error"] = "rank 0 finished without a summary";
     rc = 2;
-  } else if (c.check) {
+  } else if (c.check_iters > 0) {
     doc["check_passed"] = true;
   }
   if (!c.json_path.empty() && !write_json_file(c.json_path, doc) && rc == 0) rc = 2;
@@ -491,7 +713,15 @@ Status validate(const CollConfig& c) {
   if (c.min_bytes > c.max_bytes) {
     return invalid_arg("-b {} is larger than -e {}", c.min_bytes, c.max_bytes);
   }
-  if (c.factor < 2) return invalid_arg("-f {}: the step factor must be at least 2", c.factor);
+  if (c.step_bytes == 0 && c.factor < 2) {
+    return invalid_arg("-f {}: the step factor must be at least 2", c.factor);
+  }
+  if (c.check_iters < 0) return invalid_arg("-c {}: must be >= 0 (0 = no check)", c.check_iters);
+  if (!c.blocking && c.coll != Collective::kAllreduce) {
+    return invalid_arg(
+        "-z 0: only allreduce has a non-blocking form (gw_iallreduce); {} runs blocking calls",
+        c.name);
+  }
   if (c.max_bytes > (uint64_t{1} << 40)) {
     return invalid_arg("-e {}: sizes above 1 TiB are not supported", c.max_bytes);
   }
@@ -548,6 +778,16 @@ int run_collective(const CollConfig& config) {
     return 2;
   }
   if (config.np > 0) return run_forked_sweep(config);
+  if (!launched_by_launcher()) {
+    const std::string msg = no_launcher_advice();
+    std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+    if (!config.json_path.empty()) {
+      write_json_file(
+          config.json_path,
+          json{{"config", config_json(config)}, {"rows", json::array()}, {"error", msg}});
+    }
+    return 2;
+  }
   // Rank, size and store from the launcher (world_size 0); the transport is passed explicitly
   // because gw_comm_init_from_env does not read GW_TRANSPORT (it would silently run "auto").
   gw_config_t cfg = GW_CONFIG_INIT;

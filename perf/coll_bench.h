@@ -19,6 +19,7 @@ struct CollConfig {
   uint64_t min_bytes = 1024;
   uint64_t max_bytes = 256ull << 20;
   int factor = 2;
+  uint64_t step_bytes = 0;  // -i: > 0 steps the size by this many bytes instead of by `factor`
   coll::DataType dtype = coll::DataType::kF32;
   coll::ReduceOp op = coll::ReduceOp::kSum;
   int root = 0;
@@ -27,9 +28,14 @@ struct CollConfig {
   std::string algo;  // "" : GW_ALGO as set in the environment
   int iters = 0;     // 0: adaptive
   int warmup = 2;
-  bool check = false;
-  bool progress = false;   // progress lines on stderr even when it is not a tty
-  std::string json_path;   // "" : no JSON
+  int check_iters = 0;  // -c N: checked calls per size and placement (0: no check)
+  // -a: how one iteration's time is taken across ranks, as nccl-tests' -a: rank 0's, the mean,
+  // the fastest rank's, or the slowest rank's (the default).
+  enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
+  Average average = Average::kMax;
+  bool blocking = true;   // -z 0: allreduce iterations issued with gw_iallreduce, waited at the end
+  bool progress = false;  // progress lines on stderr even when it is not a tty
+  std::string json_path;  // "" : no JSON
   int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
 };
 

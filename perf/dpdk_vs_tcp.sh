@@ -316,7 +316,7 @@ if any(t == "allreduce" for t, _ in runs):
                 log = open(os.path.join(d, "log", f"{rep}-allreduce-{c}.h0.log")).read()
             except OSError:
                 continue
-            m = re.search(r"communicator ready: rank 0 of \d+, transport (\w+)", log)
+            m = re.search(r"communicator ready: rank 0 of \d+, .*?transport (\w+)", log)
             e = re.search(r"dpdk: engine on (\S+)", log)
             seen.add((m.group(1) if m else "?") + (f" on {e.group(1)}" if e else ""))
         print(f"#   {c} ran: {', '.join(sorted(seen)) or '?'}")

@@ -3,12 +3,14 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "core/net/backend_registry.h"
+#include "gradwire/gradwire.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
 #include "perf/doctor.h"
@@ -45,6 +47,28 @@ void add_size_option(CLI::App* app, const std::string& flags, uint64_t* target,
   opt->type_name("SIZE");
 }
 
+// An integer option that may be given without its value (then `bare`), like nccl-tests' -c.
+void add_count_option(CLI::App* app, const std::string& flags, int* target, int bare,
+                      const std::string& help) {
+  app->add_option_function<std::string>(
+         flags,
+         [target, bare, flags](const std::string& text) {
+           if (text.empty()) {
+             *target = bare;
+             return;
+           }
+           int v = 0;
+           auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+           if (ec != std::errc() || p != text.data() + text.size() || v < 0) {
+             throw CLI::ValidationError(flags + " " + text + ": a count >= 0");
+           }
+           *target = v;
+         },
+         help)
+      ->expected(0, 1)
+      ->type_name("N");
+}
+
 struct CollCli {
   gw::perf::CollConfig config;
   std::string dtype = "float32";
@@ -60,8 +84,13 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
   add_size_option(sub, "-b,--minbytes", &c.min_bytes,
                   "smallest size in bytes (K/M/G suffixes; default 1K)");
   add_size_option(sub, "-e,--maxbytes", &c.max_bytes, "largest size in bytes (default 256M)");
-  sub->add_option("-f,--stepfactor", c.factor, "multiply the size by this between rows")
-      ->capture_default_str();
+  auto* factor =
+      sub->add_option("-f,--stepfactor", c.factor, "multiply the size by this between rows")
+          ->capture_default_str();
+  add_size_option(sub, "-i,--stepbytes", &c.step_bytes,
+                  "add this many bytes between rows instead of multiplying (linear steps, K/M/G "
+                  "suffixes)");
+  sub->get_option("--stepbytes")->excludes(factor);
   sub->add_option("-d,--datatype", cli->dtype,
                   "float32, float64, float16, bfloat16, int32, int64, uint8")
       ->capture_default_str();
@@ -89,9 +118,44 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "timed iterations per size; 0 = adaptive clamp(2e9/size/ranks, 3, 50)")
       ->capture_default_str();
   sub->add_option("-w,--warmup", c.warmup, "untimed iterations per size")->capture_default_str();
-  sub->add_flag("-c,--check", c.check,
-                "verify every result against a rank- and index-dependent pattern (exact for "
-                "integers, dtype rounding for floats); exit status 1 if any element is wrong");
+  add_count_option(sub, "-c,--check", &c.check_iters, 1,
+                   "N checked calls per size, out of place and in place, each verified against a "
+                   "rank- and index-dependent pattern (exact for integers, dtype rounding for "
+                   "floats); -c alone: 1; default 0 (no check); exit status 1 if any element is "
+                   "wrong");
+  sub->add_option_function<std::string>(
+         "-a,--average",
+         [&c](const std::string& text) {
+           int v = 1;
+           if (!text.empty()) {
+             if (text.size() != 1 || text[0] < '0' || text[0] > '3') {
+               throw CLI::ValidationError("-a " + text +
+                                          ": 0 (rank 0), 1 (mean), 2 (min), 3 (max)");
+             }
+             v = text[0] - '0';
+           }
+           c.average = static_cast<gw::perf::CollConfig::Average>(v);
+         },
+         "time across ranks as nccl-tests: 0 rank 0's, 1 the mean of the ranks' times (-a "
+         "alone), 2 the fastest rank's, 3 the slowest rank's (default)")
+      ->expected(0, 1)
+      ->type_name("0-3");
+  sub->add_option_function<std::string>(
+         "-z,--blocking",
+         [&c](const std::string& text) {
+           if (text.empty() || text == "1") {
+             c.blocking = true;
+           } else if (text == "0") {
+             c.blocking = false;
+           } else {
+             throw CLI::ValidationError("-z " + text + ": 0 or 1");
+           }
+         },
+         "1 (default, or -z alone): blocking calls, each timed; 0 (allreduce only): every "
+         "iteration issued with gw_iallreduce, then waited for, time = total / iterations "
+         "(nccl-tests' default)")
+      ->expected(0, 1)
+      ->type_name("0|1");
   sub->add_option("-J,--json", c.json_path,
                   "write one JSON document (configuration, rows, and \"error\" on failure)");
   sub->add_flag("--progress", c.progress, "progress lines on stderr (default: only on a tty)");
@@ -107,7 +171,8 @@ int main(int argc, char** argv) {
       "gradwire-perf: collective bandwidth sweeps (nccl-tests columns) and point-to-point "
       "transport bandwidth/latency (perftest columns). Non-data lines start with '#'."};
   app.require_subcommand(0, 1);
-  bool dump_config = false, toml = false;
+  bool dump_config = false, toml = false, version = false;
+  app.add_flag("--version", version, "print gradwire-perf's and libgradwire's versions, then exit");
   app.add_flag("--dump-config", dump_config,
                "print every GW_* tunable with its default and current value, then exit");
   app.add_flag("--toml", toml, "with --dump-config: print it as a TOML file");
@@ -190,6 +255,10 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  if (version) {
+    std::printf("gradwire-perf %s (libgradwire %s)\n", GW_VERSION_STRING, gw_version());
+    return 0;
+  }
   if (dump_config) {
     std::fputs(gw::config::dump(toml).c_str(), stdout);
     return 0;
@@ -233,7 +302,23 @@ int main(int argc, char** argv) {
     }
     cli->config.dtype = *dt;
     cli->config.op = *op;
-    if (!codecs.empty()) return gw::perf::run_codec_allreduce(cli->config, codecs);
+    if (!codecs.empty()) {
+      // The codec table has its own columns: these options have no meaning there.
+      const auto& c = cli->config;
+      std::string refused;
+      if (c.check_iters > 0) refused = "-c/--check";
+      if (c.average != gw::perf::CollConfig::Average::kMax) refused = "-a/--average";
+      if (!c.blocking) refused = "-z 0";
+      if (c.step_bytes > 0) refused = "-i/--stepbytes";
+      if (!refused.empty()) {
+        std::fprintf(stderr,
+                     "gradwire-perf: %s does not apply to --codec (its table times each codec's "
+                     "gw_allreduce_compressed; run it without --codec)\n",
+                     refused.c_str());
+        return 2;
+      }
+      return gw::perf::run_codec_allreduce(cli->config, codecs);
+    }
     return gw::perf::run_collective(cli->config);
   }
   if (p2p_cmd->parsed()) return gw::perf::run_p2p(p2p);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -85,6 +86,19 @@ bool launched_by_launcher() {
     if (std::getenv(v) != nullptr) return true;
   }
   return false;
+}
+
+std::string launcher_rank_text() {
+  for (const char* v : {"GW_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    if (const char* r = std::getenv(v)) return fmt::format("rank {} ({})", r, v);
+  }
+  return "";
+}
+
+std::string no_launcher_advice() {
+  return "no launcher environment names this process's rank: add --np N to run N ranks on this "
+         "machine (e.g. --np 4), or start it under torchrun, mpirun or srun, or set GW_RANK, "
+         "GW_WORLD_SIZE and GW_STORE=host:port (rank 0 hosts the store there) on every rank";
 }
 
 Result<int> reserve_loopback_port() {

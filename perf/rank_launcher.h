@@ -43,6 +43,14 @@ void send_message(int msg_fd, const std::string& line);
 // rank of the launcher's job instead of forking its own ranks.
 bool launched_by_launcher();
 
+// "rank 3 (SLURM_PROCID)": the rank the launcher's environment names (GW_RANK, RANK,
+// OMPI_COMM_WORLD_RANK, SLURM_PROCID, the first set), for messages written before the library
+// knows the rank; "" when none is set.
+std::string launcher_rank_text();
+
+// What to do when no launcher environment names a rank: the advice for an error message.
+std::string no_launcher_advice();
+
 // Asks the kernel for a free TCP port on 127.0.0.1 (bind to port 0, read it, close). Used for the
 // private store of forked ranks: rank 0 hosts the store there.
 Result<int> reserve_loopback_port();

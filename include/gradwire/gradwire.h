@@ -111,7 +111,12 @@ gw_status_t gw_config_set(const char* name, const char* value);
 
 /* Creates a communicator from the launcher's environment (GW_RANK/GW_WORLD_SIZE/GW_STORE, torchrun,
  * Open MPI or Slurm variables). Collective over all ranks: blocks until every rank has joined or
- * GW_TIMEOUT_MS passes. On success *comm is set. */
+ * GW_TIMEOUT_MS passes. On success *comm is set.
+ * It may be called again, in the same process, for more communicators of the same job (this and
+ * gw_comm_init alike): communicators made with the same store address and job token share this
+ * process's store (rank 0 hosts its server once, until its last such communicator is destroyed),
+ * each under its own keys. Every rank must then create them in the same order, and collectives on
+ * each are matched among that communicator's ranks only, as for gw_comm_split. */
 gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
 
 /* Same, with explicit configuration (see gw_config_t). config must not be NULL and config->size
@@ -148,21 +153,35 @@ gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm
 gw_status_t gw_comm_rank(gw_comm_t comm, int* rank);
 gw_status_t gw_comm_size(gw_comm_t comm, int* size);
 
+/* ---- Plain collectives: host memory only ----------------------------------------------------
+ *
+ * gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter, gw_alltoall and gw_iallreduce move
+ * host memory (malloc'd, pinned, or CUDA managed memory). A CUDA device pointer (cudaMalloc'd) is
+ * refused with GW_ERR_UNSUPPORTED and gw_last_error() names the call and the argument; the check
+ * asks the CUDA driver when the process has loaded it (one pointer-attribute query per buffer),
+ * and without a loaded driver no pointer can be device memory and nothing is checked. Sum GPU
+ * gradients with gw_allreduce_compressed (below), which takes device memory, or copy them to
+ * host memory first. */
+
 /* Reduces count elements across all ranks; every rank gets the result in recvbuf.
  * sendbuf == recvbuf means in place; otherwise the buffers must not overlap. count may be 0
- * (the buffers may then be NULL). Blocking. */
+ * (the buffers may then be NULL). Host memory only (see above): a device pointer is
+ * GW_ERR_UNSUPPORTED. Blocking. */
 gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                          gw_dtype_t dtype, gw_op_t op);
 
-/* Copies count elements from root's buf to every rank's buf. Blocking. */
+/* Copies count elements from root's buf to every rank's buf. Host memory only (see above): a
+ * device pointer is GW_ERR_UNSUPPORTED. Blocking. */
 gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int root);
 
 /* Gathers sendcount elements from every rank into recvbuf (size * sendcount elements, rank r's
- * block at offset r * sendcount). Blocking. */
+ * block at offset r * sendcount). Host memory only (see above): a device pointer is
+ * GW_ERR_UNSUPPORTED. Blocking. */
 gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                          gw_dtype_t dtype);
 
-/* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Blocking. */
+/* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Host memory
+ * only (see above): a device pointer is GW_ERR_UNSUPPORTED. Blocking. */
 gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
                               gw_dtype_t dtype, gw_op_t op);
 
@@ -170,16 +189,18 @@ gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf
  * recvbuf (size * count elements) receives rank j's block for this rank at offset j * count.
  * sendbuf == recvbuf means in place (the library copies the input first); otherwise the buffers
  * must not overlap. count may be 0 (the buffers may then be NULL). Ranks that pass different
- * counts all fail with GW_ERR_INVALID_ARG or GW_ERR_PEER, never a hang. Blocking. */
+ * counts all fail with GW_ERR_INVALID_ARG or GW_ERR_PEER, never a hang. Host memory only (see
+ * above): a device pointer is GW_ERR_UNSUPPORTED. Blocking. */
 gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                         gw_dtype_t dtype);
 
-/* Returns once every rank has entered the barrier. Blocking. */
+/* Returns once every rank has entered the barrier. No buffers. Blocking. */
 gw_status_t gw_barrier(gw_comm_t comm);
 
 /* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
  * unmodified until gw_wait/gw_test report completion or gw_comm_destroy returns (which aborts
- * it). Requests complete in issue order. */
+ * it). Requests complete in issue order. Host memory only (see above): a device pointer is
+ * GW_ERR_UNSUPPORTED at once (no request is made). */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                           gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
 

@@ -204,6 +204,42 @@ int run_rank(int rank, int np, const std::string& store) {
       ++failures;
     }
   }
+  // The plain collectives take host memory only: device memory is refused by name (issue 17),
+  // through the real driver's pointer attributes, and host memory still works after it.
+  {
+    auto dev = gw::cuda::DeviceBuffer::allocate(0, 64 * 4);
+    if (!dev.ok()) return fail("alloc");
+    std::vector<float> h(64, 1.0f);
+    struct Refusal {
+      const char* call;
+      gw_status_t got;
+    };
+    const Refusal refusals[] = {
+        {"gw_allreduce: argument sendbuf is CUDA device memory",
+         gw_allreduce(comm, dev->get(), dev->get(), 64, GW_FLOAT32, GW_SUM)},
+        {"gw_allreduce: argument recvbuf is CUDA device memory",
+         gw_allreduce(comm, h.data(), dev->get(), 64, GW_FLOAT32, GW_SUM)},
+        {"gw_broadcast: argument buf is CUDA device memory",
+         gw_broadcast(comm, dev->get(), 64, GW_FLOAT32, 0)},
+    };
+    for (const auto& r : refusals) {
+      const std::string msg = r.got == GW_OK ? "" : gw_last_error();
+      if (r.got != GW_ERR_UNSUPPORTED || msg.rfind(r.call, 0) != 0) {
+        std::fprintf(stderr, "rank %d: FAIL device memory not refused as \"%s\": status %d %s\n",
+                     rank, r.call, static_cast<int>(r.got), msg.c_str());
+        ++failures;
+      }
+    }
+    if (gw_allreduce(comm, h.data(), h.data(), 64, GW_FLOAT32, GW_SUM) != GW_OK ||
+        h[0] != static_cast<float>(np)) {
+      std::fprintf(stderr, "rank %d: FAIL host allreduce after the refusals: %s\n", rank,
+                   gw_last_error());
+      ++failures;
+    } else if (rank == 0) {
+      std::printf("plain collectives refuse device memory: ok (%d ranks)\n", np);
+      std::fflush(stdout);
+    }
+  }
   // Timing: a 64 MiB float32 tensor (4 slices of the default 4 Mi elements), fp16 without and
   // with error feedback (casts default to ef=0) and sign (error feedback on), GPU tensor vs host
   // tensor (the host figure excludes the copies a caller would need to get the tensor to the

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "gradwire/gradwire.h"
 #include "tests/integration/proc_harness.h"
 
 namespace gw::test {
@@ -206,13 +207,15 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   ASSERT_EQ(rows.size(), 5u) << res.output;  // 1K 4K 16K 64K 256K
   uint64_t size = 1024;
   for (const auto& row : rows) {
-    ASSERT_EQ(row.size(), 8u) << res.output;
+    ASSERT_EQ(row.size(), 12u) << res.output;  // out-of-place and in-place columns
     EXPECT_EQ(row[0], std::to_string(size));
     EXPECT_EQ(row[1], std::to_string(size / 4));
     EXPECT_EQ(row[2], "float32");
     EXPECT_EQ(row[3], "sum");
     EXPECT_GE(std::stod(row[4]), 0.0);  // time(us); algbw/busbw are checked in the JSON below
     EXPECT_EQ(row[7], "0");
+    EXPECT_GE(std::stod(row[8]), 0.0);  // in-place time(us)
+    EXPECT_EQ(row[11], "0");
     size *= 4;
   }
   EXPECT_NE(res.output.find("# Avg bus bandwidth : "), std::string::npos);
@@ -233,6 +236,93 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   }
   EXPECT_EQ(doc["config"]["ranks"], 3);
   EXPECT_EQ(doc["check_passed"], true);
+}
+
+// nccl-tests' habits: -c N check iterations, in-place columns, -a, -z, -i, --version.
+TEST(PerfToolTest, NcclTestsOptions) {
+  auto version = run_perf({"--version"});
+  ASSERT_TRUE(version.exited && version.exit_code == 0) << version.describe();
+  EXPECT_EQ(version.output.rfind("gradwire-perf " + std::to_string(GW_VERSION_MAJOR) + ".", 0), 0u)
+      << version.output;
+  EXPECT_NE(version.output.find("(libgradwire "), std::string::npos) << version.output;
+
+  auto help = run_perf({"allreduce", "--help"});
+  ASSERT_TRUE(help.exited && help.exit_code == 0) << help.describe();
+  for (const char* opt : {"-c,--check", "-a,--average", "-z,--blocking", "-i,--stepbytes"}) {
+    EXPECT_NE(help.output.find(opt), std::string::npos) << opt << "\n" << help.output;
+  }
+
+  // -i: linear steps; -c 3: three checked calls per placement; -a: the mean over ranks.
+  TempFile out;
+  auto res = run_perf({"allreduce", "--np", "2",  "--transport", "tcp",    "-b",      "1K",
+                       "-e",        "4K",   "-i", "1K",          "-c",     "3",       "-a",
+                       "-n",        "2",    "-w", "1",           "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  auto rows = data_rows(res.output);
+  ASSERT_EQ(rows.size(), 4u) << res.output;  // 1K 2K 3K 4K
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(rows[i].size(), 12u) << res.output;
+    EXPECT_EQ(rows[i][0], std::to_string(1024 * (i + 1))) << res.output;
+    EXPECT_EQ(rows[i][7], "0") << res.output;
+    EXPECT_EQ(rows[i][11], "0") << res.output;
+  }
+  EXPECT_NE(res.output.find("in-place"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("check: 3 iterations"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("the mean over ranks"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("increment 1024"), std::string::npos) << res.output;
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc["config"]["check_iters"], 3) << doc.dump();
+  EXPECT_EQ(doc["config"]["average"], "mean") << doc.dump();
+  EXPECT_EQ(doc["config"]["step_bytes"], 1024) << doc.dump();
+  ASSERT_EQ(doc["rows"].size(), 4u) << doc.dump();
+  for (const auto& row : doc["rows"]) {
+    ASSERT_TRUE(row.contains("in_place")) << row.dump();
+    EXPECT_EQ(row["in_place"]["wrong"], 0) << row.dump();
+    EXPECT_GT(row["in_place"]["time_us"].get<double>(), 0) << row.dump();
+  }
+
+  // -z 0: iterations issued with gw_iallreduce, still checked; other collectives refuse it.
+  auto nb =
+      run_perf({"allreduce", "--np", "2", "-b", "1K", "-e", "16K", "-f", "4",     "-z", "0",
+                "-c",        "-a",   "2", "-n", "4",  "-w", "1",   "-d", "int32", "-o", "max"});
+  ASSERT_TRUE(nb.exited && nb.exit_code == 0) << nb.describe();
+  EXPECT_NE(nb.output.find("gw_iallreduce"), std::string::npos) << nb.output;
+  EXPECT_NE(nb.output.find("the fastest rank's"), std::string::npos) << nb.output;
+  for (const auto& row : data_rows(nb.output)) {
+    ASSERT_EQ(row.size(), 12u) << nb.output;
+    EXPECT_EQ(row[7], "0") << nb.output;
+    EXPECT_EQ(row[11], "0") << nb.output;
+  }
+  auto refused = run_perf({"allgather", "--np", "2", "-z", "0"});
+  EXPECT_TRUE(refused.exited && refused.exit_code == 2) << refused.describe();
+  EXPECT_NE(refused.output.find("-z 0"), std::string::npos) << refused.describe();
+  auto both = run_perf({"allreduce", "--np", "2", "-i", "1K", "-f", "4"});
+  EXPECT_TRUE(both.exited && both.exit_code != 0) << both.describe();
+  auto codec = run_perf({"allreduce", "--codec", "fp16", "--np", "2", "-c", "2"});
+  EXPECT_TRUE(codec.exited && codec.exit_code == 2) << codec.describe();
+  EXPECT_NE(codec.output.find("does not apply to --codec"), std::string::npos) << codec.describe();
+}
+
+// Without --np and without a launcher, the error says what to do; with a half-set launcher
+// environment it names the rank the launcher gave, never "rank -1".
+TEST(PerfToolTest, NoLauncherSuggestsWhatToDo) {
+  TempFile out;
+  auto bare = run_perf({"allreduce", "-e", "1K", "--json", out.path()});
+  EXPECT_TRUE(bare.exited && bare.exit_code == 2) << bare.describe();
+  EXPECT_NE(bare.output.find("--np N"), std::string::npos) << bare.describe();
+  EXPECT_NE(bare.output.find("GW_STORE"), std::string::npos) << bare.describe();
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_NE(doc["error"].get<std::string>().find("--np N"), std::string::npos) << doc.dump();
+
+  Env env = clean_env();
+  env["SLURM_PROCID"] = "3";  // SLURM_NTASKS missing
+  auto slurm = run_perf({"allreduce", "-e", "1K"}, env);
+  EXPECT_TRUE(slurm.exited && slurm.exit_code == 2) << slurm.describe();
+  EXPECT_NE(slurm.output.find("rank 3 (SLURM_PROCID)"), std::string::npos) << slurm.describe();
+  EXPECT_NE(slurm.output.find("SLURM_NTASKS"), std::string::npos) << slurm.describe();
+  EXPECT_EQ(slurm.output.find("rank -1"), std::string::npos) << slurm.describe();
 }
 
 // --codec: one row per codec after the uncompressed one, then the ef-floor reference row; the
@@ -358,7 +448,11 @@ TEST_P(PerfCollectiveTest, CheckFindsNoWrongElement) {
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 4u) << res.output;  // 64 1K 16K 256K
-  for (const auto& row : rows) EXPECT_EQ(row.back(), "0") << res.output;
+  for (const auto& row : rows) {
+    ASSERT_EQ(row.size(), 12u) << res.output;
+    EXPECT_EQ(row[7], "0") << res.output;   // out of place
+    EXPECT_EQ(row[11], "0") << res.output;  // in place
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, PerfCollectiveTest,

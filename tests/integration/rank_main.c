@@ -13,6 +13,9 @@
  *                      runs; the others keep calling allreduce until it fails
  *   identity           prints the rank/size the library detected next to the launcher variables,
  *                      then checks one allreduce
+ *   twice              creates a second communicator the same way as the first (same
+ *                      environment or config), checks an allreduce on each, alternating, and
+ *                      destroys the second first
  * Output: lines "RESULT rank=R status=S elapsed_ms=T" (S: the gw_status_t of the failing or last
  * call) and "ERROR ..." with gw_last_error(). Exit status: 0 all calls OK and results right,
  * 1 wrong result, 2 usage, 10 + gw_status_t when a call failed.
@@ -273,6 +276,22 @@ static int run_identity(gw_comm_t comm, int rank, int world) {
   return run_suite(comm, rank, world, 1, one);
 }
 
+static int run_twice(gw_comm_t comm, int rank, int world, const gw_config_t* cfg) {
+  gw_comm_t second = NULL;
+  double t0 = now_ms();
+  gw_status_t s = cfg ? gw_comm_init(&second, cfg) : gw_comm_init_from_env(&second);
+  if (s != GW_OK) return report_failure("second gw_comm_init", s, t0);
+  char* one[] = {"1000"};
+  int rc = run_suite(second, rank, world, 1, one);
+  if (rc == 0) rc = run_suite(comm, rank, world, 1, one);
+  if (rc == 0) rc = run_suite(second, rank, world, 1, one);
+  if (rc != 0) gw_comm_abort(second);
+  s = gw_comm_destroy(second);
+  if (rc == 0 && s != GW_OK) return report_failure("gw_comm_destroy of the second", s, t0);
+  if (rc == 0) printf("TWICE rank=%d ok\n", rank);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   gw_config_t cfg = GW_CONFIG_INIT;
   int explicit_cfg = 0;
@@ -299,7 +318,7 @@ int main(int argc, char** argv) {
     }
   }
   if (i >= argc) {
-    fprintf(stderr, "usage: %s [options] suite|mismatch|die|identity [args]\n", argv[0]);
+    fprintf(stderr, "usage: %s [options] suite|mismatch|die|identity|twice [args]\n", argv[0]);
     return 2;
   }
   const char* scenario = argv[i++];
@@ -321,6 +340,8 @@ int main(int argc, char** argv) {
     rc = run_die(comm, rank, atoi(argv[i]), (size_t)strtoull(argv[i + 1], NULL, 10));
   } else if (strcmp(scenario, "identity") == 0) {
     rc = run_identity(comm, rank, world);
+  } else if (strcmp(scenario, "twice") == 0) {
+    rc = run_twice(comm, rank, world, explicit_cfg ? &cfg : NULL);
   } else {
     fprintf(stderr, "unknown scenario or wrong arguments: %s\n", scenario);
     rc = 2;

@@ -1,0 +1,18 @@
+// The plain collectives move host memory only: a CUDA device pointer is refused by name instead
+// of being read by the CPU (a segfault, or garbage through a stale mapping). The check asks the
+// CUDA driver only when the process has already mapped it (gw::cuda::resident_driver), so a
+// host-only process pays one dlopen(RTLD_NOLOAD) per call and no CUDA initialisation ever.
+#include "capi/capi_internal.h"
+#include "gpudirect/cuda_driver.h"
+
+namespace gw::capi {
+
+Status check_host_memory(const char* arg, const void* p) {
+  if (gw::cuda::resident_memory_kind(p) != gw::cuda::MemoryKind::kDevice) return ok_status();
+  return gw::unsupported(
+      "argument {} is CUDA device memory: the plain collectives take host memory only (copy the "
+      "tensor to host memory, or use gw_allreduce_compressed, which takes device memory)",
+      arg);
+}
+
+}  // namespace gw::capi
