@@ -59,6 +59,11 @@
 //   block adds the next smaller block's segments and hands its own to the next larger, the
 //   largest allgathers by recursive doubling, and the result goes back down block by block.
 //   Unlike RHD's fold, no rank sits idle through the core phase with the whole vector in hand.
+// - host chain broadcast: chain_broadcast along the root's host first, then every other host's
+//   ranks together, so the chain enters each host once whatever the rank numbering.
+// - hierarchical allgather / reduce-scatter (every host L ranks): a ring across hosts among the
+//   ranks of one local index and a ring within the host per host's blocks (allgather: across
+//   first; reduce-scatter: within first), pipelined over segments in two plans.
 // - double binary tree: two binary trees (tree_links) whose interior ranks are disjoint, each
 //   reducing and broadcasting half of the vector (the caller runs tree 0 and tree 1 on two
 //   channels): 2 lg p latency steps instead of the ring's 2(p-1), for latency-bound sizes.
