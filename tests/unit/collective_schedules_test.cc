@@ -549,6 +549,100 @@ TEST(CollectiveShape, HierSendsLessAcrossHosts) {
   }
 }
 
+// ---- plans that run together: no races ------------------------------------------------------
+
+// Finished-step counts of every plan of one rank that the dependencies (each plan's own order,
+// Step::after_plan) guarantee before each step starts: start[l][i][m] steps of plan m.
+std::vector<std::vector<std::vector<size_t>>> guaranteed_before(const std::vector<Plan>& plans) {
+  const size_t np = plans.size();
+  std::vector<std::vector<std::vector<size_t>>> start(np);
+  std::vector<std::vector<bool>> known(np);
+  for (size_t l = 0; l < np; ++l) {
+    start[l].assign(plans[l].sched.size(), std::vector<size_t>(np, 0));
+    known[l].assign(plans[l].sched.size(), false);
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t l = 0; l < np; ++l) {
+      for (size_t i = 0; i < plans[l].sched.size(); ++i) {
+        if (known[l][i]) continue;
+        std::vector<size_t> v(np, 0);
+        if (i > 0) {
+          if (!known[l][i - 1]) continue;
+          v = start[l][i - 1];
+          v[l] = i;
+        }
+        const Step& st = plans[l].sched[i];
+        if (st.after_plan >= 0 && st.after_steps > 0) {
+          const auto m = static_cast<size_t>(st.after_plan);
+          if (!known[m][st.after_steps - 1]) continue;
+          const auto& w = start[m][st.after_steps - 1];
+          for (size_t q = 0; q < np; ++q) v[q] = std::max(v[q], w[q]);
+          v[m] = std::max(v[m], st.after_steps);
+        }
+        start[l][i] = v;
+        known[l][i] = true;
+        changed = true;
+      }
+    }
+  }
+  for (size_t l = 0; l < np; ++l) {
+    for (size_t i = 0; i < known[l].size(); ++i) {
+      EXPECT_TRUE(known[l][i]) << "plan " << l << " step " << i << " waits in a cycle";
+    }
+  }
+  return start;
+}
+
+bool overlap(const Range& a, const Range& b) {
+  return a.count && b.count && a.offset < b.offset + b.count && b.offset < a.offset + a.count;
+}
+
+// Two steps of different plans of one rank that may run at the same time must not touch a range
+// the other writes (input and output taken as one buffer, the stricter case).
+void expect_no_races(const std::vector<Plan>& plans, const std::string& what) {
+  const auto start = guaranteed_before(plans);
+  for (size_t a = 0; a < plans.size(); ++a) {
+    for (size_t b = a + 1; b < plans.size(); ++b) {
+      for (size_t i = 0; i < plans[a].sched.size(); ++i) {
+        for (size_t j = 0; j < plans[b].sched.size(); ++j) {
+          if (start[b][j][a] > i || start[a][i][b] > j) continue;  // ordered
+          const Step& x = plans[a].sched[i];
+          const Step& y = plans[b].sched[j];
+          auto at = [](const Plan& p, const Range& r) { return Range{p.base + r.offset, r.count}; };
+          bool race = false;
+          if (x.recv_from >= 0 && y.recv_from >= 0)
+            race |= overlap(at(plans[a], x.recv), at(plans[b], y.recv));
+          if (x.recv_from >= 0 && y.send_to >= 0)
+            race |= overlap(at(plans[a], x.recv), at(plans[b], y.send));
+          if (x.send_to >= 0 && y.recv_from >= 0)
+            race |= overlap(at(plans[a], x.send), at(plans[b], y.recv));
+          ASSERT_FALSE(race) << what << ": plan " << a << " " << describe(x) << " and plan " << b
+                             << " " << describe(y) << " may run at once";
+        }
+      }
+    }
+  }
+}
+
+TEST(CollectiveShape, HierPlansNeverTouchWhatTheOtherPlanWritesAtOnce) {
+  for (const auto& sizes : uniform_layouts()) {
+    const HostRanks hosts = numberings(sizes)[1];
+    const int p = nranks_of(hosts);
+    if (p > 12) continue;  // quadratic in the steps; the small layouts have every shape
+    for (int segments : {1, 3, 6}) {
+      for (int r = 0; r < p; ++r) {
+        const std::string what = layout_name(hosts) + " " + std::to_string(segments) +
+                                 " segments rank " + std::to_string(r);
+        expect_no_races(hier_allgather(hosts, r, 10, segments), "allgather " + what);
+        if (HasFatalFailure()) return;
+        expect_no_races(hier_reduce_scatter(hosts, r, 10, segments), "reduce_scatter " + what);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // Every rank receives in every schedule, so a count mismatch reaches it (schedule.h).
 TEST(CollectiveShape, HostAwareSchedulesMakeEveryRankReceive) {
   for (const auto& sizes : uniform_layouts()) {
