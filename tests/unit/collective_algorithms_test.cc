@@ -280,7 +280,7 @@ void run_every_algorithm(Collective kind, const std::vector<int>& host_of) {
               for (bool in_place : {false, true}) {
                 std::vector<uint8_t> out(want.size(), 0xEE);
                 const void* send = mine.data();
-                if (in_place) {
+                if (in_place && count > 0) {
                   std::memcpy(out.data() + r * count * es, mine.data(), mine.size());
                   send = out.data() + r * count * es;
                 }
