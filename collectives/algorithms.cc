@@ -300,4 +300,225 @@ std::string describe_choice(size_t bytes, const AllreduceChoice& c, int nchannel
                      c.forced ? "forced by GW_ALGO; cost model" : "cost model", costs);
 }
 
+// ---- broadcast, allgather, reduce-scatter ----------------------------------------------------
+
+namespace {
+
+// Bytes of one pipeline chunk at the executor's default, for the chain's fill time.
+double default_chunk_bytes(size_t bytes) {
+  return static_cast<double>(std::min(bytes, ExecutorOptions{}.chunk_bytes));
+}
+
+// Chain broadcast over p ranks along `order` from any root: the data down the chain (n b), the
+// first chunk's fill through p-2 forwarding ranks ((p-2) c b), p-1 message latencies, and the
+// closing token once round (p-1 more): 2(p-1) a + n b + (p-2) c b, b over the flows that leave
+// one host at once (the chain is the ring over `order` less one edge, so the ring's count bounds
+// it whatever the root).
+double chain_cost(const Group& g, size_t bytes, const CostParams& p,
+                  const std::vector<int>& order) {
+  const CostParams f = flat_link(g, p, ring_crossings(g, order));
+  const double a = f.alpha_us * 1e-6, b = 1.0 / (f.bw_gbps * 1e9);
+  const double n = static_cast<double>(bytes), np = g.size();
+  return 2 * (np - 1) * a + n * b + std::max(0.0, np - 2) * default_chunk_bytes(bytes) * b;
+}
+
+double bcast_ring_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return chain_cost(g, bytes, p, rank_order(g));
+}
+double bcast_hier_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return chain_cost(g, bytes, p, host_order(g));
+}
+
+// Flat ring allgather / reduce-scatter of n bytes in all: (p-1) a + (p-1)/p n b (+ (p-1)/p n g
+// for the reduction), b over the host link's crossing flows.
+double flat_ring_half(const Group& g, size_t bytes, const CostParams& p, bool reduces) {
+  const CostParams f = flat_link(g, p, ring_crossings(g, rank_order(g)));
+  const double a = f.alpha_us * 1e-6, b = 1.0 / (f.bw_gbps * 1e9);
+  const double n = static_cast<double>(bytes), np = g.size();
+  double t = (np - 1) * a + (np - 1) / np * n * b;
+  if (reduces) t += (np - 1) / np * n * reduce_seconds_per_byte(p);
+  return t;
+}
+double allgather_ring_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return flat_ring_half(g, bytes, p, false);
+}
+double reduce_scatter_ring_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return flat_ring_half(g, bytes, p, true);
+}
+
+// Hierarchical allgather / reduce-scatter (L ranks on each of H hosts, n bytes in all, S
+// segments): within the host I = S H (L-1) a_i + (L-1)/L n b_i (+ (L-1)/L n g), across hosts
+// E = S (H-1) a_e + (H-1)/H n b_e (+ (H-1)/p n g), the link shared by the L rings of a host;
+// the two overlap except for one segment: max(I, E) + min(I, E) / S.
+double hier_half(const Group& g, size_t bytes, const CostParams& p, bool reduces) {
+  const LinkCost i = intra_link(p), e = inter_link(p);
+  const double gm = reduces ? reduce_seconds_per_byte(p) : 0, n = static_cast<double>(bytes);
+  const double L = g.max_local_size(), H = g.nhosts();
+  const double S =
+      hier_segments(bytes / 4, g.max_local_size(), g.nhosts(), ExecutorOptions{}.chunk_bytes / 4);
+  const double intra = S * H * (L - 1) * i.a + (L - 1) / L * n * (i.b + gm);
+  const double inter = S * (H - 1) * e.a + (H - 1) / H * n * e.b + (H - 1) / (H * L) * n * gm;
+  return std::max(intra, inter) + std::min(intra, inter) / S;
+}
+double allgather_hier_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return hier_half(g, bytes, p, false);
+}
+double reduce_scatter_hier_cost(const Group& g, size_t bytes, const CostParams& p) {
+  return hier_half(g, bytes, p, true);
+}
+
+std::vector<Plan> bcast_ring_build(const Group& g, size_t count, int root, int nch, size_t) {
+  return per_channel(count, nch,
+                     [&](size_t n) { return chain_broadcast(g.rank(), g.size(), root, n); });
+}
+std::vector<Plan> bcast_hier_build(const Group& g, size_t count, int root, int nch, size_t) {
+  return per_channel(count, nch,
+                     [&](size_t n) { return host_chain_broadcast(g.hosts(), g.rank(), root, n); });
+}
+std::vector<Plan> allgather_ring_build(const Group& g, size_t count, int, int, size_t) {
+  std::vector<Plan> plans(1);
+  plans[0].sched = ring_allgather(g.rank(), g.size(), count);
+  return plans;
+}
+// Segments as hier allreduce's: every inter-host ring step keeps a whole chunk at least.
+std::vector<Plan> allgather_hier_build(const Group& g, size_t count, int, int, size_t chunk) {
+  const size_t total = count * static_cast<size_t>(g.size());
+  return hier_allgather(g.hosts(), g.rank(), count,
+                        hier_segments(total, g.local_size(), g.nhosts(), chunk));
+}
+std::vector<Plan> reduce_scatter_ring_build(const Group& g, size_t count, int, int, size_t) {
+  std::vector<Plan> plans(1);
+  plans[0].sched = ring_reduce_scatter(g.rank(), g.size(), count * static_cast<size_t>(g.size()));
+  return plans;
+}
+std::vector<Plan> reduce_scatter_hier_build(const Group& g, size_t count, int, int, size_t chunk) {
+  const size_t total = count * static_cast<size_t>(g.size());
+  return hier_reduce_scatter(g.hosts(), g.rank(), count,
+                             hier_segments(total, g.local_size(), g.nhosts(), chunk));
+}
+
+// The flat ring first (ties go to it), then the host-aware form. hier's two plans are lanes of
+// one pipeline (channels 0 and 1), so it takes no more channels.
+const std::array<CollectiveAlgorithm, 2> kBroadcastTable = {{
+    {Algo::kRing, "ring", kAnyChannels, &always, &bcast_ring_cost, &bcast_ring_build},
+    {Algo::kHier, "hier", kAnyChannels, &uniform_hosts_of_several, &bcast_hier_cost,
+     &bcast_hier_build},
+}};
+const std::array<CollectiveAlgorithm, 2> kAllgatherTable = {{
+    {Algo::kRing, "ring", 1, &always, &allgather_ring_cost, &allgather_ring_build},
+    {Algo::kHier, "hier", 1, &uniform_hosts_of_several, &allgather_hier_cost,
+     &allgather_hier_build},
+}};
+const std::array<CollectiveAlgorithm, 2> kReduceScatterTable = {{
+    {Algo::kRing, "ring", 1, &always, &reduce_scatter_ring_cost, &reduce_scatter_ring_build},
+    {Algo::kHier, "hier", 1, &uniform_hosts_of_several, &reduce_scatter_hier_cost,
+     &reduce_scatter_hier_build},
+}};
+
+}  // namespace
+
+std::string_view collective_name(Collective kind) {
+  switch (kind) {
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kAllgather:
+      return "allgather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+  }
+  return "?";
+}
+
+std::string_view collective_algo_row(Collective kind) {
+  switch (kind) {
+    case Collective::kBroadcast:
+      return "GW_ALGO_BROADCAST";
+    case Collective::kAllgather:
+      return "GW_ALGO_ALLGATHER";
+    case Collective::kReduceScatter:
+      return "GW_ALGO_REDUCE_SCATTER";
+  }
+  return "?";
+}
+
+std::span<const CollectiveAlgorithm> collective_algorithms(Collective kind) {
+  switch (kind) {
+    case Collective::kBroadcast:
+      return kBroadcastTable;
+    case Collective::kAllgather:
+      return kAllgatherTable;
+    case Collective::kReduceScatter:
+      return kReduceScatterTable;
+  }
+  return {};
+}
+
+const CollectiveAlgorithm* find_collective_algorithm(Collective kind, Algo algo) {
+  for (const auto& a : collective_algorithms(kind)) {
+    if (a.algo == algo) return &a;
+  }
+  return nullptr;
+}
+
+const CollectiveAlgorithm* find_collective_algorithm(Collective kind, std::string_view name) {
+  for (const auto& a : collective_algorithms(kind)) {
+    if (a.name == name) return &a;
+  }
+  return nullptr;
+}
+
+Result<Algo> parse_collective_algo(Collective kind, std::string_view name) {
+  if (name == "auto" || name.empty()) return Algo::kAuto;
+  if (const CollectiveAlgorithm* a = find_collective_algorithm(kind, name)) return a->algo;
+  std::string names = "auto";
+  for (const auto& a : collective_algorithms(kind)) names += fmt::format(", {}", a.name);
+  return invalid_arg("{}={}: expected one of {}", collective_algo_row(kind), name, names);
+}
+
+Result<CollectiveChoice> choose_collective(Collective kind, const Group& group, size_t bytes,
+                                           const CostParams& params, Algo forced) {
+  CollectiveChoice c;
+  c.forced = forced != Algo::kAuto;
+  double best = 0;
+  for (const auto& a : collective_algorithms(kind)) {
+    if (!a.applies(group, bytes).ok()) continue;
+    const double s = a.cost_seconds(group, bytes, params);
+    c.costs.emplace_back(a.name, s);
+    if (!c.forced && (c.algorithm == nullptr || s < best)) {
+      c.algorithm = &a;
+      best = s;
+    }
+  }
+  if (c.forced) {
+    const CollectiveAlgorithm* a = find_collective_algorithm(kind, forced);
+    if (a == nullptr) {
+      return invalid_arg("{}: {} has no algorithm {}", collective_algo_row(kind),
+                         collective_name(kind), algo_name(forced));
+    }
+    Status why = a->applies(group, bytes);
+    if (!why.ok()) {
+      return invalid_arg("{}={} does not apply to this communicator: {}", collective_algo_row(kind),
+                         a->name, why.message());
+    }
+    c.algorithm = a;
+  }
+  if (c.algorithm == nullptr) {
+    return internal_error("{}: no algorithm applies", collective_name(kind));
+  }
+  return c;
+}
+
+std::string describe_choice(Collective kind, size_t bytes, const CollectiveChoice& c, int nplans) {
+  std::string costs;
+  for (const auto& [name, s] : c.costs) {
+    costs += s >= 1e-3 ? fmt::format("{}{} {:.1f} ms", costs.empty() ? "" : ", ", name, s * 1e3)
+                       : fmt::format("{}{} {:.1f} us", costs.empty() ? "" : ", ", name, s * 1e6);
+  }
+  return fmt::format("{} {}: {}, {} plan{} ({}: {})", collective_name(kind), format_bytes(bytes),
+                     c.algorithm->name, nplans, nplans == 1 ? "" : "s",
+                     c.forced ? fmt::format("forced by {}; cost model", collective_algo_row(kind))
+                              : std::string("cost model"),
+                     costs);
+}
+
 }  // namespace gw::coll

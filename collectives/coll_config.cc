@@ -1,8 +1,20 @@
 #include "collectives/coll_config.h"
 
+#include "collectives/algorithms.h"
+
 namespace gw::coll::coll_config {
 
 using config::Type;
+
+namespace {
+
+// The value must name an entry of the collective's table (or be auto).
+template <Collective kKind>
+Status check_collective_algo(std::string_view text) {
+  return parse_collective_algo(kKind, text).status();
+}
+
+}  // namespace
 
 constinit const config::Row kSpinUs{
     "GW_SPIN_US", Type::Int, "50", "",
@@ -11,6 +23,30 @@ constinit const config::Row kAlgo{
     "GW_ALGO", Type::String, "auto", "",
     "allreduce algorithm: auto (cost model), ring, rhd (recursive halving-doubling), "
     "host_ring, hier, hier_leader, tree (double binary tree), bblocks (binary blocks)"};
+constinit const config::Row kAlgoBroadcast{
+    "GW_ALGO_BROADCAST",
+    Type::String,
+    "auto",
+    "",
+    "broadcast algorithm: auto (cost model), ring (pipelined chain in rank order), hier (chain "
+    "in host order; same number of ranks on every host, several hosts)",
+    &check_collective_algo<Collective::kBroadcast>};
+constinit const config::Row kAlgoAllgather{
+    "GW_ALGO_ALLGATHER",
+    Type::String,
+    "auto",
+    "",
+    "allgather algorithm: auto (cost model), ring, hier (ring across hosts per local rank, then "
+    "within the host; same number of ranks on every host, several hosts)",
+    &check_collective_algo<Collective::kAllgather>};
+constinit const config::Row kAlgoReduceScatter{
+    "GW_ALGO_REDUCE_SCATTER",
+    Type::String,
+    "auto",
+    "",
+    "reduce-scatter algorithm: auto (cost model), ring, hier (within the host, then a ring "
+    "across hosts per local rank; same number of ranks on every host, several hosts)",
+    &check_collective_algo<Collective::kReduceScatter>};
 constinit const config::Row kNchannels{
     "GW_NCHANNELS", Type::Int, "0", "",
     "parallel ring channels per collective (0 = choose from message size)"};
@@ -38,9 +74,9 @@ constinit const config::Row kCostInterBwGbps{
 
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "collectives",
-      {&kSpinUs, &kAlgo, &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
-       &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps});
+      "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
+                      &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
+                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps});
   return set;
 }
 

@@ -7,6 +7,9 @@ namespace gw::coll::coll_config {
 
 extern const config::Row kSpinUs;
 extern const config::Row kAlgo;
+extern const config::Row kAlgoBroadcast;
+extern const config::Row kAlgoAllgather;
+extern const config::Row kAlgoReduceScatter;
 extern const config::Row kNchannels;
 extern const config::Row kChunkSize;
 extern const config::Row kCostAlphaUs;

@@ -4,10 +4,12 @@
 #include "collectives/communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,7 +49,23 @@ struct CommSettings {
   int nchannels_cfg = 0;
   int64_t spin_us = 50;
   Algo forced_algo = Algo::kAuto;
+  // GW_ALGO_BROADCAST, GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER, indexed by Collective.
+  std::array<Algo, 3> forced_coll = {Algo::kAuto, Algo::kAuto, Algo::kAuto};
 };
+
+constexpr std::array<Collective, 3> kCollectives = {Collective::kBroadcast, Collective::kAllgather,
+                                                    Collective::kReduceScatter};
+const config::Row& algo_row(Collective kind) {
+  switch (kind) {
+    case Collective::kBroadcast:
+      return coll_config::kAlgoBroadcast;
+    case Collective::kAllgather:
+      return coll_config::kAlgoAllgather;
+    case Collective::kReduceScatter:
+      return coll_config::kAlgoReduceScatter;
+  }
+  return coll_config::kAlgoBroadcast;
+}
 
 Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptions& internal) {
   GW_RETURN_IF_ERROR(net::check_backend_name(o.transport, "communicator: transport"));
@@ -63,6 +81,10 @@ Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptio
   s.factory = internal.transport_factory;
   if (!s.factory) s.factory = &net::make_transport;
   GW_ASSIGN_OR_RETURN(s.forced_algo, parse_algo(c.get_string(coll_config::kAlgo)));
+  for (Collective kind : kCollectives) {
+    GW_ASSIGN_OR_RETURN(s.forced_coll[static_cast<size_t>(kind)],
+                        parse_collective_algo(kind, c.get_string(algo_row(kind))));
+  }
   s.chunk_cfg = c.get_int(coll_config::kChunkSize);
   s.nchannels_cfg =
       static_cast<int>(std::clamp<int64_t>(c.get_int(coll_config::kNchannels), 0, kMaxChannels));
@@ -130,6 +152,13 @@ class CommImpl : public Communicator {
   Status check_usable(const char* name) const;
   void wait_async_idle() { queue_.wait_idle(); }
   int channels_for(size_t bytes) const;
+  // The collective's algorithm for `bytes` (its GW_ALGO_* row or the cost model); requires
+  // size() > 1. log_choice logs it at INFO once per algorithm and size class.
+  Result<CollectiveChoice> choose(Collective kind, size_t bytes) const {
+    return choose_collective(kind, group_, bytes, cost_,
+                             settings_.forced_coll[static_cast<size_t>(kind)]);
+  }
+  void log_choice(Collective kind, size_t bytes, const CollectiveChoice& choice, size_t nplans);
   // Rank 0 publishes cost_, the others replace theirs with it.
   Status agree_cost_params();
   // "transport tcp (eth0:10.0.0.1, 1 socket per connection, 0 I/O threads)".
@@ -146,8 +175,9 @@ class CommImpl : public Communicator {
 
   uint32_t seq_ = 0;
   Status broken_;
-  std::set<std::pair<int, int>> logged_;  // (algo, size class)
-  std::string summary_;                   // describe(), made by init()
+  // (collective, algo, size class); allreduce is -1.
+  std::set<std::tuple<int, int, int>> logged_;
+  std::string summary_;  // describe(), made by init()
 
   std::mutex exec_mu_;  // one collective at a time
   AsyncQueue queue_;    // iallreduce
@@ -164,6 +194,16 @@ Status CommImpl::init() {
     if (!why.ok()) {
       return invalid_arg("communicator: GW_ALGO={} does not apply: {}",
                          algo_name(settings_.forced_algo), why.message());
+    }
+  }
+  for (Collective kind : kCollectives) {
+    const Algo forced = settings_.forced_coll[static_cast<size_t>(kind)];
+    if (world <= 1 || forced == Algo::kAuto) continue;
+    const CollectiveAlgorithm* a = find_collective_algorithm(kind, forced);
+    Status why = a == nullptr ? internal_error("no such algorithm") : a->applies(group_, 0);
+    if (!why.ok()) {
+      return invalid_arg("communicator: {}={} does not apply: {}", collective_algo_row(kind),
+                         algo_name(forced), why.message());
     }
   }
   const bool multi_host = group_.multi_host();
@@ -406,7 +446,7 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
     const int nch = std::min(algo.max_channels, channels_for(bytes));
     std::vector<Plan> plans =
         algo.build(group_, count, nch, std::max<size_t>(1, exec_.chunk_bytes() / es));
-    if (logged_.insert({static_cast<int>(algo.algo), size_class(bytes)}).second) {
+    if (logged_.insert({-1, static_cast<int>(algo.algo), size_class(bytes)}).second) {
       GW_LOG_INFO("{}", describe_choice(bytes, choice, static_cast<int>(plans.size())));
     }
     GW_RETURN_IF_ERROR(exec_.run("allreduce", seq_, plans, in, out, dtype, op, deadline));
@@ -424,14 +464,14 @@ Status CommImpl::broadcast(void* buf, size_t count, DataType dtype, int root) {
   }
   return run_collective("broadcast", [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
-    const int nch = channels_for(count * dtype_size(dtype) * static_cast<size_t>(size()) / 2);
-    std::vector<Plan> plans(nch);
-    for (int c = 0; c < nch; ++c) {
-      Range slice = block_range(count, nch, c);
-      plans[c].chan = c;
-      plans[c].base = slice.offset;
-      plans[c].sched = chain_broadcast(rank(), size(), root, slice.count);
-    }
+    const size_t es = dtype_size(dtype);
+    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kBroadcast, count * es));
+    const CollectiveAlgorithm& algo = *choice.algorithm;
+    const int nch =
+        std::min(algo.max_channels, channels_for(count * es * static_cast<size_t>(size()) / 2));
+    std::vector<Plan> plans =
+        algo.build(group_, count, root, nch, std::max<size_t>(1, exec_.chunk_bytes() / es));
+    log_choice(Collective::kBroadcast, count * es, choice, plans.size());
     auto* p = static_cast<uint8_t*>(buf);
     return exec_.run("broadcast", seq_, plans, p, p, dtype, ReduceOp::kSum, deadline);
   });
@@ -452,8 +492,12 @@ Status CommImpl::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
     // memmove: "in place" callers pass sendbuf inside recvbuf (at their own block or at 0).
     if (blk && sendbuf != out + rank() * blk) std::memmove(out + rank() * blk, sendbuf, blk);
     if (size() == 1) return ok_status();
-    std::vector<Plan> plans(1);
-    plans[0].sched = ring_allgather(rank(), size(), sendcount);
+    const size_t es = dtype_size(dtype);
+    const size_t bytes = blk * static_cast<size_t>(size());
+    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kAllgather, bytes));
+    std::vector<Plan> plans = choice.algorithm->build(
+        group_, sendcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
+    log_choice(Collective::kAllgather, bytes, choice, plans.size());
     return exec_.run("allgather", seq_, plans, out, out, dtype, ReduceOp::kSum, deadline);
   });
 }
@@ -475,8 +519,10 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
     const auto* in = static_cast<const uint8_t*>(sendbuf);
     uint8_t* work = size() == 1 ? nullptr : exec_.scratch(total * es);
     if (size() > 1) {
-      std::vector<Plan> plans(1);
-      plans[0].sched = ring_reduce_scatter(rank(), size(), total);
+      GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kReduceScatter, total * es));
+      std::vector<Plan> plans = choice.algorithm->build(
+          group_, recvcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
+      log_choice(Collective::kReduceScatter, total * es, choice, plans.size());
       GW_RETURN_IF_ERROR(exec_.run("reduce_scatter", seq_, plans, in, work, dtype, op, deadline));
     }
     const uint8_t* mine = size() == 1 ? in : work + rank() * recvcount * es;
@@ -484,6 +530,15 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
     if (op == ReduceOp::kAvg) finalize_avg(dtype, recvbuf, recvcount, size());
     return ok_status();
   });
+}
+
+void CommImpl::log_choice(Collective kind, size_t bytes, const CollectiveChoice& choice,
+                          size_t nplans) {
+  const auto key = std::make_tuple(static_cast<int>(kind), static_cast<int>(choice.algorithm->algo),
+                                   size_class(bytes));
+  if (logged_.insert(key).second) {
+    GW_LOG_INFO("{}", describe_choice(kind, bytes, choice, static_cast<int>(nplans)));
+  }
 }
 
 Status CommImpl::barrier() {

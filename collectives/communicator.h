@@ -26,7 +26,9 @@
 
 namespace gw::coll {
 
-// Allreduce algorithms (collectives/algorithms.h says when each applies; GW_ALGO names them).
+// Algorithms (collectives/algorithms.h says when each applies): every allreduce one (GW_ALGO
+// names them); broadcast, allgather and reduce-scatter have kRing and kHier (GW_ALGO_BROADCAST,
+// GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER).
 enum class Algo { kAuto, kRing, kRhd, kHostRing, kHier, kHierLeader, kTree, kBblocks };
 
 struct CommOptions {

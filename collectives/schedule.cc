@@ -192,36 +192,47 @@ Schedule rhd_allreduce(int rank, int nranks, size_t count) {
   return s;
 }
 
-Schedule chain_broadcast(int rank, int nranks, int root, size_t count) {
+namespace {
+
+// chain_broadcast over the ranks of `chain` (chain[0] the root; this rank is chain[pos]).
+Schedule chain_broadcast_over(const std::vector<int>& chain, int pos, size_t count) {
   Schedule s;
-  if (nranks <= 1) return s;
-  const int vr = mod(rank - root, nranks);
+  const int p = static_cast<int>(chain.size());
+  if (p <= 1) return s;
   Step st;
   st.id = 0;
-  if (vr > 0) {
-    st.recv_from = mod(rank - 1, nranks);
+  if (pos > 0) {
+    st.recv_from = chain[pos - 1];
     st.recv = Range{0, count};
     st.action = RecvAction::kCopy;
   }
-  if (vr < nranks - 1) {
-    st.send_to = mod(rank + 1, nranks);
+  if (pos < p - 1) {
+    st.send_to = chain[pos + 1];
     st.send = Range{0, count};
   }
-  st.forward = (vr > 0 && vr < nranks - 1);
+  st.forward = (pos > 0 && pos < p - 1);
   s.push_back(st);
   // The closing token: an empty message that the last rank sends on once it has checked all it
-  // received, and that goes on round the ring to the rank before it (root-1 -> root -> root+1
-  // -> ... -> root-2), each rank passing it on once it arrives.
+  // received, and that goes on round the ring to the rank before it (chain[p-1] -> chain[0] ->
+  // chain[1] -> ... -> chain[p-2]), each rank passing it on once it arrives.
   Step done;
   done.id = 1;
-  if (vr < nranks - 1) {
-    done.recv_from = mod(rank - 1, nranks);
+  if (pos < p - 1) {
+    done.recv_from = chain[mod(pos - 1, p)];
     done.action = RecvAction::kCopy;
   }
-  if (vr != nranks - 2) done.send_to = mod(rank + 1, nranks);
+  if (pos != p - 2) done.send_to = chain[mod(pos + 1, p)];
   done.forward = done.send_to >= 0 && done.recv_from >= 0;
   s.push_back(done);
   return s;
+}
+
+}  // namespace
+
+Schedule chain_broadcast(int rank, int nranks, int root, size_t count) {
+  std::vector<int> chain(static_cast<size_t>(nranks));
+  for (int i = 0; i < nranks; ++i) chain[i] = mod(root + i, nranks);
+  return chain_broadcast_over(chain, mod(rank - root, nranks), count);
 }
 
 Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
@@ -440,6 +451,124 @@ std::vector<Plan> hier_pipelined_allreduce(const HostRanks& hosts, int rank, siz
       } else {
         wait_for(s, first, kIntraReduce, intra_steps, k);
       }
+    }
+  }
+  return lanes;
+}
+
+// ---- host-aware broadcast, allgather, reduce-scatter -------------------------------------------
+
+std::vector<int> host_chain(const HostRanks& hosts, int root) {
+  const Place r = place_of(hosts, root);
+  const int nhosts = static_cast<int>(hosts.size());
+  std::vector<int> chain;
+  for (int i = 0; i < nhosts; ++i) {
+    const auto& h = hosts[(r.host + i) % nhosts];
+    const size_t n = h.size(), first = i == 0 ? static_cast<size_t>(r.local) : 0;
+    for (size_t l = 0; l < n; ++l) chain.push_back(h[(first + l) % n]);
+  }
+  return chain;
+}
+
+Schedule host_chain_broadcast(const HostRanks& hosts, int rank, int root, size_t count) {
+  const std::vector<int> chain = host_chain(hosts, root);
+  const int pos = static_cast<int>(std::find(chain.begin(), chain.end(), rank) - chain.begin());
+  return chain_broadcast_over(chain, pos, count);
+}
+
+namespace {
+
+// Segment k (of nsegments) of rank r's block of `per` elements.
+Range block_segment(int r, size_t per, int nsegments, int k) {
+  const Range seg = block_range(per, nsegments, k);
+  return Range{static_cast<size_t>(r) * per + seg.offset, seg.count};
+}
+
+// Makes the first step added to `s` since `first` wait until plan `plan` has finished `steps`.
+void wait_after(Schedule& s, size_t first, int plan, size_t steps) {
+  if (first >= s.size() || steps == 0) return;
+  s[first].after_plan = plan;
+  s[first].after_steps = steps;
+}
+
+}  // namespace
+
+std::vector<Plan> hier_allgather(const HostRanks& hosts, int rank, size_t count_per_rank,
+                                 int nsegments) {
+  enum Lane { kInter = 0, kIntra = 1 };
+  std::vector<Plan> lanes(2);
+  for (int i = 0; i < 2; ++i) lanes[i].chan = i;
+  const Place me = place_of(hosts, rank);
+  const int nhosts = static_cast<int>(hosts.size());
+  const auto& local = hosts[me.host];
+  const int nlocal = static_cast<int>(local.size());
+  std::vector<int> column(static_cast<size_t>(nhosts));
+  for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
+  const int inter_steps = nhosts - 1, intra_steps = nhosts * (nlocal - 1);
+  for (int k = 0; k < nsegments; ++k) {
+    // 1. Across hosts: the ranks of one local index gather their segments with a ring, so every
+    //    rank of a host drives its share of the host's link at once.
+    if (inter_steps > 0) {
+      std::vector<Range> blocks(static_cast<size_t>(nhosts));
+      for (int h = 0; h < nhosts; ++h) {
+        blocks[h] = block_segment(column[h], count_per_rank, nsegments, k);
+      }
+      add_ring_allgather(lanes[kInter].sched, column, me.host, blocks, 0, k * inter_steps);
+    }
+    // 2. Within the host: local rank l now holds column l's segments (one from every host);
+    //    a ring allgather per host hands them round.
+    if (nlocal > 1) {
+      Schedule& s = lanes[kIntra].sched;
+      const size_t first = s.size();
+      for (int h = 0; h < nhosts; ++h) {
+        std::vector<Range> blocks(static_cast<size_t>(nlocal));
+        for (int l = 0; l < nlocal; ++l) {
+          blocks[l] = block_segment(hosts[h][l], count_per_rank, nsegments, k);
+        }
+        add_ring_allgather(s, local, me.local, blocks, 0, k * intra_steps + h * (nlocal - 1));
+      }
+      wait_after(s, first, kInter, static_cast<size_t>(inter_steps) * (k + 1));
+    }
+  }
+  return lanes;
+}
+
+std::vector<Plan> hier_reduce_scatter(const HostRanks& hosts, int rank, size_t count_per_rank,
+                                      int nsegments) {
+  enum Lane { kIntra = 0, kInter = 1 };
+  std::vector<Plan> lanes(2);
+  for (int i = 0; i < 2; ++i) lanes[i].chan = i;
+  const Place me = place_of(hosts, rank);
+  const int nhosts = static_cast<int>(hosts.size());
+  const auto& local = hosts[me.host];
+  const int nlocal = static_cast<int>(local.size());
+  std::vector<int> column(static_cast<size_t>(nhosts));
+  for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
+  const int inter_steps = nhosts - 1, intra_steps = nhosts * (nlocal - 1);
+  for (int k = 0; k < nsegments; ++k) {
+    // 1. Within the host: for every host h, a ring reduce-scatter of host h's blocks leaves local
+    //    rank l with the block of hosts[h][l] summed over this host (column l's blocks).
+    if (nlocal > 1) {
+      for (int h = 0; h < nhosts; ++h) {
+        std::vector<Range> blocks(static_cast<size_t>(nlocal));
+        for (int l = 0; l < nlocal; ++l) {
+          blocks[l] = block_segment(hosts[h][l], count_per_rank, nsegments, k);
+        }
+        add_ring_reduce_scatter(lanes[kIntra].sched, local, me.local, blocks, nlocal - 1,
+                                k * intra_steps + h * (nlocal - 1));
+      }
+    }
+    // 2. Across hosts: the ranks of one local index reduce-scatter their column's host sums with
+    //    a ring, each ending with its own block summed over every host.
+    if (inter_steps > 0) {
+      Schedule& s = lanes[kInter].sched;
+      const size_t first = s.size();
+      std::vector<Range> blocks(static_cast<size_t>(nhosts));
+      for (int h = 0; h < nhosts; ++h) {
+        blocks[h] = block_segment(column[h], count_per_rank, nsegments, k);
+      }
+      add_ring_reduce_scatter(s, column, me.host, blocks, nhosts - 1, k * inter_steps, nlocal == 1);
+      wait_after(s, first, kIntra, static_cast<size_t>(intra_steps) * (k + 1));
     }
   }
   return lanes;

@@ -59,6 +59,11 @@
 //   block adds the next smaller block's segments and hands its own to the next larger, the
 //   largest allgathers by recursive doubling, and the result goes back down block by block.
 //   Unlike RHD's fold, no rank sits idle through the core phase with the whole vector in hand.
+// - host chain broadcast: chain_broadcast along the root's host first, then every other host's
+//   ranks together, so the chain enters each host once whatever the rank numbering.
+// - hierarchical allgather / reduce-scatter (every host L ranks): a ring across hosts among the
+//   ranks of one local index and a ring within the host per host's blocks (allgather: across
+//   first; reduce-scatter: within first), pipelined over segments in two plans.
 // - double binary tree: two binary trees (tree_links) whose interior ranks are disjoint, each
 //   reducing and broadcasting half of the vector (the caller runs tree 0 and tree 1 on two
 //   channels): 2 lg p latency steps instead of the ring's 2(p-1), for latency-bound sizes.
@@ -153,6 +158,32 @@ Schedule hier_leader_allreduce(const HostRanks& hosts, int rank, size_t count);
 // its offset to after_plan and chan). A plan may be empty (one host, or one rank per host).
 std::vector<Plan> hier_pipelined_allreduce(const HostRanks& hosts, int rank, size_t count,
                                            int nsegments);
+
+// Host-aware broadcast (any layout): chain_broadcast along host_chain(hosts, root), which lists
+// the root's host first (from the root on, in local order, wrapping), then the other hosts in
+// order, each one's ranks together: the chain enters every other host once, so each host's link
+// carries the buffer once per direction whatever the rank numbering. Closing token as
+// chain_broadcast's.
+std::vector<int> host_chain(const HostRanks& hosts, int root);
+Schedule host_chain_broadcast(const HostRanks& hosts, int rank, int root, size_t count);
+
+// Hierarchical allgather (requires uniform_hosts(hosts) and 1 <= nsegments): the output holds p
+// blocks of `count_per_rank`, block r rank r's (this rank's own must be in place). Every block
+// is cut into `nsegments` segments (block_range); per segment, plan 0 (channel 0) runs a ring
+// allgather across hosts among the ranks of this rank's local index (H-1 steps), then plan 1
+// (channel 1), once plan 0 has finished that segment, runs within the host a ring allgather of
+// every host's blocks (H (L-1) steps, one block per step). Each host's link carries
+// (H-1)/H x the output per direction, where a flat ring carries (p-1)/p x it.
+std::vector<Plan> hier_allgather(const HostRanks& hosts, int rank, size_t count_per_rank,
+                                 int nsegments);
+// Hierarchical reduce-scatter (requires uniform_hosts(hosts) and 1 <= nsegments): the input holds
+// p blocks of `count_per_rank`; rank r ends with block r (at r x count_per_rank of the output,
+// the rest of which is scratch) reduced over every rank. Per segment, plan 0 (channel 0) ring
+// reduce-scatters every host's blocks within the host (local rank l keeps the blocks of the
+// ranks of local index l, summed over its host), then plan 1 (channel 1) ring reduce-scatters
+// those across hosts among the ranks of one local index. Link traffic as hier_allgather's.
+std::vector<Plan> hier_reduce_scatter(const HostRanks& hosts, int rank, size_t count_per_rank,
+                                      int nsegments);
 
 // Any nranks; a power of two gives recursive halving + doubling.
 Schedule binary_blocks_allreduce(int rank, int nranks, size_t count);

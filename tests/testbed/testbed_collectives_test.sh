@@ -3,7 +3,10 @@
 # the launcher environment as a user would:
 #   - on 2x2, 3+1 and 4x2 hosts: every allreduce algorithm that applies to the layout (GW_ALGO),
 #     and auto with every dtype and op, each result checked element by element (--check);
-#   - an algorithm that does not apply (hier on 3+1 hosts) is refused with the reason;
+#   - broadcast, allgather and reduce-scatter with every algorithm of their tables that applies
+#     (GW_ALGO_BROADCAST, GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER) and auto, checked;
+#   - an algorithm that does not apply (hier on 3+1 hosts) is refused with the reason, for
+#     allreduce and for allgather;
 #   - a rank killed on one host makes every other rank, on every host, return an error within
 #     GW_TIMEOUT_MS instead of hanging.
 # Exit 77 (skipped) where the testbed cannot be built (not root).
@@ -34,24 +37,40 @@ for algo in $ALGOS; do run "$algo" float32 sum; done
 for d in float32 float64 float16 bfloat16 int32 int64 uint8; do
   for o in sum prod min max avg; do run auto "$d" "$o"; done
 done
+# The other collectives' tables: run_coll COLL ROW ALGO DTYPE
+run_coll() {
+  k=$((k + 1))
+  if ! env GW_STORE="10.79.0.1:$((TB_PORT + k))" "$2=$3" GW_TIMEOUT_MS=60000 \
+      "$perf" "$1" -b 64 -e 1M -f 16 -n 2 -w 1 --check -d "$4" >"$OUTDIR/r$GW_RANK.$k" 2>&1; then
+    echo "rank $GW_RANK: case $k ($1 $3 $4) failed: $(tail -3 "$OUTDIR/r$GW_RANK.$k")"
+    bad=1
+  fi
+}
+for algo in auto $COLL_ALGOS; do
+  run_coll broadcast GW_ALGO_BROADCAST "$algo" float32
+  run_coll allgather GW_ALGO_ALLGATHER "$algo" bfloat16
+  run_coll reduce_scatter GW_ALGO_REDUCE_SCATTER "$algo" float32
+  run_coll reduce_scatter GW_ALGO_REDUCE_SCATTER "$algo" int64
+done
 exit $bad
 EOF
 
-layout() {  # layout NAME HOSTS RANKS_PER_HOST ALGOS
-  local name=$1 hosts=$2 rph=$3 algos=$4
+layout() {  # layout NAME HOSTS RANKS_PER_HOST ALGOS COLL_ALGOS
+  local name=$1 hosts=$2 rph=$3 algos=$4 coll_algos=$5
   mkdir -p "$work/$name"
   local t0=$SECONDS
-  out=$(OUTDIR="$work/$name" ALGOS="$algos" bash "$tb" -n "$hosts" -R "$rph" -r 1gbit -t 600 -- \
+  out=$(OUTDIR="$work/$name" ALGOS="$algos" COLL_ALGOS="$coll_algos" bash "$tb" -n "$hosts" -R "$rph" -r 1gbit -t 600 -- \
         "bash $work/rank.sh $perf" 2>&1)
   rc=$?
   [ $rc -eq 77 ] && { echo "testbed_collectives_test: testbed unavailable: $out"; exit 77; }
   [ $rc -eq 0 ] || { echo "$out" | tail -40 >&2; fail "$name: a case failed (status $rc)"; }
-  echo "testbed_collectives_test: $name ok ($((SECONDS - t0)) s; algorithms: $algos)"
+  echo "testbed_collectives_test: $name ok ($((SECONDS - t0)) s; algorithms: $algos; broadcast," \
+       "allgather, reduce_scatter: auto $coll_algos)"
 }
 
-layout 2x2 2 2 "ring rhd host_ring hier hier_leader tree bblocks"
-layout 3+1 2 3,1 "ring rhd host_ring hier_leader tree bblocks"
-layout 4x2 4 2 "ring rhd host_ring hier hier_leader tree bblocks"
+layout 2x2 2 2 "ring rhd host_ring hier hier_leader tree bblocks" "ring hier"
+layout 3+1 2 3,1 "ring rhd host_ring hier_leader tree bblocks" "ring"
+layout 4x2 4 2 "ring rhd host_ring hier hier_leader tree bblocks" "ring hier"
 
 # hier needs the same number of ranks on every host: on 3+1 it is refused, saying why.
 out=$(bash "$tb" -n 2 -R 3,1 -t 120 -- \
@@ -59,6 +78,12 @@ out=$(bash "$tb" -n 2 -R 3,1 -t 120 -- \
 [ $? -ne 0 ] || fail "GW_ALGO=hier on 3+1 hosts was accepted"
 grep -q "GW_ALGO=hier does not apply" <<<"$out" || { echo "$out" >&2; fail "hier refused without the reason"; }
 echo "testbed_collectives_test: hier on 3+1 refused with the reason"
+out=$(bash "$tb" -n 2 -R 3,1 -t 120 -- \
+      "GW_ALGO_ALLGATHER=hier GW_TIMEOUT_MS=20000 $perf allgather -b 64 -e 64 -n 1 -w 0" 2>&1)
+[ $? -ne 0 ] || fail "GW_ALGO_ALLGATHER=hier on 3+1 hosts was accepted"
+grep -q "GW_ALGO_ALLGATHER=hier does not apply" <<<"$out" ||
+  { echo "$out" >&2; fail "allgather hier refused without the reason"; }
+echo "testbed_collectives_test: allgather hier on 3+1 refused with the reason"
 
 # A rank killed on host 1 mid-allreduce: every other rank reports an error within GW_TIMEOUT_MS.
 cat >"$work/kill.sh" <<'EOF'
