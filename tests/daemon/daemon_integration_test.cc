@@ -1,0 +1,204 @@
+// Two gradwired daemons on this machine (two sockets in a temporary directory, two fake hosts by
+// GW_HOSTID / --host-id), two trainer processes each, the C ABI in daemon mode (GW_DAEMON):
+// allreduce / broadcast / allgather / barrier across every dtype with results checked, a trainer
+// SIGKILLed mid-collective (the others fail with GW_ERR_PEER within the deadline and the daemons
+// reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang).
+// Every process is killed and the directory removed even when a check fails.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "tests/integration/proc_harness.h"
+
+namespace gw::test {
+namespace {
+
+constexpr int kTimeoutMs = 6000;
+constexpr int kSlackMs = 4000;  // process start-up on a loaded 2-core machine, ASan included
+constexpr int kGwErrPeer = 3;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/gwd-it-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The daemons and trainers of one test; the ProcGroups kill whatever still runs on destruction.
+class DaemonPair {
+ public:
+  explicit DaemonPair(const TempDir& dir) : dir_(dir) {}
+
+  // Starts daemons A and B and waits for both to listen; false (with output) if one did not.
+  bool start() {
+    for (int h = 0; h < 2; ++h) {
+      Env env = clean_env();
+      env["GW_LOG_LEVEL"] = "info";
+      daemons_.start({GRADWIRED_PATH, "--foreground", "--socket", socket(h), "--host-id", host(h)},
+                     env);
+    }
+    for (size_t h = 0; h < 2; ++h) {
+      if (!daemons_.wait_for_output(h, "listening", 20000)) {
+        ADD_FAILURE() << "daemon " << h << " did not start:\n" << daemons_.output(h);
+        return false;
+      }
+      std::smatch m;
+      std::string out = daemons_.output(h);
+      if (std::regex_search(out, m, std::regex("pid ([0-9]+)"))) pid_[h] = std::stoi(m[1]);
+    }
+    return pid_[0] > 0 && pid_[1] > 0;
+  }
+
+  std::string socket(int h) const { return dir_.path() + (h == 0 ? "/a.sock" : "/b.sock"); }
+  static std::string host(int h) { return h == 0 ? "fake-host-a" : "fake-host-b"; }
+  // Ranks 0 and 2 on host A, 1 and 3 on host B: the host layout is not by blocks of ranks.
+  static int host_of(int rank) { return rank % 2; }
+  pid_t pid(int h) const { return pid_[h]; }
+  std::string daemon_output(int h) const { return daemons_.output(h); }
+
+  size_t start_trainer(ProcGroup& g, int rank, int world, int port, std::vector<std::string> args,
+                       const std::string& arena = "16M") {
+    Env env = clean_env();
+    env["GW_DAEMON"] = "unix:" + socket(host_of(rank));
+    env["GW_HOSTID"] = host(host_of(rank));
+    env["GW_DAEMON_ARENA"] = arena;
+    std::vector<std::string> argv = {DAEMON_TRAINER_PATH,
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--world",
+                                     std::to_string(world),
+                                     "--store",
+                                     "127.0.0.1:" + std::to_string(port),
+                                     "--timeout-ms",
+                                     std::to_string(kTimeoutMs)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return g.start(argv, env);
+  }
+
+  // Memfd arenas still mapped in daemon h (its /proc maps).
+  int arenas(int h) const {
+    std::ifstream f("/proc/" + std::to_string(pid_[h]) + "/maps");
+    int n = 0;
+    for (std::string line; std::getline(f, line);) {
+      if (line.find("gwd-arena") != std::string::npos) ++n;
+    }
+    return n;
+  }
+
+ private:
+  const TempDir& dir_;
+  ProcGroup daemons_;
+  pid_t pid_[2] = {0, 0};
+};
+
+bool eventually(const std::function<bool()>& pred, int ms) {
+  for (int i = 0; i < ms / 20; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (const char* count : {"1", "1000", "70001"}) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", count});
+    auto results = g.wait_all(240000, true);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+          << "count " << count << " rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+          << d.daemon_output(0) << "\ndaemon B:\n"
+          << d.daemon_output(1);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  // Every trainer has gone: so have their arenas.
+  EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
+      << d.arenas(0) << " " << d.arenas(1);
+}
+
+TEST(DaemonIntegration, KilledTrainerFailsTheOthersWithPeerWithinTheDeadline) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  const int killer = 3;  // on host B
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"die", std::to_string(killer)});
+  auto results = g.wait_all(kTimeoutMs * 4 + kSlackMs * 4);
+  ASSERT_EQ(results[killer].signal, SIGKILL) << results[killer].describe();
+  for (int r = 0; r < 4; ++r) {
+    if (r == killer) continue;
+    const auto& res = results[r];
+    ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
+    EXPECT_TRUE(res.exited) << res.describe();
+    EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << "rank " << r << ": " << res.describe();
+    auto fields = parse_tagged_line(res.output, "RESULT");
+    ASSERT_TRUE(fields.has_value()) << res.describe();
+    EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+  }
+  // Both daemons let go of every arena of the job, the dead trainer's included; and they still
+  // serve a new job afterwards.
+  EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
+      << d.arenas(0) << " " << d.arenas(1);
+  ProcGroup again;
+  const int port2 = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(again, r, 4, port2, {"suite", "33"});
+  for (const auto& res : again.wait_all(120000, true)) {
+    EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  }
+}
+
+TEST(DaemonIntegration, KilledDaemonFailsItsTrainersInsteadOfHanging) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"loop"});
+  for (size_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(g.wait_for_output(r, "LOOPING", 30000)) << g.output(r);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(::kill(d.pid(1), SIGKILL), 0);
+  auto results = g.wait_all(kTimeoutMs * 2 + kSlackMs * 2);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const auto& res = results[r];
+    ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
+    EXPECT_TRUE(res.exited) << res.describe();
+    EXPECT_GT(res.exit_code, 10) << res.describe();
+    auto fields = parse_tagged_line(res.output, "RESULT");
+    ASSERT_TRUE(fields.has_value()) << res.describe();
+    EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+    if (DaemonPair::host_of(static_cast<int>(r)) == 1) {
+      EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << res.describe();  // their daemon is gone
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gw::test
