@@ -31,7 +31,8 @@ void on_signal(int) {
 }
 
 int fail(int ready_fd, const std::string& why) {
-  std::fprintf(stderr, "gradwired: %s\n", why.c_str());
+  const bool named = why.rfind("gradwired", 0) == 0;
+  std::fprintf(stderr, "%s%s\n", named ? "" : "gradwired: ", why.c_str());
   if (ready_fd >= 0) {
     ssize_t n = ::write(ready_fd, why.data(), why.size());
     (void)n;
