@@ -73,6 +73,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   s->rank_ = options.rank;
   s->size_ = options.world_size;
   s->timeout_ms_ = options.timeout_ms;
+  s->spin_ns_ = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
   s->address_ = address;
 
   daemon::Hello h;
@@ -221,6 +222,13 @@ Status DaemonSession::submit(SqEntry e, const char* what) {
     return broken(system_error("signalling gradwired", errno));
   }
   const sys::Deadline deadline = sys::deadline_after_ms(timeout_ms_);
+  // Busy-poll the completion counter for GW_DAEMON_SPIN_US first (a small collective completes
+  // within it, sparing two wake-ups), then sleep on the eventfd and the socket.
+  const int64_t spin_until = sys::now_ns() + spin_ns_;
+  while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ && sys::now_ns() < spin_until &&
+         !aborted_.load(std::memory_order_relaxed)) {
+    daemon::spin_pause();
+  }
   for (;;) {
     const uint64_t ct = hdr_->cq_tail.load(std::memory_order_acquire);
     if (ct != cq_head_) {

@@ -79,6 +79,7 @@ class DaemonSession final : public Session {
   int rank_ = 0;
   int size_ = 1;
   int64_t timeout_ms_ = 0;
+  int64_t spin_ns_ = 0;  // GW_DAEMON_SPIN_US
   std::string address_;
   std::shared_ptr<Store> store_;  // rank 0 hosts the job's store: the daemons meet there
 

@@ -40,9 +40,14 @@ constinit const config::Row kTransport{
     "GW_DAEMON_TRANSPORT", Type::String, "tcp", "",
     "gradwired: backend between the daemons of a job (a registered backend name)"};
 
+constinit const config::Row kSpinUs{
+    "GW_DAEMON_SPIN_US", Type::Int, "0", "",
+    "daemon mode: microseconds a trainer and gradwired busy-poll the rings before sleeping on "
+    "the eventfd (pays only with idle cores)"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients, &kTransport});
+      "daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients, &kTransport, &kSpinUs});
   return set;
 }
 

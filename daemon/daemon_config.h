@@ -13,6 +13,7 @@ extern const config::Row kSocket;
 extern const config::Row kMaxArena;
 extern const config::Row kMaxClients;
 extern const config::Row kTransport;
+extern const config::Row kSpinUs;
 
 const config::RowSet& rows();
 

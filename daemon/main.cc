@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   o.transport = config::get_string(daemon_config::kTransport);
   o.max_arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kMaxArena));
   o.max_clients = static_cast<int>(config::get_int(daemon_config::kMaxClients));
+  o.spin_us = config::get_int(daemon_config::kSpinUs);
 
   // Detach: the parent waits on a pipe for "listening" (EOF) or the reason it could not start.
   int ready_fd = -1;

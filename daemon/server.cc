@@ -111,6 +111,7 @@ struct Job {
   Hello first;  // the job's shape as its first trainer told it
   Counters* counters;
   std::string transport;
+  int64_t spin_ns = 0;
   std::vector<std::shared_ptr<Client>> members;  // by local rank
   int joined = 0;
   bool started = false;
@@ -399,7 +400,19 @@ void Job::run() {
     for (const auto& m : members) {
       if (m) pfds.push_back({m->sq_efd.get(), POLLIN, 0});
     }
-    int rc = ::poll(pfds.data(), pfds.size(), 1000);
+    // Busy-poll the submission counters for GW_DAEMON_SPIN_US before sleeping (see DaemonSession).
+    const int64_t spin_until = sys::now_ns() + spin_ns;
+    bool ready = false;
+    while (!ready && sys::now_ns() < spin_until && !stop.load(std::memory_order_relaxed)) {
+      for (const auto& m : members) {
+        if (m && (m->hdr->sq_tail.load(std::memory_order_acquire) != m->sq_head ||
+                  m->lost.load(std::memory_order_relaxed))) {
+          ready = true;
+        }
+      }
+      if (!ready) spin_pause();
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
     if (rc < 0 && errno != EINTR) {
       GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
       break;
@@ -668,6 +681,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
 
   if (!job) {
     job = std::make_shared<Job>(this, h, &counters, opt.transport);
+    job->spin_ns = opt.spin_us * 1000;
     GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
     jobs[key] = job;
     counters.live_jobs.fetch_add(1);

@@ -29,6 +29,7 @@ struct ServerOptions {
   uint32_t ring_entries = 64;  // per ring, a power of two
   std::string host_id;         // "": bootstrap host_identity() (GW_HOSTID)
   int64_t hello_timeout_ms = 5000;
+  int64_t spin_us = 0;  // a job thread busy-polls its rings this long before sleeping
 };
 
 struct ServerStats {
