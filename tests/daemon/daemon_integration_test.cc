@@ -73,21 +73,20 @@ class DaemonPair {
   pid_t pid(int h) const { return pid_[h]; }
   std::string daemon_output(int h) const { return daemons_.output(h); }
 
+  // port 0: no store (a world of one). hostid: another host identity than the daemon's.
   size_t start_trainer(ProcGroup& g, int rank, int world, int port, std::vector<std::string> args,
-                       const std::string& arena = "16M") {
+                       const std::string& hostid = "") {
     Env env = clean_env();
     env["GW_DAEMON"] = "unix:" + socket(host_of(rank));
-    env["GW_HOSTID"] = host(host_of(rank));
-    env["GW_DAEMON_ARENA"] = arena;
-    std::vector<std::string> argv = {DAEMON_TRAINER_PATH,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--world",
-                                     std::to_string(world),
-                                     "--store",
-                                     "127.0.0.1:" + std::to_string(port),
-                                     "--timeout-ms",
-                                     std::to_string(kTimeoutMs)};
+    env["GW_HOSTID"] = hostid.empty() ? host(host_of(rank)) : hostid;
+    env["GW_DAEMON_ARENA"] = "16M";
+    std::vector<std::string> argv = {
+        DAEMON_TRAINER_PATH,   "--rank",       std::to_string(rank),      "--world",
+        std::to_string(world), "--timeout-ms", std::to_string(kTimeoutMs)};
+    if (port != 0) {
+      argv.push_back("--store");
+      argv.push_back("127.0.0.1:" + std::to_string(port));
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     return g.start(argv, env);
   }
@@ -137,6 +136,20 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
   // Every trainer has gone: so have their arenas.
   EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
       << d.arenas(0) << " " << d.arenas(1);
+}
+
+TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  d.start_trainer(g, 0, 1, 0, {"suite", "100"});
+  d.start_trainer(g, 0, 1, 0, {"suite", "100"}, "not-this-host");
+  auto results = g.wait_all(60000);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].exit_code, 10 + 1) << results[1].describe();  // GW_ERR_INVALID_ARG
+  EXPECT_NE(results[1].output.find("host identity"), std::string::npos) << results[1].describe();
 }
 
 TEST(DaemonIntegration, KilledTrainerFailsTheOthersWithPeerWithinTheDeadline) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -364,6 +365,34 @@ TEST_F(DaemonServerTest, ASecondDaemonOnTheSameSocketIsRefused) {
   o.host_id = "test-host";
   auto again = Server::create(o);
   EXPECT_FALSE(again.ok());
+}
+
+TEST(DaemonServerRestart, AStaleSocketFileIsReplaced) {
+  char tmpl[] = "/tmp/gwd-stale-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/s.sock";
+  {
+    // A daemon that died: its socket file stays, nobody listens on it.
+    auto addr = sys::UnixAddress::path(path);
+    ASSERT_TRUE(addr.ok());
+    auto fd = sys::listen_unix(*addr, SOCK_STREAM, 1);
+    ASSERT_TRUE(fd.ok());
+  }
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0);
+  ServerOptions o;
+  o.socket_path = path;
+  o.host_id = "h";
+  auto s = Server::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  s->reset();
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);  // removed on the way out
+  // A file that is not a socket is left alone.
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_FALSE(Server::create(o).ok());
+  ::unlink(path.c_str());
+  ::rmdir(tmpl);
 }
 
 TEST(DaemonProtocol, HelloRoundTripAndBounds) {
