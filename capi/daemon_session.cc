@@ -208,9 +208,18 @@ Status DaemonSession::broken(Status s) {
   return s;
 }
 
-Status DaemonSession::submit(SqEntry e, const char* what) {
+Result<uint64_t> DaemonSession::post(SqEntry e, const char* what) {
   if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
   if (!broken_.ok()) return broken_;
+  // The ring holds sq_entries submissions not yet completed: make room by reading completions.
+  while (next_seq_ - 1 - completed_ >= geo_.sq_entries) {
+    const uint64_t oldest = completed_ + 1;
+    bool done = false;
+    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what);
+    if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
+    if (!broken_.ok()) return broken_;
+    done_[oldest] = s;  // an iallreduce's: keep it for its request
+  }
   e.seq = next_seq_++;
   const uint64_t tail = e.seq - 1;  // submissions made before this one
   auto* slot = static_cast<uint8_t*>(arena_.data()) + geo_.sq_offset +
@@ -221,57 +230,86 @@ Status DaemonSession::submit(SqEntry e, const char* what) {
   if (::write(sq_efd_.get(), &one, sizeof(one)) < 0 && errno != EAGAIN) {
     return broken(system_error("signalling gradwired", errno));
   }
-  const sys::Deadline deadline = sys::deadline_after_ms(timeout_ms_);
+  return e.seq;
+}
+
+Status DaemonSession::drain_completions() {
+  for (;;) {
+    const uint64_t ct = hdr_->cq_tail.load(std::memory_order_acquire);
+    if (ct == cq_head_) return ok_status();
+    Status ring = daemon::check_ring(cq_head_, ct, geo_.cq_entries, "completion");
+    if (!ring.ok()) return broken(ring);
+    daemon::CqEntry c;
+    std::memcpy(&c,
+                static_cast<uint8_t*>(arena_.data()) + geo_.cq_offset +
+                    (cq_head_ % geo_.cq_entries) * sizeof(daemon::CqEntry),
+                sizeof(c));
+    ++cq_head_;
+    hdr_->cq_head.store(cq_head_, std::memory_order_release);
+    Status carried;
+    Status d = daemon::decode_completion(c, completed_ + 1, &carried);
+    if (!d.ok()) return broken(d);
+    done_[++completed_] = carried;
+  }
+}
+
+Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what) {
+  *done = false;
   // Busy-poll the completion counter for GW_DAEMON_SPIN_US first (a small collective completes
   // within it, sparing two wake-ups), then sleep on the eventfd and the socket.
   const int64_t spin_until = sys::now_ns() + spin_ns_;
-  while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ && sys::now_ns() < spin_until &&
-         !aborted_.load(std::memory_order_relaxed)) {
+  while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ && completed_ < seq &&
+         sys::now_ns() < spin_until && !aborted_.load(std::memory_order_relaxed)) {
     daemon::spin_pause();
   }
   for (;;) {
-    const uint64_t ct = hdr_->cq_tail.load(std::memory_order_acquire);
-    if (ct != cq_head_) {
-      Status ring = daemon::check_ring(cq_head_, ct, geo_.cq_entries, "completion");
-      if (!ring.ok()) return broken(ring);
-      daemon::CqEntry c;
-      std::memcpy(&c,
-                  static_cast<uint8_t*>(arena_.data()) + geo_.cq_offset +
-                      (cq_head_ % geo_.cq_entries) * sizeof(daemon::CqEntry),
-                  sizeof(c));
-      ++cq_head_;
-      hdr_->cq_head.store(cq_head_, std::memory_order_release);
-      Status carried;
-      Status d = daemon::decode_completion(c, e.seq, &carried);
-      if (!d.ok()) return broken(d);
-      if (!carried.ok()) return carried.with_context(what);
-      return ok_status();
+    Status d = drain_completions();
+    auto it = done_.find(seq);
+    if (it != done_.end()) {
+      Status st = it->second;
+      done_.erase(it);
+      *done = true;
+      if (!st.ok()) return st.with_context(what);
+      return st;
     }
-    if (sys::expired(deadline)) {
-      return broken(
-          timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+    if (!d.ok() || !broken_.ok()) {
+      *done = true;
+      return broken_;
     }
+    if (aborted_.load()) {
+      *done = true;
+      return broken(aborted_error("{}: communicator aborted", what));
+    }
+    if (sys::expired(deadline)) return timeout_error("{}: still running", what);
     pollfd p[3] = {
         {cq_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
     int n = ::poll(p, 3, sys::ms_until(deadline));
     if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
-    if (p[2].revents != 0 || aborted_.load()) {
-      return broken(aborted_error("{}: communicator aborted", what));
-    }
     if (p[0].revents & POLLIN) {
       uint64_t v;
       ssize_t k = ::read(cq_efd_.get(), &v, sizeof(v));
       (void)k;
     }
-    if (p[1].revents != 0) {
+    if (p[1].revents != 0 && hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_) {
       // The daemon never writes after the welcome: readable means closed.
-      if (hdr_->cq_tail.load(std::memory_order_acquire) != cq_head_) continue;
+      *done = true;
       return broken(peer_error(
           "{}: gradwired ({}) closed the connection: the daemon stopped or died, or refused "
           "this trainer",
           what, address_));
     }
   }
+}
+
+Status DaemonSession::submit(SqEntry e, const char* what) {
+  GW_ASSIGN_OR_RETURN(uint64_t seq, post(e, what));
+  bool done = false;
+  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what);
+  if (!done) {
+    return broken(
+        timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+  }
+  return s;
 }
 
 namespace {
@@ -318,6 +356,88 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
   unplace(s);
   if (recvbuf != sendbuf) unplace(r);
   return st;
+}
+
+// An iallreduce in flight: its staging stays allocated until it is waited for.
+class DaemonRequest final : public SessionRequest {
+ public:
+  DaemonRequest(DaemonSession* s, uint64_t seq, DaemonSession::Placed send,
+                DaemonSession::Placed recv, void* user_recv, size_t bytes, bool in_place)
+      : s_(s),
+        seq_(seq),
+        send_(send),
+        recv_(recv),
+        user_recv_(user_recv),
+        bytes_(bytes),
+        in_place_(in_place) {}
+  ~DaemonRequest() override {
+    if (!finished_) (void)wait(-1);  // bounded by the communicator's deadline
+  }
+  Status wait(int64_t timeout_ms) override {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    return step(sys::deadline_after_ms(timeout_ms < 0 ? s_->timeout_ms_ : timeout_ms));
+  }
+  Status test(bool* done) override {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    Status st = step(sys::kNoWait);
+    *done = finished_;
+    return finished_ ? st : ok_status();
+  }
+
+ private:
+  Status step(sys::Deadline deadline) {
+    if (finished_) return final_;
+    bool done = false;
+    Status st = s_->wait_for(seq_, deadline, &done, "iallreduce");
+    if (!done) return st;  // kTimeout: still running
+    if (st.ok() && recv_.staged) std::memcpy(user_recv_, s_->data_ + recv_.off, bytes_);
+    s_->unplace(send_);
+    if (!in_place_) s_->unplace(recv_);
+    finished_ = true;
+    final_ = st;
+    return st;
+  }
+  DaemonSession* s_;
+  uint64_t seq_;
+  DaemonSession::Placed send_, recv_;
+  void* user_recv_;
+  size_t bytes_;
+  bool in_place_;
+  bool finished_ = false;
+  Status final_;
+};
+
+Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* sendbuf,
+                                                                  void* recvbuf, size_t count,
+                                                                  coll::DataType dtype,
+                                                                  coll::ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t bytes = count * coll::dtype_size(dtype);
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
+  Placed r = s;
+  if (recvbuf != sendbuf) {
+    auto pr = place(recvbuf, bytes, false);
+    if (!pr.ok()) {
+      unplace(s);
+      return pr.status();
+    }
+    r = *pr;
+  }
+  SqEntry e = entry(Opcode::kAllreduce);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.op = static_cast<uint8_t>(op);
+  e.count = count;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  auto seq = post(e, "iallreduce");
+  if (!seq.ok()) {
+    unplace(s);
+    if (recvbuf != sendbuf) unplace(r);
+    return seq.status();
+  }
+  return std::unique_ptr<SessionRequest>(
+      new DaemonRequest(this, *seq, s, r, recvbuf, bytes, recvbuf == sendbuf));
 }
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
@@ -390,10 +510,6 @@ Status DaemonSession::reduce_scatter(const void*, void*, size_t, coll::DataType,
 }
 Status DaemonSession::alltoall(const void*, void*, size_t, coll::DataType) {
   return not_yet("alltoall");
-}
-Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void*, void*, size_t,
-                                                                  coll::DataType, coll::ReduceOp) {
-  return not_yet("iallreduce");
 }
 Status DaemonSession::allreduce_compressed(void*, size_t, coll::DataType, std::string_view,
                                            std::string_view) {

@@ -5,10 +5,11 @@
 // the host's trainers and runs the inter-host part with the job's other daemons.
 //
 // Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
-// arena staging and back. allreduce, broadcast, allgather and barrier are supported;
-// reduce_scatter, alltoall, iallreduce, split and the compressed calls return kUnsupported, and so
-// does a GPU buffer. Every wait has the communicator's deadline, and a daemon that dies or cuts
-// this client ends the call (and every later one) with kPeer.
+// arena staging and back. allreduce, iallreduce (several in flight, up to the ring's length),
+// broadcast, allgather and barrier are supported; reduce_scatter, alltoall, split and the
+// compressed calls return kUnsupported, and so does a GPU buffer. Every wait has the communicator's
+// deadline, and a daemon that dies or cuts this client ends the call (and every later one) with
+// kPeer.
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "core/store.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
+#include "core/sys/time.h"
 #include "daemon/arena_allocator.h"
 #include "daemon/protocol.h"
 
@@ -72,7 +74,15 @@ class DaemonSession final : public Session {
   Result<Placed> place(const void* p, size_t bytes, bool copy_in);
   void unplace(const Placed& p);
   bool in_arena(const void* p, size_t bytes, uint64_t* off) const;
-  // Posts one submission and waits for its completion (caller holds mu_).
+  friend class DaemonRequest;
+  // The caller holds mu_ for all of these. post: puts one submission in the ring (waiting for
+  // completions while it is full) and returns its sequence number. drain_completions: reads every
+  // completion posted into done_. wait_for: until seq's completion is read (*done; its status
+  // returned) or the deadline passes (kTimeout, *done false; the op goes on); a broken connection
+  // or an abort ends it with *done true. submit: post + wait_for with the communicator's deadline.
+  Result<uint64_t> post(daemon::SqEntry e, const char* what);
+  Status drain_completions();
+  Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what);
   Status submit(daemon::SqEntry e, const char* what);
   Status broken(Status s);
 
@@ -92,6 +102,8 @@ class DaemonSession final : public Session {
   uint8_t* data_ = nullptr;
   uint64_t next_seq_ = 1;
   uint64_t cq_head_ = 0;
+  uint64_t completed_ = 0;                         // completions read
+  std::map<uint64_t, Status> done_;                // read, not yet claimed by their caller
   std::unique_ptr<daemon::ArenaAllocator> alloc_;  // guarded by mu_
   std::map<uint64_t, size_t> user_;                // gw_mem_alloc'd ranges (offset -> bytes)
   Status broken_;                                  // set once the connection is unusable

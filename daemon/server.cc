@@ -380,6 +380,15 @@ void Job::run_ready() {
       }
     }
     if (s.ok()) s = execute(reqs);
+    if (!s.ok() && s.code() == Code::kAborted) {
+      // The main thread aborts the communicator when a trainer of the job goes: say that.
+      for (const auto& m : members) {
+        if (m->lost.load(std::memory_order_acquire)) {
+          s = peer_error("{} left the job: {}", m->name(), m->reason());
+          break;
+        }
+      }
+    }
     if (s.ok()) {
       counters->collectives.fetch_add(1);
     } else {

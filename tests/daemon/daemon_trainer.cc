@@ -278,6 +278,35 @@ int run_suite(gw_comm_t comm, int rank, int world, size_t count) {
   gw_status_t s = gw_barrier(comm);
   ++calls;
   if (s != GW_OK) return report("barrier", s, t0);
+  // Several iallreduces in flight (more than the daemon's ring holds), completed by gw_test and
+  // gw_wait, in place and not, beside a blocking call.
+  {
+    const int n = count > 10000 ? 6 : 70;  // within a 16 MiB arena's staging
+    std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(count)), out = in;
+    std::vector<gw_request_t> req(n);
+    for (int k = 0; k < n; ++k) {
+      for (size_t i = 0; i < count; ++i) in[k][i] = static_cast<int32_t>(k + rank + i % 5);
+      int32_t* dst = k % 2 ? in[k].data() : out[k].data();
+      s = gw_iallreduce(comm, in[k].data(), dst, count, GW_INT32, GW_SUM, &req[k]);
+      ++calls;
+      if (s != GW_OK) return report("iallreduce", s, t0);
+    }
+    if ((s = gw_barrier(comm)) != GW_OK) return report("barrier among iallreduces", s, t0);
+    for (int k = 0; k < n; ++k) {
+      int done = 0;
+      if (k % 3 == 0 && (s = gw_test(req[k], &done)) != GW_OK) return report("gw_test", s, t0);
+      if (!done && (s = gw_wait(req[k], -1)) != GW_OK) return report("gw_wait", s, t0);
+      const int32_t* dst = k % 2 ? in[k].data() : out[k].data();
+      for (size_t i = 0; i < count; ++i) {
+        const int32_t want = world * (k + static_cast<int32_t>(i % 5)) + world * (world - 1) / 2;
+        if (dst[i] != want) {
+          std::printf("WRONG rank=%d iallreduce %d at %zu: got %d want %d\n", rank, k, i, dst[i],
+                      want);
+          return 1;
+        }
+      }
+    }
+  }
   // Calls daemon mode does not make yet say so.
   float x = 0;
   s = gw_reduce_scatter(comm, &x, &x, 0, GW_FLOAT32, GW_SUM);
