@@ -228,8 +228,15 @@ Status Job::start_comm() {
 void Job::fail(const Status& s) {
   if (!failure.ok()) return;
   failure = s;
-  GW_LOG_WARN("gradwired: job of {} ranks (host {} of {}) failed: {}", first.world_size,
-              first.host_index, first.num_hosts, s.message());
+  bool pending = false;
+  for (const auto& m : members) pending = pending || (m && !m->pending.empty());
+  if (pending || s.code() != Code::kPeer) {
+    GW_LOG_WARN("gradwired: job of {} ranks (host {} of {}) failed: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  } else {  // a trainer left between collectives: the usual end of a job
+    GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) ends: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  }
   abort_comm();  // the job's other daemons see the connections close
 }
 
