@@ -491,6 +491,42 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
   return st;
 }
 
+Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     coll::DataType dtype, coll::ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recvcount > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t block = recvcount * coll::dtype_size(dtype);
+  const size_t total = block * static_cast<size_t>(size_);
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, total, true));
+  Placed r;
+  const auto* sb = static_cast<const uint8_t*>(sendbuf);
+  const auto* rb = static_cast<const uint8_t*>(recvbuf);
+  // In place: recvbuf is this rank's block of sendbuf.
+  const bool inside = block > 0 && rb >= sb && rb + block <= sb + total;
+  if (inside) {
+    r.off = s.off + static_cast<uint64_t>(rb - sb);
+    r.staged = s.staged;
+  } else {
+    auto pr = place(recvbuf, block, false);
+    if (!pr.ok()) {
+      unplace(s);
+      return pr.status();
+    }
+    r = *pr;
+  }
+  SqEntry e = entry(Opcode::kReduceScatter);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.op = static_cast<uint8_t>(op);
+  e.count = recvcount;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  Status st = submit(e, "reduce_scatter");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, block);
+  if (!inside) unplace(r);
+  unplace(s);
+  return st;
+}
+
 Status DaemonSession::barrier() {
   std::lock_guard<std::mutex> lock(mu_);
   return submit(entry(Opcode::kBarrier), "barrier");
@@ -505,9 +541,6 @@ Status not_yet(const char* call) {
 }
 }  // namespace
 
-Status DaemonSession::reduce_scatter(const void*, void*, size_t, coll::DataType, coll::ReduceOp) {
-  return not_yet("reduce_scatter");
-}
 Status DaemonSession::alltoall(const void*, void*, size_t, coll::DataType) {
   return not_yet("alltoall");
 }

@@ -6,7 +6,7 @@
 //
 // Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
 // arena staging and back. allreduce, iallreduce (several in flight, up to the ring's length),
-// broadcast, allgather and barrier are supported; reduce_scatter, alltoall, split and the
+// broadcast, allgather, reduce_scatter and barrier are supported; alltoall, split and the
 // compressed calls return kUnsupported, and so does a GPU buffer. Every wait has the communicator's
 // deadline, and a daemon that dies or cuts this client ends the call (and every later one) with
 // kPeer.

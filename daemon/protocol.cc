@@ -241,6 +241,8 @@ const char* opcode_name(Opcode op) {
       return "allgather";
     case Opcode::kBarrier:
       return "barrier";
+    case Opcode::kReduceScatter:
+      return "reduce_scatter";
   }
   return "?";
 }
@@ -264,6 +266,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
     case static_cast<uint16_t>(Opcode::kBroadcast):
     case static_cast<uint16_t>(Opcode::kAllgather):
     case static_cast<uint16_t>(Opcode::kBarrier):
+    case static_cast<uint16_t>(Opcode::kReduceScatter):
       r.opcode = static_cast<Opcode>(e.opcode);
       break;
     default:
@@ -278,7 +281,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
   }
   if (!coll::valid_dtype(e.dtype)) return peer_error("submission {}: dtype {}", e.seq, e.dtype);
   r.dtype = static_cast<coll::DataType>(e.dtype);
-  if (r.opcode == Opcode::kAllreduce) {
+  if (r.opcode == Opcode::kAllreduce || r.opcode == Opcode::kReduceScatter) {
     if (!coll::valid_op(e.op)) return peer_error("submission {}: op {}", e.seq, e.op);
     r.op = static_cast<coll::ReduceOp>(e.op);
   } else if (e.op != 0) {
@@ -304,6 +307,12 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
        r.recv_bytes > data_bytes)) {
     return peer_error("submission {}: allgather of {} x {} bytes exceeds the data region", e.seq,
                       world_size, bytes);
+  }
+  if (r.opcode == Opcode::kReduceScatter &&
+      (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.send_bytes) ||
+       r.send_bytes > data_bytes)) {
+    return peer_error("submission {}: reduce_scatter of {} x {} bytes exceeds the data region",
+                      e.seq, world_size, bytes);
   }
   if (r.opcode == Opcode::kBroadcast) {
     // One buffer, in place.

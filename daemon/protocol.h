@@ -92,7 +92,13 @@ Result<Welcome> decode_welcome(const uint8_t* data, size_t size);
 Result<Welcome> arena_geometry(uint64_t arena_bytes, uint32_t entries);
 
 // Opcodes of a submission.
-enum class Opcode : uint16_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+enum class Opcode : uint16_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kAllgather = 3,
+  kBarrier = 4,
+  kReduceScatter = 5,
+};
 const char* opcode_name(Opcode op);
 
 // One submission, as it lies in the ring (64 bytes, little-endian host layout).
@@ -100,9 +106,9 @@ struct SqEntry {
   uint64_t seq;       // 1, 2, 3... per client
   uint16_t opcode;    // Opcode
   uint8_t dtype;      // gw_dtype_t
-  uint8_t op;         // gw_op_t (allreduce)
+  uint8_t op;         // gw_op_t (allreduce, reduce_scatter)
   int32_t root;       // broadcast
-  uint64_t count;     // elements (allgather: per rank)
+  uint64_t count;     // elements (allgather: per rank; reduce_scatter: received per rank)
   uint64_t send_off;  // offsets into the data region
   uint64_t recv_off;
   uint64_t reserved[3];  // 0

@@ -321,6 +321,29 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 0; i < n && bytes > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
       return ok_status();
     }
+    case Opcode::kReduceScatter: {
+      // The whole input is reduced (locally, then across the daemons), each trainer takes its
+      // block: correct for any layout, at an allreduce's traffic (to do: a reduce-scatter).
+      const size_t total = r.send_bytes;
+      const size_t block = r.recv_bytes;
+      const uint64_t elems = r.count * static_cast<uint64_t>(first.world_size);
+      const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
+      if (scratch.size() < total) scratch.resize(total);
+      uint8_t* s = scratch.data();
+      if (total > 0) std::memcpy(s, buf(0, reqs[0].send_off), total);
+      for (size_t i = 1; i < n && total > 0; ++i) {
+        coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, elems);
+      }
+      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+      if (r.op == coll::ReduceOp::kAvg && total > 0) {
+        coll::finalize_avg(r.dtype, s, elems, first.world_size);
+      }
+      for (size_t i = 0; i < n && block > 0; ++i) {
+        std::memmove(buf(i, reqs[i].recv_off),
+                     s + static_cast<size_t>(members[i]->hello.rank) * block, block);
+      }
+      return ok_status();
+    }
     case Opcode::kBroadcast: {
       const size_t bytes = r.send_bytes;
       if (scratch.size() < bytes) scratch.resize(bytes);

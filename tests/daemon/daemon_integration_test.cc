@@ -125,7 +125,11 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
     const int port = free_port();
     for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", count});
     auto results = g.wait_all(240000, true);
+    ASSERT_EQ(results.size(), 4u);
     for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_NE(results[r].output.find("RESULT rank=" + std::to_string(r) + " status=0"),
+                std::string::npos)
+          << results[r].describe();
       EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
           << "count " << count << " rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
           << d.daemon_output(0) << "\ndaemon B:\n"

@@ -124,7 +124,7 @@ std::vector<std::vector<uint8_t>> seeds() {
   with(kWelcome, encode_welcome(refusal));
   std::vector<uint8_t> subs{200, 12};
   const Opcode ops[] = {Opcode::kAllreduce, Opcode::kBroadcast, Opcode::kAllgather,
-                        Opcode::kBarrier};
+                        Opcode::kBarrier, Opcode::kReduceScatter};
   uint64_t seq = 1;
   for (Opcode op : ops) {
     SqEntry e{};
@@ -136,7 +136,7 @@ std::vector<std::vector<uint8_t>> seeds() {
       e.send_off = 4096;
       e.recv_off = op == Opcode::kBroadcast ? 4096 : 65536;
       e.root = op == Opcode::kBroadcast ? 1 : 0;
-      e.op = op == Opcode::kAllreduce ? 4 : 0;
+      e.op = op == Opcode::kAllreduce || op == Opcode::kReduceScatter ? 4 : 0;
     }
     const auto* b = reinterpret_cast<const uint8_t*>(&e);
     subs.insert(subs.end(), b, b + sizeof(e));
