@@ -45,9 +45,13 @@ constinit const config::Row kSpinUs{
     "daemon mode: microseconds a trainer and gradwired busy-poll the rings before sleeping on "
     "the eventfd (pays only with idle cores)"};
 
+constinit const config::Row kMetrics{
+    "GW_DAEMON_METRICS", Type::String, "", "",
+    "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
+
 const config::RowSet& rows() {
-  static const config::RowSet set(
-      "daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients, &kTransport, &kSpinUs});
+  static const config::RowSet set("daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients,
+                                             &kTransport, &kSpinUs, &kMetrics});
   return set;
 }
 

@@ -14,6 +14,7 @@ extern const config::Row kMaxArena;
 extern const config::Row kMaxClients;
 extern const config::Row kTransport;
 extern const config::Row kSpinUs;
+extern const config::Row kMetrics;
 
 const config::RowSet& rows();
 

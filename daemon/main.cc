@@ -1,6 +1,7 @@
 // gradwired: the per-host daemon (docs/daemon.md).
 //
 //   gradwired [--socket PATH] [--config FILE] [--foreground] [--transport NAME] [--host-id ID]
+//             [--metrics HOST:PORT]
 //
 // Settings come from the layered configuration (core/config.h): --config names the TOML file
 // (GW_CONFIG_FILE; the daemon's keys live in its [daemon] table), the environment overrides it, and
@@ -20,6 +21,7 @@
 #include "core/core_config.h"
 #include "core/log.h"
 #include "daemon/daemon_config.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 
 namespace {
@@ -44,12 +46,13 @@ int fail(int ready_fd, const std::string& why) {
 
 int main(int argc, char** argv) {
   CLI::App app{"gradwired: the gradwire per-host daemon (docs/daemon.md)"};
-  std::string socket_path, config_file, transport, host_id;
+  std::string socket_path, config_file, transport, host_id, metrics;
   bool foreground = false;
   app.add_option("--socket", socket_path, "the trainers' unix socket (GW_DAEMON_SOCKET)");
   app.add_option("--config", config_file, "TOML settings file (GW_CONFIG_FILE)");
   app.add_option("--transport", transport, "backend between daemons (GW_DAEMON_TRANSPORT)");
   app.add_option("--host-id", host_id, "this host's identity (GW_HOSTID)");
+  app.add_option("--metrics", metrics, "HOST:PORT of the Prometheus endpoint (GW_DAEMON_METRICS)");
   app.add_flag("--foreground", foreground, "stay attached to the terminal");
   CLI11_PARSE(app, argc, argv);
 
@@ -61,6 +64,7 @@ int main(int argc, char** argv) {
   if (!socket_path.empty()) (void)config::set(daemon_config::kSocket, socket_path);
   if (!transport.empty()) (void)config::set(daemon_config::kTransport, transport);
   if (!host_id.empty()) (void)config::set(core_config::kHostId, host_id);
+  if (!metrics.empty()) (void)config::set(daemon_config::kMetrics, metrics);
   Status valid = config::validate();
   if (!valid.ok()) return fail(-1, valid.message());
 
@@ -93,6 +97,14 @@ int main(int argc, char** argv) {
   auto server = daemon::Server::create(o);
   if (!server.ok()) return fail(ready_fd, server.status().message());
   g_server = server->get();
+  std::unique_ptr<daemon::MetricsEndpoint> endpoint;
+  const std::string metrics_addr = config::get_string(daemon_config::kMetrics);
+  if (!metrics_addr.empty()) {
+    auto m = daemon::MetricsEndpoint::start(metrics_addr, **server);
+    if (!m.ok()) return fail(ready_fd, m.status().message());
+    endpoint = std::move(*m);
+    std::printf("gradwired: metrics on http://%s/metrics\n", metrics_addr.c_str());
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -113,6 +125,7 @@ int main(int argc, char** argv) {
   }
   Status s = (*server)->run();
   g_server = nullptr;
+  endpoint.reset();
   if (!s.ok()) {
     std::fprintf(stderr, "gradwired: %s\n", s.message().c_str());
     return 1;

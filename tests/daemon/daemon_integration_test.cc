@@ -4,15 +4,19 @@
 // SIGKILLed mid-collective (the others fail with GW_ERR_PEER within the deadline and the daemons
 // reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang).
 // Every process is killed and the directory removed even when a check fails.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -47,12 +51,18 @@ class DaemonPair {
   explicit DaemonPair(const TempDir& dir) : dir_(dir) {}
 
   // Starts daemons A and B and waits for both to listen; false (with output) if one did not.
-  bool start() {
+  // metrics_port > 0: daemon A serves Prometheus metrics there.
+  bool start(int metrics_port = 0) {
     for (int h = 0; h < 2; ++h) {
       Env env = clean_env();
       env["GW_LOG_LEVEL"] = "info";
-      daemons_.start({GRADWIRED_PATH, "--foreground", "--socket", socket(h), "--host-id", host(h)},
-                     env);
+      std::vector<std::string> argv = {GRADWIRED_PATH, "--foreground", "--socket",
+                                       socket(h),      "--host-id",    host(h)};
+      if (h == 0 && metrics_port > 0) {
+        argv.push_back("--metrics");
+        argv.push_back("127.0.0.1:" + std::to_string(metrics_port));
+      }
+      daemons_.start(argv, env);
     }
     for (size_t h = 0; h < 2; ++h) {
       if (!daemons_.wait_for_output(h, "listening", 20000)) {
@@ -107,6 +117,37 @@ class DaemonPair {
   pid_t pid_[2] = {0, 0};
 };
 
+// GET /metrics from 127.0.0.1:port ("" when nothing answers).
+std::string scrape(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (::send(fd, req, sizeof(req) - 1, 0) > 0) {
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// The value of the first sample line starting with `metric` (-1 when absent).
+double sample(const std::string& text, const std::string& metric) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric + " ", 0) == 0) return std::stod(line.substr(metric.size() + 1));
+  }
+  return -1;
+}
+
 bool eventually(const std::function<bool()>& pred, int ms) {
   for (int i = 0; i < ms / 20; ++i) {
     if (pred()) return true;
@@ -146,7 +187,12 @@ TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   DaemonPair d(dir);
-  ASSERT_TRUE(d.start());
+#if defined(GW_HAVE_PROMETHEUS)
+  const int metrics_port = free_port();
+#else
+  const int metrics_port = 0;
+#endif
+  ASSERT_TRUE(d.start(metrics_port));
   ProcGroup g;
   d.start_trainer(g, 0, 1, 0, {"suite", "100"});
   d.start_trainer(g, 0, 1, 0, {"suite", "100"}, "not-this-host");
@@ -154,6 +200,14 @@ TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].exit_code, 10 + 1) << results[1].describe();  // GW_ERR_INVALID_ARG
   EXPECT_NE(results[1].output.find("host identity"), std::string::npos) << results[1].describe();
+  if (metrics_port == 0) GTEST_SKIP() << "built without prometheus-cpp: no metrics to check";
+  // The daemon's Prometheus endpoint counts what happened.
+  const std::string text = scrape(metrics_port);
+  EXPECT_GE(sample(text, "gradwired_clients_refused_total"), 1) << text;
+  EXPECT_GE(sample(text, "gradwired_clients_accepted_total"), 1) << text;
+  EXPECT_GE(sample(text, "gradwired_collectives_total{result=\"ok\"}"), 100) << text;
+  EXPECT_TRUE(
+      eventually([&] { return sample(scrape(metrics_port), "gradwired_arenas") == 0; }, 5000));
 }
 
 TEST(DaemonIntegration, KilledTrainerFailsTheOthersWithPeerWithinTheDeadline) {
