@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -102,7 +104,28 @@ DirectSession::DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll:
       size_(comm_->size()) {}
 
 // Out of line: DeviceCompression is complete only here.
-DirectSession::~DirectSession() = default;
+DirectSession::~DirectSession() {
+  for (void* p : mem_) std::free(p);
+}
+
+Result<void*> DirectSession::mem_alloc(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  if (bytes > SIZE_MAX - kAlign) return no_memory("gw_mem_alloc of {} bytes", bytes);
+  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  if (p == nullptr) return no_memory("gw_mem_alloc of {} bytes", bytes);
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  mem_.insert(p);
+  return p;
+}
+
+Status DirectSession::mem_free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  if (mem_.erase(ptr) == 0) {
+    return invalid_arg("pointer {} was not returned by gw_mem_alloc on this communicator", ptr);
+  }
+  std::free(ptr);
+  return ok_status();
+}
 
 Status DirectSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {

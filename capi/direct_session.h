@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 
 #include "capi/session.h"
 #include "collectives/communicator.h"
@@ -50,6 +51,9 @@ class DirectSession final : public Session {
   Status reset_compression_stats() override;
   Status release_compression() override;
 
+  Result<void*> mem_alloc(size_t bytes) override;
+  Status mem_free(void* ptr) override;
+
   void abort() override { comm_->abort(); }
   bool aborted() const override { return comm_->aborted(); }
 
@@ -70,6 +74,9 @@ class DirectSession final : public Session {
   std::mutex compress_mu_;  // one compressed call (or stats/reset/release) at a time
   std::unique_ptr<coll::Compressor> compressor_;
   std::shared_ptr<cuda::DeviceCompression> device_compression_;
+
+  std::mutex mem_mu_;
+  std::unordered_set<void*> mem_;  // gw_mem_alloc'd, freed with the Session
 };
 
 }  // namespace gw::capi

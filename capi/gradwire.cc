@@ -22,6 +22,7 @@
 #include <unordered_set>
 
 #include "capi/capi_internal.h"
+#include "capi/daemon_session.h"
 #include "capi/direct_session.h"
 #include "capi/session.h"
 #include "collectives/types.h"
@@ -32,6 +33,7 @@
 #include "core/log.h"
 #include "core/net/net_config.h"
 #include "core/store_socket.h"
+#include "daemon/daemon_config.h"
 
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
@@ -235,7 +237,13 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
   GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
   gw::log::set_rank(o.rank);
-  GW_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, DirectSession::create(o));
+  const std::string daemon = gw::config::get_string(gw::daemon_config::kDaemon);
+  std::unique_ptr<Session> session;
+  if (!daemon.empty()) {
+    GW_ASSIGN_OR_RETURN(session, DaemonSession::create(o, daemon));
+  } else {
+    GW_ASSIGN_OR_RETURN(session, DirectSession::create(o));
+  }
   GW_LOG_INFO("{}", startup_line(o, *session));
   *out = register_comm(std::move(session));
   return gw::ok_status();
@@ -639,6 +647,25 @@ GW_EXPORT gw_status_t gw_config_set(const char* name, const char* value) {
       return gw::ok_status();
     }
     return gw::config::set(*row, value);
+  });
+}
+
+GW_EXPORT gw_status_t gw_mem_alloc(gw_comm_t comm, size_t bytes, void** ptr) {
+  return guarded("gw_mem_alloc", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    if (ptr == nullptr) return gw::invalid_arg("argument ptr (the output pointer) is NULL");
+    if (bytes == 0) return gw::invalid_arg("argument bytes is 0");
+    GW_ASSIGN_OR_RETURN(void* p, st->mem_alloc(bytes));
+    *ptr = p;
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_mem_free(gw_comm_t comm, void* ptr) {
+  return guarded("gw_mem_free", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, lookup(comm));
+    if (ptr == nullptr) return gw::ok_status();
+    return st->mem_free(ptr);
   });
 }
 

@@ -1,9 +1,9 @@
 // The seam between the C ABI and whatever runs the collectives: a Session is one rank's
 // membership in one communicator. capi/gradwire.cc checks arguments, keeps handles and maps
 // Status to gw_status_t; a Session does the work. DirectSession (direct_session.h) runs a
-// gw::coll::Communicator in this process; a client of a separate daemon process is meant to be a
-// second implementation, so these signatures carry only plain and C types, nothing of
-// collectives/'s internals.
+// gw::coll::Communicator in this process; DaemonSession (daemon_session.h) is a client of the
+// host's gradwired, so these signatures carry only plain and C types, nothing of collectives/'s
+// internals.
 //
 // What every implementation may rely on (the C layer has checked it before calling): dtype and op
 // are valid enumerators; the byte sizes of the buffers (count x dtype size, times size() where the
@@ -86,6 +86,12 @@ class Session {
   virtual Status reset_compression_stats() = 0;
   // Frees the residuals and codec state of every tensor key.
   virtual Status release_compression() = 0;
+
+  // gw_mem_alloc / gw_mem_free: memory the collectives of this Session use best (the daemon's
+  // arena in daemon mode: zero-copy). bytes > 0. mem_free refuses (kInvalidArg) a pointer that
+  // mem_alloc of this Session did not return or that was freed already.
+  virtual Result<void*> mem_alloc(size_t bytes) = 0;
+  virtual Status mem_free(void* ptr) = 0;
 
   // Thread-safe, idempotent, never blocks: every pending and later collective ends in kAborted.
   virtual void abort() = 0;

@@ -213,6 +213,20 @@ gw_status_t gw_wait(gw_request_t request, int timeout_ms);
  * has finished, else sets *done to 0 and returns GW_OK. */
 gw_status_t gw_test(gw_request_t request, int* done);
 
+/* ---- Memory for collectives (daemon mode: docs/daemon.md) ------------------------------------
+ *
+ * gw_mem_alloc sets *ptr to `bytes` (> 0) bytes of host memory, 64-byte aligned, that the
+ * collectives of comm use best. In daemon mode (GW_DAEMON) it lies in the shared arena this trainer
+ * and its gradwired both map, so a collective on it is zero-copy; any other buffer is copied into
+ * the arena and back. In direct mode it is plain aligned host memory. GW_ERR_NO_MEMORY when the
+ * arena (GW_DAEMON_ARENA) has no free range that large. The memory belongs to comm: free it with
+ * gw_mem_free before gw_comm_destroy, which frees (in daemon mode: unmaps) what is left.
+ * gw_mem_free with NULL does nothing; a pointer gw_mem_alloc did not return for comm is
+ * GW_ERR_INVALID_ARG. Not collective; thread-safe as the collectives are (one thread per comm).
+ * GPU buffers are not supported in daemon mode (GW_ERR_UNSUPPORTED). */
+gw_status_t gw_mem_alloc(gw_comm_t comm, size_t bytes, void** ptr);
+gw_status_t gw_mem_free(gw_comm_t comm, void* ptr);
+
 /* Static text for a status code ("GW_ERR_PEER: a peer closed, died or ..."). Never NULL. */
 const char* gw_status_string(gw_status_t status);
 

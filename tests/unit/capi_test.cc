@@ -33,8 +33,8 @@ class CleanEnv {
  public:
   CleanEnv() {
     for (const char* v :
-         {"GW_RANK", "GW_WORLD_SIZE", "GW_STORE", "GW_JOB_TOKEN", "GW_TIMEOUT_MS", "RANK",
-          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+         {"GW_RANK", "GW_WORLD_SIZE", "GW_STORE", "GW_JOB_TOKEN", "GW_TIMEOUT_MS", "GW_DAEMON",
+          "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
       if (const char* old = std::getenv(v)) saved_[v] = old;
       unsetenv(v);
@@ -103,7 +103,9 @@ TEST(CapiTest, LibraryExportsOnlyTheCApi) {
                           "gw_allreduce_compressed",
                           "gw_comm_stats",
                           "gw_comm_reset_stats",
-                          "gw_comm_release_compression"}) {
+                          "gw_comm_release_compression",
+                          "gw_mem_alloc",
+                          "gw_mem_free"}) {
     EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
   }
   // Internals stay hidden: gw::code_name(gw::Code), gw::config::table().
@@ -458,6 +460,28 @@ TEST_F(SingleRankTest, BadArguments) {
   // Nothing above broke the communicator.
   EXPECT_GW(GW_OK, gw_allreduce(comm_, x, y, 4, GW_FLOAT32, GW_SUM));
   EXPECT_EQ(y[3], 4.0f);
+}
+
+// Direct mode: gw_mem_alloc is aligned host memory the collectives take like any other buffer.
+TEST_F(SingleRankTest, MemAllocInDirectMode) {
+  void* p = nullptr;
+  ASSERT_EQ(gw_mem_alloc(comm_, 4096, &p), GW_OK) << gw_last_error();
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  auto* f = static_cast<float*>(p);
+  for (int i = 0; i < 1024; ++i) f[i] = static_cast<float>(i);
+  EXPECT_EQ(gw_allreduce(comm_, p, p, 1024, GW_FLOAT32, GW_SUM), GW_OK) << gw_last_error();
+  EXPECT_EQ(f[1023], 1023.0f);
+  EXPECT_EQ(gw_mem_alloc(comm_, 0, &p), GW_ERR_INVALID_ARG);
+  EXPECT_EQ(gw_mem_alloc(comm_, 16, nullptr), GW_ERR_INVALID_ARG);
+  float local = 0;
+  EXPECT_EQ(gw_mem_free(comm_, &local), GW_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(gw_last_error()).find("gw_mem_alloc"), std::string::npos);
+  EXPECT_EQ(gw_mem_free(comm_, p), GW_OK);
+  EXPECT_EQ(gw_mem_free(comm_, p), GW_ERR_INVALID_ARG);  // twice
+  EXPECT_EQ(gw_mem_free(comm_, nullptr), GW_OK);
+  // Left for gw_comm_destroy to free.
+  ASSERT_EQ(gw_mem_alloc(comm_, 100, &p), GW_OK);
 }
 
 TEST_F(SingleRankTest, SplitNeedsAnOutputPointer) {

@@ -22,6 +22,7 @@
 #include "core/net/net_config.h"
 #include "core/net/shm_config.h"
 #include "core/net/tcp_config.h"
+#include "daemon/daemon_config.h"
 #include "plugin/plugin_config.h"
 #if defined(GW_HAVE_DPDK)
 #include "dpdk/dpdk_config.h"

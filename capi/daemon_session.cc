@@ -1,0 +1,612 @@
+#include "capi/daemon_session.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/sys/time.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/daemon_config.h"
+#include "gpudirect/cuda_driver.h"
+
+namespace gw::capi {
+
+using daemon::Opcode;
+using daemon::SqEntry;
+
+// ---- set-up ------------------------------------------------------------------------------------
+
+namespace {
+
+Status write_frame(int sock, const std::vector<uint8_t>& body, sys::Deadline deadline) {
+  std::vector<uint8_t> frame(daemon::kFrameHeaderBytes);
+  const uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, sizeof(len));
+  frame.insert(frame.end(), body.begin(), body.end());
+  return sys::send_with_fds(sock, frame.data(), frame.size(), {}, deadline, "hello to gradwired");
+}
+
+// Reads exactly n bytes (and whatever descriptors come with them).
+Status read_exact(int sock, uint8_t* out, size_t n, std::vector<sys::Fd>* fds,
+                  sys::Deadline deadline) {
+  size_t got = 0;
+  while (got < n) {
+    GW_ASSIGN_OR_RETURN(size_t k, sys::recv_with_fds(sock, out + got, n - got, fds, deadline,
+                                                     "welcome from gradwired"));
+    if (k == 0) return peer_error("gradwired closed the connection during the hello");
+    got += k;
+  }
+  return ok_status();
+}
+
+Result<sys::Fd> make_eventfd() {
+  sys::Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd.valid()) return system_error("eventfd", errno);
+  return fd;
+}
+
+std::string solo_token() {
+  std::random_device rd;
+  return fmt::format("solo-{}-{:08x}{:08x}", ::getpid(), rd(), rd());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& options,
+                                                       const std::string& address) {
+  if (address.rfind("unix:", 0) != 0 || address.size() <= 5) {
+    return invalid_arg("GW_DAEMON '{}': expected unix:/path/to/gradwired.sock", address);
+  }
+  const std::string path = address.substr(5);
+  const sys::Deadline deadline = sys::deadline_after_ms(options.timeout_ms);
+  std::unique_ptr<DaemonSession> s(new DaemonSession());
+  s->link_->session = s.get();
+  s->rank_ = options.rank;
+  s->size_ = options.world_size;
+  s->timeout_ms_ = options.timeout_ms;
+  s->spin_ns_ = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
+  s->address_ = address;
+
+  daemon::Hello h;
+  h.rank = options.rank;
+  h.world_size = options.world_size;
+  h.timeout_ms = options.timeout_ms;
+  h.arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kArena));
+  h.host_id = host_identity();
+  h.store_token = options.job_token;
+  if (options.world_size > 1) {
+    if (options.store_host.empty()) {
+      return invalid_arg(
+          "no store address for {} ranks: set config.store_addr, GW_STORE or "
+          "MASTER_ADDR/MASTER_PORT",
+          options.world_size);
+    }
+    TcpStoreOptions so;
+    so.host = options.store_host;
+    so.port = options.store_port;
+    so.host_server = options.rank == 0;
+    so.token = options.job_token;
+    so.connect_timeout_ms = options.timeout_ms;
+    auto tcp = TcpStore::create(so);
+    if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
+    s->store_ = *tcp;
+    if (!options.job_token.empty()) {
+      h.job_token = options.job_token;
+    } else {
+      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*s->store_, options.rank, deadline));
+    }
+    GW_ASSIGN_OR_RETURN(HostMap map,
+                        exchange_hosts(*s->store_, options.rank, options.world_size, deadline));
+    h.host_index = map.my_host;
+    h.num_hosts = static_cast<int32_t>(map.ranks_of_host.size());
+    h.local_rank = map.local_rank;
+    h.local_size = static_cast<int32_t>(map.ranks_of_host[map.my_host].size());
+    h.store_host = options.store_host;
+    h.store_port = static_cast<uint16_t>(options.store_port);
+  } else {
+    h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
+  }
+
+  // Connect (the daemon may still be starting: retry until the deadline, at most 10 s).
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  const sys::Deadline connect_by = std::min(deadline, sys::deadline_after_ms(10000));
+  for (;;) {
+    auto fd = sys::connect_unix(addr, SOCK_STREAM);
+    if (fd.ok()) {
+      s->sock_ = std::move(*fd);
+      break;
+    }
+    if (fd.status().code() != Code::kPeer || sys::expired(connect_by)) {
+      return fd.status().with_context(
+          fmt::format("no gradwired answers on {} (GW_DAEMON={})", path, address));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A connect in progress completes on the first write; wait for it like a send.
+  GW_RETURN_IF_ERROR(write_frame(s->sock_.get(), daemon::encode_hello(h), deadline));
+
+  std::vector<sys::Fd> fds;
+  uint8_t header[daemon::kFrameHeaderBytes];
+  GW_RETURN_IF_ERROR(read_exact(s->sock_.get(), header, sizeof(header), &fds, deadline));
+  uint32_t len = 0;
+  std::memcpy(&len, header, sizeof(len));
+  if (len > daemon::kMaxWelcomeBytes) {
+    return peer_error("gradwired sent a welcome of {} bytes (at most {})", len,
+                      daemon::kMaxWelcomeBytes);
+  }
+  std::vector<uint8_t> body(len);
+  GW_RETURN_IF_ERROR(read_exact(s->sock_.get(), body.data(), body.size(), &fds, deadline));
+  GW_ASSIGN_OR_RETURN(s->geo_, daemon::decode_welcome(body.data(), body.size()));
+  if (s->geo_.status != 0) {
+    return Status(static_cast<Code>(s->geo_.status),
+                  fmt::format("gradwired at {} refused this trainer: {}", path, s->geo_.message));
+  }
+  if (fds.size() != 3) {
+    return peer_error("gradwired sent {} descriptors with its welcome (3 expected)", fds.size());
+  }
+  GW_ASSIGN_OR_RETURN(s->arena_, sys::MemfdRegion::map(std::move(fds[0]), s->geo_.arena_bytes));
+  s->sq_efd_ = std::move(fds[1]);
+  s->cq_efd_ = std::move(fds[2]);
+  GW_ASSIGN_OR_RETURN(s->abort_efd_, make_eventfd());
+  s->hdr_ = static_cast<daemon::ArenaHeader*>(s->arena_.data());
+  if (s->hdr_->magic != daemon::kArenaMagic || s->hdr_->version != daemon::kProtocolVersion) {
+    return peer_error("gradwired's arena has a bad header");
+  }
+  s->data_ = static_cast<uint8_t*>(s->arena_.data()) + s->geo_.data_offset;
+  s->alloc_ = std::make_unique<daemon::ArenaAllocator>(s->geo_.data_bytes);
+  GW_LOG_INFO("daemon mode: rank {} of {} on host {} of {} (local {} of {}), {} arena", h.rank,
+              h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size,
+              s->geo_.arena_bytes);
+  return std::unique_ptr<Session>(std::move(s));
+}
+
+DaemonSession::~DaemonSession() {
+  // Requests still outstanding no longer reach this session (its arena goes with it): nothing
+  // is copied into a caller's buffer after this.
+  std::lock_guard<std::mutex> lock(link_->mu);
+  link_->session = nullptr;
+}
+
+// ---- the data path -----------------------------------------------------------------------------
+
+bool DaemonSession::in_arena(const void* p, size_t bytes, uint64_t* off) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < data_ || b > data_ + geo_.data_bytes) return false;
+  const uint64_t o = static_cast<uint64_t>(b - data_);
+  if (bytes > geo_.data_bytes - o) return false;
+  *off = o;
+  return true;
+}
+
+Result<DaemonSession::Placed> DaemonSession::place(const void* p, size_t bytes, bool copy_in) {
+  Placed out;
+  if (bytes == 0) return out;
+  if (in_arena(p, bytes, &out.off)) return out;
+  auto off = alloc_->alloc(bytes);
+  if (!off.ok()) {
+    return no_memory(
+        "a {} byte buffer does not fit the free part of the daemon arena ({}; raise "
+        "GW_DAEMON_ARENA or allocate buffers with gw_mem_alloc)",
+        bytes, off.status().message());
+  }
+  out.off = *off;
+  out.staged = true;
+  if (copy_in) std::memcpy(data_ + out.off, p, bytes);
+  return out;
+}
+
+void DaemonSession::unplace(const Placed& p) {
+  if (p.staged) (void)alloc_->free(p.off);
+}
+
+Status DaemonSession::broken(Status s) {
+  if (broken_.ok()) broken_ = s;
+  return s;
+}
+
+Result<uint64_t> DaemonSession::post(SqEntry e, const char* what) {
+  if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
+  if (!broken_.ok()) return broken_;
+  // The ring holds sq_entries submissions not yet completed: make room by reading completions.
+  while (next_seq_ - 1 - completed_ >= geo_.sq_entries) {
+    const uint64_t oldest = completed_ + 1;
+    bool done = false;
+    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what);
+    if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
+    if (!broken_.ok()) return broken_;
+    done_[oldest] = s;  // an iallreduce's: keep it for its request
+  }
+  e.seq = next_seq_++;
+  const uint64_t tail = e.seq - 1;  // submissions made before this one
+  auto* slot = static_cast<uint8_t*>(arena_.data()) + geo_.sq_offset +
+               (tail % geo_.sq_entries) * sizeof(SqEntry);
+  std::memcpy(slot, &e, sizeof(e));
+  hdr_->sq_tail.store(tail + 1, std::memory_order_release);
+  uint64_t one = 1;
+  if (::write(sq_efd_.get(), &one, sizeof(one)) < 0 && errno != EAGAIN) {
+    return broken(system_error("signalling gradwired", errno));
+  }
+  return e.seq;
+}
+
+Status DaemonSession::drain_completions() {
+  for (;;) {
+    const uint64_t ct = hdr_->cq_tail.load(std::memory_order_acquire);
+    if (ct == cq_head_) return ok_status();
+    Status ring = daemon::check_ring(cq_head_, ct, geo_.cq_entries, "completion");
+    if (!ring.ok()) return broken(ring);
+    daemon::CqEntry c;
+    std::memcpy(&c,
+                static_cast<uint8_t*>(arena_.data()) + geo_.cq_offset +
+                    (cq_head_ % geo_.cq_entries) * sizeof(daemon::CqEntry),
+                sizeof(c));
+    ++cq_head_;
+    hdr_->cq_head.store(cq_head_, std::memory_order_release);
+    Status carried;
+    Status d = daemon::decode_completion(c, completed_ + 1, &carried);
+    if (!d.ok()) return broken(d);
+    done_[++completed_] = carried;
+  }
+}
+
+Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what) {
+  *done = false;
+  // Busy-poll the completion counter for GW_DAEMON_SPIN_US first (a small collective completes
+  // within it, sparing two wake-ups), then sleep on the eventfd and the socket.
+  const int64_t spin_until = sys::now_ns() + spin_ns_;
+  while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ && completed_ < seq &&
+         sys::now_ns() < spin_until && !aborted_.load(std::memory_order_relaxed)) {
+    daemon::spin_pause();
+  }
+  for (;;) {
+    Status d = drain_completions();
+    auto it = done_.find(seq);
+    if (it != done_.end()) {
+      Status st = it->second;
+      done_.erase(it);
+      *done = true;
+      if (!st.ok()) return st.with_context(what);
+      return st;
+    }
+    if (!d.ok() || !broken_.ok()) {
+      *done = true;
+      return broken_;
+    }
+    if (aborted_.load()) {
+      *done = true;
+      return broken(aborted_error("{}: communicator aborted", what));
+    }
+    if (sys::expired(deadline)) return timeout_error("{}: still running", what);
+    pollfd p[3] = {
+        {cq_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
+    int n = ::poll(p, 3, sys::ms_until(deadline));
+    if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
+    if (p[0].revents & POLLIN) {
+      uint64_t v;
+      ssize_t k = ::read(cq_efd_.get(), &v, sizeof(v));
+      (void)k;
+    }
+    if (p[1].revents != 0 && hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_) {
+      // The daemon never writes after the welcome: readable means closed.
+      *done = true;
+      return broken(peer_error(
+          "{}: gradwired ({}) closed the connection: the daemon stopped or died, or refused "
+          "this trainer",
+          what, address_));
+    }
+  }
+}
+
+Status DaemonSession::submit(SqEntry e, const char* what) {
+  GW_ASSIGN_OR_RETURN(uint64_t seq, post(e, what));
+  bool done = false;
+  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what);
+  if (!done) {
+    return broken(
+        timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+  }
+  return s;
+}
+
+namespace {
+
+Status refuse_device(const void* a, const void* b) {
+  if ((a != nullptr && cuda::is_device_pointer(a)) ||
+      (b != nullptr && cuda::is_device_pointer(b))) {
+    return unsupported("GPU buffers are not supported in daemon mode yet (GW_DAEMON)");
+  }
+  return ok_status();
+}
+
+SqEntry entry(Opcode op) {
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(op);
+  return e;
+}
+
+}  // namespace
+
+Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                coll::DataType dtype, coll::ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t bytes = count * coll::dtype_size(dtype);
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
+  Placed r = s;
+  if (recvbuf != sendbuf) {
+    auto pr = place(recvbuf, bytes, false);
+    if (!pr.ok()) {
+      unplace(s);
+      return pr.status();
+    }
+    r = *pr;
+  }
+  SqEntry e = entry(Opcode::kAllreduce);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.op = static_cast<uint8_t>(op);
+  e.count = count;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  Status st = submit(e, "allreduce");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, bytes);
+  unplace(s);
+  if (recvbuf != sendbuf) unplace(r);
+  return st;
+}
+
+// An iallreduce in flight: its staging stays allocated until it is waited for. It reaches the
+// session through its Link, so that it may outlive it (then it ends in kAborted).
+class DaemonRequest final : public SessionRequest {
+ public:
+  DaemonRequest(std::shared_ptr<DaemonSession::Link> link, uint64_t seq, DaemonSession::Placed send,
+                DaemonSession::Placed recv, void* user_recv, size_t bytes, bool in_place)
+      : link_(std::move(link)),
+        seq_(seq),
+        send_(send),
+        recv_(recv),
+        user_recv_(user_recv),
+        bytes_(bytes),
+        in_place_(in_place) {}
+  ~DaemonRequest() override {
+    if (!finished_) (void)wait(-1);  // bounded by the communicator's deadline
+  }
+  Status wait(int64_t timeout_ms) override {
+    std::lock_guard<std::mutex> held(link_->mu);
+    DaemonSession* s = link_->session;
+    if (s == nullptr) return orphaned();
+    std::lock_guard<std::mutex> lock(s->mu_);
+    return step(s, sys::deadline_after_ms(timeout_ms < 0 ? s->timeout_ms_ : timeout_ms));
+  }
+  Status test(bool* done) override {
+    std::lock_guard<std::mutex> held(link_->mu);
+    DaemonSession* s = link_->session;
+    if (s == nullptr) {
+      *done = true;
+      return orphaned();
+    }
+    std::lock_guard<std::mutex> lock(s->mu_);
+    Status st = step(s, sys::kNoWait);
+    *done = finished_;
+    return finished_ ? st : ok_status();
+  }
+
+ private:
+  Status orphaned() {
+    if (!finished_) {
+      finished_ = true;
+      final_ = aborted_error("iallreduce: the communicator was destroyed before it completed");
+    }
+    return final_;
+  }
+  Status step(DaemonSession* s, sys::Deadline deadline) {
+    if (finished_) return final_;
+    bool done = false;
+    Status st = s->wait_for(seq_, deadline, &done, "iallreduce");
+    if (!done) return st;  // kTimeout: still running
+    if (st.ok() && recv_.staged) std::memcpy(user_recv_, s->data_ + recv_.off, bytes_);
+    s->unplace(send_);
+    if (!in_place_) s->unplace(recv_);
+    finished_ = true;
+    final_ = st;
+    return st;
+  }
+  std::shared_ptr<DaemonSession::Link> link_;
+  uint64_t seq_;
+  DaemonSession::Placed send_, recv_;
+  void* user_recv_;
+  size_t bytes_;
+  bool in_place_;
+  bool finished_ = false;
+  Status final_;
+};
+
+Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* sendbuf,
+                                                                  void* recvbuf, size_t count,
+                                                                  coll::DataType dtype,
+                                                                  coll::ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t bytes = count * coll::dtype_size(dtype);
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
+  Placed r = s;
+  if (recvbuf != sendbuf) {
+    auto pr = place(recvbuf, bytes, false);
+    if (!pr.ok()) {
+      unplace(s);
+      return pr.status();
+    }
+    r = *pr;
+  }
+  SqEntry e = entry(Opcode::kAllreduce);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.op = static_cast<uint8_t>(op);
+  e.count = count;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  auto seq = post(e, "iallreduce");
+  if (!seq.ok()) {
+    unplace(s);
+    if (recvbuf != sendbuf) unplace(r);
+    return seq.status();
+  }
+  return std::unique_ptr<SessionRequest>(
+      new DaemonRequest(link_, *seq, s, r, recvbuf, bytes, recvbuf == sendbuf));
+}
+
+Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, nullptr));
+  const size_t bytes = count * coll::dtype_size(dtype);
+  GW_ASSIGN_OR_RETURN(Placed b, place(buf, bytes, rank_ == root));
+  SqEntry e = entry(Opcode::kBroadcast);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.root = root;
+  e.count = count;
+  e.send_off = b.off;
+  e.recv_off = b.off;
+  Status st = submit(e, "broadcast");
+  if (st.ok() && b.staged && rank_ != root) std::memcpy(buf, data_ + b.off, bytes);
+  unplace(b);
+  return st;
+}
+
+Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                coll::DataType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sendcount > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t block = sendcount * coll::dtype_size(dtype);
+  const size_t total = block * static_cast<size_t>(size_);
+  GW_ASSIGN_OR_RETURN(Placed r, place(recvbuf, total, false));
+  Placed s;
+  const auto* sb = static_cast<const uint8_t*>(sendbuf);
+  const auto* rb = static_cast<const uint8_t*>(recvbuf);
+  bool inside = block > 0 && sb >= rb && sb + block <= rb + total;
+  if (inside) {
+    s.off = r.off + static_cast<uint64_t>(sb - rb);
+    if (r.staged) std::memcpy(data_ + s.off, sendbuf, block);
+  } else {
+    auto ps = place(sendbuf, block, true);
+    if (!ps.ok()) {
+      unplace(r);
+      return ps.status();
+    }
+    s = *ps;
+  }
+  SqEntry e = entry(Opcode::kAllgather);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.count = sendcount;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  Status st = submit(e, "allgather");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, total);
+  if (!inside) unplace(s);
+  unplace(r);
+  return st;
+}
+
+Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     coll::DataType dtype, coll::ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recvcount > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t block = recvcount * coll::dtype_size(dtype);
+  const size_t total = block * static_cast<size_t>(size_);
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, total, true));
+  Placed r;
+  const auto* sb = static_cast<const uint8_t*>(sendbuf);
+  const auto* rb = static_cast<const uint8_t*>(recvbuf);
+  // In place: recvbuf is this rank's block of sendbuf.
+  const bool inside = block > 0 && rb >= sb && rb + block <= sb + total;
+  if (inside) {
+    r.off = s.off + static_cast<uint64_t>(rb - sb);
+    r.staged = s.staged;
+  } else {
+    auto pr = place(recvbuf, block, false);
+    if (!pr.ok()) {
+      unplace(s);
+      return pr.status();
+    }
+    r = *pr;
+  }
+  SqEntry e = entry(Opcode::kReduceScatter);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.op = static_cast<uint8_t>(op);
+  e.count = recvcount;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  Status st = submit(e, "reduce_scatter");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, block);
+  if (!inside) unplace(r);
+  unplace(s);
+  return st;
+}
+
+Status DaemonSession::barrier() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return submit(entry(Opcode::kBarrier), "barrier");
+}
+
+// ---- what daemon mode does not do yet
+// ------------------------------------------------------------
+
+namespace {
+Status not_yet(const char* call) {
+  return unsupported("{} is not supported in daemon mode yet (GW_DAEMON; docs/daemon.md)", call);
+}
+}  // namespace
+
+Status DaemonSession::alltoall(const void*, void*, size_t, coll::DataType) {
+  return not_yet("alltoall");
+}
+Status DaemonSession::allreduce_compressed(void*, size_t, coll::DataType, std::string_view,
+                                           std::string_view) {
+  return not_yet("allreduce_compressed");
+}
+Result<gw_comm_stats_t> DaemonSession::compression_stats() { return not_yet("gw_comm_stats"); }
+Status DaemonSession::reset_compression_stats() { return not_yet("gw_comm_reset_stats"); }
+Status DaemonSession::release_compression() { return ok_status(); }  // nothing held
+Result<std::unique_ptr<Session>> DaemonSession::split(int, int) { return not_yet("split"); }
+
+// ---- memory and abort
+// ----------------------------------------------------------------------------
+
+Result<void*> DaemonSession::mem_alloc(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto off = alloc_->alloc(bytes);
+  if (!off.ok()) {
+    return no_memory("gw_mem_alloc of {} bytes: {} (GW_DAEMON_ARENA is {} bytes)", bytes,
+                     off.status().message(), geo_.arena_bytes);
+  }
+  user_[*off] = bytes;
+  return static_cast<void*>(data_ + *off);
+}
+
+Status DaemonSession::mem_free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t off = 0;
+  if (!in_arena(ptr, 0, &off) || user_.count(off) == 0) {
+    return invalid_arg("pointer {} was not returned by gw_mem_alloc on this communicator", ptr);
+  }
+  user_.erase(off);
+  return alloc_->free(off);
+}
+
+void DaemonSession::abort() {
+  aborted_.store(true);
+  uint64_t one = 1;
+  if (abort_efd_.valid()) {
+    ssize_t n = ::write(abort_efd_.get(), &one, sizeof(one));
+    (void)n;
+  }
+}
+
+}  // namespace gw::capi

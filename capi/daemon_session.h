@@ -1,0 +1,121 @@
+// The daemon-mode Session (GW_DAEMON=unix:PATH): this rank is a client of the host's gradwired
+// (daemon/server.h, docs/wire-daemon.md). It joins the job's rendezvous store like direct mode
+// (rank 0 hosts it; the job token and the host map are agreed there), then connects to the daemon,
+// gets a shared arena and posts every collective to the arena's submission ring; the daemon sums
+// the host's trainers and runs the inter-host part with the job's other daemons.
+//
+// Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
+// arena staging and back. allreduce, iallreduce (several in flight, up to the ring's length),
+// broadcast, allgather, reduce_scatter and barrier are supported; alltoall, split and the
+// compressed calls return kUnsupported, and so does a GPU buffer. Every wait has the communicator's
+// deadline, and a daemon that dies or cuts this client ends the call (and every later one) with
+// kPeer.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "capi/session.h"
+#include "core/store.h"
+#include "core/sys/fd.h"
+#include "core/sys/memfd_region.h"
+#include "core/sys/time.h"
+#include "daemon/arena_allocator.h"
+#include "daemon/protocol.h"
+
+namespace gw::capi {
+
+class DaemonSession final : public Session {
+ public:
+  // address: "unix:/path" (GW_DAEMON). Collective over options.world_size ranks.
+  static Result<std::unique_ptr<Session>> create(const SessionOptions& options,
+                                                 const std::string& address);
+  ~DaemonSession() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,
+                   coll::ReduceOp op) override;
+  Status broadcast(void* buf, size_t count, coll::DataType dtype, int root) override;
+  Status allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                   coll::DataType dtype) override;
+  Status reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount, coll::DataType dtype,
+                        coll::ReduceOp op) override;
+  Status alltoall(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype) override;
+  Status barrier() override;
+  Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
+                                                     size_t count, coll::DataType dtype,
+                                                     coll::ReduceOp op) override;
+  Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
+                              std::string_view codec_spec, std::string_view tensor_key) override;
+  Result<gw_comm_stats_t> compression_stats() override;
+  Status reset_compression_stats() override;
+  Status release_compression() override;
+  Result<void*> mem_alloc(size_t bytes) override;
+  Status mem_free(void* ptr) override;
+  std::string describe() const override { return "daemon mode (" + address_ + ")"; }
+
+  void abort() override;
+  bool aborted() const override { return aborted_.load(); }
+
+  Result<std::unique_ptr<Session>> split(int color, int key) override;
+
+ private:
+  DaemonSession() = default;
+
+  // A buffer's place in the data region: its own (arena memory) or staging (copied).
+  struct Placed {
+    uint64_t off = 0;
+    bool staged = false;
+  };
+  Result<Placed> place(const void* p, size_t bytes, bool copy_in);
+  void unplace(const Placed& p);
+  bool in_arena(const void* p, size_t bytes, uint64_t* off) const;
+  friend class DaemonRequest;
+  // The caller holds mu_ for all of these. post: puts one submission in the ring (waiting for
+  // completions while it is full) and returns its sequence number. drain_completions: reads every
+  // completion posted into done_. wait_for: until seq's completion is read (*done; its status
+  // returned) or the deadline passes (kTimeout, *done false; the op goes on); a broken connection
+  // or an abort ends it with *done true. submit: post + wait_for with the communicator's deadline.
+  Result<uint64_t> post(daemon::SqEntry e, const char* what);
+  Status drain_completions();
+  Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what);
+  Status submit(daemon::SqEntry e, const char* what);
+  Status broken(Status s);
+
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t timeout_ms_ = 0;
+  int64_t spin_ns_ = 0;  // GW_DAEMON_SPIN_US
+  std::string address_;
+  std::shared_ptr<Store> store_;  // rank 0 hosts the job's store: the daemons meet there
+
+  std::mutex mu_;  // one call at a time
+  // What an iallreduce request holds instead of the session: a request may outlive it
+  // (gw_comm_destroy), and then reports the abort. Lock order: link's mu, then mu_.
+  struct Link {
+    std::mutex mu;
+    DaemonSession* session = nullptr;
+  };
+  std::shared_ptr<Link> link_ = std::make_shared<Link>();
+  sys::Fd sock_;
+  sys::Fd sq_efd_, cq_efd_, abort_efd_;
+  sys::MemfdRegion arena_;
+  daemon::Welcome geo_;
+  daemon::ArenaHeader* hdr_ = nullptr;
+  uint8_t* data_ = nullptr;
+  uint64_t next_seq_ = 1;
+  uint64_t cq_head_ = 0;
+  uint64_t completed_ = 0;                         // completions read
+  std::map<uint64_t, Status> done_;                // read, not yet claimed by their caller
+  std::unique_ptr<daemon::ArenaAllocator> alloc_;  // guarded by mu_
+  std::map<uint64_t, size_t> user_;                // gw_mem_alloc'd ranges (offset -> bytes)
+  Status broken_;                                  // set once the connection is unusable
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace gw::capi

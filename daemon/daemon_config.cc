@@ -1,0 +1,62 @@
+#include "daemon/daemon_config.h"
+
+#include <string>
+
+namespace gw::daemon_config {
+
+using config::Type;
+
+namespace {
+
+Status check_daemon(std::string_view text) {
+  if (text.empty() || text.rfind("unix:", 0) == 0) {
+    if (text.size() != 5) return ok_status();
+  }
+  return invalid_arg("expected empty (direct mode) or unix:/path/to/gradwired.sock");
+}
+
+}  // namespace
+
+constinit const config::Row kDaemon{
+    "GW_DAEMON",
+    Type::String,
+    "",
+    "",
+    "daemon mode: unix:PATH of gradwired's socket; empty: direct mode (collectives run in this "
+    "process)",
+    &check_daemon};
+constinit const config::Row kArena{
+    "GW_DAEMON_ARENA", Type::Size, "256M", "",
+    "daemon mode: size of this trainer's shared arena (gw_mem_alloc memory and staging of other "
+    "buffers); the daemon may cap it"};
+constinit const config::Row kSocket{"GW_DAEMON_SOCKET", Type::String,
+                                    "/run/gradwire/gradwired.sock", "",
+                                    "gradwired: the trainers' unix socket (--socket)"};
+constinit const config::Row kMaxArena{"GW_DAEMON_MAX_ARENA", Type::Size, "4G", "",
+                                      "gradwired: the largest arena one trainer may ask for"};
+constinit const config::Row kMaxClients{"GW_DAEMON_MAX_CLIENTS", Type::Int, "256", "",
+                                        "gradwired: trainers connected at once (more are refused)"};
+constinit const config::Row kTransport{
+    "GW_DAEMON_TRANSPORT", Type::String, "tcp", "",
+    "gradwired: backend between the daemons of a job (a registered backend name)"};
+
+constinit const config::Row kSpinUs{
+    "GW_DAEMON_SPIN_US", Type::Int, "0", "",
+    "daemon mode: microseconds a trainer and gradwired busy-poll the rings before sleeping on "
+    "the eventfd (pays only with idle cores)"};
+
+constinit const config::Row kMetrics{
+    "GW_DAEMON_METRICS", Type::String, "", "",
+    "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
+
+const config::RowSet& rows() {
+  static const config::RowSet set("daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients,
+                                             &kTransport, &kSpinUs, &kMetrics});
+  return set;
+}
+
+namespace {
+[[maybe_unused]] const config::RowSet& registered = rows();
+}  // namespace
+
+}  // namespace gw::daemon_config

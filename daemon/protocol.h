@@ -1,0 +1,176 @@
+// The client protocol of gradwired (docs/wire-daemon.md): the hello a trainer sends over the unix
+// socket, the welcome the daemon answers with (and the descriptors passed beside it), and the
+// shared-memory arena both then use: a submission ring (trainer -> daemon), a completion ring
+// (daemon -> trainer) and the data region the requests point into.
+//
+// Shared by the daemon (daemon/server.cc) and its client (capi/daemon_session.cc). Every decoder
+// here takes bytes the other side controls and checks every field and bound before anything uses
+// it; none trusts shared memory twice (callers copy an entry out of the arena, then decode the
+// copy). tests/fuzz/daemon_proto_fuzz.cc runs them on arbitrary bytes.
+//
+// Thread-compatible; no state.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/types.h"
+#include "core/status.h"
+
+namespace gw::daemon {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
+inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
+inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
+
+// Frames on the socket: a u32 little-endian body length, then the body.
+inline constexpr size_t kFrameHeaderBytes = 4;
+inline constexpr size_t kMaxHelloBytes = 2048;
+inline constexpr size_t kMaxWelcomeBytes = 1024;
+
+// Field bounds (decoders refuse anything beyond them).
+inline constexpr size_t kMaxTokenBytes = 256;
+inline constexpr size_t kMaxStoreHostBytes = 255;
+inline constexpr size_t kMaxHostIdBytes = 512;
+inline constexpr size_t kMaxMessageBytes = 512;
+inline constexpr int32_t kMaxWorld = 1 << 20;
+inline constexpr uint64_t kMinArenaBytes = 1ull << 20;  // 1 MiB
+inline constexpr uint64_t kMaxArenaBytes = 1ull << 40;  // 1 TiB (the daemon's own cap is lower)
+inline constexpr uint32_t kMaxRingEntries = 4096;
+inline constexpr uint64_t kArenaHeaderBytes = 4096;
+inline constexpr uint64_t kDataAlign = 4096;
+
+// What a trainer tells its daemon when it connects.
+struct Hello {
+  uint16_t version = kProtocolVersion;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  int32_t host_index = 0;  // this trainer's host, 0..num_hosts-1 (bootstrap exchange_hosts)
+  int32_t num_hosts = 1;
+  int32_t local_rank = 0;  // index among this host's trainers of the job
+  int32_t local_size = 1;
+  int64_t timeout_ms = 300000;
+  uint64_t arena_bytes = 0;  // the arena the trainer asks for
+  std::string job_token;     // the job's agreed token (keys the job; daemons' handshakes)
+  std::string store_token;   // the token the job's store requires ("" : none)
+  std::string store_host;    // the job's rendezvous store ("" only when num_hosts == 1)
+  uint16_t store_port = 0;
+  std::string host_id;  // the trainer's host identity (must equal the daemon's)
+};
+
+std::vector<uint8_t> encode_hello(const Hello& h);
+// kPeer naming the first field that is out of bounds or inconsistent.
+Result<Hello> decode_hello(const uint8_t* data, size_t size);
+
+// The daemon's answer. status 0: accepted, the geometry describes the arena passed with it (three
+// descriptors in this order: the arena memfd, the submission eventfd, the completion eventfd).
+// Otherwise a gw_status_t with message, and no descriptors.
+struct Welcome {
+  uint16_t version = kProtocolVersion;
+  int32_t status = 0;
+  std::string message;
+  uint64_t client_id = 0;
+  uint64_t arena_bytes = 0;
+  uint64_t sq_offset = 0;
+  uint32_t sq_entries = 0;
+  uint64_t cq_offset = 0;
+  uint32_t cq_entries = 0;
+  uint64_t data_offset = 0;
+  uint64_t data_bytes = 0;
+};
+
+std::vector<uint8_t> encode_welcome(const Welcome& w);
+// Checks the geometry too (rings and data inside the arena, aligned, not overlapping).
+Result<Welcome> decode_welcome(const uint8_t* data, size_t size);
+
+// The arena's geometry for a size: header, rings of `entries` each, data region after them.
+// kInvalidArg when the size cannot hold them.
+Result<Welcome> arena_geometry(uint64_t arena_bytes, uint32_t entries);
+
+// Opcodes of a submission.
+enum class Opcode : uint16_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kAllgather = 3,
+  kBarrier = 4,
+  kReduceScatter = 5,
+};
+const char* opcode_name(Opcode op);
+
+// One submission, as it lies in the ring (64 bytes, little-endian host layout).
+struct SqEntry {
+  uint64_t seq;       // 1, 2, 3... per client
+  uint16_t opcode;    // Opcode
+  uint8_t dtype;      // gw_dtype_t
+  uint8_t op;         // gw_op_t (allreduce, reduce_scatter)
+  int32_t root;       // broadcast
+  uint64_t count;     // elements (allgather: per rank; reduce_scatter: received per rank)
+  uint64_t send_off;  // offsets into the data region
+  uint64_t recv_off;
+  uint64_t reserved[3];  // 0
+};
+static_assert(sizeof(SqEntry) == 64);
+
+// One completion (128 bytes).
+struct CqEntry {
+  uint64_t seq;
+  int32_t status;  // gw_status_t
+  uint32_t msg_len;
+  char msg[112];
+};
+static_assert(sizeof(CqEntry) == 128);
+inline constexpr size_t kCqMessageBytes = sizeof(CqEntry::msg);
+
+// A decoded, checked submission: every byte range lies inside the data region.
+struct Request {
+  uint64_t seq = 0;
+  Opcode opcode = Opcode::kBarrier;
+  coll::DataType dtype = coll::DataType::kU8;
+  coll::ReduceOp op = coll::ReduceOp::kSum;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t send_off = 0, send_bytes = 0;
+  uint64_t recv_off = 0, recv_bytes = 0;
+};
+
+// kPeer unless the entry is well formed for a client of `world_size` ranks whose data region has
+// `data_bytes` bytes and whose next sequence number is expected_seq.
+Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t data_bytes,
+                               int32_t world_size);
+
+// Fills the completion for a result (the message cut to fit).
+CqEntry make_completion(uint64_t seq, const Status& s);
+// kPeer unless the entry is the completion of expected_seq with a known status; then *carried is
+// the Status it carries (ok, or the daemon's error with its message).
+Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried);
+
+// The arena header, at offset 0. Counters only grow; a ring holds tail - head entries.
+struct alignas(64) ArenaHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t pad0;
+  alignas(64) std::atomic<uint64_t> sq_tail;  // written by the client
+  alignas(64) std::atomic<uint64_t> sq_head;  // written by the daemon
+  alignas(64) std::atomic<uint64_t> cq_tail;  // written by the daemon
+  alignas(64) std::atomic<uint64_t> cq_head;  // written by the client
+};
+static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// One step of a busy-poll on a ring counter (the CPU's spin-wait hint).
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// kPeer unless a ring's counters are consistent: 0 <= tail - head <= entries.
+Status check_ring(uint64_t head, uint64_t tail, uint32_t entries, const char* which);
+
+}  // namespace gw::daemon

@@ -1,0 +1,869 @@
+#include "daemon/server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/reduce.h"
+#include "core/bootstrap.h"
+#include "core/log.h"
+#include "core/store.h"
+#include "core/sys/fd.h"
+#include "core/sys/memfd_region.h"
+#include "core/sys/time.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/protocol.h"
+
+namespace gw::daemon {
+namespace {
+
+struct Counters {
+  std::atomic<uint64_t> accepted{0}, refused{0}, live_clients{0}, live_arenas{0}, live_jobs{0},
+      collectives{0}, failed{0};
+};
+
+Result<sys::Fd> make_eventfd() {
+  sys::Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd.valid()) return system_error("eventfd", errno);
+  return fd;
+}
+
+void signal_fd(int fd) {
+  uint64_t one = 1;
+  ssize_t n = ::write(fd, &one, sizeof(one));
+  (void)n;  // EAGAIN: the counter is already non-zero, the reader wakes anyway
+}
+
+void drain_fd(int fd) {
+  uint64_t v;
+  ssize_t n = ::read(fd, &v, sizeof(v));
+  (void)n;
+}
+
+// One trainer: its socket (main thread only), its arena and eventfds, and the job thread's view
+// of its rings.
+struct Client {
+  explicit Client(Counters* c) : counters(c) {}
+  ~Client() {
+    if (arena.mapped()) counters->live_arenas.fetch_sub(1);
+  }
+  Counters* counters;
+  uint64_t id = 0;
+  pid_t pid = 0;
+  sys::Fd sock;
+  Hello hello;
+  Welcome geo;
+  sys::MemfdRegion arena;
+  sys::Fd sq_efd, cq_efd;
+  ArenaHeader* hdr = nullptr;
+  uint8_t* data = nullptr;
+
+  // Set once by whoever sees the client go (main thread: socket closed; job thread: refused).
+  std::atomic<bool> lost{false};
+  std::mutex reason_mu;
+  std::string lost_reason;
+
+  // Job thread only.
+  uint64_t next_seq = 1;
+  uint64_t sq_head = 0;  // the daemon's own copies; the shared ones are only published
+  uint64_t cq_tail = 0;
+  std::deque<Request> pending;
+
+  void mark_lost(std::string why) {
+    std::lock_guard<std::mutex> lock(reason_mu);
+    if (lost_reason.empty()) lost_reason = std::move(why);
+    lost.store(true, std::memory_order_release);
+  }
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(reason_mu);
+    return lost_reason;
+  }
+  std::string name() const {
+    return fmt::format("rank {} (pid {}, client {})", hello.rank, pid, id);
+  }
+};
+
+std::string job_key(const Hello& h) {
+  return fmt::format("{}|{}:{}|{}", h.job_token, h.store_host, h.store_port, h.world_size);
+}
+
+int server_wake_fd_of(Server::Impl* s);
+
+struct Job {
+  Job(Server::Impl* s, const Hello& h, Counters* c, std::string transport_name)
+      : server(s), first(h), counters(c), transport(std::move(transport_name)) {
+    members.resize(h.local_size);
+  }
+  Server::Impl* server;
+  Hello first;  // the job's shape as its first trainer told it
+  Counters* counters;
+  std::string transport;
+  int64_t spin_ns = 0;
+  std::vector<std::shared_ptr<Client>> members;  // by local rank
+  int joined = 0;
+  bool started = false;
+  sys::Fd wake;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> finished{false};
+
+  std::mutex comm_mu;  // guards comm for abort() from the main thread
+  std::shared_ptr<Store> store;
+  std::unique_ptr<coll::Communicator> comm;
+  std::vector<int32_t> host_of_rank;
+
+  // Job thread state.
+  Status failure;  // ok until the job fails; then every request completes with it
+  std::vector<uint8_t> scratch;
+
+  void run();
+  void abort_comm() {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    if (comm) comm->abort();
+  }
+
+ private:
+  Status start_comm();
+  void fail(const Status& s);
+  void refuse(Client& c, const Status& why);
+  void consume(Client& c);
+  void complete(Client& c, uint64_t seq, const Status& s);
+  void run_ready();
+  Status execute(const std::vector<Request>& reqs);
+  std::string describe(const Request& r) const;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions opt;
+  std::string host_id;
+  sys::Fd listen;
+  sys::Fd stop_efd;  // stop()
+  sys::Fd wake_efd;  // a job finished or refused a client
+  Counters counters;
+  uint64_t next_client_id = 1;
+
+  struct Pending {
+    sys::Fd sock;
+    pid_t pid = 0;
+    std::vector<uint8_t> buf;
+    sys::Deadline deadline;
+  };
+  std::vector<Pending> pending;
+  std::map<uint64_t, std::shared_ptr<Client>> clients;
+  std::map<uint64_t, std::shared_ptr<Job>> client_job;
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+
+  Status serve();
+  void accept_all();
+  // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
+  bool step_pending(Pending& p);
+  void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why);
+  Status admit(Pending& p, const Hello& h);
+  void client_gone(uint64_t id, const std::string& why);
+  void reap_jobs(bool all);
+};
+
+// ---- the job thread ----------------------------------------------------------------------------
+
+namespace {
+
+Status Job::start_comm() {
+  const Hello& h = first;
+  if (h.num_hosts == 1) return ok_status();
+  TcpStoreOptions so;
+  so.host = h.store_host;
+  so.port = h.store_port;
+  so.host_server = false;
+  so.token = h.store_token;
+  so.connect_timeout_ms = h.timeout_ms;
+  auto tcp = TcpStore::create(so);
+  if (!tcp.ok()) return tcp.status().with_context("gradwired: the job's rendezvous store");
+  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/");
+  coll::CommOptions co;
+  co.rank = h.host_index;
+  co.world_size = h.num_hosts;
+  co.store = prefixed;
+  co.transport = transport;
+  co.timeout_ms = h.timeout_ms;
+  co.job_token = h.job_token;
+  co.host_id = h.host_id;
+  auto made = coll::Communicator::create(co);
+  if (!made.ok()) return made.status().with_context("gradwired: joining the job's other daemons");
+  // Which host holds every rank (broadcast roots): each daemon fills its own ranks.
+  std::vector<int32_t> map(h.world_size, -1);
+  for (const auto& m : members) map[m->hello.rank] = h.host_index;
+  GW_RETURN_IF_ERROR((*made)
+                         ->allreduce(map.data(), map.data(), map.size(), coll::DataType::kI32,
+                                     coll::ReduceOp::kMax)
+                         .with_context("gradwired: exchanging the job's host map"));
+  for (size_t r = 0; r < map.size(); ++r) {
+    if (map[r] < 0) {
+      return invalid_arg("gradwired: no daemon of the job has rank {} (host layout disagrees)", r);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    store = *tcp;
+    comm = std::move(*made);
+  }
+  host_of_rank = std::move(map);
+  return ok_status();
+}
+
+void Job::fail(const Status& s) {
+  if (!failure.ok()) return;
+  failure = s;
+  bool pending = false;
+  for (const auto& m : members) pending = pending || (m && !m->pending.empty());
+  if (pending || s.code() != Code::kPeer) {
+    GW_LOG_WARN("gradwired: job of {} ranks (host {} of {}) failed: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  } else {  // a trainer left between collectives: the usual end of a job
+    GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) ends: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  }
+  abort_comm();  // the job's other daemons see the connections close
+}
+
+void Job::refuse(Client& c, const Status& why) {
+  GW_LOG_WARN("gradwired: refusing {}: {}", c.name(), why.message());
+  counters->refused.fetch_add(1);
+  c.mark_lost(fmt::format("refused: {}", why.message()));
+  signal_fd(server_wake_fd_of(server));
+}
+
+void Job::complete(Client& c, uint64_t seq, const Status& s) {
+  if (c.lost.load(std::memory_order_acquire)) return;
+  const uint64_t head = c.hdr->cq_head.load(std::memory_order_acquire);
+  Status ring = check_ring(head, c.cq_tail, c.geo.cq_entries, "completion");
+  if (ring.ok() && c.cq_tail - head >= c.geo.cq_entries) {
+    ring = peer_error("completion ring full: the client does not read its completions");
+  }
+  if (!ring.ok()) {
+    refuse(c, ring);
+    return;
+  }
+  const CqEntry e = make_completion(seq, s);
+  auto* slot = reinterpret_cast<uint8_t*>(c.arena.data()) + c.geo.cq_offset +
+               (c.cq_tail % c.geo.cq_entries) * sizeof(CqEntry);
+  std::memcpy(slot, &e, sizeof(e));
+  ++c.cq_tail;
+  c.hdr->cq_tail.store(c.cq_tail, std::memory_order_release);
+  signal_fd(c.cq_efd.get());
+}
+
+void Job::consume(Client& c) {
+  const uint64_t tail = c.hdr->sq_tail.load(std::memory_order_acquire);
+  Status ring = check_ring(c.sq_head, tail, c.geo.sq_entries, "submission");
+  if (!ring.ok()) {
+    refuse(c, ring);
+    return;
+  }
+  while (c.sq_head != tail) {
+    SqEntry e;
+    const auto* slot = reinterpret_cast<const uint8_t*>(c.arena.data()) + c.geo.sq_offset +
+                       (c.sq_head % c.geo.sq_entries) * sizeof(SqEntry);
+    std::memcpy(&e, slot, sizeof(e));  // one copy: the client cannot change it under the checks
+    auto r = decode_request(e, c.next_seq, c.geo.data_bytes, first.world_size);
+    if (!r.ok()) {
+      refuse(c, r.status());
+      return;
+    }
+    c.pending.push_back(*r);
+    ++c.next_seq;
+    ++c.sq_head;
+    c.hdr->sq_head.store(c.sq_head, std::memory_order_release);
+  }
+}
+
+std::string Job::describe(const Request& r) const {
+  if (r.opcode == Opcode::kBarrier) return "barrier";
+  return fmt::format("{} {} {} count {} root {}", opcode_name(r.opcode), coll::dtype_name(r.dtype),
+                     static_cast<int>(r.op), r.count, r.root);
+}
+
+Status Job::execute(const std::vector<Request>& reqs) {
+  const Request& r = reqs[0];
+  const size_t n = members.size();
+  auto buf = [&](size_t i, uint64_t off) { return members[i]->data + off; };
+  coll::Communicator* cm = comm.get();
+  switch (r.opcode) {
+    case Opcode::kBarrier:
+      return cm ? cm->barrier() : ok_status();
+    case Opcode::kAllreduce: {
+      const size_t bytes = r.send_bytes;
+      const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
+      if (scratch.size() < bytes) scratch.resize(bytes);
+      uint8_t* s = scratch.data();
+      if (bytes > 0) std::memcpy(s, buf(0, reqs[0].send_off), bytes);
+      for (size_t i = 1; i < n && bytes > 0; ++i) {
+        coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, r.count);
+      }
+      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
+      if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
+        coll::finalize_avg(r.dtype, s, r.count, first.world_size);
+      }
+      for (size_t i = 0; i < n && bytes > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+      return ok_status();
+    }
+    case Opcode::kReduceScatter: {
+      // The whole input is reduced (locally, then across the daemons), each trainer takes its
+      // block: correct for any layout, at an allreduce's traffic (to do: a reduce-scatter).
+      const size_t total = r.send_bytes;
+      const size_t block = r.recv_bytes;
+      const uint64_t elems = r.count * static_cast<uint64_t>(first.world_size);
+      const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
+      if (scratch.size() < total) scratch.resize(total);
+      uint8_t* s = scratch.data();
+      if (total > 0) std::memcpy(s, buf(0, reqs[0].send_off), total);
+      for (size_t i = 1; i < n && total > 0; ++i) {
+        coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, elems);
+      }
+      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+      if (r.op == coll::ReduceOp::kAvg && total > 0) {
+        coll::finalize_avg(r.dtype, s, elems, first.world_size);
+      }
+      for (size_t i = 0; i < n && block > 0; ++i) {
+        std::memmove(buf(i, reqs[i].recv_off),
+                     s + static_cast<size_t>(members[i]->hello.rank) * block, block);
+      }
+      return ok_status();
+    }
+    case Opcode::kBroadcast: {
+      const size_t bytes = r.send_bytes;
+      if (scratch.size() < bytes) scratch.resize(bytes);
+      uint8_t* s = scratch.data();
+      int root_local = -1;
+      for (size_t i = 0; i < n; ++i) {
+        if (members[i]->hello.rank == r.root) root_local = static_cast<int>(i);
+      }
+      if (root_local >= 0 && bytes > 0)
+        std::memcpy(s, buf(root_local, reqs[root_local].send_off), bytes);
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
+      } else if (root_local < 0) {
+        return internal_error("broadcast root {} is on no host of a single-host job", r.root);
+      }
+      for (size_t i = 0; i < n && bytes > 0; ++i) {
+        if (static_cast<int>(i) != root_local) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+      }
+      return ok_status();
+    }
+    case Opcode::kAllgather: {
+      const size_t block = r.send_bytes;
+      const size_t total = r.recv_bytes;
+      if (scratch.size() < total) scratch.resize(total);
+      uint8_t* s = scratch.data();
+      // Ranks of other hosts stay 0 here; a byte-wise max across the daemons fills them in exactly
+      // (any layout of ranks over hosts, at twice an allgather's traffic).
+      if (cm) std::memset(s, 0, total);
+      for (size_t i = 0; i < n && block > 0; ++i) {
+        std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
+                    buf(i, reqs[i].send_off), block);
+      }
+      if (cm && total > 0) {
+        GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
+      }
+      for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
+      return ok_status();
+    }
+  }
+  return internal_error("unknown opcode");
+}
+
+void Job::run_ready() {
+  for (;;) {
+    for (const auto& m : members) {
+      if (!m || m->pending.empty()) return;
+    }
+    std::vector<Request> reqs;
+    for (const auto& m : members) {
+      reqs.push_back(m->pending.front());
+      m->pending.pop_front();
+    }
+    Status s = failure;
+    if (s.ok()) {
+      for (size_t i = 1; i < reqs.size(); ++i) {
+        const Request& a = reqs[0];
+        const Request& b = reqs[i];
+        if (a.opcode != b.opcode || a.dtype != b.dtype || a.op != b.op || a.count != b.count ||
+            a.root != b.root) {
+          s = invalid_arg("trainers of the job disagree: rank {} calls {}, rank {} calls {}",
+                          members[0]->hello.rank, describe(a), members[i]->hello.rank, describe(b));
+          break;
+        }
+      }
+    }
+    if (s.ok()) s = execute(reqs);
+    if (!s.ok() && s.code() == Code::kAborted) {
+      // The main thread aborts the communicator when a trainer of the job goes: say that.
+      for (const auto& m : members) {
+        if (m->lost.load(std::memory_order_acquire)) {
+          s = peer_error("{} left the job: {}", m->name(), m->reason());
+          break;
+        }
+      }
+    }
+    if (s.ok()) {
+      counters->collectives.fetch_add(1);
+    } else {
+      counters->failed.fetch_add(1);
+      fail(s);
+    }
+    for (size_t i = 0; i < members.size(); ++i) complete(*members[i], reqs[i].seq, s);
+  }
+}
+
+void Job::run() {
+  Status s = start_comm();
+  if (!s.ok()) fail(s);
+  std::vector<pollfd> pfds;
+  while (!stop.load()) {
+    pfds.clear();
+    pfds.push_back({wake.get(), POLLIN, 0});
+    for (const auto& m : members) {
+      if (m) pfds.push_back({m->sq_efd.get(), POLLIN, 0});
+    }
+    // Busy-poll the submission counters for GW_DAEMON_SPIN_US before sleeping (see DaemonSession).
+    const int64_t spin_until = sys::now_ns() + spin_ns;
+    bool ready = false;
+    while (!ready && sys::now_ns() < spin_until && !stop.load(std::memory_order_relaxed)) {
+      for (const auto& m : members) {
+        if (m && (m->hdr->sq_tail.load(std::memory_order_acquire) != m->sq_head ||
+                  m->lost.load(std::memory_order_relaxed))) {
+          ready = true;
+        }
+      }
+      if (!ready) spin_pause();
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
+    if (rc < 0 && errno != EINTR) {
+      GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
+      break;
+    }
+    for (const auto& p : pfds) {
+      if (p.revents & POLLIN) drain_fd(p.fd);
+    }
+    size_t live = 0;
+    for (auto& m : members) {
+      if (!m) continue;
+      if (!m->lost.load(std::memory_order_acquire)) consume(*m);
+      if (m->lost.load(std::memory_order_acquire)) {
+        fail(peer_error("{} left the job: {}", m->name(), m->reason()));
+        m.reset();  // the arena goes with the last reference
+        continue;
+      }
+      ++live;
+    }
+    if (live == 0) break;
+    if (!failure.ok()) {
+      // Answer whatever the remaining trainers ask with the job's failure.
+      for (auto& m : members) {
+        if (!m) continue;
+        while (!m->pending.empty()) {
+          complete(*m, m->pending.front().seq, failure);
+          m->pending.pop_front();
+        }
+      }
+      continue;
+    }
+    run_ready();
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    comm.reset();
+    store.reset();
+  }
+  members.clear();
+  finished.store(true);
+  signal_fd(server_wake_fd_of(server));
+}
+
+}  // namespace
+
+// ---- the server --------------------------------------------------------------------------------
+
+namespace {
+int server_wake_fd_of(Server::Impl* s) { return s->wake_efd.get(); }
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  if (options.socket_path.empty()) return invalid_arg("gradwired: no socket path");
+  if (options.max_arena_bytes < kMinArenaBytes) {
+    return invalid_arg("gradwired: max arena {} bytes is below the protocol's minimum {}",
+                       options.max_arena_bytes, kMinArenaBytes);
+  }
+  GW_RETURN_IF_ERROR(arena_geometry(kMinArenaBytes, options.ring_entries).status());
+  impl->host_id = options.host_id.empty() ? host_identity() : options.host_id;
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(options.socket_path));
+  // A socket file left by a daemon that died: remove it if nobody answers on it.
+  struct stat st {};
+  if (::lstat(options.socket_path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return invalid_arg("gradwired: {} exists and is not a socket", options.socket_path);
+    }
+    auto probe = sys::connect_unix(addr, SOCK_STREAM);
+    if (probe.ok()) {
+      return invalid_arg("gradwired: another daemon already listens on {}", options.socket_path);
+    }
+    ::unlink(options.socket_path.c_str());
+  }
+  const mode_t old = ::umask(0077);  // the socket is its owner's only
+  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
+  ::umask(old);
+  if (!fd.ok()) return fd.status();
+  impl->listen = std::move(*fd);
+  GW_ASSIGN_OR_RETURN(impl->stop_efd, make_eventfd());
+  GW_ASSIGN_OR_RETURN(impl->wake_efd, make_eventfd());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  impl_->reap_jobs(true);
+  ::unlink(impl_->opt.socket_path.c_str());
+}
+
+void Server::stop() { signal_fd(impl_->stop_efd.get()); }
+
+const std::string& Server::socket_path() const { return impl_->opt.socket_path; }
+const std::string& Server::host_id() const { return impl_->host_id; }
+
+ServerStats Server::stats() const {
+  const Counters& c = impl_->counters;
+  ServerStats s;
+  s.accepted = c.accepted.load();
+  s.refused = c.refused.load();
+  s.live_clients = c.live_clients.load();
+  s.live_arenas = c.live_arenas.load();
+  s.live_jobs = c.live_jobs.load();
+  s.collectives = c.collectives.load();
+  s.failed = c.failed.load();
+  return s;
+}
+
+Status Server::run() { return impl_->serve(); }
+
+void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why) {
+  counters.refused.fetch_add(1);
+  GW_LOG_WARN("gradwired: refusing the connection of pid {}: {}", pid, why.message());
+  Welcome w;
+  w.status = static_cast<int32_t>(why.code() == Code::kOk ? Code::kInternal : why.code());
+  w.message = why.message();
+  std::vector<uint8_t> body = encode_welcome(w);
+  std::vector<uint8_t> frame(kFrameHeaderBytes);
+  const uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, sizeof(len));
+  frame.insert(frame.end(), body.begin(), body.end());
+  // Best effort: the client may be gone or not reading.
+  (void)sys::send_with_fds(sock.get(), frame.data(), frame.size(), {}, sys::deadline_after_ms(100),
+                           "refusal");
+  sock.reset();
+}
+
+void Server::Impl::accept_all() {
+  for (;;) {
+    auto fd = sys::accept_unix(listen.get());
+    if (!fd.ok()) {
+      GW_LOG_WARN("gradwired: accept: {}", fd.status().message());
+      return;
+    }
+    if (!fd->valid()) return;
+    Pending p;
+    p.sock = std::move(*fd);
+    p.deadline = sys::deadline_after_ms(opt.hello_timeout_ms);
+    auto cred = sys::peer_credentials(p.sock.get());
+    if (!cred.ok()) {
+      refuse_conn(p.sock, 0, cred.status());
+      continue;
+    }
+    p.pid = cred->pid;
+    if (cred->uid != ::geteuid() && cred->uid != 0) {
+      refuse_conn(
+          p.sock, p.pid,
+          invalid_arg("uid {} is neither the daemon's ({}) nor root", cred->uid, ::geteuid()));
+      continue;
+    }
+    if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
+      refuse_conn(
+          p.sock, p.pid,
+          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients));
+      continue;
+    }
+    pending.push_back(std::move(p));
+  }
+}
+
+bool Server::Impl::step_pending(Pending& p) {
+  uint8_t tmp[512];
+  std::vector<sys::Fd> fds;
+  auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "hello");
+  if (!fds.empty()) {
+    refuse_conn(p.sock, p.pid, peer_error("hello came with descriptors"));
+    return true;
+  }
+  if (!n.ok()) {
+    if (n.status().code() == Code::kTimeout) return false;  // nothing yet
+    refuse_conn(p.sock, p.pid, n.status());
+    return true;
+  }
+  if (*n == 0) {
+    refuse_conn(p.sock, p.pid, peer_error("closed before its hello"));
+    return true;
+  }
+  p.buf.insert(p.buf.end(), tmp, tmp + *n);
+  if (p.buf.size() < kFrameHeaderBytes) return false;
+  uint32_t len = 0;
+  std::memcpy(&len, p.buf.data(), sizeof(len));
+  if (len > kMaxHelloBytes) {
+    refuse_conn(p.sock, p.pid, peer_error("hello of {} bytes (at most {})", len, kMaxHelloBytes));
+    return true;
+  }
+  if (p.buf.size() < kFrameHeaderBytes + len) return false;
+  if (p.buf.size() > kFrameHeaderBytes + len) {
+    refuse_conn(p.sock, p.pid, peer_error("bytes after the hello"));
+    return true;
+  }
+  auto h = decode_hello(p.buf.data() + kFrameHeaderBytes, len);
+  if (!h.ok()) {
+    refuse_conn(p.sock, p.pid, h.status());
+    return true;
+  }
+  Status s = admit(p, *h);
+  if (!s.ok()) refuse_conn(p.sock, p.pid, s);
+  return true;
+}
+
+Status Server::Impl::admit(Pending& p, const Hello& h) {
+  if (h.host_id != host_id) {
+    return invalid_arg(
+        "the trainer's host identity '{}' differs from the daemon's '{}': give both the same "
+        "GW_HOSTID (or neither)",
+        h.host_id, host_id);
+  }
+  if (h.arena_bytes > opt.max_arena_bytes) {
+    return no_memory("arena of {} bytes asked, the daemon allows {} (GW_DAEMON_MAX_ARENA)",
+                     h.arena_bytes, opt.max_arena_bytes);
+  }
+  const std::string key = job_key(h);
+  std::shared_ptr<Job> job;
+  auto it = jobs.find(key);
+  if (it != jobs.end()) {
+    job = it->second;
+    const Hello& f = job->first;
+    if (job->started) {
+      return invalid_arg("the job's {} trainers on this host have all joined already",
+                         f.local_size);
+    }
+    if (f.num_hosts != h.num_hosts || f.host_index != h.host_index ||
+        f.local_size != h.local_size || f.store_token != h.store_token) {
+      return invalid_arg(
+          "rank {} disagrees with rank {} of its job on the layout (hosts {} vs {}, host index {} "
+          "vs {}, local size {} vs {})",
+          h.rank, f.rank, h.num_hosts, f.num_hosts, h.host_index, f.host_index, h.local_size,
+          f.local_size);
+    }
+    if (job->members[h.local_rank]) {
+      return invalid_arg("local rank {} of the job is taken (rank {})", h.local_rank,
+                         job->members[h.local_rank]->hello.rank);
+    }
+    for (const auto& m : job->members) {
+      if (m && m->hello.rank == h.rank) return invalid_arg("rank {} joined twice", h.rank);
+    }
+  }
+
+  auto c = std::make_shared<Client>(&counters);
+  c->id = next_client_id++;
+  c->pid = p.pid;
+  c->hello = h;
+  GW_ASSIGN_OR_RETURN(c->geo, arena_geometry(h.arena_bytes, opt.ring_entries));
+  GW_ASSIGN_OR_RETURN(c->arena,
+                      sys::MemfdRegion::create(fmt::format("gwd-arena-{}", c->id), h.arena_bytes));
+  counters.live_arenas.fetch_add(1);
+  c->hdr = new (c->arena.data()) ArenaHeader();
+  c->hdr->magic = kArenaMagic;
+  c->hdr->version = kProtocolVersion;
+  c->data = static_cast<uint8_t*>(c->arena.data()) + c->geo.data_offset;
+  GW_ASSIGN_OR_RETURN(c->sq_efd, make_eventfd());
+  GW_ASSIGN_OR_RETURN(c->cq_efd, make_eventfd());
+
+  Welcome w = c->geo;
+  w.client_id = c->id;
+  std::vector<uint8_t> body = encode_welcome(w);
+  std::vector<uint8_t> frame(kFrameHeaderBytes);
+  const uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, sizeof(len));
+  frame.insert(frame.end(), body.begin(), body.end());
+  const int fds[3] = {c->arena.fd(), c->sq_efd.get(), c->cq_efd.get()};
+  GW_RETURN_IF_ERROR(sys::send_with_fds(p.sock.get(), frame.data(), frame.size(), fds,
+                                        sys::deadline_after_ms(opt.hello_timeout_ms), "welcome"));
+  c->arena.close_fd();  // the mapping stays; the client holds its own descriptor
+  c->sock = std::move(p.sock);
+
+  if (!job) {
+    job = std::make_shared<Job>(this, h, &counters, opt.transport);
+    job->spin_ns = opt.spin_us * 1000;
+    GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
+    jobs[key] = job;
+    counters.live_jobs.fetch_add(1);
+  }
+  job->members[h.local_rank] = c;
+  ++job->joined;
+  clients[c->id] = c;
+  client_job[c->id] = job;
+  counters.accepted.fetch_add(1);
+  counters.live_clients.fetch_add(1);
+  GW_LOG_INFO("gradwired: {} joined a job of {} ranks (local {}/{}, host {} of {}), arena {} bytes",
+              c->name(), h.world_size, job->joined, h.local_size, h.host_index, h.num_hosts,
+              h.arena_bytes);
+  if (job->joined == h.local_size) {
+    job->started = true;
+    Job* raw = job.get();
+    job->thread = std::thread([raw] { raw->run(); });
+  }
+  return ok_status();
+}
+
+void Server::Impl::client_gone(uint64_t id, const std::string& why) {
+  auto it = clients.find(id);
+  if (it == clients.end()) return;
+  std::shared_ptr<Client> c = it->second;
+  clients.erase(it);
+  counters.live_clients.fetch_sub(1);
+  c->mark_lost(why);
+  c->sock.reset();
+  GW_LOG_INFO("gradwired: {} disconnected: {}", c->name(), c->reason());
+  auto jt = client_job.find(id);
+  if (jt == client_job.end()) return;
+  std::shared_ptr<Job> job = jt->second;
+  client_job.erase(jt);
+  if (job->started) {
+    job->abort_comm();  // a collective in progress ends now, not at its deadline
+    signal_fd(job->wake.get());
+    return;
+  }
+  // Not started: free its place (it may come back).
+  job->members[c->hello.local_rank].reset();
+  if (--job->joined == 0) {
+    jobs.erase(job_key(job->first));
+    counters.live_jobs.fetch_sub(1);
+  }
+}
+
+void Server::Impl::reap_jobs(bool all) {
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    Job& j = *it->second;
+    if (all && j.started) {
+      j.stop.store(true);
+      j.abort_comm();
+      signal_fd(j.wake.get());
+    }
+    if (j.started && (all || j.finished.load())) {
+      if (j.thread.joinable()) j.thread.join();
+      counters.live_jobs.fetch_sub(1);
+      it = jobs.erase(it);
+    } else if (all) {
+      counters.live_jobs.fetch_sub(1);
+      it = jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (all) {
+    client_job.clear();
+    for (auto& [id, c] : clients) c->sock.reset();
+    counters.live_clients.store(0);
+    clients.clear();
+    pending.clear();
+  }
+}
+
+Status Server::Impl::serve() {
+  GW_LOG_INFO("gradwired: listening on {} (host {})", opt.socket_path, host_id);
+  std::vector<pollfd> pfds;
+  std::vector<uint64_t> ids;
+  for (;;) {
+    pfds.clear();
+    ids.clear();
+    pfds.push_back({stop_efd.get(), POLLIN, 0});
+    pfds.push_back({wake_efd.get(), POLLIN, 0});
+    pfds.push_back({listen.get(), POLLIN, 0});
+    for (const auto& p : pending) pfds.push_back({p.sock.get(), POLLIN, 0});
+    for (const auto& [id, c] : clients) {
+      pfds.push_back({c->sock.get(), POLLIN, 0});
+      ids.push_back(id);
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), 200);
+    if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);
+    if (pfds[0].revents & POLLIN) break;
+    if (pfds[1].revents & POLLIN) drain_fd(wake_efd.get());
+    // Clients refused by their job thread: cut them.
+    std::vector<std::pair<uint64_t, std::string>> gone;
+    for (const auto& [id, c] : clients) {
+      if (c->lost.load(std::memory_order_acquire)) gone.emplace_back(id, c->reason());
+    }
+    const size_t first_client = 3 + pending.size();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const short ev = pfds[first_client + i].revents;
+      if (ev == 0) continue;
+      auto it = clients.find(ids[i]);
+      if (it == clients.end()) continue;
+      uint8_t b[64];
+      std::vector<sys::Fd> fds;
+      auto n =
+          sys::recv_with_fds(it->second->sock.get(), b, sizeof(b), &fds, sys::kNoWait, "client");
+      if (n.ok() && *n == 0) {
+        gone.emplace_back(ids[i], "closed its connection");
+      } else if (n.ok()) {
+        counters.refused.fetch_add(1);
+        gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
+      } else if (n.status().code() != Code::kTimeout) {
+        gone.emplace_back(ids[i], n.status().message());
+      }
+    }
+    for (const auto& [id, why] : gone) client_gone(id, why);
+    // Hellos in progress.
+    for (size_t i = 0; i < pending.size();) {
+      const short ev = pfds[3 + i].revents;
+      bool done = false;
+      if (ev != 0) {
+        done = step_pending(pending[i]);
+      } else if (sys::expired(pending[i].deadline)) {
+        refuse_conn(pending[i].sock, pending[i].pid,
+                    timeout_error("no complete hello within {} ms", opt.hello_timeout_ms));
+        done = true;
+      }
+      if (done) {
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        // pfds no longer line up with pending: look at the rest in the next round.
+        break;
+      }
+      ++i;
+    }
+    if (pfds[2].revents & POLLIN) accept_all();
+    reap_jobs(false);
+  }
+  GW_LOG_INFO("gradwired: stopping");
+  reap_jobs(true);
+  return ok_status();
+}
+
+}  // namespace gw::daemon

@@ -1,0 +1,275 @@
+// Two gradwired daemons on this machine (two sockets in a temporary directory, two fake hosts by
+// GW_HOSTID / --host-id), two trainer processes each, the C ABI in daemon mode (GW_DAEMON):
+// allreduce / broadcast / allgather / barrier across every dtype with results checked, a trainer
+// SIGKILLed mid-collective (the others fail with GW_ERR_PEER within the deadline and the daemons
+// reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang).
+// Every process is killed and the directory removed even when a check fails.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/integration/proc_harness.h"
+
+namespace gw::test {
+namespace {
+
+constexpr int kTimeoutMs = 6000;
+constexpr int kSlackMs = 4000;  // process start-up on a loaded 2-core machine, ASan included
+constexpr int kGwErrPeer = 3;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/gwd-it-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The daemons and trainers of one test; the ProcGroups kill whatever still runs on destruction.
+class DaemonPair {
+ public:
+  explicit DaemonPair(const TempDir& dir) : dir_(dir) {}
+
+  // Starts daemons A and B and waits for both to listen; false (with output) if one did not.
+  // metrics_port > 0: daemon A serves Prometheus metrics there.
+  bool start(int metrics_port = 0) {
+    for (int h = 0; h < 2; ++h) {
+      Env env = clean_env();
+      env["GW_LOG_LEVEL"] = "info";
+      std::vector<std::string> argv = {GRADWIRED_PATH, "--foreground", "--socket",
+                                       socket(h),      "--host-id",    host(h)};
+      if (h == 0 && metrics_port > 0) {
+        argv.push_back("--metrics");
+        argv.push_back("127.0.0.1:" + std::to_string(metrics_port));
+      }
+      daemons_.start(argv, env);
+    }
+    for (size_t h = 0; h < 2; ++h) {
+      if (!daemons_.wait_for_output(h, "listening", 20000)) {
+        ADD_FAILURE() << "daemon " << h << " did not start:\n" << daemons_.output(h);
+        return false;
+      }
+      std::smatch m;
+      std::string out = daemons_.output(h);
+      if (std::regex_search(out, m, std::regex("pid ([0-9]+)"))) pid_[h] = std::stoi(m[1]);
+    }
+    return pid_[0] > 0 && pid_[1] > 0;
+  }
+
+  std::string socket(int h) const { return dir_.path() + (h == 0 ? "/a.sock" : "/b.sock"); }
+  static std::string host(int h) { return h == 0 ? "fake-host-a" : "fake-host-b"; }
+  // Ranks 0 and 2 on host A, 1 and 3 on host B: the host layout is not by blocks of ranks.
+  static int host_of(int rank) { return rank % 2; }
+  pid_t pid(int h) const { return pid_[h]; }
+  std::string daemon_output(int h) const { return daemons_.output(h); }
+
+  // port 0: no store (a world of one). hostid: another host identity than the daemon's.
+  size_t start_trainer(ProcGroup& g, int rank, int world, int port, std::vector<std::string> args,
+                       const std::string& hostid = "") {
+    Env env = clean_env();
+    env["GW_DAEMON"] = "unix:" + socket(host_of(rank));
+    env["GW_HOSTID"] = hostid.empty() ? host(host_of(rank)) : hostid;
+    env["GW_DAEMON_ARENA"] = "16M";
+    std::vector<std::string> argv = {
+        DAEMON_TRAINER_PATH,   "--rank",       std::to_string(rank),      "--world",
+        std::to_string(world), "--timeout-ms", std::to_string(kTimeoutMs)};
+    if (port != 0) {
+      argv.push_back("--store");
+      argv.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    argv.insert(argv.end(), args.begin(), args.end());
+    return g.start(argv, env);
+  }
+
+  // Memfd arenas still mapped in daemon h (its /proc maps).
+  int arenas(int h) const {
+    std::ifstream f("/proc/" + std::to_string(pid_[h]) + "/maps");
+    int n = 0;
+    for (std::string line; std::getline(f, line);) {
+      if (line.find("gwd-arena") != std::string::npos) ++n;
+    }
+    return n;
+  }
+
+ private:
+  const TempDir& dir_;
+  ProcGroup daemons_;
+  pid_t pid_[2] = {0, 0};
+};
+
+// GET /metrics from 127.0.0.1:port ("" when nothing answers).
+std::string scrape(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (::send(fd, req, sizeof(req) - 1, 0) > 0) {
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// The value of the first sample line starting with `metric` (-1 when absent).
+double sample(const std::string& text, const std::string& metric) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric + " ", 0) == 0) return std::stod(line.substr(metric.size() + 1));
+  }
+  return -1;
+}
+
+bool eventually(const std::function<bool()>& pred, int ms) {
+  for (int i = 0; i < ms / 20; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (const char* count : {"1", "1000", "70001"}) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", count});
+    auto results = g.wait_all(240000, true);
+    ASSERT_EQ(results.size(), 4u);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_NE(results[r].output.find("RESULT rank=" + std::to_string(r) + " status=0"),
+                std::string::npos)
+          << results[r].describe();
+      EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+          << "count " << count << " rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+          << d.daemon_output(0) << "\ndaemon B:\n"
+          << d.daemon_output(1);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  // Every trainer has gone: so have their arenas.
+  EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
+      << d.arenas(0) << " " << d.arenas(1);
+}
+
+TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+#if defined(GW_HAVE_PROMETHEUS)
+  const int metrics_port = free_port();
+#else
+  const int metrics_port = 0;
+#endif
+  ASSERT_TRUE(d.start(metrics_port));
+  ProcGroup g;
+  d.start_trainer(g, 0, 1, 0, {"suite", "100"});
+  d.start_trainer(g, 0, 1, 0, {"suite", "100"}, "not-this-host");
+  auto results = g.wait_all(60000);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].exit_code, 10 + 1) << results[1].describe();  // GW_ERR_INVALID_ARG
+  EXPECT_NE(results[1].output.find("host identity"), std::string::npos) << results[1].describe();
+  if (metrics_port == 0) GTEST_SKIP() << "built without prometheus-cpp: no metrics to check";
+  // The daemon's Prometheus endpoint counts what happened.
+  const std::string text = scrape(metrics_port);
+  EXPECT_GE(sample(text, "gradwired_clients_refused_total"), 1) << text;
+  EXPECT_GE(sample(text, "gradwired_clients_accepted_total"), 1) << text;
+  EXPECT_GE(sample(text, "gradwired_collectives_total{result=\"ok\"}"), 100) << text;
+  EXPECT_TRUE(
+      eventually([&] { return sample(scrape(metrics_port), "gradwired_arenas") == 0; }, 5000));
+}
+
+TEST(DaemonIntegration, KilledTrainerFailsTheOthersWithPeerWithinTheDeadline) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  const int killer = 3;  // on host B
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"die", std::to_string(killer)});
+  auto results = g.wait_all(kTimeoutMs * 4 + kSlackMs * 4);
+  ASSERT_EQ(results[killer].signal, SIGKILL) << results[killer].describe();
+  for (int r = 0; r < 4; ++r) {
+    if (r == killer) continue;
+    const auto& res = results[r];
+    ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
+    EXPECT_TRUE(res.exited) << res.describe();
+    EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << "rank " << r << ": " << res.describe();
+    auto fields = parse_tagged_line(res.output, "RESULT");
+    ASSERT_TRUE(fields.has_value()) << res.describe();
+    EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+  }
+  // Both daemons let go of every arena of the job, the dead trainer's included; and they still
+  // serve a new job afterwards.
+  EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
+      << d.arenas(0) << " " << d.arenas(1);
+  ProcGroup again;
+  const int port2 = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(again, r, 4, port2, {"suite", "33"});
+  for (const auto& res : again.wait_all(120000, true)) {
+    EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  }
+}
+
+TEST(DaemonIntegration, KilledDaemonFailsItsTrainersInsteadOfHanging) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"loop"});
+  for (size_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(g.wait_for_output(r, "LOOPING", 30000)) << g.output(r);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(::kill(d.pid(1), SIGKILL), 0);
+  auto results = g.wait_all(kTimeoutMs * 2 + kSlackMs * 2);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const auto& res = results[r];
+    ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
+    EXPECT_TRUE(res.exited) << res.describe();
+    EXPECT_GT(res.exit_code, 10) << res.describe();
+    auto fields = parse_tagged_line(res.output, "RESULT");
+    ASSERT_TRUE(fields.has_value()) << res.describe();
+    EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+    if (DaemonPair::host_of(static_cast<int>(r)) == 1) {
+      EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << res.describe();  // their daemon is gone
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gw::test

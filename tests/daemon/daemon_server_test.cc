@@ -1,0 +1,487 @@
+// gradwired's engine in this process (daemon/server.h) against raw protocol clients: the rings and
+// the arena end to end, local sums of every kind, and the refusals: garbage hellos, a foreign
+// host, out-of-arena offsets, ring overflow, a client that disconnects mid-job (its job's other
+// client gets kPeer and its arena is reclaimed), each counted, with other jobs unaffected.
+// Also the client's allocator (daemon/arena_allocator.h) and the protocol's own checks.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "core/sys/memfd_region.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/arena_allocator.h"
+#include "daemon/protocol.h"
+#include "daemon/server.h"
+
+namespace gw::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A trainer speaking the protocol by hand.
+struct RawClient {
+  sys::Fd sock;
+  sys::MemfdRegion arena;
+  sys::Fd sq, cq;
+  Welcome geo;
+  ArenaHeader* hdr = nullptr;
+  uint8_t* data = nullptr;
+  uint64_t seq = 1;
+  uint64_t cq_head = 0;
+
+  static Result<sys::Fd> dial(const std::string& path) {
+    GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+    return sys::connect_unix(addr, SOCK_STREAM);
+  }
+
+  // Sends `frame` as is; returns the daemon's welcome (and maps the arena when accepted).
+  static Result<RawClient> join_raw(const std::string& path, const std::vector<uint8_t>& frame) {
+    RawClient c;
+    GW_ASSIGN_OR_RETURN(c.sock, dial(path));
+    const auto deadline = sys::deadline_after_ms(5000);
+    GW_RETURN_IF_ERROR(
+        sys::send_with_fds(c.sock.get(), frame.data(), frame.size(), {}, deadline, "test hello"));
+    std::vector<sys::Fd> fds;
+    std::vector<uint8_t> in;
+    uint8_t buf[2048];
+    while (in.size() < kFrameHeaderBytes ||
+           in.size() < kFrameHeaderBytes + *reinterpret_cast<const uint32_t*>(in.data())) {
+      GW_ASSIGN_OR_RETURN(size_t n, sys::recv_with_fds(c.sock.get(), buf, sizeof(buf), &fds,
+                                                       deadline, "test welcome"));
+      if (n == 0) return peer_error("closed without a welcome");
+      in.insert(in.end(), buf, buf + n);
+    }
+    GW_ASSIGN_OR_RETURN(
+        c.geo, decode_welcome(in.data() + kFrameHeaderBytes, in.size() - kFrameHeaderBytes));
+    if (c.geo.status != 0) return Status(static_cast<Code>(c.geo.status), c.geo.message);
+    if (fds.size() != 3) return peer_error("{} descriptors", fds.size());
+    GW_ASSIGN_OR_RETURN(c.arena, sys::MemfdRegion::map(std::move(fds[0]), c.geo.arena_bytes));
+    c.sq = std::move(fds[1]);
+    c.cq = std::move(fds[2]);
+    c.hdr = static_cast<ArenaHeader*>(c.arena.data());
+    c.data = static_cast<uint8_t*>(c.arena.data()) + c.geo.data_offset;
+    return c;
+  }
+
+  static Result<RawClient> join(const std::string& path, const Hello& h) {
+    std::vector<uint8_t> body = encode_hello(h);
+    std::vector<uint8_t> frame(4);
+    const uint32_t len = static_cast<uint32_t>(body.size());
+    std::memcpy(frame.data(), &len, 4);
+    frame.insert(frame.end(), body.begin(), body.end());
+    return join_raw(path, frame);
+  }
+
+  void post_raw(const SqEntry& e) {
+    const uint64_t tail = hdr->sq_tail.load();
+    std::memcpy(static_cast<uint8_t*>(arena.data()) + geo.sq_offset +
+                    (tail % geo.sq_entries) * sizeof(SqEntry),
+                &e, sizeof(e));
+    hdr->sq_tail.store(tail + 1, std::memory_order_release);
+    kick();
+  }
+  void kick() {
+    uint64_t one = 1;
+    ASSERT_EQ(::write(sq.get(), &one, 8), 8);
+  }
+  uint64_t post(SqEntry e) {
+    e.seq = seq++;
+    post_raw(e);
+    return e.seq;
+  }
+  // The completion of `want`, or kTimeout / kPeer (connection closed).
+  Status wait(uint64_t want, int ms = 10000) {
+    const auto deadline = sys::deadline_after_ms(ms);
+    for (;;) {
+      if (hdr->cq_tail.load(std::memory_order_acquire) != cq_head) {
+        CqEntry c;
+        std::memcpy(&c,
+                    static_cast<uint8_t*>(arena.data()) + geo.cq_offset +
+                        (cq_head % geo.cq_entries) * sizeof(CqEntry),
+                    sizeof(c));
+        hdr->cq_head.store(++cq_head);
+        Status carried;
+        GW_RETURN_IF_ERROR(decode_completion(c, want, &carried));
+        return carried;
+      }
+      if (sys::expired(deadline)) return timeout_error("no completion");
+      pollfd p[2] = {{cq.get(), POLLIN, 0}, {sock.get(), POLLIN, 0}};
+      ::poll(p, 2, 50);
+      if (p[1].revents != 0 && hdr->cq_tail.load() == cq_head) {
+        return peer_error("daemon closed the connection");
+      }
+      if (p[0].revents != 0) {
+        uint64_t v;
+        ssize_t n = ::read(cq.get(), &v, 8);
+        (void)n;
+      }
+    }
+  }
+  template <typename T>
+  T* at(uint64_t off) {
+    return reinterpret_cast<T*>(data + off);
+  }
+};
+
+SqEntry allreduce_entry(coll::DataType t, coll::ReduceOp op, uint64_t count, uint64_t s,
+                        uint64_t r) {
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(Opcode::kAllreduce);
+  e.dtype = static_cast<uint8_t>(t);
+  e.op = static_cast<uint8_t>(op);
+  e.count = count;
+  e.send_off = s;
+  e.recv_off = r;
+  return e;
+}
+
+class DaemonServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gwd-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ServerOptions o;
+    o.socket_path = dir_ + "/gradwired.sock";
+    o.host_id = "test-host";
+    o.ring_entries = 8;
+    o.max_arena_bytes = 8 << 20;
+    auto s = Server::create(o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { run_status_ = server_->run(); });
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_.message();
+    server_.reset();
+    ::rmdir(dir_.c_str());
+  }
+
+  Hello hello(const std::string& token, int rank = 0, int world = 1) {
+    Hello h;
+    h.rank = rank;
+    h.world_size = world;
+    h.local_rank = rank;
+    h.local_size = world;
+    h.arena_bytes = 2 << 20;
+    h.timeout_ms = 5000;
+    h.job_token = token;
+    h.host_id = "test-host";
+    return h;
+  }
+
+  // Waits until pred(stats) holds (the daemon's threads run beside the test).
+  template <typename P>
+  bool eventually(P pred) {
+    for (int i = 0; i < 500; ++i) {
+      if (pred(server_->stats())) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  Status run_status_;
+};
+
+TEST_F(DaemonServerTest, OneTrainerRunsEveryCollectiveThroughTheRings) {
+  auto c = RawClient::join(server_->socket_path(), hello("solo"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  float* in = c->at<float>(0);
+  for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(i);
+  // More submissions than the ring holds, in batches that fit.
+  for (int round = 0; round < 20; ++round) {
+    uint64_t seq =
+        c->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1000, 0, 8192));
+    ASSERT_TRUE(c->wait(seq).ok());
+  }
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(c->at<float>(8192)[i], static_cast<float>(i));
+  SqEntry b{};
+  b.opcode = static_cast<uint16_t>(Opcode::kBarrier);
+  uint64_t s1 = c->post(b);
+  SqEntry g{};
+  g.opcode = static_cast<uint16_t>(Opcode::kAllgather);
+  g.dtype = static_cast<uint8_t>(coll::DataType::kI64);
+  g.count = 10;
+  g.send_off = 0;
+  g.recv_off = 65536;
+  uint64_t s2 = c->post(g);
+  EXPECT_TRUE(c->wait(s1).ok());
+  EXPECT_TRUE(c->wait(s2).ok());
+  EXPECT_EQ(0, std::memcmp(c->at<uint8_t>(0), c->at<uint8_t>(65536), 80));
+  EXPECT_GE(server_->stats().collectives, 22u);
+  EXPECT_EQ(server_->stats().live_arenas, 1u);
+}
+
+TEST_F(DaemonServerTest, TwoLocalTrainersAreSummed) {
+  auto a = RawClient::join(server_->socket_path(), hello("pair", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("pair", 1, 2));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  for (int i = 0; i < 513; ++i) {
+    a->at<int32_t>(0)[i] = i;
+    b->at<int32_t>(0)[i] = 2 * i;
+  }
+  for (coll::ReduceOp op : {coll::ReduceOp::kSum, coll::ReduceOp::kMax, coll::ReduceOp::kAvg}) {
+    uint64_t sa = a->post(allreduce_entry(coll::DataType::kI32, op, 513, 0, 4096));
+    uint64_t sb = b->post(allreduce_entry(coll::DataType::kI32, op, 513, 0, 0));  // in place
+    ASSERT_TRUE(a->wait(sa).ok());
+    ASSERT_TRUE(b->wait(sb).ok());
+    for (int i = 0; i < 513; ++i) {
+      const int want = op == coll::ReduceOp::kSum   ? 3 * i
+                       : op == coll::ReduceOp::kMax ? 2 * i
+                                                    : 3 * i / 2;
+      ASSERT_EQ(a->at<int32_t>(4096)[i], want) << i;
+      ASSERT_EQ(b->at<int32_t>(0)[i], want) << i;
+    }
+    for (int i = 0; i < 513; ++i) b->at<int32_t>(0)[i] = 2 * i;
+  }
+  // Broadcast from rank 1.
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  e.dtype = static_cast<uint8_t>(coll::DataType::kU8);
+  e.root = 1;
+  e.count = 100;
+  e.send_off = e.recv_off = 1 << 16;
+  std::memset(a->at<uint8_t>(1 << 16), 0, 100);
+  std::memset(b->at<uint8_t>(1 << 16), 7, 100);
+  uint64_t sa = a->post(e);
+  uint64_t sb = b->post(e);
+  ASSERT_TRUE(a->wait(sa).ok());
+  ASSERT_TRUE(b->wait(sb).ok());
+  EXPECT_EQ(a->at<uint8_t>(1 << 16)[99], 7);
+  // Disagreeing counts fail both, with a message naming them.
+  uint64_t da = a->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 10, 0, 0));
+  uint64_t db = b->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 11, 0, 0));
+  Status x = a->wait(da);
+  EXPECT_EQ(x.code(), Code::kInvalidArg) << x.message();
+  EXPECT_NE(x.message().find("disagree"), std::string::npos) << x.message();
+  EXPECT_EQ(b->wait(db).code(), Code::kInvalidArg);
+}
+
+TEST_F(DaemonServerTest, GarbageAndForeignHellosAreRefusedAndCounted) {
+  auto good = RawClient::join(server_->socket_path(), hello("bystander"));
+  ASSERT_TRUE(good.ok()) << good.status().message();
+
+  // Random bytes with a plausible length.
+  std::vector<uint8_t> junk = {40, 0, 0, 0};
+  for (int i = 0; i < 40; ++i) junk.push_back(static_cast<uint8_t>(i * 37));
+  auto r1 = RawClient::join_raw(server_->socket_path(), junk);
+  EXPECT_FALSE(r1.ok());
+  EXPECT_EQ(r1.status().code(), Code::kPeer) << r1.status().message();
+  // A length beyond the bound.
+  std::vector<uint8_t> huge = {0, 0, 1, 0, 1, 2, 3};
+  EXPECT_FALSE(RawClient::join_raw(server_->socket_path(), huge).ok());
+  // Another host's trainer.
+  Hello foreign = hello("foreign");
+  foreign.host_id = "other-host";
+  auto r3 = RawClient::join(server_->socket_path(), foreign);
+  ASSERT_FALSE(r3.ok());
+  EXPECT_NE(r3.status().message().find("host identity"), std::string::npos)
+      << r3.status().message();
+  // An arena beyond the daemon's cap.
+  Hello greedy = hello("greedy");
+  greedy.arena_bytes = 64 << 20;
+  auto r4 = RawClient::join(server_->socket_path(), greedy);
+  ASSERT_FALSE(r4.ok());
+  EXPECT_EQ(r4.status().code(), Code::kNoMemory) << r4.status().message();
+  EXPECT_TRUE(eventually([](const ServerStats& s) { return s.refused >= 4; }));
+
+  uint64_t seq = good->post(allreduce_entry(coll::DataType::kF64, coll::ReduceOp::kSum, 8, 0, 64));
+  EXPECT_TRUE(good->wait(seq).ok());
+}
+
+TEST_F(DaemonServerTest, BadSubmissionsCutTheClientOnly) {
+  auto good = RawClient::join(server_->socket_path(), hello("good"));
+  ASSERT_TRUE(good.ok()) << good.status().message();
+  const uint64_t refused0 = server_->stats().refused;
+
+  // An offset past the arena.
+  auto out = RawClient::join(server_->socket_path(), hello("out-of-arena"));
+  ASSERT_TRUE(out.ok());
+  uint64_t s = out->post(
+      allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 16, out->geo.data_bytes - 8, 0));
+  EXPECT_EQ(out->wait(s).code(), Code::kPeer);
+  // Ring overflow: the tail moved further than the ring holds.
+  auto over = RawClient::join(server_->socket_path(), hello("overflow"));
+  ASSERT_TRUE(over.ok());
+  over->hdr->sq_tail.store(over->geo.sq_entries + 5);
+  over->kick();
+  EXPECT_EQ(over->wait(1).code(), Code::kPeer);
+  // A sequence number out of order and an unknown opcode.
+  auto seqc = RawClient::join(server_->socket_path(), hello("bad-seq"));
+  ASSERT_TRUE(seqc.ok());
+  SqEntry bad = allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1, 0, 0);
+  bad.seq = 7;
+  seqc->post_raw(bad);
+  EXPECT_EQ(seqc->wait(7).code(), Code::kPeer);
+  auto opc = RawClient::join(server_->socket_path(), hello("bad-op"));
+  ASSERT_TRUE(opc.ok());
+  SqEntry weird{};
+  weird.opcode = 99;
+  EXPECT_EQ(opc->wait(opc->post(weird)).code(), Code::kPeer);
+
+  EXPECT_TRUE(eventually([&](const ServerStats& st) {
+    return st.refused >= refused0 + 4 && st.live_clients == 1;
+  })) << server_->stats().refused;
+  uint64_t g = good->post(allreduce_entry(coll::DataType::kU8, coll::ReduceOp::kMax, 3, 0, 64));
+  EXPECT_TRUE(good->wait(g).ok());
+}
+
+TEST_F(DaemonServerTest, ADisconnectedTrainerFailsItsJobAndItsArenaIsReclaimed) {
+  auto a = RawClient::join(server_->socket_path(), hello("lost", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("lost", 1, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(server_->stats().live_arenas, 2u);
+  uint64_t s = a->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 100, 0, 0));
+  std::this_thread::sleep_for(20ms);
+  *b = RawClient();  // b "dies": socket closed, arena unmapped
+  Status st = a->wait(s);
+  EXPECT_EQ(st.code(), Code::kPeer) << st.message();
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
+  EXPECT_TRUE(eventually([](const ServerStats& x) { return x.live_arenas == 1; }));
+  // Later calls of the job fail the same way, promptly.
+  EXPECT_EQ(
+      a->wait(a->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1, 0, 0))).code(),
+      Code::kPeer);
+  *a = RawClient();
+  EXPECT_TRUE(
+      eventually([](const ServerStats& x) { return x.live_arenas == 0 && x.live_jobs == 0; }));
+}
+
+TEST_F(DaemonServerTest, ASecondDaemonOnTheSameSocketIsRefused) {
+  ServerOptions o;
+  o.socket_path = server_->socket_path();
+  o.host_id = "test-host";
+  auto again = Server::create(o);
+  EXPECT_FALSE(again.ok());
+}
+
+TEST(DaemonServerRestart, AStaleSocketFileIsReplaced) {
+  char tmpl[] = "/tmp/gwd-stale-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/s.sock";
+  {
+    // A daemon that died: its socket file stays, nobody listens on it.
+    auto addr = sys::UnixAddress::path(path);
+    ASSERT_TRUE(addr.ok());
+    auto fd = sys::listen_unix(*addr, SOCK_STREAM, 1);
+    ASSERT_TRUE(fd.ok());
+  }
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0);
+  ServerOptions o;
+  o.socket_path = path;
+  o.host_id = "h";
+  auto s = Server::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  s->reset();
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);  // removed on the way out
+  // A file that is not a socket is left alone.
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_FALSE(Server::create(o).ok());
+  ::unlink(path.c_str());
+  ::rmdir(tmpl);
+}
+
+TEST(DaemonProtocol, HelloRoundTripAndBounds) {
+  Hello h;
+  h.rank = 2;
+  h.world_size = 4;
+  h.num_hosts = 2;
+  h.host_index = 1;
+  h.local_rank = 1;
+  h.local_size = 2;
+  h.arena_bytes = 1 << 24;
+  h.job_token = "t";
+  h.store_host = "127.0.0.1";
+  h.store_port = 1234;
+  h.host_id = "h";
+  auto bytes = encode_hello(h);
+  auto back = decode_hello(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->store_host, "127.0.0.1");
+  EXPECT_EQ(back->local_size, 2);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_FALSE(decode_hello(bytes.data(), cut).ok()) << cut;
+  }
+  Hello bad = h;
+  bad.rank = 4;
+  auto b1 = encode_hello(bad);
+  EXPECT_FALSE(decode_hello(b1.data(), b1.size()).ok());
+  bad = h;
+  bad.store_host.clear();
+  auto b2 = encode_hello(bad);
+  EXPECT_FALSE(decode_hello(b2.data(), b2.size()).ok());
+  bad = h;
+  bad.version = 2;
+  auto b3 = encode_hello(bad);
+  EXPECT_EQ(decode_hello(b3.data(), b3.size()).status().code(), Code::kUnsupported);
+}
+
+TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
+  auto g = arena_geometry(1 << 20, 64);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->data_offset % kDataAlign, 0u);
+  EXPECT_EQ(g->data_offset + g->data_bytes, uint64_t{1} << 20);
+  EXPECT_FALSE(arena_geometry(1 << 20, 63).ok());
+  EXPECT_FALSE(arena_geometry(8192, 64).ok());
+  auto w = encode_welcome(*g);
+  EXPECT_TRUE(decode_welcome(w.data(), w.size()).ok());
+  Welcome shifted = *g;
+  shifted.data_offset += 4096;
+  auto w2 = encode_welcome(shifted);
+  EXPECT_FALSE(decode_welcome(w2.data(), w2.size()).ok());
+
+  SqEntry e = allreduce_entry(coll::DataType::kF64, coll::ReduceOp::kSum, 16, 0, 128);
+  e.seq = 1;
+  EXPECT_TRUE(decode_request(e, 1, 256, 1).ok());
+  EXPECT_FALSE(decode_request(e, 1, 255, 1).ok());  // recv range ends past the region
+  e.count = (1ull << 61) + 1;                       // bytes overflow
+  EXPECT_FALSE(decode_request(e, 1, ~0ull, 1).ok());
+  SqEntry ag{};
+  ag.seq = 1;
+  ag.opcode = static_cast<uint16_t>(Opcode::kAllgather);
+  ag.dtype = static_cast<uint8_t>(coll::DataType::kF32);
+  ag.count = 8;
+  ag.recv_off = 64;
+  EXPECT_TRUE(decode_request(ag, 1, 64 + 32 * 4, 4).ok());
+  EXPECT_FALSE(decode_request(ag, 1, 64 + 32 * 4, 5).ok());  // 5 blocks do not fit
+  EXPECT_FALSE(check_ring(10, 20, 8, "t").ok());
+  EXPECT_FALSE(check_ring(10, 9, 8, "t").ok());  // tail behind head
+  EXPECT_TRUE(check_ring(10, 18, 8, "t").ok());
+}
+
+TEST(DaemonArenaAllocator, FirstFitCoalescesAndRefusesForeignOffsets) {
+  ArenaAllocator a(1 << 12);
+  auto x = a.alloc(100);
+  auto y = a.alloc(1000);
+  auto z = a.alloc(64);
+  ASSERT_TRUE(x.ok() && y.ok() && z.ok());
+  EXPECT_EQ(*x % 64, 0u);
+  EXPECT_EQ(*y, 128u);
+  EXPECT_FALSE(a.alloc(4096).ok());
+  EXPECT_FALSE(a.free(*x + 64).ok());
+  EXPECT_TRUE(a.free(*y).ok());
+  EXPECT_FALSE(a.free(*y).ok());  // twice
+  EXPECT_TRUE(a.free(*x).ok());
+  EXPECT_TRUE(a.free(*z).ok());
+  EXPECT_EQ(a.free_bytes(), 4096u);
+  auto all = a.alloc(4096);  // coalesced back into one range
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, 0u);
+}
+
+}  // namespace
+}  // namespace gw::daemon

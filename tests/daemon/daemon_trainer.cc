@@ -1,0 +1,443 @@
+// One trainer of the daemon integration tests, written against include/gradwire/gradwire.h only
+// (so it runs the C ABI exactly as a user does; GW_DAEMON in its environment picks daemon mode).
+//
+// usage: daemon_trainer --rank R --world N [--store HOST:PORT] [--timeout-ms MS] SCENARIO [ARGS]
+// Scenarios:
+//   suite COUNT      allreduce and reduce_scatter (every dtype and op), broadcast (every root),
+//                    allgather, barrier and iallreduces in flight
+//                    at COUNT elements, with malloc'd buffers and with gw_mem_alloc buffers (in
+//                    place), each result checked exactly
+//   die KILLER       rank KILLER makes two allreduces, then SIGKILLs itself while its third one
+//                    runs; the others call allreduce until it fails
+//   loop             allreduce until a call fails (the test kills a daemon meanwhile)
+//   bench BYTES ITERS [mem]   allreduce float32 sum of BYTES, ITERS timed calls after 5 warm-up
+//                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
+// Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
+// succeeded with the right result, 1 on a wrong result, 2 on usage, 10 + gw_status_t on a failure.
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/gradwire.h"
+
+namespace {
+
+int g_rank = -1;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int report(const char* what, gw_status_t s, double t0) {
+  std::printf("ERROR rank=%d %s: %s: %s\n", g_rank, what, gw_status_string(s), gw_last_error());
+  std::printf("RESULT rank=%d status=%d elapsed_ms=%.0f\n", g_rank, static_cast<int>(s),
+              now_ms() - t0);
+  std::fflush(stdout);
+  return 10 + static_cast<int>(s);
+}
+
+size_t dsize(gw_dtype_t t) {
+  switch (t) {
+    case GW_FLOAT64:
+    case GW_INT64:
+      return 8;
+    case GW_FLOAT32:
+    case GW_INT32:
+      return 4;
+    case GW_FLOAT16:
+    case GW_BFLOAT16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// Half precision for the small integers these tests use (exact, no rounding needed).
+uint16_t to_half(double v) {
+  if (v == 0) return 0;
+  const bool neg = v < 0;
+  double a = std::fabs(v);
+  int e = 0;
+  double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int exp = e - 1 + 15;
+  const auto frac = static_cast<uint16_t>(std::lround((m * 2 - 1) * 1024));
+  return static_cast<uint16_t>((neg ? 0x8000 : 0) | (exp << 10) | frac);
+}
+double from_half(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f;
+  const int frac = h & 0x3ff;
+  double v = exp == 0 ? std::ldexp(frac, -24) : std::ldexp(1024 + frac, exp - 25);
+  return (h & 0x8000) ? -v : v;
+}
+uint16_t to_bf16(double v) {
+  float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+double from_bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void put(void* b, size_t i, gw_dtype_t t, double v) {
+  switch (t) {
+    case GW_FLOAT32:
+      static_cast<float*>(b)[i] = static_cast<float>(v);
+      break;
+    case GW_FLOAT64:
+      static_cast<double*>(b)[i] = v;
+      break;
+    case GW_FLOAT16:
+      static_cast<uint16_t*>(b)[i] = to_half(v);
+      break;
+    case GW_BFLOAT16:
+      static_cast<uint16_t*>(b)[i] = to_bf16(v);
+      break;
+    case GW_INT32:
+      static_cast<int32_t*>(b)[i] = static_cast<int32_t>(v);
+      break;
+    case GW_INT64:
+      static_cast<int64_t*>(b)[i] = static_cast<int64_t>(v);
+      break;
+    case GW_UINT8:
+      static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff);
+      break;
+  }
+}
+
+double get(const void* b, size_t i, gw_dtype_t t) {
+  switch (t) {
+    case GW_FLOAT32:
+      return static_cast<const float*>(b)[i];
+    case GW_FLOAT64:
+      return static_cast<const double*>(b)[i];
+    case GW_FLOAT16:
+      return from_half(static_cast<const uint16_t*>(b)[i]);
+    case GW_BFLOAT16:
+      return from_bf16(static_cast<const uint16_t*>(b)[i]);
+    case GW_INT32:
+      return static_cast<const int32_t*>(b)[i];
+    case GW_INT64:
+      return static_cast<double>(static_cast<const int64_t*>(b)[i]);
+    case GW_UINT8:
+      return static_cast<const uint8_t*>(b)[i];
+  }
+  return 0;
+}
+
+bool is_int(gw_dtype_t t) { return t == GW_INT32 || t == GW_INT64 || t == GW_UINT8; }
+
+// Rank r's value at i: small, so every sum and product is exact in every dtype.
+double pattern(gw_op_t op, int rank, size_t i) {
+  if (op == GW_PROD) return ((i + rank) % 3) == 0 ? 2 : 1;
+  return static_cast<double>((i * 7 + rank * 5) % 8);
+}
+
+double expected(gw_op_t op, gw_dtype_t t, int world, size_t i) {
+  double acc = pattern(op, 0, i);
+  for (int r = 1; r < world; ++r) {
+    const double v = pattern(op, r, i);
+    switch (op) {
+      case GW_SUM:
+      case GW_AVG:
+        acc += v;
+        break;
+      case GW_PROD:
+        acc *= v;
+        break;
+      case GW_MIN:
+        acc = std::min(acc, v);
+        break;
+      case GW_MAX:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op == GW_AVG) acc = is_int(t) ? std::trunc(acc / world) : acc / world;
+  return acc;
+}
+
+bool close(gw_dtype_t t, double got, double want) {
+  if (is_int(t)) return got == want;
+  const double tol = (t == GW_FLOAT16 || t == GW_BFLOAT16) ? 0.02 * std::fabs(want) + 1e-3
+                                                           : 1e-6 * std::fabs(want) + 1e-9;
+  return std::fabs(got - want) <= tol;
+}
+
+const gw_dtype_t kTypes[] = {GW_FLOAT32, GW_FLOAT64, GW_FLOAT16, GW_BFLOAT16,
+                             GW_INT32,   GW_INT64,   GW_UINT8};
+const char* kTypeNames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+const gw_op_t kOps[] = {GW_SUM, GW_PROD, GW_MIN, GW_MAX, GW_AVG};
+const char* kOpNames[] = {"sum", "prod", "min", "max", "avg"};
+
+struct Buffers {
+  gw_comm_t comm;
+  bool arena;
+  void* a = nullptr;
+  void* b = nullptr;
+  size_t bytes;
+  Buffers(gw_comm_t c, bool use_arena, size_t n) : comm(c), arena(use_arena), bytes(n) {
+    if (arena) {
+      if (gw_mem_alloc(comm, bytes, &a) != GW_OK || gw_mem_alloc(comm, bytes, &b) != GW_OK) {
+        std::printf("ERROR rank=%d gw_mem_alloc: %s\n", g_rank, gw_last_error());
+        std::exit(10 + GW_ERR_NO_MEMORY);
+      }
+    } else {
+      a = std::malloc(bytes);
+      b = std::malloc(bytes);
+    }
+  }
+  ~Buffers() {
+    if (arena) {
+      gw_mem_free(comm, a);
+      gw_mem_free(comm, b);
+    } else {
+      std::free(a);
+      std::free(b);
+    }
+  }
+};
+
+int run_suite(gw_comm_t comm, int rank, int world, size_t count) {
+  const double t0 = now_ms();
+  int calls = 0;
+  char what[160];
+  for (int arena = 0; arena < 2; ++arena) {
+    for (int d = 0; d < 7; ++d) {
+      const gw_dtype_t t = kTypes[d];
+      Buffers buf(comm, arena != 0, count * dsize(t) * world + 64);
+      // allreduce: out of place with malloc'd buffers, in place with arena ones.
+      for (int o = 0; o < 5; ++o) {
+        for (size_t i = 0; i < count; ++i) {
+          put(buf.a, i, t, pattern(kOps[o], rank, i));
+          put(buf.b, i, t, -1);
+        }
+        void* out = arena ? buf.a : buf.b;
+        std::snprintf(what, sizeof(what), "allreduce %s %s count %zu%s", kTypeNames[d], kOpNames[o],
+                      count, arena ? " in place (gw_mem_alloc)" : "");
+        gw_status_t s = gw_allreduce(comm, buf.a, out, count, t, kOps[o]);
+        ++calls;
+        if (s != GW_OK) return report(what, s, t0);
+        for (size_t i = 0; i < count; ++i) {
+          const double want = expected(kOps[o], t, world, i);
+          if (!close(t, get(out, i, t), want)) {
+            std::printf("WRONG rank=%d %s at %zu: got %g want %g\n", rank, what, i, get(out, i, t),
+                        want);
+            return 1;
+          }
+        }
+      }
+      // broadcast from every root.
+      for (int root = 0; root < world; ++root) {
+        for (size_t i = 0; i < count; ++i) put(buf.a, i, t, rank == root ? (i + root) % 100 : 0);
+        std::snprintf(what, sizeof(what), "broadcast %s root %d count %zu", kTypeNames[d], root,
+                      count);
+        gw_status_t s = gw_broadcast(comm, buf.a, count, t, root);
+        ++calls;
+        if (s != GW_OK) return report(what, s, t0);
+        for (size_t i = 0; i < count; ++i) {
+          if (get(buf.a, i, t) != static_cast<double>((i + root) % 100)) {
+            std::printf("WRONG rank=%d %s at %zu: got %g\n", rank, what, i, get(buf.a, i, t));
+            return 1;
+          }
+        }
+      }
+      // reduce_scatter: out of place (malloc) / in place (arena: this rank's block of the input).
+      for (int o = 0; o < 5; ++o) {
+        for (size_t i = 0; i < count * world; ++i) put(buf.a, i, t, pattern(kOps[o], rank, i));
+        void* out = arena ? static_cast<uint8_t*>(buf.a) + rank * count * dsize(t) : buf.b;
+        std::snprintf(what, sizeof(what), "reduce_scatter %s %s count %zu%s", kTypeNames[d],
+                      kOpNames[o], count, arena ? " in place (gw_mem_alloc)" : "");
+        gw_status_t s = gw_reduce_scatter(comm, buf.a, out, count, t, kOps[o]);
+        ++calls;
+        if (s != GW_OK) return report(what, s, t0);
+        for (size_t i = 0; i < count; ++i) {
+          const double want = expected(kOps[o], t, world, rank * count + i);
+          if (!close(t, get(out, i, t), want)) {
+            std::printf("WRONG rank=%d %s at %zu: got %g want %g\n", rank, what, i, get(out, i, t),
+                        want);
+            return 1;
+          }
+        }
+      }
+      // allgather: out of place (malloc) / in place (arena: this rank's block of the output).
+      const size_t block = count * dsize(t);
+      void* send = arena ? static_cast<uint8_t*>(buf.b) + rank * block : buf.a;
+      for (size_t i = 0; i < count; ++i) put(send, i, t, (rank * 3 + i) % 50);
+      std::snprintf(what, sizeof(what), "allgather %s count %zu", kTypeNames[d], count);
+      gw_status_t s = gw_allgather(comm, send, buf.b, count, t);
+      ++calls;
+      if (s != GW_OK) return report(what, s, t0);
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          if (get(buf.b, r * count + i, t) != static_cast<double>((r * 3 + i) % 50)) {
+            std::printf("WRONG rank=%d %s block %d at %zu\n", rank, what, r, i);
+            return 1;
+          }
+        }
+      }
+    }
+  }
+  gw_status_t s = gw_barrier(comm);
+  ++calls;
+  if (s != GW_OK) return report("barrier", s, t0);
+  // Several iallreduces in flight (more than the daemon's ring holds), completed by gw_test and
+  // gw_wait, in place and not, beside a blocking call.
+  {
+    const int n = count > 10000 ? 6 : 70;  // within a 16 MiB arena's staging
+    std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(count)), out = in;
+    std::vector<gw_request_t> req(n);
+    for (int k = 0; k < n; ++k) {
+      for (size_t i = 0; i < count; ++i) in[k][i] = static_cast<int32_t>(k + rank + i % 5);
+      int32_t* dst = k % 2 ? in[k].data() : out[k].data();
+      s = gw_iallreduce(comm, in[k].data(), dst, count, GW_INT32, GW_SUM, &req[k]);
+      ++calls;
+      if (s != GW_OK) return report("iallreduce", s, t0);
+    }
+    if ((s = gw_barrier(comm)) != GW_OK) return report("barrier among iallreduces", s, t0);
+    for (int k = 0; k < n; ++k) {
+      int done = 0;
+      if (k % 3 == 0 && (s = gw_test(req[k], &done)) != GW_OK) return report("gw_test", s, t0);
+      if (!done && (s = gw_wait(req[k], -1)) != GW_OK) return report("gw_wait", s, t0);
+      const int32_t* dst = k % 2 ? in[k].data() : out[k].data();
+      for (size_t i = 0; i < count; ++i) {
+        const int32_t want = world * (k + static_cast<int32_t>(i % 5)) + world * (world - 1) / 2;
+        if (dst[i] != want) {
+          std::printf("WRONG rank=%d iallreduce %d at %zu: got %d want %d\n", rank, k, i, dst[i],
+                      want);
+          return 1;
+        }
+      }
+    }
+  }
+  // Calls daemon mode does not make yet say so.
+  float x = 0;
+  s = gw_alltoall(comm, &x, &x, 0, GW_FLOAT32);
+  if (s != GW_OK && s != GW_ERR_UNSUPPORTED) return report("alltoall", s, t0);
+  std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f calls=%d\n", rank, now_ms() - t0, calls);
+  return 0;
+}
+
+int run_die(gw_comm_t comm, int rank, int killer) {
+  const size_t count = 1 << 18;
+  std::vector<float> send(count, 1.0f), recv(count);
+  if (rank == killer) {
+    for (int i = 0; i < 2; ++i) {
+      gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
+      if (s != GW_OK) return report("allreduce before dying", s, now_ms());
+    }
+    std::thread t([&] { gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM); });
+    t.detach();
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+    std::printf("DYING rank=%d\n", rank);
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  for (int i = 0; i < 100000; ++i) {
+    const double t0 = now_ms();
+    gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
+    if (s != GW_OK) return report("allreduce while a trainer dies", s, t0);
+  }
+  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
+  return 0;
+}
+
+int run_loop(gw_comm_t comm, int rank) {
+  const size_t count = 1 << 16;
+  std::vector<float> buf(count, 1.0f);
+  std::printf("LOOPING rank=%d\n", rank);
+  std::fflush(stdout);
+  for (int i = 0; i < 1000000; ++i) {
+    const double t0 = now_ms();
+    gw_status_t s = gw_allreduce(comm, buf.data(), buf.data(), count, GW_FLOAT32, GW_MAX);
+    if (s != GW_OK) return report("allreduce while a daemon dies", s, t0);
+  }
+  return 0;
+}
+
+int run_bench(gw_comm_t comm, int rank, size_t bytes, int iters, bool mem) {
+  const size_t count = bytes / 4;
+  Buffers buf(comm, mem, count * 4 + 64);
+  std::memset(buf.a, 0, count * 4);
+  std::vector<double> us;
+  for (int i = 0; i < iters + 5; ++i) {
+    gw_barrier(comm);
+    const double t0 = now_ms();
+    gw_status_t s = gw_allreduce(comm, buf.a, buf.b, count, GW_FLOAT32, GW_SUM);
+    const double dt = (now_ms() - t0) * 1000;
+    if (s != GW_OK) return report("bench allreduce", s, t0);
+    if (i >= 5) us.push_back(dt);
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("BENCH rank=%d bytes=%zu mem=%d median_us=%.1f min_us=%.1f\n", rank, bytes,
+              mem ? 1 : 0, us[us.size() / 2], us[0]);
+  std::printf("RESULT rank=%d status=0 elapsed_ms=0\n", rank);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gw_config_t cfg = GW_CONFIG_INIT;
+  int i = 1;
+  for (; i + 1 < argc && std::strncmp(argv[i], "--", 2) == 0; i += 2) {
+    if (std::strcmp(argv[i], "--rank") == 0) {
+      cfg.rank = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--world") == 0) {
+      cfg.world_size = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--store") == 0) {
+      cfg.store_addr = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--timeout-ms") == 0) {
+      cfg.timeout_ms = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (i >= argc) {
+    std::fprintf(stderr, "usage: %s [options] suite|die|loop|bench [args]\n", argv[0]);
+    return 2;
+  }
+  const std::string scenario = argv[i++];
+  g_rank = cfg.rank;
+  gw_comm_t comm = nullptr;
+  const double t0 = now_ms();
+  gw_status_t s = gw_comm_init(&comm, &cfg);
+  if (s != GW_OK) return report("gw_comm_init", s, t0);
+  int rank = 0, world = 1;
+  gw_comm_rank(comm, &rank);
+  gw_comm_size(comm, &world);
+  int rc = 2;
+  if (scenario == "suite" && argc - i == 1) {
+    rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
+  } else if (scenario == "die" && argc - i == 1) {
+    rc = run_die(comm, rank, std::atoi(argv[i]));
+  } else if (scenario == "loop") {
+    rc = run_loop(comm, rank);
+  } else if (scenario == "bench" && argc - i >= 2) {
+    rc = run_bench(comm, rank, std::strtoull(argv[i], nullptr, 10), std::atoi(argv[i + 1]),
+                   argc - i >= 3 && std::strcmp(argv[i + 2], "mem") == 0);
+  } else {
+    std::fprintf(stderr, "unknown scenario or arguments\n");
+  }
+  std::fflush(stdout);
+  gw_comm_destroy(comm);
+  return rc;
+}

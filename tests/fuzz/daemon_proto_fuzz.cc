@@ -1,0 +1,184 @@
+// libFuzzer target for the daemon's client protocol (docs/wire-daemon.md). Every decoder must
+// refuse what is malformed and, when it accepts, return values inside the bounds it promises:
+// those invariants are checked here and abort() when broken, so the fuzzer reports them.
+#include "tests/fuzz/daemon_proto_fuzz.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "daemon/protocol.h"
+
+namespace gw::daemon::fuzz {
+namespace {
+
+Counts g_counts;
+
+void check(bool ok) {
+  if (!ok) std::abort();
+}
+
+void tally(bool ok) { ok ? ++g_counts.accepted : ++g_counts.refused; }
+
+void fuzz_hello(const uint8_t* p, size_t n) {
+  auto h = decode_hello(p, n);
+  tally(h.ok());
+  if (!h.ok()) return;
+  check(h->rank >= 0 && h->rank < h->world_size && h->world_size <= kMaxWorld);
+  check(h->host_index >= 0 && h->host_index < h->num_hosts);
+  check(h->local_rank >= 0 && h->local_rank < h->local_size);
+  check(h->arena_bytes >= kMinArenaBytes && h->arena_bytes <= kMaxArenaBytes);
+  // Round trip: what was accepted encodes to the same bytes.
+  auto again = encode_hello(*h);
+  check(again.size() == n && std::memcmp(again.data(), p, n) == 0);
+}
+
+void fuzz_welcome(const uint8_t* p, size_t n) {
+  auto w = decode_welcome(p, n);
+  tally(w.ok());
+  if (!w.ok() || w->status != 0) return;
+  check(w->sq_offset >= kArenaHeaderBytes);
+  check(w->sq_offset + uint64_t{w->sq_entries} * sizeof(SqEntry) <= w->cq_offset);
+  check(w->cq_offset + uint64_t{w->cq_entries} * sizeof(CqEntry) <= w->data_offset);
+  check(w->data_offset + w->data_bytes == w->arena_bytes);
+}
+
+void fuzz_submissions(const uint8_t* p, size_t n) {
+  if (n < 2) return;
+  const uint64_t data_bytes = (uint64_t{p[0]} + 1) << (p[1] % 40);
+  const int32_t world = 1 + p[1] % 9;
+  p += 2;
+  n -= 2;
+  uint64_t expected = 1;
+  for (; n >= sizeof(SqEntry); p += sizeof(SqEntry), n -= sizeof(SqEntry)) {
+    SqEntry e;
+    std::memcpy(&e, p, sizeof(e));
+    // Half the time take the entry's own sequence, to get past that check.
+    const uint64_t want = (e.reserved[2] & 1) == 0 ? e.seq : expected;
+    auto r = decode_request(e, want, data_bytes, world);
+    tally(r.ok());
+    if (!r.ok()) continue;
+    ++expected;
+    check(r->send_off <= data_bytes && r->send_bytes <= data_bytes - r->send_off);
+    check(r->recv_off <= data_bytes && r->recv_bytes <= data_bytes - r->recv_off);
+    if (r->opcode == Opcode::kBroadcast) check(r->root >= 0 && r->root < world);
+  }
+}
+
+void fuzz_completions(const uint8_t* p, size_t n) {
+  for (; n >= sizeof(CqEntry); p += sizeof(CqEntry), n -= sizeof(CqEntry)) {
+    CqEntry e;
+    std::memcpy(&e, p, sizeof(e));
+    Status carried;
+    Status s = decode_completion(e, (e.seq >> 63) != 0 ? e.seq + 1 : e.seq, &carried);
+    tally(s.ok());
+    if (s.ok()) check(static_cast<int>(carried.code()) == e.status);
+  }
+}
+
+void fuzz_ring(const uint8_t* p, size_t n) {
+  if (n < 20) return;
+  uint64_t head, tail;
+  uint32_t entries;
+  std::memcpy(&head, p, 8);
+  std::memcpy(&tail, p + 8, 8);
+  std::memcpy(&entries, p + 16, 4);
+  Status s = check_ring(head, tail, entries, "fuzz");
+  tally(s.ok());
+  if (s.ok()) check(tail - head <= entries);
+}
+
+}  // namespace
+
+Counts counts() { return g_counts; }
+
+std::vector<std::vector<uint8_t>> seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  auto with = [&](uint8_t target, const std::vector<uint8_t>& body) {
+    std::vector<uint8_t> v{target};
+    v.insert(v.end(), body.begin(), body.end());
+    out.push_back(std::move(v));
+  };
+  Hello h;
+  h.rank = 3;
+  h.world_size = 4;
+  h.host_index = 1;
+  h.num_hosts = 2;
+  h.local_rank = 1;
+  h.local_size = 2;
+  h.arena_bytes = 64 << 20;
+  h.job_token = "token-0123456789";
+  h.store_host = "10.0.0.1";
+  h.store_port = 29500;
+  h.host_id = "hostA/boot/netns:1";
+  with(kHello, encode_hello(h));
+  h.num_hosts = 1;
+  h.host_index = 0;
+  h.store_host.clear();
+  h.store_port = 0;
+  with(kHello, encode_hello(h));
+  auto g = arena_geometry(64 << 20, 64);
+  with(kWelcome, encode_welcome(*g));
+  Welcome refusal;
+  refusal.status = 3;
+  refusal.message = "refused";
+  with(kWelcome, encode_welcome(refusal));
+  std::vector<uint8_t> subs{200, 12};
+  const Opcode ops[] = {Opcode::kAllreduce, Opcode::kBroadcast, Opcode::kAllgather,
+                        Opcode::kBarrier, Opcode::kReduceScatter};
+  uint64_t seq = 1;
+  for (Opcode op : ops) {
+    SqEntry e{};
+    e.seq = seq++;
+    e.opcode = static_cast<uint16_t>(op);
+    if (op != Opcode::kBarrier) {
+      e.dtype = 2;
+      e.count = 100;
+      e.send_off = 4096;
+      e.recv_off = op == Opcode::kBroadcast ? 4096 : 65536;
+      e.root = op == Opcode::kBroadcast ? 1 : 0;
+      e.op = op == Opcode::kAllreduce || op == Opcode::kReduceScatter ? 4 : 0;
+    }
+    const auto* b = reinterpret_cast<const uint8_t*>(&e);
+    subs.insert(subs.end(), b, b + sizeof(e));
+  }
+  with(kSubmission, subs);
+  std::vector<uint8_t> comps;
+  for (int i = 0; i < 3; ++i) {
+    CqEntry c = make_completion(i + 1, i == 0 ? ok_status() : peer_error("rank {} left", i));
+    const auto* b = reinterpret_cast<const uint8_t*>(&c);
+    comps.insert(comps.end(), b, b + sizeof(c));
+  }
+  with(kCompletion, comps);
+  std::vector<uint8_t> ring(20, 0);
+  ring[8] = 5;
+  ring[16] = 64;
+  with(kRing, ring);
+  return out;
+}
+
+}  // namespace gw::daemon::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace gw::daemon::fuzz;
+  if (size == 0) return 0;
+  const uint8_t* p = data + 1;
+  const size_t n = size - 1;
+  switch (data[0] % 5) {
+    case kHello:
+      fuzz_hello(p, n);
+      break;
+    case kWelcome:
+      fuzz_welcome(p, n);
+      break;
+    case kSubmission:
+      fuzz_submissions(p, n);
+      break;
+    case kCompletion:
+      fuzz_completions(p, n);
+      break;
+    default:
+      fuzz_ring(p, n);
+      break;
+  }
+  return 0;
+}

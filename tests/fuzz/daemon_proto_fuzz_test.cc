@@ -1,0 +1,61 @@
+// Runs the daemon protocol fuzz target (daemon_proto_fuzz.cc) over valid inputs, their mutations
+// and random bytes, so CI exercises it with g++; the target aborts on any broken invariant.
+#include "tests/fuzz/daemon_proto_fuzz.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+namespace gw::daemon::fuzz {
+namespace {
+
+TEST(DaemonProtoFuzz, SeedsAreAcceptedUnchanged) {
+  const Counts before = counts();
+  for (const auto& s : seeds()) ASSERT_EQ(LLVMFuzzerTestOneInput(s.data(), s.size()), 0);
+  const Counts after = counts();
+  EXPECT_GT(after.accepted, before.accepted);
+  EXPECT_EQ(after.refused, before.refused) << "a valid seed was refused";
+}
+
+TEST(DaemonProtoFuzz, MutationsAndRandomBytesNeverCrash) {
+  const auto corpus = seeds();
+  std::mt19937_64 rng(20261126);
+  const Counts before = counts();
+  for (int round = 0; round < 4000; ++round) {
+    for (const auto& seed : corpus) {
+      std::vector<uint8_t> v = seed;
+      switch (rng() % 5) {
+        case 0:
+          for (int k = 0, n = 1 + rng() % 4; k < n && v.size() > 1; ++k)
+            v[1 + rng() % (v.size() - 1)] ^= uint8_t(1u << (rng() % 8));
+          break;
+        case 1:
+          v.resize(1 + rng() % v.size());
+          break;
+        case 2:
+          for (int k = 0, n = rng() % 64; k < n; ++k) v.push_back(uint8_t(rng()));
+          break;
+        case 3:
+          v.assign(1 + rng() % 600, 0);
+          for (auto& b : v) b = uint8_t(rng());
+          v[0] = seed[0];
+          break;
+        default:  // a field overwritten with an extreme value
+          if (v.size() > 9) {
+            const size_t at = 1 + rng() % (v.size() - 8);
+            const uint64_t extreme[] = {0, ~0ull, 1ull << 63, 0x7fffffff, 0x80000000};
+            std::memcpy(&v[at], &extreme[rng() % 5], 8);
+          }
+          break;
+      }
+      ASSERT_EQ(LLVMFuzzerTestOneInput(v.data(), v.size()), 0);
+    }
+  }
+  const Counts after = counts();
+  EXPECT_GT(after.refused, before.refused);
+  EXPECT_GT(after.accepted, before.accepted);
+}
+
+}  // namespace
+}  // namespace gw::daemon::fuzz
