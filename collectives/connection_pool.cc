@@ -82,6 +82,7 @@ Status ConnectionPool::connect_all(const char* name, const std::vector<Plan>& pl
     net::Handle h;
     auto l = (*t)->listen(&h);
     if (!l.ok()) return l.status().with_context(ctx());
+    (*l)->expect_peer(peer);  // only that rank may connect here
     Status s = store.set(key(peer, rank, chan), Bytes(h.bytes.begin(), h.bytes.end()), deadline);
     if (!s.ok()) return s.with_context(ctx());
     listeners[{peer, chan}] = std::move(*l);
