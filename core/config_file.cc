@@ -63,7 +63,13 @@ std::shared_ptr<const ConfigFile> ConfigFile::load(const std::string& path) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string text = ss.str();
+  return parse(ss.str(), path);
+}
+
+std::shared_ptr<const ConfigFile> ConfigFile::parse(std::string_view text,
+                                                    const std::string& path) {
+  auto file = std::make_shared<ConfigFile>();
+  file->path_ = path;
   try {
     toml::table table = toml::parse(text, path);
     flatten(table, "", &file->entries_);
