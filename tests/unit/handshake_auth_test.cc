@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -37,9 +38,15 @@ TransportOptions opts(const std::string& token, int rank) {
 
 class HandshakeAuth : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    auto probe = make_transport(backend(), opts("t", 0));
+    if (!probe.ok() && probe.status().code() == Code::kUnsupported) {
+      GTEST_SKIP() << GetParam() << " cannot run here: " << probe.status().to_string();
+    }
+  }
+  std::string backend() const { return GetParam().substr(0, GetParam().find('-')); }
   std::unique_ptr<Transport> make(const std::string& token, int rank) {
-    auto t = GetParam() == "tcp" ? make_tcp_transport(opts(token, rank))
-                                 : make_shm_transport(opts(token, rank));
+    auto t = make_transport(backend(), opts(token, rank));
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -67,6 +74,8 @@ class HandshakeAuth : public ::testing::TestWithParam<std::string> {
   }
 
   ScopedEnv lo_{"GW_SOCKET_IFNAME", "lo"};
+  // "verbs-emu": verbs over its emulator (ignored by the other backends).
+  ScopedEnv emu_{"GW_VERBS_EMULATE", GetParam() == "verbs-emu" ? "1" : "0"};
 };
 
 // The listener of rank 0's slot for rank 1 refuses rank 2, then still serves rank 1.
@@ -125,8 +134,12 @@ TEST_P(HandshakeAuth, ListenerWithoutTheTokenIsRefusedByTheConnector) {
   EXPECT_FALSE(accepted);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HandshakeAuth, ::testing::Values("tcp", "shm"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Backends, HandshakeAuth, ::testing::Values("tcp", "shm", "verbs-emu"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 // --- tcp on the wire --------------------------------------------------------------------------
 
