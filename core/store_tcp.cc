@@ -141,6 +141,9 @@ class TcpStoreServer {
         short ev = 0;
         bool backlog = it->out.size() - it->out_off > store_wire::kMaxBody;
         if (!it->waiting && !it->close_after_flush && !backlog) ev |= POLLIN;
+        // A parked get reads nothing, but a client that goes away meanwhile must not hold its
+        // connection until wait_ms (up to 49 days) passes.
+        if (it->waiting) ev |= POLLRDHUP;
         if (it->out_off < it->out.size()) ev |= POLLOUT;
         fds.push_back({it->fd.get(), ev, 0});
         order.push_back(it);
@@ -168,7 +171,7 @@ class TcpStoreServer {
           if (re == 0) continue;
           ConnIt c = order[i];
           bool alive = true;
-          if (re & (POLLIN | POLLHUP | POLLERR)) alive = read_conn(c);
+          if (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) alive = read_conn(c);
           if (alive && (re & POLLOUT)) alive = flush(c);
           if (!alive) drop(c);
         }

@@ -808,6 +808,32 @@ TEST_F(HostileWireTest, ClientVanishingMidFrameOrMidGetIsHarmless) {
   std::this_thread::sleep_for(50ms);
 }
 
+// A client that parks a get with a long wait and goes away is dropped at once, not when the wait
+// ends: otherwise a few such clients hold every connection slot (found writing the fuzz target).
+TEST(TcpStoreLimits, ClientGoneWhileItsGetIsParkedFreesItsSlot) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.token = "tok";
+  o.max_clients = 3;  // the hosting store's own connection, plus two
+  auto s = TcpStore::create(o);
+  ASSERT_TRUE(s.ok());
+  for (int i = 0; i < 4; ++i) {
+    RawClient c((*s)->port());
+    c.hello("tok");
+    store_wire::Request r;
+    r.op = store_wire::Op::kGet;
+    r.key = "never";
+    r.wait_ms = 600000;
+    c.send(*store_wire::encode_request(r));
+    std::this_thread::sleep_for(30ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  RawClient late((*s)->port());
+  auto verdict = late.handshake("tok");
+  ASSERT_TRUE(verdict.ok()) << verdict.status().to_string();
+  EXPECT_EQ(verdict->code, store_wire::ReplyCode::kOk);
+}
+
 // --- codec --------------------------------------------------------------------------------------
 
 TEST(StoreWireTest, RequestsRoundTrip) {
