@@ -108,8 +108,13 @@ void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bo
 }
 
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  // A peer's encoding need not be 2-byte aligned (found by the codec_payload fuzz target under
+  // UBSan): every element is loaded with memcpy.
+  const auto* bytes = reinterpret_cast<const uint8_t*>(in);
   for (size_t i = 0; i < n; ++i) {
-    const float f = bf16 ? bf16_to_float(in[i]) : half_to_float(in[i]);
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, sizeof(h));
+    const float f = bf16 ? bf16_to_float(h) : half_to_float(h);
     acc[i] = add ? acc[i] + f : f;
   }
 }
