@@ -64,13 +64,29 @@ void flatten(const toml::table& table, const std::string& prefix,
 // {0, 0}. Such a byte is never valid TOML 1.0, and toml++ 3.3 (Debian 12) reaches
 // __builtin_unreachable on some of them (U+00A1..U+0499, U+FBE6..U+FEFE, in its whitespace
 // test): found by the config_toml fuzz target under UBSan. They are refused before toml++ sees
-// them. A UTF-8 byte order mark at the very start is toml++'s to skip. The same fuzz target
+// them. Inside strings and comments those code points are refused too: toml++ still tests them
+// when a quote in a wrong place makes it read a "string" as code (`s = 0"""é"""`, fuzz again).
+// A UTF-8 byte order mark at the very start is toml++'s to skip. The same fuzz target
 // (ASan build, where toml++'s assertions are on) found that a table header whose name does not
 // start like a key (`[[[x]]]`, `[.x]`, `[#]`) fails an assertion in toml++'s parse_key (in
 // release builds with clang an optimiser assumption): such a header is refused here too, with
 // `*bad_header` set. Both are invalid TOML, so no valid file is refused.
-std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header) {
+// The code point of the UTF-8 sequence at text[i] (2 and 3 bytes; 0 for anything else).
+char32_t codepoint_at(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  if (b(i) >= 0xC2 && b(i) <= 0xDF && i + 1 < text.size()) {
+    return (char32_t(b(i) & 0x1F) << 6) | char32_t(b(i + 1) & 0x3F);
+  }
+  if (b(i) >= 0xE0 && b(i) <= 0xEF && i + 2 < text.size()) {
+    return (char32_t(b(i) & 0x0F) << 12) | (char32_t(b(i + 1) & 0x3F) << 6) |
+           char32_t(b(i + 2) & 0x3F);
+  }
+  return 0;
+}
+
+std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, char32_t* bad_char) {
   *bad_header = false;
+  *bad_char = 0;
   int depth = 0;           // brackets and braces open in values and headers
   bool line_start = true;  // nothing but whitespace yet on this line
   enum class St { kCode, kComment, kBasic, kLiteral, kMlBasic, kMlLiteral } st = St::kCode;
@@ -86,6 +102,13 @@ std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header) {
       line_start = true;
       if (st == St::kComment || st == St::kBasic || st == St::kLiteral) st = St::kCode;
       continue;
+    }
+    if ((static_cast<unsigned char>(c) & 0x80) != 0 && st != St::kCode) {
+      const char32_t cp = codepoint_at(text, i);
+      if ((cp >= 0xA1 && cp <= 0x499) || (cp >= 0xFBE6 && cp <= 0xFEFE)) {
+        *bad_char = cp;
+        return {line, col};
+      }
     }
     switch (st) {
       case St::kCode:
@@ -166,11 +189,15 @@ std::shared_ptr<const ConfigFile> ConfigFile::parse(std::string_view text,
   auto file = std::make_shared<ConfigFile>();
   file->path_ = path;
   bool bad_header = false;
-  if (auto [line, col] = unsafe_non_ascii(text, &bad_header); line > 0) {
-    file->errors_.push_back(
-        fmt::format("{}:{}:{}: {}", path, line, col,
-                    bad_header ? "a table header whose name does not start like a key"
-                               : "a non-ASCII character outside a string or a comment"));
+  char32_t bad_char = 0;
+  if (auto [line, col] = unsafe_non_ascii(text, &bad_header, &bad_char); line > 0) {
+    const std::string why =
+        bad_header ? std::string("a table header whose name does not start like a key")
+        : bad_char != 0
+            ? fmt::format("character U+{:04X} is not supported (toml++ 3.3 mishandles it)",
+                          static_cast<uint32_t>(bad_char))
+            : std::string("a non-ASCII character outside a string or a comment");
+    file->errors_.push_back(fmt::format("{}:{}:{}: {}", path, line, col, why));
     return file;
   }
   try {
