@@ -146,7 +146,11 @@ std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, ch
       case St::kBasic:
       case St::kMlBasic:
         if (c == '\\') {
-          if (i + 1 < text.size() && text[i + 1] != '\n') ++i;  // an escaped character
+          // An escaped ASCII character is skipped; a non-ASCII one is still checked next.
+          if (i + 1 < text.size() && text[i + 1] != '\n' &&
+              (static_cast<unsigned char>(text[i + 1]) & 0x80) == 0) {
+            ++i;
+          }
         } else if (st == St::kBasic && c == '"') {
           st = St::kCode;
         } else if (st == St::kMlBasic && at(i, "\"\"\"")) {
