@@ -73,7 +73,10 @@ Status ConnectionPool::connect_all(const char* name, const std::vector<Plan>& pl
   // 1. Listen and publish every handle we need first: this never blocks, so no rank can wait on
   //    a handle that its peer only publishes after waiting on ours.
   std::map<std::pair<int, int>, std::unique_ptr<net::Listener>> listeners;
-  for (auto [peer, chan] : need_recv) {
+  // (Plain names, not structured bindings: clang 14, the fuzz preset's compiler, cannot capture
+  // those in a lambda.)
+  for (const auto& link : need_recv) {
+    const int peer = link.first, chan = link.second;
     auto ctx = [&] {
       return fmt::format("{}: connect from rank {} (channel {})", name, peer, chan);
     };
@@ -82,13 +85,15 @@ Status ConnectionPool::connect_all(const char* name, const std::vector<Plan>& pl
     net::Handle h;
     auto l = (*t)->listen(&h);
     if (!l.ok()) return l.status().with_context(ctx());
+    (*l)->expect_peer(peer);  // only that rank may connect here
     Status s = store.set(key(peer, rank, chan), Bytes(h.bytes.begin(), h.bytes.end()), deadline);
     if (!s.ok()) return s.with_context(ctx());
     listeners[{peer, chan}] = std::move(*l);
   }
   // 2. Read the peers' handles (short waits so abort is noticed) and start connecting.
   std::map<std::pair<int, int>, std::unique_ptr<net::Connector>> connectors;
-  for (auto [peer, chan] : need_send) {
+  for (const auto& link : need_send) {
+    const int peer = link.first, chan = link.second;
     auto ctx = [&] { return fmt::format("{}: connect to rank {} (channel {})", name, peer, chan); };
     Result<Bytes> v = Status(Code::kTimeout, "not yet");
     while (true) {

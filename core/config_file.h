@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gw::config {
@@ -27,6 +28,9 @@ class ConfigFile {
   // Reads and parses `path`. Never fails: a file that cannot be read or parsed yields no entries
   // and one error ("path:line:column: why").
   static std::shared_ptr<const ConfigFile> load(const std::string& path);
+  // Parses `text` as the contents of `path` (load() reads the file and calls this; the fuzz
+  // target calls it directly). Never fails, as load().
+  static std::shared_ptr<const ConfigFile> parse(std::string_view text, const std::string& path);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, Entry>& entries() const { return entries_; }

@@ -4,15 +4,17 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 
+#include "core/log.h"
 #include "core/store_wire.h"
 
 namespace gw {
 
 namespace {
 
-// Keys and values follow the TCP store's limits so code tested on threads behaves the same
-// across hosts.
+// Keys and values follow the TCP store's limits, and its write-once rule, so code tested on
+// threads behaves the same across hosts.
 class MemoryStore : public Store {
  public:
   Status set(const std::string& key, const Bytes& value, Deadline deadline) override {
@@ -20,7 +22,9 @@ class MemoryStore : public Store {
     GW_RETURN_IF_ERROR(store_wire::check_value_size(value.size()));
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (data_.count(key) != 0) return write_once_error("set", key);
       data_[key] = value;
+      written_once_.insert(key);
     }
     cv_.notify_all();
     return ok_status();
@@ -41,6 +45,7 @@ class MemoryStore : public Store {
     int64_t result = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (written_once_.count(key) != 0) return write_once_error("add", key);
       int64_t cur = 0;
       auto it = data_.find(key);
       if (it != data_.end() && !store_wire::parse_counter(it->second, &cur)) {
@@ -58,11 +63,22 @@ class MemoryStore : public Store {
   Status erase(const std::string& key, Deadline deadline) override {
     GW_RETURN_IF_ERROR(store_wire::check_key(key));
     std::lock_guard<std::mutex> lock(mu_);
+    if (written_once_.count(key) != 0) return write_once_error("erase", key);
     data_.erase(key);
     return ok_status();
   }
 
  private:
+  static Status write_once_error(std::string_view op, const std::string& key) {
+    Status s = invalid_arg(
+        "store {} '{}': the key is already set and keys are write-once (a second write is "
+        "refused)",
+        op, key);
+    GW_LOG_WARN("{}", s.message());
+    return s;
+  }
+
+  std::set<std::string> written_once_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Bytes> data_;

@@ -14,6 +14,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/log.h"
@@ -105,6 +106,9 @@ class TcpStoreServer {
     Bytes out;  // encoded replies not yet sent
     size_t out_off = 0;
     bool authenticated = false;
+    bool challenged = false;  // hello answered; the client's proof (auth) is due
+    net::handshake::Nonce client_challenge{};
+    net::handshake::Nonce server_challenge{};
     Deadline hello_deadline;  // until authenticated
     bool waiting = false;     // a get is parked in waiters_; later frames wait their turn
     bool close_after_flush = false;
@@ -137,6 +141,9 @@ class TcpStoreServer {
         short ev = 0;
         bool backlog = it->out.size() - it->out_off > store_wire::kMaxBody;
         if (!it->waiting && !it->close_after_flush && !backlog) ev |= POLLIN;
+        // A parked get reads nothing, but a client that goes away meanwhile must not hold its
+        // connection until wait_ms (up to 49 days) passes.
+        if (it->waiting) ev |= POLLRDHUP;
         if (it->out_off < it->out.size()) ev |= POLLOUT;
         fds.push_back({it->fd.get(), ev, 0});
         order.push_back(it);
@@ -164,7 +171,7 @@ class TcpStoreServer {
           if (re == 0) continue;
           ConnIt c = order[i];
           bool alive = true;
-          if (re & (POLLIN | POLLHUP | POLLERR)) alive = read_conn(c);
+          if (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) alive = read_conn(c);
           if (alive && (re & POLLOUT)) alive = flush(c);
           if (!alive) drop(c);
         }
@@ -312,8 +319,11 @@ class TcpStoreServer {
     c->out.insert(c->out.end(), b.begin(), b.end());
   }
 
-  void handle(ConnIt c, Request& req) {
-    if (!c->authenticated) {
+  // Before authentication: hello (answered with this server's challenge and proof), then auth
+  // (the client's proof). docs/wire-store.md.
+  void handshake(ConnIt c, Request& req) {
+    namespace hs = net::handshake;
+    if (!c->challenged) {
       if (req.op != Op::kHello) {
         fail(c, req.op, "store protocol: the first message must be hello");
         return;
@@ -324,12 +334,55 @@ class TcpStoreServer {
                          store_wire::kVersion));
         return;
       }
-      if (!token_.empty() && !net::handshake::tokens_equal(token_, req.token)) {
-        fail(c, Op::kHello, "job token mismatch: this client belongs to another job");
+      Response r;
+      Status fresh = hs::fresh_nonce(&r.challenge);
+      if (!fresh.ok()) {
+        fail(c, Op::kHello, fresh.message());
         return;
       }
-      c->authenticated = true;
-      reply(c, Op::kHello, Response{});
+      c->client_challenge = req.challenge;
+      c->server_challenge = r.challenge;
+      r.proof = hs::prove(token_, hs::Role::kListener,
+                          store_wire::transcript(c->client_challenge, c->server_challenge));
+      c->challenged = true;
+      reply(c, Op::kHello, r);
+      return;
+    }
+    if (req.op != Op::kAuth) {
+      fail(c, req.op, "store protocol: after hello the client must send its proof (auth)");
+      return;
+    }
+    // A server without a token accepts any client (docs/security.md says what that leaves open).
+    if (!token_.empty() &&
+        !hs::verify(token_, hs::Role::kConnector,
+                    store_wire::transcript(c->client_challenge, c->server_challenge),
+                    req.proof.data())) {
+      fail(c, Op::kAuth, "job token mismatch: this client did not prove the job token");
+      return;
+    }
+    c->authenticated = true;
+    reply(c, Op::kAuth, Response{});
+  }
+
+  // Keys written by set are write-once: a second set, an add or an erase of one is refused, so no
+  // client can replace a handle, host id or token another rank published.
+  bool refuse_write_once(ConnIt c, const Request& req, Response* r) {
+    if (written_once_.count(req.key) == 0 && (req.op != Op::kSet || data_.count(req.key) == 0)) {
+      return false;
+    }
+    r->code = ReplyCode::kError;
+    r->message = fmt::format(
+        "store {} '{}': the key is already set and keys are write-once (a second write is "
+        "refused)",
+        store_wire::op_name(req.op), req.key);
+    GW_LOG_WARN("store server: refused: {}", r->message);
+    reply(c, req.op, *r);
+    return true;
+  }
+
+  void handle(ConnIt c, Request& req) {
+    if (!c->authenticated) {
+      handshake(c, req);
       return;
     }
     Response r;
@@ -337,8 +390,13 @@ class TcpStoreServer {
       case Op::kHello:
         fail(c, Op::kHello, "store protocol: hello sent twice");
         return;
+      case Op::kAuth:
+        fail(c, Op::kAuth, "store protocol: auth sent twice");
+        return;
       case Op::kSet:
+        if (refuse_write_once(c, req, &r)) return;
         data_[req.key] = std::move(req.value);
+        written_once_.insert(req.key);
         reply(c, req.op, r);
         wake_waiters(req.key);
         return;
@@ -354,6 +412,7 @@ class TcpStoreServer {
         return;
       }
       case Op::kAdd: {
+        if (refuse_write_once(c, req, &r)) return;
         int64_t cur = 0;
         auto it = data_.find(req.key);
         if (it != data_.end() && !store_wire::parse_counter(it->second, &cur)) {
@@ -370,6 +429,7 @@ class TcpStoreServer {
         return;
       }
       case Op::kErase:
+        if (refuse_write_once(c, req, &r)) return;
         data_.erase(req.key);
         reply(c, req.op, r);
         return;
@@ -466,6 +526,7 @@ class TcpStoreServer {
   std::vector<Waiter> waiters_;
   std::vector<ConnIt> pending_process_;
   std::map<std::string, Bytes> data_;
+  std::set<std::string> written_once_;  // keys written by set (refuse_write_once)
 };
 
 struct TcpStore::Impl {
@@ -480,17 +541,39 @@ struct TcpStore::Impl {
 
   std::string where() const { return store_socket::format_addr(connect_host, port); }
 
-  // One connection plus hello. A refused token is final (kPeer); other failures may be retried.
+  // One connection plus the hello exchange: each side proves the job token over the other's
+  // fresh challenge (docs/wire-store.md). A refusal either way is final (kPeer); other failures
+  // may be retried.
   Result<Fd> connect_once(Deadline deadline, bool* refused) {
+    namespace hs = net::handshake;
     *refused = false;
     GW_ASSIGN_OR_RETURN(Fd c, store_socket::connect_tcp(connect_host, port, deadline));
     Request hello;
     hello.op = Op::kHello;
-    hello.token = options.token;
+    GW_RETURN_IF_ERROR(hs::fresh_nonce(&hello.challenge));
     GW_ASSIGN_OR_RETURN(Response r, exchange(c.get(), hello, deadline, "hello"));
     if (r.code != ReplyCode::kOk) {
       *refused = true;
       return peer_error("store at {} refused this client: {}", where(), r.message);
+    }
+    const hs::Transcript t = store_wire::transcript(hello.challenge, r.challenge);
+    // A client with a token accepts only a server that proves it: no one else can pose as the
+    // store and hand out handles.
+    if (!options.token.empty() &&
+        !hs::verify(options.token, hs::Role::kListener, t, r.proof.data())) {
+      *refused = true;
+      return peer_error(
+          "store at {} did not prove the job token: it belongs to another job, or it is not "
+          "this job's store",
+          where());
+    }
+    Request auth;
+    auth.op = Op::kAuth;
+    auth.proof = hs::prove(options.token, hs::Role::kConnector, t);
+    GW_ASSIGN_OR_RETURN(Response a, exchange(c.get(), auth, deadline, "auth"));
+    if (a.code != ReplyCode::kOk) {
+      *refused = true;
+      return peer_error("store at {} refused this client: {}", where(), a.message);
     }
     return c;
   }

@@ -67,6 +67,12 @@ class Reader {
     off_ += len;
     return true;
   }
+  bool raw(uint8_t* out, size_t len) {
+    if (n_ - off_ < len) return false;
+    std::memcpy(out, p_ + off_, len);
+    off_ += len;
+    return true;
+  }
   size_t remaining() const { return n_ - off_; }
 
  private:
@@ -89,6 +95,15 @@ Status truncated(std::string_view what) {
 
 }  // namespace
 
+net::handshake::Transcript transcript(const net::handshake::Nonce& client_challenge,
+                                      const net::handshake::Nonce& server_challenge) {
+  net::handshake::Transcript t;
+  t.protocol = "store";
+  t.connector_challenge = client_challenge;
+  t.listener_challenge = server_challenge;
+  return t;
+}
+
 const char* op_name(Op op) {
   switch (op) {
     case Op::kHello:
@@ -101,6 +116,8 @@ const char* op_name(Op op) {
       return "add";
     case Op::kErase:
       return "erase";
+    case Op::kAuth:
+      return "auth";
   }
   return "?";
 }
@@ -125,14 +142,12 @@ Result<Bytes> encode_request(const Request& r) {
   put_u8(b, static_cast<uint8_t>(r.op));
   switch (r.op) {
     case Op::kHello:
-      if (r.token.size() > kMaxToken) {
-        return invalid_arg("job token of {} bytes exceeds the limit of {} bytes", r.token.size(),
-                           kMaxToken);
-      }
       put_u32(b, kMagic);
       put_u16(b, r.version);
-      put_u16(b, static_cast<uint16_t>(r.token.size()));
-      put_bytes(b, r.token.data(), r.token.size());
+      put_bytes(b, r.challenge.data(), r.challenge.size());
+      break;
+    case Op::kAuth:
+      put_bytes(b, r.proof.data(), r.proof.size());
       break;
     case Op::kSet:
     case Op::kGet:
@@ -170,6 +185,9 @@ Bytes encode_response(Op op, const Response& r) {
       put_bytes(b, r.value.data(), r.value.size());
     } else if (op == Op::kAdd) {
       put_u64(b, static_cast<uint64_t>(r.number));
+    } else if (op == Op::kHello) {
+      put_bytes(b, r.challenge.data(), r.challenge.size());
+      put_bytes(b, r.proof.data(), r.proof.size());
     }
   }
   return frame(std::move(b));
@@ -196,13 +214,16 @@ Result<Request> decode_request(const uint8_t* body, size_t size) {
   switch (r.op) {
     case Op::kHello: {
       uint32_t magic = 0;
-      uint16_t tlen = 0;
-      if (!rd.u32(&magic) || !rd.u16(&r.version) || !rd.u16(&tlen)) return truncated("hello");
+      if (!rd.u32(&magic) || !rd.u16(&r.version)) return truncated("hello");
       if (magic != kMagic) return peer_error("store protocol: bad magic {:#x} in hello", magic);
-      if (tlen > kMaxToken) return peer_error("store protocol: token of {} bytes too long", tlen);
-      if (!rd.str(tlen, &r.token)) return truncated("hello");
+      // Another version's hello is not parsed further: the server answers "not supported".
+      if (r.version != kVersion) return r;
+      if (!rd.raw(r.challenge.data(), r.challenge.size())) return truncated("hello");
       break;
     }
+    case Op::kAuth:
+      if (!rd.raw(r.proof.data(), r.proof.size())) return truncated("auth");
+      break;
     case Op::kSet:
     case Op::kGet:
     case Op::kAdd:
@@ -266,6 +287,11 @@ Result<Response> decode_response(Op op, const uint8_t* body, size_t size) {
       uint64_t n = 0;
       if (!rd.u64(&n)) return truncated("add reply");
       r.number = static_cast<int64_t>(n);
+    } else if (op == Op::kHello) {
+      if (!rd.raw(r.challenge.data(), r.challenge.size()) ||
+          !rd.raw(r.proof.data(), r.proof.size())) {
+        return truncated("hello reply");
+      }
     }
   }
   if (rd.remaining() != 0) {

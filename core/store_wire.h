@@ -10,43 +10,54 @@
 #include <string>
 #include <string_view>
 
+#include "core/net/handshake.h"
 #include "core/status.h"
 #include "core/store.h"
 
 namespace gw::store_wire {
 
 inline constexpr uint32_t kMagic = 0x54535747;  // "GWST" on the wire (little-endian)
-inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kMaxKey = 4096;                       // bytes of a key (at least 1)
-inline constexpr size_t kMaxValue = 64u << 20;                // bytes of a value
-inline constexpr size_t kMaxToken = 1024;                     // bytes of a job token
-inline constexpr size_t kMaxMessage = 1024;                   // bytes of an error message
+inline constexpr uint16_t kVersion = 2;
+inline constexpr size_t kMaxKey = 4096;         // bytes of a key (at least 1)
+inline constexpr size_t kMaxValue = 64u << 20;  // bytes of a value
+inline constexpr size_t kMaxToken = 1024;       // bytes of a job token (it never crosses the wire)
+inline constexpr size_t kMaxMessage = 1024;     // bytes of an error message
 inline constexpr size_t kMaxBody = kMaxValue + kMaxKey + 64;  // largest frame body accepted
-// Largest hello body: op, magic, version, token length, token.
-inline constexpr size_t kMaxHelloBody = 1 + 4 + 2 + 2 + kMaxToken;
+// Largest frame body accepted before the hello exchange completed: a hello (op, magic, version,
+// challenge: 39 bytes) or an auth (op, proof: 33 bytes), with room for an older client's hello
+// to be read and answered "version not supported".
+inline constexpr size_t kMaxHelloBody = 64;
 inline constexpr size_t kHeaderSize = 4;  // u32 body length
 
-enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kErase = 5 };
+enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kErase = 5, kAuth = 6 };
 enum class ReplyCode : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };
 
 const char* op_name(Op op);
 
 struct Request {
   Op op = Op::kHello;
-  uint16_t version = kVersion;  // hello
-  std::string token;            // hello
-  std::string key;              // set/get/add/erase
-  Bytes value;                  // set
-  int64_t delta = 0;            // add
-  uint32_t wait_ms = 0;         // get: how long the server may hold the request for the key
+  uint16_t version = kVersion;        // hello
+  net::handshake::Nonce challenge{};  // hello: the client's challenge
+  net::handshake::Mac proof{};        // auth: the client's proof
+  std::string key;                    // set/get/add/erase
+  Bytes value;                        // set
+  int64_t delta = 0;                  // add
+  uint32_t wait_ms = 0;               // get: how long the server may hold the request for the key
 };
 
 struct Response {
   ReplyCode code = ReplyCode::kOk;
-  Bytes value;          // get
-  int64_t number = 0;   // add
-  std::string message;  // error
+  Bytes value;                        // get
+  int64_t number = 0;                 // add
+  std::string message;                // error
+  net::handshake::Nonce challenge{};  // hello: the server's challenge
+  net::handshake::Mac proof{};        // hello: the server's proof
 };
+
+// What the store's proofs cover (core/net/handshake.h): protocol "store", the server as
+// listener and the client as connector, and both challenges.
+net::handshake::Transcript transcript(const net::handshake::Nonce& client_challenge,
+                                      const net::handshake::Nonce& server_challenge);
 
 // Key and value limits shared by every Store implementation.
 Status check_key(std::string_view key);

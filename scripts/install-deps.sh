@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git clang-format
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+  clang-14 libfuzzer-14-dev
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
   openmpi-bin libopenmpi-dev
   python3 python3-torch python3-numpy python3-matplotlib python3-pytest

@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: dependencies, release build + ctest, the Python tests
 # (tests/python, pytest), then the debug build
 # (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest, then ThreadSanitizer over the threaded
-# parts (scripts/tsan.sh). Fails on the first failure.
+# parts (scripts/tsan.sh), then (GW_TEST_FUZZ_SECONDS) the libFuzzer targets. Fails on the first
+# failure.
 # usage: scripts/test.sh            (GW_TEST_JOBS overrides ctest's parallelism, default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -48,5 +49,14 @@ phase "debug (ASan+UBSan) tests"
 
 bash scripts/tsan.sh
 phase "ThreadSanitizer build and tests"
+
+# The gtest drivers of the fuzz targets ran above (fuzz_targets_test, dpdk_decoder_fuzz_test).
+# GW_TEST_FUZZ_SECONDS=N also builds the libFuzzer binaries (the fuzz preset, clang 14) and runs
+# each target for N seconds under ASan+UBSan; off by default (the clang build alone takes about
+# ten minutes on two cores).
+if [ "${GW_TEST_FUZZ_SECONDS:-0}" -gt 0 ]; then
+  bash scripts/fuzz.sh "$GW_TEST_FUZZ_SECONDS"
+  phase "libFuzzer runs"
+fi
 
 echo "test.sh: all passed in $(( $(date +%s) - t0 )) s"

@@ -114,6 +114,7 @@ class VerbsListener final : public net::Listener {
     Phase phase = Phase::kHello;
     HelloWire hello{};
     ReplyWire reply{};
+    ReadyWire ready{};
     size_t io = 0;
     Deadline deadline{};
     std::unique_ptr<QpSet> qps;
@@ -159,9 +160,10 @@ class VerbsListener final : public net::Listener {
         why = "not a gradwire verbs handshake";
       } else if (h.nonce != nonce_) {
         why = "handshake for another listener (nonce mismatch)";
-      } else if (h.token_len > kMaxToken ||
-                 std::string_view(h.token, h.token_len) != options_.job_token) {
-        why = "job token mismatch";
+      } else if (options_.rank >= 0 && h.listener_rank != options_.rank) {
+        why = "handshake meant for another rank";
+      } else if (expected_peer() >= 0 && h.rank != expected_peer()) {
+        why = "a rank other than the expected peer";
       } else if (h.nqps != static_cast<uint16_t>(config_.qps_per_conn)) {
         why = "GW_IB_QPS_PER_CONN differs between the two ends";
       }
@@ -185,6 +187,13 @@ class VerbsListener final : public net::Listener {
         drop(p, s.to_string());
         return none;
       }
+      Status fresh = net::handshake::fresh_nonce(&p.reply.challenge);
+      if (!fresh.ok()) {
+        drop(p, fresh.message());
+        return none;
+      }
+      p.reply.proof = net::handshake::prove(options_.job_token, net::handshake::Role::kListener,
+                                            verbs_transcript(h, p.reply.challenge));
       p.reply.accepted = 1;
       p.reply.nqps = static_cast<uint32_t>(p.qps->nqps());
       p.reply.port = p.qps->local_port();
@@ -201,16 +210,21 @@ class VerbsListener final : public net::Listener {
       p.phase = Phase::kReady;
       p.io = 0;
     }
-    uint8_t ready = 0;
-    size_t got = 0;
-    int rc = pump_recv(p.fd.get(), &ready, 1, &got);
+    int rc = pump_recv(p.fd.get(), &p.ready, sizeof(p.ready), &p.io);
     if (rc < 0) {
       p.fd.reset();
       return none;
     }
     if (rc == 0) return none;
-    if (ready != kReady) {
+    if (p.ready.ready != kReady) {
       drop(p, "bad ready byte");
+      return none;
+    }
+    // The sender's proof, checked before the comm exists (constant time).
+    if (!net::handshake::verify(options_.job_token, net::handshake::Role::kConnector,
+                                verbs_transcript(p.hello, p.reply.challenge),
+                                p.ready.proof.data())) {
+      drop(p, "job token mismatch (the sender did not prove the job token)");
       return none;
     }
     std::string peer = fmt::format("{} via verbs {} ({})", net::rank_name(p.hello.rank),
@@ -249,8 +263,8 @@ class VerbsConnector final : public net::Connector {
     hello_.nqps = static_cast<uint16_t>(config_.qps_per_conn);
     hello_.nonce = handle.nonce;
     hello_.rank = options.rank;
-    hello_.token_len = static_cast<uint32_t>(options.job_token.size());
-    std::memcpy(hello_.token, options.job_token.data(), options.job_token.size());
+    hello_.listener_rank = handle.rank;
+    token_ = options.job_token;
   }
 
   Status init() {
@@ -263,7 +277,7 @@ class VerbsConnector final : public net::Connector {
     for (int i = 0; i < qps_->nqps(); ++i) hello_.qpn[i] = qps_->qps()[i]->qp_num;
     hello_.fifo_addr = reinterpret_cast<uint64_t>(fifo_.get());
     hello_.fifo_rkey = fifo_reg_->mr->rkey;
-    return ok_status();
+    return net::handshake::fresh_nonce(&hello_.challenge);
   }
 
   ~VerbsConnector() override {
@@ -375,6 +389,16 @@ class VerbsConnector final : public net::Connector {
                 "different GW_IB_QPS_PER_CONN)",
                 peer_);
           }
+          // The receiver proves the token before this side writes anything more.
+          if (!net::handshake::verify(token_, net::handshake::Role::kListener,
+                                      verbs_transcript(hello_, reply_.challenge),
+                                      reply_.proof.data())) {
+            return net::handshake::listener_unproven_error(peer_);
+          }
+          ready_ = ReadyWire{};
+          ready_.ready = kReady;
+          ready_.proof = net::handshake::prove(token_, net::handshake::Role::kConnector,
+                                               verbs_transcript(hello_, reply_.challenge));
           if (reply_.nqps != static_cast<uint32_t>(qps_->nqps())) {
             return peer_error("handshake with {}: {} QPs offered, {} expected", peer_, reply_.nqps,
                               qps_->nqps());
@@ -385,7 +409,7 @@ class VerbsConnector final : public net::Connector {
           break;
         }
         case Phase::kReady: {
-          int rc = pump_send(fd_.get(), &kReady, 1, &io_);
+          int rc = pump_send(fd_.get(), &ready_, sizeof(ready_), &io_);
           if (rc < 0) return peer_error("handshake with {}: {}", peer_, strerror(errno));
           if (rc == 0) return ok_status();
           phase_ = Phase::kDone;
@@ -406,6 +430,8 @@ class VerbsConnector final : public net::Connector {
   std::string peer_;
   HelloWire hello_{};
   ReplyWire reply_{};
+  ReadyWire ready_{};
+  std::string token_;
   Phase phase_ = Phase::kIdle;
   UniqueFd fd_;
   size_t io_ = 0;

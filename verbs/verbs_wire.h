@@ -6,11 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/net/handshake.h"
 #include "core/net/transport.h"
 
 namespace gw::verbs {
 
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;  // 1 sent the job token in clear
 inline constexpr int kMaxQps = 16;
 inline constexpr size_t kMaxToken = 256;
 inline constexpr int kFifoDepth = 64;  // CTS slots; > kMaxRequests, so a slot is free when reused
@@ -45,15 +46,15 @@ struct HelloWire {  // sender -> receiver
   uint16_t nqps;
   uint64_t nonce;
   int32_t rank;
-  uint32_t token_len;
-  char token[kMaxToken];
+  int32_t listener_rank;            // as the handle says
+  net::handshake::Nonce challenge;  // the sender's, fresh
   PortWire port;
   uint32_t qpn[kMaxQps];
   uint64_t fifo_addr;  // the sender's CTS FIFO, written by the receiver
   uint32_t fifo_rkey;
   uint32_t reserved;
 };
-static_assert(sizeof(HelloWire) == 384);
+static_assert(sizeof(HelloWire) == 160);
 
 struct ReplyWire {   // receiver -> sender
   char magic[4];     // "GWVR"
@@ -63,10 +64,32 @@ struct ReplyWire {   // receiver -> sender
   uint32_t nqps;
   PortWire port;
   uint32_t qpn[kMaxQps];
+  net::handshake::Nonce challenge;  // the receiver's, fresh
+  net::handshake::Mac proof;        // the receiver's proof of the job token
 };
-static_assert(sizeof(ReplyWire) == 104);
+static_assert(sizeof(ReplyWire) == 168);
 
-inline constexpr uint8_t kReady = 'Y';  // sender -> receiver once its QPs are in RTS
+inline constexpr uint8_t kReady = 'Y';
+
+struct ReadyWire {            // sender -> receiver once its QPs are in RTS
+  net::handshake::Mac proof;  // the sender's proof of the job token
+  uint8_t ready;              // kReady
+  uint8_t reserved[7];
+};
+static_assert(sizeof(ReadyWire) == 40);
+
+// What both proofs cover (core/net/handshake.h): protocol "verbs".
+inline net::handshake::Transcript verbs_transcript(const HelloWire& h,
+                                                   const net::handshake::Nonce& receiver) {
+  net::handshake::Transcript t;
+  t.protocol = "verbs";
+  t.handle_nonce = h.nonce;
+  t.connector_rank = h.rank;
+  t.listener_rank = h.listener_rank;
+  t.connector_challenge = h.challenge;
+  t.listener_challenge = receiver;
+  return t;
+}
 
 // One clear-to-send record: the receiver's buffer for message `seq`, written into FIFO slot
 // seq % kFifoDepth. seq_plus_one is the last word: the sender reads it first (acquire) and the

@@ -546,8 +546,11 @@ class RandomKCodec final : public Codec {
                          encoded_size(count));
     }
     const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
-    const float* vals = reinterpret_cast<const float*>(in);
-    for (size_t j = 0; j < idx.size(); ++j) acc[idx[j]] += vals[j];
+    for (size_t j = 0; j < idx.size(); ++j) {
+      float v;  // memcpy: a peer's encoding need not be 4-byte aligned
+      std::memcpy(&v, in + 4 * j, sizeof(v));
+      acc[idx[j]] += v;
+    }
     return ok_status();
   }
 };

@@ -1,5 +1,6 @@
 #include "collectives/compress/codec_kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,11 +14,16 @@ namespace gw::coll::codec_kernels {
 
 namespace {
 
+// F16C through cpuid: clang 14 (the fuzz preset's compiler) has no __builtin_cpu_supports("f16c").
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 bool have_avx2() {
   static const bool ok = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-           __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
   }();
   return ok;
 }
@@ -102,8 +108,13 @@ void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bo
 }
 
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  // A peer's encoding need not be 2-byte aligned (found by the codec_payload fuzz target under
+  // UBSan): every element is loaded with memcpy.
+  const auto* bytes = reinterpret_cast<const uint8_t*>(in);
   for (size_t i = 0; i < n; ++i) {
-    const float f = bf16 ? bf16_to_float(in[i]) : half_to_float(in[i]);
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, sizeof(h));
+    const float f = bf16 ? bf16_to_float(h) : half_to_float(h);
     acc[i] = add ? acc[i] + f : f;
   }
 }

@@ -1,11 +1,20 @@
-// What the tcp and shm handshakes share: the job-token field and its comparison, the handle
-// header check, the accept side's verdict on a hello, the peer's name, and the error messages.
-// Each backend keeps its own wire structs (docs/wire-tcp.md, docs/wire-shm.md); these helpers
-// read and write their common fields in place, so the bytes on the wire are the backend's.
+// What the tcp and shm handshakes (and the store's hello) share: the challenge-response that
+// proves knowledge of the job token without sending it, the handle header check, the accept
+// side's verdict on a hello, the expected-rank check, the peer's name, and the error messages.
+// Each backend keeps its own wire structs (docs/wire-tcp.md, docs/wire-shm.md,
+// docs/wire-store.md); these helpers fill and check their common fields.
+//
+// The proof: each side sends a fresh random challenge; each answers with
+// HMAC-SHA256(key = job token, message = transcript) where the transcript names the protocol,
+// the role of the prover (connector or listener), the listener's handle nonce, the connection id
+// and socket index, both ranks, and both challenges (prove() documents the exact bytes). The
+// role keeps a listener's proof from being reflected as a connector's; the fresh challenges keep
+// a captured exchange from being replayed. The token itself never crosses the wire.
 //
 // Everything here is thread-safe (no state) and never blocks.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,28 +25,58 @@
 
 namespace gw::net::handshake {
 
-// Size of the token field in every hello; longer job tokens are refused at transport creation.
+// Longest job token a transport accepts (checked at transport creation).
 inline constexpr size_t kMaxToken = 256;
 // The listener's one-byte answers (tcp: the whole answer; shm: the answer field of its reply).
 inline constexpr uint8_t kAccept = 'A';
 inline constexpr uint8_t kRefuse = 'R';
+// tcp: the first byte of the listener's challenge (the hello passed the listener's checks).
+inline constexpr uint8_t kChallenge = 'C';
 
-using TokenField = char[kMaxToken];
+inline constexpr size_t kNonceSize = 32;
+inline constexpr size_t kMacSize = 32;
+using Nonce = std::array<uint8_t, kNonceSize>;
+using Mac = std::array<uint8_t, kMacSize>;
 
-// Options every handshaking backend requires: a job token that fits the field and a positive
+enum class Role : uint8_t { kConnector = 1, kListener = 2 };
+
+// Everything a proof covers. Fields a protocol does not have stay 0 / -1.
+struct Transcript {
+  std::string_view protocol;    // "tcp", "shm", "store"
+  uint64_t handle_nonce = 0;    // the listener's nonce from its handle
+  uint64_t conn_id = 0;         // tcp: the connector's connection id
+  uint32_t index = 0;           // tcp: socket index within the connection
+  int32_t connector_rank = -1;  // as the connector states it in its hello
+  int32_t listener_rank = -1;   // as the connector read it from the handle
+  Nonce connector_challenge{};  // fresh from the connector
+  Nonce listener_challenge{};   // fresh from the listener
+};
+
+// Options every handshaking backend requires: a job token that fits kMaxToken and a positive
 // connect timeout. kInvalidArg naming `backend` otherwise.
 Status check_options(std::string_view backend, const TransportOptions& options);
 
-// Writes a 4-byte magic ("GWH1") into a wire field.
+// Writes a 4-byte magic ("GWH2") into a wire field.
 void put_magic(char (&field)[4], std::string_view magic);
 bool magic_is(const char (&field)[4], std::string_view magic);
 
-// Writes `token` (at most kMaxToken bytes: check_options) and its length into a hello; the rest
-// of the field stays as the caller zeroed it.
-void put_token(std::string_view token, uint32_t* len, TokenField& field);
+// A fresh challenge from the system's cryptographic generator (OpenSSL RAND_bytes);
+// kSystem when it cannot produce one (never a predictable fallback).
+Status fresh_nonce(Nonce* out);
 
-// Compares two job tokens in time that depends only on their lengths, so a refused peer learns
-// nothing about a prefix.
+// HMAC-SHA256 over `message` keyed with `key` (any length, empty included).
+Mac hmac_sha256(std::string_view key, const uint8_t* message, size_t size);
+
+// The proof `role` gives for `t`: HMAC-SHA256(token, "gradwire-auth-v2" NUL protocol NUL
+// u8 role, u64 handle_nonce, u64 conn_id, u32 index, i32 connector_rank, i32 listener_rank,
+// connector_challenge[32], listener_challenge[32]) (integers little-endian).
+Mac prove(std::string_view token, Role role, const Transcript& t);
+
+// Whether `mac` is the proof `role` gives for `t` under `token`; constant time in `mac`.
+bool verify(std::string_view token, Role role, const Transcript& t, const uint8_t* mac);
+
+// Compares two job tokens (or MACs) in time that depends only on their lengths, so a refused
+// peer learns nothing about a prefix.
 bool tokens_equal(std::string_view a, std::string_view b);
 
 // Checks the magic and version at the front of a handle passed to connect():
@@ -50,8 +89,8 @@ Status check_handle(std::string_view backend, const char (&magic)[4], std::strin
 struct HelloView {
   const char (&magic)[4];
   uint64_t nonce;
-  uint32_t token_len;
-  const TokenField& token;
+  int32_t rank;           // the connector's rank
+  int32_t listener_rank;  // the listener's rank as the connector read it from the handle
 };
 
 // What the listener expects of every hello.
@@ -59,11 +98,14 @@ struct HelloExpect {
   std::string_view backend;  // "tcp", "shm": names the protocol in the verdict
   std::string_view magic;
   uint64_t nonce;
-  std::string_view token;
+  int32_t rank;           // this listener's rank (-1: unknown, not checked)
+  int32_t expected_peer;  // the rank allowed to connect (-1: any; Listener::expect_peer)
 };
 
-// Why the listener refuses this hello ("" when the common fields are fine): a foreign magic, a
-// nonce of another listener (a stale handle), or a different job token. Checked in that order.
+// Why the listener refuses this hello before any proof ("" when the fields are fine): a foreign
+// magic, a nonce of another listener (a stale handle), a hello meant for another rank, or a
+// connector other than the expected peer. Checked in that order. The token is checked later,
+// by verify() on the connector's proof.
 std::string refusal(const HelloView& hello, const HelloExpect& expect);
 
 // "rank 3 via tcp 10.0.0.2:4000": how a peer is named in every message of a connection.
@@ -72,6 +114,7 @@ std::string peer_label(int rank, std::string_view backend, std::string_view wher
 // The connector's errors (kPeer), named after the peer.
 Status refused_error(std::string_view peer);             // the listener answered kRefuse
 Status closed_by_listener_error(std::string_view peer);  // EOF before any answer
+Status listener_unproven_error(std::string_view peer);   // the listener's proof was wrong
 // kTimeout after `timeout_ms` without a connection; `last_problem` says why ("" = no answer).
 Status connect_timeout_error(std::string_view peer, int64_t timeout_ms,
                              std::string_view last_problem);

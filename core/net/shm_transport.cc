@@ -32,7 +32,7 @@ using sys::Fd;
 using sys::MemfdRegion;
 using sys::now_ns;
 
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHostIdSize = 64;
 constexpr size_t kSockNameSize = 32;
 constexpr uint32_t kRingMagic = 0x47575231;       // "GWR1"
@@ -52,15 +52,43 @@ struct HandleWire {
 };
 static_assert(sizeof(HandleWire) == 120 && sizeof(HandleWire) <= kHandleSize);
 
+// Connector -> listener, first packet.
 struct Hello {
-  char magic[4];  // "GWSH"
-  uint32_t token_len;
-  uint64_t nonce;
-  int32_t rank;
+  char magic[4];  // "GWSI"
   uint32_t reserved;
-  handshake::TokenField token;
+  uint64_t nonce;         // from the handle
+  int32_t rank;           // the connector's
+  int32_t listener_rank;  // the listener's, as the handle says
+  handshake::Nonce challenge;
 };
-static_assert(sizeof(Hello) == 280);
+static_assert(sizeof(Hello) == 56);
+
+// Listener -> connector: its challenge and its proof (a refusal is a Reply with kRefuse).
+struct Challenge {
+  char magic[4];  // "GWSC"
+  uint32_t reserved;
+  handshake::Nonce challenge;
+  handshake::Mac proof;
+};
+static_assert(sizeof(Challenge) == 72);
+
+// Connector -> listener: its proof. The listener answers with a Reply.
+struct Proof {
+  char magic[4];  // "GWSP"
+  uint32_t reserved;
+  handshake::Mac proof;
+};
+static_assert(sizeof(Proof) == 40);
+
+handshake::Transcript transcript(const Hello& h) {
+  handshake::Transcript t;
+  t.protocol = "shm";
+  t.handle_nonce = h.nonce;
+  t.connector_rank = h.rank;
+  t.listener_rank = h.listener_rank;
+  t.connector_challenge = h.challenge;
+  return t;
+}
 
 struct Reply {
   char magic[4];  // "GWSR"
@@ -381,7 +409,10 @@ class ShmListener final : public Listener {
     while (true) {
       GW_ASSIGN_OR_RETURN(Fd fd, sys::accept_unix(fd_.get()));
       if (!fd.valid()) break;
-      pending_.push_back({std::move(fd), now_ns() + options_.timeout_ms * 1000000});
+      Pending p;
+      p.fd = std::move(fd);
+      p.deadline_ns = now_ns() + options_.timeout_ms * 1000000;
+      pending_.push_back(std::move(p));
     }
     const int64_t now = now_ns();
     for (size_t i = 0; i < pending_.size(); ++i) {
@@ -398,7 +429,11 @@ class ShmListener final : public Listener {
  private:
   struct Pending {
     Fd fd;
-    int64_t deadline_ns;
+    int64_t deadline_ns = 0;
+    bool challenged = false;  // the hello passed and the challenge went out
+    Hello hello{};
+    handshake::Nonce challenge{};
+    int pid = 0;
   };
 
   void refuse(Pending& p, std::string_view why) {
@@ -411,14 +446,20 @@ class ShmListener final : public Listener {
   }
 
   // Returns a comm when the handshake completed; resets p.fd when the socket is done with.
+  // Two packets in: the hello (answered with the listener's challenge and proof), then the
+  // connector's proof (answered with the segment); docs/wire-shm.md.
   Result<std::unique_ptr<RecvComm>> advance(Pending& p, int64_t now) {
-    Hello hello{};
+    union {
+      Hello hello;
+      Proof proof;
+      char bytes[sizeof(Hello) + 1];  // one more, so an oversized packet shows
+    } in{};
     std::vector<Fd> unwanted;  // a client has no reason to send descriptors: closed unread
-    Result<size_t> n = sys::recv_with_fds(p.fd.get(), &hello, sizeof(hello), &unwanted,
-                                          sys::kNoWait, "shm accept");
+    Result<size_t> n =
+        sys::recv_with_fds(p.fd.get(), &in, sizeof(in), &unwanted, sys::kNoWait, "shm accept");
     if (!n.ok() && n.status().code() == Code::kTimeout) {
       if (now >= p.deadline_ns) {
-        GW_LOG_WARN("shm accept: a client sent no handshake within {} ms; dropped",
+        GW_LOG_WARN("shm accept: a client did not finish its handshake within {} ms; dropped",
                     options_.timeout_ms);
         p.fd.reset();
       }
@@ -428,21 +469,60 @@ class ShmListener final : public Listener {
       p.fd.reset();
       return std::unique_ptr<RecvComm>();
     }
-    Result<ucred> cred = sys::peer_credentials(p.fd.get());
-    if (!cred.ok() || cred->uid != getuid()) {
-      refuse(p, cred.ok() ? fmt::format("peer uid {} is not this user's", cred->uid)
-                          : cred.status().to_string());
+    if (!p.challenged) {
+      Result<ucred> cred = sys::peer_credentials(p.fd.get());
+      if (!cred.ok() || cred->uid != getuid()) {
+        refuse(p, cred.ok() ? fmt::format("peer uid {} is not this user's", cred->uid)
+                            : cred.status().to_string());
+        return std::unique_ptr<RecvComm>();
+      }
+      p.pid = cred->pid;
+      const Hello& hello = in.hello;
+      std::string why =
+          *n != sizeof(Hello)
+              ? std::string("not a gradwire shm handshake of this version")
+              : handshake::refusal({hello.magic, hello.nonce, hello.rank, hello.listener_rank},
+                                   {"shm", "GWSI", nonce_, options_.rank, expected_peer()});
+      if (!why.empty()) {
+        refuse(p, fmt::format("{} (pid {})", why, p.pid));
+        return std::unique_ptr<RecvComm>();
+      }
+      p.hello = hello;
+      handshake::Transcript t = transcript(hello);
+      Status fresh = handshake::fresh_nonce(&t.listener_challenge);
+      if (!fresh.ok()) {
+        refuse(p, fresh.message());
+        return std::unique_ptr<RecvComm>();
+      }
+      Challenge ch{};
+      handshake::put_magic(ch.magic, "GWSC");
+      ch.challenge = t.listener_challenge;
+      ch.proof = handshake::prove(options_.job_token, handshake::Role::kListener, t);
+      Status sent = sys::send_with_fds(p.fd.get(), &ch, sizeof(ch), {}, sys::kNoWait,
+                                       fmt::format("shm accept: challenge to pid {}", p.pid));
+      if (!sent.ok()) {
+        GW_LOG_WARN("{}", sent.message());
+        p.fd.reset();
+        return std::unique_ptr<RecvComm>();
+      }
+      p.challenge = t.listener_challenge;
+      p.challenged = true;
       return std::unique_ptr<RecvComm>();
     }
-    std::string why =
-        *n != sizeof(hello)
-            ? std::string("not a gradwire shm handshake")
-            : handshake::refusal({hello.magic, hello.nonce, hello.token_len, hello.token},
-                                 {"shm", "GWSH", nonce_, options_.job_token});
-    if (!why.empty()) {
-      refuse(p, fmt::format("{} (pid {})", why, cred->pid));
+    handshake::Transcript t = transcript(p.hello);
+    t.listener_challenge = p.challenge;
+    if (*n != sizeof(Proof) || !handshake::magic_is(in.proof.magic, "GWSP")) {
+      refuse(p, fmt::format("malformed proof (pid {})", p.pid));
       return std::unique_ptr<RecvComm>();
     }
+    if (!handshake::verify(options_.job_token, handshake::Role::kConnector, t,
+                           in.proof.proof.data())) {
+      refuse(p, fmt::format("{} did not prove the job token (job token mismatch) (pid {})",
+                            rank_name(p.hello.rank), p.pid));
+      return std::unique_ptr<RecvComm>();
+    }
+    const Hello& hello = p.hello;
+    const int pid = p.pid;
     const Geometry& g = config_.geometry;
     // The segment lives only as this fd and the two mappings: nothing in any filesystem.
     Result<MemfdRegion> region = MemfdRegion::create("gradwire-shm", g.total());
@@ -461,14 +541,14 @@ class ShmListener final : public Listener {
     reply.slot_size = g.slot_size;
     reply.total_size = g.total();
     Status sent = sys::send_with_fds(p.fd.get(), &reply, sizeof(reply), {&memfd, 1}, sys::kNoWait,
-                                     fmt::format("shm accept: answer to pid {}", cred->pid));
+                                     fmt::format("shm accept: answer to pid {}", pid));
     if (!sent.ok()) {
       GW_LOG_WARN("{}", sent.message());
       p.fd.reset();
       return std::unique_ptr<RecvComm>();
     }
     ring.close_fd();  // the peer has its own copy now
-    std::string peer = handshake::peer_label(hello.rank, "shm", fmt::format("pid {}", cred->pid));
+    std::string peer = handshake::peer_label(hello.rank, "shm", fmt::format("pid {}", pid));
     return std::unique_ptr<RecvComm>(
         std::make_unique<ShmRecvComm>(std::move(p.fd), std::move(ring), std::move(peer)));
   }
@@ -487,10 +567,11 @@ class ShmConnector final : public Connector {
         deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
         peer_(handshake::peer_label(wire.rank, "shm", "@" + name_)) {
-    handshake::put_magic(hello_.magic, "GWSH");
+    handshake::put_magic(hello_.magic, "GWSI");
     hello_.nonce = wire.nonce;
     hello_.rank = options.rank;
-    handshake::put_token(options.job_token, &hello_.token_len, hello_.token);
+    hello_.listener_rank = wire.rank;
+    token_ = options.job_token;
   }
 
   Result<std::unique_ptr<SendComm>> poll() override {
@@ -515,7 +596,7 @@ class ShmConnector final : public Connector {
   }
 
  private:
-  enum class Phase { kIdle, kHello, kReply };
+  enum class Phase { kIdle, kHello, kChallenge, kProof, kReply };
 
   Result<std::unique_ptr<SendComm>> advance() {
     const std::string what = fmt::format("handshake with {}", peer_);
@@ -533,7 +614,47 @@ class ShmConnector final : public Connector {
       phase_ = Phase::kHello;
     }
     if (phase_ == Phase::kHello) {
+      if (!hello_ready_) {
+        GW_RETURN_IF_ERROR(handshake::fresh_nonce(&hello_.challenge));
+        hello_ready_ = true;
+      }
       Status sent = sys::send_with_fds(fd_.get(), &hello_, sizeof(hello_), {}, sys::kNoWait, what);
+      if (sent.code() == Code::kTimeout) return std::unique_ptr<SendComm>();
+      GW_RETURN_IF_ERROR(sent);
+      phase_ = Phase::kChallenge;
+    }
+    if (phase_ == Phase::kChallenge) {
+      union {
+        Challenge ch;
+        Reply reply;  // a refusal
+        char bytes[sizeof(Challenge) + 1];
+      } in{};
+      std::vector<Fd> fds;
+      Result<size_t> got = sys::recv_with_fds(fd_.get(), &in, sizeof(in), &fds, sys::kNoWait, what);
+      if (!got.ok()) {
+        if (got.status().code() == Code::kTimeout) return std::unique_ptr<SendComm>();
+        return got.status();
+      }
+      if (*got == 0) return handshake::closed_by_listener_error(peer_);
+      if (*got == sizeof(Reply) && handshake::magic_is(in.reply.magic, "GWSR") &&
+          in.reply.answer == kRefuse) {
+        return handshake::refused_error(peer_);
+      }
+      if (*got != sizeof(Challenge) || !handshake::magic_is(in.ch.magic, "GWSC") || !fds.empty()) {
+        return peer_error("{}: malformed challenge ({} bytes)", what, *got);
+      }
+      handshake::Transcript t = transcript(hello_);
+      t.listener_challenge = in.ch.challenge;
+      if (!handshake::verify(token_, handshake::Role::kListener, t, in.ch.proof.data())) {
+        return handshake::listener_unproven_error(peer_);
+      }
+      proof_ = Proof{};
+      handshake::put_magic(proof_.magic, "GWSP");
+      proof_.proof = handshake::prove(token_, handshake::Role::kConnector, t);
+      phase_ = Phase::kProof;
+    }
+    if (phase_ == Phase::kProof) {
+      Status sent = sys::send_with_fds(fd_.get(), &proof_, sizeof(proof_), {}, sys::kNoWait, what);
       if (sent.code() == Code::kTimeout) return std::unique_ptr<SendComm>();
       GW_RETURN_IF_ERROR(sent);
       phase_ = Phase::kReply;
@@ -575,6 +696,9 @@ class ShmConnector final : public Connector {
   int64_t timeout_ms_;
   std::string peer_;
   Hello hello_{};
+  bool hello_ready_ = false;  // hello_.challenge drawn
+  std::string token_;
+  Proof proof_{};
   Fd fd_;
   Phase phase_ = Phase::kIdle;
   int64_t retry_at_ns_ = 0;

@@ -26,9 +26,9 @@
 #include "core/net/handshake.h"
 #include "core/net/request.h"
 #include "core/net/socket_util.h"
+#include "core/net/tcp_config.h"
 #include "core/sys/fd.h"
 #include "core/sys/time.h"
-#include "core/net/tcp_config.h"
 
 namespace gw::net {
 
@@ -48,7 +48,7 @@ using sys::Fd;
 using sys::now_ns;
 using sys::set_nonblocking;
 
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr uint32_t kHeaderMagic = 0x47574d31;   // "GWM1"
 constexpr uint32_t kNoticeMagic = 0x47574e31;   // "GWN1"
 constexpr int64_t kRetryNs = 20 * 1000 * 1000;  // between connect() attempts on ECONNREFUSED
@@ -68,17 +68,33 @@ struct HandleWire {
 };
 static_assert(sizeof(HandleWire) == 48 && sizeof(HandleWire) <= kHandleSize);
 
+// Connector -> listener, first message of every socket.
 struct Hello {
-  char magic[4];  // "GWH1"
+  char magic[4];  // "GWH2"
   uint16_t sock_index;
   uint16_t nsocks;
-  uint64_t nonce;
+  uint64_t nonce;  // from the handle
   uint64_t conn_id;
-  int32_t rank;
-  uint32_t token_len;
-  handshake::TokenField token;
+  int32_t rank;           // the connector's
+  int32_t listener_rank;  // the listener's, as the handle says
+  handshake::Nonce challenge;
 };
-static_assert(sizeof(Hello) == 288);
+static_assert(sizeof(Hello) == 64);
+
+// Listener -> connector after a hello it does not refuse outright (a refusal is kRefuse alone).
+struct Challenge {
+  uint8_t answer;  // kChallenge
+  uint8_t reserved[7];
+  handshake::Nonce challenge;
+  handshake::Mac proof;  // the listener's
+};
+static_assert(sizeof(Challenge) == 72);
+
+// Connector -> listener: the connector's proof. The listener answers kAccept or kRefuse.
+struct Proof {
+  handshake::Mac proof;
+};
+static_assert(sizeof(Proof) == 32);
 
 struct MsgHeader {
   uint32_t magic;
@@ -93,6 +109,18 @@ struct Notice {
   uint64_t seq;   // message number (0-based, per connection)
 };
 static_assert(sizeof(Notice) == 16);
+
+handshake::Transcript transcript(const Hello& h) {
+  handshake::Transcript t;
+  t.protocol = "tcp";
+  t.handle_nonce = h.nonce;
+  t.conn_id = h.conn_id;
+  t.index = h.sock_index;
+  t.connector_rank = h.rank;
+  t.listener_rank = h.listener_rank;
+  t.connector_challenge = h.challenge;
+  return t;
+}
 
 struct TcpConfig {
   int nsocks = 4;
@@ -825,11 +853,15 @@ class TcpListener final : public Listener {
   }
 
  private:
+  enum class Phase { kHello, kChallenge, kProof };
   struct Pending {
     Fd fd;
     std::string addr;
+    Phase phase = Phase::kHello;
     Hello hello{};
-    size_t got = 0;
+    Challenge challenge{};
+    Proof proof{};
+    size_t done = 0;  // bytes of the current phase's message moved
     int64_t deadline_ns = 0;
   };
   struct Group {
@@ -866,36 +898,100 @@ class TcpListener final : public Listener {
     }
   }
 
-  // Reads one pending handshake; false when the socket is done with (grouped or dropped).
-  Result<bool> advance(Pending& p, int64_t now) {
-    while (p.got < sizeof(Hello)) {
-      ssize_t got = recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got,
-                         sizeof(Hello) - p.got, MSG_DONTWAIT);
-      if (got == 0) return false;  // the client went away mid-handshake
-      if (got < 0) {
+  // Moves bytes of one handshake message without blocking: true when all `size` bytes are
+  // done, false for "not yet"; an error (including EOF) when the socket is finished.
+  static Result<bool> move_bytes(int fd, void* buf, size_t size, size_t* done, bool sending) {
+    while (*done < size) {
+      char* p = static_cast<char*>(buf) + *done;
+      ssize_t n = sending ? send(fd, p, size - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                          : recv(fd, p, size - *done, MSG_DONTWAIT);
+      if (n == 0 && !sending) return peer_error("closed mid-handshake");
+      if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (now < p.deadline_ns) return true;
-          GW_LOG_WARN("tcp accept: {} sent no handshake within {} ms; dropped", p.addr,
-                      options_.timeout_ms);
-          return false;
-        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        return system_error("handshake", errno);
+      }
+      *done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  void refuse(Pending& p, std::string_view why) {
+    GW_LOG_WARN("tcp accept: refused connection from {}: {}", p.addr, why);
+    uint8_t refuse = kRefuse;
+    (void)!send(p.fd.get(), &refuse, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  // Advances one pending handshake; false when the socket is done with (grouped or dropped).
+  // The listener proves the token first (its challenge carries its proof), then checks the
+  // connector's proof over the same transcript (docs/wire-tcp.md).
+  Result<bool> advance(Pending& p, int64_t now) {
+    while (true) {
+      Result<bool> moved = true;
+      switch (p.phase) {
+        case Phase::kHello:
+          moved = move_bytes(p.fd.get(), &p.hello, sizeof(Hello), &p.done, false);
+          break;
+        case Phase::kChallenge:
+          moved = move_bytes(p.fd.get(), &p.challenge, sizeof(Challenge), &p.done, true);
+          break;
+        case Phase::kProof:
+          moved = move_bytes(p.fd.get(), &p.proof, sizeof(Proof), &p.done, false);
+          break;
+      }
+      if (!moved.ok()) return false;  // the client went away mid-handshake
+      if (!*moved) {
+        if (now < p.deadline_ns) return true;
+        GW_LOG_WARN("tcp accept: {} did not finish its handshake within {} ms; dropped", p.addr,
+                    options_.timeout_ms);
         return false;
       }
-      p.got += static_cast<size_t>(got);
+      p.done = 0;
+      const Hello& h = p.hello;
+      if (p.phase == Phase::kHello) {
+        std::string why =
+            handshake::refusal({h.magic, h.nonce, h.rank, h.listener_rank},
+                               {"tcp", "GWH2", nonce_, options_.rank, expected_peer()});
+        if (why.empty() && (h.nsocks != config_.nsocks || h.sock_index >= h.nsocks)) {
+          why = "socket count or index out of range";
+        }
+        if (!why.empty()) {
+          refuse(p, why);
+          return false;
+        }
+        handshake::Transcript t = transcript(h);
+        Status fresh = handshake::fresh_nonce(&t.listener_challenge);
+        if (!fresh.ok()) {
+          refuse(p, fresh.message());
+          return false;
+        }
+        p.challenge = Challenge{};
+        p.challenge.answer = handshake::kChallenge;
+        p.challenge.challenge = t.listener_challenge;
+        p.challenge.proof = handshake::prove(options_.job_token, handshake::Role::kListener, t);
+        p.phase = Phase::kChallenge;
+        continue;
+      }
+      if (p.phase == Phase::kChallenge) {
+        p.phase = Phase::kProof;
+        continue;
+      }
+      // Phase::kProof: the whole exchange is in.
+      handshake::Transcript t = transcript(h);
+      t.listener_challenge = p.challenge.challenge;
+      if (!handshake::verify(options_.job_token, handshake::Role::kConnector, t,
+                             p.proof.proof.data())) {
+        refuse(p, fmt::format("{} did not prove the job token (job token mismatch)",
+                              rank_name(h.rank)));
+        return false;
+      }
+      return join_group(p, now);
     }
+  }
+
+  // An authenticated socket joins the group of its connection id.
+  Result<bool> join_group(Pending& p, int64_t now) {
     const Hello& h = p.hello;
-    std::string why = handshake::refusal({h.magic, h.nonce, h.token_len, h.token},
-                                         {"tcp", "GWH1", nonce_, options_.job_token});
-    if (why.empty() && (h.nsocks != config_.nsocks || h.sock_index >= h.nsocks)) {
-      why = "socket count or index out of range";
-    }
-    if (!why.empty()) {
-      GW_LOG_WARN("tcp accept: refused connection from {}: {}", p.addr, why);
-      uint8_t refuse = kRefuse;
-      (void)!send(p.fd.get(), &refuse, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-      return false;
-    }
     auto it = std::find_if(groups_.begin(), groups_.end(),
                            [&](const Group& g) { return g.conn_id == h.conn_id; });
     if (it == groups_.end()) {
@@ -906,6 +1002,11 @@ class TcpListener final : public Listener {
       g.deadline_ns = now + options_.timeout_ms * 1000000;
       groups_.push_back(std::move(g));
       it = groups_.end() - 1;
+    }
+    if (it->rank != h.rank) {
+      refuse(p, fmt::format("socket {} states {} in a connection of {}", h.sock_index,
+                            rank_name(h.rank), rank_name(it->rank)));
+      return false;
     }
     if (it->socks[h.sock_index].valid()) {
       GW_LOG_WARN("tcp accept: duplicate socket {} from {}; dropped", h.sock_index, p.addr);
@@ -940,12 +1041,13 @@ class TcpConnector final : public Connector {
     config_.nsocks = handle.nsocks;
     socks_.resize(handle.nsocks);
     hello_ = Hello{};
-    handshake::put_magic(hello_.magic, "GWH1");
+    handshake::put_magic(hello_.magic, "GWH2");
     hello_.nsocks = handle.nsocks;
     hello_.nonce = handle.nonce;
     hello_.conn_id = random_u64();
     hello_.rank = options.rank;
-    handshake::put_token(options.job_token, &hello_.token_len, hello_.token);
+    hello_.listener_rank = handle.rank;
+    token_ = options.job_token;
   }
 
   Result<std::unique_ptr<SendComm>> poll() override {
@@ -978,13 +1080,38 @@ class TcpConnector final : public Connector {
   }
 
  private:
-  enum class Phase { kIdle, kConnecting, kHello, kAck, kDone };
+  enum class Phase { kIdle, kConnecting, kHello, kChallenge, kProof, kAck, kDone };
   struct Sock {
     Fd fd;
     Phase phase = Phase::kIdle;
-    size_t sent = 0;
+    size_t sent = 0;  // bytes of the current phase's message moved
     int64_t retry_at_ns = 0;
+    Hello hello{};  // this socket's hello (its own index and challenge)
+    Challenge challenge{};
+    Proof proof{};
   };
+
+  // Moves handshake bytes: true when all are done, false for "not yet".
+  Result<bool> move(Sock& s, void* buf, size_t size, bool sending) {
+    while (s.sent < size) {
+      char* p = static_cast<char*>(buf) + s.sent;
+      ssize_t n = sending ? send(s.fd.get(), p, size - s.sent, MSG_NOSIGNAL | MSG_DONTWAIT)
+                          : recv(s.fd.get(), p, size - s.sent, MSG_DONTWAIT);
+      if (n == 0 && !sending) return handshake::closed_by_listener_error(peer_);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+        return socket_error("handshake with", peer_, errno);
+      }
+      s.sent += static_cast<size_t>(n);
+      // A refusal is one byte followed by close: report it as soon as it is seen.
+      if (!sending && s.phase == Phase::kChallenge && s.sent >= 1 &&
+          s.challenge.answer == kRefuse) {
+        return handshake::refused_error(peer_);
+      }
+    }
+    s.sent = 0;
+    return true;
+  }
 
   void retry_later(Sock& s, int err) {
     char buf[128];
@@ -1032,16 +1159,35 @@ class TcpConnector final : public Connector {
           break;
         }
         case Phase::kHello: {
-          Hello hello = hello_;
-          hello.sock_index = index;
-          ssize_t n = send(s.fd.get(), reinterpret_cast<const char*>(&hello) + s.sent,
-                           sizeof(hello) - s.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-          if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ok_status();
-            return socket_error("handshake with", peer_, errno);
+          if (s.sent == 0) {
+            s.hello = hello_;
+            s.hello.sock_index = index;
+            GW_RETURN_IF_ERROR(handshake::fresh_nonce(&s.hello.challenge));
           }
-          s.sent += static_cast<size_t>(n);
-          if (s.sent < sizeof(hello)) return ok_status();
+          GW_ASSIGN_OR_RETURN(bool done, move(s, &s.hello, sizeof(Hello), true));
+          if (!done) return ok_status();
+          s.phase = Phase::kChallenge;
+          break;
+        }
+        case Phase::kChallenge: {
+          GW_ASSIGN_OR_RETURN(bool done, move(s, &s.challenge, sizeof(Challenge), false));
+          if (!done) return ok_status();
+          if (s.challenge.answer != handshake::kChallenge) {
+            return peer_error("handshake with {}: unexpected answer {:#x}", peer_,
+                              s.challenge.answer);
+          }
+          handshake::Transcript t = transcript(s.hello);
+          t.listener_challenge = s.challenge.challenge;
+          if (!handshake::verify(token_, handshake::Role::kListener, t, s.challenge.proof.data())) {
+            return handshake::listener_unproven_error(peer_);
+          }
+          s.proof.proof = handshake::prove(token_, handshake::Role::kConnector, t);
+          s.phase = Phase::kProof;
+          break;
+        }
+        case Phase::kProof: {
+          GW_ASSIGN_OR_RETURN(bool done, move(s, &s.proof, sizeof(Proof), true));
+          if (!done) return ok_status();
           s.phase = Phase::kAck;
           break;
         }
@@ -1071,7 +1217,8 @@ class TcpConnector final : public Connector {
   sys::Deadline deadline_;
   int64_t timeout_ms_;
   std::string peer_;
-  Hello hello_{};
+  Hello hello_{};  // the fields every socket's hello shares
+  std::string token_;
   std::vector<Sock> socks_;
   Status error_;
   std::string last_problem_;

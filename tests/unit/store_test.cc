@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -58,8 +59,8 @@ TEST_P(AnyStoreTest, SetGetAcrossClients) {
   auto v = other_->get("a", deadline_after_ms(2000));
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ(*v, B("hello"));
-  ASSERT_TRUE(other_->set("a", B(""), deadline_after_ms(2000)).ok());  // empty value is fine
-  v = store_->get("a", deadline_after_ms(2000));
+  ASSERT_TRUE(other_->set("b", B(""), deadline_after_ms(2000)).ok());  // empty value is fine
+  v = store_->get("b", deadline_after_ms(2000));
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->empty());
 }
@@ -100,11 +101,12 @@ TEST_P(AnyStoreTest, AddCountsAndRejectsNonIntegers) {
   auto v = store_->get("n", deadline_after_ms(2000));
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, B("-2"));
+  // A key written by set is write-once: add refuses it whatever its value.
   ASSERT_TRUE(store_->set("s", B("abc"), deadline_after_ms(2000)).ok());
   r = store_->add("s", 1, deadline_after_ms(2000));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalidArg);
-  ASSERT_TRUE(store_->set("big", B("9223372036854775807"), deadline_after_ms(2000)).ok());
+  ASSERT_TRUE(store_->add("big", INT64_MAX, deadline_after_ms(2000)).ok());
   r = store_->add("big", 1, deadline_after_ms(2000));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalidArg);
@@ -114,7 +116,7 @@ TEST_P(AnyStoreTest, AddCountsAndRejectsNonIntegers) {
 }
 
 TEST_P(AnyStoreTest, EraseRemovesAndMissingIsFine) {
-  ASSERT_TRUE(store_->set("e", B("1"), deadline_after_ms(2000)).ok());
+  ASSERT_TRUE(store_->add("e", 1, deadline_after_ms(2000)).ok());  // a counter: erasable
   ASSERT_TRUE(other_->erase("e", deadline_after_ms(2000)).ok());
   ASSERT_TRUE(other_->erase("e", deadline_after_ms(2000)).ok());
   auto v = store_->get("e", deadline_after_ms(100));
@@ -173,7 +175,8 @@ TEST_P(AnyStoreTest, PrefixStoresAreIsolated) {
   EXPECT_EQ(*store_->get("comm2/k", deadline_after_ms(2000)), B("B"));
   EXPECT_EQ(*a->add("c", 3, deadline_after_ms(2000)), 3);
   EXPECT_EQ(b->get("c", deadline_after_ms(100)).status().code(), Code::kTimeout);
-  ASSERT_TRUE(a->erase("k", deadline_after_ms(2000)).ok());
+  ASSERT_TRUE(a->erase("c", deadline_after_ms(2000)).ok());
+  EXPECT_EQ(a->get("c", deadline_after_ms(100)).status().code(), Code::kTimeout);
   EXPECT_TRUE(b->get("k", deadline_after_ms(2000)).ok());
 }
 
@@ -388,13 +391,27 @@ class RawClient {
     for (int i = 0; i < 4; ++i) b[i] = static_cast<uint8_t>(v >> (8 * i));
     send(b);
   }
-  void hello(const std::string& token = "") {
+  // The whole hello exchange proving `token`; returns the server's answer to the proof.
+  Result<store_wire::Response> handshake(const std::string& token,
+                                         store_wire::Request* auth_out = nullptr) {
+    namespace hs = net::handshake;
     store_wire::Request h;
-    h.token = token;
+    EXPECT_TRUE(hs::fresh_nonce(&h.challenge).ok());
     send(*store_wire::encode_request(h));
-    auto r = reply(store_wire::Op::kHello);
-    ASSERT_TRUE(r.ok());
-    ASSERT_EQ(r->code, store_wire::ReplyCode::kOk);
+    GW_ASSIGN_OR_RETURN(store_wire::Response r, reply(store_wire::Op::kHello));
+    if (r.code != store_wire::ReplyCode::kOk) return r;
+    store_wire::Request auth;
+    auth.op = store_wire::Op::kAuth;
+    auth.proof =
+        hs::prove(token, hs::Role::kConnector, store_wire::transcript(h.challenge, r.challenge));
+    if (auth_out != nullptr) *auth_out = auth;
+    send(*store_wire::encode_request(auth));
+    return reply(store_wire::Op::kAuth);
+  }
+  void hello(const std::string& token = "") {
+    auto r = handshake(token);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->code, store_wire::ReplyCode::kOk) << r->message;
   }
   Result<store_wire::Response> reply(store_wire::Op op) {
     uint8_t h[4];
@@ -581,14 +598,157 @@ TEST_F(HostileWireTest, RequestBeforeHelloIsRefused) {
 
 TEST_F(HostileWireTest, WrongTokenIsRefused) {
   RawClient c(store_->port());
-  store_wire::Request h;
-  h.token = "not-tok";
-  c.send(*store_wire::encode_request(h));
-  auto reply = c.reply(store_wire::Op::kHello);
+  auto reply = c.handshake("not-tok");
   ASSERT_TRUE(reply.ok());
   EXPECT_EQ(reply->code, store_wire::ReplyCode::kError);
   EXPECT_NE(reply->message.find("token"), std::string::npos);
   EXPECT_TRUE(c.closed_by_server());
+}
+
+// A captured proof is worth nothing on another connection: the server's challenge is fresh.
+TEST_F(HostileWireTest, ReplayedProofIsRefused) {
+  store_wire::Request captured;
+  {
+    RawClient c(store_->port());
+    auto ok = c.handshake("tok", &captured);
+    ASSERT_TRUE(ok.ok());
+    ASSERT_EQ(ok->code, store_wire::ReplyCode::kOk);
+  }
+  RawClient c(store_->port());
+  store_wire::Request h;
+  ASSERT_TRUE(net::handshake::fresh_nonce(&h.challenge).ok());
+  c.send(*store_wire::encode_request(h));
+  auto r = c.reply(store_wire::Op::kHello);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->code, store_wire::ReplyCode::kOk);
+  c.send(*store_wire::encode_request(captured));
+  auto verdict = c.reply(store_wire::Op::kAuth);
+  ASSERT_TRUE(verdict.ok());
+  EXPECT_EQ(verdict->code, store_wire::ReplyCode::kError);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+// The server's own proof cannot be reflected back as a client's (the role is in the MAC).
+TEST_F(HostileWireTest, ReflectedServerProofIsRefused) {
+  RawClient c(store_->port());
+  store_wire::Request h;
+  ASSERT_TRUE(net::handshake::fresh_nonce(&h.challenge).ok());
+  c.send(*store_wire::encode_request(h));
+  auto r = c.reply(store_wire::Op::kHello);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->code, store_wire::ReplyCode::kOk);
+  store_wire::Request auth;
+  auth.op = store_wire::Op::kAuth;
+  auth.proof = r->proof;
+  c.send(*store_wire::encode_request(auth));
+  auto verdict = c.reply(store_wire::Op::kAuth);
+  ASSERT_TRUE(verdict.ok());
+  EXPECT_EQ(verdict->code, store_wire::ReplyCode::kError);
+}
+
+TEST_F(HostileWireTest, OlderVersionIsToldSo) {
+  RawClient c(store_->port());
+  // A version-1 hello: magic, version 1, a 3-byte token in clear.
+  Bytes body = {1, 0x47, 0x57, 0x53, 0x54, 1, 0, 3, 0, 't', 'o', 'k'};
+  c.send_u32(static_cast<uint32_t>(body.size()));
+  c.send(body);
+  auto r = c.reply(store_wire::Op::kHello);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->code, store_wire::ReplyCode::kError);
+  EXPECT_NE(r->message.find("version 1 not supported"), std::string::npos) << r->message;
+}
+
+TEST_F(HostileWireTest, SkippingTheProofIsRefused) {
+  RawClient c(store_->port());
+  store_wire::Request h;
+  ASSERT_TRUE(net::handshake::fresh_nonce(&h.challenge).ok());
+  c.send(*store_wire::encode_request(h));
+  ASSERT_TRUE(c.reply(store_wire::Op::kHello).ok());
+  store_wire::Request r;
+  r.op = store_wire::Op::kSet;
+  r.key = "k";
+  c.send(*store_wire::encode_request(r));
+  auto reply = c.reply(store_wire::Op::kSet);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->code, store_wire::ReplyCode::kError);
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_EQ(store_->get("k", deadline_after_ms(100)).status().code(), Code::kTimeout);
+}
+
+// Rank 0's published handles cannot be replaced: a second set (or an add or erase) of a key is
+// refused, with the reason, and the first value stays.
+TEST_F(HostileWireTest, KeysAreWriteOnce) {
+  ASSERT_TRUE(store_->set("handle/2", B("real"), deadline_after_ms(2000)).ok());
+  Status again = store_->set("handle/2", B("evil"), deadline_after_ms(2000));
+  EXPECT_EQ(again.code(), Code::kInvalidArg);
+  EXPECT_NE(again.message().find("write-once"), std::string::npos) << again.message();
+  EXPECT_EQ(store_->add("handle/2", 1, deadline_after_ms(2000)).status().code(), Code::kInvalidArg);
+  EXPECT_EQ(store_->erase("handle/2", deadline_after_ms(2000)).code(), Code::kInvalidArg);
+  auto v = store_->get("handle/2", deadline_after_ms(2000));
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, B("real"));
+  // Counters stay counters; a set over a counter is refused too.
+  ASSERT_TRUE(store_->add("ctr", 2, deadline_after_ms(2000)).ok());
+  EXPECT_EQ(*store_->add("ctr", 3, deadline_after_ms(2000)), 5);
+  EXPECT_EQ(store_->set("ctr", B("0"), deadline_after_ms(2000)).code(), Code::kInvalidArg);
+}
+
+TEST(MemoryStoreTest, KeysAreWriteOnce) {
+  auto s = make_memory_store();
+  ASSERT_TRUE(s->set("k", B("a"), deadline_after_ms(100)).ok());
+  Status again = s->set("k", B("b"), deadline_after_ms(100));
+  EXPECT_EQ(again.code(), Code::kInvalidArg);
+  EXPECT_NE(again.message().find("write-once"), std::string::npos) << again.message();
+  EXPECT_EQ(s->add("k", 1, deadline_after_ms(100)).status().code(), Code::kInvalidArg);
+  EXPECT_EQ(s->erase("k", deadline_after_ms(100)).code(), Code::kInvalidArg);
+  EXPECT_EQ(*s->get("k", deadline_after_ms(100)), B("a"));
+}
+
+// The token never crosses the wire: a listener posing as the store sees only a random challenge,
+// and the client refuses it because it cannot prove the token.
+TEST(TcpStoreTest, TokenNeverCrossesTheWireAndAFakeStoreIsRefused) {
+  int port = 0;
+  auto lfd = store_socket::listen_tcp("127.0.0.1", 0, &port);
+  ASSERT_TRUE(lfd.ok());
+  const std::string token = "very-secret-token-0123456789";
+  Bytes seen;
+  std::thread fake([&] {
+    pollfd p{lfd->get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) return;
+    sys::Fd c(::accept4(lfd->get(), nullptr, nullptr, SOCK_CLOEXEC));
+    uint8_t h[4];
+    if (!store_socket::recv_all(c.get(), h, 4, deadline_after_ms(3000), "fake").ok()) return;
+    auto len = store_wire::decode_length(h);
+    if (!len.ok()) return;
+    Bytes body(*len);
+    if (!store_socket::recv_all(c.get(), body.data(), body.size(), deadline_after_ms(3000), "f")
+             .ok()) {
+      return;
+    }
+    seen = body;
+    // Answer with a challenge and a proof made without the token.
+    store_wire::Response r;
+    r.proof = net::handshake::prove("guess", net::handshake::Role::kListener,
+                                    store_wire::transcript({}, r.challenge));
+    Bytes out = store_wire::encode_response(store_wire::Op::kHello, r);
+    (void)store_socket::send_all(c.get(), out.data(), out.size(), deadline_after_ms(3000), "f");
+    uint8_t more[64];
+    (void)store_socket::recv_all(c.get(), more, 1, deadline_after_ms(1000), "f");
+  });
+  TcpStoreOptions c;
+  c.port = port;
+  c.token = token;
+  c.connect_timeout_ms = 5000;
+  auto client = TcpStore::create(c);
+  fake.join();
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), Code::kPeer);
+  EXPECT_NE(client.status().message().find("did not prove"), std::string::npos)
+      << client.status().message();
+  ASSERT_FALSE(seen.empty());
+  std::string wire(seen.begin(), seen.end());
+  EXPECT_EQ(wire.find(token), std::string::npos);
+  EXPECT_EQ(wire.find("secret"), std::string::npos);
 }
 
 TEST_F(HostileWireTest, KeyLengthBeyondTheFrameIsRefused) {
@@ -646,6 +806,32 @@ TEST_F(HostileWireTest, ClientVanishingMidFrameOrMidGetIsHarmless) {
     c.send(*store_wire::encode_request(r));
   }
   std::this_thread::sleep_for(50ms);
+}
+
+// A client that parks a get with a long wait and goes away is dropped at once, not when the wait
+// ends: otherwise a few such clients hold every connection slot (found writing the fuzz target).
+TEST(TcpStoreLimits, ClientGoneWhileItsGetIsParkedFreesItsSlot) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.token = "tok";
+  o.max_clients = 3;  // the hosting store's own connection, plus two
+  auto s = TcpStore::create(o);
+  ASSERT_TRUE(s.ok());
+  for (int i = 0; i < 4; ++i) {
+    RawClient c((*s)->port());
+    c.hello("tok");
+    store_wire::Request r;
+    r.op = store_wire::Op::kGet;
+    r.key = "never";
+    r.wait_ms = 600000;
+    c.send(*store_wire::encode_request(r));
+    std::this_thread::sleep_for(30ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  RawClient late((*s)->port());
+  auto verdict = late.handshake("tok");
+  ASSERT_TRUE(verdict.ok()) << verdict.status().to_string();
+  EXPECT_EQ(verdict->code, store_wire::ReplyCode::kOk);
 }
 
 // --- codec --------------------------------------------------------------------------------------

@@ -236,31 +236,75 @@ TEST(SysMemfdRegion, RefusesADescriptorOfAnotherSize) {
 namespace gw::net {
 namespace {
 
-TEST(Handshake, TokenFieldsAndVerdict) {
+TEST(Handshake, VerdictOnHelloFields) {
   struct Hello {
     char magic[4];
     uint64_t nonce;
-    uint32_t token_len;
-    handshake::TokenField token;
+    int32_t rank;
+    int32_t listener_rank;
   } h{};
-  handshake::put_magic(h.magic, "GWH1");
+  handshake::put_magic(h.magic, "GWH2");
   h.nonce = 7;
-  handshake::put_token("secret", &h.token_len, h.token);
-  EXPECT_EQ(h.token_len, 6u);
-  EXPECT_EQ(std::string(h.token), "secret");
-
-  auto verdict = [&](std::string_view token, uint64_t nonce) {
-    return handshake::refusal({h.magic, h.nonce, h.token_len, h.token},
-                              {"tcp", "GWH1", nonce, token});
+  h.rank = 2;
+  h.listener_rank = 5;
+  auto verdict = [&](uint64_t nonce, int32_t me, int32_t expected) {
+    return handshake::refusal({h.magic, h.nonce, h.rank, h.listener_rank},
+                              {"tcp", "GWH2", nonce, me, expected});
   };
-  EXPECT_EQ(verdict("secret", 7), "");
-  EXPECT_EQ(verdict("secreT", 7), "job token mismatch");
-  EXPECT_EQ(verdict("secret", 8), "handshake for another listener (nonce mismatch)");
-  h.token_len = 9999;
-  EXPECT_EQ(verdict("secret", 7), "job token mismatch");
-  handshake::put_magic(h.magic, "XXXX");
-  EXPECT_EQ(verdict("secret", 7), "not a gradwire tcp handshake");
+  EXPECT_EQ(verdict(7, 5, 2), "");
+  EXPECT_EQ(verdict(7, -1, -1), "");
+  EXPECT_EQ(verdict(8, 5, 2), "handshake for another listener (nonce mismatch)");
+  EXPECT_EQ(verdict(7, 4, 2), "handshake meant for rank 5 (this listener is rank 4)");
+  EXPECT_EQ(verdict(7, 5, 3), "rank 2 connected where rank 3 was expected");
+  handshake::put_magic(h.magic, "GWH1");
+  EXPECT_EQ(verdict(7, 5, 2), "not a gradwire tcp handshake of this version");
+}
 
+// RFC 4231, test case 2: the HMAC is OpenSSL's HMAC-SHA256.
+TEST(Handshake, HmacSha256MatchesRfc4231) {
+  const std::string msg = "what do ya want for nothing?";
+  handshake::Mac mac =
+      handshake::hmac_sha256("Jefe", reinterpret_cast<const uint8_t*>(msg.data()), msg.size());
+  std::string hex;
+  for (uint8_t b : mac) hex += fmt::format("{:02x}", b);
+  EXPECT_EQ(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(Handshake, ProofsDependOnTokenRoleAndEveryField) {
+  handshake::Transcript t;
+  t.protocol = "tcp";
+  t.handle_nonce = 1;
+  t.conn_id = 2;
+  t.index = 3;
+  t.connector_rank = 4;
+  t.listener_rank = 5;
+  ASSERT_TRUE(handshake::fresh_nonce(&t.connector_challenge).ok());
+  ASSERT_TRUE(handshake::fresh_nonce(&t.listener_challenge).ok());
+  EXPECT_NE(t.connector_challenge, t.listener_challenge);  // 2^-256
+  const handshake::Mac mac = handshake::prove("tok", handshake::Role::kConnector, t);
+  EXPECT_TRUE(handshake::verify("tok", handshake::Role::kConnector, t, mac.data()));
+  EXPECT_FALSE(handshake::verify("toK", handshake::Role::kConnector, t, mac.data()));
+  EXPECT_FALSE(handshake::verify("tok", handshake::Role::kListener, t, mac.data()));  // reflection
+  auto changed = [&](auto&& edit) {
+    handshake::Transcript u = t;
+    edit(u);
+    return !handshake::verify("tok", handshake::Role::kConnector, u, mac.data());
+  };
+  EXPECT_TRUE(changed([](auto& u) { u.protocol = "shm"; }));
+  EXPECT_TRUE(changed([](auto& u) { u.handle_nonce = 9; }));
+  EXPECT_TRUE(changed([](auto& u) { u.conn_id = 9; }));
+  EXPECT_TRUE(changed([](auto& u) { u.index = 9; }));
+  EXPECT_TRUE(changed([](auto& u) { u.connector_rank = 9; }));
+  EXPECT_TRUE(changed([](auto& u) { u.listener_rank = 9; }));
+  EXPECT_TRUE(changed([](auto& u) { u.connector_challenge[0] ^= 1; }));
+  EXPECT_TRUE(changed([](auto& u) { u.listener_challenge[31] ^= 1; }));
+  // An empty token is a key like any other (tokenless jobs still run the exchange).
+  const handshake::Mac empty = handshake::prove("", handshake::Role::kConnector, t);
+  EXPECT_TRUE(handshake::verify("", handshake::Role::kConnector, t, empty.data()));
+  EXPECT_FALSE(handshake::verify("tok", handshake::Role::kConnector, t, empty.data()));
+}
+
+TEST(Handshake, CommonChecksAndErrors) {
   EXPECT_TRUE(handshake::tokens_equal("", ""));
   EXPECT_FALSE(handshake::tokens_equal("a", "ab"));
 

@@ -1,0 +1,43 @@
+#include "tests/fuzz/fuzz_targets.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+namespace gw::fuzz {
+
+std::vector<std::vector<uint8_t>> store_server_seeds();
+std::vector<std::vector<uint8_t>> store_client_seeds();
+std::vector<std::vector<uint8_t>> tcp_seeds();
+std::vector<std::vector<uint8_t>> shm_seeds();
+std::vector<std::vector<uint8_t>> plugin_handle_seeds();
+std::vector<std::vector<uint8_t>> codec_spec_seeds();
+std::vector<std::vector<uint8_t>> codec_payload_seeds();
+std::vector<std::vector<uint8_t>> config_seeds();
+
+uint64_t& counter(const std::string& name) {
+  static auto* all = new std::map<std::string, uint64_t>();
+  return (*all)[name];
+}
+
+void check(bool ok, const char* what) {
+  if (ok) return;
+  std::fprintf(stderr, "fuzz property failed: %s\n", what);
+  std::abort();
+}
+
+const std::vector<Target>& targets() {
+  static const std::vector<Target> all = {
+      {"store_server_frames", &store_server_frames, &store_server_seeds},
+      {"store_client_frames", &store_client_frames, &store_client_seeds},
+      {"tcp_wire", &tcp_wire, &tcp_seeds},
+      {"shm_handshake", &shm_handshake, &shm_seeds},
+      {"plugin_handle", &plugin_handle, &plugin_handle_seeds},
+      {"codec_spec", &codec_spec, &codec_spec_seeds},
+      {"codec_payload", &codec_payload, &codec_payload_seeds},
+      {"config_toml", &config_toml, &config_seeds},
+  };
+  return all;
+}
+
+}  // namespace gw::fuzz

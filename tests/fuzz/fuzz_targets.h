@@ -1,0 +1,51 @@
+// The fuzz targets for every decoder of bytes that come from outside the process (besides the
+// DPDK frames: dpdk_decoder_fuzz.h). Each is a function with libFuzzer's signature; fuzz_main.cc
+// turns one into a libFuzzer binary (the `fuzz` preset), and fuzz_targets_test.cc runs all of
+// them in the normal suite over the checked-in seeds (corpus/<name>/), their mutations and
+// random bytes. A target aborts (so the fuzzer reports it) when a property fails: a guard byte
+// changed, a refused peer was accepted, a round trip disagreed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gw::fuzz {
+
+// Store frames as the server reads them: the decoder alone, then the live server over a socket,
+// before and after a proper hello exchange.
+int store_server_frames(const uint8_t* data, size_t size);
+// Store replies as the client decodes them, for every operation.
+int store_client_frames(const uint8_t* data, size_t size);
+// tcp: the listener fed a raw handshake, the connector fed a fake listener's answer, and a
+// RecvComm fed a message stream (headers and payloads) after a proper handshake.
+int tcp_wire(const uint8_t* data, size_t size);
+// shm: the listener fed two handshake packets of any size.
+int shm_handshake(const uint8_t* data, size_t size);
+// NCCL plugin: the 128-byte handle NCCL hands to connect(), decoded by tcp and shm.
+int plugin_handle(const uint8_t* data, size_t size);
+// The codec spec parser (GW_COMPRESS, gw_config_t.compress); parse/format round trip.
+int codec_spec(const uint8_t* data, size_t size);
+// The codecs' decoders fed a peer's encoded payload (decode_add, decode, decode_sum,
+// merge_encode), and PowerSGD's factor helpers fed arbitrary floats.
+int codec_payload(const uint8_t* data, size_t size);
+// The TOML configuration file loader (GW_CONFIG_FILE).
+int config_toml(const uint8_t* data, size_t size);
+
+struct Target {
+  const char* name;
+  int (*run)(const uint8_t* data, size_t size);
+  // Inputs that reach deep into the target (valid frames, handshakes, encodings).
+  std::vector<std::vector<uint8_t>> (*seeds)();
+};
+const std::vector<Target>& targets();
+
+// How often each target reached its deep paths ("tcp.message", ...): the gtest driver checks
+// that the seeds and mutations get past the first checks.
+uint64_t& counter(const std::string& name);
+
+// Aborts with a message (the fuzzer's crash) when `ok` is false.
+void check(bool ok, const char* what);
+
+}  // namespace gw::fuzz

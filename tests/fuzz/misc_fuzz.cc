@@ -1,0 +1,89 @@
+// The NCCL plugin's handle and the TOML configuration loader (fuzz_targets.h).
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "core/config_file.h"
+#include "core/net/shm_transport.h"
+#include "core/net/tcp_transport.h"
+#include "core/net/transport.h"
+#include "tests/fuzz/fuzz_targets.h"
+
+namespace gw::fuzz {
+
+namespace {
+
+std::vector<std::unique_ptr<net::Transport>>& handle_transports() {
+  static auto* v = [] {
+    setenv("GW_SOCKET_IFNAME", "lo", 1);
+    auto* all = new std::vector<std::unique_ptr<net::Transport>>();
+    net::TransportOptions o;
+    o.job_token = "fuzz-token";
+    o.timeout_ms = 100;
+    o.host_id = "fuzz-host";
+    auto tcp = net::make_tcp_transport(o);
+    check(tcp.ok(), "handle fuzz: tcp");
+    all->push_back(std::move(*tcp));
+    auto shm = net::make_shm_transport(o);
+    check(shm.ok(), "handle fuzz: shm");
+    all->push_back(std::move(*shm));
+    return all;
+  }();
+  return *v;
+}
+
+}  // namespace
+
+// NCCL hands the plugin 128 bytes it got from the peer's listen(); connect() decodes them. The
+// connector is dropped without polling: polling would dial whatever address the bytes name.
+int plugin_handle(const uint8_t* data, size_t size) {
+  net::Handle h;
+  std::memcpy(h.bytes.data(), data, std::min(size, h.bytes.size()));
+  for (auto& t : handle_transports()) {
+    auto c = t->connect(h);
+    if (!c.ok()) {
+      check(c.status().code() == Code::kInvalidArg || c.status().code() == Code::kUnsupported,
+            "handle: a bad handle is kInvalidArg or kUnsupported");
+    }
+  }
+  return 0;
+}
+
+int config_toml(const uint8_t* data, size_t size) {
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto file = config::ConfigFile::parse(text, "fuzz.toml");
+  check(file != nullptr, "config: parse returns a file");
+  check(file->entries().empty() || file->errors().empty(), "config: entries or errors");
+  for (const auto& [key, entry] : file->entries()) {
+    // (An empty quoted key, '' = 1, is valid TOML: the registry reports it as unknown.)
+    check(file->find(key) == &entry, "config: find");
+  }
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> plugin_handle_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  for (auto& t : handle_transports()) {
+    net::Handle h;
+    auto l = t->listen(&h);
+    if (l.ok()) out.emplace_back(h.bytes.begin(), h.bytes.end());
+  }
+  return out;
+}
+
+std::vector<std::vector<uint8_t>> config_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  for (std::string_view s :
+       {"timeout_ms = 60000\ntransport = \"tcp\"\n",
+        "[dpdk]\nport = \"ring\"\nmtu = 1500\n[socket]\nifname = \"=eth0\"\n",
+        "compress = \"topk:0.01\"\nspin_us = 1.5\nflag = true\nlist = [1, 2, [3]]\n",
+        "a.b.c = 1\n[x.y]\nz = 'lit'\n[[arr]]\nk = 1\n[[arr]]\nk = 2\n",
+        "s = \"\"\"\nmulti\nline\"\"\"\nd = 1979-05-27T07:32:00Z\ni = { p = 1, q = 'x' }\n",
+        "bad = \n", "[unterminated\n", "x = 0x7fffffffffffffff\ny = -9223372036854775808\n"}) {
+    out.emplace_back(s.begin(), s.end());
+  }
+  return out;
+}
+
+}  // namespace gw::fuzz

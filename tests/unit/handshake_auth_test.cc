@@ -1,0 +1,329 @@
+// The tcp and shm handshakes as an attacker sees them: a connector of the wrong rank, a listener
+// or connector without the job token, a replayed or reflected proof, and the token's absence from
+// the wire. Each refused attempt leaves the listener serving the right peer.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "core/net/handshake.h"
+#include "core/net/shm_transport.h"
+#include "core/net/tcp_transport.h"
+#include "core/sys/fd.h"
+#include "tests/support/test_env.h"
+
+namespace gw::net {
+namespace {
+
+using ::gw::testing::now_ms;
+using ::gw::testing::ScopedEnv;
+
+constexpr int64_t kWaitMs = 5000;
+
+TransportOptions opts(const std::string& token, int rank) {
+  TransportOptions o;
+  o.job_token = token;
+  o.timeout_ms = kWaitMs;
+  o.rank = rank;
+  o.host_id = "auth-test-host";
+  return o;
+}
+
+class HandshakeAuth : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto probe = make_transport(backend(), opts("t", 0));
+    if (!probe.ok() && probe.status().code() == Code::kUnsupported) {
+      GTEST_SKIP() << GetParam() << " cannot run here: " << probe.status().to_string();
+    }
+  }
+  std::string backend() const { return GetParam().substr(0, GetParam().find('-')); }
+  std::unique_ptr<Transport> make(const std::string& token, int rank) {
+    auto t = make_transport(backend(), opts(token, rank));
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  // Polls both ends until the connector fails or connects; returns its status (ok: connected).
+  static Status attempt(Listener& listener, Connector& connector, bool* accepted) {
+    *accepted = false;
+    const int64_t deadline = now_ms() + kWaitMs;
+    Status result = timeout_error("no verdict");
+    bool connected = false;
+    while (now_ms() < deadline && !(connected && *accepted)) {
+      if (!connected) {
+        auto c = connector.poll();
+        if (!c.ok()) return c.status();
+        if (*c) {
+          connected = true;
+          result = ok_status();
+        }
+      }
+      auto a = listener.accept();
+      EXPECT_TRUE(a.ok()) << a.status().to_string();
+      if (a.ok() && *a) *accepted = true;
+    }
+    return result;
+  }
+
+  ScopedEnv lo_{"GW_SOCKET_IFNAME", "lo"};
+  // "verbs-emu": verbs over its emulator (ignored by the other backends).
+  ScopedEnv emu_{"GW_VERBS_EMULATE", GetParam() == "verbs-emu" ? "1" : "0"};
+};
+
+// The listener of rank 0's slot for rank 1 refuses rank 2, then still serves rank 1.
+TEST_P(HandshakeAuth, WrongRankForTheSlotIsRefusedAndListenerKeepsListening) {
+  auto receiver = make("tok", 0);
+  auto intruder = make("tok", 2);
+  auto sender = make("tok", 1);
+  ASSERT_TRUE(receiver && intruder && sender);
+  Handle h;
+  auto listener = receiver->listen(&h);
+  ASSERT_TRUE(listener.ok());
+  (*listener)->expect_peer(1);
+  auto bad = intruder->connect(h);
+  ASSERT_TRUE(bad.ok());
+  bool accepted = false;
+  Status s = attempt(**listener, **bad, &accepted);
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_NE(s.message().find("refused"), std::string::npos) << s.message();
+  EXPECT_FALSE(accepted);
+  auto good = sender->connect(h);
+  ASSERT_TRUE(good.ok());
+  s = attempt(**listener, **good, &accepted);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(accepted);
+}
+
+// Without expect_peer any rank may connect (the NCCL plugin's case).
+TEST_P(HandshakeAuth, AnyRankWhenNoPeerIsExpected) {
+  auto receiver = make("tok", 0);
+  auto sender = make("tok", 7);
+  Handle h;
+  auto listener = receiver->listen(&h);
+  ASSERT_TRUE(listener.ok());
+  auto c = sender->connect(h);
+  ASSERT_TRUE(c.ok());
+  bool accepted = false;
+  Status s = attempt(**listener, **c, &accepted);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(accepted);
+}
+
+// A listener that does not know the token cannot pass itself off as the handle's listener: the
+// connector refuses it before it sends any proof of its own.
+TEST_P(HandshakeAuth, ListenerWithoutTheTokenIsRefusedByTheConnector) {
+  auto impostor = make("guess", 0);
+  auto sender = make("tok", 1);
+  Handle h;
+  auto listener = impostor->listen(&h);
+  ASSERT_TRUE(listener.ok());
+  auto c = sender->connect(h);
+  ASSERT_TRUE(c.ok());
+  bool accepted = false;
+  Status s = attempt(**listener, **c, &accepted);
+  EXPECT_EQ(s.code(), Code::kPeer);
+  EXPECT_NE(s.message().find("did not prove the job token"), std::string::npos) << s.message();
+  EXPECT_FALSE(accepted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HandshakeAuth, ::testing::Values("tcp", "shm", "verbs-emu"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// --- tcp on the wire --------------------------------------------------------------------------
+
+struct TcpHello {
+  char magic[4];
+  uint16_t sock_index;
+  uint16_t nsocks;
+  uint64_t nonce;
+  uint64_t conn_id;
+  int32_t rank;
+  int32_t listener_rank;
+  handshake::Nonce challenge;
+};
+static_assert(sizeof(TcpHello) == 64);
+struct TcpChallenge {
+  uint8_t answer;
+  uint8_t reserved[7];
+  handshake::Nonce challenge;
+  handshake::Mac proof;
+};
+static_assert(sizeof(TcpChallenge) == 72);
+
+// Handle layout (docs/wire-tcp.md): port at 10 (network order), IPv4 at 16, nonce at 32, rank 40.
+uint16_t handle_port(const Handle& h) {
+  uint16_t be;
+  std::memcpy(&be, h.bytes.data() + 10, 2);
+  return ntohs(be);
+}
+uint64_t handle_nonce(const Handle& h) {
+  uint64_t n;
+  std::memcpy(&n, h.bytes.data() + 32, 8);
+  return n;
+}
+
+sys::Fd dial(uint16_t port) {
+  sys::Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+bool read_exact(int fd, void* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = recv(fd, static_cast<char*>(p) + got, n - got, 0);
+    if (k <= 0) return false;
+    got += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// A captured hello and proof replayed on a new socket meet a fresh challenge and are refused;
+// the listener's own proof reflected back is refused too.
+TEST(TcpHandshakeWire, ReplayedAndReflectedProofsAreRefused) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv one("GW_SOCKET_NSOCKS", "1");
+  auto t = make_tcp_transport(opts("tok", 0));
+  ASSERT_TRUE(t.ok());
+  Handle h;
+  auto listener = (*t)->listen(&h);
+  ASSERT_TRUE(listener.ok());
+  TcpHello hello{};
+  std::memcpy(hello.magic, "GWH2", 4);
+  hello.nsocks = 1;
+  hello.nonce = handle_nonce(h);
+  hello.conn_id = 77;
+  hello.rank = 1;
+  hello.listener_rank = 0;
+  ASSERT_TRUE(handshake::fresh_nonce(&hello.challenge).ok());
+  uint8_t verdicts[3] = {0, 0, 0};
+  std::thread client([&] {
+    auto transcript = [&](const TcpChallenge& ch) {
+      handshake::Transcript tr;
+      tr.protocol = "tcp";
+      tr.handle_nonce = hello.nonce;
+      tr.conn_id = hello.conn_id;
+      tr.connector_rank = hello.rank;
+      tr.listener_rank = hello.listener_rank;
+      tr.connector_challenge = hello.challenge;
+      tr.listener_challenge = ch.challenge;
+      return tr;
+    };
+    handshake::Mac captured{};
+    for (int round = 0; round < 3; ++round) {
+      sys::Fd fd = dial(handle_port(h));
+      ASSERT_EQ(send(fd.get(), &hello, sizeof(hello), MSG_NOSIGNAL), 64);
+      TcpChallenge ch{};
+      ASSERT_TRUE(read_exact(fd.get(), &ch, sizeof(ch)));
+      ASSERT_EQ(ch.answer, handshake::kChallenge);
+      ASSERT_TRUE(
+          handshake::verify("tok", handshake::Role::kListener, transcript(ch), ch.proof.data()));
+      handshake::Mac proof;
+      if (round == 0) {  // honest: capture the proof
+        proof = handshake::prove("tok", handshake::Role::kConnector, transcript(ch));
+        captured = proof;
+      } else if (round == 1) {
+        proof = captured;  // replay
+      } else {
+        proof = ch.proof;  // reflection
+      }
+      ASSERT_EQ(send(fd.get(), proof.data(), proof.size(), MSG_NOSIGNAL), 32);
+      ASSERT_TRUE(read_exact(fd.get(), &verdicts[round], 1));
+      hello.conn_id++;  // a new connection id, so the group logic does not interfere
+    }
+  });
+  int accepted = 0;
+  const int64_t deadline = now_ms() + kWaitMs;
+  while (now_ms() < deadline && (verdicts[2] == 0)) {
+    auto a = (*listener)->accept();
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    if (*a) ++accepted;
+  }
+  client.join();
+  EXPECT_EQ(verdicts[0], handshake::kAccept);
+  EXPECT_EQ(verdicts[1], handshake::kRefuse);
+  EXPECT_EQ(verdicts[2], handshake::kRefuse);
+  EXPECT_EQ(accepted, 1);
+}
+
+// The connector's bytes carry no token, and a listener that answers without the token's proof is
+// refused.
+TEST(TcpHandshakeWire, TokenNeverCrossesTheWire) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  sys::Fd lfd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(lfd.get(), 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(lfd.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  // A handle naming the fake listener (docs/wire-tcp.md).
+  Handle h{};
+  std::memcpy(h.bytes.data(), "GWT1", 4);
+  uint16_t version = 2, nsocks = 1, family = AF_INET;
+  std::memcpy(h.bytes.data() + 4, &version, 2);
+  std::memcpy(h.bytes.data() + 6, &nsocks, 2);
+  std::memcpy(h.bytes.data() + 8, &family, 2);
+  std::memcpy(h.bytes.data() + 10, &a.sin_port, 2);
+  std::memcpy(h.bytes.data() + 16, &a.sin_addr, 4);
+  const std::string token = "the-job-token-that-must-not-leak";
+  auto t = make_tcp_transport(opts(token, 1));
+  ASSERT_TRUE(t.ok());
+  auto c = (*t)->connect(h);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::string seen;
+  std::thread fake([&] {
+    pollfd p{lfd.get(), POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1) return;
+    sys::Fd fd(accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    timeval tv{5, 0};
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[64];
+    if (!read_exact(fd.get(), buf, sizeof(buf))) return;
+    seen.assign(buf, sizeof(buf));
+    TcpChallenge ch{};
+    ch.answer = handshake::kChallenge;
+    (void)send(fd.get(), &ch, sizeof(ch), MSG_NOSIGNAL);
+    char more[64];
+    (void)recv(fd.get(), more, sizeof(more), 0);  // the connector closes
+  });
+  Status s = timeout_error("no verdict");
+  const int64_t deadline = now_ms() + kWaitMs;
+  while (now_ms() < deadline) {
+    auto r = (*c)->poll();
+    if (!r.ok()) {
+      s = r.status();
+      break;
+    }
+    ASSERT_EQ(*r, nullptr) << "connected to a listener that proved nothing";
+  }
+  c->reset();
+  fake.join();
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_NE(s.message().find("did not prove"), std::string::npos) << s.message();
+  ASSERT_EQ(seen.size(), 64u);
+  EXPECT_EQ(seen.find("the-job"), std::string::npos);
+  EXPECT_EQ(seen.find("leak"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gw::net
