@@ -3,6 +3,8 @@
 # torch but no apt, no internet and none of the -dev packages this project builds against:
 #   .gpu/include/{fmt,spdlog,toml++}  headers for the header-only builds of the NCCL plugin and of the
 #                              GPU check programs in perf/gpu/ (GW_THIRD_PARTY_INCLUDE)
+#   .gpu/include/openssl       OpenSSL 3's headers (Debian's arch-specific ones merged in): the
+#                              handshakes link the host's run-time libcrypto.so.3
 #   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
 #                              does not travel with the repository
 # Then, through the device tool: run(command="bash scripts/gpu_check.sh all", carry=[".gpu"]).
@@ -22,5 +24,9 @@ done
 rm -rf "$dest"
 mkdir -p "$dest/include"
 cp -r /usr/include/fmt /usr/include/spdlog /usr/include/toml++ "$dest/include/"
+if [ -d /usr/include/openssl ]; then
+  cp -r /usr/include/openssl "$dest/include/"
+  cp /usr/include/x86_64-linux-gnu/openssl/*.h "$dest/include/openssl/" 2>/dev/null || true
+fi
 cp -r "$peers" "$dest/peers"
 echo "gpu_prepare.sh: $dest ready ($(du -sh "$dest" | cut -f1)); carry it: carry=[\".gpu\"]"
