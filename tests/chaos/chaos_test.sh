@@ -49,8 +49,10 @@ echo "$rc $(ms) $fault" >"$OUTDIR/rc.$GW_RANK"
 exit 0
 EOS
 
-leftovers() {
-  pgrep -f "$perf allreduce" >/dev/null && { pgrep -af "$perf allreduce" >&2; return 0; }
+leftovers() {  # the perf binary's processes, by executable name
+  local name
+  name=$(basename "$perf" | cut -c1-15)
+  pgrep -x "$name" >/dev/null && { pgrep -ax "$name" >&2; return 0; }
   return 1
 }
 
