@@ -188,6 +188,23 @@ bool DaemonSession::in_arena(const void* p, size_t bytes, uint64_t* off) const {
   return true;
 }
 
+Result<std::pair<DaemonSession::Placed, DaemonSession::Placed>> DaemonSession::place_pair(
+    const void* sendbuf, void* recvbuf, size_t bytes) {
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
+  if (recvbuf == sendbuf) return std::make_pair(s, s);
+  auto r = place(recvbuf, bytes, false);
+  if (!r.ok()) {
+    unplace(s);
+    return r.status();
+  }
+  return std::make_pair(s, *r);
+}
+
+void DaemonSession::unplace_pair(const Placed& s, const Placed& r, bool in_place) {
+  unplace(s);
+  if (!in_place) unplace(r);
+}
+
 Result<DaemonSession::Placed> DaemonSession::place(const void* p, size_t bytes, bool copy_in) {
   Placed out;
   if (bytes == 0) return out;
@@ -341,16 +358,8 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
   std::lock_guard<std::mutex> lock(mu_);
   if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
-  Placed r = s;
-  if (recvbuf != sendbuf) {
-    auto pr = place(recvbuf, bytes, false);
-    if (!pr.ok()) {
-      unplace(s);
-      return pr.status();
-    }
-    r = *pr;
-  }
+  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, bytes));
+  const auto [s, r] = placed;
   SqEntry e = entry(Opcode::kAllreduce);
   e.dtype = static_cast<uint8_t>(dtype);
   e.op = static_cast<uint8_t>(op);
@@ -359,8 +368,7 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
   e.recv_off = r.off;
   Status st = submit(e, "allreduce");
   if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, bytes);
-  unplace(s);
-  if (recvbuf != sendbuf) unplace(r);
+  unplace_pair(s, r, recvbuf == sendbuf);
   return st;
 }
 
@@ -414,8 +422,7 @@ class DaemonRequest final : public SessionRequest {
     Status st = s->wait_for(seq_, deadline, &done, "iallreduce");
     if (!done) return st;  // kTimeout: still running
     if (st.ok() && recv_.staged) std::memcpy(user_recv_, s->data_ + recv_.off, bytes_);
-    s->unplace(send_);
-    if (!in_place_) s->unplace(recv_);
+    s->unplace_pair(send_, recv_, in_place_);
     finished_ = true;
     final_ = st;
     return st;
@@ -437,16 +444,8 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
   std::lock_guard<std::mutex> lock(mu_);
   if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
-  Placed r = s;
-  if (recvbuf != sendbuf) {
-    auto pr = place(recvbuf, bytes, false);
-    if (!pr.ok()) {
-      unplace(s);
-      return pr.status();
-    }
-    r = *pr;
-  }
+  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, bytes));
+  const auto [s, r] = placed;
   SqEntry e = entry(Opcode::kAllreduce);
   e.dtype = static_cast<uint8_t>(dtype);
   e.op = static_cast<uint8_t>(op);
@@ -455,8 +454,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
   e.recv_off = r.off;
   auto seq = post(e, "iallreduce");
   if (!seq.ok()) {
-    unplace(s);
-    if (recvbuf != sendbuf) unplace(r);
+    unplace_pair(s, r, recvbuf == sendbuf);
     return seq.status();
   }
   return std::unique_ptr<SessionRequest>(

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "capi/session.h"
 #include "core/store.h"
@@ -74,6 +75,10 @@ class DaemonSession final : public Session {
   };
   Result<Placed> place(const void* p, size_t bytes, bool copy_in);
   void unplace(const Placed& p);
+  // allreduce's two buffers: sendbuf copied in if staged; recvbuf its own place, or sendbuf's
+  // when in place. unplace_pair frees both (once when in place).
+  Result<std::pair<Placed, Placed>> place_pair(const void* sendbuf, void* recvbuf, size_t bytes);
+  void unplace_pair(const Placed& s, const Placed& r, bool in_place);
   bool in_arena(const void* p, size_t bytes, uint64_t* off) const;
   friend class DaemonRequest;
   // The caller holds mu_ for all of these. post: puts one submission in the ring (waiting for
