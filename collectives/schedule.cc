@@ -491,87 +491,98 @@ void wait_after(Schedule& s, size_t first, int plan, size_t steps) {
   s[first].after_steps = steps;
 }
 
+// What hier_allgather and hier_reduce_scatter share: two plans on channels 0 and 1, this rank's
+// place, its column (the ranks of its local index on every host) and each lane's steps per segment.
+struct HierLanes {
+  std::vector<Plan> lanes;
+  Place me;
+  int nhosts = 0, nlocal = 0;
+  std::vector<int> column;
+  int inter_steps = 0, intra_steps = 0;
+};
+
+HierLanes hier_lanes(const HostRanks& hosts, int rank) {
+  HierLanes v;
+  v.lanes.resize(2);
+  for (int i = 0; i < 2; ++i) v.lanes[i].chan = i;
+  v.me = place_of(hosts, rank);
+  v.nhosts = static_cast<int>(hosts.size());
+  v.nlocal = static_cast<int>(hosts[v.me.host].size());
+  v.column.resize(static_cast<size_t>(v.nhosts));
+  for (int h = 0; h < v.nhosts; ++h) v.column[h] = hosts[h][v.me.local];
+  v.inter_steps = v.nhosts - 1;
+  v.intra_steps = v.nhosts * (v.nlocal - 1);
+  return v;
+}
+
+// Segment k of each rank's block, for the ranks in `ranks` (block i belongs to ranks[i]).
+std::vector<Range> segment_blocks(const std::vector<int>& ranks, size_t count_per_rank,
+                                  int nsegments, int k) {
+  std::vector<Range> blocks(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    blocks[i] = block_segment(ranks[i], count_per_rank, nsegments, k);
+  }
+  return blocks;
+}
+
 }  // namespace
 
 std::vector<Plan> hier_allgather(const HostRanks& hosts, int rank, size_t count_per_rank,
                                  int nsegments) {
   enum Lane { kInter = 0, kIntra = 1 };
-  std::vector<Plan> lanes(2);
-  for (int i = 0; i < 2; ++i) lanes[i].chan = i;
-  const Place me = place_of(hosts, rank);
-  const int nhosts = static_cast<int>(hosts.size());
-  const auto& local = hosts[me.host];
-  const int nlocal = static_cast<int>(local.size());
-  std::vector<int> column(static_cast<size_t>(nhosts));
-  for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
-  const int inter_steps = nhosts - 1, intra_steps = nhosts * (nlocal - 1);
+  HierLanes v = hier_lanes(hosts, rank);
+  const auto& local = hosts[v.me.host];
   for (int k = 0; k < nsegments; ++k) {
     // 1. Across hosts: the ranks of one local index gather their segments with a ring, so every
     //    rank of a host drives its share of the host's link at once.
-    if (inter_steps > 0) {
-      std::vector<Range> blocks(static_cast<size_t>(nhosts));
-      for (int h = 0; h < nhosts; ++h) {
-        blocks[h] = block_segment(column[h], count_per_rank, nsegments, k);
-      }
-      add_ring_allgather(lanes[kInter].sched, column, me.host, blocks, 0, k * inter_steps);
+    if (v.inter_steps > 0) {
+      add_ring_allgather(v.lanes[kInter].sched, v.column, v.me.host,
+                         segment_blocks(v.column, count_per_rank, nsegments, k), 0,
+                         k * v.inter_steps);
     }
     // 2. Within the host: local rank l now holds column l's segments (one from every host);
     //    a ring allgather per host hands them round.
-    if (nlocal > 1) {
-      Schedule& s = lanes[kIntra].sched;
+    if (v.nlocal > 1) {
+      Schedule& s = v.lanes[kIntra].sched;
       const size_t first = s.size();
-      for (int h = 0; h < nhosts; ++h) {
-        std::vector<Range> blocks(static_cast<size_t>(nlocal));
-        for (int l = 0; l < nlocal; ++l) {
-          blocks[l] = block_segment(hosts[h][l], count_per_rank, nsegments, k);
-        }
-        add_ring_allgather(s, local, me.local, blocks, 0, k * intra_steps + h * (nlocal - 1));
+      for (int h = 0; h < v.nhosts; ++h) {
+        add_ring_allgather(s, local, v.me.local,
+                           segment_blocks(hosts[h], count_per_rank, nsegments, k), 0,
+                           k * v.intra_steps + h * (v.nlocal - 1));
       }
-      wait_after(s, first, kInter, static_cast<size_t>(inter_steps) * (k + 1));
+      wait_after(s, first, kInter, static_cast<size_t>(v.inter_steps) * (k + 1));
     }
   }
-  return lanes;
+  return std::move(v.lanes);
 }
 
 std::vector<Plan> hier_reduce_scatter(const HostRanks& hosts, int rank, size_t count_per_rank,
                                       int nsegments) {
   enum Lane { kIntra = 0, kInter = 1 };
-  std::vector<Plan> lanes(2);
-  for (int i = 0; i < 2; ++i) lanes[i].chan = i;
-  const Place me = place_of(hosts, rank);
-  const int nhosts = static_cast<int>(hosts.size());
-  const auto& local = hosts[me.host];
-  const int nlocal = static_cast<int>(local.size());
-  std::vector<int> column(static_cast<size_t>(nhosts));
-  for (int h = 0; h < nhosts; ++h) column[h] = hosts[h][me.local];
-  const int inter_steps = nhosts - 1, intra_steps = nhosts * (nlocal - 1);
+  HierLanes v = hier_lanes(hosts, rank);
+  const auto& local = hosts[v.me.host];
   for (int k = 0; k < nsegments; ++k) {
     // 1. Within the host: for every host h, a ring reduce-scatter of host h's blocks leaves local
     //    rank l with the block of hosts[h][l] summed over this host (column l's blocks).
-    if (nlocal > 1) {
-      for (int h = 0; h < nhosts; ++h) {
-        std::vector<Range> blocks(static_cast<size_t>(nlocal));
-        for (int l = 0; l < nlocal; ++l) {
-          blocks[l] = block_segment(hosts[h][l], count_per_rank, nsegments, k);
-        }
-        add_ring_reduce_scatter(lanes[kIntra].sched, local, me.local, blocks, nlocal - 1,
-                                k * intra_steps + h * (nlocal - 1));
+    if (v.nlocal > 1) {
+      for (int h = 0; h < v.nhosts; ++h) {
+        add_ring_reduce_scatter(v.lanes[kIntra].sched, local, v.me.local,
+                                segment_blocks(hosts[h], count_per_rank, nsegments, k),
+                                v.nlocal - 1, k * v.intra_steps + h * (v.nlocal - 1));
       }
     }
     // 2. Across hosts: the ranks of one local index reduce-scatter their column's host sums with
     //    a ring, each ending with its own block summed over every host.
-    if (inter_steps > 0) {
-      Schedule& s = lanes[kInter].sched;
+    if (v.inter_steps > 0) {
+      Schedule& s = v.lanes[kInter].sched;
       const size_t first = s.size();
-      std::vector<Range> blocks(static_cast<size_t>(nhosts));
-      for (int h = 0; h < nhosts; ++h) {
-        blocks[h] = block_segment(column[h], count_per_rank, nsegments, k);
-      }
-      add_ring_reduce_scatter(s, column, me.host, blocks, nhosts - 1, k * inter_steps, nlocal == 1);
-      wait_after(s, first, kIntra, static_cast<size_t>(intra_steps) * (k + 1));
+      add_ring_reduce_scatter(s, v.column, v.me.host,
+                              segment_blocks(v.column, count_per_rank, nsegments, k), v.nhosts - 1,
+                              k * v.inter_steps, v.nlocal == 1);
+      wait_after(s, first, kIntra, static_cast<size_t>(v.intra_steps) * (k + 1));
     }
   }
-  return lanes;
+  return std::move(v.lanes);
 }
 
 Schedule binary_blocks_allreduce(int rank, int nranks, size_t count) {
