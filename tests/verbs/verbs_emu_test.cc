@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -457,6 +458,33 @@ TEST_F(EmuTest, ForcedQpErrorFlushesAndRaisesQpFatal) {
   }
   EXPECT_EQ(post_recv(b_, 3), 0);
   EXPECT_EQ(next_wc(cq_b_).status, IBV_WC_WR_FLUSH_ERR) << "receives posted in ERR flush";
+}
+
+// As libibverbs: destroying a QP waits until the affiliated events handed out for it were acked,
+// so a consumer never records an error against an address the next QP may receive.
+TEST_F(EmuTest, DestroyQpWaitsForItsEventsToBeAcked) {
+  connect();
+  force_qp_error(b_);
+  ibv_async_event ev{};
+  int64_t end = now_ms() + 2000;
+  while (t_->get_async_event(ctx_, &ev) != 0 && now_ms() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(ev.event_type, IBV_EVENT_QP_FATAL);
+  ASSERT_EQ(ev.element.qp, b_);
+  std::atomic<bool> destroyed{false};
+  ibv_qp* victim = b_;
+  b_ = nullptr;
+  std::erase(qps_, victim);
+  std::thread destroyer([&] {
+    EXPECT_EQ(t_->destroy_qp(victim), 0);
+    destroyed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(destroyed.load()) << "destroy_qp returned with an event about its QP not acked";
+  t_->ack_async_event(&ev);
+  destroyer.join();
+  EXPECT_TRUE(destroyed.load());
 }
 
 TEST_F(EmuTest, CqOverrunRaisesCqErr) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -183,6 +184,25 @@ struct EmuContext {
   std::deque<ibv_async_event> events;
 };
 
+// The QP or CQ an async event is about, or null for port and device events.
+const void* affiliated_object(const ibv_async_event& ev) {
+  switch (ev.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      return ev.element.cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return ev.element.qp;
+    default:
+      return nullptr;
+  }
+}
+
 class Nic {
  public:
   static Nic& get() {
@@ -213,6 +233,7 @@ class Nic {
     qps.clear();
     mrs.clear();
     contexts.clear();
+    unacked.clear();
     if (listen_fd_ >= 0) close(listen_fd_);
     if (wake_fd_ >= 0) close(wake_fd_);
     listen_fd_ = wake_fd_ = -1;
@@ -221,6 +242,11 @@ class Nic {
   }
 
   std::mutex mu;
+  // Affiliated events handed out by get_async_event and not yet acked, per QP or CQ: as in
+  // libibverbs, destroying the object waits for them (or the consumer could record an error
+  // against an address the next QP or CQ receives).
+  std::map<const void*, int> unacked;
+  std::condition_variable acked;
   std::map<uint32_t, EmuQp*> qps;
   std::map<uint32_t, EmuMr*> mrs;  // by lkey (== rkey)
   std::vector<EmuContext*> contexts;
@@ -294,6 +320,17 @@ class Nic {
       std::erase_if(c->events, [object](const ibv_async_event& ev) {
         return ev.element.qp == object || ev.element.cq == object;
       });
+    }
+  }
+
+  // Waits (bounded: a consumer that never acks must not hang the destroy for good) until every
+  // event about `object` that get_async_event handed out was acked. `lock` holds mu.
+  void wait_acked(std::unique_lock<std::mutex>& lock, const void* object) {
+    auto none = [&] { return unacked.find(object) == unacked.end(); };
+    if (!acked.wait_for(lock, std::chrono::seconds(10), none)) {
+      GW_LOG_WARN(
+          "verbs emulator: an async event was not acked within 10 s of destroying its object");
+      unacked.erase(object);
     }
   }
 
@@ -1023,10 +1060,11 @@ ibv_cq* emu_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_chan
 
 int emu_destroy_cq(ibv_cq* cq) {
   Nic& nic = Nic::get();
-  std::lock_guard<std::mutex> lock(nic.mu);
+  std::unique_lock<std::mutex> lock(nic.mu);
   auto* c = reinterpret_cast<EmuCq*>(cq);
   if (c->users > 0) return EBUSY;
   nic.drop_events(cq);
+  nic.wait_acked(lock, cq);
   delete c;
   return 0;
 }
@@ -1127,11 +1165,12 @@ int emu_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
 
 int emu_destroy_qp(ibv_qp* qp) {
   Nic& nic = Nic::get();
-  std::lock_guard<std::mutex> lock(nic.mu);
+  std::unique_lock<std::mutex> lock(nic.mu);
   auto* q = reinterpret_cast<EmuQp*>(qp);
   nic.close_out(q);
   nic.drop_events(qp);
   nic.qps.erase(qp->qp_num);
+  nic.wait_acked(lock, qp);
   --q->scq->users;
   --q->rcq->users;
   --reinterpret_cast<EmuPd*>(qp->pd)->users;
@@ -1251,13 +1290,25 @@ int emu_get_async_event(ibv_context* ctx, ibv_async_event* ev) {
     }
     *ev = c->events.front();
     c->events.pop_front();
+    if (const void* object = affiliated_object(*ev)) ++nic.unacked[object];
     return 0;
   }
   errno = EINVAL;
   return -1;
 }
 
-void emu_ack_async_event(ibv_async_event*) {}
+void emu_ack_async_event(ibv_async_event* ev) {
+  const void* object = ev != nullptr ? affiliated_object(*ev) : nullptr;
+  if (object == nullptr) return;
+  Nic& nic = Nic::get();
+  std::lock_guard<std::mutex> lock(nic.mu);
+  auto it = nic.unacked.find(object);
+  if (it == nic.unacked.end()) return;
+  if (--it->second == 0) {
+    nic.unacked.erase(it);
+    nic.acked.notify_all();
+  }
+}
 int emu_fork_init() { return 0; }
 
 EmuQp* as_qp(ibv_qp* qp) { return reinterpret_cast<EmuQp*>(qp); }
