@@ -24,9 +24,12 @@
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
 #include "collectives/types.h"
+#include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
+
+using gw::testing::kSimMaxRanks;
 
 constexpr DataType kAllTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
                                   DataType::kI32, DataType::kI64, DataType::kU8};
@@ -258,8 +261,8 @@ std::vector<HostRanks> numberings(const std::vector<int>& sizes) {
 
 std::vector<std::vector<int>> uniform_layouts() {
   std::vector<std::vector<int>> all;
-  for (int nhosts = 1; nhosts <= 33; ++nhosts) {
-    for (int local = 1; nhosts * local <= 33; ++local) all.emplace_back(nhosts, local);
+  for (int nhosts = 1; nhosts <= kSimMaxRanks; ++nhosts) {
+    for (int local = 1; nhosts * local <= kSimMaxRanks; ++local) all.emplace_back(nhosts, local);
   }
   return all;
 }

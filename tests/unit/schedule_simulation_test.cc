@@ -19,9 +19,12 @@
 
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
+#include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
+
+using gw::testing::kSimMaxRanks;
 
 struct Message {
   int id;
@@ -698,8 +701,8 @@ void check_plans_sum(int p, size_t count, bool in_place,
 
 TEST(ScheduleSimulation, HierPipelinedAllreduceOnEveryUniformLayoutUpTo33Ranks) {
   uint32_t seed = 1;
-  for (int nhosts = 1; nhosts <= 33; ++nhosts) {
-    for (int local = 1; nhosts * local <= 33; ++local) {
+  for (int nhosts = 1; nhosts <= kSimMaxRanks; ++nhosts) {
+    for (int local = 1; nhosts * local <= kSimMaxRanks; ++local) {
       const int p = nhosts * local;
       for (const HostRanks& hosts : numberings(std::vector<int>(nhosts, local))) {
         for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(p), size_t{97}, size_t{1000}}) {
