@@ -75,6 +75,9 @@ Result<const Driver*> load(const char* library) {
   GW_BIND(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime");
   GW_BIND(cuPointerGetAttribute, "cuPointerGetAttribute");
 #undef GW_BIND
+  // Optional entries: a driver without them still serves everything else.
+  (void)bind(lib, &d->cuMemGetAddressRange, {"cuMemGetAddressRange_v2"});
+  (void)bind(lib, &d->cuMemGetHandleForAddressRange, {"cuMemGetHandleForAddressRange"});
   if (missing) {
     dlclose(lib);
     return unsupported("no usable CUDA driver: {} lacks {} (driver too old?)", library, missing);

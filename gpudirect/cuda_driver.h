@@ -50,8 +50,10 @@ inline constexpr unsigned kStreamNonBlocking = 1;    // CU_STREAM_NON_BLOCKING
 inline constexpr unsigned kEventDefault = 0;
 inline constexpr unsigned kEventDisableTiming = 2;    // CU_EVENT_DISABLE_TIMING
 inline constexpr unsigned kMemHostAllocPortable = 1;  // CU_MEMHOSTALLOC_PORTABLE
+inline constexpr int kMemRangeHandleDmaBufFd = 1;     // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
-// The function table. Every entry is non-null in a table that driver() returned.
+// The function table. Every entry is non-null in a table that driver() returned, except the
+// optional ones marked below (null where the driver is too old for them).
 struct Driver {
   CUresult (*cuInit)(unsigned flags);
   CUresult (*cuDriverGetVersion)(int* version);
@@ -95,6 +97,11 @@ struct Driver {
   CUresult (*cuEventQuery)(CUevent event);
   CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end);  // _v2 where present
   CUresult (*cuPointerGetAttribute)(void* data, int attribute, CUdeviceptr ptr);
+  // Optional: the allocation holding `ptr` (_v2), and its export as a dma-buf file descriptor
+  // (CUDA 11.7+; `handle` is an int*), for GPUDirect RDMA registration (verbs/).
+  CUresult (*cuMemGetAddressRange)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) = nullptr;
+  CUresult (*cuMemGetHandleForAddressRange)(void* handle, CUdeviceptr ptr, size_t size, int type,
+                                            unsigned long long flags) = nullptr;
 
   // The library the table came from and the driver's version (e.g. 13000).
   std::string library;

@@ -192,12 +192,17 @@ ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandl
   return guarded("regMr", [&]() -> Status {
     if (mhandle == nullptr) return internal_error("NULL mhandle");
     GW_ASSIGN_OR_RETURN(PluginComm * c, as_any_comm(comm));
-    if (type != NCCL_PTR_HOST) {
-      return internal_error("memory type {} requested but the plugin reports NCCL_PTR_HOST only",
-                            type);
+    if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+      return internal_error("memory type {} is neither NCCL_PTR_HOST nor NCCL_PTR_CUDA", type);
     }
-    GW_ASSIGN_OR_RETURN(MemHandle * mh, c->reg_mr(data, size));
-    *mhandle = mh;
+    Result<MemHandle*> mh = c->reg_mr(data, size, type == NCCL_PTR_CUDA);
+    if (!mh.ok() && type == NCCL_PTR_CUDA && mh.status().code() == Code::kUnsupported) {
+      // NCCL asks for this only where getProperties reported NCCL_PTR_CUDA.
+      return internal_error("NCCL_PTR_CUDA memory, but this device reports host memory only: {}",
+                            mh.status().message());
+    }
+    if (!mh.ok()) return mh.status();
+    *mhandle = *mh;
     return ok_status();
   });
 }
@@ -205,10 +210,14 @@ ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandl
 ncclResult_t reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                             void** mhandle) {
   return guarded("regMrDmaBuf", [&]() -> Status {
-    return internal_error(
-        "dma-buf registration requested but the plugin reports NCCL_PTR_HOST "
-        "only (fd {}, {} bytes)",
-        fd, size);
+    if (mhandle == nullptr) return internal_error("NULL mhandle");
+    GW_ASSIGN_OR_RETURN(PluginComm * c, as_any_comm(comm));
+    if (type != NCCL_PTR_CUDA && type != NCCL_PTR_DMABUF) {
+      return internal_error("regMrDmaBuf of memory type {} (expected NCCL_PTR_CUDA)", type);
+    }
+    GW_ASSIGN_OR_RETURN(MemHandle * mh, c->reg_mr_dmabuf(data, size, offset, fd));
+    *mhandle = mh;
+    return ok_status();
   });
 }
 

@@ -325,9 +325,20 @@ net::Comm* PluginComm::comm() const {
 
 std::string PluginComm::peer_name() const { return comm()->peer_name(); }
 
-Result<MemHandle*> PluginComm::reg_mr(void* data, size_t size) {
+Result<MemHandle*> PluginComm::reg_mr(void* data, size_t size, bool cuda) {
   if (data == nullptr && size > 0) return internal_error("NULL buffer of {} bytes", size);
-  GW_ASSIGN_OR_RETURN(net::MemRegion * mr, comm()->reg_mr(data, size, net::MemType::kHost));
+  GW_ASSIGN_OR_RETURN(net::MemRegion * mr,
+                      comm()->reg_mr(data, size, cuda ? net::MemType::kCuda : net::MemType::kHost));
+  return track(mr, data, size);
+}
+
+Result<MemHandle*> PluginComm::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) {
+  if (data == nullptr || size == 0) return internal_error("dma-buf of {} bytes at {}", size, data);
+  GW_ASSIGN_OR_RETURN(net::MemRegion * mr, comm()->reg_mr_dmabuf(data, size, offset, fd));
+  return track(mr, data, size);
+}
+
+MemHandle* PluginComm::track(net::MemRegion* mr, void* data, size_t size) {
   auto* mh = new MemHandle;
   mh->comm = this;
   mh->mr = mr;
@@ -537,7 +548,11 @@ Status NetPlugin::discover() {
   d.io_threads = p.io_threads;
   d.thread_policy = std::move(thread_policy);
   d.latency_us = static_cast<float>(p.latency_us);
-  d.ptr_support = NCCL_PTR_HOST;  // host memory only; GPU memory arrives via NCCL staging
+  // Device memory only where the transport registers it with its NIC (verbs with GPUDirect
+  // RDMA); otherwise NCCL stages GPU buffers through host memory.
+  const net::Transport::DeviceMemory dm = transport->device_memory();
+  d.ptr_support = NCCL_PTR_HOST | (dm.reg ? NCCL_PTR_CUDA : 0) | (dm.dmabuf ? NCCL_PTR_DMABUF : 0);
+  d.gpudirect = dm.reg ? (dm.dmabuf ? "dma-buf" : "nvidia-peermem") : "none: " + dm.why;
   std::vector<std::string> ifs = interface_names(p.interfaces);
   std::string joined;
   int speed = 0;
@@ -585,13 +600,16 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
         NCCL_INIT | NCCL_NET,
         "NET/gradwire: backend {}, device {} (interfaces {}, pci {}), {} socket(s) per "
         "connection, {} I/O thread(s) per comm ({}), {} Mbps, pointer support {}, job "
-        "token {}, library {}",
+        "token {}, library {}, GPUDirect RDMA {}",
         d.backend, d.name, d.interfaces.empty() ? "?" : d.interfaces,
         d.pci_path.empty() ? "none" : d.pci_path, d.sockets_per_conn, d.io_threads,
         d.io_threads == 0 ? "progress on NCCL's proxy thread; " + d.thread_policy : d.thread_policy,
-        d.speed_mbps, (d.ptr_support & NCCL_PTR_CUDA) ? "HOST|CUDA" : "HOST",
+        d.speed_mbps,
+        (d.ptr_support & NCCL_PTR_DMABUF) ? "HOST|CUDA|DMABUF"
+        : (d.ptr_support & NCCL_PTR_CUDA) ? "HOST|CUDA"
+                                          : "HOST",
         own_token ? "from GW_JOB_TOKEN" : "default (set GW_JOB_TOKEN on every rank)",
-        pinned_ ? "pinned" : "not pinned");
+        pinned_ ? "pinned" : "not pinned", d.gpudirect);
     GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", channels);
   }
   auto* ctx = new Context;

@@ -43,6 +43,7 @@ struct DeviceInfo {
   int io_threads = 0;         // tcp I/O worker threads per comm (0 = NCCL's proxy thread)
   std::string thread_policy;  // why: "auto: 16 online CPUs", "GW_SOCKET_NTHREADS=2", ...
   int ptr_support = NCCL_PTR_HOST;
+  std::string gpudirect;  // "dma-buf", "nvidia-peermem", or "none: why"
 };
 
 // Per-communicator context returned by init (v11). v8..v10 share one process-wide context.
@@ -107,8 +108,13 @@ class PluginComm {
   bool is_send() const { return magic_ == kSendMagic; }
   std::string peer_name() const;
 
-  Result<MemHandle*> reg_mr(void* data, size_t size);
+  // `cuda`: device memory (NCCL_PTR_CUDA), registered through the transport's GPUDirect path.
+  Result<MemHandle*> reg_mr(void* data, size_t size, bool cuda = false);
+  // Device memory handed over as a dma-buf (regMrDmaBuf).
+  Result<MemHandle*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd);
   Status dereg_mr(MemHandle* mh);
+  // A handle for a registration the comm made; kept until dereg_mr or the comm's end.
+  MemHandle* track(net::MemRegion* mr, void* data, size_t size);
   // *request = nullptr when no slot is free now.
   Status isend(const void* data, size_t size, int tag, MemHandle* mh, Request** request);
   Status irecv(void* data, size_t size, int tag, MemHandle* mh, Request** request);

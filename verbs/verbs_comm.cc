@@ -183,19 +183,30 @@ VerbsCommCore::~VerbsCommCore() {
 
 Result<net::MemRegion*> VerbsCommCore::reg_mr(void* data, size_t size, net::MemType type) {
   if (data == nullptr && size > 0) return invalid_arg("reg_mr: null buffer of {} bytes", size);
-  if (type != net::MemType::kHost) {
-    return unsupported(
-        "reg_mr: the verbs transport registers host memory only here (GPUDirect "
-        "registration of CUDA memory is not built in)");
-  }
+  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   auto mr = std::make_unique<VerbsMr>();
   mr->base = data;
   mr->size = size;
   mr->type = type;
-  if (size > 0) {
-    GW_ASSIGN_OR_RETURN(
-        mr->reg, device().acquire(data, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  if (size > 0 && type == net::MemType::kCuda) {
+    GW_ASSIGN_OR_RETURN(mr->reg, device().acquire_device(data, size, kAccess, qps_->config()));
+  } else if (size > 0) {
+    GW_ASSIGN_OR_RETURN(mr->reg, device().acquire(data, size, kAccess));
   }
+  std::lock_guard<std::mutex> lock(mr_mu_);
+  mrs_.push_back(std::move(mr));
+  return mrs_.back().get();
+}
+
+Result<net::MemRegion*> VerbsCommCore::reg_mr_dmabuf(void* data, size_t size, uint64_t offset,
+                                                     int fd) {
+  auto mr = std::make_unique<VerbsMr>();
+  mr->base = data;
+  mr->size = size;
+  mr->type = net::MemType::kCuda;
+  GW_ASSIGN_OR_RETURN(mr->reg,
+                      device().acquire_dmabuf(data, size, offset, fd,
+                                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
   std::lock_guard<std::mutex> lock(mr_mu_);
   mrs_.push_back(std::move(mr));
   return mrs_.back().get();

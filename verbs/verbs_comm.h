@@ -35,6 +35,7 @@ class QpSet {
   int nqps() const { return static_cast<int>(qps_.size()); }
   uint32_t max_inline() const { return max_inline_; }
   int mtu() const { return mtu_; }  // ibv_mtu after connect()
+  const VerbsConfig& config() const { return config_; }
   // Index of the QP with this number, or -1.
   int index_of(uint32_t qp_num) const;
   Status post_receives(int qp_index, int count);
@@ -64,6 +65,7 @@ class VerbsCommCore {
   ~VerbsCommCore();
 
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type);
+  Result<net::MemRegion*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd);
   Status dereg_mr(net::MemRegion* mr);
   // Failures found outside the CQ: async events and a closed set-up socket (the socket at most
   // every millisecond). Does not touch `error`. `*closed` tells a failure of the socket (the
@@ -95,6 +97,9 @@ class VerbsSendComm final : public net::SendComm {
   ~VerbsSendComm() override;
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return core_->reg_mr(data, size, type);
+  }
+  Result<net::MemRegion*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) override {
+    return core_->reg_mr_dmabuf(data, size, offset, fd);
   }
   Status dereg_mr(net::MemRegion* mr) override { return core_->dereg_mr(mr); }
   Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override;
@@ -138,6 +143,9 @@ class VerbsRecvComm final : public net::RecvComm {
   Status init();
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return core_->reg_mr(data, size, type);
+  }
+  Result<net::MemRegion*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) override {
+    return core_->reg_mr_dmabuf(data, size, offset, fd);
   }
   Status dereg_mr(net::MemRegion* mr) override { return core_->dereg_mr(mr); }
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override;

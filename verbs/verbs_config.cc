@@ -46,6 +46,10 @@ constinit const config::Row kIbMtu{
 constinit const config::Row kIbUseInline{
     "GW_IB_USE_INLINE", Type::Bool, "1", "",
     "send the receiver's clear-to-send records inline (no lkey, no DMA read)"};
+constinit const config::Row kIbGpuDirect{
+    "GW_IB_GPUDIRECT", Type::String, "auto", "",
+    "GPUDirect RDMA registration of CUDA memory: auto (dma-buf, else nvidia-peermem, else none: "
+    "NCCL stages through host memory), dmabuf, peermem or off"};
 constinit const config::Row kIbSysfsRoot{
     "GW_IB_SYSFS_ROOT", Type::String, "/sys", "",
     "root of the sysfs tree read for GID types and by gradwire-perf doctor (tests)"};
@@ -54,7 +58,7 @@ const config::RowSet& rows() {
   static const config::RowSet set(
       "verbs", {&kVerbsEmulate, &kVerbsEmuAddr, &kVerbsEmuDmabuf, &kIbHca, &kIbGidIndex,
                 &kIbAddrFamily, &kIbQpsPerConn, &kIbTimeout, &kIbRetryCnt, &kIbRnrRetry, &kIbTc,
-                &kIbSl, &kIbMtu, &kIbUseInline, &kIbSysfsRoot});
+                &kIbSl, &kIbMtu, &kIbUseInline, &kIbGpuDirect, &kIbSysfsRoot});
   return set;
 }
 
@@ -102,6 +106,19 @@ Result<VerbsConfig> load_verbs_config(const config::Snapshot& snapshot) {
                        c.mtu_bytes);
   }
   c.use_inline = snapshot.get_bool(kIbUseInline);
+  const std::string gdr = snapshot.get_string(kIbGpuDirect);
+  if (gdr == "auto") {
+    c.gpudirect = VerbsConfig::GpuDirect::kAuto;
+  } else if (gdr == "dmabuf") {
+    c.gpudirect = VerbsConfig::GpuDirect::kDmabuf;
+  } else if (gdr == "peermem") {
+    c.gpudirect = VerbsConfig::GpuDirect::kPeermem;
+  } else if (gdr == "off") {
+    c.gpudirect = VerbsConfig::GpuDirect::kOff;
+  } else {
+    return invalid_arg("GW_IB_GPUDIRECT='{}': expected auto, dmabuf, peermem or off", gdr);
+  }
+  c.sysfs_root = snapshot.get_string(kIbSysfsRoot);
   return c;
 }
 

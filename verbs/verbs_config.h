@@ -45,6 +45,10 @@ struct VerbsConfig {
   int service_level = 0;
   int mtu_bytes = 0;  // 0 = negotiate from both ports
   bool use_inline = true;
+  // GW_IB_GPUDIRECT: how CUDA memory is registered with the NIC.
+  enum class GpuDirect { kAuto, kDmabuf, kPeermem, kOff };
+  GpuDirect gpudirect = GpuDirect::kAuto;
+  std::string sysfs_root = "/sys";  // GW_IB_SYSFS_ROOT: where nvidia_peermem is looked for
 };
 
 // Reads and checks every row of `snapshot`; kInvalidArg names the variable and its range, or

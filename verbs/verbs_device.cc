@@ -6,8 +6,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/log.h"
+#include "gpudirect/cuda_driver.h"
 #include "verbs/device_select.h"
 
 namespace gw::verbs {
@@ -268,6 +270,149 @@ Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t
   r->refs = 1;
   Registration* raw = r.get();
   regs_.emplace(begin, std::move(r));
+  return raw;
+}
+
+VerbsDevice::GpuDirectSupport VerbsDevice::gpudirect_support(const VerbsConfig& config) {
+  // Not cached: the application may load the driver later, and the probe costs one failing call.
+  GpuDirectSupport gdr;
+  const cuda::Driver* d = cuda::resident_driver();
+  if (d == nullptr) {
+    gdr.why = "no CUDA driver in this process";
+    return gdr;
+  }
+  std::string nic;
+  if (ibv_->reg_dmabuf_mr == nullptr) {
+    nic = "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)";
+  } else {
+    // The probe NCCL uses: a bad fd is EBADF where the device takes dma-bufs, EOPNOTSUPP where not.
+    errno = 0;
+    ibv_mr* mr = ibv_->reg_dmabuf_mr(pd_, 0, 0, 0, -1, 0);
+    if (mr != nullptr) {
+      (void)ibv_->dereg_mr(mr);
+      nic = "the dma-buf probe unexpectedly registered";
+    } else if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT) {
+      nic = fmt::format("{} does not take dma-bufs", name_);
+    }
+  }
+  if (!nic.empty()) {
+    gdr.why = nic;
+  } else if (d->cuMemGetHandleForAddressRange == nullptr || d->cuMemGetAddressRange == nullptr) {
+    gdr.why = fmt::format("the CUDA driver ({}) cannot export dma-bufs", d->version);
+  } else {
+    gdr.dmabuf = true;
+    gdr.why = "the NIC takes dma-bufs and the CUDA driver exports them";
+  }
+  std::error_code ec;
+  const std::filesystem::path root(config.sysfs_root);
+  gdr.peermem = std::filesystem::exists(root / "module/nvidia_peermem", ec) ||
+                std::filesystem::exists(root / "kernel/mm/memory_peers/nv_mem/version", ec);
+  if (!gdr.dmabuf) {
+    gdr.why += gdr.peermem ? "; nvidia-peermem is loaded" : "; nvidia-peermem is not loaded";
+  }
+  return gdr;
+}
+
+Result<VerbsDevice::Registration*> VerbsDevice::acquire_device(const void* addr, size_t size,
+                                                               int access,
+                                                               const VerbsConfig& config) {
+  using Mode = VerbsConfig::GpuDirect;
+  if (config.gpudirect == Mode::kOff) {
+    return unsupported(
+        "GPUDirect RDMA is off (GW_IB_GPUDIRECT=off): stage CUDA memory through host memory");
+  }
+  const GpuDirectSupport gdr = gpudirect_support(config);
+  const bool want_dmabuf = config.gpudirect == Mode::kAuto || config.gpudirect == Mode::kDmabuf;
+  const bool want_peermem = config.gpudirect == Mode::kAuto || config.gpudirect == Mode::kPeermem;
+  auto log_choice = [&](const char* how) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gdr_logged_) return;
+    gdr_logged_ = true;
+    GW_LOG_INFO("NET/gradwire verbs: GPUDirect RDMA on {} via {} ({})", name_, how, gdr.why);
+  };
+  {
+    // A range inside an existing registration (of either kind) reuses it.
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = regs_.begin(); it != regs_.end() && it->first <= a; ++it) {
+      Registration* r = it->second.get();
+      if (r->end >= a + size && (r->access & access) == access) {
+        ++r->refs;
+        return r;
+      }
+    }
+  }
+  if (want_dmabuf && gdr.dmabuf) {
+    const cuda::Driver* d = cuda::resident_driver();
+    const auto ptr = reinterpret_cast<cuda::CUdeviceptr>(addr);
+    cuda::CUdeviceptr base = 0;
+    size_t alloc = 0;
+    if (cuda::CUresult r = d->cuMemGetAddressRange(&base, &alloc, ptr); r != cuda::kCudaSuccess) {
+      return cuda::cuda_error(*d, r, fmt::format("cuMemGetAddressRange({:#x})", ptr));
+    }
+    if (ptr < base || size > alloc || ptr - base > alloc - size) {
+      return invalid_arg("GPUDirect: [{:#x}, +{}) is not inside one CUDA allocation ({:#x}, +{})",
+                         ptr, size, base, alloc);
+    }
+    // The export covers whole pages of the allocation; the registration, the pages of the range.
+    const size_t export_size = (alloc + kPage - 1) & ~(kPage - 1);
+    int fd = -1;
+    if (cuda::CUresult r = d->cuMemGetHandleForAddressRange(&fd, base, export_size,
+                                                            cuda::kMemRangeHandleDmaBufFd, 0);
+        r != cuda::kCudaSuccess) {
+      return cuda::cuda_error(*d, r, "cuMemGetHandleForAddressRange(DMA_BUF_FD)");
+    }
+    uintptr_t begin = std::max<uintptr_t>(ptr & ~(kPage - 1), base);
+    uintptr_t end =
+        std::min<uintptr_t>((ptr + size + kPage - 1) & ~(kPage - 1), base + export_size);
+    Result<Registration*> reg =
+        acquire_dmabuf(reinterpret_cast<const void*>(begin), end - begin, begin - base, fd, access);
+    close(fd);  // the registration holds the buffer, not the descriptor
+    if (reg.ok()) log_choice("dma-buf");
+    return reg;
+  }
+  if (want_peermem && gdr.peermem) {
+    GW_ASSIGN_OR_RETURN(Registration * reg, acquire(addr, size, access));
+    log_choice("nvidia-peermem");
+    return reg;
+  }
+  return unsupported(
+      "GPUDirect RDMA unavailable on {} (GW_IB_GPUDIRECT={}): {}; stage CUDA memory through host "
+      "memory",
+      name_,
+      config.gpudirect == Mode::kAuto     ? "auto"
+      : config.gpudirect == Mode::kDmabuf ? "dmabuf"
+                                          : "peermem",
+      gdr.why);
+}
+
+Result<VerbsDevice::Registration*> VerbsDevice::acquire_dmabuf(const void* addr, size_t size,
+                                                               uint64_t offset, int fd,
+                                                               int access) {
+  if (ibv_->reg_dmabuf_mr == nullptr) {
+    return unsupported("dma-buf registration: libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)");
+  }
+  if (addr == nullptr || size == 0 || fd < 0) {
+    return invalid_arg("dma-buf registration of {} bytes at {} from fd {}", size, addr, fd);
+  }
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  ibv_mr* mr = ibv_->reg_dmabuf_mr(pd_, offset, size, a, fd, access);
+  if (mr == nullptr) {
+    int err = errno;
+    return system_error(
+        fmt::format("ibv_reg_dmabuf_mr of {} bytes at {:#x} (fd {}, offset {}) on {}", size, a, fd,
+                    offset, name_),
+        err);
+  }
+  auto r = std::make_unique<Registration>();
+  r->begin = a;
+  r->end = a + size;
+  r->access = access;
+  r->mr = mr;
+  r->refs = 1;
+  Registration* raw = r.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  regs_.emplace(a, std::move(r));
   return raw;
 }
 

@@ -50,6 +50,23 @@ class VerbsDevice {
     int refs = 0;
   };
   Result<Registration*> acquire(const void* addr, size_t size, int access);
+  // The same for CUDA device memory (GPUDirect RDMA), as `config.gpudirect` allows: through
+  // dma-buf (cuMemGetHandleForAddressRange, then ibv_reg_dmabuf_mr), else ibv_reg_mr on the device
+  // pointer where nvidia-peermem is loaded; kUnsupported saying why when neither can be used (the
+  // caller then stages through host memory). The first choice is logged at INFO.
+  Result<Registration*> acquire_device(const void* addr, size_t size, int access,
+                                       const VerbsConfig& config);
+  // Registers [addr, addr+size), `offset` bytes into the dma-buf `fd` (not kept), uncached.
+  Result<Registration*> acquire_dmabuf(const void* addr, size_t size, uint64_t offset, int fd,
+                                       int access);
+  // What this process can do for CUDA memory here (probed on every call: the CUDA driver may be
+  // loaded later, and the probe is one failing ibv_reg_dmabuf_mr).
+  struct GpuDirectSupport {
+    bool dmabuf = false;   // the NIC takes dma-bufs and the driver exports them
+    bool peermem = false;  // nvidia-peermem (or nv_peer_mem) is loaded
+    std::string why;       // what was found, for INFO lines and errors
+  };
+  GpuDirectSupport gpudirect_support(const VerbsConfig& config);
   void release(Registration* r);
   size_t cached_registrations() const;
 
@@ -83,6 +100,7 @@ class VerbsDevice {
   std::map<const void*, std::string> object_errors_;              // qp or cq -> event
   std::string device_error_;
   std::atomic<uint64_t> event_gen_{0};
+  bool gdr_logged_ = false;
   std::atomic<bool> stop_{false};
   std::thread async_thread_;
 };

@@ -480,6 +480,20 @@ class VerbsTransport final : public net::Transport {
 
   const net::Properties& properties() const override { return props_; }
 
+  DeviceMemory device_memory() const override {
+    using Mode = VerbsConfig::GpuDirect;
+    DeviceMemory m;
+    if (config_.gpudirect == Mode::kOff) {
+      m.why = "GW_IB_GPUDIRECT=off";
+      return m;
+    }
+    const VerbsDevice::GpuDirectSupport g = device_->gpudirect_support(config_);
+    m.dmabuf = g.dmabuf && config_.gpudirect != Mode::kPeermem;
+    m.reg = m.dmabuf || (g.peermem && config_.gpudirect != Mode::kDmabuf);
+    m.why = g.why;
+    return m;
+  }
+
   Result<std::unique_ptr<net::Listener>> listen(net::Handle* handle) override {
     if (handle == nullptr) return invalid_arg("listen: null handle");
     int fd = socket(iface_.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -79,6 +79,13 @@ class Comm {
   // Registration is optional for tcp/shm (nullptr mr is always accepted), required by verbs.
   virtual Result<MemRegion*> reg_mr(void* data, size_t size, MemType type) = 0;
   virtual Status dereg_mr(MemRegion* mr) = 0;
+  // Registers device memory [data, data+size) given as a dma-buf: `fd` exports the allocation and
+  // `data` lies `offset` bytes into it (NCCL's regMrDmaBuf). The fd may be closed afterwards.
+  // Only backends that can register device memory with their NIC implement it (verbs).
+  virtual Result<MemRegion*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) {
+    return Status(Code::kUnsupported,
+                  "reg_mr_dmabuf: this transport cannot register device memory with a NIC");
+  }
   // Polls a request. On completion sets *done = true and *size = bytes transferred (for a
   // receive, what the sender sent) and frees the request. On error the request is freed too.
   virtual Status test(Request* request, bool* done, size_t* size) = 0;
@@ -155,6 +162,15 @@ class Transport {
   virtual const Properties& properties() const = 0;
   virtual Result<std::unique_ptr<Listener>> listen(Handle* handle) = 0;
   virtual Result<std::unique_ptr<Connector>> connect(const Handle& handle) = 0;
+  // What the transport can do with CUDA device memory now (GPUDirect RDMA): `reg` when its comms'
+  // reg_mr takes MemType::kCuda, `dmabuf` when reg_mr_dmabuf works as well; `why` says what was
+  // found. It may change once the process loads the CUDA driver.
+  struct DeviceMemory {
+    bool reg = false;
+    bool dmabuf = false;
+    std::string why = "the transport moves host memory only";
+  };
+  virtual DeviceMemory device_memory() const { return {}; }
 };
 
 // A transport of the registered backend `name` (not "auto": core/net/auto_backend.h resolves

@@ -6,8 +6,13 @@
 //                                    VALUE ("-": unset)
 //   nccl_plugin_peer pin EXPECT      after init/finalize/dlclose the library is (1) or is not (0)
 //                                    still mapped
+//   nccl_plugin_peer gdr FAKE_CUDA   with the stand-in CUDA driver at FAKE_CUDA loaded first (its
+//                                    "device memory" is marked host memory): the plugin reports
+//                                    NCCL_PTR_CUDA|NCCL_PTR_DMABUF, regMr(NCCL_PTR_CUDA) and
+//                                    regMrDmaBuf register, and bytes move between such buffers
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -97,6 +102,86 @@ int run_pin(bool expect_loaded) {
   return 0;
 }
 
+// Sends `n` bytes from `src` to `dst` over the pair through the given handles; checks content.
+Error move(NetApi& api, void* sc, void* rc, uint8_t* src, uint8_t* dst, size_t n, void* ms,
+           void* md, uint32_t seed) {
+  fill_pattern(src, n, seed);
+  std::memset(dst, 0, n);
+  void *rr = nullptr, *sr = nullptr;
+  if (Error e = post_recv(api, rc, dst, n, 1, md, &rr); !e.empty()) return e;
+  if (Error e = post_send(api, sc, src, n, 1, ms, &sr); !e.empty()) return e;
+  if (Error e = wait_all(api, {sr, rr}); !e.empty()) return e;
+  if (int64_t bad = check_pattern(dst, n, seed); bad >= 0) {
+    return "byte " + std::to_string(bad) + " differs";
+  }
+  return "";
+}
+
+int run_gdr(const char* fake_cuda) {
+  void* cuda = dlopen(fake_cuda, RTLD_NOW | RTLD_LOCAL);
+  if (cuda == nullptr) return fail(std::string("dlopen ") + fake_cuda + ": " + dlerror());
+  auto mark =
+      reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(cuda, "gw_fake_cuda_mark"));
+  auto exports = reinterpret_cast<long (*)()>(dlsym(cuda, "gw_fake_cuda_exports"));
+  if (mark == nullptr || exports == nullptr) return fail("the stand-in driver lacks its hooks");
+  const Loaded& l = plugin();
+  if (l.first_init != ncclSuccess) return fail("init failed");
+  bool said = false;
+  for (const std::string& line : l.first_init_log) {
+    std::fprintf(stderr, "  %s\n", line.c_str());
+    if (line.find("pointer support HOST|CUDA|DMABUF") != std::string::npos &&
+        line.find("GPUDirect RDMA dma-buf") != std::string::npos) {
+      said = true;
+    }
+  }
+  if (!said) return fail("the INFO line does not report HOST|CUDA|DMABUF via dma-buf");
+  auto api = make_api("v11");
+  void* ctx = nullptr;
+  if (api->init(&ctx) != ncclSuccess) return fail("init failed");
+  ncclNetProperties_v11_t props{};
+  if (api->properties(0, &props) != ncclSuccess) return fail("getProperties failed");
+  if (props.ptrSupport != (NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF)) {
+    return fail("ptrSupport is " + std::to_string(props.ptrSupport));
+  }
+  void *sc = nullptr, *rc = nullptr;
+  if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+  constexpr size_t kBytes = 1 << 20;
+  Buffer src(kBytes), dst(kBytes);
+  mark(src.data, kBytes, 0);
+  mark(dst.data, kBytes, 0);
+  // regMr of device memory: the plugin exports a dma-buf itself.
+  void *ms = nullptr, *md = nullptr;
+  const long before = exports();
+  if (api->reg_mr(sc, src.data, kBytes, NCCL_PTR_CUDA, &ms) != ncclSuccess ||
+      api->reg_mr(rc, dst.data, kBytes, NCCL_PTR_CUDA, &md) != ncclSuccess) {
+    return fail("regMr(NCCL_PTR_CUDA) failed");
+  }
+  if (exports() - before != 2) return fail("regMr did not export dma-bufs");
+  if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 11); !e.empty()) {
+    return fail("CUDA-registered transfer: " + e);
+  }
+  api->dereg_mr(sc, ms);
+  api->dereg_mr(rc, md);
+  // regMrDmaBuf: NCCL exported the buffer and hands over fd and offset.
+  int fd = memfd_create("gw-nccl-dmabuf", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, 2 * kBytes) != 0) return fail("memfd");
+  ms = md = nullptr;
+  if (l.v11->regMrDmaBuf(sc, src.data, kBytes, NCCL_PTR_CUDA, 4096, fd, &ms) != ncclSuccess ||
+      l.v11->regMrDmaBuf(rc, dst.data, kBytes, NCCL_PTR_CUDA, 0, fd, &md) != ncclSuccess) {
+    return fail("regMrDmaBuf failed");
+  }
+  close(fd);
+  if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 12); !e.empty()) {
+    return fail("dma-buf-registered transfer: " + e);
+  }
+  api->dereg_mr(sc, ms);
+  api->dereg_mr(rc, md);
+  api->close_send(sc);
+  api->close_recv(rc);
+  api->finalize(ctx);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +200,7 @@ int main(int argc, char** argv) {
     if (mode == "info" && argc == 3) return run_info(argv[2]);
     if (mode == "channels" && argc == 3) return run_channels(argv[2]);
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
+    if (mode == "gdr" && argc == 3) return run_gdr(argv[2]);
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -575,6 +575,16 @@ TEST(PluginFreshProcess, AutoPicksVerbsWhenUsable) {
             0);
   EXPECT_EQ(run_peer({"GW_VERBS_EMULATE=1", "GW_PLUGIN_BACKEND=tcp"}, {"info", "backend tcp"}), 0);
 }
+
+// GPUDirect RDMA through the plugin: with a CUDA driver (the stand-in) and a NIC that takes
+// dma-bufs (the emulator's), verbs reports NCCL_PTR_CUDA|NCCL_PTR_DMABUF and both registration
+// calls work; tcp keeps NCCL_PTR_HOST (NCCL stages GPU memory).
+TEST(PluginFreshProcess, VerbsReportsAndRegistersDeviceMemoryWithGpuDirect) {
+  EXPECT_EQ(run_peer({"GW_VERBS_EMULATE=1", "GW_PLUGIN_BACKEND=verbs"}, {"gdr", GW_FAKE_CUDA_PATH}),
+            0);
+  EXPECT_NE(run_peer({"GW_VERBS_EMULATE=1", "GW_PLUGIN_BACKEND=tcp"}, {"gdr", GW_FAKE_CUDA_PATH}),
+            0);
+}
 #endif
 
 TEST(PluginFreshProcess, MalformedKnobIsInvalidUsage) {

@@ -5,8 +5,11 @@
  * memory it never saw) everywhere else. Every other call fails with CUDA_ERROR_NOT_SUPPORTED.
  * A test dlopen()s it by path before gradwire looks for the driver: the dynamic loader then
  * resolves gradwire's dlopen("libcuda.so.1") to this library by its soname. */
+#define _GNU_SOURCE
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define FAKE_SUCCESS 0
 #define FAKE_INVALID_VALUE 1
@@ -77,6 +80,43 @@ EXPORT int cuPointerGetAttribute(void* data, int attribute, unsigned long long p
     }
   }
   return FAKE_INVALID_VALUE;
+}
+
+/* The marked range holding ptr, as the allocation it belongs to. */
+EXPORT int cuMemGetAddressRange_v2(unsigned long long* base, size_t* size, unsigned long long ptr) {
+  for (int i = 0; i < g_nranges; i++) {
+    if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) {
+      if (base) *base = g_ranges[i].begin;
+      if (size) *size = g_ranges[i].end - g_ranges[i].begin;
+      return FAKE_SUCCESS;
+    }
+  }
+  return FAKE_INVALID_VALUE;
+}
+
+static long g_exports;
+/* How many dma-bufs cuMemGetHandleForAddressRange exported. */
+EXPORT long gw_fake_cuda_exports(void) { return g_exports; }
+
+/* A dma-buf stand-in: a memfd named "gw-fake-dmabuf" of the range's size, for a range inside a
+ * marked allocation (type 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD). */
+EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, size_t size,
+                                         int type, unsigned long long flags) {
+  if (handle == NULL || type != 1 || flags != 0 || size == 0) return FAKE_INVALID_VALUE;
+  int inside = 0;
+  for (int i = 0; i < g_nranges; i++) {
+    if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) inside = 1;
+  }
+  if (!inside) return FAKE_INVALID_VALUE;
+  int fd = memfd_create("gw-fake-dmabuf", MFD_CLOEXEC);
+  if (fd < 0) return FAKE_NOT_SUPPORTED;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return FAKE_NOT_SUPPORTED;
+  }
+  *(int*)handle = fd;
+  g_exports++;
+  return FAKE_SUCCESS;
 }
 
 /* The rest: present (the loader binds them all) and unsupported. */

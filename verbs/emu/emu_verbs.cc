@@ -1028,8 +1028,11 @@ ibv_mr* emu_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t i
   }
   ibv_mr* mr = make_mr(pd, reinterpret_cast<void*>(iova), length, access);
   if (mr != nullptr) {
+    char target[256] = {};
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
     std::lock_guard<std::mutex> lock(nic.mu);
-    nic.dmabuf.push_back({fd, offset, length, iova, access});
+    nic.dmabuf.push_back({fd, offset, length, iova, access, n > 0 ? std::string(target, n) : ""});
   }
   return mr;
 }

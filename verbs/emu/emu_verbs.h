@@ -58,6 +58,7 @@ struct DmabufRecord {
   size_t length = 0;
   uint64_t iova = 0;
   int access = 0;
+  std::string target;  // what the fd named when registered (readlink of /proc/self/fd/N)
 };
 std::vector<DmabufRecord> dmabuf_records();
 

@@ -1,0 +1,288 @@
+// GPUDirect RDMA registration of CUDA memory in the verbs backend, over the emulator and the
+// stand-in CUDA driver (tests/support/fake_cuda_driver.c): its "device memory" is host memory the
+// test marks, its dma-buf export a memfd named gw-fake-dmabuf. Checked: the dma-buf path (the
+// export reaches ibv_reg_dmabuf_mr with the right fd, offset, length and access, and bytes move),
+// the nvidia-peermem fallback, the refusal that says why, GW_IB_GPUDIRECT, and the direct dma-buf
+// registration NCCL's regMrDmaBuf uses.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/net/transport.h"
+#include "tests/support/test_env.h"
+#include "verbs/emu/emu_verbs.h"
+#include "verbs/verbs_transport.h"
+
+namespace gw::verbs {
+namespace {
+
+using ::gw::testing::now_ms;
+using ::gw::testing::ScopedEnv;
+
+struct FakeDriver {
+  void (*mark)(const void*, size_t, int) = nullptr;
+  void (*clear)() = nullptr;
+  long (*exports)() = nullptr;
+};
+
+FakeDriver& fake() {
+  static FakeDriver f = [] {
+    FakeDriver d;
+    void* lib = dlopen(GW_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return d;
+    d.mark = reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(lib, "gw_fake_cuda_mark"));
+    d.clear = reinterpret_cast<void (*)()>(dlsym(lib, "gw_fake_cuda_clear"));
+    d.exports = reinterpret_cast<long (*)()>(dlsym(lib, "gw_fake_cuda_exports"));
+    return d;
+  }();
+  return f;
+}
+
+struct Pair {
+  std::unique_ptr<net::Listener> listener;
+  std::unique_ptr<net::SendComm> send;
+  std::unique_ptr<net::RecvComm> recv;
+};
+
+Pair connect_pair(net::Transport& t) {
+  Pair p;
+  net::Handle h;
+  auto l = t.listen(&h);
+  EXPECT_TRUE(l.ok());
+  p.listener = std::move(*l);
+  auto c = t.connect(h);
+  EXPECT_TRUE(c.ok());
+  int64_t end = now_ms() + 10000;
+  while ((!p.send || !p.recv) && now_ms() < end) {
+    if (!p.send) p.send = std::move(*(*c)->poll());
+    if (!p.recv) p.recv = std::move(*p.listener->accept());
+  }
+  return p;
+}
+
+Status finish(net::Comm* c, net::Request* r) {
+  int64_t end = now_ms() + 10000;
+  while (now_ms() < end) {
+    bool done = false;
+    Status s = c->test(r, &done, nullptr);
+    if (!s.ok() || done) return s;
+  }
+  return timeout_error("request did not finish");
+}
+
+// Moves `src` into `dst` (same size) through registrations `ms` and `md`.
+void move(Pair& p, std::vector<uint8_t>& src, std::vector<uint8_t>& dst, net::MemRegion* ms,
+          net::MemRegion* md) {
+  auto r = p.recv->irecv(dst.data(), dst.size(), 3, md);
+  auto s = p.send->isend(src.data(), src.size(), 3, ms);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_TRUE(finish(p.send.get(), *s).ok());
+  ASSERT_TRUE(finish(p.recv.get(), *r).ok());
+  EXPECT_EQ(dst, src);
+}
+
+class VerbsGpuDirect : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(fake().mark, nullptr) << "cannot load " << GW_FAKE_CUDA_PATH << ": " << dlerror();
+    fake().clear();
+    emu::set_dmabuf_supported(true);
+    char tmpl[] = "/tmp/gw-gdr-sysfs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    sysfs_ = tmpl;
+    sysfs_env_ = std::make_unique<ScopedEnv>("GW_IB_SYSFS_ROOT", sysfs_.c_str());
+  }
+  void TearDown() override {
+    fake().clear();
+    emu::set_dmabuf_supported(true);
+    std::error_code ec;
+    std::filesystem::remove_all(sysfs_, ec);
+  }
+  void load_peermem() { std::filesystem::create_directories(sysfs_ + "/module/nvidia_peermem"); }
+
+  std::unique_ptr<net::Transport> make() {
+    net::TransportOptions o;
+    o.job_token = "t";
+    auto t = make_verbs_transport(o);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  ScopedEnv emulate_{"GW_VERBS_EMULATE", "1"};
+  std::string sysfs_;
+  std::unique_ptr<ScopedEnv> sysfs_env_;
+};
+
+TEST_F(VerbsGpuDirect, DeviceMemoryIsRegisteredThroughDmabufAndMovesBytes) {
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  net::Transport::DeviceMemory dm = t->device_memory();
+  EXPECT_TRUE(dm.reg && dm.dmabuf) << dm.why;
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  // "Allocations" that start mid-page, as cudaMalloc's never do but sub-allocators' may.
+  std::vector<uint8_t> src(300000), dst(300000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  fake().mark(src.data(), src.size(), 0);
+  fake().mark(dst.data(), dst.size(), 0);
+  const size_t records = emu::dmabuf_records().size();
+  const long exports = fake().exports();
+  auto ms = p.send->reg_mr(src.data() + 100, src.size() - 100, net::MemType::kCuda);
+  auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+  ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  EXPECT_EQ(fake().exports() - exports, 2) << "one dma-buf export per registration";
+  std::vector<emu::DmabufRecord> rec = emu::dmabuf_records();
+  ASSERT_EQ(rec.size(), records + 2);
+  const auto base = reinterpret_cast<uint64_t>(src.data());
+  const emu::DmabufRecord& r = rec[records];
+  EXPECT_NE(r.target.find("gw-fake-dmabuf"), std::string::npos) << r.target;
+  // The registration covers the range's pages inside the allocation, addressed by its offset.
+  const uint64_t want_begin = std::max<uint64_t>((base + 100) & ~uint64_t{4095}, base);
+  EXPECT_EQ(r.iova, want_begin);
+  EXPECT_EQ(r.offset, want_begin - base);
+  EXPECT_GE(r.iova + r.length, base + src.size());
+  EXPECT_EQ(r.access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  EXPECT_EQ(fcntl(r.fd, F_GETFD), -1) << "the exported fd is closed after registration";
+  // A second registration inside the first reuses it: no new export.
+  auto again = p.send->reg_mr(src.data() + 5000, 1000, net::MemType::kCuda);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(emu::dmabuf_records().size(), records + 2);
+  std::vector<uint8_t> whole_src(src.begin() + 100, src.end());
+  std::vector<uint8_t> got(whole_src.size(), 0);
+  // The data path writes straight from and to the registered "device" buffers.
+  auto r1 = p.recv->irecv(dst.data(), whole_src.size(), 9, *md);
+  auto s1 = p.send->isend(src.data() + 100, whole_src.size(), 9, *ms);
+  ASSERT_TRUE(r1.ok() && s1.ok());
+  ASSERT_TRUE(finish(p.send.get(), *s1).ok());
+  ASSERT_TRUE(finish(p.recv.get(), *r1).ok());
+  EXPECT_TRUE(std::equal(whole_src.begin(), whole_src.end(), dst.begin()));
+  EXPECT_TRUE(p.send->dereg_mr(*again).ok());
+  EXPECT_TRUE(p.send->dereg_mr(*ms).ok());
+  EXPECT_TRUE(p.recv->dereg_mr(*md).ok());
+}
+
+TEST_F(VerbsGpuDirect, FallsBackToPeermemWhereTheNicTakesNoDmabuf) {
+  emu::set_dmabuf_supported(false);
+  load_peermem();
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  net::Transport::DeviceMemory dm = t->device_memory();
+  EXPECT_TRUE(dm.reg) << dm.why;
+  EXPECT_FALSE(dm.dmabuf) << dm.why;
+  EXPECT_NE(dm.why.find("does not take dma-bufs"), std::string::npos) << dm.why;
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> src(70000, 5), dst(70000, 0);
+  fake().mark(src.data(), src.size(), 0);
+  fake().mark(dst.data(), dst.size(), 0);
+  const size_t records = emu::dmabuf_records().size();
+  auto ms = p.send->reg_mr(src.data(), src.size(), net::MemType::kCuda);
+  auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+  ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  EXPECT_EQ(emu::dmabuf_records().size(), records) << "peermem registers the pointer itself";
+  move(p, src, dst, *ms, *md);
+}
+
+TEST_F(VerbsGpuDirect, NeitherPathIsRefusedSayingWhyAndWhatToDo) {
+  emu::set_dmabuf_supported(false);
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  net::Transport::DeviceMemory dm = t->device_memory();
+  EXPECT_FALSE(dm.reg || dm.dmabuf);
+  EXPECT_NE(dm.why.find("nvidia-peermem is not loaded"), std::string::npos) << dm.why;
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> buf(8192);
+  fake().mark(buf.data(), buf.size(), 0);
+  auto mr = p.send->reg_mr(buf.data(), buf.size(), net::MemType::kCuda);
+  ASSERT_EQ(mr.status().code(), Code::kUnsupported);
+  EXPECT_NE(mr.status().message().find("stage CUDA memory through host memory"), std::string::npos)
+      << mr.status().to_string();
+  // Host memory still registers as before.
+  EXPECT_TRUE(p.send->reg_mr(buf.data(), buf.size(), net::MemType::kHost).ok());
+}
+
+TEST_F(VerbsGpuDirect, TheKnobChoosesOrRefuses) {
+  load_peermem();
+  {
+    ScopedEnv off("GW_IB_GPUDIRECT", "off");
+    auto t = make();
+    ASSERT_NE(t, nullptr);
+    EXPECT_FALSE(t->device_memory().reg);
+    Pair p = connect_pair(*t);
+    std::vector<uint8_t> buf(4096);
+    fake().mark(buf.data(), buf.size(), 0);
+    auto mr = p.send->reg_mr(buf.data(), buf.size(), net::MemType::kCuda);
+    EXPECT_EQ(mr.status().code(), Code::kUnsupported);
+    EXPECT_NE(mr.status().message().find("GW_IB_GPUDIRECT=off"), std::string::npos);
+  }
+  {
+    ScopedEnv peermem("GW_IB_GPUDIRECT", "peermem");
+    auto t = make();
+    ASSERT_NE(t, nullptr);
+    net::Transport::DeviceMemory dm = t->device_memory();
+    EXPECT_TRUE(dm.reg);
+    EXPECT_FALSE(dm.dmabuf) << "peermem was asked for although dma-buf works";
+    Pair p = connect_pair(*t);
+    std::vector<uint8_t> src(5000, 9), dst(5000, 0);
+    fake().mark(src.data(), src.size(), 0);
+    fake().mark(dst.data(), dst.size(), 0);
+    const size_t records = emu::dmabuf_records().size();
+    auto ms = p.send->reg_mr(src.data(), src.size(), net::MemType::kCuda);
+    auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+    ASSERT_TRUE(ms.ok() && md.ok());
+    EXPECT_EQ(emu::dmabuf_records().size(), records);
+    move(p, src, dst, *ms, *md);
+  }
+  {
+    ScopedEnv bad("GW_IB_GPUDIRECT", "sometimes");
+    net::TransportOptions o;
+    auto t = make_verbs_transport(o);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), Code::kInvalidArg);
+    EXPECT_NE(t.status().message().find("GW_IB_GPUDIRECT"), std::string::npos);
+  }
+}
+
+TEST_F(VerbsGpuDirect, ADmabufHandedInIsRegisteredAtItsOffset) {
+  // NCCL's regMrDmaBuf: the caller exported the allocation itself and passes fd and offset.
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> src(20000, 4), dst(20000, 0);
+  int fd = memfd_create("gw-test-dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  const size_t records = emu::dmabuf_records().size();
+  auto ms = p.send->reg_mr_dmabuf(src.data(), src.size(), 8192, fd);
+  auto md = p.recv->reg_mr_dmabuf(dst.data(), dst.size(), 0, fd);
+  ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  std::vector<emu::DmabufRecord> rec = emu::dmabuf_records();
+  ASSERT_EQ(rec.size(), records + 2);
+  EXPECT_EQ(rec[records].offset, 8192u);
+  EXPECT_EQ(rec[records].length, src.size());
+  EXPECT_EQ(rec[records].iova, reinterpret_cast<uint64_t>(src.data()));
+  EXPECT_NE(rec[records].target.find("gw-test-dmabuf"), std::string::npos);
+  close(fd);
+  move(p, src, dst, *ms, *md);
+  // Bad input is an error, not a registration.
+  EXPECT_EQ(p.send->reg_mr_dmabuf(src.data(), src.size(), 0, -1).status().code(),
+            Code::kInvalidArg);
+  EXPECT_EQ(p.send->reg_mr_dmabuf(nullptr, 10, 0, 3).status().code(), Code::kInvalidArg);
+}
+
+}  // namespace
+}  // namespace gw::verbs
