@@ -155,6 +155,18 @@ int hier_segments(size_t count, int nlocal, int nhosts, size_t chunk_elems) {
   return static_cast<int>(std::clamp<size_t>(count / per_segment, 1, kHierMaxSegments));
 }
 
+size_t chunk_of(const CostParams& p) {
+  return p.chunk_bytes != 0 ? p.chunk_bytes : ExecutorOptions{}.chunk_bytes;
+}
+
+// The segments the hierarchical builders cut `bytes` into, as they count them: in elements of
+// the call's size, with the executor's chunk.
+double segments_for(const Group& g, size_t bytes, const CostParams& p) {
+  const size_t es = std::max<size_t>(1, p.elem_bytes);
+  return hier_segments(bytes / es, g.max_local_size(), g.nhosts(),
+                       std::max<size_t>(1, chunk_of(p) / es));
+}
+
 // Hierarchical (L ranks on each of H hosts): ring reduce-scatter and allgather within the host,
 // a ring allreduce of each 1/L shard among the H ranks of one local index, all L at once over
 // the host's link, pipelined over S segments. The intra-host phases cost
@@ -162,13 +174,12 @@ int hier_segments(size_t count, int nlocal, int nhosts, size_t chunk_elems) {
 // the inter-host one E = 2 S (H-1) a_e + 2(H-1)/H n b_e + (H-1)/(H L) n g. The two overlap
 // except while the first segment is reduce-scattered and the last allgathered (or, when the
 // host is the slower part, while the last segment crosses the link): max(I, E) + min(I, E) / S.
-// S as the builder picks it for 4-byte elements and the executor's default chunk.
+// S as the builder picks it for the call's element size and chunk.
 double hier_cost(const Group& g, size_t bytes, const CostParams& p) {
   const LinkCost i = intra_link(p), e = inter_link(p);
   const double gm = reduce_seconds_per_byte(p), n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
-  const double S =
-      hier_segments(bytes / 4, g.max_local_size(), g.nhosts(), ExecutorOptions{}.chunk_bytes / 4);
+  const double S = segments_for(g, bytes, p);
   const double intra = 2 * S * (L - 1) * i.a + 2 * (L - 1) / L * n * i.b + (L - 1) / L * n * gm;
   const double inter =
       2 * S * (H - 1) * e.a + 2 * (H - 1) / H * n * e.b + (H - 1) / (H * L) * n * gm;
@@ -304,9 +315,9 @@ std::string describe_choice(size_t bytes, const AllreduceChoice& c, int nchannel
 
 namespace {
 
-// Bytes of one pipeline chunk at the executor's default, for the chain's fill time.
-double default_chunk_bytes(size_t bytes) {
-  return static_cast<double>(std::min(bytes, ExecutorOptions{}.chunk_bytes));
+// Bytes of one pipeline chunk, for the chain's fill time.
+double chunk_bytes_of(size_t bytes, const CostParams& p) {
+  return static_cast<double>(std::min(bytes, chunk_of(p)));
 }
 
 // Chain broadcast over p ranks along `order` from any root: the data down the chain (n b), the
@@ -319,7 +330,7 @@ double chain_cost(const Group& g, size_t bytes, const CostParams& p,
   const CostParams f = flat_link(g, p, ring_crossings(g, order));
   const double a = f.alpha_us * 1e-6, b = 1.0 / (f.bw_gbps * 1e9);
   const double n = static_cast<double>(bytes), np = g.size();
-  return 2 * (np - 1) * a + n * b + std::max(0.0, np - 2) * default_chunk_bytes(bytes) * b;
+  return 2 * (np - 1) * a + n * b + std::max(0.0, np - 2) * chunk_bytes_of(bytes, p) * b;
 }
 
 double bcast_ring_cost(const Group& g, size_t bytes, const CostParams& p) {
@@ -354,8 +365,7 @@ double hier_half(const Group& g, size_t bytes, const CostParams& p, bool reduces
   const LinkCost i = intra_link(p), e = inter_link(p);
   const double gm = reduces ? reduce_seconds_per_byte(p) : 0, n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
-  const double S =
-      hier_segments(bytes / 4, g.max_local_size(), g.nhosts(), ExecutorOptions{}.chunk_bytes / 4);
+  const double S = segments_for(g, bytes, p);
   const double intra = S * H * (L - 1) * i.a + (L - 1) / L * n * (i.b + gm);
   const double inter = S * (H - 1) * e.a + (H - 1) / H * n * e.b + (H - 1) / (H * L) * n * gm;
   return std::max(intra, inter) + std::min(intra, inter) / S;

@@ -154,9 +154,16 @@ class CommImpl : public Communicator {
   int channels_for(size_t bytes) const;
   // The collective's algorithm for `bytes` (its GW_ALGO_* row or the cost model); requires
   // size() > 1. log_choice logs it at INFO once per algorithm and size class.
-  Result<CollectiveChoice> choose(Collective kind, size_t bytes) const {
-    return choose_collective(kind, group_, bytes, cost_,
+  Result<CollectiveChoice> choose(Collective kind, size_t bytes, size_t elem_bytes) const {
+    return choose_collective(kind, group_, bytes, call_cost(elem_bytes),
                              settings_.forced_coll[static_cast<size_t>(kind)]);
+  }
+  // The agreed figures with this call's element size and the executor's chunk.
+  CostParams call_cost(size_t elem_bytes) const {
+    CostParams p = cost_;
+    p.elem_bytes = elem_bytes;
+    p.chunk_bytes = exec_.chunk_bytes();
+    return p;
   }
   void log_choice(Collective kind, size_t bytes, const CollectiveChoice& choice, size_t nplans);
   // Rank 0 publishes cost_, the others replace theirs with it.
@@ -441,7 +448,7 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
       return ok_status();
     }
     GW_ASSIGN_OR_RETURN(AllreduceChoice choice,
-                        choose_allreduce(group_, bytes, cost_, settings_.forced_algo));
+                        choose_allreduce(group_, bytes, call_cost(es), settings_.forced_algo));
     const AllreduceAlgorithm& algo = *choice.algorithm;
     const int nch = std::min(algo.max_channels, channels_for(bytes));
     std::vector<Plan> plans =
@@ -465,7 +472,7 @@ Status CommImpl::broadcast(void* buf, size_t count, DataType dtype, int root) {
   return run_collective("broadcast", [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
-    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kBroadcast, count * es));
+    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kBroadcast, count * es, es));
     const CollectiveAlgorithm& algo = *choice.algorithm;
     const int nch =
         std::min(algo.max_channels, channels_for(count * es * static_cast<size_t>(size()) / 2));
@@ -494,7 +501,7 @@ Status CommImpl::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
     const size_t bytes = blk * static_cast<size_t>(size());
-    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kAllgather, bytes));
+    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kAllgather, bytes, es));
     std::vector<Plan> plans = choice.algorithm->build(
         group_, sendcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
     log_choice(Collective::kAllgather, bytes, choice, plans.size());
@@ -519,7 +526,8 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
     const auto* in = static_cast<const uint8_t*>(sendbuf);
     uint8_t* work = size() == 1 ? nullptr : exec_.scratch(total * es);
     if (size() > 1) {
-      GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kReduceScatter, total * es));
+      GW_ASSIGN_OR_RETURN(CollectiveChoice choice,
+                          choose(Collective::kReduceScatter, total * es, es));
       std::vector<Plan> plans = choice.algorithm->build(
           group_, recvcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
       log_choice(Collective::kReduceScatter, total * es, choice, plans.size());

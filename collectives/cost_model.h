@@ -30,6 +30,10 @@ struct CostParams {
   double intra_bw_gbps = 0;
   double inter_alpha_us = 0;
   double inter_bw_gbps = 0;
+  // The call's element size and the executor's chunk (0 = its default), for the pipelined forms'
+  // segment counts: set per call, not agreed between ranks (every rank's are the same).
+  size_t elem_bytes = 4;
+  size_t chunk_bytes = 0;
 };
 
 // Fills from a transport's typical figures (0 = unknown: keep the defaults for that transport

@@ -98,6 +98,30 @@ TEST(CollectiveAlgorithms, HierAppliesOnlyToEqualHostsOfSeveralRanks) {
   }
 }
 
+// The pipelined forms count segments as their builders cut them: with the call's chunk, not the
+// executor's default. Smaller chunks mean more segments: more message latencies, less fill time.
+TEST(CollectiveAlgorithms, HierCostsFollowTheCallsChunk) {
+  CostParams big = two_level();
+  CostParams small = two_level();
+  small.chunk_bytes = 4096;
+  const Group g = layout(hosts_of(2, 2));
+  const size_t bytes = size_t{64} << 20;
+  for (Collective kind : {Collective::kAllgather, Collective::kReduceScatter}) {
+    auto a = choose_collective(kind, g, bytes, big, Algo::kAuto);
+    auto b = choose_collective(kind, g, bytes, small, Algo::kAuto);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_NE(cost_of(*a, "hier"), cost_of(*b, "hier")) << collective_name(kind);
+    EXPECT_EQ(cost_of(*a, "ring"), cost_of(*b, "ring")) << "the flat ring is not pipelined";
+  }
+  // The element size does not change the segment count (both count in elements).
+  CostParams half = two_level();
+  half.elem_bytes = 2;
+  auto f32 = choose_collective(Collective::kAllgather, g, bytes, big, Algo::kAuto);
+  auto f16 = choose_collective(Collective::kAllgather, g, bytes, half, Algo::kAuto);
+  ASSERT_TRUE(f32.ok() && f16.ok());
+  EXPECT_DOUBLE_EQ(cost_of(*f32, "hier"), cost_of(*f16, "hier"));
+}
+
 TEST(CollectiveAlgorithms, CostModelPicksHierWhenTheHostLinkIsTheBottleneck) {
   const CostParams p = two_level();
   for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
