@@ -39,6 +39,8 @@ ap.add_argument("--vocab", type=int, default=1000, help="embedding rows (the emb
 ap.add_argument("--dim", type=int, default=128)
 ap.add_argument("--layers", type=int, default=2)
 ap.add_argument("--seq", type=int, default=32)
+ap.add_argument("--optim", default="adam", choices=["adam", "sgd"], help="sgd's step costs less"
+                " compute, so communication weighs more in the step time")
 ap.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket_cap_mb")
 ap.add_argument("--one-bucket", action="store_true", help="every gradient in one DDP bucket (no "
                 "small first bucket): torch's powerSGD_hook over gloo on torch 1.13 issues the "
@@ -102,7 +104,8 @@ def train(config):
         state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=int(
             config.split(":")[1]), start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    opt = (torch.optim.Adam(ddp.parameters(), lr=1e-3) if args.optim == "adam"
+           else torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
     losses, times = [], []
     gw_comm.reset_stats()
     for step in range(args.steps):
