@@ -11,7 +11,9 @@ hosts (run under CUDA MPS, as ../shared/peers/with_mps.sh does).
 Every configuration trains the same model (a small transformer encoder classifying synthetic
 token sequences it makes itself, same seed) for --steps steps; rank 0 prints final loss, loss
 ratio to gloo, median step time and gradient bytes sent per step per rank, and writes
-train_ddp.png (loss curves and step times) when matplotlib is present.
+train_ddp.png (loss curves and step times) when matplotlib is present. examples/bench_ddp.sh runs
+it once per configuration, interleaved, on loopback and on the shaped testbed, and prints the
+table docs/python.md reports.
 """
 import argparse
 import gc
@@ -30,9 +32,9 @@ ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--png", default="train_ddp.png")
 ap.add_argument("--configs", default="gloo,gradwire,gw-fp16,gw-topk:0.01,gw-powersgd:4",
-                help="comma list; gloo-torch-powersgd:R (torch's powerSGD_hook over gloo) aborts in"
-                " gloo on Debian's torch 1.13 here, so it is not in the default list; with --device"
-                " cuda also nccl and nccl-torch-powersgd:R")
+                help="comma list; also gloo-torch-powersgd:R (torch's powerSGD_hook over gloo; "
+                "needs --one-bucket on Debian's torch 1.13, see there); with --device cuda also "
+                "nccl and nccl-torch-powersgd:R")
 ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 ap.add_argument("--vocab", type=int, default=1000, help="embedding rows (the embedding's gradient"
                 " is dense in DDP, so a large vocabulary makes communication weigh against compute)")

@@ -25,13 +25,15 @@ except ImportError:  # not packaged by Debian; common_utils only needs its TestC
     sys.path.append(str(Path(__file__).resolve().parent / "shim"))
 
 import gradwire.torch  # noqa: E402,F401  (registers the backend)
-import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
-
-# TestDistBackend._run switches DDP to its experimental ReplicatedTensor mode, which imports
-# torch.distributed._shard; on Debian's torch 1.13 under Python 3.11 that import fails
+# TestDistBackend._run (torch 1.13) switches DDP to its experimental ReplicatedTensor mode, which
+# imports torch.distributed._shard; on Debian's torch 1.13 under Python 3.11 that import fails
 # (dataclasses: "mutable default ... TensorProperties"), for every backend, gloo included. DDP
-# runs in its ordinary mode instead.
-_rt._set_ddp_with_replicated_tensor = lambda value: None
+# runs in its ordinary mode instead. (torch 2.x has no such mode.)
+try:
+    import torch.nn.parallel._replicated_tensor_ddp_utils as _rt
+    _rt._set_ddp_with_replicated_tensor = lambda value: None
+except ImportError:
+    pass
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
 for feature in ("plugin", "ddp", "subgroup"):
