@@ -19,6 +19,9 @@ Supported: all_reduce (sum, product, min, max, avg), broadcast, all_gather (equa
 all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, all_to_all (equal
 sizes), all_to_all_single (even splits), barrier, and reduce, gather, scatter built on them.
 send/recv, uneven splits, bitwise reductions and several tensors per call raise Unsupported.
+Reductions take gradwire's dtypes (others raise InvalidArgument at the call); broadcast,
+all_gather, all_to_all, gather and scatter move bytes, so they take any dtype. Work.wait()
+raises the operation's error.
 """
 
 from __future__ import annotations
