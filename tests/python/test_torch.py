@@ -31,14 +31,17 @@ def test_ddp_parameters_identical(backend, hook):
     assert p.stdout.count(f"ddp {backend} {hook} ok") == 2
 
 
-def test_rank_killed_mid_training_others_raise():
+@pytest.mark.parametrize("mode", ["ddp", "sync"])
+def test_rank_killed_mid_training_others_raise(mode):
     """The last of 2 ranks SIGKILLs itself at step 3; rank 0 must raise within GW_TIMEOUT_MS
-    (3 s) rather than hang. Started without the launcher, which would end rank 0 itself."""
+    (3 s) rather than hang, in DDP and in a synchronous dist.broadcast (whose Work.wait() must
+    raise). Started without the launcher, which would end rank 0 itself."""
     import socket
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([PYTHON, worker("kill.py")], cwd=ROOT, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([PYTHON, worker("kill.py"), *(["sync"] if mode == "sync" else [])],
+                              cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               env=env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),

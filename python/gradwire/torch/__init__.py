@@ -19,6 +19,9 @@ Supported: all_reduce (sum, product, min, max, avg), broadcast, all_gather (equa
 all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, all_to_all (equal
 sizes), all_to_all_single (even splits), barrier, and reduce, gather, scatter built on them.
 send/recv, uneven splits, bitwise reductions and several tensors per call raise Unsupported.
+Reductions take gradwire's dtypes (others raise InvalidArgument at the call); broadcast,
+all_gather, all_to_all, gather and scatter move bytes, so they take any dtype. Work.wait()
+raises the operation's error.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup, Work
 
+from .._buffer import gw_dtype
 from ..comm import Comm, Op
 from ..errors import GradwireError, InvalidArgument, Unsupported
 
@@ -116,6 +120,82 @@ def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
     return w.submit(fn)
 
 
+class GradwireWork(Work):
+    """The Work handed to torch for one operation: a view of its torch.futures.Future.
+
+    torch's own future-wrapping Work (_create_work_from_future, torch 1.13) returns True from
+    wait() even when the future failed, so a synchronous dist.broadcast whose peer died would
+    leave the tensor unchanged and say nothing. wait() here raises the operation's error.
+    C++ callers (DDP's reducer) reach get_future() through pybind11's trampoline, which finds
+    the Python object only while it is alive; the group keeps it alive until the operation
+    has finished and its outcome has been collected (wait, get_future or result)."""
+
+    def __init__(self, fut: torch.futures.Future, keep: "_KeepAlive") -> None:
+        super().__init__()
+        self._fut = fut
+        self._keep = keep
+        self._collected = False
+        keep.add(self)
+        fut.then(lambda _f: keep.settle(self))
+
+    def _collect(self) -> None:
+        self._collected = True
+        self._keep.settle(self)
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Blocks until the operation ends; raises its error (gradwire.GradwireError)."""
+        self._collect()
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        self._collect()
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.wait()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def exception(self) -> Optional[BaseException]:
+        try:
+            self._fut.wait()
+            return None
+        except Exception as e:  # noqa: BLE001
+            return e
+
+    def result(self) -> list:
+        self._collect()
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _KeepAlive:
+    """References to the Works torch may still call into from C++."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set = set()
+
+    def add(self, w: GradwireWork) -> None:
+        with self._lock:
+            self._live.add(w)
+
+    def settle(self, w: GradwireWork) -> None:
+        if w._collected and w._fut.done():
+            with self._lock:
+                self._live.discard(w)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -166,6 +246,24 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
 
 
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """t (contiguous) as the Comm can move it: itself where its dtype is one gradwire reduces,
+    else its bytes (int8, int16, bool, complex, ...): broadcast, gather and all-to-all only copy
+    bytes, so any dtype works for them."""
+    try:
+        gw_dtype(t, "")
+        return t
+    except InvalidArgument:
+        return t.reshape(-1).view(torch.uint8)
+
+
+def _movable(t: torch.Tensor, what: str) -> None:
+    """Refuses a tensor whose bytes cannot be viewed (non-strided layouts, ...)."""
+    if str(t.layout) != "torch.strided":
+        raise InvalidArgument(f"gradwire {what}: layout {t.layout} is not supported (dense "
+                              "tensors only)")
+
+
 def _equal(ts: list, like: torch.Tensor, what: str) -> None:
     for i, t in enumerate(ts):
         if t.numel() != like.numel() or t.dtype != like.dtype:
@@ -184,6 +282,7 @@ class ProcessGroupGradwire(ProcessGroup):
         self.comm: Comm = comm if comm is not None else comm_over_store(store, rank, size, timeout)
         self._rank = rank
         self._size = size
+        self._keep = _KeepAlive()
 
     # torch calls these
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -196,7 +295,7 @@ class ProcessGroupGradwire(ProcessGroup):
         return BACKEND_NAME
 
     def _work(self, fn: Callable[[], Any]) -> Any:
-        return _create_work_from_future(run_async(self.comm, fn))
+        return GradwireWork(run_async(self.comm, fn), self._keep)
 
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "all_reduce")
@@ -222,10 +321,12 @@ class ProcessGroupGradwire(ProcessGroup):
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
-        self._check(t, "broadcast")
+        _movable(t, "broadcast")
+        if not t.is_contiguous():
+            raise InvalidArgument("gradwire broadcast: the tensor is not contiguous")
 
         def run() -> list:
-            self.comm.broadcast(t, root)
+            self.comm.broadcast(_raw(t), root)
             return tensors
         return self._work(run)
 
@@ -235,11 +336,12 @@ class ProcessGroupGradwire(ProcessGroup):
         if len(outs) != self._size:
             raise InvalidArgument(f"gradwire all_gather: {len(outs)} output tensors for "
                                   f"{self._size} ranks")
+        _movable(t, "all_gather")
         _equal(outs, t, "all_gather")
 
         def run() -> list:
             flat = torch.empty(self._size * t.numel(), dtype=t.dtype, device=t.device)
-            self.comm.allgather(_flat(t), flat)
+            self.comm.allgather(_raw(_flat(t)), _raw(flat))
             for i, o in enumerate(outs):
                 o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view(o.shape))
             return output_lists
@@ -249,12 +351,18 @@ class ProcessGroupGradwire(ProcessGroup):
         if output.numel() != input.numel() * self._size:
             raise InvalidArgument(f"gradwire all_gather_into_tensor: output has {output.numel()} "
                                   f"elements, expected {self._size} x {input.numel()}")
+        _movable(input, "all_gather_into_tensor")
+        if output.dtype != input.dtype:
+            raise InvalidArgument(f"gradwire all_gather_into_tensor: output dtype {output.dtype} "
+                                  f"differs from the input's {input.dtype}")
 
         def run() -> list:
             if output.is_contiguous():
-                self.comm.allgather(_flat(input), output)
+                self.comm.allgather(_raw(_flat(input)), _raw(output))
             else:
-                output.copy_(self.comm.allgather(_flat(input)).view(output.shape))
+                flat = torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+                self.comm.allgather(_raw(_flat(input)), _raw(flat))
+                output.copy_(flat.view(output.shape))
             return [output]
         return self._work(run)
 
@@ -265,6 +373,7 @@ class ProcessGroupGradwire(ProcessGroup):
         if len(ins) != self._size:
             raise InvalidArgument(f"gradwire reduce_scatter: {len(ins)} input tensors for "
                                   f"{self._size} ranks")
+        gw_dtype(out, "gradwire reduce_scatter")
         _equal(ins, out, "reduce_scatter")
 
         def run() -> list:
@@ -280,6 +389,10 @@ class ProcessGroupGradwire(ProcessGroup):
         if input.numel() != output.numel() * self._size:
             raise InvalidArgument(f"gradwire reduce_scatter_tensor: input has {input.numel()} "
                                   f"elements, expected {self._size} x {output.numel()}")
+        gw_dtype(input, "gradwire reduce_scatter_tensor")
+        if output.dtype != input.dtype:
+            raise InvalidArgument(f"gradwire reduce_scatter_tensor: output dtype {output.dtype} "
+                                  f"differs from the input's {input.dtype}")
 
         def run() -> list:
             res = self.comm.reduce_scatter(_flat(input), op=op)
@@ -291,11 +404,14 @@ class ProcessGroupGradwire(ProcessGroup):
         if len(inputs) != self._size or len(outputs) != self._size:
             raise InvalidArgument(f"gradwire all_to_all: {len(inputs)} inputs and {len(outputs)} "
                                   f"outputs for {self._size} ranks")
+        _movable(inputs[0], "all_to_all")
         _equal(inputs, inputs[0], "all_to_all")
         _equal(outputs, inputs[0], "all_to_all")
 
         def run() -> list:
-            res = self.comm.alltoall(torch.cat([_flat(i) for i in inputs]))
+            send = torch.cat([_flat(i) for i in inputs])
+            res = torch.empty_like(send)
+            self.comm.alltoall(_raw(send), _raw(res))
             n = inputs[0].numel()
             for j, o in enumerate(outputs):
                 o.copy_(res[j * n:(j + 1) * n].view(o.shape))
@@ -312,9 +428,15 @@ class ProcessGroupGradwire(ProcessGroup):
             raise InvalidArgument(f"gradwire all_to_all_single: input ({input.numel()}) and "
                                   f"output ({output.numel()}) must be equal multiples of "
                                   f"{self._size} ranks")
+        _movable(input, "all_to_all_single")
+        if output.dtype != input.dtype:
+            raise InvalidArgument(f"gradwire all_to_all_single: output dtype {output.dtype} "
+                                  f"differs from the input's {input.dtype}")
 
         def run() -> list:
-            res = self.comm.alltoall(_flat(input))
+            send = _flat(input)
+            res = torch.empty_like(send)
+            self.comm.alltoall(_raw(send), _raw(res))
             output.copy_(res.view(output.shape))
             return [output]
         return self._work(run)
@@ -329,6 +451,7 @@ class ProcessGroupGradwire(ProcessGroup):
         t = _one(tensors, "reduce")
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
         root = opts.rootRank if opts is not None else 0
+        self._check(t, "reduce")
 
         def run() -> list:
             # An allreduce; ranks other than root reduce a copy and keep their tensor.
@@ -340,19 +463,24 @@ class ProcessGroupGradwire(ProcessGroup):
         t = _one(inputs, "gather")
         root = opts.rootRank if opts is not None else 0
         outs = output_lists[0] if self._rank == root else []
+        _movable(t, "gather")
         if self._rank == root:
             _equal(outs, t, "gather")
 
         def run() -> list:
-            res = self.comm.allgather(_flat(t))
+            flat = _flat(t)
+            res = torch.empty(self._size * flat.numel(), dtype=t.dtype, device=t.device)
+            self.comm.allgather(_raw(flat), _raw(res))
+            n = flat.numel()
             for i, o in enumerate(outs):
-                o.copy_(res[i].view(o.shape))
+                o.copy_(res[i * n:(i + 1) * n].view(o.shape))
             return output_lists
         return self._work(run)
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         out = _one(outputs, "scatter")
         root = opts.rootRank if opts is not None else 0
+        _movable(out, "scatter")
         if self._rank == root:
             _equal(_one(input_lists, "scatter"), out, "scatter")
 
@@ -361,7 +489,7 @@ class ProcessGroupGradwire(ProcessGroup):
                 flat = torch.cat([_flat(i) for i in input_lists[0]])
             else:
                 flat = torch.empty(self._size * out.numel(), dtype=out.dtype, device=out.device)
-            self.comm.broadcast(flat, root)
+            self.comm.broadcast(_raw(flat), root)
             n = out.numel()
             out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
             return outputs
@@ -383,6 +511,8 @@ class ProcessGroupGradwire(ProcessGroup):
         raise Unsupported("gradwire: monitored_barrier is not supported (use barrier)")
 
     def _check(self, t: torch.Tensor, what: str) -> None:
+        """Refuses, before anything is queued, what the worker would refuse later."""
+        gw_dtype(t, f"gradwire {what}")
         if not t.is_contiguous():
             raise InvalidArgument(f"gradwire {what}: the tensor is not contiguous")
 

@@ -57,6 +57,28 @@ assert (r == 0) or torch.all(t == r + 1), t
 
 dist.barrier()
 
+# Byte-moving ops take any dtype (their bytes are moved); reductions refuse what gradwire cannot
+# reduce, at the call, before anything is queued.
+for dt in (torch.int8, torch.int16, torch.bool, torch.complex64):
+    want = (torch.arange(6) % 2 == 1) if dt == torch.bool else torch.arange(6).to(dt) * 3
+    t = want.clone() if r == n - 1 else torch.zeros(6, dtype=dt)
+    dist.broadcast(t, src=n - 1)
+    assert torch.equal(t, want), (dt, t)
+    outs = [torch.zeros(6, dtype=dt) for _ in range(n)]
+    dist.all_gather(outs, want if r == 0 else want.flip(0))
+    assert torch.equal(outs[0], want) and all(torch.equal(o, want.flip(0)) for o in outs[1:]), dt
+    if dt == torch.complex64:  # torch reduces it as its float32 view itself
+        t = torch.ones(2, dtype=dt) * (1 + 2j)
+        dist.all_reduce(t)
+        assert torch.all(t == n * (1 + 2j)), t
+        continue
+    try:
+        dist.all_reduce(torch.ones(2, dtype=dt))
+    except ValueError as e:  # gradwire.InvalidArgument
+        assert "not supported" in str(e), e
+    else:
+        raise AssertionError(f"all_reduce of {dt} did not raise")
+
 # Unsupported calls raise, never a wrong result.
 for call in (lambda: dist.send(torch.zeros(1), (r + 1) % n),
              lambda: dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND),
