@@ -19,12 +19,15 @@
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "core/bootstrap.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "core/store.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/control.h"
+#include "daemon/daemon_config.h"
 #include "daemon/protocol.h"
 
 namespace gw::daemon {
@@ -63,6 +66,7 @@ struct Client {
   Counters* counters;
   uint64_t id = 0;
   pid_t pid = 0;
+  uid_t uid = 0;
   sys::Fd sock;
   Hello hello;
   Welcome geo;
@@ -73,6 +77,7 @@ struct Client {
 
   // Set once by whoever sees the client go (main thread: socket closed; job thread: refused).
   std::atomic<bool> lost{false};
+  std::atomic<uint64_t> requests{0};  // submissions accepted (gradwirectl clients)
   std::mutex reason_mu;
   std::string lost_reason;
 
@@ -119,6 +124,9 @@ struct Job {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> finished{false};
+  // For gradwirectl jobs (read by the main thread).
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> done{0}, errors{0};
 
   std::mutex comm_mu;  // guards comm for abort() from the main thread
   std::shared_ptr<Store> store;
@@ -151,25 +159,36 @@ struct Job {
 struct Server::Impl {
   ServerOptions opt;
   std::string host_id;
+  std::string ctl_path;  // the control socket (gradwirectl)
   sys::Fd listen;
+  sys::Fd ctl_listen;
   sys::Fd stop_efd;  // stop()
   sys::Fd wake_efd;  // a job finished or refused a client
   Counters counters;
   uint64_t next_client_id = 1;
+  int64_t started_ns = sys::now_ns();
 
   struct Pending {
     sys::Fd sock;
     pid_t pid = 0;
+    uid_t uid = 0;
     std::vector<uint8_t> buf;
     sys::Deadline deadline;
   };
   std::vector<Pending> pending;
+  std::vector<Pending> ctl_pending;  // control connections waiting for their request
   std::map<uint64_t, std::shared_ptr<Client>> clients;
   std::map<uint64_t, std::shared_ptr<Job>> client_job;
   std::map<std::string, std::shared_ptr<Job>> jobs;
 
   Status serve();
   void accept_all();
+  // Whether a peer may talk to this daemon (either socket): same uid as the daemon, or root.
+  Status check_peer(const ucred& cred) const;
+  void accept_control();
+  // Reads a control connection's request; true when it is finished with (answered or refused).
+  bool step_control(Pending& p);
+  nlohmann::json answer(ControlCommand command) const;
   // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
   bool step_pending(Pending& p);
   void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why);
@@ -228,6 +247,7 @@ Status Job::start_comm() {
 void Job::fail(const Status& s) {
   if (!failure.ok()) return;
   failure = s;
+  failed.store(true);
   bool pending = false;
   for (const auto& m : members) pending = pending || (m && !m->pending.empty());
   if (pending || s.code() != Code::kPeer) {
@@ -285,6 +305,7 @@ void Job::consume(Client& c) {
       return;
     }
     c.pending.push_back(*r);
+    c.requests.fetch_add(1, std::memory_order_relaxed);
     ++c.next_seq;
     ++c.sq_head;
     c.hdr->sq_head.store(c.sq_head, std::memory_order_release);
@@ -421,8 +442,10 @@ void Job::run_ready() {
     }
     if (s.ok()) {
       counters->collectives.fetch_add(1);
+      done.fetch_add(1, std::memory_order_relaxed);
     } else {
       counters->failed.fetch_add(1);
+      errors.fetch_add(1, std::memory_order_relaxed);
       fail(s);
     }
     for (size_t i = 0; i < members.size(); ++i) complete(*members[i], reqs[i].seq, s);
@@ -500,6 +523,30 @@ void Job::run() {
 
 namespace {
 int server_wake_fd_of(Server::Impl* s) { return s->wake_efd.get(); }
+
+// Listens on `path` (mode 0600). A socket file left by a daemon that died is replaced; a live
+// daemon's is refused.
+Result<sys::Fd> bind_listener(const std::string& path) {
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return invalid_arg("gradwired: {} exists and is not a socket", path);
+    auto probe = sys::connect_unix(addr, SOCK_STREAM);
+    if (probe.ok()) return invalid_arg("gradwired: another daemon already listens on {}", path);
+    ::unlink(path.c_str());
+  }
+  const mode_t old = ::umask(0077);  // the socket is its owner's only
+  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
+  ::umask(old);
+  return fd;
+}
+
+// A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
+std::string job_name(const Hello& h) {
+  uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : h.job_token) x = (x ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", x);
+}
 }  // namespace
 
 Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
@@ -512,24 +559,14 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   }
   GW_RETURN_IF_ERROR(arena_geometry(kMinArenaBytes, options.ring_entries).status());
   impl->host_id = options.host_id.empty() ? host_identity() : options.host_id;
-  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(options.socket_path));
-  // A socket file left by a daemon that died: remove it if nobody answers on it.
-  struct stat st {};
-  if (::lstat(options.socket_path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return invalid_arg("gradwired: {} exists and is not a socket", options.socket_path);
-    }
-    auto probe = sys::connect_unix(addr, SOCK_STREAM);
-    if (probe.ok()) {
-      return invalid_arg("gradwired: another daemon already listens on {}", options.socket_path);
-    }
+  GW_ASSIGN_OR_RETURN(impl->listen, bind_listener(options.socket_path));
+  impl->ctl_path = control_socket_path(options.socket_path);
+  auto ctl = bind_listener(impl->ctl_path);
+  if (!ctl.ok()) {
     ::unlink(options.socket_path.c_str());
+    return ctl.status().with_context("gradwired: the control socket");
   }
-  const mode_t old = ::umask(0077);  // the socket is its owner's only
-  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
-  ::umask(old);
-  if (!fd.ok()) return fd.status();
-  impl->listen = std::move(*fd);
+  impl->ctl_listen = std::move(*ctl);
   GW_ASSIGN_OR_RETURN(impl->stop_efd, make_eventfd());
   GW_ASSIGN_OR_RETURN(impl->wake_efd, make_eventfd());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -540,6 +577,7 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() {
   impl_->reap_jobs(true);
   ::unlink(impl_->opt.socket_path.c_str());
+  ::unlink(impl_->ctl_path.c_str());
 }
 
 void Server::stop() { signal_fd(impl_->stop_efd.get()); }
@@ -596,10 +634,9 @@ void Server::Impl::accept_all() {
       continue;
     }
     p.pid = cred->pid;
-    if (cred->uid != ::geteuid() && cred->uid != 0) {
-      refuse_conn(
-          p.sock, p.pid,
-          invalid_arg("uid {} is neither the daemon's ({}) nor root", cred->uid, ::geteuid()));
+    p.uid = cred->uid;
+    if (Status ok = check_peer(*cred); !ok.ok()) {
+      refuse_conn(p.sock, p.pid, ok);
       continue;
     }
     if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
@@ -693,6 +730,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
   auto c = std::make_shared<Client>(&counters);
   c->id = next_client_id++;
   c->pid = p.pid;
+  c->uid = p.uid;
   c->hello = h;
   GW_ASSIGN_OR_RETURN(c->geo, arena_geometry(h.arena_bytes, opt.ring_entries));
   GW_ASSIGN_OR_RETURN(c->arena,
@@ -793,7 +831,173 @@ void Server::Impl::reap_jobs(bool all) {
     counters.live_clients.store(0);
     clients.clear();
     pending.clear();
+    ctl_pending.clear();
   }
+}
+
+Status Server::Impl::check_peer(const ucred& cred) const {
+  if (cred.uid == ::geteuid() || cred.uid == 0) return ok_status();
+  return invalid_arg("uid {} is neither the daemon's ({}) nor root", cred.uid, ::geteuid());
+}
+
+// ---- the control socket (gradwirectl; daemon/control.h) ----------------------------------------
+
+namespace {
+constexpr size_t kMaxControlConns = 16;
+constexpr int64_t kControlTimeoutMs = 2000;
+
+void answer_control(sys::Fd& sock, const std::string& body) {
+  const std::vector<uint8_t> frame = frame_control(body);
+  // Bounded: a gradwirectl that does not read its answer costs the main loop this long at most.
+  Status s = sys::send_with_fds(sock.get(), frame.data(), frame.size(), {},
+                                sys::deadline_after_ms(500), "control answer");
+  if (!s.ok()) GW_LOG_WARN("gradwired: control answer: {}", s.message());
+  sock.reset();
+}
+}  // namespace
+
+void Server::Impl::accept_control() {
+  for (;;) {
+    auto fd = sys::accept_unix(ctl_listen.get());
+    if (!fd.ok()) {
+      GW_LOG_WARN("gradwired: control accept: {}", fd.status().message());
+      return;
+    }
+    if (!fd->valid()) return;
+    Pending p;
+    p.sock = std::move(*fd);
+    p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
+    auto cred = sys::peer_credentials(p.sock.get());
+    Status ok = cred.ok() ? check_peer(*cred) : cred.status();
+    if (ok.ok() && ctl_pending.size() >= kMaxControlConns) {
+      ok = no_memory("{} control connections are open already", kMaxControlConns);
+    }
+    if (!ok.ok()) {
+      GW_LOG_WARN("gradwired: refusing a control connection of pid {}: {}",
+                  cred.ok() ? cred->pid : 0, ok.message());
+      answer_control(p.sock, encode_control_error(ok));
+      continue;
+    }
+    p.pid = cred->pid;
+    p.uid = cred->uid;
+    ctl_pending.push_back(std::move(p));
+  }
+}
+
+bool Server::Impl::step_control(Pending& p) {
+  uint8_t tmp[512];
+  std::vector<sys::Fd> fds;
+  auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "control");
+  Status bad;
+  if (!fds.empty()) {
+    bad = peer_error("control request came with descriptors");
+  } else if (!n.ok()) {
+    if (n.status().code() == Code::kTimeout) return false;
+    bad = n.status();
+  } else if (*n == 0) {
+    return true;  // gone without asking
+  } else {
+    p.buf.insert(p.buf.end(), tmp, tmp + *n);
+    if (p.buf.size() < kFrameHeaderBytes) return false;
+    uint32_t len = 0;
+    std::memcpy(&len, p.buf.data(), sizeof(len));
+    if (len > kMaxControlRequestBytes) {
+      bad = peer_error("control request of {} bytes (at most {})", len, kMaxControlRequestBytes);
+    } else if (p.buf.size() < kFrameHeaderBytes + len) {
+      return false;
+    } else if (p.buf.size() > kFrameHeaderBytes + len) {
+      bad = peer_error("bytes after the control request");
+    } else {
+      auto command = decode_control_request(p.buf.data() + kFrameHeaderBytes, len);
+      if (command.ok()) {
+        answer_control(p.sock, encode_control_result(*command, answer(*command)));
+        return true;
+      }
+      bad = command.status();
+    }
+  }
+  GW_LOG_WARN("gradwired: control connection of pid {}: {}", p.pid, bad.message());
+  answer_control(p.sock, encode_control_error(bad));
+  return true;
+}
+
+nlohmann::json Server::Impl::answer(ControlCommand command) const {
+  using nlohmann::json;
+  switch (command) {
+    case ControlCommand::kStatus: {
+      json r;
+      r["version"] = GW_VERSION_STRING;
+      r["pid"] = static_cast<int64_t>(::getpid());
+      r["uptime_s"] = static_cast<double>(sys::now_ns() - started_ns) / 1e9;
+      r["socket"] = opt.socket_path;
+      r["control_socket"] = ctl_path;
+      r["transport"] = opt.transport;
+      r["host_id"] = host_id;
+      r["clients"] = counters.live_clients.load();
+      r["jobs"] = counters.live_jobs.load();
+      r["arenas"] = counters.live_arenas.load();
+      r["accepted"] = counters.accepted.load();
+      r["refused"] = counters.refused.load();
+      r["collectives"] = counters.collectives.load();
+      r["failed"] = counters.failed.load();
+      return r;
+    }
+    case ControlCommand::kJobs: {
+      json rows = json::array();
+      for (const auto& [key, job] : jobs) {
+        const Hello& h = job->first;
+        json r;
+        r["job"] = job_name(h);
+        r["world"] = h.world_size;
+        r["hosts"] = h.num_hosts;
+        r["host_index"] = h.host_index;
+        r["local_trainers"] = job->joined;
+        r["local_size"] = h.local_size;
+        r["state"] = !job->started          ? "joining"
+                     : job->finished.load() ? "ended"
+                     : job->failed.load()   ? "failed"
+                                            : "running";
+        r["collectives"] = job->done.load();
+        r["errors"] = job->errors.load();
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kClients: {
+      json rows = json::array();
+      for (const auto& [id, c] : clients) {
+        json r;
+        r["id"] = id;
+        r["pid"] = static_cast<int64_t>(c->pid);
+        r["uid"] = static_cast<int64_t>(c->uid);
+        r["job"] = job_name(c->hello);
+        r["rank"] = c->hello.rank;
+        r["local_rank"] = c->hello.local_rank;
+        r["arena_bytes"] = c->hello.arena_bytes;
+        r["requests"] = c->requests.load(std::memory_order_relaxed);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kConfig: {
+      (void)daemon_config::rows();  // the daemon's own rows are registered wherever it runs
+      json rows = json::array();
+      for (const config::Row* row : config::table()) {
+        const config::Value v = config::resolve(*row);
+        json r;
+        r["name"] = row->name;
+        r["key"] = config::toml_key(*row);
+        r["value"] = v.text;
+        r["default"] = row->default_value;
+        // gradwired's command-line options are the only API-layer values in the daemon.
+        r["source"] =
+            v.source == config::Source::kApi ? std::string("command line") : config::source_text(v);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+  }
+  return json::object();
 }
 
 Status Server::Impl::serve() {
@@ -806,11 +1010,14 @@ Status Server::Impl::serve() {
     pfds.push_back({stop_efd.get(), POLLIN, 0});
     pfds.push_back({wake_efd.get(), POLLIN, 0});
     pfds.push_back({listen.get(), POLLIN, 0});
+    pfds.push_back({ctl_listen.get(), POLLIN, 0});
     for (const auto& p : pending) pfds.push_back({p.sock.get(), POLLIN, 0});
+    for (const auto& p : ctl_pending) pfds.push_back({p.sock.get(), POLLIN, 0});
     for (const auto& [id, c] : clients) {
       pfds.push_back({c->sock.get(), POLLIN, 0});
       ids.push_back(id);
     }
+    constexpr size_t kFixed = 4;  // stop, wake, listen, control listen
     int rc = ::poll(pfds.data(), pfds.size(), 200);
     if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);
     if (pfds[0].revents & POLLIN) break;
@@ -820,7 +1027,8 @@ Status Server::Impl::serve() {
     for (const auto& [id, c] : clients) {
       if (c->lost.load(std::memory_order_acquire)) gone.emplace_back(id, c->reason());
     }
-    const size_t first_client = 3 + pending.size();
+    const size_t first_ctl = kFixed + pending.size();
+    const size_t first_client = first_ctl + ctl_pending.size();
     for (size_t i = 0; i < ids.size(); ++i) {
       const short ev = pfds[first_client + i].revents;
       if (ev == 0) continue;
@@ -842,7 +1050,7 @@ Status Server::Impl::serve() {
     for (const auto& [id, why] : gone) client_gone(id, why);
     // Hellos in progress.
     for (size_t i = 0; i < pending.size();) {
-      const short ev = pfds[3 + i].revents;
+      const short ev = pfds[kFixed + i].revents;
       bool done = false;
       if (ev != 0) {
         done = step_pending(pending[i]);
@@ -858,7 +1066,27 @@ Status Server::Impl::serve() {
       }
       ++i;
     }
+    // Control connections (indices still line up: pending may have shrunk, but first_ctl was
+    // taken before).
+    for (size_t i = 0; i < ctl_pending.size();) {
+      const short ev = pfds[first_ctl + i].revents;
+      bool done = false;
+      if (ev != 0) {
+        done = step_control(ctl_pending[i]);
+      } else if (sys::expired(ctl_pending[i].deadline)) {
+        answer_control(ctl_pending[i].sock,
+                       encode_control_error(timeout_error(
+                           "no complete control request within {} ms", kControlTimeoutMs)));
+        done = true;
+      }
+      if (done) {
+        ctl_pending.erase(ctl_pending.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+      ++i;
+    }
     if (pfds[2].revents & POLLIN) accept_all();
+    if (pfds[3].revents & POLLIN) accept_control();
     reap_jobs(false);
   }
   GW_LOG_INFO("gradwired: stopping");

@@ -2,7 +2,8 @@
 // GW_HOSTID / --host-id), two trainer processes each, the C ABI in daemon mode (GW_DAEMON):
 // allreduce / broadcast / allgather / barrier across every dtype with results checked, a trainer
 // SIGKILLed mid-collective (the others fail with GW_ERR_PEER within the deadline and the daemons
-// reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang).
+// reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang); and
+// gradwirectl asking a daemon about its trainers (tables and JSON), or finding none.
 // Every process is killed and the directory removed even when a check fails.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -15,7 +16,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -269,6 +272,112 @@ TEST(DaemonIntegration, KilledDaemonFailsItsTrainersInsteadOfHanging) {
       EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << res.describe();  // their daemon is gone
     }
   }
+}
+
+// Runs gradwirectl with `args`; its result (output and exit code).
+ProcResult gradwirectl(const std::vector<std::string>& args) {
+  ProcGroup g;
+  std::vector<std::string> argv = {GRADWIRECTL_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  g.start(argv, clean_env());
+  auto r = g.wait_all(30000);
+  return r.empty() ? ProcResult{} : r[0];
+}
+
+// The JSON document in a gradwirectl --json output (discarded when there is none).
+nlohmann::json json_of(const ProcResult& r) {
+  return nlohmann::json::parse(r.output, nullptr, /*allow_exceptions=*/false);
+}
+
+TEST(DaemonIntegration, GradwirectlDescribesTheDaemonItsJobAndItsTrainers) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"loop"});
+  for (size_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(g.wait_for_output(r, "LOOPING", 30000)) << g.output(r);
+  }
+  const std::string sock = d.socket(0);  // host A: ranks 0 and 2
+
+  ProcResult status = gradwirectl({"status", "--socket", sock});
+  ASSERT_EQ(status.exit_code, 0) << status.describe();
+  EXPECT_NE(status.output.find("pid                 " + std::to_string(d.pid(0))),
+            std::string::npos)
+      << status.output;
+  EXPECT_NE(status.output.find("host id             fake-host-a"), std::string::npos)
+      << status.output;
+  EXPECT_NE(status.output.find("clients             2\n"), std::string::npos) << status.output;
+  auto st = json_of(gradwirectl({"status", "--json", "--socket", sock}));
+  ASSERT_TRUE(st.is_object()) << st;
+  EXPECT_EQ(st["pid"], d.pid(0));
+  EXPECT_EQ(st["clients"], 2);
+  EXPECT_EQ(st["jobs"], 1);
+  EXPECT_EQ(st["control_socket"], sock + ".ctl");
+
+  // The job: 4 ranks over 2 hosts, both local trainers in, collectives counted as they run.
+  ProcResult jobs = gradwirectl({"jobs", "--socket", sock});
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.describe();
+  EXPECT_TRUE(std::regex_search(jobs.output, std::regex("\\n[0-9a-f]{16} +4 +2 +0 +2/2 +running ")))
+      << jobs.output;
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto j = json_of(gradwirectl({"jobs", "--json", "--socket", sock}));
+        return j.is_array() && j.size() == 1 && j[0]["collectives"].get<int>() > 0;
+      },
+      20000));
+
+  // The trainers: ranks 0 and 2, each a daemon_trainer process of this uid.
+  auto clients = json_of(gradwirectl({"clients", "--json", "--socket", sock}));
+  ASSERT_TRUE(clients.is_array()) << clients;
+  ASSERT_EQ(clients.size(), 2u) << clients;
+  std::set<int> ranks;
+  for (const auto& c : clients) {
+    ranks.insert(c["rank"].get<int>());
+    EXPECT_EQ(c["uid"].get<int64_t>(), ::geteuid());
+    EXPECT_EQ(c["arena_bytes"], 16 << 20);
+    std::ifstream comm("/proc/" + std::to_string(c["pid"].get<int64_t>()) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    EXPECT_EQ(name, "daemon_trainer") << c;
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 2}));
+  ProcResult table = gradwirectl({"clients", "--socket", sock});
+  ASSERT_EQ(table.exit_code, 0) << table.describe();
+  EXPECT_NE(table.output.find("RANK"), std::string::npos) << table.output;
+  for (const auto& c : clients) {
+    EXPECT_NE(table.output.find(std::to_string(c["pid"].get<int64_t>())), std::string::npos)
+        << table.output;
+  }
+
+  // Its settings, with where each came from.
+  ProcResult config = gradwirectl({"config", "--socket", sock});
+  ASSERT_EQ(config.exit_code, 0) << config.describe();
+  EXPECT_TRUE(
+      std::regex_search(config.output, std::regex("GW_DAEMON_SOCKET +" + sock + " +command line")))
+      << config.output;
+  auto cfg = json_of(gradwirectl({"config", "--json", "--socket", sock}));
+  ASSERT_TRUE(cfg.is_array()) << cfg;
+  bool host_row = false;
+  for (const auto& r : cfg) {
+    if (r["name"] == "GW_HOSTID") host_row = r["value"] == "fake-host-a";
+  }
+  EXPECT_TRUE(host_row) << cfg;
+}
+
+TEST(DaemonIntegration, GradwirectlSaysSoWhenNoDaemonListens) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ProcResult r = gradwirectl({"status", "--socket", dir.path() + "/none.sock"});
+  EXPECT_TRUE(r.exited) << r.describe();
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.output.find("no gradwired listens on " + dir.path() + "/none.sock.ctl"),
+            std::string::npos)
+      << r.output;
+  ProcResult usage = gradwirectl({"reboot"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.describe();
 }
 
 }  // namespace
