@@ -36,6 +36,36 @@ namespace {
 struct Counters {
   std::atomic<uint64_t> accepted{0}, refused{0}, live_clients{0}, live_arenas{0}, live_jobs{0},
       collectives{0}, failed{0};
+  std::atomic<uint64_t> by_opcode[kNumOpcodes][2] = {};
+  std::atomic<uint64_t> errors[kNumErrorKinds] = {};
+  std::atomic<uint64_t> collective_errors[9] = {};
+  std::atomic<uint64_t> arena_in{0}, arena_out{0}, inter_in{0}, inter_out{0};
+  struct Histogram {
+    std::atomic<uint64_t> buckets[DurationHistogram::kBuckets] = {};
+    std::atomic<uint64_t> count{0}, sum_ns{0};
+  } phases[kNumPhases];
+
+  void error(ErrorKind kind) {
+    errors[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void observe(Phase phase, int64_t ns) {
+    Histogram& h = phases[static_cast<int>(phase)];
+    const double s = static_cast<double>(ns) / 1e9;
+    int b = 0;
+    while (b < DurationHistogram::kBuckets - 1 && s > DurationHistogram::kBounds[b]) ++b;
+    h.buckets[b].fetch_add(1, std::memory_order_relaxed);
+    h.count.fetch_add(1, std::memory_order_relaxed);
+    h.sum_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(ns, 0)), std::memory_order_relaxed);
+  }
+  // A collective's end: by opcode, and its error's kind.
+  void collective(Opcode op, const Status& s) {
+    const int k = static_cast<int>(op) - 1;
+    if (k >= 0 && k < kNumOpcodes) by_opcode[k][s.ok() ? 0 : 1].fetch_add(1);
+    if (s.ok()) return;
+    error(ErrorKind::kCollective);
+    const int code = static_cast<int>(s.code());
+    if (code >= 0 && code < 9) collective_errors[code].fetch_add(1);
+  }
 };
 
 Result<sys::Fd> make_eventfd() {
@@ -191,7 +221,7 @@ struct Server::Impl {
   nlohmann::json answer(ControlCommand command) const;
   // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
   bool step_pending(Pending& p);
-  void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why);
+  void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, ErrorKind kind = ErrorKind::kHello);
   Status admit(Pending& p, const Hello& h);
   void client_gone(uint64_t id, const std::string& why);
   void reap_jobs(bool all);
@@ -263,6 +293,7 @@ void Job::fail(const Status& s) {
 void Job::refuse(Client& c, const Status& why) {
   GW_LOG_WARN("gradwired: refusing {}: {}", c.name(), why.message());
   counters->refused.fetch_add(1);
+  counters->error(ErrorKind::kProtocol);
   c.mark_lost(fmt::format("refused: {}", why.message()));
   signal_fd(server_wake_fd_of(server));
 }
@@ -323,9 +354,28 @@ Status Job::execute(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   auto buf = [&](size_t i, uint64_t off) { return members[i]->data + off; };
   coll::Communicator* cm = comm.get();
+  // Phases and bytes for the metrics: each phase's time runs from the previous mark.
+  int64_t mark_ns = sys::now_ns();
+  auto mark = [&](Phase phase) {
+    const int64_t now = sys::now_ns();
+    counters->observe(phase, now - mark_ns);
+    mark_ns = now;
+  };
+  auto arena = [&](uint64_t in, uint64_t out) {
+    counters->arena_in.fetch_add(in, std::memory_order_relaxed);
+    counters->arena_out.fetch_add(out, std::memory_order_relaxed);
+  };
+  auto inter = [&](uint64_t in, uint64_t out) {
+    counters->inter_in.fetch_add(in, std::memory_order_relaxed);
+    counters->inter_out.fetch_add(out, std::memory_order_relaxed);
+  };
   switch (r.opcode) {
     case Opcode::kBarrier:
-      return cm ? cm->barrier() : ok_status();
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->barrier());
+        mark(Phase::kInterHost);
+      }
+      return ok_status();
     case Opcode::kAllreduce: {
       const size_t bytes = r.send_bytes;
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
@@ -335,11 +385,19 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 1; i < n && bytes > 0; ++i) {
         coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, r.count);
       }
-      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
+      arena(bytes * n, 0);
+      mark(Phase::kLocalReduce);
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
+        inter(bytes, bytes);
+        mark(Phase::kInterHost);
+      }
       if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
         coll::finalize_avg(r.dtype, s, r.count, first.world_size);
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+      arena(0, bytes * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kReduceScatter: {
@@ -355,7 +413,13 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 1; i < n && total > 0; ++i) {
         coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, elems);
       }
-      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+      arena(total * n, 0);
+      mark(Phase::kLocalReduce);
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+        inter(total, total);
+        mark(Phase::kInterHost);
+      }
       if (r.op == coll::ReduceOp::kAvg && total > 0) {
         coll::finalize_avg(r.dtype, s, elems, first.world_size);
       }
@@ -363,6 +427,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memmove(buf(i, reqs[i].recv_off),
                      s + static_cast<size_t>(members[i]->hello.rank) * block, block);
       }
+      arena(0, block * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kBroadcast: {
@@ -373,16 +439,25 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 0; i < n; ++i) {
         if (members[i]->hello.rank == r.root) root_local = static_cast<int>(i);
       }
-      if (root_local >= 0 && bytes > 0)
+      if (root_local >= 0 && bytes > 0) {
         std::memcpy(s, buf(root_local, reqs[root_local].send_off), bytes);
+        arena(bytes, 0);
+      }
+      mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
+        root_local >= 0 ? inter(0, bytes) : inter(bytes, 0);
+        mark(Phase::kInterHost);
       } else if (root_local < 0) {
         return internal_error("broadcast root {} is on no host of a single-host job", r.root);
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) {
-        if (static_cast<int>(i) != root_local) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+        if (static_cast<int>(i) != root_local) {
+          std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+          arena(0, bytes);
+        }
       }
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kAllgather: {
@@ -397,10 +472,16 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
                     buf(i, reqs[i].send_off), block);
       }
+      arena(block * n, 0);
+      mark(Phase::kLocalReduce);
       if (cm && total > 0) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
+        inter(total, total);
+        mark(Phase::kInterHost);
       }
       for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
+      arena(0, total * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
   }
@@ -440,6 +521,7 @@ void Job::run_ready() {
         }
       }
     }
+    counters->collective(reqs[0].opcode, s);
     if (s.ok()) {
       counters->collectives.fetch_add(1);
       done.fetch_add(1, std::memory_order_relaxed);
@@ -521,6 +603,34 @@ void Job::run() {
 
 // ---- the server --------------------------------------------------------------------------------
 
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kHello:
+      return "hello";
+    case ErrorKind::kCredentials:
+      return "credentials";
+    case ErrorKind::kCapacity:
+      return "capacity";
+    case ErrorKind::kProtocol:
+      return "protocol";
+    case ErrorKind::kCollective:
+      return "collective";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kLocalReduce:
+      return "local_reduce";
+    case Phase::kInterHost:
+      return "inter_host";
+    case Phase::kCopyBack:
+      return "copy_back";
+  }
+  return "?";
+}
+
 namespace {
 int server_wake_fd_of(Server::Impl* s) { return s->wake_efd.get(); }
 
@@ -595,13 +705,31 @@ ServerStats Server::stats() const {
   s.live_jobs = c.live_jobs.load();
   s.collectives = c.collectives.load();
   s.failed = c.failed.load();
+  for (int k = 0; k < kNumOpcodes; ++k) {
+    for (int r = 0; r < 2; ++r) s.by_opcode[k][r] = c.by_opcode[k][r].load();
+  }
+  for (int k = 0; k < kNumErrorKinds; ++k) s.errors[k] = c.errors[k].load();
+  for (int k = 0; k < 9; ++k) s.collective_errors[k] = c.collective_errors[k].load();
+  s.arena_bytes_in = c.arena_in.load();
+  s.arena_bytes_out = c.arena_out.load();
+  s.inter_bytes_in = c.inter_in.load();
+  s.inter_bytes_out = c.inter_out.load();
+  s.transport = impl_->opt.transport;
+  for (int p = 0; p < kNumPhases; ++p) {
+    for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
+      s.phases[p].buckets[b] = c.phases[p].buckets[b].load();
+    }
+    s.phases[p].count = c.phases[p].count.load();
+    s.phases[p].sum_s = static_cast<double>(c.phases[p].sum_ns.load()) / 1e9;
+  }
   return s;
 }
 
 Status Server::run() { return impl_->serve(); }
 
-void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why) {
+void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, ErrorKind kind) {
   counters.refused.fetch_add(1);
+  counters.error(kind);
   GW_LOG_WARN("gradwired: refusing the connection of pid {}: {}", pid, why.message());
   Welcome w;
   w.status = static_cast<int32_t>(why.code() == Code::kOk ? Code::kInternal : why.code());
@@ -630,19 +758,20 @@ void Server::Impl::accept_all() {
     p.deadline = sys::deadline_after_ms(opt.hello_timeout_ms);
     auto cred = sys::peer_credentials(p.sock.get());
     if (!cred.ok()) {
-      refuse_conn(p.sock, 0, cred.status());
+      refuse_conn(p.sock, 0, cred.status(), ErrorKind::kCredentials);
       continue;
     }
     p.pid = cred->pid;
     p.uid = cred->uid;
     if (Status ok = check_peer(*cred); !ok.ok()) {
-      refuse_conn(p.sock, p.pid, ok);
+      refuse_conn(p.sock, p.pid, ok, ErrorKind::kCredentials);
       continue;
     }
     if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
       refuse_conn(
           p.sock, p.pid,
-          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients));
+          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients),
+          ErrorKind::kCapacity);
       continue;
     }
     pending.push_back(std::move(p));
@@ -685,7 +814,10 @@ bool Server::Impl::step_pending(Pending& p) {
     return true;
   }
   Status s = admit(p, *h);
-  if (!s.ok()) refuse_conn(p.sock, p.pid, s);
+  if (!s.ok()) {
+    refuse_conn(p.sock, p.pid, s,
+                s.code() == Code::kNoMemory ? ErrorKind::kCapacity : ErrorKind::kHello);
+  }
   return true;
 }
 
@@ -1042,6 +1174,7 @@ Status Server::Impl::serve() {
         gone.emplace_back(ids[i], "closed its connection");
       } else if (n.ok()) {
         counters.refused.fetch_add(1);
+        counters.error(ErrorKind::kProtocol);
         gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
       } else if (n.status().code() != Code::kTimeout) {
         gone.emplace_back(ids[i], n.status().message());

@@ -151,6 +151,23 @@ double sample(const std::string& text, const std::string& metric) {
   return -1;
 }
 
+// The sum of every sample of `metric` whose labels contain each of `labels` (-1 when none).
+double sum_samples(const std::string& text, const std::string& metric,
+                   const std::vector<std::string>& labels = {}) {
+  std::istringstream in(text);
+  double sum = -1;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric + "{", 0) != 0 && line.rfind(metric + " ", 0) != 0) continue;
+    const size_t space = line.rfind(' ');
+    const std::string head = line.substr(0, space);
+    bool all = true;
+    for (const auto& l : labels) all = all && head.find(l) != std::string::npos;
+    if (!all) continue;
+    sum = (sum < 0 ? 0 : sum) + std::stod(line.substr(space + 1));
+  }
+  return sum;
+}
+
 bool eventually(const std::function<bool()>& pred, int ms) {
   for (int i = 0; i < ms / 20; ++i) {
     if (pred()) return true;
@@ -163,7 +180,12 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   DaemonPair d(dir);
-  ASSERT_TRUE(d.start());
+#if defined(GW_HAVE_PROMETHEUS)
+  const int metrics_port = free_port();
+#else
+  const int metrics_port = 0;
+#endif
+  ASSERT_TRUE(d.start(metrics_port));
   for (const char* count : {"1", "1000", "70001"}) {
     ProcGroup g;
     const int port = free_port();
@@ -184,6 +206,18 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
   // Every trainer has gone: so have their arenas.
   EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
       << d.arenas(0) << " " << d.arenas(1);
+  if (metrics_port == 0) GTEST_SKIP() << "built without prometheus-cpp: no metrics to check";
+  // Daemon A ran the inter-host leg of every collective over tcp.
+  const std::string text = scrape(metrics_port);
+  const double inter = sample(text, "gradwired_phase_seconds_count{phase=\"inter_host\"}");
+  EXPECT_GE(inter, 10) << text;
+  EXPECT_EQ(sample(text, "gradwired_phase_seconds_bucket{phase=\"inter_host\",le=\"+Inf\"}"), inter)
+      << text;
+  EXPECT_GT(sample(text, "gradwired_phase_seconds_sum{phase=\"inter_host\"}"), 0) << text;
+  EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"out\"}"), 0) << text;
+  EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"in\"}"), 0) << text;
+  EXPECT_GE(sample(text, "gradwired_collectives_total{kind=\"reduce_scatter\",result=\"ok\"}"), 1)
+      << text;
 }
 
 TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
@@ -208,7 +242,28 @@ TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
   const std::string text = scrape(metrics_port);
   EXPECT_GE(sample(text, "gradwired_clients_refused_total"), 1) << text;
   EXPECT_GE(sample(text, "gradwired_clients_accepted_total"), 1) << text;
-  EXPECT_GE(sample(text, "gradwired_collectives_total{result=\"ok\"}"), 100) << text;
+  EXPECT_GE(sum_samples(text, "gradwired_collectives_total", {"result=\"ok\""}), 100) << text;
+  // By kind, errors by kind, bytes, phases (docs/daemon.md).
+  EXPECT_GE(sample(text, "gradwired_collectives_total{kind=\"allreduce\",result=\"ok\"}"), 1)
+      << text;
+  EXPECT_GE(sample(text, "gradwired_collectives_total{kind=\"broadcast\",result=\"ok\"}"), 1)
+      << text;
+  EXPECT_GE(sample(text, "gradwired_collectives_total{kind=\"allgather\",result=\"ok\"}"), 1)
+      << text;
+  EXPECT_EQ(sum_samples(text, "gradwired_collectives_total", {"result=\"error\""}), 0) << text;
+  EXPECT_EQ(sample(text, "gradwired_errors_total{kind=\"hello\"}"), 1) << text;  // the foreign host
+  EXPECT_EQ(sample(text, "gradwired_errors_total{kind=\"collective\"}"), 0) << text;
+  EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"arena\",direction=\"in\"}"), 0) << text;
+  EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"arena\",direction=\"out\"}"), 0)
+      << text;
+  EXPECT_EQ(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"out\"}"), 0)
+      << text;  // a world of one crosses no host
+  const double reduces = sample(text, "gradwired_phase_seconds_count{phase=\"local_reduce\"}");
+  EXPECT_GE(reduces, 100) << text;
+  EXPECT_EQ(sample(text, "gradwired_phase_seconds_bucket{phase=\"local_reduce\",le=\"+Inf\"}"),
+            reduces)
+      << text;
+  EXPECT_EQ(sample(text, "gradwired_phase_seconds_count{phase=\"inter_host\"}"), 0) << text;
   EXPECT_TRUE(
       eventually([&] { return sample(scrape(metrics_port), "gradwired_arenas") == 0; }, 5000));
 }

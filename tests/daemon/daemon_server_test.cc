@@ -271,6 +271,62 @@ TEST_F(DaemonServerTest, TwoLocalTrainersAreSummed) {
   EXPECT_EQ(b->wait(db).code(), Code::kInvalidArg);
 }
 
+TEST_F(DaemonServerTest, StatsCountCollectivesByKindBytesAndPhases) {
+  auto a = RawClient::join(server_->socket_path(), hello("metered", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("metered", 1, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int k = 0; k < 3; ++k) {
+    uint64_t sa = a->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1000, 0, 0));
+    uint64_t sb = b->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1000, 0, 0));
+    ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  }
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  e.dtype = static_cast<uint8_t>(coll::DataType::kU8);
+  e.root = 1;
+  e.count = 100;
+  e.send_off = e.recv_off = 1 << 16;
+  uint64_t sa = a->post(e);
+  uint64_t sb = b->post(e);
+  ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  SqEntry bar{};
+  bar.opcode = static_cast<uint16_t>(Opcode::kBarrier);
+  sa = a->post(bar);
+  sb = b->post(bar);
+  ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  sa = a->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 10, 0, 0));
+  sb = b->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 11, 0, 0));
+  EXPECT_EQ(a->wait(sa).code(), Code::kInvalidArg);
+  EXPECT_EQ(b->wait(sb).code(), Code::kInvalidArg);
+
+  const ServerStats st = server_->stats();
+  auto kind = [&](Opcode op, int result) { return st.by_opcode[static_cast<int>(op) - 1][result]; };
+  EXPECT_EQ(kind(Opcode::kAllreduce, 0), 3u);
+  EXPECT_EQ(kind(Opcode::kAllreduce, 1), 1u);
+  EXPECT_EQ(kind(Opcode::kBroadcast, 0), 1u);
+  EXPECT_EQ(kind(Opcode::kBarrier, 0), 1u);
+  EXPECT_EQ(kind(Opcode::kAllgather, 0), 0u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCollective)], 1u);
+  EXPECT_EQ(st.collective_errors[static_cast<int>(Code::kInvalidArg)], 1u);
+  // Arena bytes: each allreduce reads both trainers' 4000 bytes and writes both; the broadcast
+  // reads the root's 100 and writes the other's.
+  EXPECT_EQ(st.arena_bytes_in, 3u * 2 * 4000 + 100);
+  EXPECT_EQ(st.arena_bytes_out, 3u * 2 * 4000 + 100);
+  // One host: nothing crossed to another daemon.
+  EXPECT_EQ(st.inter_bytes_in + st.inter_bytes_out, 0u);
+  // Phases: the 4 data collectives had a local reduce and a copy-back; nothing went inter-host.
+  for (Phase p : {Phase::kLocalReduce, Phase::kCopyBack}) {
+    const DurationHistogram& h = st.phases[static_cast<int>(p)];
+    EXPECT_EQ(h.count, 4u) << phase_name(p);
+    uint64_t in_buckets = 0;
+    for (uint64_t c : h.buckets) in_buckets += c;
+    EXPECT_EQ(in_buckets, h.count) << phase_name(p);
+    EXPECT_GT(h.sum_s, 0) << phase_name(p);
+    EXPECT_LT(h.sum_s, 10) << phase_name(p);
+  }
+  EXPECT_EQ(st.phases[static_cast<int>(Phase::kInterHost)].count, 0u);
+}
+
 TEST_F(DaemonServerTest, GarbageAndForeignHellosAreRefusedAndCounted) {
   auto good = RawClient::join(server_->socket_path(), hello("bystander"));
   ASSERT_TRUE(good.ok()) << good.status().message();
@@ -298,6 +354,12 @@ TEST_F(DaemonServerTest, GarbageAndForeignHellosAreRefusedAndCounted) {
   ASSERT_FALSE(r4.ok());
   EXPECT_EQ(r4.status().code(), Code::kNoMemory) << r4.status().message();
   EXPECT_TRUE(eventually([](const ServerStats& s) { return s.refused >= 4; }));
+  // By kind: junk, the oversized hello and the foreign host are hello errors; the arena, capacity.
+  const ServerStats st = server_->stats();
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kHello)], 3u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCapacity)], 1u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kProtocol)], 0u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCredentials)], 0u);
 
   uint64_t seq = good->post(allreduce_entry(coll::DataType::kF64, coll::ReduceOp::kSum, 8, 0, 64));
   EXPECT_TRUE(good->wait(seq).ok());
@@ -336,6 +398,8 @@ TEST_F(DaemonServerTest, BadSubmissionsCutTheClientOnly) {
   EXPECT_TRUE(eventually([&](const ServerStats& st) {
     return st.refused >= refused0 + 4 && st.live_clients == 1;
   })) << server_->stats().refused;
+  EXPECT_EQ(server_->stats().errors[static_cast<int>(ErrorKind::kProtocol)], 4u);
+  EXPECT_EQ(server_->stats().errors[static_cast<int>(ErrorKind::kHello)], 0u);
   uint64_t g = good->post(allreduce_entry(coll::DataType::kU8, coll::ReduceOp::kMax, 3, 0, 64));
   EXPECT_TRUE(good->wait(g).ok());
 }
