@@ -146,8 +146,6 @@ Result<ControlCommand> parse_control_command(std::string_view name) {
                      name.substr(0, 64));
 }
 
-std::string control_socket_path(const std::string& socket_path) { return socket_path + ".ctl"; }
-
 std::string encode_control_request(ControlCommand command) {
   json doc;
   doc["version"] = kControlVersion;

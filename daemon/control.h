@@ -36,9 +36,6 @@ const char* control_command_name(ControlCommand command);
 // kInvalidArg naming the known commands.
 Result<ControlCommand> parse_control_command(std::string_view name);
 
-// The control socket of a daemon whose trainers' socket is `socket_path`.
-std::string control_socket_path(const std::string& socket_path);
-
 // A request's body: {"version":1,"command":"status"}.
 std::string encode_control_request(ControlCommand command);
 // kInvalidArg (kPeer for a body beyond its bound) on anything but a JSON object with an integer

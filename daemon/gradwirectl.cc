@@ -15,6 +15,7 @@
 #include "core/config.h"
 #include "daemon/control.h"
 #include "daemon/daemon_config.h"
+#include "daemon/protocol.h"
 
 namespace {
 

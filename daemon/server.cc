@@ -1,7 +1,9 @@
 #include "daemon/server.h"
 
+#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +12,10 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -189,7 +193,9 @@ struct Job {
 struct Server::Impl {
   ServerOptions opt;
   std::string host_id;
-  std::string ctl_path;  // the control socket (gradwirectl)
+  std::string ctl_path;    // the control socket (gradwirectl)
+  bool has_group = false;  // ServerOptions::group, resolved
+  gid_t group_gid = 0;
   sys::Fd listen;
   sys::Fd ctl_listen;
   sys::Fd stop_efd;  // stop()
@@ -213,8 +219,9 @@ struct Server::Impl {
 
   Status serve();
   void accept_all();
-  // Whether a peer may talk to this daemon (either socket): same uid as the daemon, or root.
-  Status check_peer(const ucred& cred) const;
+  // Whether a peer may talk to this daemon (either socket): same uid as the daemon, root, or a
+  // member of the configured group (its gid or a supplementary group).
+  Status check_peer(int sock, const ucred& cred) const;
   void accept_control();
   // Reads a control connection's request; true when it is finished with (answered or refused).
   bool step_control(Pending& p);
@@ -651,6 +658,59 @@ Result<sys::Fd> bind_listener(const std::string& path) {
   return fd;
 }
 
+// The peer's supplementary groups as of its connect (SO_PEERGROUPS, Linux 4.13); where the kernel
+// lacks it, the Groups: line of /proc/PID/status now.
+std::vector<gid_t> peer_groups(int sock, pid_t pid) {
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  groups.clear();
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream in(line.substr(7));
+    for (unsigned long g; in >> g;) groups.push_back(static_cast<gid_t>(g));
+  }
+  return groups;
+}
+
+// GW_DAEMON_GROUP: a group name or number.
+Result<gid_t> resolve_group(const std::string& name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
+    return static_cast<gid_t>(std::stoul(name));
+  }
+  group g{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0) return system_error(fmt::format("gradwired: looking up group '{}'", name), rc);
+  if (found == nullptr) {
+    return invalid_arg("gradwired: group '{}' does not exist (GW_DAEMON_GROUP)", name);
+  }
+  return g.gr_gid;
+}
+
+// Opens a listening socket to the group: owned by it, mode 0660.
+Status share_with_group(const std::string& path, gid_t gid, const std::string& name) {
+  if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return system_error(
+        fmt::format("gradwired: giving {} to group {} (the daemon must be in the group, or root)",
+                    path, name),
+        errno);
+  }
+  if (::chmod(path.c_str(), 0660) != 0) {
+    return system_error(fmt::format("gradwired: chmod 0660 {}", path), errno);
+  }
+  return ok_status();
+}
+
 // A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
 std::string job_name(const Hello& h) {
   uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
@@ -677,6 +737,19 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     return ctl.status().with_context("gradwired: the control socket");
   }
   impl->ctl_listen = std::move(*ctl);
+  if (!options.group.empty()) {
+    auto gid = resolve_group(options.group);
+    Status shared = gid.status();
+    if (gid.ok()) shared = share_with_group(options.socket_path, *gid, options.group);
+    if (shared.ok()) shared = share_with_group(impl->ctl_path, *gid, options.group);
+    if (!shared.ok()) {
+      ::unlink(options.socket_path.c_str());
+      ::unlink(impl->ctl_path.c_str());
+      return shared;
+    }
+    impl->has_group = true;
+    impl->group_gid = *gid;
+  }
   GW_ASSIGN_OR_RETURN(impl->stop_efd, make_eventfd());
   GW_ASSIGN_OR_RETURN(impl->wake_efd, make_eventfd());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -763,7 +836,7 @@ void Server::Impl::accept_all() {
     }
     p.pid = cred->pid;
     p.uid = cred->uid;
-    if (Status ok = check_peer(*cred); !ok.ok()) {
+    if (Status ok = check_peer(p.sock.get(), *cred); !ok.ok()) {
       refuse_conn(p.sock, p.pid, ok, ErrorKind::kCredentials);
       continue;
     }
@@ -967,9 +1040,17 @@ void Server::Impl::reap_jobs(bool all) {
   }
 }
 
-Status Server::Impl::check_peer(const ucred& cred) const {
+Status Server::Impl::check_peer(int sock, const ucred& cred) const {
   if (cred.uid == ::geteuid() || cred.uid == 0) return ok_status();
-  return invalid_arg("uid {} is neither the daemon's ({}) nor root", cred.uid, ::geteuid());
+  if (!has_group) {
+    return invalid_arg("uid {} is neither the daemon's ({}) nor root", cred.uid, ::geteuid());
+  }
+  if (cred.gid == group_gid) return ok_status();
+  for (gid_t g : peer_groups(sock, cred.pid)) {
+    if (g == group_gid) return ok_status();
+  }
+  return invalid_arg("uid {} is neither the daemon's ({}) nor root, and not in group {} ({})",
+                     cred.uid, ::geteuid(), opt.group, group_gid);
 }
 
 // ---- the control socket (gradwirectl; daemon/control.h) ----------------------------------------
@@ -1000,7 +1081,7 @@ void Server::Impl::accept_control() {
     p.sock = std::move(*fd);
     p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
     auto cred = sys::peer_credentials(p.sock.get());
-    Status ok = cred.ok() ? check_peer(*cred) : cred.status();
+    Status ok = cred.ok() ? check_peer(p.sock.get(), *cred) : cred.status();
     if (ok.ok() && ctl_pending.size() >= kMaxControlConns) {
       ok = no_memory("{} control connections are open already", kMaxControlConns);
     }
@@ -1150,7 +1231,10 @@ Status Server::Impl::serve() {
       ids.push_back(id);
     }
     constexpr size_t kFixed = 4;  // stop, wake, listen, control listen
-    int rc = ::poll(pfds.data(), pfds.size(), 200);
+    const int timeout_ms =
+        opt.tick_ms > 0 ? static_cast<int>(std::clamp<int64_t>(opt.tick_ms, 1, 200)) : 200;
+    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
+    if (opt.on_tick) opt.on_tick();
     if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);
     if (pfds[0].revents & POLLIN) break;
     if (pfds[1].revents & POLLIN) drain_fd(wake_efd.get());

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,7 +23,11 @@
 namespace gw::daemon {
 
 struct ServerOptions {
-  std::string socket_path;  // created with mode 0600; an existing stale socket file is replaced
+  std::string socket_path;  // created owner-only; an existing stale socket file is replaced
+  // A group (name or number) whose members may connect whatever their uid (GW_DAEMON_GROUP): both
+  // sockets are then mode 0660 and owned by it, and a peer of another uid is accepted when its
+  // SO_PEERCRED gid or one of its supplementary groups is this group. "": owner (and root) only.
+  std::string group;
   std::string transport = "tcp";  // between the daemons of a job
   uint64_t max_arena_bytes = 4ull << 30;
   int max_clients = 256;
@@ -30,6 +35,10 @@ struct ServerOptions {
   std::string host_id;         // "": bootstrap host_identity() (GW_HOSTID)
   int64_t hello_timeout_ms = 5000;
   int64_t spin_us = 0;  // a job thread busy-polls its rings this long before sleeping
+  // Called by run()'s loop at least every tick_ms (when > 0; else every 200 ms), on its thread:
+  // gradwired pings the systemd watchdog from here, so a stuck loop stops the pings.
+  std::function<void()> on_tick;
+  int64_t tick_ms = 0;
 };
 
 // Collectives by kind: the opcodes of daemon/protocol.h (1..kNumOpcodes), index opcode - 1.

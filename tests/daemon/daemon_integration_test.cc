@@ -3,17 +3,22 @@
 // allreduce / broadcast / allgather / barrier across every dtype with results checked, a trainer
 // SIGKILLed mid-collective (the others fail with GW_ERR_PEER within the deadline and the daemons
 // reclaim its arena), and a daemon SIGKILLed under its trainers (they fail, never hang); and
-// gradwirectl asking a daemon about its trainers (tables and JSON), or finding none.
+// gradwirectl asking a daemon about its trainers (tables and JSON), or finding none; and
+// sd_notify readiness, watchdog and stopping on a NOTIFY_SOCKET the test owns.
 // Every process is killed and the directory removed even when a check fails.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -433,6 +438,149 @@ TEST(DaemonIntegration, GradwirectlSaysSoWhenNoDaemonListens) {
       << r.output;
   ProcResult usage = gradwirectl({"reboot"});
   EXPECT_EQ(usage.exit_code, 2) << usage.describe();
+}
+
+// The service manager's side of sd_notify: a unix datagram socket in `dir`.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& dir) : path_(dir + "/notify.sock") {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path_.c_str());
+    if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~NotifySocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  // Reads datagrams until one contains `needle` (true) or ms pass; every one read is kept.
+  bool wait_for(const std::string& needle, int ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (const auto& m : got_) {
+      if (m.find(needle) != std::string::npos) return true;
+    }
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) continue;
+      got_.emplace_back(buf, static_cast<size_t>(n));
+      if (got_.back().find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+  int count(const std::string& needle) const {
+    int n = 0;
+    for (const auto& m : got_) n += m.find(needle) != std::string::npos;
+    return n;
+  }
+  std::string all() const {
+    std::string out;
+    for (const auto& m : got_) out += "[" + m + "] ";
+    return out;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<std::string> got_;
+};
+
+TEST(DaemonIntegration, SdNotifyReadinessWatchdogAndStopping) {
+#if !defined(GW_HAVE_SYSTEMD)
+  GTEST_SKIP() << "built without libsystemd (libsystemd-dev): gradwired does not notify";
+#endif
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  for (bool watchdog : {false, true}) {
+    NotifySocket notify(dir.path());
+    ASSERT_TRUE(notify.ok()) << std::strerror(errno);
+    Env env = clean_env();
+    env["NOTIFY_SOCKET"] = notify.path();
+    if (watchdog) env["WATCHDOG_USEC"] = "400000";  // pings every 0.2 s
+    const std::string sock = dir.path() + "/n.sock";
+    ProcGroup g;
+    g.start({GRADWIRED_PATH, "--foreground", "--socket", sock}, env);
+    ASSERT_TRUE(notify.wait_for("READY=1", 20000)) << notify.all() << g.output(0);
+    // Ready means listening: a trainer's socket and the control socket answer now.
+    EXPECT_EQ(gradwirectl({"status", "--socket", sock}).exit_code, 0);
+    EXPECT_NE(notify.all().find("STATUS=listening on " + sock), std::string::npos) << notify.all();
+    if (watchdog) {
+      // Several pings, at about half the period, for as long as it runs.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      notify.wait_for("__drain__", 100);
+      EXPECT_GE(notify.count("WATCHDOG=1"), 3) << notify.all();
+      EXPECT_LE(notify.count("WATCHDOG=1"), 12) << notify.all();
+    } else {
+      EXPECT_FALSE(notify.wait_for("WATCHDOG=1", 1000)) << notify.all();
+    }
+    // SIGTERM: STOPPING=1, then it exits 0.
+    ASSERT_TRUE(g.wait_for_output(0, "listening", 5000)) << g.output(0);
+    std::smatch m;
+    const std::string out = g.output(0);
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("pid ([0-9]+)")));
+    ASSERT_EQ(::kill(std::stoi(m[1]), SIGTERM), 0);
+    EXPECT_TRUE(notify.wait_for("STOPPING=1", 10000)) << notify.all();
+    auto r = g.wait_all(10000);
+    EXPECT_TRUE(r[0].exited && r[0].exit_code == 0) << r[0].describe();
+    ::unlink(notify.path().c_str());
+  }
+}
+
+// GW_DAEMON=auto: the daemon at GW_DAEMON_SOCKET when one answers there (the trainers join it),
+// otherwise direct mode with one INFO line saying so.
+TEST(DaemonIntegration, AutoUsesTheDaemonWhenOneAnswersElseDirectMode) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  auto run = [&](const std::string& socket) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 2; ++r) {
+      Env env = clean_env();
+      env["GW_DAEMON"] = "auto";
+      env["GW_DAEMON_SOCKET"] = socket;
+      env["GW_HOSTID"] = DaemonPair::host(0);
+      env["GW_DAEMON_ARENA"] = "16M";
+      env["GW_LOG_LEVEL"] = "info";
+      g.start({DAEMON_TRAINER_PATH, "--rank", std::to_string(r), "--world", "2", "--timeout-ms",
+               std::to_string(kTimeoutMs), "--store", "127.0.0.1:" + std::to_string(port), "suite",
+               "100"},
+              env);
+    }
+    return g.wait_all(120000, true);
+  };
+  auto status = [&] { return json_of(gradwirectl({"status", "--json", "--socket", d.socket(0)})); };
+  const int before = status()["accepted"].get<int>();
+
+  // A daemon answers: both trainers are its clients.
+  for (const auto& res : run(d.socket(0))) {
+    EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+    EXPECT_NE(res.output.find("daemon mode (unix:" + d.socket(0) + ")"), std::string::npos)
+        << res.output;
+    EXPECT_EQ(res.output.find("GW_DAEMON=auto"), std::string::npos) << res.output;
+  }
+  EXPECT_EQ(status()["accepted"].get<int>(), before + 2);
+
+  // None answers: direct mode, said once per trainer, and the daemon saw nobody.
+  const std::string none = dir.path() + "/none.sock";
+  for (const auto& res : run(none)) {
+    EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+    const std::string line = "GW_DAEMON=auto: no gradwired answers at " + none;
+    const size_t at = res.output.find(line);
+    EXPECT_NE(at, std::string::npos) << res.output;
+    EXPECT_EQ(res.output.find(line, at + 1), std::string::npos) << "said twice:\n" << res.output;
+    EXPECT_NE(res.output.find("direct mode"), std::string::npos) << res.output;
+    EXPECT_EQ(res.output.find("daemon mode ("), std::string::npos) << res.output;
+  }
+  EXPECT_EQ(status()["accepted"].get<int>(), before + 2);
 }
 
 }  // namespace
