@@ -2,6 +2,7 @@
 // deadline. Apart from daemon/control.cc so that the decoders build alone (the fuzz target).
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/sys/fd.h"
@@ -28,15 +29,20 @@ Result<json> control_call(const std::string& control_path, ControlCommand comman
     return fd.status();
   }
   const std::vector<uint8_t> req = frame_control(encode_control_request(command));
-  GW_RETURN_IF_ERROR(
-      sys::send_with_fds(fd->get(), req.data(), req.size(), {}, deadline, "control request"));
+  // A daemon that refuses the connection (another uid) answers and closes without reading: the
+  // send may fail, but the refusal, which says why, is there to read.
+  const Status sent =
+      sys::send_with_fds(fd->get(), req.data(), req.size(), {}, deadline, "control request");
+  const sys::Deadline read_by =
+      sent.ok() ? deadline : std::min(deadline, sys::deadline_after_ms(1000));
   // The answer: a header, then the body; the daemon closes after it.
   std::vector<uint8_t> buf;
   uint32_t len = 0;
   for (;;) {
     uint8_t tmp[65536];
     std::vector<sys::Fd> fds;
-    auto n = sys::recv_with_fds(fd->get(), tmp, sizeof(tmp), &fds, deadline, "control answer");
+    auto n = sys::recv_with_fds(fd->get(), tmp, sizeof(tmp), &fds, read_by, "control answer");
+    if (!n.ok() && !sent.ok()) return sent;
     if (!n.ok()) {
       if (n.status().code() == Code::kTimeout) {
         return timeout_error("gradwired on {} did not answer within {} ms", control_path,
@@ -46,6 +52,7 @@ Result<json> control_call(const std::string& control_path, ControlCommand comman
     }
     if (!fds.empty()) return peer_error("control answer came with descriptors");
     if (*n == 0) {
+      if (!sent.ok()) return sent;
       return peer_error("gradwired on {} closed the connection {} (refused: another uid?)",
                         control_path, buf.empty() ? "without an answer" : "mid-answer");
     }

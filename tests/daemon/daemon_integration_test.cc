@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -581,6 +582,82 @@ TEST(DaemonIntegration, AutoUsesTheDaemonWhenOneAnswersElseDirectMode) {
     EXPECT_EQ(res.output.find("daemon mode ("), std::string::npos) << res.output;
   }
   EXPECT_EQ(status()["accepted"].get<int>(), before + 2);
+}
+
+// GW_DAEMON_GROUP: the sockets are 0660 and the group's; a peer of another uid gets through when in
+// the group (its gid or a supplementary group), and is refused otherwise, by the file's mode and,
+// should the mode let it through, by the daemon's own SO_PEERCRED check. Needs root (setpriv).
+TEST(DaemonIntegration, AnotherUidIsAcceptedOnlyInTheDaemonsGroup) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run clients as another uid (setpriv)";
+  if (::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/setpriv";
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // nobody may reach the sockets' directory
+  // As nobody: gradwirectl, or a trainer (a world of one), with the given groups.
+  auto as_nobody = [&](const std::string& gid, const std::string& groups,
+                       std::vector<std::string> args, Env env = clean_env()) {
+    ProcGroup g;
+    std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=nobody", "--regid=" + gid};
+    if (groups.empty()) {
+      argv.push_back("--clear-groups");
+    } else {
+      argv.push_back("--groups=" + groups);
+    }
+    argv.insert(argv.end(), args.begin(), args.end());
+    g.start(argv, env);
+    auto r = g.wait_all(60000);
+    return r[0];
+  };
+  const std::string grouped = dir.path() + "/grouped.sock";
+  const std::string plain = dir.path() + "/plain.sock";
+  ProcGroup daemons;
+  Env denv = clean_env();
+  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", grouped, "--group", "nogroup"}, denv);
+  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", plain}, denv);
+  ASSERT_TRUE(daemons.wait_for_output(0, "listening", 20000)) << daemons.output(0);
+  ASSERT_TRUE(daemons.wait_for_output(1, "listening", 20000)) << daemons.output(1);
+  for (const std::string& path : {grouped, grouped + ".ctl"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << path;
+    EXPECT_EQ(st.st_gid, 65534u) << path;  // nogroup
+  }
+  const std::vector<std::string> ctl = {GRADWIRECTL_PATH, "status", "--socket"};
+  auto with = [](std::vector<std::string> v, const std::string& s) {
+    v.push_back(s);
+    return v;
+  };
+  // In the group by its gid, and by a supplementary group.
+  auto r = as_nobody("nogroup", "", with(ctl, grouped));
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  r = as_nobody("daemon", "nogroup", with(ctl, grouped));
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  // A trainer of the group runs its collectives through the daemon.
+  Env tenv = clean_env();
+  tenv["GW_DAEMON"] = "unix:" + grouped;
+  tenv["GW_DAEMON_ARENA"] = "16M";
+  r = as_nobody("daemon", "nogroup",
+                {DAEMON_TRAINER_PATH, "--rank", "0", "--world", "1", "suite", "10"}, tenv);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << r.describe();
+  // Not in the group: the file's mode refuses it.
+  r = as_nobody("daemon", "", with(ctl, grouped));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.output.find("ermission denied"), std::string::npos) << r.output;
+  // Past the mode (opened to all), the daemon's own check refuses it, and says why.
+  ASSERT_EQ(::chmod((grouped + ".ctl").c_str(), 0666), 0);
+  r = as_nobody("daemon", "", with(ctl, grouped));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.output.find("not in group nogroup"), std::string::npos) << r.output;
+  ASSERT_EQ(::chmod(grouped.c_str(), 0666), 0);
+  r = as_nobody("daemon", "", {DAEMON_TRAINER_PATH, "--rank", "0", "--world", "1", "suite", "10"},
+                tenv);
+  EXPECT_NE(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.output.find("not in group nogroup"), std::string::npos) << r.output;
+  // Without a group, another uid is refused even in nogroup.
+  ASSERT_EQ(::chmod((plain + ".ctl").c_str(), 0666), 0);
+  r = as_nobody("nogroup", "", with(ctl, plain));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.output.find("neither the daemon's"), std::string::npos) << r.output;
 }
 
 }  // namespace
