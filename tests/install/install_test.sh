@@ -105,7 +105,7 @@ env -i PATH="$PATH" "$gwd" --config "$conf" --socket "$sock" >"$tmp/gwd.log" 2>&
   fail "the installed gradwired did not start with $conf: $(cat "$tmp/gwd.log")"
 pid=$(sed -n 's/.*pid \([0-9]*\)).*/\1/p' "$tmp/gwd.log")
 [ -n "$pid" ] || fail "no pid in: $(cat "$tmp/gwd.log")"
-trap 'kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 out=$(env -i PATH="$PATH" "$gwctl" config --socket "$sock") || fail "gradwirectl config: $out"
 grep -Eq "^GW_LOG_LEVEL +info +$conf:[0-9]+ " <<<"$out" ||
   fail "gradwirectl config does not show log_level from $conf: $out"
