@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
     o.tick_ms = std::max<int64_t>(1, notifier.watchdog_usec() / 2000);
     o.on_tick = [&notifier] { notifier.watchdog(); };
   }
+  o.on_stopping = [&notifier] { notifier.stopping(); };
 
   // Detach: the parent waits on a pipe for "listening" (EOF) or the reason it could not start.
   int ready_fd = -1;
@@ -138,7 +139,6 @@ int main(int argc, char** argv) {
     }
   }
   Status s = (*server)->run();
-  notifier.stopping();
   g_server = nullptr;
   endpoint.reset();
   if (!s.ok()) {

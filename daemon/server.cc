@@ -1307,6 +1307,7 @@ Status Server::Impl::serve() {
     reap_jobs(false);
   }
   GW_LOG_INFO("gradwired: stopping");
+  if (opt.on_stopping) opt.on_stopping();
   reap_jobs(true);
   return ok_status();
 }

@@ -39,6 +39,9 @@ struct ServerOptions {
   // gradwired pings the systemd watchdog from here, so a stuck loop stops the pings.
   std::function<void()> on_tick;
   int64_t tick_ms = 0;
+  // Called by run() once stop() is seen, before the jobs are ended (which may wait for a job's
+  // daemons still meeting): gradwired tells systemd STOPPING=1 from here.
+  std::function<void()> on_stopping;
 };
 
 // Collectives by kind: the opcodes of daemon/protocol.h (1..kNumOpcodes), index opcode - 1.
