@@ -133,11 +133,17 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // A connect in progress completes on the first write; wait for it like a send.
-  GW_RETURN_IF_ERROR(write_frame(s->sock_.get(), daemon::encode_hello(h), deadline));
+  const Status sent = write_frame(s->sock_.get(), daemon::encode_hello(h), deadline);
+  // A daemon that refuses at the connect (a peer of another uid) answers and closes before it
+  // reads the hello: the write may fail then, but the refusal, which says why, is there to read.
+  const sys::Deadline read_by =
+      sent.ok() ? deadline : std::min(deadline, sys::deadline_after_ms(1000));
 
   std::vector<sys::Fd> fds;
   uint8_t header[daemon::kFrameHeaderBytes];
-  GW_RETURN_IF_ERROR(read_exact(s->sock_.get(), header, sizeof(header), &fds, deadline));
+  if (Status got = read_exact(s->sock_.get(), header, sizeof(header), &fds, read_by); !got.ok()) {
+    return sent.ok() ? got : sent;
+  }
   uint32_t len = 0;
   std::memcpy(&len, header, sizeof(len));
   if (len > daemon::kMaxWelcomeBytes) {
@@ -145,12 +151,15 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
                       daemon::kMaxWelcomeBytes);
   }
   std::vector<uint8_t> body(len);
-  GW_RETURN_IF_ERROR(read_exact(s->sock_.get(), body.data(), body.size(), &fds, deadline));
+  if (Status got = read_exact(s->sock_.get(), body.data(), body.size(), &fds, read_by); !got.ok()) {
+    return sent.ok() ? got : sent;
+  }
   GW_ASSIGN_OR_RETURN(s->geo_, daemon::decode_welcome(body.data(), body.size()));
   if (s->geo_.status != 0) {
     return Status(static_cast<Code>(s->geo_.status),
                   fmt::format("gradwired at {} refused this trainer: {}", path, s->geo_.message));
   }
+  GW_RETURN_IF_ERROR(sent);
   if (fds.size() != 3) {
     return peer_error("gradwired sent {} descriptors with its welcome (3 expected)", fds.size());
   }

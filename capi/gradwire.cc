@@ -33,7 +33,9 @@
 #include "core/log.h"
 #include "core/net/net_config.h"
 #include "core/store_socket.h"
+#include "core/sys/unix_socket.h"
 #include "daemon/daemon_config.h"
+#include "daemon/protocol.h"
 
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
@@ -233,11 +235,30 @@ std::string startup_line(const SessionOptions& o, const Session& session) {
       session.describe());
 }
 
+// GW_DAEMON as a session address: "" (direct mode) or "unix:PATH". "auto" is the daemon at
+// GW_DAEMON_SOCKET when its control socket accepts a connection (a probe the daemon ignores
+// silently), else direct mode, said once at INFO.
+Result<std::string> daemon_address() {
+  const std::string daemon = gw::config::get_string(gw::daemon_config::kDaemon);
+  if (daemon != "auto") return daemon;
+  const std::string path = gw::config::get_string(gw::daemon_config::kSocket);
+  const std::string ctl = gw::daemon::control_socket_path(path);
+  auto addr = gw::sys::UnixAddress::path(ctl);
+  Status why = addr.status();
+  if (addr.ok()) {
+    auto probe = gw::sys::connect_unix(*addr, SOCK_STREAM);
+    if (probe.ok()) return "unix:" + path;
+    why = probe.status();
+  }
+  GW_LOG_INFO("GW_DAEMON=auto: no gradwired answers at {} ({}): direct mode", path, why.message());
+  return std::string();
+}
+
 Status init(gw_comm_t* out, const gw_config_t& cfg) {
   if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
   GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
   gw::log::set_rank(o.rank);
-  const std::string daemon = gw::config::get_string(gw::daemon_config::kDaemon);
+  GW_ASSIGN_OR_RETURN(const std::string daemon, daemon_address());
   std::unique_ptr<Session> session;
   if (!daemon.empty()) {
     GW_ASSIGN_OR_RETURN(session, DaemonSession::create(o, daemon));

@@ -9,10 +9,12 @@ using config::Type;
 namespace {
 
 Status check_daemon(std::string_view text) {
-  if (text.empty() || text.rfind("unix:", 0) == 0) {
+  if (text.empty() || text == "auto" || text.rfind("unix:", 0) == 0) {
     if (text.size() != 5) return ok_status();
   }
-  return invalid_arg("expected empty (direct mode) or unix:/path/to/gradwired.sock");
+  return invalid_arg(
+      "expected empty (direct mode), auto (the daemon at GW_DAEMON_SOCKET if one answers, else "
+      "direct mode) or unix:/path/to/gradwired.sock");
 }
 
 }  // namespace
@@ -22,8 +24,8 @@ constinit const config::Row kDaemon{
     Type::String,
     "",
     "",
-    "daemon mode: unix:PATH of gradwired's socket; empty: direct mode (collectives run in this "
-    "process)",
+    "daemon mode: unix:PATH of gradwired's socket; auto: the daemon at GW_DAEMON_SOCKET when one "
+    "answers there, else direct mode; empty: direct mode (collectives run in this process)",
     &check_daemon};
 constinit const config::Row kArena{
     "GW_DAEMON_ARENA", Type::Size, "256M", "",
@@ -49,9 +51,14 @@ constinit const config::Row kMetrics{
     "GW_DAEMON_METRICS", Type::String, "", "",
     "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
 
+constinit const config::Row kGroup{
+    "GW_DAEMON_GROUP", Type::String, "", "",
+    "gradwired: a group (name or number) whose members may use the daemon whatever their uid: "
+    "the sockets become mode 0660 and owned by it; empty: the daemon's uid (and root) only"};
+
 const config::RowSet& rows() {
   static const config::RowSet set("daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients,
-                                             &kTransport, &kSpinUs, &kMetrics});
+                                             &kTransport, &kSpinUs, &kMetrics, &kGroup});
   return set;
 }
 

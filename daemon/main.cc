@@ -1,7 +1,7 @@
 // gradwired: the per-host daemon (docs/daemon.md).
 //
 //   gradwired [--socket PATH] [--config FILE] [--foreground] [--transport NAME] [--host-id ID]
-//             [--metrics HOST:PORT]
+//             [--metrics HOST:PORT] [--group NAME]
 //
 // Settings come from the layered configuration (core/config.h): --config names the TOML file
 // (GW_CONFIG_FILE; the daemon's keys live in its [daemon] table), the environment overrides it, and
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,6 +23,7 @@
 #include "core/log.h"
 #include "daemon/daemon_config.h"
 #include "daemon/metrics.h"
+#include "daemon/notifier.h"
 #include "daemon/server.h"
 
 namespace {
@@ -46,13 +48,15 @@ int fail(int ready_fd, const std::string& why) {
 
 int main(int argc, char** argv) {
   CLI::App app{"gradwired: the gradwire per-host daemon (docs/daemon.md)"};
-  std::string socket_path, config_file, transport, host_id, metrics;
+  std::string socket_path, config_file, transport, host_id, metrics, group;
   bool foreground = false;
   app.add_option("--socket", socket_path, "the trainers' unix socket (GW_DAEMON_SOCKET)");
   app.add_option("--config", config_file, "TOML settings file (GW_CONFIG_FILE)");
   app.add_option("--transport", transport, "backend between daemons (GW_DAEMON_TRANSPORT)");
   app.add_option("--host-id", host_id, "this host's identity (GW_HOSTID)");
   app.add_option("--metrics", metrics, "HOST:PORT of the Prometheus endpoint (GW_DAEMON_METRICS)");
+  app.add_option("--group", group,
+                 "a group whose members may use the daemon whatever their uid (GW_DAEMON_GROUP)");
   app.add_flag("--foreground", foreground, "stay attached to the terminal");
   CLI11_PARSE(app, argc, argv);
 
@@ -65,6 +69,7 @@ int main(int argc, char** argv) {
   if (!transport.empty()) (void)config::set(daemon_config::kTransport, transport);
   if (!host_id.empty()) (void)config::set(core_config::kHostId, host_id);
   if (!metrics.empty()) (void)config::set(daemon_config::kMetrics, metrics);
+  if (!group.empty()) (void)config::set(daemon_config::kGroup, group);
   Status valid = config::validate();
   if (!valid.ok()) return fail(-1, valid.message());
 
@@ -74,6 +79,14 @@ int main(int argc, char** argv) {
   o.max_arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kMaxArena));
   o.max_clients = static_cast<int>(config::get_int(daemon_config::kMaxClients));
   o.spin_us = config::get_int(daemon_config::kSpinUs);
+  o.group = config::get_string(daemon_config::kGroup);
+  // Under systemd (Type=notify): readiness once listening, the watchdog from the server's loop.
+  daemon::Notifier notifier;
+  if (notifier.watchdog_usec() > 0) {
+    o.tick_ms = std::max<int64_t>(1, notifier.watchdog_usec() / 2000);
+    o.on_tick = [&notifier] { notifier.watchdog(); };
+  }
+  o.on_stopping = [&notifier] { notifier.stopping(); };
 
   // Detach: the parent waits on a pipe for "listening" (EOF) or the reason it could not start.
   int ready_fd = -1;
@@ -114,6 +127,8 @@ int main(int argc, char** argv) {
   std::printf("gradwired: listening on %s (host %s, pid %d)\n", o.socket_path.c_str(),
               (*server)->host_id().c_str(), static_cast<int>(::getpid()));
   std::fflush(stdout);
+  notifier.ready(fmt::format("listening on {} (host {})", o.socket_path, (*server)->host_id()));
+  notifier.watchdog();
   if (ready_fd >= 0) {
     ::close(ready_fd);
     int devnull = ::open("/dev/null", O_RDWR);

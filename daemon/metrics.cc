@@ -1,5 +1,7 @@
 #include "daemon/metrics.h"
 
+#include "daemon/protocol.h"
+
 #if defined(GW_HAVE_PROMETHEUS)
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
@@ -7,6 +9,7 @@
 #endif
 
 #include <exception>
+#include <limits>
 #include <vector>
 
 namespace gw::daemon {
@@ -20,25 +23,29 @@ class StatsCollectable final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     const ServerStats st = server_.stats();
     std::vector<prometheus::MetricFamily> out;
+    using Labels = std::vector<prometheus::ClientMetric::Label>;
+    // Appends a sample to the family `name` (a new family when the last one is another).
+    auto family = [&](const char* name, const char* help,
+                      prometheus::MetricType type) -> prometheus::MetricFamily& {
+      if (out.empty() || out.back().name != name) {
+        prometheus::MetricFamily f;
+        f.name = name;
+        f.help = help;
+        f.type = type;
+        out.push_back(std::move(f));
+      }
+      return out.back();
+    };
     auto add = [&](const char* name, const char* help, prometheus::MetricType type, double v,
-                   prometheus::ClientMetric::Label label = {}) {
+                   Labels labels = {}) {
       prometheus::ClientMetric m;
-      if (!label.name.empty()) m.label.push_back(label);
+      m.label = std::move(labels);
       if (type == prometheus::MetricType::Counter) {
         m.counter.value = v;
       } else {
         m.gauge.value = v;
       }
-      if (!out.empty() && out.back().name == name) {
-        out.back().metric.push_back(m);
-        return;
-      }
-      prometheus::MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      f.metric.push_back(m);
-      out.push_back(std::move(f));
+      family(name, help, type).metric.push_back(std::move(m));
     };
     using T = prometheus::MetricType;
     add("gradwired_clients", "trainers connected", T::Gauge, double(st.live_clients));
@@ -50,10 +57,60 @@ class StatsCollectable final : public prometheus::Collectable {
         "connections refused or cut for misbehaviour (garbage, out-of-arena offsets, ring "
         "overflow, another host, another uid)",
         T::Counter, double(st.refused));
-    add("gradwired_collectives_total", "job-wide collectives completed", T::Counter,
-        double(st.collectives), {"result", "ok"});
-    add("gradwired_collectives_total", "job-wide collectives completed", T::Counter,
-        double(st.failed), {"result", "error"});
+    const char* kCollHelp = "job-wide collectives completed, by kind and result";
+    for (int k = 0; k < kNumOpcodes; ++k) {
+      const char* kind = opcode_name(static_cast<Opcode>(k + 1));
+      add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][0]),
+          {{"kind", kind}, {"result", "ok"}});
+      add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][1]),
+          {{"kind", kind}, {"result", "error"}});
+    }
+    const char* kErrHelp =
+        "errors by kind: refused hellos (hello), peers of another uid (credentials), caps "
+        "(capacity), misbehaviour after the hello (protocol), failed collectives (collective)";
+    for (int k = 0; k < kNumErrorKinds; ++k) {
+      add("gradwired_errors_total", kErrHelp, T::Counter, double(st.errors[k]),
+          {{"kind", error_kind_name(static_cast<ErrorKind>(k))}});
+    }
+    for (int c = 1; c < 9; ++c) {
+      add("gradwired_collective_errors_total", "failed collectives by status code", T::Counter,
+          double(st.collective_errors[c]), {{"code", code_name(static_cast<Code>(c))}});
+    }
+    const char* kBytesHelp =
+        "bytes by transport and direction: arena = read from trainers' buffers (in) and written "
+        "back (out); the inter-host transport = payload handed to its collectives (out) and got "
+        "back (in), not wire bytes";
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_in),
+        {{"transport", "arena"}, {"direction", "in"}});
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_out),
+        {{"transport", "arena"}, {"direction", "out"}});
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.inter_bytes_in),
+        {{"transport", st.transport}, {"direction", "in"}});
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.inter_bytes_out),
+        {{"transport", st.transport}, {"direction", "out"}});
+    for (int p = 0; p < kNumPhases; ++p) {
+      const DurationHistogram& h = st.phases[p];
+      prometheus::ClientMetric m;
+      m.label = {{"phase", phase_name(static_cast<Phase>(p))}};
+      m.histogram.sample_count = h.count;
+      m.histogram.sample_sum = h.sum_s;
+      uint64_t cumulative = 0;
+      for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
+        cumulative += h.buckets[b];
+        prometheus::ClientMetric::Bucket bucket;
+        bucket.cumulative_count = cumulative;
+        bucket.upper_bound = b + 1 < DurationHistogram::kBuckets
+                                 ? DurationHistogram::kBounds[b]
+                                 : std::numeric_limits<double>::infinity();
+        m.histogram.bucket.push_back(bucket);
+      }
+      family("gradwired_phase_seconds",
+             "time per phase of a collective in the daemon: local_reduce (reading and summing the "
+             "local trainers' buffers), inter_host (the collective among the job's daemons), "
+             "copy_back (writing the result into every trainer's buffer)",
+             T::Histogram)
+          .metric.push_back(std::move(m));
+    }
     return out;
   }
 

@@ -1,5 +1,6 @@
 // gradwired's Prometheus endpoint (--metrics HOST:PORT, GW_DAEMON_METRICS): GET /metrics serves the
-// daemon's counters (daemon/server.h ServerStats), read at each scrape. Built when prometheus-cpp
+// daemon's counters, byte counts and phase histograms (daemon/server.h ServerStats), read at each
+// scrape (docs/daemon.md lists the metrics). Built when prometheus-cpp
 // (Debian: prometheus-cpp-dev) is present (GW_HAVE_PROMETHEUS); otherwise start() says so.
 #pragma once
 

@@ -44,6 +44,10 @@ inline constexpr uint32_t kMaxRingEntries = 4096;
 inline constexpr uint64_t kArenaHeaderBytes = 4096;
 inline constexpr uint64_t kDataAlign = 4096;
 
+// The control socket (gradwirectl, daemon/control.h) of a daemon whose trainers' socket is
+// `socket_path`: beside it, `socket_path` + ".ctl". GW_DAEMON=auto probes it.
+std::string control_socket_path(const std::string& socket_path);
+
 // What a trainer tells its daemon when it connects.
 struct Hello {
   uint16_t version = kProtocolVersion;

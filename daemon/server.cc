@@ -1,7 +1,9 @@
 #include "daemon/server.h"
 
+#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +12,10 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,12 +23,15 @@
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "core/bootstrap.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "core/store.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/control.h"
+#include "daemon/daemon_config.h"
 #include "daemon/protocol.h"
 
 namespace gw::daemon {
@@ -33,6 +40,36 @@ namespace {
 struct Counters {
   std::atomic<uint64_t> accepted{0}, refused{0}, live_clients{0}, live_arenas{0}, live_jobs{0},
       collectives{0}, failed{0};
+  std::atomic<uint64_t> by_opcode[kNumOpcodes][2] = {};
+  std::atomic<uint64_t> errors[kNumErrorKinds] = {};
+  std::atomic<uint64_t> collective_errors[9] = {};
+  std::atomic<uint64_t> arena_in{0}, arena_out{0}, inter_in{0}, inter_out{0};
+  struct Histogram {
+    std::atomic<uint64_t> buckets[DurationHistogram::kBuckets] = {};
+    std::atomic<uint64_t> count{0}, sum_ns{0};
+  } phases[kNumPhases];
+
+  void error(ErrorKind kind) {
+    errors[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void observe(Phase phase, int64_t ns) {
+    Histogram& h = phases[static_cast<int>(phase)];
+    const double s = static_cast<double>(ns) / 1e9;
+    int b = 0;
+    while (b < DurationHistogram::kBuckets - 1 && s > DurationHistogram::kBounds[b]) ++b;
+    h.buckets[b].fetch_add(1, std::memory_order_relaxed);
+    h.count.fetch_add(1, std::memory_order_relaxed);
+    h.sum_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(ns, 0)), std::memory_order_relaxed);
+  }
+  // A collective's end: by opcode, and its error's kind.
+  void collective(Opcode op, const Status& s) {
+    const int k = static_cast<int>(op) - 1;
+    if (k >= 0 && k < kNumOpcodes) by_opcode[k][s.ok() ? 0 : 1].fetch_add(1);
+    if (s.ok()) return;
+    error(ErrorKind::kCollective);
+    const int code = static_cast<int>(s.code());
+    if (code >= 0 && code < 9) collective_errors[code].fetch_add(1);
+  }
 };
 
 Result<sys::Fd> make_eventfd() {
@@ -63,6 +100,7 @@ struct Client {
   Counters* counters;
   uint64_t id = 0;
   pid_t pid = 0;
+  uid_t uid = 0;
   sys::Fd sock;
   Hello hello;
   Welcome geo;
@@ -73,6 +111,7 @@ struct Client {
 
   // Set once by whoever sees the client go (main thread: socket closed; job thread: refused).
   std::atomic<bool> lost{false};
+  std::atomic<uint64_t> requests{0};  // submissions accepted (gradwirectl clients)
   std::mutex reason_mu;
   std::string lost_reason;
 
@@ -119,6 +158,9 @@ struct Job {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> finished{false};
+  // For gradwirectl jobs (read by the main thread).
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> done{0}, errors{0};
 
   std::mutex comm_mu;  // guards comm for abort() from the main thread
   std::shared_ptr<Store> store;
@@ -151,28 +193,42 @@ struct Job {
 struct Server::Impl {
   ServerOptions opt;
   std::string host_id;
+  std::string ctl_path;    // the control socket (gradwirectl)
+  bool has_group = false;  // ServerOptions::group, resolved
+  gid_t group_gid = 0;
   sys::Fd listen;
+  sys::Fd ctl_listen;
   sys::Fd stop_efd;  // stop()
   sys::Fd wake_efd;  // a job finished or refused a client
   Counters counters;
   uint64_t next_client_id = 1;
+  int64_t started_ns = sys::now_ns();
 
   struct Pending {
     sys::Fd sock;
     pid_t pid = 0;
+    uid_t uid = 0;
     std::vector<uint8_t> buf;
     sys::Deadline deadline;
   };
   std::vector<Pending> pending;
+  std::vector<Pending> ctl_pending;  // control connections waiting for their request
   std::map<uint64_t, std::shared_ptr<Client>> clients;
   std::map<uint64_t, std::shared_ptr<Job>> client_job;
   std::map<std::string, std::shared_ptr<Job>> jobs;
 
   Status serve();
   void accept_all();
+  // Whether a peer may talk to this daemon (either socket): same uid as the daemon, root, or a
+  // member of the configured group (its gid or a supplementary group).
+  Status check_peer(int sock, const ucred& cred) const;
+  void accept_control();
+  // Reads a control connection's request; true when it is finished with (answered or refused).
+  bool step_control(Pending& p);
+  nlohmann::json answer(ControlCommand command) const;
   // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
   bool step_pending(Pending& p);
-  void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why);
+  void refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, ErrorKind kind = ErrorKind::kHello);
   Status admit(Pending& p, const Hello& h);
   void client_gone(uint64_t id, const std::string& why);
   void reap_jobs(bool all);
@@ -228,6 +284,7 @@ Status Job::start_comm() {
 void Job::fail(const Status& s) {
   if (!failure.ok()) return;
   failure = s;
+  failed.store(true);
   bool pending = false;
   for (const auto& m : members) pending = pending || (m && !m->pending.empty());
   if (pending || s.code() != Code::kPeer) {
@@ -243,6 +300,7 @@ void Job::fail(const Status& s) {
 void Job::refuse(Client& c, const Status& why) {
   GW_LOG_WARN("gradwired: refusing {}: {}", c.name(), why.message());
   counters->refused.fetch_add(1);
+  counters->error(ErrorKind::kProtocol);
   c.mark_lost(fmt::format("refused: {}", why.message()));
   signal_fd(server_wake_fd_of(server));
 }
@@ -285,6 +343,7 @@ void Job::consume(Client& c) {
       return;
     }
     c.pending.push_back(*r);
+    c.requests.fetch_add(1, std::memory_order_relaxed);
     ++c.next_seq;
     ++c.sq_head;
     c.hdr->sq_head.store(c.sq_head, std::memory_order_release);
@@ -302,9 +361,28 @@ Status Job::execute(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   auto buf = [&](size_t i, uint64_t off) { return members[i]->data + off; };
   coll::Communicator* cm = comm.get();
+  // Phases and bytes for the metrics: each phase's time runs from the previous mark.
+  int64_t mark_ns = sys::now_ns();
+  auto mark = [&](Phase phase) {
+    const int64_t now = sys::now_ns();
+    counters->observe(phase, now - mark_ns);
+    mark_ns = now;
+  };
+  auto arena = [&](uint64_t in, uint64_t out) {
+    counters->arena_in.fetch_add(in, std::memory_order_relaxed);
+    counters->arena_out.fetch_add(out, std::memory_order_relaxed);
+  };
+  auto inter = [&](uint64_t in, uint64_t out) {
+    counters->inter_in.fetch_add(in, std::memory_order_relaxed);
+    counters->inter_out.fetch_add(out, std::memory_order_relaxed);
+  };
   switch (r.opcode) {
     case Opcode::kBarrier:
-      return cm ? cm->barrier() : ok_status();
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->barrier());
+        mark(Phase::kInterHost);
+      }
+      return ok_status();
     case Opcode::kAllreduce: {
       const size_t bytes = r.send_bytes;
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
@@ -314,11 +392,19 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 1; i < n && bytes > 0; ++i) {
         coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, r.count);
       }
-      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
+      arena(bytes * n, 0);
+      mark(Phase::kLocalReduce);
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
+        inter(bytes, bytes);
+        mark(Phase::kInterHost);
+      }
       if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
         coll::finalize_avg(r.dtype, s, r.count, first.world_size);
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+      arena(0, bytes * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kReduceScatter: {
@@ -334,7 +420,13 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 1; i < n && total > 0; ++i) {
         coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, elems);
       }
-      if (cm) GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+      arena(total * n, 0);
+      mark(Phase::kLocalReduce);
+      if (cm) {
+        GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
+        inter(total, total);
+        mark(Phase::kInterHost);
+      }
       if (r.op == coll::ReduceOp::kAvg && total > 0) {
         coll::finalize_avg(r.dtype, s, elems, first.world_size);
       }
@@ -342,6 +434,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memmove(buf(i, reqs[i].recv_off),
                      s + static_cast<size_t>(members[i]->hello.rank) * block, block);
       }
+      arena(0, block * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kBroadcast: {
@@ -352,16 +446,25 @@ Status Job::execute(const std::vector<Request>& reqs) {
       for (size_t i = 0; i < n; ++i) {
         if (members[i]->hello.rank == r.root) root_local = static_cast<int>(i);
       }
-      if (root_local >= 0 && bytes > 0)
+      if (root_local >= 0 && bytes > 0) {
         std::memcpy(s, buf(root_local, reqs[root_local].send_off), bytes);
+        arena(bytes, 0);
+      }
+      mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
+        root_local >= 0 ? inter(0, bytes) : inter(bytes, 0);
+        mark(Phase::kInterHost);
       } else if (root_local < 0) {
         return internal_error("broadcast root {} is on no host of a single-host job", r.root);
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) {
-        if (static_cast<int>(i) != root_local) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+        if (static_cast<int>(i) != root_local) {
+          std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+          arena(0, bytes);
+        }
       }
+      mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kAllgather: {
@@ -376,10 +479,16 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
                     buf(i, reqs[i].send_off), block);
       }
+      arena(block * n, 0);
+      mark(Phase::kLocalReduce);
       if (cm && total > 0) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
+        inter(total, total);
+        mark(Phase::kInterHost);
       }
       for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
+      arena(0, total * n);
+      mark(Phase::kCopyBack);
       return ok_status();
     }
   }
@@ -419,10 +528,13 @@ void Job::run_ready() {
         }
       }
     }
+    counters->collective(reqs[0].opcode, s);
     if (s.ok()) {
       counters->collectives.fetch_add(1);
+      done.fetch_add(1, std::memory_order_relaxed);
     } else {
       counters->failed.fetch_add(1);
+      errors.fetch_add(1, std::memory_order_relaxed);
       fail(s);
     }
     for (size_t i = 0; i < members.size(); ++i) complete(*members[i], reqs[i].seq, s);
@@ -498,8 +610,113 @@ void Job::run() {
 
 // ---- the server --------------------------------------------------------------------------------
 
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kHello:
+      return "hello";
+    case ErrorKind::kCredentials:
+      return "credentials";
+    case ErrorKind::kCapacity:
+      return "capacity";
+    case ErrorKind::kProtocol:
+      return "protocol";
+    case ErrorKind::kCollective:
+      return "collective";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kLocalReduce:
+      return "local_reduce";
+    case Phase::kInterHost:
+      return "inter_host";
+    case Phase::kCopyBack:
+      return "copy_back";
+  }
+  return "?";
+}
+
 namespace {
 int server_wake_fd_of(Server::Impl* s) { return s->wake_efd.get(); }
+
+// Listens on `path` (mode 0600). A socket file left by a daemon that died is replaced; a live
+// daemon's is refused.
+Result<sys::Fd> bind_listener(const std::string& path) {
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return invalid_arg("gradwired: {} exists and is not a socket", path);
+    auto probe = sys::connect_unix(addr, SOCK_STREAM);
+    if (probe.ok()) return invalid_arg("gradwired: another daemon already listens on {}", path);
+    ::unlink(path.c_str());
+  }
+  const mode_t old = ::umask(0077);  // the socket is its owner's only
+  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
+  ::umask(old);
+  return fd;
+}
+
+// The peer's supplementary groups as of its connect (SO_PEERGROUPS, Linux 4.13); where the kernel
+// lacks it, the Groups: line of /proc/PID/status now.
+std::vector<gid_t> peer_groups(int sock, pid_t pid) {
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  groups.clear();
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream in(line.substr(7));
+    for (unsigned long g; in >> g;) groups.push_back(static_cast<gid_t>(g));
+  }
+  return groups;
+}
+
+// GW_DAEMON_GROUP: a group name or number.
+Result<gid_t> resolve_group(const std::string& name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
+    return static_cast<gid_t>(std::stoul(name));
+  }
+  group g{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0) return system_error(fmt::format("gradwired: looking up group '{}'", name), rc);
+  if (found == nullptr) {
+    return invalid_arg("gradwired: group '{}' does not exist (GW_DAEMON_GROUP)", name);
+  }
+  return g.gr_gid;
+}
+
+// Opens a listening socket to the group: owned by it, mode 0660.
+Status share_with_group(const std::string& path, gid_t gid, const std::string& name) {
+  if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return system_error(
+        fmt::format("gradwired: giving {} to group {} (the daemon must be in the group, or root)",
+                    path, name),
+        errno);
+  }
+  if (::chmod(path.c_str(), 0660) != 0) {
+    return system_error(fmt::format("gradwired: chmod 0660 {}", path), errno);
+  }
+  return ok_status();
+}
+
+// A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
+std::string job_name(const Hello& h) {
+  uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : h.job_token) x = (x ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", x);
+}
 }  // namespace
 
 Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
@@ -512,24 +729,27 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   }
   GW_RETURN_IF_ERROR(arena_geometry(kMinArenaBytes, options.ring_entries).status());
   impl->host_id = options.host_id.empty() ? host_identity() : options.host_id;
-  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(options.socket_path));
-  // A socket file left by a daemon that died: remove it if nobody answers on it.
-  struct stat st {};
-  if (::lstat(options.socket_path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return invalid_arg("gradwired: {} exists and is not a socket", options.socket_path);
-    }
-    auto probe = sys::connect_unix(addr, SOCK_STREAM);
-    if (probe.ok()) {
-      return invalid_arg("gradwired: another daemon already listens on {}", options.socket_path);
-    }
+  GW_ASSIGN_OR_RETURN(impl->listen, bind_listener(options.socket_path));
+  impl->ctl_path = control_socket_path(options.socket_path);
+  auto ctl = bind_listener(impl->ctl_path);
+  if (!ctl.ok()) {
     ::unlink(options.socket_path.c_str());
+    return ctl.status().with_context("gradwired: the control socket");
   }
-  const mode_t old = ::umask(0077);  // the socket is its owner's only
-  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
-  ::umask(old);
-  if (!fd.ok()) return fd.status();
-  impl->listen = std::move(*fd);
+  impl->ctl_listen = std::move(*ctl);
+  if (!options.group.empty()) {
+    auto gid = resolve_group(options.group);
+    Status shared = gid.status();
+    if (gid.ok()) shared = share_with_group(options.socket_path, *gid, options.group);
+    if (shared.ok()) shared = share_with_group(impl->ctl_path, *gid, options.group);
+    if (!shared.ok()) {
+      ::unlink(options.socket_path.c_str());
+      ::unlink(impl->ctl_path.c_str());
+      return shared;
+    }
+    impl->has_group = true;
+    impl->group_gid = *gid;
+  }
   GW_ASSIGN_OR_RETURN(impl->stop_efd, make_eventfd());
   GW_ASSIGN_OR_RETURN(impl->wake_efd, make_eventfd());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -540,6 +760,7 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() {
   impl_->reap_jobs(true);
   ::unlink(impl_->opt.socket_path.c_str());
+  ::unlink(impl_->ctl_path.c_str());
 }
 
 void Server::stop() { signal_fd(impl_->stop_efd.get()); }
@@ -557,13 +778,31 @@ ServerStats Server::stats() const {
   s.live_jobs = c.live_jobs.load();
   s.collectives = c.collectives.load();
   s.failed = c.failed.load();
+  for (int k = 0; k < kNumOpcodes; ++k) {
+    for (int r = 0; r < 2; ++r) s.by_opcode[k][r] = c.by_opcode[k][r].load();
+  }
+  for (int k = 0; k < kNumErrorKinds; ++k) s.errors[k] = c.errors[k].load();
+  for (int k = 0; k < 9; ++k) s.collective_errors[k] = c.collective_errors[k].load();
+  s.arena_bytes_in = c.arena_in.load();
+  s.arena_bytes_out = c.arena_out.load();
+  s.inter_bytes_in = c.inter_in.load();
+  s.inter_bytes_out = c.inter_out.load();
+  s.transport = impl_->opt.transport;
+  for (int p = 0; p < kNumPhases; ++p) {
+    for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
+      s.phases[p].buckets[b] = c.phases[p].buckets[b].load();
+    }
+    s.phases[p].count = c.phases[p].count.load();
+    s.phases[p].sum_s = static_cast<double>(c.phases[p].sum_ns.load()) / 1e9;
+  }
   return s;
 }
 
 Status Server::run() { return impl_->serve(); }
 
-void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why) {
+void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, ErrorKind kind) {
   counters.refused.fetch_add(1);
+  counters.error(kind);
   GW_LOG_WARN("gradwired: refusing the connection of pid {}: {}", pid, why.message());
   Welcome w;
   w.status = static_cast<int32_t>(why.code() == Code::kOk ? Code::kInternal : why.code());
@@ -592,20 +831,20 @@ void Server::Impl::accept_all() {
     p.deadline = sys::deadline_after_ms(opt.hello_timeout_ms);
     auto cred = sys::peer_credentials(p.sock.get());
     if (!cred.ok()) {
-      refuse_conn(p.sock, 0, cred.status());
+      refuse_conn(p.sock, 0, cred.status(), ErrorKind::kCredentials);
       continue;
     }
     p.pid = cred->pid;
-    if (cred->uid != ::geteuid() && cred->uid != 0) {
-      refuse_conn(
-          p.sock, p.pid,
-          invalid_arg("uid {} is neither the daemon's ({}) nor root", cred->uid, ::geteuid()));
+    p.uid = cred->uid;
+    if (Status ok = check_peer(p.sock.get(), *cred); !ok.ok()) {
+      refuse_conn(p.sock, p.pid, ok, ErrorKind::kCredentials);
       continue;
     }
     if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
       refuse_conn(
           p.sock, p.pid,
-          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients));
+          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients),
+          ErrorKind::kCapacity);
       continue;
     }
     pending.push_back(std::move(p));
@@ -648,7 +887,10 @@ bool Server::Impl::step_pending(Pending& p) {
     return true;
   }
   Status s = admit(p, *h);
-  if (!s.ok()) refuse_conn(p.sock, p.pid, s);
+  if (!s.ok()) {
+    refuse_conn(p.sock, p.pid, s,
+                s.code() == Code::kNoMemory ? ErrorKind::kCapacity : ErrorKind::kHello);
+  }
   return true;
 }
 
@@ -693,6 +935,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
   auto c = std::make_shared<Client>(&counters);
   c->id = next_client_id++;
   c->pid = p.pid;
+  c->uid = p.uid;
   c->hello = h;
   GW_ASSIGN_OR_RETURN(c->geo, arena_geometry(h.arena_bytes, opt.ring_entries));
   GW_ASSIGN_OR_RETURN(c->arena,
@@ -793,7 +1036,181 @@ void Server::Impl::reap_jobs(bool all) {
     counters.live_clients.store(0);
     clients.clear();
     pending.clear();
+    ctl_pending.clear();
   }
+}
+
+Status Server::Impl::check_peer(int sock, const ucred& cred) const {
+  if (cred.uid == ::geteuid() || cred.uid == 0) return ok_status();
+  if (!has_group) {
+    return invalid_arg("uid {} is neither the daemon's ({}) nor root", cred.uid, ::geteuid());
+  }
+  if (cred.gid == group_gid) return ok_status();
+  for (gid_t g : peer_groups(sock, cred.pid)) {
+    if (g == group_gid) return ok_status();
+  }
+  return invalid_arg("uid {} is neither the daemon's ({}) nor root, and not in group {} ({})",
+                     cred.uid, ::geteuid(), opt.group, group_gid);
+}
+
+// ---- the control socket (gradwirectl; daemon/control.h) ----------------------------------------
+
+namespace {
+constexpr size_t kMaxControlConns = 16;
+constexpr int64_t kControlTimeoutMs = 2000;
+
+void answer_control(sys::Fd& sock, const std::string& body) {
+  const std::vector<uint8_t> frame = frame_control(body);
+  // Bounded: a gradwirectl that does not read its answer costs the main loop this long at most.
+  Status s = sys::send_with_fds(sock.get(), frame.data(), frame.size(), {},
+                                sys::deadline_after_ms(500), "control answer");
+  if (!s.ok()) GW_LOG_WARN("gradwired: control answer: {}", s.message());
+  sock.reset();
+}
+}  // namespace
+
+void Server::Impl::accept_control() {
+  for (;;) {
+    auto fd = sys::accept_unix(ctl_listen.get());
+    if (!fd.ok()) {
+      GW_LOG_WARN("gradwired: control accept: {}", fd.status().message());
+      return;
+    }
+    if (!fd->valid()) return;
+    Pending p;
+    p.sock = std::move(*fd);
+    p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
+    auto cred = sys::peer_credentials(p.sock.get());
+    Status ok = cred.ok() ? check_peer(p.sock.get(), *cred) : cred.status();
+    if (ok.ok() && ctl_pending.size() >= kMaxControlConns) {
+      ok = no_memory("{} control connections are open already", kMaxControlConns);
+    }
+    if (!ok.ok()) {
+      GW_LOG_WARN("gradwired: refusing a control connection of pid {}: {}",
+                  cred.ok() ? cred->pid : 0, ok.message());
+      answer_control(p.sock, encode_control_error(ok));
+      continue;
+    }
+    p.pid = cred->pid;
+    p.uid = cred->uid;
+    ctl_pending.push_back(std::move(p));
+  }
+}
+
+bool Server::Impl::step_control(Pending& p) {
+  uint8_t tmp[512];
+  std::vector<sys::Fd> fds;
+  auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "control");
+  Status bad;
+  if (!fds.empty()) {
+    bad = peer_error("control request came with descriptors");
+  } else if (!n.ok()) {
+    if (n.status().code() == Code::kTimeout) return false;
+    bad = n.status();
+  } else if (*n == 0) {
+    return true;  // gone without asking
+  } else {
+    p.buf.insert(p.buf.end(), tmp, tmp + *n);
+    if (p.buf.size() < kFrameHeaderBytes) return false;
+    uint32_t len = 0;
+    std::memcpy(&len, p.buf.data(), sizeof(len));
+    if (len > kMaxControlRequestBytes) {
+      bad = peer_error("control request of {} bytes (at most {})", len, kMaxControlRequestBytes);
+    } else if (p.buf.size() < kFrameHeaderBytes + len) {
+      return false;
+    } else if (p.buf.size() > kFrameHeaderBytes + len) {
+      bad = peer_error("bytes after the control request");
+    } else {
+      auto command = decode_control_request(p.buf.data() + kFrameHeaderBytes, len);
+      if (command.ok()) {
+        answer_control(p.sock, encode_control_result(*command, answer(*command)));
+        return true;
+      }
+      bad = command.status();
+    }
+  }
+  GW_LOG_WARN("gradwired: control connection of pid {}: {}", p.pid, bad.message());
+  answer_control(p.sock, encode_control_error(bad));
+  return true;
+}
+
+nlohmann::json Server::Impl::answer(ControlCommand command) const {
+  using nlohmann::json;
+  switch (command) {
+    case ControlCommand::kStatus: {
+      json r;
+      r["version"] = GW_VERSION_STRING;
+      r["pid"] = static_cast<int64_t>(::getpid());
+      r["uptime_s"] = static_cast<double>(sys::now_ns() - started_ns) / 1e9;
+      r["socket"] = opt.socket_path;
+      r["control_socket"] = ctl_path;
+      r["transport"] = opt.transport;
+      r["host_id"] = host_id;
+      r["clients"] = counters.live_clients.load();
+      r["jobs"] = counters.live_jobs.load();
+      r["arenas"] = counters.live_arenas.load();
+      r["accepted"] = counters.accepted.load();
+      r["refused"] = counters.refused.load();
+      r["collectives"] = counters.collectives.load();
+      r["failed"] = counters.failed.load();
+      return r;
+    }
+    case ControlCommand::kJobs: {
+      json rows = json::array();
+      for (const auto& [key, job] : jobs) {
+        const Hello& h = job->first;
+        json r;
+        r["job"] = job_name(h);
+        r["world"] = h.world_size;
+        r["hosts"] = h.num_hosts;
+        r["host_index"] = h.host_index;
+        r["local_trainers"] = job->joined;
+        r["local_size"] = h.local_size;
+        r["state"] = !job->started          ? "joining"
+                     : job->finished.load() ? "ended"
+                     : job->failed.load()   ? "failed"
+                                            : "running";
+        r["collectives"] = job->done.load();
+        r["errors"] = job->errors.load();
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kClients: {
+      json rows = json::array();
+      for (const auto& [id, c] : clients) {
+        json r;
+        r["id"] = id;
+        r["pid"] = static_cast<int64_t>(c->pid);
+        r["uid"] = static_cast<int64_t>(c->uid);
+        r["job"] = job_name(c->hello);
+        r["rank"] = c->hello.rank;
+        r["local_rank"] = c->hello.local_rank;
+        r["arena_bytes"] = c->hello.arena_bytes;
+        r["requests"] = c->requests.load(std::memory_order_relaxed);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kConfig: {
+      (void)daemon_config::rows();  // the daemon's own rows are registered wherever it runs
+      json rows = json::array();
+      for (const config::Row* row : config::table()) {
+        const config::Value v = config::resolve(*row);
+        json r;
+        r["name"] = row->name;
+        r["key"] = config::toml_key(*row);
+        r["value"] = v.text;
+        r["default"] = row->default_value;
+        // gradwired's command-line options are the only API-layer values in the daemon.
+        r["source"] =
+            v.source == config::Source::kApi ? std::string("command line") : config::source_text(v);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+  }
+  return json::object();
 }
 
 Status Server::Impl::serve() {
@@ -806,12 +1223,18 @@ Status Server::Impl::serve() {
     pfds.push_back({stop_efd.get(), POLLIN, 0});
     pfds.push_back({wake_efd.get(), POLLIN, 0});
     pfds.push_back({listen.get(), POLLIN, 0});
+    pfds.push_back({ctl_listen.get(), POLLIN, 0});
     for (const auto& p : pending) pfds.push_back({p.sock.get(), POLLIN, 0});
+    for (const auto& p : ctl_pending) pfds.push_back({p.sock.get(), POLLIN, 0});
     for (const auto& [id, c] : clients) {
       pfds.push_back({c->sock.get(), POLLIN, 0});
       ids.push_back(id);
     }
-    int rc = ::poll(pfds.data(), pfds.size(), 200);
+    constexpr size_t kFixed = 4;  // stop, wake, listen, control listen
+    const int timeout_ms =
+        opt.tick_ms > 0 ? static_cast<int>(std::clamp<int64_t>(opt.tick_ms, 1, 200)) : 200;
+    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
+    if (opt.on_tick) opt.on_tick();
     if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);
     if (pfds[0].revents & POLLIN) break;
     if (pfds[1].revents & POLLIN) drain_fd(wake_efd.get());
@@ -820,7 +1243,8 @@ Status Server::Impl::serve() {
     for (const auto& [id, c] : clients) {
       if (c->lost.load(std::memory_order_acquire)) gone.emplace_back(id, c->reason());
     }
-    const size_t first_client = 3 + pending.size();
+    const size_t first_ctl = kFixed + pending.size();
+    const size_t first_client = first_ctl + ctl_pending.size();
     for (size_t i = 0; i < ids.size(); ++i) {
       const short ev = pfds[first_client + i].revents;
       if (ev == 0) continue;
@@ -834,6 +1258,7 @@ Status Server::Impl::serve() {
         gone.emplace_back(ids[i], "closed its connection");
       } else if (n.ok()) {
         counters.refused.fetch_add(1);
+        counters.error(ErrorKind::kProtocol);
         gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
       } else if (n.status().code() != Code::kTimeout) {
         gone.emplace_back(ids[i], n.status().message());
@@ -842,7 +1267,7 @@ Status Server::Impl::serve() {
     for (const auto& [id, why] : gone) client_gone(id, why);
     // Hellos in progress.
     for (size_t i = 0; i < pending.size();) {
-      const short ev = pfds[3 + i].revents;
+      const short ev = pfds[kFixed + i].revents;
       bool done = false;
       if (ev != 0) {
         done = step_pending(pending[i]);
@@ -858,10 +1283,31 @@ Status Server::Impl::serve() {
       }
       ++i;
     }
+    // Control connections (indices still line up: pending may have shrunk, but first_ctl was
+    // taken before).
+    for (size_t i = 0; i < ctl_pending.size();) {
+      const short ev = pfds[first_ctl + i].revents;
+      bool done = false;
+      if (ev != 0) {
+        done = step_control(ctl_pending[i]);
+      } else if (sys::expired(ctl_pending[i].deadline)) {
+        answer_control(ctl_pending[i].sock,
+                       encode_control_error(timeout_error(
+                           "no complete control request within {} ms", kControlTimeoutMs)));
+        done = true;
+      }
+      if (done) {
+        ctl_pending.erase(ctl_pending.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+      ++i;
+    }
     if (pfds[2].revents & POLLIN) accept_all();
+    if (pfds[3].revents & POLLIN) accept_control();
     reap_jobs(false);
   }
   GW_LOG_INFO("gradwired: stopping");
+  if (opt.on_stopping) opt.on_stopping();
   reap_jobs(true);
   return ok_status();
 }

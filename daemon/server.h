@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,7 +23,11 @@
 namespace gw::daemon {
 
 struct ServerOptions {
-  std::string socket_path;  // created with mode 0600; an existing stale socket file is replaced
+  std::string socket_path;  // created owner-only; an existing stale socket file is replaced
+  // A group (name or number) whose members may connect whatever their uid (GW_DAEMON_GROUP): both
+  // sockets are then mode 0660 and owned by it, and a peer of another uid is accepted when its
+  // SO_PEERCRED gid or one of its supplementary groups is this group. "": owner (and root) only.
+  std::string group;
   std::string transport = "tcp";  // between the daemons of a job
   uint64_t max_arena_bytes = 4ull << 30;
   int max_clients = 256;
@@ -30,6 +35,43 @@ struct ServerOptions {
   std::string host_id;         // "": bootstrap host_identity() (GW_HOSTID)
   int64_t hello_timeout_ms = 5000;
   int64_t spin_us = 0;  // a job thread busy-polls its rings this long before sleeping
+  // Called by run()'s loop at least every tick_ms (when > 0; else every 200 ms), on its thread:
+  // gradwired pings the systemd watchdog from here, so a stuck loop stops the pings.
+  std::function<void()> on_tick;
+  int64_t tick_ms = 0;
+  // Called by run() once stop() is seen, before the jobs are ended (which may wait for a job's
+  // daemons still meeting): gradwired tells systemd STOPPING=1 from here.
+  std::function<void()> on_stopping;
+};
+
+// Collectives by kind: the opcodes of daemon/protocol.h (1..kNumOpcodes), index opcode - 1.
+inline constexpr int kNumOpcodes = 5;
+
+// What went wrong, for gradwired_errors_total{kind} (error_kind_name()).
+enum class ErrorKind {
+  kHello,        // a malformed, late or disagreeing hello (host identity, layout, a taken rank)
+  kCredentials,  // a peer of another uid
+  kCapacity,     // too many clients, an arena beyond GW_DAEMON_MAX_ARENA
+  kProtocol,     // after the hello: a bad submission, an out-of-arena offset, ring overflow, bytes
+  kCollective,   // a collective that completed with an error (its code in collective_errors)
+};
+inline constexpr int kNumErrorKinds = 5;
+const char* error_kind_name(ErrorKind kind);  // "hello", "credentials", ...
+
+// The phases of a collective in the daemon, for gradwired_phase_seconds{phase}.
+enum class Phase { kLocalReduce, kInterHost, kCopyBack };
+inline constexpr int kNumPhases = 3;
+const char* phase_name(Phase phase);  // "local_reduce", "inter_host", "copy_back"
+
+// A histogram of durations in seconds: counts per bucket (not cumulative), bucket i holding
+// samples <= kBounds[i] and above the previous bound, the last one those above every bound.
+struct DurationHistogram {
+  static constexpr double kBounds[] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01,
+                                       0.05, 0.1,  0.5,  1,    5,    10};
+  static constexpr int kBuckets = sizeof(kBounds) / sizeof(kBounds[0]) + 1;
+  uint64_t buckets[kBuckets] = {};
+  uint64_t count = 0;
+  double sum_s = 0;
 };
 
 struct ServerStats {
@@ -40,6 +82,17 @@ struct ServerStats {
   uint64_t live_jobs = 0;
   uint64_t collectives = 0;  // completed OK (counted once per job-wide collective)
   uint64_t failed = 0;       // completed with an error
+  // The same by opcode: [opcode - 1][0 ok, 1 error].
+  uint64_t by_opcode[kNumOpcodes][2] = {};
+  uint64_t errors[kNumErrorKinds] = {};  // by ErrorKind
+  uint64_t collective_errors[9] = {};    // failed collectives by Code (core/status.h)
+  // Bytes: "arena" = read from the trainers' buffers (in) and written back into them (out);
+  // inter-host = the payload the daemon handed its inter-host collectives (out) and got back
+  // (in), over `transport` (not the wire bytes: the algorithm decides those).
+  uint64_t arena_bytes_in = 0, arena_bytes_out = 0;
+  uint64_t inter_bytes_in = 0, inter_bytes_out = 0;
+  std::string transport;
+  DurationHistogram phases[kNumPhases];  // by Phase
 };
 
 class Server {

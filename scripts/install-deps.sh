@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git clang-format
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev prometheus-cpp-dev
+  libsystemd-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   clang-14 libfuzzer-14-dev
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev

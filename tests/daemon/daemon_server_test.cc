@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "core/sys/memfd_region.h"
 #include "core/sys/unix_socket.h"
 #include "daemon/arena_allocator.h"
+#include "daemon/control.h"
 #include "daemon/protocol.h"
 #include "daemon/server.h"
 
@@ -269,6 +271,62 @@ TEST_F(DaemonServerTest, TwoLocalTrainersAreSummed) {
   EXPECT_EQ(b->wait(db).code(), Code::kInvalidArg);
 }
 
+TEST_F(DaemonServerTest, StatsCountCollectivesByKindBytesAndPhases) {
+  auto a = RawClient::join(server_->socket_path(), hello("metered", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("metered", 1, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int k = 0; k < 3; ++k) {
+    uint64_t sa = a->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1000, 0, 0));
+    uint64_t sb = b->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1000, 0, 0));
+    ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  }
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  e.dtype = static_cast<uint8_t>(coll::DataType::kU8);
+  e.root = 1;
+  e.count = 100;
+  e.send_off = e.recv_off = 1 << 16;
+  uint64_t sa = a->post(e);
+  uint64_t sb = b->post(e);
+  ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  SqEntry bar{};
+  bar.opcode = static_cast<uint16_t>(Opcode::kBarrier);
+  sa = a->post(bar);
+  sb = b->post(bar);
+  ASSERT_TRUE(a->wait(sa).ok() && b->wait(sb).ok());
+  sa = a->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 10, 0, 0));
+  sb = b->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, 11, 0, 0));
+  EXPECT_EQ(a->wait(sa).code(), Code::kInvalidArg);
+  EXPECT_EQ(b->wait(sb).code(), Code::kInvalidArg);
+
+  const ServerStats st = server_->stats();
+  auto kind = [&](Opcode op, int result) { return st.by_opcode[static_cast<int>(op) - 1][result]; };
+  EXPECT_EQ(kind(Opcode::kAllreduce, 0), 3u);
+  EXPECT_EQ(kind(Opcode::kAllreduce, 1), 1u);
+  EXPECT_EQ(kind(Opcode::kBroadcast, 0), 1u);
+  EXPECT_EQ(kind(Opcode::kBarrier, 0), 1u);
+  EXPECT_EQ(kind(Opcode::kAllgather, 0), 0u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCollective)], 1u);
+  EXPECT_EQ(st.collective_errors[static_cast<int>(Code::kInvalidArg)], 1u);
+  // Arena bytes: each allreduce reads both trainers' 4000 bytes and writes both; the broadcast
+  // reads the root's 100 and writes the other's.
+  EXPECT_EQ(st.arena_bytes_in, 3u * 2 * 4000 + 100);
+  EXPECT_EQ(st.arena_bytes_out, 3u * 2 * 4000 + 100);
+  // One host: nothing crossed to another daemon.
+  EXPECT_EQ(st.inter_bytes_in + st.inter_bytes_out, 0u);
+  // Phases: the 4 data collectives had a local reduce and a copy-back; nothing went inter-host.
+  for (Phase p : {Phase::kLocalReduce, Phase::kCopyBack}) {
+    const DurationHistogram& h = st.phases[static_cast<int>(p)];
+    EXPECT_EQ(h.count, 4u) << phase_name(p);
+    uint64_t in_buckets = 0;
+    for (uint64_t c : h.buckets) in_buckets += c;
+    EXPECT_EQ(in_buckets, h.count) << phase_name(p);
+    EXPECT_GT(h.sum_s, 0) << phase_name(p);
+    EXPECT_LT(h.sum_s, 10) << phase_name(p);
+  }
+  EXPECT_EQ(st.phases[static_cast<int>(Phase::kInterHost)].count, 0u);
+}
+
 TEST_F(DaemonServerTest, GarbageAndForeignHellosAreRefusedAndCounted) {
   auto good = RawClient::join(server_->socket_path(), hello("bystander"));
   ASSERT_TRUE(good.ok()) << good.status().message();
@@ -296,6 +354,12 @@ TEST_F(DaemonServerTest, GarbageAndForeignHellosAreRefusedAndCounted) {
   ASSERT_FALSE(r4.ok());
   EXPECT_EQ(r4.status().code(), Code::kNoMemory) << r4.status().message();
   EXPECT_TRUE(eventually([](const ServerStats& s) { return s.refused >= 4; }));
+  // By kind: junk, the oversized hello and the foreign host are hello errors; the arena, capacity.
+  const ServerStats st = server_->stats();
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kHello)], 3u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCapacity)], 1u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kProtocol)], 0u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kCredentials)], 0u);
 
   uint64_t seq = good->post(allreduce_entry(coll::DataType::kF64, coll::ReduceOp::kSum, 8, 0, 64));
   EXPECT_TRUE(good->wait(seq).ok());
@@ -334,6 +398,8 @@ TEST_F(DaemonServerTest, BadSubmissionsCutTheClientOnly) {
   EXPECT_TRUE(eventually([&](const ServerStats& st) {
     return st.refused >= refused0 + 4 && st.live_clients == 1;
   })) << server_->stats().refused;
+  EXPECT_EQ(server_->stats().errors[static_cast<int>(ErrorKind::kProtocol)], 4u);
+  EXPECT_EQ(server_->stats().errors[static_cast<int>(ErrorKind::kHello)], 0u);
   uint64_t g = good->post(allreduce_entry(coll::DataType::kU8, coll::ReduceOp::kMax, 3, 0, 64));
   EXPECT_TRUE(good->wait(g).ok());
 }
@@ -365,6 +431,204 @@ TEST_F(DaemonServerTest, ASecondDaemonOnTheSameSocketIsRefused) {
   o.host_id = "test-host";
   auto again = Server::create(o);
   EXPECT_FALSE(again.ok());
+}
+
+// Sends `bytes` on the control socket as they are; returns what the daemon answered (the body of
+// its frame) once it closes the connection.
+Result<std::vector<uint8_t>> raw_control(const std::string& ctl,
+                                         const std::vector<uint8_t>& bytes) {
+  GW_ASSIGN_OR_RETURN(sys::Fd sock, RawClient::dial(ctl));
+  const auto deadline = sys::deadline_after_ms(10000);
+  if (!bytes.empty()) {
+    GW_RETURN_IF_ERROR(
+        sys::send_with_fds(sock.get(), bytes.data(), bytes.size(), {}, deadline, "test control"));
+  }
+  std::vector<uint8_t> in;
+  uint8_t buf[4096];
+  for (;;) {
+    std::vector<sys::Fd> fds;
+    GW_ASSIGN_OR_RETURN(size_t n, sys::recv_with_fds(sock.get(), buf, sizeof(buf), &fds, deadline,
+                                                     "test control answer"));
+    if (n == 0) break;
+    in.insert(in.end(), buf, buf + n);
+  }
+  if (in.size() < 4) return peer_error("answer of {} bytes", in.size());
+  uint32_t len;
+  std::memcpy(&len, in.data(), 4);
+  if (in.size() != 4 + size_t{len}) return peer_error("frame of {} for {} bytes", len, in.size());
+  return std::vector<uint8_t>(in.begin() + 4, in.end());
+}
+
+TEST_F(DaemonServerTest, ControlSocketDescribesTheDaemonItsJobsAndClients) {
+  const std::string ctl = control_socket_path(server_->socket_path());
+  struct stat st {};
+  ASSERT_EQ(::stat(ctl.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 077, 0u);  // its owner's only, like the trainers' socket
+
+  auto a = RawClient::join(server_->socket_path(), hello("pair", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("pair", 1, 2));
+  auto solo = RawClient::join(server_->socket_path(), hello("solo"));
+  ASSERT_TRUE(a.ok() && b.ok() && solo.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(solo->wait(solo->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum,
+                                                      10, 0, 4096)))
+                    .ok());
+  }
+
+  auto status = control_call(ctl, ControlCommand::kStatus, 5000);
+  ASSERT_TRUE(status.ok()) << status.status().message();
+  EXPECT_EQ((*status)["pid"].get<int64_t>(), ::getpid());
+  EXPECT_EQ((*status)["clients"].get<int>(), 3);
+  EXPECT_EQ((*status)["jobs"].get<int>(), 2);
+  EXPECT_EQ((*status)["host_id"], "test-host");
+  EXPECT_EQ((*status)["socket"], server_->socket_path());
+  EXPECT_GE((*status)["collectives"].get<int>(), 3);
+
+  auto jobs = control_call(ctl, ControlCommand::kJobs, 5000);
+  ASSERT_TRUE(jobs.ok()) << jobs.status().message();
+  ASSERT_EQ(jobs->size(), 2u);
+  int pairs = 0;
+  for (const auto& j : *jobs) {
+    EXPECT_EQ(j["job"].get<std::string>().size(), 16u);  // a hash, never the token
+    EXPECT_EQ(j["state"], "running");
+    if (j["world"] == 2) {
+      ++pairs;
+      EXPECT_EQ(j["local_trainers"], 2);
+      EXPECT_EQ(j["collectives"], 0);
+    } else {
+      EXPECT_EQ(j["collectives"], 3);
+    }
+  }
+  EXPECT_EQ(pairs, 1);
+
+  auto clients = control_call(ctl, ControlCommand::kClients, 5000);
+  ASSERT_TRUE(clients.ok()) << clients.status().message();
+  ASSERT_EQ(clients->size(), 3u);
+  int ranks = 0;
+  for (const auto& c : *clients) {
+    EXPECT_EQ(c["pid"].get<int64_t>(), ::getpid());
+    EXPECT_EQ(c["uid"].get<int64_t>(), ::geteuid());
+    EXPECT_EQ(c["arena_bytes"], 2 << 20);
+    ranks += c["rank"].get<int>();
+    if (c["requests"] == 3) {
+      EXPECT_EQ(c["rank"], 0);
+    }
+  }
+  EXPECT_EQ(ranks, 1);
+
+  auto cfg = control_call(ctl, ControlCommand::kConfig, 5000);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  bool socket_row = false;
+  for (const auto& r : *cfg) socket_row = socket_row || r["name"] == "GW_DAEMON_SOCKET";
+  EXPECT_TRUE(socket_row);
+
+  // The pair's trainers leave: the job goes from the answer.
+  *a = RawClient();
+  *b = RawClient();
+  ASSERT_TRUE(eventually([](const ServerStats& x) { return x.live_jobs == 1; }));
+  jobs = control_call(ctl, ControlCommand::kJobs, 5000);
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 1u);
+}
+
+TEST_F(DaemonServerTest, ControlSocketRefusesMalformedRequestsAndGoesOn) {
+  const std::string ctl = control_socket_path(server_->socket_path());
+  auto refused = [&](const std::vector<uint8_t>& bytes, const std::string& why) {
+    auto body = raw_control(ctl, bytes);
+    ASSERT_TRUE(body.ok()) << body.status().message();
+    auto r = decode_control_response(body->data(), body->size(), ControlCommand::kStatus);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArg) << r.status().message();
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  };
+  auto text = [](const std::string& s) { return frame_control(s); };
+  refused(text("{not json"), "not valid JSON");
+  refused(text("[1,2]"), "not a JSON object");
+  refused(text(R"({"version":2,"command":"status"})"), "version 2");
+  refused(text(R"({"version":1,"command":"reboot"})"), "unknown control command");
+  refused(text(R"({"version":1})"), "no string 'command'");
+  refused(text(std::string(40, '[')), "deeper");
+  std::vector<uint8_t> huge = {0xff, 0xff, 0xff, 0x7f, '{'};
+  refused(huge, "at most");
+  std::vector<uint8_t> extra = text(encode_control_request(ControlCommand::kStatus));
+  extra.push_back('x');
+  refused(extra, "bytes after");
+  // Silence: the daemon answers with a timeout after its deadline rather than holding on.
+  refused({}, "within");
+  // The daemon still answers a good request.
+  auto ok = raw_control(ctl, text(encode_control_request(ControlCommand::kJobs)));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(decode_control_response(ok->data(), ok->size(), ControlCommand::kJobs).ok());
+  // None of that touched the trainers' side.
+  EXPECT_EQ(server_->stats().refused, 0u);
+  auto c = RawClient::join(server_->socket_path(), hello("after"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(control_call(ctl, ControlCommand::kStatus, 5000).ok());
+}
+
+TEST(DaemonControl, NoDaemonIsAClearError) {
+  auto r = control_call("/tmp/gwd-no-such-dir/x.sock.ctl", ControlCommand::kStatus, 1000);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kPeer);
+  EXPECT_NE(r.status().message().find("no gradwired listens on /tmp/gwd-no-such-dir/x.sock.ctl"),
+            std::string::npos)
+      << r.status().message();
+}
+
+TEST(DaemonControl, AnswersAreCheckedAgainstTheirCommand) {
+  nlohmann::json st = {{"version", "0"},
+                       {"pid", 1},
+                       {"uptime_s", 0.5},
+                       {"socket", "s"},
+                       {"control_socket", "c"},
+                       {"transport", "tcp"},
+                       {"host_id", "h"},
+                       {"clients", 0},
+                       {"jobs", 0},
+                       {"arenas", 0},
+                       {"accepted", 0},
+                       {"refused", 0},
+                       {"collectives", 0},
+                       {"failed", 0}};
+  auto dec = [](const std::string& body, ControlCommand c) {
+    return decode_control_response(reinterpret_cast<const uint8_t*>(body.data()), body.size(), c);
+  };
+  EXPECT_TRUE(
+      dec(encode_control_result(ControlCommand::kStatus, st), ControlCommand::kStatus).ok());
+  // The answer to another command, a missing field, a field of the wrong type.
+  EXPECT_EQ(dec(encode_control_result(ControlCommand::kStatus, st), ControlCommand::kJobs)
+                .status()
+                .code(),
+            Code::kPeer);
+  nlohmann::json missing = st;
+  missing.erase("pid");
+  EXPECT_EQ(dec(encode_control_result(ControlCommand::kStatus, missing), ControlCommand::kStatus)
+                .status()
+                .code(),
+            Code::kPeer);
+  nlohmann::json wrong = st;
+  wrong["clients"] = "three";
+  EXPECT_EQ(dec(encode_control_result(ControlCommand::kStatus, wrong), ControlCommand::kStatus)
+                .status()
+                .code(),
+            Code::kPeer);
+  EXPECT_EQ(dec(encode_control_result(ControlCommand::kJobs, nlohmann::json::array({1})),
+                ControlCommand::kJobs)
+                .status()
+                .code(),
+            Code::kPeer);
+  auto refusal = dec(encode_control_error(invalid_arg("nope")), ControlCommand::kStatus);
+  EXPECT_EQ(refusal.status().code(), Code::kInvalidArg);
+  EXPECT_NE(refusal.status().message().find("nope"), std::string::npos);
+  // A request: bounded, versioned, a known command.
+  const std::string req = encode_control_request(ControlCommand::kClients);
+  auto back = decode_control_request(reinterpret_cast<const uint8_t*>(req.data()), req.size());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, ControlCommand::kClients);
+  std::string big = R"({"version":1,"command":"status","pad":")" + std::string(2000, 'x') + R"("})";
+  EXPECT_FALSE(
+      decode_control_request(reinterpret_cast<const uint8_t*>(big.data()), big.size()).ok());
 }
 
 TEST(DaemonServerRestart, AStaleSocketFileIsReplaced) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "daemon/control.h"
 #include "daemon/protocol.h"
 
 namespace gw::daemon::fuzz {
@@ -87,6 +88,35 @@ void fuzz_ring(const uint8_t* p, size_t n) {
   if (s.ok()) check(tail - head <= entries);
 }
 
+void fuzz_control_request(const uint8_t* p, size_t n) {
+  auto c = decode_control_request(p, n);
+  tally(c.ok());
+  if (!c.ok()) return;
+  check(n <= kMaxControlRequestBytes);
+  // What was accepted names a command that encodes and decodes to itself.
+  const std::string again = encode_control_request(*c);
+  auto back = decode_control_request(reinterpret_cast<const uint8_t*>(again.data()), again.size());
+  check(back.ok() && *back == *c);
+}
+
+void fuzz_control_response(const uint8_t* p, size_t n) {
+  if (n < 1) return;
+  const auto command = static_cast<ControlCommand>(p[0] % 4);
+  auto r = decode_control_response(p + 1, n - 1, command);
+  tally(r.ok());
+  if (!r.ok()) return;
+  // The promise renderers rely on: an object for status, arrays of objects for the rest.
+  if (command == ControlCommand::kStatus) {
+    check(r->is_object() && r->contains("pid") && (*r)["pid"].is_number_integer());
+  } else {
+    check(r->is_array());
+    for (const auto& row : *r) check(row.is_object());
+  }
+  // Re-encoding what was accepted never throws (bad UTF-8 is replaced).
+  const std::string again = encode_control_result(command, *r);
+  check(!again.empty());
+}
+
 }  // namespace
 
 Counts counts() { return g_counts; }
@@ -153,6 +183,58 @@ std::vector<std::vector<uint8_t>> seeds() {
   ring[8] = 5;
   ring[16] = 64;
   with(kRing, ring);
+  for (ControlCommand c : {ControlCommand::kStatus, ControlCommand::kJobs, ControlCommand::kClients,
+                           ControlCommand::kConfig}) {
+    const std::string req = encode_control_request(c);
+    with(kControlRequest, std::vector<uint8_t>(req.begin(), req.end()));
+  }
+  nlohmann::json status = {{"version", "0.2.0"},
+                           {"pid", 42},
+                           {"uptime_s", 1.5},
+                           {"socket", "/s"},
+                           {"control_socket", "/s.ctl"},
+                           {"transport", "tcp"},
+                           {"host_id", "h"},
+                           {"clients", 2},
+                           {"jobs", 1},
+                           {"arenas", 2},
+                           {"accepted", 2},
+                           {"refused", 0},
+                           {"collectives", 9},
+                           {"failed", 0}};
+  nlohmann::json jobs = nlohmann::json::array({{{"job", "0123456789abcdef"},
+                                                {"world", 4},
+                                                {"hosts", 2},
+                                                {"host_index", 0},
+                                                {"local_trainers", 2},
+                                                {"local_size", 2},
+                                                {"state", "running"},
+                                                {"collectives", 9},
+                                                {"errors", 0}}});
+  nlohmann::json clients = nlohmann::json::array({{{"id", 1},
+                                                   {"pid", 100},
+                                                   {"uid", 1000},
+                                                   {"job", "0123456789abcdef"},
+                                                   {"rank", 0},
+                                                   {"local_rank", 0},
+                                                   {"arena_bytes", 1 << 20},
+                                                   {"requests", 9}}});
+  nlohmann::json config = nlohmann::json::array({{{"name", "GW_TIMEOUT_MS"},
+                                                  {"key", "timeout_ms"},
+                                                  {"value", "300000"},
+                                                  {"default", "300000"},
+                                                  {"source", "default"}}});
+  const std::pair<ControlCommand, nlohmann::json*> answers[] = {
+      {ControlCommand::kStatus, &status},
+      {ControlCommand::kJobs, &jobs},
+      {ControlCommand::kClients, &clients},
+      {ControlCommand::kConfig, &config}};
+  for (const auto& [c, result] : answers) {
+    const std::string body = encode_control_result(c, *result);
+    std::vector<uint8_t> v{static_cast<uint8_t>(c)};
+    v.insert(v.end(), body.begin(), body.end());
+    with(kControlResponse, v);
+  }
   return out;
 }
 
@@ -163,7 +245,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t* p = data + 1;
   const size_t n = size - 1;
-  switch (data[0] % 5) {
+  switch (data[0] % kTargets) {
     case kHello:
       fuzz_hello(p, n);
       break;
@@ -176,8 +258,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case kCompletion:
       fuzz_completions(p, n);
       break;
-    default:
+    case kRing:
       fuzz_ring(p, n);
+      break;
+    case kControlRequest:
+      fuzz_control_request(p, n);
+      break;
+    default:
+      fuzz_control_response(p, n);
       break;
   }
   return 0;

@@ -2,7 +2,8 @@
 # `cmake --install` into a temporary prefix gives what a user builds against: the library and the
 # NCCL plugin in the same libdir, the header, gradwire.pc and the CMake package. The C example
 # (examples/hello_allreduce.c) is compiled and run against that prefix twice: with the README's
-# pkg-config line and with find_package(gradwire) + gradwire::gradwire.
+# pkg-config line and with find_package(gradwire) + gradwire::gradwire. Then the daemon's files:
+# gradwired, gradwirectl, the systemd unit and the config, checked by starting the installed daemon.
 #
 # usage: install_test.sh BUILD_DIR SOURCE_DIR [SANITIZE_FLAGS]
 # SANITIZE_FLAGS: the sanitizer flags the build used (an instrumented libgradwire needs an
@@ -73,4 +74,44 @@ cmake --build "$tmp/consumer/build" >>"$tmp/consumer.log" 2>&1 || {
   fail "building against gradwire::gradwire failed"
 }
 run_hello "$tmp/consumer/build/hello" find_package
+
+# 3. The daemon: gradwired, gradwirectl, the systemd unit naming them where they were installed,
+# the example config (as .example, and as gradwired.toml unless one exists), which the installed
+# daemon starts with and gradwirectl reads back.
+gwd=$prefix/sbin/gradwired
+gwctl=$prefix/bin/gradwirectl
+unit=$prefix/lib/systemd/system/gradwired.service
+conf=$prefix/etc/gradwire/gradwired.toml
+[ -x "$gwd" ] || fail "no $gwd"
+[ -x "$gwctl" ] || fail "no $gwctl"
+[ -f "$unit" ] || fail "no $unit"
+[ -f "$conf.example" ] || fail "no $conf.example"
+[ -f "$conf" ] || fail "no $conf"
+grep -q '@[A-Z_]*@' "$unit" && fail "$unit has an unfilled @VARIABLE@: $(grep '@[A-Z_]*@' "$unit")"
+grep -q "^ExecStart=$gwd --foreground --config $conf " "$unit" ||
+  fail "$unit does not start $gwd with $conf: $(grep ExecStart "$unit")"
+grep -q '^Type=notify$' "$unit" || fail "$unit is not Type=notify"
+grep -q '^WatchdogSec=' "$unit" || fail "$unit has no WatchdogSec"
+if command -v systemd-analyze >/dev/null; then
+  # Only the unit's own problems count (a container may lack a running systemd).
+  verify=$(systemd-analyze verify "$unit" 2>&1 | grep -F "gradwired.service" || true)
+  [ -z "$verify" ] || fail "systemd-analyze verify $unit: $verify"
+fi
+echo "# edited" >>"$conf"
+cmake --install "$build" --prefix "$prefix" >"$tmp/install2.log" 2>&1 || fail "second install failed"
+grep -q '^# edited$' "$conf" || fail "a second install overwrote the edited $conf"
+sock=$tmp/gwd.sock
+env -i PATH="$PATH" "$gwd" --config "$conf" --socket "$sock" >"$tmp/gwd.log" 2>&1 ||
+  fail "the installed gradwired did not start with $conf: $(cat "$tmp/gwd.log")"
+pid=$(sed -n 's/.*pid \([0-9]*\)).*/\1/p' "$tmp/gwd.log")
+[ -n "$pid" ] || fail "no pid in: $(cat "$tmp/gwd.log")"
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+out=$(env -i PATH="$PATH" "$gwctl" config --socket "$sock") || fail "gradwirectl config: $out"
+grep -Eq "^GW_LOG_LEVEL +info +$conf:[0-9]+ " <<<"$out" ||
+  fail "gradwirectl config does not show log_level from $conf: $out"
+kill "$pid"
+for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && fail "gradwired $pid did not stop on SIGTERM"
+[ ! -e "$sock" ] || fail "gradwired left $sock behind"
+echo "install_test: daemon: $gwd, $gwctl, $unit, $conf"
 echo "install_test: ok"

@@ -1,0 +1,151 @@
+// gradwirectl: asks the host's gradwired what it is doing (docs/daemon.md, "gradwirectl").
+//
+//   gradwirectl status | jobs | clients | config [--socket PATH] [--json] [--timeout-ms MS]
+//
+// It talks to the daemon's control socket (the trainers' socket + ".ctl"; --socket names the
+// trainers' socket, as gradwired's option does, default GW_DAEMON_SOCKET) with the protocol of
+// daemon/control.h, and prints a table, or the daemon's answer as JSON with --json. Exit status: 0
+// answered, 1 the daemon refused or could not be reached (the reason on stderr), 2 usage.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "daemon/control.h"
+#include "daemon/daemon_config.h"
+#include "daemon/protocol.h"
+
+namespace {
+
+using nlohmann::json;
+
+// Column-aligned text: a header row, then one row per entry.
+std::string table(const std::vector<std::string>& header,
+                  const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], r[i].size());
+    }
+  }
+  std::string out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string l;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      l += cells[i];
+      if (i + 1 < cells.size()) l += std::string(width[i] - cells[i].size() + 2, ' ');
+    }
+    out += l + "\n";
+  };
+  line(header);
+  for (const auto& r : rows) line(r);
+  return out;
+}
+
+// The checked fields of an answer (decode_control_response guarantees presence and type).
+std::string str(const json& j, const char* key) { return j.at(key).get<std::string>(); }
+std::string num(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
+  return std::to_string(v.get<int64_t>());
+}
+
+std::string render(gw::daemon::ControlCommand command, const json& r) {
+  using gw::daemon::ControlCommand;
+  switch (command) {
+    case ControlCommand::kStatus: {
+      char uptime[32];
+      std::snprintf(uptime, sizeof(uptime), "%.1f s", r.at("uptime_s").get<double>());
+      return table({"field", "value"}, {{"version", str(r, "version")},
+                                        {"pid", num(r, "pid")},
+                                        {"uptime", uptime},
+                                        {"socket", str(r, "socket")},
+                                        {"control socket", str(r, "control_socket")},
+                                        {"transport", str(r, "transport")},
+                                        {"host id", str(r, "host_id")},
+                                        {"clients", num(r, "clients")},
+                                        {"jobs", num(r, "jobs")},
+                                        {"arenas", num(r, "arenas")},
+                                        {"clients accepted", num(r, "accepted")},
+                                        {"clients refused", num(r, "refused")},
+                                        {"collectives ok", num(r, "collectives")},
+                                        {"collectives failed", num(r, "failed")}});
+    }
+    case ControlCommand::kJobs: {
+      std::vector<std::vector<std::string>> rows;
+      for (const json& j : r) {
+        rows.push_back({str(j, "job"), num(j, "world"), num(j, "hosts"), num(j, "host_index"),
+                        num(j, "local_trainers") + "/" + num(j, "local_size"), str(j, "state"),
+                        num(j, "collectives"), num(j, "errors")});
+      }
+      return table({"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "COLLECTIVES", "ERRORS"},
+                   rows);
+    }
+    case ControlCommand::kClients: {
+      std::vector<std::vector<std::string>> rows;
+      for (const json& c : r) {
+        rows.push_back({num(c, "id"), num(c, "pid"), num(c, "uid"), str(c, "job"), num(c, "rank"),
+                        num(c, "local_rank"), num(c, "arena_bytes"), num(c, "requests")});
+      }
+      return table({"ID", "PID", "UID", "JOB", "RANK", "LOCAL", "ARENA_BYTES", "REQUESTS"}, rows);
+    }
+    case ControlCommand::kConfig: {
+      std::vector<std::vector<std::string>> rows;
+      for (const json& c : r) {
+        rows.push_back({str(c, "name"), str(c, "value"), str(c, "source"), str(c, "default")});
+      }
+      return table({"NAME", "VALUE", "SOURCE", "DEFAULT"}, rows);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradwirectl: ask the host's gradwired what it is doing (docs/daemon.md)"};
+  app.require_subcommand(1, 1);
+  std::string socket_path;
+  bool as_json = false;
+  int64_t timeout_ms = 5000;
+  app.add_option("--socket", socket_path,
+                 "the daemon's trainers' socket (GW_DAEMON_SOCKET); its control socket is this "
+                 "path + '.ctl'");
+  app.add_flag("--json", as_json, "print the daemon's answer as JSON");
+  app.add_option("--timeout-ms", timeout_ms, "how long to wait for the daemon")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  std::string chosen;
+  for (const char* name : {"status", "jobs", "clients", "config"}) {
+    const char* help = std::string_view(name) == "status"    ? "the daemon: version, pid, counts"
+                       : std::string_view(name) == "jobs"    ? "the jobs it serves"
+                       : std::string_view(name) == "clients" ? "the trainers connected"
+                                                             : "its resolved settings";
+    app.add_subcommand(name, help)->fallthrough()->callback([&chosen, name] { chosen = name; });
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (socket_path.empty()) socket_path = gw::config::get_string(gw::daemon_config::kSocket);
+  auto command = gw::daemon::parse_control_command(chosen);
+  if (!command.ok()) {
+    std::fprintf(stderr, "gradwirectl: %s\n", command.status().message().c_str());
+    return 2;
+  }
+  auto answer =
+      gw::daemon::control_call(gw::daemon::control_socket_path(socket_path), *command, timeout_ms);
+  if (!answer.ok()) {
+    std::fprintf(stderr, "gradwirectl: %s\n", answer.status().message().c_str());
+    return 1;
+  }
+  const std::string out = as_json
+                              ? answer->dump(2, ' ', false, json::error_handler_t::replace) + "\n"
+                              : render(*command, *answer);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
