@@ -3,6 +3,7 @@
 # torch but no apt, no internet and none of the -dev packages this project builds against:
 #   .gpu/include/{fmt,spdlog,toml++}  headers for the header-only builds of the NCCL plugin and of the
 #                              GPU check programs in perf/gpu/ (GW_THIRD_PARTY_INCLUDE)
+#   .gpu/include/{infiniband,rdma}  rdma-core's verbs headers (gw-gpu-dmabuf-check)
 #   .gpu/include/openssl       OpenSSL 3's headers (Debian's arch-specific ones merged in): the
 #                              handshakes link the host's run-time libcrypto.so.3
 #   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
@@ -24,6 +25,10 @@ done
 rm -rf "$dest"
 mkdir -p "$dest/include"
 cp -r /usr/include/fmt /usr/include/spdlog /usr/include/toml++ "$dest/include/"
+# rdma-core's headers (and the kernel UAPI ones they include) for gw-gpu-dmabuf-check.
+for d in infiniband rdma; do
+  [ -d "/usr/include/$d" ] && cp -r "/usr/include/$d" "$dest/include/"
+done
 if [ -d /usr/include/openssl ]; then
   cp -r /usr/include/openssl "$dest/include/"
   cp /usr/include/x86_64-linux-gnu/openssl/*.h "$dest/include/openssl/" 2>/dev/null || true

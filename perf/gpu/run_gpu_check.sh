@@ -6,6 +6,8 @@
 # 3 no GPU). Usage, from the repository root: bash perf/gpu/run_gpu_check.sh [gw-gpu-check args]
 # With --allreduce instead: builds and runs gw-gpu-allreduce-check (gw_allreduce_compressed on GPU
 # memory against host memory, 2, 3 and then 4 ranks forked on the one GPU; GW_GPU_NPS="2 3 4").
+# With --dmabuf instead: builds and runs gw-gpu-dmabuf-check (verbs over its emulator registering
+# real CUDA memory through a dma-buf export; needs rdma-core's headers, which gpu_prepare.sh carries).
 # With --python instead: builds libgradwire.so standalone and runs the Python package's tests
 # (tests/python, test_cuda.py included) under the first python3 that imports torch.
 set -euo pipefail
@@ -23,6 +25,7 @@ cmake "${args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log";
 target=gw-gpu-check
 [[ "${1:-}" == --allreduce ]] && target=gw-gpu-allreduce-check
 [[ "${1:-}" == --python ]] && target=gradwire
+[[ "${1:-}" == --dmabuf ]] && target=gw-gpu-dmabuf-check
 echo "== build $target"
 cmake --build "$build" --target "$target" -j "$(nproc)" >"$build.build.log" 2>&1 ||
   { tail -50 "$build.build.log"; echo FAIL; exit 1; }
@@ -37,6 +40,10 @@ if [[ $target == gradwire ]]; then
   GRADWIRE_LIBRARY="$build/libgradwire.so" GW_PYTHON="$(command -v "$py")" GW_TIMEOUT_MS=20000 \
     timeout 280 "$py" -m pytest -q -rs -p no:cacheprovider tests/python && echo PASS || { echo FAIL; exit 1; }
   exit 0
+fi
+if [[ $target == gw-gpu-dmabuf-check ]]; then
+  timeout 120 "$build/gw-gpu-dmabuf-check"
+  exit $?
 fi
 if [[ $target == gw-gpu-allreduce-check ]]; then
   rc=0
