@@ -670,6 +670,25 @@ int run_forked_sweep(const CollConfig& c) {
 
 }  // namespace
 
+std::string comm_describe(gw_comm_t comm, const char* key) {
+  size_t needed = 0;
+  if (gw_comm_describe(comm, key, nullptr, 0, &needed) != GW_OK) return "?";
+  std::string v(needed, '\0');
+  if (gw_comm_describe(comm, key, v.data(), v.size(), nullptr) != GW_OK) return "?";
+  v.resize(needed - 1);
+  return v;
+}
+
+bool write_json_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) {
+    std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", path.c_str());
+    return false;
+  }
+  f << text << "\n";
+  return static_cast<bool>(f);
+}
+
 Status set_api_value(const config::Row& row, const std::string& value) {
   GW_RETURN_IF_ERROR(config::set(row, value));
   if (gw_config_set(row.name, value.c_str()) != GW_OK) {

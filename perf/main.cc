@@ -303,20 +303,6 @@ int main(int argc, char** argv) {
     cli->config.dtype = *dt;
     cli->config.op = *op;
     if (!codecs.empty()) {
-      // The codec table has its own columns: these options have no meaning there.
-      const auto& c = cli->config;
-      std::string refused;
-      if (c.check_iters > 0) refused = "-c/--check";
-      if (c.average != gw::perf::CollConfig::Average::kMax) refused = "-a/--average";
-      if (!c.blocking) refused = "-z 0";
-      if (c.step_bytes > 0) refused = "-i/--stepbytes";
-      if (!refused.empty()) {
-        std::fprintf(stderr,
-                     "gradwire-perf: %s does not apply to --codec (its table times each codec's "
-                     "gw_allreduce_compressed; run it without --codec)\n",
-                     refused.c_str());
-        return 2;
-      }
       return gw::perf::run_codec_allreduce(cli->config, codecs);
     }
     return gw::perf::run_collective(cli->config);

@@ -387,6 +387,56 @@ TEST(PerfToolTest, CodecAllreduceRunsAsTheLaunchersRanks) {
   EXPECT_LT(std::stod(rows[1][7]), 1572864.0) << results[0].output;
 }
 
+// --codec takes every option of the allreduce sweep or refuses it: --json gets one document with
+// the rows and what was resolved, --algo reaches the communicator (the none row's table says so),
+// --progress prints progress lines, and a refused option or a failed run is an "error" in it.
+TEST(PerfToolTest, CodecAllreduceHonoursJsonAlgoAndProgress) {
+  TempFile out;
+  auto res = run_perf({"allreduce", "--np",       "2",      "--transport", "auto", "-b",
+                       "256K",      "-e",         "1M",     "-f",          "4",    "--iters",
+                       "2",         "--warmup",   "0",      "--codec",     "fp16", "--algo",
+                       "ring",      "--progress", "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  EXPECT_NE(res.output.find("# progress:"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("ring at every size (GW_ALGO)"), std::string::npos) << res.output;
+  json doc = out.read_json();
+  ASSERT_TRUE(doc.is_object()) << res.output;
+  EXPECT_FALSE(doc.contains("error")) << doc.dump();
+  EXPECT_EQ(doc["config"]["algorithm_requested"], "ring") << doc.dump();
+  EXPECT_EQ(doc["config"]["transport_requested"], "auto") << doc.dump();
+  // Forked codec runs take tcp for auto (docs/perf.md); the resolved name is never "auto".
+  EXPECT_EQ(doc["config"]["transport"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["ranks"], 2) << doc.dump();
+  EXPECT_NE(doc["config"]["allreduce_algorithms"].get<std::string>().find("ring"),
+            std::string::npos)
+      << doc.dump();
+  ASSERT_EQ(doc["rows"].size(), 6u) << doc.dump();  // (none, fp16, ef-floor) x (256K, 1M)
+  EXPECT_EQ(doc["rows"][1]["codec"], "fp16");
+  EXPECT_EQ(doc["rows"][3]["size_bytes"], 1048576);
+  EXPECT_GT(doc["rows"][1]["time_us"].get<double>(), 0.0);
+  EXPECT_LT(doc["rows"][1]["bytes_sent"].get<double>(), doc["rows"][0]["bytes_sent"].get<double>());
+
+  // A forced algorithm that does not apply stops the ranks, and the document says why.
+  TempFile bad_algo;
+  auto hier = run_perf({"allreduce", "--np", "2", "--transport", "tcp", "-b", "1M", "-e", "1M",
+                        "--codec", "fp16", "--algo", "hier", "--json", bad_algo.path()});
+  EXPECT_TRUE(hier.exited && hier.exit_code == 2) << hier.describe();
+  json err = bad_algo.read_json();
+  ASSERT_TRUE(err.is_object()) << hier.describe();
+  EXPECT_NE(err.value("error", "").find("GW_ALGO"), std::string::npos) << err.dump();
+  // An unknown algorithm and an option without meaning there are refused before any rank starts,
+  // in the JSON too.
+  TempFile refused;
+  auto unknown = run_perf(
+      {"allreduce", "--np", "2", "--codec", "fp16", "--algo", "fastest", "--json", refused.path()});
+  EXPECT_TRUE(unknown.exited && unknown.exit_code == 2) << unknown.describe();
+  EXPECT_NE(unknown.output.find("--algo fastest"), std::string::npos) << unknown.describe();
+  EXPECT_NE(refused.read_json().value("error", "").find("--algo"), std::string::npos);
+  auto dtype = run_perf({"allreduce", "--np", "2", "--codec", "fp16", "-d", "int32"});
+  EXPECT_TRUE(dtype.exited && dtype.exit_code == 2) << dtype.describe();
+  EXPECT_NE(dtype.output.find("float32 sum only"), std::string::npos) << dtype.describe();
+}
+
 TEST(PerfToolTest, DeadRankEndsTheRunWithAnError) {
   TempFile out;
   Env env = clean_env();
