@@ -42,6 +42,7 @@ constexpr int kAlltoallInFlight = 8;
 // with, resolved once.
 struct CommSettings {
   std::string mode;         // auto or a registered backend
+  std::string route_host;   // CommOptions::route_host
   config::Snapshot config;  // read at creation; handed to the transports
   int64_t timeout_ms = 0;
   TransportFactory factory;
@@ -74,6 +75,7 @@ Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptio
   GW_RETURN_IF_ERROR(s.config.validate());
   const config::Snapshot& c = s.config;
   s.mode = o.transport;
+  s.route_host = o.route_host;
   s.timeout_ms = o.timeout_ms >= 0 ? o.timeout_ms : c.get_int(core_config::kTimeoutMs);
   if (s.timeout_ms <= 0) {
     return invalid_arg("communicator: timeout {} ms must be > 0", s.timeout_ms);
@@ -108,7 +110,7 @@ class CommImpl : public Communicator {
         settings_(std::move(settings)),
         pool_(group_,
               PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms,
-                          settings_.spin_us, settings_.config},
+                          settings_.spin_us, settings_.config, settings_.route_host},
               &aborted_),
         exec_(&pool_, &aborted_, executor_options(settings_)) {}
   ~CommImpl() override;

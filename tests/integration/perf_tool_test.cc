@@ -406,6 +406,7 @@ TEST(PerfToolTest, CodecAllreduceHonoursJsonAlgoAndProgress) {
   EXPECT_EQ(doc["config"]["transport_requested"], "auto") << doc.dump();
   // Forked codec runs take tcp for auto (docs/perf.md); the resolved name is never "auto".
   EXPECT_EQ(doc["config"]["transport"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["interface"], "lo:127.0.0.1") << doc.dump();
   EXPECT_EQ(doc["config"]["ranks"], 2) << doc.dump();
   EXPECT_NE(doc["config"]["allreduce_algorithms"].get<std::string>().find("ring"),
             std::string::npos)

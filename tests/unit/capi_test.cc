@@ -587,12 +587,18 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   auto fail = [&](const std::string& what) {
     if (out->error.empty()) out->error = what + ": " + gw_last_error();
   };
-  // What was resolved: a transport name, never "auto".
+  // What was resolved: a transport name, never "auto"; tcp names its interface and address.
   char what[256];
   if (gw_comm_describe(comm, "transport", what, sizeof(what), nullptr) != GW_OK) {
     fail("describe transport");
   } else if (std::string(what) != (std::string(transport) == "auto" ? "shm" : transport)) {
     fail(std::string("described transport ") + what + " for " + transport);
+  }
+  if (gw_comm_describe(comm, "interface", what, sizeof(what), nullptr) != GW_OK) {
+    fail("describe interface");
+  } else if (std::string(transport) == "tcp" &&
+             std::string(what).find(":127.0.0.1") == std::string::npos) {
+    fail(std::string("described interface ") + what);
   }
   if (gw_comm_describe(comm, "allreduce", what, sizeof(what), nullptr) != GW_OK ||
       std::string(what).empty()) {
