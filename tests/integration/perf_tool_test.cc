@@ -236,6 +236,28 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   }
   EXPECT_EQ(doc["config"]["ranks"], 3);
   EXPECT_EQ(doc["check_passed"], true);
+  // What was resolved, in the header and the JSON: the transport and its interface, the channels
+  // and the algorithm table's choice by size.
+  EXPECT_EQ(doc["config"]["transport_requested"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["transport"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["interface"], "lo:127.0.0.1") << doc.dump();
+  EXPECT_NE(doc["config"]["channels"].get<std::string>().find("auto"), std::string::npos);
+  EXPECT_FALSE(doc["config"]["allreduce_algorithms"].get<std::string>().empty()) << doc.dump();
+  EXPECT_NE(res.output.find("# transport: tcp on lo:127.0.0.1 (asked: tcp)  channels: auto"),
+            std::string::npos)
+      << res.output;
+  EXPECT_NE(res.output.find("# allreduce algorithm by size: "), std::string::npos) << res.output;
+
+  // auto resolves to a named transport: shared memory between ranks of one host.
+  TempFile auto_out;
+  auto shm = run_perf({"allreduce", "--np", "2", "-b", "1K", "-e", "1K", "--iters", "1",
+                       "--warmup", "0", "--json", auto_out.path()});
+  ASSERT_TRUE(shm.exited && shm.exit_code == 0) << shm.describe();
+  json auto_doc = auto_out.read_json();
+  EXPECT_EQ(auto_doc["config"]["transport_requested"], "auto") << auto_doc.dump();
+  EXPECT_EQ(auto_doc["config"]["transport"], "shm") << auto_doc.dump();
+  EXPECT_EQ(auto_doc["config"]["interface"], "") << auto_doc.dump();
+  EXPECT_NE(shm.output.find("# transport: shm (asked: auto)"), std::string::npos) << shm.output;
 }
 
 // nccl-tests' habits: -c N check iterations, in-place columns, -a, -z, -i, --version.
