@@ -209,9 +209,11 @@ int main(int argc, char** argv) {
   gw::perf::P2pConfig p2p;
   auto* p2p_cmd = app.add_subcommand(
       "p2p",
-      "point-to-point over one transport between 2 ranks (forked here, or one per host under a "
-      "launcher): bandwidth sweep with a window of outstanding sends (ib_write_bw columns), then "
-      "ping-pong latency (ib_send_lat)");
+      "point-to-point over one transport between 2 ranks: bandwidth sweep with a window of "
+      "outstanding sends (ib_write_bw columns), then ping-pong latency (ib_send_lat). Across hosts "
+      "as perftest: `p2p --transport tcp` on one host waits for a client, `p2p --transport tcp "
+      "HOST` on the other connects and prints; --np 2 (and shm) forks both ranks here; under a "
+      "launcher, its 2 ranks");
   p2p_cmd
       ->add_option("--transport", p2p.transport,
                    fmt::format("{} (dpdk forked: a net_memif pair unless GW_DPDK_EAL_ARGS is "
@@ -219,8 +221,22 @@ int main(int argc, char** argv) {
                                "GW_DPDK_IP)",
                                fmt::join(gw::net::backend_names(), ", ")))
       ->capture_default_str();
-  add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
+  p2p_cmd->add_option("HOST", p2p.peer_host,
+                      "the server's host: run as the client (sends, prints the results); "
+                      "without it (and without --np or a launcher) this process is the server");
+  p2p_cmd->add_option("-p,--port", p2p.port, "the server's rendezvous port")->capture_default_str();
+  add_size_option(p2p_cmd, "--minbytes", &p2p.min_bytes, "smallest size (default 1)");
   add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");
+  add_size_option(p2p_cmd, "-s,--size", &p2p.size, "one size only (perftest's -s)");
+  p2p_cmd->add_flag("-a,--all", p2p.all_sizes,
+                    "all sizes from 2 B to 8 MiB, doubling (perftest's -a)");
+  p2p_cmd
+      ->add_option("-D,--duration", p2p.duration_s,
+                   "stream each size for this many seconds instead of --iters messages")
+      ->type_name("SECONDS");
+  p2p_cmd->add_flag("--report_gbits", p2p.report_gbits, "bandwidth in Gb/s instead of MB/s");
+  p2p_cmd->add_flag("-b,--bidirectional", p2p.bidirectional,
+                    "both ranks send at once; the bandwidth is the sum of both directions");
   p2p_cmd->add_option("-f,--stepfactor", p2p.factor, "size step factor")->capture_default_str();
   p2p_cmd
       ->add_option("-n,--iters", p2p.iters,
