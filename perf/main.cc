@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/compress/compress_config.h"
 #include "core/config.h"
 #include "core/net/backend_registry.h"
+#include "daemon/daemon_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
@@ -19,6 +21,15 @@
 namespace {
 
 using gw::perf::Collective;
+
+// Components whose settings the tool reads nowhere, linked and registered so that --dump-config
+// lists every knob of libgradwire (the compressed allreduce's, the daemon client's and
+// gradwired's), as the plugin's rows compiled in beside it.
+[[maybe_unused]] const bool kAllRowsRegistered = [] {
+  gw::coll::compress_config::rows();
+  gw::daemon_config::rows();
+  return true;
+}();
 
 // A size option accepting K/M/G suffixes (powers of 1024), like nccl-tests' -b/-e.
 std::string parse_size_into(const std::string& text, uint64_t* out) {
