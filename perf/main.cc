@@ -227,9 +227,9 @@ int main(int argc, char** argv) {
       "launcher, its 2 ranks");
   p2p_cmd
       ->add_option("--transport", p2p.transport,
-                   fmt::format("{} (dpdk forked: a net_memif pair unless GW_DPDK_EAL_ARGS is "
-                               "set; under a launcher: each host's GW_DPDK_EAL_ARGS and "
-                               "GW_DPDK_IP)",
+                   fmt::format("{} (dpdk with --np 2: a net_memif pair unless GW_DPDK_EAL_ARGS "
+                               "is set; server/client or under a launcher: each host's "
+                               "GW_DPDK_EAL_ARGS and GW_DPDK_IP)",
                                fmt::join(gw::net::backend_names(), ", ")))
       ->capture_default_str();
   p2p_cmd->add_option("HOST", p2p.peer_host,
