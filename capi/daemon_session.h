@@ -59,6 +59,9 @@ class DaemonSession final : public Session {
   Result<void*> mem_alloc(size_t bytes) override;
   Status mem_free(void* ptr) override;
   std::string describe() const override { return "daemon mode (" + address_ + ")"; }
+  std::map<std::string, std::string> resolved() const override {
+    return {{"transport", "daemon"}, {"summary", describe()}};
+  }
 
   void abort() override;
   bool aborted() const override { return aborted_.load(); }

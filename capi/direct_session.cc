@@ -93,6 +93,7 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
   co.transport = options.transport;
   co.timeout_ms = options.timeout_ms;
   co.job_token = options.job_token;
+  co.route_host = options.store_host;
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
   return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
 }

@@ -59,6 +59,7 @@ class DirectSession final : public Session {
 
   Result<std::unique_ptr<Session>> split(int color, int key) override;
   std::string describe() const override { return comm_->describe(); }
+  std::map<std::string, std::string> resolved() const override { return comm_->resolved(); }
 
  private:
   // The comm's compressor, created on first use. Callers hold compress_mu_.

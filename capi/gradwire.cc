@@ -10,10 +10,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -451,6 +453,30 @@ GW_EXPORT gw_status_t gw_comm_size(gw_comm_t comm, int* size) {
     GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
     if (size == nullptr) return gw::invalid_arg("argument size (the output pointer) is NULL");
     *size = session->size();
+    return gw::ok_status();
+  });
+}
+
+GW_EXPORT gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t len,
+                                       size_t* needed) {
+  return guarded("gw_comm_describe", [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto session, lookup(comm));
+    if (key == nullptr) return gw::invalid_arg("argument key is NULL");
+    if (buf == nullptr && len > 0) return gw::invalid_arg("argument buf is NULL with len {}", len);
+    const std::map<std::string, std::string> all = session->resolved();
+    auto it = all.find(key);
+    if (it == all.end()) {
+      std::string keys;
+      for (const auto& [k, v] : all) keys += (keys.empty() ? "" : ", ") + k;
+      return gw::invalid_arg("key \"{}\": this communicator describes {}", key, keys);
+    }
+    const std::string& v = it->second;
+    if (needed != nullptr) *needed = v.size() + 1;
+    if (len > 0) {
+      const size_t n = std::min(v.size(), len - 1);
+      std::memcpy(buf, v.data(), n);
+      buf[n] = '\0';
+    }
     return gw::ok_status();
   });
 }

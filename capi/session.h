@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -105,6 +106,8 @@ class Session {
 
   // What the session resolved (transport, channels, algorithms...) for the start-up log line.
   virtual std::string describe() const { return ""; }
+  // describe()'s parts by name, for gw_comm_describe (see Communicator::resolved).
+  virtual std::map<std::string, std::string> resolved() const { return {{"summary", describe()}}; }
 };
 
 }  // namespace gw::capi

@@ -42,6 +42,7 @@ constexpr int kAlltoallInFlight = 8;
 // with, resolved once.
 struct CommSettings {
   std::string mode;         // auto or a registered backend
+  std::string route_host;   // CommOptions::route_host
   config::Snapshot config;  // read at creation; handed to the transports
   int64_t timeout_ms = 0;
   TransportFactory factory;
@@ -74,6 +75,7 @@ Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptio
   GW_RETURN_IF_ERROR(s.config.validate());
   const config::Snapshot& c = s.config;
   s.mode = o.transport;
+  s.route_host = o.route_host;
   s.timeout_ms = o.timeout_ms >= 0 ? o.timeout_ms : c.get_int(core_config::kTimeoutMs);
   if (s.timeout_ms <= 0) {
     return invalid_arg("communicator: timeout {} ms must be > 0", s.timeout_ms);
@@ -108,7 +110,7 @@ class CommImpl : public Communicator {
         settings_(std::move(settings)),
         pool_(group_,
               PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms,
-                          settings_.spin_us, settings_.config},
+                          settings_.spin_us, settings_.config, settings_.route_host},
               &aborted_),
         exec_(&pool_, &aborted_, executor_options(settings_)) {}
   ~CommImpl() override;
@@ -137,6 +139,7 @@ class CommImpl : public Communicator {
   }
   Result<std::unique_ptr<Communicator>> split(int color, int key) override;
   std::string describe() const override { return summary_; }
+  std::map<std::string, std::string> resolved() const override { return resolved_; }
   HostLayout host_layout() const override {
     return HostLayout{group_.host(), group_.nhosts(), group_.local_rank(), group_.local_size(),
                       uniform_hosts(group_.hosts())};
@@ -171,7 +174,7 @@ class CommImpl : public Communicator {
   // "transport tcp (eth0:10.0.0.1, 1 socket per connection, 0 I/O threads)".
   static std::string describe_transport(std::string_view level, const net::Properties& p);
   // describe()'s text, once the transports and the cost model are known.
-  std::string make_summary(const std::string& transports) const;
+  std::string make_summary(const std::string& transports);
 
   Group group_;
   CommSettings settings_;
@@ -184,7 +187,8 @@ class CommImpl : public Communicator {
   Status broken_;
   // (collective, algo, size class); allreduce is -1.
   std::set<std::tuple<int, int, int>> logged_;
-  std::string summary_;  // describe(), made by init()
+  std::string summary_;                          // describe(), made by init()
+  std::map<std::string, std::string> resolved_;  // resolved(), made by init()
 
   std::mutex exec_mu_;  // one collective at a time
   AsyncQueue queue_;    // iallreduce
@@ -243,10 +247,17 @@ Status CommImpl::init() {
       GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(true));
       intra = figures(t);
       transports = describe_transport(multi_host ? "within hosts " : "", t->properties());
+      resolved_["transport_within_hosts"] = resolved_["transport"] = t->properties().name;
+      resolved_["interface"] = t->properties().interfaces;
     }
     if (multi_host) {
       GW_ASSIGN_OR_RETURN(net::Transport * t, pool_.transport_for_link(false));
       inter = figures(t);
+      resolved_["transport"] = t->properties().name;
+      if (!resolved_.count("transport_within_hosts")) {
+        resolved_["transport_within_hosts"] = t->properties().name;
+      }
+      resolved_["interface"] = t->properties().interfaces;
       if (!transports.empty()) transports += "; ";
       transports +=
           describe_transport(group_.max_local_size() > 1 ? "across hosts " : "", t->properties());
@@ -267,6 +278,7 @@ Status CommImpl::init() {
                main, format_bytes(exec_.chunk_bytes()), settings_.nchannels_cfg,
                algo_name(settings_.forced_algo));
   summary_ = make_summary(transports);
+  resolved_["summary"] = summary_;
   return ok_status();
 }
 
@@ -284,8 +296,13 @@ std::string CommImpl::describe_transport(std::string_view level, const net::Prop
   return s;
 }
 
-std::string CommImpl::make_summary(const std::string& transports) const {
-  if (size() == 1) return "one rank: no transport, no algorithm";
+std::string CommImpl::make_summary(const std::string& transports) {
+  if (size() == 1) {
+    resolved_ = {{"transport", "none"}, {"transport_within_hosts", "none"},
+                 {"interface", ""},     {"channels", "none"},
+                 {"chunk", "none"},     {"allreduce", "none"}};
+    return "one rank: no transport, no algorithm";
+  }
   std::string channels;
   if (settings_.nchannels_cfg > 0) {
     channels = fmt::format("channels {}", settings_.nchannels_cfg);
@@ -320,6 +337,10 @@ std::string CommImpl::make_summary(const std::string& transports) const {
   }
   close_run(0);
   if (algos.find(", ") == std::string::npos) algos = fmt::format("{} at every size", run_name);
+  resolved_["channels"] = channels.substr(std::string_view("channels ").size());
+  resolved_["chunk"] = format_bytes(exec_.chunk_bytes());
+  resolved_["allreduce"] =
+      settings_.forced_algo == Algo::kAuto ? algos : fmt::format("{} (GW_ALGO)", algos);
   return fmt::format("{}, {}, chunk {}, allreduce{} {}", transports, channels,
                      format_bytes(exec_.chunk_bytes()),
                      settings_.forced_algo == Algo::kAuto ? "" : " (GW_ALGO)", algos);
@@ -621,6 +642,10 @@ Result<std::unique_ptr<AsyncOp>> CommImpl::iallreduce(const void* sendbuf, void*
 HostLayout Communicator::host_layout() const { return HostLayout{0, 1, rank(), size(), true}; }
 
 std::string Communicator::describe() const { return fmt::format("rank {} of {}", rank(), size()); }
+
+std::map<std::string, std::string> Communicator::resolved() const {
+  return {{"summary", describe()}};
+}
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int, int) {
   return unsupported("split: this communicator cannot be split");

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,9 @@ struct CommOptions {
   int64_t timeout_ms = -1;  // -1: GW_TIMEOUT_MS
   std::string job_token;    // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;      // "" : bootstrap host_identity()
+  // The store's host: tcp's default interface is the one the routing table uses to reach it
+  // (GW_SOCKET_IFNAME unset). "": the first interface that is up.
+  std::string route_host;
   config::Snapshot config;  // the settings it reads; empty: captured at creation
 };
 
@@ -118,6 +122,13 @@ class Communicator {
   // socket, 0 threads), channels auto (1-4 by size), chunk 512 KiB, allreduce <=32 KiB rhd,
   // >32 KiB ring"). The default names only rank and size.
   virtual std::string describe() const;
+  // describe()'s parts by name (gw_comm_describe): "transport" (the transport of the links across
+  // hosts, or of every link when all ranks share a host; never "auto"; "none" for one rank),
+  // "transport_within_hosts" (the links between ranks of one host when there are several hosts,
+  // else the same as "transport"), "interface" (tcp's "eth0:10.0.0.1", "" for other transports),
+  // "channels", "chunk", "allreduce" (the algorithm table's choice by size) and "summary"
+  // (describe()). The default has "summary" only.
+  virtual std::map<std::string, std::string> resolved() const;
 
   // Collective over this communicator (every rank calls it, in the same order relative to its
   // other collectives): ranks passing the same color form a new communicator, ranked by key and

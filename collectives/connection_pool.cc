@@ -38,6 +38,7 @@ Result<net::Transport*> ConnectionPool::transport_for_link(bool same_host, int p
   topts.host_id = group_.host_id();
   topts.rank = group_.rank();
   topts.config = options_.config;
+  topts.route_host = options_.route_host;
   auto t = options_.factory(name, topts);
   if (!t.ok() && mode == "auto" && t.status().code() == Code::kUnsupported) {
     // auto: a host without shared memory still works over loopback tcp.

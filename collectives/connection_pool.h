@@ -37,6 +37,7 @@ struct PoolOptions {
   int64_t timeout_ms = 0;     // for the transports and the set-up error messages
   int64_t spin_us = 50;
   config::Snapshot config;  // handed to the transports
+  std::string route_host;   // handed to the transports (TransportOptions::route_host)
 };
 
 class ConnectionPool {

@@ -107,8 +107,9 @@ json config_json(const CollConfig& c) {
   json j;
   j["collective"] = c.name;
   j["ranks_requested"] = c.np;
-  j["transport"] = c.transport;
-  j["algorithm"] = c.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c.algo;
+  // As asked; rank 0 adds what the communicator resolved ("transport", "interface", ...).
+  j["transport_requested"] = c.transport;
+  j["algorithm_requested"] = c.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c.algo;
   j["dtype"] = std::string(coll::dtype_name(c.dtype));
   j["op"] = has_op(c.coll) ? std::string(coll::op_name(c.op)) : "none";
   j["root"] = c.coll == Collective::kBroadcast ? c.root : -1;
@@ -215,6 +216,11 @@ class RankRun {
     doc_["config"] = config_json(c_);
     doc_["config"]["ranks"] = world_;
     doc_["config"]["hosts"] = hosts_;
+    for (const char* key :
+         {"transport", "transport_within_hosts", "interface", "channels", "chunk"}) {
+      doc_["config"][key] = comm_describe(comm_, key);
+    }
+    doc_["config"]["allreduce_algorithms"] = comm_describe(comm_, "allreduce");
     doc_["rows"] = json::array();
     send_message(msg_fd_, "config " + doc_["config"].dump());
 
@@ -230,11 +236,21 @@ class RankRun {
     out += fmt::format("# ranks: {} ({})\n", world_,
                        c_.np > 0 ? fmt::format("forked --np {}, private store", c_.np)
                                  : std::string("from the launcher's environment"));
+    // What the communicator resolved (never "auto"), then what was asked.
+    const std::string transport = comm_describe(comm_, "transport");
+    const std::string within = comm_describe(comm_, "transport_within_hosts");
+    const std::string iface = comm_describe(comm_, "interface");
     out +=
-        fmt::format("# transport: {}  algorithm: {}  dtype: {}  op: {}  root: {}\n", c_.transport,
-                    c_.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c_.algo,
-                    coll::dtype_name(c_.dtype), has_op(c_.coll) ? coll::op_name(c_.op) : "none",
-                    c_.coll == Collective::kBroadcast ? c_.root : -1);
+        fmt::format("# transport: {}{}{} (asked: {})  channels: {}  chunk: {}\n", transport,
+                    iface.empty() ? "" : fmt::format(" on {}", iface),
+                    within != transport ? fmt::format(", {} within hosts", within) : "",
+                    c_.transport, comm_describe(comm_, "channels"), comm_describe(comm_, "chunk"));
+    out += fmt::format("# allreduce algorithm by size: {} (asked: {})\n",
+                       comm_describe(comm_, "allreduce"),
+                       c_.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c_.algo);
+    out += fmt::format("# dtype: {}  op: {}  root: {}\n", coll::dtype_name(c_.dtype),
+                       has_op(c_.coll) ? coll::op_name(c_.op) : "none",
+                       c_.coll == Collective::kBroadcast ? c_.root : -1);
     out += fmt::format("# sizes: {} .. {} bytes, {}  iters: {}  warmup: {}  check: {}\n",
                        c_.min_bytes, c_.max_bytes,
                        c_.step_bytes > 0 ? fmt::format("increment {}", c_.step_bytes)
@@ -669,6 +685,25 @@ int run_forked_sweep(const CollConfig& c) {
 }
 
 }  // namespace
+
+std::string comm_describe(gw_comm_t comm, const char* key) {
+  size_t needed = 0;
+  if (gw_comm_describe(comm, key, nullptr, 0, &needed) != GW_OK) return "?";
+  std::string v(needed, '\0');
+  if (gw_comm_describe(comm, key, v.data(), v.size(), nullptr) != GW_OK) return "?";
+  v.resize(needed - 1);
+  return v;
+}
+
+bool write_json_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) {
+    std::fprintf(stderr, "gradwire-perf: cannot write --json file %s\n", path.c_str());
+    return false;
+  }
+  f << text << "\n";
+  return static_cast<bool>(f);
+}
 
 Status set_api_value(const config::Row& row, const std::string& value) {
   GW_RETURN_IF_ERROR(config::set(row, value));

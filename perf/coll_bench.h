@@ -9,6 +9,7 @@
 #include "collectives/types.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "gradwire/gradwire.h"
 #include "perf/check_pattern.h"
 
 namespace gw::perf {
@@ -38,6 +39,13 @@ struct CollConfig {
   std::string json_path;  // "" : no JSON
   int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
 };
+
+// gw_comm_describe(comm, key) as a string ("?" when the call fails): what the communicator
+// resolved (transport, interface, channels, allreduce algorithm by size).
+std::string comm_describe(gw_comm_t comm, const char* key);
+
+// Writes one JSON document (text, already serialized) to path; false with a message on stderr.
+bool write_json_text(const std::string& path, const std::string& text);
 
 // Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather, reduce_scatter and alltoall
 // (n-1)/n, broadcast 1.

@@ -1,12 +1,18 @@
 #include "perf/compress_cmd.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
+#include "collectives/coll_config.h"
 #include "collectives/compress/codec.h"
 #include "collectives/compress/codec_kernels.h"
 #include "core/config.h"
@@ -19,6 +25,7 @@ namespace gw::perf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
 
 std::vector<float> gaussian(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -160,6 +167,42 @@ void memory_floor(float* g, float* residual, size_t n) {
   }
 }
 
+// The request, as the --json document's "config" (rank 0 adds what the communicator resolved).
+json codec_config_json(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs) {
+  json j;
+  j["collective"] = "allreduce";
+  j["codecs"] = codecs;
+  j["ranks_requested"] = c.np;
+  j["transport_requested"] = c.requested_transport.empty() ? c.transport : c.requested_transport;
+  j["algorithm_requested"] = c.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c.algo;
+  j["dtype"] = "float32";
+  j["op"] = "sum";
+  j["min_bytes"] = c.min_bytes;
+  j["max_bytes"] = c.max_bytes;
+  j["step_factor"] = c.factor;
+  j["iters"] = c.iters > 0 ? json(c.iters) : json("adaptive");
+  j["warmup"] = c.warmup;
+  j["time"] = "median over iterations of the slowest rank's time; codecs take turns";
+  j["gradwire_version"] = gw_version();
+  return j;
+}
+
+// On a failed run: the document rank 0 wrote gets "error" (unless rank 0 recorded one), or a
+// new document with no rows when rank 0 wrote nothing.
+void record_run_error(const CodecAllreduceConfig& c, const std::vector<std::string>& codecs,
+                      const std::string& msg) {
+  if (c.json_path.empty()) return;
+  std::ifstream f(c.json_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json doc = json::parse(ss.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    doc = {{"config", codec_config_json(c, codecs)}, {"rows", json::array()}};
+  }
+  if (!doc.contains("error")) doc["error"] = msg;
+  write_json_text(c.json_path, doc.dump(2));
+}
+
 // One rank of the compressed allreduce sweep (cfg: a forked rank's, or the launcher's with
 // world_size 0); rank 0 prints the rows. 0 on success.
 // The codecs take turns within every iteration (none, codec 1, codec 2, ..., then again), so a
@@ -169,17 +212,50 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
                const gw_config_t& cfg) {
   gw_comm_t comm = nullptr;
   if (gw_comm_init(&comm, &cfg) != GW_OK) {
-    std::fprintf(stderr, "rank %d: gw_comm_init: %s\n", cfg.rank, gw_last_error());
+    const std::string msg = fmt::format("rank {}: gw_comm_init: {}", cfg.rank, gw_last_error());
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    // Rank 0 of forked ranks, or a launcher's rank 0 (or the one that has not learnt its rank).
+    if (!c.json_path.empty() && cfg.rank == 0) {
+      json doc = {
+          {"config", codec_config_json(c, codecs)}, {"rows", json::array()}, {"error", msg}};
+      write_json_text(c.json_path, doc.dump(2));
+    }
     return 2;
   }
   int rank = 0, np = 1;
   gw_comm_rank(comm, &rank);
   gw_comm_size(comm, &np);
+  json doc;
   if (rank == 0) {
+    doc["config"] = codec_config_json(c, codecs);
+    doc["config"]["ranks"] = np;
+    // What the communicator resolved (the requested transport may be "auto").
+    for (const char* key : {"transport", "interface", "channels", "chunk"}) {
+      doc["config"][key] = comm_describe(comm, key);
+    }
+    doc["config"]["allreduce_algorithms"] = comm_describe(comm, "allreduce");
+    doc["rows"] = json::array();
+    if (!c.json_path.empty()) write_json_text(c.json_path, doc.dump(2));
+  }
+  // On an error, rank 0 records it in the document before returning.
+  auto record_error = [&](const std::string& msg) {
+    if (rank == 0 && !c.json_path.empty()) {
+      doc["error"] = msg;
+      write_json_text(c.json_path, doc.dump(2));
+    }
+  };
+  const bool progress = rank == 0 && (c.progress || isatty(STDERR_FILENO));
+  const auto started = Clock::now();
+  if (rank == 0) {
+    const std::string iface = comm_describe(comm, "interface");
     std::printf(
-        "# gradwire-perf allreduce --codec: %d ranks, transport %s, float32 sum of a "
+        "# gradwire-perf allreduce --codec: %d ranks, transport %s%s, float32 sum of a "
         "gradient (encode, exchange, decode and error feedback all timed)\n",
-        np, c.transport.c_str());
+        np, comm_describe(comm, "transport").c_str(),
+        iface.empty() ? "" : fmt::format(" ({})", iface).c_str());
+    std::printf("# channels: %s  chunk: %s  allreduce (the none row): %s\n",
+                comm_describe(comm, "channels").c_str(), comm_describe(comm, "chunk").c_str(),
+                comm_describe(comm, "allreduce").c_str());
     std::printf(
         "# codecs take turns within each iteration; time = median over iterations of the slowest "
         "rank; busbw uses the uncompressed size; bytes_sent = per rank per call (gw_comm_stats); "
@@ -213,7 +289,9 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
         std::memcpy(buf.data(), src.data(), n * 4);
         gw_comm_stats_t before{}, after{};
         if (gw_barrier(comm) != GW_OK || gw_comm_stats(comm, &before) != GW_OK) {
-          std::fprintf(stderr, "rank %d: barrier: %s\n", rank, gw_last_error());
+          const std::string msg = fmt::format("rank {}: barrier: {}", rank, gw_last_error());
+          std::fprintf(stderr, "%s\n", msg.c_str());
+          record_error(msg);
           rc = 2;
           break;
         }
@@ -222,8 +300,10 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
           memory_floor(buf.data(), floor_residual.data(), n);
         } else if (gw_allreduce_compressed(comm, buf.data(), n, GW_FLOAT32, codec.c_str(),
                                            key.c_str()) != GW_OK) {
-          std::fprintf(stderr, "rank %d: %s %llu B: %s\n", rank, codec.c_str(),
-                       static_cast<unsigned long long>(b), gw_last_error());
+          const std::string msg =
+              fmt::format("rank {}: {} {} B: {}", rank, codec, b, gw_last_error());
+          std::fprintf(stderr, "%s\n", msg.c_str());
+          record_error(msg);
           rc = 2;
           break;
         }
@@ -241,6 +321,10 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
       std::vector<double> worst(times[ci].size());
       if (gw_allreduce(comm, times[ci].data(), worst.data(), worst.size(), GW_FLOAT64, GW_MAX) !=
           GW_OK) {
+        const std::string msg =
+            fmt::format("rank {}: allreduce of the times: {}", rank, gw_last_error());
+        std::fprintf(stderr, "%s\n", msg.c_str());
+        record_error(msg);
         rc = 2;
         break;
       }
@@ -254,6 +338,23 @@ int codec_rank(const CodecAllreduceConfig& c, const std::vector<std::string>& co
                     static_cast<unsigned long long>(b), n, iters, us, algbw, busbw,
                     static_cast<double>(sent[ci]) / iters, base_us / us);
         std::fflush(stdout);
+        doc["rows"].push_back({{"codec", ci == nc - 1 ? kFloorRow : codecs[ci]},
+                               {"size_bytes", b},
+                               {"count", n},
+                               {"iters", iters},
+                               {"time_us", us},
+                               {"algbw_gbps", algbw},
+                               {"busbw_gbps", busbw},
+                               {"bytes_sent", static_cast<double>(sent[ci]) / iters},
+                               {"speedup", base_us / us}});
+      }
+    }
+    if (rank == 0 && rc == 0) {
+      if (!c.json_path.empty()) write_json_text(c.json_path, doc.dump(2));
+      if (progress) {
+        std::fprintf(stderr, "# progress: %llu B done, %.1f s elapsed\n",
+                     static_cast<unsigned long long>(b),
+                     std::chrono::duration<double>(Clock::now() - started).count());
       }
     }
     if (b > c.max_bytes / static_cast<uint64_t>(c.factor)) break;
@@ -270,15 +371,20 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
   for (const auto& s : c.codecs) {
     auto spec = coll::parse_codec_spec(s);
     if (!spec.ok()) {
-      std::fprintf(stderr, "gradwire-perf: --codec %s\n", spec.status().to_string().c_str());
+      const std::string msg = "--codec " + spec.status().to_string();
+      std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+      record_run_error(c, c.codecs, msg);
       return 2;
     }
     if (s != "none") codecs.push_back(s);
   }
   if (c.np < 0 || c.min_bytes < 4 || c.min_bytes > c.max_bytes || c.factor < 2) {
-    std::fprintf(stderr, "gradwire-perf: --codec needs --np >= 1, 4 <= -b <= -e, -f >= 2\n");
+    const std::string msg = "--codec needs --np >= 1, 4 <= -b <= -e, -f >= 2";
+    std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+    record_run_error(c, codecs, msg);
     return 2;
   }
+  if (!c.json_path.empty()) std::remove(c.json_path.c_str());  // a stale one is not this run's
   if (c.np == 0) {
     // One rank of the launcher's job: rank, size and store from its environment, as plain runs.
     gw_config_t cfg = GW_CONFIG_INIT;
@@ -313,6 +419,7 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
       [](int, const std::string&) {});
   if (!st.ok()) {
     std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
+    record_run_error(c, codecs, st.to_string());
     return 2;
   }
   return 0;
@@ -332,10 +439,41 @@ int run_codec_allreduce(const CollConfig& base, const std::vector<std::string>& 
   c.iters = base.iters;
   c.warmup = base.warmup;
   c.timeout_ms = base.timeout_ms;
-  if (base.dtype != coll::DataType::kF32 || base.op != coll::ReduceOp::kSum) {
-    std::fprintf(stderr, "gradwire-perf: --codec runs a float32 sum only\n");
+  c.algo = base.algo;
+  c.requested_transport = base.transport;
+  c.json_path = base.json_path;
+  c.progress = base.progress;
+  auto refuse = [&](const std::string& msg) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", msg.c_str());
+    record_run_error(c, codecs, msg);
     return 2;
+  };
+  // The codec table has its own columns: these options have no meaning there.
+  std::string refused;
+  if (base.check_iters > 0) refused = "-c/--check";
+  if (base.average != CollConfig::Average::kMax) refused = "-a/--average";
+  if (!base.blocking) refused = "-z 0";
+  if (base.step_bytes > 0) refused = "-i/--stepbytes";
+  if (!refused.empty()) {
+    return refuse(fmt::format(
+        "{} does not apply to --codec (its table times each codec's gw_allreduce_compressed; "
+        "run it without --codec)",
+        refused));
   }
+  if (base.dtype != coll::DataType::kF32 || base.op != coll::ReduceOp::kSum) {
+    return refuse("--codec runs a float32 sum only (-d float32 -o sum)");
+  }
+  // The checks of plain runs (--transport, --algo, --timeout-ms, the GW_* variables).
+  CollConfig checked = base;
+  checked.min_bytes = std::min(base.min_bytes, base.max_bytes);
+  Status s = validate(checked);
+  // --algo and --timeout-ms are settings of the API layer, here and in libgradwire, as in plain
+  // runs: forked ranks inherit them, a launcher's rank applies them to its communicator.
+  if (s.ok() && !c.algo.empty()) s = set_api_value(coll::coll_config::kAlgo, c.algo);
+  if (s.ok() && c.np == 0 && c.timeout_ms > 0) {
+    s = set_api_value(core_config::kTimeoutMs, std::to_string(c.timeout_ms));
+  }
+  if (!s.ok()) return refuse(s.to_string());
   return run_codec_allreduce(c);
 }
 

@@ -80,7 +80,7 @@ if [ "${1:-}" = "--host" ]; then
         args=(--transport dpdk)
       fi
       if [ "$test" = p2p ]; then
-        args+=(-b "$DVT_P2P_MIN" -e "$DVT_P2P_MAX" -f "$DVT_P2P_F" --lat-iters "$DVT_LAT_ITERS")
+        args+=(--minbytes "$DVT_P2P_MIN" -e "$DVT_P2P_MAX" -f "$DVT_P2P_F" --lat-iters "$DVT_LAT_ITERS")
       else
         args+=(-b "$DVT_AR_MIN" -e "$DVT_AR_MAX" -f "$DVT_AR_F" --check)
       fi

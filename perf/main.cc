@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/compress/compress_config.h"
 #include "core/config.h"
 #include "core/net/backend_registry.h"
+#include "daemon/daemon_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
@@ -19,6 +21,15 @@
 namespace {
 
 using gw::perf::Collective;
+
+// Components whose settings the tool reads nowhere, linked and registered so that --dump-config
+// lists every knob of libgradwire (the compressed allreduce's, the daemon client's and
+// gradwired's), as the plugin's rows compiled in beside it.
+[[maybe_unused]] const bool kAllRowsRegistered = [] {
+  gw::coll::compress_config::rows();
+  gw::daemon_config::rows();
+  return true;
+}();
 
 // A size option accepting K/M/G suffixes (powers of 1024), like nccl-tests' -b/-e.
 std::string parse_size_into(const std::string& text, uint64_t* out) {
@@ -209,18 +220,34 @@ int main(int argc, char** argv) {
   gw::perf::P2pConfig p2p;
   auto* p2p_cmd = app.add_subcommand(
       "p2p",
-      "point-to-point over one transport between 2 ranks (forked here, or one per host under a "
-      "launcher): bandwidth sweep with a window of outstanding sends (ib_write_bw columns), then "
-      "ping-pong latency (ib_send_lat)");
+      "point-to-point over one transport between 2 ranks: bandwidth sweep with a window of "
+      "outstanding sends (ib_write_bw columns), then ping-pong latency (ib_send_lat). Across hosts "
+      "as perftest: `p2p --transport tcp` on one host waits for a client, `p2p --transport tcp "
+      "HOST` on the other connects and prints; --np 2 (and shm) forks both ranks here; under a "
+      "launcher, its 2 ranks");
   p2p_cmd
       ->add_option("--transport", p2p.transport,
-                   fmt::format("{} (dpdk forked: a net_memif pair unless GW_DPDK_EAL_ARGS is "
-                               "set; under a launcher: each host's GW_DPDK_EAL_ARGS and "
-                               "GW_DPDK_IP)",
+                   fmt::format("{} (dpdk with --np 2: a net_memif pair unless GW_DPDK_EAL_ARGS "
+                               "is set; server/client or under a launcher: each host's "
+                               "GW_DPDK_EAL_ARGS and GW_DPDK_IP)",
                                fmt::join(gw::net::backend_names(), ", ")))
       ->capture_default_str();
-  add_size_option(p2p_cmd, "-b,--minbytes", &p2p.min_bytes, "smallest size (default 1)");
+  p2p_cmd->add_option("HOST", p2p.peer_host,
+                      "the server's host: run as the client (sends, prints the results); "
+                      "without it (and without --np or a launcher) this process is the server");
+  p2p_cmd->add_option("-p,--port", p2p.port, "the server's rendezvous port")->capture_default_str();
+  add_size_option(p2p_cmd, "--minbytes", &p2p.min_bytes, "smallest size (default 1)");
   add_size_option(p2p_cmd, "-e,--maxbytes", &p2p.max_bytes, "largest size (default 64M)");
+  add_size_option(p2p_cmd, "-s,--size", &p2p.size, "one size only (perftest's -s)");
+  p2p_cmd->add_flag("-a,--all", p2p.all_sizes,
+                    "all sizes from 2 B to 8 MiB, doubling (perftest's -a)");
+  p2p_cmd
+      ->add_option("-D,--duration", p2p.duration_s,
+                   "stream each size for this many seconds instead of --iters messages")
+      ->type_name("SECONDS");
+  p2p_cmd->add_flag("--report_gbits", p2p.report_gbits, "bandwidth in Gb/s instead of MB/s");
+  p2p_cmd->add_flag("-b,--bidirectional", p2p.bidirectional,
+                    "both ranks send at once; the bandwidth is the sum of both directions");
   p2p_cmd->add_option("-f,--stepfactor", p2p.factor, "size step factor")->capture_default_str();
   p2p_cmd
       ->add_option("-n,--iters", p2p.iters,
@@ -303,20 +330,6 @@ int main(int argc, char** argv) {
     cli->config.dtype = *dt;
     cli->config.op = *op;
     if (!codecs.empty()) {
-      // The codec table has its own columns: these options have no meaning there.
-      const auto& c = cli->config;
-      std::string refused;
-      if (c.check_iters > 0) refused = "-c/--check";
-      if (c.average != gw::perf::CollConfig::Average::kMax) refused = "-a/--average";
-      if (!c.blocking) refused = "-z 0";
-      if (c.step_bytes > 0) refused = "-i/--stepbytes";
-      if (!refused.empty()) {
-        std::fprintf(stderr,
-                     "gradwire-perf: %s does not apply to --codec (its table times each codec's "
-                     "gw_allreduce_compressed; run it without --codec)\n",
-                     refused.c_str());
-        return 2;
-      }
       return gw::perf::run_codec_allreduce(cli->config, codecs);
     }
     return gw::perf::run_collective(cli->config);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -222,13 +223,101 @@ class P2pRank {
     }
   }
 
-  Status ctrl_send() {
-    GW_ASSIGN_OR_RETURN(Request * r, post_send(ctrl_out_, 0, kCtrlTag));
+  // Control messages: 8 bytes, a count (-D) or 0.
+  Status ctrl_send(uint64_t value = 0) {
+    std::memcpy(ctrl_out_, &value, sizeof(value));
+    GW_ASSIGN_OR_RETURN(Request * r, post_send(ctrl_out_, sizeof(ctrl_out_), kCtrlTag));
     return wait(send_.get(), r, "control send");
   }
-  Status ctrl_recv() {
+  Result<uint64_t> ctrl_recv() {
     GW_ASSIGN_OR_RETURN(Request * r, post_recv(ctrl_in_, sizeof(ctrl_in_), kCtrlTag));
-    return wait(recv_.get(), r, "control receive");
+    size_t got = 0;
+    GW_RETURN_IF_ERROR(wait(recv_.get(), r, "control receive", &got));
+    if (got != sizeof(ctrl_in_)) {
+      return peer_error("p2p: a control message of {} bytes from {} (expected {})", got,
+                        recv_->peer_name(), sizeof(ctrl_in_));
+    }
+    uint64_t v = 0;
+    std::memcpy(&v, ctrl_in_, sizeof(v));
+    return v;
+  }
+
+  // -b: both ranks stream `count` messages of `size` bytes at once, `window` in flight each way.
+  // Per direction the messages are a "ready" control message, the data, then "done", and each
+  // side posts its receives in that order. Returns rank 0's seconds from both being ready to both
+  // being done (rank 1: 0).
+  Result<double> stream_bidir(size_t size, int count) {
+    const int window = std::min(c_.window, count);
+    std::deque<Request*> sends, recvs;
+    GW_ASSIGN_OR_RETURN(Request * ready, post_recv(ctrl_in_, sizeof(ctrl_in_), kCtrlTag));
+    int rposted = 0, rdone = 0, sposted = 0, sdone = 0;
+    for (; rposted < window; ++rposted) {
+      GW_ASSIGN_OR_RETURN(Request * r, post_recv(rbuf_.data(), size, kDataTag));
+      recvs.push_back(r);
+    }
+    GW_RETURN_IF_ERROR(ctrl_send());
+    GW_RETURN_IF_ERROR(wait(recv_.get(), ready, "control receive"));
+    const auto t0 = SteadyClock::now();
+    for (; sposted < window; ++sposted) {
+      GW_ASSIGN_OR_RETURN(Request * r, post_send(buf_.data(), size, kDataTag));
+      sends.push_back(r);
+    }
+    const Deadline d = deadline();
+    uint32_t spins = 0;
+    while (sdone < count || rdone < count) {
+      bool progressed = false;
+      if (!sends.empty()) {
+        bool done = false;
+        size_t got = 0;
+        Status st = send_->test(sends.front(), &done, &got);
+        if (!st.ok()) return st.with_context(fmt::format("p2p send to {}", send_->peer_name()));
+        if (done) {
+          progressed = true;
+          sends.pop_front();
+          ++sdone;
+          if (sposted < count) {
+            GW_ASSIGN_OR_RETURN(Request * r, post_send(buf_.data(), size, kDataTag));
+            sends.push_back(r);
+            ++sposted;
+          }
+        }
+      }
+      if (!recvs.empty()) {
+        bool done = false;
+        size_t got = 0;
+        Status st = recv_->test(recvs.front(), &done, &got);
+        if (!st.ok())
+          return st.with_context(fmt::format("p2p receive from {}", recv_->peer_name()));
+        if (done) {
+          if (got != size) {
+            return peer_error("p2p: received {} bytes from {} where {} were sent", got,
+                              recv_->peer_name(), size);
+          }
+          progressed = true;
+          recvs.pop_front();
+          ++rdone;
+          if (rposted < count) {
+            GW_ASSIGN_OR_RETURN(Request * r, post_recv(rbuf_.data(), size, kDataTag));
+            recvs.push_back(r);
+            ++rposted;
+          }
+        }
+      }
+      if (!progressed && (++spins & 1023u) == 0) {
+        sched_yield();
+        if (Clock::now() > d) {
+          return timeout_error(
+              "p2p bidirectional stream with rank {} timed out after {} ms ({} "
+              "of {} sent, {} received)",
+              1 - rank_, timeout_ms_, sdone, count, rdone);
+        }
+      }
+    }
+    GW_ASSIGN_OR_RETURN(Request * fin, post_recv(ctrl_in_, sizeof(ctrl_in_), kCtrlTag));
+    GW_RETURN_IF_ERROR(ctrl_send());
+    GW_RETURN_IF_ERROR(wait(recv_.get(), fin, "control receive"));
+    if (rank_ != 0) return 0.0;
+    return std::chrono::duration<double>(SteadyClock::now() - t0).count();
   }
 
   // Streams `count` messages of `size` bytes from rank 0 to rank 1 with `window` in flight.
@@ -261,7 +350,7 @@ class P2pRank {
       GW_RETURN_IF_ERROR(ctrl_send());
       return 0.0;
     }
-    GW_RETURN_IF_ERROR(ctrl_recv());
+    GW_RETURN_IF_ERROR(ctrl_recv().status());
     auto t0 = SteadyClock::now();
     int posted = 0, completed = 0;
     for (; posted < window; ++posted) {
@@ -278,7 +367,7 @@ class P2pRank {
         ++posted;
       }
     }
-    GW_RETURN_IF_ERROR(ctrl_recv());
+    GW_RETURN_IF_ERROR(ctrl_recv().status());
     return std::chrono::duration<double>(SteadyClock::now() - t0).count();
   }
 
@@ -307,45 +396,76 @@ class P2pRank {
   Status body() {
     GW_RETURN_IF_ERROR(connect_pair());
     buf_.assign(std::max<uint64_t>(c_.max_bytes, 1), 0x5a);
+    if (c_.bidirectional) rbuf_.assign(std::max<uint64_t>(c_.max_bytes, 1), 0);
     lat_in_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0);
     lat_out_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0x33);
     if (rank_ == 0) {
       const auto& p = transport_->properties();
-      std::printf("# gradwire-perf p2p: transport %s, %s, unidirectional rank 0 -> rank 1\n",
-                  p.name.c_str(), setup_.origin.c_str());
+      std::printf("# gradwire-perf p2p: transport %s, %s, %s\n", p.name.c_str(),
+                  setup_.origin.c_str(),
+                  c_.bidirectional ? "bidirectional (both ranks send at once; BW = both ways)"
+                                   : "unidirectional rank 0 -> rank 1");
       std::printf("# interfaces: %s  sockets per connection: %d  window: %d outstanding sends\n",
                   p.interfaces.empty() ? "-" : p.interfaces.c_str(), p.sockets_per_conn, c_.window);
+      const std::string iters =
+          c_.duration_s > 0 ? fmt::format("as many as fit in {} s per size (-D)", c_.duration_s)
+          : c_.iters > 0    ? std::to_string(c_.iters)
+                            : std::string("adaptive clamp(2e9/size, 20, 1000)");
       std::printf(
-          "# iters: %s  BW average = bytes * iters / time, MB = 1e6 B; "
-          "latency = round trip / 2\n",
-          c_.iters > 0 ? std::to_string(c_.iters).c_str() : "adaptive clamp(2e9/size, 20, 1000)");
+          "# iters: %s  BW average = bytes * iters%s / time, %s; latency = round trip / 2\n",
+          iters.c_str(), c_.bidirectional ? " * 2" : "",
+          c_.report_gbits ? "Gb = 1e9 bits" : "MB = 1e6 B");
       std::string env;
       for (const auto& [row, v] : config::Snapshot::capture().entries()) {
         if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
       }
       std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
-      std::printf("#bytes     #iterations    BW average[MB/s]   MsgRate[Mpps]\n");
+      std::printf("#bytes     #iterations    %-18s MsgRate[Mpps]\n",
+                  c_.report_gbits ? "BW average[Gb/sec]" : "BW average[MB/s]");
       std::fflush(stdout);
       setup_.emit("config " + json({{"transport", p.name},
                                     {"ranks", setup_.origin},
                                     {"interfaces", p.interfaces},
                                     {"sockets_per_conn", p.sockets_per_conn},
-                                    {"window", c_.window}})
+                                    {"window", c_.window},
+                                    {"bidirectional", c_.bidirectional},
+                                    {"duration_s", c_.duration_s}})
                                   .dump());
     }
     for (uint64_t b = c_.min_bytes; b <= c_.max_bytes;) {
       int iters = c_.iters > 0 ? c_.iters : p2p_adaptive_iters(b);
-      GW_RETURN_IF_ERROR(stream(static_cast<size_t>(b), std::min(iters, c_.window)).status());
-      GW_ASSIGN_OR_RETURN(double secs, stream(static_cast<size_t>(b), iters));
+      auto run_stream = [&](int count) {
+        return c_.bidirectional ? stream_bidir(static_cast<size_t>(b), count)
+                                : stream(static_cast<size_t>(b), count);
+      };
+      const int warm = std::min(iters, c_.window);
+      GW_ASSIGN_OR_RETURN(double warm_secs, run_stream(warm));
+      if (c_.duration_s > 0) {
+        // -D: rank 0 sizes the run from the warm-up's pace and tells rank 1 the count.
+        if (rank_ == 0) {
+          const double per = warm_secs > 0 ? warm_secs / warm : 1e-6;
+          iters = static_cast<int>(std::clamp(c_.duration_s / per, 1.0, 1e8));
+          GW_RETURN_IF_ERROR(ctrl_send(static_cast<uint64_t>(iters)));
+        } else {
+          GW_ASSIGN_OR_RETURN(uint64_t n, ctrl_recv());
+          if (n < 1 || n > 100000000) return peer_error("p2p: rank 0 asked for {} messages", n);
+          iters = static_cast<int>(n);
+        }
+      }
+      GW_ASSIGN_OR_RETURN(double secs, run_stream(iters));
       if (rank_ == 0) {
-        double mbps = secs > 0 ? static_cast<double>(b) * iters / secs / 1e6 : 0;
-        double mpps = secs > 0 ? iters / secs / 1e6 : 0;
+        const double ways = c_.bidirectional ? 2.0 : 1.0;
+        double mbps = secs > 0 ? static_cast<double>(b) * iters * ways / secs / 1e6 : 0;
+        double mpps = secs > 0 ? iters * ways / secs / 1e6 : 0;
+        const double gbps = mbps * 8 / 1000;
         std::printf(" %-10llu %-14d %-18.2f %-.6f\n", static_cast<unsigned long long>(b), iters,
-                    mbps, mpps);
+                    c_.report_gbits ? gbps : mbps, mpps);
         std::fflush(stdout);
         setup_.emit("bw " + json({{"bytes", b},
                                   {"iterations", iters},
+                                  {"seconds", secs},
                                   {"bw_average_MBps", mbps},
+                                  {"bw_average_Gbps", gbps},
                                   {"msg_rate_Mpps", mpps}})
                                 .dump());
       } else {
@@ -383,7 +503,7 @@ class P2pRank {
     if (rank_ == 0) {
       GW_RETURN_IF_ERROR(ctrl_send());
     } else {
-      GW_RETURN_IF_ERROR(ctrl_recv());
+      GW_RETURN_IF_ERROR(ctrl_recv().status());
     }
     return ok_status();
   }
@@ -395,7 +515,7 @@ class P2pRank {
   std::unique_ptr<net::Transport> transport_;
   std::unique_ptr<net::SendComm> send_;
   std::unique_ptr<net::RecvComm> recv_;
-  std::vector<uint8_t> buf_, lat_in_, lat_out_;
+  std::vector<uint8_t> buf_, rbuf_, lat_in_, lat_out_;
   uint8_t ctrl_in_[8] = {};
   uint8_t ctrl_out_[8] = {};
 };
@@ -419,7 +539,12 @@ class P2pReport {
                 {"iters", c.iters > 0 ? json(c.iters) : json("adaptive")},
                 {"window", c.window},
                 {"lat_bytes", c.lat_bytes},
-                {"lat_iters", c.lat_iters}}},
+                {"lat_iters", c.lat_iters},
+                {"duration_s", c.duration_s},
+                {"bidirectional", c.bidirectional},
+                {"report_gbits", c.report_gbits},
+                {"peer_host", c.peer_host},
+                {"port", c.port}}},
               {"bandwidth", json::array()}}) {}
 
   void absorb(const std::string& line) {
@@ -542,6 +667,101 @@ int run_launched_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
   return rc;
 }
 
+// perftest's form across hosts: the server (no HOST) hosts the rendezvous on --port and waits for
+// one client until the timeout; the client connects to HOST:--port. The client is rank 0 (it
+// sends, times, prints and writes the JSON, as perftest's client reports), the server rank 1.
+int run_server_client_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
+  const bool server = c.peer_host.empty();
+  const int rank = server ? 1 : 0;
+  TcpStoreOptions so;
+  so.host = server ? "0.0.0.0" : c.peer_host;
+  so.port = c.port;
+  so.host_server = server;
+  so.token = config::get_string(core_config::kJobToken);
+  so.connect_timeout_ms = timeout;
+  const Deadline deadline = deadline_after_ms(timeout);
+  if (server) {
+    std::printf(
+        "# gradwire-perf p2p server: transport %s, waiting up to %lld ms for a client on "
+        "port %d (on the other host: gradwire-perf p2p --transport %s THIS_HOST%s)\n",
+        c.transport.c_str(), static_cast<long long>(timeout), c.port, c.transport.c_str(),
+        c.port == P2pConfig{}.port ? "" : fmt::format(" --port {}", c.port).c_str());
+    std::fflush(stdout);
+  }
+  auto store = TcpStore::create(so);
+  if (!store.ok()) {
+    return report->fail(store.status().with_context(
+        server ? fmt::format("p2p server: rendezvous on port {}", c.port)
+               : fmt::format("p2p client: no p2p server at {}:{} (start `gradwire-perf p2p "
+                             "--transport {}` there first)",
+                             c.peer_host, c.port, c.transport)));
+  }
+  // The client announces itself with its settings, which the server takes (as perftest's server
+  // takes the client's): sizes, iterations, window, direction.
+  const std::string key = "gw/p2p/client";
+  P2pConfig run = c;
+  if (server) {
+    auto hello = (*store)->get(key, deadline);
+    if (!hello.ok()) {
+      const Status why =
+          hello.status().code() == Code::kTimeout
+              ? timeout_error(
+                    "p2p server: no client connected to port {} within {} ms (run "
+                    "`gradwire-perf p2p --transport {} THIS_HOST` on the other host, "
+                    "or raise --timeout-ms)",
+                    c.port, timeout, c.transport)
+              : hello.status().with_context("p2p server: waiting for a client");
+      return report->fail(why);
+    }
+    json h = json::parse(std::string(hello->begin(), hello->end()), nullptr, false);
+    if (!h.is_object() || h.value("transport", "") != c.transport) {
+      return report->fail(
+          invalid_arg("p2p server: the client asked for transport {} (this server runs {})",
+                      h.is_object() ? h.value("transport", "?") : std::string("?"), c.transport));
+    }
+    run.min_bytes = h.value("min_bytes", c.min_bytes);
+    run.max_bytes = h.value("max_bytes", c.max_bytes);
+    run.factor = h.value("factor", c.factor);
+    run.iters = h.value("iters", c.iters);
+    run.window = h.value("window", c.window);
+    run.lat_bytes = h.value("lat_bytes", c.lat_bytes);
+    run.lat_iters = h.value("lat_iters", c.lat_iters);
+    run.duration_s = h.value("duration_s", c.duration_s);
+    run.bidirectional = h.value("bidirectional", c.bidirectional);
+    Status ok = validate(run);
+    if (!ok.ok()) return report->fail(ok.with_context("p2p server: the client's settings"));
+  } else {
+    json h = {{"transport", c.transport},   {"min_bytes", c.min_bytes},
+              {"max_bytes", c.max_bytes},   {"factor", c.factor},
+              {"iters", c.iters},           {"window", c.window},
+              {"lat_bytes", c.lat_bytes},   {"lat_iters", c.lat_iters},
+              {"duration_s", c.duration_s}, {"bidirectional", c.bidirectional}};
+    const std::string text = h.dump();
+    Status st = (*store)->set(key, Bytes(text.begin(), text.end()), deadline);
+    if (!st.ok()) return report->fail(st.with_context("p2p client: greeting the server"));
+  }
+  auto token = agree_job_token(**store, rank, deadline);
+  if (!token.ok()) return report->fail(token.status().with_context("p2p"));
+  P2pSetup setup;
+  setup.rank = rank;
+  setup.store = store->get();
+  setup.token = *token;
+  setup.host_id = host_identity();
+  setup.origin = server ? fmt::format("server on port {}", c.port)
+                        : fmt::format("client of {}:{}", c.peer_host, c.port);
+  setup.emit = [report, rank](const std::string& line) {
+    if (rank == 0) report->absorb(line);
+  };
+  int rc = P2pRank(run, std::move(setup), timeout).run();
+  if (server) {
+    if (rc == 0) std::printf("# p2p server: done (the client printed the results)\n");
+    return rc;
+  }
+  if (rc != 0) report->set_error(report->first_error());
+  if (!report->write() && rc == 0) rc = 2;
+  return rc;
+}
+
 }  // namespace
 
 int p2p_adaptive_iters(uint64_t bytes) {
@@ -571,16 +791,50 @@ Status validate(const P2pConfig& c) {
     return invalid_arg("--lat-size {}: at most 1 MiB", c.lat_bytes);
   }
   if (c.timeout_ms < 0) return invalid_arg("--timeout-ms {}: must be >= 0", c.timeout_ms);
+  if (c.duration_s < 0 || c.duration_s > 3600) {
+    return invalid_arg("-D {}: seconds per size, 0 (off) to 3600", c.duration_s);
+  }
+  if (c.duration_s > 0 && c.iters > 0) {
+    return invalid_arg("-D and --iters both set: -D streams each size for a time, --iters a count");
+  }
+  if (c.all_sizes && c.size > 0) return invalid_arg("-a and -s both set: all sizes or one");
+  if (c.port < 1 || c.port > 65535) return invalid_arg("--port {}: 1-65535", c.port);
+  if (!c.peer_host.empty() && c.np != 0) {
+    return invalid_arg(
+        "HOST {} with --np: a client connects to a server on another host; --np 2 "
+        "forks both ranks here",
+        c.peer_host);
+  }
+  if (!c.peer_host.empty() && c.transport == "shm") {
+    return invalid_arg("HOST {} with --transport shm: shared memory works within one host",
+                       c.peer_host);
+  }
   return config::validate();
 }
 
-int run_p2p(const P2pConfig& c) {
+P2pConfig resolve_sizes(P2pConfig c) {
+  if (c.size > 0) c.min_bytes = c.max_bytes = c.size;
+  if (c.all_sizes) {
+    c.min_bytes = 2;
+    c.max_bytes = 8ull << 20;
+    c.factor = 2;
+  }
+  return c;
+}
+
+int run_p2p(const P2pConfig& given) {
+  const P2pConfig c = resolve_sizes(given);
   P2pReport report(c);
   Status s = validate(c);
   if (!s.ok()) return report.fail(s);
   int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : config::get_int(core_config::kTimeoutMs);
-  if (c.np == 0 && launched_by_launcher()) return run_launched_p2p(c, timeout, &report);
-  return run_forked_p2p(c, timeout, &report);
+  if (c.np == 2) return run_forked_p2p(c, timeout, &report);
+  if (!c.peer_host.empty()) return run_server_client_p2p(c, timeout, &report);
+  if (launched_by_launcher()) return run_launched_p2p(c, timeout, &report);
+  // shm works within one host only: both ranks are forked here. Any other transport waits as
+  // perftest's server for a client from another host.
+  if (c.transport == "shm") return run_forked_p2p(c, timeout, &report);
+  return run_server_client_p2p(c, timeout, &report);
 }
 
 }  // namespace gw::perf

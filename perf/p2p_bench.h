@@ -25,12 +25,25 @@ struct P2pConfig {
   int np = 0;
   std::string json_path;
   int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
+  // perftest's server/client form across hosts (no --np, no launcher, a transport other than
+  // shm): without peer_host this process is the server (hosts the rendezvous on `port`, waits
+  // for a client until the timeout, receives); with it, the client (connects to peer_host:port,
+  // sends, prints and writes the JSON).
+  std::string peer_host;
+  int port = 18515;            // perftest's default port
+  uint64_t size = 0;           // -s: one size (min = max = size); 0: min_bytes..max_bytes
+  bool all_sizes = false;      // -a: 2 B .. 8 MiB, factor 2 (perftest's -a)
+  double duration_s = 0;       // -D: stream each size this long (0: --iters messages)
+  bool report_gbits = false;   // --report_gbits: bandwidth in Gb/s
+  bool bidirectional = false;  // -b: both ranks stream at once; BW is the sum of both ways
 };
 
 // Bandwidth iterations for one size when --iters is not given: clamp(2e9 / size, 20, 1000).
 int p2p_adaptive_iters(uint64_t bytes);
 
 Status validate(const P2pConfig& config);
+// -s and -a applied to min_bytes, max_bytes and factor.
+P2pConfig resolve_sizes(P2pConfig config);
 
 // Returns the exit status (0 ok, 2 error). Under a launcher only rank 0 prints and writes the
 // JSON file; every wait (store, connect, each request) ends at the timeout.

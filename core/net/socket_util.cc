@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "core/sys/fd.h"
 #include "core/sys/time.h"
 
 namespace gw::net {
@@ -75,9 +78,75 @@ int address_rank(const Interface& iface) {
   return is_link_local(iface) ? 2 : 1;
 }
 
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+bool is_loopback_address(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);
+  }
+  return false;
+}
+
+// Container bridges and their veth ends: never the default, as in NCCL.
+bool is_container_link(const Interface& iface) {
+  return iface.name.rfind("docker", 0) == 0 || iface.name.rfind("veth", 0) == 0;
+}
+
 }  // namespace
 
-Result<Interface> select_interface(std::string_view spec, const std::vector<Interface>& all) {
+Result<sockaddr_storage> route_source(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return invalid_arg("route to '{}': the name does not resolve ({})", host, gai_strerror(rc));
+  }
+  Status last = system_error(fmt::format("route to '{}'", host), EHOSTUNREACH);
+  sockaddr_storage out{};
+  bool found = false;
+  for (addrinfo* a = res; a != nullptr && !found; a = a->ai_next) {
+    sys::Fd fd(socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      last = system_error(fmt::format("route to '{}': socket", host), errno);
+      continue;
+    }
+    if (connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      last = system_error(fmt::format("route to '{}': connect", host), errno);
+      continue;
+    }
+    socklen_t len = sizeof(out);
+    if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&out), &len) != 0) {
+      last = system_error(fmt::format("route to '{}': getsockname", host), errno);
+      continue;
+    }
+    found = true;
+  }
+  freeaddrinfo(res);
+  if (!found) return last;
+  if (out.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&out)->sin_port = 0;
+  if (out.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&out)->sin6_port = 0;
+  return out;
+}
+
+Result<Interface> select_interface(std::string_view spec, const std::vector<Interface>& all,
+                                   const sockaddr_storage* route_src) {
   bool exclude = false;
   bool exact = false;
   std::string_view list = spec;
@@ -112,7 +181,21 @@ Result<Interface> select_interface(std::string_view spec, const std::vector<Inte
     if (matches(iface)) candidates.push_back(&iface);
   }
   if (spec.empty()) {
-    // Default: loopback only when nothing else is up.
+    // Default: no container links (unless nothing else is up).
+    if (std::any_of(candidates.begin(), candidates.end(),
+                    [](const Interface* c) { return !is_container_link(*c); })) {
+      std::erase_if(candidates, [](const Interface* c) { return is_container_link(*c); });
+    }
+  }
+  if (route_src != nullptr) {
+    // The interface that routes to the store; loopback only when the store is on loopback.
+    const bool store_on_loopback = is_loopback_address(*route_src);
+    for (const Interface* c : candidates) {
+      if (same_address(c->addr, *route_src) && (!c->loopback || store_on_loopback)) return *c;
+    }
+  }
+  if (spec.empty()) {
+    // Loopback only when nothing else is up.
     bool have_other = false;
     for (const Interface* c : candidates) have_other |= !c->loopback;
     if (have_other) std::erase_if(candidates, [](const Interface* c) { return c->loopback; });

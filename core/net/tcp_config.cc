@@ -6,7 +6,9 @@ using config::Type;
 
 constinit const config::Row kSocketIfname{
     "GW_SOCKET_IFNAME", Type::String, "", "NCCL_SOCKET_IFNAME",
-    "interface(s) for tcp: name prefix list, ^ to exclude, = for exact (NCCL syntax)"};
+    "interface(s) for tcp: name prefix list, ^ to exclude, = for exact (NCCL syntax); empty: the "
+    "one routing to the store's host, never docker*, veth*, or loopback unless the store is "
+    "there"};
 constinit const config::Row kSocketNsocks{
     "GW_SOCKET_NSOCKS", Type::Int, "0", "",
     "TCP sockets striped per connection (1-16; 0 = auto: 4 on links of 25 Gb/s and more, else 1)"};

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -1367,8 +1368,21 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
   cfg.chunk = static_cast<size_t>(chunk);
   GW_RETURN_IF_ERROR(handshake::check_options("tcp", options));
   GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
+  // The interface that routes to the store's host, as NCCL follows the route to its bootstrap
+  // address; without a store (or a route) the first one that is up.
+  std::optional<sockaddr_storage> route;
+  if (!options.route_host.empty()) {
+    auto src = route_source(options.route_host);
+    if (src.ok()) {
+      route = *src;
+    } else {
+      GW_LOG_DEBUG("tcp: no route to the store's host ({}): the first interface that is up",
+                   src.status().to_string());
+    }
+  }
   GW_ASSIGN_OR_RETURN(Interface iface,
-                      select_interface(settings.get_string(net::tcp_config::kSocketIfname), all));
+                      select_interface(settings.get_string(net::tcp_config::kSocketIfname), all,
+                                       route ? &*route : nullptr));
   // Auto: striping pays on links a single TCP stream cannot fill (>= 25 Gb/s). Elsewhere, and
   // over loopback or between ranks of one host, extra sockets only add wake-ups and cold copies
   // (docs/perf.md, "Why the defaults"). NCCL's Socket transport also defaults to one socket per

@@ -154,6 +154,9 @@ struct TransportOptions {
   int socket_nsocks = 0;
   // The configuration the backend reads its rows from; empty: captured when it is made.
   config::Snapshot config;
+  // tcp: with GW_SOCKET_IFNAME unset, the interface is the one the routing table uses to reach
+  // this host (the store's, as NCCL follows the route to its bootstrap address). "": none known.
+  std::string route_host;
 };
 
 class Transport {

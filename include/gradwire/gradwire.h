@@ -6,8 +6,8 @@
  *   where one is involved, the peer rank.
  * - No C++ exception crosses this boundary.
  * - Collective calls (allreduce, broadcast, allgather, reduce_scatter, alltoall, barrier,
- *   iallreduce, comm_split) must be made by every rank of the communicator, in the same order, with matching
- *   count, dtype, op and root. Arguments that disagree are reported as errors, not hangs.
+ *   iallreduce, comm_split) must be made by every rank of the communicator, in the same order, with
+ * matching count, dtype, op and root. Arguments that disagree are reported as errors, not hangs.
  * - Collective calls block the calling thread until the operation completes locally, and at most
  *   GW_TIMEOUT_MS milliseconds (default 300000): a rank that died or stopped calling makes the
  *   others return GW_ERR_PEER or GW_ERR_TIMEOUT.
@@ -99,7 +99,8 @@ typedef struct {
 } gw_config_t;
 
 /* The defaults of every field, with size set: `gw_config_t cfg = GW_CONFIG_INIT;` */
-#define GW_CONFIG_INIT {sizeof(gw_config_t), 0, 0, NULL, NULL, 0, NULL}
+#define GW_CONFIG_INIT \
+  { sizeof(gw_config_t), 0, 0, NULL, NULL, 0, NULL }
 
 /* Sets a setting at the API layer, the highest of the configuration's layers (defaults < the TOML
  * file named by GW_CONFIG_FILE < environment < API; docs/configuration.md). name is the GW_*
@@ -152,6 +153,22 @@ gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_t* newcomm
 /* Rank and size into *out. */
 gw_status_t gw_comm_rank(gw_comm_t comm, int* rank);
 gw_status_t gw_comm_size(gw_comm_t comm, int* size);
+
+/* What comm resolved at creation, as text (the parts of the start-up INFO line). key:
+ *   "transport"              the transport of the links across hosts, or of every link when all
+ *                            ranks share one host: never "auto"; "none" for a world of one,
+ *                            "daemon" in daemon mode
+ *   "transport_within_hosts" the links between ranks of one host (same as "transport" unless
+ *                            the job spans several hosts with several ranks on one)
+ *   "interface"              tcp's interface and address ("eth0:10.0.0.1"), "" otherwise
+ *   "channels", "chunk"      the channels rule and the chunk size
+ *   "allreduce"              the algorithm table's choice by size ("1 KiB-64 KiB rhd, ...")
+ *   "summary"                all of the above in one line
+ * Copies at most len - 1 bytes and a NUL into buf (buf may be NULL when len is 0); *needed (may
+ * be NULL) gets the full length plus one. A key this communicator has no value for (daemon mode
+ * has "transport" and "summary" only) is GW_ERR_INVALID_ARG. Not collective. */
+gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t len,
+                             size_t* needed);
 
 /* ---- Plain collectives: host memory only ----------------------------------------------------
  *

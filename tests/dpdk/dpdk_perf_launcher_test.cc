@@ -76,7 +76,7 @@ PairRun run_pair(const std::string& args, const std::string& env0, const std::st
 }
 
 TEST(PerfLauncher, P2pTcpAsTwoLaunchedRanks) {
-  PairRun r = run_pair("p2p --transport tcp -b 4K -e 64K -f 16 --lat-iters 200", "", "");
+  PairRun r = run_pair("p2p --transport tcp --minbytes 4K -e 64K -f 16 --lat-iters 200", "", "");
   ASSERT_EQ(r.rc0, 0) << r.out0 << r.out1;
   ASSERT_EQ(r.rc1, 0) << r.out1;
   EXPECT_NE(r.out0.find("2 ranks from the launcher (GW_*"), std::string::npos) << r.out0;
@@ -96,7 +96,7 @@ TEST(PerfLauncher, P2pDpdkAsTwoLaunchedRanksEachWithItsOwnPort) {
       "net_memif0,id=0,socket=/gw-perf-launch-" +
       std::to_string(getpid()) + ".sock";
   PairRun r = run_pair(
-      "p2p --transport dpdk -b 4K -e 64K -f 16 --lat-iters 200",
+      "p2p --transport dpdk --minbytes 4K -e 64K -f 16 --lat-iters 200",
       "GW_DPDK_IP=10.68.0.1 GW_DPDK_EAL_ARGS=\"" + eal + ",role=server,mac=02:68:00:00:00:01\"",
       "GW_DPDK_IP=10.68.0.2 GW_DPDK_EAL_ARGS=\"" + eal + ",role=client,mac=02:68:00:00:00:02\"");
   if (r.rc0 != 0 && r.out0.find("rte_eal_init") != std::string::npos) {

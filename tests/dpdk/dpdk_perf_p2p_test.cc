@@ -22,7 +22,7 @@ TEST(DpdkPerfP2p, MemifPairReportsBandwidthAndLatency) {
   const std::string json_path = "/tmp/gw_dpdk_perf_p2p_" + std::to_string(getpid()) + ".json";
   ShellRun r = run_shell(
       "env -u GW_DPDK_EAL_ARGS -u GW_DPDK_IP GW_TIMEOUT_MS=30000 timeout 90 " GW_PERF_BINARY
-      " p2p --transport dpdk -b 8 -e 1M -f 8 -J " +
+      " p2p --transport dpdk --np 2 --minbytes 8 -e 1M -f 8 -J " +
       json_path);
   std::ifstream in(json_path);
   nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);

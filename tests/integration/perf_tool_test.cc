@@ -236,6 +236,28 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   }
   EXPECT_EQ(doc["config"]["ranks"], 3);
   EXPECT_EQ(doc["check_passed"], true);
+  // What was resolved, in the header and the JSON: the transport and its interface, the channels
+  // and the algorithm table's choice by size.
+  EXPECT_EQ(doc["config"]["transport_requested"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["transport"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["interface"], "lo:127.0.0.1") << doc.dump();
+  EXPECT_NE(doc["config"]["channels"].get<std::string>().find("auto"), std::string::npos);
+  EXPECT_FALSE(doc["config"]["allreduce_algorithms"].get<std::string>().empty()) << doc.dump();
+  EXPECT_NE(res.output.find("# transport: tcp on lo:127.0.0.1 (asked: tcp)  channels: auto"),
+            std::string::npos)
+      << res.output;
+  EXPECT_NE(res.output.find("# allreduce algorithm by size: "), std::string::npos) << res.output;
+
+  // auto resolves to a named transport: shared memory between ranks of one host.
+  TempFile auto_out;
+  auto shm = run_perf({"allreduce", "--np", "2", "-b", "1K", "-e", "1K", "--iters", "1", "--warmup",
+                       "0", "--json", auto_out.path()});
+  ASSERT_TRUE(shm.exited && shm.exit_code == 0) << shm.describe();
+  json auto_doc = auto_out.read_json();
+  EXPECT_EQ(auto_doc["config"]["transport_requested"], "auto") << auto_doc.dump();
+  EXPECT_EQ(auto_doc["config"]["transport"], "shm") << auto_doc.dump();
+  EXPECT_EQ(auto_doc["config"]["interface"], "") << auto_doc.dump();
+  EXPECT_NE(shm.output.find("# transport: shm (asked: auto)"), std::string::npos) << shm.output;
 }
 
 // nccl-tests' habits: -c N check iterations, in-place columns, -a, -z, -i, --version.
@@ -387,6 +409,57 @@ TEST(PerfToolTest, CodecAllreduceRunsAsTheLaunchersRanks) {
   EXPECT_LT(std::stod(rows[1][7]), 1572864.0) << results[0].output;
 }
 
+// --codec takes every option of the allreduce sweep or refuses it: --json gets one document with
+// the rows and what was resolved, --algo reaches the communicator (the none row's table says so),
+// --progress prints progress lines, and a refused option or a failed run is an "error" in it.
+TEST(PerfToolTest, CodecAllreduceHonoursJsonAlgoAndProgress) {
+  TempFile out;
+  auto res = run_perf({"allreduce", "--np",       "2",      "--transport", "auto", "-b",
+                       "256K",      "-e",         "1M",     "-f",          "4",    "--iters",
+                       "2",         "--warmup",   "0",      "--codec",     "fp16", "--algo",
+                       "ring",      "--progress", "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  EXPECT_NE(res.output.find("# progress:"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("ring at every size (GW_ALGO)"), std::string::npos) << res.output;
+  json doc = out.read_json();
+  ASSERT_TRUE(doc.is_object()) << res.output;
+  EXPECT_FALSE(doc.contains("error")) << doc.dump();
+  EXPECT_EQ(doc["config"]["algorithm_requested"], "ring") << doc.dump();
+  EXPECT_EQ(doc["config"]["transport_requested"], "auto") << doc.dump();
+  // Forked codec runs take tcp for auto (docs/perf.md); the resolved name is never "auto".
+  EXPECT_EQ(doc["config"]["transport"], "tcp") << doc.dump();
+  EXPECT_EQ(doc["config"]["interface"], "lo:127.0.0.1") << doc.dump();
+  EXPECT_EQ(doc["config"]["ranks"], 2) << doc.dump();
+  EXPECT_NE(doc["config"]["allreduce_algorithms"].get<std::string>().find("ring"),
+            std::string::npos)
+      << doc.dump();
+  ASSERT_EQ(doc["rows"].size(), 6u) << doc.dump();  // (none, fp16, ef-floor) x (256K, 1M)
+  EXPECT_EQ(doc["rows"][1]["codec"], "fp16");
+  EXPECT_EQ(doc["rows"][3]["size_bytes"], 1048576);
+  EXPECT_GT(doc["rows"][1]["time_us"].get<double>(), 0.0);
+  EXPECT_LT(doc["rows"][1]["bytes_sent"].get<double>(), doc["rows"][0]["bytes_sent"].get<double>());
+
+  // A forced algorithm that does not apply stops the ranks, and the document says why.
+  TempFile bad_algo;
+  auto hier = run_perf({"allreduce", "--np", "2", "--transport", "tcp", "-b", "1M", "-e", "1M",
+                        "--codec", "fp16", "--algo", "hier", "--json", bad_algo.path()});
+  EXPECT_TRUE(hier.exited && hier.exit_code == 2) << hier.describe();
+  json err = bad_algo.read_json();
+  ASSERT_TRUE(err.is_object()) << hier.describe();
+  EXPECT_NE(err.value("error", "").find("GW_ALGO"), std::string::npos) << err.dump();
+  // An unknown algorithm and an option without meaning there are refused before any rank starts,
+  // in the JSON too.
+  TempFile refused;
+  auto unknown = run_perf(
+      {"allreduce", "--np", "2", "--codec", "fp16", "--algo", "fastest", "--json", refused.path()});
+  EXPECT_TRUE(unknown.exited && unknown.exit_code == 2) << unknown.describe();
+  EXPECT_NE(unknown.output.find("--algo fastest"), std::string::npos) << unknown.describe();
+  EXPECT_NE(refused.read_json().value("error", "").find("--algo"), std::string::npos);
+  auto dtype = run_perf({"allreduce", "--np", "2", "--codec", "fp16", "-d", "int32"});
+  EXPECT_TRUE(dtype.exited && dtype.exit_code == 2) << dtype.describe();
+  EXPECT_NE(dtype.output.find("float32 sum only"), std::string::npos) << dtype.describe();
+}
+
 TEST(PerfToolTest, DeadRankEndsTheRunWithAnError) {
   TempFile out;
   Env env = clean_env();
@@ -479,8 +552,8 @@ class PerfP2pTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PerfP2pTest, BandwidthAndLatencyTables) {
   TempFile out;
-  auto res = run_perf({"p2p", "--transport", GetParam(), "-b", "1", "-e", "1M", "-f", "32", "-n",
-                       "50", "--lat-iters", "200", "--json", out.path()});
+  auto res = run_perf({"p2p", "--transport", GetParam(), "--np", "2", "--minbytes", "1", "-e", "1M",
+                       "-f", "32", "-n", "50", "--lat-iters", "200", "--json", out.path()});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 6u) << res.output;  // 1 32 1K 32K 1M, then the latency row
@@ -508,6 +581,84 @@ TEST_P(PerfP2pTest, BandwidthAndLatencyTables) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, PerfP2pTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace gw::test
+
+namespace gw::test {
+namespace {
+
+// perftest's form across hosts, here over loopback: `p2p --transport tcp` waits as the server,
+// `p2p --transport tcp HOST` connects, and the client prints and writes the results. The client's
+// -s, -D, --report_gbits and -b reach both sides.
+TEST(PerfP2pServerClient, ClientConnectsToAWaitingServer) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  TempFile out;
+  ProcGroup group;
+  Env env = clean_env();
+  env["GW_TIMEOUT_MS"] = "20000";
+  group.start({GW_PERF_PATH, "p2p", "--transport", "tcp", "--port", std::to_string(port)}, env);
+  ASSERT_TRUE(group.wait_for_output(0, "waiting up to", 20000)) << group.output(0);
+  group.start(
+      {GW_PERF_PATH, "p2p", "--transport", "tcp", "127.0.0.1", "--port", std::to_string(port), "-s",
+       "64K", "-D", "0.2", "--report_gbits", "-b", "--lat-iters", "50", "--json", out.path()},
+      env);
+  auto results = group.wait_all(60000);
+  ASSERT_EQ(results.size(), 2u);
+  const auto& server = results[0];
+  const auto& client = results[1];
+  ASSERT_TRUE(server.exited && server.exit_code == 0) << server.describe();
+  ASSERT_TRUE(client.exited && client.exit_code == 0) << client.describe();
+  EXPECT_NE(server.output.find("p2p server: done"), std::string::npos) << server.output;
+  EXPECT_NE(client.output.find("BW average[Gb/sec]"), std::string::npos) << client.output;
+  EXPECT_NE(client.output.find("bidirectional"), std::string::npos) << client.output;
+  auto rows = data_rows(client.output);
+  ASSERT_EQ(rows.size(), 2u) << client.output;  // one size (-s), then the latency row
+  EXPECT_EQ(rows[0][0], "65536");
+  json doc = out.read_json();
+  ASSERT_TRUE(doc.is_object()) << client.output;
+  ASSERT_EQ(doc["bandwidth"].size(), 1u) << doc.dump();
+  const json& bw = doc["bandwidth"][0];
+  // -D 0.2: the count comes from the warm-up's pace, so the run lasts a fraction of a second.
+  EXPECT_GT(bw["seconds"].get<double>(), 0.01) << doc.dump();
+  EXPECT_LT(bw["seconds"].get<double>(), 5.0) << doc.dump();
+  EXPECT_NEAR(bw["bw_average_Gbps"].get<double>(), bw["bw_average_MBps"].get<double>() * 8 / 1000,
+              1e-6);
+  // Both ways: bytes * iterations * 2 / seconds.
+  EXPECT_NEAR(bw["bw_average_MBps"].get<double>(),
+              65536.0 * bw["iterations"].get<double>() * 2 / bw["seconds"].get<double>() / 1e6,
+              1e-3 * bw["bw_average_MBps"].get<double>());
+  EXPECT_EQ(doc["config"]["bidirectional"], true);
+}
+
+// Every wait has a deadline: a server nobody joins, and a client with no server, end with what
+// to do; -a gives perftest's sizes.
+TEST(PerfP2pServerClient, LonelyServerAndClientEndWithAClearError) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Env env = clean_env();
+  env["GW_TIMEOUT_MS"] = "1500";
+  auto server = run_perf({"p2p", "--transport", "tcp", "--port", std::to_string(port)}, env, 30000);
+  EXPECT_TRUE(server.exited && server.exit_code == 2) << server.describe();
+  EXPECT_NE(server.output.find("no client connected to port " + std::to_string(port)),
+            std::string::npos)
+      << server.output;
+  auto client = run_perf({"p2p", "--transport", "tcp", "127.0.0.1", "--port", std::to_string(port)},
+                         env, 30000);
+  EXPECT_TRUE(client.exited && client.exit_code == 2) << client.describe();
+  EXPECT_NE(client.output.find("no p2p server at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << client.output;
+  auto both = run_perf({"p2p", "--transport", "tcp", "-a", "-s", "1K", "--np", "2"});
+  EXPECT_TRUE(both.exited && both.exit_code == 2) << both.describe();
+  auto all = run_perf({"p2p", "--transport", "shm", "-a", "-n", "20", "--lat-iters", "20"});
+  ASSERT_TRUE(all.exited && all.exit_code == 0) << all.describe();
+  auto rows = data_rows(all.output);
+  ASSERT_EQ(rows.size(), 24u) << all.output;  // 2 B .. 8 MiB doubling, then latency
+  EXPECT_EQ(rows.front()[0], "2");
+  EXPECT_EQ(rows[22][0], "8388608");
+}
 
 }  // namespace
 }  // namespace gw::test

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks tests/testbed/testbed.sh itself: the launcher environment of every rank (-R), the token
 # bucket on both ends of every host's data link (-r), refusal of bad arguments, a correct 2x2
-# allreduce across the shaped link, and that nothing (namespaces, links) is left behind, also
+# allreduce across the shaped link, the default tcp interface (the route to the store), and
+# that nothing (namespaces, links) is left behind, also
 # after a failing rank. Exit 77 (skipped) where the testbed cannot be built (not root).
 # usage: testbed_test.sh TESTBED_SH GRADWIRE_PERF
 set -uo pipefail
@@ -42,4 +43,17 @@ rc=$?
 [ $rc -eq 0 ] || { echo "$out" >&2; fail "2x2 allreduce over the testbed exited $rc"; }
 grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "$out" >&2; fail "allreduce check failed"; }
 [ "$(ip netns list | grep -c '^gwtb')" -eq 0 ] || fail "namespaces left behind: $(ip netns list)"
+# The default tcp interface is the one routing to the store's host (c0 here, although d0 comes
+# first), as NCCL follows the route to its bootstrap address; GW_SOCKET_IFNAME=d0 still wins.
+out=$(bash "$tb" -n 2 -R 1 -t 60 -- \
+  "env -u GW_SOCKET_IFNAME $perf allreduce --transport tcp -b 1K -e 1K -n 1 -w 0" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" >&2; fail "allreduce without GW_SOCKET_IFNAME exited $rc"; }
+grep -q "# transport: tcp on c0:10.79.0.1 " <<<"$out" ||
+  { echo "$out" >&2; fail "default interface is not the route to the store (c0)"; }
+out=$(bash "$tb" -n 2 -R 1 -t 60 -- "$perf allreduce --transport tcp -b 1K -e 1K -n 1 -w 0" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" >&2; fail "allreduce with GW_SOCKET_IFNAME=d0 exited $rc"; }
+grep -q "# transport: tcp on d0:10.77.0.1 " <<<"$out" ||
+  { echo "$out" >&2; fail "GW_SOCKET_IFNAME=d0 did not choose d0"; }
 echo "testbed_test: ok"

@@ -100,6 +100,7 @@ TEST(CapiTest, LibraryExportsOnlyTheCApi) {
                           "gw_last_error",
                           "gw_version",
                           "gw_comm_split",
+                          "gw_comm_describe",
                           "gw_allreduce_compressed",
                           "gw_comm_stats",
                           "gw_comm_reset_stats",
@@ -317,6 +318,26 @@ TEST_F(SingleRankTest, RankAndSize) {
   EXPECT_EQ(s, 1);
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_rank(comm_, nullptr));
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_size(comm_, nullptr));
+}
+
+// gw_comm_describe: the resolved parts of the start-up line; a short buffer gets a truncated,
+// terminated copy and the length it needs; an unknown key names the known ones.
+TEST_F(SingleRankTest, DescribeGivesTheResolvedValues) {
+  char buf[64];
+  size_t needed = 0;
+  EXPECT_GW(GW_OK, gw_comm_describe(comm_, "transport", buf, sizeof(buf), &needed));
+  EXPECT_STREQ(buf, "none");
+  EXPECT_EQ(needed, 5u);
+  EXPECT_GW(GW_OK, gw_comm_describe(comm_, "summary", nullptr, 0, &needed));
+  EXPECT_GT(needed, 10u);
+  char two[3] = {'x', 'x', 'x'};
+  EXPECT_GW(GW_OK, gw_comm_describe(comm_, "summary", two, sizeof(two), nullptr));
+  EXPECT_EQ(std::string(two), "on");  // "one rank: ..." cut to 2 bytes and a NUL
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_describe(comm_, "colour", buf, sizeof(buf), nullptr));
+  EXPECT_NE(last().find("transport"), std::string::npos) << last();
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_describe(comm_, nullptr, buf, sizeof(buf), nullptr));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_describe(comm_, "transport", nullptr, 4, nullptr));
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_describe(nullptr, "transport", buf, sizeof(buf), nullptr));
 }
 
 TEST_F(SingleRankTest, EveryCollective) {
@@ -566,6 +587,23 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   auto fail = [&](const std::string& what) {
     if (out->error.empty()) out->error = what + ": " + gw_last_error();
   };
+  // What was resolved: a transport name, never "auto"; tcp names its interface and address.
+  char what[256];
+  if (gw_comm_describe(comm, "transport", what, sizeof(what), nullptr) != GW_OK) {
+    fail("describe transport");
+  } else if (std::string(what) != (std::string(transport) == "auto" ? "shm" : transport)) {
+    fail(std::string("described transport ") + what + " for " + transport);
+  }
+  if (gw_comm_describe(comm, "interface", what, sizeof(what), nullptr) != GW_OK) {
+    fail("describe interface");
+  } else if (std::string(transport) == "tcp" &&
+             std::string(what).find(":127.0.0.1") == std::string::npos) {
+    fail(std::string("described interface ") + what);
+  }
+  if (gw_comm_describe(comm, "allreduce", what, sizeof(what), nullptr) != GW_OK ||
+      std::string(what).empty()) {
+    fail("describe allreduce");
+  }
   constexpr size_t kCount = 100003;  // odd: uneven ring chunks
   std::vector<float> in(kCount);
   std::vector<float> out_buf(kCount);

@@ -79,6 +79,62 @@ TEST(TcpInterfaceSelection, PrefixExcludeAndExactForms) {
   EXPECT_EQ(pick("^=lo,eth0"), "docker0 172.17.0.1:0");
 }
 
+sockaddr_storage address(const char* ip) { return iface("x", ip).addr; }
+
+std::string pick_routed(std::string_view spec, const char* route_src,
+                        const std::vector<Interface>& all = sample()) {
+  const sockaddr_storage src = address(route_src);
+  Result<Interface> r = select_interface(spec, all, &src);
+  if (!r.ok()) return "error: " + r.status().message();
+  return r->name + " " + format_sockaddr(reinterpret_cast<const sockaddr*>(&r->addr));
+}
+
+// The default follows the route to the store's host, as NCCL does with its bootstrap address:
+// the interface owning the route's source address, even when another one comes first.
+TEST(TcpInterfaceSelection, DefaultIsTheInterfaceRoutingToTheStore) {
+  std::vector<Interface> two = sample();
+  two.push_back(iface("eth2", "192.168.5.7"));
+  EXPECT_EQ(pick_routed("", "192.168.5.7", two), "eth2 192.168.5.7:0");
+  EXPECT_EQ(pick_routed("", "fd00::1", two), "eth0 [fd00::1]:0");
+  // A store on loopback: loopback is the interface.
+  EXPECT_EQ(pick_routed("", "127.0.0.1", two), "lo 127.0.0.1:0");
+  // A route through a container bridge or a down interface is not taken: the first usable one.
+  EXPECT_EQ(pick_routed("", "172.17.0.1", two), "eth0 10.0.0.1:0");
+  EXPECT_EQ(pick_routed("", "10.1.0.1", two), "eth0 10.0.0.1:0");
+  // A source no interface has (a stale route): the first usable one.
+  EXPECT_EQ(pick_routed("", "10.9.9.9", two), "eth0 10.0.0.1:0");
+  // With a spec, the route chooses among the matching interfaces only.
+  EXPECT_EQ(pick_routed("eth", "192.168.5.7", two), "eth2 192.168.5.7:0");
+  EXPECT_EQ(pick_routed("=eth0", "192.168.5.7", two), "eth0 10.0.0.1:0");
+  EXPECT_EQ(pick_routed("^eth2", "192.168.5.7", two), "lo 127.0.0.1:0");
+}
+
+// docker* and veth* are never the default while anything else is up (loopback included).
+TEST(TcpInterfaceSelection, DefaultSkipsContainerLinks) {
+  EXPECT_EQ(pick("", {iface("docker0", "172.17.0.1"), iface("veth12ab", "172.17.0.9"),
+                      iface("lo", "127.0.0.1", true, true), iface("enp3s0", "10.2.0.5")}),
+            "enp3s0 10.2.0.5:0");
+  EXPECT_EQ(pick("", {iface("veth12ab", "172.17.0.9"), iface("lo", "127.0.0.1", true, true)}),
+            "lo 127.0.0.1:0");
+  EXPECT_EQ(pick("", {iface("docker0", "172.17.0.1")}), "docker0 172.17.0.1:0");
+  // Named, they are taken.
+  EXPECT_EQ(pick("veth"),
+            "error: GW_SOCKET_IFNAME 'veth' matches no interface that is up (have: "
+            "lo, eth0, eth0, eth0, eth1(down), docker0, ib0)");
+  EXPECT_EQ(pick("=docker0"), "docker0 172.17.0.1:0");
+}
+
+// route_source asks the kernel's routing table: loopback for loopback, an error for a name that
+// does not resolve.
+TEST(TcpInterfaceSelection, RouteSourceOfLoopbackIsLoopback) {
+  Result<sockaddr_storage> src = route_source("127.0.0.1");
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  EXPECT_EQ(format_sockaddr(reinterpret_cast<const sockaddr*>(&*src)), "127.0.0.1:0");
+  Result<sockaddr_storage> bad = route_source("no-such-host.invalid");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("no-such-host.invalid"), std::string::npos);
+}
+
 TEST(TcpInterfaceSelection, NoMatchIsInvalidArgNamingTheSpec) {
   for (const char* spec : {"=eth", "eth1", "wlan", ",", "^"}) {
     Result<Interface> r = select_interface(spec, sample());
