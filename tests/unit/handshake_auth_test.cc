@@ -117,6 +117,29 @@ TEST_P(HandshakeAuth, AnyRankWhenNoPeerIsExpected) {
   EXPECT_TRUE(accepted);
 }
 
+// A stranger with a wrong token is refused, and the listener still serves the right peer.
+TEST_P(HandshakeAuth, ConnectorWithAWrongTokenIsRefusedAndListenerKeepsListening) {
+  auto receiver = make("tok", 0);
+  auto stranger = make("tok-guess", 1);
+  auto sender = make("tok", 1);
+  ASSERT_TRUE(receiver && stranger && sender);
+  Handle h;
+  auto listener = receiver->listen(&h);
+  ASSERT_TRUE(listener.ok());
+  (*listener)->expect_peer(1);
+  auto bad = stranger->connect(h);
+  ASSERT_TRUE(bad.ok());
+  bool accepted = false;
+  Status s = attempt(**listener, **bad, &accepted);
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_FALSE(accepted);
+  auto good = sender->connect(h);
+  ASSERT_TRUE(good.ok());
+  s = attempt(**listener, **good, &accepted);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(accepted);
+}
+
 // A listener that does not know the token cannot pass itself off as the handle's listener: the
 // connector refuses it before it sends any proof of its own.
 TEST_P(HandshakeAuth, ListenerWithoutTheTokenIsRefusedByTheConnector) {
