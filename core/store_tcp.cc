@@ -44,21 +44,6 @@ struct ServerLimits {
   size_t max_pending_hello = 64;
 };
 
-// Raises this process's descriptor soft limit to the hard one, once: the usual soft limit of
-// 1,024 is a few dozen ranks' worth of store and transport connections.
-void raise_descriptor_limit() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    rlimit rl{};
-    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rlimit raised = rl;
-      raised.rlim_cur = rl.rlim_max;
-      if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
-        GW_LOG_DEBUG("descriptor limit raised from {} to {}", rl.rlim_cur, rl.rlim_max);
-      }
-    }
-  });
-}
 // Extra time a client waits for the server's own "not found" answer to a get.
 constexpr auto kReplyGrace = std::chrono::milliseconds(500);
 
@@ -77,7 +62,7 @@ class TcpStoreServer {
   static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port,
                                                        std::string token, ServerLimits limits,
                                                        int* failed_errno) {
-    raise_descriptor_limit();
+    sys::raise_descriptor_limit();
     int bound = 0;
     GW_ASSIGN_OR_RETURN(Fd listen_fd, store_socket::listen_tcp(host, port, &bound, failed_errno));
     Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));

@@ -1,6 +1,7 @@
 #include "dpdk/engine.h"
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/net/transport.h"
 
 namespace gw::dpdk {
@@ -54,6 +56,25 @@ constexpr int64_t kToleranceMaxNs = 2000000;
 constexpr int64_t kProbeMinNs = 200000;
 // Longest interval between two scans of a connection's window for timed-out packets.
 constexpr int64_t kTimerScanNs = 250000;
+
+namespace hs = net::handshake;
+
+// What a dpdk handshake's proofs cover (core/net/handshake.h): the listener id stands for the
+// handle nonce, the session for the connection id, the connector's connection id for the index.
+hs::Transcript dpdk_transcript(uint32_t listener, uint64_t session, uint32_t connector_conn,
+                               int32_t connector_rank, int32_t listener_rank, const hs::Nonce& cc,
+                               const hs::Nonce& cl) {
+  hs::Transcript t;
+  t.protocol = "dpdk";
+  t.handle_nonce = listener;
+  t.conn_id = session;
+  t.index = connector_conn;
+  t.connector_rank = connector_rank;
+  t.listener_rank = listener_rank;
+  t.connector_challenge = cc;
+  t.listener_challenge = cl;
+  return t;
+}
 
 }  // namespace
 
@@ -109,7 +130,21 @@ struct Engine::Listener {
   uint32_t id = 0;
   std::string token;
   uint32_t token_tag = 0;
+  int32_t rank = -1;           // this side's rank (-1: not checked)
+  int32_t expected_peer = -1;  // the only rank that may connect (-1: any)
   std::deque<uint32_t> ready;
+};
+
+// A handshake the listener answered with its CHALLENGE, waiting for the connector's PROOF.
+struct Engine::Pending {
+  uint32_t listener = 0;
+  Endpoint peer;
+  uint32_t peer_conn = 0;
+  uint64_t session = 0;
+  int32_t rank = -1, listener_rank = -1;
+  net::handshake::Nonce cc{}, cl{};
+  net::handshake::Mac listener_proof{};
+  int64_t deadline_ns = 0;
 };
 
 struct Engine::Conn {
@@ -121,10 +156,17 @@ struct Engine::Conn {
   bool sender = false;
   State state = State::kConnecting;
   uint32_t token_tag = 0;
-  std::string token;  // connector: sent in HELLO
+  std::string token;  // connector: keys its proof (never sent)
   uint32_t listener = 0;
   std::string label;
-  int32_t rank = -1;  // connector: our rank, sent in HELLO's tag field
+  int32_t rank = -1;           // connector: our rank, sent in HELLO's tag field
+  int32_t listener_rank = -1;  // connector: the listener's rank from the handle
+  // Handshake. Connector: its challenge, and once the listener proved the token, its own proof
+  // (PROOF is then retransmitted instead of HELLO). Listener side: the proof it accepted (a
+  // retransmitted PROOF whose HELLO_ACK was lost is answered again).
+  net::handshake::Nonce cc{};
+  bool proved = false;
+  net::handshake::Mac proof{};
   int64_t deadline_ns = 0;
   int64_t last_hello_ns = 0;
   bool refused = false;
@@ -293,21 +335,29 @@ const Engine::Conn* Engine::find(uint32_t id) const {
   return it == conns_.end() ? nullptr : it->second.get();
 }
 
-uint32_t Engine::listen(const std::string& token) {
+uint32_t Engine::listen(const std::string& token, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto l = std::make_unique<Listener>();
   l->id = new_id();
   l->token = token;
   l->token_tag = token_tag(token);
+  l->rank = rank < 0 ? -1 : rank;
   uint32_t id = l->id;
   listeners_[id] = std::move(l);
   return id;
+}
+
+void Engine::expect_peer(uint32_t listener, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = listeners_.find(listener);
+  if (it != listeners_.end()) it->second->expected_peer = rank < 0 ? -1 : rank;
 }
 
 void Engine::close_listener(uint32_t listener) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = listeners_.find(listener);
   if (it == listeners_.end()) return;
+  std::erase_if(pending_, [&](const Pending& p) { return p.listener == listener; });
   // Connections accepted by the handshake but never taken by accept() are closed too.
   for (uint32_t id : it->second->ready) {
     if (Conn* c = find(id)) {
@@ -342,6 +392,11 @@ uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, 
   c->token_tag = token_tag(token);
   c->label = std::move(label);
   c->rank = rank < 0 ? -1 : rank;
+  c->listener_rank = target.listener_rank;
+  if (Status st = hs::fresh_nonce(&c->cc); !st.ok()) {
+    c->error = st;  // connect_poll reports it; no predictable challenge goes out
+    c->state = Conn::State::kDead;
+  }
   rng_state_ = rng_state_ * 6364136223846793005ull + 1442695040888963407ull;
   c->session = rng_state_ ^ (static_cast<uint64_t>(c->id) << 17) ^ 0x9e3779b97f4a7c15ull;
   if (c->session == 0) c->session = 1;
@@ -354,18 +409,29 @@ uint32_t Engine::connect(const ConnectTarget& target, const std::string& token, 
   uint32_t id = c->id;
   Conn& ref = *c;
   conns_[id] = std::move(c);
-  // First HELLO now; progress resends it every hello_interval_ms.
-  GwHeader h;
-  h.type = FrameType::kHello;
-  h.dst_conn = ref.listener;
-  h.src_conn = ref.id;
-  h.session = ref.session;
-  h.token_tag = ref.token_tag;
-  h.tag = ref.rank;
-  send_ctl(ref.peer, h, ref.token.data(), std::min(ref.token.size(), kMaxToken));
-  ref.last_hello_ns = now;
+  // First HELLO now; progress resends it (or, once challenged, the PROOF) every
+  // hello_interval_ms.
+  if (ref.state == Conn::State::kConnecting) send_hello(ref, now);
   flush_tx();
   return id;
+}
+
+void Engine::send_hello(Conn& c, int64_t now) {
+  GwHeader h;
+  h.dst_conn = c.listener;
+  h.src_conn = c.id;
+  h.session = c.session;
+  h.token_tag = c.token_tag;
+  h.tag = c.rank;
+  h.msg = static_cast<uint32_t>(c.listener_rank);
+  if (c.proved) {
+    h.type = FrameType::kProof;
+    send_ctl(c.peer, h, c.proof.data(), c.proof.size());
+  } else {
+    h.type = FrameType::kHello;
+    send_ctl(c.peer, h, c.cc.data(), c.cc.size());
+  }
+  c.last_hello_ns = now;
 }
 
 Result<bool> Engine::connect_poll(uint32_t conn) {
@@ -373,10 +439,7 @@ Result<bool> Engine::connect_poll(uint32_t conn) {
   progress_locked();
   Conn* c = find(conn);
   if (c == nullptr) return invalid_arg("dpdk connect: unknown connection {}", conn);
-  if (c->refused) {
-    return peer_error("dpdk connect to {}: the peer refused the handshake (job token mismatch)",
-                      c->name());
-  }
+  if (c->refused) return hs::refused_error(c->name());
   if (!c->error.ok()) return c->error;
   if (c->state == Conn::State::kOpen) return true;
   if (now_ns() > c->deadline_ns) {
@@ -695,15 +758,7 @@ void Engine::timers(Conn& c) {
   if (c.state == Conn::State::kConnecting) {
     if (c.sender && now - c.last_hello_ns >= config_.hello_interval_ms * 1000000 &&
         now < c.deadline_ns && !c.refused) {
-      GwHeader h;
-      h.type = FrameType::kHello;
-      h.dst_conn = c.listener;
-      h.src_conn = c.id;
-      h.session = c.session;
-      h.token_tag = c.token_tag;
-      h.tag = c.rank;
-      send_ctl(c.peer, h, c.token.data(), std::min(c.token.size(), kMaxToken));
-      c.last_hello_ns = now;
+      send_hello(c, now);
     }
     return;
   }
@@ -1056,6 +1111,10 @@ void Engine::handle_frame(const FrameBuf& b) {
     handle_hello(f);
     return;
   }
+  if (f.hdr.type == FrameType::kProof) {
+    handle_proof(f);
+    return;
+  }
   Conn* c = find(f.hdr.dst_conn);
   if (c == nullptr) {
     if (f.hdr.type == FrameType::kClose) {
@@ -1105,16 +1164,10 @@ void Engine::handle_hello(const Frame& f) {
   h.dst_conn = f.hdr.src_conn;
   h.session = f.hdr.session;
   h.token_tag = f.hdr.token_tag;
-  // A retransmitted HELLO (our HELLO_ACK was lost): answer again with the connection already
-  // made. This must work after the listener is gone too: a Communicator closes its listeners as
-  // soon as it has accepted, and a connector whose only HELLO_ACK was lost would otherwise
-  // retransmit into "no listener" until its deadline (seen in the 4-host netns test).
+  // A late duplicate HELLO of a connection already made: its PROOF follows, nothing to answer.
   for (auto& [id, c] : conns_) {
     if (!c->sender && c->listener == f.hdr.dst_conn && c->peer_id == f.hdr.src_conn &&
-        c->session == f.hdr.session && c->peer == f.src && c->token_tag == f.hdr.token_tag) {
-      h.type = FrameType::kHelloAck;
-      h.src_conn = c->id;
-      send_ctl(f.src, h, nullptr, 0);
+        c->session == f.hdr.session && c->peer == f.src) {
       return;
     }
   }
@@ -1124,12 +1177,132 @@ void Engine::handle_hello(const Frame& f) {
     return;
   }
   Listener& l = *it->second;
-  const std::string token(reinterpret_cast<const char*>(f.payload), f.payload_len);
-  if (token != l.token.substr(0, kMaxToken) || f.hdr.token_tag != l.token_tag) {
+  h.src_conn = l.id;
+  h.type = FrameType::kHelloNak;
+  if (f.hdr.token_tag != l.token_tag) {
     ++stats_.wrong_token;
     ++stats_.hello_refused;
-    h.type = FrameType::kHelloNak;
-    h.src_conn = l.id;
+    send_ctl(f.src, h, nullptr, 0);
+    return;
+  }
+  // The same checks as the tcp and shm listeners: the HELLO is for this listener's rank, and
+  // from the rank it expects.
+  static const char kMagicField[4] = {'G', 'W', 'D', 'P'};
+  const std::string why =
+      hs::refusal(hs::HelloView{kMagicField, l.id, f.hdr.tag, static_cast<int32_t>(f.hdr.msg)},
+                  hs::HelloExpect{"dpdk", "GWDP", l.id, l.rank, l.expected_peer});
+  if (!why.empty()) {
+    ++stats_.wrong_rank;
+    ++stats_.hello_refused;
+    GW_LOG_WARN("dpdk listener {}: refused a handshake from {}:{}: {}", l.id, format_ip(f.src.ip),
+                f.src.port, why);
+    send_ctl(f.src, h, nullptr, 0);
+    return;
+  }
+  const int64_t now = now_ns();
+  std::erase_if(pending_, [&](const Pending& p) {
+    if (p.deadline_ns > now) return false;
+    ++stats_.handshakes_dropped;
+    return true;
+  });
+  hs::Nonce cc;
+  std::memcpy(cc.data(), f.payload, cc.size());
+  Pending* p = nullptr;
+  for (Pending& q : pending_) {
+    if (q.listener == l.id && q.peer == f.src && q.peer_conn == f.hdr.src_conn &&
+        q.session == f.hdr.session) {
+      p = &q;
+      break;
+    }
+  }
+  if (p != nullptr && (p->cc != cc || p->rank != f.hdr.tag ||
+                       p->listener_rank != static_cast<int32_t>(f.hdr.msg))) {
+    // Not a retransmission of the HELLO it answered: forget it and start over.
+    pending_.erase(pending_.begin() + (p - pending_.data()));
+    p = nullptr;
+  }
+  if (p == nullptr) {
+    // At most max_pending_handshakes wait for their PROOF; the oldest goes first.
+    const size_t cap = static_cast<size_t>(std::max(config_.max_pending_handshakes, 1));
+    while (pending_.size() >= cap) {
+      pending_.erase(pending_.begin());
+      ++stats_.handshakes_dropped;
+    }
+    Pending q;
+    q.listener = l.id;
+    q.peer = f.src;
+    q.peer_conn = f.hdr.src_conn;
+    q.session = f.hdr.session;
+    q.rank = f.hdr.tag;
+    q.listener_rank = static_cast<int32_t>(f.hdr.msg);
+    q.cc = cc;
+    if (!hs::fresh_nonce(&q.cl).ok()) return;  // no challenge, no answer: the peer retries
+    q.listener_proof = hs::prove(
+        l.token, hs::Role::kListener,
+        dpdk_transcript(l.id, q.session, q.peer_conn, q.rank, q.listener_rank, q.cc, q.cl));
+    q.deadline_ns = now + std::max<int64_t>(config_.handshake_timeout_ms, 1) * 1000000;
+    pending_.push_back(q);
+    p = &pending_.back();
+  }
+  uint8_t payload[kChallengePayload];
+  std::memcpy(payload, p->cl.data(), p->cl.size());
+  std::memcpy(payload + p->cl.size(), p->listener_proof.data(), p->listener_proof.size());
+  h.type = FrameType::kChallenge;
+  send_ctl(f.src, h, payload, sizeof(payload));
+}
+
+void Engine::handle_proof(const Frame& f) {
+  GwHeader h;
+  h.dst_conn = f.hdr.src_conn;
+  h.session = f.hdr.session;
+  h.token_tag = f.hdr.token_tag;
+  // A retransmitted PROOF (our HELLO_ACK was lost): answer again with the connection already
+  // made. This must work after the listener is gone too: a Communicator closes its listeners as
+  // soon as it has accepted, and a connector whose only HELLO_ACK was lost would otherwise
+  // retransmit into "no listener" until its deadline (seen in the 4-host netns test).
+  for (auto& [id, c] : conns_) {
+    if (!c->sender && c->listener == f.hdr.dst_conn && c->peer_id == f.hdr.src_conn &&
+        c->session == f.hdr.session && c->peer == f.src) {
+      if (CRYPTO_memcmp(c->proof.data(), f.payload, c->proof.size()) == 0) {
+        h.type = FrameType::kHelloAck;
+        h.src_conn = c->id;
+        send_ctl(f.src, h, nullptr, 0);
+      }
+      return;
+    }
+  }
+  auto pit = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) {
+    return p.listener == f.hdr.dst_conn && p.peer == f.src && p.peer_conn == f.hdr.src_conn &&
+           p.session == f.hdr.session;
+  });
+  auto lit = listeners_.find(f.hdr.dst_conn);
+  h.src_conn = f.hdr.dst_conn;
+  h.type = FrameType::kHelloNak;
+  if (pit == pending_.end() || lit == listeners_.end() || pit->deadline_ns <= now_ns()) {
+    // No challenge of ours is waiting for this proof (dropped at the cap or the deadline, or a
+    // replayed PROOF): the connector starts over with a HELLO.
+    if (pit != pending_.end()) {
+      pending_.erase(pit);
+      ++stats_.handshakes_dropped;
+    }
+    ++stats_.unknown_conn;
+    if (lit != listeners_.end()) {
+      h.flags = kFlagRestart;
+      send_ctl(f.src, h, nullptr, 0);
+    }
+    return;
+  }
+  Listener& l = *lit->second;
+  const Pending p = *pit;
+  pending_.erase(pit);
+  if (!hs::verify(
+          l.token, hs::Role::kConnector,
+          dpdk_transcript(l.id, p.session, p.peer_conn, p.rank, p.listener_rank, p.cc, p.cl),
+          f.payload)) {
+    ++stats_.wrong_token;
+    ++stats_.hello_refused;
+    GW_LOG_WARN("dpdk listener {}: refused a handshake from {}:{}: wrong proof of the job token",
+                l.id, format_ip(f.src.ip), f.src.port);
     send_ctl(f.src, h, nullptr, 0);
     return;
   }
@@ -1142,7 +1315,8 @@ void Engine::handle_hello(const Frame& f) {
   c->state = Conn::State::kOpen;
   c->token_tag = l.token_tag;
   c->listener = l.id;
-  if (f.hdr.tag >= 0) c->label = fmt::format("rank {}", f.hdr.tag);
+  std::memcpy(c->proof.data(), f.payload, c->proof.size());
+  if (p.rank >= 0) c->label = fmt::format("rank {}", p.rank);
   c->rto_ns = config_.rto_min_us * 1000;
   c->peer_timeout_ns = config_.peer_timeout_ms * 1000000;
   c->last_rx_ns = c->last_tx_ns = now_ns();
@@ -1164,9 +1338,30 @@ void Engine::handle_conn_frame(Conn& c, const Frame& f) {
       }
       return;
     case FrameType::kHelloNak:
-      if (c.state == Conn::State::kConnecting) {
-        c.refused = true;
-        ++stats_.hello_refused;
+      if (c.state == Conn::State::kConnecting && c.sender) {
+        if (f.hdr.flags & kFlagRestart) {
+          c.proved = false;  // the listener lost our handshake: HELLO again at the next timer
+        } else {
+          c.refused = true;
+          ++stats_.hello_refused;
+        }
+      }
+      return;
+    case FrameType::kChallenge:
+      if (c.state == Conn::State::kConnecting && c.sender && !c.proved) {
+        hs::Nonce cl;
+        std::memcpy(cl.data(), f.payload, cl.size());
+        const hs::Transcript t =
+            dpdk_transcript(c.listener, c.session, c.id, c.rank, c.listener_rank, c.cc, cl);
+        if (!hs::verify(c.token, hs::Role::kListener, t, f.payload + cl.size())) {
+          // Never answer a listener that cannot prove the token.
+          ++stats_.wrong_token;
+          fail_conn(c, hs::listener_unproven_error(c.name()));
+          return;
+        }
+        c.proof = hs::prove(c.token, hs::Role::kConnector, t);
+        c.proved = true;
+        send_hello(c, now);  // the PROOF
       }
       return;
     default:

@@ -33,16 +33,20 @@
 namespace gw::dpdk {
 
 struct EngineConfig {
-  uint32_t ip = 0;                     // this endpoint's IPv4 address (host order)
-  uint16_t udp_port = 47000;           // UDP port of every connection of this engine
-  size_t mtu = 9000;                   // L3 MTU wanted; clamped to the port's
-  int window = 0;                      // packets in flight per connection; 0 = from the BDP
-  int max_window = 1024;               // upper bound of the automatic window
-  double link_gbps = 10;               // for the BDP window
-  int64_t rto_min_us = 1000;           // retransmission timeout floor
-  int64_t heartbeat_ms = 100;          // an idle connection sends an ACK this often
-  int64_t peer_timeout_ms = 10000;     // silence after which a peer is dead (also capped per comm)
-  int64_t hello_interval_ms = 20;      // handshake retransmission
+  uint32_t ip = 0;                  // this endpoint's IPv4 address (host order)
+  uint16_t udp_port = 47000;        // UDP port of every connection of this engine
+  size_t mtu = 9000;                // L3 MTU wanted; clamped to the port's
+  int window = 0;                   // packets in flight per connection; 0 = from the BDP
+  int max_window = 1024;            // upper bound of the automatic window
+  double link_gbps = 10;            // for the BDP window
+  int64_t rto_min_us = 1000;        // retransmission timeout floor
+  int64_t heartbeat_ms = 100;       // an idle connection sends an ACK this often
+  int64_t peer_timeout_ms = 10000;  // silence after which a peer is dead (also capped per comm)
+  int64_t hello_interval_ms = 20;   // handshake retransmission
+  // Listener side: handshakes that sent their CHALLENGE and wait for the connector's PROOF are
+  // capped (the oldest is dropped first) and dropped after this long.
+  int max_pending_handshakes = 64;
+  int64_t handshake_timeout_ms = 10000;
   int max_retx = 64;                   // a packet retransmitted this often kills the connection
   int burst = 32;                      // RX/TX burst size
   bool eager = true;                   // one-frame messages go before their CTS
@@ -65,6 +69,8 @@ struct EngineStats {
   uint64_t not_for_us = 0, unknown_conn = 0, wrong_session = 0, wrong_token = 0;
   uint64_t duplicates = 0, out_of_window = 0, stale_msg = 0, bad_ack = 0;
   uint64_t hello_refused = 0, tx_ring_full = 0, pool_empty = 0;
+  // Handshakes refused for their rank, and pending handshakes dropped (cap or deadline).
+  uint64_t wrong_rank = 0, handshakes_dropped = 0;
   uint64_t injected_drops = 0, injected_dups = 0, injected_holds = 0;
   // Progress loop: passes, passes that received nothing, acks sent because the sender's window
   // looked full (prompt), acks coalesced away.
@@ -93,6 +99,7 @@ struct EngineStats {
 struct ConnectTarget {
   Endpoint ep;
   uint32_t listener_id = 0;
+  int32_t listener_rank = -1;  // the listener's rank (-1: none), covered by the proofs
 };
 
 class Engine {
@@ -109,14 +116,18 @@ class Engine {
   std::string port_name() const;
   EngineStats stats() const;
 
-  // Listener side. Returns the listener id.
-  uint32_t listen(const std::string& token);
+  // Listener side. Returns the listener id. `rank` (-1: none) is this side's rank: a HELLO
+  // that names another listener rank is refused.
+  uint32_t listen(const std::string& token, int rank = -1);
+  // Only a connector stating this rank completes a handshake with `listener` (-1: any).
+  void expect_peer(uint32_t listener, int rank);
   void close_listener(uint32_t listener);
   // A connection that completed the handshake, or 0.
   Result<uint32_t> accept(uint32_t listener);
 
   // Connector side: starts the handshake; connect_poll says when it is done.
-  // `rank` (-1: none) travels in the HELLO so the accepting side can name this peer.
+  // `rank` (-1: none) travels in the HELLO so the accepting side can check and name this peer;
+  // the handshake proves the token both ways (docs/wire-dpdk.md, core/net/handshake.h).
   uint32_t connect(const ConnectTarget& target, const std::string& token, int64_t timeout_ms,
                    std::string label, int rank = -1);
   Result<bool> connect_poll(uint32_t conn);
@@ -152,6 +163,7 @@ class Engine {
   struct RecvReq;
   struct TxPkt;
   struct Listener;
+  struct Pending;
 
   Engine(std::unique_ptr<FramePort> port, const EngineConfig& config);
   size_t progress_locked();  // returns the frames received
@@ -159,6 +171,8 @@ class Engine {
   void handle_frame(const FrameBuf& b);
   Status wait_released_locked(TxRef* ref, int64_t timeout_ms, const std::string& what);
   void handle_hello(const Frame& f);
+  void handle_proof(const Frame& f);
+  void send_hello(Conn& c, int64_t now);
   void handle_conn_frame(Conn& c, const Frame& f);
   void on_ack(Conn& c, const Frame& f);
   void on_reliable(Conn& c, const Frame& f);
@@ -191,6 +205,7 @@ class Engine {
   mutable std::mutex mu_;
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<uint32_t, std::unique_ptr<Listener>> listeners_;
+  std::vector<Pending> pending_;  // listener side: CHALLENGE sent, PROOF awaited (oldest first)
   uint32_t next_id_ = 1;
   uint16_t ip_id_ = 0;
   uint64_t rng_state_ = 0;

@@ -164,6 +164,10 @@ class DpdkListener : public net::Listener {
     return std::unique_ptr<net::RecvComm>(new DpdkRecvComm(engine_, conn, timeout_ms_));
   }
 
+ protected:
+  // The engine runs the handshakes in its progress loop, so it checks the rank itself.
+  void on_expect_peer(int rank) override { engine_->expect_peer(id_, rank); }
+
  private:
   std::shared_ptr<Engine> engine_;
   uint32_t id_;
@@ -205,8 +209,9 @@ class DpdkTransport : public net::Transport {
   const net::Properties& properties() const override { return props_; }
   Result<std::unique_ptr<net::Listener>> listen(net::Handle* handle) override {
     if (handle == nullptr) return invalid_arg("dpdk listen: null handle");
-    uint32_t id = engine_->listen(options_.job_token);
-    encode_handle(ConnectTarget{engine_->local(), id}, handle);
+    uint32_t id = engine_->listen(options_.job_token, options_.rank);
+    encode_handle(ConnectTarget{engine_->local(), id, options_.rank < 0 ? -1 : options_.rank},
+                  handle);
     return std::unique_ptr<net::Listener>(new DpdkListener(engine_, id, options_.timeout_ms));
   }
   Result<std::unique_ptr<net::Connector>> connect(const net::Handle& handle) override {
@@ -238,6 +243,8 @@ void encode_handle(const ConnectTarget& t, net::Handle* handle) {
   std::memcpy(p + 20, &port, 2);
   uint32_t lid = htonl(t.listener_id);
   std::memcpy(p + 24, &lid, 4);
+  uint32_t rank = htonl(static_cast<uint32_t>(t.listener_rank));
+  std::memcpy(p + 28, &rank, 4);
 }
 
 Result<ConnectTarget> decode_handle(const net::Handle& handle) {
@@ -253,6 +260,11 @@ Result<ConnectTarget> decode_handle(const net::Handle& handle) {
   std::memcpy(&ip, p + 16, 4);
   std::memcpy(&port, p + 20, 2);
   std::memcpy(&lid, p + 24, 4);
+  uint32_t rank;
+  std::memcpy(&rank, p + 28, 4);
+  t.listener_rank = static_cast<int32_t>(ntohl(rank));
+  if (t.listener_rank < -1)
+    return invalid_arg("dpdk connect: handle names rank {}", t.listener_rank);
   t.ep.ip = ntohl(ip);
   t.ep.port = ntohs(port);
   t.listener_id = ntohl(lid);

@@ -276,7 +276,11 @@ DecodeError decode_frame_split(const uint8_t* data, size_t head_len, const uint8
   if (h.type == FrameType::kAck && (h.sack_bits > kMaxSackBits || (h.sack_bits + 7u) / 8u > plen)) {
     return DecodeError::kBadPayloadLen;
   }
-  if (h.type == FrameType::kHello && plen > kMaxToken) return DecodeError::kBadPayloadLen;
+  if ((h.type == FrameType::kHello && plen != kHelloPayload) ||
+      (h.type == FrameType::kChallenge && plen != kChallengePayload) ||
+      (h.type == FrameType::kProof && plen != kProofPayload)) {
+    return DecodeError::kBadPayloadLen;
+  }
   if (h.type == FrameType::kData && (h.offset > h.msg_len || plen > h.msg_len - h.offset)) {
     return DecodeError::kBadPayloadLen;
   }

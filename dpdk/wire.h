@@ -15,26 +15,33 @@ namespace gw::dpdk {
 using MacAddr = std::array<uint8_t, 6>;
 
 inline constexpr uint32_t kMagic = 0x47574450;  // "GWDP"
-inline constexpr uint8_t kVersion = 2;          // 2: ts, advertised window, eager, spurious reports
+// 2: ts, advertised window, eager, spurious reports; 3: HMAC challenge-response handshake.
+inline constexpr uint8_t kVersion = 3;
 inline constexpr size_t kEthLen = 14;
 inline constexpr size_t kIpLen = 20;
 inline constexpr size_t kUdpLen = 8;
 inline constexpr size_t kGwLen = 72;
 inline constexpr size_t kHeadersLen = kEthLen + kIpLen + kUdpLen + kGwLen;  // 114
-inline constexpr size_t kMaxToken = 256;                                    // HELLO payload limit
-inline constexpr size_t kMaxSackBits = 2048;  // ACK payload carries at most this many bits
+inline constexpr size_t kMaxToken = 256;                                    // job token limit
+// Handshake payloads (core/net/handshake.h: 32-byte challenges and HMAC-SHA256 proofs).
+inline constexpr size_t kHelloPayload = 32;      // HELLO: the connector's challenge
+inline constexpr size_t kChallengePayload = 64;  // CHALLENGE: listener's challenge + its proof
+inline constexpr size_t kProofPayload = 32;      // PROOF: the connector's proof
+inline constexpr size_t kMaxSackBits = 2048;     // ACK payload carries at most this many bits
 
 enum class FrameType : uint8_t {
-  kHello = 1,     // connector -> listener: token in payload
-  kHelloAck = 2,  // listener -> connector: connection accepted
-  kHelloNak = 3,  // listener -> connector: token refused
-  kData = 4,      // sender -> receiver (reliable): bytes [offset, offset+len) of message `msg`
-  kCts = 5,       // receiver -> sender (reliable): receive `msg` posted, capacity, tag
-  kAck = 6,       // either way: cumulative ack + SACK bitmap; also the heartbeat
-  kClose = 7,     // either way: the connection is gone
-  kMsgErr = 8,    // sender -> receiver (reliable): message `msg` failed (code in `flags`)
+  kHello = 1,      // connector -> listener: its challenge; tag = its rank, msg = listener's rank
+  kHelloAck = 2,   // listener -> connector: connection accepted
+  kHelloNak = 3,   // listener -> connector: refused (proof, rank, or no handshake: kFlagRestart)
+  kData = 4,       // sender -> receiver (reliable): bytes [offset, offset+len) of message `msg`
+  kCts = 5,        // receiver -> sender (reliable): receive `msg` posted, capacity, tag
+  kAck = 6,        // either way: cumulative ack + SACK bitmap; also the heartbeat
+  kClose = 7,      // either way: the connection is gone
+  kMsgErr = 8,     // sender -> receiver (reliable): message `msg` failed (code in `flags`)
+  kChallenge = 9,  // listener -> connector: its challenge and its proof of the token
+  kProof = 10,     // connector -> listener: its proof of the token
 };
-inline constexpr uint8_t kMaxFrameType = 8;
+inline constexpr uint8_t kMaxFrameType = 10;
 
 // Flags (16 bits).
 inline constexpr uint16_t kFlagLast = 1;          // DATA: last fragment of the message
@@ -42,6 +49,7 @@ inline constexpr uint16_t kFlagRetx = 2;          // any reliable frame: a retra
 inline constexpr uint16_t kFlagEager = 4;         // DATA: sent before the receive's CTS
 inline constexpr uint16_t kFlagErrTrunc = 0x100;  // MSG_ERR: send larger than the receive
 inline constexpr uint16_t kFlagErrTag = 0x200;    // MSG_ERR: tag mismatch
+inline constexpr uint16_t kFlagRestart = 0x400;   // HELLO_NAK: no handshake pending, HELLO again
 
 inline bool is_reliable(FrameType t) {
   return t == FrameType::kData || t == FrameType::kCts || t == FrameType::kMsgErr;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan) and runs each for a
-# bounded time on a copy of its checked-in corpus (tests/fuzz/corpus/<target>/).
+# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan; only the fuzz_* binaries
+# and the libraries they link) and runs each for a bounded time on a copy of its checked-in
+# corpus (tests/fuzz/corpus/<target>/), GW_FUZZ_JOBS targets at a time (default 2).
 # usage: scripts/fuzz.sh [seconds per target, default 20] [target ...]
 # A crash leaves its input in build/fuzz/artifacts/; make it a regression seed and a fix.
 set -euo pipefail
@@ -8,29 +9,52 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 secs="${1:-20}"
 shift || true
-all=(store_server_frames store_client_frames tcp_wire shm_handshake plugin_handle codec_spec
-     codec_payload config_toml dpdk_decoder)
+all=(store_server_frames store_client_frames tcp_wire shm_handshake shm_connector shm_ring
+     plugin_handle codec_spec codec_payload config_toml dpdk_decoder daemon_proto)
 targets=("${@:-${all[@]}}")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+jobs="${GW_FUZZ_JOBS:-2}"
 
-cmake --preset fuzz
+t0=$(date +%s)
+cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
+echo "fuzz.sh: built ${#targets[@]} targets in $(( $(date +%s) - t0 )) s"
 
 mkdir -p build/fuzz/artifacts
-status=0
-for t in "${targets[@]}"; do
+# One target: a fresh copy of its corpus, `secs` seconds; the verdict in build/fuzz/<t>.status.
+run_one() {
+  local t="$1" bin work rc=0
   bin=$(find build/fuzz -type f -name "fuzz_$t" -perm -u+x | head -1)
   work=$(mktemp -d)
   [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$work/"
+  "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="build/fuzz/artifacts/$t-" "$work" >"build/fuzz/$t.log" 2>&1 || rc=$?
+  rm -rf "$work"
+  echo "$rc" >"build/fuzz/$t.status"
+}
+
+t1=$(date +%s)
+running=0
+for t in "${targets[@]}"; do
   echo "fuzz.sh: $t for ${secs}s"
-  if ! "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-       -artifact_prefix="build/fuzz/artifacts/$t-" "$work" >"build/fuzz/$t.log" 2>&1; then
+  run_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait || true
+
+status=0
+for t in "${targets[@]}"; do
+  if [ "$(cat "build/fuzz/$t.status" 2>/dev/null || echo 1)" != 0 ]; then
     echo "fuzz.sh: $t FAILED (build/fuzz/$t.log)"
     tail -30 "build/fuzz/$t.log"
     status=1
   else
-    grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" "build/fuzz/$t.log" | tail -1 || true
+    echo "fuzz.sh: $t: $(grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" "build/fuzz/$t.log" | tail -1)"
   fi
-  rm -rf "$work"
 done
+echo "fuzz.sh: ran ${#targets[@]} targets in $(( $(date +%s) - t1 )) s, $jobs at a time"
 exit $status

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
 #include "core/net/tcp_config.h"
 #include "core/sys/fd.h"
@@ -93,7 +95,9 @@ class VerbsListener final : public net::Listener {
         options_(std::move(options)) {}
 
   Result<std::unique_ptr<net::RecvComm>> accept() override {
-    accept_new();
+    // The handshakes already held move first, so a flood of new connections cannot push out one
+    // that has spoken before it was read (with none held, new ones start in this call).
+    if (pending_.empty()) accept_new();
     for (size_t i = 0; i < pending_.size(); ++i) {
       Result<std::unique_ptr<net::RecvComm>> r = advance(pending_[i]);
       if (!pending_[i].fd.valid()) {
@@ -103,6 +107,7 @@ class VerbsListener final : public net::Listener {
       if (!r.ok()) return r.status();
       if (*r != nullptr) return r;
     }
+    accept_new();
     return std::unique_ptr<net::RecvComm>();
   }
 
@@ -120,13 +125,37 @@ class VerbsListener final : public net::Listener {
     std::unique_ptr<QpSet> qps;
   };
 
+  // Up to kAcceptBurst connections per call, with the tcp listener's rules when descriptors run
+  // out or too many handshakes are held (core/net/tcp_transport.cc): a silent handshake makes
+  // way first; with none held, the waiting connection is shed and accepting pauses.
   void accept_new() {
-    while (true) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    if (shedder_.paused(now)) return;
+    for (int burst = 0; burst < net::handshake::kAcceptBurst;) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len,
                        SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;
+      if (fd < 0) {
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EMFILE || err == ENFILE) {
+          ++burst;
+          if (!pending_.empty()) {
+            drop_one_pending("out of file descriptors");
+            continue;
+          }
+          GW_LOG_WARN("verbs accept: out of file descriptors; shedding a connection");
+          shedder_.shed(fd_.get(), now);
+        }
+        return;
+      }
+      ++burst;
+      if (pending_.size() >= net::handshake::kMaxPending) {
+        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
+      }
       Pending p;
       p.fd.reset(fd);
       p.addr = net::format_sockaddr(reinterpret_cast<sockaddr*>(&addr));
@@ -134,6 +163,24 @@ class VerbsListener final : public net::Listener {
       (void)configure(fd);
       pending_.push_back(std::move(p));
     }
+  }
+
+  // Drops one held handshake: the oldest that has not sent a byte, else the oldest.
+  void drop_one_pending(std::string_view why) {
+    auto it = std::find_if(pending_.begin(), pending_.end(),
+                           [](const Pending& p) { return p.phase == Phase::kHello && p.io == 0; });
+    if (it == pending_.end()) it = pending_.begin();
+    uint64_t skipped = 0;
+    if (drop_log_.should_log(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count(),
+                             &skipped)) {
+      GW_LOG_WARN(
+          "verbs accept: {}; dropping the handshake of {} ({} more dropped since the "
+          "last warning)",
+          why, it->addr, skipped);
+    }
+    pending_.erase(it);
   }
 
   void drop(Pending& p, std::string_view why) {
@@ -242,6 +289,8 @@ class VerbsListener final : public net::Listener {
   VerbsConfig config_;
   net::TransportOptions options_;
   std::vector<Pending> pending_;
+  sys::AcceptShedder shedder_;
+  net::handshake::DropLog drop_log_;
 };
 
 class VerbsConnector final : public net::Connector {
@@ -572,6 +621,7 @@ class VerbsTransport final : public net::Transport {
 }  // namespace
 
 Result<std::unique_ptr<net::Transport>> make_verbs_transport(const net::TransportOptions& options) {
+  sys::raise_descriptor_limit();
   if (options.timeout_ms <= 0) {
     return invalid_arg("verbs: timeout_ms must be positive (got {})", options.timeout_ms);
   }

@@ -33,6 +33,36 @@ inline constexpr uint8_t kRefuse = 'R';
 // tcp: the first byte of the listener's challenge (the hello passed the listener's checks).
 inline constexpr uint8_t kChallenge = 'C';
 
+// Handshakes a tcp or shm listener (and the dpdk engine, EngineConfig::max_pending_handshakes)
+// holds before they are authenticated; beyond it the silent ones, then the oldest, are dropped.
+inline constexpr size_t kMaxPending = 64;
+// Connections a listener accepts per accept() call, so the handshakes it holds progress between
+// bursts of a flood.
+inline constexpr int kAcceptBurst = 16;
+
+// A listener's warnings about handshakes it drops under a flood: the first, then at most one a
+// second that counts the ones in between. Thread-compatible (one per listener).
+class DropLog {
+ public:
+  // Whether to log this drop now; *skipped gets the drops left unlogged since the last line.
+  bool should_log(int64_t now_ns, uint64_t* skipped) {
+    if (logged_ && now_ns - last_ns_ < 1000000000) {
+      ++skipped_;
+      return false;
+    }
+    *skipped = skipped_;
+    skipped_ = 0;
+    last_ns_ = now_ns;
+    logged_ = true;
+    return true;
+  }
+
+ private:
+  bool logged_ = false;
+  int64_t last_ns_ = 0;
+  uint64_t skipped_ = 0;
+};
+
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
 using Nonce = std::array<uint8_t, kNonceSize>;

@@ -3,8 +3,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -406,14 +408,8 @@ class ShmListener final : public Listener {
       : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
 
   Result<std::unique_ptr<RecvComm>> accept() override {
-    while (true) {
-      GW_ASSIGN_OR_RETURN(Fd fd, sys::accept_unix(fd_.get()));
-      if (!fd.valid()) break;
-      Pending p;
-      p.fd = std::move(fd);
-      p.deadline_ns = now_ns() + options_.timeout_ms * 1000000;
-      pending_.push_back(std::move(p));
-    }
+    // The handshakes already held move first, so a flood of new connections cannot push out one
+    // that has spoken before it was read.
     const int64_t now = now_ns();
     for (size_t i = 0; i < pending_.size(); ++i) {
       Result<std::unique_ptr<RecvComm>> comm = advance(pending_[i], now);
@@ -423,6 +419,7 @@ class ShmListener final : public Listener {
         --i;
       }
     }
+    accept_new(now);
     return std::unique_ptr<RecvComm>();
   }
 
@@ -435,6 +432,58 @@ class ShmListener final : public Listener {
     handshake::Nonce challenge{};
     int pid = 0;
   };
+
+  // Accepts up to kAcceptBurst connections, with the tcp listener's rules when descriptors run
+  // out or too many handshakes are held (a silent one makes way first; with none held, the
+  // waiting connection is shed and accepting pauses). Never fails the caller.
+  void accept_new(int64_t now) {
+    if (shedder_.paused(now)) return;
+    for (int burst = 0; burst < handshake::kAcceptBurst;) {
+      int fd = ::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EMFILE || err == ENFILE) {
+          ++burst;
+          if (!pending_.empty()) {
+            drop_one_pending("out of file descriptors");
+            continue;
+          }
+          GW_LOG_WARN("shm accept: {}; shedding a connection",
+                      system_error("out of file descriptors", err).message());
+          shedder_.shed(fd_.get(), now);
+          return;
+        }
+        if (err != EAGAIN && err != EWOULDBLOCK) {
+          GW_LOG_WARN("shm accept: {}", system_error("accept", err).message());
+        }
+        return;
+      }
+      ++burst;
+      if (pending_.size() >= handshake::kMaxPending) {
+        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
+      }
+      Pending p;
+      p.fd.reset(fd);
+      p.deadline_ns = now + options_.timeout_ms * 1000000;
+      pending_.push_back(std::move(p));
+    }
+  }
+
+  // Drops one held handshake: the oldest that has not been challenged, else the oldest.
+  void drop_one_pending(std::string_view why) {
+    auto it = std::find_if(pending_.begin(), pending_.end(),
+                           [](const Pending& p) { return !p.challenged; });
+    if (it == pending_.end()) it = pending_.begin();
+    uint64_t skipped = 0;
+    if (drop_log_.should_log(now_ns(), &skipped)) {
+      GW_LOG_WARN(
+          "shm accept: {}; dropping a handshake ({} more dropped since the last "
+          "warning)",
+          why, skipped);
+    }
+    pending_.erase(it);
+  }
 
   void refuse(Pending& p, std::string_view why) {
     GW_LOG_WARN("shm accept: refused a connection: {}", why);
@@ -526,6 +575,12 @@ class ShmListener final : public Listener {
     const Geometry& g = config_.geometry;
     // The segment lives only as this fd and the two mappings: nothing in any filesystem.
     Result<MemfdRegion> region = MemfdRegion::create("gradwire-shm", g.total());
+    if (!region.ok()) {
+      // Out of descriptors (a flood of connections): the shedder's spare makes the segment.
+      shedder_.release_spare();
+      region = MemfdRegion::create("gradwire-shm", g.total());
+      shedder_.take_spare();
+    }
     if (!region.ok()) return region.status().with_context("shm accept: ");
     const int memfd = region->fd();
     Ring ring(std::move(*region), g);
@@ -558,6 +613,8 @@ class ShmListener final : public Listener {
   ShmConfig config_;
   TransportOptions options_;
   std::vector<Pending> pending_;
+  sys::AcceptShedder shedder_;
+  handshake::DropLog drop_log_;
 };
 
 class ShmConnector final : public Connector {
@@ -769,6 +826,7 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& options) {
+  sys::raise_descriptor_limit();
   const config::Snapshot settings =
       options.config.empty() ? config::Snapshot::capture() : options.config;
   int64_t nslots = settings.get_int(net::shm_config::kShmNslots);

@@ -823,7 +823,8 @@ class TcpListener final : public Listener {
       : fd_(std::move(fd)), nonce_(nonce), config_(config), options_(std::move(options)) {}
 
   Result<std::unique_ptr<RecvComm>> accept() override {
-    GW_RETURN_IF_ERROR(accept_new());
+    // The handshakes already held move first, so a flood of new connections cannot push out one
+    // that has spoken before it was read.
     const int64_t now = now_ns();
     for (size_t i = 0; i < pending_.size();) {
       Result<bool> keep = advance(pending_[i], now);
@@ -834,6 +835,7 @@ class TcpListener final : public Listener {
         pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
       }
     }
+    GW_RETURN_IF_ERROR(accept_new(now));
     for (size_t i = 0; i < groups_.size(); ++i) {
       Group& g = groups_[i];
       if (g.count == config_.nsocks) {
@@ -874,16 +876,37 @@ class TcpListener final : public Listener {
     int64_t deadline_ns = 0;
   };
 
-  Status accept_new() {
-    while (true) {
+  // Accepts up to kAcceptBurst connections. Out of descriptors, a held handshake that has not
+  // spoken makes way (else the oldest); with none held, the waiting connection is shed and
+  // accepting pauses (sys::AcceptShedder). A collective never fails for it: the handshakes it
+  // needs finish, or its connector retries until its deadline.
+  Status accept_new(int64_t now) {
+    if (shedder_.paused(now)) return ok_status();
+    for (int burst = 0; burst < handshake::kAcceptBurst;) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len,
                        SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
-        return system_error("tcp accept", errno);
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EAGAIN || err == EWOULDBLOCK) return ok_status();
+        if (err == EMFILE || err == ENFILE) {
+          ++burst;
+          if (!pending_.empty()) {
+            drop_one_pending("out of file descriptors");
+            continue;
+          }
+          GW_LOG_WARN("tcp accept: {}; shedding a connection",
+                      system_error("out of file descriptors", err).message());
+          shedder_.shed(fd_.get(), now);
+          return ok_status();
+        }
+        return system_error("tcp accept", err);
+      }
+      ++burst;
+      if (pending_.size() >= handshake::kMaxPending) {
+        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
       }
       Pending p;
       p.fd.reset(fd);
@@ -897,6 +920,23 @@ class TcpListener final : public Listener {
       }
       pending_.push_back(std::move(p));
     }
+    return ok_status();
+  }
+
+  // Drops one held handshake: the oldest that has not sent a byte, else the oldest.
+  void drop_one_pending(std::string_view why) {
+    auto it = std::find_if(pending_.begin(), pending_.end(), [](const Pending& p) {
+      return p.phase == Phase::kHello && p.done == 0;
+    });
+    if (it == pending_.end()) it = pending_.begin();
+    uint64_t skipped = 0;
+    if (drop_log_.should_log(now_ns(), &skipped)) {
+      GW_LOG_WARN(
+          "tcp accept: {}; dropping the handshake of {} ({} more dropped since the "
+          "last warning)",
+          why, it->addr, skipped);
+    }
+    pending_.erase(it);
   }
 
   // Moves bytes of one handshake message without blocking: true when all `size` bytes are
@@ -1027,6 +1067,8 @@ class TcpListener final : public Listener {
   TransportOptions options_;
   std::vector<Pending> pending_;
   std::vector<Group> groups_;
+  sys::AcceptShedder shedder_;
+  handshake::DropLog drop_log_;
 };
 
 class TcpConnector final : public Connector {
@@ -1336,6 +1378,7 @@ class TcpTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& options) {
+  sys::raise_descriptor_limit();
   const config::Snapshot settings =
       options.config.empty() ? config::Snapshot::capture() : options.config;
   TcpConfig cfg;

@@ -30,12 +30,12 @@
 //   by one thread at a time, except reg_mr/dereg_mr, which may race with isend/irecv/test.
 //   A backend may move bytes on its own helper threads (tcp with GW_SOCKET_NTHREADS > 0); the
 //   points above hold unchanged, and wait_fds then offers a descriptor those threads signal.
-// - Handshakes prove the job token without sending it (tcp, shm, verbs: an HMAC
+// - Handshakes prove the job token without sending it (tcp, shm, verbs, dpdk: an HMAC
 //   challenge-response in both directions, core/net/handshake.h); a peer without the token is
 //   refused (kPeer on the connector side, the accept side drops it and keeps listening), and a
 //   connector refuses a listener that cannot prove the token.
 // - A listener told its expected peer (Listener::expect_peer) refuses a connector stating another
-//   rank and keeps listening (tcp, shm, verbs; dpdk does not check yet).
+//   rank and keeps listening (tcp, shm, verbs, dpdk).
 #pragma once
 
 #include <poll.h>
@@ -114,11 +114,18 @@ class Listener {
  public:
   virtual ~Listener() = default;
   // Only the connector of this rank may connect (-1, the default: any rank). Call before the
-  // handle is handed out. Backends that cannot check it ignore it (dpdk today).
-  void expect_peer(int rank) { expected_peer_ = rank; }
+  // handle is handed out. Every backend checks it (tcp, shm, verbs, dpdk).
+  void expect_peer(int rank) {
+    expected_peer_ = rank;
+    on_expect_peer(rank);
+  }
   int expected_peer() const { return expected_peer_; }
   // Returns nullptr until a peer has connected and completed the handshake.
   virtual Result<std::unique_ptr<RecvComm>> accept() = 0;
+
+ protected:
+  // For a backend whose handshakes run outside accept() (dpdk: in the engine's progress).
+  virtual void on_expect_peer(int rank) {}
 
  private:
   int expected_peer_ = -1;

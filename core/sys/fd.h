@@ -6,6 +6,7 @@
 // from several threads as the kernel allows.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 
 #include "core/status.h"
@@ -40,5 +41,35 @@ class Fd {
 
 // Sets O_NONBLOCK on `fd` (kSystem with errno text on failure).
 Status set_nonblocking(int fd);
+
+// Raises this process's descriptor soft limit (RLIMIT_NOFILE) to the hard one when it is lower:
+// the usual soft limit of 1,024 is a few dozen ranks' worth of store and transport connections.
+// Called whenever a store server or a tcp/shm transport is created. Thread-safe.
+void raise_descriptor_limit();
+
+// What an accepting socket does when accept() fails with EMFILE or ENFILE (out of descriptors):
+// it holds one spare descriptor, and shed() spends it to accept the waiting connection and close
+// it at once (its connector sees a reset and retries until its deadline), then takes the spare
+// back and pauses accepting for `backoff_ms`, so a caller that polls the socket does not spin on
+// a listener that stays readable. Thread-compatible (one owner).
+class AcceptShedder {
+ public:
+  explicit AcceptShedder(int64_t backoff_ms = 100);
+  // Whether accepting is paused at `now_ns` (steady clock) after a shed.
+  bool paused(int64_t now_ns) const { return now_ns < paused_until_ns_; }
+  // Accepts one connection of `listen_fd` with the spare descriptor and closes it; pauses.
+  void shed(int listen_fd, int64_t now_ns);
+  uint64_t shed_count() const { return shed_count_; }
+  // For a descriptor the owner must have now (a connection it already accepted needs one):
+  // gives the spare back to the process; take_spare() reserves it again when it can.
+  void release_spare() { spare_.reset(); }
+  void take_spare();
+
+ private:
+  Fd spare_;
+  int64_t backoff_ns_;
+  int64_t paused_until_ns_ = 0;
+  uint64_t shed_count_ = 0;
+};
 
 }  // namespace gw::sys

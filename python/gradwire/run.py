@@ -6,20 +6,26 @@
 
 Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR, MASTER_PORT) and GW_STORE (a second port beside MASTER_PORT, so gradwire's store and
-torch's own TCPStore do not compete for one port). Every line a rank prints is prefixed with
+torch's own TCPStore do not compete for one port). Unless GW_JOB_TOKEN is already set, every
+rank also gets the same GW_JOB_TOKEN, 128 random bits generated for this job, so the store and
+every connection of the job prove it (docs/security.md); a stranger who reaches the ports cannot
+join. Every line a rank prints is prefixed with
 "[rank]". SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits non-zero
 (or is killed) the others are sent SIGTERM, then SIGKILL after --grace seconds, and gradwire-run
 exits with the first failing rank's status (128 + signal for a signal).
 
 Ranks on hosts other than this one (-H) are started with ssh (BatchMode, the same working
-directory and the variables above on the command line); this needs password-less ssh and the
-same paths on every host, and it is not tested in this repository (one machine).
+directory and the variables above on the command line, except the job token, which the remote
+shell reads from its standard input so that it never shows in a process list); this needs
+password-less ssh and the same paths on every host, and it is not tested in this repository (one
+machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -93,6 +99,9 @@ class Launcher:
         self.lock = threading.Lock()
         self.out_lock = threading.Lock()
         self.stopping = False
+        # The user's token, or one generated for this job (never printed).
+        self.user_token = os.environ.get("GW_JOB_TOKEN", "")
+        self.token = self.user_token or secrets.token_hex(16)
 
     def _env(self, rank: int, lr: int, lws: int, group: int, addr: str, ports: list[int]) -> dict:
         return {
@@ -109,9 +118,12 @@ class Launcher:
             "TORCHELASTIC_RUN_ID": "gradwire-run",
         }
 
-    def _pump(self, rank: int, stream: IO[bytes], out: IO[bytes]) -> None:
+    def _pump(self, rank: int, stream: IO[bytes], out: IO[bytes], remote: bool = False) -> None:
         prefix = b"" if self.args.no_prefix else f"[{rank}] ".encode()
+        secret = self.token.encode() if remote else None
         for line in iter(stream.readline, b""):
+            if secret is not None and line.rstrip(b"\r\n") == secret:
+                continue  # the remote pty echoing the token ssh handed it on stdin
             with self.out_lock:
                 out.write(prefix + line)
                 out.flush()
@@ -127,23 +139,36 @@ class Launcher:
         threads = []
         for host, rank, lr, lws, group in ranks:
             env = self._env(rank, lr, lws, group, addr, ports)
+            stdin_data = None
             if _is_local(host):
                 cmd = list(self.args.command)
                 penv = dict(os.environ, **env)
+                penv["GW_JOB_TOKEN"] = self.token
             else:
                 assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-                remote = f"cd {shlex.quote(os.getcwd())} && env {assigns} " + \
+                # The token on the command line would show in `ps` on the remote host: the
+                # remote shell reads it from stdin instead.
+                remote = "stty -echo 2>/dev/null; IFS= read -r GW_JOB_TOKEN; " \
+                    f"export GW_JOB_TOKEN; cd {shlex.quote(os.getcwd())} && env {assigns} " + \
                     " ".join(shlex.quote(c) for c in self.args.command)
                 cmd = ["ssh", "-o", "BatchMode=yes", "-tt", host, remote]
                 penv = dict(os.environ)
+                stdin_data = (self.token + "\n").encode()
             # Own process group: a terminal's Ctrl-C reaches gradwire-run, which forwards it
             # once, and a rank's children are ended with it.
-            p = subprocess.Popen(cmd, env=penv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+            p = subprocess.Popen(cmd, env=penv,
+                                 stdin=subprocess.PIPE if stdin_data else subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+            if stdin_data is not None:
+                p.stdin.write(stdin_data)
+                p.stdin.close()
             p.gw_rank = rank  # type: ignore[attr-defined]
             self.procs.append(p)
             for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
-                t = threading.Thread(target=self._pump, args=(rank, stream, out), daemon=True)
+                t = threading.Thread(target=self._pump,
+                                     args=(rank, stream, out, stdin_data is not None),
+                                     daemon=True)
                 t.start()
                 threads.append(t)
         self.threads = threads

@@ -467,6 +467,182 @@ struct EnginePair {
   }
 };
 
+// Issue 16, strangers: the dpdk handshake proves the token without sending it, checks the rank
+// the listener expects, and refuses a replayed handshake (as tcp and shm do).
+
+// Polls a connector and a listener until the connector fails, connects, or `ms` pass.
+Status poll_until_done(net::Connector& c, net::Listener& l, std::unique_ptr<SendComm>* s,
+                       std::unique_ptr<RecvComm>* r, int64_t ms = 3000) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(ms)) {
+    auto x = c.poll();
+    if (!x.ok()) return x.status();
+    if (*x) *s = std::move(*x);
+    auto a = l.accept();
+    if (!a.ok()) return a.status();
+    if (*a) *r = std::move(*a);
+    if (*s && *r) return ok_status();
+  }
+  return timeout_error("neither connected nor refused in {} ms", ms);
+}
+
+TEST(DpdkEngine, TheTokenNeverCrossesTheWire) {
+  const std::string token = "a-secret-job-token-0123456789";
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  std::mutex mu;
+  std::vector<std::vector<uint8_t>> frames;
+  p.sw->set_tap([&](const uint8_t* d, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    frames.emplace_back(d, d + n);
+  });
+  TransportOptions o;
+  o.job_token = token;
+  o.timeout_ms = 3000;
+  p.ta = make_engine_transport(p.a, o);
+  p.tb = make_engine_transport(p.b, o);
+  p.connect('b');
+  p.sw->set_tap(nullptr);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_FALSE(frames.empty());
+  for (const auto& f : frames) {
+    EXPECT_EQ(std::search(f.begin(), f.end(), token.begin(), token.end()), f.end())
+        << "a frame of " << f.size() << " bytes carries the job token";
+  }
+}
+
+TEST(DpdkEngine, AListenerRefusesARankItDoesNotExpectAndKeepsListening) {
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  TransportOptions o;
+  o.job_token = "t";
+  o.timeout_ms = 3000;
+  o.rank = 0;
+  auto listening = make_engine_transport(p.a, o);
+  o.rank = 2;
+  auto stranger = make_engine_transport(p.b, o);
+  o.rank = 1;
+  auto expected = make_engine_transport(p.b, o);
+  Handle h;
+  auto l = *listening->listen(&h);
+  l->expect_peer(1);
+  auto c = *stranger->connect(h);
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  Status st = poll_until_done(*c, *l, &s, &r);
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+  EXPECT_EQ(r, nullptr) << "rank 2 was accepted where rank 1 was expected";
+  EXPECT_GT(p.a->stats().wrong_rank, 0u);
+  auto c2 = *expected->connect(h);
+  s.reset();
+  r.reset();
+  st = poll_until_done(*c2, *l, &s, &r);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+}
+
+// A handle read by someone else names rank 0: a connector that states rank 0 as the listener
+// rank of another listener (a stale or foreign handle) is refused too.
+TEST(DpdkEngine, AHandshakeMeantForAnotherRankIsRefused) {
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  TransportOptions o;
+  o.job_token = "t";
+  o.timeout_ms = 3000;
+  o.rank = 3;
+  auto listening = make_engine_transport(p.a, o);
+  o.rank = 1;
+  auto connecting = make_engine_transport(p.b, o);
+  Handle h;
+  auto l = *listening->listen(&h);
+  auto t = decode_handle(h);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->listener_rank, 3);
+  t->listener_rank = 2;  // the connector believes it reaches rank 2
+  encode_handle(*t, &h);
+  auto c = *connecting->connect(h);
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  Status st = poll_until_done(*c, *l, &s, &r);
+  EXPECT_EQ(st.code(), Code::kPeer) << st.to_string();
+  EXPECT_EQ(r, nullptr);
+}
+
+// Someone who captured a whole handshake replays it (under a fresh session, as a new
+// connection): the listener's fresh challenge makes the captured proof worthless.
+TEST(DpdkEngine, AReplayedHandshakeIsRefused) {
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  std::mutex mu;
+  std::vector<std::vector<uint8_t>> sent_by_b;
+  p.sw->set_tap([&](const uint8_t* d, size_t n) {
+    Frame f;
+    if (decode_frame(d, n, false, &f) != DecodeError::kOk || f.src.ip != 0x0a000002) return;
+    if (f.hdr.type == FrameType::kHello || f.hdr.type == FrameType::kProof) {
+      std::lock_guard<std::mutex> lock(mu);
+      sent_by_b.emplace_back(d, d + n);
+    }
+  });
+  p.connect('b');
+  p.sw->set_tap(nullptr);
+  std::vector<std::vector<uint8_t>> captured;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    captured = sent_by_b;
+  }
+  ASSERT_FALSE(captured.empty());
+  const uint64_t refused0 = p.a->stats().hello_refused;
+  // Replayed as is (the same session), and as a new connection (another session).
+  for (uint64_t session_xor : {uint64_t{0}, uint64_t{0x5a5a}}) {
+    for (const auto& raw : captured) {
+      Frame f;
+      ASSERT_EQ(decode_frame(raw.data(), raw.size(), false, &f), DecodeError::kOk);
+      GwHeader h = f.hdr;
+      h.session ^= session_xor;
+      std::vector<uint8_t> buf(raw.size() + 64);
+      const size_t n =
+          encode_frame(buf.data(), buf.size(), f.src, f.dst, h, f.payload, f.payload_len, 7);
+      ASSERT_GT(n, 0u);
+      p.a->inject_rx(buf.data(), n);
+      p.a->progress();
+    }
+    for (int i = 0; i < 50; ++i) {
+      p.a->progress();
+      p.b->progress();
+      auto extra = p.l->accept();
+      ASSERT_TRUE(extra.ok());
+      EXPECT_EQ(*extra, nullptr) << "a replayed handshake was accepted";
+    }
+  }
+  EXPECT_GT(p.a->stats().hello_refused, refused0);
+}
+
+// Idle HELLOs from strangers (each a new pending handshake) are capped: the oldest is dropped,
+// memory stays bounded, and a real connector still gets through.
+TEST(DpdkEngine, PendingHandshakesAreCappedAndARealConnectorGetsThrough) {
+  EngineConfig ca = mem_config(0x0a000001, false, 1);
+  ca.max_pending_handshakes = 8;
+  EnginePair p(ca, mem_config(0x0a000002, false, 2), 3000);
+  Handle h;
+  p.l = *p.ta->listen(&h);
+  auto t = *decode_handle(h);
+  for (uint32_t i = 0; i < 100; ++i) {
+    GwHeader hh;
+    hh.type = FrameType::kHello;
+    hh.dst_conn = t.listener_id;
+    hh.src_conn = 1000 + i;
+    hh.session = 77 + i;
+    hh.token_tag = token_tag("t");
+    hh.tag = -1;
+    hh.msg = static_cast<uint32_t>(-1);
+    uint8_t challenge[kHelloPayload] = {};
+    uint8_t buf[512];
+    const size_t n = encode_frame(buf, sizeof(buf), Endpoint{{2, 0, 0, 0, 0, 9}, 0x0a000009, 47000},
+                                  p.a->local(), hh, challenge, sizeof(challenge), 1);
+    ASSERT_GT(n, 0u);
+    p.a->inject_rx(buf, n);
+  }
+  EXPECT_GE(p.a->stats().handshakes_dropped, 92u);
+  p.c = *p.tb->connect(h);
+  Status st = poll_until_done(*p.c, *p.l, &p.s, &p.r);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+}
+
 // A host that goes silent (no CLOSE: power cut, kill -9) is detected by heartbeat silence.
 TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
   EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 800);

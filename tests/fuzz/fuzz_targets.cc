@@ -10,6 +10,8 @@ std::vector<std::vector<uint8_t>> store_server_seeds();
 std::vector<std::vector<uint8_t>> store_client_seeds();
 std::vector<std::vector<uint8_t>> tcp_seeds();
 std::vector<std::vector<uint8_t>> shm_seeds();
+std::vector<std::vector<uint8_t>> shm_connector_seeds();
+std::vector<std::vector<uint8_t>> shm_ring_seeds();
 std::vector<std::vector<uint8_t>> plugin_handle_seeds();
 std::vector<std::vector<uint8_t>> codec_spec_seeds();
 std::vector<std::vector<uint8_t>> codec_payload_seeds();
@@ -32,6 +34,8 @@ const std::vector<Target>& targets() {
       {"store_client_frames", &store_client_frames, &store_client_seeds},
       {"tcp_wire", &tcp_wire, &tcp_seeds},
       {"shm_handshake", &shm_handshake, &shm_seeds},
+      {"shm_connector", &shm_connector, &shm_connector_seeds},
+      {"shm_ring", &shm_ring, &shm_ring_seeds},
       {"plugin_handle", &plugin_handle, &plugin_handle_seeds},
       {"codec_spec", &codec_spec, &codec_spec_seeds},
       {"codec_payload", &codec_payload, &codec_payload_seeds},

@@ -23,6 +23,10 @@ int store_client_frames(const uint8_t* data, size_t size);
 int tcp_wire(const uint8_t* data, size_t size);
 // shm: the listener fed two handshake packets of any size.
 int shm_handshake(const uint8_t* data, size_t size);
+// shm: the connector fed a fake listener's challenge and answer (and the descriptor it passes).
+int shm_connector(const uint8_t* data, size_t size);
+// shm: a receiver fed the ring's slot headers and control block as its peer writes them.
+int shm_ring(const uint8_t* data, size_t size);
 // NCCL plugin: the 128-byte handle NCCL hands to connect(), decoded by tcp and shm.
 int plugin_handle(const uint8_t* data, size_t size);
 // The codec spec parser (GW_COMPRESS, gw_config_t.compress); parse/format round trip.

@@ -73,7 +73,8 @@ std::vector<uint8_t> mutate(const std::vector<std::vector<uint8_t>>& pool, std::
 }
 
 bool name_uses_sockets(const std::string& name) {
-  return name == "store_server_frames" || name == "tcp_wire" || name == "shm_handshake";
+  return name == "store_server_frames" || name == "tcp_wire" || name == "shm_handshake" ||
+         name == "shm_connector" || name == "shm_ring";
 }
 
 // Mutated inputs per target: the ones that open sockets cost about a millisecond each.
@@ -144,6 +145,13 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("tcp.connector_refused_answer");
   } else if (name == "shm_handshake") {
     reached("shm.challenged");
+  } else if (name == "shm_connector") {
+    reached("shm.connector_challenged");
+    reached("shm.connector_proved");
+    reached("shm.connector_connected");
+  } else if (name == "shm_ring") {
+    reached("shm.ring_published");
+    reached("shm.ring_delivered");
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");

@@ -56,3 +56,52 @@ def test_signals_forwarded():
     out, _ = p.communicate(timeout=30)
     assert out.count("got TERM") == 2, out
     assert p.returncode == 128 + signal.SIGTERM
+
+
+def _env_without_token() -> dict:
+    e = env()
+    e.pop("GW_JOB_TOKEN", None)
+    return e
+
+
+def _tokens(extra: dict | None = None) -> list[str]:
+    e = _env_without_token()
+    e.update(extra or {})
+    show = "import os; print(os.environ.get('GW_JOB_TOKEN', '<none>'))"
+    p = subprocess.run([PYTHON, "-m", "gradwire.run", "-np", "3", "--no-prefix", "--", PYTHON,
+                        "-c", show], cwd=ROOT, env=e, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.split()
+
+
+def test_a_job_token_is_generated_per_job_and_shared_by_its_ranks():
+    first, second = _tokens(), _tokens()
+    assert len(first) == 3 and len(set(first)) == 1, first
+    assert len(first[0]) == 32 and int(first[0], 16) >= 0, first[0]  # 128 bits, hex
+    assert set(second) != set(first), "two jobs got the same token"
+
+
+def test_the_users_job_token_is_kept():
+    assert _tokens({"GW_JOB_TOKEN": "users-own-token"}) == ["users-own-token"] * 3
+
+
+def test_a_job_runs_with_the_generated_token_and_a_stranger_token_is_refused():
+    code = ("import numpy as np, gradwire\n"
+            "c = gradwire.init()\n"
+            "a = np.full(4, c.rank + 1, dtype=np.float32)\n"
+            "c.allreduce(a)\n"
+            "assert (a == 3).all(), a\n"
+            "print('ok', flush=True)\n")
+    e = _env_without_token()
+    p = subprocess.run([PYTHON, "-m", "gradwire.run", "-np", "2", "--", PYTHON, "-c", code],
+                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("ok") == 2
+    # Rank 1 with another token (a stranger who guessed the ports) is refused by rank 0's store.
+    e["GW_TIMEOUT_MS"] = "3000"
+    p = subprocess.run([PYTHON, "-m", "gradwire.run", "-np", "2", "--", "sh", "-c",
+                        'if [ "$RANK" = 1 ]; then GW_JOB_TOKEN=guess; export GW_JOB_TOKEN; fi; '
+                        f'exec {PYTHON} -c "$0"', code],
+                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0, p.stdout
+    assert "ok" not in p.stdout
