@@ -213,20 +213,23 @@ int run_rank(int rank, int np, const std::string& store) {
     struct Refusal {
       const char* call;
       gw_status_t got;
+      std::string msg;  // gw_last_error() read right after this call, before the next one
+    };
+    auto refuse = [](const char* call, gw_status_t got) {
+      return Refusal{call, got, got == GW_OK ? "" : gw_last_error()};
     };
     const Refusal refusals[] = {
-        {"gw_allreduce: argument sendbuf is CUDA device memory",
-         gw_allreduce(comm, dev->get(), dev->get(), 64, GW_FLOAT32, GW_SUM)},
-        {"gw_allreduce: argument recvbuf is CUDA device memory",
-         gw_allreduce(comm, h.data(), dev->get(), 64, GW_FLOAT32, GW_SUM)},
-        {"gw_broadcast: argument buf is CUDA device memory",
-         gw_broadcast(comm, dev->get(), 64, GW_FLOAT32, 0)},
+        refuse("gw_allreduce: argument sendbuf is CUDA device memory",
+               gw_allreduce(comm, dev->get(), dev->get(), 64, GW_FLOAT32, GW_SUM)),
+        refuse("gw_allreduce: argument recvbuf is CUDA device memory",
+               gw_allreduce(comm, h.data(), dev->get(), 64, GW_FLOAT32, GW_SUM)),
+        refuse("gw_broadcast: argument buf is CUDA device memory",
+               gw_broadcast(comm, dev->get(), 64, GW_FLOAT32, 0)),
     };
     for (const auto& r : refusals) {
-      const std::string msg = r.got == GW_OK ? "" : gw_last_error();
-      if (r.got != GW_ERR_UNSUPPORTED || msg.rfind(r.call, 0) != 0) {
+      if (r.got != GW_ERR_UNSUPPORTED || r.msg.rfind(r.call, 0) != 0) {
         std::fprintf(stderr, "rank %d: FAIL device memory not refused as \"%s\": status %d %s\n",
-                     rank, r.call, static_cast<int>(r.got), msg.c_str());
+                     rank, r.call, static_cast<int>(r.got), r.msg.c_str());
         ++failures;
       }
     }
