@@ -37,7 +37,8 @@ run_ctest release
 phase "release tests"
 
 # The Python package and the torch backend against the release libgradwire.so, with Debian's
-# python3 (its torch); a few ranks and short deadlines, so it stays well under a minute.
+# python3 (its torch); a few ranks and short deadlines; with the subset of PyTorch's own
+# distributed_test.py (tests/python/test_torch_suite.py) it takes a few minutes.
 GRADWIRE_LIBRARY="$PWD/build/release/capi/libgradwire.so" GW_TIMEOUT_MS=10000 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 phase "python tests"
