@@ -397,6 +397,12 @@ int highest_open_fd() {
 // message: out of descriptors it drops idle handshakes and sheds, it never fails the call.
 // Before, tcp's and shm's accept() failed with "Too many open files" and the collective died.
 TEST_P(HandshakeAuth, AFloodOfIdleConnectionsOutOfDescriptorsDoesNotStopTheRealPeer) {
+  if (::gw::testing::kSanitized) {
+    // UBSan's vptr check probes memory through a pipe (two descriptors), so in a child that has
+    // none left on purpose it reports every virtual call as an invalid object. The release build
+    // runs this test.
+    GTEST_SKIP() << "needs a process that may run out of descriptors; not under sanitizers";
+  }
   auto receiver = make("tok", 0);
   auto sender = make("tok", 1);
   ASSERT_TRUE(receiver && sender);
