@@ -21,6 +21,7 @@
 #include <string>
 
 #include "tests/plugin/plugin_harness.h"
+#include "tests/support/fake_cuda.h"
 
 using namespace gw::plugin_test;
 
@@ -118,12 +119,14 @@ Error move(NetApi& api, void* sc, void* rc, uint8_t* src, uint8_t* dst, size_t n
 }
 
 int run_gdr(const char* fake_cuda) {
-  void* cuda = dlopen(fake_cuda, RTLD_NOW | RTLD_LOCAL);
-  if (cuda == nullptr) return fail(std::string("dlopen ") + fake_cuda + ": " + dlerror());
-  auto mark =
-      reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(cuda, "gw_fake_cuda_mark"));
-  auto exports = reinterpret_cast<long (*)()>(dlsym(cuda, "gw_fake_cuda_exports"));
-  if (mark == nullptr || exports == nullptr) return fail("the stand-in driver lacks its hooks");
+  const gw::testing::FakeCuda& cuda = gw::testing::fake_cuda(fake_cuda);
+  if (cuda.mark == nullptr || cuda.exports == nullptr) {
+    const char* why = dlerror();
+    return fail(std::string("cannot use the stand-in driver ") + fake_cuda + ": " +
+                (why != nullptr ? why : "it lacks its hooks"));
+  }
+  auto mark = cuda.mark;
+  auto exports = cuda.exports;
   const Loaded& l = plugin();
   if (l.first_init != ncclSuccess) return fail("init failed");
   bool said = false;

@@ -10,27 +10,11 @@
 #include <vector>
 
 #include "gradwire/gradwire.h"
+#include "tests/support/fake_cuda.h"
 
 namespace {
 
-struct FakeDriver {
-  void (*mark)(const void*, size_t, int) = nullptr;
-  void (*clear)() = nullptr;
-  long (*queries)() = nullptr;
-};
-
-FakeDriver& fake() {
-  static FakeDriver f = [] {
-    FakeDriver d;
-    void* lib = dlopen(GW_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return d;
-    d.mark = reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(lib, "gw_fake_cuda_mark"));
-    d.clear = reinterpret_cast<void (*)()>(dlsym(lib, "gw_fake_cuda_clear"));
-    d.queries = reinterpret_cast<long (*)()>(dlsym(lib, "gw_fake_cuda_queries"));
-    return d;
-  }();
-  return f;
-}
+const gw::testing::FakeCuda& fake() { return gw::testing::fake_cuda(GW_FAKE_CUDA_PATH); }
 
 class DeviceMemoryTest : public ::testing::Test {
  protected:

@@ -17,6 +17,7 @@
 #include "core/net/backend_registry.h"
 #include "core/net/transport.h"
 #include "tests/support/test_env.h"
+#include "tests/verbs/verbs_test_util.h"
 #include "verbs/device_select.h"
 #include "verbs/emu/emu_verbs.h"
 #include "verbs/ibv_table.h"
@@ -157,38 +158,9 @@ TEST(VerbsBackend, ReadsItsRowsFromTheOptionsSnapshot) {
       << rejected.status().to_string();
 }
 
-struct Pair {
-  std::unique_ptr<net::Listener> listener;
-  std::unique_ptr<net::SendComm> send;
-  std::unique_ptr<net::RecvComm> recv;
-};
-
-Pair connect_pair(net::Transport& t) {
-  Pair p;
-  net::Handle h;
-  auto l = t.listen(&h);
-  EXPECT_TRUE(l.ok());
-  p.listener = std::move(*l);
-  auto c = t.connect(h);
-  EXPECT_TRUE(c.ok());
-  int64_t end = now_ms() + 10000;
-  while ((!p.send || !p.recv) && now_ms() < end) {
-    if (!p.send) p.send = std::move(*(*c)->poll());
-    if (!p.recv) p.recv = std::move(*p.listener->accept());
-  }
-  return p;
-}
-
-// Polls until the request finishes; its status.
-Status finish(net::Comm* c, net::Request* r) {
-  int64_t end = now_ms() + 10000;
-  while (now_ms() < end) {
-    bool done = false;
-    Status s = c->test(r, &done, nullptr);
-    if (!s.ok() || done) return s;
-  }
-  return timeout_error("request did not finish");
-}
+using test::connect_pair;
+using test::finish;
+using test::Pair;
 
 class VerbsEmuBackend : public ::testing::Test {
  protected:

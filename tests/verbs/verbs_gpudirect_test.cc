@@ -17,66 +17,22 @@
 #include <vector>
 
 #include "core/net/transport.h"
+#include "tests/support/fake_cuda.h"
 #include "tests/support/test_env.h"
+#include "tests/verbs/verbs_test_util.h"
 #include "verbs/emu/emu_verbs.h"
 #include "verbs/verbs_transport.h"
 
 namespace gw::verbs {
 namespace {
 
-using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
-struct FakeDriver {
-  void (*mark)(const void*, size_t, int) = nullptr;
-  void (*clear)() = nullptr;
-  long (*exports)() = nullptr;
-};
+using test::connect_pair;
+using test::finish;
+using test::Pair;
 
-FakeDriver& fake() {
-  static FakeDriver f = [] {
-    FakeDriver d;
-    void* lib = dlopen(GW_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return d;
-    d.mark = reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(lib, "gw_fake_cuda_mark"));
-    d.clear = reinterpret_cast<void (*)()>(dlsym(lib, "gw_fake_cuda_clear"));
-    d.exports = reinterpret_cast<long (*)()>(dlsym(lib, "gw_fake_cuda_exports"));
-    return d;
-  }();
-  return f;
-}
-
-struct Pair {
-  std::unique_ptr<net::Listener> listener;
-  std::unique_ptr<net::SendComm> send;
-  std::unique_ptr<net::RecvComm> recv;
-};
-
-Pair connect_pair(net::Transport& t) {
-  Pair p;
-  net::Handle h;
-  auto l = t.listen(&h);
-  EXPECT_TRUE(l.ok());
-  p.listener = std::move(*l);
-  auto c = t.connect(h);
-  EXPECT_TRUE(c.ok());
-  int64_t end = now_ms() + 10000;
-  while ((!p.send || !p.recv) && now_ms() < end) {
-    if (!p.send) p.send = std::move(*(*c)->poll());
-    if (!p.recv) p.recv = std::move(*p.listener->accept());
-  }
-  return p;
-}
-
-Status finish(net::Comm* c, net::Request* r) {
-  int64_t end = now_ms() + 10000;
-  while (now_ms() < end) {
-    bool done = false;
-    Status s = c->test(r, &done, nullptr);
-    if (!s.ok() || done) return s;
-  }
-  return timeout_error("request did not finish");
-}
+const ::gw::testing::FakeCuda& fake() { return ::gw::testing::fake_cuda(GW_FAKE_CUDA_PATH); }
 
 // Moves `src` into `dst` (same size) through registrations `ms` and `md`.
 void move(Pair& p, std::vector<uint8_t>& src, std::vector<uint8_t>& dst, net::MemRegion* ms,
