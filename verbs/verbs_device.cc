@@ -243,11 +243,7 @@ void VerbsDevice::forget_errors(const std::vector<ibv_qp*>& qps, ibv_cq* cq) {
   object_errors_.erase(cq);
 }
 
-Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t size, int access) {
-  auto a = reinterpret_cast<uintptr_t>(addr);
-  uintptr_t begin = a & ~(kPage - 1);
-  uintptr_t end = (a + size + kPage - 1) & ~(kPage - 1);
-  std::lock_guard<std::mutex> lock(mu_);
+VerbsDevice::Registration* VerbsDevice::reuse_locked(uintptr_t begin, uintptr_t end, int access) {
   // Any registration starting at or before `begin` may cover the range.
   for (auto it = regs_.begin(); it != regs_.end() && it->first <= begin; ++it) {
     Registration* r = it->second.get();
@@ -256,6 +252,15 @@ Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t
       return r;
     }
   }
+  return nullptr;
+}
+
+Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t size, int access) {
+  auto a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t begin = a & ~(kPage - 1);
+  uintptr_t end = (a + size + kPage - 1) & ~(kPage - 1);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Registration* r = reuse_locked(begin, end, access)) return r;
   ibv_mr* mr = ibv_->reg_mr(pd_, reinterpret_cast<void*>(begin), end - begin, access);
   if (mr == nullptr) {
     int err = errno;
@@ -334,13 +339,7 @@ Result<VerbsDevice::Registration*> VerbsDevice::acquire_device(const void* addr,
     // A range inside an existing registration (of either kind) reuses it.
     const auto a = reinterpret_cast<uintptr_t>(addr);
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = regs_.begin(); it != regs_.end() && it->first <= a; ++it) {
-      Registration* r = it->second.get();
-      if (r->end >= a + size && (r->access & access) == access) {
-        ++r->refs;
-        return r;
-      }
-    }
+    if (Registration* r = reuse_locked(a, a + size, access)) return r;
   }
   if (want_dmabuf && gdr.dmabuf) {
     const cuda::Driver* d = cuda::resident_driver();

@@ -82,6 +82,8 @@ class VerbsDevice {
  private:
   VerbsDevice() = default;
   void async_loop();
+  // A registration covering [begin, end) with `access`, its count raised; null when none. mu_ held.
+  Registration* reuse_locked(uintptr_t begin, uintptr_t end, int access);
 
   const IbvTable* ibv_ = nullptr;
   ibv_context* context_ = nullptr;
