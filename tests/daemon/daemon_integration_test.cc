@@ -593,6 +593,20 @@ TEST(DaemonIntegration, AnotherUidIsAcceptedOnlyInTheDaemonsGroup) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // nobody may reach the sockets' directory
+  // The build tree may sit where only root may enter (a fresh clone under `mktemp -d` is 0700):
+  // nobody runs copies of the two programs, with the library beside them.
+  namespace fs = std::filesystem;
+  const std::string trainer = dir.path() + "/daemon_trainer";
+  const std::string gradwirectl = dir.path() + "/gradwirectl";
+  for (auto [from, to] : {std::pair<std::string, std::string>{DAEMON_TRAINER_PATH, trainer},
+                          {GRADWIRECTL_PATH, gradwirectl},
+                          {LIBGRADWIRE_PATH, dir.path() + "/" + LIBGRADWIRE_SONAME}}) {
+    std::error_code ec;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+    ASSERT_FALSE(ec) << from << ": " << ec.message();
+    fs::permissions(to, fs::perms(0755), ec);
+    ASSERT_FALSE(ec) << to << ": " << ec.message();
+  }
   // As nobody: gradwirectl, or a trainer (a world of one), with the given groups.
   auto as_nobody = [&](const std::string& gid, const std::string& groups,
                        std::vector<std::string> args, Env env = clean_env()) {
@@ -622,7 +636,7 @@ TEST(DaemonIntegration, AnotherUidIsAcceptedOnlyInTheDaemonsGroup) {
     EXPECT_EQ(st.st_mode & 0777, 0660u) << path;
     EXPECT_EQ(st.st_gid, 65534u) << path;  // nogroup
   }
-  const std::vector<std::string> ctl = {GRADWIRECTL_PATH, "status", "--socket"};
+  const std::vector<std::string> ctl = {gradwirectl, "status", "--socket"};
   auto with = [](std::vector<std::string> v, const std::string& s) {
     v.push_back(s);
     return v;
@@ -636,8 +650,8 @@ TEST(DaemonIntegration, AnotherUidIsAcceptedOnlyInTheDaemonsGroup) {
   Env tenv = clean_env();
   tenv["GW_DAEMON"] = "unix:" + grouped;
   tenv["GW_DAEMON_ARENA"] = "16M";
-  r = as_nobody("daemon", "nogroup",
-                {DAEMON_TRAINER_PATH, "--rank", "0", "--world", "1", "suite", "10"}, tenv);
+  tenv["LD_LIBRARY_PATH"] = dir.path();
+  r = as_nobody("daemon", "nogroup", {trainer, "--rank", "0", "--world", "1", "suite", "10"}, tenv);
   EXPECT_TRUE(r.exited && r.exit_code == 0) << r.describe();
   // Not in the group: the file's mode refuses it.
   r = as_nobody("daemon", "", with(ctl, grouped));
@@ -649,8 +663,7 @@ TEST(DaemonIntegration, AnotherUidIsAcceptedOnlyInTheDaemonsGroup) {
   EXPECT_EQ(r.exit_code, 1) << r.describe();
   EXPECT_NE(r.output.find("not in group nogroup"), std::string::npos) << r.output;
   ASSERT_EQ(::chmod(grouped.c_str(), 0666), 0);
-  r = as_nobody("daemon", "", {DAEMON_TRAINER_PATH, "--rank", "0", "--world", "1", "suite", "10"},
-                tenv);
+  r = as_nobody("daemon", "", {trainer, "--rank", "0", "--world", "1", "suite", "10"}, tenv);
   EXPECT_NE(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.output.find("not in group nogroup"), std::string::npos) << r.output;
   // Without a group, another uid is refused even in nogroup.
