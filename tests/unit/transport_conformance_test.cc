@@ -2,6 +2,7 @@
 // for every backend by name. A backend this build or host cannot run is skipped with the reason
 // make_transport() gives.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/net/transport.h"
+#include "tests/support/exec_child.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
@@ -157,44 +159,47 @@ Status connect_pair(Transport& a, Transport& b, Pair* out) {
   return ok_status();
 }
 
-// A forked helper process; killed and reaped on destruction, so a failing test leaves nothing.
-class Child {
+// The other end of a cross-process case, in a helper process (tests/support/exec_child.h) that
+// runs ConformanceChild.Run: `role` is connect-stream or connect-sequence (connect to `handle`
+// and send), listen-stream or listen-sequence (write the handle of a new listener to descriptor
+// `handle_fd`, then receive).
+class Child : public ::gw::testing::ExecChild {
  public:
-  explicit Child(const std::function<int()>& body) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int rc = 99;
-      rc = body();
-      _exit(rc);
-    }
-  }
-  ~Child() { kill_now(); }
-  pid_t pid() const { return pid_; }
-  void kill_now() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // The exit code, or -1 when it did not exit normally within `ms` (it is killed then).
-  int wait(int64_t ms = kWaitMs) {
-    int64_t deadline = now_ms() + ms;
-    while (pid_ > 0 && now_ms() < deadline) {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      usleep(1000);
-    }
-    kill_now();
-    return -1;
-  }
+  Child(const std::string& role, const std::string& backend, const Handle* handle,
+        int handle_fd = -1)
+      : ExecChild("ConformanceChild.Run",
+                  {"GW_CONFORMANCE_CHILD=" + role, "GW_CONFORMANCE_BACKEND=" + backend,
+                   "GW_CONFORMANCE_HANDLE=" + hex(handle),
+                   "GW_CONFORMANCE_FD=" + std::to_string(handle_fd)}) {}
+  int wait(int64_t ms = kWaitMs) { return ExecChild::wait(ms); }
 
  private:
-  pid_t pid_ = -1;
+  static std::string hex(const Handle* h) {
+    static const char kDigits[] = "0123456789abcdef";
+    std::string out;
+    if (h != nullptr) {
+      for (uint8_t b : h->bytes) {
+        out += kDigits[b >> 4];
+        out += kDigits[b & 15];
+      }
+    }
+    return out;
+  }
 };
+
+// Reads a handle a child writes to `fd`; false if none came within `ms`.
+bool read_handle(int fd, Handle* h, int64_t ms = kWaitMs) {
+  size_t got = 0;
+  int64_t deadline = now_ms() + ms;
+  while (got < kHandleSize && now_ms() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = read(fd, h->bytes.data() + got, kHandleSize - got);
+    if (n <= 0) return false;
+    got += static_cast<size_t>(n);
+  }
+  return got == kHandleSize;
+}
 
 // A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
 // worker threads per comm over four sockets (so each thread owns two), set through the
@@ -584,27 +589,7 @@ TEST_P(TransportConformance, KilledSenderProcessFailsReceiverWithPeer) {
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child([&]() -> int {
-    auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
-    if (!t.ok()) return 2;
-    Pair p;
-    auto c = (*t)->connect(handle);
-    if (!c.ok()) return 3;
-    std::unique_ptr<SendComm> send;
-    int64_t deadline = now_ms() + kWaitMs;
-    while (send == nullptr && now_ms() < deadline) {
-      auto s = (*c)->poll();
-      if (!s.ok()) return 4;
-      send = std::move(*s);
-    }
-    if (send == nullptr) return 5;
-    std::vector<uint8_t> buf(size, 9);
-    while (now_ms() < deadline) {  // stream until killed (bounded in case the parent is gone)
-      Op op = post_send(send.get(), buf.data(), size, 0);
-      if (op.req == nullptr || !run_ops({&op}) || !op.status.ok()) return 6;
-    }
-    return 0;
-  });
+  Child child("connect-stream", backend, &handle);
   std::unique_ptr<RecvComm> recv;
   int64_t deadline = now_ms() + kWaitMs;
   while (recv == nullptr && now_ms() < deadline) {
@@ -656,34 +641,10 @@ TEST_P(TransportConformance, KilledReceiverProcessFailsSenderWithPeer) {
   ASSERT_EQ(pipe(fds), 0);
   const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child([&]() -> int {
-    close(fds[0]);
-    auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
-    if (!t.ok()) return 2;
-    Handle handle;
-    auto l = (*t)->listen(&handle);
-    if (!l.ok()) return 3;
-    if (write(fds[1], handle.bytes.data(), kHandleSize) != static_cast<ssize_t>(kHandleSize)) {
-      return 4;
-    }
-    std::unique_ptr<RecvComm> recv;
-    int64_t deadline = now_ms() + kWaitMs;
-    while (recv == nullptr && now_ms() < deadline) {
-      auto r = (*l)->accept();
-      if (!r.ok()) return 5;
-      recv = std::move(*r);
-    }
-    if (recv == nullptr) return 6;
-    std::vector<uint8_t> buf(size);
-    while (now_ms() < deadline) {
-      Op op = post_recv(recv.get(), buf.data(), size, 0);
-      if (op.req == nullptr || !run_ops({&op}) || !op.status.ok()) return 7;
-    }
-    return 0;
-  });
+  Child child("listen-stream", backend, nullptr, fds[1]);
   close(fds[1]);
   Handle handle;
-  ASSERT_EQ(read(fds[0], handle.bytes.data(), kHandleSize), static_cast<ssize_t>(kHandleSize));
+  ASSERT_TRUE(read_handle(fds[0], &handle)) << "the child gave no handle";
   close(fds[0]);
   auto connector = transport_->connect(handle);
   ASSERT_TRUE(connector.ok()) << connector.status().to_string();
@@ -844,27 +805,78 @@ int recv_sequence(RecvComm* recv) {
   return done == sizes.size() ? 0 : 24;
 }
 
-TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildSends) {
-  SKIP_IF_ONE_PROCESS_ONLY();
-  Handle handle;
-  auto listener = transport_->listen(&handle);
-  ASSERT_TRUE(listener.ok());
-  const std::string backend = TransportConformance::backend();
-  Child child([&]() -> int {
-    auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
-    if (!t.ok()) return 2;
+// The child's side of a cross-process case (see Child): returns its exit code, 0 when its part
+// went as planned. Streaming roles move 16 MiB messages until the parent kills them (bounded in
+// case the parent is gone).
+int run_child(const std::string& role, const std::string& backend, const std::string& hex, int fd) {
+  auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
+  if (!t.ok()) return 2;
+  const size_t size = size_t{16} << 20;
+  int64_t deadline = now_ms() + kWaitMs;
+  if (role == "connect-stream" || role == "connect-sequence") {
+    Handle handle;
+    if (hex.size() != 2 * kHandleSize) return 3;
+    for (size_t i = 0; i < kHandleSize; ++i) {
+      handle.bytes[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    }
     auto c = (*t)->connect(handle);
     if (!c.ok()) return 3;
     std::unique_ptr<SendComm> send;
-    int64_t deadline = now_ms() + kWaitMs;
     while (send == nullptr && now_ms() < deadline) {
       auto s = (*c)->poll();
       if (!s.ok()) return 4;
       send = std::move(*s);
     }
     if (send == nullptr) return 5;
-    return send_sequence(send.get());
-  });
+    if (role == "connect-sequence") return send_sequence(send.get());
+    std::vector<uint8_t> buf(size, 9);
+    while (now_ms() < deadline) {
+      Op op = post_send(send.get(), buf.data(), size, 0);
+      if (op.req == nullptr || !run_ops({&op}) || !op.status.ok()) return 6;
+    }
+    return 0;
+  }
+  if (role == "listen-stream" || role == "listen-sequence") {
+    Handle handle;
+    auto l = (*t)->listen(&handle);
+    if (!l.ok()) return 3;
+    if (write(fd, handle.bytes.data(), kHandleSize) != static_cast<ssize_t>(kHandleSize)) {
+      return 4;
+    }
+    close(fd);
+    std::unique_ptr<RecvComm> recv;
+    while (recv == nullptr && now_ms() < deadline) {
+      auto r = (*l)->accept();
+      if (!r.ok()) return 5;
+      recv = std::move(*r);
+    }
+    if (recv == nullptr) return 6;
+    if (role == "listen-sequence") return recv_sequence(recv.get());
+    std::vector<uint8_t> buf(size);
+    while (now_ms() < deadline) {
+      Op op = post_recv(recv.get(), buf.data(), size, 0);
+      if (op.req == nullptr || !run_ops({&op}) || !op.status.ok()) return 7;
+    }
+    return 0;
+  }
+  return 98;
+}
+
+// ConformanceChild.Run exists only in a process Child started.
+const bool kChildRegistered = ::gw::testing::register_child_case("ConformanceChild", "Run", [] {
+  using ::gw::testing::env_or_empty;
+  return run_child(env_or_empty("GW_CONFORMANCE_CHILD"), env_or_empty("GW_CONFORMANCE_BACKEND"),
+                   env_or_empty("GW_CONFORMANCE_HANDLE"),
+                   atoi(env_or_empty("GW_CONFORMANCE_FD").c_str()));
+});
+
+TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildSends) {
+  SKIP_IF_ONE_PROCESS_ONLY();
+  Handle handle;
+  auto listener = transport_->listen(&handle);
+  ASSERT_TRUE(listener.ok());
+  const std::string backend = TransportConformance::backend();
+  Child child("connect-sequence", backend, &handle);
   std::unique_ptr<RecvComm> recv;
   int64_t deadline = now_ms() + kWaitMs;
   while (recv == nullptr && now_ms() < deadline) {
@@ -883,29 +895,10 @@ TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildReceives) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const std::string backend = TransportConformance::backend();
-  Child child([&]() -> int {
-    close(fds[0]);
-    auto t = make_transport(backend, make_options("conformance-token", 10000, 1));
-    if (!t.ok()) return 2;
-    Handle mine;
-    auto l = (*t)->listen(&mine);
-    if (!l.ok()) return 3;
-    if (write(fds[1], mine.bytes.data(), kHandleSize) != static_cast<ssize_t>(kHandleSize)) {
-      return 4;
-    }
-    std::unique_ptr<RecvComm> recv;
-    int64_t deadline = now_ms() + kWaitMs;
-    while (recv == nullptr && now_ms() < deadline) {
-      auto r = (*l)->accept();
-      if (!r.ok()) return 5;
-      recv = std::move(*r);
-    }
-    if (recv == nullptr) return 6;
-    return recv_sequence(recv.get());
-  });
+  Child child("listen-sequence", backend, nullptr, fds[1]);
   close(fds[1]);
   Handle theirs;
-  ASSERT_EQ(read(fds[0], theirs.bytes.data(), kHandleSize), static_cast<ssize_t>(kHandleSize));
+  ASSERT_TRUE(read_handle(fds[0], &theirs)) << "the child gave no handle";
   close(fds[0]);
   auto connector = transport_->connect(theirs);
   ASSERT_TRUE(connector.ok());

@@ -1,6 +1,7 @@
 // The verbs emulator fails where hardware fails: each test drives raw verbs through the table
 // (as the backend does) on two RC QPs of this process's emulated NIC and asserts one failure.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/exec_child.h"
 #include "verbs/emu/emu_verbs.h"
 
 namespace gw::verbs::emu {
@@ -353,7 +355,9 @@ TEST_F(EmuTest, UnsignaledWorkHoldsSendQueueSlotsUntilASignaledCompletion) {
     int flags = IBV_SEND_INLINE | (i % 4 == 3 ? IBV_SEND_SIGNALED : 0);
     int rc = write(a_, &b, 1, 0, raddr, md->rkey, false, flags);
     ASSERT_EQ(rc, 0) << i;
-    if (i % 4 == 3) ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+    if (i % 4 == 3) {
+      ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+    }
   }
 }
 
@@ -367,36 +371,45 @@ TEST_F(EmuTest, DeadPeerEndsInRetryExceededAfterTimeoutTimesRetries) {
   EXPECT_GE(now_ms() - t0, 3);  // (1 + 3 retries) x 1.05 ms
 }
 
+// EmuChild.HoldQp, in a helper process: opens the emulated device, creates a QP, writes its
+// number and LID to descriptor GW_EMU_CHILD_FD and waits to be killed.
+const bool kHoldQpRegistered = ::gw::testing::register_child_case("EmuChild", "HoldQp", [] {
+  const int fd = atoi(::gw::testing::env_or_empty("GW_EMU_CHILD_FD").c_str());
+  const IbvTable* t = emu_table();
+  int n = 0;
+  ibv_device** list = t->get_device_list(&n);
+  if (list == nullptr || n < 1) return 2;
+  ibv_context* ctx = t->open_device(list[0]);
+  ibv_pd* pd = t->alloc_pd(ctx);
+  ibv_cq* cq = t->create_cq(ctx, 8, nullptr, nullptr, 0);
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+  ibv_qp* q = t->create_qp(pd, &a);
+  if (q == nullptr) return 3;
+  ibv_port_attr pa{};
+  t->query_port(ctx, 1, &pa);
+  uint32_t info[2] = {q->qp_num, pa.lid};
+  if (::write(fd, info, sizeof(info)) != static_cast<ssize_t>(sizeof(info))) return 4;
+  sleep(60);  // until killed (bounded in case the parent is gone)
+  return 0;
+});
+
 TEST_F(EmuTest, PeerProcessGoneEndsInRetryExceeded) {
-  // The responder QP lives in a child process that is killed before the write.
+  // The responder QP lives in a helper process that is killed before the write.
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   a_ = make_qp(cq_a_);
   ASSERT_EQ(to_init(a_), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    const IbvTable* t = emu_table();
-    int n = 0;
-    ibv_device** list = t->get_device_list(&n);
-    ibv_context* ctx = t->open_device(list[0]);
-    ibv_pd* pd = t->alloc_pd(ctx);
-    ibv_cq* cq = t->create_cq(ctx, 8, nullptr, nullptr, 0);
-    ibv_qp_init_attr a{};
-    a.send_cq = a.recv_cq = cq;
-    a.qp_type = IBV_QPT_RC;
-    a.cap.max_send_wr = a.cap.max_recv_wr = 4;
-    ibv_qp* q = t->create_qp(pd, &a);
-    ibv_port_attr pa{};
-    t->query_port(ctx, 1, &pa);
-    uint32_t info[2] = {q->qp_num, pa.lid};
-    (void)!::write(fds[1], info, sizeof(info));
-    pause();
-    _exit(0);
-  }
+  ::gw::testing::ExecChild child("EmuChild.HoldQp", {"GW_EMU_CHILD_FD=" + std::to_string(fds[1])});
+  close(fds[1]);
   uint32_t info[2];
+  pollfd p{fds[0], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 20000), 1) << "the helper process gave no QP within 20 s";
   ASSERT_EQ(read(fds[0], info, sizeof(info)), static_cast<ssize_t>(sizeof(info)));
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  close(fds[0]);
+  child.kill_now();
   ibv_port_attr pa{};
   ibv_gid gid{};
   t_->query_port(ctx_, 1, &pa);
