@@ -137,7 +137,10 @@ class Launcher:
         ports = [self.args.master_port, self.args.master_port + 1] if self.args.master_port \
             else _free_ports(2)
         threads = []
+        self.threads = threads
         for host, rank, lr, lws, group in ranks:
+            if self.failed is not None:
+                break  # a signal arrived while starting: the ranks started so far got it
             env = self._env(rank, lr, lws, group, addr, ports)
             stdin_data = None
             if _is_local(host):
@@ -171,7 +174,6 @@ class Launcher:
                                      daemon=True)
                 t.start()
                 threads.append(t)
-        self.threads = threads
 
     def signal_all(self, sig: int) -> None:
         for p in self.procs:
@@ -239,20 +241,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("no program given (gradwire-run -np N -- program args)")
     if args.np < 1:
         ap.error(f"-np {args.np}: need at least one rank")
-    try:
-        launcher = Launcher(args)
-        launcher.start()
-    except (ValueError, OSError) as e:
-        sys.stderr.write(f"gradwire-run: {e}\n")
-        return 2
+    launcher = Launcher(args)
 
     def forward(sig: int, _frame: object) -> None:
         launcher.signal_all(sig)
         if launcher.failed is None:
             launcher.failed = (-1, -sig)
 
+    # Before any rank starts: a signal that comes as soon as a rank has spoken is forwarded, not
+    # the end of gradwire-run with its ranks left running.
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, forward)
+    try:
+        launcher.start()
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"gradwire-run: {e}\n")
+        launcher.signal_all(signal.SIGKILL)
+        return 2
     return launcher.wait()
 
 
