@@ -10,9 +10,11 @@
 #   throttle      host 1's link shaped to 1 Mbit/s mid-collective: every rank fails in time
 #   store-killed  rank 0 (the store's host) killed mid-job: every other rank fails in time
 #   setup-killed  rank 3 killed while the ranks connect: every other rank fails in time
-# Not here: 1% loss on the DPDK path while a host dies, which needs netem or tc's gact action
-# (neither is in this kernel: `tc filter add dev X egress protocol all u32 match u32 0 0 action
-# gact ok random netrand drop 100` fails with "Failed to load TC action module").
+# Not here: 1% loss on the DPDK path while a host dies. This kernel has neither netem nor tc's
+# gact action (`tc filter add dev X egress protocol all u32 match u32 0 0 action gact ok random
+# netrand drop 100` fails with "Failed to load TC action module"), so that case drops 1% of every
+# host's frames in the DPDK engine itself (GW_DPDK_INJECT_LOSS) and lives in
+# tests/dpdk/dpdk_netns_test.cc (HostKilledMidRunUnderOnePercentLoss...).
 # Exit 77 (skipped) where the testbed cannot be built (not root).
 # usage: chaos_test.sh TESTBED_SH GRADWIRE_PERF [CASE...]
 set -u

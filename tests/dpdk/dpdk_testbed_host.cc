@@ -3,6 +3,7 @@
 //              receive, truncation, tag mismatch, wrong token, close -> kPeer)
 //   allreduce  N hosts: Communicator over "dpdk", sizes 0 B .. argv[2] bytes, results checked
 //   kill       N hosts: the last host SIGKILLs itself mid-run; the others must fail in time
+//              (results checked until then)
 //   bench      2 hosts: latency and bandwidth of tcp then dpdk over the same veth, in one run
 //   allreduce-bench  N hosts: allreduce median time per size, tcp then dpdk, in one run
 //   zc-bench   no testbed: one process, loopback net_ring; cost per data frame with zero-copy TX
@@ -320,7 +321,10 @@ void run_allreduce(std::shared_ptr<Store> store, int host, int n, size_t max_byt
 
 void run_kill(std::shared_ptr<Store> store, int host, int n) {
   auto comm = make_comm(store, host, n);
-  std::vector<float> x(1 << 20);
+  // Every rank starts at host + 1 and sums in place: after k allreduces every element holds
+  // n(n+1)/2 * n^(k-1), exact in float for the few iterations before the death.
+  std::vector<float> x(1 << 20, float(host + 1));
+  float want = float(n * (n + 1) / 2);
   const int64_t timeout_ms = config::get_int(core_config::kTimeoutMs);
   for (int it = 0;; ++it) {
     if (host == n - 1 && it == 3) {
@@ -339,6 +343,10 @@ void run_kill(std::shared_ptr<Store> store, int host, int n) {
       std::printf("KILL-OK\n");
       return;
     }
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i] != want) fail("allreduce " + std::to_string(it) + " wrong at " + std::to_string(i));
+    }
+    want *= float(n);
     if (it > 1000) fail("allreduce kept succeeding without the dead host");
   }
 }
