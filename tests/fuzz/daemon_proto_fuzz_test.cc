@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include "tests/fuzz/corpus_io.h"
+
 namespace gw::daemon::fuzz {
 namespace {
 
@@ -16,6 +18,16 @@ TEST(DaemonProtoFuzz, SeedsAreAcceptedUnchanged) {
   const Counts after = counts();
   EXPECT_GT(after.accepted, before.accepted);
   EXPECT_EQ(after.refused, before.refused) << "a valid seed was refused";
+}
+
+// scripts/fuzz.sh starts libFuzzer from the checked-in corpus: the seeds above, encoded once.
+TEST(DaemonProtoFuzz, CheckedInCorpusIsAcceptedUnchanged) {
+  ::gw::fuzz::maybe_write_seeds("daemon_proto", seeds());
+  const auto corpus = ::gw::fuzz::read_corpus("daemon_proto");
+  ASSERT_GE(corpus.size(), seeds().size()) << "tests/fuzz/corpus/daemon_proto is missing seeds";
+  const Counts before = counts();
+  for (const auto& s : corpus) ASSERT_EQ(LLVMFuzzerTestOneInput(s.data(), s.size()), 0);
+  EXPECT_EQ(counts().refused, before.refused) << "a checked-in seed was refused";
 }
 
 TEST(DaemonProtoFuzz, MutationsAndRandomBytesNeverCrash) {

@@ -7,6 +7,8 @@
 
 #include <random>
 
+#include "tests/fuzz/corpus_io.h"
+
 namespace gw::dpdk::fuzz {
 namespace {
 
@@ -102,6 +104,20 @@ TEST(DpdkDecoderFuzz, EachKindOfBadFrameIsDroppedAndCounted) {
   fix_checksums(uc);
   fx.a->inject_rx(uc.data(), uc.size());
   EXPECT_EQ(fx.a->stats().unknown_conn, s5.unknown_conn + 1);
+  EXPECT_TRUE(fx.guards_intact());
+}
+
+// scripts/fuzz.sh starts libFuzzer from the checked-in corpus: frames of one fixture run (their
+// handshake nonces differ from any later run's, so they exercise the decoder up to the session
+// check; mutations reach further).
+TEST(DpdkDecoderFuzz, CheckedInCorpusNeverCrashesOrCorrupts) {
+  Fixture& fx = Fixture::get();
+  ::gw::fuzz::maybe_write_seeds("dpdk_decoder", fx.seeds);
+  const auto corpus = ::gw::fuzz::read_corpus("dpdk_decoder");
+  ASSERT_GT(corpus.size(), 8u) << "tests/fuzz/corpus/dpdk_decoder is missing";
+  const uint64_t before = fx.a->stats().rx_frames;
+  for (const auto& f : corpus) ASSERT_EQ(LLVMFuzzerTestOneInput(f.data(), f.size()), 0);
+  EXPECT_GT(fx.a->stats().rx_frames, before);
   EXPECT_TRUE(fx.guards_intact());
 }
 

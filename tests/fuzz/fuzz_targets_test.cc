@@ -15,25 +15,10 @@
 #include <string>
 
 #include "core/config_file.h"
+#include "tests/fuzz/corpus_io.h"
 
 namespace gw::fuzz {
 namespace {
-
-namespace fs = std::filesystem;
-
-fs::path corpus_dir(const std::string& target) {
-  return fs::path(GW_SOURCE_DIR) / "tests" / "fuzz" / "corpus" / target;
-}
-
-std::vector<std::vector<uint8_t>> read_corpus(const std::string& target) {
-  std::vector<std::vector<uint8_t>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(corpus_dir(target), ec)) {
-    std::ifstream in(e.path(), std::ios::binary);
-    out.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return out;
-}
 
 std::vector<uint8_t> mutate(const std::vector<std::vector<uint8_t>>& pool, std::mt19937_64& rng) {
   std::vector<uint8_t> v = pool[rng() % pool.size()];
@@ -100,14 +85,7 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   const Target& t = GetParam();
   std::vector<std::vector<uint8_t>> own = t.seeds();
   ASSERT_FALSE(own.empty()) << t.name;
-  if (std::getenv("GW_FUZZ_WRITE_SEEDS") != nullptr) {
-    fs::create_directories(corpus_dir(t.name));
-    for (size_t i = 0; i < own.size(); ++i) {
-      std::ofstream out(corpus_dir(t.name) / ("seed-" + std::to_string(i)), std::ios::binary);
-      out.write(reinterpret_cast<const char*>(own[i].data()),
-                static_cast<std::streamsize>(own[i].size()));
-    }
-  }
+  maybe_write_seeds(t.name, own);
   std::vector<std::vector<uint8_t>> pool = read_corpus(t.name);
   EXPECT_FALSE(pool.empty()) << "no checked-in corpus for " << t.name;
   pool.insert(pool.end(), own.begin(), own.end());
@@ -164,7 +142,9 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
 TEST(FuzzRegressions, ConfigNonAsciiOutsideStringsIsRefusedInsideIsKept) {
   for (std::string_view bad :
        {std::string_view("\xef\xbb\x81W"), std::string_view("a = 1 \xc3\xa9\n"),
-        std::string_view("\xc2\xa1a = 1\n"), std::string_view("a = \"\xc3\xa9\"\n"),
+        std::string_view("\xc2\xa1"
+                         "a = 1\n"),
+        std::string_view("a = \"\xc3\xa9\"\n"),
         std::string_view("s =0\"\"\"\xcb\xa9\n\xef\xbb\x81\"\"\"\n"),
         std::string_view("# \xd0\x96\n")}) {
     auto f = config::ConfigFile::parse(bad, "t.toml");
