@@ -66,10 +66,37 @@ constinit const config::Row kJoinReportMs{
     "while a rank waits for the others to join a communicator, it names the missing ranks at "
     "INFO this often (ms; 0: never)"};
 
+constinit const config::Row kStoreMaxClients{
+    "GW_STORE_MAX_CLIENTS", Type::Int, "4096", "",
+    "store server (rank 0): connections served at once; at the cap one still without hello is "
+    "dropped, else the newcomer is refused"};
+constinit const config::Row kStoreMaxPendingHello{
+    "GW_STORE_MAX_PENDING_HELLO", Type::Int, "64", "",
+    "store server: connections that have not yet proved the job token (the oldest is dropped to "
+    "make room)"};
+constinit const config::Row kStoreHelloTimeoutMs{
+    "GW_STORE_HELLO_TIMEOUT_MS", Type::Int, "10000", "",
+    "store server: a connection must prove the job token within this many ms"};
+constinit const config::Row kStoreMaxValueBytes{
+    "GW_STORE_MAX_VALUE_BYTES", Type::Size, "64M", "",
+    "store server: largest value a client may set (at most 64M, the wire's limit)"};
+constinit const config::Row kStoreMaxKeysPerClient{
+    "GW_STORE_MAX_KEYS_PER_CLIENT", Type::Int, "1000000", "",
+    "store server: keys one connection may create (set or add of a new key)"};
+constinit const config::Row kStoreMaxBytesPerClient{
+    "GW_STORE_MAX_BYTES_PER_CLIENT", Type::Size, "1G", "",
+    "store server: bytes of keys and values one connection may store"};
+constinit const config::Row kStoreMaxBytes{
+    "GW_STORE_MAX_BYTES", Type::Size, "4G", "",
+    "store server: bytes of keys and values all connections together may store (a client that "
+    "reconnects gets new per-connection budgets, not more of this)"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "core", {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank, &kWorldSize, &kStore, &kJobToken,
-               &kHostId, &kJoinReportMs});
+      "core",
+      {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank, &kWorldSize, &kStore, &kJobToken, &kHostId,
+       &kJoinReportMs, &kStoreMaxClients, &kStoreMaxPendingHello, &kStoreHelloTimeoutMs,
+       &kStoreMaxValueBytes, &kStoreMaxKeysPerClient, &kStoreMaxBytesPerClient, &kStoreMaxBytes});
   return set;
 }
 

@@ -14,6 +14,14 @@ extern const config::Row kStore;
 extern const config::Row kJobToken;
 extern const config::Row kHostId;
 extern const config::Row kJoinReportMs;
+// The rendezvous store server's limits (TcpStoreOptions fields left at 0 take these).
+extern const config::Row kStoreMaxClients;
+extern const config::Row kStoreMaxPendingHello;
+extern const config::Row kStoreHelloTimeoutMs;
+extern const config::Row kStoreMaxValueBytes;
+extern const config::Row kStoreMaxKeysPerClient;
+extern const config::Row kStoreMaxBytesPerClient;
+extern const config::Row kStoreMaxBytes;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

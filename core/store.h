@@ -54,13 +54,22 @@ struct TcpStoreOptions {
   bool host_server = false;
   std::string token;  // job token presented to / required by the server
   int64_t connect_timeout_ms = 30000;
-  // Server limits (the host_server side). Until a client's hello is accepted it may send one
-  // frame of at most a hello's size, must finish it within hello_timeout_ms, and counts against
-  // max_pending_hello (the oldest such client is dropped to make room); max_clients caps every
-  // connection, and at that cap a client still without hello is dropped first.
-  int64_t hello_timeout_ms = 10000;
-  size_t max_clients = 4096;
-  size_t max_pending_hello = 64;
+  // Server limits (the host_server side); 0 takes the configuration's value (GW_STORE_*, see
+  // docs/configuration.md). Until a client's hello is accepted it may send one frame of at most a
+  // hello's size, must finish it within hello_timeout_ms, and counts against max_pending_hello
+  // (the oldest such client is dropped to make room); max_clients caps every connection, and at
+  // that cap a client still without hello is dropped first. An authenticated connection may set
+  // values of at most max_value_bytes, create at most max_keys_per_client keys and store at most
+  // max_bytes_per_client bytes of keys and values, and all connections together at most
+  // max_bytes_total; beyond them writes are refused. (A client opens a new connection after any
+  // error, with new budgets: max_bytes_total is what bounds the server's memory.)
+  int64_t hello_timeout_ms = 0;
+  size_t max_clients = 0;
+  size_t max_pending_hello = 0;
+  size_t max_value_bytes = 0;
+  size_t max_keys_per_client = 0;
+  size_t max_bytes_per_client = 0;
+  size_t max_bytes_total = 0;
 };
 
 class TcpStore : public Store {

@@ -16,7 +16,10 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 
+#include "core/config.h"
+#include "core/core_config.h"
 #include "core/log.h"
 #include "core/net/handshake.h"
 #include "core/store.h"
@@ -42,7 +45,14 @@ struct ServerLimits {
   int64_t hello_timeout_ms = 10000;
   size_t max_clients = 4096;
   size_t max_pending_hello = 64;
+  size_t max_value_bytes = store_wire::kMaxValue;
+  size_t max_keys_per_client = 1000000;
+  size_t max_bytes_per_client = size_t{1} << 30;
+  size_t max_bytes_total = size_t{4} << 30;
 };
+
+// What a counter (created by add) counts against the byte limits: at most 20 digits.
+constexpr size_t kCounterBytes = 20;
 
 // Extra time a client waits for the server's own "not found" answer to a get.
 constexpr auto kReplyGrace = std::chrono::milliseconds(500);
@@ -52,8 +62,33 @@ constexpr auto kReplyGrace = std::chrono::milliseconds(500);
 class TcpStoreServer;
 
 namespace {
-ServerLimits server_limits(const TcpStoreOptions& o) {
-  return ServerLimits{o.hello_timeout_ms, o.max_clients, o.max_pending_hello};
+// The options' limits, each 0 taken from its configuration row; an error names a bad one.
+Result<ServerLimits> server_limits(const TcpStoreOptions& o) {
+  ServerLimits l;
+  auto pick = [](auto given, const config::Row& row, auto* out) -> Status {
+    using T = std::remove_pointer_t<decltype(out)>;
+    int64_t v = given != 0 ? static_cast<int64_t>(given) : config::get_int(row);
+    if (v < 1) return invalid_arg("TcpStore: {} must be > 0 (got {})", row.name, v);
+    *out = static_cast<T>(v);
+    return ok_status();
+  };
+  GW_RETURN_IF_ERROR(
+      pick(o.hello_timeout_ms, core_config::kStoreHelloTimeoutMs, &l.hello_timeout_ms));
+  GW_RETURN_IF_ERROR(pick(o.max_clients, core_config::kStoreMaxClients, &l.max_clients));
+  GW_RETURN_IF_ERROR(
+      pick(o.max_pending_hello, core_config::kStoreMaxPendingHello, &l.max_pending_hello));
+  GW_RETURN_IF_ERROR(pick(o.max_value_bytes, core_config::kStoreMaxValueBytes, &l.max_value_bytes));
+  GW_RETURN_IF_ERROR(
+      pick(o.max_keys_per_client, core_config::kStoreMaxKeysPerClient, &l.max_keys_per_client));
+  GW_RETURN_IF_ERROR(
+      pick(o.max_bytes_per_client, core_config::kStoreMaxBytesPerClient, &l.max_bytes_per_client));
+  GW_RETURN_IF_ERROR(pick(o.max_bytes_total, core_config::kStoreMaxBytes, &l.max_bytes_total));
+  if (l.max_value_bytes > store_wire::kMaxValue) {
+    return invalid_arg("TcpStore: {} {} exceeds the wire's limit of {} bytes",
+                       core_config::kStoreMaxValueBytes.name, l.max_value_bytes,
+                       store_wire::kMaxValue);
+  }
+  return l;
 }
 }  // namespace
 
@@ -97,6 +132,9 @@ class TcpStoreServer {
     Deadline hello_deadline;  // until authenticated
     bool waiting = false;     // a get is parked in waiters_; later frames wait their turn
     bool close_after_flush = false;
+    size_t keys_created = 0;  // keys this connection created, against max_keys_per_client
+    size_t bytes_stored = 0;  // their keys' and values' bytes, against max_bytes_per_client
+    bool limit_logged = false;
   };
   using ConnIt = std::list<Conn>::iterator;
   struct Waiter {
@@ -365,6 +403,43 @@ class TcpStoreServer {
     return true;
   }
 
+  // A write that would take this connection past its limits is refused (the key is not created);
+  // `value_bytes` is what the write stores. The first refusal per connection is logged.
+  bool refuse_over_limit(ConnIt c, const Request& req, size_t value_bytes, Response* r) {
+    std::string why;
+    const bool creates = data_.count(req.key) == 0;
+    if (value_bytes > limits_.max_value_bytes) {
+      why = fmt::format("a value of {} bytes exceeds GW_STORE_MAX_VALUE_BYTES ({})", value_bytes,
+                        limits_.max_value_bytes);
+    } else if (creates && c->keys_created >= limits_.max_keys_per_client) {
+      why = fmt::format("this client created {} keys already (GW_STORE_MAX_KEYS_PER_CLIENT)",
+                        c->keys_created);
+    } else if (creates &&
+               c->bytes_stored + req.key.size() + value_bytes > limits_.max_bytes_per_client) {
+      why = fmt::format("this client stores {} bytes already (GW_STORE_MAX_BYTES_PER_CLIENT {})",
+                        c->bytes_stored, limits_.max_bytes_per_client);
+    } else if (creates && bytes_total_ + req.key.size() + value_bytes > limits_.max_bytes_total) {
+      why = fmt::format("the store holds {} bytes already (GW_STORE_MAX_BYTES {})", bytes_total_,
+                        limits_.max_bytes_total);
+    } else {
+      if (creates) {
+        ++c->keys_created;
+        c->bytes_stored += req.key.size() + value_bytes;
+        bytes_total_ += req.key.size() + value_bytes;
+      }
+      return false;
+    }
+    r->code = ReplyCode::kError;
+    r->message =
+        fmt::format("store {} '{}' refused: {}", store_wire::op_name(req.op), req.key, why);
+    if (!c->limit_logged) {
+      c->limit_logged = true;
+      GW_LOG_WARN("store server: {}", r->message);
+    }
+    reply(c, req.op, *r);
+    return true;
+  }
+
   void handle(ConnIt c, Request& req) {
     if (!c->authenticated) {
       handshake(c, req);
@@ -380,6 +455,7 @@ class TcpStoreServer {
         return;
       case Op::kSet:
         if (refuse_write_once(c, req, &r)) return;
+        if (refuse_over_limit(c, req, req.value.size(), &r)) return;
         data_[req.key] = std::move(req.value);
         written_once_.insert(req.key);
         reply(c, req.op, r);
@@ -398,6 +474,7 @@ class TcpStoreServer {
       }
       case Op::kAdd: {
         if (refuse_write_once(c, req, &r)) return;
+        if (refuse_over_limit(c, req, kCounterBytes, &r)) return;
         int64_t cur = 0;
         auto it = data_.find(req.key);
         if (it != data_.end() && !store_wire::parse_counter(it->second, &cur)) {
@@ -415,7 +492,10 @@ class TcpStoreServer {
       }
       case Op::kErase:
         if (refuse_write_once(c, req, &r)) return;
-        data_.erase(req.key);
+        // Only counters can be erased (set keys are write-once).
+        if (data_.erase(req.key) > 0) {
+          bytes_total_ -= std::min(bytes_total_, req.key.size() + kCounterBytes);
+        }
         reply(c, req.op, r);
         return;
     }
@@ -511,6 +591,7 @@ class TcpStoreServer {
   std::vector<Waiter> waiters_;
   std::vector<ConnIt> pending_process_;
   std::map<std::string, Bytes> data_;
+  size_t bytes_total_ = 0;              // keys' and values' bytes, against max_bytes_total
   std::set<std::string> written_once_;  // keys written by set (refuse_write_once)
 };
 
@@ -660,9 +741,12 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
   if (options.token.size() > store_wire::kMaxToken) {
     return invalid_arg("TcpStore: job token longer than {} bytes", store_wire::kMaxToken);
   }
-  if (options.host_server &&
-      (options.hello_timeout_ms <= 0 || options.max_clients < 1 || options.max_pending_hello < 1)) {
-    return invalid_arg("TcpStore: hello_timeout_ms, max_clients and max_pending_hello must be > 0");
+  if (options.hello_timeout_ms < 0) {
+    return invalid_arg("TcpStore: hello_timeout_ms {} < 0", options.hello_timeout_ms);
+  }
+  ServerLimits limits;
+  if (options.host_server) {
+    GW_ASSIGN_OR_RETURN(limits, server_limits(options));
   }
   if (options.connect_timeout_ms < 0) {
     return invalid_arg("TcpStore: connect_timeout_ms {} < 0", options.connect_timeout_ms);
@@ -673,16 +757,15 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
   impl->port = options.port;
   if (options.host_server) {
     int bind_errno = 0;
-    auto server = TcpStoreServer::start(options.host, options.port, options.token,
-                                        server_limits(options), &bind_errno);
+    auto server =
+        TcpStoreServer::start(options.host, options.port, options.token, limits, &bind_errno);
     if (!server.ok() && options.host != "0.0.0.0" && options.host != "::" &&
         bind_errno == EADDRNOTAVAIL) {
       // The address names this host but not one of its interfaces (NAT, container): serve on
       // every interface instead, as torchrun does; the job token still guards the door.
       GW_LOG_WARN("store: cannot bind {} ({}); serving on 0.0.0.0 instead",
                   store_socket::format_addr(options.host, options.port), server.status().message());
-      server = TcpStoreServer::start("0.0.0.0", options.port, options.token, server_limits(options),
-                                     nullptr);
+      server = TcpStoreServer::start("0.0.0.0", options.port, options.token, limits, nullptr);
       impl->connect_host = "127.0.0.1";
     }
     if (!server.ok()) return server.status().with_context("store server");

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/net/comm_adapter.h"
+#include "core/net/handshake.h"
 #include "dpdk/dpdk_config.h"
 
 namespace gw::dpdk {
@@ -303,6 +304,7 @@ Result<EngineConfig> engine_config_from_table(const MacAddr& mac) {
   c.burst = static_cast<int>(config::get_int(dpdk_config::kDpdkBurst));
   c.progress_interval_us = config::get_int(dpdk_config::kDpdkProgressUs);
   c.eager = config::get_bool(dpdk_config::kDpdkEager);
+  c.max_pending_handshakes = static_cast<int>(net::handshake::max_pending());
   if (c.rto_min_us <= 0 || c.heartbeat_ms <= 0 || c.peer_timeout_ms <= c.heartbeat_ms) {
     return invalid_arg(
         "GW_DPDK_RTO_US, GW_DPDK_HEARTBEAT_MS must be > 0 and "

@@ -153,7 +153,7 @@ class VerbsListener final : public net::Listener {
         return;
       }
       ++burst;
-      if (pending_.size() >= net::handshake::kMaxPending) {
+      if (pending_.size() >= max_pending_) {
         drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
       }
       Pending p;
@@ -289,6 +289,7 @@ class VerbsListener final : public net::Listener {
   VerbsConfig config_;
   net::TransportOptions options_;
   std::vector<Pending> pending_;
+  const size_t max_pending_ = net::handshake::max_pending();  // GW_LISTEN_MAX_PENDING
   sys::AcceptShedder shedder_;
   net::handshake::DropLog drop_log_;
 };

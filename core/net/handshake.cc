@@ -5,12 +5,19 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "core/config.h"
+#include "core/net/net_config.h"
 #include "core/net/socket_util.h"
 
 namespace gw::net::handshake {
+
+size_t max_pending() {
+  return static_cast<size_t>(std::max<int64_t>(1, config::get_int(net_config::kListenMaxPending)));
+}
 
 namespace {
 

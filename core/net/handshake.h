@@ -33,9 +33,10 @@ inline constexpr uint8_t kRefuse = 'R';
 // tcp: the first byte of the listener's challenge (the hello passed the listener's checks).
 inline constexpr uint8_t kChallenge = 'C';
 
-// Handshakes a tcp or shm listener (and the dpdk engine, EngineConfig::max_pending_handshakes)
-// holds before they are authenticated; beyond it the silent ones, then the oldest, are dropped.
-inline constexpr size_t kMaxPending = 64;
+// Handshakes a tcp, shm or verbs listener (and the dpdk engine, through
+// EngineConfig::max_pending_handshakes) holds before they are authenticated: GW_LISTEN_MAX_PENDING
+// (at least 1); beyond it the silent ones, then the oldest, are dropped.
+size_t max_pending();
 // Connections a listener accepts per accept() call, so the handshakes it holds progress between
 // bursts of a flood.
 inline constexpr int kAcceptBurst = 16;

@@ -10,8 +10,13 @@ constinit const config::Row kTransport{
     "GW_TRANSPORT", Type::String, "auto", "",
     "transport between ranks, auto or one of the backends this build registers"};
 
+constinit const config::Row kListenMaxPending{
+    "GW_LISTEN_MAX_PENDING", Type::Int, "64", "",
+    "handshakes a tcp, shm or verbs listener (or the dpdk engine) holds before they prove the "
+    "job token; beyond it the silent ones, then the oldest, are dropped"};
+
 const config::RowSet& rows() {
-  static const config::RowSet set("net", {&kTransport});
+  static const config::RowSet set("net", {&kTransport, &kListenMaxPending});
   // The list of backends is known only at run time: the registry prints it.
   static const bool hooked = [] {
     config::set_help_completion(kTransport, [] { return describe_backends(); });

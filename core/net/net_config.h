@@ -6,6 +6,7 @@
 namespace gw::net::net_config {
 
 extern const config::Row kTransport;
+extern const config::Row kListenMaxPending;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

@@ -460,7 +460,7 @@ class ShmListener final : public Listener {
         return;
       }
       ++burst;
-      if (pending_.size() >= handshake::kMaxPending) {
+      if (pending_.size() >= max_pending_) {
         drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
       }
       Pending p;
@@ -613,6 +613,7 @@ class ShmListener final : public Listener {
   ShmConfig config_;
   TransportOptions options_;
   std::vector<Pending> pending_;
+  const size_t max_pending_ = handshake::max_pending();  // GW_LISTEN_MAX_PENDING
   sys::AcceptShedder shedder_;
   handshake::DropLog drop_log_;
 };

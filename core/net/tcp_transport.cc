@@ -905,7 +905,7 @@ class TcpListener final : public Listener {
         return system_error("tcp accept", err);
       }
       ++burst;
-      if (pending_.size() >= handshake::kMaxPending) {
+      if (pending_.size() >= max_pending_) {
         drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
       }
       Pending p;
@@ -1066,6 +1066,7 @@ class TcpListener final : public Listener {
   TcpConfig config_;
   TransportOptions options_;
   std::vector<Pending> pending_;
+  const size_t max_pending_ = handshake::max_pending();  // GW_LISTEN_MAX_PENDING
   std::vector<Group> groups_;
   sys::AcceptShedder shedder_;
   handshake::DropLog drop_log_;

@@ -15,8 +15,8 @@
 #include "core/config.h"
 #include "core/net/auto_backend.h"
 #include "core/net/net_config.h"
-#include "plugin/plugin_config.h"
 #include "core/net/transport.h"
+#include "plugin/plugin_config.h"
 
 namespace gw::net {
 namespace {
@@ -142,7 +142,9 @@ TEST(BackendRegistry, DpdkAndVerbsAreKnownEvenWhenNotBuilt) {
     if (!s.ok()) {
       EXPECT_EQ(s.code(), Code::kUnsupported);
       // A backend that is built but unusable here (verbs without RDMA) says why instead.
-      if (!b->factory) EXPECT_EQ(s.message().rfind("not built: ", 0), 0u) << s.message();
+      if (!b->factory) {
+        EXPECT_EQ(s.message().rfind("not built: ", 0), 0u) << s.message();
+      }
       EXPECT_FALSE(s.message().empty());
     }
   }

@@ -511,6 +511,44 @@ TEST_P(HandshakeAuth, AFloodOfIdleConnectionsOutOfDescriptorsDoesNotStopTheRealP
       << "the listening child ended with " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
+// GW_LISTEN_MAX_PENDING caps the handshakes a listener holds: with 3, the first of 8 silent
+// connections are dropped (they read end-of-file) and the real peer still connects.
+TEST_P(HandshakeAuth, ListenMaxPendingRowCapsTheHandshakesHeld) {
+  ScopedEnv cap("GW_LISTEN_MAX_PENDING", "3");
+  auto receiver = make("tok", 0);
+  auto sender = make("tok", 1);
+  ASSERT_TRUE(receiver && sender);
+  Handle h;
+  auto listener = receiver->listen(&h);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  std::vector<sys::Fd> silent;
+  for (int i = 0; i < 8; ++i) {
+    silent.emplace_back(idle_connection(backend(), h));
+    for (int k = 0; k < 3; ++k) ASSERT_TRUE((*listener)->accept().ok());  // takes them in
+  }
+  // Dropped connections read end-of-file (or a reset); the last three are held.
+  auto dropped = [&] {
+    int n = 0;
+    for (sys::Fd& fd : silent) {
+      pollfd p{fd.get(), POLLIN, 0};
+      if (poll(&p, 1, 0) == 1) {
+        char c;
+        if (recv(fd.get(), &c, 1, MSG_DONTWAIT) <= 0) ++n;
+      }
+    }
+    return n;
+  };
+  const int64_t deadline = now_ms() + kWaitMs;
+  while (dropped() < 5 && now_ms() < deadline) (void)(*listener)->accept();
+  EXPECT_EQ(dropped(), 5);
+  auto c = sender->connect(h);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  bool accepted = false;
+  Status st = attempt(**listener, **c, &accepted);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(accepted);
+}
+
 // Creating a transport raises the descriptor soft limit to the hard one (a job of many ranks
 // needs more than the usual 1,024).
 TEST(DescriptorLimit, CreatingATransportRaisesTheSoftLimitToTheHardOne) {

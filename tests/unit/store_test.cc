@@ -18,6 +18,7 @@
 
 #include "core/store_socket.h"
 #include "core/store_wire.h"
+#include "tests/support/test_env.h"
 
 namespace gw {
 namespace {
@@ -512,6 +513,114 @@ TEST(TcpStoreLimits, SilentConnectionsCannotShutOutARank) {
   for (int i = 0; i < 20; ++i) silent.push_back(std::make_unique<RawClient>((*s)->port()));
   auto v = (*client)->get("joined", deadline_after_ms(3000));
   ASSERT_TRUE(v.ok()) << v.status().to_string();
+}
+
+// After authentication one connection's writes are bounded: value size, keys created, bytes
+// stored. Over a limit a write is refused with an error naming it, and nothing else changes. (A
+// client drops its connection after any error and the next call opens a new one, with budgets of
+// its own: each refusal below is a fresh client's last call; GW_STORE_MAX_BYTES bounds them all.)
+TEST(TcpStoreLimits, PerClientKeyAndByteLimitsRefuseWritesAndNameTheRow) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.token = "tok";
+  o.max_value_bytes = 1000;
+  o.max_keys_per_client = 5;
+  o.max_bytes_per_client = 3000;
+  auto server = TcpStore::create(o);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  TcpStoreOptions co;
+  co.port = (*server)->port();
+  co.token = "tok";
+  auto client = [&] {
+    auto c = TcpStore::create(co);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? *c : nullptr;
+  };
+  auto dl = [] { return deadline_after_ms(3000); };
+  auto values = client();
+  ASSERT_NE(values, nullptr);
+  Status big = values->set("big", Bytes(1001, 1), dl());
+  EXPECT_EQ(big.code(), Code::kInvalidArg) << big.to_string();
+  EXPECT_NE(big.message().find("GW_STORE_MAX_VALUE_BYTES"), std::string::npos) << big.to_string();
+  // Three values of 900 bytes fit 3000 bytes; the fourth does not.
+  auto bytes = client();
+  ASSERT_NE(bytes, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(bytes->set("v" + std::to_string(i), Bytes(900, 2), dl()).ok()) << i;
+  }
+  Status full = bytes->set("v3", Bytes(900, 2), dl());
+  EXPECT_NE(full.message().find("GW_STORE_MAX_BYTES_PER_CLIENT"), std::string::npos)
+      << full.to_string();
+  // Keys: five small ones (the last a counter, added to twice: an add to an existing counter
+  // creates nothing); the sixth is refused.
+  auto keys = client();
+  ASSERT_NE(keys, nullptr);
+  for (int i = 1; i <= 4; ++i) ASSERT_TRUE(keys->set("k" + std::to_string(i), B("x"), dl()).ok());
+  ASSERT_TRUE(keys->add("k5", 1, dl()).ok());
+  EXPECT_TRUE(keys->add("k5", 1, dl()).ok());
+  Result<int64_t> sixth = keys->add("k6", 1, dl());
+  EXPECT_FALSE(sixth.ok());
+  EXPECT_NE(sixth.status().message().find("GW_STORE_MAX_KEYS_PER_CLIENT"), std::string::npos)
+      << sixth.status().to_string();
+  // Nothing refused was stored; reads are never limited.
+  auto reader = client();
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(reader->get("big", deadline_after_ms(200)).status().code(), Code::kTimeout);
+  EXPECT_EQ(reader->get("v3", deadline_after_ms(200)).status().code(), Code::kTimeout);
+  EXPECT_EQ(reader->get("k6", deadline_after_ms(200)).status().code(), Code::kTimeout);
+  auto v = reader->get("v2", dl());
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->size(), 900u);
+  EXPECT_TRUE(reader->set("k6", B("y"), dl()).ok()) << "another connection has its own budget";
+}
+
+// Reconnecting gets a client new per-connection budgets, but not more of the store's total.
+TEST(TcpStoreLimits, TotalBytesBoundEveryConnectionTogether) {
+  TcpStoreOptions o;
+  o.host_server = true;
+  o.max_bytes_total = 2000;
+  auto server = TcpStore::create(o);
+  ASSERT_TRUE(server.ok());
+  TcpStoreOptions co;
+  co.port = (*server)->port();
+  auto dl = [] { return deadline_after_ms(3000); };
+  for (int i = 0; i < 2; ++i) {
+    auto c = TcpStore::create(co);
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE((*c)->set("v" + std::to_string(i), Bytes(900, 1), dl()).ok()) << i;
+  }
+  auto c = TcpStore::create(co);
+  ASSERT_TRUE(c.ok());
+  Status full = (*c)->set("v2", Bytes(900, 1), dl());
+  EXPECT_NE(full.message().find("GW_STORE_MAX_BYTES "), std::string::npos) << full.to_string();
+  // Erasing a counter gives its bytes back.
+  ASSERT_TRUE((*c)->add("n", 1, dl()).ok());
+  ASSERT_TRUE((*c)->erase("n", dl()).ok());
+  EXPECT_TRUE((*c)->set("small", Bytes(150, 1), dl()).ok());
+}
+
+// Limits left at 0 come from the GW_STORE_* rows; a bad row value is refused by name.
+TEST(TcpStoreLimits, LimitsComeFromTheConfigurationRows) {
+  ::gw::testing::ScopedEnv keys("GW_STORE_MAX_KEYS_PER_CLIENT", "2");
+  TcpStoreOptions o;
+  o.host_server = true;
+  auto s = TcpStore::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto dl = [] { return deadline_after_ms(3000); };
+  EXPECT_TRUE((*s)->set("a", B("1"), dl()).ok());
+  EXPECT_TRUE((*s)->set("b", B("1"), dl()).ok());
+  EXPECT_FALSE((*s)->set("c", B("1"), dl()).ok());
+  {
+    ::gw::testing::ScopedEnv bad("GW_STORE_MAX_CLIENTS", "0");
+    auto r = TcpStore::create(o);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArg);
+    EXPECT_NE(r.status().message().find("GW_STORE_MAX_CLIENTS"), std::string::npos)
+        << r.status().to_string();
+  }
+  {
+    ::gw::testing::ScopedEnv huge("GW_STORE_MAX_VALUE_BYTES", "1G");
+    EXPECT_EQ(TcpStore::create(o).status().code(), Code::kInvalidArg);
+  }
 }
 
 // Out of descriptors: the accept loop used to spin at 100% CPU on EMFILE. It now sheds the
