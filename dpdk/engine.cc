@@ -632,7 +632,7 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
     SendReq& r = **it;
     if (!r.done && !c->error.ok()) {
       r.done = true;
-      r.err = c->error.with_context(fmt::format("send of {} bytes: ", r.size));
+      r.err = c->error.with_context(fmt::format("send of {} bytes", r.size));
     }
     if (!r.done) {
       *done = false;
@@ -667,7 +667,7 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
   RecvReq& r = **it;
   if (!r.done && !c->error.ok()) {
     r.done = true;
-    r.err = c->error.with_context(fmt::format("recv into {} bytes: ", r.cap));
+    r.err = c->error.with_context(fmt::format("recv into {} bytes", r.cap));
   }
   if (!r.done) {
     *done = false;
