@@ -172,6 +172,7 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   SessionOptions o;
   o.rank = cfg.rank;
   o.world_size = cfg.world_size;
+  std::string pmix_token;  // rank 0's, when the launcher was PMIx and GW_JOB_TOKEN is unset
   if (o.world_size == 0) {
     // Rank and size from the launcher; the store address too unless given.
     GW_ASSIGN_OR_RETURN(gw::LaunchInfo info, gw::detect_launch());
@@ -184,6 +185,7 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
     o.store_port = info.store_port;
     o.launcher = info.source;
     o.store_source = info.store_source;
+    pmix_token = info.job_token;
   } else {
     o.launcher = "config";
     if (o.rank >= o.world_size) {
@@ -212,6 +214,10 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   o.token_source = cfg.job_token != nullptr ? "config.job_token"
                    : o.job_token.empty()    ? ""
                                             : "GW_JOB_TOKEN";
+  if (o.job_token.empty() && !pmix_token.empty()) {
+    o.job_token = pmix_token;
+    o.token_source = "PMIx (made by rank 0)";
+  }
   o.transport = cfg.transport != nullptr ? std::string(cfg.transport)
                                          : gw::config::get_string(gw::net::net_config::kTransport);
   if (o.transport.empty()) return gw::invalid_arg("config.transport is empty");

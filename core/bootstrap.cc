@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "core/core_config.h"
 #include "core/log.h"
+#include "core/pmix_bootstrap.h"
 #include "core/store_socket.h"
 
 namespace gw {
@@ -126,6 +127,27 @@ Result<StoreAddress> store_address_from_env() {
   return a;
 }
 
+// Rank, size and store address (and a job token) through PMIx; `info` keeps what the
+// environment said about the local rank when PMIx does not say.
+static Result<LaunchInfo> from_pmix(LaunchInfo info) {
+  const int64_t timeout_ms = config::get_int(core_config::kTimeoutMs);
+  auto job = pmix_bootstrap(timeout_ms > 0 ? timeout_ms : 300000);
+  if (!job.ok()) {
+    return job.status().with_context(
+        "no store address (GW_STORE, MASTER_ADDR/MASTER_PORT) and the PMIx bootstrap failed");
+  }
+  if (info.source.empty()) info.source = "PMIx";
+  info.rank = job->rank;
+  info.world_size = job->world_size;
+  if (job->local_rank >= 0) info.local_rank = job->local_rank;
+  if (job->local_world_size >= 1) info.local_world_size = job->local_world_size;
+  info.store_host = job->store_host;
+  info.store_port = job->store_port;
+  info.store_source = "PMIx";
+  info.job_token = job->job_token;
+  return info;
+}
+
 Result<LaunchInfo> detect_launch() {
   LaunchInfo info;
   auto gw_rank = config::raw(core_config::kRank);
@@ -150,6 +172,10 @@ Result<LaunchInfo> detect_launch() {
         found = l;
         break;
       }
+    }
+    if (found == nullptr && in_pmix_job()) {
+      GW_ASSIGN_OR_RETURN(StoreAddress addr, store_address_from_env());
+      if (addr.host.empty()) return from_pmix(std::move(info));
     }
     if (found == nullptr) {
       return invalid_arg(
@@ -184,6 +210,20 @@ Result<LaunchInfo> detect_launch() {
 
   GW_ASSIGN_OR_RETURN(StoreAddress addr, store_address_from_env());
   info.store_source = addr.source;
+  if (addr.host.empty() && info.world_size > 1 && in_pmix_job()) {
+    LaunchInfo pmix = info;
+    auto r = from_pmix(std::move(pmix));
+    if (!r.ok()) return r.status();
+    if (r->rank != info.rank || r->world_size != info.world_size) {
+      return invalid_arg("PMIx says rank {} of {}, the {} environment rank {} of {}", r->rank,
+                         r->world_size, info.source, info.rank, info.world_size);
+    }
+    info.store_host = r->store_host;
+    info.store_port = r->store_port;
+    info.store_source = r->store_source;
+    info.job_token = r->job_token;
+    return info;
+  }
   if (addr.host.empty() && info.world_size > 1) {
     return invalid_arg(
         "no store address for a job of {} ranks: set GW_STORE=host:port or MASTER_ADDR and "

@@ -19,14 +19,18 @@ struct LaunchInfo {
   int local_world_size = -1;
   std::string store_host;  // empty when the launcher gives no address
   int store_port = 0;
-  std::string source;        // "GW_*", "torchrun", "Open MPI", "Slurm"
-  std::string store_source;  // "GW_STORE", "MASTER_ADDR/MASTER_PORT", "" (no address)
+  std::string source;        // "GW_*", "torchrun", "Open MPI", "Slurm", "PMIx"
+  std::string store_source;  // "GW_STORE", "MASTER_ADDR/MASTER_PORT", "PMIx", "" (no address)
+  std::string job_token;     // rank 0's, through PMIx, when GW_JOB_TOKEN is unset; else empty
 };
 
 // Order: GW_RANK/GW_WORLD_SIZE/GW_STORE; torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Open MPI (OMPI_COMM_WORLD_RANK,
 // OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK); Slurm (SLURM_PROCID, SLURM_NTASKS,
-// SLURM_LOCALID). The store address falls back to MASTER_ADDR/MASTER_PORT for every launcher.
+// SLURM_LOCALID). The store address falls back to MASTER_ADDR/MASTER_PORT for every launcher,
+// then, in a job a PMIx launcher started (mpirun, srun --mpi=pmix), to one rank 0 publishes
+// through PMIx with a job token (core/pmix_bootstrap.h; collective: every rank must call); a PMIx
+// job with none of these variables takes its rank and size from PMIx too.
 // Missing or malformed values are kInvalidArg naming the variable.
 Result<LaunchInfo> detect_launch();
 

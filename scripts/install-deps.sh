@@ -10,7 +10,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   clang-14 libfuzzer-14-dev
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev libpmix-dev
   python3 python3-torch python3-numpy python3-matplotlib python3-pytest
   iproute2 procps ethtool
   libdpdk-dev dpdk libxdp-dev libbpf-dev tshark

@@ -183,5 +183,47 @@ TEST(LauncherEnvTest, OpenMpiMpirun) {
   }
 }
 
+// Under mpirun with no gradwire variable and no MASTER_ADDR: the store address and the job token
+// come from rank 0 through PMIx (core/pmix_bootstrap.h), and a second communicator from the same
+// environment reaches the same store without another exchange.
+TEST(LauncherEnvTest, OpenMpiMpirunWithoutAnyAddressBootstrapsThroughPmix) {
+  std::string mpirun = find_in_path("mpirun");
+  if (mpirun.empty()) GTEST_SKIP() << "mpirun not found in PATH (apt-get install openmpi-bin)";
+  const int n = 3;
+  Env env = base_env();
+  env["GW_LOG_LEVEL"] = "info";
+  for (const char* scenario : {"identity", "twice"}) {
+    ProcGroup group;
+    group.start({mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n), "-x",
+                 "GW_TIMEOUT_MS", "-x", "GW_LOG_LEVEL", GW_RANK_MAIN_PATH, scenario},
+                env);
+    auto results = group.wait_all(kTimeoutMs * 3);
+    const auto& res = results[0];
+    ASSERT_FALSE(res.timed_out) << res.describe();
+    if (res.output.find("PMIx bootstrap not built") != std::string::npos) {
+      GTEST_SKIP() << "built without pmix.h";
+    }
+    ASSERT_TRUE(res.exited && res.exit_code == 0) << scenario << ": " << res.describe();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(
+          parse_tagged_line(res.output, "RESULT", "rank=" + std::to_string(r) + " status=0"))
+          << res.describe();
+    }
+    // Every rank's start-up line: the store from PMIx, the token made by rank 0 and shared there
+    // (so it never entered the store).
+    size_t lines = 0;
+    for (size_t at = 0; (at = res.output.find("(PMIx", at)) != std::string::npos; ++at) ++lines;
+    EXPECT_GE(lines, static_cast<size_t>(n)) << res.describe();
+    EXPECT_NE(res.output.find("job token from PMIx (made by rank 0)"), std::string::npos)
+        << res.describe();
+    if (std::string(scenario) == "twice") {
+      for (int r = 0; r < n; ++r) {
+        EXPECT_NE(res.output.find("TWICE rank=" + std::to_string(r) + " ok"), std::string::npos)
+            << res.describe();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gw::test
