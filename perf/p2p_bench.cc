@@ -23,6 +23,7 @@
 #include "core/config_snapshot.h"
 #include "core/core_config.h"
 #include "core/net/backend_registry.h"
+#include "core/net/socket_util.h"
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "dpdk/dpdk_config.h"
@@ -75,7 +76,11 @@ struct P2pSetup {
   Store* store = nullptr;
   std::string token;    // job token of the transport handshakes
   std::string host_id;  // TransportOptions::host_id
+  // TransportOptions::route_host: the other host as this rank reaches it (the store's host, the
+  // server's name, the client's address), so tcp takes the interface that routes there.
+  std::string route_host;
   std::string origin;   // for the header: "2 forked processes" or the launcher's name
+  bool server = false;  // the p2p server of the server/client form (prints its interfaces)
   // Takes every result line ("config {...}", "bw {...}", "lat {...}", "error \"...\"").
   std::function<void(const std::string& line)> emit;
 };
@@ -155,6 +160,7 @@ class P2pRank {
     opts.timeout_ms = timeout_ms_;
     opts.host_id = setup_.host_id;
     opts.rank = rank_;
+    opts.route_host = setup_.route_host;
     Handle mine, theirs;
     Deadline d = deadline();
     // dpdk: rank 1 takes rank 0's handle (published once rank 0's port is running) before it
@@ -399,6 +405,12 @@ class P2pRank {
     if (c_.bidirectional) rbuf_.assign(std::max<uint64_t>(c_.max_bytes, 1), 0);
     lat_in_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0);
     lat_out_.assign(std::max<uint64_t>(c_.lat_bytes, 1), 0x33);
+    if (rank_ != 0 && setup_.server) {
+      const auto& p = transport_->properties();
+      std::printf("# p2p server: interfaces: %s\n",
+                  p.interfaces.empty() ? "-" : p.interfaces.c_str());
+      std::fflush(stdout);
+    }
     if (rank_ == 0) {
       const auto& p = transport_->properties();
       std::printf("# gradwire-perf p2p: transport %s, %s, %s\n", p.name.c_str(),
@@ -655,6 +667,7 @@ int run_launched_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
   setup.store = store->get();
   setup.token = *token;
   setup.host_id = host_identity();
+  setup.route_host = info->store_host;  // as a communicator does
   setup.origin =
       fmt::format("2 ranks from the launcher ({}, store {}:{})", info->source, so.host, so.port);
   setup.emit = [report, rank](const std::string& line) {
@@ -700,6 +713,7 @@ int run_server_client_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report
   // takes the client's): sizes, iterations, window, direction.
   const std::string key = "gw/p2p/client";
   P2pConfig run = c;
+  std::string client_addr;  // the server's way back: the address the client sends from
   if (server) {
     auto hello = (*store)->get(key, deadline);
     if (!hello.ok()) {
@@ -728,14 +742,31 @@ int run_server_client_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report
     run.lat_iters = h.value("lat_iters", c.lat_iters);
     run.duration_s = h.value("duration_s", c.duration_s);
     run.bidirectional = h.value("bidirectional", c.bidirectional);
+    client_addr = h.value("client_addr", std::string());
     Status ok = validate(run);
     if (!ok.ok()) return report->fail(ok.with_context("p2p server: the client's settings"));
   } else {
-    json h = {{"transport", c.transport},   {"min_bytes", c.min_bytes},
-              {"max_bytes", c.max_bytes},   {"factor", c.factor},
-              {"iters", c.iters},           {"window", c.window},
-              {"lat_bytes", c.lat_bytes},   {"lat_iters", c.lat_iters},
-              {"duration_s", c.duration_s}, {"bidirectional", c.bidirectional}};
+    // The address this host uses to reach the server, so the server picks the interface that
+    // routes back here (as the client's own transport follows the route to the server).
+    if (auto src = net::route_source(c.peer_host); src.ok()) {
+      const std::string a = net::format_sockaddr(reinterpret_cast<const sockaddr*>(&*src));
+      const size_t colon = a.rfind(':');
+      client_addr = a.substr(0, colon);
+      if (client_addr.size() > 2 && client_addr.front() == '[') {
+        client_addr = client_addr.substr(1, client_addr.size() - 2);
+      }
+    }
+    json h = {{"client_addr", client_addr},
+              {"transport", c.transport},
+              {"min_bytes", c.min_bytes},
+              {"max_bytes", c.max_bytes},
+              {"factor", c.factor},
+              {"iters", c.iters},
+              {"window", c.window},
+              {"lat_bytes", c.lat_bytes},
+              {"lat_iters", c.lat_iters},
+              {"duration_s", c.duration_s},
+              {"bidirectional", c.bidirectional}};
     const std::string text = h.dump();
     Status st = (*store)->set(key, Bytes(text.begin(), text.end()), deadline);
     if (!st.ok()) return report->fail(st.with_context("p2p client: greeting the server"));
@@ -747,6 +778,8 @@ int run_server_client_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report
   setup.store = store->get();
   setup.token = *token;
   setup.host_id = host_identity();
+  setup.route_host = server ? client_addr : c.peer_host;
+  setup.server = server;
   setup.origin = server ? fmt::format("server on port {}", c.port)
                         : fmt::format("client of {}:{}", c.peer_host, c.port);
   setup.emit = [report, rank](const std::string& line) {

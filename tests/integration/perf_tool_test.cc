@@ -630,6 +630,10 @@ TEST(PerfP2pServerClient, ClientConnectsToAWaitingServer) {
               65536.0 * bw["iterations"].get<double>() * 2 / bw["seconds"].get<double>() / 1e6,
               1e-3 * bw["bw_average_MBps"].get<double>());
   EXPECT_EQ(doc["config"]["bidirectional"], true);
+  // Each end's interface is the one that routes to the other (here loopback), not the host's
+  // first interface: the client's JSON, and the server's header.
+  EXPECT_EQ(doc["transport_properties"]["interfaces"], "lo:127.0.0.1") << doc.dump();
+  EXPECT_NE(server.output.find("# p2p server: interfaces: lo:127.0.0.1"), std::string::npos) << server.output;
 }
 
 // Every wait has a deadline: a server nobody joins, and a client with no server, end with what
