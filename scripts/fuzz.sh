@@ -50,10 +50,10 @@ status=0
 for t in "${targets[@]}"; do
   if [ "$(cat "build/fuzz/$t.status" 2>/dev/null || echo 1)" != 0 ]; then
     echo "fuzz.sh: $t FAILED (build/fuzz/$t.log)"
-    tail -30 "build/fuzz/$t.log"
+    tail -30 "build/fuzz/$t.log" | cat -v
     status=1
   else
-    echo "fuzz.sh: $t: $(grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" "build/fuzz/$t.log" | tail -1)"
+    echo "fuzz.sh: $t: $(grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" "build/fuzz/$t.log" | tail -1)"
   fi
 done
 echo "fuzz.sh: ran ${#targets[@]} targets in $(( $(date +%s) - t1 )) s, $jobs at a time"
