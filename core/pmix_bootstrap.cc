@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/core_config.h"
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
 #include "core/net/tcp_config.h"
 
@@ -248,10 +249,11 @@ Result<PmixJob> exchange(int64_t timeout_ms) {
     GW_RETURN_IF_ERROR(
         s.put_string("gradwire.store", fmt::format("{}:{}", addr.first, addr.second)));
     if (need_token) {
-      uint8_t bits[16];
-      net::fill_random(bits, sizeof(bits));
+      // A secret: from the CSPRNG, never a fallback (a failure ends the bootstrap).
+      net::handshake::Nonce bits;
+      GW_RETURN_IF_ERROR(net::handshake::fresh_nonce(&bits));
       std::string token;
-      for (uint8_t b : bits) token += fmt::format("{:02x}", b);
+      for (size_t i = 0; i < 16 && i < bits.size(); ++i) token += fmt::format("{:02x}", bits[i]);
       GW_RETURN_IF_ERROR(s.put_string("gradwire.token", token));
     }
   }
