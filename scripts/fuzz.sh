@@ -15,10 +15,16 @@ targets=("${@:-${all[@]}}")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 jobs="${GW_FUZZ_JOBS:-2}"
 
+# GW_FUZZ_STEP=build only builds, =run only runs (scripts/test.sh builds ahead in the
+# background); default both.
+step="${GW_FUZZ_STEP:-all}"
 t0=$(date +%s)
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
-echo "fuzz.sh: built ${#targets[@]} targets in $(( $(date +%s) - t0 )) s"
+if [ "$step" != run ]; then
+  cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
+  echo "fuzz.sh: built ${#targets[@]} targets in $(( $(date +%s) - t0 )) s"
+  [ "$step" = build ] && exit 0
+fi
 
 mkdir -p build/fuzz/artifacts
 # One target: a fresh copy of its corpus, `secs` seconds; the verdict in build/fuzz/<t>.status.

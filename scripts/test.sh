@@ -2,8 +2,9 @@
 # The whole test suite, as CI runs it: dependencies, release build + ctest, the Python tests
 # (tests/python, pytest), then the debug build
 # (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest, then ThreadSanitizer over the threaded
-# parts (scripts/tsan.sh), then (GW_TEST_FUZZ_SECONDS) the libFuzzer targets. Fails on the first
-# failure.
+# parts (scripts/tsan.sh), then (GW_TEST_FUZZ_SECONDS) the libFuzzer targets. Each build after the
+# first runs in the background, at the lowest priority, during the tests before it. Fails on the
+# first failure.
 # usage: scripts/test.sh            (GW_TEST_JOBS overrides ctest's parallelism, default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +24,32 @@ phase "install-deps"
 
 bash scripts/build.sh release
 phase "release build"
+
+# The later phases' builds run in the background at the lowest CPU priority while the tests run:
+# the tests wait a lot (shaped links, deadlines, the soak and chaos scripts) and a nice-19 build
+# takes only the CPU they leave idle (CFS weight 15 against 1024), so the tests keep their timing
+# and the suite saves most of a build. Each build's output goes to build/bg-NAME.log, shown if it
+# fails.
+mkdir -p build
+bg_start() {  # NAME COMMAND...: in a process group of its own, ended with this script
+  local name=$1
+  shift
+  setsid bash -c 'nice -n 19 "$@" >"build/bg-$0.log" 2>&1; echo $? >"build/bg-$0.rc"' \
+    "$name" "$@" &
+  bg_pids[$name]=$!
+}
+bg_wait() {  # NAME
+  wait "${bg_pids[$1]}" || true
+  if [ "$(cat "build/bg-$1.rc" 2>/dev/null || echo 1)" != 0 ]; then
+    tail -60 "build/bg-$1.log"
+    echo "test.sh: the $1 build failed (build/bg-$1.log)"
+    exit 1
+  fi
+}
+declare -A bg_pids
+trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
+rm -f build/bg-*.rc
+bg_start debug bash scripts/build.sh debug
 # Tests are independent (every port is chosen by the kernel), so they may run side by side.
 # Unit tests must pass at the first attempt. Integration tests (real processes, network namespaces,
 # AF_XDP on veth) share 2 vCPUs with each other and the kernel's softirq work; one of them
@@ -43,13 +70,18 @@ GRADWIRE_LIBRARY="$PWD/build/release/capi/libgradwire.so" GW_TIMEOUT_MS=10000 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 phase "python tests"
 
-bash scripts/build.sh debug
-phase "debug (ASan+UBSan) build"
+bg_wait debug
+phase "debug (ASan+UBSan) build, what was left of it"
+fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
+bg_start later bash -c "bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
+  GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
 run_ctest debug
 phase "debug (ASan+UBSan) tests"
+bg_wait later
+phase "ThreadSanitizer and libFuzzer builds, what was left of them"
 
-bash scripts/tsan.sh
-phase "ThreadSanitizer build and tests"
+bash scripts/tsan.sh run
+phase "ThreadSanitizer tests"
 
 # The gtest drivers of the fuzz targets ran above (fuzz_targets_test, dpdk_decoder_fuzz_test,
 # daemon_proto_fuzz_test). Then scripts/fuzz.sh builds the libFuzzer binaries (the fuzz preset,
@@ -59,8 +91,8 @@ phase "ThreadSanitizer build and tests"
 # cleanly on the shared 2-core machine (12 of 94 steps in 4 min at load 20); scaled from the
 # whole clang build (about 10 min on 2 cores) it is about 4-5 min, plus about 1 min of runs
 # (12 targets x 10 s, two at a time). Raise to 15-20 s per target where that fits.
-if [ "${GW_TEST_FUZZ_SECONDS:-10}" -gt 0 ]; then
-  bash scripts/fuzz.sh "${GW_TEST_FUZZ_SECONDS:-10}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
   phase "libFuzzer runs"
 fi
 

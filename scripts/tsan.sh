@@ -9,18 +9,23 @@
 # which TSan does not support; the exhaustive size/dtype sweeps and the 1,000-communicator leak
 # test, which test arithmetic and resources rather than threads and take minutes under TSan.
 # tests/tsan.supp lists what is suppressed and why.
-# usage: scripts/tsan.sh
+# usage: scripts/tsan.sh [build|run]   (default both; scripts/test.sh builds ahead, in the
+#                                      background, and runs later)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 tests=(store_test tcp_transport_test shm_transport_test communicator_test communicator_split_test
        capi_test transport_conformance_test daemon_server_test)
+step="${1:-all}"
 start=$(date +%s)
-cmake --preset tsan >/dev/null
-cmake --build --preset tsan -j"$(nproc)" --target "${tests[@]}"
+if [ "$step" != run ]; then
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan -j"$(nproc)" --target "${tests[@]}"
+  echo "tsan.sh: build took $(( $(date +%s) - start )) s"
+  [ "$step" = build ] && exit 0
+fi
 # Where each test's executable is (tests/ or a folder below it).
 exe() { find build/tsan/tests -name "$1" -type f -perm -u+x | head -1; }
-echo "tsan.sh: build took $(( $(date +%s) - start )) s"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=7:suppressions=$PWD/tests/tsan.supp"
 filter='-*Process*:*EveryRankCountSize*:*LargeAllreduce*:*ThousandCommunicators*'
 failed=()
