@@ -41,14 +41,16 @@ constexpr size_t kReadChunk = 256 * 1024;
 // connection stays in the kernel's backlog) instead of waking poll() again at once.
 constexpr int kDescriptorBackoffMs = 100;
 
+// Every field is set by server_limits(), from the options or the GW_STORE_* rows (whose defaults
+// are the only ones).
 struct ServerLimits {
-  int64_t hello_timeout_ms = 10000;
-  size_t max_clients = 4096;
-  size_t max_pending_hello = 64;
-  size_t max_value_bytes = store_wire::kMaxValue;
-  size_t max_keys_per_client = 1000000;
-  size_t max_bytes_per_client = size_t{1} << 30;
-  size_t max_bytes_total = size_t{4} << 30;
+  int64_t hello_timeout_ms = 0;
+  size_t max_clients = 0;
+  size_t max_pending_hello = 0;
+  size_t max_value_bytes = 0;
+  size_t max_keys_per_client = 0;
+  size_t max_bytes_per_client = 0;
+  size_t max_bytes_total = 0;
 };
 
 // What a counter (created by add) counts against the byte limits: at most 20 digits.
