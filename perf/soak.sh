@@ -128,8 +128,11 @@ if grep -h "^FAIL" "$work"/log.* >/dev/null 2>&1; then
   exit 1
 fi
 [ $rc -eq 0 ] || { tail -20 "$work/testbed.log"; echo "soak: FAILED: testbed status $rc (seed $SEED)"; exit 1; }
-# The perf binary's own processes (by executable name: the command lines of this script and of
-# ctest name the binary too).
-leftover=$(pgrep -xc "$(basename "$PERF" | cut -c1-15)" || true)
+# The perf binary's own processes: by executable name (the command lines of this script and of
+# ctest name the binary too), then by executable path (another build's are not this run's).
+exe=$(readlink -f "$PERF"); leftover=0
+for p in $(pgrep -x "$(basename "$PERF" | cut -c1-15)"); do
+  [ "$(readlink -f "/proc/$p/exe" 2>/dev/null)" = "$exe" ] && leftover=$((leftover + 1))
+done
 [ "$leftover" = 0 ] || { echo "soak: FAILED: $leftover gradwire-perf processes left"; exit 1; }
 echo "soak: ok"

@@ -53,11 +53,13 @@ echo "$rc $(ms) $fault" >"$OUTDIR/rc.$GW_RANK"
 exit 0
 EOS
 
-leftovers() {  # the perf binary's processes, by executable name
-  local name
-  name=$(basename "$perf" | cut -c1-15)
-  pgrep -x "$name" >/dev/null && { pgrep -ax "$name" >&2; return 0; }
-  return 1
+leftovers() {  # processes of this perf binary (its path: another build's are not ours to judge)
+  local exe p found=1
+  exe=$(readlink -f "$perf")
+  for p in $(pgrep -x "$(basename "$perf" | cut -c1-15)"); do
+    [ "$(readlink -f "/proc/$p/exe" 2>/dev/null)" = "$exe" ] && { ps -o pid,args -p "$p" >&2; found=0; }
+  done
+  return $found
 }
 
 for c in $cases; do

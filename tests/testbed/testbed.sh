@@ -26,7 +26,8 @@
 # bridge); the control network is never shaped. TB_RATE holds RATE ("" when unshaped).
 # Exit status: 0 when every host exits 0; 77 when the testbed cannot be built here (not root,
 # no ip/netns support); else the first failing host's status. Everything created (namespaces,
-# links, bridges, hugepage reservation and files) is removed on exit, whatever happened.
+# links, bridges, hugepage reservation and files) is removed on exit, whatever happened short of
+# SIGKILL; the namespaces of a session that was killed with SIGKILL are removed by the next one.
 set -u
 N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""
 usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd"
@@ -103,6 +104,28 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 fail_setup() { echo "testbed: SKIP: $1" >&2; exit 77; }
+# A session killed with SIGKILL (its EXIT trap never ran) leaves its namespaces behind, and a
+# later session or test would meet them. Remove a session's namespaces when its creator (the
+# PID in its name) is gone, none of them holds a process and the newest is over a minute old.
+reap_stale() {
+  local id ns names pids newest t now
+  now=$(date +%s)
+  for id in $(ip netns list 2>/dev/null | sed -nE 's/^gwtb([0-9]{6})(sw|h[0-9]+)( .*)?$/\1/p' | sort -u); do
+    [ "$id" = "$ID" ] && continue
+    kill -0 "$((10#$id))" 2>/dev/null && continue
+    names=$(ip netns list | sed -nE "s/^(gwtb${id}(sw|h[0-9]+))( .*)?$/\1/p")
+    pids=""; newest=0
+    for ns in $names; do
+      pids+=$(ip netns pids "$ns" 2>/dev/null)
+      t=$(stat -c %Y "/run/netns/$ns" 2>/dev/null || echo "$now"); [ "$t" -gt "$newest" ] && newest=$t
+    done
+    [ -z "$pids" ] && [ $((now - newest)) -ge "${TB_STALE_AGE_S:-60}" ] || continue
+    for ns in $names; do ip netns del "$ns" 2>/dev/null; done
+    rm -f /dev/hugepages/gwtb${id}* 2>/dev/null
+    echo "testbed: removed the namespaces of session $id (its creator was killed):" $names >&2
+  done
+}
+reap_stale
 SW="gwtb${ID}sw"
 ip netns add "$SW" || fail_setup "ip netns add failed"
 ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \

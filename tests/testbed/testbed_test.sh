@@ -8,7 +8,15 @@
 set -uo pipefail
 tb="$1"; perf="$2"
 fail() { echo "testbed_test: FAIL: $*" >&2; exit 1; }
-leftovers() { ip netns list 2>/dev/null | grep -c "^gwtb$1" || true; }
+# Namespaces this test's sessions left: those not there when it started (another session's, or
+# a killed session's that the testbed has not removed yet, are not this test's to judge).
+gwtb() { ip netns list 2>/dev/null | sed -nE 's/^(gwtb[0-9a-z]+)( .*)?$/\1/p' | sort; }
+before=$(gwtb)
+left_behind() {
+  local new
+  new=$(comm -13 <(echo "$before") <(gwtb))
+  [ -z "$new" ] || fail "namespaces left behind: $new"
+}
 
 # Bad arguments are refused before anything is built (exit 2), root or not.
 bash "$tb" -r 1gigabit -- true 2>/dev/null; [ $? -eq 2 ] || fail "-r 1gigabit accepted"
@@ -35,14 +43,31 @@ done
 
 # A failing rank fails the run, and cleanup still happens.
 bash "$tb" -n 2 -R 2 -t 60 -- '[ "$GW_RANK" != 3 ]' 2>/dev/null && fail "a failing rank was not reported"
-[ "$(ip netns list | grep -c '^gwtb')" -eq 0 ] || fail "namespaces left behind: $(ip netns list)"
+left_behind
+
+# The namespaces of a session killed with SIGKILL (no process inside, creator gone) are removed
+# by the next session; a live session's are not.
+dead=999999
+while kill -0 "$dead" 2>/dev/null; do dead=$((dead - 1)); done
+stale="gwtb$(printf '%06d' "$dead")"
+ip netns add "${stale}h0" && ip netns add "${stale}sw" || fail "ip netns add failed"
+TB_STALE_AGE_S=0 bash "$tb" -n 1 -t 60 -- true 2>/dev/null || fail "a session beside stale namespaces failed"
+[ -z "$(ip netns list | grep "^$stale")" ] ||
+  { ip netns del "${stale}h0"; ip netns del "${stale}sw"; fail "a killed session's namespaces were kept"; }
+live="gwtb$(printf '%06d' $(($$ % 1000000)))"
+ip netns add "${live}h0" || fail "ip netns add failed"
+TB_STALE_AGE_S=0 bash "$tb" -n 1 -t 60 -- true 2>/dev/null
+kept=$(ip netns list | grep -c "^${live}h0")
+ip netns del "${live}h0"
+[ "$kept" = 1 ] || fail "the namespaces of a live session (creator $$) were removed"
+left_behind
 
 # A real job: 2 hosts x 2 ranks over the shaped link, checked results.
 out=$(bash "$tb" -n 2 -R 2 -r 1gbit -t 120 -- "$perf allreduce -b 1M -e 4M -f 4 -n 3 -w 1 --check" 2>&1)
 rc=$?
 [ $rc -eq 0 ] || { echo "$out" >&2; fail "2x2 allreduce over the testbed exited $rc"; }
 grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "$out" >&2; fail "allreduce check failed"; }
-[ "$(ip netns list | grep -c '^gwtb')" -eq 0 ] || fail "namespaces left behind: $(ip netns list)"
+left_behind
 # The default tcp interface is the one routing to the store's host (c0 here, although d0 comes
 # first), as NCCL follows the route to its bootstrap address; GW_SOCKET_IFNAME=d0 still wins.
 out=$(bash "$tb" -n 2 -R 1 -t 60 -- \
