@@ -43,4 +43,10 @@ void set_rank(int rank) { get().set_pattern(fmt::format("[gradwire {} %P] %^%l%$
 
 void reload_level() { get().set_level(level_from_config()); }
 
+std::shared_ptr<spdlog::logger> shared() { return instance(); }
+
+void adopt(std::shared_ptr<spdlog::logger> logger) {
+  if (logger) instance() = std::move(logger);
+}
+
 }  // namespace gw::log

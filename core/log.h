@@ -14,6 +14,12 @@ void set_rank(int rank);
 // Re-reads GW_LOG_LEVEL (tests change it).
 void reload_level();
 
+// The process-wide logger itself, and a way to log through another's: a loadable module that
+// carries its own copy of this file (dpdk/port_module.h) adopts its loader's logger, so its lines
+// have the same level, rank and sink.
+std::shared_ptr<spdlog::logger> shared();
+void adopt(std::shared_ptr<spdlog::logger> logger);
+
 }  // namespace gw::log
 
 #define GW_LOG_TRACE(...) SPDLOG_LOGGER_TRACE(&::gw::log::get(), __VA_ARGS__)

@@ -58,6 +58,10 @@ constinit const config::Row kDpdkInjectReorder{
 constinit const config::Row kDpdkInjectDup{
     "GW_DPDK_INJECT_DUP", Type::Double, "0", "",
     "fault injection: probability that a transmitted frame is sent twice"};
+constinit const config::Row kDpdkModule{
+    "GW_DPDK_MODULE", Type::String, "", "",
+    "the DPDK port module (libgradwire_dpdk.so) to load; empty: look beside the library, in the "
+    "build tree and in the install libdir"};
 constinit const config::Row kDpdkInjectSeed{"GW_DPDK_INJECT_SEED", Type::Int, "1", "",
                                             "fault injection: RNG seed"};
 
@@ -67,7 +71,8 @@ const config::RowSet& rows() {
                &kDpdkMtu,        &kDpdkNbMbufs,       &kDpdkWindow,      &kDpdkMaxWindow,
                &kDpdkLinkGbps,   &kDpdkRtoUs,         &kDpdkHeartbeatMs, &kDpdkPeerTimeoutMs,
                &kDpdkBurst,      &kDpdkProgressUs,    &kDpdkZeroCopy,    &kDpdkEager,
-               &kDpdkInjectLoss, &kDpdkInjectReorder, &kDpdkInjectDup,   &kDpdkInjectSeed});
+               &kDpdkInjectLoss, &kDpdkInjectReorder, &kDpdkInjectDup,   &kDpdkInjectSeed,
+               &kDpdkModule});
   return set;
 }
 

@@ -25,6 +25,7 @@ extern const config::Row kDpdkInjectLoss;
 extern const config::Row kDpdkInjectReorder;
 extern const config::Row kDpdkInjectDup;
 extern const config::Row kDpdkInjectSeed;
+extern const config::Row kDpdkModule;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

@@ -7,9 +7,9 @@
 #include "dpdk/dpdk_config.h"
 #include "dpdk/dpdk_port.h"
 #include "dpdk/engine_transport.h"
+#include "dpdk/port_module.h"
 
 namespace gw::dpdk {
-
 
 Result<std::shared_ptr<Engine>> process_engine() {
   // EAL and the port are process-wide by nature; so is the engine that owns the port.
@@ -25,7 +25,7 @@ Result<std::shared_ptr<Engine>> process_engine() {
   po.mtu = static_cast<size_t>(config::get_int(dpdk_config::kDpdkMtu));
   po.nb_mbufs = static_cast<int>(config::get_int(dpdk_config::kDpdkNbMbufs));
   po.zero_copy = config::get_string(dpdk_config::kDpdkZeroCopy);
-  auto port = open_dpdk_port(po);
+  auto port = open_port_through_module(po);
   if (!port.ok()) {
     failed = port.status();
     return failed;
@@ -56,6 +56,15 @@ net::Backend dpdk_backend() {
   b.name = "dpdk";
   b.summary = "kernel-bypass UDP on a DPDK port, one rank per port";
   b.factory = &make_dpdk_transport;
+  // Whether the port module is installed (a file lookup, no dlopen: cheap); its absence is said
+  // once at INFO, and only the dpdk backend is affected.
+  b.probe = [] {
+    auto found = find_port_module();
+    if (found.ok()) return ok_status();
+    static std::once_flag said;
+    std::call_once(said, [&] { GW_LOG_INFO("{}", found.status().message()); });
+    return found.status();
+  };
   return b;
 }
 

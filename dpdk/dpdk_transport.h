@@ -4,8 +4,9 @@
 // (GW_DPDK_PORT) and starts the process-wide protocol engine on first use; every Transport it
 // returns shares that engine, so listen/connect work within one process (loopback net_ring) and
 // across hosts (af_xdp, af_packet, memif, a PCI NIC). Fails with kUnsupported when EAL or the
-// port cannot start. This is the only part of dpdk/ that needs libdpdk (target gw_dpdk); the
-// protocol (engine, wire, engine_transport) is gw_dpdk_proto and builds everywhere.
+// port cannot start. It opens the port through the DPDK port module (dpdk/port_module.h,
+// libgradwire_dpdk.so, the only part of dpdk/ that links libdpdk), so this file and the protocol
+// (engine, wire, engine_transport: gw_dpdk_proto) need no DPDK library.
 #pragma once
 
 #include <memory>
@@ -23,7 +24,8 @@ Result<std::unique_ptr<net::Transport>> make_dpdk_transport(const net::Transport
 Result<std::shared_ptr<Engine>> process_engine();
 
 // The registry's entry for dpdk: used only when asked for by name (it owns a port), never by
-// auto. Registered by gw_backends (cmake/backends.cmake).
+// auto; unavailable, with the reason, where the port module is not installed. Registered by
+// gw_backends (cmake/backends.cmake).
 net::Backend dpdk_backend();
 
 }  // namespace gw::dpdk

@@ -27,7 +27,8 @@ std::vector<AutoCandidate> candidates_of(const std::vector<Backend>& backends, b
     c.priority = b.auto_priority;
     c.within_host = b.auto_within_host;
     c.across_hosts = b.auto_across_hosts;
-    if (probe && b.probe) c.status = b.probe();
+    // A backend auto never picks is not probed (a probe may look for files or load a module).
+    if (probe && b.probe && (b.auto_within_host || b.auto_across_hosts)) c.status = b.probe();
     out.push_back(std::move(c));
   }
   return out;

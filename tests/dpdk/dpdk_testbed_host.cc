@@ -31,6 +31,7 @@
 #include "dpdk/dpdk_transport.h"
 #include "dpdk/engine.h"
 #include "dpdk/engine_transport.h"
+#include "dpdk/port_module.h"
 
 using namespace gw;
 using Clock = std::chrono::steady_clock;
@@ -466,7 +467,8 @@ void zc_bench() {
     dpdk::EngineConfig c;
     c.ip = 0x0a000001;
     c.zero_copy_min = 1;
-    side[zc].e = take(dpdk::Engine::create(take(dpdk::open_dpdk_port(po), "port"), c), "engine");
+    side[zc].e =
+        take(dpdk::Engine::create(take(dpdk::open_port_through_module(po), "port"), c), "engine");
     net::TransportOptions o;
     o.job_token = "zc";
     o.timeout_ms = 20000;

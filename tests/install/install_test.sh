@@ -30,6 +30,13 @@ lib=$(find "$prefix" -name 'libgradwire.so' -print -quit)
 libdir=$(dirname "$lib")
 [ -e "$libdir/libnccl-net-gradwire.so" ] || fail "libnccl-net-gradwire.so is not beside $lib"
 [ -e "$libdir/libgradwire.so.0" ] || fail "no libgradwire.so.0 (the soname) in $libdir"
+# DPDK is a module beside the library (built where libdpdk-dev was found); the library needs none.
+if [ -e "$build/capi/libgradwire_dpdk.so" ]; then
+  [ -f "$libdir/libgradwire_dpdk.so" ] || fail "libgradwire_dpdk.so is not beside $lib"
+fi
+if command -v readelf >/dev/null; then
+  readelf -d "$lib" | grep NEEDED | grep -q librte_ && fail "the installed libgradwire.so links DPDK"
+fi
 [ -f "$prefix/include/gradwire/gradwire.h" ] || fail "no include/gradwire/gradwire.h"
 [ -f "$libdir/pkgconfig/gradwire.pc" ] || fail "no $libdir/pkgconfig/gradwire.pc"
 [ -f "$libdir/cmake/gradwire/gradwireConfig.cmake" ] || fail "no gradwireConfig.cmake"
