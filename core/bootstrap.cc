@@ -90,6 +90,22 @@ constexpr const char* kTokenKey = "gw/job_token";
 
 }  // namespace
 
+Result<std::string> fresh_job_token() {
+  uint8_t bits[16];
+  size_t got = 0;
+  while (got < sizeof(bits)) {
+    ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return system_error("job token: getrandom", errno);
+    }
+    got += static_cast<size_t>(n);
+  }
+  return to_hex(bits, sizeof(bits));
+}
+
+namespace {}  // namespace
+
 Result<int> parse_env_int(const char* name, const std::string& value) {
   int v = 0;
   const char* b = value.data();
@@ -347,17 +363,7 @@ Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
   if (!configured.empty()) return configured;
   if (rank < 0) return invalid_arg("agree_job_token: rank {} < 0", rank);
   if (rank == 0) {
-    uint8_t bits[16];
-    size_t got = 0;
-    while (got < sizeof(bits)) {
-      ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return system_error("agree_job_token: getrandom", errno);
-      }
-      got += static_cast<size_t>(n);
-    }
-    std::string token = to_hex(bits, sizeof(bits));
+    GW_ASSIGN_OR_RETURN(std::string token, fresh_job_token());
     Status s = store.set(kTokenKey, Bytes(token.begin(), token.end()), deadline);
     if (!s.ok()) return s.with_context("agree_job_token: rank 0 publishing the token");
     return token;

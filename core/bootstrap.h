@@ -58,6 +58,9 @@ Result<std::vector<Bytes>> gather_joined(Store& store, int world,
 
 // Job token: GW_JOB_TOKEN if set; else rank 0 generates 128 random bits and publishes them in the
 // store, and the others read them.
+// A new job token: 16 bytes from the CSPRNG (getrandom, never a fallback), in hex.
+Result<std::string> fresh_job_token();
+
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline);
 
 }  // namespace gw

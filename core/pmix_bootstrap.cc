@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/core_config.h"
 #include "core/log.h"
-#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
 #include "core/net/tcp_config.h"
 
@@ -250,10 +250,7 @@ Result<PmixJob> exchange(int64_t timeout_ms) {
         s.put_string("gradwire.store", fmt::format("{}:{}", addr.first, addr.second)));
     if (need_token) {
       // A secret: from the CSPRNG, never a fallback (a failure ends the bootstrap).
-      net::handshake::Nonce bits;
-      GW_RETURN_IF_ERROR(net::handshake::fresh_nonce(&bits));
-      std::string token;
-      for (size_t i = 0; i < 16 && i < bits.size(); ++i) token += fmt::format("{:02x}", bits[i]);
+      GW_ASSIGN_OR_RETURN(std::string token, fresh_job_token());
       GW_RETURN_IF_ERROR(s.put_string("gradwire.token", token));
     }
   }
