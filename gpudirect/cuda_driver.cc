@@ -1,9 +1,12 @@
 #include "gpudirect/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -136,14 +139,48 @@ bool is_device_pointer(const void* p) {
   return r == kCudaSuccess && (type == kMemoryTypeDevice || type == kMemoryTypeUnified);
 }
 
+namespace {
+
+// How many objects the dynamic linker has ever loaded into this process (glibc's dlpi_adds), or
+// -1 where it does not say: a cheap way to know that nothing was loaded since the last look.
+int64_t objects_ever_loaded() {
+  int64_t adds = -1;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* data) -> int {
+        if (size >= offsetof(dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
+          *static_cast<int64_t*>(data) = static_cast<int64_t>(info->dlpi_adds);
+        }
+        return 1;  // the first object carries the counter
+      },
+      &adds);
+  return adds;
+}
+
+std::atomic<int64_t> g_searches{0};
+
+}  // namespace
+
+int64_t resident_driver_searches() { return g_searches.load(std::memory_order_relaxed); }
+
 const Driver* resident_driver() {
   static std::atomic<const Driver*> table{nullptr};
   static std::atomic<bool> unusable{false};
+  // The load count at the last look that found no libcuda: until another object is loaded,
+  // libcuda cannot have appeared. dlopen(RTLD_NOLOAD) of a name that is not loaded searches the
+  // library path (7 failed opens and the ld.so.cache mapped and unmapped: about 20 us here), and
+  // this runs on every collective call.
+  static std::atomic<int64_t> absent_at{-2};
   static std::mutex mu;
   if (const Driver* d = table.load(std::memory_order_acquire)) return d;
   if (unusable.load(std::memory_order_acquire)) return nullptr;
+  const int64_t loaded = objects_ever_loaded();
+  if (loaded >= 0 && absent_at.load(std::memory_order_acquire) == loaded) return nullptr;
+  g_searches.fetch_add(1, std::memory_order_relaxed);
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return nullptr;  // nobody in this process uses CUDA (yet)
+  if (lib == nullptr) {  // nobody in this process uses CUDA (yet)
+    absent_at.store(loaded, std::memory_order_release);
+    return nullptr;
+  }
   dlclose(lib);  // drops the reference RTLD_NOLOAD took; the library stays mapped
   std::lock_guard<std::mutex> lock(mu);
   if (const Driver* d = table.load(std::memory_order_acquire)) return d;

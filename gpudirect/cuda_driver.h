@@ -128,10 +128,15 @@ Status cuda_error(const Driver& d, CUresult r, std::string_view what);
 bool is_device_pointer(const void* p);
 
 // The table when libcuda.so.1 is already mapped into this process (by the application, a
-// framework, or driver()), else nullptr. It never maps the library itself, so a process that
-// never touched CUDA pays one dlopen(RTLD_NOLOAD) per call and nothing else; once the library is
+// framework, or driver()), else nullptr. It never maps the library itself. It looks for the
+// library (dlopen(RTLD_NOLOAD), which searches the library path when the name is not loaded:
+// about 20 us) only when some object was loaded since its last look (glibc's load counter), so a
+// process that never touched CUDA pays one dl_iterate_phdr step per call; once the library is
 // seen the table is cached and later calls are one atomic load. Thread-safe.
 const Driver* resident_driver();
+
+// How many times resident_driver() has looked for the library (tests hold the per-call cost).
+int64_t resident_driver_searches();
 
 // What the resident driver (above) says `p` is: kHost for host memory, null, or when no driver is
 // mapped; kDevice for memory only a GPU can read (cuMemAlloc, cudaMalloc); kManaged for managed
