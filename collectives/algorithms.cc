@@ -26,6 +26,12 @@ std::vector<Plan> per_channel(size_t count, int nchannels, Make&& make) {
 
 Status always(const Group&, size_t) { return ok_status(); }
 
+Status two_ranks(const Group& g, size_t) {
+  if (g.size() != 2)
+    return invalid_arg("needs exactly 2 ranks (this communicator has {})", g.size());
+  return ok_status();
+}
+
 Status several_hosts(const Group& g, size_t) {
   if (!g.multi_host()) {
     return invalid_arg("needs ranks on more than one host (all {} ranks are on one host)",
@@ -103,6 +109,14 @@ double ring_cost(const Group& g, size_t bytes, const CostParams& p) {
 
 double host_ring_cost(const Group& g, size_t bytes, const CostParams& p) {
   return ring_allreduce_seconds(g.size(), bytes, flat_link(g, p, ring_crossings(g, host_order(g))));
+}
+
+// pair: a + n b + n g (one message each way, the whole vector reduced), b over the flows that
+// leave one host at once.
+double pair_cost(const Group& g, size_t bytes, const CostParams& p) {
+  const CostParams f = flat_link(g, p, g.max_local_size());
+  const double n = static_cast<double>(bytes);
+  return f.alpha_us * 1e-6 + n / (f.bw_gbps * 1e9) + n * reduce_seconds_per_byte(p);
 }
 
 // rhd: 2 lg p' a + 2(p'-1)/p' n b (+ fold); its long-distance steps take every rank of a host
@@ -221,6 +235,9 @@ std::vector<Plan> hier_leader_build(const Group& g, size_t count, int nch, size_
   return per_channel(count, nch,
                      [&](size_t n) { return hier_leader_allreduce(g.hosts(), g.rank(), n); });
 }
+std::vector<Plan> pair_build(const Group& g, size_t count, int nch, size_t) {
+  return per_channel(count, nch, [&](size_t n) { return pair_allreduce(g.rank(), g.size(), n); });
+}
 std::vector<Plan> bblocks_build(const Group& g, size_t count, int nch, size_t) {
   return per_channel(count, nch,
                      [&](size_t n) { return binary_blocks_allreduce(g.rank(), g.size(), n); });
@@ -239,7 +256,7 @@ constexpr int kAnyChannels = 1 << 10;
 
 // Ties go to the earlier entry: the flat ring first (neighbour traffic only), then the others
 // from the simplest.
-const std::array<AllreduceAlgorithm, 7> kTable = {{
+const std::array<AllreduceAlgorithm, 8> kTable = {{
     {Algo::kRing, "ring", kAnyChannels, &always, &ring_cost, &ring_build},
     // Two channels at most for the logarithmic ones: their steps are whole halves of the vector,
     // so more channels only add messages.
@@ -250,6 +267,7 @@ const std::array<AllreduceAlgorithm, 7> kTable = {{
     {Algo::kHierLeader, "hier_leader", 2, &several_hosts, &hier_leader_cost, &hier_leader_build},
     {Algo::kTree, "tree", 2, &always, &tree_cost, &tree_build},
     {Algo::kBblocks, "bblocks", 2, &always, &bblocks_cost, &bblocks_build},
+    {Algo::kPair, "pair", 2, &two_ranks, &pair_cost, &pair_build},
 }};
 
 }  // namespace

@@ -22,7 +22,8 @@ constinit const config::Row kSpinUs{
 constinit const config::Row kAlgo{
     "GW_ALGO", Type::String, "auto", "",
     "allreduce algorithm: auto (cost model), ring, rhd (recursive halving-doubling), "
-    "host_ring, hier, hier_leader, tree (double binary tree), bblocks (binary blocks)"};
+    "host_ring, hier, hier_leader, tree (double binary tree), bblocks (binary blocks), pair (2 "
+    "ranks: one exchange)"};
 constinit const config::Row kAlgoBroadcast{
     "GW_ALGO_BROADCAST",
     Type::String,

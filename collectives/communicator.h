@@ -30,7 +30,7 @@ namespace gw::coll {
 // Algorithms (collectives/algorithms.h says when each applies): every allreduce one (GW_ALGO
 // names them); broadcast, allgather and reduce-scatter have kRing and kHier (GW_ALGO_BROADCAST,
 // GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER).
-enum class Algo { kAuto, kRing, kRhd, kHostRing, kHier, kHierLeader, kTree, kBblocks };
+enum class Algo { kAuto, kRing, kRhd, kHostRing, kHier, kHierLeader, kTree, kBblocks, kPair };
 
 struct CommOptions {
   int rank = -1;

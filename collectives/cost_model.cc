@@ -104,7 +104,7 @@ AlgoChoice choose_allreduce(int nranks, size_t bytes, const CostParams& params, 
 
 namespace {
 constexpr Algo kEveryAlgo[] = {Algo::kRing,       Algo::kRhd,  Algo::kHostRing, Algo::kHier,
-                               Algo::kHierLeader, Algo::kTree, Algo::kBblocks};
+                               Algo::kHierLeader, Algo::kTree, Algo::kBblocks,  Algo::kPair};
 }  // namespace
 
 Result<Algo> parse_algo(std::string_view name) {
@@ -135,6 +135,8 @@ std::string_view algo_name(Algo algo) {
       return "tree";
     case Algo::kBblocks:
       return "bblocks";
+    case Algo::kPair:
+      return "pair";
   }
   return "?";
 }

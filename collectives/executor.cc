@@ -24,7 +24,7 @@ bool truncated(const Status& s) {
 }  // namespace
 
 struct Executor::ChanRun {
-  Plan* plan = nullptr;
+  const Plan* plan = nullptr;
   size_t step = 0;
   bool started = false;
   net::SendComm* sc = nullptr;
@@ -173,8 +173,9 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
   return ok_status();
 }
 
-Status Executor::run(const char* name, uint32_t seq, std::vector<Plan>& plans, const uint8_t* in,
-                     uint8_t* out, DataType dtype, ReduceOp op, Deadline deadline) {
+Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& plans,
+                     const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op,
+                     Deadline deadline) {
   GW_RETURN_IF_ERROR(pool_->connect_all(name, plans, deadline));
   std::vector<ChanRun> runs(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {

@@ -39,7 +39,7 @@ class Executor {
   // Runs the plans of collective number `seq` (it goes into every tag, with the step id) to the
   // end, reading `in` and writing `out` (the same buffer when in place). Connects first what is
   // not connected yet. Returns the first error, kAborted when aborted, kTimeout at the deadline.
-  Status run(const char* name, uint32_t seq, std::vector<Plan>& plans, const uint8_t* in,
+  Status run(const char* name, uint32_t seq, const std::vector<Plan>& plans, const uint8_t* in,
              uint8_t* out, DataType dtype, ReduceOp op, Deadline deadline);
 
   // A buffer of at least `bytes` owned by the executor (valid until the next call).

@@ -97,6 +97,20 @@ Schedule ring_allgather(int rank, int nranks, size_t count_per_rank) {
   return s;
 }
 
+Schedule pair_allreduce(int rank, int nranks, size_t count) {
+  Schedule s;
+  if (nranks <= 1) return s;
+  Step st;
+  st.id = 0;
+  st.send_to = st.recv_from = 1 - rank;
+  st.send = st.recv = Range{0, count};
+  st.send_from_input = true;
+  st.action = RecvAction::kReduce;
+  st.reduce_with_input = true;
+  s.push_back(st);
+  return s;
+}
+
 Schedule rhd_allreduce(int rank, int nranks, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;

@@ -22,6 +22,8 @@
 //
 // Algorithms:
 // - ring reduce-scatter / allgather / allreduce: 2(p-1) steps, neighbour traffic only.
+// - pair exchange (2 ranks): one step, the whole vector each way, reduced on both ranks:
+//   a + n b + n g against the ring's 2a + n b + n g/2, for latency-bound sizes.
 // - recursive halving-doubling (Rabenseifner): 2 lg p' steps on p' = 2^floor(lg p) ranks. The
 //   r = p - p' extra ranks fold in first: even rank 2i (i < r) sends its whole vector to 2i+1,
 //   which reduces it and takes part in the core; 2i+1 sends the result back in a post-step.
@@ -125,6 +127,13 @@ Schedule ring_reduce_scatter(int rank, int nranks, size_t count);
 // Block `rank` (of blocks of `count_per_rank`) must already be in the output.
 Schedule ring_allgather(int rank, int nranks, size_t count_per_rank);
 Schedule rhd_allreduce(int rank, int nranks, size_t count);
+// Pair exchange, for 2 ranks (nranks == 1: no steps; more: not defined): one step in which each
+// rank sends its whole input to the other and reduces what it receives with its input (output =
+// input op received). One message latency where the ring takes two, for the whole vector reduced
+// on both ranks; both compute the same bits (every reduction op is commutative). Its send reads
+// the input while its receive writes the output over the same range, so an in-place caller must
+// give it a copy of the input (the Communicator does).
+Schedule pair_allreduce(int rank, int nranks, size_t count);
 Schedule chain_broadcast(int rank, int nranks, int root, size_t count);
 // Input and output both hold nranks blocks of `count_per_rank`; block j of the input goes to rank
 // j, block j of the output comes from rank j. The own block is not part of the schedule (the

@@ -123,8 +123,8 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
       ->capture_default_str();
   sub->add_option("--algo", c.algo,
                   "force the allreduce algorithm: auto, ring, rhd, host_ring, hier, hier_leader, "
-                  "tree, bblocks (sets GW_ALGO; one that does not apply to the ranks' hosts is "
-                  "an error)");
+                  "tree, bblocks, pair (sets GW_ALGO; one that does not apply to the ranks is an "
+                  "error)");
   sub->add_option("-n,--iters", c.iters,
                   "timed iterations per size; 0 = adaptive clamp(2e9/size/ranks, 3, 50)")
       ->capture_default_str();

@@ -49,7 +49,7 @@ TEST(Algorithms, TableNamesEveryAlgoOnce) {
     EXPECT_EQ(find_allreduce_algorithm(a.algo), &a);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"ring", "rhd", "host_ring", "hier", "hier_leader",
-                                             "tree", "bblocks"}));
+                                             "tree", "bblocks", "pair"}));
   EXPECT_EQ(find_allreduce_algorithm("auto"), nullptr);
 }
 
@@ -122,10 +122,10 @@ TEST(Algorithms, CostModelPicksTreeForSmallSizesAtManyRanks) {
   auto big = choose_allreduce(layout(hosts_of(1, 24)), 64 << 20, shm, Algo::kAuto);
   ASSERT_TRUE(big.ok());
   EXPECT_NE(big->algorithm->algo, Algo::kTree);
-  // Two ranks: one exchange either way; the ring sends half the bytes.
+  // Two ranks: pair, one message latency where the ring and the tree take two.
   auto two = choose_allreduce(layout(hosts_of(1, 2)), 512, shm, Algo::kAuto);
   ASSERT_TRUE(two.ok());
-  EXPECT_EQ(two->algorithm->algo, Algo::kRing);
+  EXPECT_EQ(two->algorithm->algo, Algo::kPair);
 }
 
 TEST(Algorithms, ForcedAlgorithmThatDoesNotApplySaysWhy) {
@@ -260,6 +260,36 @@ TEST(Algorithms, EveryAlgorithmIsExactOnInterleavedHosts) {
 }
 TEST(Algorithms, EveryAlgorithmIsExactOnUnevenHosts) { run_every_algorithm({0, 0, 0, 1, 2, 2}); }
 TEST(Algorithms, EveryAlgorithmIsExactOnOneHost) { run_every_algorithm({0, 0, 0, 0, 0}); }
+// Two ranks: pair applies (in place through its copy of the input), on one host and on two.
+TEST(Algorithms, EveryAlgorithmIsExactOnTwoRanks) {
+  run_every_algorithm({0, 0});
+  run_every_algorithm({0, 1});
+}
+
+// pair: only for 2 ranks; the model takes it for latency-bound sizes (one message latency where
+// the ring takes two) and leaves large ones to the ring (it reduces the whole vector on each rank).
+TEST(Algorithms, PairIsForTwoRanksAndLatencyBoundSizes) {
+  const AllreduceAlgorithm* pair = find_allreduce_algorithm("pair");
+  ASSERT_NE(pair, nullptr);
+  EXPECT_TRUE(pair->applies(layout({0, 0}), 0).ok());
+  EXPECT_TRUE(pair->applies(layout({0, 1}), 0).ok());
+  Status s = pair->applies(layout({0, 0, 1}), 0);
+  EXPECT_EQ(s.code(), Code::kInvalidArg);
+  EXPECT_NE(s.message().find("needs exactly 2 ranks (this communicator has 3)"), std::string::npos)
+      << s.message();
+  CostParams shm{.alpha_us = 1, .bw_gbps = 10, .reduce_gbps = 8};
+  auto pick = [&](const std::vector<int>& hosts, size_t bytes, const CostParams& p) {
+    auto c = choose_allreduce(layout(hosts), bytes, p, Algo::kAuto);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return std::string(c.ok() ? (*c).algorithm->name : "");
+  };
+  EXPECT_EQ(pick({0, 0}, 4096, shm), "pair");
+  EXPECT_EQ(pick({0, 0}, 64 << 20, shm), "ring");
+  CostParams tcp{.alpha_us = 20, .bw_gbps = 1, .reduce_gbps = 8};
+  EXPECT_EQ(pick({0, 1}, 64 << 10, tcp), "pair");
+  EXPECT_EQ(pick({0, 1}, 64 << 20, tcp), "ring");
+  EXPECT_NE(pick({0, 0, 0, 0}, 4096, shm), "pair");
+}
 
 // The pipelined hier over many segments (small chunks make many segments of a few chunks each,
 // up to the most there may be): int32 exact for sum and max, float32 and float64 sums
