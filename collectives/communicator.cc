@@ -198,6 +198,18 @@ class CommImpl : public Communicator {
   };
   std::map<std::tuple<size_t, size_t, size_t>, CachedAllreduce> allreduce_choices_;
   Result<const CachedAllreduce*> allreduce_plans(size_t count, size_t elem_bytes);
+  // The same for broadcast, allgather and reduce-scatter: the choice for `bytes` (the model's
+  // size of the call) and the plans for `count` elements from `root`, on as many channels as the
+  // algorithm takes for `channel_bytes` (0: one channel).
+  struct CachedCollective {
+    CollectiveChoice choice;
+    std::vector<Plan> plans;
+  };
+  std::map<std::tuple<int, size_t, size_t, int, size_t, size_t>, CachedCollective>
+      collective_choices_;
+  Result<const CachedCollective*> collective_plans(Collective kind, size_t bytes, size_t count,
+                                                   int root, size_t channel_bytes,
+                                                   size_t elem_bytes);
   std::string summary_;                          // describe(), made by init()
   std::map<std::string, std::string> resolved_;  // resolved(), made by init()
 
@@ -480,6 +492,24 @@ Result<const CommImpl::CachedAllreduce*> CommImpl::allreduce_plans(size_t count,
   return &allreduce_choices_.emplace(key, std::move(c)).first->second;
 }
 
+Result<const CommImpl::CachedCollective*> CommImpl::collective_plans(Collective kind, size_t bytes,
+                                                                     size_t count, int root,
+                                                                     size_t channel_bytes,
+                                                                     size_t elem_bytes) {
+  const auto key =
+      std::make_tuple(static_cast<int>(kind), bytes, count, root, elem_bytes, exec_.chunk_bytes());
+  auto it = collective_choices_.find(key);
+  if (it != collective_choices_.end()) return &it->second;
+  CachedCollective c;
+  GW_ASSIGN_OR_RETURN(c.choice, choose(kind, bytes, elem_bytes));
+  const CollectiveAlgorithm& algo = *c.choice.algorithm;
+  const int nch = channel_bytes ? std::min(algo.max_channels, channels_for(channel_bytes)) : 1;
+  c.plans =
+      algo.build(group_, count, root, nch, std::max<size_t>(1, exec_.chunk_bytes() / elem_bytes));
+  if (collective_choices_.size() >= kMaxCachedChoices) collective_choices_.clear();
+  return &collective_choices_.emplace(key, std::move(c)).first->second;
+}
+
 Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                                   ReduceOp op) {
   GW_RETURN_IF_ERROR(validate_buffers("allreduce", sendbuf, recvbuf, count, dtype, count, count));
@@ -525,13 +555,11 @@ Status CommImpl::broadcast(void* buf, size_t count, DataType dtype, int root) {
   return run_collective("broadcast", [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
-    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kBroadcast, count * es, es));
-    const CollectiveAlgorithm& algo = *choice.algorithm;
-    const int nch =
-        std::min(algo.max_channels, channels_for(count * es * static_cast<size_t>(size()) / 2));
-    std::vector<Plan> plans =
-        algo.build(group_, count, root, nch, std::max<size_t>(1, exec_.chunk_bytes() / es));
-    log_choice(Collective::kBroadcast, count * es, choice, plans.size());
+    GW_ASSIGN_OR_RETURN(const CachedCollective* c,
+                        collective_plans(Collective::kBroadcast, count * es, count, root,
+                                         count * es * static_cast<size_t>(size()) / 2, es));
+    const std::vector<Plan>& plans = c->plans;
+    log_choice(Collective::kBroadcast, count * es, c->choice, plans.size());
     auto* p = static_cast<uint8_t*>(buf);
     return exec_.run("broadcast", seq_, plans, p, p, dtype, ReduceOp::kSum, deadline);
   });
@@ -554,10 +582,10 @@ Status CommImpl::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
     const size_t bytes = blk * static_cast<size_t>(size());
-    GW_ASSIGN_OR_RETURN(CollectiveChoice choice, choose(Collective::kAllgather, bytes, es));
-    std::vector<Plan> plans = choice.algorithm->build(
-        group_, sendcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
-    log_choice(Collective::kAllgather, bytes, choice, plans.size());
+    GW_ASSIGN_OR_RETURN(const CachedCollective* c,
+                        collective_plans(Collective::kAllgather, bytes, sendcount, 0, 0, es));
+    const std::vector<Plan>& plans = c->plans;
+    log_choice(Collective::kAllgather, bytes, c->choice, plans.size());
     return exec_.run("allgather", seq_, plans, out, out, dtype, ReduceOp::kSum, deadline);
   });
 }
@@ -579,11 +607,11 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
     const auto* in = static_cast<const uint8_t*>(sendbuf);
     uint8_t* work = size() == 1 ? nullptr : exec_.scratch(total * es);
     if (size() > 1) {
-      GW_ASSIGN_OR_RETURN(CollectiveChoice choice,
-                          choose(Collective::kReduceScatter, total * es, es));
-      std::vector<Plan> plans = choice.algorithm->build(
-          group_, recvcount, 0, 1, std::max<size_t>(1, exec_.chunk_bytes() / es));
-      log_choice(Collective::kReduceScatter, total * es, choice, plans.size());
+      GW_ASSIGN_OR_RETURN(
+          const CachedCollective* c,
+          collective_plans(Collective::kReduceScatter, total * es, recvcount, 0, 0, es));
+      const std::vector<Plan>& plans = c->plans;
+      log_choice(Collective::kReduceScatter, total * es, c->choice, plans.size());
       GW_RETURN_IF_ERROR(exec_.run("reduce_scatter", seq_, plans, in, work, dtype, op, deadline));
     }
     const uint8_t* mine = size() == 1 ? in : work + rank() * recvcount * es;
