@@ -46,23 +46,17 @@ std::shared_ptr<Store> make_memory_store();
 
 class TcpStoreServer;
 
-// A client of the TCP store. If `host_server` is true (rank 0), a server is started first on
-// host:port (port 0 picks a free one; see TcpStore::port()).
-struct TcpStoreOptions {
-  std::string host = "127.0.0.1";
-  int port = 0;
-  bool host_server = false;
-  std::string token;  // job token presented to / required by the server
-  int64_t connect_timeout_ms = 30000;
-  // Server limits (the host_server side); 0 takes the configuration's value (GW_STORE_*, see
-  // docs/configuration.md). Until a client's hello is accepted it may send one frame of at most a
-  // hello's size, must finish it within hello_timeout_ms, and counts against max_pending_hello
-  // (the oldest such client is dropped to make room); max_clients caps every connection, and at
-  // that cap a client still without hello is dropped first. An authenticated connection may set
-  // values of at most max_value_bytes, create at most max_keys_per_client keys and store at most
-  // max_bytes_per_client bytes of keys and values, and all connections together at most
-  // max_bytes_total; beyond them writes are refused. (A client opens a new connection after any
-  // error, with new budgets: max_bytes_total is what bounds the server's memory.)
+// The TCP store server's limits (the host_server side); in TcpStoreOptions, 0 takes the
+// configuration's value (GW_STORE_*, see docs/configuration.md), and the server holds them with
+// every field resolved. Until a client's hello is accepted it may send one frame of at most a
+// hello's size, must finish it within hello_timeout_ms, and counts against max_pending_hello (the
+// oldest such client is dropped to make room); max_clients caps every connection, and at that cap
+// a client still without hello is dropped first. An authenticated connection may set values of
+// at most max_value_bytes, create at most max_keys_per_client keys and store at most
+// max_bytes_per_client bytes of keys and values, and all connections together at most
+// max_bytes_total; beyond them writes are refused. (A client opens a new connection after any
+// error, with new budgets: max_bytes_total is what bounds the server's memory.)
+struct TcpStoreLimits {
   int64_t hello_timeout_ms = 0;
   size_t max_clients = 0;
   size_t max_pending_hello = 0;
@@ -70,6 +64,16 @@ struct TcpStoreOptions {
   size_t max_keys_per_client = 0;
   size_t max_bytes_per_client = 0;
   size_t max_bytes_total = 0;
+};
+
+// A client of the TCP store. If `host_server` is true (rank 0), a server is started first on
+// host:port (port 0 picks a free one; see TcpStore::port()), with the limits of TcpStoreLimits.
+struct TcpStoreOptions : TcpStoreLimits {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  bool host_server = false;
+  std::string token;  // job token presented to / required by the server
+  int64_t connect_timeout_ms = 30000;
 };
 
 class TcpStore : public Store {

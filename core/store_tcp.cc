@@ -41,18 +41,6 @@ constexpr size_t kReadChunk = 256 * 1024;
 // connection stays in the kernel's backlog) instead of waking poll() again at once.
 constexpr int kDescriptorBackoffMs = 100;
 
-// Every field is set by server_limits(), from the options or the GW_STORE_* rows (whose defaults
-// are the only ones).
-struct ServerLimits {
-  int64_t hello_timeout_ms = 0;
-  size_t max_clients = 0;
-  size_t max_pending_hello = 0;
-  size_t max_value_bytes = 0;
-  size_t max_keys_per_client = 0;
-  size_t max_bytes_per_client = 0;
-  size_t max_bytes_total = 0;
-};
-
 // What a counter (created by add) counts against the byte limits: at most 20 digits.
 constexpr size_t kCounterBytes = 20;
 
@@ -64,9 +52,10 @@ constexpr auto kReplyGrace = std::chrono::milliseconds(500);
 class TcpStoreServer;
 
 namespace {
-// The options' limits, each 0 taken from its configuration row; an error names a bad one.
-Result<ServerLimits> server_limits(const TcpStoreOptions& o) {
-  ServerLimits l;
+// The options' limits, each 0 taken from its configuration row (whose defaults are the only
+// ones), so every field of the result is set; an error names a bad one.
+Result<TcpStoreLimits> server_limits(const TcpStoreOptions& o) {
+  TcpStoreLimits l;
   auto pick = [](auto given, const config::Row& row, auto* out) -> Status {
     using T = std::remove_pointer_t<decltype(out)>;
     int64_t v = given != 0 ? static_cast<int64_t>(given) : config::get_int(row);
@@ -97,7 +86,7 @@ Result<ServerLimits> server_limits(const TcpStoreOptions& o) {
 class TcpStoreServer {
  public:
   static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port,
-                                                       std::string token, ServerLimits limits,
+                                                       std::string token, TcpStoreLimits limits,
                                                        int* failed_errno) {
     sys::raise_descriptor_limit();
     int bound = 0;
@@ -145,7 +134,7 @@ class TcpStoreServer {
     Deadline deadline;
   };
 
-  TcpStoreServer(Fd listen_fd, Fd wake, int port, std::string token, ServerLimits limits)
+  TcpStoreServer(Fd listen_fd, Fd wake, int port, std::string token, TcpStoreLimits limits)
       : listen_(std::move(listen_fd)),
         wake_(std::move(wake)),
         port_(port),
@@ -583,7 +572,7 @@ class TcpStoreServer {
   Fd wake_;
   int port_;
   std::string token_;
-  ServerLimits limits_;
+  TcpStoreLimits limits_;
   Fd spare_;  // released to accept-and-close one connection when descriptors run out
   Clock::time_point listen_paused_until_{};
   std::atomic<bool> stop_{false};
@@ -746,7 +735,7 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
   if (options.hello_timeout_ms < 0) {
     return invalid_arg("TcpStore: hello_timeout_ms {} < 0", options.hello_timeout_ms);
   }
-  ServerLimits limits;
+  TcpStoreLimits limits;
   if (options.host_server) {
     GW_ASSIGN_OR_RETURN(limits, server_limits(options));
   }
