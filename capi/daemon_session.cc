@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -11,9 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/compress/codec.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
 #include "daemon/daemon_config.h"
@@ -67,16 +70,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   if (address.rfind("unix:", 0) != 0 || address.size() <= 5) {
     return invalid_arg("GW_DAEMON '{}': expected unix:/path/to/gradwired.sock", address);
   }
-  const std::string path = address.substr(5);
   const sys::Deadline deadline = sys::deadline_after_ms(options.timeout_ms);
-  std::unique_ptr<DaemonSession> s(new DaemonSession());
-  s->link_->session = s.get();
-  s->rank_ = options.rank;
-  s->size_ = options.world_size;
-  s->timeout_ms_ = options.timeout_ms;
-  s->spin_ns_ = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
-  s->address_ = address;
-
   daemon::Hello h;
   h.rank = options.rank;
   h.world_size = options.world_size;
@@ -84,6 +78,8 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   h.arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kArena));
   h.host_id = host_identity();
   h.store_token = options.job_token;
+  std::shared_ptr<Store> store;
+  std::vector<int> host_of_rank(1, 0);
   if (options.world_size > 1) {
     if (options.store_host.empty()) {
       return invalid_arg(
@@ -99,23 +95,44 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     so.connect_timeout_ms = options.timeout_ms;
     auto tcp = TcpStore::create(so);
     if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
-    s->store_ = *tcp;
+    store = *tcp;
     if (!options.job_token.empty()) {
       h.job_token = options.job_token;
     } else {
-      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*s->store_, options.rank, deadline));
+      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*store, options.rank, deadline));
     }
     GW_ASSIGN_OR_RETURN(HostMap map,
-                        exchange_hosts(*s->store_, options.rank, options.world_size, deadline));
+                        exchange_hosts(*store, options.rank, options.world_size, deadline));
     h.host_index = map.my_host;
     h.num_hosts = static_cast<int32_t>(map.ranks_of_host.size());
     h.local_rank = map.local_rank;
     h.local_size = static_cast<int32_t>(map.ranks_of_host[map.my_host].size());
     h.store_host = options.store_host;
     h.store_port = static_cast<uint16_t>(options.store_port);
+    host_of_rank = map.host_of_rank;
   } else {
     h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
   }
+  GW_ASSIGN_OR_RETURN(auto s, connect(h, address, std::move(store), std::move(host_of_rank)));
+  return std::unique_ptr<Session>(std::move(s));
+}
+
+Result<std::unique_ptr<DaemonSession>> DaemonSession::connect(const daemon::Hello& h,
+                                                              const std::string& address,
+                                                              std::shared_ptr<Store> store,
+                                                              std::vector<int> host_of_rank) {
+  const std::string path = address.substr(5);
+  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
+  std::unique_ptr<DaemonSession> s(new DaemonSession());
+  s->link_->session = s.get();
+  s->rank_ = h.rank;
+  s->size_ = h.world_size;
+  s->timeout_ms_ = h.timeout_ms;
+  s->spin_ns_ = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
+  s->address_ = address;
+  s->hello_ = h;
+  s->store_ = std::move(store);
+  s->host_of_rank_ = std::move(host_of_rank);
 
   // Connect (the daemon may still be starting: retry until the deadline, at most 10 s).
   GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
@@ -172,11 +189,18 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     return peer_error("gradwired's arena has a bad header");
   }
   s->data_ = static_cast<uint8_t*>(s->arena_.data()) + s->geo_.data_offset;
+  // Chunks of GW_DAEMON_CHUNK, or less where the arena could not stage a few in flight: the
+  // largest power of two within an eighth of the data region (ranks with the same
+  // GW_DAEMON_ARENA and GW_DAEMON_CHUNK cut the same way).
+  size_t fit = 4096;
+  while (fit * 2 <= s->geo_.data_bytes / 8) fit *= 2;
+  s->chunk_bytes_ = std::min(
+      fit, static_cast<size_t>(std::max<int64_t>(4096, config::get_int(daemon_config::kChunk))));
   s->alloc_ = std::make_unique<daemon::ArenaAllocator>(s->geo_.data_bytes);
   GW_LOG_INFO("daemon mode: rank {} of {} on host {} of {} (local {} of {}), {} arena", h.rank,
               h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size,
               s->geo_.arena_bytes);
-  return std::unique_ptr<Session>(std::move(s));
+  return s;
 }
 
 DaemonSession::~DaemonSession() {
@@ -247,10 +271,11 @@ Result<uint64_t> DaemonSession::post(SqEntry e, const char* what) {
   while (next_seq_ - 1 - completed_ >= geo_.sq_entries) {
     const uint64_t oldest = completed_ + 1;
     bool done = false;
-    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what);
+    daemon::CompressedDone info;
+    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what, &info);
     if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
     if (!broken_.ok()) return broken_;
-    done_[oldest] = s;  // an iallreduce's: keep it for its request
+    done_[oldest] = Done{s, info};  // an iallreduce's or a chunk's: keep it for its caller
   }
   e.seq = next_seq_++;
   const uint64_t tail = e.seq - 1;  // submissions made before this one
@@ -278,14 +303,15 @@ Status DaemonSession::drain_completions() {
                 sizeof(c));
     ++cq_head_;
     hdr_->cq_head.store(cq_head_, std::memory_order_release);
-    Status carried;
-    Status d = daemon::decode_completion(c, completed_ + 1, &carried);
+    Done got;
+    Status d = daemon::decode_completion(c, completed_ + 1, &got.status, &got.info);
     if (!d.ok()) return broken(d);
-    done_[++completed_] = carried;
+    done_[++completed_] = got;
   }
 }
 
-Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what) {
+Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
+                               daemon::CompressedDone* info) {
   *done = false;
   // Busy-poll the completion counter for GW_DAEMON_SPIN_US first (a small collective completes
   // within it, sparing two wake-ups), then sleep on the eventfd and the socket.
@@ -298,7 +324,8 @@ Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done,
     Status d = drain_completions();
     auto it = done_.find(seq);
     if (it != done_.end()) {
-      Status st = it->second;
+      Status st = it->second.status;
+      if (info != nullptr) *info = it->second.info;
       done_.erase(it);
       *done = true;
       if (!st.ok()) return st.with_context(what);
@@ -333,10 +360,10 @@ Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done,
   }
 }
 
-Status DaemonSession::submit(SqEntry e, const char* what) {
+Status DaemonSession::submit(SqEntry e, const char* what, daemon::CompressedDone* info) {
   GW_ASSIGN_OR_RETURN(uint64_t seq, post(e, what));
   bool done = false;
-  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what);
+  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what, info);
   if (!done) {
     return broken(
         timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
@@ -362,23 +389,89 @@ SqEntry entry(Opcode op) {
 
 }  // namespace
 
+Status DaemonSession::run_chunks(
+    size_t bytes, size_t elem, const char* what,
+    const std::function<Result<Chunk>(size_t offset, size_t len)>& post_chunk,
+    const std::function<void(const Chunk&, bool ok)>& finish_chunk) {
+  const size_t step = std::max(elem, chunk_bytes_ / elem * elem);
+  std::vector<Chunk> flight;  // oldest first
+  Status first;
+  auto retire = [&]() {
+    Chunk c = flight.front();
+    flight.erase(flight.begin());
+    bool done = false;
+    Status st = wait_for(c.seq, sys::deadline_after_ms(timeout_ms_), &done, what);
+    if (!done) {
+      st =
+          broken(timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+    }
+    finish_chunk(c, st.ok());
+    if (first.ok() && !st.ok()) first = st;
+  };
+  for (size_t off = 0; off < bytes && first.ok();) {
+    const size_t len = std::min(step, bytes - off);
+    if (flight.size() >= kChunksInFlight) {
+      retire();
+      continue;
+    }
+    auto c = post_chunk(off, len);
+    if (!c.ok()) {
+      // The arena is full of chunks in flight: make room. With none in flight it cannot fit.
+      if (c.status().code() == Code::kNoMemory && !flight.empty()) {
+        retire();
+        continue;
+      }
+      first = c.status();
+      break;
+    }
+    flight.push_back(*c);
+    off += len;
+  }
+  while (!flight.empty()) retire();  // a failed chunk fails the job: the rest end at once
+  return first;
+}
+
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
-  const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, bytes));
-  const auto [s, r] = placed;
-  SqEntry e = entry(Opcode::kAllreduce);
-  e.dtype = static_cast<uint8_t>(dtype);
-  e.op = static_cast<uint8_t>(op);
-  e.count = count;
-  e.send_off = s.off;
-  e.recv_off = r.off;
-  Status st = submit(e, "allreduce");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, bytes);
-  unplace_pair(s, r, recvbuf == sendbuf);
-  return st;
+  const size_t elem = coll::dtype_size(dtype);
+  const size_t bytes = count * elem;
+  const bool in_place = recvbuf == sendbuf;
+  const auto* sb = static_cast<const uint8_t*>(sendbuf);
+  auto* rb = static_cast<uint8_t*>(recvbuf);
+  if (bytes == 0) {
+    SqEntry e = entry(Opcode::kAllreduce);
+    e.dtype = static_cast<uint8_t>(dtype);
+    e.op = static_cast<uint8_t>(op);
+    return submit(e, "allreduce");
+  }
+  auto post_chunk = [&](size_t off, size_t len) -> Result<Chunk> {
+    GW_ASSIGN_OR_RETURN(auto placed, place_pair(sb + off, rb + off, len));
+    SqEntry e = entry(Opcode::kAllreduce);
+    e.dtype = static_cast<uint8_t>(dtype);
+    e.op = static_cast<uint8_t>(op);
+    e.count = len / elem;
+    e.send_off = placed.first.off;
+    e.recv_off = placed.second.off;
+    auto seq = post(e, "allreduce");
+    if (!seq.ok()) {
+      unplace_pair(placed.first, placed.second, in_place);
+      return seq.status();
+    }
+    return Chunk{*seq,
+                 off,
+                 len,
+                 placed.first.off,
+                 placed.second.off,
+                 placed.first.staged,
+                 placed.second.staged};
+  };
+  auto finish_chunk = [&](const Chunk& c, bool ok) {
+    if (ok && c.recv_staged) std::memcpy(rb + c.offset, data_ + c.recv_off, c.len);
+    unplace_pair(Placed{c.send_off, c.send_staged}, Placed{c.recv_off, c.recv_staged}, in_place);
+  };
+  return run_chunks(bytes, elem, "allreduce", post_chunk, finish_chunk);
 }
 
 // An iallreduce in flight: its staging stays allocated until it is waited for. It reaches the
@@ -473,18 +566,35 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
   std::lock_guard<std::mutex> lock(mu_);
   if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, nullptr));
-  const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(Placed b, place(buf, bytes, rank_ == root));
-  SqEntry e = entry(Opcode::kBroadcast);
-  e.dtype = static_cast<uint8_t>(dtype);
-  e.root = root;
-  e.count = count;
-  e.send_off = b.off;
-  e.recv_off = b.off;
-  Status st = submit(e, "broadcast");
-  if (st.ok() && b.staged && rank_ != root) std::memcpy(buf, data_ + b.off, bytes);
-  unplace(b);
-  return st;
+  const size_t elem = coll::dtype_size(dtype);
+  const size_t bytes = count * elem;
+  auto* b = static_cast<uint8_t*>(buf);
+  if (bytes == 0) {
+    SqEntry e = entry(Opcode::kBroadcast);
+    e.dtype = static_cast<uint8_t>(dtype);
+    e.root = root;
+    return submit(e, "broadcast");
+  }
+  auto post_chunk = [&](size_t off, size_t len) -> Result<Chunk> {
+    GW_ASSIGN_OR_RETURN(Placed p, place(b + off, len, rank_ == root));
+    SqEntry e = entry(Opcode::kBroadcast);
+    e.dtype = static_cast<uint8_t>(dtype);
+    e.root = root;
+    e.count = len / elem;
+    e.send_off = p.off;
+    e.recv_off = p.off;
+    auto seq = post(e, "broadcast");
+    if (!seq.ok()) {
+      unplace(p);
+      return seq.status();
+    }
+    return Chunk{*seq, off, len, p.off, p.off, p.staged, p.staged};
+  };
+  auto finish_chunk = [&](const Chunk& c, bool ok) {
+    if (ok && c.recv_staged && rank_ != root) std::memcpy(b + c.offset, data_ + c.recv_off, c.len);
+    unplace(Placed{c.recv_off, c.recv_staged});
+  };
+  return run_chunks(bytes, elem, "broadcast", post_chunk, finish_chunk);
 }
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
@@ -562,26 +672,171 @@ Status DaemonSession::barrier() {
   return submit(entry(Opcode::kBarrier), "barrier");
 }
 
-// ---- what daemon mode does not do yet
-// ------------------------------------------------------------
+Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
+                               coll::DataType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
+  const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
+  // In place is one buffer: the daemon packs every block before it writes any.
+  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, total));
+  const auto [s, r] = placed;
+  SqEntry e = entry(Opcode::kAlltoall);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.count = count;
+  e.send_off = s.off;
+  e.recv_off = r.off;
+  Status st = submit(e, "alltoall");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, total);
+  unplace_pair(s, r, recvbuf == sendbuf);
+  return st;
+}
 
-namespace {
-Status not_yet(const char* call) {
-  return unsupported("{} is not supported in daemon mode yet (GW_DAEMON; docs/daemon.md)", call);
+Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
+                                           std::string_view codec_spec,
+                                           std::string_view tensor_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* what = "allreduce_compressed";
+  // What the daemon's Compressor would refuse is refused here, before the job depends on it.
+  if (dtype != coll::DataType::kF32 && dtype != coll::DataType::kF16 &&
+      dtype != coll::DataType::kBF16) {
+    return invalid_arg(
+        "compressed allreduce: dtype {} is not supported (float32, float16, bfloat16 only)",
+        coll::dtype_name(dtype));
+  }
+  if (tensor_key.empty()) return invalid_arg("compressed allreduce: tensor key is empty");
+  GW_ASSIGN_OR_RETURN(coll::CodecSpec parsed, coll::parse_codec_spec(codec_spec));
+  const std::string spec = coll::format_codec_spec(parsed);
+  const std::string key =
+      epoch_ == 0 ? std::string(tensor_key) : fmt::format("{}#{}", tensor_key, epoch_);
+  if (spec.size() > daemon::kMaxCodecSpecBytes || key.size() > daemon::kMaxTensorKeyBytes) {
+    return invalid_arg(
+        "compressed allreduce in daemon mode: codec spec of {} bytes or tensor key of {} (at "
+        "most {} and {})",
+        spec.size(), key.size(), daemon::kMaxCodecSpecBytes, daemon::kMaxTensorKeyBytes);
+  }
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, nullptr));
+  auto known = keys_.find(key);
+  if (known != keys_.end() && (known->second.spec != spec || known->second.count != count ||
+                               known->second.dtype != dtype)) {
+    return invalid_arg(
+        "compressed allreduce: tensor key \"{}\" was used with codec {}, {} x {} and now with "
+        "codec {}, {} x {}; use one key per tensor",
+        tensor_key, known->second.spec, known->second.count, coll::dtype_name(known->second.dtype),
+        spec, count, coll::dtype_name(dtype));
+  }
+  const size_t bytes = count * coll::dtype_size(dtype);
+  GW_ASSIGN_OR_RETURN(Placed b, place(buf, bytes, true));
+  const std::string meta = spec + key;
+  auto m = place(meta.data(), meta.size(), true);
+  if (!m.ok()) {
+    unplace(b);
+    return m.status();
+  }
+  // The staged copy of the spec and key is always a copy: a gw_mem_alloc'd string is not ours.
+  Placed mp = *m;
+  if (!mp.staged) {
+    unplace(b);
+    return internal_error("{}: the codec spec was placed in the caller's memory", what);
+  }
+  SqEntry e = entry(Opcode::kAllreduceCompressed);
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.count = count;
+  e.send_off = b.off;
+  e.recv_off = b.off;
+  e.meta_off = mp.off;
+  e.spec_len = static_cast<uint32_t>(spec.size());
+  e.key_len = static_cast<uint32_t>(key.size());
+  daemon::CompressedDone info;
+  Status st = submit(e, what, &info);
+  if (st.ok() && b.staged) std::memcpy(buf, data_ + b.off, bytes);
+  unplace(mp);
+  unplace(b);
+  if (!st.ok()) return st;
+  if (known == keys_.end()) keys_.emplace(key, KeyUse{spec, count, dtype});
+  const uint64_t p = static_cast<uint64_t>(size_);
+  stats_.calls += 1;
+  stats_.bytes_sent += info.bytes_sent;
+  if (p > 1) stats_.bytes_uncompressed += 2 * (p - 1) * bytes / p;
+  return ok_status();
 }
-}  // namespace
 
-Status DaemonSession::alltoall(const void*, void*, size_t, coll::DataType) {
-  return not_yet("alltoall");
+Result<gw_comm_stats_t> DaemonSession::compression_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
 }
-Status DaemonSession::allreduce_compressed(void*, size_t, coll::DataType, std::string_view,
-                                           std::string_view) {
-  return not_yet("allreduce_compressed");
+
+Status DaemonSession::reset_compression_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = gw_comm_stats_t{};
+  return ok_status();
 }
-Result<gw_comm_stats_t> DaemonSession::compression_stats() { return not_yet("gw_comm_stats"); }
-Status DaemonSession::reset_compression_stats() { return not_yet("gw_comm_reset_stats"); }
-Status DaemonSession::release_compression() { return ok_status(); }  // nothing held
-Result<std::unique_ptr<Session>> DaemonSession::split(int, int) { return not_yet("split"); }
+
+Status DaemonSession::release_compression() {
+  // The residuals live in the daemons, shared by the job's trainers; later calls use fresh keys
+  // there (so they start from empty residuals) and the old state goes with the job.
+  std::lock_guard<std::mutex> lock(mu_);
+  keys_.clear();
+  stats_ = gw_comm_stats_t{};
+  ++epoch_;
+  return ok_status();
+}
+
+Result<std::unique_ptr<Session>> DaemonSession::split(int color, int key) {
+  // Every rank learns every rank's (color, key) through the daemon, then the ranks of one color
+  // join the daemons as a job of their own: its token derived from this job's (HMAC, so only
+  // those who hold this one know it), its host layout from this one's, the same store.
+  const int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(size_));
+  GW_RETURN_IF_ERROR(allgather(mine, all.data(), 2, coll::DataType::kI32).with_context("split"));
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq = ++splits_;
+  }
+  if (color < 0) return std::unique_ptr<Session>();
+  std::vector<int> members;  // parent ranks of the new communicator, in new-rank order
+  for (int r = 0; r < size_; ++r) {
+    if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+  });
+  std::vector<int> hosts;  // parent host indexes of the members, ascending
+  for (int r : members) hosts.push_back(host_of_rank_[static_cast<size_t>(r)]);
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  auto new_host = [&](int parent_rank) {
+    const int h = host_of_rank_[static_cast<size_t>(parent_rank)];
+    return static_cast<int>(std::lower_bound(hosts.begin(), hosts.end(), h) - hosts.begin());
+  };
+  daemon::Hello h = hello_;
+  h.world_size = static_cast<int32_t>(members.size());
+  h.num_hosts = static_cast<int32_t>(hosts.size());
+  h.host_index = new_host(rank_);
+  h.local_rank = 0;
+  h.local_size = 0;
+  std::vector<int> child_hosts;
+  for (size_t c = 0; c < members.size(); ++c) {
+    const int host = new_host(members[c]);
+    child_hosts.push_back(host);
+    if (members[c] == rank_) {
+      h.rank = static_cast<int32_t>(c);
+      h.local_rank = h.local_size;
+    }
+    if (host == h.host_index) ++h.local_size;
+  }
+  const std::string label = fmt::format("gradwire split {} color {}", seq, color);
+  const net::handshake::Mac tag = net::handshake::hmac_sha256(
+      hello_.job_token, reinterpret_cast<const uint8_t*>(label.data()), label.size());
+  h.job_token.clear();
+  for (uint8_t byte : tag) h.job_token += fmt::format("{:02x}", byte);
+  if (h.num_hosts == 1) {  // the new job's daemons need not meet
+    h.store_host.clear();
+    h.store_port = 0;
+  }
+  GW_ASSIGN_OR_RETURN(auto child, connect(h, address_, store_, std::move(child_hosts)));
+  return std::unique_ptr<Session>(std::move(child));
+}
 
 // ---- memory and abort
 // ----------------------------------------------------------------------------

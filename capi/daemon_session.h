@@ -5,19 +5,24 @@
 // the host's trainers and runs the inter-host part with the job's other daemons.
 //
 // Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
-// arena staging and back. allreduce, iallreduce (several in flight, up to the ring's length),
-// broadcast, allgather, reduce_scatter and barrier are supported; alltoall, split and the
-// compressed calls return kUnsupported, and so does a GPU buffer. Every wait has the communicator's
-// deadline, and a daemon that dies or cuts this client ends the call (and every later one) with
-// kPeer.
+// arena staging and back. Every collective of the C ABI is supported: allreduce, iallreduce
+// (several in flight, up to the ring's length), broadcast, allgather, reduce_scatter, alltoall,
+// barrier, allreduce_compressed (the daemons compress what crosses hosts) and split (a new job on
+// the same daemons). An allreduce or broadcast of more than GW_DAEMON_CHUNK bytes runs as chunks,
+// several in flight, so a buffer larger than the arena works and staging overlaps the daemon's
+// work; the other calls must fit the arena whole. A GPU buffer is kUnsupported. Every wait has the
+// communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
+// later one) with kPeer.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "capi/session.h"
 #include "core/store.h"
@@ -70,6 +75,25 @@ class DaemonSession final : public Session {
 
  private:
   DaemonSession() = default;
+  // Connects to the daemon at `address` with hello `h` (the job's layout worked out already).
+  static Result<std::unique_ptr<DaemonSession>> connect(const daemon::Hello& h,
+                                                        const std::string& address,
+                                                        std::shared_ptr<Store> store,
+                                                        std::vector<int> host_of_rank);
+  // An elementwise collective of `bytes` run as chunks of at most chunk_bytes_ (every rank cuts
+  // the same way: by size alone), up to kChunksInFlight posted at once. post_chunk(offset, len)
+  // places and posts one chunk and returns its sequence number and placements; finish_chunk copies
+  // a completed chunk out (when it succeeded) and frees its placements. The caller holds mu_.
+  struct Chunk {
+    uint64_t seq = 0;
+    size_t offset = 0, len = 0;
+    uint64_t send_off = 0, recv_off = 0;
+    bool send_staged = false, recv_staged = false;
+  };
+  static constexpr size_t kChunksInFlight = 4;
+  Status run_chunks(size_t bytes, size_t elem, const char* what,
+                    const std::function<Result<Chunk>(size_t offset, size_t len)>& post_chunk,
+                    const std::function<void(const Chunk&, bool ok)>& finish_chunk);
 
   // A buffer's place in the data region: its own (arena memory) or staging (copied).
   struct Placed {
@@ -91,8 +115,10 @@ class DaemonSession final : public Session {
   // or an abort ends it with *done true. submit: post + wait_for with the communicator's deadline.
   Result<uint64_t> post(daemon::SqEntry e, const char* what);
   Status drain_completions();
-  Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what);
-  Status submit(daemon::SqEntry e, const char* what);
+  // *info (when given) gets what an allreduce_compressed's completion carried.
+  Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
+                  daemon::CompressedDone* info = nullptr);
+  Status submit(daemon::SqEntry e, const char* what, daemon::CompressedDone* info = nullptr);
   Status broken(Status s);
 
   int rank_ = 0;
@@ -100,7 +126,24 @@ class DaemonSession final : public Session {
   int64_t timeout_ms_ = 0;
   int64_t spin_ns_ = 0;  // GW_DAEMON_SPIN_US
   std::string address_;
-  std::shared_ptr<Store> store_;  // rank 0 hosts the job's store: the daemons meet there
+  size_t chunk_bytes_ = 0;         // GW_DAEMON_CHUNK
+  daemon::Hello hello_;            // what this trainer told the daemon (split derives from it)
+  std::vector<int> host_of_rank_;  // host index of every rank
+  // rank 0 hosts the job's store: the daemons meet there (a split's jobs too, so it holds it).
+  std::shared_ptr<Store> store_;
+  uint64_t splits_ = 0;  // split() calls so far (names the new jobs); under mu_
+
+  // allreduce_compressed: the keys used (spec as given, count, dtype), checked before posting as
+  // the direct mode's Compressor checks them; the counters of gw_comm_stats; the release epoch
+  // (release_compression starts fresh keys: "<key>#<epoch>"). Under mu_.
+  struct KeyUse {
+    std::string spec;
+    size_t count = 0;
+    coll::DataType dtype = coll::DataType::kF32;
+  };
+  std::map<std::string, KeyUse, std::less<>> keys_;
+  gw_comm_stats_t stats_{};
+  uint64_t epoch_ = 0;
 
   std::mutex mu_;  // one call at a time
   // What an iallreduce request holds instead of the session: a request may outlive it
@@ -118,8 +161,12 @@ class DaemonSession final : public Session {
   uint8_t* data_ = nullptr;
   uint64_t next_seq_ = 1;
   uint64_t cq_head_ = 0;
-  uint64_t completed_ = 0;                         // completions read
-  std::map<uint64_t, Status> done_;                // read, not yet claimed by their caller
+  uint64_t completed_ = 0;  // completions read
+  struct Done {
+    Status status;
+    daemon::CompressedDone info;
+  };
+  std::map<uint64_t, Done> done_;                  // read, not yet claimed by their caller
   std::unique_ptr<daemon::ArenaAllocator> alloc_;  // guarded by mu_
   std::map<uint64_t, size_t> user_;                // gw_mem_alloc'd ranges (offset -> bytes)
   Status broken_;                                  // set once the connection is unusable

@@ -31,6 +31,11 @@ constinit const config::Row kArena{
     "GW_DAEMON_ARENA", Type::Size, "256M", "",
     "daemon mode: size of this trainer's shared arena (gw_mem_alloc memory and staging of other "
     "buffers); the daemon may cap it"};
+constinit const config::Row kChunk{
+    "GW_DAEMON_CHUNK", Type::Size, "16M", "",
+    "daemon mode: an allreduce or broadcast larger than this runs as chunks of it, several in "
+    "flight (buffers larger than the arena work; staging copies overlap the daemon's work); "
+    "every rank of a job must use the same value"};
 constinit const config::Row kSocket{"GW_DAEMON_SOCKET", Type::String,
                                     "/run/gradwire/gradwired.sock", "",
                                     "gradwired: the trainers' unix socket (--socket)"};
@@ -57,8 +62,9 @@ constinit const config::Row kGroup{
     "the sockets become mode 0660 and owned by it; empty: the daemon's uid (and root) only"};
 
 const config::RowSet& rows() {
-  static const config::RowSet set("daemon", {&kDaemon, &kArena, &kSocket, &kMaxArena, &kMaxClients,
-                                             &kTransport, &kSpinUs, &kMetrics, &kGroup});
+  static const config::RowSet set(
+      "daemon", {&kDaemon, &kArena, &kChunk, &kSocket, &kMaxArena, &kMaxClients, &kTransport,
+                 &kSpinUs, &kMetrics, &kGroup});
   return set;
 }
 

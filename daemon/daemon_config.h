@@ -9,6 +9,7 @@ namespace gw::daemon_config {
 
 extern const config::Row kDaemon;
 extern const config::Row kArena;
+extern const config::Row kChunk;
 extern const config::Row kSocket;
 extern const config::Row kMaxArena;
 extern const config::Row kMaxClients;

@@ -245,18 +245,20 @@ const char* opcode_name(Opcode op) {
       return "barrier";
     case Opcode::kReduceScatter:
       return "reduce_scatter";
+    case Opcode::kAlltoall:
+      return "alltoall";
+    case Opcode::kAllreduceCompressed:
+      return "allreduce_compressed";
   }
   return "?";
 }
 
-Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t data_bytes,
-                               int32_t world_size) {
+Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
+                               uint64_t data_bytes, int32_t world_size) {
   if (e.seq != expected_seq) {
     return peer_error("submission: sequence {} where {} was due", e.seq, expected_seq);
   }
-  if (e.reserved[0] != 0 || e.reserved[1] != 0 || e.reserved[2] != 0) {
-    return peer_error("submission {}: reserved fields are not 0", e.seq);
-  }
+  if (e.reserved != 0) return peer_error("submission {}: reserved field is not 0", e.seq);
   Request r;
   r.seq = e.seq;
   r.root = e.root;
@@ -269,10 +271,16 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
     case static_cast<uint16_t>(Opcode::kAllgather):
     case static_cast<uint16_t>(Opcode::kBarrier):
     case static_cast<uint16_t>(Opcode::kReduceScatter):
+    case static_cast<uint16_t>(Opcode::kAlltoall):
+    case static_cast<uint16_t>(Opcode::kAllreduceCompressed):
       r.opcode = static_cast<Opcode>(e.opcode);
       break;
     default:
       return peer_error("submission {}: unknown opcode {}", e.seq, e.opcode);
+  }
+  const bool compressed = r.opcode == Opcode::kAllreduceCompressed;
+  if (!compressed && (e.meta_off != 0 || e.spec_len != 0 || e.key_len != 0)) {
+    return peer_error("submission {}: codec fields on a {}", e.seq, opcode_name(r.opcode));
   }
   if (r.opcode == Opcode::kBarrier) {
     if (e.count != 0 || e.send_off != 0 || e.recv_off != 0 || e.root != 0 || e.dtype != 0 ||
@@ -304,23 +312,44 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
   }
   r.send_bytes = bytes;
   r.recv_bytes = bytes;
-  if (r.opcode == Opcode::kAllgather &&
-      (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.recv_bytes) ||
-       r.recv_bytes > data_bytes)) {
-    return peer_error("submission {}: allgather of {} x {} bytes exceeds the data region", e.seq,
-                      world_size, bytes);
+  const bool gathers = r.opcode == Opcode::kAllgather || r.opcode == Opcode::kAlltoall;
+  const bool scatters = r.opcode == Opcode::kReduceScatter || r.opcode == Opcode::kAlltoall;
+  if (gathers && (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.recv_bytes) ||
+                  r.recv_bytes > data_bytes)) {
+    return peer_error("submission {}: {} of {} x {} bytes exceeds the data region", e.seq,
+                      opcode_name(r.opcode), world_size, bytes);
   }
-  if (r.opcode == Opcode::kReduceScatter &&
+  if (scatters &&
       (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.send_bytes) ||
        r.send_bytes > data_bytes)) {
-    return peer_error("submission {}: reduce_scatter of {} x {} bytes exceeds the data region",
-                      e.seq, world_size, bytes);
+    return peer_error("submission {}: {} of {} x {} bytes exceeds the data region", e.seq,
+                      opcode_name(r.opcode), world_size, bytes);
   }
-  if (r.opcode == Opcode::kBroadcast) {
+  if (r.opcode == Opcode::kBroadcast || compressed) {
     // One buffer, in place.
     if (e.send_off != e.recv_off) {
-      return peer_error("submission {}: broadcast with two buffers", e.seq);
+      return peer_error("submission {}: {} with two buffers", e.seq, opcode_name(r.opcode));
     }
+  }
+  if (compressed) {
+    if (r.dtype != coll::DataType::kF32 && r.dtype != coll::DataType::kF16 &&
+        r.dtype != coll::DataType::kBF16) {
+      return peer_error("submission {}: allreduce_compressed of {}", e.seq,
+                        coll::dtype_name(r.dtype));
+    }
+    if (e.spec_len == 0 || e.spec_len > kMaxCodecSpecBytes || e.key_len == 0 ||
+        e.key_len > kMaxTensorKeyBytes) {
+      return peer_error("submission {}: codec spec of {} bytes, tensor key of {} (1..{}, 1..{})",
+                        e.seq, e.spec_len, e.key_len, kMaxCodecSpecBytes, kMaxTensorKeyBytes);
+    }
+    const uint64_t meta = uint64_t{e.spec_len} + e.key_len;
+    if (!range_ok(e.meta_off, meta, data_bytes)) {
+      return peer_error("submission {}: codec spec and key [{}, +{}) outside the data region",
+                        e.seq, e.meta_off, meta);
+    }
+    const char* m = reinterpret_cast<const char*>(data + e.meta_off);
+    r.spec.assign(m, e.spec_len);
+    r.key.assign(m + e.spec_len, e.key_len);
   }
   if (!range_ok(r.send_off, r.send_bytes, data_bytes)) {
     return peer_error("submission {}: send range [{}, +{}) outside the data region ({} bytes)",
@@ -333,17 +362,24 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t
   return r;
 }
 
-CqEntry make_completion(uint64_t seq, const Status& s) {
+CqEntry make_completion(uint64_t seq, const Status& s, const CompressedDone* done) {
   CqEntry c{};
   c.seq = seq;
   c.status = static_cast<int32_t>(s.code());
+  if (s.ok() && done != nullptr) {
+    std::memcpy(c.msg, &done->bytes_sent, 8);
+    std::memcpy(c.msg + 8, &done->nonfinite, 8);
+    c.msg_len = 16;
+    return c;
+  }
   const std::string& m = s.message();
   c.msg_len = static_cast<uint32_t>(std::min(m.size(), kCqMessageBytes));
   std::memcpy(c.msg, m.data(), c.msg_len);
   return c;
 }
 
-Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried) {
+Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried,
+                         CompressedDone* done) {
   if (e.seq != expected_seq) {
     return peer_error("completion of sequence {} where {} was due", e.seq, expected_seq);
   }
@@ -354,7 +390,15 @@ Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carrie
     return peer_error("completion {}: message of {} bytes (at most {})", e.seq, e.msg_len,
                       kCqMessageBytes);
   }
+  if (done != nullptr) *done = CompressedDone{};
   if (e.status == 0) {
+    if (e.msg_len != 0 && e.msg_len != 16) {
+      return peer_error("completion {}: a success carrying {} bytes (0 or 16)", e.seq, e.msg_len);
+    }
+    if (e.msg_len == 16 && done != nullptr) {
+      std::memcpy(&done->bytes_sent, e.msg, 8);
+      std::memcpy(&done->nonfinite, e.msg + 8, 8);
+    }
     *carried = ok_status();
   } else {
     *carried = Status(static_cast<Code>(e.status), "gradwired: " + std::string(e.msg, e.msg_len));

@@ -22,7 +22,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -43,6 +43,9 @@ inline constexpr uint64_t kMaxArenaBytes = 1ull << 40;  // 1 TiB (the daemon's o
 inline constexpr uint32_t kMaxRingEntries = 4096;
 inline constexpr uint64_t kArenaHeaderBytes = 4096;
 inline constexpr uint64_t kDataAlign = 4096;
+// allreduce_compressed: the codec spec and tensor key it names in the data region.
+inline constexpr uint32_t kMaxCodecSpecBytes = 256;
+inline constexpr uint32_t kMaxTensorKeyBytes = 1024;
 
 // The control socket (gradwirectl, daemon/control.h) of a daemon whose trainers' socket is
 // `socket_path`: beside it, `socket_path` + ".ctl". GW_DAEMON=auto probes it.
@@ -102,7 +105,10 @@ enum class Opcode : uint16_t {
   kAllgather = 3,
   kBarrier = 4,
   kReduceScatter = 5,
+  kAlltoall = 6,
+  kAllreduceCompressed = 7,
 };
+inline constexpr int kNumOpcodes = 7;
 const char* opcode_name(Opcode op);
 
 // One submission, as it lies in the ring (64 bytes, little-endian host layout).
@@ -115,7 +121,12 @@ struct SqEntry {
   uint64_t count;     // elements (allgather: per rank; reduce_scatter: received per rank)
   uint64_t send_off;  // offsets into the data region
   uint64_t recv_off;
-  uint64_t reserved[3];  // 0
+  // allreduce_compressed: the codec spec then the tensor key, back to back at meta_off in the
+  // data region; 0 for every other opcode.
+  uint64_t meta_off;
+  uint32_t spec_len;
+  uint32_t key_len;
+  uint64_t reserved;  // 0
 };
 static_assert(sizeof(SqEntry) == 64);
 
@@ -139,18 +150,31 @@ struct Request {
   uint64_t count = 0;
   uint64_t send_off = 0, send_bytes = 0;
   uint64_t recv_off = 0, recv_bytes = 0;
+  std::string spec, key;  // allreduce_compressed (copied out of the data region)
 };
 
-// kPeer unless the entry is well formed for a client of `world_size` ranks whose data region has
-// `data_bytes` bytes and whose next sequence number is expected_seq.
-Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, uint64_t data_bytes,
-                               int32_t world_size);
+// What the completion of a successful allreduce_compressed carries in its message field
+// (msg_len 16): this trainer's share of the bytes the daemon sent across hosts for the call, and
+// whether the call was summed uncompressed for a NaN/Inf input (nonfinite=skip).
+struct CompressedDone {
+  uint64_t bytes_sent = 0;
+  uint64_t nonfinite = 0;
+};
 
-// Fills the completion for a result (the message cut to fit).
-CqEntry make_completion(uint64_t seq, const Status& s);
+// kPeer unless the entry is well formed for a client of `world_size` ranks whose data region
+// (`data_bytes` bytes at `data`) it points into and whose next sequence number is expected_seq.
+// The codec spec and tensor key of allreduce_compressed are copied out of `data` once.
+Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
+                               uint64_t data_bytes, int32_t world_size);
+
+// Fills the completion for a result (the message cut to fit); with `done`, an
+// allreduce_compressed's success carries it.
+CqEntry make_completion(uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
 // kPeer unless the entry is the completion of expected_seq with a known status; then *carried is
-// the Status it carries (ok, or the daemon's error with its message).
-Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried);
+// the Status it carries (ok, or the daemon's error with its message), and *done (when given) what
+// a success carried (zeros when it carried nothing).
+Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried,
+                         CompressedDone* done = nullptr);
 
 // The arena header, at offset 0. Counters only grow; a ring holds tail - head entries.
 struct alignas(64) ArenaHeader {

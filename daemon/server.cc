@@ -21,10 +21,12 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/compress/compress.h"
 #include "collectives/reduce.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/handshake.h"
 #include "core/store.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
@@ -166,10 +168,14 @@ struct Job {
   std::shared_ptr<Store> store;
   std::unique_ptr<coll::Communicator> comm;
   std::vector<int32_t> host_of_rank;
+  std::vector<std::vector<int32_t>> ranks_of_host;  // ascending, by host index
 
   // Job thread state.
   Status failure;  // ok until the job fails; then every request completes with it
   std::vector<uint8_t> scratch;
+  // allreduce_compressed's error feedback between the daemons (per tensor key), made on first use.
+  std::unique_ptr<coll::Compressor> compressor;
+  std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
 
   void run();
   void abort_comm() {
@@ -182,9 +188,11 @@ struct Job {
   void fail(const Status& s);
   void refuse(Client& c, const Status& why);
   void consume(Client& c);
-  void complete(Client& c, uint64_t seq, const Status& s);
+  void complete(Client& c, uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
   void run_ready();
   Status execute(const std::vector<Request>& reqs);
+  Status alltoall(const std::vector<Request>& reqs);
+  Status allreduce_compressed(const std::vector<Request>& reqs);
   std::string describe(const Request& r) const;
 };
 
@@ -249,7 +257,12 @@ Status Job::start_comm() {
   so.connect_timeout_ms = h.timeout_ms;
   auto tcp = TcpStore::create(so);
   if (!tcp.ok()) return tcp.status().with_context("gradwired: the job's rendezvous store");
-  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/");
+  // Every job of the store (a split makes more) meets under a prefix of its own.
+  const net::handshake::Mac tag =
+      net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
+  std::string tag_hex;
+  for (int i = 0; i < 8; ++i) tag_hex += fmt::format("{:02x}", tag[i]);
+  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + tag_hex + "/");
   coll::CommOptions co;
   co.rank = h.host_index;
   co.world_size = h.num_hosts;
@@ -276,6 +289,10 @@ Status Job::start_comm() {
     std::lock_guard<std::mutex> lock(comm_mu);
     store = *tcp;
     comm = std::move(*made);
+  }
+  ranks_of_host.assign(static_cast<size_t>(h.num_hosts), {});
+  for (size_t r = 0; r < map.size(); ++r) {
+    ranks_of_host[static_cast<size_t>(map[r])].push_back(static_cast<int32_t>(r));
   }
   host_of_rank = std::move(map);
   return ok_status();
@@ -305,7 +322,7 @@ void Job::refuse(Client& c, const Status& why) {
   signal_fd(server_wake_fd_of(server));
 }
 
-void Job::complete(Client& c, uint64_t seq, const Status& s) {
+void Job::complete(Client& c, uint64_t seq, const Status& s, const CompressedDone* done) {
   if (c.lost.load(std::memory_order_acquire)) return;
   const uint64_t head = c.hdr->cq_head.load(std::memory_order_acquire);
   Status ring = check_ring(head, c.cq_tail, c.geo.cq_entries, "completion");
@@ -316,7 +333,7 @@ void Job::complete(Client& c, uint64_t seq, const Status& s) {
     refuse(c, ring);
     return;
   }
-  const CqEntry e = make_completion(seq, s);
+  const CqEntry e = make_completion(seq, s, done);
   auto* slot = reinterpret_cast<uint8_t*>(c.arena.data()) + c.geo.cq_offset +
                (c.cq_tail % c.geo.cq_entries) * sizeof(CqEntry);
   std::memcpy(slot, &e, sizeof(e));
@@ -337,7 +354,7 @@ void Job::consume(Client& c) {
     const auto* slot = reinterpret_cast<const uint8_t*>(c.arena.data()) + c.geo.sq_offset +
                        (c.sq_head % c.geo.sq_entries) * sizeof(SqEntry);
     std::memcpy(&e, slot, sizeof(e));  // one copy: the client cannot change it under the checks
-    auto r = decode_request(e, c.next_seq, c.geo.data_bytes, first.world_size);
+    auto r = decode_request(e, c.next_seq, c.data, c.geo.data_bytes, first.world_size);
     if (!r.ok()) {
       refuse(c, r.status());
       return;
@@ -352,6 +369,10 @@ void Job::consume(Client& c) {
 
 std::string Job::describe(const Request& r) const {
   if (r.opcode == Opcode::kBarrier) return "barrier";
+  if (r.opcode == Opcode::kAllreduceCompressed) {
+    return fmt::format("allreduce_compressed {} count {} codec \"{}\" key \"{}\"",
+                       coll::dtype_name(r.dtype), r.count, r.spec, r.key);
+  }
   return fmt::format("{} {} {} count {} root {}", opcode_name(r.opcode), coll::dtype_name(r.dtype),
                      static_cast<int>(r.op), r.count, r.root);
 }
@@ -467,6 +488,10 @@ Status Job::execute(const std::vector<Request>& reqs) {
       mark(Phase::kCopyBack);
       return ok_status();
     }
+    case Opcode::kAlltoall:
+      return alltoall(reqs);
+    case Opcode::kAllreduceCompressed:
+      return allreduce_compressed(reqs);
     case Opcode::kAllgather: {
       const size_t block = r.send_bytes;
       const size_t total = r.recv_bytes;
@@ -495,6 +520,121 @@ Status Job::execute(const std::vector<Request>& reqs) {
   return internal_error("unknown opcode");
 }
 
+Status Job::alltoall(const std::vector<Request>& reqs) {
+  // Every daemon packs, for every host g, the blocks its trainers send to g's trainers (source
+  // by local index, destination by g's local index, Lmax x Lmax slots of `block` bytes, Lmax the
+  // most trainers a host has), exchanges them with one all-to-all among the daemons and unpacks
+  // what came from every host into its trainers' receive buffers. Packing first makes in place
+  // (send == recv) safe.
+  const Request& r = reqs[0];
+  const size_t block = static_cast<size_t>(r.count) * coll::dtype_size(r.dtype);
+  if (block == 0) return ok_status();
+  const size_t n = members.size();
+  std::vector<std::vector<int32_t>> hosts = ranks_of_host;
+  if (!comm) {  // one host: these trainers are the job
+    hosts.assign(1, {});
+    for (const auto& m : members) hosts[0].push_back(m->hello.rank);
+    std::sort(hosts[0].begin(), hosts[0].end());
+  }
+  const size_t num_hosts = hosts.size();
+  const size_t me = comm ? static_cast<size_t>(first.host_index) : 0;
+  size_t lmax = 0;
+  for (const auto& h : hosts) lmax = std::max(lmax, h.size());
+  std::vector<size_t> member_of(n);  // local index (position in hosts[me]) -> members index
+  for (size_t i = 0; i < n; ++i) {
+    const auto& mine = hosts[me];
+    const auto at = std::lower_bound(mine.begin(), mine.end(), members[i]->hello.rank);
+    if (at == mine.end() || *at != members[i]->hello.rank) {
+      return internal_error("alltoall: rank {} is not in this host's map", members[i]->hello.rank);
+    }
+    member_of[static_cast<size_t>(at - mine.begin())] = i;
+  }
+  const size_t slot = lmax * lmax * block;
+  const size_t total = num_hosts * slot;
+  if (scratch.size() < (comm ? 2 : 1) * total) scratch.resize((comm ? 2 : 1) * total);
+  uint8_t* out = scratch.data();
+  uint8_t* in = comm ? out + total : out;
+  int64_t mark_ns = sys::now_ns();
+  auto mark = [&](Phase phase) {
+    const int64_t now = sys::now_ns();
+    counters->observe(phase, now - mark_ns);
+    mark_ns = now;
+  };
+  for (size_t g = 0; g < num_hosts; ++g) {
+    for (size_t i = 0; i < hosts[me].size(); ++i) {
+      const size_t m = member_of[i];
+      const uint8_t* send = members[m]->data + reqs[m].send_off;
+      for (size_t j = 0; j < hosts[g].size(); ++j) {
+        std::memcpy(out + g * slot + (i * lmax + j) * block,
+                    send + static_cast<size_t>(hosts[g][j]) * block, block);
+      }
+    }
+  }
+  counters->arena_in.fetch_add(block * first.world_size * n, std::memory_order_relaxed);
+  mark(Phase::kLocalReduce);
+  if (comm) {
+    GW_RETURN_IF_ERROR(comm->alltoall(out, in, slot, coll::DataType::kU8));
+    counters->inter_in.fetch_add((num_hosts - 1) * slot, std::memory_order_relaxed);
+    counters->inter_out.fetch_add((num_hosts - 1) * slot, std::memory_order_relaxed);
+    mark(Phase::kInterHost);
+  }
+  for (size_t h = 0; h < num_hosts; ++h) {
+    for (size_t i = 0; i < hosts[h].size(); ++i) {
+      for (size_t j = 0; j < hosts[me].size(); ++j) {
+        const size_t m = member_of[j];
+        std::memcpy(members[m]->data + reqs[m].recv_off + static_cast<size_t>(hosts[h][i]) * block,
+                    in + h * slot + (i * lmax + j) * block, block);
+      }
+    }
+  }
+  counters->arena_out.fetch_add(block * first.world_size * n, std::memory_order_relaxed);
+  mark(Phase::kCopyBack);
+  return ok_status();
+}
+
+Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
+  // The host's trainers are summed exactly; only the sum crosses hosts, through the job's
+  // Compressor among the daemons (its error feedback is per daemon and tensor key). The bytes it
+  // sent are shared out among the trainers' completions for gw_comm_stats.
+  const Request& r = reqs[0];
+  const size_t n = members.size();
+  const size_t bytes = r.send_bytes;
+  int64_t mark_ns = sys::now_ns();
+  auto mark = [&](Phase phase) {
+    const int64_t now = sys::now_ns();
+    counters->observe(phase, now - mark_ns);
+    mark_ns = now;
+  };
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  uint8_t* s = scratch.data();
+  if (bytes > 0) std::memcpy(s, members[0]->data + reqs[0].send_off, bytes);
+  for (size_t i = 1; i < n && bytes > 0; ++i) {
+    coll::reduce(r.dtype, coll::ReduceOp::kSum, s, members[i]->data + reqs[i].send_off, s, r.count);
+  }
+  counters->arena_in.fetch_add(bytes * n, std::memory_order_relaxed);
+  mark(Phase::kLocalReduce);
+  CompressedDone total;
+  if (comm) {
+    if (!compressor) compressor = std::make_unique<coll::Compressor>(comm.get());
+    const coll::CompressStats before = compressor->stats();
+    GW_RETURN_IF_ERROR(compressor->allreduce(s, r.count, r.dtype, r.spec, r.key));
+    const coll::CompressStats after = compressor->stats();
+    total.bytes_sent = after.bytes_sent - before.bytes_sent;
+    total.nonfinite = after.nonfinite_steps - before.nonfinite_steps;
+    counters->inter_in.fetch_add(total.bytes_sent, std::memory_order_relaxed);
+    counters->inter_out.fetch_add(total.bytes_sent, std::memory_order_relaxed);
+    mark(Phase::kInterHost);
+  }
+  for (size_t i = 0; i < n && bytes > 0; ++i) {
+    std::memcpy(members[i]->data + reqs[i].recv_off, s, bytes);
+  }
+  counters->arena_out.fetch_add(bytes * n, std::memory_order_relaxed);
+  mark(Phase::kCopyBack);
+  done_info.assign(n, CompressedDone{total.bytes_sent / n, total.nonfinite});
+  done_info[0].bytes_sent += total.bytes_sent % n;
+  return ok_status();
+}
+
 void Job::run_ready() {
   for (;;) {
     for (const auto& m : members) {
@@ -511,13 +651,14 @@ void Job::run_ready() {
         const Request& a = reqs[0];
         const Request& b = reqs[i];
         if (a.opcode != b.opcode || a.dtype != b.dtype || a.op != b.op || a.count != b.count ||
-            a.root != b.root) {
+            a.root != b.root || a.spec != b.spec || a.key != b.key) {
           s = invalid_arg("trainers of the job disagree: rank {} calls {}, rank {} calls {}",
                           members[0]->hello.rank, describe(a), members[i]->hello.rank, describe(b));
           break;
         }
       }
     }
+    done_info.clear();
     if (s.ok()) s = execute(reqs);
     if (!s.ok() && s.code() == Code::kAborted) {
       // The main thread aborts the communicator when a trainer of the job goes: say that.
@@ -537,7 +678,9 @@ void Job::run_ready() {
       errors.fetch_add(1, std::memory_order_relaxed);
       fail(s);
     }
-    for (size_t i = 0; i < members.size(); ++i) complete(*members[i], reqs[i].seq, s);
+    for (size_t i = 0; i < members.size(); ++i) {
+      complete(*members[i], reqs[i].seq, s, i < done_info.size() ? &done_info[i] : nullptr);
+    }
   }
 }
 
@@ -596,6 +739,7 @@ void Job::run() {
     }
     run_ready();
   }
+  compressor.reset();  // it borrows comm
   {
     std::lock_guard<std::mutex> lock(comm_mu);
     comm.reset();

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "daemon/protocol.h"
 
 namespace gw::daemon {
 
@@ -45,7 +46,6 @@ struct ServerOptions {
 };
 
 // Collectives by kind: the opcodes of daemon/protocol.h (1..kNumOpcodes), index opcode - 1.
-inline constexpr int kNumOpcodes = 5;
 
 // What went wrong, for gradwired_errors_total{kind} (error_kind_name()).
 enum class ErrorKind {

@@ -298,7 +298,9 @@ gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t count, gw_
  * bytes_uncompressed: what the same calls would have sent as a plain allreduce of the buffer in
  *   its own dtype: 2(p-1)/p * count * dtype size.
  * calls: number of gw_allreduce_compressed calls that completed, at any p. With p == 1 nothing
- *   crosses a wire: both byte counters stay 0 while calls still counts. */
+ *   crosses a wire: both byte counters stay 0 while calls still counts.
+ * In daemon mode (GW_DAEMON) the host's daemon compresses the host's sum: bytes_sent is this
+ *   trainer's share of what its daemon sent across hosts (0 when the job is on one host). */
 typedef struct {
   uint64_t bytes_sent;
   uint64_t bytes_uncompressed;

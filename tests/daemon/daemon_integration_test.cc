@@ -95,9 +95,14 @@ class DaemonPair {
   // port 0: no store (a world of one). hostid: another host identity than the daemon's.
   size_t start_trainer(ProcGroup& g, int rank, int world, int port, std::vector<std::string> args,
                        const std::string& hostid = "") {
+    return start_trainer_on(g, host_of(rank), rank, world, port, std::move(args), hostid);
+  }
+  // The same on host h (0: A, 1: B) whatever the rank.
+  size_t start_trainer_on(ProcGroup& g, int h, int rank, int world, int port,
+                          std::vector<std::string> args, const std::string& hostid = "") {
     Env env = clean_env();
-    env["GW_DAEMON"] = "unix:" + socket(host_of(rank));
-    env["GW_HOSTID"] = hostid.empty() ? host(host_of(rank)) : hostid;
+    env["GW_DAEMON"] = "unix:" + socket(h);
+    env["GW_HOSTID"] = hostid.empty() ? host(h) : hostid;
     env["GW_DAEMON_ARENA"] = "16M";
     std::vector<std::string> argv = {
         DAEMON_TRAINER_PATH,   "--rank",       std::to_string(rank),      "--world",
@@ -224,6 +229,37 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
   EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"in\"}"), 0) << text;
   EXPECT_GE(sample(text, "gradwired_collectives_total{kind=\"reduce_scatter\",result=\"ok\"}"), 1)
       << text;
+}
+
+// Uneven hosts (ranks 0, 2, 3 on A; 1 on B), then one host (all four on A): alltoall, the
+// compressed allreduce, split and chunked allreduce/broadcast beyond the arena (the trainer's
+// "extra" scenario checks every result).
+TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (bool one_host : {false, true}) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 4; ++r) {
+      d.start_trainer_on(g, one_host || r != 1 ? 0 : 1, r, 4, port, {"extra", "1001"});
+    }
+    auto results = g.wait_all(240000, true);
+    ASSERT_EQ(results.size(), 4u);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+          << (one_host ? "one host" : "3+1 hosts") << " rank " << r << ": " << results[r].describe()
+          << "\ndaemon A:\n"
+          << d.daemon_output(0) << "\ndaemon B:\n"
+          << d.daemon_output(1);
+      // Across hosts, every trainer's share of the compressed bytes is counted.
+      if (!one_host) {
+        EXPECT_EQ(results[r].output.find(" sent=0 "), std::string::npos) << results[r].output;
+      }
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {

@@ -689,7 +689,7 @@ TEST(DaemonProtocol, HelloRoundTripAndBounds) {
   auto b2 = encode_hello(bad);
   EXPECT_FALSE(decode_hello(b2.data(), b2.size()).ok());
   bad = h;
-  bad.version = 2;
+  bad.version = kProtocolVersion + 1;
   auto b3 = encode_hello(bad);
   EXPECT_EQ(decode_hello(b3.data(), b3.size()).status().code(), Code::kUnsupported);
 }
@@ -708,20 +708,82 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   auto w2 = encode_welcome(shifted);
   EXPECT_FALSE(decode_welcome(w2.data(), w2.size()).ok());
 
+  std::vector<uint8_t> region(4096, 0);
+  const uint8_t* d = region.data();
   SqEntry e = allreduce_entry(coll::DataType::kF64, coll::ReduceOp::kSum, 16, 0, 128);
   e.seq = 1;
-  EXPECT_TRUE(decode_request(e, 1, 256, 1).ok());
-  EXPECT_FALSE(decode_request(e, 1, 255, 1).ok());  // recv range ends past the region
-  e.count = (1ull << 61) + 1;                       // bytes overflow
-  EXPECT_FALSE(decode_request(e, 1, ~0ull, 1).ok());
+  EXPECT_TRUE(decode_request(e, 1, d, 256, 1).ok());
+  EXPECT_FALSE(decode_request(e, 1, d, 255, 1).ok());  // recv range ends past the region
+  SqEntry coded = e;
+  coded.key_len = 1;  // codec fields on a plain allreduce
+  EXPECT_FALSE(decode_request(coded, 1, d, 256, 1).ok());
+  coded = e;
+  coded.reserved = 1;
+  EXPECT_FALSE(decode_request(coded, 1, d, 256, 1).ok());
+  e.count = (1ull << 61) + 1;  // bytes overflow
+  EXPECT_FALSE(decode_request(e, 1, d, ~0ull, 1).ok());
   SqEntry ag{};
   ag.seq = 1;
   ag.opcode = static_cast<uint16_t>(Opcode::kAllgather);
   ag.dtype = static_cast<uint8_t>(coll::DataType::kF32);
   ag.count = 8;
   ag.recv_off = 64;
-  EXPECT_TRUE(decode_request(ag, 1, 64 + 32 * 4, 4).ok());
-  EXPECT_FALSE(decode_request(ag, 1, 64 + 32 * 4, 5).ok());  // 5 blocks do not fit
+  EXPECT_TRUE(decode_request(ag, 1, d, 64 + 32 * 4, 4).ok());
+  EXPECT_FALSE(decode_request(ag, 1, d, 64 + 32 * 4, 5).ok());  // 5 blocks do not fit
+  // alltoall: world blocks on both sides.
+  SqEntry a2a = ag;
+  a2a.opcode = static_cast<uint16_t>(Opcode::kAlltoall);
+  a2a.send_off = 0;
+  a2a.recv_off = 128;
+  auto a = decode_request(a2a, 1, d, 256, 4);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->send_bytes, 128u);
+  EXPECT_EQ(a->recv_bytes, 128u);
+  EXPECT_FALSE(decode_request(a2a, 1, d, 255, 4).ok());
+  a2a.recv_off = 0;
+  a2a.send_off = 129;  // the send side (4 blocks) ends past the region
+  EXPECT_FALSE(decode_request(a2a, 1, d, 256, 4).ok());
+  // allreduce_compressed: one buffer, float types, the spec and key copied out of the region.
+  const std::string meta = "topk:0.01grad/layer1";
+  std::memcpy(region.data() + 1024, meta.data(), meta.size());
+  SqEntry c{};
+  c.seq = 1;
+  c.opcode = static_cast<uint16_t>(Opcode::kAllreduceCompressed);
+  c.dtype = static_cast<uint8_t>(coll::DataType::kF32);
+  c.count = 16;
+  c.meta_off = 1024;
+  c.spec_len = 9;
+  c.key_len = 11;
+  auto cr = decode_request(c, 1, d, region.size(), 2);
+  ASSERT_TRUE(cr.ok()) << cr.status().message();
+  EXPECT_EQ(cr->spec, "topk:0.01");
+  EXPECT_EQ(cr->key, "grad/layer1");
+  SqEntry bad_c = c;
+  bad_c.recv_off = 64;  // two buffers
+  EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());
+  bad_c = c;
+  bad_c.dtype = static_cast<uint8_t>(coll::DataType::kI32);
+  EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());
+  bad_c = c;
+  bad_c.key_len = 0;
+  EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());
+  bad_c = c;
+  bad_c.spec_len = kMaxCodecSpecBytes + 1;
+  EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());
+  bad_c = c;
+  bad_c.meta_off = region.size() - 10;  // the key runs past the region
+  EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());
+  // Its completion carries this trainer's share of the bytes sent; nothing else does.
+  CompressedDone sent{12345, 1};
+  CqEntry done = make_completion(7, ok_status(), &sent);
+  Status carried = internal_error("unset");
+  CompressedDone got;
+  ASSERT_TRUE(decode_completion(done, 7, &carried, &got).ok());
+  EXPECT_TRUE(carried.ok());
+  EXPECT_EQ(got.bytes_sent, 12345u);
+  EXPECT_EQ(got.nonfinite, 1u);
+  done.msg_len = 5;
+  EXPECT_FALSE(decode_completion(done, 7, &carried, &got).ok());
   EXPECT_FALSE(check_ring(10, 20, 8, "t").ok());
   EXPECT_FALSE(check_ring(10, 9, 8, "t").ok());  // tail behind head
   EXPECT_TRUE(check_ring(10, 18, 8, "t").ok());

@@ -10,6 +10,13 @@
 //   die KILLER       rank KILLER makes two allreduces, then SIGKILLs itself while its third one
 //                    runs; the others call allreduce until it fails
 //   loop             allreduce until a call fails (the test kills a daemon meanwhile)
+//   extra COUNT      alltoall (every dtype, malloc'd and gw_mem_alloc'd in place),
+//                    gw_allreduce_compressed (none, fp16, topk:1 with exact sums; stats; a key
+//                    reused with another count and an int32 buffer refused without harm;
+//                    release), gw_comm_split (two colors ranked by a reversed key, rank 2 in
+//                    none; the child used, destroyed, the parent used after), and an allreduce
+//                    and a broadcast of 20 MiB of malloc'd memory (more than a 16 MiB arena: run
+//                    as chunks), an iallreduce of it refused with GW_ERR_NO_MEMORY
 //   bench BYTES ITERS [mem]   allreduce float32 sum of BYTES, ITERS timed calls after 5 warm-up
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
@@ -326,11 +333,152 @@ int run_suite(gw_comm_t comm, int rank, int world, size_t count) {
       }
     }
   }
-  // Calls daemon mode does not make yet say so.
-  float x = 0;
-  s = gw_alltoall(comm, &x, &x, 0, GW_FLOAT32);
-  if (s != GW_OK && s != GW_ERR_UNSUPPORTED) return report("alltoall", s, t0);
   std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f calls=%d\n", rank, now_ms() - t0, calls);
+  return 0;
+}
+
+int wrong(int rank, const char* what, size_t at, double got, double want) {
+  std::printf("WRONG rank=%d %s at %zu: got %g want %g\n", rank, what, at, got, want);
+  return 1;
+}
+
+int run_extra(gw_comm_t comm, int rank, int world, size_t count) {
+  const double t0 = now_ms();
+  char what[160];
+  gw_status_t s;
+  // alltoall: rank r's block for rank d holds (r * 11 + d * 3 + i) % 50.
+  for (int arena = 0; arena < 2; ++arena) {
+    for (int d = 0; d < 7; ++d) {
+      const gw_dtype_t t = kTypes[d];
+      Buffers buf(comm, arena != 0, count * dsize(t) * world + 64);
+      for (int to = 0; to < world; ++to) {
+        for (size_t i = 0; i < count; ++i) {
+          put(buf.a, to * count + i, t, (rank * 11 + to * 3 + i) % 50);
+        }
+      }
+      void* out = arena ? buf.a : buf.b;
+      std::snprintf(what, sizeof(what), "alltoall %s count %zu%s", kTypeNames[d], count,
+                    arena ? " in place (gw_mem_alloc)" : "");
+      if ((s = gw_alltoall(comm, buf.a, out, count, t)) != GW_OK) return report(what, s, t0);
+      for (int from = 0; from < world; ++from) {
+        for (size_t i = 0; i < count; ++i) {
+          const double want = static_cast<double>((from * 11 + rank * 3 + i) % 50);
+          const double got = get(out, from * count + i, t);
+          if (got != want) return wrong(rank, what, from * count + i, got, want);
+        }
+      }
+    }
+  }
+  // Compressed allreduce: codecs whose sums of these small integers are exact.
+  std::vector<float> g(count);
+  uint64_t calls = 0;
+  for (const char* spec : {"none", "fp16", "topk:1"}) {
+    for (int step = 0; step < 2; ++step) {
+      for (size_t i = 0; i < count; ++i) g[i] = static_cast<float>(pattern(GW_SUM, rank, i));
+      std::snprintf(what, sizeof(what), "allreduce_compressed %s step %d count %zu", spec, step,
+                    count);
+      s = gw_allreduce_compressed(comm, g.data(), count, GW_FLOAT32, spec, spec);
+      ++calls;
+      if (s != GW_OK) return report(what, s, t0);
+      for (size_t i = 0; i < count; ++i) {
+        const double want = expected(GW_SUM, GW_FLOAT32, world, i);
+        if (g[i] != want) return wrong(rank, what, i, g[i], want);
+      }
+    }
+  }
+  gw_comm_stats_t st{};
+  if ((s = gw_comm_stats(comm, &st)) != GW_OK) return report("gw_comm_stats", s, t0);
+  if (st.calls != calls || (world > 1 && st.bytes_uncompressed == 0)) {
+    std::printf("WRONG rank=%d stats: calls %llu (want %llu) uncompressed %llu\n", rank,
+                static_cast<unsigned long long>(st.calls), static_cast<unsigned long long>(calls),
+                static_cast<unsigned long long>(st.bytes_uncompressed));
+    return 1;
+  }
+  std::printf("STATS rank=%d calls=%llu sent=%llu uncompressed=%llu\n", rank,
+              static_cast<unsigned long long>(st.calls),
+              static_cast<unsigned long long>(st.bytes_sent),
+              static_cast<unsigned long long>(st.bytes_uncompressed));
+  // A key reused with another count, and an integer buffer: refused here, the comm goes on.
+  s = gw_allreduce_compressed(comm, g.data(), count - 1, GW_FLOAT32, "fp16", "fp16");
+  if (s != GW_ERR_INVALID_ARG) return report("compressed key reused with another count", s, t0);
+  std::vector<int32_t> ints(count, 1);
+  s = gw_allreduce_compressed(comm, ints.data(), count, GW_INT32, "fp16", "ints");
+  if (s != GW_ERR_INVALID_ARG) return report("compressed int32", s, t0);
+  // After a release the key starts afresh: another count is fine.
+  if ((s = gw_comm_release_compression(comm)) != GW_OK) return report("release", s, t0);
+  for (size_t i = 0; i + 1 < count; ++i) g[i] = 1.0f;
+  s = gw_allreduce_compressed(comm, g.data(), count - 1, GW_FLOAT32, "fp16", "fp16");
+  if (s != GW_OK) return report("compressed after release", s, t0);
+  for (size_t i = 0; i + 1 < count; ++i) {
+    if (g[i] != world) return wrong(rank, "compressed after release", i, g[i], world);
+  }
+  // Split: even and odd ranks, ranked by a reversed key; rank 2 joins none.
+  auto color_of = [&](int r) { return r == 2 && world > 3 ? -1 : r % 2; };
+  const int color = color_of(rank);
+  gw_comm_t child = nullptr;
+  if ((s = gw_comm_split(comm, color, world - rank, &child)) != GW_OK) {
+    return report("gw_comm_split", s, t0);
+  }
+  if (color < 0) {
+    if (child != nullptr) return wrong(rank, "split color -1 gave a comm", 0, 1, 0);
+  } else {
+    std::vector<int> members;
+    for (int r = world - 1; r >= 0; --r) {
+      if (color_of(r) == color) members.push_back(r);
+    }
+    int crank = -1, csize = -1;
+    gw_comm_rank(child, &crank);
+    gw_comm_size(child, &csize);
+    const int want_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    if (csize != static_cast<int>(members.size()) || crank != want_rank) {
+      std::printf("WRONG rank=%d split: rank %d of %d, want %d of %zu\n", rank, crank, csize,
+                  want_rank, members.size());
+      return 1;
+    }
+    std::vector<int64_t> v(count, rank), all(count * csize);
+    if ((s = gw_allreduce(child, v.data(), v.data(), count, GW_INT64, GW_SUM)) != GW_OK) {
+      return report("allreduce on the split comm", s, t0);
+    }
+    double want = 0;
+    for (int r : members) want += r;
+    for (size_t i = 0; i < count; ++i) {
+      if (v[i] != want) return wrong(rank, "allreduce on the split comm", i, v[i], want);
+    }
+    const int64_t mine = rank;
+    if ((s = gw_allgather(child, &mine, all.data(), 1, GW_INT64)) != GW_OK) {
+      return report("allgather on the split comm", s, t0);
+    }
+    for (int c = 0; c < csize; ++c) {
+      if (all[c] != members[c])
+        return wrong(rank, "allgather on the split comm", c, all[c], members[c]);
+    }
+    if ((s = gw_comm_destroy(child)) != GW_OK) return report("destroying the split comm", s, t0);
+  }
+  // Larger than the arena: chunks.
+  const size_t big = 5u << 20;  // floats: 20 MiB
+  std::vector<float> x(big), y(big);
+  for (size_t i = 0; i < big; ++i) x[i] = static_cast<float>((i + rank) % 7);
+  if ((s = gw_allreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_SUM)) != GW_OK) {
+    return report("allreduce of 20 MiB (chunks)", s, t0);
+  }
+  for (size_t i = 0; i < big; ++i) {
+    double want = 0;
+    for (int r = 0; r < world; ++r) want += (i + r) % 7;
+    if (y[i] != want) return wrong(rank, "allreduce of 20 MiB (chunks)", i, y[i], want);
+  }
+  for (size_t i = 0; i < big; ++i) x[i] = rank == world - 1 ? static_cast<float>(i % 1000) : -1;
+  if ((s = gw_broadcast(comm, x.data(), big, GW_FLOAT32, world - 1)) != GW_OK) {
+    return report("broadcast of 20 MiB (chunks)", s, t0);
+  }
+  for (size_t i = 0; i < big; ++i) {
+    if (x[i] != i % 1000) return wrong(rank, "broadcast of 20 MiB (chunks)", i, x[i], i % 1000);
+  }
+  gw_request_t req = nullptr;
+  s = gw_iallreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_SUM, &req);
+  if (s != GW_ERR_NO_MEMORY) return report("iallreduce of 20 MiB (more than the arena)", s, t0);
+  if ((s = gw_barrier(comm)) != GW_OK) return report("barrier at the end", s, t0);
+  std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", rank, now_ms() - t0);
   return 0;
 }
 
@@ -412,7 +560,7 @@ int main(int argc, char** argv) {
     }
   }
   if (i >= argc) {
-    std::fprintf(stderr, "usage: %s [options] suite|die|loop|bench [args]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [options] suite|extra|die|loop|bench [args]\n", argv[0]);
     return 2;
   }
   const std::string scenario = argv[i++];
@@ -427,6 +575,8 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (scenario == "suite" && argc - i == 1) {
     rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
+  } else if (scenario == "extra" && argc - i == 1) {
+    rc = run_extra(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
   } else if (scenario == "die" && argc - i == 1) {
     rc = run_die(comm, rank, std::atoi(argv[i]));
   } else if (scenario == "loop") {

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "daemon/control.h"
 #include "daemon/protocol.h"
@@ -44,24 +45,31 @@ void fuzz_welcome(const uint8_t* p, size_t n) {
 }
 
 void fuzz_submissions(const uint8_t* p, size_t n) {
-  if (n < 2) return;
-  const uint64_t data_bytes = (uint64_t{p[0]} + 1) << (p[1] % 40);
+  if (n < 3) return;
+  // A real data region (up to 1 MiB) for the codec spec and key of allreduce_compressed.
+  const uint64_t data_bytes = (uint64_t{p[0]} + 1) << (p[1] % 13);
   const int32_t world = 1 + p[1] % 9;
-  p += 2;
-  n -= 2;
+  const bool own_seq = (p[2] & 1) == 0;  // take each entry's own sequence, to get past that check
+  p += 3;
+  n -= 3;
+  std::vector<uint8_t> data(data_bytes, 'k');
   uint64_t expected = 1;
   for (; n >= sizeof(SqEntry); p += sizeof(SqEntry), n -= sizeof(SqEntry)) {
     SqEntry e;
     std::memcpy(&e, p, sizeof(e));
-    // Half the time take the entry's own sequence, to get past that check.
-    const uint64_t want = (e.reserved[2] & 1) == 0 ? e.seq : expected;
-    auto r = decode_request(e, want, data_bytes, world);
+    auto r = decode_request(e, own_seq ? e.seq : expected, data.data(), data_bytes, world);
     tally(r.ok());
     if (!r.ok()) continue;
     ++expected;
     check(r->send_off <= data_bytes && r->send_bytes <= data_bytes - r->send_off);
     check(r->recv_off <= data_bytes && r->recv_bytes <= data_bytes - r->recv_off);
     if (r->opcode == Opcode::kBroadcast) check(r->root >= 0 && r->root < world);
+    if (r->opcode == Opcode::kAllreduceCompressed) {
+      check(!r->spec.empty() && r->spec.size() <= kMaxCodecSpecBytes);
+      check(!r->key.empty() && r->key.size() <= kMaxTensorKeyBytes);
+    } else {
+      check(r->spec.empty() && r->key.empty());
+    }
   }
 }
 
@@ -70,7 +78,8 @@ void fuzz_completions(const uint8_t* p, size_t n) {
     CqEntry e;
     std::memcpy(&e, p, sizeof(e));
     Status carried;
-    Status s = decode_completion(e, (e.seq >> 63) != 0 ? e.seq + 1 : e.seq, &carried);
+    CompressedDone done;
+    Status s = decode_completion(e, (e.seq >> 63) != 0 ? e.seq + 1 : e.seq, &carried, &done);
     tally(s.ok());
     if (s.ok()) check(static_cast<int>(carried.code()) == e.status);
   }
@@ -152,9 +161,10 @@ std::vector<std::vector<uint8_t>> seeds() {
   refusal.status = 3;
   refusal.message = "refused";
   with(kWelcome, encode_welcome(refusal));
-  std::vector<uint8_t> subs{200, 12};
-  const Opcode ops[] = {Opcode::kAllreduce, Opcode::kBroadcast, Opcode::kAllgather,
-                        Opcode::kBarrier, Opcode::kReduceScatter};
+  std::vector<uint8_t> subs{200, 12, 0};
+  const Opcode ops[] = {
+      Opcode::kAllreduce,     Opcode::kBroadcast, Opcode::kAllgather,          Opcode::kBarrier,
+      Opcode::kReduceScatter, Opcode::kAlltoall,  Opcode::kAllreduceCompressed};
   uint64_t seq = 1;
   for (Opcode op : ops) {
     SqEntry e{};
@@ -164,9 +174,16 @@ std::vector<std::vector<uint8_t>> seeds() {
       e.dtype = 2;
       e.count = 100;
       e.send_off = 4096;
-      e.recv_off = op == Opcode::kBroadcast ? 4096 : 65536;
+      const bool one_buffer = op == Opcode::kBroadcast || op == Opcode::kAllreduceCompressed;
+      e.recv_off = one_buffer ? 4096 : 65536;
       e.root = op == Opcode::kBroadcast ? 1 : 0;
       e.op = op == Opcode::kAllreduce || op == Opcode::kReduceScatter ? 4 : 0;
+      if (op == Opcode::kAllreduceCompressed) {
+        e.dtype = 0;  // float32
+        e.meta_off = 200000;
+        e.spec_len = 9;
+        e.key_len = 12;
+      }
     }
     const auto* b = reinterpret_cast<const uint8_t*>(&e);
     subs.insert(subs.end(), b, b + sizeof(e));
