@@ -146,6 +146,8 @@ _declare("gw_allreduce_compressed", [comm_t, _P, _SZ, _I, ctypes.c_char_p, ctype
 _declare("gw_comm_stats", [comm_t, ctypes.POINTER(CommStats)])
 _declare("gw_comm_reset_stats", [comm_t])
 _declare("gw_comm_release_compression", [comm_t])
+_declare("gw_mem_alloc", [comm_t, _SZ, ctypes.POINTER(ctypes.c_void_p)])
+_declare("gw_mem_free", [comm_t, _P])
 
 # Calls a newer library may have: None where this one lacks them.
 has_split = hasattr(lib, "gw_comm_split")

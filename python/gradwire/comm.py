@@ -8,7 +8,7 @@ import enum
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from . import _buffer, _lib
 from .errors import GradwireError, InvalidArgument, Unsupported, check, error_for
@@ -126,12 +126,21 @@ class Request:
 _live: "weakref.WeakSet[Comm]" = weakref.WeakSet()
 
 
+_exiting = False
+
+
 @atexit.register
 def _close_all() -> None:
     # A communicator still open when the interpreter exits is closed before the library's static
-    # objects are destroyed (its threads must be joined while everything they use still exists).
+    # objects are destroyed (its threads must be joined while everything they use still exists),
+    # even one whose mem_empty() arrays are still alive, and one closed while some were.
+    global _exiting
+    _exiting = True
     for c in list(_live):
         c.close()
+        h, c._deferred = c._deferred, None
+        if h is not None:
+            _lib.lib.gw_comm_destroy(h)
 
 
 class Comm:
@@ -160,6 +169,8 @@ class Comm:
         """
         self._pending: set[Request] = set()
         self._lock = threading.Lock()
+        self._mem_live = 0  # arrays from mem_empty not yet freed
+        self._deferred: Optional[ctypes.c_void_p] = None  # closed while some were alive
         h = ctypes.c_void_p()
         if _handle is not None:
             h.value = _handle
@@ -188,11 +199,65 @@ class Comm:
         return self._h
 
     def close(self) -> None:
-        """Frees the communicator (not collective; waits, bounded, for pending operations)."""
+        """Frees the communicator (not collective; waits, bounded, for pending operations).
+
+        While arrays from mem_empty() are alive the communicator is closed at once (no more
+        calls) but freed only when the last of them goes, so their memory stays valid."""
         h, self._h = self._h, None
+        if h is None:
+            return
+        self._pending.clear()
+        if self._mem_live > 0 and not _exiting:
+            self._deferred = h
+            return
+        _lib.lib.gw_comm_destroy(h)
+
+    def mem_empty(self, shape: Union[int, Sequence[int]], dtype: str = "float32", *,
+                  torch: bool = False) -> Array:
+        """A new, uninitialised array in memory from gw_mem_alloc: in daemon mode (GW_DAEMON) it
+        lies in the daemon's shared arena, so collectives on it are zero-copy (any other array is
+        copied into the arena and back); in direct mode it is ordinary host memory.
+
+        dtype: a numpy dtype name (float32, float64, float16, int32, int64, uint8), or bfloat16
+        with torch=True. torch=True returns a CPU torch.Tensor sharing the memory. The memory is
+        freed (gw_mem_free) once the array and every view of it are gone. Raises OutOfMemory when
+        the arena has no room (GW_DAEMON_ARENA)."""
+        import numpy
+
+        dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise InvalidArgument(f"mem_empty: negative dimension in shape {dims}")
+        if dtype == "bfloat16" and not torch:
+            raise InvalidArgument("mem_empty: bfloat16 needs torch=True (numpy has no bfloat16)")
+        itemsize = 2 if dtype == "bfloat16" else numpy.dtype(dtype).itemsize
+        if dtype != "bfloat16" and str(numpy.dtype(dtype)) not in _buffer._NUMPY_DTYPES:
+            raise InvalidArgument(f"mem_empty: dtype {dtype} is not supported "
+                                  f"(supported: {_buffer.SUPPORTED})")
+        n = 1
+        for d in dims:
+            n *= d
+        nbytes = max(n * itemsize, 1)
+        ptr = ctypes.c_void_p()
+        check(_lib.lib.gw_mem_alloc(self.handle, nbytes, ctypes.byref(ptr)), "mem_empty")
+        raw = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
+        self._mem_live += 1
+        weakref.finalize(raw, self._mem_free, ptr.value)
+        flat = numpy.frombuffer(raw, dtype=numpy.uint8)[: n * itemsize]
+        if not torch:
+            return flat.view(numpy.dtype(dtype)).reshape(dims)
+        import torch as _torch
+
+        t = _torch.from_numpy(flat)  # keeps flat (and so raw) alive
+        return t.view(getattr(_torch, dtype)).reshape(dims)
+
+    def _mem_free(self, ptr: int) -> None:
+        h = self._h if self._h is not None else self._deferred
         if h is not None:
+            _lib.lib.gw_mem_free(h, ctypes.c_void_p(ptr))
+        self._mem_live -= 1
+        if self._mem_live == 0 and self._deferred is not None:
+            h, self._deferred = self._deferred, None
             _lib.lib.gw_comm_destroy(h)
-            self._pending.clear()
 
     def abort(self) -> None:
         """Makes every pending and later call on this communicator raise Aborted, promptly.

@@ -1,7 +1,9 @@
 """The gradwire package: import, every op and dtype on 1..4 ranks, refusals, error mapping."""
+import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +152,55 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def test_mem_empty_in_direct_mode(comm):
+    import gradwire
+    a = comm.mem_empty((3, 5), "float64")
+    assert a.shape == (3, 5) and a.dtype == np.float64
+    a[:] = 2.0
+    comm.allreduce(a, a)
+    assert (a == 2.0).all()
+    with pytest.raises(gradwire.InvalidArgument, match="negative"):
+        comm.mem_empty((-1, 2))
+    with pytest.raises(gradwire.InvalidArgument, match="not supported"):
+        comm.mem_empty(4, "complex64")
+    del a
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_mem_empty_direct_on_ranks(np_):
+    p = launch(np_, worker("mem.py"), timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("mem ok") == np_
+
+
+def test_mem_empty_in_daemon_mode(tmp_path):
+    # A real gradwired (unprivileged, socket in tmp_path): the arrays lie in its arena.
+    daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
+    lib = os.environ.get("GRADWIRE_LIBRARY", "")
+    if lib:
+        daemon = Path(lib).resolve().parents[1] / "daemon" / "gradwired"
+    if not daemon.exists():
+        pytest.skip(f"no gradwired at {daemon}")
+    sock = tmp_path / "gwd.sock"
+    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        p = launch(2, worker("mem.py"), timeout=90,
+                   extra_env={"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "16M"})
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.count("mem ok") == 2
+        # The ranks were the daemon's clients (not direct mode).
+        ctl = daemon.parent / "gradwirectl"
+        st = subprocess.run([str(ctl), "status", "--json", "--socket", str(sock)], env=env(),
+                            capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert json.loads(st.stdout)["accepted"] == 2, st.stdout
+    finally:
+        d.terminate()
+        try:
+            d.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
