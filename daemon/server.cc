@@ -74,6 +74,21 @@ struct Counters {
   }
 };
 
+// A collective's phases for the metrics: each phase's time runs from the previous mark.
+class PhaseClock {
+ public:
+  explicit PhaseClock(Counters* c) : counters_(c) {}
+  void mark(Phase phase) {
+    const int64_t now = sys::now_ns();
+    counters_->observe(phase, now - last_ns_);
+    last_ns_ = now;
+  }
+
+ private:
+  Counters* counters_;
+  int64_t last_ns_ = sys::now_ns();
+};
+
 Result<sys::Fd> make_eventfd() {
   sys::Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!fd.valid()) return system_error("eventfd", errno);
@@ -382,13 +397,9 @@ Status Job::execute(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   auto buf = [&](size_t i, uint64_t off) { return members[i]->data + off; };
   coll::Communicator* cm = comm.get();
-  // Phases and bytes for the metrics: each phase's time runs from the previous mark.
-  int64_t mark_ns = sys::now_ns();
-  auto mark = [&](Phase phase) {
-    const int64_t now = sys::now_ns();
-    counters->observe(phase, now - mark_ns);
-    mark_ns = now;
-  };
+  // Phases and bytes for the metrics.
+  PhaseClock clock(counters);
+  auto mark = [&](Phase phase) { clock.mark(phase); };
   auto arena = [&](uint64_t in, uint64_t out) {
     counters->arena_in.fetch_add(in, std::memory_order_relaxed);
     counters->arena_out.fetch_add(out, std::memory_order_relaxed);
@@ -554,12 +565,8 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   if (scratch.size() < (comm ? 2 : 1) * total) scratch.resize((comm ? 2 : 1) * total);
   uint8_t* out = scratch.data();
   uint8_t* in = comm ? out + total : out;
-  int64_t mark_ns = sys::now_ns();
-  auto mark = [&](Phase phase) {
-    const int64_t now = sys::now_ns();
-    counters->observe(phase, now - mark_ns);
-    mark_ns = now;
-  };
+  PhaseClock clock(counters);
+  auto mark = [&](Phase phase) { clock.mark(phase); };
   for (size_t g = 0; g < num_hosts; ++g) {
     for (size_t i = 0; i < hosts[me].size(); ++i) {
       const size_t m = member_of[i];
@@ -599,12 +606,8 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
   const Request& r = reqs[0];
   const size_t n = members.size();
   const size_t bytes = r.send_bytes;
-  int64_t mark_ns = sys::now_ns();
-  auto mark = [&](Phase phase) {
-    const int64_t now = sys::now_ns();
-    counters->observe(phase, now - mark_ns);
-    mark_ns = now;
-  };
+  PhaseClock clock(counters);
+  auto mark = [&](Phase phase) { clock.mark(phase); };
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint8_t* s = scratch.data();
   if (bytes > 0) std::memcpy(s, members[0]->data + reqs[0].send_off, bytes);
