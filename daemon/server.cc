@@ -158,6 +158,10 @@ std::string job_key(const Hello& h) {
 
 int server_wake_fd_of(Server::Impl* s);
 
+// allreduce_pipelined: the piece size and how many pieces the progress thread holds at once.
+inline constexpr size_t kPipelinePiece = 4u << 20;
+inline constexpr size_t kPiecesInFlight = 3;
+
 struct Job {
   Job(Server::Impl* s, const Hello& h, Counters* c, std::string transport_name)
       : server(s), first(h), counters(c), transport(std::move(transport_name)) {
@@ -207,6 +211,7 @@ struct Job {
   void run_ready();
   Status execute(const std::vector<Request>& reqs);
   Status alltoall(const std::vector<Request>& reqs);
+  Status allreduce_pipelined(const std::vector<Request>& reqs);
   Status allreduce_compressed(const std::vector<Request>& reqs);
   std::string describe(const Request& r) const;
 };
@@ -417,6 +422,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       return ok_status();
     case Opcode::kAllreduce: {
       const size_t bytes = r.send_bytes;
+      if (cm && bytes >= 2 * kPipelinePiece) return allreduce_pipelined(reqs);
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
       if (scratch.size() < bytes) scratch.resize(bytes);
       uint8_t* s = scratch.data();
@@ -597,6 +603,80 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   counters->arena_out.fetch_add(block * first.world_size * n, std::memory_order_relaxed);
   mark(Phase::kCopyBack);
   return ok_status();
+}
+
+Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
+  // An allreduce across hosts of at least two pieces: the local sum of piece k+1 and the copy
+  // back of piece k-1 overlap the daemons' allreduce of piece k, which runs on the
+  // communicator's progress thread (at most kPiecesInFlight queued there).
+  const Request& r = reqs[0];
+  const size_t n = members.size();
+  const size_t bytes = r.send_bytes;
+  const size_t elem = coll::dtype_size(r.dtype);
+  const size_t piece = kPipelinePiece / elem * elem;
+  const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  uint8_t* s = scratch.data();
+  struct Flight {
+    size_t off = 0, len = 0;
+    std::unique_ptr<coll::AsyncOp> op;
+  };
+  std::deque<Flight> flight;
+  int64_t spent[kNumPhases] = {};
+  Status err;
+  auto timed = [&](Phase phase, auto&& work) {
+    const int64_t t0 = sys::now_ns();
+    work();
+    spent[static_cast<int>(phase)] += sys::now_ns() - t0;
+  };
+  auto retire = [&]() {
+    Flight f = std::move(flight.front());
+    flight.pop_front();
+    Status st;
+    timed(Phase::kInterHost, [&] { st = f.op->wait(-1); });
+    if (!st.ok()) {
+      if (err.ok()) {
+        err = st;
+        abort_comm();  // the pieces still queued end at once
+      }
+      return;
+    }
+    if (!err.ok()) return;
+    timed(Phase::kCopyBack, [&] {
+      if (r.op == coll::ReduceOp::kAvg) {
+        coll::finalize_avg(r.dtype, s + f.off, f.len / elem, first.world_size);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(members[i]->data + reqs[i].recv_off + f.off, s + f.off, f.len);
+      }
+    });
+  };
+  for (size_t off = 0; off < bytes && err.ok();) {
+    const size_t len = std::min(piece, bytes - off);
+    timed(Phase::kLocalReduce, [&] {
+      std::memcpy(s + off, members[0]->data + reqs[0].send_off + off, len);
+      for (size_t i = 1; i < n; ++i) {
+        coll::reduce(r.dtype, op, s + off, members[i]->data + reqs[i].send_off + off, s + off,
+                     len / elem);
+      }
+    });
+    auto a = comm->iallreduce(s + off, s + off, len / elem, r.dtype, op);
+    if (!a.ok()) {
+      err = a.status();
+      abort_comm();
+      break;
+    }
+    flight.push_back(Flight{off, len, std::move(*a)});
+    off += len;
+    if (flight.size() >= kPiecesInFlight) retire();
+  }
+  while (!flight.empty()) retire();
+  for (int p = 0; p < kNumPhases; ++p) counters->observe(static_cast<Phase>(p), spent[p]);
+  counters->arena_in.fetch_add(bytes * n, std::memory_order_relaxed);
+  counters->arena_out.fetch_add(bytes * n, std::memory_order_relaxed);
+  counters->inter_in.fetch_add(bytes, std::memory_order_relaxed);
+  counters->inter_out.fetch_add(bytes, std::memory_order_relaxed);
+  return err;
 }
 
 Status Job::allreduce_compressed(const std::vector<Request>& reqs) {

@@ -99,11 +99,12 @@ class DaemonPair {
   }
   // The same on host h (0: A, 1: B) whatever the rank.
   size_t start_trainer_on(ProcGroup& g, int h, int rank, int world, int port,
-                          std::vector<std::string> args, const std::string& hostid = "") {
+                          std::vector<std::string> args, const std::string& hostid = "",
+                          const std::string& arena = "16M") {
     Env env = clean_env();
     env["GW_DAEMON"] = "unix:" + socket(h);
     env["GW_HOSTID"] = hostid.empty() ? host(h) : hostid;
-    env["GW_DAEMON_ARENA"] = "16M";
+    env["GW_DAEMON_ARENA"] = arena;
     std::vector<std::string> argv = {
         DAEMON_TRAINER_PATH,   "--rank",       std::to_string(rank),      "--world",
         std::to_string(world), "--timeout-ms", std::to_string(kTimeoutMs)};
@@ -233,24 +234,32 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
 
 // Uneven hosts (ranks 0, 2, 3 on A; 1 on B), then one host (all four on A): alltoall, the
 // compressed allreduce, split and chunked allreduce/broadcast beyond the arena (the trainer's
-// "extra" scenario checks every result).
+// "extra" scenario checks every result); then 3+1 again with a 128 MiB arena and 72 MiB buffers,
+// so the chunks (8 MiB) are cut in pieces the daemons pipeline.
 TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   DaemonPair d(dir);
   ASSERT_TRUE(d.start());
-  for (bool one_host : {false, true}) {
+  for (int run = 0; run < 3; ++run) {
+    const bool one_host = run == 1;
+    const bool pipelined = run == 2;
     ProcGroup g;
     const int port = free_port();
     for (int r = 0; r < 4; ++r) {
-      d.start_trainer_on(g, one_host || r != 1 ? 0 : 1, r, 4, port, {"extra", "1001"});
+      std::vector<std::string> args = {"extra", "1001"};
+      if (pipelined) args.push_back("72");
+      d.start_trainer_on(g, one_host || r != 1 ? 0 : 1, r, 4, port, args, "",
+                         pipelined ? "128M" : "16M");
     }
     auto results = g.wait_all(240000, true);
     ASSERT_EQ(results.size(), 4u);
     for (size_t r = 0; r < results.size(); ++r) {
       EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
-          << (one_host ? "one host" : "3+1 hosts") << " rank " << r << ": " << results[r].describe()
-          << "\ndaemon A:\n"
+          << (one_host    ? "one host"
+              : pipelined ? "3+1 hosts, pipelined"
+                          : "3+1 hosts")
+          << " rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
           << d.daemon_output(0) << "\ndaemon B:\n"
           << d.daemon_output(1);
       // Across hosts, every trainer's share of the compressed bytes is counted.

@@ -10,13 +10,14 @@
 //   die KILLER       rank KILLER makes two allreduces, then SIGKILLs itself while its third one
 //                    runs; the others call allreduce until it fails
 //   loop             allreduce until a call fails (the test kills a daemon meanwhile)
-//   extra COUNT      alltoall (every dtype, malloc'd and gw_mem_alloc'd in place),
+//   extra COUNT [BIG_MIB]  alltoall (every dtype, malloc'd and gw_mem_alloc'd in place),
 //                    gw_allreduce_compressed (none, fp16, topk:1 with exact sums; stats; a key
 //                    reused with another count and an int32 buffer refused without harm;
 //                    release), gw_comm_split (two colors ranked by a reversed key, rank 2 in
 //                    none; the child used, destroyed, the parent used after), and an allreduce
-//                    and a broadcast of 20 MiB of malloc'd memory (more than a 16 MiB arena: run
-//                    as chunks), an iallreduce of it refused with GW_ERR_NO_MEMORY
+//                    (average) and a broadcast of BIG_MIB (20) MiB of malloc'd memory (more than
+//                    the arena holds twice: run as chunks), an iallreduce of it refused with
+//                    GW_ERR_NO_MEMORY
 //   bench BYTES ITERS [mem]   allreduce float32 sum of BYTES, ITERS timed calls after 5 warm-up
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
@@ -342,7 +343,7 @@ int wrong(int rank, const char* what, size_t at, double got, double want) {
   return 1;
 }
 
-int run_extra(gw_comm_t comm, int rank, int world, size_t count) {
+int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib) {
   const double t0 = now_ms();
   char what[160];
   gw_status_t s;
@@ -455,28 +456,31 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count) {
     }
     if ((s = gw_comm_destroy(child)) != GW_OK) return report("destroying the split comm", s, t0);
   }
-  // Larger than the arena: chunks.
-  const size_t big = 5u << 20;  // floats: 20 MiB
+  // Larger than the arena: chunks (and, with chunks of 8 MiB or more across hosts, the daemons'
+  // pipelined pieces). An average: the pieces' finalisation is checked too.
+  const size_t big = big_mib << 18;  // floats
   std::vector<float> x(big), y(big);
   for (size_t i = 0; i < big; ++i) x[i] = static_cast<float>((i + rank) % 7);
-  if ((s = gw_allreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_SUM)) != GW_OK) {
-    return report("allreduce of 20 MiB (chunks)", s, t0);
+  if ((s = gw_allreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_AVG)) != GW_OK) {
+    return report("allreduce avg of BIG MiB (chunks)", s, t0);
   }
   for (size_t i = 0; i < big; ++i) {
     double want = 0;
     for (int r = 0; r < world; ++r) want += (i + r) % 7;
-    if (y[i] != want) return wrong(rank, "allreduce of 20 MiB (chunks)", i, y[i], want);
+    want /= world;
+    if (y[i] != static_cast<float>(want))
+      return wrong(rank, "allreduce avg of BIG MiB", i, y[i], want);
   }
   for (size_t i = 0; i < big; ++i) x[i] = rank == world - 1 ? static_cast<float>(i % 1000) : -1;
   if ((s = gw_broadcast(comm, x.data(), big, GW_FLOAT32, world - 1)) != GW_OK) {
-    return report("broadcast of 20 MiB (chunks)", s, t0);
+    return report("broadcast of BIG MiB (chunks)", s, t0);
   }
   for (size_t i = 0; i < big; ++i) {
-    if (x[i] != i % 1000) return wrong(rank, "broadcast of 20 MiB (chunks)", i, x[i], i % 1000);
+    if (x[i] != i % 1000) return wrong(rank, "broadcast of BIG MiB (chunks)", i, x[i], i % 1000);
   }
   gw_request_t req = nullptr;
   s = gw_iallreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_SUM, &req);
-  if (s != GW_ERR_NO_MEMORY) return report("iallreduce of 20 MiB (more than the arena)", s, t0);
+  if (s != GW_ERR_NO_MEMORY) return report("iallreduce of BIG MiB (more than the arena)", s, t0);
   if ((s = gw_barrier(comm)) != GW_OK) return report("barrier at the end", s, t0);
   std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", rank, now_ms() - t0);
   return 0;
@@ -575,8 +579,9 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (scenario == "suite" && argc - i == 1) {
     rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
-  } else if (scenario == "extra" && argc - i == 1) {
-    rc = run_extra(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
+  } else if (scenario == "extra" && (argc - i == 1 || argc - i == 2)) {
+    rc = run_extra(comm, rank, world, std::strtoull(argv[i], nullptr, 10),
+                   argc - i == 2 ? std::strtoull(argv[i + 1], nullptr, 10) : 20);
   } else if (scenario == "die" && argc - i == 1) {
     rc = run_die(comm, rank, std::atoi(argv[i]));
   } else if (scenario == "loop") {
