@@ -9,10 +9,15 @@
 #                              [-B BUILD_DIR] [-n ITERS] [-t TIMEOUT_S]
 #   --rate      tc rate of every host's link (1gbit, 10gbit, 100mbit; "none" = unshaped)
 #   --codec     adds system gradwire-<SPEC> (gw_allreduce_compressed), repeatable
-#   --systems   subset of: gradwire-flat gradwire-auto gradwire-hier gloo mpi-tuned mpi-han
-#               (default: all of them; codec systems come from --codec), plus
-#               gradwire-algo:NAME for any GW_ALGO name (ring, rhd, host_ring, hier, hier_leader,
-#               tree, bblocks) to see what auto chose against each algorithm forced
+#   --systems   subset of: gradwire-flat gradwire-auto gradwire-hier gradwire-daemon
+#               gradwire-daemon-copy gloo mpi-tuned mpi-han (default: all of them; codec systems
+#               come from --codec), plus gradwire-algo:NAME for any GW_ALGO name (ring, rhd,
+#               host_ring, hier, hier_leader, tree, bblocks) to see what auto chose against each
+#               algorithm forced. gradwire-daemon: one gradwired per host (in its namespace,
+#               --foreground, a socket in a temporary directory, GW_DAEMON_TRANSPORT as set,
+#               default tcp, over d0), the ranks in daemon mode (GW_DAEMON=unix:SOCKET) with
+#               gradwire-perf --mem-alloc buffers (zero-copy through the arena);
+#               gradwire-daemon-copy: the same with heap buffers (copied into the arena)
 #   -n          timed iterations per run (default: each tool's own rule, clamp(2e9/size/ranks,3,50))
 # Needs root (network namespaces). A system that cannot run here (peer not installed, algorithm
 # not built) is reported as missing with the reason, and never fails the script; a run that
@@ -26,8 +31,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 hosts=2; rph=2; rate=1gbit; sizes="64M"; reps=3; codecs=(); json=""; png=""; iters=0
 build="$root/build/release"; timeout_s=900
-systems="gradwire-flat gradwire-auto gradwire-hier gloo mpi-tuned mpi-han"
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+systems="gradwire-flat gradwire-auto gradwire-hier gradwire-daemon gradwire-daemon-copy gloo mpi-tuned mpi-han"
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
@@ -52,7 +57,9 @@ done
 [ "$hosts" -ge 1 ] && [ "$rph" -ge 1 ] && [ "$reps" -ge 1 ] ||
   { echo "cluster_bench: --hosts, --ranks-per-host and -r must be >= 1" >&2; exit 2; }
 for s in $systems; do
-  case "$s" in gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:?*|gloo|mpi-tuned|mpi-han) ;;
+  case "$s" in
+    gradwire-flat|gradwire-auto|gradwire-hier|gradwire-daemon|gradwire-daemon-copy) ;;
+    gradwire-algo:?*|gloo|mpi-tuned|mpi-han) ;;
     *) echo "cluster_bench: unknown system '$s'" >&2; exit 2 ;; esac
 done
 to_bytes() {  # 64M -> 67108864
@@ -74,6 +81,16 @@ world=$((hosts * rph))
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# Ctrl-C or SIGTERM: the run in progress (a background subshell, so the signal is not held until
+# it ends) gets SIGTERM and stops its testbed session, daemons and namespaces included.
+run_pid=""
+on_signal() {
+  trap - INT TERM
+  if [ -n "$run_pid" ]; then kill -TERM "$run_pid" 2>/dev/null; wait "$run_pid"; fi
+  echo "# cluster_bench: interrupted" >&2
+  exit 130
+}
+trap on_signal INT TERM
 
 # Which systems can run here, and why not.
 declare -A missing
@@ -91,14 +108,36 @@ fi
 if ! "$perf" --dump-config 2>/dev/null | grep '^GW_ALGO' | grep -qw hier; then
   missing[gradwire-hier]="this build's GW_ALGO has no hier (gradwire-perf --dump-config)"
 fi
+gwd="$build/daemon/gradwired"; gwctl="$build/daemon/gradwirectl"
+if [ ! -x "$gwd" ] || [ ! -x "$gwctl" ]; then
+  missing[gradwire-daemon]="$gwd or $gwctl not built"
+  missing[gradwire-daemon-copy]="${missing[gradwire-daemon]}"
+fi
 for c in "${codecs[@]}"; do systems+=" gradwire-$c"; done
 
 iters_gw=(); iters_peer=()
 [ "$iters" -gt 0 ] && { iters_gw=(-n "$iters"); iters_peer=(-n "$iters"); }
 
-# run_one SYSTEM BYTES -> "time_us busbw" on stdout, or nothing (reason in $work/err)
+# run_testbed ARGS... : tests/testbed/testbed.sh ARGS, its output in $out; returns its status. It
+# runs in the background and is waited for, so that a signal reaches it (run_one's trap): the
+# testbed then stops its services (the daemons) and removes its namespaces.
+tb_pid=""
+run_testbed() {
+  bash "$testbed" "$@" >"$work/tb.out" 2>&1 &
+  tb_pid=$!
+  wait "$tb_pid"
+  local rc=$?
+  tb_pid=""
+  out=$(cat "$work/tb.out")
+  return $rc
+}
+
+# run_one SYSTEM BYTES -> "time_us busbw" on stdout, or nothing (reason in $work/err). Runs in a
+# background subshell (see the main loop): SIGTERM stops its testbed session first.
 run_one() {
-  local sys="$1" s="$2" cmd out line
+  # INT too: Ctrl-C reaches this subshell as well as the script (where it may not be ignored).
+  trap 'trap - INT TERM; [ -n "$tb_pid" ] && { kill -TERM "$tb_pid" 2>/dev/null; wait "$tb_pid"; }; exit 143' INT TERM
+  local sys="$1" s="$2" cmd line
   case "$sys" in
     gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:*)
       local algo=auto
@@ -106,16 +145,37 @@ run_one() {
       [ "$sys" = gradwire-hier ] && algo=hier
       [[ "$sys" == gradwire-algo:* ]] && algo=${sys#gradwire-algo:}
       cmd="$perf allreduce -b $s -e $s ${iters_gw[*]} --check --algo $algo"
-      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+      run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       # [h0r0]  size count type redop time_us algbw busbw wrong
+      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 8 { print; exit }')
+      [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
+      awk '$8 != 0 { exit 1 } { print $5, $7 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+    gradwire-daemon|gradwire-daemon-copy)
+      # One gradwired per testbed host (a testbed service: ready when gradwirectl gets an answer,
+      # stopped with SIGTERM after the ranks, also when they fail); the host identity is the one
+      # its ranks report (GW_HOSTID). The arena holds both buffers of the size (--mem-alloc) or
+      # their copies, plus room for the tool's own small calls.
+      local mem=--mem-alloc sockdir arena rc
+      [ "$sys" = gradwire-daemon-copy ] && mem=""
+      sockdir=$(mktemp -d "$work/daemons.XXXXXX")
+      arena=$(( 2 * s + (64 << 20) ))
+      local sock="$sockdir/h\$TB_HOST.sock" hostid="gwtb\${TB_ID}h\$TB_HOST"
+      cmd="GW_DAEMON=unix:$sock GW_HOSTID=$hostid GW_DAEMON_ARENA=$arena \
+        $perf allreduce -b $s -e $s ${iters_gw[*]} --check $mem"
+      run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" \
+        -S "GW_DAEMON_MAX_ARENA=$arena exec $gwd --foreground --socket $sock --host-id $hostid" \
+        -W "$gwctl status --socket $sock --timeout-ms 2000" -- "$cmd"
+      rc=$?
+      rm -rf "$sockdir"
+      [ $rc -eq 0 ] || { echo "$out" | tail -20 >"$work/err"; return; }
       line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 8 { print; exit }')
       [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
       awk '$8 != 0 { exit 1 } { print $5, $7 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
     gradwire-*)
       local spec="${sys#gradwire-}"
       cmd="$perf allreduce --codec $spec -b $s -e $s ${iters_gw[*]}"
-      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+      run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       # Only rank 0 of the launcher's job prints a table; a table from another rank means each
       # process ran a job of its own instead of joining the launcher's.
@@ -128,7 +188,7 @@ run_one() {
       sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v c="$spec" -v s="$s" '$1 == c && $2 == s { print $5, $7; exit }' ;;
     gloo)
       cmd="GLOO_SOCKET_IFNAME=d0 /usr/bin/python3 $here/peers/gloo_allreduce.py ${iters_peer[*]} $s"
-      out=$(bash "$testbed" -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+      run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       parse_peer "$out" ;;
     mpi-tuned|mpi-han)
@@ -140,7 +200,7 @@ run_one() {
         --host ${hostlist%,} --mca plm_rsh_agent $here/peers/netns_rsh.sh --mca plm_rsh_no_tree_spawn 1 \
         --mca oob_tcp_if_include c0 --mca btl tcp,vader,self --mca btl_tcp_if_include d0 ${coll[*]} \
         $mpi_bin ${iters_peer[*]} $s; fi"
-      out=$(bash "$testbed" -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" 2>&1) ||
+      run_testbed -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       parse_peer "$out" ;;
   esac
@@ -163,7 +223,11 @@ for ((rep = 1; rep <= reps; rep++)); do
     for sys in $systems; do
       [ -n "${missing[$sys]:-}" ] && continue
       : >"$work/err"
-      v=$(run_one "$sys" "$s")
+      run_one "$sys" "$s" >"$work/v" &
+      run_pid=$!
+      wait "$run_pid"
+      run_pid=""
+      v=$(cat "$work/v")
       if [ -z "$v" ]; then
         echo "# rep $rep: $sys bytes=$s FAILED: $(tr '\n' ' ' <"$work/err" | tail -c 400)" >&2
         failures=$((failures + 1))

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "collectives/coll_config.h"
@@ -124,6 +126,7 @@ json config_json(const CollConfig& c) {
   j["average"] = average_name(c.average);
   j["blocking"] = c.blocking;
   j["time"] = time_rule(c);
+  j["mem_alloc"] = c.mem_alloc;
   j["gradwire_version"] = gw_version();
   // Every setting a layer above the default sets (file, environment, or the options above).
   json env = json::object();
@@ -133,6 +136,51 @@ json config_json(const CollConfig& c) {
   j["gw_env"] = env;
   return j;
 }
+
+// One buffer of the sweep: heap memory, or (--mem-alloc) memory from gw_mem_alloc, which belongs
+// to the communicator and must be released before gw_comm_destroy. Not copyable.
+class SweepBuffer {
+ public:
+  SweepBuffer() = default;
+  SweepBuffer(const SweepBuffer&) = delete;
+  SweepBuffer& operator=(const SweepBuffer&) = delete;
+  ~SweepBuffer() { release(); }
+
+  // Makes the buffer `bytes` (> 0) zeroed bytes: from gw_mem_alloc(comm) when mem_alloc, else
+  // from the heap. Whatever it held before is released first. GW_OK or gw_mem_alloc's status.
+  gw_status_t allocate(gw_comm_t comm, size_t bytes, bool mem_alloc) {
+    release();
+    if (mem_alloc) {
+      void* p = nullptr;
+      gw_status_t s = gw_mem_alloc(comm, bytes, &p);
+      if (s != GW_OK) return s;
+      comm_ = comm;
+      data_ = static_cast<uint8_t*>(p);
+    } else {
+      heap_.assign(bytes, 0);
+      data_ = heap_.data();
+    }
+    std::memset(data_, 0, bytes);
+    return GW_OK;
+  }
+
+  // Frees gw_mem_alloc memory (gw_mem_free) or the heap memory; call it before the communicator
+  // the memory came from is destroyed.
+  void release() {
+    if (comm_ != nullptr) gw_mem_free(comm_, data_);
+    comm_ = nullptr;
+    data_ = nullptr;
+    heap_.clear();
+    heap_.shrink_to_fit();
+  }
+
+  uint8_t* data() const { return data_; }
+
+ private:
+  gw_comm_t comm_ = nullptr;  // non-null: data_ came from gw_mem_alloc(comm_)
+  uint8_t* data_ = nullptr;
+  std::vector<uint8_t> heap_;
+};
 
 // One rank of the sweep. Rank 0 prints the table; in forked mode it also sends the JSON pieces to
 // the parent ("config ...", "row ...", "summary ...", "error ..."), otherwise it writes the JSON
@@ -159,6 +207,8 @@ class RankRun {
     rc = sweep();
     if (rc == 2) return rc;
     if (rank_ == 0) finish_report(rc);
+    sendbuf_.release();
+    recvbuf_.release();
     s = gw_comm_destroy(comm_);
     comm_ = nullptr;
     if (s != GW_OK) return fail("gw_comm_destroy", s);
@@ -167,6 +217,8 @@ class RankRun {
 
   ~RankRun() {
     if (comm_) {
+      sendbuf_.release();  // gw_mem_alloc memory goes before its communicator
+      recvbuf_.release();
       gw_comm_abort(comm_);
       gw_comm_destroy(comm_);
     }
@@ -260,6 +312,10 @@ class RankRun {
                                                         c_.check_iters == 1 ? "" : "s")
                                           : std::string("off"));
     out += fmt::format("# time: {}, out-of-place and in-place\n", time_rule(c_));
+    out += fmt::format("# buffers: {}\n",
+                       c_.mem_alloc ? "gw_mem_alloc (--mem-alloc; in daemon mode the arena: "
+                                      "zero-copy)"
+                                    : "heap (daemon mode copies them through the arena)");
     out +=
         fmt::format("# algbw = size / time, busbw = {} (GB/s = 1e9 B/s)\n", busbw_formula(c_.coll));
     out += fmt::format("# GW_* set:{}\n", env);
@@ -460,11 +516,19 @@ class RankRun {
     const Shape biggest = shape_for(c_.max_bytes);
     // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data
     // (alltoall: both hold the whole per-rank buffer, size blocks of count).
-    sendbuf_.assign(std::max<size_t>(biggest.send_count * esz, 1), 0);
-    recvbuf_.assign(std::max<size_t>(biggest.recv_count * esz, 1), 0);
+    size_t recv_bytes = biggest.recv_count * esz;
     if (c_.coll == Collective::kAllgather || c_.coll == Collective::kAlltoall) {
       // In place, the whole gathered / exchanged buffer lives in recvbuf.
-      recvbuf_.resize(std::max<size_t>(biggest.total * esz, 1));
+      recv_bytes = std::max(recv_bytes, biggest.total * esz);
+    }
+    for (auto [buf, bytes, name] : {std::tuple{&sendbuf_, biggest.send_count * esz, "send"},
+                                    std::tuple{&recvbuf_, recv_bytes, "receive"}}) {
+      gw_status_t s = buf->allocate(comm_, std::max<size_t>(bytes, 1), c_.mem_alloc);
+      if (s != GW_OK) {
+        return fail(fmt::format("gw_mem_alloc of the {} buffer ({} B; --mem-alloc)", name,
+                                std::max<size_t>(bytes, 1)),
+                    s);
+      }
     }
     const std::vector<uint64_t> sizes = sweep_sizes(c_);
     bool progress = rank_ == 0 && (c_.progress || isatty(STDERR_FILENO));
@@ -613,8 +677,8 @@ class RankRun {
   double busbw_sum_ = 0;
   int rows_ = 0;
   SteadyClock::time_point last_beat_ = SteadyClock::now();
-  std::vector<uint8_t> sendbuf_;
-  std::vector<uint8_t> recvbuf_;
+  SweepBuffer sendbuf_;
+  SweepBuffer recvbuf_;
 };
 
 int run_forked_sweep(const CollConfig& c) {

@@ -38,6 +38,9 @@ struct CollConfig {
   bool progress = false;  // progress lines on stderr even when it is not a tty
   std::string json_path;  // "" : no JSON
   int64_t timeout_ms = 0;  // 0: GW_TIMEOUT_MS
+  // --mem-alloc: the send and receive buffers come from gw_mem_alloc (daemon mode: the trainer's
+  // shared arena, so collectives on them are zero-copy; direct mode: aligned host memory).
+  bool mem_alloc = false;
 };
 
 // gw_comm_describe(comm, key) as a string ("?" when the call fails): what the communicator

@@ -454,6 +454,7 @@ int run_codec_allreduce(const CollConfig& base, const std::vector<std::string>& 
   if (base.average != CollConfig::Average::kMax) refused = "-a/--average";
   if (!base.blocking) refused = "-z 0";
   if (base.step_bytes > 0) refused = "-i/--stepbytes";
+  if (base.mem_alloc) refused = "--mem-alloc";
   if (!refused.empty()) {
     return refuse(fmt::format(
         "{} does not apply to --codec (its table times each codec's gw_allreduce_compressed; "

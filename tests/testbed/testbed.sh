@@ -7,7 +7,7 @@
 # = 0 there only; the machine's settings are untouched): a switch, not a filtering host.
 #
 #   testbed.sh [-n HOSTS] [-R RANKS_PER_HOST] [-r RATE] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES]
-#              [-c PCAP] -- COMMAND...
+#              [-c PCAP] [-S SERVICE -W READY] -- COMMAND...
 #
 # COMMAND runs in every host at once (bash -c), with TB_HOST (0..N-1), TB_HOSTS, TB_IFACE (d0),
 # TB_IP, TB_CTL_IP, TB_STORE (10.79.0.1), TB_ID and TB_EAL_MEM (the EAL memory flags: hugepages
@@ -24,20 +24,33 @@
 # puts ranks 0-2 on host 0 and rank 3 on host 1. -r RATE shapes every host's data link to RATE (tc's units: 1gbit, 100mbit, ...)
 # in both directions with a token bucket (tc tbf on the host's d0 and on its port of the
 # bridge); the control network is never shaped. TB_RATE holds RATE ("" when unshaped).
+# -S SERVICE starts SERVICE (bash -c) once in every host before COMMAND, a per-host daemon such as
+# gradwired, with the host's TB_* environment and GW_SOCKET_IFNAME=d0; its output is prefixed
+# [h<i>s]. COMMAND starts only once READY (-W, bash -c, in the host with the same environment)
+# has succeeded in every host, retried every 0.1 s within -t's deadline while the service runs.
+# When COMMAND has ended (or failed, or the session is interrupted) every service gets SIGTERM on
+# its process group, then SIGKILL after TB_SERVICE_STOP_S (10) seconds. A service that exits
+# before it is stopped, exits with a status other than 0 or 143 when stopped, or needs the
+# SIGKILL fails the session (status 1 when COMMAND succeeded), saying which host's.
 # Exit status: 0 when every host exits 0; 77 when the testbed cannot be built here (not root,
 # no ip/netns support); else the first failing host's status. Everything created (namespaces,
 # links, bridges, hugepage reservation and files) is removed on exit, whatever happened short of
 # SIGKILL; the namespaces of a session that was killed with SIGKILL are removed by the next one.
 set -u
-N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""
-usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] -- cmd"
-while getopts "n:R:r:m:t:H:c:" o; do
+N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""; SERVICE=""; READY=""
+usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] [-S service -W ready] -- cmd"
+while getopts "n:R:r:m:t:H:c:S:W:" o; do
   case $o in
     n) N=$OPTARG ;; m) MTU=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
-    R) RPH_LIST=$OPTARG ;; r) RATE=$OPTARG ;;
+    R) RPH_LIST=$OPTARG ;; r) RATE=$OPTARG ;; S) SERVICE=$OPTARG ;; W) READY=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+if { [ -n "$SERVICE" ] && [ -z "$READY" ]; } || { [ -z "$SERVICE" ] && [ -n "$READY" ]; }; then
+  echo "testbed: -S and -W go together (a service and its readiness check); $usage" >&2; exit 2
+fi
+SVC_STOP_S=${TB_SERVICE_STOP_S:-10}
+[[ "$SVC_STOP_S" =~ ^[0-9]+$ ]] || { echo "testbed: TB_SERVICE_STOP_S '$SVC_STOP_S' is not a number" >&2; exit 2; }
 for v in "$N" "$MTU" "$TIMEOUT" "$HUGE"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "testbed: '$v' is not a number; $usage" >&2; exit 2; }
 done
@@ -83,10 +96,34 @@ command -v ip >/dev/null || { echo "testbed: SKIP: iproute2 missing" >&2; exit 7
 # Six digits of the PID name this session's namespaces and links (${ID: -6} was empty for a PID
 # of fewer than six digits, so concurrent sessions collided on the same names).
 ID=$(printf '%06d' $(($$ % 1000000)))
-NS=(); PIDS=(); CAP_PID=""; HUGE_OLD=""; SW=""
+NS=(); PIDS=(); SVC_PIDS=(); CAP_PID=""; HUGE_OLD=""; SW=""
+# stop_services: SIGTERM to every running service's process group, SIGKILL to those still there
+# after SVC_STOP_S; prints one line per service that did not stop cleanly; status 1 if any.
+stop_services() {
+  local p i s killed bad=0 deadline=$((SECONDS + SVC_STOP_S))
+  for p in "${SVC_PIDS[@]}"; do
+    [ -n "$p" ] && { kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; }
+  done
+  for i in "${!SVC_PIDS[@]}"; do
+    p=${SVC_PIDS[$i]}; killed=0
+    [ -n "$p" ] || continue  # already reaped (and reported)
+    while kill -0 "$p" 2>/dev/null && [ $SECONDS -lt "$deadline" ]; do sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "testbed: the service on host $i did not stop within ${SVC_STOP_S}s of SIGTERM: killed" >&2
+      kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; killed=1; bad=1
+    fi
+    wait "$p" 2>/dev/null; s=$?
+    if [ "$s" -ne 0 ] && [ "$s" -ne 143 ] && [ "$killed" -eq 0 ]; then
+      echo "testbed: the service on host $i exited with status $s when stopped" >&2; bad=1
+    fi
+  done
+  SVC_PIDS=()
+  return $bad
+}
 cleanup() {
   trap - EXIT INT TERM
   for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+  [ "${#SVC_PIDS[@]}" -gt 0 ] && stop_services
   [ -n "$CAP_PID" ] && { kill -INT "$CAP_PID" 2>/dev/null; sleep 0.5; kill -KILL "$CAP_PID" 2>/dev/null; }
   for ns in "${NS[@]}" "$SW"; do
     # Processes left inside the namespace (a host's own children) go with it.
@@ -179,13 +216,42 @@ if [ -n "$PCAP" ]; then
 fi
 
 TB_PORT=$((29500 + $$ % 400))
+# The TB_* variables every process of the session sees.
+TB_ENV=(TB_HOSTS="$N" TB_IFACE=d0 TB_STORE=10.79.0.1 TB_ID="$ID" TB_EAL_MEM="$EAL_MEM"
+        TB_RATE="$RATE" TB_PORT="$TB_PORT")
+spawn() {  # spawn NS PREFIX SCRIPT ENV... : runs SCRIPT in namespace NS, output prefixed
+  local ns=$1 prefix=$2 script=$3; shift 3
+  setsid env "$@" "${TB_ENV[@]}" ip netns exec "$ns" bash -c "$script" > >(sed "s/^/[$prefix] /" >&2) 2>&1 &
+}
 launch() {  # launch NS PREFIX ENV... : runs CMD in namespace NS, output prefixed
   local ns=$1 prefix=$2; shift 2
-  setsid env "$@" TB_HOSTS=$N TB_IFACE=d0 TB_STORE=10.79.0.1 TB_ID="$ID" TB_EAL_MEM="$EAL_MEM" \
-    TB_RATE="$RATE" TB_PORT=$TB_PORT \
-    ip netns exec "$ns" bash -c "$CMD" > >(sed "s/^/[$prefix] /" >&2) 2>&1 &
+  spawn "$ns" "$prefix" "$CMD" "$@"
   PIDS+=($!)
 }
+deadline=$((SECONDS + TIMEOUT))
+if [ -n "$SERVICE" ]; then
+  for i in $(seq 0 $((N - 1))); do
+    spawn "gwtb${ID}h$i" "h${i}s" "$SERVICE" TB_HOST=$i TB_IP="10.77.0.$((i + 1))" \
+      TB_CTL_IP="10.79.0.$((i + 1))" GW_SOCKET_IFNAME=d0
+    SVC_PIDS+=($!)
+  done
+  for i in $(seq 0 $((N - 1))); do
+    until out=$(env TB_HOST=$i TB_IP="10.77.0.$((i + 1))" TB_CTL_IP="10.79.0.$((i + 1))" \
+                GW_SOCKET_IFNAME=d0 "${TB_ENV[@]}" ip netns exec "gwtb${ID}h$i" bash -c "$READY" 2>&1); do
+      if ! kill -0 "${SVC_PIDS[$i]}" 2>/dev/null; then
+        wait "${SVC_PIDS[$i]}"; s=$?
+        echo "testbed: the service on host $i exited with status $s before it was ready" >&2
+        SVC_PIDS[$i]=""
+        exit 1
+      fi
+      if [ $SECONDS -ge $deadline ]; then
+        echo "testbed: the service on host $i was not ready within ${TIMEOUT}s; last check said: $out" >&2
+        exit 124
+      fi
+      sleep 0.1
+    done
+  done
+fi
 for i in $(seq 0 $((N - 1))); do
   ns="gwtb${ID}h$i"
   host_env=(TB_HOST=$i TB_IP="10.77.0.$((i + 1))" TB_CTL_IP="10.79.0.$((i + 1))")
@@ -202,7 +268,6 @@ for i in $(seq 0 $((N - 1))); do
 done
 
 rc=0
-deadline=$((SECONDS + TIMEOUT))
 for idx in "${!PIDS[@]}"; do
   p=${PIDS[$idx]}
   while kill -0 "$p" 2>/dev/null; do
@@ -215,4 +280,16 @@ for idx in "${!PIDS[@]}"; do
   wait "$p"; s=$?
   if [ $s -ne 0 ] && [ $rc -eq 0 ]; then rc=$s; echo "testbed: process $idx exited with $s" >&2; fi
 done
+PIDS=()
+if [ "${#SVC_PIDS[@]}" -gt 0 ]; then
+  for i in "${!SVC_PIDS[@]}"; do
+    if ! kill -0 "${SVC_PIDS[$i]}" 2>/dev/null; then
+      wait "${SVC_PIDS[$i]}"; s=$?
+      echo "testbed: the service on host $i exited (status $s) before the command ended" >&2
+      SVC_PIDS[$i]=""
+      [ $rc -eq 0 ] && rc=1
+    fi
+  done
+  stop_services || { [ $rc -eq 0 ] && rc=1; }
+fi
 exit $rc

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks tests/testbed/testbed.sh itself: the launcher environment of every rank (-R), the token
 # bucket on both ends of every host's data link (-r), refusal of bad arguments, a correct 2x2
-# allreduce across the shaped link, the default tcp interface (the route to the store), and
+# allreduce across the shaped link, the default tcp interface (the route to the store), the
+# per-host services (-S/-W: ready before the ranks, stopped after them, failures reported), and
 # that nothing (namespaces, links) is left behind, also
 # after a failing rank. Exit 77 (skipped) where the testbed cannot be built (not root).
 # usage: testbed_test.sh TESTBED_SH GRADWIRE_PERF
@@ -81,4 +82,29 @@ rc=$?
 [ $rc -eq 0 ] || { echo "$out" >&2; fail "allreduce with GW_SOCKET_IFNAME=d0 exited $rc"; }
 grep -q "# transport: tcp on d0:10.77.0.1 " <<<"$out" ||
   { echo "$out" >&2; fail "GW_SOCKET_IFNAME=d0 did not choose d0"; }
+
+# -S/-W: a service per host, ready before the ranks start, stopped (SIGTERM) after them; one that
+# ignores SIGTERM is killed and fails the session, as does one that dies early.
+bash "$tb" -S true -- true 2>/dev/null; [ $? -eq 2 ] || fail "-S without -W accepted"
+svc=$(mktemp -d)
+# The service writes its pid once the host's TB_* environment is there; the ranks find it running.
+out=$(bash "$tb" -n 2 -R 2 -t 60 \
+  -S "trap 'echo stopped >$svc/h\$TB_HOST.stopped; exit 0' TERM
+      echo \$\$ \$TB_HOST \$GW_SOCKET_IFNAME >$svc/h\$TB_HOST.up; while :; do sleep 0.1; done" \
+  -W "[ -s $svc/h\$TB_HOST.up ]" -- \
+  "read -r pid host ifname <$svc/h\$TB_HOST.up && kill -0 \$pid && [ \$host = \$TB_HOST ] && [ \$ifname = d0 ]" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" >&2; rm -rf "$svc"; fail "ranks beside a service exited $rc"; }
+for h in 0 1; do
+  [ -e "$svc/h$h.stopped" ] || { rm -rf "$svc"; fail "the service of host $h was not stopped with SIGTERM"; }
+done
+out=$(TB_SERVICE_STOP_S=1 bash "$tb" -n 1 -R 1 -t 60 -S "trap '' TERM; while :; do sleep 0.1; done" \
+  -W true -- true 2>&1)
+[ $? -eq 1 ] && grep -q "did not stop within 1s" <<<"$out" ||
+  { echo "$out" >&2; rm -rf "$svc"; fail "a service ignoring SIGTERM was not killed and reported"; }
+out=$(bash "$tb" -n 1 -R 1 -t 60 -S "exit 3" -W false -- true 2>&1)
+[ $? -eq 1 ] && grep -q "exited with status 3 before it was ready" <<<"$out" ||
+  { echo "$out" >&2; rm -rf "$svc"; fail "a service dying before it was ready was not reported"; }
+rm -rf "$svc"
+left_behind
 echo "testbed_test: ok"
