@@ -52,6 +52,11 @@ constinit const config::Row kSpinUs{
     "daemon mode: microseconds a trainer and gradwired busy-poll the rings before sleeping on "
     "the eventfd (pays only with idle cores)"};
 
+constinit const config::Row kReduceThreads{
+    "GW_DAEMON_REDUCE_THREADS", Type::Int, "0", "",
+    "gradwired: threads sharing a large collective's local sum and copy-back (the job's own "
+    "included; 0: min(4, the CPUs); 1: the job's thread alone)"};
+
 constinit const config::Row kMetrics{
     "GW_DAEMON_METRICS", Type::String, "", "",
     "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
@@ -64,7 +69,7 @@ constinit const config::Row kGroup{
 const config::RowSet& rows() {
   static const config::RowSet set(
       "daemon", {&kDaemon, &kArena, &kChunk, &kSocket, &kMaxArena, &kMaxClients, &kTransport,
-                 &kSpinUs, &kMetrics, &kGroup});
+                 &kSpinUs, &kReduceThreads, &kMetrics, &kGroup});
   return set;
 }
 

@@ -35,6 +35,7 @@
 #include "daemon/control.h"
 #include "daemon/daemon_config.h"
 #include "daemon/protocol.h"
+#include "daemon/reduce_pool.h"
 
 namespace gw::daemon {
 namespace {
@@ -161,6 +162,8 @@ int server_wake_fd_of(Server::Impl* s);
 // allreduce_pipelined: the piece size and how many pieces the progress thread holds at once.
 inline constexpr size_t kPipelinePiece = 4u << 20;
 inline constexpr size_t kPiecesInFlight = 3;
+// The least a helper thread of the pool gets of a local sum or copy (smaller ones stay inline).
+inline constexpr size_t kMinPartBytes = 256u << 10;
 
 struct Job {
   Job(Server::Impl* s, const Hello& h, Counters* c, std::string transport_name)
@@ -168,7 +171,8 @@ struct Job {
     members.resize(h.local_size);
   }
   Server::Impl* server;
-  Hello first;  // the job's shape as its first trainer told it
+  ReducePool* pool = nullptr;  // the server's, for large local sums and copies
+  Hello first;                 // the job's shape as its first trainer told it
   Counters* counters;
   std::string transport;
   int64_t spin_ns = 0;
@@ -212,6 +216,11 @@ struct Job {
   Status execute(const std::vector<Request>& reqs);
   Status alltoall(const std::vector<Request>& reqs);
   Status allreduce_pipelined(const std::vector<Request>& reqs);
+  // dst = op over the trainers' send ranges [send_off + off, + bytes), on the server's pool.
+  void local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
+                 size_t bytes);
+  // src into every trainer's receive range [recv_off + off, + bytes), on the server's pool.
+  void copy_back(const std::vector<Request>& reqs, const uint8_t* src, size_t off, size_t bytes);
   Status allreduce_compressed(const std::vector<Request>& reqs);
   std::string describe(const Request& r) const;
 };
@@ -229,6 +238,7 @@ struct Server::Impl {
   sys::Fd stop_efd;  // stop()
   sys::Fd wake_efd;  // a job finished or refused a client
   Counters counters;
+  std::unique_ptr<ReducePool> pool;
   uint64_t next_client_id = 1;
   int64_t started_ns = sys::now_ns();
 
@@ -426,10 +436,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
       if (scratch.size() < bytes) scratch.resize(bytes);
       uint8_t* s = scratch.data();
-      if (bytes > 0) std::memcpy(s, buf(0, reqs[0].send_off), bytes);
-      for (size_t i = 1; i < n && bytes > 0; ++i) {
-        coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, r.count);
-      }
+      local_sum(reqs, op, s, 0, bytes);
       arena(bytes * n, 0);
       mark(Phase::kLocalReduce);
       if (cm) {
@@ -440,7 +447,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
         coll::finalize_avg(r.dtype, s, r.count, first.world_size);
       }
-      for (size_t i = 0; i < n && bytes > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+      copy_back(reqs, s, 0, bytes);
       arena(0, bytes * n);
       mark(Phase::kCopyBack);
       return ok_status();
@@ -454,10 +461,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
-      if (total > 0) std::memcpy(s, buf(0, reqs[0].send_off), total);
-      for (size_t i = 1; i < n && total > 0; ++i) {
-        coll::reduce(r.dtype, op, s, buf(i, reqs[i].send_off), s, elems);
-      }
+      local_sum(reqs, op, s, 0, total);
       arena(total * n, 0);
       mark(Phase::kLocalReduce);
       if (cm) {
@@ -605,6 +609,32 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   return ok_status();
 }
 
+void Job::local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
+                    size_t bytes) {
+  const coll::DataType dt = reqs[0].dtype;
+  const size_t elem = coll::dtype_size(dt);
+  const size_t n = members.size();
+  auto src = [&](size_t i) { return members[i]->data + reqs[i].send_off + off; };
+  parallel_ranges(pool, bytes / elem, elem, kMinPartBytes, [&](size_t first_elem, size_t k) {
+    const size_t o = first_elem * elem;
+    if (n == 1) {
+      std::memcpy(dst + o, src(0) + o, k * elem);
+      return;
+    }
+    coll::reduce(dt, op, src(0) + o, src(1) + o, dst + o, k);
+    for (size_t i = 2; i < n; ++i) coll::reduce(dt, op, dst + o, src(i) + o, dst + o, k);
+  });
+}
+
+void Job::copy_back(const std::vector<Request>& reqs, const uint8_t* src, size_t off,
+                    size_t bytes) {
+  parallel_ranges(pool, bytes, 1, kMinPartBytes, [&](size_t first_byte, size_t k) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      std::memcpy(members[i]->data + reqs[i].recv_off + off + first_byte, src + first_byte, k);
+    }
+  });
+}
+
 Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
   // An allreduce across hosts of at least two pieces: the local sum of piece k+1 and the copy
   // back of piece k-1 overlap the daemons' allreduce of piece k, which runs on the
@@ -646,20 +676,12 @@ Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
       if (r.op == coll::ReduceOp::kAvg) {
         coll::finalize_avg(r.dtype, s + f.off, f.len / elem, first.world_size);
       }
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(members[i]->data + reqs[i].recv_off + f.off, s + f.off, f.len);
-      }
+      copy_back(reqs, s + f.off, f.off, f.len);
     });
   };
   for (size_t off = 0; off < bytes && err.ok();) {
     const size_t len = std::min(piece, bytes - off);
-    timed(Phase::kLocalReduce, [&] {
-      std::memcpy(s + off, members[0]->data + reqs[0].send_off + off, len);
-      for (size_t i = 1; i < n; ++i) {
-        coll::reduce(r.dtype, op, s + off, members[i]->data + reqs[i].send_off + off, s + off,
-                     len / elem);
-      }
-    });
+    timed(Phase::kLocalReduce, [&] { local_sum(reqs, op, s + off, off, len); });
     auto a = comm->iallreduce(s + off, s + off, len / elem, r.dtype, op);
     if (!a.ok()) {
       err = a.status();
@@ -690,10 +712,7 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
   auto mark = [&](Phase phase) { clock.mark(phase); };
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint8_t* s = scratch.data();
-  if (bytes > 0) std::memcpy(s, members[0]->data + reqs[0].send_off, bytes);
-  for (size_t i = 1; i < n && bytes > 0; ++i) {
-    coll::reduce(r.dtype, coll::ReduceOp::kSum, s, members[i]->data + reqs[i].send_off, s, r.count);
-  }
+  local_sum(reqs, coll::ReduceOp::kSum, s, 0, bytes);
   counters->arena_in.fetch_add(bytes * n, std::memory_order_relaxed);
   mark(Phase::kLocalReduce);
   CompressedDone total;
@@ -708,9 +727,7 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
     counters->inter_out.fetch_add(total.bytes_sent, std::memory_order_relaxed);
     mark(Phase::kInterHost);
   }
-  for (size_t i = 0; i < n && bytes > 0; ++i) {
-    std::memcpy(members[i]->data + reqs[i].recv_off, s, bytes);
-  }
+  copy_back(reqs, s, 0, bytes);
   counters->arena_out.fetch_add(bytes * n, std::memory_order_relaxed);
   mark(Phase::kCopyBack);
   done_info.assign(n, CompressedDone{total.bytes_sent / n, total.nonfinite});
@@ -949,6 +966,7 @@ std::string job_name(const Hello& h) {
 Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
+  impl->pool = std::make_unique<ReducePool>(options.reduce_threads);
   if (options.socket_path.empty()) return invalid_arg("gradwired: no socket path");
   if (options.max_arena_bytes < kMinArenaBytes) {
     return invalid_arg("gradwired: max arena {} bytes is below the protocol's minimum {}",
@@ -1191,6 +1209,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
   if (!job) {
     job = std::make_shared<Job>(this, h, &counters, opt.transport);
     job->spin_ns = opt.spin_us * 1000;
+    job->pool = pool.get();
     GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
     jobs[key] = job;
     counters.live_jobs.fetch_add(1);

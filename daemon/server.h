@@ -36,6 +36,9 @@ struct ServerOptions {
   std::string host_id;         // "": bootstrap host_identity() (GW_HOSTID)
   int64_t hello_timeout_ms = 5000;
   int64_t spin_us = 0;  // a job thread busy-polls its rings this long before sleeping
+  // Threads that share a large collective's local sum and copy-back (the job's thread included;
+  // 0: min(4, the CPUs); 1: the job's thread alone). Shared by the jobs: one at a time.
+  int reduce_threads = 0;
   // Called by run()'s loop at least every tick_ms (when > 0; else every 200 ms), on its thread:
   // gradwired pings the systemd watchdog from here, so a stuck loop stops the pings.
   std::function<void()> on_tick;

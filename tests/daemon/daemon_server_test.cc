@@ -9,9 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "core/sys/memfd_region.h"
@@ -19,6 +21,7 @@
 #include "daemon/arena_allocator.h"
 #include "daemon/control.h"
 #include "daemon/protocol.h"
+#include "daemon/reduce_pool.h"
 #include "daemon/server.h"
 
 namespace gw::daemon {
@@ -154,6 +157,7 @@ class DaemonServerTest : public ::testing::Test {
     o.host_id = "test-host";
     o.ring_entries = 8;
     o.max_arena_bytes = 8 << 20;
+    o.reduce_threads = 3;  // large sums and copies split over the pool
     auto s = Server::create(o);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
@@ -223,6 +227,30 @@ TEST_F(DaemonServerTest, OneTrainerRunsEveryCollectiveThroughTheRings) {
   EXPECT_EQ(0, std::memcmp(c->at<uint8_t>(0), c->at<uint8_t>(65536), 80));
   EXPECT_GE(server_->stats().collectives, 22u);
   EXPECT_EQ(server_->stats().live_arenas, 1u);
+}
+
+// Large enough (800 KB) that the local sum and the copy-back run in parts on the pool.
+TEST_F(DaemonServerTest, LargeSumsRunOnThePool) {
+  auto a = RawClient::join(server_->socket_path(), hello("pool", 0, 2));
+  auto b = RawClient::join(server_->socket_path(), hello("pool", 1, 2));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  const int n = 200003;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < n; ++i) {
+      a->at<int32_t>(0)[i] = i + round;
+      b->at<int32_t>(0)[i] = 2 * i;
+    }
+    uint64_t sa =
+        a->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, n, 0, 1 << 20));
+    uint64_t sb = b->post(allreduce_entry(coll::DataType::kI32, coll::ReduceOp::kSum, n, 0, 0));
+    ASSERT_TRUE(a->wait(sa).ok());
+    ASSERT_TRUE(b->wait(sb).ok());
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(a->at<int32_t>(1 << 20)[i], 3 * i + round) << i;
+      ASSERT_EQ(b->at<int32_t>(0)[i], 3 * i + round) << i;
+    }
+  }
 }
 
 TEST_F(DaemonServerTest, TwoLocalTrainersAreSummed) {
@@ -787,6 +815,52 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   EXPECT_FALSE(check_ring(10, 20, 8, "t").ok());
   EXPECT_FALSE(check_ring(10, 9, 8, "t").ok());  // tail behind head
   EXPECT_TRUE(check_ring(10, 18, 8, "t").ok());
+}
+
+TEST(DaemonReducePool, EveryPartRunsOnceAndRangesCoverTheBuffer) {
+  ReducePool pool(3);
+  EXPECT_EQ(pool.threads(), 3);
+  std::vector<std::atomic<int>> hits(50);
+  for (int round = 0; round < 200; ++round) {
+    pool.run(hits.size(), [&](size_t p) { hits[p].fetch_add(1); });
+  }
+  for (auto& h : hits) EXPECT_EQ(h.load(), 200);
+  // The caller's part 0 waits for part 1: only a worker can run it.
+  std::atomic<bool> second{false};
+  bool met = false;
+  pool.run(2, [&](size_t p) {
+    if (p == 1) {
+      second.store(true);
+      return;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!second.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    met = second.load();
+  });
+  EXPECT_TRUE(met) << "no worker ran part 1 within 10 s";
+  // Two callers at once: the one that finds the pool busy runs its parts itself; both complete.
+  std::vector<std::atomic<int>> a(64), b(64);
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) pool.run(a.size(), [&](size_t p) { a[p].fetch_add(1); });
+  });
+  for (int i = 0; i < 100; ++i) pool.run(b.size(), [&](size_t p) { b[p].fetch_add(1); });
+  other.join();
+  for (size_t p = 0; p < a.size(); ++p) EXPECT_EQ(a[p].load() + 0, 100) << p;
+  for (size_t p = 0; p < b.size(); ++p) EXPECT_EQ(b[p].load() + 0, 100) << p;
+  // Ranges: every element exactly once, whole cache lines but the last, small ones inline.
+  for (size_t count : {size_t{1}, size_t{15}, size_t{1000003}, size_t{1} << 20}) {
+    std::vector<uint8_t> seen(count, 0);
+    std::atomic<int> calls{0};
+    parallel_ranges(&pool, count, 4, 4096, [&](size_t first, size_t n) {
+      calls.fetch_add(1);
+      EXPECT_EQ(first % 16, 0u);
+      for (size_t i = first; i < first + n; ++i) seen[i]++;
+    });
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(seen[i], 1) << "count " << count << " at " << i;
+    if (count * 4 < 8192) {
+      EXPECT_EQ(calls.load(), 1) << count;
+    }
+  }
 }
 
 TEST(DaemonArenaAllocator, FirstFitCoalescesAndRefusesForeignOffsets) {
