@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/compress/codec.h"
+#include "collectives/cost_model.h"
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -201,6 +202,28 @@ Result<std::unique_ptr<DaemonSession>> DaemonSession::connect(const daemon::Hell
               h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size,
               s->geo_.arena_bytes);
   return s;
+}
+
+std::string DaemonSession::describe() const {
+  return fmt::format("daemon mode ({}; {} host{}, {} trainer{} here, {} among the daemons)",
+                     address_, hello_.num_hosts, hello_.num_hosts == 1 ? "" : "s",
+                     hello_.local_size, hello_.local_size == 1 ? "" : "s",
+                     geo_.transport.empty() ? "?" : geo_.transport);
+}
+
+std::map<std::string, std::string> DaemonSession::resolved() const {
+  const std::string among = hello_.num_hosts == 1
+                                ? std::string("local sum in gradwired (one host)")
+                                : fmt::format("local sum in gradwired, then {} among {} daemons",
+                                              geo_.transport, hello_.num_hosts);
+  return {{"summary", describe()},
+          {"transport", "daemon"},
+          {"transport_within_hosts", "daemon"},
+          {"interface", address_.substr(5)},
+          {"daemon_transport", geo_.transport},
+          {"channels", "the daemon's"},
+          {"chunk", coll::format_bytes(chunk_bytes_)},
+          {"allreduce", among}};
 }
 
 DaemonSession::~DaemonSession() {

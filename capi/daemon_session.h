@@ -63,10 +63,10 @@ class DaemonSession final : public Session {
   Status release_compression() override;
   Result<void*> mem_alloc(size_t bytes) override;
   Status mem_free(void* ptr) override;
-  std::string describe() const override { return "daemon mode (" + address_ + ")"; }
-  std::map<std::string, std::string> resolved() const override {
-    return {{"transport", "daemon"}, {"summary", describe()}};
-  }
+  std::string describe() const override;
+  // gw_comm_describe's keys as direct mode has them, for daemon mode: transport "daemon" on the
+  // daemon's socket; chunk the client's; allreduce how the daemons run it.
+  std::map<std::string, std::string> resolved() const override;
 
   void abort() override;
   bool aborted() const override { return aborted_.load(); }

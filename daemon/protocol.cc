@@ -167,6 +167,7 @@ std::vector<uint8_t> encode_welcome(const Welcome& w) {
   o.put<uint32_t>(w.cq_entries);
   o.put<uint64_t>(w.data_offset);
   o.put<uint64_t>(w.data_bytes);
+  o.str(w.transport.substr(0, kMaxTransportBytes));
   return o.take();
 }
 
@@ -190,6 +191,7 @@ Result<Welcome> decode_welcome(const uint8_t* data, size_t size) {
   GW_RETURN_IF_ERROR(r.get("cq_entries", &w.cq_entries));
   GW_RETURN_IF_ERROR(r.get("data_offset", &w.data_offset));
   GW_RETURN_IF_ERROR(r.get("data_bytes", &w.data_bytes));
+  GW_RETURN_IF_ERROR(r.str("transport", kMaxTransportBytes, &w.transport));
   GW_RETURN_IF_ERROR(r.done());
   if (w.status < 0 || w.status > static_cast<int32_t>(Code::kInternal)) {
     return peer_error("welcome: unknown status {}", w.status);

@@ -37,6 +37,7 @@ inline constexpr size_t kMaxTokenBytes = 256;
 inline constexpr size_t kMaxStoreHostBytes = 255;
 inline constexpr size_t kMaxHostIdBytes = 512;
 inline constexpr size_t kMaxMessageBytes = 512;
+inline constexpr size_t kMaxTransportBytes = 64;
 inline constexpr int32_t kMaxWorld = 1 << 20;
 inline constexpr uint64_t kMinArenaBytes = 1ull << 20;  // 1 MiB
 inline constexpr uint64_t kMaxArenaBytes = 1ull << 40;  // 1 TiB (the daemon's own cap is lower)
@@ -88,6 +89,7 @@ struct Welcome {
   uint32_t cq_entries = 0;
   uint64_t data_offset = 0;
   uint64_t data_bytes = 0;
+  std::string transport;  // the backend among the daemons of a job (gw_comm_describe)
 };
 
 std::vector<uint8_t> encode_welcome(const Welcome& w);

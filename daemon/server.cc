@@ -1195,6 +1195,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
 
   Welcome w = c->geo;
   w.client_id = c->id;
+  w.transport = opt.transport;
   std::vector<uint8_t> body = encode_welcome(w);
   std::vector<uint8_t> frame(kFrameHeaderBytes);
   const uint32_t len = static_cast<uint32_t>(body.size());

@@ -160,13 +160,17 @@ gw_status_t gw_comm_size(gw_comm_t comm, int* size);
  *                            "daemon" in daemon mode
  *   "transport_within_hosts" the links between ranks of one host (same as "transport" unless
  *                            the job spans several hosts with several ranks on one)
- *   "interface"              tcp's interface and address ("eth0:10.0.0.1"), "" otherwise
- *   "channels", "chunk"      the channels rule and the chunk size
- *   "allreduce"              the algorithm table's choice by size ("1 KiB-64 KiB rhd, ...")
+ *   "interface"              tcp's interface and address ("eth0:10.0.0.1"), "" otherwise; in
+ *                            daemon mode the daemon's socket path
+ *   "channels", "chunk"      the channels rule and the chunk size (daemon mode: "the daemon's",
+ *                            and the chunk of GW_DAEMON_CHUNK)
+ *   "allreduce"              the algorithm table's choice by size ("1 KiB-64 KiB rhd, ..."); in
+ *                            daemon mode how the daemons run it
+ *   "daemon_transport"       daemon mode only: the backend among the daemons of the job
  *   "summary"                all of the above in one line
  * Copies at most len - 1 bytes and a NUL into buf (buf may be NULL when len is 0); *needed (may
- * be NULL) gets the full length plus one. A key this communicator has no value for (daemon mode
- * has "transport" and "summary" only) is GW_ERR_INVALID_ARG. Not collective. */
+ * be NULL) gets the full length plus one. A key this communicator has no value for is
+ * GW_ERR_INVALID_ARG. Not collective. */
 gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t len,
                              size_t* needed);
 

@@ -262,6 +262,11 @@ TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) 
           << " rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
           << d.daemon_output(0) << "\ndaemon B:\n"
           << d.daemon_output(1);
+      EXPECT_NE(
+          results[r].output.find("DESCRIBE rank=" + std::to_string(r) + " daemon_transport=tcp"),
+          std::string::npos)
+          << results[r].output;
+      EXPECT_NE(results[r].output.find("transport=daemon"), std::string::npos) << results[r].output;
       // Across hosts, every trainer's share of the compressed bytes is counted.
       if (!one_host) {
         EXPECT_EQ(results[r].output.find(" sent=0 "), std::string::npos) << results[r].output;
@@ -609,7 +614,7 @@ TEST(DaemonIntegration, AutoUsesTheDaemonWhenOneAnswersElseDirectMode) {
   // A daemon answers: both trainers are its clients.
   for (const auto& res : run(d.socket(0))) {
     EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
-    EXPECT_NE(res.output.find("daemon mode (unix:" + d.socket(0) + ")"), std::string::npos)
+    EXPECT_NE(res.output.find("daemon mode (unix:" + d.socket(0) + ";"), std::string::npos)
         << res.output;
     EXPECT_EQ(res.output.find("GW_DAEMON=auto"), std::string::npos) << res.output;
   }

@@ -347,6 +347,14 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
   const double t0 = now_ms();
   char what[160];
   gw_status_t s;
+  // What the communicator resolved, in daemon mode.
+  char desc[512];
+  for (const char* key : {"transport", "daemon_transport", "chunk", "allreduce", "interface"}) {
+    if ((s = gw_comm_describe(comm, key, desc, sizeof(desc), nullptr)) != GW_OK) {
+      return report("gw_comm_describe", s, t0);
+    }
+    std::printf("DESCRIBE rank=%d %s=%s\n", rank, key, desc);
+  }
   // alltoall: rank r's block for rank d holds (r * 11 + d * 3 + i) % 50.
   for (int arena = 0; arena < 2; ++arena) {
     for (int d = 0; d < 7; ++d) {
