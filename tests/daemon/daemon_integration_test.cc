@@ -329,21 +329,33 @@ TEST(DaemonIntegration, KilledTrainerFailsTheOthersWithPeerWithinTheDeadline) {
   ASSERT_FALSE(dir.path().empty());
   DaemonPair d(dir);
   ASSERT_TRUE(d.start());
-  ProcGroup g;
-  const int port = free_port();
-  const int killer = 3;  // on host B
-  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"die", std::to_string(killer)});
-  auto results = g.wait_all(kTimeoutMs * 4 + kSlackMs * 4);
-  ASSERT_EQ(results[killer].signal, SIGKILL) << results[killer].describe();
-  for (int r = 0; r < 4; ++r) {
-    if (r == killer) continue;
-    const auto& res = results[r];
-    ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
-    EXPECT_TRUE(res.exited) << res.describe();
-    EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << "rank " << r << ": " << res.describe();
-    auto fields = parse_tagged_line(res.output, "RESULT");
-    ASSERT_TRUE(fields.has_value()) << res.describe();
-    EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+  // 1 MiB allreduces; then 24 MiB ones through 128 MiB arenas, which the daemons pipeline in
+  // pieces (the death lands in the middle of a pipelined collective).
+  for (bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "1 MiB");
+    ProcGroup g;
+    const int port = free_port();
+    const int killer = 3;  // on host B
+    for (int r = 0; r < 4; ++r) {
+      std::vector<std::string> args = {"die", std::to_string(killer)};
+      if (pipelined) args.push_back(std::to_string(6 << 20));
+      d.start_trainer_on(g, DaemonPair::host_of(r), r, 4, port, args, "",
+                         pipelined ? "128M" : "16M");
+    }
+    auto results = g.wait_all(kTimeoutMs * 4 + kSlackMs * 4);
+    ASSERT_EQ(results[killer].signal, SIGKILL) << results[killer].describe();
+    for (int r = 0; r < 4; ++r) {
+      if (r == killer) continue;
+      const auto& res = results[r];
+      ASSERT_FALSE(res.timed_out) << "rank " << r << " hung: " << res.describe();
+      EXPECT_TRUE(res.exited) << res.describe();
+      EXPECT_EQ(res.exit_code, 10 + kGwErrPeer) << "rank " << r << ": " << res.describe();
+      auto fields = parse_tagged_line(res.output, "RESULT");
+      ASSERT_TRUE(fields.has_value()) << res.describe();
+      EXPECT_LE(std::stod((*fields)["elapsed_ms"]), kTimeoutMs + kSlackMs) << res.describe();
+    }
+    EXPECT_TRUE(eventually([&] { return d.arenas(0) == 0 && d.arenas(1) == 0; }, 5000))
+        << d.arenas(0) << " " << d.arenas(1);
   }
   // Both daemons let go of every arena of the job, the dead trainer's included; and they still
   // serve a new job afterwards.

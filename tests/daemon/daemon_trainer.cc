@@ -7,8 +7,8 @@
 //                    allgather, barrier and iallreduces in flight
 //                    at COUNT elements, with malloc'd buffers and with gw_mem_alloc buffers (in
 //                    place), each result checked exactly
-//   die KILLER       rank KILLER makes two allreduces, then SIGKILLs itself while its third one
-//                    runs; the others call allreduce until it fails
+//   die KILLER [COUNT]  rank KILLER makes two allreduces (COUNT floats, 2^18), then SIGKILLs
+//                    itself while its third one runs; the others call allreduce until it fails
 //   loop             allreduce until a call fails (the test kills a daemon meanwhile)
 //   extra COUNT [BIG_MIB]  alltoall (every dtype, malloc'd and gw_mem_alloc'd in place),
 //                    gw_allreduce_compressed (none, fp16, topk:1 with exact sums; stats; a key
@@ -494,8 +494,7 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
   return 0;
 }
 
-int run_die(gw_comm_t comm, int rank, int killer) {
-  const size_t count = 1 << 18;
+int run_die(gw_comm_t comm, int rank, int killer, size_t count) {
   std::vector<float> send(count, 1.0f), recv(count);
   if (rank == killer) {
     for (int i = 0; i < 2; ++i) {
@@ -590,8 +589,9 @@ int main(int argc, char** argv) {
   } else if (scenario == "extra" && (argc - i == 1 || argc - i == 2)) {
     rc = run_extra(comm, rank, world, std::strtoull(argv[i], nullptr, 10),
                    argc - i == 2 ? std::strtoull(argv[i + 1], nullptr, 10) : 20);
-  } else if (scenario == "die" && argc - i == 1) {
-    rc = run_die(comm, rank, std::atoi(argv[i]));
+  } else if (scenario == "die" && (argc - i == 1 || argc - i == 2)) {
+    rc = run_die(comm, rank, std::atoi(argv[i]),
+                 argc - i == 2 ? std::strtoull(argv[i + 1], nullptr, 10) : size_t{1} << 18);
   } else if (scenario == "loop") {
     rc = run_loop(comm, rank);
   } else if (scenario == "bench" && argc - i >= 2) {
