@@ -49,8 +49,13 @@ constinit const config::Row kTransport{
 
 constinit const config::Row kSpinUs{
     "GW_DAEMON_SPIN_US", Type::Int, "0", "",
-    "daemon mode: microseconds a trainer and gradwired busy-poll the rings before sleeping on "
-    "the eventfd (pays only with idle cores)"};
+    "daemon mode: microseconds a trainer busy-polls its completion ring before sleeping on the "
+    "eventfd (pays only with a core per trainer to spare)"};
+
+constinit const config::Row kPollUs{
+    "GW_DAEMON_POLL_US", Type::Int, "50", "",
+    "gradwired: microseconds a job's thread busy-polls its trainers' submission rings before "
+    "sleeping on their eventfds (spares a wake-up per small collective; 0: never)"};
 
 constinit const config::Row kReduceThreads{
     "GW_DAEMON_REDUCE_THREADS", Type::Int, "0", "",
@@ -69,7 +74,7 @@ constinit const config::Row kGroup{
 const config::RowSet& rows() {
   static const config::RowSet set(
       "daemon", {&kDaemon, &kArena, &kChunk, &kSocket, &kMaxArena, &kMaxClients, &kTransport,
-                 &kSpinUs, &kReduceThreads, &kMetrics, &kGroup});
+                 &kSpinUs, &kPollUs, &kReduceThreads, &kMetrics, &kGroup});
   return set;
 }
 

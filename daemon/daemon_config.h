@@ -15,6 +15,7 @@ extern const config::Row kMaxArena;
 extern const config::Row kMaxClients;
 extern const config::Row kTransport;
 extern const config::Row kSpinUs;
+extern const config::Row kPollUs;
 extern const config::Row kReduceThreads;
 extern const config::Row kMetrics;
 extern const config::Row kGroup;

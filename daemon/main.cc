@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   o.transport = config::get_string(daemon_config::kTransport);
   o.max_arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kMaxArena));
   o.max_clients = static_cast<int>(config::get_int(daemon_config::kMaxClients));
-  o.spin_us = config::get_int(daemon_config::kSpinUs);
+  o.spin_us = config::get_int(daemon_config::kPollUs);
   o.reduce_threads = static_cast<int>(config::get_int(daemon_config::kReduceThreads));
   o.group = config::get_string(daemon_config::kGroup);
   // Under systemd (Type=notify): readiness once listening, the watchdog from the server's loop.

@@ -35,7 +35,8 @@ struct ServerOptions {
   uint32_t ring_entries = 64;  // per ring, a power of two
   std::string host_id;         // "": bootstrap host_identity() (GW_HOSTID)
   int64_t hello_timeout_ms = 5000;
-  int64_t spin_us = 0;  // a job thread busy-polls its rings this long before sleeping
+  int64_t spin_us =
+      0;  // a job thread busy-polls its rings this long before sleeping (GW_DAEMON_POLL_US)
   // Threads that share a large collective's local sum and copy-back (the job's thread included;
   // 0: min(4, the CPUs); 1: the job's thread alone). Shared by the jobs: one at a time.
   int reduce_threads = 0;
