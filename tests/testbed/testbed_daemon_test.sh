@@ -14,7 +14,9 @@
 #     the run stops at gw_mem_alloc, saying so;
 #   - two jobs at once on the same daemons (two gradwire-perf launches per trainer, each with its
 #     own store and job token), both checked, and gradwirectl jobs on host 0's daemon showing both
-#     running at the same time.
+#     running at the same time;
+#   - the last trainer SIGKILLed mid-collective: every other one, on every host, fails with
+#     GW_ERR_PEER within the deadline.
 # The testbed stops the daemons (SIGTERM, which must end them cleanly) and removes every namespace
 # whatever happens; this script removes its temporary directory, and on SIGINT/SIGTERM stops the
 # testbed session in progress first. Exit 77 (skipped) where the testbed cannot be built.
@@ -94,6 +96,23 @@ if [ "$GW_RANK" = 0 ]; then
 fi
 k=$ka; wait "$pa" || case_failed "job a (allreduce) beside job b"
 k=$kb; wait "$pb" || case_failed "job b (allgather) beside job a"
+
+# A trainer killed mid-collective (the last rank, on the last host): every other trainer, on every
+# host, fails with GW_ERR_PEER (exit 10 + 3) within the deadline, never hangs. Last: the job ends.
+k=$((k + 1))
+killer=$((GW_WORLD_SIZE - 1))
+GW_TIMEOUT_MS=10000 GW_STORE="10.79.0.1:$((TB_PORT + k))" timeout 60 "$TRAINER" die "$killer" \
+  >"$out.$k" 2>&1
+rc=$?
+if [ "$GW_RANK" = "$killer" ]; then
+  [ $rc -eq 137 ] || case_failed "the killer ended with $rc, not SIGKILL"
+elif [ $rc -ne 13 ]; then
+  case_failed "a killed trainer: this trainer ended with $rc (13, GW_ERR_PEER, expected)"
+else
+  ms=$(sed -n 's/^RESULT .*elapsed_ms=\([0-9]*\).*/\1/p' "$out.$k" | head -1)
+  [ -n "$ms" ] && [ "$ms" -le 12000 ] || case_failed "GW_ERR_PEER after ${ms:-?} ms (deadline 10000)"
+  echo "peer after $ms ms" >"$out.killed"
+fi
 exit $bad
 EOF
 
@@ -119,6 +138,8 @@ layout() {  # layout HOSTS RANKS_PER_HOST
   n=$(ls "$work/$name/out"/r*.alltoall 2>/dev/null | wc -l)
   [ "$n" -eq "$want" ] || fail "$name: $n of $want trainers reached the alltoall case"
   [ -s "$work/$name/out/jobs_seen" ] || fail "$name: no record of both jobs running at once"
+  n=$(ls "$work/$name/out"/r*.killed 2>/dev/null | wc -l)
+  [ "$n" -eq $((want - 1)) ] || fail "$name: $n of $((want - 1)) trainers saw the killed one"
   grep -q "^# transport: daemon" "$work/$name/out/r0.1" || fail "$name: rank 0 did not run in daemon mode"
   echo "testbed_daemon_test: $name ok ($((SECONDS - t0)) s; $(cat "$work/$name/out/r0.alltoall"))"
 }
