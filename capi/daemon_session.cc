@@ -306,6 +306,9 @@ Result<uint64_t> DaemonSession::post(SqEntry e, const char* what) {
                (tail % geo_.sq_entries) * sizeof(SqEntry);
   std::memcpy(slot, &e, sizeof(e));
   hdr_->sq_tail.store(tail + 1, std::memory_order_release);
+  // A daemon busy-polling the ring sees the entry without a wake-up (docs/wire-daemon.md §5).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (hdr_->daemon_polling.load(std::memory_order_relaxed) == 1) return e.seq;
   uint64_t one = 1;
   if (::write(sq_efd_.get(), &one, sizeof(one)) < 0 && errno != EAGAIN) {
     return broken(system_error("signalling gradwired", errno));

@@ -187,6 +187,10 @@ struct alignas(64) ArenaHeader {
   alignas(64) std::atomic<uint64_t> sq_head;  // written by the daemon
   alignas(64) std::atomic<uint64_t> cq_tail;  // written by the daemon
   alignas(64) std::atomic<uint64_t> cq_head;  // written by the client
+  // 1 while the daemon's job thread busy-polls the submission ring (written by the daemon only):
+  // a client that reads 1 after publishing sq_tail (a seq_cst fence between the two) may skip the
+  // submission eventfd. The daemon clears it, fences, and checks sq_tail again before it sleeps.
+  alignas(64) std::atomic<uint32_t> daemon_polling;
 };
 static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

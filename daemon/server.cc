@@ -572,6 +572,15 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   }
   const size_t slot = lmax * lmax * block;
   const size_t total = num_hosts * slot;
+  // Padding grows with unevenness (many small hosts beside a large one): refuse, on every daemon
+  // alike (they share the host map), what would need more than 4x the largest host's buffers.
+  const size_t limit = std::max<size_t>(64u << 20, 4 * lmax * first.world_size * block);
+  if ((comm ? 2 : 1) * total > limit) {
+    return no_memory(
+        "alltoall over hosts this uneven ({} hosts, {} trainers on the largest) would need {} "
+        "bytes of daemon scratch (at most {})",
+        num_hosts, lmax, (comm ? 2 : 1) * total, limit);
+  }
   if (scratch.size() < (comm ? 2 : 1) * total) scratch.resize((comm ? 2 : 1) * total);
   uint8_t* out = scratch.data();
   uint8_t* in = comm ? out + total : out;
@@ -794,25 +803,44 @@ void Job::run() {
     for (const auto& m : members) {
       if (m) pfds.push_back({m->sq_efd.get(), POLLIN, 0});
     }
-    // Busy-poll the submission counters for GW_DAEMON_SPIN_US before sleeping (see DaemonSession).
-    const int64_t spin_until = sys::now_ns() + spin_ns;
-    bool ready = false;
-    while (!ready && sys::now_ns() < spin_until && !stop.load(std::memory_order_relaxed)) {
+    // Busy-poll the submission counters for GW_DAEMON_POLL_US before sleeping, telling the
+    // clients so (they then skip the eventfd); clear that, fence, and look once more before
+    // sleeping, so a submission posted meanwhile is never left without a wake-up.
+    auto posted = [&]() {
       for (const auto& m : members) {
         if (m && (m->hdr->sq_tail.load(std::memory_order_acquire) != m->sq_head ||
                   m->lost.load(std::memory_order_relaxed))) {
-          ready = true;
+          return true;
         }
       }
-      if (!ready) spin_pause();
+      return false;
+    };
+    bool ready = false;
+    if (spin_ns > 0) {
+      for (const auto& m : members) {
+        if (m) m->hdr->daemon_polling.store(1, std::memory_order_relaxed);
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      const int64_t spin_until = sys::now_ns() + spin_ns;
+      while (!(ready = posted()) && sys::now_ns() < spin_until &&
+             !stop.load(std::memory_order_relaxed)) {
+        std::this_thread::yield();  // trainers sharing the core get it at once
+      }
+      for (const auto& m : members) {
+        if (m) m->hdr->daemon_polling.store(0, std::memory_order_relaxed);
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      ready = ready || posted();
     }
-    int rc = ::poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
-    if (rc < 0 && errno != EINTR) {
-      GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
-      break;
-    }
-    for (const auto& p : pfds) {
-      if (p.revents & POLLIN) drain_fd(p.fd);
+    if (!ready) {  // sleep until a trainer, the main thread or stop() wakes this job
+      int rc = ::poll(pfds.data(), pfds.size(), 1000);
+      if (rc < 0 && errno != EINTR) {
+        GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
+        break;
+      }
+      for (const auto& p : pfds) {
+        if (p.revents & POLLIN) drain_fd(p.fd);
+      }
     }
     size_t live = 0;
     for (auto& m : members) {

@@ -158,6 +158,7 @@ class DaemonServerTest : public ::testing::Test {
     o.ring_entries = 8;
     o.max_arena_bytes = 8 << 20;
     o.reduce_threads = 3;  // large sums and copies split over the pool
+    o.spin_us = 20;        // the job threads poll the rings before sleeping, as gradwired does
     auto s = Server::create(o);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);

@@ -16,7 +16,7 @@
 #     own store and job token), both checked, and gradwirectl jobs on host 0's daemon showing both
 #     running at the same time;
 #   - the last trainer SIGKILLed mid-collective: every other one, on every host, fails with
-#     GW_ERR_PEER within the deadline.
+#     GW_ERR_PEER within the deadline, while another job on the same daemons runs on unharmed.
 # The testbed stops the daemons (SIGTERM, which must end them cleanly) and removes every namespace
 # whatever happens; this script removes its temporary directory, and on SIGINT/SIGTERM stops the
 # testbed session in progress first. Exit 77 (skipped) where the testbed cannot be built.
@@ -99,11 +99,16 @@ k=$kb; wait "$pb" || case_failed "job b (allgather) beside job a"
 
 # A trainer killed mid-collective (the last rank, on the last host): every other trainer, on every
 # host, fails with GW_ERR_PEER (exit 10 + 3) within the deadline, never hangs. Last: the job ends.
-k=$((k + 1))
+# Meanwhile another job on the same daemons (its own store and token) does not notice.
+k=$((k + 1)); kb=$k; k=$((k + 1))
+GW_STORE="10.79.0.1:$((TB_PORT + kb))" GW_JOB_TOKEN="bystander-$TB_ID" "$PERF" allreduce -b 4K \
+  -e 4M -f 4 -n 20 -w 1 --check >"$out.$kb" 2>&1 &
+pb=$!
 killer=$((GW_WORLD_SIZE - 1))
 GW_TIMEOUT_MS=10000 GW_STORE="10.79.0.1:$((TB_PORT + k))" timeout 60 "$TRAINER" die "$killer" \
   >"$out.$k" 2>&1
 rc=$?
+wait "$pb" || { k=$kb; case_failed "the bystander job beside the killed trainer's"; }
 if [ "$GW_RANK" = "$killer" ]; then
   [ $rc -eq 137 ] || case_failed "the killer ended with $rc, not SIGKILL"
 elif [ $rc -ne 13 ]; then
