@@ -758,12 +758,7 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
     unplace(b);
     return m.status();
   }
-  // The staged copy of the spec and key is always a copy: a gw_mem_alloc'd string is not ours.
-  Placed mp = *m;
-  if (!mp.staged) {
-    unplace(b);
-    return internal_error("{}: the codec spec was placed in the caller's memory", what);
-  }
+  const Placed mp = *m;  // staged: the string is this function's own
   SqEntry e = entry(Opcode::kAllreduceCompressed);
   e.dtype = static_cast<uint8_t>(dtype);
   e.count = count;
@@ -854,8 +849,7 @@ Result<std::unique_ptr<Session>> DaemonSession::split(int color, int key) {
   const std::string label = fmt::format("gradwire split {} color {}", seq, color);
   const net::handshake::Mac tag = net::handshake::hmac_sha256(
       hello_.job_token, reinterpret_cast<const uint8_t*>(label.data()), label.size());
-  h.job_token.clear();
-  for (uint8_t byte : tag) h.job_token += fmt::format("{:02x}", byte);
+  h.job_token = to_hex(tag.data(), tag.size());
   if (h.num_hosts == 1) {  // the new job's daemons need not meet
     h.store_host.clear();
     h.store_port = 0;

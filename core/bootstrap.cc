@@ -75,6 +75,10 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+constexpr const char* kTokenKey = "gw/job_token";
+
+}  // namespace
+
 std::string to_hex(const uint8_t* p, size_t n) {
   static const char* kDigits = "0123456789abcdef";
   std::string s;
@@ -85,10 +89,6 @@ std::string to_hex(const uint8_t* p, size_t n) {
   }
   return s;
 }
-
-constexpr const char* kTokenKey = "gw/job_token";
-
-}  // namespace
 
 Result<std::string> fresh_job_token() {
   uint8_t bits[16];
@@ -103,8 +103,6 @@ Result<std::string> fresh_job_token() {
   }
   return to_hex(bits, sizeof(bits));
 }
-
-namespace {}  // namespace
 
 Result<int> parse_env_int(const char* name, const std::string& value) {
   int v = 0;

@@ -58,6 +58,9 @@ Result<std::vector<Bytes>> gather_joined(Store& store, int world,
 
 // Job token: GW_JOB_TOKEN if set; else rank 0 generates 128 random bits and publishes them in the
 // store, and the others read them.
+// n bytes as 2n lowercase hex digits (tokens and the names derived from them).
+std::string to_hex(const uint8_t* p, size_t n);
+
 // A new job token: 16 bytes from the CSPRNG (getrandom, never a fallback), in hex.
 Result<std::string> fresh_job_token();
 

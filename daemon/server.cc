@@ -52,6 +52,16 @@ struct Counters {
     std::atomic<uint64_t> count{0}, sum_ns{0};
   } phases[kNumPhases];
 
+  // Bytes read from (in) and written into (out) the trainers' arenas; handed to (out) and got back
+  // from (in) the inter-host collective.
+  void arena(uint64_t in, uint64_t out) {
+    arena_in.fetch_add(in, std::memory_order_relaxed);
+    arena_out.fetch_add(out, std::memory_order_relaxed);
+  }
+  void inter(uint64_t in, uint64_t out) {
+    inter_in.fetch_add(in, std::memory_order_relaxed);
+    inter_out.fetch_add(out, std::memory_order_relaxed);
+  }
   void error(ErrorKind kind) {
     errors[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
   }
@@ -290,9 +300,7 @@ Status Job::start_comm() {
   // Every job of the store (a split makes more) meets under a prefix of its own.
   const net::handshake::Mac tag =
       net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
-  std::string tag_hex;
-  for (int i = 0; i < 8; ++i) tag_hex += fmt::format("{:02x}", tag[i]);
-  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + tag_hex + "/");
+  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + to_hex(tag.data(), 8) + "/");
   coll::CommOptions co;
   co.rank = h.host_index;
   co.world_size = h.num_hosts;
@@ -414,20 +422,11 @@ Status Job::execute(const std::vector<Request>& reqs) {
   coll::Communicator* cm = comm.get();
   // Phases and bytes for the metrics.
   PhaseClock clock(counters);
-  auto mark = [&](Phase phase) { clock.mark(phase); };
-  auto arena = [&](uint64_t in, uint64_t out) {
-    counters->arena_in.fetch_add(in, std::memory_order_relaxed);
-    counters->arena_out.fetch_add(out, std::memory_order_relaxed);
-  };
-  auto inter = [&](uint64_t in, uint64_t out) {
-    counters->inter_in.fetch_add(in, std::memory_order_relaxed);
-    counters->inter_out.fetch_add(out, std::memory_order_relaxed);
-  };
   switch (r.opcode) {
     case Opcode::kBarrier:
       if (cm) {
         GW_RETURN_IF_ERROR(cm->barrier());
-        mark(Phase::kInterHost);
+        clock.mark(Phase::kInterHost);
       }
       return ok_status();
     case Opcode::kAllreduce: {
@@ -437,19 +436,19 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (scratch.size() < bytes) scratch.resize(bytes);
       uint8_t* s = scratch.data();
       local_sum(reqs, op, s, 0, bytes);
-      arena(bytes * n, 0);
-      mark(Phase::kLocalReduce);
+      counters->arena(bytes * n, 0);
+      clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
-        inter(bytes, bytes);
-        mark(Phase::kInterHost);
+        counters->inter(bytes, bytes);
+        clock.mark(Phase::kInterHost);
       }
       if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
         coll::finalize_avg(r.dtype, s, r.count, first.world_size);
       }
       copy_back(reqs, s, 0, bytes);
-      arena(0, bytes * n);
-      mark(Phase::kCopyBack);
+      counters->arena(0, bytes * n);
+      clock.mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kReduceScatter: {
@@ -462,12 +461,12 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
       local_sum(reqs, op, s, 0, total);
-      arena(total * n, 0);
-      mark(Phase::kLocalReduce);
+      counters->arena(total * n, 0);
+      clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
-        inter(total, total);
-        mark(Phase::kInterHost);
+        counters->inter(total, total);
+        clock.mark(Phase::kInterHost);
       }
       if (r.op == coll::ReduceOp::kAvg && total > 0) {
         coll::finalize_avg(r.dtype, s, elems, first.world_size);
@@ -476,8 +475,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memmove(buf(i, reqs[i].recv_off),
                      s + static_cast<size_t>(members[i]->hello.rank) * block, block);
       }
-      arena(0, block * n);
-      mark(Phase::kCopyBack);
+      counters->arena(0, block * n);
+      clock.mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kBroadcast: {
@@ -490,23 +489,23 @@ Status Job::execute(const std::vector<Request>& reqs) {
       }
       if (root_local >= 0 && bytes > 0) {
         std::memcpy(s, buf(root_local, reqs[root_local].send_off), bytes);
-        arena(bytes, 0);
+        counters->arena(bytes, 0);
       }
-      mark(Phase::kLocalReduce);
+      clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
-        root_local >= 0 ? inter(0, bytes) : inter(bytes, 0);
-        mark(Phase::kInterHost);
+        root_local >= 0 ? counters->inter(0, bytes) : counters->inter(bytes, 0);
+        clock.mark(Phase::kInterHost);
       } else if (root_local < 0) {
         return internal_error("broadcast root {} is on no host of a single-host job", r.root);
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) {
         if (static_cast<int>(i) != root_local) {
           std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
-          arena(0, bytes);
+          counters->arena(0, bytes);
         }
       }
-      mark(Phase::kCopyBack);
+      clock.mark(Phase::kCopyBack);
       return ok_status();
     }
     case Opcode::kAlltoall:
@@ -525,16 +524,16 @@ Status Job::execute(const std::vector<Request>& reqs) {
         std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
                     buf(i, reqs[i].send_off), block);
       }
-      arena(block * n, 0);
-      mark(Phase::kLocalReduce);
+      counters->arena(block * n, 0);
+      clock.mark(Phase::kLocalReduce);
       if (cm && total > 0) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
-        inter(total, total);
-        mark(Phase::kInterHost);
+        counters->inter(total, total);
+        clock.mark(Phase::kInterHost);
       }
       for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
-      arena(0, total * n);
-      mark(Phase::kCopyBack);
+      counters->arena(0, total * n);
+      clock.mark(Phase::kCopyBack);
       return ok_status();
     }
   }
@@ -572,20 +571,20 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   }
   const size_t slot = lmax * lmax * block;
   const size_t total = num_hosts * slot;
+  const size_t need = (comm ? 2 : 1) * total;  // what goes out, and (across hosts) what comes in
   // Padding grows with unevenness (many small hosts beside a large one): refuse, on every daemon
   // alike (they share the host map), what would need more than 4x the largest host's buffers.
   const size_t limit = std::max<size_t>(64u << 20, 4 * lmax * first.world_size * block);
-  if ((comm ? 2 : 1) * total > limit) {
+  if (need > limit) {
     return no_memory(
         "alltoall over hosts this uneven ({} hosts, {} trainers on the largest) would need {} "
         "bytes of daemon scratch (at most {})",
-        num_hosts, lmax, (comm ? 2 : 1) * total, limit);
+        num_hosts, lmax, need, limit);
   }
-  if (scratch.size() < (comm ? 2 : 1) * total) scratch.resize((comm ? 2 : 1) * total);
+  if (scratch.size() < need) scratch.resize(need);
   uint8_t* out = scratch.data();
   uint8_t* in = comm ? out + total : out;
   PhaseClock clock(counters);
-  auto mark = [&](Phase phase) { clock.mark(phase); };
   for (size_t g = 0; g < num_hosts; ++g) {
     for (size_t i = 0; i < hosts[me].size(); ++i) {
       const size_t m = member_of[i];
@@ -596,13 +595,12 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
       }
     }
   }
-  counters->arena_in.fetch_add(block * first.world_size * n, std::memory_order_relaxed);
-  mark(Phase::kLocalReduce);
+  counters->arena(block * first.world_size * n, 0);
+  clock.mark(Phase::kLocalReduce);
   if (comm) {
     GW_RETURN_IF_ERROR(comm->alltoall(out, in, slot, coll::DataType::kU8));
-    counters->inter_in.fetch_add((num_hosts - 1) * slot, std::memory_order_relaxed);
-    counters->inter_out.fetch_add((num_hosts - 1) * slot, std::memory_order_relaxed);
-    mark(Phase::kInterHost);
+    counters->inter((num_hosts - 1) * slot, (num_hosts - 1) * slot);
+    clock.mark(Phase::kInterHost);
   }
   for (size_t h = 0; h < num_hosts; ++h) {
     for (size_t i = 0; i < hosts[h].size(); ++i) {
@@ -613,8 +611,8 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
       }
     }
   }
-  counters->arena_out.fetch_add(block * first.world_size * n, std::memory_order_relaxed);
-  mark(Phase::kCopyBack);
+  counters->arena(0, block * first.world_size * n);
+  clock.mark(Phase::kCopyBack);
   return ok_status();
 }
 
@@ -703,10 +701,8 @@ Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
   }
   while (!flight.empty()) retire();
   for (int p = 0; p < kNumPhases; ++p) counters->observe(static_cast<Phase>(p), spent[p]);
-  counters->arena_in.fetch_add(bytes * n, std::memory_order_relaxed);
-  counters->arena_out.fetch_add(bytes * n, std::memory_order_relaxed);
-  counters->inter_in.fetch_add(bytes, std::memory_order_relaxed);
-  counters->inter_out.fetch_add(bytes, std::memory_order_relaxed);
+  counters->arena(bytes * n, bytes * n);
+  counters->inter(bytes, bytes);
   return err;
 }
 
@@ -718,12 +714,11 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   const size_t bytes = r.send_bytes;
   PhaseClock clock(counters);
-  auto mark = [&](Phase phase) { clock.mark(phase); };
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint8_t* s = scratch.data();
   local_sum(reqs, coll::ReduceOp::kSum, s, 0, bytes);
-  counters->arena_in.fetch_add(bytes * n, std::memory_order_relaxed);
-  mark(Phase::kLocalReduce);
+  counters->arena(bytes * n, 0);
+  clock.mark(Phase::kLocalReduce);
   CompressedDone total;
   if (comm) {
     if (!compressor) compressor = std::make_unique<coll::Compressor>(comm.get());
@@ -732,13 +727,12 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
     const coll::CompressStats after = compressor->stats();
     total.bytes_sent = after.bytes_sent - before.bytes_sent;
     total.nonfinite = after.nonfinite_steps - before.nonfinite_steps;
-    counters->inter_in.fetch_add(total.bytes_sent, std::memory_order_relaxed);
-    counters->inter_out.fetch_add(total.bytes_sent, std::memory_order_relaxed);
-    mark(Phase::kInterHost);
+    counters->inter(total.bytes_sent, total.bytes_sent);
+    clock.mark(Phase::kInterHost);
   }
   copy_back(reqs, s, 0, bytes);
-  counters->arena_out.fetch_add(bytes * n, std::memory_order_relaxed);
-  mark(Phase::kCopyBack);
+  counters->arena(0, bytes * n);
+  clock.mark(Phase::kCopyBack);
   done_info.assign(n, CompressedDone{total.bytes_sent / n, total.nonfinite});
   done_info[0].bytes_sent += total.bytes_sent % n;
   return ok_status();
@@ -798,11 +792,6 @@ void Job::run() {
   if (!s.ok()) fail(s);
   std::vector<pollfd> pfds;
   while (!stop.load()) {
-    pfds.clear();
-    pfds.push_back({wake.get(), POLLIN, 0});
-    for (const auto& m : members) {
-      if (m) pfds.push_back({m->sq_efd.get(), POLLIN, 0});
-    }
     // Busy-poll the submission counters for GW_DAEMON_POLL_US before sleeping, telling the
     // clients so (they then skip the eventfd); clear that, fence, and look once more before
     // sleeping, so a submission posted meanwhile is never left without a wake-up.
@@ -833,6 +822,11 @@ void Job::run() {
       ready = ready || posted();
     }
     if (!ready) {  // sleep until a trainer, the main thread or stop() wakes this job
+      pfds.clear();
+      pfds.push_back({wake.get(), POLLIN, 0});
+      for (const auto& m : members) {
+        if (m) pfds.push_back({m->sq_efd.get(), POLLIN, 0});
+      }
       int rc = ::poll(pfds.data(), pfds.size(), 1000);
       if (rc < 0 && errno != EINTR) {
         GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
