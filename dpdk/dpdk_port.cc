@@ -7,6 +7,7 @@
 #include <rte_errno.h>
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
+#include <rte_log.h>
 #include <rte_mbuf.h>
 #include <rte_mbuf_pool_ops.h>
 #include <rte_mempool.h>
@@ -89,7 +90,7 @@ size_t kernel_mtu(const std::string& iface) {
 class DpdkPort : public FramePort {
  public:
   ~DpdkPort() override {
-    rte_eth_dev_stop(port_id_);
+    if (started_) rte_eth_dev_stop(port_id_);
     // The mempool stays: the PMD may still reference mbufs of it until the process ends.
   }
 
@@ -154,6 +155,10 @@ class DpdkPort : public FramePort {
   size_t tx_burst(FrameBuf* bufs, size_t n) override {
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
+    if (!started_) {  // a net_memif client not connected yet: the link drops what it is given
+      for (size_t i = 0; i < n; ++i) free(bufs[i]);
+      return n;
+    }
     for (size_t i = 0; i < n; ++i) {
       rte_mbuf* m = static_cast<rte_mbuf*>(bufs[i].opaque);
       m->data_len = static_cast<uint16_t>(bufs[i].len);
@@ -186,7 +191,50 @@ class DpdkPort : public FramePort {
     return d;
   }
   size_t rx_ring_size() const override { return rx_desc_; }
+  bool check_link() override {
+    rte_eth_link l{};
+    if (rte_eth_link_get_nowait(port_id_, &l) != 0) return true;  // the port cannot tell
+    const int64_t now = mono_us();
+    if (l.link_status == RTE_ETH_LINK_UP) {
+      if (down_logged_) GW_LOG_INFO("dpdk: port {} link up", name_);
+      seen_up_ = true;
+      down_logged_ = false;
+      down_since_us_ = 0;
+      return true;
+    }
+    if (down_since_us_ == 0) {
+      down_since_us_ = now;
+      last_restart_us_ = now;
+    }
+    // A link that was up and went down is news at once; one that has not come up since the port
+    // started (a peer still starting) after a second.
+    if (!down_logged_ && (seen_up_ || now - down_since_us_ >= 1000000)) {
+      GW_LOG_WARN("dpdk: port {} link down{}", name_,
+                  memif_client_ ? " (net_memif client: connecting to its server again every "
+                                  "500 ms)"
+                                : "");
+      down_logged_ = true;
+    }
+    // A net_memif client connects to its server once, when the port starts: a server that was
+    // not listening yet (the other host's daemon started later) or went away and came back is
+    // only reached by starting the port again. Not more often than every 500 ms, so a
+    // connection the server is still answering is not cut short.
+    if (memif_client_ && now - last_restart_us_ >= 500000) {
+      last_restart_us_ = now;
+      if (started_) rte_eth_dev_stop(port_id_);
+      // The PMD logs every failed connect at ERR; said once above, so quiet while retrying.
+      const int type = rte_log_register("pmd.net.memif");
+      const int level = type >= 0 ? rte_log_get_level(static_cast<uint32_t>(type)) : -1;
+      if (level >= 0) rte_log_set_level(static_cast<uint32_t>(type), RTE_LOG_CRIT);
+      const int rc = rte_eth_dev_start(port_id_);
+      if (level >= 0) rte_log_set_level(static_cast<uint32_t>(type), static_cast<uint32_t>(level));
+      started_ = rc == 0;
+      if (rc != 0) GW_LOG_DEBUG("dpdk: starting port {} again: {}", name_, rte_strerror(-rc));
+    }
+    return false;
+  }
   size_t rx_burst(FrameBuf* bufs, size_t n) override {
+    if (!started_) return 0;
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
     const int64_t t0 = mono_us();
@@ -336,7 +384,18 @@ class DpdkPort : public FramePort {
     } else {
       mtu_ = std::min<size_t>(1500, want_mtu);
     }
-    if (int rc = rte_eth_dev_start(port_id_); rc != 0) {
+    memif_client_ =
+        std::strcmp(info.driver_name, "net_memif") == 0 && devarg(dargs, "role") == "client";
+    if (int rc = rte_eth_dev_start(port_id_); rc == 0) {
+      started_ = true;
+    } else if (memif_client_) {
+      // Its server is not listening yet (another host's process that starts later): check_link
+      // starts the port again until it connects; meanwhile the link is down.
+      GW_LOG_INFO(
+          "dpdk: port {}: its net_memif server does not answer yet ({}); trying again "
+          "every 500 ms",
+          name_, rte_strerror(-rc));
+    } else {
       return unsupported("dpdk: rte_eth_dev_start({}): {}", name_, rte_strerror(-rc));
     }
     rte_eth_promiscuous_enable(port_id_);  // best effort (not every vdev supports it)
@@ -465,6 +524,10 @@ class DpdkPort : public FramePort {
   bool tx_offload_ = false;
   bool rx_offload_ = false;
   bool zero_copy_ = false;
+  bool memif_client_ = false;
+  bool started_ = false;  // rte_eth_dev_start succeeded (a net_memif client may start later)
+  bool seen_up_ = false, down_logged_ = false;  // check_link's state
+  int64_t down_since_us_ = 0, last_restart_us_ = 0;
   std::string zc_reason_;
   std::string name_;
 };

@@ -443,8 +443,9 @@ Result<bool> Engine::connect_poll(uint32_t conn) {
   if (!c->error.ok()) return c->error;
   if (c->state == Conn::State::kOpen) return true;
   if (now_ns() > c->deadline_ns) {
-    return timeout_error("dpdk connect to {}: no answer to the handshake before the deadline",
-                         c->name());
+    return timeout_error(
+        "dpdk connect to {}: no answer to the handshake before the deadline{}", c->name(),
+        link_up_ ? "" : fmt::format(" (port {} reports its link down)", port_->name()));
   }
   return false;
 }
@@ -732,6 +733,10 @@ size_t Engine::progress_locked() {
     if (n < rx_batch_.size()) break;
   }
   const int64_t now = now_ns();
+  if (now >= next_link_check_ns_) {
+    next_link_check_ns_ = now + kLinkCheckNs;
+    link_up_ = port_->check_link();
+  }
   for (auto& [id, c] : conns_) {
     timers(*c);
     pump(*c);

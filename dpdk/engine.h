@@ -224,6 +224,10 @@ class Engine {
   std::function<void(const Frame&)> frame_tap_;
   std::atomic<uint64_t> yields_{0};
   std::atomic<int64_t> last_progress_ns_{0};
+  // The port's link, asked every kLinkCheckNs from the progress loop (FramePort::check_link).
+  static constexpr int64_t kLinkCheckNs = 100 * 1000 * 1000;
+  int64_t next_link_check_ns_ = 0;
+  bool link_up_ = true;
 
   std::thread thread_;
   std::mutex thread_mu_;

@@ -140,6 +140,10 @@ class FramePort {
                                TxRef* const* /*refs*/, int /*n*/) {
     return false;
   }
+  // Whether the link is up (true where the port cannot tell). The engine calls it about every
+  // 100 ms from its progress loop; a port whose link is down may try to bring it up there
+  // (net_memif's client connects again to a server that was not listening yet, or came back).
+  virtual bool check_link() { return true; }
   // Asks the PMD to free the mbufs of frames it has finished sending (so zero-copy segments are
   // released without waiting for more traffic). Best effort.
   virtual void tx_cleanup() {}

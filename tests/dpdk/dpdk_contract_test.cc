@@ -747,8 +747,12 @@ TEST(DpdkEngine, LostHelloAckIsRepeatedAfterTheListenerIsClosed) {
     bool rd = false, sd = false;
     size_t n = 0;
     while ((!rd || !sd) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
-      if (!rd) ASSERT_TRUE(r->test(rr, &rd, &n).ok());
-      if (!sd) ASSERT_TRUE(s->test(sr, &sd, &n).ok());
+      if (!rd) {
+        ASSERT_TRUE(r->test(rr, &rd, &n).ok());
+      }
+      if (!sd) {
+        ASSERT_TRUE(s->test(sr, &sd, &n).ok());
+      }
     }
     EXPECT_TRUE(rd && sd);
     EXPECT_EQ(std::memcmp(in, out, 4), 0);
