@@ -84,10 +84,11 @@ constexpr Field kStatusFields[] = {{"version", Kind::kString},
                                    {"refused", Kind::kInt},
                                    {"collectives", Kind::kInt},
                                    {"failed", Kind::kInt}};
-constexpr Field kJobFields[] = {
-    {"job", Kind::kString},     {"world", Kind::kInt},          {"hosts", Kind::kInt},
-    {"host_index", Kind::kInt}, {"local_trainers", Kind::kInt}, {"local_size", Kind::kInt},
-    {"state", Kind::kString},   {"collectives", Kind::kInt},    {"errors", Kind::kInt}};
+constexpr Field kJobFields[] = {{"job", Kind::kString},         {"world", Kind::kInt},
+                                {"hosts", Kind::kInt},          {"host_index", Kind::kInt},
+                                {"local_trainers", Kind::kInt}, {"local_size", Kind::kInt},
+                                {"state", Kind::kString},       {"collectives", Kind::kInt},
+                                {"errors", Kind::kInt},         {"transport", Kind::kString}};
 constexpr Field kClientFields[] = {{"id", Kind::kInt},          {"pid", Kind::kInt},
                                    {"uid", Kind::kInt},         {"job", Kind::kString},
                                    {"rank", Kind::kInt},        {"local_rank", Kind::kInt},

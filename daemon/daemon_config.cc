@@ -44,8 +44,11 @@ constinit const config::Row kMaxArena{"GW_DAEMON_MAX_ARENA", Type::Size, "4G", "
 constinit const config::Row kMaxClients{"GW_DAEMON_MAX_CLIENTS", Type::Int, "256", "",
                                         "gradwired: trainers connected at once (more are refused)"};
 constinit const config::Row kTransport{
-    "GW_DAEMON_TRANSPORT", Type::String, "tcp", "",
-    "gradwired: backend between the daemons of a job (a registered backend name)"};
+    "GW_DAEMON_TRANSPORT", Type::String, "auto", "",
+    "gradwired: backend between the daemons of a job. auto: offer the best this daemon owns "
+    "(verbs where an RDMA device answers, dpdk where GW_DPDK_EAL_ARGS gives it a port, then tcp) "
+    "and let each job take the first its daemons all offer; a name (tcp, dpdk, verbs): that "
+    "alone, and the daemon will not start where it is unavailable"};
 
 constinit const config::Row kSpinUs{
     "GW_DAEMON_SPIN_US", Type::Int, "0", "",

@@ -79,10 +79,11 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
       for (const json& j : r) {
         rows.push_back({str(j, "job"), num(j, "world"), num(j, "hosts"), num(j, "host_index"),
                         num(j, "local_trainers") + "/" + num(j, "local_size"), str(j, "state"),
-                        num(j, "collectives"), num(j, "errors")});
+                        str(j, "transport"), num(j, "collectives"), num(j, "errors")});
       }
-      return table({"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "COLLECTIVES", "ERRORS"},
-                   rows);
+      return table(
+          {"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "TRANSPORT", "COLLECTIVES", "ERRORS"},
+          rows);
     }
     case ControlCommand::kClients: {
       std::vector<std::vector<std::string>> rows;

@@ -84,10 +84,12 @@ class StatsCollectable final : public prometheus::Collectable {
         {{"transport", "arena"}, {"direction", "in"}});
     add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_out),
         {{"transport", "arena"}, {"direction", "out"}});
-    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.inter_bytes_in),
-        {{"transport", st.transport}, {"direction", "in"}});
-    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.inter_bytes_out),
-        {{"transport", st.transport}, {"direction", "out"}});
+    for (const auto& t : st.inter) {
+      add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.in),
+          {{"transport", t.transport}, {"direction", "in"}});
+      add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.out),
+          {{"transport", t.transport}, {"direction", "out"}});
+    }
     for (int p = 0; p < kNumPhases; ++p) {
       const DurationHistogram& h = st.phases[p];
       prometheus::ClientMetric m;

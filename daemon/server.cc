@@ -26,6 +26,7 @@
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/net/backend_registry.h"
 #include "core/net/handshake.h"
 #include "core/store.h"
 #include "core/sys/fd.h"
@@ -36,9 +37,20 @@
 #include "daemon/daemon_config.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
+#include "daemon/transport_offer.h"
 
 namespace gw::daemon {
 namespace {
+
+// The transports bytes are counted by: the ones a daemon may offer, then any other.
+inline constexpr const char* kTransportNames[] = {"tcp", "dpdk", "verbs", "other"};
+inline constexpr int kTransportSlots = 4;
+int transport_slot(const std::string& name) {
+  for (int i = 0; i < kTransportSlots - 1; ++i) {
+    if (name == kTransportNames[i]) return i;
+  }
+  return kTransportSlots - 1;
+}
 
 struct Counters {
   std::atomic<uint64_t> accepted{0}, refused{0}, live_clients{0}, live_arenas{0}, live_jobs{0},
@@ -46,7 +58,9 @@ struct Counters {
   std::atomic<uint64_t> by_opcode[kNumOpcodes][2] = {};
   std::atomic<uint64_t> errors[kNumErrorKinds] = {};
   std::atomic<uint64_t> collective_errors[9] = {};
-  std::atomic<uint64_t> arena_in{0}, arena_out{0}, inter_in{0}, inter_out{0};
+  std::atomic<uint64_t> arena_in{0}, arena_out{0};
+  // Inter-host bytes by the transport their job's daemons agreed on (transport_slot).
+  std::atomic<uint64_t> inter_in[kTransportSlots] = {}, inter_out[kTransportSlots] = {};
   struct Histogram {
     std::atomic<uint64_t> buckets[DurationHistogram::kBuckets] = {};
     std::atomic<uint64_t> count{0}, sum_ns{0};
@@ -58,9 +72,9 @@ struct Counters {
     arena_in.fetch_add(in, std::memory_order_relaxed);
     arena_out.fetch_add(out, std::memory_order_relaxed);
   }
-  void inter(uint64_t in, uint64_t out) {
-    inter_in.fetch_add(in, std::memory_order_relaxed);
-    inter_out.fetch_add(out, std::memory_order_relaxed);
+  void inter(int slot, uint64_t in, uint64_t out) {
+    inter_in[slot].fetch_add(in, std::memory_order_relaxed);
+    inter_out[slot].fetch_add(out, std::memory_order_relaxed);
   }
   void error(ErrorKind kind) {
     errors[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
@@ -176,15 +190,15 @@ inline constexpr size_t kPiecesInFlight = 3;
 inline constexpr size_t kMinPartBytes = 256u << 10;
 
 struct Job {
-  Job(Server::Impl* s, const Hello& h, Counters* c, std::string transport_name)
-      : server(s), first(h), counters(c), transport(std::move(transport_name)) {
+  Job(Server::Impl* s, const Hello& h, Counters* c, std::vector<std::string> offer)
+      : server(s), first(h), counters(c), offer(std::move(offer)) {
     members.resize(h.local_size);
   }
   Server::Impl* server;
   ReducePool* pool = nullptr;  // the server's, for large local sums and copies
   Hello first;                 // the job's shape as its first trainer told it
   Counters* counters;
-  std::string transport;
+  std::vector<std::string> offer;  // the server's transports, best first (transport_offer.h)
   int64_t spin_ns = 0;
   std::vector<std::shared_ptr<Client>> members;  // by local rank
   int joined = 0;
@@ -197,7 +211,9 @@ struct Job {
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{0}, errors{0};
 
-  std::mutex comm_mu;  // guards comm for abort() from the main thread
+  std::mutex comm_mu;     // guards comm (abort() from the main thread) and transport
+  std::string transport;  // agreed by the job's daemons in start_comm ("" until then, or local)
+  int tslot = kTransportSlots - 1;  // transport_slot(transport), for the byte counters
   std::shared_ptr<Store> store;
   std::unique_ptr<coll::Communicator> comm;
   std::vector<int32_t> host_of_rank;
@@ -211,6 +227,11 @@ struct Job {
   std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
 
   void run();
+  void count_inter(uint64_t in, uint64_t out) { counters->inter(tslot, in, out); }
+  std::string transport_name() {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    return transport;
+  }
   void abort_comm() {
     std::lock_guard<std::mutex> lock(comm_mu);
     if (comm) comm->abort();
@@ -239,6 +260,7 @@ struct Job {
 
 struct Server::Impl {
   ServerOptions opt;
+  TransportOffer offer;  // the transports this daemon offers its jobs, best first
   std::string host_id;
   std::string ctl_path;    // the control socket (gradwirectl)
   bool has_group = false;  // ServerOptions::group, resolved
@@ -286,6 +308,15 @@ struct Server::Impl {
 
 namespace {
 
+// "host 0 offers dpdk,tcp; host 1 offers tcp".
+std::string agree_note(const std::vector<std::vector<std::string>>& offers) {
+  std::string s;
+  for (size_t h = 0; h < offers.size(); ++h) {
+    s += fmt::format("{}host {} offers {}", h == 0 ? "" : "; ", h, encode_offer(offers[h]));
+  }
+  return s;
+}
+
 Status Job::start_comm() {
   const Hello& h = first;
   if (h.num_hosts == 1) return ok_status();
@@ -301,11 +332,36 @@ Status Job::start_comm() {
   const net::handshake::Mac tag =
       net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
   std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + to_hex(tag.data(), 8) + "/");
+  // The transport: the first of host 0's offer that every daemon of the job offers.
+  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
+  const std::string mine = encode_offer(offer);
+  GW_RETURN_IF_ERROR(
+      prefixed
+          ->set("offer/" + std::to_string(h.host_index), Bytes(mine.begin(), mine.end()), deadline)
+          .with_context("gradwired: publishing this daemon's transports"));
+  std::vector<std::vector<std::string>> offers;
+  for (int32_t host = 0; host < h.num_hosts; ++host) {
+    auto v = prefixed->get("offer/" + std::to_string(host), deadline);
+    if (!v.ok()) {
+      return v.status().with_context(
+          fmt::format("gradwired: waiting for the transports of host {}'s daemon", host));
+    }
+    auto names = decode_offer(std::string(v->begin(), v->end()));
+    if (!names.ok()) {
+      return names.status().with_context(fmt::format("gradwired: host {}'s daemon", host));
+    }
+    offers.push_back(std::move(*names));
+  }
+  GW_ASSIGN_OR_RETURN(std::string agreed, agree_transport(offers));
+  if (agreed != offer.front()) {
+    GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) runs over {}, not {}: {}", h.world_size,
+                h.host_index, h.num_hosts, agreed, offer.front(), agree_note(offers));
+  }
   coll::CommOptions co;
   co.rank = h.host_index;
   co.world_size = h.num_hosts;
   co.store = prefixed;
-  co.transport = transport;
+  co.transport = agreed;
   co.timeout_ms = h.timeout_ms;
   co.job_token = h.job_token;
   co.host_id = h.host_id;
@@ -327,6 +383,8 @@ Status Job::start_comm() {
     std::lock_guard<std::mutex> lock(comm_mu);
     store = *tcp;
     comm = std::move(*made);
+    transport = agreed;
+    tslot = transport_slot(agreed);
   }
   ranks_of_host.assign(static_cast<size_t>(h.num_hosts), {});
   for (size_t r = 0; r < map.size(); ++r) {
@@ -440,7 +498,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, r.count, r.dtype, op));
-        counters->inter(bytes, bytes);
+        count_inter(bytes, bytes);
         clock.mark(Phase::kInterHost);
       }
       if (r.op == coll::ReduceOp::kAvg && bytes > 0) {
@@ -465,7 +523,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, elems, r.dtype, op));
-        counters->inter(total, total);
+        count_inter(total, total);
         clock.mark(Phase::kInterHost);
       }
       if (r.op == coll::ReduceOp::kAvg && total > 0) {
@@ -494,7 +552,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       clock.mark(Phase::kLocalReduce);
       if (cm) {
         GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
-        root_local >= 0 ? counters->inter(0, bytes) : counters->inter(bytes, 0);
+        root_local >= 0 ? count_inter(0, bytes) : count_inter(bytes, 0);
         clock.mark(Phase::kInterHost);
       } else if (root_local < 0) {
         return internal_error("broadcast root {} is on no host of a single-host job", r.root);
@@ -528,7 +586,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       clock.mark(Phase::kLocalReduce);
       if (cm && total > 0) {
         GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
-        counters->inter(total, total);
+        count_inter(total, total);
         clock.mark(Phase::kInterHost);
       }
       for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
@@ -599,7 +657,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   clock.mark(Phase::kLocalReduce);
   if (comm) {
     GW_RETURN_IF_ERROR(comm->alltoall(out, in, slot, coll::DataType::kU8));
-    counters->inter((num_hosts - 1) * slot, (num_hosts - 1) * slot);
+    count_inter((num_hosts - 1) * slot, (num_hosts - 1) * slot);
     clock.mark(Phase::kInterHost);
   }
   for (size_t h = 0; h < num_hosts; ++h) {
@@ -702,7 +760,7 @@ Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
   while (!flight.empty()) retire();
   for (int p = 0; p < kNumPhases; ++p) counters->observe(static_cast<Phase>(p), spent[p]);
   counters->arena(bytes * n, bytes * n);
-  counters->inter(bytes, bytes);
+  count_inter(bytes, bytes);
   return err;
 }
 
@@ -727,7 +785,7 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
     const coll::CompressStats after = compressor->stats();
     total.bytes_sent = after.bytes_sent - before.bytes_sent;
     total.nonfinite = after.nonfinite_steps - before.nonfinite_steps;
-    counters->inter(total.bytes_sent, total.bytes_sent);
+    count_inter(total.bytes_sent, total.bytes_sent);
     clock.mark(Phase::kInterHost);
   }
   copy_back(reqs, s, 0, bytes);
@@ -996,6 +1054,13 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   }
   GW_RETURN_IF_ERROR(arena_geometry(kMinArenaBytes, options.ring_entries).status());
   impl->host_id = options.host_id.empty() ? host_identity() : options.host_id;
+  {
+    const config::Row* eal = config::find("GW_DPDK_EAL_ARGS");
+    const bool dpdk_port = eal != nullptr && !config::get_string(*eal).empty();
+    GW_ASSIGN_OR_RETURN(impl->offer,
+                        offer_transports(options.transport.empty() ? "auto" : options.transport,
+                                         &net::backend_status, dpdk_port));
+  }
   GW_ASSIGN_OR_RETURN(impl->listen, bind_listener(options.socket_path));
   impl->ctl_path = control_socket_path(options.socket_path);
   auto ctl = bind_listener(impl->ctl_path);
@@ -1052,9 +1117,17 @@ ServerStats Server::stats() const {
   for (int k = 0; k < 9; ++k) s.collective_errors[k] = c.collective_errors[k].load();
   s.arena_bytes_in = c.arena_in.load();
   s.arena_bytes_out = c.arena_out.load();
-  s.inter_bytes_in = c.inter_in.load();
-  s.inter_bytes_out = c.inter_out.load();
-  s.transport = impl_->opt.transport;
+  for (int t = 0; t < kTransportSlots; ++t) {
+    const uint64_t in = c.inter_in[t].load(), out = c.inter_out[t].load();
+    s.inter_bytes_in += in;
+    s.inter_bytes_out += out;
+    const std::vector<std::string>& offered = impl_->offer.names;
+    if (in + out > 0 ||
+        std::find(offered.begin(), offered.end(), kTransportNames[t]) != offered.end()) {
+      s.inter.push_back({kTransportNames[t], in, out});
+    }
+  }
+  s.transport = encode_offer(impl_->offer.names);
   for (int p = 0; p < kNumPhases; ++p) {
     for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
       s.phases[p].buckets[b] = c.phases[p].buckets[b].load();
@@ -1217,7 +1290,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
 
   Welcome w = c->geo;
   w.client_id = c->id;
-  w.transport = opt.transport;
+  w.transport = encode_offer(offer.names);
   std::vector<uint8_t> body = encode_welcome(w);
   std::vector<uint8_t> frame(kFrameHeaderBytes);
   const uint32_t len = static_cast<uint32_t>(body.size());
@@ -1230,7 +1303,7 @@ Status Server::Impl::admit(Pending& p, const Hello& h) {
   c->sock = std::move(p.sock);
 
   if (!job) {
-    job = std::make_shared<Job>(this, h, &counters, opt.transport);
+    job = std::make_shared<Job>(this, h, &counters, offer.names);
     job->spin_ns = opt.spin_us * 1000;
     job->pool = pool.get();
     GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
@@ -1413,7 +1486,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       r["uptime_s"] = static_cast<double>(sys::now_ns() - started_ns) / 1e9;
       r["socket"] = opt.socket_path;
       r["control_socket"] = ctl_path;
-      r["transport"] = opt.transport;
+      r["transport"] = encode_offer(offer.names);
       r["host_id"] = host_id;
       r["clients"] = counters.live_clients.load();
       r["jobs"] = counters.live_jobs.load();
@@ -1441,6 +1514,8 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
                                             : "running";
         r["collectives"] = job->done.load();
         r["errors"] = job->errors.load();
+        // Between the job's daemons: agreed when they met; none for a job of one host.
+        r["transport"] = h.num_hosts == 1 ? std::string("local") : job->transport_name();
         rows.push_back(std::move(r));
       }
       return rows;
@@ -1483,7 +1558,8 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
 }
 
 Status Server::Impl::serve() {
-  GW_LOG_INFO("gradwired: listening on {} (host {})", opt.socket_path, host_id);
+  GW_LOG_INFO("gradwired: listening on {} (host {}); between daemons: {}", opt.socket_path, host_id,
+              offer.reason);
   std::vector<pollfd> pfds;
   std::vector<uint64_t> ids;
   for (;;) {

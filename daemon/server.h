@@ -29,7 +29,10 @@ struct ServerOptions {
   // sockets are then mode 0660 and owned by it, and a peer of another uid is accepted when its
   // SO_PEERCRED gid or one of its supplementary groups is this group. "": owner (and root) only.
   std::string group;
-  std::string transport = "tcp";  // between the daemons of a job
+  // Between the daemons of a job: "auto" (offer the best this daemon owns,
+  // daemon/transport_offer.h) or a backend name (offer that alone; refused at create when
+  // unavailable here).
+  std::string transport = "tcp";
   uint64_t max_arena_bytes = 4ull << 30;
   int max_clients = 256;
   uint32_t ring_entries = 64;  // per ring, a power of two
@@ -94,8 +97,15 @@ struct ServerStats {
   // inter-host = the payload the daemon handed its inter-host collectives (out) and got back
   // (in), over `transport` (not the wire bytes: the algorithm decides those).
   uint64_t arena_bytes_in = 0, arena_bytes_out = 0;
-  uint64_t inter_bytes_in = 0, inter_bytes_out = 0;
-  std::string transport;
+  uint64_t inter_bytes_in = 0, inter_bytes_out = 0;  // over every transport
+  struct TransportBytes {
+    std::string transport;
+    uint64_t in = 0, out = 0;
+  };
+  // By the transport the jobs' daemons agreed on: each this daemon offers, and any other that
+  // carried bytes.
+  std::vector<TransportBytes> inter;
+  std::string transport;                 // what this daemon offers, best first ("dpdk,tcp")
   DurationHistogram phases[kNumPhases];  // by Phase
 };
 

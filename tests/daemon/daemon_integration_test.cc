@@ -246,7 +246,8 @@ TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
 #if defined(GW_TEST_DPDK)
 // The daemons own a DPDK port each (the two ends of a net_memif pair: no privileges, no NIC) and
 // run the inter-host leg over it: every collective and dtype of the suite, 2 hosts x 2 trainers,
-// twice on the same daemons (the second job reuses the ports: EAL is once per process). Each
+// twice on the same daemons (the second job reuses the ports: EAL is once per process). The
+// daemons' GW_DAEMON_TRANSPORT is left at auto: given a port, each offers dpdk first. Each
 // daemon starts its port when its first job needs it, so which end of the pair comes up first
 // varies: before the client port learned to connect again (check_link), this failed in about
 // a third of the runs with "connecting with rank 1: not established within N ms".
@@ -259,13 +260,19 @@ TEST(DaemonIntegration, DaemonsOverDpdkRunEveryCollective) {
       "net_memif0,id=0,socket=/gw-daemon-it-" +
       std::to_string(getpid()) + ".sock";
   for (int h = 0; h < 2; ++h) {
-    d.set_env(h, "GW_DAEMON_TRANSPORT", "dpdk");
     d.set_env(h, "GW_DPDK_IP", h == 0 ? "10.70.0.1" : "10.70.0.2");
     d.set_env(h, "GW_DPDK_EAL_ARGS",
               eal + (h == 0 ? ",role=server,mac=02:70:00:00:00:01"
                             : ",role=client,mac=02:70:00:00:00:02"));
   }
-  ASSERT_TRUE(d.start());
+#if defined(GW_HAVE_PROMETHEUS)
+  const int metrics_port = free_port();
+#else
+  const int metrics_port = 0;
+#endif
+  ASSERT_TRUE(d.start(metrics_port));
+  EXPECT_TRUE(d.daemon_said(0, "between daemons: auto offers dpdk,tcp", 1000))
+      << d.daemon_output(0);
   for (const char* count : {"1000", "70001"}) {
     ProcGroup g;
     const int port = free_port();
@@ -286,6 +293,57 @@ TEST(DaemonIntegration, DaemonsOverDpdkRunEveryCollective) {
   // The daemons really went over DPDK: each opened its end of the pair.
   for (int h = 0; h < 2; ++h) {
     EXPECT_TRUE(d.daemon_said(h, "dpdk: engine on net_memif0", 5000)) << d.daemon_output(h);
+  }
+  if (metrics_port == 0) return;
+  const std::string text = scrape(metrics_port);
+  EXPECT_GT(sample(text, "gradwired_bytes_total{transport=\"dpdk\",direction=\"out\"}"), 0) << text;
+  EXPECT_EQ(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"out\"}"), 0) << text;
+}
+
+// Daemons that offer different transports meet over the best they share: A has a DPDK port
+// (offers dpdk,tcp), B has none (tcp): their job runs over tcp, A says why, and gradwirectl shows
+// the job's transport. A daemon told to use a transport it cannot use here refuses to start.
+TEST(DaemonIntegration, DaemonsWithDifferentOffersMeetOverWhatTheyShare) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  d.set_env(0, "GW_DPDK_IP", "10.71.0.1");
+  d.set_env(0, "GW_DPDK_EAL_ARGS",
+            "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error "
+            "--vdev net_memif0,id=0,socket=/gw-daemon-mixed-" +
+                std::to_string(getpid()) + ".sock,role=server");
+  ASSERT_TRUE(d.start());
+  EXPECT_TRUE(d.daemon_said(0, "auto offers dpdk,tcp", 1000)) << d.daemon_output(0);
+  EXPECT_TRUE(d.daemon_said(1, "auto offers tcp (", 1000)) << d.daemon_output(1);
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", "1000"});
+  auto results = g.wait_all(120000, true);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+        << d.daemon_output(0) << "\ndaemon B:\n"
+        << d.daemon_output(1);
+  }
+  EXPECT_TRUE(
+      d.daemon_said(0, "runs over tcp, not dpdk: host 0 offers dpdk,tcp; host 1 offers tcp", 5000))
+      << d.daemon_output(0);
+  // No port was started for a job that did not need it.
+  EXPECT_EQ(d.daemon_output(0).find("EAL up"), std::string::npos) << d.daemon_output(0);
+
+  // Named transports this host cannot use: refused at start, saying why.
+  for (const std::string& bad : {std::string("verbs"), std::string("shm"), std::string("nosuch")}) {
+    ProcGroup p;
+    Env env = clean_env();
+    p.start(
+        {GRADWIRED_PATH, "--foreground", "--socket", dir.path() + "/bad.sock", "--transport", bad},
+        env);
+    auto res = p.wait_all(20000, true);
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_TRUE(res[0].exited && res[0].exit_code != 0) << bad << ": " << res[0].describe();
+    EXPECT_NE(res[0].output.find("GW_DAEMON_TRANSPORT"), std::string::npos)
+        << bad << ": " << res[0].output;
   }
 }
 #endif

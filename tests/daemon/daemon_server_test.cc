@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -23,6 +25,7 @@
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/server.h"
+#include "daemon/transport_offer.h"
 
 namespace gw::daemon {
 namespace {
@@ -341,8 +344,11 @@ TEST_F(DaemonServerTest, StatsCountCollectivesByKindBytesAndPhases) {
   // reads the root's 100 and writes the other's.
   EXPECT_EQ(st.arena_bytes_in, 3u * 2 * 4000 + 100);
   EXPECT_EQ(st.arena_bytes_out, 3u * 2 * 4000 + 100);
-  // One host: nothing crossed to another daemon.
+  // One host: nothing crossed to another daemon; the offered transport is listed, at zero.
   EXPECT_EQ(st.inter_bytes_in + st.inter_bytes_out, 0u);
+  ASSERT_EQ(st.inter.size(), 1u);
+  EXPECT_EQ(st.inter[0].transport, "tcp");
+  EXPECT_EQ(st.inter[0].in + st.inter[0].out, 0u);
   // Phases: the 4 data collectives had a local reduce and a copy-back; nothing went inter-host.
   for (Phase p : {Phase::kLocalReduce, Phase::kCopyBack}) {
     const DurationHistogram& h = st.phases[static_cast<int>(p)];
@@ -885,4 +891,81 @@ TEST(DaemonArenaAllocator, FirstFitCoalescesAndRefusesForeignOffsets) {
 }
 
 }  // namespace
+
+// ---- which transport the daemons of a job use (daemon/transport_offer.h) ----------------------
+
+namespace {
+
+// A probe table: names given here have that verdict, others are unknown (kInvalidArg).
+std::function<Status(const std::string&)> probes(std::map<std::string, Status> verdicts) {
+  return [verdicts](const std::string& name) {
+    auto it = verdicts.find(name);
+    return it == verdicts.end() ? invalid_arg("transport '{}': unknown", name) : it->second;
+  };
+}
+
+}  // namespace
+
+TEST(DaemonTransportOffer, AutoOffersWhatThisDaemonOwnsBestFirstAndAlwaysTcp) {
+  const auto none = probes(
+      {{"tcp", ok_status()}, {"verbs", unsupported("no RDMA device")}, {"dpdk", ok_status()}});
+  auto o = offer_transports("auto", none, /*dpdk_port=*/false);
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(o->names, (std::vector<std::string>{"tcp"}));
+  EXPECT_NE(o->reason.find("no RDMA device"), std::string::npos) << o->reason;
+  EXPECT_NE(o->reason.find("GW_DPDK_EAL_ARGS is empty"), std::string::npos) << o->reason;
+  o = offer_transports("auto", none, /*dpdk_port=*/true);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->names, (std::vector<std::string>{"dpdk", "tcp"}));
+  const auto all = probes({{"tcp", ok_status()}, {"verbs", ok_status()}, {"dpdk", ok_status()}});
+  o = offer_transports("auto", all, true);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->names, (std::vector<std::string>{"verbs", "dpdk", "tcp"}));
+  // A build without dpdk or verbs (unknown names) still offers tcp.
+  o = offer_transports("auto", probes({{"tcp", ok_status()}}), true);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->names, (std::vector<std::string>{"tcp"}));
+}
+
+TEST(DaemonTransportOffer, ANamedTransportIsOfferedAloneAndMustBeUsableHere) {
+  const auto here = probes({{"tcp", ok_status()},
+                            {"shm", ok_status()},
+                            {"verbs", unsupported("no RDMA device")},
+                            {"dpdk", ok_status()}});
+  auto o = offer_transports("dpdk", here, false);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->names, (std::vector<std::string>{"dpdk"}));
+  o = offer_transports("verbs", here, false);
+  EXPECT_EQ(o.status().code(), Code::kUnsupported);
+  EXPECT_NE(o.status().message().find("no RDMA device"), std::string::npos);
+  o = offer_transports("shm", here, false);
+  EXPECT_EQ(o.status().code(), Code::kInvalidArg);
+  EXPECT_NE(o.status().message().find("does not cross hosts"), std::string::npos);
+  o = offer_transports("nosuch", here, false);
+  EXPECT_EQ(o.status().code(), Code::kInvalidArg);
+  EXPECT_NE(o.status().message().find("GW_DAEMON_TRANSPORT"), std::string::npos);
+}
+
+TEST(DaemonTransportOffer, AJobTakesHostZerosFirstChoiceThatEveryHostOffers) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(*agree_transport({V{"dpdk", "tcp"}, V{"dpdk", "tcp"}}), "dpdk");
+  EXPECT_EQ(*agree_transport({V{"dpdk", "tcp"}, V{"tcp"}}), "tcp");
+  EXPECT_EQ(*agree_transport({V{"tcp"}, V{"verbs", "tcp"}}), "tcp");
+  EXPECT_EQ(*agree_transport({V{"verbs", "dpdk", "tcp"}, V{"dpdk", "verbs", "tcp"}}), "verbs");
+  EXPECT_EQ(*agree_transport({V{"verbs", "tcp"}, V{"verbs", "tcp"}, V{"tcp"}}), "tcp");
+  auto none = agree_transport({V{"dpdk"}, V{"tcp"}});
+  EXPECT_EQ(none.status().code(), Code::kUnsupported);
+  EXPECT_NE(none.status().message().find("host 0: dpdk; host 1: tcp"), std::string::npos)
+      << none.status().message();
+}
+
+TEST(DaemonTransportOffer, OffersFromTheStoreAreChecked) {
+  EXPECT_EQ(*decode_offer("dpdk,tcp"), (std::vector<std::string>{"dpdk", "tcp"}));
+  EXPECT_EQ(encode_offer({"verbs", "tcp"}), "verbs,tcp");
+  for (const std::string& bad : std::vector<std::string>{
+           "", ",", "tcp,", ",tcp", "tcp,,dpdk", "TCP", "tcp dpdk", "tcp,tcp", "a,b,c,d,e,f,g,h,i",
+           std::string(33, 'a'), std::string("tc\0p", 4), std::string(300, 'a')}) {
+    EXPECT_EQ(decode_offer(bad).status().code(), Code::kInvalidArg) << "'" << bad << "'";
+  }
+}
 }  // namespace gw::daemon

@@ -9,6 +9,7 @@
 
 #include "daemon/control.h"
 #include "daemon/protocol.h"
+#include "daemon/transport_offer.h"
 
 namespace gw::daemon::fuzz {
 namespace {
@@ -32,6 +33,21 @@ void fuzz_hello(const uint8_t* p, size_t n) {
   // Round trip: what was accepted encodes to the same bytes.
   auto again = encode_hello(*h);
   check(again.size() == n && std::memcmp(again.data(), p, n) == 0);
+}
+
+void fuzz_offer(const uint8_t* p, size_t n) {
+  const std::string text(reinterpret_cast<const char*>(p), n);
+  auto names = decode_offer(text);
+  tally(names.ok());
+  if (!names.ok()) return;
+  check(!names->empty() && names->size() <= kMaxOfferNames);
+  for (const std::string& name : *names) {
+    check(!name.empty() && name.size() <= kMaxOfferNameBytes);
+  }
+  // Round trip, and an agreement with itself picks its first name.
+  check(encode_offer(*names) == text);
+  auto agreed = agree_transport({*names, *names});
+  check(agreed.ok() && *agreed == names->front());
 }
 
 void fuzz_welcome(const uint8_t* p, size_t n) {
@@ -227,7 +243,8 @@ std::vector<std::vector<uint8_t>> seeds() {
                                                 {"local_size", 2},
                                                 {"state", "running"},
                                                 {"collectives", 9},
-                                                {"errors", 0}}});
+                                                {"errors", 0},
+                                                {"transport", "dpdk"}}});
   nlohmann::json clients = nlohmann::json::array({{{"id", 1},
                                                    {"pid", 100},
                                                    {"uid", 1000},
@@ -251,6 +268,9 @@ std::vector<std::vector<uint8_t>> seeds() {
     std::vector<uint8_t> v{static_cast<uint8_t>(c)};
     v.insert(v.end(), body.begin(), body.end());
     with(kControlResponse, v);
+  }
+  for (const char* offer : {"tcp", "dpdk,tcp", "verbs,dpdk,tcp"}) {
+    with(kOffer, std::vector<uint8_t>(offer, offer + std::strlen(offer)));
   }
   return out;
 }
@@ -281,8 +301,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case kControlRequest:
       fuzz_control_request(p, n);
       break;
-    default:
+    case kControlResponse:
       fuzz_control_response(p, n);
+      break;
+    default:
+      fuzz_offer(p, n);
       break;
   }
   return 0;

@@ -10,7 +10,8 @@ namespace gw::daemon::fuzz {
 
 // The input's first byte picks the decoder: 0 hello, 1 welcome, 2 submissions (64-byte entries),
 // 3 completions (128-byte entries), 4 ring counters, 5 a control request (daemon/control.h),
-// 6 a control answer (the next byte picks the command it answers); the rest is its input.
+// 6 a control answer (the next byte picks the command it answers), 7 a daemon's transport offer
+// (daemon/transport_offer.h); the rest is its input.
 enum Target : uint8_t {
   kHello = 0,
   kWelcome = 1,
@@ -19,7 +20,8 @@ enum Target : uint8_t {
   kRing = 4,
   kControlRequest = 5,
   kControlResponse = 6,
-  kTargets = 7
+  kOffer = 7,
+  kTargets = 8
 };
 
 // Valid inputs of every target (encoded hellos, welcomes, submissions of every opcode...).
