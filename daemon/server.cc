@@ -246,6 +246,9 @@ struct Job {
   void run_ready();
   Status execute(const std::vector<Request>& reqs);
   Status alltoall(const std::vector<Request>& reqs);
+  // Across hosts: an allgather / reduce-scatter among the daemons of slots packed by host.
+  Status allgather_by_host(const std::vector<Request>& reqs);
+  Status reduce_scatter_by_host(const std::vector<Request>& reqs);
   Status allreduce_pipelined(const std::vector<Request>& reqs);
   // dst = op over the trainers' send ranges [send_off + off, + bytes), on the server's pool.
   void local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
@@ -510,8 +513,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
       return ok_status();
     }
     case Opcode::kReduceScatter: {
-      // The whole input is reduced (locally, then across the daemons), each trainer takes its
-      // block: correct for any layout, at an allreduce's traffic (to do: a reduce-scatter).
+      if (cm && r.count > 0) return reduce_scatter_by_host(reqs);
+      // One host: the whole input is reduced, each trainer takes its block.
       const size_t total = r.send_bytes;
       const size_t block = r.recv_bytes;
       const uint64_t elems = r.count * static_cast<uint64_t>(first.world_size);
@@ -571,24 +574,18 @@ Status Job::execute(const std::vector<Request>& reqs) {
     case Opcode::kAllreduceCompressed:
       return allreduce_compressed(reqs);
     case Opcode::kAllgather: {
+      if (cm && r.count > 0) return allgather_by_host(reqs);
+      // One host: these trainers' blocks are the whole result.
       const size_t block = r.send_bytes;
       const size_t total = r.recv_bytes;
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
-      // Ranks of other hosts stay 0 here; a byte-wise max across the daemons fills them in exactly
-      // (any layout of ranks over hosts, at twice an allgather's traffic).
-      if (cm) std::memset(s, 0, total);
       for (size_t i = 0; i < n && block > 0; ++i) {
         std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
                     buf(i, reqs[i].send_off), block);
       }
       counters->arena(block * n, 0);
       clock.mark(Phase::kLocalReduce);
-      if (cm && total > 0) {
-        GW_RETURN_IF_ERROR(cm->allreduce(s, s, total, coll::DataType::kU8, coll::ReduceOp::kMax));
-        count_inter(total, total);
-        clock.mark(Phase::kInterHost);
-      }
       for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
       counters->arena(0, total * n);
       clock.mark(Phase::kCopyBack);
@@ -596,6 +593,114 @@ Status Job::execute(const std::vector<Request>& reqs) {
     }
   }
   return internal_error("unknown opcode");
+}
+
+// The blocks of a job's hosts, packed by host: host g's trainers (ascending rank) fill slot g of
+// lmax blocks, lmax the most trainers a host has (a smaller host's slot ends in padding).
+struct HostSlots {
+  size_t lmax = 0;
+  size_t slot = 0;                  // lmax blocks, in bytes
+  std::vector<size_t> position_of;  // members index -> position in this host's slot
+};
+
+Result<HostSlots> host_slots(const std::vector<std::vector<int32_t>>& hosts, size_t me,
+                             const std::vector<std::shared_ptr<Client>>& members, size_t block) {
+  HostSlots h;
+  for (const auto& g : hosts) h.lmax = std::max(h.lmax, g.size());
+  h.slot = h.lmax * block;
+  const auto& mine = hosts[me];
+  for (const auto& m : members) {
+    const auto at = std::lower_bound(mine.begin(), mine.end(), m->hello.rank);
+    if (at == mine.end() || *at != m->hello.rank) {
+      return internal_error("rank {} is not in this host's map", m->hello.rank);
+    }
+    h.position_of.push_back(static_cast<size_t>(at - mine.begin()));
+  }
+  return h;
+}
+
+Status Job::allgather_by_host(const std::vector<Request>& reqs) {
+  // Every daemon packs its trainers' blocks into its slot, the daemons allgather the slots (an
+  // allgather's traffic, padded only where hosts have fewer trainers than the largest), and every
+  // trainer gets each host's blocks at their ranks' places.
+  const Request& r = reqs[0];
+  const size_t block = r.send_bytes;
+  const size_t n = members.size();
+  const size_t num_hosts = ranks_of_host.size();
+  const size_t me = static_cast<size_t>(first.host_index);
+  PhaseClock clock(counters);
+  GW_ASSIGN_OR_RETURN(HostSlots hs, host_slots(ranks_of_host, me, members, block));
+  // [my slot][every host's slot]
+  const size_t need = hs.slot * (num_hosts + 1);
+  if (scratch.size() < need) scratch.resize(need);
+  uint8_t* mine = scratch.data();
+  uint8_t* all = mine + hs.slot;
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(mine + hs.position_of[i] * block, members[i]->data + reqs[i].send_off, block);
+  }
+  if (members.size() < hs.lmax) std::memset(mine + n * block, 0, (hs.lmax - n) * block);
+  counters->arena(block * n, 0);
+  clock.mark(Phase::kLocalReduce);
+  GW_RETURN_IF_ERROR(comm->allgather(mine, all, hs.slot, coll::DataType::kU8));
+  count_inter(hs.slot * num_hosts, hs.slot);
+  clock.mark(Phase::kInterHost);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* out = members[i]->data + reqs[i].recv_off;
+    for (size_t g = 0; g < num_hosts; ++g) {
+      for (size_t p = 0; p < ranks_of_host[g].size(); ++p) {
+        std::memcpy(out + static_cast<size_t>(ranks_of_host[g][p]) * block,
+                    all + g * hs.slot + p * block, block);
+      }
+    }
+  }
+  counters->arena(0, r.recv_bytes * n);
+  clock.mark(Phase::kCopyBack);
+  return ok_status();
+}
+
+Status Job::reduce_scatter_by_host(const std::vector<Request>& reqs) {
+  // Every daemon sums its trainers' inputs block by block straight into host order (the blocks
+  // of host g's ranks in slot g), the daemons reduce-scatter the slots (a reduce-scatter's
+  // traffic), and each trainer takes its block of this host's slot.
+  const Request& r = reqs[0];
+  const size_t block = r.recv_bytes;
+  const size_t n = members.size();
+  const size_t num_hosts = ranks_of_host.size();
+  const size_t me = static_cast<size_t>(first.host_index);
+  const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
+  PhaseClock clock(counters);
+  GW_ASSIGN_OR_RETURN(HostSlots hs, host_slots(ranks_of_host, me, members, block));
+  // [every host's slot][my slot, reduced]
+  const size_t need = hs.slot * (num_hosts + 1);
+  if (scratch.size() < need) scratch.resize(need);
+  uint8_t* all = scratch.data();
+  uint8_t* mine = all + hs.slot * num_hosts;
+  for (size_t g = 0; g < num_hosts; ++g) {
+    const auto& ranks = ranks_of_host[g];
+    for (size_t p = 0; p < ranks.size(); ++p) {
+      local_sum(reqs, op, all + g * hs.slot + p * block, static_cast<size_t>(ranks[p]) * block,
+                block);
+    }
+    // Padding is reduced too (and dropped): zeros keep it from holding NaNs or denormals.
+    if (ranks.size() < hs.lmax) {
+      std::memset(all + g * hs.slot + ranks.size() * block, 0, (hs.lmax - ranks.size()) * block);
+    }
+  }
+  counters->arena(r.send_bytes * n, 0);
+  clock.mark(Phase::kLocalReduce);
+  const size_t elems = hs.lmax * static_cast<size_t>(r.count);
+  GW_RETURN_IF_ERROR(comm->reduce_scatter(all, mine, elems, r.dtype, op));
+  count_inter(hs.slot, hs.slot * num_hosts);
+  clock.mark(Phase::kInterHost);
+  if (r.op == coll::ReduceOp::kAvg) {
+    coll::finalize_avg(r.dtype, mine, n * static_cast<size_t>(r.count), first.world_size);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(members[i]->data + reqs[i].recv_off, mine + hs.position_of[i] * block, block);
+  }
+  counters->arena(0, block * n);
+  clock.mark(Phase::kCopyBack);
+  return ok_status();
 }
 
 Status Job::alltoall(const std::vector<Request>& reqs) {
