@@ -16,7 +16,12 @@
 #     own store and job token), both checked, and gradwirectl jobs on host 0's daemon showing both
 #     running at the same time;
 #   - the last trainer SIGKILLed mid-collective: every other one, on every host, fails with
-#     GW_ERR_PEER within the deadline, while another job on the same daemons runs on unharmed.
+#     GW_ERR_PEER within the deadline, while another job on the same daemons runs on unharmed;
+#   - the last host's daemon SIGKILLed mid-collective (by a trainer of that host, which finds its
+#     pid with gradwirectl status): every trainer, on every host, fails within the deadline (that
+#     host's with GW_ERR_PEER), never hangs; the service's supervisor loop (as systemd's
+#     Restart=on-failure would) starts the daemon again on the same socket with no cleanup by
+#     hand, and a new job on every host then runs, checked.
 # The testbed stops the daemons (SIGTERM, which must end them cleanly) and removes every namespace
 # whatever happens; this script removes its temporary directory, and on SIGINT/SIGTERM stops the
 # testbed session in progress first. Exit 77 (skipped) where the testbed cannot be built.
@@ -118,6 +123,41 @@ else
   [ -n "$ms" ] && [ "$ms" -le 12000 ] || case_failed "GW_ERR_PEER after ${ms:-?} ms (deadline 10000)"
   echo "peer after $ms ms" >"$out.killed"
 fi
+
+# The last host's daemon SIGKILLed while every trainer loops on allreduce.
+k=$((k + 1))
+victim=$((TB_HOSTS - 1))
+mysock="$SOCKDIR/h$TB_HOST.sock"
+GW_TIMEOUT_MS=10000 GW_STORE="10.79.0.1:$((TB_PORT + k))" timeout 60 "$TRAINER" loop >"$out.$k" 2>&1 &
+pt=$!
+if [ "$TB_HOST" = "$victim" ] && [ "$LOCAL_RANK" = 0 ]; then
+  for _ in $(seq 300); do grep -q LOOPING "$out.$k" && break; sleep 0.05; done
+  sleep 0.3
+  dpid=$("$GWCTL" status --json --socket "$mysock" --timeout-ms 5000 |
+         sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' | head -1)
+  if [ -n "$dpid" ]; then kill -KILL "$dpid"; else case_failed "no daemon pid from gradwirectl"; fi
+fi
+wait "$pt"; rc=$?
+ms=$(sed -n 's/^RESULT .*elapsed_ms=\([0-9]*\).*/\1/p' "$out.$k" | head -1)
+if [ $rc -le 10 ] || [ $rc -ge 124 ]; then
+  case_failed "a killed daemon: this trainer ended with $rc (an error status expected)"
+elif [ "$TB_HOST" = "$victim" ] && [ $rc -ne 13 ]; then
+  case_failed "a killed daemon: its own trainer ended with $rc (13, GW_ERR_PEER, expected)"
+elif [ -z "$ms" ] || [ "$ms" -gt 12000 ]; then
+  case_failed "a killed daemon: failed after ${ms:-?} ms (deadline 10000)"
+fi
+# Started again by the service's loop on the same socket: a new job on every host runs.
+for _ in $(seq 100); do
+  "$GWCTL" status --socket "$mysock" --timeout-ms 1000 >/dev/null 2>&1 && break
+  sleep 0.1
+done
+k=$((k + 1))
+if GW_STORE="10.79.0.1:$((TB_PORT + k))" "$PERF" allreduce -d float32 --mem-alloc -b 64 -e 1M \
+     -f 16 -n 2 -w 1 --check >"$out.$k" 2>&1; then
+  echo "failed after $ms ms; a job after the restart ran" >"$out.daemon_killed"
+else
+  case_failed "a job after the daemon's restart"
+fi
 exit $bad
 EOF
 
@@ -127,7 +167,9 @@ layout() {  # layout HOSTS RANKS_PER_HOST
   local sock="$work/$name/sock/h\$TB_HOST.sock"
   OUTDIR="$work/$name/out" SOCKDIR="$work/$name/sock" PERF="$perf" TRAINER="$trainer" GWCTL="$gwctl" \
     bash "$tb" -n "$hosts" -R "$rph" -r 1gbit -t 240 \
-      -S "exec $gwd --foreground --socket $sock --host-id gwtb\${TB_ID}h\$TB_HOST" \
+      -S "while :; do $gwd --foreground --socket $sock --host-id gwtb\${TB_ID}h\$TB_HOST; s=\$?; \
+          [ \$s -eq 0 ] && exit 0; echo \"gradwired exited with \$s: starting it again\" >&2; \
+          sleep 0.2; done" \
       -W "$gwctl status --socket $sock --timeout-ms 2000" -- "bash $work/rank.sh" \
       >"$work/$name/log" 2>&1 &
   tb_pid=$!
@@ -145,8 +187,11 @@ layout() {  # layout HOSTS RANKS_PER_HOST
   [ -s "$work/$name/out/jobs_seen" ] || fail "$name: no record of both jobs running at once"
   n=$(ls "$work/$name/out"/r*.killed 2>/dev/null | wc -l)
   [ "$n" -eq $((want - 1)) ] || fail "$name: $n of $((want - 1)) trainers saw the killed one"
+  n=$(ls "$work/$name/out"/r*.daemon_killed 2>/dev/null | wc -l)
+  [ "$n" -eq "$want" ] || fail "$name: $n of $want trainers saw the killed daemon and ran after its restart"
   grep -q "^# transport: daemon" "$work/$name/out/r0.1" || fail "$name: rank 0 did not run in daemon mode"
-  echo "testbed_daemon_test: $name ok ($((SECONDS - t0)) s; $(cat "$work/$name/out/r0.alltoall"))"
+  echo "testbed_daemon_test: $name ok ($((SECONDS - t0)) s; $(cat "$work/$name/out/r0.alltoall");" \
+    "killed daemon: rank 0 $(cat "$work/$name/out/r0.daemon_killed"))"
 }
 
 layout 2 2
