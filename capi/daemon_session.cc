@@ -1,6 +1,7 @@
 #include "capi/daemon_session.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -339,12 +340,21 @@ Status DaemonSession::drain_completions() {
 Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
                                daemon::CompressedDone* info) {
   *done = false;
-  // Busy-poll the completion counter for GW_DAEMON_SPIN_US first (a small collective completes
-  // within it, sparing two wake-ups), then sleep on the eventfd and the socket.
-  const int64_t spin_until = sys::now_ns() + spin_ns_;
-  while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ && completed_ < seq &&
-         sys::now_ns() < spin_until && !aborted_.load(std::memory_order_relaxed)) {
-    daemon::spin_pause();
+  // Poll the completion counter for GW_DAEMON_SPIN_US first, yielding the core between looks (a
+  // small collective completes within it: no wake-up on either side, and on a host with fewer
+  // cores than trainers plus the daemon the yield lets the others run), then sleep on the eventfd
+  // and the socket. While polling, client_spinning tells the daemon to skip the eventfd; it is
+  // cleared (and cq_tail read again, below) before sleeping (docs/wire-daemon.md §5).
+  if (spin_ns_ > 0 && hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ &&
+      completed_ < seq) {
+    hdr_->client_spinning.store(1, std::memory_order_relaxed);
+    const int64_t spin_until = sys::now_ns() + spin_ns_;
+    while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ &&
+           sys::now_ns() < spin_until && !aborted_.load(std::memory_order_relaxed)) {
+      sched_yield();
+    }
+    hdr_->client_spinning.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   for (;;) {
     Status d = drain_completions();

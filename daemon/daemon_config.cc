@@ -51,9 +51,9 @@ constinit const config::Row kTransport{
     "alone, and the daemon will not start where it is unavailable"};
 
 constinit const config::Row kSpinUs{
-    "GW_DAEMON_SPIN_US", Type::Int, "0", "",
-    "daemon mode: microseconds a trainer busy-polls its completion ring before sleeping on the "
-    "eventfd (pays only with a core per trainer to spare)"};
+    "GW_DAEMON_SPIN_US", Type::Int, "50", "",
+    "daemon mode: microseconds a trainer polls its completion ring, yielding its core between "
+    "looks, before sleeping on the eventfd (0: sleep at once)"};
 
 constinit const config::Row kPollUs{
     "GW_DAEMON_POLL_US", Type::Int, "50", "",

@@ -22,7 +22,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -191,6 +191,10 @@ struct alignas(64) ArenaHeader {
   // a client that reads 1 after publishing sq_tail (a seq_cst fence between the two) may skip the
   // submission eventfd. The daemon clears it, fences, and checks sq_tail again before it sleeps.
   alignas(64) std::atomic<uint32_t> daemon_polling;
+  // 1 while the client busy-polls the completion ring (written by the client only): the daemon,
+  // reading 1 after publishing cq_tail (a seq_cst fence between the two), may skip the completion
+  // eventfd. The client clears it, fences, and checks cq_tail again before it sleeps.
+  alignas(64) std::atomic<uint32_t> client_spinning;
 };
 static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

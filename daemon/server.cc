@@ -438,6 +438,9 @@ void Job::complete(Client& c, uint64_t seq, const Status& s, const CompressedDon
   std::memcpy(slot, &e, sizeof(e));
   ++c.cq_tail;
   c.hdr->cq_tail.store(c.cq_tail, std::memory_order_release);
+  // A client busy-polling its completion ring sees the entry without a wake-up.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.hdr->client_spinning.load(std::memory_order_relaxed) == 1) return;
   signal_fd(c.cq_efd.get());
 }
 
