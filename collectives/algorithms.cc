@@ -74,7 +74,7 @@ CostParams flat(const CostParams& p, double a, double b) {
 
 // The link of a flat algorithm whose heaviest step makes `flows` flows leave one host at once.
 CostParams flat_link(const Group& g, const CostParams& p, int flows) {
-  const LinkCost i = intra_link(p), e = inter_link(p);
+  const LinkCost i = intra_link(p), e = inter_link(p, flows);
   if (!g.multi_host()) return flat(p, i.a, i.b);
   return flat(p, std::max(i.a, e.a), std::max(i.b, flows * e.b));
 }
@@ -190,7 +190,7 @@ double segments_for(const Group& g, size_t bytes, const CostParams& p) {
 // host is the slower part, while the last segment crosses the link): max(I, E) + min(I, E) / S.
 // S as the builder picks it for the call's element size and chunk.
 double hier_cost(const Group& g, size_t bytes, const CostParams& p) {
-  const LinkCost i = intra_link(p), e = inter_link(p);
+  const LinkCost i = intra_link(p), e = inter_link(p, g.max_local_size());  // all L rings cross
   const double gm = reduce_seconds_per_byte(p), n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
   const double S = segments_for(g, bytes, p);
@@ -205,7 +205,7 @@ double hier_cost(const Group& g, size_t bytes, const CostParams& p) {
 // vector among the H leaders (2(H-1) a_e + 2(H-1)/H n b_e), a pipelined chain back through the
 // host ((L-1) a_i + n b_i); reductions ((L-1)/L + (H-1)/H) n g.
 double hier_leader_cost(const Group& g, size_t bytes, const CostParams& p) {
-  const LinkCost i = intra_link(p), e = inter_link(p);
+  const LinkCost i = intra_link(p), e = inter_link(p, 1);  // only the leader crosses
   const double gm = reduce_seconds_per_byte(p), n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
   double t = 2 * (H - 1) * e.a + 2 * (H - 1) / H * n * e.b + ((L - 1) / L + (H - 1) / H) * n * gm;
@@ -380,7 +380,7 @@ double reduce_scatter_ring_cost(const Group& g, size_t bytes, const CostParams& 
 // E = S (H-1) a_e + (H-1)/H n b_e (+ (H-1)/p n g), the link shared by the L rings of a host;
 // the two overlap except for one segment: max(I, E) + min(I, E) / S.
 double hier_half(const Group& g, size_t bytes, const CostParams& p, bool reduces) {
-  const LinkCost i = intra_link(p), e = inter_link(p);
+  const LinkCost i = intra_link(p), e = inter_link(p, g.max_local_size());
   const double gm = reduces ? reduce_seconds_per_byte(p) : 0, n = static_cast<double>(bytes);
   const double L = g.max_local_size(), H = g.nhosts();
   const double S = segments_for(g, bytes, p);

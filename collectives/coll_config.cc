@@ -73,11 +73,17 @@ constinit const config::Row kCostInterBwGbps{
     "GW_COST_INTER_BW_GBPS", Type::Double, "0", "",
     "a host's link bandwidth in GB/s for the cost model (0 = GW_COST_BW_GBPS, else probed)"};
 
+constinit const config::Row kCostCpus{
+    "GW_COST_CPUS", Type::Int, "0", "",
+    "CPUs the cost model assumes a host gives its ranks' network work, so that more flows "
+    "crossing hosts at once than CPUs (hosts sharing one machine's kernel count together) make "
+    "messages slower (0 = this process's CPU affinity; -1 = not considered)"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
       "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
                       &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
-                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps});
+                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus});
   return set;
 }
 

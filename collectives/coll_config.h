@@ -18,6 +18,7 @@ extern const config::Row kCostIntraAlphaUs;
 extern const config::Row kCostIntraBwGbps;
 extern const config::Row kCostInterAlphaUs;
 extern const config::Row kCostInterBwGbps;
+extern const config::Row kCostCpus;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

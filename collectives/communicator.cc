@@ -3,6 +3,9 @@
 // model, and the queue of asynchronous operations.
 #include "collectives/communicator.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -31,6 +34,17 @@
 
 namespace gw::coll {
 namespace {
+
+// GW_COST_CPUS, or the CPUs this process may run on (its affinity mask); 0 when not considered.
+int cost_cpus() {
+  const int64_t v = config::get_int(coll_config::kCostCpus);
+  if (v < 0) return 0;
+  if (v > 0) return static_cast<int>(std::min<int64_t>(v, 1 << 20));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
 
 constexpr int kMaxChannels = 16;
 // All-to-all steps run at once (each on its own peer's connection): p-1 of them, up to this many.
@@ -290,7 +304,19 @@ Status CommImpl::init() {
     const LinkFigures& flat = multi_host ? inter : intra;
     main = std::string(flat.transport);
     cost_ = cost_params_for_levels(flat, intra, inter);
+    cost_.kernel_hosts = group_.max_hosts_per_kernel();
+    cost_.cpus = cost_cpus();
     GW_RETURN_IF_ERROR(agree_cost_params());
+    if (multi_host && crossing_contention(cost_, group_.max_local_size()) > 1) {
+      GW_LOG_INFO(
+          "cost model: {} rank(s) per host{} on {} CPUs: with every rank crossing hosts at once, "
+          "an inter-host message costs {:.1f}x (GW_COST_CPUS)",
+          group_.max_local_size(),
+          cost_.kernel_hosts > 1
+              ? fmt::format(", {} hosts sharing one machine's kernel", cost_.kernel_hosts)
+              : std::string(),
+          cost_.cpus, crossing_contention(cost_, group_.max_local_size()));
+    }
   } else {
     cost_ = cost_params_for(main, 0, 0);
   }
@@ -375,9 +401,9 @@ Status CommImpl::agree_cost_params() {
   const std::string key = "cost_params";
   if (rank() == 0) {
     const std::string v =
-        fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g}", cost_.alpha_us,
+        fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {} {}", cost_.alpha_us,
                     cost_.bw_gbps, cost_.reduce_gbps, cost_.intra_alpha_us, cost_.intra_bw_gbps,
-                    cost_.inter_alpha_us, cost_.inter_bw_gbps);
+                    cost_.inter_alpha_us, cost_.inter_bw_gbps, cost_.cpus, cost_.kernel_hosts);
     return store.set(key, Bytes(v.begin(), v.end()), deadline)
         .with_context("communicator: publishing the cost model's figures");
   }
@@ -386,8 +412,10 @@ Status CommImpl::agree_cost_params() {
   CostParams p;
   std::istringstream in(std::string(v->begin(), v->end()));
   in >> p.alpha_us >> p.bw_gbps >> p.reduce_gbps >> p.intra_alpha_us >> p.intra_bw_gbps >>
-      p.inter_alpha_us >> p.inter_bw_gbps;
-  if (!in) return peer_error("communicator: rank 0 published malformed cost figures");
+      p.inter_alpha_us >> p.inter_bw_gbps >> p.cpus >> p.kernel_hosts;
+  if (!in || p.cpus < 0 || p.kernel_hosts < 1) {
+    return peer_error("communicator: rank 0 published malformed cost figures");
+  }
   cost_ = p;
   return ok_status();
 }

@@ -54,6 +54,18 @@ LinkCost inter_link(const CostParams& p) {
   return LinkCost{a * 1e-6, 1.0 / (bw * 1e9)};
 }
 
+double crossing_contention(const CostParams& p, double flows_per_host) {
+  if (p.cpus <= 0) return 1.0;
+  const double flows = flows_per_host * std::max(1, p.kernel_hosts);
+  return std::max(1.0, flows / static_cast<double>(p.cpus));
+}
+
+LinkCost inter_link(const CostParams& p, double flows_per_host) {
+  LinkCost e = inter_link(p);
+  e.a *= crossing_contention(p, flows_per_host);
+  return e;
+}
+
 double reduce_seconds_per_byte(const CostParams& p) { return 1.0 / (p.reduce_gbps * 1e9); }
 
 namespace {

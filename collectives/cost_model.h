@@ -34,6 +34,11 @@ struct CostParams {
   // segment counts: set per call, not agreed between ranks (every rank's are the same).
   size_t elem_bytes = 4;
   size_t chunk_bytes = 0;
+  // CPU contention of inter-host messages: `cpus` each host gives its ranks (0: not considered),
+  // and the most hosts of the job that share one kernel, hence its CPUs (namespace or container
+  // "hosts" on one machine: same hostname and boot id). Agreed from rank 0 like the figures.
+  int cpus = 0;
+  int kernel_hosts = 1;
 };
 
 // Fills from a transport's typical figures (0 = unknown: keep the defaults for that transport
@@ -59,6 +64,13 @@ struct LinkCost {
 };
 LinkCost intra_link(const CostParams& params);
 LinkCost inter_link(const CostParams& params);
+// The inter-host link for an algorithm step in which `flows_per_host` flows leave every host at
+// once: a_e times crossing_contention. A message's latency across hosts is mostly CPU work (the
+// socket calls, the network stack); when more flows cross at once than the CPUs of the kernel
+// they share, that work queues for the CPUs.
+LinkCost inter_link(const CostParams& params, double flows_per_host);
+// max(1, flows_per_host x kernel_hosts / cpus); 1 when cpus is 0.
+double crossing_contention(const CostParams& params, double flows_per_host);
 // Seconds per byte of reduction.
 double reduce_seconds_per_byte(const CostParams& params);
 

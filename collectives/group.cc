@@ -49,6 +49,13 @@ void Group::index_hosts() {
   local_rank_ = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
 }
 
+int Group::max_hosts_per_kernel() const {
+  std::map<int, int> count;
+  int most = 1;
+  for (int k : kernel_of_host_) most = std::max(most, ++count[k]);
+  return most;
+}
+
 int Group::max_local_size() const {
   size_t most = 0;
   for (const auto& h : hosts_) most = std::max(most, h.size());
@@ -83,6 +90,15 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
     auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline);
     if (!hosts.ok()) return hosts.status().with_context("communicator");
     g.host_of_rank_ = hosts->host_of_rank;
+    std::vector<int> kernels;
+    std::vector<std::string> seen;
+    for (const std::string& id : hosts->host_ids) {
+      const std::string k = kernel_of_host_id(id);
+      auto it = std::find(seen.begin(), seen.end(), k);
+      kernels.push_back(static_cast<int>(it - seen.begin()));
+      if (it == seen.end()) seen.push_back(k);
+    }
+    g.kernel_of_host_ = std::move(kernels);
   } else {
     // The caller names the host: exchange those names the same way exchange_hosts does.
     g.host_id_ = o.host_id;
@@ -91,13 +107,19 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
     auto joined = gather_joined(
         *g.store_, world, [](int r) { return fmt::format("hostid/{}", r); }, deadline);
     if (!joined.ok()) return joined.status().with_context("communicator");
-    std::vector<std::string> ids;
+    std::vector<std::string> ids, kernels;
     for (int r = 0; r < world; ++r) {
       const Bytes& v = (*joined)[static_cast<size_t>(r)];
       std::string id(v.begin(), v.end());
       auto it = std::find(ids.begin(), ids.end(), id);
       g.host_of_rank_.push_back(static_cast<int>(it - ids.begin()));
-      if (it == ids.end()) ids.push_back(id);
+      if (it == ids.end()) {
+        ids.push_back(id);
+        const std::string k = kernel_of_host_id(id);
+        auto kt = std::find(kernels.begin(), kernels.end(), k);
+        g.kernel_of_host_.push_back(static_cast<int>(kt - kernels.begin()));
+        if (kt == kernels.end()) kernels.push_back(k);
+      }
     }
   }
   if (static_cast<int>(g.host_of_rank_.size()) != world) {
@@ -137,6 +159,16 @@ Result<std::optional<Group>> Group::split(int color, int key, Deadline deadline)
     hosts.push_back(std::get<2>(members[i]));
   }
   child.host_of_rank_ = renumber(hosts);
+  if (!kernel_of_host_.empty()) {
+    child.kernel_of_host_.assign(static_cast<size_t>(*std::max_element(child.host_of_rank_.begin(),
+                                                                       child.host_of_rank_.end())) +
+                                     1,
+                                 0);
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      child.kernel_of_host_[static_cast<size_t>(child.host_of_rank_[i])] =
+          kernel_of_host_[static_cast<size_t>(hosts[i])];
+    }
+  }
   child.index_hosts();
   child.host_id_ = host_id_;
   child.token_ = token_;

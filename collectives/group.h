@@ -49,6 +49,9 @@ class Group {
   int local_size() const { return static_cast<int>(hosts_[host()].size()); }
   // Ranks on the largest host.
   int max_local_size() const;
+  // The most hosts of this group that share one kernel, hence its CPUs (kernel_of_host_id:
+  // namespace or container "hosts" of one machine); 1 when the identities do not tell.
+  int max_hosts_per_kernel() const;
   bool multi_host() const { return hosts_.size() > 1; }
   bool same_host(int peer) const { return host_of_rank_[peer] == host(); }
 
@@ -71,6 +74,7 @@ class Group {
   int rank_ = 0;
   std::vector<int> host_of_rank_;
   HostRanks hosts_;
+  std::vector<int> kernel_of_host_;  // by host index; empty: every host its own kernel
   int local_rank_ = 0;
   std::string host_id_;
   std::string token_;

@@ -261,6 +261,17 @@ std::string host_identity() {
   return fmt::format("{}/{}/netns:{}", host, boot, netns);
 }
 
+std::string kernel_of_host_id(const std::string& host_id) {
+  const size_t at = host_id.rfind("/netns:");
+  if (at == std::string::npos || at + 7 >= host_id.size() || host_id.find('/') == at) {
+    return host_id;  // not "hostname/boot_id/netns:N"
+  }
+  for (size_t i = at + 7; i < host_id.size(); ++i) {
+    if (host_id[i] < '0' || host_id[i] > '9') return host_id;
+  }
+  return host_id.substr(0, at);
+}
+
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline) {
   if (world < 1) return invalid_arg("exchange_hosts: world size {} < 1", world);
   if (rank < 0 || rank >= world) {
@@ -280,7 +291,10 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
     const Bytes& v = ids[static_cast<size_t>(r)];
     std::string id(v.begin(), v.end());
     auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
-    if (inserted) map.ranks_of_host.emplace_back();
+    if (inserted) {
+      map.ranks_of_host.emplace_back();
+      map.host_ids.push_back(id);
+    }
     map.host_of_rank[r] = it->second;
     map.ranks_of_host[it->second].push_back(r);
   }

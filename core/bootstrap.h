@@ -43,10 +43,16 @@ std::string host_identity();
 struct HostMap {
   std::vector<int> host_of_rank;
   std::vector<std::vector<int>> ranks_of_host;
+  std::vector<std::string> host_ids;  // by host index
   int my_host = -1;
   int local_rank = -1;  // position of this rank among the ranks of its host
 };
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline);
+
+// The kernel a host identity runs on: host_identity()'s "hostname/boot_id/netns:N" without the
+// network namespace (namespace or container "hosts" of one machine share it, and its CPUs); any
+// other identity (GW_HOSTID) is its own kernel.
+std::string kernel_of_host_id(const std::string& host_id);
 
 // Reads key_of(r) for every rank r < world (the value each rank publishes when it joins), waiting
 // until `deadline` for those not there yet. Every GW_JOIN_REPORT_MS of waiting it names at INFO

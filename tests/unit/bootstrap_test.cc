@@ -304,6 +304,19 @@ TEST_F(BootstrapTest, ExchangeHostsGroupsRanks) {
   EXPECT_EQ(m->ranks_of_host[2], (std::vector<int>{3}));
   EXPECT_EQ(m->my_host, 0);
   EXPECT_EQ(m->local_rank, 1);
+  EXPECT_EQ(m->host_ids, (std::vector<std::string>{"a", "b", "c"}));
+}
+
+// Namespace "hosts" of one machine share its kernel (and CPUs): host_identity() without the netns.
+TEST_F(BootstrapTest, KernelOfAHostIdentity) {
+  EXPECT_EQ(kernel_of_host_id("box/4f1c-boot/netns:4026531840"), "box/4f1c-boot");
+  EXPECT_EQ(kernel_of_host_id("box/4f1c-boot/netns:1"), kernel_of_host_id("box/4f1c-boot/netns:2"));
+  const std::string natural = host_identity();
+  EXPECT_NE(kernel_of_host_id(natural), natural);
+  // Anything else (GW_HOSTID, NCCL_HOSTID) is its own kernel.
+  for (const std::string id : {"gw-box", "box/netns:1", "a/b/netns:", "a/b/netns:12x", "a/b/c"}) {
+    EXPECT_EQ(kernel_of_host_id(id), id);
+  }
 }
 
 TEST_F(BootstrapTest, ExchangeHostsAsThreads) {
