@@ -1,43 +1,57 @@
 #!/usr/bin/env bash
-# Allreduce across the shaped namespace testbed (tests/testbed/testbed.sh): gradwire's algorithms
-# and codecs side by side with PyTorch Gloo and Open MPI (coll tuned and coll han), in ONE run,
-# same sizes, same layout, interleaved repetitions (rep 1 of every system, then rep 2, ...), so
-# a noisy neighbour hits every column alike. Reports medians over the repetitions.
+# One collective across the shaped namespace testbed (tests/testbed/testbed.sh): gradwire's
+# algorithms and codecs side by side with PyTorch Gloo and Open MPI (coll tuned and coll han), in
+# ONE run, same sizes, same layout, interleaved repetitions (rep 1 of every system, then rep 2,
+# ...), so a noisy neighbour hits every column alike. Reports medians over the repetitions.
 #
 # usage: perf/cluster_bench.sh --hosts H --ranks-per-host R --rate RATE --sizes "64M 256M" -r N
-#                              [--codec SPEC ...] [--systems "LIST"] [--json FILE] [--png FILE]
-#                              [-B BUILD_DIR] [-n ITERS] [-t TIMEOUT_S]
+#                              [--op OP] [--codec SPEC ...] [--systems "LIST"] [--json FILE]
+#                              [--png FILE] [-B BUILD_DIR] [-n ITERS] [-t TIMEOUT_S]
 #   --rate      tc rate of every host's link (1gbit, 10gbit, 100mbit; "none" = unshaped)
-#   --codec     adds system gradwire-<SPEC> (gw_allreduce_compressed), repeatable
+#   --op        the collective, float32: allreduce (sum; the default), broadcast (from rank 0),
+#               allgather, reduce_scatter (sum). Every system runs it, checked
+#   --codec     adds system gradwire-<SPEC> (gw_allreduce_compressed), repeatable; allreduce only
 #   --systems   subset of: gradwire-flat gradwire-auto gradwire-hier gradwire-daemon
 #               gradwire-daemon-copy gloo mpi-tuned mpi-han (default: all of them; codec systems
-#               come from --codec), plus gradwire-algo:NAME for any GW_ALGO name (ring, rhd,
-#               host_ring, hier, hier_leader, tree, bblocks) to see what auto chose against each
-#               algorithm forced. gradwire-daemon: one gradwired per host (in its namespace,
-#               --foreground, a socket in a temporary directory, GW_DAEMON_TRANSPORT as set,
-#               default tcp, over d0), the ranks in daemon mode (GW_DAEMON=unix:SOCKET) with
-#               gradwire-perf --mem-alloc buffers (zero-copy through the arena);
-#               gradwire-daemon-copy: the same with heap buffers (copied into the arena)
+#               come from --codec), plus gradwire-algo:NAME for any algorithm name of the op
+#               (allreduce, GW_ALGO: ring, rhd, host_ring, hier, hier_leader, tree, bblocks;
+#               the others, GW_ALGO_BROADCAST / _ALLGATHER / _REDUCE_SCATTER: ring, hier) to see
+#               what auto chose against each algorithm forced. gradwire-flat forces ring,
+#               gradwire-hier hier (--algo for allreduce, else the op's GW_ALGO_* knob),
+#               gradwire-auto leaves the choice to the cost model. gradwire-daemon: one gradwired
+#               per host (in its namespace, --foreground, a socket in a temporary directory,
+#               GW_DAEMON_TRANSPORT as set, default tcp, over d0), the ranks in daemon mode
+#               (GW_DAEMON=unix:SOCKET) with gradwire-perf --mem-alloc buffers (zero-copy through
+#               the arena); gradwire-daemon-copy: the same with heap buffers (copied into the
+#               arena). gloo: perf/peers/gloo_allreduce.py --op OP; mpi-*: perf/peers/
+#               mpi_allreduce.c -o OP (MPI_Allreduce, MPI_Bcast, MPI_Allgather,
+#               MPI_Reduce_scatter_block)
 #   -n          timed iterations per run (default: each tool's own rule, clamp(2e9/size/ranks,3,50))
+# Sizes follow nccl-tests: "bytes" is the whole buffer, for allgather the gathered output (each
+# rank gives bytes/n) and for reduce_scatter the input (each rank keeps bytes/n), rounded down to
+# a multiple of 4n (else of 4) so that every system runs exactly the same size; busbw = algbw x
+# 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast), n = H x R ranks.
 # Needs root (network namespaces). A system that cannot run here (peer not installed, algorithm
-# not built) is reported as missing with the reason, and never fails the script; a run that
-# fails or reports a wrong element is reported and counted as a failure (exit 1 at the end).
-# JSON: a list of rows {"system", "hosts", "ranks_per_host", "rate", "bytes", "time_us",
+# not built, the op not in this torch's Gloo) is reported as missing with the reason, and never
+# fails the script; a run that fails or reports a wrong element is reported and counted as a
+# failure (exit 1 at the end).
+# JSON: a list of rows {"system", "op", "hosts", "ranks_per_host", "rate", "bytes", "time_us",
 # "busbw_gbps", "runs"}, medians over the repetitions; busbw is the nccl-tests busbw of the
 # uncompressed size. --png draws busbw against size per system (python3-matplotlib).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-hosts=2; rph=2; rate=1gbit; sizes="64M"; reps=3; codecs=(); json=""; png=""; iters=0
+hosts=2; rph=2; rate=1gbit; sizes="64M"; reps=3; codecs=(); json=""; png=""; iters=0; op=allreduce
 build="$root/build/release"; timeout_s=900
 systems="gradwire-flat gradwire-auto gradwire-hier gradwire-daemon gradwire-daemon-copy gloo mpi-tuned mpi-han"
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
     --ranks-per-host) rph="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
+    --op) op="$2"; shift 2 ;;
     --sizes) sizes="$2"; shift 2 ;;
     -r) reps="$2"; shift 2 ;;
     --codec) codecs+=("$2"); shift 2 ;;
@@ -56,6 +70,22 @@ for v in "$hosts" "$rph" "$reps" "$iters" "$timeout_s"; do
 done
 [ "$hosts" -ge 1 ] && [ "$rph" -ge 1 ] && [ "$reps" -ge 1 ] ||
   { echo "cluster_bench: --hosts, --ranks-per-host and -r must be >= 1" >&2; exit 2; }
+# The op's gradwire-perf subcommand is its name; its algorithm knob, its busbw factor (nccl-tests)
+# and the link bound's share of the buffer that crosses each host's link in a hierarchical
+# schedule: allreduce 2(H-1)/H, allgather and reduce_scatter (H-1)/H, broadcast the whole of it.
+case "$op" in
+  allreduce) algo_knob=GW_ALGO; busbw_formula="2(n-1)/n"; redop=" sum" ;;
+  broadcast) algo_knob=GW_ALGO_BROADCAST; busbw_formula="1"; redop=", root 0" ;;
+  allgather) algo_knob=GW_ALGO_ALLGATHER; busbw_formula="(n-1)/n"; redop="" ;;
+  reduce_scatter) algo_knob=GW_ALGO_REDUCE_SCATTER; busbw_formula="(n-1)/n"; redop=" sum" ;;
+  *) echo "cluster_bench: --op '$op': one of allreduce, broadcast, allgather, reduce_scatter" >&2
+     exit 2 ;;
+esac
+if [ "$op" != allreduce ] && [ ${#codecs[@]} -gt 0 ]; then
+  echo "cluster_bench: --codec measures the compressed allreduce (gw_allreduce_compressed);" \
+    "there is none for --op $op: drop --codec ${codecs[*]}" >&2
+  exit 2
+fi
 for s in $systems; do
   case "$s" in
     gradwire-flat|gradwire-auto|gradwire-hier|gradwire-daemon|gradwire-daemon-copy) ;;
@@ -70,14 +100,23 @@ to_bytes() {  # 64M -> 67108864
     *) echo "$n" ;;
   esac
 }
+world=$((hosts * rph))
+# Whole elements, and for allgather / reduce_scatter whole blocks of n elements, so that every
+# system (each would round on its own) runs exactly the size of the row.
+unit=4
+[ "$op" = allgather ] || [ "$op" = reduce_scatter ] && unit=$((4 * world))
 byte_sizes=""
-for s in $sizes; do byte_sizes+=" $(to_bytes "$s") "; done
+for s in $sizes; do
+  b=$(to_bytes "$s"); r=$((b / unit * unit))
+  [ "$r" -gt 0 ] || { echo "cluster_bench: size '$s': $op on $world ranks needs at least $unit bytes" >&2; exit 2; }
+  [ "$r" -ne "$b" ] && echo "# cluster_bench: size $s ($b B) rounded down to $r B (a multiple of $unit)"
+  byte_sizes+=" $r "
+done
 testbed="$root/tests/testbed/testbed.sh"
 perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "cluster_bench: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "cluster_bench: needs root (network namespaces)" >&2; exit 77; }
 rate_arg=(-r "$rate"); [ "$rate" = none ] && rate_arg=()
-world=$((hosts * rph))
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -96,6 +135,10 @@ trap on_signal INT TERM
 declare -A missing
 if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
   missing[gloo]="/usr/bin/python3 with torch missing (apt-get install python3-torch)"
+elif [[ " $systems " == *" gloo "* ]] && [ "$op" != allreduce ] &&
+     ! why=$(cd "$work" && /usr/bin/python3 "$here/peers/gloo_allreduce.py" --probe "$op" 2>"$work/probe.log"); then
+  # Debian's torch 1.13: Gloo has all_gather but no reduce_scatter in any form.
+  missing[gloo]="${why:-gloo_allreduce.py --probe $op failed: $(tail -c 200 "$work/probe.log")}"
 fi
 mpi_bin="$work/mpi_allreduce"
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
@@ -104,9 +147,10 @@ elif ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_allreduce.c" 2>"$work/mpicc.log"
   missing[mpi-tuned]="mpicc failed: $(head -c 200 "$work/mpicc.log")"
 fi
 [ -n "${missing[mpi-tuned]:-}" ] && missing[mpi-han]="${missing[mpi-tuned]}"
-# hier applies only across hosts, so a one-host run cannot probe it: ask the build's GW_ALGO help.
-if ! "$perf" --dump-config 2>/dev/null | grep '^GW_ALGO' | grep -qw hier; then
-  missing[gradwire-hier]="this build's GW_ALGO has no hier (gradwire-perf --dump-config)"
+# hier applies only across hosts, so a one-host run cannot probe it: ask the build's help of the
+# op's algorithm knob.
+if ! "$perf" --dump-config 2>/dev/null | grep "^$algo_knob " | grep -qw hier; then
+  missing[gradwire-hier]="this build's $algo_knob has no hier (gradwire-perf --dump-config)"
 fi
 gwd="$build/daemon/gradwired"; gwctl="$build/daemon/gradwirectl"
 if [ ! -x "$gwd" ] || [ ! -x "$gwctl" ]; then
@@ -140,11 +184,13 @@ run_one() {
   local sys="$1" s="$2" cmd line
   case "$sys" in
     gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:*)
-      local algo=auto
+      local algo=auto env="" force=""
       [ "$sys" = gradwire-flat ] && algo=ring
       [ "$sys" = gradwire-hier ] && algo=hier
       [[ "$sys" == gradwire-algo:* ]] && algo=${sys#gradwire-algo:}
-      cmd="$perf allreduce -b $s -e $s ${iters_gw[*]} --check --algo $algo"
+      # --algo sets GW_ALGO, the allreduce's; the other collectives have knobs of their own.
+      if [ "$op" = allreduce ]; then force="--algo $algo"; else env="$algo_knob=$algo"; fi
+      cmd="$env $perf $op -b $s -e $s ${iters_gw[*]} --check $force"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       # [h0r0]  size count type redop time_us algbw busbw wrong
@@ -155,14 +201,16 @@ run_one() {
       # One gradwired per testbed host (a testbed service: ready when gradwirectl gets an answer,
       # stopped with SIGTERM after the ranks, also when they fail); the host identity is the one
       # its ranks report (GW_HOSTID). The arena holds both buffers of the size (--mem-alloc) or
-      # their copies, plus room for the tool's own small calls.
+      # their copies, plus room for the tool's own small calls. Sizes are whole buffers, so 2 x size
+      # covers every op: allreduce and broadcast have two of it, allgather and reduce_scatter one
+      # of it (the gathered output / the scattered input) and one of size/n.
       local mem=--mem-alloc sockdir arena rc
       [ "$sys" = gradwire-daemon-copy ] && mem=""
       sockdir=$(mktemp -d "$work/daemons.XXXXXX")
       arena=$(( 2 * s + (64 << 20) ))
       local sock="$sockdir/h\$TB_HOST.sock" hostid="gwtb\${TB_ID}h\$TB_HOST"
       cmd="GW_DAEMON=unix:$sock GW_HOSTID=$hostid GW_DAEMON_ARENA=$arena \
-        $perf allreduce -b $s -e $s ${iters_gw[*]} --check $mem"
+        $perf $op -b $s -e $s ${iters_gw[*]} --check $mem"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" \
         -S "GW_DAEMON_MAX_ARENA=$arena exec $gwd --foreground --socket $sock --host-id $hostid" \
         -W "$gwctl status --socket $sock --timeout-ms 2000" -- "$cmd"
@@ -187,7 +235,7 @@ run_one() {
       # [h0r0]   codec size count iters time_us algbw busbw bytes_sent speedup
       sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v c="$spec" -v s="$s" '$1 == c && $2 == s { print $5, $7; exit }' ;;
     gloo)
-      cmd="GLOO_SOCKET_IFNAME=d0 /usr/bin/python3 $here/peers/gloo_allreduce.py ${iters_peer[*]} $s"
+      cmd="GLOO_SOCKET_IFNAME=d0 /usr/bin/python3 $here/peers/gloo_allreduce.py --op $op ${iters_peer[*]} $s"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       parse_peer "$out" ;;
@@ -199,7 +247,7 @@ run_one() {
       cmd="if [ \$TB_HOST = 0 ]; then mpirun --allow-run-as-root --oversubscribe -np $world \
         --host ${hostlist%,} --mca plm_rsh_agent $here/peers/netns_rsh.sh --mca plm_rsh_no_tree_spawn 1 \
         --mca oob_tcp_if_include c0 --mca btl tcp,vader,self --mca btl_tcp_if_include d0 ${coll[*]} \
-        $mpi_bin ${iters_peer[*]} $s; fi"
+        $mpi_bin -o $op ${iters_peer[*]} $s; fi"
       run_testbed -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
       parse_peer "$out" ;;
@@ -215,7 +263,7 @@ parse_peer() {  # "... time_us=T busbw_GBps=B wrong=W" -> "T B"
 
 declare -A times busbws
 failures=0
-echo "# cluster_bench: $hosts hosts x $rph ranks, links $rate, float32 sum, sizes:$byte_sizes B, $reps repetitions (interleaved), medians"
+echo "# cluster_bench: $op, $hosts hosts x $rph ranks, links $rate, float32$redop, sizes:$byte_sizes B, $reps repetitions (interleaved), medians"
 echo "# gradwire: $perf"
 for sys in $systems; do [ -n "${missing[$sys]:-}" ] && echo "# $sys: missing: ${missing[$sys]}"; done
 for ((rep = 1; rep <= reps; rep++)); do
@@ -243,18 +291,27 @@ median() {  # values... -> median, or "-" when none
   printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g |
     awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) printf "%.4f\n", v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-# Link bound of a hierarchical allreduce: each host sends and receives 2(H-1)/H x bytes.
+# Link bound of a hierarchical schedule: each host sends and receives 2(H-1)/H x bytes
+# (allreduce), (H-1)/H x bytes (allgather, reduce_scatter), or bytes (broadcast, a chain of hosts).
 rate_bps=""
 case "$rate" in *gbit) rate_bps=$(( ${rate%gbit} * 1000000000 )) ;; *mbit) rate_bps=$(( ${rate%mbit} * 1000000 )) ;; esac
 echo "#"
-echo "# busbw in GB/s (nccl-tests: bytes * 2(n-1)/n / time, n = $world ranks); time in us"
-[ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && echo "# link bound (2(H-1)/H x bytes / rate) given per size"
+case "$op" in
+  allreduce) link_share="2(H-1)/H x bytes"; bytes_are="the buffer" ;;
+  broadcast) link_share="bytes"; bytes_are="the buffer" ;;
+  allgather) link_share="(H-1)/H x bytes"; bytes_are="the whole gathered output, bytes/n from each rank" ;;
+  reduce_scatter) link_share="(H-1)/H x bytes"; bytes_are="the whole input, bytes/n kept by each rank" ;;
+esac
+echo "# $op busbw in GB/s (nccl-tests: bytes * $busbw_formula / time, n = $world ranks; bytes = $bytes_are); time in us"
+[ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && echo "# link bound ($link_share / rate) given per size"
 printf "%-26s %12s %14s %10s %6s\n" "#system" "bytes" "time_us" "busbw" "runs"
 rows=()
 for s in $byte_sizes; do
   if [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ]; then
-    awk -v s="$s" -v h="$hosts" -v r="$rate_bps" -v n="$world" 'BEGIN {
-      t = 2 * (h - 1) / h * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", "(link bound)", s, t * 1e6, s * 2 * (n - 1) / n / t / 1e9, "-" }'
+    awk -v s="$s" -v h="$hosts" -v r="$rate_bps" -v n="$world" -v op="$op" 'BEGIN {
+      share = op == "allreduce" ? 2 * (h - 1) / h : op == "broadcast" ? 1 : (h - 1) / h
+      f = op == "allreduce" ? 2 * (n - 1) / n : op == "broadcast" ? 1 : (n - 1) / n
+      t = share * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", "(link bound)", s, t * 1e6, s * f / t / 1e9, "-" }'
   fi
   for sys in $systems; do
     [ -n "${missing[$sys]:-}" ] && { printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "missing" "-" 0; continue; }
@@ -264,7 +321,7 @@ for s in $byte_sizes; do
     n=$(wc -w <<<"${times["$sys $s"]:-}")
     [ "$t" != "-" ] && t=$(printf "%.1f" "$t")
     printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "$t" "$b" "$n"
-    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"hosts\": $hosts, \"ranks_per_host\": $rph, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
+    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"op\": \"$op\", \"hosts\": $hosts, \"ranks_per_host\": $rph, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
   done
 done
 if [ -n "$json" ]; then
@@ -272,7 +329,7 @@ if [ -n "$json" ]; then
   echo "# wrote $json"
 fi
 if [ -n "$png" ] && [ -n "$json" ]; then
-  /usr/bin/python3 - "$json" "$png" "$hosts x $rph ranks, $rate" <<'PY' || echo "# --png: plotting failed (python3-matplotlib installed?)" >&2
+  /usr/bin/python3 - "$json" "$png" "$hosts x $rph ranks, $rate" "$op" "float32$redop" <<'PY' || echo "# --png: plotting failed (python3-matplotlib installed?)" >&2
 import json, sys
 import matplotlib
 matplotlib.use("Agg")
@@ -283,9 +340,9 @@ for system in dict.fromkeys(r["system"] for r in rows):
     pts = sorted((r["bytes"], r["busbw_gbps"]) for r in rows if r["system"] == system)
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
 ax.set_xscale("log", base=2)
-ax.set_xlabel("bytes (float32 sum)")
+ax.set_xlabel(f"bytes ({sys.argv[5]}; nccl-tests sizes)")
 ax.set_ylabel("busbw (GB/s)")
-ax.set_title(f"allreduce on the namespace testbed: {sys.argv[3]}")
+ax.set_title(f"{sys.argv[4]} on the namespace testbed: {sys.argv[3]}")
 ax.grid(True, alpha=0.3)
 ax.legend(fontsize=8)
 fig.tight_layout()
