@@ -724,17 +724,10 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   }
   const size_t num_hosts = hosts.size();
   const size_t me = comm ? static_cast<size_t>(first.host_index) : 0;
-  size_t lmax = 0;
-  for (const auto& h : hosts) lmax = std::max(lmax, h.size());
+  GW_ASSIGN_OR_RETURN(HostSlots hs, host_slots(hosts, me, members, block));
+  const size_t lmax = hs.lmax;
   std::vector<size_t> member_of(n);  // local index (position in hosts[me]) -> members index
-  for (size_t i = 0; i < n; ++i) {
-    const auto& mine = hosts[me];
-    const auto at = std::lower_bound(mine.begin(), mine.end(), members[i]->hello.rank);
-    if (at == mine.end() || *at != members[i]->hello.rank) {
-      return internal_error("alltoall: rank {} is not in this host's map", members[i]->hello.rank);
-    }
-    member_of[static_cast<size_t>(at - mine.begin())] = i;
-  }
+  for (size_t i = 0; i < n; ++i) member_of[hs.position_of[i]] = i;
   const size_t slot = lmax * lmax * block;
   const size_t total = num_hosts * slot;
   const size_t need = (comm ? 2 : 1) * total;  // what goes out, and (across hosts) what comes in
