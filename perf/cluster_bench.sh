@@ -7,6 +7,8 @@
 # usage: perf/cluster_bench.sh --hosts H --ranks-per-host R --rate RATE --sizes "64M 256M" -r N
 #                              [--op OP] [--codec SPEC ...] [--systems "LIST"] [--json FILE]
 #                              [--png FILE] [-B BUILD_DIR] [-n ITERS] [-t TIMEOUT_S]
+#   --ranks-per-host  one count for every host, or one per host, comma-separated ("3,1": an
+#               uneven layout; JSON ranks_per_host is then that string)
 #   --rate      tc rate of every host's link (1gbit, 10gbit, 100mbit; "none" = unshaped)
 #   --op        the collective, float32: allreduce (sum; the default), broadcast (from rank 0),
 #               allgather, reduce_scatter (sum). Every system runs it, checked
@@ -17,10 +19,11 @@
 #               (allreduce, GW_ALGO: ring, rhd, host_ring, hier, hier_leader, tree, bblocks;
 #               the others, GW_ALGO_BROADCAST / _ALLGATHER / _REDUCE_SCATTER: ring, hier) to see
 #               what auto chose against each algorithm forced. gradwire-flat forces ring,
-#               gradwire-hier hier (--algo for allreduce, else the op's GW_ALGO_* knob),
+#               gradwire-hier hier (--algo for allreduce, else the op's GW_ALGO_* knob; on
+#               uneven hosts the allreduce's hier_leader, and no hier for the other ops),
 #               gradwire-auto leaves the choice to the cost model. gradwire-daemon: one gradwired
 #               per host (in its namespace, --foreground, a socket in a temporary directory,
-#               GW_DAEMON_TRANSPORT as set, default tcp, over d0), the ranks in daemon mode
+#               GW_DAEMON_TRANSPORT as set, default auto: tcp here, over d0), the ranks in daemon mode
 #               (GW_DAEMON=unix:SOCKET) with gradwire-perf --mem-alloc buffers (zero-copy through
 #               the arena); gradwire-daemon-copy: the same with heap buffers (copied into the
 #               arena). gloo: perf/peers/gloo_allreduce.py --op OP; mpi-*: perf/peers/
@@ -65,11 +68,25 @@ while [ $# -gt 0 ]; do
     *) echo "cluster_bench: unknown argument '$1'" >&2; usage ;;
   esac
 done
-for v in "$hosts" "$rph" "$reps" "$iters" "$timeout_s"; do
+# --ranks-per-host: one count for every host, or one per host ("3,1": an uneven layout).
+IFS=, read -r -a rph_list <<<"$rph"
+for v in "$hosts" "${rph_list[@]}" "$reps" "$iters" "$timeout_s"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "cluster_bench: '$v' is not a number" >&2; exit 2; }
 done
-[ "$hosts" -ge 1 ] && [ "$rph" -ge 1 ] && [ "$reps" -ge 1 ] ||
+[ "$hosts" -ge 1 ] && [ "$reps" -ge 1 ] ||
   { echo "cluster_bench: --hosts, --ranks-per-host and -r must be >= 1" >&2; exit 2; }
+if [ "${#rph_list[@]}" -eq 1 ]; then
+  for ((h = 1; h < hosts; h++)); do rph_list+=("${rph_list[0]}"); done
+elif [ "${#rph_list[@]}" -ne "$hosts" ]; then
+  echo "cluster_bench: --ranks-per-host '$rph' lists ${#rph_list[@]} counts for $hosts hosts" >&2; exit 2
+fi
+uneven=0
+for v in "${rph_list[@]}"; do
+  [ "$v" -ge 1 ] || { echo "cluster_bench: --ranks-per-host must be >= 1 on every host" >&2; exit 2; }
+  [ "$v" -ne "${rph_list[0]}" ] && uneven=1
+done
+# JSON: the count, or the list as a string for an uneven layout.
+if [ $uneven = 1 ]; then rph_json="\"$rph\""; else rph=${rph_list[0]}; rph_json=$rph; fi
 # The op's gradwire-perf subcommand is its name; its algorithm knob, its busbw factor (nccl-tests)
 # and the link bound's share of the buffer that crosses each host's link in a hierarchical
 # schedule: allreduce 2(H-1)/H, allgather and reduce_scatter (H-1)/H, broadcast the whole of it.
@@ -100,7 +117,8 @@ to_bytes() {  # 64M -> 67108864
     *) echo "$n" ;;
   esac
 }
-world=$((hosts * rph))
+world=0
+for v in "${rph_list[@]}"; do world=$((world + v)); done
 # Whole elements, and for allgather / reduce_scatter whole blocks of n elements, so that every
 # system (each would round on its own) runs exactly the size of the row.
 unit=4
@@ -149,8 +167,18 @@ fi
 [ -n "${missing[mpi-tuned]:-}" ] && missing[mpi-han]="${missing[mpi-tuned]}"
 # hier applies only across hosts, so a one-host run cannot probe it: ask the build's help of the
 # op's algorithm knob.
-if ! "$perf" --dump-config 2>/dev/null | grep "^$algo_knob " | grep -qw hier; then
-  missing[gradwire-hier]="this build's $algo_knob has no hier (gradwire-perf --dump-config)"
+# On uneven hosts the allreduce's hierarchical form is the leader one (hier needs equal hosts);
+# the other collectives have none there.
+hier_algo=hier
+if [ $uneven = 1 ]; then
+  if [ "$op" = allreduce ]; then
+    hier_algo=hier_leader
+  else
+    missing[gradwire-hier]="$op has no hierarchical form on uneven hosts ($rph)"
+  fi
+fi
+if ! "$perf" --dump-config 2>/dev/null | grep "^$algo_knob " | grep -qw "$hier_algo"; then
+  missing[gradwire-hier]="this build's $algo_knob has no $hier_algo (gradwire-perf --dump-config)"
 fi
 gwd="$build/daemon/gradwired"; gwctl="$build/daemon/gradwirectl"
 if [ ! -x "$gwd" ] || [ ! -x "$gwctl" ]; then
@@ -186,7 +214,7 @@ run_one() {
     gradwire-flat|gradwire-auto|gradwire-hier|gradwire-algo:*)
       local algo=auto env="" force=""
       [ "$sys" = gradwire-flat ] && algo=ring
-      [ "$sys" = gradwire-hier ] && algo=hier
+      [ "$sys" = gradwire-hier ] && algo=$hier_algo
       [[ "$sys" == gradwire-algo:* ]] && algo=${sys#gradwire-algo:}
       # --algo sets GW_ALGO, the allreduce's; the other collectives have knobs of their own.
       if [ "$op" = allreduce ]; then force="--algo $algo"; else env="$algo_knob=$algo"; fi
@@ -243,7 +271,7 @@ run_one() {
       local coll=(--mca coll_han_priority 0)
       [ "$sys" = mpi-han ] && coll=(--mca coll_han_priority 100)
       local hostlist="" h
-      for ((h = 0; h < hosts; h++)); do hostlist+="gwtb\${TB_ID}h$h:$rph,"; done
+      for ((h = 0; h < hosts; h++)); do hostlist+="gwtb\${TB_ID}h$h:${rph_list[$h]},"; done
       cmd="if [ \$TB_HOST = 0 ]; then mpirun --allow-run-as-root --oversubscribe -np $world \
         --host ${hostlist%,} --mca plm_rsh_agent $here/peers/netns_rsh.sh --mca plm_rsh_no_tree_spawn 1 \
         --mca oob_tcp_if_include c0 --mca btl tcp,vader,self --mca btl_tcp_if_include d0 ${coll[*]} \
@@ -321,7 +349,7 @@ for s in $byte_sizes; do
     n=$(wc -w <<<"${times["$sys $s"]:-}")
     [ "$t" != "-" ] && t=$(printf "%.1f" "$t")
     printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "$t" "$b" "$n"
-    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"op\": \"$op\", \"hosts\": $hosts, \"ranks_per_host\": $rph, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
+    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"op\": \"$op\", \"hosts\": $hosts, \"ranks_per_host\": $rph_json, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
   done
 done
 if [ -n "$json" ]; then
