@@ -409,9 +409,11 @@ Status DaemonSession::submit(SqEntry e, const char* what, daemon::CompressedDone
 
 namespace {
 
-Status refuse_device(const void* a, const void* b) {
-  if ((a != nullptr && cuda::is_device_pointer(a)) ||
-      (b != nullptr && cuda::is_device_pointer(b))) {
+// The C ABI refuses device memory for the plain collectives before any session sees it
+// (capi/host_memory.cc); the compressed allreduce takes device memory in direct mode, not yet
+// here. Managed memory passes: the CPU copies it into the arena.
+Status refuse_device(const void* buf) {
+  if (buf != nullptr && cuda::resident_memory_kind(buf) == cuda::MemoryKind::kDevice) {
     return unsupported("GPU buffers are not supported in daemon mode yet (GW_DAEMON)");
   }
   return ok_status();
@@ -470,7 +472,6 @@ Status DaemonSession::run_chunks(
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
   const bool in_place = recvbuf == sendbuf;
@@ -580,7 +581,6 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   coll::DataType dtype,
                                                                   coll::ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t bytes = count * coll::dtype_size(dtype);
   GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, bytes));
   const auto [s, r] = placed;
@@ -601,7 +601,6 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, nullptr));
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
   auto* b = static_cast<uint8_t*>(buf);
@@ -636,7 +635,6 @@ Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, i
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (sendcount > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t block = sendcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
   GW_ASSIGN_OR_RETURN(Placed r, place(recvbuf, total, false));
@@ -670,7 +668,6 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (recvcount > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t block = recvcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
   GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, total, true));
@@ -711,7 +708,6 @@ Status DaemonSession::barrier() {
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(sendbuf, recvbuf));
   const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
   // In place is one buffer: the daemon packs every block before it writes any.
   GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, total));
@@ -750,7 +746,7 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
         "most {} and {})",
         spec.size(), key.size(), daemon::kMaxCodecSpecBytes, daemon::kMaxTensorKeyBytes);
   }
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, nullptr));
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf));
   auto known = keys_.find(key);
   if (known != keys_.end() && (known->second.spec != spec || known->second.count != count ||
                                known->second.dtype != dtype)) {
