@@ -307,7 +307,8 @@ Status CommImpl::init() {
     cost_.kernel_hosts = group_.max_hosts_per_kernel();
     cost_.cpus = cost_cpus();
     GW_RETURN_IF_ERROR(agree_cost_params());
-    if (multi_host && crossing_contention(cost_, group_.max_local_size()) > 1) {
+    const double contention = crossing_contention(cost_, group_.max_local_size());
+    if (multi_host && contention > 1) {
       GW_LOG_INFO(
           "cost model: {} rank(s) per host{} on {} CPUs: with every rank crossing hosts at once, "
           "an inter-host message costs {:.1f}x (GW_COST_CPUS)",
@@ -315,7 +316,7 @@ Status CommImpl::init() {
           cost_.kernel_hosts > 1
               ? fmt::format(", {} hosts sharing one machine's kernel", cost_.kernel_hosts)
               : std::string(),
-          cost_.cpus, crossing_contention(cost_, group_.max_local_size()));
+          cost_.cpus, contention);
     }
   } else {
     cost_ = cost_params_for(main, 0, 0);

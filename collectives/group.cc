@@ -21,6 +21,19 @@ std::vector<int> renumber(const std::vector<int>& ids) {
   return out;
 }
 
+// The kernel of each host (kernel_of_host_id of its identity, by host index), numbered in order of
+// first appearance.
+std::vector<int> kernels_of(const std::vector<std::string>& host_ids) {
+  std::map<std::string, int> index;
+  std::vector<int> out;
+  out.reserve(host_ids.size());
+  for (const std::string& id : host_ids) {
+    out.push_back(
+        index.emplace(kernel_of_host_id(id), static_cast<int>(index.size())).first->second);
+  }
+  return out;
+}
+
 Result<std::pair<int, int>> parse_color_key(const Bytes& v) {
   std::string s(v.begin(), v.end());
   const auto space = s.find(' ');
@@ -90,15 +103,7 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
     auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline);
     if (!hosts.ok()) return hosts.status().with_context("communicator");
     g.host_of_rank_ = hosts->host_of_rank;
-    std::vector<int> kernels;
-    std::vector<std::string> seen;
-    for (const std::string& id : hosts->host_ids) {
-      const std::string k = kernel_of_host_id(id);
-      auto it = std::find(seen.begin(), seen.end(), k);
-      kernels.push_back(static_cast<int>(it - seen.begin()));
-      if (it == seen.end()) seen.push_back(k);
-    }
-    g.kernel_of_host_ = std::move(kernels);
+    g.kernel_of_host_ = kernels_of(hosts->host_ids);
   } else {
     // The caller names the host: exchange those names the same way exchange_hosts does.
     g.host_id_ = o.host_id;
@@ -107,20 +112,15 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
     auto joined = gather_joined(
         *g.store_, world, [](int r) { return fmt::format("hostid/{}", r); }, deadline);
     if (!joined.ok()) return joined.status().with_context("communicator");
-    std::vector<std::string> ids, kernels;
+    std::vector<std::string> ids;
     for (int r = 0; r < world; ++r) {
       const Bytes& v = (*joined)[static_cast<size_t>(r)];
       std::string id(v.begin(), v.end());
       auto it = std::find(ids.begin(), ids.end(), id);
       g.host_of_rank_.push_back(static_cast<int>(it - ids.begin()));
-      if (it == ids.end()) {
-        ids.push_back(id);
-        const std::string k = kernel_of_host_id(id);
-        auto kt = std::find(kernels.begin(), kernels.end(), k);
-        g.kernel_of_host_.push_back(static_cast<int>(kt - kernels.begin()));
-        if (kt == kernels.end()) kernels.push_back(k);
-      }
+      if (it == ids.end()) ids.push_back(id);
     }
+    g.kernel_of_host_ = kernels_of(ids);
   }
   if (static_cast<int>(g.host_of_rank_.size()) != world) {
     return internal_error("communicator: host map has {} ranks, expected {}",

@@ -199,15 +199,6 @@ struct alignas(64) ArenaHeader {
 static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
-// One step of a busy-poll on a ring counter (the CPU's spin-wait hint).
-inline void spin_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // kPeer unless a ring's counters are consistent: 0 <= tail - head <= entries.
 Status check_ring(uint64_t head, uint64_t tail, uint32_t entries, const char* which);
 

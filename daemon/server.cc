@@ -517,7 +517,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
     }
     case Opcode::kReduceScatter: {
       if (cm && r.count > 0) return reduce_scatter_by_host(reqs);
-      // One host: the whole input is reduced, each trainer takes its block.
+      // One host (or an empty block across hosts): the whole input is reduced, each trainer
+      // takes its block.
       const size_t total = r.send_bytes;
       const size_t block = r.recv_bytes;
       const uint64_t elems = r.count * static_cast<uint64_t>(first.world_size);
@@ -578,7 +579,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       return allreduce_compressed(reqs);
     case Opcode::kAllgather: {
       if (cm && r.count > 0) return allgather_by_host(reqs);
-      // One host: these trainers' blocks are the whole result.
+      // One host (or empty blocks): these trainers' blocks are the whole result.
       const size_t block = r.send_bytes;
       const size_t total = r.recv_bytes;
       if (scratch.size() < total) scratch.resize(total);
