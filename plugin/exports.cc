@@ -1,13 +1,16 @@
-// The exported NCCL tables: ncclNetPlugin_v11 (NCCL 2.28.3+), _v10, _v9 and _v8. Each entry
-// point only reshapes its arguments for NetPlugin, maps the Status to an ncclResult_t and, on
-// failure, logs one WARN through NCCL's logger that says what to do. No exception crosses into
-// NCCL. These four symbols are the only ones the library exports (plugin/exports.map).
+// The exported NCCL tables: ncclNetPlugin_v11 (NCCL 2.28.3+), _v10, _v9 and _v8, and the tuner
+// ncclTunerPlugin_v5 (plugin/tuner.h). Each entry point only reshapes its arguments for NetPlugin
+// or the tuner, maps the Status to an ncclResult_t and, on failure, logs one WARN through NCCL's
+// logger that says what to do. No exception crosses into NCCL. These five symbols are the only
+// ones the library exports (plugin/exports.map).
 #include <climits>
 #include <cstring>
 #include <new>
 
 #include "plugin/nccl_net_abi.h"
+#include "plugin/nccl_tuner_abi.h"
 #include "plugin/net_plugin.h"
+#include "plugin/tuner.h"
 
 namespace gw::plugin {
 namespace {
@@ -406,6 +409,31 @@ ncclResult_t irecv_v8(void* recv_comm, int n, void** data, int* sizes, int* tags
   return irecv_any(recv_comm, n, data, &size, tags, mhandles, request);
 }
 
+// ---- the tuner (v5) ------------------------------------------------------------------------
+
+ncclResult_t tuner_init_v5(void** ctx, uint64_t comm_id, size_t nranks, size_t nnodes,
+                           ncclDebugLogger_t logger, ncclNvlDomainInfo_v5_t* /*nvl*/,
+                           ncclTunerConstants_v5_t* /*constants: NCCL's kept*/) {
+  if (logger != nullptr) plugin().set_logger(logger);
+  return guarded("tuner init", [&]() -> Status {
+    if (ctx == nullptr) return internal_error("NULL context pointer");
+    *ctx = nullptr;
+    GW_ASSIGN_OR_RETURN(*ctx, tuner_init(comm_id, nranks, nnodes));
+    return ok_status();
+  });
+}
+
+ncclResult_t tuner_coll_info_v5(void* ctx, ncclFunc_t coll, size_t bytes, int /*pipe_ops*/,
+                                float** /*cost_table*/, int /*num_algo*/, int /*num_proto*/,
+                                int /*reg_buff*/, int* nchannels) {
+  return guarded("tuner getCollInfo",
+                 [&]() -> Status { return tuner_coll_info(ctx, coll, bytes, nchannels); });
+}
+
+ncclResult_t tuner_finalize_v5(void* ctx) {
+  return guarded("tuner finalize", [&]() -> Status { return tuner_finalize(ctx); });
+}
+
 }  // namespace
 }  // namespace gw::plugin
 
@@ -445,6 +473,13 @@ GW_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
     connect_old, accept_conn,  reg_mr,        reg_mr_dma_buf,    dereg_mr,
     isend_v8,    irecv_v8,     iflush_host,   test_request,      close_send,
     close_recv,  close_listen, nullptr,       nullptr,
+};
+
+GW_EXPORT ncclTuner_v5_t ncclTunerPlugin_v5 = {
+    kPluginName,
+    tuner_init_v5,
+    tuner_coll_info_v5,
+    tuner_finalize_v5,
 };
 
 }  // extern "C"

@@ -38,6 +38,7 @@ typedef enum {
 enum : unsigned long {
   NCCL_INIT = 0x1,
   NCCL_NET = 0x10,
+  NCCL_TUNING = 0x40,
   NCCL_ENV = 0x80,
   NCCL_ALL = ~0UL,
 };

@@ -498,7 +498,10 @@ void NetPlugin::pin_library() {
 // tune NCCL for their network, the plugin sets NCCL_MIN_NCHANNELS when the user has not (and
 // has not capped NCCL_MAX_NCHANNELS below it). NCCL reads it after the plugin's init.
 // Returns what was done, for the INFO line.
-static Result<std::string> request_channels(const DeviceInfo& d) {
+// `*set` becomes the count written to NCCL_MIN_NCHANNELS, 0 when none was (the tuner asks for
+// that many channels per collective only when the plugin set it: plugin/tuner.cc).
+static Result<std::string> request_channels(const DeviceInfo& d, int* set) {
+  *set = 0;
   const int64_t knob = config::get_int(plugin::plugin_config::kPluginMinChannels);
   if (knob < -1 || knob > 32) {
     return invalid_arg("GW_PLUGIN_MIN_CHANNELS={} is out of range (-1 = never, 0 = auto, 1-32)",
@@ -526,6 +529,7 @@ static Result<std::string> request_channels(const DeviceInfo& d) {
   if (setenv("NCCL_MIN_NCHANNELS", value.c_str(), 0) != 0) {
     return fmt::format("could not set NCCL_MIN_NCHANNELS ({})", std::strerror(errno));
   }
+  *set = static_cast<int>(want);
   return fmt::format(
       "set NCCL_MIN_NCHANNELS={} ({}; GW_PLUGIN_MIN_CHANNELS=-1 keeps NCCL's choice)", value,
       knob == 0 ? "auto: tcp comms with I/O threads" : "GW_PLUGIN_MIN_CHANNELS");
@@ -592,7 +596,8 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
   pin_library();
   GW_RETURN_IF_ERROR(discover());
   if (!announced_) {
-    GW_ASSIGN_OR_RETURN(const std::string channels, request_channels(devices_.front()));
+    GW_ASSIGN_OR_RETURN(const std::string channels,
+                        request_channels(devices_.front(), &channels_set_));
     announced_ = true;
     const DeviceInfo& d = devices_.front();
     bool own_token = !config::get_string(core_config::kJobToken).empty();
@@ -616,6 +621,7 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
   ctx->comm_id = comm_id;
   ctx->traffic_class = traffic_class;
   ++live_contexts_;
+  live_comm_ids_.insert(comm_id);
   return ctx;
 }
 
@@ -645,6 +651,9 @@ Status NetPlugin::finalize(Context* ctx) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ctx == shared_context_) return ok_status();
+    if (auto it = live_comm_ids_.find(ctx->comm_id); it != live_comm_ids_.end()) {
+      live_comm_ids_.erase(it);
+    }
     ctx->magic = 0;
     delete ctx;
     if (--live_contexts_ == 0) dropped.swap(transports_);
@@ -653,6 +662,16 @@ Status NetPlugin::finalize(Context* ctx) {
   // Comms still open hold their own reference; the backend goes when the last of them closes.
   dropped.clear();
   return ok_status();
+}
+
+bool NetPlugin::serves(uint64_t comm_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_context_ != nullptr || live_comm_ids_.count(comm_id) != 0;
+}
+
+int NetPlugin::channels_set() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return channels_set_;
 }
 
 Result<int> NetPlugin::device_count() {

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,12 @@ class NetPlugin {
   Result<int> device_count();
   Result<const DeviceInfo*> device(int dev);
 
+  // For the tuner (plugin/tuner.h): whether NCCL assigned this plugin to the communicator
+  // `comm_id` (a v11 context with that id is live, or a pre-v11 NCCL opened the shared one), and
+  // the channel count the plugin wrote to NCCL_MIN_NCHANNELS (0 when it wrote none).
+  bool serves(uint64_t comm_id);
+  int channels_set();
+
   Status listen(Context* ctx, int dev, void* handle, ListenComm** listen_comm);
   Status connect(Context* ctx, int dev, void* handle, PluginComm** send_comm);
   Status accept(ListenComm* lc, PluginComm** recv_comm);
@@ -173,6 +180,8 @@ class NetPlugin {
   std::vector<DeviceInfo> devices_;                          // filled once, never shrunk
   std::vector<std::shared_ptr<net::Transport>> transports_;  // dropped at the last finalize
   int live_contexts_ = 0;
+  std::multiset<uint64_t> live_comm_ids_;  // comm ids of the live v11 contexts
+  int channels_set_ = 0;
   Context* shared_context_ = nullptr;
   bool pinned_ = false;
   bool announced_ = false;

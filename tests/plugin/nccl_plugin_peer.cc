@@ -10,16 +10,22 @@
 //                                    "device memory" is marked host memory): the plugin reports
 //                                    NCCL_PTR_CUDA|NCCL_PTR_DMABUF, regMr(NCCL_PTR_CUDA) and
 //                                    regMrDmaBuf register, and bytes move between such buffers
+//   nccl_plugin_peer tuner WANT      with the net inited for comm 5, the exported tuner asks for
+//                                    WANT channels (0: none) for a large allreduce of comm 5 on 2
+//                                    nodes, and for none on one node, for other comms, for small
+//                                    or point-to-point operations
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "plugin/nccl_tuner_abi.h"
 #include "tests/plugin/plugin_harness.h"
 #include "tests/support/fake_cuda.h"
 
@@ -72,6 +78,71 @@ int run_channels(const std::string& want) {
   const char* v = std::getenv("NCCL_MIN_NCHANNELS");
   const std::string got = v == nullptr ? "-" : v;
   if (got != want) return fail("NCCL_MIN_NCHANNELS is " + got + ", expected " + want);
+  return 0;
+}
+
+int run_tuner(int want) {
+  const Loaded& l = plugin();
+  if (l.first_init != ncclSuccess) return fail("init failed");
+  auto* t = static_cast<ncclTuner_v5_t*>(dlsym(l.lib, "ncclTunerPlugin_v5"));
+  if (t == nullptr) return fail("no ncclTunerPlugin_v5");
+  if (t->name == nullptr || std::strcmp(t->name, "gradwire") != 0) return fail("tuner name");
+  // NCCL inits the net for a communicator before its tuner: comm 5 is on the gradwire net.
+  void* net_ctx = nullptr;
+  ncclNetCommConfig_v11_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+  if (l.v11->init(&net_ctx, 5, &cfg, record_log, nullptr) != ncclSuccess) return fail("net init");
+  ncclNvlDomainInfo_v5_t nvl{};
+  ncclTunerConstants_v5_t constants{};
+  constants.baseLatencies[1][2] = 8.4;
+  const ncclTunerConstants_v5_t before = constants;
+  // channels the tuner asks for: comm `id` on `nodes` nodes, collective `coll` of `bytes`.
+  auto ask = [&](uint64_t id, size_t nodes, ncclFunc_t coll, size_t bytes, int* got) -> bool {
+    void* ctx = nullptr;
+    if (t->init(&ctx, id, 4, nodes, record_log, &nvl, &constants) != ncclSuccess) return false;
+    std::array<std::array<float, NCCL_NUM_PROTOCOLS_V5>, NCCL_NUM_ALGORITHMS_V5> table{};
+    std::array<float*, NCCL_NUM_ALGORITHMS_V5> rows{};
+    for (size_t a = 0; a < rows.size(); ++a) rows[a] = table[a].data();
+    table[1][2] = 5.0f;
+    *got = 0;
+    const ncclResult_t r = t->getCollInfo(ctx, coll, bytes, 1, rows.data(), NCCL_NUM_ALGORITHMS_V5,
+                                          NCCL_NUM_PROTOCOLS_V5, 0, got);
+    const bool table_kept = table[1][2] == 5.0f && table[0][0] == 0.0f;
+    return r == ncclSuccess && table_kept && t->finalize(ctx) == ncclSuccess;
+  };
+  int got = -1;
+  if (!ask(5, 2, ncclFuncAllReduce, 256 << 20, &got) || got != want) {
+    return fail("large allreduce: asked for " + std::to_string(got) + " channels, expected " +
+                std::to_string(want));
+  }
+  if (!ask(5, 2, ncclFuncAllGather, 64 << 20, &got) || got != want) return fail("allgather");
+  const struct {
+    uint64_t id;
+    size_t nodes;
+    ncclFunc_t coll;
+    size_t bytes;
+    const char* what;
+  } untouched[] = {
+      {5, 2, ncclFuncAllReduce, 4096, "a 4 KiB allreduce"},
+      {5, 2, ncclFuncSendRecv, 256 << 20, "send/recv"},
+      {5, 1, ncclFuncAllReduce, 256 << 20, "one node"},
+      {1, 2, ncclFuncAllReduce, 256 << 20, "a finalized comm"},
+      {77, 2, ncclFuncAllReduce, 256 << 20, "a comm on another net"},
+  };
+  for (const auto& u : untouched) {
+    if (!ask(u.id, u.nodes, u.coll, u.bytes, &got) || got != 0) {
+      return fail(std::string("asked for channels for ") + u.what);
+    }
+  }
+  if (std::memcmp(&before, &constants, sizeof(constants)) != 0) return fail("constants changed");
+  std::array<uint64_t, 8> junk{};
+  int n = 0;
+  if (t->getCollInfo(junk.data(), ncclFuncAllReduce, 1 << 20, 1, nullptr, 0, 0, 0, &n) !=
+      ncclInternalError) {
+    return fail("getCollInfo accepted a foreign context");
+  }
+  if (t->finalize(nullptr) != ncclSuccess) return fail("finalize(NULL)");
+  if (l.v11->finalize(net_ctx) != ncclSuccess) return fail("net finalize");
+  for (const std::string& line : log_lines()) std::fprintf(stderr, "  %s\n", line.c_str());
   return 0;
 }
 
@@ -202,6 +273,7 @@ int main(int argc, char** argv) {
     if (mode == "init" && argc == 4) return run_init(std::atoi(argv[2]), argv[3]);
     if (mode == "info" && argc == 3) return run_info(argv[2]);
     if (mode == "channels" && argc == 3) return run_channels(argv[2]);
+    if (mode == "tuner" && argc == 3) return run_tuner(std::atoi(argv[2]));
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
     if (mode == "gdr" && argc == 3) return run_gdr(argv[2]);
   } catch (const std::exception& e) {

@@ -127,7 +127,7 @@ class PluginTest : public ::testing::Test {
   void* recv_ = nullptr;
 };
 
-TEST(PluginLibrary, ExportsOnlyTheFourTables) {
+TEST(PluginLibrary, ExportsOnlyTheNetAndTunerTables) {
   std::string cmd = std::string("nm -D --defined-only ") + GW_PLUGIN_PATH + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -141,7 +141,7 @@ TEST(PluginLibrary, ExportsOnlyTheFourTables) {
   int rc = pclose(p);
   if (rc != 0 && symbols.empty()) GTEST_SKIP() << "nm is not available";
   std::set<std::string> want = {"ncclNetPlugin_v11", "ncclNetPlugin_v10", "ncclNetPlugin_v9",
-                                "ncclNetPlugin_v8"};
+                                "ncclNetPlugin_v8", "ncclTunerPlugin_v5"};
   EXPECT_EQ(symbols, want);
 }
 
@@ -650,6 +650,24 @@ TEST(PluginFreshProcess, AsksNcclForChannelsOnlyWhenTheUserHasNot) {
   EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}), {"channels", "-"}), 0);
   EXPECT_EQ(run_peer(with({"GW_PLUGIN_MIN_CHANNELS=33"}), {"init", "5", "GW_PLUGIN_MIN_CHANNELS"}),
             0);
+}
+
+// The tuner asks for the channels the plugin set NCCL_MIN_NCHANNELS to, for network collectives
+// of communicators the plugin serves, and for none when the plugin set none (a user's settings).
+TEST(PluginFreshProcess, TunerAsksForThePluginsChannelsOnly) {
+  const std::vector<std::string> clean = {"-NCCL_MIN_NCHANNELS", "-NCCL_MAX_NCHANNELS",
+                                          "-GW_PLUGIN_MIN_CHANNELS"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), clean.begin(), clean.end());
+    return extra;
+  };
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1"}), {"tuner", "4"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}), {"tuner", "6"}),
+            0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}), {"tuner", "0"}),
+            0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}), {"tuner", "0"}), 0);
+  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}), {"tuner", "0"}), 0);
 }
 
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {
