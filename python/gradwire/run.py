@@ -9,10 +9,11 @@ MASTER_ADDR, MASTER_PORT) and GW_STORE (a second port beside MASTER_PORT, so gra
 torch's own TCPStore do not compete for one port). Unless GW_JOB_TOKEN is already set, every
 rank also gets the same GW_JOB_TOKEN, 128 random bits generated for this job, so the store and
 every connection of the job prove it (docs/security.md); a stranger who reaches the ports cannot
-join. Every line a rank prints is prefixed with
-"[rank]". SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits non-zero
-(or is killed) the others are sent SIGTERM, then SIGKILL after --grace seconds, and gradwire-run
-exits with the first failing rank's status (128 + signal for a signal).
+join. Every line a rank prints is prefixed with "[rank]". SIGINT, SIGTERM and SIGHUP are
+forwarded to every rank, and a rank still running --grace seconds after the first of them is
+killed (SIGKILL, with a line saying so). When a rank exits non-zero (or is killed) the others are
+sent SIGTERM, then SIGKILL after --grace seconds, and gradwire-run exits with the first failing
+rank's status (128 + signal for a signal).
 
 Ranks on hosts other than this one (-H) are started with ssh (BatchMode, the same working
 directory and the variables above on the command line, except the job token, which the remote
@@ -99,6 +100,7 @@ class Launcher:
         self.lock = threading.Lock()
         self.out_lock = threading.Lock()
         self.stopping = False
+        self.escalating = False
         # The user's token, or one generated for this job (never printed).
         self.user_token = os.environ.get("GW_JOB_TOKEN", "")
         self.token = self.user_token or secrets.token_hex(16)
@@ -183,6 +185,28 @@ class Launcher:
                 except ProcessLookupError:
                     pass
 
+    def escalate(self, sig: int) -> None:
+        """After a forwarded signal: SIGKILL the ranks still running --grace seconds later."""
+        with self.lock:
+            if self.escalating:
+                return
+            self.escalating = True
+
+        def later() -> None:
+            deadline = time.monotonic() + self.args.grace
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+                time.sleep(0.05)
+            for p in self.procs:
+                if p.poll() is None:
+                    rank = p.gw_rank  # type: ignore[attr-defined]
+                    with self.out_lock:
+                        sys.stderr.write(f"gradwire-run: rank {rank} still running "
+                                         f"{self.args.grace:g} s after signal {sig}; killing it\n")
+                        sys.stderr.flush()
+            self.signal_all(signal.SIGKILL)
+
+        threading.Thread(target=later, daemon=True).start()
+
     def stop_all(self) -> None:
         with self.lock:
             if self.stopping:
@@ -231,7 +255,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--master-port", type=int, default=0,
                     help="MASTER_PORT; GW_STORE gets the next port (default: two free ports)")
     ap.add_argument("--grace", type=float, default=5.0,
-                    help="seconds between SIGTERM and SIGKILL when ending the ranks (default 5)")
+                    help="seconds between SIGTERM (or a forwarded signal) and SIGKILL when "
+                    "ending the ranks (default 5)")
     ap.add_argument("--no-prefix", action="store_true", help="do not prefix output with [rank]")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program [args...]")
     args = ap.parse_args(argv)
@@ -247,6 +272,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         launcher.signal_all(sig)
         if launcher.failed is None:
             launcher.failed = (-1, -sig)
+        launcher.escalate(sig)
 
     # Before any rank starts: a signal that comes as soon as a rank has spoken is forwarded, not
     # the end of gradwire-run with its ranks left running.

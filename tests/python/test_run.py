@@ -53,8 +53,27 @@ def test_signals_forwarded():
         assert line, "launcher ended early"
         ready += "ready" in line
     p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=30)
-    assert out.count("got TERM") == 2, out
+    out, err = p.communicate(timeout=30)
+    assert out.count("got TERM") == 2, out + err
+    assert p.returncode == 128 + signal.SIGTERM
+
+
+def test_a_rank_ignoring_a_forwarded_signal_is_killed_after_the_grace():
+    code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([PYTHON, "-m", "gradwire.run", "-np", "2", "--grace", "0.5", "--", PYTHON,
+                          "-c", code], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    ready = 0
+    while ready < 2:
+        line = p.stdout.readline()
+        assert line, "launcher ended early"
+        ready += "ready" in line
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10, "not killed after --grace"
+    assert err.count("still running 0.5 s after signal 15; killing it") == 2, err
     assert p.returncode == 128 + signal.SIGTERM
 
 
