@@ -1,57 +1,117 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, for the GPU test machine (run scripts/gpu_prepare.sh here first
-# and carry .gpu/ along). One call of the device tool runs at most 10 minutes, so the parts can
-# be run one at a time:
-#   scripts/gpu_check.sh kernels   gpudirect's CUDA codec kernels against the CPU ones + GB/s
-#   scripts/gpu_check.sh allreduce gw_allreduce_compressed on GPU memory vs host memory (2-4 ranks)
-#   scripts/gpu_check.sh dmabuf    verbs (emulated NIC) registering real CUDA memory via dma-buf
-#   scripts/gpu_check.sh python    the Python package's tests (tests/python, CUDA tensors
-#                                  included) against a standalone libgradwire.so, the host's torch
-#   scripts/gpu_check.sh plugin    NCCL allreduce through libnccl-net-gradwire.so vs NCCL Socket,
-#                                  2 and 4 ranks on the one GPU under MPS (issue 3's table)
-#   scripts/gpu_check.sh all       all five (default)
-# Logs go to $OUT (the device tool's output folder) when set, else build/gpu-check-logs.
-# Exit status: 0 when every part passed, else the first failing part's status.
+# and carry .gpu/ along). One call of the device tool runs at most 10 minutes and a session has
+# 15 minutes of device time, so `all` builds everything once and then runs every part under its
+# own deadline, within BUDGET seconds (default 560); a part that would start too late is
+# skipped and says so. Parts, also one at a time:
+#   build      configure and build everything below (perf/gpu standalone, the plugin standalone)
+#   plugin     NCCL allreduce through libnccl-net-gradwire.so vs NCCL Socket at the same channel
+#              count (2 and 4), the plugin's tuner on and off, 2 and 4 ranks under MPS
+#   allreduce  gw_allreduce_compressed on GPU memory vs host memory (2 and 4 ranks), with timings
+#   kernels    gpudirect's CUDA codec kernels against the CPU ones + GB/s
+#   python     the Python package's tests (tests/python, CUDA tensors included), the host's torch
+#   devmem     the C ABI on real CUDA memory: device memory refused by the plain collectives,
+#              managed memory passed, in direct mode and through a gradwired (daemon mode)
+#   ddp        examples/train_ddp.py on the GPU: nccl, gloo, the gradwire backend and hooks, torch's
+#              powerSGD over NCCL, side by side (2 ranks under MPS)
+#   dmabuf     verbs (emulated NIC) registering real CUDA memory via dma-buf
+#   suite      torch's distributed_test.py against the gradwire backend on the host's torch
+#              (parallel with pytest-xdist where present; stopped at its deadline, counts kept)
+#   all        build, then plugin allreduce ddp one after another on a quiet machine (their timings
+#              are the reported ones), then python devmem dmabuf kernels suite side by side
+# Logs go to build/gpu-check-logs, and when $OUT is set (the device tool's output folder, which
+# takes at most 8 files) as $OUT/gpu-check-logs.tgz with $OUT/summary.txt beside it; a summary
+# line per part ends the output. Exit status: 0 when every part that ran passed.
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 what=${1:-all}
-case $what in kernels|allreduce|dmabuf|python|plugin|all) ;; *) echo "usage: $0 [kernels|allreduce|dmabuf|python|plugin|all]" >&2; exit 2 ;; esac
-logs=${OUT:-$root/build/gpu-check-logs}
+parts="build plugin allreduce kernels python devmem ddp dmabuf suite all"
+[[ " $parts " == *" $what "* ]] || { echo "usage: $0 [${parts// /|}]" >&2; exit 2; }
+logs=$root/build/gpu-check-logs
+rm -rf "$logs"
 mkdir -p "$logs"
 [ -d "$root/.gpu/include" ] && export GW_THIRD_PARTY_INCLUDE="$root/.gpu/include"
 [ -d "$root/.gpu/peers" ] && export PEERS="${PEERS:-$root/.gpu/peers}"
-export RUN_TIMEOUT=${RUN_TIMEOUT:-150}
+export PYTHONUNBUFFERED=1
+budget=${BUDGET:-560}
+start=$SECONDS
 
 command -v nvidia-smi >/dev/null || { echo "gpu_check.sh: no nvidia-smi: not a GPU machine" >&2; exit 2; }
-{ nvidia-smi -L; nvcc --version 2>/dev/null | tail -1; g++ --version | head -1; } | tee "$logs/machine.txt"
+{ nvidia-smi -L; nvcc --version 2>/dev/null | tail -1; g++ --version | head -1; nproc
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1; } |
+  tee "$logs/machine.txt"
 
-rc=0
+# part NAME DEADLINE_S CMD...: runs CMD under `timeout DEADLINE_S` (less when the budget is
+# nearly spent; skipped under 20 s), log in $logs/NAME.log, one line in $logs/summary.txt. Parts
+# may run side by side.
 part() {
-  local name=$1
-  shift
-  echo "== $name"
-  local start=$SECONDS
-  "$@" 2>&1 | tee "$logs/$name.log"
-  local r=${PIPESTATUS[0]}
-  echo "== $name: exit $r after $((SECONDS - start)) s"
-  [ "$rc" = 0 ] && rc=$r
-}
-if [ "$what" = kernels ] || [ "$what" = all ]; then
-  if [ -f perf/gpu/run_gpu_check.sh ]; then
-    part kernels bash perf/gpu/run_gpu_check.sh
-  else
-    echo "gpu_check.sh: perf/gpu/run_gpu_check.sh missing" >&2; rc=2
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - (SECONDS - start)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then
+    echo "$name: skipped (budget of $budget s spent)" >>"$logs/summary.txt"
+    return
   fi
+  echo "== $name starts (deadline $limit s)"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" >"$logs/$name.log" 2>&1
+  local r=$?
+  local how="exit $r"
+  [ "$r" = 124 ] && how="stopped at its deadline ($limit s)"
+  { echo "== $name: $how after $((SECONDS - t0)) s; its last lines:"; tail -"${TAIL:-12}" "$logs/$name.log"; } |
+    cut -c1-300
+  echo "$name: $how after $((SECONDS - t0)) s" >>"$logs/summary.txt"
+  [ "$r" != 0 ] && touch "$logs/failed"
+}
+gpu() { bash perf/gpu/run_gpu_check.sh "$@"; }
+plugin_check() {
+  # Same channel count for both: NCCL_MIN/MAX_NCHANNELS pin it (the plugin keeps a user's
+  # setting); then the plugin at its defaults (it asks for 4) with its tuner and without.
+  CONFIGS="Socket ch2=NCCL_NET=Socket NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
+gradwire ch2=NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
+Socket ch4=NCCL_NET=Socket NCCL_MIN_NCHANNELS=4 NCCL_MAX_NCHANNELS=4
+gradwire=
+gradwire no tuner=NCCL_TUNER_PLUGIN=none" \
+    SIZES=${SIZES:-"262144 67108864 268435456"} BUDGET=${PLUGIN_BUDGET:-150} RUN_TIMEOUT=60 OUT=$logs \
+    bash perf/gpu/run_nccl_gpu_check.sh "$root/build/plugin-gpu/libnccl-net-gradwire.so"
+}
+
+export -f gpu plugin_check
+export root logs
+
+case $what in
+  build) part build 300 gpu --build ;;
+  plugin) part plugin 280 plugin_check ;;
+  allreduce) part allreduce 200 gpu --allreduce ;;
+  kernels) part kernels 150 gpu ;;
+  python) part python 280 gpu --python ;;
+  devmem) part devmem 120 gpu --devmem ;;
+  ddp) part ddp 200 gpu --ddp ;;
+  dmabuf) part dmabuf 60 gpu --dmabuf ;;
+  suite) GW_SUITE_TIMEOUT=${GW_SUITE_TIMEOUT:-340} part suite 400 gpu --suite ;;
+  all)
+    # Timed parts one after another on a quiet machine, then the correctness parts side by side,
+    # the suite taking what is left.
+    part build 200 gpu --build
+    part plugin 180 plugin_check
+    GW_GPU_NPS="2 4" part allreduce 90 gpu --allreduce
+    part ddp 110 gpu --ddp
+    left=$((budget - (SECONDS - start)))
+    export GW_SUITE_TIMEOUT=$((left - 45))
+    TAIL=6 part python 200 gpu --python &
+    TAIL=6 part devmem 90 gpu --devmem &
+    TAIL=6 part dmabuf 60 gpu --dmabuf &
+    TAIL=8 part kernels 90 gpu &
+    TAIL=12 part suite $((left - 10)) gpu --suite &
+    wait
+    ;;
+esac
+echo "== summary after $SECONDS s"
+cat "$logs/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  cp "$logs/summary.txt" "$OUT/summary.txt"
+  tar czf "$OUT/gpu-check-logs.tgz" -C "$logs" . && echo "logs: \$OUT/gpu-check-logs.tgz"
 fi
-if [ "$what" = allreduce ] || [ "$what" = all ]; then
-  part allreduce bash perf/gpu/run_gpu_check.sh --allreduce
-fi
-if [ "$what" = dmabuf ] || [ "$what" = all ]; then
-  part dmabuf bash perf/gpu/run_gpu_check.sh --dmabuf
-fi
-if [ "$what" = python ] || [ "$what" = all ]; then
-  part python bash perf/gpu/run_gpu_check.sh --python
-fi
-[ "$what" = plugin ] || [ "$what" = all ] && part plugin bash perf/gpu/run_nccl_gpu_check.sh
-exit "$rc"
+[ ! -e "$logs/failed" ]

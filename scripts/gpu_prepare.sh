@@ -4,6 +4,7 @@
 #   .gpu/include/{fmt,spdlog,toml++}  headers for the header-only builds of the NCCL plugin and of the
 #                              GPU check programs in perf/gpu/ (GW_THIRD_PARTY_INCLUDE)
 #   .gpu/include/{infiniband,rdma}  rdma-core's verbs headers (gw-gpu-dmabuf-check)
+#   .gpu/include/{CLI,nlohmann}  CLI11 and nlohmann-json headers (the standalone gradwired)
 #   .gpu/include/openssl       OpenSSL 3's headers (Debian's arch-specific ones merged in): the
 #                              handshakes link the host's run-time libcrypto.so.3
 #   .gpu/peers/                ../shared/peers (the NCCL peer benchmark and with_mps.sh), which
@@ -25,6 +26,10 @@ done
 rm -rf "$dest"
 mkdir -p "$dest/include"
 cp -r /usr/include/fmt /usr/include/spdlog /usr/include/toml++ "$dest/include/"
+# CLI11's and nlohmann-json's headers for the standalone gradwired (perf/gpu/CMakeLists.txt).
+for d in CLI nlohmann; do
+  [ -d "/usr/include/$d" ] && cp -r "/usr/include/$d" "$dest/include/"
+done
 # rdma-core's headers (and the kernel UAPI ones they include) for gw-gpu-dmabuf-check.
 for d in infiniband rdma; do
   [ -d "/usr/include/$d" ] && cp -r "/usr/include/$d" "$dest/include/"

@@ -80,7 +80,7 @@ run() {
   local log="$logdir/${label// /_}-np$np.log"
   echo "== $label, $np ranks" >&2
   # shellcheck disable=SC2086
-  timeout "$run_timeout" env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+  timeout "$run_timeout" env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING "$@" \
     bash "$peers/with_mps.sh" "$PYTHON" "$peers/nccl_torch_allreduce.py" "$np" $sizes \
     >"$log" 2>&1
   local rc=$?
@@ -103,6 +103,9 @@ run() {
     grep -m1 -E "NET/gradwire: (set|could not|NCCL)" "$log" >&2
     grep -m1 -E "via NET/gradwire|Using network gradwire|Assigned NET plugin gradwire" "$log" >&2 ||
       echo "   (NCCL did not report using gradwire; see $log)" >&2
+    # The tuner NCCL found in the plugin's library, and what it decided for the communicator.
+    grep -m1 -E "TUNER/Plugin: Using" "$log" >&2 || echo "   (NCCL loaded no tuner)" >&2
+    grep -m1 -E "TUNER/gradwire" "$log" | sed 's/^.*INFO /   /' >&2
   fi
 }
 

@@ -179,8 +179,11 @@ def test_mem_empty_in_daemon_mode(tmp_path):
     # A real gradwired (unprivileged, socket in tmp_path): the arrays lie in its arena.
     daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
     lib = os.environ.get("GRADWIRE_LIBRARY", "")
-    if lib:
-        daemon = Path(lib).resolve().parents[1] / "daemon" / "gradwired"
+    if lib:  # the project's build (capi/ beside daemon/), or a standalone one (perf/gpu/)
+        here = Path(lib).resolve().parent
+        daemon = here / "gradwired"
+        if not daemon.exists():
+            daemon = here.parent / "daemon" / "gradwired"
     if not daemon.exists():
         pytest.skip(f"no gradwired at {daemon}")
     sock = tmp_path / "gwd.sock"
