@@ -62,6 +62,13 @@ for case in s.iter("testcase"):
             unsupported += 1
             why = "unsupported: " + text.split("gradwire.errors.Unsupported: ")[1].split("\n")[0]
         print(f"failed {case.get('name')}: {why}")
+reasons = {}
+for case in s.iter("testcase"):
+    for sk in case.iter("skipped"):
+        why = (sk.get("message") or "?").strip().splitlines()[0][:120]
+        reasons[why] = reasons.get(why, 0) + 1
+for why, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:8]:
+    print(f"skipped {count}: {why}")
 print(f"torch distributed_test.py on {backend}, world size {world}: "
       f"passed {n - f - e - k} skipped {k} failed {f + e} ({unsupported} unsupported)")
 sys.exit(0 if n > 0 and f + e == unsupported else 1)
