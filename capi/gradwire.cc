@@ -193,10 +193,16 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
                              o.world_size);
     }
     if (cfg.store_addr == nullptr) {
-      GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
-      o.store_host = a.host;
-      o.store_port = a.port;
-      o.store_source = a.source;
+      Result<gw::StoreAddress> a = gw::store_address_from_env();
+      if (a.ok()) {
+        o.store_host = a->host;
+        o.store_port = a->port;
+        o.store_source = a->source;
+      } else if (o.world_size > 1) {
+        return a.status();
+      }
+      // One rank needs no store: a half-set MASTER_ADDR/MASTER_PORT (torch's own test suite sets
+      // MASTER_ADDR alone, then makes groups of one rank) is no reason to refuse it.
     }
   }
   if (cfg.store_addr != nullptr) {

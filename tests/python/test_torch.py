@@ -53,3 +53,31 @@ def test_rank_killed_mid_training_others_raise(mode):
     assert procs[0].returncode == 0, out0
     m = re.search(r"rank 0: raised (\w+) after ([0-9.]+) s", out0)
     assert m and float(m.group(2)) < 5, out0
+
+
+def test_one_rank_groups_and_group_names():
+    # torch's distributed_test.py sets MASTER_ADDR alone, makes one-rank groups and destroys
+    # groups by name (torch 2.x keeps a name in a ProcessGroup's backends, which a Python
+    # ProcessGroup has none of): both failed on torch 2.11 before.
+    code = (
+        "import os, torch, torch.distributed as dist\n"
+        "os.environ['MASTER_ADDR'] = '127.0.0.1'\n"
+        "os.environ.pop('MASTER_PORT', None)\n"
+        "from gradwire.torch import ProcessGroupGradwire\n"
+        "pg = ProcessGroupGradwire(dist.HashStore(), 0, 1)\n"
+        "pg._set_group_name('g7')\n"
+        "assert pg.group_name == 'g7', pg.group_name\n"
+        "dist.init_process_group('gradwire', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "g = dist.new_group([0])\n"
+        "t = torch.ones(3)\n"
+        "dist.all_reduce(t, group=g)\n"
+        "assert torch.equal(t, torch.ones(3))\n"
+        "dist.destroy_process_group(g)\n"
+        "dist.destroy_process_group()\n"
+        "print('groups ok')\n")
+    e = env()
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT", "GW_STORE"):
+        e.pop(k, None)
+    p = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and "groups ok" in p.stdout, p.stdout + p.stderr

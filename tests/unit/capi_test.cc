@@ -210,6 +210,27 @@ TEST(CapiTest, InitRejectsBadConfiguration) {
   EXPECT_EQ(c, sentinel);
 }
 
+// A communicator of one rank needs no store, so a half-set MASTER_ADDR/MASTER_PORT does not stop
+// it (torch's distributed_test.py sets MASTER_ADDR alone and makes one-rank groups); two ranks
+// still get the error.
+TEST(CapiTest, OneRankIgnoresAHalfSetMasterAddress) {
+  CleanEnv env;
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.world_size = 1;
+  gw_comm_t c = nullptr;
+  EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+  ASSERT_NE(c, nullptr);
+  float x = 2.5f;
+  EXPECT_GW(GW_OK, gw_allreduce(c, &x, &x, 1, GW_FLOAT32, GW_SUM));
+  EXPECT_EQ(x, 2.5f);
+  EXPECT_GW(GW_OK, gw_comm_destroy(c));
+  cfg.world_size = 2;
+  EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
+  EXPECT_NE(last().find("MASTER_PORT"), std::string::npos) << last();
+  unsetenv("MASTER_ADDR");
+}
+
 // --- gw_config_t's size
 // ----------------------------------------------------------------------------
 

@@ -294,6 +294,27 @@ class ProcessGroupGradwire(ProcessGroup):
     def name(self) -> str:
         return BACKEND_NAME
 
+    # torch 2.x keeps a group's name in the backends registered with its ProcessGroup, and a
+    # Python ProcessGroup has none: torch's own _set_group_name was a no-op on it and the
+    # group_name property raised "ProcessGroup name not set" (destroy_process_group reads it).
+    # The name (and description) live here instead.
+    def _set_group_name(self, name: str) -> None:
+        self._gw_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_gw_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._gw_group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_gw_group_desc", "undefined")
+
     def _work(self, fn: Callable[[], Any]) -> Any:
         return GradwireWork(run_async(self.comm, fn), self._keep)
 
