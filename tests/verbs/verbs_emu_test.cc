@@ -75,7 +75,7 @@ class EmuTest : public ::testing::Test {
         q, &a, (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) & ~drop_mask);
   }
 
-  int to_rtr(ibv_qp* q, uint32_t dest, int drop_mask = 0) {
+  int to_rtr(ibv_qp* q, uint32_t dest, int drop_mask = 0, int rd_atomic = 0, uint32_t psn = 0) {
     ibv_port_attr pa{};
     ibv_gid gid{};
     t_->query_port(ctx_, 1, &pa);
@@ -85,6 +85,8 @@ class EmuTest : public ::testing::Test {
     a.path_mtu = IBV_MTU_4096;
     a.dest_qp_num = dest;
     a.min_rnr_timer = 1;  // 10 us
+    a.max_dest_rd_atomic = static_cast<uint8_t>(rd_atomic);
+    a.rq_psn = psn;
     a.ah_attr.is_global = 1;
     a.ah_attr.grh.dgid = gid;
     a.ah_attr.grh.sgid_index = 3;
@@ -96,9 +98,11 @@ class EmuTest : public ::testing::Test {
                              ~drop_mask);
   }
 
-  int to_rts(ibv_qp* q, int timeout = 14, int retry = 7, int rnr = 7, int drop_mask = 0) {
+  int to_rts(ibv_qp* q, int timeout = 14, int retry = 7, int rnr = 7, int drop_mask = 0,
+             uint32_t psn = 0) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = psn;
     a.timeout = static_cast<uint8_t>(timeout);
     a.retry_cnt = static_cast<uint8_t>(retry);
     a.rnr_retry = static_cast<uint8_t>(rnr);
@@ -143,6 +147,37 @@ class EmuTest : public ::testing::Test {
     ibv_send_wr* bad = nullptr;
     return t_->post_send(q, &wr, &bad);
   }
+
+  int rdma_read(ibv_qp* q, void* dst, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey,
+                int flags = IBV_SEND_SIGNALED) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(dst), len, lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 9;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = static_cast<unsigned>(flags);
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    return t_->post_send(q, &wr, &bad);
+  }
+
+  // a -> b for RDMA READ: both QPs take remote reads (unless `qp_access` says otherwise) and b
+  // answers `rd_atomic` reads at once.
+  void connect_for_read(int qp_access = kRwr, int rd_atomic = 1) {
+    a_ = make_qp(cq_a_);
+    b_ = make_qp(cq_b_);
+    ASSERT_TRUE(a_ && b_);
+    ASSERT_EQ(to_init(a_, kRwr), 0);
+    ASSERT_EQ(to_init(b_, qp_access), 0);
+    ASSERT_EQ(to_rtr(a_, b_->qp_num, 0, 1), 0);
+    ASSERT_EQ(to_rtr(b_, a_->qp_num, 0, rd_atomic), 0);
+    ASSERT_EQ(to_rts(a_), 0);
+    ASSERT_EQ(to_rts(b_), 0);
+  }
+  static constexpr int kRwr =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
   int post_recv(ibv_qp* q, uint64_t id = 7) {
     ibv_recv_wr wr{};
@@ -303,6 +338,119 @@ TEST_F(EmuTest, LocalKeyIsCheckedButInlineSkipsIt) {
   EXPECT_EQ(dst, src);
   ASSERT_EQ(write(a_, src.data(), 32, /*lkey=*/0xdead, raddr, md->rkey, false), 0);
   EXPECT_EQ(next_wc(cq_a_).status, IBV_WC_LOC_PROT_ERR);
+}
+
+// RDMA READ: the responder's bytes land in the requester's buffer, across several socket
+// steps for a large read, and complete as IBV_WC_RDMA_READ with the length.
+TEST_F(EmuTest, RdmaReadFetchesTheRemoteBytes) {
+  connect_for_read();
+  for (uint32_t len : {1u, 4096u, 3u << 20}) {
+    SCOPED_TRACE(len);
+    std::vector<uint8_t> remote(len), local(len + 1, 0xEE);
+    for (uint32_t i = 0; i < len; ++i) remote[i] = static_cast<uint8_t>(i * 7 + 3);
+    ibv_mr* mr = reg(remote.data(), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    ibv_mr* ml = reg(local.data(), len + 1, IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_TRUE(mr && ml);
+    ASSERT_EQ(rdma_read(a_, local.data(), len, ml->lkey, reinterpret_cast<uint64_t>(remote.data()),
+                        mr->rkey),
+              0);
+    ibv_wc wc = next_wc(cq_a_);
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+    EXPECT_EQ(wc.byte_len, len);
+    EXPECT_TRUE(std::equal(remote.begin(), remote.end(), local.begin()));
+    EXPECT_EQ(local[len], 0xEE) << "wrote past the read";
+  }
+  ibv_wc none{};
+  EXPECT_EQ(t_->poll_cq(cq_b_, 1, &none), 0) << "a READ completes nothing at the responder";
+}
+
+// What hardware refuses: a remote registration or QP without REMOTE_READ (remote access error),
+// a local buffer without LOCAL_WRITE (local protection error), a responder that takes no reads
+// (max_dest_rd_atomic 0: remote invalid request), and an inline READ (EINVAL at the post).
+TEST_F(EmuTest, RdmaReadChecksAccessAndResponderLimits) {
+  std::vector<uint8_t> remote(64, 9), local(64, 0);
+  struct Case {
+    const char* what;
+    int remote_access, qp_access, local_access, rd_atomic;
+    ibv_wc_status want;
+  } cases[] = {
+      {"remote MR without REMOTE_READ", kRw, kRwr, IBV_ACCESS_LOCAL_WRITE, 1,
+       IBV_WC_REM_ACCESS_ERR},
+      {"remote QP without REMOTE_READ", IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, kRw,
+       IBV_ACCESS_LOCAL_WRITE, 1, IBV_WC_REM_ACCESS_ERR},
+      {"local MR without LOCAL_WRITE", IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, kRwr, 0, 1,
+       IBV_WC_LOC_PROT_ERR},
+      {"responder takes no reads", IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, kRwr,
+       IBV_ACCESS_LOCAL_WRITE, 0, IBV_WC_REM_INV_REQ_ERR},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    connect_for_read(c.qp_access, c.rd_atomic);
+    ibv_mr* mr = reg(remote.data(), 64, c.remote_access);
+    ibv_mr* ml = reg(local.data(), 64, c.local_access);
+    ASSERT_TRUE(mr && ml);
+    ASSERT_EQ(rdma_read(a_, local.data(), 64, ml->lkey, reinterpret_cast<uint64_t>(remote.data()),
+                        mr->rkey),
+              0);
+    EXPECT_EQ(next_wc(cq_a_).status, c.want);
+    EXPECT_EQ(local, std::vector<uint8_t>(64, 0));
+  }
+  connect_for_read();
+  ibv_mr* mr = reg(remote.data(), 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_mr* ml = reg(local.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_EQ(rdma_read(a_, local.data(), 8, ml->lkey, reinterpret_cast<uint64_t>(remote.data()),
+                      mr->rkey, IBV_SEND_SIGNALED | IBV_SEND_INLINE),
+            EINVAL);
+}
+
+// The GDR flush's shape: one QP connected to itself reads a word of its own registration.
+TEST_F(EmuTest, QpConnectedToItselfReadsItsOwnMemory) {
+  ibv_qp* q = make_qp(cq_a_);
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(to_init(q, kRwr), 0);
+  ASSERT_EQ(to_rtr(q, q->qp_num, 0, 1), 0);
+  ASSERT_EQ(to_rts(q), 0);
+  uint32_t word = 0xfeedf00d, into = 0;
+  ibv_mr* mr = reg(&word, sizeof(word), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_mr* ml = reg(&into, sizeof(into), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(
+      rdma_read(q, &into, sizeof(into), ml->lkey, reinterpret_cast<uint64_t>(&word), mr->rkey), 0);
+  EXPECT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+  EXPECT_EQ(into, word);
+}
+
+// PSNs are 24 bits: a requester and responder starting just below 2^24 keep agreeing across the
+// wrap, for writes and reads.
+TEST_F(EmuTest, PsnsWrapAtTwentyFourBits) {
+  a_ = make_qp(cq_a_);
+  b_ = make_qp(cq_b_);
+  ASSERT_TRUE(a_ && b_);
+  const uint32_t start = 0xfffffd;
+  ASSERT_EQ(to_init(a_, kRwr), 0);
+  ASSERT_EQ(to_init(b_, kRwr), 0);
+  ASSERT_EQ(to_rtr(a_, b_->qp_num, 0, 1, start), 0);
+  ASSERT_EQ(to_rtr(b_, a_->qp_num, 0, 1, start), 0);
+  ASSERT_EQ(to_rts(a_, 14, 1, 7, 0, start), 0);  // one retry: a lost agreement fails quickly
+  ASSERT_EQ(to_rts(b_, 14, 1, 7, 0, start), 0);
+  std::vector<uint8_t> src(16, 3), dst(16, 0);
+  ibv_mr* ms = reg(src.data(), 16, kRwr);
+  ibv_mr* md = reg(dst.data(), 16, kRwr);
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    src[0] = static_cast<uint8_t>(i);
+    if (i % 2 == 0) {
+      ASSERT_EQ(write(a_, src.data(), 16, ms->lkey, reinterpret_cast<uint64_t>(dst.data()),
+                      md->rkey, false),
+                0);
+    } else {
+      ASSERT_EQ(
+          rdma_read(a_, dst.data(), 16, md->lkey, reinterpret_cast<uint64_t>(src.data()), ms->rkey),
+          0);
+    }
+    ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[0], i);
+  }
 }
 
 TEST_F(EmuTest, RegistrationAndDeviceLimits) {

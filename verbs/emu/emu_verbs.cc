@@ -40,8 +40,10 @@ constexpr size_t kStep = size_t{1} << 20;  // bytes moved per socket call while 
 constexpr size_t kOrderedCopyMax = 4096;   // small writes land in address order, last word last
 constexpr int kGidCount = 5;
 
-enum Op : uint8_t { kOpWrite = 1, kOpWriteImm = 2 };
-enum Resp : uint8_t { kAck = 1, kNakRnr = 2, kNakAccess = 3 };
+enum Op : uint8_t { kOpWrite = 1, kOpWriteImm = 2, kOpRead = 3 };
+// kReadResp is followed by the read's `length` bytes; kNakInvReq answers a READ to a QP that
+// takes none (max_dest_rd_atomic 0).
+enum Resp : uint8_t { kAck = 1, kNakRnr = 2, kNakAccess = 3, kReadResp = 4, kNakInvReq = 5 };
 
 // Requests and responses on the emulated wire (host byte order: both ends are this code).
 struct WireRequest {
@@ -63,11 +65,16 @@ struct WireResponse {
   uint8_t rnr_timer;  // the responder's min_rnr_timer, for an RNR NAK
   uint16_t pad;
   uint32_t psn;
-  uint32_t pad2;
+  uint32_t length;  // kReadResp: the data bytes that follow
 };
 static_assert(sizeof(WireResponse) == 16);
 
 using sys::now_ns;
+
+// a - b for 24-bit PSNs, in -2^23 .. 2^23-1: negative when a is before b.
+int32_t psn_diff(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>(((a - b) & 0xffffff) << 8) >> 8;
+}
 
 // IB local ACK timeout: 4.096 us x 2^timeout; 0 means wait forever.
 int64_t ack_timeout_ns(uint8_t timeout) {
@@ -139,8 +146,9 @@ struct EmuQp {
   uint32_t dest_qpn = 0;
   sockaddr_in remote{};
   uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
-  uint32_t next_psn = 0;  // requester: next PSN to assign
-  uint32_t rq_psn = 0;    // responder: next PSN expected
+  uint8_t max_dest_rd_atomic = 0;  // responder: RDMA READs it takes (0: none)
+  uint32_t next_psn = 0;           // requester: next PSN to assign
+  uint32_t rq_psn = 0;             // responder: next PSN expected
   std::deque<Wr> sq;
   int sq_used = 0;          // slots, including completed unsignaled WRs not yet reclaimed
   int unsignaled_done = 0;  // completed unsignaled WRs waiting for a signaled completion
@@ -154,6 +162,9 @@ struct EmuQp {
   bool tx_active = false;
   WireResponse rx_resp{};
   size_t rx_resp_got = 0;
+  uint64_t rx_read_left = 0;   // bytes of a read response still to come
+  uint64_t rx_read_got = 0;    // of it, received so far
+  bool rx_read_place = false;  // the response answers the front WR: place its bytes there
   // Injected faults.
   int drop = 0;
   int delay_ms = 0;
@@ -353,7 +364,8 @@ class Nic {
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = status;
-    wc.opcode = IBV_WC_RDMA_WRITE;  // WRITE_WITH_IMM completes as a write on the send side
+    // WRITE_WITH_IMM completes as a write on the send side.
+    wc.opcode = w.op == kOpRead ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
     wc.byte_len = static_cast<uint32_t>(w.length);
     wc.qp_num = q->qp.qp_num;
     push_cqe(q->scq, wc);
@@ -366,6 +378,8 @@ class Nic {
     q->out_fd = -1;
     q->tx_active = false;
     q->rx_resp_got = 0;
+    q->rx_read_left = 0;
+    q->rx_read_got = 0;
   }
 
   // Error state: the first WR carries `status`, everything else flushes (signaled or not).
@@ -504,8 +518,9 @@ class Nic {
     if (!w.is_inline) {
       for (const ibv_sge& s : w.sges) {
         EmuMr* mr = find_mr(s.lkey);
-        if (mr == nullptr || mr->mr.pd != q->qp.pd || !in_range(mr, s.addr, s.length)) {
-          to_error(q, IBV_WC_LOC_PROT_ERR);
+        if (mr == nullptr || mr->mr.pd != q->qp.pd || !in_range(mr, s.addr, s.length) ||
+            (w.op == kOpRead && !(mr->access & IBV_ACCESS_LOCAL_WRITE))) {
+          to_error(q, IBV_WC_LOC_PROT_ERR);  // a READ writes its local buffer
           return;
         }
       }
@@ -581,6 +596,10 @@ class Nic {
     if (q->tx_active) transmit(q);
     // Responses.
     while (q->out_fd >= 0) {
+      if (q->rx_read_left > 0) {
+        if (!receive_read_data(q)) return;
+        continue;
+      }
       ssize_t n = recv(q->out_fd, reinterpret_cast<char*>(&q->rx_resp) + q->rx_resp_got,
                        sizeof(WireResponse) - q->rx_resp_got, MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
@@ -591,8 +610,62 @@ class Nic {
       q->rx_resp_got += static_cast<size_t>(n);
       if (q->rx_resp_got < sizeof(WireResponse)) continue;
       q->rx_resp_got = 0;
+      const WireResponse& r = q->rx_resp;
+      if (r.magic == kMagic && r.type == kReadResp && r.length > 0) {
+        // The data follows: into the front WR's buffers when it answers that READ, else away.
+        const Wr* w = q->sq.empty() ? nullptr : &q->sq.front();
+        q->rx_read_place = w != nullptr && w->op == kOpRead && w->awaiting && !w->acked &&
+                           w->psn == r.psn && w->length == r.length;
+        q->rx_read_left = r.length;
+        q->rx_read_got = 0;
+        continue;
+      }
+      on_response(q, r);
+    }
+  }
+
+  // Receives what has come of a read response's data; false when the socket has no more now
+  // (or was lost). At the end the response takes effect (placed) or is dropped (stale).
+  bool receive_read_data(EmuQp* q) {
+    uint8_t sink[65536];
+    while (q->rx_read_left > 0) {
+      uint8_t* into = sink;
+      uint64_t avail = sizeof(sink);
+      if (q->rx_read_place) {
+        Wr& w = q->sq.front();
+        uint64_t off = q->rx_read_got;
+        into = nullptr;
+        for (const ibv_sge& s : w.sges) {
+          if (off < s.length) {
+            EmuMr* mr = find_mr(s.lkey);  // the registration may have gone since the post
+            if (mr == nullptr || !in_range(mr, s.addr, s.length)) break;
+            into = reinterpret_cast<uint8_t*>(s.addr) + off;
+            avail = s.length - off;
+            break;
+          }
+          off -= s.length;
+        }
+        if (into == nullptr) {
+          q->rx_read_place = false;
+          to_error(q, IBV_WC_LOC_PROT_ERR);  // closes the connection: nothing more to read
+          return false;
+        }
+      }
+      size_t chunk = static_cast<size_t>(std::min<uint64_t>({avail, q->rx_read_left, kStep}));
+      ssize_t n = recv(q->out_fd, into, chunk, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        lose_connection(q);
+        return false;
+      }
+      if (n < 0) return false;
+      q->rx_read_got += static_cast<uint64_t>(n);
+      q->rx_read_left -= static_cast<uint64_t>(n);
+    }
+    if (q->rx_read_place) {
+      q->rx_read_place = false;
       on_response(q, q->rx_resp);
     }
+    return true;
   }
 
   void on_response(EmuQp* q, const WireResponse& r) {
@@ -602,7 +675,7 @@ class Nic {
     if (r.type == kAck && q->ack_delay_ms > 0) {
       w.acked = true;
       w.due_ns = now_ns() + int64_t{q->ack_delay_ms} * 1000000;
-    } else if (r.type == kAck) {
+    } else if (r.type == kAck || r.type == kReadResp) {
       complete_front(q, IBV_WC_SUCCESS);
       if (!q->sq.empty()) q->sq.front().due_ns = std::max<int64_t>(q->sq.front().due_ns, 0);
     } else if (r.type == kNakRnr) {
@@ -614,6 +687,8 @@ class Nic {
       ++counters.retransmits;
       w.awaiting = false;
       w.due_ns = now_ns() + rnr_delay_ns(r.rnr_timer);
+    } else if (r.type == kNakInvReq) {
+      to_error(q, IBV_WC_REM_INV_REQ_ERR);
     } else {
       to_error(q, IBV_WC_REM_ACCESS_ERR);
     }
@@ -633,7 +708,8 @@ class Nic {
       q->tx_hdr_sent += static_cast<size_t>(n);
     }
     size_t budget = 8 * kStep;
-    while (q->tx_sent < w.length && budget > 0) {
+    const uint64_t payload = w.op == kOpRead ? 0 : w.length;  // a READ asks; the answer carries
+    while (q->tx_sent < payload && budget > 0) {
       // Find the piece at tx_sent.
       const uint8_t* src = nullptr;
       uint64_t avail = 0;
@@ -669,15 +745,17 @@ class Nic {
       q->tx_sent += static_cast<uint64_t>(n);
       budget -= static_cast<size_t>(n);
     }
-    if (q->tx_sent < w.length) return;
+    if (q->tx_sent < payload) return;
     q->tx_active = false;
     w.awaiting = true;
     w.due_ns = now_ns() + ack_timeout_ns(q->timeout);
   }
 
-  void respond(InConn& c, uint8_t type, uint32_t psn, uint8_t rnr_timer) {
-    WireResponse r{kMagic, type, rnr_timer, 0, psn, 0};
+  void respond(InConn& c, uint8_t type, uint32_t psn, uint8_t rnr_timer,
+               const uint8_t* data = nullptr, uint32_t length = 0) {
+    WireResponse r{kMagic, type, rnr_timer, 0, psn, length};
     c.out.append(reinterpret_cast<const char*>(&r), sizeof(r));
+    if (length > 0) c.out.append(reinterpret_cast<const char*>(data), length);
     flush(c);
   }
 
@@ -707,8 +785,26 @@ class Nic {
     if (h.magic != kMagic || it == qps.end()) return;  // silently dropped
     EmuQp* q = it->second;
     if (q->qp.state != IBV_QPS_RTR && q->qp.state != IBV_QPS_RTS) return;
+    if (h.op == kOpRead) {
+      c.remaining = 0;  // a READ request carries no payload
+      // A duplicate READ is executed again (its response was lost), a future one dropped.
+      if (psn_diff(h.psn, q->rq_psn) > 0) return;
+      if (q->max_dest_rd_atomic == 0) {
+        c.verdict = kNakInvReq;
+        return;
+      }
+      EmuMr* mr = h.length > 0 ? find_mr(h.rkey) : nullptr;
+      if (h.length > 0 &&
+          (mr == nullptr || mr->mr.pd != q->qp.pd || !in_range(mr, h.remote_addr, h.length) ||
+           !(mr->access & IBV_ACCESS_REMOTE_READ) || !(q->access & IBV_ACCESS_REMOTE_READ))) {
+        c.verdict = kNakAccess;
+        return;
+      }
+      c.verdict = kReadResp;
+      return;
+    }
     if (h.psn != q->rq_psn) {
-      if (static_cast<int32_t>(h.psn - q->rq_psn) < 0) c.verdict = kAck;  // duplicate: re-ACK
+      if (psn_diff(h.psn, q->rq_psn) < 0) c.verdict = kAck;  // duplicate: re-ACK
       return;
     }
     if (h.op == kOpWriteImm && q->rq.empty()) {
@@ -745,6 +841,18 @@ class Nic {
       to_error(q, IBV_WC_REM_ACCESS_ERR);
       return;
     }
+    if (c.verdict == kNakInvReq) {
+      respond(c, kNakInvReq, h.psn, 0);
+      to_error(q, IBV_WC_REM_INV_REQ_ERR);
+      return;
+    }
+    if (c.verdict == kReadResp) {
+      // The bytes as they are now (the registration was checked with the header).
+      respond(c, kReadResp, h.psn, 0, reinterpret_cast<const uint8_t*>(h.remote_addr),
+              static_cast<uint32_t>(h.length));
+      if (h.psn == q->rq_psn) q->rq_psn = (q->rq_psn + 1) & 0xffffff;
+      return;
+    }
     if (h.psn != q->rq_psn) {  // duplicate
       respond(c, kAck, h.psn, 0);
       return;
@@ -757,7 +865,7 @@ class Nic {
       std::atomic_thread_fence(std::memory_order_release);
       std::memcpy(c.dest + head, c.scratch.data() + head, n - head);
     }
-    ++q->rq_psn;
+    q->rq_psn = (q->rq_psn + 1) & 0xffffff;  // PSNs are 24 bits, as the requester's
     if (h.op == kOpWriteImm) {
       ibv_wc wc{};
       wc.wr_id = q->rq.front();
@@ -1149,6 +1257,7 @@ int emu_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
     q->dest_qpn = a->dest_qp_num;
     q->rq_psn = a->rq_psn & 0xffffff;
     q->min_rnr_timer = a->min_rnr_timer;
+    q->max_dest_rd_atomic = a->max_dest_rd_atomic;
   } else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
     if (!require(IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                  IBV_QP_TIMEOUT)) {
@@ -1191,8 +1300,12 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       return err;
     };
     if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) return fail(EINVAL);
-    if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
-      return fail(EINVAL);  // SEND, READ and atomics are not modelled
+    if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+        wr->opcode != IBV_WR_RDMA_READ) {
+      return fail(EINVAL);  // SEND and atomics are not modelled
+    }
+    if (wr->opcode == IBV_WR_RDMA_READ && (wr->send_flags & IBV_SEND_INLINE) != 0) {
+      return fail(EINVAL);  // a READ's data comes back: there is nothing to inline
     }
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > q->cap.max_send_sge) {
       return fail(EINVAL);
@@ -1200,7 +1313,9 @@ int emu_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (q->sq_used >= static_cast<int>(q->cap.max_send_wr)) return fail(ENOMEM);
     Wr w;
     w.wr_id = wr->wr_id;
-    w.op = wr->opcode == IBV_WR_RDMA_WRITE ? kOpWrite : kOpWriteImm;
+    w.op = wr->opcode == IBV_WR_RDMA_WRITE  ? kOpWrite
+           : wr->opcode == IBV_WR_RDMA_READ ? kOpRead
+                                            : kOpWriteImm;
     w.signaled = (wr->send_flags & IBV_SEND_SIGNALED) != 0 || q->sig_all;
     w.is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
     w.imm = wr->imm_data;
