@@ -270,13 +270,27 @@ ncclResult_t irecv_any(void* recv_comm, int n, void** data, size_t* sizes, int* 
   });
 }
 
-ncclResult_t iflush_host(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
-                         void** request) {
+// NCCL calls iflush after a receive into GPU memory (when it registered the buffer with
+// NCCL_PTR_CUDA and has GDR flush on). As NCCL's IB transport does, one flush of the last buffer
+// that received bytes orders them all; host memory and tcp need none (NULL: nothing to wait for).
+ncclResult_t iflush_any(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+                        void** request) {
   return guarded("iflush", [&]() -> Status {
     if (request == nullptr) return internal_error("NULL request pointer");
-    *request = nullptr;  // host memory needs no flush: NULL means "nothing to wait for"
+    *request = nullptr;
     GW_ASSIGN_OR_RETURN(PluginComm * c, as_comm(recv_comm, false));
-    (void)c;
+    if (n < 0 || (n > 0 && (data == nullptr || sizes == nullptr || mhandles == nullptr))) {
+      return internal_error("iflush with n={} and a missing array", n);
+    }
+    int last = -1;
+    for (int i = 0; i < n; ++i) {
+      if (sizes[i] > 0) last = i;
+    }
+    if (last < 0) return ok_status();
+    GW_ASSIGN_OR_RETURN(MemHandle * mh, as_mem(mhandles[last]));
+    Request* r = nullptr;
+    GW_RETURN_IF_ERROR(c->iflush(data[last], static_cast<size_t>(sizes[last]), mh, &r));
+    *request = r;
     return ok_status();
   });
 }
@@ -446,7 +460,7 @@ extern "C" {
 GW_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
     kPluginName,  init_v11,     count_devices,  get_properties_v11, listen_v11,   connect_v11,
     accept_conn,  reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_v10,    irecv_v10,
-    iflush_host,  test_request, close_send,     close_recv,         close_listen,
+    iflush_any,   test_request, close_send,     close_recv,         close_listen,
     nullptr,  // getDeviceMr: no device offload
     nullptr,  // irecvConsumed: no device offload
     nullptr,  // makeVDevice: physical devices only
@@ -457,21 +471,21 @@ GW_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
 GW_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
     kPluginName, init_v10,     count_devices,  get_properties_v10, listen_old,   connect_v10,
     accept_conn, reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_v10,    irecv_v10,
-    iflush_host, test_request, close_send,     close_recv,         close_listen, nullptr,
+    iflush_any,  test_request, close_send,     close_recv,         close_listen, nullptr,
     nullptr,     nullptr,
 };
 
 GW_EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
     kPluginName, init_old,     count_devices,  get_properties_v10, listen_old,   connect_old,
     accept_conn, reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_any,    irecv_any,
-    iflush_host, test_request, close_send,     close_recv,         close_listen, nullptr,
+    iflush_any,  test_request, close_send,     close_recv,         close_listen, nullptr,
     nullptr,     nullptr,
 };
 
 GW_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
     kPluginName, init_old,     count_devices, get_properties_v8, listen_old,
     connect_old, accept_conn,  reg_mr,        reg_mr_dma_buf,    dereg_mr,
-    isend_v8,    irecv_v8,     iflush_host,   test_request,      close_send,
+    isend_v8,    irecv_v8,     iflush_any,    test_request,      close_send,
     close_recv,  close_listen, nullptr,       nullptr,
 };
 

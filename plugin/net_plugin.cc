@@ -431,6 +431,30 @@ Status PluginComm::irecv(void* data, size_t size, int tag, MemHandle* mh, Reques
   return ok_status();
 }
 
+Status PluginComm::iflush(void* data, size_t size, MemHandle* mh, Request** request) {
+  *request = nullptr;
+  if (recv_ == nullptr) return internal_error("iflush on a send comm");
+  if (mh == nullptr || mh->mr == nullptr || mh->mr->type != net::MemType::kCuda) {
+    return ok_status();  // host memory: what the NIC wrote is visible already
+  }
+  GW_RETURN_IF_ERROR(check_buffer(data, size, mh, "iflush"));
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = take_slot();
+  if (r == nullptr) {
+    return internal_error("iflush: all {} request slots of the comm with {} are in flight", kSlots,
+                          peer_name());
+  }
+  auto posted = recv_->iflush(data, size, mh->mr);
+  if (!posted.ok() || *posted == nullptr) {
+    put_slot(r);
+    return posted.status();
+  }
+  r->req = *posted;
+  r->magic = Request::kMagic;
+  *request = r;
+  return ok_status();
+}
+
 Status PluginComm::test(Request* r, bool* done, size_t* size) {
   std::lock_guard<std::mutex> lock(mu_);
   if (r->magic != Request::kMagic || r->comm != this) {

@@ -119,6 +119,9 @@ class PluginComm {
   // *request = nullptr when no slot is free now.
   Status isend(const void* data, size_t size, int tag, MemHandle* mh, Request** request);
   Status irecv(void* data, size_t size, int tag, MemHandle* mh, Request** request);
+  // The GDR flush of a completed receive into [data, data+size); *request = nullptr when the
+  // transport needs none (host memory, tcp).
+  Status iflush(void* data, size_t size, MemHandle* mh, Request** request);
   Status test(Request* request, bool* done, size_t* size);
 
   uint32_t magic_;

@@ -34,7 +34,8 @@ Status verbs_errno(const char* what, const std::string& where, int err) {
 // ---- QpSet ----------------------------------------------------------------------------------
 
 Result<std::unique_ptr<QpSet>> QpSet::create(std::shared_ptr<VerbsDevice> device,
-                                             const VerbsConfig& config, int nqps, bool receiver) {
+                                             const VerbsConfig& config, int nqps, bool receiver,
+                                             int access) {
   std::unique_ptr<QpSet> s(new QpSet());
   s->device_ = std::move(device);
   s->config_ = config;
@@ -64,7 +65,7 @@ Result<std::unique_ptr<QpSet>> QpSet::create(std::shared_ptr<VerbsDevice> device
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = s->device_->port();
-    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+    attr.qp_access_flags = static_cast<unsigned>(access);
     int err = ibv.modify_qp(qp, &attr,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (err != 0) return verbs_errno("ibv_modify_qp(INIT)", s->device_->name(), err);
@@ -189,7 +190,9 @@ Result<net::MemRegion*> VerbsCommCore::reg_mr(void* data, size_t size, net::MemT
   mr->size = size;
   mr->type = type;
   if (size > 0 && type == net::MemType::kCuda) {
-    GW_ASSIGN_OR_RETURN(mr->reg, device().acquire_device(data, size, kAccess, qps_->config()));
+    // Device memory is also read by the GDR flush (VerbsRecvComm::iflush).
+    GW_ASSIGN_OR_RETURN(mr->reg, device().acquire_device(
+                                     data, size, kAccess | IBV_ACCESS_REMOTE_READ, qps_->config()));
   } else if (size > 0) {
     GW_ASSIGN_OR_RETURN(mr->reg, device().acquire(data, size, kAccess));
   }
@@ -204,9 +207,10 @@ Result<net::MemRegion*> VerbsCommCore::reg_mr_dmabuf(void* data, size_t size, ui
   mr->base = data;
   mr->size = size;
   mr->type = net::MemType::kCuda;
-  GW_ASSIGN_OR_RETURN(mr->reg,
-                      device().acquire_dmabuf(data, size, offset, fd,
-                                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  GW_ASSIGN_OR_RETURN(
+      mr->reg, device().acquire_dmabuf(
+                   data, size, offset, fd,
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
   std::lock_guard<std::mutex> lock(mr_mu_);
   mrs_.push_back(std::move(mr));
   return mrs_.back().get();
@@ -451,6 +455,8 @@ VerbsRecvComm::~VerbsRecvComm() {
   for (uint64_t s = reqs_.done_seq(); s < reqs_.next_seq(); ++s) {
     if (Req* r = reqs_.active(s); r != nullptr && r->reg != nullptr) regs.push_back(r->reg);
   }
+  flush_qps_.reset();  // no READ lands in flush_buf_ after this
+  if (flush_reg_ != nullptr) device->release(flush_reg_);
   core_.reset();
   for (auto* r : regs) device->release(r);
   device->release(cts_reg_);
@@ -478,8 +484,112 @@ Result<net::Request*> VerbsRecvComm::irecv(void* data, size_t size, int tag, net
 }
 
 Status VerbsRecvComm::test(net::Request* request, bool* done, size_t* size) {
+  for (Flush& f : flushes_) {
+    if (request == &f) return test_flush(&f, done, size);
+  }
   return net::test_request(reqs_, core_->error, core_->peer(), request, done, size,
                            [this] { progress(); });
+}
+
+// ---- the GDR flush ---------------------------------------------------------------------------
+
+Status VerbsRecvComm::start_flush_qp() {
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  GW_ASSIGN_OR_RETURN(
+      std::unique_ptr<QpSet> qps,
+      QpSet::create(core_->qps().device(), core_->qps().config(), 1, false, access));
+  const uint32_t self = qps->qps()[0]->qp_num;
+  GW_RETURN_IF_ERROR(qps->connect(qps->local_port(), &self));
+  flush_buf_.reset(new uint8_t[kFlushSlots]());
+  GW_ASSIGN_OR_RETURN(
+      flush_reg_, core_->device().acquire(flush_buf_.get(), kFlushSlots, IBV_ACCESS_LOCAL_WRITE));
+  flush_qps_ = std::move(qps);
+  return ok_status();
+}
+
+Result<net::Request*> VerbsRecvComm::iflush(void* data, size_t size, net::MemRegion* mr) {
+  if (!core_->error.ok()) return core_->error;
+  auto* vmr = static_cast<VerbsMr*>(mr);
+  if (size == 0 || data == nullptr || vmr == nullptr || vmr->type != net::MemType::kCuda ||
+      !core_->qps().config().gdr_flush) {
+    return static_cast<net::Request*>(nullptr);  // host memory: the CPU sees it already
+  }
+  if (vmr->reg == nullptr || reinterpret_cast<uintptr_t>(data) < vmr->reg->begin ||
+      reinterpret_cast<uintptr_t>(data) + 1 > vmr->reg->end) {
+    return invalid_arg("iflush: {} bytes at {} lie outside the registration given", size, data);
+  }
+  if (flush_qps_ == nullptr) {
+    Status s = start_flush_qp();
+    if (!s.ok()) return s.with_context("GDR flush: the loopback queue pair");
+  }
+  poll_flushes();
+  int slot = -1;
+  for (int i = 0; i < kFlushSlots && slot < 0; ++i) {
+    if (!flushes_[i].busy) slot = i;
+  }
+  if (slot < 0) {
+    return internal_error("iflush: {} flushes already in flight on the connection to {}",
+                          kFlushSlots, core_->peer());
+  }
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(flush_buf_.get() + slot);
+  sge.length = 1;
+  sge.lkey = flush_reg_->mr->lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(data);
+  wr.wr.rdma.rkey = vmr->reg->mr->rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int err = core_->device().ibv().post_send(flush_qps_->qps()[0], &wr, &bad); err != 0) {
+    return verbs_errno("ibv_post_send (GDR flush read)", core_->device().name(), err);
+  }
+  Flush& f = flushes_[slot];
+  f.busy = true;
+  f.done = false;
+  f.status = ok_status();
+  return static_cast<net::Request*>(&f);
+}
+
+void VerbsRecvComm::poll_flushes() {
+  if (flush_qps_ == nullptr) return;
+  ibv_wc wcs[kFlushSlots];
+  int n = core_->device().ibv().poll_cq(flush_qps_->cq(), kFlushSlots, wcs);
+  if (n < 0) {
+    for (Flush& f : flushes_) {
+      if (f.busy && !f.done) {
+        f.done = true;
+        f.status = system_error(
+            fmt::format("GDR flush: ibv_poll_cq failed on {}", core_->device().name()), EIO);
+      }
+    }
+    return;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (wcs[i].wr_id >= static_cast<uint64_t>(kFlushSlots)) continue;
+    Flush& f = flushes_[wcs[i].wr_id];
+    f.done = true;
+    if (wcs[i].status != IBV_WC_SUCCESS) {
+      f.status =
+          Status(Code::kSystem, fmt::format("GDR flush on {}: the loopback read completed with {}",
+                                            core_->device().name(), wc_status_name(wcs[i].status)));
+    }
+  }
+}
+
+Status VerbsRecvComm::test_flush(Flush* f, bool* done, size_t* size) {
+  if (!f->busy) return internal_error("test: flush request {} is not in flight", (void*)f);
+  *done = false;
+  poll_flushes();
+  if (!f->done) return ok_status();
+  f->busy = false;
+  if (!f->status.ok()) return f->status;
+  *done = true;
+  if (size != nullptr) *size = 0;
+  return ok_status();
 }
 
 void VerbsRecvComm::poll() {

@@ -4,6 +4,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,9 +22,12 @@ namespace gw::verbs {
 // A connection's RC queue pairs and their one completion queue.
 class QpSet {
  public:
-  // Creates `nqps` QPs in INIT; a receiving side also posts its receives.
+  // Creates `nqps` QPs in INIT taking remote `access` (default: remote writes); a receiving side
+  // also posts its receives.
   static Result<std::unique_ptr<QpSet>> create(std::shared_ptr<VerbsDevice> device,
-                                               const VerbsConfig& config, int nqps, bool receiver);
+                                               const VerbsConfig& config, int nqps, bool receiver,
+                                               int access = IBV_ACCESS_REMOTE_WRITE |
+                                                            IBV_ACCESS_LOCAL_WRITE);
   ~QpSet();
   // INIT -> RTR -> RTS towards the peer's QPs (same count).
   Status connect(const PortWire& remote, const uint32_t* remote_qpns);
@@ -149,10 +153,25 @@ class VerbsRecvComm final : public net::RecvComm {
   }
   Status dereg_mr(net::MemRegion* mr) override { return core_->dereg_mr(mr); }
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override;
+  // The GDR flush: for device memory registered by this comm, an RDMA READ of the buffer's first
+  // byte on a QP connected to itself (created on first use); its completion orders every earlier
+  // write of the NIC into that memory before what the GPU reads next. At most kFlushSlots at once.
+  Result<net::Request*> iflush(void* data, size_t size, net::MemRegion* mr) override;
   Status test(net::Request* request, bool* done, size_t* size) override;
   std::string peer_name() const override { return core_->peer(); }
 
+  static constexpr int kFlushSlots = 8;  // NCCL keeps at most NCCL_STEPS (8) in flight
+
  private:
+  struct Flush : net::Request {
+    bool busy = false;
+    bool done = false;
+    Status status;
+  };
+  Status start_flush_qp();
+  void poll_flushes();
+  Status test_flush(Flush* f, bool* done, size_t* size);
+
   struct Req : net::Request {
     uint64_t seq = 0;
     net::RequestState state = net::RequestState::kFree;
@@ -179,6 +198,11 @@ class VerbsRecvComm final : public net::RecvComm {
   std::vector<uint64_t> recv_count_;  // per QP: immediates received so far
   uint64_t cts_seq_ = 0;              // next request to advertise
   uint64_t cts_posted_ = 0;           // CTS writes posted (for selective signaling)
+  // The GDR flush's loopback QP, the host bytes its READs land in, and its requests.
+  std::unique_ptr<QpSet> flush_qps_;
+  std::unique_ptr<uint8_t[]> flush_buf_;
+  VerbsDevice::Registration* flush_reg_ = nullptr;
+  std::array<Flush, kFlushSlots> flushes_{};
 };
 
 }  // namespace gw::verbs

@@ -50,6 +50,10 @@ constinit const config::Row kIbGpuDirect{
     "GW_IB_GPUDIRECT", Type::String, "auto", "",
     "GPUDirect RDMA registration of CUDA memory: auto (dma-buf, else nvidia-peermem, else none: "
     "NCCL stages through host memory), dmabuf, peermem or off"};
+constinit const config::Row kIbGdrFlush{
+    "GW_IB_GDR_FLUSH", Type::Bool, "1", "",
+    "after a receive into GPU memory, iflush reads a byte of it back through a loopback QP so the "
+    "GPU sees every write the NIC made before (NCCL's GDR flush); 0 skips it"};
 constinit const config::Row kIbSysfsRoot{
     "GW_IB_SYSFS_ROOT", Type::String, "/sys", "",
     "root of the sysfs tree read for GID types and by gradwire-perf doctor (tests)"};
@@ -58,7 +62,7 @@ const config::RowSet& rows() {
   static const config::RowSet set(
       "verbs", {&kVerbsEmulate, &kVerbsEmuAddr, &kVerbsEmuDmabuf, &kIbHca, &kIbGidIndex,
                 &kIbAddrFamily, &kIbQpsPerConn, &kIbTimeout, &kIbRetryCnt, &kIbRnrRetry, &kIbTc,
-                &kIbSl, &kIbMtu, &kIbUseInline, &kIbGpuDirect, &kIbSysfsRoot});
+                &kIbSl, &kIbMtu, &kIbUseInline, &kIbGpuDirect, &kIbGdrFlush, &kIbSysfsRoot});
   return set;
 }
 
@@ -118,6 +122,7 @@ Result<VerbsConfig> load_verbs_config(const config::Snapshot& snapshot) {
   } else {
     return invalid_arg("GW_IB_GPUDIRECT='{}': expected auto, dmabuf, peermem or off", gdr);
   }
+  c.gdr_flush = snapshot.get_bool(kIbGdrFlush);
   c.sysfs_root = snapshot.get_string(kIbSysfsRoot);
   return c;
 }

@@ -25,6 +25,7 @@ extern const config::Row kIbTc;
 extern const config::Row kIbSl;
 extern const config::Row kIbMtu;
 extern const config::Row kIbUseInline;
+extern const config::Row kIbGdrFlush;
 extern const config::Row kIbSysfsRoot;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
@@ -48,6 +49,7 @@ struct VerbsConfig {
   // GW_IB_GPUDIRECT: how CUDA memory is registered with the NIC.
   enum class GpuDirect { kAuto, kDmabuf, kPeermem, kOff };
   GpuDirect gpudirect = GpuDirect::kAuto;
+  bool gdr_flush = true;  // GW_IB_GDR_FLUSH: iflush reads back from received device memory
   std::string sysfs_root = "/sys";  // GW_IB_SYSFS_ROOT: where nvidia_peermem is looked for
 };
 

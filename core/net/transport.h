@@ -108,6 +108,13 @@ class RecvComm : public Comm {
  public:
   // Returns nullptr when no request slot is free now. `size` is the capacity of `data`.
   virtual Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) = 0;
+  // After a completed receive into device memory [data, data+size) registered as `mr`: makes
+  // every byte the NIC wrote there visible to the GPU (NCCL's iflush; verbs reads a byte back
+  // through a loopback QP). nullptr when nothing needs doing (host memory, backends that copy
+  // through the CPU), else a request to test() until done.
+  virtual Result<Request*> iflush(void* data, size_t size, MemRegion* mr) {
+    return static_cast<Request*>(nullptr);
+  }
 };
 
 class Listener {

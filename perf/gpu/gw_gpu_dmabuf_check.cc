@@ -104,7 +104,9 @@ int main() {
     check(r.offset == 4096 && r.iova == buf + 4096,
           "registered from the range's page, at its offset into the allocation");
     check(r.iova + r.length >= buf + 4096 + 100 + len, "the registration covers the range");
-    check(r.access == (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE), "access flags");
+    // Remote read too: the GDR flush reads a byte of received device memory back.
+    check(r.access == (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
+          "access flags");
     check(fcntl(r.fd, F_GETFD) == -1, "the exported fd was closed after registration");
   }
   if (mr.ok()) check(send->dereg_mr(*mr).ok(), "dereg_mr");

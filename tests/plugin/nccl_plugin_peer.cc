@@ -234,6 +234,19 @@ int run_gdr(const char* fake_cuda) {
   if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 11); !e.empty()) {
     return fail("CUDA-registered transfer: " + e);
   }
+  // The GDR flush of the received device buffer: a request that completes.
+  void* data[1] = {dst.data};
+  int sizes[1] = {static_cast<int>(kBytes)};
+  void* mhs[1] = {md};
+  void* flush = nullptr;
+  if (l.v11->iflush(rc, 1, data, sizes, mhs, &flush) != ncclSuccess || flush == nullptr) {
+    return fail("iflush of device memory gave no request");
+  }
+  if (Error e = wait_all(*api, {flush}, nullptr); !e.empty()) return fail("iflush: " + e);
+  sizes[0] = 0;  // nothing received: nothing to flush
+  if (l.v11->iflush(rc, 1, data, sizes, mhs, &flush) != ncclSuccess || flush != nullptr) {
+    return fail("iflush of an empty receive gave a request");
+  }
   api->dereg_mr(sc, ms);
   api->dereg_mr(rc, md);
   // regMrDmaBuf: NCCL exported the buffer and hands over fd and offset.

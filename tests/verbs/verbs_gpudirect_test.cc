@@ -21,6 +21,7 @@
 #include "tests/support/test_env.h"
 #include "tests/verbs/verbs_test_util.h"
 #include "verbs/emu/emu_verbs.h"
+#include "verbs/verbs_comm.h"
 #include "verbs/verbs_transport.h"
 
 namespace gw::verbs {
@@ -107,7 +108,8 @@ TEST_F(VerbsGpuDirect, DeviceMemoryIsRegisteredThroughDmabufAndMovesBytes) {
   EXPECT_EQ(r.iova, want_begin);
   EXPECT_EQ(r.offset, want_begin - base);
   EXPECT_GE(r.iova + r.length, base + src.size());
-  EXPECT_EQ(r.access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  // Remote read as well: the GDR flush reads received device memory back.
+  EXPECT_EQ(r.access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   EXPECT_EQ(fcntl(r.fd, F_GETFD), -1) << "the exported fd is closed after registration";
   // A second registration inside the first reuses it: no new export.
   auto again = p.send->reg_mr(src.data() + 5000, 1000, net::MemType::kCuda);
@@ -124,6 +126,94 @@ TEST_F(VerbsGpuDirect, DeviceMemoryIsRegisteredThroughDmabufAndMovesBytes) {
   EXPECT_TRUE(std::equal(whole_src.begin(), whole_src.end(), dst.begin()));
   EXPECT_TRUE(p.send->dereg_mr(*again).ok());
   EXPECT_TRUE(p.send->dereg_mr(*ms).ok());
+  EXPECT_TRUE(p.recv->dereg_mr(*md).ok());
+}
+
+// The GDR flush: after a receive into device memory, iflush posts one RDMA READ of its first
+// byte on a loopback QP and completes with it; host memory and GW_IB_GDR_FLUSH=0 need none; a
+// range outside the registration is refused; at most kFlushSlots are in flight.
+TEST_F(VerbsGpuDirect, GdrFlushReadsBackFromReceivedDeviceMemory) {
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> src(70000), dst(70000, 0), host(64, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 5);
+  fake().mark(src.data(), src.size(), 0);
+  fake().mark(dst.data(), dst.size(), 0);
+  auto ms = p.send->reg_mr(src.data(), src.size(), net::MemType::kCuda);
+  auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+  auto mh = p.recv->reg_mr(host.data(), host.size(), net::MemType::kHost);
+  ASSERT_TRUE(ms.ok() && md.ok() && mh.ok());
+  move(p, src, dst, *ms, *md);
+  const emu::Counters before = emu::counters();
+  auto f = p.recv->iflush(dst.data(), dst.size(), *md);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_NE(*f, nullptr) << "device memory needs a flush";
+  ASSERT_TRUE(finish(p.recv.get(), *f).ok());
+  const emu::Counters after = emu::counters();
+  EXPECT_EQ(after.send_wrs - before.send_wrs, 1u) << "one READ per flush";
+  EXPECT_EQ(after.signaled_wrs - before.signaled_wrs, 1u);
+  // A flush request is finished once: testing it again is an error, not a second completion.
+  bool done = false;
+  EXPECT_FALSE(p.recv->test(*f, &done, nullptr).ok());
+  // Host memory: nothing to do.
+  auto none = p.recv->iflush(host.data(), host.size(), *mh);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  // Outside the registration.
+  auto outside = p.recv->iflush(host.data(), 8, *md);
+  EXPECT_EQ(outside.status().code(), Code::kInvalidArg) << outside.status().to_string();
+  // Eight in flight at once, the ninth refused; all eight complete.
+  std::vector<net::Request*> flights;
+  for (int i = 0; i < VerbsRecvComm::kFlushSlots; ++i) {
+    auto fi = p.recv->iflush(dst.data() + i, 1, *md);
+    ASSERT_TRUE(fi.ok() && *fi != nullptr) << i;
+    flights.push_back(*fi);
+  }
+  auto ninth = p.recv->iflush(dst.data(), 1, *md);
+  EXPECT_FALSE(ninth.ok());
+  for (net::Request* fi : flights) EXPECT_TRUE(finish(p.recv.get(), fi).ok());
+  EXPECT_TRUE(p.recv->dereg_mr(*mh).ok());
+  EXPECT_TRUE(p.recv->dereg_mr(*md).ok());
+  EXPECT_TRUE(p.send->dereg_mr(*ms).ok());
+}
+
+// A flush whose READ fails (the QP went to the error state, as on a fatal NIC error) ends in a
+// clear error naming the device, not a hang or a success.
+TEST_F(VerbsGpuDirect, AFailedGdrFlushIsAnError) {
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> dst(4096, 0);
+  fake().mark(dst.data(), dst.size(), 0);
+  auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+  ASSERT_TRUE(md.ok());
+  auto first = p.recv->iflush(dst.data(), 1, *md);  // creates the loopback QP
+  ASSERT_TRUE(first.ok() && *first != nullptr);
+  ASSERT_TRUE(finish(p.recv.get(), *first).ok());
+  emu::force_error_all();
+  auto f = p.recv->iflush(dst.data(), 1, *md);
+  ASSERT_TRUE(f.ok() && *f != nullptr) << f.status().to_string();
+  Status s = finish(p.recv.get(), *f);
+  EXPECT_EQ(s.code(), Code::kSystem) << s.to_string();
+  EXPECT_NE(s.message().find("GDR flush"), std::string::npos) << s.to_string();
+}
+
+TEST_F(VerbsGpuDirect, GdrFlushCanBeTurnedOff) {
+  ScopedEnv off("GW_IB_GDR_FLUSH", "0");
+  auto t = make();
+  ASSERT_NE(t, nullptr);
+  Pair p = connect_pair(*t);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> dst(4096, 0);
+  fake().mark(dst.data(), dst.size(), 0);
+  auto md = p.recv->reg_mr(dst.data(), dst.size(), net::MemType::kCuda);
+  ASSERT_TRUE(md.ok());
+  auto f = p.recv->iflush(dst.data(), dst.size(), *md);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f, nullptr);
   EXPECT_TRUE(p.recv->dereg_mr(*md).ok());
 }
 

@@ -7,14 +7,14 @@
 // ordinary address exchange (GID, LID, QPN) is all the emulator needs.
 //
 // What it models, and what it does not, is listed in docs/verbs.md. In short: the RC state
-// machine with the attribute masks of ibv_modify_qp(3), lkey/rkey/bounds/access checks,
-// RDMA WRITE and WRITE_WITH_IMM (consuming a posted receive), receiver-not-ready retries,
-// transport retries with the QP's timeout and retry count, flush on error, send-queue slots held
-// by unsignaled work requests, CQ overrun (IBV_EVENT_CQ_ERR), device limits, the dma-buf probe;
-// and injected faults: dropped and delayed transmissions, late ACKs, a QP forced into the error
-// state.
-// Not modelled: SEND, RDMA READ, atomics, UD/UC/XRC, SRQ, memory windows, completion channels,
-// page pinning, timing of real hardware, packet-level MTU segmentation.
+// machine with the attribute masks of ibv_modify_qp(3), lkey/rkey/bounds/access checks, RDMA
+// WRITE and WRITE_WITH_IMM (consuming a posted receive), RDMA READ (the GDR flush's), 24-bit PSNs,
+// receiver-not-ready retries, transport retries with the QP's timeout and retry count, flush on
+// error, send-queue slots held by unsignaled work requests, CQ overrun (IBV_EVENT_CQ_ERR), device
+// limits, the dma-buf probe; and injected faults: dropped and delayed transmissions, late ACKs, a
+// QP forced into the error state.
+// Not modelled: SEND, atomics, UD/UC/XRC, SRQ, memory windows, completion channels, page pinning,
+// timing of real hardware, packet-level MTU segmentation.
 #pragma once
 
 #include <infiniband/verbs.h>
