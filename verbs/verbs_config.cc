@@ -16,6 +16,10 @@ constinit const config::Row kVerbsEmuAddr{
 constinit const config::Row kVerbsEmuDmabuf{
     "GW_VERBS_EMU_DMABUF", Type::Bool, "1", "",
     "whether the verbs emulator's device supports ibv_reg_dmabuf_mr"};
+constinit const config::Row kVerbsEmuLink{
+    "GW_VERBS_EMU_LINK", Type::String, "roce", "",
+    "link layer of the emulated port: roce (Ethernet, GIDs carry GW_VERBS_EMU_ADDR) or ib "
+    "(InfiniBand, LID-routed; one subnet on one host)"};
 constinit const config::Row kIbHca{
     "GW_IB_HCA", Type::String, "", "NCCL_IB_HCA",
     "RDMA devices/ports to use: mlx5_0:1,mlx5_1 (prefixes), ^ to exclude, = for exact names"};
@@ -60,9 +64,10 @@ constinit const config::Row kIbSysfsRoot{
 
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "verbs", {&kVerbsEmulate, &kVerbsEmuAddr, &kVerbsEmuDmabuf, &kIbHca, &kIbGidIndex,
-                &kIbAddrFamily, &kIbQpsPerConn, &kIbTimeout, &kIbRetryCnt, &kIbRnrRetry, &kIbTc,
-                &kIbSl, &kIbMtu, &kIbUseInline, &kIbGpuDirect, &kIbGdrFlush, &kIbSysfsRoot});
+      "verbs",
+      {&kVerbsEmulate, &kVerbsEmuAddr, &kVerbsEmuDmabuf, &kVerbsEmuLink, &kIbHca, &kIbGidIndex,
+       &kIbAddrFamily, &kIbQpsPerConn, &kIbTimeout, &kIbRetryCnt, &kIbRnrRetry, &kIbTc, &kIbSl,
+       &kIbMtu, &kIbUseInline, &kIbGpuDirect, &kIbGdrFlush, &kIbSysfsRoot});
   return set;
 }
 

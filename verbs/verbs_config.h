@@ -14,6 +14,7 @@ namespace verbs_config {
 extern const config::Row kVerbsEmulate;
 extern const config::Row kVerbsEmuAddr;
 extern const config::Row kVerbsEmuDmabuf;
+extern const config::Row kVerbsEmuLink;
 extern const config::Row kIbHca;
 extern const config::Row kIbGidIndex;
 extern const config::Row kIbAddrFamily;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -543,6 +544,104 @@ const bool kHoldQpRegistered = ::gw::testing::register_child_case("EmuChild", "H
   sleep(60);  // until killed (bounded in case the parent is gone)
   return 0;
 });
+
+// EmuChild.InfiniBandPort, in a helper process with GW_VERBS_EMU_LINK=ib: the port reads as an
+// InfiniBand port (LID in the unicast range, a subnet manager, GID 0 = fe80::/64 + GUID of type
+// "IB/RoCE v1", the rest unset), two QPs connect by LID alone (no GRH) and move a write, and a
+// path without a LID is refused. Its exit code says which check failed.
+const bool kIbPortRegistered = ::gw::testing::register_child_case("EmuChild", "InfiniBandPort", [] {
+  const IbvTable* t = emu_table();
+  int n = 0;
+  ibv_device** list = t->get_device_list(&n);
+  if (list == nullptr || n < 1) return 2;
+  ibv_context* ctx = t->open_device(list[0]);
+  if (ctx == nullptr) return 3;
+  ibv_port_attr pa{};
+  if (t->query_port(ctx, 1, &pa) != 0 || pa.link_layer != IBV_LINK_LAYER_INFINIBAND) return 4;
+  if (pa.lid == 0 || pa.lid > 0xBFFF || pa.sm_lid == 0) return 5;
+  ibv_gid g0{}, g1{};
+  char type[32] = {};
+  if (t->query_gid(ctx, 1, 0, &g0) != 0 || g0.raw[0] != 0xfe || g0.raw[1] != 0x80) return 6;
+  if (t->query_gid(ctx, 1, 1, &g1) != 0 || g1.raw[0] != 0 || g1.raw[15] != 0) return 7;
+  if (t->query_gid_type(ctx, 1, 0, type, sizeof(type)) != 0 || std::string(type) != "IB/RoCE v1") {
+    return 8;
+  }
+  ibv_pd* pd = t->alloc_pd(ctx);
+  ibv_cq* cq = t->create_cq(ctx, 16, nullptr, nullptr, 0);
+  ibv_qp* q[2];
+  for (ibv_qp*& x : q) {
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    x = t->create_qp(pd, &a);
+    if (x == nullptr) return 9;
+    ibv_qp_attr i{};
+    i.qp_state = IBV_QPS_INIT;
+    i.port_num = 1;
+    i.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (t->modify_qp(x, &i, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+      return 10;
+    }
+  }
+  const int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  for (int k = 0; k < 2; ++k) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_2048;
+    a.dest_qp_num = q[1 - k]->qp_num;
+    a.ah_attr.is_global = 0;  // InfiniBand within a subnet: the LID routes
+    a.ah_attr.dlid = 0;
+    a.ah_attr.port_num = 1;
+    if (t->modify_qp(q[k], &a, rtr_mask) != EINVAL) return 11;  // no LID, no path
+    a.ah_attr.dlid = pa.lid;
+    if (t->modify_qp(q[k], &a, rtr_mask) != 0) return 12;
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTS;
+    r.timeout = 14;
+    r.retry_cnt = 7;
+    r.rnr_retry = 7;
+    if (t->modify_qp(q[k], &r,
+                     IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                         IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+      return 13;
+    }
+  }
+  std::vector<uint8_t> src(4096, 0x5a), dst(4096, 0);
+  ibv_mr* ms = t->reg_mr(pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* md =
+      t->reg_mr(pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge sge{reinterpret_cast<uint64_t>(src.data()), 4096, ms->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  wr.wr.rdma.rkey = md->rkey;
+  ibv_send_wr* bad = nullptr;
+  if (t->post_send(q[0], &wr, &bad) != 0) return 14;
+  ibv_wc wc{};
+  int64_t end = now_ms() + 10000;
+  int got = 0;
+  while (got == 0 && now_ms() < end) got = t->poll_cq(cq, 1, &wc);
+  if (got != 1 || wc.status != IBV_WC_SUCCESS) return 15;
+  return dst == src ? 0 : 16;
+});
+
+TEST(EmuLinkLayer, InfiniBandPortRoutesByLid) {
+  ::gw::testing::ExecChild child("EmuChild.InfiniBandPort", {"GW_VERBS_EMU_LINK=ib"});
+  ASSERT_TRUE(child.started());
+  EXPECT_EQ(child.wait(30000), 0) << "see EmuChild.InfiniBandPort for what the code means";
+}
+
+TEST(EmuLinkLayer, UnknownLinkLayerIsRefused) {
+  ::gw::testing::ExecChild child("EmuChild.InfiniBandPort", {"GW_VERBS_EMU_LINK=omnipath"});
+  ASSERT_TRUE(child.started());
+  EXPECT_EQ(child.wait(30000), 3) << "the device must not open";
+}
 
 TEST_F(EmuTest, PeerProcessGoneEndsInRetryExceeded) {
   // The responder QP lives in a helper process that is killed before the write.

@@ -268,6 +268,7 @@ class Nic {
   uint32_t next_key = 0x1000;
   in_addr addr{};
   uint16_t port = 0;
+  bool ib_link = false;  // GW_VERBS_EMU_LINK=ib: an InfiniBand port, LID-routed
   std::string start_error;
 
   // Starts the listener and thread once; false (with start_error) if the listener fails.
@@ -280,13 +281,30 @@ class Nic {
       start_error = "GW_VERBS_EMU_ADDR='" + a + "' is not an IPv4 address";
       return false;
     }
+    const std::string link = config::get_string(verbs_config::kVerbsEmuLink);
+    if (link != "roce" && link != "ib") {
+      start_error = "GW_VERBS_EMU_LINK='" + link + "': expected roce or ib";
+      return false;
+    }
+    ib_link = link == "ib";
     listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr = addr;
     socklen_t len = sizeof(sa);
-    if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-        ::listen(listen_fd_, 128) != 0 ||
+    // The LID is the listener's port; InfiniBand's unicast LIDs are 1..0xBFFF, so an IB port
+    // takes a port in that range (tried at random), a RoCE port any.
+    int bound = -1;
+    uint32_t seed = static_cast<uint32_t>(getpid()) * 2654435761u ^ static_cast<uint32_t>(now_ns());
+    for (int attempt = 0; listen_fd_ >= 0 && attempt < (ib_link ? 200 : 1); ++attempt) {
+      if (ib_link) {
+        seed = seed * 1103515245u + 12345u;
+        sa.sin_port = htons(static_cast<uint16_t>(20000 + (seed >> 8) % (0xBFFF - 20000)));
+      }
+      bound = bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+      if (bound == 0 || errno != EADDRINUSE) break;
+    }
+    if (listen_fd_ < 0 || bound != 0 || ::listen(listen_fd_, 128) != 0 ||
         getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
       start_error = std::string("emulated NIC listener on ") + a + ": " + strerror(errno);
       return false;
@@ -1046,15 +1064,34 @@ int emu_query_port(ibv_context*, uint8_t port, ibv_port_attr* a) {
   a->active_width = 2;   // 4x
   a->active_speed = 32;  // EDR-like; the emulator has no line rate
   a->phys_state = 5;     // LinkUp
-  a->link_layer = IBV_LINK_LAYER_ETHERNET;
+  a->link_layer = nic.ib_link ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
+  if (nic.ib_link) {
+    a->sm_lid = 1;  // a subnet manager assigned the LIDs
+    a->lmc = 0;
+  }
   return 0;
 }
 
 // A table shaped like a RoCE port of a real NIC: link-local v1/v2, IPv4 v1/v2, and one index
 // whose type read fails with EINVAL (as in containers).
+// An InfiniBand port has one GID in use: the default subnet prefix fe80::/64 and the port GUID
+// (here an OUI, the IPv4 address and the LID); the other entries are unset.
 int emu_query_gid(ibv_context*, uint8_t port, int index, ibv_gid* gid) {
   if (port != 1 || index < 0 || index >= kGidCount) return EINVAL;
   std::memset(gid, 0, sizeof(*gid));
+  Nic& nic = Nic::get();
+  if (nic.ib_link) {
+    if (index == 0) {
+      gid->raw[0] = 0xfe;
+      gid->raw[1] = 0x80;
+      gid->raw[8] = 0x02;  // GUID: OUI 02:c9:00, the address, the LID
+      gid->raw[9] = 0xc9;
+      std::memcpy(&gid->raw[10], &nic.addr, 4);
+      gid->raw[14] = static_cast<uint8_t>(nic.port >> 8);
+      gid->raw[15] = static_cast<uint8_t>(nic.port);
+    }
+    return 0;
+  }
   if (index <= 1) {
     gid->raw[0] = 0xfe;
     gid->raw[1] = 0x80;
@@ -1069,6 +1106,10 @@ int emu_query_gid(ibv_context*, uint8_t port, int index, ibv_gid* gid) {
 
 int emu_query_gid_type(ibv_context*, uint8_t port, int index, char* out, size_t len) {
   if (port != 1 || index < 0 || index >= kGidCount - 1) return EINVAL;
+  if (Nic::get().ib_link) {  // sysfs says "IB/RoCE v1" for every entry of an IB port
+    std::snprintf(out, len, "IB/RoCE v1");
+    return 0;
+  }
   std::snprintf(out, len, "%s", index % 2 == 0 ? "IB/RoCE v1" : "RoCE v2");
   return 0;
 }
@@ -1244,14 +1285,22 @@ int emu_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
       return EINVAL;
     }
     if (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096) return EINVAL;
-    // Ethernet link layer: RoCE needs a GRH whose GID is an IPv4-mapped address here.
-    const ibv_global_route& g = a->ah_attr.grh;
-    if (!a->ah_attr.is_global || g.sgid_index >= kGidCount) return EINVAL;
-    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (std::memcmp(g.dgid.raw, kMapped, 12) != 0) return EINVAL;
     q->remote = sockaddr_in{};
     q->remote.sin_family = AF_INET;
-    std::memcpy(&q->remote.sin_addr, &g.dgid.raw[12], 4);
+    if (nic.ib_link) {
+      // InfiniBand: the destination LID routes (a GRH is optional and unused here); the subnet
+      // is this host's, so every LID is a NIC listening on this process's address.
+      if (a->ah_attr.dlid == 0 || a->ah_attr.dlid > 0xBFFF) return EINVAL;
+      if (a->ah_attr.is_global && a->ah_attr.grh.sgid_index >= kGidCount) return EINVAL;
+      q->remote.sin_addr = nic.addr;
+    } else {
+      // Ethernet link layer: RoCE needs a GRH whose GID is an IPv4-mapped address here.
+      const ibv_global_route& g = a->ah_attr.grh;
+      if (!a->ah_attr.is_global || g.sgid_index >= kGidCount) return EINVAL;
+      static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+      if (std::memcmp(g.dgid.raw, kMapped, 12) != 0) return EINVAL;
+      std::memcpy(&q->remote.sin_addr, &g.dgid.raw[12], 4);
+    }
     q->remote.sin_port = htons(a->ah_attr.dlid);
     q->path_mtu = a->path_mtu;
     q->dest_qpn = a->dest_qp_num;
