@@ -396,13 +396,7 @@ void PluginComm::put_slot(Request* r) {
   free_.push_back(r->slot);
 }
 
-Status PluginComm::isend(const void* data, size_t size, int tag, MemHandle* mh, Request** request) {
-  *request = nullptr;
-  GW_RETURN_IF_ERROR(check_buffer(data, size, mh, "isend"));
-  std::lock_guard<std::mutex> lock(mu_);
-  Request* r = take_slot();
-  if (r == nullptr) return ok_status();  // NCCL retries after testing an older request
-  auto posted = send_->isend(data, size, tag, mh ? mh->mr : nullptr);
+Status PluginComm::adopt(Request* r, Result<net::Request*> posted, Request** request) {
   if (!posted.ok() || *posted == nullptr) {
     put_slot(r);
     return posted.status();
@@ -413,6 +407,15 @@ Status PluginComm::isend(const void* data, size_t size, int tag, MemHandle* mh, 
   return ok_status();
 }
 
+Status PluginComm::isend(const void* data, size_t size, int tag, MemHandle* mh, Request** request) {
+  *request = nullptr;
+  GW_RETURN_IF_ERROR(check_buffer(data, size, mh, "isend"));
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = take_slot();
+  if (r == nullptr) return ok_status();  // NCCL retries after testing an older request
+  return adopt(r, send_->isend(data, size, tag, mh ? mh->mr : nullptr), request);
+}
+
 Status PluginComm::irecv(void* data, size_t size, int tag, MemHandle* mh, Request** request) {
   *request = nullptr;
   // A receive may be posted larger than maxP2pBytes would allow a send; only what arrives counts.
@@ -420,15 +423,7 @@ Status PluginComm::irecv(void* data, size_t size, int tag, MemHandle* mh, Reques
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = take_slot();
   if (r == nullptr) return ok_status();
-  auto posted = recv_->irecv(data, size, tag, mh ? mh->mr : nullptr);
-  if (!posted.ok() || *posted == nullptr) {
-    put_slot(r);
-    return posted.status();
-  }
-  r->req = *posted;
-  r->magic = Request::kMagic;
-  *request = r;
-  return ok_status();
+  return adopt(r, recv_->irecv(data, size, tag, mh ? mh->mr : nullptr), request);
 }
 
 Status PluginComm::iflush(void* data, size_t size, MemHandle* mh, Request** request) {
@@ -444,15 +439,7 @@ Status PluginComm::iflush(void* data, size_t size, MemHandle* mh, Request** requ
     return internal_error("iflush: all {} request slots of the comm with {} are in flight", kSlots,
                           peer_name());
   }
-  auto posted = recv_->iflush(data, size, mh->mr);
-  if (!posted.ok() || *posted == nullptr) {
-    put_slot(r);
-    return posted.status();
-  }
-  r->req = *posted;
-  r->magic = Request::kMagic;
-  *request = r;
-  return ok_status();
+  return adopt(r, recv_->iflush(data, size, mh->mr), request);
 }
 
 Status PluginComm::test(Request* r, bool* done, size_t* size) {

@@ -129,6 +129,9 @@ class PluginComm {
  private:
   Request* take_slot();  // caller holds mu_
   void put_slot(Request* r);
+  // Hands NCCL the core/net request `posted` in slot `r` (*request), or gives the slot back when
+  // nothing was posted (no core slot free, or an error). Caller holds mu_.
+  Status adopt(Request* r, Result<net::Request*> posted, Request** request);
   Status check_buffer(const void* data, size_t size, MemHandle* mh, const char* op) const;
   net::Comm* comm() const;
 
