@@ -90,7 +90,7 @@ case $what in
   devmem) part devmem 120 gpu --devmem ;;
   ddp) part ddp 200 gpu --ddp ;;
   dmabuf) part dmabuf 60 gpu --dmabuf ;;
-  suite) GW_SUITE_TIMEOUT=${GW_SUITE_TIMEOUT:-340} part suite 400 gpu --suite ;;
+  suite) SUITE_TIMEOUT=${SUITE_TIMEOUT:-340} part suite 400 gpu --suite ;;
   all)
     # Timed parts one after another on a quiet machine, then the correctness parts side by side,
     # the suite taking what is left.
@@ -99,7 +99,7 @@ case $what in
     GW_GPU_NPS="2 4" part allreduce 90 gpu --allreduce
     part ddp 110 gpu --ddp
     left=$((budget - (SECONDS - start)))
-    export GW_SUITE_TIMEOUT=$((left - 45))
+    export SUITE_TIMEOUT=$((left - 45))
     TAIL=6 part python 200 gpu --python &
     TAIL=6 part devmem 90 gpu --devmem &
     TAIL=6 part dmabuf 60 gpu --dmabuf &

@@ -149,7 +149,7 @@ case $mode in
     # with fewer GPUs than ranks, as on a one-GPU machine; the backend's CUDA path is tested by
     # --python and --ddp, so the suite runs with the GPU hidden (SUITE_CUDA=1 keeps it).
     [[ ${SUITE_CUDA:-0} == 1 ]] || export CUDA_VISIBLE_DEVICES=""
-    GRADWIRE_LIBRARY="$build/libgradwire.so" GW_PYTHON="$py" GW_SUITE_TIMEOUT=${GW_SUITE_TIMEOUT:-0} \
+    GRADWIRE_LIBRARY="$build/libgradwire.so" GW_PYTHON="$py" SUITE_TIMEOUT=${SUITE_TIMEOUT:-0} \
       bash tests/python/run_torch_distributed_test.sh -- "${extra[@]}"
     ;;
   *)

@@ -37,15 +37,15 @@ done
 [ "$named" = 1 ] || args+=("$suite")
 xml=$(mktemp --suffix=.xml); trap 'rm -f "$xml"' EXIT
 set +e
-# GW_SUITE_TIMEOUT=S (seconds, 0 = none) interrupts pytest after S seconds as Ctrl-C would: it
+# SUITE_TIMEOUT=S (seconds, 0 = none) interrupts pytest after S seconds as Ctrl-C would: it
 # still writes the results so far, and the counts below are of the tests that ran.
 stop=()
-[ "${GW_SUITE_TIMEOUT:-0}" -gt 0 ] && stop=(timeout -s INT -k 30 "$GW_SUITE_TIMEOUT")
+[ "${SUITE_TIMEOUT:-0}" -gt 0 ] && stop=(timeout -s INT -k 30 "$SUITE_TIMEOUT")
 BACKEND=$backend WORLD_SIZE=$world GW_TIMEOUT_MS=${GW_TIMEOUT_MS:-10000} PYTHONWARNINGS=ignore \
   "${stop[@]}" "$py" -m pytest -q -p no:cacheprovider --tb=short ${list:+-rA} --junitxml="$xml" \
   "${args[@]}"
 prc=$?
-[ "$prc" = 124 ] && echo "stopped after GW_SUITE_TIMEOUT=$GW_SUITE_TIMEOUT s: the counts are of the tests that ran"
+[ "$prc" = 124 ] && echo "stopped after SUITE_TIMEOUT=$SUITE_TIMEOUT s: the counts are of the tests that ran"
 set -e
 "$py" - "$xml" "$backend" "$world" <<'PY'
 import sys, xml.etree.ElementTree as ET
