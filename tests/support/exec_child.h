@@ -8,11 +8,14 @@
 // whose own threads then hung at start. After exec the child has a fresh runtime.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
@@ -45,25 +48,40 @@ inline bool register_child_case(const char* suite, const char* name, std::functi
 }
 
 // A helper process running case `suite_dot_name` (registered with register_child_case) with
-// `env` ("NAME=value") added to this process's environment; descriptors without close-on-exec
-// stay open in it. Killed and reaped on destruction, so a failing test leaves nothing behind.
+// `env` ("NAME=value") added to this process's environment, replacing a variable of the same
+// name; descriptors without close-on-exec stay open in it. With `netns` (a path such as
+// /run/netns/<name>) it runs in that network namespace, entered between fork and exec (exit
+// code 126 when it cannot be). Killed and reaped on destruction, so a failing test leaves
+// nothing behind.
 class ExecChild {
  public:
-  ExecChild(const std::string& suite_dot_name, const std::vector<std::string>& env = {}) {
-    std::vector<std::string> all;
-    for (char** e = environ; *e != nullptr; ++e) all.emplace_back(*e);
+  ExecChild(const std::string& suite_dot_name, const std::vector<std::string>& env = {},
+            const std::string& netns = "") {
+    std::vector<std::string> all = env;
     all.push_back(std::string(kChildCaseEnv) + "=" + suite_dot_name);
-    all.insert(all.end(), env.begin(), env.end());
+    auto named = [&all](const char* e) {
+      for (const std::string& a : all) {
+        size_t eq = a.find('=');
+        if (eq != std::string::npos && std::strncmp(e, a.c_str(), eq + 1) == 0) return true;
+      }
+      return false;
+    };
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (!named(*e)) all.emplace_back(*e);
+    }
     std::vector<char*> envp;
     for (std::string& e : all) envp.push_back(e.data());
     envp.push_back(nullptr);
     std::string exe = "/proc/self/exe", filter = "--gtest_filter=" + suite_dot_name;
     std::vector<char*> argv = {exe.data(), filter.data(), nullptr};
+    int ns_fd = netns.empty() ? -1 : open(netns.c_str(), O_RDONLY | O_CLOEXEC);
     pid_ = fork();  // everything above is built first: between fork and exec nothing allocates
     if (pid_ == 0) {
+      if (!netns.empty() && (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) != 0)) _exit(126);
       execve(exe.c_str(), argv.data(), envp.data());
       _exit(127);
     }
+    if (ns_fd >= 0) close(ns_fd);
   }
   ExecChild(const ExecChild&) = delete;
   ExecChild& operator=(const ExecChild&) = delete;

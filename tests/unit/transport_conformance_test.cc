@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,11 +20,13 @@
 
 #include "core/net/transport.h"
 #include "tests/support/exec_child.h"
+#include "tests/support/netns_link.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
+using ::gw::testing::NetnsLink;
 using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
@@ -159,21 +162,35 @@ Status connect_pair(Transport& a, Transport& b, Pair* out) {
   return ok_status();
 }
 
+// Where a cross-process case's child runs: in this process's network namespace (netns empty),
+// or in the namespace at path `netns` with `env` ("NAME=value") replacing this process's values.
+struct ChildPlace {
+  std::string netns;
+  std::vector<std::string> env;
+};
+
 // The other end of a cross-process case, in a helper process (tests/support/exec_child.h) that
 // runs ConformanceChild.Run: `role` is connect-stream or connect-sequence (connect to `handle`
 // and send), listen-stream or listen-sequence (write the handle of a new listener to descriptor
 // `handle_fd`, then receive).
 class Child : public ::gw::testing::ExecChild {
  public:
-  Child(const std::string& role, const std::string& backend, const Handle* handle,
-        int handle_fd = -1)
-      : ExecChild("ConformanceChild.Run",
-                  {"GW_CONFORMANCE_CHILD=" + role, "GW_CONFORMANCE_BACKEND=" + backend,
-                   "GW_CONFORMANCE_HANDLE=" + hex(handle),
-                   "GW_CONFORMANCE_FD=" + std::to_string(handle_fd)}) {}
+  Child(const std::string& role, const std::string& backend, const Handle* handle, int handle_fd,
+        const ChildPlace& place)
+      : ExecChild(
+            "ConformanceChild.Run",
+            with(place.env, {"GW_CONFORMANCE_CHILD=" + role, "GW_CONFORMANCE_BACKEND=" + backend,
+                             "GW_CONFORMANCE_HANDLE=" + hex(handle),
+                             "GW_CONFORMANCE_FD=" + std::to_string(handle_fd)}),
+            place.netns) {}
   int wait(int64_t ms = kWaitMs) { return ExecChild::wait(ms); }
 
  private:
+  static std::vector<std::string> with(std::vector<std::string> a,
+                                       const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
   static std::string hex(const Handle* h) {
     static const char kDigits[] = "0123456789abcdef";
     std::string out;
@@ -201,15 +218,49 @@ bool read_handle(int fd, Handle* h, int64_t ms = kWaitMs) {
   return got == kHandleSize;
 }
 
+// The namespace and link of the "-netns" variants: made on this process's first use, removed at
+// its exit (so a verbs emulator NIC started on this end's address keeps it while the process
+// lives); nullptr with the reason when it cannot be made here.
+const NetnsLink* process_netns(std::string* why) {
+  static std::string reason;
+  static const std::unique_ptr<NetnsLink> link = NetnsLink::create(&reason);
+  *why = reason;
+  return link.get();
+}
+
+// Whether `text` names IPv4 address `ip` (not merely a longer one that starts with it).
+bool mentions_address(const std::string& text, const std::string& ip) {
+  for (size_t p = text.find(ip); p != std::string::npos; p = text.find(ip, p + 1)) {
+    size_t end = p + ip.size();
+    bool before_ok =
+        p == 0 || !(std::isdigit(static_cast<unsigned char>(text[p - 1])) || text[p - 1] == '.');
+    bool after_ok = end == text.size() ||
+                    !(std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.');
+    if (before_ok && after_ok) return true;
+  }
+  return false;
+}
+
 // A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
 // worker threads per comm over four sockets (so each thread owns two), set through the
 // environment for the whole test, forked children included. "verbs-emu" is verbs over the
-// emulator; "verbs-emu-striped" stripes every message over three queue pairs.
+// emulator; "verbs-emu-striped" stripes every message over three queue pairs. A "-netns" variant
+// ("tcp-netns", "verbs-emu-netns") runs the cross-process cases with the child in a network
+// namespace of its own (tests/support/netns_link.h): this process binds to its end of the veth
+// pair (GW_SOCKET_IFNAME, and GW_VERBS_EMU_ADDR for the emulator's NIC), the child to the other,
+// and each case checks that its bytes crossed the link.
 class TransportConformance : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    // Keep every byte of this suite on loopback.
+    // Keep every byte of this suite on loopback (the -netns variants: on their own veth pair).
     setenv("GW_SOCKET_IFNAME", "lo", 1);
+  }
+
+  static bool netns() {
+    const std::string& p = GetParam();
+    const std::string suffix = "-netns";
+    return p.size() > suffix.size() &&
+           p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0;
   }
 
   // The backend's name as make_transport and Properties know it.
@@ -229,12 +280,34 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "verbs-emu-striped") {
       env_.push_back(std::make_unique<ScopedEnv>("GW_IB_QPS_PER_CONN", "3"));
     }
+    if (netns()) {
+      std::string why;
+      link_ = process_netns(&why);
+      if (link_ == nullptr) GTEST_SKIP() << GetParam() << " cannot run here: " << why;
+      const std::string ifname = "=" + link_->here_ifname();
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_IFNAME", ifname.c_str()));
+      env_.push_back(std::make_unique<ScopedEnv>("GW_VERBS_EMU_ADDR", link_->here_ip().c_str()));
+      place_.netns = link_->path();
+      place_.env = {"GW_SOCKET_IFNAME==" + link_->there_ifname(),
+                    "GW_VERBS_EMU_ADDR=" + link_->there_ip()};
+    }
     Result<std::unique_ptr<Transport>> t = make_transport(backend(), make_options());
     if (!t.ok() && t.status().code() == Code::kUnsupported) {
       GTEST_SKIP() << GetParam() << " cannot run here: " << t.status().to_string();
     }
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     transport_ = std::move(*t);
+    if (netns()) {
+      const std::string& where = transport_->properties().interfaces;
+      if (backend() == "verbs" && !mentions_address(where, link_->here_ip())) {
+        GTEST_SKIP() << "this process's emulated NIC was started earlier on another address ("
+                     << where << "): one NIC per process, so run the -netns cases in a process "
+                     << "of their own (ctest does; or --gtest_filter='*netns*')";
+      }
+      ASSERT_TRUE(mentions_address(where, link_->here_ip()))
+          << where << " is not this end of the link, " << link_->here_ip();
+      link_before_ = link_->here_bytes();
+    }
     if (GetParam() == "tcp-threads") {
       ASSERT_EQ(transport_->properties().io_threads, 2);
       ASSERT_EQ(transport_->properties().sockets_per_conn, 4);
@@ -268,9 +341,33 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(dst[size], 0xEE) << "wrote past the message";
   }
 
+  // The -netns variants: at least `rx` bytes came in and `tx` went out through this end of the
+  // link since SetUp (payload only; headers make the real figures larger), waiting up to 5 s for
+  // what a sender's kernel may still hold in its buffers. Elsewhere nothing.
+  void expect_link_carried(uint64_t rx, uint64_t tx) {
+    if (link_ == nullptr) return;
+    NetnsLink::Bytes now = link_->here_bytes();
+    for (int64_t deadline = now_ms() + 5000;
+         (now.rx - link_before_.rx < rx || now.tx - link_before_.tx < tx) && now_ms() < deadline;
+         now = link_->here_bytes()) {
+      usleep(1000);
+    }
+    EXPECT_GE(now.rx - link_before_.rx, rx)
+        << "the bytes did not come in over " << link_->here_ifname();
+    EXPECT_GE(now.tx - link_before_.tx, tx)
+        << "the bytes did not go out over " << link_->here_ifname();
+  }
+
   std::unique_ptr<Transport> transport_;
   std::vector<std::unique_ptr<ScopedEnv>> env_;  // restored after the test's transports are gone
+  const NetnsLink* link_ = nullptr;              // the -netns variants' link
+  NetnsLink::Bytes link_before_;
+  ChildPlace place_;  // where cross-process cases start their child
 };
+
+// The cases with a peer in another process: instantiated for the backends above and for the
+// -netns variants, which run only these.
+class TransportConformanceAcrossProcesses : public TransportConformance {};
 
 TEST_P(TransportConformance, ConnectAndAcceptPolledAlternatelyFromOneThread) {
   EXPECT_EQ(transport_->properties().name, backend());
@@ -582,14 +679,14 @@ TEST_P(TransportConformance, DestroyingBothEndsWithRequestsInFlightIsSafe) {
 }
 
 // Receiver here, sender in a child that is SIGKILLed mid-stream.
-TEST_P(TransportConformance, KilledSenderProcessFailsReceiverWithPeer) {
+TEST_P(TransportConformanceAcrossProcesses, KilledSenderProcessFailsReceiverWithPeer) {
   SKIP_IF_ONE_PROCESS_ONLY();
   Handle handle;
   auto listener = transport_->listen(&handle);
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child("connect-stream", backend, &handle);
+  Child child("connect-stream", backend, &handle, -1, place_);
   std::unique_ptr<RecvComm> recv;
   int64_t deadline = now_ms() + kWaitMs;
   while (recv == nullptr && now_ms() < deadline) {
@@ -632,16 +729,17 @@ TEST_P(TransportConformance, KilledSenderProcessFailsReceiverWithPeer) {
   EXPECT_EQ(second.status.code(), Code::kPeer) << second.status.to_string();
   EXPECT_NE(second.status.message().find("rank 1"), std::string::npos) << second.status.to_string();
   EXPECT_LT(now_ms() - t0, 5000);
+  expect_link_carried(size, 0);
 }
 
 // Sender here, receiver in a child that is SIGKILLed mid-stream.
-TEST_P(TransportConformance, KilledReceiverProcessFailsSenderWithPeer) {
+TEST_P(TransportConformanceAcrossProcesses, KilledReceiverProcessFailsSenderWithPeer) {
   SKIP_IF_ONE_PROCESS_ONLY();
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child("listen-stream", backend, nullptr, fds[1]);
+  Child child("listen-stream", backend, nullptr, fds[1], place_);
   close(fds[1]);
   Handle handle;
   ASSERT_TRUE(read_handle(fds[0], &handle)) << "the child gave no handle";
@@ -660,6 +758,7 @@ TEST_P(TransportConformance, KilledReceiverProcessFailsSenderWithPeer) {
   Op first = post_send(send.get(), src.data(), size, 0);
   ASSERT_TRUE(run_ops({&first}));
   ASSERT_TRUE(first.status.ok()) << first.status.to_string();
+  expect_link_carried(0, size);  // the child is still receiving: the message reaches it
   child.kill_now();
   int64_t t0 = now_ms();
   Status result;
@@ -749,6 +848,13 @@ std::vector<size_t> cross_sizes() {
   std::vector<size_t> sizes = {0, 1, 8, 4096, 65536 + 3, (size_t{1} << 20) + 5, size_t{16} << 20};
   for (int i = 0; i < 200; ++i) sizes.push_back(static_cast<size_t>(i * 131));
   return sizes;
+}
+
+// The payload bytes of the sequence.
+uint64_t sequence_bytes() {
+  uint64_t total = 0;
+  for (size_t size : cross_sizes()) total += size;
+  return total;
 }
 
 // Sends the sequence; returns 0 when all of it went out.
@@ -870,13 +976,13 @@ const bool kChildRegistered = ::gw::testing::register_child_case("ConformanceChi
                    atoi(env_or_empty("GW_CONFORMANCE_FD").c_str()));
 });
 
-TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildSends) {
+TEST_P(TransportConformanceAcrossProcesses, CrossProcessOrderingAndSizesChildSends) {
   SKIP_IF_ONE_PROCESS_ONLY();
   Handle handle;
   auto listener = transport_->listen(&handle);
   ASSERT_TRUE(listener.ok());
   const std::string backend = TransportConformance::backend();
-  Child child("connect-sequence", backend, &handle);
+  Child child("connect-sequence", backend, &handle, -1, place_);
   std::unique_ptr<RecvComm> recv;
   int64_t deadline = now_ms() + kWaitMs;
   while (recv == nullptr && now_ms() < deadline) {
@@ -887,15 +993,16 @@ TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildSends) {
   ASSERT_NE(recv, nullptr);
   EXPECT_EQ(recv_sequence(recv.get()), 0);
   EXPECT_EQ(child.wait(), 0);
+  expect_link_carried(sequence_bytes(), 0);
 }
 
-TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildReceives) {
+TEST_P(TransportConformanceAcrossProcesses, CrossProcessOrderingAndSizesChildReceives) {
   SKIP_IF_ONE_PROCESS_ONLY();
   // The child listens and passes its handle through a pipe; this process connects and sends.
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const std::string backend = TransportConformance::backend();
-  Child child("listen-sequence", backend, nullptr, fds[1]);
+  Child child("listen-sequence", backend, nullptr, fds[1], place_);
   close(fds[1]);
   Handle theirs;
   ASSERT_TRUE(read_handle(fds[0], &theirs)) << "the child gave no handle";
@@ -912,6 +1019,7 @@ TEST_P(TransportConformance, CrossProcessOrderingAndSizesChildReceives) {
   ASSERT_NE(send, nullptr);
   EXPECT_EQ(send_sequence(send.get()), 0);
   EXPECT_EQ(child.wait(), 0);
+  expect_link_carried(0, sequence_bytes());
 }
 
 TEST_P(TransportConformance, BadInputIsRejectedWithInvalidArg) {
@@ -989,16 +1097,24 @@ TEST_P(TransportConformance, InvalidTimeoutIsRejected) {
   EXPECT_EQ(t.status().code(), Code::kInvalidArg);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
-                         ::testing::Values(std::string("tcp"), std::string("tcp-threads"),
-                                           std::string("shm"), std::string("dpdk"),
-                                           std::string("verbs"), std::string("verbs-emu"),
-                                           std::string("verbs-emu-striped")),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+const auto kBackends = ::testing::Values(
+    std::string("tcp"), std::string("tcp-threads"), std::string("shm"), std::string("dpdk"),
+    std::string("verbs"), std::string("verbs-emu"), std::string("verbs-emu-striped"));
+
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance, kBackends, param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, TransportConformanceAcrossProcesses, kBackends, param_name);
+// Across network namespaces: only the backends whose peers reach each other by IP address (shm
+// needs one host; dpdk's own namespace tests are tests/dpdk/dpdk_netns_test.cc).
+INSTANTIATE_TEST_SUITE_P(Netns, TransportConformanceAcrossProcesses,
+                         ::testing::Values(std::string("tcp-netns"),
+                                           std::string("verbs-emu-netns")),
+                         param_name);
 
 TEST(MakeTransport, UnknownNameListsValidNames) {
   auto t = make_transport("carrier-pigeon", make_options());
