@@ -642,6 +642,21 @@ class Nic {
     }
   }
 
+  // The bytes of `w`'s scatter list at offset `off` (< its length): their address, and in *avail
+  // how many follow in that SGE; nullptr when the SGE's registration has gone since the post.
+  uint8_t* sge_piece(const Wr& w, uint64_t off, uint64_t* avail) {
+    for (const ibv_sge& s : w.sges) {
+      if (off < s.length) {
+        EmuMr* mr = find_mr(s.lkey);
+        if (mr == nullptr || !in_range(mr, s.addr, s.length)) return nullptr;
+        *avail = s.length - off;
+        return reinterpret_cast<uint8_t*>(s.addr) + off;
+      }
+      off -= s.length;
+    }
+    return nullptr;
+  }
+
   // Receives what has come of a read response's data; false when the socket has no more now
   // (or was lost). At the end the response takes effect (placed) or is dropped (stale).
   bool receive_read_data(EmuQp* q) {
@@ -650,19 +665,7 @@ class Nic {
       uint8_t* into = sink;
       uint64_t avail = sizeof(sink);
       if (q->rx_read_place) {
-        Wr& w = q->sq.front();
-        uint64_t off = q->rx_read_got;
-        into = nullptr;
-        for (const ibv_sge& s : w.sges) {
-          if (off < s.length) {
-            EmuMr* mr = find_mr(s.lkey);  // the registration may have gone since the post
-            if (mr == nullptr || !in_range(mr, s.addr, s.length)) break;
-            into = reinterpret_cast<uint8_t*>(s.addr) + off;
-            avail = s.length - off;
-            break;
-          }
-          off -= s.length;
-        }
+        into = sge_piece(q->sq.front(), q->rx_read_got, &avail);
         if (into == nullptr) {
           q->rx_read_place = false;
           to_error(q, IBV_WC_LOC_PROT_ERR);  // closes the connection: nothing more to read
@@ -735,22 +738,12 @@ class Nic {
         src = w.inline_data.data() + q->tx_sent;
         avail = w.length - q->tx_sent;
       } else {
-        uint64_t off = q->tx_sent;
-        for (const ibv_sge& s : w.sges) {
-          if (off < s.length) {
-            // The registration may have gone since the WR was taken.
-            EmuMr* mr = find_mr(s.lkey);
-            if (mr == nullptr || !in_range(mr, s.addr, s.length)) {
-              close_out(q);
-              q->out = OutState::kNone;
-              to_error(q, IBV_WC_LOC_PROT_ERR);
-              return;
-            }
-            src = reinterpret_cast<const uint8_t*>(s.addr) + off;
-            avail = s.length - off;
-            break;
-          }
-          off -= s.length;
+        src = sge_piece(w, q->tx_sent, &avail);
+        if (src == nullptr) {
+          close_out(q);
+          q->out = OutState::kNone;
+          to_error(q, IBV_WC_LOC_PROT_ERR);
+          return;
         }
       }
       size_t chunk = static_cast<size_t>(std::min<uint64_t>({avail, kStep, budget}));
