@@ -631,7 +631,6 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
   auto* ctx = new Context;
   ctx->comm_id = comm_id;
   ctx->traffic_class = traffic_class;
-  ++live_contexts_;
   live_comm_ids_.insert(comm_id);
   return ctx;
 }
@@ -644,7 +643,7 @@ Result<Context*> NetPlugin::shared_context() {
   GW_ASSIGN_OR_RETURN(Context * ctx, init(0, NCCL_NET_TRAFFIC_CLASS_UNDEF));
   std::lock_guard<std::mutex> lock(mu_);
   if (shared_context_ != nullptr) {  // another thread won the race
-    --live_contexts_;
+    live_comm_ids_.erase(live_comm_ids_.find(ctx->comm_id));
     delete ctx;
     return shared_context_;
   }
@@ -667,7 +666,7 @@ Status NetPlugin::finalize(Context* ctx) {
     }
     ctx->magic = 0;
     delete ctx;
-    if (--live_contexts_ == 0) dropped.swap(transports_);
+    if (live_comm_ids_.empty()) dropped.swap(transports_);
     transports_.resize(devices_.size());
   }
   // Comms still open hold their own reference; the backend goes when the last of them closes.

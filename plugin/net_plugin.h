@@ -185,8 +185,7 @@ class NetPlugin {
   std::mutex mu_;
   std::vector<DeviceInfo> devices_;                          // filled once, never shrunk
   std::vector<std::shared_ptr<net::Transport>> transports_;  // dropped at the last finalize
-  int live_contexts_ = 0;
-  std::multiset<uint64_t> live_comm_ids_;  // comm ids of the live v11 contexts
+  std::multiset<uint64_t> live_comm_ids_;  // one entry per live context (the shared one: 0)
   int channels_set_ = 0;
   Context* shared_context_ = nullptr;
   bool pinned_ = false;
