@@ -65,16 +65,11 @@ case $mode in
     cmake --build "$build" -j "$(nproc)" >"$build.build.log" 2>&1 &
     checks=$!
     pb="$root/build/plugin-gpu"
-    gen=()
-    command -v ninja >/dev/null && gen=(-G Ninja)
-    extra=()
-    [ -n "${GW_THIRD_PARTY_INCLUDE:-}" ] && extra=(-DGW_THIRD_PARTY_INCLUDE="$GW_THIRD_PARTY_INCLUDE")
-    { cmake -S "$root/plugin" -B "$pb" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" &&
-        cmake --build "$pb" -j "$(nproc)"; } >"$pb.build.log" 2>&1 &
+    bash "$root/perf/gpu/build_plugin.sh" >"$pb.log" 2>&1 &
     plugin=$!
     rc=0
     wait $checks || { tail -40 "$build.build.log"; rc=1; }
-    wait $plugin || { tail -40 "$pb.build.log"; rc=1; }
+    wait $plugin || { tail -40 "$pb.log"; rc=1; }
     ls -la "$build"/gw-gpu-* "$build"/gradwired "$build"/libgradwire.so "$pb"/*.so 2>&1
     echo "built in $((SECONDS - t0)) s"
     [[ $rc == 0 ]] && echo PASS || echo FAIL

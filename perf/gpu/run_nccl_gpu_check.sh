@@ -43,22 +43,8 @@ fi
 # ---- the plugin ---------------------------------------------------------------------------
 plugin=${1:-}
 if [ -z "$plugin" ]; then
-  build="$root/build/plugin-gpu"
-  mkdir -p "$root/build"
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  extra=()
-  [ -n "${GW_THIRD_PARTY_INCLUDE:-}" ] && extra=(-DGW_THIRD_PARTY_INCLUDE="$GW_THIRD_PARTY_INCLUDE")
-  echo "== building the plugin standalone in $build"
-  cmake -S "$root/plugin" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" \
-    >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log"; die "cmake failed"; }
-  cmake --build "$build" -j "$(nproc)" >"$build.build.log" 2>&1 || {
-    tail -40 "$build.build.log"
-    echo "hint: missing fmt/ or spdlog/ headers? copy /usr/include/fmt and /usr/include/spdlog" \
-         "from a Debian 12 host into a directory and set GW_THIRD_PARTY_INCLUDE=<dir>" >&2
-    die "build failed"
-  }
-  plugin="$build/libnccl-net-gradwire.so"
+  bash "$here/build_plugin.sh" || die "the plugin did not build"
+  plugin="$root/build/plugin-gpu/libnccl-net-gradwire.so"
 fi
 plugin=$(cd "$(dirname "$plugin")" && pwd)/$(basename "$plugin")  # NCCL wants an absolute path
 [ -f "$plugin" ] || die "no plugin at $plugin"
