@@ -630,44 +630,58 @@ TEST(PluginFreshProcess, NcclSocketKnobsApplyWhenGwKnobsAreUnset) {
   EXPECT_EQ(run_peer({"NCCL_SOCKET_NTHREADS=lots"}, {"init", "5", "NCCL_SOCKET_NTHREADS"}), 0);
 }
 
+// `extra` after unsetting every channel setting a test of the channel request may inherit.
+std::vector<std::string> with_channel_env_cleared(std::vector<std::string> extra) {
+  const std::vector<std::string> clean = {"-NCCL_MIN_NCHANNELS", "-NCCL_MAX_NCHANNELS",
+                                          "-GW_PLUGIN_MIN_CHANNELS"};
+  extra.insert(extra.begin(), clean.begin(), clean.end());
+  return extra;
+}
+
 // The plugin asks NCCL for 4 channels (NCCL_MIN_NCHANNELS) when its tcp comms have I/O threads,
 // never overrides the user's NCCL_MIN_NCHANNELS or a lower NCCL_MAX_NCHANNELS, and refuses an
 // out-of-range GW_PLUGIN_MIN_CHANNELS.
 TEST(PluginFreshProcess, AsksNcclForChannelsOnlyWhenTheUserHasNot) {
-  const std::vector<std::string> clean = {"-NCCL_MIN_NCHANNELS", "-NCCL_MAX_NCHANNELS",
-                                          "-GW_PLUGIN_MIN_CHANNELS"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), clean.begin(), clean.end());
-    return extra;
-  };
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1"}), {"channels", "4"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=-1"}), {"channels", "-"}), 0);  // no I/O threads
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1"}), {"channels", "4"}), 0);
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1"}), {"channels", "-"}),
+            0);  // no I/O threads
   EXPECT_EQ(
-      run_peer(with({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}), {"channels", "-"}), 0);
+      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}),
+               {"channels", "-"}),
+      0);
   EXPECT_EQ(
-      run_peer(with({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}), {"channels", "6"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}), {"channels", "2"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}), {"channels", "-"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_PLUGIN_MIN_CHANNELS=33"}), {"init", "5", "GW_PLUGIN_MIN_CHANNELS"}),
+      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}),
+               {"channels", "6"}),
+      0);
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}),
+                     {"channels", "2"}),
+            0);
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}),
+                     {"channels", "-"}),
+            0);
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_PLUGIN_MIN_CHANNELS=33"}),
+                     {"init", "5", "GW_PLUGIN_MIN_CHANNELS"}),
             0);
 }
 
 // The tuner asks for the channels the plugin set NCCL_MIN_NCHANNELS to, for network collectives
 // of communicators the plugin serves, and for none when the plugin set none (a user's settings).
 TEST(PluginFreshProcess, TunerAsksForThePluginsChannelsOnly) {
-  const std::vector<std::string> clean = {"-NCCL_MIN_NCHANNELS", "-NCCL_MAX_NCHANNELS",
-                                          "-GW_PLUGIN_MIN_CHANNELS"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), clean.begin(), clean.end());
-    return extra;
-  };
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1"}), {"tuner", "4"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}), {"tuner", "6"}),
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1"}), {"tuner", "4"}), 0);
+  EXPECT_EQ(
+      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}),
+               {"tuner", "6"}),
+      0);
+  EXPECT_EQ(
+      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}),
+               {"tuner", "0"}),
+      0);
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}),
+                     {"tuner", "0"}),
             0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}), {"tuner", "0"}),
+  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}),
+                     {"tuner", "0"}),
             0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}), {"tuner", "0"}), 0);
-  EXPECT_EQ(run_peer(with({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}), {"tuner", "0"}), 0);
 }
 
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {

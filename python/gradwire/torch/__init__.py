@@ -283,6 +283,8 @@ class ProcessGroupGradwire(ProcessGroup):
         self._rank = rank
         self._size = size
         self._keep = _KeepAlive()
+        self._gw_group_name: Optional[str] = None  # see _set_group_name
+        self._gw_group_desc = "undefined"
 
     # torch calls these
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -303,17 +305,16 @@ class ProcessGroupGradwire(ProcessGroup):
 
     @property
     def group_name(self) -> str:
-        name = getattr(self, "_gw_group_name", None)
-        if name is None:
+        if self._gw_group_name is None:
             raise RuntimeError("ProcessGroup name not set")
-        return name
+        return self._gw_group_name
 
     def _set_group_desc(self, desc: str) -> None:
         self._gw_group_desc = desc
 
     @property
     def group_desc(self) -> str:
-        return getattr(self, "_gw_group_desc", "undefined")
+        return self._gw_group_desc
 
     def _work(self, fn: Callable[[], Any]) -> Any:
         return GradwireWork(run_async(self.comm, fn), self._keep)
