@@ -430,8 +430,8 @@ SqEntry entry(Opcode op) {
 Status DaemonSession::run_chunks(
     size_t bytes, size_t elem, const char* what,
     const std::function<Result<Chunk>(size_t offset, size_t len)>& post_chunk,
-    const std::function<void(const Chunk&, bool ok)>& finish_chunk) {
-  const size_t step = std::max(elem, chunk_bytes_ / elem * elem);
+    const std::function<void(const Chunk&, bool ok)>& finish_chunk, size_t step_bytes) {
+  const size_t step = std::max(elem, (step_bytes ? step_bytes : chunk_bytes_) / elem * elem);
   std::vector<Chunk> flight;  // oldest first
   Status first;
   auto retire = [&]() {
@@ -632,11 +632,90 @@ Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, i
   return run_chunks(bytes, elem, "broadcast", post_chunk, finish_chunk);
 }
 
+Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
+                                 coll::DataType dtype, coll::ReduceOp op, const char* what) {
+  const size_t elem = coll::dtype_size(dtype);
+  const size_t world = static_cast<size_t>(size_);
+  const size_t total = block * world;
+  const auto* sb = static_cast<const uint8_t*>(sendbuf);
+  auto* rb = static_cast<uint8_t*>(recvbuf);
+  // How many blocks each side holds, and where a side of world_size blocks lies in the arena.
+  const bool send_all = opcode != Opcode::kAllgather;
+  const bool recv_all = opcode != Opcode::kReduceScatter;
+  uint64_t send_at = 0, recv_at = 0;
+  bool send_direct = send_all && in_arena(sendbuf, total, &send_at);
+  bool recv_direct = recv_all && in_arena(recvbuf, total, &recv_at);
+  if (send_all && recv_all && send_direct != recv_direct) {
+    send_direct = recv_direct = false;  // one stride for both sides: stage both
+  }
+  const bool direct = send_all ? send_direct : recv_direct;
+  // A slice of every block: world_size x step bytes at most, two chunks (each slice is a
+  // collective of its own among the daemons: fewer, larger ones cost less; staged ones still
+  // fit the arena, a chunk being at most an eighth of it).
+  const size_t step = std::max<size_t>(1, slice_bytes() / (world * elem)) * elem;
+  auto place_side = [&](bool all, bool direct_side, uint64_t at, const uint8_t* base, size_t off,
+                        size_t len, bool copy_in) -> Result<Placed> {
+    if (!all) return place(base + off, len, copy_in);
+    if (direct_side) return Placed{at + off, false};
+    auto o = alloc_->alloc(world * len);
+    if (!o.ok()) {
+      return no_memory(
+          "{}: a slice of {} bytes does not fit the free part of the daemon arena ({})", what,
+          world * len, o.status().message());
+    }
+    if (copy_in) {
+      for (size_t b = 0; b < world; ++b)
+        std::memcpy(data_ + *o + b * len, base + b * block + off, len);
+    }
+    return Placed{*o, true};
+  };
+  auto post_chunk = [&](size_t off, size_t len) -> Result<Chunk> {
+    GW_ASSIGN_OR_RETURN(Placed ps, place_side(send_all, send_direct, send_at, sb, off, len, true));
+    auto pr = place_side(recv_all, recv_direct, recv_at, rb, off, len, false);
+    if (!pr.ok()) {
+      unplace(ps);
+      return pr.status();
+    }
+    SqEntry e = entry(opcode);
+    e.dtype = static_cast<uint8_t>(dtype);
+    if (opcode == Opcode::kReduceScatter) e.op = static_cast<uint8_t>(op);
+    e.count = len / elem;
+    e.send_off = ps.off;
+    e.recv_off = pr->off;
+    e.stride = direct ? block : 0;
+    auto seq = post(e, what);
+    if (!seq.ok()) {
+      unplace(ps);
+      unplace(*pr);
+      return seq.status();
+    }
+    return Chunk{*seq, off, len, ps.off, pr->off, ps.staged, pr->staged};
+  };
+  auto finish_chunk = [&](const Chunk& c, bool ok) {
+    if (ok && c.recv_staged) {
+      if (!recv_all) {
+        std::memcpy(rb + c.offset, data_ + c.recv_off, c.len);
+      } else {
+        for (size_t b = 0; b < world; ++b) {
+          std::memcpy(rb + b * block + c.offset, data_ + c.recv_off + b * c.len, c.len);
+        }
+      }
+    }
+    unplace(Placed{c.send_off, c.send_staged});
+    unplace(Placed{c.recv_off, c.recv_staged});
+  };
+  return run_chunks(block, elem, what, post_chunk, finish_chunk, step);
+}
+
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = sendcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
+  if (total > slice_bytes()) {
+    return run_sliced(Opcode::kAllgather, sendbuf, recvbuf, block, dtype, coll::ReduceOp::kSum,
+                      "allgather");
+  }
   GW_ASSIGN_OR_RETURN(Placed r, place(recvbuf, total, false));
   Placed s;
   const auto* sb = static_cast<const uint8_t*>(sendbuf);
@@ -670,6 +749,9 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = recvcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
+  if (total > slice_bytes()) {
+    return run_sliced(Opcode::kReduceScatter, sendbuf, recvbuf, block, dtype, op, "reduce_scatter");
+  }
   GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, total, true));
   Placed r;
   const auto* sb = static_cast<const uint8_t*>(sendbuf);
@@ -709,6 +791,10 @@ Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
+  if (total > slice_bytes()) {
+    return run_sliced(Opcode::kAlltoall, sendbuf, recvbuf, count * coll::dtype_size(dtype), dtype,
+                      coll::ReduceOp::kSum, "alltoall");
+  }
   // In place is one buffer: the daemon packs every block before it writes any.
   GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, total));
   const auto [s, r] = placed;

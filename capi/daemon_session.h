@@ -10,9 +10,10 @@
 // barrier, allreduce_compressed (the daemons compress what crosses hosts) and split (a new job on
 // the same daemons). An allreduce or broadcast of more than GW_DAEMON_CHUNK bytes runs as chunks,
 // several in flight, so a buffer larger than the arena works and staging overlaps the daemon's
-// work; the other calls must fit the arena whole. A GPU buffer is kUnsupported. Every wait has the
-// communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
-// later one) with kPeer.
+// work; so do allgather, reduce_scatter and alltoall above two chunks, as slices of every
+// rank's block. iallreduce and allreduce_compressed must fit the arena whole. A GPU buffer is
+// kUnsupported. Every wait has the communicator's deadline, and a daemon that dies or cuts this
+// client ends the call (and every later one) with kPeer.
 #pragma once
 
 #include <atomic>
@@ -91,9 +92,20 @@ class DaemonSession final : public Session {
     bool send_staged = false, recv_staged = false;
   };
   static constexpr size_t kChunksInFlight = 4;
+  // step: the bytes of a chunk (0: chunk_bytes_).
   Status run_chunks(size_t bytes, size_t elem, const char* what,
                     const std::function<Result<Chunk>(size_t offset, size_t len)>& post_chunk,
-                    const std::function<void(const Chunk&, bool ok)>& finish_chunk);
+                    const std::function<void(const Chunk&, bool ok)>& finish_chunk,
+                    size_t step = 0);
+  // allgather, reduce_scatter or alltoall (opcode) of more than slice_bytes() (two chunks: a
+  // staged alltoall's slice, both sides, fits a quarter of the arena) in all, as
+  // slices of at most that: slice k holds bytes [k x step, + len) of each rank's block of `block`
+  // bytes (every rank cuts the same way: by size alone). The side with world_size blocks is used in
+  // place, the blocks `block` apart (the submission's stride), when it lies in the arena (for
+  // alltoall: both sides), and is otherwise staged packed, slice by slice.
+  size_t slice_bytes() const { return chunk_bytes_ * 2; }
+  Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
+                    coll::DataType dtype, coll::ReduceOp op, const char* what);
 
   // A buffer's place in the data region: its own (arena memory) or staging (copied).
   struct Placed {

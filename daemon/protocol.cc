@@ -260,7 +260,6 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   if (e.seq != expected_seq) {
     return peer_error("submission: sequence {} where {} was due", e.seq, expected_seq);
   }
-  if (e.reserved != 0) return peer_error("submission {}: reserved field is not 0", e.seq);
   Request r;
   r.seq = e.seq;
   r.root = e.root;
@@ -316,16 +315,28 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   r.recv_bytes = bytes;
   const bool gathers = r.opcode == Opcode::kAllgather || r.opcode == Opcode::kAlltoall;
   const bool scatters = r.opcode == Opcode::kReduceScatter || r.opcode == Opcode::kAlltoall;
-  if (gathers && (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.recv_bytes) ||
-                  r.recv_bytes > data_bytes)) {
-    return peer_error("submission {}: {} of {} x {} bytes exceeds the data region", e.seq,
-                      opcode_name(r.opcode), world_size, bytes);
+  if (!gathers && !scatters && e.stride != 0) {
+    return peer_error("submission {}: stride {} on a {}", e.seq, e.stride, opcode_name(r.opcode));
   }
-  if (scatters &&
-      (__builtin_mul_overflow(bytes, static_cast<uint64_t>(world_size), &r.send_bytes) ||
-       r.send_bytes > data_bytes)) {
-    return peer_error("submission {}: {} of {} x {} bytes exceeds the data region", e.seq,
-                      opcode_name(r.opcode), world_size, bytes);
+  const uint64_t stride = e.stride == 0 ? bytes : e.stride;
+  if (stride < bytes) {
+    return peer_error("submission {}: {} blocks of {} bytes {} bytes apart overlap", e.seq,
+                      opcode_name(r.opcode), bytes, stride);
+  }
+  // world_size blocks `stride` apart: the last one ends (world_size - 1) x stride + bytes in.
+  uint64_t span = 0;
+  if (__builtin_mul_overflow(stride, static_cast<uint64_t>(world_size - 1), &span) ||
+      __builtin_add_overflow(span, bytes, &span) || span > data_bytes) {
+    return peer_error("submission {}: {} of {} x {} bytes, {} apart, exceeds the data region",
+                      e.seq, opcode_name(r.opcode), world_size, bytes, stride);
+  }
+  if (gathers) {
+    r.recv_bytes = span;
+    r.recv_stride = stride;
+  }
+  if (scatters) {
+    r.send_bytes = span;
+    r.send_stride = stride;
   }
   if (r.opcode == Opcode::kBroadcast || compressed) {
     // One buffer, in place.

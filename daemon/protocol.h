@@ -22,7 +22,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -128,7 +128,11 @@ struct SqEntry {
   uint64_t meta_off;
   uint32_t spec_len;
   uint32_t key_len;
-  uint64_t reserved;  // 0
+  // allgather: bytes from one rank's block to the next in the receive buffer; reduce_scatter: in
+  // the send buffer; alltoall: in both. 0: packed (the block's size). A client runs a collective
+  // larger than its arena as chunks, each a slice of every block, straight in a gw_mem_alloc
+  // buffer: the blocks of a slice then lie a whole block apart.
+  uint64_t stride;
 };
 static_assert(sizeof(SqEntry) == 64);
 
@@ -150,8 +154,12 @@ struct Request {
   coll::ReduceOp op = coll::ReduceOp::kSum;
   int32_t root = 0;
   uint64_t count = 0;
+  // bytes spans: from the first byte touched to the last (strided blocks included).
   uint64_t send_off = 0, send_bytes = 0;
   uint64_t recv_off = 0, recv_bytes = 0;
+  // Bytes from one rank's block to the next (the block's size when packed; 0 where the side
+  // holds one block).
+  uint64_t send_stride = 0, recv_stride = 0;
   std::string spec, key;  // allreduce_compressed (copied out of the data region)
 };
 

@@ -250,9 +250,11 @@ struct Job {
   Status allgather_by_host(const std::vector<Request>& reqs);
   Status reduce_scatter_by_host(const std::vector<Request>& reqs);
   Status allreduce_pipelined(const std::vector<Request>& reqs);
-  // dst = op over the trainers' send ranges [send_off + off, + bytes), on the server's pool.
+  // dst = op over the trainers' send ranges [send_off + off, + bytes), on the server's pool; with
+  // `block`, over [off, + bytes) of rank `block`'s block of each send buffer (reduce_scatter:
+  // the blocks lie send_stride apart).
   void local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
-                 size_t bytes);
+                 size_t bytes, size_t block = 0);
   // src into every trainer's receive range [recv_off + off, + bytes), on the server's pool.
   void copy_back(const std::vector<Request>& reqs, const uint8_t* src, size_t off, size_t bytes);
   Status allreduce_compressed(const std::vector<Request>& reqs);
@@ -519,13 +521,15 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (cm && r.count > 0) return reduce_scatter_by_host(reqs);
       // One host (or an empty block across hosts): the whole input is reduced, each trainer
       // takes its block.
-      const size_t total = r.send_bytes;
       const size_t block = r.recv_bytes;
+      const size_t total = block * static_cast<size_t>(first.world_size);
       const uint64_t elems = r.count * static_cast<uint64_t>(first.world_size);
       const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
-      local_sum(reqs, op, s, 0, total);
+      for (size_t b = 0; b < static_cast<size_t>(first.world_size) && block > 0; ++b) {
+        local_sum(reqs, op, s + b * block, 0, block, b);
+      }
       counters->arena(total * n, 0);
       clock.mark(Phase::kLocalReduce);
       if (cm) {
@@ -581,7 +585,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (cm && r.count > 0) return allgather_by_host(reqs);
       // One host (or empty blocks): these trainers' blocks are the whole result.
       const size_t block = r.send_bytes;
-      const size_t total = r.recv_bytes;
+      const size_t world = static_cast<size_t>(first.world_size);
+      const size_t total = block * world;
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
       for (size_t i = 0; i < n && block > 0; ++i) {
@@ -590,7 +595,16 @@ Status Job::execute(const std::vector<Request>& reqs) {
       }
       counters->arena(block * n, 0);
       clock.mark(Phase::kLocalReduce);
-      for (size_t i = 0; i < n && total > 0; ++i) std::memcpy(buf(i, reqs[i].recv_off), s, total);
+      for (size_t i = 0; i < n && total > 0; ++i) {
+        uint8_t* out = buf(i, reqs[i].recv_off);
+        if (reqs[i].recv_stride == block) {
+          std::memcpy(out, s, total);
+          continue;
+        }
+        for (size_t b = 0; b < world; ++b) {
+          std::memcpy(out + b * reqs[i].recv_stride, s + b * block, block);
+        }
+      }
       counters->arena(0, total * n);
       clock.mark(Phase::kCopyBack);
       return ok_status();
@@ -652,12 +666,12 @@ Status Job::allgather_by_host(const std::vector<Request>& reqs) {
     uint8_t* out = members[i]->data + reqs[i].recv_off;
     for (size_t g = 0; g < num_hosts; ++g) {
       for (size_t p = 0; p < ranks_of_host[g].size(); ++p) {
-        std::memcpy(out + static_cast<size_t>(ranks_of_host[g][p]) * block,
+        std::memcpy(out + static_cast<size_t>(ranks_of_host[g][p]) * reqs[i].recv_stride,
                     all + g * hs.slot + p * block, block);
       }
     }
   }
-  counters->arena(0, r.recv_bytes * n);
+  counters->arena(0, block * static_cast<size_t>(first.world_size) * n);
   clock.mark(Phase::kCopyBack);
   return ok_status();
 }
@@ -682,15 +696,14 @@ Status Job::reduce_scatter_by_host(const std::vector<Request>& reqs) {
   for (size_t g = 0; g < num_hosts; ++g) {
     const auto& ranks = ranks_of_host[g];
     for (size_t p = 0; p < ranks.size(); ++p) {
-      local_sum(reqs, op, all + g * hs.slot + p * block, static_cast<size_t>(ranks[p]) * block,
-                block);
+      local_sum(reqs, op, all + g * hs.slot + p * block, 0, block, static_cast<size_t>(ranks[p]));
     }
     // Padding is reduced too (and dropped): zeros keep it from holding NaNs or denormals.
     if (ranks.size() < hs.lmax) {
       std::memset(all + g * hs.slot + ranks.size() * block, 0, (hs.lmax - ranks.size()) * block);
     }
   }
-  counters->arena(r.send_bytes * n, 0);
+  counters->arena(block * static_cast<size_t>(first.world_size) * n, 0);
   clock.mark(Phase::kLocalReduce);
   const size_t elems = hs.lmax * static_cast<size_t>(r.count);
   GW_RETURN_IF_ERROR(comm->reduce_scatter(all, mine, elems, r.dtype, op));
@@ -751,7 +764,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
       const uint8_t* send = members[m]->data + reqs[m].send_off;
       for (size_t j = 0; j < hosts[g].size(); ++j) {
         std::memcpy(out + g * slot + (i * lmax + j) * block,
-                    send + static_cast<size_t>(hosts[g][j]) * block, block);
+                    send + static_cast<size_t>(hosts[g][j]) * reqs[m].send_stride, block);
       }
     }
   }
@@ -766,7 +779,8 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
     for (size_t i = 0; i < hosts[h].size(); ++i) {
       for (size_t j = 0; j < hosts[me].size(); ++j) {
         const size_t m = member_of[j];
-        std::memcpy(members[m]->data + reqs[m].recv_off + static_cast<size_t>(hosts[h][i]) * block,
+        std::memcpy(members[m]->data + reqs[m].recv_off +
+                        static_cast<size_t>(hosts[h][i]) * reqs[m].recv_stride,
                     in + h * slot + (i * lmax + j) * block, block);
       }
     }
@@ -777,11 +791,13 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
 }
 
 void Job::local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
-                    size_t bytes) {
+                    size_t bytes, size_t block) {
   const coll::DataType dt = reqs[0].dtype;
   const size_t elem = coll::dtype_size(dt);
   const size_t n = members.size();
-  auto src = [&](size_t i) { return members[i]->data + reqs[i].send_off + off; };
+  auto src = [&](size_t i) {
+    return members[i]->data + reqs[i].send_off + block * reqs[i].send_stride + off;
+  };
   parallel_ranges(pool, bytes / elem, elem, kMinPartBytes, [&](size_t first_elem, size_t k) {
     const size_t o = first_elem * elem;
     if (n == 1) {

@@ -753,7 +753,7 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   coded.key_len = 1;  // codec fields on a plain allreduce
   EXPECT_FALSE(decode_request(coded, 1, d, 256, 1).ok());
   coded = e;
-  coded.reserved = 1;
+  coded.stride = 1;  // a stride on an allreduce
   EXPECT_FALSE(decode_request(coded, 1, d, 256, 1).ok());
   e.count = (1ull << 61) + 1;  // bytes overflow
   EXPECT_FALSE(decode_request(e, 1, d, ~0ull, 1).ok());
@@ -778,6 +778,46 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   a2a.recv_off = 0;
   a2a.send_off = 129;  // the send side (4 blocks) ends past the region
   EXPECT_FALSE(decode_request(a2a, 1, d, 256, 4).ok());
+  // A stride: the blocks of a slice lie that far apart (allgather's receive side,
+  // reduce_scatter's send side, both of an alltoall's); 0 is packed.
+  SqEntry st = ag;
+  st.stride = 100;  // 4 blocks of 32 bytes, 100 apart: the last ends 332 bytes after recv_off
+  auto sr = decode_request(st, 1, d, 64 + 332, 4);
+  ASSERT_TRUE(sr.ok()) << sr.status().message();
+  EXPECT_EQ(sr->recv_stride, 100u);
+  EXPECT_EQ(sr->recv_bytes, 332u);
+  EXPECT_EQ(sr->send_bytes, 32u);
+  EXPECT_FALSE(decode_request(st, 1, d, 64 + 331, 4).ok());
+  st.stride = 31;  // blocks that would overlap
+  EXPECT_FALSE(decode_request(st, 1, d, 4096, 4).ok());
+  st.stride = ~0ull / 2;  // the span overflows
+  EXPECT_FALSE(decode_request(st, 1, d, ~0ull, 4).ok());
+  SqEntry rs = st;
+  rs.opcode = static_cast<uint16_t>(Opcode::kReduceScatter);
+  rs.stride = 40;
+  rs.send_off = 0;
+  rs.recv_off = 200;
+  auto rr = decode_request(rs, 1, d, 232, 4);
+  ASSERT_TRUE(rr.ok()) << rr.status().message();
+  EXPECT_EQ(rr->send_stride, 40u);
+  EXPECT_EQ(rr->send_bytes, 3u * 40 + 32);
+  EXPECT_EQ(rr->recv_bytes, 32u);
+  a2a.send_off = 0;
+  a2a.recv_off = 0;
+  a2a.stride = 64;
+  auto ar = decode_request(a2a, 1, d, 3 * 64 + 32, 4);
+  ASSERT_TRUE(ar.ok()) << ar.status().message();
+  EXPECT_EQ(ar->send_stride, 64u);
+  EXPECT_EQ(ar->recv_stride, 64u);
+  EXPECT_FALSE(decode_request(a2a, 1, d, 3 * 64 + 31, 4).ok());
+  SqEntry bc{};
+  bc.seq = 1;
+  bc.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  bc.dtype = static_cast<uint8_t>(coll::DataType::kF32);
+  bc.count = 8;
+  EXPECT_TRUE(decode_request(bc, 1, d, 256, 4).ok());
+  bc.stride = 32;  // only the collectives of world_size blocks take one
+  EXPECT_FALSE(decode_request(bc, 1, d, 256, 4).ok());
   // allreduce_compressed: one buffer, float types, the spec and key copied out of the region.
   const std::string meta = "topk:0.01grad/layer1";
   std::memcpy(region.data() + 1024, meta.data(), meta.size());

@@ -17,7 +17,10 @@
 //                    none; the child used, destroyed, the parent used after), and an allreduce
 //                    (average) and a broadcast of BIG_MIB (20) MiB of malloc'd memory (more than
 //                    the arena holds twice: run as chunks), an iallreduce of it refused with
-//                    GW_ERR_NO_MEMORY
+//                    GW_ERR_NO_MEMORY; allgather, reduce_scatter and alltoall run as slices:
+//                    BIG_MIB in all of malloc'd memory (staged slice by slice), then 2 chunks and
+//                    a bit in gw_mem_alloc buffers (the daemon uses the slices' blocks in place),
+//                    each also in place, and an alltoall from the arena into malloc'd memory
 //   bench BYTES ITERS [mem]   allreduce float32 sum of BYTES, ITERS timed calls after 5 warm-up
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
@@ -343,6 +346,70 @@ int wrong(int rank, const char* what, size_t at, double got, double want) {
   return 1;
 }
 
+// allgather, reduce_scatter and alltoall (int32, exact) of `total` bytes in all: more than a
+// chunk, so the client runs them as slices of every rank's block. arena: gw_mem_alloc buffers;
+// mixed: an alltoall from arena memory into malloc'd memory.
+int check_sliced(gw_comm_t comm, int rank, int world, size_t total, bool arena, bool in_place,
+                 bool mixed, double t0) {
+  const size_t n = (total / 4 / world) | 1;  // elements per block, odd: slices end unevenly
+  Buffers buf(comm, arena, n * 4 * world);
+  auto* a = static_cast<int32_t*>(buf.a);
+  auto* b = static_cast<int32_t*>(buf.b);
+  int32_t* out_malloc = nullptr;
+  std::vector<int32_t> plain;
+  if (mixed) {
+    plain.resize(n * world);
+    out_malloc = plain.data();
+  }
+  char what[200];
+  const char* where = mixed ? "arena to malloc'd" : arena ? "gw_mem_alloc" : "malloc'd";
+  gw_status_t s;
+  // allgather: rank r's block holds r * 10^7 + i.
+  if (!mixed) {
+    std::snprintf(what, sizeof(what), "allgather of %zu bytes, %s%s (slices)", n * 4 * world, where,
+                  in_place ? ", in place" : "");
+    int32_t* send = in_place ? a + rank * n : b;
+    for (size_t i = 0; i < n * world; ++i) a[i] = -1;
+    for (size_t i = 0; i < n; ++i) send[i] = rank * 10000000 + static_cast<int32_t>(i);
+    if ((s = gw_allgather(comm, send, a, n, GW_INT32)) != GW_OK) return report(what, s, t0);
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        const double want = r * 10000000.0 + i;
+        if (a[r * n + i] != want) return wrong(rank, what, r * n + i, a[r * n + i], want);
+      }
+    }
+    // reduce_scatter (sum): rank q's block b holds (q + 1) * ((b * 7 + i) % 1000).
+    std::snprintf(what, sizeof(what), "reduce_scatter of %zu bytes, %s%s (slices)", n * 4 * world,
+                  where, in_place ? ", in place" : "");
+    for (int blk = 0; blk < world; ++blk) {
+      for (size_t i = 0; i < n; ++i) a[blk * n + i] = (rank + 1) * ((blk * 7 + i) % 1000);
+    }
+    int32_t* rs_out = in_place ? a + rank * n : b;
+    if ((s = gw_reduce_scatter(comm, a, rs_out, n, GW_INT32, GW_SUM)) != GW_OK) {
+      return report(what, s, t0);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double want = ((rank * 7 + i) % 1000) * (world * (world + 1) / 2.0);
+      if (rs_out[i] != want) return wrong(rank, what, i, rs_out[i], want);
+    }
+  }
+  // alltoall: rank q's block for rank d holds q * 100 + d + (i % 1000) * 10^4.
+  std::snprintf(what, sizeof(what), "alltoall of %zu bytes, %s%s (slices)", n * 4 * world, where,
+                in_place ? ", in place" : "");
+  for (int d = 0; d < world; ++d) {
+    for (size_t i = 0; i < n; ++i) a[d * n + i] = rank * 100 + d + (i % 1000) * 10000;
+  }
+  int32_t* out = mixed ? out_malloc : in_place ? a : b;
+  if ((s = gw_alltoall(comm, a, out, n, GW_INT32)) != GW_OK) return report(what, s, t0);
+  for (int q = 0; q < world; ++q) {
+    for (size_t i = 0; i < n; ++i) {
+      const double want = q * 100 + rank + (i % 1000) * 10000.0;
+      if (out[q * n + i] != want) return wrong(rank, what, q * n + i, out[q * n + i], want);
+    }
+  }
+  return 0;
+}
+
 int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib) {
   const double t0 = now_ms();
   char what[160];
@@ -489,6 +556,24 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
   gw_request_t req = nullptr;
   s = gw_iallreduce(comm, x.data(), y.data(), big, GW_FLOAT32, GW_SUM, &req);
   if (s != GW_ERR_NO_MEMORY) return report("iallreduce of BIG MiB (more than the arena)", s, t0);
+  x = std::vector<float>();
+  y = std::vector<float>();
+  // The chunk the communicator cuts at ("1 MiB", "8 MiB"...): slices are of 2 chunks at most;
+  // arena buffers of a slice and a bit.
+  if ((s = gw_comm_describe(comm, "chunk", desc, sizeof(desc), nullptr)) != GW_OK) {
+    return report("gw_comm_describe chunk", s, t0);
+  }
+  double chunk = 0;
+  char unit[8] = {0};
+  if (std::sscanf(desc, "%lf %7s", &chunk, unit) != 2) return wrong(rank, desc, 0, 0, 1);
+  chunk *= std::strcmp(unit, "MiB") == 0 ? 1 << 20 : std::strcmp(unit, "KiB") == 0 ? 1 << 10 : 1;
+  const size_t in_arena = static_cast<size_t>(chunk) * 2 + 4096;
+  for (int in_place = 0; in_place < 2; ++in_place) {
+    int rc = check_sliced(comm, rank, world, big_mib << 20, false, in_place != 0, false, t0);
+    if (rc == 0) rc = check_sliced(comm, rank, world, in_arena, true, in_place != 0, false, t0);
+    if (rc != 0) return rc;
+  }
+  if (int rc = check_sliced(comm, rank, world, in_arena, true, false, true, t0); rc != 0) return rc;
   if ((s = gw_barrier(comm)) != GW_OK) return report("barrier at the end", s, t0);
   std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", rank, now_ms() - t0);
   return 0;

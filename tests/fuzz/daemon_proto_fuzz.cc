@@ -194,6 +194,8 @@ std::vector<std::vector<uint8_t>> seeds() {
       e.recv_off = one_buffer ? 4096 : 65536;
       e.root = op == Opcode::kBroadcast ? 1 : 0;
       e.op = op == Opcode::kAllreduce || op == Opcode::kReduceScatter ? 4 : 0;
+      // Slices of blocks a stride apart (the largest buffer's blocks), and packed ones.
+      if (op == Opcode::kAllgather || op == Opcode::kAlltoall) e.stride = 1000;
       if (op == Opcode::kAllreduceCompressed) {
         e.dtype = 0;  // float32
         e.meta_off = 200000;
