@@ -98,13 +98,19 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     auto tcp = TcpStore::create(so);
     if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
     store = *tcp;
+    // The keys a direct-mode communicator agrees its token and host map under (collectives/
+    // group.cc): a job whose ranks run some in daemon mode and some directly meets there, and
+    // the modes exchanged with the host map fail it at once on every rank.
+    auto gen = store->add(fmt::format("gw/comm_gen/{}", options.rank), 1, deadline);
+    if (!gen.ok()) return gen.status().with_context("rendezvous store");
+    auto agreed = make_prefix_store(store, fmt::format("gw/comm{}/", *gen));
     if (!options.job_token.empty()) {
       h.job_token = options.job_token;
     } else {
-      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*store, options.rank, deadline));
+      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*agreed, options.rank, deadline));
     }
-    GW_ASSIGN_OR_RETURN(HostMap map,
-                        exchange_hosts(*store, options.rank, options.world_size, deadline));
+    GW_ASSIGN_OR_RETURN(
+        HostMap map, exchange_hosts(*agreed, options.rank, options.world_size, deadline, "daemon"));
     h.host_index = map.my_host;
     h.num_hosts = static_cast<int32_t>(map.ranks_of_host.size());
     h.local_rank = map.local_rank;

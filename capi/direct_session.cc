@@ -94,6 +94,7 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
   co.timeout_ms = options.timeout_ms;
   co.job_token = options.job_token;
   co.route_host = options.store_host;
+  co.mode = "direct";
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
   return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
 }

@@ -749,6 +749,7 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
   g.store = options.store;
   g.job_token = options.job_token;
   g.host_id = options.host_id;
+  g.mode = options.mode;
   GW_ASSIGN_OR_RETURN(Group group, Group::create(g, deadline_after_ms(settings.timeout_ms)));
   auto comm = std::make_unique<CommImpl>(std::move(group), std::move(settings));
   GW_RETURN_IF_ERROR(comm->init());

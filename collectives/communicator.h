@@ -41,6 +41,7 @@ struct CommOptions {
   int64_t timeout_ms = -1;  // -1: GW_TIMEOUT_MS
   std::string job_token;    // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;      // "" : bootstrap host_identity()
+  std::string mode;         // GroupOptions::mode: the C ABI's "direct"
   // The store's host: tcp's default interface is the one the routing table uses to reach it
   // (GW_SOCKET_IFNAME unset). "": the first interface that is up.
   std::string route_host;

@@ -100,7 +100,7 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
   }
   if (o.host_id.empty()) {
     g.host_id_ = host_identity();
-    auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline);
+    auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline, o.mode);
     if (!hosts.ok()) return hosts.status().with_context("communicator");
     g.host_of_rank_ = hosts->host_of_rank;
     g.kernel_of_host_ = kernels_of(hosts->host_ids);

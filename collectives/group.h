@@ -24,6 +24,9 @@ struct GroupOptions {
   std::shared_ptr<Store> store;  // required
   std::string job_token;         // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;           // "" : bootstrap host_identity() (GW_HOSTID)
+  // How the C ABI runs this rank ("direct", "daemon"; "": not compared): exchanged with the host
+  // map, so a job whose ranks differ fails at once on every rank (exchange_hosts).
+  std::string mode;
 };
 
 class Group {

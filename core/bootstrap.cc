@@ -272,12 +272,15 @@ std::string kernel_of_host_id(const std::string& host_id) {
   return host_id.substr(0, at);
 }
 
-Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline) {
+Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline,
+                               const std::string& mode) {
   if (world < 1) return invalid_arg("exchange_hosts: world size {} < 1", world);
   if (rank < 0 || rank >= world) {
     return invalid_arg("exchange_hosts: rank {} out of range 0..{}", rank, world - 1);
   }
+  // "identity" or "identity\nmode".
   std::string mine = host_identity();
+  if (!mode.empty()) mine += "\n" + mode;
   Status s = store.set(fmt::format("gw/host/{}", rank), Bytes(mine.begin(), mine.end()), deadline);
   if (!s.ok()) return s.with_context(fmt::format("exchange_hosts: rank {} publishing", rank));
   HostMap map;
@@ -287,9 +290,15 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
       std::vector<Bytes> ids,
       gather_joined(
           store, world, [](int r) { return fmt::format("gw/host/{}", r); }, deadline));
+  std::map<std::string, std::vector<int>> ranks_of_mode;
   for (int r = 0; r < world; ++r) {
     const Bytes& v = ids[static_cast<size_t>(r)];
     std::string id(v.begin(), v.end());
+    if (!mode.empty()) {
+      const size_t at = id.rfind('\n');
+      ranks_of_mode[at == std::string::npos ? "an unknown" : id.substr(at + 1)].push_back(r);
+      if (at != std::string::npos) id.resize(at);
+    }
     auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
     if (inserted) {
       map.ranks_of_host.emplace_back();
@@ -297,6 +306,28 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
     }
     map.host_of_rank[r] = it->second;
     map.ranks_of_host[it->second].push_back(r);
+  }
+  if (ranks_of_mode.size() > 1) {
+    // At most 8 ranks named per mode: the line stays readable.
+    std::vector<std::string> parts;
+    for (const auto& [m, ranks] : ranks_of_mode) {
+      const std::vector<int> shown(ranks.begin(),
+                                   ranks.begin() + std::min<size_t>(ranks.size(), 8));
+      parts.push_back(fmt::format("rank{} {}{} in {} mode", ranks.size() == 1 ? "" : "s",
+                                  fmt::join(shown, ", "), ranks.size() > 8 ? ", ..." : "", m));
+    }
+    Status error = invalid_arg(
+        "the job's ranks do not run the same way ({}): every rank must use the same GW_DAEMON "
+        "(a daemon on each host, or none)",
+        fmt::join(parts, "; "));
+    // Rank 0 hosts the store: it leaves once every rank has read the modes (2 s at most), so
+    // each fails with this error rather than with a closed store.
+    auto seen = [](int r) { return fmt::format("gw/mode_seen/{}", r); };
+    (void)store.set(seen(rank), Bytes{1}, deadline);
+    if (rank == 0) {
+      (void)gather_joined(store, world, seen, std::min(deadline, deadline_after_ms(2000)));
+    }
+    return error;
   }
   map.my_host = map.host_of_rank[rank];
   const auto& peers = map.ranks_of_host[map.my_host];

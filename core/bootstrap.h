@@ -47,7 +47,13 @@ struct HostMap {
   int my_host = -1;
   int local_rank = -1;  // position of this rank among the ranks of its host
 };
-Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline);
+//
+// With a mode (the C ABI's "direct" or "daemon"), every rank's is exchanged with its identity and
+// compared: ranks that differ fail at once, every one of them, kInvalidArg naming which ranks run
+// how (rather than each waiting for keys the others never write). Ranks that give no mode pass
+// none.
+Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline,
+                               const std::string& mode = "");
 
 // The kernel a host identity runs on: host_identity()'s "hostname/boot_id/netns:N" without the
 // network namespace (namespace or container "hosts" of one machine share it, and its CPUs); any

@@ -126,6 +126,24 @@ class DaemonPair {
     return g.start(argv, env);
   }
 
+  // A trainer in direct mode (no GW_DAEMON), posing as host h.
+  size_t start_direct_trainer(ProcGroup& g, int h, int rank, int world, int port,
+                              std::vector<std::string> args) {
+    Env env = clean_env();
+    env["GW_HOSTID"] = host(h);
+    std::vector<std::string> argv = {DAEMON_TRAINER_PATH,
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--world",
+                                     std::to_string(world),
+                                     "--timeout-ms",
+                                     std::to_string(kTimeoutMs),
+                                     "--store",
+                                     "127.0.0.1:" + std::to_string(port)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return g.start(argv, env);
+  }
+
   // Memfd arenas still mapped in daemon h (its /proc maps).
   int arenas(int h) const {
     std::ifstream f("/proc/" + std::to_string(pid_[h]) + "/maps");
@@ -393,6 +411,39 @@ TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) 
       }
     }
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// A job of ranks in daemon mode and ranks in direct mode (a GW_DAEMON set on some nodes only)
+// fails at once on every rank, naming who runs how, instead of each waiting out its deadline
+// for keys the others never write. Rank 0 hosts the store in either mode.
+TEST(DaemonIntegration, AJobOfDaemonAndDirectRanksFailsAtOnceOnEveryRank) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (int direct_rank = 0; direct_rank < 2; ++direct_rank) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 3; ++r) {
+      if (r == direct_rank) {
+        d.start_direct_trainer(g, r % 2, r, 3, port, {"suite", "100"});
+      } else {
+        d.start_trainer_on(g, r % 2, r, 3, port, {"suite", "100"});
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto results = g.wait_all(60000);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(results.size(), 3u);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_EQ(results[r].exit_code, 10 + 1) << results[r].describe();  // GW_ERR_INVALID_ARG
+      const std::string want = "rank " + std::to_string(direct_rank) + " in direct mode";
+      EXPECT_NE(results[r].output.find(want), std::string::npos) << results[r].describe();
+      EXPECT_NE(results[r].output.find("in daemon mode"), std::string::npos)
+          << results[r].describe();
+    }
+    EXPECT_LT(took, std::chrono::milliseconds(kTimeoutMs)) << "waited out the deadline";
   }
 }
 

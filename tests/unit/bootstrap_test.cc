@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -305,6 +306,56 @@ TEST_F(BootstrapTest, ExchangeHostsGroupsRanks) {
   EXPECT_EQ(m->my_host, 0);
   EXPECT_EQ(m->local_rank, 1);
   EXPECT_EQ(m->host_ids, (std::vector<std::string>{"a", "b", "c"}));
+}
+
+// The C ABI's ranks give their mode with their host: the same everywhere passes (and the host
+// map ignores it), a job whose ranks differ fails at once, naming who runs how.
+TEST_F(BootstrapTest, ExchangeHostsComparesModes) {
+  constexpr int kWorld = 4;
+  auto publish = [](Store& store, int r, const std::string& v) {
+    return store.set("gw/host/" + std::to_string(r), Bytes(v.begin(), v.end()),
+                     deadline_after_ms(1000));
+  };
+  set("GW_HOSTID", "a");
+  {
+    auto store = make_memory_store();
+    for (int r = 1; r < kWorld; ++r) ASSERT_TRUE(publish(*store, r, "a\ndaemon").ok());
+    auto m = exchange_hosts(*store, 0, kWorld, deadline_after_ms(2000), "daemon");
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(m->host_ids, (std::vector<std::string>{"a"}));
+    EXPECT_EQ(m->ranks_of_host[0].size(), 4u);
+  }
+  {
+    auto store = make_memory_store();
+    ASSERT_TRUE(publish(*store, 1, "a\ndirect").ok());
+    ASSERT_TRUE(publish(*store, 2, "b\ndaemon").ok());
+    ASSERT_TRUE(publish(*store, 3, "b\ndirect").ok());
+    // The others have read the modes too: rank 0, which hosts the store, need not wait for them.
+    for (int r = 1; r < kWorld; ++r) {
+      ASSERT_TRUE(
+          store->set("gw/mode_seen/" + std::to_string(r), Bytes{1}, deadline_after_ms(100)).ok());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = exchange_hosts(*store, 0, kWorld, deadline_after_ms(5000), "daemon");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));  // at once
+    ASSERT_EQ(m.status().code(), Code::kInvalidArg) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("ranks 0, 2 in daemon mode"), std::string::npos)
+        << m.status().message();
+    EXPECT_NE(m.status().message().find("ranks 1, 3 in direct mode"), std::string::npos)
+        << m.status().message();
+    EXPECT_NE(m.status().message().find("GW_DAEMON"), std::string::npos);
+  }
+  {
+    auto store = make_memory_store();  // a rank that gave no mode
+    for (int r = 1; r < 3; ++r) ASSERT_TRUE(publish(*store, r, "a\ndirect").ok());
+    ASSERT_TRUE(publish(*store, 3, "a").ok());
+    // Nobody says it has read the modes: rank 0 waits 2 s for them at most, then fails.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = exchange_hosts(*store, 0, kWorld, deadline_after_ms(10000), "direct");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+    EXPECT_NE(m.status().message().find("rank 3 in an unknown mode"), std::string::npos)
+        << m.status().to_string();
+  }
 }
 
 // Namespace "hosts" of one machine share its kernel (and CPUs): host_identity() without the netns.
