@@ -205,6 +205,14 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
       // MASTER_ADDR alone, then makes groups of one rank) is no reason to refuse it.
     }
   }
+  if (o.world_size == 1 && cfg.store_addr == nullptr) {
+    // One rank talks to nobody: a store address from the environment is not used. Under
+    // torchrun, MASTER_PORT is torch's own TCPStore, which rank 0 could not host again, and a
+    // one-rank group (dist.new_group([0])) must not fail for it.
+    o.store_host.clear();
+    o.store_port = 0;
+    o.store_source.clear();
+  }
   if (cfg.store_addr != nullptr) {
     Status s = gw::store_socket::parse_addr(cfg.store_addr, false, &o.store_host, &o.store_port);
     if (!s.ok()) return gw::invalid_arg("config.store_addr: {}", s.message());

@@ -1,9 +1,12 @@
 // The C ABI through the real libgradwire.so: bad input of every kind, handle misuse (NULL,
 // foreign, destroyed, aborted), a world of one doing every collective, and 2-4 ranks as threads
 // rendezvousing over the TCP store.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -229,6 +232,35 @@ TEST(CapiTest, OneRankIgnoresAHalfSetMasterAddress) {
   EXPECT_GW(GW_ERR_INVALID_ARG, gw_comm_init(&c, &cfg));
   EXPECT_NE(last().find("MASTER_PORT"), std::string::npos) << last();
   unsetenv("MASTER_ADDR");
+}
+
+// Under torchrun MASTER_PORT is torch's own TCPStore: a one-rank communicator (a one-rank
+// group, dist.new_group([0])) must not try to host a store there, and does not need one.
+TEST(CapiTest, OneRankUsesNoStoreFromTheEnvironment) {
+  CleanEnv env;
+  const int held = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(held, 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.world_size = 1;
+  gw_comm_t c = nullptr;
+  EXPECT_GW(GW_OK, gw_comm_init(&c, &cfg));
+  ASSERT_NE(c, nullptr);
+  double x = 4.0;
+  EXPECT_GW(GW_OK, gw_allreduce(c, &x, &x, 1, GW_FLOAT64, GW_SUM));
+  EXPECT_EQ(x, 4.0);
+  EXPECT_GW(GW_OK, gw_comm_destroy(c));
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+  close(held);
 }
 
 // --- gw_config_t's size
