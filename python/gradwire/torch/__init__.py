@@ -32,6 +32,7 @@ import queue
 import secrets
 import socket
 import threading
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -273,13 +274,38 @@ def _equal(ts: list, like: torch.Tensor, what: str) -> None:
                 "(uneven sizes are not supported)")
 
 
+def _cuda_fence(tensors: list) -> Optional[Callable[[], None]]:
+    """Orders the worker after the caller's CUDA work. The worker thread stages CUDA tensors on
+    its own current stream (the legacy default stream), which does not wait for torch's
+    non-blocking streams (DDP/FSDP side streams, `with torch.cuda.stream(s)`): record an event
+    on the caller's current stream of each CUDA device involved and wait for it in the worker."""
+    events = []
+    for d in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(d))
+        events.append(ev)
+    if not events:
+        return None
+
+    def wait() -> None:
+        for e in events:
+            e.synchronize()
+    return wait
+
+
 class ProcessGroupGradwire(ProcessGroup):
     """A torch.distributed ProcessGroup running its collectives on a gradwire.Comm."""
+
+    # torch 2.x asks a group's backend whether it can split before eager init
+    # (init_process_group(device_id=...)); a Python ProcessGroup is its own backend.
+    supports_splitting = False
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Optional[timedelta] = None,
                  comm: Optional[Comm] = None) -> None:
         super().__init__(rank, size)
         self.comm: Comm = comm if comm is not None else comm_over_store(store, rank, size, timeout)
+        self._own_comm = comm is None  # shutdown() closes only a communicator it made
+        self._shut = False
         self._rank = rank
         self._size = size
         self._keep = _KeepAlive()
@@ -316,8 +342,59 @@ class ProcessGroupGradwire(ProcessGroup):
     def group_desc(self) -> str:
         return self._gw_group_desc
 
-    def _work(self, fn: Callable[[], Any]) -> Any:
-        return GradwireWork(run_async(self.comm, fn), self._keep)
+    # The C++ spellings: newer torch's PyProcessGroup trampoline forwards getGroupName() and
+    # friends to Python methods of exactly these names (C++ callers); without them a C++
+    # caller still gets "ProcessGroup name not set".
+    def getGroupName(self) -> str:  # noqa: N802
+        return self.group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._set_group_name(name)
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._gw_group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._set_group_desc(desc)
+
+    def _get_backend(self, device: Any) -> "ProcessGroupGradwire":
+        # torch 2.x's init_process_group(device_id=...) asks the new group for its C++ backend
+        # (pg._get_backend(device_id).supports_splitting); the base raises "No backend type
+        # associated with device type".
+        return self
+
+    def shutdown(self) -> None:
+        """torch 2.x's destroy_process_group calls this on each group it destroys (the base is a
+        no-op for a Python group): runs what was submitted (each bounded by the communicator's
+        deadline), stops the worker and frees the communicator this group made (Comm.close is
+        local, not collective; one passed in as comm= stays the caller's). Later collectives on
+        the group raise InvalidArgument. Idempotent; never raises (it runs in teardown)."""
+        if self._shut:
+            return
+        self._shut = True
+        try:
+            w = getattr(self.comm, "_torch_worker", None)
+            if w is not None:
+                w.stop()
+                self.comm._torch_worker = None
+            if self._own_comm:
+                self.comm.close()
+        except Exception as e:  # noqa: BLE001 (teardown must go on)
+            warnings.warn(f"gradwire: shutting the process group down: {e}")
+
+    def _work(self, fn: Callable[[], Any], *tensors: Any) -> Any:
+        if self._shut:
+            raise InvalidArgument("gradwire: the process group was shut down "
+                                  "(destroy_process_group)")
+        flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
+        fence = _cuda_fence(flat)
+        if fence is None:
+            return GradwireWork(run_async(self.comm, fn), self._keep)
+
+        def run() -> Any:
+            fence()
+            return fn()
+        return GradwireWork(run_async(self.comm, run), self._keep)
 
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "all_reduce")
@@ -327,7 +404,7 @@ class ProcessGroupGradwire(ProcessGroup):
         def run() -> list:
             self.comm.allreduce(t, op=op)
             return tensors
-        return self._work(run)
+        return self._work(run, tensors)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
@@ -338,7 +415,7 @@ class ProcessGroupGradwire(ProcessGroup):
             for t in tensors:
                 self.comm.allreduce(t, op=op)
             return tensors
-        return self._work(run)
+        return self._work(run, tensors)
 
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "broadcast")
@@ -350,7 +427,7 @@ class ProcessGroupGradwire(ProcessGroup):
         def run() -> list:
             self.comm.broadcast(_raw(t), root)
             return tensors
-        return self._work(run)
+        return self._work(run, tensors)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         t = _one(inputs, "all_gather")
@@ -367,7 +444,7 @@ class ProcessGroupGradwire(ProcessGroup):
             for i, o in enumerate(outs):
                 o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view(o.shape))
             return output_lists
-        return self._work(run)
+        return self._work(run, inputs, outs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if output.numel() != input.numel() * self._size:
@@ -386,7 +463,7 @@ class ProcessGroupGradwire(ProcessGroup):
                 self.comm.allgather(_raw(_flat(input)), _raw(flat))
                 output.copy_(flat.view(output.shape))
             return [output]
-        return self._work(run)
+        return self._work(run, input, output)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         out = _one(outputs, "reduce_scatter")
@@ -403,7 +480,7 @@ class ProcessGroupGradwire(ProcessGroup):
             res = self.comm.reduce_scatter(flat, op=op)
             out.copy_(res.view(out.shape))
             return outputs
-        return self._work(run)
+        return self._work(run, ins, out)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Any:
@@ -420,7 +497,7 @@ class ProcessGroupGradwire(ProcessGroup):
             res = self.comm.reduce_scatter(_flat(input), op=op)
             output.copy_(res.view(output.shape))
             return [output]
-        return self._work(run)
+        return self._work(run, input, output)
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         if len(inputs) != self._size or len(outputs) != self._size:
@@ -438,14 +515,20 @@ class ProcessGroupGradwire(ProcessGroup):
             for j, o in enumerate(outputs):
                 o.copy_(res[j * n:(j + 1) * n].view(o.shape))
             return outputs
-        return self._work(run)
+        return self._work(run, inputs, outputs)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list,
                       input_splits: list, opts: Any = None) -> Any:
-        for splits, what in ((output_splits, "output"), (input_splits, "input")):
+        for splits, what, t in ((output_splits, "output", output),
+                                (input_splits, "input", input)):
             if splits and len(set(splits)) != 1:
                 raise Unsupported(f"gradwire all_to_all_single: uneven {what} splits {splits} "
                                   "are not supported")
+            # Equal splits are otherwise not looked at again (numel / ranks each): refuse ones
+            # that do not describe the tensor, as torch's backends do, rather than re-split.
+            if splits and (len(splits) != self._size or sum(splits) != t.size(0)):
+                raise InvalidArgument(f"gradwire all_to_all_single: {what} splits {splits} do "
+                                      f"not split dim 0 ({t.size(0)}) over {self._size} ranks")
         if input.numel() % self._size or output.numel() != input.numel():
             raise InvalidArgument(f"gradwire all_to_all_single: input ({input.numel()}) and "
                                   f"output ({output.numel()}) must be equal multiples of "
@@ -461,7 +544,7 @@ class ProcessGroupGradwire(ProcessGroup):
             self.comm.alltoall(_raw(send), _raw(res))
             output.copy_(res.view(output.shape))
             return [output]
-        return self._work(run)
+        return self._work(run, input, output)
 
     def barrier(self, opts: Any = None) -> Any:
         def run() -> list:
@@ -479,7 +562,7 @@ class ProcessGroupGradwire(ProcessGroup):
             # An allreduce; ranks other than root reduce a copy and keep their tensor.
             self.comm.allreduce(t if self._rank == root else t.clone(), op=op)
             return tensors
-        return self._work(run)
+        return self._work(run, tensors)
 
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         t = _one(inputs, "gather")
@@ -497,7 +580,7 @@ class ProcessGroupGradwire(ProcessGroup):
             for i, o in enumerate(outs):
                 o.copy_(res[i * n:(i + 1) * n].view(o.shape))
             return output_lists
-        return self._work(run)
+        return self._work(run, t, outs)
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         out = _one(outputs, "scatter")
@@ -515,7 +598,13 @@ class ProcessGroupGradwire(ProcessGroup):
             n = out.numel()
             out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
             return outputs
-        return self._work(run)
+        return self._work(run, out, input_lists[0] if self._rank == root else [])
+
+    # Newer torch spells the C++ single-tensor collectives all_gather_single and
+    # reduce_scatter_single and its trampoline looks for Python methods of those names (C++
+    # callers such as functional collectives); dist.* still calls the underscored ones.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
 
     def send(self, *args: Any) -> Any:
         raise Unsupported("gradwire: send/recv (point-to-point) is not supported")

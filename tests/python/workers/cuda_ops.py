@@ -1,9 +1,10 @@
 """Worker: the gradwire backend, the C ABI's compressed allreduce and DDP on CUDA tensors.
 
 Every rank uses cuda:0 (the GPU test machine has one GPU; ranks pose as hosts). Checks, on each
-rank: collectives on CUDA tensors give the exact results, gw_allreduce_compressed on a CUDA tensor
-gives the same bits as on the same values in host memory (fp16: the codec is deterministic), and a
-DDP model on the GPU with gradwire's hooks ends with identical parameters on every rank.
+rank: collectives on CUDA tensors give the exact results (one issued on a side stream too),
+gw_allreduce_compressed on a CUDA tensor gives the same bits as on the same values in host memory
+(fp16: the codec is deterministic), and a DDP model on the GPU with gradwire's hooks ends with
+identical parameters on every rank.
 """
 import torch
 import torch.distributed as dist
@@ -25,6 +26,20 @@ assert torch.equal(t.cpu(), torch.arange(7, dtype=torch.float16)), t
 outs = [torch.zeros(3, device=dev) for _ in range(n)]
 dist.all_gather(outs, torch.full((3,), float(r), device=dev))
 assert all(torch.equal(o.cpu(), torch.full((3,), float(i))) for i, o in enumerate(outs)), outs
+
+# A collective issued on a side stream (DDP and FSDP use them) reads what that stream wrote
+# before it: the backend's worker waits for an event recorded on the caller's current stream. The
+# GPU sleeps before the fill, so a worker that did not wait would send zeros.
+side = torch.cuda.Stream()
+t = torch.zeros(1 << 20, device=dev)
+torch.cuda.synchronize()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(200_000_000)
+    t.fill_(float(r + 1))
+    work = dist.all_reduce(t, async_op=True)
+work.wait()
+torch.cuda.synchronize()
+assert torch.equal(t.cpu(), torch.full((1 << 20,), n * (n + 1) / 2)), "side stream not waited for"
 
 comm = comm_of()
 g = torch.Generator().manual_seed(7 + r)

@@ -91,6 +91,40 @@ for call in (lambda: dist.send(torch.zeros(1), (r + 1) % n),
     else:
         raise AssertionError("an unsupported call did not raise")
 
+# Equal splits that do not split dim 0 over the ranks are refused (gloo refuses them too), not
+# re-split by element count: [2] * n on 3 * n rows would move 3 rows per peer.
+try:
+    dist.all_to_all_single(torch.zeros(3 * n, 1), torch.zeros(3 * n, 1), [2] * n, [2] * n)
+except ValueError as e:  # gradwire.InvalidArgument
+    assert "do not split dim 0" in str(e), e
+else:
+    raise AssertionError("all_to_all_single with splits that miss dim 0 did not raise")
+out = torch.zeros(2 * n, 1)
+dist.all_to_all_single(out, torch.full((2 * n, 1), float(r)), [2] * n, [2] * n)
+assert torch.equal(out.flatten(), torch.tensor([float(j) for j in range(n) for _ in range(2)]))
+
+# torch 2.x calls shutdown() on each group destroy_process_group ends (1.13 never does): it runs
+# what was queued, stops the group's worker, frees its communicator, and refuses later calls.
+g2 = dist.new_group(list(range(n)), backend="gradwire")
+t = torch.ones(2)
+work = dist.all_reduce(t, group=g2, async_op=True)
+try:
+    name = g2.group_name  # torch 2.x names every group
+except RuntimeError:  # 1.13 does not
+    g2.setGroupName(name := "gw-g2")
+assert g2.getGroupName() == name and g2.getGroupDesc() == g2.group_desc
+assert g2._get_backend(torch.device("cpu")) is g2 and not g2.supports_splitting
+g2.shutdown()
+assert work.is_completed() and torch.all(t == n), t
+g2.shutdown()  # again: nothing
+assert "closed" in repr(g2.comm), repr(g2.comm)
+try:
+    dist.all_reduce(torch.ones(2), group=g2)
+except ValueError as e:
+    assert "shut down" in str(e), e
+else:
+    raise AssertionError("a collective on a shut-down group did not raise")
+
 # A subgroup of the even ranks runs its own communicator.
 evens = list(range(0, n, 2))
 g = dist.new_group(evens, backend="gradwire")
