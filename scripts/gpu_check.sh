@@ -16,7 +16,8 @@
 #              powerSGD over NCCL, side by side (2 ranks under MPS)
 #   dmabuf     verbs (emulated NIC) registering real CUDA memory via dma-buf
 #   suite      torch's distributed_test.py against the gradwire backend on the host's torch
-#              (parallel with pytest-xdist where present; stopped at its deadline, counts kept)
+#              (parallel with pytest-xdist where present; stopped at its deadline, counts kept;
+#              SUITE_TESTS="test_a test_b ..." for those tests only)
 #   all        build, then plugin allreduce ddp one after another on a quiet machine (their timings
 #              are the reported ones), then python devmem dmabuf kernels suite side by side
 # Logs go to build/gpu-check-logs, and when $OUT is set (the device tool's output folder, which

@@ -18,7 +18,8 @@
 #                backend and hooks, torch's powerSGD over NCCL, in two jobs (DDP_CONFIGS: a
 #                space-separated list of --configs values, one job each)
 #   --suite      torch's distributed_test.py on the gradwire backend (run_torch_distributed_test.sh),
-#                with pytest-xdist over SUITE_WORKERS workers (default 6) where installed
+#                with pytest-xdist over SUITE_WORKERS workers (default 6) where installed;
+#                SUITE_TESTS="test_a test_b ..." runs those tests only
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}"
@@ -145,7 +146,7 @@ case $mode in
     # --python and --ddp, so the suite runs with the GPU hidden (SUITE_CUDA=1 keeps it).
     [[ ${SUITE_CUDA:-0} == 1 ]] || export CUDA_VISIBLE_DEVICES=""
     GRADWIRE_LIBRARY="$build/libgradwire.so" GW_PYTHON="$py" SUITE_TIMEOUT=${SUITE_TIMEOUT:-0} \
-      bash tests/python/run_torch_distributed_test.sh -- "${extra[@]}"
+      bash tests/python/run_torch_distributed_test.sh -- "${extra[@]}" ${SUITE_TESTS:-}
     ;;
   *)
     build_targets gw-gpu-check

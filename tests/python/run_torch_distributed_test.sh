@@ -41,7 +41,9 @@ set +e
 # still writes the results so far, and the counts below are of the tests that ran.
 stop=()
 [ "${SUITE_TIMEOUT:-0}" -gt 0 ] && stop=(timeout -s INT -k 30 "$SUITE_TIMEOUT")
+# PYTHONHASHSEED: a skip reason that prints a set reads the same in every xdist worker.
 BACKEND=$backend WORLD_SIZE=$world GW_TIMEOUT_MS=${GW_TIMEOUT_MS:-10000} PYTHONWARNINGS=ignore \
+  PYTHONHASHSEED=${PYTHONHASHSEED:-0} \
   "${stop[@]}" "$py" -m pytest -q -p no:cacheprovider --tb=short ${list:+-rA} --junitxml="$xml" \
   "${args[@]}"
 prc=$?
