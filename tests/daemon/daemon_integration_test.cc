@@ -115,6 +115,20 @@ class DaemonPair {
     env["GW_DAEMON"] = "unix:" + socket(h);
     env["GW_HOSTID"] = hostid.empty() ? host(h) : hostid;
     env["GW_DAEMON_ARENA"] = arena;
+    return g.start(trainer_argv(rank, world, port, args), env);
+  }
+
+  // A trainer in direct mode (no GW_DAEMON), posing as host h.
+  size_t start_direct_trainer(ProcGroup& g, int h, int rank, int world, int port,
+                              std::vector<std::string> args) {
+    Env env = clean_env();
+    env["GW_HOSTID"] = host(h);
+    return g.start(trainer_argv(rank, world, port, args), env);
+  }
+
+  // daemon_trainer's command line (port 0: no store).
+  static std::vector<std::string> trainer_argv(int rank, int world, int port,
+                                               const std::vector<std::string>& args) {
     std::vector<std::string> argv = {
         DAEMON_TRAINER_PATH,   "--rank",       std::to_string(rank),      "--world",
         std::to_string(world), "--timeout-ms", std::to_string(kTimeoutMs)};
@@ -123,25 +137,7 @@ class DaemonPair {
       argv.push_back("127.0.0.1:" + std::to_string(port));
     }
     argv.insert(argv.end(), args.begin(), args.end());
-    return g.start(argv, env);
-  }
-
-  // A trainer in direct mode (no GW_DAEMON), posing as host h.
-  size_t start_direct_trainer(ProcGroup& g, int h, int rank, int world, int port,
-                              std::vector<std::string> args) {
-    Env env = clean_env();
-    env["GW_HOSTID"] = host(h);
-    std::vector<std::string> argv = {DAEMON_TRAINER_PATH,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--world",
-                                     std::to_string(world),
-                                     "--timeout-ms",
-                                     std::to_string(kTimeoutMs),
-                                     "--store",
-                                     "127.0.0.1:" + std::to_string(port)};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return g.start(argv, env);
+    return argv;
   }
 
   // Memfd arenas still mapped in daemon h (its /proc maps).
