@@ -446,7 +446,8 @@ class ProcessGroupGradwire(ProcessGroup):
             return output_lists
         return self._work(run, inputs, outs)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def _gather_into(self, output: torch.Tensor, input: torch.Tensor) -> Callable[[], None]:
+        """Checks one all_gather_into_tensor at the call; returns what runs it."""
         if output.numel() != input.numel() * self._size:
             raise InvalidArgument(f"gradwire all_gather_into_tensor: output has {output.numel()} "
                                   f"elements, expected {self._size} x {input.numel()}")
@@ -455,15 +456,37 @@ class ProcessGroupGradwire(ProcessGroup):
             raise InvalidArgument(f"gradwire all_gather_into_tensor: output dtype {output.dtype} "
                                   f"differs from the input's {input.dtype}")
 
-        def run() -> list:
+        def run() -> None:
             if output.is_contiguous():
                 self.comm.allgather(_raw(_flat(input)), _raw(output))
             else:
                 flat = torch.empty(output.numel(), dtype=output.dtype, device=output.device)
                 self.comm.allgather(_raw(_flat(input)), _raw(flat))
                 output.copy_(flat.view(output.shape))
+        return run
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        step = self._gather_into(output, input)
+
+        def run() -> list:
+            step()
             return [output]
         return self._work(run, input, output)
+
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> Any:
+        """torch 2.x's all_gather_into_tensor under _coalescing_manager (FSDP): one Work, the
+        tensors one after another."""
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"gradwire all_gather_into_tensor (coalesced): {len(outputs)} "
+                                  f"outputs for {len(inputs)} inputs")
+        steps = [self._gather_into(o, i) for o, i in zip(outputs, inputs)]
+
+        def run() -> list:
+            for step in steps:
+                step()
+            return outputs
+        return self._work(run, inputs, outputs)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         out = _one(outputs, "reduce_scatter")
@@ -482,9 +505,9 @@ class ProcessGroupGradwire(ProcessGroup):
             return outputs
         return self._work(run, ins, out)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
-                             opts: Any = None) -> Any:
-        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+    def _scatter_from(self, output: torch.Tensor, input: torch.Tensor,
+                      op: Op) -> Callable[[], None]:
+        """Checks one reduce_scatter_tensor at the call; returns what runs it."""
         if input.numel() != output.numel() * self._size:
             raise InvalidArgument(f"gradwire reduce_scatter_tensor: input has {input.numel()} "
                                   f"elements, expected {self._size} x {output.numel()}")
@@ -493,11 +516,36 @@ class ProcessGroupGradwire(ProcessGroup):
             raise InvalidArgument(f"gradwire reduce_scatter_tensor: output dtype {output.dtype} "
                                   f"differs from the input's {input.dtype}")
 
-        def run() -> list:
+        def run() -> None:
             res = self.comm.reduce_scatter(_flat(input), op=op)
             output.copy_(res.view(output.shape))
+        return run
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Any:
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        step = self._scatter_from(output, input, op)
+
+        def run() -> list:
+            step()
             return [output]
         return self._work(run, input, output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> Any:
+        """torch 2.x's reduce_scatter_tensor under _coalescing_manager (FSDP): one Work, the
+        tensors one after another."""
+        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"gradwire reduce_scatter_tensor (coalesced): {len(outputs)} "
+                                  f"outputs for {len(inputs)} inputs")
+        steps = [self._scatter_from(o, i, op) for o, i in zip(outputs, inputs)]
+
+        def run() -> list:
+            for step in steps:
+                step()
+            return outputs
+        return self._work(run, inputs, outputs)
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         if len(inputs) != self._size or len(outputs) != self._size:

@@ -103,6 +103,28 @@ out = torch.zeros(2 * n, 1)
 dist.all_to_all_single(out, torch.full((2 * n, 1), float(r)), [2] * n, [2] * n)
 assert torch.equal(out.flatten(), torch.tensor([float(j) for j in range(n) for _ in range(2)]))
 
+# torch 2.x's _coalescing_manager (FSDP) calls the coalesced tensor collectives: one Work, each
+# pair as all_gather_into_tensor / reduce_scatter_tensor would give it.
+pg = dist.distributed_c10d._get_default_group()
+ins = [torch.full((3,), float(r)), torch.arange(2, dtype=torch.float64) + 10 * r]
+outs = [torch.zeros(3 * n), torch.zeros(2 * n, dtype=torch.float64)]
+pg.allgather_into_tensor_coalesced(outs, ins).wait()
+assert torch.equal(outs[0], torch.tensor([float(j) for j in range(n) for _ in range(3)])), outs
+assert torch.equal(outs[1], torch.tensor([10.0 * j + k for j in range(n) for k in range(2)],
+                                         dtype=torch.float64)), outs
+ins = [torch.arange(4 * n, dtype=torch.float32) * (r + 1), torch.ones(n, dtype=torch.int64)]
+outs = [torch.zeros(4), torch.zeros(1, dtype=torch.int64)]
+pg.reduce_scatter_tensor_coalesced(outs, ins).wait()
+tri = n * (n + 1) / 2
+assert torch.equal(outs[0], torch.arange(4 * r, 4 * r + 4, dtype=torch.float32) * tri), outs
+assert outs[1].item() == n, outs
+try:
+    pg.allgather_into_tensor_coalesced([torch.zeros(3 * n)], [torch.zeros(4)])
+except ValueError as e:  # gradwire.InvalidArgument, at the call
+    assert "expected" in str(e), e
+else:
+    raise AssertionError("a coalesced all_gather_into_tensor of the wrong size did not raise")
+
 # torch 2.x calls shutdown() on each group destroy_process_group ends (1.13 never does): it runs
 # what was queued, stops the group's worker, frees its communicator, and refuses later calls.
 g2 = dist.new_group(list(range(n)), backend="gradwire")
