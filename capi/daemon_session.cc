@@ -98,12 +98,12 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     auto tcp = TcpStore::create(so);
     if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
     store = *tcp;
-    // The keys a direct-mode communicator agrees its token and host map under (collectives/
-    // group.cc): a job whose ranks run some in daemon mode and some directly meets there, and
-    // the modes exchanged with the host map fail it at once on every rank.
-    auto gen = store->add(fmt::format("gw/comm_gen/{}", options.rank), 1, deadline);
-    if (!gen.ok()) return gen.status().with_context("rendezvous store");
-    auto agreed = make_prefix_store(store, fmt::format("gw/comm{}/", *gen));
+    // The keys a direct-mode communicator agrees its token and host map under: a job whose ranks
+    // run some in daemon mode and some directly meets there, and the modes exchanged with the
+    // host map fail it at once on every rank.
+    auto prefix = next_communicator_prefix(*store, options.rank, deadline);
+    if (!prefix.ok()) return prefix.status().with_context("rendezvous store");
+    auto agreed = make_prefix_store(store, *prefix);
     if (!options.job_token.empty()) {
       h.job_token = options.job_token;
     } else {

@@ -84,11 +84,9 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
   Group g;
   g.rank_ = o.rank;
   const int world = o.world_size;
-  // Each rank counts the communicators it created on this store; ranks create them in the same
-  // order, so the counts agree and give every communicator its own key prefix.
-  auto gen = o.store->add(fmt::format("gw/comm_gen/{}", o.rank), 1, deadline);
-  if (!gen.ok()) return gen.status().with_context("communicator: numbering on the store");
-  g.prefix_ = fmt::format("gw/comm{}/", *gen);
+  auto prefix = next_communicator_prefix(*o.store, o.rank, deadline);
+  if (!prefix.ok()) return prefix.status().with_context("communicator");
+  g.prefix_ = *prefix;
   g.store_ = make_prefix_store(o.store, g.prefix_);
 
   if (!o.job_token.empty()) {

@@ -401,6 +401,12 @@ Result<std::vector<Bytes>> gather_joined(Store& store, int world,
   return out;
 }
 
+Result<std::string> next_communicator_prefix(Store& store, int rank, Deadline deadline) {
+  auto gen = store.add(fmt::format("gw/comm_gen/{}", rank), 1, deadline);
+  if (!gen.ok()) return gen.status().with_context("numbering communicators on the store");
+  return fmt::format("gw/comm{}/", *gen);
+}
+
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
   std::string configured = config::get_string(core_config::kJobToken);
   if (!configured.empty()) return configured;

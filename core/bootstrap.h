@@ -38,6 +38,12 @@ Result<LaunchInfo> detect_launch();
 // network namespace inode (namespaces used as hosts in tests are distinct hosts).
 std::string host_identity();
 
+// The key prefix of the next communicator this rank makes on `store` ("gw/comm<N>/"): each rank
+// counts the communicators it creates there, and ranks create them in the same order, so the
+// counts agree. Direct-mode communicators and daemon-mode sessions take theirs alike, so the two
+// kinds of rank of a job meet under the same keys.
+Result<std::string> next_communicator_prefix(Store& store, int rank, Deadline deadline);
+
 // Publishes this rank's host identity and reads everyone's. Returns, for each rank, the index of
 // its host (0..nhosts-1, in order of first appearance).
 struct HostMap {
