@@ -192,23 +192,18 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
       return gw::invalid_arg("config.rank {} is out of range for config.world_size {}", o.rank,
                              o.world_size);
     }
-    if (cfg.store_addr == nullptr) {
-      Result<gw::StoreAddress> a = gw::store_address_from_env();
-      if (a.ok()) {
-        o.store_host = a->host;
-        o.store_port = a->port;
-        o.store_source = a->source;
-      } else if (o.world_size > 1) {
-        return a.status();
-      }
-      // One rank needs no store: a half-set MASTER_ADDR/MASTER_PORT (torch's own test suite sets
-      // MASTER_ADDR alone, then makes groups of one rank) is no reason to refuse it.
+    if (cfg.store_addr == nullptr && o.world_size > 1) {
+      GW_ASSIGN_OR_RETURN(gw::StoreAddress a, gw::store_address_from_env());
+      o.store_host = a.host;
+      o.store_port = a.port;
+      o.store_source = a.source;
     }
   }
   if (o.world_size == 1 && cfg.store_addr == nullptr) {
-    // One rank talks to nobody: a store address from the environment is not used. Under
-    // torchrun, MASTER_PORT is torch's own TCPStore, which rank 0 could not host again, and a
-    // one-rank group (dist.new_group([0])) must not fail for it.
+    // One rank talks to nobody: it reads no store address from the environment (above), and
+    // drops one a launcher gave. A half-set MASTER_ADDR/MASTER_PORT (torch's own test suite sets
+    // MASTER_ADDR alone, then makes groups of one rank) is no reason to refuse it; under
+    // torchrun MASTER_PORT is torch's own TCPStore, which rank 0 could not host again.
     o.store_host.clear();
     o.store_port = 0;
     o.store_source.clear();
