@@ -473,20 +473,24 @@ class ProcessGroupGradwire(ProcessGroup):
             return [output]
         return self._work(run, input, output)
 
-    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
-                                        opts: Any = None) -> Any:
-        """torch 2.x's all_gather_into_tensor under _coalescing_manager (FSDP): one Work, the
-        tensors one after another."""
+    def _coalesced(self, outputs: list, inputs: list, what: str,
+                   step_of: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]]) -> Any:
+        """torch 2.x's coalesced tensor collectives (_coalescing_manager, FSDP): every pair checked
+        at the call by step_of, then one Work running them one after another."""
         if len(outputs) != len(inputs):
-            raise InvalidArgument(f"gradwire all_gather_into_tensor (coalesced): {len(outputs)} "
-                                  f"outputs for {len(inputs)} inputs")
-        steps = [self._gather_into(o, i) for o, i in zip(outputs, inputs)]
+            raise InvalidArgument(f"gradwire {what} (coalesced): {len(outputs)} outputs for "
+                                  f"{len(inputs)} inputs")
+        steps = [step_of(o, i) for o, i in zip(outputs, inputs)]
 
         def run() -> list:
             for step in steps:
                 step()
             return outputs
         return self._work(run, inputs, outputs)
+
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
+                                        opts: Any = None) -> Any:
+        return self._coalesced(outputs, inputs, "all_gather_into_tensor", self._gather_into)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         out = _one(outputs, "reduce_scatter")
@@ -533,19 +537,9 @@ class ProcessGroupGradwire(ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> Any:
-        """torch 2.x's reduce_scatter_tensor under _coalescing_manager (FSDP): one Work, the
-        tensors one after another."""
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
-        if len(outputs) != len(inputs):
-            raise InvalidArgument(f"gradwire reduce_scatter_tensor (coalesced): {len(outputs)} "
-                                  f"outputs for {len(inputs)} inputs")
-        steps = [self._scatter_from(o, i, op) for o, i in zip(outputs, inputs)]
-
-        def run() -> list:
-            for step in steps:
-                step()
-            return outputs
-        return self._work(run, inputs, outputs)
+        return self._coalesced(outputs, inputs, "reduce_scatter_tensor",
+                               lambda o, i: self._scatter_from(o, i, op))
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         if len(inputs) != self._size or len(outputs) != self._size:
