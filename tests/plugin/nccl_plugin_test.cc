@@ -638,27 +638,36 @@ std::vector<std::string> with_channel_env_cleared(std::vector<std::string> extra
   return extra;
 }
 
+// The channel settings the plugin and its tuner see, with what the plugin asks NCCL for
+// (NCCL_MIN_NCHANNELS; "-": nothing) and what its tuner then asks for (nullptr: not checked).
+struct ChannelCase {
+  std::vector<std::string> env;
+  const char* channels;
+  const char* tuner;
+};
+const ChannelCase kChannelCases[] = {
+    {{"GW_SOCKET_NTHREADS=1"}, "4", "4"},
+    {{"GW_SOCKET_NTHREADS=-1"}, "-", nullptr},  // no I/O threads
+    {{"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}, "-", "0"},
+    {{"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}, "6", "6"},
+    {{"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}, "2", "0"},
+    {{"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}, "-", "0"},
+};
+
+std::string joined(const std::vector<std::string>& env) {
+  std::string out;
+  for (const auto& e : env) out += e + " ";
+  return out;
+}
+
 // The plugin asks NCCL for 4 channels (NCCL_MIN_NCHANNELS) when its tcp comms have I/O threads,
 // never overrides the user's NCCL_MIN_NCHANNELS or a lower NCCL_MAX_NCHANNELS, and refuses an
 // out-of-range GW_PLUGIN_MIN_CHANNELS.
 TEST(PluginFreshProcess, AsksNcclForChannelsOnlyWhenTheUserHasNot) {
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1"}), {"channels", "4"}), 0);
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1"}), {"channels", "-"}),
-            0);  // no I/O threads
-  EXPECT_EQ(
-      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}),
-               {"channels", "-"}),
-      0);
-  EXPECT_EQ(
-      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}),
-               {"channels", "6"}),
-      0);
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}),
-                     {"channels", "2"}),
-            0);
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}),
-                     {"channels", "-"}),
-            0);
+  for (const ChannelCase& c : kChannelCases) {
+    EXPECT_EQ(run_peer(with_channel_env_cleared(c.env), {"channels", c.channels}), 0)
+        << joined(c.env);
+  }
   EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_PLUGIN_MIN_CHANNELS=33"}),
                      {"init", "5", "GW_PLUGIN_MIN_CHANNELS"}),
             0);
@@ -667,21 +676,10 @@ TEST(PluginFreshProcess, AsksNcclForChannelsOnlyWhenTheUserHasNot) {
 // The tuner asks for the channels the plugin set NCCL_MIN_NCHANNELS to, for network collectives
 // of communicators the plugin serves, and for none when the plugin set none (a user's settings).
 TEST(PluginFreshProcess, TunerAsksForThePluginsChannelsOnly) {
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1"}), {"tuner", "4"}), 0);
-  EXPECT_EQ(
-      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=-1", "GW_PLUGIN_MIN_CHANNELS=6"}),
-               {"tuner", "6"}),
-      0);
-  EXPECT_EQ(
-      run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "GW_PLUGIN_MIN_CHANNELS=-1"}),
-               {"tuner", "0"}),
-      0);
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MIN_NCHANNELS=2"}),
-                     {"tuner", "0"}),
-            0);
-  EXPECT_EQ(run_peer(with_channel_env_cleared({"GW_SOCKET_NTHREADS=1", "NCCL_MAX_NCHANNELS=2"}),
-                     {"tuner", "0"}),
-            0);
+  for (const ChannelCase& c : kChannelCases) {
+    if (c.tuner == nullptr) continue;
+    EXPECT_EQ(run_peer(with_channel_env_cleared(c.env), {"tuner", c.tuner}), 0) << joined(c.env);
+  }
 }
 
 TEST(PluginFreshProcess, LibraryStaysLoadedAfterDlclose) {
