@@ -1069,7 +1069,10 @@ TEST(CapiDestroyTest, DestroyAbortsAnIallreduceInFlightAndNothingIsWrittenAfter)
 }
 
 // A call blocked on another thread (its peer never comes) ends in GW_ERR_ABORTED when the
-// communicator is destroyed, promptly, and destroy returns after it.
+// communicator is destroyed, promptly, and destroy returns only once the call can no longer touch
+// the caller's buffer. (Destroy cannot wait for the caller's next statement: the thread may be
+// preempted between the call's return and `returned = true`, so that flag is awaited, not
+// asserted at once.)
 TEST(CapiDestroyTest, DestroyFromAnotherThreadEndsABlockedCall) {
   CleanEnv env;
   std::vector<gw_comm_t> comms = two_ranks("capi-destroy-blocked");
@@ -1085,8 +1088,15 @@ TEST(CapiDestroyTest, DestroyFromAnotherThreadEndsABlockedCall) {
   ASSERT_FALSE(returned.load()) << "the allreduce returned without its peer: " << result.load();
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(gw_comm_destroy(comms[0]), GW_OK) << gw_last_error();
-  EXPECT_TRUE(returned.load()) << "destroy returned while the call was still running";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  const std::vector<float> after = buf;
+  const auto join_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!returned.load() && std::chrono::steady_clock::now() < join_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(returned.load()) << "the blocked call did not return within 2 s of destroy";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(buf, after) << "buffer written after gw_comm_destroy returned";
   blocked.join();
   EXPECT_EQ(result.load(), GW_ERR_ABORTED);
   EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK) << gw_last_error();
