@@ -453,15 +453,38 @@ class P2pRank {
       const int warm = std::min(iters, c_.window);
       GW_ASSIGN_OR_RETURN(double warm_secs, run_stream(warm));
       if (c_.duration_s > 0) {
-        // -D: rank 0 sizes the run from the warm-up's pace and tells rank 1 the count.
+        // -D: rank 0 sizes the run from the pace of a calibration and tells rank 1 the count. A
+        // window of small messages takes about a millisecond, where one descheduling would make
+        // the pace (and the run) many times off: calibration rounds of 4x the messages follow
+        // until one lasts a twentieth of -D (at least 20 ms). Each round's count goes to rank 1
+        // with kCalibrate set; the final count without it.
+        constexpr uint64_t kCalibrate = uint64_t{1} << 62;
+        constexpr double kMaxMessages = 1e8;
         if (rank_ == 0) {
-          const double per = warm_secs > 0 ? warm_secs / warm : 1e-6;
-          iters = static_cast<int>(std::clamp(c_.duration_s / per, 1.0, 1e8));
+          const double enough = std::max(0.02, c_.duration_s / 20);
+          int calib = warm;
+          double calib_secs = warm_secs;
+          while (calib_secs < enough && calib < kMaxMessages / 4) {
+            calib *= 4;
+            GW_RETURN_IF_ERROR(ctrl_send(kCalibrate | static_cast<uint64_t>(calib)));
+            GW_ASSIGN_OR_RETURN(calib_secs, run_stream(calib));
+          }
+          const double per = calib_secs > 0 ? calib_secs / calib : 1e-6;
+          iters = static_cast<int>(std::clamp(c_.duration_s / per, 1.0, kMaxMessages));
           GW_RETURN_IF_ERROR(ctrl_send(static_cast<uint64_t>(iters)));
         } else {
-          GW_ASSIGN_OR_RETURN(uint64_t n, ctrl_recv());
-          if (n < 1 || n > 100000000) return peer_error("p2p: rank 0 asked for {} messages", n);
-          iters = static_cast<int>(n);
+          for (;;) {
+            GW_ASSIGN_OR_RETURN(uint64_t v, ctrl_recv());
+            const uint64_t n = v & ~kCalibrate;
+            if (n < 1 || n > kMaxMessages) {
+              return peer_error("p2p: rank 0 asked for {} messages", n);
+            }
+            if ((v & kCalibrate) == 0) {
+              iters = static_cast<int>(n);
+              break;
+            }
+            GW_RETURN_IF_ERROR(run_stream(static_cast<int>(n)).status());
+          }
         }
       }
       GW_ASSIGN_OR_RETURN(double secs, run_stream(iters));
