@@ -50,7 +50,11 @@ TEST(JoinWaitTest, MissingRanksAreNamedUntilTheyJoin) {
   ASSERT_TRUE(group.wait_for_output(0, "communicator: waiting for rank 3 to join (3 of 4 joined",
                                     kTimeoutMs))
       << group.output(0);
-  group.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(3, world, port));
+  // Rank 3 finds everyone there; its report comes late, so a slow store round trip on a loaded
+  // machine cannot make it name a rank that has joined.
+  Env late = rank_env(3, world, port);
+  late["GW_JOIN_REPORT_MS"] = "3000";
+  group.start({GW_RANK_MAIN_PATH, "identity"}, late);
   auto results = group.wait_all(kTimeoutMs * 2, /*kill_on_failure=*/true);
   for (const auto& res : results) {
     ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();

@@ -342,32 +342,46 @@ TEST_P(CommTest, RanksThatDisagreeOnCountAllFailEvenWithWholeChunks) {
       const size_t u = coll.unit ? coll.unit : kC * static_cast<size_t>(n);
       for (auto [c0, cn] :
            std::vector<std::pair<size_t, size_t>>{{u, 2 * u}, {2 * u, u}, {u, u + 1}}) {
-        const auto start = std::chrono::steady_clock::now();
+        // Only the mismatched call is timed, against a deadline twice as long: set-up and
+        // teardown of n ranks on a loaded machine are no part of the claim.
         run_ranks(
             GetParam(), n,
             [&](Communicator& c, int r) {
               ASSERT_TRUE(coll.call(c, n, u).ok()) << coll.name;  // connections up
+              const auto start = std::chrono::steady_clock::now();
               Status s = coll.call(c, n, r == 0 ? c0 : cn);
+              const auto took = std::chrono::steady_clock::now() - start;
               EXPECT_FALSE(s.ok())
                   << coll.name << ": rank " << r << " of " << n << ", counts " << c0 << "/" << cn;
               EXPECT_NE(s.code(), Code::kTimeout)
                   << coll.name << ": rank " << r << " of " << n << ": " << s.to_string();
+              EXPECT_LT(took, std::chrono::seconds(5))
+                  << coll.name << ": rank " << r << " of " << n << ", counts " << c0 << "/" << cn
+                  << " failed only near the 10 s deadline";
             },
-            2000);
-        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500))
-            << coll.name << ", " << n << " ranks, counts " << c0 << "/" << cn;
+            10000);
       }
     }
   }
 }
 
+// Rank 1 of the abort tests stays (its connections open) until rank 0's call has returned, so
+// rank 0 sees its own abort and never the peer leaving, however late the abort's thread runs.
+void stay_until(const std::atomic<bool>& flag) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!flag.load() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 TEST_P(CommTest, AbortUnblocksAPendingAllreduce) {
+  std::atomic<bool> returned{false};
   run_ranks(
       GetParam(), 2,
       [&](Communicator& c, int r) {
         ASSERT_TRUE(c.barrier().ok());  // connections are up
         if (r == 1) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          stay_until(returned);
           return;  // never joins the allreduce
         }
         std::thread killer([&] {
@@ -377,6 +391,7 @@ TEST_P(CommTest, AbortUnblocksAPendingAllreduce) {
         std::vector<float> buf(1000, 1.0f);
         const auto start = std::chrono::steady_clock::now();
         Status s = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+        returned = true;
         killer.join();
         EXPECT_EQ(s.code(), Code::kAborted) << s.to_string();
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -591,6 +606,7 @@ TEST_P(CommTest, AlltoallRanksThatDisagreeOnCountAllFailWithinTheDeadline) {
 }
 
 TEST_P(CommTest, AlltoallAbortAndBadArguments) {
+  std::atomic<bool> returned{false};
   run_ranks(
       GetParam(), 2,
       [&](Communicator& c, int r) {
@@ -607,7 +623,7 @@ TEST_P(CommTest, AlltoallAbortAndBadArguments) {
         ASSERT_TRUE(c.alltoall(nullptr, nullptr, 0, DataType::kF32).ok());
         ASSERT_TRUE(c.barrier().ok());
         if (r == 1) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          stay_until(returned);
           return;  // never joins the alltoall
         }
         std::thread killer([&] {
@@ -616,6 +632,7 @@ TEST_P(CommTest, AlltoallAbortAndBadArguments) {
         });
         const auto start = std::chrono::steady_clock::now();
         Status s = c.alltoall(a.data(), b.data(), 10, DataType::kF32);
+        returned = true;
         killer.join();
         EXPECT_EQ(s.code(), Code::kAborted) << s.to_string();
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));

@@ -780,10 +780,10 @@ TEST_P(TransportConformance, ConnectorToDeadListenerTimesOut) {
   {
     auto listener = t->listen(&handle);
     ASSERT_TRUE(listener.ok());
-  }  // the listener is gone before anyone connects
+  }                             // the listener is gone before anyone connects
+  const int64_t t0 = now_ms();  // before connect(), which starts the connector's deadline
   auto connector = t->connect(handle);
   ASSERT_TRUE(connector.ok()) << connector.status().to_string();
-  int64_t t0 = now_ms();
   Status result;
   while (now_ms() - t0 < 5000) {
     auto c = (*connector)->poll();

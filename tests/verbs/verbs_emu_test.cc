@@ -288,12 +288,17 @@ TEST_F(EmuTest, ReceiverNotReadyRetriesUntilAReceiveIsPosted) {
   connect();
   uint64_t before = counters().retransmits;
   ASSERT_EQ(write(a_, nullptr, 0, 0, 0, 0, true), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The emulated NIC's thread must have been refused (RNR) at least once before the receive is
+  // posted: wait for that, with a deadline, rather than for a fixed time.
+  const int64_t end = now_ms() + 5000;
+  while (counters().retransmits == before && now_ms() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(counters().retransmits, before) << "no RNR retry while no receive was posted";
   EXPECT_EQ(t_->poll_cq(cq_a_, 1, std::vector<ibv_wc>(1).data()), 0) << "completed without RQ";
   ASSERT_EQ(post_recv(b_), 0);
   EXPECT_EQ(next_wc(cq_b_).status, IBV_WC_SUCCESS);
   EXPECT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
-  EXPECT_GT(counters().retransmits, before);
 }
 
 TEST_F(EmuTest, FiniteRnrRetryEndsInRnrRetryExceeded) {
