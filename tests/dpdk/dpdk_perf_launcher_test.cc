@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "tests/support/free_port.h"
 #include "tests/support/shell_run.h"
 
 namespace {
@@ -26,20 +27,7 @@ using gw::testing::ShellRun;
 
 using gw::testing::slurp;
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using gw::testing::free_port;
 
 // Two launched ranks of `args`, each with its own extra environment; rank 0's output and JSON,
 // rank 1's output, both exit statuses.

@@ -211,22 +211,6 @@ std::vector<ProcResult> ProcGroup::wait_all(int64_t deadline_ms, bool kill_on_fa
   return out;
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 std::optional<std::map<std::string, std::string>> parse_tagged_line(
     const std::string& output, const std::string& tag, const std::string& must_contain) {
   std::istringstream in(output);

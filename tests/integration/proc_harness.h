@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/free_port.h"
+
 namespace gw::test {
 
 struct ProcResult {
@@ -57,8 +59,9 @@ class ProcGroup {
   std::vector<Proc*> procs_;
 };
 
-// A free TCP port on 127.0.0.1 chosen by the kernel (bind to port 0), for a private store.
-int free_port();
+// A free TCP port on 127.0.0.1 for a private store (tests/support/free_port.h says how it is
+// chosen).
+using gw::testing::free_port;
 
 // Parses "key=value" fields of the first line starting with `tag` ("RESULT") that contains
 // `must_contain`; nullopt when there is none.

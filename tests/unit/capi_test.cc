@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/store_socket.h"
 #include "gradwire/gradwire.h"
+#include "tests/support/free_port.h"
 
 namespace {
 
@@ -606,12 +606,7 @@ TEST_F(SingleRankTest, CallsOnAnAbortedComm) {
 
 // --- several ranks as threads over the TCP store -------------------------------------------------
 
-int free_port() {
-  int port = 0;
-  auto fd = gw::store_socket::listen_tcp("127.0.0.1", 0, &port);
-  EXPECT_TRUE(fd.ok());
-  return port;
-}
+using gw::testing::free_port;
 
 struct RankResult {
   gw_status_t init = GW_ERR_INTERNAL;

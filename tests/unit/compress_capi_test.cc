@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "collectives/reduce.h"
-#include "core/store_socket.h"
 #include "gradwire/gradwire.h"
+#include "tests/support/free_port.h"
 
 namespace {
 
-int free_port() {
-  int port = 0;
-  auto fd = gw::store_socket::listen_tcp("127.0.0.1", 0, &port);
-  EXPECT_TRUE(fd.ok());
-  return port;
-}
+using gw::testing::free_port;
 
 std::vector<float> gradient(size_t n, int rank, int step) {
   std::mt19937 gen(static_cast<uint32_t>(77 * rank + step));

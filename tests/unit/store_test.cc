@@ -18,6 +18,7 @@
 
 #include "core/store_socket.h"
 #include "core/store_wire.h"
+#include "tests/support/free_port.h"
 #include "tests/support/test_env.h"
 
 namespace gw {
@@ -217,12 +218,7 @@ INSTANTIATE_TEST_SUITE_P(Stores, AnyStoreTest, ::testing::Values("memory", "tcp"
 
 // --- TCP store specifics ------------------------------------------------------------------------
 
-int free_port() {
-  int port = 0;
-  auto fd = store_socket::listen_tcp("127.0.0.1", 0, &port);
-  EXPECT_TRUE(fd.ok());
-  return port;  // closed here; the race with another process taking it is acceptable in tests
-}
+using gw::testing::free_port;
 
 TEST(TcpStoreTest, PortZeroPicksAPort) {
   TcpStoreOptions o;
