@@ -231,6 +231,7 @@ TEST(TcpTransport, PropertiesDescribeTheChosenInterface) {
 }
 
 struct Conn {
+  std::unique_ptr<Listener> listener;  // connect_self's, destroyed after both ends
   std::unique_ptr<SendComm> send;
   std::unique_ptr<RecvComm> recv;
 };
@@ -255,6 +256,17 @@ Conn connect_both(Transport& t, Listener& l, const Handle& h) {
       c.recv = std::move(*r);
     }
   }
+  return c;
+}
+
+// Both ends of one connection of `t` to itself (the listener kept in the Conn).
+Conn connect_self(Transport& t) {
+  Handle h;
+  auto l = t.listen(&h);
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  if (!l.ok()) return {};
+  Conn c = connect_both(t, **l, h);
+  c.listener = std::move(*l);
   return c;
 }
 
@@ -537,10 +549,7 @@ TEST(TcpThreads, CloseWithThirtyTwoRequestsInFlight) {
   std::unique_ptr<Transport> t = tcp_with_threads("2");
   ASSERT_TRUE(t);
   for (bool recv_first : {true, false}) {
-    Handle h;
-    auto l = (*t).listen(&h);
-    ASSERT_TRUE(l.ok());
-    Conn conn = connect_both(*t, **l, h);
+    Conn conn = connect_self(*t);
     ASSERT_TRUE(conn.send && conn.recv);
     const size_t size = size_t{1} << 20;
     auto src = std::make_unique<std::vector<uint8_t>>(size * kMaxRequests, 5);
@@ -576,10 +585,7 @@ TEST(TcpThreads, PeerClosedMidTransferFailsWithPeerPromptly) {
       SCOPED_TRACE(kill_receiver ? "receiver closes" : "sender closes");
       std::unique_ptr<Transport> t = tcp_with_threads("2");
       ASSERT_TRUE(t);
-      Handle h;
-      auto l = t->listen(&h);
-      ASSERT_TRUE(l.ok());
-      Conn conn = connect_both(*t, **l, h);
+      Conn conn = connect_self(*t);
       ASSERT_TRUE(conn.send && conn.recv);
       const size_t size = size_t{64} << 20;  // far more than the kernel buffers hold
       std::vector<uint8_t> src(size, 1), dst(size);
@@ -637,10 +643,7 @@ TEST(TcpThreads, ReceiverClosingAfterTheLastMessageDoesNotFailItsSend) {
   std::unique_ptr<Transport> t = std::move(*made);
   for (int i = 0; i < 60; ++i) {
     SCOPED_TRACE(::testing::Message() << "iteration " << i);
-    Handle h;
-    auto l = t->listen(&h);
-    ASSERT_TRUE(l.ok());
-    Conn conn = connect_both(*t, **l, h);
+    Conn conn = connect_self(*t);
     ASSERT_TRUE(conn.send && conn.recv);
     uint64_t word = 42, got_word = 0;
     auto s = conn.send->isend(&word, sizeof(word), 1, nullptr);
@@ -665,10 +668,7 @@ TEST(TcpThreads, ReceiverClosingAfterTheLastMessageDoesNotFailItsSend) {
 TEST(TcpThreads, WaitFdsOfferAnEventfdSignalledOnCompletion) {
   std::unique_ptr<Transport> t = tcp_with_threads("2");
   ASSERT_TRUE(t);
-  Handle h;
-  auto l = t->listen(&h);
-  ASSERT_TRUE(l.ok());
-  Conn conn = connect_both(*t, **l, h);
+  Conn conn = connect_self(*t);
   ASSERT_TRUE(conn.send && conn.recv);
   std::vector<pollfd> fds;
   ASSERT_TRUE(conn.recv->wait_fds(&fds));
