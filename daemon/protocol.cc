@@ -285,7 +285,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   }
   if (r.opcode == Opcode::kBarrier) {
     if (e.count != 0 || e.send_off != 0 || e.recv_off != 0 || e.root != 0 || e.dtype != 0 ||
-        e.op != 0) {
+        e.op != 0 || e.stride != 0) {
       return peer_error("submission {}: barrier with arguments", e.seq);
     }
     return r;
@@ -318,25 +318,29 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   if (!gathers && !scatters && e.stride != 0) {
     return peer_error("submission {}: stride {} on a {}", e.seq, e.stride, opcode_name(r.opcode));
   }
-  const uint64_t stride = e.stride == 0 ? bytes : e.stride;
-  if (stride < bytes) {
-    return peer_error("submission {}: {} blocks of {} bytes {} bytes apart overlap", e.seq,
-                      opcode_name(r.opcode), bytes, stride);
-  }
-  // world_size blocks `stride` apart: the last one ends (world_size - 1) x stride + bytes in.
-  uint64_t span = 0;
-  if (__builtin_mul_overflow(stride, static_cast<uint64_t>(world_size - 1), &span) ||
-      __builtin_add_overflow(span, bytes, &span) || span > data_bytes) {
-    return peer_error("submission {}: {} of {} x {} bytes, {} apart, exceeds the data region",
-                      e.seq, opcode_name(r.opcode), world_size, bytes, stride);
-  }
-  if (gathers) {
-    r.recv_bytes = span;
-    r.recv_stride = stride;
-  }
-  if (scatters) {
-    r.send_bytes = span;
-    r.send_stride = stride;
+  // Only the collectives of world_size blocks span more than their count: an allreduce or a
+  // broadcast of up to the whole data region is one block.
+  if (gathers || scatters) {
+    const uint64_t stride = e.stride == 0 ? bytes : e.stride;
+    if (stride < bytes) {
+      return peer_error("submission {}: {} blocks of {} bytes {} bytes apart overlap", e.seq,
+                        opcode_name(r.opcode), bytes, stride);
+    }
+    // world_size blocks `stride` apart: the last one ends (world_size - 1) x stride + bytes in.
+    uint64_t span = 0;
+    if (__builtin_mul_overflow(stride, static_cast<uint64_t>(world_size - 1), &span) ||
+        __builtin_add_overflow(span, bytes, &span) || span > data_bytes) {
+      return peer_error("submission {}: {} of {} x {} bytes, {} apart, exceeds the data region",
+                        e.seq, opcode_name(r.opcode), world_size, bytes, stride);
+    }
+    if (gathers) {
+      r.recv_bytes = span;
+      r.recv_stride = stride;
+    }
+    if (scatters) {
+      r.send_bytes = span;
+      r.send_stride = stride;
+    }
   }
   if (r.opcode == Opcode::kBroadcast || compressed) {
     // One buffer, in place.

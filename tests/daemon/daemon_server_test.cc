@@ -818,6 +818,24 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   EXPECT_TRUE(decode_request(bc, 1, d, 256, 4).ok());
   bc.stride = 32;  // only the collectives of world_size blocks take one
   EXPECT_FALSE(decode_request(bc, 1, d, 256, 4).ok());
+  // An allreduce or a broadcast is one block however many ranks there are: up to the whole data
+  // region, even where world_size of them would not fit (a chunk of a large world, an iallreduce).
+  bc.stride = 0;
+  bc.count = 64;  // 256 bytes: the whole region, of 64 ranks
+  EXPECT_TRUE(decode_request(bc, 1, d, 256, 64).ok());
+  SqEntry big = allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 64, 0, 0);
+  big.seq = 1;
+  auto bg = decode_request(big, 1, d, 256, 64);
+  ASSERT_TRUE(bg.ok()) << bg.status().message();
+  EXPECT_EQ(bg->send_bytes, 256u);
+  EXPECT_EQ(bg->recv_bytes, 256u);
+  EXPECT_FALSE(decode_request(big, 1, d, 255, 64).ok());
+  SqEntry barrier{};
+  barrier.seq = 1;
+  barrier.opcode = static_cast<uint16_t>(Opcode::kBarrier);
+  EXPECT_TRUE(decode_request(barrier, 1, d, 256, 4).ok());
+  barrier.stride = 8;  // a barrier takes no arguments
+  EXPECT_FALSE(decode_request(barrier, 1, d, 256, 4).ok());
   // allreduce_compressed: one buffer, float types, the spec and key copied out of the region.
   const std::string meta = "topk:0.01grad/layer1";
   std::memcpy(region.data() + 1024, meta.data(), meta.size());
@@ -833,6 +851,7 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   ASSERT_TRUE(cr.ok()) << cr.status().message();
   EXPECT_EQ(cr->spec, "topk:0.01");
   EXPECT_EQ(cr->key, "grad/layer1");
+  EXPECT_TRUE(decode_request(c, 1, d, region.size(), 100).ok());  // 100 x 64 bytes: one block
   SqEntry bad_c = c;
   bad_c.recv_off = 64;  // two buffers
   EXPECT_FALSE(decode_request(bad_c, 1, d, region.size(), 2).ok());

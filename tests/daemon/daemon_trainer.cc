@@ -17,7 +17,8 @@
 //                    none; the child used, destroyed, the parent used after), and an allreduce
 //                    (average) and a broadcast of BIG_MIB (20) MiB of malloc'd memory (more than
 //                    the arena holds twice: run as chunks), an iallreduce of it refused with
-//                    GW_ERR_NO_MEMORY; allgather, reduce_scatter and alltoall run as slices:
+//                    GW_ERR_NO_MEMORY, one of 5 MiB in place (world_size x 5 MiB exceeding a
+//                    16 MiB arena); allgather, reduce_scatter and alltoall run as slices:
 //                    BIG_MIB in all of malloc'd memory (staged slice by slice), then 2 chunks and
 //                    a bit in gw_mem_alloc buffers (the daemon uses the slices' blocks in place),
 //                    each also in place, and an alltoall from the arena into malloc'd memory
@@ -558,6 +559,23 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
   if (s != GW_ERR_NO_MEMORY) return report("iallreduce of BIG MiB (more than the arena)", s, t0);
   x = std::vector<float>();
   y = std::vector<float>();
+  // An iallreduce is one block however many ranks there are: 5 MiB in place stages 5 MiB of a
+  // 16 MiB arena, where world_size x 5 MiB would not fit.
+  {
+    const size_t n = size_t{5} << 18;  // floats
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i + rank) % 5);
+    if ((s = gw_iallreduce(comm, v.data(), v.data(), n, GW_FLOAT32, GW_SUM, &req)) != GW_OK) {
+      return report("iallreduce of 5 MiB in place", s, t0);
+    }
+    if ((s = gw_wait(req, -1)) != GW_OK) return report("gw_wait on 5 MiB in place", s, t0);
+    for (size_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int r = 0; r < world; ++r) want += (i + r) % 5;
+      if (v[i] != static_cast<float>(want))
+        return wrong(rank, "iallreduce of 5 MiB", i, v[i], want);
+    }
+  }
   // The chunk the communicator cuts at ("1 MiB", "8 MiB"...): slices are of 2 chunks at most;
   // arena buffers of a slice and a bit.
   if ((s = gw_comm_describe(comm, "chunk", desc, sizeof(desc), nullptr)) != GW_OK) {
