@@ -44,6 +44,7 @@ from torch._C._distributed_c10d import ProcessGroup, Work
 from .._buffer import gw_dtype
 from ..comm import Comm, Op
 from ..errors import GradwireError, InvalidArgument, Unsupported
+from ..errors import TimeoutError as GwTimeoutError
 
 __all__ = ["ProcessGroupGradwire", "comm_of", "run_async", "BACKEND_NAME"]
 
@@ -72,10 +73,19 @@ class _Worker:
     result), so the worker completes an inner future and hands out inner.then(_unwrap), whose
     raising callback marks the outer future failed for Python and C++ alike."""
 
+    # How long stop() waits for what was submitted before it (teardown must end).
+    STOP_WAIT_S = 10.0
+
     def __init__(self, name: str) -> None:
         self._q: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        # Held while deciding whether a submission goes in: nothing is queued after the stop.
+        self._lock = threading.Lock()
+        self.stopped = False
         self._t = threading.Thread(target=self._loop, name=name, daemon=True)
         self._t.start()
+
+    def alive(self) -> bool:
+        return self._t.is_alive()
 
     def _loop(self) -> None:
         while True:
@@ -89,15 +99,33 @@ class _Worker:
                 value = _Failed(e)
             fut.set_result(value)
 
-    def submit(self, fn: Callable[[], Any]) -> torch.futures.Future:
+    def submit(self, fn: Callable[[], Any]) -> tuple:
+        """Queues fn; returns (outer, inner): the future to hand out, and the one the worker
+        completes (GradwireWork re-raises the operation's own exception from it)."""
         inner: torch.futures.Future = torch.futures.Future()
         outer = inner.then(_unwrap)
-        self._q.put((fn, inner))
-        return outer
+        with self._lock:
+            queued = not self.stopped
+            if queued:
+                self._q.put((fn, inner))
+        if not queued:
+            inner.set_result(_Failed(InvalidArgument(
+                "gradwire: the communicator's worker was stopped (the process group was shut "
+                "down, or the interpreter is exiting)")))
+        return outer, inner
 
-    def stop(self) -> None:
-        self._q.put(None)
-        self._t.join(timeout=10)
+    def stop(self) -> bool:
+        """Lets what was submitted run, then ends the thread; later submissions fail at once.
+        Waits up to STOP_WAIT_S (not at all on the worker's own thread, from a callback).
+        Returns whether the thread has ended."""
+        with self._lock:
+            if not self.stopped:
+                self.stopped = True
+                self._q.put(None)
+        if threading.current_thread() is self._t:
+            return False
+        self._t.join(timeout=self.STOP_WAIT_S)
+        return not self._t.is_alive()
 
 
 _workers: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
@@ -114,8 +142,14 @@ def _stop_workers() -> None:
 def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
     """Runs fn() on comm's worker thread (after everything submitted before it); returns a
     Future completed with fn's value or its exception."""
+    return _submit(comm, fn)[0]
+
+
+def _submit(comm: Comm, fn: Callable[[], Any]) -> tuple:
     w = getattr(comm, "_torch_worker", None)
-    if w is None:
+    # A stopped worker whose thread has ended is replaced (a comm= shared with a group that was
+    # shut down); one still running its last call refuses, so two threads never share a comm.
+    if w is None or (w.stopped and not w.alive()):
         w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
         _workers.add(w)
     return w.submit(fn)
@@ -131,9 +165,11 @@ class GradwireWork(Work):
     the Python object only while it is alive; the group keeps it alive until the operation
     has finished and its outcome has been collected (wait, get_future or result)."""
 
-    def __init__(self, fut: torch.futures.Future, keep: "_KeepAlive") -> None:
+    def __init__(self, fut: torch.futures.Future, keep: "_KeepAlive",
+                 inner: Optional[torch.futures.Future] = None) -> None:
         super().__init__()
         self._fut = fut
+        self._inner = inner  # the future the worker completes: the operation's own exception
         self._keep = keep
         self._collected = False
         keep.add(self)
@@ -143,10 +179,36 @@ class GradwireWork(Work):
         self._collected = True
         self._keep.settle(self)
 
+    def _outcome(self) -> Any:
+        """The future's value; raises the operation's own exception (a gradwire.GradwireError
+        such as PeerError), not the RuntimeError torch wraps a failed callback in."""
+        try:
+            return self._fut.wait()
+        except Exception:
+            inner = self._inner
+            if inner is not None and inner.done():
+                v = inner.wait()
+                if isinstance(v, _Failed):
+                    raise v.error from None
+            raise
+
     def wait(self, timeout: Any = None) -> bool:
-        """Blocks until the operation ends; raises its error (gradwire.GradwireError)."""
+        """Blocks until the operation ends; raises its error (gradwire.GradwireError). With a
+        timeout (a timedelta, or milliseconds) that passes first: gradwire.TimeoutError, the
+        operation going on."""
         self._collect()
-        self._fut.wait()
+        secs = None
+        if isinstance(timeout, timedelta):
+            secs = timeout.total_seconds()
+        elif isinstance(timeout, (int, float)) and timeout > 0:
+            secs = timeout / 1000.0
+        if secs is not None and secs > 0 and not self._fut.done():
+            ended = threading.Event()
+            self._fut.then(lambda _f: ended.set())
+            if not ended.wait(secs):
+                raise GwTimeoutError(f"gradwire: the operation did not end within {secs:g} s "
+                                     "(Work.wait timeout); it goes on")
+        self._outcome()
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -167,14 +229,14 @@ class GradwireWork(Work):
 
     def exception(self) -> Optional[BaseException]:
         try:
-            self._fut.wait()
+            self._outcome()
             return None
         except Exception as e:  # noqa: BLE001
             return e
 
     def result(self) -> list:
         self._collect()
-        return self._fut.wait()
+        return self._outcome()
 
     def synchronize(self) -> None:
         pass
@@ -281,7 +343,7 @@ def _cuda_fence(tensors: list) -> Optional[Callable[[], None]]:
     on the caller's current stream of each CUDA device involved and wait for it in the worker."""
     events = []
     for d in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event(blocking=True)  # the worker sleeps in synchronize(), not spins
         ev.record(torch.cuda.current_stream(d))
         events.append(ev)
     if not events:
@@ -306,6 +368,7 @@ class ProcessGroupGradwire(ProcessGroup):
         self.comm: Comm = comm if comm is not None else comm_over_store(store, rank, size, timeout)
         self._own_comm = comm is None  # shutdown() closes only a communicator it made
         self._shut = False
+        self._submit_lock = threading.Lock()  # a submission and shutdown() do not interleave
         self._rank = rank
         self._size = size
         self._keep = _KeepAlive()
@@ -365,36 +428,64 @@ class ProcessGroupGradwire(ProcessGroup):
 
     def shutdown(self) -> None:
         """torch 2.x's destroy_process_group calls this on each group it destroys (the base is a
-        no-op for a Python group): runs what was submitted (each bounded by the communicator's
-        deadline), stops the worker and frees the communicator this group made (Comm.close is
-        local, not collective; one passed in as comm= stays the caller's). Later collectives on
-        the group raise InvalidArgument. Idempotent; never raises (it runs in teardown)."""
-        if self._shut:
-            return
-        self._shut = True
-        try:
-            w = getattr(self.comm, "_torch_worker", None)
-            if w is not None:
+        no-op for a Python group). Lets what was submitted run, for up to 10 s in all, then frees
+        the communicator this group made (Comm.close is local, not collective; a call still
+        running ends with an abort error); one passed in as comm= stays the caller's. Called from
+        the worker's own thread (a future's callback), it does not wait. Later collectives on
+        the group raise InvalidArgument, and so do those submitted while it runs. Idempotent;
+        never raises (it runs in teardown)."""
+        with self._submit_lock:
+            if self._shut:
+                return
+            self._shut = True
+        problems = []
+        w = getattr(self.comm, "_torch_worker", None)
+        if w is not None:
+            try:
                 w.stop()
-                self.comm._torch_worker = None
-            if self._own_comm:
+            except Exception as e:  # noqa: BLE001 (teardown must go on)
+                problems.append(e)
+        if self._own_comm:
+            try:
                 self.comm.close()
-        except Exception as e:  # noqa: BLE001 (teardown must go on)
-            warnings.warn(f"gradwire: shutting the process group down: {e}")
+            except Exception as e:  # noqa: BLE001
+                problems.append(e)
+        for e in problems:
+            try:
+                warnings.warn(f"gradwire: shutting the process group down: {e}")
+            except Exception:  # noqa: BLE001 (-W error must not make teardown raise)
+                pass
+
+    def abort(self) -> None:
+        """Ends every operation of this group at once with an abort error (torch's
+        _abort_process_group; also for a hung job). Thread-safe; the group is unusable after."""
+        self.comm.abort()
 
     def _work(self, fn: Callable[[], Any], *tensors: Any) -> Any:
-        if self._shut:
-            raise InvalidArgument("gradwire: the process group was shut down "
-                                  "(destroy_process_group)")
         flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
         fence = _cuda_fence(flat)
-        if fence is None:
-            return GradwireWork(run_async(self.comm, fn), self._keep)
+        devices = {t.device for t in flat if isinstance(t, torch.Tensor) and t.is_cuda}
+        # Grad mode is per thread and always on in the worker: the caller's (torch.no_grad()
+        # around a parameter's all_reduce or broadcast) governs the in-place writes there.
+        grad = torch.is_grad_enabled()
 
         def run() -> Any:
-            fence()
-            return fn()
-        return GradwireWork(run_async(self.comm, run), self._keep)
+            if fence is not None:
+                fence()
+            with torch.set_grad_enabled(grad):
+                value = fn()
+            # Outputs written by a device-to-device copy (reduce_scatter_tensor, all_to_all,
+            # all_gather into a list, ...) were only queued on the worker's stream, which no
+            # caller stream waits for: finish them before the Work completes.
+            for d in devices:
+                torch.cuda.current_stream(d).synchronize()
+            return value
+        with self._submit_lock:
+            if self._shut:
+                raise InvalidArgument("gradwire: the process group was shut down "
+                                      "(destroy_process_group)")
+            fut, inner = _submit(self.comm, run)
+        return GradwireWork(fut, self._keep, inner)
 
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "all_reduce")
@@ -563,6 +654,12 @@ class ProcessGroupGradwire(ProcessGroup):
                       input_splits: list, opts: Any = None) -> Any:
         for splits, what, t in ((output_splits, "output", output),
                                 (input_splits, "input", input)):
+            # With splits on one side only, the other side's dim 0 is split evenly (gloo's
+            # check): it must divide by the ranks, or blocks would cut rows.
+            if not splits and (output_splits or input_splits) and t.size(0) % self._size:
+                raise InvalidArgument(f"gradwire all_to_all_single: the {what} has no splits and "
+                                      f"its dim 0 ({t.size(0)}) does not divide by "
+                                      f"{self._size} ranks")
             if splits and len(set(splits)) != 1:
                 raise Unsupported(f"gradwire all_to_all_single: uneven {what} splits {splits} "
                                   "are not supported")

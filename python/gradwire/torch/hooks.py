@@ -68,6 +68,8 @@ def compressed_hook(spec: str) -> Hook:
         def run() -> torch.Tensor:
             comm.allreduce_compressed(buf, spec, key)
             buf.div_(comm.size)
+            if buf.is_cuda:  # the division was queued on this thread's stream: finish it first
+                torch.cuda.current_stream(buf.device).synchronize()
             return buf
         return run_async(comm, run)
 

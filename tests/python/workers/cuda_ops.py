@@ -1,7 +1,8 @@
 """Worker: the gradwire backend, the C ABI's compressed allreduce and DDP on CUDA tensors.
 
 Every rank uses cuda:0 (the GPU test machine has one GPU; ranks pose as hosts). Checks, on each
-rank: collectives on CUDA tensors give the exact results (one issued on a side stream too),
+rank: collectives on CUDA tensors give the exact results (issued on a side stream too, whose
+reader sees inputs written before the call and outputs finished after it),
 gw_allreduce_compressed on a CUDA tensor gives the same bits as on the same values in host memory
 (fp16: the codec is deterministic), and a DDP model on the GPU with gradwire's hooks ends with
 identical parameters on every rank.
@@ -40,6 +41,36 @@ with torch.cuda.stream(side):
 work.wait()
 torch.cuda.synchronize()
 assert torch.equal(t.cpu(), torch.full((1 << 20,), n * (n + 1) / 2)), "side stream not waited for"
+
+# Outputs the worker writes with a device-to-device copy (reduce_scatter_tensor, all_to_all_single,
+# all_gather into a list) are finished when the Work completes, for a reader on a side stream
+# (FSDP's reduce-scatter stream reads the output at once): the worker synchronises its stream.
+# Large outputs, read on the side stream right after the call, so a copy still queued shows.
+m = 64 << 18  # 64 MiB of float32 per rank block
+inp = torch.full((n * m,), float(r + 1), device=dev)
+out = torch.full((m,), float("nan"), device=dev)
+torch.cuda.synchronize()
+with torch.cuda.stream(side):
+    dist.reduce_scatter_tensor(out, inp)
+    got = out.clone()
+torch.cuda.synchronize()
+assert torch.equal(got.cpu(), torch.full((m,), n * (n + 1) / 2)), "reduce_scatter output unfinished"
+a2a = torch.full((n * m,), float("nan"), device=dev)
+with torch.cuda.stream(side):
+    dist.all_to_all_single(a2a, inp)
+    got = a2a.clone()
+torch.cuda.synchronize()
+want = torch.arange(1, n + 1, dtype=torch.float32)  # block j came from rank j, all j + 1
+assert torch.equal(got.view(n, m)[:, -1].cpu(), want), "all_to_all_single output unfinished"
+assert not torch.isnan(got).any().item(), "all_to_all_single output unfinished"
+outs = [torch.full((m,), float("nan"), device=dev) for _ in range(n)]
+with torch.cuda.stream(side):
+    dist.all_gather(outs, torch.full((m,), float(r), device=dev))
+    got = torch.stack(outs)
+torch.cuda.synchronize()
+assert torch.equal(got[:, -1].cpu(), torch.arange(n, dtype=torch.float32)), "all_gather unfinished"
+assert not torch.isnan(got).any().item(), "all_gather output unfinished"
+del inp, out, a2a, outs, got
 
 comm = comm_of()
 g = torch.Generator().manual_seed(7 + r)

@@ -1,5 +1,8 @@
 """Worker: every supported torch.distributed call on the gradwire backend, checked on each rank."""
 import sys
+import threading
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -146,6 +149,68 @@ except ValueError as e:
     assert "shut down" in str(e), e
 else:
     raise AssertionError("a collective on a shut-down group did not raise")
+
+# Parameters are synchronised under torch.no_grad() (grad mode is per thread: the caller's governs
+# the backend's worker); without it, the in-place write to a leaf that requires grad is refused,
+# and Work.wait() raises gradwire's own exception (not torch's RuntimeError around a callback).
+param = torch.nn.Parameter(torch.ones(3))
+with torch.no_grad():
+    dist.all_reduce(param)
+    dist.broadcast(param, src=n - 1)
+assert torch.equal(param.detach(), torch.full((3,), float(n))), param
+try:
+    dist.all_reduce(param)
+except gradwire.InvalidArgument as e:
+    assert "leaf tensor that requires grad" in str(e), e
+else:
+    raise AssertionError("an in-place all_reduce of a leaf that requires grad did not raise")
+dist.barrier()  # the refused call ran on no rank's communicator
+
+# With splits on one side only, the other side's dim 0 must divide by the ranks (as gloo checks):
+# a (1, 6n) output would otherwise be cut in the middle of its one row.
+try:
+    dist.all_to_all_single(torch.zeros(1, 6 * n), torch.zeros(2 * n, 3), [], [2] * n)
+except ValueError as e:
+    assert "has no splits" in str(e), e
+else:
+    raise AssertionError("all_to_all_single with an output dim 0 of 1 did not raise")
+
+# Work.wait(timeout): gradwire.TimeoutError when the operation has not ended by then; it goes on
+# and a later wait() gets its result. The other ranks join 2 s late.
+g4 = dist.new_group(list(range(n)), backend="gradwire")
+t4 = torch.ones(2)
+if r == 0:
+    w4 = dist.all_reduce(t4, group=g4, async_op=True)
+    try:
+        w4.wait(timedelta(milliseconds=200))
+    except gradwire.TimeoutError as e:
+        assert "did not end within" in str(e), e
+    else:
+        raise AssertionError("Work.wait(200 ms) returned while the peers were away")
+    w4.wait()
+else:
+    time.sleep(2.0)
+    dist.all_reduce(t4, group=g4)
+assert torch.all(t4 == n), t4
+
+# shutdown() from a callback on the worker's own thread (a Work's future completing there) does
+# not wait for itself: the group's communicator is freed and later calls are refused.
+g3 = dist.new_group(list(range(n)), backend="gradwire")
+w3 = dist.all_reduce(torch.ones(2), group=g3, async_op=True)
+shut = threading.Event()
+w3.get_future().then(lambda _f: (g3.shutdown(), shut.set()))
+w3.wait()
+assert shut.wait(10), "shutdown from the callback did not return"
+deadline = time.monotonic() + 10
+while "closed" not in repr(g3.comm) and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert "closed" in repr(g3.comm), repr(g3.comm)
+try:
+    dist.all_reduce(torch.ones(2), group=g3)
+except ValueError as e:
+    assert "shut down" in str(e), e
+else:
+    raise AssertionError("a collective on a group shut down from a callback did not raise")
 
 # A subgroup of the even ranks runs its own communicator.
 evens = list(range(0, n, 2))
