@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -81,6 +82,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   h.host_id = host_identity();
   h.store_token = options.job_token;
   std::shared_ptr<Store> store;
+  std::unique_ptr<Store> agreed;  // under this communicator's own key prefix
   std::vector<int> host_of_rank(1, 0);
   if (options.world_size > 1) {
     if (options.store_host.empty()) {
@@ -103,7 +105,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     // host map fail it at once on every rank.
     auto prefix = next_communicator_prefix(*store, options.rank, deadline);
     if (!prefix.ok()) return prefix.status().with_context("rendezvous store");
-    auto agreed = make_prefix_store(store, *prefix);
+    agreed = make_prefix_store(store, *prefix);
     if (!options.job_token.empty()) {
       h.job_token = options.job_token;
     } else {
@@ -122,7 +124,38 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
     h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
   }
   GW_ASSIGN_OR_RETURN(auto s, connect(h, address, std::move(store), std::move(host_of_rank)));
+  if (agreed) GW_RETURN_IF_ERROR(s->agree_chunk(*agreed, deadline));
   return std::unique_ptr<Session>(std::move(s));
+}
+
+Status DaemonSession::agree_chunk(Store& store, sys::Deadline deadline) {
+  // Every rank must cut chunks and slices alike (the daemons pair them up one by one), and each
+  // rank's chunk comes from its own GW_DAEMON_CHUNK and arena: the job takes the least of them.
+  auto key_of = [](int r) { return fmt::format("daemon_chunk/{}", r); };
+  const std::string mine = std::to_string(chunk_bytes_);
+  GW_RETURN_IF_ERROR(store.set(key_of(rank_), Bytes(mine.begin(), mine.end()), deadline)
+                         .with_context("daemon mode: publishing this rank's chunk"));
+  GW_ASSIGN_OR_RETURN(auto all, gather_joined(store, size_, key_of, deadline));
+  size_t least = chunk_bytes_;
+  size_t whose = static_cast<size_t>(rank_);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string text(all[r].begin(), all[r].end());
+    size_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v < 4096) {
+      return peer_error("daemon mode: rank {} published a chunk of '{}' bytes", r, text);
+    }
+    if (v < least) {
+      least = v;
+      whose = r;
+    }
+  }
+  if (least < chunk_bytes_) {
+    GW_LOG_INFO("daemon mode: chunks of {} (rank {}'s), not {}: every rank of the job cuts alike",
+                coll::format_bytes(least), whose, coll::format_bytes(chunk_bytes_));
+    chunk_bytes_ = least;
+  }
+  return ok_status();
 }
 
 Result<std::unique_ptr<DaemonSession>> DaemonSession::connect(const daemon::Hello& h,

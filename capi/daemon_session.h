@@ -82,9 +82,10 @@ class DaemonSession final : public Session {
                                                         std::shared_ptr<Store> store,
                                                         std::vector<int> host_of_rank);
   // An elementwise collective of `bytes` run as chunks of at most chunk_bytes_ (every rank cuts
-  // the same way: by size alone), up to kChunksInFlight posted at once. post_chunk(offset, len)
-  // places and posts one chunk and returns its sequence number and placements; finish_chunk copies
-  // a completed chunk out (when it succeeded) and frees its placements. The caller holds mu_.
+  // the same way: by size and the agreed chunk), up to kChunksInFlight posted at once.
+  // post_chunk(offset, len) places and posts one chunk and returns its sequence number and
+  // placements; finish_chunk copies a completed chunk out (when it succeeded) and frees its
+  // placements. The caller holds mu_.
   struct Chunk {
     uint64_t seq = 0;
     size_t offset = 0, len = 0;
@@ -98,12 +99,14 @@ class DaemonSession final : public Session {
                     const std::function<void(const Chunk&, bool ok)>& finish_chunk,
                     size_t step = 0);
   // allgather, reduce_scatter or alltoall (opcode) of more than slice_bytes() (two chunks: a
-  // staged alltoall's slice, both sides, fits a quarter of the arena) in all, as
+  // staged alltoall's slice, both sides, fits half of the arena) in all, as
   // slices of at most that: slice k holds bytes [k x step, + len) of each rank's block of `block`
-  // bytes (every rank cuts the same way: by size alone). The side with world_size blocks is used in
-  // place, the blocks `block` apart (the submission's stride), when it lies in the arena (for
-  // alltoall: both sides), and is otherwise staged packed, slice by slice.
+  // bytes (every rank cuts the same way: by size and the agreed chunk). The side with world_size
+  // blocks is used in place, the blocks `block` apart (the submission's stride), when it lies in
+  // the arena (for alltoall: both sides), and is otherwise staged packed, slice by slice.
   size_t slice_bytes() const { return chunk_bytes_ * 2; }
+  // The job's chunk: the least of every rank's (published under the communicator's keys).
+  Status agree_chunk(Store& store, sys::Deadline deadline);
   Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
                     coll::DataType dtype, coll::ReduceOp op, const char* what);
 

@@ -35,8 +35,8 @@ constinit const config::Row kChunk{
     "GW_DAEMON_CHUNK", Type::Size, "16M", "",
     "daemon mode: an allreduce or broadcast larger than this runs as chunks of it, several in "
     "flight, an allgather, reduce_scatter or alltoall larger than two of it as slices of two "
-    "(buffers larger than the arena work; staging copies overlap the daemon's work); every rank "
-    "of a job must use the same value"};
+    "(buffers larger than the arena work; staging copies overlap the daemon's work); the ranks "
+    "of a job take the least of theirs"};
 constinit const config::Row kSocket{"GW_DAEMON_SOCKET", Type::String,
                                     "/run/gradwire/gradwired.sock", "",
                                     "gradwired: the trainers' unix socket (--socket)"};

@@ -110,8 +110,9 @@ class DaemonPair {
   // The same on host h (0: A, 1: B) whatever the rank.
   size_t start_trainer_on(ProcGroup& g, int h, int rank, int world, int port,
                           std::vector<std::string> args, const std::string& hostid = "",
-                          const std::string& arena = "16M") {
+                          const std::string& arena = "16M", const Env& extra = {}) {
     Env env = clean_env();
+    for (const auto& [k, v] : extra) env[k] = v;
     env["GW_DAEMON"] = "unix:" + socket(h);
     env["GW_HOSTID"] = hostid.empty() ? host(h) : hostid;
     env["GW_DAEMON_ARENA"] = arena;
@@ -407,6 +408,37 @@ TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) 
       }
     }
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Every rank must cut chunks and slices alike, and each rank's chunk comes from its own
+// GW_DAEMON_CHUNK and arena: ranks whose chunks differ (rank 1's 512 KiB, the others' 1 MiB of a
+// 16 MiB arena) agree on the least, and the trainer's "extra" scenario (chunked allreduce and
+// broadcast, sliced allgather, reduce_scatter and alltoall, each result checked) passes on 3+1.
+TEST(DaemonIntegration, RanksWithDifferentChunksCutAlikeAtTheLeast) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) {
+    Env extra = {{"GW_LOG_LEVEL", "info"}};
+    if (r == 1) extra["GW_DAEMON_CHUNK"] = "512K";
+    d.start_trainer_on(g, r == 1 ? 1 : 0, r, 4, port, {"extra", "1001"}, "", "16M", extra);
+  }
+  auto results = g.wait_all(240000, true);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+        << d.daemon_output(0) << "\ndaemon B:\n"
+        << d.daemon_output(1);
+    if (r != 1) {
+      EXPECT_NE(results[r].output.find("daemon mode: chunks of 512 KiB (rank 1's)"),
+                std::string::npos)
+          << results[r].output;
+    }
   }
 }
 
