@@ -986,6 +986,8 @@ Result<std::unique_ptr<Session>> DaemonSession::split(int color, int key) {
     h.store_port = 0;
   }
   GW_ASSIGN_OR_RETURN(auto child, connect(h, address_, store_, std::move(child_hosts)));
+  // The parent's chunk is the job's least, and no rank's own is smaller: all cut alike again.
+  child->chunk_bytes_ = std::min(child->chunk_bytes_, chunk_bytes_);
   return std::unique_ptr<Session>(std::move(child));
 }
 

@@ -413,8 +413,9 @@ TEST(DaemonIntegration, AlltoallCompressedSplitAndChunksOnUnevenAndSingleHosts) 
 
 // Every rank must cut chunks and slices alike, and each rank's chunk comes from its own
 // GW_DAEMON_CHUNK and arena: ranks whose chunks differ (rank 1's 512 KiB, the others' 1 MiB of a
-// 16 MiB arena) agree on the least, and the trainer's "extra" scenario (chunked allreduce and
-// broadcast, sliced allgather, reduce_scatter and alltoall, each result checked) passes on 3+1.
+// 16 MiB arena) agree on the least (a split child too), and the trainer's "extra" scenario (chunked
+// allreduce and broadcast, sliced allgather, reduce_scatter and alltoall, each result checked)
+// passes on 3+1.
 TEST(DaemonIntegration, RanksWithDifferentChunksCutAlikeAtTheLeast) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

@@ -530,6 +530,16 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
       if (all[c] != members[c])
         return wrong(rank, "allgather on the split comm", c, all[c], members[c]);
     }
+    // 3 MiB, chunked (chunks of 1 MiB at most in a 16 MiB arena): the child's ranks cut alike.
+    std::vector<float> chunked(size_t{3} << 18, 1.0f);
+    if ((s = gw_allreduce(child, chunked.data(), chunked.data(), chunked.size(), GW_FLOAT32,
+                          GW_SUM)) != GW_OK) {
+      return report("chunked allreduce on the split comm", s, t0);
+    }
+    for (size_t i = 0; i < chunked.size(); ++i) {
+      if (chunked[i] != csize)
+        return wrong(rank, "chunked allreduce on the split comm", i, chunked[i], csize);
+    }
     if ((s = gw_comm_destroy(child)) != GW_OK) return report("destroying the split comm", s, t0);
   }
   // Larger than the arena: chunks (and, with chunks of 8 MiB or more across hosts, the daemons'
