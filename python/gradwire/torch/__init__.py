@@ -276,15 +276,21 @@ def comm_over_store(store: Any, rank: int, size: int, timeout: Optional[timedelt
         timeout_ms = max(1, int(timeout.total_seconds() * 1000))
     if size == 1:
         return Comm(0, 1, store_addr=None, timeout_ms=timeout_ms)
+    # The same store and prefix may serve again (torch 2.x re-creating a group after
+    # destroy_process_group on torchrun's lasting store): each rendezvous takes keys of its own
+    # generation, counted by every rank joining (all `size` joins of one precede any of the next,
+    # since the Comm they make is collective), so no rank reads a previous one's address.
+    generation = (store.add(f"{prefix}/joins", 1) - 1) // size
+    key = f"{prefix}/{generation}"
     if rank == 0:
         host = os.environ.get("GW_STORE_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
         addr = f"{host}:{_free_port()}"
         token = secrets.token_hex(16)
-        store.set(f"{prefix}/addr", addr)
-        store.set(f"{prefix}/token", token)
+        store.set(f"{key}/addr", addr)
+        store.set(f"{key}/token", token)
     else:
-        addr = store.get(f"{prefix}/addr").decode()
-        token = store.get(f"{prefix}/token").decode()
+        addr = store.get(f"{key}/addr").decode()
+        token = store.get(f"{key}/token").decode()
     return Comm(rank, size, store_addr=addr, job_token=token, timeout_ms=timeout_ms)
 
 

@@ -212,6 +212,16 @@ except ValueError as e:
 else:
     raise AssertionError("a collective on a group shut down from a callback did not raise")
 
+# One store and prefix serving two rendezvous one after the other (torch 2.x re-creating a group
+# on torchrun's lasting store): the second must not read the first's (closed) address.
+again = dist.PrefixStore("gw-again", dist.distributed_c10d._get_default_store())
+for i in range(2):
+    c = gradwire.torch.comm_over_store(again, r, n)
+    x = torch.ones(3)
+    c.allreduce(x)
+    assert torch.all(x == n), (i, x)
+    c.close()
+
 # A subgroup of the even ranks runs its own communicator.
 evens = list(range(0, n, 2))
 g = dist.new_group(evens, backend="gradwire")
