@@ -81,16 +81,25 @@ class _Worker:
         # Held while deciding whether a submission goes in: nothing is queued after the stop.
         self._lock = threading.Lock()
         self.stopped = False
+        self._then: Optional[Callable[[], None]] = None
         self._t = threading.Thread(target=self._loop, name=name, daemon=True)
         self._t.start()
 
     def alive(self) -> bool:
         return self._t.is_alive()
 
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._t
+
     def _loop(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
+                if self._then is not None:  # stop(then=...): after everything queued before it
+                    try:
+                        self._then()
+                    except Exception:  # noqa: BLE001 (teardown must go on)
+                        pass
                 return
             fn, fut = item
             try:
@@ -114,13 +123,14 @@ class _Worker:
                 "down, or the interpreter is exiting)")))
         return outer, inner
 
-    def stop(self) -> bool:
-        """Lets what was submitted run, then ends the thread; later submissions fail at once.
-        Waits up to STOP_WAIT_S (not at all on the worker's own thread, from a callback).
-        Returns whether the thread has ended."""
+    def stop(self, then: Optional[Callable[[], None]] = None) -> bool:
+        """Lets what was submitted run, then `then()` on the worker's thread, then ends the
+        thread; later submissions fail at once. Waits up to STOP_WAIT_S (not at all on the
+        worker's own thread, from a callback). Returns whether the thread has ended."""
         with self._lock:
             if not self.stopped:
                 self.stopped = True
+                self._then = then
                 self._q.put(None)
         if threading.current_thread() is self._t:
             return False
@@ -129,12 +139,18 @@ class _Worker:
 
 
 _workers: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+_workers_lock = threading.Lock()  # one worker per comm, even when two threads submit at once
+_exiting = False
 
 
 @atexit.register
 def _stop_workers() -> None:
     # Ends the worker threads before the interpreter finalises; registered after gradwire.comm's
-    # handler, so it runs first and the communicators close with no thread inside them.
+    # handler, so it runs first and the communicators close with no thread inside them. No new
+    # worker starts after it.
+    global _exiting
+    with _workers_lock:
+        _exiting = True
     for w in list(_workers):
         w.stop()
 
@@ -146,12 +162,19 @@ def run_async(comm: Comm, fn: Callable[[], Any]) -> torch.futures.Future:
 
 
 def _submit(comm: Comm, fn: Callable[[], Any]) -> tuple:
-    w = getattr(comm, "_torch_worker", None)
-    # A stopped worker whose thread has ended is replaced (a comm= shared with a group that was
-    # shut down); one still running its last call refuses, so two threads never share a comm.
-    if w is None or (w.stopped and not w.alive()):
-        w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
-        _workers.add(w)
+    with _workers_lock:
+        w = getattr(comm, "_torch_worker", None)
+        # A stopped worker whose thread has ended is replaced (a comm= shared with a group that
+        # was shut down); one still running its last call refuses, so two threads never share a
+        # comm. At exit the stopped worker refuses too.
+        if not _exiting and (w is None or (w.stopped and not w.alive())):
+            w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
+            _workers.add(w)
+    if w is None:
+        inner: torch.futures.Future = torch.futures.Future()
+        outer = inner.then(_unwrap)
+        inner.set_result(_Failed(InvalidArgument("gradwire: the interpreter is exiting")))
+        return outer, inner
     return w.submit(fn)
 
 
@@ -194,14 +217,14 @@ class GradwireWork(Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Blocks until the operation ends; raises its error (gradwire.GradwireError). With a
-        timeout (a timedelta, or milliseconds) that passes first: gradwire.TimeoutError, the
-        operation going on."""
+        timeout (a timedelta, or seconds as torch's binding reads a number) that passes first:
+        gradwire.TimeoutError, the operation going on."""
         self._collect()
         secs = None
         if isinstance(timeout, timedelta):
             secs = timeout.total_seconds()
-        elif isinstance(timeout, (int, float)) and timeout > 0:
-            secs = timeout / 1000.0
+        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            secs = float(timeout)
         if secs is not None and secs > 0 and not self._fut.done():
             ended = threading.Event()
             self._fut.then(lambda _f: ended.set())
@@ -280,8 +303,9 @@ def comm_over_store(store: Any, rank: int, size: int, timeout: Optional[timedelt
     # destroy_process_group on torchrun's lasting store): each rendezvous takes keys of its own
     # generation, counted by every rank joining (all `size` joins of one precede any of the next,
     # since the Comm they make is collective), so no rank reads a previous one's address.
-    generation = (store.add(f"{prefix}/joins", 1) - 1) // size
-    key = f"{prefix}/{generation}"
+    # Counted per world size: torch may reuse a group's name (the prefix) for another size.
+    generation = (store.add(f"{prefix}/joins/{size}", 1) - 1) // size
+    key = f"{prefix}/{size}/{generation}"
     if rank == 0:
         host = os.environ.get("GW_STORE_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
         addr = f"{host}:{_free_port()}"
@@ -340,6 +364,15 @@ def _equal(ts: list, like: torch.Tensor, what: str) -> None:
                 f"gradwire {what}: every tensor must have the input's size and dtype "
                 f"({like.numel()} x {like.dtype}); tensor {i} has {t.numel()} x {t.dtype} "
                 "(uneven sizes are not supported)")
+
+
+def _writable(t: torch.Tensor, what: str) -> None:
+    """Refuses at the call, on every rank alike, an in-place write that autograd forbids: a leaf
+    that requires grad outside torch.no_grad(). (Checked in the worker only, one rank could
+    refuse while the others wait for it, or pair their call with its next one.)"""
+    if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+        raise InvalidArgument(f"gradwire {what}: a leaf tensor that requires grad cannot be "
+                              "written in place; use torch.no_grad() or tensor.detach()")
 
 
 def _cuda_fence(tensors: list) -> Optional[Callable[[], None]]:
@@ -448,10 +481,14 @@ class ProcessGroupGradwire(ProcessGroup):
         w = getattr(self.comm, "_torch_worker", None)
         if w is not None:
             try:
-                w.stop()
+                # The worker closes a comm this group made once what was queued has run (from a
+                # callback on the worker's own thread this returns at once, and that still holds).
+                w.stop(then=self.comm.close if self._own_comm else None)
             except Exception as e:  # noqa: BLE001 (teardown must go on)
                 problems.append(e)
-        if self._own_comm:
+        if self._own_comm and not (w is not None and w.on_thread()):
+            # Closed already by the worker (idempotent), or no worker, or one that outlived the
+            # wait: then a call still running ends aborted.
             try:
                 self.comm.close()
             except Exception as e:  # noqa: BLE001
@@ -497,6 +534,7 @@ class ProcessGroupGradwire(ProcessGroup):
         t = _one(tensors, "all_reduce")
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
         self._check(t, "all_reduce")
+        _writable(t, "all_reduce")
 
         def run() -> list:
             self.comm.allreduce(t, op=op)
@@ -507,6 +545,7 @@ class ProcessGroupGradwire(ProcessGroup):
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
         for t in tensors:
             self._check(t, "all_reduce_coalesced")
+            _writable(t, "all_reduce_coalesced")
 
         def run() -> list:
             for t in tensors:
@@ -520,6 +559,7 @@ class ProcessGroupGradwire(ProcessGroup):
         _movable(t, "broadcast")
         if not t.is_contiguous():
             raise InvalidArgument("gradwire broadcast: the tensor is not contiguous")
+        _writable(t, "broadcast")  # on the root too, which does not write: all refuse alike
 
         def run() -> list:
             self.comm.broadcast(_raw(t), root)
@@ -702,6 +742,7 @@ class ProcessGroupGradwire(ProcessGroup):
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
         root = opts.rootRank if opts is not None else 0
         self._check(t, "reduce")
+        _writable(t, "reduce")  # on every rank, though only root writes: all refuse alike
 
         def run() -> list:
             # An allreduce; ranks other than root reduce a copy and keep their tensor.
@@ -798,11 +839,13 @@ def comm_of(group: Any = None) -> Comm:
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if isinstance(pg, ProcessGroupGradwire):
         return pg.comm
-    c = _comms.get(id(pg))
-    if c is None:
+    # Keyed by the group's id, the group kept alive beside its Comm: a later group (after
+    # destroy_process_group and a new init) cannot take the id of one still cached.
+    held = _comms.get(id(pg))
+    if held is None or held[0] is not pg:
         if pg is not dist.distributed_c10d._get_default_group():
             raise Unsupported("gradwire: comm_of works for gradwire groups and the default group")
         store = dist.distributed_c10d._get_default_store()
-        c = comm_over_store(store, pg.rank(), pg.size(), None, prefix="gradwire-hooks")
-        _comms[id(pg)] = c
-    return c
+        held = (pg, comm_over_store(store, pg.rank(), pg.size(), None, prefix="gradwire-hooks"))
+        _comms[id(pg)] = held
+    return held[1]

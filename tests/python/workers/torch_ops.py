@@ -158,13 +158,15 @@ with torch.no_grad():
     dist.all_reduce(param)
     dist.broadcast(param, src=n - 1)
 assert torch.equal(param.detach(), torch.full((3,), float(n))), param
-try:
-    dist.all_reduce(param)
-except gradwire.InvalidArgument as e:
-    assert "leaf tensor that requires grad" in str(e), e
-else:
-    raise AssertionError("an in-place all_reduce of a leaf that requires grad did not raise")
-dist.barrier()  # the refused call ran on no rank's communicator
+for call in (lambda: dist.all_reduce(param), lambda: dist.broadcast(param, src=0),
+             lambda: dist.reduce(param, dst=0)):
+    try:  # refused at the call on every rank alike (root included), so no rank waits alone
+        call()
+    except gradwire.InvalidArgument as e:
+        assert "leaf tensor that requires grad" in str(e), e
+    else:
+        raise AssertionError("an in-place write to a leaf that requires grad did not raise")
+dist.barrier()  # the refused calls ran on no rank's communicator
 
 # With splits on one side only, the other side's dim 0 must divide by the ranks (as gloo checks):
 # a (1, 6n) output would otherwise be cut in the middle of its one row.
@@ -194,13 +196,25 @@ else:
 assert torch.all(t4 == n), t4
 
 # shutdown() from a callback on the worker's own thread (a Work's future completing there) does
-# not wait for itself: the group's communicator is freed and later calls are refused.
+# not wait for itself, lets what was queued before it run, then frees the group's communicator;
+# later calls are refused. Rank 0 registers its callback while the others are 0.5 s away, so
+# there it runs on the worker.
 g3 = dist.new_group(list(range(n)), backend="gradwire")
+if r != 0:
+    time.sleep(0.5)
 w3 = dist.all_reduce(torch.ones(2), group=g3, async_op=True)
+t3 = torch.ones(2)
+w3b = dist.all_reduce(t3, group=g3, async_op=True)  # queued before the shutdown: it runs
 shut = threading.Event()
-w3.get_future().then(lambda _f: (g3.shutdown(), shut.set()))
+ran_on = []
+w3.get_future().then(lambda _f: (ran_on.append(threading.current_thread().name), g3.shutdown(),
+                                 shut.set()))
 w3.wait()
 assert shut.wait(10), "shutdown from the callback did not return"
+if r == 0:
+    assert ran_on[0].startswith("gradwire-rank"), ran_on
+w3b.wait()
+assert torch.all(t3 == n), t3
 deadline = time.monotonic() + 10
 while "closed" not in repr(g3.comm) and time.monotonic() < deadline:
     time.sleep(0.01)
@@ -221,6 +235,19 @@ for i in range(2):
     c.allreduce(x)
     assert torch.all(x == n), (i, x)
     c.close()
+
+# An error the worker meets reaches Work.wait() as gradwire's own class (here: a group over a
+# communicator its owner closed), not as torch's RuntimeError around a failed callback.
+c5 = gradwire.torch.comm_over_store(again, r, n)
+g5 = gradwire.torch.ProcessGroupGradwire(None, r, n, comm=c5)
+c5.barrier()  # every rank is done with its init (rank 0's closing ends the store they read)
+c5.close()
+try:
+    g5.allreduce([torch.ones(2)]).wait()
+except gradwire.InvalidArgument as e:
+    assert "closed" in str(e) and "Got the following error" not in str(e), e
+else:
+    raise AssertionError("a collective on a closed communicator did not raise")
 
 # A subgroup of the even ranks runs its own communicator.
 evens = list(range(0, n, 2))
