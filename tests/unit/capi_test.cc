@@ -1097,6 +1097,38 @@ TEST(CapiDestroyTest, DestroyFromAnotherThreadEndsABlockedCall) {
   EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK) << gw_last_error();
 }
 
+// Rank 0 hosts the store, and destroying its communicator ends the store: it may do so right
+// after gw_comm_init, since init returns on rank 0 only once every rank is done with the store
+// (others still reading the cost figures used to fail, "connection reset by the peer").
+TEST(CapiDestroyTest, RankZeroMayDestroyRightAfterInit) {
+  CleanEnv env;
+  for (int round = 0; round < 20; ++round) {
+    const std::string addr = "127.0.0.1:" + std::to_string(free_port());
+    std::vector<gw_status_t> st(3, GW_OK);
+    std::vector<std::string> why(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        gw_config_t cfg = GW_CONFIG_INIT;
+        cfg.rank = r;
+        cfg.world_size = 3;
+        cfg.store_addr = addr.c_str();
+        cfg.timeout_ms = 10000;
+        cfg.job_token = "capi-destroy-early";
+        gw_comm_t c = nullptr;
+        st[r] = gw_comm_init(&c, &cfg);
+        if (st[r] != GW_OK) why[r] = gw_last_error();
+        if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        gw_comm_destroy(c);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_EQ(st[r], GW_OK) << "round " << round << ", rank " << r << ": " << why[r];
+    }
+  }
+}
+
 // ---- leaks (issue 16) --------------------------------------------------------------------------
 
 size_t count_dir(const char* path) {
