@@ -1015,6 +1015,19 @@ TEST_F(SingleRankTest, SplitWithNegativeColorJoinsNone) {
 
 // ---- gw_comm_destroy with work pending (issue 16) ---------------------------------------------
 
+// The config of rank r of `world` ranks as threads of this process, on the store at addr (the
+// strings must outlive the init).
+gw_config_t thread_rank_config(int r, int world, const std::string& addr, const char* token,
+                               int timeout_ms) {
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.rank = r;
+  cfg.world_size = world;
+  cfg.store_addr = addr.c_str();
+  cfg.timeout_ms = timeout_ms;
+  cfg.job_token = token;
+  return cfg;
+}
+
 // Two ranks as threads on tcp; returns both communicators (rank order) or fails the test.
 std::vector<gw_comm_t> two_ranks(const std::string& token, const char* transport = "tcp") {
   std::string addr = "127.0.0.1:" + std::to_string(free_port());
@@ -1023,13 +1036,8 @@ std::vector<gw_comm_t> two_ranks(const std::string& token, const char* transport
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      gw_config_t cfg = GW_CONFIG_INIT;
-      cfg.rank = r;
-      cfg.world_size = 2;
-      cfg.store_addr = addr.c_str();
+      gw_config_t cfg = thread_rank_config(r, 2, addr, token.c_str(), 20000);
       cfg.transport = transport;
-      cfg.timeout_ms = 20000;
-      cfg.job_token = token.c_str();
       st[r] = gw_comm_init(&comms[r], &cfg);
     });
   }
@@ -1109,12 +1117,7 @@ TEST(CapiDestroyTest, RankZeroMayDestroyRightAfterInit) {
     std::vector<std::thread> threads;
     for (int r = 0; r < 3; ++r) {
       threads.emplace_back([&, r] {
-        gw_config_t cfg = GW_CONFIG_INIT;
-        cfg.rank = r;
-        cfg.world_size = 3;
-        cfg.store_addr = addr.c_str();
-        cfg.timeout_ms = 10000;
-        cfg.job_token = "capi-destroy-early";
+        gw_config_t cfg = thread_rank_config(r, 3, addr, "capi-destroy-early", 10000);
         gw_comm_t c = nullptr;
         st[r] = gw_comm_init(&c, &cfg);
         if (st[r] != GW_OK) why[r] = gw_last_error();

@@ -14,6 +14,17 @@ dist.init_process_group("gradwire")
 r, n = dist.get_rank(), dist.get_world_size()
 assert dist.get_backend() == "gradwire", dist.get_backend()
 
+
+def raises(call, exc, text: str, what: str) -> None:
+    """call() must raise exc with text in its message."""
+    try:
+        call()
+    except exc as e:
+        assert text in str(e), e
+    else:
+        raise AssertionError(f"{what} did not raise")
+
+
 t = torch.full((5,), float(r + 1))
 dist.all_reduce(t)
 assert torch.equal(t, torch.full((5,), n * (n + 1) / 2)), t
@@ -143,12 +154,8 @@ g2.shutdown()
 assert work.is_completed() and torch.all(t == n), t
 g2.shutdown()  # again: nothing
 assert "closed" in repr(g2.comm), repr(g2.comm)
-try:
-    dist.all_reduce(torch.ones(2), group=g2)
-except ValueError as e:
-    assert "shut down" in str(e), e
-else:
-    raise AssertionError("a collective on a shut-down group did not raise")
+raises(lambda: dist.all_reduce(torch.ones(2), group=g2), ValueError, "shut down",
+       "a collective on a shut-down group")
 
 # Parameters are synchronised under torch.no_grad() (grad mode is per thread: the caller's governs
 # the backend's worker); without it, the in-place write to a leaf that requires grad is refused,
@@ -160,22 +167,15 @@ with torch.no_grad():
 assert torch.equal(param.detach(), torch.full((3,), float(n))), param
 for call in (lambda: dist.all_reduce(param), lambda: dist.broadcast(param, src=0),
              lambda: dist.reduce(param, dst=0)):
-    try:  # refused at the call on every rank alike (root included), so no rank waits alone
-        call()
-    except gradwire.InvalidArgument as e:
-        assert "leaf tensor that requires grad" in str(e), e
-    else:
-        raise AssertionError("an in-place write to a leaf that requires grad did not raise")
+    # refused at the call on every rank alike (root included), so no rank waits alone
+    raises(call, gradwire.InvalidArgument, "leaf tensor that requires grad",
+           "an in-place write to a leaf that requires grad")
 dist.barrier()  # the refused calls ran on no rank's communicator
 
 # With splits on one side only, the other side's dim 0 must divide by the ranks (as gloo checks):
 # a (1, 6n) output would otherwise be cut in the middle of its one row.
-try:
-    dist.all_to_all_single(torch.zeros(1, 6 * n), torch.zeros(2 * n, 3), [], [2] * n)
-except ValueError as e:
-    assert "has no splits" in str(e), e
-else:
-    raise AssertionError("all_to_all_single with an output dim 0 of 1 did not raise")
+raises(lambda: dist.all_to_all_single(torch.zeros(1, 6 * n), torch.zeros(2 * n, 3), [], [2] * n),
+       ValueError, "has no splits", "all_to_all_single with an output dim 0 of 1")
 
 # Work.wait(timeout): gradwire.TimeoutError when the operation has not ended by then; it goes on
 # and a later wait() gets its result. The other ranks join 2 s late.
@@ -219,12 +219,8 @@ deadline = time.monotonic() + 10
 while "closed" not in repr(g3.comm) and time.monotonic() < deadline:
     time.sleep(0.01)
 assert "closed" in repr(g3.comm), repr(g3.comm)
-try:
-    dist.all_reduce(torch.ones(2), group=g3)
-except ValueError as e:
-    assert "shut down" in str(e), e
-else:
-    raise AssertionError("a collective on a group shut down from a callback did not raise")
+raises(lambda: dist.all_reduce(torch.ones(2), group=g3), ValueError, "shut down",
+       "a collective on a group shut down from a callback")
 
 # One store and prefix serving two rendezvous one after the other (torch 2.x re-creating a group
 # on torchrun's lasting store): the second must not read the first's (closed) address.
@@ -242,12 +238,8 @@ c5 = gradwire.torch.comm_over_store(again, r, n)
 g5 = gradwire.torch.ProcessGroupGradwire(None, r, n, comm=c5)
 c5.barrier()  # every rank is done with its init (rank 0's closing ends the store they read)
 c5.close()
-try:
-    g5.allreduce([torch.ones(2)]).wait()
-except gradwire.InvalidArgument as e:
-    assert "closed" in str(e) and "Got the following error" not in str(e), e
-else:
-    raise AssertionError("a collective on a closed communicator did not raise")
+raises(lambda: g5.allreduce([torch.ones(2)]).wait(), gradwire.InvalidArgument, "closed",
+       "a collective on a closed communicator")
 
 # A subgroup of the even ranks runs its own communicator.
 evens = list(range(0, n, 2))
