@@ -80,6 +80,16 @@ def gw_dtype(x: Any, name: str) -> int:
     return d
 
 
+def refuse_leaf_write(x: Any, name: str) -> None:
+    """Refuses an in-place write that autograd forbids: a torch leaf tensor that requires grad,
+    outside torch.no_grad()."""
+    if x.requires_grad and x.is_leaf and _grad_enabled():
+        raise InvalidArgument(
+            f"{name}: a leaf tensor that requires grad cannot be written in place; "
+            "use torch.no_grad() or tensor.detach()"
+        )
+
+
 def view(x: Any, name: str, writable: bool = False, device_ok: bool = False) -> Buffer:
     """Checks x (type, dtype, contiguity, writability) and returns its Buffer.
 
@@ -95,11 +105,8 @@ def view(x: Any, name: str, writable: bool = False, device_ok: bool = False) -> 
                 f"{name}: the tensor is not contiguous (shape {tuple(x.shape)}, stride "
                 f"{tuple(x.stride())}); pass tensor.contiguous()"
             )
-        if writable and x.requires_grad and x.is_leaf and _grad_enabled():
-            raise InvalidArgument(
-                f"{name}: a leaf tensor that requires grad cannot be written in place; "
-                "use torch.no_grad() or tensor.detach()"
-            )
+        if writable:
+            refuse_leaf_write(x, name)
         if x.is_cuda and not device_ok:
             return _staged(x, dtype, writable)
         if not x.is_cuda and x.device.type != "cpu":

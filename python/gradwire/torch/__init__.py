@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from .._buffer import gw_dtype
+from .._buffer import gw_dtype, refuse_leaf_write
 from ..comm import Comm, Op
 from ..errors import GradwireError, InvalidArgument, Unsupported
 from ..errors import TimeoutError as GwTimeoutError
@@ -63,6 +63,16 @@ class _Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def _refused() -> tuple:
+    """(outer, inner) as _Worker.submit returns them, failed already: no worker takes work now."""
+    inner: torch.futures.Future = torch.futures.Future()
+    outer = inner.then(_unwrap)
+    inner.set_result(_Failed(InvalidArgument(
+        "gradwire: the communicator's worker was stopped (the process group was shut down, or "
+        "the interpreter is exiting)")))
+    return outer, inner
 
 
 class _Worker:
@@ -111,17 +121,12 @@ class _Worker:
     def submit(self, fn: Callable[[], Any]) -> tuple:
         """Queues fn; returns (outer, inner): the future to hand out, and the one the worker
         completes (GradwireWork re-raises the operation's own exception from it)."""
-        inner: torch.futures.Future = torch.futures.Future()
-        outer = inner.then(_unwrap)
         with self._lock:
-            queued = not self.stopped
-            if queued:
+            if not self.stopped:
+                inner: torch.futures.Future = torch.futures.Future()
                 self._q.put((fn, inner))
-        if not queued:
-            inner.set_result(_Failed(InvalidArgument(
-                "gradwire: the communicator's worker was stopped (the process group was shut "
-                "down, or the interpreter is exiting)")))
-        return outer, inner
+                return inner.then(_unwrap), inner
+        return _refused()
 
     def stop(self, then: Optional[Callable[[], None]] = None) -> bool:
         """Lets what was submitted run, then `then()` on the worker's thread, then ends the
@@ -132,7 +137,7 @@ class _Worker:
                 self.stopped = True
                 self._then = then
                 self._q.put(None)
-        if threading.current_thread() is self._t:
+        if self.on_thread():
             return False
         self._t.join(timeout=self.STOP_WAIT_S)
         return not self._t.is_alive()
@@ -171,10 +176,7 @@ def _submit(comm: Comm, fn: Callable[[], Any]) -> tuple:
             w = comm._torch_worker = _Worker(f"gradwire-rank{comm.rank}")
             _workers.add(w)
     if w is None:
-        inner: torch.futures.Future = torch.futures.Future()
-        outer = inner.then(_unwrap)
-        inner.set_result(_Failed(InvalidArgument("gradwire: the interpreter is exiting")))
-        return outer, inner
+        return _refused()
     return w.submit(fn)
 
 
@@ -367,21 +369,23 @@ def _equal(ts: list, like: torch.Tensor, what: str) -> None:
 
 
 def _writable(t: torch.Tensor, what: str) -> None:
-    """Refuses at the call, on every rank alike, an in-place write that autograd forbids: a leaf
-    that requires grad outside torch.no_grad(). (Checked in the worker only, one rank could
-    refuse while the others wait for it, or pair their call with its next one.)"""
-    if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
-        raise InvalidArgument(f"gradwire {what}: a leaf tensor that requires grad cannot be "
-                              "written in place; use torch.no_grad() or tensor.detach()")
+    """Refuses at the call, on every rank alike, what the worker's in-place write would refuse
+    (checked in the worker only, one rank could refuse while the others wait for it, or pair
+    their call with its next one)."""
+    refuse_leaf_write(t, f"gradwire {what}")
 
 
-def _cuda_fence(tensors: list) -> Optional[Callable[[], None]]:
+def _cuda_devices(tensors: list) -> set:
+    return {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
+
+
+def _cuda_fence(devices: set) -> Optional[Callable[[], None]]:
     """Orders the worker after the caller's CUDA work. The worker thread stages CUDA tensors on
     its own current stream (the legacy default stream), which does not wait for torch's
     non-blocking streams (DDP/FSDP side streams, `with torch.cuda.stream(s)`): record an event
     on the caller's current stream of each CUDA device involved and wait for it in the worker."""
     events = []
-    for d in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
+    for d in devices:
         ev = torch.cuda.Event(blocking=True)  # the worker sleeps in synchronize(), not spins
         ev.record(torch.cuda.current_stream(d))
         events.append(ev)
@@ -506,8 +510,8 @@ class ProcessGroupGradwire(ProcessGroup):
 
     def _work(self, fn: Callable[[], Any], *tensors: Any) -> Any:
         flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
-        fence = _cuda_fence(flat)
-        devices = {t.device for t in flat if isinstance(t, torch.Tensor) and t.is_cuda}
+        devices = _cuda_devices(flat)
+        fence = _cuda_fence(devices)
         # Grad mode is per thread and always on in the worker: the caller's (torch.no_grad()
         # around a parameter's all_reduce or broadcast) governs the in-place writes there.
         grad = torch.is_grad_enabled()
