@@ -123,23 +123,47 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   } else {
     h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
   }
-  GW_ASSIGN_OR_RETURN(auto s, connect(h, address, std::move(store), std::move(host_of_rank)));
-  if (agreed) GW_RETURN_IF_ERROR(s->agree_chunk(*agreed, deadline));
-  return std::unique_ptr<Session>(std::move(s));
+  auto s = connect(h, address, store, std::move(host_of_rank));
+  if (agreed) {
+    GW_RETURN_IF_ERROR(agree_chunk(*agreed, options.rank, options.world_size, s.status(),
+                                   s.ok() ? &(*s)->chunk_bytes_ : nullptr, deadline));
+  }
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<Session>(std::move(*s));
 }
 
-Status DaemonSession::agree_chunk(Store& store, sys::Deadline deadline) {
+Status DaemonSession::agree_chunk(Store& store, int rank, int size, const Status& joined,
+                                  size_t* chunk, sys::Deadline deadline) {
   // Every rank must cut chunks and slices alike (the daemons pair them up one by one), and each
   // rank's chunk comes from its own GW_DAEMON_CHUNK and arena: the job takes the least of them.
+  // This is the set-up's last use of the store, so it ends with store_release_host.
   auto key_of = [](int r) { return fmt::format("daemon_chunk/{}", r); };
-  const std::string mine = std::to_string(chunk_bytes_);
-  GW_RETURN_IF_ERROR(store.set(key_of(rank_), Bytes(mine.begin(), mine.end()), deadline)
+  const std::string release_key = "daemon_chunk_read";
+  constexpr std::string_view kFailed = "failed: ";
+  if (!joined.ok()) {
+    // Best effort: the others learn at once why this rank is missing instead of waiting out
+    // their deadline, and rank 0 keeps its store until they have read it.
+    const std::string why = std::string(kFailed) + joined.message();
+    if (store.set(key_of(rank), Bytes(why.begin(), why.end()), deadline).ok()) {
+      (void)store_release_host(store, release_key, rank, size, deadline);
+    }
+    return joined;
+  }
+  const size_t own = *chunk;
+  const std::string mine = std::to_string(own);
+  GW_RETURN_IF_ERROR(store.set(key_of(rank), Bytes(mine.begin(), mine.end()), deadline)
                          .with_context("daemon mode: publishing this rank's chunk"));
-  GW_ASSIGN_OR_RETURN(auto all, gather_joined(store, size_, key_of, deadline));
-  size_t least = chunk_bytes_;
-  size_t whose = static_cast<size_t>(rank_);
+  GW_ASSIGN_OR_RETURN(auto all, gather_joined(store, size, key_of, deadline));
+  GW_RETURN_IF_ERROR(store_release_host(store, release_key, rank, size, deadline)
+                         .with_context("daemon mode: the end of the set-up"));
+  size_t least = own;
+  size_t whose = static_cast<size_t>(rank);
   for (size_t r = 0; r < all.size(); ++r) {
     const std::string text(all[r].begin(), all[r].end());
+    if (text.rfind(kFailed, 0) == 0) {
+      return peer_error("daemon mode: rank {} could not join its daemon: {}", r,
+                        text.substr(kFailed.size()));
+    }
     size_t v = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (ec != std::errc() || end != text.data() + text.size() || v < 4096) {
@@ -150,10 +174,10 @@ Status DaemonSession::agree_chunk(Store& store, sys::Deadline deadline) {
       whose = r;
     }
   }
-  if (least < chunk_bytes_) {
+  if (least < own) {
     GW_LOG_INFO("daemon mode: chunks of {} (rank {}'s), not {}: every rank of the job cuts alike",
-                coll::format_bytes(least), whose, coll::format_bytes(chunk_bytes_));
-    chunk_bytes_ = least;
+                coll::format_bytes(least), whose, coll::format_bytes(own));
+    *chunk = least;
   }
   return ok_status();
 }

@@ -105,8 +105,12 @@ class DaemonSession final : public Session {
   // blocks is used in place, the blocks `block` apart (the submission's stride), when it lies in
   // the arena (for alltoall: both sides), and is otherwise staged packed, slice by slice.
   size_t slice_bytes() const { return chunk_bytes_ * 2; }
-  // The job's chunk: the least of every rank's (published under the communicator's keys).
-  Status agree_chunk(Store& store, sys::Deadline deadline);
+  // The job's chunk: the least of every rank's (published under the communicator's keys), into
+  // *chunk. A rank whose join failed (`joined`, chunk null) publishes that instead, so the
+  // others fail at once naming it; it returns `joined`. Rank 0 returns once every rank is done
+  // with its store.
+  static Status agree_chunk(Store& store, int rank, int size, const Status& joined, size_t* chunk,
+                            sys::Deadline deadline);
   Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
                     coll::DataType dtype, coll::ReduceOp op, const char* what);
 

@@ -404,8 +404,8 @@ Status CommImpl::agree_cost_params() {
   // hosts the store, where the job uses its own) returns only once every rank has read them, so
   // destroying its communicator at once cannot leave another rank's set-up without its store.
   // Not store_barrier: there every rank but the last waits on a "done" key, and rank 0 could take
-  // the store away while another rank still waits on it; here only rank 0 waits.
-  const std::string read_key = "cost_params_read", all_read_key = "cost_params_all_read";
+  // the store away while another rank still waits on it; store_release_host waits on rank 0 only.
+  const std::string read_key = "cost_params_read";
   if (rank() == 0) {
     const std::string v =
         fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {} {}", cost_.alpha_us,
@@ -413,18 +413,13 @@ Status CommImpl::agree_cost_params() {
                     cost_.inter_alpha_us, cost_.inter_bw_gbps, cost_.cpus, cost_.kernel_hosts);
     GW_RETURN_IF_ERROR(store.set(key, Bytes(v.begin(), v.end()), deadline)
                            .with_context("communicator: publishing the cost model's figures"));
-    return store.get(all_read_key, deadline)
-        .status()
+    return store_release_host(store, read_key, 0, size(), deadline)
         .with_context("communicator: waiting for every rank to read the cost figures");
   }
   auto v = store.get(key, deadline);
   if (!v.ok()) return v.status().with_context("communicator: waiting for rank 0's cost figures");
-  auto readers = store.add(read_key, 1, deadline);
-  if (!readers.ok()) return readers.status().with_context("communicator: counting set-ups done");
-  if (*readers == size() - 1) {
-    GW_RETURN_IF_ERROR(store.set(all_read_key, Bytes{1}, deadline)
-                           .with_context("communicator: saying every rank is set up"));
-  }
+  GW_RETURN_IF_ERROR(store_release_host(store, read_key, rank(), size(), deadline)
+                         .with_context("communicator: saying this rank is set up"));
   CostParams p;
   std::istringstream in(std::string(v->begin(), v->end()));
   in >> p.alpha_us >> p.bw_gbps >> p.reduce_gbps >> p.intra_alpha_us >> p.intra_bw_gbps >>

@@ -144,4 +144,38 @@ Status store_barrier(Store& store, const std::string& key, int world, Deadline d
   return done.status().with_context(fmt::format("store barrier '{}'", key));
 }
 
+Status store_release_host(Store& store, const std::string& key, int rank, int world,
+                          Deadline deadline) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return invalid_arg("store release '{}': rank {} of {}", key, rank, world);
+  }
+  const std::string all_key = key + "/all";
+  if (rank == 0) {
+    if (world == 1) return ok_status();
+    auto all = store.get(all_key, deadline);
+    if (all.ok()) return ok_status();
+    if (all.status().code() == Code::kTimeout) {
+      auto now = store.add(key, 0, deadline_after_ms(1000));
+      if (now.ok()) {
+        return timeout_error(
+            "store release '{}': only {} of {} other ranks were done with the "
+            "store before the deadline",
+            key, *now, world - 1);
+      }
+    }
+    return all.status().with_context(fmt::format("store release '{}'", key));
+  }
+  auto done = store.add(key, 1, deadline);
+  if (!done.ok()) return done.status().with_context(fmt::format("store release '{}'", key));
+  if (*done > world - 1) {
+    return invalid_arg("store release '{}': {} ranks done for a world of {} (key reused?)", key,
+                       *done, world);
+  }
+  if (*done == world - 1) {
+    return store.set(all_key, Bytes{1}, deadline)
+        .with_context(fmt::format("store release '{}'", key));
+  }
+  return ok_status();
+}
+
 }  // namespace gw

@@ -96,4 +96,12 @@ class TcpStore : public Store {
 // it reaches `world`. Keys must be unique per use (callers add a sequence number).
 Status store_barrier(Store& store, const std::string& key, int world, Deadline deadline);
 
+// The last step of a set-up on a store that rank 0 hosts: every other rank says it is done with
+// the store (under `key`), and rank 0 returns only once all `world - 1` have, so rank 0 may
+// destroy its store as soon as it returns without taking it from a rank still reading. Unlike
+// store_barrier, only rank 0 waits: a rank other than 0 never waits on a key rank 0 might not
+// be there to serve. Keys must be unique per use, as for store_barrier.
+Status store_release_host(Store& store, const std::string& key, int rank, int world,
+                          Deadline deadline);
+
 }  // namespace gw

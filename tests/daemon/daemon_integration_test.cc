@@ -476,6 +476,59 @@ TEST(DaemonIntegration, AJobOfDaemonAndDirectRanksFailsAtOnceOnEveryRank) {
   }
 }
 
+// A rank that cannot join its daemon (here: one refused for a host identity that is not its
+// daemon's) fails at once, and says so in the store: the others fail at creation naming it,
+// without waiting out their deadline for its part of the set-up.
+TEST(DaemonIntegration, ARankThatCannotJoinItsDaemonFailsTheOthersAtOnce) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (int lost : {2, 0}) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 3; ++r) {
+      d.start_trainer(g, r, 3, port, {"suite", "10"}, r == lost ? "not-this-host" : "");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto results = g.wait_all(60000);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(results.size(), 3u);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_TRUE(results[r].exited && results[r].exit_code != 0) << results[r].describe();
+      if (static_cast<int>(r) == lost) {
+        EXPECT_NE(results[r].output.find("host identity"), std::string::npos)
+            << results[r].describe();
+      } else if (lost != 0) {
+        // With rank 0 lost the store goes with it, and the others see that instead.
+        const std::string want = "rank " + std::to_string(lost) + " could not join its daemon";
+        EXPECT_NE(results[r].output.find(want), std::string::npos) << results[r].describe();
+      }
+    }
+    EXPECT_LT(took, std::chrono::milliseconds(kTimeoutMs)) << "waited out the deadline";
+  }
+}
+
+// Rank 0 hosts the store: its gw_comm_init returns only once every rank is done with it, so a
+// rank 0 that leaves at once (a check script, a torch group created and destroyed) cannot take the
+// store from another rank's set-up.
+TEST(DaemonIntegration, RankZeroMayLeaveRightAfterInit) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  for (int round = 0; round < 10; ++round) {
+    ProcGroup g;
+    const int port = free_port();
+    for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"init"});
+    auto results = g.wait_all(60000);
+    ASSERT_EQ(results.size(), 4u);
+    for (const auto& res : results) {
+      ASSERT_TRUE(res.exited && res.exit_code == 0) << "round " << round << ": " << res.describe();
+    }
+  }
+}
+
 TEST(DaemonIntegration, ASingleTrainerJobAndARefusedTrainerOfAnotherHost) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

@@ -213,6 +213,37 @@ TEST_P(AnyStoreTest, BarrierReleasesEveryoneAndReportsStragglers) {
   EXPECT_EQ(store_barrier(*store_, "bar3", 0, deadline_after_ms(300)).code(), Code::kInvalidArg);
 }
 
+TEST_P(AnyStoreTest, ReleaseHostWaitsForEveryOtherRankOnRankZeroOnly) {
+  constexpr int kWorld = 4;
+  // The other ranks return at once, without waiting for each other or for rank 0.
+  for (int r = 1; r < kWorld - 1; ++r) {
+    ASSERT_TRUE(store_release_host(*other_, "rel1", r, kWorld, deadline_after_ms(300)).ok());
+  }
+  // Rank 0 waits until the last of them has said it is done.
+  std::atomic<bool> released{false};
+  std::thread host([&] {
+    EXPECT_TRUE(store_release_host(*store_, "rel1", 0, kWorld, deadline_after_ms(5000)).ok());
+    released = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(released.load()) << "rank 0 returned before rank 3 was done";
+  ASSERT_TRUE(store_release_host(*other_, "rel1", kWorld - 1, kWorld, deadline_after_ms(300)).ok());
+  host.join();
+  EXPECT_TRUE(released.load());
+
+  // A rank that never says so: rank 0 fails with kTimeout saying how many did.
+  ASSERT_TRUE(store_release_host(*other_, "rel2", 2, kWorld, deadline_after_ms(300)).ok());
+  Status late = store_release_host(*store_, "rel2", 0, kWorld, deadline_after_ms(300));
+  EXPECT_EQ(late.code(), Code::kTimeout);
+  EXPECT_NE(late.message().find("only 1 of 3"), std::string::npos) << late.message();
+  // A world of one has nobody to wait for; a reused key and a bad rank are refused.
+  EXPECT_TRUE(store_release_host(*store_, "rel3", 0, 1, deadline_after_ms(300)).ok());
+  EXPECT_EQ(store_release_host(*other_, "rel1", 1, kWorld, deadline_after_ms(300)).code(),
+            Code::kInvalidArg);
+  EXPECT_EQ(store_release_host(*other_, "rel4", kWorld, kWorld, deadline_after_ms(300)).code(),
+            Code::kInvalidArg);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, AnyStoreTest, ::testing::Values("memory", "tcp"),
                          [](const auto& info) { return info.param; });
 
