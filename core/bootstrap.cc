@@ -278,7 +278,8 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
   if (rank < 0 || rank >= world) {
     return invalid_arg("exchange_hosts: rank {} out of range 0..{}", rank, world - 1);
   }
-  // "identity" or "identity\nmode".
+  // "identity" or "identity\nmode". Every rank reads the others' modes, its own given or not: a
+  // rank without one (the C++ API, the plugin) in a job of C ABI ranks fails there too.
   std::string mine = host_identity();
   if (!mode.empty()) mine += "\n" + mode;
   Status s = store.set(fmt::format("gw/host/{}", rank), Bytes(mine.begin(), mine.end()), deadline);
@@ -294,11 +295,9 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
   for (int r = 0; r < world; ++r) {
     const Bytes& v = ids[static_cast<size_t>(r)];
     std::string id(v.begin(), v.end());
-    if (!mode.empty()) {
-      const size_t at = id.rfind('\n');
-      ranks_of_mode[at == std::string::npos ? "an unknown" : id.substr(at + 1)].push_back(r);
-      if (at != std::string::npos) id.resize(at);
-    }
+    const size_t at = id.rfind('\n');
+    ranks_of_mode[at == std::string::npos ? "an unknown" : id.substr(at + 1)].push_back(r);
+    if (at != std::string::npos) id.resize(at);
     auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
     if (inserted) {
       map.ranks_of_host.emplace_back();

@@ -309,7 +309,8 @@ TEST_F(BootstrapTest, ExchangeHostsGroupsRanks) {
 }
 
 // The C ABI's ranks give their mode with their host: the same everywhere passes (and the host
-// map ignores it), a job whose ranks differ fails at once, naming who runs how.
+// map ignores it), a job whose ranks differ fails at once on every rank (one without a mode too),
+// naming who runs how.
 TEST_F(BootstrapTest, ExchangeHostsComparesModes) {
   constexpr int kWorld = 4;
   auto publish = [](Store& store, int r, const std::string& v) {
@@ -355,6 +356,20 @@ TEST_F(BootstrapTest, ExchangeHostsComparesModes) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
     EXPECT_NE(m.status().message().find("rank 3 in an unknown mode"), std::string::npos)
         << m.status().to_string();
+  }
+  {
+    auto store = make_memory_store();  // the rank without a mode sees the others' too
+    for (int r = 1; r < kWorld; ++r) {
+      ASSERT_TRUE(publish(*store, r, "a\ndaemon").ok());
+      ASSERT_TRUE(
+          store->set("gw/mode_seen/" + std::to_string(r), Bytes{1}, deadline_after_ms(100)).ok());
+    }
+    auto m = exchange_hosts(*store, 0, kWorld, deadline_after_ms(5000));
+    ASSERT_EQ(m.status().code(), Code::kInvalidArg) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("rank 0 in an unknown mode"), std::string::npos)
+        << m.status().message();
+    EXPECT_NE(m.status().message().find("ranks 1, 2, 3 in daemon mode"), std::string::npos)
+        << m.status().message();
   }
 }
 
