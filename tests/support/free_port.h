@@ -5,9 +5,9 @@
 // moment any listener of a test running beside this one (ctest -j2) may be numbered the same. So
 // the port comes from below the kernel's ephemeral range (net.ipv4.ip_local_port_range, which
 // the kernel numbers from), where no such socket lands: 10000-19999 when that range starts at
-// 20000 or above (Debian's starts at 32768), and each process starts at its own place, by pid,
-// and moves on at each call, so tests running side by side rarely meet. A candidate is checked by
-// binding it (SO_REUSEADDR, as the store binds). Otherwise, the kernel's choice.
+// 20000 or above (Debian's starts at 32768), and each process starts at its own place (a hash of
+// its pid), and moves on at each call, so tests running side by side rarely meet. A candidate is
+// checked by binding it (SO_REUSEADDR, as the store binds). Otherwise, the kernel's choice.
 #pragma once
 
 #include <arpa/inet.h>
@@ -56,7 +56,10 @@ inline int ephemeral_low() {
 inline int free_port() {
   constexpr int kFirst = 10000, kCount = 10000;
   static const bool below_ephemeral = port_detail::ephemeral_low() >= kFirst + kCount;
-  static std::atomic<unsigned> next{static_cast<unsigned>(getpid() % 1000) * 10u};
+  // The start is a hash of the pid: ctest starts tests side by side with nearly consecutive pids,
+  // and starts by pid alone put them tens of ports apart, inside the sweep of a test that takes a
+  // port per round (CapiLeakTest: 1,100).
+  static std::atomic<unsigned> next{(static_cast<unsigned>(getpid()) * 2654435761u) % kCount};
   if (below_ephemeral) {
     for (int tries = 0; tries < 64; ++tries) {
       const int port = kFirst + static_cast<int>(next.fetch_add(1) % kCount);
