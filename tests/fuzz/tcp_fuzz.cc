@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -72,8 +73,17 @@ uint64_t handle_nonce(const net::Handle& h) {
   return n;
 }
 
+// This side's sockets close with a reset (SO_LINGER 0), so neither side of a connection is left in
+// TIME_WAIT: thousands of inputs a second would otherwise hold the loopback's ephemeral ports for
+// a minute each, and after about 40 s the transport's listen (port 0) failed with none left.
+void close_with_reset(int fd) {
+  const linger off{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));
+}
+
 sys::Fd dial(uint16_t port) {
   sys::Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  close_with_reset(fd.get());
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -120,6 +130,7 @@ bool read_driving(int fd, void* out, size_t n, sys::Deadline until, Tick&& tick)
 void listener_side(const uint8_t* body, size_t n, bool patch) {
   net::Handle h;
   auto l = transport()->listen(&h);
+  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
   check(l.ok(), "tcp fuzz: listen");
   (*l)->expect_peer(1);
   sys::Fd fd = dial(handle_port(h));
@@ -154,6 +165,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
 void message_stream(const uint8_t* body, size_t n) {
   net::Handle h;
   auto l = transport()->listen(&h);
+  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
   check(l.ok(), "tcp fuzz: listen");
   sys::Fd fd = dial(handle_port(h));
   Hello hello{};
@@ -210,6 +222,7 @@ void message_stream(const uint8_t* body, size_t n) {
     check(got <= kRecvCap, "tcp fuzz: reported size within the receive");
     ++counter("tcp.message");
   }
+  fd.reset();  // a reset, before the comm's end answers this side's FIN (no TIME_WAIT)
   comm.reset();
   for (size_t i = 0; i < kGuard; ++i) {
     check(arena[i] == kGuardByte && arena[kGuard + kRecvCap + i] == kGuardByte,
@@ -250,8 +263,10 @@ void connector_side(const uint8_t* body, size_t n) {
       return;
     }
     check(*r == nullptr, "tcp fuzz: connected to a listener that proved nothing");
-    if (!peer.valid())
+    if (!peer.valid()) {
       peer.reset(accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (peer.valid()) close_with_reset(peer.get());
+    }
     if (peer.valid() && !answered) {
       uint8_t hello[sizeof(Hello)];
       if (recv(peer.get(), hello, sizeof(hello), MSG_PEEK | MSG_DONTWAIT) ==
