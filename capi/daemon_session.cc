@@ -154,26 +154,29 @@ Status DaemonSession::agree_chunk(Store& store, int rank, int size, const Status
   GW_RETURN_IF_ERROR(store.set(key_of(rank), Bytes(mine.begin(), mine.end()), deadline)
                          .with_context("daemon mode: publishing this rank's chunk"));
   GW_ASSIGN_OR_RETURN(auto all, gather_joined(store, size, key_of, deadline));
-  GW_RETURN_IF_ERROR(store_release_host(store, release_key, rank, size, deadline)
-                         .with_context("daemon mode: the end of the set-up"));
+  // Read everything first: a rank's failure is the error to report, even when the release that
+  // follows times out (a rank that died since it published).
+  Status failed;
   size_t least = own;
   size_t whose = static_cast<size_t>(rank);
-  for (size_t r = 0; r < all.size(); ++r) {
+  for (size_t r = 0; r < all.size() && failed.ok(); ++r) {
     const std::string text(all[r].begin(), all[r].end());
-    if (text.rfind(kFailed, 0) == 0) {
-      return peer_error("daemon mode: rank {} could not join its daemon: {}", r,
-                        text.substr(kFailed.size()));
-    }
     size_t v = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size() || v < 4096) {
-      return peer_error("daemon mode: rank {} published a chunk of '{}' bytes", r, text);
-    }
-    if (v < least) {
+    if (text.rfind(kFailed, 0) == 0) {
+      failed = peer_error("daemon mode: rank {} could not join its daemon: {}", r,
+                          text.substr(kFailed.size()));
+    } else if (ec != std::errc() || end != text.data() + text.size() || v < 4096) {
+      failed = peer_error("daemon mode: rank {} published a chunk of '{}' bytes", r, text);
+    } else if (v < least) {
       least = v;
       whose = r;
     }
   }
+  Status released = store_release_host(store, release_key, rank, size, deadline)
+                        .with_context("daemon mode: the end of the set-up");
+  if (!failed.ok()) return failed;
+  GW_RETURN_IF_ERROR(released);
   if (least < own) {
     GW_LOG_INFO("daemon mode: chunks of {} (rank {}'s), not {}: every rank of the job cuts alike",
                 coll::format_bytes(least), whose, coll::format_bytes(own));

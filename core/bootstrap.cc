@@ -278,10 +278,10 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
   if (rank < 0 || rank >= world) {
     return invalid_arg("exchange_hosts: rank {} out of range 0..{}", rank, world - 1);
   }
-  // "identity" or "identity\nmode". Every rank reads the others' modes, its own given or not: a
-  // rank without one (the C++ API, the plugin) in a job of C ABI ranks fails there too.
-  std::string mine = host_identity();
-  if (!mode.empty()) mine += "\n" + mode;
+  // "identity\nmode", the mode empty for a rank that gives none (the C++ API): the last '\n'
+  // separates them, whatever the identity holds. Every rank reads the others' modes, its own
+  // given or not, so a rank without one in a job of C ABI ranks fails there too.
+  std::string mine = host_identity() + "\n" + mode;
   Status s = store.set(fmt::format("gw/host/{}", rank), Bytes(mine.begin(), mine.end()), deadline);
   if (!s.ok()) return s.with_context(fmt::format("exchange_hosts: rank {} publishing", rank));
   HostMap map;
@@ -296,7 +296,8 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
     const Bytes& v = ids[static_cast<size_t>(r)];
     std::string id(v.begin(), v.end());
     const size_t at = id.rfind('\n');
-    ranks_of_mode[at == std::string::npos ? "an unknown" : id.substr(at + 1)].push_back(r);
+    const std::string m = at == std::string::npos ? "an unknown" : id.substr(at + 1);
+    ranks_of_mode[m.empty() ? "an unnamed" : m].push_back(r);
     if (at != std::string::npos) id.resize(at);
     auto [it, inserted] = index.emplace(id, static_cast<int>(map.ranks_of_host.size()));
     if (inserted) {

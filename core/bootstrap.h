@@ -54,10 +54,9 @@ struct HostMap {
   int local_rank = -1;  // position of this rank among the ranks of its host
 };
 //
-// With a mode (the C ABI's "direct" or "daemon"), every rank's is exchanged with its identity and
-// compared: ranks that differ fail at once, every one of them, kInvalidArg naming which ranks run
-// how (rather than each waiting for keys the others never write). Ranks that give no mode pass
-// none.
+// Every rank's mode (the C ABI's "direct" or "daemon"; empty for the C++ API) is exchanged with its
+// identity and compared: ranks that differ fail at once, every one of them, kInvalidArg naming
+// which ranks run how (rather than each waiting for keys the others never write).
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline,
                                const std::string& mode = "");
 

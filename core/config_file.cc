@@ -80,7 +80,7 @@ char32_t codepoint_at(std::string_view text, size_t i) {
 // hold one space each (U+00A0, U+3000, U+FEFF), which it tests before its switch, and the switch
 // has cases only for blocks 5 and 7. Every other code point of blocks 0, 11 and 63 reaches its
 // `default: __builtin_unreachable()`. Exhaustively checked against toml++ under UBSan by
-// FuzzRegressions.ConfigEveryCodePointToml++MayTestIsSafe.
+// FuzzRegressions.ConfigEveryCodePointTomlMayTestIsRefusedOrSafe.
 bool toml_whitespace_test_is_undefined(char32_t cp) {
   if (cp < 0xA0 || cp > 0xFEFF) return false;
   const uint32_t block = (static_cast<uint32_t>(cp) - 0xA0) / 0x3FA;
@@ -101,7 +101,9 @@ namespace {
 // (ASan build, where toml++'s assertions are on) found that a table header whose name does not
 // start like a key (`[[[x]]]`, `[.x]`, `[#]`) fails an assertion in toml++'s parse_key (in
 // release builds with clang an optimiser assumption): such a header is refused here too, with
-// `*bad_header` set. Both are invalid TOML, so no valid file is refused.
+// `*bad_header` set. Such headers and non-ASCII code
+// outside strings and comments are invalid TOML; the code points refused inside them (e.g.
+// U+00E9, U+3001) are valid TOML that toml++ 3.3 cannot read safely, and the error says so.
 std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, char32_t* bad_char) {
   *bad_header = false;
   *bad_char = 0;

@@ -6,7 +6,7 @@
 // the port comes from below the kernel's ephemeral range (net.ipv4.ip_local_port_range, which
 // the kernel numbers from), where no such socket lands: 10000-19999 when that range starts at
 // 20000 or above (Debian's starts at 32768), and each process starts at its own place (a hash of
-// its pid), and moves on at each call, so tests running side by side rarely meet. A candidate is
+// its pid), and moves on at each call, so tests running side by side seldom meet. A candidate is
 // checked by binding it (SO_REUSEADDR, as the store binds). Otherwise, the kernel's choice.
 #pragma once
 
