@@ -94,9 +94,11 @@ namespace {
 // {0, 0}. Such a byte is never valid TOML 1.0, and toml++ 3.3 (Debian 12) reaches
 // __builtin_unreachable on some code points in its whitespace test (see
 // toml_whitespace_test_is_undefined): found by the config_toml fuzz target under UBSan. They are
-// refused before toml++ sees them. Inside strings and comments those code points are refused too:
-// toml++ still tests them after a backslash in a multi-line string, or when a quote in a wrong
-// place makes it read a "string" as code (`s = 0"""é"""`, fuzz again).
+// refused before toml++ sees them. Inside strings those code points are refused too: toml++ still
+// tests them after a backslash in a multi-line string, or when a quote in a wrong place makes it
+// read a "string" as code (`s = 0"""é"""`, fuzz again). Inside a comment (a '#' this scan reads
+// as code; where it reads a string, toml++ does too or fails before) they are blanked to spaces
+// in *for_toml, the text toml++ then parses: a comment may say "é".
 // A UTF-8 byte order mark at the very start is toml++'s to skip. The same fuzz target
 // (ASan build, where toml++'s assertions are on) found that a table header whose name does not
 // start like a key (`[[[x]]]`, `[.x]`, `[#]`) fails an assertion in toml++'s parse_key (in
@@ -104,7 +106,8 @@ namespace {
 // `*bad_header` set. Such headers and non-ASCII code
 // outside strings and comments are invalid TOML; the code points refused inside them (e.g.
 // U+00E9, U+3001) are valid TOML that toml++ 3.3 cannot read safely, and the error says so.
-std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, char32_t* bad_char) {
+std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, char32_t* bad_char,
+                                     std::string* for_toml) {
   *bad_header = false;
   *bad_char = 0;
   int depth = 0;           // brackets and braces open in values and headers
@@ -126,6 +129,12 @@ std::pair<int, int> unsafe_non_ascii(std::string_view text, bool* bad_header, ch
     if ((static_cast<unsigned char>(c) & 0x80) != 0 && st != St::kCode) {
       const char32_t cp = codepoint_at(text, i);
       if (toml_whitespace_test_is_undefined(cp)) {
+        if (st == St::kComment) {
+          // A comment's text is never a value: toml++ reads spaces there instead.
+          const size_t len = static_cast<unsigned char>(c) < 0xE0 ? 2 : 3;
+          for_toml->replace(i, len, len, ' ');
+          continue;
+        }
         *bad_char = cp;
         return {line, col};
       }
@@ -214,7 +223,8 @@ std::shared_ptr<const ConfigFile> ConfigFile::parse(std::string_view text,
   file->path_ = path;
   bool bad_header = false;
   char32_t bad_char = 0;
-  if (auto [line, col] = unsafe_non_ascii(text, &bad_header, &bad_char); line > 0) {
+  std::string for_toml(text);
+  if (auto [line, col] = unsafe_non_ascii(text, &bad_header, &bad_char, &for_toml); line > 0) {
     const std::string why =
         bad_header ? std::string("a table header whose name does not start like a key")
         : bad_char != 0
@@ -225,7 +235,7 @@ std::shared_ptr<const ConfigFile> ConfigFile::parse(std::string_view text,
     return file;
   }
   try {
-    toml::table table = toml::parse(text, path);
+    toml::table table = toml::parse(for_toml, path);
     flatten(table, "", &file->entries_);
   } catch (const toml::parse_error& e) {
     file->errors_.push_back(fmt::format("{}:{}:{}: {}", path, e.source().begin.line,
