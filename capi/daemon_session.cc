@@ -123,7 +123,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   } else {
     h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
   }
-  auto s = connect(h, address, store, std::move(host_of_rank));
+  auto s = connect(h, address, std::move(store), std::move(host_of_rank));
   if (agreed) {
     GW_RETURN_IF_ERROR(agree_chunk(*agreed, options.rank, options.world_size, s.status(),
                                    s.ok() ? &(*s)->chunk_bytes_ : nullptr, deadline));

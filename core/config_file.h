@@ -44,7 +44,8 @@ class ConfigFile {
 };
 
 // Whether toml++ 3.3's whitespace test is undefined behaviour for `cp` (it reaches
-// __builtin_unreachable); parse() refuses such code points anywhere in the text. Exposed for tests.
+// __builtin_unreachable); parse() refuses such code points, but in a comment, where toml++ is
+// handed spaces instead. Exposed for tests.
 bool toml_whitespace_test_is_undefined(char32_t cp);
 
 }  // namespace gw::config

@@ -127,14 +127,20 @@ bool read_driving(int fd, void* out, size_t n, sys::Deadline until, Tick&& tick)
   return got == n;
 }
 
+// The transport's listener; a failure (the loopback out of ports, say) is said, then aborts.
+std::unique_ptr<net::Listener> listen_or_abort(net::Handle* h) {
+  auto l = transport()->listen(h);
+  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
+  check(l.ok(), "tcp fuzz: listen");
+  return std::move(*l);
+}
+
 // Mode 0/1: a raw connector's bytes to a listener (1: the handle's nonce and ranks patched in, so
 // the input reaches the proof). The listener must never hand out a comm.
 void listener_side(const uint8_t* body, size_t n, bool patch) {
   net::Handle h;
-  auto l = transport()->listen(&h);
-  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
-  check(l.ok(), "tcp fuzz: listen");
-  (*l)->expect_peer(1);
+  auto l = listen_or_abort(&h);
+  l->expect_peer(1);
   sys::Fd fd = dial(handle_port(h));
   std::vector<uint8_t> bytes(body, body + n);
   if (patch && bytes.size() >= sizeof(Hello)) {
@@ -153,7 +159,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
   ::shutdown(fd.get(), SHUT_WR);
   uint8_t sink[256];
   while (!sys::expired(until)) {
-    auto a = (*l)->accept();
+    auto a = l->accept();
     check(a.ok(), "tcp fuzz: accept never fails on a peer's bytes");
     check(*a == nullptr, "tcp fuzz: a connector without the token was accepted");
     ssize_t k = recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
@@ -166,9 +172,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
 // posted into a guarded buffer and must never write outside it.
 void message_stream(const uint8_t* body, size_t n) {
   net::Handle h;
-  auto l = transport()->listen(&h);
-  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
-  check(l.ok(), "tcp fuzz: listen");
+  auto l = listen_or_abort(&h);
   sys::Fd fd = dial(handle_port(h));
   Hello hello{};
   std::memcpy(hello.magic, "GWH2", 4);
@@ -183,7 +187,7 @@ void message_stream(const uint8_t* body, size_t n) {
   std::unique_ptr<net::RecvComm> comm;
   auto tick = [&] {
     if (comm) return;
-    auto a = (*l)->accept();
+    auto a = l->accept();
     check(a.ok(), "tcp fuzz: accept");
     if (*a) comm = std::move(*a);
   };
