@@ -17,13 +17,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <sstream>
 
 #include "core/log.h"
+#include "core/sys/time.h"
 
 namespace gw::dpdk {
 
@@ -504,11 +504,7 @@ class DpdkPort : public FramePort {
     return ok_status();
   }
 
-  static int64_t mono_us() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
+  static int64_t mono_us() { return sys::now_ns() / 1000; }
   static void note_time(int64_t t0, uint64_t* slow, uint64_t* max_us) {
     const int64_t us = mono_us() - t0;
     if (us > 1000) ++*slow;

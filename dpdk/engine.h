@@ -158,6 +158,7 @@ class Engine {
   void inject_rx(const uint8_t* data, size_t len);
 
  private:
+  // Defined in engine_internal.h; the member functions are spread over engine*.cc by concern.
   struct Conn;
   struct SendReq;
   struct RecvReq;
@@ -174,6 +175,7 @@ class Engine {
   void handle_proof(const Frame& f);
   void send_hello(Conn& c, int64_t now);
   void handle_conn_frame(Conn& c, const Frame& f);
+  void on_handshake_reply(Conn& c, const Frame& f, int64_t now);
   void on_ack(Conn& c, const Frame& f);
   void on_reliable(Conn& c, const Frame& f);
   void deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const uint8_t* payload);

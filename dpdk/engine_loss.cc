@@ -1,0 +1,227 @@
+// Engine (dpdk/engine.h): loss recovery. Per-connection timers (heartbeat, dead peer, RTO with
+// backoff, tail loss probe), acknowledgements sent (cumulative + SACK) and received (fast
+// retransmission, spurious-retransmission tolerance) and the RTT estimate.
+#include <algorithm>
+#include <cmath>
+
+#include "dpdk/engine_internal.h"
+
+namespace gw::dpdk {
+
+namespace {
+
+constexpr int kFastRetxThreshold = 3;  // SACKed packets above a hole before it is resent
+// A timeout retransmits at most this many packets at once (then backs off): a peer that was
+// only descheduled must not be answered with a whole window of duplicates.
+constexpr int kRtoBurst = 32;
+// Fast retransmission waits at least this long after the previous transmission of a packet.
+constexpr int64_t kFastRetxMinGapNs = 20000;
+// Spurious-retransmission tolerance: step per report and ceiling.
+constexpr int64_t kToleranceStepNs = 250000;
+constexpr int64_t kToleranceMaxNs = 2000000;
+// Shortest silence before a tail loss probe.
+constexpr int64_t kProbeMinNs = 200000;
+// Longest interval between two scans of a connection's window for timed-out packets.
+constexpr int64_t kTimerScanNs = 250000;
+
+}  // namespace
+
+void Engine::timers(Conn& c) {
+  const int64_t now = sys::now_ns();
+  if (c.state == Conn::State::kConnecting) {
+    if (c.sender && now - c.last_hello_ns >= config_.hello_interval_ms * 1000000 &&
+        now < c.deadline_ns && !c.refused) {
+      send_hello(c, now);
+    }
+    return;
+  }
+  if (c.state != Conn::State::kOpen) return;
+  if (now - c.last_rx_ns > c.peer_timeout_ns) {
+    fail_conn(c, peer_error("{}: no frame from the peer for {} ms (host dead or unreachable)",
+                            c.name(), (now - c.last_rx_ns) / 1000000));
+    return;
+  }
+  // Retransmission on timeout: RTO from the measured RTT (Jacobson, floored), doubled per
+  // timeout without progress (reset by any new acknowledgement). At most kRtoBurst of the
+  // timed-out packets go out per firing; SACK-driven fast retransmission recovers the rest once
+  // acknowledgements flow again.
+  // Tail loss probe: when nothing was sent or acknowledged for two RTTs (at least 200 us) and
+  // packets are outstanding, the newest unacknowledged one is resent once. If the tail of a
+  // message was lost, no later packet's SACK can reveal it; the probe's ACK (with SACK) does,
+  // long before the RTO would.
+  if (!c.probed && !c.inflight.empty() &&
+      now - c.last_progress_ns >=
+          std::max<int64_t>(static_cast<int64_t>(2 * c.srtt_us * 1000), kProbeMinNs) +
+              c.tolerance_ns) {
+    for (auto it = c.inflight.rbegin(); it != c.inflight.rend(); ++it) {
+      if (it->acked || it->tx_count == 0) continue;
+      ++stats_.tail_probes;
+      send_pkt(c, *it, true);
+      break;
+    }
+    c.probed = true;
+  }
+  // The scan over the window runs only when the earliest deadline may have come (and at least
+  // every kTimerScanNs, since the RTO may shrink): not on every pass of a busy loop.
+  const int64_t rto = (c.rto_ns + c.tolerance_ns) << std::min(c.backoff, 6);
+  if (now >= c.timer_check_ns) {
+    int resent = 0;
+    int64_t next = now + kTimerScanNs;
+    for (TxPkt& p : c.inflight) {
+      if (p.acked || p.tx_count == 0) continue;
+      if (now - p.sent_ns < rto) {
+        next = std::min(next, p.sent_ns + rto);
+        continue;
+      }
+      if (p.tx_count > config_.max_retx) {
+        fail_conn(c, peer_error("{}: packet {} not acknowledged after {} transmissions", c.name(),
+                                p.seq, p.tx_count));
+        return;
+      }
+      ++stats_.timeout_retransmits;
+      send_pkt(c, p, true);
+      if (++resent >= kRtoBurst) {
+        next = now;  // more may be due: look again on the next pass
+        break;
+      }
+    }
+    if (resent > 0) ++c.backoff;
+    c.timer_check_ns = next;
+  }
+  if (now - c.last_tx_ns >= config_.heartbeat_ms * 1000000) send_ack(c);
+}
+
+void Engine::send_ack(Conn& c) {
+  GwHeader h;
+  h.type = FrameType::kAck;
+  h.dst_conn = c.peer_id;
+  h.src_conn = c.id;
+  h.session = c.session;
+  h.ack = c.rcv_next;
+  h.window = advertised_window();
+  h.token_tag = c.token_tag;
+  uint8_t sack[kMaxSackBits / 8] = {};
+  uint32_t nbits = 0;
+  if (seq_lt(c.rcv_next + 1, c.rcv_high)) {
+    nbits = std::min<uint32_t>(c.rcv_high - c.rcv_next - 1, kMaxSackBits);
+    for (uint32_t i = 0; i < nbits; ++i) {
+      if (c.rcv_bits[(c.rcv_next + 1 + i) % kRcvWindow]) sack[i / 8] |= (1u << (i % 8));
+    }
+  }
+  h.sack_bits = static_cast<uint16_t>(nbits);
+  h.seq = c.spurious_rx;  // ACKs are not sequenced: the field reports spurious retransmissions
+  h.ts = c.ts_recent;
+  c.ts_recent = 0;
+  send_ctl(c.peer, h, sack, (nbits + 7) / 8);
+  ++stats_.acks_tx;
+  c.last_tx_ns = sys::now_ns();
+  c.ack_due = false;
+  c.ack_now = false;
+  c.rx_since_ack = 0;
+}
+
+void Engine::rtt_sample(Conn& c, double sample) {
+  {
+    if (c.srtt_us == 0) {
+      c.srtt_us = sample;
+      c.rttvar_us = sample / 2;
+    } else {
+      c.rttvar_us = 0.75 * c.rttvar_us + 0.25 * std::fabs(c.srtt_us - sample);
+      c.srtt_us = 0.875 * c.srtt_us + 0.125 * sample;
+    }
+    c.rto_ns = std::max<int64_t>(config_.rto_min_us * 1000,
+                                 static_cast<int64_t>((c.srtt_us + 4 * c.rttvar_us) * 1000));
+    stats_.srtt_us = c.srtt_us;
+    stats_.rttvar_us = c.rttvar_us;
+    stats_.rto_us = static_cast<double>(c.rto_ns) / 1000;
+  }
+}
+
+void Engine::acked(Conn& c, TxPkt& p) {
+  if (p.acked) return;
+  p.acked = true;
+  // Karn: only unambiguous samples, and only when the peer does not echo timestamps (those also
+  // measure the packets Karn has to skip: the delayed ones that caused a retransmission).
+  if (p.tx_count == 1 && !c.peer_echoes_ts) {
+    rtt_sample(c, static_cast<double>(sys::now_ns() - p.sent_ns) / 1000.0);
+  }
+  if (p.req != nullptr) {
+    SendReq& r = *p.req;
+    if (r.unacked > 0) --r.unacked;
+    if (r.emitted && r.unacked == 0 && !r.done && (!r.eager || r.cts_ok)) r.done = true;
+  }
+}
+
+void Engine::on_ack(Conn& c, const Frame& f) {
+  const uint32_t a = f.hdr.ack;
+  if (seq_lt(c.snd_next, a)) {
+    ++stats_.bad_ack;  // acknowledges what we never sent
+    return;
+  }
+  if (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
+    c.backoff = 0;
+    c.last_progress_ns = sys::now_ns();
+    c.probed = false;
+  }
+  while (!c.inflight.empty() && seq_lt(c.snd_una, a)) {
+    acked(c, c.inflight.front());
+    c.inflight.pop_front();
+    ++c.snd_una;
+  }
+  if (c.inflight.empty()) c.snd_una = c.snd_next;
+  if (f.hdr.type != FrameType::kAck) return;
+  ++stats_.acks_rx;
+  if (f.hdr.seq != c.peer_spurious) {
+    const uint32_t n = f.hdr.seq - c.peer_spurious;
+    c.peer_spurious = f.hdr.seq;
+    if (n < 0x80000000u) {
+      stats_.spurious_retransmits += n;
+      // Linear and capped: a retransmission too many costs one frame, a tolerance too large
+      // delays every real recovery by as much.
+      c.tolerance_ns = std::min<int64_t>(c.tolerance_ns + kToleranceStepNs, kToleranceMaxNs);
+      c.acks_since_spurious = 0;
+    }
+  } else if (c.tolerance_ns > 0 && ++c.acks_since_spurious >= 64) {
+    c.tolerance_ns = c.tolerance_ns * 3 / 4;  // the path calmed down
+    c.acks_since_spurious = 0;
+  }
+  stats_.tolerance_us = static_cast<double>(c.tolerance_ns) / 1000;
+  if (f.hdr.ts != 0) {
+    const uint32_t d = wire_ts(sys::now_ns()) - f.hdr.ts;
+    if (d < 60000000u) {  // a sane sample (< 60 s); anything else is a forged or stale echo
+      c.peer_echoes_ts = true;
+      rtt_sample(c, static_cast<double>(d));
+    }
+  }
+  if (a != c.snd_una) return;  // stale ack
+  bool any = false;
+  uint32_t high = 0;
+  for (uint32_t i = 0; i < f.hdr.sack_bits; ++i) {
+    if (!(f.payload[i / 8] & (1u << (i % 8)))) continue;
+    uint32_t seq = a + 1 + i;
+    uint32_t idx = seq - c.snd_una;
+    if (idx >= c.inflight.size()) break;
+    if (!c.inflight[idx].acked) {
+      c.backoff = 0;
+      c.last_progress_ns = sys::now_ns();
+      c.probed = false;
+    }
+    acked(c, c.inflight[idx]);
+    any = true;
+    high = seq;
+  }
+  if (!any || c.inflight.empty()) return;
+  // Fast retransmit: a hole with enough SACKed packets above it, resent at most once per RTT.
+  const int64_t now = sys::now_ns();
+  const int64_t min_gap =
+      std::max<int64_t>(static_cast<int64_t>(c.srtt_us * 1000), kFastRetxMinGapNs) + c.tolerance_ns;
+  for (TxPkt& p : c.inflight) {
+    if (!seq_lt(p.seq, high)) break;
+    if (p.acked || static_cast<int32_t>(high - p.seq) < kFastRetxThreshold) continue;
+    if (now - p.sent_ns < min_gap) continue;
+    ++stats_.fast_retransmits;
+    send_pkt(c, p, true);
+  }
+}
+
+}  // namespace gw::dpdk
