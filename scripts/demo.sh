@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds the release preset and runs a checked allreduce sweep with 4 ranks
-# forked on this machine (no launcher needed).
+# The first result: installs what building needs, builds only what the demo runs (libgradwire and
+# gradwire-perf, in build/release, the tree the tests reuse) and runs a checked allreduce sweep
+# with 4 ranks forked on this machine (no launcher needed). On a 2-core machine the build takes
+# about 5-7 minutes cold (docs/perf.md has the measured time), seconds warm.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/install-deps.sh
-bash scripts/build.sh release
+t0=$(date +%s)
+bash scripts/install-deps.sh --build
+echo "demo.sh: building libgradwire and gradwire-perf in build/release ($(nproc) cores;" \
+  "about 3 minutes a core cold, seconds warm)"
+cmake --preset release >/dev/null
+cmake --build --preset release -j"$(nproc)" --target gradwire-perf
 echo
+echo "demo.sh: ready after $(( $(date +%s) - t0 )) s"
 echo "demo.sh: gradwire-perf allreduce -b 1K -e 64M -f 4 --np 4 --check"
 build/release/perf/gradwire-perf allreduce -b 1K -e 64M -f 4 --np 4 --check
+echo "demo.sh: done in $(( $(date +%s) - t0 )) s"

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs="${1:-20}"
 shift || true
 all=(store_server_frames store_client_frames tcp_wire shm_handshake shm_connector shm_ring
-     plugin_handle codec_spec codec_payload config_toml dpdk_decoder daemon_proto)
+     plugin_handle codec_spec codec_payload config_toml dpdk_decoder daemon_proto verbs_wire)
 targets=("${@:-${all[@]}}")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 jobs="${GW_FUZZ_JOBS:-2}"

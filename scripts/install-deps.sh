@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# Installs everything gradwire needs to build, test and benchmark on Debian 12.
-# Idempotent: packages already present are skipped by apt; safe to run repeatedly.
+# Installs what gradwire needs on Debian 12. Idempotent: packages already present are skipped.
+# usage: scripts/install-deps.sh           everything: build, test and benchmark
+#        scripts/install-deps.sh --build   only what configuring and building the release preset
+#                                          needs (the demo); every optional backend's headers are
+#                                          included, so the build tree it configures is the one the
+#                                          tests later use
 set -euo pipefail
 
-pkgs=(
+build_pkgs=(
   build-essential cmake ninja-build pkg-config git clang-format
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev prometheus-cpp-dev
   libsystemd-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
-  clang-14 libfuzzer-14-dev
-  libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
-  openmpi-bin libopenmpi-dev libpmix-dev
-  python3 python3-torch python3-numpy python3-matplotlib python3-pytest
-  iproute2 procps ethtool
-  libdpdk-dev dpdk libxdp-dev libbpf-dev tshark
+  libibverbs-dev librdmacm-dev liburing-dev libnuma-dev libpmix-dev
+  libdpdk-dev libxdp-dev libbpf-dev
 )
+# The tests, fuzzers, peers and benchmarks: clang's libFuzzer, Open MPI, Debian's torch, network
+# namespaces and captures.
+test_pkgs=(
+  clang-14 libfuzzer-14-dev
+  openmpi-bin libopenmpi-dev
+  python3 python3-torch python3-numpy python3-matplotlib python3-pytest
+  iproute2 procps ethtool dpdk tshark
+)
+
+case "${1:-}" in
+  --build) pkgs=("${build_pkgs[@]}") ;;
+  "") pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "usage: $0 [--build]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -16,6 +16,9 @@ std::vector<std::vector<uint8_t>> plugin_handle_seeds();
 std::vector<std::vector<uint8_t>> codec_spec_seeds();
 std::vector<std::vector<uint8_t>> codec_payload_seeds();
 std::vector<std::vector<uint8_t>> config_seeds();
+#ifdef GW_FUZZ_VERBS
+std::vector<std::vector<uint8_t>> verbs_seeds();
+#endif
 
 uint64_t& counter(const std::string& name) {
   static auto* all = new std::map<std::string, uint64_t>();
@@ -40,6 +43,9 @@ const std::vector<Target>& targets() {
       {"codec_spec", &codec_spec, &codec_spec_seeds},
       {"codec_payload", &codec_payload, &codec_payload_seeds},
       {"config_toml", &config_toml, &config_seeds},
+#ifdef GW_FUZZ_VERBS
+      {"verbs_wire", &verbs_wire, &verbs_seeds},
+#endif
   };
   return all;
 }

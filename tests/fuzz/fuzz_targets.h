@@ -36,6 +36,10 @@ int codec_spec(const uint8_t* data, size_t size);
 int codec_payload(const uint8_t* data, size_t size);
 // The TOML configuration file loader (GW_CONFIG_FILE).
 int config_toml(const uint8_t* data, size_t size);
+// verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
+// hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
+// (GW_FUZZ_VERBS).
+int verbs_wire(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;

@@ -59,7 +59,7 @@ std::vector<uint8_t> mutate(const std::vector<std::vector<uint8_t>>& pool, std::
 
 bool name_uses_sockets(const std::string& name) {
   return name == "store_server_frames" || name == "tcp_wire" || name == "shm_handshake" ||
-         name == "shm_connector" || name == "shm_ring";
+         name == "shm_connector" || name == "shm_ring" || name == "verbs_wire";
 }
 
 // Mutated inputs per target: the ones that open sockets cost about a millisecond each.
@@ -130,6 +130,10 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   } else if (name == "shm_ring") {
     reached("shm.ring_published");
     reached("shm.ring_delivered");
+  } else if (name == "verbs_wire") {
+    reached("verbs.handle_accepted");
+    reached("verbs.listener_replied");
+    reached("verbs.connector_refused_answer");
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");
