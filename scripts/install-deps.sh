@@ -12,6 +12,7 @@ pkgs=(
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev
   openmpi-bin libopenmpi-dev libpmix-dev
   python3 python3-torch python3-numpy python3-matplotlib python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel
   iproute2 procps ethtool
   libdpdk-dev dpdk libxdp-dev libbpf-dev tshark
 )
