@@ -9,6 +9,7 @@ Python over ctypes).
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -34,9 +35,6 @@ class BuildPyWithLibrary(build_py):
     def run(self) -> None:
         lib = _library()
         out = Path(self.build_lib) / "gradwire"
-        # build/ lives in the source directory (pip builds in place): start from a clean package
-        # folder, so no module deleted from the source since an earlier build is shipped.
-        shutil.rmtree(out, ignore_errors=True)
         super().run()
         # Copied, not linked: the file behind the libgradwire.so -> .so.0 -> .so.0.2.0 chain.
         self.copy_file(str(lib.resolve()), str(out / "libgradwire.so"))
@@ -55,4 +53,10 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", plat
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})
+# pip builds in the source folder: the build and egg-info folders go to a fresh temporary folder
+# instead (removed at exit), so a build writes nothing into the source tree, two builds at once
+# (pip and cmake --install) do not share one, and no file of an earlier build is shipped.
+_scratch = tempfile.TemporaryDirectory(prefix="gradwire-build-")
+setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel},
+      options={"build": {"build_base": os.path.join(_scratch.name, "build")},
+               "egg_info": {"egg_base": _scratch.name}})
