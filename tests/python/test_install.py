@@ -42,9 +42,11 @@ def _run(cmd: list, cwd: Path, env: dict, timeout: float) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("venv") / "env"
-    r = subprocess.run([PYTHON, "-m", "venv", "--help"], capture_output=True, timeout=60)
-    if r.returncode != 0:
-        pytest.skip(f"{PYTHON} has no venv module (Debian: python3-venv)")
+    r = subprocess.run([PYTHON, "-c", "import venv, setuptools, wheel"], capture_output=True,
+                       timeout=60)
+    if r.returncode != 0:  # scripts/install-deps.sh installs them
+        pytest.skip(f"{PYTHON} lacks venv, setuptools or wheel (Debian: python3-venv "
+                    "python3-setuptools python3-wheel)")
     env = _clean_env()
     _run([PYTHON, "-m", "venv", "--system-site-packages", d], ROOT, env, 180)
     # The documented command, from the repository root. GRADWIRE_LIBRARY, where the run sets it,
