@@ -38,14 +38,14 @@ from typing import Optional
 from . import _lib
 from .comm import Comm, Op, Request, Stats
 from .errors import (Aborted, GradwireError, InternalError, InvalidArgument, OutOfMemory,
-                     PeerError, SystemError, TimeoutError, Unsupported)
+                     PeerError, SystemCallError, TimeoutError, Unsupported)
 
 __version__: str = _lib.version  # the loaded library's version
 library_path: str = _lib.path
 
 __all__ = [
     "init", "Comm", "Op", "Request", "Stats", "GradwireError", "InvalidArgument", "TimeoutError",
-    "PeerError", "SystemError", "Unsupported", "OutOfMemory", "Aborted", "InternalError",
+    "PeerError", "SystemCallError", "Unsupported", "OutOfMemory", "Aborted", "InternalError",
     "version", "library_path",
 ]
 
@@ -56,6 +56,13 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, **options
     gw_comm_init_from_env does; otherwise see Comm(). Collective: blocks until every rank has
     joined, at most GW_TIMEOUT_MS."""
     return Comm(rank, world_size, **options)
+
+
+def __getattr__(name: str) -> type:
+    # gradwire.SystemError, SystemCallError's former name (see errors.__getattr__).
+    if name == "SystemError":
+        return SystemCallError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def version() -> str:

@@ -2,7 +2,8 @@
 
 Everything that knows the C ABI's layout lives in this module: the library search, the argument
 and result types of every function, and the two structs (gw_config_t, gw_comm_stats_t). A change
-of the header is a change here only.
+of the header is a change here only; tests/python/test_abi.py holds the enums and the structs to
+the header.
 """
 
 from __future__ import annotations
@@ -77,16 +78,28 @@ class ConfigV2(ctypes.Structure):
 
 _SEARCHED: list[str] = []
 
+_HERE = Path(__file__).resolve().parent
+
+
+def _source_tree() -> Optional[Path]:
+    """The checkout this package runs from (python/gradwire/ with PYTHONPATH=python), or None for
+    an installed package. Development only: an installed package never looks at a build tree."""
+    root = _HERE.parent.parent
+    if (_HERE.parent / "pyproject.toml").is_file() and (root / "include" / "gradwire").is_dir():
+        return root
+    return None
+
 
 def _candidates() -> list[Path]:
-    """Where libgradwire.so is looked for, in order."""
-    out: list[Path] = []
+    """Where libgradwire.so is looked for, in order: GRADWIRE_LIBRARY (then only there); beside
+    the package (where pip install and cmake --install put it); in a source checkout, its
+    build/release/capi and build/debug/capi."""
     env = os.environ.get("GRADWIRE_LIBRARY")
     if env:
-        out.append(Path(env))
-    here = Path(__file__).resolve().parent
-    out.append(here / "libgradwire.so")  # installed beside the package
-    for root in (here.parent.parent, Path.cwd()):  # the source tree: python/gradwire/ -> root
+        return [Path(env)]
+    out = [_HERE / "libgradwire.so"]
+    root = _source_tree()
+    if root is not None:
         out.append(root / "build" / "release" / "capi" / "libgradwire.so")
         out.append(root / "build" / "debug" / "capi" / "libgradwire.so")
     return out
@@ -98,11 +111,13 @@ def _load() -> ctypes.CDLL:
         _SEARCHED.append(str(path))
         if path.is_file():
             return ctypes.CDLL(str(path))
-        if env and str(path) == env:
-            raise OSError(f"GRADWIRE_LIBRARY={env} does not name a file")
+    if env:
+        raise OSError(f"GRADWIRE_LIBRARY={env} does not name a file")
     raise OSError(
-        "libgradwire.so not found; build it (cmake --preset release && cmake --build --preset "
-        "release --target gradwire) or set GRADWIRE_LIBRARY. Looked in: " + ", ".join(_SEARCHED)
+        "libgradwire.so not found; install the package after the C++ build (pip install "
+        "--no-build-isolation ./python), or from a source checkout build it (cmake --preset "
+        "release && cmake --build --preset release --target gradwire), or set GRADWIRE_LIBRARY. "
+        "Looked in: " + ", ".join(_SEARCHED)
     )
 
 

@@ -41,8 +41,9 @@ class PeerError(GradwireError):
     status = _lib.GW_ERR_PEER
 
 
-class SystemError(GradwireError):  # noqa: A001 (gradwire.SystemError)
-    """GW_ERR_SYSTEM: a system call failed."""
+class SystemCallError(GradwireError):
+    """GW_ERR_SYSTEM: a system call failed. Formerly SystemError, which shadowed the builtin; that
+    name still resolves to this class (see __getattr__)."""
 
     status = _lib.GW_ERR_SYSTEM
 
@@ -73,8 +74,8 @@ class InternalError(GradwireError):
 
 _BY_STATUS = {
     cls.status: cls
-    for cls in (InvalidArgument, TimeoutError, PeerError, SystemError, Unsupported, OutOfMemory,
-                Aborted, InternalError)
+    for cls in (InvalidArgument, TimeoutError, PeerError, SystemCallError, Unsupported,
+                OutOfMemory, Aborted, InternalError)
 }
 
 
@@ -93,3 +94,11 @@ def check(status: int, what: str = "") -> None:
     """Raises the status's exception unless it is GW_OK."""
     if status != _lib.GW_OK:
         raise error_for(status, what)
+
+
+def __getattr__(name: str) -> type:
+    # The old name, kept for code written against it (`except gradwire.SystemError`), without a
+    # module-level SystemError shadowing the builtin here or in a star import.
+    if name == "SystemError":
+        return SystemCallError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """Helpers for the gradwire Python tests: launch a worker on N ranks with the package's launcher.
 
 The tests run with Debian's /usr/bin/python3 (its torch 1.13) unless GW_PYTHON names another
-interpreter, against build/release/capi/libgradwire.so unless GRADWIRE_LIBRARY is set.
+interpreter, against build/release/capi/libgradwire.so unless GRADWIRE_LIBRARY is set. They test
+the package of the source tree: pytest.ini puts python/ on this process's path, and env() on the
+workers' (PYTHONPATH).
 """
 import os
 import subprocess
@@ -14,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 PYTHON = os.environ.get("GW_PYTHON", "/usr/bin/python3" if Path("/usr/bin/python3").exists()
                         else sys.executable)
-sys.path.insert(0, str(ROOT / "python"))
 
 
 def env(**extra: str) -> dict:

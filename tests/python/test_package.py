@@ -28,7 +28,9 @@ def test_missing_library_is_a_clear_error():
     assert "GRADWIRE_LIBRARY=/nonexistent/libgradwire.so" in out.stderr
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+# 3 and 4 ranks: several seconds each, in the full run only.
+@pytest.mark.parametrize("np_", [1, 2, pytest.param(3, marks=pytest.mark.slow),
+                                 pytest.param(4, marks=pytest.mark.slow)])
 def test_every_op_and_dtype(np_):
     p = launch(np_, worker("ops.py"), timeout=90)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,8 +1,6 @@
 """gradwire-run: variables, output prefixes, failure propagation, signal forwarding."""
-import os
 import signal
 import subprocess
-import sys
 import time
 
 from conftest import PYTHON, ROOT, env, launch_cmd
@@ -26,7 +24,6 @@ def test_torchrun_variables_and_prefixes():
 
 
 def test_hosts_plan():
-    sys.path.insert(0, str(ROOT / "python"))
     from gradwire.run import parse_hosts, plan
     ranks = plan(3, parse_hosts("a:2,b:2", 3))
     assert ranks == [("a", 0, 0, 2, 0), ("a", 1, 1, 2, 0), ("b", 2, 0, 1, 1)]

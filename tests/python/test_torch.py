@@ -1,4 +1,7 @@
-"""The torch.distributed backend and the DDP hooks, under the launcher (torchrun's variables)."""
+"""The torch.distributed backend and the DDP hooks, under the launcher (torchrun's variables).
+
+The multi-rank runs take several seconds each (torch's import, spawned ranks): marked slow, out of
+the quick run (pytest -m "not slow"); the one-rank group test stays in it."""
 import re
 import subprocess
 
@@ -7,6 +10,7 @@ import pytest
 from conftest import PYTHON, ROOT, env, launch, worker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("np_", [2, 3])
 def test_backend_collectives(np_):
     p = launch(np_, worker("torch_ops.py"), timeout=120)
@@ -14,6 +18,7 @@ def test_backend_collectives(np_):
     assert p.stdout.count("torch ops ok") == np_
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,hook", [
     ("gradwire", "none"),
     ("gradwire", "allreduce"),
@@ -31,6 +36,7 @@ def test_ddp_parameters_identical(backend, hook):
     assert p.stdout.count(f"ddp {backend} {hook} ok") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "sync"])
 def test_rank_killed_mid_training_others_raise(mode):
     """The last of 2 ranks SIGKILLs itself at step 3; rank 0 must raise within GW_TIMEOUT_MS

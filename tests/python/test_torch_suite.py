@@ -4,6 +4,8 @@ serves (int8, complex and the suite's other dtypes included) and DDP end to end 
 model; every one must pass (none skipped)."""
 import subprocess
 
+import pytest
+
 from conftest import ROOT, env
 
 SUBSET = [  # all run at world size 2 (others skip there: all_to_all on CPU is MPI-only, groups
@@ -14,6 +16,7 @@ SUBSET = [  # all run at world size 2 (others skip there: all_to_all on CPU is M
 ]
 
 
+@pytest.mark.slow  # minutes: torch's MultiProcessTestCase spawns the ranks of every test
 def test_torch_distributed_suite_subset():
     p = subprocess.run(["bash", str(ROOT / "tests/python/run_torch_distributed_test.sh"), "--",
                         *SUBSET],

@@ -18,7 +18,8 @@ from pathlib import Path
 os.environ.setdefault("BACKEND", "gradwire")  # BACKEND=gloo runs the same tests on gloo
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", "/tmp")  # the suite reads it at import; setUp makes its own
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "python"))
+# gradwire comes from tests/python/pytest.ini's pythonpath (the source tree's python/), or from
+# an installed package.
 try:
     import expecttest  # noqa: F401
 except ImportError:  # not packaged by Debian; common_utils only needs its TestCase
