@@ -233,8 +233,6 @@ Result<Welcome> arena_geometry(uint64_t arena_bytes, uint32_t entries) {
   return w;
 }
 
-std::string control_socket_path(const std::string& socket_path) { return socket_path + ".ctl"; }
-
 const char* opcode_name(Opcode op) {
   switch (op) {
     case Opcode::kAllreduce:

@@ -24,6 +24,7 @@
 #include "daemon/control.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
+#include "daemon/ring.h"
 #include "daemon/server.h"
 #include "daemon/transport_offer.h"
 
@@ -41,7 +42,8 @@ struct RawClient {
   ArenaHeader* hdr = nullptr;
   uint8_t* data = nullptr;
   uint64_t seq = 1;
-  uint64_t cq_head = 0;
+  RingProducer<SqEntry> sq_ring;
+  RingConsumer<CqEntry> cq_ring;
 
   static Result<sys::Fd> dial(const std::string& path) {
     GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
@@ -74,6 +76,8 @@ struct RawClient {
     c.cq = std::move(fds[2]);
     c.hdr = static_cast<ArenaHeader*>(c.arena.data());
     c.data = static_cast<uint8_t*>(c.arena.data()) + c.geo.data_offset;
+    c.sq_ring = RingProducer<SqEntry>(submission_ring(c.arena.data(), c.geo, c.sq.get()));
+    c.cq_ring = RingConsumer<CqEntry>(completion_ring(c.arena.data(), c.geo, c.cq.get()));
     return c;
   }
 
@@ -86,18 +90,13 @@ struct RawClient {
     return join_raw(path, frame);
   }
 
+  // Pushes `e` as is (no check that the ring has room: the overflow tests want that) and signals
+  // the eventfd whatever the daemon's polling flag says.
   void post_raw(const SqEntry& e) {
-    const uint64_t tail = hdr->sq_tail.load();
-    std::memcpy(static_cast<uint8_t*>(arena.data()) + geo.sq_offset +
-                    (tail % geo.sq_entries) * sizeof(SqEntry),
-                &e, sizeof(e));
-    hdr->sq_tail.store(tail + 1, std::memory_order_release);
+    sq_ring.push(e);
     kick();
   }
-  void kick() {
-    uint64_t one = 1;
-    ASSERT_EQ(::write(sq.get(), &one, 8), 8);
-  }
+  void kick() { ASSERT_TRUE(signal_eventfd(sq.get()).ok()); }
   uint64_t post(SqEntry e) {
     e.seq = seq++;
     post_raw(e);
@@ -107,13 +106,9 @@ struct RawClient {
   Status wait(uint64_t want, int ms = 10000) {
     const auto deadline = sys::deadline_after_ms(ms);
     for (;;) {
-      if (hdr->cq_tail.load(std::memory_order_acquire) != cq_head) {
-        CqEntry c;
-        std::memcpy(&c,
-                    static_cast<uint8_t*>(arena.data()) + geo.cq_offset +
-                        (cq_head % geo.cq_entries) * sizeof(CqEntry),
-                    sizeof(c));
-        hdr->cq_head.store(++cq_head);
+      if (cq_ring.posted()) {
+        const CqEntry c = cq_ring.front();
+        cq_ring.pop();
         Status carried;
         GW_RETURN_IF_ERROR(decode_completion(c, want, &carried));
         return carried;
@@ -121,14 +116,10 @@ struct RawClient {
       if (sys::expired(deadline)) return timeout_error("no completion");
       pollfd p[2] = {{cq.get(), POLLIN, 0}, {sock.get(), POLLIN, 0}};
       ::poll(p, 2, 50);
-      if (p[1].revents != 0 && hdr->cq_tail.load() == cq_head) {
+      if (p[1].revents != 0 && !cq_ring.posted()) {
         return peer_error("daemon closed the connection");
       }
-      if (p[0].revents != 0) {
-        uint64_t v;
-        ssize_t n = ::read(cq.get(), &v, 8);
-        (void)n;
-      }
+      if (p[0].revents != 0) cq_ring.drain_wake();
     }
   }
   template <typename T>
