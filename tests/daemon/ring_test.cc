@@ -38,7 +38,7 @@ SqEntry entry(uint64_t seq) {
   return e;
 }
 
-TEST(RingTest, WrapsAroundInOrder) {
+TEST(DaemonRingTest, WrapsAroundInOrder) {
   TestRing r(4);
   RingProducer<SqEntry> p(r.view);
   RingConsumer<SqEntry> c(r.view);
@@ -63,7 +63,7 @@ TEST(RingTest, WrapsAroundInOrder) {
   EXPECT_EQ(r.hdr->sq_head.load(), 30u);
 }
 
-TEST(RingTest, FullRingAndForeignCounters) {
+TEST(DaemonRingTest, FullRingAndForeignCounters) {
   TestRing r(4);
   RingProducer<SqEntry> p(r.view);
   RingConsumer<SqEntry> c(r.view);
@@ -87,7 +87,7 @@ TEST(RingTest, FullRingAndForeignCounters) {
   EXPECT_EQ(p.used().status().code(), Code::kPeer);
 }
 
-TEST(RingTest, KickUnlessPolling) {
+TEST(DaemonRingTest, KickUnlessPolling) {
   auto efd = make_eventfd();
   ASSERT_TRUE(efd.ok());
   TestRing r(4, efd->get());
@@ -113,7 +113,7 @@ TEST(RingTest, KickUnlessPolling) {
   EXPECT_TRUE(readable());
 }
 
-TEST(RingTest, TwoThreadsKeepOrderAndContents) {
+TEST(DaemonRingTest, TwoThreadsKeepOrderAndContents) {
   auto efd = make_eventfd();
   ASSERT_TRUE(efd.ok());
   TestRing r(8, efd->get());
