@@ -101,11 +101,7 @@ void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, Erro
   Welcome w;
   w.status = static_cast<int32_t>(why.code() == Code::kOk ? Code::kInternal : why.code());
   w.message = why.message();
-  std::vector<uint8_t> body = encode_welcome(w);
-  std::vector<uint8_t> frame(kFrameHeaderBytes);
-  const uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(frame.data(), &len, sizeof(len));
-  frame.insert(frame.end(), body.begin(), body.end());
+  const std::vector<uint8_t> frame = frame_message(encode_welcome(w));
   // Best effort: the client may be gone or not reading.
   (void)sys::send_with_fds(sock.get(), frame.data(), frame.size(), {}, sys::deadline_after_ms(100),
                            "refusal");
@@ -247,11 +243,7 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
   Welcome w = c->geo;
   w.client_id = c->id;
   w.transport = encode_offer(offer.names);
-  std::vector<uint8_t> body = encode_welcome(w);
-  std::vector<uint8_t> frame(kFrameHeaderBytes);
-  const uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(frame.data(), &len, sizeof(len));
-  frame.insert(frame.end(), body.begin(), body.end());
+  const std::vector<uint8_t> frame = frame_message(encode_welcome(w));
   const int fds[3] = {c->arena.fd(), c->sq_efd.get(), c->cq_efd.get()};
   GW_RETURN_IF_ERROR(sys::send_with_fds(p.sock.get(), frame.data(), frame.size(), fds,
                                         sys::deadline_after_ms(opt.hello_timeout_ms), "welcome"));

@@ -20,10 +20,7 @@ namespace gw::daemon {
 namespace {
 
 Status write_frame(int sock, const std::vector<uint8_t>& body, sys::Deadline deadline) {
-  std::vector<uint8_t> frame(kFrameHeaderBytes);
-  const uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(frame.data(), &len, sizeof(len));
-  frame.insert(frame.end(), body.begin(), body.end());
+  const std::vector<uint8_t> frame = frame_message(body);
   return sys::send_with_fds(sock, frame.data(), frame.size(), {}, deadline, "hello to gradwired");
 }
 

@@ -233,6 +233,14 @@ Result<Welcome> arena_geometry(uint64_t arena_bytes, uint32_t entries) {
   return w;
 }
 
+std::vector<uint8_t> frame_message(const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> frame(kFrameHeaderBytes + body.size());
+  const uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, sizeof(len));
+  std::copy(body.begin(), body.end(), frame.begin() + kFrameHeaderBytes);
+  return frame;
+}
+
 const char* opcode_name(Opcode op) {
   switch (op) {
     case Opcode::kAllreduce:

@@ -32,6 +32,8 @@ inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr size_t kMaxHelloBytes = 2048;
 inline constexpr size_t kMaxWelcomeBytes = 1024;
+// A body as it goes on the socket: its length, then the body.
+std::vector<uint8_t> frame_message(const std::vector<uint8_t>& body);
 
 // Field bounds (decoders refuse anything beyond them).
 inline constexpr size_t kMaxTokenBytes = 256;

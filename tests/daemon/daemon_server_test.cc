@@ -82,12 +82,7 @@ struct RawClient {
   }
 
   static Result<RawClient> join(const std::string& path, const Hello& h) {
-    std::vector<uint8_t> body = encode_hello(h);
-    std::vector<uint8_t> frame(4);
-    const uint32_t len = static_cast<uint32_t>(body.size());
-    std::memcpy(frame.data(), &len, 4);
-    frame.insert(frame.end(), body.begin(), body.end());
-    return join_raw(path, frame);
+    return join_raw(path, frame_message(encode_hello(h)));
   }
 
   // Pushes `e` as is (no check that the ring has room: the overflow tests want that) and signals
