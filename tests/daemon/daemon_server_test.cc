@@ -18,10 +18,12 @@
 #include <mutex>
 #include <thread>
 
+#include "core/net/backend_registry.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/unix_socket.h"
 #include "daemon/arena_allocator.h"
 #include "daemon/control.h"
+#include "daemon/counters.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/ring.h"
@@ -933,6 +935,33 @@ TEST(DaemonArenaAllocator, FirstFitCoalescesAndRefusesForeignOffsets) {
   auto all = a.alloc(4096);  // coalesced back into one range
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(*all, 0u);
+}
+
+// Inter-host bytes are counted by the registry's backend names (not a list of the daemon's own):
+// every registered backend has a slot, anything else is "other"; stats list the offered ones
+// and any that carried bytes.
+TEST(DaemonCounters, InterHostBytesByTheRegistrysTransports) {
+  Counters registry;
+  for (const std::string& name : net::backend_names()) {
+    EXPECT_NE(registry.transport_slot(name), registry.other_slot()) << name;
+  }
+  Counters c({"tcp", "shm", "verbs"});
+  EXPECT_EQ(c.transport_slot("no-such"), c.other_slot());
+  c.inter(c.transport_slot("shm"), 3, 4);
+  c.inter(c.transport_slot("no-such"), 1, 2);
+  const ServerStats s = c.snapshot({"verbs", "tcp"});
+  ASSERT_EQ(s.inter.size(), 4u);  // in slot order: tcp, shm, verbs, other
+  EXPECT_EQ(s.inter[0].transport, "tcp");
+  EXPECT_EQ(s.inter[0].in + s.inter[0].out, 0u);
+  EXPECT_EQ(s.inter[1].transport, "shm");
+  EXPECT_EQ(s.inter[1].in, 3u);
+  EXPECT_EQ(s.inter[1].out, 4u);
+  EXPECT_EQ(s.inter[2].transport, "verbs");
+  EXPECT_EQ(s.inter[3].transport, "other");
+  EXPECT_EQ(s.inter[3].in, 1u);
+  EXPECT_EQ(s.inter_bytes_in, 4u);
+  EXPECT_EQ(s.inter_bytes_out, 6u);
+  EXPECT_EQ(s.transport, "verbs,tcp");
 }
 
 }  // namespace

@@ -22,8 +22,13 @@ struct TestRing {
     hdr->sq_tail.store(0);
     hdr->sq_head.store(0);
     hdr->daemon_polling.store(0);
-    view = RingView{slots.data(),         entries, &hdr->sq_tail, &hdr->sq_head,
-                    &hdr->daemon_polling, kick_fd, "submission"};
+    view.slots = slots.data();
+    view.entries = entries;
+    view.tail = &hdr->sq_tail;
+    view.head = &hdr->sq_head;
+    view.polling = &hdr->daemon_polling;
+    view.kick_fd = kick_fd;
+    view.which = "submission";
   }
   std::unique_ptr<ArenaHeader> hdr;
   std::vector<uint8_t> slots;
