@@ -204,13 +204,13 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
   // and the socket. While polling, the ring's polling flag tells the daemon to skip the eventfd;
   // it is cleared (and the ring looked at again, below) before sleeping (daemon/ring.h).
   if (spin_ns_ > 0 && !cq_.posted() && completed_ < seq) {
-    cq_.set_polling(true);
+    cq_.begin_polling();
     const int64_t spin_until = sys::now_ns() + spin_ns_;
     while (!cq_.posted() && sys::now_ns() < spin_until &&
            !aborted_.load(std::memory_order_relaxed)) {
       sched_yield();
     }
-    cq_.set_polling(false);
+    cq_.end_polling();
   }
   for (;;) {
     Status d = drain_completions();

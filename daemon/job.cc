@@ -265,7 +265,7 @@ bool Job::wait_for_work() {
   bool ready = false;
   if (spin_ns > 0) {
     for (const auto& m : members) {
-      if (m) m->sq.set_polling(true);
+      if (m) m->sq.begin_polling();
     }
     const int64_t spin_until = sys::now_ns() + spin_ns;
     while (!(ready = posted()) && sys::now_ns() < spin_until &&
@@ -273,7 +273,7 @@ bool Job::wait_for_work() {
       std::this_thread::yield();  // trainers sharing the core get it at once
     }
     for (const auto& m : members) {
-      if (m) m->sq.set_polling(false);
+      if (m) m->sq.end_polling();
     }
     ready = ready || posted();
   }

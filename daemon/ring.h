@@ -139,6 +139,7 @@ class RingConsumer {
   // the ring.
   Result<uint64_t> ready() const {
     const uint64_t tail = v_.tail->load(std::memory_order_acquire);
+    if (tail == head_) return uint64_t{0};
     GW_RETURN_IF_ERROR(check_ring(head_, tail, v_.entries, v_.which));
     return tail - head_;
   }
@@ -153,10 +154,12 @@ class RingConsumer {
     ++head_;
     v_.head->store(head_, std::memory_order_release);
   }
-  // Sets or clears the flag that lets the producer skip its kick, then fences: after
-  // set_polling(false), look at posted() once more before sleeping on wake_fd().
-  void set_polling(bool on) {
-    v_.polling->store(on ? 1 : 0, std::memory_order_relaxed);
+  // While busy-polling the tail, the producer may skip its kick: begin_polling() sets the flag;
+  // end_polling() clears it and fences, and the caller then looks at posted() once more before
+  // sleeping on wake_fd(), so an entry published meanwhile is never left without a wake-up.
+  void begin_polling() { v_.polling->store(1, std::memory_order_relaxed); }
+  void end_polling() {
+    v_.polling->store(0, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   int wake_fd() const { return v_.kick_fd; }

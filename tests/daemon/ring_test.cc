@@ -107,11 +107,11 @@ TEST(DaemonRingTest, KickUnlessPolling) {
   EXPECT_TRUE(readable());
   c.drain_wake();
   EXPECT_FALSE(readable());
-  c.set_polling(true);  // the consumer looks at the tail itself: no wake-up needed
+  c.begin_polling();  // the consumer looks at the tail itself: no wake-up needed
   p.push(entry(2));
   ASSERT_TRUE(p.kick().ok());
   EXPECT_FALSE(readable());
-  c.set_polling(false);
+  c.end_polling();
   EXPECT_TRUE(c.posted());
   p.push(entry(3));
   ASSERT_TRUE(p.kick().ok());
@@ -145,9 +145,9 @@ TEST(DaemonRingTest, TwoThreadsKeepOrderAndContents) {
     if (*ready == 0) {
       // Half the time spin with the flag set, half the time sleep on the eventfd.
       if (want % 2 == 0) {
-        c.set_polling(true);
+        c.begin_polling();
         for (int i = 0; i < 100 && !c.posted(); ++i) std::this_thread::yield();
-        c.set_polling(false);
+        c.end_polling();
       } else if (!c.posted()) {
         pollfd pf{c.wake_fd(), POLLIN, 0};
         ::poll(&pf, 1, 100);
