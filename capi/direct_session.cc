@@ -64,8 +64,7 @@ StoreCache& store_cache() {
 
 }  // namespace
 
-Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
-  std::shared_ptr<Store> store;
+Result<std::shared_ptr<Store>> open_job_store(const SessionOptions& options) {
   if (options.store_host.empty()) {
     if (options.world_size > 1) {
       return invalid_arg(
@@ -73,18 +72,21 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
           "MASTER_ADDR/MASTER_PORT",
           options.world_size);
     }
-    store = make_memory_store();  // a world of one talks to nobody
-  } else {
-    TcpStoreOptions so;
-    so.host = options.store_host;
-    so.port = options.store_port;
-    so.host_server = options.rank == 0;
-    so.token = options.job_token;
-    so.connect_timeout_ms = options.timeout_ms;
-    auto shared = store_cache().get(so);
-    if (!shared.ok()) return shared.status().with_context("rendezvous store");
-    store = std::move(*shared);
+    return make_memory_store();  // a world of one talks to nobody
   }
+  TcpStoreOptions so;
+  so.host = options.store_host;
+  so.port = options.store_port;
+  so.host_server = options.rank == 0;
+  so.token = options.job_token;
+  so.connect_timeout_ms = options.timeout_ms;
+  auto shared = store_cache().get(so);
+  if (!shared.ok()) return shared.status().with_context("rendezvous store");
+  return std::move(*shared);
+}
+
+Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
+  GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
 
   coll::CommOptions co;
   co.rank = options.rank;

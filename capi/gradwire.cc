@@ -36,8 +36,8 @@
 #include "core/net/net_config.h"
 #include "core/store_socket.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/control.h"
 #include "daemon/daemon_config.h"
-#include "daemon/protocol.h"
 
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
