@@ -713,20 +713,27 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   out->checked = true;
 }
 
-class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
-
-TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
-  CleanEnv env;
-  auto [world, transport] = GetParam();
+// Runs rank_fn on `world` ranks as threads; every rank must have initialized, checked all and
+// recorded no error.
+void run_checked_ranks(int world, const char* transport,
+                       void (*rank_fn)(int, int, const std::string&, const char*, RankResult*)) {
   std::vector<RankResult> results(world);
   gw::testing::run_capi_ranks(world, [&](int r, const std::string& addr) {
-    run_rank(r, world, addr, transport, &results[r]);
+    rank_fn(r, world, addr, transport, &results[r]);
   });
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
     EXPECT_TRUE(results[r].checked) << "rank " << r;
     EXPECT_EQ(results[r].error, "") << "rank " << r;
   }
+}
+
+class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
+  CleanEnv env;
+  auto [world, transport] = GetParam();
+  run_checked_ranks(world, transport, run_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
@@ -968,15 +975,7 @@ class SplitTest : public ::testing::TestWithParam<std::tuple<int, const char*>> 
 TEST_P(SplitTest, SubCommunicatorsBesideTheParent) {
   CleanEnv env;
   auto [world, transport] = GetParam();
-  std::vector<RankResult> results(world);
-  gw::testing::run_capi_ranks(world, [&](int r, const std::string& addr) {
-    run_split_rank(r, world, addr, transport, &results[r]);
-  });
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
-    EXPECT_TRUE(results[r].checked) << "rank " << r;
-    EXPECT_EQ(results[r].error, "") << "rank " << r;
-  }
+  run_checked_ranks(world, transport, run_split_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SplitTest,
