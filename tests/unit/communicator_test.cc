@@ -16,6 +16,7 @@
 #include "core/net/transport.h"
 #include "core/store.h"
 #include "tests/support/ranks.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
@@ -42,42 +43,9 @@ void fill(DataType dt, ReduceOp op, int r, size_t count, std::vector<uint8_t>& b
   for (size_t i = 0; i < count; ++i) {
     const int v = op == ReduceOp::kProd ? 1 + static_cast<int>((r + i) % 2)
                                         : static_cast<int>((r * 3 + i) % 7);
-    uint8_t* p = buf.data() + i * dtype_size(dt);
-    switch (dt) {
-      case DataType::kF32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::kF64: {
-        double d = v;
-        std::memcpy(p, &d, 8);
-        break;
-      }
-      case DataType::kF16: {
-        uint16_t h = float_to_half(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kBF16: {
-        uint16_t h = float_to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kI32: {
-        int32_t x = v - 3;
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::kI64: {
-        int64_t x = v - 3;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::kU8:
-        *p = static_cast<uint8_t>(v);
-        break;
-    }
+    // The signed integers go below zero too.
+    const bool signed_int = dt == DataType::kI32 || dt == DataType::kI64;
+    testing::encode(dt, signed_int ? v - 3 : v, buf.data() + i * dtype_size(dt));
   }
 }
 
