@@ -15,7 +15,8 @@
 #include "collectives/reduce.h"
 #include "core/net/transport.h"
 #include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/ranks.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
@@ -25,38 +26,14 @@ using ::gw::testing::ScopedEnv;
 
 using RankFn = std::function<void(Communicator&, int)>;
 
-CommInternalOptions internal_for(const std::string& backend) {
-  CommInternalOptions in;
-  if (backend == "inproc") {
-    in.transport_factory = [](const std::string&, const net::TransportOptions& o)
-        -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(o); };
-  }
-  return in;
-}
-
-// Runs fn on n ranks; every rank's communicator is created in its own thread.
+// Runs fn on n ranks of `backend` as threads (tests/support/ranks.h).
 void run_ranks(const std::string& backend, int n, const RankFn& fn, int64_t timeout_ms = 20000,
                std::function<void(CommOptions&)> tweak = nullptr) {
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = n;
-      o.store = store;
-      o.timeout_ms = timeout_ms;
-      o.transport = backend == "inproc" ? "auto" : backend;
-      if (tweak) tweak(o);
-      auto comm = create_communicator(o, internal_for(backend));
-      if (!comm.ok()) {
-        ADD_FAILURE() << "rank " << r << ": " << comm.status().to_string();
-        return;
-      }
-      fn(**comm, r);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.backend = backend;
+  ranks.timeout_ms = timeout_ms;
+  if (tweak) ranks.tweak = [&tweak](CommOptions& o, int) { tweak(o); };
+  testing::run_ranks(n, ranks, [&](std::unique_ptr<Communicator>& c, int r) { fn(*c, r); });
 }
 
 // Element value of rank r at index i, as bytes of dtype; prod uses 1s and 2s so every order of
@@ -66,42 +43,9 @@ void fill(DataType dt, ReduceOp op, int r, size_t count, std::vector<uint8_t>& b
   for (size_t i = 0; i < count; ++i) {
     const int v = op == ReduceOp::kProd ? 1 + static_cast<int>((r + i) % 2)
                                         : static_cast<int>((r * 3 + i) % 7);
-    uint8_t* p = buf.data() + i * dtype_size(dt);
-    switch (dt) {
-      case DataType::kF32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::kF64: {
-        double d = v;
-        std::memcpy(p, &d, 8);
-        break;
-      }
-      case DataType::kF16: {
-        uint16_t h = float_to_half(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kBF16: {
-        uint16_t h = float_to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kI32: {
-        int32_t x = v - 3;
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::kI64: {
-        int64_t x = v - 3;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::kU8:
-        *p = static_cast<uint8_t>(v);
-        break;
-    }
+    // The signed integers go below zero too.
+    const bool signed_int = dt == DataType::kI32 || dt == DataType::kI64;
+    testing::encode(dt, signed_int ? v - 3 : v, buf.data() + i * dtype_size(dt));
   }
 }
 
@@ -450,7 +394,7 @@ TEST_P(CommTest, BadOptionsAreRejected) {
     o.store = store;
     o.timeout_ms = 2000;
     tweak(o);
-    return create_communicator(o, internal_for(GetParam())).status();
+    return create_communicator(o, testing::internal_options_for(GetParam())).status();
   };
   EXPECT_EQ(make([](CommOptions& o) { o.rank = 1; }).code(), Code::kInvalidArg);
   EXPECT_EQ(make([](CommOptions& o) { o.world_size = 0; }).code(), Code::kInvalidArg);
@@ -464,47 +408,32 @@ TEST_P(CommTest, BadOptionsAreRejected) {
 }
 
 TEST_P(CommTest, ForcedShmAcrossHostsIsRefused) {
-  std::vector<Code> codes(2);
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = 2;
-      o.store = store;
-      o.timeout_ms = 5000;
-      o.transport = "shm";
-      o.host_id = r == 0 ? "host-a" : "host-b";
-      codes[r] = create_communicator(o, internal_for(GetParam())).status().code();
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(codes[0], Code::kInvalidArg);
-  EXPECT_EQ(codes[1], Code::kInvalidArg);
+  testing::RankOptions ranks;
+  ranks.backend = GetParam();
+  ranks.timeout_ms = 5000;
+  ranks.tweak = [](CommOptions& o, int r) {
+    o.transport = "shm";
+    o.host_id = r == 0 ? "host-a" : "host-b";
+  };
+  const std::vector<Status> status = testing::create_statuses(2, ranks);
+  EXPECT_EQ(status[0].code(), Code::kInvalidArg);
+  EXPECT_EQ(status[1].code(), Code::kInvalidArg);
 }
 
 TEST_P(CommTest, SeveralCommunicatorsShareOneStore) {
   auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      for (int k = 0; k < 3; ++k) {
-        CommOptions o;
-        o.rank = r;
-        o.world_size = 2;
-        o.store = store;
-        o.timeout_ms = 10000;
-        o.transport = GetParam() == "inproc" ? "auto" : GetParam();
-        auto c = create_communicator(o, internal_for(GetParam()));
-        ASSERT_TRUE(c.ok()) << c.status().to_string();
-        int32_t v = r + k, out = 0;
-        ASSERT_TRUE((*c)->allreduce(&v, &out, 1, DataType::kI32, ReduceOp::kSum).ok());
-        EXPECT_EQ(out, 1 + 2 * k);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.backend = GetParam();
+  ranks.timeout_ms = 10000;
+  testing::run_threads(2, [&](int r) {
+    for (int k = 0; k < 3; ++k) {
+      auto c = testing::create_rank(ranks, r, 2, store);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      int32_t v = r + k, out = 0;
+      ASSERT_TRUE((*c)->allreduce(&v, &out, 1, DataType::kI32, ReduceOp::kSum).ok());
+      EXPECT_EQ(out, 1 + 2 * k);
+    }
+  });
 }
 
 // The byte at index i of the block that rank src sends to rank dst: a block delivered to the

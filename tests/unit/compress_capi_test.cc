@@ -12,41 +12,25 @@
 
 #include "collectives/reduce.h"
 #include "gradwire/gradwire.h"
-#include "tests/support/free_port.h"
+#include "tests/support/capi_ranks.h"
+#include "tests/support/gradients.h"
 
 namespace {
 
-using gw::testing::free_port;
-
-std::vector<float> gradient(size_t n, int rank, int step) {
-  std::mt19937 gen(static_cast<uint32_t>(77 * rank + step));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+constexpr ::gw::testing::Gradients gradient{77};  // tests/support/gradients.h
 
 // Runs body(rank, comm) on `world` threads, each with its own communicator.
 template <typename F>
 void with_ranks(int world, const char* transport, F body) {
-  const std::string addr = "127.0.0.1:" + std::to_string(free_port());
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r) {
-    ts.emplace_back([&, r] {
-      gw_config_t cfg = GW_CONFIG_INIT;
-      cfg.rank = r;
-      cfg.world_size = world;
-      cfg.store_addr = addr.c_str();
-      cfg.transport = transport;
-      cfg.timeout_ms = 30000;
-      gw_comm_t comm = nullptr;
-      ASSERT_EQ(gw_comm_init(&comm, &cfg), GW_OK) << gw_last_error();
-      body(r, comm);
-      EXPECT_EQ(gw_comm_release_compression(comm), GW_OK);
-      EXPECT_EQ(gw_comm_destroy(comm), GW_OK) << gw_last_error();
-    });
-  }
-  for (auto& t : ts) t.join();
+  gw::testing::run_capi_ranks(world, [&](int r, const std::string& addr) {
+    gw_config_t cfg = gw::testing::thread_rank_config(r, world, addr, nullptr, 30000);
+    cfg.transport = transport;
+    gw_comm_t comm = nullptr;
+    ASSERT_EQ(gw_comm_init(&comm, &cfg), GW_OK) << gw_last_error();
+    body(r, comm);
+    EXPECT_EQ(gw_comm_release_compression(comm), GW_OK);
+    EXPECT_EQ(gw_comm_destroy(comm), GW_OK) << gw_last_error();
+  });
 }
 
 TEST(CompressCapi, EveryCodecGivesIdenticalResultsOnFourRanksOverTcp) {

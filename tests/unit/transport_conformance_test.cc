@@ -21,6 +21,7 @@
 #include "core/net/transport.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/netns_link.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
@@ -367,7 +368,15 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
 
 // The cases with a peer in another process: instantiated for the backends above and for the
 // -netns variants, which run only these.
-class TransportConformanceAcrossProcesses : public TransportConformance {};
+// These cases fork() once the process runs threads, which ThreadSanitizer does not support; the
+// release and ASan builds run them.
+class TransportConformanceAcrossProcesses : public TransportConformance {
+ protected:
+  void SetUp() override {
+    if (::gw::testing::kThreadSanitizer) GTEST_SKIP() << "fork() after threads under TSan";
+    TransportConformance::SetUp();
+  }
+};
 
 TEST_P(TransportConformance, ConnectAndAcceptPolledAlternatelyFromOneThread) {
   EXPECT_EQ(transport_->properties().name, backend());
