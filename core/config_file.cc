@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/config.h"
+
 // toml++ 3.3 (Debian 12) asserts, in debug builds, invariants that malformed input breaks, and
 // tells clang to assume them in release builds (the config_toml fuzz target found several, e.g.
 // `[[[x]]]` in parse_key, `t = 1:` in parse_time). This file is its only user: both are turned
@@ -22,6 +24,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "core/config.h"
 
 namespace gw::config {
 
@@ -73,7 +77,8 @@ std::pair<int, std::string> flatten(const toml::table& root,
       if (!added) {
         return {std::max(line, it->second.line),
                 fmt::format("key '{}' is set twice (lines {} and {}; table names join with '_')",
-                            key, std::min(line, it->second.line), std::max(line, it->second.line))};
+                            excerpt(key), std::min(line, it->second.line),
+                            std::max(line, it->second.line))};
       }
     }
   }
