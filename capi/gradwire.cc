@@ -349,12 +349,23 @@ Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blo
     return gw::invalid_arg("argument {}: {} x {} elements of {} bytes overflow size_t", arg, count,
                            blocks, elem);
   }
+  if (bytes > kMaxBufferBytes) {
+    return gw::invalid_arg(
+        "argument {}: {} x {} elements of {} bytes ({} bytes) are more than any buffer of this "
+        "process can hold ({} bytes)",
+        arg, count, blocks, elem, bytes, kMaxBufferBytes);
+  }
   return bytes;
 }
 
 Status check_buffer(const char* name, const void* p, size_t bytes) {
   if (p == nullptr && bytes > 0) {
     return gw::invalid_arg("argument {} is NULL with {} bytes to transfer", name, bytes);
+  }
+  const uint64_t start = reinterpret_cast<uintptr_t>(p);
+  if (bytes > kMaxBufferBytes || start > kMaxBufferBytes - bytes) {
+    return gw::invalid_arg("argument {}: {} bytes from {} pass the end of the address space", name,
+                           bytes, p);
   }
   return gw::ok_status();
 }
@@ -544,9 +555,10 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
     const int dtype = raw_enum(dtype_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
-    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
+    // The whole first: a count that overflows with the rank count says so.
     GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("sendcount", sendcount, dtype,
                                                         static_cast<size_t>(st->size())));
+    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
     GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
@@ -568,9 +580,9 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_RETURN_IF_ERROR(check_op(op));
-    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
     GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("recvcount", recvcount, dtype,
                                                         static_cast<size_t>(st->size())));
+    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
     GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));

@@ -166,7 +166,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         json r;
         r["name"] = row->name;
         r["key"] = config::toml_key(*row);
-        r["value"] = v.text;
+        r["value"] = config::shown(*row, v);  // a secret only as set or unset
         r["default"] = row->default_value;
         // gradwired's command-line options are the only API-layer values in the daemon.
         r["source"] =

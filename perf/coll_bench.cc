@@ -131,7 +131,7 @@ json config_json(const CollConfig& c) {
   // Every setting a layer above the default sets (file, environment, or the options above).
   json env = json::object();
   for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-    if (v.source != config::Source::kDefault) env[row->name] = v.text;
+    if (v.source != config::Source::kDefault) env[row->name] = config::shown(*row, v);
   }
   j["gw_env"] = env;
   return j;
@@ -280,7 +280,9 @@ class RankRun {
         c_.iters > 0 ? std::to_string(c_.iters) : "adaptive clamp(2e9/size/ranks, 3, 50)";
     std::string env;
     for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-      if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
+      if (v.source != config::Source::kDefault) {
+        env += fmt::format(" {}={}", row->name, config::shown(*row, v));
+      }
     }
     if (env.empty()) env = " none";
     std::string out;

@@ -10,6 +10,7 @@
 
 #include "collectives/compress/compress_config.h"
 #include "core/config.h"
+#include "core/config_snapshot.h"
 #include "core/net/backend_registry.h"
 #include "daemon/daemon_config.h"
 #include "gradwire/gradwire.h"
@@ -292,7 +293,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (dump_config) {
-    std::fputs(gw::config::dump(toml).c_str(), stdout);
+    // What a run would refuse is reported, not dumped as the defaults it reads as.
+    const gw::config::Snapshot snapshot = gw::config::Snapshot::capture();
+    if (gw::Status valid = snapshot.validate(); !valid.ok()) {
+      std::fprintf(stderr, "gradwire-perf: %s\n", valid.message().c_str());
+      return 2;
+    }
+    std::fputs(snapshot.dump(toml).c_str(), stdout);
     return 0;
   }
   if (toml) {

@@ -429,7 +429,9 @@ class P2pRank {
           c_.report_gbits ? "Gb = 1e9 bits" : "MB = 1e6 B");
       std::string env;
       for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-        if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
+        if (v.source != config::Source::kDefault) {
+          env += fmt::format(" {}={}", row->name, config::shown(*row, v));
+        }
       }
       std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
       std::printf("#bytes     #iterations    %-18s MsgRate[Mpps]\n",

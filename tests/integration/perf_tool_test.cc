@@ -145,6 +145,81 @@ TEST(PerfToolTest, BadConfigFileNamesFileLineAndKey) {
       << res.output;
 }
 
+// --dump-config with a broken file (or a malformed variable) says what a run would say and exits
+// 2, instead of printing the defaults (issue 26, item 6); a directory is no file (issue 33).
+TEST(PerfToolTest, DumpConfigReportsABrokenFile) {
+  TempFile file;
+  std::ofstream(file.path()) << "timout_ms = 5\n";
+  Env env = clean_env();
+  env["GW_CONFIG_FILE"] = file.path();
+  for (bool toml : {false, true}) {
+    std::vector<std::string> args = {"--dump-config"};
+    if (toml) args.push_back("--toml");
+    auto res = run_perf(args, env);
+    ASSERT_TRUE(res.exited) << res.describe();
+    EXPECT_EQ(res.exit_code, 2) << res.describe();
+    EXPECT_NE(res.output.find(file.path() + ":1: key 'timout_ms': unknown key"), std::string::npos)
+        << res.output;
+    EXPECT_EQ(res.output.find("GW_SPIN_US"), std::string::npos) << res.output;
+  }
+  env["GW_CONFIG_FILE"] = "/tmp";
+  auto dir = run_perf({"--dump-config"}, env);
+  EXPECT_EQ(dir.exit_code, 2) << dir.describe();
+  EXPECT_NE(dir.output.find("/tmp: is a directory"), std::string::npos) << dir.output;
+}
+
+// The settings lines (not comments) of a TOML dump.
+std::string settings_of(const std::string& toml) {
+  std::istringstream in(toml);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#') out += line + "\n";
+  }
+  return out;
+}
+
+// --dump-config --toml loads back (issue 34, item 4): a run with the dumped file as its
+// GW_CONFIG_FILE works (the file used to name config_file and the NCCL plugin's rows, which the
+// library refuses), and dumping again gives the same settings. The job token is never printed
+// (issue 33, item 7), neither by the dump nor in a run's header and JSON.
+TEST(PerfToolTest, DumpConfigTomlLoadsBackAndDumpsTheSame) {
+  Env env = clean_env();
+  env["GW_ALGO"] = "ring";
+  env["GW_HOSTID"] = "quoted \"host\" \\ \xc3\xa9";
+  env["GW_JOB_TOKEN"] = "s3cret-perf-token";
+  ProcGroup first_run;
+  first_run.start({GW_PERF_PATH, "--dump-config", "--toml"}, env);
+  auto first = first_run.wait_all(60000)[0];
+  ASSERT_TRUE(first.exited && first.exit_code == 0) << first.describe();
+  EXPECT_EQ(first.output.find("s3cret"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# config_file = "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# plugin_backend = "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# job_token = (set)\n"), std::string::npos) << first.output;
+  TempFile file;
+  std::ofstream(file.path()) << first.output;
+
+  // The file alone carries the settings now (the token stays in the environment).
+  Env loaded = clean_env();
+  loaded["GW_CONFIG_FILE"] = file.path();
+  loaded["GW_JOB_TOKEN"] = "s3cret-perf-token";
+  ProcGroup second_run;
+  second_run.start({GW_PERF_PATH, "--dump-config", "--toml"}, loaded);
+  auto second = second_run.wait_all(60000)[0];
+  ASSERT_TRUE(second.exited && second.exit_code == 0) << second.describe();
+  EXPECT_EQ(settings_of(second.output), settings_of(first.output));
+  EXPECT_NE(second.output.find("from " + file.path() + ":"), std::string::npos) << second.output;
+
+  TempFile json_out;
+  auto run =
+      run_perf({"allreduce", "--np", "2", "-b", "8", "-e", "8", "--json", json_out.path()}, loaded);
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  EXPECT_NE(run.output.find("GW_JOB_TOKEN=(set)"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("s3cret"), std::string::npos) << run.output;
+  json doc = json_out.read_json();
+  EXPECT_EQ(doc["config"]["gw_env"]["GW_JOB_TOKEN"], "(set)") << doc.dump();
+  EXPECT_EQ(doc.dump().find("s3cret"), std::string::npos);
+}
+
 TEST(PerfToolTest, HelpDescribesEverySubcommand) {
   auto res = run_perf({"--help"});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -233,6 +234,55 @@ TEST_P(CommTest, RanksThatDisagreeOnCountAllFailWithinTheDeadline) {
         }
       },
       3000);
+}
+
+// Ranks that disagree on the dtype (of the same size), the op or the collective used to return
+// ok with mixed data (float32 against int32: 1.0 on one rank, 1065353217 on the other). Every
+// rank now fails, and the rank that sees the peer's message says what it called (issue 33, item
+// 9); count disagreements are the size checks' (above).
+TEST_P(CommTest, RanksThatDisagreeOnDtypeOpOrCollectiveAllFail) {
+  using Call = std::function<Status(Communicator&, int, std::vector<uint8_t>&)>;
+  const size_t n = 1024;
+  auto allreduce = [n](DataType d0, DataType d1, ReduceOp o0, ReduceOp o1) -> Call {
+    return [=](Communicator& c, int r, std::vector<uint8_t>& buf) {
+      return c.allreduce(buf.data(), buf.data(), n, r == 0 ? d0 : d1, r == 0 ? o0 : o1);
+    };
+  };
+  const std::vector<std::pair<std::string, Call>> cases = {
+      {"float32 against int32",
+       allreduce(DataType::kF32, DataType::kI32, ReduceOp::kSum, ReduceOp::kSum)},
+      {"float16 against bfloat16",
+       allreduce(DataType::kF16, DataType::kBF16, ReduceOp::kSum, ReduceOp::kSum)},
+      {"sum against max",
+       allreduce(DataType::kF32, DataType::kF32, ReduceOp::kSum, ReduceOp::kMax)},
+      {"allreduce against broadcast",
+       [n](Communicator& c, int r, std::vector<uint8_t>& buf) {
+         return r == 0 ? c.allreduce(buf.data(), buf.data(), n, DataType::kF32, ReduceOp::kSum)
+                       : c.broadcast(buf.data(), n, DataType::kF32, 0);
+       }},
+      {"allgather against alltoall", [n](Communicator& c, int r, std::vector<uint8_t>& buf) {
+         return r == 0 ? c.allgather(buf.data(), buf.data(), n / 2, DataType::kF32)
+                       : c.alltoall(buf.data(), buf.data() + n * 4, n / 2, DataType::kF32);
+       }}};
+  for (const auto& [what, call] : cases) {
+    std::atomic<int> failed{0}, named{0};
+    run_ranks(
+        GetParam(), 2,
+        [&](Communicator& c, int r) {
+          std::vector<uint8_t> buf(n * 8, 0);
+          // A matching call first: the connections exist, so failures travel in milliseconds.
+          ASSERT_TRUE(c.barrier().ok());
+          Status s = call(c, r, buf);
+          if (!s.ok()) ++failed;
+          if (s.code() == Code::kInvalidArg &&
+              s.message().find("ranks disagree on the collective") != std::string::npos) {
+            ++named;
+          }
+        },
+        5000);
+    EXPECT_EQ(failed.load(), 2) << what;
+    EXPECT_GE(named.load(), 1) << what;
+  }
 }
 
 // The blind spot of a size check alone: when a rank's ranges are a whole number of chunks, the

@@ -129,6 +129,46 @@ TEST(CompressCapi, CountsThatOverflowWithTheRankCountAreInvalidArguments) {
   });
 }
 
+// Counts whose bytes fit size_t (with the rank count too) but no buffer of a process can hold
+// are the caller's error, GW_ERR_INVALID_ARG with a message, in every entry point (issue 33,
+// item 11: reduce-scatter and top-k used to fail deep inside with GW_ERR_INTERNAL, "vector larger
+// than max_size"). Both ranks refuse before talking, so the communicator still works afterwards.
+TEST(CompressCapi, CountsNoBufferCanHoldAreInvalidArgumentsNotInternalErrors) {
+  with_ranks(2, "tcp", [&](int, gw_comm_t comm) {
+    std::vector<float> g(16, 1.0f), out(64);
+    for (size_t count : {SIZE_MAX / sizeof(float) / 2, SIZE_MAX / sizeof(float) / 2 - 1,
+                         SIZE_MAX / sizeof(float), size_t{1} << 60, size_t{1} << 56}) {
+      auto refused = [&](gw_status_t s, const char* call) {
+        EXPECT_EQ(s, GW_ERR_INVALID_ARG) << call << " " << count << ": " << gw_last_error();
+        const std::string why = gw_last_error();
+        EXPECT_TRUE(why.find("more than any buffer") != std::string::npos ||
+                    why.find("overflow") != std::string::npos)
+            << call << ": " << why;
+      };
+      refused(gw_reduce_scatter(comm, out.data(), g.data(), count, GW_FLOAT32, GW_SUM),
+              "reduce_scatter");
+      refused(gw_allreduce_compressed(comm, g.data(), count, GW_FLOAT32, "topk:0.01", "t"), "topk");
+      refused(gw_allreduce_compressed(comm, g.data(), count, GW_FLOAT32, "randk:0.01", "r"),
+              "randk");
+      refused(gw_allreduce(comm, g.data(), out.data(), count, GW_FLOAT32, GW_SUM), "allreduce");
+      refused(gw_broadcast(comm, g.data(), count, GW_FLOAT32, 0), "broadcast");
+      refused(gw_allgather(comm, g.data(), out.data(), count, GW_FLOAT32), "allgather");
+      refused(gw_alltoall(comm, g.data(), out.data(), count, GW_FLOAT32), "alltoall");
+      gw_request_t req = nullptr;
+      refused(gw_iallreduce(comm, g.data(), out.data(), count, GW_FLOAT32, GW_SUM, &req),
+              "iallreduce");
+    }
+    // A buffer that would end past the address space.
+    EXPECT_EQ(gw_allreduce(comm, reinterpret_cast<void*>(uintptr_t{1} << 57), out.data(), 16,
+                           GW_FLOAT32, GW_SUM),
+              GW_ERR_INVALID_ARG)
+        << gw_last_error();
+    ASSERT_EQ(gw_allreduce(comm, g.data(), g.data(), g.size(), GW_FLOAT32, GW_SUM), GW_OK)
+        << gw_last_error();
+    EXPECT_EQ(g[0], 2.0f);
+  });
+}
+
 TEST(CompressCapi, BadArgumentsAreRejected) {
   with_ranks(1, "auto", [&](int, gw_comm_t comm) {
     std::vector<float> g(100, 1.0f);
