@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "core/config.h"
@@ -17,6 +18,7 @@
 #include "core/log.h"
 #include "core/net/comm_adapter.h"
 #include "core/net/handshake.h"
+#include "core/net/pending_accept.h"
 #include "core/net/request.h"
 #include "core/net/shm_config.h"
 #include "core/net/socket_util.h"
@@ -280,7 +282,7 @@ class ShmSendCore final : public ShmCommCore {
     uint32_t verdict = ctrl->error_code.load(std::memory_order_acquire);
     if (verdict != 0) {
       if (verdict == static_cast<uint32_t>(Code::kInvalidArg)) {
-        return fail(invalid_arg(
+        return fail(truncated_error(
             "send to {}: message truncated: message #{} is larger than the receive posted for it",
             peer_, ctrl->error_seq));
       }
@@ -365,10 +367,11 @@ class ShmRecvCore final : public ShmCommCore {
                                        peer_, cur_seq_, r->tag, h.tag));
         }
         if (h.msg_size > r->size) {
-          return reject(Code::kInvalidArg, cur_seq_,
-                        invalid_arg("recv from {}: message truncated: message #{} has {} bytes, "
-                                    "the receive only {}",
-                                    peer_, cur_seq_, h.msg_size, r->size));
+          return reject(
+              Code::kInvalidArg, cur_seq_,
+              truncated_error("recv from {}: message truncated: message #{} has {} bytes, "
+                              "the receive only {}",
+                              peer_, cur_seq_, h.msg_size, r->size));
         }
         r->msg_size = h.msg_size;
       }
@@ -411,10 +414,11 @@ class ShmListener final : public Listener {
     // The handshakes already held move first, so a flood of new connections cannot push out one
     // that has spoken before it was read.
     const int64_t now = now_ns();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      Result<std::unique_ptr<RecvComm>> comm = advance(pending_[i], now);
-      if (!comm.ok() || *comm != nullptr || !pending_[i].fd.valid()) {
-        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    std::vector<Pending>& pending = accepts_.held();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Result<std::unique_ptr<RecvComm>> comm = advance(pending[i], now);
+      if (!comm.ok() || *comm != nullptr || !pending[i].fd.valid()) {
+        pending.erase(pending.begin() + static_cast<ptrdiff_t>(i));
         if (!comm.ok() || *comm != nullptr) return comm;
         --i;
       }
@@ -431,58 +435,19 @@ class ShmListener final : public Listener {
     Hello hello{};
     handshake::Nonce challenge{};
     int pid = 0;
+    std::string addr;  // unnamed: a unix socket's peer has no address worth logging
+    bool silent() const { return !challenged; }
   };
 
-  // Accepts up to kAcceptBurst connections, with the tcp listener's rules when descriptors run
-  // out or too many handshakes are held (a silent one makes way first; with none held, the
-  // waiting connection is shed and accepting pauses). Never fails the caller.
+  // New connections, under the policy of core/net/pending_accept.h. Never fails the caller.
   void accept_new(int64_t now) {
-    if (shedder_.paused(now)) return;
-    for (int burst = 0; burst < handshake::kAcceptBurst;) {
-      int fd = ::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        const int err = errno;
-        if (err == EINTR || err == ECONNABORTED) continue;
-        if (err == EMFILE || err == ENFILE) {
-          ++burst;
-          if (!pending_.empty()) {
-            drop_one_pending("out of file descriptors");
-            continue;
-          }
-          GW_LOG_WARN("shm accept: {}; shedding a connection",
-                      system_error("out of file descriptors", err).message());
-          shedder_.shed(fd_.get(), now);
-          return;
-        }
-        if (err != EAGAIN && err != EWOULDBLOCK) {
-          GW_LOG_WARN("shm accept: {}", system_error("accept", err).message());
-        }
-        return;
-      }
-      ++burst;
-      if (pending_.size() >= max_pending_) {
-        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
-      }
+    Status s = accepts_.accept_burst(fd_.get(), now, [&](Fd fd, const sockaddr_storage&) {
       Pending p;
-      p.fd.reset(fd);
+      p.fd = std::move(fd);
       p.deadline_ns = now + options_.timeout_ms * 1000000;
-      pending_.push_back(std::move(p));
-    }
-  }
-
-  // Drops one held handshake: the oldest that has not been challenged, else the oldest.
-  void drop_one_pending(std::string_view why) {
-    auto it = std::find_if(pending_.begin(), pending_.end(),
-                           [](const Pending& p) { return !p.challenged; });
-    if (it == pending_.end()) it = pending_.begin();
-    uint64_t skipped = 0;
-    if (drop_log_.should_log(now_ns(), &skipped)) {
-      GW_LOG_WARN(
-          "shm accept: {}; dropping a handshake ({} more dropped since the last "
-          "warning)",
-          why, skipped);
-    }
-    pending_.erase(it);
+      return std::optional<Pending>(std::move(p));
+    });
+    if (!s.ok()) GW_LOG_WARN("{}", s.message());
   }
 
   void refuse(Pending& p, std::string_view why) {
@@ -577,9 +542,9 @@ class ShmListener final : public Listener {
     Result<MemfdRegion> region = MemfdRegion::create("gradwire-shm", g.total());
     if (!region.ok()) {
       // Out of descriptors (a flood of connections): the shedder's spare makes the segment.
-      shedder_.release_spare();
+      accepts_.shedder().release_spare();
       region = MemfdRegion::create("gradwire-shm", g.total());
-      shedder_.take_spare();
+      accepts_.shedder().take_spare();
     }
     if (!region.ok()) return region.status().with_context("shm accept: ");
     const int memfd = region->fd();
@@ -612,10 +577,7 @@ class ShmListener final : public Listener {
   uint64_t nonce_;
   ShmConfig config_;
   TransportOptions options_;
-  std::vector<Pending> pending_;
-  const size_t max_pending_ = handshake::max_pending();  // GW_LISTEN_MAX_PENDING
-  sys::AcceptShedder shedder_;
-  handshake::DropLog drop_log_;
+  PendingAccept<Pending> accepts_{"shm"};
 };
 
 class ShmConnector final : public Connector {
