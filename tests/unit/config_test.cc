@@ -521,6 +521,21 @@ TEST(StatusTest, CodesAndText) {
   EXPECT_STREQ(code_name(static_cast<Code>(42)), "UNKNOWN");
 }
 
+// A truncated message is told by its reason (the executor's count check), never by its text;
+// the code, which the C ABI and the daemon protocol carry, stays kInvalidArg.
+TEST(StatusTest, TruncatedIsAReasonNotAText) {
+  Status t = truncated_error("recv from rank 1: message truncated");
+  EXPECT_EQ(t.code(), Code::kInvalidArg);
+  EXPECT_EQ(t.reason(), Reason::kTruncated);
+  EXPECT_TRUE(t.truncated());
+  Status c = t.with_context("allreduce");
+  EXPECT_TRUE(c.truncated());
+  EXPECT_EQ(c.message(), "allreduce: recv from rank 1: message truncated");
+  EXPECT_FALSE(invalid_arg("message truncated").truncated());
+  EXPECT_FALSE(Status(Code::kInvalidArg, "x").truncated());
+  EXPECT_FALSE(ok_status().truncated());
+}
+
 TEST(StatusTest, SystemErrorCarriesErrnoText) {
   Status s = system_error("open /nonexistent", ENOENT);
   EXPECT_EQ(s.code(), Code::kSystem);
