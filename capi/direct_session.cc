@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -9,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "core/bootstrap.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_compression.h"
@@ -65,8 +67,23 @@ StoreCache& store_cache() {
 }  // namespace
 
 Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
+  coll::CommOptions co;
+  co.rank = options.rank;
+  co.world_size = options.world_size;
+  co.transport = options.transport;
+  co.timeout_ms = options.timeout_ms;
+  co.job_token = options.job_token;
+  co.route_host = options.store_host;
+  co.mode = "direct";
+  co.launcher = options.launcher;
+  // Every setting this rank can check alone is checked before the rendezvous; a refused one is
+  // still said in the store (rank 0 hosts it for that), so the other ranks fail at once naming
+  // this rank instead of waiting out GW_TIMEOUT_MS.
+  const Status local = coll::Communicator::check_options(co);
+
   std::shared_ptr<Store> store;
   if (options.store_host.empty()) {
+    if (!local.ok()) return local;
     if (options.world_size > 1) {
       return invalid_arg(
           "no store address for {} ranks: set config.store_addr, GW_STORE or "
@@ -75,26 +92,27 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
     }
     store = make_memory_store();  // a world of one talks to nobody
   } else {
+    constexpr int64_t kFailureNoticeMs = 2000;
     TcpStoreOptions so;
     so.host = options.store_host;
     so.port = options.store_port;
     so.host_server = options.rank == 0;
     so.token = options.job_token;
-    so.connect_timeout_ms = options.timeout_ms;
+    so.connect_timeout_ms =
+        local.ok() ? options.timeout_ms : std::min(options.timeout_ms, kFailureNoticeMs);
     auto shared = store_cache().get(so);
+    if (!local.ok()) {
+      if (shared.ok()) {
+        (void)publish_setup_failure(**shared, options.rank, options.world_size, local,
+                                    deadline_after_ms(kFailureNoticeMs));
+      }
+      return local;
+    }
     if (!shared.ok()) return shared.status().with_context("rendezvous store");
     store = std::move(*shared);
   }
 
-  coll::CommOptions co;
-  co.rank = options.rank;
-  co.world_size = options.world_size;
   co.store = store;
-  co.transport = options.transport;
-  co.timeout_ms = options.timeout_ms;
-  co.job_token = options.job_token;
-  co.route_host = options.store_host;
-  co.mode = "direct";
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
   return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
 }

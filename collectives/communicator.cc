@@ -760,6 +760,7 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
   g.job_token = options.job_token;
   g.host_id = options.host_id;
   g.mode = options.mode;
+  g.launcher = options.launcher;
   GW_ASSIGN_OR_RETURN(Group group, Group::create(g, deadline_after_ms(settings.timeout_ms)));
   auto comm = std::make_unique<CommImpl>(std::move(group), std::move(settings));
   GW_RETURN_IF_ERROR(comm->init());
@@ -768,6 +769,10 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 
 Result<std::unique_ptr<Communicator>> Communicator::create(const CommOptions& options) {
   return create_communicator(options, CommInternalOptions{});
+}
+
+Status Communicator::check_options(const CommOptions& options) {
+  return settings_from(options, CommInternalOptions{}).status();
 }
 
 }  // namespace gw::coll
