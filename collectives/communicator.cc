@@ -772,7 +772,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const CommOptions& op
 }
 
 Status Communicator::check_options(const CommOptions& options) {
-  return settings_from(options, CommInternalOptions{}).status();
+  GW_RETURN_IF_ERROR(settings_from(options, CommInternalOptions{}).status());
+  // A transport asked for by name that this process cannot use (its probe: no RDMA device, not
+  // built) would fail only once the transports are made, after the rendezvous.
+  if (options.transport != "auto") {
+    Status usable = net::backend_status(options.transport);
+    if (!usable.ok()) {
+      return invalid_arg("communicator: transport {} cannot run in this process: {}",
+                         options.transport, usable.message());
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace gw::coll

@@ -77,8 +77,9 @@ class Communicator {
  public:
   static Result<std::unique_ptr<Communicator>> create(const CommOptions& options);
   // The settings create() checks before it meets the other ranks (the transport's name, the
-  // configuration, the timeout, forced algorithms' names), checked alone: a caller that hosts or
-  // reaches the store first can then say why in it (publish_setup_failure, core/bootstrap.h).
+  // configuration, the timeout, forced algorithms' names), checked alone, and whether a transport
+  // named here can run in this process (its registry probe): a caller that hosts or reaches the
+  // store first can then say why in it (publish_setup_failure, core/bootstrap.h).
   static Status check_options(const CommOptions& options);
   virtual ~Communicator() = default;
 

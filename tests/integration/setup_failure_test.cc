@@ -78,6 +78,27 @@ TEST_P(OneRankRefusesASetting, EveryRankFailsAtOnceNamingIt) {
 INSTANTIATE_TEST_SUITE_P(BadRank, OneRankRefusesASetting, ::testing::Values(0, 2),
                          [](const auto& info) { return "rank" + std::to_string(info.param); });
 
+// A transport named on one rank that cannot run there (verbs without an RDMA device or the
+// emulator) is refused before the rendezvous too, not once the transports are made.
+TEST(SetupFailureTest, AnUnusableTransportOnOneRankFailsEveryRankAtOnce) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  ProcGroup g;
+  for (int r = 0; r < 2; ++r) {
+    Env env = rank_env(r, 2, port);
+    if (r == 1) env["GW_TRANSPORT"] = "verbs";
+    g.start({GW_RANK_MAIN_PATH, "identity"}, env);
+  }
+  auto results = g.wait_all(kTimeoutMs / 2);
+  ASSERT_EQ(results.size(), 2u);
+  if (results[1].exited && results[1].exit_code == 0) GTEST_SKIP() << "verbs runs here";
+  expect_prompt_failures(results);
+  EXPECT_NE(results[1].output.find("cannot run in this process"), std::string::npos)
+      << results[1].describe();
+  EXPECT_NE(results[0].output.find("rank 1 failed to set up"), std::string::npos)
+      << results[0].describe();
+}
+
 // Ranks started for different world sizes: each fails once it reads an entry that disagrees
 // (everyone reads rank 0's first), naming both sizes (before: both waited out the deadline).
 TEST(SetupFailureTest, MismatchedWorldSizesFailEveryRankAtOnce) {
