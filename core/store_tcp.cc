@@ -808,6 +808,13 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
       server = TcpStoreServer::start("0.0.0.0", options.port, options.token, limits, nullptr);
       impl->connect_host = "127.0.0.1";
     }
+    if (!server.ok() && bind_errno == EADDRINUSE) {
+      // What the others will meet at this address instead (connect_once says so on their side).
+      return server.status().with_context(
+          "store server: another process holds the store's port (GW_STORE, MASTER_PORT); under "
+          "torchrun MASTER_PORT is torch's own store: give gradwire another port with GW_STORE, "
+          "or launch with gradwire-run");
+    }
     if (!server.ok()) return server.status().with_context("store server");
     impl->server = std::move(*server);
     impl->port = impl->server->port();

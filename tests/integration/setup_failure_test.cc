@@ -198,6 +198,8 @@ TEST_P(ForeignStorePort, EveryRankFailsAtOnceSayingSo) {
   ASSERT_EQ(results.size(), 2u);
   expect_prompt_failures(results);
   EXPECT_NE(results[0].output.find("in use"), std::string::npos) << results[0].describe();
+  EXPECT_NE(results[0].output.find("another process holds the store's port"), std::string::npos)
+      << results[0].describe();
   EXPECT_NE(results[1].output.find("something other than a gradwire store"), std::string::npos)
       << results[1].describe();
 }
