@@ -99,6 +99,25 @@ TEST(SetupFailureTest, AnUnusableTransportOnOneRankFailsEveryRankAtOnce) {
       << results[0].describe();
 }
 
+// Rank 0 not there (yet): a refused connection is retried until the deadline, since a launcher
+// may start rank 0 last, but the waiting rank says every 5 s what it waits for, not nothing.
+TEST(SetupFailureTest, AWaitForTheStoreIsSaidEveryFewSeconds) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  ProcGroup g;
+  Env env = rank_env(1, 2, port);
+  env["GW_TIMEOUT_MS"] = "6500";
+  g.start({GW_RANK_MAIN_PATH, "identity"}, env);
+  auto results = g.wait_all(30000);
+  ASSERT_EQ(results.size(), 1u);
+  const auto& res = results[0];
+  EXPECT_TRUE(res.exited && res.exit_code != 0) << res.describe();
+  EXPECT_NE(res.output.find("waiting for the store at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << res.describe();
+  EXPECT_NE(res.output.find("rank 0 hosts it"), std::string::npos) << res.describe();
+}
+
 // Ranks started for different world sizes: each fails once it reads an entry that disagrees
 // (everyone reads rank 0's first), naming both sizes (before: both waited out the deadline).
 TEST(SetupFailureTest, MismatchedWorldSizesFailEveryRankAtOnce) {
