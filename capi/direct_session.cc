@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -9,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "core/bootstrap.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_compression.h"
@@ -86,17 +88,34 @@ Result<std::shared_ptr<Store>> open_job_store(const SessionOptions& options) {
 }
 
 Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
-  GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
-
   coll::CommOptions co;
   co.rank = options.rank;
   co.world_size = options.world_size;
-  co.store = store;
   co.transport = options.transport;
   co.timeout_ms = options.timeout_ms;
   co.job_token = options.job_token;
   co.route_host = options.store_host;
   co.mode = "direct";
+  co.launcher = options.launcher;
+  // Every setting this rank can check alone is checked before the rendezvous; a refused one is
+  // still said in the store (rank 0 hosts it for that), so the other ranks fail at once naming
+  // this rank instead of waiting out GW_TIMEOUT_MS.
+  const Status local = coll::Communicator::check_options(co);
+  if (!local.ok()) {
+    constexpr int64_t kFailureNoticeMs = 2000;
+    if (!options.store_host.empty()) {
+      SessionOptions brief = options;
+      brief.timeout_ms = std::min(options.timeout_ms, kFailureNoticeMs);
+      auto shared = open_job_store(brief);
+      if (shared.ok()) {
+        (void)publish_setup_failure(**shared, options.rank, options.world_size, local,
+                                    deadline_after_ms(kFailureNoticeMs));
+      }
+    }
+    return local;
+  }
+  GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
+  co.store = store;
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
   return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
 }

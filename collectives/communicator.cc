@@ -818,6 +818,7 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
   g.job_token = options.job_token;
   g.host_id = options.host_id;
   g.mode = options.mode;
+  g.launcher = options.launcher;
   GW_ASSIGN_OR_RETURN(Group group, Group::create(g, deadline_after_ms(settings.timeout_ms)));
   auto comm = std::make_unique<CommImpl>(std::move(group), std::move(settings));
   GW_RETURN_IF_ERROR(comm->init());
@@ -826,6 +827,20 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 
 Result<std::unique_ptr<Communicator>> Communicator::create(const CommOptions& options) {
   return create_communicator(options, CommInternalOptions{});
+}
+
+Status Communicator::check_options(const CommOptions& options) {
+  GW_RETURN_IF_ERROR(settings_from(options, CommInternalOptions{}).status());
+  // A transport asked for by name that this process cannot use (its probe: no RDMA device, not
+  // built) would fail only once the transports are made, after the rendezvous.
+  if (options.transport != "auto") {
+    Status usable = net::backend_status(options.transport);
+    if (!usable.ok()) {
+      return invalid_arg("communicator: transport {} cannot run in this process: {}",
+                         options.transport, usable.message());
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace gw::coll

@@ -56,14 +56,27 @@ struct TcpStore::Impl {
   // One connection plus the hello exchange: each side proves the job token over the other's
   // fresh challenge (docs/wire-store.md). A refusal either way is final (kPeer); other failures
   // may be retried.
-  Result<Fd> connect_once(Deadline deadline, bool* refused) {
+  // *answered: a connection was made (something listens there), for the start-up's reports.
+  Result<Fd> connect_once(Deadline deadline, bool* refused, bool* answered = nullptr) {
     namespace hs = net::handshake;
     *refused = false;
     GW_ASSIGN_OR_RETURN(Fd c, store_socket::connect_tcp(connect_host, port, deadline));
+    if (answered != nullptr) *answered = true;
     Request hello;
     hello.op = Op::kHello;
     GW_RETURN_IF_ERROR(hs::fresh_nonce(&hello.challenge));
-    GW_ASSIGN_OR_RETURN(Response r, exchange(c.get(), hello, deadline, "hello"));
+    bool undecodable = false;
+    auto hr = exchange(c.get(), hello, deadline, "hello", &undecodable);
+    if (undecodable) {
+      // Bytes came back that no gradwire store sends: waiting cannot help.
+      *refused = true;
+      return peer_error(
+          "something other than a gradwire store answers at {} ({}): is GW_STORE or "
+          "MASTER_PORT the port of another service (torchrun's own store, for one)? rank 0 "
+          "hosts gradwire's store there and must be able to bind it",
+          where(), hr.status().message());
+    }
+    GW_ASSIGN_OR_RETURN(Response r, std::move(hr));
     if (r.code != ReplyCode::kOk) {
       *refused = true;
       return peer_error("store at {} refused this client: {}", where(), r.message);
@@ -90,19 +103,47 @@ struct TcpStore::Impl {
     return c;
   }
 
-  // Start-up: the server may come up after its clients, so refused connections are retried.
+  // Start-up: the server may come up after its clients, so refused connections are retried (a
+  // refusal says only that rank 0 is not listening yet: it may start seconds after the others),
+  // and what is awaited is said at WARN every kReportEvery. A listener that takes the connection
+  // and closes it on the hello kClosedLimit times in a row is not a gradwire store (a gradwire
+  // store answers every hello, if only to refuse it); one that answers with bytes no store
+  // sends is refused at once (connect_once).
   Result<Fd> connect_with_retries(Deadline deadline) {
+    constexpr auto kReportEvery = std::chrono::seconds(5);
+    constexpr int kClosedLimit = 3;
     auto backoff = std::chrono::milliseconds(10);
+    const auto start = Clock::now();
+    auto report_at = start + kReportEvery;
+    int closed_in_a_row = 0;
     Status last;
     for (;;) {
-      bool refused = false;
+      bool refused = false, answered = false;
       // Each attempt gets at most a few seconds so a silently dropped SYN is retried.
       Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-      auto c = connect_once(attempt, &refused);
+      auto c = connect_once(attempt, &refused, &answered);
       if (c.ok() || refused || c.status().code() == Code::kInvalidArg) return c;
       last = c.status();
+      closed_in_a_row = answered && (last.message().find("closed") != std::string::npos ||
+                                     last.message().find("reset") != std::string::npos)
+                            ? closed_in_a_row + 1
+                            : 0;
+      if (closed_in_a_row >= kClosedLimit) {
+        return peer_error(
+            "something other than a gradwire store listens at {}: it closed the connection on "
+            "the store's hello {} times in a row ({}); is GW_STORE or MASTER_PORT the port of "
+            "another service (torchrun's own store, for one)?",
+            where(), kClosedLimit, last.message());
+      }
       auto now = Clock::now();
       if (now >= deadline) break;
+      if (now >= report_at) {
+        GW_LOG_WARN(
+            "store: waiting for the store at {} (rank 0 hosts it; {} s of the {} s deadline): {}",
+            where(), std::chrono::duration_cast<std::chrono::seconds>(now - start).count(),
+            options.connect_timeout_ms / 1000, last.message());
+        report_at = now + kReportEvery;
+      }
       std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
     }
@@ -110,7 +151,9 @@ struct TcpStore::Impl {
                          options.connect_timeout_ms, last.message());
   }
 
-  Result<Response> exchange(int sock, const Request& req, Deadline deadline, std::string_view op) {
+  // *undecodable (when given): the reply arrived but is not the store protocol's.
+  Result<Response> exchange(int sock, const Request& req, Deadline deadline, std::string_view op,
+                            bool* undecodable = nullptr) {
     std::string what = fmt::format("store {} at {}", op, where());
     GW_ASSIGN_OR_RETURN(Bytes frame, store_wire::encode_request(req));
     GW_RETURN_IF_ERROR(store_socket::send_all(sock, frame.data(), frame.size(), deadline, what));
@@ -118,12 +161,18 @@ struct TcpStore::Impl {
     uint8_t header[store_wire::kHeaderSize];
     GW_RETURN_IF_ERROR(store_socket::recv_all(sock, header, sizeof(header), reply_deadline, what));
     auto len = store_wire::decode_length(header);
-    if (!len.ok()) return len.status().with_context(what);
+    if (!len.ok()) {
+      if (undecodable != nullptr) *undecodable = true;
+      return len.status().with_context(what);
+    }
     Bytes body(*len);
     GW_RETURN_IF_ERROR(
         store_socket::recv_all(sock, body.data(), body.size(), reply_deadline, what));
     auto r = store_wire::decode_response(req.op, body.data(), body.size());
-    if (!r.ok()) return r.status().with_context(what);
+    if (!r.ok()) {
+      if (undecodable != nullptr) *undecodable = true;
+      return r.status().with_context(what);
+    }
     return r;
   }
 
@@ -213,6 +262,13 @@ Result<std::shared_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& option
                   store_socket::format_addr(options.host, options.port), server.status().message());
       server = start_store_server("0.0.0.0", options.port, options.token, limits, nullptr);
       impl->connect_host = "127.0.0.1";
+    }
+    if (!server.ok() && bind_errno == EADDRINUSE) {
+      // What the others will meet at this address instead (connect_once says so on their side).
+      return server.status().with_context(
+          "store server: another process holds the store's port (GW_STORE, MASTER_PORT); under "
+          "torchrun MASTER_PORT is torch's own store: give gradwire another port with GW_STORE, "
+          "or launch with gradwire-run");
     }
     if (!server.ok()) return server.status().with_context("store server");
     impl->server = std::move(*server);

@@ -282,15 +282,16 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   ASSERT_EQ(rows.size(), 5u) << res.output;  // 1K 4K 16K 64K 256K
   uint64_t size = 1024;
   for (const auto& row : rows) {
-    ASSERT_EQ(row.size(), 12u) << res.output;  // out-of-place and in-place columns
+    ASSERT_EQ(row.size(), 13u) << res.output;  // out-of-place and in-place columns
     EXPECT_EQ(row[0], std::to_string(size));
     EXPECT_EQ(row[1], std::to_string(size / 4));
-    EXPECT_EQ(row[2], "float32");
+    EXPECT_EQ(row[2], "float");  // nccl-tests' name for float32
     EXPECT_EQ(row[3], "sum");
-    EXPECT_GE(std::stod(row[4]), 0.0);  // time(us); algbw/busbw are checked in the JSON below
-    EXPECT_EQ(row[7], "0");
-    EXPECT_GE(std::stod(row[8]), 0.0);  // in-place time(us)
-    EXPECT_EQ(row[11], "0");
+    EXPECT_EQ(row[4], "-1");            // root: none
+    EXPECT_GE(std::stod(row[5]), 0.0);  // time(us); algbw/busbw are checked in the JSON below
+    EXPECT_EQ(row[8], "0");
+    EXPECT_GE(std::stod(row[9]), 0.0);  // in-place time(us)
+    EXPECT_EQ(row[12], "0");
     size *= 4;
   }
   EXPECT_NE(res.output.find("# Avg bus bandwidth : "), std::string::npos);
@@ -358,10 +359,10 @@ TEST(PerfToolTest, NcclTestsOptions) {
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 4u) << res.output;  // 1K 2K 3K 4K
   for (size_t i = 0; i < rows.size(); ++i) {
-    ASSERT_EQ(rows[i].size(), 12u) << res.output;
+    ASSERT_EQ(rows[i].size(), 13u) << res.output;
     EXPECT_EQ(rows[i][0], std::to_string(1024 * (i + 1))) << res.output;
-    EXPECT_EQ(rows[i][7], "0") << res.output;
-    EXPECT_EQ(rows[i][11], "0") << res.output;
+    EXPECT_EQ(rows[i][8], "0") << res.output;
+    EXPECT_EQ(rows[i][12], "0") << res.output;
   }
   EXPECT_NE(res.output.find("in-place"), std::string::npos) << res.output;
   EXPECT_NE(res.output.find("check: 3 iterations"), std::string::npos) << res.output;
@@ -387,9 +388,9 @@ TEST(PerfToolTest, NcclTestsOptions) {
   EXPECT_NE(nb.output.find("gw_iallreduce"), std::string::npos) << nb.output;
   EXPECT_NE(nb.output.find("the fastest rank's"), std::string::npos) << nb.output;
   for (const auto& row : data_rows(nb.output)) {
-    ASSERT_EQ(row.size(), 12u) << nb.output;
-    EXPECT_EQ(row[7], "0") << nb.output;
-    EXPECT_EQ(row[11], "0") << nb.output;
+    ASSERT_EQ(row.size(), 13u) << nb.output;
+    EXPECT_EQ(row[8], "0") << nb.output;
+    EXPECT_EQ(row[12], "0") << nb.output;
   }
   auto refused = run_perf({"allgather", "--np", "2", "-z", "0"});
   EXPECT_TRUE(refused.exited && refused.exit_code == 2) << refused.describe();
@@ -418,9 +419,9 @@ TEST(PerfToolTest, MemAllocBuffersAreCheckedAndReported) {
     const auto rows = data_rows(res.output);
     ASSERT_EQ(rows.size(), 3u) << res.output;  // 96, 3K, 96K
     for (const auto& row : rows) {
-      ASSERT_EQ(row.size(), 12u) << res.output;
-      EXPECT_EQ(row[7], "0") << res.output;
-      EXPECT_EQ(row[11], "0") << res.output;
+      ASSERT_EQ(row.size(), 13u) << res.output;
+      EXPECT_EQ(row[8], "0") << res.output;
+      EXPECT_EQ(row[12], "0") << res.output;
     }
     json doc = out.read_json();
     ASSERT_FALSE(doc.is_discarded()) << coll;
@@ -637,9 +638,9 @@ TEST_P(PerfCollectiveTest, CheckFindsNoWrongElement) {
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 4u) << res.output;  // 64 1K 16K 256K
   for (const auto& row : rows) {
-    ASSERT_EQ(row.size(), 12u) << res.output;
-    EXPECT_EQ(row[7], "0") << res.output;   // out of place
-    EXPECT_EQ(row[11], "0") << res.output;  // in place
+    ASSERT_EQ(row.size(), 13u) << res.output;
+    EXPECT_EQ(row[8], "0") << res.output;   // out of place
+    EXPECT_EQ(row[12], "0") << res.output;  // in place
   }
 }
 
