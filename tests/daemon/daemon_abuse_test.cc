@@ -279,6 +279,37 @@ TEST_F(DaemonAbuseTest, AHelloClaimingMoreLocalTrainersThanTheDaemonAdmitsIsRefu
   EXPECT_TRUE(say_hello(server_->socket_path(), h, &keep).ok());
 }
 
+// Item 12: a trainer that floods its socket with descriptors is cut and counted as refused (it was
+// cut without being counted).
+TEST_F(DaemonAbuseTest, ATrainerSendingADescriptorFloodIsCutAndCounted) {
+  start(1000, 16);
+  sys::Fd keep;
+  ASSERT_TRUE(say_hello(server_->socket_path(), hello("flooder"), &keep).ok());
+  std::vector<int> fds(200, STDIN_FILENO);
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  char byte = 'x';
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  ASSERT_EQ(::sendmsg(keep.get(), &msg, MSG_NOSIGNAL), 1) << std::strerror(errno);
+  // The daemon closes the connection: readable, and nothing to read.
+  pollfd p{keep.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  char b;
+  EXPECT_EQ(::recv(keep.get(), &b, 1, MSG_DONTWAIT), 0);
+  const ServerStats st = server_->stats();
+  EXPECT_EQ(st.refused, 1u);
+  EXPECT_EQ(st.errors[static_cast<int>(ErrorKind::kProtocol)], 1u);
+}
+
 // Item 3: a job waiting for an unreachable store with the client's 20 s timeout held stop (and
 // SIGTERM, which calls it) for that long.
 TEST_F(DaemonAbuseTest, StoppingDoesNotWaitForATimeoutTheClientChose) {
