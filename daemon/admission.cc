@@ -46,8 +46,8 @@ std::vector<gid_t> peer_groups(int sock, pid_t pid) {
 
 }  // namespace
 
-// Listens on `path` (mode 0600). A socket file left by a daemon that died is replaced; a live
-// daemon's is refused.
+// Listens on `path` (mode 0700 by the umask: the owner's only). A socket file left by a daemon that
+// died is replaced; a live daemon's is refused.
 Result<sys::Fd> bind_listener(const std::string& path) {
   GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
   struct stat st {};
@@ -109,7 +109,9 @@ void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, Erro
 }
 
 void Server::Impl::accept_all() {
-  for (;;) {
+  // At most kMaxPendingHellos a round: a newcomer evicts only connections of earlier rounds, which
+  // had a round to send their hello (the rest wait in the backlog for the next round).
+  for (size_t accepted = 0; accepted < kMaxPendingHellos; ++accepted) {
     auto fd = sys::accept_unix(listen.get());
     if (!fd.ok()) {
       GW_LOG_WARN("gradwired: accept: {}", fd.status().message());
@@ -130,12 +132,23 @@ void Server::Impl::accept_all() {
       refuse_conn(p.sock, p.pid, ok, ErrorKind::kCredentials);
       continue;
     }
-    if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
+    if (clients.size() >= static_cast<size_t>(opt.max_clients)) {
       refuse_conn(
           p.sock, p.pid,
           no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients),
           ErrorKind::kCapacity);
       continue;
+    }
+    // A trainer sends its hello right after its connect: read what is there already.
+    if (step_pending(p)) continue;
+    if (pending.size() >= kMaxPendingHellos) {
+      PendingConn& oldest = pending.front();
+      refuse_conn(oldest.sock, oldest.pid,
+                  no_memory("evicted: {} connections were waiting for their hello and this was "
+                            "the oldest",
+                            kMaxPendingHellos),
+                  ErrorKind::kCapacity);
+      pending.erase(pending.begin());
     }
     pending.push_back(std::move(p));
   }
@@ -194,6 +207,11 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
   if (h.arena_bytes > opt.max_arena_bytes) {
     return no_memory("arena of {} bytes asked, the daemon allows {} (GW_DAEMON_MAX_ARENA)",
                      h.arena_bytes, opt.max_arena_bytes);
+  }
+  // The job's table of local trainers is sized by local_size: no more than this daemon admits.
+  if (h.local_size > opt.max_clients) {
+    return no_memory("{} trainers on this host asked, the daemon admits {} (GW_DAEMON_MAX_CLIENTS)",
+                     h.local_size, opt.max_clients);
   }
   const std::string key = job_key(h);
   std::shared_ptr<Job> job;
@@ -301,6 +319,12 @@ void Server::Impl::poll_clients(const std::vector<pollfd>& pfds, size_t first,
       counters.error(ErrorKind::kProtocol);
       gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
     } else if (n.status().code() != Code::kTimeout) {
+      // kPeer: a flood of descriptors, say (not a reset: the daemon never writes after the
+      // welcome, so a trainer that closes leaves nothing unread). Cut, and counted as refused.
+      if (n.status().code() == Code::kPeer) {
+        counters.refused.fetch_add(1);
+        counters.error(ErrorKind::kProtocol);
+      }
       gone.emplace_back(ids[i], n.status().message());
     }
   }

@@ -1,19 +1,24 @@
 #include "daemon/client.h"
 
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/log.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/daemon_config.h"
 
 namespace gw::daemon {
 
@@ -37,7 +42,69 @@ Status read_exact(int sock, uint8_t* out, size_t n, std::vector<sys::Fd>* fds,
   return ok_status();
 }
 
+// GW_DAEMON_GROUP's gid (a name or a number); nullopt when unset.
+Result<std::optional<gid_t>> configured_group() {
+  const std::string name = config::get_string(daemon_config::kGroup);
+  if (name.empty()) return std::optional<gid_t>();
+  if (name.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    const unsigned long long v = std::strtoull(name.c_str(), nullptr, 10);
+    if (errno != 0 || v >= static_cast<unsigned long long>(static_cast<gid_t>(-1))) {
+      return invalid_arg("GW_DAEMON_GROUP {} is not a group number", name);
+    }
+    return std::optional<gid_t>(static_cast<gid_t>(v));
+  }
+  group g{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0)
+    return system_error(fmt::format("looking up group '{}' (GW_DAEMON_GROUP)", name), rc);
+  if (found == nullptr) return invalid_arg("GW_DAEMON_GROUP: group '{}' does not exist", name);
+  return std::optional<gid_t>(g.gr_gid);
+}
+
+// The peer's supplementary groups as of its listen (SO_PEERGROUPS); empty where unknown.
+std::vector<gid_t> peer_groups(int sock) {
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return {};
+}
+
+// Who answered on `path` may be given the hello (check_daemon_peer)?
+Status check_daemon(int sock, const std::string& path) {
+  GW_ASSIGN_OR_RETURN(ucred cred, sys::peer_credentials(sock));
+  GW_ASSIGN_OR_RETURN(std::optional<gid_t> group, configured_group());
+  std::vector<gid_t> groups;
+  if (group && cred.uid != ::geteuid() && cred.uid != 0) groups = peer_groups(sock);
+  return check_daemon_peer(cred, ::geteuid(), group ? &*group : nullptr, groups, path);
+}
+
 }  // namespace
+
+Status check_daemon_peer(const ucred& daemon, uid_t self, const gid_t* group,
+                         const std::vector<gid_t>& daemon_groups, const std::string& path) {
+  if (daemon.uid == self || daemon.uid == 0) return ok_status();
+  if (group != nullptr) {
+    if (daemon.gid == *group) return ok_status();
+    for (gid_t g : daemon_groups) {
+      if (g == *group) return ok_status();
+    }
+  }
+  return peer_error(
+      "the process answering on {} (pid {}) runs as uid {}: neither this trainer's uid ({}) nor "
+      "root{}; not sending it the job's tokens (check GW_DAEMON)",
+      path, daemon.pid, daemon.uid, self,
+      group != nullptr ? fmt::format(", nor in group {} (GW_DAEMON_GROUP)", *group) : "");
+}
 
 Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const Hello& h,
                                                 int64_t spin_ns) {
@@ -62,6 +129,9 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const H
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Nothing is sent (the hello carries the job's tokens) before the listener is known to be a
+  // daemon this trainer trusts.
+  GW_RETURN_IF_ERROR(check_daemon(c->sock_.get(), path));
   // A connect in progress completes on the first write; wait for it like a send.
   const Status sent = write_frame(c->sock_.get(), encode_hello(h), deadline);
   // A daemon that refuses at the connect (a peer of another uid) answers and closes before it

@@ -10,6 +10,9 @@
 // abort() and aborted(), which are thread-safe.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "core/sys/fd.h"
@@ -28,11 +32,20 @@
 
 namespace gw::daemon {
 
+// Whether the process that answered on the daemon's socket may be given this trainer's hello (its
+// job and store tokens): `daemon` is its SO_PEERCRED, `self` the trainer's effective uid, `group`
+// GW_DAEMON_GROUP's gid when set (the daemon's gid or one of `daemon_groups` must match it).
+// kPeer naming the uid found otherwise.
+Status check_daemon_peer(const ucred& daemon, uid_t self, const gid_t* group,
+                         const std::vector<gid_t>& daemon_groups, const std::string& path);
+
 class Client {
  public:
   // Connects to the daemon listening on `path` (retrying while it may still be starting: until
   // the hello's deadline, at most 10 s), sends `hello`, reads the welcome and maps the arena.
-  // The daemon's refusal comes back as its Status with its message. spin_ns: how long wait_for()
+  // Before sending anything it checks who answered (check_daemon_peer): a process of another uid
+  // listening on `path` gets no token. The daemon's refusal comes back as its Status with its
+  // message. spin_ns: how long wait_for()
   // busy-polls the completion ring before sleeping (GW_DAEMON_SPIN_US).
   static Result<std::unique_ptr<Client>> connect(const std::string& path, const Hello& hello,
                                                  int64_t spin_ns);

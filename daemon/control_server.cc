@@ -34,7 +34,8 @@ std::string job_name(const Hello& h) {
 }  // namespace
 
 void Server::Impl::accept_control() {
-  for (;;) {
+  // At most kMaxControlConns a round, so a newcomer evicts only connections of earlier rounds.
+  for (size_t accepted = 0; accepted < kMaxControlConns; ++accepted) {
     auto fd = sys::accept_unix(ctl_listen.get());
     if (!fd.ok()) {
       GW_LOG_WARN("gradwired: control accept: {}", fd.status().message());
@@ -46,9 +47,6 @@ void Server::Impl::accept_control() {
     p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
     auto cred = sys::peer_credentials(p.sock.get());
     Status ok = cred.ok() ? check_peer(p.sock.get(), *cred) : cred.status();
-    if (ok.ok() && ctl_pending.size() >= kMaxControlConns) {
-      ok = no_memory("{} control connections are open already", kMaxControlConns);
-    }
     if (!ok.ok()) {
       GW_LOG_WARN("gradwired: refusing a control connection of pid {}: {}",
                   cred.ok() ? cred->pid : 0, ok.message());
@@ -57,6 +55,16 @@ void Server::Impl::accept_control() {
     }
     p.pid = cred->pid;
     p.uid = cred->uid;
+    if (ctl_pending.size() >= kMaxControlConns) {  // the oldest makes room for the newcomer
+      PendingConn& oldest = ctl_pending.front();
+      GW_LOG_WARN("gradwired: evicting the control connection of pid {}: {} are open", oldest.pid,
+                  kMaxControlConns);
+      answer_control(oldest.sock, encode_control_error(no_memory(
+                                      "evicted: {} control connections were waiting for their "
+                                      "request and this was the oldest",
+                                      kMaxControlConns)));
+      ctl_pending.erase(ctl_pending.begin());
+    }
     ctl_pending.push_back(std::move(p));
   }
 }

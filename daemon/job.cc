@@ -57,20 +57,33 @@ std::string agree_note(const std::vector<std::vector<std::string>>& offers) {
 Status Job::start_comm() {
   const Hello& h = first;
   if (h.num_hosts == 1) return ok_status();
+  // The waits below are the client's (timeout_ms, up to 2^31-1 ms) but stopping the daemon must
+  // not wait for them: they run in slices of kStopSliceMs, and stop ends them between slices.
+  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
+  auto stopping = [&] { return stop.load() ? aborted_error("gradwired: stopping") : ok_status(); };
+  auto slice = [&] { return std::min(deadline, sys::deadline_after_ms(kStopSliceMs)); };
   TcpStoreOptions so;
   so.host = h.store_host;
   so.port = h.store_port;
   so.host_server = false;
   so.token = h.store_token;
-  so.connect_timeout_ms = h.timeout_ms;
-  auto tcp = TcpStore::create(so);
-  if (!tcp.ok()) return tcp.status().with_context("gradwired: the job's rendezvous store");
+  Result<std::shared_ptr<TcpStore>> tcp = timeout_error("gradwired: no store");
+  for (;;) {
+    so.connect_timeout_ms = std::max(1, std::min(sys::ms_until(deadline), kStopSliceMs));
+    tcp = TcpStore::create(so);
+    if (tcp.ok() || sys::expired(deadline)) break;
+    GW_RETURN_IF_ERROR(stopping());
+    if (tcp.status().code() != Code::kTimeout) break;  // a refusal is final
+  }
+  if (!tcp.ok()) {
+    return tcp.status().with_context(fmt::format(
+        "gradwired: the job's rendezvous store (the trainers' timeout: {} ms)", h.timeout_ms));
+  }
   // Every job of the store (a split makes more) meets under a prefix of its own.
   const net::handshake::Mac tag =
       net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
   std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + to_hex(tag.data(), 8) + "/");
   // The transport: the first of host 0's offer that every daemon of the job offers.
-  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
   const std::string mine = encode_offer(offer);
   GW_RETURN_IF_ERROR(
       prefixed
@@ -78,7 +91,12 @@ Status Job::start_comm() {
           .with_context("gradwired: publishing this daemon's transports"));
   std::vector<std::vector<std::string>> offers;
   for (int32_t host = 0; host < h.num_hosts; ++host) {
-    auto v = prefixed->get("offer/" + std::to_string(host), deadline);
+    Result<Bytes> v = timeout_error("gradwired: no offer");
+    for (;;) {
+      v = prefixed->get("offer/" + std::to_string(host), slice());
+      if (v.ok() || v.status().code() != Code::kTimeout || sys::expired(deadline)) break;
+      GW_RETURN_IF_ERROR(stopping());
+    }
     if (!v.ok()) {
       return v.status().with_context(
           fmt::format("gradwired: waiting for the transports of host {}'s daemon", host));

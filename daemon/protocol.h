@@ -32,6 +32,10 @@ inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr size_t kMaxHelloBytes = 2048;
 inline constexpr size_t kMaxWelcomeBytes = 1024;
+// Connections still in their hello, counted apart from the admitted trainers
+// (GW_DAEMON_MAX_CLIENTS): a newcomer beyond it evicts the oldest, so silent or trickling
+// connections cannot keep real trainers out; each is dropped at GW_DAEMON_HELLO_TIMEOUT anyway.
+inline constexpr size_t kMaxPendingHellos = 64;
 // A body as it goes on the socket: its length, then the body.
 std::vector<uint8_t> frame_message(const std::vector<uint8_t>& body);
 

@@ -22,25 +22,34 @@ namespace gw::daemon {
 
 namespace {
 
-// Steps the connections of `conns` that poll saw (pfds from `first` on) and expires those past
-// their deadline, until one is finished with: then pfds no longer line up with conns, and the
-// rest wait for the next round.
+// Steps every connection of `conns` that poll saw (pfds from `first` on), then expires every one
+// past its deadline, whether or not it sent something this round (a trickler that sends a byte
+// at a time is dropped at its deadline all the same), and forgets those finished with.
 template <typename Step, typename Expire>
-void step_one(std::vector<PendingConn>& conns, const std::vector<pollfd>& pfds, size_t first,
+void step_all(std::vector<PendingConn>& conns, const std::vector<pollfd>& pfds, size_t first,
               Step step, Expire expire) {
+  std::vector<bool> done(conns.size(), false);
   for (size_t i = 0; i < conns.size(); ++i) {
-    bool done = false;
-    if (pfds[first + i].revents != 0) {
-      done = step(conns[i]);
-    } else if (sys::expired(conns[i].deadline)) {
+    if (pfds[first + i].revents != 0) done[i] = step(conns[i]);
+    if (!done[i] && sys::expired(conns[i].deadline)) {
       expire(conns[i]);
-      done = true;
-    }
-    if (done) {
-      conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
-      return;
+      done[i] = true;
     }
   }
+  size_t kept = 0;
+  for (size_t i = 0; i < conns.size(); ++i) {
+    if (done[i]) continue;
+    if (kept != i) conns[kept] = std::move(conns[i]);
+    ++kept;
+  }
+  conns.resize(kept);
+}
+
+// Milliseconds until the first of the connections' deadlines, at most `cap` (poll wakes for it).
+int until_first_deadline(const std::vector<PendingConn>& conns, int cap) {
+  int ms = cap;
+  for (const auto& p : conns) ms = std::min(ms, sys::ms_until(p.deadline));
+  return std::max(ms, 0);
 }
 
 }  // namespace
@@ -125,8 +134,10 @@ Status Server::Impl::serve() {
       ids.push_back(id);
     }
     constexpr size_t kFixed = 4;  // stop, wake, listen, control listen
-    const int timeout_ms =
+    int timeout_ms =
         opt.tick_ms > 0 ? static_cast<int>(std::clamp<int64_t>(opt.tick_ms, 1, 200)) : 200;
+    timeout_ms = until_first_deadline(pending, timeout_ms);
+    timeout_ms = until_first_deadline(ctl_pending, timeout_ms);
     int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
     if (opt.on_tick) opt.on_tick();
     if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);
@@ -137,10 +148,10 @@ Status Server::Impl::serve() {
     poll_clients(pfds, first_client, ids);
     // Hellos in progress, then control connections (their indices still line up: pending may
     // have shrunk, but first_ctl was taken before).
-    step_one(
+    step_all(
         pending, pfds, kFixed, [&](PendingConn& p) { return step_pending(p); },
         [&](PendingConn& p) { expire_pending(p); });
-    step_one(
+    step_all(
         ctl_pending, pfds, first_ctl, [&](PendingConn& p) { return step_control(p); },
         [&](PendingConn& p) { expire_control(p); });
     if (pfds[2].revents & POLLIN) accept_all();

@@ -41,8 +41,8 @@ struct PendingConn {
 };
 
 // admission.cc: listening sockets (also used for the control socket by create()).
-// Listens on `path` (mode 0600). A socket file left by a daemon that died is replaced; a live
-// daemon's is refused.
+// Listens on `path` (mode 0700 by the umask: the owner's only). A socket file left by a daemon that
+// died is replaced; a live daemon's is refused.
 Result<sys::Fd> bind_listener(const std::string& path);
 // GW_DAEMON_GROUP: a group name or number.
 Result<gid_t> resolve_group(const std::string& name);
@@ -74,12 +74,13 @@ struct Server::Impl {
   std::map<uint64_t, std::shared_ptr<Job>> client_job;
   std::map<std::string, std::shared_ptr<Job>> jobs;
 
-  // Accepts every connection waiting on `listen` into `pending` (or refuses it: credentials,
-  // GW_DAEMON_MAX_CLIENTS).
+  // Accepts the connections waiting on `listen` into `pending` (or refuses them: credentials,
+  // GW_DAEMON_MAX_CLIENTS); beyond kMaxPendingHellos a newcomer evicts the oldest pending one.
   void accept_all();
   // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
   bool step_pending(PendingConn& p);
-  // Refuses a pending connection whose hello did not come within GW_DAEMON_HELLO_TIMEOUT.
+  // Refuses a pending connection whose hello did not come within GW_DAEMON_HELLO_TIMEOUT (checked
+  // every round, whether or not it sent something).
   void expire_pending(PendingConn& p);
   // Whether a peer may talk to this daemon (either socket): same uid as the daemon, root, or a
   // member of the configured group (its gid or a supplementary group).
