@@ -4,6 +4,10 @@
 // with collectives from several threads, 1..8 ranks, every dtype, a dead peer, the deadline,
 // destroy and abort with pending requests, bad arguments.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -470,5 +474,52 @@ TEST(P2PTest, BadArguments) {
     CHECK_GW(rank, e, gw_wait(q, -1));
   });
 }
+
+#ifdef GW_GRADWIRED_PATH
+// Daemon mode has no point-to-point yet: every call says so, no request is made.
+TEST(P2PTest, DaemonModeRefusesWithUnsupported) {
+  CleanEnv env;
+  char tmpl[] = "/tmp/gw-p2p-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, sock = dir + "/s.sock";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  struct stat st {};
+  for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.rank = 0;
+  cfg.world_size = 1;
+  cfg.timeout_ms = 20000;
+  gw_comm_t c = nullptr;
+  EXPECT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last();
+  if (c != nullptr) {
+    int32_t x = 0;
+    gw_request_t q = nullptr;
+    auto expect = [&](gw_status_t s, const char* what) {
+      EXPECT_EQ(s, GW_ERR_UNSUPPORTED) << what << ": " << last();
+      EXPECT_NE(last().find("daemon mode"), std::string::npos) << what << ": " << last();
+    };
+    expect(gw_send(c, &x, 1, GW_INT32, 0, 0), "gw_send");
+    expect(gw_recv(c, &x, 1, GW_INT32, 0, 0), "gw_recv");
+    expect(gw_isend(c, &x, 1, GW_INT32, 0, 0, &q), "gw_isend");
+    expect(gw_irecv(c, &x, 1, GW_INT32, GW_ANY_SOURCE, 0, &q), "gw_irecv");
+    EXPECT_EQ(q, nullptr);
+    EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last();
+  }
+  ::unsetenv("GW_DAEMON");
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+  ::unlink(sock.c_str());
+  ::unlink((sock + ".ctl").c_str());
+  ::rmdir(dir.c_str());
+}
+#endif
 
 }  // namespace
