@@ -1,6 +1,9 @@
 #include "collectives/p2p.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -182,6 +185,37 @@ struct PointToPoint::Impl {
 
   int me() const { return group.rank(); }
 
+  // Written by a new operation so that a progress thread blocked in poll() wakes at once.
+  int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ~Impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+  void wake() {
+    cv.notify_all();
+    if (wake_fd >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(wake_fd, &one, sizeof one);
+    }
+  }
+  // For Backoff::idle: the descriptors of every connection, false while some connection cannot
+  // be waited on (shm, or a listener or connector still pending). Only the progress thread
+  // changes the connections, so it may read them without mu.
+  bool gather_fds(std::vector<pollfd>* fds) const {
+    if (wake_fd < 0) return false;
+    fds->push_back(pollfd{wake_fd, POLLIN, 0});
+    for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+      if (p == me()) continue;
+      const Peer& peer = peers[p];
+      if (!peer.broken.ok()) continue;
+      for (int c = 0; c < 2; ++c) {
+        if (peer.listen[c] || peer.conn[c]) return false;
+        if (peer.sc[c] && !peer.sc[c]->wait_fds(fds)) return false;
+        if (peer.rc[c] && !peer.rc[c]->wait_fds(fds)) return false;
+      }
+    }
+    return true;
+  }
+
   Status start_locked();
   void loop();
   bool progress_locked();
@@ -334,6 +368,10 @@ void PointToPoint::Impl::loop() {
       end_all(why);
       return;
     }
+    if (wake_fd >= 0) {
+      uint64_t n;
+      (void)!::read(wake_fd, &n, sizeof n);
+    }
     bool moved = progress_locked();
     moved = check_deadlines() || moved;
     if (moved) {
@@ -344,7 +382,7 @@ void PointToPoint::Impl::loop() {
       cv.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       lock.unlock();
-      backoff.idle();
+      backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
       lock.lock();
     }
   }
@@ -839,7 +877,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->id = p.next_id++;
   p.pending_rts.push_back(s);
   p.want_connect = true;
-  m.cv.notify_all();
+  m.wake();
   return s->req;
 }
 
@@ -880,7 +918,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
     }
   }
   m.posted.push_back(r);
-  m.cv.notify_all();
+  m.wake();
   return r->req;
 }
 
