@@ -5,9 +5,11 @@
 // handles and arguments the same way.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include "capi/session.h"
@@ -39,10 +41,15 @@ int raw_enum(const E& e) {
 // kInvalidArg unless v is a gw_dtype_t / gw_op_t enumerator.
 Status check_dtype(int v);
 Status check_op(int v);
+// The most bytes a buffer (or the work of one call) may span: no 64-bit Linux process can address
+// more (user space ends at 2^47 on x86-64, 2^56 with 5-level paging, 2^52 on arm64).
+inline constexpr uint64_t kMaxBufferBytes = sizeof(void*) >= 8 ? (1ull << 57) : (1ull << 31);
 // The bytes of count elements of dtype (checked), `blocks` times; kInvalidArg naming `arg` when
-// that overflows size_t.
+// that overflows size_t or exceeds kMaxBufferBytes (a count no buffer can hold is the caller's
+// error, not a failed allocation deep inside the collective).
 Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blocks = 1);
-// kInvalidArg when p is NULL with bytes to transfer.
+// kInvalidArg when p is NULL with bytes to transfer, or when p + bytes passes the end of the
+// address space kMaxBufferBytes allows.
 Status check_buffer(const char* name, const void* p, size_t bytes);
 
 // kUnsupported naming `arg` when p is CUDA device memory (not managed memory) and the process has
@@ -58,6 +65,9 @@ gw_status_t guarded(const char* call, F&& body) noexcept {
     return fail(call, s);
   } catch (const std::bad_alloc&) {
     return fail(call, gw::no_memory("out of memory"));
+  } catch (const std::length_error& e) {
+    // A container asked for more than it can ever hold: a size too large for memory, not a bug.
+    return fail(call, gw::no_memory("more memory than this process can hold ({})", e.what()));
   } catch (const std::exception& e) {
     return fail(call, gw::internal_error("unexpected exception: {}", e.what()));
   } catch (...) {

@@ -27,6 +27,11 @@ GW_EXPORT gw_status_t gw_allreduce_compressed(gw_comm_t comm, void* buf, size_t 
     GW_RETURN_IF_ERROR(gw::capi::check_dtype(dtype));
     GW_ASSIGN_OR_RETURN(size_t bytes, gw::capi::buffer_bytes("count", count, dtype));
     GW_RETURN_IF_ERROR(gw::capi::check_buffer("buf", buf, bytes));
+    // A codec may gather every rank's encoding, up to twice the input each (top-k's index and
+    // value pairs): a count whose exchange no process could hold is the caller's error.
+    GW_RETURN_IF_ERROR(
+        gw::capi::buffer_bytes("count", count, dtype, 2 * static_cast<size_t>(session->size()))
+            .status());
     return session->allreduce_compressed(buf, count, static_cast<gw::coll::DataType>(dtype),
                                          codec_spec, tensor_key);
   });

@@ -1,8 +1,5 @@
 #include "capi/daemon_session.h"
 
-#include <poll.h>
-#include <sched.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "capi/direct_session.h"
 #include "collectives/compress/codec.h"
 #include "collectives/cost_model.h"
 #include "core/bootstrap.h"
@@ -21,7 +19,6 @@
 #include "core/log.h"
 #include "core/net/handshake.h"
 #include "core/sys/time.h"
-#include "core/sys/unix_socket.h"
 #include "daemon/daemon_config.h"
 #include "gpudirect/cuda_driver.h"
 
@@ -33,33 +30,6 @@ using daemon::SqEntry;
 // ---- set-up ------------------------------------------------------------------------------------
 
 namespace {
-
-Status write_frame(int sock, const std::vector<uint8_t>& body, sys::Deadline deadline) {
-  std::vector<uint8_t> frame(daemon::kFrameHeaderBytes);
-  const uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(frame.data(), &len, sizeof(len));
-  frame.insert(frame.end(), body.begin(), body.end());
-  return sys::send_with_fds(sock, frame.data(), frame.size(), {}, deadline, "hello to gradwired");
-}
-
-// Reads exactly n bytes (and whatever descriptors come with them).
-Status read_exact(int sock, uint8_t* out, size_t n, std::vector<sys::Fd>* fds,
-                  sys::Deadline deadline) {
-  size_t got = 0;
-  while (got < n) {
-    GW_ASSIGN_OR_RETURN(size_t k, sys::recv_with_fds(sock, out + got, n - got, fds, deadline,
-                                                     "welcome from gradwired"));
-    if (k == 0) return peer_error("gradwired closed the connection during the hello");
-    got += k;
-  }
-  return ok_status();
-}
-
-Result<sys::Fd> make_eventfd() {
-  sys::Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!fd.valid()) return system_error("eventfd", errno);
-  return fd;
-}
 
 std::string solo_token() {
   std::random_device rd;
@@ -85,21 +55,7 @@ Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& opt
   std::unique_ptr<Store> agreed;  // under this communicator's own key prefix
   std::vector<int> host_of_rank(1, 0);
   if (options.world_size > 1) {
-    if (options.store_host.empty()) {
-      return invalid_arg(
-          "no store address for {} ranks: set config.store_addr, GW_STORE or "
-          "MASTER_ADDR/MASTER_PORT",
-          options.world_size);
-    }
-    TcpStoreOptions so;
-    so.host = options.store_host;
-    so.port = options.store_port;
-    so.host_server = options.rank == 0;
-    so.token = options.job_token;
-    so.connect_timeout_ms = options.timeout_ms;
-    auto tcp = TcpStore::create(so);
-    if (!tcp.ok()) return tcp.status().with_context("rendezvous store");
-    store = *tcp;
+    GW_ASSIGN_OR_RETURN(store, open_job_store(options));
     // The keys a direct-mode communicator agrees its token and host map under: a job whose ranks
     // run some in daemon mode and some directly meets there, and the modes exchanged with the
     // host map fail it at once on every rank.
@@ -189,85 +145,28 @@ Result<std::unique_ptr<DaemonSession>> DaemonSession::connect(const daemon::Hell
                                                               const std::string& address,
                                                               std::shared_ptr<Store> store,
                                                               std::vector<int> host_of_rank) {
-  const std::string path = address.substr(5);
-  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
   std::unique_ptr<DaemonSession> s(new DaemonSession());
   s->link_->session = s.get();
   s->rank_ = h.rank;
   s->size_ = h.world_size;
   s->timeout_ms_ = h.timeout_ms;
-  s->spin_ns_ = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
   s->address_ = address;
   s->hello_ = h;
   s->store_ = std::move(store);
   s->host_of_rank_ = std::move(host_of_rank);
 
-  // Connect (the daemon may still be starting: retry until the deadline, at most 10 s).
-  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
-  const sys::Deadline connect_by = std::min(deadline, sys::deadline_after_ms(10000));
-  for (;;) {
-    auto fd = sys::connect_unix(addr, SOCK_STREAM);
-    if (fd.ok()) {
-      s->sock_ = std::move(*fd);
-      break;
-    }
-    if (fd.status().code() != Code::kPeer || sys::expired(connect_by)) {
-      return fd.status().with_context(
-          fmt::format("no gradwired answers on {} (GW_DAEMON={})", path, address));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  // A connect in progress completes on the first write; wait for it like a send.
-  const Status sent = write_frame(s->sock_.get(), daemon::encode_hello(h), deadline);
-  // A daemon that refuses at the connect (a peer of another uid) answers and closes before it
-  // reads the hello: the write may fail then, but the refusal, which says why, is there to read.
-  const sys::Deadline read_by =
-      sent.ok() ? deadline : std::min(deadline, sys::deadline_after_ms(1000));
-
-  std::vector<sys::Fd> fds;
-  uint8_t header[daemon::kFrameHeaderBytes];
-  if (Status got = read_exact(s->sock_.get(), header, sizeof(header), &fds, read_by); !got.ok()) {
-    return sent.ok() ? got : sent;
-  }
-  uint32_t len = 0;
-  std::memcpy(&len, header, sizeof(len));
-  if (len > daemon::kMaxWelcomeBytes) {
-    return peer_error("gradwired sent a welcome of {} bytes (at most {})", len,
-                      daemon::kMaxWelcomeBytes);
-  }
-  std::vector<uint8_t> body(len);
-  if (Status got = read_exact(s->sock_.get(), body.data(), body.size(), &fds, read_by); !got.ok()) {
-    return sent.ok() ? got : sent;
-  }
-  GW_ASSIGN_OR_RETURN(s->geo_, daemon::decode_welcome(body.data(), body.size()));
-  if (s->geo_.status != 0) {
-    return Status(static_cast<Code>(s->geo_.status),
-                  fmt::format("gradwired at {} refused this trainer: {}", path, s->geo_.message));
-  }
-  GW_RETURN_IF_ERROR(sent);
-  if (fds.size() != 3) {
-    return peer_error("gradwired sent {} descriptors with its welcome (3 expected)", fds.size());
-  }
-  GW_ASSIGN_OR_RETURN(s->arena_, sys::MemfdRegion::map(std::move(fds[0]), s->geo_.arena_bytes));
-  s->sq_efd_ = std::move(fds[1]);
-  s->cq_efd_ = std::move(fds[2]);
-  GW_ASSIGN_OR_RETURN(s->abort_efd_, make_eventfd());
-  s->hdr_ = static_cast<daemon::ArenaHeader*>(s->arena_.data());
-  if (s->hdr_->magic != daemon::kArenaMagic || s->hdr_->version != daemon::kProtocolVersion) {
-    return peer_error("gradwired's arena has a bad header");
-  }
-  s->data_ = static_cast<uint8_t*>(s->arena_.data()) + s->geo_.data_offset;
+  const int64_t spin_ns = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
+  GW_ASSIGN_OR_RETURN(s->client_, daemon::Client::connect(address.substr(5), h, spin_ns));
+  const daemon::Welcome& geo = s->client_->welcome();
   // Chunks of GW_DAEMON_CHUNK, or less where the arena could not stage a few in flight: the
   // largest power of two within an eighth of the data region (ranks with the same
   // GW_DAEMON_ARENA and GW_DAEMON_CHUNK cut the same way).
   size_t fit = 4096;
-  while (fit * 2 <= s->geo_.data_bytes / 8) fit *= 2;
+  while (fit * 2 <= geo.data_bytes / 8) fit *= 2;
   s->chunk_bytes_ = std::min(
       fit, static_cast<size_t>(std::max<int64_t>(4096, config::get_int(daemon_config::kChunk))));
-  s->alloc_ = std::make_unique<daemon::ArenaAllocator>(s->geo_.data_bytes);
   GW_LOG_INFO("daemon mode: rank {} of {} on host {} of {} (local {} of {}), {} arena", h.rank,
-              h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size,
-              s->geo_.arena_bytes);
+              h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size, geo.arena_bytes);
   return s;
 }
 
@@ -275,19 +174,19 @@ std::string DaemonSession::describe() const {
   return fmt::format("daemon mode ({}; {} host{}, {} trainer{} here, {} among the daemons)",
                      address_, hello_.num_hosts, hello_.num_hosts == 1 ? "" : "s",
                      hello_.local_size, hello_.local_size == 1 ? "" : "s",
-                     geo_.transport.empty() ? "?" : geo_.transport);
+                     client_->welcome().transport.empty() ? "?" : client_->welcome().transport);
 }
 
 std::map<std::string, std::string> DaemonSession::resolved() const {
   const std::string among = hello_.num_hosts == 1
                                 ? std::string("local sum in gradwired (one host)")
                                 : fmt::format("local sum in gradwired, then {} among {} daemons",
-                                              geo_.transport, hello_.num_hosts);
+                                              client_->welcome().transport, hello_.num_hosts);
   return {{"summary", describe()},
           {"transport", "daemon"},
           {"transport_within_hosts", "daemon"},
           {"interface", address_.substr(5)},
-          {"daemon_transport", geo_.transport},
+          {"daemon_transport", client_->welcome().transport},
           {"channels", "the daemon's"},
           {"chunk", coll::format_bytes(chunk_bytes_)},
           {"allreduce", among}};
@@ -301,177 +200,6 @@ DaemonSession::~DaemonSession() {
 }
 
 // ---- the data path -----------------------------------------------------------------------------
-
-bool DaemonSession::in_arena(const void* p, size_t bytes, uint64_t* off) const {
-  const auto* b = static_cast<const uint8_t*>(p);
-  if (b < data_ || b > data_ + geo_.data_bytes) return false;
-  const uint64_t o = static_cast<uint64_t>(b - data_);
-  if (bytes > geo_.data_bytes - o) return false;
-  *off = o;
-  return true;
-}
-
-Result<std::pair<DaemonSession::Placed, DaemonSession::Placed>> DaemonSession::place_pair(
-    const void* sendbuf, void* recvbuf, size_t bytes) {
-  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
-  if (recvbuf == sendbuf) return std::make_pair(s, s);
-  auto r = place(recvbuf, bytes, false);
-  if (!r.ok()) {
-    unplace(s);
-    return r.status();
-  }
-  return std::make_pair(s, *r);
-}
-
-void DaemonSession::unplace_pair(const Placed& s, const Placed& r, bool in_place) {
-  unplace(s);
-  if (!in_place) unplace(r);
-}
-
-Result<DaemonSession::Placed> DaemonSession::place(const void* p, size_t bytes, bool copy_in) {
-  Placed out;
-  if (bytes == 0) return out;
-  if (in_arena(p, bytes, &out.off)) return out;
-  auto off = alloc_->alloc(bytes);
-  if (!off.ok()) {
-    return no_memory(
-        "a {} byte buffer does not fit the free part of the daemon arena ({}; raise "
-        "GW_DAEMON_ARENA or allocate buffers with gw_mem_alloc)",
-        bytes, off.status().message());
-  }
-  out.off = *off;
-  out.staged = true;
-  if (copy_in) std::memcpy(data_ + out.off, p, bytes);
-  return out;
-}
-
-void DaemonSession::unplace(const Placed& p) {
-  if (p.staged) (void)alloc_->free(p.off);
-}
-
-Status DaemonSession::broken(Status s) {
-  if (broken_.ok()) broken_ = s;
-  return s;
-}
-
-Result<uint64_t> DaemonSession::post(SqEntry e, const char* what) {
-  if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
-  if (!broken_.ok()) return broken_;
-  // The ring holds sq_entries submissions not yet completed: make room by reading completions.
-  while (next_seq_ - 1 - completed_ >= geo_.sq_entries) {
-    const uint64_t oldest = completed_ + 1;
-    bool done = false;
-    daemon::CompressedDone info;
-    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what, &info);
-    if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
-    if (!broken_.ok()) return broken_;
-    done_[oldest] = Done{s, info};  // an iallreduce's or a chunk's: keep it for its caller
-  }
-  e.seq = next_seq_++;
-  const uint64_t tail = e.seq - 1;  // submissions made before this one
-  auto* slot = static_cast<uint8_t*>(arena_.data()) + geo_.sq_offset +
-               (tail % geo_.sq_entries) * sizeof(SqEntry);
-  std::memcpy(slot, &e, sizeof(e));
-  hdr_->sq_tail.store(tail + 1, std::memory_order_release);
-  // A daemon busy-polling the ring sees the entry without a wake-up (docs/wire-daemon.md §5).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (hdr_->daemon_polling.load(std::memory_order_relaxed) == 1) return e.seq;
-  uint64_t one = 1;
-  if (::write(sq_efd_.get(), &one, sizeof(one)) < 0 && errno != EAGAIN) {
-    return broken(system_error("signalling gradwired", errno));
-  }
-  return e.seq;
-}
-
-Status DaemonSession::drain_completions() {
-  for (;;) {
-    const uint64_t ct = hdr_->cq_tail.load(std::memory_order_acquire);
-    if (ct == cq_head_) return ok_status();
-    Status ring = daemon::check_ring(cq_head_, ct, geo_.cq_entries, "completion");
-    if (!ring.ok()) return broken(ring);
-    daemon::CqEntry c;
-    std::memcpy(&c,
-                static_cast<uint8_t*>(arena_.data()) + geo_.cq_offset +
-                    (cq_head_ % geo_.cq_entries) * sizeof(daemon::CqEntry),
-                sizeof(c));
-    ++cq_head_;
-    hdr_->cq_head.store(cq_head_, std::memory_order_release);
-    Done got;
-    Status d = daemon::decode_completion(c, completed_ + 1, &got.status, &got.info);
-    if (!d.ok()) return broken(d);
-    done_[++completed_] = got;
-  }
-}
-
-Status DaemonSession::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
-                               daemon::CompressedDone* info) {
-  *done = false;
-  // Poll the completion counter for GW_DAEMON_SPIN_US first, yielding the core between looks (a
-  // small collective completes within it: no wake-up on either side, and on a host with fewer
-  // cores than trainers plus the daemon the yield lets the others run), then sleep on the eventfd
-  // and the socket. While polling, client_spinning tells the daemon to skip the eventfd; it is
-  // cleared (and cq_tail read again, below) before sleeping (docs/wire-daemon.md §5).
-  if (spin_ns_ > 0 && hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ &&
-      completed_ < seq) {
-    hdr_->client_spinning.store(1, std::memory_order_relaxed);
-    const int64_t spin_until = sys::now_ns() + spin_ns_;
-    while (hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_ &&
-           sys::now_ns() < spin_until && !aborted_.load(std::memory_order_relaxed)) {
-      sched_yield();
-    }
-    hdr_->client_spinning.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-  for (;;) {
-    Status d = drain_completions();
-    auto it = done_.find(seq);
-    if (it != done_.end()) {
-      Status st = it->second.status;
-      if (info != nullptr) *info = it->second.info;
-      done_.erase(it);
-      *done = true;
-      if (!st.ok()) return st.with_context(what);
-      return st;
-    }
-    if (!d.ok() || !broken_.ok()) {
-      *done = true;
-      return broken_;
-    }
-    if (aborted_.load()) {
-      *done = true;
-      return broken(aborted_error("{}: communicator aborted", what));
-    }
-    if (sys::expired(deadline)) return timeout_error("{}: still running", what);
-    pollfd p[3] = {
-        {cq_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
-    int n = ::poll(p, 3, sys::ms_until(deadline));
-    if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
-    if (p[0].revents & POLLIN) {
-      uint64_t v;
-      ssize_t k = ::read(cq_efd_.get(), &v, sizeof(v));
-      (void)k;
-    }
-    if (p[1].revents != 0 && hdr_->cq_tail.load(std::memory_order_acquire) == cq_head_) {
-      // The daemon never writes after the welcome: readable means closed.
-      *done = true;
-      return broken(peer_error(
-          "{}: gradwired ({}) closed the connection: the daemon stopped or died, or refused "
-          "this trainer",
-          what, address_));
-    }
-  }
-}
-
-Status DaemonSession::submit(SqEntry e, const char* what, daemon::CompressedDone* info) {
-  GW_ASSIGN_OR_RETURN(uint64_t seq, post(e, what));
-  bool done = false;
-  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what, info);
-  if (!done) {
-    return broken(
-        timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
-  }
-  return s;
-}
 
 namespace {
 
@@ -504,10 +232,10 @@ Status DaemonSession::run_chunks(
     Chunk c = flight.front();
     flight.erase(flight.begin());
     bool done = false;
-    Status st = wait_for(c.seq, sys::deadline_after_ms(timeout_ms_), &done, what);
+    Status st = client_->wait_for(c.seq, sys::deadline_after_ms(timeout_ms_), &done, what);
     if (!done) {
-      st =
-          broken(timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+      st = client_->broken(
+          timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
     }
     finish_chunk(c, st.ok());
     if (first.ok() && !st.ok()) first = st;
@@ -547,19 +275,19 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
     SqEntry e = entry(Opcode::kAllreduce);
     e.dtype = static_cast<uint8_t>(dtype);
     e.op = static_cast<uint8_t>(op);
-    return submit(e, "allreduce");
+    return client_->submit(e, "allreduce");
   }
   auto post_chunk = [&](size_t off, size_t len) -> Result<Chunk> {
-    GW_ASSIGN_OR_RETURN(auto placed, place_pair(sb + off, rb + off, len));
+    GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sb + off, rb + off, len));
     SqEntry e = entry(Opcode::kAllreduce);
     e.dtype = static_cast<uint8_t>(dtype);
     e.op = static_cast<uint8_t>(op);
     e.count = len / elem;
     e.send_off = placed.first.off;
     e.recv_off = placed.second.off;
-    auto seq = post(e, "allreduce");
+    auto seq = client_->post(e, "allreduce");
     if (!seq.ok()) {
-      unplace_pair(placed.first, placed.second, in_place);
+      client_->unplace_pair(placed.first, placed.second, in_place);
       return seq.status();
     }
     return Chunk{*seq,
@@ -571,8 +299,9 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
                  placed.second.staged};
   };
   auto finish_chunk = [&](const Chunk& c, bool ok) {
-    if (ok && c.recv_staged) std::memcpy(rb + c.offset, data_ + c.recv_off, c.len);
-    unplace_pair(Placed{c.send_off, c.send_staged}, Placed{c.recv_off, c.recv_staged}, in_place);
+    if (ok && c.recv_staged) std::memcpy(rb + c.offset, data() + c.recv_off, c.len);
+    client_->unplace_pair(Placed{c.send_off, c.send_staged}, Placed{c.recv_off, c.recv_staged},
+                          in_place);
   };
   return run_chunks(bytes, elem, "allreduce", post_chunk, finish_chunk);
 }
@@ -624,10 +353,10 @@ class DaemonRequest final : public SessionRequest {
   Status step(DaemonSession* s, sys::Deadline deadline) {
     if (finished_) return final_;
     bool done = false;
-    Status st = s->wait_for(seq_, deadline, &done, "iallreduce");
+    Status st = s->client_->wait_for(seq_, deadline, &done, "iallreduce");
     if (!done) return st;  // kTimeout: still running
-    if (st.ok() && recv_.staged) std::memcpy(user_recv_, s->data_ + recv_.off, bytes_);
-    s->unplace_pair(send_, recv_, in_place_);
+    if (st.ok() && recv_.staged) std::memcpy(user_recv_, s->data() + recv_.off, bytes_);
+    s->client_->unplace_pair(send_, recv_, in_place_);
     finished_ = true;
     final_ = st;
     return st;
@@ -648,7 +377,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   coll::ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, bytes));
+  GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, bytes));
   const auto [s, r] = placed;
   SqEntry e = entry(Opcode::kAllreduce);
   e.dtype = static_cast<uint8_t>(dtype);
@@ -656,9 +385,9 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
   e.count = count;
   e.send_off = s.off;
   e.recv_off = r.off;
-  auto seq = post(e, "iallreduce");
+  auto seq = client_->post(e, "iallreduce");
   if (!seq.ok()) {
-    unplace_pair(s, r, recvbuf == sendbuf);
+    client_->unplace_pair(s, r, recvbuf == sendbuf);
     return seq.status();
   }
   return std::unique_ptr<SessionRequest>(
@@ -674,26 +403,26 @@ Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, i
     SqEntry e = entry(Opcode::kBroadcast);
     e.dtype = static_cast<uint8_t>(dtype);
     e.root = root;
-    return submit(e, "broadcast");
+    return client_->submit(e, "broadcast");
   }
   auto post_chunk = [&](size_t off, size_t len) -> Result<Chunk> {
-    GW_ASSIGN_OR_RETURN(Placed p, place(b + off, len, rank_ == root));
+    GW_ASSIGN_OR_RETURN(Placed p, client_->place(b + off, len, rank_ == root));
     SqEntry e = entry(Opcode::kBroadcast);
     e.dtype = static_cast<uint8_t>(dtype);
     e.root = root;
     e.count = len / elem;
     e.send_off = p.off;
     e.recv_off = p.off;
-    auto seq = post(e, "broadcast");
+    auto seq = client_->post(e, "broadcast");
     if (!seq.ok()) {
-      unplace(p);
+      client_->unplace(p);
       return seq.status();
     }
     return Chunk{*seq, off, len, p.off, p.off, p.staged, p.staged};
   };
   auto finish_chunk = [&](const Chunk& c, bool ok) {
-    if (ok && c.recv_staged && rank_ != root) std::memcpy(b + c.offset, data_ + c.recv_off, c.len);
-    unplace(Placed{c.recv_off, c.recv_staged});
+    if (ok && c.recv_staged && rank_ != root) std::memcpy(b + c.offset, data() + c.recv_off, c.len);
+    client_->unplace(Placed{c.recv_off, c.recv_staged});
   };
   return run_chunks(bytes, elem, "broadcast", post_chunk, finish_chunk);
 }
@@ -709,8 +438,8 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
   const bool send_all = opcode != Opcode::kAllgather;
   const bool recv_all = opcode != Opcode::kReduceScatter;
   uint64_t send_at = 0, recv_at = 0;
-  bool send_direct = send_all && in_arena(sendbuf, total, &send_at);
-  bool recv_direct = recv_all && in_arena(recvbuf, total, &recv_at);
+  bool send_direct = send_all && client_->in_data(sendbuf, total, &send_at);
+  bool recv_direct = recv_all && client_->in_data(recvbuf, total, &recv_at);
   if (send_all && recv_all && send_direct != recv_direct) {
     send_direct = recv_direct = false;  // one stride for both sides: stage both
   }
@@ -721,9 +450,9 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
   const size_t step = std::max<size_t>(1, slice_bytes() / (world * elem)) * elem;
   auto place_side = [&](bool all, bool direct_side, uint64_t at, const uint8_t* base, size_t off,
                         size_t len, bool copy_in) -> Result<Placed> {
-    if (!all) return place(base + off, len, copy_in);
+    if (!all) return client_->place(base + off, len, copy_in);
     if (direct_side) return Placed{at + off, false};
-    auto o = alloc_->alloc(world * len);
+    auto o = client_->alloc(world * len);
     if (!o.ok()) {
       return no_memory(
           "{}: a slice of {} bytes does not fit the free part of the daemon arena ({})", what,
@@ -731,7 +460,7 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
     }
     if (copy_in) {
       for (size_t b = 0; b < world; ++b)
-        std::memcpy(data_ + *o + b * len, base + b * block + off, len);
+        std::memcpy(data() + *o + b * len, base + b * block + off, len);
     }
     return Placed{*o, true};
   };
@@ -739,7 +468,7 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
     GW_ASSIGN_OR_RETURN(Placed ps, place_side(send_all, send_direct, send_at, sb, off, len, true));
     auto pr = place_side(recv_all, recv_direct, recv_at, rb, off, len, false);
     if (!pr.ok()) {
-      unplace(ps);
+      client_->unplace(ps);
       return pr.status();
     }
     SqEntry e = entry(opcode);
@@ -749,10 +478,10 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
     e.send_off = ps.off;
     e.recv_off = pr->off;
     e.stride = direct ? block : 0;
-    auto seq = post(e, what);
+    auto seq = client_->post(e, what);
     if (!seq.ok()) {
-      unplace(ps);
-      unplace(*pr);
+      client_->unplace(ps);
+      client_->unplace(*pr);
       return seq.status();
     }
     return Chunk{*seq, off, len, ps.off, pr->off, ps.staged, pr->staged};
@@ -760,15 +489,15 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
   auto finish_chunk = [&](const Chunk& c, bool ok) {
     if (ok && c.recv_staged) {
       if (!recv_all) {
-        std::memcpy(rb + c.offset, data_ + c.recv_off, c.len);
+        std::memcpy(rb + c.offset, data() + c.recv_off, c.len);
       } else {
         for (size_t b = 0; b < world; ++b) {
-          std::memcpy(rb + b * block + c.offset, data_ + c.recv_off + b * c.len, c.len);
+          std::memcpy(rb + b * block + c.offset, data() + c.recv_off + b * c.len, c.len);
         }
       }
     }
-    unplace(Placed{c.send_off, c.send_staged});
-    unplace(Placed{c.recv_off, c.recv_staged});
+    client_->unplace(Placed{c.send_off, c.send_staged});
+    client_->unplace(Placed{c.recv_off, c.recv_staged});
   };
   return run_chunks(block, elem, what, post_chunk, finish_chunk, step);
 }
@@ -782,18 +511,18 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
     return run_sliced(Opcode::kAllgather, sendbuf, recvbuf, block, dtype, coll::ReduceOp::kSum,
                       "allgather");
   }
-  GW_ASSIGN_OR_RETURN(Placed r, place(recvbuf, total, false));
+  GW_ASSIGN_OR_RETURN(Placed r, client_->place(recvbuf, total, false));
   Placed s;
   const auto* sb = static_cast<const uint8_t*>(sendbuf);
   const auto* rb = static_cast<const uint8_t*>(recvbuf);
   bool inside = block > 0 && sb >= rb && sb + block <= rb + total;
   if (inside) {
     s.off = r.off + static_cast<uint64_t>(sb - rb);
-    if (r.staged) std::memcpy(data_ + s.off, sendbuf, block);
+    if (r.staged) std::memcpy(data() + s.off, sendbuf, block);
   } else {
-    auto ps = place(sendbuf, block, true);
+    auto ps = client_->place(sendbuf, block, true);
     if (!ps.ok()) {
-      unplace(r);
+      client_->unplace(r);
       return ps.status();
     }
     s = *ps;
@@ -803,10 +532,10 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
   e.count = sendcount;
   e.send_off = s.off;
   e.recv_off = r.off;
-  Status st = submit(e, "allgather");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, total);
-  if (!inside) unplace(s);
-  unplace(r);
+  Status st = client_->submit(e, "allgather");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, total);
+  if (!inside) client_->unplace(s);
+  client_->unplace(r);
   return st;
 }
 
@@ -818,7 +547,7 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
   if (total > slice_bytes()) {
     return run_sliced(Opcode::kReduceScatter, sendbuf, recvbuf, block, dtype, op, "reduce_scatter");
   }
-  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, total, true));
+  GW_ASSIGN_OR_RETURN(Placed s, client_->place(sendbuf, total, true));
   Placed r;
   const auto* sb = static_cast<const uint8_t*>(sendbuf);
   const auto* rb = static_cast<const uint8_t*>(recvbuf);
@@ -828,9 +557,9 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
     r.off = s.off + static_cast<uint64_t>(rb - sb);
     r.staged = s.staged;
   } else {
-    auto pr = place(recvbuf, block, false);
+    auto pr = client_->place(recvbuf, block, false);
     if (!pr.ok()) {
-      unplace(s);
+      client_->unplace(s);
       return pr.status();
     }
     r = *pr;
@@ -841,16 +570,16 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
   e.count = recvcount;
   e.send_off = s.off;
   e.recv_off = r.off;
-  Status st = submit(e, "reduce_scatter");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, block);
-  if (!inside) unplace(r);
-  unplace(s);
+  Status st = client_->submit(e, "reduce_scatter");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, block);
+  if (!inside) client_->unplace(r);
+  client_->unplace(s);
   return st;
 }
 
 Status DaemonSession::barrier() {
   std::lock_guard<std::mutex> lock(mu_);
-  return submit(entry(Opcode::kBarrier), "barrier");
+  return client_->submit(entry(Opcode::kBarrier), "barrier");
 }
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
@@ -862,16 +591,16 @@ Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                       coll::ReduceOp::kSum, "alltoall");
   }
   // In place is one buffer: the daemon packs every block before it writes any.
-  GW_ASSIGN_OR_RETURN(auto placed, place_pair(sendbuf, recvbuf, total));
+  GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, total));
   const auto [s, r] = placed;
   SqEntry e = entry(Opcode::kAlltoall);
   e.dtype = static_cast<uint8_t>(dtype);
   e.count = count;
   e.send_off = s.off;
   e.recv_off = r.off;
-  Status st = submit(e, "alltoall");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data_ + r.off, total);
-  unplace_pair(s, r, recvbuf == sendbuf);
+  Status st = client_->submit(e, "alltoall");
+  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, total);
+  client_->unplace_pair(s, r, recvbuf == sendbuf);
   return st;
 }
 
@@ -909,11 +638,11 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
         spec, count, coll::dtype_name(dtype));
   }
   const size_t bytes = count * coll::dtype_size(dtype);
-  GW_ASSIGN_OR_RETURN(Placed b, place(buf, bytes, true));
+  GW_ASSIGN_OR_RETURN(Placed b, client_->place(buf, bytes, true));
   const std::string meta = spec + key;
-  auto m = place(meta.data(), meta.size(), true);
+  auto m = client_->place(meta.data(), meta.size(), true);
   if (!m.ok()) {
-    unplace(b);
+    client_->unplace(b);
     return m.status();
   }
   const Placed mp = *m;  // staged: the string is this function's own
@@ -926,10 +655,10 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
   e.spec_len = static_cast<uint32_t>(spec.size());
   e.key_len = static_cast<uint32_t>(key.size());
   daemon::CompressedDone info;
-  Status st = submit(e, what, &info);
-  if (st.ok() && b.staged) std::memcpy(buf, data_ + b.off, bytes);
-  unplace(mp);
-  unplace(b);
+  Status st = client_->submit(e, what, &info);
+  if (st.ok() && b.staged) std::memcpy(buf, data() + b.off, bytes);
+  client_->unplace(mp);
+  client_->unplace(b);
   if (!st.ok()) return st;
   if (known == keys_.end()) keys_.emplace(key, KeyUse{spec, count, dtype});
   const uint64_t p = static_cast<uint64_t>(size_);
@@ -1023,32 +752,25 @@ Result<std::unique_ptr<Session>> DaemonSession::split(int color, int key) {
 
 Result<void*> DaemonSession::mem_alloc(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto off = alloc_->alloc(bytes);
+  auto off = client_->alloc(bytes);
   if (!off.ok()) {
     return no_memory("gw_mem_alloc of {} bytes: {} (GW_DAEMON_ARENA is {} bytes)", bytes,
-                     off.status().message(), geo_.arena_bytes);
+                     off.status().message(), client_->welcome().arena_bytes);
   }
   user_[*off] = bytes;
-  return static_cast<void*>(data_ + *off);
+  return static_cast<void*>(data() + *off);
 }
 
 Status DaemonSession::mem_free(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t off = 0;
-  if (!in_arena(ptr, 0, &off) || user_.count(off) == 0) {
+  if (!client_->in_data(ptr, 0, &off) || user_.count(off) == 0) {
     return invalid_arg("pointer {} was not returned by gw_mem_alloc on this communicator", ptr);
   }
   user_.erase(off);
-  return alloc_->free(off);
+  return client_->free(off);
 }
 
-void DaemonSession::abort() {
-  aborted_.store(true);
-  uint64_t one = 1;
-  if (abort_efd_.valid()) {
-    ssize_t n = ::write(abort_efd_.get(), &one, sizeof(one));
-    (void)n;
-  }
-}
+void DaemonSession::abort() { client_->abort(); }
 
 }  // namespace gw::capi

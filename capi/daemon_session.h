@@ -1,8 +1,10 @@
 // The daemon-mode Session (GW_DAEMON=unix:PATH): this rank is a client of the host's gradwired
 // (daemon/server.h, docs/wire-daemon.md). It joins the job's rendezvous store like direct mode
-// (rank 0 hosts it; the job token and the host map are agreed there), then connects to the daemon,
-// gets a shared arena and posts every collective to the arena's submission ring; the daemon sums
-// the host's trainers and runs the inter-host part with the job's other daemons.
+// (rank 0 hosts it; the job token and the host map are agreed there), then connects to the daemon
+// (daemon/client.h: the hello, the shared arena, its rings) and posts every collective to the
+// arena's submission ring; the daemon sums the host's trainers and runs the inter-host part with
+// the job's other daemons. This file is the session's logic: where buffers go in the arena, how a
+// large collective is cut, split, and the compressed allreduce's bookkeeping.
 //
 // Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
 // arena staging and back. Every collective of the C ABI is supported: allreduce, iallreduce
@@ -27,11 +29,8 @@
 
 #include "capi/session.h"
 #include "core/store.h"
-#include "core/sys/fd.h"
-#include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
-#include "daemon/arena_allocator.h"
-#include "daemon/protocol.h"
+#include "daemon/client.h"
 
 namespace gw::capi {
 
@@ -70,7 +69,7 @@ class DaemonSession final : public Session {
   std::map<std::string, std::string> resolved() const override;
 
   void abort() override;
-  bool aborted() const override { return aborted_.load(); }
+  bool aborted() const override { return client_->aborted(); }
 
   Result<std::unique_ptr<Session>> split(int color, int key) override;
 
@@ -114,36 +113,14 @@ class DaemonSession final : public Session {
   Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
                     coll::DataType dtype, coll::ReduceOp op, const char* what);
 
-  // A buffer's place in the data region: its own (arena memory) or staging (copied).
-  struct Placed {
-    uint64_t off = 0;
-    bool staged = false;
-  };
-  Result<Placed> place(const void* p, size_t bytes, bool copy_in);
-  void unplace(const Placed& p);
-  // allreduce's two buffers: sendbuf copied in if staged; recvbuf its own place, or sendbuf's
-  // when in place. unplace_pair frees both (once when in place).
-  Result<std::pair<Placed, Placed>> place_pair(const void* sendbuf, void* recvbuf, size_t bytes);
-  void unplace_pair(const Placed& s, const Placed& r, bool in_place);
-  bool in_arena(const void* p, size_t bytes, uint64_t* off) const;
+  using Placed = daemon::Client::Placed;
   friend class DaemonRequest;
-  // The caller holds mu_ for all of these. post: puts one submission in the ring (waiting for
-  // completions while it is full) and returns its sequence number. drain_completions: reads every
-  // completion posted into done_. wait_for: until seq's completion is read (*done; its status
-  // returned) or the deadline passes (kTimeout, *done false; the op goes on); a broken connection
-  // or an abort ends it with *done true. submit: post + wait_for with the communicator's deadline.
-  Result<uint64_t> post(daemon::SqEntry e, const char* what);
-  Status drain_completions();
-  // *info (when given) gets what an allreduce_compressed's completion carried.
-  Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
-                  daemon::CompressedDone* info = nullptr);
-  Status submit(daemon::SqEntry e, const char* what, daemon::CompressedDone* info = nullptr);
-  Status broken(Status s);
+  // The data region of the arena (client_->data()).
+  uint8_t* data() const { return client_->data(); }
 
   int rank_ = 0;
   int size_ = 1;
   int64_t timeout_ms_ = 0;
-  int64_t spin_ns_ = 0;  // GW_DAEMON_SPIN_US
   std::string address_;
   size_t chunk_bytes_ = 0;         // GW_DAEMON_CHUNK
   daemon::Hello hello_;            // what this trainer told the daemon (split derives from it)
@@ -172,24 +149,8 @@ class DaemonSession final : public Session {
     DaemonSession* session = nullptr;
   };
   std::shared_ptr<Link> link_ = std::make_shared<Link>();
-  sys::Fd sock_;
-  sys::Fd sq_efd_, cq_efd_, abort_efd_;
-  sys::MemfdRegion arena_;
-  daemon::Welcome geo_;
-  daemon::ArenaHeader* hdr_ = nullptr;
-  uint8_t* data_ = nullptr;
-  uint64_t next_seq_ = 1;
-  uint64_t cq_head_ = 0;
-  uint64_t completed_ = 0;  // completions read
-  struct Done {
-    Status status;
-    daemon::CompressedDone info;
-  };
-  std::map<uint64_t, Done> done_;                  // read, not yet claimed by their caller
-  std::unique_ptr<daemon::ArenaAllocator> alloc_;  // guarded by mu_
-  std::map<uint64_t, size_t> user_;                // gw_mem_alloc'd ranges (offset -> bytes)
-  Status broken_;                                  // set once the connection is unusable
-  std::atomic<bool> aborted_{false};
+  std::unique_ptr<daemon::Client> client_;  // the connection, arena and rings; under mu_
+  std::map<uint64_t, size_t> user_;         // gw_mem_alloc'd ranges (offset -> bytes)
 };
 
 }  // namespace gw::capi

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "collectives/p2p.h"
+#include "core/bootstrap.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 #include "gpudirect/device_compression.h"
@@ -80,8 +82,7 @@ StoreCache& store_cache() {
 
 }  // namespace
 
-Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
-  std::shared_ptr<Store> store;
+Result<std::shared_ptr<Store>> open_job_store(const SessionOptions& options) {
   if (options.store_host.empty()) {
     if (options.world_size > 1) {
       return invalid_arg(
@@ -89,28 +90,48 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
           "MASTER_ADDR/MASTER_PORT",
           options.world_size);
     }
-    store = make_memory_store();  // a world of one talks to nobody
-  } else {
-    TcpStoreOptions so;
-    so.host = options.store_host;
-    so.port = options.store_port;
-    so.host_server = options.rank == 0;
-    so.token = options.job_token;
-    so.connect_timeout_ms = options.timeout_ms;
-    auto shared = store_cache().get(so);
-    if (!shared.ok()) return shared.status().with_context("rendezvous store");
-    store = std::move(*shared);
+    return make_memory_store();  // a world of one talks to nobody
   }
+  TcpStoreOptions so;
+  so.host = options.store_host;
+  so.port = options.store_port;
+  so.host_server = options.rank == 0;
+  so.token = options.job_token;
+  so.connect_timeout_ms = options.timeout_ms;
+  auto shared = store_cache().get(so);
+  if (!shared.ok()) return shared.status().with_context("rendezvous store");
+  return std::move(*shared);
+}
 
+Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& options) {
   coll::CommOptions co;
   co.rank = options.rank;
   co.world_size = options.world_size;
-  co.store = store;
   co.transport = options.transport;
   co.timeout_ms = options.timeout_ms;
   co.job_token = options.job_token;
   co.route_host = options.store_host;
   co.mode = "direct";
+  co.launcher = options.launcher;
+  // Every setting this rank can check alone is checked before the rendezvous; a refused one is
+  // still said in the store (rank 0 hosts it for that), so the other ranks fail at once naming
+  // this rank instead of waiting out GW_TIMEOUT_MS.
+  const Status local = coll::Communicator::check_options(co);
+  if (!local.ok()) {
+    constexpr int64_t kFailureNoticeMs = 2000;
+    if (!options.store_host.empty()) {
+      SessionOptions brief = options;
+      brief.timeout_ms = std::min(options.timeout_ms, kFailureNoticeMs);
+      auto shared = open_job_store(brief);
+      if (shared.ok()) {
+        (void)publish_setup_failure(**shared, options.rank, options.world_size, local,
+                                    deadline_after_ms(kFailureNoticeMs));
+      }
+    }
+    return local;
+  }
+  GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
+  co.store = store;
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
   return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
 }

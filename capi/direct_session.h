@@ -18,6 +18,12 @@ class DeviceCompression;  // gpudirect/device_compression.h
 
 namespace gw::capi {
 
+// The job's rendezvous store, opened the same way by both session kinds: the TCP store at the
+// options' address (rank 0 hosts it), shared by this process's sessions of the same address,
+// token and role (a second communicator of a job must not bind the port twice); a world of one
+// without an address gets a memory store. kInvalidArg for several ranks without an address.
+Result<std::shared_ptr<Store>> open_job_store(const SessionOptions& options);
+
 class DirectSession final : public Session {
  public:
   // Connects to (rank 0: hosts) the store and joins the communicator; collective over

@@ -36,8 +36,8 @@
 #include "core/net/net_config.h"
 #include "core/store_socket.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/control.h"
 #include "daemon/daemon_config.h"
-#include "daemon/protocol.h"
 
 #ifndef GW_VERSION_STRING
 #error "GW_VERSION_STRING must be defined by the build (core/CMakeLists.txt)"
@@ -168,7 +168,8 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   if (cfg.rank < 0) return gw::invalid_arg("config.rank {} < 0", cfg.rank);
   if (cfg.world_size < 0) return gw::invalid_arg("config.world_size {} < 0", cfg.world_size);
   if (cfg.timeout_ms < 0) return gw::invalid_arg("config.timeout_ms {} < 0", cfg.timeout_ms);
-  GW_RETURN_IF_ERROR(gw::config::validate());
+  // The settings (gw::config::validate) are checked by init(): a direct-mode rank checks them
+  // once it can say in the store why it refused them, so the other ranks do not wait for it.
 
   SessionOptions o;
   o.rank = cfg.rank;
@@ -279,6 +280,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   GW_ASSIGN_OR_RETURN(const std::string daemon, daemon_address());
   std::unique_ptr<Session> session;
   if (!daemon.empty()) {
+    GW_RETURN_IF_ERROR(gw::config::validate());
     GW_ASSIGN_OR_RETURN(session, DaemonSession::create(o, daemon));
   } else {
     GW_ASSIGN_OR_RETURN(session, DirectSession::create(o));
@@ -350,12 +352,23 @@ Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blo
     return gw::invalid_arg("argument {}: {} x {} elements of {} bytes overflow size_t", arg, count,
                            blocks, elem);
   }
+  if (bytes > kMaxBufferBytes) {
+    return gw::invalid_arg(
+        "argument {}: {} x {} elements of {} bytes ({} bytes) are more than any buffer of this "
+        "process can hold ({} bytes)",
+        arg, count, blocks, elem, bytes, kMaxBufferBytes);
+  }
   return bytes;
 }
 
 Status check_buffer(const char* name, const void* p, size_t bytes) {
   if (p == nullptr && bytes > 0) {
     return gw::invalid_arg("argument {} is NULL with {} bytes to transfer", name, bytes);
+  }
+  const uint64_t start = reinterpret_cast<uintptr_t>(p);
+  if (bytes > kMaxBufferBytes || start > kMaxBufferBytes - bytes) {
+    return gw::invalid_arg("argument {}: {} bytes from {} pass the end of the address space", name,
+                           bytes, p);
   }
   return gw::ok_status();
 }
@@ -545,9 +558,10 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
     const int dtype = raw_enum(dtype_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
-    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
+    // The whole first: a count that overflows with the rank count says so.
     GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("sendcount", sendcount, dtype,
                                                         static_cast<size_t>(st->size())));
+    GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
     GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
@@ -569,9 +583,9 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     GW_RETURN_IF_ERROR(check_dtype(dtype));
     GW_RETURN_IF_ERROR(check_op(op));
-    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
     GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("recvcount", recvcount, dtype,
                                                         static_cast<size_t>(st->size())));
+    GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
     GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
     GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
     GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));

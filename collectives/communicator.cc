@@ -172,10 +172,26 @@ class CommImpl : public Communicator {
  private:
   Status allreduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                           ReduceOp op);
-  // Runs under exec_mu_: checks abort/broken state, numbers the collective, and marks the
-  // communicator broken when `body` fails (its connections are closed so peers fail fast too).
+  // What the ranks of one collective must agree on besides its count (the executor checks the
+  // count exactly, from the sizes it receives, and names both sides' sizes): the kind, the dtype,
+  // the op and the root. run_collective folds it into the sequence field of every tag of the
+  // call (the executor tags each message with (sequence, step)), so a peer that disagrees on any
+  // of them fails a receive with a tag mismatch, reported as the callers' error. No byte is added
+  // to a message; two different signatures fold alike with a chance of 2^-19, as two calls 2^19
+  // apart already share their tags.
+  enum class CallKind { kAllreduce, kBroadcast, kAllgather, kReduceScatter, kBarrier, kAlltoall };
+  struct CallSig {
+    CallKind kind;
+    DataType dtype = DataType::kU8;
+    ReduceOp op = ReduceOp::kSum;
+    bool reduces = false;  // whether op matters
+    int root = -1;         // broadcast's
+  };
+  // Runs under exec_mu_: checks abort/broken state, numbers the collective (tag_seq_: the number
+  // with `sig` folded in), and marks the communicator broken when `body` fails (its connections
+  // are closed so peers fail fast too).
   template <typename F>
-  Status run_collective(const char* name, F&& body);
+  Status run_collective(const char* name, const CallSig& sig, F&& body);
   Status check_usable(const char* name) const;
   void wait_async_idle() { queue_.wait_idle(); }
   int channels_for(size_t bytes) const;
@@ -208,6 +224,7 @@ class CommImpl : public Communicator {
   CostParams cost_;
 
   uint32_t seq_ = 0;
+  uint32_t tag_seq_ = 0;  // seq_ with the call's signature folded in: what the tags carry
   Status broken_;
   // (collective, algo, size class); allreduce is -1.
   std::set<std::tuple<int, int, int>> logged_;
@@ -502,11 +519,45 @@ Status CommImpl::check_usable(const char* name) const {
   return ok_status();
 }
 
+namespace {
+
+// The call's signature as the 19 bits of the tag's sequence field (splitmix64's finaliser over
+// the fields side by side): a few nanoseconds per call.
+uint32_t fold_signature(int kind, DataType dtype, ReduceOp op, bool reduces, int root) {
+  uint64_t x = static_cast<uint64_t>(kind + 1) ^ (static_cast<uint64_t>(dtype) << 8) ^
+               (static_cast<uint64_t>(reduces ? static_cast<int>(op) + 1 : 0) << 16) ^
+               (static_cast<uint64_t>(static_cast<uint32_t>(root)) << 24);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<uint32_t>(x >> 45);
+}
+
+// Every transport words a receive whose tag differs from the send's as a "tag mismatch"
+// (core/net/transport.h); in a collective that is a peer running another call.
+bool tag_mismatch(const Status& s) {
+  return s.code() == Code::kInternal && s.message().find("tag mismatch") != std::string::npos;
+}
+
+}  // namespace
+
 template <typename F>
-Status CommImpl::run_collective(const char* name, F&& body) {
+Status CommImpl::run_collective(const char* name, const CallSig& sig, F&& body) {
   GW_RETURN_IF_ERROR(check_usable(name));
   ++seq_;
+  tag_seq_ =
+      seq_ ^ fold_signature(static_cast<int>(sig.kind), sig.dtype, sig.op, sig.reduces, sig.root);
   Status s = body(deadline_after_ms(settings_.timeout_ms));
+  if (tag_mismatch(s)) {
+    // The header's promise: arguments that disagree are the callers' error.
+    std::string mine = fmt::format("{} of {}", name, dtype_name(sig.dtype));
+    if (sig.reduces) mine += fmt::format(", op {}", op_name(sig.op));
+    if (sig.root >= 0) mine += fmt::format(", root {}", sig.root);
+    s = invalid_arg(
+        "{}: ranks disagree on the collective, its dtype, op or root, or on the order of calls: "
+        "rank {} called {} as its collective #{} ({})",
+        name, rank(), mine, seq_, s.message());
+  }
   if (!s.ok() && s.code() != Code::kAborted) {
     // Close every connection: the peers' pending operations fail with kPeer at once instead of
     // waiting for their deadline, and this communicator refuses later calls.
@@ -584,7 +635,8 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
   if (!valid_op(static_cast<int>(op))) {
     return invalid_arg("allreduce: invalid op {}", static_cast<int>(op));
   }
-  return run_collective("allreduce", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kAllreduce, dtype, op, true};
+  return run_collective("allreduce", sig, [&](Deadline deadline) -> Status {
     const size_t es = dtype_size(dtype);
     const size_t bytes = count * es;
     auto* out = static_cast<uint8_t*>(recvbuf);
@@ -607,7 +659,7 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
     if (logged_.insert({-1, static_cast<int>(algo.algo), size_class(bytes)}).second) {
       GW_LOG_INFO("{}", describe_choice(bytes, choice, static_cast<int>(plans.size())));
     }
-    GW_RETURN_IF_ERROR(exec_.run("allreduce", seq_, plans, in, out, dtype, op, deadline));
+    GW_RETURN_IF_ERROR(exec_.run("allreduce", tag_seq_, plans, in, out, dtype, op, deadline));
     if (op == ReduceOp::kAvg) finalize_avg(dtype, out, count, size());
     return ok_status();
   });
@@ -620,7 +672,8 @@ Status CommImpl::broadcast(void* buf, size_t count, DataType dtype, int root) {
   if (root < 0 || root >= size()) {
     return invalid_arg("broadcast: root {} out of range 0..{}", root, size() - 1);
   }
-  return run_collective("broadcast", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kBroadcast, dtype, ReduceOp::kSum, false, root};
+  return run_collective("broadcast", sig, [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
     GW_ASSIGN_OR_RETURN(const CachedCollective* c,
@@ -629,7 +682,7 @@ Status CommImpl::broadcast(void* buf, size_t count, DataType dtype, int root) {
     const std::vector<Plan>& plans = c->plans;
     log_choice(Collective::kBroadcast, count * es, c->choice, plans.size());
     auto* p = static_cast<uint8_t*>(buf);
-    return exec_.run("broadcast", seq_, plans, p, p, dtype, ReduceOp::kSum, deadline);
+    return exec_.run("broadcast", tag_seq_, plans, p, p, dtype, ReduceOp::kSum, deadline);
   });
 }
 
@@ -642,7 +695,8 @@ Status CommImpl::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
   if (sendcount > 0 && (sendbuf == nullptr || recvbuf == nullptr)) {
     return invalid_arg("allgather: null buffer with count {}", sendcount);
   }
-  return run_collective("allgather", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kAllgather, dtype};
+  return run_collective("allgather", sig, [&](Deadline deadline) -> Status {
     const size_t blk = sendcount * dtype_size(dtype);
     auto* out = static_cast<uint8_t*>(recvbuf);
     // memmove: "in place" callers pass sendbuf inside recvbuf (at their own block or at 0).
@@ -654,7 +708,7 @@ Status CommImpl::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                         collective_plans(Collective::kAllgather, bytes, sendcount, 0, 0, es));
     const std::vector<Plan>& plans = c->plans;
     log_choice(Collective::kAllgather, bytes, c->choice, plans.size());
-    return exec_.run("allgather", seq_, plans, out, out, dtype, ReduceOp::kSum, deadline);
+    return exec_.run("allgather", tag_seq_, plans, out, out, dtype, ReduceOp::kSum, deadline);
   });
 }
 
@@ -669,7 +723,8 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
   if (recvcount > 0 && (sendbuf == nullptr || recvbuf == nullptr)) {
     return invalid_arg("reduce_scatter: null buffer with count {}", recvcount);
   }
-  return run_collective("reduce_scatter", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kReduceScatter, dtype, op, true};
+  return run_collective("reduce_scatter", sig, [&](Deadline deadline) -> Status {
     const size_t es = dtype_size(dtype);
     const size_t total = recvcount * static_cast<size_t>(size());
     const auto* in = static_cast<const uint8_t*>(sendbuf);
@@ -680,7 +735,8 @@ Status CommImpl::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvc
           collective_plans(Collective::kReduceScatter, total * es, recvcount, 0, 0, es));
       const std::vector<Plan>& plans = c->plans;
       log_choice(Collective::kReduceScatter, total * es, c->choice, plans.size());
-      GW_RETURN_IF_ERROR(exec_.run("reduce_scatter", seq_, plans, in, work, dtype, op, deadline));
+      GW_RETURN_IF_ERROR(
+          exec_.run("reduce_scatter", tag_seq_, plans, in, work, dtype, op, deadline));
     }
     const uint8_t* mine = size() == 1 ? in : work + rank() * recvcount * es;
     if (recvcount) std::memmove(recvbuf, mine, recvcount * es);
@@ -701,7 +757,8 @@ void CommImpl::log_choice(Collective kind, size_t bytes, const CollectiveChoice&
 Status CommImpl::barrier() {
   wait_async_idle();
   std::lock_guard<std::mutex> lock(exec_mu_);
-  return run_collective("barrier", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kBarrier};
+  return run_collective("barrier", sig, [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
     // A ring allgather of one byte per rank: after p-1 steps every rank has heard, directly or
     // through its neighbours, from every other rank.
@@ -709,7 +766,7 @@ Status CommImpl::barrier() {
     buf[rank()] = 1;
     std::vector<Plan> plans(1);
     plans[0].sched = ring_allgather(rank(), size(), 1);
-    return exec_.run("barrier", seq_, plans, buf, buf, DataType::kU8, ReduceOp::kSum, deadline);
+    return exec_.run("barrier", tag_seq_, plans, buf, buf, DataType::kU8, ReduceOp::kSum, deadline);
   });
 }
 
@@ -725,7 +782,8 @@ Status CommImpl::alltoall(const void* sendbuf, void* recvbuf, size_t count, Data
   }
   GW_RETURN_IF_ERROR(
       validate_buffers("alltoall", sendbuf, recvbuf, count, dtype, p * count, p * count));
-  return run_collective("alltoall", [&](Deadline deadline) -> Status {
+  const CallSig sig{CallKind::kAlltoall, dtype};
+  return run_collective("alltoall", sig, [&](Deadline deadline) -> Status {
     const size_t blk = count * dtype_size(dtype);
     auto* out = static_cast<uint8_t*>(recvbuf);
     const auto* in = static_cast<const uint8_t*>(sendbuf);
@@ -744,7 +802,7 @@ Status CommImpl::alltoall(const void* sendbuf, void* recvbuf, size_t count, Data
     const size_t nplans = std::min<size_t>(all.size(), kAlltoallInFlight);
     std::vector<Plan> plans(nplans);
     for (size_t i = 0; i < all.size(); ++i) plans[i % nplans].sched.push_back(all[i]);
-    return exec_.run("alltoall", seq_, plans, in, out, dtype, ReduceOp::kSum, deadline);
+    return exec_.run("alltoall", tag_seq_, plans, in, out, dtype, ReduceOp::kSum, deadline);
   });
 }
 
@@ -789,6 +847,7 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
   g.job_token = options.job_token;
   g.host_id = options.host_id;
   g.mode = options.mode;
+  g.launcher = options.launcher;
   GW_ASSIGN_OR_RETURN(Group group, Group::create(g, deadline_after_ms(settings.timeout_ms)));
   auto comm = std::make_unique<CommImpl>(std::move(group), std::move(settings));
   GW_RETURN_IF_ERROR(comm->init());
@@ -797,6 +856,20 @@ Result<std::unique_ptr<Communicator>> create_communicator(const CommOptions& opt
 
 Result<std::unique_ptr<Communicator>> Communicator::create(const CommOptions& options) {
   return create_communicator(options, CommInternalOptions{});
+}
+
+Status Communicator::check_options(const CommOptions& options) {
+  GW_RETURN_IF_ERROR(settings_from(options, CommInternalOptions{}).status());
+  // A transport asked for by name that this process cannot use (its probe: no RDMA device, not
+  // built) would fail only once the transports are made, after the rendezvous.
+  if (options.transport != "auto") {
+    Status usable = net::backend_status(options.transport);
+    if (!usable.ok()) {
+      return invalid_arg("communicator: transport {} cannot run in this process: {}",
+                         options.transport, usable.message());
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace gw::coll

@@ -44,6 +44,7 @@ struct CommOptions {
   std::string job_token;    // "" : agree one through the store (GW_JOB_TOKEN wins if set)
   std::string host_id;      // "" : bootstrap host_identity()
   std::string mode;         // GroupOptions::mode: the C ABI's "direct"
+  std::string launcher;     // GroupOptions::launcher
   // The store's host: tcp's default interface is the one the routing table uses to reach it
   // (GW_SOCKET_IFNAME unset). "": the first interface that is up.
   std::string route_host;
@@ -77,6 +78,11 @@ class AsyncOp {
 class Communicator {
  public:
   static Result<std::unique_ptr<Communicator>> create(const CommOptions& options);
+  // The settings create() checks before it meets the other ranks (the transport's name, the
+  // configuration, the timeout, forced algorithms' names), checked alone, and whether a transport
+  // named here can run in this process (its registry probe): a caller that hosts or reaches the
+  // store first can then say why in it (publish_setup_failure, core/bootstrap.h).
+  static Status check_options(const CommOptions& options);
   virtual ~Communicator() = default;
 
   virtual int rank() const = 0;

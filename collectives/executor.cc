@@ -16,11 +16,6 @@ int make_tag(uint32_t seq, int step) {
   return static_cast<int>(((seq & 0x7FFFFu) << 12) | (static_cast<uint32_t>(step) & 0xFFFu));
 }
 
-// A transport's "message truncated": the sender sent more than the receive posted for it.
-bool truncated(const Status& s) {
-  return s.code() == Code::kInvalidArg && s.message().find("truncated") != std::string::npos;
-}
-
 }  // namespace
 
 struct Executor::ChanRun {
@@ -90,7 +85,7 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
                        : out + r.offset * es;
     auto req = c.rc->irecv(dst, r.count * es, tag, nullptr);
     if (!req.ok()) {
-      if (truncated(req.status())) {
+      if (req.status().truncated()) {
         return invalid_arg("{}: ranks disagree on count: rank {} sent more than expected ({})",
                            where(false), st.recv_from, req.status().message());
       }
@@ -107,7 +102,7 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
     auto req = c.sc->isend(src, r.count * es, tag, nullptr);
     if (!req.ok()) {
       // tcp reports the receiver's truncation notice on whatever call comes next, isend too.
-      if (truncated(req.status())) {
+      if (req.status().truncated()) {
         return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
                            where(true), st.send_to, req.status().message());
       }
@@ -125,7 +120,7 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
     Status s = c.rc->test(req, &done, &got);
     if (!s.ok()) {
       c.rreqs.pop_front();
-      if (truncated(s)) {
+      if (s.truncated()) {
         return invalid_arg(
             "{}: ranks disagree on count: rank {} sent more than the {} bytes "
             "expected ({})",
@@ -154,7 +149,7 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
     Status s = c.sc->test(c.sreqs.front().first, &done, &got);
     if (!s.ok()) {
       c.sreqs.pop_front();
-      if (truncated(s)) {
+      if (s.truncated()) {
         return invalid_arg("{}: ranks disagree on count: rank {} expected fewer bytes ({})",
                            where(true), st.send_to, s.message());
       }

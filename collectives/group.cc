@@ -92,13 +92,13 @@ Result<Group> Group::create(const GroupOptions& o, Deadline deadline) {
   if (!o.job_token.empty()) {
     g.token_ = o.job_token;
   } else {
-    auto tok = agree_job_token(*g.store_, o.rank, deadline);
+    auto tok = agree_job_token(*g.store_, o.rank, deadline, world);
     if (!tok.ok()) return tok.status().with_context("communicator");
     g.token_ = *tok;
   }
   if (o.host_id.empty()) {
     g.host_id_ = host_identity();
-    auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline, o.mode);
+    auto hosts = exchange_hosts(*g.store_, o.rank, world, deadline, o.mode, o.launcher);
     if (!hosts.ok()) return hosts.status().with_context("communicator");
     g.host_of_rank_ = hosts->host_of_rank;
     g.kernel_of_host_ = kernels_of(hosts->host_ids);

@@ -27,6 +27,8 @@ struct GroupOptions {
   // How the C ABI runs this rank ("direct", "daemon"; "": not compared): exchanged with the host
   // map, so a job whose ranks differ fails at once on every rank (exchange_hosts).
   std::string mode;
+  // How the rank learned its rank and world size (LaunchInfo::source; "": not compared).
+  std::string launcher;
 };
 
 class Group {

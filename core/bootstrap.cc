@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <string_view>
+#include <thread>
 
 #include "core/bootstrap_env.h"
 #include "core/config.h"
@@ -76,6 +78,37 @@ std::string read_first_line(const char* path) {
 }
 
 constexpr const char* kTokenKey = "gw/job_token";
+
+// A set-up failure as published under a key the others read (publish_setup_failure).
+constexpr std::string_view kSetupFailed = "failed: ";
+// The release key of a failed set-up: the ranks other than 0 say there that they know, and rank 0
+// keeps its store until they all have (kFailureNoticeMs at most).
+constexpr const char* kFailureSeenKey = "gw/setup_failure_seen";
+constexpr int64_t kFailureNoticeMs = 2000;
+
+std::optional<std::string> setup_failure_in(const Bytes& v) {
+  if (v.size() < kSetupFailed.size() || std::string_view(reinterpret_cast<const char*>(v.data()),
+                                                         kSetupFailed.size()) != kSetupFailed) {
+    return std::nullopt;
+  }
+  return std::string(v.begin() + static_cast<std::ptrdiff_t>(kSetupFailed.size()), v.end());
+}
+
+// This rank knows the set-up failed (its own error or another's): rank 0 keeps the store up until
+// every other rank says it knows too, or kFailureNoticeMs; the others say so and go. Not
+// store_release_host: with world sizes that disagree, only rank 0's count is the one to reach.
+void release_after_failure(Store& store, int rank, int world, Deadline deadline) {
+  const Deadline until = std::min(deadline, deadline_after_ms(kFailureNoticeMs));
+  if (rank != 0) {
+    (void)store.add(kFailureSeenKey, 1, until);
+    return;
+  }
+  while (Clock::now() < until) {
+    auto seen = store.add(kFailureSeenKey, 0, until);
+    if (!seen.ok() || *seen >= world - 1) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 }  // namespace
 
@@ -273,7 +306,7 @@ std::string kernel_of_host_id(const std::string& host_id) {
 }
 
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline,
-                               const std::string& mode) {
+                               const std::string& mode, const std::string& launcher) {
   if (world < 1) return invalid_arg("exchange_hosts: world size {} < 1", world);
   if (rank < 0 || rank >= world) {
     return invalid_arg("exchange_hosts: rank {} out of range 0..{}", rank, world - 1);
@@ -281,20 +314,61 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
   // "identity\nmode", the mode empty for a rank that gives none (the C++ API): the last '\n'
   // separates them, whatever the identity holds. Every rank reads the others' modes, its own
   // given or not, so a rank without one in a job of C ABI ranks fails there too.
-  std::string mine = host_identity() + "\n" + mode;
+  // After the mode, on a line of its own: "world=N launcher=L", compared as each entry is read.
+  const std::string agreed = fmt::format("world={} launcher={}", world, launcher);
+  std::string mine = host_identity() + "\n" + mode + "\n" + agreed;
   Status s = store.set(fmt::format("gw/host/{}", rank), Bytes(mine.begin(), mine.end()), deadline);
   if (!s.ok()) return s.with_context(fmt::format("exchange_hosts: rank {} publishing", rank));
   HostMap map;
   map.host_of_rank.assign(world, -1);
   std::map<std::string, int> index;
-  GW_ASSIGN_OR_RETURN(
-      std::vector<Bytes> ids,
-      gather_joined(
-          store, world, [](int r) { return fmt::format("gw/host/{}", r); }, deadline));
+  const auto check = [&](int r, const Bytes& v) -> Status {
+    if (auto why = setup_failure_in(v)) {
+      return peer_error("rank {} failed to set up: {}", r, *why);
+    }
+    const std::string text(v.begin(), v.end());
+    const size_t at = text.rfind('\n');
+    const std::string theirs = at == std::string::npos ? std::string() : text.substr(at + 1);
+    // An entry without the line (a library before it) has nothing to compare.
+    if (theirs == agreed || theirs.rfind("world=", 0) != 0) return ok_status();
+    int their_world = -1;
+    std::string their_launcher;
+    const size_t sp = theirs.find(" launcher=");
+    (void)std::from_chars(theirs.data() + 6, theirs.data() + std::min(sp, theirs.size()),
+                          their_world);
+    if (sp != std::string::npos) their_launcher = theirs.substr(sp + 10);
+    if (their_world != world) {
+      return invalid_arg(
+          "rank {} was started for a world of {} ranks, this rank (rank {}) for {}: every rank "
+          "must be given the same world size (GW_WORLD_SIZE, WORLD_SIZE, the launcher's -n)",
+          r, their_world, rank, world);
+    }
+    if (!launcher.empty() && !their_launcher.empty() && their_launcher != launcher) {
+      return invalid_arg(
+          "rank {} was started by {} (its rank and size from that launcher's variables), this "
+          "rank (rank {}) by {}: start every rank of a job the same way",
+          r, their_launcher, rank, launcher);
+    }
+    return ok_status();
+  };
+  auto gathered = gather_joined(
+      store, world, [](int r) { return fmt::format("gw/host/{}", r); }, deadline, check);
+  if (!gathered.ok()) {
+    const Code code = gathered.status().code();
+    if (code == Code::kPeer || code == Code::kInvalidArg) {
+      release_after_failure(store, rank, world, deadline);
+    }
+    return gathered.status();
+  }
+  std::vector<Bytes>& ids = *gathered;
   std::map<std::string, std::vector<int>> ranks_of_mode;
   for (int r = 0; r < world; ++r) {
     const Bytes& v = ids[static_cast<size_t>(r)];
     std::string id(v.begin(), v.end());
+    const size_t last = id.rfind('\n');
+    if (last != std::string::npos && id.compare(last + 1, 6, "world=") == 0) {
+      id.resize(last);  // the world and launcher line, checked above
+    }
     const size_t at = id.rfind('\n');
     const std::string m = at == std::string::npos ? "an unknown" : id.substr(at + 1);
     ranks_of_mode[m.empty() ? "an unnamed" : m].push_back(r);
@@ -339,7 +413,8 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
 
 Result<std::vector<Bytes>> gather_joined(Store& store, int world,
                                          const std::function<std::string(int)>& key_of,
-                                         Deadline deadline) {
+                                         Deadline deadline,
+                                         const std::function<Status(int, const Bytes&)>& check) {
   // A probe asks whether a key is there without waiting for it: one round trip.
   constexpr int64_t kProbeMs = 20;
   // Probes stop after this many missing ranks: the line stays readable, the probes short.
@@ -357,6 +432,7 @@ Result<std::vector<Bytes>> gather_joined(Store& store, int world,
     }
     auto v = store.get(key_of(next), std::min(deadline, report_at));
     if (v.ok()) {
+      if (check) GW_RETURN_IF_ERROR(check(next, *v));
       out[next] = std::move(*v);
       have[next] = true;
       continue;
@@ -375,6 +451,7 @@ Result<std::vector<Bytes>> gather_joined(Store& store, int world,
       }
       auto p = store.get(key_of(r), std::min(deadline, deadline_after_ms(kProbeMs)));
       if (p.ok()) {
+        if (check) GW_RETURN_IF_ERROR(check(r, *p));
         out[r] = std::move(*p);
         have[r] = true;
       } else if (p.status().code() == Code::kTimeout) {
@@ -407,7 +484,22 @@ Result<std::string> next_communicator_prefix(Store& store, int rank, Deadline de
   return fmt::format("gw/comm{}/", *gen);
 }
 
-Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
+Status publish_setup_failure(Store& store, int rank, int world, const Status& why,
+                             Deadline deadline) {
+  if (world <= 1 || rank < 0 || rank >= world) return ok_status();
+  auto prefix = next_communicator_prefix(store, rank, deadline);
+  if (!prefix.ok()) return prefix.status();
+  auto mine = make_prefix_store(std::shared_ptr<Store>(std::shared_ptr<Store>(), &store),
+                                *prefix);  // not owned
+  const std::string text = std::string(kSetupFailed) + why.message();
+  const Bytes value(text.begin(), text.end());
+  Status s = mine->set(fmt::format("gw/host/{}", rank), value, deadline);
+  if (rank == 0 && s.ok()) s = mine->set(kTokenKey, value, deadline);
+  if (s.ok()) release_after_failure(*mine, rank, world, deadline);
+  return s;
+}
+
+Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline, int world) {
   std::string configured = config::get_string(core_config::kJobToken);
   if (!configured.empty()) return configured;
   if (rank < 0) return invalid_arg("agree_job_token: rank {} < 0", rank);
@@ -419,6 +511,10 @@ Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline) {
   }
   auto v = store.get(kTokenKey, deadline);
   if (!v.ok()) return v.status().with_context("agree_job_token: waiting for rank 0's token");
+  if (auto why = setup_failure_in(*v)) {
+    if (world > 1) release_after_failure(store, rank, world, deadline);
+    return peer_error("rank 0 failed to set up: {}", *why);
+  }
   if (v->size() != 32) {
     return peer_error("agree_job_token: rank 0 published a token of {} bytes, expected 32",
                       v->size());

@@ -56,9 +56,25 @@ struct HostMap {
 //
 // Every rank's mode (the C ABI's "direct" or "daemon"; empty for the C++ API) is exchanged with its
 // identity and compared: ranks that differ fail at once, every one of them, kInvalidArg naming
-// which ranks run how (rather than each waiting for keys the others never write).
+// which ranks run how (rather than each waiting for keys the others never write). So are its world
+// size and its launcher (LaunchInfo::source; "" is not compared): a rank that reads another's
+// entry and finds a different world size or launcher fails at once, kInvalidArg naming both
+// values, as does every rank whose entry the other reads (each reads rank 0's first). A rank
+// whose entry says it failed to set up (publish_setup_failure) fails the reader at once, kPeer
+// naming it and why. Rank 0 hosts the store: on any of these failures it returns once the other
+// ranks have said they know, 2 s at most, so each fails with the reason, not a closed store.
 Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadline,
-                               const std::string& mode = "");
+                               const std::string& mode = "", const std::string& launcher = "");
+
+// A rank that fails during a communicator's set-up once it can reach the job's store (a setting
+// it refused, checked before the rendezvous) says why there, under the keys the other ranks read
+// next (its host entry; rank 0 also the job token's), so their exchange_hosts / agree_job_token
+// fail at once naming it and its reason instead of waiting out GW_TIMEOUT_MS. Takes this rank's
+// next communicator prefix on `store` (the unprefixed store), as a communicator would. Rank 0
+// returns once every other rank has read it, or after 2 s (it hosts the store). Best effort: the
+// caller returns its own error whatever this returns.
+Status publish_setup_failure(Store& store, int rank, int world, const Status& why,
+                             Deadline deadline);
 
 // The kernel a host identity runs on: host_identity()'s "hostname/boot_id/netns:N" without the
 // network namespace (namespace or container "hosts" of one machine share it, and its CPUs); any
@@ -69,9 +85,11 @@ std::string kernel_of_host_id(const std::string& host_id);
 // until `deadline` for those not there yet. Every GW_JOIN_REPORT_MS of waiting it names at INFO
 // the ranks still missing ("communicator: waiting for ranks 2, 5 to join (8 of 10 joined, 10 s
 // of the 300 s deadline)"). kTimeout at the deadline names the first missing rank.
-Result<std::vector<Bytes>> gather_joined(Store& store, int world,
-                                         const std::function<std::string(int)>& key_of,
-                                         Deadline deadline);
+// `check`, when given, sees each value as it is read (rank, value) and may end the wait with its
+// error at once.
+Result<std::vector<Bytes>> gather_joined(
+    Store& store, int world, const std::function<std::string(int)>& key_of, Deadline deadline,
+    const std::function<Status(int, const Bytes&)>& check = nullptr);
 
 // Job token: GW_JOB_TOKEN if set; else rank 0 generates 128 random bits and publishes them in the
 // store, and the others read them.
@@ -81,6 +99,8 @@ std::string to_hex(const uint8_t* p, size_t n);
 // A new job token: 16 bytes from the CSPRNG (getrandom, never a fallback), in hex.
 Result<std::string> fresh_job_token();
 
-Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline);
+// `world` (0: unknown) bounds how long rank 0 keeps its store when it published a failure
+// instead (publish_setup_failure): the others then fail kPeer naming rank 0 and why.
+Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline, int world = 0);
 
 }  // namespace gw

@@ -40,14 +40,14 @@ Result<int64_t> parse_int(std::string_view s) {
   if (s.empty()) return invalid_arg("empty integer");
   // strtoll skips leading blanks; a value with blanks is a typo, not a number.
   if (std::isspace(static_cast<unsigned char>(s[0]))) {
-    return invalid_arg("'{}' is not an integer", s);
+    return invalid_arg("'{}' is not an integer", excerpt(s));
   }
   std::string tmp(s);
   char* end = nullptr;
   errno = 0;
   long long v = std::strtoll(tmp.c_str(), &end, 10);
   if (errno != 0 || end == tmp.c_str() || *end != '\0')
-    return invalid_arg("'{}' is not an integer", s);
+    return invalid_arg("'{}' is not an integer", excerpt(s));
   return static_cast<int64_t>(v);
 }
 
@@ -56,7 +56,7 @@ Result<bool> parse_bool(std::string_view s) {
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  return invalid_arg("'{}' is not a boolean (1/0, true/false, yes/no, on/off)", s);
+  return invalid_arg("'{}' is not a boolean (1/0, true/false, yes/no, on/off)", excerpt(s));
 }
 
 Result<double> parse_double(std::string_view s) {
@@ -66,7 +66,7 @@ Result<double> parse_double(std::string_view s) {
   double v = std::strtod(tmp.c_str(), &end);
   if (tmp.empty() || std::isspace(static_cast<unsigned char>(tmp[0])) || errno != 0 ||
       *end != '\0') {
-    return invalid_arg("'{}' is not a number", s);
+    return invalid_arg("'{}' is not a number", excerpt(s));
   }
   return v;
 }
@@ -75,7 +75,8 @@ Result<double> parse_double(std::string_view s) {
 Result<int64_t> parse_size_i64(std::string_view v) {
   auto s = parse_size(v);
   if (!s.ok()) return s.status();
-  if (*s > static_cast<uint64_t>(INT64_MAX)) return invalid_arg("size '{}' is out of range", v);
+  if (*s > static_cast<uint64_t>(INT64_MAX))
+    return invalid_arg("size '{}' is out of range", excerpt(v));
   return static_cast<int64_t>(*s);
 }
 
@@ -192,6 +193,11 @@ std::shared_ptr<const ConfigFile> current_file() {
 
 }  // namespace
 
+RowSet::RowSet(const char* component, std::initializer_list<const Row*> rows, const char* reader)
+    : RowSet(component, rows) {
+  reader_ = reader;
+}
+
 RowSet::RowSet(const char* component, std::initializer_list<const Row*> rows)
     : component_(component), rows_(rows) {
   Registry& reg = registry();
@@ -280,11 +286,13 @@ Result<uint64_t> parse_size(std::string_view text) {
   if (text.empty()) return invalid_arg("empty size");
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return invalid_arg("'{}' is not a size (digits with an optional K, M or G)", text);
+  if (i == 0) {
+    return invalid_arg("'{}' is not a size (digits with an optional K, M or G)", excerpt(text));
+  }
   std::string digits(text.substr(0, i));
   errno = 0;
   unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
-  if (errno != 0) return invalid_arg("size '{}' is out of range", text);
+  if (errno != 0) return invalid_arg("size '{}' is out of range", excerpt(text));
   std::string_view suffix = text.substr(i);
   uint64_t mult = 1;
   if (suffix.empty() || suffix == "B" || suffix == "b") {
@@ -296,9 +304,9 @@ Result<uint64_t> parse_size(std::string_view text) {
   } else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB") {
     mult = 1ull << 30;
   } else {
-    return invalid_arg("'{}' has an unknown size suffix (use K, M or G)", text);
+    return invalid_arg("'{}' has an unknown size suffix (use K, M or G)", excerpt(text));
   }
-  if (v > UINT64_MAX / mult) return invalid_arg("size '{}' is out of range", text);
+  if (v > UINT64_MAX / mult) return invalid_arg("size '{}' is out of range", excerpt(text));
   return static_cast<uint64_t>(v * mult);
 }
 
@@ -336,7 +344,10 @@ Status check(const Row& r, std::string_view text) { return check_text(r, text); 
 
 Status set(const Row& r, std::string_view value) {
   Status s = check(r, value);
-  if (!s.ok()) return invalid_arg("{}={}: {}", r.name, value, s.message());
+  if (!s.ok()) {
+    return invalid_arg("{}={}: {}", r.name, r.secret ? std::string("(set)") : excerpt(value),
+                       s.message());
+  }
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.api[&r] = std::string(value);
@@ -345,7 +356,7 @@ Status set(const Row& r, std::string_view value) {
 
 Status set(std::string_view name, std::string_view value) {
   const Row* r = find(name);
-  if (r == nullptr) return invalid_arg("unknown setting '{}'", name);
+  if (r == nullptr) return invalid_arg("unknown setting '{}'", excerpt(name));
   return set(*r, value);
 }
 
@@ -374,7 +385,7 @@ std::vector<std::string> file_problems() {
     }
     if (r == nullptr || r == &core_config::kConfigFile) {
       problems.push_back(fmt::format("{}:{}: key '{}': unknown key ({})", file->path(), entry.line,
-                                     key,
+                                     excerpt(key),
                                      r ? "the file is named by the environment or the API"
                                        : "no such setting in this program"));
     } else if (!kind_fits(r->type, entry.kind)) {
@@ -385,13 +396,18 @@ std::vector<std::string> file_problems() {
   return problems;
 }
 
+namespace {
+std::string shown_excerpt(const Row& r, const Value& v) { return excerpt(shown(r, v)); }
+}  // namespace
+
 std::string value_problem(const Row& r, const Value& v) {
   if (v.valid) return "";
   Status s = check(r, v.text);
   if (v.source == Source::kFile) {
-    return fmt::format("{}: key '{}' = \"{}\": {}", v.origin, toml_key(r), v.text, s.message());
+    return fmt::format("{}: key '{}' = \"{}\": {}", v.origin, toml_key(r), shown_excerpt(r, v),
+                       s.message());
   }
-  return fmt::format("{}={}: {}", v.source == Source::kEnv ? v.origin : r.name, v.text,
+  return fmt::format("{}={}: {}", v.source == Source::kEnv ? v.origin : r.name, shown_excerpt(r, v),
                      s.message());
 }
 
@@ -448,5 +464,18 @@ std::string help(const Row& row) {
 }
 
 std::string dump(bool as_toml) { return Snapshot::capture().dump(as_toml); }
+
+std::string shown(const Row& row, const Value& v) {
+  if (!row.secret) return v.text;
+  return v.text.empty() ? "(unset)" : "(set)";
+}
+
+std::string excerpt(std::string_view text) {
+  if (text.size() <= kExcerptBytes) return std::string(text);
+  // Cut at a UTF-8 character boundary.
+  size_t cut = kExcerptBytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
+}
 
 }  // namespace gw::config

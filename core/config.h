@@ -47,6 +47,9 @@ struct Row {
   // Checks a value's text beyond its type (allowed names, ranges); nullptr: the type is enough.
   // Its message says what is allowed; validate() and set() prefix the variable and the value.
   Status (*validator)(std::string_view text) = nullptr;
+  // A secret (GW_JOB_TOKEN): read as any row, but printed only as set or unset, never by value
+  // (shown(): --dump-config, gradwirectl config, gradwire-perf's header and JSON, errors).
+  bool secret = false;
 };
 
 // Registers a component's rows (in the given order) for the file, validate(), dump() and
@@ -56,12 +59,18 @@ struct Row {
 class RowSet {
  public:
   RowSet(const char* component, std::initializer_list<const Row*> rows);
+  // A set that one program reads (`reader`, e.g. "the NCCL net plugin") while others link it only
+  // to list it (gradwire-perf --dump-config): the TOML dump writes its rows as comments, since
+  // the library and the daemon refuse keys they do not have.
+  RowSet(const char* component, std::initializer_list<const Row*> rows, const char* reader);
   const char* component() const { return component_; }
   const std::vector<const Row*>& rows() const { return rows_; }
+  const char* reader() const { return reader_; }  // nullptr: every program that links the set
 
  private:
   const char* component_;
   std::vector<const Row*> rows_;
+  const char* reader_ = nullptr;
 };
 
 // Where a value came from.
@@ -142,7 +151,18 @@ void set_help_completion(const Row& row, HelpCompletion completion);
 std::string help(const Row& row);
 
 // Human-readable table (name, type, default, value, source, help) or TOML with comments, of
-// every registered row as resolved now.
+// every registered row as resolved now. The TOML loads back (into the library, the daemon and the
+// perf tool) and dumps again the same: the file's own name, secrets and rows only another program
+// reads are written as comments. Callers check validate() first: a malformed value is dumped as
+// the default it reads as.
 std::string dump(bool as_toml);
+
+// How a value is printed anywhere outside the component that reads it: a secret row's as "(set)"
+// or "(unset)", any other as its text.
+std::string shown(const Row& row, const Value& v);
+// A value as an error message quotes it: whole up to kExcerptBytes, else its first kExcerptBytes
+// and its length, so a 10 MB value does not make a 10 MB message.
+inline constexpr size_t kExcerptBytes = 64;
+std::string excerpt(std::string_view text);
 
 }  // namespace gw::config

@@ -25,11 +25,20 @@ class ConfigFile {
     int line = 0;
   };
 
+  // A settings file is a few kilobytes; anything larger is refused unread (a device such as
+  // /dev/zero, a log named by mistake).
+  static constexpr size_t kMaxBytes = 1 << 20;
+  // Tables nested deeper than this (`[a.b.c...]`, `a.b.c... = 1`, inline tables within inline
+  // tables) are refused before toml++ builds them: gradwire's keys have at most two parts, and
+  // toml++ 3.3 frees its tables recursively.
+  static constexpr int kMaxDepth = 16;
+
   // Reads and parses `path`. Never fails: a file that cannot be read or parsed yields no entries
-  // and one error ("path:line:column: why").
+  // and one error ("path:line:column: why"). Only a regular file is read (a directory, a FIFO or a
+  // device is refused without blocking), and at most kMaxBytes of it.
   static std::shared_ptr<const ConfigFile> load(const std::string& path);
   // Parses `text` as the contents of `path` (load() reads the file and calls this; the fuzz
-  // target calls it directly). Never fails, as load().
+  // target calls it directly). Never fails, as load(); text over kMaxBytes is refused.
   static std::shared_ptr<const ConfigFile> parse(std::string_view text, const std::string& path);
 
   const std::string& path() const { return path_; }

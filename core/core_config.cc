@@ -55,8 +55,14 @@ constinit const config::Row kStore{
     "GW_STORE", Type::String, "", "",
     "host:port of the rendezvous store hosted by rank 0 (else MASTER_ADDR:MASTER_PORT)"};
 constinit const config::Row kJobToken{
-    "GW_JOB_TOKEN", Type::String, "", "",
-    "shared secret checked in every handshake; rank 0 generates one when empty"};
+    "GW_JOB_TOKEN",
+    Type::String,
+    "",
+    "",
+    "shared secret checked in every handshake; rank 0 generates one when empty (printed only as "
+    "set or unset)",
+    nullptr,
+    /*secret=*/true};
 constinit const config::Row kHostId{
     "GW_HOSTID", Type::String, "", "NCCL_HOSTID",
     "override this process's host identity (ranks with equal ids share memory)"};

@@ -26,7 +26,7 @@ std::string Status::to_string() const {
 
 Status Status::with_context(std::string_view context) const {
   if (ok()) return *this;
-  return Status(code_, fmt::format("{}: {}", context, message_));
+  return Status(code_, fmt::format("{}: {}", context, message_), reason_);
 }
 
 Status system_error(std::string_view what, int err) {

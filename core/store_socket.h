@@ -8,10 +8,12 @@
 #include <string>
 
 #include "core/status.h"
-#include "core/store.h"
 #include "core/sys/fd.h"
+#include "core/sys/time.h"
 
 namespace gw::store_socket {
+
+using sys::Deadline;
 
 // "host:port", with brackets for IPv6 literals.
 std::string format_addr(const std::string& host, int port);

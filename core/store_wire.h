@@ -9,12 +9,16 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/net/handshake.h"
 #include "core/status.h"
-#include "core/store.h"
 
+// The bottom of the store's layers: store.cc (the in-process store) and store_tcp.cc (server and
+// client) call it; it includes neither store.h nor calls them.
 namespace gw::store_wire {
+
+using Bytes = std::vector<uint8_t>;  // the same type as gw::Bytes (core/store.h)
 
 inline constexpr uint32_t kMagic = 0x54535747;  // "GWST" on the wire (little-endian)
 inline constexpr uint16_t kVersion = 2;

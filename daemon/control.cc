@@ -124,6 +124,8 @@ std::string dump(const json& doc) {
 
 }  // namespace
 
+std::string control_socket_path(const std::string& socket_path) { return socket_path + ".ctl"; }
+
 const char* control_command_name(ControlCommand command) {
   switch (command) {
     case ControlCommand::kStatus:

@@ -3,10 +3,10 @@
 // connection: a frame (u32 little-endian length, then a JSON body) each way, then the daemon
 // closes.
 //
-// Shared by the daemon (daemon/server.cc) and gradwirectl (daemon/gradwirectl.cc). Both decoders
-// take bytes the other side controls: decode_control_request() refuses anything but a bounded
-// object naming a known command at a known version; decode_control_response() checks the shape
-// of the answer to the command asked (every field a renderer reads, with its JSON type), so a
+// Shared by the daemon (daemon/control_server.cc) and gradwirectl (daemon/gradwirectl.cc). Both
+// decoders take bytes the other side controls: decode_control_request() refuses anything but a
+// bounded object naming a known command at a known version; decode_control_response() checks the
+// shape of the answer to the command asked (every field a renderer reads, with its JSON type), so a
 // renderer may read those fields without further checks. tests/fuzz/daemon_proto_fuzz.cc runs both
 // on arbitrary bytes.
 //
@@ -33,6 +33,10 @@ enum class ControlCommand { kStatus, kJobs, kClients, kConfig };
 
 // "status", "jobs", "clients", "config".
 const char* control_command_name(ControlCommand command);
+// The control socket of a daemon whose trainers' socket is `socket_path`: beside it,
+// `socket_path` + ".ctl". GW_DAEMON=auto probes it.
+std::string control_socket_path(const std::string& socket_path);
+
 // kInvalidArg naming the known commands.
 Result<ControlCommand> parse_control_command(std::string_view name);
 

@@ -1,5 +1,8 @@
 #include "daemon/daemon_config.h"
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 
 namespace gw::daemon_config {
@@ -15,6 +18,22 @@ Status check_daemon(std::string_view text) {
   return invalid_arg(
       "expected empty (direct mode), auto (the daemon at GW_DAEMON_SOCKET if one answers, else "
       "direct mode) or unix:/path/to/gradwired.sock");
+}
+
+// A group number must be a gid: 4294967296 would wrap to 0 (root's group) and (gid_t)-1 means
+// "no change" to chown. A name is looked up when the daemon starts.
+Status check_group(std::string_view text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) {
+    return ok_status();
+  }
+  constexpr uint64_t kMaxGid = static_cast<gid_t>(-1) - 1;
+  uint64_t gid = 0;
+  for (char c : text) {
+    gid = gid * 10 + static_cast<uint64_t>(c - '0');
+    if (gid > kMaxGid) break;
+  }
+  if (gid > kMaxGid) return invalid_arg("a group number must be 0..{}", kMaxGid);
+  return ok_status();
 }
 
 }  // namespace
@@ -71,9 +90,13 @@ constinit const config::Row kMetrics{
     "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
 
 constinit const config::Row kGroup{
-    "GW_DAEMON_GROUP", Type::String, "", "",
+    "GW_DAEMON_GROUP",
+    Type::String,
+    "",
+    "",
     "gradwired: a group (name or number) whose members may use the daemon whatever their uid: "
-    "the sockets become mode 0660 and owned by it; empty: the daemon's uid (and root) only"};
+    "the sockets become mode 0660 and owned by it; empty: the daemon's uid (and root) only",
+    &check_group};
 
 const config::RowSet& rows() {
   static const config::RowSet set(

@@ -15,7 +15,6 @@
 #include "core/config.h"
 #include "daemon/control.h"
 #include "daemon/daemon_config.h"
-#include "daemon/protocol.h"
 
 namespace {
 

@@ -69,7 +69,11 @@ int main(int argc, char** argv) {
   if (!transport.empty()) (void)config::set(daemon_config::kTransport, transport);
   if (!host_id.empty()) (void)config::set(core_config::kHostId, host_id);
   if (!metrics.empty()) (void)config::set(daemon_config::kMetrics, metrics);
-  if (!group.empty()) (void)config::set(daemon_config::kGroup, group);
+  if (!group.empty()) {
+    // Refused here, not wrapped: --group 4294967296 would be gid 0.
+    Status s = config::set(daemon_config::kGroup, group);
+    if (!s.ok()) return fail(-1, fmt::format("--group: {}", s.message()));
+  }
   Status valid = config::validate();
   if (!valid.ok()) return fail(-1, valid.message());
 

@@ -8,8 +8,15 @@
 #include <prometheus/metric_family.h>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace gw::daemon {
@@ -132,6 +139,42 @@ class PrometheusEndpoint final : public MetricsEndpoint {
   std::shared_ptr<StatsCollectable> stats_;
 };
 
+// Why CivetWeb could not listen on `host_port` ("PORT", "HOST:PORT", "[V6]:PORT"), told by a bind
+// of our own: its exception says only "null context when constructing CivetServer". Empty when
+// the bind works (then CivetWeb's own text is all there is).
+std::string why_not_listening(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  std::string host = colon == std::string::npos ? "" : host_port.substr(0, colon);
+  const std::string port = colon == std::string::npos ? host_port : host_port.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res) != 0 ||
+      res == nullptr) {
+    return "not an address this host can listen on (want PORT or HOST:PORT)";
+  }
+  std::string why;
+  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0) {
+    const int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+      const int err = errno;
+      why = err == EADDRINUSE
+                ? "the port is in use by another process (another gradwired? `ss -ltnp` names "
+                  "it): stop it or give --metrics another port"
+                : std::string("bind: ") + std::strerror(err);
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return why;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::string& host_port,
@@ -141,6 +184,8 @@ Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::strin
     return std::unique_ptr<MetricsEndpoint>(
         new PrometheusEndpoint(std::move(exposer), std::make_shared<StatsCollectable>(server)));
   } catch (const std::exception& e) {
+    const std::string why = why_not_listening(host_port);
+    if (!why.empty()) return invalid_arg("gradwired: --metrics {}: {}", host_port, why);
     return invalid_arg("gradwired: metrics endpoint on '{}': {}", host_port, e.what());
   }
 }

@@ -233,7 +233,13 @@ Result<Welcome> arena_geometry(uint64_t arena_bytes, uint32_t entries) {
   return w;
 }
 
-std::string control_socket_path(const std::string& socket_path) { return socket_path + ".ctl"; }
+std::vector<uint8_t> frame_message(const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> frame(kFrameHeaderBytes + body.size());
+  const uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, sizeof(len));
+  std::copy(body.begin(), body.end(), frame.begin() + kFrameHeaderBytes);
+  return frame;
+}
 
 const char* opcode_name(Opcode op) {
   switch (op) {

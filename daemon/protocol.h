@@ -3,7 +3,8 @@
 // shared-memory arena both then use: a submission ring (trainer -> daemon), a completion ring
 // (daemon -> trainer) and the data region the requests point into.
 //
-// Shared by the daemon (daemon/server.cc) and its client (capi/daemon_session.cc). Every decoder
+// Shared by the daemon (daemon/job.cc, daemon/admission.cc) and its client (daemon/client.h); the
+// rings themselves are read and written through daemon/ring.h. Every decoder
 // here takes bytes the other side controls and checks every field and bound before anything uses
 // it; none trusts shared memory twice (callers copy an entry out of the arena, then decode the
 // copy). tests/fuzz/daemon_proto_fuzz.cc runs them on arbitrary bytes.
@@ -31,6 +32,8 @@ inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr size_t kMaxHelloBytes = 2048;
 inline constexpr size_t kMaxWelcomeBytes = 1024;
+// A body as it goes on the socket: its length, then the body.
+std::vector<uint8_t> frame_message(const std::vector<uint8_t>& body);
 
 // Field bounds (decoders refuse anything beyond them).
 inline constexpr size_t kMaxTokenBytes = 256;
@@ -47,10 +50,6 @@ inline constexpr uint64_t kDataAlign = 4096;
 // allreduce_compressed: the codec spec and tensor key it names in the data region.
 inline constexpr uint32_t kMaxCodecSpecBytes = 256;
 inline constexpr uint32_t kMaxTensorKeyBytes = 1024;
-
-// The control socket (gradwirectl, daemon/control.h) of a daemon whose trainers' socket is
-// `socket_path`: beside it, `socket_path` + ".ctl". GW_DAEMON=auto probes it.
-std::string control_socket_path(const std::string& socket_path);
 
 // What a trainer tells its daemon when it connects.
 struct Hello {

@@ -42,7 +42,7 @@ Status decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool a
 
 // The sign codec's encoding of `count` elements in chunks of `chunk` (a multiple of 64, at most
 // 1048576): ceil(count / chunk) f32 scales, then chunk / 64 u64 bit words per chunk (the layout of
-// collectives/compress/codec.cc, so host and device encodings are interchangeable).
+// collectives/compress/codecs/sign.cc, so host and device encodings are interchangeable).
 size_t sign_encoded_size(size_t count, size_t chunk);
 // Encodes into `out` (sign_encoded_size bytes, 4-byte aligned); residual as for the cast.
 Status sign_encode(const float* in, float* residual, size_t count, size_t chunk, void* out,

@@ -221,10 +221,10 @@ run_one() {
       cmd="$env $perf $op -b $s -e $s ${iters_gw[*]} --check $force"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
-      # [h0r0]  size count type redop time_us algbw busbw wrong
-      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 8 { print; exit }')
+      # [h0r0]  size count type redop root time_us algbw busbw wrong (nccl-tests' columns)
+      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 13 { print; exit }')
       [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      awk '$8 != 0 { exit 1 } { print $5, $7 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+      awk '$9 != 0 { exit 1 } { print $6, $8 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
     gradwire-daemon|gradwire-daemon-copy)
       # One gradwired per testbed host (a testbed service: ready when gradwirectl gets an answer,
       # stopped with SIGTERM after the ranks, also when they fail); the host identity is the one
@@ -245,9 +245,9 @@ run_one() {
       rc=$?
       rm -rf "$sockdir"
       [ $rc -eq 0 ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 8 { print; exit }')
+      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 13 { print; exit }')
       [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      awk '$8 != 0 { exit 1 } { print $5, $7 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+      awk '$9 != 0 { exit 1 } { print $6, $8 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
     gradwire-*)
       local spec="${sys#gradwire-}"
       cmd="$perf allreduce --codec $spec -b $s -e $s ${iters_gw[*]}"

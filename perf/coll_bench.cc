@@ -33,6 +33,26 @@ constexpr size_t kHostLen = 64;
 
 bool has_op(Collective c) { return c == Collective::kAllreduce || c == Collective::kReduceScatter; }
 
+// The type column as nccl-tests prints it (its ncclDataType names: float, double, half, ...), so
+// nccl-tests' parsers read gradwire-perf's table; -d and the header keep gradwire's names.
+const char* nccl_type_name(coll::DataType t) {
+  switch (t) {
+    case coll::DataType::kF32:
+      return "float";
+    case coll::DataType::kF64:
+      return "double";
+    case coll::DataType::kF16:
+      return "half";
+    default:
+      return nullptr;  // bfloat16, int32, int64, uint8: the same name in both
+  }
+}
+
+std::string table_type(coll::DataType t) {
+  const char* n = nccl_type_name(t);
+  return n != nullptr ? std::string(n) : std::string(coll::dtype_name(t));
+}
+
 std::string busbw_formula(Collective c) {
   switch (c) {
     case Collective::kAllreduce:
@@ -131,7 +151,7 @@ json config_json(const CollConfig& c) {
   // Every setting a layer above the default sets (file, environment, or the options above).
   json env = json::object();
   for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-    if (v.source != config::Source::kDefault) env[row->name] = v.text;
+    if (v.source != config::Source::kDefault) env[row->name] = config::shown(*row, v);
   }
   j["gw_env"] = env;
   return j;
@@ -280,7 +300,9 @@ class RankRun {
         c_.iters > 0 ? std::to_string(c_.iters) : "adaptive clamp(2e9/size/ranks, 3, 50)";
     std::string env;
     for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-      if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
+      if (v.source != config::Source::kDefault) {
+        env += fmt::format(" {}={}", row->name, config::shown(*row, v));
+      }
     }
     if (env.empty()) env = " none";
     std::string out;
@@ -324,15 +346,22 @@ class RankRun {
       out += fmt::format("#   rank {:>3}: {}\n", r, hosts_[static_cast<size_t>(r)]);
     }
     out += "#\n";
-    out += fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:^44}  {:^44}", "", "", "", "",
+    // nccl-tests' columns and names: size count type redop root, then time algbw busbw #wrong
+    // out of place and in place; units on a line of their own.
+    out += fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:^44}  {:^44}", "", "", "", "", "",
                        "out-of-place", "in-place");
     out.erase(out.find_last_not_of(' ') + 1);
     out += "\n";
-    out += fmt::format(
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}  {:>6}  {:>10}  {:>11}  {:>11}  "
-        "{:>6}\n",
-        "size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
-        "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    const std::string row_format =
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>10}  {:>11}  {:>11}  {:>6}  {:>10}  {:>11}  "
+        "{:>11}  {:>6}";
+    std::string names =
+        fmt::format(fmt::runtime(row_format), "size", "count", "type", "redop", "root", "time",
+                    "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    std::string units = fmt::format(fmt::runtime(row_format), "(B)", "(elements)", "", "", "",
+                                    "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    units.erase(units.find_last_not_of(' ') + 1);
+    out += names + "\n" + units + "\n";
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
   }
@@ -624,17 +653,20 @@ class RankRun {
     busbw_sum_ += o.busbw;
     ++rows_;
     auto wrong_s = [](int64_t w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+    const int root = c_.coll == Collective::kBroadcast ? c_.root : -1;  // nccl-tests: -1 unrooted
     std::printf(
-        "  %10zu  %12zu  %8s  %6s  %10.1f  %11.3f  %11.3f  %6s  %10.1f  %11.3f  %11.3f  %6s\n",
-        bytes, count, std::string(coll::dtype_name(c_.dtype)).c_str(),
-        has_op(c_.coll) ? std::string(coll::op_name(c_.op)).c_str() : "none", o.med * 1e6, o.algbw,
-        o.busbw, wrong_s(oop.wrong).c_str(), i.med * 1e6, i.algbw, i.busbw,
+        "  %10zu  %12zu  %8s  %6s  %6d  %10.1f  %11.3f  %11.3f  %6s  %10.1f  %11.3f  %11.3f  "
+        "%6s\n",
+        bytes, count, table_type(c_.dtype).c_str(),
+        has_op(c_.coll) ? std::string(coll::op_name(c_.op)).c_str() : "none", root, o.med * 1e6,
+        o.algbw, o.busbw, wrong_s(oop.wrong).c_str(), i.med * 1e6, i.algbw, i.busbw,
         wrong_s(ip.wrong).c_str());
     std::fflush(stdout);
     json row = {{"size_bytes", bytes},
                 {"count", count},
                 {"type", std::string(coll::dtype_name(c_.dtype))},
                 {"redop", has_op(c_.coll) ? std::string(coll::op_name(c_.op)) : "none"},
+                {"root", root},
                 {"iters", iters},
                 {"time_us", o.med * 1e6},
                 {"time_min_us", o.min * 1e6},
@@ -729,7 +761,8 @@ int run_forked_sweep(const CollConfig& c) {
   if (!st.ok()) {
     std::string msg =
         first_error.empty() ? st.to_string() : fmt::format("{} ({})", first_error, st.to_string());
-    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n",
+                 run_failure_text(st, first_error).c_str());
     doc["error"] = msg;
     rc = 2;
     // Exit status 1 of a rank means wrong results, not an error.

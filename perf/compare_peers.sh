@@ -72,12 +72,13 @@ fi
 declare -A results  # "impl np size" -> list of busbw values
 run_one() {  # impl np size [field] -> prints busbw (GB/s), or time (us) with field "time"
   local impl="$1" n="$2" s="$3" out
-  local gwcol=7 peerkey=busbw_GBps
-  [ "${4:-}" = time ] && { gwcol=5; peerkey=time_us; }
+  # gradwire-perf's table has nccl-tests' columns: size count type redop root time algbw busbw ...
+  local gwcol=8 peerkey=busbw_GBps
+  [ "${4:-}" = time ] && { gwcol=6; peerkey=time_us; }
   case "$impl" in
     gw-tcp|gw-shm)
       out=$(timeout 900 "$perf" allreduce --np "$n" --transport "${impl#gw-}" -b "$s" -e "$s" 2>"$work/err") \
-        && awk -v c="$gwcol" '!/^#/ && NF >= 7 { print $c; exit }' <<<"$out" ;;
+        && awk -v c="$gwcol" '!/^#/ && NF >= 13 { print $c; exit }' <<<"$out" ;;
     gloo)
       out=$(cd "$work" && timeout 900 /usr/bin/python3 "$here/peers/gloo_allreduce.py" --np "$n" "$s" 2>"$work/err") \
         && sed -n "s/.*$peerkey=\([0-9.]*\).*/\1/p" <<<"$out" | head -1 ;;
@@ -178,6 +179,7 @@ if [ "$lat_runs" -gt 0 ]; then
     printf "%-10s %10s %10s %14s   %s\n" "$impl" "$m" "$w" "$(ratio "$w" "$m")" "${lat[$impl]}"
   done
   if [ -z "$missing_mpi" ]; then
-    echo "# gw-shm / mpi-shm (vader): $(ratio "$(median ${lat[gw-shm]})" "$(median ${lat[mpi-shm]})")   gw-tcp / mpi-tcp: $(ratio "$(median ${lat[gw-tcp]})" "$(median ${lat[mpi-tcp]})")   (time ratios: < 1 means gradwire is faster)"
+    # The same way as the busbw table's ratios: > 1 means gradwire is faster (peer's time / ours).
+    echo "# gradwire's speed-up (Open MPI's median time / gradwire's; > 1 means gradwire is faster): gw-shm vs mpi-shm (vader): $(ratio "$(median ${lat[mpi-shm]})" "$(median ${lat[gw-shm]})")   gw-tcp vs mpi-tcp: $(ratio "$(median ${lat[mpi-tcp]})" "$(median ${lat[gw-tcp]})")"
   fi
 fi

@@ -418,7 +418,7 @@ int run_codec_allreduce(const CodecAllreduceConfig& c) {
       },
       [](int, const std::string&) {});
   if (!st.ok()) {
-    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.to_string().c_str());
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", st.message().c_str());
     record_run_error(c, codecs, st.to_string());
     return 2;
   }

@@ -10,7 +10,9 @@
 
 #include "collectives/compress/compress_config.h"
 #include "core/config.h"
+#include "core/config_snapshot.h"
 #include "core/net/backend_registry.h"
+#include "core/net/net_config.h"
 #include "daemon/daemon_config.h"
 #include "gradwire/gradwire.h"
 #include "perf/coll_bench.h"
@@ -44,6 +46,41 @@ std::vector<std::string> transport_choices() {
   std::vector<std::string> names = gw::net::backend_names();
   names.insert(names.begin(), "auto");
   return names;
+}
+
+// --transport not given: GW_TRANSPORT (the environment or the config file) means what the flag
+// would, and a bad value is refused naming where it came from. `auto_ok`: false for p2p, which
+// measures one named transport (its default stays tcp).
+bool transport_from_config(CLI::App* cmd, std::string* transport, bool auto_ok) {
+  if (cmd->get_option("--transport")->count() > 0) return true;
+  const gw::config::Value v = gw::config::resolve(gw::net::net_config::kTransport);
+  if (v.source == gw::config::Source::kDefault) return true;
+  const std::string where =
+      fmt::format("{} ({})", v.source == gw::config::Source::kFile ? "transport" : "GW_TRANSPORT",
+                  gw::config::source_text(v));
+  if (v.text == "auto" && !auto_ok) {
+    std::fprintf(stderr,
+                 "gradwire-perf: %s=auto: p2p measures one named transport (%s); set one or "
+                 "pass --transport\n",
+                 where.c_str(),
+                 fmt::format("{}", fmt::join(gw::net::backend_names(), ", ")).c_str());
+    return false;
+  }
+  gw::Status s = gw::net::check_backend_name(v.text, where);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradwire-perf: %s\n", s.message().c_str());
+    return false;
+  }
+  *transport = v.text;
+  return true;
+}
+
+// nccl-tests' type names (-d float, half, double) as gradwire's.
+std::string dtype_alias(const std::string& name) {
+  if (name == "float") return "float32";
+  if (name == "double") return "float64";
+  if (name == "half") return "float16";
+  return name;
 }
 
 void add_size_option(CLI::App* app, const std::string& flags, uint64_t* target,
@@ -103,7 +140,8 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "suffixes)");
   sub->get_option("--stepbytes")->excludes(factor);
   sub->add_option("-d,--datatype", cli->dtype,
-                  "float32, float64, float16, bfloat16, int32, int64, uint8")
+                  "float32, float64, float16, bfloat16, int32, int64, uint8 (or nccl-tests' "
+                  "names: float, double, half)")
       ->capture_default_str();
   if (coll == Collective::kAllreduce || coll == Collective::kReduceScatter) {
     sub->add_option("-o,--op", cli->op, "sum, prod, min, max, avg")->capture_default_str();
@@ -118,7 +156,7 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
   sub->add_option("--transport", c.transport,
                   gw::net::describe_backends() +
                       " (dpdk: port from GW_DPDK_EAL_ARGS; one rank per host: run it under a "
-                      "launcher)")
+                      "launcher); without it GW_TRANSPORT, else auto")
       ->check(CLI::IsMember(transport_choices()))
       ->capture_default_str();
   sub->add_option("--algo", c.algo,
@@ -234,7 +272,8 @@ int main(int argc, char** argv) {
       ->add_option("--transport", p2p.transport,
                    fmt::format("{} (dpdk with --np 2: a net_memif pair unless GW_DPDK_EAL_ARGS "
                                "is set; server/client or under a launcher: each host's "
-                               "GW_DPDK_EAL_ARGS and GW_DPDK_IP)",
+                               "GW_DPDK_EAL_ARGS and GW_DPDK_IP); without it GW_TRANSPORT, "
+                               "else tcp",
                                fmt::join(gw::net::backend_names(), ", ")))
       ->capture_default_str();
   p2p_cmd->add_option("HOST", p2p.peer_host,
@@ -292,7 +331,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (dump_config) {
-    std::fputs(gw::config::dump(toml).c_str(), stdout);
+    // What a run would refuse is reported, not dumped as the defaults it reads as.
+    const gw::config::Snapshot snapshot = gw::config::Snapshot::capture();
+    if (gw::Status valid = snapshot.validate(); !valid.ok()) {
+      std::fprintf(stderr, "gradwire-perf: %s\n", valid.message().c_str());
+      return 2;
+    }
+    std::fputs(snapshot.dump(toml).c_str(), stdout);
     return 0;
   }
   if (toml) {
@@ -318,7 +363,8 @@ int main(int argc, char** argv) {
   }
   for (auto& [cmd, cli] : colls) {
     if (!cmd->parsed()) continue;
-    auto dt = gw::coll::parse_dtype(cli->dtype);
+    if (!transport_from_config(cmd, &cli->config.transport, true)) return 2;
+    auto dt = gw::coll::parse_dtype(dtype_alias(cli->dtype));
     if (!dt) {
       std::fprintf(stderr,
                    "gradwire-perf: -d %s: unknown datatype (float32, float64, float16, bfloat16, "
@@ -339,7 +385,10 @@ int main(int argc, char** argv) {
     }
     return gw::perf::run_collective(cli->config);
   }
-  if (p2p_cmd->parsed()) return gw::perf::run_p2p(p2p);
+  if (p2p_cmd->parsed()) {
+    if (!transport_from_config(p2p_cmd, &p2p.transport, false)) return 2;
+    return gw::perf::run_p2p(p2p);
+  }
   std::fputs(app.help().c_str(), stdout);
   return 2;
 }

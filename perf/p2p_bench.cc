@@ -429,7 +429,9 @@ class P2pRank {
           c_.report_gbits ? "Gb = 1e9 bits" : "MB = 1e6 B");
       std::string env;
       for (const auto& [row, v] : config::Snapshot::capture().entries()) {
-        if (v.source != config::Source::kDefault) env += fmt::format(" {}={}", row->name, v.text);
+        if (v.source != config::Source::kDefault) {
+          env += fmt::format(" {}={}", row->name, config::shown(*row, v));
+        }
       }
       std::printf("# GW_* set:%s\n", env.empty() ? " none" : env.c_str());
       std::printf("#bytes     #iterations    %-18s MsgRate[Mpps]\n",
@@ -650,7 +652,8 @@ int run_forked_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report) {
   close(sv[1]);
   int rc = 0;
   if (!s.ok()) {
-    std::fprintf(stderr, "gradwire-perf: run failed: %s\n", s.to_string().c_str());
+    std::fprintf(stderr, "gradwire-perf: run failed: %s\n",
+                 run_failure_text(s, report->first_error()).c_str());
     report->set_error(report->first_error().empty()
                           ? s.to_string()
                           : fmt::format("{} ({})", report->first_error(), s.to_string()));
@@ -724,7 +727,24 @@ int run_server_client_p2p(const P2pConfig& c, int64_t timeout, P2pReport* report
         c.port == P2pConfig{}.port ? "" : fmt::format(" --port {}", c.port).c_str());
     std::fflush(stdout);
   }
-  auto store = TcpStore::create(so);
+  Result<std::shared_ptr<TcpStore>> store = invalid_arg("unset");
+  if (!server) {
+    // As perftest's client: a refused connection means no server is there (yet), which is said at
+    // once; anything else (no answer: a firewall, a host still booting) is waited for until the
+    // deadline, the store client saying so every few seconds.
+    TcpStoreOptions first = so;
+    first.connect_timeout_ms = std::min<int64_t>(timeout, 1000);
+    store = TcpStore::create(first);
+    if (!store.ok() && store.status().message().find("refused") != std::string::npos &&
+        store.status().message().find("could not reach") != std::string::npos) {
+      return report->fail(peer_error(
+          "p2p client: no p2p server at {}:{}: connection refused (start `gradwire-perf p2p "
+          "--transport {}{}` there first, or check HOST and --port)",
+          c.peer_host, c.port, c.transport,
+          c.port == P2pConfig{}.port ? "" : fmt::format(" --port {}", c.port)));
+    }
+  }
+  if (server || !store.ok()) store = TcpStore::create(so);
   if (!store.ok()) {
     return report->fail(store.status().with_context(
         server ? fmt::format("p2p server: rendezvous on port {}", c.port)

@@ -64,6 +64,12 @@ void kill_and_reap(std::vector<Child>& children) {
 
 }  // namespace
 
+std::string run_failure_text(const Status& status, const std::string& first_error) {
+  if (first_error.empty()) return status.message();
+  if (status.message().find("exited with status") != std::string::npos) return first_error;
+  return fmt::format("{}; first error reported: {}", status.message(), first_error);
+}
+
 void send_message(int msg_fd, const std::string& line) {
   if (msg_fd < 0) return;
   std::string data = line + "\n";
@@ -230,8 +236,11 @@ Status run_forked(const ForkOptions& options, const std::function<int(int rank, 
       --running;
       bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (!ok && result.ok()) {
-        Code code = WIFSIGNALED(st) ? Code::kPeer : Code::kInternal;
-        result = Status(code, fmt::format("rank {} (pid {}) {}", i, c.pid, describe_exit(st)));
+        // Not kInternal: a rank that exits non-zero has printed its own error (a user's mistake
+        // as often as not: a bad setting, no daemon), which the caller shows.
+        result =
+            Status(Code::kPeer, fmt::format("rank {} (pid {}) {}{}", i, c.pid, describe_exit(st),
+                                            WIFEXITED(st) ? " (its error is above)" : ""));
         if (!failing) {
           failing = true;
           fail_since = SteadyClock::now();

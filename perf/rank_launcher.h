@@ -35,6 +35,11 @@ struct ForkOptions {
 Status run_forked(const ForkOptions& options, const std::function<int(int rank, int msg_fd)>& body,
                   const std::function<void(int rank, const std::string& line)>& on_message);
 
+// The line a failed forked run ends with: the ranks' own first error when a rank exited with a
+// status (it reported why, a user's mistake as often as not), else run_forked's status (a rank
+// killed by a signal is the cause; the first error reported follows it).
+std::string run_failure_text(const Status& status, const std::string& first_error);
+
 // Sends one line (no '\n' inside) to the parent. msg_fd < 0 (not forked) is a no-op.
 void send_message(int msg_fd, const std::string& line);
 

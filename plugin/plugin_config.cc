@@ -18,7 +18,9 @@ constinit const config::Row kPluginPin{
     "keep the NCCL plugin loaded after the last communicator (works around NCCL 2.28 reload bug)"};
 
 const config::RowSet& rows() {
-  static const config::RowSet set("plugin", {&kPluginBackend, &kPluginMinChannels, &kPluginPin});
+  // gradwire-perf and the tests link these rows to list them; only the plugin reads them.
+  static const config::RowSet set("plugin", {&kPluginBackend, &kPluginMinChannels, &kPluginPin},
+                                  "the NCCL net plugin");
   static const bool hooked = [] {
     config::set_help_completion(kPluginBackend, [] { return net::describe_cross_host_backends(); });
     return true;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan; only the fuzz_* binaries
-# and the libraries they link) and runs each for a bounded time on a copy of its checked-in
-# corpus (tests/fuzz/corpus/<target>/), GW_FUZZ_JOBS targets at a time (default 2).
+# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan; its build preset builds
+# only gw_libfuzzers, every fuzz_* binary, and what they link) and runs each for a bounded time on
+# a copy of its checked-in corpus (tests/fuzz/corpus/<target>/), GW_FUZZ_JOBS targets at a time
+# (default 2). The targets are those the build lists in build/fuzz/libfuzzers.txt (one per row of
+# tests/fuzz/fuzz_targets.cc's table, plus daemon_proto and dpdk_decoder).
 # usage: scripts/fuzz.sh [seconds per target, default 20] [target ...]
 # A crash leaves its input in build/fuzz/artifacts/; make it a regression seed and a fix.
 set -euo pipefail
@@ -9,19 +11,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 secs="${1:-20}"
 shift || true
-all=(store_server_frames store_client_frames tcp_wire shm_handshake shm_connector shm_ring
-     plugin_handle codec_spec codec_payload config_toml dpdk_decoder daemon_proto verbs_wire)
-targets=("${@:-${all[@]}}")
-[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 jobs="${GW_FUZZ_JOBS:-2}"
 
 # GW_FUZZ_STEP=build only builds, =run only runs (scripts/test.sh builds ahead in the
 # background); default both.
 step="${GW_FUZZ_STEP:-all}"
 t0=$(date +%s)
+[ "$step" = run ] || cmake --preset fuzz >/dev/null
+mapfile -t all <build/fuzz/libfuzzers.txt
+targets=("$@")
+build=()  # the preset's gw_libfuzzers, or only the targets named
+[ ${#targets[@]} -gt 0 ] && build=(--target "${targets[@]/#/fuzz_}")
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 if [ "$step" != run ]; then
-  cmake --preset fuzz >/dev/null
-  cmake --build --preset fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
+  cmake --build --preset fuzz -j"$(nproc)" "${build[@]}"
   echo "fuzz.sh: built ${#targets[@]} targets in $(( $(date +%s) - t0 )) s"
   [ "$step" = build ] && exit 0
 fi

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, release build + ctest, the Python tests
-# (tests/python, pytest), then the debug build
-# (AddressSanitizer + UndefinedBehaviorSanitizer) + ctest, then ThreadSanitizer over the threaded
-# parts (scripts/tsan.sh), then (GW_TEST_FUZZ_SECONDS) the libFuzzer targets. Each build after the
-# first runs in the background, at the lowest priority, during the tests before it. Fails on the
-# first failure.
-# usage: scripts/test.sh            (GW_TEST_JOBS overrides ctest's parallelism, default 2)
+# The test runs, chosen by the labels of tests/CMakeLists.txt through CMakePresets.json's test
+# presets:
+#   scripts/test.sh quick   the inner loop: release build, the unit tests but the slow ones
+#                           (preset quick), the Python tests but the slow ones.
+#   scripts/test.sh         the full suite, as CI runs it (.ci/run): dependencies; release build;
+#                           every unit test (release-unit), the integration tests (namespaces,
+#                           faults, timing: release-integration, once, one retry each); every
+#                           Python test; the ASan+UBSan build's unit tests (debug); ThreadSanitizer
+#                           over the tests labelled tsan (scripts/tsan.sh); the libFuzzer targets
+#                           for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips them).
+# Each build after the first runs in the background, at the lowest priority, during the tests
+# before it. Fails on the first failure; an integration test that passed only on its retry is
+# listed at the end as a flake.
+# usage: scripts/test.sh [quick]   (GW_TEST_JOBS overrides ctest's parallelism, default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+mode="${1:-full}"
+case "$mode" in
+  quick|full) ;;
+  *) echo "usage: $0 [quick]" >&2; exit 2 ;;
+esac
 jobs="${GW_TEST_JOBS:-2}"
 t0=$(date +%s)
 phase_start=$t0
@@ -19,6 +31,24 @@ phase() {
   phase_start=$now
 }
 
+# The Python package and the torch backend against the release libgradwire.so, with Debian's
+# python3 (its torch); a few ranks and short deadlines.
+pytests() {
+  GRADWIRE_LIBRARY="$PWD/build/release/capi/libgradwire.so" GW_TIMEOUT_MS=10000 \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@" tests/python
+}
+
+if [ "$mode" = quick ]; then
+  bash scripts/build.sh release
+  phase "release build"
+  ctest --preset quick -j"$jobs"
+  phase "unit tests (not slow)"
+  pytests -m "not slow"
+  phase "python tests (not slow)"
+  echo "test.sh quick: all passed in $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
+
 bash scripts/install-deps.sh
 phase "install-deps"
 
@@ -27,9 +57,8 @@ phase "release build"
 
 # The later phases' builds run in the background at the lowest CPU priority while the tests run:
 # the tests wait a lot (shaped links, deadlines, the soak and chaos scripts) and a nice-19 build
-# takes only the CPU they leave idle (CFS weight 15 against 1024), so the tests keep their timing
-# and the suite saves most of a build. Each build's output goes to build/bg-NAME.log, shown if it
-# fails.
+# takes only the CPU they leave idle, so the tests keep their timing and the suite saves most of
+# a build. Each build's output goes to build/bg-NAME.log, shown if it fails.
 mkdir -p build
 bg_start() {  # NAME COMMAND...: in a process group of its own, ended with this script
   local name=$1
@@ -50,24 +79,24 @@ declare -A bg_pids
 trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 rm -f build/bg-*.rc
 bg_start debug bash scripts/build.sh debug
-# Tests are independent (every port is chosen by the kernel), so they may run side by side.
-# Unit tests must pass at the first attempt. Integration tests (real processes, network namespaces,
-# AF_XDP on veth) share 2 vCPUs with each other and the kernel's softirq work; one of them
-# (DpdkNetns.AllreduceFourHostsOverAfXdp...) lost a run to a 30 s one-way silence of an AF_XDP link
-# once in this project's CI runs, so an integration test gets one retry: ctest prints both
-# attempts, and a test that fails twice fails the run.
-run_ctest() {
-  ctest --preset "$1" -j"$jobs" --timeout 900 -LE integration
-  ctest --preset "$1" -j"$jobs" --timeout 900 -L integration --repeat until-pass:2
-}
-run_ctest release
-phase "release tests"
 
-# The Python package and the torch backend against the release libgradwire.so, with Debian's
-# python3 (its torch); a few ranks and short deadlines; with the subset of PyTorch's own
-# distributed_test.py (tests/python/test_torch_suite.py) it takes a few minutes.
-GRADWIRE_LIBRARY="$PWD/build/release/capi/libgradwire.so" GW_TIMEOUT_MS=10000 \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
+# Tests are independent (every port is chosen by the kernel), so they may run side by side. Unit
+# tests must pass at the first attempt. Integration tests (real processes, network namespaces,
+# AF_XDP on veth) share the CPUs with each other and the kernel's softirq work, so each gets one
+# retry (the preset's until-pass:2); a test that fails twice fails the run, one that passed on its
+# retry is a flake, listed at the end.
+ctest --preset release-unit -j"$jobs"
+phase "release unit tests"
+ctest_log=build/release/integration-ctest.log
+ctest --preset release-integration -j"$jobs" | tee "$ctest_log"
+phase "release integration tests"
+# ctest prints a line per attempt ("Test #N: name ....***Failed", then "Test #N: name ....
+# Passed"): a name with both is a flake.
+flakes=$(awk '/Test +#[0-9]+: /{ name = $0; sub(/^.*Test +#[0-9]+: /, "", name); sub(/ .*/, "", name);
+              if ($0 ~ /\*\*\*|Failed|Timeout|Exception/) failed[name] = 1; else if ($0 ~ / Passed /) passed[name] = 1 }
+              END { for (n in failed) if (n in passed) print n }' "$ctest_log" | sort)
+
+pytests
 phase "python tests"
 
 bg_wait debug
@@ -75,25 +104,24 @@ phase "debug (ASan+UBSan) build, what was left of it"
 fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
 bg_start later bash -c "bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
   GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
-run_ctest debug
-phase "debug (ASan+UBSan) tests"
+ctest --preset debug -j"$jobs"
+phase "debug (ASan+UBSan) unit tests"
 bg_wait later
 phase "ThreadSanitizer and libFuzzer builds, what was left of them"
 
 bash scripts/tsan.sh run
 phase "ThreadSanitizer tests"
 
-# The gtest drivers of the fuzz targets ran above (fuzz_targets_test, dpdk_decoder_fuzz_test,
-# daemon_proto_fuzz_test). Then scripts/fuzz.sh builds the libFuzzer binaries (the fuzz preset,
-# clang 14, ASan+UBSan; only the fuzz_* binaries and what they link) and runs every target for
-# GW_TEST_FUZZ_SECONDS seconds (default 10), two at a time; 0 skips it. Cost: the fuzz build
-# compiles 76 of the fuzz preset's 176 units. Cold (CCACHE_DISABLE=1) it could not be timed
-# cleanly on the shared 2-core machine (12 of 94 steps in 4 min at load 20); scaled from the
-# whole clang build (about 10 min on 2 cores) it is about 4-5 min, plus about 1 min of runs
-# (12 targets x 10 s, two at a time). Raise to 15-20 s per target where that fits.
+# The fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided), starting from
+# its checked-in corpus. The gtest drivers (label fuzz) only replay seeds and fixed mutations in
+# the release build, as regression tests.
 if [ "$fuzz_seconds" -gt 0 ]; then
   GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
   phase "libFuzzer runs"
 fi
 
+if [ -n "$flakes" ]; then
+  echo "test.sh: flakes (integration tests that passed only on their retry):"
+  echo "$flakes" | sed 's/^/  /'
+fi
 echo "test.sh: all passed in $(( $(date +%s) - t0 )) s"

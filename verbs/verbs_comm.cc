@@ -422,7 +422,7 @@ void VerbsSendComm::issue() {
     }
     r->issued = true;
     if ((verdict & kImmTruncated) != 0) {
-      core_->error = invalid_arg(
+      core_->error = truncated_error(
           "isend: message truncated: {} bytes sent to a receive of {} bytes "
           "posted by {}",
           r->size, slot.capacity, core_->peer());
@@ -635,8 +635,9 @@ void VerbsRecvComm::poll() {
     Req* r = reqs_.active(reqs_.done_seq());
     if (r == nullptr || r->arrived < nqps) break;
     if ((r->verdict & kImmTruncated) != 0) {
-      core_->error = invalid_arg("irecv: message truncated: {} sent more than the {} bytes posted",
-                                 core_->peer(), r->capacity);
+      core_->error =
+          truncated_error("irecv: message truncated: {} sent more than the {} bytes posted",
+                          core_->peer(), r->capacity);
       break;
     }
     if ((r->verdict & kImmTagMismatch) != 0) {

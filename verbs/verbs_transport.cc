@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "core/log.h"
 #include "core/net/handshake.h"
+#include "core/net/pending_accept.h"
 #include "core/net/socket_util.h"
 #include "core/net/tcp_config.h"
 #include "core/sys/fd.h"
@@ -97,11 +99,12 @@ class VerbsListener final : public net::Listener {
   Result<std::unique_ptr<net::RecvComm>> accept() override {
     // The handshakes already held move first, so a flood of new connections cannot push out one
     // that has spoken before it was read (with none held, new ones start in this call).
-    if (pending_.empty()) accept_new();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      Result<std::unique_ptr<net::RecvComm>> r = advance(pending_[i]);
-      if (!pending_[i].fd.valid()) {
-        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    std::vector<Pending>& pending = accepts_.held();
+    if (pending.empty()) accept_new();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Result<std::unique_ptr<net::RecvComm>> r = advance(pending[i]);
+      if (!pending[i].fd.valid()) {
+        pending.erase(pending.begin() + static_cast<ptrdiff_t>(i));
         --i;
       }
       if (!r.ok()) return r.status();
@@ -123,64 +126,20 @@ class VerbsListener final : public net::Listener {
     size_t io = 0;
     Deadline deadline{};
     std::unique_ptr<QpSet> qps;
+    bool silent() const { return phase == Phase::kHello && io == 0; }
   };
 
-  // Up to kAcceptBurst connections per call, with the tcp listener's rules when descriptors run
-  // out or too many handshakes are held (core/net/tcp_transport.cc): a silent handshake makes
-  // way first; with none held, the waiting connection is shed and accepting pauses.
+  // New connections, under the policy of core/net/pending_accept.h. Never fails the caller.
   void accept_new() {
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
-    if (shedder_.paused(now)) return;
-    for (int burst = 0; burst < net::handshake::kAcceptBurst;) {
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      int fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len,
-                       SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        const int err = errno;
-        if (err == EINTR || err == ECONNABORTED) continue;
-        if (err == EMFILE || err == ENFILE) {
-          ++burst;
-          if (!pending_.empty()) {
-            drop_one_pending("out of file descriptors");
-            continue;
-          }
-          GW_LOG_WARN("verbs accept: out of file descriptors; shedding a connection");
-          shedder_.shed(fd_.get(), now);
-        }
-        return;
-      }
-      ++burst;
-      if (pending_.size() >= max_pending_) {
-        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
-      }
-      Pending p;
-      p.fd.reset(fd);
-      p.addr = net::format_sockaddr(reinterpret_cast<sockaddr*>(&addr));
-      p.deadline = sys::deadline_after_ms(options_.timeout_ms);
-      (void)configure(fd);
-      pending_.push_back(std::move(p));
-    }
-  }
-
-  // Drops one held handshake: the oldest that has not sent a byte, else the oldest.
-  void drop_one_pending(std::string_view why) {
-    auto it = std::find_if(pending_.begin(), pending_.end(),
-                           [](const Pending& p) { return p.phase == Phase::kHello && p.io == 0; });
-    if (it == pending_.end()) it = pending_.begin();
-    uint64_t skipped = 0;
-    if (drop_log_.should_log(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::steady_clock::now().time_since_epoch())
-                                 .count(),
-                             &skipped)) {
-      GW_LOG_WARN(
-          "verbs accept: {}; dropping the handshake of {} ({} more dropped since the "
-          "last warning)",
-          why, it->addr, skipped);
-    }
-    pending_.erase(it);
+    (void)accepts_.accept_burst(
+        fd_.get(), sys::now_ns(), [&](UniqueFd fd, const sockaddr_storage& addr) {
+          Pending p;
+          p.addr = net::format_sockaddr(reinterpret_cast<const sockaddr*>(&addr));
+          p.deadline = sys::deadline_after_ms(options_.timeout_ms);
+          (void)configure(fd.get());
+          p.fd = std::move(fd);
+          return std::optional<Pending>(std::move(p));
+        });
   }
 
   void drop(Pending& p, std::string_view why) {
@@ -288,10 +247,7 @@ class VerbsListener final : public net::Listener {
   std::shared_ptr<VerbsDevice> device_;
   VerbsConfig config_;
   net::TransportOptions options_;
-  std::vector<Pending> pending_;
-  const size_t max_pending_ = net::handshake::max_pending();  // GW_LISTEN_MAX_PENDING
-  sys::AcceptShedder shedder_;
-  net::handshake::DropLog drop_log_;
+  net::PendingAccept<Pending> accepts_{"verbs"};
 };
 
 class VerbsConnector final : public net::Connector {

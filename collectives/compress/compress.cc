@@ -7,6 +7,7 @@
 
 #include "collectives/compress/codec_kernels.h"
 #include "collectives/compress/compress_config.h"
+#include "collectives/compress/tensor_state.h"
 #include "collectives/reduce.h"
 #include "core/log.h"
 
@@ -69,27 +70,6 @@ uint64_t reduce_scatter_send_bytes(uint64_t bytes_per_rank, int nranks) {
 uint64_t broadcast_send_bytes(uint64_t bytes, int nranks, int position_from_root) {
   return nranks > 1 && position_from_root < nranks - 1 ? bytes : 0;
 }
-
-struct Compressor::TensorState {
-  std::string key;
-  std::string spec_text;  // canonical
-  CodecSpec spec;
-  size_t count = 0;
-  DataType dtype = DataType::kF32;
-  std::unique_ptr<Codec> codec;        // null for none / powersgd
-  std::vector<float> residual;         // worker error feedback (count)
-  std::vector<float> server_residual;  // sign: this rank's partition
-  std::vector<float> q;                // powersgd: r vectors of cols (warm start)
-  uint64_t key_hash = 0;
-  uint64_t step = 0;
-  uint64_t nonfinite_logged = 0;  // steps skipped for a NaN/Inf input
-  bool external = false;  // encoded and decoded by the caller (allreduce_cast_encoded_sliced)
-  bool hier = false;      // run in the hierarchical form: the residual is in `inter`
-  // Hierarchical form: this rank's inter-host part (its shard, or the whole tensor on a leader),
-  // at offset `inter_offset` of the tensor; null until first used, and on non-leaders.
-  std::unique_ptr<TensorState> inter;
-  size_t inter_offset = 0;
-};
 
 Compressor::Compressor(Communicator* comm, const config::Snapshot& config)
     : comm_(comm), layout_(comm->host_layout()) {
@@ -655,65 +635,6 @@ Status Compressor::allreduce_two_phase_encoded(size_t count, DataType dtype,
   if (!st.ok()) {
     return st.with_context(fmt::format("compressed allreduce \"{}\" ({})", key, t->spec_text));
   }
-  return ok_status();
-}
-
-namespace {
-
-// Deterministic pseudo-random column vectors (same on every rank for the same key).
-void seed_columns(uint64_t key_hash, size_t first, size_t ncols, size_t len, float* q) {
-  for (size_t j = first; j < first + ncols; ++j) {
-    uint64_t s = key_hash ^ (0x5851f42d4c957f2dull * (j + 1));
-    for (size_t i = 0; i < len; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      q[j * len + i] = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) *
-                       (1.0f / static_cast<float>(1 << 23));
-    }
-  }
-}
-
-}  // namespace
-
-Status Compressor::run_low_rank(Communicator& net, TensorState& t, float* x) {
-  const size_t n = t.count;
-  const int p = net.size();
-  const MatrixShape shape = powersgd_shape(n, t.spec.cols);
-  const size_t r = std::min({static_cast<size_t>(t.spec.rank), shape.rows, shape.cols});
-  // With error feedback M = x + residual, formed in the residual by the first pass (fused with
-  // P = M Q); without, M is x itself.
-  float* res = t.residual.empty() ? nullptr : t.residual.data();
-  float* m = res ? res : x;
-  if (t.q.size() != shape.cols * r || !t.spec.warm_start) {
-    t.q.resize(shape.cols * r);
-    seed_columns(t.key_hash, 0, r, shape.cols, t.q.data());
-  } else {
-    // A column that collapsed to zero would stay zero under warm start: reseed it.
-    for (size_t j = 0; j < r; ++j) {
-      const float* col = t.q.data() + j * shape.cols;
-      if (std::all_of(col, col + shape.cols, [](float v) { return v == 0.0f; })) {
-        seed_columns(t.key_hash + t.step, j, 1, shape.cols, t.q.data());
-      }
-    }
-  }
-  std::vector<float> pm(shape.rows * r);
-  add_matmul_mq(res ? x : nullptr, m, n, shape, t.q.data(), r, pm.data());
-  phases_.mark(PhaseTimes::kEncode);
-  GW_RETURN_IF_ERROR(net.allreduce(pm.data(), pm.data(), pm.size(), DataType::kF32, ReduceOp::kSum)
-                         .with_context("powersgd P"));
-  count_sent(allreduce_send_bytes(pm.size() * 4, p));
-  phases_.mark(PhaseTimes::kExchange);
-  orthogonalize(pm.data(), shape.rows, r);
-  matmul_mtp(m, n, shape, pm.data(), r, t.q.data());
-  std::vector<float> q_local;
-  if (res) q_local = t.q;  // the residual subtracts this rank's own P Q^T
-  phases_.mark(PhaseTimes::kEncode);
-  GW_RETURN_IF_ERROR(
-      net.allreduce(t.q.data(), t.q.data(), t.q.size(), DataType::kF32, ReduceOp::kSum)
-          .with_context("powersgd Q"));
-  count_sent(allreduce_send_bytes(t.q.size() * 4, p));
-  phases_.mark(PhaseTimes::kExchange);
-  // One pass: residual = M - P Q_local^T, x = P Q^T (M is no longer needed when res is null).
-  residual_and_decode_pq(pm.data(), q_local.data(), t.q.data(), shape, r, n, res, x);
   return ok_status();
 }
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "core/config.h"
@@ -17,8 +18,10 @@
 #include "core/log.h"
 #include "core/net/comm_adapter.h"
 #include "core/net/handshake.h"
+#include "core/net/pending_accept.h"
 #include "core/net/request.h"
 #include "core/net/shm_config.h"
+#include "core/net/shm_wire.h"
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
@@ -34,132 +37,22 @@ using sys::Fd;
 using sys::MemfdRegion;
 using sys::now_ns;
 
-constexpr uint16_t kVersion = 2;
-constexpr size_t kHostIdSize = 64;
-constexpr size_t kSockNameSize = 32;
-constexpr uint32_t kRingMagic = 0x47575231;       // "GWR1"
-constexpr int64_t kRetryNs = 10 * 1000 * 1000;    // between connect() attempts
-constexpr int64_t kLivenessNs = 1 * 1000 * 1000;  // between peer liveness checks
-
-// All wire structs are little-endian, fixed size (docs/wire-shm.md).
-struct HandleWire {
-  char magic[4];  // "GWS1"
-  uint16_t version;
-  uint16_t reserved;
-  uint64_t nonce;
-  int32_t rank;
-  uint32_t reserved2;
-  char sock_name[kSockNameSize];  // abstract AF_UNIX name, NUL-padded
-  char host_id[kHostIdSize];      // NUL-padded
-};
-static_assert(sizeof(HandleWire) == 120 && sizeof(HandleWire) <= kHandleSize);
-
-// Connector -> listener, first packet.
-struct Hello {
-  char magic[4];  // "GWSI"
-  uint32_t reserved;
-  uint64_t nonce;         // from the handle
-  int32_t rank;           // the connector's
-  int32_t listener_rank;  // the listener's, as the handle says
-  handshake::Nonce challenge;
-};
-static_assert(sizeof(Hello) == 56);
-
-// Listener -> connector: its challenge and its proof (a refusal is a Reply with kRefuse).
-struct Challenge {
-  char magic[4];  // "GWSC"
-  uint32_t reserved;
-  handshake::Nonce challenge;
-  handshake::Mac proof;
-};
-static_assert(sizeof(Challenge) == 72);
-
-// Connector -> listener: its proof. The listener answers with a Reply.
-struct Proof {
-  char magic[4];  // "GWSP"
-  uint32_t reserved;
-  handshake::Mac proof;
-};
-static_assert(sizeof(Proof) == 40);
-
-handshake::Transcript transcript(const Hello& h) {
-  handshake::Transcript t;
-  t.protocol = "shm";
-  t.handle_nonce = h.nonce;
-  t.connector_rank = h.rank;
-  t.listener_rank = h.listener_rank;
-  t.connector_challenge = h.challenge;
-  return t;
-}
-
-struct Reply {
-  char magic[4];  // "GWSR"
-  uint8_t answer;
-  uint8_t reserved[3];
-  uint32_t nslots;
-  uint32_t reserved2;
-  uint64_t slot_size;
-  uint64_t total_size;
-};
-static_assert(sizeof(Reply) == 32);
-
-// The control block at offset 0 of the segment. Counters only grow; slot = count % nslots.
-struct RingCtrl {
-  uint32_t magic;
-  uint32_t nslots;
-  uint64_t slot_size;
-  alignas(64) std::atomic<uint64_t> head;        // slots published by the sender
-  alignas(64) std::atomic<uint64_t> tail;        // slots released by the receiver
-  alignas(64) std::atomic<uint32_t> error_code;  // receiver's verdict on error_seq (0 = none)
-  uint64_t error_seq;
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(sizeof(RingCtrl) == 256);
-
-struct SlotHeader {
-  uint64_t msg_seq;   // message number on this connection
-  uint64_t msg_size;  // bytes of the whole message
-  uint64_t offset;    // where this slot's bytes go in the message
-  uint32_t len;       // bytes in this slot
-  int32_t tag;
-};
-static_assert(sizeof(SlotHeader) == 32);
-
-size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
-
-struct Geometry {
-  uint32_t nslots = 0;
-  uint64_t slot_size = 0;
-  size_t headers_offset() const { return sizeof(RingCtrl); }
-  size_t data_offset() const {
-    return round_up(sizeof(RingCtrl) + nslots * sizeof(SlotHeader), 4096);
-  }
-  size_t slot_stride() const { return round_up(slot_size, 64); }
-  size_t total() const { return data_offset() + nslots * slot_stride(); }
-};
-
-// One mapping of a ring segment.
-class Ring {
- public:
-  Ring(MemfdRegion region, Geometry g)
-      : region_(std::move(region)), base_(static_cast<char*>(region_.data())), g_(g) {}
-  Ring(Ring&& o) noexcept
-      : region_(std::move(o.region_)), base_(std::exchange(o.base_, nullptr)), g_(o.g_) {}
-  Ring& operator=(Ring&&) = delete;
-  // The segment's descriptor is needed only until it has been passed to the peer.
-  void close_fd() { region_.close_fd(); }
-  RingCtrl* ctrl() const { return reinterpret_cast<RingCtrl*>(base_); }
-  SlotHeader* header(uint64_t slot) const {
-    return reinterpret_cast<SlotHeader*>(base_ + g_.headers_offset()) + slot;
-  }
-  char* data(uint64_t slot) const { return base_ + g_.data_offset() + slot * g_.slot_stride(); }
-  const Geometry& geometry() const { return g_; }
-
- private:
-  MemfdRegion region_;
-  char* base_ = nullptr;
-  Geometry g_;
-};
+using shm::Challenge;
+using shm::Geometry;
+using shm::HandleWire;
+using shm::Hello;
+using shm::kHostIdSize;
+using shm::kLivenessNs;
+using shm::kRetryNs;
+using shm::kRingMagic;
+using shm::kSockNameSize;
+using shm::kVersion;
+using shm::Proof;
+using shm::Reply;
+using shm::Ring;
+using shm::RingCtrl;
+using shm::SlotHeader;
+using shm::transcript;
 
 uint64_t fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -280,7 +173,7 @@ class ShmSendCore final : public ShmCommCore {
     uint32_t verdict = ctrl->error_code.load(std::memory_order_acquire);
     if (verdict != 0) {
       if (verdict == static_cast<uint32_t>(Code::kInvalidArg)) {
-        return fail(invalid_arg(
+        return fail(truncated_error(
             "send to {}: message truncated: message #{} is larger than the receive posted for it",
             peer_, ctrl->error_seq));
       }
@@ -365,10 +258,11 @@ class ShmRecvCore final : public ShmCommCore {
                                        peer_, cur_seq_, r->tag, h.tag));
         }
         if (h.msg_size > r->size) {
-          return reject(Code::kInvalidArg, cur_seq_,
-                        invalid_arg("recv from {}: message truncated: message #{} has {} bytes, "
-                                    "the receive only {}",
-                                    peer_, cur_seq_, h.msg_size, r->size));
+          return reject(
+              Code::kInvalidArg, cur_seq_,
+              truncated_error("recv from {}: message truncated: message #{} has {} bytes, "
+                              "the receive only {}",
+                              peer_, cur_seq_, h.msg_size, r->size));
         }
         r->msg_size = h.msg_size;
       }
@@ -411,10 +305,11 @@ class ShmListener final : public Listener {
     // The handshakes already held move first, so a flood of new connections cannot push out one
     // that has spoken before it was read.
     const int64_t now = now_ns();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      Result<std::unique_ptr<RecvComm>> comm = advance(pending_[i], now);
-      if (!comm.ok() || *comm != nullptr || !pending_[i].fd.valid()) {
-        pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    std::vector<Pending>& pending = accepts_.held();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Result<std::unique_ptr<RecvComm>> comm = advance(pending[i], now);
+      if (!comm.ok() || *comm != nullptr || !pending[i].fd.valid()) {
+        pending.erase(pending.begin() + static_cast<ptrdiff_t>(i));
         if (!comm.ok() || *comm != nullptr) return comm;
         --i;
       }
@@ -431,58 +326,19 @@ class ShmListener final : public Listener {
     Hello hello{};
     handshake::Nonce challenge{};
     int pid = 0;
+    std::string addr;  // unnamed: a unix socket's peer has no address worth logging
+    bool silent() const { return !challenged; }
   };
 
-  // Accepts up to kAcceptBurst connections, with the tcp listener's rules when descriptors run
-  // out or too many handshakes are held (a silent one makes way first; with none held, the
-  // waiting connection is shed and accepting pauses). Never fails the caller.
+  // New connections, under the policy of core/net/pending_accept.h. Never fails the caller.
   void accept_new(int64_t now) {
-    if (shedder_.paused(now)) return;
-    for (int burst = 0; burst < handshake::kAcceptBurst;) {
-      int fd = ::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        const int err = errno;
-        if (err == EINTR || err == ECONNABORTED) continue;
-        if (err == EMFILE || err == ENFILE) {
-          ++burst;
-          if (!pending_.empty()) {
-            drop_one_pending("out of file descriptors");
-            continue;
-          }
-          GW_LOG_WARN("shm accept: {}; shedding a connection",
-                      system_error("out of file descriptors", err).message());
-          shedder_.shed(fd_.get(), now);
-          return;
-        }
-        if (err != EAGAIN && err != EWOULDBLOCK) {
-          GW_LOG_WARN("shm accept: {}", system_error("accept", err).message());
-        }
-        return;
-      }
-      ++burst;
-      if (pending_.size() >= max_pending_) {
-        drop_one_pending(fmt::format("{} handshakes pending", pending_.size()));
-      }
+    Status s = accepts_.accept_burst(fd_.get(), now, [&](Fd fd, const sockaddr_storage&) {
       Pending p;
-      p.fd.reset(fd);
+      p.fd = std::move(fd);
       p.deadline_ns = now + options_.timeout_ms * 1000000;
-      pending_.push_back(std::move(p));
-    }
-  }
-
-  // Drops one held handshake: the oldest that has not been challenged, else the oldest.
-  void drop_one_pending(std::string_view why) {
-    auto it = std::find_if(pending_.begin(), pending_.end(),
-                           [](const Pending& p) { return !p.challenged; });
-    if (it == pending_.end()) it = pending_.begin();
-    uint64_t skipped = 0;
-    if (drop_log_.should_log(now_ns(), &skipped)) {
-      GW_LOG_WARN(
-          "shm accept: {}; dropping a handshake ({} more dropped since the last "
-          "warning)",
-          why, skipped);
-    }
-    pending_.erase(it);
+      return std::optional<Pending>(std::move(p));
+    });
+    if (!s.ok()) GW_LOG_WARN("{}", s.message());
   }
 
   void refuse(Pending& p, std::string_view why) {
@@ -577,9 +433,9 @@ class ShmListener final : public Listener {
     Result<MemfdRegion> region = MemfdRegion::create("gradwire-shm", g.total());
     if (!region.ok()) {
       // Out of descriptors (a flood of connections): the shedder's spare makes the segment.
-      shedder_.release_spare();
+      accepts_.shedder().release_spare();
       region = MemfdRegion::create("gradwire-shm", g.total());
-      shedder_.take_spare();
+      accepts_.shedder().take_spare();
     }
     if (!region.ok()) return region.status().with_context("shm accept: ");
     const int memfd = region->fd();
@@ -612,10 +468,7 @@ class ShmListener final : public Listener {
   uint64_t nonce_;
   ShmConfig config_;
   TransportOptions options_;
-  std::vector<Pending> pending_;
-  const size_t max_pending_ = handshake::max_pending();  // GW_LISTEN_MAX_PENDING
-  sys::AcceptShedder shedder_;
-  handshake::DropLog drop_log_;
+  PendingAccept<Pending> accepts_{"shm"};
 };
 
 class ShmConnector final : public Connector {

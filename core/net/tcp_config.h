@@ -1,4 +1,4 @@
-// Rows of the TCP backend (core/net/tcp_transport.cc); see core/config.h.
+// Rows of the TCP backend (core/net/tcp/); see core/config.h.
 #pragma once
 
 #include "core/config.h"

@@ -18,7 +18,8 @@
 // - Sends and receives match in posting order (FIFO). The receive's tag must equal the send's
 //   tag, or be kAnyTag; a mismatch fails the receive with kInternal ("tag mismatch").
 // - A receive may be larger than the matching send (test reports the bytes received); a send
-//   larger than its receive fails both sides' requests with kInvalidArg ("message truncated").
+//   larger than its receive fails both sides' requests with kInvalidArg ("message truncated"),
+//   made with truncated_error (Status::truncated(), core/status.h).
 // - 0-byte messages are delivered like any other.
 // - Requests of one comm complete in posting order; test() may be called on any outstanding
 //   request, and after it reports done the request is dead (its slot reused).

@@ -103,7 +103,7 @@ Status mismatch(const Case& c, std::string_view what, size_t i, std::string_view
   return internal_error("{}: {} differs at element {}: {}", c.name(), what, i, detail);
 }
 
-// The CPU sign encoding of a whole vector (the layout of collectives/compress/codec.cc).
+// The CPU sign encoding of a whole vector (the layout of collectives/compress/codecs/sign.cc).
 std::vector<unsigned char> cpu_sign_encode(const float* in, float* residual, size_t n,
                                            size_t chunk) {
   const size_t nchunks = (n + chunk - 1) / chunk;

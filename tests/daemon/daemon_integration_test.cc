@@ -744,6 +744,50 @@ TEST(DaemonIntegration, GradwirectlDescribesTheDaemonItsJobAndItsTrainers) {
   EXPECT_TRUE(host_row) << cfg;
 }
 
+// A secret is shown as set or unset, never by value (issue 33, item 7): the daemon's job token
+// from its environment stays out of `gradwirectl config`, table and JSON.
+TEST(DaemonIntegration, GradwirectlConfigShowsTheJobTokenOnlyAsSet) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string sock = dir.path() + "/d.sock";
+  ProcGroup daemons;
+  Env env = clean_env();
+  env["GW_JOB_TOKEN"] = "s3cret-daemon-token";
+  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", sock}, env);
+  ASSERT_TRUE(daemons.wait_for_output(0, "listening", 20000)) << daemons.output(0);
+  ProcResult table = gradwirectl({"config", "--socket", sock});
+  ASSERT_EQ(table.exit_code, 0) << table.describe();
+  EXPECT_EQ(table.output.find("s3cret"), std::string::npos) << table.output;
+  EXPECT_TRUE(std::regex_search(table.output, std::regex("GW_JOB_TOKEN +\\(set\\)")))
+      << table.output;
+  ProcResult raw = gradwirectl({"config", "--json", "--socket", sock});
+  EXPECT_EQ(raw.output.find("s3cret"), std::string::npos) << raw.output;
+  bool shown = false;
+  for (const auto& r : json_of(raw)) {
+    if (r["name"] == "GW_JOB_TOKEN") shown = r["value"] == "(set)";
+  }
+  EXPECT_TRUE(shown) << raw.output;
+}
+
+// --group numbers that are no gid are refused with a message (issue 33, item 4): 2^32 would
+// wrap to gid 0 (root's group), 2^32-1 is chown's "no change", and a number past 2^64 used to
+// end in an uncaught exception.
+TEST(DaemonIntegration, GroupNumbersOutOfRangeAreRefused) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  for (const std::string bad : {"4294967296", "4294967295", "99999999999999999999"}) {
+    const std::string sock = dir.path() + "/g.sock";
+    ProcGroup g;
+    g.start({GRADWIRED_PATH, "--foreground", "--socket", sock, "--group", bad}, clean_env());
+    ProcResult r = g.wait_all(10000)[0];
+    EXPECT_TRUE(r.exited) << bad << ": " << r.describe();
+    EXPECT_EQ(r.exit_code, 1) << bad << ": " << r.describe();
+    EXPECT_NE(r.output.find("a group number must be 0..4294967294"), std::string::npos)
+        << bad << ": " << r.output;
+    EXPECT_NE(::access(sock.c_str(), F_OK), 0) << bad << ": the daemon made its socket";
+  }
+}
+
 TEST(DaemonIntegration, GradwirectlSaysSoWhenNoDaemonListens) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

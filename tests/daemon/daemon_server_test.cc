@@ -18,12 +18,15 @@
 #include <mutex>
 #include <thread>
 
+#include "core/net/backend_registry.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/unix_socket.h"
 #include "daemon/arena_allocator.h"
 #include "daemon/control.h"
+#include "daemon/counters.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
+#include "daemon/ring.h"
 #include "daemon/server.h"
 #include "daemon/transport_offer.h"
 
@@ -41,7 +44,8 @@ struct RawClient {
   ArenaHeader* hdr = nullptr;
   uint8_t* data = nullptr;
   uint64_t seq = 1;
-  uint64_t cq_head = 0;
+  RingProducer<SqEntry> sq_ring;
+  RingConsumer<CqEntry> cq_ring;
 
   static Result<sys::Fd> dial(const std::string& path) {
     GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
@@ -74,30 +78,22 @@ struct RawClient {
     c.cq = std::move(fds[2]);
     c.hdr = static_cast<ArenaHeader*>(c.arena.data());
     c.data = static_cast<uint8_t*>(c.arena.data()) + c.geo.data_offset;
+    c.sq_ring = RingProducer<SqEntry>(submission_ring(c.arena.data(), c.geo, c.sq.get()));
+    c.cq_ring = RingConsumer<CqEntry>(completion_ring(c.arena.data(), c.geo, c.cq.get()));
     return c;
   }
 
   static Result<RawClient> join(const std::string& path, const Hello& h) {
-    std::vector<uint8_t> body = encode_hello(h);
-    std::vector<uint8_t> frame(4);
-    const uint32_t len = static_cast<uint32_t>(body.size());
-    std::memcpy(frame.data(), &len, 4);
-    frame.insert(frame.end(), body.begin(), body.end());
-    return join_raw(path, frame);
+    return join_raw(path, frame_message(encode_hello(h)));
   }
 
+  // Pushes `e` as is (no check that the ring has room: the overflow tests want that) and signals
+  // the eventfd whatever the daemon's polling flag says.
   void post_raw(const SqEntry& e) {
-    const uint64_t tail = hdr->sq_tail.load();
-    std::memcpy(static_cast<uint8_t*>(arena.data()) + geo.sq_offset +
-                    (tail % geo.sq_entries) * sizeof(SqEntry),
-                &e, sizeof(e));
-    hdr->sq_tail.store(tail + 1, std::memory_order_release);
+    sq_ring.push(e);
     kick();
   }
-  void kick() {
-    uint64_t one = 1;
-    ASSERT_EQ(::write(sq.get(), &one, 8), 8);
-  }
+  void kick() { ASSERT_TRUE(signal_eventfd(sq.get()).ok()); }
   uint64_t post(SqEntry e) {
     e.seq = seq++;
     post_raw(e);
@@ -107,13 +103,9 @@ struct RawClient {
   Status wait(uint64_t want, int ms = 10000) {
     const auto deadline = sys::deadline_after_ms(ms);
     for (;;) {
-      if (hdr->cq_tail.load(std::memory_order_acquire) != cq_head) {
-        CqEntry c;
-        std::memcpy(&c,
-                    static_cast<uint8_t*>(arena.data()) + geo.cq_offset +
-                        (cq_head % geo.cq_entries) * sizeof(CqEntry),
-                    sizeof(c));
-        hdr->cq_head.store(++cq_head);
+      if (cq_ring.posted()) {
+        const CqEntry c = cq_ring.front();
+        cq_ring.pop();
         Status carried;
         GW_RETURN_IF_ERROR(decode_completion(c, want, &carried));
         return carried;
@@ -121,14 +113,10 @@ struct RawClient {
       if (sys::expired(deadline)) return timeout_error("no completion");
       pollfd p[2] = {{cq.get(), POLLIN, 0}, {sock.get(), POLLIN, 0}};
       ::poll(p, 2, 50);
-      if (p[1].revents != 0 && hdr->cq_tail.load() == cq_head) {
+      if (p[1].revents != 0 && !cq_ring.posted()) {
         return peer_error("daemon closed the connection");
       }
-      if (p[0].revents != 0) {
-        uint64_t v;
-        ssize_t n = ::read(cq.get(), &v, 8);
-        (void)n;
-      }
+      if (p[0].revents != 0) cq_ring.drain_wake();
     }
   }
   template <typename T>
@@ -947,6 +935,33 @@ TEST(DaemonArenaAllocator, FirstFitCoalescesAndRefusesForeignOffsets) {
   auto all = a.alloc(4096);  // coalesced back into one range
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(*all, 0u);
+}
+
+// Inter-host bytes are counted by the registry's backend names (not a list of the daemon's own):
+// every registered backend has a slot, anything else is "other"; stats list the offered ones
+// and any that carried bytes.
+TEST(DaemonCounters, InterHostBytesByTheRegistrysTransports) {
+  Counters registry;
+  for (const std::string& name : net::backend_names()) {
+    EXPECT_NE(registry.transport_slot(name), registry.other_slot()) << name;
+  }
+  Counters c({"tcp", "shm", "verbs"});
+  EXPECT_EQ(c.transport_slot("no-such"), c.other_slot());
+  c.inter(c.transport_slot("shm"), 3, 4);
+  c.inter(c.transport_slot("no-such"), 1, 2);
+  const ServerStats s = c.snapshot({"verbs", "tcp"});
+  ASSERT_EQ(s.inter.size(), 4u);  // in slot order: tcp, shm, verbs, other
+  EXPECT_EQ(s.inter[0].transport, "tcp");
+  EXPECT_EQ(s.inter[0].in + s.inter[0].out, 0u);
+  EXPECT_EQ(s.inter[1].transport, "shm");
+  EXPECT_EQ(s.inter[1].in, 3u);
+  EXPECT_EQ(s.inter[1].out, 4u);
+  EXPECT_EQ(s.inter[2].transport, "verbs");
+  EXPECT_EQ(s.inter[3].transport, "other");
+  EXPECT_EQ(s.inter[3].in, 1u);
+  EXPECT_EQ(s.inter_bytes_in, 4u);
+  EXPECT_EQ(s.inter_bytes_out, 6u);
+  EXPECT_EQ(s.transport, "verbs,tcp");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "collectives/compress/codec.h"
+#include "collectives/compress/powersgd.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace gw::fuzz {

@@ -216,6 +216,25 @@ TEST(FuzzRegressions, ConfigEveryCodePointTomlMayTestIsRefusedOrSafe) {
   EXPECT_EQ(refused, 2 * (1017 + 1017 + 985));
 }
 
+// Found in review (issue 33): tables 100,000 levels deep overflowed the stack (the recursive
+// flatten, toml++'s recursive destruction); they are refused past ConfigFile::kMaxDepth before
+// toml++ builds them, as is text over ConfigFile::kMaxBytes.
+TEST(FuzzRegressions, ConfigTablesDeeperThanTheCapAndHugeTextAreRefused) {
+  std::string deep = "[";
+  for (int i = 0; i < 100000; ++i) deep += i ? ".a" : "a";
+  deep += "]\nx = 1\n";
+  for (const std::string& text : {deep, deep.substr(1, deep.size() - 9) + " = 1\n",
+                                  std::string(config::ConfigFile::kMaxBytes + 1, '#')}) {
+    EXPECT_EQ(config_toml(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0);
+    auto f = config::ConfigFile::parse(text, "t.toml");
+    EXPECT_TRUE(f->entries().empty());
+    ASSERT_EQ(f->errors().size(), 1u);
+    EXPECT_TRUE(f->errors()[0].find("nested more than") != std::string::npos ||
+                f->errors()[0].find("more than a settings file may hold") != std::string::npos)
+        << f->errors()[0];
+  }
+}
+
 // Found by config_toml in the ASan build: a table header not starting like a key fails an
 // assertion inside toml++ 3.3; the loader refuses it first. Arrays of arrays are not headers.
 TEST(FuzzRegressions, ConfigMalformedTableHeaderIsRefused) {

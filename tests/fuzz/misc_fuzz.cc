@@ -55,6 +55,8 @@ int config_toml(const uint8_t* data, size_t size) {
   auto file = config::ConfigFile::parse(text, "fuzz.toml");
   check(file != nullptr, "config: parse returns a file");
   check(file->entries().empty() || file->errors().empty(), "config: entries or errors");
+  check(size <= config::ConfigFile::kMaxBytes || !file->errors().empty(),
+        "config: text over the size cap is refused");
   for (const auto& [key, entry] : file->entries()) {
     // (An empty quoted key, '' = 1, is valid TOML: the registry reports it as unknown.)
     check(file->find(key) == &entry, "config: find");
@@ -82,6 +84,23 @@ std::vector<std::vector<uint8_t>> config_seeds() {
         "s = \"\"\"\nmulti\nline\"\"\"\nd = 1979-05-27T07:32:00Z\ni = { p = 1, q = 'x' }\n",
         "bad = \n", "[unterminated\n", "x = 0x7fffffffffffffff\ny = -9223372036854775808\n"}) {
     out.emplace_back(s.begin(), s.end());
+  }
+  // At the depth cap (ConfigFile::kMaxDepth = 16 parts) and one past it: a header, a dotted key
+  // under a header, inline tables within inline tables, an array of inline tables.
+  auto parts = [](int n, std::string_view sep) {
+    std::string k;
+    for (int i = 0; i < n; ++i) k += std::string(i ? sep : "") + "k";
+    return k;
+  };
+  for (int n : {config::ConfigFile::kMaxDepth, config::ConfigFile::kMaxDepth + 1}) {
+    std::string inl = "x = ";
+    for (int i = 1; i < n; ++i) inl += "{ a = ";
+    inl += "1" + std::string(static_cast<size_t>(n - 1), '}') + "\n";
+    for (const std::string& s :
+         {"[" + parts(n - 1, ".") + "]\nx = 1\n", "[a.b]\n" + parts(n - 2, " . ") + " = 1\n", inl,
+          "x = [ { " + parts(n - 1, ".") + " = 1 }, { y = 2 } ]\n"}) {
+      out.emplace_back(s.begin(), s.end());
+    }
   }
   return out;
 }

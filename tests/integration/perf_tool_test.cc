@@ -145,6 +145,81 @@ TEST(PerfToolTest, BadConfigFileNamesFileLineAndKey) {
       << res.output;
 }
 
+// --dump-config with a broken file (or a malformed variable) says what a run would say and exits
+// 2, instead of printing the defaults (issue 26, item 6); a directory is no file (issue 33).
+TEST(PerfToolTest, DumpConfigReportsABrokenFile) {
+  TempFile file;
+  std::ofstream(file.path()) << "timout_ms = 5\n";
+  Env env = clean_env();
+  env["GW_CONFIG_FILE"] = file.path();
+  for (bool toml : {false, true}) {
+    std::vector<std::string> args = {"--dump-config"};
+    if (toml) args.push_back("--toml");
+    auto res = run_perf(args, env);
+    ASSERT_TRUE(res.exited) << res.describe();
+    EXPECT_EQ(res.exit_code, 2) << res.describe();
+    EXPECT_NE(res.output.find(file.path() + ":1: key 'timout_ms': unknown key"), std::string::npos)
+        << res.output;
+    EXPECT_EQ(res.output.find("GW_SPIN_US"), std::string::npos) << res.output;
+  }
+  env["GW_CONFIG_FILE"] = "/tmp";
+  auto dir = run_perf({"--dump-config"}, env);
+  EXPECT_EQ(dir.exit_code, 2) << dir.describe();
+  EXPECT_NE(dir.output.find("/tmp: is a directory"), std::string::npos) << dir.output;
+}
+
+// The settings lines (not comments) of a TOML dump.
+std::string settings_of(const std::string& toml) {
+  std::istringstream in(toml);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#') out += line + "\n";
+  }
+  return out;
+}
+
+// --dump-config --toml loads back (issue 34, item 4): a run with the dumped file as its
+// GW_CONFIG_FILE works (the file used to name config_file and the NCCL plugin's rows, which the
+// library refuses), and dumping again gives the same settings. The job token is never printed
+// (issue 33, item 7), neither by the dump nor in a run's header and JSON.
+TEST(PerfToolTest, DumpConfigTomlLoadsBackAndDumpsTheSame) {
+  Env env = clean_env();
+  env["GW_ALGO"] = "ring";
+  env["GW_HOSTID"] = "quoted \"host\" \\ \xc3\xa9";
+  env["GW_JOB_TOKEN"] = "s3cret-perf-token";
+  ProcGroup first_run;
+  first_run.start({GW_PERF_PATH, "--dump-config", "--toml"}, env);
+  auto first = first_run.wait_all(60000)[0];
+  ASSERT_TRUE(first.exited && first.exit_code == 0) << first.describe();
+  EXPECT_EQ(first.output.find("s3cret"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# config_file = "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# plugin_backend = "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("\n# job_token = (set)\n"), std::string::npos) << first.output;
+  TempFile file;
+  std::ofstream(file.path()) << first.output;
+
+  // The file alone carries the settings now (the token stays in the environment).
+  Env loaded = clean_env();
+  loaded["GW_CONFIG_FILE"] = file.path();
+  loaded["GW_JOB_TOKEN"] = "s3cret-perf-token";
+  ProcGroup second_run;
+  second_run.start({GW_PERF_PATH, "--dump-config", "--toml"}, loaded);
+  auto second = second_run.wait_all(60000)[0];
+  ASSERT_TRUE(second.exited && second.exit_code == 0) << second.describe();
+  EXPECT_EQ(settings_of(second.output), settings_of(first.output));
+  EXPECT_NE(second.output.find("from " + file.path() + ":"), std::string::npos) << second.output;
+
+  TempFile json_out;
+  auto run =
+      run_perf({"allreduce", "--np", "2", "-b", "8", "-e", "8", "--json", json_out.path()}, loaded);
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  EXPECT_NE(run.output.find("GW_JOB_TOKEN=(set)"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("s3cret"), std::string::npos) << run.output;
+  json doc = json_out.read_json();
+  EXPECT_EQ(doc["config"]["gw_env"]["GW_JOB_TOKEN"], "(set)") << doc.dump();
+  EXPECT_EQ(doc.dump().find("s3cret"), std::string::npos);
+}
+
 TEST(PerfToolTest, HelpDescribesEverySubcommand) {
   auto res = run_perf({"--help"});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
@@ -207,15 +282,16 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   ASSERT_EQ(rows.size(), 5u) << res.output;  // 1K 4K 16K 64K 256K
   uint64_t size = 1024;
   for (const auto& row : rows) {
-    ASSERT_EQ(row.size(), 12u) << res.output;  // out-of-place and in-place columns
+    ASSERT_EQ(row.size(), 13u) << res.output;  // out-of-place and in-place columns
     EXPECT_EQ(row[0], std::to_string(size));
     EXPECT_EQ(row[1], std::to_string(size / 4));
-    EXPECT_EQ(row[2], "float32");
+    EXPECT_EQ(row[2], "float");  // nccl-tests' name for float32
     EXPECT_EQ(row[3], "sum");
-    EXPECT_GE(std::stod(row[4]), 0.0);  // time(us); algbw/busbw are checked in the JSON below
-    EXPECT_EQ(row[7], "0");
-    EXPECT_GE(std::stod(row[8]), 0.0);  // in-place time(us)
-    EXPECT_EQ(row[11], "0");
+    EXPECT_EQ(row[4], "-1");            // root: none
+    EXPECT_GE(std::stod(row[5]), 0.0);  // time(us); algbw/busbw are checked in the JSON below
+    EXPECT_EQ(row[8], "0");
+    EXPECT_GE(std::stod(row[9]), 0.0);  // in-place time(us)
+    EXPECT_EQ(row[12], "0");
     size *= 4;
   }
   EXPECT_NE(res.output.find("# Avg bus bandwidth : "), std::string::npos);
@@ -283,10 +359,10 @@ TEST(PerfToolTest, NcclTestsOptions) {
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 4u) << res.output;  // 1K 2K 3K 4K
   for (size_t i = 0; i < rows.size(); ++i) {
-    ASSERT_EQ(rows[i].size(), 12u) << res.output;
+    ASSERT_EQ(rows[i].size(), 13u) << res.output;
     EXPECT_EQ(rows[i][0], std::to_string(1024 * (i + 1))) << res.output;
-    EXPECT_EQ(rows[i][7], "0") << res.output;
-    EXPECT_EQ(rows[i][11], "0") << res.output;
+    EXPECT_EQ(rows[i][8], "0") << res.output;
+    EXPECT_EQ(rows[i][12], "0") << res.output;
   }
   EXPECT_NE(res.output.find("in-place"), std::string::npos) << res.output;
   EXPECT_NE(res.output.find("check: 3 iterations"), std::string::npos) << res.output;
@@ -312,9 +388,9 @@ TEST(PerfToolTest, NcclTestsOptions) {
   EXPECT_NE(nb.output.find("gw_iallreduce"), std::string::npos) << nb.output;
   EXPECT_NE(nb.output.find("the fastest rank's"), std::string::npos) << nb.output;
   for (const auto& row : data_rows(nb.output)) {
-    ASSERT_EQ(row.size(), 12u) << nb.output;
-    EXPECT_EQ(row[7], "0") << nb.output;
-    EXPECT_EQ(row[11], "0") << nb.output;
+    ASSERT_EQ(row.size(), 13u) << nb.output;
+    EXPECT_EQ(row[8], "0") << nb.output;
+    EXPECT_EQ(row[12], "0") << nb.output;
   }
   auto refused = run_perf({"allgather", "--np", "2", "-z", "0"});
   EXPECT_TRUE(refused.exited && refused.exit_code == 2) << refused.describe();
@@ -343,9 +419,9 @@ TEST(PerfToolTest, MemAllocBuffersAreCheckedAndReported) {
     const auto rows = data_rows(res.output);
     ASSERT_EQ(rows.size(), 3u) << res.output;  // 96, 3K, 96K
     for (const auto& row : rows) {
-      ASSERT_EQ(row.size(), 12u) << res.output;
-      EXPECT_EQ(row[7], "0") << res.output;
-      EXPECT_EQ(row[11], "0") << res.output;
+      ASSERT_EQ(row.size(), 13u) << res.output;
+      EXPECT_EQ(row[8], "0") << res.output;
+      EXPECT_EQ(row[12], "0") << res.output;
     }
     json doc = out.read_json();
     ASSERT_FALSE(doc.is_discarded()) << coll;
@@ -562,9 +638,9 @@ TEST_P(PerfCollectiveTest, CheckFindsNoWrongElement) {
   auto rows = data_rows(res.output);
   ASSERT_EQ(rows.size(), 4u) << res.output;  // 64 1K 16K 256K
   for (const auto& row : rows) {
-    ASSERT_EQ(row.size(), 12u) << res.output;
-    EXPECT_EQ(row[7], "0") << res.output;   // out of place
-    EXPECT_EQ(row[11], "0") << res.output;  // in place
+    ASSERT_EQ(row.size(), 13u) << res.output;
+    EXPECT_EQ(row[8], "0") << res.output;   // out of place
+    EXPECT_EQ(row[12], "0") << res.output;  // in place
   }
 }
 

@@ -49,11 +49,11 @@ struct Pipe {
         s->err = internal_error("send to rank {} via inproc: tag mismatch (sent {}, expected {})",
                                 receiver_rank, s->tag, r->tag);
       } else if (s->size > r->size) {
-        r->err = invalid_arg(
+        r->err = truncated_error(
             "recv from rank {} via inproc: message truncated ({} bytes sent, {} "
             "bytes expected)",
             sender_rank, s->size, r->size);
-        s->err = invalid_arg(
+        s->err = truncated_error(
             "send to rank {} via inproc: message truncated ({} bytes sent, {} "
             "bytes expected)",
             receiver_rank, s->size, r->size);

@@ -8,37 +8,21 @@
 #include <climits>
 #include <cstdint>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "collectives/communicator_impl.h"
-#include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/ranks.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
 
+using ::gw::testing::hosts_of;
 using ::gw::testing::ScopedEnv;
+using ::gw::testing::two_level;
 
 // n ranks spread over hosts by `host_of`; the group of rank 0.
 Group layout(const std::vector<int>& host_of) { return Group(0, host_of); }
-std::vector<int> hosts_of(int nhosts, int per_host) {
-  std::vector<int> h;
-  for (int i = 0; i < nhosts; ++i) h.insert(h.end(), per_host, i);
-  return h;
-}
-
-// Shared memory within a host, a 1 Gbit/s link between hosts.
-CostParams two_level() {
-  return CostParams{.alpha_us = 30,
-                    .bw_gbps = 0.125,
-                    .reduce_gbps = 8,
-                    .intra_alpha_us = 2,
-                    .intra_bw_gbps = 8,
-                    .inter_alpha_us = 30,
-                    .inter_bw_gbps = 0.125};
-}
 
 TEST(Algorithms, TableNamesEveryAlgoOnce) {
   std::vector<std::string> names;
@@ -146,25 +130,22 @@ TEST(Algorithms, CpuContentionMovesSmallAllreducesToTheLeaders) {
 TEST(Algorithms, GroupsCountTheHostsSharingAKernel) {
   auto run = [](const std::vector<std::string>& ids, int* whole, int* child) {
     auto store = make_memory_store();
-    std::vector<std::thread> ts;
     std::vector<int> w(ids.size()), c(ids.size());
-    for (size_t r = 0; r < ids.size(); ++r) {
-      ts.emplace_back([&, r] {
-        GroupOptions o;
-        o.rank = static_cast<int>(r);
-        o.world_size = static_cast<int>(ids.size());
-        o.store = store;
-        o.job_token = "t";
-        o.host_id = ids[r];
-        auto g = Group::create(o, deadline_after_ms(5000));
-        ASSERT_TRUE(g.ok()) << g.status().to_string();
-        w[r] = g->max_hosts_per_kernel();
-        auto s = g->split(static_cast<int>(r % 2), 0, deadline_after_ms(5000));
-        ASSERT_TRUE(s.ok() && s->has_value());
-        c[r] = (*s)->max_hosts_per_kernel();
-      });
-    }
-    for (auto& t : ts) t.join();
+    testing::run_threads(static_cast<int>(ids.size()), [&](int rank) {
+      const auto r = static_cast<size_t>(rank);
+      GroupOptions o;
+      o.rank = rank;
+      o.world_size = static_cast<int>(ids.size());
+      o.store = store;
+      o.job_token = "t";
+      o.host_id = ids[r];
+      auto g = Group::create(o, deadline_after_ms(5000));
+      ASSERT_TRUE(g.ok()) << g.status().to_string();
+      w[r] = g->max_hosts_per_kernel();
+      auto s = g->split(static_cast<int>(r % 2), 0, deadline_after_ms(5000));
+      ASSERT_TRUE(s.ok() && s->has_value());
+      c[r] = (*s)->max_hosts_per_kernel();
+    });
     *whole = w[0];
     *child = c[0];
     for (size_t r = 1; r < ids.size(); ++r) {
@@ -217,24 +198,10 @@ TEST(Algorithms, ForcedAlgorithmThatDoesNotApplySaysWhy) {
 
 TEST(Algorithms, GwAlgoHierOnOneHostIsRefusedByTheCommunicator) {
   ScopedEnv env("GW_ALGO", "hier");
-  auto store = make_memory_store();
-  std::vector<Status> status(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = 2;
-      o.store = store;
-      o.timeout_ms = 10000;
-      o.host_id = "one-host";
-      CommInternalOptions in;
-      in.transport_factory = [](const std::string&, const net::TransportOptions& t)
-          -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(t); };
-      status[r] = create_communicator(o, in).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.timeout_ms = 10000;
+  ranks.tweak = [](CommOptions& o, int) { o.host_id = "one-host"; };
+  const std::vector<Status> status = testing::create_statuses(2, ranks);
   for (const Status& s : status) {
     EXPECT_EQ(s.code(), Code::kInvalidArg);
     EXPECT_NE(s.message().find("GW_ALGO=hier does not apply"), std::string::npos) << s.message();
@@ -282,48 +249,31 @@ void run_every_algorithm(const std::vector<int>& host_of) {
   for (const auto& algo : allreduce_algorithms()) {
     if (!algo.applies(layout(host_of), 0).ok()) continue;
     ScopedEnv env("GW_ALGO", std::string(algo.name).c_str());
-    auto store = make_memory_store();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        CommOptions o;
-        o.rank = r;
-        o.world_size = n;
-        o.store = store;
-        o.timeout_ms = 20000;
-        o.host_id = "host-" + std::to_string(host_of[r]);
-        CommInternalOptions in;
-        in.transport_factory =
-            [](const std::string&,
-               const net::TransportOptions& t) -> Result<std::unique_ptr<net::Transport>> {
-          return testing::make_inproc_transport(t);
-        };
-        auto comm = create_communicator(o, in);
-        ASSERT_TRUE(comm.ok()) << algo.name << ": " << comm.status().to_string();
-        EXPECT_EQ((*comm)->choose_allreduce_algo(1 << 20), algo.algo);
-        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{30001}}) {
-          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-            for (bool in_place : {false, true}) {
-              std::vector<int32_t> in(count), out(count, -1);
-              for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>((i * 7 + r) % 1000);
-              int32_t* recv = in_place ? in.data() : out.data();
-              Status s = (*comm)->allreduce(in.data(), recv, count, DataType::kI32, op);
-              ASSERT_TRUE(s.ok()) << algo.name << ": " << s.to_string();
-              for (size_t i = 0; i < count; ++i) {
-                int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
-                for (int q = 0; q < n; ++q) {
-                  const int32_t v = static_cast<int32_t>((i * 7 + q) % 1000);
-                  want = op == ReduceOp::kSum ? want + v : std::max(want, v);
-                }
-                ASSERT_EQ(recv[i], want) << algo.name << " rank " << r << " count " << count
-                                         << " element " << i << (in_place ? " in place" : "");
+    testing::RankOptions ranks;
+    ranks.host_of = host_of;
+    testing::run_ranks(n, ranks, [&](std::unique_ptr<Communicator>& comm, int r) {
+      EXPECT_EQ(comm->choose_allreduce_algo(1 << 20), algo.algo);
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{30001}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          for (bool in_place : {false, true}) {
+            std::vector<int32_t> in(count), out(count, -1);
+            for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>((i * 7 + r) % 1000);
+            int32_t* recv = in_place ? in.data() : out.data();
+            Status s = comm->allreduce(in.data(), recv, count, DataType::kI32, op);
+            ASSERT_TRUE(s.ok()) << algo.name << ": " << s.to_string();
+            for (size_t i = 0; i < count; ++i) {
+              int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
+              for (int q = 0; q < n; ++q) {
+                const int32_t v = static_cast<int32_t>((i * 7 + q) % 1000);
+                want = op == ReduceOp::kSum ? want + v : std::max(want, v);
               }
+              ASSERT_EQ(recv[i], want) << algo.name << " rank " << r << " count " << count
+                                       << " element " << i << (in_place ? " in place" : "");
             }
           }
         }
-      });
-    }
-    for (auto& t : threads) t.join();
+      }
+    });
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -378,66 +328,47 @@ TEST(Algorithms, HierPipelineIsExactAndBitIdenticalAcrossRanks) {
       const std::vector<size_t> counts = {100003, 65536 * 3 + 5};
       // outputs[r][c]: rank r's float32 and float64 results for counts[c], as bytes.
       std::vector<std::vector<std::vector<uint8_t>>> f32(n), f64(n);
-      auto store = make_memory_store();
-      std::vector<std::thread> threads;
-      for (int r = 0; r < n; ++r) {
-        threads.emplace_back([&, r] {
-          CommOptions o;
-          o.rank = r;
-          o.world_size = n;
-          o.store = store;
-          o.timeout_ms = 20000;
-          o.host_id = "host-" + std::to_string(host_of[r]);
-          CommInternalOptions in;
-          in.transport_factory =
-              [](const std::string&,
-                 const net::TransportOptions& t) -> Result<std::unique_ptr<net::Transport>> {
-            return testing::make_inproc_transport(t);
-          };
-          auto comm = create_communicator(o, in);
-          ASSERT_TRUE(comm.ok()) << comm.status().to_string();
-          for (size_t count : counts) {
-            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-              std::vector<int32_t> v(count);
-              for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>((i * 13 + r) % 977);
-              ASSERT_TRUE((*comm)->allreduce(v.data(), v.data(), count, DataType::kI32, op).ok());
-              for (size_t i = 0; i < count; ++i) {
-                int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
-                for (int q = 0; q < n; ++q) {
-                  const auto x = static_cast<int32_t>((i * 13 + q) % 977);
-                  want = op == ReduceOp::kSum ? want + x : std::max(want, x);
-                }
-                ASSERT_EQ(v[i], want) << "rank " << r << " count " << count << " element " << i;
-              }
-            }
-            // Values whose sums round differently in different orders.
-            std::vector<float> a(count), ao(count);
-            std::vector<double> b(count), bo(count);
+      testing::RankOptions ranks;
+      ranks.host_of = host_of;
+      testing::run_ranks(n, ranks, [&](std::unique_ptr<Communicator>& comm, int r) {
+        for (size_t count : counts) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+            std::vector<int32_t> v(count);
+            for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>((i * 13 + r) % 977);
+            ASSERT_TRUE(comm->allreduce(v.data(), v.data(), count, DataType::kI32, op).ok());
             for (size_t i = 0; i < count; ++i) {
-              a[i] = 1.0f / static_cast<float>(1 + (i * 31 + static_cast<size_t>(r) * 7) % 1013);
-              b[i] = 1.0 / static_cast<double>(3 + (i * 17 + static_cast<size_t>(r) * 11) % 2039);
-            }
-            ASSERT_TRUE((*comm)
-                            ->allreduce(a.data(), ao.data(), count, DataType::kF32, ReduceOp::kSum)
-                            .ok());
-            ASSERT_TRUE((*comm)
-                            ->allreduce(b.data(), bo.data(), count, DataType::kF64, ReduceOp::kSum)
-                            .ok());
-            const auto* pa = reinterpret_cast<const uint8_t*>(ao.data());
-            const auto* pb = reinterpret_cast<const uint8_t*>(bo.data());
-            f32[r].emplace_back(pa, pa + count * sizeof(float));
-            f64[r].emplace_back(pb, pb + count * sizeof(double));
-            for (size_t i = 0; i < count; i += 997) {
-              double want = 0;
+              int32_t want = op == ReduceOp::kSum ? 0 : INT32_MIN;
               for (int q = 0; q < n; ++q) {
-                want += 1.0 / static_cast<double>(1 + (i * 31 + static_cast<size_t>(q) * 7) % 1013);
+                const auto x = static_cast<int32_t>((i * 13 + q) % 977);
+                want = op == ReduceOp::kSum ? want + x : std::max(want, x);
               }
-              ASSERT_NEAR(ao[i], want, 1e-5 * want) << "rank " << r << " element " << i;
+              ASSERT_EQ(v[i], want) << "rank " << r << " count " << count << " element " << i;
             }
           }
-        });
-      }
-      for (auto& t : threads) t.join();
+          // Values whose sums round differently in different orders.
+          std::vector<float> a(count), ao(count);
+          std::vector<double> b(count), bo(count);
+          for (size_t i = 0; i < count; ++i) {
+            a[i] = 1.0f / static_cast<float>(1 + (i * 31 + static_cast<size_t>(r) * 7) % 1013);
+            b[i] = 1.0 / static_cast<double>(3 + (i * 17 + static_cast<size_t>(r) * 11) % 2039);
+          }
+          ASSERT_TRUE(
+              comm->allreduce(a.data(), ao.data(), count, DataType::kF32, ReduceOp::kSum).ok());
+          ASSERT_TRUE(
+              comm->allreduce(b.data(), bo.data(), count, DataType::kF64, ReduceOp::kSum).ok());
+          const auto* pa = reinterpret_cast<const uint8_t*>(ao.data());
+          const auto* pb = reinterpret_cast<const uint8_t*>(bo.data());
+          f32[r].emplace_back(pa, pa + count * sizeof(float));
+          f64[r].emplace_back(pb, pb + count * sizeof(double));
+          for (size_t i = 0; i < count; i += 997) {
+            double want = 0;
+            for (int q = 0; q < n; ++q) {
+              want += 1.0 / static_cast<double>(1 + (i * 31 + static_cast<size_t>(q) * 7) % 1013);
+            }
+            ASSERT_NEAR(ao[i], want, 1e-5 * want) << "rank " << r << " element " << i;
+          }
+        }
+      });
       if (HasFailure()) return;
       for (int r = 1; r < n; ++r) {
         for (size_t c = 0; c < counts.size(); ++c) {

@@ -468,5 +468,97 @@ TEST(ParseEnvIntTest, Strict) {
   }
 }
 
+// Each rank's world size and launcher travel with its host: an entry that disagrees fails the
+// reader at once, naming both values (ranks started for different sizes used to wait out their
+// deadline). Rank 0 hosts the store: it returns once the others said they know (here at once).
+TEST_F(BootstrapTest, ExchangeHostsComparesWorldSizeAndLauncher) {
+  set("GW_HOSTID", "a");
+  auto publish = [](Store& store, int r, const std::string& v) {
+    return store.set("gw/host/" + std::to_string(r), Bytes(v.begin(), v.end()),
+                     deadline_after_ms(1000));
+  };
+  {
+    auto store = make_memory_store();
+    ASSERT_TRUE(publish(*store, 1, "a\ndirect\nworld=2 launcher=GW_*").ok());
+    auto m = exchange_hosts(*store, 0, 2, deadline_after_ms(2000), "direct", "GW_*");
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(m->host_ids, (std::vector<std::string>{"a"}));  // the line is not the identity
+  }
+  {
+    auto store = make_memory_store();
+    ASSERT_TRUE(publish(*store, 1, "a\ndirect\nworld=3 launcher=GW_*").ok());
+    ASSERT_TRUE(store->add("gw/setup_failure_seen", 1, deadline_after_ms(100)).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = exchange_hosts(*store, 0, 2, deadline_after_ms(10000), "direct", "GW_*");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    ASSERT_EQ(m.status().code(), Code::kInvalidArg) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("rank 1 was started for a world of 3 ranks, this rank "
+                                        "(rank 0) for 2"),
+              std::string::npos)
+        << m.status().message();
+  }
+  {
+    // Rank 1 reads rank 0's entry first: a mismatch fails it without waiting for rank 2.
+    auto store = make_memory_store();
+    ASSERT_TRUE(publish(*store, 0, "a\ndirect\nworld=2 launcher=GW_*").ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = exchange_hosts(*store, 1, 3, deadline_after_ms(10000), "direct", "GW_*");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    ASSERT_EQ(m.status().code(), Code::kInvalidArg) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("world of 2"), std::string::npos) << m.status().message();
+  }
+  {
+    auto store = make_memory_store();
+    ASSERT_TRUE(publish(*store, 1, "a\ndirect\nworld=2 launcher=torchrun").ok());
+    ASSERT_TRUE(store->add("gw/setup_failure_seen", 1, deadline_after_ms(100)).ok());
+    auto m = exchange_hosts(*store, 0, 2, deadline_after_ms(10000), "direct", "GW_*");
+    ASSERT_EQ(m.status().code(), Code::kInvalidArg) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("rank 1 was started by torchrun"), std::string::npos)
+        << m.status().message();
+    EXPECT_NE(m.status().message().find("by GW_*"), std::string::npos) << m.status().message();
+  }
+}
+
+// A rank that refuses a setting before the rendezvous says why in the store: the others fail at
+// once naming it (rank 0's failure reaches them through the job token's key, another rank's
+// through its host entry), and rank 0 keeps the store until they have read it.
+TEST_F(BootstrapTest, APublishedSetupFailureFailsTheOthersAtOnce) {
+  set("GW_HOSTID", "a");
+  {
+    auto store = make_memory_store();
+    std::thread bad([&] {
+      (void)publish_setup_failure(*store, 2, 3, invalid_arg("GW_TRANSPORT 'tpc': no such"),
+                                  deadline_after_ms(5000));
+    });
+    auto prefixed = make_prefix_store(store, "gw/comm1/");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread one(
+        [&] { (void)exchange_hosts(*prefixed, 1, 3, deadline_after_ms(10000), "direct", "GW_*"); });
+    auto m = exchange_hosts(*prefixed, 0, 3, deadline_after_ms(10000), "direct", "GW_*");
+    one.join();
+    bad.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    ASSERT_EQ(m.status().code(), Code::kPeer) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("rank 2 failed to set up: GW_TRANSPORT 'tpc'"),
+              std::string::npos)
+        << m.status().message();
+  }
+  {
+    auto store = make_memory_store();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread zero([&] {
+      (void)publish_setup_failure(*store, 0, 2, invalid_arg("bad setting"),
+                                  deadline_after_ms(5000));
+    });
+    auto prefixed = make_prefix_store(store, "gw/comm1/");
+    auto t = agree_job_token(*prefixed, 1, deadline_after_ms(10000), 2);
+    zero.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));  // rank 0 too
+    ASSERT_EQ(t.status().code(), Code::kPeer) << t.status().to_string();
+    EXPECT_NE(t.status().message().find("rank 0 failed to set up: bad setting"), std::string::npos)
+        << t.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace gw

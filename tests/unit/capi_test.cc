@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gradwire/gradwire.h"
+#include "tests/support/capi_ranks.h"
 #include "tests/support/free_port.h"
 
 namespace {
@@ -712,23 +713,27 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   out->checked = true;
 }
 
-class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
-
-TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
-  CleanEnv env;
-  auto [world, transport] = GetParam();
-  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+// Runs rank_fn on `world` ranks as threads; every rank must have initialized, checked all and
+// recorded no error.
+void run_checked_ranks(int world, const char* transport,
+                       void (*rank_fn)(int, int, const std::string&, const char*, RankResult*)) {
   std::vector<RankResult> results(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back(run_rank, r, world, addr, transport, &results[r]);
-  }
-  for (auto& t : threads) t.join();
+  gw::testing::run_capi_ranks(world, [&](int r, const std::string& addr) {
+    rank_fn(r, world, addr, transport, &results[r]);
+  });
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
     EXPECT_TRUE(results[r].checked) << "rank " << r;
     EXPECT_EQ(results[r].error, "") << "rank " << r;
   }
+}
+
+class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
+  CleanEnv env;
+  auto [world, transport] = GetParam();
+  run_checked_ranks(world, transport, run_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
@@ -970,18 +975,7 @@ class SplitTest : public ::testing::TestWithParam<std::tuple<int, const char*>> 
 TEST_P(SplitTest, SubCommunicatorsBesideTheParent) {
   CleanEnv env;
   auto [world, transport] = GetParam();
-  std::string addr = "127.0.0.1:" + std::to_string(free_port());
-  std::vector<RankResult> results(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back(run_split_rank, r, world, addr, transport, &results[r]);
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].init, GW_OK) << "rank " << r << ": " << results[r].error;
-    EXPECT_TRUE(results[r].checked) << "rank " << r;
-    EXPECT_EQ(results[r].error, "") << "rank " << r;
-  }
+  run_checked_ranks(world, transport, run_split_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SplitTest,
@@ -1015,36 +1009,11 @@ TEST_F(SingleRankTest, SplitWithNegativeColorJoinsNone) {
 
 // ---- gw_comm_destroy with work pending (issue 16) ---------------------------------------------
 
-// The config of rank r of `world` ranks as threads of this process, on the store at addr (the
-// strings must outlive the init).
-gw_config_t thread_rank_config(int r, int world, const std::string& addr, const char* token,
-                               int timeout_ms) {
-  gw_config_t cfg = GW_CONFIG_INIT;
-  cfg.rank = r;
-  cfg.world_size = world;
-  cfg.store_addr = addr.c_str();
-  cfg.timeout_ms = timeout_ms;
-  cfg.job_token = token;
-  return cfg;
-}
+using gw::testing::thread_rank_config;
 
-// Two ranks as threads on tcp; returns both communicators (rank order) or fails the test.
+// Two ranks as threads; returns both communicators (rank order) or fails the test.
 std::vector<gw_comm_t> two_ranks(const std::string& token, const char* transport = "tcp") {
-  std::string addr = "127.0.0.1:" + std::to_string(free_port());
-  std::vector<gw_comm_t> comms(2, nullptr);
-  std::vector<gw_status_t> st(2, GW_OK);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      gw_config_t cfg = thread_rank_config(r, 2, addr, token.c_str(), 20000);
-      cfg.transport = transport;
-      st[r] = gw_comm_init(&comms[r], &cfg);
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(st[0], GW_OK);
-  EXPECT_EQ(st[1], GW_OK);
-  return comms;
+  return gw::testing::init_ranks(2, token, transport);
 }
 
 // The peer never joins the iallreduce: destroy must end it (not leave it running for the deadline,
@@ -1111,21 +1080,16 @@ TEST(CapiDestroyTest, DestroyFromAnotherThreadEndsABlockedCall) {
 TEST(CapiDestroyTest, RankZeroMayDestroyRightAfterInit) {
   CleanEnv env;
   for (int round = 0; round < 20; ++round) {
-    const std::string addr = "127.0.0.1:" + std::to_string(free_port());
     std::vector<gw_status_t> st(3, GW_OK);
     std::vector<std::string> why(3);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] {
-        gw_config_t cfg = thread_rank_config(r, 3, addr, "capi-destroy-early", 10000);
-        gw_comm_t c = nullptr;
-        st[r] = gw_comm_init(&c, &cfg);
-        if (st[r] != GW_OK) why[r] = gw_last_error();
-        if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        gw_comm_destroy(c);
-      });
-    }
-    for (auto& t : threads) t.join();
+    gw::testing::run_capi_ranks(3, [&](int r, const std::string& addr) {
+      gw_config_t cfg = thread_rank_config(r, 3, addr, "capi-destroy-early", 10000);
+      gw_comm_t c = nullptr;
+      st[r] = gw_comm_init(&c, &cfg);
+      if (st[r] != GW_OK) why[r] = gw_last_error();
+      if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      gw_comm_destroy(c);
+    });
     for (int r = 0; r < 3; ++r) {
       ASSERT_EQ(st[r], GW_OK) << "round " << round << ", rank " << r << ": " << why[r];
     }
@@ -1164,16 +1128,12 @@ TEST(CapiLeakTest, ThousandCommunicatorsLeaveFdsThreadsAndMemoryFlat) {
   auto round = [](int i) {
     std::vector<gw_comm_t> comms = two_ranks("capi-leak", i % 2 ? "shm" : "tcp");
     if (!comms[0] || !comms[1]) return false;
-    std::vector<std::thread> threads;
     std::vector<gw_status_t> st(2, GW_OK);
     std::vector<std::vector<float>> bufs(2, std::vector<float>(4096, 1.0f));
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        st[r] = gw_allreduce(comms[r], bufs[r].data(), bufs[r].data(), bufs[r].size(), GW_FLOAT32,
-                             GW_SUM);
-      });
-    }
-    for (auto& t : threads) t.join();
+    gw::testing::on_each_rank(comms, [&](int r, gw_comm_t comm) {
+      st[r] =
+          gw_allreduce(comm, bufs[r].data(), bufs[r].data(), bufs[r].size(), GW_FLOAT32, GW_SUM);
+    });
     EXPECT_EQ(st[0], GW_OK);
     EXPECT_EQ(st[1], GW_OK);
     EXPECT_EQ(bufs[0][7], 2.0f);
@@ -1228,14 +1188,10 @@ TEST(CapiAvgTest, IntegerAverageWrapsInTheDtypeAsDocumented) {
   u8[1][1] = 4;
   std::vector<std::vector<int32_t>> i32(2, std::vector<int32_t>{-7, 9});
   std::vector<gw_status_t> st(4, GW_OK);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      st[r] = gw_allreduce(comms[r], u8[r].data(), u8[r].data(), 3, GW_UINT8, GW_AVG);
-      st[2 + r] = gw_allreduce(comms[r], i32[r].data(), i32[r].data(), 2, GW_INT32, GW_AVG);
-    });
-  }
-  for (auto& t : threads) t.join();
+  gw::testing::on_each_rank(comms, [&](int r, gw_comm_t comm) {
+    st[r] = gw_allreduce(comm, u8[r].data(), u8[r].data(), 3, GW_UINT8, GW_AVG);
+    st[2 + r] = gw_allreduce(comm, i32[r].data(), i32[r].data(), 2, GW_INT32, GW_AVG);
+  });
   for (gw_status_t s : st) EXPECT_EQ(s, GW_OK);
   for (int r = 0; r < 2; ++r) {
     // 255+255 = 510 wraps to 254 in uint8, /2 = 127; 3+4 = 7, /2 = 3; 200+200 wraps to 144, 72.

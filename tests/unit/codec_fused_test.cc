@@ -13,6 +13,7 @@
 
 #include "collectives/compress/codec.h"
 #include "collectives/compress/codec_kernels.h"
+#include "collectives/compress/powersgd.h"
 #include "tests/support/codec_test_util.h"
 
 namespace gw::coll {

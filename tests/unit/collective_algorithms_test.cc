@@ -8,44 +8,29 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collectives/algorithms.h"
 #include "collectives/communicator_impl.h"
 #include "collectives/reduce.h"
 #include "core/config.h"
-#include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/ranks.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
 
+using ::gw::testing::encode;
+using ::gw::testing::hosts_of;
+using ::gw::testing::kAllTypes;
 using ::gw::testing::ScopedEnv;
+using ::gw::testing::two_level;
 
 constexpr Collective kKinds[] = {Collective::kBroadcast, Collective::kAllgather,
                                  Collective::kReduceScatter};
-constexpr DataType kAllTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
-                                  DataType::kI32, DataType::kI64, DataType::kU8};
 
 Group layout(const std::vector<int>& host_of) { return Group(0, host_of); }
-std::vector<int> hosts_of(int nhosts, int per_host) {
-  std::vector<int> h;
-  for (int i = 0; i < nhosts; ++i) h.insert(h.end(), per_host, i);
-  return h;
-}
-
-// Shared memory within a host, a 1 Gbit/s link between hosts.
-CostParams two_level() {
-  return CostParams{.alpha_us = 30,
-                    .bw_gbps = 0.125,
-                    .reduce_gbps = 8,
-                    .intra_alpha_us = 2,
-                    .intra_bw_gbps = 8,
-                    .inter_alpha_us = 30,
-                    .inter_bw_gbps = 0.125};
-}
 
 double cost_of(const CollectiveChoice& c, std::string_view name) {
   for (auto [n, s] : c.costs) {
@@ -204,42 +189,6 @@ TEST(CollectiveAlgorithms, RowsRefuseUnknownNames) {
 
 // ---- ranks as threads ------------------------------------------------------------------------
 
-void encode(DataType t, double v, uint8_t* p) {
-  switch (t) {
-    case DataType::kF32: {
-      const auto x = static_cast<float>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case DataType::kF64:
-      std::memcpy(p, &v, 8);
-      break;
-    case DataType::kF16: {
-      const uint16_t h = float_to_half(static_cast<float>(v));
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DataType::kBF16: {
-      const uint16_t h = float_to_bf16(static_cast<float>(v));
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DataType::kI32: {
-      const auto x = static_cast<int32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case DataType::kI64: {
-      const auto x = static_cast<int64_t>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-    case DataType::kU8:
-      *p = static_cast<uint8_t>(v);
-      break;
-  }
-}
-
 // Small integers: every dtype's sums and maxima of up to 9 ranks are exact.
 double value(int rank, size_t i) { return static_cast<double>((rank * 5 + i * 3 + i / 7) % 4); }
 
@@ -248,20 +197,6 @@ std::vector<uint8_t> encoded(DataType t, size_t n, const std::function<double(si
   std::vector<uint8_t> out(n * es);
   for (size_t i = 0; i < n; ++i) encode(t, v(i), &out[i * es]);
   return out;
-}
-
-Result<std::unique_ptr<Communicator>> make_comm(const std::shared_ptr<Store>& store, int r, int n,
-                                                const std::string& host) {
-  CommOptions o;
-  o.rank = r;
-  o.world_size = n;
-  o.store = store;
-  o.timeout_ms = 20000;
-  o.host_id = host;
-  CommInternalOptions in;
-  in.transport_factory = [](const std::string&, const net::TransportOptions& t)
-      -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(t); };
-  return create_communicator(o, in);
 }
 
 // `kind` with its row forced to every entry that applies on `host_of` (the in-process transport:
@@ -274,72 +209,67 @@ void run_every_algorithm(Collective kind, const std::vector<int>& host_of) {
   for (const auto& algo : collective_algorithms(kind)) {
     if (!algo.applies(layout(host_of), 0).ok()) continue;
     ScopedEnv env(std::string(collective_algo_row(kind)).c_str(), std::string(algo.name).c_str());
-    auto store = make_memory_store();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        auto comm = make_comm(store, r, n, "host-" + std::to_string(host_of[r]));
-        ASSERT_TRUE(comm.ok()) << algo.name << ": " << comm.status().to_string();
-        const std::string what = std::string(collective_name(kind)) + " " + std::string(algo.name) +
-                                 " rank " + std::to_string(r);
-        for (DataType dt : kAllTypes) {
-          const size_t es = dtype_size(dt);
-          for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{9001}}) {
-            if (kind == Collective::kBroadcast) {
-              for (int root = 0; root < n; ++root) {
-                auto want = encoded(dt, count, [&](size_t i) { return 1 + value(root, i); });
-                std::vector<uint8_t> buf = r == root ? want : std::vector<uint8_t>(count * es, 0);
-                Status s = (*comm)->broadcast(buf.data(), count, dt, root);
-                ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
-                ASSERT_TRUE(buf == want)
-                    << what << " root " << root << " count " << count << " " << dtype_name(dt);
+    testing::RankOptions ranks;
+    ranks.host_of = host_of;
+    testing::run_ranks(n, ranks, [&](std::unique_ptr<Communicator>& comm, int r) {
+      const std::string what = std::string(collective_name(kind)) + " " + std::string(algo.name) +
+                               " rank " + std::to_string(r);
+      for (DataType dt : kAllTypes) {
+        const size_t es = dtype_size(dt);
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{9001}}) {
+          if (kind == Collective::kBroadcast) {
+            for (int root = 0; root < n; ++root) {
+              auto want = encoded(dt, count, [&](size_t i) { return 1 + value(root, i); });
+              std::vector<uint8_t> buf = r == root ? want : std::vector<uint8_t>(count * es, 0);
+              Status s = comm->broadcast(buf.data(), count, dt, root);
+              ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+              ASSERT_TRUE(buf == want)
+                  << what << " root " << root << " count " << count << " " << dtype_name(dt);
+            }
+          } else if (kind == Collective::kAllgather) {
+            std::vector<uint8_t> want;
+            for (int q = 0; q < n; ++q) {
+              auto b = encoded(dt, count, [&](size_t i) { return value(q, i); });
+              want.insert(want.end(), b.begin(), b.end());
+            }
+            auto mine = encoded(dt, count, [&](size_t i) { return value(r, i); });
+            for (bool in_place : {false, true}) {
+              std::vector<uint8_t> out(want.size(), 0xEE);
+              const void* send = mine.data();
+              if (in_place && count > 0) {
+                std::memcpy(out.data() + r * count * es, mine.data(), mine.size());
+                send = out.data() + r * count * es;
               }
-            } else if (kind == Collective::kAllgather) {
-              std::vector<uint8_t> want;
-              for (int q = 0; q < n; ++q) {
-                auto b = encoded(dt, count, [&](size_t i) { return value(q, i); });
-                want.insert(want.end(), b.begin(), b.end());
-              }
-              auto mine = encoded(dt, count, [&](size_t i) { return value(r, i); });
-              for (bool in_place : {false, true}) {
-                std::vector<uint8_t> out(want.size(), 0xEE);
-                const void* send = mine.data();
-                if (in_place && count > 0) {
-                  std::memcpy(out.data() + r * count * es, mine.data(), mine.size());
-                  send = out.data() + r * count * es;
+              Status s = comm->allgather(send, out.data(), count, dt);
+              ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+              ASSERT_TRUE(out == want) << what << " count " << count << " " << dtype_name(dt)
+                                       << (in_place ? " in place" : "");
+            }
+          } else {
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+              const size_t total = count * static_cast<size_t>(n);
+              auto in = encoded(dt, total, [&](size_t i) { return value(r, i); });
+              auto want = encoded(dt, count, [&](size_t i) {
+                const size_t e = static_cast<size_t>(r) * count + i;
+                double w = value(0, e);
+                for (int q = 1; q < n; ++q) {
+                  const double v = value(q, e);
+                  w = op == ReduceOp::kSum   ? w + v
+                      : op == ReduceOp::kMax ? std::max(w, v)
+                                             : std::min(w, v);
                 }
-                Status s = (*comm)->allgather(send, out.data(), count, dt);
-                ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
-                ASSERT_TRUE(out == want) << what << " count " << count << " " << dtype_name(dt)
-                                         << (in_place ? " in place" : "");
-              }
-            } else {
-              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-                const size_t total = count * static_cast<size_t>(n);
-                auto in = encoded(dt, total, [&](size_t i) { return value(r, i); });
-                auto want = encoded(dt, count, [&](size_t i) {
-                  const size_t e = static_cast<size_t>(r) * count + i;
-                  double w = value(0, e);
-                  for (int q = 1; q < n; ++q) {
-                    const double v = value(q, e);
-                    w = op == ReduceOp::kSum   ? w + v
-                        : op == ReduceOp::kMax ? std::max(w, v)
-                                               : std::min(w, v);
-                  }
-                  return w;
-                });
-                std::vector<uint8_t> out(count * es, 0xEE);
-                Status s = (*comm)->reduce_scatter(in.data(), out.data(), count, dt, op);
-                ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
-                ASSERT_TRUE(out == want)
-                    << what << " count " << count << " " << dtype_name(dt) << " " << op_name(op);
-              }
+                return w;
+              });
+              std::vector<uint8_t> out(count * es, 0xEE);
+              Status s = comm->reduce_scatter(in.data(), out.data(), count, dt, op);
+              ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+              ASSERT_TRUE(out == want)
+                  << what << " count " << count << " " << dtype_name(dt) << " " << op_name(op);
             }
           }
         }
-      });
-    }
-    for (auto& t : threads) t.join();
+      }
+    });
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -373,17 +303,9 @@ TEST(CollectiveAlgorithms, ForcedHierOnUnevenHostsIsRefusedByTheCommunicator) {
   for (Collective kind : kKinds) {
     const std::string row(collective_algo_row(kind));
     ScopedEnv env(row.c_str(), "hier");
-    auto store = make_memory_store();
-    const std::vector<int> host_of = {0, 0, 0, 1};
-    std::vector<Status> status(host_of.size());
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 4; ++r) {
-      threads.emplace_back([&, r] {
-        status[r] = make_comm(store, r, 4, "host-" + std::to_string(host_of[r])).status();
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const Status& s : status) {
+    testing::RankOptions ranks;
+    ranks.host_of = {0, 0, 0, 1};
+    for (const Status& s : testing::create_statuses(4, ranks)) {
       EXPECT_EQ(s.code(), Code::kInvalidArg) << row;
       EXPECT_NE(s.message().find(row + "=hier does not apply"), std::string::npos) << s.message();
       EXPECT_NE(s.message().find("ranks per host: 3+1"), std::string::npos) << s.message();

@@ -13,7 +13,7 @@
 #include "collectives/communicator_impl.h"
 #include "core/net/transport.h"
 #include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/ranks.h"
 
 namespace gw::coll {
 namespace {
@@ -34,33 +34,9 @@ class SplitTest : public ::testing::TestWithParam<std::string> {
 
   // Runs fn(comm, rank) on n ranks, each in its own thread with its own communicator.
   void run_ranks(int n, const std::function<void(CommPtr&, int)>& fn) {
-    auto store = make_memory_store();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        CommOptions o;
-        o.rank = r;
-        o.world_size = n;
-        o.store = store;
-        o.timeout_ms = 20000;
-        o.transport = GetParam() == "inproc" ? "auto" : GetParam();
-        CommInternalOptions in;
-        if (GetParam() == "inproc") {
-          in.transport_factory =
-              [](const std::string&,
-                 const net::TransportOptions& t) -> Result<std::unique_ptr<net::Transport>> {
-            return testing::make_inproc_transport(t);
-          };
-        }
-        auto comm = create_communicator(o, in);
-        if (!comm.ok()) {
-          ADD_FAILURE() << "rank " << r << ": " << comm.status().to_string();
-          return;
-        }
-        fn(*comm, r);
-      });
-    }
-    for (auto& t : threads) t.join();
+    testing::RankOptions ranks;
+    ranks.backend = GetParam();
+    testing::run_ranks(n, ranks, fn);
   }
 };
 

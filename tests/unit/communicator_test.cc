@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -15,7 +16,8 @@
 #include "collectives/reduce.h"
 #include "core/net/transport.h"
 #include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/ranks.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
@@ -25,38 +27,14 @@ using ::gw::testing::ScopedEnv;
 
 using RankFn = std::function<void(Communicator&, int)>;
 
-CommInternalOptions internal_for(const std::string& backend) {
-  CommInternalOptions in;
-  if (backend == "inproc") {
-    in.transport_factory = [](const std::string&, const net::TransportOptions& o)
-        -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(o); };
-  }
-  return in;
-}
-
-// Runs fn on n ranks; every rank's communicator is created in its own thread.
+// Runs fn on n ranks of `backend` as threads (tests/support/ranks.h).
 void run_ranks(const std::string& backend, int n, const RankFn& fn, int64_t timeout_ms = 20000,
                std::function<void(CommOptions&)> tweak = nullptr) {
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = n;
-      o.store = store;
-      o.timeout_ms = timeout_ms;
-      o.transport = backend == "inproc" ? "auto" : backend;
-      if (tweak) tweak(o);
-      auto comm = create_communicator(o, internal_for(backend));
-      if (!comm.ok()) {
-        ADD_FAILURE() << "rank " << r << ": " << comm.status().to_string();
-        return;
-      }
-      fn(**comm, r);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.backend = backend;
+  ranks.timeout_ms = timeout_ms;
+  if (tweak) ranks.tweak = [&tweak](CommOptions& o, int) { tweak(o); };
+  testing::run_ranks(n, ranks, [&](std::unique_ptr<Communicator>& c, int r) { fn(*c, r); });
 }
 
 // Element value of rank r at index i, as bytes of dtype; prod uses 1s and 2s so every order of
@@ -66,42 +44,9 @@ void fill(DataType dt, ReduceOp op, int r, size_t count, std::vector<uint8_t>& b
   for (size_t i = 0; i < count; ++i) {
     const int v = op == ReduceOp::kProd ? 1 + static_cast<int>((r + i) % 2)
                                         : static_cast<int>((r * 3 + i) % 7);
-    uint8_t* p = buf.data() + i * dtype_size(dt);
-    switch (dt) {
-      case DataType::kF32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::kF64: {
-        double d = v;
-        std::memcpy(p, &d, 8);
-        break;
-      }
-      case DataType::kF16: {
-        uint16_t h = float_to_half(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kBF16: {
-        uint16_t h = float_to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kI32: {
-        int32_t x = v - 3;
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::kI64: {
-        int64_t x = v - 3;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::kU8:
-        *p = static_cast<uint8_t>(v);
-        break;
-    }
+    // The signed integers go below zero too.
+    const bool signed_int = dt == DataType::kI32 || dt == DataType::kI64;
+    testing::encode(dt, signed_int ? v - 3 : v, buf.data() + i * dtype_size(dt));
   }
 }
 
@@ -291,6 +236,55 @@ TEST_P(CommTest, RanksThatDisagreeOnCountAllFailWithinTheDeadline) {
       3000);
 }
 
+// Ranks that disagree on the dtype (of the same size), the op or the collective used to return
+// ok with mixed data (float32 against int32: 1.0 on one rank, 1065353217 on the other). Every
+// rank now fails, and the rank that sees the peer's message says what it called (issue 33, item
+// 9); count disagreements are the size checks' (above).
+TEST_P(CommTest, RanksThatDisagreeOnDtypeOpOrCollectiveAllFail) {
+  using Call = std::function<Status(Communicator&, int, std::vector<uint8_t>&)>;
+  const size_t n = 1024;
+  auto allreduce = [n](DataType d0, DataType d1, ReduceOp o0, ReduceOp o1) -> Call {
+    return [=](Communicator& c, int r, std::vector<uint8_t>& buf) {
+      return c.allreduce(buf.data(), buf.data(), n, r == 0 ? d0 : d1, r == 0 ? o0 : o1);
+    };
+  };
+  const std::vector<std::pair<std::string, Call>> cases = {
+      {"float32 against int32",
+       allreduce(DataType::kF32, DataType::kI32, ReduceOp::kSum, ReduceOp::kSum)},
+      {"float16 against bfloat16",
+       allreduce(DataType::kF16, DataType::kBF16, ReduceOp::kSum, ReduceOp::kSum)},
+      {"sum against max",
+       allreduce(DataType::kF32, DataType::kF32, ReduceOp::kSum, ReduceOp::kMax)},
+      {"allreduce against broadcast",
+       [n](Communicator& c, int r, std::vector<uint8_t>& buf) {
+         return r == 0 ? c.allreduce(buf.data(), buf.data(), n, DataType::kF32, ReduceOp::kSum)
+                       : c.broadcast(buf.data(), n, DataType::kF32, 0);
+       }},
+      {"allgather against alltoall", [n](Communicator& c, int r, std::vector<uint8_t>& buf) {
+         return r == 0 ? c.allgather(buf.data(), buf.data(), n / 2, DataType::kF32)
+                       : c.alltoall(buf.data(), buf.data() + n * 4, n / 2, DataType::kF32);
+       }}};
+  for (const auto& [what, call] : cases) {
+    std::atomic<int> failed{0}, named{0};
+    run_ranks(
+        GetParam(), 2,
+        [&](Communicator& c, int r) {
+          std::vector<uint8_t> buf(n * 8, 0);
+          // A matching call first: the connections exist, so failures travel in milliseconds.
+          ASSERT_TRUE(c.barrier().ok());
+          Status s = call(c, r, buf);
+          if (!s.ok()) ++failed;
+          if (s.code() == Code::kInvalidArg &&
+              s.message().find("ranks disagree on the collective") != std::string::npos) {
+            ++named;
+          }
+        },
+        5000);
+    EXPECT_EQ(failed.load(), 2) << what;
+    EXPECT_GE(named.load(), 1) << what;
+  }
+}
+
 // The blind spot of a size check alone: when a rank's ranges are a whole number of chunks, the
 // rank with the smaller count receives only full chunks, exactly what it expects, and would return
 // ok with the first part of its peer's data while the peer waits for the rest until its deadline.
@@ -450,7 +444,7 @@ TEST_P(CommTest, BadOptionsAreRejected) {
     o.store = store;
     o.timeout_ms = 2000;
     tweak(o);
-    return create_communicator(o, internal_for(GetParam())).status();
+    return create_communicator(o, testing::internal_options_for(GetParam())).status();
   };
   EXPECT_EQ(make([](CommOptions& o) { o.rank = 1; }).code(), Code::kInvalidArg);
   EXPECT_EQ(make([](CommOptions& o) { o.world_size = 0; }).code(), Code::kInvalidArg);
@@ -464,47 +458,32 @@ TEST_P(CommTest, BadOptionsAreRejected) {
 }
 
 TEST_P(CommTest, ForcedShmAcrossHostsIsRefused) {
-  std::vector<Code> codes(2);
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = 2;
-      o.store = store;
-      o.timeout_ms = 5000;
-      o.transport = "shm";
-      o.host_id = r == 0 ? "host-a" : "host-b";
-      codes[r] = create_communicator(o, internal_for(GetParam())).status().code();
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(codes[0], Code::kInvalidArg);
-  EXPECT_EQ(codes[1], Code::kInvalidArg);
+  testing::RankOptions ranks;
+  ranks.backend = GetParam();
+  ranks.timeout_ms = 5000;
+  ranks.tweak = [](CommOptions& o, int r) {
+    o.transport = "shm";
+    o.host_id = r == 0 ? "host-a" : "host-b";
+  };
+  const std::vector<Status> status = testing::create_statuses(2, ranks);
+  EXPECT_EQ(status[0].code(), Code::kInvalidArg);
+  EXPECT_EQ(status[1].code(), Code::kInvalidArg);
 }
 
 TEST_P(CommTest, SeveralCommunicatorsShareOneStore) {
   auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      for (int k = 0; k < 3; ++k) {
-        CommOptions o;
-        o.rank = r;
-        o.world_size = 2;
-        o.store = store;
-        o.timeout_ms = 10000;
-        o.transport = GetParam() == "inproc" ? "auto" : GetParam();
-        auto c = create_communicator(o, internal_for(GetParam()));
-        ASSERT_TRUE(c.ok()) << c.status().to_string();
-        int32_t v = r + k, out = 0;
-        ASSERT_TRUE((*c)->allreduce(&v, &out, 1, DataType::kI32, ReduceOp::kSum).ok());
-        EXPECT_EQ(out, 1 + 2 * k);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.backend = GetParam();
+  ranks.timeout_ms = 10000;
+  testing::run_threads(2, [&](int r) {
+    for (int k = 0; k < 3; ++k) {
+      auto c = testing::create_rank(ranks, r, 2, store);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      int32_t v = r + k, out = 0;
+      ASSERT_TRUE((*c)->allreduce(&v, &out, 1, DataType::kI32, ReduceOp::kSum).ok());
+      EXPECT_EQ(out, 1 + 2 * k);
+    }
+  });
 }
 
 // The byte at index i of the block that rank src sends to rank dst: a block delivered to the

@@ -1,5 +1,5 @@
 // The compressed allreduce's algorithms, run by N ranks as threads over a minimal in-process
-// Communicator (a shared-memory group below: real copies and reductions, reduced in rank order so
+// Communicator (RendezvousComm below: real copies and reductions, reduced in rank order so
 // every rank gets the same bits, as the ring does). The same algorithms over the real Communicator
 // and transports are covered by compress_comm_test.cc.
 #include <gtest/gtest.h>
@@ -16,13 +16,15 @@
 #include "collectives/compress/codec_kernels.h"
 #include "collectives/compress/compress.h"
 #include "collectives/reduce.h"
+#include "tests/support/gradients.h"
+#include "tests/support/ranks.h"
 
 namespace gw::coll {
 namespace {
 
-class Group {
+class Rendezvous {
  public:
-  explicit Group(int n) : n_(n), sync_(n), ptrs_(static_cast<size_t>(n)) {}
+  explicit Rendezvous(int n) : n_(n), sync_(n), ptrs_(static_cast<size_t>(n)) {}
   int size() const { return n_; }
   // Every rank publishes a pointer; fn(rank) runs once all are published; then all wait again.
   void exchange(int rank, const void* ptr, const std::function<void()>& fn) {
@@ -75,9 +77,9 @@ class DeferredOp final : public AsyncOp {
   Status st_;
 };
 
-class GroupComm final : public Communicator {
+class RendezvousComm final : public Communicator {
  public:
-  GroupComm(Group* g, int rank) : g_(g), rank_(rank) {}
+  RendezvousComm(Rendezvous* g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
   Status allreduce(const void* send, void* recv, size_t count, DataType dtype,
@@ -163,30 +165,20 @@ class GroupComm final : public Communicator {
   std::vector<size_t> reduced_counts;  // the count of every allreduce, blocking or not
 
  private:
-  Group* g_;
+  Rendezvous* g_;
   int rank_;
 };
 
-std::vector<float> gradient(size_t n, int rank, int step) {
-  std::mt19937 gen(static_cast<uint32_t>(1000 * rank + step));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+constexpr ::gw::testing::Gradients gradient{1000};  // tests/support/gradients.h
 
 // Runs fn(rank, comm, compressor) on p threads; collects failures.
-void run_ranks(int p, const std::function<void(int, GroupComm&, Compressor&)>& fn) {
-  Group g(p);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < p; ++r) {
-    ts.emplace_back([&, r] {
-      GroupComm comm(&g, r);
-      Compressor c(&comm);
-      fn(r, comm, c);
-    });
-  }
-  for (auto& t : ts) t.join();
+void run_ranks(int p, const std::function<void(int, RendezvousComm&, Compressor&)>& fn) {
+  Rendezvous g(p);
+  ::gw::testing::run_threads(p, [&](int r) {
+    RendezvousComm comm(&g, r);
+    Compressor c(&comm);
+    fn(r, comm, c);
+  });
 }
 
 const char* const kSpecs[] = {"fp16",    "bf16",       "topk:0.05", "randomk:0.1", "sign,chunk=64",
@@ -197,7 +189,7 @@ TEST(CompressAllreduce, EveryRankEndsWithIdenticalResults) {
     for (const char* spec : kSpecs) {
       const size_t n = 1000 + 37 * p;  // not a multiple of chunks or partitions
       std::vector<std::vector<float>> out(static_cast<size_t>(p));
-      run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+      run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
         for (int step = 0; step < 3; ++step) {
           auto g = gradient(n, rank, step);
           Status st = c.allreduce(g.data(), n, DataType::kF32, spec, "w");
@@ -216,7 +208,7 @@ TEST(CompressAllreduce, EveryRankEndsWithIdenticalResults) {
 // Relative L2 error of one compressed allreduce against the exact sum, first step.
 double first_step_error(int p, const char* spec, size_t n) {
   std::vector<float> result;
-  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+  run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
     auto g = gradient(n, rank, 0);
     ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "k").ok());
     if (rank == 0) result = g;
@@ -250,7 +242,7 @@ TEST(CompressAllreduce, ErrorFeedbackDeliversEverythingOverTime) {
     std::vector<double> delivered(n, 0.0), total(n, 0.0);
     std::vector<std::vector<float>> residuals(p);
     std::mutex mu;
-    run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+    run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
       for (int step = 0; step < 10; ++step) {
         auto g = gradient(n, rank, step);
         {
@@ -282,7 +274,7 @@ TEST(CompressAllreduce, SignKeepsErrorFeedbackOnBothSides) {
   std::vector<double> delivered(n, 0.0), total(n, 0.0);
   std::mutex mu;
   const int steps = 60;
-  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+  run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
     for (int step = 0; step < steps; ++step) {
       auto g = gradient(n, rank, step);
       {
@@ -317,7 +309,7 @@ TEST(CompressAllreduce, ExternallyEncodedSignSumsLikeTheHostPath) {
   };
   for (const Case& k : {Case{3, 5 * 256 + 77, "sign,chunk=256"}, Case{4, 2 * 2048, "sign"},
                         Case{2, 3001, "sign,ef=0,chunk=64"}}) {
-    run_ranks(k.p, [&](int rank, GroupComm&, Compressor& c) {
+    run_ranks(k.p, [&](int rank, RendezvousComm&, Compressor& c) {
       auto codec = Codec::create(*parse_codec_spec(k.spec));
       ASSERT_TRUE(codec.ok());
       const bool ef = (*codec)->spec().error_feedback;
@@ -404,7 +396,7 @@ TEST(CompressAllreduce, ExternallyEncodedSignSumsLikeTheHostPath) {
   }
   // A hook that fails (on every rank, as the in-memory group cannot abandon a peer) ends the call
   // with its error, named after the tensor.
-  run_ranks(2, [&](int, GroupComm&, Compressor& c) {
+  run_ranks(2, [&](int, RendezvousComm&, Compressor& c) {
     Compressor::TwoPhaseHooks bad;
     bad.encode = [](uint8_t*, size_t, const std::vector<Compressor::Partition>&) {
       return Status(Code::kSystem, "test: device fault");
@@ -431,7 +423,7 @@ TEST(CompressAllreduce, PowerSgdOfAKnownRankSumIsExact) {
       base[i * cols + c] = std::sin(0.3f * i) * std::cos(0.2f * c) + 0.5f * (i % 3) * (c % 5);
     }
   }
-  run_ranks(p, [&](int rank, GroupComm&, Compressor& comp) {
+  run_ranks(p, [&](int rank, RendezvousComm&, Compressor& comp) {
     std::vector<float> g(n);
     for (size_t i = 0; i < n; ++i) g[i] = base[i] * static_cast<float>(rank + 1);
     ASSERT_TRUE(comp.allreduce(g.data(), n, DataType::kF32, "powersgd:2,cols=16", "m").ok());
@@ -441,7 +433,7 @@ TEST(CompressAllreduce, PowerSgdOfAKnownRankSumIsExact) {
 
 TEST(CompressAllreduce, HalfPrecisionBuffersAreSupported) {
   const size_t n = 777;
-  run_ranks(2, [&](int rank, GroupComm&, Compressor& c) {
+  run_ranks(2, [&](int rank, RendezvousComm&, Compressor& c) {
     for (DataType dt : {DataType::kF16, DataType::kBF16}) {
       std::vector<uint16_t> buf(n);
       for (size_t i = 0; i < n; ++i) {
@@ -540,7 +532,7 @@ TEST(CompressAllreduce, ExternallyEncodedSlicesSumLikeTheHostPath) {
     const bool bf16 = w.spec[0] == 'b';
     const bool ef = std::string_view(w.spec).find("ef=1") != std::string_view::npos;
     for (bool async : {true, false}) {
-      run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+      run_ranks(p, [&](int rank, RendezvousComm& comm, Compressor& c) {
         comm.async = async;
         std::vector<float> res(n, 0.0f);
         for (int step = 0; step < 2; ++step) {
@@ -597,7 +589,7 @@ TEST(CompressAllreduce, ExternallyEncodedSlicesSumLikeTheHostPath) {
 // hook, so the caller's residual is untouched.
 TEST(CompressAllreduce, ARefusedSlicedCallRunsNoHook) {
   const size_t n = 9000;
-  run_ranks(2, [&](int rank, GroupComm& comm, Compressor& c) {
+  run_ranks(2, [&](int rank, RendezvousComm& comm, Compressor& c) {
     comm.async = true;
     std::vector<float> in = gradient(n, rank, 0), res(n, 0.0f), out(n);
     std::vector<uint16_t> wire(n);
@@ -643,7 +635,7 @@ TEST(CompressAllreduce, AFailedSlicedCallNamesTheSliceAndLeavesNoExchangeRunning
   const char* spec = "fp16,ef=1,slice=4096";
   // A hook fails (every rank at the same slice, as a GPU fault would not be, but a one-sided
   // failure would leave the in-memory group waiting): slice 1's exchange is in flight then.
-  run_ranks(2, [&](int rank, GroupComm& comm, Compressor& c) {
+  run_ranks(2, [&](int rank, RendezvousComm& comm, Compressor& c) {
     comm.async = true;
     comm.defer = true;
     std::vector<float> in = gradient(n, rank, 0), res(n, 0.0f), out(n, -1.0f);
@@ -663,7 +655,7 @@ TEST(CompressAllreduce, AFailedSlicedCallNamesTheSliceAndLeavesNoExchangeRunning
     EXPECT_EQ(c.stats().bytes_sent, allgather_send_bytes(8, 2));  // the agreement only
   });
   // An exchange fails: the error names its slice, and the slices after it are never done.
-  run_ranks(2, [&](int rank, GroupComm& comm, Compressor& c) {
+  run_ranks(2, [&](int rank, RendezvousComm& comm, Compressor& c) {
     comm.async = true;
     comm.fail_iallreduce = 1;
     std::vector<float> in = gradient(n, rank, 0), out(n, -1.0f);
@@ -703,7 +695,7 @@ TEST(CompressAllreduce, SlicedHalfPrecisionGivesTheSameSumAsOneAllreduce) {
     for (bool async : {true, false}) {
       std::vector<std::vector<float>> got(p), res(p);
       std::vector<int> iallreduces(p);
-      run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+      run_ranks(p, [&](int rank, RendezvousComm& comm, Compressor& c) {
         comm.async = async;
         auto x = grads[static_cast<size_t>(rank)];
         ASSERT_TRUE(c.allreduce(x.data(), n, DataType::kF32, spec, "big").ok());
@@ -737,7 +729,7 @@ TEST(CompressAllreduce, SliceOptionSetsTheSlicesAndZeroTurnsSlicingOff) {
   for (const char* spec : {"fp16,slice=4096", "bf16,slice=0", "fp16,slice=8192"}) {
     std::vector<std::vector<float>> got(p);
     std::vector<int> iallreduces(p);
-    run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+    run_ranks(p, [&](int rank, RendezvousComm& comm, Compressor& c) {
       comm.async = true;
       auto x = gradient(n, rank, 1);
       ASSERT_TRUE(c.allreduce(x.data(), n, DataType::kF32, spec, "s").ok());
@@ -766,7 +758,7 @@ TEST(CompressAllreduce, SliceOptionSetsTheSlicesAndZeroTurnsSlicingOff) {
 
 TEST(CompressAllreduce, AFailedSliceEndsTheCallWithTheErrorNotAHang) {
   const size_t n = 2 * Compressor::kCastSlice + 5;
-  run_ranks(2, [&](int rank, GroupComm& comm, Compressor& c) {
+  run_ranks(2, [&](int rank, RendezvousComm& comm, Compressor& c) {
     comm.async = true;
     comm.fail_iallreduce = 1;
     auto x = gradient(n, rank, 0);
@@ -782,7 +774,7 @@ TEST(CompressAllreduce, BytesSentReflectTheCompression) {
   std::map<std::string, CompressStats> stats;
   std::mutex mu;
   for (const char* spec : {"none", "fp16", "topk:0.01", "sign", "powersgd:4", "randomk:0.01"}) {
-    run_ranks(4, [&](int rank, GroupComm&, Compressor& c) {
+    run_ranks(4, [&](int rank, RendezvousComm&, Compressor& c) {
       auto g = gradient(n, rank, 0);
       ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, spec, "w").ok());
       c.reset_stats();  // leave the first-use agreement out
@@ -818,7 +810,7 @@ TEST(CompressAllreduce, SignPhaseOneIsAnAllToAllOfPartitions) {
   for (int p : {2, 3, 5}) {
     std::vector<CompressStats> stats(static_cast<size_t>(p));
     std::vector<std::vector<float>> out(static_cast<size_t>(p));
-    run_ranks(p, [&](int rank, GroupComm& comm, Compressor& c) {
+    run_ranks(p, [&](int rank, RendezvousComm& comm, Compressor& c) {
       auto g = gradient(n, rank, 1);
       ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64", "a2a").ok());
       c.reset_stats();
@@ -845,7 +837,7 @@ TEST(CompressAllreduce, SignPhaseOneIsAnAllToAllOfPartitions) {
 }
 
 TEST(CompressAllreduce, BadArgumentsAreRejectedWithAMessage) {
-  run_ranks(1, [&](int, GroupComm&, Compressor& c) {
+  run_ranks(1, [&](int, RendezvousComm&, Compressor& c) {
     std::vector<float> g(100, 1.0f);
     Status st = c.allreduce(g.data(), 100, DataType::kF32, "topk:2", "w");
     EXPECT_EQ(st.code(), Code::kInvalidArg);
@@ -871,7 +863,7 @@ TEST(CompressAllreduce, BadArgumentsAreRejectedWithAMessage) {
 }
 
 TEST(CompressAllreduce, RanksThatDisagreeOnSpecOrKeyGetAnErrorNotGarbage) {
-  run_ranks(3, [&](int rank, GroupComm&, Compressor& c) {
+  run_ranks(3, [&](int rank, RendezvousComm&, Compressor& c) {
     std::vector<float> g(256, 1.0f);
     const char* spec = rank == 2 ? "topk:0.5" : "topk:0.25";
     Status st = c.allreduce(g.data(), 256, DataType::kF32, spec, "w");
@@ -900,7 +892,7 @@ TEST(CompressAllreduce, ANonFiniteStepLeavesTheErrorFeedbackStateAsItWas) {
           2, std::vector<std::vector<float>>(p, std::vector<float>()));
       std::vector<uint64_t> skipped(p, 0);
       for (int with_bad = 0; with_bad < 2; ++with_bad) {
-        run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+        run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
           auto& out = results[static_cast<size_t>(with_bad)][static_cast<size_t>(rank)];
           for (int step = 0; step < 4; ++step) {
             if (with_bad && step == 2) {
@@ -928,7 +920,7 @@ TEST(CompressAllreduce, ANonFiniteStepLeavesTheErrorFeedbackStateAsItWas) {
     }
   }
   // keep: the old behaviour, the residual is poisoned for good.
-  run_ranks(p, [&](int rank, GroupComm&, Compressor& c) {
+  run_ranks(p, [&](int rank, RendezvousComm&, Compressor& c) {
     auto g = gradient(n, rank, 0);
     if (rank == 1) g[5] = std::nanf("");
     ASSERT_TRUE(c.allreduce(g.data(), n, DataType::kF32, "sign,chunk=64,nonfinite=keep", "k").ok());

@@ -12,41 +12,25 @@
 
 #include "collectives/reduce.h"
 #include "gradwire/gradwire.h"
-#include "tests/support/free_port.h"
+#include "tests/support/capi_ranks.h"
+#include "tests/support/gradients.h"
 
 namespace {
 
-using gw::testing::free_port;
-
-std::vector<float> gradient(size_t n, int rank, int step) {
-  std::mt19937 gen(static_cast<uint32_t>(77 * rank + step));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+constexpr ::gw::testing::Gradients gradient{77};  // tests/support/gradients.h
 
 // Runs body(rank, comm) on `world` threads, each with its own communicator.
 template <typename F>
 void with_ranks(int world, const char* transport, F body) {
-  const std::string addr = "127.0.0.1:" + std::to_string(free_port());
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r) {
-    ts.emplace_back([&, r] {
-      gw_config_t cfg = GW_CONFIG_INIT;
-      cfg.rank = r;
-      cfg.world_size = world;
-      cfg.store_addr = addr.c_str();
-      cfg.transport = transport;
-      cfg.timeout_ms = 30000;
-      gw_comm_t comm = nullptr;
-      ASSERT_EQ(gw_comm_init(&comm, &cfg), GW_OK) << gw_last_error();
-      body(r, comm);
-      EXPECT_EQ(gw_comm_release_compression(comm), GW_OK);
-      EXPECT_EQ(gw_comm_destroy(comm), GW_OK) << gw_last_error();
-    });
-  }
-  for (auto& t : ts) t.join();
+  gw::testing::run_capi_ranks(world, [&](int r, const std::string& addr) {
+    gw_config_t cfg = gw::testing::thread_rank_config(r, world, addr, nullptr, 30000);
+    cfg.transport = transport;
+    gw_comm_t comm = nullptr;
+    ASSERT_EQ(gw_comm_init(&comm, &cfg), GW_OK) << gw_last_error();
+    body(r, comm);
+    EXPECT_EQ(gw_comm_release_compression(comm), GW_OK);
+    EXPECT_EQ(gw_comm_destroy(comm), GW_OK) << gw_last_error();
+  });
 }
 
 TEST(CompressCapi, EveryCodecGivesIdenticalResultsOnFourRanksOverTcp) {
@@ -142,6 +126,46 @@ TEST(CompressCapi, CountsThatOverflowWithTheRankCountAreInvalidArguments) {
     ASSERT_EQ(gw_allreduce(comm, g.data(), g.data(), g.size(), GW_FLOAT32, GW_SUM), GW_OK)
         << gw_last_error();
     EXPECT_EQ(g[0], 4.0f);
+  });
+}
+
+// Counts whose bytes fit size_t (with the rank count too) but no buffer of a process can hold
+// are the caller's error, GW_ERR_INVALID_ARG with a message, in every entry point (issue 33,
+// item 11: reduce-scatter and top-k used to fail deep inside with GW_ERR_INTERNAL, "vector larger
+// than max_size"). Both ranks refuse before talking, so the communicator still works afterwards.
+TEST(CompressCapi, CountsNoBufferCanHoldAreInvalidArgumentsNotInternalErrors) {
+  with_ranks(2, "tcp", [&](int, gw_comm_t comm) {
+    std::vector<float> g(16, 1.0f), out(64);
+    for (size_t count : {SIZE_MAX / sizeof(float) / 2, SIZE_MAX / sizeof(float) / 2 - 1,
+                         SIZE_MAX / sizeof(float), size_t{1} << 60, size_t{1} << 56}) {
+      auto refused = [&](gw_status_t s, const char* call) {
+        EXPECT_EQ(s, GW_ERR_INVALID_ARG) << call << " " << count << ": " << gw_last_error();
+        const std::string why = gw_last_error();
+        EXPECT_TRUE(why.find("more than any buffer") != std::string::npos ||
+                    why.find("overflow") != std::string::npos)
+            << call << ": " << why;
+      };
+      refused(gw_reduce_scatter(comm, out.data(), g.data(), count, GW_FLOAT32, GW_SUM),
+              "reduce_scatter");
+      refused(gw_allreduce_compressed(comm, g.data(), count, GW_FLOAT32, "topk:0.01", "t"), "topk");
+      refused(gw_allreduce_compressed(comm, g.data(), count, GW_FLOAT32, "randk:0.01", "r"),
+              "randk");
+      refused(gw_allreduce(comm, g.data(), out.data(), count, GW_FLOAT32, GW_SUM), "allreduce");
+      refused(gw_broadcast(comm, g.data(), count, GW_FLOAT32, 0), "broadcast");
+      refused(gw_allgather(comm, g.data(), out.data(), count, GW_FLOAT32), "allgather");
+      refused(gw_alltoall(comm, g.data(), out.data(), count, GW_FLOAT32), "alltoall");
+      gw_request_t req = nullptr;
+      refused(gw_iallreduce(comm, g.data(), out.data(), count, GW_FLOAT32, GW_SUM, &req),
+              "iallreduce");
+    }
+    // A buffer that would end past the address space.
+    EXPECT_EQ(gw_allreduce(comm, reinterpret_cast<void*>(uintptr_t{1} << 57), out.data(), 16,
+                           GW_FLOAT32, GW_SUM),
+              GW_ERR_INVALID_ARG)
+        << gw_last_error();
+    ASSERT_EQ(gw_allreduce(comm, g.data(), g.data(), g.size(), GW_FLOAT32, GW_SUM), GW_OK)
+        << gw_last_error();
+    EXPECT_EQ(g[0], 2.0f);
   });
 }
 

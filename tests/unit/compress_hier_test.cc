@@ -20,18 +20,13 @@
 #include "collectives/compress/compress.h"
 #include "collectives/compress/compress_config.h"
 #include "core/store.h"
-#include "tests/support/inproc_transport.h"
+#include "tests/support/gradients.h"
+#include "tests/support/ranks.h"
 
 namespace gw::coll {
 namespace {
 
-std::vector<float> gradient(size_t n, int rank, int step) {
-  std::mt19937 gen(static_cast<uint32_t>(313 * rank + step));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+constexpr ::gw::testing::Gradients gradient{313};  // tests/support/gradients.h
 
 // Small integers: every sum of a few of them is exact in f32 and in f16.
 std::vector<float> integers(size_t n, int rank) {
@@ -46,32 +41,17 @@ using Body = std::function<void(int rank, Communicator& comm, Compressor& c)>;
 // Runs body on one thread per entry of host_of_rank (rank r on fake host host_of_rank[r]), each
 // with its own communicator and Compressor (GW_COMPRESS_HIER = mode, "" for the default).
 void run_ranks(const std::vector<int>& host_of_rank, const Body& body, const char* mode = "") {
-  const int n = static_cast<int>(host_of_rank.size());
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = n;
-      o.store = store;
-      o.timeout_ms = 30000;
-      o.host_id = "fake-host-" + std::to_string(host_of_rank[static_cast<size_t>(r)]);
-      CommInternalOptions in;
-      in.transport_factory = [](const std::string&, const net::TransportOptions& t)
-          -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(t); };
-      auto comm = create_communicator(o, in);
-      if (!comm.ok()) {
-        ADD_FAILURE() << "rank " << r << ": " << comm.status().to_string();
-        return;
-      }
-      config::Snapshot cfg = config::Snapshot::capture();
-      if (*mode) cfg = *cfg.with(compress_config::kHier, mode);
-      Compressor c(comm->get(), cfg);
-      body(r, **comm, c);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.timeout_ms = 30000;
+  ranks.host_of = host_of_rank;
+  ranks.host_prefix = "fake-host-";
+  testing::run_ranks(static_cast<int>(host_of_rank.size()), ranks,
+                     [&](std::unique_ptr<Communicator>& comm, int r) {
+                       config::Snapshot cfg = config::Snapshot::capture();
+                       if (*mode) cfg = *cfg.with(compress_config::kHier, mode);
+                       Compressor c(comm.get(), cfg);
+                       body(r, *comm, c);
+                     });
 }
 
 const std::vector<int> k2x2 = {0, 0, 1, 1};
@@ -299,31 +279,18 @@ TEST(CompressHier, SignErrorFeedbackConverges) {
 // Ranks that disagree on the form (one configured off) are refused on every rank at the key's
 // first use, before any split could hang.
 TEST(CompressHier, RanksThatDisagreeOnTheFormAreRefused) {
-  const std::vector<int> hosts = k2x2;
-  auto store = make_memory_store();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.world_size = 4;
-      o.store = store;
-      o.timeout_ms = 30000;
-      o.host_id = "fake-host-" + std::to_string(hosts[static_cast<size_t>(r)]);
-      CommInternalOptions in;
-      in.transport_factory = [](const std::string&, const net::TransportOptions& t)
-          -> Result<std::unique_ptr<net::Transport>> { return testing::make_inproc_transport(t); };
-      auto comm = create_communicator(o, in);
-      ASSERT_TRUE(comm.ok()) << comm.status().to_string();
-      auto cfg = config::Snapshot::capture().with(compress_config::kHier, r == 3 ? "off" : "auto");
-      ASSERT_TRUE(cfg.ok());
-      Compressor c(comm->get(), *cfg);
-      auto g = gradient(100, r, 0);
-      Status st = c.allreduce(g.data(), g.size(), DataType::kF32, "topk:0.1", "k");
-      EXPECT_EQ(st.code(), Code::kInvalidArg) << "rank " << r << ": " << st.to_string();
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RankOptions ranks;
+  ranks.timeout_ms = 30000;
+  ranks.host_of = k2x2;
+  ranks.host_prefix = "fake-host-";
+  testing::run_ranks(4, ranks, [&](std::unique_ptr<Communicator>& comm, int r) {
+    auto cfg = config::Snapshot::capture().with(compress_config::kHier, r == 3 ? "off" : "auto");
+    ASSERT_TRUE(cfg.ok());
+    Compressor c(comm.get(), *cfg);
+    auto g = gradient(100, r, 0);
+    Status st = c.allreduce(g.data(), g.size(), DataType::kF32, "topk:0.1", "k");
+    EXPECT_EQ(st.code(), Code::kInvalidArg) << "rank " << r << ": " << st.to_string();
+  });
 }
 
 }  // namespace

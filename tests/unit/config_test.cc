@@ -262,6 +262,49 @@ TEST(ConfigTest, TomlKeyAndDump) {
   EXPECT_NE(table.find("NCCL_HOSTID"), std::string::npos);         // aliases are shown
 }
 
+// The settings lines (not comments) of a TOML dump.
+std::string settings_of(const std::string& toml) {
+  std::istringstream in(toml);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#') out += line + "\n";
+  }
+  return out;
+}
+
+// The TOML dump loads back and dumps the same settings (issue 34, item 4), whatever the strings
+// hold (quotes, backslashes, control and non-ASCII characters); what no file may set (the file's
+// own name, the secret token, rows only the NCCL plugin reads) stays a comment.
+TEST(ConfigTest, TomlDumpLoadsBackAndDumpsTheSame) {
+  EnvGuard env;
+  env.unset("GW_CONFIG_FILE");
+  const std::string host = "a \"quoted\" \\ host\t\xc3\xa9\xe3\x80\x81\xf0\x9f\x99\x82";
+  const std::map<std::string, std::string> vars = {{"GW_SPIN_US", "7"},
+                                                   {"GW_HOSTID", host},
+                                                   {"GW_COST_BW_GBPS", "2.5"},
+                                                   {"GW_SOCKET_CHUNK", "512K"},
+                                                   {"GW_PLUGIN_PIN", "0"}};
+  for (const auto& [k, v] : vars) env.set(k.c_str(), v.c_str());
+  env.set("GW_JOB_TOKEN", "the-secret-value");
+  const std::string first = config::dump(true);
+  EXPECT_EQ(first.find("the-secret-value"), std::string::npos) << first;
+  EXPECT_NE(first.find("\n# job_token = (set)\n"), std::string::npos) << first;
+  EXPECT_NE(first.find("\n# config_file = \"\"\n"), std::string::npos) << first;
+  EXPECT_NE(first.find("\n# plugin_pin = false\n"), std::string::npos) << first;
+  const std::string settings = settings_of(first);
+  EXPECT_EQ(settings.find("plugin_"), std::string::npos) << settings;
+  EXPECT_NE(settings.find("spin_us = 7\n"), std::string::npos) << settings;
+
+  TomlFile f("roundtrip", first);
+  for (const auto& [k, v] : vars) env.unset(k.c_str());
+  env.set("GW_CONFIG_FILE", f.path().c_str());
+  ASSERT_TRUE(config::validate().ok()) << config::validate().to_string();
+  EXPECT_EQ(config::get_string(cc::kHostId), host);
+  EXPECT_EQ(config::get_int(kc::kSpinUs), 7);
+  EXPECT_EQ(config::source_text(config::resolve(cc::kHostId)).rfind(f.path() + ":", 0), 0u);
+  EXPECT_EQ(settings_of(config::dump(true)), settings);
+}
+
 // The layers: default < file < environment < API, each value saying where it came from.
 TEST(ConfigTest, FileEnvironmentAndApiLayers) {
   EnvGuard env;
@@ -476,6 +519,21 @@ TEST(StatusTest, CodesAndText) {
   }
   EXPECT_EQ(names.size(), 9u);
   EXPECT_STREQ(code_name(static_cast<Code>(42)), "UNKNOWN");
+}
+
+// A truncated message is told by its reason (the executor's count check), never by its text;
+// the code, which the C ABI and the daemon protocol carry, stays kInvalidArg.
+TEST(StatusTest, TruncatedIsAReasonNotAText) {
+  Status t = truncated_error("recv from rank 1: message truncated");
+  EXPECT_EQ(t.code(), Code::kInvalidArg);
+  EXPECT_EQ(t.reason(), Reason::kTruncated);
+  EXPECT_TRUE(t.truncated());
+  Status c = t.with_context("allreduce");
+  EXPECT_TRUE(c.truncated());
+  EXPECT_EQ(c.message(), "allreduce: recv from rank 1: message truncated");
+  EXPECT_FALSE(invalid_arg("message truncated").truncated());
+  EXPECT_FALSE(Status(Code::kInvalidArg, "x").truncated());
+  EXPECT_FALSE(ok_status().truncated());
 }
 
 TEST(StatusTest, SystemErrorCarriesErrnoText) {

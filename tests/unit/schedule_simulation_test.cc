@@ -19,87 +19,47 @@
 
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
+#include "tests/support/schedule_sim.h"
 #include "tests/support/test_env.h"
 
 namespace gw::coll {
 namespace {
 
+using gw::testing::expect_no_races;
 using gw::testing::kSimMaxRanks;
-
-struct Message {
-  int id;
-  std::vector<int64_t> data;
-};
+using gw::testing::layout_name;
+using gw::testing::numberings;
 
 struct RankState {
   Schedule sched;
   std::vector<int64_t> input;
   std::vector<int64_t> output;
-  size_t next = 0;
-  bool sent = false;  // the current step's send is posted
 };
 
-// Applies all schedules in lock-step rounds; fails the test on a mismatch or a deadlock.
+std::vector<uint8_t> bytes_of(const std::vector<int64_t>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(int64_t));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<int64_t> int64s_of(const std::vector<uint8_t>& b) {
+  std::vector<int64_t> v(b.size() / sizeof(int64_t));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(int64_t));
+  return v;
+}
+
+// Runs each rank's schedule, as its only plan, through the byte-level simulator
+// (tests/support/schedule_sim.h) with int64 sums (exact in every order); fails the test on a
+// mismatch or a deadlock.
 void simulate(std::vector<RankState>& ranks) {
-  const int p = static_cast<int>(ranks.size());
-  std::map<std::pair<int, int>, std::deque<Message>> wire;
-  auto do_send = [&](int r, const Step& st) {
-    const auto& src = st.send_from_input ? ranks[r].input : ranks[r].output;
-    ASSERT_LE(st.send.offset + st.send.count, src.size()) << describe(st);
-    Message m{st.id, std::vector<int64_t>(src.begin() + st.send.offset,
-                                          src.begin() + st.send.offset + st.send.count)};
-    wire[{r, st.send_to}].push_back(std::move(m));
-  };
-  for (int round = 0;; ++round) {
-    bool progress = false, all_done = true;
-    for (int r = 0; r < p; ++r) {
-      RankState& rs = ranks[r];
-      if (rs.next >= rs.sched.size()) continue;
-      all_done = false;
-      const Step& st = rs.sched[rs.next];
-      ASSERT_TRUE(st.send_to >= 0 || st.recv_from >= 0) << "empty " << describe(st);
-      ASSERT_NE(st.send_to, r);
-      ASSERT_NE(st.recv_from, r);
-      if (!st.forward && st.send_to >= 0 && st.recv_from >= 0 && st.send.count && st.recv.count) {
-        // The executor posts both at once, so they must not overlap.
-        const bool disjoint = st.send.offset + st.send.count <= st.recv.offset ||
-                              st.recv.offset + st.recv.count <= st.send.offset;
-        ASSERT_TRUE(disjoint) << "rank " << r << " " << describe(st);
-      }
-      if (st.send_to >= 0 && !st.forward && !rs.sent) {
-        do_send(r, st);
-        rs.sent = true;
-        progress = true;
-      }
-      if (st.recv_from >= 0) {
-        auto& q = wire[{st.recv_from, r}];
-        if (q.empty()) continue;
-        Message m = std::move(q.front());
-        q.pop_front();
-        ASSERT_EQ(m.id, st.id) << "rank " << r << " got a message of another step; "
-                               << describe(st);
-        ASSERT_EQ(m.data.size(), st.recv.count) << "rank " << r << " " << describe(st);
-        ASSERT_LE(st.recv.offset + st.recv.count, rs.output.size());
-        int64_t* out = rs.output.data() + st.recv.offset;
-        if (st.action == RecvAction::kReduce) {
-          const int64_t* local =
-              (st.reduce_with_input ? rs.input.data() : rs.output.data()) + st.recv.offset;
-          reduce(DataType::kI64, ReduceOp::kSum, local, m.data.data(), out, m.data.size());
-        } else if (!m.data.empty()) {
-          std::memcpy(out, m.data.data(), m.data.size() * sizeof(int64_t));
-        }
-      }
-      if (st.send_to >= 0 && st.forward) do_send(r, st);
-      rs.next++;
-      rs.sent = false;
-      progress = true;
-    }
-    if (all_done) break;
-    ASSERT_TRUE(progress) << "deadlock in round " << round;
+  std::vector<testing::SimRank> sim(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    sim[r].plans = testing::one_plan(ranks[r].sched);
+    sim[r].input = bytes_of(ranks[r].input);
+    sim[r].output = bytes_of(ranks[r].output);
   }
-  for (auto& [pair, q] : wire) {
-    ASSERT_TRUE(q.empty()) << "unreceived message " << pair.first << "->" << pair.second;
-  }
+  testing::simulate(sim, DataType::kI64, ReduceOp::kSum, 0);
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r].output = int64s_of(sim[r].output);
 }
 
 int64_t value(int rank, size_t i) { return static_cast<int64_t>(rank) * 1000003 + i * 7 + 1; }
@@ -309,53 +269,11 @@ void check_sum(int p, size_t count, bool in_place, const std::function<Schedule(
   }
 }
 
-std::string layout_name(const HostRanks& hosts) {
-  std::string out;
-  for (const auto& h : hosts) out += (out.empty() ? "" : "+") + std::to_string(h.size());
-  return out;
-}
-
-// Host-major (ranks 0..L-1 on host 0, ...) and interleaved (rank r on host r % H) numberings of
-// a layout given by its host sizes.
-std::vector<HostRanks> numberings(const std::vector<int>& sizes) {
-  std::vector<HostRanks> out(2);
-  int next = 0;
-  for (int n : sizes) {
-    out[0].emplace_back();
-    for (int i = 0; i < n; ++i) out[0].back().push_back(next++);
-  }
-  std::vector<int> host_of;
-  std::vector<int> left = sizes;
-  for (bool any = true; any;) {
-    any = false;
-    for (size_t h = 0; h < left.size(); ++h) {
-      if (left[h] > 0) {
-        host_of.push_back(static_cast<int>(h));
-        --left[h];
-        any = true;
-      }
-    }
-  }
-  out[1] = hosts_from_map(host_of);
-  return out;
-}
-
+// This suite's uneven layouts: a few fixed ones and 12 drawn, of 1 to 6 hosts.
 std::vector<std::vector<int>> uneven_layouts() {
-  std::vector<std::vector<int>> all = {{3, 1}, {1, 3},       {2, 2, 1}, {1, 1, 1}, {5, 3, 2},
-                                       {1, 7}, {4, 4, 4, 1}, {16, 17},  {1},       {6}};
-  std::mt19937 rng(7);
-  for (int t = 0; t < 12; ++t) {
-    std::vector<int> sizes;
-    int total = 0;
-    const int hosts = 1 + static_cast<int>(rng() % 6);
-    for (int h = 0; h < hosts && total < 33; ++h) {
-      const int n = 1 + static_cast<int>(rng() % std::min(8, 33 - total));
-      sizes.push_back(n);
-      total += n;
-    }
-    all.push_back(sizes);
-  }
-  return all;
+  return testing::uneven_layouts(
+      {{3, 1}, {1, 3}, {2, 2, 1}, {1, 1, 1}, {5, 3, 2}, {1, 7}, {4, 4, 4, 1}, {16, 17}, {1}, {6}},
+      7, 12, 1);
 }
 
 TEST(ScheduleSimulation, HierAllreduceOnEveryUniformLayoutUpTo33Ranks) {
@@ -504,175 +422,28 @@ TEST(ScheduleShape, TopologySchedulesMakeEveryRankReceive) {
 
 // ---- plans that run together (pipelined hier) -------------------------------------------------
 
-// Finished-step counts of every plan of one rank that the dependencies (each plan's own order,
-// Step::after_plan) guarantee before each step starts: start[l][i][m] steps of plan m.
-std::vector<std::vector<std::vector<size_t>>> guaranteed_before(const std::vector<Plan>& plans) {
-  const size_t np = plans.size();
-  std::vector<std::vector<std::vector<size_t>>> start(np);
-  std::vector<std::vector<bool>> known(np);
-  for (size_t l = 0; l < np; ++l) {
-    start[l].assign(plans[l].sched.size(), std::vector<size_t>(np, 0));
-    known[l].assign(plans[l].sched.size(), false);
-  }
-  // Dependencies are acyclic when the plans can finish at all: sweep until every step is known.
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t l = 0; l < np; ++l) {
-      for (size_t i = 0; i < plans[l].sched.size(); ++i) {
-        if (known[l][i]) continue;
-        std::vector<size_t> v(np, 0);
-        if (i > 0) {
-          if (!known[l][i - 1]) continue;
-          v = start[l][i - 1];
-          v[l] = i;
-        }
-        const Step& st = plans[l].sched[i];
-        if (st.after_plan >= 0 && st.after_steps > 0) {
-          const auto m = static_cast<size_t>(st.after_plan);
-          if (!known[m][st.after_steps - 1]) continue;
-          const auto& w = start[m][st.after_steps - 1];
-          for (size_t q = 0; q < np; ++q) v[q] = std::max(v[q], w[q]);
-          v[m] = std::max(v[m], st.after_steps);
-        }
-        start[l][i] = v;
-        known[l][i] = true;
-        changed = true;
-      }
+// The plans of every rank through the byte-level simulator with int64 sums; the pipelined plans
+// never forward.
+void simulate_plans(std::vector<testing::SimRank>& ranks, uint32_t seed) {
+  for (const auto& rs : ranks) {
+    for (const Plan& plan : rs.plans) {
+      for (const Step& st : plan.sched) ASSERT_FALSE(st.forward) << describe(st);
     }
   }
-  for (size_t l = 0; l < np; ++l) {
-    for (size_t i = 0; i < known[l].size(); ++i) {
-      EXPECT_TRUE(known[l][i]) << "plan " << l << " step " << i << " waits in a cycle";
-    }
-  }
-  return start;
-}
-
-bool overlap(size_t a_off, size_t a_count, size_t b_off, size_t b_count) {
-  return a_count && b_count && a_off < b_off + b_count && b_off < a_off + a_count;
-}
-
-// Two steps of different plans of one rank that may run at the same time (neither is ordered
-// before the other) must not touch a range the other writes. Input and output are taken as one
-// buffer (in place), the stricter case.
-void expect_no_races(const std::vector<Plan>& plans, const std::string& what) {
-  const auto start = guaranteed_before(plans);
-  for (size_t a = 0; a < plans.size(); ++a) {
-    for (size_t b = a + 1; b < plans.size(); ++b) {
-      for (size_t i = 0; i < plans[a].sched.size(); ++i) {
-        for (size_t j = 0; j < plans[b].sched.size(); ++j) {
-          if (start[b][j][a] > i || start[a][i][b] > j) continue;  // ordered
-          const Step& x = plans[a].sched[i];
-          const Step& y = plans[b].sched[j];
-          const size_t xb = plans[a].base, yb = plans[b].base;
-          const bool xw = x.recv_from >= 0, yw = y.recv_from >= 0;
-          const bool xs = x.send_to >= 0, ys = y.send_to >= 0;
-          bool race = false;
-          if (xw && yw)
-            race |= overlap(xb + x.recv.offset, x.recv.count, yb + y.recv.offset, y.recv.count);
-          if (xw && ys)
-            race |= overlap(xb + x.recv.offset, x.recv.count, yb + y.send.offset, y.send.count);
-          if (xs && yw)
-            race |= overlap(xb + x.send.offset, x.send.count, yb + y.recv.offset, y.recv.count);
-          ASSERT_FALSE(race) << what << ": plan " << a << " " << describe(x) << " and plan " << b
-                             << " " << describe(y) << " may run at once";
-        }
-      }
-    }
-  }
-}
-
-struct PlanRank {
-  std::vector<Plan> plans;
-  std::vector<size_t> next;
-  std::vector<bool> sent;
-  std::vector<int64_t> input, output;
-};
-
-// simulate() for several plans per rank: messages queue per (sender, receiver, channel), a
-// plan's step starts once the plan it waits for is far enough, and the plans of a rank are
-// visited in a shuffled order every round so that they interleave differently.
-void simulate_plans(std::vector<PlanRank>& ranks, uint32_t seed) {
-  const int p = static_cast<int>(ranks.size());
-  std::mt19937 rng(seed);
-  std::map<std::tuple<int, int, int>, std::deque<Message>> wire;
-  for (int round = 0;; ++round) {
-    bool progress = false, all_done = true;
-    for (int r = 0; r < p; ++r) {
-      PlanRank& rs = ranks[r];
-      std::vector<size_t> order(rs.plans.size());
-      std::iota(order.begin(), order.end(), size_t{0});
-      std::shuffle(order.begin(), order.end(), rng);
-      for (size_t l : order) {
-        const Plan& plan = rs.plans[l];
-        if (rs.next[l] >= plan.sched.size()) continue;
-        all_done = false;
-        const Step& st = plan.sched[rs.next[l]];
-        if (st.after_plan >= 0 && rs.next[static_cast<size_t>(st.after_plan)] < st.after_steps) {
-          continue;
-        }
-        ASSERT_TRUE(st.send_to >= 0 || st.recv_from >= 0) << "empty " << describe(st);
-        ASSERT_NE(st.send_to, r);
-        ASSERT_NE(st.recv_from, r);
-        ASSERT_FALSE(st.forward);
-        if (st.send_to >= 0 && st.recv_from >= 0) {
-          ASSERT_FALSE(overlap(st.send.offset, st.send.count, st.recv.offset, st.recv.count))
-              << "rank " << r << " " << describe(st);
-        }
-        if (st.send_to >= 0 && !rs.sent[l]) {
-          const auto& src = st.send_from_input ? rs.input : rs.output;
-          const size_t off = plan.base + st.send.offset;
-          ASSERT_LE(off + st.send.count, src.size()) << describe(st);
-          wire[{r, st.send_to, plan.chan}].push_back(Message{
-              st.id, std::vector<int64_t>(src.begin() + off, src.begin() + off + st.send.count)});
-          rs.sent[l] = true;
-          progress = true;
-        }
-        if (st.recv_from >= 0) {
-          auto& q = wire[{st.recv_from, r, plan.chan}];
-          if (q.empty()) continue;
-          Message m = std::move(q.front());
-          q.pop_front();
-          ASSERT_EQ(m.id, st.id) << "rank " << r << " plan " << l
-                                 << " got a message of another step; " << describe(st);
-          ASSERT_EQ(m.data.size(), st.recv.count) << "rank " << r << " " << describe(st);
-          const size_t off = plan.base + st.recv.offset;
-          ASSERT_LE(off + st.recv.count, rs.output.size());
-          int64_t* out = rs.output.data() + off;
-          if (st.action == RecvAction::kReduce) {
-            const int64_t* local =
-                (st.reduce_with_input ? rs.input.data() : rs.output.data()) + off;
-            reduce(DataType::kI64, ReduceOp::kSum, local, m.data.data(), out, m.data.size());
-          } else if (!m.data.empty()) {
-            std::memcpy(out, m.data.data(), m.data.size() * sizeof(int64_t));
-          }
-        }
-        rs.next[l]++;
-        rs.sent[l] = false;
-        progress = true;
-      }
-    }
-    if (all_done) break;
-    ASSERT_TRUE(progress) << "deadlock in round " << round;
-  }
-  for (auto& [key, q] : wire) {
-    ASSERT_TRUE(q.empty()) << "unreceived message " << std::get<0>(key) << "->" << std::get<1>(key)
-                           << " on channel " << std::get<2>(key);
-  }
+  testing::simulate(ranks, DataType::kI64, ReduceOp::kSum, seed);
 }
 
 void check_plans_sum(int p, size_t count, bool in_place,
                      const std::function<std::vector<Plan>(int)>& make, const std::string& what,
                      uint32_t seed, bool check_races) {
-  std::vector<PlanRank> ranks(p);
+  std::vector<testing::SimRank> ranks(p);
   for (int r = 0; r < p; ++r) {
-    PlanRank& rs = ranks[r];
+    testing::SimRank& rs = ranks[r];
     rs.plans = make(r);
-    rs.next.assign(rs.plans.size(), 0);
-    rs.sent.assign(rs.plans.size(), false);
-    rs.input.resize(count);
-    for (size_t i = 0; i < count; ++i) rs.input[i] = value(r, i);
-    rs.output = in_place ? rs.input : std::vector<int64_t>(count, -777);
+    std::vector<int64_t> input(count);
+    for (size_t i = 0; i < count; ++i) input[i] = value(r, i);
+    rs.input = bytes_of(input);
+    rs.output = in_place ? rs.input : bytes_of(std::vector<int64_t>(count, -777));
     if (in_place) {
       for (auto& plan : rs.plans) {
         for (auto& st : plan.sched) st.send_from_input = st.reduce_with_input = false;
@@ -690,11 +461,12 @@ void check_plans_sum(int p, size_t count, bool in_place,
   }
   if (p == 1 && !in_place) ranks[0].output = ranks[0].input;
   for (int r = 0; r < p; ++r) {
+    const std::vector<int64_t> output = int64s_of(ranks[r].output);
     for (size_t i = 0; i < count; ++i) {
       int64_t want = 0;
       for (int q = 0; q < p; ++q) want += value(q, i);
-      ASSERT_EQ(ranks[r].output[i], want)
-          << what << " rank " << r << " element " << i << (in_place ? " in place" : "");
+      ASSERT_EQ(output[i], want) << what << " rank " << r << " element " << i
+                                 << (in_place ? " in place" : "");
     }
   }
 }

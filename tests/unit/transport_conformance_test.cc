@@ -21,6 +21,7 @@
 #include "core/net/transport.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/netns_link.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
@@ -367,7 +368,15 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
 
 // The cases with a peer in another process: instantiated for the backends above and for the
 // -netns variants, which run only these.
-class TransportConformanceAcrossProcesses : public TransportConformance {};
+// These cases fork() once the process runs threads, which ThreadSanitizer does not support; the
+// release and ASan builds run them.
+class TransportConformanceAcrossProcesses : public TransportConformance {
+ protected:
+  void SetUp() override {
+    if (::gw::testing::kThreadSanitizer) GTEST_SKIP() << "fork() after threads under TSan";
+    TransportConformance::SetUp();
+  }
+};
 
 TEST_P(TransportConformance, ConnectAndAcceptPolledAlternatelyFromOneThread) {
   EXPECT_EQ(transport_->properties().name, backend());
@@ -578,6 +587,9 @@ TEST_P(TransportConformance, SendLargerThanReceiveFailsBothSides) {
   ASSERT_TRUE(run_ops({&s, &r}));
   EXPECT_EQ(r.status.code(), Code::kInvalidArg) << r.status.to_string();
   EXPECT_NE(r.status.message().find("truncated"), std::string::npos) << r.status.to_string();
+  // Callers (the executor) tell a truncation by its reason, not by its text. dpdk/engine.cc
+  // does not set it yet.
+  if (GetParam() != "dpdk") EXPECT_TRUE(r.status.truncated()) << r.status.to_string();
   for (size_t i = 100; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xCD) << "overflow at " << i;
   // The sender learns it on this request if it is still outstanding, else on a later call.
   Status sender = s.status;
@@ -598,6 +610,7 @@ TEST_P(TransportConformance, SendLargerThanReceiveFailsBothSides) {
   }
   EXPECT_EQ(sender.code(), Code::kInvalidArg) << sender.to_string();
   EXPECT_NE(sender.message().find("truncated"), std::string::npos) << sender.to_string();
+  if (GetParam() != "dpdk") EXPECT_TRUE(sender.truncated()) << sender.to_string();
 }
 
 // A NIC (or the emulator's NIC thread) moves a posted message without the owner's help, so on a

@@ -1,0 +1,228 @@
+// Index selection: topk_select (exact top k by magnitude, no sort) and randomk_indices (codec.h).
+#include "collectives/compress/topk_select.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "collectives/compress/codec_kernels.h"
+#include "collectives/compress/codecs/codecs.h"
+
+namespace gw::coll {
+
+namespace ck = codec_kernels;
+
+namespace {
+
+// Magnitude with NaN ordered below everything, so comparisons stay a strict weak order.
+inline float mag(float x) {
+  const float a = std::fabs(x);
+  return a == a ? a : -1.0f;
+}
+
+// The order key of a magnitude as an integer: the bits of |x| + 1 (non-negative floats order as
+// their bit patterns), and 0 for NaN, below every number.
+inline uint32_t mag_key(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu;
+  return bits > 0x7F800000u ? 0u : bits + 1u;
+}
+
+// Keeps the k best (largest magnitude, then lowest index) of the candidates idx (increasing) with
+// their values val, in index order. A radix select over the magnitude keys gives the exact k-th
+// best key t: a histogram of the top 11 bits over every candidate, then the keys in the chosen
+// bin (a small part: the candidates' magnitudes sit in a few binades just above the sampled
+// threshold) are compacted and their next 11 and last 10 bits resolved on that subset alone. One
+// scan then keeps everything above t and the first (lowest-index) ties at t. The hot loops have no
+// data-dependent branches (the keep/compact decisions are additions), and the histogram is split
+// in four so that equal bins in a row do not wait on each other. No sort, no nth_element.
+void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
+  const size_t n = idx->size();
+  if (n <= k) return;
+  if (k == 0) {
+    idx->clear();
+    val->clear();
+    return;
+  }
+  // Scratch kept per thread: two fresh 4n-byte arrays per call would cost page faults each time.
+  thread_local std::vector<uint32_t> key_buf, sub_buf;
+  if (key_buf.size() < n) key_buf.resize(n);
+  if (sub_buf.size() < n) sub_buf.resize(n);
+  uint32_t* key = key_buf.data();
+  uint32_t* sub = sub_buf.data();
+  // Picks the bin of a histogram from the top holding the k-th best key; `above` counts the keys
+  // known to be greater than t.
+  size_t above = 0;
+  auto pick = [&](const uint32_t* hist, uint32_t bins) {
+    uint32_t bin = bins;
+    while (bin-- > 0) {
+      if (above + hist[bin] >= k) break;
+      above += hist[bin];
+    }
+    return bin;
+  };
+  std::vector<uint32_t> h4(4 * 2048, 0);
+  const float* v = val->data();
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (size_t l = 0; l < 4; ++l) {
+      const uint32_t kj = mag_key(v[j + l]);
+      key[j + l] = kj;
+      ++h4[l * 2048 + (kj >> 21)];
+    }
+  }
+  for (; j < n; ++j) {
+    key[j] = mag_key(v[j]);
+    ++h4[key[j] >> 21];
+  }
+  for (uint32_t b = 0; b < 2048; ++b) h4[b] += h4[2048 + b] + h4[4096 + b] + h4[6144 + b];
+  uint32_t prefix = pick(h4.data(), 2048) << 21;
+  // The keys in that bin, then the next two digits over them only.
+  size_t m = 0;
+  for (j = 0; j < n; ++j) {
+    sub[m] = key[j];
+    m += (key[j] >> 21) == (prefix >> 21);
+  }
+  uint32_t hist[2048];
+  std::fill(hist, hist + 2048, 0u);
+  for (j = 0; j < m; ++j) ++hist[(sub[j] >> 10) & 2047u];
+  prefix |= pick(hist, 2048) << 10;
+  size_t m2 = 0;
+  for (j = 0; j < m; ++j) {
+    sub[m2] = sub[j];
+    m2 += (sub[j] >> 10) == (prefix >> 10);
+  }
+  std::fill(hist, hist + 1024, 0u);
+  for (j = 0; j < m2; ++j) ++hist[sub[j] & 1023u];
+  const uint32_t t = prefix | pick(hist, 1024);
+  size_t ties = k - above;  // keys equal to t that make the cut, lowest index first
+  size_t w = 0;
+  uint32_t* ip = idx->data();
+  float* vp = val->data();
+  for (j = 0; j < n; ++j) {
+    const uint32_t kj = key[j];
+    const size_t eq = kj == t;
+    const size_t keep = (kj > t) | (eq & (ties > 0));
+    ip[w] = ip[j];  // w <= j: an in-place compaction
+    vp[w] = vp[j];
+    w += keep;
+    ties -= eq & keep;
+  }
+  idx->resize(w);
+  val->resize(w);
+}
+
+}  // namespace
+
+void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out) {
+  TopKSet& s = *out;
+  s.idx.clear();
+  s.val.clear();
+  k = std::min(k, count);
+  const float* v = residual ? residual : in;  // v = in + residual once the pass has run
+  const float kNoThreshold = std::numeric_limits<float>::quiet_NaN();
+  // Exact selection over everything (small inputs, k a large fraction, a misjudged sample).
+  auto exact = [&](bool pass_done) {
+    if (!pass_done && residual) {
+      ck::add_collect_abs_ge(in, residual, count, kNoThreshold, 0, &s.idx, nullptr);
+    }
+    s.idx.resize(count);
+    for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
+    s.val.assign(v, v + count);
+    keep_best(&s.idx, &s.val, k);
+  };
+  // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~1000
+  // random line reads, not 16384.
+  constexpr size_t kRun = 16, kSample = 16384;
+  if (count <= 4 * kSample || k * 4 >= count) return exact(false);
+  thread_local std::vector<float> sample;
+  sample.resize(kSample);
+  uint64_t state = count;
+  for (size_t j = 0; j < kSample; j += kRun) {
+    const size_t base = splitmix64(&state) % (count - kRun + 1);
+    for (size_t i = base; i < base + kRun; ++i) {
+      sample[j + i - base] = mag(residual ? in[i] + residual[i] : in[i]);
+    }
+  }
+  // Threshold: aim at ~1.25 k candidates plus a few standard deviations (and a margin for the
+  // runs being correlated), so one pass almost always collects a superset of the top k without
+  // collecting much more.
+  const double expect = static_cast<double>(kSample) * static_cast<double>(k) / count;
+  const size_t pos = static_cast<size_t>(expect * 1.25 + 6.0 * std::sqrt(expect) + 16.0);
+  if (pos >= kSample) return exact(false);
+  std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(pos), sample.end(),
+                   std::greater<float>());
+  float threshold = sample[pos];
+  if (!(threshold > 0.0f)) return exact(false);
+  const size_t expect_cands = pos * (count / kSample) + 1024;
+  s.idx.reserve(expect_cands);
+  s.val.reserve(expect_cands);
+  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val);
+  // The sample misjudged the distribution: rescan v (now materialised) with a lower threshold a
+  // few times, then give up and select exactly.
+  for (int retry = 0; s.idx.size() < k && retry < 4; ++retry) {
+    threshold *= 0.5f;
+    s.idx.clear();
+    s.val.clear();
+    if (threshold > 0.0f) ck::collect_abs_ge(v, count, threshold, 0, &s.idx);
+    for (uint32_t i : s.idx) s.val.push_back(v[i]);
+  }
+  if (s.idx.size() < k) {
+    s.idx.clear();
+    s.val.clear();
+    return exact(true);
+  }
+  // Every element of the top k has |v| >= the k-th best candidate >= threshold: exact.
+  keep_best(&s.idx, &s.val, k);
+}
+
+size_t topk_count(double ratio, size_t count) {
+  if (count == 0) return 0;
+  const double k = std::round(ratio * static_cast<double>(count));
+  return std::clamp<size_t>(static_cast<size_t>(k), 1, count);
+}
+
+std::vector<uint32_t> topk_select(const float* v, size_t count, size_t k) {
+  return topk_select_fused(v, nullptr, count, k);
+}
+
+std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t count, size_t k) {
+  TopKSet s;
+  topk_fused(in, residual, count, k, &s);
+  return std::move(s.idx);
+}
+
+std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
+                                      size_t k) {
+  std::vector<uint32_t> idx;
+  k = std::min(k, count);
+  if (k == 0) return idx;
+  // Rejection sampling into a bitmap; when k is more than half, pick the complement instead.
+  const bool complement = k * 2 > count;
+  const size_t want = complement ? count - k : k;
+  std::vector<uint64_t> bits((count + 63) / 64, 0);
+  uint64_t state = seed ^ (ctx.key_hash * 0x9e3779b97f4a7c15ull) ^ (ctx.step << 1);
+  splitmix64(&state);
+  size_t have = 0;
+  while (have < want) {
+    const size_t i = static_cast<size_t>(splitmix64(&state) % count);
+    uint64_t& w = bits[i / 64];
+    const uint64_t b = uint64_t{1} << (i % 64);
+    if (!(w & b)) {
+      w |= b;
+      ++have;
+    }
+  }
+  idx.reserve(k);
+  for (size_t wi = 0; wi < bits.size(); ++wi) {
+    uint64_t w = complement ? ~bits[wi] : bits[wi];
+    if (complement && wi + 1 == bits.size() && count % 64) w &= (uint64_t{1} << (count % 64)) - 1;
+    while (w) {
+      idx.push_back(static_cast<uint32_t>(wi * 64 + std::countr_zero(w)));
+      w &= w - 1;
+    }
+  }
+  return idx;
+}
+
+}  // namespace gw::coll

@@ -1,0 +1,21 @@
+// The top-k selection with its values, for the topk codec (codecs/topk.cc); the index-only forms
+// are in codec.h. Internal to collectives/compress/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace gw::coll {
+
+struct TopKSet {
+  std::vector<uint32_t> idx;  // increasing
+  std::vector<float> val;     // v[idx[j]]
+};
+
+// topk_select_fused (see codec.h), also returning the selected values.
+// Fills *out (its vectors are cleared; their capacity is reused, so a caller that keeps one
+// TopKSet across calls does not pay fresh pages for the candidates every time).
+void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out);
+
+}  // namespace gw::coll

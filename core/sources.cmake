@@ -1,0 +1,35 @@
+# The sources of gw_core, relative to core/: read by core/CMakeLists.txt and by the standalone
+# builds that compile core themselves (plugin/CMakeLists.txt, perf/gpu/CMakeLists.txt).
+set(GW_CORE_SOURCES
+    bootstrap.cc
+    config.cc
+    config_file.cc
+    config_snapshot.cc
+    core_config.cc
+    log.cc
+    pmix_bootstrap.cc
+    status.cc
+    store.cc
+    store_server.cc
+    store_socket.cc
+    store_tcp.cc
+    store_wire.cc
+    net/auto_backend.cc
+    net/backend_registry.cc
+    net/handshake.cc
+    net/net_config.cc
+    net/shm_config.cc
+    net/shm_transport.cc
+    net/socket_util.cc
+    net/tcp_config.cc
+    net/tcp/comm_core.cc
+    net/tcp/connector.cc
+    net/tcp/listener.cc
+    net/tcp/recv.cc
+    net/tcp/send.cc
+    net/tcp/socket.cc
+    net/tcp/transport.cc
+    sys/fd.cc
+    sys/memfd_region.cc
+    sys/time.cc
+    sys/unix_socket.cc)

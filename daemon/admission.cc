@@ -1,0 +1,378 @@
+// gradwired's admission (Server::Impl, daemon/server_impl.h): the trainers' socket, peer
+// credentials, the hello, a trainer's arena and welcome, its job, and its departure.
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "core/log.h"
+#include "core/sys/memfd_region.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/ring.h"
+#include "daemon/server_impl.h"
+
+namespace gw::daemon {
+
+namespace {
+
+// The peer's supplementary groups as of its connect (SO_PEERGROUPS, Linux 4.13); where the kernel
+// lacks it, the Groups: line of /proc/PID/status now.
+std::vector<gid_t> peer_groups(int sock, pid_t pid) {
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  groups.clear();
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream in(line.substr(7));
+    for (unsigned long g; in >> g;) groups.push_back(static_cast<gid_t>(g));
+  }
+  return groups;
+}
+
+}  // namespace
+
+// Listens on `path` (mode 0600). A socket file left by a daemon that died is replaced; a live
+// daemon's is refused.
+Result<sys::Fd> bind_listener(const std::string& path) {
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return invalid_arg("gradwired: {} exists and is not a socket", path);
+    auto probe = sys::connect_unix(addr, SOCK_STREAM);
+    if (probe.ok()) return invalid_arg("gradwired: another daemon already listens on {}", path);
+    ::unlink(path.c_str());
+  }
+  const mode_t old = ::umask(0077);  // the socket is its owner's only
+  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
+  ::umask(old);
+  return fd;
+}
+
+// GW_DAEMON_GROUP: a group name or number.
+Result<gid_t> resolve_group(const std::string& name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
+    return static_cast<gid_t>(std::stoul(name));
+  }
+  group g{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0) return system_error(fmt::format("gradwired: looking up group '{}'", name), rc);
+  if (found == nullptr) {
+    return invalid_arg("gradwired: group '{}' does not exist (GW_DAEMON_GROUP)", name);
+  }
+  return g.gr_gid;
+}
+
+// Opens a listening socket to the group: owned by it, mode 0660.
+Status share_with_group(const std::string& path, gid_t gid, const std::string& name) {
+  if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return system_error(
+        fmt::format("gradwired: giving {} to group {} (the daemon must be in the group, or root)",
+                    path, name),
+        errno);
+  }
+  if (::chmod(path.c_str(), 0660) != 0) {
+    return system_error(fmt::format("gradwired: chmod 0660 {}", path), errno);
+  }
+  return ok_status();
+}
+
+// A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
+void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, ErrorKind kind) {
+  counters.refused.fetch_add(1);
+  counters.error(kind);
+  GW_LOG_WARN("gradwired: refusing the connection of pid {}: {}", pid, why.message());
+  Welcome w;
+  w.status = static_cast<int32_t>(why.code() == Code::kOk ? Code::kInternal : why.code());
+  w.message = why.message();
+  const std::vector<uint8_t> frame = frame_message(encode_welcome(w));
+  // Best effort: the client may be gone or not reading.
+  (void)sys::send_with_fds(sock.get(), frame.data(), frame.size(), {}, sys::deadline_after_ms(100),
+                           "refusal");
+  sock.reset();
+}
+
+void Server::Impl::accept_all() {
+  for (;;) {
+    auto fd = sys::accept_unix(listen.get());
+    if (!fd.ok()) {
+      GW_LOG_WARN("gradwired: accept: {}", fd.status().message());
+      return;
+    }
+    if (!fd->valid()) return;
+    PendingConn p;
+    p.sock = std::move(*fd);
+    p.deadline = sys::deadline_after_ms(opt.hello_timeout_ms);
+    auto cred = sys::peer_credentials(p.sock.get());
+    if (!cred.ok()) {
+      refuse_conn(p.sock, 0, cred.status(), ErrorKind::kCredentials);
+      continue;
+    }
+    p.pid = cred->pid;
+    p.uid = cred->uid;
+    if (Status ok = check_peer(p.sock.get(), *cred); !ok.ok()) {
+      refuse_conn(p.sock, p.pid, ok, ErrorKind::kCredentials);
+      continue;
+    }
+    if (clients.size() + pending.size() >= static_cast<size_t>(opt.max_clients)) {
+      refuse_conn(
+          p.sock, p.pid,
+          no_memory("the daemon has {} clients already (GW_DAEMON_MAX_CLIENTS)", opt.max_clients),
+          ErrorKind::kCapacity);
+      continue;
+    }
+    pending.push_back(std::move(p));
+  }
+}
+
+bool Server::Impl::step_pending(PendingConn& p) {
+  uint8_t tmp[512];
+  std::vector<sys::Fd> fds;
+  auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "hello");
+  if (!fds.empty()) {
+    refuse_conn(p.sock, p.pid, peer_error("hello came with descriptors"));
+    return true;
+  }
+  if (!n.ok()) {
+    if (n.status().code() == Code::kTimeout) return false;  // nothing yet
+    refuse_conn(p.sock, p.pid, n.status());
+    return true;
+  }
+  if (*n == 0) {
+    refuse_conn(p.sock, p.pid, peer_error("closed before its hello"));
+    return true;
+  }
+  p.buf.insert(p.buf.end(), tmp, tmp + *n);
+  if (p.buf.size() < kFrameHeaderBytes) return false;
+  uint32_t len = 0;
+  std::memcpy(&len, p.buf.data(), sizeof(len));
+  if (len > kMaxHelloBytes) {
+    refuse_conn(p.sock, p.pid, peer_error("hello of {} bytes (at most {})", len, kMaxHelloBytes));
+    return true;
+  }
+  if (p.buf.size() < kFrameHeaderBytes + len) return false;
+  if (p.buf.size() > kFrameHeaderBytes + len) {
+    refuse_conn(p.sock, p.pid, peer_error("bytes after the hello"));
+    return true;
+  }
+  auto h = decode_hello(p.buf.data() + kFrameHeaderBytes, len);
+  if (!h.ok()) {
+    refuse_conn(p.sock, p.pid, h.status());
+    return true;
+  }
+  Status s = admit(p, *h);
+  if (!s.ok()) {
+    refuse_conn(p.sock, p.pid, s,
+                s.code() == Code::kNoMemory ? ErrorKind::kCapacity : ErrorKind::kHello);
+  }
+  return true;
+}
+
+Status Server::Impl::admit(PendingConn& p, const Hello& h) {
+  if (h.host_id != host_id) {
+    return invalid_arg(
+        "the trainer's host identity '{}' differs from the daemon's '{}': give both the same "
+        "GW_HOSTID (or neither)",
+        h.host_id, host_id);
+  }
+  if (h.arena_bytes > opt.max_arena_bytes) {
+    return no_memory("arena of {} bytes asked, the daemon allows {} (GW_DAEMON_MAX_ARENA)",
+                     h.arena_bytes, opt.max_arena_bytes);
+  }
+  const std::string key = job_key(h);
+  std::shared_ptr<Job> job;
+  auto it = jobs.find(key);
+  if (it != jobs.end()) {
+    job = it->second;
+    const Hello& f = job->first;
+    if (job->started) {
+      return invalid_arg("the job's {} trainers on this host have all joined already",
+                         f.local_size);
+    }
+    if (f.num_hosts != h.num_hosts || f.host_index != h.host_index ||
+        f.local_size != h.local_size || f.store_token != h.store_token) {
+      return invalid_arg(
+          "rank {} disagrees with rank {} of its job on the layout (hosts {} vs {}, host index {} "
+          "vs {}, local size {} vs {})",
+          h.rank, f.rank, h.num_hosts, f.num_hosts, h.host_index, f.host_index, h.local_size,
+          f.local_size);
+    }
+    if (job->members[h.local_rank]) {
+      return invalid_arg("local rank {} of the job is taken (rank {})", h.local_rank,
+                         job->members[h.local_rank]->hello.rank);
+    }
+    for (const auto& m : job->members) {
+      if (m && m->hello.rank == h.rank) return invalid_arg("rank {} joined twice", h.rank);
+    }
+  }
+
+  auto c = std::make_shared<Trainer>(&counters);
+  c->id = next_client_id++;
+  c->pid = p.pid;
+  c->uid = p.uid;
+  c->hello = h;
+  GW_ASSIGN_OR_RETURN(c->geo, arena_geometry(h.arena_bytes, opt.ring_entries));
+  GW_ASSIGN_OR_RETURN(c->arena,
+                      sys::MemfdRegion::create(fmt::format("gwd-arena-{}", c->id), h.arena_bytes));
+  counters.live_arenas.fetch_add(1);
+  c->hdr = new (c->arena.data()) ArenaHeader();
+  c->hdr->magic = kArenaMagic;
+  c->hdr->version = kProtocolVersion;
+  c->data = static_cast<uint8_t*>(c->arena.data()) + c->geo.data_offset;
+  GW_ASSIGN_OR_RETURN(c->sq_efd, make_eventfd());
+  GW_ASSIGN_OR_RETURN(c->cq_efd, make_eventfd());
+  c->sq = RingConsumer<SqEntry>(submission_ring(c->arena.data(), c->geo, c->sq_efd.get()));
+  c->cq = RingProducer<CqEntry>(completion_ring(c->arena.data(), c->geo, c->cq_efd.get()));
+
+  Welcome w = c->geo;
+  w.client_id = c->id;
+  w.transport = encode_offer(offer.names);
+  const std::vector<uint8_t> frame = frame_message(encode_welcome(w));
+  const int fds[3] = {c->arena.fd(), c->sq_efd.get(), c->cq_efd.get()};
+  GW_RETURN_IF_ERROR(sys::send_with_fds(p.sock.get(), frame.data(), frame.size(), fds,
+                                        sys::deadline_after_ms(opt.hello_timeout_ms), "welcome"));
+  c->arena.close_fd();  // the mapping stays; the client holds its own descriptor
+  c->sock = std::move(p.sock);
+
+  if (!job) {
+    job = std::make_shared<Job>(wake_efd.get(), h, &counters, offer.names);
+    job->spin_ns = opt.spin_us * 1000;
+    job->pool = pool.get();
+    GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
+    jobs[key] = job;
+    counters.live_jobs.fetch_add(1);
+  }
+  job->members[h.local_rank] = c;
+  ++job->joined;
+  clients[c->id] = c;
+  client_job[c->id] = job;
+  counters.accepted.fetch_add(1);
+  counters.live_clients.fetch_add(1);
+  GW_LOG_INFO("gradwired: {} joined a job of {} ranks (local {}/{}, host {} of {}), arena {} bytes",
+              c->name(), h.world_size, job->joined, h.local_size, h.host_index, h.num_hosts,
+              h.arena_bytes);
+  if (job->joined == h.local_size) {
+    job->started = true;
+    Job* raw = job.get();
+    job->thread = std::thread([raw] { raw->run(); });
+  }
+  return ok_status();
+}
+
+void Server::Impl::expire_pending(PendingConn& p) {
+  refuse_conn(p.sock, p.pid, timeout_error("no complete hello within {} ms", opt.hello_timeout_ms));
+}
+
+void Server::Impl::poll_clients(const std::vector<pollfd>& pfds, size_t first,
+                                const std::vector<uint64_t>& ids) {
+  // Trainers refused by their job thread: cut them.
+  std::vector<std::pair<uint64_t, std::string>> gone;
+  for (const auto& [id, c] : clients) {
+    if (c->lost.load(std::memory_order_acquire)) gone.emplace_back(id, c->reason());
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const short ev = pfds[first + i].revents;
+    if (ev == 0) continue;
+    auto it = clients.find(ids[i]);
+    if (it == clients.end()) continue;
+    uint8_t b[64];
+    std::vector<sys::Fd> fds;
+    auto n = sys::recv_with_fds(it->second->sock.get(), b, sizeof(b), &fds, sys::kNoWait, "client");
+    if (n.ok() && *n == 0) {
+      gone.emplace_back(ids[i], "closed its connection");
+    } else if (n.ok()) {
+      counters.refused.fetch_add(1);
+      counters.error(ErrorKind::kProtocol);
+      gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
+    } else if (n.status().code() != Code::kTimeout) {
+      gone.emplace_back(ids[i], n.status().message());
+    }
+  }
+  for (const auto& [id, why] : gone) client_gone(id, why);
+}
+
+void Server::Impl::client_gone(uint64_t id, const std::string& why) {
+  auto it = clients.find(id);
+  if (it == clients.end()) return;
+  std::shared_ptr<Trainer> c = it->second;
+  clients.erase(it);
+  counters.live_clients.fetch_sub(1);
+  c->mark_lost(why);
+  c->sock.reset();
+  GW_LOG_INFO("gradwired: {} disconnected: {}", c->name(), c->reason());
+  auto jt = client_job.find(id);
+  if (jt == client_job.end()) return;
+  std::shared_ptr<Job> job = jt->second;
+  client_job.erase(jt);
+  if (job->started) {
+    job->abort_comm();  // a collective in progress ends now, not at its deadline
+    (void)signal_eventfd(job->wake.get());
+    return;
+  }
+  // Not started: free its place (it may come back).
+  job->members[c->hello.local_rank].reset();
+  if (--job->joined == 0) {
+    jobs.erase(job_key(job->first));
+    counters.live_jobs.fetch_sub(1);
+  }
+}
+
+void Server::Impl::reap_jobs(bool all) {
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    Job& j = *it->second;
+    if (all && j.started) {
+      j.stop.store(true);
+      j.abort_comm();
+      (void)signal_eventfd(j.wake.get());
+    }
+    if (j.started && (all || j.finished.load())) {
+      if (j.thread.joinable()) j.thread.join();
+      counters.live_jobs.fetch_sub(1);
+      it = jobs.erase(it);
+    } else if (all) {
+      counters.live_jobs.fetch_sub(1);
+      it = jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (all) {
+    client_job.clear();
+    for (auto& [id, c] : clients) c->sock.reset();
+    counters.live_clients.store(0);
+    clients.clear();
+    pending.clear();
+    ctl_pending.clear();
+  }
+}
+
+Status Server::Impl::check_peer(int sock, const ucred& cred) const {
+  if (cred.uid == ::geteuid() || cred.uid == 0) return ok_status();
+  if (!has_group) {
+    return invalid_arg("uid {} is neither the daemon's ({}) nor root", cred.uid, ::geteuid());
+  }
+  if (cred.gid == group_gid) return ok_status();
+  for (gid_t g : peer_groups(sock, cred.pid)) {
+    if (g == group_gid) return ok_status();
+  }
+  return invalid_arg("uid {} is neither the daemon's ({}) nor root, and not in group {} ({})",
+                     cred.uid, ::geteuid(), opt.group, group_gid);
+}
+
+}  // namespace gw::daemon

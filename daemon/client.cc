@@ -1,0 +1,267 @@
+#include "daemon/client.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/log.h"
+#include "core/sys/unix_socket.h"
+
+namespace gw::daemon {
+
+namespace {
+
+Status write_frame(int sock, const std::vector<uint8_t>& body, sys::Deadline deadline) {
+  const std::vector<uint8_t> frame = frame_message(body);
+  return sys::send_with_fds(sock, frame.data(), frame.size(), {}, deadline, "hello to gradwired");
+}
+
+// Reads exactly n bytes (and whatever descriptors come with them).
+Status read_exact(int sock, uint8_t* out, size_t n, std::vector<sys::Fd>* fds,
+                  sys::Deadline deadline) {
+  size_t got = 0;
+  while (got < n) {
+    GW_ASSIGN_OR_RETURN(size_t k, sys::recv_with_fds(sock, out + got, n - got, fds, deadline,
+                                                     "welcome from gradwired"));
+    if (k == 0) return peer_error("gradwired closed the connection during the hello");
+    got += k;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const Hello& h,
+                                                int64_t spin_ns) {
+  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
+  std::unique_ptr<Client> c(new Client());
+  c->path_ = path;
+  c->timeout_ms_ = h.timeout_ms;
+  c->spin_ns_ = spin_ns;
+
+  // Connect (the daemon may still be starting: retry until the deadline, at most 10 s).
+  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  const sys::Deadline connect_by = std::min(deadline, sys::deadline_after_ms(10000));
+  for (;;) {
+    auto fd = sys::connect_unix(addr, SOCK_STREAM);
+    if (fd.ok()) {
+      c->sock_ = std::move(*fd);
+      break;
+    }
+    if (fd.status().code() != Code::kPeer || sys::expired(connect_by)) {
+      return fd.status().with_context(
+          fmt::format("no gradwired answers on {} (GW_DAEMON=unix:{})", path, path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A connect in progress completes on the first write; wait for it like a send.
+  const Status sent = write_frame(c->sock_.get(), encode_hello(h), deadline);
+  // A daemon that refuses at the connect (a peer of another uid) answers and closes before it
+  // reads the hello: the write may fail then, but the refusal, which says why, is there to read.
+  const sys::Deadline read_by =
+      sent.ok() ? deadline : std::min(deadline, sys::deadline_after_ms(1000));
+
+  std::vector<sys::Fd> fds;
+  uint8_t header[kFrameHeaderBytes];
+  if (Status got = read_exact(c->sock_.get(), header, sizeof(header), &fds, read_by); !got.ok()) {
+    return sent.ok() ? got : sent;
+  }
+  uint32_t len = 0;
+  std::memcpy(&len, header, sizeof(len));
+  if (len > kMaxWelcomeBytes) {
+    return peer_error("gradwired sent a welcome of {} bytes (at most {})", len, kMaxWelcomeBytes);
+  }
+  std::vector<uint8_t> body(len);
+  if (Status got = read_exact(c->sock_.get(), body.data(), body.size(), &fds, read_by); !got.ok()) {
+    return sent.ok() ? got : sent;
+  }
+  GW_ASSIGN_OR_RETURN(c->geo_, decode_welcome(body.data(), body.size()));
+  if (c->geo_.status != 0) {
+    return Status(static_cast<Code>(c->geo_.status),
+                  fmt::format("gradwired at {} refused this trainer: {}", path, c->geo_.message));
+  }
+  GW_RETURN_IF_ERROR(sent);
+  if (fds.size() != 3) {
+    return peer_error("gradwired sent {} descriptors with its welcome (3 expected)", fds.size());
+  }
+  GW_ASSIGN_OR_RETURN(c->arena_, sys::MemfdRegion::map(std::move(fds[0]), c->geo_.arena_bytes));
+  c->sq_efd_ = std::move(fds[1]);
+  c->cq_efd_ = std::move(fds[2]);
+  GW_ASSIGN_OR_RETURN(c->abort_efd_, make_eventfd());
+  const auto* hdr = static_cast<const ArenaHeader*>(c->arena_.data());
+  if (hdr->magic != kArenaMagic || hdr->version != kProtocolVersion) {
+    return peer_error("gradwired's arena has a bad header");
+  }
+  c->data_ = static_cast<uint8_t*>(c->arena_.data()) + c->geo_.data_offset;
+  c->sq_ = RingProducer<SqEntry>(submission_ring(c->arena_.data(), c->geo_, c->sq_efd_.get()));
+  c->cq_ = RingConsumer<CqEntry>(completion_ring(c->arena_.data(), c->geo_, c->cq_efd_.get()));
+  c->alloc_ = ArenaAllocator(c->geo_.data_bytes);
+  return c;
+}
+
+bool Client::in_data(const void* p, size_t bytes, uint64_t* off) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < data_ || b > data_ + geo_.data_bytes) return false;
+  const uint64_t o = static_cast<uint64_t>(b - data_);
+  if (bytes > geo_.data_bytes - o) return false;
+  *off = o;
+  return true;
+}
+
+Result<std::pair<Client::Placed, Client::Placed>> Client::place_pair(const void* sendbuf,
+                                                                     void* recvbuf, size_t bytes) {
+  GW_ASSIGN_OR_RETURN(Placed s, place(sendbuf, bytes, true));
+  if (recvbuf == sendbuf) return std::make_pair(s, s);
+  auto r = place(recvbuf, bytes, false);
+  if (!r.ok()) {
+    unplace(s);
+    return r.status();
+  }
+  return std::make_pair(s, *r);
+}
+
+void Client::unplace_pair(const Placed& s, const Placed& r, bool in_place) {
+  unplace(s);
+  if (!in_place) unplace(r);
+}
+
+Result<Client::Placed> Client::place(const void* p, size_t bytes, bool copy_in) {
+  Placed out;
+  if (bytes == 0) return out;
+  if (in_data(p, bytes, &out.off)) return out;
+  auto off = alloc_.alloc(bytes);
+  if (!off.ok()) {
+    return no_memory(
+        "a {} byte buffer does not fit the free part of the daemon arena ({}; raise "
+        "GW_DAEMON_ARENA or allocate buffers with gw_mem_alloc)",
+        bytes, off.status().message());
+  }
+  out.off = *off;
+  out.staged = true;
+  if (copy_in) std::memcpy(data_ + out.off, p, bytes);
+  return out;
+}
+
+void Client::unplace(const Placed& p) {
+  if (p.staged) (void)alloc_.free(p.off);
+}
+
+Status Client::broken(Status s) {
+  if (broken_.ok()) broken_ = s;
+  return s;
+}
+
+Result<uint64_t> Client::post(SqEntry e, const char* what) {
+  if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
+  if (!broken_.ok()) return broken_;
+  // The ring holds sq_entries submissions not yet completed: make room by reading completions.
+  while (sq_.tail() - completed_ >= geo_.sq_entries) {
+    const uint64_t oldest = completed_ + 1;
+    bool done = false;
+    CompressedDone info;
+    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what, &info);
+    if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
+    if (!broken_.ok()) return broken_;
+    done_[oldest] = Done{s, info};  // an iallreduce's or a chunk's: keep it for its caller
+  }
+  e.seq = sq_.tail() + 1;
+  sq_.push(e);
+  // A daemon busy-polling the ring sees the entry without a wake-up (docs/wire-daemon.md §5).
+  if (Status kicked = sq_.kick(); !kicked.ok()) {
+    return broken(kicked.with_context("signalling gradwired"));
+  }
+  return e.seq;
+}
+
+Status Client::drain_completions() {
+  for (;;) {
+    Result<uint64_t> ready = cq_.ready();
+    if (!ready.ok()) return broken(ready.status());
+    if (*ready == 0) return ok_status();
+    const CqEntry c = cq_.front();
+    cq_.pop();
+    Done got;
+    Status d = decode_completion(c, completed_ + 1, &got.status, &got.info);
+    if (!d.ok()) return broken(d);
+    done_[++completed_] = got;
+  }
+}
+
+Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
+                        CompressedDone* info) {
+  *done = false;
+  // Poll the completion counter for GW_DAEMON_SPIN_US first, yielding the core between looks (a
+  // small collective completes within it: no wake-up on either side, and on a host with fewer
+  // cores than trainers plus the daemon the yield lets the others run), then sleep on the eventfd
+  // and the socket. While polling, the ring's polling flag tells the daemon to skip the eventfd;
+  // it is cleared (and the ring looked at again, below) before sleeping (daemon/ring.h).
+  if (spin_ns_ > 0 && !cq_.posted() && completed_ < seq) {
+    cq_.begin_polling();
+    const int64_t spin_until = sys::now_ns() + spin_ns_;
+    while (!cq_.posted() && sys::now_ns() < spin_until &&
+           !aborted_.load(std::memory_order_relaxed)) {
+      sched_yield();
+    }
+    cq_.end_polling();
+  }
+  for (;;) {
+    Status d = drain_completions();
+    auto it = done_.find(seq);
+    if (it != done_.end()) {
+      Status st = it->second.status;
+      if (info != nullptr) *info = it->second.info;
+      done_.erase(it);
+      *done = true;
+      if (!st.ok()) return st.with_context(what);
+      return st;
+    }
+    if (!d.ok() || !broken_.ok()) {
+      *done = true;
+      return broken_;
+    }
+    if (aborted_.load()) {
+      *done = true;
+      return broken(aborted_error("{}: communicator aborted", what));
+    }
+    if (sys::expired(deadline)) return timeout_error("{}: still running", what);
+    pollfd p[3] = {
+        {cq_.wake_fd(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
+    int n = ::poll(p, 3, sys::ms_until(deadline));
+    if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
+    if (p[0].revents & POLLIN) cq_.drain_wake();
+    if (p[1].revents != 0 && !cq_.posted()) {
+      // The daemon never writes after the welcome: readable means closed.
+      *done = true;
+      return broken(peer_error(
+          "{}: gradwired (unix:{}) closed the connection: the daemon stopped or died, or refused "
+          "this trainer",
+          what, path_));
+    }
+  }
+}
+
+Status Client::submit(SqEntry e, const char* what, CompressedDone* info) {
+  GW_ASSIGN_OR_RETURN(uint64_t seq, post(e, what));
+  bool done = false;
+  Status s = wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what, info);
+  if (!done) {
+    return broken(
+        timeout_error("{}: no completion from gradwired within {} ms", what, timeout_ms_));
+  }
+  return s;
+}
+
+void Client::abort() {
+  aborted_.store(true);
+  if (abort_efd_.valid()) (void)signal_eventfd(abort_efd_.get());
+}
+
+}  // namespace gw::daemon

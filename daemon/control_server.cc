@@ -1,0 +1,187 @@
+// gradwired's control socket (Server::Impl, daemon/server_impl.h): gradwirectl's requests and
+// their answers (daemon/control.h), read without blocking the serve loop.
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/daemon_config.h"
+#include "daemon/server_impl.h"
+
+namespace gw::daemon {
+
+namespace {
+constexpr size_t kMaxControlConns = 16;
+constexpr int64_t kControlTimeoutMs = 2000;
+
+void answer_control(sys::Fd& sock, const std::string& body) {
+  const std::vector<uint8_t> frame = frame_control(body);
+  // Bounded: a gradwirectl that does not read its answer costs the main loop this long at most.
+  Status s = sys::send_with_fds(sock.get(), frame.data(), frame.size(), {},
+                                sys::deadline_after_ms(500), "control answer");
+  if (!s.ok()) GW_LOG_WARN("gradwired: control answer: {}", s.message());
+  sock.reset();
+}
+
+// A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
+std::string job_name(const Hello& h) {
+  uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : h.job_token) x = (x ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", x);
+}
+}  // namespace
+
+void Server::Impl::accept_control() {
+  for (;;) {
+    auto fd = sys::accept_unix(ctl_listen.get());
+    if (!fd.ok()) {
+      GW_LOG_WARN("gradwired: control accept: {}", fd.status().message());
+      return;
+    }
+    if (!fd->valid()) return;
+    PendingConn p;
+    p.sock = std::move(*fd);
+    p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
+    auto cred = sys::peer_credentials(p.sock.get());
+    Status ok = cred.ok() ? check_peer(p.sock.get(), *cred) : cred.status();
+    if (ok.ok() && ctl_pending.size() >= kMaxControlConns) {
+      ok = no_memory("{} control connections are open already", kMaxControlConns);
+    }
+    if (!ok.ok()) {
+      GW_LOG_WARN("gradwired: refusing a control connection of pid {}: {}",
+                  cred.ok() ? cred->pid : 0, ok.message());
+      answer_control(p.sock, encode_control_error(ok));
+      continue;
+    }
+    p.pid = cred->pid;
+    p.uid = cred->uid;
+    ctl_pending.push_back(std::move(p));
+  }
+}
+
+bool Server::Impl::step_control(PendingConn& p) {
+  uint8_t tmp[512];
+  std::vector<sys::Fd> fds;
+  auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "control");
+  Status bad;
+  if (!fds.empty()) {
+    bad = peer_error("control request came with descriptors");
+  } else if (!n.ok()) {
+    if (n.status().code() == Code::kTimeout) return false;
+    bad = n.status();
+  } else if (*n == 0) {
+    return true;  // gone without asking
+  } else {
+    p.buf.insert(p.buf.end(), tmp, tmp + *n);
+    if (p.buf.size() < kFrameHeaderBytes) return false;
+    uint32_t len = 0;
+    std::memcpy(&len, p.buf.data(), sizeof(len));
+    if (len > kMaxControlRequestBytes) {
+      bad = peer_error("control request of {} bytes (at most {})", len, kMaxControlRequestBytes);
+    } else if (p.buf.size() < kFrameHeaderBytes + len) {
+      return false;
+    } else if (p.buf.size() > kFrameHeaderBytes + len) {
+      bad = peer_error("bytes after the control request");
+    } else {
+      auto command = decode_control_request(p.buf.data() + kFrameHeaderBytes, len);
+      if (command.ok()) {
+        answer_control(p.sock, encode_control_result(*command, answer(*command)));
+        return true;
+      }
+      bad = command.status();
+    }
+  }
+  GW_LOG_WARN("gradwired: control connection of pid {}: {}", p.pid, bad.message());
+  answer_control(p.sock, encode_control_error(bad));
+  return true;
+}
+
+nlohmann::json Server::Impl::answer(ControlCommand command) const {
+  using nlohmann::json;
+  switch (command) {
+    case ControlCommand::kStatus: {
+      json r;
+      r["version"] = GW_VERSION_STRING;
+      r["pid"] = static_cast<int64_t>(::getpid());
+      r["uptime_s"] = static_cast<double>(sys::now_ns() - started_ns) / 1e9;
+      r["socket"] = opt.socket_path;
+      r["control_socket"] = ctl_path;
+      r["transport"] = encode_offer(offer.names);
+      r["host_id"] = host_id;
+      r["clients"] = counters.live_clients.load();
+      r["jobs"] = counters.live_jobs.load();
+      r["arenas"] = counters.live_arenas.load();
+      r["accepted"] = counters.accepted.load();
+      r["refused"] = counters.refused.load();
+      r["collectives"] = counters.collectives.load();
+      r["failed"] = counters.failed.load();
+      return r;
+    }
+    case ControlCommand::kJobs: {
+      json rows = json::array();
+      for (const auto& [key, job] : jobs) {
+        const Hello& h = job->first;
+        json r;
+        r["job"] = job_name(h);
+        r["world"] = h.world_size;
+        r["hosts"] = h.num_hosts;
+        r["host_index"] = h.host_index;
+        r["local_trainers"] = job->joined;
+        r["local_size"] = h.local_size;
+        r["state"] = !job->started          ? "joining"
+                     : job->finished.load() ? "ended"
+                     : job->failed.load()   ? "failed"
+                                            : "running";
+        r["collectives"] = job->done.load();
+        r["errors"] = job->errors.load();
+        // Between the job's daemons: agreed when they met; none for a job of one host.
+        r["transport"] = h.num_hosts == 1 ? std::string("local") : job->transport_name();
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kClients: {
+      json rows = json::array();
+      for (const auto& [id, c] : clients) {
+        json r;
+        r["id"] = id;
+        r["pid"] = static_cast<int64_t>(c->pid);
+        r["uid"] = static_cast<int64_t>(c->uid);
+        r["job"] = job_name(c->hello);
+        r["rank"] = c->hello.rank;
+        r["local_rank"] = c->hello.local_rank;
+        r["arena_bytes"] = c->hello.arena_bytes;
+        r["requests"] = c->requests.load(std::memory_order_relaxed);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kConfig: {
+      (void)daemon_config::rows();  // the daemon's own rows are registered wherever it runs
+      json rows = json::array();
+      for (const config::Row* row : config::table()) {
+        const config::Value v = config::resolve(*row);
+        json r;
+        r["name"] = row->name;
+        r["key"] = config::toml_key(*row);
+        r["value"] = config::shown(*row, v);  // a secret only as set or unset
+        r["default"] = row->default_value;
+        // gradwired's command-line options are the only API-layer values in the daemon.
+        r["source"] =
+            v.source == config::Source::kApi ? std::string("command line") : config::source_text(v);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+  }
+  return json::object();
+}
+
+void Server::Impl::expire_control(PendingConn& p) {
+  answer_control(p.sock, encode_control_error(timeout_error(
+                             "no complete control request within {} ms", kControlTimeoutMs)));
+}
+
+}  // namespace gw::daemon

@@ -1,0 +1,339 @@
+#include "daemon/job.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/bootstrap.h"
+#include "core/log.h"
+#include "core/net/handshake.h"
+#include "core/sys/time.h"
+#include "daemon/transport_offer.h"
+
+namespace gw::daemon {
+
+void Trainer::mark_lost(std::string why) {
+  std::lock_guard<std::mutex> lock(reason_mu);
+  if (lost_reason.empty()) lost_reason = std::move(why);
+  lost.store(true, std::memory_order_release);
+}
+
+std::string Trainer::reason() {
+  std::lock_guard<std::mutex> lock(reason_mu);
+  return lost_reason;
+}
+
+std::string Trainer::name() const {
+  return fmt::format("rank {} (pid {}, client {})", hello.rank, pid, id);
+}
+
+std::string job_key(const Hello& h) {
+  return fmt::format("{}|{}:{}|{}", h.job_token, h.store_host, h.store_port, h.world_size);
+}
+
+Job::Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::string> offer)
+    : server_wake_fd(server_wake_fd),
+      first(h),
+      counters(c),
+      offer(std::move(offer)),
+      tslot(c->other_slot()) {
+  members.resize(h.local_size);
+}
+
+namespace {
+// "host 0 offers dpdk,tcp; host 1 offers tcp".
+std::string agree_note(const std::vector<std::vector<std::string>>& offers) {
+  std::string s;
+  for (size_t h = 0; h < offers.size(); ++h) {
+    s += fmt::format("{}host {} offers {}", h == 0 ? "" : "; ", h, encode_offer(offers[h]));
+  }
+  return s;
+}
+
+}  // namespace
+
+Status Job::start_comm() {
+  const Hello& h = first;
+  if (h.num_hosts == 1) return ok_status();
+  TcpStoreOptions so;
+  so.host = h.store_host;
+  so.port = h.store_port;
+  so.host_server = false;
+  so.token = h.store_token;
+  so.connect_timeout_ms = h.timeout_ms;
+  auto tcp = TcpStore::create(so);
+  if (!tcp.ok()) return tcp.status().with_context("gradwired: the job's rendezvous store");
+  // Every job of the store (a split makes more) meets under a prefix of its own.
+  const net::handshake::Mac tag =
+      net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
+  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + to_hex(tag.data(), 8) + "/");
+  // The transport: the first of host 0's offer that every daemon of the job offers.
+  const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
+  const std::string mine = encode_offer(offer);
+  GW_RETURN_IF_ERROR(
+      prefixed
+          ->set("offer/" + std::to_string(h.host_index), Bytes(mine.begin(), mine.end()), deadline)
+          .with_context("gradwired: publishing this daemon's transports"));
+  std::vector<std::vector<std::string>> offers;
+  for (int32_t host = 0; host < h.num_hosts; ++host) {
+    auto v = prefixed->get("offer/" + std::to_string(host), deadline);
+    if (!v.ok()) {
+      return v.status().with_context(
+          fmt::format("gradwired: waiting for the transports of host {}'s daemon", host));
+    }
+    auto names = decode_offer(std::string(v->begin(), v->end()));
+    if (!names.ok()) {
+      return names.status().with_context(fmt::format("gradwired: host {}'s daemon", host));
+    }
+    offers.push_back(std::move(*names));
+  }
+  GW_ASSIGN_OR_RETURN(std::string agreed, agree_transport(offers));
+  if (agreed != offer.front()) {
+    GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) runs over {}, not {}: {}", h.world_size,
+                h.host_index, h.num_hosts, agreed, offer.front(), agree_note(offers));
+  }
+  coll::CommOptions co;
+  co.rank = h.host_index;
+  co.world_size = h.num_hosts;
+  co.store = prefixed;
+  co.transport = agreed;
+  co.timeout_ms = h.timeout_ms;
+  co.job_token = h.job_token;
+  co.host_id = h.host_id;
+  auto made = coll::Communicator::create(co);
+  if (!made.ok()) return made.status().with_context("gradwired: joining the job's other daemons");
+  // Which host holds every rank (broadcast roots): each daemon fills its own ranks.
+  std::vector<int32_t> map(h.world_size, -1);
+  for (const auto& m : members) map[m->hello.rank] = h.host_index;
+  GW_RETURN_IF_ERROR((*made)
+                         ->allreduce(map.data(), map.data(), map.size(), coll::DataType::kI32,
+                                     coll::ReduceOp::kMax)
+                         .with_context("gradwired: exchanging the job's host map"));
+  for (size_t r = 0; r < map.size(); ++r) {
+    if (map[r] < 0) {
+      return invalid_arg("gradwired: no daemon of the job has rank {} (host layout disagrees)", r);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    store = *tcp;
+    comm = std::move(*made);
+    transport = agreed;
+    tslot = counters->transport_slot(agreed);
+  }
+  ranks_of_host.assign(static_cast<size_t>(h.num_hosts), {});
+  for (size_t r = 0; r < map.size(); ++r) {
+    ranks_of_host[static_cast<size_t>(map[r])].push_back(static_cast<int32_t>(r));
+  }
+  host_of_rank = std::move(map);
+  return ok_status();
+}
+
+void Job::fail(const Status& s) {
+  if (!failure.ok()) return;
+  failure = s;
+  failed.store(true);
+  bool pending = false;
+  for (const auto& m : members) pending = pending || (m && !m->pending.empty());
+  if (pending || s.code() != Code::kPeer) {
+    GW_LOG_WARN("gradwired: job of {} ranks (host {} of {}) failed: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  } else {  // a trainer left between collectives: the usual end of a job
+    GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) ends: {}", first.world_size,
+                first.host_index, first.num_hosts, s.message());
+  }
+  abort_comm();  // the job's other daemons see the connections close
+}
+
+void Job::refuse(Trainer& t, const Status& why) {
+  GW_LOG_WARN("gradwired: refusing {}: {}", t.name(), why.message());
+  counters->refused.fetch_add(1);
+  counters->error(ErrorKind::kProtocol);
+  t.mark_lost(fmt::format("refused: {}", why.message()));
+  (void)signal_eventfd(server_wake_fd);
+}
+
+void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done) {
+  if (t.lost.load(std::memory_order_acquire)) return;
+  Result<uint64_t> used = t.cq.used();
+  Status ring = used.status();
+  if (ring.ok() && *used >= t.geo.cq_entries) {
+    ring = peer_error("completion ring full: the client does not read its completions");
+  }
+  if (!ring.ok()) {
+    refuse(t, ring);
+    return;
+  }
+  t.cq.push(make_completion(seq, s, done));
+  // A client busy-polling its completion ring sees the entry without a wake-up; a failed
+  // eventfd write is not the trainer's fault, and its socket tells it when the daemon goes.
+  (void)t.cq.kick();
+}
+
+void Job::consume(Trainer& t) {
+  Result<uint64_t> ready = t.sq.ready();
+  if (!ready.ok()) {
+    refuse(t, ready.status());
+    return;
+  }
+  for (uint64_t k = *ready; k > 0; --k) {
+    // One copy: the client cannot change it under the checks.
+    const SqEntry e = t.sq.front();
+    auto r = decode_request(e, t.next_seq, t.data, t.geo.data_bytes, first.world_size);
+    if (!r.ok()) {
+      refuse(t, r.status());
+      return;
+    }
+    t.pending.push_back(*r);
+    t.requests.fetch_add(1, std::memory_order_relaxed);
+    ++t.next_seq;
+    t.sq.pop();
+  }
+}
+
+std::string Job::describe(const Request& r) const {
+  if (r.opcode == Opcode::kBarrier) return "barrier";
+  if (r.opcode == Opcode::kAllreduceCompressed) {
+    return fmt::format("allreduce_compressed {} count {} codec \"{}\" key \"{}\"",
+                       coll::dtype_name(r.dtype), r.count, r.spec, r.key);
+  }
+  return fmt::format("{} {} {} count {} root {}", opcode_name(r.opcode), coll::dtype_name(r.dtype),
+                     static_cast<int>(r.op), r.count, r.root);
+}
+
+void Job::run_ready() {
+  for (;;) {
+    for (const auto& m : members) {
+      if (!m || m->pending.empty()) return;
+    }
+    std::vector<Request> reqs;
+    for (const auto& m : members) {
+      reqs.push_back(m->pending.front());
+      m->pending.pop_front();
+    }
+    Status s = failure;
+    if (s.ok()) {
+      for (size_t i = 1; i < reqs.size(); ++i) {
+        const Request& a = reqs[0];
+        const Request& b = reqs[i];
+        if (a.opcode != b.opcode || a.dtype != b.dtype || a.op != b.op || a.count != b.count ||
+            a.root != b.root || a.spec != b.spec || a.key != b.key) {
+          s = invalid_arg("trainers of the job disagree: rank {} calls {}, rank {} calls {}",
+                          members[0]->hello.rank, describe(a), members[i]->hello.rank, describe(b));
+          break;
+        }
+      }
+    }
+    done_info.clear();
+    if (s.ok()) s = execute(reqs);
+    if (!s.ok() && s.code() == Code::kAborted) {
+      // The main thread aborts the communicator when a trainer of the job goes: say that.
+      for (const auto& m : members) {
+        if (m->lost.load(std::memory_order_acquire)) {
+          s = peer_error("{} left the job: {}", m->name(), m->reason());
+          break;
+        }
+      }
+    }
+    counters->collective(reqs[0].opcode, s);
+    if (s.ok()) {
+      counters->collectives.fetch_add(1);
+      done.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      counters->failed.fetch_add(1);
+      errors.fetch_add(1, std::memory_order_relaxed);
+      fail(s);
+    }
+    for (size_t i = 0; i < members.size(); ++i) {
+      complete(*members[i], reqs[i].seq, s, i < done_info.size() ? &done_info[i] : nullptr);
+    }
+  }
+}
+
+bool Job::wait_for_work() {
+  // Busy-poll the submission counters for GW_DAEMON_POLL_US before sleeping, telling the
+  // clients so (they then skip the eventfd); clear that, fence, and look once more before
+  // sleeping, so a submission posted meanwhile is never left without a wake-up (daemon/ring.h).
+  auto posted = [&]() {
+    for (const auto& m : members) {
+      if (m && (m->sq.posted() || m->lost.load(std::memory_order_relaxed))) return true;
+    }
+    return false;
+  };
+  bool ready = false;
+  if (spin_ns > 0) {
+    for (const auto& m : members) {
+      if (m) m->sq.begin_polling();
+    }
+    const int64_t spin_until = sys::now_ns() + spin_ns;
+    while (!(ready = posted()) && sys::now_ns() < spin_until &&
+           !stop.load(std::memory_order_relaxed)) {
+      std::this_thread::yield();  // trainers sharing the core get it at once
+    }
+    for (const auto& m : members) {
+      if (m) m->sq.end_polling();
+    }
+    ready = ready || posted();
+  }
+  if (ready) return true;
+  // Sleep until a trainer, the serve loop or stop() wakes this job.
+  std::vector<pollfd> pfds;
+  pfds.push_back({wake.get(), POLLIN, 0});
+  for (const auto& m : members) {
+    if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
+  }
+  int rc = ::poll(pfds.data(), pfds.size(), 1000);
+  if (rc < 0 && errno != EINTR) {
+    GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
+    return false;
+  }
+  for (const auto& p : pfds) {
+    if (p.revents & POLLIN) drain_eventfd(p.fd);
+  }
+  return true;
+}
+
+void Job::run() {
+  Status s = start_comm();
+  if (!s.ok()) fail(s);
+  while (!stop.load()) {
+    if (!wait_for_work()) break;
+    size_t live = 0;
+    for (auto& m : members) {
+      if (!m) continue;
+      if (!m->lost.load(std::memory_order_acquire)) consume(*m);
+      if (m->lost.load(std::memory_order_acquire)) {
+        fail(peer_error("{} left the job: {}", m->name(), m->reason()));
+        m.reset();  // the arena goes with the last reference
+        continue;
+      }
+      ++live;
+    }
+    if (live == 0) break;
+    if (!failure.ok()) {
+      // Answer whatever the remaining trainers ask with the job's failure.
+      for (auto& m : members) {
+        if (!m) continue;
+        while (!m->pending.empty()) {
+          complete(*m, m->pending.front().seq, failure);
+          m->pending.pop_front();
+        }
+      }
+      continue;
+    }
+    run_ready();
+  }
+  compressor.reset();  // it borrows comm
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    comm.reset();
+    store.reset();
+  }
+  members.clear();
+  finished.store(true);
+  (void)signal_eventfd(server_wake_fd);
+}
+
+}  // namespace gw::daemon

@@ -1,0 +1,157 @@
+// One job in gradwired: the trainers of one (job token, store, world) on this host, their
+// arenas' rings, and the thread that runs their collectives with the job's other daemons.
+//
+// Made and fed by the admission code (daemon/admission.cc) on the serve loop's thread; once every
+// local trainer has joined, run() runs on a thread of its own until every trainer is gone or
+// stop is set. The serve loop touches a started job only through its atomics, wake, abort_comm()
+// and transport_name().
+//
+// Files: job.cc (forming the daemons' communicator, the rings, the loop), job_collectives.cc
+// (what each collective does on this host and across hosts).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/compress/compress.h"
+#include "core/store.h"
+#include "core/sys/fd.h"
+#include "core/sys/memfd_region.h"
+#include "daemon/counters.h"
+#include "daemon/protocol.h"
+#include "daemon/reduce_pool.h"
+#include "daemon/ring.h"
+
+namespace gw::daemon {
+
+// The daemon's view of one trainer: its socket (serve loop only), its arena and eventfds, and the
+// job thread's ends of its rings.
+struct Trainer {
+  explicit Trainer(Counters* c) : counters(c) {}
+  ~Trainer() {
+    if (arena.mapped()) counters->live_arenas.fetch_sub(1);
+  }
+  Counters* counters;
+  uint64_t id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  sys::Fd sock;
+  Hello hello;
+  Welcome geo;
+  sys::MemfdRegion arena;
+  sys::Fd sq_efd, cq_efd;
+  ArenaHeader* hdr = nullptr;
+  uint8_t* data = nullptr;
+
+  // Set once by whoever sees the trainer go (serve loop: socket closed; job thread: refused).
+  std::atomic<bool> lost{false};
+  std::atomic<uint64_t> requests{0};  // submissions accepted (gradwirectl clients)
+  std::mutex reason_mu;
+  std::string lost_reason;
+
+  // Job thread only: the daemon's ends of the rings (made with the arena) and the decoded
+  // submissions waiting for the job's other trainers.
+  RingConsumer<SqEntry> sq;
+  RingProducer<CqEntry> cq;
+  uint64_t next_seq = 1;
+  std::deque<Request> pending;
+
+  void mark_lost(std::string why);
+  std::string reason();
+  std::string name() const;
+};
+
+// The jobs' key: token, store and world.
+std::string job_key(const Hello& h);
+
+// allreduce_pipelined: the piece size and how many pieces the progress thread holds at once.
+inline constexpr size_t kPipelinePiece = 4u << 20;
+inline constexpr size_t kPiecesInFlight = 3;
+// The least a helper thread of the pool gets of a local sum or copy (smaller ones stay inline).
+inline constexpr size_t kMinPartBytes = 256u << 10;
+
+struct Job {
+  // server_wake_fd: signalled when the job refuses a trainer or finishes.
+  Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::string> offer);
+  int server_wake_fd;
+  ReducePool* pool = nullptr;  // the server's, for large local sums and copies
+  Hello first;                 // the job's shape as its first trainer told it
+  Counters* counters;
+  std::vector<std::string> offer;  // the server's transports, best first (transport_offer.h)
+  int64_t spin_ns = 0;
+  std::vector<std::shared_ptr<Trainer>> members;  // by local rank
+  int joined = 0;
+  bool started = false;
+  sys::Fd wake;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> finished{false};
+  // For gradwirectl jobs (read by the serve loop).
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> done{0}, errors{0};
+
+  std::mutex comm_mu;     // guards comm (abort() from the serve loop) and transport
+  std::string transport;  // agreed by the job's daemons in start_comm ("" until then, or local)
+  int tslot;              // counters->transport_slot(transport), for the byte counters
+  std::shared_ptr<Store> store;
+  std::unique_ptr<coll::Communicator> comm;
+  std::vector<int32_t> host_of_rank;
+  std::vector<std::vector<int32_t>> ranks_of_host;  // ascending, by host index
+
+  // Job thread state.
+  Status failure;  // ok until the job fails; then every request completes with it
+  std::vector<uint8_t> scratch;
+  // allreduce_compressed's error feedback between the daemons (per tensor key), made on first use.
+  std::unique_ptr<coll::Compressor> compressor;
+  std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
+
+  // The job thread's body.
+  void run();
+  void count_inter(uint64_t in, uint64_t out) { counters->inter(tslot, in, out); }
+  std::string transport_name() {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    return transport;
+  }
+  void abort_comm() {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    if (comm) comm->abort();
+  }
+
+ private:
+  // job.cc
+  Status start_comm();
+  void fail(const Status& s);
+  void refuse(Trainer& t, const Status& why);
+  void consume(Trainer& t);
+  void complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
+  // Busy-polls the submission rings for spin_ns, then sleeps on their eventfds and wake;
+  bool wait_for_work();  // false when poll fails
+  void run_ready();
+  std::string describe(const Request& r) const;
+  // job_collectives.cc
+  Status execute(const std::vector<Request>& reqs);
+  Status alltoall(const std::vector<Request>& reqs);
+  // Across hosts: an allgather / reduce-scatter among the daemons of slots packed by host.
+  Status allgather_by_host(const std::vector<Request>& reqs);
+  Status reduce_scatter_by_host(const std::vector<Request>& reqs);
+  Status allreduce_pipelined(const std::vector<Request>& reqs);
+  // dst = op over the trainers' send ranges [send_off + off, + bytes), on the server's pool; with
+  // `block`, over [off, + bytes) of rank `block`'s block of each send buffer (reduce_scatter:
+  // the blocks lie send_stride apart).
+  void local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t* dst, size_t off,
+                 size_t bytes, size_t block = 0);
+  // src into every trainer's receive range [recv_off + off, + bytes), on the server's pool.
+  void copy_back(const std::vector<Request>& reqs, const uint8_t* src, size_t off, size_t bytes);
+  Status allreduce_compressed(const std::vector<Request>& reqs);
+};
+
+}  // namespace gw::daemon
