@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives/p2p.h"
 #include "core/bootstrap.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
@@ -57,6 +58,21 @@ class StoreCache {
  private:
   std::mutex mu_;
   std::map<std::string, std::weak_ptr<Store>> stores_;
+};
+
+class DirectP2PRequest final : public SessionRequest {
+ public:
+  explicit DirectP2PRequest(std::shared_ptr<coll::P2PRequest> req) : req_(std::move(req)) {}
+  Status wait(int64_t timeout_ms) override { return req_->wait(timeout_ms); }
+  Status test(bool* done) override { return req_->test(done); }
+  bool p2p_result(size_t* bytes, int* source) const override {
+    *bytes = req_->bytes();
+    *source = req_->source();
+    return true;
+  }
+
+ private:
+  std::shared_ptr<coll::P2PRequest> req_;
 };
 
 StoreCache& store_cache() {
@@ -229,6 +245,18 @@ Result<std::unique_ptr<Session>> DirectSession::split(int color, int key) {
   if (!child) return std::unique_ptr<Session>();  // color < 0: joins none
   // The child shares the store: rank 0's server must outlive every communicator that uses it.
   return std::unique_ptr<Session>(new DirectSession(store_, std::move(child)));
+}
+
+Result<std::unique_ptr<SessionRequest>> DirectSession::isend(const void* buf, size_t bytes,
+                                                             int peer, int tag) {
+  GW_ASSIGN_OR_RETURN(auto req, comm_->isend(buf, bytes, peer, tag));
+  return std::unique_ptr<SessionRequest>(new DirectP2PRequest(std::move(req)));
+}
+
+Result<std::unique_ptr<SessionRequest>> DirectSession::irecv(void* buf, size_t bytes, int peer,
+                                                             int tag) {
+  GW_ASSIGN_OR_RETURN(auto req, comm_->irecv(buf, bytes, peer, tag));
+  return std::unique_ptr<SessionRequest>(new DirectP2PRequest(std::move(req)));
 }
 
 }  // namespace gw::capi

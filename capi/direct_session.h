@@ -50,6 +50,10 @@ class DirectSession final : public Session {
   Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
                                                      size_t count, coll::DataType dtype,
                                                      coll::ReduceOp op) override;
+  Result<std::unique_ptr<SessionRequest>> isend(const void* buf, size_t bytes, int peer,
+                                                int tag) override;
+  Result<std::unique_ptr<SessionRequest>> irecv(void* buf, size_t bytes, int peer,
+                                                int tag) override;
 
   Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
                               std::string_view codec_spec, std::string_view tensor_key) override;

@@ -75,6 +75,7 @@ struct RequestState {
   // Does not hold the session: gw_comm_destroy frees it while requests are outstanding (a
   // SessionRequest outlives its Session and then reports the abort).
   std::unique_ptr<SessionRequest> op;
+  size_t elem = 0;  // point-to-point requests: the dtype's size (0: another kind)
 };
 }  // namespace
 
@@ -750,3 +751,128 @@ GW_EXPORT const char* gw_status_string(gw_status_t status) { return status_text(
 GW_EXPORT const char* gw_last_error(void) { return t_last_error.c_str(); }
 
 GW_EXPORT const char* gw_version(void) { return GW_VERSION_STRING; }
+
+// ---- point-to-point ---------------------------------------------------------------------------
+
+namespace {
+
+// Checks a point-to-point call's arguments and starts it; *request gets the handle.
+Status start_p2p(gw_comm_t comm, bool send, const void* buf, size_t count, int dtype, int peer,
+                 int tag, gw_request_t* request) {
+  GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+  if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+  GW_RETURN_IF_ERROR(check_dtype(dtype));
+  GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
+  GW_RETURN_IF_ERROR(check_buffer("buf", buf, bytes));
+  if (tag < 0) return gw::invalid_arg("argument tag {} is negative (tags are >= 0)", tag);
+  const int lowest = send ? 0 : GW_ANY_SOURCE;
+  if (peer < lowest || peer >= st->size()) {
+    return gw::invalid_arg("argument peer {} is not a rank of this communicator (0..{}){}", peer,
+                           st->size() - 1, send ? "" : " nor GW_ANY_SOURCE (-1)");
+  }
+  GW_RETURN_IF_ERROR(check_host_memory("buf", buf));
+  auto rs = std::make_shared<RequestState>();
+  rs->elem = gw::coll::dtype_size(dt(dtype));
+  if (send) {
+    GW_ASSIGN_OR_RETURN(rs->op, st->isend(buf, bytes, peer, tag));
+  } else {
+    GW_ASSIGN_OR_RETURN(rs->op, st->irecv(const_cast<void*>(buf), bytes, peer, tag));
+  }
+  if (!rs->op) return gw::internal_error("point-to-point call returned no operation");
+  auto* raw = new gw_request();
+  raw->state = std::move(rs);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    reg.requests.insert(raw);
+  }
+  *request = raw;
+  return gw::ok_status();
+}
+
+// Waits for (timeout_ms >= -1) or tests (done != nullptr) a point-to-point request and reports
+// its count and source once it ended well.
+Status finish_p2p(gw_request_t request, int timeout_ms, int* done, size_t* count, int* source) {
+  GW_ASSIGN_OR_RETURN(auto rs, lookup_request(request));
+  std::lock_guard<std::mutex> held(rs->mu);
+  if (rs->finished) return already_completed();
+  if (rs->elem == 0) {
+    return gw::invalid_arg("request is not a point-to-point request (use gw_wait/gw_test)");
+  }
+  Status s;
+  if (done != nullptr) {
+    bool finished = false;
+    s = rs->op->test(&finished);
+    if (!finished) {
+      *done = 0;
+      return gw::ok_status();
+    }
+    *done = 1;
+  } else {
+    s = rs->op->wait(timeout_ms);
+    if (s.code() == Code::kTimeout) {
+      bool finished = false;
+      Status t = rs->op->test(&finished);
+      if (!finished) return gw::timeout_error("request still running after {} ms", timeout_ms);
+      s = t;
+    }
+  }
+  if (s.ok()) {
+    size_t bytes = 0;
+    int src = -1;
+    rs->op->p2p_result(&bytes, &src);
+    if (count != nullptr) *count = bytes / rs->elem;
+    if (source != nullptr) *source = src;
+  }
+  retire(request, *rs);
+  return s;
+}
+
+}  // namespace
+
+GW_EXPORT gw_status_t gw_isend(gw_comm_t comm, const void* buf, size_t count, gw_dtype_t dtype,
+                               int peer, int tag, gw_request_t* request) {
+  return guarded("gw_isend", [&]() -> Status {
+    return start_p2p(comm, true, buf, count, raw_enum(dtype), peer, tag, request);
+  });
+}
+
+GW_EXPORT gw_status_t gw_irecv(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int peer,
+                               int tag, gw_request_t* request) {
+  return guarded("gw_irecv", [&]() -> Status {
+    return start_p2p(comm, false, buf, count, raw_enum(dtype), peer, tag, request);
+  });
+}
+
+GW_EXPORT gw_status_t gw_send(gw_comm_t comm, const void* buf, size_t count, gw_dtype_t dtype,
+                              int peer, int tag) {
+  return guarded("gw_send", [&]() -> Status {
+    gw_request_t req = nullptr;
+    GW_RETURN_IF_ERROR(start_p2p(comm, true, buf, count, raw_enum(dtype), peer, tag, &req));
+    return finish_p2p(req, -1, nullptr, nullptr, nullptr);
+  });
+}
+
+GW_EXPORT gw_status_t gw_recv(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int peer,
+                              int tag) {
+  return guarded("gw_recv", [&]() -> Status {
+    gw_request_t req = nullptr;
+    GW_RETURN_IF_ERROR(start_p2p(comm, false, buf, count, raw_enum(dtype), peer, tag, &req));
+    return finish_p2p(req, -1, nullptr, nullptr, nullptr);
+  });
+}
+
+GW_EXPORT gw_status_t gw_wait_recv(gw_request_t request, int timeout_ms, size_t* count,
+                                   int* source) {
+  return guarded("gw_wait_recv", [&]() -> Status {
+    if (timeout_ms < -1) return gw::invalid_arg("argument timeout_ms {} < -1", timeout_ms);
+    return finish_p2p(request, timeout_ms, nullptr, count, source);
+  });
+}
+
+GW_EXPORT gw_status_t gw_test_recv(gw_request_t request, int* done, size_t* count, int* source) {
+  return guarded("gw_test_recv", [&]() -> Status {
+    if (done == nullptr) return gw::invalid_arg("argument done (the output pointer) is NULL");
+    return finish_p2p(request, 0, done, count, source);
+  });
+}

@@ -53,6 +53,9 @@ class SessionRequest {
   virtual Status wait(int64_t timeout_ms) = 0;
   // Sets *done; once done, returns the operation's final status.
   virtual Status test(bool* done) = 0;
+  // Point-to-point requests (Session::isend/irecv): once done with OK, the bytes moved and the
+  // source rank; false for other requests.
+  virtual bool p2p_result(size_t* bytes, int* source) const { return false; }
 };
 
 class Session {
@@ -77,6 +80,18 @@ class Session {
   virtual Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
                                                              size_t count, coll::DataType dtype,
                                                              coll::ReduceOp op) = 0;
+
+  // Point-to-point (gw_isend / gw_irecv, the header's rules): not collective, thread-safe.
+  // The C layer has checked peer (a rank; irecv: or GW_ANY_SOURCE) and tag (>= 0). The default
+  // (daemon mode) refuses with kUnsupported.
+  virtual Result<std::unique_ptr<SessionRequest>> isend(const void* buf, size_t bytes, int peer,
+                                                        int tag) {
+    return Status(Code::kUnsupported, p2p_unsupported());
+  }
+  virtual Result<std::unique_ptr<SessionRequest>> irecv(void* buf, size_t bytes, int peer,
+                                                        int tag) {
+    return Status(Code::kUnsupported, p2p_unsupported());
+  }
 
   // gw_allreduce_compressed: buf may be host or GPU memory; count may be 0.
   virtual Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
@@ -108,6 +123,12 @@ class Session {
   virtual std::string describe() const { return ""; }
   // describe()'s parts by name, for gw_comm_describe (see Communicator::resolved).
   virtual std::map<std::string, std::string> resolved() const { return {{"summary", describe()}}; }
+
+ private:
+  static const char* p2p_unsupported() {
+    return "daemon mode (GW_DAEMON) does not have point-to-point (gw_send/gw_recv) yet; use "
+           "direct mode (GW_DAEMON unset) for it";
+  }
 };
 
 }  // namespace gw::capi

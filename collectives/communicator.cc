@@ -24,6 +24,7 @@
 #include "collectives/cost_model.h"
 #include "collectives/executor.h"
 #include "collectives/group.h"
+#include "collectives/p2p.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
 #include "core/config.h"
@@ -143,6 +144,15 @@ class CommImpl : public Communicator {
   Status alltoall(const void* sendbuf, void* recvbuf, size_t count, DataType dtype) override;
   Result<std::unique_ptr<AsyncOp>> iallreduce(const void* sendbuf, void* recvbuf, size_t count,
                                               DataType dtype, ReduceOp op) override;
+  Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer,
+                                            int tag) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->isend(buf, bytes, peer, tag);
+  }
+  Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->irecv(buf, bytes, peer, tag);
+  }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
   Algo choose_allreduce_algo(size_t bytes) const override {
@@ -246,6 +256,21 @@ class CommImpl : public Communicator {
 
   std::mutex exec_mu_;  // one collective at a time
   AsyncQueue queue_;    // iallreduce
+  // Point-to-point (collectives/p2p.h), made on first use; connections of its own.
+  std::mutex p2p_mu_;
+  std::unique_ptr<PointToPoint> p2p_;
+  Result<PointToPoint*> point_to_point() {
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    if (aborted()) return aborted_error("point-to-point: communicator aborted");
+    if (!p2p_) {
+      p2p_ = std::make_unique<PointToPoint>(
+          group_,
+          PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms, settings_.spin_us,
+                      settings_.config, settings_.route_host},
+          P2POptions{settings_.timeout_ms, settings_.spin_us, exec_.chunk_bytes()}, &aborted_);
+    }
+    return p2p_.get();
+  }
 };
 
 // ---- set-up -----------------------------------------------------------------------------------
@@ -452,6 +477,10 @@ CommImpl::~CommImpl() {
   // A communicator destroyed with ops pending ends them: the running one sees the abort flag,
   // the queued ones never start.
   queue_.shutdown([this] { aborted_.store(true); });
+  {
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    p2p_.reset();  // ends its pending ops; none writes a buffer after this
+  }
   std::lock_guard<std::mutex> lock(exec_mu_);
   pool_.close_all();
 }

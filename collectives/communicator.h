@@ -27,6 +27,8 @@
 
 namespace gw::coll {
 
+class P2PRequest;  // collectives/p2p.h
+
 // Algorithms (collectives/algorithms.h says when each applies): every allreduce one (GW_ALGO
 // names them); broadcast, allgather and reduce-scatter have kRing and kHier (GW_ALGO_BROADCAST,
 // GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER).
@@ -111,6 +113,13 @@ class Communicator {
   virtual Result<std::unique_ptr<AsyncOp>> iallreduce(const void* sendbuf, void* recvbuf,
                                                       size_t count, DataType dtype,
                                                       ReduceOp op) = 0;
+
+  // Point-to-point (collectives/p2p.h has the rules): not collective, thread-safe, independent of
+  // the collectives' order. peer is a rank (irecv: or -1, any source), tag >= 0, bytes > 0 needs a
+  // buffer that stays valid until the request is done. The default: kUnsupported.
+  virtual Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer,
+                                                    int tag);
+  virtual Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
 
   // Thread-safe, idempotent, never blocks.
   virtual void abort() = 0;

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define GW_VERSION_MAJOR 0
-#define GW_VERSION_MINOR 2
+#define GW_VERSION_MINOR 3
 #define GW_VERSION_PATCH 0
 
 typedef enum {
@@ -233,6 +233,56 @@ gw_status_t gw_wait(gw_request_t request, int timeout_ms);
 /* Non-blocking: sets *done to 1 and returns the operation's status (freeing the request) when it
  * has finished, else sets *done to 0 and returns GW_OK. */
 gw_status_t gw_test(gw_request_t request, int* done);
+
+/* ---- Point-to-point (direct mode) -------------------------------------------------------------
+ *
+ * Tagged messages between two ranks of a communicator. Not collective: only the two ranks call.
+ * - tag >= 0. peer is a rank of comm and may be the caller's own rank; a receive may also name
+ *   GW_ANY_SOURCE and then takes the first matching message from any rank.
+ * - Messages from one sender to one receiver with the same tag are received in the order they
+ *   were sent (non-overtaking). A receive matches the earliest message it can take; receives are
+ *   matched in the order they were posted.
+ * - Sizes are in bytes (count x dtype size); the dtype of the two sides is not compared. A
+ *   receive smaller than the message fails on both sides with GW_ERR_INVALID_ARG ("message
+ *   truncated", naming both sizes); a larger one receives the message, and gw_wait_recv /
+ *   gw_test_recv report its real count and its source.
+ * - A send completes once the receiver has matched it (synchronous mode): two ranks that each
+ *   gw_send to the other before receiving wait for each other, so use gw_isend there. Sends and
+ *   receives may be posted in any order otherwise, from any thread, interleaved with collectives
+ *   on the same communicator: point-to-point has connections of its own and never delays or
+ *   reorders a collective.
+ * - Every send and receive has the communicator's deadline (GW_TIMEOUT_MS): a peer that died or
+ *   never answers ends it with GW_ERR_PEER or GW_ERR_TIMEOUT; the connections with that peer are
+ *   then closed and its other pending sends and receives end too (later ones to it fail at once).
+ * - gw_comm_abort and gw_comm_destroy end every pending request with GW_ERR_ABORTED, as
+ *   gw_iallreduce's.
+ * - Host memory only (a device pointer is GW_ERR_UNSUPPORTED). A buffer may be NULL only when
+ *   count is 0. The buffers of gw_isend/gw_irecv must stay valid (a send's unmodified) until the
+ *   request is done.
+ * - Daemon mode (GW_DAEMON) does not have point-to-point yet: every call below is
+ *   GW_ERR_UNSUPPORTED there. */
+#define GW_ANY_SOURCE (-1)
+
+/* Blocking send / receive: return once the message is matched and the buffer is free (send) or
+ * holds the message (receive), or at the deadline. */
+gw_status_t gw_send(gw_comm_t comm, const void* buf, size_t count, gw_dtype_t dtype, int peer,
+                    int tag);
+gw_status_t gw_recv(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int peer, int tag);
+
+/* Non-blocking forms: return at once with *request set, completed by gw_wait/gw_test (or
+ * gw_wait_recv/gw_test_recv). Requests of every kind may be in flight together and complete in
+ * any order. */
+gw_status_t gw_isend(gw_comm_t comm, const void* buf, size_t count, gw_dtype_t dtype, int peer,
+                     int tag, gw_request_t* request);
+gw_status_t gw_irecv(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int peer, int tag,
+                     gw_request_t* request);
+
+/* gw_wait / gw_test for a gw_isend or gw_irecv request that also report, once it completed with
+ * GW_OK, the elements transferred (*count, in the request's dtype: the message's real size) and
+ * the source rank (*source: for a send the caller's own rank). count and source may be NULL.
+ * Another kind of request is GW_ERR_INVALID_ARG (and stays valid). */
+gw_status_t gw_wait_recv(gw_request_t request, int timeout_ms, size_t* count, int* source);
+gw_status_t gw_test_recv(gw_request_t request, int* done, size_t* count, int* source);
 
 /* ---- Memory for collectives (daemon mode: docs/daemon.md) ------------------------------------
  *

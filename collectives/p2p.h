@@ -1,0 +1,94 @@
+// Point-to-point messages of one communicator (gw_send / gw_recv): tagged sends and receives
+// between any two ranks, on connections of their own (store keys p2p/<src>/<dst>/<chan>), so
+// they never meet the collectives' FIFO matching and may interleave with collectives freely.
+//
+// Protocol, per ordered pair of ranks: a control connection (channel 0) and a data connection
+// (channel 1) each way, set up lazily: a rank's engine starts on its first point-to-point call,
+// listens for every peer at once, connects to a peer when it first sends to it or when the peer
+// connected to it (replies travel back on that connection).
+// - The sender posts an RTS frame (tag, bytes, id) on its control connection; messages of at
+//   most kEagerBytes travel inside it.
+// - The receiver matches each RTS, in arrival order, against its posted receives in posting order
+//   (source or kAnySource, equal tag); an RTS without a match waits in the unexpected list, which
+//   a later receive searches first (in arrival order), so messages of one sender with one tag are
+//   received in the order they were sent.
+// - On a match: a message larger than the receive fails the receive and sends NAK (the send then
+//   fails too, "message truncated"); an eager one is copied and ACKed; a larger one gets CTS and
+//   its bytes follow on the data connection in CTS order, chunked and pipelined.
+// - A send completes when its ACK arrives or its last chunk is sent (synchronous mode: a send
+//   completes only once the receiver matched it). Sends to oneself are matched and copied here.
+// One progress thread per engine moves everything; every op has the communicator's deadline. A
+// transport error or an op that times out after it reached the wire closes that peer's
+// connections and fails every op with that peer; abort and destruction fail every op at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "collectives/connection_pool.h"
+#include "collectives/group.h"
+#include "core/status.h"
+
+namespace gw::coll {
+
+inline constexpr int kAnySource = -1;
+
+// An operation started by PointToPoint::isend / irecv; may outlive the engine (it then reports
+// kAborted if the engine ended before it did).
+class P2PRequest {
+ public:
+  // Waits up to timeout_ms (-1: until the op ends, which its deadline bounds). kTimeout when it
+  // is still running.
+  Status wait(int64_t timeout_ms);
+  // Sets *done; when done, returns the op's final status.
+  Status test(bool* done);
+  // Once done with OK: the bytes received (or sent) and the source rank (receives).
+  size_t bytes() const;
+  int source() const;
+
+  // Used by the engine: false when it was done already.
+  bool finish(Status s, size_t bytes, int source);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  size_t bytes_ = 0;
+  int source_ = -1;
+};
+
+struct P2POptions {
+  int64_t timeout_ms = 0;
+  int64_t spin_us = 50;
+  size_t chunk_bytes = 512 * 1024;
+};
+
+class PointToPoint {
+ public:
+  static constexpr size_t kEagerBytes = 16 * 1024;
+
+  // `group` and `aborted` must outlive the engine.
+  PointToPoint(const Group& group, PoolOptions pool, P2POptions options,
+               const std::atomic<bool>* aborted);
+  // Ends every pending op with kAborted and closes the connections; returns once no op can
+  // write a buffer any more.
+  ~PointToPoint();
+
+  // bytes > 0 needs a buffer; peer in [0, size) (irecv: or kAnySource); tag >= 0. The buffer
+  // must stay valid until the request is done.
+  Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer, int tag);
+  Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gw::coll
