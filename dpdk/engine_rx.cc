@@ -119,9 +119,9 @@ void Engine::handle_conn_frame(Conn& c, const Frame& f) {
 void Engine::deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const uint8_t* payload) {
   r.done = true;
   if (len > r.cap) {
-    r.err =
-        invalid_arg("recv from {}: message truncated: peer sent {} bytes into a {}-byte receive",
-                    c.name(), len, r.cap);
+    r.err = truncated_error(
+        "recv from {}: message truncated: peer sent {} bytes into a {}-byte receive", c.name(), len,
+        r.cap);
   } else if (r.tag != net::kAnyTag && r.tag != tag) {
     r.err = internal_error("recv from {}: tag mismatch: receive posted tag {}, peer sent tag {}",
                            c.name(), r.tag, tag);
@@ -217,7 +217,8 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
       if (r.done) break;
       if (r.size > f.hdr.msg_len) {
         r.done = true;
-        r.err = invalid_arg("send to {}: message truncated: {} bytes sent, receive posted {} bytes",
+        r.err =
+            truncated_error("send to {}: message truncated: {} bytes sent, receive posted {} bytes",
                             c.name(), r.size, f.hdr.msg_len);
       } else if (f.hdr.tag != net::kAnyTag && f.hdr.tag != r.tag) {
         r.done = true;
@@ -237,7 +238,7 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
         RecvReq& r = **it;
         r.done = true;
         if (f.hdr.flags & kFlagErrTrunc) {
-          r.err = invalid_arg(
+          r.err = truncated_error(
               "recv from {}: message truncated: peer sent {} bytes into a "
               "{}-byte receive",
               c.name(), f.hdr.msg_len, r.cap);

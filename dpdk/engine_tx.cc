@@ -88,7 +88,7 @@ void Engine::pump(Conn& c) {
         emit_reliable(c, e);
         r.emitted = true;
         r.done = true;
-        r.err = trunc ? invalid_arg(
+        r.err = trunc ? truncated_error(
                             "send to {}: message truncated: {} bytes sent, receive posted "
                             "{} bytes",
                             c.name(), r.size, cts->second.cap)

@@ -587,9 +587,8 @@ TEST_P(TransportConformance, SendLargerThanReceiveFailsBothSides) {
   ASSERT_TRUE(run_ops({&s, &r}));
   EXPECT_EQ(r.status.code(), Code::kInvalidArg) << r.status.to_string();
   EXPECT_NE(r.status.message().find("truncated"), std::string::npos) << r.status.to_string();
-  // Callers (the executor) tell a truncation by its reason, not by its text. dpdk/engine.cc
-  // does not set it yet.
-  if (GetParam() != "dpdk") EXPECT_TRUE(r.status.truncated()) << r.status.to_string();
+  // Callers (the executor) tell a truncation by its reason, not by its text.
+  EXPECT_TRUE(r.status.truncated()) << r.status.to_string();
   for (size_t i = 100; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xCD) << "overflow at " << i;
   // The sender learns it on this request if it is still outstanding, else on a later call.
   Status sender = s.status;
@@ -610,7 +609,7 @@ TEST_P(TransportConformance, SendLargerThanReceiveFailsBothSides) {
   }
   EXPECT_EQ(sender.code(), Code::kInvalidArg) << sender.to_string();
   EXPECT_NE(sender.message().find("truncated"), std::string::npos) << sender.to_string();
-  if (GetParam() != "dpdk") EXPECT_TRUE(sender.truncated()) << sender.to_string();
+  EXPECT_TRUE(sender.truncated()) << sender.to_string();
 }
 
 // A NIC (or the emulator's NIC thread) moves a posted message without the owner's help, so on a
