@@ -21,20 +21,11 @@ namespace gw::daemon {
 
 namespace {
 
-// The peer's supplementary groups as of its connect (SO_PEERGROUPS, Linux 4.13); where the kernel
-// lacks it, the Groups: line of /proc/PID/status now.
+// The peer's supplementary groups as of its connect (sys::peer_groups); where the kernel cannot
+// say, the Groups: line of /proc/PID/status now.
 std::vector<gid_t> peer_groups(int sock, pid_t pid) {
-  std::vector<gid_t> groups(64);
-  for (int tries = 0; tries < 4; ++tries) {
-    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
-      groups.resize(len / sizeof(gid_t));
-      return groups;
-    }
-    if (errno != ERANGE) break;
-    groups.resize(len / sizeof(gid_t) + 1);
-  }
-  groups.clear();
+  if (std::optional<std::vector<gid_t>> known = sys::peer_groups(sock)) return std::move(*known);
+  std::vector<gid_t> groups;
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("Groups:", 0) != 0) continue;

@@ -64,27 +64,13 @@ Result<std::optional<gid_t>> configured_group() {
   return std::optional<gid_t>(g.gr_gid);
 }
 
-// The peer's supplementary groups as of its listen (SO_PEERGROUPS); empty where unknown.
-std::vector<gid_t> peer_groups(int sock) {
-  std::vector<gid_t> groups(64);
-  for (int tries = 0; tries < 4; ++tries) {
-    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
-      groups.resize(len / sizeof(gid_t));
-      return groups;
-    }
-    if (errno != ERANGE) break;
-    groups.resize(len / sizeof(gid_t) + 1);
-  }
-  return {};
-}
-
 // Who answered on `path` may be given the hello (check_daemon_peer)?
 Status check_daemon(int sock, const std::string& path) {
   GW_ASSIGN_OR_RETURN(ucred cred, sys::peer_credentials(sock));
   GW_ASSIGN_OR_RETURN(std::optional<gid_t> group, configured_group());
   std::vector<gid_t> groups;
-  if (group && cred.uid != ::geteuid() && cred.uid != 0) groups = peer_groups(sock);
+  if (group && cred.uid != ::geteuid() && cred.uid != 0)
+    groups = sys::peer_groups(sock).value_or(std::vector<gid_t>{});
   return check_daemon_peer(cred, ::geteuid(), group ? &*group : nullptr, groups, path);
 }
 

@@ -127,6 +127,20 @@ Result<ucred> peer_credentials(int sock) {
   return cred;
 }
 
+std::optional<std::vector<gid_t>> peer_groups(int sock) {
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return std::nullopt;
+}
+
 Status send_with_fds(int sock, const void* data, size_t size, std::span<const int> fds,
                      Deadline deadline, std::string_view what) {
   if (fds.size() > kMaxPassedFds) {

@@ -16,6 +16,7 @@
 #include <sys/un.h>
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +68,10 @@ Result<Fd> connect_unix(const UnixAddress& address, int type);
 
 // The peer's process, user and group ids (SO_PEERCRED) as of connect().
 Result<ucred> peer_credentials(int sock);
+
+// The peer's supplementary groups as of its connect or listen (SO_PEERGROUPS, Linux 4.13);
+// nullopt where the kernel cannot say.
+std::optional<std::vector<gid_t>> peer_groups(int sock);
 
 // Sends `size` bytes and lends the descriptors in `fds` (at most kMaxPassedFds) to the peer.
 // On a stream socket the descriptors travel with the first byte and the rest follows; on a
