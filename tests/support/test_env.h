@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace gw::testing {
 
@@ -52,6 +54,23 @@ class ScopedEnv {
  private:
   const char* name_;
   std::optional<std::string> old_;
+};
+
+// Clears the launcher and store variables (GW_*, torchrun's, Open MPI's, Slurm's) for one scope,
+// so ranks as threads take their settings from their gw_config_t only.
+class CleanEnv {
+ public:
+  CleanEnv() {
+    for (const char* v :
+         {"GW_RANK", "GW_WORLD_SIZE", "GW_STORE", "GW_JOB_TOKEN", "GW_TIMEOUT_MS", "GW_DAEMON",
+          "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
+      env_.push_back(std::make_unique<ScopedEnv>(v, nullptr));
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<ScopedEnv>> env_;
 };
 
 }  // namespace gw::testing

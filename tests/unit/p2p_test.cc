@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -25,29 +24,13 @@
 
 #include "gradwire/gradwire.h"
 #include "tests/support/free_port.h"
+#include "tests/support/test_env.h"
 
 namespace {
 
+using gw::testing::CleanEnv;
+
 std::string last() { return gw_last_error(); }
-
-class CleanEnv {
- public:
-  CleanEnv() {
-    for (const char* v :
-         {"GW_RANK", "GW_WORLD_SIZE", "GW_STORE", "GW_JOB_TOKEN", "GW_TIMEOUT_MS", "GW_DAEMON",
-          "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
-      if (const char* old = std::getenv(v)) saved_[v] = old;
-      unsetenv(v);
-    }
-  }
-  ~CleanEnv() {
-    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
-  }
-
- private:
-  std::map<std::string, std::string> saved_;
-};
 
 size_t dtype_size(gw_dtype_t d) {
   switch (d) {
