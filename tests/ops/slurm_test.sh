@@ -15,9 +15,11 @@
 # The jobs are single-node: Debian's slurmd is not built for several per host, and one per network
 # namespace (`ip netns exec`, as tests/testbed/testbed.sh makes hosts) starts without the cgroup
 # mounts Slurm 22.05 insists on (a fresh sysfs), which the test would have to mount again there.
-# usage: slurm_test.sh HELLO_ALLREDUCE
+# With GRADWIRE_PERF, also `srun -n 4 gradwire-perf allreduce -b 1K -e 64K -c` (checked sums).
+# usage: slurm_test.sh HELLO_ALLREDUCE [GRADWIRE_PERF]
 set -uo pipefail
 hello=$1
+perf=${2:-}
 say() { echo "slurm_test: $*"; }
 fail() {
   say "FAIL: $*" >&2
@@ -162,6 +164,12 @@ if grep -qw pmix <<<"$mpis"; then
   check_ranks "$out" 4 || fail "srun --mpi=pmix -n 4: not every rank summed right: $out"
   grep -q "store .*(PMIx)" <<<"$out" || fail "srun --mpi=pmix: the store did not come from PMIx: $out"
   say "srun --mpi=pmix -n 4: 4 ranks ok, store from PMIx"
+  if [ -n "$perf" ]; then
+    out=$(env "${common_env[@]}" timeout 180 srun --mpi=pmix -n 4 --time=3 "$perf" allreduce \
+      -b 1K -e 64K -c 2>&1) || fail "srun --mpi=pmix -n 4 gradwire-perf allreduce -c: $out"
+    grep -q "^ *65536 " <<<"$out" || fail "gradwire-perf under srun printed no 64K row: $out"
+    say "srun --mpi=pmix -n 4 gradwire-perf allreduce -b 1K -e 64K -c: checked, rows 1K..64K"
+  fi
 else
   say "srun --mpi=list offers no pmix ($(tr '\n' ' ' <<<"$mpis")): the PMIx run is left out"
 fi
