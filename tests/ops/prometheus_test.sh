@@ -102,7 +102,7 @@ wait_for() {
 }
 
 ok_expr='gradwired_collectives_total{job="gradwired",kind="allreduce",result="ok"}'
-wait_for 'up{job="gradwired"}' "== 1" 30 >/dev/null
+wait_for 'up{job="gradwired"}' "== 1" 60 >/dev/null
 before=$(wait_for "$ok_expr" ">= 0" 20)
 say "Prometheus scrapes gradwired: up 1, allreduces ok $before"
 
