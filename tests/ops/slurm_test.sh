@@ -142,8 +142,21 @@ pids+=($!)
 wait_until 30 "answer from slurmctld" scontrol ping
 slurmd -D -N gwnode -f "$SLURM_CONF" >"$dir/slurmd.out" 2>&1 &
 pids+=($!)
+# Slurm 22.05 cannot start slurmd in some cgroup set-ups (a hybrid v1/v2 mount, no cgroup file
+# system at all): that is this machine's limit, not gradwire's, and skips the test naming it.
 node_idle() { [ "$(sinfo -h -n gwnode -o %t 2>/dev/null)" = idle ]; }
-wait_until 60 "idle gwnode in sinfo (state: $(sinfo -h -n gwnode -o %t 2>/dev/null))" node_idle
+deadline=$((SECONDS + 60))
+until node_idle; do
+  if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+    why=$(grep -h -i -E "fatal|error" "$dir/slurmd.log" "$dir/slurmd.out" 2>/dev/null |
+      grep -i cgroup | grep -v cgroup.conf | head -2)  # (our cgroup.conf is ours to get right)
+    [ -z "$why" ] || { say "skipped: slurmd cannot start with this machine's cgroups: $why"; exit 77; }
+    fail "slurmd exited"
+  fi
+  [ $SECONDS -lt $deadline ] ||
+    fail "gwnode not idle in sinfo after 60 s (state: $(sinfo -h -n gwnode -o %t 2>/dev/null))"
+  sleep 0.2
+done
 say "cluster up: slurmctld :$ctld_port, slurmd gwnode :$slurmd_port, munge $dir/munge/munge.sock"
 
 # check_ranks OUTPUT N: every rank 0..N-1 printed the sum of 1..N, each once.
