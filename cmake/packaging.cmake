@@ -18,7 +18,7 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "gradient transport for data-parallel trai
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
-# The install code sees CMAKE_INSTALL_PREFIX=/usr (the unit's ExecStart, /etc) and stages in DESTDIR.
+# The install code sees CMAKE_INSTALL_PREFIX=/usr (the unit's ExecStart, /etc); files go to DESTDIR.
 set(CPACK_SET_DESTDIR ON)
 set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
@@ -28,34 +28,46 @@ set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS ON)
 # gradwire-perf needs libgradwire.so.0 of libgradwire0 (a dependency below), not a Debian library.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/capi)
 set(CPACK_DEBIAN_PACKAGE_SECTION libs)
+# A component's description: its synopsis, then a paragraph (dpkg's continuation lines).
+function(gw_deb_description comp synopsis)
+  string(JOIN " " text ${ARGN})
+  set(CPACK_COMPONENT_${comp}_DESCRIPTION "${synopsis}\n${text}" PARENT_SCOPE)
+endfunction()
 
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME libgradwire${PROJECT_VERSION_MAJOR})
-set(CPACK_COMPONENT_LIB_DESCRIPTION
-    "gradwire library and NCCL net plugin\n libgradwire (the C ABI of gradwire.h: allreduce and the other collectives over\n TCP, shared memory, RDMA verbs, DPDK) and libnccl-net-gradwire.so for NCCL_NET_PLUGIN.")
+gw_deb_description(LIB "gradwire library and NCCL net plugin"
+                   "libgradwire (the C ABI of gradwire.h: allreduce and the other collectives"
+                   "over TCP, shared memory, RDMA verbs, DPDK) and libnccl-net-gradwire.so for"
+                   "NCCL_NET_PLUGIN.")
 set(CPACK_DEBIAN_DPDK_PACKAGE_NAME gradwire-dpdk)
-set(CPACK_COMPONENT_DPDK_DESCRIPTION
-    "gradwire DPDK backend\n libgradwire_dpdk.so, loaded by libgradwire when GW_TRANSPORT names dpdk.")
+gw_deb_description(DPDK "gradwire DPDK backend"
+                   "libgradwire_dpdk.so, loaded by libgradwire when GW_TRANSPORT names dpdk.")
 set(CPACK_COMPONENT_DPDK_DEPENDS lib)
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libgradwire-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
-set(CPACK_COMPONENT_DEV_DESCRIPTION
-    "gradwire development files\n gradwire.h, libgradwire.so, gradwire.pc (pkg-config) and the CMake package\n (find_package(gradwire), gradwire::gradwire).")
+gw_deb_description(DEV "gradwire development files"
+                   "gradwire.h, libgradwire.so, gradwire.pc (pkg-config) and the CMake package"
+                   "(find_package(gradwire), gradwire::gradwire).")
 set(CPACK_COMPONENT_DEV_DEPENDS lib)
 set(CPACK_DEBIAN_DAEMON_PACKAGE_NAME gradwired)
 set(CPACK_DEBIAN_DAEMON_PACKAGE_SECTION net)
-set(CPACK_COMPONENT_DAEMON_DESCRIPTION
-    "gradwire per-host daemon\n gradwired (systemd unit gradwired.service, /etc/gradwire/gradwired.toml) and\n gradwirectl: one daemon per host shares the NIC among the trainers of the host.")
+gw_deb_description(DAEMON "gradwire per-host daemon"
+                   "gradwired (systemd unit gradwired.service, /etc/gradwire/gradwired.toml)"
+                   "and gradwirectl: one daemon per host shares the NIC among the trainers of"
+                   "the host.")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME gradwire-tools)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION net)
-set(CPACK_COMPONENT_TOOLS_DESCRIPTION
-    "gradwire perf tool\n gradwire-perf: nccl-tests and perftest style numbers per transport and\n collective, and the doctor.")
+gw_deb_description(TOOLS "gradwire perf tool"
+                   "gradwire-perf: nccl-tests and perftest style numbers per transport and"
+                   "collective, and the doctor.")
 set(CPACK_COMPONENT_TOOLS_DEPENDS lib)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-gradwire)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3 (>= 3.9)")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS python3-torch)
-set(CPACK_COMPONENT_PYTHON_DESCRIPTION
-    "gradwire for Python\n import gradwire: the collectives on NumPy arrays and torch tensors, a DDP\n comm hook, and gradwire-run, the launcher.")
+gw_deb_description(PYTHON "gradwire for Python"
+                   "import gradwire: the collectives on NumPy arrays and torch tensors, a DDP"
+                   "comm hook, and gradwire-run, the launcher.")
 
 # The daemon's config is the admin's: dpkg keeps an edited one on upgrade.
 file(WRITE ${CMAKE_BINARY_DIR}/packaging/daemon/conffiles "/etc/gradwire/gradwired.toml\n")

@@ -30,7 +30,8 @@ trap 'rm -rf "$tmp"' EXIT
 root=$tmp/root
 mkdir -p "$root" "$tmp/pkgs"
 
-timeout 600 cpack -G DEB --config "$build/CPackConfig.cmake" -B "$tmp/pkgs" >"$tmp/cpack.log" 2>&1 || {
+timeout 600 cpack -G DEB --config "$build/CPackConfig.cmake" -B "$tmp/pkgs" \
+  >"$tmp/cpack.log" 2>&1 || {
   cat "$tmp/cpack.log" >&2
   fail "cpack -G DEB failed"
 }
@@ -81,7 +82,10 @@ grep -q libspdlog <<<"$(dpkg-deb -f "$(pkg gradwired)" Depends)" ||
   fail "gradwired has no shared-library dependencies: $(dpkg-deb -f "$(pkg gradwired)" Depends)"
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   (cd "$tmp/pkgs" && timeout 120 apt-get install -s --no-install-recommends ./*.deb) \
-    >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log" >&2; fail "apt-get install -s ./*.deb does not resolve"; }
+    >"$tmp/apt.log" 2>&1 || {
+    cat "$tmp/apt.log" >&2
+    fail "apt-get install -s ./*.deb does not resolve"
+  }
   say "apt-get install -s ./*.deb: $(grep -c '^Inst' "$tmp/apt.log") packages would be installed"
 fi
 
@@ -143,8 +147,10 @@ out=$(LD_LIBRARY_PATH="$root/usr/lib" timeout 10 "$root/usr/bin/gradwire-perf" -
   fail "gradwire-perf --version: $out"
 grep -q "$version" <<<"$out" || fail "gradwire-perf --version is not $version: $out"
 unit=$root/usr/lib/systemd/system/gradwired.service
-grep -q '^ExecStart=/usr/sbin/gradwired --foreground --config /etc/gradwire/gradwired.toml ' "$unit" ||
-  fail "the unit does not start /usr/sbin/gradwired with /etc/gradwire/gradwired.toml: $(grep ExecStart "$unit")"
+exec_start='ExecStart=/usr/sbin/gradwired --foreground --config /etc/gradwire/gradwired.toml '
+grep -q "^$exec_start" "$unit" ||
+  fail "the unit does not start /usr/sbin/gradwired with /etc/gradwire/gradwired.toml:" \
+    "$(grep ExecStart "$unit")"
 say "daemon: gradwired --help, gradwirectl --help, gradwire-perf --version ($out), the unit"
 
 # The Python package from the root (not from the source tree nor an installed copy).

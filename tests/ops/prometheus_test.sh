@@ -32,7 +32,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 metrics_port=$(free_port)
 prom_port=$(free_port)
 
@@ -49,7 +51,8 @@ until grep -q "metrics on http://" "$dir/gwd.log"; do
     fi
     fail "gradwired exited: $(cat "$dir/gwd.log")"
   fi
-  [ $SECONDS -lt $deadline ] || fail "gradwired did not announce its metrics in 20 s: $(cat "$dir/gwd.log")"
+  [ $SECONDS -lt $deadline ] ||
+    fail "gradwired did not announce its metrics in 20 s: $(cat "$dir/gwd.log")"
   sleep 0.1
 done
 

@@ -64,7 +64,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 # wait_until SECONDS WHAT COMMAND...: until COMMAND succeeds, failing after SECONDS.
 wait_until() {
   local limit=$1 what=$2
@@ -150,7 +152,10 @@ until node_idle; do
   if ! kill -0 "${pids[-1]}" 2>/dev/null; then
     why=$(grep -h -i -E "fatal|error" "$dir/slurmd.log" "$dir/slurmd.out" 2>/dev/null |
       grep -i cgroup | grep -v cgroup.conf | head -2)  # (our cgroup.conf is ours to get right)
-    [ -z "$why" ] || { say "skipped: slurmd cannot start with this machine's cgroups: $why"; exit 77; }
+    if [ -n "$why" ]; then
+      say "skipped: slurmd cannot start with this machine's cgroups: $why"
+      exit 77
+    fi
     fail "slurmd exited"
   fi
   [ $SECONDS -lt $deadline ] ||
@@ -175,7 +180,8 @@ if grep -qw pmix <<<"$mpis"; then
   out=$(env "${common_env[@]}" GW_LOG_LEVEL=info timeout 120 srun --mpi=pmix -n 4 --time=2 \
     "$hello" 2>&1) || fail "srun --mpi=pmix -n 4: $out"
   check_ranks "$out" 4 || fail "srun --mpi=pmix -n 4: not every rank summed right: $out"
-  grep -q "store .*(PMIx)" <<<"$out" || fail "srun --mpi=pmix: the store did not come from PMIx: $out"
+  grep -q "store .*(PMIx)" <<<"$out" ||
+    fail "srun --mpi=pmix: the store did not come from PMIx: $out"
   say "srun --mpi=pmix -n 4: 4 ranks ok, store from PMIx"
   if [ -n "$perf" ]; then
     out=$(env "${common_env[@]}" timeout 180 srun --mpi=pmix -n 4 --time=3 "$perf" allreduce \
