@@ -14,7 +14,6 @@
 set(CPACK_PACKAGE_NAME gradwire)
 set(CPACK_PACKAGE_VENDOR gradwire)
 set(CPACK_PACKAGE_CONTACT "gradwire maintainers <gradwire@localhost>")
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "gradient transport for data-parallel training")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
@@ -31,7 +30,7 @@ set(CPACK_DEBIAN_PACKAGE_SECTION libs)
 # A component's description: its synopsis, then a paragraph (dpkg's continuation lines).
 function(gw_deb_description comp synopsis)
   string(JOIN " " text ${ARGN})
-  set(CPACK_COMPONENT_${comp}_DESCRIPTION "${synopsis}\n${text}" PARENT_SCOPE)
+  set(CPACK_DEBIAN_${comp}_DESCRIPTION "${synopsis}\n${text}" PARENT_SCOPE)
 endfunction()
 
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME libgradwire${PROJECT_VERSION_MAJOR})
