@@ -30,6 +30,7 @@
 #include "daemon/server.h"
 #include "daemon/transport_offer.h"
 #include "tests/daemon/raw_client.h"
+#include "tests/daemon/server_fixture.h"
 
 namespace gw::daemon {
 namespace {
@@ -38,30 +39,13 @@ using namespace std::chrono_literals;
 using test::allreduce_entry;
 using test::RawClient;
 
-class DaemonServerTest : public ::testing::Test {
+class DaemonServerTest : public test::ServerFixture {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/gwd-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ServerOptions o;
-    o.socket_path = dir_ + "/gradwired.sock";
-    o.host_id = "test-host";
-    o.ring_entries = 8;
-    o.max_arena_bytes = 8 << 20;
+    ServerOptions o = options("gwd-test");
     o.reduce_threads = 3;  // large sums and copies split over the pool
     o.spin_us = 20;        // the job threads poll the rings before sleeping, as gradwired does
-    auto s = Server::create(o);
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    server_ = std::move(*s);
-    thread_ = std::thread([this] { run_status_ = server_->run(); });
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-    EXPECT_TRUE(run_status_.ok()) << run_status_.message();
-    server_.reset();
-    ::rmdir(dir_.c_str());
+    run(o);
   }
 
   Hello hello(const std::string& token, int rank = 0, int world = 1) {
@@ -86,11 +70,6 @@ class DaemonServerTest : public ::testing::Test {
     }
     return false;
   }
-
-  std::string dir_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  Status run_status_;
 };
 
 TEST_F(DaemonServerTest, OneTrainerRunsEveryCollectiveThroughTheRings) {
