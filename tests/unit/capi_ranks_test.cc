@@ -43,19 +43,8 @@ using gw::testing::free_port;
 // broadcast from the last rank, barrier, destroy. Checks values itself.
 void run_rank(int rank, int world, const std::string& addr, const char* transport,
               RankResult* out) {
-  gw_config_t cfg = GW_CONFIG_INIT;
-  cfg.rank = rank;
-  cfg.world_size = world;
-  cfg.store_addr = addr.c_str();
-  cfg.transport = transport;
-  cfg.timeout_ms = 30000;
-  cfg.job_token = "capi-test-token";
-  gw_comm_t comm = nullptr;
-  out->init = gw_comm_init(&comm, &cfg);
-  if (out->init != GW_OK) {
-    out->error = gw_last_error();
-    return;
-  }
+  gw_comm_t comm = init_checked_rank(rank, world, addr, transport, "capi-test-token", out);
+  if (comm == nullptr) return;
   auto fail = [&](const std::string& what) {
     if (out->error.empty()) out->error = what + ": " + gw_last_error();
   };

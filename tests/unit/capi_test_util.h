@@ -54,6 +54,21 @@ struct RankResult {
   bool checked = false;
 };
 
+// The communicator of one rank of a run_checked_ranks function (store at `addr`, 30 s deadline),
+// or nullptr with init's status and error in *out.
+inline gw_comm_t init_checked_rank(int rank, int world, const std::string& addr,
+                                   const char* transport, const char* token, RankResult* out) {
+  gw_config_t cfg = thread_rank_config(rank, world, addr, token, 30000);
+  cfg.transport = transport;
+  gw_comm_t comm = nullptr;
+  out->init = gw_comm_init(&comm, &cfg);
+  if (out->init != GW_OK) {
+    out->error = gw_last_error();
+    return nullptr;
+  }
+  return comm;
+}
+
 // Runs rank_fn on `world` ranks as threads; every rank must have initialized, checked all and
 // recorded no error.
 inline void run_checked_ranks(int world, const char* transport,
