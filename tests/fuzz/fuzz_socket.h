@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,33 @@ void send_some(int fd, const uint8_t* p, size_t n, sys::Deadline until);
 
 // The transport's listener; a failure (the loopback out of ports, say) is said, then aborts.
 std::unique_ptr<net::Listener> listen_or_abort(net::Transport& t, net::Handle* h, const char* who);
+
+// The handle's bytes as the backend's handle struct `Wire` (tcp::HandleWire, verbs::HandleWire).
+template <typename Wire>
+Wire wire_of(const net::Handle& h) {
+  Wire w;
+  std::memcpy(&w, h.bytes.data(), sizeof(w));
+  return w;
+}
+
+// A listener of `t` that expects rank 1 as its peer, and a raw loopback connection to the port
+// its handle names (`Wire` has port_be): the connector side of modes that feed a listener.
+template <typename Wire>
+struct RawConnection {
+  Wire wire;
+  std::unique_ptr<net::Listener> listener;
+  sys::Fd sock;
+};
+template <typename Wire>
+RawConnection<Wire> connect_raw(net::Transport& t, const char* who) {
+  net::Handle h;
+  RawConnection<Wire> c;
+  c.listener = listen_or_abort(t, &h, who);
+  c.listener->expect_peer(1);
+  c.wire = wire_of<Wire>(h);
+  c.sock = dial_loopback(c.wire.port_be, who);
+  return c;
+}
 
 // A fake listener on 127.0.0.1 at a port of the kernel's choice; *bound gets its address.
 sys::Fd fake_listener(sockaddr_in* bound, const char* who);

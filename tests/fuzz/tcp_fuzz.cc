@@ -52,12 +52,6 @@ std::unique_ptr<net::Transport>& transport() {
   return *t;
 }
 
-HandleWire handle_of(const net::Handle& h) {
-  HandleWire w;
-  std::memcpy(&w, h.bytes.data(), sizeof(w));
-  return w;
-}
-
 // Reads exactly n bytes while polling `tick` (which drives the other side); false at EOF or the
 // deadline.
 template <typename Tick>
@@ -75,17 +69,13 @@ bool read_driving(int fd, void* out, size_t n, sys::Deadline until, Tick&& tick)
 // Mode 0/1: a raw connector's bytes to a listener (1: the handle's nonce and ranks patched in, so
 // the input reaches the proof). The listener must never hand out a comm.
 void listener_side(const uint8_t* body, size_t n, bool patch) {
-  net::Handle h;
-  auto l = listen_or_abort(*transport(), &h, kWho);
-  l->expect_peer(1);
-  const HandleWire hw = handle_of(h);
-  sys::Fd fd = dial_loopback(hw.port_be, kWho);
+  RawConnection<HandleWire> raw = connect_raw<HandleWire>(*transport(), kWho);
   std::vector<uint8_t> bytes(body, body + n);
   if (patch && bytes.size() >= sizeof(Hello)) {
     Hello hello;
     std::memcpy(&hello, bytes.data(), sizeof(hello));
     std::memcpy(hello.magic, "GWH2", 4);
-    hello.nonce = hw.nonce;
+    hello.nonce = raw.wire.nonce;
     hello.nsocks = 1;
     hello.sock_index = 0;
     hello.rank = 1;
@@ -93,14 +83,14 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
     std::memcpy(bytes.data(), &hello, sizeof(hello));
   }
   const sys::Deadline until = sys::deadline_after_ms(kStepMs);
-  send_some(fd.get(), bytes.data(), bytes.size(), until);
-  ::shutdown(fd.get(), SHUT_WR);
+  send_some(raw.sock.get(), bytes.data(), bytes.size(), until);
+  ::shutdown(raw.sock.get(), SHUT_WR);
   uint8_t sink[256];
   while (!sys::expired(until)) {
-    auto a = l->accept();
+    auto a = raw.listener->accept();
     check(a.ok(), "tcp fuzz: accept never fails on a peer's bytes");
     check(*a == nullptr, "tcp fuzz: a connector without the token was accepted");
-    ssize_t k = recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    ssize_t k = recv(raw.sock.get(), sink, sizeof(sink), MSG_DONTWAIT);
     if (k > 0 && sink[0] == hs::kChallenge) ++counter("tcp.challenged");
     if (k == 0) break;  // the listener dropped us
   }
@@ -111,7 +101,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
 void message_stream(const uint8_t* body, size_t n) {
   net::Handle h;
   auto l = listen_or_abort(*transport(), &h, kWho);
-  const HandleWire hw = handle_of(h);
+  const HandleWire hw = wire_of<HandleWire>(h);
   sys::Fd fd = dial_loopback(hw.port_be, kWho);
   Hello hello{};
   std::memcpy(hello.magic, "GWH2", 4);

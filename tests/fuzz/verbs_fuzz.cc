@@ -54,19 +54,13 @@ std::unique_ptr<net::Transport>& transport() {
   return *t;
 }
 
-HandleWire handle_of(const net::Handle& h) {
-  HandleWire w;
-  std::memcpy(&w, h.bytes.data(), sizeof(w));
-  return w;
-}
-
 // Mode 0: the input as a handle handed to connect(): refused, or a connector that ends within its
 // deadline (nobody answers at whatever address the bytes name, or the address is refused).
 void handle_decode(const uint8_t* body, size_t n) {
   net::Handle h{};
   std::memcpy(h.bytes.data(), body, std::min(n, h.bytes.size()));
   // Keep every dial on loopback: the input picks everything but the address.
-  HandleWire w = handle_of(h);
+  HandleWire w = wire_of<HandleWire>(h);
   if (w.family == AF_INET) {
     const uint32_t lo = htonl(INADDR_LOOPBACK);
     std::memcpy(w.addr, &lo, 4);
@@ -91,18 +85,14 @@ void handle_decode(const uint8_t* body, size_t n) {
 // a loopback GID patched in, so the input's port and QP numbers reach the queue pairs and its
 // ready record reaches the proof check). The listener must never hand out a comm.
 void listener_side(const uint8_t* body, size_t n, bool patch) {
-  net::Handle h;
-  auto l = listen_or_abort(*transport(), &h, kWho);
-  l->expect_peer(1);
-  const HandleWire hw = handle_of(h);
-  sys::Fd fd = dial_loopback(hw.port_be, kWho);
+  RawConnection<HandleWire> raw = connect_raw<HandleWire>(*transport(), kWho);
   std::vector<uint8_t> bytes(body, body + n);
   if (patch && bytes.size() >= sizeof(HelloWire)) {
     HelloWire hello;
     std::memcpy(&hello, bytes.data(), sizeof(hello));
     std::memcpy(hello.magic, "GWVH", 4);
     hello.version = verbs::kWireVersion;
-    hello.nonce = hw.nonce;
+    hello.nonce = raw.wire.nonce;
     hello.rank = 1;
     hello.listener_rank = 0;
     hello.nqps = 1;
@@ -113,11 +103,11 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
     std::memcpy(bytes.data(), &hello, sizeof(hello));
   }
   const sys::Deadline until = sys::deadline_after_ms(kStepMs);
-  send_some(fd.get(), bytes.data(), bytes.size(), until);
-  ::shutdown(fd.get(), SHUT_WR);
+  send_some(raw.sock.get(), bytes.data(), bytes.size(), until);
+  ::shutdown(raw.sock.get(), SHUT_WR);
   uint8_t sink[sizeof(ReplyWire)];
   while (!sys::expired(until)) {
-    auto a = l->accept();
+    auto a = raw.listener->accept();
     if (!a.ok()) {
       // Only the device may fail a listener (out of QPs); a peer's bytes never do.
       check(a.status().code() != Code::kInvalidArg && a.status().code() != Code::kPeer,
@@ -125,7 +115,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
       return;
     }
     check(*a == nullptr, "verbs fuzz: a connector without the token was accepted");
-    ssize_t k = recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    ssize_t k = recv(raw.sock.get(), sink, sizeof(sink), MSG_DONTWAIT);
     if (k >= 5 && std::memcmp(sink, "GWVR", 4) == 0 && sink[4] == 1) {
       ++counter("verbs.listener_replied");
     }
