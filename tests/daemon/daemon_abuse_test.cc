@@ -30,6 +30,8 @@
 #include "daemon/control.h"
 #include "daemon/protocol.h"
 #include "daemon/server.h"
+#include "tests/daemon/raw_client.h"
+#include "tests/daemon/server_fixture.h"
 
 namespace gw::daemon {
 namespace {
@@ -37,10 +39,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-Result<sys::Fd> dial(const std::string& path) {
-  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
-  return sys::connect_unix(addr, SOCK_STREAM);
-}
+using test::dial;
 
 // Dials until the daemon's backlog has room (a flood fills it), for at most 5 s.
 Result<sys::Fd> dial_retrying(const std::string& path) {
@@ -55,24 +54,8 @@ Result<sys::Fd> dial_retrying(const std::string& path) {
 // Sends `h` and reads the daemon's welcome (its status carried); the connection stays in *keep.
 Result<Welcome> say_hello(const std::string& path, const Hello& h, sys::Fd* keep) {
   GW_ASSIGN_OR_RETURN(*keep, dial_retrying(path));
-  const auto deadline = sys::deadline_after_ms(5000);
-  const std::vector<uint8_t> frame = frame_message(encode_hello(h));
-  GW_RETURN_IF_ERROR(
-      sys::send_with_fds(keep->get(), frame.data(), frame.size(), {}, deadline, "test hello"));
   std::vector<sys::Fd> fds;
-  std::vector<uint8_t> in;
-  uint8_t buf[2048];
-  while (in.size() < kFrameHeaderBytes ||
-         in.size() < kFrameHeaderBytes + *reinterpret_cast<const uint32_t*>(in.data())) {
-    GW_ASSIGN_OR_RETURN(size_t n, sys::recv_with_fds(keep->get(), buf, sizeof(buf), &fds, deadline,
-                                                     "test welcome"));
-    if (n == 0) return peer_error("closed without a welcome");
-    in.insert(in.end(), buf, buf + n);
-  }
-  GW_ASSIGN_OR_RETURN(Welcome w,
-                      decode_welcome(in.data() + kFrameHeaderBytes, in.size() - kFrameHeaderBytes));
-  if (w.status != 0) return Status(static_cast<Code>(w.status), w.message);
-  return w;
+  return test::exchange_hello(keep->get(), frame_message(encode_hello(h)), &fds);
 }
 
 // A connection that says nothing (silent) or trickles a frame one byte every 100 ms.
@@ -149,31 +132,14 @@ Flood flood_size() {
   return f;
 }
 
-class DaemonAbuseTest : public ::testing::Test {
+class DaemonAbuseTest : public test::ServerFixture {
  protected:
   void start(int64_t hello_timeout_ms, int max_clients) {
-    char tmpl[] = "/tmp/gwd-abuse-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ServerOptions o;
-    o.socket_path = dir_ + "/gradwired.sock";
-    o.host_id = "test-host";
-    o.ring_entries = 8;
-    o.max_arena_bytes = 8 << 20;
+    ServerOptions o = options("gwd-abuse");
     o.reduce_threads = 1;
     o.hello_timeout_ms = hello_timeout_ms;
     o.max_clients = max_clients;
-    auto s = Server::create(o);
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    server_ = std::move(*s);
-    thread_ = std::thread([this] { run_status_ = server_->run(); });
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-    EXPECT_TRUE(run_status_.ok()) << run_status_.message();
-    server_.reset();
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
+    run(o);
   }
   Hello hello(const std::string& token) {
     Hello h;
@@ -183,11 +149,6 @@ class DaemonAbuseTest : public ::testing::Test {
     h.host_id = "test-host";
     return h;
   }
-
-  std::string dir_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  Status run_status_;
 };
 
 // Item 1: before the fix, the flood took every place (the pending hellos counted against
