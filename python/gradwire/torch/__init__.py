@@ -24,8 +24,14 @@ from ._work import GradwireWork
 from ._worker import run_async
 from .process_group import BACKEND_NAME, ProcessGroupGradwire, comm_of
 
+# Horovod's API (`import gradwire.torch as hvd`): docs/horovod.md.
+from .horovod import *  # noqa: E402,F401,F403
+from .horovod import __all__ as _hvd_all  # noqa: E402
+from .optimizer import DistributedOptimizer  # noqa: E402
+from .sync_batch_norm import SyncBatchNorm  # noqa: E402
+
 __all__ = ["ProcessGroupGradwire", "GradwireWork", "comm_of", "comm_over_store", "run_async",
-           "BACKEND_NAME"]
+           "BACKEND_NAME", "DistributedOptimizer", "SyncBatchNorm", *_hvd_all]
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupGradwire:
