@@ -64,6 +64,7 @@ struct CommSettings {
   int64_t chunk_cfg = 0;  // GW_CHUNK_SIZE (0: per transport)
   int nchannels_cfg = 0;
   int64_t spin_us = 50;
+  double stall_warn_s = 0;  // GW_STALL_WARN_S
   Algo forced_algo = Algo::kAuto;
   // GW_ALGO_BROADCAST, GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER, indexed by Collective.
   std::array<Algo, 3> forced_coll = {Algo::kAuto, Algo::kAuto, Algo::kAuto};
@@ -106,11 +107,13 @@ Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptio
   s.nchannels_cfg =
       static_cast<int>(std::clamp<int64_t>(c.get_int(coll_config::kNchannels), 0, kMaxChannels));
   s.spin_us = std::max<int64_t>(0, c.get_int(coll_config::kSpinUs));
+  s.stall_warn_s = c.get_double(coll_config::kStallWarnS);
   return s;
 }
 
-ExecutorOptions executor_options(const CommSettings& s) {
+ExecutorOptions executor_options(const CommSettings& s, const Group& g) {
   ExecutorOptions e;
+  e.stall = StallOptions{g.store(), g.rank(), g.size(), s.stall_warn_s};
   e.chunk_bytes = s.chunk_cfg > 0 ? static_cast<size_t>(std::max<int64_t>(4096, s.chunk_cfg))
                                   : size_t{512} * 1024;
   e.spin_us = s.spin_us;
@@ -127,7 +130,7 @@ class CommImpl : public Communicator {
               PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms,
                           settings_.spin_us, settings_.config, settings_.route_host},
               &aborted_),
-        exec_(&pool_, &aborted_, executor_options(settings_)) {}
+        exec_(&pool_, &aborted_, executor_options(settings_, group_)) {}
   ~CommImpl() override;
 
   Status init();

@@ -190,6 +190,7 @@ Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& pl
     if (reduces) runs[i].stage = staging(static_cast<int>(i));
   }
   Backoff backoff(options_.spin_us);
+  StallWatch stall(options_.stall, name, seq, plans, dtype);
   while (true) {
     bool any = false, all_done = true;
     for (auto& c : runs) {
@@ -220,6 +221,7 @@ Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& pl
     if (any) {
       backoff.reset();
     } else {
+      stall.idle();
       backoff.idle([&runs](std::vector<pollfd>* fds) {
         for (const auto& c : runs) {
           if (c.finished()) continue;

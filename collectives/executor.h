@@ -15,6 +15,7 @@
 
 #include "collectives/connection_pool.h"
 #include "collectives/schedule.h"
+#include "collectives/stall.h"
 #include "collectives/types.h"
 #include "core/status.h"
 
@@ -24,6 +25,7 @@ struct ExecutorOptions {
   size_t chunk_bytes = 512 * 1024;
   int64_t spin_us = 50;
   int64_t timeout_ms = 0;  // for the error messages; the deadline is run()'s
+  StallOptions stall;      // the stall inspector (collectives/stall.h); off by default
 };
 
 class Executor {
