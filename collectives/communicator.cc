@@ -32,6 +32,7 @@
 #include "core/log.h"
 #include "core/net/auto_backend.h"
 #include "core/net/backend_registry.h"
+#include "core/timeline.h"
 
 namespace gw::coll {
 namespace {
@@ -280,6 +281,7 @@ class CommImpl : public Communicator {
 
 Status CommImpl::init() {
   const int world = size(), me = rank();
+  GW_RETURN_IF_ERROR(timeline::open(settings_.config.get_string(core_config::kTimeline), me));
   // A forced algorithm that cannot run here is refused now rather than at the first call.
   if (world > 1 && settings_.forced_algo != Algo::kAuto) {
     const AllreduceAlgorithm* a = find_allreduce_algorithm(settings_.forced_algo);

@@ -54,6 +54,11 @@ class Executor {
                   const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op, bool* progressed);
   uint8_t* staging(int plan);
 
+  // For the timeline (core/timeline.h), set only while it is on: when the current run's first
+  // chunk arrived (-1: not yet), and the microseconds its reductions took.
+  int64_t first_recv_us_ = -1;
+  int64_t reduce_us_ = 0;
+
   ConnectionPool* pool_;
   const std::atomic<bool>* aborted_;
   ExecutorOptions options_;

@@ -58,6 +58,9 @@ class StallWatch {
   Clock::time_point next_;
 };
 
+// The extent of the buffer `plans` touch, in bytes (what the stall and the timeline report).
+size_t extent_bytes(const std::vector<Plan>& plans, DataType dtype);
+
 // The rank's store key ("stall/<rank>"), shared by the inspector and its test.
 std::string stall_key(int rank);
 
