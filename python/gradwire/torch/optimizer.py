@@ -122,10 +122,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._next = 0
 
     def _register_hooks(self) -> None:
-        for p in self._params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            acc.register_hook(self._make_hook(p))
-            self._grad_accs.append(acc)
+        with torch.enable_grad():  # the accumulator is reached through a graph node
+            for p in self._params:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(acc)
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*_: Any) -> None:
