@@ -36,3 +36,17 @@ def test_off_and_quiet_when_in_time():
         out = p.stdout + p.stderr
         assert p.returncode == 0, out
         assert "stall:" not in out, out
+
+
+@pytest.mark.slow
+def test_horovod_api_names_the_tensor():
+    p = launch(2, worker("hvd_stall.py"), "2.6", timeout=60,
+               extra_env={"GW_STALL_WARN_S": "1", "GW_TIMEOUT_MS": "20000"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    named = re.findall(r"\[0\] .*stall: rank 0: waited ([0-9.]+) s for allreduce late\.tensor", out)
+    assert named and float(named[0]) <= 2.0, out
+    assert re.search(r"\[0\] .*stall: rank 0: allreduce of 32 bytes has waited [0-9.]+ s for "
+                     r"ranks \[1\]", out), out
+    assert "stall: rank 1" not in out, out
+    assert out.count("hvd stall done") == 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import socket
 import threading
@@ -245,23 +246,50 @@ def _cuda_ready(t: torch.Tensor) -> None:
         torch.cuda.current_stream(t.device).synchronize()
 
 
-def _submit(fn: Callable[[], Any], finish: Callable[[Any], Any] = lambda v: v) -> int:
+def _submit(fn: Callable[[], Any], finish: Callable[[Any], Any] = lambda v: v,
+            what: str = "operation") -> int:
     # The inner future carries the operation's own exception (the outer one would wrap it).
     _, fut = _worker._submit(comm(), fn)
     with _st.lock:
         h = _st.next_handle
         _st.next_handle += 1
-        _st.handles[h] = (fut, finish)
+        _st.handles[h] = (fut, finish, what, time.monotonic())
     return h
 
 
 def poll(handle: int) -> bool:
     """True when the operation of handle has finished (synchronize() then returns at once)."""
     try:
-        fut, _ = _st.handles[handle]
+        fut = _st.handles[handle][0]
     except KeyError:
         raise ValueError(f"poll: handle {handle!r} is unknown or already synchronized") from None
     return fut.done()
+
+
+def _stall_s() -> float:
+    try:
+        return float(os.environ.get("GW_STALL_WARN_S", "60"))
+    except ValueError:
+        return 60.0
+
+
+def _wait(fut: Any, what: str, since: float) -> Any:
+    """fut's value; while it waits longer than GW_STALL_WARN_S, logs the tensors this rank has
+    submitted and not finished (the library's own warning names the ranks missing)."""
+    period = _stall_s()
+    if period > 0 and not fut.done():
+        done = threading.Event()
+        fut.add_done_callback(lambda _: done.set())
+        start = since
+        while not done.wait(max(0.0, since + period - time.monotonic())):
+            with _st.lock:
+                pending = [w for f, _, w, _ in _st.handles.values() if not f.done()]
+            logging.getLogger("gradwire.torch").warning(
+                "stall: rank %d: waited %.1f s for %s; submitted on this rank and not finished: "
+                "%s (another rank may not have submitted them, or submitted others first)",
+                comm().rank, time.monotonic() - start, what, ", ".join([what] + pending))
+            since = time.monotonic()
+    return fut.wait()
 
 
 def synchronize(handle: int) -> Any:
@@ -270,8 +298,8 @@ def synchronize(handle: int) -> Any:
         item = _st.handles.pop(handle, None)
     if item is None:
         raise ValueError(f"synchronize: handle {handle!r} is unknown or already synchronized")
-    fut, finish = item
-    value = fut.wait()
+    fut, finish, what, since = item
+    value = _wait(fut, what, since)
     if isinstance(value, _worker._Failed):
         raise value.error
     return finish(value)
@@ -336,7 +364,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
             with torch.no_grad():
                 tensor.copy_(compression.decompress(out, ctx))
         return tensor
-    return _submit(run, finish)
+    return _submit(run, finish, f"allreduce {name or '(unnamed)'}")
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -425,7 +453,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     _cuda_ready(tensor)
     t = tensor.detach()
     c = comm()
-    return _submit(lambda: _gather_rows(c, t))
+    return _submit(lambda: _gather_rows(c, t), what=f"allgather {name or '(unnamed)'}")
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -470,7 +498,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     def run() -> torch.Tensor:
         c.broadcast(t, root_rank)
         return tensor
-    return _submit(run)
+    return _submit(run, what=f"broadcast {name or '(unnamed)'}")
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -545,7 +573,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     _cuda_ready(tensor)
     t = tensor.detach()
     c = comm()
-    return _submit(lambda: _alltoall_rows(c, t, sp))
+    return _submit(lambda: _alltoall_rows(c, t, sp), what=f"alltoall {name or '(unnamed)'}")
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
