@@ -18,9 +18,10 @@ int make_tag(uint32_t seq, int step) {
 }
 
 // The timeline's events of one run (only when the timeline is on): the call, and its phases:
-// connecting, waiting for the first chunk from a peer, and the transfer after it, whose chunk
-// reductions are events of their own.
+// connecting (when it took 100 us or more), waiting for the first chunk from a peer, and the
+// transfer after it, whose chunk reductions are events of their own.
 struct CallTrace {
+  static constexpr int64_t kConnectShownUs = 100;
   const char* name;
   uint32_t seq;
   const std::vector<Plan>& plans;
@@ -38,7 +39,10 @@ struct CallTrace {
     timeline::complete(name, "collective", t0, end - t0,
                        fmt::format("\"bytes\":{},\"tag\":{},\"reduce_us\":{}",
                                    extent_bytes(plans, dtype), seq, reduce_us));
-    if (connected > t0) timeline::complete("connect", "phase", t0, connected - t0);
+    // Connections already up cost microseconds: shown only where connecting took time.
+    if (connected - t0 >= kConnectShownUs) {
+      timeline::complete("connect", "phase", t0, connected - t0);
+    }
     timeline::complete("wait for peers", "phase", from, first - from);
     if (first < end) timeline::complete("transfer", "phase", first, end - first);
   }
