@@ -9,6 +9,9 @@ every operation is checked at the call (_checks), queued to one worker thread pe
 (_worker), which runs the blocking C call and completes a torch.futures.Future, and handed to
 torch as a Work wrapping that future (_work). The rendezvous goes through torch's own store
 (_rendezvous). Supported operations and refusals: docs/python.md.
+
+Horovod's PyTorch API is here too (`import gradwire.torch as hvd`; horovod.py, optimizer.py,
+sync_batch_norm.py): docs/horovod.md.
 """
 
 from __future__ import annotations

@@ -72,12 +72,17 @@ _st = _State()
 
 
 # ---- lifetime and topology -------------------------------------------------------------------
-def init(comm: Optional[Comm] = None) -> None:
+def init(comm: Optional[Comm] = None, process_sets: Any = None) -> None:
     """Joins the job (collective; a second call does nothing). comm: an existing gradwire.Comm to
     use; by default one is made from the launcher's environment (gradwire-run, torchrun, mpirun,
     srun). local_rank/local_size/cross_rank/cross_size come from the ranks' host names."""
     if _st.comm is not None:
         return
+    if comm is not None and not isinstance(comm, Comm):
+        raise ValueError(f"init: comm must be a gradwire.Comm (MPI communicators and rank lists "
+                         f"are not supported), got {type(comm).__name__}")
+    if process_sets not in (None, [], ()):
+        raise NotImplementedError("init: process sets are not built in gradwire's Horovod API")
     c = comm if comm is not None else Comm()
     _st.comm = c
     _topology(c)
