@@ -3,7 +3,8 @@
 A hook on each parameter's gradient accumulator marks the parameter ready (after
 backward_passes_per_step backward passes). Parameters are grouped, in reverse of their order in
 the optimizer (roughly the order backward produces them), into fusion buckets of one dtype and
-device up to GW_FUSION_THRESHOLD bytes (default 64 MiB; 0: one bucket per parameter). A bucket
+device up to GW_FUSION_THRESHOLD bytes (default 25 MiB, the first bucket at most 1 MiB; 0: one
+bucket per parameter). A bucket
 whose parameters are all ready is copied into one flat buffer and reduced as one collective on
 the communicator's worker thread while backward goes on. Buckets are started strictly in bucket
 order, as DDP's reducer does: the library matches collectives by order, and backward may finish
@@ -25,7 +26,10 @@ import torch
 
 from . import horovod as _h
 
-DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
+DEFAULT_FUSION_THRESHOLD = 25 * 1024 * 1024
+# The first bucket (the first gradients backward produces) is kept small so that the first
+# reduction starts early in backward, as DDP's first bucket is.
+FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 def _fusion_threshold() -> int:
@@ -108,8 +112,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         nbytes = 0
         for p in order:
             b = p.numel() * p.element_size()
+            cap = min(self._threshold, FIRST_BUCKET_BYTES) if not self._buckets \
+                else self._threshold
             if cur and (cur[0].dtype != p.dtype or cur[0].device != p.device
-                        or nbytes + b > self._threshold):
+                        or nbytes + b > cap):
                 self._buckets.append(_Bucket(len(self._buckets), cur))
                 cur, nbytes = [], 0
             cur.append(p)
