@@ -4,7 +4,7 @@ usage: hvd_train.py MODE STEPS
   MODE: fused (default fusion), unfused (GW_FUSION_THRESHOLD=0 set by the test), bpps2
   (backward_passes_per_step=2 against DDP's no_sync), fp16 (Compression.fp16: close, not equal),
   codec (Compression.codec("fp16")), syncbn (SyncBatchNorm against one BatchNorm of the global
-  batch).
+  batch), overlap (buckets start during backward).
 Both runs start from the same seed and see the same per-rank data.
 """
 import sys
@@ -63,6 +63,25 @@ if mode == "syncbn":
     sync.eval()
     assert torch.allclose(sync(full), ref.eval()(full), atol=1e-5)
     print(f"rank {r}: hvd train {mode} ok", flush=True)
+    sys.exit(0)
+
+if mode == "overlap":
+    # Reductions start during backward: when the input's gradient (the last one backward
+    # computes) is made, the buckets of the later layers have been started already.
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters())
+    assert len(opt._buckets) > 2, len(opt._buckets)  # GW_FUSION_THRESHOLD set by the test
+    for step in range(3):  # the first step, then the rebuilt buckets
+        seen = []
+        x = torch.randn(4, 32).requires_grad_()
+        x.register_hook(lambda g: seen.append(sum(b.handle is not None for b in opt._buckets)))
+        opt.zero_grad()
+        m(x).sum().backward()
+        assert seen and seen[0] >= 2, (step, seen)
+        opt.step()
+    print(f"rank {r}: hvd train {mode} ok, {seen[0]} of {len(opt._buckets)} buckets started "
+          "before backward ended", flush=True)
     sys.exit(0)
 
 passes = 2 if mode == "bpps2" else 1
