@@ -9,6 +9,7 @@ set(GW_COLL_SOURCES
     cost_model.cc
     executor.cc
     group.cc
+    stall.cc
     p2p.cc
     reduce.cc
     schedule.cc
