@@ -9,8 +9,8 @@ set(GW_COLL_SOURCES
     cost_model.cc
     executor.cc
     group.cc
-    stall.cc
     p2p.cc
     reduce.cc
     schedule.cc
+    stall.cc
     types.cc)
