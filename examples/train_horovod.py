@@ -1,7 +1,7 @@
 """A Horovod-style training script on gradwire: only the import line differs from Horovod's.
 
     gradwire-run -np 4 -- python3 examples/train_horovod.py --epochs 2
-    GW_FUSION_THRESHOLD=0 gradwire-run -np 2 -- python3 examples/train_horovod.py --fp16-allreduce
+    GRADWIRE_FUSION_THRESHOLD=0 gradwire-run -np 2 -- python3 examples/train_horovod.py --fp16-allreduce
 
 A small convolutional net with SyncBatchNorm learns a synthetic 10-class problem (no download).
 Prints the loss and accuracy averaged over the ranks per epoch, and images/sec.

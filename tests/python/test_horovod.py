@@ -26,7 +26,7 @@ def test_every_call(np_):
     ("overlap", "3000"),    # reductions start while backward runs
 ])
 def test_training_matches_ddp(mode, fusion):
-    extra = {"GW_FUSION_THRESHOLD": fusion} if fusion is not None else None
+    extra = {"GRADWIRE_FUSION_THRESHOLD": fusion} if fusion is not None else None
     p = launch(2, worker("hvd_train.py"), mode, "5", timeout=120, extra_env=extra)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count(f"hvd train {mode} ok") == 2

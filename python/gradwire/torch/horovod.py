@@ -91,8 +91,8 @@ def init(comm: Optional[Comm] = None, process_sets: Any = None) -> None:
 def _topology(c: Comm) -> None:
     # Every rank's host (hashed to an int64), gathered once: local ranks are the ranks sharing this
     # host in rank order, cross ranks number the hosts in the order of their lowest rank.
-    # GW_HVD_HOST overrides the host name (tests place ranks on pretend hosts).
-    host = os.environ.get("GW_HVD_HOST") or socket.gethostname()
+    # GRADWIRE_HVD_HOST overrides the host name (tests place ranks on pretend hosts).
+    host = os.environ.get("GRADWIRE_HVD_HOST") or socket.gethostname()
     digest = hashlib.blake2b(host.encode(), digest_size=8).digest()
     h = torch.tensor([int.from_bytes(digest, "little") >> 1, len(host)], dtype=torch.int64)
     hosts = [tuple(x) for x in c.allgather(h).tolist()]

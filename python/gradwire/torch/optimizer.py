@@ -3,7 +3,7 @@
 A hook on each parameter's gradient accumulator marks the parameter ready (after
 backward_passes_per_step backward passes). Parameters are grouped, in reverse of their order in
 the optimizer (roughly the order backward produces them), into fusion buckets of one dtype and
-device up to GW_FUSION_THRESHOLD bytes (default 25 MiB, the first bucket at most 1 MiB; 0: one
+device up to GRADWIRE_FUSION_THRESHOLD bytes (default 25 MiB, the first bucket at most 1 MiB; 0: one
 bucket per parameter). A bucket
 whose parameters are all ready is copied into one flat buffer and reduced as one collective on
 the communicator's worker thread while backward goes on. Buckets are started strictly in bucket
@@ -33,15 +33,15 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 
 
 def _fusion_threshold() -> int:
-    v = os.environ.get("GW_FUSION_THRESHOLD")
+    v = os.environ.get("GRADWIRE_FUSION_THRESHOLD")
     if v is None or v == "":
         return DEFAULT_FUSION_THRESHOLD
     try:
         n = int(v)
     except ValueError:
-        raise ValueError(f"GW_FUSION_THRESHOLD={v!r} is not a byte count") from None
+        raise ValueError(f"GRADWIRE_FUSION_THRESHOLD={v!r} is not a byte count") from None
     if n < 0:
-        raise ValueError(f"GW_FUSION_THRESHOLD={v!r} must be >= 0")
+        raise ValueError(f"GRADWIRE_FUSION_THRESHOLD={v!r} must be >= 0")
     return n
 
 
@@ -252,7 +252,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     backward_passes_per_step: backward passes accumulated locally before each reduction.
     op: hvd.Average (default), Sum, Min, Max or Product; Adasum raises NotImplementedError.
     gradient_predivide_factor: with Average, gradients are divided by it before the sum and by
-    size / it after. num_groups/groups: ignored (fusion is by GW_FUSION_THRESHOLD)."""
+    size / it after. num_groups/groups: ignored (fusion is by GRADWIRE_FUSION_THRESHOLD)."""
     _h._op_of(op, None, "DistributedOptimizer")
     _h._no_process_set(process_set)
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:

@@ -6,8 +6,8 @@ import torch
 
 import gradwire.torch as hvd
 
-# Two ranks per pretend host (GW_HVD_HOST, read by init()).
-os.environ["GW_HVD_HOST"] = f"host{int(os.environ['RANK']) // 2}"
+# Two ranks per pretend host (GRADWIRE_HVD_HOST, read by init()).
+os.environ["GRADWIRE_HVD_HOST"] = f"host{int(os.environ['RANK']) // 2}"
 hvd.init()
 hvd.init()  # a second call does nothing
 r, n = hvd.rank(), hvd.size()

@@ -1,7 +1,7 @@
 """Worker: a model trained through hvd.DistributedOptimizer must match DDP over the gradwire backend.
 
 usage: hvd_train.py MODE STEPS
-  MODE: fused (default fusion), unfused (GW_FUSION_THRESHOLD=0 set by the test), bpps2
+  MODE: fused (default fusion), unfused (GRADWIRE_FUSION_THRESHOLD=0 set by the test), bpps2
   (backward_passes_per_step=2 against DDP's no_sync), fp16 (Compression.fp16: close, not equal),
   codec (Compression.codec("fp16")), syncbn (SyncBatchNorm against one BatchNorm of the global
   batch), overlap (buckets start during backward).
@@ -71,7 +71,7 @@ if mode == "overlap":
     m = model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                    named_parameters=m.named_parameters())
-    assert len(opt._buckets) > 2, len(opt._buckets)  # GW_FUSION_THRESHOLD set by the test
+    assert len(opt._buckets) > 2, len(opt._buckets)  # GRADWIRE_FUSION_THRESHOLD set by the test
     for step in range(3):  # the first step, then the rebuilt buckets
         seen = []
         x = torch.randn(4, 32).requires_grad_()
