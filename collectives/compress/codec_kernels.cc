@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "collectives/reduce.h"
 
@@ -20,10 +22,32 @@ bool cpu_has_f16c() {
   return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
 }
 
+// GW_CODEC_ISA caps the dispatch (codec_kernels.h): 2 = up to AVX-512, 1 = AVX2, 0 = portable.
+int isa_cap() {
+  static const int cap = [] {
+    const char* e = std::getenv("GW_CODEC_ISA");
+    if (e == nullptr) return 2;
+    const std::string_view v(e);
+    return v == "portable" ? 0 : v == "avx2" ? 1 : 2;
+  }();
+  return cap;
+}
+
 bool have_avx2() {
   static const bool ok = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
+    return isa_cap() >= 1 && __builtin_cpu_supports("avx2") && cpu_has_f16c() &&
+           __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+bool have_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return have_avx2() && isa_cap() >= 2 && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
   }();
   return ok;
 }
@@ -92,7 +116,9 @@ __attribute__((always_inline)) inline void pq_row_axpy_out_body(const float* __r
 
 }  // namespace
 
-std::string_view isa() { return have_avx2() ? "avx2" : "portable"; }
+std::string_view isa() { return have_avx512() ? "avx512" : have_avx2() ? "avx2" : "portable"; }
+bool cpu_has_avx2() { return have_avx2(); }
+bool cpu_has_avx512() { return have_avx512(); }
 
 // ------------------------------------------------------------------------------------------
 // Portable versions.
@@ -485,14 +511,17 @@ __attribute__((target("avx2"))) void store_stream_f32(const float* src, size_t n
 // Dispatch.
 
 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
+  if (have_avx512()) return avx512::encode_cast16(in, residual, n, out, bf16);
   if (have_avx2()) return avx2::encode_cast16(in, residual, n, out, bf16);
   portable::encode_cast16(in, residual, n, out, bf16);
 }
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  if (have_avx512()) return avx512::decode_cast16(in, n, acc, bf16, add);
   if (have_avx2()) return avx2::decode_cast16(in, n, acc, bf16, add);
   portable::decode_cast16(in, n, acc, bf16, add);
 }
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
+  if (have_avx512()) return avx512::sign_encode_chunk(in, residual, n, words);
   if (have_avx2()) return avx2::sign_encode_chunk(in, residual, n, words);
   return portable::sign_encode_chunk(in, residual, n, words);
 }
@@ -516,6 +545,8 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
 }
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
+  if (have_avx512())
+    return avx512::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
   if (have_avx2()) {
     return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
   }

@@ -1,9 +1,10 @@
 // CPU kernels of the codecs: casts, sign packing, top-k candidate scan, error-feedback updates.
 //
-// Each kernel has a portable version and an AVX2 (+F16C, FMA) version compiled with a function
-// target attribute; the dispatching entry points pick one once at run time with
-// __builtin_cpu_supports, so the build never assumes the CPU it runs on (no -march=native).
-// Both paths produce bit-identical results (tests compare them). Thread-safe, never block.
+// Each kernel has a portable version, an AVX2 (+F16C, FMA) version and for the hottest ones an
+// AVX-512 (F, BW, DQ, VL) version, compiled with function target attributes; the dispatching
+// entry points pick one once at run time with __builtin_cpu_supports, so the build never assumes
+// the CPU it runs on (no -march=native). Every path produces bit-identical results (tests compare
+// them). Thread-safe, never block. QSGD's kernels are in qsgd_kernels.h.
 #pragma once
 
 #include <cstddef>
@@ -13,8 +14,13 @@
 
 namespace gw::coll::codec_kernels {
 
-// "avx2" or "portable".
+// "avx512", "avx2" or "portable": the widest path this CPU runs.
 std::string_view isa();
+// Whether the AVX2 (+F16C, FMA) versions may run here, and the AVX-512 ones (which also need
+// AVX2). GW_CODEC_ISA=avx2|portable (read once) caps the choice, to measure or test a narrower
+// path on a wider CPU.
+bool cpu_has_avx2();
+bool cpu_has_avx512();
 
 // v = in + residual (residual may be null); out = cast16(v) with round to nearest even; when
 // residual is set it becomes v - widen(out). bf16 selects bfloat16, else IEEE half.
@@ -88,5 +94,14 @@ namespace avx2 {
 GW_CODEC_KERNEL_VARIANTS
 }  // namespace avx2
 #undef GW_CODEC_KERNEL_VARIANTS
+// The AVX-512 versions of the hottest kernels (codec_kernels_avx512.cc); only when
+// cpu_has_avx512().
+namespace avx512 {
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+}  // namespace avx512
 
 }  // namespace gw::coll::codec_kernels
