@@ -45,10 +45,13 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 // Top-k's one pass over the data: v = in + residual (residual may be null: v = in); residual,
-// when set, becomes v; every i with |v[i]| >= threshold is appended to out (offset added),
-// increasing, and v[i] to vals when vals is set. A NaN threshold collects nothing.
+// when set, becomes v (or 0 where v[i] is collected, when take is set: the candidates are taken
+// out, and the caller puts back those it does not send); every i with |v[i]| >= threshold is
+// appended to out (offset added), increasing, and v[i] to vals when vals is set. A NaN threshold
+// collects nothing.
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take = false);
 
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
@@ -71,21 +74,22 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
 // The portable and AVX2 versions, exposed for tests: the same signatures as the entry points
 // above (add_f32 has no AVX2 version: the compiler vectorises it). The avx2 ones must only be
 // called when isa() == "avx2".
-#define GW_CODEC_KERNEL_VARIANTS                                                                  \
-  void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);       \
-  void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);              \
-  float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);           \
-  void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);                 \
-  void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);                 \
-  void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,  \
-                       float* out);                                                               \
-  void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,                 \
-                      std::vector<uint32_t>* out);                                                \
-  void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,            \
-                          uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals); \
-  void store_stream_f32(const float* src, size_t n, float* dst);                                  \
-  void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);  \
-  void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);   \
+#define GW_CODEC_KERNEL_VARIANTS                                                                 \
+  void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);      \
+  void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);             \
+  float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);          \
+  void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);                \
+  void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);                \
+  void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n, \
+                       float* out);                                                              \
+  void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,                \
+                      std::vector<uint32_t>* out);                                               \
+  void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,           \
+                          uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals, \
+                          bool take = false);                                                    \
+  void store_stream_f32(const float* src, size_t n, float* dst);                                 \
+  void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out); \
+  void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);  \
   void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 namespace portable {
 GW_CODEC_KERNEL_VARIANTS
@@ -101,7 +105,8 @@ void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bo
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take = false);
 }  // namespace avx512
 
 }  // namespace gw::coll::codec_kernels

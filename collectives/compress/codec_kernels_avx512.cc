@@ -142,7 +142,7 @@ GW_AVX512 float sign_encode_chunk(const float* in, float* residual, size_t n, ui
 // on the data).
 GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                                   uint32_t offset, std::vector<uint32_t>* out,
-                                  std::vector<float>* vals) {
+                                  std::vector<float>* vals, bool take) {
   constexpr size_t kBlock = 2048;
   const __m512 t = _mm512_set1_ps(threshold);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -154,11 +154,12 @@ GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, fl
     size_t w = 0;
     for (; i < end; i += 16) {
       __m512 v = _mm512_loadu_ps(in + i);
-      if (residual) {
-        v = _mm512_add_ps(v, _mm512_loadu_ps(residual + i));
-        _mm512_storeu_ps(residual + i, v);
-      }
+      if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + i));
       const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(v), t, _CMP_GE_OQ);
+      if (residual) {
+        _mm512_storeu_ps(residual + i,
+                         take ? _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), v) : v);
+      }
       const __m512i idx = _mm512_add_epi32(
           iota, _mm512_set1_epi32(static_cast<int>(offset + static_cast<uint32_t>(i))));
       // Compressed in a register and stored whole (a compress-store to memory is slower).
@@ -170,7 +171,7 @@ GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, fl
     if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   avx2::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
-                           offset + static_cast<uint32_t>(i), out, vals);
+                           offset + static_cast<uint32_t>(i), out, vals, take);
 }
 
 #undef GW_AVX512

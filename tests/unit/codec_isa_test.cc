@@ -169,6 +169,23 @@ TEST(CodecIsa, TopkCollectAvx512MatchesPortable) {
       ASSERT_EQ(wi, gi) << n << " threshold " << threshold;
       ASSERT_TRUE(same_bits(wv, gv)) << n;
       ASSERT_TRUE(same_bits(want_res, got_res)) << n;
+      // take: the candidates leave the residual (0), on every path.
+      auto take_res = data(n, 6, false), take_res2 = take_res, take_res3 = take_res;
+      std::vector<uint32_t> ti, ti2, ti3;
+      std::vector<float> tv, tv2, tv3;
+      ck::portable::add_collect_abs_ge(in.data(), take_res.data(), n, threshold, 0, &ti, &tv, true);
+      ck::avx512::add_collect_abs_ge(in.data(), take_res2.data(), n, threshold, 0, &ti2, &tv2,
+                                     true);
+      ck::avx2::add_collect_abs_ge(in.data(), take_res3.data(), n, threshold, 0, &ti3, &tv3, true);
+      ASSERT_EQ(ti, ti2);
+      ASSERT_EQ(ti, ti3);
+      ASSERT_TRUE(same_bits(take_res, take_res2)) << n;
+      ASSERT_TRUE(same_bits(take_res, take_res3)) << n;
+      for (size_t j = 0; j < ti.size(); ++j) {
+        ASSERT_EQ(take_res[ti[j]], 0.0f);
+        take_res[ti[j]] = tv[j];
+      }
+      ASSERT_TRUE(same_bits(take_res, want_res)) << n;
       wi.clear();
       gi.clear();
       ck::portable::add_collect_abs_ge(in.data(), nullptr, n, threshold, 0, &wi, nullptr);
