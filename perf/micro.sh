@@ -8,8 +8,9 @@
 #   -f  regular expression of the benchmarks to run (default: all)
 #   -t  minimum seconds per repetition (default 0.5)
 #   -o  directory of the JSON output, micro-<UTC time>.json (default build/release/micro-results)
-# The codec rows and memcpy run in the same process, so their ratio is measured on the same
-# machine state; CPU time (per core) is what bytes_per_second divides by. After the run, a table of
+# The codec rows and memcpy run in the same process, their repetitions interleaved in random order
+# (a change of load on a shared machine hits all of them alike), so their ratio is measured on the
+# same machine state; CPU time (per core) is what bytes_per_second divides by. After the run, a table of
 # every codec's median encode and decode GB/s against memcpy's median at the same size.
 # Exit status: 0 every benchmark ran; 1 a benchmark reported an error; 2 bad arguments or no binary.
 set -uo pipefail
@@ -40,6 +41,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$bin" --benchmark_filter="$filter" --benchmark_repetitions="$reps" \
   --benchmark_min_time="$min_time" --benchmark_report_aggregates_only=true \
+  --benchmark_enable_random_interleaving=true \
   --benchmark_out="$out" --benchmark_out_format=json 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 echo "micro.sh: JSON in $out"

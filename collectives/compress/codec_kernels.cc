@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -22,22 +21,10 @@ bool cpu_has_f16c() {
   return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
 }
 
-// GW_CODEC_ISA caps the dispatch (codec_kernels.h): 2 = up to AVX-512, 1 = AVX2, 0 = portable.
-int isa_cap() {
-  static const int cap = [] {
-    const char* e = std::getenv("GW_CODEC_ISA");
-    if (e == nullptr) return 2;
-    const std::string_view v(e);
-    return v == "portable" ? 0 : v == "avx2" ? 1 : 2;
-  }();
-  return cap;
-}
-
 bool have_avx2() {
   static const bool ok = [] {
     __builtin_cpu_init();
-    return isa_cap() >= 1 && __builtin_cpu_supports("avx2") && cpu_has_f16c() &&
-           __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
   }();
   return ok;
 }
@@ -45,9 +32,8 @@ bool have_avx2() {
 bool have_avx512() {
   static const bool ok = [] {
     __builtin_cpu_init();
-    return have_avx2() && isa_cap() >= 2 && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl");
+    return have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
   return ok;
 }

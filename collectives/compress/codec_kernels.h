@@ -17,8 +17,7 @@ namespace gw::coll::codec_kernels {
 // "avx512", "avx2" or "portable": the widest path this CPU runs.
 std::string_view isa();
 // Whether the AVX2 (+F16C, FMA) versions may run here, and the AVX-512 ones (which also need
-// AVX2). GW_CODEC_ISA=avx2|portable (read once) caps the choice, to measure or test a narrower
-// path on a wider CPU.
+// AVX2).
 bool cpu_has_avx2();
 bool cpu_has_avx512();
 
