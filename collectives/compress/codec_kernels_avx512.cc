@@ -23,14 +23,15 @@ namespace gw::coll::codec_kernels::avx512 {
 
 namespace {
 
-GW_AVX512 inline __m256i bf16_pack(__m512 v) {
+// Round to nearest even (x + 0x7FFF + the kept lsb), a NaN kept quiet instead: the rounded (or
+// quieted) bits, of which the top 16 are the bf16 value (the AVX2 version's arithmetic, with the
+// NaN test and the quieting as one class test and one masked OR).
+GW_AVX512 inline __m512i bf16_round(__m512 v) {
   const __m512i x = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb);
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7F800000));
-  const __m512i quiet = _mm512_or_si512(x, _mm512_set1_epi32(0x400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded, quiet), 16));
+  const __mmask16 nan = _mm512_fpclass_ps_mask(v, 0x81);  // quiet or signalling NaN
+  return _mm512_mask_or_epi32(rounded, nan, x, _mm512_set1_epi32(0x400000));
 }
 
 GW_AVX512 inline __m512 bf16_unpack(__m256i h) {
@@ -51,8 +52,10 @@ GW_AVX512 void encode_cast16(const float* in, float* residual, size_t n, uint16_
     __m256i h;
     __m512 back;
     if (bf16) {
-      h = bf16_pack(v);
-      back = bf16_unpack(h);
+      const __m512i r = bf16_round(v);
+      h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+      back = _mm512_castsi512_ps(
+          _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
     } else {
       h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       back = _mm512_cvtph_ps(h);
