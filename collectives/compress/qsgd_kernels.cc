@@ -142,11 +142,6 @@ GW_AVX2 static inline __m256i mix32(__m256i x) {
   return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
 }
 
-GW_AVX2 static inline __m256d sq_pd(__m128 x) {
-  const __m256d d = _mm256_cvtps_pd(x);
-  return _mm256_mul_pd(d, d);
-}
-
 GW_AVX2 void qsgd_encode(const float* in, float* residual, size_t count, size_t bucket, int levels,
                          uint32_t key, uint8_t* out) {
   const size_t nb = (count + bucket - 1) / bucket;
