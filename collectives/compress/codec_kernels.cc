@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "collectives/reduce.h"
 
@@ -24,6 +25,15 @@ bool have_avx2() {
   static const bool ok = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+bool have_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
   return ok;
 }
@@ -92,7 +102,9 @@ __attribute__((always_inline)) inline void pq_row_axpy_out_body(const float* __r
 
 }  // namespace
 
-std::string_view isa() { return have_avx2() ? "avx2" : "portable"; }
+std::string_view isa() { return have_avx512() ? "avx512" : have_avx2() ? "avx2" : "portable"; }
+bool cpu_has_avx2() { return have_avx2(); }
+bool cpu_has_avx512() { return have_avx512(); }
 
 // ------------------------------------------------------------------------------------------
 // Portable versions.
@@ -171,11 +183,13 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
 }
 
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take) {
   for (size_t i = 0; i < n; ++i) {
     const float v = residual ? in[i] + residual[i] : in[i];
-    if (residual) residual[i] = v;
-    if (std::fabs(v) >= threshold) {
+    const bool hit = std::fabs(v) >= threshold;
+    if (residual) residual[i] = take && hit ? 0.0f : v;
+    if (hit) {
       out->push_back(offset + static_cast<uint32_t>(i));
       if (vals) vals->push_back(v);
     }
@@ -414,7 +428,7 @@ constexpr CompressTable kCompress;
 // count) and every block's candidates are appended to the vectors.
 GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                                 uint32_t offset, std::vector<uint32_t>* out,
-                                std::vector<float>* vals) {
+                                std::vector<float>* vals, bool take) {
   constexpr size_t kBlock = 1024;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 t = _mm256_set1_ps(threshold);
@@ -427,12 +441,10 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
     size_t w = 0;
     for (; i < end; i += 8) {
       __m256 v = _mm256_loadu_ps(in + i);
-      if (residual) {
-        v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
-        _mm256_storeu_ps(residual + i, v);
-      }
-      const unsigned m = static_cast<unsigned>(
-          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), t, _CMP_GE_OQ)));
+      if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+      const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), t, _CMP_GE_OQ);
+      if (residual) _mm256_storeu_ps(residual + i, take ? _mm256_andnot_ps(hit, v) : v);
+      const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(hit));
       const __m256i perm =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[m])));
       const __m256i base = _mm256_set1_epi32(static_cast<int>(offset + static_cast<uint32_t>(i)));
@@ -445,7 +457,7 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
     if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   portable::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
-                               offset + static_cast<uint32_t>(i), out, vals);
+                               offset + static_cast<uint32_t>(i), out, vals, take);
 }
 
 // No fma in this target: the compiler must not contract a * b + c, or the bits would differ from
@@ -485,14 +497,17 @@ __attribute__((target("avx2"))) void store_stream_f32(const float* src, size_t n
 // Dispatch.
 
 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
+  if (have_avx512()) return avx512::encode_cast16(in, residual, n, out, bf16);
   if (have_avx2()) return avx2::encode_cast16(in, residual, n, out, bf16);
   portable::encode_cast16(in, residual, n, out, bf16);
 }
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
+  if (have_avx512()) return avx512::decode_cast16(in, n, acc, bf16, add);
   if (have_avx2()) return avx2::decode_cast16(in, n, acc, bf16, add);
   portable::decode_cast16(in, n, acc, bf16, add);
 }
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
+  if (have_avx512()) return avx512::sign_encode_chunk(in, residual, n, words);
   if (have_avx2()) return avx2::sign_encode_chunk(in, residual, n, words);
   return portable::sign_encode_chunk(in, residual, n, words);
 }
@@ -515,11 +530,15 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
   portable::collect_abs_ge(v, n, threshold, offset, out);
 }
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals) {
-  if (have_avx2()) {
-    return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take) {
+  if (have_avx512()) {
+    return avx512::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
   }
-  portable::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals);
+  if (have_avx2()) {
+    return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
+  }
+  portable::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
 }
 
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {

@@ -1,9 +1,10 @@
 // CPU kernels of the codecs: casts, sign packing, top-k candidate scan, error-feedback updates.
 //
-// Each kernel has a portable version and an AVX2 (+F16C, FMA) version compiled with a function
-// target attribute; the dispatching entry points pick one once at run time with
-// __builtin_cpu_supports, so the build never assumes the CPU it runs on (no -march=native).
-// Both paths produce bit-identical results (tests compare them). Thread-safe, never block.
+// Each kernel has a portable version, an AVX2 (+F16C, FMA) version and for the hottest ones an
+// AVX-512 (F, BW, DQ, VL) version, compiled with function target attributes; the dispatching
+// entry points pick one once at run time with __builtin_cpu_supports, so the build never assumes
+// the CPU it runs on (no -march=native). Every path produces bit-identical results (tests compare
+// them). Thread-safe, never block. QSGD's kernels are in qsgd_kernels.h.
 #pragma once
 
 #include <cstddef>
@@ -13,8 +14,12 @@
 
 namespace gw::coll::codec_kernels {
 
-// "avx2" or "portable".
+// "avx512", "avx2" or "portable": the widest path this CPU runs.
 std::string_view isa();
+// Whether the AVX2 (+F16C, FMA) versions may run here, and the AVX-512 ones (which also need
+// AVX2).
+bool cpu_has_avx2();
+bool cpu_has_avx512();
 
 // v = in + residual (residual may be null); out = cast16(v) with round to nearest even; when
 // residual is set it becomes v - widen(out). bf16 selects bfloat16, else IEEE half.
@@ -39,10 +44,13 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 // Top-k's one pass over the data: v = in + residual (residual may be null: v = in); residual,
-// when set, becomes v; every i with |v[i]| >= threshold is appended to out (offset added),
-// increasing, and v[i] to vals when vals is set. A NaN threshold collects nothing.
+// when set, becomes v (or 0 where v[i] is collected, when take is set: the candidates are taken
+// out, and the caller puts back those it does not send); every i with |v[i]| >= threshold is
+// appended to out (offset added), increasing, and v[i] to vals when vals is set. A NaN threshold
+// collects nothing.
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
-                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals);
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take = false);
 
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
@@ -65,21 +73,22 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
 // The portable and AVX2 versions, exposed for tests: the same signatures as the entry points
 // above (add_f32 has no AVX2 version: the compiler vectorises it). The avx2 ones must only be
 // called when isa() == "avx2".
-#define GW_CODEC_KERNEL_VARIANTS                                                                  \
-  void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);       \
-  void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);              \
-  float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);           \
-  void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);                 \
-  void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);                 \
-  void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,  \
-                       float* out);                                                               \
-  void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,                 \
-                      std::vector<uint32_t>* out);                                                \
-  void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,            \
-                          uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals); \
-  void store_stream_f32(const float* src, size_t n, float* dst);                                  \
-  void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out);  \
-  void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);   \
+#define GW_CODEC_KERNEL_VARIANTS                                                                 \
+  void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);      \
+  void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);             \
+  float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);          \
+  void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc);                \
+  void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out);                \
+  void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n, \
+                       float* out);                                                              \
+  void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,                \
+                      std::vector<uint32_t>* out);                                               \
+  void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,           \
+                          uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals, \
+                          bool take = false);                                                    \
+  void store_stream_f32(const float* src, size_t n, float* dst);                                 \
+  void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out); \
+  void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);  \
   void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
 namespace portable {
 GW_CODEC_KERNEL_VARIANTS
@@ -88,5 +97,15 @@ namespace avx2 {
 GW_CODEC_KERNEL_VARIANTS
 }  // namespace avx2
 #undef GW_CODEC_KERNEL_VARIANTS
+// The AVX-512 versions of the hottest kernels (codec_kernels_avx512.cc); only when
+// cpu_has_avx512().
+namespace avx512 {
+void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);
+void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);
+float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
+void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
+                        uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
+                        bool take = false);
+}  // namespace avx512
 
 }  // namespace gw::coll::codec_kernels

@@ -3,10 +3,12 @@
 set(GW_COMPRESS_SOURCES
     codec.cc
     codec_kernels.cc
+    codec_kernels_avx512.cc
     codec_spec.cc
     compress.cc
     compress_config.cc
     powersgd.cc
+    qsgd_kernels.cc
     topk_select.cc
     codecs/cast.cc
     codecs/qsgd.cc

@@ -35,11 +35,15 @@ inline uint32_t mag_key(float x) {
 // threshold) are compacted and their next 11 and last 10 bits resolved on that subset alone. One
 // scan then keeps everything above t and the first (lowest-index) ties at t. The hot loops have no
 // data-dependent branches (the keep/compact decisions are additions), and the histogram is split
-// in four so that equal bins in a row do not wait on each other. No sort, no nth_element.
-void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
+// in four so that equal bins in a row do not wait on each other. No sort, no nth_element. With
+// restore set, restore[idx[j]] = val[j] for every candidate dropped (top-k's taken-out residual).
+void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k, float* restore) {
   const size_t n = idx->size();
   if (n <= k) return;
   if (k == 0) {
+    if (restore) {
+      for (size_t j = 0; j < n; ++j) restore[(*idx)[j]] = (*val)[j];
+    }
     idx->clear();
     val->clear();
     return;
@@ -103,10 +107,13 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
     const uint32_t kj = key[j];
     const size_t eq = kj == t;
     const size_t keep = (kj > t) | (eq & (ties > 0));
-    ip[w] = ip[j];  // w <= j: an in-place compaction
-    vp[w] = vp[j];
+    const uint32_t ij = ip[j];
+    const float vj = vp[j];
+    ip[w] = ij;  // w <= j: an in-place compaction
+    vp[w] = vj;
     w += keep;
     ties -= eq & keep;
+    if (restore && !keep) restore[ij] = vj;  // a candidate taken out but not sent goes back
   }
   idx->resize(w);
   val->resize(w);
@@ -114,13 +121,19 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k) {
 
 }  // namespace
 
-void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out) {
+void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out, bool take) {
+  take = take && residual != nullptr;
   TopKSet& s = *out;
   s.idx.clear();
   s.val.clear();
   k = std::min(k, count);
   const float* v = residual ? residual : in;  // v = in + residual once the pass has run
   const float kNoThreshold = std::numeric_limits<float>::quiet_NaN();
+  auto zero_selected = [&] {
+    if (take) {
+      for (uint32_t i : s.idx) residual[i] = 0.0f;
+    }
+  };
   // Exact selection over everything (small inputs, k a large fraction, a misjudged sample).
   auto exact = [&](bool pass_done) {
     if (!pass_done && residual) {
@@ -129,7 +142,8 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSe
     s.idx.resize(count);
     for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
     s.val.assign(v, v + count);
-    keep_best(&s.idx, &s.val, k);
+    keep_best(&s.idx, &s.val, k, nullptr);
+    zero_selected();
   };
   // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~1000
   // random line reads, not 16384.
@@ -157,7 +171,13 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSe
   const size_t expect_cands = pos * (count / kSample) + 1024;
   s.idx.reserve(expect_cands);
   s.val.reserve(expect_cands);
-  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val);
+  // With take, the candidates leave the residual in the pass (0), and keep_best puts back the
+  // ones not sent: random writes to ~0.3 k lines instead of k after the pass.
+  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val, take);
+  const bool retried = s.idx.size() < k;
+  if (take && retried) {
+    for (size_t j = 0; j < s.idx.size(); ++j) residual[s.idx[j]] = s.val[j];  // v, materialised
+  }
   // The sample misjudged the distribution: rescan v (now materialised) with a lower threshold a
   // few times, then give up and select exactly.
   for (int retry = 0; s.idx.size() < k && retry < 4; ++retry) {
@@ -173,7 +193,9 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSe
     return exact(true);
   }
   // Every element of the top k has |v| >= the k-th best candidate >= threshold: exact.
-  keep_best(&s.idx, &s.val, k);
+  if (!retried) return keep_best(&s.idx, &s.val, k, take ? residual : nullptr);
+  keep_best(&s.idx, &s.val, k, nullptr);
+  zero_selected();
 }
 
 size_t topk_count(double ratio, size_t count) {
@@ -200,17 +222,29 @@ std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, si
   // Rejection sampling into a bitmap; when k is more than half, pick the complement instead.
   const bool complement = k * 2 > count;
   const size_t want = complement ? count - k : k;
-  std::vector<uint64_t> bits((count + 63) / 64, 0);
+  // Kept per thread: a fresh count/8-byte bitmap per call would be fresh pages (faults) each time.
+  thread_local std::vector<uint64_t> bits;
+  bits.assign((count + 63) / 64, 0);
   uint64_t state = seed ^ (ctx.key_hash * 0x9e3779b97f4a7c15ull) ^ (ctx.step << 1);
   splitmix64(&state);
   size_t have = 0;
+  // Drawn 16 at a time with their bitmap words prefetched, so that the misses overlap; the set is
+  // the same (the first `want` distinct draws; the rest of the last batch is dropped).
+  constexpr int kBatch = 16;
+  size_t batch[kBatch];
   while (have < want) {
-    const size_t i = static_cast<size_t>(splitmix64(&state) % count);
-    uint64_t& w = bits[i / 64];
-    const uint64_t b = uint64_t{1} << (i % 64);
-    if (!(w & b)) {
-      w |= b;
-      ++have;
+    for (int d = 0; d < kBatch; ++d) {
+      batch[d] = static_cast<size_t>(splitmix64(&state) % count);
+      __builtin_prefetch(&bits[batch[d] / 64], 1, 3);
+    }
+    for (int d = 0; d < kBatch && have < want; ++d) {
+      const size_t i = batch[d];
+      uint64_t& w = bits[i / 64];
+      const uint64_t b = uint64_t{1} << (i % 64);
+      if (!(w & b)) {
+        w |= b;
+        ++have;
+      }
     }
   }
   idx.reserve(k);

@@ -15,7 +15,10 @@ struct TopKSet {
 
 // topk_select_fused (see codec.h), also returning the selected values.
 // Fills *out (its vectors are cleared; their capacity is reused, so a caller that keeps one
-// TopKSet across calls does not pay fresh pages for the candidates every time).
-void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out);
+// TopKSet across calls does not pay fresh pages for the candidates every time). With take (and a
+// residual), the residual ends as v with the selected elements 0 (what error feedback keeps after
+// sending them), written in the same pass.
+void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out,
+                bool take = false);
 
 }  // namespace gw::coll

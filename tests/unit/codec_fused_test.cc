@@ -90,7 +90,7 @@ TEST(CodecFused, TopkSelectFusedIsExactAndLeavesVInResidual) {
 }
 
 TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
-  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{1000}, size_t{4133}}) {
     auto in = gaussian(n, 21, 2.0f);
     if (n > 5) {
@@ -180,7 +180,7 @@ TEST(CodecFused, OnePassKernelAndSignSetDecodeAgreeBitForBitAcrossPaths) {
 // quiets a signalling NaN, so the portable conversion does too (the GPU check on the H100 found
 // the CUDA kernel keeping it signalling while the AVX2 path quieted it).
 TEST(CodecFused, Cast16DecodeOfEveryBitPatternAgreesAcrossPaths) {
-  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::vector<uint16_t> all(0x10000);
   for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
   for (bool bf16 : {false, true}) {
@@ -333,7 +333,7 @@ TEST(CodecFused, ErrorFeedbackInvariantHoldsThroughEncodeAndDecodeSum) {
 }
 
 TEST(CodecFused, PowerSgdRowKernelsAgreeBitForBitAcrossPaths) {
-  if (ck::isa() != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{61}, size_t{1000}}) {
     for (size_t r : {size_t{1}, size_t{4}, size_t{17}, size_t{40}}) {
       const size_t ld = n + 3;

@@ -26,15 +26,22 @@ class RandomKCodec final : public Codec {
     GW_RETURN_IF_ERROR(check_count(count, "randomk"));
     GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "randomk"));
     const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
-    float* vals = reinterpret_cast<float*>(out);
     if (residual) {
-      ck::add_f32(in, count, residual);
-      for (size_t j = 0; j < idx.size(); ++j) {
-        vals[j] = residual[idx[j]];
-        residual[idx[j]] = 0.0f;
+      // One pass over memory: block by block (in L1), residual = in + residual, then the block's
+      // chosen elements are taken out (indices increase), instead of a gather over the whole
+      // residual after the pass, which would read and write back one evicted line per index.
+      constexpr size_t kBlock = 4096;
+      size_t j = 0;
+      for (size_t b = 0; b < count; b += kBlock) {
+        const size_t end = std::min(count, b + kBlock);
+        ck::add_f32(in + b, end - b, residual + b);
+        for (; j < idx.size() && idx[j] < end; ++j) {
+          std::memcpy(out + 4 * j, &residual[idx[j]], 4);
+          residual[idx[j]] = 0.0f;
+        }
       }
     } else {
-      for (size_t j = 0; j < idx.size(); ++j) vals[j] = in[idx[j]];
+      for (size_t j = 0; j < idx.size(); ++j) std::memcpy(out + 4 * j, &in[idx[j]], 4);
     }
     return ok_status();
   }

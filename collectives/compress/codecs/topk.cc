@@ -33,14 +33,11 @@ class TopKCodec final : public Codec {
     // pages (faults) on every call. (The memory, about 16 bytes per candidate, ~2% of the
     // elements, stays with the thread.)
     thread_local TopKSet sel;
-    topk_fused(in, residual, count, k, &sel);
+    topk_fused(in, residual, count, k, &sel, /*take=*/true);
     const uint32_t header[2] = {kTopkMagic, static_cast<uint32_t>(k)};
     std::memcpy(out, header, 8);
     std::memcpy(out + 8, sel.idx.data(), k * 4);
     std::memcpy(out + 8 + k * 4, sel.val.data(), k * 4);
-    if (residual) {
-      for (uint32_t i : sel.idx) residual[i] = 0.0f;
-    }
     return ok_status();
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,

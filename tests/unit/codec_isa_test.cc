@@ -1,0 +1,204 @@
+// Every vector path of the codec kernels against the portable one, bit for bit: QSGD's whole
+// encoding and decode (qsgd_kernels.h), and the AVX-512 versions of the codec_kernels.h kernels.
+// Sizes cover the vector tails; the inputs include zeros of both signs, NaN, Inf and values whose
+// squares overflow f32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "collectives/compress/codec_kernels.h"
+#include "collectives/compress/qsgd_kernels.h"
+
+namespace gw::coll {
+namespace {
+
+namespace ck = codec_kernels;
+
+std::vector<float> data(size_t n, uint32_t seed, bool specials) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  if (specials && n > 40) {
+    v[1] = 0.0f;
+    v[2] = -0.0f;
+    v[5] = std::numeric_limits<float>::quiet_NaN();
+    v[n - 3] = std::numeric_limits<float>::infinity();
+    v[n / 2] = 3e20f;        // its square overflows f32: the norm is summed again in f64
+    v[n / 2 + 1] = -1e-40f;  // subnormal
+  }
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+using QsgdEncode = void (*)(const float*, float*, size_t, size_t, int, uint32_t, uint8_t*);
+using QsgdDecode = size_t (*)(const uint8_t*, size_t, size_t, int, float*, bool);
+
+void expect_qsgd_path_matches(QsgdEncode enc, QsgdDecode dec, const char* name) {
+  for (size_t count : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, size_t{1000},
+                       size_t{4099}, size_t{70000}}) {
+    for (size_t bucket : {size_t{7}, size_t{64}, size_t{512}, size_t{100000}}) {
+      for (int levels : {1, 8, 127}) {
+        for (bool specials : {false, true}) {
+          SCOPED_TRACE(testing::Message() << name << " count " << count << " bucket " << bucket
+                                          << " levels " << levels << " specials " << specials);
+          const auto in = data(count, static_cast<uint32_t>(count + bucket + levels), specials);
+          const auto res0 = data(count, 7, false);
+          const size_t size = (count + bucket - 1) / bucket * 4 + count;
+          std::vector<uint8_t> want(size), got(size);
+          auto want_res = res0, got_res = res0;
+          ck::portable::qsgd_encode(in.data(), want_res.data(), count, bucket, levels, 99,
+                                    want.data());
+          enc(in.data(), got_res.data(), count, bucket, levels, 99, got.data());
+          ASSERT_EQ(want, got);
+          ASSERT_TRUE(same_bits(want_res, got_res));
+          ck::portable::qsgd_encode(in.data(), nullptr, count, bucket, levels, 5, want.data());
+          enc(in.data(), nullptr, count, bucket, levels, 5, got.data());
+          ASSERT_EQ(want, got);
+          for (bool add : {false, true}) {
+            auto want_acc = res0, got_acc = res0;
+            ASSERT_EQ(
+                ck::portable::qsgd_decode(want.data(), count, bucket, levels, want_acc.data(), add),
+                count);
+            ASSERT_EQ(dec(want.data(), count, bucket, levels, got_acc.data(), add), count);
+            ASSERT_TRUE(same_bits(want_acc, got_acc));
+          }
+          // A level outside +-levels: both stop at the same element.
+          auto bad = want;
+          const size_t at = count * 2 / 3;
+          bad[size - count + at] = static_cast<uint8_t>(levels + 1);
+          std::vector<float> acc(count, 0.0f);
+          EXPECT_EQ(ck::portable::qsgd_decode(bad.data(), count, bucket, levels, acc.data(), true),
+                    at);
+          EXPECT_EQ(dec(bad.data(), count, bucket, levels, acc.data(), true), at);
+        }
+      }
+    }
+  }
+}
+
+TEST(CodecIsa, QsgdAvx2MatchesPortable) {
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  expect_qsgd_path_matches(ck::avx2::qsgd_encode, ck::avx2::qsgd_decode, "avx2");
+}
+
+TEST(CodecIsa, QsgdAvx512MatchesPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  expect_qsgd_path_matches(ck::avx512::qsgd_encode, ck::avx512::qsgd_decode, "avx512");
+}
+
+TEST(CodecIsa, QsgdLevelsAreUnbiasedAndBounded) {
+  // One bucket of equal magnitudes: a = levels * |v| / norm is the same for all, so the mean
+  // level over many elements is a (the rounding draw is uniform), and no level exceeds levels.
+  const size_t n = 1 << 16;
+  std::vector<float> in(n, 0.37f);
+  in[0] = -0.37f;
+  std::vector<uint8_t> out(4 + n);
+  ck::qsgd_encode(in.data(), nullptr, n, n, 100, 1234, out.data());
+  float norm;
+  std::memcpy(&norm, out.data(), 4);
+  const double a = 100.0 * 0.37 / norm;
+  double sum = 0;
+  for (size_t i = 1; i < n; ++i) {
+    const int lv = static_cast<int8_t>(out[4 + i]);
+    ASSERT_GE(lv, static_cast<int>(std::floor(a)));
+    ASSERT_LE(lv, static_cast<int>(std::floor(a)) + 1);
+    sum += lv;
+  }
+  EXPECT_NEAR(sum / (n - 1), a, 0.01);
+  EXPECT_LE(static_cast<int8_t>(out[4]), 0);
+}
+
+TEST(CodecIsa, CastAvx512MatchesPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  for (size_t n : {size_t{1}, size_t{8}, size_t{15}, size_t{16}, size_t{33}, size_t{1000}}) {
+    for (bool bf16 : {false, true}) {
+      auto in = data(n, static_cast<uint32_t>(n), true);
+      if (n > 40) {  // a signalling NaN and a negative NaN with a payload: both come out quiet
+        const uint32_t snan = 0x7F800001u, nan_payload = 0xFFBFFFFFu;
+        std::memcpy(&in[7], &snan, 4);
+        std::memcpy(&in[n - 9], &nan_payload, 4);
+      }
+      auto want_res = data(n, 3, false), got_res = want_res;
+      std::vector<uint16_t> want(n), got(n);
+      ck::portable::encode_cast16(in.data(), want_res.data(), n, want.data(), bf16);
+      ck::avx512::encode_cast16(in.data(), got_res.data(), n, got.data(), bf16);
+      ASSERT_EQ(want, got) << n << " bf16 " << bf16;
+      ASSERT_TRUE(same_bits(want_res, got_res)) << n << " bf16 " << bf16;
+      for (bool add : {false, true}) {
+        auto want_acc = data(n, 4, false), got_acc = want_acc;
+        ck::portable::decode_cast16(want.data(), n, want_acc.data(), bf16, add);
+        ck::avx512::decode_cast16(want.data(), n, got_acc.data(), bf16, add);
+        ASSERT_TRUE(same_bits(want_acc, got_acc)) << n << " bf16 " << bf16 << " add " << add;
+      }
+    }
+  }
+}
+
+TEST(CodecIsa, SignEncodeAvx512MatchesPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  for (size_t n : {size_t{1}, size_t{8}, size_t{17}, size_t{64}, size_t{100}, size_t{2048},
+                   size_t{2047}, size_t{4096}}) {
+    for (bool ef : {false, true}) {
+      const auto in = data(n, static_cast<uint32_t>(n) + 11, n > 64);
+      auto want_res = data(n, 5, false), got_res = want_res;
+      std::vector<uint64_t> want((n + 63) / 64), got(want.size());
+      const float ws = ck::portable::sign_encode_chunk(in.data(), ef ? want_res.data() : nullptr, n,
+                                                       want.data());
+      const float gs =
+          ck::avx512::sign_encode_chunk(in.data(), ef ? got_res.data() : nullptr, n, got.data());
+      ASSERT_EQ(std::memcmp(&ws, &gs, 4), 0) << n << " ef " << ef;
+      ASSERT_EQ(want, got) << n << " ef " << ef;
+      ASSERT_TRUE(same_bits(want_res, got_res)) << n << " ef " << ef;
+    }
+  }
+}
+
+TEST(CodecIsa, TopkCollectAvx512MatchesPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  for (size_t n : {size_t{5}, size_t{16}, size_t{31}, size_t{5000}, size_t{70001}}) {
+    for (float threshold : {0.0f, 1.5f, 2.5f, std::numeric_limits<float>::quiet_NaN()}) {
+      const auto in = data(n, static_cast<uint32_t>(n) + 21, n > 64);
+      auto want_res = data(n, 6, false), got_res = want_res;
+      std::vector<uint32_t> wi, gi;
+      std::vector<float> wv, gv;
+      ck::portable::add_collect_abs_ge(in.data(), want_res.data(), n, threshold, 7, &wi, &wv);
+      ck::avx512::add_collect_abs_ge(in.data(), got_res.data(), n, threshold, 7, &gi, &gv);
+      ASSERT_EQ(wi, gi) << n << " threshold " << threshold;
+      ASSERT_TRUE(same_bits(wv, gv)) << n;
+      ASSERT_TRUE(same_bits(want_res, got_res)) << n;
+      // take: the candidates leave the residual (0), on every path.
+      auto take_res = data(n, 6, false), take_res2 = take_res, take_res3 = take_res;
+      std::vector<uint32_t> ti, ti2, ti3;
+      std::vector<float> tv, tv2, tv3;
+      ck::portable::add_collect_abs_ge(in.data(), take_res.data(), n, threshold, 0, &ti, &tv, true);
+      ck::avx512::add_collect_abs_ge(in.data(), take_res2.data(), n, threshold, 0, &ti2, &tv2,
+                                     true);
+      ck::avx2::add_collect_abs_ge(in.data(), take_res3.data(), n, threshold, 0, &ti3, &tv3, true);
+      ASSERT_EQ(ti, ti2);
+      ASSERT_EQ(ti, ti3);
+      ASSERT_TRUE(same_bits(take_res, take_res2)) << n;
+      ASSERT_TRUE(same_bits(take_res, take_res3)) << n;
+      for (size_t j = 0; j < ti.size(); ++j) {
+        ASSERT_EQ(take_res[ti[j]], 0.0f);
+        take_res[ti[j]] = tv[j];
+      }
+      ASSERT_TRUE(same_bits(take_res, want_res)) << n;
+      wi.clear();
+      gi.clear();
+      ck::portable::add_collect_abs_ge(in.data(), nullptr, n, threshold, 0, &wi, nullptr);
+      ck::avx512::add_collect_abs_ge(in.data(), nullptr, n, threshold, 0, &gi, nullptr);
+      ASSERT_EQ(wi, gi) << n << " threshold " << threshold;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gw::coll
