@@ -173,7 +173,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsServerO
                 : std::string("bind: ") + std::strerror(err);
       continue;
     }
-    if (::listen(fd.get(), 128) != 0) {
+    if (::listen(fd.get(), SOMAXCONN) != 0) {
       why = std::string("listen: ") + std::strerror(errno);
       continue;
     }
@@ -278,7 +278,7 @@ void MetricsServer::run() {
     conns.swap(kept);
     if (accepting && (pfds[1].revents & POLLIN)) {
       // A bounded batch per round, so the connections above are read between batches.
-      for (int k = 0; k < std::max(1, options_.max_connections / 2); ++k) {
+      for (int k = 0; k < 2 * options_.max_connections; ++k) {
         const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
