@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <vector>
 
 #include "core/log.h"
@@ -75,8 +76,12 @@ bool on_readable(MetricsServer::Conn& c, const MetricsServer::BodyFn& body,
   } else if (r.path != "/metrics") {
     c.out = answer(404, "Not Found", kText, "gradwired serves /metrics only\n", r.method == "HEAD");
   } else {
-    c.out =
-        answer(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body(), r.method == "HEAD");
+    try {  // the scrape fails, not the daemon (an allocation in the serializer, say)
+      c.out =
+          answer(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body(), r.method == "HEAD");
+    } catch (const std::exception& e) {
+      c.out = answer(500, "Internal Server Error", kText, std::string(e.what()) + "\n", false);
+    }
   }
   return true;
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -95,6 +96,23 @@ TEST(MetricsServerTest, AnswersMetricsAndRefusesTheRest) {
   auto other = testing::timed_get(port, "/", 5000);
   EXPECT_EQ(other.text.rfind("HTTP/1.1 404", 0), 0u) << other.text;
   EXPECT_EQ(s->counts().served, 2u);
+}
+
+TEST(MetricsServerTest, ABodyThatThrowsGivesA500AndTheServerGoesOn) {
+  MetricsServerOptions o;
+  o.address = "127.0.0.1:0";
+  int calls = 0;
+  auto s = MetricsServer::start(o, [&calls]() -> std::string {
+    if (++calls == 1) throw std::runtime_error("no memory for the text");
+    return "ok 1\n";
+  });
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  const int port = port_of(**s);
+  auto failed = testing::timed_get(port, "/metrics", 5000);
+  EXPECT_EQ(failed.text.rfind("HTTP/1.1 500", 0), 0u) << failed.text;
+  EXPECT_NE(failed.text.find("no memory for the text"), std::string::npos) << failed.text;
+  auto ok = testing::timed_get(port, "/metrics", 5000);
+  EXPECT_EQ(ok.text.rfind("HTTP/1.1 200", 0), 0u) << ok.text;
 }
 
 TEST(MetricsServerTest, ATricklerIsClosedAtItsDeadlineWhateverItSends) {
