@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "core/timeline.h"
+
 namespace gw::coll {
 
 class AsyncState {
@@ -73,7 +75,7 @@ std::unique_ptr<AsyncOp> AsyncQueue::push(const char* what, std::function<Status
   auto st = std::make_shared<AsyncState>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Item{what, std::move(op), st});
+    queue_.push_back(Item{what, std::move(op), st, timeline::on() ? timeline::now_us() : -1});
     if (!worker_.joinable()) {
       worker_ = std::thread([this] {
         std::unique_lock<std::mutex> lock(mu_);
@@ -84,6 +86,10 @@ std::unique_ptr<AsyncOp> AsyncQueue::push(const char* what, std::function<Status
           queue_.pop_front();
           running_ = true;
           lock.unlock();
+          if (item.queued_us >= 0) {
+            timeline::complete("queued", "phase", item.queued_us,
+                               timeline::now_us() - item.queued_us);
+          }
           Status s = item.op();
           item.state->finish(s.ok() ? s : s.with_context(item.what));
           lock.lock();

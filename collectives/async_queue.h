@@ -41,6 +41,7 @@ class AsyncQueue {
     const char* what;
     std::function<Status()> op;
     std::shared_ptr<AsyncState> state;
+    int64_t queued_us = -1;  // when pushed, while the timeline (core/timeline.h) is on
   };
 
   std::mutex mu_;

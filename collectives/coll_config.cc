@@ -79,11 +79,17 @@ constinit const config::Row kCostCpus{
     "crossing hosts at once than CPUs (hosts sharing one machine's kernel count together) make "
     "messages slower (0 = this process's CPU affinity; -1 = not considered)"};
 
+constinit const config::Row kStallWarnS{
+    "GW_STALL_WARN_S", Type::Double, "60", "",
+    "seconds a collective may wait for its peers before every waiting rank logs a WARN naming "
+    "the ranks that have not entered it, repeated every period (0 = off)"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
-                      &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
-                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus});
+      "collectives",
+      {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter, &kNchannels,
+       &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs, &kCostIntraBwGbps,
+       &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus, &kStallWarnS});
   return set;
 }
 

@@ -19,6 +19,7 @@ extern const config::Row kCostIntraBwGbps;
 extern const config::Row kCostInterAlphaUs;
 extern const config::Row kCostInterBwGbps;
 extern const config::Row kCostCpus;
+extern const config::Row kStallWarnS;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

@@ -32,6 +32,7 @@
 #include "core/log.h"
 #include "core/net/auto_backend.h"
 #include "core/net/backend_registry.h"
+#include "core/timeline.h"
 
 namespace gw::coll {
 namespace {
@@ -64,6 +65,7 @@ struct CommSettings {
   int64_t chunk_cfg = 0;  // GW_CHUNK_SIZE (0: per transport)
   int nchannels_cfg = 0;
   int64_t spin_us = 50;
+  double stall_warn_s = 0;  // GW_STALL_WARN_S
   Algo forced_algo = Algo::kAuto;
   // GW_ALGO_BROADCAST, GW_ALGO_ALLGATHER, GW_ALGO_REDUCE_SCATTER, indexed by Collective.
   std::array<Algo, 3> forced_coll = {Algo::kAuto, Algo::kAuto, Algo::kAuto};
@@ -106,11 +108,13 @@ Result<CommSettings> settings_from(const CommOptions& o, const CommInternalOptio
   s.nchannels_cfg =
       static_cast<int>(std::clamp<int64_t>(c.get_int(coll_config::kNchannels), 0, kMaxChannels));
   s.spin_us = std::max<int64_t>(0, c.get_int(coll_config::kSpinUs));
+  s.stall_warn_s = c.get_double(coll_config::kStallWarnS);
   return s;
 }
 
-ExecutorOptions executor_options(const CommSettings& s) {
+ExecutorOptions executor_options(const CommSettings& s, const Group& g) {
   ExecutorOptions e;
+  e.stall = StallOptions{g.store(), g.rank(), g.size(), s.stall_warn_s};
   e.chunk_bytes = s.chunk_cfg > 0 ? static_cast<size_t>(std::max<int64_t>(4096, s.chunk_cfg))
                                   : size_t{512} * 1024;
   e.spin_us = s.spin_us;
@@ -127,7 +131,7 @@ class CommImpl : public Communicator {
               PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms,
                           settings_.spin_us, settings_.config, settings_.route_host},
               &aborted_),
-        exec_(&pool_, &aborted_, executor_options(settings_)) {}
+        exec_(&pool_, &aborted_, executor_options(settings_, group_)) {}
   ~CommImpl() override;
 
   Status init();
@@ -277,6 +281,7 @@ class CommImpl : public Communicator {
 
 Status CommImpl::init() {
   const int world = size(), me = rank();
+  GW_RETURN_IF_ERROR(timeline::open(settings_.config.get_string(core_config::kTimeline), me));
   // A forced algorithm that cannot run here is refused now rather than at the first call.
   if (world > 1 && settings_.forced_algo != Algo::kAuto) {
     const AllreduceAlgorithm* a = find_allreduce_algorithm(settings_.forced_algo);

@@ -6,6 +6,7 @@
 
 #include "collectives/backoff.h"
 #include "collectives/reduce.h"
+#include "core/timeline.h"
 
 namespace gw::coll {
 namespace {
@@ -15,6 +16,37 @@ namespace {
 int make_tag(uint32_t seq, int step) {
   return static_cast<int>(((seq & 0x7FFFFu) << 12) | (static_cast<uint32_t>(step) & 0xFFFu));
 }
+
+// The timeline's events of one run (only when the timeline is on): the call, and its phases:
+// connecting (when it took 100 us or more), waiting for the first chunk from a peer, and the
+// transfer after it, whose chunk reductions are events of their own.
+struct CallTrace {
+  static constexpr int64_t kConnectShownUs = 100;
+  const char* name;
+  uint32_t seq;
+  const std::vector<Plan>& plans;
+  DataType dtype;
+  const int64_t& first_recv;
+  const int64_t& reduce_us;
+  int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+  int64_t connected = -1;
+
+  ~CallTrace() {
+    if (t0 < 0) return;
+    const int64_t end = timeline::now_us();
+    const int64_t from = connected >= 0 ? connected : t0;
+    const int64_t first = first_recv >= 0 ? first_recv : end;
+    timeline::complete(name, "collective", t0, end - t0,
+                       fmt::format("\"bytes\":{},\"tag\":{},\"reduce_us\":{}",
+                                   extent_bytes(plans, dtype), seq, reduce_us));
+    // Connections already up cost microseconds: shown only where connecting took time.
+    if (connected - t0 >= kConnectShownUs) {
+      timeline::complete("connect", "phase", t0, connected - t0);
+    }
+    timeline::complete("wait for peers", "phase", from, first - from);
+    if (first < end) timeline::complete("transfer", "phase", first, end - first);
+  }
+};
 
 }  // namespace
 
@@ -135,10 +167,17 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
       return invalid_arg("{}: ranks disagree on count: rank {} sent {} bytes, expected {}",
                          where(false), st.recv_from, got, r.count * es);
     }
+    const int64_t t = timeline::on() ? timeline::now_us() : -1;
+    if (t >= 0 && first_recv_us_ < 0) first_recv_us_ = t;
     if (st.action == RecvAction::kReduce) {
       const uint8_t* local = (st.reduce_with_input ? in : out) + r.offset * es;
       reduce(dtype, op, local, c.stage + (idx % kWindow) * options_.chunk_bytes,
              out + r.offset * es, r.count);
+      if (t >= 0) {
+        const int64_t d = timeline::now_us() - t;
+        reduce_us_ += d;
+        timeline::complete("reduce", "phase", t, d);
+      }
     }
     ++c.r_done;
     *progressed = true;
@@ -171,7 +210,11 @@ Status Executor::progress(const char* name, uint32_t seq, ChanRun& c,
 Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& plans,
                      const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op,
                      Deadline deadline) {
+  first_recv_us_ = -1;
+  reduce_us_ = 0;
+  CallTrace trace{name, seq, plans, dtype, first_recv_us_, reduce_us_};
   GW_RETURN_IF_ERROR(pool_->connect_all(name, plans, deadline));
+  if (trace.t0 >= 0) trace.connected = timeline::now_us();
   std::vector<ChanRun> runs(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
     bool reduces = false;
@@ -190,6 +233,7 @@ Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& pl
     if (reduces) runs[i].stage = staging(static_cast<int>(i));
   }
   Backoff backoff(options_.spin_us);
+  StallWatch stall(options_.stall, name, seq, plans, dtype);
   while (true) {
     bool any = false, all_done = true;
     for (auto& c : runs) {
@@ -220,6 +264,7 @@ Status Executor::run(const char* name, uint32_t seq, const std::vector<Plan>& pl
     if (any) {
       backoff.reset();
     } else {
+      stall.idle();
       backoff.idle([&runs](std::vector<pollfd>* fds) {
         for (const auto& c : runs) {
           if (c.finished()) continue;

@@ -15,6 +15,7 @@
 
 #include "collectives/connection_pool.h"
 #include "collectives/schedule.h"
+#include "collectives/stall.h"
 #include "collectives/types.h"
 #include "core/status.h"
 
@@ -24,6 +25,7 @@ struct ExecutorOptions {
   size_t chunk_bytes = 512 * 1024;
   int64_t spin_us = 50;
   int64_t timeout_ms = 0;  // for the error messages; the deadline is run()'s
+  StallOptions stall;      // the stall inspector (collectives/stall.h); off by default
 };
 
 class Executor {
@@ -51,6 +53,11 @@ class Executor {
   Status progress(const char* name, uint32_t seq, ChanRun& c, const std::vector<ChanRun>* runs,
                   const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op, bool* progressed);
   uint8_t* staging(int plan);
+
+  // For the timeline (core/timeline.h), set only while it is on: when the current run's first
+  // chunk arrived (-1: not yet), and the microseconds its reductions took.
+  int64_t first_recv_us_ = -1;
+  int64_t reduce_us_ = 0;
 
   ConnectionPool* pool_;
   const std::atomic<bool>* aborted_;

@@ -97,12 +97,17 @@ constinit const config::Row kStoreMaxBytes{
     "store server: bytes of keys and values all connections together may store (a client that "
     "reconnects gets new per-connection budgets, not more of this)"};
 
+constinit const config::Row kTimeline{
+    "GW_TIMELINE", Type::String, "", "",
+    "write a Chrome trace of every collective to this path, one file per rank (%r: the rank; "
+    "else .<rank> before .json); core/timeline.h"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "core",
-      {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank, &kWorldSize, &kStore, &kJobToken, &kHostId,
-       &kJoinReportMs, &kStoreMaxClients, &kStoreMaxPendingHello, &kStoreHelloTimeoutMs,
-       &kStoreMaxValueBytes, &kStoreMaxKeysPerClient, &kStoreMaxBytesPerClient, &kStoreMaxBytes});
+      "core", {&kConfigFile, &kLogLevel, &kTimeoutMs, &kRank, &kWorldSize, &kStore, &kJobToken,
+               &kHostId, &kJoinReportMs, &kStoreMaxClients, &kStoreMaxPendingHello,
+               &kStoreHelloTimeoutMs, &kStoreMaxValueBytes, &kStoreMaxKeysPerClient,
+               &kStoreMaxBytesPerClient, &kStoreMaxBytes, &kTimeline});
   return set;
 }
 

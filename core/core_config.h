@@ -22,6 +22,7 @@ extern const config::Row kStoreMaxValueBytes;
 extern const config::Row kStoreMaxKeysPerClient;
 extern const config::Row kStoreMaxBytesPerClient;
 extern const config::Row kStoreMaxBytes;
+extern const config::Row kTimeline;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

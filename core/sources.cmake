@@ -14,6 +14,7 @@ set(GW_CORE_SOURCES
     store_socket.cc
     store_tcp.cc
     store_wire.cc
+    timeline.cc
     net/auto_backend.cc
     net/backend_registry.cc
     net/handshake.cc

@@ -10,6 +10,7 @@
 #include "collectives/compress/tensor_state.h"
 #include "collectives/reduce.h"
 #include "core/log.h"
+#include "core/timeline.h"
 
 namespace gw::coll {
 
@@ -43,6 +44,11 @@ void Compressor::PhaseTimes::mark(int phase) {
   const double cpu = thread_cpu_ms();
   ms[phase] += std::chrono::duration<double, std::milli>(now - last).count();
   cpu_ms[phase] += cpu - last_cpu_ms;
+  if (timeline::on()) {
+    static constexpr const char* kNames[kCount] = {"encode", "exchange", "decode"};
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - last).count();
+    timeline::complete(kNames[phase], "codec", timeline::now_us() - us, us);
+  }
   last = now;
   last_cpu_ms = cpu;
 }

@@ -115,7 +115,7 @@ def _load() -> ctypes.CDLL:
         raise OSError(f"GRADWIRE_LIBRARY={env} does not name a file")
     raise OSError(
         "libgradwire.so not found; install the package after the C++ build (pip install "
-        "--no-build-isolation ./python), or from a source checkout build it (cmake --preset "
+        "./python), or from a source checkout build it (cmake --preset "
         "release && cmake --build --preset release --target gradwire), or set GRADWIRE_LIBRARY. "
         "Looked in: " + ", ".join(_SEARCHED)
     )

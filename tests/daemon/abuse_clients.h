@@ -15,22 +15,18 @@
 
 #include "core/sys/unix_socket.h"
 #include "daemon/protocol.h"
+#include "tests/daemon/raw_client.h"
 
 namespace gw::daemon {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-inline Result<sys::Fd> dial(const std::string& path) {
-  GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
-  return sys::connect_unix(addr, SOCK_STREAM);
-}
-
 // Dials until the daemon's backlog has room (a flood fills it), for at most 5 s.
 inline Result<sys::Fd> dial_retrying(const std::string& path) {
   const auto until = Clock::now() + 5s;
   for (;;) {
-    auto fd = dial(path);
+    auto fd = test::dial(path);
     if (fd.ok() || Clock::now() > until) return fd;
     std::this_thread::sleep_for(2ms);
   }
@@ -39,24 +35,8 @@ inline Result<sys::Fd> dial_retrying(const std::string& path) {
 // Sends `h` and reads the daemon's welcome (its status carried); the connection stays in *keep.
 inline Result<Welcome> say_hello(const std::string& path, const Hello& h, sys::Fd* keep) {
   GW_ASSIGN_OR_RETURN(*keep, dial_retrying(path));
-  const auto deadline = sys::deadline_after_ms(5000);
-  const std::vector<uint8_t> frame = frame_message(encode_hello(h));
-  GW_RETURN_IF_ERROR(
-      sys::send_with_fds(keep->get(), frame.data(), frame.size(), {}, deadline, "test hello"));
   std::vector<sys::Fd> fds;
-  std::vector<uint8_t> in;
-  uint8_t buf[2048];
-  while (in.size() < kFrameHeaderBytes ||
-         in.size() < kFrameHeaderBytes + *reinterpret_cast<const uint32_t*>(in.data())) {
-    GW_ASSIGN_OR_RETURN(size_t n, sys::recv_with_fds(keep->get(), buf, sizeof(buf), &fds, deadline,
-                                                     "test welcome"));
-    if (n == 0) return peer_error("closed without a welcome");
-    in.insert(in.end(), buf, buf + n);
-  }
-  GW_ASSIGN_OR_RETURN(Welcome w,
-                      decode_welcome(in.data() + kFrameHeaderBytes, in.size() - kFrameHeaderBytes));
-  if (w.status != 0) return Status(static_cast<Code>(w.status), w.message);
-  return w;
+  return test::exchange_hello(keep->get(), frame_message(encode_hello(h)), &fds);
 }
 
 // A connection that says nothing (silent) or trickles a frame one byte every 100 ms.

@@ -31,6 +31,8 @@
 #include "daemon/protocol.h"
 #include "daemon/server.h"
 #include "tests/daemon/abuse_clients.h"
+#include "tests/daemon/raw_client.h"
+#include "tests/daemon/server_fixture.h"
 
 namespace gw::daemon {
 namespace {
@@ -52,31 +54,14 @@ Flood flood_size() {
   return f;
 }
 
-class DaemonAbuseTest : public ::testing::Test {
+class DaemonAbuseTest : public test::ServerFixture {
  protected:
   void start(int64_t hello_timeout_ms, int max_clients) {
-    char tmpl[] = "/tmp/gwd-abuse-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ServerOptions o;
-    o.socket_path = dir_ + "/gradwired.sock";
-    o.host_id = "test-host";
-    o.ring_entries = 8;
-    o.max_arena_bytes = 8 << 20;
+    ServerOptions o = options("gwd-abuse");
     o.reduce_threads = 1;
     o.hello_timeout_ms = hello_timeout_ms;
     o.max_clients = max_clients;
-    auto s = Server::create(o);
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    server_ = std::move(*s);
-    thread_ = std::thread([this] { run_status_ = server_->run(); });
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-    EXPECT_TRUE(run_status_.ok()) << run_status_.message();
-    server_.reset();
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
+    run(o);
   }
   Hello hello(const std::string& token) {
     Hello h;
@@ -86,11 +71,6 @@ class DaemonAbuseTest : public ::testing::Test {
     h.host_id = "test-host";
     return h;
   }
-
-  std::string dir_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  Status run_status_;
 };
 
 // Item 1: before the fix, the flood took every place (the pending hellos counted against

@@ -11,9 +11,11 @@
 #include <memory>
 
 #include "core/net/handshake.h"
+#include "core/net/tcp/wire.h"
 #include "core/net/tcp_transport.h"
 #include "core/sys/fd.h"
 #include "core/sys/time.h"
+#include "tests/fuzz/fuzz_socket.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace gw::fuzz {
@@ -28,24 +30,12 @@ constexpr size_t kGuard = 256;
 constexpr size_t kRecvCap = 8192;
 constexpr uint8_t kGuardByte = 0x5a;
 
-struct Hello {
-  char magic[4];
-  uint16_t sock_index;
-  uint16_t nsocks;
-  uint64_t nonce;
-  uint64_t conn_id;
-  int32_t rank;
-  int32_t listener_rank;
-  hs::Nonce challenge;
-};
-static_assert(sizeof(Hello) == 64);
-struct Challenge {
-  uint8_t answer;
-  uint8_t reserved[7];
-  hs::Nonce challenge;
-  hs::Mac proof;
-};
-static_assert(sizeof(Challenge) == 72);
+constexpr const char* kWho = "tcp fuzz";
+// The wire's shapes (docs/wire-tcp.md), as the backend itself declares them.
+using net::tcp::Challenge;
+using net::tcp::HandleWire;
+using net::tcp::Hello;
+using net::tcp::MsgHeader;
 
 std::unique_ptr<net::Transport>& transport() {
   static auto* t = [] {
@@ -62,57 +52,6 @@ std::unique_ptr<net::Transport>& transport() {
   return *t;
 }
 
-uint16_t handle_port(const net::Handle& h) {
-  uint16_t be;
-  std::memcpy(&be, h.bytes.data() + 10, 2);
-  return ntohs(be);
-}
-uint64_t handle_nonce(const net::Handle& h) {
-  uint64_t n;
-  std::memcpy(&n, h.bytes.data() + 32, 8);
-  return n;
-}
-
-// This side's sockets close with a reset (SO_LINGER 0), so a connection it ends first leaves no
-// TIME_WAIT: thousands of inputs a second held the loopback's ephemeral ports for a minute each,
-// and after about 40 s the transport's listen (port 0) once found none left. Where this side
-// half-closes to give the other its EOF and the other closes first, TIME_WAIT remains; that
-// halved the count, and 200 s ran clean.
-void close_with_reset(int fd) {
-  const linger off{1, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));
-}
-
-sys::Fd dial(uint16_t port) {
-  sys::Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  close_with_reset(fd.get());
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  check(rc == 0 || errno == EINPROGRESS, "tcp fuzz: dial");
-  pollfd p{fd.get(), POLLOUT, 0};
-  check(::poll(&p, 1, 2000) == 1, "tcp fuzz: dial completes");
-  return fd;
-}
-
-// Sends what the socket takes within the step; partial sends are fine (the peer may stop).
-void send_some(int fd, const uint8_t* p, size_t n, sys::Deadline until) {
-  size_t off = 0;
-  while (off < n && !sys::expired(until)) {
-    ssize_t k = send(fd, p + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      off += static_cast<size_t>(k);
-    } else if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
-      pollfd pf{fd, POLLOUT, 0};
-      ::poll(&pf, 1, 1);
-    } else {
-      return;
-    }
-  }
-}
-
 // Reads exactly n bytes while polling `tick` (which drives the other side); false at EOF or the
 // deadline.
 template <typename Tick>
@@ -127,27 +66,16 @@ bool read_driving(int fd, void* out, size_t n, sys::Deadline until, Tick&& tick)
   return got == n;
 }
 
-// The transport's listener; a failure (the loopback out of ports, say) is said, then aborts.
-std::unique_ptr<net::Listener> listen_or_abort(net::Handle* h) {
-  auto l = transport()->listen(h);
-  if (!l.ok()) std::fprintf(stderr, "tcp fuzz: listen: %s\n", l.status().to_string().c_str());
-  check(l.ok(), "tcp fuzz: listen");
-  return std::move(*l);
-}
-
 // Mode 0/1: a raw connector's bytes to a listener (1: the handle's nonce and ranks patched in, so
 // the input reaches the proof). The listener must never hand out a comm.
 void listener_side(const uint8_t* body, size_t n, bool patch) {
-  net::Handle h;
-  auto l = listen_or_abort(&h);
-  l->expect_peer(1);
-  sys::Fd fd = dial(handle_port(h));
+  RawConnection<HandleWire> raw = connect_raw<HandleWire>(*transport(), kWho);
   std::vector<uint8_t> bytes(body, body + n);
   if (patch && bytes.size() >= sizeof(Hello)) {
     Hello hello;
     std::memcpy(&hello, bytes.data(), sizeof(hello));
     std::memcpy(hello.magic, "GWH2", 4);
-    hello.nonce = handle_nonce(h);
+    hello.nonce = raw.wire.nonce;
     hello.nsocks = 1;
     hello.sock_index = 0;
     hello.rank = 1;
@@ -155,14 +83,14 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
     std::memcpy(bytes.data(), &hello, sizeof(hello));
   }
   const sys::Deadline until = sys::deadline_after_ms(kStepMs);
-  send_some(fd.get(), bytes.data(), bytes.size(), until);
-  ::shutdown(fd.get(), SHUT_WR);
+  send_some(raw.sock.get(), bytes.data(), bytes.size(), until);
+  ::shutdown(raw.sock.get(), SHUT_WR);
   uint8_t sink[256];
   while (!sys::expired(until)) {
-    auto a = l->accept();
+    auto a = raw.listener->accept();
     check(a.ok(), "tcp fuzz: accept never fails on a peer's bytes");
     check(*a == nullptr, "tcp fuzz: a connector without the token was accepted");
-    ssize_t k = recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    ssize_t k = recv(raw.sock.get(), sink, sizeof(sink), MSG_DONTWAIT);
     if (k > 0 && sink[0] == hs::kChallenge) ++counter("tcp.challenged");
     if (k == 0) break;  // the listener dropped us
   }
@@ -172,12 +100,13 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
 // posted into a guarded buffer and must never write outside it.
 void message_stream(const uint8_t* body, size_t n) {
   net::Handle h;
-  auto l = listen_or_abort(&h);
-  sys::Fd fd = dial(handle_port(h));
+  auto l = listen_or_abort(*transport(), &h, kWho);
+  const HandleWire hw = wire_of<HandleWire>(h);
+  sys::Fd fd = dial_loopback(hw.port_be, kWho);
   Hello hello{};
   std::memcpy(hello.magic, "GWH2", 4);
   hello.nsocks = 1;
-  hello.nonce = handle_nonce(h);
+  hello.nonce = hw.nonce;
   hello.conn_id = 1;
   hello.rank = 1;
   hello.listener_rank = 0;
@@ -193,13 +122,7 @@ void message_stream(const uint8_t* body, size_t n) {
   };
   Challenge ch{};
   check(read_driving(fd.get(), &ch, sizeof(ch), until, tick), "tcp fuzz: challenge");
-  hs::Transcript t;
-  t.protocol = "tcp";
-  t.handle_nonce = hello.nonce;
-  t.conn_id = hello.conn_id;
-  t.connector_rank = hello.rank;
-  t.listener_rank = hello.listener_rank;
-  t.connector_challenge = hello.challenge;
+  hs::Transcript t = net::tcp::transcript(hello);
   t.listener_challenge = ch.challenge;
   check(hs::verify(kToken, hs::Role::kListener, t, ch.proof.data()), "tcp fuzz: listener proof");
   hs::Mac proof = hs::prove(kToken, hs::Role::kConnector, t);
@@ -239,52 +162,22 @@ void message_stream(const uint8_t* body, size_t n) {
 // Mode 3: a fake listener answers the connector's hello with the input; the connector must fail
 // (no answer can carry the token's proof) and never hang past its deadline.
 void connector_side(const uint8_t* body, size_t n) {
-  sys::Fd lfd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(bind(lfd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, "tcp fuzz: bind");
-  check(listen(lfd.get(), 4) == 0, "tcp fuzz: listen");
-  socklen_t len = sizeof(a);
-  getsockname(lfd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  sockaddr_in a;
+  sys::Fd lfd = fake_listener(&a, kWho);
+  HandleWire w{};
+  std::memcpy(w.magic, "GWT1", 4);
+  w.version = net::tcp::kVersion;
+  w.nsocks = 1;
+  w.family = AF_INET;
+  w.port_be = a.sin_port;
+  std::memcpy(w.addr, &a.sin_addr, 4);
+  w.rank = 0;
   net::Handle h{};
-  std::memcpy(h.bytes.data(), "GWT1", 4);
-  uint16_t version = 2, nsocks = 1, family = AF_INET;
-  int32_t rank = 0;
-  std::memcpy(h.bytes.data() + 4, &version, 2);
-  std::memcpy(h.bytes.data() + 6, &nsocks, 2);
-  std::memcpy(h.bytes.data() + 8, &family, 2);
-  std::memcpy(h.bytes.data() + 10, &a.sin_port, 2);
-  std::memcpy(h.bytes.data() + 16, &a.sin_addr, 4);
-  std::memcpy(h.bytes.data() + 40, &rank, 4);
+  std::memcpy(h.bytes.data(), &w, sizeof(w));
   auto c = transport()->connect(h);
   check(c.ok(), "tcp fuzz: connect");
-  sys::Fd peer;
-  bool answered = false;
-  const sys::Deadline until = sys::deadline_after_ms(1000);  // the connector's own is 200 ms
-  while (!sys::expired(until)) {
-    auto r = (*c)->poll();
-    if (!r.ok()) {  // refused, as it must be
-      if (answered) ++counter("tcp.connector_refused_answer");
-      return;
-    }
-    check(*r == nullptr, "tcp fuzz: connected to a listener that proved nothing");
-    if (!peer.valid()) {
-      peer.reset(accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (peer.valid()) close_with_reset(peer.get());
-    }
-    if (peer.valid() && !answered) {
-      uint8_t hello[sizeof(Hello)];
-      if (recv(peer.get(), hello, sizeof(hello), MSG_PEEK | MSG_DONTWAIT) ==
-          static_cast<ssize_t>(sizeof(hello))) {
-        (void)!recv(peer.get(), hello, sizeof(hello), MSG_DONTWAIT);
-        send_some(peer.get(), body, n, sys::deadline_after_ms(kStepMs));
-        ::shutdown(peer.get(), SHUT_WR);
-        answered = true;
-      }
-    }
-  }
-  check(false, "tcp fuzz: the connector outlived its deadline");
+  answer_connector(**c, lfd.get(), sizeof(Hello), std::vector<uint8_t>(body, body + n), kStepMs,
+                   "tcp.connector_refused_answer", kWho);
 }
 
 }  // namespace
@@ -325,22 +218,20 @@ std::vector<std::vector<uint8_t>> tcp_seeds() {
   // Message streams: a header {magic "GWM1", tag, size} and its payload, twice; a header larger
   // than the receive; a notice on the wrong side; a short header.
   auto msg = [](std::vector<uint8_t>& s, uint32_t magic, int32_t tag, uint64_t sz, size_t pay) {
-    uint8_t h[16];
-    std::memcpy(h, &magic, 4);
-    std::memcpy(h + 4, &tag, 4);
-    std::memcpy(h + 8, &sz, 8);
-    s.insert(s.end(), h, h + 16);
+    const MsgHeader h{magic, tag, sz};
+    s.insert(s.end(), reinterpret_cast<const uint8_t*>(&h),
+             reinterpret_cast<const uint8_t*>(&h) + sizeof(h));
     s.insert(s.end(), pay, 0xab);
   };
   std::vector<uint8_t> s{2};
-  msg(s, 0x47574d31, 7, 100, 100);
-  msg(s, 0x47574d31, 8, 0, 0);
+  msg(s, net::tcp::kHeaderMagic, 7, 100, 100);
+  msg(s, net::tcp::kHeaderMagic, 8, 0, 0);
   out.push_back(s);
   s = {2};
-  msg(s, 0x47574d31, 7, 1u << 20, 64);
+  msg(s, net::tcp::kHeaderMagic, 7, 1u << 20, 64);
   out.push_back(s);
   s = {2};
-  msg(s, 0x47574e31, 1, 0, 0);
+  msg(s, net::tcp::kNoticeMagic, 1, 0, 0);
   out.push_back(s);
   out.push_back({2, 0x31, 0x4d});
   // Fake listener answers: a refusal, a challenge with a wrong proof, garbage.

@@ -18,6 +18,7 @@
 #include "core/net/transport.h"
 #include "core/sys/fd.h"
 #include "core/sys/time.h"
+#include "tests/fuzz/fuzz_socket.h"
 #include "tests/fuzz/fuzz_targets.h"
 #include "verbs/verbs_transport.h"
 #include "verbs/verbs_wire.h"
@@ -33,6 +34,7 @@ using verbs::ReadyWire;
 using verbs::ReplyWire;
 
 constexpr const char* kToken = "fuzz-token";
+constexpr const char* kWho = "verbs fuzz";
 constexpr int64_t kStepMs = 30;  // how long one input may keep a socket busy
 
 std::unique_ptr<net::Transport>& transport() {
@@ -52,61 +54,13 @@ std::unique_ptr<net::Transport>& transport() {
   return *t;
 }
 
-HandleWire handle_of(const net::Handle& h) {
-  HandleWire w;
-  std::memcpy(&w, h.bytes.data(), sizeof(w));
-  return w;
-}
-
-// No TIME_WAIT for this side's sockets (see tcp_fuzz.cc: thousands of inputs a second).
-void close_with_reset(int fd) {
-  const linger off{1, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));
-}
-
-sys::Fd dial(uint16_t port_be) {
-  sys::Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  close_with_reset(fd.get());
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = port_be;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  check(rc == 0 || errno == EINPROGRESS, "verbs fuzz: dial");
-  pollfd p{fd.get(), POLLOUT, 0};
-  check(::poll(&p, 1, 2000) == 1, "verbs fuzz: dial completes");
-  return fd;
-}
-
-void send_some(int fd, const uint8_t* p, size_t n, sys::Deadline until) {
-  size_t off = 0;
-  while (off < n && !sys::expired(until)) {
-    ssize_t k = send(fd, p + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      off += static_cast<size_t>(k);
-    } else if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
-      pollfd pf{fd, POLLOUT, 0};
-      ::poll(&pf, 1, 1);
-    } else {
-      return;
-    }
-  }
-}
-
-std::unique_ptr<net::Listener> listen_or_abort(net::Handle* h) {
-  auto l = transport()->listen(h);
-  if (!l.ok()) std::fprintf(stderr, "verbs fuzz: listen: %s\n", l.status().to_string().c_str());
-  check(l.ok(), "verbs fuzz: listen");
-  return std::move(*l);
-}
-
 // Mode 0: the input as a handle handed to connect(): refused, or a connector that ends within its
 // deadline (nobody answers at whatever address the bytes name, or the address is refused).
 void handle_decode(const uint8_t* body, size_t n) {
   net::Handle h{};
   std::memcpy(h.bytes.data(), body, std::min(n, h.bytes.size()));
   // Keep every dial on loopback: the input picks everything but the address.
-  HandleWire w = handle_of(h);
+  HandleWire w = wire_of<HandleWire>(h);
   if (w.family == AF_INET) {
     const uint32_t lo = htonl(INADDR_LOOPBACK);
     std::memcpy(w.addr, &lo, 4);
@@ -131,18 +85,14 @@ void handle_decode(const uint8_t* body, size_t n) {
 // a loopback GID patched in, so the input's port and QP numbers reach the queue pairs and its
 // ready record reaches the proof check). The listener must never hand out a comm.
 void listener_side(const uint8_t* body, size_t n, bool patch) {
-  net::Handle h;
-  auto l = listen_or_abort(&h);
-  l->expect_peer(1);
-  const HandleWire hw = handle_of(h);
-  sys::Fd fd = dial(hw.port_be);
+  RawConnection<HandleWire> raw = connect_raw<HandleWire>(*transport(), kWho);
   std::vector<uint8_t> bytes(body, body + n);
   if (patch && bytes.size() >= sizeof(HelloWire)) {
     HelloWire hello;
     std::memcpy(&hello, bytes.data(), sizeof(hello));
     std::memcpy(hello.magic, "GWVH", 4);
     hello.version = verbs::kWireVersion;
-    hello.nonce = hw.nonce;
+    hello.nonce = raw.wire.nonce;
     hello.rank = 1;
     hello.listener_rank = 0;
     hello.nqps = 1;
@@ -153,11 +103,11 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
     std::memcpy(bytes.data(), &hello, sizeof(hello));
   }
   const sys::Deadline until = sys::deadline_after_ms(kStepMs);
-  send_some(fd.get(), bytes.data(), bytes.size(), until);
-  ::shutdown(fd.get(), SHUT_WR);
+  send_some(raw.sock.get(), bytes.data(), bytes.size(), until);
+  ::shutdown(raw.sock.get(), SHUT_WR);
   uint8_t sink[sizeof(ReplyWire)];
   while (!sys::expired(until)) {
-    auto a = l->accept();
+    auto a = raw.listener->accept();
     if (!a.ok()) {
       // Only the device may fail a listener (out of QPs); a peer's bytes never do.
       check(a.status().code() != Code::kInvalidArg && a.status().code() != Code::kPeer,
@@ -165,7 +115,7 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
       return;
     }
     check(*a == nullptr, "verbs fuzz: a connector without the token was accepted");
-    ssize_t k = recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    ssize_t k = recv(raw.sock.get(), sink, sizeof(sink), MSG_DONTWAIT);
     if (k >= 5 && std::memcmp(sink, "GWVR", 4) == 0 && sink[4] == 1) {
       ++counter("verbs.listener_replied");
     }
@@ -177,14 +127,8 @@ void listener_side(const uint8_t* body, size_t n, bool patch) {
 // acceptance patched in, so it reaches the proof check); the connector must fail (no answer can
 // carry the token's proof) and never outlive its deadline.
 void connector_side(const uint8_t* body, size_t n, bool patch) {
-  sys::Fd lfd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(bind(lfd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, "verbs fuzz: bind");
-  check(listen(lfd.get(), 4) == 0, "verbs fuzz: listen");
-  socklen_t len = sizeof(a);
-  getsockname(lfd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  sockaddr_in a;
+  sys::Fd lfd = fake_listener(&a, kWho);
   HandleWire w{};
   std::memcpy(w.magic, "GWV1", 4);
   w.version = verbs::kWireVersion;
@@ -202,32 +146,8 @@ void connector_side(const uint8_t* body, size_t n, bool patch) {
     std::memcpy(reply.data(), "GWVR", 4);
     reply[4] = 1;  // accepted
   }
-  sys::Fd peer;
-  bool answered = false;
-  const sys::Deadline until = sys::deadline_after_ms(1000);  // the connector's own is 200 ms
-  while (!sys::expired(until)) {
-    auto r = (*c)->poll();
-    if (!r.ok()) {  // refused, as it must be
-      if (answered) ++counter("verbs.connector_refused_answer");
-      return;
-    }
-    check(*r == nullptr, "verbs fuzz: connected to a listener that proved nothing");
-    if (!peer.valid()) {
-      peer.reset(accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (peer.valid()) close_with_reset(peer.get());
-    }
-    if (peer.valid() && !answered) {
-      uint8_t hello[sizeof(HelloWire)];
-      if (recv(peer.get(), hello, sizeof(hello), MSG_PEEK | MSG_DONTWAIT) ==
-          static_cast<ssize_t>(sizeof(hello))) {
-        (void)!recv(peer.get(), hello, sizeof(hello), MSG_DONTWAIT);
-        send_some(peer.get(), reply.data(), reply.size(), sys::deadline_after_ms(kStepMs));
-        ::shutdown(peer.get(), SHUT_WR);
-        answered = true;
-      }
-    }
-  }
-  check(false, "verbs fuzz: the connector outlived its deadline");
+  answer_connector(**c, lfd.get(), sizeof(HelloWire), reply, kStepMs,
+                   "verbs.connector_refused_answer", kWho);
 }
 
 }  // namespace

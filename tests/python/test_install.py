@@ -1,6 +1,7 @@
-"""The installed package: docs/python.md's `pip install --no-build-isolation ./python` into a fresh
-virtual environment (with the system's site packages, for Debian's torch), offline, then used from
-outside the source tree: imports, the bundled library, the gradwire-run console script."""
+"""The installed package: docs/python.md's plain `pip install ./python` (pip's default build
+isolation, no index: the in-tree backend needs nothing fetched) into a fresh virtual environment
+(with the system's site packages, for Debian's torch), offline, then used from outside the source
+tree: imports, the bundled library, the gradwire-run console script."""
 import os
 import shutil
 import subprocess
@@ -26,7 +27,9 @@ def _clean_env(**extra: str) -> dict:
     e = {k: v for k, v in os.environ.items()
          if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                       "GW_STORE", "GW_RANK", "GW_WORLD_SIZE", "VIRTUAL_ENV")}
-    e.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore")
+    # PIP_CONFIG_FILE: no machine's pip.conf (an index or find-links) takes part.
+    e.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore",
+             PIP_CONFIG_FILE=os.devnull)
     e.setdefault("GW_TIMEOUT_MS", "10000")
     e.update(extra)
     return e
@@ -39,19 +42,26 @@ def _run(cmd: list, cwd: Path, env: dict, timeout: float) -> subprocess.Complete
     return p
 
 
+def _tree(d: Path) -> set:
+    return {p.relative_to(d) for p in d.rglob("*") if "__pycache__" not in p.parts}
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("venv") / "env"
-    r = subprocess.run([PYTHON, "-c", "import venv, setuptools, wheel"], capture_output=True,
+    r = subprocess.run([PYTHON, "-c", "import venv, ensurepip, tomllib"], capture_output=True,
                        timeout=60)
-    if r.returncode != 0:  # scripts/install-deps.sh installs them
-        pytest.skip(f"{PYTHON} lacks venv, setuptools or wheel (Debian: python3-venv "
-                    "python3-setuptools python3-wheel)")
+    if r.returncode != 0:  # scripts/install-deps.sh installs python3-venv
+        pytest.skip(f"{PYTHON} lacks venv or ensurepip (Debian: python3-venv), or is older than "
+                    "3.11 (the offline build needs tomllib)")
     env = _clean_env()
     _run([PYTHON, "-m", "venv", "--system-site-packages", d], ROOT, env, 180)
-    # The documented command, from the repository root. GRADWIRE_LIBRARY, where the run sets it,
+    # The documented command, from the repository root, with pip's build isolation (its default)
+    # and no index (PIP_NO_INDEX; no find-links either). GRADWIRE_LIBRARY, where the run sets it,
     # names the library to bundle; else build/release/capi's.
-    _run([d / "bin" / "pip", "install", "--no-build-isolation", "./python"], ROOT, env, 300)
+    before = _tree(ROOT / "python")
+    _run([d / "bin" / "pip", "install", "./python"], ROOT, env, 300)
+    assert _tree(ROOT / "python") == before, "the build wrote into the source tree"
     return d
 
 

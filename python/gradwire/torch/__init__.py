@@ -9,6 +9,9 @@ every operation is checked at the call (_checks), queued to one worker thread pe
 (_worker), which runs the blocking C call and completes a torch.futures.Future, and handed to
 torch as a Work wrapping that future (_work). The rendezvous goes through torch's own store
 (_rendezvous). Supported operations and refusals: docs/python.md.
+
+Horovod's PyTorch API is here too (`import gradwire.torch as hvd`; horovod.py, optimizer.py,
+sync_batch_norm.py): docs/horovod.md.
 """
 
 from __future__ import annotations
@@ -24,8 +27,14 @@ from ._work import GradwireWork
 from ._worker import run_async
 from .process_group import BACKEND_NAME, ProcessGroupGradwire, comm_of
 
+# Horovod's API (`import gradwire.torch as hvd`): docs/horovod.md.
+from .horovod import *  # noqa: E402,F401,F403
+from .horovod import __all__ as _hvd_all  # noqa: E402
+from .optimizer import DistributedOptimizer  # noqa: E402
+from .sync_batch_norm import SyncBatchNorm  # noqa: E402
+
 __all__ = ["ProcessGroupGradwire", "GradwireWork", "comm_of", "comm_over_store", "run_async",
-           "BACKEND_NAME"]
+           "BACKEND_NAME", "DistributedOptimizer", "SyncBatchNorm", *_hvd_all]
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupGradwire:
