@@ -28,8 +28,8 @@ TEST(DaemonFloodTest, ThreeHundredSilentAndTwoHundredFiftySixTricklingKeepNoJobO
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
   const std::string path = dir + "/gwd.sock";
-  test::ProcGroup daemon;
-  test::Env env = test::clean_env();
+  gw::test::ProcGroup daemon;
+  gw::test::Env env = gw::test::clean_env();
   env["GW_LOG_LEVEL"] = "error";  // a refusal per abuser would flood the output
   daemon.start({GRADWIRED_PATH, "--foreground", "--socket", path, "--host-id", "flood-host"}, env);
   ASSERT_TRUE(daemon.wait_for_output(0, "listening", 20000)) << daemon.output(0);
