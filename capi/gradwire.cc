@@ -277,6 +277,12 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   if (out == nullptr) return gw::invalid_arg("argument comm (the output pointer) is NULL");
   GW_ASSIGN_OR_RETURN(SessionOptions o, resolve(cfg));
   gw::log::set_rank(o.rank);
+  if (o.rank == 0) {  // once a process: a job's communicators share their store and its exposure
+    static std::once_flag warned;
+    const std::string why =
+        gw::tokenless_job_warning(o.token_source, o.world_size, o.store_host, o.store_port);
+    if (!why.empty()) std::call_once(warned, [&] { GW_LOG_WARN("gradwire: {}", why); });
+  }
   GW_ASSIGN_OR_RETURN(const std::string daemon, daemon_address());
   std::unique_ptr<Session> session;
   if (!daemon.empty()) {

@@ -1,6 +1,9 @@
 #include "core/bootstrap.h"
 
+#include <arpa/inet.h>
 #include <fmt/ranges.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -520,6 +523,41 @@ Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline, i
                       v->size());
   }
   return std::string(v->begin(), v->end());
+}
+
+bool is_loopback_host(const std::string& host) {
+  if (host.empty()) return false;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return false;
+  bool all_loopback = true;
+  for (const addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
+      all_loopback &= (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    } else if (ai->ai_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
+      all_loopback &= IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) != 0;
+    } else {
+      all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(res);
+  return all_loopback;
+}
+
+std::string tokenless_job_warning(const std::string& token_source, int world_size,
+                                  const std::string& store_host, int store_port) {
+  if (!token_source.empty() || world_size <= 1 || is_loopback_host(store_host)) return "";
+  return fmt::format(
+      "this job has no job token (GW_JOB_TOKEN) and its store {}:{} can be reached from other "
+      "hosts: any process that reaches it can read the token rank 0 made, join as a rank that "
+      "has not arrived yet, receive its neighbours' gradients and send the job its own, while the "
+      "real rank times out. Set the same GW_JOB_TOKEN on every rank (e.g. `export "
+      "GW_JOB_TOKEN=$(openssl rand -hex 16)` in the job script, passed to every rank), or launch "
+      "with gradwire-run, which makes one per job (docs/security.md)",
+      store_host, store_port);
 }
 
 }  // namespace gw

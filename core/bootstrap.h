@@ -103,4 +103,16 @@ Result<std::string> fresh_job_token();
 // instead (publish_setup_failure): the others then fail kPeer naming rank 0 and why.
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline, int world = 0);
 
+// Whether `host` (a store address's host: a name or a literal) reaches only this host: every
+// address it resolves to is in 127.0.0.0/8 or ::1. "0.0.0.0", a name that does not resolve, and
+// any other address are not. May block on the resolver (as the store's own connect would).
+bool is_loopback_host(const std::string& host);
+
+// The WARN a token-less job logs at start-up when its store listens beyond this host (issue 33,
+// docs/security.md): what a stranger who reaches the store can do and how to set a token. Empty
+// when there is nothing to say: a token was given (by the user, config.job_token or PMIx), the job
+// has one rank, or the store is on loopback.
+std::string tokenless_job_warning(const std::string& token_source, int world_size,
+                                  const std::string& store_host, int store_port);
+
 }  // namespace gw

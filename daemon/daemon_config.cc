@@ -87,7 +87,8 @@ constinit const config::Row kReduceThreads{
 
 constinit const config::Row kMetrics{
     "GW_DAEMON_METRICS", Type::String, "", "",
-    "gradwired: HOST:PORT of the Prometheus endpoint (/metrics; --metrics); empty: none"};
+    "gradwired: [HOST:]PORT of the Prometheus endpoint (/metrics; --metrics); no HOST: "
+    "127.0.0.1, 0.0.0.0 for every address; empty: none"};
 
 constinit const config::Row kGroup{
     "GW_DAEMON_GROUP",

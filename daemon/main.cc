@@ -1,7 +1,7 @@
 // gradwired: the per-host daemon (docs/daemon.md).
 //
 //   gradwired [--socket PATH] [--config FILE] [--foreground] [--transport NAME] [--host-id ID]
-//             [--metrics HOST:PORT] [--group NAME]
+//             [--metrics [HOST:]PORT] [--group NAME]
 //
 // Settings come from the layered configuration (core/config.h): --config names the TOML file
 // (GW_CONFIG_FILE; the daemon's keys live in its [daemon] table), the environment overrides it, and
@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "TOML settings file (GW_CONFIG_FILE)");
   app.add_option("--transport", transport, "backend between daemons (GW_DAEMON_TRANSPORT)");
   app.add_option("--host-id", host_id, "this host's identity (GW_HOSTID)");
-  app.add_option("--metrics", metrics, "HOST:PORT of the Prometheus endpoint (GW_DAEMON_METRICS)");
+  app.add_option("--metrics", metrics,
+                 "[HOST:]PORT of the Prometheus endpoint; no HOST: 127.0.0.1 (GW_DAEMON_METRICS)");
   app.add_option("--group", group,
                  "a group whose members may use the daemon whatever their uid (GW_DAEMON_GROUP)");
   app.add_flag("--foreground", foreground, "stay attached to the terminal");
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
     auto m = daemon::MetricsEndpoint::start(metrics_addr, **server);
     if (!m.ok()) return fail(ready_fd, m.status().message());
     endpoint = std::move(*m);
-    std::printf("gradwired: metrics on http://%s/metrics\n", metrics_addr.c_str());
+    std::printf("gradwired: metrics on http://%s/metrics\n", endpoint->bound_address().c_str());
   }
   struct sigaction sa {};
   sa.sa_handler = on_signal;

@@ -1,21 +1,15 @@
 #include "daemon/metrics.h"
 
+#include "daemon/metrics_server.h"
 #include "daemon/protocol.h"
 
 #if defined(GW_HAVE_PROMETHEUS)
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 #endif
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <exception>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,170 +18,124 @@ namespace gw::daemon {
 #if defined(GW_HAVE_PROMETHEUS)
 namespace {
 
-class StatsCollectable final : public prometheus::Collectable {
- public:
-  explicit StatsCollectable(const Server& s) : server_(s) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    const ServerStats st = server_.stats();
-    std::vector<prometheus::MetricFamily> out;
-    using Labels = std::vector<prometheus::ClientMetric::Label>;
-    // Appends a sample to the family `name` (a new family when the last one is another).
-    auto family = [&](const char* name, const char* help,
-                      prometheus::MetricType type) -> prometheus::MetricFamily& {
-      if (out.empty() || out.back().name != name) {
-        prometheus::MetricFamily f;
-        f.name = name;
-        f.help = help;
-        f.type = type;
-        out.push_back(std::move(f));
-      }
-      return out.back();
-    };
-    auto add = [&](const char* name, const char* help, prometheus::MetricType type, double v,
-                   Labels labels = {}) {
-      prometheus::ClientMetric m;
-      m.label = std::move(labels);
-      if (type == prometheus::MetricType::Counter) {
-        m.counter.value = v;
-      } else {
-        m.gauge.value = v;
-      }
-      family(name, help, type).metric.push_back(std::move(m));
-    };
-    using T = prometheus::MetricType;
-    add("gradwired_clients", "trainers connected", T::Gauge, double(st.live_clients));
-    add("gradwired_arenas", "trainer arenas mapped in the daemon", T::Gauge,
-        double(st.live_arenas));
-    add("gradwired_jobs", "jobs with trainers on this daemon", T::Gauge, double(st.live_jobs));
-    add("gradwired_clients_accepted_total", "hellos accepted", T::Counter, double(st.accepted));
-    add("gradwired_clients_refused_total",
-        "connections refused or cut for misbehaviour (garbage, out-of-arena offsets, ring "
-        "overflow, another host, another uid)",
-        T::Counter, double(st.refused));
-    const char* kCollHelp = "job-wide collectives completed, by kind and result";
-    for (int k = 0; k < kNumOpcodes; ++k) {
-      const char* kind = opcode_name(static_cast<Opcode>(k + 1));
-      add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][0]),
-          {{"kind", kind}, {"result", "ok"}});
-      add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][1]),
-          {{"kind", kind}, {"result", "error"}});
+// The daemon's figures as Prometheus families, read at each scrape.
+std::vector<prometheus::MetricFamily> collect(const Server& server) {
+  const ServerStats st = server.stats();
+  std::vector<prometheus::MetricFamily> out;
+  using Labels = std::vector<prometheus::ClientMetric::Label>;
+  // Appends a sample to the family `name` (a new family when the last one is another).
+  auto family = [&](const char* name, const char* help,
+                    prometheus::MetricType type) -> prometheus::MetricFamily& {
+    if (out.empty() || out.back().name != name) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      out.push_back(std::move(f));
     }
-    const char* kErrHelp =
-        "errors by kind: refused hellos (hello), peers of another uid (credentials), caps "
-        "(capacity), misbehaviour after the hello (protocol), failed collectives (collective)";
-    for (int k = 0; k < kNumErrorKinds; ++k) {
-      add("gradwired_errors_total", kErrHelp, T::Counter, double(st.errors[k]),
-          {{"kind", error_kind_name(static_cast<ErrorKind>(k))}});
+    return out.back();
+  };
+  auto add = [&](const char* name, const char* help, prometheus::MetricType type, double v,
+                 Labels labels = {}) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    if (type == prometheus::MetricType::Counter) {
+      m.counter.value = v;
+    } else {
+      m.gauge.value = v;
     }
-    for (int c = 1; c < 9; ++c) {
-      add("gradwired_collective_errors_total", "failed collectives by status code", T::Counter,
-          double(st.collective_errors[c]), {{"code", code_name(static_cast<Code>(c))}});
-    }
-    const char* kBytesHelp =
-        "bytes by transport and direction: arena = read from trainers' buffers (in) and written "
-        "back (out); the inter-host transport = payload handed to its collectives (out) and got "
-        "back (in), not wire bytes";
-    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_in),
-        {{"transport", "arena"}, {"direction", "in"}});
-    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_out),
-        {{"transport", "arena"}, {"direction", "out"}});
-    for (const auto& t : st.inter) {
-      add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.in),
-          {{"transport", t.transport}, {"direction", "in"}});
-      add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.out),
-          {{"transport", t.transport}, {"direction", "out"}});
-    }
-    for (int p = 0; p < kNumPhases; ++p) {
-      const DurationHistogram& h = st.phases[p];
-      prometheus::ClientMetric m;
-      m.label = {{"phase", phase_name(static_cast<Phase>(p))}};
-      m.histogram.sample_count = h.count;
-      m.histogram.sample_sum = h.sum_s;
-      uint64_t cumulative = 0;
-      for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
-        cumulative += h.buckets[b];
-        prometheus::ClientMetric::Bucket bucket;
-        bucket.cumulative_count = cumulative;
-        bucket.upper_bound = b + 1 < DurationHistogram::kBuckets
-                                 ? DurationHistogram::kBounds[b]
-                                 : std::numeric_limits<double>::infinity();
-        m.histogram.bucket.push_back(bucket);
-      }
-      family("gradwired_phase_seconds",
-             "time per phase of a collective in the daemon: local_reduce (reading and summing the "
-             "local trainers' buffers), inter_host (the collective among the job's daemons), "
-             "copy_back (writing the result into every trainer's buffer)",
-             T::Histogram)
-          .metric.push_back(std::move(m));
-    }
-    return out;
+    family(name, help, type).metric.push_back(std::move(m));
+  };
+  using T = prometheus::MetricType;
+  add("gradwired_clients", "trainers connected", T::Gauge, double(st.live_clients));
+  add("gradwired_arenas", "trainer arenas mapped in the daemon", T::Gauge, double(st.live_arenas));
+  add("gradwired_jobs", "jobs with trainers on this daemon", T::Gauge, double(st.live_jobs));
+  add("gradwired_clients_accepted_total", "hellos accepted", T::Counter, double(st.accepted));
+  add("gradwired_clients_refused_total",
+      "connections refused or cut for misbehaviour (garbage, out-of-arena offsets, ring "
+      "overflow, another host, another uid)",
+      T::Counter, double(st.refused));
+  const char* kCollHelp = "job-wide collectives completed, by kind and result";
+  for (int k = 0; k < kNumOpcodes; ++k) {
+    const char* kind = opcode_name(static_cast<Opcode>(k + 1));
+    add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][0]),
+        {{"kind", kind}, {"result", "ok"}});
+    add("gradwired_collectives_total", kCollHelp, T::Counter, double(st.by_opcode[k][1]),
+        {{"kind", kind}, {"result", "error"}});
   }
-
- private:
-  const Server& server_;
-};
+  const char* kErrHelp =
+      "errors by kind: refused hellos (hello), peers of another uid (credentials), caps "
+      "(capacity), misbehaviour after the hello (protocol), failed collectives (collective)";
+  for (int k = 0; k < kNumErrorKinds; ++k) {
+    add("gradwired_errors_total", kErrHelp, T::Counter, double(st.errors[k]),
+        {{"kind", error_kind_name(static_cast<ErrorKind>(k))}});
+  }
+  for (int c = 1; c < 9; ++c) {
+    add("gradwired_collective_errors_total", "failed collectives by status code", T::Counter,
+        double(st.collective_errors[c]), {{"code", code_name(static_cast<Code>(c))}});
+  }
+  const char* kBytesHelp =
+      "bytes by transport and direction: arena = read from trainers' buffers (in) and written "
+      "back (out); the inter-host transport = payload handed to its collectives (out) and got "
+      "back (in), not wire bytes";
+  add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_in),
+      {{"transport", "arena"}, {"direction", "in"}});
+  add("gradwired_bytes_total", kBytesHelp, T::Counter, double(st.arena_bytes_out),
+      {{"transport", "arena"}, {"direction", "out"}});
+  for (const auto& t : st.inter) {
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.in),
+        {{"transport", t.transport}, {"direction", "in"}});
+    add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.out),
+        {{"transport", t.transport}, {"direction", "out"}});
+  }
+  for (int p = 0; p < kNumPhases; ++p) {
+    const DurationHistogram& h = st.phases[p];
+    prometheus::ClientMetric m;
+    m.label = {{"phase", phase_name(static_cast<Phase>(p))}};
+    m.histogram.sample_count = h.count;
+    m.histogram.sample_sum = h.sum_s;
+    uint64_t cumulative = 0;
+    for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
+      cumulative += h.buckets[b];
+      prometheus::ClientMetric::Bucket bucket;
+      bucket.cumulative_count = cumulative;
+      bucket.upper_bound = b + 1 < DurationHistogram::kBuckets
+                               ? DurationHistogram::kBounds[b]
+                               : std::numeric_limits<double>::infinity();
+      m.histogram.bucket.push_back(bucket);
+    }
+    family("gradwired_phase_seconds",
+           "time per phase of a collective in the daemon: local_reduce (reading and summing the "
+           "local trainers' buffers), inter_host (the collective among the job's daemons), "
+           "copy_back (writing the result into every trainer's buffer)",
+           T::Histogram)
+        .metric.push_back(std::move(m));
+  }
+  return out;
+}
 
 class PrometheusEndpoint final : public MetricsEndpoint {
  public:
-  PrometheusEndpoint(std::unique_ptr<prometheus::Exposer> e, std::shared_ptr<StatsCollectable> c)
-      : exposer_(std::move(e)), stats_(std::move(c)) {
-    exposer_->RegisterCollectable(stats_);
-  }
+  explicit PrometheusEndpoint(std::unique_ptr<MetricsServer> http) : http_(std::move(http)) {}
+  const std::string& bound_address() const override { return http_->bound_address(); }
 
  private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<StatsCollectable> stats_;
+  std::unique_ptr<MetricsServer> http_;
 };
-
-// Why CivetWeb could not listen on `host_port` ("PORT", "HOST:PORT", "[V6]:PORT"), told by a bind
-// of our own: its exception says only "null context when constructing CivetServer". Empty when
-// the bind works (then CivetWeb's own text is all there is).
-std::string why_not_listening(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  std::string host = colon == std::string::npos ? "" : host_port.substr(0, colon);
-  const std::string port = colon == std::string::npos ? host_port : host_port.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res) != 0 ||
-      res == nullptr) {
-    return "not an address this host can listen on (want PORT or HOST:PORT)";
-  }
-  std::string why;
-  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd >= 0) {
-    const int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
-      const int err = errno;
-      why = err == EADDRINUSE
-                ? "the port is in use by another process (another gradwired? `ss -ltnp` names "
-                  "it): stop it or give --metrics another port"
-                : std::string("bind: ") + std::strerror(err);
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return why;
-}
 
 }  // namespace
 
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::string& host_port,
                                                                 const Server& server) {
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(host_port);
-    return std::unique_ptr<MetricsEndpoint>(
-        new PrometheusEndpoint(std::move(exposer), std::make_shared<StatsCollectable>(server)));
-  } catch (const std::exception& e) {
-    const std::string why = why_not_listening(host_port);
-    if (!why.empty()) return invalid_arg("gradwired: --metrics {}: {}", host_port, why);
-    return invalid_arg("gradwired: metrics endpoint on '{}': {}", host_port, e.what());
-  }
+  MetricsServerOptions o;
+  o.address = host_port;
+  auto http = MetricsServer::start(o, [&server] {
+    std::ostringstream text;
+    prometheus::TextSerializer().Serialize(text, collect(server));
+    return text.str();
+  });
+  if (!http.ok()) return http.status();
+  return std::unique_ptr<MetricsEndpoint>(new PrometheusEndpoint(std::move(*http)));
 }
 
 #else

@@ -16,6 +16,9 @@ std::vector<std::vector<uint8_t>> plugin_handle_seeds();
 std::vector<std::vector<uint8_t>> codec_spec_seeds();
 std::vector<std::vector<uint8_t>> codec_payload_seeds();
 std::vector<std::vector<uint8_t>> config_seeds();
+std::vector<std::vector<uint8_t>> daemon_hello_seeds();
+std::vector<std::vector<uint8_t>> daemon_control_seeds();
+std::vector<std::vector<uint8_t>> metrics_http_seeds();
 #ifdef GW_FUZZ_VERBS
 std::vector<std::vector<uint8_t>> verbs_seeds();
 #endif
@@ -43,6 +46,9 @@ const std::vector<Target>& targets() {
       {"codec_spec", &codec_spec, &codec_spec_seeds},
       {"codec_payload", &codec_payload, &codec_payload_seeds},
       {"config_toml", &config_toml, &config_seeds},
+      {"daemon_hello", &daemon_hello, &daemon_hello_seeds},
+      {"daemon_control_request", &daemon_control_request, &daemon_control_seeds},
+      {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
 #ifdef GW_FUZZ_VERBS
       {"verbs_wire", &verbs_wire, &verbs_seeds},
 #endif

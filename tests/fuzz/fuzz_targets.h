@@ -36,6 +36,12 @@ int codec_spec(const uint8_t* data, size_t size);
 int codec_payload(const uint8_t* data, size_t size);
 // The TOML configuration file loader (GW_CONFIG_FILE).
 int config_toml(const uint8_t* data, size_t size);
+// gradwired's hello as its admission decodes it (daemon/protocol.h); round trip.
+int daemon_hello(const uint8_t* data, size_t size);
+// gradwired's control request (daemon/control.h); round trip.
+int daemon_control_request(const uint8_t* data, size_t size);
+// The /metrics listener's HTTP request (daemon/http_request.h).
+int metrics_http_request(const uint8_t* data, size_t size);
 // verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
 // hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
 // (GW_FUZZ_VERBS).

@@ -137,6 +137,16 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");
+  } else if (name == "daemon_hello") {
+    reached("daemon.hello_accepted");
+    reached("daemon.hello_refused");
+  } else if (name == "daemon_control_request") {
+    reached("daemon.control_accepted");
+    reached("daemon.control_refused");
+  } else if (name == "metrics_http_request") {
+    reached("http.complete");
+    reached("http.incomplete");
+    reached("http.bad");
   }
 }
 

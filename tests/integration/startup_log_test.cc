@@ -107,6 +107,28 @@ TEST(StartupLogTest, AutoIsResolvedAndTheTokenSourceNamed) {
     EXPECT_NE(l.find("job token made by rank 0"), std::string::npos) << l;
     EXPECT_NE(l.find("channels 2,"), std::string::npos) << l;
     EXPECT_NE(l.find("allreduce"), std::string::npos) << l;
+    // No token, but a store on loopback: nothing to warn about (issue 33 item 6).
+    EXPECT_EQ(out.find("has no job token"), std::string::npos) << out;
+  }
+}
+
+// Issue 33 item 6: a token-less job whose store other hosts can reach (0.0.0.0: every interface)
+// says at start-up, on rank 0, what a stranger could do and how to set a token; with a token it
+// says nothing. Before the fix no run said anything.
+TEST(StartupLogTest, ATokenlessJobWithAStoreBeyondLoopbackWarnsOnRankZero) {
+  auto outputs = run_ranks(2, {{"GW_TRANSPORT", "tcp"}, {"MASTER_ADDR", "0.0.0.0"}});
+  ASSERT_EQ(outputs.size(), 2u);
+  auto warned = lines_with(outputs[0], "has no job token");
+  ASSERT_EQ(warned.size(), 1u) << outputs[0];
+  EXPECT_NE(warned[0].find("warn"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("0.0.0.0:"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("receive its neighbours' gradients"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("GW_JOB_TOKEN=$(openssl rand -hex 16)"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("gradwire-run"), std::string::npos) << warned[0];
+  EXPECT_EQ(outputs[1].find("has no job token"), std::string::npos) << outputs[1];
+  for (const std::string& out : run_ranks(
+           2, {{"GW_TRANSPORT", "tcp"}, {"MASTER_ADDR", "0.0.0.0"}, {"GW_JOB_TOKEN", kToken}})) {
+    EXPECT_EQ(out.find("has no job token"), std::string::npos) << out;
   }
 }
 

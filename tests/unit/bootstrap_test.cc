@@ -560,5 +560,22 @@ TEST_F(BootstrapTest, APublishedSetupFailureFailsTheOthersAtOnce) {
   }
 }
 
+// Issue 33 item 6: which store addresses count as this host only, and when a token-less job warns.
+TEST(TokenlessJobWarningTest, OnlyATokenlessJobWithAStoreBeyondLoopbackIsWarned) {
+  for (const char* h : {"127.0.0.1", "127.8.9.10", "::1", "localhost"}) {
+    EXPECT_TRUE(is_loopback_host(h)) << h;
+  }
+  for (const char* h : {"", "0.0.0.0", "::", "10.1.2.3", "192.0.2.7", "no-such-host.invalid"}) {
+    EXPECT_FALSE(is_loopback_host(h)) << h;
+  }
+  const std::string w = tokenless_job_warning("", 4, "10.1.2.3", 29500);
+  EXPECT_NE(w.find("10.1.2.3:29500"), std::string::npos) << w;
+  EXPECT_NE(w.find("GW_JOB_TOKEN"), std::string::npos) << w;
+  EXPECT_EQ(tokenless_job_warning("GW_JOB_TOKEN", 4, "10.1.2.3", 29500), "");
+  EXPECT_EQ(tokenless_job_warning("PMIx (made by rank 0)", 4, "10.1.2.3", 29500), "");
+  EXPECT_EQ(tokenless_job_warning("", 1, "10.1.2.3", 29500), "");
+  EXPECT_EQ(tokenless_job_warning("", 4, "127.0.0.1", 29500), "");
+}
+
 }  // namespace
 }  // namespace gw

@@ -1,0 +1,134 @@
+// The daemon's decoders of bytes from a stranger, one libFuzzer binary each (fuzz_targets.h):
+// gradwired's hello (daemon/protocol.h), its control requests (daemon/control.h) and the /metrics
+// listener's HTTP request (daemon/http_request.h). tests/fuzz/daemon_proto_fuzz.cc fuzzes every
+// protocol decoder behind one selector byte; these rows give the two a stranger reaches first, and
+// the HTTP one, a whole fuzzing run each.
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "daemon/control.h"
+#include "daemon/http_request.h"
+#include "daemon/protocol.h"
+#include "tests/fuzz/fuzz_targets.h"
+
+namespace gw::fuzz {
+
+using daemon::HttpRequest;
+
+int daemon_hello(const uint8_t* data, size_t size) {
+  auto h = daemon::decode_hello(data, size);
+  if (!h.ok()) {
+    ++counter("daemon.hello_refused");
+    return 0;
+  }
+  ++counter("daemon.hello_accepted");
+  check(h->rank >= 0 && h->rank < h->world_size && h->world_size <= daemon::kMaxWorld,
+        "hello: rank within the world");
+  check(h->host_index >= 0 && h->host_index < h->num_hosts, "hello: host index within the hosts");
+  check(h->local_rank >= 0 && h->local_rank < h->local_size, "hello: local rank within the host");
+  check(h->arena_bytes >= daemon::kMinArenaBytes && h->arena_bytes <= daemon::kMaxArenaBytes,
+        "hello: arena within bounds");
+  const std::vector<uint8_t> again = daemon::encode_hello(*h);
+  check(again.size() == size && std::memcmp(again.data(), data, size) == 0,
+        "hello: what was accepted encodes to the same bytes");
+  return 0;
+}
+
+int daemon_control_request(const uint8_t* data, size_t size) {
+  auto c = daemon::decode_control_request(data, size);
+  if (!c.ok()) {
+    ++counter("daemon.control_refused");
+    return 0;
+  }
+  ++counter("daemon.control_accepted");
+  check(size <= daemon::kMaxControlRequestBytes, "control: a request within the size cap");
+  const std::string again = daemon::encode_control_request(*c);
+  auto back =
+      daemon::decode_control_request(reinterpret_cast<const uint8_t*>(again.data()), again.size());
+  check(back.ok() && *back == *c, "control: the command round-trips");
+  return 0;
+}
+
+int metrics_http_request(const uint8_t* data, size_t size) {
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  const HttpRequest r = daemon::parse_http_request(in);
+  switch (r.state) {
+    case HttpRequest::State::kIncomplete:
+      ++counter("http.incomplete");
+      check(size <= HttpRequest::kMaxBytes, "http: over the cap is never incomplete");
+      check(r.method.empty() && r.path.empty(), "http: incomplete sets nothing");
+      break;
+    case HttpRequest::State::kBad:
+      ++counter("http.bad");
+      break;
+    case HttpRequest::State::kComplete: {
+      ++counter("http.complete");
+      check(!r.method.empty() && r.path.size() < HttpRequest::kMaxBytes,
+            "http: a method and a bounded path");
+      check(r.path.find_first_of(" ?\r\n") == std::string::npos, "http: a path without its query");
+      // More bytes after a whole request (a pipelined one) do not change the verdict.
+      std::string more(in);
+      more += "GET /x HTTP/1.1\r\n";
+      const HttpRequest again = daemon::parse_http_request(more);
+      check(again.state == HttpRequest::State::kComplete && again.path == r.path,
+            "http: a whole request stays whole");
+      break;
+    }
+  }
+  return 0;
+}
+
+namespace {
+std::vector<uint8_t> bytes(std::string_view s) { return {s.begin(), s.end()}; }
+}  // namespace
+
+std::vector<std::vector<uint8_t>> daemon_hello_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  daemon::Hello h;
+  h.rank = 3;
+  h.world_size = 4;
+  h.host_index = 1;
+  h.num_hosts = 2;
+  h.local_rank = 1;
+  h.local_size = 2;
+  h.arena_bytes = 64 << 20;
+  h.timeout_ms = 30000;
+  h.job_token = "token-0123456789";
+  h.store_token = "store-token";
+  h.store_host = "10.0.0.1";
+  h.store_port = 29500;
+  h.host_id = "hostA/boot/netns:1";
+  out.push_back(daemon::encode_hello(h));
+  h.num_hosts = 1;
+  h.host_index = 0;
+  h.rank = 0;
+  h.world_size = 1;
+  h.local_rank = 0;
+  h.local_size = 1;
+  h.store_host.clear();
+  h.store_port = 0;
+  out.push_back(daemon::encode_hello(h));
+  return out;
+}
+
+std::vector<std::vector<uint8_t>> daemon_control_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  for (auto c : {daemon::ControlCommand::kStatus, daemon::ControlCommand::kJobs,
+                 daemon::ControlCommand::kClients, daemon::ControlCommand::kConfig}) {
+    out.push_back(bytes(daemon::encode_control_request(c)));
+  }
+  out.push_back(bytes(R"({"command":"status","extra":[1,2,{"x":null}]})"));
+  out.push_back(bytes(R"({"command":"nope"})"));
+  return out;
+}
+
+std::vector<std::vector<uint8_t>> metrics_http_seeds() {
+  return {bytes("GET /metrics HTTP/1.1\r\nHost: localhost:9464\r\nUser-Agent: Prometheus/2.45\r\n"
+                "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n"
+                "X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n"),
+          bytes("HEAD /metrics?x=1 HTTP/1.0\n\n"), bytes("POST / HTTP/1.1\r\n\r\n"),
+          bytes("GET /metrics HTTP/1.1\r\nX-Slow: 1\r\n")};
+}
+
+}  // namespace gw::fuzz
