@@ -31,8 +31,10 @@ Status CommImpl::check_usable(const char* name) const {
 
 // The call's signature as the 19 bits of the tag's sequence field (splitmix64's finaliser over
 // the fields side by side): a few nanoseconds per call.
-uint32_t fold_signature(int kind, DataType dtype, ReduceOp op, bool reduces, int root) {
+uint32_t fold_signature(int kind, DataType dtype, ReduceOp op, bool reduces, int root,
+                        uint64_t count) {
   uint64_t x = static_cast<uint64_t>(kind + 1) ^ (static_cast<uint64_t>(dtype) << 8) ^
+               (count * 0x9e3779b97f4a7c15ull) ^
                (static_cast<uint64_t>(reduces ? static_cast<int>(op) + 1 : 0) << 16) ^
                (static_cast<uint64_t>(static_cast<uint32_t>(root)) << 24);
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

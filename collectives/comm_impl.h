@@ -58,7 +58,10 @@ ExecutorOptions executor_options(const CommSettings& s);
 Status validate_buffers(const char* name, const void* a, const void* b, size_t count,
                         DataType dtype, size_t a_elems, size_t b_elems);
 // The call's signature as the 19 bits of the tag's sequence field.
-uint32_t fold_signature(int kind, DataType dtype, ReduceOp op, bool reduces, int root);
+// count: the rooted collectives' (every rank passes the same); 0 for the others, whose counts
+// the executor checks from the sizes.
+uint32_t fold_signature(int kind, DataType dtype, ReduceOp op, bool reduces, int root,
+                        uint64_t count = 0);
 // Every transport words a receive whose tag differs from the send's as a "tag mismatch"
 // (core/net/transport.h); in a collective that is a peer running another call.
 bool tag_mismatch(const Status& s);
@@ -157,6 +160,14 @@ class CommImpl : public Communicator {
   Status scatter_locked(const void* sendbuf, void* recvbuf, size_t recvcount, DataType dtype,
                         int root);
   Status alltoallv_locked(const CollectiveCall& call);
+  // Runs the phases one after the other (each a set of plans run together, for tag_seq_), after
+  // connecting what all of them use.
+  // check_ring: first an empty message round the ring (each rank to the next), whose tag carries
+  // the call's signature, so that ranks that disagree on it fail before any data moves, whoever
+  // would have sent first.
+  Status run_phases(const char* name, const std::vector<std::vector<Plan>>& phases,
+                    const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op, Deadline deadline,
+                    bool check_ring);
   // What the ranks of one collective must agree on besides its count (the executor checks the
   // count exactly, from the sizes it receives, and names both sides' sizes): the kind, the dtype,
   // the op and the root. run_collective folds it into the sequence field of every tag of the
@@ -168,8 +179,10 @@ class CommImpl : public Communicator {
     CallKind kind;
     DataType dtype = DataType::kU8;
     ReduceOp op = ReduceOp::kSum;
-    bool reduces = false;  // whether op matters
-    int root = -1;         // the rooted collectives'
+    bool reduces = false;    // whether op matters
+    int root = -1;           // the rooted collectives'
+    bool has_count = false;  // whether count is part of the signature (the rooted collectives)
+    size_t count = 0;
   };
   // Runs under exec_mu_: checks abort/broken state, numbers the collective (tag_seq_: the number
   // with `sig` folded in), and marks the communicator broken when `body` fails (its connections
@@ -261,16 +274,18 @@ template <typename F>
 Status CommImpl::run_collective(const char* name, const CallSig& sig, F&& body) {
   GW_RETURN_IF_ERROR(check_usable(name));
   ++seq_;
-  tag_seq_ =
-      seq_ ^ fold_signature(static_cast<int>(sig.kind), sig.dtype, sig.op, sig.reduces, sig.root);
+  tag_seq_ = seq_ ^ fold_signature(static_cast<int>(sig.kind), sig.dtype, sig.op, sig.reduces,
+                                   sig.root, sig.has_count ? sig.count + 1 : 0);
   Status s = body(deadline_after_ms(settings_.timeout_ms));
   if (tag_mismatch(s)) {
     // The header's promise: arguments that disagree are the callers' error.
     std::string mine = fmt::format("{} of {}", name, dtype_name(sig.dtype));
     if (sig.reduces) mine += fmt::format(", op {}", op_name(sig.op));
     if (sig.root >= 0) mine += fmt::format(", root {}", sig.root);
+    if (sig.has_count) mine += fmt::format(", count {}", sig.count);
     s = invalid_arg(
-        "{}: ranks disagree on the collective, its dtype, op or root, or on the order of calls: "
+        "{}: ranks disagree on the collective, its dtype, op, root or count, or on the order of "
+        "calls: "
         "rank {} called {} as its collective #{} ({})",
         name, rank(), mine, seq_, s.message());
   }

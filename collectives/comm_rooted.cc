@@ -146,6 +146,35 @@ std::vector<Plan> one_plan(Schedule s) {
 
 }  // namespace
 
+Status CommImpl::run_phases(const char* name, const std::vector<std::vector<Plan>>& phases,
+                            const uint8_t* in, uint8_t* out, DataType dtype, ReduceOp op,
+                            Deadline deadline, bool check_ring) {
+  // Connections with every peer first, whatever the call's arguments (the phases' links depend
+  // on the root), so that ranks that disagree on them all connect the same links and meet the
+  // mismatch in a message; and before any phase, since a peer that fails a phase closes its
+  // connections and returns, so one that connected only then would wait until the deadline.
+  std::vector<Plan> all(1);
+  for (int k = 1; k < size(); ++k) {
+    Step st;
+    st.send_to = (rank() + k) % size();
+    st.recv_from = (rank() + size() - k) % size();
+    all[0].sched.push_back(st);
+  }
+  for (const auto& phase : phases) all.insert(all.end(), phase.begin(), phase.end());
+  GW_RETURN_IF_ERROR(pool_.connect_all(name, all, deadline));
+  if (check_ring) {
+    Step st;
+    st.id = 0xFFF;  // above every phase's ids
+    st.send_to = (rank() + 1) % size();
+    st.recv_from = (rank() + size() - 1) % size();
+    GW_RETURN_IF_ERROR(exec_.run(name, tag_seq_, one_plan({st}), in, out, dtype, op, deadline));
+  }
+  for (const auto& phase : phases) {
+    GW_RETURN_IF_ERROR(exec_.run(name, tag_seq_, phase, in, out, dtype, op, deadline));
+  }
+  return ok_status();
+}
+
 Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                                ReduceOp op, int root) {
   CollectiveCall c;
@@ -157,7 +186,7 @@ Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count,
   c.op = op;
   c.root = root;
   GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
-  const CallSig sig{CallKind::kReduce, dtype, op, true, root};
+  const CallSig sig{CallKind::kReduce, dtype, op, true, root, true, count};
   return run_collective("reduce", sig, [&](Deadline deadline) -> Status {
     const size_t es = dtype_size(dtype);
     const size_t bytes = count * es;
@@ -175,10 +204,9 @@ Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count,
                                          cost_.reduce_gbps, exec_.chunk_bytes());
     const Schedule data =
         tree ? tree_reduce(rank(), size(), root, count) : chain_reduce(rank(), size(), root, count);
-    GW_RETURN_IF_ERROR(exec_.run("reduce", tag_seq_, one_plan(data), in, out, dtype, op, deadline));
-    GW_RETURN_IF_ERROR(exec_.run("reduce", tag_seq_,
-                                 one_plan(reduce_token(rank(), size(), root, tree)), in, out, dtype,
-                                 op, deadline));
+    GW_RETURN_IF_ERROR(
+        run_phases("reduce", {one_plan(data), one_plan(reduce_token(rank(), size(), root, tree))},
+                   in, out, dtype, op, deadline, true));
     if (at_root && op == ReduceOp::kAvg) finalize_avg(dtype, recvbuf, count, size());
     return ok_status();
   });
@@ -194,7 +222,7 @@ Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendco
   c.dtype = dtype;
   c.root = root;
   GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
-  const CallSig sig{CallKind::kGather, dtype, ReduceOp::kSum, false, root};
+  const CallSig sig{CallKind::kGather, dtype, ReduceOp::kSum, false, root, true, sendcount};
   return run_collective("gather", sig, [&](Deadline deadline) -> Status {
     const size_t blk = sendcount * dtype_size(dtype);
     const auto* in = static_cast<const uint8_t*>(sendbuf);
@@ -204,13 +232,11 @@ Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendco
     if (at_root && blk && in != out + rank() * blk) std::memmove(out + rank() * blk, in, blk);
     if (size() == 1) return ok_status();
     if (out == nullptr) out = exec_.scratch(1);  // the token's (empty) destination
-    GW_RETURN_IF_ERROR(exec_.run(
-        "gather", tag_seq_,
-        spread_steps(rooted_blocks(rank(), size(), root, sendcount, true), kAlltoallInFlight), in,
-        out, dtype, ReduceOp::kSum, deadline));
-    return exec_.run("gather", tag_seq_,
-                     spread_steps(rooted_token(rank(), size(), root), kAlltoallInFlight), in, out,
-                     dtype, ReduceOp::kSum, deadline);
+    return run_phases(
+        "gather",
+        {spread_steps(rooted_blocks(rank(), size(), root, sendcount, true), kAlltoallInFlight),
+         spread_steps(rooted_token(rank(), size(), root), kAlltoallInFlight)},
+        in, out, dtype, ReduceOp::kSum, deadline, true);
   });
 }
 
@@ -224,7 +250,7 @@ Status CommImpl::scatter_locked(const void* sendbuf, void* recvbuf, size_t recvc
   c.dtype = dtype;
   c.root = root;
   GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
-  const CallSig sig{CallKind::kScatter, dtype, ReduceOp::kSum, false, root};
+  const CallSig sig{CallKind::kScatter, dtype, ReduceOp::kSum, false, root, true, recvcount};
   return run_collective("scatter", sig, [&](Deadline deadline) -> Status {
     const size_t blk = recvcount * dtype_size(dtype);
     const auto* in = static_cast<const uint8_t*>(sendbuf);
@@ -234,13 +260,12 @@ Status CommImpl::scatter_locked(const void* sendbuf, void* recvbuf, size_t recvc
     if (at_root && blk && out != in + rank() * blk) std::memmove(out, in + rank() * blk, blk);
     if (size() == 1) return ok_status();
     if (out == nullptr) out = exec_.scratch(1);
-    const auto run = [&](const Schedule& s) {
-      return exec_.run("scatter", tag_seq_, spread_steps(s, kAlltoallInFlight), in, out, dtype,
-                       ReduceOp::kSum, deadline);
-    };
-    GW_RETURN_IF_ERROR(run(rooted_blocks(rank(), size(), root, recvcount, false)));
-    GW_RETURN_IF_ERROR(run(rooted_ack(rank(), size(), root)));
-    return run(rooted_token(rank(), size(), root));
+    return run_phases(
+        "scatter",
+        {spread_steps(rooted_blocks(rank(), size(), root, recvcount, false), kAlltoallInFlight),
+         spread_steps(rooted_ack(rank(), size(), root), kAlltoallInFlight),
+         spread_steps(rooted_token(rank(), size(), root), kAlltoallInFlight)},
+        in, out, dtype, ReduceOp::kSum, deadline, true);
   });
 }
 
@@ -269,17 +294,14 @@ Status CommImpl::alltoallv_locked(const CollectiveCall& c) {
     }
     if (size() == 1) return ok_status();
     uint8_t* sink = out != nullptr ? out : exec_.scratch(1);
-    GW_RETURN_IF_ERROR(exec_.run(
-        "alltoallv", tag_seq_,
-        spread_steps(
-            pairwise_alltoallv(rank(), size(), c.sendcounts, c.sdispls, c.recvcounts, c.rdispls),
-            kAlltoallInFlight),
-        in, sink, c.dtype, ReduceOp::kSum, deadline));
-    // Every pair once more, empty: a rank that failed the exchange never sends it, so no rank
-    // ends well when any disagreed.
-    return exec_.run("alltoallv", tag_seq_,
-                     spread_steps(pairwise_token(rank(), size()), kAlltoallInFlight), in, sink,
-                     c.dtype, ReduceOp::kSum, deadline);
+    // Then every pair once more, empty: a rank that failed the exchange never sends it, so no
+    // rank ends well when any disagreed.
+    return run_phases("alltoallv",
+                      {spread_steps(pairwise_alltoallv(rank(), size(), c.sendcounts, c.sdispls,
+                                                       c.recvcounts, c.rdispls),
+                                    kAlltoallInFlight),
+                       spread_steps(pairwise_token(rank(), size()), kAlltoallInFlight)},
+                      in, sink, c.dtype, ReduceOp::kSum, deadline, false);
   });
 }
 
