@@ -13,62 +13,6 @@ namespace gw::coll {
 
 // ---- the base class's forms ---------------------------------------------------------------------
 
-Status Communicator::reduce(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
-                            ReduceOp op, int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kReduce;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
-  c.root = root;
-  return run(c);
-}
-
-Status Communicator::gather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType dtype,
-                            int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kGather;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = sendcount;
-  c.dtype = dtype;
-  c.root = root;
-  return run(c);
-}
-
-Status Communicator::scatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType dtype,
-                             int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kScatter;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = recvcount;
-  c.dtype = dtype;
-  c.root = root;
-  return run(c);
-}
-
-Status Communicator::alltoallv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
-                               void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
-                               DataType dtype) {
-  if (!sendcounts || !sdispls || !recvcounts || !rdispls) {
-    return invalid_arg("alltoallv: sendcounts, sdispls, recvcounts and rdispls must not be NULL");
-  }
-  const auto p = static_cast<size_t>(size());
-  CollectiveCall c;
-  c.kind = CallKind::kAlltoallv;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.dtype = dtype;
-  c.sendcounts.assign(sendcounts, sendcounts + p);
-  c.sdispls.assign(sdispls, sdispls + p);
-  c.recvcounts.assign(recvcounts, recvcounts + p);
-  c.rdispls.assign(rdispls, rdispls + p);
-  return run(c);
-}
-
 Status Communicator::run(const CollectiveCall& c) {
   switch (c.kind) {
     case CallKind::kAllreduce:

@@ -36,7 +36,7 @@ class BuildPyWithLibrary(build_py):
         lib = _library()
         out = Path(self.build_lib) / "gradwire"
         super().run()
-        # Copied, not linked: the file behind the libgradwire.so -> .so.0 -> .so.0.3.0 chain.
+        # Copied, not linked: the file behind the libgradwire.so -> .so.0 -> .so.0.4.0 chain.
         self.copy_file(str(lib.resolve()), str(out / "libgradwire.so"))
         dpdk = lib.parent / "libgradwire_dpdk.so"
         if dpdk.is_file():

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define GW_VERSION_MAJOR 0
-#define GW_VERSION_MINOR 3
+#define GW_VERSION_MINOR 4
 #define GW_VERSION_PATCH 0
 
 typedef enum {
