@@ -61,6 +61,10 @@ int P2PRequest::source() const {
   return source_;
 }
 
+PointToPoint::PointToPoint(const Group& group, PoolOptions pool, P2POptions options,
+                           const std::atomic<bool>* aborted)
+    : impl_(std::make_unique<Impl>(group, std::move(pool), options, aborted)) {}
+
 PointToPoint::~PointToPoint() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -204,8 +204,4 @@ struct PointToPoint::Impl {
   bool check_deadlines();
 };
 
-PointToPoint::PointToPoint(const Group& group, PoolOptions pool, P2POptions options,
-                           const std::atomic<bool>* aborted)
-    : impl_(std::make_unique<Impl>(group, std::move(pool), options, aborted)) {}
-
 }  // namespace gw::coll

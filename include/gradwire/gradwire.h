@@ -176,7 +176,8 @@ gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t 
 
 /* ---- Plain collectives: host memory only ----------------------------------------------------
  *
- * gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter, gw_alltoall and gw_iallreduce move
+ * gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter, gw_alltoall, gw_reduce, gw_gather,
+ * gw_scatter, gw_alltoallv and the non-blocking forms (gw_iallreduce, gw_ibroadcast...) move
  * host memory (malloc'd, pinned, or CUDA managed memory). A CUDA device pointer (cudaMalloc'd) is
  * refused with GW_ERR_UNSUPPORTED and gw_last_error() names the call and the argument; the check
  * asks the CUDA driver when the process has loaded it (one pointer-attribute query per buffer),
