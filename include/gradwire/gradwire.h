@@ -276,9 +276,8 @@ gw_status_t gw_ibroadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dt
                           gw_request_t* request);
 gw_status_t gw_iallgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                           gw_dtype_t dtype, gw_request_t* request);
-gw_status_t gw_ireduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
-                               size_t recvcount, gw_dtype_t dtype, gw_op_t op,
-                               gw_request_t* request);
+gw_status_t gw_ireduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
+                               gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
 gw_status_t gw_ialltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                          gw_dtype_t dtype, gw_request_t* request);
 gw_status_t gw_ialltoallv(gw_comm_t comm, const void* sendbuf, const size_t* sendcounts,
