@@ -1,7 +1,9 @@
 # The sources of libgradwire.so, relative to capi/: read by capi/CMakeLists.txt and by the
 # standalone build that compiles the library itself (perf/gpu/CMakeLists.txt).
 set(GW_CAPI_SRC
-    gradwire.cc         # the C ABI over a Session (session.h)
+    gradwire.cc         # the C ABI over a Session (session.h): handles, config, errors
+    collectives.cc      # the collectives and their i-forms
+    requests.cc         # gw_wait/gw_test and point-to-point
     direct_session.cc   # direct mode: a Communicator in this process
     daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h)
     compressed.cc       # gw_allreduce_compressed and its stats

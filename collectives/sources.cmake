@@ -3,14 +3,19 @@
 set(GW_COLL_SOURCES
     algorithms.cc
     async_queue.cc
+    call.cc
     coll_config.cc
+    comm_collectives.cc
+    comm_rooted.cc
     communicator.cc
     connection_pool.cc
     cost_model.cc
     executor.cc
     group.cc
     p2p.cc
+    p2p_progress.cc
     reduce.cc
+    rooted_schedule.cc
     schedule.cc
     stall.cc
     types.cc)

@@ -1,0 +1,207 @@
+// Internal to gw_coll: the point-to-point engine's state (PointToPoint::Impl) and its wire
+// frames, shared by p2p.cc (requests, set-up, matching, deadlines, the public calls) and
+// p2p_progress.cc (moving the frames and data of every peer's connections).
+#pragma once
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/backoff.h"
+#include "collectives/p2p.h"
+#include "core/log.h"
+
+namespace gw::coll {
+
+// The engine's own types, named apart from the rest of gw_coll.
+namespace p2p_engine {
+
+enum FrameType : uint32_t { kRts = 1, kRtsEager = 2, kCts = 3, kAck = 4, kNak = 5 };
+
+struct Frame {
+  uint32_t type;
+  int32_t tag;
+  uint64_t bytes;  // RTS: message size; NAK: the receive's capacity
+  uint64_t id;     // the sender's id of the message
+  uint64_t pad;
+};
+static_assert(sizeof(Frame) == 32);
+
+// Control receives kept posted per peer: one, since a transport whose peer closed may fail every
+// posted receive, also one whose frame (the last ACK) had already arrived.
+inline constexpr int kCtlSlots = 1;
+inline constexpr int kDataWindow = 4;  // chunks in flight per data connection
+
+struct SendOp {
+  std::shared_ptr<P2PRequest> req;
+  const uint8_t* buf;
+  size_t bytes;
+  int peer;
+  int tag;
+  uint64_t id = 0;
+  Deadline deadline;
+  bool on_wire = false;    // its RTS was posted
+  bool data_done = false;  // rendezvous: its last chunk was sent
+  bool acked = false;      // the receiver's ACK arrived
+  size_t posted = 0;       // data bytes posted
+};
+
+struct RecvOp {
+  std::shared_ptr<P2PRequest> req;
+  uint8_t* buf;
+  size_t cap;
+  int peer;  // or kAnySource
+  int tag;
+  Deadline deadline;
+  int source = -1;      // once matched
+  size_t bytes = 0;     // once matched
+  uint64_t msg_id = 0;  // once matched: the sender's id (ACKed when all data is in)
+  size_t posted = 0;    // data bytes posted
+};
+
+// A message announced to this rank that no receive has taken yet.
+struct Unexpected {
+  int src;
+  int tag;
+  uint64_t bytes;
+  uint64_t id;
+  std::vector<uint8_t> eager;    // kRtsEager's bytes
+  std::shared_ptr<SendOp> self;  // a send to oneself
+};
+
+struct InFlight {
+  net::Request* req;
+  std::shared_ptr<SendOp> send;  // data chunk of this send (last: completes it)
+  std::shared_ptr<RecvOp> recv;
+  size_t expect = 0;  // data receive: the chunk's size
+  bool last = false;
+  int slot = -1;               // control receive: its buffer
+  std::vector<uint8_t> frame;  // control send: the frame (kept alive while in flight)
+};
+
+struct Peer {
+  std::unique_ptr<net::Listener> listen[2];
+  std::unique_ptr<net::RecvComm> rc[2];
+  std::unique_ptr<net::Connector> conn[2];
+  std::unique_ptr<net::SendComm> sc[2];
+  bool want_connect = false;
+  Clock::time_point next_lookup{};
+  Status broken;                             // not ok: connections closed for good
+  std::deque<std::vector<uint8_t>> ctl_out;  // frames waiting for the control connection
+  std::deque<InFlight> ctl_send, ctl_recv, data_send, data_recv;
+  std::vector<std::vector<uint8_t>> slots;
+  std::map<uint64_t, std::shared_ptr<SendOp>> awaiting;  // RTS sent, reply not yet in
+  std::deque<std::shared_ptr<SendOp>> pending_rts;       // RTS not yet posted
+  std::deque<std::shared_ptr<SendOp>> to_send;           // CTS received, data to post
+  std::deque<std::shared_ptr<RecvOp>> to_recv;           // CTS sent, data to post
+  uint64_t next_id = 1;
+};
+
+inline std::string key(int src, int dst, int chan) {
+  return fmt::format("p2p/{}/{}/{}", src, dst, chan);
+}
+
+inline std::vector<uint8_t> make_frame(uint32_t type, int tag, uint64_t bytes, uint64_t id,
+                                       const uint8_t* eager = nullptr) {
+  const size_t extra = type == kRtsEager ? bytes : 0;
+  std::vector<uint8_t> f(sizeof(Frame) + extra);
+  Frame h{type, tag, bytes, id, 0};
+  std::memcpy(f.data(), &h, sizeof h);
+  if (extra > 0) std::memcpy(f.data() + sizeof h, eager, extra);
+  return f;
+}
+
+}  // namespace p2p_engine
+
+using namespace p2p_engine;  // NOLINT: the two files of the engine
+
+struct PointToPoint::Impl {
+  Impl(const Group& g, PoolOptions pool_options, P2POptions o, const std::atomic<bool>* ab)
+      : group(g),
+        pool(g, std::move(pool_options), ab),
+        opts(o),
+        aborted(ab),
+        peers(static_cast<size_t>(g.size())) {}
+
+  const Group& group;
+  ConnectionPool pool;  // for its transports only (transport_for)
+  P2POptions opts;
+  const std::atomic<bool>* aborted;
+
+  std::mutex mu;  // everything below; the progress thread holds it while it works
+  std::condition_variable cv;
+  bool started = false;
+  bool stop = false;
+  Status failed;  // set-up failed or the engine ended: every op fails with it
+  std::thread thread;
+  std::unique_lock<std::mutex>* held = nullptr;  // the progress thread's lock of mu
+  std::vector<Peer> peers;
+  std::list<std::shared_ptr<RecvOp>> posted;   // unmatched receives, posting order
+  std::list<Unexpected> unexpected;            // unmatched messages, arrival order
+  size_t active = 0;                           // ops not yet finished (for the idle wait)
+  std::vector<std::weak_ptr<P2PRequest>> all;  // every op, to end them at shutdown
+
+  int me() const { return group.rank(); }
+
+  // Written by a new operation so that a progress thread blocked in poll() wakes at once.
+  int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ~Impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+  void wake() {
+    cv.notify_all();
+    if (wake_fd >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(wake_fd, &one, sizeof one);
+    }
+  }
+  // For Backoff::idle: the descriptors of every connection, false while some connection cannot
+  // be waited on (shm, or a listener or connector still pending). Only the progress thread
+  // changes the connections, so it may read them without mu.
+  bool gather_fds(std::vector<pollfd>* fds) const {
+    if (wake_fd < 0) return false;
+    fds->push_back(pollfd{wake_fd, POLLIN, 0});
+    for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+      if (p == me()) continue;
+      const Peer& peer = peers[p];
+      if (!peer.broken.ok()) continue;
+      for (int c = 0; c < 2; ++c) {
+        if (peer.listen[c] || peer.conn[c]) return false;
+        if (peer.sc[c] && !peer.sc[c]->wait_fds(fds)) return false;
+        if (peer.rc[c] && !peer.rc[c]->wait_fds(fds)) return false;
+      }
+    }
+    return true;
+  }
+
+  Status start_locked();
+  void loop();
+  bool progress_locked();
+  bool progress_peer(int p);
+  void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m);
+  void reply(int p, uint32_t type, uint64_t id, uint64_t bytes);
+  void on_frame(int p, const uint8_t* data, size_t size);
+  void break_peer(int p, const Status& why, const std::shared_ptr<P2PRequest>& culprit = nullptr,
+                  const Status& culprit_status = ok_status());
+  void finish_send(const std::shared_ptr<SendOp>& s, Status st) {
+    if (s->req->finish(std::move(st), s->bytes, me()) && active > 0) --active;
+  }
+  void finish_recv(const std::shared_ptr<RecvOp>& r, Status st) {
+    if (r->req->finish(std::move(st), r->bytes, r->source) && active > 0) --active;
+  }
+  void end_all(const Status& why);
+  void flush_control(int64_t ms);
+  bool check_deadlines();
+};
+
+}  // namespace gw::coll
