@@ -1,0 +1,24 @@
+"""The model-parallel examples under the launcher at 2 ranks, small size: each checks its result
+against the same model in one process and exits non-zero on a mismatch."""
+import pytest
+
+from conftest import ROOT, launch
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_parallel_matches_one_process(schedule):
+    p = launch(2, str(EXAMPLES / "pipeline_parallel.py"), "--schedule", schedule, "--steps", "3",
+               timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count(f"pipeline {schedule} matches the one-process model") == 2
+    assert "MISMATCH" not in p.stdout
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_check_catches_a_wrong_gradient():
+    p = launch(2, str(EXAMPLES / "pipeline_parallel.py"), "--corrupt", "--steps", "2", timeout=60)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "MISMATCH parameter" in p.stdout, p.stdout + p.stderr
