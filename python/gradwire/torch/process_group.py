@@ -2,9 +2,10 @@
 with torch 1.13's and 2.x's spellings of its methods, and comm_of for the DDP hooks.
 
 Supported: all_reduce (sum, product, min, max, avg), broadcast, all_gather (equal sizes),
-all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, all_to_all (equal
-sizes), all_to_all_single (even splits), barrier, and reduce, gather, scatter built on them.
-send/recv, uneven splits, bitwise reductions and several tensors per call raise Unsupported.
+all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, barrier; reduce,
+gather, scatter, all_to_all and all_to_all_single (_rooted_ops: uneven where the library has
+gw_alltoallv); send, recv, recv_anysource (_p2p). Bitwise reductions and several tensors per call
+raise Unsupported.
 Reductions take gradwire's dtypes (others raise InvalidArgument at the call); broadcast,
 all_gather, all_to_all, gather and scatter move bytes, so they take any dtype. Work.wait()
 raises the operation's error."""
