@@ -1,21 +1,10 @@
 """Point-to-point on the torch backend (send, recv, recv from any source, isend, irecv,
 batch_isend_irecv, their Work objects) and on gradwire.Comm, under the launcher."""
-import os
-
 import numpy as np
 import pytest
 
 from conftest import launch, worker
 
-
-@pytest.fixture(scope="module")
-def comm():
-    import gradwire
-    for k in ("MASTER_ADDR", "MASTER_PORT", "GW_STORE"):
-        os.environ.pop(k, None)
-    c = gradwire.Comm(0, 1)  # a world of one needs no store
-    yield c
-    c.close()
 
 
 @pytest.mark.slow
