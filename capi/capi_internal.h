@@ -56,6 +56,10 @@ Status check_buffer(const char* name, const void* p, size_t bytes);
 // the CUDA driver loaded; OK otherwise (capi/host_memory.cc).
 Status check_host_memory(const char* arg, const void* p);
 
+// Registers a new request handle over `op` (capi/requests.cc); p2p_elem is the dtype's size for a
+// point-to-point request (gw_wait_recv reports its count), 0 for the collectives' i-forms.
+gw_request_t register_request(std::unique_ptr<SessionRequest> op, size_t p2p_elem);
+
 // Runs an entry point's body: converts its Status, and every exception, to a gw_status_t.
 template <typename F>
 gw_status_t guarded(const char* call, F&& body) noexcept {

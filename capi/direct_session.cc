@@ -247,6 +247,12 @@ Result<std::unique_ptr<Session>> DirectSession::split(int color, int key) {
   return std::unique_ptr<Session>(new DirectSession(store_, std::move(child)));
 }
 
+Result<std::unique_ptr<SessionRequest>> DirectSession::start(const coll::CollectiveCall& call) {
+  GW_ASSIGN_OR_RETURN(auto op_handle, comm_->start(call));
+  if (!op_handle) return internal_error("{}: no operation", coll::call_name(call.kind));
+  return std::unique_ptr<SessionRequest>(new DirectRequest(std::move(op_handle)));
+}
+
 Result<std::unique_ptr<SessionRequest>> DirectSession::isend(const void* buf, size_t bytes,
                                                              int peer, int tag) {
   GW_ASSIGN_OR_RETURN(auto req, comm_->isend(buf, bytes, peer, tag));

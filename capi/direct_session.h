@@ -50,6 +50,8 @@ class DirectSession final : public Session {
   Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
                                                      size_t count, coll::DataType dtype,
                                                      coll::ReduceOp op) override;
+  Status run(const coll::CollectiveCall& call) override { return comm_->run(call); }
+  Result<std::unique_ptr<SessionRequest>> start(const coll::CollectiveCall& call) override;
   Result<std::unique_ptr<SessionRequest>> isend(const void* buf, size_t bytes, int peer,
                                                 int tag) override;
   Result<std::unique_ptr<SessionRequest>> irecv(void* buf, size_t bytes, int peer,

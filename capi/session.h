@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "collectives/call.h"
 #include "collectives/types.h"
 #include "core/status.h"
 #include "gradwire/gradwire.h"
@@ -81,6 +82,33 @@ class Session {
                                                              size_t count, coll::DataType dtype,
                                                              coll::ReduceOp op) = 0;
 
+  // Any collective as data (collectives/call.h): the blocking calls gw_reduce, gw_gather,
+  // gw_scatter, gw_alltoallv (run) and every i-form but gw_iallreduce (start: queued behind the
+  // pending ones, in issue order, ended by abort/destroy like iallreduce's). The C layer has
+  // checked the call (coll::check_call and its own checks). The defaults: run() takes the
+  // symmetric kinds to the methods above and refuses the others, start() refuses (daemon mode).
+  virtual Status run(const coll::CollectiveCall& call) {
+    switch (call.kind) {
+      case coll::CallKind::kAllreduce:
+        return allreduce(call.sendbuf, call.recvbuf, call.count, call.dtype, call.op);
+      case coll::CallKind::kBroadcast:
+        return broadcast(call.recvbuf, call.count, call.dtype, call.root);
+      case coll::CallKind::kAllgather:
+        return allgather(call.sendbuf, call.recvbuf, call.count, call.dtype);
+      case coll::CallKind::kReduceScatter:
+        return reduce_scatter(call.sendbuf, call.recvbuf, call.count, call.dtype, call.op);
+      case coll::CallKind::kAlltoall:
+        return alltoall(call.sendbuf, call.recvbuf, call.count, call.dtype);
+      case coll::CallKind::kBarrier:
+        return barrier();
+      default:
+        return Status(Code::kUnsupported, collective_unsupported(call.kind, false));
+    }
+  }
+  virtual Result<std::unique_ptr<SessionRequest>> start(const coll::CollectiveCall& call) {
+    return Status(Code::kUnsupported, collective_unsupported(call.kind, true));
+  }
+
   // Point-to-point (gw_isend / gw_irecv, the header's rules): not collective, thread-safe.
   // The C layer has checked peer (a rank; irecv: or GW_ANY_SOURCE) and tag (>= 0). The default
   // (daemon mode) refuses with kUnsupported.
@@ -125,6 +153,13 @@ class Session {
   virtual std::map<std::string, std::string> resolved() const { return {{"summary", describe()}}; }
 
  private:
+  static std::string collective_unsupported(coll::CallKind kind, bool nonblocking) {
+    const bool has_blocking = kind < coll::CallKind::kAlltoallv;
+    return std::string("daemon mode (GW_DAEMON) does not have ") +
+           (nonblocking ? "the non-blocking form of " : "") + coll::call_name(kind) +
+           " yet; use direct mode (GW_DAEMON unset) for it" +
+           (nonblocking && has_blocking ? ", or the blocking call" : "");
+  }
   static const char* p2p_unsupported() {
     return "daemon mode (GW_DAEMON) does not have point-to-point (gw_send/gw_recv) yet; use "
            "direct mode (GW_DAEMON unset) for it";

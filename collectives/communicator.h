@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "collectives/call.h"
 #include "collectives/types.h"
 #include "core/config_snapshot.h"
 #include "core/status.h"
@@ -107,6 +108,29 @@ class Communicator {
   // count may be 0. Pairwise exchange over direct connections to every peer, several steps in
   // flight, each step chunked and pipelined.
   virtual Status alltoall(const void* sendbuf, void* recvbuf, size_t count, DataType dtype) = 0;
+
+  // Rooted collectives and all-to-all-v (collectives/rooted_schedule.h has the algorithms), with
+  // the C header's semantics (gw_reduce, gw_gather, gw_scatter, gw_alltoallv): every rank passes
+  // the same count, dtype, op and root; buffers used only at the root may be NULL elsewhere. A
+  // disagreement fails every rank (kInvalidArg where a rank sees it, kPeer where a peer's failure
+  // ended the call). Forms of run() with a CollectiveCall of that kind.
+  Status reduce(const void* sendbuf, void* recvbuf, size_t count, DataType dtype, ReduceOp op,
+                int root);
+  Status gather(const void* sendbuf, void* recvbuf, size_t sendcount, DataType dtype, int root);
+  Status scatter(const void* sendbuf, void* recvbuf, size_t recvcount, DataType dtype, int root);
+  // Counts and displacements in elements, size() entries each; the receive blocks must not overlap.
+  Status alltoallv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
+                   void* recvbuf, const size_t* recvcounts, const size_t* rdispls, DataType dtype);
+
+  // Any collective as data (collectives/call.h): run() blocks like the call of that kind;
+  // start() queues it behind the pending asynchronous ones and returns at once (the i-forms: the
+  // buffers must stay valid until the op is done; the vectors are copied). Calls of any kinds
+  // may be pending together; they run one after the other in issue order, and every rank must
+  // issue them in the same order. Destroying or aborting the communicator ends the pending ones
+  // (kAborted). The defaults: run() takes the symmetric kinds to the methods above and refuses
+  // the rest, start() refuses (kUnsupported).
+  virtual Status run(const CollectiveCall& call);
+  virtual Result<std::unique_ptr<AsyncOp>> start(const CollectiveCall& call);
 
   // Starts an allreduce that runs on the communicator's progress thread. Buffers must stay
   // valid until the op is done.

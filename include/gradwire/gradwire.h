@@ -218,12 +218,78 @@ gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size
 /* Returns once every rank has entered the barrier. No buffers. Blocking. */
 gw_status_t gw_barrier(gw_comm_t comm);
 
+/* Rooted collectives and all-to-all-v (direct mode; daemon mode: GW_ERR_UNSUPPORTED). Every
+ * rank passes the same count, dtype, op and root (root in 0..size-1, else GW_ERR_INVALID_ARG).
+ * Ranks that disagree on any of them, or on the collective, all fail (GW_ERR_INVALID_ARG where a
+ * rank sees the mismatch, GW_ERR_PEER where a peer's failure ended the call), never a hang and
+ * never GW_OK with partial data. A buffer used only at the root may be NULL elsewhere; any buffer
+ * may be NULL when its count is 0. Host memory only (see above). Blocking. */
+
+/* Reduces count elements of every rank's sendbuf with op into root's recvbuf (unused elsewhere).
+ * At the root sendbuf == recvbuf means in place; otherwise they must not overlap. A binomial tree
+ * for small buffers, a pipelined chain for large ones (the cost model chooses). */
+gw_status_t gw_reduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                      gw_dtype_t dtype, gw_op_t op, int root);
+
+/* Gathers sendcount elements from every rank into root's recvbuf (size * sendcount elements,
+ * rank r's block at offset r * sendcount; unused elsewhere). At the root, sendbuf may be its own
+ * block of recvbuf (in place); otherwise the buffers must not overlap. */
+gw_status_t gw_gather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
+                      gw_dtype_t dtype, int root);
+
+/* Scatters root's sendbuf (size * recvcount elements; unused elsewhere): rank r receives block r
+ * (at offset r * recvcount) in recvbuf. At the root, recvbuf may be its own block of sendbuf (in
+ * place); otherwise the buffers must not overlap. */
+gw_status_t gw_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
+                       gw_dtype_t dtype, int root);
+
+/* All-to-all with per-rank counts (elements; size entries per array, none NULL): sendcounts[j]
+ * elements at sdispls[j] of sendbuf go to rank j, which receives them at rdispls[i] of its recvbuf
+ * (recvcounts[i] elements from rank i). recvcounts[i] on rank j must equal sendcounts[j] on rank
+ * i (else every rank fails as above), and sendcounts[me] == recvcounts[me]. The receive blocks
+ * must not overlap each other; displacement + count must not overflow; sendbuf == recvbuf means
+ * in place (the library copies the input first), otherwise the used ranges must not overlap. Any
+ * of these is GW_ERR_INVALID_ARG with a message. Pairwise exchange with several peers at once. */
+gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* sendcounts,
+                         const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                         const size_t* rdispls, gw_dtype_t dtype);
+
 /* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
  * unmodified until gw_wait/gw_test report completion or gw_comm_destroy returns (which aborts
  * it). Requests complete in issue order. Host memory only (see above): a device pointer is
  * GW_ERR_UNSUPPORTED at once (no request is made). */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                           gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
+
+/* The non-blocking form of every collective: the blocking call's arguments, then request. Each
+ * checks its arguments at once (GW_ERR_INVALID_ARG, no request made), then returns with *request
+ * set, completed by gw_wait/gw_test. Requires: the buffers stay valid and unmodified (receive
+ * buffers untouched) until the request is done; the count arrays of gw_ialltoallv are copied and
+ * may be freed at once. Every rank must issue its collectives, blocking or not, in the same order.
+ * Guarantees: requests of any kinds may be in flight together with each other and with
+ * point-to-point; the collectives run one at a time in issue order (a blocking collective waits
+ * for the pending ones first); gw_comm_abort and gw_comm_destroy end the pending ones with
+ * GW_ERR_ABORTED. Thread-safe like the blocking calls. Daemon mode (GW_DAEMON): every i-form but
+ * gw_iallreduce is GW_ERR_UNSUPPORTED. */
+gw_status_t gw_ibroadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int root,
+                          gw_request_t* request);
+gw_status_t gw_iallgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
+                          gw_dtype_t dtype, gw_request_t* request);
+gw_status_t gw_ireduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
+                               size_t recvcount, gw_dtype_t dtype, gw_op_t op,
+                               gw_request_t* request);
+gw_status_t gw_ialltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                         gw_dtype_t dtype, gw_request_t* request);
+gw_status_t gw_ialltoallv(gw_comm_t comm, const void* sendbuf, const size_t* sendcounts,
+                          const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                          const size_t* rdispls, gw_dtype_t dtype, gw_request_t* request);
+gw_status_t gw_ireduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                       gw_dtype_t dtype, gw_op_t op, int root, gw_request_t* request);
+gw_status_t gw_igather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
+                       gw_dtype_t dtype, int root, gw_request_t* request);
+gw_status_t gw_iscatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
+                        gw_dtype_t dtype, int root, gw_request_t* request);
+gw_status_t gw_ibarrier(gw_comm_t comm, gw_request_t* request);
 
 /* Waits up to timeout_ms (-1: until the communicator's deadline) for the request. Returns the
  * operation's status and frees the request, or GW_ERR_TIMEOUT if it is still running (the request
