@@ -1,5 +1,6 @@
 """The rooted collectives (reduce, gather, scatter) and the all-to-all with uneven counts
-(alltoallv) of a Comm, with their non-blocking forms: a mixin of Comm.
+(alltoallv) of a Comm, and the non-blocking form of every collective but iallreduce (comm.py):
+a mixin of Comm.
 
 Each needs a call a library of C ABI 0.3 does not have (gw_reduce, gw_gather, gw_scatter,
 gw_alltoallv, gw_i*); has_collective() says whether the loaded one exports it, and a call without
@@ -47,8 +48,9 @@ def _displs(counts: Sequence[int]) -> list:
 
 
 class Rooted:
-    """reduce, gather, scatter, alltoallv and their i-forms (Comm supplies handle, size, rank,
-    _pending and _check_rank)."""
+    """reduce, gather, scatter, alltoallv, and ireduce, igather, iscatter, ialltoallv, ibarrier,
+    ibroadcast, iallgather, ireduce_scatter, ialltoall (Comm supplies handle, size, rank, _pending
+    and _check_rank). An i-form returns a Request; its arrays stay untouched until it is done."""
 
     handle: ctypes.c_void_p
     size: int
@@ -63,7 +65,9 @@ class Rooted:
 
         self._check_rank(root, "reduce root")
         s = _buffer.view(send, "reduce send")
-        if recv is None:  # the root's result; scratch elsewhere (a tree may pass partial sums)
+        if recv is None and self.rank != root:  # recvbuf is unused there
+            return [s.ptr, None, s.count, s.dtype, _op(op), root], [s], None
+        if recv is None:
             recv = _buffer.empty_like(send, tuple(send.shape))
         r = _buffer.view(recv, "reduce recv", writable=True)
         _same_dtype(s, r, "reduce")
@@ -141,8 +145,8 @@ class Rooted:
 
     def reduce(self, send: Array, recv: Optional[Array] = None, op: Any = "sum",
                root: int = 0) -> Array:
-        """Reduces send across ranks into root's recv (default: a new array); returns recv
-        (meaningful on root only)."""
+        """Reduces send across ranks into root's recv (default: a new array; recv may be send:
+        in place); returns it on root, None elsewhere (where recv is not written)."""
         return self._blocking("reduce", self._prepare_reduce(send, recv, op, root))
 
     def gather(self, send: Array, recv: Optional[Array] = None, root: int = 0) -> Array:
@@ -179,3 +183,37 @@ class Rooted:
 
     def ibarrier(self) -> Request:
         return self._started("ibarrier", ([], [], None))
+
+    # The i-forms of the older collectives: explicit recv arrays of the blocking call's sizes.
+    def _pair(self, send: Array, recv: Array, what: str, recv_blocks: int,
+              send_blocks: int) -> tuple:
+        from .comm import _same_dtype
+
+        s = _buffer.view(send, f"{what} send")
+        r = _buffer.view(recv, f"{what} recv", writable=True)
+        _same_dtype(s, r, what)
+        if s.count * recv_blocks != r.count * send_blocks or s.count % send_blocks:
+            raise InvalidArgument(f"{what}: send has {s.count} elements and recv {r.count}; "
+                                  f"expected recv = send x {recv_blocks} / {send_blocks}")
+        return s, r
+
+    def ibroadcast(self, buf: Array, root: int = 0) -> Request:
+        self._check_rank(root, "ibroadcast root")
+        b = _buffer.view(buf, "ibroadcast buf", writable=True)
+        return self._started("ibroadcast", ([b.ptr, b.count, b.dtype, root], [b], buf))
+
+    def iallgather(self, send: Array, recv: Array) -> Request:
+        s, r = self._pair(send, recv, "iallgather", self.size, 1)
+        return self._started("iallgather", ([s.ptr, r.ptr, s.count, s.dtype], [s, r], recv))
+
+    def ireduce_scatter(self, send: Array, recv: Array, op: Any = "sum") -> Request:
+        from .comm import _op
+
+        s, r = self._pair(send, recv, "ireduce_scatter", 1, self.size)
+        return self._started("ireduce_scatter",
+                             ([s.ptr, r.ptr, r.count, s.dtype, _op(op)], [s, r], recv))
+
+    def ialltoall(self, send: Array, recv: Array) -> Request:
+        s, r = self._pair(send, recv, "ialltoall", self.size, self.size)
+        return self._started("ialltoall",
+                             ([s.ptr, r.ptr, s.count // self.size, s.dtype], [s, r], recv))

@@ -1,5 +1,6 @@
 """Point-to-point on the torch backend (send, recv, recv from any source, isend, irecv,
-batch_isend_irecv, their Work objects) and on gradwire.Comm, under the launcher."""
+batch_isend_irecv, their Work objects) and on gradwire.Comm, under the launcher; and the rooted,
+uneven and non-blocking collectives where the library has them."""
 import numpy as np
 import pytest
 
@@ -13,6 +14,17 @@ def test_torch_point_to_point(np_):
     p = launch(np_, worker("torch_p2p.py"), timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("torch p2p ok") == np_
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rooted_alltoallv_and_nonblocking_collectives(np_):
+    import gradwire
+    if not gradwire.has_collective("ialltoallv"):
+        pytest.skip("the library under test has no gw_reduce ... gw_ibarrier (issue 29's calls)")
+    p = launch(np_, worker("rooted_ops.py"), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("rooted ops ok") == np_
 
 
 def test_comm_self_send_reports_source_and_count(comm):

@@ -126,9 +126,7 @@ class RootedOps:
                 # An allreduce; ranks other than root reduce a copy and keep their tensor.
                 self.comm.allreduce(t if self._rank == root else t.clone(), op=op)
                 return
-            res = self.comm.reduce(t, op=op, root=root)
-            if self._rank == root:
-                t.copy_(res)
+            self.comm.reduce(t, t if self._rank == root else None, op=op, root=root)
         return self._run(run, tensors, tensors)
 
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
