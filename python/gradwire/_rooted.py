@@ -61,7 +61,7 @@ class Rooted:
     # Each _prepare_* checks the arguments and returns (C function arguments before the request,
     # the Buffers to finish, the result); the blocking and non-blocking forms share them.
     def _prepare_reduce(self, send: Array, recv: Optional[Array], op: Any, root: int) -> tuple:
-        from .comm import _op, _same_dtype
+        from .comm import _op, _same_size
 
         self._check_rank(root, "reduce root")
         s = _buffer.view(send, "reduce send")
@@ -70,9 +70,7 @@ class Rooted:
         if recv is None:
             recv = _buffer.empty_like(send, tuple(send.shape))
         r = _buffer.view(recv, "reduce recv", writable=True)
-        _same_dtype(s, r, "reduce")
-        if r.count != s.count:
-            raise InvalidArgument(f"reduce: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "reduce")
         return [s.ptr, r.ptr, s.count, s.dtype, _op(op), root], [s, r], recv
 
     def _prepare_gather(self, send: Array, recv: Optional[Array], root: int) -> tuple:

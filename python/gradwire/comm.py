@@ -68,6 +68,13 @@ def _same_dtype(a: _buffer.Buffer, b: _buffer.Buffer, what: str) -> None:
         raise InvalidArgument(f"{what}: send and recv dtypes differ ({a.obj.dtype} vs {b.obj.dtype})")
 
 
+def _same_size(s: _buffer.Buffer, r: _buffer.Buffer, what: str) -> None:
+    """recv r must have send s's dtype and element count."""
+    _same_dtype(s, r, what)
+    if r.count != s.count:
+        raise InvalidArgument(f"{what}: recv has {r.count} elements, send has {s.count}")
+
+
 _live: "weakref.WeakSet[Comm]" = weakref.WeakSet()
 
 
@@ -231,9 +238,7 @@ class Comm(PointToPoint, Rooted):
         """Reduces send across ranks into recv (default: in place into send); returns recv."""
         s = _buffer.view(send, "allreduce send", writable=recv is None)
         r = s if recv is None else _buffer.view(recv, "allreduce recv", writable=True)
-        _same_dtype(s, r, "allreduce")
-        if r.count != s.count:
-            raise InvalidArgument(f"allreduce: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "allreduce")
         check(_lib.lib.gw_allreduce(self.handle, s.ptr, r.ptr, s.count, s.dtype, _op(op)),
               "allreduce")
         r.done()
@@ -300,9 +305,7 @@ class Comm(PointToPoint, Rooted):
         if recv is None:
             recv = _buffer.empty_like(send, tuple(send.shape))
         r = _buffer.view(recv, "alltoall recv", writable=True)
-        _same_dtype(s, r, "alltoall")
-        if r.count != s.count:
-            raise InvalidArgument(f"alltoall: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "alltoall")
         check(_lib.lib.gw_alltoall(self.handle, s.ptr, r.ptr, s.count // self.size, s.dtype),
               "alltoall")
         r.done()
@@ -333,9 +336,7 @@ class Comm(PointToPoint, Rooted):
         untouched until Request.wait() returns. Requests complete in issue order."""
         s = _buffer.view(send, "iallreduce send", writable=recv is None)
         r = s if recv is None else _buffer.view(recv, "iallreduce recv", writable=True)
-        _same_dtype(s, r, "iallreduce")
-        if r.count != s.count:
-            raise InvalidArgument(f"iallreduce: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "iallreduce")
         h = ctypes.c_void_p()
         check(_lib.lib.gw_iallreduce(self.handle, s.ptr, r.ptr, s.count, s.dtype, _op(op),
                                      ctypes.byref(h)), "iallreduce")
