@@ -36,6 +36,8 @@ from __future__ import annotations
 from typing import Optional
 
 from . import _lib
+from ._p2p import ANY_SOURCE, P2PRequest, Received
+from ._rooted import has_collective
 from .comm import Comm, Op, Request, Stats
 from .errors import (Aborted, GradwireError, InternalError, InvalidArgument, OutOfMemory,
                      PeerError, SystemCallError, TimeoutError, Unsupported)
@@ -46,7 +48,7 @@ library_path: str = _lib.path
 __all__ = [
     "init", "Comm", "Op", "Request", "Stats", "GradwireError", "InvalidArgument", "TimeoutError",
     "PeerError", "SystemCallError", "Unsupported", "OutOfMemory", "Aborted", "InternalError",
-    "version", "library_path",
+    "version", "library_path", "ANY_SOURCE", "P2PRequest", "Received", "has_collective",
 ]
 
 

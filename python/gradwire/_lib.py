@@ -164,10 +164,47 @@ _declare("gw_comm_release_compression", [comm_t])
 _declare("gw_mem_alloc", [comm_t, _SZ, ctypes.POINTER(ctypes.c_void_p)])
 _declare("gw_mem_free", [comm_t, _P])
 
-# Calls a newer library may have: None where this one lacks them.
+# Calls a newer library may have: declared only where the loaded one exports them (has()).
 has_split = hasattr(lib, "gw_comm_split")
 if has_split:
     _declare("gw_comm_split", [comm_t, _I, _I, ctypes.POINTER(comm_t)])
+
+GW_ANY_SOURCE = -1
+_REQ = ctypes.POINTER(request_t)
+_PSZ = ctypes.POINTER(ctypes.c_size_t)
+# Point-to-point (C ABI 0.3) and the rooted and uneven collectives with every collective's
+# non-blocking form (issue 29); each i-form takes its blocking call's arguments and a request.
+_OPTIONAL = {
+    "gw_send": [comm_t, _P, _SZ, _I, _I, _I],
+    "gw_recv": [comm_t, _P, _SZ, _I, _I, _I],
+    "gw_isend": [comm_t, _P, _SZ, _I, _I, _I, _REQ],
+    "gw_irecv": [comm_t, _P, _SZ, _I, _I, _I, _REQ],
+    "gw_wait_recv": [request_t, _I, _PSZ, ctypes.POINTER(_I)],
+    "gw_test_recv": [request_t, ctypes.POINTER(_I), _PSZ, ctypes.POINTER(_I)],
+    "gw_reduce": [comm_t, _P, _P, _SZ, _I, _I, _I],
+    "gw_gather": [comm_t, _P, _P, _SZ, _I, _I],
+    "gw_scatter": [comm_t, _P, _P, _SZ, _I, _I],
+    "gw_alltoallv": [comm_t, _P, _PSZ, _PSZ, _P, _PSZ, _PSZ, _I],
+    "gw_ibroadcast": [comm_t, _P, _SZ, _I, _I, _REQ],
+    "gw_iallgather": [comm_t, _P, _P, _SZ, _I, _REQ],
+    "gw_ireduce_scatter": [comm_t, _P, _P, _SZ, _I, _I, _REQ],
+    "gw_ialltoall": [comm_t, _P, _P, _SZ, _I, _REQ],
+    "gw_ialltoallv": [comm_t, _P, _PSZ, _PSZ, _P, _PSZ, _PSZ, _I, _REQ],
+    "gw_ireduce": [comm_t, _P, _P, _SZ, _I, _I, _I, _REQ],
+    "gw_igather": [comm_t, _P, _P, _SZ, _I, _I, _REQ],
+    "gw_iscatter": [comm_t, _P, _P, _SZ, _I, _I, _REQ],
+    "gw_ibarrier": [comm_t, _REQ],
+}
+_present = set()
+for _name, _args in _OPTIONAL.items():
+    if hasattr(lib, _name):
+        _declare(_name, _args)
+        _present.add(_name)
+
+
+def has(name: str) -> bool:
+    """Whether the loaded library exports the optional call `name` (e.g. "gw_reduce")."""
+    return name in _present
 
 
 def make_config(

@@ -1,4 +1,7 @@
-"""Comm: one gradwire communicator, and Request: an asynchronous allreduce in flight."""
+"""Comm: one gradwire communicator, and Request: a non-blocking operation in flight.
+
+Point-to-point (send/recv) is in _p2p, the rooted and uneven collectives in _rooted: mixins of
+Comm, kept apart by concern."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from . import _buffer, _lib
-from .errors import GradwireError, InvalidArgument, Unsupported, check, error_for
+from ._p2p import PointToPoint
+from ._request import Request
+from ._rooted import Rooted
+from .errors import InvalidArgument, Unsupported, check
 
 Array = Any  # numpy.ndarray or torch.Tensor
 
@@ -62,65 +68,11 @@ def _same_dtype(a: _buffer.Buffer, b: _buffer.Buffer, what: str) -> None:
         raise InvalidArgument(f"{what}: send and recv dtypes differ ({a.obj.dtype} vs {b.obj.dtype})")
 
 
-class Request:
-    """An operation started by Comm.iallreduce. Wait for it before touching its buffers."""
-
-    def __init__(self, comm: "Comm", handle: ctypes.c_void_p, keep: list[_buffer.Buffer],
-                 result: Array) -> None:
-        self._comm = comm
-        self._handle = handle
-        self._keep = keep
-        self._result = result
-        self._done = False
-        self._error: Optional[GradwireError] = None
-
-    def _finish(self, status: int) -> None:
-        self._done = True
-        self._comm._pending.discard(self)
-        if status != _lib.GW_OK:
-            self._error = error_for(status, "iallreduce")
-            raise self._error
-        for b in self._keep:
-            b.done()
-        self._keep = []
-
-    def wait(self, timeout: Optional[float] = None) -> Array:
-        """Waits for completion and returns the result array.
-
-        timeout: seconds; None waits up to the communicator's deadline (GW_TIMEOUT_MS). When the
-        timeout passes first, gradwire.TimeoutError is raised and the request stays valid (wait
-        again). A failed operation raises its error (on every later wait too).
-        """
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            return self._result
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        st = _lib.lib.gw_wait(self._handle, ms)
-        if st == _lib.GW_ERR_TIMEOUT and timeout is not None:
-            # Still running (gw_wait's contract): the request remains ours.
-            from .errors import TimeoutError as GwTimeout
-
-            raise GwTimeout(f"iallreduce: not finished within {timeout} s", st)
-        self._finish(st)
-        return self._result
-
-    def test(self) -> bool:
-        """True when the operation has finished (raises its error if it failed)."""
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            return True
-        done = ctypes.c_int(0)
-        st = _lib.lib.gw_test(self._handle, ctypes.byref(done))
-        if done.value or st != _lib.GW_OK:
-            self._finish(st)
-            return True
-        return False
-
-    @property
-    def done(self) -> bool:
-        return self._done
+def _same_size(s: _buffer.Buffer, r: _buffer.Buffer, what: str) -> None:
+    """recv r must have send s's dtype and element count."""
+    _same_dtype(s, r, what)
+    if r.count != s.count:
+        raise InvalidArgument(f"{what}: recv has {r.count} elements, send has {s.count}")
 
 
 _live: "weakref.WeakSet[Comm]" = weakref.WeakSet()
@@ -143,7 +95,7 @@ def _close_all() -> None:
             _lib.lib.gw_comm_destroy(h)
 
 
-class Comm:
+class Comm(PointToPoint, Rooted):
     """A communicator: the ranks of a job, connected, and the collectives among them.
 
     Make one with gradwire.init() (from the launcher's environment) or Comm(rank=, world_size=,
@@ -286,9 +238,7 @@ class Comm:
         """Reduces send across ranks into recv (default: in place into send); returns recv."""
         s = _buffer.view(send, "allreduce send", writable=recv is None)
         r = s if recv is None else _buffer.view(recv, "allreduce recv", writable=True)
-        _same_dtype(s, r, "allreduce")
-        if r.count != s.count:
-            raise InvalidArgument(f"allreduce: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "allreduce")
         check(_lib.lib.gw_allreduce(self.handle, s.ptr, r.ptr, s.count, s.dtype, _op(op)),
               "allreduce")
         r.done()
@@ -355,9 +305,7 @@ class Comm:
         if recv is None:
             recv = _buffer.empty_like(send, tuple(send.shape))
         r = _buffer.view(recv, "alltoall recv", writable=True)
-        _same_dtype(s, r, "alltoall")
-        if r.count != s.count:
-            raise InvalidArgument(f"alltoall: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "alltoall")
         check(_lib.lib.gw_alltoall(self.handle, s.ptr, r.ptr, s.count // self.size, s.dtype),
               "alltoall")
         r.done()
@@ -388,9 +336,7 @@ class Comm:
         untouched until Request.wait() returns. Requests complete in issue order."""
         s = _buffer.view(send, "iallreduce send", writable=recv is None)
         r = s if recv is None else _buffer.view(recv, "iallreduce recv", writable=True)
-        _same_dtype(s, r, "iallreduce")
-        if r.count != s.count:
-            raise InvalidArgument(f"iallreduce: recv has {r.count} elements, send has {s.count}")
+        _same_size(s, r, "iallreduce")
         h = ctypes.c_void_p()
         check(_lib.lib.gw_iallreduce(self.handle, s.ptr, r.ptr, s.count, s.dtype, _op(op),
                                      ctypes.byref(h)), "iallreduce")

@@ -49,6 +49,17 @@ def worker(name: str) -> str:
     return str(WORKERS / name)
 
 
+@pytest.fixture(scope="module")
+def comm():
+    """A gradwire.Comm of one rank (a world of one needs no store)."""
+    import gradwire
+    for k in ("MASTER_ADDR", "MASTER_PORT", "GW_STORE"):
+        os.environ.pop(k, None)
+    c = gradwire.Comm(0, 1)
+    yield c
+    c.close()
+
+
 @pytest.fixture
 def run_ranks():
     return launch

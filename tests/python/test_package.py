@@ -37,15 +37,6 @@ def test_every_op_and_dtype(np_):
     assert p.stdout.count("ops ok") == np_
 
 
-@pytest.fixture(scope="module")
-def comm():
-    import gradwire
-    for k in ("MASTER_ADDR", "MASTER_PORT", "GW_STORE"):
-        os.environ.pop(k, None)
-    c = gradwire.Comm(0, 1)  # a world of one needs no store
-    yield c
-    c.close()
-
 
 def test_wrong_dtype_refused(comm):
     import gradwire

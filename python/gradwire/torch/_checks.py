@@ -89,3 +89,23 @@ def _cuda_fence(devices: set) -> Optional[Callable[[], None]]:
         for e in events:
             e.synchronize()
     return wait
+
+
+def _blocks(output: torch.Tensor, input: torch.Tensor, n: int, what: str, whole: str) -> None:
+    """Refuses a pair where the one named whole ("output" or "input") is not n blocks of the
+    other's size, or whose dtypes differ."""
+    big, small = (output, input) if whole == "output" else (input, output)
+    if big.numel() != small.numel() * n:
+        raise InvalidArgument(f"gradwire {what}: {whole} has {big.numel()} elements, expected "
+                              f"{n} x {small.numel()}")
+    if output.dtype != input.dtype:
+        raise InvalidArgument(f"gradwire {what}: output dtype {output.dtype} differs from the "
+                              f"input's {input.dtype}")
+
+
+def _unstack(flat: torch.Tensor, outs: list) -> None:
+    """Copies consecutive blocks of flat into outs (each its own size, in order)."""
+    at = 0
+    for o in outs:
+        o.copy_(flat[at:at + o.numel()].view(o.shape))
+        at += o.numel()

@@ -2,9 +2,10 @@
 with torch 1.13's and 2.x's spellings of its methods, and comm_of for the DDP hooks.
 
 Supported: all_reduce (sum, product, min, max, avg), broadcast, all_gather (equal sizes),
-all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, all_to_all (equal
-sizes), all_to_all_single (even splits), barrier, and reduce, gather, scatter built on them.
-send/recv, uneven splits, bitwise reductions and several tensors per call raise Unsupported.
+all_gather_into_tensor, reduce_scatter (equal sizes), reduce_scatter_tensor, barrier; reduce,
+gather, scatter, all_to_all and all_to_all_single (_rooted_ops: uneven where the library has
+gw_alltoallv); send, recv, recv_anysource (_p2p). Bitwise reductions and several tensors per call
+raise Unsupported.
 Reductions take gradwire's dtypes (others raise InvalidArgument at the call); broadcast,
 all_gather, all_to_all, gather and scatter move bytes, so they take any dtype. Work.wait()
 raises the operation's error."""
@@ -23,16 +24,18 @@ from torch._C._distributed_c10d import ProcessGroup
 from .._buffer import gw_dtype
 from ..comm import Comm, Op
 from ..errors import InvalidArgument, Unsupported
-from ._checks import (_cuda_devices, _cuda_fence, _equal, _flat, _gw_op, _movable, _one, _raw,
-                      _writable)
+from ._checks import (_blocks, _cuda_devices, _cuda_fence, _equal, _flat, _gw_op, _movable, _one,
+                      _raw, _unstack, _writable)
+from ._p2p import PointToPointOps
 from ._rendezvous import comm_over_store
+from ._rooted_ops import RootedOps
 from ._work import GradwireWork, _KeepAlive
 from ._worker import _submit
 
 BACKEND_NAME = "gradwire"
 
 
-class ProcessGroupGradwire(ProcessGroup):
+class ProcessGroupGradwire(PointToPointOps, RootedOps, ProcessGroup):
     """A torch.distributed ProcessGroup running its collectives on a gradwire.Comm."""
 
     # torch 2.x asks a group's backend whether it can split before eager init
@@ -168,28 +171,24 @@ class ProcessGroupGradwire(ProcessGroup):
             fut, inner = _submit(self.comm, run)
         return GradwireWork(fut, self._keep, inner)
 
+    def _run(self, step: Callable[[], Any], result: Any, *tensors: Any) -> Any:
+        """A Work that runs step() on the worker and completes with result."""
+        def run() -> Any:
+            step()
+            return result
+        return self._work(run, *tensors)
+
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
-        t = _one(tensors, "all_reduce")
-        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
-        self._check(t, "all_reduce")
-        _writable(t, "all_reduce")
+        return self.allreduce_coalesced([_one(tensors, "all_reduce")], opts, "all_reduce")
 
-        def run() -> list:
-            self.comm.allreduce(t, op=op)
-            return tensors
-        return self._work(run, tensors)
-
-    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
+    def allreduce_coalesced(self, tensors: list, opts: Any = None,
+                            what: str = "all_reduce_coalesced") -> Any:
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
         for t in tensors:
-            self._check(t, "all_reduce_coalesced")
-            _writable(t, "all_reduce_coalesced")
-
-        def run() -> list:
-            for t in tensors:
-                self.comm.allreduce(t, op=op)
-            return tensors
-        return self._work(run, tensors)
+            self._check(t, what)
+            _writable(t, what)
+        return self._run(lambda: [self.comm.allreduce(t, op=op) for t in tensors], tensors,
+                         tensors)
 
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         t = _one(tensors, "broadcast")
@@ -198,11 +197,7 @@ class ProcessGroupGradwire(ProcessGroup):
         if not t.is_contiguous():
             raise InvalidArgument("gradwire broadcast: the tensor is not contiguous")
         _writable(t, "broadcast")  # on the root too, which does not write: all refuse alike
-
-        def run() -> list:
-            self.comm.broadcast(_raw(t), root)
-            return tensors
-        return self._work(run, tensors)
+        return self._run(lambda: self.comm.broadcast(_raw(t), root), tensors, tensors)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         t = _one(inputs, "all_gather")
@@ -213,23 +208,16 @@ class ProcessGroupGradwire(ProcessGroup):
         _movable(t, "all_gather")
         _equal(outs, t, "all_gather")
 
-        def run() -> list:
+        def run() -> None:
             flat = torch.empty(self._size * t.numel(), dtype=t.dtype, device=t.device)
             self.comm.allgather(_raw(_flat(t)), _raw(flat))
-            for i, o in enumerate(outs):
-                o.copy_(flat[i * t.numel():(i + 1) * t.numel()].view(o.shape))
-            return output_lists
-        return self._work(run, inputs, outs)
+            _unstack(flat, outs)
+        return self._run(run, output_lists, inputs, outs)
 
     def _gather_into(self, output: torch.Tensor, input: torch.Tensor) -> Callable[[], None]:
         """Checks one all_gather_into_tensor at the call; returns what runs it."""
-        if output.numel() != input.numel() * self._size:
-            raise InvalidArgument(f"gradwire all_gather_into_tensor: output has {output.numel()} "
-                                  f"elements, expected {self._size} x {input.numel()}")
+        _blocks(output, input, self._size, "all_gather_into_tensor", "output")
         _movable(input, "all_gather_into_tensor")
-        if output.dtype != input.dtype:
-            raise InvalidArgument(f"gradwire all_gather_into_tensor: output dtype {output.dtype} "
-                                  f"differs from the input's {input.dtype}")
 
         def run() -> None:
             if output.is_contiguous():
@@ -241,12 +229,7 @@ class ProcessGroupGradwire(ProcessGroup):
         return run
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        step = self._gather_into(output, input)
-
-        def run() -> list:
-            step()
-            return [output]
-        return self._work(run, input, output)
+        return self._run(self._gather_into(output, input), [output], input, output)
 
     def _coalesced(self, outputs: list, inputs: list, what: str,
                    step_of: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]]) -> Any:
@@ -256,12 +239,7 @@ class ProcessGroupGradwire(ProcessGroup):
             raise InvalidArgument(f"gradwire {what} (coalesced): {len(outputs)} outputs for "
                                   f"{len(inputs)} inputs")
         steps = [step_of(o, i) for o, i in zip(outputs, inputs)]
-
-        def run() -> list:
-            for step in steps:
-                step()
-            return outputs
-        return self._work(run, inputs, outputs)
+        return self._run(lambda: [step() for step in steps], outputs, inputs, outputs)
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> Any:
@@ -277,23 +255,16 @@ class ProcessGroupGradwire(ProcessGroup):
         gw_dtype(out, "gradwire reduce_scatter")
         _equal(ins, out, "reduce_scatter")
 
-        def run() -> list:
-            flat = torch.cat([_flat(i) for i in ins])
-            res = self.comm.reduce_scatter(flat, op=op)
+        def run() -> None:
+            res = self.comm.reduce_scatter(torch.cat([_flat(i) for i in ins]), op=op)
             out.copy_(res.view(out.shape))
-            return outputs
-        return self._work(run, ins, out)
+        return self._run(run, outputs, ins, out)
 
     def _scatter_from(self, output: torch.Tensor, input: torch.Tensor,
                       op: Op) -> Callable[[], None]:
         """Checks one reduce_scatter_tensor at the call; returns what runs it."""
-        if input.numel() != output.numel() * self._size:
-            raise InvalidArgument(f"gradwire reduce_scatter_tensor: input has {input.numel()} "
-                                  f"elements, expected {self._size} x {output.numel()}")
+        _blocks(output, input, self._size, "reduce_scatter_tensor", "input")
         gw_dtype(input, "gradwire reduce_scatter_tensor")
-        if output.dtype != input.dtype:
-            raise InvalidArgument(f"gradwire reduce_scatter_tensor: output dtype {output.dtype} "
-                                  f"differs from the input's {input.dtype}")
 
         def run() -> None:
             res = self.comm.reduce_scatter(_flat(input), op=op)
@@ -303,12 +274,7 @@ class ProcessGroupGradwire(ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Any:
         op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
-        step = self._scatter_from(output, input, op)
-
-        def run() -> list:
-            step()
-            return [output]
-        return self._work(run, input, output)
+        return self._run(self._scatter_from(output, input, op), [output], input, output)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list,
                                         opts: Any = None) -> Any:
@@ -316,128 +282,14 @@ class ProcessGroupGradwire(ProcessGroup):
         return self._coalesced(outputs, inputs, "reduce_scatter_tensor",
                                lambda o, i: self._scatter_from(o, i, op))
 
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        if len(inputs) != self._size or len(outputs) != self._size:
-            raise InvalidArgument(f"gradwire all_to_all: {len(inputs)} inputs and {len(outputs)} "
-                                  f"outputs for {self._size} ranks")
-        _movable(inputs[0], "all_to_all")
-        _equal(inputs, inputs[0], "all_to_all")
-        _equal(outputs, inputs[0], "all_to_all")
-
-        def run() -> list:
-            send = torch.cat([_flat(i) for i in inputs])
-            res = torch.empty_like(send)
-            self.comm.alltoall(_raw(send), _raw(res))
-            n = inputs[0].numel()
-            for j, o in enumerate(outputs):
-                o.copy_(res[j * n:(j + 1) * n].view(o.shape))
-            return outputs
-        return self._work(run, inputs, outputs)
-
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list,
-                      input_splits: list, opts: Any = None) -> Any:
-        for splits, what, t in ((output_splits, "output", output),
-                                (input_splits, "input", input)):
-            # With splits on one side only, the other side's dim 0 is split evenly (gloo's
-            # check): it must divide by the ranks, or blocks would cut rows.
-            if not splits and (output_splits or input_splits) and t.size(0) % self._size:
-                raise InvalidArgument(f"gradwire all_to_all_single: the {what} has no splits and "
-                                      f"its dim 0 ({t.size(0)}) does not divide by "
-                                      f"{self._size} ranks")
-            if splits and len(set(splits)) != 1:
-                raise Unsupported(f"gradwire all_to_all_single: uneven {what} splits {splits} "
-                                  "are not supported")
-            # Equal splits are otherwise not looked at again (numel / ranks each): refuse ones
-            # that do not describe the tensor, as torch's backends do, rather than re-split.
-            if splits and (len(splits) != self._size or sum(splits) != t.size(0)):
-                raise InvalidArgument(f"gradwire all_to_all_single: {what} splits {splits} do "
-                                      f"not split dim 0 ({t.size(0)}) over {self._size} ranks")
-        if input.numel() % self._size or output.numel() != input.numel():
-            raise InvalidArgument(f"gradwire all_to_all_single: input ({input.numel()}) and "
-                                  f"output ({output.numel()}) must be equal multiples of "
-                                  f"{self._size} ranks")
-        _movable(input, "all_to_all_single")
-        if output.dtype != input.dtype:
-            raise InvalidArgument(f"gradwire all_to_all_single: output dtype {output.dtype} "
-                                  f"differs from the input's {input.dtype}")
-
-        def run() -> list:
-            send = _flat(input)
-            res = torch.empty_like(send)
-            self.comm.alltoall(_raw(send), _raw(res))
-            output.copy_(res.view(output.shape))
-            return [output]
-        return self._work(run, input, output)
-
     def barrier(self, opts: Any = None) -> Any:
-        def run() -> list:
-            self.comm.barrier()
-            return []
-        return self._work(run)
-
-    def reduce(self, tensors: list, opts: Any = None) -> Any:
-        t = _one(tensors, "reduce")
-        op = _gw_op(opts.reduceOp) if opts is not None else Op.SUM
-        root = opts.rootRank if opts is not None else 0
-        self._check(t, "reduce")
-        _writable(t, "reduce")  # on every rank, though only root writes: all refuse alike
-
-        def run() -> list:
-            # An allreduce; ranks other than root reduce a copy and keep their tensor.
-            self.comm.allreduce(t if self._rank == root else t.clone(), op=op)
-            return tensors
-        return self._work(run, tensors)
-
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
-        t = _one(inputs, "gather")
-        root = opts.rootRank if opts is not None else 0
-        outs = output_lists[0] if self._rank == root else []
-        _movable(t, "gather")
-        if self._rank == root:
-            _equal(outs, t, "gather")
-
-        def run() -> list:
-            flat = _flat(t)
-            res = torch.empty(self._size * flat.numel(), dtype=t.dtype, device=t.device)
-            self.comm.allgather(_raw(flat), _raw(res))
-            n = flat.numel()
-            for i, o in enumerate(outs):
-                o.copy_(res[i * n:(i + 1) * n].view(o.shape))
-            return output_lists
-        return self._work(run, t, outs)
-
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
-        out = _one(outputs, "scatter")
-        root = opts.rootRank if opts is not None else 0
-        _movable(out, "scatter")
-        if self._rank == root:
-            _equal(_one(input_lists, "scatter"), out, "scatter")
-
-        def run() -> list:
-            if self._rank == root:
-                flat = torch.cat([_flat(i) for i in input_lists[0]])
-            else:
-                flat = torch.empty(self._size * out.numel(), dtype=out.dtype, device=out.device)
-            self.comm.broadcast(_raw(flat), root)
-            n = out.numel()
-            out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
-            return outputs
-        return self._work(run, out, input_lists[0] if self._rank == root else [])
+        return self._run(self.comm.barrier, [])
 
     # Newer torch spells the C++ single-tensor collectives all_gather_single and
     # reduce_scatter_single and its trampoline looks for Python methods of those names (C++
     # callers such as functional collectives); dist.* still calls the underscored ones.
     all_gather_single = _allgather_base
     reduce_scatter_single = _reduce_scatter_base
-
-    def send(self, *args: Any) -> Any:
-        raise Unsupported("gradwire: send/recv (point-to-point) is not supported")
-
-    def recv(self, *args: Any) -> Any:
-        raise Unsupported("gradwire: send/recv (point-to-point) is not supported")
-
-    def recv_anysource(self, *args: Any) -> Any:
-        raise Unsupported("gradwire: recv from any source is not supported")
 
     def allgather_coalesced(self, *args: Any) -> Any:
         raise Unsupported("gradwire: all_gather_coalesced is not supported")

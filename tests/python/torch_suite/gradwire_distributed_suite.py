@@ -41,7 +41,6 @@ for feature in ("plugin", "ddp", "subgroup"):
     DistTestCases.backend_feature[feature].add("gradwire")
 # Ops the backend refuses with gradwire.Unsupported: the suite's own skip lists for them.
 DistTestCases.skip_collective["allgather_coalesced"].add("gradwire")
-DistTestCases.skip_collective["sendrecv anysource"].add("gradwire")
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
