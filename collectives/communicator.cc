@@ -27,6 +27,7 @@
 #include "collectives/p2p.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
+#include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/core_config.h"
 #include "core/log.h"
@@ -130,6 +131,8 @@ class CommImpl : public Communicator {
         exec_(&pool_, &aborted_, executor_options(settings_)) {}
   ~CommImpl() override;
 
+  // set_up(), then, had it failed before the ranks compared outcomes (agree_cost_params), says so
+  // to the others (agree_setup_outcome) so they fail at once naming this rank.
   Status init();
 
   int rank() const override { return group_.rank(); }
@@ -211,6 +214,8 @@ class CommImpl : public Communicator {
   void log_choice(Collective kind, size_t bytes, const CollectiveChoice& choice, size_t nplans);
   // Rank 0 publishes cost_, the others replace theirs with it.
   Status agree_cost_params();
+  Status set_up();
+  bool outcome_said_ = false;  // agree_setup_outcome ran (agree_cost_params)
   // "transport tcp (eth0:10.0.0.1, 1 socket per connection, 0 I/O threads)".
   static std::string describe_transport(std::string_view level, const net::Properties& p);
   // describe()'s text, once the transports and the cost model are known.
@@ -276,6 +281,15 @@ class CommImpl : public Communicator {
 // ---- set-up -----------------------------------------------------------------------------------
 
 Status CommImpl::init() {
+  Status s = set_up();
+  if (!s.ok() && !outcome_said_) {
+    (void)agree_setup_outcome(*group_.store(), rank(), size(), s,
+                              deadline_after_ms(settings_.timeout_ms));
+  }
+  return s;
+}
+
+Status CommImpl::set_up() {
   const int world = size(), me = rank();
   // A forced algorithm that cannot run here is refused now rather than at the first call.
   if (world > 1 && settings_.forced_algo != Algo::kAuto) {
@@ -448,6 +462,8 @@ Status CommImpl::agree_cost_params() {
   // Not store_barrier: there every rank but the last waits on a "done" key, and rank 0 could take
   // the store away while another rank still waits on it; store_release_host waits on rank 0 only.
   const std::string read_key = "cost_params_read";
+  outcome_said_ = true;
+  GW_RETURN_IF_ERROR(agree_setup_outcome(store, rank(), size(), ok_status(), deadline));
   if (rank() == 0) {
     const std::string v =
         fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {} {}", cost_.alpha_us,
