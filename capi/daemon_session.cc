@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "capi/direct_session.h"
+#include "capi/setup_checks.h"
 #include "collectives/compress/codec.h"
 #include "collectives/cost_model.h"
 #include "core/bootstrap.h"
@@ -40,8 +41,10 @@ std::string solo_token() {
 
 Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& options,
                                                        const std::string& address) {
-  if (address.rfind("unix:", 0) != 0 || address.size() <= 5) {
-    return invalid_arg("GW_DAEMON '{}': expected unix:/path/to/gradwired.sock", address);
+  // What this rank can check alone is checked before it meets the others, who learn at once
+  // why it will not come (as direct mode's settings are).
+  if (Status local = check_daemon_locally(address); !local.ok()) {
+    return fail_before_rendezvous(options, local);
   }
   const sys::Deadline deadline = sys::deadline_after_ms(options.timeout_ms);
   daemon::Hello h;

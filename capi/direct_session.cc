@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "capi/setup_checks.h"
 #include "collectives/p2p.h"
 #include "core/bootstrap.h"
 #include "core/log.h"
@@ -117,19 +118,7 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
   // still said in the store (rank 0 hosts it for that), so the other ranks fail at once naming
   // this rank instead of waiting out GW_TIMEOUT_MS.
   const Status local = coll::Communicator::check_options(co);
-  if (!local.ok()) {
-    constexpr int64_t kFailureNoticeMs = 2000;
-    if (!options.store_host.empty()) {
-      SessionOptions brief = options;
-      brief.timeout_ms = std::min(options.timeout_ms, kFailureNoticeMs);
-      auto shared = open_job_store(brief);
-      if (shared.ok()) {
-        (void)publish_setup_failure(**shared, options.rank, options.world_size, local,
-                                    deadline_after_ms(kFailureNoticeMs));
-      }
-    }
-    return local;
-  }
+  if (!local.ok()) return fail_before_rendezvous(options, local);
   GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
   co.store = store;
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));

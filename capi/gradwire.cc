@@ -134,8 +134,8 @@ Result<SessionOptions> resolve(const gw_config_t& cfg) {
   if (cfg.rank < 0) return gw::invalid_arg("config.rank {} < 0", cfg.rank);
   if (cfg.world_size < 0) return gw::invalid_arg("config.world_size {} < 0", cfg.world_size);
   if (cfg.timeout_ms < 0) return gw::invalid_arg("config.timeout_ms {} < 0", cfg.timeout_ms);
-  // The settings (gw::config::validate) are checked by init(): a direct-mode rank checks them
-  // once it can say in the store why it refused them, so the other ranks do not wait for it.
+  // The settings (gw::config::validate) are checked by the session's create(): a rank checks
+  // them once it can say in the store why it refused them, so the other ranks do not wait for it.
 
   SessionOptions o;
   o.rank = cfg.rank;
@@ -252,7 +252,6 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
   GW_ASSIGN_OR_RETURN(const std::string daemon, daemon_address());
   std::unique_ptr<Session> session;
   if (!daemon.empty()) {
-    GW_RETURN_IF_ERROR(gw::config::validate());
     GW_ASSIGN_OR_RETURN(session, DaemonSession::create(o, daemon));
   } else {
     GW_ASSIGN_OR_RETURN(session, DirectSession::create(o));

@@ -79,6 +79,8 @@ class CommImpl : public Communicator {
         exec_(&pool_, &aborted_, executor_options(settings_, group_)) {}
   ~CommImpl() override;
 
+  // set_up(), then, had it failed before the ranks compared outcomes (agree_cost_params), says so
+  // to the others (agree_setup_outcome) so they fail at once naming this rank.
   Status init();
 
   int rank() const override { return group_.rank(); }
@@ -209,6 +211,8 @@ class CommImpl : public Communicator {
   void log_choice(Collective kind, size_t bytes, const CollectiveChoice& choice, size_t nplans);
   // Rank 0 publishes cost_, the others replace theirs with it.
   Status agree_cost_params();
+  Status set_up();
+  bool outcome_said_ = false;  // agree_setup_outcome ran (agree_cost_params)
   // "transport tcp (eth0:10.0.0.1, 1 socket per connection, 0 I/O threads)".
   static std::string describe_transport(std::string_view level, const net::Properties& p);
   // describe()'s text, once the transports and the cost model are known.

@@ -28,6 +28,7 @@
 #include "collectives/p2p.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
+#include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/core_config.h"
 #include "core/log.h"
@@ -105,6 +106,15 @@ ExecutorOptions executor_options(const CommSettings& s, const Group& g) {
 // ---- set-up -----------------------------------------------------------------------------------
 
 Status CommImpl::init() {
+  Status s = set_up();
+  if (!s.ok() && !outcome_said_) {
+    (void)agree_setup_outcome(*group_.store(), rank(), size(), s,
+                              deadline_after_ms(settings_.timeout_ms));
+  }
+  return s;
+}
+
+Status CommImpl::set_up() {
   const int world = size(), me = rank();
   GW_RETURN_IF_ERROR(timeline::open(settings_.config.get_string(core_config::kTimeline), me));
   // A forced algorithm that cannot run here is refused now rather than at the first call.
@@ -278,6 +288,8 @@ Status CommImpl::agree_cost_params() {
   // Not store_barrier: there every rank but the last waits on a "done" key, and rank 0 could take
   // the store away while another rank still waits on it; store_release_host waits on rank 0 only.
   const std::string read_key = "cost_params_read";
+  outcome_said_ = true;
+  GW_RETURN_IF_ERROR(agree_setup_outcome(store, rank(), size(), ok_status(), deadline));
   if (rank() == 0) {
     const std::string v =
         fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {} {}", cost_.alpha_us,

@@ -502,6 +502,32 @@ Status publish_setup_failure(Store& store, int rank, int world, const Status& wh
   return s;
 }
 
+Status agree_setup_outcome(Store& store, int rank, int world, const Status& mine,
+                           Deadline deadline) {
+  if (world <= 1 || rank < 0 || rank >= world) return mine;
+  const auto key_of = [](int r) { return fmt::format("gw/setup/{}", r); };
+  const std::string text =
+      mine.ok() ? std::string("ok") : std::string(kSetupFailed) + mine.message();
+  Status s = store.set(key_of(rank), Bytes(text.begin(), text.end()), deadline);
+  if (!mine.ok()) {
+    // Best effort: this rank's own error is the one to return, whatever the store says.
+    if (s.ok()) release_after_failure(store, rank, world, deadline);
+    return mine;
+  }
+  if (!s.ok()) return s.with_context("communicator: saying this rank is set up");
+  const auto check = [](int r, const Bytes& v) -> Status {
+    if (auto why = setup_failure_in(v)) {
+      return peer_error("rank {} failed to set up: {}", r, *why);
+    }
+    return ok_status();
+  };
+  auto all = gather_joined(store, world, key_of, deadline, check);
+  if (!all.ok() && all.status().code() == Code::kPeer) {
+    release_after_failure(store, rank, world, deadline);
+  }
+  return all.status();
+}
+
 Result<std::string> agree_job_token(Store& store, int rank, Deadline deadline, int world) {
   std::string configured = config::get_string(core_config::kJobToken);
   if (!configured.empty()) return configured;

@@ -76,6 +76,17 @@ Result<HostMap> exchange_hosts(Store& store, int rank, int world, Deadline deadl
 Status publish_setup_failure(Store& store, int rank, int world, const Status& why,
                              Deadline deadline);
 
+// The end of a communicator's set-up after the rendezvous (its transports made, its settings
+// checked against the host map): every rank says under `store` (the communicator's own, prefixed)
+// whether that went well (`mine`) and reads what the others said, so a rank that failed there (an
+// interface GW_SOCKET_IFNAME does not name, a transport it cannot make) fails the others at once,
+// kPeer naming it and why, instead of leaving them waiting out GW_TIMEOUT_MS for keys it never
+// writes. Returns `mine` when it failed; else the first failure read, or ok once every rank said
+// ok. Rank 0 hosts the store: on a failure it returns once the other ranks have said they know,
+// 2 s at most.
+Status agree_setup_outcome(Store& store, int rank, int world, const Status& mine,
+                           Deadline deadline);
+
 // The kernel a host identity runs on: host_identity()'s "hostname/boot_id/netns:N" without the
 // network namespace (namespace or container "hosts" of one machine share it, and its CPUs); any
 // other identity (GW_HOSTID) is its own kernel.

@@ -100,18 +100,40 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const H
   c->timeout_ms_ = h.timeout_ms;
   c->spin_ns_ = spin_ns;
 
-  // Connect (the daemon may still be starting: retry until the deadline, at most 10 s).
+  // Connect. Nothing listening (no socket file, or refused) is known at once; it is retried for
+  // kStartGraceMs only, the window of a daemon started just before its trainers (between its
+  // bind and its listen). A busy listener (its backlog full) is retried until the deadline, at
+  // most 10 s, saying every few seconds what this trainer waits for.
+  constexpr int64_t kStartGraceMs = 1000;
+  constexpr auto kSayEvery = std::chrono::seconds(3);
   GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(path));
+  const auto start = sys::Clock::now();
   const sys::Deadline connect_by = std::min(deadline, sys::deadline_after_ms(10000));
+  const sys::Deadline grace_by = std::min(connect_by, sys::deadline_after_ms(kStartGraceMs));
+  auto say_at = start + kSayEvery;
   for (;;) {
-    auto fd = sys::connect_unix(addr, SOCK_STREAM);
+    bool nobody = false;
+    auto fd = sys::connect_unix(addr, SOCK_STREAM, &nobody);
     if (fd.ok()) {
       c->sock_ = std::move(*fd);
       break;
     }
-    if (fd.status().code() != Code::kPeer || sys::expired(connect_by)) {
-      return fd.status().with_context(
-          fmt::format("no gradwired answers on {} (GW_DAEMON=unix:{})", path, path));
+    if (fd.status().code() != Code::kPeer || sys::expired(connect_by) ||
+        (nobody && sys::expired(grace_by))) {
+      return fd.status().with_context(fmt::format(
+          "no gradwired answers on {} (GW_DAEMON=unix:{}){}", path, path,
+          nobody ? ": start gradwired there, or point GW_DAEMON at its socket (gradwirectl "
+                   "status --socket PATH says whether one answers)"
+                 : ""));
+    }
+    if (sys::Clock::now() >= say_at) {
+      GW_LOG_WARN(
+          "waiting for gradwired on {} to accept this trainer ({}; {} s so far, {} s at "
+          "most)",
+          path, fd.status().message(),
+          std::chrono::duration_cast<std::chrono::seconds>(sys::Clock::now() - start).count(),
+          std::chrono::duration_cast<std::chrono::seconds>(connect_by - start).count());
+      say_at += kSayEvery;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -105,11 +105,13 @@ Result<Fd> accept_unix(int listen_fd) {
   }
 }
 
-Result<Fd> connect_unix(const UnixAddress& address, int type) {
+Result<Fd> connect_unix(const UnixAddress& address, int type, bool* no_listener) {
+  if (no_listener != nullptr) *no_listener = false;
   Fd fd(::socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return system_error("unix connect: socket", errno);
   if (::connect(fd.get(), address.addr(), address.len()) != 0) {
     int err = errno;
+    if (no_listener != nullptr) *no_listener = err == ECONNREFUSED || err == ENOENT;
     if (err == ECONNREFUSED || err == EAGAIN || err == ENOENT || err == EINTR) {
       return peer_error("connect to {}: {}", address.to_string(), errno_text(err));
     }

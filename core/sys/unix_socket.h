@@ -63,8 +63,10 @@ Result<Fd> listen_unix(const UnixAddress& address, int type, int backlog);
 Result<Fd> accept_unix(int listen_fd);
 
 // One connection attempt, never blocks. A listener that is absent or full (ECONNREFUSED,
-// ENOENT, EAGAIN) is kPeer, worth retrying later; other failures are kSystem.
-Result<Fd> connect_unix(const UnixAddress& address, int type);
+// ENOENT, EAGAIN) is kPeer, worth retrying later; other failures are kSystem. *no_listener (when
+// given) says whether it was absent (no socket file, or refused: a file nothing listens on), not
+// only busy, so a caller that knows the listener should be there already can stop at once.
+Result<Fd> connect_unix(const UnixAddress& address, int type, bool* no_listener = nullptr);
 
 // The peer's process, user and group ids (SO_PEERCRED) as of connect().
 Result<ucred> peer_credentials(int sock);
