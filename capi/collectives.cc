@@ -80,22 +80,33 @@ Result<CollectiveCall> check_broadcast(const Session& st, void* buf, size_t coun
   return make_call(CallKind::kBroadcast, nullptr, buf, count, dtype, 0, root);
 }
 
-Result<CollectiveCall> check_allgather(const Session& st, const void* sendbuf, void* recvbuf,
-                                       size_t sendcount, int dtype) {
-  GW_RETURN_IF_ERROR(check_dtype(dtype));
-  // The whole first: a count that overflows with the rank count says so.
-  GW_ASSIGN_OR_RETURN(size_t recv_bytes,
-                      buffer_bytes("sendcount", sendcount, dtype, static_cast<size_t>(st.size())));
-  GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
+// allgather (the receive buffer holds every rank's block) and reduce_scatter (the send buffer
+// does): the buffers' sizes, then host memory, then no overlap unless the block buffer is this
+// rank's block of the whole one (in place). The whole's size first: a count that overflows with
+// the rank count says so.
+Status check_blocks(const Session& st, const char* count_name, const void* sendbuf,
+                    const void* recvbuf, size_t count, int dtype, bool send_is_whole) {
+  GW_ASSIGN_OR_RETURN(size_t whole,
+                      buffer_bytes(count_name, count, dtype, static_cast<size_t>(st.size())));
+  GW_ASSIGN_OR_RETURN(size_t block, buffer_bytes(count_name, count, dtype));
+  const size_t send_bytes = send_is_whole ? whole : block;
+  const size_t recv_bytes = send_is_whole ? block : whole;
   GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
   GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
   GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
   GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  // In place: sendbuf is this rank's block of recvbuf.
-  const void* own_block = static_cast<const uint8_t*>(recvbuf) + st.rank() * send_bytes;
-  if (sendbuf != own_block) {
+  const void* whole_buf = send_is_whole ? sendbuf : recvbuf;
+  const void* block_buf = send_is_whole ? recvbuf : sendbuf;
+  if (block_buf != static_cast<const uint8_t*>(whole_buf) + st.rank() * block) {
     GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
   }
+  return gw::ok_status();
+}
+
+Result<CollectiveCall> check_allgather(const Session& st, const void* sendbuf, void* recvbuf,
+                                       size_t sendcount, int dtype) {
+  GW_RETURN_IF_ERROR(check_dtype(dtype));
+  GW_RETURN_IF_ERROR(check_blocks(st, "sendcount", sendbuf, recvbuf, sendcount, dtype, false));
   return make_call(CallKind::kAllgather, sendbuf, recvbuf, sendcount, dtype, 0, 0);
 }
 
@@ -103,17 +114,7 @@ Result<CollectiveCall> check_reduce_scatter(const Session& st, const void* sendb
                                             size_t recvcount, int dtype, int op) {
   GW_RETURN_IF_ERROR(check_dtype(dtype));
   GW_RETURN_IF_ERROR(check_op(op));
-  GW_ASSIGN_OR_RETURN(size_t send_bytes,
-                      buffer_bytes("recvcount", recvcount, dtype, static_cast<size_t>(st.size())));
-  GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
-  GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
-  GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  const void* own_block = static_cast<const uint8_t*>(sendbuf) + st.rank() * recv_bytes;
-  if (recvbuf != own_block) {
-    GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
-  }
+  GW_RETURN_IF_ERROR(check_blocks(st, "recvcount", sendbuf, recvbuf, recvcount, dtype, true));
   return make_call(CallKind::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0);
 }
 
@@ -130,6 +131,14 @@ Result<CollectiveCall> check_alltoall(const Session& st, const void* sendbuf, vo
   return make_call(CallKind::kAlltoall, sendbuf, recvbuf, count, dtype, 0, 0);
 }
 
+// coll::check_call's checks, then host memory (recvbuf may be sendbuf: in place).
+Result<CollectiveCall> checked_call(const Session& st, CollectiveCall c) {
+  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
+  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", c.sendbuf));
+  if (c.recvbuf != c.sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", c.recvbuf));
+  return c;
+}
+
 // reduce, gather, scatter: coll::check_call's checks, then host memory.
 Result<CollectiveCall> check_rooted(const Session& st, CallKind kind, const void* sendbuf,
                                     void* recvbuf, size_t count, int dtype, int op, int root) {
@@ -138,11 +147,7 @@ Result<CollectiveCall> check_rooted(const Session& st, CallKind kind, const void
   if (root < 0 || root >= st.size()) {
     return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st.size());
   }
-  CollectiveCall c = make_call(kind, sendbuf, recvbuf, count, dtype, op, root);
-  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  return c;
+  return checked_call(st, make_call(kind, sendbuf, recvbuf, count, dtype, op, root));
 }
 
 Result<CollectiveCall> check_alltoallv(const Session& st, const void* sendbuf,
@@ -160,20 +165,28 @@ Result<CollectiveCall> check_alltoallv(const Session& st, const void* sendbuf,
   c.sdispls.assign(sdispls, sdispls + p);
   c.recvcounts.assign(recvcounts, recvcounts + p);
   c.rdispls.assign(rdispls, rdispls + p);
-  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  return c;
+  return checked_call(st, std::move(c));
+}
+
+Status check_request(gw_request_t* request) {
+  if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+  return gw::ok_status();
+}
+
+// An i-form's last step: the started operation becomes the caller's request.
+Status hand_out(Result<std::unique_ptr<SessionRequest>> op, const char* who,
+                gw_request_t* request) {
+  if (!op.ok()) return op.status();
+  if (!*op) return gw::internal_error("{} returned no operation", who);
+  *request = register_request(std::move(*op), 0);
+  return gw::ok_status();
 }
 
 // An i-form: starts the checked call and hands out its request.
 Status start_call(Session& st, Result<CollectiveCall> call, gw_request_t* request) {
-  if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+  GW_RETURN_IF_ERROR(check_request(request));
   if (!call.ok()) return call.status();
-  GW_ASSIGN_OR_RETURN(std::unique_ptr<SessionRequest> op, st.start(*call));
-  if (!op) return gw::internal_error("the session returned no operation");
-  *request = register_request(std::move(op), 0);
-  return gw::ok_status();
+  return hand_out(st.start(*call), "the session", request);
 }
 
 // A blocking call of a kind the Session has no method of its own for.
@@ -285,13 +298,10 @@ GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* r
     const int dtype = raw_enum(dtype_arg);
     const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+    GW_RETURN_IF_ERROR(check_request(request));
     GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
-    GW_ASSIGN_OR_RETURN(std::unique_ptr<SessionRequest> handle,
-                        st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
-    if (!handle) return gw::internal_error("iallreduce returned no operation");
-    *request = register_request(std::move(handle), 0);
-    return gw::ok_status();
+    return hand_out(st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)), "iallreduce",
+                    request);
   });
 }
 

@@ -11,25 +11,39 @@
 
 namespace gw::coll {
 
+namespace {
+
+// The one map from the kinds every Communicator has to their collectives: `forms` has the
+// Communicator's public methods (the base class's run() passes itself; CommImpl::run_locked() a
+// view of its _locked bodies); `rest` runs any other kind (alltoallv and the rooted ones).
+template <typename Forms, typename Rest>
+Status run_by_kind(Forms& forms, const CollectiveCall& c, Rest&& rest) {
+  switch (c.kind) {
+    case CallKind::kAllreduce:
+      return forms.allreduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
+    case CallKind::kBroadcast:
+      return forms.broadcast(c.recvbuf, c.count, c.dtype, c.root);
+    case CallKind::kAllgather:
+      return forms.allgather(c.sendbuf, c.recvbuf, c.count, c.dtype);
+    case CallKind::kReduceScatter:
+      return forms.reduce_scatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
+    case CallKind::kBarrier:
+      return forms.barrier();
+    case CallKind::kAlltoall:
+      return forms.alltoall(c.sendbuf, c.recvbuf, c.count, c.dtype);
+    default:
+      return rest(c);
+  }
+}
+
+}  // namespace
+
 // ---- the base class's forms ---------------------------------------------------------------------
 
 Status Communicator::run(const CollectiveCall& c) {
-  switch (c.kind) {
-    case CallKind::kAllreduce:
-      return allreduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBroadcast:
-      return broadcast(c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kAllgather:
-      return allgather(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kReduceScatter:
-      return reduce_scatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBarrier:
-      return barrier();
-    case CallKind::kAlltoall:
-      return alltoall(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    default:
-      return unsupported("{}: this communicator does not have it", call_name(c.kind));
-  }
+  return run_by_kind(*this, c, [](const CollectiveCall& other) {
+    return unsupported("{}: this communicator does not have it", call_name(other.kind));
+  });
 }
 
 Result<std::unique_ptr<AsyncOp>> Communicator::start(const CollectiveCall& c) {
@@ -39,29 +53,39 @@ Result<std::unique_ptr<AsyncOp>> Communicator::start(const CollectiveCall& c) {
 // ---- CommImpl -----------------------------------------------------------------------------------
 
 Status CommImpl::run_locked(const CollectiveCall& c) {
-  switch (c.kind) {
-    case CallKind::kAllreduce:
-      return allreduce_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBroadcast:
-      return broadcast_locked(c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kAllgather:
-      return allgather_locked(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kReduceScatter:
-      return reduce_scatter_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBarrier:
-      return barrier_locked();
-    case CallKind::kAlltoall:
-      return alltoall_locked(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kAlltoallv:
-      return alltoallv_locked(c);
-    case CallKind::kReduce:
-      return reduce_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root);
-    case CallKind::kGather:
-      return gather_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kScatter:
-      return scatter_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root);
-  }
-  return invalid_arg("collective: unknown kind {}", static_cast<int>(c.kind));
+  struct Locked {  // the public forms' bodies (exec_mu_ is held)
+    CommImpl& self;
+    Status allreduce(const void* s, void* r, size_t n, DataType d, ReduceOp op) {
+      return self.allreduce_locked(s, r, n, d, op);
+    }
+    Status broadcast(void* b, size_t n, DataType d, int root) {
+      return self.broadcast_locked(b, n, d, root);
+    }
+    Status allgather(const void* s, void* r, size_t n, DataType d) {
+      return self.allgather_locked(s, r, n, d);
+    }
+    Status reduce_scatter(const void* s, void* r, size_t n, DataType d, ReduceOp op) {
+      return self.reduce_scatter_locked(s, r, n, d, op);
+    }
+    Status barrier() { return self.barrier_locked(); }
+    Status alltoall(const void* s, void* r, size_t n, DataType d) {
+      return self.alltoall_locked(s, r, n, d);
+    }
+  } locked{*this};
+  return run_by_kind(locked, c, [this](const CollectiveCall& r) {
+    switch (r.kind) {
+      case CallKind::kAlltoallv:
+        return alltoallv_locked(r);
+      case CallKind::kReduce:
+        return reduce_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.op, r.root);
+      case CallKind::kGather:
+        return gather_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.root);
+      case CallKind::kScatter:
+        return scatter_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.root);
+      default:
+        return invalid_arg("collective: unknown kind {}", static_cast<int>(r.kind));
+    }
+  });
 }
 
 Result<std::unique_ptr<AsyncOp>> CommImpl::start(const CollectiveCall& c) {
