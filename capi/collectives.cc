@@ -195,6 +195,15 @@ Status run_call(Session& st, Result<CollectiveCall> call) {
   return st.run(*call);
 }
 
+// An i-form's entry point: the communicator, the call `check` makes of the arguments, its start.
+template <typename Check>
+gw_status_t start_form(const char* name, gw_comm_t comm, gw_request_t* request, Check&& check) {
+  return guarded(name, [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    return start_call(*st, check(*st), request);
+  });
+}
+
 }  // namespace
 
 GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
@@ -307,37 +316,30 @@ GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* r
 
 GW_EXPORT gw_status_t gw_ibroadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
                                     int root, gw_request_t* request) {
-  return guarded("gw_ibroadcast", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_broadcast(*st, buf, count, raw_enum(dtype), root), request);
+  return start_form("gw_ibroadcast", comm, request, [&](const Session& st) {
+    return check_broadcast(st, buf, count, raw_enum(dtype), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_iallgather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                     size_t sendcount, gw_dtype_t dtype, gw_request_t* request) {
-  return guarded("gw_iallgather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_allgather(*st, sendbuf, recvbuf, sendcount, raw_enum(dtype)),
-                      request);
+  return start_form("gw_iallgather", comm, request, [&](const Session& st) {
+    return check_allgather(st, sendbuf, recvbuf, sendcount, raw_enum(dtype));
   });
 }
 
 GW_EXPORT gw_status_t gw_ireduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                          size_t recvcount, gw_dtype_t dtype, gw_op_t op,
                                          gw_request_t* request) {
-  return guarded("gw_ireduce_scatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(
-        *st, check_reduce_scatter(*st, sendbuf, recvbuf, recvcount, raw_enum(dtype), raw_enum(op)),
-        request);
+  return start_form("gw_ireduce_scatter", comm, request, [&](const Session& st) {
+    return check_reduce_scatter(st, sendbuf, recvbuf, recvcount, raw_enum(dtype), raw_enum(op));
   });
 }
 
 GW_EXPORT gw_status_t gw_ialltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                    gw_dtype_t dtype, gw_request_t* request) {
-  return guarded("gw_ialltoall", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_alltoall(*st, sendbuf, recvbuf, count, raw_enum(dtype)), request);
+  return start_form("gw_ialltoall", comm, request, [&](const Session& st) {
+    return check_alltoall(st, sendbuf, recvbuf, count, raw_enum(dtype));
   });
 }
 
@@ -345,53 +347,40 @@ GW_EXPORT gw_status_t gw_ialltoallv(gw_comm_t comm, const void* sendbuf, const s
                                     const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                     const size_t* rdispls, gw_dtype_t dtype,
                                     gw_request_t* request) {
-  return guarded("gw_ialltoallv", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_alltoallv(*st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
-                                      rdispls, raw_enum(dtype)),
-                      request);
+  return start_form("gw_ialltoallv", comm, request, [&](const Session& st) {
+    return check_alltoallv(st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
+                           raw_enum(dtype));
   });
 }
 
 GW_EXPORT gw_status_t gw_ireduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                  gw_dtype_t dtype, gw_op_t op, int root, gw_request_t* request) {
-  return guarded("gw_ireduce", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_rooted(*st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
-                                   raw_enum(op), root),
-                      request);
+  return start_form("gw_ireduce", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
+                        raw_enum(op), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_igather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                  size_t sendcount, gw_dtype_t dtype, int root,
                                  gw_request_t* request) {
-  return guarded("gw_igather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(
-        *st,
-        check_rooted(*st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0, root),
-        request);
+  return start_form("gw_igather", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_iscatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                   size_t recvcount, gw_dtype_t dtype, int root,
                                   gw_request_t* request) {
-  return guarded("gw_iscatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_rooted(*st, CallKind::kScatter, sendbuf, recvbuf, recvcount,
-                                   raw_enum(dtype), 0, root),
-                      request);
+  return start_form("gw_iscatter", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kScatter, sendbuf, recvbuf, recvcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_ibarrier(gw_comm_t comm, gw_request_t* request) {
-  return guarded("gw_ibarrier", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, make_call(CallKind::kBarrier, nullptr, nullptr, 0, 0, 0, 0), request);
+  return start_form("gw_ibarrier", comm, request, [&](const Session&) {
+    return make_call(CallKind::kBarrier, nullptr, nullptr, 0, 0, 0, 0);
   });
 }

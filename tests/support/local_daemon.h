@@ -1,10 +1,12 @@
 // A gradwired of the test's own, for the in-process tests that check daemon mode through the C
 // ABI: started (--foreground) on a socket in a fresh temporary directory, waited for until its
-// control socket is there (up to 10 s), stopped with SIGTERM and its files removed on
-// destruction. Header only; the test passes the daemon's path (GW_GRADWIRED_PATH).
+// control socket is there (up to 10 s), stopped with SIGTERM and its files removed (and GW_DAEMON
+// unset, if use() set it) on destruction. Header only; the test passes the daemon's path
+// (GW_GRADWIRED_PATH).
 #pragma once
 
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +39,7 @@ class LocalDaemon {
   LocalDaemon(const LocalDaemon&) = delete;
   LocalDaemon& operator=(const LocalDaemon&) = delete;
   ~LocalDaemon() {
+    if (used_) ::unsetenv("GW_DAEMON");
     if (pid_ > 0) {
       ::kill(pid_, SIGTERM);
       ::waitpid(pid_, nullptr, 0);
@@ -49,10 +52,18 @@ class LocalDaemon {
   }
   // Its socket's path ("" when no directory could be made).
   const std::string& socket() const { return socket_; }
+  // Sets GW_DAEMON to it, for this process's communicators, until destruction; false when it has
+  // no socket.
+  bool use() {
+    if (socket_.empty()) return false;
+    used_ = ::setenv("GW_DAEMON", ("unix:" + socket_).c_str(), 1) == 0;
+    return used_;
+  }
 
  private:
   std::string dir_, socket_;
   pid_t pid_ = -1;
+  bool used_ = false;
 };
 
 }  // namespace gw::testing

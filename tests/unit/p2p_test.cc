@@ -395,8 +395,7 @@ TEST(P2PTest, BadArguments) {
 TEST(P2PTest, DaemonModeRefusesWithUnsupported) {
   CleanEnv env;
   gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-p2p");
-  ASSERT_FALSE(daemon.socket().empty());
-  ::setenv("GW_DAEMON", ("unix:" + daemon.socket()).c_str(), 1);
+  ASSERT_TRUE(daemon.use());  // GW_DAEMON names it until the end of the test
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
@@ -418,7 +417,6 @@ TEST(P2PTest, DaemonModeRefusesWithUnsupported) {
     EXPECT_EQ(q, nullptr);
     EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
   }
-  ::unsetenv("GW_DAEMON");
 }
 #endif
 

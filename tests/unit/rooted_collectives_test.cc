@@ -375,8 +375,7 @@ TEST(RootedCollectivesTest, RanksThatDisagreeAllFail) {
 TEST(RootedCollectivesTest, DaemonModeRefusesWithUnsupported) {
   gw::testing::CleanEnv env;
   gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-rooted");
-  ASSERT_FALSE(daemon.socket().empty());
-  ::setenv("GW_DAEMON", ("unix:" + daemon.socket()).c_str(), 1);
+  ASSERT_TRUE(daemon.use());  // GW_DAEMON names it until the end of the test
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
@@ -404,7 +403,6 @@ TEST(RootedCollectivesTest, DaemonModeRefusesWithUnsupported) {
     EXPECT_EQ(gw_broadcast(c, x, 2, GW_INT32, 0), GW_OK) << last_error();
     EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
   }
-  ::unsetenv("GW_DAEMON");
 }
 #endif
 
