@@ -195,6 +195,16 @@ Status run_call(Session& st, Result<CollectiveCall> call) {
   return st.run(*call);
 }
 
+// A blocking entry point for a kind the Session has no method of its own for: the
+// communicator, the call `check` makes of the arguments, its run.
+template <typename Check>
+gw_status_t run_form(const char* name, gw_comm_t comm, Check&& check) {
+  return guarded(name, [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    return run_call(*st, check(*st));
+  });
+}
+
 // An i-form's entry point: the communicator, the call `check` makes of the arguments, its start.
 template <typename Check>
 gw_status_t start_form(const char* name, gw_comm_t comm, gw_request_t* request, Check&& check) {
@@ -263,38 +273,34 @@ GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
 
 GW_EXPORT gw_status_t gw_reduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                 gw_dtype_t dtype, gw_op_t op, int root) {
-  return guarded("gw_reduce", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kReduce, sendbuf, recvbuf, count,
-                                      raw_enum(dtype), raw_enum(op), root));
+  return run_form("gw_reduce", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
+                        raw_enum(op), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_gather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                 size_t sendcount, gw_dtype_t dtype, int root) {
-  return guarded("gw_gather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kGather, sendbuf, recvbuf, sendcount,
-                                      raw_enum(dtype), 0, root));
+  return run_form("gw_gather", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                  size_t recvcount, gw_dtype_t dtype, int root) {
-  return guarded("gw_scatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kScatter, sendbuf, recvbuf, recvcount,
-                                      raw_enum(dtype), 0, root));
+  return run_form("gw_scatter", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kScatter, sendbuf, recvbuf, recvcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* sendcounts,
                                    const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                    const size_t* rdispls, gw_dtype_t dtype) {
-  return guarded("gw_alltoallv", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_alltoallv(*st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
-                                         rdispls, raw_enum(dtype)));
+  return run_form("gw_alltoallv", comm, [&](const Session& st) {
+    return check_alltoallv(st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
+                           raw_enum(dtype));
   });
 }
 

@@ -105,6 +105,20 @@ Result<std::unique_ptr<AsyncOp>> CommImpl::start(const CollectiveCall& c) {
 
 namespace {
 
+// reduce, gather and scatter as a call (check_call checks their arguments alike).
+Status check_rooted_call(CallKind kind, const void* sendbuf, void* recvbuf, size_t count,
+                         DataType dtype, ReduceOp op, int root, int rank, int size) {
+  CollectiveCall c;
+  c.kind = kind;
+  c.sendbuf = sendbuf;
+  c.recvbuf = recvbuf;
+  c.count = count;
+  c.dtype = dtype;
+  c.op = op;
+  c.root = root;
+  return check_call(c, rank, size);
+}
+
 // One plan of the steps.
 std::vector<Plan> one_plan(Schedule s) {
   std::vector<Plan> plans(1);
@@ -145,15 +159,8 @@ Status CommImpl::run_phases(const char* name, const std::vector<std::vector<Plan
 
 Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                                ReduceOp op, int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kReduce;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kReduce, sendbuf, recvbuf, count, dtype, op, root,
+                                       rank(), size()));
   const CallSig sig{CallKind::kReduce, dtype, op, true, root, true, count};
   return run_collective("reduce", sig, [&](Deadline deadline) -> Status {
     const size_t es = dtype_size(dtype);
@@ -182,14 +189,8 @@ Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count,
 
 Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendcount, DataType dtype,
                                int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kGather;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = sendcount;
-  c.dtype = dtype;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kGather, sendbuf, recvbuf, sendcount, dtype,
+                                       ReduceOp::kSum, root, rank(), size()));
   const CallSig sig{CallKind::kGather, dtype, ReduceOp::kSum, false, root, true, sendcount};
   return run_collective("gather", sig, [&](Deadline deadline) -> Status {
     const size_t blk = sendcount * dtype_size(dtype);
@@ -210,14 +211,8 @@ Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendco
 
 Status CommImpl::scatter_locked(const void* sendbuf, void* recvbuf, size_t recvcount,
                                 DataType dtype, int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kScatter;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = recvcount;
-  c.dtype = dtype;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kScatter, sendbuf, recvbuf, recvcount, dtype,
+                                       ReduceOp::kSum, root, rank(), size()));
   const CallSig sig{CallKind::kScatter, dtype, ReduceOp::kSum, false, root, true, recvcount};
   return run_collective("scatter", sig, [&](Deadline deadline) -> Status {
     const size_t blk = recvcount * dtype_size(dtype);
