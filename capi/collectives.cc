@@ -80,22 +80,33 @@ Result<CollectiveCall> check_broadcast(const Session& st, void* buf, size_t coun
   return make_call(CallKind::kBroadcast, nullptr, buf, count, dtype, 0, root);
 }
 
-Result<CollectiveCall> check_allgather(const Session& st, const void* sendbuf, void* recvbuf,
-                                       size_t sendcount, int dtype) {
-  GW_RETURN_IF_ERROR(check_dtype(dtype));
-  // The whole first: a count that overflows with the rank count says so.
-  GW_ASSIGN_OR_RETURN(size_t recv_bytes,
-                      buffer_bytes("sendcount", sendcount, dtype, static_cast<size_t>(st.size())));
-  GW_ASSIGN_OR_RETURN(size_t send_bytes, buffer_bytes("sendcount", sendcount, dtype));
+// allgather (the receive buffer holds every rank's block) and reduce_scatter (the send buffer
+// does): the buffers' sizes, then host memory, then no overlap unless the block buffer is this
+// rank's block of the whole one (in place). The whole's size first: a count that overflows with
+// the rank count says so.
+Status check_blocks(const Session& st, const char* count_name, const void* sendbuf,
+                    const void* recvbuf, size_t count, int dtype, bool send_is_whole) {
+  GW_ASSIGN_OR_RETURN(size_t whole,
+                      buffer_bytes(count_name, count, dtype, static_cast<size_t>(st.size())));
+  GW_ASSIGN_OR_RETURN(size_t block, buffer_bytes(count_name, count, dtype));
+  const size_t send_bytes = send_is_whole ? whole : block;
+  const size_t recv_bytes = send_is_whole ? block : whole;
   GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
   GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
   GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
   GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  // In place: sendbuf is this rank's block of recvbuf.
-  const void* own_block = static_cast<const uint8_t*>(recvbuf) + st.rank() * send_bytes;
-  if (sendbuf != own_block) {
+  const void* whole_buf = send_is_whole ? sendbuf : recvbuf;
+  const void* block_buf = send_is_whole ? recvbuf : sendbuf;
+  if (block_buf != static_cast<const uint8_t*>(whole_buf) + st.rank() * block) {
     GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
   }
+  return gw::ok_status();
+}
+
+Result<CollectiveCall> check_allgather(const Session& st, const void* sendbuf, void* recvbuf,
+                                       size_t sendcount, int dtype) {
+  GW_RETURN_IF_ERROR(check_dtype(dtype));
+  GW_RETURN_IF_ERROR(check_blocks(st, "sendcount", sendbuf, recvbuf, sendcount, dtype, false));
   return make_call(CallKind::kAllgather, sendbuf, recvbuf, sendcount, dtype, 0, 0);
 }
 
@@ -103,17 +114,7 @@ Result<CollectiveCall> check_reduce_scatter(const Session& st, const void* sendb
                                             size_t recvcount, int dtype, int op) {
   GW_RETURN_IF_ERROR(check_dtype(dtype));
   GW_RETURN_IF_ERROR(check_op(op));
-  GW_ASSIGN_OR_RETURN(size_t send_bytes,
-                      buffer_bytes("recvcount", recvcount, dtype, static_cast<size_t>(st.size())));
-  GW_ASSIGN_OR_RETURN(size_t recv_bytes, buffer_bytes("recvcount", recvcount, dtype));
-  GW_RETURN_IF_ERROR(check_buffer("sendbuf", sendbuf, send_bytes));
-  GW_RETURN_IF_ERROR(check_buffer("recvbuf", recvbuf, recv_bytes));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  const void* own_block = static_cast<const uint8_t*>(sendbuf) + st.rank() * recv_bytes;
-  if (recvbuf != own_block) {
-    GW_RETURN_IF_ERROR(check_overlap(sendbuf, send_bytes, recvbuf, recv_bytes));
-  }
+  GW_RETURN_IF_ERROR(check_blocks(st, "recvcount", sendbuf, recvbuf, recvcount, dtype, true));
   return make_call(CallKind::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0);
 }
 
@@ -130,6 +131,14 @@ Result<CollectiveCall> check_alltoall(const Session& st, const void* sendbuf, vo
   return make_call(CallKind::kAlltoall, sendbuf, recvbuf, count, dtype, 0, 0);
 }
 
+// coll::check_call's checks, then host memory (recvbuf may be sendbuf: in place).
+Result<CollectiveCall> checked_call(const Session& st, CollectiveCall c) {
+  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
+  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", c.sendbuf));
+  if (c.recvbuf != c.sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", c.recvbuf));
+  return c;
+}
+
 // reduce, gather, scatter: coll::check_call's checks, then host memory.
 Result<CollectiveCall> check_rooted(const Session& st, CallKind kind, const void* sendbuf,
                                     void* recvbuf, size_t count, int dtype, int op, int root) {
@@ -138,11 +147,7 @@ Result<CollectiveCall> check_rooted(const Session& st, CallKind kind, const void
   if (root < 0 || root >= st.size()) {
     return gw::invalid_arg("argument root {} is out of range for {} ranks", root, st.size());
   }
-  CollectiveCall c = make_call(kind, sendbuf, recvbuf, count, dtype, op, root);
-  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  return c;
+  return checked_call(st, make_call(kind, sendbuf, recvbuf, count, dtype, op, root));
 }
 
 Result<CollectiveCall> check_alltoallv(const Session& st, const void* sendbuf,
@@ -160,26 +165,53 @@ Result<CollectiveCall> check_alltoallv(const Session& st, const void* sendbuf,
   c.sdispls.assign(sdispls, sdispls + p);
   c.recvcounts.assign(recvcounts, recvcounts + p);
   c.rdispls.assign(rdispls, rdispls + p);
-  GW_RETURN_IF_ERROR(gw::coll::check_call(c, st.rank(), st.size()));
-  GW_RETURN_IF_ERROR(check_host_memory("sendbuf", sendbuf));
-  if (recvbuf != sendbuf) GW_RETURN_IF_ERROR(check_host_memory("recvbuf", recvbuf));
-  return c;
+  return checked_call(st, std::move(c));
+}
+
+Status check_request(gw_request_t* request) {
+  if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+  return gw::ok_status();
+}
+
+// An i-form's last step: the started operation becomes the caller's request.
+Status hand_out(Result<std::unique_ptr<SessionRequest>> op, const char* who,
+                gw_request_t* request) {
+  if (!op.ok()) return op.status();
+  if (!*op) return gw::internal_error("{} returned no operation", who);
+  *request = register_request(std::move(*op), 0);
+  return gw::ok_status();
 }
 
 // An i-form: starts the checked call and hands out its request.
 Status start_call(Session& st, Result<CollectiveCall> call, gw_request_t* request) {
-  if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+  GW_RETURN_IF_ERROR(check_request(request));
   if (!call.ok()) return call.status();
-  GW_ASSIGN_OR_RETURN(std::unique_ptr<SessionRequest> op, st.start(*call));
-  if (!op) return gw::internal_error("the session returned no operation");
-  *request = register_request(std::move(op), 0);
-  return gw::ok_status();
+  return hand_out(st.start(*call), "the session", request);
 }
 
 // A blocking call of a kind the Session has no method of its own for.
 Status run_call(Session& st, Result<CollectiveCall> call) {
   if (!call.ok()) return call.status();
   return st.run(*call);
+}
+
+// A blocking entry point for a kind the Session has no method of its own for: the
+// communicator, the call `check` makes of the arguments, its run.
+template <typename Check>
+gw_status_t run_form(const char* name, gw_comm_t comm, Check&& check) {
+  return guarded(name, [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    return run_call(*st, check(*st));
+  });
+}
+
+// An i-form's entry point: the communicator, the call `check` makes of the arguments, its start.
+template <typename Check>
+gw_status_t start_form(const char* name, gw_comm_t comm, gw_request_t* request, Check&& check) {
+  return guarded(name, [&]() -> Status {
+    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    return start_call(*st, check(*st), request);
+  });
 }
 
 }  // namespace
@@ -241,38 +273,34 @@ GW_EXPORT gw_status_t gw_barrier(gw_comm_t comm) {
 
 GW_EXPORT gw_status_t gw_reduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                 gw_dtype_t dtype, gw_op_t op, int root) {
-  return guarded("gw_reduce", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kReduce, sendbuf, recvbuf, count,
-                                      raw_enum(dtype), raw_enum(op), root));
+  return run_form("gw_reduce", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
+                        raw_enum(op), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_gather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                 size_t sendcount, gw_dtype_t dtype, int root) {
-  return guarded("gw_gather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kGather, sendbuf, recvbuf, sendcount,
-                                      raw_enum(dtype), 0, root));
+  return run_form("gw_gather", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                  size_t recvcount, gw_dtype_t dtype, int root) {
-  return guarded("gw_scatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_rooted(*st, CallKind::kScatter, sendbuf, recvbuf, recvcount,
-                                      raw_enum(dtype), 0, root));
+  return run_form("gw_scatter", comm, [&](const Session& st) {
+    return check_rooted(st, CallKind::kScatter, sendbuf, recvbuf, recvcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* sendcounts,
                                    const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                    const size_t* rdispls, gw_dtype_t dtype) {
-  return guarded("gw_alltoallv", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return run_call(*st, check_alltoallv(*st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
-                                         rdispls, raw_enum(dtype)));
+  return run_form("gw_alltoallv", comm, [&](const Session& st) {
+    return check_alltoallv(st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
+                           raw_enum(dtype));
   });
 }
 
@@ -285,49 +313,39 @@ GW_EXPORT gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* r
     const int dtype = raw_enum(dtype_arg);
     const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    if (request == nullptr) return gw::invalid_arg("argument request (the output pointer) is NULL");
+    GW_RETURN_IF_ERROR(check_request(request));
     GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
-    GW_ASSIGN_OR_RETURN(std::unique_ptr<SessionRequest> handle,
-                        st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)));
-    if (!handle) return gw::internal_error("iallreduce returned no operation");
-    *request = register_request(std::move(handle), 0);
-    return gw::ok_status();
+    return hand_out(st->iallreduce(sendbuf, recvbuf, count, dt(dtype), rop(op)), "iallreduce",
+                    request);
   });
 }
 
 GW_EXPORT gw_status_t gw_ibroadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype,
                                     int root, gw_request_t* request) {
-  return guarded("gw_ibroadcast", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_broadcast(*st, buf, count, raw_enum(dtype), root), request);
+  return start_form("gw_ibroadcast", comm, request, [&](const Session& st) {
+    return check_broadcast(st, buf, count, raw_enum(dtype), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_iallgather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                     size_t sendcount, gw_dtype_t dtype, gw_request_t* request) {
-  return guarded("gw_iallgather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_allgather(*st, sendbuf, recvbuf, sendcount, raw_enum(dtype)),
-                      request);
+  return start_form("gw_iallgather", comm, request, [&](const Session& st) {
+    return check_allgather(st, sendbuf, recvbuf, sendcount, raw_enum(dtype));
   });
 }
 
 GW_EXPORT gw_status_t gw_ireduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                          size_t recvcount, gw_dtype_t dtype, gw_op_t op,
                                          gw_request_t* request) {
-  return guarded("gw_ireduce_scatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(
-        *st, check_reduce_scatter(*st, sendbuf, recvbuf, recvcount, raw_enum(dtype), raw_enum(op)),
-        request);
+  return start_form("gw_ireduce_scatter", comm, request, [&](const Session& st) {
+    return check_reduce_scatter(st, sendbuf, recvbuf, recvcount, raw_enum(dtype), raw_enum(op));
   });
 }
 
 GW_EXPORT gw_status_t gw_ialltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                    gw_dtype_t dtype, gw_request_t* request) {
-  return guarded("gw_ialltoall", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, check_alltoall(*st, sendbuf, recvbuf, count, raw_enum(dtype)), request);
+  return start_form("gw_ialltoall", comm, request, [&](const Session& st) {
+    return check_alltoall(st, sendbuf, recvbuf, count, raw_enum(dtype));
   });
 }
 
@@ -335,53 +353,40 @@ GW_EXPORT gw_status_t gw_ialltoallv(gw_comm_t comm, const void* sendbuf, const s
                                     const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                     const size_t* rdispls, gw_dtype_t dtype,
                                     gw_request_t* request) {
-  return guarded("gw_ialltoallv", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_alltoallv(*st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
-                                      rdispls, raw_enum(dtype)),
-                      request);
+  return start_form("gw_ialltoallv", comm, request, [&](const Session& st) {
+    return check_alltoallv(st, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
+                           raw_enum(dtype));
   });
 }
 
 GW_EXPORT gw_status_t gw_ireduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                  gw_dtype_t dtype, gw_op_t op, int root, gw_request_t* request) {
-  return guarded("gw_ireduce", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_rooted(*st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
-                                   raw_enum(op), root),
-                      request);
+  return start_form("gw_ireduce", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kReduce, sendbuf, recvbuf, count, raw_enum(dtype),
+                        raw_enum(op), root);
   });
 }
 
 GW_EXPORT gw_status_t gw_igather(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                  size_t sendcount, gw_dtype_t dtype, int root,
                                  gw_request_t* request) {
-  return guarded("gw_igather", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(
-        *st,
-        check_rooted(*st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0, root),
-        request);
+  return start_form("gw_igather", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kGather, sendbuf, recvbuf, sendcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_iscatter(gw_comm_t comm, const void* sendbuf, void* recvbuf,
                                   size_t recvcount, gw_dtype_t dtype, int root,
                                   gw_request_t* request) {
-  return guarded("gw_iscatter", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st,
-                      check_rooted(*st, CallKind::kScatter, sendbuf, recvbuf, recvcount,
-                                   raw_enum(dtype), 0, root),
-                      request);
+  return start_form("gw_iscatter", comm, request, [&](const Session& st) {
+    return check_rooted(st, CallKind::kScatter, sendbuf, recvbuf, recvcount, raw_enum(dtype), 0,
+                        root);
   });
 }
 
 GW_EXPORT gw_status_t gw_ibarrier(gw_comm_t comm, gw_request_t* request) {
-  return guarded("gw_ibarrier", [&]() -> Status {
-    GW_ASSIGN_OR_RETURN(auto st, usable(comm));
-    return start_call(*st, make_call(CallKind::kBarrier, nullptr, nullptr, 0, 0, 0, 0), request);
+  return start_form("gw_ibarrier", comm, request, [&](const Session&) {
+    return make_call(CallKind::kBarrier, nullptr, nullptr, 0, 0, 0, 0);
   });
 }
