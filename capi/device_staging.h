@@ -15,6 +15,11 @@
 //   alltoallv                send in up to its furthest displacement; recv in and out (bytes
 //                            between the blocks stay as they were)
 //   in place (the buffers overlap as the header allows): the union in, the receive part out.
+//
+// Pipelined: a blocking broadcast, or allreduce of integers or with min / max (whose results do
+// not depend on slicing), of at least two slices runs slice by slice (kStagingSliceBytes), the
+// copies of the neighbouring slices overlapping the collective of the current one. Other calls
+// copy everything in, run, and copy everything out.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +31,8 @@
 #include "core/status.h"
 
 namespace gw::capi {
+
+inline constexpr size_t kStagingSliceBytes = size_t{4} << 20;
 
 // Which of a call's buffers are CUDA device memory (the C layer asked the driver once each).
 struct DeviceFlags {
