@@ -336,6 +336,7 @@ TEST_P(DeviceStagingTest, FreedAndReallocatedBufferBetweenCalls) {
         ASSERT_EQ(gw_mem_register(c, pa, bytes, &h), GW_OK) << gw_last_error();
       }
       std::vector<uint8_t> in = input(GW_INT32, r, kCount);
+      in.resize(bytes);  // the allocation is larger than the call's elements on rank 1
       ASSERT_EQ(fake().htod(a, in.data(), bytes), 0);
       ASSERT_EQ(gw_allreduce(c, pa, pa, kCount, GW_INT32, GW_SUM), GW_OK) << gw_last_error();
       ASSERT_EQ(fake().mem_free(a), 0);
@@ -343,6 +344,7 @@ TEST_P(DeviceStagingTest, FreedAndReallocatedBufferBetweenCalls) {
       ASSERT_EQ(fake().mem_alloc(&b, bytes), 0);
       ASSERT_EQ(b, a) << "the stand-in hands a freed range out again";
       std::vector<uint8_t> in2 = input(GW_INT32, r + 10, kCount);
+      in2.resize(bytes);
       ASSERT_EQ(fake().htod(b, in2.data(), bytes), 0);
       ASSERT_EQ(gw_allreduce(c, pa, pa, kCount, GW_INT32, GW_SUM), GW_OK) << gw_last_error();
       std::vector<uint8_t> got(bytes);
