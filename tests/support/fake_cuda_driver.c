@@ -164,11 +164,11 @@ EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, s
 #define MAX_ALLOCS 64
 
 struct FakeAlloc {
-  uintptr_t base;         /* the reserved (PROT_NONE) address range */
-  size_t size;            /* the bytes asked for */
-  size_t reserved;        /* the bytes reserved (whole pages) */
-  unsigned char* shadow;  /* the bytes themselves; NULL once freed */
-  unsigned long long id;  /* the buffer id, new for every cuMemAlloc */
+  uintptr_t base;              /* the reserved (PROT_NONE) address range */
+  size_t size;                 /* the bytes asked for */
+  size_t reserved;             /* the bytes reserved (whole pages) */
+  unsigned char* shadow;       /* the bytes themselves; NULL once freed */
+  unsigned long long id;       /* the buffer id, new for every cuMemAlloc */
   unsigned long long freed_at; /* when it was freed (a count), to reuse the latest first */
 };
 static unsigned long long g_frees;
@@ -193,14 +193,29 @@ static struct FakeAlloc* fake_alloc_find(unsigned long long ptr) {
 
 static int fake_alloc_attribute(struct FakeAlloc* a, void* data, int attribute) {
   switch (attribute) {
-    case ATTR_CONTEXT: *(void**)data = &g_context; return FAKE_SUCCESS;
-    case ATTR_MEMORY_TYPE: *(unsigned*)data = MEMORYTYPE_DEVICE; return FAKE_SUCCESS;
-    case ATTR_IS_MANAGED: *(unsigned*)data = 0; return FAKE_SUCCESS;
-    case ATTR_DEVICE_ORDINAL: *(int*)data = 0; return FAKE_SUCCESS;
-    case ATTR_BUFFER_ID: *(unsigned long long*)data = a->id; return FAKE_SUCCESS;
-    case ATTR_RANGE_START: *(unsigned long long*)data = a->base; return FAKE_SUCCESS;
-    case ATTR_RANGE_SIZE: *(size_t*)data = a->size; return FAKE_SUCCESS;
-    default: return FAKE_NOT_SUPPORTED;
+    case ATTR_CONTEXT:
+      *(void**)data = &g_context;
+      return FAKE_SUCCESS;
+    case ATTR_MEMORY_TYPE:
+      *(unsigned*)data = MEMORYTYPE_DEVICE;
+      return FAKE_SUCCESS;
+    case ATTR_IS_MANAGED:
+      *(unsigned*)data = 0;
+      return FAKE_SUCCESS;
+    case ATTR_DEVICE_ORDINAL:
+      *(int*)data = 0;
+      return FAKE_SUCCESS;
+    case ATTR_BUFFER_ID:
+      *(unsigned long long*)data = a->id;
+      return FAKE_SUCCESS;
+    case ATTR_RANGE_START:
+      *(unsigned long long*)data = a->base;
+      return FAKE_SUCCESS;
+    case ATTR_RANGE_SIZE:
+      *(size_t*)data = a->size;
+      return FAKE_SUCCESS;
+    default:
+      return FAKE_NOT_SUPPORTED;
   }
 }
 
@@ -243,7 +258,8 @@ EXPORT int cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
     }
   }
   if (slot == NULL && g_nallocs < MAX_ALLOCS) {
-    void* range = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* range =
+        mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (range != MAP_FAILED) {
       slot = &g_allocs[g_nallocs++];
       slot->base = (uintptr_t)range;
@@ -357,7 +373,9 @@ EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   *ctx = &g_context;
   return FAKE_SUCCESS;
 }
-EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) { return dev == 0 ? FAKE_SUCCESS : FAKE_INVALID_DEVICE; }
+EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) {
+  return dev == 0 ? FAKE_SUCCESS : FAKE_INVALID_DEVICE;
+}
 EXPORT int cuCtxSetCurrent(void* ctx) {
   if (t_depth == 0) t_depth = 1;
   t_ctx[t_depth - 1] = ctx;
