@@ -158,11 +158,6 @@ Status DeviceMemory::deregister(gw_mem_handle_t handle) {
   return ok_status();
 }
 
-void DeviceMemory::note_slices(size_t slices) {
-  std::lock_guard<std::mutex> lock(mu_);
-  counters_.pipelined_slices += slices;
-}
-
 DeviceMemory::Counters DeviceMemory::counters() const {
   Counters c;
   {

@@ -59,16 +59,12 @@ class DeviceMemory {
   Result<gw_mem_handle_t> register_range(const void* p, size_t bytes);
   Status deregister(gw_mem_handle_t handle);
 
-  // A pipelined call ran in `slices` slices (device_staging.h).
-  void note_slices(size_t slices);
-
   // The path device memory takes, for gw_comm_describe ("device_memory") and the INFO line.
   std::string path() const;
 
   struct Counters {
     uint64_t staged_ranges = 0;        // ranges staged (each copied in and/or out)
     uint64_t pool_allocations = 0;     // host buffers the pool had to allocate
-    uint64_t pipelined_slices = 0;     // slices of the calls run slice by slice
     uint64_t registered_hits = 0;      // ranges staged through a registration's own buffer
     uint64_t stale_registrations = 0;  // registrations found on a freed (reused) allocation
     uint64_t cache_hits = 0;           // AllocationCache

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <future>
 #include <utility>
 #include <vector>
 
@@ -127,25 +126,6 @@ class StagedCall {
     }
     return ok_status();
   }
-  // Bytes [off, off + len) of every range (clipped to it): a slice of a pipelined call.
-  Status copy_in_part(size_t off, size_t len) const {
-    for (const Segment& g : in_) {
-      if (off >= g.bytes) continue;
-      GW_RETURN_IF_ERROR(cuda::copy_to_host_on(g.ordinal, static_cast<uint8_t*>(g.host) + off,
-                                               static_cast<uint8_t*>(g.device) + off,
-                                               std::min(len, g.bytes - off)));
-    }
-    return ok_status();
-  }
-  Status copy_out_part(size_t off, size_t len) const {
-    for (const Segment& g : out_) {
-      if (off >= g.bytes) continue;
-      GW_RETURN_IF_ERROR(cuda::copy_to_device_on(g.ordinal, static_cast<uint8_t*>(g.device) + off,
-                                                 static_cast<uint8_t*>(g.host) + off,
-                                                 std::min(len, g.bytes - off)));
-    }
-    return ok_status();
-  }
   // At most `limit` bytes of each range (a receive's message length).
   Status copy_out(size_t limit = SIZE_MAX) const {
     for (const Segment& g : out_) {
@@ -228,51 +208,6 @@ class StagedRequest final : public SessionRequest {
   Status final_;
 };
 
-// Whether running a call slice by slice gives the same bits as running it whole: broadcast moves
-// bytes; an allreduce of integers (sums and products wrap the same in any order) or a min / max.
-// A float sum is left whole: slicing moves elements to other ring blocks and so changes the
-// order of their additions at 3 ranks and more (docs/gpudirect.md).
-bool exact_when_sliced(const coll::CollectiveCall& c) {
-  if (c.kind == coll::CallKind::kBroadcast) return true;
-  if (c.kind != coll::CallKind::kAllreduce) return false;
-  if (c.op == coll::ReduceOp::kMin || c.op == coll::ReduceOp::kMax) return true;
-  switch (c.dtype) {
-    case coll::DataType::kI32:
-    case coll::DataType::kI64:
-    case coll::DataType::kU8:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Slice by slice: while the collective runs on slice k, another thread copies slice k-1 back to
-// the device and slice k+1 in.
-Status run_pipelined(Session& st, DeviceMemory& dm, const StagedCall& s, size_t bytes, size_t es) {
-  const size_t slice = std::max(es, kStagingSliceBytes / es * es);
-  const size_t n = (bytes + slice - 1) / slice;
-  const auto len_of = [&](size_t k) { return std::min(slice, bytes - k * slice); };
-  GW_RETURN_IF_ERROR(s.copy_in_part(0, len_of(0)));
-  for (size_t k = 0; k < n; ++k) {
-    std::future<Status> copies = std::async(std::launch::async, [&s, &len_of, k, n, slice] {
-      if (k > 0) GW_RETURN_IF_ERROR(s.copy_out_part((k - 1) * slice, slice));
-      if (k + 1 < n) return s.copy_in_part((k + 1) * slice, len_of(k + 1));
-      return ok_status();
-    });
-    coll::CollectiveCall part = s.host_call();
-    if (part.sendbuf != nullptr)
-      part.sendbuf = static_cast<const uint8_t*>(part.sendbuf) + k * slice;
-    part.recvbuf = static_cast<uint8_t*>(part.recvbuf) + k * slice;
-    part.count = len_of(k) / es;
-    const Status run = st.run(part);
-    const Status copied = copies.get();
-    GW_RETURN_IF_ERROR(run);
-    GW_RETURN_IF_ERROR(copied);
-  }
-  dm.note_slices(n);
-  return s.copy_out_part((n - 1) * slice, len_of(n - 1));
-}
-
 Result<std::shared_ptr<DeviceMemory>> device_memory_of(Session& st) {
   std::shared_ptr<DeviceMemory> dm = st.device_memory();
   if (!dm) return unsupported("this communicator does not take CUDA device memory");
@@ -284,11 +219,6 @@ Result<std::shared_ptr<DeviceMemory>> device_memory_of(Session& st) {
 Status run_staged(Session& st, const coll::CollectiveCall& call, DeviceFlags dev) {
   GW_ASSIGN_OR_RETURN(auto dm, device_memory_of(st));
   GW_ASSIGN_OR_RETURN(StagedCall s, StagedCall::prepare(*dm, call, dev, st.rank(), st.size()));
-  const size_t es = coll::dtype_size(call.dtype);
-  const size_t bytes = call.count * es;
-  if (exact_when_sliced(call) && bytes >= 2 * kStagingSliceBytes) {
-    return run_pipelined(st, *dm, s, bytes, es);
-  }
   GW_RETURN_IF_ERROR(s.copy_in());
   GW_RETURN_IF_ERROR(st.run(s.host_call()));
   return s.copy_out();

@@ -16,10 +16,10 @@
 //                            between the blocks stay as they were)
 //   in place (the buffers overlap as the header allows): the union in, the receive part out.
 //
-// Pipelined: a blocking broadcast, or allreduce of integers or with min / max (whose results do
-// not depend on slicing), of at least two slices runs slice by slice (kStagingSliceBytes), the
-// copies of the neighbouring slices overlapping the collective of the current one. Other calls
-// copy everything in, run, and copy everything out.
+// Not pipelined: slicing a call would have to happen on every rank alike, and a rank cannot
+// know whether the others' buffers are device memory (a rank slicing its broadcast while another
+// runs it whole would mismatch the collectives). Slices of the collective itself (copies of
+// slice k+1 overlapping the exchange of slice k inside one collective) are the way; not built.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +31,6 @@
 #include "core/status.h"
 
 namespace gw::capi {
-
-inline constexpr size_t kStagingSliceBytes = size_t{4} << 20;
 
 // Which of a call's buffers are CUDA device memory (the C layer asked the driver once each).
 struct DeviceFlags {

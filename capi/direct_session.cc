@@ -139,10 +139,10 @@ std::map<std::string, std::string> DirectSession::resolved() const {
   r["device_memory"] = device_memory_->path();
   const DeviceMemory::Counters c = device_memory_->counters();
   r["device_memory_stats"] = fmt::format(
-      "staged_ranges={} pool_allocations={} pipelined_slices={} registered_hits={} "
-      "stale_registrations={} cache_hits={} cache_invalidations={} registrations={}",
-      c.staged_ranges, c.pool_allocations, c.pipelined_slices, c.registered_hits,
-      c.stale_registrations, c.cache_hits, c.cache_invalidations, c.registrations);
+      "staged_ranges={} pool_allocations={} registered_hits={} stale_registrations={} "
+      "cache_hits={} cache_invalidations={} registrations={}",
+      c.staged_ranges, c.pool_allocations, c.registered_hits, c.stale_registrations, c.cache_hits,
+      c.cache_invalidations, c.registrations);
   return r;
 }
 
