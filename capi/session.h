@@ -27,6 +27,8 @@
 
 namespace gw::capi {
 
+class DeviceMemory;  // capi/device_memory.h
+
 // The resolved configuration of a new communicator: gw_config_t after the C layer has filled
 // in what the caller left to the environment or the launcher, and checked it.
 struct SessionOptions {
@@ -136,6 +138,11 @@ class Session {
   // mem_alloc of this Session did not return or that was freed already.
   virtual Result<void*> mem_alloc(size_t bytes) = 0;
   virtual Status mem_free(void* ptr) = 0;
+
+  // Whether the collectives take CUDA device memory: the object that stages it (direct mode), or
+  // null where this mode refuses it (the C layer then fails the call with kUnsupported naming the
+  // argument). Shared: a staged request holds it until it completes.
+  virtual std::shared_ptr<DeviceMemory> device_memory() const { return nullptr; }
 
   // Thread-safe, idempotent, never blocks: every pending and later collective ends in kAborted.
   virtual void abort() = 0;

@@ -1,11 +1,12 @@
-// The plain collectives refuse CUDA device memory (GW_ERR_UNSUPPORTED naming the call and the
-// argument) when the process has the CUDA driver loaded; managed memory and host memory pass, and
-// gw_allreduce_compressed still takes device memory. There is no GPU here: the driver is
-// tests/support/fake_cuda_driver.c (soname libcuda.so.1), loaded before the first gradwire call as
-// a framework would load the real one, with the test marking which ranges are "device memory".
-// Every test runs twice: in direct mode and in daemon mode (GW_DAEMON, a gradwired the suite
-// starts), where the same refusal comes first and gw_allreduce_compressed refuses device memory
-// too (CUDA IPC into the daemon is a later step).
+// In daemon mode the plain collectives refuse CUDA device memory (GW_ERR_UNSUPPORTED naming the
+// call and the argument) when the process has the CUDA driver loaded; in direct mode they stage it
+// (capi_device_staging_test has the collectives on device buffers). Managed memory and host memory
+// pass in both, and gw_allreduce_compressed still takes device memory. There is no GPU here: the
+// driver is tests/support/fake_cuda_driver.c (soname libcuda.so.1), loaded before the first
+// gradwire call as a framework would load the real one, with the test marking which ranges are
+// "device memory". Every test runs twice: in direct mode and in daemon mode (GW_DAEMON, a gradwired
+// the suite starts), where the same refusal comes first and gw_allreduce_compressed refuses device
+// memory too (CUDA IPC into the daemon is a later step).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -103,6 +104,7 @@ class DeviceMemoryTest : public ::testing::TestWithParam<bool> {
 };
 
 TEST_P(DeviceMemoryTest, PlainCollectivesRefuseDeviceMemoryNamingTheCall) {
+  if (!daemon_mode()) GTEST_SKIP() << "direct mode stages device memory (DirectModeStages...)";
   std::vector<float> dev(8, 1.0f);
   std::vector<float> host(8, 0.0f);
   fake().mark(dev.data(), dev.size() * sizeof(float), 0);
@@ -136,6 +138,27 @@ TEST_P(DeviceMemoryTest, PlainCollectivesRefuseDeviceMemoryNamingTheCall) {
   // The communicator is still usable afterwards.
   EXPECT_EQ(gw_allreduce(comm_, host.data(), host.data(), n, GW_FLOAT32, GW_SUM), GW_OK)
       << gw_last_error();
+}
+
+TEST_P(DeviceMemoryTest, DirectModeStagesDeviceMemoryAndDaemonModeCannotRegisterIt) {
+  std::vector<float> dev(8, 1.0f);
+  std::vector<float> host(8, 0.0f);
+  fake().mark(dev.data(), dev.size() * sizeof(float), 0);
+  gw_mem_handle_t h = nullptr;
+  if (daemon_mode()) {
+    EXPECT_EQ(gw_mem_register(comm_, dev.data(), sizeof(float) * 8, &h), GW_ERR_UNSUPPORTED);
+    EXPECT_EQ(h, nullptr);
+    return;
+  }
+  // The stand-in copies a marked (host) range as device memory: the call goes through staging.
+  EXPECT_EQ(gw_allreduce(comm_, dev.data(), host.data(), 8, GW_FLOAT32, GW_SUM), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(host, dev);
+  char path[256] = {0};
+  ASSERT_EQ(gw_comm_describe(comm_, "device_memory_stats", path, sizeof(path), nullptr), GW_OK);
+  EXPECT_NE(std::string(path).find("staged_ranges=1 "), std::string::npos) << path;
+  EXPECT_EQ(gw_mem_register(comm_, dev.data(), sizeof(float) * 8, &h), GW_OK) << gw_last_error();
+  EXPECT_EQ(gw_mem_deregister(comm_, h), GW_OK) << gw_last_error();
 }
 
 TEST_P(DeviceMemoryTest, HostAndManagedMemoryPassWithOneQueryPerBuffer) {
