@@ -46,7 +46,7 @@ variants="shm:ring shm:cma tcp:copy tcp:zc-on tcp:zc-auto"
 env_of() {
   case "$1" in
     shm:ring) echo "GW_SHM_CMA_MIN=0" ;;
-    shm:cma) echo "GW_SHM_CMA_MIN=256K" ;;
+    shm:cma) echo "GW_SHM_CMA_MIN=64K" ;;
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;

@@ -10,7 +10,7 @@ constinit const config::Row kShmNslots{"GW_SHM_NSLOTS", Type::Int, "8", "",
                                        "slots per shared-memory connection ring"};
 
 constinit const config::Row kShmCmaMin{
-    "GW_SHM_CMA_MIN", Type::Size, "256K", "",
+    "GW_SHM_CMA_MIN", Type::Size, "1M", "",
     "messages of at least this many bytes are read straight from the sender's buffer "
     "(process_vm_readv, one copy instead of two) when the kernel allows it; 0 = always the ring"};
 constinit const config::Row kShmCmaInjectRefuse{

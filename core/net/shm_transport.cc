@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <vector>
@@ -187,17 +188,13 @@ class ShmSendCore final : public ShmCommCore {
       return fail(internal_error("send to {}: tag mismatch: the receiver rejected message #{}",
                                  peer_, ctrl->error_seq));
     }
-    if (peer_gone(false)) return fail(peer_error("send to {}: connection closed by peer", peer_));
+    if (peer_gone(false)) {
+      settle();  // descriptors the peer released before it closed complete first
+      return fail(peer_error("send to {}: connection closed by peer", peer_));
+    }
     const Geometry& g = ring_.geometry();
     while (ShmRequest* r = reqs_.active(cur_seq_)) {
       uint64_t tail = ctrl->tail.load(std::memory_order_acquire);
-      if (cma_wait_) {
-        // The receiver releases a descriptor only after reading the whole buffer.
-        if (tail != count_) break;
-        cma_wait_ = false;
-        reqs_.complete_through(++cur_seq_);
-        continue;
-      }
       if (count_ - tail >= g.nslots) break;  // ring full
       uint64_t slot = count_ % g.nslots;
       if (off_ == 0 && cma_min_ > 0 && r->size >= cma_min_ &&
@@ -206,7 +203,7 @@ class ShmSendCore final : public ShmCommCore {
         std::memcpy(ring_.data(slot), &desc, sizeof(desc));
         *ring_.header(slot) = SlotHeader{cur_seq_, r->size, 0, shm::kCmaLen, r->tag};
         ctrl->head.store(++count_, std::memory_order_release);
-        cma_wait_ = true;
+        cma_pending_.push_back({cur_seq_++, count_});
         continue;
       }
       size_t len = std::min<size_t>(g.slot_size, r->size - off_);
@@ -216,14 +213,24 @@ class ShmSendCore final : public ShmCommCore {
       ctrl->head.store(++count_, std::memory_order_release);
       if (off_ == r->size) {
         off_ = 0;
-        reqs_.complete_through(++cur_seq_);
+        ++cur_seq_;
       }
     }
+    settle();
     return ok_status();
   }
 
+  // The receiver releases a descriptor only after reading the whole buffer: a message sent that
+  // way completes then, a copied one at once (but after the ones before it).
+  void settle() {
+    const uint64_t tail = ring_.ctrl()->tail.load(std::memory_order_acquire);
+    while (!cma_pending_.empty() && tail >= cma_pending_.front().second) cma_pending_.pop_front();
+    reqs_.complete_through(cma_pending_.empty() ? cur_seq_ : cma_pending_.front().first);
+  }
+
   const uint64_t cma_min_;
-  bool cma_wait_ = false;  // the message at cur_seq_ went as a descriptor at count_ - 1
+  // Messages sent as descriptors, not yet released: (message number, count after descriptor).
+  std::deque<std::pair<uint64_t, uint64_t>> cma_pending_;
 };
 
 // One direction of a connection; ShmRecvComm forwards the RecvComm interface to it.
@@ -306,6 +313,9 @@ class ShmRecvCore final : public ShmCommCore {
         }
         Status read = shm::cma_read(pid_, r->data, desc.addr, desc.size, peer_);
         if (!read.ok()) return fail(std::move(read));
+        // A sender that closed may have reused the buffer during the read: its bytes are void.
+        if (peer_gone(true))
+          return fail(peer_error("recv from {}: connection closed by peer", peer_));
         h.len = 0;
         off_ = desc.size;
       }
