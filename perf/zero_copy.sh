@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Before/after of the copy-saving paths, in one run, beside the machine's ceilings measured in the
-# same run: shm 2 ranks allreduce (the two-copy ring, GW_SHM_CMA_MIN=0, against single-copy reads)
-# and tcp over loopback 2 ranks (copying sends against MSG_ZEROCOPY, GW_SOCKET_ZEROCOPY=on and
-# auto), at 64 MiB (busbw) and 4 KiB (time). Repetitions interleaved; medians.
+# Before/after of the copy-saving paths in one run, beside the machine's ceilings measured in
+# the same run: shm 2 ranks allreduce (the ring, GW_SHM_CMA_MIN=0, against single-copy reads from
+# 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
+# loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto), at 64 MiB (busbw) and 4 KiB (time).
+# Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
 # usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."]
 #   -B  build directory with perf/gradwire-perf and perf/micro/gradwire-micro (default build/release)
@@ -42,11 +43,12 @@ print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
 memcpy_gbs=$(ceiling '^memcpy/16777216$')
 tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 
-variants="shm:ring shm:cma tcp:copy tcp:zc-on tcp:zc-auto"
+variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto"
 env_of() {
   case "$1" in
     shm:ring) echo "GW_SHM_CMA_MIN=0" ;;
-    shm:cma) echo "GW_SHM_CMA_MIN=64K" ;;
+    shm:cma) echo "GW_SHM_CMA_MIN=1M" ;;        # the default: 128 KiB chunks stay on the ring
+    shm:cma-all) echo "GW_SHM_CMA_MIN=64K" ;;   # every pipeline chunk read single-copy
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
