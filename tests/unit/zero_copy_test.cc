@@ -219,8 +219,8 @@ TEST(TcpZeroCopy, AutoModeFallsBackToCopiesWhenTheKernelCopies) {
   for (int i = 0; i < 8; ++i) send_then_scribble(c, size_t{1} << 20, i);
   const uint64_t used = tcp::zerocopy_reported() - before;
   EXPECT_GT(used, 0u);
-  // Loopback copies: after the first reported copy the socket stops asking for zero-copy, so the
-  // 8 messages made far fewer zero-copy calls than a message's worth of sendmsg calls each.
+  // Loopback copies and says so: after the first such report the socket stops asking for
+  // zero-copy, so a second batch makes no zero-copy call at all.
   const uint64_t again = tcp::zerocopy_reported();
   for (int i = 0; i < 8; ++i) send_then_scribble(c, size_t{1} << 20, i);
   EXPECT_EQ(tcp::zerocopy_reported(), again);
