@@ -19,6 +19,7 @@ set(GW_CORE_SOURCES
     net/backend_registry.cc
     net/handshake.cc
     net/net_config.cc
+    net/shm_cma.cc
     net/shm_config.cc
     net/shm_transport.cc
     net/socket_util.cc
@@ -30,6 +31,7 @@ set(GW_CORE_SOURCES
     net/tcp/send.cc
     net/tcp/socket.cc
     net/tcp/transport.cc
+    net/tcp/zerocopy.cc
     sys/fd.cc
     sys/memfd_region.cc
     sys/time.cc

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "core/net/handshake.h"
 #include "core/net/pending_accept.h"
 #include "core/net/request.h"
+#include "core/net/shm_cma.h"
 #include "core/net/shm_config.h"
 #include "core/net/shm_wire.h"
 #include "core/net/socket_util.h"
@@ -146,8 +148,14 @@ class ShmCommCore {
 // One direction of a connection; ShmSendComm forwards the SendComm interface to it.
 class ShmSendCore final : public ShmCommCore {
  public:
-  ShmSendCore(Fd sock, Ring ring, std::string peer)
-      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
+  // cma_min > 0 offers single-copy messages of at least cma_min bytes (shm_cma.h).
+  ShmSendCore(Fd sock, Ring ring, std::string peer, uint64_t cma_min)
+      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)), cma_min_(cma_min) {
+    if (cma_min_ == 0) return;
+    RingCtrl* ctrl = ring_.ctrl();
+    ctrl->cma_probe = reinterpret_cast<uintptr_t>(&ctrl->magic);
+    ctrl->cma_state.store(shm::kCmaOffered, std::memory_order_release);
+  }
 
   Result<Request*> isend(const void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("isend", data, size, tag, false, mr));
@@ -180,12 +188,24 @@ class ShmSendCore final : public ShmCommCore {
       return fail(internal_error("send to {}: tag mismatch: the receiver rejected message #{}",
                                  peer_, ctrl->error_seq));
     }
-    if (peer_gone(false)) return fail(peer_error("send to {}: connection closed by peer", peer_));
+    if (peer_gone(false)) {
+      settle();  // descriptors the peer released before it closed complete first
+      return fail(peer_error("send to {}: connection closed by peer", peer_));
+    }
     const Geometry& g = ring_.geometry();
     while (ShmRequest* r = reqs_.active(cur_seq_)) {
       uint64_t tail = ctrl->tail.load(std::memory_order_acquire);
       if (count_ - tail >= g.nslots) break;  // ring full
       uint64_t slot = count_ % g.nslots;
+      if (off_ == 0 && cma_min_ > 0 && r->size >= cma_min_ &&
+          ctrl->cma_state.load(std::memory_order_acquire) == shm::kCmaAccepted) {
+        shm::CmaDesc desc{reinterpret_cast<uintptr_t>(r->data), r->size};
+        std::memcpy(ring_.data(slot), &desc, sizeof(desc));
+        *ring_.header(slot) = SlotHeader{cur_seq_, r->size, 0, shm::kCmaLen, r->tag};
+        ctrl->head.store(++count_, std::memory_order_release);
+        cma_pending_.push_back({cur_seq_++, count_});
+        continue;
+      }
       size_t len = std::min<size_t>(g.slot_size, r->size - off_);
       if (len > 0) std::memcpy(ring_.data(slot), r->data + off_, len);
       *ring_.header(slot) = SlotHeader{cur_seq_, r->size, off_, static_cast<uint32_t>(len), r->tag};
@@ -193,18 +213,34 @@ class ShmSendCore final : public ShmCommCore {
       ctrl->head.store(++count_, std::memory_order_release);
       if (off_ == r->size) {
         off_ = 0;
-        reqs_.complete_through(++cur_seq_);
+        ++cur_seq_;
       }
     }
+    settle();
     return ok_status();
   }
+
+  // The receiver releases a descriptor only after reading the whole buffer: a message sent that
+  // way completes then, a copied one at once (but after the ones before it).
+  void settle() {
+    const uint64_t tail = ring_.ctrl()->tail.load(std::memory_order_acquire);
+    while (!cma_pending_.empty() && tail >= cma_pending_.front().second) cma_pending_.pop_front();
+    reqs_.complete_through(cma_pending_.empty() ? cur_seq_ : cma_pending_.front().first);
+  }
+
+  const uint64_t cma_min_;
+  // Messages sent as descriptors, not yet released: (message number, count after descriptor).
+  std::deque<std::pair<uint64_t, uint64_t>> cma_pending_;
 };
 
 // One direction of a connection; ShmRecvComm forwards the RecvComm interface to it.
 class ShmRecvCore final : public ShmCommCore {
  public:
-  ShmRecvCore(Fd sock, Ring ring, std::string peer)
-      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)) {}
+  // pid: the sender's, for single-copy reads (shm_cma.h).
+  ShmRecvCore(Fd sock, Ring ring, std::string peer, int pid, bool inject_refuse)
+      : ShmCommCore(std::move(sock), std::move(ring), std::move(peer)),
+        pid_(pid),
+        inject_refuse_(inject_refuse) {}
 
   Result<Request*> irecv(void* data, size_t size, int tag, MemRegion* mr) {
     GW_RETURN_IF_ERROR(check_buffer("irecv", data, size, tag, true, mr));
@@ -244,8 +280,10 @@ class ShmRecvCore final : public ShmCommCore {
       }
       uint64_t slot = count_ % g.nslots;
       SlotHeader h = *ring_.header(slot);
-      if (h.msg_seq != cur_seq_ || h.offset != off_ || h.len > g.slot_size ||
-          h.len > h.msg_size - std::min(h.msg_size, h.offset) ||
+      const bool cma = h.len == shm::kCmaLen;
+      if (h.msg_seq != cur_seq_ || h.offset != off_ ||
+          (cma ? off_ != 0 || !cma_accepted_
+               : h.len > g.slot_size || h.len > h.msg_size - std::min(h.msg_size, h.offset)) ||
           (off_ > 0 && h.msg_size != r->msg_size)) {
         return fail(
             internal_error("recv from {}: corrupt slot header for message #{}", peer_, cur_seq_));
@@ -266,6 +304,21 @@ class ShmRecvCore final : public ShmCommCore {
         }
         r->msg_size = h.msg_size;
       }
+      if (cma) {
+        shm::CmaDesc desc;
+        std::memcpy(&desc, ring_.data(slot), sizeof(desc));
+        if (desc.size != h.msg_size) {
+          return fail(
+              internal_error("recv from {}: corrupt descriptor for message #{}", peer_, cur_seq_));
+        }
+        Status read = shm::cma_read(pid_, r->data, desc.addr, desc.size, peer_);
+        if (!read.ok()) return fail(std::move(read));
+        // A sender that closed may have reused the buffer during the read: its bytes are void.
+        if (peer_gone(true))
+          return fail(peer_error("recv from {}: connection closed by peer", peer_));
+        h.len = 0;
+        off_ = desc.size;
+      }
       if (h.len > 0) std::memcpy(r->data + off_, ring_.data(slot), h.len);
       off_ += h.len;
       ctrl->tail.store(++count_, std::memory_order_release);
@@ -278,8 +331,27 @@ class ShmRecvCore final : public ShmCommCore {
     return moved;
   }
 
+  // Answers the sender's single-copy offer once: may this process read its memory?
+  void answer_cma() {
+    RingCtrl* ctrl = ring_.ctrl();
+    if (cma_answered_ || ctrl->cma_state.load(std::memory_order_acquire) != shm::kCmaOffered) {
+      return;
+    }
+    cma_answered_ = true;
+    cma_accepted_ = shm::cma_probe(pid_, ctrl->cma_probe, shm::kRingMagic, inject_refuse_);
+    if (!cma_accepted_) {
+      GW_LOG_DEBUG(
+          "shm: cannot read {}'s memory (ptrace access refused): large messages go "
+          "through the ring",
+          peer_);
+    }
+    ctrl->cma_state.store(cma_accepted_ ? shm::kCmaAccepted : shm::kCmaRefused,
+                          std::memory_order_release);
+  }
+
   Status progress() {
     if (!error_.ok()) return error_;
+    answer_cma();
     GW_ASSIGN_OR_RETURN(bool moved, drain());
     if (moved || reqs_.active(cur_seq_) == nullptr || !peer_gone(false)) return ok_status();
     // The sender is gone: deliver what it published before it closed, then fail.
@@ -287,6 +359,11 @@ class ShmRecvCore final : public ShmCommCore {
     if (moved || reqs_.active(cur_seq_) == nullptr) return ok_status();
     return fail(peer_error("recv from {}: connection closed by peer", peer_));
   }
+
+  const int pid_;
+  const bool inject_refuse_;
+  bool cma_answered_ = false;
+  bool cma_accepted_ = false;
 };
 
 using ShmSendComm = SendCommAdapter<ShmSendCore>;
@@ -294,6 +371,8 @@ using ShmRecvComm = RecvCommAdapter<ShmRecvCore>;
 
 struct ShmConfig {
   Geometry geometry;
+  uint64_t cma_min = 0;            // GW_SHM_CMA_MIN
+  bool cma_inject_refuse = false;  // GW_SHM_CMA_INJECT_REFUSE
 };
 
 class ShmListener final : public Listener {
@@ -460,8 +539,8 @@ class ShmListener final : public Listener {
     }
     ring.close_fd();  // the peer has its own copy now
     std::string peer = handshake::peer_label(hello.rank, "shm", fmt::format("pid {}", pid));
-    return std::unique_ptr<RecvComm>(
-        std::make_unique<ShmRecvComm>(std::move(p.fd), std::move(ring), std::move(peer)));
+    return std::unique_ptr<RecvComm>(std::make_unique<ShmRecvComm>(
+        std::move(p.fd), std::move(ring), std::move(peer), pid, config_.cma_inject_refuse));
   }
 
   Fd fd_;
@@ -473,8 +552,9 @@ class ShmListener final : public Listener {
 
 class ShmConnector final : public Connector {
  public:
-  ShmConnector(const HandleWire& wire, const TransportOptions& options)
-      : name_(wire.sock_name, strnlen(wire.sock_name, kSockNameSize)),
+  ShmConnector(const HandleWire& wire, const TransportOptions& options, uint64_t cma_min)
+      : cma_min_(cma_min),
+        name_(wire.sock_name, strnlen(wire.sock_name, kSockNameSize)),
         deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
         peer_(handshake::peer_label(wire.rank, "shm", "@" + name_)) {
@@ -599,9 +679,10 @@ class ShmConnector final : public Connector {
       return peer_error("{}: segment has no ring", what);
     }
     return std::unique_ptr<SendComm>(
-        std::make_unique<ShmSendComm>(std::move(fd_), std::move(ring), peer_));
+        std::make_unique<ShmSendComm>(std::move(fd_), std::move(ring), peer_, cma_min_));
   }
 
+  uint64_t cma_min_;
   std::string name_;
   sys::Deadline deadline_;
   int64_t timeout_ms_;
@@ -667,7 +748,8 @@ class ShmTransport final : public Transport {
     if (strnlen(wire.sock_name, kSockNameSize) == 0) {
       return invalid_arg("shm connect: the handle names no socket");
     }
-    return std::unique_ptr<Connector>(std::make_unique<ShmConnector>(wire, options_));
+    return std::unique_ptr<Connector>(
+        std::make_unique<ShmConnector>(wire, options_, config_.cma_min));
   }
 
  private:
@@ -695,6 +777,10 @@ Result<std::unique_ptr<Transport>> make_shm_transport(const TransportOptions& op
   ShmConfig cfg;
   cfg.geometry.nslots = static_cast<uint32_t>(nslots);
   cfg.geometry.slot_size = static_cast<uint64_t>(slot_size);
+  int64_t cma_min = settings.get_int(net::shm_config::kShmCmaMin);
+  if (cma_min < 0) return invalid_arg("GW_SHM_CMA_MIN={} is negative", cma_min);
+  cfg.cma_min = static_cast<uint64_t>(cma_min);
+  cfg.cma_inject_refuse = settings.get_bool(net::shm_config::kShmCmaInjectRefuse);
   TransportOptions opts = options;
   if (opts.host_id.empty()) opts.host_id = default_host_id();
   return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(opts, cfg));

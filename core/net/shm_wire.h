@@ -93,6 +93,9 @@ struct RingCtrl {
   alignas(64) std::atomic<uint64_t> tail;        // slots released by the receiver
   alignas(64) std::atomic<uint32_t> error_code;  // receiver's verdict on error_seq (0 = none)
   uint64_t error_seq;
+  std::atomic<uint32_t> cma_state;  // shm_cma.h CmaState
+  uint32_t reserved;
+  uint64_t cma_probe;  // kCmaOffered: where the sender's mapping has `magic`
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(RingCtrl) == 256);

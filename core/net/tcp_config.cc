@@ -23,9 +23,18 @@ constinit const config::Row kSocketChunk{
     "GW_SOCKET_CHUNK", Type::Size, "256K", "",
     "bytes per stripe unit when a message is split across a connection's sockets"};
 
+constinit const config::Row kSocketZerocopy{
+    "GW_SOCKET_ZEROCOPY", Type::String, "off", "",
+    "MSG_ZEROCOPY sends of messages of GW_SOCKET_ZEROCOPY_MIN bytes or more: off; auto (until "
+    "the kernel reports it copied anyway, as for loopback and same-host peers); on (always)"};
+constinit const config::Row kSocketZerocopyMin{
+    "GW_SOCKET_ZEROCOPY_MIN", Type::Size, "256K", "",
+    "smallest message sent with MSG_ZEROCOPY when GW_SOCKET_ZEROCOPY is auto or on"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "tcp", {&kSocketIfname, &kSocketNsocks, &kSocketNthreads, &kSocketBufsize, &kSocketChunk});
+      "tcp", {&kSocketIfname, &kSocketNsocks, &kSocketNthreads, &kSocketBufsize, &kSocketChunk,
+              &kSocketZerocopy, &kSocketZerocopyMin});
   return set;
 }
 

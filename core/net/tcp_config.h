@@ -10,6 +10,8 @@ extern const config::Row kSocketNsocks;
 extern const config::Row kSocketNthreads;
 extern const config::Row kSocketBufsize;
 extern const config::Row kSocketChunk;
+extern const config::Row kSocketZerocopy;
+extern const config::Row kSocketZerocopyMin;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

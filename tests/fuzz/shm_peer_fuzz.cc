@@ -379,6 +379,7 @@ std::vector<std::vector<uint8_t>> shm_ring_seeds() {
   out.push_back(record(3, 0, 100, 0, 100, 0, 1));         // head jumps three slots
   out.push_back(record(5, 0x47575231, 4, 0, 100, 0, 1));  // control block rewritten
   out.push_back(record(9, 0, 100, 0, 100, 0, 1));         // an error code
+  out.push_back(record(1, 0, 100, 0, 0xFFFFFFFF, 0, 1));  // a single-copy descriptor unasked
   return out;
 }
 

@@ -247,7 +247,10 @@ inline bool mentions_address(const std::string& text, const std::string& ip) {
 // A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
 // worker threads per comm over four sockets (so each thread owns two), set through the
 // environment for the whole test, forked children included. "verbs-emu" is verbs over the
-// emulator; "verbs-emu-striped" stripes every message over three queue pairs. A "-netns" variant
+// emulator; "tcp-zc"/"tcp-zc-threads" send every message with MSG_ZEROCOPY (GW_SOCKET_ZEROCOPY=on);
+// "shm-cma" reads every message from the sender's buffer, "shm-refused" has that refused (the
+// ring carries all), "shm-ring" never offers it. "verbs-emu-striped" stripes every message over
+// three queue pairs. A "-netns" variant
 // ("tcp-netns", "verbs-emu-netns") runs the cross-process cases with the child in a network
 // namespace of its own (tests/support/netns_link.h): this process binds to its end of the veth
 // pair (GW_SOCKET_IFNAME, and GW_VERBS_EMU_ADDR for the emulator's NIC), the child to the other,
@@ -276,6 +279,23 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "tcp-threads") {
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NTHREADS", "2"));
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NSOCKS", "4"));
+    }
+    if (GetParam().rfind("tcp-zc", 0) == 0) {  // every message by MSG_ZEROCOPY, even copied
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY", "on"));
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY_MIN", "0"));
+    }
+    if (GetParam() == "tcp-zc-threads") {
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NTHREADS", "2"));
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NSOCKS", "4"));
+    }
+    if (GetParam() == "shm-cma" || GetParam() == "shm-refused") {  // single-copy from 1 byte
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SHM_CMA_MIN", "1"));
+    }
+    if (GetParam() == "shm-refused") {  // ... offered, refused: the ring
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SHM_CMA_INJECT_REFUSE", "1"));
+    }
+    if (GetParam() == "shm-ring") {  // the two-copy ring only
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SHM_CMA_MIN", "0"));
     }
     if (GetParam().rfind("verbs-emu", 0) == 0) {
       env_.push_back(std::make_unique<ScopedEnv>("GW_VERBS_EMULATE", "1"));
@@ -382,8 +402,10 @@ class TransportConformanceAcrossProcesses : public TransportConformance {
 
 // The backends every suite is instantiated for.
 inline const auto kBackends = ::testing::Values(
-    std::string("tcp"), std::string("tcp-threads"), std::string("shm"), std::string("dpdk"),
-    std::string("verbs"), std::string("verbs-emu"), std::string("verbs-emu-striped"));
+    std::string("tcp"), std::string("tcp-threads"), std::string("tcp-zc"),
+    std::string("tcp-zc-threads"), std::string("shm"), std::string("shm-cma"),
+    std::string("shm-refused"), std::string("shm-ring"), std::string("dpdk"), std::string("verbs"),
+    std::string("verbs-emu"), std::string("verbs-emu-striped"));
 
 inline std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string name = info.param;

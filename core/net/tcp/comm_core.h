@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/net/request.h"
+#include "core/net/tcp/wire.h"
 #include "core/net/transport.h"
 #include "core/status.h"
 #include "core/sys/fd.h"
@@ -188,8 +189,8 @@ class TcpCommCore {
 
 // The two directions of a connection over `socks` (all authenticated, socket i at index i),
 // started with `threads` I/O workers (TcpCommCore::start). send.cc and recv.cc.
-Result<std::unique_ptr<SendComm>> make_send_comm(std::vector<sys::Fd> socks, size_t chunk,
-                                                 std::string peer, int threads);
+Result<std::unique_ptr<SendComm>> make_send_comm(std::vector<sys::Fd> socks,
+                                                 const TcpConfig& config, std::string peer);
 Result<std::unique_ptr<RecvComm>> make_recv_comm(std::vector<sys::Fd> socks, size_t chunk,
                                                  std::string peer, int threads);
 

@@ -62,8 +62,7 @@ class TcpConnector final : public Connector {
       std::vector<Fd> fds;
       for (Sock& s : socks_) fds.push_back(std::move(s.fd));
       returned_ = true;
-      Result<std::unique_ptr<SendComm>> comm =
-          make_send_comm(std::move(fds), config_.chunk, peer_, config_.threads);
+      Result<std::unique_ptr<SendComm>> comm = make_send_comm(std::move(fds), config_, peer_);
       if (!comm.ok()) error_ = comm.status();
       return comm;
     }

@@ -11,6 +11,7 @@
 #include "core/net/tcp/comm_core.h"
 #include "core/net/tcp/socket.h"
 #include "core/net/tcp/wire.h"
+#include "core/net/tcp/zerocopy.h"
 #include "core/net/tcp_transport.h"
 
 namespace gw::net::tcp {
@@ -21,8 +22,14 @@ using sys::Fd;
 // One direction of a connection; its SendCommAdapter forwards the SendComm interface to it.
 class TcpSendCore final : public TcpCommCore {
  public:
-  TcpSendCore(std::vector<Fd> socks, size_t chunk, std::string peer)
-      : TcpCommCore(std::move(socks), chunk, std::move(peer)) {}
+  TcpSendCore(std::vector<Fd> socks, const TcpConfig& config, std::string peer)
+      : TcpCommCore(std::move(socks), config.chunk, std::move(peer)),
+        zc_{config.zerocopy, config.zerocopy_min},
+        zc_socks_(socks_.size()) {
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      zc_socks_[i].usable = zc_.mode != ZcMode::kOff && enable_zerocopy(socks_[i].get());
+    }
+  }
   ~TcpSendCore() override { stop_workers(); }
 
   bool wait_fds(std::vector<pollfd>* fds) const {
@@ -30,7 +37,7 @@ class TcpSendCore final : public TcpCommCore {
     // Sockets with bytes left to write wait for room; socket 0 also reports notices and close.
     for (size_t i = 0; i < socks_.size(); ++i) {
       short events = i == 0 ? POLLIN : 0;
-      if (reqs_.active(pos_[i].seq) != nullptr) events |= POLLOUT;
+      if (reqs_.active(pos_[i].seq) != nullptr) events |= zc_socks_[i].waiting ? POLLERR : POLLOUT;
       if (events != 0) fds->push_back(pollfd{socks_[i].get(), events, 0});
     }
     return true;
@@ -50,6 +57,24 @@ class TcpSendCore final : public TcpCommCore {
 
  private:
   Result<bool> part_io(int i, TcpRequest& r, SockPos& p) override {
+    ZcSock& z = zc_socks_[i];
+    z.waiting = false;
+    GW_ASSIGN_OR_RETURN(bool queued, queue_part(i, r, p, z.usable && r.size >= zc_.min));
+    if (z.tracker.idle()) return queued;
+    if (!queued) {
+      GW_RETURN_IF_ERROR(collect(i));  // keeps the error queue short; auto learns of copies
+      return false;
+    }
+    // Every byte is queued, but the kernel may still read the user's pages: the part is done
+    // only once each zero-copy call on this socket has been reported.
+    GW_RETURN_IF_ERROR(collect(i));
+    z.waiting = !z.tracker.idle();
+    return !z.waiting;
+  }
+
+  // Queues the bytes of r's part on socket i: true when all are queued, false when the socket
+  // buffer is full. With `zc` the payload goes by MSG_ZEROCOPY; the header (a stack copy) never.
+  Result<bool> queue_part(int i, TcpRequest& r, SockPos& p, bool zc) {
     const int n = static_cast<int>(socks_.size());
     StripeRange range = tcp_stripe(r.size, n, chunk_, i);
     size_t part = range.end - range.begin;
@@ -61,17 +86,28 @@ class TcpSendCore final : public TcpCommCore {
       if (need_header) {
         iov[count++] = {reinterpret_cast<char*>(&hdr) + p.hdr_off, sizeof(hdr) - p.hdr_off};
       }
-      if (p.off < part) iov[count++] = {r.data + range.begin + p.off, part - p.off};
+      const bool zc_call = zc && !need_header && p.off < part;
+      if (p.off < part && !(zc && need_header)) {
+        iov[count++] = {r.data + range.begin + p.off, part - p.off};
+      }
       if (count == 0) return true;
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = count;
-      ssize_t sent = sendmsg(socks_[i].get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t sent = sendmsg(socks_[i].get(), &msg,
+                             MSG_NOSIGNAL | MSG_DONTWAIT | (zc_call ? MSG_ZEROCOPY : 0));
       if (sent < 0) {
         if (errno == EINTR) continue;
+        if (zc_call && errno == ENOBUFS) {
+          // Too many notifications outstanding (optmem_max): this call copies instead.
+          GW_RETURN_IF_ERROR(collect(i));
+          zc = false;
+          continue;
+        }
         if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
         return socket_error("send to", peer_, errno);
       }
+      if (zc_call && sent > 0) zc_socks_[i].tracker.on_sent();
       size_t left = static_cast<size_t>(sent);
       if (need_header) {
         size_t h = std::min(left, sizeof(hdr) - p.hdr_off);
@@ -80,15 +116,27 @@ class TcpSendCore final : public TcpCommCore {
       }
       p.off += left;
       if ((i != 0 || p.hdr_off == sizeof(hdr)) && p.off == part) return true;
-      return false;  // the socket buffer is full
+      if (!(zc && need_header && p.hdr_off == sizeof(hdr))) return false;  // the buffer is full
     }
     return false;
+  }
+
+  // Reads socket i's zero-copy notifications; in auto mode a socket whose bytes the kernel copied
+  // anyway (loopback, a same-host peer) goes back to plain sends, which are cheaper then.
+  Status collect(int i) {
+    ZcSock& z = zc_socks_[i];
+    GW_RETURN_IF_ERROR(drain_zerocopy(socks_[i].get(), &z.tracker, peer_));
+    if (zc_.mode == ZcMode::kAuto && z.tracker.copied() > 0) z.usable = false;
+    return ok_status();
   }
 
   short events_locked(int s) const override {
     // Room to write while this socket has a part to send; socket 0 also hears notices and close
     // while any request is outstanding (an idle comm learns of them on its next request).
-    short events = reqs_.active(pos_[s].seq) != nullptr ? POLLOUT : 0;
+    // A part waiting only for zero-copy notifications listens for its error queue (POLLERR).
+    short events = reqs_.active(pos_[s].seq) == nullptr ? 0
+                   : zc_socks_[s].waiting               ? POLLERR
+                                                        : POLLOUT;
     if (s == 0 && !reqs_.idle() && !close_pending_) events |= POLLIN;
     return events;
   }
@@ -109,7 +157,11 @@ class TcpSendCore final : public TcpCommCore {
     while (notice_got_ < sizeof(notice_)) {
       ssize_t got = recv(socks_[0].get(), reinterpret_cast<char*>(&notice_) + notice_got_,
                          sizeof(notice_) - notice_got_, MSG_DONTWAIT);
-      if (got == 0) return peer_error("send to {}: connection closed by peer", peer_);
+      if (got == 0) {
+        GW_ASSIGN_OR_RETURN(bool defer, settle_before_close());
+        if (defer) return ok_status();
+        return peer_error("send to {}: connection closed by peer", peer_);
+      }
       if (got < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
@@ -133,17 +185,44 @@ class TcpSendCore final : public TcpCommCore {
                           notice_.code);
   }
 
+  // The peer closed. A zero-copy part it has read waits only for notifications, which its close
+  // does not cancel and which are queued by now: collect them, and true when that finished a
+  // part, so its request completes before the close is reported (on the next call). Threaded,
+  // worker 0 does this for socket 0; the others' workers get a round first (comm_core.cc).
+  Result<bool> settle_before_close() {
+    bool settled = false;
+    for (size_t s = 0; s < zc_socks_.size() && !(threaded() && s > 0); ++s) {
+      if (!zc_socks_[s].waiting) continue;
+      GW_RETURN_IF_ERROR(collect(static_cast<int>(s)));
+      settled |= zc_socks_[s].tracker.idle();
+    }
+    return settled;
+  }
+
+  // Per socket, touched only by the socket's owner (the caller, or its worker thread).
+  struct ZcSock {
+    bool usable = false;   // SO_ZEROCOPY is on and the mode still wants it
+    bool waiting = false;  // the current part is queued and waits for notifications only
+    ZcTracker tracker;
+  };
+  struct ZcConfig {
+    ZcMode mode;
+    size_t min;  // messages of at least this many bytes go by MSG_ZEROCOPY
+  };
+
   Notice notice_{};
   size_t notice_got_ = 0;
+  const ZcConfig zc_;
+  std::vector<ZcSock> zc_socks_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<SendComm>> make_send_comm(std::vector<Fd> socks, size_t chunk,
-                                                 std::string peer, int threads) {
+Result<std::unique_ptr<SendComm>> make_send_comm(std::vector<Fd> socks, const TcpConfig& config,
+                                                 std::string peer) {
   auto comm =
-      std::make_unique<SendCommAdapter<TcpSendCore>>(std::move(socks), chunk, std::move(peer));
-  GW_RETURN_IF_ERROR(comm->core().start(threads));
+      std::make_unique<SendCommAdapter<TcpSendCore>>(std::move(socks), config, std::move(peer));
+  GW_RETURN_IF_ERROR(comm->core().start(config.threads));
   return std::unique_ptr<SendComm>(std::move(comm));
 }
 

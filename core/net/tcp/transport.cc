@@ -170,6 +170,13 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
     return invalid_arg("GW_SOCKET_CHUNK={} is out of range (4K-1G)", chunk);
   }
   cfg.chunk = static_cast<size_t>(chunk);
+  GW_ASSIGN_OR_RETURN(cfg.zerocopy,
+                      tcp::parse_zc_mode(settings.get_string(net::tcp_config::kSocketZerocopy)));
+  int64_t zc_min = settings.get_int(net::tcp_config::kSocketZerocopyMin);
+  if (zc_min < 0 || zc_min > (int64_t{1} << 40)) {
+    return invalid_arg("GW_SOCKET_ZEROCOPY_MIN={} is out of range (0-1T)", zc_min);
+  }
+  cfg.zerocopy_min = static_cast<size_t>(zc_min);
   GW_RETURN_IF_ERROR(handshake::check_options("tcp", options));
   GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
   // The interface that routes to the store's host, as NCCL follows the route to its bootstrap

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/net/handshake.h"
+#include "core/net/tcp/zerocopy.h"
 #include "core/net/transport.h"
 
 namespace gw::net::tcp {
@@ -89,7 +90,9 @@ struct TcpConfig {
   int nsocks = 4;
   int64_t bufsize = 0;
   size_t chunk = 0;
-  int threads = 0;  // I/O worker threads per comm; 0 = the caller's thread
+  int threads = 0;                 // I/O worker threads per comm; 0 = the caller's thread
+  ZcMode zerocopy = ZcMode::kOff;  // GW_SOCKET_ZEROCOPY (core/net/tcp/zerocopy.h)
+  size_t zerocopy_min = 0;         // GW_SOCKET_ZEROCOPY_MIN
 };
 
 }  // namespace gw::net::tcp

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Before/after of the copy-saving paths in one run, beside the machine's ceilings measured in
+# the same run: shm 2 ranks allreduce (the ring, GW_SHM_CMA_MIN=0, against single-copy reads from
+# 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
+# loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto), at 64 MiB (busbw) and 4 KiB (time).
+# Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
+#
+# usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."]
+#   -B  build directory with perf/gradwire-perf and perf/micro/gradwire-micro (default build/release)
+#   -r  repetitions (default 5)
+#   -s  large sizes in bytes (default 67108864); the 4096-byte latency row always runs
+# Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
+set -uo pipefail
+
+build=build/release
+reps=5
+sizes=67108864
+while getopts "B:r:s:h" opt; do
+  case $opt in
+    B) build=$OPTARG ;;
+    r) reps=$OPTARG ;;
+    s) sizes=$OPTARG ;;
+    h) sed -n '2,12p' "$0"; exit 0 ;;
+    *) sed -n '8,11p' "$0" >&2; exit 2 ;;
+  esac
+done
+perf="$build/perf/gradwire-perf"
+micro="$build/perf/micro/gradwire-micro"
+[ -x "$perf" ] || { echo "zero_copy.sh: no $perf (build gradwire-perf)" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The ceilings: memcpy of 64 MiB (one core), and a plain loopback TCP stream.
+ceiling() {  # benchmark regex -> GB/s (median of 3)
+  [ -x "$micro" ] || { echo "n/a"; return; }
+  "$micro" --benchmark_filter="$1" --benchmark_repetitions=3 --benchmark_min_time=0.3 \
+    --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
+    /usr/bin/python3 -c 'import json,sys
+d=json.load(sys.stdin)["benchmarks"]
+m=[b for b in d if b.get("aggregate_name")=="median"]
+print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
+}
+memcpy_gbs=$(ceiling '^memcpy/16777216$')
+tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
+
+variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto"
+env_of() {
+  case "$1" in
+    shm:ring) echo "GW_SHM_CMA_MIN=0" ;;
+    shm:cma) echo "GW_SHM_CMA_MIN=1M" ;;        # the default: 128 KiB chunks stay on the ring
+    shm:cma-all) echo "GW_SHM_CMA_MIN=64K" ;;   # every pipeline chunk read single-copy
+    tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
+    tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
+    tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
+  esac
+}
+run_one() {  # variant size col -> figure
+  local v="$1" s="$2" col="$3" out
+  out=$(env $(env_of "$v") GW_SOCKET_IFNAME=lo timeout 600 "$perf" allreduce --np 2 \
+          --transport "${v%%:*}" -b "$s" -e "$s" 2>"$work/err") &&
+    awk -v c="$col" '!/^#/ && NF >= 13 { print $c; exit }' <<<"$out"
+}
+declare -A res
+for ((rep = 1; rep <= reps; rep++)); do
+  for v in $variants; do
+    for s in $sizes; do
+      res["$v $s"]+="$(run_one "$v" "$s" 8 || true) "
+    done
+    res["$v 4096"]+="$(run_one "$v" 4096 6 || true) "
+  done
+  echo "# rep $rep/$reps done" >&2
+done
+median() {
+  local vals count
+  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
+  [ -z "$vals" ] && { echo fail; return; }
+  count=$(wc -l <<<"$vals")
+  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
+}
+status=0
+echo "# zero_copy: allreduce float32 sum, 2 ranks, $reps repetitions interleaved, medians"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+printf '%-12s' variant
+for s in $sizes; do printf ' %18s' "busbw@${s}B GB/s"; done
+printf ' %16s\n' "time@4096B us"
+for v in $variants; do
+  printf '%-12s' "$v"
+  for s in $sizes; do
+    m=$(median ${res["$v $s"]}); [ "$m" = fail ] && status=1
+    printf ' %18s' "$m"
+  done
+  m=$(median ${res["$v 4096"]}); [ "$m" = fail ] && status=1
+  printf ' %16s\n' "$m"
+done
+exit $status
