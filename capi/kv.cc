@@ -33,6 +33,7 @@ using namespace gw::capi;  // NOLINT: this file implements gw::capi
 namespace {
 
 constexpr uint64_t kKvMagic = 0x3156764b77477747ull;  // "GwGwKvV1"
+constexpr int64_t kJobProbeMs = 1000;  // gw_kv_serve: how long the job's store may take to answer
 
 }  // namespace
 
@@ -323,22 +324,23 @@ Status serve(const gw_config_t* cfg) {
   so.timeout_ms = timeout_ms;
   so.route_host = host;
   GW_ASSIGN_OR_RETURN(auto server, gw::kv::Server::start(so));
-  {
-    gw::TcpStoreOptions to;
-    to.host = host;
-    to.port = port;
-    to.token = token;
-    to.connect_timeout_ms = timeout_ms;
-    auto store = gw::TcpStore::create(to);
-    if (!store.ok()) return store.status().with_context("kv server: the job's store");
-    const std::string addr = server->address();
-    GW_RETURN_IF_ERROR((*store)->set(fmt::format("kv/server/{}", rank),
-                                     gw::Bytes(addr.begin(), addr.end()),
-                                     gw::sys::deadline_after_ms(timeout_ms)));
-  }
+  gw::TcpStoreOptions to;
+  to.host = host;
+  to.port = port;
+  to.token = token;
+  to.connect_timeout_ms = timeout_ms;
+  auto store = gw::TcpStore::create(to);
+  if (!store.ok()) return store.status().with_context("kv server: the job's store");
+  const std::string addr = server->address();
+  const std::string key = fmt::format("kv/server/{}", rank);
+  GW_RETURN_IF_ERROR((*store)->set(key, gw::Bytes(addr.begin(), addr.end()),
+                                   gw::sys::deadline_after_ms(timeout_ms)));
   GW_LOG_INFO("gradwire kv server {} of {} serving at {} (store {}:{})", rank, servers,
               server->address(), host, port);
-  Status s = server->serve();
+  // The job is there as long as its rendezvous store (rank 0) answers.
+  std::shared_ptr<gw::TcpStore> job = *store;
+  Status s =
+      server->serve([&] { return job->get(key, gw::sys::deadline_after_ms(kJobProbeMs)).ok(); });
   server->stop();
   return s;
 }

@@ -10,7 +10,7 @@ namespace gw::kv {
 
 namespace {
 constexpr int kAcceptSliceMs = 50;
-constexpr int64_t kServeLingerMs = 1000;  // serve(): how long to wait for another store
+constexpr int64_t kProbeMs = 500;  // serve(): how often it asks whether the job is still there
 }  // namespace
 
 Server::Server(const ServerOptions& options) : options_(options) {}
@@ -204,14 +204,26 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
   cv_.notify_all();
 }
 
-Status Server::serve() {
+Status Server::serve(const std::function<bool()>& job_alive) {
   std::unique_lock<std::mutex> lock(mu_);
+  bool was_done = false;
+  sys::Deadline next_probe{};
   for (;;) {
     bool all_done = !stores_.empty() && open_conns_ == 0;
     for (auto& [id, e] : stores_) all_done = all_done && e.rules->finished();
     const auto now = sys::Clock::now();
-    if (all_done && now >= last_store_ + std::chrono::milliseconds(kServeLingerMs)) {
-      return ok_status();
+    if (all_done && !was_done) last_store_ = now;  // idle from here
+    was_done = all_done;
+    if (all_done) {
+      if (now >= last_store_ + std::chrono::milliseconds(options_.timeout_ms)) return ok_status();
+      if (now >= next_probe) {
+        next_probe = now + std::chrono::milliseconds(kProbeMs);
+        lock.unlock();
+        const bool alive = job_alive();
+        lock.lock();
+        if (!alive) return ok_status();
+        continue;  // re-check: a worker may have come meanwhile
+      }
     }
     if (stores_.empty() && now >= last_store_ + std::chrono::milliseconds(options_.timeout_ms)) {
       return timeout_error("kv server {} at {}: no worker came within GW_TIMEOUT_MS ({} ms)",

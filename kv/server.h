@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,9 +38,10 @@ class Server {
   // "host:port" the workers connect to.
   const std::string& address() const { return address_; }
   // gw_kv_serve: returns OK once every store this server has seen is finished (its workers said
-  // goodbye or died) and no new store came within a second; kTimeout when no worker came within
-  // timeout_ms.
-  Status serve();
+  // goodbye or died), no connection is open, and either job_alive() says the job is gone (its
+  // rendezvous store no longer answers) or timeout_ms passed without a new store; kTimeout when
+  // no worker came within timeout_ms. job_alive is called at most every half second.
+  Status serve(const std::function<bool()>& job_alive);
   // Waits until store `id` is finished, or the deadline (kTimeout naming the workers missing).
   Status wait_finished(uint64_t id, sys::Deadline deadline);
   // Ends every connection and thread; idempotent.
@@ -77,7 +79,7 @@ class Server {
   std::condition_variable cv_;
   std::map<uint64_t, StoreEntry> stores_;
   std::vector<std::thread> threads_;
-  sys::Deadline last_store_{};
+  sys::Deadline last_store_{};  // the last new store, or the last store finishing
   int open_conns_ = 0;
 };
 

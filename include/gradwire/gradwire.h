@@ -526,8 +526,10 @@ gw_status_t gw_kv_stats(gw_kv_t kv, gw_kv_stats_t* out);
 gw_status_t gw_kv_destroy(gw_kv_t kv);
 /* The server role (direct mode): serves the stores of the job found through cfg (store_addr,
  * job_token, timeout_ms; NULL: all from the environment: MASTER_ADDR/MASTER_PORT or GW_STORE,
- * GW_JOB_TOKEN, GW_TIMEOUT_MS) as server GW_KV_SERVER_RANK of GW_KV_SERVERS, until every worker that
- * connected has destroyed its stores, or until GW_TIMEOUT_MS passes with no worker connected. */
+ * GW_JOB_TOKEN, GW_TIMEOUT_MS) as server GW_KV_SERVER_RANK of GW_KV_SERVERS. Returns GW_OK once
+ * every store it served has been destroyed (or lost) by all its workers and then the job's
+ * rendezvous store stops answering (rank 0 has gone) or GW_TIMEOUT_MS passes with no new store;
+ * GW_ERR_TIMEOUT when no worker came within GW_TIMEOUT_MS. */
 gw_status_t gw_kv_serve(const gw_config_t* cfg);
 
 #ifdef __cplusplus
