@@ -478,10 +478,10 @@ typedef struct {
   const char* codec;      /* NULL or "": none (compressed pushes: not yet, GW_ERR_UNSUPPORTED) */
 } gw_kv_config_t;
 #define GW_KV_CONFIG_INIT \
-  {sizeof(gw_kv_config_t), GW_KV_BSP, 0, 0, GW_KV_UPDATE_SUM, 0.0, 0.0, 0, NULL}
+  { sizeof(gw_kv_config_t), GW_KV_BSP, 0, 0, GW_KV_UPDATE_SUM, 0.0, 0.0, 0, NULL }
 /* Collective over the communicator's ranks (the workers): every worker calls it with the same
  * config; waits until every server of the store answers (GW_TIMEOUT_MS). Direct mode only: under
- * GW_DAEMON, GW_ERR_UNSUPPORTED. The store may outlive nothing: destroy it before comm. */
+ * GW_DAEMON, GW_ERR_UNSUPPORTED. The store does not use comm once created. */
 gw_status_t gw_kv_create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* kv);
 /* Declares key with its first value. Every worker inits every key it uses, with the same count and
  * dtype (and value: the first init to reach a partition's server sets it). Waits, in every mode,
