@@ -8,6 +8,7 @@ set(GW_CAPI_SRC
     daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h)
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store
     compressed.cc       # gw_allreduce_compressed and its stats
+    kv.cc               # the parameter server's gw_kv_* (kv/)
     host_memory.cc      # which buffers are device memory; gw_mem_register
     device_memory.cc    # direct mode: allocation cache, staging pool, registrations
     device_staging.cc)  # direct mode: device buffers copied through host memory
