@@ -209,6 +209,7 @@ def _finish(procs: list) -> list[str]:
     return outs
 
 
+@pytest.mark.slow
 @needs_kv
 def test_killed_worker_under_asp_the_job_goes_on():
     wk, srv = _job("kill_asp")
@@ -221,6 +222,7 @@ def test_killed_worker_under_asp_the_job_goes_on():
         assert m and int(m.group(1)) >= 1, outs[r]
 
 
+@pytest.mark.slow
 @needs_kv
 def test_killed_worker_under_bsp_the_others_raise_naming_it():
     wk, srv = _job("kill_bsp")
@@ -237,6 +239,7 @@ def test_killed_worker_under_bsp_the_others_raise_naming_it():
 
 
 # ---- PSOptimizer ------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_kv
 @pytest.mark.parametrize("mode,update", [("bsp", "sum"), ("asp", "server"), ("ssp:1", "sum")])
 def test_ps_optimizer_trains_a_small_model(mode, update):
