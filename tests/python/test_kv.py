@@ -250,3 +250,20 @@ def test_ps_optimizer_trains_a_small_model(mode, update):
     firsts = [float(x) for x in re.findall(r"first loss ([0-9.]+)", out)]
     assert len(losses) == 2 and len(firsts) == 2, out
     assert max(losses) < 0.5 * min(firsts), out
+
+
+def test_ps_optimizer_refusals(comm):
+    import torch
+
+    import gradwire.torch.kv
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(TypeError, match="wraps a torch.optim.Optimizer"):
+        gradwire.torch.kv.PSOptimizer("sgd", comm=comm)
+    adam = torch.optim.Adam(model.parameters())
+    with pytest.raises(ValueError, match="takes lr and momentum from a torch.optim.SGD"):
+        gradwire.torch.kv.PSOptimizer(adam, model.named_parameters(), update="server", comm=comm)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="lacks 1 of the optimizer's parameters"):
+        gradwire.torch.kv.PSOptimizer(sgd, [("weight", model.weight)], comm=comm)
+    with pytest.raises(ValueError, match="sequence of \\(name, parameter\\)"):
+        gradwire.torch.kv.PSOptimizer(sgd, [model.weight], comm=comm)
