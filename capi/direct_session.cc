@@ -122,14 +122,17 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
   GW_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, open_job_store(options));
   co.store = store;
   GW_ASSIGN_OR_RETURN(auto comm, coll::Communicator::create(co));
-  return std::unique_ptr<Session>(new DirectSession(std::move(store), std::move(comm)));
+  return std::unique_ptr<Session>(
+      new DirectSession(std::move(store), std::move(comm), options.store_host));
 }
 
-DirectSession::DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll::Communicator> comm)
+DirectSession::DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll::Communicator> comm,
+                             std::string store_host)
     : store_(std::move(store)),
       comm_(std::move(comm)),
       rank_(comm_->rank()),
-      size_(comm_->size()) {}
+      size_(comm_->size()),
+      store_host_(std::move(store_host)) {}
 
 // Out of line: DeviceCompression is complete only here.
 DirectSession::~DirectSession() {
@@ -233,7 +236,7 @@ Result<std::unique_ptr<Session>> DirectSession::split(int color, int key) {
   GW_ASSIGN_OR_RETURN(std::unique_ptr<coll::Communicator> child, comm_->split(color, key));
   if (!child) return std::unique_ptr<Session>();  // color < 0: joins none
   // The child shares the store: rank 0's server must outlive every communicator that uses it.
-  return std::unique_ptr<Session>(new DirectSession(store_, std::move(child)));
+  return std::unique_ptr<Session>(new DirectSession(store_, std::move(child), store_host_));
 }
 
 Result<std::unique_ptr<SessionRequest>> DirectSession::start(const coll::CollectiveCall& call) {

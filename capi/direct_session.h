@@ -30,7 +30,8 @@ class DirectSession final : public Session {
   // options.world_size ranks, bounded by options.timeout_ms.
   static Result<std::unique_ptr<Session>> create(const SessionOptions& options);
 
-  DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll::Communicator> comm);
+  DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll::Communicator> comm,
+                std::string store_host = "");
   ~DirectSession() override;
   DirectSession(const DirectSession&) = delete;
   DirectSession& operator=(const DirectSession&) = delete;
@@ -70,6 +71,8 @@ class DirectSession final : public Session {
   bool aborted() const override { return comm_->aborted(); }
 
   Result<std::unique_ptr<Session>> split(int color, int key) override;
+  std::shared_ptr<Store> job_store() const override { return store_; }
+  std::string store_host() const override { return store_host_; }
   std::string describe() const override { return comm_->describe(); }
   std::map<std::string, std::string> resolved() const override { return comm_->resolved(); }
 
@@ -83,6 +86,7 @@ class DirectSession final : public Session {
   std::unique_ptr<coll::Communicator> comm_;
   const int rank_;
   const int size_;
+  const std::string store_host_;
 
   std::mutex compress_mu_;  // one compressed call (or stats/reset/release) at a time
   std::unique_ptr<coll::Compressor> compressor_;

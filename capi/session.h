@@ -23,6 +23,7 @@
 #include "collectives/call.h"
 #include "collectives/types.h"
 #include "core/status.h"
+#include "core/store.h"
 #include "gradwire/gradwire.h"
 
 namespace gw::capi {
@@ -146,6 +147,11 @@ class Session {
   // gets a null Session. The new Session is independent of this one (either may be destroyed
   // first) and may be used beside it from the same thread.
   virtual Result<std::unique_ptr<Session>> split(int color, int key) = 0;
+
+  // The job's rendezvous store and its host, for the parameter server's rendezvous (capi/kv.cc):
+  // direct mode only; nullptr in daemon mode (gw_kv_create refuses it there).
+  virtual std::shared_ptr<Store> job_store() const { return nullptr; }
+  virtual std::string store_host() const { return ""; }
 
   // What the session resolved (transport, channels, algorithms...) for the start-up log line.
   virtual std::string describe() const { return ""; }

@@ -8,4 +8,5 @@ set(GW_CAPI_SRC
     daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h)
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store
     compressed.cc       # gw_allreduce_compressed and its stats
+    kv.cc               # the parameter server's gw_kv_* (kv/)
     host_memory.cc)     # the device-memory refusal of the plain collectives

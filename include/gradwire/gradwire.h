@@ -436,6 +436,100 @@ gw_status_t gw_comm_reset_stats(gw_comm_t comm);
  * gw_allreduce_compressed on comm starts from empty residuals. */
 gw_status_t gw_comm_release_compression(gw_comm_t comm);
 
+/* ---- Parameter server: a key-value store of tensors (direct mode) -----------------------------
+ *
+ * Keys are 64-bit integers, values tensors of any gw_dtype_t. A value is cut into partitions of
+ * partition_bytes; partition p of key k lives on server (splitmix64(k) + p) % S of the S servers.
+ * Servers: GW_KV_SERVERS server processes (GW_ROLE=server, running gw_kv_serve), or with
+ * GW_KV_SERVERS=0 (the default) one server thread inside every worker (co-located). Each worker
+ * has a clock, 0 at gw_kv_create, advanced by gw_kv_clock; a push belongs to the pusher's clock.
+ * The modes (docs/wire-kv.md has the full rules and the wire format):
+ *   GW_KV_BSP   a partition's clock c closes when every live worker has pushed it or moved past
+ *               it; then the update applies the clock's aggregate once.
+ *   GW_KV_SSP   pushes apply as they arrive; a worker at clock c pulls once the slowest live
+ *               worker has finished clock c-S-1 (its clock >= c-S), and sees at least every push
+ *               of clocks <= c-S-1 (Petuum's rule).
+ *   GW_KV_ASP   pushes apply as they arrive; pulls never wait.
+ *   GW_KV_SYNC  as BSP, but clock c closes as soon as sync_k pushes of it arrived; a later push of
+ *               a closed clock is dropped and counted (gw_kv_stats), and a worker that fell behind
+ *               joins the newest closed clock + 1 at its next gw_kv_clock.
+ * Updates: GW_KV_UPDATE_SUM: in bsp/sync the value becomes the sum of the clock's pushes (push
+ * then pull is an allreduce), in ssp/asp every push is added to the value. GW_KV_UPDATE_SGD:
+ * value -= lr * v with v = momentum * v + g, g the mean of the clock's pushes (bsp/sync) or each
+ * push (ssp/asp). Integer dtypes take sum only.
+ * Errors: unknown key, wrong count or dtype, a second push of a key in one clock (bsp/sync):
+ * GW_ERR_INVALID_ARG, never applied.
+ * A dead worker under bsp: every worker's calls fail with GW_ERR_PEER naming it; under
+ * ssp/asp/sync (sync: while sync_k workers live) the job goes on and gw_kv_stats counts it. A dead
+ * server: every later call fails with GW_ERR_PEER naming the server and the keys it held. Every
+ * wait ends by GW_TIMEOUT_MS. One thread at a time per gw_kv_t (requests complete on any). */
+typedef struct gw_kv_s* gw_kv_t;
+typedef enum { GW_KV_BSP = 0, GW_KV_SSP = 1, GW_KV_ASP = 2, GW_KV_SYNC = 3 } gw_kv_mode_t;
+typedef enum { GW_KV_UPDATE_SUM = 0, GW_KV_UPDATE_SGD = 1 } gw_kv_update_t;
+typedef struct {
+  size_t size;            /* sizeof(gw_kv_config_t); set by GW_KV_CONFIG_INIT */
+  gw_kv_mode_t mode;      /* bsp | ssp | asp | sync */
+  int staleness;          /* ssp: S >= 0 */
+  int sync_k;             /* sync: K of the N workers close a clock, 1 <= K <= N */
+  gw_kv_update_t update;  /* sum | sgd */
+  double lr;              /* sgd: > 0 */
+  double momentum;        /* sgd: in [0, 1) */
+  size_t partition_bytes; /* 0: GW_KV_PARTITION_BYTES (default 4 MiB) */
+  const char* codec;      /* NULL or "": none (compressed pushes: not yet, GW_ERR_UNSUPPORTED) */
+} gw_kv_config_t;
+#define GW_KV_CONFIG_INIT \
+  {sizeof(gw_kv_config_t), GW_KV_BSP, 0, 0, GW_KV_UPDATE_SUM, 0.0, 0.0, 0, NULL}
+/* Collective over the communicator's ranks (the workers): every worker calls it with the same
+ * config; waits until every server of the store answers (GW_TIMEOUT_MS). Direct mode only: under
+ * GW_DAEMON, GW_ERR_UNSUPPORTED. The store may outlive nothing: destroy it before comm. */
+gw_status_t gw_kv_create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* kv);
+/* Declares key with its first value. Every worker inits every key it uses, with the same count and
+ * dtype (and value: the first init to reach a partition's server sets it). Waits, in every mode,
+ * until the key's partitions are stored. */
+gw_status_t gw_kv_init(gw_kv_t kv, uint64_t key, const void* value, size_t count, gw_dtype_t dtype);
+/* Adds value to the worker's current clock. bsp/sync: at most once per key and clock. Waits (all
+ * modes) only until the servers have received it; priority: higher is sent first among pending
+ * requests of the same clock. */
+gw_status_t gw_kv_push(gw_kv_t kv, uint64_t key, const void* value, size_t count, gw_dtype_t dtype,
+                       int priority);
+/* Copies the value into out. Waits: bsp/sync until every clock before this worker's (and the
+ * current clock, when this worker pushed the key in it) has closed and applied; ssp until the
+ * slowest live worker's clock >= this clock - S; asp: not at all (the servers' value now). */
+gw_status_t gw_kv_pull(gw_kv_t kv, uint64_t key, void* out, size_t count, gw_dtype_t dtype,
+                       int priority);
+/* gw_kv_push then gw_kv_pull in one request (out may be value: in place). */
+gw_status_t gw_kv_pushpull(gw_kv_t kv, uint64_t key, const void* value, void* out, size_t count,
+                           gw_dtype_t dtype, int priority);
+/* The non-blocking forms: the same checks (failing at once, nothing sent), then a request that
+ * gw_wait/gw_test complete with the blocking call's status. Buffers stay the caller's, untouched
+ * by it, until then. gw_kv_destroy fails the ones still pending with GW_ERR_ABORTED. */
+gw_status_t gw_kv_ipush(gw_kv_t kv, uint64_t key, const void* value, size_t count, gw_dtype_t dtype,
+                        int priority, gw_request_t* req);
+gw_status_t gw_kv_ipull(gw_kv_t kv, uint64_t key, void* out, size_t count, gw_dtype_t dtype,
+                        int priority, gw_request_t* req);
+gw_status_t gw_kv_ipushpull(gw_kv_t kv, uint64_t key, const void* value, void* out, size_t count,
+                            gw_dtype_t dtype, int priority, gw_request_t* req);
+/* This worker finished its clock: sent to every server after every request issued before it.
+ * Never waits for other workers (the waiting is in pull); waits until the servers have it. */
+gw_status_t gw_kv_clock(gw_kv_t kv);
+typedef struct {
+  size_t size;             /* sizeof(gw_kv_stats_t): set it before the call */
+  uint64_t clock;          /* this worker's clock */
+  uint64_t min_clock;      /* the slowest live worker's clock, as the servers last said */
+  uint64_t dropped_pushes; /* sync: pushes of closed clocks dropped, over the servers */
+  uint64_t lost_workers;   /* workers the servers saw die (ssp/asp/sync went on) */
+} gw_kv_stats_t;
+/* Not collective, does not wait: what the servers' latest replies said. */
+gw_status_t gw_kv_stats(gw_kv_t kv, gw_kv_stats_t* out);
+/* Collective: says goodbye to every server, and (co-located servers) waits until every live worker
+ * has said it to this worker's server, within GW_TIMEOUT_MS. Frees kv even when that fails. */
+gw_status_t gw_kv_destroy(gw_kv_t kv);
+/* The server role (direct mode): serves the stores of the job found through cfg (store_addr,
+ * job_token, timeout_ms; NULL: all from the environment: MASTER_ADDR/MASTER_PORT or GW_STORE,
+ * GW_JOB_TOKEN, GW_TIMEOUT_MS) as server GW_KV_SERVER_RANK of GW_KV_SERVERS, until every worker that
+ * connected has destroyed its stores, or until GW_TIMEOUT_MS passes with no worker connected. */
+gw_status_t gw_kv_serve(const gw_config_t* cfg);
+
 #ifdef __cplusplus
 }
 #endif

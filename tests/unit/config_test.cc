@@ -23,6 +23,7 @@
 #include "core/net/shm_config.h"
 #include "core/net/tcp_config.h"
 #include "daemon/daemon_config.h"
+#include "kv/kv_config.h"
 #include "plugin/plugin_config.h"
 #if defined(GW_HAVE_DPDK)
 #include "dpdk/dpdk_config.h"
@@ -45,6 +46,7 @@ namespace kc = coll::coll_config;
   tc::rows();
   net::shm_config::rows();
   kc::rows();
+  kv::kv_config::rows();
   coll::compress_config::rows();
   plugin::plugin_config::rows();
 #if defined(GW_HAVE_DPDK)

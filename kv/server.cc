@@ -1,0 +1,245 @@
+#include "kv/server.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+
+#include "core/log.h"
+#include "kv/io.h"
+
+namespace gw::kv {
+
+namespace {
+constexpr int kAcceptSliceMs = 50;
+constexpr int64_t kServeLingerMs = 1000;  // serve(): how long to wait for another store
+}  // namespace
+
+Server::Server(const ServerOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<Server>> Server::start(const ServerOptions& options) {
+  std::unique_ptr<Server> s(new Server(options));
+  int port = 0;
+  GW_ASSIGN_OR_RETURN(s->listen_fd_, listen_any(&port));
+  s->address_ = advertised_address(options.route_host, port);
+  s->last_store_ = sys::Clock::now();
+  s->accept_thread_ = std::thread([p = s.get()] { p->accept_loop(); });
+  return s;
+}
+
+Server::~Server() { stop(); }
+
+void Server::stop() {
+  stop_.store(true, std::memory_order_release);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+  cv_.notify_all();
+}
+
+void Server::accept_loop() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    auto fd = accept_one(listen_fd_.get(), kAcceptSliceMs);
+    if (!fd.ok()) {
+      GW_LOG_WARN("kv server {}: {}", options_.rank, fd.status().message());
+      continue;
+    }
+    if (!fd->valid()) continue;
+    auto conn = std::make_shared<Conn>();
+    conn->fd = std::move(*fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++open_conns_;
+    threads_.emplace_back([this, conn] { serve_conn(conn); });
+  }
+}
+
+void Server::send_error(Conn& conn, const Header& h, const Status& s) {
+  Header r;
+  r.type = Type::kError;
+  r.req_id = h.req_id;
+  r.key = h.key;
+  r.worker = static_cast<uint32_t>(options_.rank);
+  r.aux = static_cast<uint64_t>(s.code());
+  std::string m = s.message().substr(0, kMaxErrorBytes);
+  r.payload = static_cast<uint32_t>(m.size());
+  std::lock_guard<std::mutex> lock(conn.write_mu);
+  (void)write_frame(conn.fd.get(), r, m.data(), sys::deadline_after_ms(options_.timeout_ms));
+}
+
+Status Server::join(Conn& conn, const Header& h, const std::vector<uint8_t>& payload) {
+  StoreConfig c;
+  std::string token;
+  GW_RETURN_IF_ERROR(decode_hello(payload.data(), payload.size(), &c, &token));
+  if (token != options_.token) {
+    return invalid_arg("kv server {}: worker {} presented another job token", options_.rank,
+                       h.worker);
+  }
+  if (h.worker >= c.workers) {
+    return invalid_arg("kv hello: worker {} out of range for {} workers", h.worker, c.workers);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  StoreEntry& e = stores_[h.aux];
+  if (!e.rules) {
+    e.rules = std::make_unique<StoreRules>(c, options_.rank);
+    last_store_ = sys::Clock::now();
+  } else if (!(e.rules->config() == c)) {
+    return invalid_arg(
+        "kv store {}: worker {} created it with other settings than the first worker (mode, "
+        "staleness, sync_k, update, lr, momentum, partition_bytes and the number of workers must "
+        "agree)",
+        h.aux, h.worker);
+  }
+  if (e.conns.count(h.worker) != 0 || e.rules->said_bye(h.worker) || !e.rules->alive(h.worker)) {
+    return invalid_arg("kv store {}: worker {} joined twice", h.aux, h.worker);
+  }
+  conn.store = h.aux;
+  conn.worker = h.worker;
+  conn.joined = true;
+  return ok_status();
+}
+
+void Server::send(uint64_t store, std::vector<Answer>& answers) {
+  for (Answer& a : answers) {
+    std::shared_ptr<Conn> to;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = stores_.find(store);
+      if (it == stores_.end()) continue;
+      auto c = it->second.conns.find(a.worker);
+      if (c == it->second.conns.end()) continue;
+      to = c->second;
+    }
+    std::lock_guard<std::mutex> lock(to->write_mu);
+    Status s = write_frame(to->fd.get(), a.reply, a.payload.empty() ? nullptr : a.payload.data(),
+                           sys::deadline_after_ms(options_.timeout_ms));
+    if (!s.ok()) {
+      // The worker's reader sees the broken connection and reports the worker dead.
+      shutdown(to->fd.get(), SHUT_RDWR);
+    }
+  }
+  answers.clear();
+}
+
+void Server::serve_conn(std::shared_ptr<Conn> conn) {
+  const int fd = conn->fd.get();
+  std::vector<uint8_t> payload;
+  std::vector<Answer> answers;
+  Header h;
+  Status why;
+  // The hello: within the deadline.
+  why = read_header(fd, &h, sys::deadline_after_ms(options_.timeout_ms), &stop_);
+  if (why.ok() && h.type != Type::kHello) why = invalid_arg("kv: first frame is not a hello");
+  if (why.ok()) why = check_request(h, kMaxWorkers);
+  if (why.ok()) {
+    payload.resize(h.payload);
+    why = read_exact(fd, payload.data(), payload.size(),
+                     sys::deadline_after_ms(options_.timeout_ms), &stop_);
+  }
+  if (why.ok()) why = join(*conn, h, payload);
+  if (!why.ok()) {
+    if (why.code() == Code::kInvalidArg) {
+      GW_LOG_WARN("kv server {}: refused a connection: {}", options_.rank, why.message());
+      send_error(*conn, h, why);
+    }
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stores_[conn->store].conns[conn->worker] = conn;
+    }
+    Header ok;  // the hello's answer: joined
+    ok.type = Type::kReply;
+    ok.req_id = h.req_id;
+    ok.worker = static_cast<uint32_t>(options_.rank);
+    {
+      std::lock_guard<std::mutex> lock(conn->write_mu);
+      why = write_frame(fd, ok, nullptr, sys::deadline_after_ms(options_.timeout_ms));
+    }
+    const uint32_t workers = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return stores_[conn->store].rules->config().workers;
+    }();
+    while (why.ok()) {
+      why = read_header(fd, &h, sys::Deadline::max(), &stop_);
+      if (!why.ok()) break;
+      why = check_request(h, workers);
+      if (why.ok() && h.worker != conn->worker) {
+        why = invalid_arg("kv: worker {} sent a frame as worker {}", conn->worker, h.worker);
+      }
+      if (why.ok() && h.type == Type::kHello) why = invalid_arg("kv: a second hello");
+      if (!why.ok()) {
+        send_error(*conn, Header{}, why);
+        break;
+      }
+      payload.resize(h.payload);
+      why = read_exact(fd, payload.data(), payload.size(),
+                       sys::deadline_after_ms(options_.timeout_ms), &stop_);
+      if (!why.ok()) break;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        StoreRules& rules = *stores_[conn->store].rules;
+        if (h.type == Type::kBye) {
+          rules.on_bye(conn->worker, &answers);
+        } else {
+          rules.on_frame(h, payload.data(), &answers);
+        }
+      }
+      send(conn->store, answers);
+      if (h.type == Type::kBye) break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      StoreEntry& e = stores_[conn->store];
+      e.conns.erase(conn->worker);
+      if (!e.rules->said_bye(conn->worker) && !stop_.load(std::memory_order_acquire)) {
+        e.rules->on_dead(conn->worker, why.ok() ? "closed" : why.message(), &answers);
+      }
+    }
+    send(conn->store, answers);
+  }
+  conn->fd.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  --open_conns_;
+  cv_.notify_all();
+}
+
+Status Server::serve() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    bool all_done = !stores_.empty() && open_conns_ == 0;
+    for (auto& [id, e] : stores_) all_done = all_done && e.rules->finished();
+    const auto now = sys::Clock::now();
+    if (all_done && now >= last_store_ + std::chrono::milliseconds(kServeLingerMs)) {
+      return ok_status();
+    }
+    if (stores_.empty() && now >= last_store_ + std::chrono::milliseconds(options_.timeout_ms)) {
+      return timeout_error("kv server {} at {}: no worker came within GW_TIMEOUT_MS ({} ms)",
+                           options_.rank, address_, options_.timeout_ms);
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+}
+
+Status Server::wait_finished(uint64_t id, sys::Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = stores_.find(id);
+    if (it != stores_.end() && it->second.rules->finished()) return ok_status();
+    if (sys::expired(deadline)) {
+      std::string missing;
+      if (it != stores_.end()) {
+        for (uint32_t w = 0; w < it->second.rules->config().workers; ++w) {
+          if (it->second.rules->alive(w) && !it->second.rules->said_bye(w)) {
+            missing += fmt::format("{}{}", missing.empty() ? "" : ", ", w);
+          }
+        }
+      }
+      return timeout_error("kv server {}: workers [{}] did not destroy store {} in time",
+                           options_.rank, missing.empty() ? "all" : missing, id);
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace gw::kv

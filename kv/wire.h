@@ -1,0 +1,85 @@
+// The parameter server's wire format (docs/wire-kv.md): every message is one 80-byte header
+// (little-endian, fixed offsets) followed by header.payload bytes. Decoders check every field
+// against the limits below before anything is allocated or applied; a frame that fails a check
+// ends the connection with an Error frame saying why.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace gw::kv {
+
+inline constexpr uint32_t kMagic = 0x314b5747;  // "GWK1"
+inline constexpr size_t kHeaderBytes = 80;
+// The largest payload of one frame: one partition (GW_KV_PARTITION_BYTES is capped to this).
+inline constexpr uint64_t kMaxPartitionBytes = 256ull << 20;
+inline constexpr uint64_t kMaxPayload = kMaxPartitionBytes;
+inline constexpr uint32_t kMaxPartitions = 1u << 24;  // per key
+inline constexpr uint32_t kMaxWorkers = 1u << 16;
+inline constexpr size_t kMaxErrorBytes = 4096;
+inline constexpr size_t kMaxTokenBytes = 1024;
+
+enum class Type : uint8_t {
+  kHello = 1,     // worker -> server: store id (aux), the store's config and the job token
+  kInit = 2,      // value of one partition
+  kPush = 3,      // one partition's contribution to clock `clock`
+  kPull = 4,      // ask for one partition (answered when the mode allows)
+  kPushPull = 5,  // push, then pull, in one frame
+  kClock = 6,     // the worker's clock is now `clock` (it finished every clock below)
+  kBye = 7,       // the worker destroyed its store (no more frames)
+  kReply = 8,     // server -> worker: answers req_id; pull: the value; aux/aux2/aux3: stats
+  kError = 9,     // server -> worker: answers req_id (0: the connection) with a message
+};
+const char* type_name(Type t);
+
+struct Header {
+  Type type = Type::kHello;
+  uint8_t dtype = 0;       // gw_dtype_t of the value (Init, Push, Pull, PushPull, Reply)
+  uint16_t flags = 0;      // must be 0
+  uint32_t worker = 0;     // the sender's worker rank (worker -> server)
+  uint32_t partition = 0;  // partition index of key
+  uint64_t key = 0;
+  uint64_t clock = 0;    // the worker's clock (Push, Pull, PushPull, Clock); Reply: applied clock
+  uint64_t req_id = 0;   // worker's request id, echoed in the Reply / Error
+  uint64_t count = 0;    // elements of this partition (Init, Push, Pull, PushPull, Reply)
+  uint64_t total = 0;    // elements of the whole key (Init, Push, Pull, PushPull)
+  uint64_t aux = 0;      // Hello: store id; Reply: the slowest live worker's clock
+  uint64_t aux2 = 0;     // Reply: pushes dropped (sync)
+  uint32_t aux3 = 0;     // Reply: workers lost
+  uint32_t payload = 0;  // bytes following the header
+};
+
+// The store's settings, sent in every Hello; the first worker's Hello sets them on a server, and a
+// worker whose settings differ is refused.
+struct StoreConfig {
+  uint32_t workers = 0;  // N
+  uint32_t mode = 0;     // gw_kv_mode_t
+  int32_t staleness = 0;
+  int32_t sync_k = 0;
+  uint32_t update = 0;  // gw_kv_update_t
+  double lr = 0;
+  double momentum = 0;
+  uint64_t partition_bytes = 0;
+  bool operator==(const StoreConfig&) const = default;
+};
+inline constexpr size_t kHelloFixedBytes = 48;  // StoreConfig's encoding, then u32 token length
+
+void encode_header(const Header& h, uint8_t out[kHeaderBytes]);
+// Checks magic, type, flags, dtype and the payload bound; the per-type rules are in check_frame.
+Status decode_header(const uint8_t in[kHeaderBytes], Header* h);
+// The per-type rules a server applies to a worker's frame (sizes agree with dtype and count,
+// partition and worker in range, reply-only types refused): kInvalidArg saying which.
+Status check_request(const Header& h, uint32_t workers);
+// A reply's rules as a worker checks them.
+Status check_reply(const Header& h);
+
+std::vector<uint8_t> encode_hello(const StoreConfig& c, const std::string& token);
+Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* token);
+// A config a server accepts: mode/update enumerators, the ranges of each field.
+Status check_config(const StoreConfig& c);
+
+}  // namespace gw::kv
