@@ -107,7 +107,8 @@ elif case == "sync":
     kv = store(f"sync:{k}")
     kv.init(0, np.zeros(2, np.float32))
     fast_total = k * (k + 1) / 2
-    for c in range(3):
+    # The held-back rank stops after its late clock: a clock it alone pushes would never close.
+    for c in range(2 if r == last else 3):
         if r == last and c == 1:
             time.sleep(HOLD)
         t0 = time.monotonic()
@@ -145,7 +146,7 @@ elif case in ("kill_asp", "kill_bsp"):
     mode = case.split("_")[1]
     kv = store(mode)
     kv.init(0, np.zeros(8, np.float32))
-    t0 = None
+    t0 = time.monotonic()
     try:
         for c in range(12):
             if c == 2:
