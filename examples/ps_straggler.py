@@ -2,11 +2,11 @@
 """Stragglers on the shaped testbed: allreduce against the parameter server's modes (issue 30).
 
     sudo examples/ps_straggler.py [--modes allreduce,bsp,ssp:2,asp,sync:3] [--straggler both]
-                                  [--rate 1gbit] [--slow 4] [--target-loss 0.42] [--max-s 60]
+                                  [--rate 1gbit] [--slow 4] [--target-loss 0.39] [--max-s 60]
                                   [--json FILE] [-B BUILD_DIR]
 
 Four workers, one per testbed host (tests/testbed/testbed.sh, links shaped to --rate), train the
-same small network (32-64-8 MLP, SGD lr 0.05, momentum 0.9, 256 samples per worker and step) on
+same small network (32-256-8 MLP, SGD lr 0.05, momentum 0.9, 256 samples per worker and step) on
 a deterministic synthetic classification set (8 Gaussian classes, seed 1234, the same for every
 run). The parameter-server modes keep the parameters on one server process on a fifth host
 (GW_ROLE=server) and run the servers' SGD (gradwire.torch.kv.PSOptimizer, update "sgd"): the
@@ -51,10 +51,17 @@ def data(seed: int = 1234, n: int = 8192, d: int = 32, classes: int = 8):
     return x, y
 
 
-def throttle(cgroup: str) -> None:
-    """Moves this process into the straggler's cgroup (made by the driver)."""
-    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-        f.write(str(os.getpid()))
+def throttle(result_dir: str) -> None:
+    """Asks the driver to move this process into the straggler's cgroup, and waits until it has.
+    (`ip netns exec` mounts a sysfs of its own, so the cgroup tree is out of this rank's sight.)"""
+    d = Path(result_dir)
+    (d / "straggler.pid.tmp").write_text(str(os.getpid()))
+    (d / "straggler.pid.tmp").rename(d / "straggler.pid")
+    deadline = time.monotonic() + 30
+    while not (d / "straggler.moved").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("ps_straggler: the driver did not throttle this rank within 30 s")
+        time.sleep(0.05)
 
 
 def worker(a: argparse.Namespace) -> int:
@@ -67,11 +74,12 @@ def worker(a: argparse.Namespace) -> int:
     comm = gradwire.init()
     r, n = comm.rank, comm.size
     if a.cgroup and r == n - 1:
-        throttle(a.cgroup)
+        throttle(a.result_dir)
     x, y = data()
     ex, ey = x[:2048], y[:2048]
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(32, a.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(a.hidden, 8))
     lossf = torch.nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     mode = a.worker
@@ -89,6 +97,7 @@ def worker(a: argparse.Namespace) -> int:
     stop = Path(a.stop_file)
     comm.barrier()
     t0 = time.monotonic()
+    cpu0 = time.process_time()
     steps, t_target, losses, after_stop = 0, None, [], ""
     while not stop.exists():
         if time.monotonic() - t0 > a.max_s + 30:
@@ -121,6 +130,7 @@ def worker(a: argparse.Namespace) -> int:
             if t_target is not None or t > a.max_s:
                 stop.write_text(f"{t}\n")
     train_s = time.monotonic() - t0
+    cpu_frac = (time.process_time() - cpu0) / train_s if train_s > 0 else 0.0
     with torch.no_grad():
         final = float(lossf(model(ex), ey))
     stats = None
@@ -138,16 +148,16 @@ def worker(a: argparse.Namespace) -> int:
         pass
     out = {"rank": r, "mode": mode, "steps": steps, "train_s": train_s,
            "steps_per_s": steps / train_s if train_s > 0 else 0.0, "t_target": t_target,
-           "final_loss": final, "losses": losses, "stats": stats, "after_stop": after_stop}
+           "final_loss": final, "losses": losses, "cpu_frac": cpu_frac, "stats": stats, "after_stop": after_stop}
     Path(a.result_dir, f"r{r}.json").write_text(json.dumps(out))
     return 0
 
 
 # ---- the driver ----------------------------------------------------------------------------
-def make_cgroup(slow: float) -> tuple[str, str]:
-    """A cgroup limited to 1/slow of one CPU: (its path, how) or ("", why not)."""
+def make_cgroup(slow: float, cpu: float) -> tuple[str, str]:
+    """A cgroup limited to cpu/slow of one CPU: (its path, how) or ("", why not)."""
     period = 100000
-    quota = int(period / slow)
+    quota = max(1000, int(period * cpu / slow))
     name = f"gw_straggler_{os.getpid()}"
     v2 = Path("/sys/fs/cgroup")
     if "cpu" in (v2 / "cgroup.controllers").read_text().split() \
@@ -174,7 +184,8 @@ def run_one(a: argparse.Namespace, mode: str, cgroup: str) -> dict:
     lib = Path(a.build) / "capi" / "libgradwire.so"
     me = shlex.quote(str(Path(__file__).resolve()))
     wargs = (f"--worker {shlex.quote(mode)} --stop-file {stop} --result-dir {res} "
-             f"--target-loss {a.target_loss} --max-s {a.max_s} --lr {a.lr} --batch {a.batch}")
+             f"--target-loss {a.target_loss} --max-s {a.max_s} --lr {a.lr} --batch {a.batch} "
+             f"--hidden {a.hidden}")
     if cgroup:
         wargs += f" --cgroup {cgroup}"
     common = (f"export PYTHONPATH={ROOT / 'python'} GRADWIRE_LIBRARY={lib} GW_SOCKET_IFNAME=d0 "
@@ -189,9 +200,25 @@ def run_one(a: argparse.Namespace, mode: str, cgroup: str) -> dict:
     if a.rate != "none":
         tb += ["-r", a.rate]
     t0 = time.monotonic()
-    p = subprocess.run(["bash", *tb, "--", cmd], capture_output=True, text=True,
-                       timeout=a.max_s + 180)
+    log = res / "testbed.log"
+    with open(log, "w") as logf:
+        p = subprocess.Popen(["bash", *tb, "--", cmd], stdout=logf, stderr=subprocess.STDOUT,
+                             text=True)
+        moved = False
+        while p.poll() is None:
+            if time.monotonic() - t0 > a.max_s + 180:
+                p.terminate()
+                p.wait()
+                break
+            pid = res / "straggler.pid"
+            if cgroup and not moved and pid.exists():
+                # Every thread of the rank goes (cgroup.procs); the rank waits for the marker.
+                Path(cgroup, "cgroup.procs").write_text(pid.read_text().strip())
+                (res / "straggler.moved").write_text("")
+                moved = True
+            time.sleep(0.05)
     wall = time.monotonic() - t0
+    output = log.read_text()
     ranks = {}
     for f in res.glob("r*.json"):
         d = json.loads(f.read_text())
@@ -200,17 +227,18 @@ def run_one(a: argparse.Namespace, mode: str, cgroup: str) -> dict:
         f.unlink()
     res.rmdir()
     if len(ranks) < WORKERS:
-        tail = "\n".join((p.stdout + p.stderr).splitlines()[-15:])
+        tail = "\n".join(output.splitlines()[-40:])
         return {"mode": mode, "error": f"testbed status {p.returncode}, {len(ranks)} of "
                 f"{WORKERS} ranks reported:\n{tail}"}
     fast = [ranks[r]["steps_per_s"] for r in range(WORKERS - 1)]
+    cpu = sum(ranks[r]["cpu_frac"] for r in range(WORKERS - 1)) / (WORKERS - 1)
     stats = ranks[0].get("stats") or {}
     return {"mode": mode, "fast_steps_per_s": sum(fast) / len(fast),
             "straggler_steps_per_s": ranks[WORKERS - 1]["steps_per_s"],
             "t_target": ranks[0]["t_target"], "final_loss": ranks[0]["final_loss"],
             "steps0": ranks[0]["steps"], "dropped": max((ranks[r].get("stats") or {})
                                                         .get("dropped", 0) for r in ranks),
-            "lost": stats.get("lost", 0), "run_s": wall,
+            "lost": stats.get("lost", 0), "run_s": wall, "fast_cpu": cpu,
             "after_stop": {r: ranks[r]["after_stop"] for r in ranks if ranks[r]["after_stop"]}}
 
 
@@ -225,9 +253,15 @@ def driver(a: argparse.Namespace) -> int:
           f"per worker, target loss {a.target_loss}, max {a.max_s} s per run; load average "
           f"{os.getloadavg()[0]:.1f} at the start (a shared machine: every figure is under load)")
     for slowed in settings:
-        cgroup, how = make_cgroup(a.slow) if slowed else ("", "")
+        # The straggler gets 1/slow of the CPU the fast workers used without one (the
+        # allreduce run's, measured here: on a loaded machine a worker has far less than one
+        # CPU, and 1/slow of a whole CPU would not slow it), else 1/slow of one CPU.
+        base = [r["fast_cpu"] for r in rows if r["mode"] == "allreduce" and "error" not in r]
+        cpu = base[0] if base and a.straggler_cpu is None else (a.straggler_cpu or 1.0)
+        cgroup, how = make_cgroup(a.slow, cpu) if slowed else ("", "")
         if slowed:
-            print(f"# straggler: rank {WORKERS - 1} at 1/{a.slow:g} of one CPU ({how})")
+            print(f"# straggler: rank {WORKERS - 1} at {cpu:.3f}/{a.slow:g} of one CPU ({how}); "
+                  f"{cpu:.3f}: {'the fast workers CPU use without a straggler' if base else 'given'}")
             if not cgroup:
                 print("# no straggler possible here; skipping", file=sys.stderr)
                 continue
@@ -275,10 +309,14 @@ def main() -> int:
     ap.add_argument("--straggler", choices=["both", "on", "off"], default="both")
     ap.add_argument("--rate", default="1gbit", help="tc rate of every host's link, or none")
     ap.add_argument("--slow", type=float, default=4.0, help="the straggler's CPU: 1/SLOW of one")
-    ap.add_argument("--target-loss", type=float, default=0.42)
+    ap.add_argument("--target-loss", type=float, default=0.39)
     ap.add_argument("--max-s", type=float, default=60.0)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--batch", type=int, default=256, help="samples per worker and step")
+    ap.add_argument("--hidden", type=int, default=256, help="the MLP's hidden width")
+    ap.add_argument("--straggler-cpu", type=float,
+                    help="CPUs the straggler's limit is 1/--slow of (default: what the fast "
+                    "workers used in the allreduce run without a straggler, else 1)")
     ap.add_argument("--timeout-ms", type=int, default=20000, help="GW_TIMEOUT_MS of every rank")
     ap.add_argument("--json")
     ap.add_argument("-B", "--build", default=str(ROOT / "build" / "release"))
