@@ -188,8 +188,10 @@ def run_one(a: argparse.Namespace, mode: str, cgroup: str) -> dict:
              f"--hidden {a.hidden}")
     if cgroup:
         wargs += f" --cgroup {cgroup}"
+    # The store on host 0's data address: the kv servers advertise the address on the route to
+    # the store, and their traffic must cross the shaped links (not the control network).
     common = (f"export PYTHONPATH={ROOT / 'python'} GRADWIRE_LIBRARY={lib} GW_SOCKET_IFNAME=d0 "
-              f"GW_STORE=$TB_STORE:$TB_PORT MASTER_ADDR=$TB_STORE MASTER_PORT=$TB_PORT "
+              f"GW_STORE=10.77.0.1:$TB_PORT MASTER_ADDR=10.77.0.1 MASTER_PORT=$TB_PORT "
               f"GW_KV_SERVERS=1 GW_TIMEOUT_MS={a.timeout_ms}; ")
     server = f"GW_ROLE=server GW_KV_SERVER_RANK=0 exec {py} -m gradwire.kv" \
         if mode != "allreduce" else "true"
