@@ -35,11 +35,15 @@ Status Op::wait(sys::Deadline until, bool cancel_on_timeout) {
   cv.wait_until(lock, d, [&] { return pending == 0; });
   if (pending == 0) return status;
   if (cancel_on_timeout || sys::expired(deadline_)) {
-    cancelled = true;  // the buffers are the caller's again: late replies go nowhere
-    return timeout_error(
+    // The buffers are the caller's again: late replies go nowhere, and the request has ended.
+    cancelled = true;
+    status = timeout_error(
         "kv: {} of the request's frames unanswered after GW_TIMEOUT_MS (a server or the workers "
         "it waits for did not answer)",
         pending);
+    pending = 0;
+    cv.notify_all();
+    return status;
   }
   return timeout_error("kv: request still running");
 }
@@ -102,12 +106,13 @@ class ServerLink {
     cv_.notify_all();
   }
 
-  // Fails every queued and outstanding frame with s; later enqueues fail at once.
-  void fail_all(const Status& s) {
+  // Fails every queued and outstanding frame with s; with `dead`, later enqueues fail at once
+  // too (else the link stays up for the goodbye of gw_kv_destroy).
+  void fail_all(const Status& s, bool dead = true) {
     std::vector<std::shared_ptr<Op>> ops;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (failed_.ok()) failed_ = s;
+      if (dead && failed_.ok()) failed_ = s;
       while (!queue_.empty()) {
         if (queue_.top().op) ops.push_back(queue_.top().op);
         queue_.pop();
@@ -169,6 +174,7 @@ class ServerLink {
     if (stop_.load(std::memory_order_acquire) || bye_sent_.load(std::memory_order_acquire)) return;
     Status s = peer_error("kv server {} ({}) died or failed: {}; it held {}", index_, addr_,
                           why.message(), client_->keys_of(index_));
+    fail_all(s);
     client_->set_broken(s);
   }
 
@@ -198,7 +204,8 @@ class ServerLink {
         if (op) {
           op->finish_one(err);
         } else {
-          client_->set_broken(err);  // the connection itself was refused
+          fail_all(err);  // the connection itself was refused
+          client_->set_broken(err);
           return;
         }
         continue;
@@ -311,7 +318,7 @@ void Client::set_broken(const Status& s) {
     broken_ = s;
   }
   GW_LOG_ERROR("{}", s.message());
-  for (auto& l : links_) l->fail_all(s);
+  for (auto& l : links_) l->fail_all(s, /*dead=*/false);
 }
 
 void Client::note(uint32_t server, const Header& h) {

@@ -15,6 +15,7 @@
 #include "core/net/net_config.h"
 #include "daemon/daemon_config.h"
 #include "gradwire/gradwire.h"
+#include "kv/kv_config.h"
 #include "perf/coll_bench.h"
 #include "perf/compress_cmd.h"
 #include "perf/doctor.h"
@@ -25,11 +26,12 @@ namespace {
 using gw::perf::Collective;
 
 // Components whose settings the tool reads nowhere, linked and registered so that --dump-config
-// lists every knob of libgradwire (the compressed allreduce's, the daemon client's and
-// gradwired's), as the plugin's rows compiled in beside it.
+// lists every knob of libgradwire (the compressed allreduce's, the daemon client's,
+// gradwired's and the parameter server's), as the plugin's rows compiled in beside it.
 [[maybe_unused]] const bool kAllRowsRegistered = [] {
   gw::coll::compress_config::rows();
   gw::daemon_config::rows();
+  gw::kv::kv_config::rows();
   return true;
 }();
 

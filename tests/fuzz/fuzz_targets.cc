@@ -19,6 +19,7 @@ std::vector<std::vector<uint8_t>> config_seeds();
 std::vector<std::vector<uint8_t>> daemon_hello_seeds();
 std::vector<std::vector<uint8_t>> daemon_control_seeds();
 std::vector<std::vector<uint8_t>> metrics_http_seeds();
+std::vector<std::vector<uint8_t>> kv_seeds();
 #ifdef GW_FUZZ_VERBS
 std::vector<std::vector<uint8_t>> verbs_seeds();
 #endif
@@ -49,6 +50,7 @@ const std::vector<Target>& targets() {
       {"daemon_hello", &daemon_hello, &daemon_hello_seeds},
       {"daemon_control_request", &daemon_control_request, &daemon_control_seeds},
       {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
+      {"kv_frames", &kv_frames, &kv_seeds},
 #ifdef GW_FUZZ_VERBS
       {"verbs_wire", &verbs_wire, &verbs_seeds},
 #endif

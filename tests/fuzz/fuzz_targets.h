@@ -42,6 +42,9 @@ int daemon_hello(const uint8_t* data, size_t size);
 int daemon_control_request(const uint8_t* data, size_t size);
 // The /metrics listener's HTTP request (daemon/http_request.h).
 int metrics_http_request(const uint8_t* data, size_t size);
+// The parameter server's frames (kv/wire.h): decoded, checked, applied to one store's rules, and
+// its answers checked as a worker checks replies.
+int kv_frames(const uint8_t* data, size_t size);
 // verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
 // hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
 // (GW_FUZZ_VERBS).

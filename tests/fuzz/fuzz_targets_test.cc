@@ -134,6 +134,9 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("verbs.handle_accepted");
     reached("verbs.listener_replied");
     reached("verbs.connector_refused_answer");
+  } else if (name == "kv_frames") {
+    reached("kv.decoded");
+    reached("kv.applied");
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");

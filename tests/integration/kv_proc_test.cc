@@ -1,7 +1,7 @@
 // The parameter server's faults across real processes (GW_KV_SERVERS server processes running
 // gw_kv_serve, workers through the C ABI): a killed worker fails every other worker naming it
-// under bsp and is counted while the others go on under asp; a killed server fails every worker
-// naming it and its keys. Each ends within the deadline, never in a hang.
+// under bsp and is counted while the others go on under ssp, asp and sync:K; a killed server
+// fails every worker naming it and its keys. Each ends within the deadline, never in a hang.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -61,6 +61,8 @@ int worker_main() {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
   cfg.mode = static_cast<gw_kv_mode_t>(std::atoi(env_or_empty("GW_TEST_KV_MODE").c_str()));
   cfg.partition_bytes = 1024;
+  cfg.staleness = 1;  // ssp:1
+  cfg.sync_k = 2;     // sync:2
   gw_kv_t kv = nullptr;
   if (gw_kv_create(comm, &cfg, &kv) != GW_OK) {
     std::fprintf(stderr, "create: %s\n", gw_last_error());
@@ -180,8 +182,11 @@ TEST(KvProcTest, KilledWorkerUnderBspFailsTheOthersNamingIt) {
   job.servers_[0]->wait(kTimeoutMs * 3);
 }
 
-TEST(KvProcTest, KilledWorkerUnderAspIsCountedAndTheOthersGoOn) {
-  Job job(3, 1, GW_KV_ASP, /*victim=*/2);
+// ssp:1, asp and sync:2 (two of three workers still live): the job goes on without the dead one.
+class KvProcLossTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvProcLossTest, KilledWorkerIsCountedAndTheOthersGoOn) {
+  Job job(3, 1, GetParam(), /*victim=*/2);
   ASSERT_TRUE(job.all_ready());
   job.flag("go");
   job.workers[2]->wait(kTimeoutMs);
@@ -194,6 +199,13 @@ TEST(KvProcTest, KilledWorkerUnderAspIsCountedAndTheOthersGoOn) {
   }
   EXPECT_EQ(job.servers_[0]->wait(kTimeoutMs * 3), 0) << "the server ends once every worker left";
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, KvProcLossTest, ::testing::Values(GW_KV_SSP, GW_KV_ASP, GW_KV_SYNC),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(i.param == GW_KV_SSP   ? "ssp1"
+                                              : i.param == GW_KV_ASP ? "asp"
+                                                                     : "sync2of3");
+                         });
 
 TEST(KvProcTest, KilledServerFailsEveryWorkerNamingItAndItsKeys) {
   Job job(2, 2, GW_KV_ASP, /*victim=*/-1);

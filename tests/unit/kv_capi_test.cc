@@ -3,6 +3,10 @@
 // exact values, values spread over every server's partitions, and bad input refused, never
 // applied.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <barrier>
@@ -15,6 +19,7 @@
 
 #include "gradwire/gradwire.h"
 #include "tests/support/capi_ranks.h"
+#include "tests/support/test_env.h"
 
 namespace {
 
@@ -290,5 +295,47 @@ TEST(KvCapiTest, PrioritiesAndNonBlockingFormsComplete) {
     for (int k = 0; k < kKeys; ++k) EXPECT_GE(outs[k][0], 2.f);  // init + its own push at least
   });
 }
+
+#ifdef GW_GRADWIRED_PATH
+// Daemon mode has no kv servers yet: gw_kv_create says so and makes no store.
+TEST(KvCapiTest, DaemonModeRefusesWithUnsupported) {
+  gw::testing::CleanEnv env;
+  char tmpl[] = "/tmp/gw-kv-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, sock = dir + "/s.sock";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  struct stat st {};
+  for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.rank = 0;
+  cfg.world_size = 1;
+  cfg.timeout_ms = 20000;
+  gw_comm_t c = nullptr;
+  EXPECT_EQ(gw_comm_init(&c, &cfg), GW_OK) << gw_last_error();
+  if (c != nullptr) {
+    gw_kv_config_t kc = GW_KV_CONFIG_INIT;
+    gw_kv_t kv = nullptr;
+    EXPECT_EQ(gw_kv_create(c, &kc, &kv), GW_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(gw_last_error()).find("direct mode only"), std::string::npos)
+        << gw_last_error();
+    EXPECT_EQ(kv, nullptr);
+    EXPECT_EQ(gw_comm_destroy(c), GW_OK) << gw_last_error();
+  }
+  ::unsetenv("GW_DAEMON");
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+  ::unlink(sock.c_str());
+  ::unlink((sock + ".ctl").c_str());
+  ::rmdir(dir.c_str());
+}
+#endif
 
 }  // namespace

@@ -1,0 +1,124 @@
+// The parameter server's frames (kv/wire.h) as a server decodes them, then through one store's
+// rules (kv/rules.h), and as a worker decodes replies (fuzz_targets.h).
+#include <cstring>
+#include <vector>
+
+#include "kv/rules.h"
+#include "kv/wire.h"
+#include "tests/fuzz/fuzz_targets.h"
+
+namespace gw::fuzz {
+
+namespace {
+
+std::vector<uint8_t> frame(kv::Header h, const std::vector<uint8_t>& payload) {
+  h.payload = static_cast<uint32_t>(payload.size());
+  std::vector<uint8_t> out(kv::kHeaderBytes);
+  kv::encode_header(h, out.data());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+}  // namespace
+
+// Input: a config byte (mode and update), then frames (80-byte header + payload) back to back.
+int kv_frames(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  kv::StoreConfig c;
+  c.workers = 3;
+  c.mode = data[0] & 3;
+  c.staleness = 1;
+  c.sync_k = 2;
+  c.update = (data[0] >> 2) & 1;
+  c.lr = 0.5;
+  c.momentum = 0.25;
+  c.partition_bytes = 4096;
+  check(kv::check_config(c).ok(), "kv: the fuzz config is valid");
+  kv::StoreRules rules(c, 0);
+  size_t at = 1;
+  std::vector<kv::Answer> out;
+  while (at + kv::kHeaderBytes <= size) {
+    kv::Header h;
+    const uint8_t* head = data + at;
+    at += kv::kHeaderBytes;
+    if (!kv::decode_header(head, &h).ok()) break;
+    ++counter("kv.decoded");
+    uint8_t again[kv::kHeaderBytes];
+    kv::encode_header(h, again);
+    check(std::memcmp(again, head, kv::kHeaderBytes) == 0, "kv: header round trip");
+    (void)kv::check_reply(h);
+    if (!kv::check_request(h, c.workers).ok()) break;
+    if (h.payload > size - at) break;
+    const uint8_t* payload = data + at;
+    at += h.payload;
+    if (h.type == kv::Type::kHello) {
+      kv::StoreConfig hc;
+      std::string token;
+      (void)kv::decode_hello(payload, h.payload, &hc, &token);
+      continue;
+    }
+    std::vector<uint8_t> copy(payload, payload + h.payload);  // the rules read exactly this
+    out.clear();
+    if (h.type == kv::Type::kBye) {
+      rules.on_bye(h.worker, &out);
+    } else {
+      rules.on_frame(h, copy.data(), &out);
+    }
+    ++counter("kv.applied");
+    for (const kv::Answer& a : out) {
+      check(a.reply.payload == a.payload.size(), "kv: an answer's payload size is its header's");
+      check(kv::check_reply(a.reply).ok(), "kv: every answer passes the worker's checks");
+      check(a.worker < c.workers, "kv: answers go to a worker of the store");
+    }
+  }
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> kv_seeds() {
+  std::vector<std::vector<uint8_t>> seeds;
+  for (uint8_t cfg : {0, 1, 2, 3, 4, 7}) {
+    std::vector<uint8_t> s = {cfg};
+    std::vector<uint8_t> value(16);
+    float f[4] = {1, 2, 3, 4};
+    std::memcpy(value.data(), f, sizeof(f));
+    for (uint32_t w = 0; w < 3; ++w) {
+      kv::Header h;
+      h.type = kv::Type::kInit;
+      h.worker = w;
+      h.key = 5;
+      h.count = h.total = 4;
+      h.req_id = 1;
+      auto fr = frame(h, value);
+      s.insert(s.end(), fr.begin(), fr.end());
+      h.type = kv::Type::kPush;
+      h.req_id = 2;
+      fr = frame(h, value);
+      s.insert(s.end(), fr.begin(), fr.end());
+      h.type = kv::Type::kPull;
+      h.req_id = 3;
+      fr = frame(h, {});
+      s.insert(s.end(), fr.begin(), fr.end());
+      kv::Header ck;
+      ck.type = kv::Type::kClock;
+      ck.worker = w;
+      ck.clock = 1;
+      fr = frame(ck, {});
+      s.insert(s.end(), fr.begin(), fr.end());
+    }
+    kv::Header hello;
+    hello.type = kv::Type::kHello;
+    kv::StoreConfig c;
+    c.workers = 3;
+    c.partition_bytes = 4096;
+    auto fr = frame(hello, kv::encode_hello(c, "token"));
+    s.insert(s.end(), fr.begin(), fr.end());
+    kv::Header bye;
+    bye.type = kv::Type::kBye;
+    fr = frame(bye, {});
+    s.insert(s.end(), fr.begin(), fr.end());
+    seeds.push_back(std::move(s));
+  }
+  return seeds;
+}
+
+}  // namespace gw::fuzz
