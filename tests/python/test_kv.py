@@ -4,7 +4,6 @@ servers' sgd, bad input refused, PSOptimizer training a small model, a killed wo
 
 The rules are checked inside the workers (tests/python/workers/kv_rules.py): exact values where
 the rule is exact, its bounds and waits where it gives bounds."""
-import os
 import re
 import socket
 import subprocess
