@@ -13,7 +13,11 @@ run). The parameter-server modes keep the parameters on one server process on a 
 mean of each clock's pushes under bsp and sync:K, each push as it comes (lr / 4) under ssp and
 asp. "allreduce" is the synchronous baseline: gradients averaged with gw_allreduce, then the
 same SGD step on every worker. With the straggler, worker 3 runs in a CPU cgroup throttled to
-1/--slow of one CPU (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us: the same limit).
+1/--slow of the CPU a fast worker used in the allreduce run without a straggler (on a loaded
+machine a worker has far less than one CPU, and a limit of 1/--slow of a whole CPU would not slow
+it; --straggler-cpu sets the base instead), as cgroup v2 cpu.max or its v1 form cpu.cfs_quota_us.
+The driver moves the rank into the cgroup from outside (`ip netns exec` mounts a sysfs of its
+own). The store is on host 0's data address, so the servers' traffic crosses the shaped links.
 
 Rank 0 measures the loss on 2048 fixed samples every 5 steps; the run stops when it reaches
 --target-loss (or after --max-s). Reported per run: the fast workers' (0-2) steps per second, the
