@@ -205,6 +205,65 @@ for _name, _args in _OPTIONAL.items():
         _present.add(_name)
 
 
+# The parameter server (issue 30): gw_kv_*, declared where the loaded library has them.
+GW_KV_BSP = 0
+GW_KV_SSP = 1
+GW_KV_ASP = 2
+GW_KV_SYNC = 3
+GW_KV_UPDATE_SUM = 0
+GW_KV_UPDATE_SGD = 1
+kv_t = ctypes.c_void_p
+
+
+class KVConfig(ctypes.Structure):
+    """gw_kv_config_t (GW_KV_CONFIG_INIT sets size)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("mode", ctypes.c_int),
+        ("staleness", ctypes.c_int),
+        ("sync_k", ctypes.c_int),
+        ("update", ctypes.c_int),
+        ("lr", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("partition_bytes", ctypes.c_size_t),
+        ("codec", ctypes.c_char_p),
+    ]
+
+
+class KVStats(ctypes.Structure):
+    """gw_kv_stats_t."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("clock", ctypes.c_uint64),
+        ("min_clock", ctypes.c_uint64),
+        ("dropped_pushes", ctypes.c_uint64),
+        ("lost_workers", ctypes.c_uint64),
+    ]
+
+
+_U64 = ctypes.c_uint64
+_KV = {
+    "gw_kv_create": [comm_t, ctypes.POINTER(KVConfig), ctypes.POINTER(kv_t)],
+    "gw_kv_init": [kv_t, _U64, _P, _SZ, _I],
+    "gw_kv_push": [kv_t, _U64, _P, _SZ, _I, _I],
+    "gw_kv_pull": [kv_t, _U64, _P, _SZ, _I, _I],
+    "gw_kv_pushpull": [kv_t, _U64, _P, _P, _SZ, _I, _I],
+    "gw_kv_ipush": [kv_t, _U64, _P, _SZ, _I, _I, _REQ],
+    "gw_kv_ipull": [kv_t, _U64, _P, _SZ, _I, _I, _REQ],
+    "gw_kv_ipushpull": [kv_t, _U64, _P, _P, _SZ, _I, _I, _REQ],
+    "gw_kv_clock": [kv_t],
+    "gw_kv_stats": [kv_t, ctypes.POINTER(KVStats)],
+    "gw_kv_destroy": [kv_t],
+    "gw_kv_serve": [ctypes.c_void_p],  # const gw_config_t* (NULL: from the environment)
+}
+for _name, _args in _KV.items():
+    if hasattr(lib, _name):
+        _declare(_name, _args)
+        _present.add(_name)
+
+
 def has(name: str) -> bool:
     """Whether the loaded library exports the optional call `name` (e.g. "gw_reduce")."""
     return name in _present

@@ -155,6 +155,9 @@ class Comm(PointToPoint, Rooted):
 
         While arrays from mem_empty() are alive the communicator is closed at once (no more
         calls) but freed only when the last of them goes, so their memory stays valid."""
+        # gradwire.kv stores on this communicator are destroyed first (they use it).
+        for store in list(getattr(self, "_kv_stores", ())):
+            store.close()
         h, self._h = self._h, None
         if h is None:
             return

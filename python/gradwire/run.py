@@ -15,6 +15,15 @@ killed (SIGKILL, with a line saying so). When a rank exits non-zero (or is kille
 sent SIGTERM, then SIGKILL after --grace seconds, and gradwire-run exits with the first failing
 rank's status (128 + signal for a signal).
 
+With --servers S, S parameter-server processes (gradwire.kv, docs/parameter-server.md) start
+beside the ranks: each runs `python3 -m gradwire.kv` (the interpreter gradwire-run runs in, or
+--server-command) with GW_ROLE=server, GW_KV_SERVERS=S, GW_KV_SERVER_RANK=i, the job's
+MASTER_ADDR, MASTER_PORT, GW_STORE and GW_JOB_TOKEN, and WORLD_SIZE (the number of workers), its
+output prefixed "[s<i>]"; every rank gets GW_KV_SERVERS=S too. Servers run on this host, or on
+--server-hosts. A server that fails ends the job like a failing rank; once every rank has exited
+0 the servers get --grace seconds to finish (they stop when every worker has destroyed its
+stores) and are then ended with SIGTERM without failing the job.
+
 Ranks on hosts other than this one (-H) are started with ssh (BatchMode, the same working
 directory and the variables above on the command line, except the job token, which the remote
 shell reads from its standard input so that it never shows in a process list); this needs
@@ -95,7 +104,8 @@ def plan(np_: int, hosts: list[tuple[str, int]]) -> list[tuple[str, int, int, in
 class Launcher:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen] = []  # the ranks, then the servers
+        self.servers: list[subprocess.Popen] = []
         self.failed: Optional[tuple[int, int]] = None  # (rank, exit status)
         self.lock = threading.Lock()
         self.out_lock = threading.Lock()
@@ -120,8 +130,20 @@ class Launcher:
             "TORCHELASTIC_RUN_ID": "gradwire-run",
         }
 
-    def _pump(self, rank: int, stream: IO[bytes], out: IO[bytes], remote: bool = False) -> None:
-        prefix = b"" if self.args.no_prefix else f"[{rank}] ".encode()
+    def _server_env(self, i: int, addr: str, ports: list[int]) -> dict:
+        return {
+            "GW_ROLE": "server",
+            "GW_KV_SERVERS": str(self.args.servers),
+            "GW_KV_SERVER_RANK": str(i),
+            "WORLD_SIZE": str(self.args.np),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(ports[0]),
+            "GW_STORE": f"{addr}:{ports[1]}",
+            "TORCHELASTIC_RUN_ID": "gradwire-run",
+        }
+
+    def _pump(self, rank, stream: IO[bytes], out: IO[bytes], remote: bool = False) -> None:
+        prefix = b"" if self.args.no_prefix else f"[{rank}] ".encode()  # rank: int, or "s<i>"
         secret = self.token.encode() if remote else None
         for line in iter(stream.readline, b""):
             if secret is not None and line.rstrip(b"\r\n") == secret:
@@ -140,13 +162,23 @@ class Launcher:
             else _free_ports(2)
         threads = []
         self.threads = threads
-        for host, rank, lr, lws, group in ranks:
+        jobs = [(host, rank, self._env(rank, lr, lws, group, addr, ports), list(self.args.command))
+                for host, rank, lr, lws, group in ranks]
+        if self.args.servers:
+            for e in jobs:
+                e[2]["GW_KV_SERVERS"] = str(self.args.servers)
+            shosts = parse_hosts(self.args.server_hosts, self.args.servers)
+            scmd = shlex.split(self.args.server_command) if self.args.server_command \
+                else [sys.executable, "-m", "gradwire.kv"]
+            # Servers first: they are listening by the time the workers make their stores.
+            jobs = [(host, f"s{i}", self._server_env(i, addr, ports), scmd)
+                    for host, _, i, _, _ in plan(self.args.servers, shosts)] + jobs
+        for host, rank, env, command in jobs:
             if self.failed is not None:
                 break  # a signal arrived while starting: the ranks started so far got it
-            env = self._env(rank, lr, lws, group, addr, ports)
             stdin_data = None
             if _is_local(host):
-                cmd = list(self.args.command)
+                cmd = command
                 penv = dict(os.environ, **env)
                 penv["GW_JOB_TOKEN"] = self.token
             else:
@@ -155,7 +187,7 @@ class Launcher:
                 # remote shell reads it from stdin instead.
                 remote = "stty -echo 2>/dev/null; IFS= read -r GW_JOB_TOKEN; " \
                     f"export GW_JOB_TOKEN; cd {shlex.quote(os.getcwd())} && env {assigns} " + \
-                    " ".join(shlex.quote(c) for c in self.args.command)
+                    " ".join(shlex.quote(c) for c in command)
                 cmd = ["ssh", "-o", "BatchMode=yes", "-tt", host, remote]
                 penv = dict(os.environ)
                 stdin_data = (self.token + "\n").encode()
@@ -170,6 +202,8 @@ class Launcher:
                 p.stdin.close()
             p.gw_rank = rank  # type: ignore[attr-defined]
             self.procs.append(p)
+            if isinstance(rank, str):
+                self.servers.append(p)
             for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
                 t = threading.Thread(target=self._pump,
                                      args=(rank, stream, out, stdin_data is not None),
@@ -220,18 +254,37 @@ class Launcher:
 
     def wait(self) -> int:
         live = list(self.procs)
+        workers_done_at: Optional[float] = None
+        ended: set = set()  # servers this launcher ended after the ranks' success
         while live:
+            if self.servers and workers_done_at is None and self.failed is None and \
+                    all(p.poll() == 0 for p in self.procs if p not in self.servers):
+                workers_done_at = time.monotonic()
+            if workers_done_at is not None and \
+                    time.monotonic() - workers_done_at > self.args.grace:
+                # Every rank succeeded: a server still serving is ended, not counted a failure.
+                for p in self.servers:
+                    if p.poll() is None:
+                        ended.add(p)
+                        try:
+                            os.killpg(p.pid, signal.SIGTERM)
+                        except ProcessLookupError:
+                            pass
+                workers_done_at = float("inf")
+                threading.Thread(target=self.stop_all, daemon=True).start()
             for p in list(live):
                 rc = p.poll()
                 if rc is None:
                     continue
                 live.remove(p)
-                if rc != 0 and self.failed is None:
+                if rc != 0 and self.failed is None and p not in ended:
                     self.failed = (p.gw_rank, rc)  # type: ignore[attr-defined]
                     if not self.stopping:
                         how = f"signal {-rc}" if rc < 0 else f"status {rc}"
+                        who = p.gw_rank  # type: ignore[attr-defined]
+                        who = f"server {who[1:]}" if isinstance(who, str) else f"rank {who}"
                         with self.out_lock:
-                            sys.stderr.write(f"gradwire-run: rank {p.gw_rank} exited with {how}; "
+                            sys.stderr.write(f"gradwire-run: {who} exited with {how}; "
                                              "ending the other ranks\n")
                             sys.stderr.flush()
                     threading.Thread(target=self.stop_all, daemon=True).start()
@@ -257,6 +310,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--grace", type=float, default=5.0,
                     help="seconds between SIGTERM (or a forwarded signal) and SIGKILL when "
                     "ending the ranks (default 5)")
+    ap.add_argument("--servers", type=int, default=0,
+                    help="also start S parameter-server processes (GW_ROLE=server, "
+                    "python3 -m gradwire.kv) for gradwire.kv stores (default 0: the servers run "
+                    "inside the workers)")
+    ap.add_argument("--server-hosts", help="host:slots,... for the servers (default: this host)")
+    ap.add_argument("--server-command",
+                    help="what a server runs (default: this interpreter -m gradwire.kv)")
     ap.add_argument("--no-prefix", action="store_true", help="do not prefix output with [rank]")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- program [args...]")
     args = ap.parse_args(argv)
@@ -266,6 +326,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("no program given (gradwire-run -np N -- program args)")
     if args.np < 1:
         ap.error(f"-np {args.np}: need at least one rank")
+    if args.servers < 0:
+        ap.error(f"--servers {args.servers}: must be >= 0")
     launcher = Launcher(args)
 
     def forward(sig: int, _frame: object) -> None:

@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "include" / "gradwire" / "gradwire.h"
 ENUMS = ("gw_status_t", "gw_dtype_t", "gw_op_t")
 STRUCTS = {"gw_config_t": _lib.ConfigV2, "gw_comm_stats_t": _lib.CommStats}
+# The parameter server's (issue 30), held to the header once it has them.
+if "gw_kv_config_t" in HEADER.read_text():
+    ENUMS += ("gw_kv_mode_t", "gw_kv_update_t")
+    STRUCTS.update({"gw_kv_config_t": _lib.KVConfig, "gw_kv_stats_t": _lib.KVStats})
 
 
 def _header_text() -> str:

@@ -33,6 +33,9 @@ from .horovod import __all__ as _hvd_all  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 from .sync_batch_norm import SyncBatchNorm  # noqa: E402
 
+# The parameter server's optimizer wrapper (gradwire.torch.kv.PSOptimizer): docs/parameter-server.md.
+from . import kv  # noqa: E402,F401
+
 __all__ = ["ProcessGroupGradwire", "GradwireWork", "comm_of", "comm_over_store", "run_async",
            "BACKEND_NAME", "DistributedOptimizer", "SyncBatchNorm", *_hvd_all]
 

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""One worker of perf/ps_bench.sh (run by the testbed in its host's namespace; not by hand).
+
+    ps_bench_rank.py --bytes B --partition P -n ITERS -r REPS
+    ps_bench_rank.py --ceiling-only --hosts H --bytes B --ceiling-port PORT
+
+--ceiling-only (every host of a session, no gradwire): the machine ceiling: every host streams B
+bytes of plain TCP (4 connections) over d0 to the next host while receiving B from the previous one, all at once
+(what the shaped links and this machine's CPUs carry with every host sending and receiving); each
+host prints "CEILING seconds". Otherwise, in one process, on the same workers and buffer,
+REPS times interleaved (kv_keys: the same buffer as B/P keys of P bytes, every part's ipushpull
+in flight at once, as BytePS partitions a tensor into keys on the worker): gw_allreduce (sum; GW_ALGO as the environment sets) of B bytes of float32,
+and KVStore push_pull (bsp, sum, partitions of P bytes, then clock) of the same buffer, ITERS
+timed calls each after one warm-up. Every result is checked (the sum of the ranks' values).
+Rank 0 prints one line per figure: "RESULT name=value ..." with the median seconds per call.
+"""
+import argparse
+import os
+import socket
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import gradwire
+import gradwire.kv
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bytes", type=int, required=True)
+ap.add_argument("--partition", type=int, default=4 << 20)
+ap.add_argument("-n", type=int, default=3)
+ap.add_argument("-r", type=int, default=2)
+ap.add_argument("--ceiling-port", type=int, default=0)
+ap.add_argument("--ceiling-only", action="store_true")
+ap.add_argument("--hosts", type=int, default=0)
+a = ap.parse_args()
+count = a.bytes // 4
+
+
+def ip(rank: int) -> str:
+    return f"10.77.0.{rank + 1}"  # the testbed's data address of host `rank`
+
+
+STREAMS = 4  # TCP connections per link, as gradwire's transports open several
+
+
+def ceiling(r: int, n: int) -> float:
+    """Seconds to send a.bytes to the next host while receiving a.bytes from the previous, over
+    STREAMS connections each way (all connections are made, and a start byte exchanged, before
+    the clock starts)."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((ip(r), a.ceiling_port))
+    srv.listen(STREAMS)
+    deadline = time.monotonic() + 60
+    outs = []
+    while len(outs) < STREAMS:
+        try:
+            outs.append(socket.create_connection((ip((r + 1) % n), a.ceiling_port), timeout=60))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    ins = [srv.accept()[0] for _ in range(STREAMS)]
+    # Ready: each host says so to the next and waits for the previous one's word; then the
+    # ring is all connected, and the streams start within a hop's latency of each other.
+    for o in outs:
+        o.settimeout(None)
+        o.sendall(b"r")
+    for c in ins:
+        assert c.recv(1) == b"r"
+    share = a.bytes // STREAMS
+    got = [0] * STREAMS
+    payload = memoryview(bytearray(share))
+
+    def recv(i: int) -> None:
+        buf = bytearray(4 << 20)
+        while got[i] < share:
+            k = ins[i].recv_into(buf)
+            if k == 0:
+                break
+            got[i] += k
+
+    def send(i: int) -> None:
+        outs[i].sendall(payload)  # one call: the kernel's loop, not Python's
+
+    threads = [threading.Thread(target=f, args=(i,)) for i in range(STREAMS) for f in (recv, send)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.monotonic() - t0
+    for c in outs + ins + [srv]:
+        c.close()
+    assert sum(got) == share * STREAMS, f"ceiling: received {sum(got)} of {share * STREAMS} bytes"
+    return dt
+
+
+if a.ceiling_only:
+    print(f"CEILING {ceiling(int(os.environ['TB_HOST']), a.hosts):.4f}", flush=True)
+    raise SystemExit(0)
+
+comm = gradwire.init()
+r, n = comm.rank, comm.size
+
+
+def worst(x: float) -> float:
+    """The slowest rank's figure (every rank's call must have finished)."""
+    v = np.array([x], np.float64)
+    comm.allreduce(v, op="max")
+    return float(v[0])
+
+
+value = np.full(count, r + 1, np.float32)
+expect = n * (n + 1) / 2
+buf = np.empty(count, np.float32)
+kv = gradwire.kv.KVStore(comm, mode="bsp", update="sum", partition_bytes=a.partition)
+kv.init(0, np.zeros(count, np.float32))
+part = max(1, a.partition // 4)
+pieces = [(1 + i, s) for i, s in enumerate(range(0, count, part))]
+for key, start in pieces:
+    kv.init(key, np.zeros(min(part, count - start), np.float32))
+times = {"allreduce": [], "kv": [], "kv_keys": []}
+for rep in range(a.r):
+    for what in ("allreduce", "kv", "kv_keys"):
+        for it in range(a.n + (1 if rep == 0 else 0)):
+            buf[:] = value
+            comm.barrier()
+            t0 = time.monotonic()
+            if what == "allreduce":
+                comm.allreduce(buf)
+            elif what == "kv":
+                kv.pushpull(0, buf)
+                kv.clock()
+            else:
+                reqs = [kv.ipushpull(key, buf[s:s + part], priority=-key)
+                        for key, s in pieces]
+                for q in reqs:
+                    q.wait()
+                kv.clock()
+            dt = worst(time.monotonic() - t0)
+            if not (buf[0] == expect and buf[-1] == expect and np.all(buf == expect)):
+                raise SystemExit(f"rank {r}: {what}: wrong result {buf[:4]}, expected {expect}")
+            if rep > 0 or it > 0:  # the first call of the run is the warm-up
+                times[what].append(dt)
+kv.close()
+if r == 0:
+    fig = {k: statistics.median(v) for k, v in times.items() if v}
+    print("RESULT " + " ".join([f"{k}_s={v:.4f}" for k, v in fig.items()] +
+                               [f"{k}_runs={len(v)}" for k, v in times.items() if v]), flush=True)
+comm.close()
