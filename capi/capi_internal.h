@@ -55,6 +55,18 @@ Status check_buffer(const char* name, const void* p, size_t bytes);
 // kUnsupported naming `arg` when p is CUDA device memory (not managed memory) and the process has
 // the CUDA driver loaded; OK otherwise (capi/host_memory.cc).
 Status check_host_memory(const char* arg, const void* p);
+// While one lives on this thread, check_host_memory lets device memory pass when `session`
+// takes it (Session::takes_device_memory): the blocking collectives of the session seam.
+class DeviceMemoryScope {
+ public:
+  explicit DeviceMemoryScope(const Session& session);
+  ~DeviceMemoryScope();
+  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
+  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // Registers a new request handle over `op` (capi/requests.cc); p2p_elem is the dtype's size for a
 // point-to-point request (gw_wait_recv reports its count), 0 for the collectives' i-forms.

@@ -190,6 +190,7 @@ GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* re
     const int dtype = raw_enum(dtype_arg);
     const int op = raw_enum(op_arg);
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    const DeviceMemoryScope device(*st);
     GW_RETURN_IF_ERROR(check_allreduce(sendbuf, recvbuf, count, dtype, op));
     return st->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
   });
@@ -199,6 +200,7 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
                                    int root) {
   return guarded("gw_broadcast", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    const DeviceMemoryScope device(*st);
     GW_ASSIGN_OR_RETURN(auto c, check_broadcast(*st, buf, count, raw_enum(dtype), root));
     return st->broadcast(buf, count, c.dtype, root);
   });
@@ -208,6 +210,7 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
                                    size_t sendcount, gw_dtype_t dtype) {
   return guarded("gw_allgather", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    const DeviceMemoryScope device(*st);
     GW_ASSIGN_OR_RETURN(auto c, check_allgather(*st, sendbuf, recvbuf, sendcount, raw_enum(dtype)));
     return st->allgather(sendbuf, recvbuf, sendcount, c.dtype);
   });
@@ -217,6 +220,7 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
                                         size_t recvcount, gw_dtype_t dtype, gw_op_t op) {
   return guarded("gw_reduce_scatter", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    const DeviceMemoryScope device(*st);
     GW_ASSIGN_OR_RETURN(auto c, check_reduce_scatter(*st, sendbuf, recvbuf, recvcount,
                                                      raw_enum(dtype), raw_enum(op)));
     return st->reduce_scatter(sendbuf, recvbuf, recvcount, c.dtype, c.op);
@@ -227,6 +231,7 @@ GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* rec
                                   gw_dtype_t dtype) {
   return guarded("gw_alltoall", [&]() -> Status {
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
+    const DeviceMemoryScope device(*st);
     GW_ASSIGN_OR_RETURN(auto c, check_alltoall(*st, sendbuf, recvbuf, count, raw_enum(dtype)));
     return st->alltoall(sendbuf, recvbuf, count, c.dtype);
   });

@@ -192,6 +192,7 @@ std::map<std::string, std::string> DaemonSession::resolved() const {
           {"daemon_transport", client_->welcome().transport},
           {"channels", "the daemon's"},
           {"chunk", coll::format_bytes(chunk_bytes_)},
+          {"device_memory", "imported into gradwired (CUDA IPC), else staged through the arena"},
           {"allreduce", among}};
 }
 
@@ -206,12 +207,14 @@ DaemonSession::~DaemonSession() {
 
 namespace {
 
-// The C ABI refuses device memory for the plain collectives before any session sees it
-// (capi/host_memory.cc); the compressed allreduce takes device memory in direct mode, not yet
-// here. Managed memory passes: the CPU copies it into the arena.
-Status refuse_device(const void* buf) {
+// The calls that do not take device memory in daemon mode (the compressed allreduce takes it in
+// direct mode, not yet here). Managed memory passes: the CPU copies it into the arena.
+Status refuse_device(const void* buf, const char* call) {
   if (buf != nullptr && cuda::resident_memory_kind(buf) == cuda::MemoryKind::kDevice) {
-    return unsupported("GPU buffers are not supported in daemon mode yet (GW_DAEMON)");
+    return unsupported(
+        "{}: CUDA device memory is not supported in daemon mode yet (GW_DAEMON; allreduce, "
+        "broadcast, allgather, reduce_scatter and alltoall take it)",
+        call);
   }
   return ok_status();
 }
@@ -268,6 +271,9 @@ Status DaemonSession::run_chunks(
 
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
+  if (is_device(sendbuf) || is_device(recvbuf)) {
+    return device_call(Opcode::kAllreduce, sendbuf, recvbuf, count, dtype, op, 0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -378,6 +384,8 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   void* recvbuf, size_t count,
                                                                   coll::DataType dtype,
                                                                   coll::ReduceOp op) {
+  GW_RETURN_IF_ERROR(refuse_device(sendbuf, "gw_iallreduce"));
+  GW_RETURN_IF_ERROR(refuse_device(recvbuf, "gw_iallreduce"));
   std::lock_guard<std::mutex> lock(mu_);
   const size_t bytes = count * coll::dtype_size(dtype);
   GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, bytes));
@@ -398,6 +406,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
 }
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
+  if (is_device(buf)) return device_call(Opcode::kBroadcast, buf, buf, count, dtype, {}, root);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -507,6 +516,9 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
+  if (is_device(sendbuf) || is_device(recvbuf)) {
+    return device_call(Opcode::kAllgather, sendbuf, recvbuf, sendcount, dtype, {}, 0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = sendcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -544,6 +556,9 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
+  if (is_device(sendbuf) || is_device(recvbuf)) {
+    return device_call(Opcode::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = recvcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -587,6 +602,9 @@ Status DaemonSession::barrier() {
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
+  if (is_device(sendbuf) || is_device(recvbuf)) {
+    return device_call(Opcode::kAlltoall, sendbuf, recvbuf, count, dtype, {}, 0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
   if (total > slice_bytes()) {
@@ -630,7 +648,7 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
         "most {} and {})",
         spec.size(), key.size(), daemon::kMaxCodecSpecBytes, daemon::kMaxTensorKeyBytes);
   }
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf));
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, "gw_allreduce_compressed"));
   auto known = keys_.find(key);
   if (known != keys_.end() && (known->second.spec != spec || known->second.count != count ||
                                known->second.dtype != dtype)) {

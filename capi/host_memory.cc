@@ -7,7 +7,17 @@
 
 namespace gw::capi {
 
+namespace {
+thread_local bool t_device_ok = false;  // a DeviceMemoryScope of a session that takes it
+}  // namespace
+
+DeviceMemoryScope::DeviceMemoryScope(const Session& session) : prev_(t_device_ok) {
+  t_device_ok = session.takes_device_memory();
+}
+DeviceMemoryScope::~DeviceMemoryScope() { t_device_ok = prev_; }
+
 Status check_host_memory(const char* arg, const void* p) {
+  if (t_device_ok) return ok_status();
   if (gw::cuda::resident_memory_kind(p) != gw::cuda::MemoryKind::kDevice) return ok_status();
   return gw::unsupported(
       "argument {} is CUDA device memory: the plain collectives take host memory only (copy the "

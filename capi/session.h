@@ -65,6 +65,9 @@ class Session {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether allreduce, broadcast, allgather, reduce_scatter and alltoall take CUDA device memory
+  // themselves (the front end refuses it otherwise: capi/host_memory.cc).
+  virtual bool takes_device_memory() const { return false; }
 
   // The collectives of the C header, with its semantics (in place, count 0, matching across ranks).
   virtual Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,

@@ -183,7 +183,10 @@ gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t 
  * asks the CUDA driver when the process has loaded it (one pointer-attribute query per buffer),
  * and without a loaded driver no pointer can be device memory and nothing is checked. Sum GPU
  * gradients with gw_allreduce_compressed (below), which takes device memory, or copy them to
- * host memory first. */
+ * host memory first. In daemon mode (GW_DAEMON), gw_allreduce, gw_broadcast, gw_allgather,
+ * gw_reduce_scatter and gw_alltoall take device memory too: the caller has finished writing the
+ * input (its stream synchronised) before the call, and when the call returns the output is in
+ * device memory (docs/daemon.md, "Device buffers"). */
 
 /* Reduces count elements across all ranks; every rank gets the result in recvbuf.
  * sendbuf == recvbuf means in place; otherwise the buffers must not overlap. count may be 0

@@ -64,8 +64,10 @@ EXPORT int cuGetErrorName(int e, const char** s) {
   *s = e == FAKE_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_NOT_SUPPORTED";
   return FAKE_SUCCESS;
 }
+static int fake_alloc_attribute(void* data, int attribute, unsigned long long ptr);
 EXPORT int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
   g_queries++;
+  if (fake_alloc_attribute(data, attribute, ptr) == FAKE_SUCCESS) return FAKE_SUCCESS;
   for (int i = 0; i < g_nranges; i++) {
     if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) {
       if (attribute == ATTR_MEMORY_TYPE) {
@@ -83,7 +85,9 @@ EXPORT int cuPointerGetAttribute(void* data, int attribute, unsigned long long p
 }
 
 /* The marked range holding ptr, as the allocation it belongs to. */
+static int fake_alloc_range(unsigned long long* base, size_t* size, unsigned long long ptr);
 EXPORT int cuMemGetAddressRange_v2(unsigned long long* base, size_t* size, unsigned long long ptr) {
+  if (fake_alloc_range(base, size, ptr) == FAKE_SUCCESS) return FAKE_SUCCESS;
   for (int i = 0; i < g_nranges; i++) {
     if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) {
       if (base) *base = g_ranges[i].begin;
@@ -122,23 +126,14 @@ EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, s
 /* The rest: present (the loader binds them all) and unsupported. */
 #define UNSUPPORTED(name) \
   EXPORT int name(void) { return FAKE_NOT_SUPPORTED; }
-UNSUPPORTED(cuDeviceGet)
 UNSUPPORTED(cuDeviceGetAttribute)
 UNSUPPORTED(cuDeviceGetName)
-UNSUPPORTED(cuDevicePrimaryCtxRetain)
-UNSUPPORTED(cuDevicePrimaryCtxRelease_v2)
-UNSUPPORTED(cuCtxSetCurrent)
-UNSUPPORTED(cuCtxGetCurrent)
 UNSUPPORTED(cuCtxPushCurrent_v2)
 UNSUPPORTED(cuCtxPopCurrent_v2)
 UNSUPPORTED(cuModuleLoadData)
 UNSUPPORTED(cuModuleUnload)
 UNSUPPORTED(cuModuleGetFunction)
 UNSUPPORTED(cuLaunchKernel)
-UNSUPPORTED(cuMemAlloc_v2)
-UNSUPPORTED(cuMemFree_v2)
-UNSUPPORTED(cuMemcpyHtoD_v2)
-UNSUPPORTED(cuMemcpyDtoH_v2)
 UNSUPPORTED(cuMemcpyHtoDAsync_v2)
 UNSUPPORTED(cuMemcpyDtoHAsync_v2)
 UNSUPPORTED(cuMemsetD8_v2)
@@ -153,3 +148,217 @@ UNSUPPORTED(cuEventDestroy_v2)
 UNSUPPORTED(cuEventRecord)
 UNSUPPORTED(cuEventQuery)
 UNSUPPORTED(cuEventElapsedTime_v2)
+
+/* ---- Device memory that other processes can open (gradwired's imports) ---------------------
+ * cuMemAlloc_v2 backs each allocation with a memfd mapped PROT_NONE, so that the CPU cannot touch
+ * "device" memory by mistake (a fault, as on a GPU), and the copies (cuMemcpyHtoD/DtoH) go through
+ * pread/pwrite on the memfd. cuIpcGetMemHandle names the allocation by its process and descriptor
+ * ("GWFAKIPC", pid, fd, size, buffer id); cuIpcOpenMemHandle_v2 in another process opens
+ * /proc/<pid>/fd/<fd> (same user), maps it PROT_NONE as well, and its copies use that descriptor.
+ * Allocations and openings both count as "device" ranges for cuPointerGetAttribute and
+ * cuMemGetAddressRange; every allocation has a buffer id of its own (CU_POINTER_ATTRIBUTE_
+ * BUFFER_ID), so a freed and reused address is seen as another allocation. Contexts are a token. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define ATTR_BUFFER_ID 7
+#define FAKE_MAX_ALLOCS 64
+
+struct FakeAlloc {
+  uintptr_t base;
+  size_t size;
+  int fd;
+  int opened; /* 1: an IPC opening in this process, 0: an allocation of its own */
+  unsigned long long buffer_id;
+};
+static struct FakeAlloc g_allocs[FAKE_MAX_ALLOCS];
+static unsigned long long g_next_buffer_id = 1;
+static long g_ipc_open;
+static int g_ctx_token;
+
+/* IPC openings currently held in this process (gradwired's imports). */
+EXPORT long gw_fake_cuda_ipc_open(void) { return g_ipc_open; }
+
+static struct FakeAlloc* fake_alloc_of(unsigned long long ptr) {
+  for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
+    struct FakeAlloc* a = &g_allocs[i];
+    if (a->size != 0 && ptr >= a->base && ptr < a->base + a->size) return a;
+  }
+  return NULL;
+}
+
+static int fake_alloc_attribute(void* data, int attribute, unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_of(ptr);
+  if (a == NULL) return FAKE_INVALID_VALUE;
+  if (attribute == ATTR_MEMORY_TYPE) {
+    *(unsigned*)data = MEMORYTYPE_DEVICE;
+  } else if (attribute == ATTR_IS_MANAGED) {
+    *(unsigned*)data = 0;
+  } else if (attribute == ATTR_BUFFER_ID) {
+    *(unsigned long long*)data = a->buffer_id;
+  } else {
+    return FAKE_NOT_SUPPORTED;
+  }
+  return FAKE_SUCCESS;
+}
+
+static int fake_alloc_range(unsigned long long* base, size_t* size, unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_of(ptr);
+  if (a == NULL) return FAKE_INVALID_VALUE;
+  if (base) *base = a->base;
+  if (size) *size = a->size;
+  return FAKE_SUCCESS;
+}
+
+static int fake_map(int fd, size_t size, int opened, unsigned long long id,
+                    unsigned long long* out) {
+  struct FakeAlloc* slot = NULL;
+  for (int i = 0; i < FAKE_MAX_ALLOCS && slot == NULL; i++) {
+    if (g_allocs[i].size == 0) slot = &g_allocs[i];
+  }
+  if (slot == NULL) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  void* p = mmap(NULL, size, PROT_NONE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return 2;
+  slot->base = (uintptr_t)p;
+  slot->size = size;
+  slot->fd = fd;
+  slot->opened = opened;
+  slot->buffer_id = id;
+  *out = (unsigned long long)(uintptr_t)p;
+  return FAKE_SUCCESS;
+}
+
+static void fake_unmap(struct FakeAlloc* a) {
+  munmap((void*)a->base, a->size);
+  close(a->fd);
+  memset(a, 0, sizeof(*a));
+}
+
+EXPORT int cuDeviceGet(int* dev, int ordinal) {
+  if (ordinal != 0) return FAKE_INVALID_VALUE;
+  *dev = 0;
+  return FAKE_SUCCESS;
+}
+EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+  (void)dev;
+  *ctx = &g_ctx_token;
+  return FAKE_SUCCESS;
+}
+EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) {
+  (void)dev;
+  return FAKE_SUCCESS;
+}
+EXPORT int cuCtxSetCurrent(void* ctx) {
+  (void)ctx;
+  return FAKE_SUCCESS;
+}
+EXPORT int cuCtxGetCurrent(void** ctx) {
+  *ctx = &g_ctx_token;
+  return FAKE_SUCCESS;
+}
+
+EXPORT int cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
+  if (ptr == NULL || bytes == 0) return FAKE_INVALID_VALUE;
+  int fd = memfd_create("gw-fake-device", MFD_CLOEXEC);
+  if (fd < 0) return 2;
+  if (ftruncate(fd, (off_t)bytes) != 0) {
+    close(fd);
+    return 2;
+  }
+  int r = fake_map(fd, bytes, 0, g_next_buffer_id++, ptr);
+  if (r != FAKE_SUCCESS) close(fd);
+  return r;
+}
+
+EXPORT int cuMemFree_v2(unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_of(ptr);
+  if (a == NULL || a->base != ptr || a->opened) return FAKE_INVALID_VALUE;
+  fake_unmap(a);
+  return FAKE_SUCCESS;
+}
+
+/* Copies: device memory through its memfd; memory a test marked as device is plain memory. */
+static int fake_copy(unsigned long long dev, void* host, size_t bytes, int to_device) {
+  struct FakeAlloc* a = fake_alloc_of(dev);
+  if (a == NULL) {
+    if (to_device) {
+      memcpy((void*)(uintptr_t)dev, host, bytes);
+    } else {
+      memcpy(host, (const void*)(uintptr_t)dev, bytes);
+    }
+    return FAKE_SUCCESS;
+  }
+  if (dev + bytes > a->base + a->size) return FAKE_INVALID_VALUE;
+  off_t at = (off_t)(dev - a->base);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = to_device ? pwrite(a->fd, (const char*)host + done, bytes - done, at + done)
+                          : pread(a->fd, (char*)host + done, bytes - done, at + done);
+    if (n <= 0) return FAKE_INVALID_VALUE;
+    done += (size_t)n;
+  }
+  return FAKE_SUCCESS;
+}
+EXPORT int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t bytes) {
+  return fake_copy(dst, (void*)src, bytes, 1);
+}
+EXPORT int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t bytes) {
+  return fake_copy(src, dst, bytes, 0);
+}
+
+struct FakeIpcHandle {
+  char magic[8]; /* "GWFAKIPC" */
+  int32_t pid;
+  int32_t fd;
+  uint64_t size;
+  uint64_t buffer_id;
+  char pad[32];
+};
+_Static_assert(sizeof(struct FakeIpcHandle) == 64, "CUipcMemHandle is 64 bytes");
+
+EXPORT int cuIpcGetMemHandle(void* handle, unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_of(ptr);
+  if (handle == NULL || a == NULL || a->base != ptr || a->opened) return FAKE_INVALID_VALUE;
+  struct FakeIpcHandle h;
+  memset(&h, 0, sizeof(h));
+  memcpy(h.magic, "GWFAKIPC", 8);
+  h.pid = (int32_t)getpid();
+  h.fd = a->fd;
+  h.size = a->size;
+  h.buffer_id = a->buffer_id;
+  memcpy(handle, &h, sizeof(h));
+  return FAKE_SUCCESS;
+}
+
+EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* ptr, const void* handle, unsigned flags) {
+  (void)flags;
+  struct FakeIpcHandle h;
+  memcpy(&h, handle, sizeof(h));
+  if (memcmp(h.magic, "GWFAKIPC", 8) != 0 || h.size == 0) return FAKE_INVALID_VALUE;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return FAKE_INVALID_VALUE; /* the exporter is gone */
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != h.size) {
+    close(fd);
+    return FAKE_INVALID_VALUE;
+  }
+  int r = fake_map(fd, (size_t)h.size, 1, h.buffer_id, ptr);
+  if (r != FAKE_SUCCESS) {
+    close(fd);
+    return r;
+  }
+  g_ipc_open++;
+  return FAKE_SUCCESS;
+}
+
+EXPORT int cuIpcCloseMemHandle(unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_of(ptr);
+  if (a == NULL || a->base != ptr || !a->opened) return FAKE_INVALID_VALUE;
+  fake_unmap(a);
+  g_ipc_open--;
+  return FAKE_SUCCESS;
+}
