@@ -271,7 +271,7 @@ Status DaemonSession::run_chunks(
 
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
-  if (is_device(sendbuf) || is_device(recvbuf)) {
+  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
     return device_call(Opcode::kAllreduce, sendbuf, recvbuf, count, dtype, op, 0);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -516,7 +516,7 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
-  if (is_device(sendbuf) || is_device(recvbuf)) {
+  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
     return device_call(Opcode::kAllgather, sendbuf, recvbuf, sendcount, dtype, {}, 0);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -556,7 +556,7 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
-  if (is_device(sendbuf) || is_device(recvbuf)) {
+  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
     return device_call(Opcode::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -602,7 +602,7 @@ Status DaemonSession::barrier() {
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
-  if (is_device(sendbuf) || is_device(recvbuf)) {
+  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
     return device_call(Opcode::kAlltoall, sendbuf, recvbuf, count, dtype, {}, 0);
   }
   std::lock_guard<std::mutex> lock(mu_);

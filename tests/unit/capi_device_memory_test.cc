@@ -4,8 +4,8 @@
 // tests/support/fake_cuda_driver.c (soname libcuda.so.1), loaded before the first gradwire call as
 // a framework would load the real one, with the test marking which ranges are "device memory".
 // Every test runs twice: in direct mode and in daemon mode (GW_DAEMON, a gradwired the suite
-// starts), where the same refusal comes first and gw_allreduce_compressed refuses device memory
-// too (CUDA IPC into the daemon is a later step).
+// starts), where allreduce, broadcast, allgather, reduce_scatter and alltoall take device memory
+// (tests/daemon/daemon_device_test.cc), and gw_iallreduce and gw_allreduce_compressed refuse it.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -107,6 +107,14 @@ TEST_P(DeviceMemoryTest, PlainCollectivesRefuseDeviceMemoryNamingTheCall) {
   std::vector<float> host(8, 0.0f);
   fake().mark(dev.data(), dev.size() * sizeof(float), 0);
   const size_t n = 4;
+  if (daemon_mode()) {  // the blocking collectives take it there; the i-form does not
+    gw_request_t req = nullptr;
+    expect_refused(gw_iallreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM, &req),
+                   "gw_iallreduce", "sendbuf");
+    EXPECT_EQ(req, nullptr);
+    EXPECT_EQ(host, std::vector<float>(8, 0.0f));
+    return;
+  }
 
   expect_refused(gw_allreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM),
                  "gw_allreduce", "sendbuf");
