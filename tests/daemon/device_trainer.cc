@@ -12,6 +12,9 @@
 //                 freed and another allocated (at the same address where the allocator gives it)
 //                 and the allreduce again; a host send buffer with a device receive buffer
 //                 (staged); gw_iallreduce of device buffers refused with GW_ERR_UNSUPPORTED
+//   bench BYTES ITERS  allreduce float32 sum of BYTES, device buffers then malloc'd host buffers,
+//                 ITERS timed calls each after 3 warm-up calls; prints the medians in ms and,
+//                 as the machine's ceiling, the median time of one host memcpy of BYTES
 //   die KILLER    rank KILLER makes two allreduces of device buffers, then SIGKILLs itself while
 //                 its third one runs; the others call allreduce until it fails
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
@@ -228,6 +231,39 @@ int run_suite(gw_comm_t comm, int rank, int world, size_t n) {
   return 0;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int run_bench(gw_comm_t comm, int rank, size_t bytes, int iters) {
+  const size_t n = bytes / 4;
+  Dev<float> d(n);
+  std::vector<float> h(n, 1.0f), h2(n);
+  for (auto& v : d.host) v = 1.0f;
+  if (!d.ptr || !d.up()) return no_device("bench");
+  std::vector<double> dev_ms, host_ms, copy_ms;
+  for (int i = 0; i < 3 + iters; ++i) {
+    const double t0 = now_ms();
+    CALL("bench device allreduce", gw_allreduce(comm, d.p(), d.p(), n, GW_FLOAT32, GW_SUM));
+    if (i >= 3) dev_ms.push_back(now_ms() - t0);
+  }
+  for (int i = 0; i < 3 + iters; ++i) {
+    const double t0 = now_ms();
+    CALL("bench host allreduce", gw_allreduce(comm, h.data(), h.data(), n, GW_FLOAT32, GW_SUM));
+    if (i >= 3) host_ms.push_back(now_ms() - t0);
+  }
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = now_ms();
+    std::memcpy(h2.data(), h.data(), n * 4);
+    copy_ms.push_back(now_ms() - t0);
+  }
+  std::printf("BENCH rank=%d bytes=%zu device_ms=%.2f host_ms=%.2f memcpy_ms=%.2f\n", rank, bytes,
+              median(dev_ms), median(host_ms), median(copy_ms));
+  std::printf("RESULT rank=%d status=0 elapsed_ms=0\n", rank);
+  return 0;
+}
+
 int run_die(gw_comm_t comm, int rank, int killer) {
   const size_t n = size_t{1} << 18;
   Dev<float> s(n), r(n);
@@ -293,6 +329,8 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (scenario == "suite" && argc - i == 1) {
     rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
+  } else if (scenario == "bench" && argc - i == 2) {
+    rc = run_bench(comm, rank, std::strtoull(argv[i], nullptr, 10), std::atoi(argv[i + 1]));
   } else if (scenario == "die" && argc - i == 1) {
     rc = run_die(comm, rank, std::atoi(argv[i]));
   } else {
