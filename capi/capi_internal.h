@@ -52,21 +52,11 @@ Result<size_t> buffer_bytes(const char* arg, size_t count, int dtype, size_t blo
 // address space kMaxBufferBytes allows.
 Status check_buffer(const char* name, const void* p, size_t bytes);
 
-// kUnsupported naming `arg` when p is CUDA device memory (not managed memory) and the process has
-// the CUDA driver loaded; OK otherwise (capi/host_memory.cc).
-Status check_host_memory(const char* arg, const void* p);
-// While one lives on this thread, check_host_memory lets device memory pass when `session`
-// takes it (Session::takes_device_memory): the blocking collectives of the session seam.
-class DeviceMemoryScope {
- public:
-  explicit DeviceMemoryScope(const Session& session);
-  ~DeviceMemoryScope();
-  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
-  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
-
- private:
-  bool prev_;
-};
+// Whether p is CUDA device memory (not managed memory: the CPU reads that in place), asked of the
+// CUDA driver only when the process has it loaded (one attribute query for host memory). For
+// device memory: *device = true when st takes it (Session::device_memory, direct mode), else
+// kUnsupported naming `arg`. OK for host memory, *device untouched (capi/host_memory.cc).
+Status check_memory(const Session& st, const char* arg, const void* p, bool* device);
 
 // Registers a new request handle over `op` (capi/requests.cc); p2p_elem is the dtype's size for a
 // point-to-point request (gw_wait_recv reports its count), 0 for the collectives' i-forms.

@@ -12,12 +12,38 @@
 #include <vector>
 
 #include "capi/daemon_session.h"
+#include "capi/device_memory.h"
+#include "collectives/call.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
 
 namespace gw::capi {
 
 using daemon::Opcode;
+
+std::shared_ptr<DeviceMemory> DaemonSession::device_memory() const {
+  std::call_once(device_memory_once_,
+                 [&] { device_memory_ = std::make_shared<DeviceMemory>(rank_, "daemon"); });
+  return device_memory_;
+}
+
+Status DaemonSession::device_collective(const coll::CollectiveCall& c) {
+  using coll::CallKind;
+  switch (c.kind) {
+    case CallKind::kAllreduce:
+      return device_call(Opcode::kAllreduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, 0);
+    case CallKind::kBroadcast:
+      return device_call(Opcode::kBroadcast, c.recvbuf, c.recvbuf, c.count, c.dtype, c.op, c.root);
+    case CallKind::kAllgather:
+      return device_call(Opcode::kAllgather, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, 0);
+    case CallKind::kReduceScatter:
+      return device_call(Opcode::kReduceScatter, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, 0);
+    case CallKind::kAlltoall:
+      return device_call(Opcode::kAlltoall, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, 0);
+    default:
+      return internal_error("daemon mode: no device path of its own for this call");
+  }
+}
 
 bool DaemonSession::is_device(const void* p) {
   return p != nullptr && cuda::resident_memory_kind(p) == cuda::MemoryKind::kDevice;

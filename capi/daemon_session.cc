@@ -271,9 +271,6 @@ Status DaemonSession::run_chunks(
 
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
-  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
-    return device_call(Opcode::kAllreduce, sendbuf, recvbuf, count, dtype, op, 0);
-  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -384,8 +381,6 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   void* recvbuf, size_t count,
                                                                   coll::DataType dtype,
                                                                   coll::ReduceOp op) {
-  GW_RETURN_IF_ERROR(refuse_device(sendbuf, "gw_iallreduce"));
-  GW_RETURN_IF_ERROR(refuse_device(recvbuf, "gw_iallreduce"));
   std::lock_guard<std::mutex> lock(mu_);
   const size_t bytes = count * coll::dtype_size(dtype);
   GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, bytes));
@@ -406,7 +401,6 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
 }
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
-  if (is_device(buf)) return device_call(Opcode::kBroadcast, buf, buf, count, dtype, {}, root);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -516,9 +510,6 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
-  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
-    return device_call(Opcode::kAllgather, sendbuf, recvbuf, sendcount, dtype, {}, 0);
-  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = sendcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -556,9 +547,6 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
-  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
-    return device_call(Opcode::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0);
-  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = recvcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -602,9 +590,6 @@ Status DaemonSession::barrier() {
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
-  if (is_device(sendbuf) || (recvbuf != sendbuf && is_device(recvbuf))) {
-    return device_call(Opcode::kAlltoall, sendbuf, recvbuf, count, dtype, {}, 0);
-  }
   std::lock_guard<std::mutex> lock(mu_);
   const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
   if (total > slice_bytes()) {

@@ -17,9 +17,10 @@
 // buffers (allreduce, broadcast, allgather, reduce_scatter, alltoall; capi/daemon_device.cc): each
 // allocation is exported to the daemon once (CUDA IPC) and the submission names (allocation,
 // offset), so the trainer copies nothing; memory that cannot be exported is staged through host
-// memory and the arena (said once at INFO). iallreduce and allreduce_compressed refuse device
-// buffers (kUnsupported). Every wait has the communicator's deadline, and a daemon that dies or
-// cuts this client ends the call (and every later one) with kPeer.
+// memory and the arena (said once at INFO). The other calls' device buffers are staged by the
+// front end (device_memory()); allreduce_compressed refuses them (kUnsupported). Every wait has the
+// communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
+// later one) with kPeer.
 #pragma once
 
 #include <atomic>
@@ -47,7 +48,12 @@ class DaemonSession final : public Session {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Device memory (capi/daemon_device.cc): the five blocking collectives import it into
+  // gradwired (device_collective); the other calls are staged by the front end through
+  // device_memory(), as in direct mode.
   bool takes_device_memory() const override { return true; }
+  Status device_collective(const coll::CollectiveCall& call) override;
+  std::shared_ptr<DeviceMemory> device_memory() const override;
 
   Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,
                    coll::ReduceOp op) override;
@@ -140,6 +146,8 @@ class DaemonSession final : public Session {
     uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID: tells a reused address apart
   };
   std::map<uintptr_t, DeviceAlloc> dev_allocs_;  // by base address; under mu_
+  mutable std::once_flag device_memory_once_;
+  mutable std::shared_ptr<DeviceMemory> device_memory_;
   uint32_t next_alloc_id_ = 1;
   bool said_imported_ = false, said_staged_ = false;
 

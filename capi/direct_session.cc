@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "capi/device_memory.h"
 #include "capi/setup_checks.h"
 #include "collectives/p2p.h"
 #include "core/bootstrap.h"
@@ -126,10 +127,24 @@ Result<std::unique_ptr<Session>> DirectSession::create(const SessionOptions& opt
 }
 
 DirectSession::DirectSession(std::shared_ptr<Store> store, std::unique_ptr<coll::Communicator> comm)
-    : store_(std::move(store)),
-      comm_(std::move(comm)),
-      rank_(comm_->rank()),
-      size_(comm_->size()) {}
+    : store_(std::move(store)), comm_(std::move(comm)), rank_(comm_->rank()), size_(comm_->size()) {
+  const auto r = comm_->resolved();
+  const auto t = r.find("transport");
+  device_memory_ =
+      std::make_shared<DeviceMemory>(rank_, t == r.end() ? std::string("local") : t->second);
+}
+
+std::map<std::string, std::string> DirectSession::resolved() const {
+  std::map<std::string, std::string> r = comm_->resolved();
+  r["device_memory"] = device_memory_->path();
+  const DeviceMemory::Counters c = device_memory_->counters();
+  r["device_memory_stats"] = fmt::format(
+      "staged_ranges={} pool_allocations={} registered_hits={} stale_registrations={} "
+      "cache_hits={} cache_invalidations={} registrations={}",
+      c.staged_ranges, c.pool_allocations, c.registered_hits, c.stale_registrations, c.cache_hits,
+      c.cache_invalidations, c.registrations);
+  return r;
+}
 
 // Out of line: DeviceCompression is complete only here.
 DirectSession::~DirectSession() {

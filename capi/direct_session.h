@@ -69,9 +69,12 @@ class DirectSession final : public Session {
   void abort() override { comm_->abort(); }
   bool aborted() const override { return comm_->aborted(); }
 
+  std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
+
   Result<std::unique_ptr<Session>> split(int color, int key) override;
   std::string describe() const override { return comm_->describe(); }
-  std::map<std::string, std::string> resolved() const override { return comm_->resolved(); }
+  // The communicator's, and "device_memory" / "device_memory_stats" (capi/device_memory.h).
+  std::map<std::string, std::string> resolved() const override;
 
  private:
   // The comm's compressor, created on first use. Callers hold compress_mu_.
@@ -87,6 +90,8 @@ class DirectSession final : public Session {
   std::mutex compress_mu_;  // one compressed call (or stats/reset/release) at a time
   std::unique_ptr<coll::Compressor> compressor_;
   std::shared_ptr<cuda::DeviceCompression> device_compression_;
+
+  std::shared_ptr<DeviceMemory> device_memory_;  // staging of device buffers (never null)
 
   std::mutex mem_mu_;
   std::unordered_set<void*> mem_;  // gw_mem_alloc'd, freed with the Session

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "capi/capi_internal.h"
+#include "capi/device_staging.h"
 #include "capi/session.h"
 #include "collectives/call.h"
 #include "collectives/types.h"
@@ -163,9 +164,12 @@ Status start_p2p(gw_comm_t comm, bool send, const void* buf, size_t count, int d
     return gw::invalid_arg("argument peer {} is not a rank of this communicator (0..{}){}", peer,
                            st->size() - 1, send ? "" : " nor GW_ANY_SOURCE (-1)");
   }
-  GW_RETURN_IF_ERROR(check_host_memory("buf", buf));
+  bool device = false;
+  GW_RETURN_IF_ERROR(check_memory(*st, "buf", buf, &device));
   std::unique_ptr<SessionRequest> op;
-  if (send) {
+  if (device) {
+    GW_ASSIGN_OR_RETURN(op, p2p_staged(*st, send, const_cast<void*>(buf), bytes, peer, tag));
+  } else if (send) {
     GW_ASSIGN_OR_RETURN(op, st->isend(buf, bytes, peer, tag));
   } else {
     GW_ASSIGN_OR_RETURN(op, st->irecv(const_cast<void*>(buf), bytes, peer, tag));

@@ -27,6 +27,8 @@
 
 namespace gw::capi {
 
+class DeviceMemory;  // capi/device_memory.h
+
 // The resolved configuration of a new communicator: gw_config_t after the C layer has filled
 // in what the caller left to the environment or the launcher, and checked it.
 struct SessionOptions {
@@ -66,8 +68,12 @@ class Session {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // Whether allreduce, broadcast, allgather, reduce_scatter and alltoall take CUDA device memory
-  // themselves (the front end refuses it otherwise: capi/host_memory.cc).
+  // themselves: the front end, having found device memory in such a call (capi/host_memory.cc),
+  // gives it to device_collective instead of staging it (daemon mode imports it into gradwired).
   virtual bool takes_device_memory() const { return false; }
+  virtual Status device_collective(const coll::CollectiveCall& call) {
+    return unsupported("this communicator does not take device memory itself");
+  }
 
   // The collectives of the C header, with its semantics (in place, count 0, matching across ranks).
   virtual Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,
@@ -139,6 +145,11 @@ class Session {
   // mem_alloc of this Session did not return or that was freed already.
   virtual Result<void*> mem_alloc(size_t bytes) = 0;
   virtual Status mem_free(void* ptr) = 0;
+
+  // Whether the collectives take CUDA device memory: the object that stages it (direct mode), or
+  // null where this mode refuses it (the C layer then fails the call with kUnsupported naming the
+  // argument). Shared: a staged request holds it until it completes.
+  virtual std::shared_ptr<DeviceMemory> device_memory() const { return nullptr; }
 
   // Thread-safe, idempotent, never blocks: every pending and later collective ends in kAborted.
   virtual void abort() = 0;

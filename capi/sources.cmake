@@ -9,4 +9,6 @@ set(GW_CAPI_SRC
     daemon_device.cc    # daemon mode: device buffers imported into gradwired, or staged
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store
     compressed.cc       # gw_allreduce_compressed and its stats
-    host_memory.cc)     # the device-memory refusal of the plain collectives
+    host_memory.cc      # which buffers are device memory; gw_mem_register
+    device_memory.cc    # direct mode: allocation cache, staging pool, registrations
+    device_staging.cc)  # direct mode: device buffers copied through host memory

@@ -11,25 +11,39 @@
 
 namespace gw::coll {
 
+namespace {
+
+// The one map from the kinds every Communicator has to their collectives: `forms` has the
+// Communicator's public methods (the base class's run() passes itself; CommImpl::run_locked() a
+// view of its _locked bodies); `rest` runs any other kind (alltoallv and the rooted ones).
+template <typename Forms, typename Rest>
+Status run_by_kind(Forms& forms, const CollectiveCall& c, Rest&& rest) {
+  switch (c.kind) {
+    case CallKind::kAllreduce:
+      return forms.allreduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
+    case CallKind::kBroadcast:
+      return forms.broadcast(c.recvbuf, c.count, c.dtype, c.root);
+    case CallKind::kAllgather:
+      return forms.allgather(c.sendbuf, c.recvbuf, c.count, c.dtype);
+    case CallKind::kReduceScatter:
+      return forms.reduce_scatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
+    case CallKind::kBarrier:
+      return forms.barrier();
+    case CallKind::kAlltoall:
+      return forms.alltoall(c.sendbuf, c.recvbuf, c.count, c.dtype);
+    default:
+      return rest(c);
+  }
+}
+
+}  // namespace
+
 // ---- the base class's forms ---------------------------------------------------------------------
 
 Status Communicator::run(const CollectiveCall& c) {
-  switch (c.kind) {
-    case CallKind::kAllreduce:
-      return allreduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBroadcast:
-      return broadcast(c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kAllgather:
-      return allgather(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kReduceScatter:
-      return reduce_scatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBarrier:
-      return barrier();
-    case CallKind::kAlltoall:
-      return alltoall(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    default:
-      return unsupported("{}: this communicator does not have it", call_name(c.kind));
-  }
+  return run_by_kind(*this, c, [](const CollectiveCall& other) {
+    return unsupported("{}: this communicator does not have it", call_name(other.kind));
+  });
 }
 
 Result<std::unique_ptr<AsyncOp>> Communicator::start(const CollectiveCall& c) {
@@ -39,29 +53,39 @@ Result<std::unique_ptr<AsyncOp>> Communicator::start(const CollectiveCall& c) {
 // ---- CommImpl -----------------------------------------------------------------------------------
 
 Status CommImpl::run_locked(const CollectiveCall& c) {
-  switch (c.kind) {
-    case CallKind::kAllreduce:
-      return allreduce_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBroadcast:
-      return broadcast_locked(c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kAllgather:
-      return allgather_locked(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kReduceScatter:
-      return reduce_scatter_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
-    case CallKind::kBarrier:
-      return barrier_locked();
-    case CallKind::kAlltoall:
-      return alltoall_locked(c.sendbuf, c.recvbuf, c.count, c.dtype);
-    case CallKind::kAlltoallv:
-      return alltoallv_locked(c);
-    case CallKind::kReduce:
-      return reduce_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root);
-    case CallKind::kGather:
-      return gather_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root);
-    case CallKind::kScatter:
-      return scatter_locked(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root);
-  }
-  return invalid_arg("collective: unknown kind {}", static_cast<int>(c.kind));
+  struct Locked {  // the public forms' bodies (exec_mu_ is held)
+    CommImpl& self;
+    Status allreduce(const void* s, void* r, size_t n, DataType d, ReduceOp op) {
+      return self.allreduce_locked(s, r, n, d, op);
+    }
+    Status broadcast(void* b, size_t n, DataType d, int root) {
+      return self.broadcast_locked(b, n, d, root);
+    }
+    Status allgather(const void* s, void* r, size_t n, DataType d) {
+      return self.allgather_locked(s, r, n, d);
+    }
+    Status reduce_scatter(const void* s, void* r, size_t n, DataType d, ReduceOp op) {
+      return self.reduce_scatter_locked(s, r, n, d, op);
+    }
+    Status barrier() { return self.barrier_locked(); }
+    Status alltoall(const void* s, void* r, size_t n, DataType d) {
+      return self.alltoall_locked(s, r, n, d);
+    }
+  } locked{*this};
+  return run_by_kind(locked, c, [this](const CollectiveCall& r) {
+    switch (r.kind) {
+      case CallKind::kAlltoallv:
+        return alltoallv_locked(r);
+      case CallKind::kReduce:
+        return reduce_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.op, r.root);
+      case CallKind::kGather:
+        return gather_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.root);
+      case CallKind::kScatter:
+        return scatter_locked(r.sendbuf, r.recvbuf, r.count, r.dtype, r.root);
+      default:
+        return invalid_arg("collective: unknown kind {}", static_cast<int>(r.kind));
+    }
+  });
 }
 
 Result<std::unique_ptr<AsyncOp>> CommImpl::start(const CollectiveCall& c) {
@@ -80,6 +104,20 @@ Result<std::unique_ptr<AsyncOp>> CommImpl::start(const CollectiveCall& c) {
 }
 
 namespace {
+
+// reduce, gather and scatter as a call (check_call checks their arguments alike).
+Status check_rooted_call(CallKind kind, const void* sendbuf, void* recvbuf, size_t count,
+                         DataType dtype, ReduceOp op, int root, int rank, int size) {
+  CollectiveCall c;
+  c.kind = kind;
+  c.sendbuf = sendbuf;
+  c.recvbuf = recvbuf;
+  c.count = count;
+  c.dtype = dtype;
+  c.op = op;
+  c.root = root;
+  return check_call(c, rank, size);
+}
 
 // One plan of the steps.
 std::vector<Plan> one_plan(Schedule s) {
@@ -121,15 +159,8 @@ Status CommImpl::run_phases(const char* name, const std::vector<std::vector<Plan
 
 Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                                ReduceOp op, int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kReduce;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kReduce, sendbuf, recvbuf, count, dtype, op, root,
+                                       rank(), size()));
   const CallSig sig{CallKind::kReduce, dtype, op, true, root, true, count};
   return run_collective("reduce", sig, [&](Deadline deadline) -> Status {
     const size_t es = dtype_size(dtype);
@@ -158,14 +189,8 @@ Status CommImpl::reduce_locked(const void* sendbuf, void* recvbuf, size_t count,
 
 Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendcount, DataType dtype,
                                int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kGather;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = sendcount;
-  c.dtype = dtype;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kGather, sendbuf, recvbuf, sendcount, dtype,
+                                       ReduceOp::kSum, root, rank(), size()));
   const CallSig sig{CallKind::kGather, dtype, ReduceOp::kSum, false, root, true, sendcount};
   return run_collective("gather", sig, [&](Deadline deadline) -> Status {
     const size_t blk = sendcount * dtype_size(dtype);
@@ -186,14 +211,8 @@ Status CommImpl::gather_locked(const void* sendbuf, void* recvbuf, size_t sendco
 
 Status CommImpl::scatter_locked(const void* sendbuf, void* recvbuf, size_t recvcount,
                                 DataType dtype, int root) {
-  CollectiveCall c;
-  c.kind = CallKind::kScatter;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = recvcount;
-  c.dtype = dtype;
-  c.root = root;
-  GW_RETURN_IF_ERROR(check_call(c, rank(), size()));
+  GW_RETURN_IF_ERROR(check_rooted_call(CallKind::kScatter, sendbuf, recvbuf, recvcount, dtype,
+                                       ReduceOp::kSum, root, rank(), size()));
   const CallSig sig{CallKind::kScatter, dtype, ReduceOp::kSum, false, root, true, recvcount};
   return run_collective("scatter", sig, [&](Deadline deadline) -> Status {
     const size_t blk = recvcount * dtype_size(dtype);

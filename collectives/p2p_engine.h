@@ -117,7 +117,7 @@ inline std::vector<uint8_t> make_frame(uint32_t type, int tag, uint64_t bytes, u
   std::vector<uint8_t> f(sizeof(Frame) + extra);
   Frame h{type, tag, bytes, id, 0};
   std::memcpy(f.data(), &h, sizeof h);
-  if (extra > 0) std::memcpy(f.data() + sizeof h, eager, extra);
+  if (extra > 0 && eager != nullptr) std::memcpy(f.data() + sizeof h, eager, extra);
   return f;
 }
 

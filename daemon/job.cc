@@ -2,6 +2,8 @@
 
 #include <poll.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -52,6 +54,43 @@ std::string agree_note(const std::vector<std::vector<std::string>>& offers) {
   return s;
 }
 
+// The job's store as start_comm and the daemons' communicator see it: every call fails at once
+// with "gradwired: stopping" once `stop` is set, and a get (the one call that waits for another
+// daemon) waits in slices of kStopSliceMs so that a stop ends it within one slice, whatever
+// deadline the client chose. set, add and erase do not wait for a peer: only the store's own
+// round trip, which the deadline bounds.
+class StoppableStore : public Store {
+ public:
+  StoppableStore(std::shared_ptr<Store> base, const std::atomic<bool>* stop)
+      : base_(std::move(base)), stop_(stop) {}
+  Status set(const std::string& key, const Bytes& value, Deadline deadline) override {
+    GW_RETURN_IF_ERROR(stopping());
+    return base_->set(key, value, deadline);
+  }
+  Result<Bytes> get(const std::string& key, Deadline deadline) override {
+    for (;;) {
+      GW_RETURN_IF_ERROR(stopping());
+      Result<Bytes> v = base_->get(key, std::min(deadline, sys::deadline_after_ms(kStopSliceMs)));
+      if (v.ok() || v.status().code() != Code::kTimeout || sys::expired(deadline)) return v;
+    }
+  }
+  Result<int64_t> add(const std::string& key, int64_t delta, Deadline deadline) override {
+    GW_RETURN_IF_ERROR(stopping());
+    return base_->add(key, delta, deadline);
+  }
+  Status erase(const std::string& key, Deadline deadline) override {
+    GW_RETURN_IF_ERROR(stopping());
+    return base_->erase(key, deadline);
+  }
+
+ private:
+  Status stopping() const {
+    return stop_->load() ? aborted_error("gradwired: stopping") : ok_status();
+  }
+  std::shared_ptr<Store> base_;
+  const std::atomic<bool>* stop_;
+};
+
 }  // namespace
 
 Status Job::start_comm() {
@@ -61,7 +100,6 @@ Status Job::start_comm() {
   // not wait for them: they run in slices of kStopSliceMs, and stop ends them between slices.
   const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
   auto stopping = [&] { return stop.load() ? aborted_error("gradwired: stopping") : ok_status(); };
-  auto slice = [&] { return std::min(deadline, sys::deadline_after_ms(kStopSliceMs)); };
   TcpStoreOptions so;
   so.host = h.store_host;
   so.port = h.store_port;
@@ -82,21 +120,19 @@ Status Job::start_comm() {
   // Every job of the store (a split makes more) meets under a prefix of its own.
   const net::handshake::Mac tag =
       net::handshake::hmac_sha256(h.job_token, reinterpret_cast<const uint8_t*>("gwd"), 3);
-  std::shared_ptr<Store> prefixed = make_prefix_store(*tcp, "gwd/" + to_hex(tag.data(), 8) + "/");
+  std::shared_ptr<Store> prefixed = make_prefix_store(std::make_shared<StoppableStore>(*tcp, &stop),
+                                                      "gwd/" + to_hex(tag.data(), 8) + "/");
   // The transport: the first of host 0's offer that every daemon of the job offers.
   const std::string mine = encode_offer(offer);
   GW_RETURN_IF_ERROR(
       prefixed
           ->set("offer/" + std::to_string(h.host_index), Bytes(mine.begin(), mine.end()), deadline)
           .with_context("gradwired: publishing this daemon's transports"));
+  GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}): offered {}; meeting the other daemons",
+              h.world_size, h.host_index, h.num_hosts, mine);
   std::vector<std::vector<std::string>> offers;
   for (int32_t host = 0; host < h.num_hosts; ++host) {
-    Result<Bytes> v = timeout_error("gradwired: no offer");
-    for (;;) {
-      v = prefixed->get("offer/" + std::to_string(host), slice());
-      if (v.ok() || v.status().code() != Code::kTimeout || sys::expired(deadline)) break;
-      GW_RETURN_IF_ERROR(stopping());
-    }
+    Result<Bytes> v = prefixed->get("offer/" + std::to_string(host), deadline);
     if (!v.ok()) {
       return v.status().with_context(
           fmt::format("gradwired: waiting for the transports of host {}'s daemon", host));
@@ -120,13 +156,21 @@ Status Job::start_comm() {
   co.timeout_ms = h.timeout_ms;
   co.job_token = h.job_token;
   co.host_id = h.host_id;
+  // Creation waits only on the store (stopped above); the first collective's connects and
+  // accepts poll the communicator's abort flag, which abort_comm() sets once comm is published.
   auto made = coll::Communicator::create(co);
   if (!made.ok()) return made.status().with_context("gradwired: joining the job's other daemons");
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    store = *tcp;
+    comm = std::move(*made);
+  }
+  // A stop that came before comm was published found nothing to abort: abort it here.
+  if (stop.load()) abort_comm();
   // Which host holds every rank (broadcast roots): each daemon fills its own ranks.
   std::vector<int32_t> map(h.world_size, -1);
   for (const auto& m : members) map[m->hello.rank] = h.host_index;
-  GW_RETURN_IF_ERROR((*made)
-                         ->allreduce(map.data(), map.data(), map.size(), coll::DataType::kI32,
+  GW_RETURN_IF_ERROR(comm->allreduce(map.data(), map.data(), map.size(), coll::DataType::kI32,
                                      coll::ReduceOp::kMax)
                          .with_context("gradwired: exchanging the job's host map"));
   for (size_t r = 0; r < map.size(); ++r) {
@@ -136,8 +180,6 @@ Status Job::start_comm() {
   }
   {
     std::lock_guard<std::mutex> lock(comm_mu);
-    store = *tcp;
-    comm = std::move(*made);
     transport = agreed;
     tslot = counters->transport_slot(agreed);
   }
@@ -348,6 +390,18 @@ void Job::run() {
       continue;
     }
     run_ready();
+  }
+  if (stop.load()) {
+    // Stopping: what the trainers asked is answered with why before their sockets close (the
+    // serve loop joins this thread first), so none reads a closed connection as a crash.
+    const Status why = peer_error("gradwired is stopping (it was told to: SIGTERM or SIGINT)");
+    for (auto& m : members) {
+      if (!m || m->lost.load(std::memory_order_acquire)) continue;
+      consume(*m);
+      for (; !m->pending.empty(); m->pending.pop_front()) {
+        complete(*m, m->pending.front().seq, why);
+      }
+    }
   }
   compressor.reset();  // it borrows comm
   {

@@ -84,7 +84,8 @@ inline constexpr size_t kPipelinePiece = 4u << 20;
 inline constexpr size_t kPiecesInFlight = 3;
 // The least a helper thread of the pool gets of a local sum or copy (smaller ones stay inline).
 inline constexpr size_t kMinPartBytes = 256u << 10;
-// start_comm's waits on the store run in slices this long, so a stop ends them promptly.
+// start_comm's waits on the store (the daemons' communicator's too) run in slices this long, so a
+// stop ends them promptly.
 inline constexpr int kStopSliceMs = 200;
 
 struct Job {

@@ -135,6 +135,9 @@ def train(config):
 results = {}
 for config in args.configs.split(","):
     results[config] = train(config)
+    if rank == 0:  # one line per configuration as it ends, so a piped run shows progress
+        ms = 1000 * statistics.median(results[config][1])
+        print(f"{config}: {args.steps} steps done, median step {ms:.1f} ms", flush=True)
 
 if rank == 0:
     base = statistics.mean(results["gloo"][0][-5:]) if "gloo" in results else None

@@ -202,4 +202,14 @@ Status copy_to_device(void* device_dst, const void* src, size_t bytes) {
   return htod(dev, reinterpret_cast<CUdeviceptr>(device_dst), src, bytes);
 }
 
+Status copy_to_host_on(int device, void* dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  return dtoh(device, dst, reinterpret_cast<CUdeviceptr>(device_src), bytes);
+}
+
+Status copy_to_device_on(int device, void* device_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  return htod(device, reinterpret_cast<CUdeviceptr>(device_dst), src, bytes);
+}
+
 }  // namespace gw::cuda

@@ -97,6 +97,9 @@ Result<int> device_of(const void* p);
 // cudaMalloc'd tensor, say), through the legacy default stream, so after work queued there.
 Status copy_to_host(void* dst, const void* device_src, size_t bytes);
 Status copy_to_device(void* device_dst, const void* src, size_t bytes);
+// The same on a device the caller already knows (AllocationCache), without asking the driver.
+Status copy_to_host_on(int device, void* dst, const void* device_src, size_t bytes);
+Status copy_to_device_on(int device, void* device_dst, const void* src, size_t bytes);
 
 // Makes the primary context of `device` current on this thread for the life of the object
 // (push on construction, pop on destruction) and keeps it retained meanwhile. The first entry

@@ -36,6 +36,7 @@ endif()
 
 set(GW_GPUDIRECT_KERNELS_SRC
     ${GW_GPUDIRECT_DIR}/cuda_driver.cc
+    ${GW_GPUDIRECT_DIR}/allocation_cache.cc
     ${GW_GPUDIRECT_DIR}/device_buffer.cc
     ${GW_GPUDIRECT_DIR}/fatbin.cc
     ${GW_GPUDIRECT_DIR}/gpu_codecs.cc

@@ -10,8 +10,9 @@
 #   allreduce  gw_allreduce_compressed on GPU memory vs host memory (2 and 4 ranks), with timings
 #   kernels    gpudirect's CUDA codec kernels against the CPU ones + GB/s
 #   python     the Python package's tests (tests/python, CUDA tensors included), the host's torch
-#   devmem     the C ABI on real CUDA memory: device memory refused by the plain collectives,
-#              managed memory passed, in direct mode and through a gradwired (daemon mode)
+#   devmem     the C ABI on real CUDA memory: device memory staged by the plain collectives in
+#              direct mode (results equal to host tensors, a registered buffer freed and
+#              reallocated) and refused through a gradwired (daemon mode), managed memory passed
 #   daemon     device buffers through a gradwired: 2 and 4 trainer processes on the GPU, every
 #              collective the daemon takes on device memory (CUDA IPC imports), checked exactly
 #   ddp        examples/train_ddp.py on the GPU: nccl, gloo, the gradwire backend and hooks, torch's

@@ -67,6 +67,7 @@ typedef enum {
 
 typedef struct gw_comm* gw_comm_t;
 typedef struct gw_request* gw_request_t;
+typedef struct gw_mem_handle* gw_mem_handle_t; /* gw_mem_register */
 
 /* Explicit configuration for gw_comm_init. Initialise it with GW_CONFIG_INIT, then set what you
  * need; a field left 0/NULL takes its value from the environment (GW_* variables, then
@@ -174,39 +175,41 @@ gw_status_t gw_comm_size(gw_comm_t comm, int* size);
 gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t len,
                              size_t* needed);
 
-/* ---- Plain collectives: host memory only ----------------------------------------------------
+/* ---- Plain collectives: host memory, and device memory in direct mode -----------------------
  *
  * gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter, gw_alltoall, gw_reduce, gw_gather,
- * gw_scatter, gw_alltoallv and the non-blocking forms (gw_iallreduce, gw_ibroadcast...) move
- * host memory (malloc'd, pinned, or CUDA managed memory). A CUDA device pointer (cudaMalloc'd) is
- * refused with GW_ERR_UNSUPPORTED and gw_last_error() names the call and the argument; the check
- * asks the CUDA driver when the process has loaded it (one pointer-attribute query per buffer),
- * and without a loaded driver no pointer can be device memory and nothing is checked. Sum GPU
- * gradients with gw_allreduce_compressed (below), which takes device memory, or copy them to
- * host memory first. In daemon mode (GW_DAEMON), gw_allreduce, gw_broadcast, gw_allgather,
- * gw_reduce_scatter and gw_alltoall take device memory too: the caller has finished writing the
- * input (its stream synchronised) before the call, and when the call returns the output is in
- * device memory (docs/daemon.md, "Device buffers"). */
+ * gw_scatter, gw_alltoallv, the non-blocking forms (gw_iallreduce, gw_ibroadcast...) and
+ * point-to-point (gw_send, gw_isend...) move host memory (malloc'd, pinned, or CUDA managed
+ * memory, which is used in place) and, in direct mode, CUDA device memory (cudaMalloc'd):
+ * - The caller has finished writing the input before the call (its stream synchronised, or an
+ *   event waited); when the call returns (the non-blocking forms: when gw_wait / gw_test report
+ *   completion) the output is in device memory and visible to every stream.
+ * - How: the device ranges the call reads are copied into page-locked host memory, the call runs
+ *   there, and the ranges it writes are copied back (docs/gpudirect.md: which bytes move, and
+ *   how to see the path taken: the INFO line, gw_comm_describe's "device_memory").
+ * - Daemon mode (GW_DAEMON): gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter and
+ *   gw_alltoall give the device buffers to gradwired, which imports each allocation once (CUDA
+ *   IPC) and reads and writes it itself (docs/daemon.md, "Device buffers"); the other calls
+ *   stage them as direct mode does.
+ * The check asks the CUDA driver when the process has loaded it (one pointer-attribute query per
+ * buffer); without a loaded driver no pointer can be device memory and nothing is checked. */
 
 /* Reduces count elements across all ranks; every rank gets the result in recvbuf.
  * sendbuf == recvbuf means in place; otherwise the buffers must not overlap. count may be 0
- * (the buffers may then be NULL). Host memory only (see above): a device pointer is
- * GW_ERR_UNSUPPORTED. Blocking. */
+ * (the buffers may then be NULL). Device memory: see above. Blocking. */
 gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                          gw_dtype_t dtype, gw_op_t op);
 
-/* Copies count elements from root's buf to every rank's buf. Host memory only (see above): a
- * device pointer is GW_ERR_UNSUPPORTED. Blocking. */
+/* Copies count elements from root's buf to every rank's buf. Device memory: see above. Blocking. */
 gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int root);
 
 /* Gathers sendcount elements from every rank into recvbuf (size * sendcount elements, rank r's
- * block at offset r * sendcount). Host memory only (see above): a device pointer is
- * GW_ERR_UNSUPPORTED. Blocking. */
+ * block at offset r * sendcount). Device memory: see above. Blocking. */
 gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                          gw_dtype_t dtype);
 
-/* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Host memory
- * only (see above): a device pointer is GW_ERR_UNSUPPORTED. Blocking. */
+/* sendbuf holds size * recvcount elements; rank r receives the reduction of block r. Device memory:
+ * see above. Blocking. */
 gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
                               gw_dtype_t dtype, gw_op_t op);
 
@@ -214,8 +217,8 @@ gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, void* recvbuf
  * recvbuf (size * count elements) receives rank j's block for this rank at offset j * count.
  * sendbuf == recvbuf means in place (the library copies the input first); otherwise the buffers
  * must not overlap. count may be 0 (the buffers may then be NULL). Ranks that pass different
- * counts all fail with GW_ERR_INVALID_ARG or GW_ERR_PEER, never a hang. Host memory only (see
- * above): a device pointer is GW_ERR_UNSUPPORTED. Blocking. */
+ * counts all fail with GW_ERR_INVALID_ARG or GW_ERR_PEER, never a hang. Device memory: see
+ * above. Blocking. */
 gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                         gw_dtype_t dtype);
 
@@ -227,7 +230,7 @@ gw_status_t gw_barrier(gw_comm_t comm);
  * Ranks that disagree on any of them, or on the collective, all fail (GW_ERR_INVALID_ARG where a
  * rank sees the mismatch, GW_ERR_PEER where a peer's failure ended the call), never a hang and
  * never GW_OK with partial data. A buffer used only at the root may be NULL elsewhere; any buffer
- * may be NULL when its count is 0. Host memory only (see above). Blocking. */
+ * may be NULL when its count is 0. Device memory: see above. Blocking. */
 
 /* Reduces count elements of every rank's sendbuf with op into root's recvbuf (unused elsewhere).
  * At the root sendbuf == recvbuf means in place; otherwise they must not overlap. A binomial tree
@@ -260,8 +263,7 @@ gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* send
 
 /* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
  * unmodified until gw_wait/gw_test report completion or gw_comm_destroy returns (which aborts
- * it). Requests complete in issue order. Host memory only (see above): a device pointer is
- * GW_ERR_UNSUPPORTED at once (no request is made). */
+ * it). Requests complete in issue order. Device memory: see above. */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                           gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
 
@@ -325,7 +327,8 @@ gw_status_t gw_test(gw_request_t request, int* done);
  *   then closed and its other pending sends and receives end too (later ones to it fail at once).
  * - gw_comm_abort and gw_comm_destroy end every pending request with GW_ERR_ABORTED, as
  *   gw_iallreduce's.
- * - Host memory only (a device pointer is GW_ERR_UNSUPPORTED). A buffer may be NULL only when
+ * - Device memory: as the collectives (above), the received bytes copied back by the wait. A
+ *   buffer may be NULL only when
  *   count is 0. The buffers of gw_isend/gw_irecv must stay valid (a send's unmodified) until the
  *   request is done.
  * - Daemon mode (GW_DAEMON) does not have point-to-point yet: every call below is
@@ -363,9 +366,25 @@ gw_status_t gw_test_recv(gw_request_t request, int* done, size_t* count, int* so
  * gw_mem_free before gw_comm_destroy, which frees (in daemon mode: unmaps) what is left.
  * gw_mem_free with NULL does nothing; a pointer gw_mem_alloc did not return for comm is
  * GW_ERR_INVALID_ARG. Not collective; thread-safe as the collectives are (one thread per comm).
- * GPU buffers are not supported in daemon mode (GW_ERR_UNSUPPORTED). */
+ * GPU buffers are not supported in daemon mode (GW_ERR_UNSUPPORTED): see gw_mem_register. */
 gw_status_t gw_mem_alloc(gw_comm_t comm, size_t bytes, void** ptr);
 gw_status_t gw_mem_free(gw_comm_t comm, void* ptr);
+
+/* gw_mem_register: declares [ptr, ptr + bytes) a buffer the collectives of comm will see again
+ * and again (the shape of ncclCommRegister). Direct mode, CUDA device memory: the range must lie
+ * in one allocation; it gets a page-locked staging buffer of its own, allocated now, so its calls
+ * take none from the per-call pool. Host and managed memory: nothing to do (the collectives use
+ * it in place); the handle is valid all the same. Without registration, device buffers are
+ * cached by allocation (cuMemGetAddressRange) and staged through a pool of page-locked buffers.
+ * A registered allocation that is freed (its address possibly handed out again) is noticed by
+ * its buffer id at the next call on the range: that call stages through the pool, never through
+ * the stale registration, whose handle gw_mem_deregister still takes. Daemon mode:
+ * GW_ERR_UNSUPPORTED. ptr NULL, bytes 0 or handle NULL: GW_ERR_INVALID_ARG.
+ * gw_mem_deregister frees the registration; a NULL handle, one from another communicator or one
+ * deregistered already is GW_ERR_INVALID_ARG. Registrations go with gw_comm_destroy. Not
+ * collective; thread-safe. */
+gw_status_t gw_mem_register(gw_comm_t comm, const void* ptr, size_t bytes, gw_mem_handle_t* handle);
+gw_status_t gw_mem_deregister(gw_comm_t comm, gw_mem_handle_t handle);
 
 /* Static text for a status code ("GW_ERR_PEER: a peer closed, died or ..."). Never NULL. */
 const char* gw_status_string(gw_status_t status);

@@ -194,6 +194,9 @@ _OPTIONAL = {
     "gw_igather": [comm_t, _P, _P, _SZ, _I, _I, _REQ],
     "gw_iscatter": [comm_t, _P, _P, _SZ, _I, _I, _REQ],
     "gw_ibarrier": [comm_t, _REQ],
+    # Registration of buffers used again and again (issue 27; device memory in direct mode).
+    "gw_mem_register": [comm_t, _P, _SZ, ctypes.POINTER(ctypes.c_void_p)],
+    "gw_mem_deregister": [comm_t, _P],
 }
 _present = set()
 for _name, _args in _OPTIONAL.items():

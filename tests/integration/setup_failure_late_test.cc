@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/integration/proc_harness.h"
+#include "tests/support/prompt_failures.h"
 
 namespace gw::test {
 namespace {
@@ -23,31 +24,6 @@ namespace {
 constexpr int kTimeoutMs = 8000;    // what a rank would wait without the fixes
 constexpr double kSpreadMs = 2000;  // every rank exits within this of the first
 constexpr double kPromptMs = 2500;  // a known answer: every rank is gone by then
-
-Env rank_env(int rank, int world, int port) {
-  Env env = clean_env();
-  env["GW_RANK"] = std::to_string(rank);
-  env["GW_WORLD_SIZE"] = std::to_string(world);
-  env["GW_STORE"] = "127.0.0.1:" + std::to_string(port);
-  env["GW_TIMEOUT_MS"] = std::to_string(kTimeoutMs);
-  env["GW_TRANSPORT"] = "tcp";
-  return env;
-}
-
-// Every rank failed within kPromptMs of its start and within kSpreadMs of the first to exit.
-void expect_prompt_failures(const std::vector<ProcResult>& results) {
-  double first = 1e18, last = 0;
-  for (size_t r = 0; r < results.size(); ++r) {
-    const auto& res = results[r];
-    EXPECT_TRUE(res.exited && res.exit_code != 0) << "rank " << r << ": " << res.describe();
-    EXPECT_FALSE(res.timed_out) << "rank " << r << ": " << res.describe();
-    EXPECT_LT(res.elapsed_ms, kPromptMs) << "rank " << r << ": " << res.describe();
-    first = std::min(first, res.elapsed_ms);
-    last = std::max(last, res.elapsed_ms);
-  }
-  EXPECT_LT(last - first, kSpreadMs)
-      << "the last rank exited " << (last - first) << " ms after the first";
-}
 
 // A private directory for socket files, removed with what is in it.
 class SocketDir {
@@ -122,13 +98,13 @@ TEST_P(OneRankFailsAfterTheRendezvous, EveryRankFailsAtOnceNamingIt) {
   ASSERT_GT(port, 0);
   ProcGroup g;
   for (int r = 0; r < world; ++r) {
-    Env env = rank_env(r, world, port);
+    Env env = tcp_rank_env(r, world, port, kTimeoutMs);
     if (r == bad) env["GW_SOCKET_IFNAME"] = "=gwnosuchif0";
     g.start({GW_RANK_MAIN_PATH, "identity"}, env);
   }
   auto results = g.wait_all(4 * kTimeoutMs);
   ASSERT_EQ(results.size(), static_cast<size_t>(world));
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kPromptMs, kSpreadMs);
   for (int r = 0; r < world; ++r) {
     const auto& out = results[static_cast<size_t>(r)].output;
     EXPECT_NE(out.find("gwnosuchif0"), std::string::npos) << "rank " << r << ": " << out;
@@ -152,7 +128,8 @@ TEST(SetupFailureLateTest, AJobWhoseRanksAllSetUpRuns) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   ProcGroup g;
-  for (int r = 0; r < 3; ++r) g.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(r, 3, port));
+  for (int r = 0; r < 3; ++r)
+    g.start({GW_RANK_MAIN_PATH, "identity"}, tcp_rank_env(r, 3, port, kTimeoutMs));
   auto results = g.wait_all(4 * kTimeoutMs);
   ASSERT_EQ(results.size(), 3u);
   for (const auto& res : results) EXPECT_TRUE(res.exited && res.exit_code == 0) << res.describe();
@@ -176,13 +153,13 @@ TEST_P(NoDaemonListens, EveryRankFailsAtOnce) {
   ASSERT_GT(port, 0);
   ProcGroup g;
   for (int r = 0; r < world; ++r) {
-    Env env = rank_env(r, world, port);
+    Env env = tcp_rank_env(r, world, port, kTimeoutMs);
     env["GW_DAEMON"] = "unix:" + path;
     g.start({GW_RANK_MAIN_PATH, "identity"}, env);
   }
   auto results = g.wait_all(4 * kTimeoutMs);
   ASSERT_EQ(results.size(), static_cast<size_t>(world));
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kPromptMs, kSpreadMs);
   for (const auto& res : results) {
     EXPECT_NE(res.output.find(path), std::string::npos) << res.describe();
     EXPECT_NE(res.output.find(file_there ? "refused" : "No such file"), std::string::npos)
@@ -215,7 +192,7 @@ TEST_P(DaemonModeRankFailsItsOwnChecks, EveryRankFailsAtOnceNamingIt) {
   ASSERT_GT(port, 0);
   ProcGroup g;
   for (int r = 0; r < 3; ++r) {
-    Env env = rank_env(r, 3, port);
+    Env env = tcp_rank_env(r, 3, port, kTimeoutMs);
     env["GW_DAEMON"] = "unix:" + path;
     if (r == 1 && what == "setting") env["GW_DAEMON_CHUNK"] = "lots";
     if (r == 1 && what == "socket") env["GW_DAEMON"] = "unix:" + dir.file("none.sock");
@@ -223,7 +200,7 @@ TEST_P(DaemonModeRankFailsItsOwnChecks, EveryRankFailsAtOnceNamingIt) {
   }
   auto results = g.wait_all(4 * kTimeoutMs);
   ASSERT_EQ(results.size(), 3u);
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kPromptMs, kSpreadMs);
   const std::string why = what == "setting" ? "GW_DAEMON_CHUNK" : "none.sock";
   for (int r = 0; r < 3; ++r) {
     const auto& out = results[static_cast<size_t>(r)].output;

@@ -15,37 +15,13 @@
 #include <vector>
 
 #include "tests/integration/proc_harness.h"
+#include "tests/support/prompt_failures.h"
 
 namespace gw::test {
 namespace {
 
 constexpr int kTimeoutMs = 60000;   // what a rank would wait without the fixes
 constexpr double kSpreadMs = 2000;  // every rank exits within this of the first
-
-Env rank_env(int rank, int world, int port) {
-  Env env = clean_env();
-  env["GW_RANK"] = std::to_string(rank);
-  env["GW_WORLD_SIZE"] = std::to_string(world);
-  env["GW_STORE"] = "127.0.0.1:" + std::to_string(port);
-  env["GW_TIMEOUT_MS"] = std::to_string(kTimeoutMs);
-  env["GW_TRANSPORT"] = "tcp";
-  return env;
-}
-
-// Every rank failed, none waited out its deadline, and all exited within kSpreadMs of each other.
-void expect_prompt_failures(const std::vector<ProcResult>& results) {
-  double first = 1e18, last = 0;
-  for (size_t r = 0; r < results.size(); ++r) {
-    const auto& res = results[r];
-    EXPECT_TRUE(res.exited && res.exit_code != 0) << "rank " << r << ": " << res.describe();
-    EXPECT_FALSE(res.timed_out) << "rank " << r << ": " << res.describe();
-    first = std::min(first, res.elapsed_ms);
-    last = std::max(last, res.elapsed_ms);
-  }
-  EXPECT_LT(last - first, kSpreadMs)
-      << "the last rank exited " << (last - first) << " ms after the first";
-  EXPECT_LT(last, kTimeoutMs / 4) << "a rank waited for its deadline";
-}
 
 // A typo on one rank: that rank fails at once, and says why in the store, so the others fail at
 // once naming it and its reason (before: they waited GW_TIMEOUT_MS, then blamed the store).
@@ -58,13 +34,13 @@ TEST_P(OneRankRefusesASetting, EveryRankFailsAtOnceNamingIt) {
   ASSERT_GT(port, 0);
   ProcGroup g;
   for (int r = 0; r < world; ++r) {
-    Env env = rank_env(r, world, port);
+    Env env = tcp_rank_env(r, world, port, kTimeoutMs);
     if (r == bad) env["GW_TRANSPORT"] = "tpc";
     g.start({GW_RANK_MAIN_PATH, "identity"}, env);
   }
   auto results = g.wait_all(kTimeoutMs / 2);
   ASSERT_EQ(results.size(), static_cast<size_t>(world));
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kTimeoutMs / 4, kSpreadMs);
   for (int r = 0; r < world; ++r) {
     const auto& out = results[static_cast<size_t>(r)].output;
     EXPECT_NE(out.find("tpc"), std::string::npos) << "rank " << r << ": " << out;
@@ -85,14 +61,14 @@ TEST(SetupFailureTest, AnUnusableTransportOnOneRankFailsEveryRankAtOnce) {
   ASSERT_GT(port, 0);
   ProcGroup g;
   for (int r = 0; r < 2; ++r) {
-    Env env = rank_env(r, 2, port);
+    Env env = tcp_rank_env(r, 2, port, kTimeoutMs);
     if (r == 1) env["GW_TRANSPORT"] = "verbs";
     g.start({GW_RANK_MAIN_PATH, "identity"}, env);
   }
   auto results = g.wait_all(kTimeoutMs / 2);
   ASSERT_EQ(results.size(), 2u);
   if (results[1].exited && results[1].exit_code == 0) GTEST_SKIP() << "verbs runs here";
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kTimeoutMs / 4, kSpreadMs);
   EXPECT_NE(results[1].output.find("cannot run in this process"), std::string::npos)
       << results[1].describe();
   EXPECT_NE(results[0].output.find("rank 1 failed to set up"), std::string::npos)
@@ -105,7 +81,7 @@ TEST(SetupFailureTest, AWaitForTheStoreIsSaidEveryFewSeconds) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   ProcGroup g;
-  Env env = rank_env(1, 2, port);
+  Env env = tcp_rank_env(1, 2, port, kTimeoutMs);
   env["GW_TIMEOUT_MS"] = "6500";
   g.start({GW_RANK_MAIN_PATH, "identity"}, env);
   auto results = g.wait_all(30000);
@@ -124,11 +100,11 @@ TEST(SetupFailureTest, MismatchedWorldSizesFailEveryRankAtOnce) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   ProcGroup g;
-  g.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(0, 2, port));
-  g.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(1, 3, port));
+  g.start({GW_RANK_MAIN_PATH, "identity"}, tcp_rank_env(0, 2, port, kTimeoutMs));
+  g.start({GW_RANK_MAIN_PATH, "identity"}, tcp_rank_env(1, 3, port, kTimeoutMs));
   auto results = g.wait_all(kTimeoutMs / 2);
   ASSERT_EQ(results.size(), 2u);
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kTimeoutMs / 4, kSpreadMs);
   for (const auto& res : results) {
     EXPECT_NE(res.output.find("world of"), std::string::npos) << res.describe();
     EXPECT_NE(res.output.find(" 2"), std::string::npos) << res.describe();
@@ -142,7 +118,7 @@ TEST(SetupFailureTest, MismatchedLaunchersFailEveryRankAtOnce) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   ProcGroup g;
-  g.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(0, 2, port));
+  g.start({GW_RANK_MAIN_PATH, "identity"}, tcp_rank_env(0, 2, port, kTimeoutMs));
   Env torchrun = clean_env();
   torchrun["RANK"] = "1";
   torchrun["WORLD_SIZE"] = "2";
@@ -152,7 +128,7 @@ TEST(SetupFailureTest, MismatchedLaunchersFailEveryRankAtOnce) {
   g.start({GW_RANK_MAIN_PATH, "identity"}, torchrun);
   auto results = g.wait_all(kTimeoutMs / 2);
   ASSERT_EQ(results.size(), 2u);
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kTimeoutMs / 4, kSpreadMs);
   for (const auto& res : results) {
     EXPECT_NE(res.output.find("torchrun"), std::string::npos) << res.describe();
     EXPECT_NE(res.output.find("GW_*"), std::string::npos) << res.describe();
@@ -211,11 +187,11 @@ TEST_P(ForeignStorePort, EveryRankFailsAtOnceSayingSo) {
   ASSERT_GT(stranger.port(), 0);
   ProcGroup g;
   for (int r = 0; r < 2; ++r) {
-    g.start({GW_RANK_MAIN_PATH, "identity"}, rank_env(r, 2, stranger.port()));
+    g.start({GW_RANK_MAIN_PATH, "identity"}, tcp_rank_env(r, 2, stranger.port(), kTimeoutMs));
   }
   auto results = g.wait_all(kTimeoutMs / 2);
   ASSERT_EQ(results.size(), 2u);
-  expect_prompt_failures(results);
+  expect_failed_promptly(results, kTimeoutMs / 4, kSpreadMs);
   EXPECT_NE(results[0].output.find("in use"), std::string::npos) << results[0].describe();
   EXPECT_NE(results[0].output.find("another process holds the store's port"), std::string::npos)
       << results[0].describe();

@@ -1,11 +1,12 @@
-// The plain collectives refuse CUDA device memory (GW_ERR_UNSUPPORTED naming the call and the
-// argument) when the process has the CUDA driver loaded; managed memory and host memory pass, and
-// gw_allreduce_compressed still takes device memory. There is no GPU here: the driver is
-// tests/support/fake_cuda_driver.c (soname libcuda.so.1), loaded before the first gradwire call as
-// a framework would load the real one, with the test marking which ranges are "device memory".
-// Every test runs twice: in direct mode and in daemon mode (GW_DAEMON, a gradwired the suite
-// starts), where allreduce, broadcast, allgather, reduce_scatter and alltoall take device memory
-// (tests/daemon/daemon_device_test.cc), and gw_iallreduce and gw_allreduce_compressed refuse it.
+// In daemon mode the plain collectives refuse CUDA device memory (GW_ERR_UNSUPPORTED naming the
+// call and the argument) when the process has the CUDA driver loaded; in direct mode they stage it
+// (capi_device_staging_test has the collectives on device buffers). Managed memory and host memory
+// pass in both, and gw_allreduce_compressed still takes device memory. There is no GPU here: the
+// driver is tests/support/fake_cuda_driver.c (soname libcuda.so.1), loaded before the first
+// gradwire call as a framework would load the real one, with the test marking which ranges are
+// "device memory". Every test runs twice: in direct mode and in daemon mode (GW_DAEMON, a gradwired
+// the suite starts), where the same refusal comes first and gw_allreduce_compressed refuses device
+// memory too (CUDA IPC into the daemon is a later step).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -102,48 +103,50 @@ class DeviceMemoryTest : public ::testing::TestWithParam<bool> {
   gw_comm_t comm_ = nullptr;
 };
 
-TEST_P(DeviceMemoryTest, PlainCollectivesRefuseDeviceMemoryNamingTheCall) {
+TEST_P(DeviceMemoryTest, DaemonModeTakesDeviceMemoryInThePlainCollectives) {
+  if (!daemon_mode()) GTEST_SKIP() << "direct mode stages device memory (DirectModeStages...)";
+  // A marked range cannot be exported over CUDA IPC (tests/daemon/daemon_device_test.cc has real
+  // imports): DaemonSession stages it for the five blocking calls, the front end for the i-form.
   std::vector<float> dev(8, 1.0f);
   std::vector<float> host(8, 0.0f);
   fake().mark(dev.data(), dev.size() * sizeof(float), 0);
   const size_t n = 4;
-  if (daemon_mode()) {  // the blocking collectives take it there; the i-form does not
-    gw_request_t req = nullptr;
-    expect_refused(gw_iallreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM, &req),
-                   "gw_iallreduce", "sendbuf");
-    EXPECT_EQ(req, nullptr);
-    EXPECT_EQ(host, std::vector<float>(8, 0.0f));
+  EXPECT_EQ(gw_allreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(host[0], 1.0f);
+  EXPECT_EQ(gw_broadcast(comm_, dev.data(), n, GW_FLOAT32, 0), GW_OK) << gw_last_error();
+  EXPECT_EQ(gw_allgather(comm_, dev.data(), host.data() + 4, n, GW_FLOAT32), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(gw_reduce_scatter(comm_, host.data(), dev.data() + 4, n, GW_FLOAT32, GW_SUM), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(gw_alltoall(comm_, dev.data(), host.data(), n, GW_FLOAT32), GW_OK) << gw_last_error();
+  gw_request_t req = nullptr;
+  std::vector<float> out(n, 0.0f);
+  ASSERT_EQ(gw_iallreduce(comm_, dev.data(), out.data(), n, GW_FLOAT32, GW_SUM, &req), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(gw_wait(req, 10000), GW_OK) << gw_last_error();
+  EXPECT_EQ(out, std::vector<float>(n, 1.0f));
+}
+
+TEST_P(DeviceMemoryTest, DirectModeStagesDeviceMemoryAndBothModesRegisterIt) {
+  std::vector<float> dev(8, 1.0f);
+  std::vector<float> host(8, 0.0f);
+  fake().mark(dev.data(), dev.size() * sizeof(float), 0);
+  gw_mem_handle_t h = nullptr;
+  if (daemon_mode()) {  // registration is the front end's, as in direct mode
+    EXPECT_EQ(gw_mem_register(comm_, dev.data(), sizeof(float) * 8, &h), GW_OK) << gw_last_error();
+    EXPECT_EQ(gw_mem_deregister(comm_, h), GW_OK) << gw_last_error();
     return;
   }
-
-  expect_refused(gw_allreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM),
-                 "gw_allreduce", "sendbuf");
-  expect_refused(gw_allreduce(comm_, host.data(), dev.data(), n, GW_FLOAT32, GW_SUM),
-                 "gw_allreduce", "recvbuf");
-  expect_refused(gw_allreduce(comm_, dev.data(), dev.data(), n, GW_FLOAT32, GW_SUM), "gw_allreduce",
-                 "sendbuf");
-  expect_refused(gw_broadcast(comm_, dev.data(), n, GW_FLOAT32, 0), "gw_broadcast", "buf");
-  expect_refused(gw_allgather(comm_, dev.data(), host.data(), n, GW_FLOAT32), "gw_allgather",
-                 "sendbuf");
-  expect_refused(gw_allgather(comm_, host.data(), dev.data(), n, GW_FLOAT32), "gw_allgather",
-                 "recvbuf");
-  expect_refused(gw_reduce_scatter(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM),
-                 "gw_reduce_scatter", "sendbuf");
-  expect_refused(gw_reduce_scatter(comm_, host.data(), dev.data(), n, GW_FLOAT32, GW_SUM),
-                 "gw_reduce_scatter", "recvbuf");
-  expect_refused(gw_alltoall(comm_, dev.data(), host.data(), n, GW_FLOAT32), "gw_alltoall",
-                 "sendbuf");
-  expect_refused(gw_alltoall(comm_, host.data(), dev.data(), n, GW_FLOAT32), "gw_alltoall",
-                 "recvbuf");
-  gw_request_t req = nullptr;
-  expect_refused(gw_iallreduce(comm_, dev.data(), host.data(), n, GW_FLOAT32, GW_SUM, &req),
-                 "gw_iallreduce", "sendbuf");
-  EXPECT_EQ(req, nullptr);
-  // Nothing was written into the host buffer by a refused call.
-  EXPECT_EQ(host, std::vector<float>(8, 0.0f));
-  // The communicator is still usable afterwards.
-  EXPECT_EQ(gw_allreduce(comm_, host.data(), host.data(), n, GW_FLOAT32, GW_SUM), GW_OK)
+  // The stand-in copies a marked (host) range as device memory: the call goes through staging.
+  EXPECT_EQ(gw_allreduce(comm_, dev.data(), host.data(), 8, GW_FLOAT32, GW_SUM), GW_OK)
       << gw_last_error();
+  EXPECT_EQ(host, dev);
+  char path[256] = {0};
+  ASSERT_EQ(gw_comm_describe(comm_, "device_memory_stats", path, sizeof(path), nullptr), GW_OK);
+  EXPECT_NE(std::string(path).find("staged_ranges=1 "), std::string::npos) << path;
+  EXPECT_EQ(gw_mem_register(comm_, dev.data(), sizeof(float) * 8, &h), GW_OK) << gw_last_error();
+  EXPECT_EQ(gw_mem_deregister(comm_, h), GW_OK) << gw_last_error();
 }
 
 TEST_P(DeviceMemoryTest, HostAndManagedMemoryPassWithOneQueryPerBuffer) {

@@ -4,9 +4,6 @@
 // with collectives from several threads, 1..8 ranks, every dtype, a dead peer, the deadline,
 // destroy and abort with pending requests, bad arguments.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,91 +20,24 @@
 #include <vector>
 
 #include "gradwire/gradwire.h"
-#include "tests/support/free_port.h"
+#include "tests/support/capi_world.h"
+#include "tests/support/local_daemon.h"
 #include "tests/support/test_env.h"
 
 namespace {
 
-using gw::testing::CleanEnv;
-
-std::string last() { return gw_last_error(); }
-
-size_t dtype_size(gw_dtype_t d) {
-  switch (d) {
-    case GW_FLOAT32:
-    case GW_INT32:
-      return 4;
-    case GW_FLOAT64:
-    case GW_INT64:
-      return 8;
-    case GW_FLOAT16:
-    case GW_BFLOAT16:
-      return 2;
-    case GW_UINT8:
-      return 1;
-  }
-  return 1;
-}
-
-constexpr gw_dtype_t kDtypes[] = {GW_FLOAT32, GW_FLOAT64, GW_FLOAT16, GW_BFLOAT16,
-                                  GW_INT32,   GW_INT64,   GW_UINT8};
+using namespace gw::testing;  // run_world, RankErrors, GW_CHECK_RANK (capi_world.h)
 
 // A byte pattern that names (src, dst, tag, index).
 uint8_t pattern(int src, int dst, int tag, size_t i) {
   return static_cast<uint8_t>(src * 31 + dst * 17 + tag * 7 + i * 13 + (i >> 8));
 }
 
-// Per-rank errors, collected by the rank threads.
-struct Errors {
-  std::mutex mu;
-  std::vector<std::string> list;
-  void add(int rank, const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu);
-    list.push_back("rank " + std::to_string(rank) + ": " + what);
-  }
-};
-
-using RankFn = std::function<void(gw_comm_t, int rank, int world, Errors&)>;
-
-// Runs fn on `world` ranks (threads), each with its own communicator; destroy_inside: fn destroys.
-void run_world(int world, const char* transport, int timeout_ms, const RankFn& fn,
-               bool destroy_inside = false) {
-  CleanEnv env;
-  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
-  Errors errors;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      gw_config_t cfg = GW_CONFIG_INIT;
-      cfg.rank = r;
-      cfg.world_size = world;
-      cfg.store_addr = world > 1 ? addr.c_str() : nullptr;
-      cfg.transport = transport;
-      cfg.timeout_ms = timeout_ms;
-      gw_comm_t comm = nullptr;
-      if (gw_comm_init(&comm, &cfg) != GW_OK) {
-        errors.add(r, "init: " + last());
-        return;
-      }
-      fn(comm, r, world, errors);
-      if (!destroy_inside && gw_comm_destroy(comm) != GW_OK) errors.add(r, "destroy: " + last());
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors.list) ADD_FAILURE() << e;
-}
-
-#define CHECK_GW(rank, errors, call)                                                \
-  do {                                                                              \
-    gw_status_t s_ = (call);                                                        \
-    if (s_ != GW_OK) (errors).add(rank, std::string(#call) + " failed: " + last()); \
-  } while (0)
-
 // Every rank sends one message to every rank (itself too) and receives one from every rank, all
 // posted before any wait, receives first on odd ranks.
-void all_pairs(gw_comm_t comm, int rank, int world, Errors& errors, size_t count, gw_dtype_t dt,
+void all_pairs(gw_comm_t comm, int rank, int world, RankErrors& errors, size_t count, gw_dtype_t dt,
                int tag) {
-  const size_t bytes = count * dtype_size(dt);
+  const size_t bytes = count * gw_dtype_bytes(dt);
   std::vector<std::vector<uint8_t>> out(world), in(world);
   std::vector<gw_request_t> reqs;
   auto post_sends = [&] {
@@ -115,7 +45,7 @@ void all_pairs(gw_comm_t comm, int rank, int world, Errors& errors, size_t count
       out[p].resize(bytes);
       for (size_t i = 0; i < bytes; ++i) out[p][i] = pattern(rank, p, tag, i);
       gw_request_t q = nullptr;
-      CHECK_GW(rank, errors, gw_isend(comm, out[p].data(), count, dt, p, tag, &q));
+      GW_CHECK_RANK(rank, errors, gw_isend(comm, out[p].data(), count, dt, p, tag, &q));
       if (q) reqs.push_back(q);
     }
   };
@@ -123,7 +53,7 @@ void all_pairs(gw_comm_t comm, int rank, int world, Errors& errors, size_t count
     for (int p = 0; p < world; ++p) {
       in[p].assign(bytes, 0);
       gw_request_t q = nullptr;
-      CHECK_GW(rank, errors, gw_irecv(comm, in[p].data(), count, dt, p, tag, &q));
+      GW_CHECK_RANK(rank, errors, gw_irecv(comm, in[p].data(), count, dt, p, tag, &q));
       if (q) reqs.push_back(q);
     }
   };
@@ -134,7 +64,7 @@ void all_pairs(gw_comm_t comm, int rank, int world, Errors& errors, size_t count
     post_sends();
     post_recvs();
   }
-  for (auto q : reqs) CHECK_GW(rank, errors, gw_wait(q, -1));
+  for (auto q : reqs) GW_CHECK_RANK(rank, errors, gw_wait(q, -1));
   for (int p = 0; p < world; ++p) {
     for (size_t i = 0; i < bytes; ++i) {
       if (in[p][i] != pattern(p, rank, tag, i)) {
@@ -150,7 +80,7 @@ void all_pairs(gw_comm_t comm, int rank, int world, Errors& errors, size_t count
 TEST(P2PTest, AllPairsAtOneToEightRanks) {
   for (int world = 1; world <= 8; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
-    run_world(world, "auto", 60000, [](gw_comm_t c, int rank, int world, Errors& e) {
+    run_world(world, "auto", 60000, [](gw_comm_t c, int rank, int world, RankErrors& e) {
       all_pairs(c, rank, world, e, 1000, GW_INT32, 3);
       all_pairs(c, rank, world, e, 0, GW_UINT8, 4);
       all_pairs(c, rank, world, e, 300000, GW_UINT8, 5);  // past the eager size
@@ -161,12 +91,12 @@ TEST(P2PTest, AllPairsAtOneToEightRanks) {
 TEST(P2PTest, EveryDtypeAndSizeOverTcpAndShm) {
   for (const char* transport : {"tcp", "shm"}) {
     SCOPED_TRACE(transport);
-    run_world(2, transport, 60000, [](gw_comm_t c, int rank, int world, Errors& e) {
+    run_world(2, transport, 60000, [](gw_comm_t c, int rank, int world, RankErrors& e) {
       int tag = 10;
-      for (gw_dtype_t dt : kDtypes) {
+      for (gw_dtype_t dt : kAllDtypes) {
         // 0, 1, around the eager size (16 KiB), several chunks (512 KiB each).
         for (size_t bytes : {size_t{0}, size_t{8}, size_t{16384}, size_t{16392}, size_t{1600008}}) {
-          all_pairs(c, rank, world, e, bytes / dtype_size(dt), dt, tag++);
+          all_pairs(c, rank, world, e, bytes / gw_dtype_bytes(dt), dt, tag++);
         }
       }
     });
@@ -174,7 +104,7 @@ TEST(P2PTest, EveryDtypeAndSizeOverTcpAndShm) {
 }
 
 TEST(P2PTest, OrderIsKeptPerSenderAndTag) {
-  run_world(3, "tcp", 60000, [](gw_comm_t c, int rank, int world, Errors& e) {
+  run_world(3, "tcp", 60000, [](gw_comm_t c, int rank, int world, RankErrors& e) {
     constexpr int kN = 40;
     if (rank > 0) {
       // Eager and rendezvous messages mixed, two tags interleaved.
@@ -185,11 +115,11 @@ TEST(P2PTest, OrderIsKeptPerSenderAndTag) {
           auto& b = bufs[2 * i + t];
           b.assign(i % 3 == 0 ? 5000 : 3, 1000 * rank + 100 * t + i);
           gw_request_t q = nullptr;
-          CHECK_GW(rank, e, gw_isend(c, b.data(), b.size(), GW_INT64, 0, 7 + t, &q));
+          GW_CHECK_RANK(rank, e, gw_isend(c, b.data(), b.size(), GW_INT64, 0, 7 + t, &q));
           reqs.push_back(q);
         }
       }
-      for (auto q : reqs) CHECK_GW(rank, e, gw_wait(q, -1));
+      for (auto q : reqs) GW_CHECK_RANK(rank, e, gw_wait(q, -1));
     } else {
       // Let the messages arrive first (unexpected), then receive tag 8 before tag 7.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -198,10 +128,10 @@ TEST(P2PTest, OrderIsKeptPerSenderAndTag) {
           for (int i = 0; i < kN; ++i) {
             std::vector<int64_t> b(5000, -1);
             gw_request_t q = nullptr;
-            CHECK_GW(rank, e, gw_irecv(c, b.data(), b.size(), GW_INT64, src, 7 + t, &q));
+            GW_CHECK_RANK(rank, e, gw_irecv(c, b.data(), b.size(), GW_INT64, src, 7 + t, &q));
             size_t n = 0;
             int from = -2;
-            CHECK_GW(rank, e, gw_wait_recv(q, -1, &n, &from));
+            GW_CHECK_RANK(rank, e, gw_wait_recv(q, -1, &n, &from));
             const size_t want = i % 3 == 0 ? 5000 : 3;
             if (n != want || from != src || b[0] != 1000 * src + 100 * t + i ||
                 b[want - 1] != b[0]) {
@@ -218,16 +148,16 @@ TEST(P2PTest, OrderIsKeptPerSenderAndTag) {
 }
 
 TEST(P2PTest, AnySourceTakesEveryRankAndReportsIt) {
-  run_world(4, "auto", 60000, [](gw_comm_t c, int rank, int world, Errors& e) {
+  run_world(4, "auto", 60000, [](gw_comm_t c, int rank, int world, RankErrors& e) {
     if (rank == 0) {
       std::set<int> seen;
       for (int k = 0; k < 2 * (world - 1); ++k) {
         std::vector<int32_t> b(4000, -1);
         gw_request_t q = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, b.data(), b.size(), GW_INT32, GW_ANY_SOURCE, 9, &q));
+        GW_CHECK_RANK(rank, e, gw_irecv(c, b.data(), b.size(), GW_INT32, GW_ANY_SOURCE, 9, &q));
         size_t n = 0;
         int src = -2;
-        CHECK_GW(rank, e, gw_wait_recv(q, -1, &n, &src));
+        GW_CHECK_RANK(rank, e, gw_wait_recv(q, -1, &n, &src));
         const size_t want = k % 2 ? 4000 : 10;  // not known per source: check by content
         (void)want;
         if (src < 1 || src >= world || b[0] != src || (n != 10 && n != 4000) || b[n - 1] != src) {
@@ -239,33 +169,34 @@ TEST(P2PTest, AnySourceTakesEveryRankAndReportsIt) {
       if (seen.size() != static_cast<size_t>(world - 1)) e.add(rank, "not every source seen");
     } else {
       std::vector<int32_t> small(10, rank), large(4000, rank);
-      CHECK_GW(rank, e, gw_send(c, small.data(), small.size(), GW_INT32, 0, 9));
-      CHECK_GW(rank, e, gw_send(c, large.data(), large.size(), GW_INT32, 0, 9));
+      GW_CHECK_RANK(rank, e, gw_send(c, small.data(), small.size(), GW_INT32, 0, 9));
+      GW_CHECK_RANK(rank, e, gw_send(c, large.data(), large.size(), GW_INT32, 0, 9));
     }
   });
 }
 
 TEST(P2PTest, TruncationFailsBothSidesAndALargerReceiveGetsTheRealSize) {
-  run_world(2, "tcp", 60000, [](gw_comm_t c, int rank, int, Errors& e) {
+  run_world(2, "tcp", 60000, [](gw_comm_t c, int rank, int, RankErrors& e) {
     for (size_t count : {size_t{100}, size_t{300000}}) {  // eager and rendezvous
       std::vector<int32_t> b(2 * count, rank);
       if (rank == 0) {
         gw_status_t s = gw_send(c, b.data(), count, GW_INT32, 1, 1);
-        if (s != GW_ERR_INVALID_ARG || last().find("truncated") == std::string::npos) {
-          e.add(rank, "truncated send: status " + std::to_string(s) + ": " + last());
+        if (s != GW_ERR_INVALID_ARG || last_error().find("truncated") == std::string::npos) {
+          e.add(rank, "truncated send: status " + std::to_string(s) + ": " + last_error());
         }
-        CHECK_GW(rank, e, gw_send(c, b.data(), count, GW_INT32, 1, 1));  // the link still works
+        GW_CHECK_RANK(rank, e,
+                      gw_send(c, b.data(), count, GW_INT32, 1, 1));  // the link still works
       } else {
         gw_status_t s = gw_recv(c, b.data(), count / 2, GW_INT32, 0, 1);
-        if (s != GW_ERR_INVALID_ARG || last().find("truncated") == std::string::npos ||
-            last().find(std::to_string(count * 4)) == std::string::npos) {
-          e.add(rank, "truncated receive: status " + std::to_string(s) + ": " + last());
+        if (s != GW_ERR_INVALID_ARG || last_error().find("truncated") == std::string::npos ||
+            last_error().find(std::to_string(count * 4)) == std::string::npos) {
+          e.add(rank, "truncated receive: status " + std::to_string(s) + ": " + last_error());
         }
         gw_request_t q = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, b.data(), 2 * count, GW_INT32, 0, 1, &q));
+        GW_CHECK_RANK(rank, e, gw_irecv(c, b.data(), 2 * count, GW_INT32, 0, 1, &q));
         size_t n = 0;
         int src = -2;
-        CHECK_GW(rank, e, gw_wait_recv(q, -1, &n, &src));
+        GW_CHECK_RANK(rank, e, gw_wait_recv(q, -1, &n, &src));
         if (n != count || src != 0 || b[count - 1] != 0 || b[count] != 1) {
           e.add(rank,
                 "larger receive: count " + std::to_string(n) + ", source " + std::to_string(src));
@@ -276,22 +207,22 @@ TEST(P2PTest, TruncationFailsBothSidesAndALargerReceiveGetsTheRealSize) {
 }
 
 TEST(P2PTest, SelfSendAnyOrder) {
-  run_world(1, "auto", 60000, [](gw_comm_t c, int rank, int, Errors& e) {
+  run_world(1, "auto", 60000, [](gw_comm_t c, int rank, int, RankErrors& e) {
     std::vector<double> a(50000), b(50000, 0);
     for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5 * static_cast<double>(i);
     gw_request_t s = nullptr, r = nullptr;
-    CHECK_GW(rank, e, gw_isend(c, a.data(), a.size(), GW_FLOAT64, 0, 2, &s));  // send first
-    CHECK_GW(rank, e, gw_recv(c, b.data(), b.size(), GW_FLOAT64, GW_ANY_SOURCE, 2));
-    CHECK_GW(rank, e, gw_wait(s, -1));
+    GW_CHECK_RANK(rank, e, gw_isend(c, a.data(), a.size(), GW_FLOAT64, 0, 2, &s));  // send first
+    GW_CHECK_RANK(rank, e, gw_recv(c, b.data(), b.size(), GW_FLOAT64, GW_ANY_SOURCE, 2));
+    GW_CHECK_RANK(rank, e, gw_wait(s, -1));
     if (a != b) e.add(rank, "self-send (send first) data");
     std::fill(b.begin(), b.end(), 0);
-    CHECK_GW(rank, e, gw_irecv(c, b.data(), b.size(), GW_FLOAT64, 0, 3, &r));  // receive first
-    CHECK_GW(rank, e, gw_send(c, a.data(), a.size(), GW_FLOAT64, 0, 3));
+    GW_CHECK_RANK(rank, e, gw_irecv(c, b.data(), b.size(), GW_FLOAT64, 0, 3, &r));  // receive first
+    GW_CHECK_RANK(rank, e, gw_send(c, a.data(), a.size(), GW_FLOAT64, 0, 3));
     int src = -2;
-    CHECK_GW(rank, e, gw_wait_recv(r, -1, nullptr, &src));
+    GW_CHECK_RANK(rank, e, gw_wait_recv(r, -1, nullptr, &src));
     if (a != b || src != 0) e.add(rank, "self-send (receive first) data");
     // Truncated self-send fails both sides.
-    CHECK_GW(rank, e, gw_isend(c, a.data(), 10, GW_FLOAT64, 0, 4, &s));
+    GW_CHECK_RANK(rank, e, gw_isend(c, a.data(), 10, GW_FLOAT64, 0, 4, &s));
     if (gw_recv(c, b.data(), 5, GW_FLOAT64, 0, 4) != GW_ERR_INVALID_ARG) {
       e.add(rank, "truncated self receive passed");
     }
@@ -300,7 +231,7 @@ TEST(P2PTest, SelfSendAnyOrder) {
 }
 
 TEST(P2PTest, InterleavesWithCollectivesFromSeveralThreads) {
-  run_world(3, "auto", 60000, [](gw_comm_t c, int rank, int world, Errors& e) {
+  run_world(3, "auto", 60000, [](gw_comm_t c, int rank, int world, RankErrors& e) {
     std::atomic<bool> stop{false};
     // Another thread: point-to-point round the ring, both directions.
     std::thread p2p([&] {
@@ -309,10 +240,10 @@ TEST(P2PTest, InterleavesWithCollectivesFromSeveralThreads) {
         std::vector<float> out(i % 2 ? 70000 : 7, static_cast<float>(rank * 100 + i));
         std::vector<float> in(out.size(), -1);
         gw_request_t s = nullptr, r = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, in.data(), in.size(), GW_FLOAT32, prev, 11, &r));
-        CHECK_GW(rank, e, gw_isend(c, out.data(), out.size(), GW_FLOAT32, next, 11, &s));
-        CHECK_GW(rank, e, gw_wait(s, -1));
-        CHECK_GW(rank, e, gw_wait(r, -1));
+        GW_CHECK_RANK(rank, e, gw_irecv(c, in.data(), in.size(), GW_FLOAT32, prev, 11, &r));
+        GW_CHECK_RANK(rank, e, gw_isend(c, out.data(), out.size(), GW_FLOAT32, next, 11, &s));
+        GW_CHECK_RANK(rank, e, gw_wait(s, -1));
+        GW_CHECK_RANK(rank, e, gw_wait(r, -1));
         if (in.back() != static_cast<float>(prev * 100 + i)) e.add(rank, "ring message wrong");
       }
     });
@@ -321,14 +252,14 @@ TEST(P2PTest, InterleavesWithCollectivesFromSeveralThreads) {
       const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
       int32_t v = rank + i, got = -1;
       gw_request_t s = nullptr;
-      CHECK_GW(rank, e, gw_isend(c, &v, 1, GW_INT32, next, 12, &s));
+      GW_CHECK_RANK(rank, e, gw_isend(c, &v, 1, GW_INT32, next, 12, &s));
       std::vector<float> x(20000, 1.0f);
-      CHECK_GW(rank, e, gw_allreduce(c, x.data(), x.data(), x.size(), GW_FLOAT32, GW_SUM));
+      GW_CHECK_RANK(rank, e, gw_allreduce(c, x.data(), x.data(), x.size(), GW_FLOAT32, GW_SUM));
       if (x[19999] != static_cast<float>(world)) e.add(rank, "allreduce value");
-      CHECK_GW(rank, e, gw_recv(c, &got, 1, GW_INT32, prev, 12));
-      CHECK_GW(rank, e, gw_wait(s, -1));
+      GW_CHECK_RANK(rank, e, gw_recv(c, &got, 1, GW_INT32, prev, 12));
+      GW_CHECK_RANK(rank, e, gw_wait(s, -1));
       if (got != prev + i) e.add(rank, "message across the allreduce wrong");
-      CHECK_GW(rank, e, gw_barrier(c));
+      GW_CHECK_RANK(rank, e, gw_barrier(c));
     }
     p2p.join();
     stop = true;
@@ -336,18 +267,18 @@ TEST(P2PTest, InterleavesWithCollectivesFromSeveralThreads) {
 }
 
 // Runs op on `rank`, checks it ends with GW_ERR_TIMEOUT after about the deadline (1.5 s).
-void expect_deadline(int rank, Errors& e, const std::function<gw_status_t()>& op) {
+void expect_deadline(int rank, RankErrors& e, const std::function<gw_status_t()>& op) {
   const auto t0 = std::chrono::steady_clock::now();
   gw_status_t s = op();
   const auto ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
-  if (s != GW_ERR_TIMEOUT) e.add(rank, "status " + std::to_string(s) + ": " + last());
+  if (s != GW_ERR_TIMEOUT) e.add(rank, "status " + std::to_string(s) + ": " + last_error());
   if (ms < 1000 || ms > 10000) e.add(rank, "ended after " + std::to_string(ms) + " ms");
 }
 
 TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
-  run_world(2, "tcp", 1500, [](gw_comm_t c, int rank, int, Errors& e) {
+  run_world(2, "tcp", 1500, [](gw_comm_t c, int rank, int, RankErrors& e) {
     int32_t x = 0;
     if (rank == 0) {
       expect_deadline(rank, e, [&] { return gw_recv(c, &x, 1, GW_INT32, 1, 5); });  // no sender
@@ -358,13 +289,13 @@ TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
 }
 
 TEST(P2PTest, DeadlineEndsAnUnmatchedSend) {
-  run_world(2, "tcp", 1500, [](gw_comm_t c, int rank, int, Errors& e) {
+  run_world(2, "tcp", 1500, [](gw_comm_t c, int rank, int, RankErrors& e) {
     int32_t x = 0, y = 0;
     if (rank == 1) {
       expect_deadline(rank, e, [&] { return gw_send(c, &x, 1, GW_INT32, 0, 6); });  // no receiver
     } else {
       gw_request_t q = nullptr;  // another tag: the link is up, the message never matched
-      CHECK_GW(rank, e, gw_irecv(c, &y, 1, GW_INT32, 1, 7, &q));
+      GW_CHECK_RANK(rank, e, gw_irecv(c, &y, 1, GW_INT32, 1, 7, &q));
       gw_status_t s = gw_wait(q, -1);  // the sender's deadline closes the link, or its own
       if (s != GW_ERR_TIMEOUT && s != GW_ERR_PEER) e.add(rank, "status " + std::to_string(s));
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
@@ -375,26 +306,26 @@ TEST(P2PTest, DeadlineEndsAnUnmatchedSend) {
 TEST(P2PTest, DeadPeerEndsPendingOpsWithPeerError) {
   run_world(
       2, "tcp", 30000,
-      [](gw_comm_t c, int rank, int, Errors& e) {
+      [](gw_comm_t c, int rank, int, RankErrors& e) {
         int32_t x = 1;
         if (rank == 1) {
-          CHECK_GW(rank, e, gw_send(c, &x, 1, GW_INT32, 0, 1));  // the link is up
+          GW_CHECK_RANK(rank, e, gw_send(c, &x, 1, GW_INT32, 0, 1));  // the link is up
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           gw_comm_abort(c);  // dies: its connections close
           gw_comm_destroy(c);
           return;
         }
-        CHECK_GW(rank, e, gw_recv(c, &x, 1, GW_INT32, 1, 1));
+        GW_CHECK_RANK(rank, e, gw_recv(c, &x, 1, GW_INT32, 1, 1));
         std::vector<uint8_t> big(1 << 20);
         gw_request_t r = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, big.data(), big.size(), GW_UINT8, 1, 2, &r));
+        GW_CHECK_RANK(rank, e, gw_irecv(c, big.data(), big.size(), GW_UINT8, 1, 2, &r));
         const auto t0 = std::chrono::steady_clock::now();
         gw_status_t s = gw_wait(r, -1);
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::steady_clock::now() - t0)
                             .count();
-        if (s != GW_ERR_PEER || last().find("rank 1") == std::string::npos) {
-          e.add(rank, "status " + std::to_string(s) + ": " + last());
+        if (s != GW_ERR_PEER || last_error().find("rank 1") == std::string::npos) {
+          e.add(rank, "status " + std::to_string(s) + ": " + last_error());
         }
         if (ms > 15000) e.add(rank, "peer error took " + std::to_string(ms) + " ms");
         // Later ops with that peer fail at once.
@@ -407,35 +338,36 @@ TEST(P2PTest, DeadPeerEndsPendingOpsWithPeerError) {
 TEST(P2PTest, DestroyAndAbortEndPendingRequests) {
   run_world(
       2, "auto", 60000,
-      [](gw_comm_t c, int rank, int, Errors& e) {
+      [](gw_comm_t c, int rank, int, RankErrors& e) {
         int32_t x = 0, y = 0;
         gw_request_t r1 = nullptr, r2 = nullptr, s1 = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, &x, 1, GW_INT32, 1 - rank, 1, &r1));
-        CHECK_GW(rank, e, gw_irecv(c, &y, 1, GW_INT32, GW_ANY_SOURCE, 2, &r2));
-        CHECK_GW(rank, e, gw_isend(c, &y, 1, GW_INT32, rank, 3, &s1));  // self, never received
+        GW_CHECK_RANK(rank, e, gw_irecv(c, &x, 1, GW_INT32, 1 - rank, 1, &r1));
+        GW_CHECK_RANK(rank, e, gw_irecv(c, &y, 1, GW_INT32, GW_ANY_SOURCE, 2, &r2));
+        GW_CHECK_RANK(rank, e, gw_isend(c, &y, 1, GW_INT32, rank, 3, &s1));  // self, never received
         if (rank == 0) {
           gw_comm_abort(c);
-          if (gw_wait(r1, -1) != GW_ERR_ABORTED) e.add(rank, "abort: " + last());
-          CHECK_GW(rank, e, gw_comm_destroy(c));
+          if (gw_wait(r1, -1) != GW_ERR_ABORTED) e.add(rank, "abort: " + last_error());
+          GW_CHECK_RANK(rank, e, gw_comm_destroy(c));
         } else {
-          CHECK_GW(rank, e, gw_comm_destroy(c));
-          if (gw_wait(r1, -1) != GW_ERR_ABORTED) e.add(rank, "destroy: " + last());
+          GW_CHECK_RANK(rank, e, gw_comm_destroy(c));
+          if (gw_wait(r1, -1) != GW_ERR_ABORTED) e.add(rank, "destroy: " + last_error());
         }
-        if (gw_wait(r2, -1) != GW_ERR_ABORTED) e.add(rank, "any-source: " + last());
+        if (gw_wait(r2, -1) != GW_ERR_ABORTED) e.add(rank, "any-source: " + last_error());
         int done = 0;
-        if (gw_test(s1, &done) != GW_ERR_ABORTED || done != 1) e.add(rank, "self send: " + last());
+        if (gw_test(s1, &done) != GW_ERR_ABORTED || done != 1)
+          e.add(rank, "self send: " + last_error());
       },
       true);
 }
 
 TEST(P2PTest, BadArguments) {
-  run_world(2, "auto", 60000, [](gw_comm_t c, int rank, int, Errors& e) {
+  run_world(2, "auto", 60000, [](gw_comm_t c, int rank, int, RankErrors& e) {
     if (rank == 1) return;
     int32_t x = 0;
     gw_request_t q = nullptr;
     auto expect = [&](gw_status_t s, const char* what, const char* word) {
-      if (s != GW_ERR_INVALID_ARG || last().find(word) == std::string::npos) {
-        e.add(rank, std::string(what) + ": status " + std::to_string(s) + ": " + last());
+      if (s != GW_ERR_INVALID_ARG || last_error().find(word) == std::string::npos) {
+        e.add(rank, std::string(what) + ": status " + std::to_string(s) + ": " + last_error());
       }
     };
     expect(gw_send(c, &x, 1, GW_INT32, 1, -1), "negative tag", "tag");
@@ -452,9 +384,9 @@ TEST(P2PTest, BadArguments) {
     expect(gw_send(nullptr, &x, 1, GW_INT32, 1, 0), "NULL comm", "comm");
     expect(gw_wait_recv(nullptr, -1, nullptr, nullptr), "NULL request", "request");
     // A collective's request is not a point-to-point one (and stays valid).
-    CHECK_GW(rank, e, gw_isend(c, nullptr, 0, GW_INT32, 0, 0, &q));  // count 0, NULL: fine
-    CHECK_GW(rank, e, gw_recv(c, nullptr, 0, GW_INT32, 0, 0));
-    CHECK_GW(rank, e, gw_wait(q, -1));
+    GW_CHECK_RANK(rank, e, gw_isend(c, nullptr, 0, GW_INT32, 0, 0, &q));  // count 0, NULL: fine
+    GW_CHECK_RANK(rank, e, gw_recv(c, nullptr, 0, GW_INT32, 0, 0));
+    GW_CHECK_RANK(rank, e, gw_wait(q, -1));
   });
 }
 
@@ -462,46 +394,29 @@ TEST(P2PTest, BadArguments) {
 // Daemon mode has no point-to-point yet: every call says so, no request is made.
 TEST(P2PTest, DaemonModeRefusesWithUnsupported) {
   CleanEnv env;
-  char tmpl[] = "/tmp/gw-p2p-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, sock = dir + "/s.sock";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  struct stat st {};
-  for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-p2p");
+  ASSERT_TRUE(daemon.use());  // GW_DAEMON names it until the end of the test
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
   cfg.timeout_ms = 20000;
   gw_comm_t c = nullptr;
-  EXPECT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last();
+  EXPECT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last_error();
   if (c != nullptr) {
     int32_t x = 0;
     gw_request_t q = nullptr;
     auto expect = [&](gw_status_t s, const char* what) {
-      EXPECT_EQ(s, GW_ERR_UNSUPPORTED) << what << ": " << last();
-      EXPECT_NE(last().find("daemon mode"), std::string::npos) << what << ": " << last();
+      EXPECT_EQ(s, GW_ERR_UNSUPPORTED) << what << ": " << last_error();
+      EXPECT_NE(last_error().find("daemon mode"), std::string::npos)
+          << what << ": " << last_error();
     };
     expect(gw_send(c, &x, 1, GW_INT32, 0, 0), "gw_send");
     expect(gw_recv(c, &x, 1, GW_INT32, 0, 0), "gw_recv");
     expect(gw_isend(c, &x, 1, GW_INT32, 0, 0, &q), "gw_isend");
     expect(gw_irecv(c, &x, 1, GW_INT32, GW_ANY_SOURCE, 0, &q), "gw_irecv");
     EXPECT_EQ(q, nullptr);
-    EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last();
+    EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
   }
-  ::unsetenv("GW_DAEMON");
-  ::kill(pid, SIGTERM);
-  ::waitpid(pid, nullptr, 0);
-  ::unlink(sock.c_str());
-  ::unlink((sock + ".ctl").c_str());
-  ::rmdir(dir.c_str());
 }
 #endif
 

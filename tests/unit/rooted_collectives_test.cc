@@ -3,9 +3,6 @@
 // uneven all-to-all-v splits from random seeds, bad arguments, ranks that disagree (every rank
 // fails, none hangs), and daemon mode's refusal.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include <vector>
 
 #include "tests/support/capi_world.h"
+#include "tests/support/local_daemon.h"
 
 namespace {
 
@@ -376,20 +374,8 @@ TEST(RootedCollectivesTest, RanksThatDisagreeAllFail) {
 // Daemon mode has neither the new collectives nor the i-forms but gw_iallreduce yet.
 TEST(RootedCollectivesTest, DaemonModeRefusesWithUnsupported) {
   gw::testing::CleanEnv env;
-  char tmpl[] = "/tmp/gw-rooted-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, sock = dir + "/s.sock";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  struct stat st {};
-  for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-rooted");
+  ASSERT_TRUE(daemon.use());  // GW_DAEMON names it until the end of the test
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
@@ -417,12 +403,6 @@ TEST(RootedCollectivesTest, DaemonModeRefusesWithUnsupported) {
     EXPECT_EQ(gw_broadcast(c, x, 2, GW_INT32, 0), GW_OK) << last_error();
     EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
   }
-  ::unsetenv("GW_DAEMON");
-  ::kill(pid, SIGTERM);
-  ::waitpid(pid, nullptr, 0);
-  ::unlink(sock.c_str());
-  ::unlink((sock + ".ctl").c_str());
-  ::rmdir(dir.c_str());
 }
 #endif
 

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,32 +32,97 @@ namespace {
 
 using namespace ::gw::net::conformance;
 
+// A child in `role` that connects to a listener of this process, and the connection accepted
+// from it. Members in the order the cases made them, so they go in the reverse one.
+struct ChildConnects {
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Child> child;
+  std::unique_ptr<RecvComm> recv;  // nullptr (a failure recorded) when none came in kWaitMs
+};
+
+ChildConnects child_connects(Transport& t, const std::string& backend, const std::string& role,
+                             const ChildPlace& place) {
+  ChildConnects c;
+  Handle handle;
+  auto listener = t.listen(&handle);
+  if (!listener.ok()) {
+    ADD_FAILURE() << listener.status().to_string();
+    return c;
+  }
+  c.listener = std::move(*listener);
+  c.child = std::make_unique<Child>(role, backend, &handle, -1, place);
+  const int64_t deadline = now_ms() + kWaitMs;
+  while (c.recv == nullptr && now_ms() < deadline) {
+    auto r = c.listener->accept();
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status().to_string();
+      return c;
+    }
+    c.recv = std::move(*r);
+  }
+  return c;
+}
+
+// A child in `role` that listens and passes its handle through a pipe, and this process's
+// connection to it.
+struct ChildListens {
+  std::unique_ptr<Child> child;
+  std::unique_ptr<Connector> connector;
+  std::unique_ptr<SendComm> send;  // nullptr (a failure recorded) when not up in kWaitMs
+};
+
+ChildListens child_listens(Transport& t, const std::string& backend, const std::string& role,
+                           const ChildPlace& place) {
+  ChildListens c;
+  int fds[2];
+  if (pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return c;
+  }
+  c.child = std::make_unique<Child>(role, backend, nullptr, fds[1], place);
+  close(fds[1]);
+  Handle theirs;
+  const bool got = read_handle(fds[0], &theirs);
+  close(fds[0]);
+  if (!got) {
+    ADD_FAILURE() << "the child gave no handle";
+    return c;
+  }
+  auto connector = t.connect(theirs);
+  if (!connector.ok()) {
+    ADD_FAILURE() << connector.status().to_string();
+    return c;
+  }
+  c.connector = std::move(*connector);
+  const int64_t deadline = now_ms() + kWaitMs;
+  while (c.send == nullptr && now_ms() < deadline) {
+    auto r = c.connector->poll();
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status().to_string();
+      return c;
+    }
+    c.send = std::move(*r);
+  }
+  return c;
+}
+
 // Receiver here, sender in a child that is SIGKILLed mid-stream.
 TEST_P(TransportConformanceAcrossProcesses, KilledSenderProcessFailsReceiverWithPeer) {
   SKIP_IF_ONE_PROCESS_ONLY();
-  Handle handle;
-  auto listener = transport_->listen(&handle);
-  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
-  const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child("connect-stream", backend, &handle, -1, place_);
-  std::unique_ptr<RecvComm> recv;
-  int64_t deadline = now_ms() + kWaitMs;
-  while (recv == nullptr && now_ms() < deadline) {
-    auto r = (*listener)->accept();
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    recv = std::move(*r);
-  }
-  ASSERT_NE(recv, nullptr);
+  ChildConnects c = child_connects(*transport_, backend(), "connect-stream", place_);
+  ASSERT_NE(c.recv, nullptr);
+  RecvComm* recv = c.recv.get();
+  Child& child = *c.child;
   std::vector<uint8_t> dst(size);
-  Op first = post_recv(recv.get(), dst.data(), size, 0);
+  Op first = post_recv(recv, dst.data(), size, 0);
   ASSERT_TRUE(run_ops({&first}));
   ASSERT_TRUE(first.status.ok()) << first.status.to_string();
   // A receive may also be refused when it is posted, if the sender's end is already gone (on a
   // loaded machine the child may have failed or closed first): that is the same outcome.
   auto try_post_recv = [&]() {
     Op op;
-    op.comm = recv.get();
+    op.comm = recv;
     Result<Request*> r = recv->irecv(dst.data(), size, 0, nullptr);
     if (r.ok()) {
       op.req = *r;
@@ -87,27 +154,13 @@ TEST_P(TransportConformanceAcrossProcesses, KilledSenderProcessFailsReceiverWith
 // Sender here, receiver in a child that is SIGKILLed mid-stream.
 TEST_P(TransportConformanceAcrossProcesses, KilledReceiverProcessFailsSenderWithPeer) {
   SKIP_IF_ONE_PROCESS_ONLY();
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const std::string backend = TransportConformance::backend();
   const size_t size = size_t{16} << 20;
-  Child child("listen-stream", backend, nullptr, fds[1], place_);
-  close(fds[1]);
-  Handle handle;
-  ASSERT_TRUE(read_handle(fds[0], &handle)) << "the child gave no handle";
-  close(fds[0]);
-  auto connector = transport_->connect(handle);
-  ASSERT_TRUE(connector.ok()) << connector.status().to_string();
-  std::unique_ptr<SendComm> send;
-  int64_t deadline = now_ms() + kWaitMs;
-  while (send == nullptr && now_ms() < deadline) {
-    auto s = (*connector)->poll();
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    send = std::move(*s);
-  }
-  ASSERT_NE(send, nullptr);
+  ChildListens c = child_listens(*transport_, backend(), "listen-stream", place_);
+  ASSERT_NE(c.send, nullptr);
+  SendComm* send = c.send.get();
+  Child& child = *c.child;
   std::vector<uint8_t> src(size, 4);
-  Op first = post_send(send.get(), src.data(), size, 0);
+  Op first = post_send(send, src.data(), size, 0);
   ASSERT_TRUE(run_ops({&first}));
   ASSERT_TRUE(first.status.ok()) << first.status.to_string();
   expect_link_carried(0, size);  // the child is still receiving: the message reaches it
@@ -116,7 +169,7 @@ TEST_P(TransportConformanceAcrossProcesses, KilledReceiverProcessFailsSenderWith
   Status result;
   // Sends may still land in buffers for a moment; within a bound they must fail with kPeer.
   while (result.ok() && now_ms() - t0 < 10000) {
-    Op op = post_send(send.get(), src.data(), size, 0);
+    Op op = post_send(send, src.data(), size, 0);
     if (op.req == nullptr) break;
     ASSERT_TRUE(run_ops({&op}, 10000));
     result = op.status;
@@ -260,47 +313,20 @@ const bool kChildRegistered = ::gw::testing::register_child_case("ConformanceChi
 
 TEST_P(TransportConformanceAcrossProcesses, CrossProcessOrderingAndSizesChildSends) {
   SKIP_IF_ONE_PROCESS_ONLY();
-  Handle handle;
-  auto listener = transport_->listen(&handle);
-  ASSERT_TRUE(listener.ok());
-  const std::string backend = TransportConformance::backend();
-  Child child("connect-sequence", backend, &handle, -1, place_);
-  std::unique_ptr<RecvComm> recv;
-  int64_t deadline = now_ms() + kWaitMs;
-  while (recv == nullptr && now_ms() < deadline) {
-    auto r = (*listener)->accept();
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    recv = std::move(*r);
-  }
-  ASSERT_NE(recv, nullptr);
-  EXPECT_EQ(recv_sequence(recv.get()), 0);
-  EXPECT_EQ(child.wait(), 0);
+  ChildConnects c = child_connects(*transport_, backend(), "connect-sequence", place_);
+  ASSERT_NE(c.recv, nullptr);
+  EXPECT_EQ(recv_sequence(c.recv.get()), 0);
+  EXPECT_EQ(c.child->wait(), 0);
   expect_link_carried(sequence_bytes(), 0);
 }
 
 TEST_P(TransportConformanceAcrossProcesses, CrossProcessOrderingAndSizesChildReceives) {
   SKIP_IF_ONE_PROCESS_ONLY();
   // The child listens and passes its handle through a pipe; this process connects and sends.
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const std::string backend = TransportConformance::backend();
-  Child child("listen-sequence", backend, nullptr, fds[1], place_);
-  close(fds[1]);
-  Handle theirs;
-  ASSERT_TRUE(read_handle(fds[0], &theirs)) << "the child gave no handle";
-  close(fds[0]);
-  auto connector = transport_->connect(theirs);
-  ASSERT_TRUE(connector.ok());
-  std::unique_ptr<SendComm> send;
-  int64_t deadline = now_ms() + kWaitMs;
-  while (send == nullptr && now_ms() < deadline) {
-    auto s = (*connector)->poll();
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    send = std::move(*s);
-  }
-  ASSERT_NE(send, nullptr);
-  EXPECT_EQ(send_sequence(send.get()), 0);
-  EXPECT_EQ(child.wait(), 0);
+  ChildListens c = child_listens(*transport_, backend(), "listen-sequence", place_);
+  ASSERT_NE(c.send, nullptr);
+  EXPECT_EQ(send_sequence(c.send.get()), 0);
+  EXPECT_EQ(c.child->wait(), 0);
   expect_link_carried(0, sequence_bytes());
 }
 
