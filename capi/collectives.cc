@@ -244,8 +244,8 @@ GW_EXPORT gw_status_t gw_allreduce(gw_comm_t comm, const void* sendbuf, void* re
     DeviceFlags dev;
     GW_RETURN_IF_ERROR(check_allreduce(*st, sendbuf, recvbuf, count, dtype, op, &dev));
     if (dev.any()) {
-      return run_staged(*st, make_call(CallKind::kAllreduce, sendbuf, recvbuf, count, dtype, op, 0),
-                        dev);
+      const auto c = make_call(CallKind::kAllreduce, sendbuf, recvbuf, count, dtype, op, 0);
+      return st->takes_device_memory() ? st->device_collective(c) : run_staged(*st, c, dev);
     }
     return st->allreduce(sendbuf, recvbuf, count, dt(dtype), rop(op));
   });
@@ -257,7 +257,9 @@ GW_EXPORT gw_status_t gw_broadcast(gw_comm_t comm, void* buf, size_t count, gw_d
     GW_ASSIGN_OR_RETURN(auto st, usable(comm));
     DeviceFlags dev;
     GW_ASSIGN_OR_RETURN(auto c, check_broadcast(*st, buf, count, raw_enum(dtype), root, &dev));
-    if (dev.any()) return run_staged(*st, c, dev);
+    if (dev.any()) {
+      return st->takes_device_memory() ? st->device_collective(c) : run_staged(*st, c, dev);
+    }
     return st->broadcast(buf, count, c.dtype, root);
   });
 }
@@ -269,7 +271,9 @@ GW_EXPORT gw_status_t gw_allgather(gw_comm_t comm, const void* sendbuf, void* re
     DeviceFlags dev;
     GW_ASSIGN_OR_RETURN(auto c,
                         check_allgather(*st, sendbuf, recvbuf, sendcount, raw_enum(dtype), &dev));
-    if (dev.any()) return run_staged(*st, c, dev);
+    if (dev.any()) {
+      return st->takes_device_memory() ? st->device_collective(c) : run_staged(*st, c, dev);
+    }
     return st->allgather(sendbuf, recvbuf, sendcount, c.dtype);
   });
 }
@@ -281,7 +285,9 @@ GW_EXPORT gw_status_t gw_reduce_scatter(gw_comm_t comm, const void* sendbuf, voi
     DeviceFlags dev;
     GW_ASSIGN_OR_RETURN(auto c, check_reduce_scatter(*st, sendbuf, recvbuf, recvcount,
                                                      raw_enum(dtype), raw_enum(op), &dev));
-    if (dev.any()) return run_staged(*st, c, dev);
+    if (dev.any()) {
+      return st->takes_device_memory() ? st->device_collective(c) : run_staged(*st, c, dev);
+    }
     return st->reduce_scatter(sendbuf, recvbuf, recvcount, c.dtype, c.op);
   });
 }
@@ -293,7 +299,9 @@ GW_EXPORT gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* rec
     DeviceFlags dev;
     GW_ASSIGN_OR_RETURN(auto c,
                         check_alltoall(*st, sendbuf, recvbuf, count, raw_enum(dtype), &dev));
-    if (dev.any()) return run_staged(*st, c, dev);
+    if (dev.any()) {
+      return st->takes_device_memory() ? st->device_collective(c) : run_staged(*st, c, dev);
+    }
     return st->alltoall(sendbuf, recvbuf, count, c.dtype);
   });
 }

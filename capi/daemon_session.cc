@@ -192,6 +192,7 @@ std::map<std::string, std::string> DaemonSession::resolved() const {
           {"daemon_transport", client_->welcome().transport},
           {"channels", "the daemon's"},
           {"chunk", coll::format_bytes(chunk_bytes_)},
+          {"device_memory", "imported into gradwired (CUDA IPC), else staged through the arena"},
           {"allreduce", among}};
 }
 
@@ -206,12 +207,14 @@ DaemonSession::~DaemonSession() {
 
 namespace {
 
-// The C ABI refuses device memory for the plain collectives before any session sees it
-// (capi/host_memory.cc); the compressed allreduce takes device memory in direct mode, not yet
-// here. Managed memory passes: the CPU copies it into the arena.
-Status refuse_device(const void* buf) {
+// The calls that do not take device memory in daemon mode (the compressed allreduce takes it in
+// direct mode, not yet here). Managed memory passes: the CPU copies it into the arena.
+Status refuse_device(const void* buf, const char* call) {
   if (buf != nullptr && cuda::resident_memory_kind(buf) == cuda::MemoryKind::kDevice) {
-    return unsupported("GPU buffers are not supported in daemon mode yet (GW_DAEMON)");
+    return unsupported(
+        "{}: CUDA device memory is not supported in daemon mode yet (GW_DAEMON; allreduce, "
+        "broadcast, allgather, reduce_scatter and alltoall take it)",
+        call);
   }
   return ok_status();
 }
@@ -630,7 +633,7 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
         "most {} and {})",
         spec.size(), key.size(), daemon::kMaxCodecSpecBytes, daemon::kMaxTensorKeyBytes);
   }
-  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf));
+  if (count > 0) GW_RETURN_IF_ERROR(refuse_device(buf, "gw_allreduce_compressed"));
   auto known = keys_.find(key);
   if (known != keys_.end() && (known->second.spec != spec || known->second.count != count ||
                                known->second.dtype != dtype)) {

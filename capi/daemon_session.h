@@ -13,9 +13,14 @@
 // the same daemons). An allreduce or broadcast of more than GW_DAEMON_CHUNK bytes runs as chunks,
 // several in flight, so a buffer larger than the arena works and staging overlaps the daemon's
 // work; so do allgather, reduce_scatter and alltoall above two chunks, as slices of every
-// rank's block. iallreduce and allreduce_compressed must fit the arena whole. A GPU buffer is
-// kUnsupported. Every wait has the communicator's deadline, and a daemon that dies or cuts this
-// client ends the call (and every later one) with kPeer.
+// rank's block. iallreduce and allreduce_compressed must fit the arena whole. CUDA device
+// buffers (allreduce, broadcast, allgather, reduce_scatter, alltoall; capi/daemon_device.cc): each
+// allocation is exported to the daemon once (CUDA IPC) and the submission names (allocation,
+// offset), so the trainer copies nothing; memory that cannot be exported is staged through host
+// memory and the arena (said once at INFO). The other calls' device buffers are staged by the
+// front end (device_memory()); allreduce_compressed refuses them (kUnsupported). Every wait has the
+// communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
+// later one) with kPeer.
 #pragma once
 
 #include <atomic>
@@ -43,6 +48,12 @@ class DaemonSession final : public Session {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Device memory (capi/daemon_device.cc): the five blocking collectives import it into
+  // gradwired (device_collective); the other calls are staged by the front end through
+  // device_memory(), as in direct mode.
+  bool takes_device_memory() const override { return true; }
+  Status device_collective(const coll::CollectiveCall& call) override;
+  std::shared_ptr<DeviceMemory> device_memory() const override;
 
   Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,
                    coll::ReduceOp op) override;
@@ -112,6 +123,33 @@ class DaemonSession final : public Session {
                             sys::Deadline deadline);
   Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
                     coll::DataType dtype, coll::ReduceOp op, const char* what);
+
+  // ---- device buffers (capi/daemon_device.cc) ----
+  // Whether p is CUDA device memory (managed memory is host memory here: the CPU reads it).
+  static bool is_device(const void* p);
+  // A collective (opcode: allreduce, broadcast, allgather, reduce_scatter, alltoall) of which a
+  // buffer is device memory: on imported allocations when both buffers are device memory that
+  // the daemon imported, else staged through host copies and the host path. Takes mu_.
+  Status device_call(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t count,
+                     coll::DataType dtype, coll::ReduceOp op, int root);
+  struct DevRef {
+    uint32_t id = 0;  // 0: not imported (staged)
+    uint64_t off = 0;
+  };
+  // Where device pointer p lies among the daemon's imports: its allocation imported on first use
+  // (again when it was freed and another took its place); id 0 where it cannot be. Under mu_.
+  Result<DevRef> device_ref(const void* p);
+  Status release_import(uint32_t id);
+  struct DeviceAlloc {
+    uint32_t id = 0;  // 0: could not be exported or imported: staged
+    size_t bytes = 0;
+    uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID: tells a reused address apart
+  };
+  std::map<uintptr_t, DeviceAlloc> dev_allocs_;  // by base address; under mu_
+  mutable std::once_flag device_memory_once_;
+  mutable std::shared_ptr<DeviceMemory> device_memory_;
+  uint32_t next_alloc_id_ = 1;
+  bool said_imported_ = false, said_staged_ = false;
 
   using Placed = daemon::Client::Placed;
   friend class DaemonRequest;

@@ -68,6 +68,13 @@ class Session {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether allreduce, broadcast, allgather, reduce_scatter and alltoall take CUDA device memory
+  // themselves: the front end, having found device memory in such a call (capi/host_memory.cc),
+  // gives it to device_collective instead of staging it (daemon mode imports it into gradwired).
+  virtual bool takes_device_memory() const { return false; }
+  virtual Status device_collective(const coll::CollectiveCall& call) {
+    return unsupported("this communicator does not take device memory itself");
+  }
 
   // The collectives of the C header, with its semantics (in place, count 0, matching across ranks).
   virtual Status allreduce(const void* sendbuf, void* recvbuf, size_t count, coll::DataType dtype,

@@ -121,6 +121,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       r["clients"] = counters.live_clients.load();
       r["jobs"] = counters.live_jobs.load();
       r["arenas"] = counters.live_arenas.load();
+      r["imports"] = counters.live_imports.load();
       r["accepted"] = counters.accepted.load();
       r["refused"] = counters.refused.load();
       r["collectives"] = counters.collectives.load();
@@ -144,6 +145,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
                                             : "running";
         r["collectives"] = job->done.load();
         r["errors"] = job->errors.load();
+        r["imports"] = job->imports->load();
         // Between the job's daemons: agreed when they met; none for a job of one host.
         r["transport"] = h.num_hosts == 1 ? std::string("local") : job->transport_name();
         rows.push_back(std::move(r));

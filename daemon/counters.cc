@@ -47,6 +47,7 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
   s.refused = refused.load();
   s.live_clients = live_clients.load();
   s.live_arenas = live_arenas.load();
+  s.live_imports = live_imports.load();
   s.live_jobs = live_jobs.load();
   s.collectives = collectives.load();
   s.failed = failed.load();

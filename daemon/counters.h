@@ -29,6 +29,8 @@ class Counters {
 
   std::atomic<uint64_t> accepted{0}, refused{0}, live_clients{0}, live_arenas{0}, live_jobs{0},
       collectives{0}, failed{0};
+  // Trainers' device allocations open in the daemon (daemon/device_import.h).
+  std::atomic<uint64_t> live_imports{0};
 
   // The slot of a transport name for inter(): its own, or the last ("other").
   int transport_slot(const std::string& name) const;

@@ -51,6 +51,10 @@ std::string num(const json& j, const char* key) {
   if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
   return std::to_string(v.get<int64_t>());
 }
+// A field a daemon before version 0.5 did not send (imports): "-" when absent or not a number.
+std::string num_or_dash(const json& j, const char* key) {
+  return j.contains(key) && j.at(key).is_number_integer() ? num(j, key) : "-";
+}
 
 std::string render(gw::daemon::ControlCommand command, const json& r) {
   using gw::daemon::ControlCommand;
@@ -68,6 +72,7 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
                                         {"clients", num(r, "clients")},
                                         {"jobs", num(r, "jobs")},
                                         {"arenas", num(r, "arenas")},
+                                        {"device imports", num_or_dash(r, "imports")},
                                         {"clients accepted", num(r, "accepted")},
                                         {"clients refused", num(r, "refused")},
                                         {"collectives ok", num(r, "collectives")},
@@ -78,11 +83,12 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
       for (const json& j : r) {
         rows.push_back({str(j, "job"), num(j, "world"), num(j, "hosts"), num(j, "host_index"),
                         num(j, "local_trainers") + "/" + num(j, "local_size"), str(j, "state"),
-                        str(j, "transport"), num(j, "collectives"), num(j, "errors")});
+                        str(j, "transport"), num(j, "collectives"), num(j, "errors"),
+                        num_or_dash(j, "imports")});
       }
-      return table(
-          {"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "TRANSPORT", "COLLECTIVES", "ERRORS"},
-          rows);
+      return table({"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "TRANSPORT", "COLLECTIVES",
+                    "ERRORS", "IMPORTS"},
+                   rows);
     }
     case ControlCommand::kClients: {
       std::vector<std::vector<std::string>> rows;

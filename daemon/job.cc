@@ -241,11 +241,14 @@ void Job::consume(Trainer& t) {
   for (uint64_t k = *ready; k > 0; --k) {
     // One copy: the client cannot change it under the checks.
     const SqEntry e = t.sq.front();
-    auto r = decode_request(e, t.next_seq, t.data, t.geo.data_bytes, first.world_size);
+    auto r =
+        decode_request(e, t.next_seq, t.data, t.geo.data_bytes, first.world_size, &t.alloc_sizes);
     if (!r.ok()) {
       refuse(t, r.status());
       return;
     }
+    if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
+    if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
     t.pending.push_back(*r);
     t.requests.fetch_add(1, std::memory_order_relaxed);
     ++t.next_seq;
@@ -265,6 +268,9 @@ std::string Job::describe(const Request& r) const {
 
 void Job::run_ready() {
   for (;;) {
+    for (const auto& m : members) {
+      if (m) settle(*m);
+    }
     for (const auto& m : members) {
       if (!m || m->pending.empty()) return;
     }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,7 @@
 #include "core/sys/fd.h"
 #include "core/sys/memfd_region.h"
 #include "daemon/counters.h"
+#include "daemon/device_import.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/ring.h"
@@ -64,6 +66,10 @@ struct Trainer {
   RingProducer<CqEntry> cq;
   uint64_t next_seq = 1;
   std::deque<Request> pending;
+  // Its device allocations: the sizes the decoder checks against (as decoded), and the imports
+  // opened (as answered). Closed when the trainer goes (the last reference to it).
+  AllocSizes alloc_sizes;
+  std::map<uint32_t, std::unique_ptr<DeviceImport>> imports;
 
   void mark_lost(std::string why);
   std::string reason();
@@ -101,6 +107,8 @@ struct Job {
   // For gradwirectl jobs (read by the serve loop).
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{0}, errors{0};
+  // Device allocations of its trainers imported now (gradwirectl jobs): held by each import.
+  std::shared_ptr<std::atomic<uint64_t>> imports = std::make_shared<std::atomic<uint64_t>>(0);
 
   std::mutex comm_mu;     // guards comm (abort() from the serve loop) and transport
   std::string transport;  // agreed by the job's daemons in start_comm ("" until then, or local)
@@ -116,6 +124,14 @@ struct Job {
   // allreduce_compressed's error feedback between the daemons (per tensor key), made on first use.
   std::unique_ptr<coll::Compressor> compressor;
   std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
+  // The host path of device buffers (job_device.cc): each member's staging of its send and
+  // receive ranges for the collective being run (`shared` when they are one range).
+  struct DeviceStage {
+    std::vector<uint8_t> in, out;
+    bool shared = false;
+  };
+  std::vector<DeviceStage> stage;
+  bool said_device_path = false;
 
   // The job thread's body.
   void run();
@@ -140,8 +156,23 @@ struct Job {
   bool wait_for_work();  // false when poll fails
   void run_ready();
   std::string describe(const Request& r) const;
-  // job_collectives.cc
+  // job_device.cc
+  // Answers the imports and releases at the front of t's queue (they are t's own, not the job's).
+  void settle(Trainer& t);
+  // The collective, with any imported device buffer staged through host memory around it.
   Status execute(const std::vector<Request>& reqs);
+  Status stage_in(const std::vector<Request>& reqs);
+  Status stage_out(const std::vector<Request>& reqs);
+  // Member i's send and receive range in host memory: its arena, or its device buffer's staging.
+  uint8_t* src_of(size_t i, const Request& r) {
+    return r.send_alloc ? stage[i].in.data() : members[i]->data + r.send_off;
+  }
+  uint8_t* dst_of(size_t i, const Request& r) {
+    if (r.recv_alloc == 0) return members[i]->data + r.recv_off;
+    return stage[i].shared ? stage[i].in.data() : stage[i].out.data();
+  }
+  // job_collectives.cc
+  Status execute_host(const std::vector<Request>& reqs);
   Status alltoall(const std::vector<Request>& reqs);
   // Across hosts: an allgather / reduce-scatter among the daemons of slots packed by host.
   Status allgather_by_host(const std::vector<Request>& reqs);

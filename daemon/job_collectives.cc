@@ -10,10 +10,9 @@
 
 namespace gw::daemon {
 
-Status Job::execute(const std::vector<Request>& reqs) {
+Status Job::execute_host(const std::vector<Request>& reqs) {
   const Request& r = reqs[0];
   const size_t n = members.size();
-  auto buf = [&](size_t i, uint64_t off) { return members[i]->data + off; };
   coll::Communicator* cm = comm.get();
   // Phases and bytes for the metrics.
   PhaseClock clock(counters);
@@ -70,8 +69,8 @@ Status Job::execute(const std::vector<Request>& reqs) {
         coll::finalize_avg(r.dtype, s, elems, first.world_size);
       }
       for (size_t i = 0; i < n && block > 0; ++i) {
-        std::memmove(buf(i, reqs[i].recv_off),
-                     s + static_cast<size_t>(members[i]->hello.rank) * block, block);
+        std::memmove(dst_of(i, reqs[i]), s + static_cast<size_t>(members[i]->hello.rank) * block,
+                     block);
       }
       counters->arena(0, block * n);
       clock.mark(Phase::kCopyBack);
@@ -86,7 +85,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
         if (members[i]->hello.rank == r.root) root_local = static_cast<int>(i);
       }
       if (root_local >= 0 && bytes > 0) {
-        std::memcpy(s, buf(root_local, reqs[root_local].send_off), bytes);
+        std::memcpy(s, src_of(root_local, reqs[root_local]), bytes);
         counters->arena(bytes, 0);
       }
       clock.mark(Phase::kLocalReduce);
@@ -99,7 +98,7 @@ Status Job::execute(const std::vector<Request>& reqs) {
       }
       for (size_t i = 0; i < n && bytes > 0; ++i) {
         if (static_cast<int>(i) != root_local) {
-          std::memcpy(buf(i, reqs[i].recv_off), s, bytes);
+          std::memcpy(dst_of(i, reqs[i]), s, bytes);
           counters->arena(0, bytes);
         }
       }
@@ -110,6 +109,9 @@ Status Job::execute(const std::vector<Request>& reqs) {
       return alltoall(reqs);
     case Opcode::kAllreduceCompressed:
       return allreduce_compressed(reqs);
+    case Opcode::kImport:
+    case Opcode::kRelease:  // answered for their trainer alone (Job::settle)
+      return internal_error("{} is not a collective", opcode_name(r.opcode));
     case Opcode::kAllgather: {
       if (cm && r.count > 0) return allgather_by_host(reqs);
       // One host (or empty blocks): these trainers' blocks are the whole result.
@@ -119,13 +121,13 @@ Status Job::execute(const std::vector<Request>& reqs) {
       if (scratch.size() < total) scratch.resize(total);
       uint8_t* s = scratch.data();
       for (size_t i = 0; i < n && block > 0; ++i) {
-        std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block,
-                    buf(i, reqs[i].send_off), block);
+        std::memcpy(s + static_cast<size_t>(members[i]->hello.rank) * block, src_of(i, reqs[i]),
+                    block);
       }
       counters->arena(block * n, 0);
       clock.mark(Phase::kLocalReduce);
       for (size_t i = 0; i < n && total > 0; ++i) {
-        uint8_t* out = buf(i, reqs[i].recv_off);
+        uint8_t* out = dst_of(i, reqs[i]);
         if (reqs[i].recv_stride == block) {
           std::memcpy(out, s, total);
           continue;
@@ -189,7 +191,7 @@ Status Job::allgather_by_host(const std::vector<Request>& reqs) {
   uint8_t* mine = scratch.data();
   uint8_t* all = mine + hs.slot;
   for (size_t i = 0; i < n; ++i) {
-    std::memcpy(mine + hs.position_of[i] * block, members[i]->data + reqs[i].send_off, block);
+    std::memcpy(mine + hs.position_of[i] * block, src_of(i, reqs[i]), block);
   }
   if (members.size() < hs.lmax) std::memset(mine + n * block, 0, (hs.lmax - n) * block);
   counters->arena(block * n, 0);
@@ -198,7 +200,7 @@ Status Job::allgather_by_host(const std::vector<Request>& reqs) {
   count_inter(hs.slot * num_hosts, hs.slot);
   clock.mark(Phase::kInterHost);
   for (size_t i = 0; i < n; ++i) {
-    uint8_t* out = members[i]->data + reqs[i].recv_off;
+    uint8_t* out = dst_of(i, reqs[i]);
     for (size_t g = 0; g < num_hosts; ++g) {
       for (size_t p = 0; p < ranks_of_host[g].size(); ++p) {
         std::memcpy(out + static_cast<size_t>(ranks_of_host[g][p]) * reqs[i].recv_stride,
@@ -248,7 +250,7 @@ Status Job::reduce_scatter_by_host(const std::vector<Request>& reqs) {
     coll::finalize_avg(r.dtype, mine, n * static_cast<size_t>(r.count), first.world_size);
   }
   for (size_t i = 0; i < n; ++i) {
-    std::memcpy(members[i]->data + reqs[i].recv_off, mine + hs.position_of[i] * block, block);
+    std::memcpy(dst_of(i, reqs[i]), mine + hs.position_of[i] * block, block);
   }
   counters->arena(0, block * n);
   clock.mark(Phase::kCopyBack);
@@ -296,7 +298,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   for (size_t g = 0; g < num_hosts; ++g) {
     for (size_t i = 0; i < hosts[me].size(); ++i) {
       const size_t m = member_of[i];
-      const uint8_t* send = members[m]->data + reqs[m].send_off;
+      const uint8_t* send = src_of(m, reqs[m]);
       for (size_t j = 0; j < hosts[g].size(); ++j) {
         std::memcpy(out + g * slot + (i * lmax + j) * block,
                     send + static_cast<size_t>(hosts[g][j]) * reqs[m].send_stride, block);
@@ -314,8 +316,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
     for (size_t i = 0; i < hosts[h].size(); ++i) {
       for (size_t j = 0; j < hosts[me].size(); ++j) {
         const size_t m = member_of[j];
-        std::memcpy(members[m]->data + reqs[m].recv_off +
-                        static_cast<size_t>(hosts[h][i]) * reqs[m].recv_stride,
+        std::memcpy(dst_of(m, reqs[m]) + static_cast<size_t>(hosts[h][i]) * reqs[m].recv_stride,
                     in + h * slot + (i * lmax + j) * block, block);
       }
     }
@@ -330,9 +331,7 @@ void Job::local_sum(const std::vector<Request>& reqs, coll::ReduceOp op, uint8_t
   const coll::DataType dt = reqs[0].dtype;
   const size_t elem = coll::dtype_size(dt);
   const size_t n = members.size();
-  auto src = [&](size_t i) {
-    return members[i]->data + reqs[i].send_off + block * reqs[i].send_stride + off;
-  };
+  auto src = [&](size_t i) { return src_of(i, reqs[i]) + block * reqs[i].send_stride + off; };
   parallel_ranges(pool, bytes / elem, elem, kMinPartBytes, [&](size_t first_elem, size_t k) {
     const size_t o = first_elem * elem;
     if (n == 1) {
@@ -348,7 +347,7 @@ void Job::copy_back(const std::vector<Request>& reqs, const uint8_t* src, size_t
                     size_t bytes) {
   parallel_ranges(pool, bytes, 1, kMinPartBytes, [&](size_t first_byte, size_t k) {
     for (size_t i = 0; i < members.size(); ++i) {
-      std::memcpy(members[i]->data + reqs[i].recv_off + off + first_byte, src + first_byte, k);
+      std::memcpy(dst_of(i, reqs[i]) + off + first_byte, src + first_byte, k);
     }
   });
 }

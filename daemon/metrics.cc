@@ -49,6 +49,8 @@ std::vector<prometheus::MetricFamily> collect(const Server& server) {
   using T = prometheus::MetricType;
   add("gradwired_clients", "trainers connected", T::Gauge, double(st.live_clients));
   add("gradwired_arenas", "trainer arenas mapped in the daemon", T::Gauge, double(st.live_arenas));
+  add("gradwired_imported_allocations", "trainers' device allocations open in the daemon", T::Gauge,
+      double(st.live_imports));
   add("gradwired_jobs", "jobs with trainers on this daemon", T::Gauge, double(st.live_jobs));
   add("gradwired_clients_accepted_total", "hellos accepted", T::Counter, double(st.accepted));
   add("gradwired_clients_refused_total",

@@ -257,12 +257,66 @@ const char* opcode_name(Opcode op) {
       return "alltoall";
     case Opcode::kAllreduceCompressed:
       return "allreduce_compressed";
+    case Opcode::kImport:
+      return "import";
+    case Opcode::kRelease:
+      return "release";
   }
   return "?";
 }
 
+namespace {
+
+// import and release: per-trainer messages (version 5).
+Result<Request> decode_import(const SqEntry& e, Request r, const uint8_t* data, uint64_t data_bytes,
+                              const AllocSizes* allocs) {
+  if (e.dtype != 0 || e.op != 0 || e.root != 0 || e.count != 0 || e.send_off != 0 ||
+      e.recv_off != 0 || e.stride != 0 || e.key_len != 0) {
+    return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
+  }
+  const size_t held = allocs ? allocs->size() : 0;
+  if (r.opcode == Opcode::kRelease) {
+    if (e.meta_off != 0 || e.spec_len == 0 || allocs == nullptr || allocs->count(e.spec_len) == 0) {
+      return peer_error("submission {}: release of allocation {}, which is not imported", e.seq,
+                        e.spec_len);
+    }
+    r.alloc_id = e.spec_len;
+    return r;
+  }
+  if (e.spec_len != sizeof(ImportWire) || !range_ok(e.meta_off, sizeof(ImportWire), data_bytes)) {
+    return peer_error(
+        "submission {}: import record [{}, +{}) (must be {} bytes in the data region)", e.seq,
+        e.meta_off, e.spec_len, sizeof(ImportWire));
+  }
+  ImportWire w;
+  std::memcpy(&w, data + e.meta_off, sizeof(w));  // one copy: the client cannot change it after
+  if (w.kind != kImportCudaIpc) {
+    return peer_error("submission {}: import of unknown kind {}", e.seq, w.kind);
+  }
+  if (w.alloc_id == 0 || w.alloc_id > 0x7fffffffu || (allocs && allocs->count(w.alloc_id) != 0)) {
+    return peer_error("submission {}: import id {} (1..2^31-1, not in use)", e.seq, w.alloc_id);
+  }
+  if (held >= kMaxImportsPerClient) {
+    return peer_error("submission {}: more than {} imported allocations", e.seq,
+                      kMaxImportsPerClient);
+  }
+  if (w.bytes == 0 || w.bytes > (1ull << 48) || w.device < 0 || w.device > 1023 ||
+      w.reserved != 0) {
+    return peer_error("submission {}: import of {} bytes on device {} (reserved {})", e.seq,
+                      w.bytes, w.device, w.reserved);
+  }
+  r.import_kind = w.kind;
+  r.alloc_id = w.alloc_id;
+  r.alloc_bytes = w.bytes;
+  r.device = w.device;
+  std::memcpy(r.handle, w.handle, sizeof(r.handle));
+  return r;
+}
+
+}  // namespace
+
 Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
-                               uint64_t data_bytes, int32_t world_size) {
+                               uint64_t data_bytes, int32_t world_size, const AllocSizes* allocs) {
   if (e.seq != expected_seq) {
     return peer_error("submission: sequence {} where {} was due", e.seq, expected_seq);
   }
@@ -282,13 +336,35 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
     case static_cast<uint16_t>(Opcode::kAllreduceCompressed):
       r.opcode = static_cast<Opcode>(e.opcode);
       break;
+    case static_cast<uint16_t>(Opcode::kImport):
+    case static_cast<uint16_t>(Opcode::kRelease):
+      r.opcode = static_cast<Opcode>(e.opcode);
+      return decode_import(e, r, data, data_bytes, allocs);
     default:
       return peer_error("submission {}: unknown opcode {}", e.seq, e.opcode);
   }
   const bool compressed = r.opcode == Opcode::kAllreduceCompressed;
-  if (!compressed && (e.meta_off != 0 || e.spec_len != 0 || e.key_len != 0)) {
+  // Version 5: spec_len / key_len name the buffers' allocations on the collectives of buffers.
+  const bool buffers = !compressed && r.opcode != Opcode::kBarrier;
+  if (buffers) {
+    r.send_alloc = e.spec_len;
+    r.recv_alloc = e.key_len;
+  }
+  if (!compressed && (e.meta_off != 0 || (!buffers && (e.spec_len != 0 || e.key_len != 0)))) {
     return peer_error("submission {}: codec fields on a {}", e.seq, opcode_name(r.opcode));
   }
+  // The size of the region each buffer lies in: the data region or an imported allocation.
+  uint64_t send_region = data_bytes, recv_region = data_bytes;
+  for (auto [id, region] : {std::pair<uint32_t, uint64_t*>{r.send_alloc, &send_region},
+                            std::pair<uint32_t, uint64_t*>{r.recv_alloc, &recv_region}}) {
+    if (id == 0) continue;
+    auto it = allocs ? allocs->find(id) : AllocSizes::const_iterator{};
+    if (allocs == nullptr || it == allocs->end()) {
+      return peer_error("submission {}: allocation {} is not imported", e.seq, id);
+    }
+    *region = it->second;
+  }
+  const uint64_t region_bytes = std::max(send_region, recv_region);
   if (r.opcode == Opcode::kBarrier) {
     if (e.count != 0 || e.send_off != 0 || e.recv_off != 0 || e.root != 0 || e.dtype != 0 ||
         e.op != 0 || e.stride != 0) {
@@ -313,7 +389,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   }
   const uint64_t elem = coll::dtype_size(r.dtype);
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(e.count, elem, &bytes) || bytes > data_bytes) {
+  if (__builtin_mul_overflow(e.count, elem, &bytes) || bytes > region_bytes) {
     return peer_error("submission {}: {} elements of {} bytes exceed the data region ({} bytes)",
                       e.seq, e.count, elem, data_bytes);
   }
@@ -335,7 +411,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
     // world_size blocks `stride` apart: the last one ends (world_size - 1) x stride + bytes in.
     uint64_t span = 0;
     if (__builtin_mul_overflow(stride, static_cast<uint64_t>(world_size - 1), &span) ||
-        __builtin_add_overflow(span, bytes, &span) || span > data_bytes) {
+        __builtin_add_overflow(span, bytes, &span) || span > region_bytes) {
       return peer_error("submission {}: {} of {} x {} bytes, {} apart, exceeds the data region",
                         e.seq, opcode_name(r.opcode), world_size, bytes, stride);
     }
@@ -350,7 +426,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
   }
   if (r.opcode == Opcode::kBroadcast || compressed) {
     // One buffer, in place.
-    if (e.send_off != e.recv_off) {
+    if (e.send_off != e.recv_off || r.send_alloc != r.recv_alloc) {
       return peer_error("submission {}: {} with two buffers", e.seq, opcode_name(r.opcode));
     }
   }
@@ -374,13 +450,13 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
     r.spec.assign(m, e.spec_len);
     r.key.assign(m + e.spec_len, e.key_len);
   }
-  if (!range_ok(r.send_off, r.send_bytes, data_bytes)) {
-    return peer_error("submission {}: send range [{}, +{}) outside the data region ({} bytes)",
-                      e.seq, r.send_off, r.send_bytes, data_bytes);
+  if (!range_ok(r.send_off, r.send_bytes, send_region)) {
+    return peer_error("submission {}: send range [{}, +{}) outside its region ({} bytes)", e.seq,
+                      r.send_off, r.send_bytes, send_region);
   }
-  if (!range_ok(r.recv_off, r.recv_bytes, data_bytes)) {
-    return peer_error("submission {}: receive range [{}, +{}) outside the data region ({} bytes)",
-                      e.seq, r.recv_off, r.recv_bytes, data_bytes);
+  if (!range_ok(r.recv_off, r.recv_bytes, recv_region)) {
+    return peer_error("submission {}: receive range [{}, +{}) outside its region ({} bytes)", e.seq,
+                      r.recv_off, r.recv_bytes, recv_region);
   }
   return r;
 }

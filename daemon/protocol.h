@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -112,7 +113,12 @@ enum class Opcode : uint16_t {
   kReduceScatter = 5,
   kAlltoall = 6,
   kAllreduceCompressed = 7,
+  // Version 5: a trainer's device allocation, exported once (ImportRecord at meta_off), and its
+  // release. Per trainer, not collective: the daemon answers each at once, in sequence order.
+  kImport = 8,
+  kRelease = 9,
 };
+// The collectives (1..7), which the counters keep apart; kImport and kRelease are not counted.
 inline constexpr int kNumOpcodes = 7;
 const char* opcode_name(Opcode op);
 
@@ -127,8 +133,12 @@ struct SqEntry {
   uint64_t send_off;  // offsets into the data region
   uint64_t recv_off;
   // allreduce_compressed: the codec spec then the tensor key, back to back at meta_off in the
-  // data region; 0 for every other opcode.
+  // data region. import: its ImportRecord at meta_off, spec_len its size. 0 otherwise.
   uint64_t meta_off;
+  // allreduce_compressed: the spec's and the key's bytes. allreduce, broadcast, allgather,
+  // reduce_scatter and alltoall (version 5): the send and the receive buffer's allocation, 0 the
+  // data region, else an id this trainer imported (send_off / recv_off are then offsets in that
+  // allocation). release: spec_len is the id released.
   uint32_t spec_len;
   uint32_t key_len;
   // allgather: bytes from one rank's block to the next in the receive buffer; reduce_scatter: in
@@ -164,7 +174,31 @@ struct Request {
   // holds one block).
   uint64_t send_stride = 0, recv_stride = 0;
   std::string spec, key;  // allreduce_compressed (copied out of the data region)
+  // The allocations the offsets are in: 0 the data region, else an imported allocation's id.
+  uint32_t send_alloc = 0, recv_alloc = 0;
+  // import (copied out of the data region); release: import.alloc_id is the id released.
+  uint32_t import_kind = 0;
+  uint32_t alloc_id = 0;
+  uint64_t alloc_bytes = 0;
+  int32_t device = 0;
+  uint8_t handle[64] = {};
 };
+
+// What an import names (88 bytes in the data region, little-endian host layout).
+inline constexpr uint32_t kImportCudaIpc = 1;  // handle: a CUipcMemHandle (cuIpcGetMemHandle)
+inline constexpr uint32_t kMaxImportsPerClient = 1024;
+struct ImportWire {
+  uint32_t kind;      // kImportCudaIpc
+  uint32_t alloc_id;  // 1..2^31-1, not in use by this trainer
+  uint64_t bytes;     // the allocation's size: 1 .. 2^48
+  int32_t device;     // the CUDA device ordinal it lies on: 0..1023
+  uint32_t reserved;  // 0
+  uint8_t handle[64];
+};
+static_assert(sizeof(ImportWire) == 88);
+
+// A trainer's imported allocations as the decoder sees them: id -> bytes.
+using AllocSizes = std::map<uint32_t, uint64_t>;
 
 // What the completion of a successful allreduce_compressed carries in its message field
 // (msg_len 16): this trainer's share of the bytes the daemon sent across hosts for the call, and
@@ -177,8 +211,11 @@ struct CompressedDone {
 // kPeer unless the entry is well formed for a client of `world_size` ranks whose data region
 // (`data_bytes` bytes at `data`) it points into and whose next sequence number is expected_seq.
 // The codec spec and tensor key of allreduce_compressed are copied out of `data` once.
+// `allocs`: the trainer's imports (a submission naming another allocation id is refused; null:
+// none). An import of an id already there, or past kMaxImportsPerClient, is refused as well.
 Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
-                               uint64_t data_bytes, int32_t world_size);
+                               uint64_t data_bytes, int32_t world_size,
+                               const AllocSizes* allocs = nullptr);
 
 // Fills the completion for a result (the message cut to fit); with `done`, an
 // allreduce_compressed's success carries it.

@@ -85,7 +85,8 @@ struct ServerStats {
   uint64_t accepted = 0;  // hellos accepted
   uint64_t refused = 0;   // connections refused or cut for misbehaviour
   uint64_t live_clients = 0;
-  uint64_t live_arenas = 0;  // arenas still mapped in the daemon
+  uint64_t live_arenas = 0;   // arenas still mapped in the daemon
+  uint64_t live_imports = 0;  // trainers' device allocations open in the daemon
   uint64_t live_jobs = 0;
   uint64_t collectives = 0;  // completed OK (counted once per job-wide collective)
   uint64_t failed = 0;       // completed with an error

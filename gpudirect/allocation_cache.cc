@@ -5,8 +5,7 @@
 namespace gw::cuda {
 
 namespace {
-constexpr int kPointerAttrBufferId = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID (unsigned long long)
-constexpr size_t kMaxEntries = 4096;     // a bound on what a long job's churn can leave behind
+constexpr size_t kMaxEntries = 4096;  // a bound on what a long job's churn can leave behind
 }  // namespace
 
 Result<Allocation> AllocationCache::resolve(const void* p, size_t bytes) {

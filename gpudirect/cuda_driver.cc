@@ -81,6 +81,9 @@ Result<const Driver*> load(const char* library) {
   // Optional entries: a driver without them still serves everything else.
   (void)bind(lib, &d->cuMemGetAddressRange, {"cuMemGetAddressRange_v2"});
   (void)bind(lib, &d->cuMemGetHandleForAddressRange, {"cuMemGetHandleForAddressRange"});
+  (void)bind(lib, &d->cuIpcGetMemHandle, {"cuIpcGetMemHandle"});
+  (void)bind(lib, &d->cuIpcOpenMemHandle, {"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"});
+  (void)bind(lib, &d->cuIpcCloseMemHandle, {"cuIpcCloseMemHandle"});
   if (missing) {
     dlclose(lib);
     return unsupported("no usable CUDA driver: {} lacks {} (driver too old?)", library, missing);

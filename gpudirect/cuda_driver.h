@@ -52,6 +52,11 @@ inline constexpr unsigned kEventDisableTiming = 2;    // CU_EVENT_DISABLE_TIMING
 inline constexpr unsigned kMemHostAllocPortable = 1;  // CU_MEMHOSTALLOC_PORTABLE
 inline constexpr int kMemRangeHandleDmaBufFd = 1;     // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
+// CUDA IPC (gradwired's imports of trainers' allocations).
+inline constexpr int kPointerAttrBufferId = 7;           // CU_POINTER_ATTRIBUTE_BUFFER_ID (u64)
+inline constexpr size_t kIpcHandleBytes = 64;            // sizeof(CUipcMemHandle)
+inline constexpr unsigned kIpcLazyEnablePeerAccess = 1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
 // The function table. Every entry is non-null in a table that driver() returned, except the
 // optional ones marked below (null where the driver is too old for them).
 struct Driver {
@@ -102,6 +107,11 @@ struct Driver {
   CUresult (*cuMemGetAddressRange)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) = nullptr;
   CUresult (*cuMemGetHandleForAddressRange)(void* handle, CUdeviceptr ptr, size_t size, int type,
                                             unsigned long long flags) = nullptr;
+  // Optional: CUDA IPC of cuMemAlloc memory between processes (gradwired imports a trainer's
+  // buffers with them; `handle` is a 64-byte CUipcMemHandle), bound by their versioned names.
+  CUresult (*cuIpcGetMemHandle)(void* handle, CUdeviceptr ptr) = nullptr;
+  CUresult (*cuIpcOpenMemHandle)(CUdeviceptr* ptr, const void* handle, unsigned flags) = nullptr;
+  CUresult (*cuIpcCloseMemHandle)(CUdeviceptr ptr) = nullptr;
 
   // The library the table came from and the driver's version (e.g. 13000).
   std::string library;

@@ -13,6 +13,8 @@
 #   devmem     the C ABI on real CUDA memory: device memory staged by the plain collectives in
 #              direct mode (results equal to host tensors, a registered buffer freed and
 #              reallocated) and refused through a gradwired (daemon mode), managed memory passed
+#   daemon     device buffers through a gradwired: 2 and 4 trainer processes on the GPU, every
+#              collective the daemon takes on device memory (CUDA IPC imports), checked exactly
 #   ddp        examples/train_ddp.py on the GPU: nccl, gloo, the gradwire backend and hooks, torch's
 #              powerSGD over NCCL, side by side (2 ranks under MPS)
 #   dmabuf     verbs (emulated NIC) registering real CUDA memory via dma-buf
@@ -32,7 +34,7 @@ set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 what=${1:-all}
-parts="build plugin allreduce kernels python devmem ddp dmabuf suite all owed"
+parts="build plugin allreduce kernels python devmem daemon ddp dmabuf suite all owed"
 [[ " $parts " == *" $what "* ]] || { echo "usage: $0 [${parts// /|}]" >&2; exit 2; }
 logs=$root/build/gpu-check-logs
 rm -rf "$logs"
@@ -94,6 +96,7 @@ case $what in
   kernels) part kernels 150 gpu ;;
   python) part python 280 gpu --python ;;
   devmem) part devmem 120 gpu --devmem ;;
+  daemon) part daemon 300 gpu --daemon ;;
   ddp) part ddp 200 gpu --ddp ;;
   dmabuf) part dmabuf 60 gpu --dmabuf ;;
   suite) SUITE_TIMEOUT=${SUITE_TIMEOUT:-340} part suite 400 gpu --suite ;;

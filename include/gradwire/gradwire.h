@@ -187,8 +187,10 @@ gw_status_t gw_comm_describe(gw_comm_t comm, const char* key, char* buf, size_t 
  * - How: the device ranges the call reads are copied into page-locked host memory, the call runs
  *   there, and the ranges it writes are copied back (docs/gpudirect.md: which bytes move, and
  *   how to see the path taken: the INFO line, gw_comm_describe's "device_memory").
- * - Daemon mode (GW_DAEMON) refuses a device pointer with GW_ERR_UNSUPPORTED, gw_last_error()
- *   naming the call and the argument.
+ * - Daemon mode (GW_DAEMON): gw_allreduce, gw_broadcast, gw_allgather, gw_reduce_scatter and
+ *   gw_alltoall give the device buffers to gradwired, which imports each allocation once (CUDA
+ *   IPC) and reads and writes it itself (docs/daemon.md, "Device buffers"); the other calls
+ *   stage them as direct mode does.
  * The check asks the CUDA driver when the process has loaded it (one pointer-attribute query per
  * buffer); without a loaded driver no pointer can be device memory and nothing is checked. */
 

@@ -14,6 +14,9 @@
 #   --python     the Python package's tests (tests/python, test_cuda.py included) against the
 #                standalone libgradwire.so, under the first python3 that imports torch
 #   --devmem     devmem_check.py, 2 ranks, in direct mode and through the standalone gradwired
+#   --daemon     device_trainer (tests/daemon) through the standalone gradwired: 2 and 4 trainer
+#                processes on the GPU, every collective on device buffers imported over CUDA IPC,
+#                checked exactly; the daemon's imports back to 0 after each job (gradwirectl)
 #   --ddp        examples/train_ddp.py --device cuda, 2 ranks under MPS: gloo, nccl, the gradwire
 #                backend and hooks, torch's powerSGD over NCCL, in two jobs (DDP_CONFIGS: a
 #                space-separated list of --configs values, one job each)
@@ -113,6 +116,32 @@ case $mode in
     GW_DAEMON="unix:$dir/s.sock" launch 2 "$py" "$root/perf/gpu/devmem_check.py" || rc=1
     kill "$daemon"; wait "$daemon" || true
     tail -5 "$dir/daemon.log"
+    rm -rf "$dir"
+    [[ $rc == 0 ]] && echo PASS || { echo FAIL; exit 1; }
+    ;;
+  --daemon)
+    build_targets gradwire gradwired gradwirectl device_trainer
+    dir=$(mktemp -d)
+    "$build/gradwired" --foreground --socket "$dir/s.sock" >"$dir/daemon.log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 50); do [[ -S $dir/s.sock ]] && break; sleep 0.1; done
+    rc=0
+    for np in 2 4; do
+      port=$((29000 + RANDOM % 1000))
+      pids=()
+      for r in $(seq 0 $((np - 1))); do
+        GW_DAEMON="unix:$dir/s.sock" GW_LOG_LEVEL=info "$build/device_trainer" --rank "$r" \
+          --world "$np" --store "127.0.0.1:$port" --timeout-ms 60000 suite 1000003 \
+          >"$dir/t$np.$r.log" 2>&1 &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || rc=1; done
+      echo "== $np trainers"; grep -h "RESULT\|ERROR\|CUDA IPC\|staged" "$dir"/t$np.*.log | sort | uniq -c
+      sleep 0.5
+      "$build/gradwirectl" status --socket "$dir/s.sock" | grep -i "imports" || rc=1
+    done
+    kill "$daemon"; wait "$daemon" || true
+    grep -h "device buffers\|could not" "$dir/daemon.log" | head -5
     rm -rf "$dir"
     [[ $rc == 0 ]] && echo PASS || { echo FAIL; exit 1; }
     ;;

@@ -288,6 +288,102 @@ TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   EXPECT_TRUE(check_ring(10, 18, 8, "t").ok());
 }
 
+TEST(DaemonProtocol, DeviceImportsAndTheirBuffersAreChecked) {
+  // Version 5: an import names an allocation by a record in the data region; collectives name
+  // (allocation, offset) in spec_len / key_len; a release frees the id.
+  std::vector<uint8_t> region(4096, 0);
+  ImportWire w{};
+  w.kind = kImportCudaIpc;
+  w.alloc_id = 7;
+  w.bytes = 1 << 20;
+  w.device = 0;
+  w.handle[0] = 0xab;
+  std::memcpy(region.data() + 512, &w, sizeof(w));
+  SqEntry imp{};
+  imp.seq = 1;
+  imp.opcode = static_cast<uint16_t>(Opcode::kImport);
+  imp.meta_off = 512;
+  imp.spec_len = sizeof(ImportWire);
+  AllocSizes allocs;
+  auto r = decode_request(imp, 1, region.data(), region.size(), 2, &allocs);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->alloc_id, 7u);
+  EXPECT_EQ(r->alloc_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(r->handle[0], 0xab);
+  // Bad imports: a record outside the region or of another size, an unknown kind, id 0, an id in
+  // use, no bytes, a device out of range, reserved bits, collective arguments.
+  auto bad = [&](auto mutate) {
+    SqEntry e = imp;
+    ImportWire x = w;
+    mutate(e, x);
+    std::vector<uint8_t> copy = region;
+    std::memcpy(copy.data() + 512, &x, sizeof(x));
+    return !decode_request(e, 1, copy.data(), copy.size(), 2, &allocs).ok();
+  };
+  EXPECT_TRUE(bad([](SqEntry& e, ImportWire&) { e.meta_off = 4096 - 80; }));
+  EXPECT_TRUE(bad([](SqEntry& e, ImportWire&) { e.spec_len = 87; }));
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire& x) { x.kind = 2; }));
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire& x) { x.alloc_id = 0; }));
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire& x) { x.bytes = 0; }));
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire& x) { x.device = -1; }));
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire& x) { x.reserved = 1; }));
+  EXPECT_TRUE(bad([](SqEntry& e, ImportWire&) { e.count = 1; }));
+  allocs[7] = 1 << 20;
+  EXPECT_TRUE(bad([](SqEntry&, ImportWire&) {}));  // id 7 is in use now
+  // A collective on the allocation: inside it, not past it; an id not imported is refused.
+  SqEntry ar = allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 1024, 4096, 0);
+  ar.seq = 2;
+  ar.spec_len = 7;
+  ar.key_len = 7;
+  auto a = decode_request(ar, 2, region.data(), region.size(), 2, &allocs);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->send_alloc, 7u);
+  EXPECT_EQ(a->recv_off, 0u);
+  ar.send_off = (1 << 20) - 4095;  // 4096 bytes from there pass the allocation's end
+  EXPECT_FALSE(decode_request(ar, 2, region.data(), region.size(), 2, &allocs).ok());
+  ar.send_off = 0;
+  ar.key_len = 8;
+  EXPECT_FALSE(decode_request(ar, 2, region.data(), region.size(), 2, &allocs).ok());
+  ar.key_len = 0;  // device in, arena out: the receive range must fit the data region
+  ar.recv_off = 64;
+  EXPECT_FALSE(decode_request(ar, 2, region.data(), region.size(), 2, &allocs).ok());
+  ar.count = 16;
+  EXPECT_TRUE(decode_request(ar, 2, region.data(), region.size(), 2, &allocs).ok());
+  EXPECT_FALSE(decode_request(ar, 2, region.data(), region.size(), 2, nullptr).ok());
+  // A broadcast is one buffer: one allocation.
+  SqEntry bc = ar;
+  bc.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  bc.op = 0;
+  bc.key_len = 7;
+  bc.recv_off = bc.send_off;
+  EXPECT_TRUE(decode_request(bc, 2, region.data(), region.size(), 2, &allocs).ok());
+  bc.key_len = 0;
+  EXPECT_FALSE(decode_request(bc, 2, region.data(), region.size(), 2, &allocs).ok());
+  // A barrier names no allocation.
+  SqEntry br{};
+  br.seq = 2;
+  br.opcode = static_cast<uint16_t>(Opcode::kBarrier);
+  br.spec_len = 7;
+  EXPECT_FALSE(decode_request(br, 2, region.data(), region.size(), 2, &allocs).ok());
+  // Releases: of an imported id only, with nothing else set.
+  SqEntry rel{};
+  rel.seq = 2;
+  rel.opcode = static_cast<uint16_t>(Opcode::kRelease);
+  rel.spec_len = 7;
+  auto rr = decode_request(rel, 2, region.data(), region.size(), 2, &allocs);
+  ASSERT_TRUE(rr.ok()) << rr.status().message();
+  EXPECT_EQ(rr->alloc_id, 7u);
+  rel.spec_len = 8;
+  EXPECT_FALSE(decode_request(rel, 2, region.data(), region.size(), 2, &allocs).ok());
+  rel.spec_len = 7;
+  rel.meta_off = 64;
+  EXPECT_FALSE(decode_request(rel, 2, region.data(), region.size(), 2, &allocs).ok());
+  // No more than kMaxImportsPerClient at once.
+  AllocSizes full;
+  for (uint32_t id = 100; id < 100 + kMaxImportsPerClient; ++id) full[id] = 1;
+  EXPECT_FALSE(decode_request(imp, 1, region.data(), region.size(), 2, &full).ok());
+}
+
 TEST(DaemonReducePool, EveryPartRunsOnceAndRangesCoverTheBuffer) {
   ReducePool pool(3);
   EXPECT_EQ(pool.threads(), 3);

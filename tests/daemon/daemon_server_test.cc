@@ -307,6 +307,42 @@ TEST_F(DaemonServerTest, BadSubmissionsCutTheClientOnly) {
   EXPECT_TRUE(good->wait(g).ok());
 }
 
+TEST_F(DaemonServerTest, DeviceImportsTheDaemonCannotOpenAreAnsweredAndBadOnesCut) {
+  // No CUDA driver in this process (or a handle no driver opens): the import is answered with
+  // the driver's error, the trainer goes on (it would stage that allocation), nothing is counted
+  // as imported, and a collective naming the id is a protocol error.
+  auto c = RawClient::join(server_->socket_path(), hello("import"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ImportWire w{};
+  w.kind = kImportCudaIpc;
+  w.alloc_id = 5;
+  w.bytes = 1 << 20;
+  std::memset(w.handle, 0x5a, sizeof(w.handle));
+  std::memcpy(c->data, &w, sizeof(w));
+  SqEntry imp{};
+  imp.opcode = static_cast<uint16_t>(Opcode::kImport);
+  imp.spec_len = sizeof(w);
+  Status st = c->wait(c->post(imp));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.code(), Code::kPeer) << st.message();
+  EXPECT_EQ(server_->stats().live_imports, 0u);
+  uint64_t g = c->post(allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 4, 256, 512));
+  EXPECT_TRUE(c->wait(g).ok());
+  SqEntry dev = allreduce_entry(coll::DataType::kF32, coll::ReduceOp::kSum, 4, 0, 0);
+  dev.spec_len = 5;
+  dev.key_len = 5;
+  EXPECT_EQ(c->wait(c->post(dev)).code(), Code::kPeer);
+  // A release of an id never imported cuts its client too.
+  auto r = RawClient::join(server_->socket_path(), hello("release"));
+  ASSERT_TRUE(r.ok());
+  SqEntry rel{};
+  rel.opcode = static_cast<uint16_t>(Opcode::kRelease);
+  rel.spec_len = 3;
+  EXPECT_EQ(r->wait(r->post(rel)).code(), Code::kPeer);
+  EXPECT_TRUE(eventually([](const ServerStats& x) { return x.live_clients == 0; }));
+  EXPECT_EQ(server_->stats().live_imports, 0u);
+}
+
 TEST_F(DaemonServerTest, ADisconnectedTrainerFailsItsJobAndItsArenaIsReclaimed) {
   auto a = RawClient::join(server_->socket_path(), hello("lost", 0, 2));
   auto b = RawClient::join(server_->socket_path(), hello("lost", 1, 2));

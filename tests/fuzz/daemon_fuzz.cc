@@ -3,6 +3,7 @@
 // listener's HTTP request (daemon/http_request.h). tests/fuzz/daemon_proto_fuzz.cc fuzzes every
 // protocol decoder behind one selector byte; these rows give the two a stranger reaches first, and
 // the HTTP one, a whole fuzzing run each.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -79,9 +80,92 @@ int metrics_http_request(const uint8_t* data, size_t size) {
   return 0;
 }
 
+int daemon_import(const uint8_t* data, size_t size) {
+  // The first 88 bytes (zero-padded) lie at offset 0 of a 4 KiB data region (an import's record);
+  // the rest are submissions, each with its own sequence number, decoded in order against the
+  // imports the accepted ones made (as Job::consume keeps them).
+  using daemon::Opcode;
+  std::vector<uint8_t> region(4096, 0);
+  const size_t head = std::min(size, sizeof(daemon::ImportWire));
+  if (head > 0) std::memcpy(region.data(), data, head);
+  daemon::AllocSizes allocs;
+  for (size_t at = head; size - at >= sizeof(daemon::SqEntry); at += sizeof(daemon::SqEntry)) {
+    daemon::SqEntry e;
+    std::memcpy(&e, data + at, sizeof(e));
+    auto r = daemon::decode_request(e, e.seq, region.data(), region.size(), 4, &allocs);
+    if (!r.ok()) {
+      ++counter("daemon.import_refused");
+      continue;
+    }
+    if (r->opcode == Opcode::kImport) {
+      ++counter("daemon.import_accepted");
+      check(r->alloc_id != 0 && allocs.count(r->alloc_id) == 0 && r->alloc_bytes > 0 &&
+                allocs.size() < daemon::kMaxImportsPerClient,
+            "import: a new id of some bytes, within the cap");
+      allocs[r->alloc_id] = r->alloc_bytes;
+      continue;
+    }
+    if (r->opcode == Opcode::kRelease) {
+      check(allocs.erase(r->alloc_id) == 1, "release: of an imported id");
+      continue;
+    }
+    auto region_of = [&](uint32_t id) -> uint64_t {
+      if (id == 0) return region.size();
+      auto it = allocs.find(id);
+      check(it != allocs.end(), "collective: names imported allocations only");
+      return it == allocs.end() ? 0 : it->second;
+    };
+    if (r->send_alloc != 0 || r->recv_alloc != 0) ++counter("daemon.device_collective");
+    const uint64_t s = region_of(r->send_alloc), d = region_of(r->recv_alloc);
+    check(r->send_off <= s && r->send_bytes <= s - r->send_off, "collective: send range inside");
+    check(r->recv_off <= d && r->recv_bytes <= d - r->recv_off, "collective: recv range inside");
+  }
+  return 0;
+}
+
 namespace {
 std::vector<uint8_t> bytes(std::string_view s) { return {s.begin(), s.end()}; }
 }  // namespace
+
+std::vector<std::vector<uint8_t>> daemon_import_seeds() {
+  // An import of allocation 5 (1 MiB), an allreduce on it, a broadcast, a release.
+  using daemon::Opcode;
+  daemon::ImportWire w{};
+  w.kind = daemon::kImportCudaIpc;
+  w.alloc_id = 5;
+  w.bytes = 1 << 20;
+  std::vector<uint8_t> v(sizeof(w));
+  std::memcpy(v.data(), &w, sizeof(w));
+  auto add = [&](const daemon::SqEntry& e) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&e);
+    v.insert(v.end(), b, b + sizeof(e));
+  };
+  daemon::SqEntry e{};
+  e.seq = 1;
+  e.opcode = static_cast<uint16_t>(Opcode::kImport);
+  e.spec_len = sizeof(w);
+  add(e);
+  e = daemon::SqEntry{};
+  e.seq = 2;
+  e.opcode = static_cast<uint16_t>(Opcode::kAllreduce);
+  e.dtype = 2;  // float32
+  e.count = 1000;
+  e.recv_off = 8192;
+  e.spec_len = 5;
+  e.key_len = 5;
+  add(e);
+  e.seq = 3;
+  e.opcode = static_cast<uint16_t>(Opcode::kBroadcast);
+  e.root = 3;
+  e.recv_off = 0;
+  add(e);
+  e = daemon::SqEntry{};
+  e.seq = 4;
+  e.opcode = static_cast<uint16_t>(Opcode::kRelease);
+  e.spec_len = 5;
+  add(e);
+  return {v};
+}
 
 std::vector<std::vector<uint8_t>> daemon_hello_seeds() {
   std::vector<std::vector<uint8_t>> out;

@@ -18,6 +18,7 @@ std::vector<std::vector<uint8_t>> codec_payload_seeds();
 std::vector<std::vector<uint8_t>> config_seeds();
 std::vector<std::vector<uint8_t>> daemon_hello_seeds();
 std::vector<std::vector<uint8_t>> daemon_control_seeds();
+std::vector<std::vector<uint8_t>> daemon_import_seeds();
 std::vector<std::vector<uint8_t>> metrics_http_seeds();
 std::vector<std::vector<uint8_t>> kv_seeds();
 #ifdef GW_FUZZ_VERBS
@@ -49,6 +50,7 @@ const std::vector<Target>& targets() {
       {"config_toml", &config_toml, &config_seeds},
       {"daemon_hello", &daemon_hello, &daemon_hello_seeds},
       {"daemon_control_request", &daemon_control_request, &daemon_control_seeds},
+      {"daemon_import", &daemon_import, &daemon_import_seeds},
       {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
       {"kv_frames", &kv_frames, &kv_seeds},
 #ifdef GW_FUZZ_VERBS

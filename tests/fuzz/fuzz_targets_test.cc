@@ -146,6 +146,10 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   } else if (name == "daemon_control_request") {
     reached("daemon.control_accepted");
     reached("daemon.control_refused");
+  } else if (name == "daemon_import") {
+    reached("daemon.import_accepted");
+    reached("daemon.import_refused");
+    reached("daemon.device_collective");
   } else if (name == "metrics_http_request") {
     reached("http.complete");
     reached("http.incomplete");

@@ -170,6 +170,8 @@ struct FakeAlloc {
   unsigned char* shadow;       /* the bytes themselves; NULL once freed */
   unsigned long long id;       /* the buffer id, new for every cuMemAlloc */
   unsigned long long freed_at; /* when it was freed (a count), to reuse the latest first */
+  int fd;                      /* the memfd the shadow maps (CUDA IPC names it) */
+  int opened;                  /* 1: another process's allocation, opened by cuIpcOpenMemHandle */
 };
 static unsigned long long g_frees;
 static struct FakeAlloc g_allocs[MAX_ALLOCS];
@@ -244,8 +246,17 @@ EXPORT int cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
   if (ptr == NULL || bytes == 0) return FAKE_INVALID_VALUE;
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
   const size_t reserved = (bytes + page - 1) / page * page;
-  unsigned char* shadow = calloc(1, reserved);
-  if (shadow == NULL) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  /* The shadow lies in a memfd, so that another process may open it (CUDA IPC, below). */
+  const int fd = memfd_create("gw-fake-device", MFD_CLOEXEC);
+  if (fd < 0) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  unsigned char* shadow = MAP_FAILED;
+  if (ftruncate(fd, (off_t)reserved) == 0) {
+    shadow = mmap(NULL, reserved, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (shadow == MAP_FAILED) {
+    close(fd);
+    return 2;
+  }
   pthread_mutex_lock(&g_mu);
   struct FakeAlloc* slot = NULL;
   /* A freed range that fits comes back: the smallest, and of those the one freed last. */
@@ -268,11 +279,14 @@ EXPORT int cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
   }
   if (slot == NULL) {
     pthread_mutex_unlock(&g_mu);
-    free(shadow);
+    munmap(shadow, reserved);
+    close(fd);
     return 2;
   }
   slot->size = bytes;
   slot->shadow = shadow;
+  slot->fd = fd;
+  slot->opened = 0;
   slot->id = g_next_id++;
   g_live++;
   *ptr = slot->base;
@@ -283,8 +297,9 @@ EXPORT int cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
 EXPORT int cuMemFree_v2(unsigned long long ptr) {
   pthread_mutex_lock(&g_mu);
   for (int i = 0; i < g_nallocs; i++) {
-    if (g_allocs[i].shadow != NULL && g_allocs[i].base == ptr) {
-      free(g_allocs[i].shadow);
+    if (g_allocs[i].shadow != NULL && g_allocs[i].base == ptr && !g_allocs[i].opened) {
+      munmap(g_allocs[i].shadow, g_allocs[i].reserved);
+      close(g_allocs[i].fd);
       g_allocs[i].shadow = NULL;
       g_allocs[i].freed_at = ++g_frees;
       g_live--;
@@ -446,3 +461,102 @@ UNSUPPORTED(cuModuleLoadData)
 UNSUPPORTED(cuModuleUnload)
 UNSUPPORTED(cuModuleGetFunction)
 UNSUPPORTED(cuLaunchKernel)
+
+/* ==== CUDA IPC across processes (issue 27, daemon mode) =======================================
+ * cuIpcGetMemHandle names an allocation by its process and the memfd its shadow lies in
+ * ("GWFAKIPC", pid, fd, size, buffer id); cuIpcOpenMemHandle_v2 in another process (gradwired)
+ * opens /proc/<pid>/fd/<fd> (same user), reserves a PROT_NONE range of its own for the device
+ * address and maps the memfd as that range's shadow, so the copies above reach the exporter's
+ * bytes; cuIpcCloseMemHandle unmaps it (the range stays reserved, as after cuMemFree). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+static long g_ipc_open;
+/* IPC openings held in this process now (gradwired's imports). */
+EXPORT long gw_fake_cuda_ipc_open(void) { return g_ipc_open; }
+
+struct FakeIpcHandle {
+  char magic[8]; /* "GWFAKIPC" */
+  int32_t pid;
+  int32_t fd;
+  uint64_t size;
+  uint64_t buffer_id;
+  char pad[32];
+};
+_Static_assert(sizeof(struct FakeIpcHandle) == 64, "CUipcMemHandle is 64 bytes");
+
+EXPORT int cuIpcGetMemHandle(void* handle, unsigned long long ptr) {
+  struct FakeAlloc* a = fake_alloc_find(ptr);
+  if (handle == NULL || a == NULL || a->base != ptr || a->opened) return FAKE_INVALID_VALUE;
+  struct FakeIpcHandle h;
+  memset(&h, 0, sizeof(h));
+  memcpy(h.magic, "GWFAKIPC", 8);
+  h.pid = (int32_t)getpid();
+  h.fd = a->fd;
+  h.size = a->size;
+  h.buffer_id = a->id;
+  memcpy(handle, &h, sizeof(h));
+  return FAKE_SUCCESS;
+}
+
+EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* ptr, const void* handle, unsigned flags) {
+  (void)flags;
+  struct FakeIpcHandle h;
+  memcpy(&h, handle, sizeof(h));
+  if (ptr == NULL || memcmp(h.magic, "GWFAKIPC", 8) != 0 || h.size == 0) return FAKE_INVALID_VALUE;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return FAKE_INVALID_VALUE; /* the exporter is gone */
+  struct stat st;
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t reserved = (h.size + page - 1) / page * page;
+  unsigned char* shadow = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && (size_t)st.st_size == reserved) {
+    shadow = mmap(NULL, reserved, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  void* range = mmap(NULL, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  pthread_mutex_lock(&g_mu);
+  struct FakeAlloc* slot = NULL;
+  if (shadow != MAP_FAILED && range != MAP_FAILED && g_nallocs < MAX_ALLOCS) {
+    slot = &g_allocs[g_nallocs++];
+  }
+  if (slot == NULL) {
+    pthread_mutex_unlock(&g_mu);
+    if (shadow != MAP_FAILED) munmap(shadow, reserved);
+    if (range != MAP_FAILED) munmap(range, reserved);
+    close(fd);
+    return FAKE_INVALID_VALUE;
+  }
+  slot->base = (uintptr_t)range;
+  slot->reserved = reserved;
+  slot->size = (size_t)h.size;
+  slot->shadow = shadow;
+  slot->id = h.buffer_id;
+  slot->fd = fd;
+  slot->opened = 1;
+  g_ipc_open++;
+  *ptr = slot->base;
+  pthread_mutex_unlock(&g_mu);
+  return FAKE_SUCCESS;
+}
+
+EXPORT int cuIpcCloseMemHandle(unsigned long long ptr) {
+  pthread_mutex_lock(&g_mu);
+  for (int i = 0; i < g_nallocs; i++) {
+    struct FakeAlloc* a = &g_allocs[i];
+    if (a->shadow != NULL && a->base == ptr && a->opened) {
+      munmap(a->shadow, a->reserved);
+      close(a->fd);
+      a->shadow = NULL;
+      a->opened = 0;
+      a->freed_at = ++g_frees;
+      g_ipc_open--;
+      pthread_mutex_unlock(&g_mu);
+      return FAKE_SUCCESS;
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return FAKE_INVALID_VALUE;
+}
