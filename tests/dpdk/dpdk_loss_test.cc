@@ -203,7 +203,8 @@ TEST(DpdkLoss, OnePercentLossKeepsMostOfTheLossFreeSpeed) {
       const EngineStats x0 = lossy.a->stats(), y0 = lossy.b->stats();
       t1.push_back(exchange(lossy, src.data(), dst.data(), n));
       const EngineStats x1 = lossy.a->stats(), y1 = lossy.b->stats();
-      if (std::getenv("GW_DPDK_LOSS_DEBUG") && n == (256u << 10))
+      if (std::getenv("GW_DPDK_LOSS_DEBUG") &&
+          n == std::strtoul(std::getenv("GW_DPDK_LOSS_DEBUG"), nullptr, 10))
         std::printf(
             "t %.0f dropA %lu dropB %lu fast %lu probe %lu to %lu bprobe %lu bto %lu srtt %.0f rto "
             "%.0f tol %.0f\n",
