@@ -200,19 +200,7 @@ TEST(DpdkLoss, OnePercentLossKeepsMostOfTheLossFreeSpeed) {
     std::vector<double> t0, t1;
     for (int i = 0; i < reps; ++i) {  // alternating, so load changes hit both alike
       t0.push_back(exchange(clean, src.data(), dst.data(), n));
-      const EngineStats x0 = lossy.a->stats(), y0 = lossy.b->stats();
       t1.push_back(exchange(lossy, src.data(), dst.data(), n));
-      const EngineStats x1 = lossy.a->stats(), y1 = lossy.b->stats();
-      if (std::getenv("GW_DPDK_LOSS_DEBUG") &&
-          n == std::strtoul(std::getenv("GW_DPDK_LOSS_DEBUG"), nullptr, 10))
-        std::printf(
-            "t %.0f dropA %lu dropB %lu fast %lu probe %lu to %lu bprobe %lu bto %lu srtt %.0f rto "
-            "%.0f tol %.0f\n",
-            t1.back() * 1e6, x1.injected_drops - x0.injected_drops,
-            y1.injected_drops - y0.injected_drops, x1.fast_retransmits - x0.fast_retransmits,
-            x1.tail_probes - x0.tail_probes, x1.timeout_retransmits - x0.timeout_retransmits,
-            y1.tail_probes - y0.tail_probes, y1.timeout_retransmits - y0.timeout_retransmits,
-            x1.srtt_us, x1.rto_us, x1.tolerance_us);
       ASSERT_EQ(std::memcmp(src.data(), dst.data(), n), 0);
     }
     const double m0 = median(t0), m1 = median(t1);
