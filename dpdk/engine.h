@@ -180,6 +180,7 @@ class Engine {
   void on_reliable(Conn& c, const Frame& f);
   void deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const uint8_t* payload);
   void acked(Conn& c, TxPkt& p);
+  void rack_detect(Conn& c, int64_t now);
   void rtt_sample(Conn& c, double us);
   void pump(Conn& c);
   void timers(Conn& c);

@@ -77,6 +77,7 @@ struct Engine::TxPkt {
   int64_t sent_ns = 0;
   int tx_count = 0;
   bool acked = false;
+  bool rack_retx = false;  // the last transmission was a RACK (fast) retransmission
 };
 
 struct Engine::Listener {
@@ -149,8 +150,14 @@ struct Engine::Conn {
   // declares a packet lost (the path reorders or stalls: veth backlogs on a busy 2-vCPU host).
   uint32_t spurious_rx = 0;    // receiver: retransmissions that were duplicates
   uint32_t peer_spurious = 0;  // sender: the last count the peer reported
-  int64_t tolerance_ns = 0;    // sender: extra delay before fast or timeout retransmission
+  int64_t tolerance_ns = 0;    // sender: reordering allowance of fast (and timeout) retransmission
   uint32_t acks_since_spurious = 0;
+  double min_rtt_us = 0;  // sender: the smallest RTT sample (spurious fast retransmits)
+  // RACK (time-based loss detection, engine_loss.cc): the latest transmission time among the
+  // packets delivered, and when the next unacknowledged packet sent before it times out.
+  int64_t rack_sent_ns = 0;
+  int64_t rack_rtt_ns = 0;     // the RTT of that packet's delivery
+  int64_t rack_check_ns = 0;   // 0: nothing pending
   int backoff = 0;             // retransmission-timeout doublings since the last progress
   int64_t timer_check_ns = 0;  // no retransmission timeout can fire before this
   // Tail loss probe: the last new send or acknowledgement progress, and whether the probe for

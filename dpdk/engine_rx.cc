@@ -140,10 +140,11 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   }
   c.ack_due = true;
   ++c.rx_since_ack;
-  // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), the end of a message
-  // (the send completes on it), control frames, and a sender about to fill the window we give it.
-  if (s != c.rcv_next || f.hdr.type != FrameType::kData || (f.hdr.flags & kFlagLast) ||
-      c.rx_since_ack >= advertised_window() / 4) {
+  // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), a retransmission (it
+  // fills a gap: the sender's window is held up behind it), the end of a message (the send
+  // completes on it), control frames, and a sender about to fill the window we give it.
+  if (s != c.rcv_next || f.hdr.type != FrameType::kData ||
+      (f.hdr.flags & (kFlagLast | kFlagRetx)) || c.rx_since_ack >= advertised_window() / 4) {
     c.ack_now = true;
   }
   if (seq_lt(s, c.rcv_next)) {

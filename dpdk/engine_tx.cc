@@ -16,8 +16,11 @@ uint32_t Engine::window_of(const Conn& c) const {
   if (config_.window > 0) {
     w = static_cast<uint32_t>(config_.window);
   } else {
-    // Bandwidth-delay product, doubled so loss recovery does not stall the pipe.
-    double rtt_us = std::max(c.srtt_us, 100.0);
+    // Bandwidth-delay product, doubled so loss recovery does not stall the pipe. The delay is
+    // the smallest RTT seen, not the smoothed one: frames queued behind a window inflate the
+    // smoothed RTT, which widened the window, which queued more (srtt reached 1.5 ms on the
+    // in-memory switch under 1% loss, and every probe and RACK deadline waited that long).
+    double rtt_us = std::max(c.min_rtt_us > 0 ? c.min_rtt_us : c.srtt_us, 100.0);
     double bdp_bytes = config_.link_gbps * 1e9 / 8 * rtt_us * 1e-6;
     double pkts = 2 * bdp_bytes / static_cast<double>(payload_max_);
     w = static_cast<uint32_t>(std::clamp(pkts, 32.0, static_cast<double>(config_.max_window)));
