@@ -277,7 +277,10 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
     lock.lock();
   }
   drivers.fetch_sub(1);
-  cv.notify_all();  // the progress thread takes over (an abort, other requests)
+  // The progress thread takes over at once when there is something for it (an abort, other
+  // requests); otherwise it looks again within its 1 ms wait, and a caller that goes on to its
+  // next call does not have it woken on its core first.
+  if (active > 0 || aborted->load() || stop) cv.notify_all();
 }
 
 void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
@@ -559,7 +562,10 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   p.pending_rts.push_back(s);
   p.want_connect = true;
   m.kick(&lock, peer);
-  m.wake();
+  // An eager message whose RTS the kick put on the wire needs nothing more than its ACK: the
+  // caller's wait drives for it, else the progress thread sees it within its 1 ms wait. Waking
+  // that thread here would only make it compete with the caller (often on the same core).
+  if (!(s->on_wire && bytes <= PointToPoint::kEagerBytes)) m.wake();
   return s->req;
 }
 
