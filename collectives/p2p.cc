@@ -28,6 +28,7 @@ bool P2PRequest::finish(Status s, size_t bytes, int source) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return false;
   done_ = true;
+  done_flag_.store(true, std::memory_order_release);
   status_ = std::move(s);
   bytes_ = bytes;
   source_ = source;
@@ -36,6 +37,27 @@ bool P2PRequest::finish(Status s, size_t bytes, int source) {
 }
 
 Status P2PRequest::wait(int64_t timeout_ms) {
+  if (driver_ && !done()) {
+    const auto until = timeout_ms < 0 ? Clock::time_point::max()
+                                      : Clock::now() + std::chrono::milliseconds(timeout_ms);
+    PointToPoint::Impl* engine = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(driver_->mu);
+      engine = driver_->impl;
+      if (engine) ++driver_->users;
+    }
+    if (engine) {
+      engine->drive(*this, until);
+      std::lock_guard<std::mutex> lock(driver_->mu);
+      --driver_->users;
+      driver_->cv.notify_all();
+    }
+    if (timeout_ms >= 0) {
+      // What is left of the caller's timeout (the drive may have ended early: engine stopping).
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      timeout_ms = std::max<int64_t>(0, left.count());
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout_ms < 0) {
     cv_.wait(lock, [&] { return done_; });
@@ -63,13 +85,24 @@ int P2PRequest::source() const {
 
 PointToPoint::PointToPoint(const Group& group, PoolOptions pool, P2POptions options,
                            const std::atomic<bool>* aborted)
-    : impl_(std::make_unique<Impl>(group, std::move(pool), options, aborted)) {}
+    : impl_(std::make_unique<Impl>(group, std::move(pool), options, aborted)) {
+  impl_->driver->impl = impl_.get();
+}
 
 PointToPoint::~PointToPoint() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
     impl_->cv.notify_all();
+  }
+  {
+    // No caller may enter the engine from here on; those inside leave at their next step (stop).
+    std::unique_lock<std::mutex> lock(impl_->driver->mu);
+    impl_->driver->impl = nullptr;
+    if (!impl_->driver->cv.wait_for(lock, std::chrono::seconds(10),
+                                    [&] { return impl_->driver->users == 0; })) {
+      GW_LOG_ERROR("point-to-point: a waiting caller did not leave the engine within 10 s");
+    }
   }
   if (impl_->thread.joinable()) impl_->thread.join();
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -197,6 +230,14 @@ void PointToPoint::Impl::loop() {
       uint64_t n;
       (void)!::read(wake_fd, &n, sizeof n);
     }
+    if (drivers.load() > 0) {
+      // A caller waiting on its request moves the engine now (P2PRequest::wait): stand aside
+      // rather than compete with it for mu and the core; it notifies cv when it leaves.
+      cv.wait_for(lock, std::chrono::milliseconds(1));
+      backoff.reset();
+      continue;
+    }
+    held = &lock;
     bool moved = progress_locked();
     moved = check_deadlines() || moved;
     if (moved) {
@@ -211,6 +252,44 @@ void PointToPoint::Impl::loop() {
       lock.lock();
     }
   }
+}
+
+void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
+  drivers.fetch_add(1);
+  std::unique_lock<std::mutex> lock(mu);
+  if (!started || stop) {
+    drivers.fetch_sub(1);
+    cv.notify_all();
+    return;
+  }
+  Backoff backoff(opts.spin_us);
+  while (!req.done() && !stop && !aborted->load() && Clock::now() < until) {
+    held = &lock;
+    bool moved = progress_locked();
+    moved = check_deadlines() || moved;
+    if (req.done()) break;
+    if (moved) {
+      backoff.reset();
+      continue;
+    }
+    lock.unlock();
+    backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
+    lock.lock();
+  }
+  drivers.fetch_sub(1);
+  // The progress thread takes over at once when there is something for it (an abort, other
+  // requests); otherwise it looks again within its 1 ms wait, and a caller that goes on to its
+  // next call does not have it woken on its core first.
+  if (active > 0 || aborted->load() || stop) cv.notify_all();
+}
+
+void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
+  if (peer == kAnySource || peer == me()) return;
+  const Peer& p = peers[peer];
+  // Not while the connections are being set up: that looks up the store, which may wait.
+  if (!p.broken.ok() || (p.want_connect && !p.sc[0]) || p.listen[0]) return;
+  held = lock;
+  progress_peer(peer);
 }
 
 void PointToPoint::Impl::reply(int p, uint32_t type, uint64_t id, uint64_t bytes) {
@@ -442,12 +521,13 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   }
   if (tag < 0) return invalid_arg("send: tag {} < 0", tag);
   if (bytes > 0 && buf == nullptr) return invalid_arg("send: NULL buffer with {} bytes", bytes);
-  std::lock_guard<std::mutex> lock(m.mu);
+  std::unique_lock<std::mutex> lock(m.mu);
   if (m.aborted->load()) return aborted_error("send: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
   auto s = std::make_shared<SendOp>();
   s->req = std::make_shared<P2PRequest>();
+  s->req->set_driver(m.driver);
   s->buf = static_cast<const uint8_t*>(buf);
   s->bytes = bytes;
   s->peer = peer;
@@ -481,7 +561,11 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->id = p.next_id++;
   p.pending_rts.push_back(s);
   p.want_connect = true;
-  m.wake();
+  m.kick(&lock, peer);
+  // An eager message whose RTS the kick put on the wire needs nothing more than its ACK: the
+  // caller's wait drives for it, else the progress thread sees it within its 1 ms wait. Waking
+  // that thread here would only make it compete with the caller (often on the same core).
+  if (!(s->on_wire && bytes <= PointToPoint::kEagerBytes)) m.wake();
   return s->req;
 }
 
@@ -496,7 +580,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   }
   if (tag < 0) return invalid_arg("receive: tag {} < 0", tag);
   if (bytes > 0 && buf == nullptr) return invalid_arg("receive: NULL buffer with {} bytes", bytes);
-  std::lock_guard<std::mutex> lock(m.mu);
+  std::unique_lock<std::mutex> lock(m.mu);
   if (m.aborted->load()) return aborted_error("receive: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
@@ -506,6 +590,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   }
   auto r = std::make_shared<RecvOp>();
   r->req = std::make_shared<P2PRequest>();
+  r->req->set_driver(m.driver);
   r->buf = static_cast<uint8_t*>(buf);
   r->cap = bytes;
   r->peer = peer;
@@ -522,6 +607,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
     }
   }
   m.posted.push_back(r);
+  m.kick(&lock, peer);
   m.wake();
   return r->req;
 }

@@ -39,12 +39,18 @@ namespace gw::coll {
 
 inline constexpr int kAnySource = -1;
 
+// How a waiting caller reaches the engine that runs its request (p2p.cc); outlives the engine.
+struct P2PDriver;
+
 // An operation started by PointToPoint::isend / irecv; may outlive the engine (it then reports
 // kAborted if the engine ended before it did).
 class P2PRequest {
  public:
   // Waits up to timeout_ms (-1: until the op ends, which its deadline bounds). kTimeout when it
-  // is still running.
+  // is still running. The waiting thread first moves the engine itself (progress, as the
+  // engine's thread would, while that thread stands aside), so that a blocking send or receive
+  // costs no thread hand-off: it spins on its own request (GW_SPIN_US, then yields and polls as
+  // the progress thread does) instead of sleeping until the progress thread wakes it.
   Status wait(int64_t timeout_ms);
   // Sets *done; when done, returns the op's final status.
   Status test(bool* done);
@@ -54,8 +60,13 @@ class P2PRequest {
 
   // Used by the engine: false when it was done already.
   bool finish(Status s, size_t bytes, int source);
+  // Used by the engine: the driver a waiting caller moves the engine through.
+  void set_driver(std::shared_ptr<P2PDriver> d) { driver_ = std::move(d); }
+  bool done() const { return done_flag_.load(std::memory_order_acquire); }
 
  private:
+  std::shared_ptr<P2PDriver> driver_;
+  std::atomic<bool> done_flag_{false};  // done_, readable without mu_ (a driver's spin)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -73,6 +84,7 @@ struct P2POptions {
 class PointToPoint {
  public:
   static constexpr size_t kEagerBytes = 16 * 1024;
+  struct Impl;  // p2p_engine.h (named here for P2PDriver, which a waiting request moves)
 
   // `group` and `aborted` must outlive the engine.
   PointToPoint(const Group& group, PoolOptions pool, P2POptions options,
@@ -87,7 +99,6 @@ class PointToPoint {
   Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
 
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

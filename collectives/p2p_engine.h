@@ -125,6 +125,15 @@ inline std::vector<uint8_t> make_frame(uint32_t type, int tag, uint64_t bytes, u
 
 using namespace p2p_engine;  // NOLINT: the two files of the engine
 
+// The engine as a waiting caller reaches it (P2PRequest::wait): impl is cleared, under mu, when
+// the engine is destroyed, which first waits until no caller is inside it (users == 0).
+struct P2PDriver {
+  std::mutex mu;
+  std::condition_variable cv;
+  PointToPoint::Impl* impl = nullptr;
+  int users = 0;
+};
+
 struct PointToPoint::Impl {
   Impl(const Group& g, PoolOptions pool_options, P2POptions o, const std::atomic<bool>* ab)
       : group(g),
@@ -152,6 +161,17 @@ struct PointToPoint::Impl {
   std::vector<std::weak_ptr<P2PRequest>> all;  // every op, to end them at shutdown
 
   int me() const { return group.rank(); }
+
+  // Callers moving the engine in P2PRequest::wait (the progress thread stands aside meanwhile),
+  // and how they reach it. Atomic: a caller announces itself before it takes mu, so that the
+  // progress thread (which holds mu while it spins) lets go at its next step.
+  std::atomic<int> drivers{0};
+  std::shared_ptr<P2PDriver> driver = std::make_shared<P2PDriver>();
+  // A caller's turn at moving the engine for req, until req is done, until, or the engine stops.
+  void drive(const P2PRequest& req, Clock::time_point until);
+  // A new op's first step, in the caller's thread with mu held (lock): its peer's connections
+  // moved once (an RTS posted, an arrived message matched) before any thread hand-off.
+  void kick(std::unique_lock<std::mutex>* lock, int peer);
 
   // Written by a new operation so that a progress thread blocked in poll() wakes at once.
   int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -55,11 +55,16 @@ bool PointToPoint::Impl::progress_peer(int p) {
     peer.next_lookup = Clock::now() + std::chrono::milliseconds(2);
     // Both handles (the peer publishes them together); mu is released for the store's round trip.
     Result<Bytes> v[2] = {Status(Code::kTimeout, ""), Status(Code::kTimeout, "")};
-    held->unlock();
+    // held is this thread's lock (the progress thread's or a waiting caller's, P2PRequest::wait);
+    // another may move the engine meanwhile, so it is kept here and set again after.
+    std::unique_lock<std::mutex>* mine = held;
+    mine->unlock();
     v[0] = group.store()->get(key(me(), p, 0), deadline_after_ms(20));
     if (v[0].ok()) v[1] = group.store()->get(key(me(), p, 1), deadline_after_ms(1000));
-    held->lock();
+    mine->lock();
+    held = mine;
     if (stop || !peer.broken.ok()) return true;
+    if (peer.sc[0] || peer.conn[0]) return true;  // connected meanwhile by the other thread
     if (!v[0].ok() && v[0].status().code() == Code::kTimeout) {
       GW_LOG_DEBUG("point-to-point: no handle of rank {} yet: {}", p, v[0].status().to_string());
       return any;

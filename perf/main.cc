@@ -310,6 +310,10 @@ int main(int argc, char** argv) {
   p2p_cmd->add_option("-J,--json", p2p.json_path, "write one JSON document");
   p2p_cmd->add_option("--timeout-ms", p2p.timeout_ms,
                       "deadline of every wait (default: GW_TIMEOUT_MS)");
+  p2p_cmd->add_flag("--capi", p2p.capi,
+                    "through the C ABI (gw_isend/gw_irecv bandwidth, gw_send/gw_recv ping-pong "
+                    "latency) between 2 ranks forked here (or a launcher's 2), instead of the "
+                    "bare transport");
 
   auto* doctor_cmd = app.add_subcommand(
       "doctor",
@@ -389,7 +393,7 @@ int main(int argc, char** argv) {
   }
   if (p2p_cmd->parsed()) {
     if (!transport_from_config(p2p_cmd, &p2p.transport, false)) return 2;
-    return gw::perf::run_p2p(p2p);
+    return p2p.capi ? gw::perf::run_p2p_capi(p2p) : gw::perf::run_p2p(p2p);
   }
   std::fputs(app.help().c_str(), stdout);
   return 2;

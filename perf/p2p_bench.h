@@ -36,6 +36,7 @@ struct P2pConfig {
   double duration_s = 0;       // -D: stream each size this long (0: --iters messages)
   bool report_gbits = false;   // --report_gbits: bandwidth in Gb/s
   bool bidirectional = false;  // -b: both ranks stream at once; BW is the sum of both ways
+  bool capi = false;           // --capi: the C ABI's calls (p2p_capi.cc), not the transport
 };
 
 // Bandwidth iterations for one size when --iters is not given: clamp(2e9 / size, 20, 1000).
@@ -48,5 +49,8 @@ P2pConfig resolve_sizes(P2pConfig config);
 // Returns the exit status (0 ok, 2 error). Under a launcher only rank 0 prints and writes the
 // JSON file; every wait (store, connect, each request) ends at the timeout.
 int run_p2p(const P2pConfig& config);
+// --capi: both ranks forked here (or a launcher's 2 ranks), over the C ABI: gw_isend/gw_irecv
+// bandwidth with a window, gw_send/gw_recv ping-pong latency (perf/p2p_capi.cc).
+int run_p2p_capi(const P2pConfig& config);
 
 }  // namespace gw::perf

@@ -184,16 +184,21 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
 
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
-                        bool take) {
+                        bool take, float take_threshold) {
   for (size_t i = 0; i < n; ++i) {
     const float v = residual ? in[i] + residual[i] : in[i];
     const bool hit = std::fabs(v) >= threshold;
-    if (residual) residual[i] = take && hit ? 0.0f : v;
+    if (residual) residual[i] = take && hit && std::fabs(v) >= take_threshold ? 0.0f : v;
     if (hit) {
       out->push_back(offset + static_cast<uint32_t>(i));
       if (vals) vals->push_back(v);
     }
   }
+}
+
+size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                        bool invert, float* out) {
+  return gather_bits_tail(in, residual, 0, n, bits, invert, out);
 }
 
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {
@@ -428,10 +433,11 @@ constexpr CompressTable kCompress;
 // count) and every block's candidates are appended to the vectors.
 GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                                 uint32_t offset, std::vector<uint32_t>* out,
-                                std::vector<float>* vals, bool take) {
+                                std::vector<float>* vals, bool take, float take_threshold) {
   constexpr size_t kBlock = 1024;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 t = _mm256_set1_ps(threshold);
+  const __m256 tt = _mm256_set1_ps(take_threshold);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   alignas(32) uint32_t bidx[kBlock + 8];
   alignas(32) float bval[kBlock + 8];
@@ -442,8 +448,12 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
     for (; i < end; i += 8) {
       __m256 v = _mm256_loadu_ps(in + i);
       if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
-      const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), t, _CMP_GE_OQ);
-      if (residual) _mm256_storeu_ps(residual + i, take ? _mm256_andnot_ps(hit, v) : v);
+      const __m256 a = _mm256_and_ps(v, abs_mask);
+      const __m256 hit = _mm256_cmp_ps(a, t, _CMP_GE_OQ);
+      if (residual) {
+        const __m256 gone = _mm256_and_ps(hit, _mm256_cmp_ps(a, tt, _CMP_GE_OQ));
+        _mm256_storeu_ps(residual + i, take ? _mm256_andnot_ps(gone, v) : v);
+      }
       const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(hit));
       const __m256i perm =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[m])));
@@ -457,7 +467,39 @@ GW_AVX2 void add_collect_abs_ge(const float* in, float* residual, size_t n, floa
     if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   portable::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
-                               offset + static_cast<uint32_t>(i), out, vals, take);
+                               offset + static_cast<uint32_t>(i), out, vals, take, take_threshold);
+}
+
+// Eight elements at a time: the chosen lanes (a byte of the bitmap) are compressed to the front
+// with kCompress's shuffle and written with a masked store of their count (never past the last
+// output), the write position advanced by their count, no branch on the data.
+GW_AVX2 size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                                bool invert, float* out) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(bits);  // little-endian words
+  const unsigned flip = invert ? 0xFFu : 0u;
+  size_t w = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+    const unsigned m = (bytes[i / 8] ^ flip) & 0xFFu;
+    const __m256i perm =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[m])));
+    const __m256 packed = _mm256_permutevar8x32_ps(v, perm);
+    const int cnt = std::popcount(m);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lanes);
+    _mm256_maskstore_ps(out + w, keep, packed);
+    if (residual) {
+      // Lane l is chosen when bit l of m is set: zero it.
+      const __m256i bit = _mm256_sllv_epi32(_mm256_set1_epi32(1), lanes);
+      const __m256i chosen =
+          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(m)), bit), bit);
+      _mm256_storeu_ps(residual + i, _mm256_andnot_ps(_mm256_castsi256_ps(chosen), v));
+    }
+    w += static_cast<size_t>(cnt);
+  }
+  return w + gather_bits_tail(in, residual, i, n, bits, invert, out + w);
 }
 
 // No fma in this target: the compiler must not contract a * b + c, or the bits would differ from
@@ -531,14 +573,22 @@ void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
 }
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
-                        bool take) {
+                        bool take, float take_threshold) {
   if (have_avx512()) {
-    return avx512::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
+    return avx512::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take,
+                                      take_threshold);
   }
   if (have_avx2()) {
-    return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
+    return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take,
+                                    take_threshold);
   }
-  portable::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take);
+  portable::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take, take_threshold);
+}
+size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                        bool invert, float* out) {
+  if (have_avx512()) return avx512::gather_bits_take(in, residual, n, bits, invert, out);
+  if (have_avx2()) return avx2::gather_bits_take(in, residual, n, bits, invert, out);
+  return portable::gather_bits_take(in, residual, n, bits, invert, out);
 }
 
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {

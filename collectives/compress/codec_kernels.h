@@ -44,13 +44,20 @@ void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t n
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out);
 // Top-k's one pass over the data: v = in + residual (residual may be null: v = in); residual,
-// when set, becomes v (or 0 where v[i] is collected, when take is set: the candidates are taken
-// out, and the caller puts back those it does not send); every i with |v[i]| >= threshold is
-// appended to out (offset added), increasing, and v[i] to vals when vals is set. A NaN threshold
-// collects nothing.
+// when set, becomes v (or 0 where v[i] is collected and |v[i]| >= take_threshold, when take is
+// set: those candidates are taken out, and the caller puts back the ones it does not send and
+// takes out the rest it sends); every i with |v[i]| >= threshold is appended to out (offset
+// added), increasing, and v[i] to vals when vals is set. A NaN threshold collects nothing; the
+// default take_threshold (0) takes every candidate.
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
-                        bool take = false);
+                        bool take = false, float take_threshold = 0.0f);
+// Random-k's one pass: v = in + residual (residual may be null: v = in); the chosen elements are
+// those whose bit is set in bits (bit i % 64 of word i / 64; with invert, those whose bit is
+// clear); v[i] of every chosen i < n is written to out, increasing i, and residual (when set)
+// becomes v with the chosen elements 0. Returns how many were written (out must hold them).
+size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                        bool invert, float* out);
 
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
@@ -73,6 +80,19 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
 // The portable and AVX2 versions, exposed for tests: the same signatures as the entry points
 // above (add_f32 has no AVX2 version: the compiler vectorises it). The avx2 ones must only be
 // called when isa() == "avx2".
+// gather_bits_take's scalar steps for elements [from, n), which every path's tail shares.
+inline size_t gather_bits_tail(const float* in, float* residual, size_t from, size_t n,
+                               const uint64_t* bits, bool invert, float* out) {
+  size_t w = 0;
+  for (size_t i = from; i < n; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    const bool chosen = (((bits[i / 64] >> (i % 64)) & 1u) != 0) != invert;
+    if (chosen) out[w++] = v;
+    if (residual) residual[i] = chosen ? 0.0f : v;
+  }
+  return w;
+}
+
 #define GW_CODEC_KERNEL_VARIANTS                                                                 \
   void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16);      \
   void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add);             \
@@ -85,7 +105,9 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
                       std::vector<uint32_t>* out);                                               \
   void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,           \
                           uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals, \
-                          bool take = false);                                                    \
+                          bool take = false, float take_threshold = 0.0f);                       \
+  size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,      \
+                          bool invert, float* out);                                              \
   void store_stream_f32(const float* src, size_t n, float* dst);                                 \
   void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out); \
   void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);  \
@@ -105,7 +127,9 @@ void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words);
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
-                        bool take = false);
+                        bool take = false, float take_threshold = 0.0f);
+size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                        bool invert, float* out);
 }  // namespace avx512
 
 }  // namespace gw::coll::codec_kernels

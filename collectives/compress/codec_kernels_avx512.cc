@@ -145,9 +145,10 @@ GW_AVX512 float sign_encode_chunk(const float* in, float* residual, size_t n, ui
 // on the data).
 GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                                   uint32_t offset, std::vector<uint32_t>* out,
-                                  std::vector<float>* vals, bool take) {
+                                  std::vector<float>* vals, bool take, float take_threshold) {
   constexpr size_t kBlock = 2048;
   const __m512 t = _mm512_set1_ps(threshold);
+  const __m512 tt = _mm512_set1_ps(take_threshold);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   alignas(64) uint32_t bidx[kBlock + 16];
   alignas(64) float bval[kBlock + 16];
@@ -158,10 +159,12 @@ GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, fl
     for (; i < end; i += 16) {
       __m512 v = _mm512_loadu_ps(in + i);
       if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + i));
-      const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(v), t, _CMP_GE_OQ);
+      const __m512 a = _mm512_abs_ps(v);
+      const __mmask16 m = _mm512_cmp_ps_mask(a, t, _CMP_GE_OQ);
       if (residual) {
+        const __mmask16 gone = _mm512_mask_cmp_ps_mask(m, a, tt, _CMP_GE_OQ);
         _mm512_storeu_ps(residual + i,
-                         take ? _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), v) : v);
+                         take ? _mm512_maskz_mov_ps(static_cast<__mmask16>(~gone), v) : v);
       }
       const __m512i idx = _mm512_add_epi32(
           iota, _mm512_set1_epi32(static_cast<int>(offset + static_cast<uint32_t>(i))));
@@ -174,7 +177,32 @@ GW_AVX512 void add_collect_abs_ge(const float* in, float* residual, size_t n, fl
     if (vals) vals->insert(vals->end(), bval, bval + w);
   }
   avx2::add_collect_abs_ge(in + i, residual ? residual + i : nullptr, n - i, threshold,
-                           offset + static_cast<uint32_t>(i), out, vals, take);
+                           offset + static_cast<uint32_t>(i), out, vals, take, take_threshold);
+}
+
+// Random-k's pass: 16 elements at a time, their 16 bits of the bitmap as the mask; the chosen
+// values are compressed in a register and written with a masked store of their count, the
+// residual with the chosen lanes zeroed (no branch on the data).
+GW_AVX512 size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
+                                  bool invert, float* out) {
+  const uint16_t* halves = reinterpret_cast<const uint16_t*>(bits);  // little-endian words
+  const unsigned flip = invert ? 0xFFFFu : 0u;
+  size_t w = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(in + i);
+    if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + i));
+    uint16_t h;
+    std::memcpy(&h, halves + i / 16, 2);
+    const __mmask16 m = static_cast<__mmask16>((h ^ flip) & 0xFFFFu);
+    const unsigned cnt = static_cast<unsigned>(std::popcount(static_cast<unsigned>(m)));
+    _mm512_mask_storeu_ps(out + w, static_cast<__mmask16>((1u << cnt) - 1u),
+                          _mm512_maskz_compress_ps(m, v));
+    if (residual)
+      _mm512_storeu_ps(residual + i, _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), v));
+    w += cnt;
+  }
+  return w + gather_bits_tail(in, residual, i, n, bits, invert, out + w);
 }
 
 #undef GW_AVX512

@@ -15,12 +15,6 @@ namespace ck = codec_kernels;
 
 namespace {
 
-// Magnitude with NaN ordered below everything, so comparisons stay a strict weak order.
-inline float mag(float x) {
-  const float a = std::fabs(x);
-  return a == a ? a : -1.0f;
-}
-
 // The order key of a magnitude as an integer: the bits of |x| + 1 (non-negative floats order as
 // their bit patterns), and 0 for NaN, below every number.
 inline uint32_t mag_key(float x) {
@@ -28,18 +22,83 @@ inline uint32_t mag_key(float x) {
   return bits > 0x7F800000u ? 0u : bits + 1u;
 }
 
+// The bits of the magnitude whose key is `key` (mag_key's inverse for a number).
+inline float key_value(uint32_t key) { return std::bit_cast<float>(key - 1u); }
+
+// The k-th best (largest) of n keys, 1 <= k <= n, by a radix select: hist holds the histogram of
+// the keys' top 11 bits (key >> 21, 2048 bins); the keys in the chosen bin (a small part) are
+// compacted into sub (room for n) and their next 11 and last 10 bits resolved on that subset
+// alone. *above gets how many keys are greater than the result. No sort, no data-dependent
+// branch in the loops over the keys (a compaction advances by a comparison's result).
+uint32_t select_key(const uint32_t* key, size_t n, size_t k, const uint32_t* hist, uint32_t* sub,
+                    size_t* above) {
+  *above = 0;
+  // The bin of a histogram, from the top, that holds the k-th best key.
+  auto pick = [&](const uint32_t* h, uint32_t bins) {
+    uint32_t bin = bins;
+    while (bin-- > 0) {
+      if (*above + h[bin] >= k) break;
+      *above += h[bin];
+    }
+    return bin;
+  };
+  uint32_t prefix = pick(hist, 2048) << 21;
+  size_t m = 0;
+  for (size_t j = 0; j < n; ++j) {
+    sub[m] = key[j];
+    m += (key[j] >> 21) == (prefix >> 21);
+  }
+  uint32_t h[2048];
+  std::fill(h, h + 2048, 0u);
+  for (size_t j = 0; j < m; ++j) ++h[(sub[j] >> 10) & 2047u];
+  prefix |= pick(h, 2048) << 10;
+  size_t m2 = 0;
+  for (size_t j = 0; j < m; ++j) {
+    sub[m2] = sub[j];
+    m2 += (sub[j] >> 10) == (prefix >> 10);
+  }
+  std::fill(h, h + 1024, 0u);
+  for (size_t j = 0; j < m2; ++j) ++h[sub[j] & 1023u];
+  return prefix | pick(h, 1024);
+}
+
+// The keys of v[0..n) into key, with the histogram of their top 11 bits into hist (2048 bins),
+// split in four while counting so that equal bins in a row do not wait on each other.
+void keys_and_hist(const float* v, size_t n, uint32_t* key, uint32_t* hist) {
+  thread_local std::vector<uint32_t> h4;
+  h4.assign(4 * 2048, 0);
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (size_t l = 0; l < 4; ++l) {
+      const uint32_t kj = mag_key(v[j + l]);
+      key[j + l] = kj;
+      ++h4[l * 2048 + (kj >> 21)];
+    }
+  }
+  for (; j < n; ++j) {
+    key[j] = mag_key(v[j]);
+    ++h4[key[j] >> 21];
+  }
+  for (uint32_t b = 0; b < 2048; ++b) hist[b] = h4[b] + h4[2048 + b] + h4[4096 + b] + h4[6144 + b];
+}
+
 // Keeps the k best (largest magnitude, then lowest index) of the candidates idx (increasing) with
-// their values val, in index order. A radix select over the magnitude keys gives the exact k-th
-// best key t: a histogram of the top 11 bits over every candidate, then the keys in the chosen
-// bin (a small part: the candidates' magnitudes sit in a few binades just above the sampled
-// threshold) are compacted and their next 11 and last 10 bits resolved on that subset alone. One
-// scan then keeps everything above t and the first (lowest-index) ties at t. The hot loops have no
-// data-dependent branches (the keep/compact decisions are additions), and the histogram is split
-// in four so that equal bins in a row do not wait on each other. No sort, no nth_element. With
-// restore set, restore[idx[j]] = val[j] for every candidate dropped (top-k's taken-out residual).
-void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k, float* restore) {
+// their values val, in index order: select_key gives the exact k-th best key t, then one scan
+// keeps everything above t and the first (lowest-index) ties at t. No sort, no nth_element. With
+// restore (top-k's residual, from a pass that took out the candidates with |v| >= take_t), the
+// residual is made right for the selection: restore[idx[j]] = val[j] for a candidate taken out
+// but dropped, 0 for one kept but not taken out (both rare when take_t is near the k-th value).
+void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k, float* restore,
+               float take_t) {
   const size_t n = idx->size();
-  if (n <= k) return;
+  if (n <= k) {
+    if (restore) {
+      for (size_t j = 0; j < n; ++j) {
+        if (!(std::fabs((*val)[j]) >= take_t)) restore[(*idx)[j]] = 0.0f;
+      }
+    }
+    return;
+  }
   if (k == 0) {
     if (restore) {
       for (size_t j = 0; j < n; ++j) restore[(*idx)[j]] = (*val)[j];
@@ -53,57 +112,15 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k, fl
   if (key_buf.size() < n) key_buf.resize(n);
   if (sub_buf.size() < n) sub_buf.resize(n);
   uint32_t* key = key_buf.data();
-  uint32_t* sub = sub_buf.data();
-  // Picks the bin of a histogram from the top holding the k-th best key; `above` counts the keys
-  // known to be greater than t.
-  size_t above = 0;
-  auto pick = [&](const uint32_t* hist, uint32_t bins) {
-    uint32_t bin = bins;
-    while (bin-- > 0) {
-      if (above + hist[bin] >= k) break;
-      above += hist[bin];
-    }
-    return bin;
-  };
-  std::vector<uint32_t> h4(4 * 2048, 0);
-  const float* v = val->data();
-  size_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    for (size_t l = 0; l < 4; ++l) {
-      const uint32_t kj = mag_key(v[j + l]);
-      key[j + l] = kj;
-      ++h4[l * 2048 + (kj >> 21)];
-    }
-  }
-  for (; j < n; ++j) {
-    key[j] = mag_key(v[j]);
-    ++h4[key[j] >> 21];
-  }
-  for (uint32_t b = 0; b < 2048; ++b) h4[b] += h4[2048 + b] + h4[4096 + b] + h4[6144 + b];
-  uint32_t prefix = pick(h4.data(), 2048) << 21;
-  // The keys in that bin, then the next two digits over them only.
-  size_t m = 0;
-  for (j = 0; j < n; ++j) {
-    sub[m] = key[j];
-    m += (key[j] >> 21) == (prefix >> 21);
-  }
   uint32_t hist[2048];
-  std::fill(hist, hist + 2048, 0u);
-  for (j = 0; j < m; ++j) ++hist[(sub[j] >> 10) & 2047u];
-  prefix |= pick(hist, 2048) << 10;
-  size_t m2 = 0;
-  for (j = 0; j < m; ++j) {
-    sub[m2] = sub[j];
-    m2 += (sub[j] >> 10) == (prefix >> 10);
-  }
-  std::fill(hist, hist + 1024, 0u);
-  for (j = 0; j < m2; ++j) ++hist[sub[j] & 1023u];
-  const uint32_t t = prefix | pick(hist, 1024);
+  keys_and_hist(val->data(), n, key, hist);
+  size_t above = 0;
+  const uint32_t t = select_key(key, n, k, hist, sub_buf.data(), &above);
   size_t ties = k - above;  // keys equal to t that make the cut, lowest index first
   size_t w = 0;
   uint32_t* ip = idx->data();
   float* vp = val->data();
-  for (j = 0; j < n; ++j) {
+  for (size_t j = 0; j < n; ++j) {
     const uint32_t kj = key[j];
     const size_t eq = kj == t;
     const size_t keep = (kj > t) | (eq & (ties > 0));
@@ -113,7 +130,10 @@ void keep_best(std::vector<uint32_t>* idx, std::vector<float>* val, size_t k, fl
     vp[w] = vj;
     w += keep;
     ties -= eq & keep;
-    if (restore && !keep) restore[ij] = vj;  // a candidate taken out but not sent goes back
+    if (restore) {
+      const bool taken = std::fabs(vj) >= take_t;
+      if (taken != (keep != 0)) restore[ij] = keep ? 0.0f : vj;
+    }
   }
   idx->resize(w);
   val->resize(w);
@@ -142,38 +162,51 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSe
     s.idx.resize(count);
     for (size_t i = 0; i < count; ++i) s.idx[i] = static_cast<uint32_t>(i);
     s.val.assign(v, v + count);
-    keep_best(&s.idx, &s.val, k, nullptr);
+    keep_best(&s.idx, &s.val, k, nullptr, 0.0f);
     zero_selected();
   };
-  // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~1000
-  // random line reads, not 16384.
-  constexpr size_t kRun = 16, kSample = 16384;
-  if (count <= 4 * kSample || k * 4 >= count) return exact(false);
+  // Sampled in runs of 16 consecutive elements (one cache line), so the sample costs ~500
+  // random line reads, not 8192.
+  constexpr size_t kRun = 16, kSample = 8192;
+  if (count <= 65536 || k * 4 >= count) return exact(false);
   thread_local std::vector<float> sample;
+  thread_local std::vector<uint32_t> skey, ssub;
   sample.resize(kSample);
+  skey.resize(kSample);
+  ssub.resize(kSample);
   uint64_t state = count;
   for (size_t j = 0; j < kSample; j += kRun) {
     const size_t base = splitmix64(&state) % (count - kRun + 1);
-    for (size_t i = base; i < base + kRun; ++i) {
-      sample[j + i - base] = mag(residual ? in[i] + residual[i] : in[i]);
+    for (size_t i = 0; i < kRun; ++i) {
+      sample[j + i] = residual ? in[base + i] + residual[base + i] : in[base + i];
     }
   }
-  // Threshold: aim at ~1.25 k candidates plus a few standard deviations (and a margin for the
+  // Threshold: aim at ~1.15 k candidates plus a few standard deviations (and a margin for the
   // runs being correlated), so one pass almost always collects a superset of the top k without
-  // collecting much more.
+  // collecting much more (at k = 1% of 1 Mi: ~1.9 k candidates, the k-th value ~6 deviations of
+  // the sample's count inside them).
   const double expect = static_cast<double>(kSample) * static_cast<double>(k) / count;
-  const size_t pos = static_cast<size_t>(expect * 1.25 + 6.0 * std::sqrt(expect) + 16.0);
+  const size_t pos = static_cast<size_t>(expect * 1.15 + 5.0 * std::sqrt(expect) + 16.0);
   if (pos >= kSample) return exact(false);
-  std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(pos), sample.end(),
-                   std::greater<float>());
-  float threshold = sample[pos];
-  if (!(threshold > 0.0f)) return exact(false);
+  // The (pos + 1)-th best of the sample by a radix select over its keys (a comparison select,
+  // nth_element, mispredicts a branch on most of the elements: it took ~20% of the encode).
+  uint32_t hist[2048];
+  keys_and_hist(sample.data(), kSample, skey.data(), hist);
+  size_t above = 0;
+  const uint32_t lo_key = select_key(skey.data(), kSample, pos + 1, hist, ssub.data(), &above);
+  if (lo_key <= 1) return exact(false);  // +0 or NaN: no positive threshold
+  float threshold = key_value(lo_key);
+  // With take, the pass takes out of the residual (0) only the candidates at or above the
+  // sample's estimate of the k-th value, and keep_best puts back the taken ones not sent and
+  // takes out the sent ones not taken: random writes to about |taken - k| lines (the sample's
+  // error, ~10% of k), not to the ~0.8 k candidates beyond k.
+  const size_t hi_rank = std::max<size_t>(1, static_cast<size_t>(std::llround(expect)));
+  const float take_t =
+      key_value(select_key(skey.data(), kSample, hi_rank, hist, ssub.data(), &above));
   const size_t expect_cands = pos * (count / kSample) + 1024;
   s.idx.reserve(expect_cands);
   s.val.reserve(expect_cands);
-  // With take, the candidates leave the residual in the pass (0), and keep_best puts back the
-  // ones not sent: random writes to ~0.3 k lines instead of k after the pass.
-  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val, take);
+  ck::add_collect_abs_ge(in, residual, count, threshold, 0, &s.idx, &s.val, take, take_t);
   const bool retried = s.idx.size() < k;
   if (take && retried) {
     for (size_t j = 0; j < s.idx.size(); ++j) residual[s.idx[j]] = s.val[j];  // v, materialised
@@ -193,8 +226,8 @@ void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSe
     return exact(true);
   }
   // Every element of the top k has |v| >= the k-th best candidate >= threshold: exact.
-  if (!retried) return keep_best(&s.idx, &s.val, k, take ? residual : nullptr);
-  keep_best(&s.idx, &s.val, k, nullptr);
+  if (!retried) return keep_best(&s.idx, &s.val, k, take ? residual : nullptr, take_t);
+  keep_best(&s.idx, &s.val, k, nullptr, 0.0f);
   zero_selected();
 }
 
@@ -214,17 +247,17 @@ std::vector<uint32_t> topk_select_fused(const float* in, float* residual, size_t
   return std::move(s.idx);
 }
 
-std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
-                                      size_t k) {
-  std::vector<uint32_t> idx;
-  k = std::min(k, count);
-  if (k == 0) return idx;
-  // Rejection sampling into a bitmap; when k is more than half, pick the complement instead.
-  const bool complement = k * 2 > count;
-  const size_t want = complement ? count - k : k;
+const std::vector<uint64_t>& randomk_bitmap(uint64_t seed, const CodecContext& ctx, size_t count,
+                                            size_t k, bool* invert) {
   // Kept per thread: a fresh count/8-byte bitmap per call would be fresh pages (faults) each time.
   thread_local std::vector<uint64_t> bits;
+  k = std::min(k, count);
+  // Rejection sampling into a bitmap; when k is more than half, pick the complement instead.
+  const bool complement = k * 2 > count;
+  *invert = complement;
+  const size_t want = complement ? count - k : k;
   bits.assign((count + 63) / 64, 0);
+  if (k == 0) return bits;
   uint64_t state = seed ^ (ctx.key_hash * 0x9e3779b97f4a7c15ull) ^ (ctx.step << 1);
   splitmix64(&state);
   size_t have = 0;
@@ -247,12 +280,20 @@ std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, si
       }
     }
   }
-  idx.reserve(k);
-  for (size_t wi = 0; wi < bits.size(); ++wi) {
+  return bits;
+}
+
+std::vector<uint32_t> randomk_indices(uint64_t seed, const CodecContext& ctx, size_t count,
+                                      size_t k) {
+  bool complement = false;
+  const std::vector<uint64_t>& bits = randomk_bitmap(seed, ctx, count, k, &complement);
+  std::vector<uint32_t> idx(std::min(k, count));
+  size_t j = 0;
+  for (size_t wi = 0; wi < bits.size() && j < idx.size(); ++wi) {
     uint64_t w = complement ? ~bits[wi] : bits[wi];
     if (complement && wi + 1 == bits.size() && count % 64) w &= (uint64_t{1} << (count % 64)) - 1;
     while (w) {
-      idx.push_back(static_cast<uint32_t>(wi * 64 + std::countr_zero(w)));
+      idx[j++] = static_cast<uint32_t>(wi * 64 + std::countr_zero(w));
       w &= w - 1;
     }
   }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "collectives/compress/codec.h"
+
 namespace gw::coll {
 
 struct TopKSet {
@@ -20,5 +22,12 @@ struct TopKSet {
 // sending them), written in the same pass.
 void topk_fused(const float* in, float* residual, size_t count, size_t k, TopKSet* out,
                 bool take = false);
+
+// randomk_indices' draw (codec.h) as a bitmap of count bits (bit i % 64 of word i / 64): the
+// chosen indices are its set bits, or with *invert its clear bits below count (k more than half
+// of count draws the complement). The same set as randomk_indices. The vector is the calling
+// thread's, valid until its next call.
+const std::vector<uint64_t>& randomk_bitmap(uint64_t seed, const CodecContext& ctx, size_t count,
+                                            size_t k, bool* invert);
 
 }  // namespace gw::coll

@@ -695,6 +695,19 @@ TEST_P(PerfP2pTest, BandwidthAndLatencyTables) {
   EXPECT_FALSE(doc.contains("error")) << doc.dump();
 }
 
+// --capi: gw_isend/gw_irecv rows and the gw_send/gw_recv ping-pong, through libgradwire.
+TEST_P(PerfP2pTest, CapiBandwidthAndLatency) {
+  TempFile out;
+  auto res = run_perf({"p2p", "--capi", "--transport", GetParam(), "--minbytes", "1", "-e", "1M",
+                       "-f", "1024", "-n", "32", "--lat-iters", "100", "--json", out.path()});
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  json doc = out.read_json();
+  ASSERT_EQ(doc["bandwidth"].size(), 3u) << doc.dump();  // 1, 1K, 1M
+  for (const auto& bw : doc["bandwidth"]) EXPECT_GT(bw["mbytes_s"].get<double>(), 0) << doc.dump();
+  EXPECT_EQ(doc["latency"]["iterations"], 100) << doc.dump();
+  EXPECT_LE(doc["latency"]["t_min_us"].get<double>(), doc["latency"]["t_median_us"].get<double>());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PerfP2pTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return std::string(info.param); });
 

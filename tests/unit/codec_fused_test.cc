@@ -408,5 +408,53 @@ TEST(CodecFused, PowerSgdFusedPassesMatchTheSeparateCalls) {
   }
 }
 
+// The sampled top-k (a pass that takes out only the candidates above the sample's estimate of the
+// k-th value, the rest fixed up after the selection) and random-k's bitmap pass give exactly the
+// encoding and residual of the plain definition: v = in + residual; the chosen values in index
+// order; the residual v with them 0.
+TEST(CodecFused, TopkAndRandomkEncodeAsTheirDefinitionBitForBit) {
+  const size_t n = (size_t{1} << 20) + 3;  // the sampled top-k path, odd tails
+  for (const char* spec :
+       {"topk:0.01", "topk:0.001", "randomk:0.01", "randomk:0.7", "randomk:0.01,ef=0"}) {
+    auto c = make(spec);
+    const bool topk = spec[0] == 't';
+    const bool ef = c->spec().error_feedback;
+    for (int step = 0; step < 3; ++step) {
+      const CodecContext ctx{fnv1a64("w"), static_cast<uint64_t>(step), 0};
+      const auto g = gaussian(n, 60 + static_cast<uint32_t>(step));
+      auto r = gaussian(n, 70 + static_cast<uint32_t>(step), 0.3f);
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = ef ? g[i] + r[i] : g[i];
+      const size_t k = topk_count(c->spec().ratio, n);
+      const auto idx = topk ? reference_topk(v, k) : randomk_indices(c->spec().seed, ctx, n, k);
+      ASSERT_EQ(idx.size(), k) << spec;
+      std::vector<uint8_t> want(c->encoded_size(n));
+      size_t at = 0;
+      if (topk) {
+        const uint32_t header[2] = {0x4B504F54u, static_cast<uint32_t>(k)};
+        std::memcpy(want.data(), header, 8);
+        std::memcpy(want.data() + 8, idx.data(), k * 4);
+        at = 8 + k * 4;
+      }
+      auto want_res = v;
+      for (size_t j = 0; j < k; ++j) {
+        std::memcpy(want.data() + at + 4 * j, &v[idx[j]], 4);
+        want_res[idx[j]] = 0.0f;
+      }
+      // Written at an odd offset too (a peer's buffer need not be aligned).
+      for (size_t shift : {size_t{0}, size_t{1}}) {
+        std::vector<uint8_t> buf(want.size() + 1);
+        auto res = r;
+        ASSERT_TRUE(
+            c->encode(g.data(), ef ? res.data() : nullptr, n, buf.data() + shift, want.size(), ctx)
+                .ok());
+        ASSERT_EQ(0, std::memcmp(buf.data() + shift, want.data(), want.size()))
+            << spec << " step " << step << " shift " << shift;
+        if (ef) ASSERT_TRUE(same_bits(res, want_res)) << spec << " step " << step;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gw::coll

@@ -201,5 +201,79 @@ TEST(CodecIsa, TopkCollectAvx512MatchesPortable) {
   }
 }
 
+// Top-k's pass with a take threshold above the collect threshold: every path takes out (0) only
+// the candidates with |v| >= the take threshold, and collects the same candidates and values.
+TEST(CodecIsa, TopkCollectWithTakeThresholdAgreesAcrossPaths) {
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (size_t n : {size_t{5}, size_t{16}, size_t{31}, size_t{5000}, size_t{70001}}) {
+    const auto in = data(n, static_cast<uint32_t>(n) + 23, n > 64);
+    const auto r0 = data(n, 8, false);
+    std::vector<float> res[3] = {r0, r0, r0};
+    std::vector<uint32_t> idx[3];
+    std::vector<float> val[3];
+    ck::portable::add_collect_abs_ge(in.data(), res[0].data(), n, 1.0f, 3, &idx[0], &val[0], true,
+                                     2.0f);
+    ck::avx2::add_collect_abs_ge(in.data(), res[1].data(), n, 1.0f, 3, &idx[1], &val[1], true,
+                                 2.0f);
+    const int paths = ck::cpu_has_avx512() ? 3 : 2;
+    if (paths == 3) {
+      ck::avx512::add_collect_abs_ge(in.data(), res[2].data(), n, 1.0f, 3, &idx[2], &val[2], true,
+                                     2.0f);
+    }
+    for (int p = 1; p < paths; ++p) {
+      ASSERT_EQ(idx[0], idx[p]) << n << " path " << p;
+      ASSERT_TRUE(same_bits(val[0], val[p])) << n << " path " << p;
+      ASSERT_TRUE(same_bits(res[0], res[p])) << n << " path " << p;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float v = in[i] + r0[i];
+      const float want = std::fabs(v) >= 2.0f ? 0.0f : v;
+      ASSERT_EQ(std::memcmp(&res[0][i], &want, 4), 0) << n << " at " << i;
+    }
+  }
+}
+
+// Random-k's pass: the chosen values (set bits, or clear bits with invert) in index order, the
+// residual with them 0, the same bits on every path, and the count returned.
+TEST(CodecIsa, GatherBitsTakeAgreesAcrossPathsAndWithItsDefinition) {
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(5);
+  for (size_t n :
+       {size_t{0}, size_t{5}, size_t{16}, size_t{63}, size_t{64}, size_t{1000}, size_t{70001}}) {
+    std::vector<uint64_t> bits((n + 63) / 64 + 1);
+    for (auto& w : bits) w = rng() & rng();  // about a quarter of the bits
+    const auto in = data(n, static_cast<uint32_t>(n) + 31, n > 64);
+    const auto r0 = data(n, 9, false);
+    for (bool invert : {false, true}) {
+      for (bool with_res : {false, true}) {
+        std::vector<float> v(n), want_out, want_res(n);
+        for (size_t i = 0; i < n; ++i) {
+          v[i] = with_res ? in[i] + r0[i] : in[i];
+          const bool chosen = ((bits[i / 64] >> (i % 64)) & 1u) != invert;
+          if (chosen) want_out.push_back(v[i]);
+          want_res[i] = chosen ? 0.0f : v[i];
+        }
+        const int paths = ck::cpu_has_avx512() ? 3 : 2;
+        for (int p = 0; p < paths; ++p) {
+          std::vector<float> out(want_out.size() + 16, 7.0f), res = r0;
+          float* rp = with_res ? res.data() : nullptr;
+          const size_t got =
+              p == 0 ? ck::portable::gather_bits_take(in.data(), rp, n, bits.data(), invert,
+                                                      out.data())
+              : p == 1
+                  ? ck::avx2::gather_bits_take(in.data(), rp, n, bits.data(), invert, out.data())
+                  : ck::avx512::gather_bits_take(in.data(), rp, n, bits.data(), invert, out.data());
+          ASSERT_EQ(got, want_out.size()) << n << " path " << p;
+          // Nothing written past the last chosen value.
+          for (size_t j = got; j < out.size(); ++j) ASSERT_EQ(out[j], 7.0f) << n << " path " << p;
+          out.resize(got);
+          ASSERT_TRUE(same_bits(out, want_out)) << n << " path " << p << " invert " << invert;
+          if (with_res) ASSERT_TRUE(same_bits(res, want_res)) << n << " path " << p;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gw::coll

@@ -3,9 +3,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "collectives/compress/codec_kernels.h"
 #include "collectives/compress/codecs/codecs.h"
+#include "collectives/compress/topk_select.h"
 
 namespace gw::coll {
 
@@ -25,24 +27,25 @@ class RandomKCodec final : public Codec {
                 const CodecContext& ctx) const override {
     GW_RETURN_IF_ERROR(check_count(count, "randomk"));
     GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "randomk"));
-    const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
-    if (residual) {
-      // One pass over memory: block by block (in L1), residual = in + residual, then the block's
-      // chosen elements are taken out (indices increase), instead of a gather over the whole
-      // residual after the pass, which would read and write back one evicted line per index.
-      constexpr size_t kBlock = 4096;
-      size_t j = 0;
-      for (size_t b = 0; b < count; b += kBlock) {
-        const size_t end = std::min(count, b + kBlock);
-        ck::add_f32(in + b, end - b, residual + b);
-        for (; j < idx.size() && idx[j] < end; ++j) {
-          std::memcpy(out + 4 * j, &residual[idx[j]], 4);
-          residual[idx[j]] = 0.0f;
-        }
-      }
-    } else {
-      for (size_t j = 0; j < idx.size(); ++j) std::memcpy(out + 4 * j, &in[idx[j]], 4);
+    const size_t k = topk_count(spec_.ratio, count);
+    bool invert = false;
+    const std::vector<uint64_t>& bits = randomk_bitmap(spec_.seed, ctx, count, k, &invert);
+    // One pass over memory, no index list: residual = in + residual, the chosen elements (the
+    // bitmap's, 16 at a time as a vector mask) written out in index order and taken out of the
+    // residual, branch-free (a gather after the pass would read and write back one evicted line
+    // per index, and walking the bitmap bit by bit mispredicts on most words). The values go to
+    // an aligned scratch when out is not 4-byte aligned.
+    float* dst = reinterpret_cast<uintptr_t>(out) % alignof(float) == 0
+                     ? reinterpret_cast<float*>(out)
+                     : nullptr;
+    thread_local std::vector<float> bounce;
+    if (!dst) {
+      bounce.resize(k);
+      dst = bounce.data();
     }
+    const size_t got = ck::gather_bits_take(in, residual, count, bits.data(), invert, dst);
+    if (got != k) return internal_error("randomk encode: {} elements chosen, expected {}", got, k);
+    if (dst != reinterpret_cast<float*>(out)) std::memcpy(out, dst, k * sizeof(float));
     return ok_status();
   }
   Status decode_add(const uint8_t* in, size_t in_size, size_t count, float* acc,
@@ -52,11 +55,20 @@ class RandomKCodec final : public Codec {
       return invalid_arg("randomk decode: {} bytes for {} elements, expected {}", in_size, count,
                          encoded_size(count));
     }
-    const auto idx = randomk_indices(spec_.seed, ctx, count, topk_count(spec_.ratio, count));
-    for (size_t j = 0; j < idx.size(); ++j) {
-      float v;  // memcpy: a peer's encoding need not be 4-byte aligned
-      std::memcpy(&v, in + 4 * j, sizeof(v));
-      acc[idx[j]] += v;
+    bool invert = false;
+    const std::vector<uint64_t>& bits =
+        randomk_bitmap(spec_.seed, ctx, count, topk_count(spec_.ratio, count), &invert);
+    // The chosen indices straight from the bitmap, increasing: the encoder's order.
+    size_t j = 0;
+    for (size_t wi = 0; wi < bits.size(); ++wi) {
+      uint64_t w = invert ? ~bits[wi] : bits[wi];
+      if (wi + 1 == bits.size() && count % 64) w &= (uint64_t{1} << (count % 64)) - 1;
+      while (w) {
+        float v;  // memcpy: a peer's encoding need not be 4-byte aligned
+        std::memcpy(&v, in + 4 * j++, sizeof(v));
+        acc[wi * 64 + static_cast<size_t>(std::countr_zero(w))] += v;
+        w &= w - 1;
+      }
     }
     return ok_status();
   }
