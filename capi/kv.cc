@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "core/store.h"
 #include "core/store_socket.h"
+#include "gpudirect/cuda_driver.h"
 #include "gradwire/gradwire.h"
 #include "kv/client.h"
 #include "kv/kv_config.h"
@@ -213,6 +214,16 @@ Status create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* out) {
   return gw::ok_status();
 }
 
+// The parameter server reads and writes values with the CPU: CUDA device memory is refused by
+// name (asked of the driver only when the process has it loaded, as capi/host_memory.cc does).
+Status refuse_device_memory(const char* arg, const void* p) {
+  if (gw::cuda::resident_memory_kind(p) != gw::cuda::MemoryKind::kDevice) return gw::ok_status();
+  return gw::unsupported(
+      "argument {} is CUDA device memory: the parameter server (gw_kv_*) takes host memory only "
+      "(copy the tensor to host memory)",
+      arg);
+}
+
 // The checks of one data call; the bytes of the value.
 Status check_data(const char* call, uint64_t key, const void* value, const void* out, size_t count,
                   gw_dtype_t dtype, bool pull_only) {
@@ -223,11 +234,11 @@ Status check_data(const char* call, uint64_t key, const void* value, const void*
   GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, raw_enum(dtype)));
   if (!pull_only) {
     GW_RETURN_IF_ERROR(check_buffer("value", value, bytes));
-    GW_RETURN_IF_ERROR(check_host_memory("value", value));
+    GW_RETURN_IF_ERROR(refuse_device_memory("value", value));
   }
   if (out != nullptr || pull_only) {
     GW_RETURN_IF_ERROR(check_buffer("out", out, bytes));
-    GW_RETURN_IF_ERROR(check_host_memory("out", out));
+    GW_RETURN_IF_ERROR(refuse_device_memory("out", out));
   }
   if (!pull_only && out != nullptr && out != value) {
     const auto* a = static_cast<const uint8_t*>(value);
