@@ -79,6 +79,12 @@ declare -A bg_pids
 trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 rm -f build/bg-*.rc
 bg_start debug bash scripts/build.sh debug
+# The TSan and libFuzzer builds follow the ASan one at once (not when the tests reach the ASan
+# phase), so that CPU the tests leave idle after the ASan build is not lost.
+fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
+bg_start later bash -c "while [ ! -f build/bg-debug.rc ]; do sleep 2; done; \
+  bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
+  GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
 
 # Tests are independent (every port is chosen by the kernel), so they may run side by side. Unit
 # tests must pass at the first attempt. Integration tests (real processes, network namespaces,
@@ -101,9 +107,6 @@ phase "python tests"
 
 bg_wait debug
 phase "debug (ASan+UBSan) build, what was left of it"
-fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
-bg_start later bash -c "bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
-  GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
 ctest --preset debug -j"$jobs"
 phase "debug (ASan+UBSan) unit tests"
 bg_wait later

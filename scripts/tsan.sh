@@ -3,7 +3,7 @@
 # rendezvous store's server thread, the tcp transport's I/O threads, shm, the communicator's
 # progress thread and sub-communicators, the C ABI called from several threads, the transport
 # conformance suite with the verbs emulator's NIC thread, the daemon's job threads). The tsan
-# preset (-O1 -g, DPDK and CUDA off) builds only those binaries (target gw_tsan_tests) and runs
+# preset (-O1 -g1, DPDK and CUDA off) builds only those binaries (target gw_tsan_tests) and runs
 # their cases but the slow ones (sweeps and leak loops test arithmetic and resources, not threads);
 # cases that fork() after starting threads skip themselves (tests/support/sanitizers.h).
 # tests/tsan.supp lists what is suppressed and why.
