@@ -365,17 +365,17 @@ TEST(P2PTest, DestroyAndAbortEndPendingRequests) {
 TEST(P2PTest, DestroyOrAbortEndsAWaitOfAnotherThread) {
   run_world(
       2, "auto", 60000,
-      [](gw_comm_t c, int rank, int, Errors& e) {
+      [](gw_comm_t c, int rank, int, RankErrors& e) {
         int32_t x = 0;
         gw_request_t r = nullptr;
-        CHECK_GW(rank, e, gw_irecv(c, &x, 1, GW_INT32, 1 - rank, 9, &r));  // never sent
+        GW_CHECK_RANK(rank, e, gw_irecv(c, &x, 1, GW_INT32, 1 - rank, 9, &r));  // never sent
         gw_status_t got = GW_OK;
         std::thread waiter([&] { got = gw_wait(r, -1); });
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (rank == 0) gw_comm_abort(c);
-        CHECK_GW(rank, e, gw_comm_destroy(c));
+        GW_CHECK_RANK(rank, e, gw_comm_destroy(c));
         waiter.join();
-        if (got != GW_ERR_ABORTED) e.add(rank, "wait of another thread: " + last());
+        if (got != GW_ERR_ABORTED) e.add(rank, "wait of another thread: " + last_error());
       },
       true);
 }
