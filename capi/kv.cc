@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "core/store.h"
 #include "core/store_socket.h"
+#include "gpudirect/cuda_driver.h"
 #include "gradwire/gradwire.h"
 #include "kv/client.h"
 #include "kv/kv_config.h"
@@ -211,6 +212,15 @@ Status create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* out) {
   }
   *out = raw;
   return gw::ok_status();
+}
+
+// The store takes host memory only: CUDA device memory is refused by name (the CPU cannot read it).
+Status check_host_memory(const char* arg, const void* p) {
+  if (gw::cuda::resident_memory_kind(p) != gw::cuda::MemoryKind::kDevice) return gw::ok_status();
+  return gw::unsupported(
+      "argument {} is CUDA device memory: the kv store takes host memory only (copy the tensor "
+      "to host memory first)",
+      arg);
 }
 
 // The checks of one data call; the bytes of the value.
