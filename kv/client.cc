@@ -36,7 +36,9 @@ Status Op::wait(sys::Deadline until, bool cancel_on_timeout) {
   if (pending == 0) return status;
   if (cancel_on_timeout || sys::expired(deadline_)) {
     // The buffers are the caller's again: late replies go nowhere, and the request has ended.
+    // A receiver already copying into them finishes first (its read has its own deadline).
     cancelled = true;
+    cv.wait(lock, [&] { return reading == 0; });
     status = timeout_error(
         "kv: {} of the request's frames unanswered after GW_TIMEOUT_MS (a server or the workers "
         "it waits for did not answer)",
@@ -219,14 +221,26 @@ class ServerLink {
                           t.bytes));
           return;
         }
-        std::lock_guard<std::mutex> lock(op->mu);
+        // The op's lock is not held while reading: every server's receiver fills its part of
+        // one op's buffer at once; `reading` keeps a cancel from returning meanwhile.
         void* dst = t.out;
-        if (op->cancelled || dst == nullptr) {
-          scratch.resize(h.payload);
-          dst = scratch.data();
+        bool counted = false;
+        {
+          std::lock_guard<std::mutex> lock(op->mu);
+          if (op->cancelled || dst == nullptr) {
+            scratch.resize(h.payload);
+            dst = scratch.data();
+          } else {
+            ++op->reading;
+            counted = true;
+          }
         }
         s = read_exact(fd_.get(), dst, h.payload, sys::deadline_after_ms(client_->timeout_ms()),
                        &stop_);
+        if (counted) {
+          std::lock_guard<std::mutex> lock(op->mu);
+          if (--op->reading == 0) op->cv.notify_all();
+        }
         if (!s.ok()) {
           died(s);
           return;

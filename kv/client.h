@@ -45,6 +45,7 @@ class Op {
   std::condition_variable cv;
   size_t pending = 0;
   bool cancelled = false;
+  int reading = 0;  // receivers writing into the op's buffer now (not under mu)
   Status status;
   const sys::Deadline deadline_;
   // Completes one frame: the first error wins.

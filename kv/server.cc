@@ -100,26 +100,62 @@ Status Server::join(Conn& conn, const Header& h, const std::vector<uint8_t>& pay
   return ok_status();
 }
 
-void Server::send(uint64_t store, std::vector<Answer>& answers) {
+void Server::dispatch_locked(uint64_t store, std::vector<Answer>& answers) {
+  auto it = stores_.find(store);
   for (Answer& a : answers) {
-    std::shared_ptr<Conn> to;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = stores_.find(store);
-      if (it == stores_.end()) continue;
-      auto c = it->second.conns.find(a.worker);
-      if (c == it->second.conns.end()) continue;
-      to = c->second;
+    if (it == stores_.end()) break;
+    auto c = it->second.conns.find(a.worker);
+    if (c == it->second.conns.end()) continue;
+    Conn& to = *c->second;
+    Outgoing o;
+    o.h = a.reply;
+    if (!a.payload.empty()) {
+      o.payload = std::make_shared<const std::vector<uint8_t>>(std::move(a.payload));
     }
-    std::lock_guard<std::mutex> lock(to->write_mu);
-    Status s = write_frame(to->fd.get(), a.reply, a.payload.empty() ? nullptr : a.payload.data(),
-                           sys::deadline_after_ms(options_.timeout_ms));
-    if (!s.ok()) {
-      // The worker's reader sees the broken connection and reports the worker dead.
-      shutdown(to->fd.get(), SHUT_RDWR);
-    }
+    std::lock_guard<std::mutex> lock(to.q_mu);
+    if (to.broken || to.closing) continue;
+    to.queue.push_back(std::move(o));
+    to.q_cv.notify_one();
   }
   answers.clear();
+}
+
+void Server::write_loop(Conn* conn) {
+  for (;;) {
+    Outgoing o;
+    {
+      std::unique_lock<std::mutex> lock(conn->q_mu);
+      conn->q_cv.wait(lock, [&] { return !conn->queue.empty() || conn->closing; });
+      if (conn->queue.empty()) return;  // closing and nothing left
+      o = std::move(conn->queue.front());
+      conn->queue.pop_front();
+    }
+    Status s;
+    {
+      std::lock_guard<std::mutex> lock(conn->write_mu);
+      s = write_frame(conn->fd.get(), o.h, o.payload ? o.payload->data() : nullptr,
+                      sys::deadline_after_ms(options_.timeout_ms));
+    }
+    if (!s.ok()) {
+      // The worker's reader sees the broken connection and reports the worker dead.
+      shutdown(conn->fd.get(), SHUT_RDWR);
+      std::lock_guard<std::mutex> lock(conn->q_mu);
+      conn->broken = true;
+      conn->queue.clear();
+      return;
+    }
+  }
+}
+
+void Server::close_writer(Conn& conn) {
+  {
+    std::lock_guard<std::mutex> lock(conn.q_mu);
+    conn.closing = true;
+    conn.q_cv.notify_all();
+  }
+  // Stopping: a worker that reads nothing must not hold the writer for timeout_ms.
+  if (stop_.load(std::memory_order_acquire)) shutdown(conn.fd.get(), SHUT_RDWR);
+  if (conn.writer.joinable()) conn.writer.join();
 }
 
 void Server::serve_conn(std::shared_ptr<Conn> conn) {
@@ -156,6 +192,7 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
       std::lock_guard<std::mutex> lock(conn->write_mu);
       why = write_frame(fd, ok, nullptr, sys::deadline_after_ms(options_.timeout_ms));
     }
+    conn->writer = std::thread([this, c = conn.get()] { write_loop(c); });
     const uint32_t workers = [&] {
       std::lock_guard<std::mutex> lock(mu_);
       return stores_[conn->store].rules->config().workers;
@@ -184,8 +221,8 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
         } else {
           rules.on_frame(h, payload.data(), &answers);
         }
+        dispatch_locked(conn->store, answers);
       }
-      send(conn->store, answers);
       if (h.type == Type::kBye) break;
     }
     {
@@ -195,8 +232,9 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
       if (!e.rules->said_bye(conn->worker) && !stop_.load(std::memory_order_acquire)) {
         e.rules->on_dead(conn->worker, why.ok() ? "closed" : why.message(), &answers);
       }
+      dispatch_locked(conn->store, answers);
     }
-    send(conn->store, answers);
+    close_writer(*conn);
   }
   conn->fd.reset();
   std::lock_guard<std::mutex> lock(mu_);

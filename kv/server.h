@@ -1,11 +1,14 @@
-// A parameter server: a listening socket, one thread per worker connection, and the stores it
-// serves (kv/rules.h, one per store id, created by the first worker's Hello). Run as its own
-// process (gw_kv_serve, GW_ROLE=server) or as a thread of every worker (GW_KV_SERVERS=0).
+// A parameter server: a listening socket, per worker connection a reader thread and a writer
+// thread (its queue of replies, so that a connection's pulls are sent while pushes arrive on
+// every connection, and no reader waits on another worker's socket), and the stores it serves
+// (kv/rules.h, one per store id, created by the first worker's Hello). Run as its own process
+// (gw_kv_serve, GW_ROLE=server) or as a thread of every worker (GW_KV_SERVERS=0).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,12 +51,24 @@ class Server {
   void stop();
 
  private:
+  // A reply waiting for its connection's writer; the payload is shared with nothing else but
+  // moved, never copied, out of the rules' answer.
+  struct Outgoing {
+    Header h;
+    std::shared_ptr<const std::vector<uint8_t>> payload;
+  };
   struct Conn {
     sys::Fd fd;
-    std::mutex write_mu;
+    std::mutex write_mu;  // one frame at a time on the socket (writer, send_error)
     uint64_t store = 0;
     uint32_t worker = 0;
     bool joined = false;
+    std::mutex q_mu;  // queue, closing, broken
+    std::condition_variable q_cv;
+    std::deque<Outgoing> queue;
+    bool closing = false;  // the reader ended: the writer sends what is queued, then returns
+    bool broken = false;   // a write failed: later replies are dropped
+    std::thread writer;
   };
   struct StoreEntry {
     std::unique_ptr<StoreRules> rules;
@@ -66,7 +81,12 @@ class Server {
   void serve_conn(std::shared_ptr<Conn> conn);
   // Hello: joins the connection to its store. An Error frame is sent when refused.
   Status join(Conn& conn, const Header& h, const std::vector<uint8_t>& payload);
-  void send(uint64_t store, std::vector<Answer>& answers);
+  // Queues each answer on its worker's connection (mu_ held: the rules' order is kept).
+  void dispatch_locked(uint64_t store, std::vector<Answer>& answers);
+  // A connection's writer: sends its queue in order, each frame within timeout_ms.
+  void write_loop(Conn* conn);
+  // Ends the writer after what is queued (at once when the server stops).
+  void close_writer(Conn& conn);
   void send_error(Conn& conn, const Header& h, const Status& s);
 
   const ServerOptions options_;
