@@ -4,7 +4,7 @@
 //   about a round trip, not after a probe or a timeout of hundreds of microseconds;
 // - lost ACKs do not count as spurious retransmissions (they must not slow down recovery);
 // - with 1% random loss, transfers of 64 KiB-16 MiB keep most of their loss-free speed.
-// GW_DPDK_LOSS_TABLE=1 prints the loss-free vs 1%-loss table (docs/dpdk.md) from the last case.
+// DPDK_LOSS_TEST_TABLE=1 prints the loss-free vs 1%-loss table (docs/dpdk.md) from the last case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,7 +203,7 @@ TEST(DpdkLoss, LostAcksDoNotWidenTheReorderingTolerance) {
 // least half of its loss-free speed here (the figure on AF_XDP is in docs/dpdk.md); on a shared
 // 2-core machine the bound is loose, the table is what to read.
 TEST(DpdkLoss, OnePercentLossKeepsMostOfTheLossFreeSpeed) {
-  const bool table = std::getenv("GW_DPDK_LOSS_TABLE") != nullptr;
+  const bool table = std::getenv("DPDK_LOSS_TEST_TABLE") != nullptr;
   const std::vector<size_t> sizes =
       table ? std::vector<size_t>{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20}
             : std::vector<size_t>{64 << 10, 256 << 10, 1 << 20};
@@ -243,7 +243,7 @@ TEST(DpdkLoss, SmallMessageRoundTrip) {
   uint8_t a[8] = {1}, b[8] = {};
   std::vector<double> t;
   for (int i = 0; i < 2000; ++i) t.push_back(exchange(p, a, b, sizeof a));
-  if (std::getenv("GW_DPDK_LOSS_TABLE") != nullptr) {
+  if (std::getenv("DPDK_LOSS_TEST_TABLE") != nullptr) {
     std::printf("8-byte round trip: median %.1f us\n", median(t) * 1e6);
   }
   EXPECT_EQ(a[0], b[0]);
