@@ -215,8 +215,12 @@ Result<Interface> select_interface(std::string_view spec, const std::vector<Inte
     }
   }
   if (best == nullptr) {
+    // One entry per interface, though getifaddrs lists one per address.
     std::string seen;
+    std::vector<std::string> named;
     for (const Interface& iface : all) {
+      if (std::find(named.begin(), named.end(), iface.name) != named.end()) continue;
+      named.push_back(iface.name);
       seen += fmt::format("{}{}{}", seen.empty() ? "" : ", ", iface.name, iface.up ? "" : "(down)");
     }
     return invalid_arg("GW_SOCKET_IFNAME '{}' matches no interface that is up (have: {})", spec,

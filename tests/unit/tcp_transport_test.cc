@@ -120,7 +120,7 @@ TEST(TcpInterfaceSelection, DefaultSkipsContainerLinks) {
   // Named, they are taken.
   EXPECT_EQ(pick("veth"),
             "error: GW_SOCKET_IFNAME 'veth' matches no interface that is up (have: "
-            "lo, eth0, eth0, eth0, eth1(down), docker0, ib0)");
+            "lo, eth0, eth1(down), docker0, ib0)");
   EXPECT_EQ(pick("=docker0"), "docker0 172.17.0.1:0");
 }
 
