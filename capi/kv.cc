@@ -226,12 +226,12 @@ Status refuse_device_memory(const char* arg, const void* p) {
 
 // The checks of one data call; the bytes of the value.
 Status check_data(const char* call, uint64_t key, const void* value, const void* out, size_t count,
-                  gw_dtype_t dtype, bool pull_only) {
+                  int dtype, bool pull_only) {
   (void)key;
   (void)call;
-  GW_RETURN_IF_ERROR(check_dtype(raw_enum(dtype)));
+  GW_RETURN_IF_ERROR(check_dtype(dtype));
   if (count == 0) return gw::invalid_arg("count is 0: a key holds at least one element");
-  GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, raw_enum(dtype)));
+  GW_ASSIGN_OR_RETURN(size_t bytes, buffer_bytes("count", count, dtype));
   if (!pull_only) {
     GW_RETURN_IF_ERROR(check_buffer("value", value, bytes));
     GW_RETURN_IF_ERROR(refuse_device_memory("value", value));
@@ -269,22 +269,21 @@ class KvRequest final : public SessionRequest {
 using Kind = gw::kv::Client::Kind;
 
 Status start(const char* call, gw_kv_t kv, Kind kind, uint64_t key, const void* value, void* out,
-             size_t count, gw_dtype_t dtype, int priority, gw_request_t* req) {
+             size_t count, int dtype, int priority, gw_request_t* req) {
   GW_ASSIGN_OR_RETURN(auto client, client_of(kv));
   GW_RETURN_IF_ERROR(check_data(call, key, kind == Kind::kPull ? nullptr : value,
                                 kind == Kind::kPull || kind == Kind::kPushPull ? out : nullptr,
                                 count, dtype, kind == Kind::kPull));
   if (req != nullptr) *req = nullptr;
-  GW_ASSIGN_OR_RETURN(auto op,
-                      client->start(kind, key, value, out, count,
-                                    static_cast<gw::coll::DataType>(raw_enum(dtype)), priority));
+  GW_ASSIGN_OR_RETURN(auto op, client->start(kind, key, value, out, count,
+                                             static_cast<gw::coll::DataType>(dtype), priority));
   if (req == nullptr) return op->wait(gw::sys::Deadline::max(), true);
   *req = register_request(std::make_unique<KvRequest>(std::move(op)), 0);
   return gw::ok_status();
 }
 
 Status istart(const char* call, gw_kv_t kv, Kind kind, uint64_t key, const void* value, void* out,
-              size_t count, gw_dtype_t dtype, int priority, gw_request_t* req) {
+              size_t count, int dtype, int priority, gw_request_t* req) {
   if (req == nullptr) return gw::invalid_arg("argument req (the output pointer) is NULL");
   *req = nullptr;
   return start(call, kv, kind, key, value, out, count, dtype, priority, req);
@@ -365,22 +364,24 @@ GW_EXPORT gw_status_t gw_kv_create(gw_comm_t comm, const gw_kv_config_t* cfg, gw
 GW_EXPORT gw_status_t gw_kv_init(gw_kv_t kv, uint64_t key, const void* value, size_t count,
                                  gw_dtype_t dtype) {
   return guarded("gw_kv_init", [&] {
-    return start("gw_kv_init", kv, Kind::kInit, key, value, nullptr, count, dtype, 0, nullptr);
+    return start("gw_kv_init", kv, Kind::kInit, key, value, nullptr, count, raw_enum(dtype), 0,
+                 nullptr);
   });
 }
 
 GW_EXPORT gw_status_t gw_kv_push(gw_kv_t kv, uint64_t key, const void* value, size_t count,
                                  gw_dtype_t dtype, int priority) {
   return guarded("gw_kv_push", [&] {
-    return start("gw_kv_push", kv, Kind::kPush, key, value, nullptr, count, dtype, priority,
-                 nullptr);
+    return start("gw_kv_push", kv, Kind::kPush, key, value, nullptr, count, raw_enum(dtype),
+                 priority, nullptr);
   });
 }
 
 GW_EXPORT gw_status_t gw_kv_pull(gw_kv_t kv, uint64_t key, void* out, size_t count,
                                  gw_dtype_t dtype, int priority) {
   return guarded("gw_kv_pull", [&] {
-    return start("gw_kv_pull", kv, Kind::kPull, key, nullptr, out, count, dtype, priority, nullptr);
+    return start("gw_kv_pull", kv, Kind::kPull, key, nullptr, out, count, raw_enum(dtype), priority,
+                 nullptr);
   });
 }
 
@@ -388,22 +389,24 @@ GW_EXPORT gw_status_t gw_kv_pushpull(gw_kv_t kv, uint64_t key, const void* value
                                      size_t count, gw_dtype_t dtype, int priority) {
   return guarded("gw_kv_pushpull", [&] {
     if (out == nullptr) return gw::invalid_arg("argument out is NULL");
-    return start("gw_kv_pushpull", kv, Kind::kPushPull, key, value, out, count, dtype, priority,
-                 nullptr);
+    return start("gw_kv_pushpull", kv, Kind::kPushPull, key, value, out, count, raw_enum(dtype),
+                 priority, nullptr);
   });
 }
 
 GW_EXPORT gw_status_t gw_kv_ipush(gw_kv_t kv, uint64_t key, const void* value, size_t count,
                                   gw_dtype_t dtype, int priority, gw_request_t* req) {
   return guarded("gw_kv_ipush", [&] {
-    return istart("gw_kv_ipush", kv, Kind::kPush, key, value, nullptr, count, dtype, priority, req);
+    return istart("gw_kv_ipush", kv, Kind::kPush, key, value, nullptr, count, raw_enum(dtype),
+                  priority, req);
   });
 }
 
 GW_EXPORT gw_status_t gw_kv_ipull(gw_kv_t kv, uint64_t key, void* out, size_t count,
                                   gw_dtype_t dtype, int priority, gw_request_t* req) {
   return guarded("gw_kv_ipull", [&] {
-    return istart("gw_kv_ipull", kv, Kind::kPull, key, nullptr, out, count, dtype, priority, req);
+    return istart("gw_kv_ipull", kv, Kind::kPull, key, nullptr, out, count, raw_enum(dtype),
+                  priority, req);
   });
 }
 
@@ -412,8 +415,8 @@ GW_EXPORT gw_status_t gw_kv_ipushpull(gw_kv_t kv, uint64_t key, const void* valu
                                       gw_request_t* req) {
   return guarded("gw_kv_ipushpull", [&] {
     if (out == nullptr) return gw::invalid_arg("argument out is NULL");
-    return istart("gw_kv_ipushpull", kv, Kind::kPushPull, key, value, out, count, dtype, priority,
-                  req);
+    return istart("gw_kv_ipushpull", kv, Kind::kPushPull, key, value, out, count, raw_enum(dtype),
+                  priority, req);
   });
 }
 

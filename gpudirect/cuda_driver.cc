@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gw::cuda {
 
@@ -108,7 +109,16 @@ Result<const Driver*> load(const char* library) {
 
 Result<const Driver*> load_driver(const char* library) {
   if (library == nullptr || *library == '\0') return invalid_arg("load_driver: empty library name");
-  return load(library);
+  Result<const Driver*> d = load(library);
+  if (d.ok()) {
+    // A loaded driver lives as long as the process (see load); kept reachable here, as driver()'s
+    // is by its static, so that leak checkers see it is meant to.
+    static std::mutex mu;
+    static auto* kept = new std::vector<const Driver*>();  // never destroyed, as the drivers
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(*d);
+  }
+  return d;
 }
 
 Result<const Driver*> driver() {
