@@ -187,6 +187,9 @@ void PointToPoint::Impl::end_all(const Status& why) {
 
 Status PointToPoint::Impl::start_locked() {
   if (started) return failed;
+  // The destructor set stop under mu before joining the progress thread: a call racing with it
+  // must not start a thread that nobody would join (std::terminate at the Impl's end).
+  if (stop) return aborted_error("point-to-point: communicator destroyed");
   started = true;
   const Deadline deadline = deadline_after_ms(opts.timeout_ms);
   for (int p = 0; p < group.size(); ++p) {
