@@ -75,6 +75,11 @@ std::unique_ptr<AsyncOp> AsyncQueue::push(const char* what, std::function<Status
   auto st = std::make_shared<AsyncState>();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      // After shutdown: the op never starts, and no worker is started that nobody would join.
+      st->finish(aborted_error("{}: communicator destroyed", what));
+      return std::make_unique<AsyncOpImpl>(st, what, bound_ms);
+    }
     queue_.push_back(Item{what, std::move(op), st, timeline::on() ? timeline::now_us() : -1});
     if (!worker_.joinable()) {
       worker_ = std::thread([this] {
