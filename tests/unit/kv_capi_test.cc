@@ -3,9 +3,6 @@
 // exact values, values spread over every server's partitions, and bad input refused, never
 // applied.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +16,7 @@
 
 #include "gradwire/gradwire.h"
 #include "tests/support/capi_ranks.h"
+#include "tests/support/local_daemon.h"
 #include "tests/support/test_env.h"
 
 namespace {
@@ -300,20 +298,8 @@ TEST(KvCapiTest, PrioritiesAndNonBlockingFormsComplete) {
 // Daemon mode has no kv servers yet: gw_kv_create says so and makes no store.
 TEST(KvCapiTest, DaemonModeRefusesWithUnsupported) {
   gw::testing::CleanEnv env;
-  char tmpl[] = "/tmp/gw-kv-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, sock = dir + "/s.sock";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  struct stat st {};
-  for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-kv");
+  ASSERT_TRUE(daemon.use()) << "could not make the daemon's directory";
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
@@ -329,12 +315,6 @@ TEST(KvCapiTest, DaemonModeRefusesWithUnsupported) {
     EXPECT_EQ(kv, nullptr);
     EXPECT_EQ(gw_comm_destroy(c), GW_OK) << gw_last_error();
   }
-  ::unsetenv("GW_DAEMON");
-  ::kill(pid, SIGTERM);
-  ::waitpid(pid, nullptr, 0);
-  ::unlink(sock.c_str());
-  ::unlink((sock + ".ctl").c_str());
-  ::rmdir(dir.c_str());
 }
 #endif
 
