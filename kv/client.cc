@@ -32,13 +32,14 @@ void Op::finish_one(const Status& s) {
 Status Op::wait(sys::Deadline until, bool cancel_on_timeout) {
   std::unique_lock<std::mutex> lock(mu);
   const sys::Deadline d = std::min(until, deadline_);
-  cv.wait_until(lock, d, [&] { return pending == 0; });
-  if (pending == 0) return status;
+  cv.wait_until(lock, d, [&] { return over(); });
+  if (over()) return status;
   if (cancel_on_timeout || sys::expired(deadline_)) {
     // The buffers are the caller's again: late replies go nowhere, and the request has ended.
-    // A receiver already copying into them finishes first (its read has its own deadline).
+    // A receiver already copying into them, or a sender already writing from them, finishes
+    // first (each has its own deadline); queued frames are no longer sent.
     cancelled = true;
-    cv.wait(lock, [&] { return reading == 0; });
+    cv.wait(lock, [&] { return reading == 0 && writing == 0; });
     status = timeout_error(
         "kv: {} of the request's frames unanswered after GW_TIMEOUT_MS (a server or the workers "
         "it waits for did not answer)",
@@ -52,7 +53,7 @@ Status Op::wait(sys::Deadline until, bool cancel_on_timeout) {
 
 bool Op::done() {
   std::lock_guard<std::mutex> lock(mu);
-  return pending == 0;
+  return over();
 }
 
 Status Op::result() {
@@ -153,6 +154,14 @@ class ServerLink {
         if (queue_.empty()) return;  // draining and nothing left
         item = queue_.top();
         queue_.pop();
+        if (item.op && item.payload != nullptr) {
+          // The payload is the caller's buffer: the op stays open until the write returns, even
+          // when its reply (the server has the bytes once sendmsg copied them), another link's
+          // failure or a timeout finishes it first. A cancelled op's buffer is not read again.
+          std::lock_guard<std::mutex> op_lock(item.op->mu);
+          if (item.op->cancelled) continue;
+          ++item.op->writing;
+        }
         if (item.op && item.h.type != Type::kBye) {
           size_t bytes =
               (item.h.type == Type::kPull || item.h.type == Type::kPushPull)
@@ -164,6 +173,10 @@ class ServerLink {
       if (item.h.type == Type::kBye) bye_sent_.store(true, std::memory_order_release);
       Status s = write_frame(fd_.get(), item.h, item.payload,
                              sys::deadline_after_ms(client_->timeout_ms()));
+      if (item.op && item.payload != nullptr) {
+        std::lock_guard<std::mutex> op_lock(item.op->mu);
+        if (--item.op->writing == 0) item.op->cv.notify_all();
+      }
       if (!s.ok()) {
         died(s);
         return;

@@ -46,10 +46,13 @@ class Op {
   size_t pending = 0;
   bool cancelled = false;
   int reading = 0;  // receivers writing into the op's buffer now (not under mu)
+  int writing = 0;  // senders reading the op's buffer now: the caller keeps it until they end
   Status status;
   const sys::Deadline deadline_;
   // Completes one frame: the first error wins.
   void finish_one(const Status& s);
+  // The op is over for its caller: every frame answered and no sender still in the buffer.
+  bool over() const { return pending == 0 && writing == 0; }
 };
 
 struct ClientOptions {
