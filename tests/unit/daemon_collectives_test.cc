@@ -271,100 +271,100 @@ TEST_F(DaemonCollectivesTest, AlltoallvDisagreeingCountsFailEveryRank) {
 
 // Every i-form, issued back to back (an iallreduce first: its own path, one after the queued
 // ones: queued behind them), completed in reverse order, some by gw_test; then a blocking call.
+void check_iforms(gw_comm_t c, int rank, int w, RankErrors& e) {
+  const auto p = static_cast<size_t>(w);
+  const size_t n = 3000;  // 12 KB per block: several chunks for some calls
+  const int root = w - 1;
+  std::vector<int32_t> ar_in(n), ar_out(n), ar2_in(n), ar2_out(n), bc(n), ag_in(n), ag_out(n * p),
+      rs_in(n * p), rs_out(n), aa_in(n * p), aa_out(n * p), rd_in(n), rd_out(n), ga_in(n),
+      ga_out(n * p), sc_in(n * p), sc_out(n);
+  std::vector<int32_t> av_in(p * 2), av_out(p * 2);
+  std::vector<size_t> av_cnt(p), av_dsp(p);
+  for (size_t i = 0; i < n; ++i) {
+    ar_in[i] = rank + static_cast<int>(i);
+    ar2_in[i] = 2 * rank + 1;
+    bc[i] = rank == root ? static_cast<int>(i) * 3 : -1;
+    ag_in[i] = rank * 100 + static_cast<int>(i % 50);
+    rd_in[i] = rank + 1;
+    ga_in[i] = rank * 7 + static_cast<int>(i % 13);
+  }
+  for (size_t i = 0; i < n * p; ++i) {
+    rs_in[i] = rank + static_cast<int>(i % 17);
+    aa_in[i] = rank * 1000 + static_cast<int>(i / n);  // block j for rank j
+    sc_in[i] = rank == root ? static_cast<int>(i) : -1;
+  }
+  for (size_t j = 0; j < p; ++j) {  // rank r sends j+1 elements (<= 2) ... of value r*10+j
+    av_cnt[j] = (static_cast<size_t>(rank) + j) % 3 == 0 ? 0 : 1;
+    av_dsp[j] = 2 * j;
+    av_in[2 * j] = rank * 10 + static_cast<int>(j);
+  }
+  // rank j's count toward me must equal mine from it: (me + j) % 3 is symmetric.
+  std::vector<gw_request_t> q(10, nullptr);
+  GW_CHECK_RANK(rank, e, gw_iallreduce(c, ar_in.data(), ar_out.data(), n, GW_INT32, GW_SUM, &q[0]));
+  GW_CHECK_RANK(rank, e, gw_ibroadcast(c, bc.data(), n, GW_INT32, root, &q[1]));
+  GW_CHECK_RANK(rank, e, gw_iallgather(c, ag_in.data(), ag_out.data(), n, GW_INT32, &q[2]));
+  GW_CHECK_RANK(rank, e,
+                gw_ireduce_scatter(c, rs_in.data(), rs_out.data(), n, GW_INT32, GW_MAX, &q[3]));
+  GW_CHECK_RANK(rank, e, gw_ialltoall(c, aa_in.data(), aa_out.data(), n, GW_INT32, &q[4]));
+  GW_CHECK_RANK(rank, e,
+                gw_ialltoallv(c, av_in.data(), av_cnt.data(), av_dsp.data(), av_out.data(),
+                              av_cnt.data(), av_dsp.data(), GW_INT32, &q[5]));
+  GW_CHECK_RANK(rank, e,
+                gw_ireduce(c, rd_in.data(), rd_out.data(), n, GW_INT32, GW_SUM, root, &q[6]));
+  GW_CHECK_RANK(rank, e, gw_igather(c, ga_in.data(), ga_out.data(), n, GW_INT32, 0, &q[7]));
+  GW_CHECK_RANK(rank, e, gw_iscatter(c, sc_in.data(), sc_out.data(), n, GW_INT32, root, &q[8]));
+  GW_CHECK_RANK(rank, e,
+                gw_iallreduce(c, ar2_in.data(), ar2_out.data(), n, GW_INT32, GW_MAX, &q[9]));
+  for (int k = 9; k >= 0; --k) {
+    if (q[k] == nullptr) return;
+    if (k % 3 == 0) {  // gw_test until done (bounded)
+      int done = 0;
+      gw_status_t s = GW_OK;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (done == 0 && s == GW_OK && std::chrono::steady_clock::now() < until) {
+        s = gw_test(q[k], &done);
+        if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (s != GW_OK || done == 0)
+        e.add(rank, "gw_test " + std::to_string(k) + ": " + last_error());
+      if (s != GW_OK || done == 0) continue;
+      // gw_test freed it when done
+    } else {
+      GW_CHECK_RANK(rank, e, gw_wait(q[k], 30000));
+    }
+  }
+  auto fail = [&](const char* what, size_t i) {
+    e.add(rank, std::string(what) + " wrong at " + std::to_string(i));
+  };
+  const int tri = w * (w - 1) / 2;
+  for (size_t i = 0; i < n; ++i) {
+    if (ar_out[i] != tri + w * static_cast<int>(i)) return fail("iallreduce", i);
+    if (ar2_out[i] != 2 * (w - 1) + 1) return fail("iallreduce (queued)", i);
+    if (bc[i] != static_cast<int>(i) * 3) return fail("ibroadcast", i);
+    if (rs_out[i] != (w - 1) + static_cast<int>((rank * n + i) % 17))
+      return fail("ireduce_scatter", i);
+    if (sc_out[i] != static_cast<int>(rank * n + i)) return fail("iscatter", i);
+    if (rank == root && rd_out[i] != tri + w) return fail("ireduce", i);
+  }
+  for (size_t i = 0; i < n * p; ++i) {
+    const int r = static_cast<int>(i / n);
+    if (ag_out[i] != r * 100 + static_cast<int>((i % n) % 50)) return fail("iallgather", i);
+    if (aa_out[i] != r * 1000 + rank) return fail("ialltoall", i);
+    if (rank == 0 && ga_out[i] != r * 7 + static_cast<int>((i % n) % 13)) return fail("igather", i);
+  }
+  for (size_t j = 0; j < p; ++j) {
+    if (av_cnt[j] == 1 && av_out[2 * j] != static_cast<int>(j) * 10 + rank)
+      return fail("ialltoallv", j);
+  }
+  int32_t one = 1, sum = 0;
+  GW_CHECK_RANK(rank, e, gw_allreduce(c, &one, &sum, 1, GW_INT32, GW_SUM));
+  if (sum != w) e.add(rank, "allreduce after the i-forms");
+}
+
 TEST_F(DaemonCollectivesTest, EveryIFormCompletedOutOfOrder) {
   for (int world : {2, 3}) {
     SCOPED_TRACE("world " + std::to_string(world));
-    run_ranks(world, socket(), [&](gw_comm_t c, int rank, int w, RankErrors& e) {
-      const auto p = static_cast<size_t>(w);
-      const size_t n = 3000;  // 12 KB per block: several chunks for some calls
-      const int root = w - 1;
-      std::vector<int32_t> ar_in(n), ar_out(n), ar2_in(n), ar2_out(n), bc(n), ag_in(n),
-          ag_out(n * p), rs_in(n * p), rs_out(n), aa_in(n * p), aa_out(n * p), rd_in(n), rd_out(n),
-          ga_in(n), ga_out(n * p), sc_in(n * p), sc_out(n);
-      std::vector<int32_t> av_in(p * 2), av_out(p * 2);
-      std::vector<size_t> av_cnt(p), av_dsp(p);
-      for (size_t i = 0; i < n; ++i) {
-        ar_in[i] = rank + static_cast<int>(i);
-        ar2_in[i] = 2 * rank + 1;
-        bc[i] = rank == root ? static_cast<int>(i) * 3 : -1;
-        ag_in[i] = rank * 100 + static_cast<int>(i % 50);
-        rd_in[i] = rank + 1;
-        ga_in[i] = rank * 7 + static_cast<int>(i % 13);
-      }
-      for (size_t i = 0; i < n * p; ++i) {
-        rs_in[i] = rank + static_cast<int>(i % 17);
-        aa_in[i] = rank * 1000 + static_cast<int>(i / n);  // block j for rank j
-        sc_in[i] = rank == root ? static_cast<int>(i) : -1;
-      }
-      for (size_t j = 0; j < p; ++j) {  // rank r sends j+1 elements (<= 2) ... of value r*10+j
-        av_cnt[j] = (static_cast<size_t>(rank) + j) % 3 == 0 ? 0 : 1;
-        av_dsp[j] = 2 * j;
-        av_in[2 * j] = rank * 10 + static_cast<int>(j);
-      }
-      // rank j's count toward me must equal mine from it: (me + j) % 3 is symmetric.
-      std::vector<gw_request_t> q(10, nullptr);
-      GW_CHECK_RANK(rank, e,
-                    gw_iallreduce(c, ar_in.data(), ar_out.data(), n, GW_INT32, GW_SUM, &q[0]));
-      GW_CHECK_RANK(rank, e, gw_ibroadcast(c, bc.data(), n, GW_INT32, root, &q[1]));
-      GW_CHECK_RANK(rank, e, gw_iallgather(c, ag_in.data(), ag_out.data(), n, GW_INT32, &q[2]));
-      GW_CHECK_RANK(rank, e,
-                    gw_ireduce_scatter(c, rs_in.data(), rs_out.data(), n, GW_INT32, GW_MAX, &q[3]));
-      GW_CHECK_RANK(rank, e, gw_ialltoall(c, aa_in.data(), aa_out.data(), n, GW_INT32, &q[4]));
-      GW_CHECK_RANK(rank, e,
-                    gw_ialltoallv(c, av_in.data(), av_cnt.data(), av_dsp.data(), av_out.data(),
-                                  av_cnt.data(), av_dsp.data(), GW_INT32, &q[5]));
-      GW_CHECK_RANK(rank, e,
-                    gw_ireduce(c, rd_in.data(), rd_out.data(), n, GW_INT32, GW_SUM, root, &q[6]));
-      GW_CHECK_RANK(rank, e, gw_igather(c, ga_in.data(), ga_out.data(), n, GW_INT32, 0, &q[7]));
-      GW_CHECK_RANK(rank, e, gw_iscatter(c, sc_in.data(), sc_out.data(), n, GW_INT32, root, &q[8]));
-      GW_CHECK_RANK(rank, e,
-                    gw_iallreduce(c, ar2_in.data(), ar2_out.data(), n, GW_INT32, GW_MAX, &q[9]));
-      for (int k = 9; k >= 0; --k) {
-        if (q[k] == nullptr) return;
-        if (k % 3 == 0) {  // gw_test until done (bounded)
-          int done = 0;
-          gw_status_t s = GW_OK;
-          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          while (done == 0 && s == GW_OK && std::chrono::steady_clock::now() < until) {
-            s = gw_test(q[k], &done);
-            if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-          if (s != GW_OK || done == 0)
-            e.add(rank, "gw_test " + std::to_string(k) + ": " + last_error());
-          if (s != GW_OK || done == 0) continue;
-          // gw_test freed it when done
-        } else {
-          GW_CHECK_RANK(rank, e, gw_wait(q[k], 30000));
-        }
-      }
-      auto fail = [&](const char* what, size_t i) {
-        e.add(rank, std::string(what) + " wrong at " + std::to_string(i));
-      };
-      const int tri = w * (w - 1) / 2;
-      for (size_t i = 0; i < n; ++i) {
-        if (ar_out[i] != tri + w * static_cast<int>(i)) return fail("iallreduce", i);
-        if (ar2_out[i] != 2 * (w - 1) + 1) return fail("iallreduce (queued)", i);
-        if (bc[i] != static_cast<int>(i) * 3) return fail("ibroadcast", i);
-        if (rs_out[i] != (w - 1) + static_cast<int>((rank * n + i) % 17))
-          return fail("ireduce_scatter", i);
-        if (sc_out[i] != static_cast<int>(rank * n + i)) return fail("iscatter", i);
-        if (rank == root && rd_out[i] != tri + w) return fail("ireduce", i);
-      }
-      for (size_t i = 0; i < n * p; ++i) {
-        const int r = static_cast<int>(i / n);
-        if (ag_out[i] != r * 100 + static_cast<int>((i % n) % 50)) return fail("iallgather", i);
-        if (aa_out[i] != r * 1000 + rank) return fail("ialltoall", i);
-        if (rank == 0 && ga_out[i] != r * 7 + static_cast<int>((i % n) % 13))
-          return fail("igather", i);
-      }
-      for (size_t j = 0; j < p; ++j) {
-        if (av_cnt[j] == 1 && av_out[2 * j] != static_cast<int>(j) * 10 + rank)
-          return fail("ialltoallv", j);
-      }
-      int32_t one = 1, sum = 0;
-      GW_CHECK_RANK(rank, e, gw_allreduce(c, &one, &sum, 1, GW_INT32, GW_SUM));
-      if (sum != w) e.add(rank, "allreduce after the i-forms");
-    });
+    run_ranks(world, socket(), check_iforms);
   }
 }
 
@@ -428,7 +428,7 @@ TEST_F(DaemonCollectivesTest, FiguresAgainstDirectMode) {
           size_t cnt[2] = {half, half}, dsp[2] = {0, half};
           for (int call = 0; call < kCalls; ++call) {
             std::vector<double> t;
-            for (int it = 0; it < 7; ++it) {
+            for (int it = 0; it < 13; ++it) {
               const auto t0 = std::chrono::steady_clock::now();
               gw_status_t s = GW_OK;
               gw_request_t q = nullptr;
@@ -565,6 +565,86 @@ TEST(DaemonCollectivesChild, Trainer) {
   ASSERT_EQ(gw_igather(c, a.data(), b.data(), a.size(), GW_FLOAT32, 0, &q), GW_OK);
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   ::raise(SIGKILL);
+}
+
+// 2 daemons (two host identities) x 2 trainers (child processes: this binary again, as
+// DaemonCollectivesChild.TwoHosts), ranks interleaved over the hosts: the rooted calls, uneven
+// all-to-all-v and every i-form cross the daemons.
+TEST(DaemonCollectivesTwoHosts, TwoDaemonsTwoTrainersEach) {
+  gw::testing::CleanEnv env;
+  const std::string hosts[2] = {"dc-host-a", "dc-host-b"};
+  ::setenv("GW_HOSTID", hosts[0].c_str(), 1);
+  gw::testing::LocalDaemon a(GW_GRADWIRED_PATH, "gw-dc-a");
+  ::setenv("GW_HOSTID", hosts[1].c_str(), 1);
+  gw::testing::LocalDaemon b(GW_GRADWIRED_PATH, "gw-dc-b");
+  ASSERT_FALSE(a.socket().empty() || b.socket().empty());
+  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
+  char self[4096] = {};
+  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
+  ::setenv("GW_DC_TWO_HOSTS_STORE", addr.c_str(), 1);
+  ::setenv("GW_DAEMON_ARENA", "32M", 1);
+  ::setenv("GW_DAEMON_CHUNK", "65536", 1);
+  std::vector<pid_t> kids;
+  for (int r = 0; r < 4; ++r) {
+    ::setenv("GW_HOSTID", hosts[r % 2].c_str(), 1);
+    ::setenv("GW_DAEMON", ("unix:" + (r % 2 ? b : a).socket()).c_str(), 1);
+    ::setenv("GW_DC_RANK", std::to_string(r).c_str(), 1);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl(self, self, "--gtest_filter=DaemonCollectivesChild.TwoHosts",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    kids.push_back(pid);
+  }
+  for (const char* v :
+       {"GW_DC_TWO_HOSTS_STORE", "GW_DAEMON_ARENA", "GW_DAEMON_CHUNK", "GW_HOSTID", "GW_DC_RANK"}) {
+    ::unsetenv(v);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  for (size_t r = 0; r < kids.size(); ++r) {
+    int status = -1;
+    while (::waitpid(kids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        for (pid_t k : kids) ::kill(k, SIGKILL);
+        ADD_FAILURE() << "trainer " << r << " still running after 240 s";
+        ::waitpid(kids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "trainer " << r << " status " << status;
+  }
+}
+
+// A trainer of TwoDaemonsTwoTrainersEach; skips unless started by it.
+TEST(DaemonCollectivesChild, TwoHosts) {
+  const char* store = ::getenv("GW_DC_TWO_HOSTS_STORE");
+  const char* rank_text = ::getenv("GW_DC_RANK");
+  if (store == nullptr || rank_text == nullptr) {
+    GTEST_SKIP() << "started only by TwoDaemonsTwoTrainersEach";
+  }
+  const int rank = std::atoi(rank_text);
+  gw_config_t cfg = GW_CONFIG_INIT;
+  cfg.rank = rank;
+  cfg.world_size = 4;
+  cfg.store_addr = store;
+  cfg.timeout_ms = 30000;
+  gw_comm_t c = nullptr;
+  ASSERT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last_error();
+  char summary[512] = {};
+  size_t need = 0;
+  ASSERT_EQ(gw_comm_describe(c, "summary", summary, sizeof(summary), &need), GW_OK);
+  EXPECT_NE(std::string(summary).find("2 hosts, 2 trainers here"), std::string::npos) << summary;
+  RankErrors e;
+  check_rooted(c, rank, 4, e, 37);
+  check_rooted(c, rank, 4, e, 20000);
+  for (uint32_t seed = 1; seed <= 3; ++seed) check_alltoallv(c, rank, 4, e, seed, 40, false);
+  check_alltoallv(c, rank, 4, e, 5, 20000, true);
+  check_iforms(c, rank, 4, e);
+  EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
+  for (const auto& m : e.list) ADD_FAILURE() << m;
 }
 
 }  // namespace
