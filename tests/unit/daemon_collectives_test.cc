@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -409,6 +410,43 @@ TEST_F(DaemonCollectivesTest, DestroyEndsPendingIForms) {
         if (out != snapshot) e.add(rank, "a buffer changed after gw_comm_destroy returned");
       },
       /*destroy_inside=*/true);
+}
+
+// gw_comm_abort with i-forms queued (the peer issues none, so none can complete): each ends in
+// GW_ERR_ABORTED at once, the running one included, and the buffers stay as they were.
+TEST_F(DaemonCollectivesTest, AbortEndsQueuedIForms) {
+  std::atomic<bool> rank0_done{false};
+  run_ranks(2, socket(), [&](gw_comm_t c, int rank, int, RankErrors& e) {
+    if (rank == 1) {  // issues nothing until rank 0 has aborted and checked
+      for (int i = 0; i < 3000 && !rank0_done.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return;
+    }
+    const size_t n = 1000, k = 6;
+    std::vector<std::vector<int32_t>> in(k, std::vector<int32_t>(n, 3)),
+        out(k, std::vector<int32_t>(2 * n, -1));
+    std::vector<gw_request_t> q(k, nullptr);
+    for (size_t i = 0; i < k; ++i) {
+      GW_CHECK_RANK(
+          rank, e,
+          i % 2 ? gw_iscatter(c, in[i].data(), out[i].data(), n / 2, GW_INT32, 1, &q[i])
+                : gw_ireduce(c, in[i].data(), out[i].data(), n, GW_INT32, GW_MAX, 0, &q[i]));
+    }
+    GW_CHECK_RANK(rank, e, gw_comm_abort(c));
+    for (size_t i = 0; i < k; ++i) {
+      if (q[i] == nullptr) continue;
+      const gw_status_t s = gw_wait(q[i], 10000);
+      if (s != GW_ERR_ABORTED) {
+        e.add(rank, "i-form " + std::to_string(i) + " after abort: " + std::to_string(s) + ": " +
+                        last_error());
+      }
+      if (out[i] != std::vector<int32_t>(2 * n, -1)) {
+        e.add(rank, "i-form " + std::to_string(i) + " wrote its buffer though aborted");
+      }
+    }
+    rank0_done = true;
+  });
 }
 
 // The figures: each call at 2 trainers, 4 MiB of float32 per rank, daemon against direct mode
