@@ -29,6 +29,7 @@ std::shared_ptr<DeviceMemory> DaemonSession::device_memory() const {
 
 Status DaemonSession::device_collective(const coll::CollectiveCall& c) {
   using coll::CallKind;
+  in_order();  // after the i-forms queued before it (capi/daemon_calls.cc)
   switch (c.kind) {
     case CallKind::kAllreduce:
       return device_call(Opcode::kAllreduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, 0);

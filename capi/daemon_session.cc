@@ -197,6 +197,7 @@ std::map<std::string, std::string> DaemonSession::resolved() const {
 }
 
 DaemonSession::~DaemonSession() {
+  stop_queue();  // the worker's calls use the connection
   // Requests still outstanding no longer reach this session (its arena goes with it): nothing
   // is copied into a caller's buffer after this.
   std::lock_guard<std::mutex> lock(link_->mu);
@@ -271,6 +272,7 @@ Status DaemonSession::run_chunks(
 
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -381,6 +383,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   void* recvbuf, size_t count,
                                                                   coll::DataType dtype,
                                                                   coll::ReduceOp op) {
+  if (behind_queue()) return queue_iallreduce(sendbuf, recvbuf, count, dtype, op);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t bytes = count * coll::dtype_size(dtype);
   GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, bytes));
@@ -401,6 +404,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
 }
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
   const size_t bytes = count * elem;
@@ -510,6 +514,7 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = sendcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -547,6 +552,7 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = recvcount * coll::dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size_);
@@ -584,12 +590,14 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
 }
 
 Status DaemonSession::barrier() {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   return client_->submit(entry(Opcode::kBarrier), "barrier");
 }
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
   if (total > slice_bytes()) {
@@ -613,6 +621,7 @@ Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
 Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
                                            std::string_view codec_spec,
                                            std::string_view tensor_key) {
+  in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const char* what = "allreduce_compressed";
   // What the daemon's Compressor would refuse is refused here, before the job depends on it.

@@ -20,7 +20,8 @@
 // memory and the arena (said once at INFO). The other calls' device buffers are staged by the
 // front end (device_memory()); allreduce_compressed refuses them (kUnsupported). Every wait has the
 // communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
-// later one) with kPeer.
+// later one) with kPeer. Reduce, gather, scatter and alltoallv are composed over these, and the
+// other i-forms run on a worker in issue order (capi/daemon_calls.cc); point-to-point is refused.
 #pragma once
 
 #include <atomic>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "capi/session.h"
+#include "collectives/async_queue.h"
 #include "core/store.h"
 #include "core/sys/time.h"
 #include "daemon/client.h"
@@ -67,6 +69,10 @@ class DaemonSession final : public Session {
   Result<std::unique_ptr<SessionRequest>> iallreduce(const void* sendbuf, void* recvbuf,
                                                      size_t count, coll::DataType dtype,
                                                      coll::ReduceOp op) override;
+  // capi/daemon_calls.cc: reduce, gather, scatter and alltoallv composed over the collectives
+  // above; start() queues any call on a worker that runs them in issue order.
+  Status run(const coll::CollectiveCall& call) override;
+  Result<std::unique_ptr<SessionRequest>> start(const coll::CollectiveCall& call) override;
   Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
                               std::string_view codec_spec, std::string_view tensor_key) override;
   Result<gw_comm_stats_t> compression_stats() override;
@@ -123,6 +129,41 @@ class DaemonSession final : public Session {
                             sys::Deadline deadline);
   Status run_sliced(daemon::Opcode opcode, const void* sendbuf, void* recvbuf, size_t block,
                     coll::DataType dtype, coll::ReduceOp op, const char* what);
+
+  // ---- capi/daemon_calls.cc ----
+  // Before a call that posts to the daemon from the caller's thread: waits until the calls
+  // queued by start() have ended (they were issued first). A no-op on the worker itself.
+  void in_order();
+  // Whether an iallreduce must queue behind start()'s calls instead of posting at once.
+  bool behind_queue() const;
+  // iallreduce when behind_queue(): start() of an allreduce (staged whole: any size).
+  Result<std::unique_ptr<SessionRequest>> queue_iallreduce(const void* sendbuf, void* recvbuf,
+                                                           size_t count, coll::DataType dtype,
+                                                           coll::ReduceOp op);
+  // Ends the queue: the running call is aborted, the queued ones end in kAborted unstarted.
+  void stop_queue();
+  // One collective of the daemon's whose receive side is arena scratch (the rooted calls on the
+  // ranks that do not keep the result): send (null: broadcast, one buffer) copied in, `bytes`
+  // cut by run_chunks with `step`, keep(offset, len, scratch) told every chunk that completed.
+  struct ScratchCall {
+    daemon::Opcode opcode = daemon::Opcode::kAllreduce;
+    const char* what = "";
+    const uint8_t* send = nullptr;
+    size_t bytes = 0;  // the send side's (broadcast: the buffer's)
+    coll::DataType dtype = coll::DataType::kU8;
+    coll::ReduceOp op = coll::ReduceOp::kSum;
+    int root = 0;
+    size_t recv_blocks = 1;    // the receive side holds this many times a chunk
+    bool in_place_ok = false;  // allreduce: a staged send copy may take the result
+    size_t step = 0;           // run_chunks's (0: chunk_bytes_)
+    std::function<void(size_t, size_t, const uint8_t*)> keep;
+  };
+  Status run_scratch(const ScratchCall& sc);
+  size_t slice_step(size_t elem) const;  // run_sliced's slice of one block
+  Status reduce_call(const coll::CollectiveCall& c);
+  Status gather_call(const coll::CollectiveCall& c);
+  Status scatter_call(const coll::CollectiveCall& c);
+  Status alltoallv_call(const coll::CollectiveCall& c);
 
   // ---- device buffers (capi/daemon_device.cc) ----
   // Whether p is CUDA device memory (managed memory is host memory here: the CPU reads it).
@@ -189,6 +230,9 @@ class DaemonSession final : public Session {
   std::shared_ptr<Link> link_ = std::make_shared<Link>();
   std::unique_ptr<daemon::Client> client_;  // the connection, arena and rings; under mu_
   std::map<uint64_t, size_t> user_;         // gw_mem_alloc'd ranges (offset -> bytes)
+  // start()'s calls: queued or running (in_order, behind_queue); the worker (stopped first).
+  std::atomic<int> pending_{0};
+  coll::AsyncQueue queue_;
 };
 
 }  // namespace gw::capi

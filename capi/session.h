@@ -96,7 +96,8 @@ class Session {
   // gw_scatter, gw_alltoallv (run) and every i-form but gw_iallreduce (start: queued behind the
   // pending ones, in issue order, ended by abort/destroy like iallreduce's). The C layer has
   // checked the call (coll::check_call and its own checks). The defaults: run() takes the
-  // symmetric kinds to the methods above and refuses the others, start() refuses (daemon mode).
+  // symmetric kinds to the methods above and refuses the others, start() refuses. Both modes
+  // override them (daemon mode: capi/daemon_calls.cc).
   virtual Status run(const coll::CollectiveCall& call) {
     switch (call.kind) {
       case coll::CallKind::kAllreduce:

@@ -7,6 +7,7 @@ set(GW_CAPI_SRC
     direct_session.cc   # direct mode: a Communicator in this process
     daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h)
     daemon_device.cc    # daemon mode: device buffers imported into gradwired, or staged
+    daemon_calls.cc     # daemon mode: reduce/gather/scatter/alltoallv composed; the i-forms
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store
     compressed.cc       # gw_allreduce_compressed and its stats
     kv.cc               # the parameter server's gw_kv_* (kv/)

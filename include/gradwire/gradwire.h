@@ -225,7 +225,8 @@ gw_status_t gw_alltoall(gw_comm_t comm, const void* sendbuf, void* recvbuf, size
 /* Returns once every rank has entered the barrier. No buffers. Blocking. */
 gw_status_t gw_barrier(gw_comm_t comm);
 
-/* Rooted collectives and all-to-all-v (direct mode; daemon mode: GW_ERR_UNSUPPORTED). Every
+/* Rooted collectives and all-to-all-v (both modes; daemon mode composes them over the daemon's
+ * collectives, moving more bytes: docs/daemon.md, "Which calls"). Every
  * rank passes the same count, dtype, op and root (root in 0..size-1, else GW_ERR_INVALID_ARG).
  * Ranks that disagree on any of them, or on the collective, all fail (GW_ERR_INVALID_ARG where a
  * rank sees the mismatch, GW_ERR_PEER where a peer's failure ended the call), never a hang and
@@ -275,8 +276,8 @@ gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, si
  * Guarantees: requests of any kinds may be in flight together with each other and with
  * point-to-point; the collectives run one at a time in issue order (a blocking collective waits
  * for the pending ones first); gw_comm_abort and gw_comm_destroy end the pending ones with
- * GW_ERR_ABORTED. Thread-safe like the blocking calls. Daemon mode (GW_DAEMON): every i-form but
- * gw_iallreduce is GW_ERR_UNSUPPORTED. */
+ * GW_ERR_ABORTED. Thread-safe like the blocking calls. Both modes (daemon mode: a worker of the
+ * trainer runs them in issue order). */
 gw_status_t gw_ibroadcast(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int root,
                           gw_request_t* request);
 gw_status_t gw_iallgather(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,

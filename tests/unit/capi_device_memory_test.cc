@@ -126,6 +126,23 @@ TEST_P(DeviceMemoryTest, DaemonModeTakesDeviceMemoryInThePlainCollectives) {
       << gw_last_error();
   EXPECT_EQ(gw_wait(req, 10000), GW_OK) << gw_last_error();
   EXPECT_EQ(out, std::vector<float>(n, 1.0f));
+  // The composed calls and the queued i-forms (capi/daemon_calls.cc): staged by the front end.
+  std::fill(out.begin(), out.end(), 0.0f);
+  EXPECT_EQ(gw_reduce(comm_, dev.data(), out.data(), n, GW_FLOAT32, GW_SUM, 0), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(out, std::vector<float>(n, 1.0f));
+  std::fill(out.begin(), out.end(), 0.0f);
+  EXPECT_EQ(gw_gather(comm_, dev.data(), out.data(), n, GW_FLOAT32, 0), GW_OK) << gw_last_error();
+  EXPECT_EQ(out, std::vector<float>(n, 1.0f));
+  EXPECT_EQ(gw_scatter(comm_, host.data(), dev.data() + 4, n, GW_FLOAT32, 0), GW_OK)
+      << gw_last_error();
+  size_t cnt[1] = {n}, dsp[1] = {0};
+  std::fill(out.begin(), out.end(), 0.0f);
+  EXPECT_EQ(gw_alltoallv(comm_, dev.data(), cnt, dsp, out.data(), cnt, dsp, GW_FLOAT32), GW_OK)
+      << gw_last_error();
+  EXPECT_EQ(out, std::vector<float>(n, 1.0f));
+  ASSERT_EQ(gw_ibroadcast(comm_, dev.data(), n, GW_FLOAT32, 0, &req), GW_OK) << gw_last_error();
+  EXPECT_EQ(gw_wait(req, 10000), GW_OK) << gw_last_error();
 }
 
 TEST_P(DeviceMemoryTest, DirectModeStagesDeviceMemoryAndBothModesRegisterIt) {
