@@ -26,8 +26,6 @@
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
 // succeeded with the right result, 1 on a wrong result, 2 on usage, 10 + gw_status_t on a failure.
-#include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,7 +36,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/gradwire.h"
@@ -597,26 +594,8 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
 
 int run_die(gw_comm_t comm, int rank, int killer, size_t count) {
   std::vector<float> send(count, 1.0f), recv(count);
-  if (rank == killer) {
-    for (int i = 0; i < 2; ++i) {
-      gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
-      if (s != GW_OK) return report("allreduce before dying", s, now_ms());
-    }
-    std::thread t([&] { gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM); });
-    t.detach();
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-    std::printf("DYING rank=%d\n", rank);
-    std::fflush(stdout);
-    raise(SIGKILL);
-  }
-  for (int i = 0; i < 100000; ++i) {
-    const double t0 = now_ms();
-    gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
-    if (s != GW_OK) return report("allreduce while a trainer dies", s, t0);
-  }
-  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
-  return 0;
+  return gw_trainer::die_while_others_allreduce(comm, rank, killer, send.data(), recv.data(),
+                                                count);
 }
 
 int run_loop(gw_comm_t comm, int rank) {

@@ -21,8 +21,6 @@
 // succeeded with the right result, 1 on a wrong result, 2 on usage or no driver, 10 + gw_status_t
 // on a failure.
 #include <dlfcn.h>
-#include <signal.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/gradwire.h"
@@ -258,25 +255,7 @@ int run_die(gw_comm_t comm, int rank, int killer) {
   Dev<float> s(n), r(n);
   for (auto& v : s.host) v = 1.0f;
   if (!s.ptr || !r.ptr || !s.up()) return no_device("die");
-  if (rank == killer) {
-    for (int i = 0; i < 2; ++i) {
-      CALL("allreduce before dying", gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM));
-    }
-    std::thread t([&] { gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM); });
-    t.detach();
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-    std::printf("DYING rank=%d\n", rank);
-    std::fflush(stdout);
-    raise(SIGKILL);
-  }
-  for (int i = 0; i < 100000; ++i) {
-    const double t0 = now_ms();
-    gw_status_t st = gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM);
-    if (st != GW_OK) return report("allreduce while a trainer dies", st, t0);
-  }
-  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
-  return 0;
+  return gw_trainer::die_while_others_allreduce(comm, rank, killer, s.p(), r.p(), n);
 }
 
 }  // namespace

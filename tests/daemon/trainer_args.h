@@ -6,11 +6,15 @@
 // usage: TRAINER --rank R --world N [--store HOST:PORT] [--timeout-ms MS] SCENARIO [ARGS]
 #pragma once
 
+#include <signal.h>
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "gradwire/gradwire.h"
 
@@ -36,6 +40,33 @@ inline int report(const char* what, gw_status_t s, double t0) {
               now_ms() - t0);
   std::fflush(stdout);
   return 10 + static_cast<int>(s);
+}
+
+// The "die" scenario on float32 buffers of `count` elements (host or device memory): rank
+// `killer` makes two allreduces, then SIGKILLs itself while its third one runs; the others call
+// allreduce until it fails (exit code of report()) or 100000 calls went through (0).
+inline int die_while_others_allreduce(gw_comm_t comm, int rank, int killer, void* send, void* recv,
+                                      size_t count) {
+  if (rank == killer) {
+    for (int i = 0; i < 2; ++i) {
+      gw_status_t s = gw_allreduce(comm, send, recv, count, GW_FLOAT32, GW_SUM);
+      if (s != GW_OK) return report("allreduce before dying", s, now_ms());
+    }
+    std::thread t([&] { gw_allreduce(comm, send, recv, count, GW_FLOAT32, GW_SUM); });
+    t.detach();
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+    std::printf("DYING rank=%d\n", rank);
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  for (int i = 0; i < 100000; ++i) {
+    const double t0 = now_ms();
+    gw_status_t s = gw_allreduce(comm, send, recv, count, GW_FLOAT32, GW_SUM);
+    if (s != GW_OK) return report("allreduce while a trainer dies", s, t0);
+  }
+  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
+  return 0;
 }
 
 // What a scenario is handed: the comm, its rank and size, the arguments after the scenario's
