@@ -11,11 +11,6 @@
 namespace gw::test {
 namespace {
 
-using json = nlohmann::json;
-using perf_tool::data_rows;
-using perf_tool::run_perf;
-using perf_tool::TempFile;
-
 class PerfP2pTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PerfP2pTest, BandwidthAndLatencyTables) {

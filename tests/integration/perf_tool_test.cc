@@ -19,11 +19,6 @@
 namespace gw::test {
 namespace {
 
-using json = nlohmann::json;
-using perf_tool::data_rows;
-using perf_tool::run_perf;
-using perf_tool::TempFile;
-
 TEST(PerfToolTest, DumpConfigListsTheTable) {
   auto res = run_perf({"--dump-config"});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();

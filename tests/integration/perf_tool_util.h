@@ -13,7 +13,7 @@
 
 #include "tests/integration/proc_harness.h"
 
-namespace gw::test::perf_tool {
+namespace gw::test {
 
 using json = nlohmann::json;
 
@@ -64,4 +64,4 @@ inline std::vector<std::vector<std::string>> data_rows(const std::string& output
   return rows;
 }
 
-}  // namespace gw::test::perf_tool
+}  // namespace gw::test
