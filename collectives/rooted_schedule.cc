@@ -6,8 +6,6 @@
 namespace gw::coll {
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
 int lowest_bit_index(unsigned v) { return __builtin_ctz(v); }
 
 }  // namespace
@@ -15,17 +13,17 @@ int lowest_bit_index(unsigned v) { return __builtin_ctz(v); }
 Schedule chain_reduce(int rank, int nranks, int root, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;
-  const int v = mod(rank - root, nranks);
+  const int v = wrap_rank(rank - root, nranks);
   Step st;
   st.id = 0;
   if (v < nranks - 1) {
-    st.recv_from = mod(root + v + 1, nranks);
+    st.recv_from = wrap_rank(root + v + 1, nranks);
     st.recv = Range{0, count};
     st.action = RecvAction::kReduce;
     st.reduce_with_input = true;
   }
   if (v > 0) {
-    st.send_to = mod(root + v - 1, nranks);
+    st.send_to = wrap_rank(root + v - 1, nranks);
     st.send = Range{0, count};
     // The chain's far end has received nothing: it sends its input as it is.
     st.send_from_input = v == nranks - 1;
@@ -38,20 +36,20 @@ Schedule chain_reduce(int rank, int nranks, int root, size_t count) {
 Schedule tree_reduce(int rank, int nranks, int root, size_t count) {
   Schedule s;
   if (nranks <= 1) return s;
-  const unsigned v = static_cast<unsigned>(mod(rank - root, nranks));
+  const unsigned v = static_cast<unsigned>(wrap_rank(rank - root, nranks));
   bool received = false;
   for (unsigned mask = 1; mask < static_cast<unsigned>(nranks); mask <<= 1) {
     Step st;
     st.id = lowest_bit_index(mask);
     if (v & mask) {
-      st.send_to = mod(root + static_cast<int>(v - mask), nranks);
+      st.send_to = wrap_rank(root + static_cast<int>(v - mask), nranks);
       st.send = Range{0, count};
       st.send_from_input = !received;
       s.push_back(st);
       break;
     }
     if (v + mask < static_cast<unsigned>(nranks)) {
-      st.recv_from = mod(root + static_cast<int>(v + mask), nranks);
+      st.recv_from = wrap_rank(root + static_cast<int>(v + mask), nranks);
       st.recv = Range{0, count};
       st.action = RecvAction::kReduce;
       st.reduce_with_input = !received;
@@ -65,13 +63,13 @@ Schedule tree_reduce(int rank, int nranks, int root, size_t count) {
 Schedule reduce_token(int rank, int nranks, int root, bool tree) {
   Schedule s;
   if (nranks <= 1) return s;
-  const int v = mod(rank - root, nranks);
+  const int v = wrap_rank(rank - root, nranks);
   constexpr int kBase = 32;  // above the data steps' ids
   if (!tree) {
     Step st;
     st.id = kBase;
-    if (v > 0) st.recv_from = mod(root + v - 1, nranks);
-    if (v < nranks - 1) st.send_to = mod(root + v + 1, nranks);
+    if (v > 0) st.recv_from = wrap_rank(root + v - 1, nranks);
+    if (v < nranks - 1) st.send_to = wrap_rank(root + v + 1, nranks);
     st.forward = st.send_to >= 0 && st.recv_from >= 0;
     s.push_back(st);
     return s;
@@ -84,14 +82,14 @@ Schedule reduce_token(int rank, int nranks, int root, bool tree) {
   if (uv != 0) {
     Step st;
     st.id = kBase + lowest_bit_index(low);
-    st.recv_from = mod(root + static_cast<int>(uv - low), nranks);
+    st.recv_from = wrap_rank(root + static_cast<int>(uv - low), nranks);
     s.push_back(st);
   }
   for (unsigned mask = low >> 1; mask > 0; mask >>= 1) {
     if (uv + mask < static_cast<unsigned>(nranks)) {
       Step st;
       st.id = kBase + lowest_bit_index(mask);
-      st.send_to = mod(root + static_cast<int>(uv + mask), nranks);
+      st.send_to = wrap_rank(root + static_cast<int>(uv + mask), nranks);
       s.push_back(st);
     }
   }
@@ -117,7 +115,7 @@ Schedule rooted_blocks(int rank, int nranks, int root, size_t count, bool to_roo
   if (nranks <= 1) return s;
   if (rank == root) {
     for (int k = 1; k < nranks; ++k) {
-      const int peer = mod(root + k, nranks);
+      const int peer = wrap_rank(root + k, nranks);
       Step st;
       st.id = k;
       const Range block{static_cast<size_t>(peer) * count, count};
@@ -134,7 +132,7 @@ Schedule rooted_blocks(int rank, int nranks, int root, size_t count, bool to_roo
     return s;
   }
   Step st;
-  st.id = mod(rank - root, nranks);
+  st.id = wrap_rank(rank - root, nranks);
   if (to_root) {
     st.send_to = root;
     st.send = Range{0, count};
@@ -157,13 +155,13 @@ Schedule root_signal(int rank, int nranks, int root, int base, bool to_root) {
     for (int k = 1; k < nranks; ++k) {
       Step st;
       st.id = base + k;
-      (to_root ? st.recv_from : st.send_to) = mod(root + k, nranks);
+      (to_root ? st.recv_from : st.send_to) = wrap_rank(root + k, nranks);
       s.push_back(st);
     }
     return s;
   }
   Step st;
-  st.id = base + mod(rank - root, nranks);
+  st.id = base + wrap_rank(rank - root, nranks);
   (to_root ? st.send_to : st.recv_from) = root;
   s.push_back(st);
   return s;
@@ -187,10 +185,10 @@ Schedule pairwise_alltoallv(int rank, int nranks, const std::vector<size_t>& sen
   for (int k = 1; k < nranks; ++k) {
     Step st;
     st.id = k;
-    st.send_to = mod(rank + k, nranks);
+    st.send_to = wrap_rank(rank + k, nranks);
     st.send = Range{sdispls[st.send_to], sendcounts[st.send_to]};
     st.send_from_input = true;
-    st.recv_from = mod(rank - k, nranks);
+    st.recv_from = wrap_rank(rank - k, nranks);
     st.recv = Range{rdispls[st.recv_from], recvcounts[st.recv_from]};
     s.push_back(st);
   }
@@ -202,8 +200,8 @@ Schedule pairwise_token(int rank, int nranks) {
   for (int k = 1; k < nranks; ++k) {
     Step st;
     st.id = nranks + k;
-    st.send_to = mod(rank + k, nranks);
-    st.recv_from = mod(rank - k, nranks);
+    st.send_to = wrap_rank(rank + k, nranks);
+    st.recv_from = wrap_rank(rank - k, nranks);
     s.push_back(st);
   }
   return s;

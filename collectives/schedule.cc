@@ -14,8 +14,6 @@ Range block_range(size_t count, int nblocks, int b) {
 
 namespace {
 
-int mod(int a, int p) { return ((a % p) + p) % p; }
-
 // Ring reduce-scatter over the given blocks, among the ranks of `ring` (global ranks in ring
 // order; this rank is ring[pos]). `shift` 0 leaves ring[i] owning block i+1 (the ring allreduce's
 // natural layout), shift p-1 leaves it owning block i. `from_input`: the blocks are still in the
@@ -27,11 +25,11 @@ void add_ring_reduce_scatter(Schedule& s, const std::vector<int>& ring, int pos,
   for (int k = 0; k < p - 1; ++k) {
     Step st;
     st.id = first_id + k;
-    st.send_to = ring[mod(pos + 1, p)];
-    st.send = blocks[mod(pos - k + shift, p)];
+    st.send_to = ring[wrap_rank(pos + 1, p)];
+    st.send = blocks[wrap_rank(pos - k + shift, p)];
     st.send_from_input = from_input && k == 0;  // later sends forward what a step reduced
-    st.recv_from = ring[mod(pos - 1, p)];
-    st.recv = blocks[mod(pos - k - 1 + shift, p)];
+    st.recv_from = ring[wrap_rank(pos - 1, p)];
+    st.recv = blocks[wrap_rank(pos - k - 1 + shift, p)];
     st.action = RecvAction::kReduce;
     // Each block is received once, so its local part is untouched until then.
     st.reduce_with_input = from_input;
@@ -43,14 +41,14 @@ void add_ring_reduce_scatter(Schedule& s, const std::vector<int>& ring, int pos,
 void add_ring_allgather(Schedule& s, const std::vector<int>& ring, int pos,
                         const std::vector<Range>& blocks, int shift, int first_id) {
   const int p = static_cast<int>(ring.size());
-  const int own = mod(pos + shift, p);
+  const int own = wrap_rank(pos + shift, p);
   for (int k = 0; k < p - 1; ++k) {
     Step st;
     st.id = first_id + k;
-    st.send_to = ring[mod(pos + 1, p)];
-    st.send = blocks[mod(own - k, p)];
-    st.recv_from = ring[mod(pos - 1, p)];
-    st.recv = blocks[mod(own - k - 1, p)];
+    st.send_to = ring[wrap_rank(pos + 1, p)];
+    st.send = blocks[wrap_rank(own - k, p)];
+    st.recv_from = ring[wrap_rank(pos - 1, p)];
+    st.recv = blocks[wrap_rank(own - k - 1, p)];
     st.action = RecvAction::kCopy;
     s.push_back(st);
   }
@@ -232,10 +230,10 @@ Schedule chain_broadcast_over(const std::vector<int>& chain, int pos, size_t cou
   Step done;
   done.id = 1;
   if (pos < p - 1) {
-    done.recv_from = chain[mod(pos - 1, p)];
+    done.recv_from = chain[wrap_rank(pos - 1, p)];
     done.action = RecvAction::kCopy;
   }
-  if (pos != p - 2) done.send_to = chain[mod(pos + 1, p)];
+  if (pos != p - 2) done.send_to = chain[wrap_rank(pos + 1, p)];
   done.forward = done.send_to >= 0 && done.recv_from >= 0;
   s.push_back(done);
   return s;
@@ -245,8 +243,8 @@ Schedule chain_broadcast_over(const std::vector<int>& chain, int pos, size_t cou
 
 Schedule chain_broadcast(int rank, int nranks, int root, size_t count) {
   std::vector<int> chain(static_cast<size_t>(nranks));
-  for (int i = 0; i < nranks; ++i) chain[i] = mod(root + i, nranks);
-  return chain_broadcast_over(chain, mod(rank - root, nranks), count);
+  for (int i = 0; i < nranks; ++i) chain[i] = wrap_rank(root + i, nranks);
+  return chain_broadcast_over(chain, wrap_rank(rank - root, nranks), count);
 }
 
 Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
@@ -254,10 +252,10 @@ Schedule pairwise_alltoall(int rank, int nranks, size_t count_per_rank) {
   for (int k = 1; k < nranks; ++k) {
     Step st;
     st.id = k;
-    st.send_to = mod(rank + k, nranks);
+    st.send_to = wrap_rank(rank + k, nranks);
     st.send = Range{static_cast<size_t>(st.send_to) * count_per_rank, count_per_rank};
     st.send_from_input = true;
-    st.recv_from = mod(rank - k, nranks);
+    st.recv_from = wrap_rank(rank - k, nranks);
     st.recv = Range{static_cast<size_t>(st.recv_from) * count_per_rank, count_per_rank};
     st.action = RecvAction::kCopy;
     s.push_back(st);

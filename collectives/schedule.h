@@ -120,6 +120,9 @@ struct Plan {
 // one element more). Blocks may be empty when count < nblocks.
 Range block_range(size_t count, int nblocks, int b);
 
+// a mod n in [0, n) for negative a too (n > 0): rank arithmetic around a ring or a root.
+inline int wrap_rank(int a, int n) { return ((a % n) + n) % n; }
+
 // Every function requires 0 <= rank < nranks and nranks >= 1; nranks == 1 yields no steps.
 Schedule ring_allreduce(int rank, int nranks, size_t count);
 // Ends with block `rank` (block_range(count, nranks, rank)) fully reduced in the output.

@@ -21,6 +21,7 @@ set(GW_CORE_SOURCES
     net/net_config.cc
     net/shm_cma.cc
     net/shm_config.cc
+    net/shm_comm.cc
     net/shm_transport.cc
     net/socket_util.cc
     net/tcp_config.cc

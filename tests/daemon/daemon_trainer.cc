@@ -26,8 +26,6 @@
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
 // succeeded with the right result, 1 on a wrong result, 2 on usage, 10 + gw_status_t on a failure.
-#include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,28 +36,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/gradwire.h"
+#include "trainer_args.h"
 
 namespace {
 
-int g_rank = -1;
-
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-int report(const char* what, gw_status_t s, double t0) {
-  std::printf("ERROR rank=%d %s: %s: %s\n", g_rank, what, gw_status_string(s), gw_last_error());
-  std::printf("RESULT rank=%d status=%d elapsed_ms=%.0f\n", g_rank, static_cast<int>(s),
-              now_ms() - t0);
-  std::fflush(stdout);
-  return 10 + static_cast<int>(s);
-}
+using gw_trainer::now_ms;
+using gw_trainer::report;
 
 size_t dsize(gw_dtype_t t) {
   switch (t) {
@@ -207,7 +192,7 @@ struct Buffers {
   Buffers(gw_comm_t c, bool use_arena, size_t n) : comm(c), arena(use_arena), bytes(n) {
     if (arena) {
       if (gw_mem_alloc(comm, bytes, &a) != GW_OK || gw_mem_alloc(comm, bytes, &b) != GW_OK) {
-        std::printf("ERROR rank=%d gw_mem_alloc: %s\n", g_rank, gw_last_error());
+        std::printf("ERROR rank=%d gw_mem_alloc: %s\n", gw_trainer::report_rank(), gw_last_error());
         std::exit(10 + GW_ERR_NO_MEMORY);
       }
     } else {
@@ -609,26 +594,8 @@ int run_extra(gw_comm_t comm, int rank, int world, size_t count, size_t big_mib)
 
 int run_die(gw_comm_t comm, int rank, int killer, size_t count) {
   std::vector<float> send(count, 1.0f), recv(count);
-  if (rank == killer) {
-    for (int i = 0; i < 2; ++i) {
-      gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
-      if (s != GW_OK) return report("allreduce before dying", s, now_ms());
-    }
-    std::thread t([&] { gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM); });
-    t.detach();
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-    std::printf("DYING rank=%d\n", rank);
-    std::fflush(stdout);
-    raise(SIGKILL);
-  }
-  for (int i = 0; i < 100000; ++i) {
-    const double t0 = now_ms();
-    gw_status_t s = gw_allreduce(comm, send.data(), recv.data(), count, GW_FLOAT32, GW_SUM);
-    if (s != GW_OK) return report("allreduce while a trainer dies", s, t0);
-  }
-  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
-  return 0;
+  return gw_trainer::die_while_others_allreduce(comm, rank, killer, send.data(), recv.data(),
+                                                count);
 }
 
 int run_loop(gw_comm_t comm, int rank) {
@@ -667,57 +634,33 @@ int run_bench(gw_comm_t comm, int rank, size_t bytes, int iters, bool mem) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gw_config_t cfg = GW_CONFIG_INIT;
-  int i = 1;
-  for (; i + 1 < argc && std::strncmp(argv[i], "--", 2) == 0; i += 2) {
-    if (std::strcmp(argv[i], "--rank") == 0) {
-      cfg.rank = std::atoi(argv[i + 1]);
-    } else if (std::strcmp(argv[i], "--world") == 0) {
-      cfg.world_size = std::atoi(argv[i + 1]);
-    } else if (std::strcmp(argv[i], "--store") == 0) {
-      cfg.store_addr = argv[i + 1];
-    } else if (std::strcmp(argv[i], "--timeout-ms") == 0) {
-      cfg.timeout_ms = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
-  if (i >= argc) {
-    std::fprintf(stderr, "usage: %s [options] suite|extra|die|loop|init|bench [args]\n", argv[0]);
-    return 2;
-  }
-  const std::string scenario = argv[i++];
-  g_rank = cfg.rank;
-  gw_comm_t comm = nullptr;
-  const double t0 = now_ms();
-  gw_status_t s = gw_comm_init(&comm, &cfg);
-  if (s != GW_OK) return report("gw_comm_init", s, t0);
-  int rank = 0, world = 1;
-  gw_comm_rank(comm, &rank);
-  gw_comm_size(comm, &world);
-  int rc = 2;
-  if (scenario == "suite" && argc - i == 1) {
-    rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
-  } else if (scenario == "extra" && (argc - i == 1 || argc - i == 2)) {
-    rc = run_extra(comm, rank, world, std::strtoull(argv[i], nullptr, 10),
-                   argc - i == 2 ? std::strtoull(argv[i + 1], nullptr, 10) : 20);
-  } else if (scenario == "die" && (argc - i == 1 || argc - i == 2)) {
-    rc = run_die(comm, rank, std::atoi(argv[i]),
-                 argc - i == 2 ? std::strtoull(argv[i + 1], nullptr, 10) : size_t{1} << 18);
-  } else if (scenario == "loop") {
-    rc = run_loop(comm, rank);
-  } else if (scenario == "init" && argc == i) {
-    // Nothing but the set-up: rank 0 destroys its communicator (and the store it hosts) at once.
-    std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", rank, now_ms() - t0);
-    rc = 0;
-  } else if (scenario == "bench" && argc - i >= 2) {
-    rc = run_bench(comm, rank, std::strtoull(argv[i], nullptr, 10), std::atoi(argv[i + 1]),
-                   argc - i >= 3 && std::strcmp(argv[i + 2], "mem") == 0);
-  } else {
-    std::fprintf(stderr, "unknown scenario or arguments\n");
-  }
-  std::fflush(stdout);
-  gw_comm_destroy(comm);
-  return rc;
+  return gw_trainer::trainer_main(
+      argc, argv, "suite|extra|die|loop|init|bench [args]", [] { return 0; },
+      [](const gw_trainer::Scenario& sc) {
+        const int n = sc.argc;
+        char** a = sc.argv;
+        if (sc.name == "suite" && n == 1) {
+          return run_suite(sc.comm, sc.rank, sc.world, std::strtoull(a[0], nullptr, 10));
+        }
+        if (sc.name == "extra" && (n == 1 || n == 2)) {
+          return run_extra(sc.comm, sc.rank, sc.world, std::strtoull(a[0], nullptr, 10),
+                           n == 2 ? std::strtoull(a[1], nullptr, 10) : 20);
+        }
+        if (sc.name == "die" && (n == 1 || n == 2)) {
+          return run_die(sc.comm, sc.rank, std::atoi(a[0]),
+                         n == 2 ? std::strtoull(a[1], nullptr, 10) : size_t{1} << 18);
+        }
+        if (sc.name == "loop") return run_loop(sc.comm, sc.rank);
+        if (sc.name == "init" && n == 0) {
+          // Nothing but the set-up: rank 0 destroys its communicator (and the store it hosts)
+          // at once.
+          std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", sc.rank, now_ms() - sc.t0);
+          return 0;
+        }
+        if (sc.name == "bench" && n >= 2) {
+          return run_bench(sc.comm, sc.rank, std::strtoull(a[0], nullptr, 10), std::atoi(a[1]),
+                           n >= 3 && std::strcmp(a[2], "mem") == 0);
+        }
+        return -1;
+      });
 }

@@ -21,8 +21,6 @@
 // succeeded with the right result, 1 on a wrong result, 2 on usage or no driver, 10 + gw_status_t
 // on a failure.
 #include <dlfcn.h>
-#include <signal.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,10 +29,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/gradwire.h"
+#include "trainer_args.h"
 
 namespace {
 
@@ -51,7 +49,6 @@ struct Cuda {
   int (*dtoh)(void*, CUdeviceptr, size_t);
 };
 Cuda g_cu;
-int g_rank = -1;
 
 bool load_cuda() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -93,30 +90,20 @@ struct Dev {
   std::vector<T> host;
 };
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-int report(const char* what, gw_status_t s, double t0) {
-  std::printf("ERROR rank=%d %s: %s: %s\n", g_rank, what, gw_status_string(s), gw_last_error());
-  std::printf("RESULT rank=%d status=%d elapsed_ms=%.0f\n", g_rank, static_cast<int>(s),
-              now_ms() - t0);
-  std::fflush(stdout);
-  return 10 + static_cast<int>(s);
-}
+using gw_trainer::now_ms;
+using gw_trainer::report;
 
 int wrong(const char* what, size_t i, double got, double want) {
-  std::printf("ERROR rank=%d %s: element %zu is %.17g, expected %.17g\n", g_rank, what, i, got,
-              want);
-  std::printf("RESULT rank=%d status=wrong elapsed_ms=0\n", g_rank);
+  std::printf("ERROR rank=%d %s: element %zu is %.17g, expected %.17g\n", gw_trainer::report_rank(),
+              what, i, got, want);
+  std::printf("RESULT rank=%d status=wrong elapsed_ms=0\n", gw_trainer::report_rank());
   std::fflush(stdout);
   return 1;
 }
 
 int no_device(const char* what) {
-  std::printf("ERROR rank=%d %s: a device copy or allocation failed\n", g_rank, what);
+  std::printf("ERROR rank=%d %s: a device copy or allocation failed\n", gw_trainer::report_rank(),
+              what);
   std::fflush(stdout);
   return 2;
 }
@@ -268,74 +255,30 @@ int run_die(gw_comm_t comm, int rank, int killer) {
   Dev<float> s(n), r(n);
   for (auto& v : s.host) v = 1.0f;
   if (!s.ptr || !r.ptr || !s.up()) return no_device("die");
-  if (rank == killer) {
-    for (int i = 0; i < 2; ++i) {
-      CALL("allreduce before dying", gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM));
-    }
-    std::thread t([&] { gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM); });
-    t.detach();
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-    std::printf("DYING rank=%d\n", rank);
-    std::fflush(stdout);
-    raise(SIGKILL);
-  }
-  for (int i = 0; i < 100000; ++i) {
-    const double t0 = now_ms();
-    gw_status_t st = gw_allreduce(comm, s.p(), r.p(), n, GW_FLOAT32, GW_SUM);
-    if (st != GW_OK) return report("allreduce while a trainer dies", st, t0);
-  }
-  std::printf("RESULT rank=%d status=0 elapsed_ms=0 (the killed trainer never broke it)\n", rank);
-  return 0;
+  return gw_trainer::die_while_others_allreduce(comm, rank, killer, s.p(), r.p(), n);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  gw_config_t cfg = GW_CONFIG_INIT;
-  int i = 1;
-  for (; i + 1 < argc && std::strncmp(argv[i], "--", 2) == 0; i += 2) {
-    if (std::strcmp(argv[i], "--rank") == 0) {
-      cfg.rank = std::atoi(argv[i + 1]);
-    } else if (std::strcmp(argv[i], "--world") == 0) {
-      cfg.world_size = std::atoi(argv[i + 1]);
-    } else if (std::strcmp(argv[i], "--store") == 0) {
-      cfg.store_addr = argv[i + 1];
-    } else if (std::strcmp(argv[i], "--timeout-ms") == 0) {
-      cfg.timeout_ms = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
-  if (i >= argc) {
-    std::fprintf(stderr, "usage: %s [options] suite COUNT | die KILLER\n", argv[0]);
-    return 2;
-  }
-  const std::string scenario = argv[i++];
-  g_rank = cfg.rank;
-  if (!load_cuda()) {
-    std::printf("ERROR rank=%d no CUDA driver (libcuda.so.1) or no device\n", g_rank);
-    return 2;
-  }
-  gw_comm_t comm = nullptr;
-  const double t0 = now_ms();
-  gw_status_t s = gw_comm_init(&comm, &cfg);
-  if (s != GW_OK) return report("gw_comm_init", s, t0);
-  int rank = 0, world = 1;
-  gw_comm_rank(comm, &rank);
-  gw_comm_size(comm, &world);
-  int rc = 2;
-  if (scenario == "suite" && argc - i == 1) {
-    rc = run_suite(comm, rank, world, std::strtoull(argv[i], nullptr, 10));
-  } else if (scenario == "bench" && argc - i == 2) {
-    rc = run_bench(comm, rank, std::strtoull(argv[i], nullptr, 10), std::atoi(argv[i + 1]));
-  } else if (scenario == "die" && argc - i == 1) {
-    rc = run_die(comm, rank, std::atoi(argv[i]));
-  } else {
-    std::fprintf(stderr, "unknown scenario or arguments\n");
-  }
-  std::fflush(stdout);
-  gw_comm_destroy(comm);
-  return rc;
+  return gw_trainer::trainer_main(
+      argc, argv, "suite COUNT | die KILLER",
+      [] {
+        if (load_cuda()) return 0;
+        std::printf("ERROR rank=%d no CUDA driver (libcuda.so.1) or no device\n",
+                    gw_trainer::report_rank());
+        return 2;
+      },
+      [](const gw_trainer::Scenario& sc) {
+        const int n = sc.argc;
+        char** a = sc.argv;
+        if (sc.name == "suite" && n == 1) {
+          return run_suite(sc.comm, sc.rank, sc.world, std::strtoull(a[0], nullptr, 10));
+        }
+        if (sc.name == "bench" && n == 2) {
+          return run_bench(sc.comm, sc.rank, std::strtoull(a[0], nullptr, 10), std::atoi(a[1]));
+        }
+        if (sc.name == "die" && n == 1) return run_die(sc.comm, sc.rank, std::atoi(a[0]));
+        return -1;
+      });
 }

@@ -1,8 +1,8 @@
 // A gradwired of the test's own, for the in-process tests that check daemon mode through the C
 // ABI: started (--foreground) on a socket in a fresh temporary directory, waited for until its
-// control socket is there (up to 10 s), stopped with SIGTERM and its files removed (and GW_DAEMON
-// unset, if use() set it) on destruction. Header only; the test passes the daemon's path
-// (GW_GRADWIRED_PATH).
+// control socket is there (up to 10 s; ready() says whether it came), stopped with SIGTERM and its
+// files removed (and GW_DAEMON unset, if use() set it) on destruction. Header only; the test passes
+// the daemon's path (GW_GRADWIRED_PATH).
 #pragma once
 
 #include <signal.h>
@@ -31,8 +31,7 @@ class LocalDaemon {
               static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    struct stat st {};
-    for (int i = 0; i < 200 && ::stat((socket_ + ".ctl").c_str(), &st) != 0; ++i) {
+    for (int i = 0; i < 200 && !ready(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -49,6 +48,11 @@ class LocalDaemon {
       ::unlink((socket_ + ".ctl").c_str());
       ::rmdir(dir_.c_str());
     }
+  }
+  // Whether it came up: its control socket (<socket>.ctl, made once it listens) is there.
+  bool ready() const {
+    struct stat st {};
+    return !socket_.empty() && ::stat((socket_ + ".ctl").c_str(), &st) == 0;
   }
   // Its socket's path ("" when no directory could be made).
   const std::string& socket() const { return socket_; }

@@ -9,65 +9,24 @@
 // memory too (CUDA IPC into the daemon is a later step).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/gradwire.h"
 #include "tests/support/fake_cuda.h"
+#include "tests/support/local_daemon.h"
 
 namespace {
 
 const gw::testing::FakeCuda& fake() { return gw::testing::fake_cuda(GW_FAKE_CUDA_PATH); }
 
-// One gradwired for the daemon-mode half (socket in a temporary directory).
-class Daemon {
- public:
-  static Daemon& get() {
-    static Daemon d;
-    return d;
-  }
-  const std::string& socket() const { return socket_; }
-  ~Daemon() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (!dir_.empty()) {
-      ::unlink(socket_.c_str());
-      ::unlink((socket_ + ".ctl").c_str());
-      ::rmdir(dir_.c_str());
-    }
-  }
-
- private:
-  Daemon() {
-    char tmpl[] = "/tmp/gw-devmem-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return;
-    dir_ = tmpl;
-    const std::string sock = dir_ + "/s.sock";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    struct stat st {};
-    for (int i = 0; i < 200 && ::stat((sock + ".ctl").c_str(), &st) != 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (::stat((sock + ".ctl").c_str(), &st) == 0) socket_ = sock;
-  }
-  std::string dir_, socket_;
-  pid_t pid_ = -1;
-};
+// One gradwired for the daemon-mode half (socket in a temporary directory), for the whole run.
+gw::testing::LocalDaemon& daemon() {
+  static gw::testing::LocalDaemon d(GW_GRADWIRED_PATH, "gw-devmem");
+  return d;
+}
 
 class DeviceMemoryTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -75,8 +34,8 @@ class DeviceMemoryTest : public ::testing::TestWithParam<bool> {
   void SetUp() override {
     ASSERT_NE(fake().mark, nullptr) << "cannot load " << GW_FAKE_CUDA_PATH << ": " << dlerror();
     if (daemon_mode()) {
-      ASSERT_FALSE(Daemon::get().socket().empty()) << "gradwired did not start";
-      ::setenv("GW_DAEMON", ("unix:" + Daemon::get().socket()).c_str(), 1);
+      ASSERT_TRUE(daemon().ready()) << "gradwired did not start";
+      ASSERT_TRUE(daemon().use());
     } else {
       ::unsetenv("GW_DAEMON");
     }

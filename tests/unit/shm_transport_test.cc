@@ -18,11 +18,14 @@
 
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
+#include "tests/support/connected_pair.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
+using ::gw::testing::connect_self;
+using Conn = ::gw::testing::ConnectedPair;
 using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
@@ -33,40 +36,6 @@ TransportOptions options(const std::string& host = "host-a", int64_t timeout_ms 
   o.host_id = host;
   o.rank = 1;
   return o;
-}
-
-struct Conn {
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<SendComm> send;
-  std::unique_ptr<RecvComm> recv;
-};
-
-Conn connect_both(Transport& t) {
-  Conn c;
-  Handle h;
-  auto l = t.listen(&h);
-  EXPECT_TRUE(l.ok()) << l.status().to_string();
-  if (!l.ok()) return c;
-  c.listener = std::move(*l);
-  auto connector = t.connect(h);
-  EXPECT_TRUE(connector.ok()) << connector.status().to_string();
-  if (!connector.ok()) return c;
-  int64_t deadline = now_ms() + 10000;
-  while ((!c.send || !c.recv) && now_ms() < deadline) {
-    if (!c.send) {
-      auto s = (*connector)->poll();
-      EXPECT_TRUE(s.ok()) << s.status().to_string();
-      if (!s.ok()) return c;
-      c.send = std::move(*s);
-    }
-    if (!c.recv) {
-      auto r = c.listener->accept();
-      EXPECT_TRUE(r.ok()) << r.status().to_string();
-      if (!r.ok()) return c;
-      c.recv = std::move(*r);
-    }
-  }
-  return c;
 }
 
 void roundtrip(Conn& c, size_t size) {
@@ -134,7 +103,7 @@ TEST(ShmTransport, MessagesStreamThroughATinyRing) {
   ScopedEnv s("GW_SHM_SLOT_SIZE", "4K");
   auto t = make_shm_transport(options());
   ASSERT_TRUE(t.ok()) << t.status().to_string();
-  Conn c = connect_both(**t);
+  Conn c = connect_self(**t);
   ASSERT_TRUE(c.send && c.recv);
   for (size_t size : {size_t{0}, size_t{4095}, size_t{4096}, size_t{4097}, (size_t{1} << 20) + 3}) {
     SCOPED_TRACE(size);
@@ -159,7 +128,7 @@ std::vector<std::string> fd_targets() {
 TEST(ShmTransport, SegmentIsAnAnonymousMemfdNotAFile) {
   auto t = make_shm_transport(options());
   ASSERT_TRUE(t.ok());
-  Conn c = connect_both(**t);
+  Conn c = connect_self(**t);
   ASSERT_TRUE(c.send && c.recv);
   roundtrip(c, 1000);
   // After the handshake no descriptor of the segment stays open (the mappings keep it alive),

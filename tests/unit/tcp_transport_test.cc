@@ -21,11 +21,15 @@
 
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
+#include "tests/support/connected_pair.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
+using ::gw::testing::connect_pair;
+using ::gw::testing::connect_self;
+using Conn = ::gw::testing::ConnectedPair;
 using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
@@ -230,46 +234,6 @@ TEST(TcpTransport, PropertiesDescribeTheChosenInterface) {
   EXPECT_FALSE(p.supports_cuda);
 }
 
-struct Conn {
-  std::unique_ptr<Listener> listener;  // connect_self's, destroyed after both ends
-  std::unique_ptr<SendComm> send;
-  std::unique_ptr<RecvComm> recv;
-};
-
-Conn connect_both(Transport& t, Listener& l, const Handle& h) {
-  Conn c;
-  auto connector = t.connect(h);
-  EXPECT_TRUE(connector.ok()) << connector.status().to_string();
-  if (!connector.ok()) return c;
-  int64_t deadline = now_ms() + 10000;
-  while ((!c.send || !c.recv) && now_ms() < deadline) {
-    if (!c.send) {
-      auto s = (*connector)->poll();
-      EXPECT_TRUE(s.ok()) << s.status().to_string();
-      if (!s.ok()) return c;
-      c.send = std::move(*s);
-    }
-    if (!c.recv) {
-      auto r = l.accept();
-      EXPECT_TRUE(r.ok()) << r.status().to_string();
-      if (!r.ok()) return c;
-      c.recv = std::move(*r);
-    }
-  }
-  return c;
-}
-
-// Both ends of one connection of `t` to itself (the listener kept in the Conn).
-Conn connect_self(Transport& t) {
-  Handle h;
-  auto l = t.listen(&h);
-  EXPECT_TRUE(l.ok()) << l.status().to_string();
-  if (!l.ok()) return {};
-  Conn c = connect_both(t, **l, h);
-  c.listener = std::move(*l);
-  return c;
-}
-
 // Moves `size` bytes and checks them; returns false on any failure.
 void roundtrip(Conn& c, size_t size) {
   std::vector<uint8_t> src(size), dst(size);
@@ -300,7 +264,7 @@ TEST(TcpTransport, OddSocketCountsAndStripeUnitsCarryEveryByte) {
     Handle h;
     auto l = (*t)->listen(&h);
     ASSERT_TRUE(l.ok());
-    Conn conn = connect_both(**t, **l, h);
+    Conn conn = connect_pair(**t, **l, h);
     ASSERT_TRUE(conn.send && conn.recv);
     for (size_t size : {size_t{1}, size_t{4097}, size_t{12289}, (size_t{5} << 20) + 11}) {
       SCOPED_TRACE(::testing::Message() << "nsocks " << nsocks << " size " << size);
@@ -341,7 +305,7 @@ TEST(TcpTransport, SilentAndBogusClientsDoNotStallAccept) {
   std::vector<char> junk(288, 'j');  // a handshake-sized blob with a wrong magic
   ASSERT_EQ(send(bogus.get(), junk.data(), junk.size(), MSG_NOSIGNAL), 288);
   // A real peer still gets through while the silent one is pending.
-  Conn conn = connect_both(**t, **l, h);
+  Conn conn = connect_pair(**t, **l, h);
   ASSERT_TRUE(conn.send && conn.recv);
   roundtrip(conn, 1000);
   // The bogus client was refused ('R', then close).
@@ -395,7 +359,7 @@ TEST(TcpTransport, WaitFdsBecomeReadyExactlyWhenThereIsProgressToMake) {
   Handle h;
   auto l = (*t)->listen(&h);
   ASSERT_TRUE(l.ok());
-  Conn conn = connect_both(**t, **l, h);
+  Conn conn = connect_pair(**t, **l, h);
   ASSERT_TRUE(conn.send && conn.recv);
 
   std::vector<pollfd> fds;
@@ -509,7 +473,7 @@ TEST(TcpThreads, ThreadedAndUnthreadedEndsInteroperate) {
     Handle h;
     auto l = rx->listen(&h);
     ASSERT_TRUE(l.ok());
-    Conn conn = connect_both(*tx, **l, h);
+    Conn conn = connect_pair(*tx, **l, h);
     ASSERT_TRUE(conn.send && conn.recv);
     for (size_t size : {size_t{0}, size_t{1}, size_t{4097}, (size_t{5} << 20) + 11}) {
       SCOPED_TRACE(::testing::Message() << "size " << size);

@@ -18,11 +18,14 @@
 #include "core/net/shm_transport.h"
 #include "core/net/tcp/zerocopy.h"
 #include "core/net/tcp_transport.h"
+#include "tests/support/connected_pair.h"
 #include "tests/support/test_env.h"
 
 namespace gw::net {
 namespace {
 
+using ::gw::testing::connect_self;
+using Conn = ::gw::testing::ConnectedPair;
 using ::gw::testing::now_ms;
 using ::gw::testing::ScopedEnv;
 
@@ -122,44 +125,6 @@ TransportOptions options() {
   return o;
 }
 
-struct Conn {
-  std::unique_ptr<Transport> transport;
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<SendComm> send;
-  std::unique_ptr<RecvComm> recv;
-};
-
-Conn connect_both(Result<std::unique_ptr<Transport>> t) {
-  Conn c;
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  if (!t.ok()) return c;
-  c.transport = std::move(*t);
-  Handle h;
-  auto l = c.transport->listen(&h);
-  EXPECT_TRUE(l.ok()) << l.status().to_string();
-  if (!l.ok()) return c;
-  c.listener = std::move(*l);
-  auto connector = c.transport->connect(h);
-  EXPECT_TRUE(connector.ok()) << connector.status().to_string();
-  if (!connector.ok()) return c;
-  int64_t deadline = now_ms() + 10000;
-  while ((!c.send || !c.recv) && now_ms() < deadline) {
-    if (!c.send) {
-      auto s = (*connector)->poll();
-      EXPECT_TRUE(s.ok()) << s.status().to_string();
-      if (!s.ok()) return c;
-      c.send = std::move(*s);
-    }
-    if (!c.recv) {
-      auto r = c.listener->accept();
-      EXPECT_TRUE(r.ok()) << r.status().to_string();
-      if (!r.ok()) return c;
-      c.recv = std::move(*r);
-    }
-  }
-  return c;
-}
-
 uint8_t pattern(size_t i, int seed) { return static_cast<uint8_t>(i * 131 + (i >> 12) + seed); }
 
 // Sends `size` bytes; the moment the send completes, the sender overwrites its buffer. The
@@ -204,7 +169,7 @@ TEST(TcpZeroCopy, ASendCompletesOnlyAfterTheKernelLetGoOfItsBuffer) {
   ScopedEnv mode("GW_SOCKET_ZEROCOPY", "on");
   ScopedEnv min("GW_SOCKET_ZEROCOPY_MIN", "0");
   ScopedEnv buf("GW_SOCKET_BUFSIZE", "64K");  // most of a message waits in the socket queue
-  Conn c = connect_both(make_tcp_transport(options()));
+  Conn c = connect_self(make_tcp_transport(options()));
   const uint64_t before = tcp::zerocopy_reported();
   for (int i = 0; i < 3; ++i) send_then_scribble(c, size_t{8} << 20, i);
   EXPECT_GT(tcp::zerocopy_reported(), before) << "no MSG_ZEROCOPY send was made";
@@ -214,7 +179,7 @@ TEST(TcpZeroCopy, AutoModeFallsBackToCopiesWhenTheKernelCopies) {
   ScopedEnv ifname("GW_SOCKET_IFNAME", "lo");
   ScopedEnv mode("GW_SOCKET_ZEROCOPY", "auto");
   ScopedEnv min("GW_SOCKET_ZEROCOPY_MIN", "4K");
-  Conn c = connect_both(make_tcp_transport(options()));
+  Conn c = connect_self(make_tcp_transport(options()));
   const uint64_t before = tcp::zerocopy_reported();
   for (int i = 0; i < 8; ++i) send_then_scribble(c, size_t{1} << 20, i);
   const uint64_t used = tcp::zerocopy_reported() - before;
@@ -236,7 +201,7 @@ TEST(TcpZeroCopy, UnknownModeIsRejected) {
 
 TEST(ShmSingleCopy, LargeMessagesAreReadFromTheSendersBuffer) {
   ScopedEnv min("GW_SHM_CMA_MIN", "64K");
-  Conn c = connect_both(make_shm_transport(options()));
+  Conn c = connect_self(make_shm_transport(options()));
   send_then_scribble(c, 1000, 1);  // below the threshold; lets the receiver answer the offer
   const uint64_t before = shm::cma_bytes_read();
   send_then_scribble(c, size_t{3} << 20, 2);
@@ -247,7 +212,7 @@ TEST(ShmSingleCopy, LargeMessagesAreReadFromTheSendersBuffer) {
 
 TEST(ShmSingleCopy, TheSenderWaitsUntilTheReceiverHasRead) {
   ScopedEnv min("GW_SHM_CMA_MIN", "4K");
-  Conn c = connect_both(make_shm_transport(options()));
+  Conn c = connect_self(make_shm_transport(options()));
   send_then_scribble(c, 10, 1);
   std::vector<uint8_t> src(1 << 20, 3), dst(1 << 20, 0);
   auto s = c.send->isend(src.data(), src.size(), 1, nullptr);
@@ -275,7 +240,7 @@ TEST(ShmSingleCopy, TheSenderWaitsUntilTheReceiverHasRead) {
 TEST(ShmSingleCopy, RefusedReadsFallBackToTheRing) {
   ScopedEnv min("GW_SHM_CMA_MIN", "4K");
   ScopedEnv refuse("GW_SHM_CMA_INJECT_REFUSE", "1");
-  Conn c = connect_both(make_shm_transport(options()));
+  Conn c = connect_self(make_shm_transport(options()));
   const uint64_t before = shm::cma_bytes_read();
   for (int i = 0; i < 4; ++i) send_then_scribble(c, size_t{2} << 20, i);
   EXPECT_EQ(shm::cma_bytes_read(), before);
@@ -283,7 +248,7 @@ TEST(ShmSingleCopy, RefusedReadsFallBackToTheRing) {
 
 TEST(ShmSingleCopy, ZeroThresholdKeepsTheRing) {
   ScopedEnv min("GW_SHM_CMA_MIN", "0");
-  Conn c = connect_both(make_shm_transport(options()));
+  Conn c = connect_self(make_shm_transport(options()));
   const uint64_t before = shm::cma_bytes_read();
   for (int i = 0; i < 3; ++i) send_then_scribble(c, size_t{2} << 20, i);
   EXPECT_EQ(shm::cma_bytes_read(), before);
