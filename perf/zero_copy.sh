@@ -4,7 +4,8 @@
 # 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
 # loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto, uring), at 64 MiB (busbw) and 4 KiB
 # (time), and the CPU time (getrusage of both ranks, user + system) per allreduce call: the
-# difference between runs of 12 and 2 timed calls (2002 and 2 at 4 KiB), which is steadier than time on a loaded host.
+# difference between runs of 12 and 2 timed calls (2002 and 2 at 4 KiB), steadier than time on a
+# loaded host.
 # Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
 # usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."]
@@ -25,8 +26,8 @@ while getopts "B:r:s:v:h" opt; do
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
-    h) sed -n '2,15p' "$0"; exit 0 ;;
-    *) sed -n '10,14p' "$0" >&2; exit 2 ;;
+    h) sed -n '2,16p' "$0"; exit 0 ;;
+    *) sed -n '11,15p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
@@ -45,8 +46,6 @@ d=json.load(sys.stdin)["benchmarks"]
 m=[b for b in d if b.get("aggregate_name")=="median"]
 print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
 }
-memcpy_gbs=$(ceiling '^memcpy/16777216$')
-tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 
 env_of() {
   case "$1" in
@@ -61,6 +60,8 @@ env_of() {
   esac
 }
 for v in $variants; do env_of "$v" >/dev/null || exit 2; done
+memcpy_gbs=$(ceiling '^memcpy/16777216$')
+tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 # Runs gradwire-perf under a parent that reports the CPU time of its children (both ranks and
 # the launcher) as a "# cpu_s" line after the perf tool's output.
 rusage_py='import resource, subprocess, sys
