@@ -12,7 +12,8 @@
 #   -B  build directory with perf/gradwire-perf and perf/micro/gradwire-micro (default build/release)
 #   -r  repetitions (default 5)
 #   -s  large sizes in bytes (default 67108864); the 4096-byte latency row always runs
-#   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto tcp:uring)
+#   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto
+#       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
@@ -26,8 +27,8 @@ while getopts "B:r:s:v:h" opt; do
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
-    h) sed -n '2,16p' "$0"; exit 0 ;;
-    *) sed -n '11,15p' "$0" >&2; exit 2 ;;
+    h) sed -n '2,17p' "$0"; exit 0 ;;
+    *) sed -n '11,16p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
@@ -55,7 +56,8 @@ env_of() {
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
-    tcp:uring) echo "GW_SOCKET_ZEROCOPY=uring" ;;  # io_uring SEND_ZC
+    tcp:uring) echo "GW_SOCKET_ZEROCOPY=uring" ;;  # io_uring SEND_ZC from 256 KiB
+    tcp:uring-all) echo "GW_SOCKET_ZEROCOPY=uring GW_SOCKET_ZEROCOPY_MIN=0" ;;  # every message
     *) echo "zero_copy.sh: unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -110,11 +112,11 @@ status=0
 echo "# zero_copy: allreduce float32 sum, 2 ranks, $reps repetitions interleaved, medians"
 echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# cpu ms/call: user + system time of both ranks per allreduce call (getrusage)"
-printf '%-12s' variant
+printf '%-14s' variant
 for s in $sizes; do printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"; done
 printf ' %16s %16s\n' "time@4096B us" "cpu@4096B ms"
 for v in $variants; do
-  printf '%-12s' "$v"
+  printf '%-14s' "$v"
   for s in $sizes; do
     m=$(median ${res["$v $s"]}); [ "$m" = fail ] && status=1
     printf ' %18s %16s' "$m" "$(median ${cpu["$v $s"]:-})"
