@@ -184,6 +184,40 @@ TEST(UringSender, SendsEveryByteOverARealSocketAndEachResultGetsItsNotification)
   close(fds[1]);
 }
 
+TEST(UringSender, ASendToAResetPeerFailsWithThePeersError) {
+  std::string why;
+  if (!tcp::uring_usable(&why)) GTEST_SKIP() << "io_uring unavailable: " << why;
+  int fds[2] = {-1, -1};
+  ASSERT_TRUE(socket_pair(fds));
+  linger l{1, 0};  // close with a reset
+  ASSERT_EQ(setsockopt(fds[1], SOL_SOCKET, SO_LINGER, &l, sizeof(l)), 0);
+  close(fds[1]);
+  auto ring = tcp::UringSender::create(fds[0], "test peer");
+  ASSERT_TRUE(ring.ok()) << ring.status().to_string();
+  std::vector<char> buf(1 << 20, 'x');
+  Status failed;
+  int64_t deadline = now_ms() + 10000;
+  while (failed.ok() && now_ms() < deadline) {
+    if (!(*ring)->in_flight()) ASSERT_TRUE((*ring)->submit(buf.data(), buf.size()).ok());
+    size_t sent = 0;
+    auto seen = (*ring)->reap(&sent);
+    if (!seen.ok()) {
+      failed = seen.status();
+      break;
+    }
+    if (*seen == 0) {
+      pollfd p{(*ring)->ring_fd(), POLLIN, 0};
+      poll(&p, 1, 100);
+    }
+  }
+  ASSERT_FALSE(failed.ok()) << "a send to a reset peer kept succeeding";
+  EXPECT_EQ(failed.code(), Code::kPeer) << failed.to_string();
+  EXPECT_NE(failed.message().find("SEND_ZC"), std::string::npos) << failed.to_string();
+  EXPECT_NE(failed.message().find("test peer"), std::string::npos) << failed.to_string();
+  ring->reset();
+  close(fds[0]);
+}
+
 TransportOptions options() {
   TransportOptions o;
   o.job_token = "uring-send-test";
