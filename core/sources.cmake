@@ -32,6 +32,7 @@ set(GW_CORE_SOURCES
     net/tcp/send.cc
     net/tcp/socket.cc
     net/tcp/transport.cc
+    net/tcp/uring_send.cc
     net/tcp/zerocopy.cc
     sys/fd.cc
     sys/memfd_region.cc

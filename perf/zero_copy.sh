@@ -2,26 +2,33 @@
 # Before/after of the copy-saving paths in one run, beside the machine's ceilings measured in
 # the same run: shm 2 ranks allreduce (the ring, GW_SHM_CMA_MIN=0, against single-copy reads from
 # 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
-# loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto), at 64 MiB (busbw) and 4 KiB (time).
+# loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto, uring), at 64 MiB (busbw) and 4 KiB
+# (time), and the CPU time (getrusage of both ranks, user + system) per allreduce call: the
+# difference between runs of 12 and 2 timed calls (2002 and 2 at 4 KiB), steadier than time on a
+# loaded host.
 # Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
-# usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."]
+# usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."]
 #   -B  build directory with perf/gradwire-perf and perf/micro/gradwire-micro (default build/release)
 #   -r  repetitions (default 5)
 #   -s  large sizes in bytes (default 67108864); the 4096-byte latency row always runs
+#   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto
+#       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
 build=build/release
 reps=5
 sizes=67108864
-while getopts "B:r:s:h" opt; do
+variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto tcp:uring"
+while getopts "B:r:s:v:h" opt; do
   case $opt in
     B) build=$OPTARG ;;
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
-    h) sed -n '2,12p' "$0"; exit 0 ;;
-    *) sed -n '8,11p' "$0" >&2; exit 2 ;;
+    v) variants=$OPTARG ;;
+    h) sed -n '2,17p' "$0"; exit 0 ;;
+    *) sed -n '11,16p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
@@ -40,10 +47,7 @@ d=json.load(sys.stdin)["benchmarks"]
 m=[b for b in d if b.get("aggregate_name")=="median"]
 print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
 }
-memcpy_gbs=$(ceiling '^memcpy/16777216$')
-tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 
-variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto"
 env_of() {
   case "$1" in
     shm:ring) echo "GW_SHM_CMA_MIN=0" ;;
@@ -52,27 +56,54 @@ env_of() {
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
+    tcp:uring) echo "GW_SOCKET_ZEROCOPY=uring" ;;  # io_uring SEND_ZC from 256 KiB
+    tcp:uring-all) echo "GW_SOCKET_ZEROCOPY=uring GW_SOCKET_ZEROCOPY_MIN=0" ;;  # every message
+    *) echo "zero_copy.sh: unknown variant $1" >&2; return 1 ;;
   esac
 }
-run_one() {  # variant size col -> figure
-  local v="$1" s="$2" col="$3" out
-  out=$(env $(env_of "$v") GW_SOCKET_IFNAME=lo timeout 600 "$perf" allreduce --np 2 \
-          --transport "${v%%:*}" -b "$s" -e "$s" 2>"$work/err") &&
-    awk -v c="$col" '!/^#/ && NF >= 13 { print $c; exit }' <<<"$out"
+for v in $variants; do env_of "$v" >/dev/null || exit 2; done
+memcpy_gbs=$(ceiling '^memcpy/16777216$')
+tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
+# Runs gradwire-perf under a parent that reports the CPU time of its children (both ranks and
+# the launcher) as a "# cpu_s" line after the perf tool's output.
+rusage_py='import resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stdout.write(p.stdout.decode())
+print("# cpu_s %.6f" % (r.ru_utime + r.ru_stime))
+sys.exit(p.returncode)'
+run_perf() {  # variant size iters -> the perf tool's output and its "# cpu_s" line
+  local v="$1" s="$2" n="$3"
+  env $(env_of "$v") GW_SOCKET_IFNAME=lo /usr/bin/python3 -c "$rusage_py" timeout 600 "$perf" \
+    allreduce --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 2>"$work/err"
 }
-declare -A res
+cpu_of() { awk '/^# cpu_s/ { print $3 }' <<<"$1"; }
+# One repetition of a variant at one size: the figure in column `col` of a run of `calls` + 2
+# timed calls, and the CPU milliseconds per call from the difference to a 2-call run (appended
+# to res and cpu).
+run_one() {  # variant size col calls
+  local v="$1" s="$2" col="$3" calls="$4" hi lo fig c_hi c_lo
+  hi=$(run_perf "$v" "$s" $((calls + 2))) || hi=""
+  lo=$(run_perf "$v" "$s" 2) || lo=""
+  fig=$(awk -v c="$col" '!/^#/ && NF >= 13 { print $c; exit }' <<<"$hi")
+  res["$v $s"]+="${fig:-fail} "
+  c_hi=$(cpu_of "$hi")
+  c_lo=$(cpu_of "$lo")
+  if [ -n "$fig" ] && [ -n "$c_hi" ] && [ -n "$c_lo" ] && [ -n "$lo" ]; then
+    cpu["$v $s"]+="$(awk -v a="$c_hi" -v b="$c_lo" -v n="$calls" 'BEGIN { printf "%.6f", (a - b) / n * 1e3 }') "
+  fi
+}
+declare -A res cpu
 for ((rep = 1; rep <= reps; rep++)); do
   for v in $variants; do
-    for s in $sizes; do
-      res["$v $s"]+="$(run_one "$v" "$s" 8 || true) "
-    done
-    res["$v 4096"]+="$(run_one "$v" 4096 6 || true) "
+    for s in $sizes; do run_one "$v" "$s" 8 10; done
+    run_one "$v" 4096 6 2000
   done
   echo "# rep $rep/$reps done" >&2
 done
 median() {
   local vals count
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
+  vals=$(printf '%s\n' "$@" | grep -E '^-?[0-9.]+$' | sort -g)
   [ -z "$vals" ] && { echo fail; return; }
   count=$(wc -l <<<"$vals")
   awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
@@ -80,16 +111,17 @@ median() {
 status=0
 echo "# zero_copy: allreduce float32 sum, 2 ranks, $reps repetitions interleaved, medians"
 echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
-printf '%-12s' variant
-for s in $sizes; do printf ' %18s' "busbw@${s}B GB/s"; done
-printf ' %16s\n' "time@4096B us"
+echo "# cpu ms/call: user + system time of both ranks per allreduce call (getrusage)"
+printf '%-14s' variant
+for s in $sizes; do printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"; done
+printf ' %16s %16s\n' "time@4096B us" "cpu@4096B ms"
 for v in $variants; do
-  printf '%-12s' "$v"
+  printf '%-14s' "$v"
   for s in $sizes; do
     m=$(median ${res["$v $s"]}); [ "$m" = fail ] && status=1
-    printf ' %18s' "$m"
+    printf ' %18s %16s' "$m" "$(median ${cpu["$v $s"]:-})"
   done
   m=$(median ${res["$v 4096"]}); [ "$m" = fail ] && status=1
-  printf ' %16s\n' "$m"
+  printf ' %16s %16s\n' "$m" "$(median ${cpu["$v 4096"]:-})"
 done
 exit $status

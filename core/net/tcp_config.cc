@@ -25,11 +25,13 @@ constinit const config::Row kSocketChunk{
 
 constinit const config::Row kSocketZerocopy{
     "GW_SOCKET_ZEROCOPY", Type::String, "off", "",
-    "MSG_ZEROCOPY sends of messages of GW_SOCKET_ZEROCOPY_MIN bytes or more: off; auto (until "
-    "the kernel reports it copied anyway, as for loopback and same-host peers); on (always)"};
+    "zero-copy sends of messages of GW_SOCKET_ZEROCOPY_MIN bytes or more: off; auto "
+    "(MSG_ZEROCOPY until the kernel reports it copied anyway, as for loopback and same-host "
+    "peers); on (MSG_ZEROCOPY always); uring (io_uring SEND_ZC; copying sends where io_uring is "
+    "unavailable; refused by builds without GW_WITH_URING)"};
 constinit const config::Row kSocketZerocopyMin{
     "GW_SOCKET_ZEROCOPY_MIN", Type::Size, "256K", "",
-    "smallest message sent with MSG_ZEROCOPY when GW_SOCKET_ZEROCOPY is auto or on"};
+    "smallest message sent zero-copy when GW_SOCKET_ZEROCOPY is auto, on or uring"};
 
 const config::RowSet& rows() {
   static const config::RowSet set(

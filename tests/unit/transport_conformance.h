@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/net/tcp/uring_send.h"
 #include "core/net/transport.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/netns_link.h"
@@ -247,7 +248,9 @@ inline bool mentions_address(const std::string& text, const std::string& ip) {
 // A parameter names a backend, optionally with a variant: "tcp-threads" is tcp with two I/O
 // worker threads per comm over four sockets (so each thread owns two), set through the
 // environment for the whole test, forked children included. "verbs-emu" is verbs over the
-// emulator; "tcp-zc"/"tcp-zc-threads" send every message with MSG_ZEROCOPY (GW_SOCKET_ZEROCOPY=on);
+// emulator; "tcp-zc"/"tcp-zc-threads" send every message with MSG_ZEROCOPY (GW_SOCKET_ZEROCOPY=on),
+// "tcp-uring"/"tcp-uring-threads" by io_uring SEND_ZC (=uring; copying where io_uring is
+// unavailable, and skipped in builds without it);
 // "shm-cma" reads every message from the sender's buffer, "shm-refused" has that refused (the
 // ring carries all), "shm-ring" never offers it. "verbs-emu-striped" stripes every message over
 // three queue pairs. A "-netns" variant
@@ -284,7 +287,12 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY", "on"));
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY_MIN", "0"));
     }
-    if (GetParam() == "tcp-zc-threads") {
+    if (GetParam().rfind("tcp-uring", 0) == 0) {  // every message by io_uring SEND_ZC
+      if (!tcp::uring_built()) GTEST_SKIP() << "built without io_uring (GW_WITH_URING=OFF)";
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY", "uring"));
+      env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_ZEROCOPY_MIN", "0"));
+    }
+    if (GetParam() == "tcp-zc-threads" || GetParam() == "tcp-uring-threads") {
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NTHREADS", "2"));
       env_.push_back(std::make_unique<ScopedEnv>("GW_SOCKET_NSOCKS", "4"));
     }
@@ -403,9 +411,10 @@ class TransportConformanceAcrossProcesses : public TransportConformance {
 // The backends every suite is instantiated for.
 inline const auto kBackends = ::testing::Values(
     std::string("tcp"), std::string("tcp-threads"), std::string("tcp-zc"),
-    std::string("tcp-zc-threads"), std::string("shm"), std::string("shm-cma"),
-    std::string("shm-refused"), std::string("shm-ring"), std::string("dpdk"), std::string("verbs"),
-    std::string("verbs-emu"), std::string("verbs-emu-striped"));
+    std::string("tcp-zc-threads"), std::string("tcp-uring"), std::string("tcp-uring-threads"),
+    std::string("shm"), std::string("shm-cma"), std::string("shm-refused"), std::string("shm-ring"),
+    std::string("dpdk"), std::string("verbs"), std::string("verbs-emu"),
+    std::string("verbs-emu-striped"));
 
 inline std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string name = info.param;

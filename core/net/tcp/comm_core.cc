@@ -256,6 +256,8 @@ void TcpCommCore::worker_main(int t) {
       for (int s = t; s < n; s += nthreads_) {
         short events = events_locked(s);
         if (events != 0) fds.push_back(pollfd{socks_[s].get(), events, 0});
+        const int extra = extra_fd_locked(s);
+        if (extra >= 0) fds.push_back(pollfd{extra, POLLIN, 0});
       }
       sleeping_[t] = 1;
     }

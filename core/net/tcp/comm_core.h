@@ -70,6 +70,9 @@ class TcpCommCore {
   virtual Result<bool> part_io(int s, TcpRequest& r, SockPos& p) = 0;
   // Threaded mode, mu_ held: poll() events worth waiting for on socket s (0 = none).
   virtual short events_locked(int s) const = 0;
+  // Threaded mode, mu_ held: another fd socket s's owner polls for POLLIN (-1 = none): an
+  // io_uring whose completions the socket's part waits for (send.cc).
+  virtual int extra_fd_locked(int s) const { return -1; }
   // Threaded mode, mu_ held, after part_io on a copy: folds what the copy learned into the real
   // request; true when other workers may now have work (the receiver learned a header).
   virtual bool publish_locked(int s, const TcpRequest& copy, TcpRequest& real) { return false; }

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
 #include <mutex>
 
+#include "core/log.h"
 #include "core/net/comm_adapter.h"
 #include "core/net/tcp/comm_core.h"
 #include "core/net/tcp/socket.h"
+#include "core/net/tcp/uring_send.h"
 #include "core/net/tcp/wire.h"
 #include "core/net/tcp/zerocopy.h"
 #include "core/net/tcp_transport.h"
@@ -27,6 +30,17 @@ class TcpSendCore final : public TcpCommCore {
         zc_{config.zerocopy, config.zerocopy_min},
         zc_socks_(socks_.size()) {
     for (size_t i = 0; i < socks_.size(); ++i) {
+      if (zc_.mode == ZcMode::kUring) {
+        // io_uring unavailable (said once at INFO) or no ring for this socket: copying sends.
+        if (!uring_usable()) break;
+        auto ring = UringSender::create(socks_[i].get(), peer_);
+        if (ring.ok()) {
+          zc_socks_[i].ring = std::move(*ring);
+        } else {
+          GW_LOG_DEBUG("tcp: send to {}: {}: copying sends", peer_, ring.status().to_string());
+        }
+        continue;
+      }
       zc_socks_[i].usable = zc_.mode != ZcMode::kOff && enable_zerocopy(socks_[i].get());
     }
   }
@@ -37,7 +51,13 @@ class TcpSendCore final : public TcpCommCore {
     // Sockets with bytes left to write wait for room; socket 0 also reports notices and close.
     for (size_t i = 0; i < socks_.size(); ++i) {
       short events = i == 0 ? POLLIN : 0;
-      if (reqs_.active(pos_[i].seq) != nullptr) events |= zc_socks_[i].waiting ? POLLERR : POLLOUT;
+      if (reqs_.active(pos_[i].seq) != nullptr) {
+        if (zc_socks_[i].uring_waiting) {
+          fds->push_back(pollfd{zc_socks_[i].ring->ring_fd(), POLLIN, 0});  // its completions
+        } else {
+          events |= zc_socks_[i].waiting ? POLLERR : POLLOUT;
+        }
+      }
       if (events != 0) fds->push_back(pollfd{socks_[i].get(), events, 0});
     }
     return true;
@@ -58,6 +78,7 @@ class TcpSendCore final : public TcpCommCore {
  private:
   Result<bool> part_io(int i, TcpRequest& r, SockPos& p) override {
     ZcSock& z = zc_socks_[i];
+    if (z.ring && r.size >= zc_.min) return uring_part(i, r, p);
     z.waiting = false;
     GW_ASSIGN_OR_RETURN(bool queued, queue_part(i, r, p, z.usable && r.size >= zc_.min));
     if (z.tracker.idle()) return queued;
@@ -70,6 +91,44 @@ class TcpSendCore final : public TcpCommCore {
     GW_RETURN_IF_ERROR(collect(i));
     z.waiting = !z.tracker.idle();
     return !z.waiting;
+  }
+
+  // io_uring: socket 0's header goes first by a plain send (a stack copy), then the part by
+  // SEND_ZC, one request at a time, a short send continued by the next. The part is done once
+  // every byte was sent and every notification came: only then may the user reuse the buffer.
+  // Until then the socket waits on its ring's fd (uring_waiting).
+  Result<bool> uring_part(int i, TcpRequest& r, SockPos& p) {
+    ZcSock& z = zc_socks_[i];
+    UringSender& u = *z.ring;
+    z.uring_waiting = false;
+    const StripeRange range = tcp_stripe(r.size, static_cast<int>(socks_.size()), chunk_, i);
+    const size_t part = range.end - range.begin;
+    if (i == 0 && p.hdr_off < sizeof(MsgHeader)) {
+      MsgHeader hdr{kHeaderMagic, r.tag, r.size};
+      while (p.hdr_off < sizeof(hdr)) {
+        ssize_t sent = send(socks_[0].get(), reinterpret_cast<char*>(&hdr) + p.hdr_off,
+                            sizeof(hdr) - p.hdr_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return false;  // POLLOUT
+          return socket_error("send to", peer_, errno);
+        }
+        p.hdr_off += static_cast<size_t>(sent);
+      }
+    }
+    while (!halt_.load(std::memory_order_relaxed)) {
+      if (!u.in_flight() && p.off < part) {
+        GW_RETURN_IF_ERROR(u.submit(r.data + range.begin + p.off, part - p.off));
+      }
+      size_t sent = 0;
+      GW_ASSIGN_OR_RETURN(int seen, u.reap(&sent));
+      p.off += sent;
+      if (seen == 0) break;
+    }
+    const bool done =
+        p.off == part && !u.in_flight() && (u.idle() || uring_skip_notification_wait());
+    z.uring_waiting = !done;
+    return done;
   }
 
   // Queues the bytes of r's part on socket i: true when all are queued, false when the socket
@@ -135,10 +194,16 @@ class TcpSendCore final : public TcpCommCore {
     // while any request is outstanding (an idle comm learns of them on its next request).
     // A part waiting only for zero-copy notifications listens for its error queue (POLLERR).
     short events = reqs_.active(pos_[s].seq) == nullptr ? 0
+                   : zc_socks_[s].uring_waiting         ? 0  // extra_fd_locked: the ring
                    : zc_socks_[s].waiting               ? POLLERR
                                                         : POLLOUT;
     if (s == 0 && !reqs_.idle() && !close_pending_) events |= POLLIN;
     return events;
+  }
+
+  int extra_fd_locked(int s) const override {
+    if (reqs_.active(pos_[s].seq) == nullptr || !zc_socks_[s].uring_waiting) return -1;
+    return zc_socks_[s].ring->ring_fd();
   }
 
   Status socket0_extra() override {
@@ -192,6 +257,8 @@ class TcpSendCore final : public TcpCommCore {
   Result<bool> settle_before_close() {
     bool settled = false;
     for (size_t s = 0; s < zc_socks_.size() && !(threaded() && s > 0); ++s) {
+      // io_uring: completions waiting are folded in by the next part_io (the next round).
+      if (zc_socks_[s].uring_waiting && zc_socks_[s].ring->ready()) settled = true;
       if (!zc_socks_[s].waiting) continue;
       GW_RETURN_IF_ERROR(collect(static_cast<int>(s)));
       settled |= zc_socks_[s].tracker.idle();
@@ -204,6 +271,8 @@ class TcpSendCore final : public TcpCommCore {
     bool usable = false;   // SO_ZEROCOPY is on and the mode still wants it
     bool waiting = false;  // the current part is queued and waits for notifications only
     ZcTracker tracker;
+    std::unique_ptr<UringSender> ring;  // GW_SOCKET_ZEROCOPY=uring where io_uring works
+    bool uring_waiting = false;         // the current part waits for its ring's completions
   };
   struct ZcConfig {
     ZcMode mode;

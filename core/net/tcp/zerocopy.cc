@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/net/tcp/socket.h"
+#include "core/net/tcp/uring_send.h"
 
 #ifndef SO_ZEROCOPY
 #define SO_ZEROCOPY 60
@@ -29,7 +30,15 @@ Result<ZcMode> parse_zc_mode(const std::string& value) {
   if (value == "off" || value == "0") return ZcMode::kOff;
   if (value == "auto") return ZcMode::kAuto;
   if (value == "on" || value == "1") return ZcMode::kOn;
-  return invalid_arg("GW_SOCKET_ZEROCOPY='{}' is not one of off, auto, on", value);
+  if (value == "uring") {
+    if (!uring_built()) {
+      return invalid_arg(
+          "GW_SOCKET_ZEROCOPY=uring: this build has no io_uring (configured with "
+          "GW_WITH_URING=OFF, or without liburing-dev); use off, auto or on");
+    }
+    return ZcMode::kUring;
+  }
+  return invalid_arg("GW_SOCKET_ZEROCOPY='{}' is not one of off, auto, on, uring", value);
 }
 
 Status ZcTracker::note(uint32_t lo, uint32_t hi, bool copied) {

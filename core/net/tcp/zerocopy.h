@@ -14,10 +14,12 @@
 namespace gw::net::tcp {
 
 // GW_SOCKET_ZEROCOPY: off; auto (zero-copy until the kernel reports it copied anyway, as it does
-// for loopback and same-host veth peers); on (zero-copy even when the kernel copies: tests).
-enum class ZcMode { kOff, kAuto, kOn };
+// for loopback and same-host veth peers); on (zero-copy even when the kernel copies: tests);
+// uring (io_uring SEND_ZC, uring_send.h; copying sends where io_uring is unavailable).
+enum class ZcMode { kOff, kAuto, kOn, kUring };
 
-// Parses the row's value; an unknown word is an error naming the row.
+// Parses the row's value; an unknown word is an error naming the row, and so is `uring` in a
+// build without io_uring.
 Result<ZcMode> parse_zc_mode(const std::string& value);
 
 // One socket's zero-copy accounting. Single-threaded: the socket's owner calls it.
