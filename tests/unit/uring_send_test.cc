@@ -198,7 +198,9 @@ TEST(UringSender, ASendToAResetPeerFailsWithThePeersError) {
   Status failed;
   int64_t deadline = now_ms() + 10000;
   while (failed.ok() && now_ms() < deadline) {
-    if (!(*ring)->in_flight()) ASSERT_TRUE((*ring)->submit(buf.data(), buf.size()).ok());
+    if (!(*ring)->in_flight()) {
+      ASSERT_TRUE((*ring)->submit(buf.data(), buf.size()).ok());
+    }
     size_t sent = 0;
     auto seen = (*ring)->reap(&sent);
     if (!seen.ok()) {
