@@ -82,6 +82,10 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
 void Counters::add_kv(const std::string& job, int32_t host_index,
                       const std::shared_ptr<kv::Server>& s) {
   std::lock_guard<std::mutex> lock(kv_mu_);
+  // Forget the servers of jobs gone since (their entries would otherwise wait for a reader).
+  kv_.erase(
+      std::remove_if(kv_.begin(), kv_.end(), [](const KvEntry& e) { return e.server.expired(); }),
+      kv_.end());
   kv_.push_back({job, host_index, s});
 }
 

@@ -1,15 +1,19 @@
 // The parameter server in daemon mode across two gradwired daemons (docs/parameter-server.md,
 // "Daemon mode"): two trainer processes on each (kv_daemon_trainer.cc), every daemon serving a
 // share of one key's partitions; push_pull under bsp exact; `gradwirectl kv` and /metrics show
-// the store on each daemon (keys, partitions, clocks, lag); a daemon killed mid-push_pull fails
-// every worker with GW_ERR_PEER naming its kv server, within the deadline.
+// the store on each daemon (keys, partitions, clocks, lag), and no longer once the job ended; a
+// daemon keeps serving its keys after its own trainers left, while other hosts' workers use them; a
+// daemon killed mid-push_pull fails every worker with GW_ERR_PEER naming its kv server, within
+// the deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/daemon/daemon_pair.h"
@@ -91,6 +95,52 @@ TEST(KvDaemon, TwoDaemonsServeTheKeysAndShowTheStore) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
         << "rank " << r << ": " << results[r].describe();
+  }
+  // The job is gone from both daemons, and its kv server with it: no store is listed any more.
+  for (int h = 0; h < 2; ++h) {
+    nlohmann::json rows;
+    for (int i = 0; i < 200; ++i) {
+      rows = nlohmann::json::parse(gradwirectl_kv(d, h, true), nullptr, false);
+      if (rows.is_array() && rows.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(rows.is_array() && rows.empty()) << "daemon " << h << ": " << rows.dump();
+  }
+}
+
+// A daemon's server outlives its own trainers while the job's other workers use its keys: host
+// A's trainers push and leave; host B's then pull the sum of every push, partly from daemon A.
+TEST(KvDaemon, ADaemonServesItsKeysAfterItsOwnTrainersLeft) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  const std::string hold = dir.path() + "/hold";
+  ProcGroup g;
+  const int port = free_port();
+  constexpr int kWorld = 4;
+  for (int r = 0; r < kWorld; ++r) d.start_trainer(g, r, kWorld, port, {"early", hold});
+  for (int r = 0; r < kWorld; r += 2) {
+    ASSERT_TRUE(g.wait_for_output(r, "DONE", 60000)) << "rank " << r << ":\n" << g.output(r);
+  }
+  // Daemon A has no trainer left (ranks 0 and 2 were its only ones).
+  nlohmann::json clients;
+  for (int i = 0; i < 200; ++i) {
+    ProcGroup c;
+    c.start({GRADWIRECTL_PATH, "clients", "--json", "--socket", d.socket(0)}, clean_env());
+    auto r = c.wait_all(30000);
+    clients = nlohmann::json::parse(r.empty() ? "" : r[0].output, nullptr, false);
+    if (clients.is_array() && clients.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(clients.is_array() && clients.empty()) << clients.dump();
+  { std::ofstream(hold) << "go\n"; }
+  auto results = g.wait_all(60000, true);
+  ASSERT_EQ(results.size(), static_cast<size_t>(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+        << d.daemon_output(0);
   }
 }
 

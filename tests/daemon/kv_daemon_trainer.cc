@@ -10,11 +10,16 @@
 //                         HOLD exists ("-": none), so the test can look at the daemons meanwhile
 //   loop                  a bsp/sum store: push_pull until a call fails ("READY" after the first);
 //                         the test kills a daemon meanwhile
+//   early HOLD            an asp/sum store: every rank pushes rank + 1 into key 7 ("PUSHED");
+//                         even ranks then leave (store and communicator destroyed: "DONE"); odd
+//                         ranks wait for the file HOLD, then pull and check the sum of every push,
+//                         served in part by the daemon whose trainers have all gone
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
 // succeeded with the right result, 1 on a wrong result, 2 on usage, 10 + gw_status_t on a failure.
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +100,36 @@ int run_loop(gw_kv_t kv, int rank) {
   }
 }
 
+int run_early(gw_kv_t kv, int rank, int world, const std::string& hold) {
+  const double t0 = now_ms();
+  std::vector<float> v(kCount, 0.f), out(kCount, -1.f);
+  gw_status_t s = gw_kv_init(kv, kKey, v.data(), kCount, GW_FLOAT32);
+  if (s != GW_OK) return report("gw_kv_init", s, t0);
+  std::fill(v.begin(), v.end(), static_cast<float>(rank + 1));
+  s = gw_kv_push(kv, kKey, v.data(), kCount, GW_FLOAT32, 0);
+  if (s != GW_OK) return report("gw_kv_push", s, t0);
+  std::printf("PUSHED rank=%d\n", rank);
+  std::fflush(stdout);
+  if (rank % 2 == 1) {
+    struct stat st {};
+    for (int i = 0; i < 600 && ::stat(hold.c_str(), &st) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    s = gw_kv_pull(kv, kKey, out.data(), kCount, GW_FLOAT32, 0);
+    if (s != GW_OK) return report("gw_kv_pull after the even ranks left", s, t0);
+    const float want = static_cast<float>(world * (world + 1) / 2);
+    for (size_t i = 0; i < kCount; ++i) {
+      if (out[i] != want) {
+        std::printf("ERROR rank=%d element %zu: %g, want %g\n", rank, i, out[i], want);
+        std::printf("RESULT rank=%d status=-1 elapsed_ms=%.0f\n", rank, now_ms() - t0);
+        return 1;
+      }
+    }
+  }
+  std::printf("RESULT rank=%d status=0 elapsed_ms=%.0f\n", rank, now_ms() - t0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,7 +150,7 @@ int main(int argc, char** argv) {
     }
   }
   if (i >= argc) {
-    std::fprintf(stderr, "usage: %s [options] pushpull STEPS HOLD | loop\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [options] pushpull STEPS HOLD | loop | early HOLD\n", argv[0]);
     return 2;
   }
   const std::string scenario = argv[i++];
@@ -129,6 +164,7 @@ int main(int argc, char** argv) {
   gw_comm_size(comm, &world);
   gw_kv_config_t kc = GW_KV_CONFIG_INIT;
   kc.partition_bytes = 64;  // 16 floats a partition: key 7 spreads over every daemon
+  if (scenario == "early") kc.mode = GW_KV_ASP;
   gw_kv_t kv = nullptr;
   s = gw_kv_create(comm, &kc, &kv);
   if (s != GW_OK) {
@@ -141,6 +177,8 @@ int main(int argc, char** argv) {
     rc = run_pushpull(kv, rank, world, std::atoi(argv[i]), argv[i + 1]);
   } else if (scenario == "loop" && argc == i) {
     rc = run_loop(kv, rank);
+  } else if (scenario == "early" && argc - i == 1) {
+    rc = run_early(kv, rank, world, argv[i]);
   } else {
     std::fprintf(stderr, "unknown scenario or arguments\n");
   }
@@ -149,5 +187,7 @@ int main(int argc, char** argv) {
   if (s != GW_OK && rc == 0) rc = report("gw_kv_destroy", s, t0);
   std::fflush(stdout);
   gw_comm_destroy(comm);
+  std::printf("DONE rank=%d\n", rank);
+  std::fflush(stdout);
   return rc;
 }
