@@ -90,6 +90,15 @@ class DaemonSession final : public Session {
 
   Result<std::unique_ptr<Session>> split(int color, int key) override;
 
+  // The parameter server (capi/kv.cc): the job's store, and the daemon's kv server (welcome).
+  std::shared_ptr<Store> job_store() const override { return store_; }
+  std::string store_host() const override { return hello_.store_host; }
+  bool daemon_kv(std::string* address, std::string* token) const override {
+    *address = client_->welcome().kv_address;
+    *token = hello_.job_token;
+    return true;
+  }
+
  private:
   DaemonSession() = default;
   // Connects to the daemon at `address` with hello `h` (the job's layout worked out already).

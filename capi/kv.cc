@@ -4,6 +4,8 @@
 // gw_wait/gw_test complete.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -145,22 +147,36 @@ Status create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* out) {
         "GW_ROLE=server: this process is a kv server (gw_kv_serve), not a worker");
   }
   std::shared_ptr<gw::Store> store = session->job_store();
-  if (!store) {
-    return gw::unsupported(
-        "the parameter server runs in direct mode only for now; daemon mode (GW_DAEMON) has no "
-        "kv servers yet: unset GW_DAEMON");
-  }
+  std::string daemon_addr, daemon_token;
+  const bool daemon = session->daemon_kv(&daemon_addr, &daemon_token);
   const int64_t servers_env = gw::config::get_int(gw::kv::kv_config::kServers);
   if (servers_env < 0 || servers_env > 65536) {
     return gw::invalid_arg("GW_KV_SERVERS {} is out of range [0, 65536]", servers_env);
+  }
+  if (daemon && servers_env != 0) {
+    return gw::invalid_arg(
+        "GW_KV_SERVERS={}: in daemon mode (GW_DAEMON) the job's daemons are its kv servers; unset "
+        "GW_KV_SERVERS (or unset GW_DAEMON to use server processes)",
+        servers_env);
+  }
+  if (daemon && daemon_addr.empty()) {
+    return gw::unsupported(
+        "gradwired has no kv server for this job (it could not start one: see its log)");
+  }
+  if (!store && !daemon) {
+    return gw::unsupported("the parameter server needs the job's rendezvous store");
   }
   const int64_t timeout_ms = gw::config::get_int(gw::core_config::kTimeoutMs);
   const gw::sys::Deadline deadline = gw::sys::deadline_after_ms(timeout_ms);
   const int rank = session->rank(), size = session->size();
 
-  // A job-wide store id: rank 0 draws it, the communicator's broadcast hands it out.
+  // A job-wide store id: rank 0 draws it, the communicator's broadcast hands it out. A world of
+  // one in daemon mode has no store: its job (and so its daemon's server) is its own.
   int64_t id = 0;
-  if (rank == 0) {
+  if (!store) {
+    static std::atomic<int64_t> solo_ids{0};
+    id = ++solo_ids;
+  } else if (rank == 0) {
     GW_ASSIGN_OR_RETURN(id, store->add("kv/next_store", 1, deadline));
   }
   GW_RETURN_IF_ERROR(session->broadcast(&id, 1, gw::coll::DataType::kI64, 0));
@@ -168,14 +184,36 @@ Status create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* out) {
   auto h = std::make_unique<gw_kv_s>();
   h->id = static_cast<uint64_t>(id);
   h->timeout_ms = timeout_ms;
-  const std::string token = gw::config::get_string(gw::core_config::kJobToken);
+  const std::string token =
+      daemon ? daemon_token : gw::config::get_string(gw::core_config::kJobToken);
   gw::kv::ClientOptions co;
   co.rank = static_cast<uint32_t>(rank);
   co.store_id = h->id;
   co.config = sc;
   co.token = token;
   co.timeout_ms = timeout_ms;
-  if (servers_env == 0) {
+  if (daemon) {
+    // Daemon mode: every daemon of the job serves a share of the keys. Each rank publishes its
+    // daemon's server; the servers are the distinct addresses in rank order (the same list on
+    // every rank: a daemon's index is the place of its lowest rank).
+    std::vector<std::string> all;
+    if (!store) {
+      all.push_back(daemon_addr);
+    } else {
+      GW_RETURN_IF_ERROR(store->set(fmt::format("kv/{}/daemon/{}", id, rank),
+                                    gw::Bytes(daemon_addr.begin(), daemon_addr.end()), deadline));
+      for (int r = 0; r < size; ++r) {
+        GW_ASSIGN_OR_RETURN(gw::Bytes b,
+                            store->get(fmt::format("kv/{}/daemon/{}", id, r), deadline));
+        all.emplace_back(b.begin(), b.end());
+      }
+    }
+    for (const std::string& a : all) {
+      if (std::find(co.servers.begin(), co.servers.end(), a) == co.servers.end()) {
+        co.servers.push_back(a);
+      }
+    }
+  } else if (servers_env == 0) {
     gw::kv::ServerOptions so;
     so.rank = rank;
     so.token = token;

@@ -163,10 +163,13 @@ class Session {
   // first) and may be used beside it from the same thread.
   virtual Result<std::unique_ptr<Session>> split(int color, int key) = 0;
 
-  // The job's rendezvous store and its host, for the parameter server's rendezvous (capi/kv.cc):
-  // direct mode only; nullptr in daemon mode (gw_kv_create refuses it there).
+  // The job's rendezvous store and its host, for the parameter server's rendezvous (capi/kv.cc);
+  // nullptr for a world of one in daemon mode.
   virtual std::shared_ptr<Store> job_store() const { return nullptr; }
   virtual std::string store_host() const { return ""; }
+  // Daemon mode: true, with the address of the job's parameter server in this rank's daemon ("":
+  // the daemon has none) and the job token its Hellos carry. Direct mode: false.
+  virtual bool daemon_kv(std::string* address, std::string* token) const { return false; }
 
   // What the session resolved (transport, channels, algorithms...) for the start-up log line.
   virtual std::string describe() const { return ""; }

@@ -252,6 +252,18 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
   Welcome w = c->geo;
   w.client_id = c->id;
   w.transport = encode_offer(offer.names);
+  // The job's parameter server, started with the job (a socket and a thread; docs/daemon.md).
+  std::shared_ptr<kv::Server> kv = job ? job->kv : nullptr;
+  if (!job) {
+    auto started = start_kv_server(h);
+    if (started.ok()) {
+      kv = std::move(*started);
+    } else {
+      GW_LOG_WARN("gradwired: no kv server for a job of {} ranks: {}", h.world_size,
+                  started.status().message());
+    }
+  }
+  if (kv) w.kv_address = kv->address();
   const std::vector<uint8_t> frame = frame_message(encode_welcome(w));
   const int fds[3] = {c->arena.fd(), c->sq_efd.get(), c->cq_efd.get()};
   GW_RETURN_IF_ERROR(sys::send_with_fds(p.sock.get(), frame.data(), frame.size(), fds,
@@ -264,6 +276,8 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
     job->spin_ns = opt.spin_us * 1000;
     job->pool = pool.get();
     GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());
+    job->kv = std::move(kv);
+    if (job->kv) counters.add_kv(job_name(h), h.host_index, job->kv);
     jobs[key] = job;
     counters.live_jobs.fetch_add(1);
   }

@@ -93,6 +93,13 @@ constexpr Field kClientFields[] = {{"id", Kind::kInt},          {"pid", Kind::kI
                                    {"uid", Kind::kInt},         {"job", Kind::kString},
                                    {"rank", Kind::kInt},        {"local_rank", Kind::kInt},
                                    {"arena_bytes", Kind::kInt}, {"requests", Kind::kInt}};
+constexpr Field kKvFields[] = {
+    {"job", Kind::kString},  {"host_index", Kind::kInt}, {"store", Kind::kInt},
+    {"mode", Kind::kString}, {"update", Kind::kString},  {"workers", Kind::kInt},
+    {"live", Kind::kInt},    {"keys", Kind::kInt},       {"partitions", Kind::kInt},
+    {"bytes", Kind::kInt},   {"min_clock", Kind::kInt},  {"max_clock", Kind::kInt},
+    {"lag", Kind::kInt},     {"dropped", Kind::kInt},    {"lost", Kind::kInt},
+    {"state", Kind::kString}};
 constexpr Field kConfigFields[] = {{"name", Kind::kString},
                                    {"key", Kind::kString},
                                    {"value", Kind::kString},
@@ -136,16 +143,18 @@ const char* control_command_name(ControlCommand command) {
       return "clients";
     case ControlCommand::kConfig:
       return "config";
+    case ControlCommand::kKv:
+      return "kv";
   }
   return "?";
 }
 
 Result<ControlCommand> parse_control_command(std::string_view name) {
   for (ControlCommand c : {ControlCommand::kStatus, ControlCommand::kJobs, ControlCommand::kClients,
-                           ControlCommand::kConfig}) {
+                           ControlCommand::kConfig, ControlCommand::kKv}) {
     if (name == control_command_name(c)) return c;
   }
-  return invalid_arg("unknown control command '{}' (status, jobs, clients, config)",
+  return invalid_arg("unknown control command '{}' (status, jobs, clients, config, kv)",
                      name.substr(0, 64));
 }
 
@@ -224,6 +233,9 @@ Result<json> decode_control_response(const uint8_t* body, size_t size, ControlCo
       break;
     case ControlCommand::kConfig:
       GW_RETURN_IF_ERROR(check_rows(result, kConfigFields, "a config row"));
+      break;
+    case ControlCommand::kKv:
+      GW_RETURN_IF_ERROR(check_rows(result, kKvFields, "a kv store"));
       break;
   }
   return result;

@@ -29,9 +29,9 @@ inline constexpr int kControlVersion = 1;
 inline constexpr size_t kMaxControlRequestBytes = 1024;
 inline constexpr size_t kMaxControlResponseBytes = 16u << 20;
 
-enum class ControlCommand { kStatus, kJobs, kClients, kConfig };
+enum class ControlCommand { kStatus, kJobs, kClients, kConfig, kKv };
 
-// "status", "jobs", "clients", "config".
+// "status", "jobs", "clients", "config", "kv".
 const char* control_command_name(ControlCommand command);
 // The control socket of a daemon whose trainers' socket is `socket_path`: beside it,
 // `socket_path` + ".ctl". GW_DAEMON=auto probes it.

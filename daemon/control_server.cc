@@ -2,6 +2,7 @@
 // their answers (daemon/control.h), read without blocking the serve loop.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/config.h"
@@ -25,12 +26,6 @@ void answer_control(sys::Fd& sock, const std::string& body) {
   sock.reset();
 }
 
-// A job's name for gradwirectl: a hash of its token (the token itself is the job's secret).
-std::string job_name(const Hello& h) {
-  uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
-  for (unsigned char c : h.job_token) x = (x ^ c) * 0x100000001b3ull;
-  return fmt::format("{:016x}", x);
-}
 }  // namespace
 
 void Server::Impl::accept_control() {
@@ -164,6 +159,30 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         r["local_rank"] = c->hello.local_rank;
         r["arena_bytes"] = c->hello.arena_bytes;
         r["requests"] = c->requests.load(std::memory_order_relaxed);
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }
+    case ControlCommand::kKv: {
+      json rows = json::array();
+      for (const KvStoreStats& k : counters.kv_stores()) {
+        json r;
+        r["job"] = k.job;
+        r["host_index"] = k.host_index;
+        r["store"] = k.store;
+        r["mode"] = k.mode;
+        r["update"] = k.update;
+        r["workers"] = k.workers;
+        r["live"] = k.live;
+        r["keys"] = k.keys;
+        r["partitions"] = k.partitions;
+        r["bytes"] = k.bytes;
+        r["min_clock"] = k.min_clock;
+        r["max_clock"] = k.max_clock;
+        r["lag"] = k.max_clock - std::min(k.min_clock, k.max_clock);
+        r["dropped"] = k.dropped;
+        r["lost"] = k.lost;
+        r["state"] = k.state;
         rows.push_back(std::move(r));
       }
       return rows;

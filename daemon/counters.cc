@@ -68,6 +68,7 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
     }
   }
   s.transport = encode_offer(offered);
+  s.kv_stores = kv_stores();
   for (int p = 0; p < kNumPhases; ++p) {
     for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
       s.phases[p].buckets[b] = phases_[p].buckets[b].load();
@@ -76,6 +77,50 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
     s.phases[p].sum_s = static_cast<double>(phases_[p].sum_ns.load()) / 1e9;
   }
   return s;
+}
+
+void Counters::add_kv(const std::string& job, int32_t host_index,
+                      const std::shared_ptr<kv::Server>& s) {
+  std::lock_guard<std::mutex> lock(kv_mu_);
+  // Forget the servers of jobs gone since (their entries would otherwise wait for a reader).
+  kv_.erase(
+      std::remove_if(kv_.begin(), kv_.end(), [](const KvEntry& e) { return e.server.expired(); }),
+      kv_.end());
+  kv_.push_back({job, host_index, s});
+}
+
+std::vector<KvStoreStats> Counters::kv_stores() const {
+  std::vector<KvStoreStats> out;
+  std::lock_guard<std::mutex> lock(kv_mu_);
+  for (auto it = kv_.begin(); it != kv_.end();) {
+    std::shared_ptr<kv::Server> server = it->server.lock();
+    if (!server) {
+      it = kv_.erase(it);
+      continue;
+    }
+    for (const kv::Server::StoreInfo& info : server->stores()) {
+      const kv::StoreSummary& m = info.summary;
+      KvStoreStats k;
+      k.job = it->job;
+      k.host_index = it->host_index;
+      k.store = info.id;
+      k.mode = kv::mode_text(m.config);
+      k.update = kv::update_text(m.config);
+      k.workers = m.config.workers;
+      k.live = m.live;
+      k.lost = m.lost;
+      k.keys = m.keys;
+      k.partitions = m.partitions;
+      k.bytes = m.bytes;
+      k.min_clock = m.min_clock;
+      k.max_clock = m.max_clock;
+      k.dropped = m.dropped;
+      k.state = m.failed ? "failed" : m.finished ? "finished" : "open";
+      out.push_back(std::move(k));
+    }
+    ++it;
+  }
+  return out;
 }
 
 const char* error_kind_name(ErrorKind kind) {

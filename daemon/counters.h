@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "core/sys/time.h"
 #include "daemon/protocol.h"
 #include "daemon/server.h"
+#include "kv/server.h"
 
 namespace gw::daemon {
 
@@ -53,6 +55,11 @@ class Counters {
   // A collective's end: by opcode, and its error's kind.
   void collective(Opcode op, const Status& s);
 
+  // A job's parameter server, listed in stats.kv_stores while it lives (admission registers it;
+  // any thread reads it).
+  void add_kv(const std::string& job, int32_t host_index, const std::shared_ptr<kv::Server>& s);
+  std::vector<KvStoreStats> kv_stores() const;
+
   // Everything, for Server::stats(): `offered` (best first) are listed in stats.inter even
   // without bytes.
   ServerStats snapshot(const std::vector<std::string>& offered) const;
@@ -70,6 +77,13 @@ class Counters {
   // By transport_slot: transports_.size() + 1 each.
   std::unique_ptr<std::atomic<uint64_t>[]> inter_in_, inter_out_;
   Histogram phases_[kNumPhases];
+  struct KvEntry {
+    std::string job;
+    int32_t host_index = 0;
+    std::weak_ptr<kv::Server> server;
+  };
+  mutable std::mutex kv_mu_;
+  mutable std::vector<KvEntry> kv_;  // entries whose server is gone are dropped when read
 };
 
 // A collective's phases for the metrics: each phase's time runs from the previous mark.

@@ -1,6 +1,6 @@
 // gradwirectl: asks the host's gradwired what it is doing (docs/daemon.md, "gradwirectl").
 //
-//   gradwirectl status | jobs | clients | config [--socket PATH] [--json] [--timeout-ms MS]
+//   gradwirectl status | jobs | clients | config | kv [--socket PATH] [--json] [--timeout-ms MS]
 //
 // It talks to the daemon's control socket (the trainers' socket + ".ctl"; --socket names the
 // trainers' socket, as gradwired's option does, default GW_DAEMON_SOCKET) with the protocol of
@@ -98,6 +98,19 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
       }
       return table({"ID", "PID", "UID", "JOB", "RANK", "LOCAL", "ARENA_BYTES", "REQUESTS"}, rows);
     }
+    case ControlCommand::kKv: {
+      std::vector<std::vector<std::string>> rows;
+      for (const json& k : r) {
+        rows.push_back({str(k, "job"), num(k, "host_index"), num(k, "store"), str(k, "mode"),
+                        str(k, "update"), num(k, "live") + "/" + num(k, "workers"), num(k, "keys"),
+                        num(k, "partitions"), num(k, "bytes"),
+                        num(k, "min_clock") + ".." + num(k, "max_clock"), num(k, "lag"),
+                        num(k, "dropped"), num(k, "lost"), str(k, "state")});
+      }
+      return table({"JOB", "HOST", "STORE", "MODE", "UPDATE", "WORKERS", "KEYS", "PARTITIONS",
+                    "BYTES", "CLOCK", "LAG", "DROPPED", "LOST", "STATE"},
+                   rows);
+    }
     case ControlCommand::kConfig: {
       std::vector<std::vector<std::string>> rows;
       for (const json& c : r) {
@@ -124,11 +137,13 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", timeout_ms, "how long to wait for the daemon")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}));
   std::string chosen;
-  for (const char* name : {"status", "jobs", "clients", "config"}) {
-    const char* help = std::string_view(name) == "status"    ? "the daemon: version, pid, counts"
-                       : std::string_view(name) == "jobs"    ? "the jobs it serves"
-                       : std::string_view(name) == "clients" ? "the trainers connected"
-                                                             : "its resolved settings";
+  for (const char* name : {"status", "jobs", "clients", "config", "kv"}) {
+    const std::string_view n(name);
+    const char* help = n == "status"    ? "the daemon: version, pid, counts"
+                       : n == "jobs"    ? "the jobs it serves"
+                       : n == "clients" ? "the trainers connected"
+                       : n == "kv"      ? "the parameter-server stores it holds: keys, clocks, lag"
+                                        : "its resolved settings";
     app.add_subcommand(name, help)->fallthrough()->callback([&chosen, name] { chosen = name; });
   }
   try {

@@ -35,6 +35,22 @@ std::string job_key(const Hello& h) {
   return fmt::format("{}|{}:{}|{}", h.job_token, h.store_host, h.store_port, h.world_size);
 }
 
+std::string job_name(const Hello& h) {
+  uint64_t x = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : h.job_token) x = (x ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", x);
+}
+
+Result<std::shared_ptr<kv::Server>> start_kv_server(const Hello& h) {
+  kv::ServerOptions o;
+  o.rank = h.host_index;
+  o.token = h.job_token;
+  o.timeout_ms = h.timeout_ms;
+  o.route_host = h.store_host;
+  GW_ASSIGN_OR_RETURN(auto s, kv::Server::start(o));
+  return std::shared_ptr<kv::Server>(std::move(s));
+}
+
 Job::Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::string> offer)
     : server_wake_fd(server_wake_fd),
       first(h),
@@ -404,6 +420,13 @@ void Job::run() {
     }
   }
   compressor.reset();  // it borrows comm
+  if (kv) {
+    // The job's other workers may still use this daemon's share of the keys: the server stays
+    // until they are done (or the trainers' deadline, or gradwired stops).
+    Status k = kv->wait_all_finished(sys::deadline_after_ms(first.timeout_ms), &stop);
+    if (!k.ok()) GW_LOG_WARN("gradwired: job's kv server ends: {}", k.message());
+    kv->stop();
+  }
   {
     std::lock_guard<std::mutex> lock(comm_mu);
     comm.reset();

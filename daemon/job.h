@@ -32,6 +32,7 @@
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/ring.h"
+#include "kv/server.h"
 
 namespace gw::daemon {
 
@@ -78,6 +79,12 @@ struct Trainer {
 
 // The jobs' key: token, store and world.
 std::string job_key(const Hello& h);
+// A job's name for gradwirectl and /metrics: a hash of its token (the token is the job's secret).
+std::string job_name(const Hello& h);
+// The job's parameter server (docs/parameter-server.md, "Daemon mode"): started with the job,
+// listening on every interface, advertised as the address this host routes toward the job's store
+// (127.0.0.1 for a job without one); the job's trainers' Hellos must carry its job token.
+Result<std::shared_ptr<kv::Server>> start_kv_server(const Hello& h);
 
 // allreduce_pipelined: the piece size and how many pieces the progress thread holds at once.
 inline constexpr size_t kPipelinePiece = 4u << 20;
@@ -117,6 +124,9 @@ struct Job {
   std::unique_ptr<coll::Communicator> comm;
   std::vector<int32_t> host_of_rank;
   std::vector<std::vector<int32_t>> ranks_of_host;  // ascending, by host index
+  // The job's parameter server (null when it could not start): its stores live in this daemon's
+  // memory until every worker of the job is done with them (run() waits for that at its end).
+  std::shared_ptr<kv::Server> kv;
 
   // Job thread state.
   Status failure;  // ok until the job fails; then every request completes with it

@@ -8,6 +8,7 @@
 #include <prometheus/text_serializer.h>
 #endif
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -89,6 +90,46 @@ std::vector<prometheus::MetricFamily> collect(const Server& server) {
         {{"transport", t.transport}, {"direction", "in"}});
     add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.out),
         {{"transport", t.transport}, {"direction", "out"}});
+  }
+  // The parameter-server stores this daemon holds (each job's share of its keys).
+  add("gradwired_kv_stores", "parameter-server stores held by this daemon's jobs", T::Gauge,
+      double(st.kv_stores.size()));
+  auto kv_add = [&](const char* name, const char* help, T type, double v, const KvStoreStats& k) {
+    add(name, help, type, v,
+        {{"job", k.job}, {"store", std::to_string(k.store)}, {"mode", k.mode}});
+  };
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_keys", "keys of the store with a partition on this daemon", T::Gauge,
+           double(k.keys), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_partitions", "partitions of the store held by this daemon", T::Gauge,
+           double(k.partitions), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_bytes", "bytes of the store's values held by this daemon", T::Gauge,
+           double(k.bytes), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_min_clock", "the slowest live worker's clock, as this daemon saw it",
+           T::Gauge, double(k.min_clock), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_max_clock", "the fastest worker's clock, as this daemon saw it", T::Gauge,
+           double(k.max_clock), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_lag_clocks", "the fastest worker's clock minus the slowest live one's",
+           T::Gauge, double(k.max_clock - std::min(k.min_clock, k.max_clock)), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_dropped_pushes_total",
+           "pushes of a closed clock dropped by this daemon's share of the store (sync:K)",
+           T::Counter, double(k.dropped), k);
+  }
+  for (const KvStoreStats& k : st.kv_stores) {
+    kv_add("gradwired_kv_lost_workers", "workers of the store that died without saying goodbye",
+           T::Gauge, double(k.lost), k);
   }
   for (int p = 0; p < kNumPhases; ++p) {
     const DurationHistogram& h = st.phases[p];

@@ -168,6 +168,7 @@ std::vector<uint8_t> encode_welcome(const Welcome& w) {
   o.put<uint64_t>(w.data_offset);
   o.put<uint64_t>(w.data_bytes);
   o.str(w.transport.substr(0, kMaxTransportBytes));
+  o.str(w.kv_address.substr(0, kMaxKvAddressBytes));
   return o.take();
 }
 
@@ -192,6 +193,7 @@ Result<Welcome> decode_welcome(const uint8_t* data, size_t size) {
   GW_RETURN_IF_ERROR(r.get("data_offset", &w.data_offset));
   GW_RETURN_IF_ERROR(r.get("data_bytes", &w.data_bytes));
   GW_RETURN_IF_ERROR(r.str("transport", kMaxTransportBytes, &w.transport));
+  GW_RETURN_IF_ERROR(r.str("kv_address", kMaxKvAddressBytes, &w.kv_address));
   GW_RETURN_IF_ERROR(r.done());
   if (w.status < 0 || w.status > static_cast<int32_t>(Code::kInternal)) {
     return peer_error("welcome: unknown status {}", w.status);

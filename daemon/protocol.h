@@ -24,7 +24,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -46,6 +46,7 @@ inline constexpr size_t kMaxStoreHostBytes = 255;
 inline constexpr size_t kMaxHostIdBytes = 512;
 inline constexpr size_t kMaxMessageBytes = 512;
 inline constexpr size_t kMaxTransportBytes = 64;
+inline constexpr size_t kMaxKvAddressBytes = 128;  // "host:port" (version 6)
 inline constexpr int32_t kMaxWorld = 1 << 20;
 inline constexpr uint64_t kMinArenaBytes = 1ull << 20;  // 1 MiB
 inline constexpr uint64_t kMaxArenaBytes = 1ull << 40;  // 1 TiB (the daemon's own cap is lower)
@@ -94,6 +95,9 @@ struct Welcome {
   uint64_t data_offset = 0;
   uint64_t data_bytes = 0;
   std::string transport;  // the backend among the daemons of a job (gw_comm_describe)
+  // Version 6: "host:port" of the job's parameter server in this daemon (gw_kv_create in daemon
+  // mode connects there); "" when the daemon could not start one (the message says why).
+  std::string kv_address;
 };
 
 std::vector<uint8_t> encode_welcome(const Welcome& w);

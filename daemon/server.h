@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "daemon/protocol.h"
@@ -81,6 +82,19 @@ struct DurationHistogram {
   double sum_s = 0;
 };
 
+// One parameter-server store in this daemon (a job's share of its keys; docs/parameter-server.md).
+struct KvStoreStats {
+  std::string job;  // the job's name (gradwirectl jobs)
+  int32_t host_index = 0;
+  uint64_t store = 0;  // the store's id in its job
+  std::string mode, update;
+  uint32_t workers = 0, live = 0, lost = 0;
+  uint64_t keys = 0, partitions = 0, bytes = 0;
+  uint64_t min_clock = 0, max_clock = 0;  // over the live workers / every worker
+  uint64_t dropped = 0;
+  std::string state;  // "open", "finished" (every worker done), "failed"
+};
+
 struct ServerStats {
   uint64_t accepted = 0;  // hellos accepted
   uint64_t refused = 0;   // connections refused or cut for misbehaviour
@@ -108,6 +122,7 @@ struct ServerStats {
   std::vector<TransportBytes> inter;
   std::string transport;                 // what this daemon offers, best first ("dpdk,tcp")
   DurationHistogram phases[kNumPhases];  // by Phase
+  std::vector<KvStoreStats> kv_stores;   // by job, then store id
 };
 
 class Server {

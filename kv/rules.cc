@@ -42,6 +42,28 @@ uint64_t StoreRules::min_clock() const {
   return m == UINT64_MAX ? all : m;
 }
 
+StoreSummary StoreRules::summary() const {
+  StoreSummary s;
+  s.config = config_;
+  uint64_t last_key = 0;
+  for (const auto& [pk, p] : parts_) {
+    if (s.partitions == 0 || pk.first != last_key) ++s.keys;  // parts_ is ordered by key
+    last_key = pk.first;
+    ++s.partitions;
+    s.bytes += p.value.size();
+  }
+  s.min_clock = min_clock();
+  for (const Worker& w : workers_) {
+    s.max_clock = std::max(s.max_clock, w.clock);
+    s.live += w.alive && !w.bye ? 1 : 0;
+  }
+  s.dropped = dropped_;
+  s.lost = lost_;
+  s.failed = !failed_.ok();
+  s.finished = finished();
+  return s;
+}
+
 Answer StoreRules::answer(const Header& h, const Partition* p, bool with_value) const {
   Answer a;
   a.worker = h.worker;

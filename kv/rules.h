@@ -23,6 +23,21 @@ struct Answer {
   std::vector<uint8_t> payload;
 };
 
+// What an operator sees of one store on one server (gradwirectl kv, gradwired's /metrics).
+struct StoreSummary {
+  StoreConfig config;
+  uint64_t keys = 0;        // distinct keys with a partition here
+  uint64_t partitions = 0;  // partitions held here
+  uint64_t bytes = 0;       // their values' bytes
+  uint64_t min_clock = 0;   // over the live workers (every worker's once none is live)
+  uint64_t max_clock = 0;   // over every worker
+  uint64_t dropped = 0;
+  uint32_t lost = 0;
+  uint32_t live = 0;  // workers alive that have not said goodbye
+  bool failed = false;
+  bool finished = false;
+};
+
 class StoreRules {
  public:
   StoreRules(const StoreConfig& config, int server_rank);
@@ -48,6 +63,7 @@ class StoreRules {
   uint64_t dropped() const { return dropped_; }
   uint32_t lost() const { return lost_; }
   size_t waiting() const { return waiting_.size(); }
+  StoreSummary summary() const;
 
  private:
   struct Round {

@@ -292,4 +292,33 @@ Status Server::wait_finished(uint64_t id, sys::Deadline deadline) {
   }
 }
 
+Status Server::wait_all_finished(sys::Deadline deadline, const std::atomic<bool>* stop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    std::string open;
+    for (const auto& [id, e] : stores_) {
+      if (!e.rules->finished()) open += fmt::format("{}{}", open.empty() ? "" : ", ", id);
+    }
+    if (open.empty()) return ok_status();
+    if (stop != nullptr && stop->load()) {
+      return aborted_error("kv server {}: stopped with stores [{}] in use", options_.rank, open);
+    }
+    if (sys::expired(deadline)) {
+      return timeout_error("kv server {}: stores [{}] still in use at the deadline", options_.rank,
+                           open);
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+}
+
+std::vector<Server::StoreInfo> Server::stores() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StoreInfo> out;
+  out.reserve(stores_.size());
+  for (const auto& [id, e] : stores_) {
+    if (e.rules) out.push_back({id, e.rules->summary()});
+  }
+  return out;
+}
+
 }  // namespace gw::kv

@@ -47,6 +47,16 @@ class Server {
   Status serve(const std::function<bool()>& job_alive);
   // Waits until store `id` is finished, or the deadline (kTimeout naming the workers missing).
   Status wait_finished(uint64_t id, sys::Deadline deadline);
+  // Waits until every store this server has seen is finished, the deadline (kTimeout) or *stop
+  // (kAborted): a daemon's server outlives its own trainers until the job's other workers are
+  // done with it too.
+  Status wait_all_finished(sys::Deadline deadline, const std::atomic<bool>* stop);
+  // Every store this server holds, by id (gradwirectl kv, /metrics). Thread-safe.
+  struct StoreInfo {
+    uint64_t id = 0;
+    StoreSummary summary;
+  };
+  std::vector<StoreInfo> stores() const;
   // Ends every connection and thread; idempotent.
   void stop();
 
@@ -95,7 +105,7 @@ class Server {
   std::atomic<bool> stop_{false};
   std::thread accept_thread_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, StoreEntry> stores_;
   std::vector<std::thread> threads_;

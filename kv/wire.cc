@@ -1,5 +1,7 @@
 #include "kv/wire.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -211,6 +213,27 @@ Status check_config(const StoreConfig& c) {
                        kMaxPartitionBytes);
   }
   return ok_status();
+}
+
+std::string mode_text(const StoreConfig& c) {
+  switch (c.mode) {
+    case 0:
+      return "bsp";
+    case 1:
+      return fmt::format("ssp:{}", c.staleness);
+    case 2:
+      return "asp";
+    case 3:
+      return fmt::format("sync:{}", c.sync_k);
+    default:
+      return fmt::format("mode {}", c.mode);
+  }
+}
+
+std::string update_text(const StoreConfig& c) {
+  if (c.update == 0) return "sum";
+  if (c.momentum == 0) return fmt::format("sgd:{}", c.lr);
+  return fmt::format("sgd:{},momentum={}", c.lr, c.momentum);
 }
 
 }  // namespace gw::kv

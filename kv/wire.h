@@ -81,5 +81,9 @@ std::vector<uint8_t> encode_hello(const StoreConfig& c, const std::string& token
 Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* token);
 // A config a server accepts: mode/update enumerators, the ranges of each field.
 Status check_config(const StoreConfig& c);
+// The mode as docs/parameter-server.md writes it: "bsp", "ssp:2", "asp", "sync:3".
+std::string mode_text(const StoreConfig& c);
+// The update: "sum", "sgd:0.1,momentum=0.9".
+std::string update_text(const StoreConfig& c);
 
 }  // namespace gw::kv

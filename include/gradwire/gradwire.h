@@ -503,8 +503,9 @@ typedef struct {
 #define GW_KV_CONFIG_INIT \
   { sizeof(gw_kv_config_t), GW_KV_BSP, 0, 0, GW_KV_UPDATE_SUM, 0.0, 0.0, 0, NULL }
 /* Collective over the communicator's ranks (the workers): every worker calls it with the same
- * config; waits until every server of the store answers (GW_TIMEOUT_MS). Direct mode only: under
- * GW_DAEMON, GW_ERR_UNSUPPORTED. The store does not use comm once created. */
+ * config; waits until every server of the store answers (GW_TIMEOUT_MS). In daemon mode
+ * (GW_DAEMON) the servers are the job's daemons, each serving a share of the keys (GW_KV_SERVERS
+ * must then be unset: GW_ERR_INVALID_ARG). The store does not use comm once created. */
 gw_status_t gw_kv_create(gw_comm_t comm, const gw_kv_config_t* cfg, gw_kv_t* kv);
 /* Declares key with its first value. Every worker inits every key it uses, with the same count and
  * dtype (and value: the first init to reach a partition's server sets it). Waits, in every mode,

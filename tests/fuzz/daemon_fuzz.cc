@@ -199,7 +199,8 @@ std::vector<std::vector<uint8_t>> daemon_hello_seeds() {
 std::vector<std::vector<uint8_t>> daemon_control_seeds() {
   std::vector<std::vector<uint8_t>> out;
   for (auto c : {daemon::ControlCommand::kStatus, daemon::ControlCommand::kJobs,
-                 daemon::ControlCommand::kClients, daemon::ControlCommand::kConfig}) {
+                 daemon::ControlCommand::kClients, daemon::ControlCommand::kConfig,
+                 daemon::ControlCommand::kKv}) {
     out.push_back(bytes(daemon::encode_control_request(c)));
   }
   out.push_back(bytes(R"({"command":"status","extra":[1,2,{"x":null}]})"));

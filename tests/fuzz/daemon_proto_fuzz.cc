@@ -53,7 +53,9 @@ void fuzz_offer(const uint8_t* p, size_t n) {
 void fuzz_welcome(const uint8_t* p, size_t n) {
   auto w = decode_welcome(p, n);
   tally(w.ok());
-  if (!w.ok() || w->status != 0) return;
+  if (!w.ok()) return;
+  check(w->kv_address.size() <= kMaxKvAddressBytes);
+  if (w->status != 0) return;
   check(w->sq_offset >= kArenaHeaderBytes);
   check(w->sq_offset + uint64_t{w->sq_entries} * sizeof(SqEntry) <= w->cq_offset);
   check(w->cq_offset + uint64_t{w->cq_entries} * sizeof(CqEntry) <= w->data_offset);
@@ -126,7 +128,7 @@ void fuzz_control_request(const uint8_t* p, size_t n) {
 
 void fuzz_control_response(const uint8_t* p, size_t n) {
   if (n < 1) return;
-  const auto command = static_cast<ControlCommand>(p[0] % 4);
+  const auto command = static_cast<ControlCommand>(p[0] % 5);  // status .. kv
   auto r = decode_control_response(p + 1, n - 1, command);
   tally(r.ok());
   if (!r.ok()) return;
@@ -172,6 +174,8 @@ std::vector<std::vector<uint8_t>> seeds() {
   h.store_port = 0;
   with(kHello, encode_hello(h));
   auto g = arena_geometry(64 << 20, 64);
+  with(kWelcome, encode_welcome(*g));
+  g->kv_address = "10.0.0.1:41234";  // version 6: the job's kv server
   with(kWelcome, encode_welcome(*g));
   Welcome refusal;
   refusal.status = 3;
@@ -219,7 +223,7 @@ std::vector<std::vector<uint8_t>> seeds() {
   ring[16] = 64;
   with(kRing, ring);
   for (ControlCommand c : {ControlCommand::kStatus, ControlCommand::kJobs, ControlCommand::kClients,
-                           ControlCommand::kConfig}) {
+                           ControlCommand::kConfig, ControlCommand::kKv}) {
     const std::string req = encode_control_request(c);
     with(kControlRequest, std::vector<uint8_t>(req.begin(), req.end()));
   }
@@ -260,11 +264,28 @@ std::vector<std::vector<uint8_t>> seeds() {
                                                   {"value", "300000"},
                                                   {"default", "300000"},
                                                   {"source", "default"}}});
+  nlohmann::json kv = nlohmann::json::array({{{"job", "0123456789abcdef"},
+                                              {"host_index", 1},
+                                              {"store", 3},
+                                              {"mode", "ssp:2"},
+                                              {"update", "sum"},
+                                              {"workers", 4},
+                                              {"live", 3},
+                                              {"keys", 2},
+                                              {"partitions", 5},
+                                              {"bytes", 4096},
+                                              {"min_clock", 7},
+                                              {"max_clock", 9},
+                                              {"lag", 2},
+                                              {"dropped", 0},
+                                              {"lost", 1},
+                                              {"state", "open"}}});
   const std::pair<ControlCommand, nlohmann::json*> answers[] = {
       {ControlCommand::kStatus, &status},
       {ControlCommand::kJobs, &jobs},
       {ControlCommand::kClients, &clients},
-      {ControlCommand::kConfig, &config}};
+      {ControlCommand::kConfig, &config},
+      {ControlCommand::kKv, &kv}};
   for (const auto& [c, result] : answers) {
     const std::string body = encode_control_result(c, *result);
     std::vector<uint8_t> v{static_cast<uint8_t>(c)};

@@ -1,12 +1,16 @@
 """gradwire.kv (the parameter server, issue 30): each mode's rule with a held-back worker, the
 servers' sgd, bad input refused, PSOptimizer training a small model, a killed worker under asp
-(the job goes on) and bsp (the others raise), gradwire-run --servers.
+(the job goes on) and bsp (the others raise), gradwire-run --servers, and the rules again in
+daemon mode (the job's gradwired as the server).
 
 The rules are checked inside the workers (tests/python/workers/kv_rules.py): exact values where
 the rule is exact, its bounds and waits where it gives bounds."""
+import json
+import os
 import re
 import socket
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +24,11 @@ needs_kv = pytest.mark.skipif(not _lib.has("gw_kv_create"),
                               reason=f"{_lib.path} has no gw_kv_* (issue 30's C API)")
 
 
-def _run(np_: int, case: str, servers: int = 0, timeout: float = 40) -> str:
+def _run(np_: int, case: str, servers: int = 0, timeout: float = 40,
+         extra_env: dict | None = None) -> str:
     args = ("--servers", str(servers)) if servers else ()
-    p = launch(np_, worker("kv_rules.py"), case, timeout=timeout, launcher_args=args)
+    p = launch(np_, worker("kv_rules.py"), case, timeout=timeout, launcher_args=args,
+               extra_env=extra_env)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert out.count(f"kv {case} ok") == np_, out
@@ -168,6 +174,44 @@ def test_mode_rule_with_dedicated_servers():
 @needs_kv
 def test_server_sgd_values():
     _run(2, "sgd")
+
+
+def _gradwired() -> Path | None:
+    """The build's gradwired (beside GRADWIRE_LIBRARY's build when it is set), or None."""
+    daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
+    lib = os.environ.get("GRADWIRE_LIBRARY", "")
+    if lib:
+        here = Path(lib).resolve().parent
+        daemon = here / "gradwired"
+        if not daemon.exists():
+            daemon = here.parent / "daemon" / "gradwired"
+    return daemon if daemon.exists() else None
+
+
+@needs_kv
+@pytest.mark.parametrize("case", ["bsp", "sync"])
+def test_mode_rule_in_daemon_mode(tmp_path, case):
+    # The same rules with the job's daemon as the server (GW_DAEMON): its kv server holds the keys.
+    daemon = _gradwired()
+    if daemon is None:
+        pytest.skip("no gradwired in the build")
+    sock = tmp_path / "gwd.sock"
+    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _run(3, case, extra_env={"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "4M"})
+        # The ranks were the daemon's clients (not direct mode).
+        st = subprocess.run([str(daemon.parent / "gradwirectl"), "status", "--json", "--socket",
+                             str(sock)], env=env(), capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert json.loads(st.stdout)["accepted"] == 3, st.stdout
+    finally:
+        d.terminate()
+        try:
+            d.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
 
 
 # ---- faults -----------------------------------------------------------------------------------

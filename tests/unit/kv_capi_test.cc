@@ -1,7 +1,7 @@
 // The parameter server through the C ABI (gw_kv_*), ranks as threads with co-located servers
-// (GW_KV_SERVERS=0): every mode's rule with a worker held back by the test, the update rules'
-// exact values, values spread over every server's partitions, and bad input refused, never
-// applied.
+// (GW_KV_SERVERS=0), and again in daemon mode against a gradwired of the test's own: every mode's
+// rule with a worker held back by the test, the update rules' exact values, values spread over
+// every server's partitions, and bad input refused, never applied.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -43,11 +43,12 @@ void with_store(int world, const gw_kv_config_t& cfg,
   });
 }
 
-TEST(KvCapiTest, BspPushPullIsAnAllreduceOverPartitionsOnEveryServer) {
+// world workers push_pull 3 clocks: each pull is the clock's sum, exactly.
+void bsp_pushpull_case(int world) {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
-  cfg.partition_bytes = 64;  // 16 floats: 100 floats are 7 partitions over the 3 servers
+  cfg.partition_bytes = 64;  // 16 floats: 100 floats are 7 partitions over the servers
   constexpr size_t n = 100;
-  with_store(3, cfg, [&](int r, gw_kv_t kv) {
+  with_store(world, cfg, [&](int r, gw_kv_t kv) {
     std::vector<float> zero(n, 0.f);
     ASSERT_EQ(gw_kv_init(kv, 42, zero.data(), n, GW_FLOAT32), GW_OK) << gw_last_error();
     for (int step = 0; step < 3; ++step) {
@@ -56,8 +57,8 @@ TEST(KvCapiTest, BspPushPullIsAnAllreduceOverPartitionsOnEveryServer) {
       ASSERT_EQ(gw_kv_pushpull(kv, 42, v.data(), out.data(), n, GW_FLOAT32, 0), GW_OK)
           << gw_last_error();
       for (size_t i = 0; i < n; ++i) {
-        // The clock's sum: (1+2+3)(step+1) + 3i.
-        ASSERT_EQ(out[i], static_cast<float>(6 * (step + 1) + 3 * i))
+        // The clock's sum: (1+..+world)(step+1) + world i.
+        ASSERT_EQ(out[i], static_cast<float>(world * (world + 1) / 2 * (step + 1) + world * i))
             << "step " << step << " i " << i;
       }
       ASSERT_EQ(gw_kv_clock(kv), GW_OK) << gw_last_error();
@@ -69,7 +70,7 @@ TEST(KvCapiTest, BspPushPullIsAnAllreduceOverPartitionsOnEveryServer) {
   });
 }
 
-TEST(KvCapiTest, BspPullWaitsForAHeldBackWorker) {
+void bsp_held_back_case() {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
   std::barrier sync(2);
   std::atomic<bool> released{false};
@@ -98,7 +99,7 @@ TEST(KvCapiTest, BspPullWaitsForAHeldBackWorker) {
   });
 }
 
-TEST(KvCapiTest, SspPullWaitsOnlyBeyondTheStaleness) {
+void ssp_case() {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
   cfg.mode = GW_KV_SSP;
   cfg.staleness = 1;
@@ -135,7 +136,7 @@ TEST(KvCapiTest, SspPullWaitsOnlyBeyondTheStaleness) {
   });
 }
 
-TEST(KvCapiTest, AspNeverWaitsAndSyncDropsTheStraggler) {
+void asp_sync_case() {
   gw_kv_config_t asp = GW_KV_CONFIG_INIT;
   asp.mode = GW_KV_ASP;
   with_store(2, asp, [&](int r, gw_kv_t kv) {
@@ -182,7 +183,7 @@ TEST(KvCapiTest, AspNeverWaitsAndSyncDropsTheStraggler) {
   });
 }
 
-TEST(KvCapiTest, ServerSgdWithMomentumExact) {
+void sgd_case() {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
   cfg.update = GW_KV_UPDATE_SGD;
   cfg.lr = 0.5;
@@ -205,7 +206,7 @@ TEST(KvCapiTest, ServerSgdWithMomentumExact) {
   });
 }
 
-TEST(KvCapiTest, BadInputIsRefusedAndNeverApplied) {
+void bad_input_case() {
   gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
   cfg.mode = GW_KV_ASP;
   with_store(1, cfg, [&](int, gw_kv_t kv) {
@@ -230,6 +231,13 @@ TEST(KvCapiTest, BadInputIsRefusedAndNeverApplied) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], v[i]);  // nothing refused was applied
   });
 }
+
+TEST(KvCapiTest, BspPushPullIsAnAllreduceOverPartitionsOnEveryServer) { bsp_pushpull_case(3); }
+TEST(KvCapiTest, BspPullWaitsForAHeldBackWorker) { bsp_held_back_case(); }
+TEST(KvCapiTest, SspPullWaitsOnlyBeyondTheStaleness) { ssp_case(); }
+TEST(KvCapiTest, AspNeverWaitsAndSyncDropsTheStraggler) { asp_sync_case(); }
+TEST(KvCapiTest, ServerSgdWithMomentumExact) { sgd_case(); }
+TEST(KvCapiTest, BadInputIsRefusedAndNeverApplied) { bad_input_case(); }
 
 TEST(KvCapiTest, BadConfigsAreRefused) {
   ASSERT_EQ(gw_config_set("GW_TIMEOUT_MS", "20000"), GW_OK);
@@ -295,26 +303,43 @@ TEST(KvCapiTest, PrioritiesAndNonBlockingFormsComplete) {
 }
 
 #ifdef GW_GRADWIRED_PATH
-// Daemon mode has no kv servers yet: gw_kv_create says so and makes no store.
-TEST(KvCapiTest, DaemonModeRefusesWithUnsupported) {
-  gw::testing::CleanEnv env;
-  gw::testing::LocalDaemon daemon(GW_GRADWIRED_PATH, "gw-kv");
-  ASSERT_TRUE(daemon.use()) << "could not make the daemon's directory";
+// Daemon mode (docs/parameter-server.md, "Daemon mode"): the ranks, threads of this process, are
+// trainers of one gradwired of the test's own, whose job's kv server holds every key. The same
+// rules as above, run against it.
+class KvCapiDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.use()) << "could not make the daemon's directory"; }
+  gw::testing::CleanEnv env_;
+  gw::testing::LocalDaemon daemon_{GW_GRADWIRED_PATH, "gw-kv"};
+};
+
+TEST_F(KvCapiDaemonTest, BspPushPullIsAnAllreduceWithTwoAndThreeTrainers) {
+  bsp_pushpull_case(2);
+  bsp_pushpull_case(3);
+}
+TEST_F(KvCapiDaemonTest, BspPullWaitsForAHeldBackWorker) { bsp_held_back_case(); }
+TEST_F(KvCapiDaemonTest, SspPullWaitsOnlyBeyondTheStaleness) { ssp_case(); }
+TEST_F(KvCapiDaemonTest, AspNeverWaitsAndSyncDropsTheStraggler) { asp_sync_case(); }
+TEST_F(KvCapiDaemonTest, ServerSgdWithMomentumExact) { sgd_case(); }
+// A world of one: no rendezvous store; its job's server is its own.
+TEST_F(KvCapiDaemonTest, BadInputIsRefusedAndNeverApplied) { bad_input_case(); }
+
+// GW_KV_SERVERS names server processes: in daemon mode the daemons serve, and the store says so.
+TEST_F(KvCapiDaemonTest, ServerProcessesAreRefused) {
+  gw::testing::ScopedEnv servers("GW_KV_SERVERS", "2");
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = 0;
   cfg.world_size = 1;
-  cfg.timeout_ms = 20000;
+  cfg.timeout_ms = kTimeoutMs;
   gw_comm_t c = nullptr;
-  EXPECT_EQ(gw_comm_init(&c, &cfg), GW_OK) << gw_last_error();
-  if (c != nullptr) {
-    gw_kv_config_t kc = GW_KV_CONFIG_INIT;
-    gw_kv_t kv = nullptr;
-    EXPECT_EQ(gw_kv_create(c, &kc, &kv), GW_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(gw_last_error()).find("direct mode only"), std::string::npos)
-        << gw_last_error();
-    EXPECT_EQ(kv, nullptr);
-    EXPECT_EQ(gw_comm_destroy(c), GW_OK) << gw_last_error();
-  }
+  ASSERT_EQ(gw_comm_init(&c, &cfg), GW_OK) << gw_last_error();
+  gw_kv_config_t kc = GW_KV_CONFIG_INIT;
+  gw_kv_t kv = nullptr;
+  EXPECT_EQ(gw_kv_create(c, &kc, &kv), GW_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(gw_last_error()).find("daemons are its kv servers"), std::string::npos)
+      << gw_last_error();
+  EXPECT_EQ(kv, nullptr);
+  EXPECT_EQ(gw_comm_destroy(c), GW_OK) << gw_last_error();
 }
 #endif
 
