@@ -164,7 +164,7 @@ def test_one_rank_fp16_pushes_arrive_as_their_fp16_rounding(comm):
     with gradwire.kv.KVStore(comm, mode="bsp", codec="fp16", partition_bytes=256) as kv:
         v = (np.arange(300, dtype=np.float32) * np.float32(0.1)) + np.float32(1e-4)
         kv.init(3, np.zeros(300, np.float32))
-        out = kv.pushpull(3, v)
+        out = kv.pushpull(3, v, np.empty(300, np.float32))
         # One worker, sum: the value is the push as fp16 carried it (exactly).
         assert np.array_equal(out, v.astype(np.float16).astype(np.float32))
         assert not np.array_equal(out, v)  # the rounding is visible: the push was encoded
