@@ -111,9 +111,11 @@ Result<gw::kv::StoreConfig> read_kv_config(const gw_kv_config_t* cfg, int worker
       return gw::invalid_arg("cfg.momentum {} must be in [0, 1)", c.momentum);
     }
   }
-  if (c.codec != nullptr && c.codec[0] != '\0') {
-    return gw::unsupported("cfg.codec '{}': compressed pushes are not implemented yet; pass NULL",
-                           c.codec);
+  std::string codec;  // canonical spec of the pushes' codec ("" none)
+  if (c.codec != nullptr && c.codec[0] != '\0' && std::string_view(c.codec) != "none") {
+    auto spec = gw::kv::check_codec_spec(c.codec);
+    if (!spec.ok()) return spec.status().with_context(fmt::format("cfg.codec '{}'", c.codec));
+    codec = gw::coll::format_codec_spec(*spec);
   }
   size_t part = c.partition_bytes;
   if (part == 0)
@@ -132,6 +134,7 @@ Result<gw::kv::StoreConfig> read_kv_config(const gw_kv_config_t* cfg, int worker
   s.lr = update == GW_KV_UPDATE_SGD ? c.lr : 0;
   s.momentum = update == GW_KV_UPDATE_SGD ? c.momentum : 0;
   s.partition_bytes = part;
+  s.codec = codec;
   return s;
 }
 

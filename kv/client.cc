@@ -72,6 +72,7 @@ class ServerLink {
     uint64_t seq = 0;
     Header h;
     const void* payload = nullptr;
+    std::shared_ptr<const std::vector<uint8_t>> owned;  // an encoded push: payload points here
     std::shared_ptr<Op> op;
     void* out = nullptr;  // pull: where the reply's value goes
   };
@@ -302,6 +303,9 @@ Client::~Client() { (void)close(); }
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
+  if (!options.config.codec.empty()) {
+    GW_ASSIGN_OR_RETURN(c->encoder_, PushEncoder::create(options.config.codec, options.rank));
+  }
   const sys::Deadline deadline = sys::deadline_after_ms(options.timeout_ms);
   const std::vector<uint8_t> hello = encode_hello(options.config, options.token);
   for (uint32_t i = 0; i < options.servers.size(); ++i) {
@@ -393,6 +397,11 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
     std::lock_guard<std::mutex> lock(mu_);
     auto it = keys_.find(key);
     if (kind == Kind::kInit) {
+      if (encoder_ && dtype != coll::DataType::kF32) {
+        return invalid_arg(
+            "key {}: the store's pushes are encoded with {}, which takes f32 values only, not {}",
+            key, options_.config.codec, coll::dtype_name(dtype));
+      }
       if (options_.config.update == 1 && dtype != coll::DataType::kF32 &&
           dtype != coll::DataType::kF64 && dtype != coll::DataType::kF16 &&
           dtype != coll::DataType::kBF16) {
@@ -453,6 +462,22 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
     if (type != Type::kPull) {
       item.payload = static_cast<const uint8_t*>(value) + first * elem;
       h.payload = static_cast<uint32_t>(n * elem);
+    }
+    if (encoder_ && (type == Type::kPush || type == Type::kPushPull)) {
+      // Encoded here, in the caller's thread: the frame carries the encoding, and the residual
+      // of (key, p) keeps what the codec dropped for this partition's next push.
+      uint64_t step = 0;
+      auto enc = encoder_->encode(key, static_cast<uint32_t>(p),
+                                  static_cast<const float*>(value) + first, n, &step);
+      if (!enc.ok()) {
+        op->finish_one(enc.status());
+        continue;
+      }
+      item.owned = std::move(*enc);
+      item.payload = item.owned->data();
+      h.payload = static_cast<uint32_t>(item.owned->size());
+      h.flags = static_cast<uint16_t>(encoder_->codec().spec().kind);
+      h.aux = step;
     }
     if (type == Type::kPull || type == Type::kPushPull) {
       item.out = static_cast<uint8_t*>(out) + first * elem;

@@ -17,6 +17,7 @@
 #include "collectives/types.h"
 #include "core/status.h"
 #include "core/sys/time.h"
+#include "kv/push_codec.h"
 #include "kv/wire.h"
 
 namespace gw::kv {
@@ -93,6 +94,9 @@ class Client {
   Status broken() const;
   int64_t timeout_ms() const { return options_.timeout_ms; }
 
+  // The store's push encoder and its residuals (null: raw pushes).
+  const PushEncoder* encoder() const { return encoder_.get(); }
+
   // What the worker knows of a key: for the server-died message.
   std::string keys_of(uint32_t server) const;
 
@@ -111,6 +115,7 @@ class Client {
   size_t part_elems(coll::DataType dtype) const;
 
   const ClientOptions options_;
+  std::unique_ptr<PushEncoder> encoder_;  // options_.config.codec's (compressed pushes)
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::map<uint64_t, Key> keys_;
   uint64_t clock_ = 0;

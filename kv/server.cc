@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "kv/io.h"
+#include "kv/push_codec.h"
 
 namespace gw::kv {
 
@@ -82,13 +83,18 @@ Status Server::join(Conn& conn, const Header& h, const std::vector<uint8_t>& pay
   std::lock_guard<std::mutex> lock(mu_);
   StoreEntry& e = stores_[h.aux];
   if (!e.rules) {
+    if (!c.codec.empty()) {
+      GW_ASSIGN_OR_RETURN(coll::CodecSpec spec, check_codec_spec(c.codec));
+      GW_ASSIGN_OR_RETURN(std::unique_ptr<coll::Codec> codec, coll::Codec::create(spec));
+      e.codec = std::move(codec);
+    }
     e.rules = std::make_unique<StoreRules>(c, options_.rank);
     last_store_ = sys::Clock::now();
   } else if (!(e.rules->config() == c)) {
     return invalid_arg(
         "kv store {}: worker {} created it with other settings than the first worker (mode, "
-        "staleness, sync_k, update, lr, momentum, partition_bytes and the number of workers must "
-        "agree)",
+        "staleness, sync_k, update, lr, momentum, partition_bytes, codec and the number of workers "
+        "must agree)",
         h.aux, h.worker);
   }
   if (e.conns.count(h.worker) != 0 || e.rules->said_bye(h.worker) || !e.rules->alive(h.worker)) {
@@ -193,14 +199,18 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
       why = write_frame(fd, ok, nullptr, sys::deadline_after_ms(options_.timeout_ms));
     }
     conn->writer = std::thread([this, c = conn.get()] { write_loop(c); });
-    const uint32_t workers = [&] {
+    uint32_t workers = 0;
+    std::shared_ptr<const coll::Codec> codec;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      return stores_[conn->store].rules->config().workers;
-    }();
+      workers = stores_[conn->store].rules->config().workers;
+      codec = stores_[conn->store].codec;
+    }
+    std::vector<uint8_t> decoded;  // an encoded push's values (kv/push_codec.h)
     while (why.ok()) {
       why = read_header(fd, &h, sys::Deadline::max(), &stop_);
       if (!why.ok()) break;
-      why = check_request(h, workers);
+      why = check_request(h, workers, codec.get());
       if (why.ok() && h.worker != conn->worker) {
         why = invalid_arg("kv: worker {} sent a frame as worker {}", conn->worker, h.worker);
       }
@@ -213,13 +223,22 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
       why = read_exact(fd, payload.data(), payload.size(),
                        sys::deadline_after_ms(options_.timeout_ms), &stop_);
       if (!why.ok()) break;
+      const uint8_t* data = payload.data();
+      if (h.flags != 0) {  // outside mu_: other connections go on while this one decodes
+        why = decode_push(*codec, &h, payload.data(), &decoded);
+        if (!why.ok()) {
+          send_error(*conn, h, why);
+          break;
+        }
+        data = decoded.data();
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         StoreRules& rules = *stores_[conn->store].rules;
         if (h.type == Type::kBye) {
           rules.on_bye(conn->worker, &answers);
         } else {
-          rules.on_frame(h, payload.data(), &answers);
+          rules.on_frame(h, data, &answers);
         }
         dispatch_locked(conn->store, answers);
       }

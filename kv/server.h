@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/compress/codec.h"
 #include "core/status.h"
 #include "core/sys/fd.h"
 #include "core/sys/time.h"
@@ -83,6 +84,7 @@ class Server {
   struct StoreEntry {
     std::unique_ptr<StoreRules> rules;
     std::string token;
+    std::shared_ptr<const coll::Codec> codec;         // the pushes' codec (null: raw pushes)
     std::map<uint32_t, std::shared_ptr<Conn>> conns;  // by worker
   };
 

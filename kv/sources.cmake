@@ -3,6 +3,7 @@
 set(GW_KV_SOURCES
     client.cc     # the worker's side: partitions, per-server links, requests
     io.cc         # plain TCP sockets with deadlines
+    push_codec.cc # compressed pushes: the worker's encoder and residuals, the server's decode
     kv_config.cc  # GW_KV_* and GW_ROLE
     rules.cc      # one store's state and the consistency rules (no I/O)
     server.cc     # the server: connections, stores, serve()

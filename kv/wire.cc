@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "collectives/compress/codec.h"
 #include "collectives/types.h"
 
 namespace gw::kv {
@@ -79,7 +80,9 @@ Status decode_header(const uint8_t in[kHeaderBytes], Header* h) {
   h->type = static_cast<Type>(type);
   h->dtype = in[5];
   h->flags = get<uint16_t>(in + 6);
-  if (h->flags != 0) return invalid_arg("kv frame: flags {:#x} are not 0", h->flags);
+  if (h->flags > kMaxCodecFlag) {
+    return invalid_arg("kv frame: flags {:#x} name no codec (0..{})", h->flags, kMaxCodecFlag);
+  }
   if (!coll::valid_dtype(h->dtype)) return invalid_arg("kv frame: unknown dtype {}", h->dtype);
   h->worker = get<uint32_t>(in + 8);
   h->partition = get<uint32_t>(in + 12);
@@ -101,10 +104,48 @@ Status decode_header(const uint8_t in[kHeaderBytes], Header* h) {
   return ok_status();
 }
 
-Status check_request(const Header& h, uint32_t workers) {
+Status check_request(const Header& h, uint32_t workers, const coll::Codec* codec) {
   if (h.worker >= workers) {
     return invalid_arg("kv {}: worker {} out of range (the store has {} workers)",
                        type_name(h.type), h.worker, workers);
+  }
+  const bool pushes = h.type == Type::kPush || h.type == Type::kPushPull;
+  if (h.flags != 0 && !pushes) {
+    return invalid_arg("kv {}: flags {:#x} on a frame that carries no encoding", type_name(h.type),
+                       h.flags);
+  }
+  if (pushes && codec != nullptr && h.flags == 0) {
+    return invalid_arg("kv {}: a raw push to a store whose pushes are encoded ({})",
+                       type_name(h.type), coll::format_codec_spec(codec->spec()));
+  }
+  if (h.flags != 0) {
+    if (codec == nullptr) {
+      return invalid_arg("kv {}: an encoded push (codec {}) to a store without a codec",
+                         type_name(h.type), h.flags);
+    }
+    if (h.flags != static_cast<uint16_t>(codec->spec().kind)) {
+      return invalid_arg("kv {}: codec {} is not the store's ({} = {})", type_name(h.type), h.flags,
+                         coll::format_codec_spec(codec->spec()),
+                         static_cast<int>(codec->spec().kind));
+    }
+    if (h.dtype != static_cast<uint8_t>(coll::DataType::kF32)) {
+      return invalid_arg("kv {}: an encoded push of dtype {} (only f32 is encoded)",
+                         type_name(h.type), h.dtype);
+    }
+    if (h.count == 0 || h.count > kMaxPayload / sizeof(float)) {
+      return invalid_arg("kv {}: partition count {} out of range", type_name(h.type), h.count);
+    }
+    if (h.total < h.count) {
+      return invalid_arg("kv {}: key count {} < partition count {}", type_name(h.type), h.total,
+                         h.count);
+    }
+    const uint64_t want = codec->encoded_size(h.count);
+    if (h.payload != want) {
+      return invalid_arg("kv {}: payload {} bytes, the {} encoding of {} elements is {}",
+                         type_name(h.type), h.payload, coll::codec_name(codec->spec().kind),
+                         h.count, want);
+    }
+    return ok_status();
   }
   const size_t elem = coll::dtype_size(static_cast<coll::DataType>(h.dtype));
   switch (h.type) {
@@ -131,7 +172,8 @@ Status check_request(const Header& h, uint32_t workers) {
       if (h.payload != 0) return invalid_arg("kv {}: unexpected payload", type_name(h.type));
       return ok_status();
     case Type::kHello:
-      if (h.payload < kHelloFixedBytes || h.payload > kHelloFixedBytes + kMaxTokenBytes) {
+      if (h.payload < kHelloFixedBytes ||
+          h.payload > kHelloFixedBytes + kMaxCodecSpecBytes + kMaxTokenBytes) {
         return invalid_arg("kv hello: payload {} bytes out of range", h.payload);
       }
       return ok_status();
@@ -159,24 +201,27 @@ Status check_reply(const Header& h) {
 }
 
 std::vector<uint8_t> encode_hello(const StoreConfig& c, const std::string& token) {
-  std::vector<uint8_t> out(kHelloFixedBytes + token.size());
+  std::vector<uint8_t> out(kHelloFixedBytes + c.codec.size() + token.size());
   uint8_t* p = out.data();
   put<uint32_t>(p + 0, c.workers);
   put<uint32_t>(p + 4, c.mode);
   put<int32_t>(p + 8, c.staleness);
   put<int32_t>(p + 12, c.sync_k);
   put<uint32_t>(p + 16, c.update);
-  put<uint32_t>(p + 20, 0);
+  put<uint32_t>(p + 20, static_cast<uint32_t>(c.codec.size()));
   put<double>(p + 24, c.lr);
   put<double>(p + 32, c.momentum);
   put<uint64_t>(p + 40, c.partition_bytes);
+  if (!c.codec.empty()) std::memcpy(p + kHelloFixedBytes, c.codec.data(), c.codec.size());
   // The token's length is the rest of the payload.
-  if (!token.empty()) std::memcpy(p + kHelloFixedBytes, token.data(), token.size());
+  if (!token.empty()) {
+    std::memcpy(p + kHelloFixedBytes + c.codec.size(), token.data(), token.size());
+  }
   return out;
 }
 
 Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* token) {
-  if (n < kHelloFixedBytes || n > kHelloFixedBytes + kMaxTokenBytes) {
+  if (n < kHelloFixedBytes || n > kHelloFixedBytes + kMaxCodecSpecBytes + kMaxTokenBytes) {
     return invalid_arg("kv hello: {} bytes out of range", n);
   }
   c->workers = get<uint32_t>(p + 0);
@@ -184,11 +229,18 @@ Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* tok
   c->staleness = get<int32_t>(p + 8);
   c->sync_k = get<int32_t>(p + 12);
   c->update = get<uint32_t>(p + 16);
-  if (get<uint32_t>(p + 20) != 0) return invalid_arg("kv hello: reserved field is not 0");
+  const uint32_t codec_len = get<uint32_t>(p + 20);
+  if (codec_len > kMaxCodecSpecBytes || codec_len > n - kHelloFixedBytes) {
+    return invalid_arg("kv hello: codec spec of {} bytes out of range (at most {})", codec_len,
+                       kMaxCodecSpecBytes);
+  }
   c->lr = get<double>(p + 24);
   c->momentum = get<double>(p + 32);
   c->partition_bytes = get<uint64_t>(p + 40);
-  token->assign(reinterpret_cast<const char*>(p + kHelloFixedBytes), n - kHelloFixedBytes);
+  c->codec.assign(reinterpret_cast<const char*>(p + kHelloFixedBytes), codec_len);
+  const size_t at = kHelloFixedBytes + codec_len;
+  if (n - at > kMaxTokenBytes) return invalid_arg("kv hello: token of {} bytes", n - at);
+  token->assign(reinterpret_cast<const char*>(p + at), n - at);
   return check_config(*c);
 }
 
@@ -212,7 +264,34 @@ Status check_config(const StoreConfig& c) {
     return invalid_arg("partition_bytes {} out of range [64, {}]", c.partition_bytes,
                        kMaxPartitionBytes);
   }
+  if (!c.codec.empty()) {
+    GW_ASSIGN_OR_RETURN(coll::CodecSpec spec, check_codec_spec(c.codec));
+    if (coll::format_codec_spec(spec) != c.codec) {
+      return invalid_arg("codec \"{}\" is not in its canonical form \"{}\"", c.codec,
+                         coll::format_codec_spec(spec));
+    }
+  }
   return ok_status();
+}
+
+Result<coll::CodecSpec> check_codec_spec(std::string_view text) {
+  if (text.size() > kMaxCodecSpecBytes) {
+    return invalid_arg("codec spec of {} bytes (at most {})", text.size(), kMaxCodecSpecBytes);
+  }
+  GW_ASSIGN_OR_RETURN(coll::CodecSpec spec, coll::parse_codec_spec(text));
+  if (spec.kind == coll::CodecKind::kNone) {
+    return invalid_arg("codec \"{}\": none encodes nothing (pass no codec)", text);
+  }
+  if (spec.kind == coll::CodecKind::kPowerSgd) {
+    return invalid_arg(
+        "codec \"{}\": powersgd is a low-rank protocol between ranks, not a byte codec a push "
+        "can carry; use gw_allreduce_compressed for it, or fp16, bf16, topk, randomk, sign or "
+        "qsgd for kv pushes",
+        text);
+  }
+  GW_ASSIGN_OR_RETURN(auto codec, coll::Codec::create(spec));
+  (void)codec;
+  return spec;
 }
 
 std::string mode_text(const StoreConfig& c) {

@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "collectives/compress/codec.h"
 #include "core/status.h"
 
 namespace gw::kv {
@@ -22,6 +24,11 @@ inline constexpr uint32_t kMaxPartitions = 1u << 24;  // per key
 inline constexpr uint32_t kMaxWorkers = 1u << 16;
 inline constexpr size_t kMaxErrorBytes = 4096;
 inline constexpr size_t kMaxTokenBytes = 1024;
+// The store's codec spec in the Hello (its canonical form, coll::format_codec_spec).
+inline constexpr size_t kMaxCodecSpecBytes = 128;
+// A Push/PushPull's flags: 0 = the raw value, else the coll::CodecKind of its encoding (fp16 1,
+// bf16 2, topk 3, randomk 4, sign 5, qsgd 6; powersgd 7 is not a byte codec and is refused).
+inline constexpr uint16_t kMaxCodecFlag = 6;
 
 enum class Type : uint8_t {
   kHello = 1,     // worker -> server: store id (aux), the store's config and the job token
@@ -39,7 +46,7 @@ const char* type_name(Type t);
 struct Header {
   Type type = Type::kHello;
   uint8_t dtype = 0;       // gw_dtype_t of the value (Init, Push, Pull, PushPull, Reply)
-  uint16_t flags = 0;      // must be 0
+  uint16_t flags = 0;      // Push/PushPull: the codec of the payload (0: raw); else 0
   uint32_t worker = 0;     // the sender's worker rank (worker -> server)
   uint32_t partition = 0;  // partition index of key
   uint64_t key = 0;
@@ -47,7 +54,7 @@ struct Header {
   uint64_t req_id = 0;   // worker's request id, echoed in the Reply / Error
   uint64_t count = 0;    // elements of this partition (Init, Push, Pull, PushPull, Reply)
   uint64_t total = 0;    // elements of the whole key (Init, Push, Pull, PushPull)
-  uint64_t aux = 0;      // Hello: store id; Reply: the slowest live worker's clock
+  uint64_t aux = 0;      // Hello: store id; encoded Push/PushPull: codec step; Reply: slowest clock
   uint64_t aux2 = 0;     // Reply: pushes dropped (sync)
   uint32_t aux3 = 0;     // Reply: workers lost
   uint32_t payload = 0;  // bytes following the header
@@ -64,26 +71,35 @@ struct StoreConfig {
   double lr = 0;
   double momentum = 0;
   uint64_t partition_bytes = 0;
+  std::string codec;  // "" (raw pushes) or the canonical codec spec of the pushes
   bool operator==(const StoreConfig&) const = default;
 };
-inline constexpr size_t kHelloFixedBytes = 48;  // StoreConfig's encoding, then u32 token length
+// StoreConfig's fixed fields (u32 at offset 20: the codec spec's length), then the codec spec, then
+// the token (the rest of the payload).
+inline constexpr size_t kHelloFixedBytes = 48;
 
 void encode_header(const Header& h, uint8_t out[kHeaderBytes]);
 // Checks magic, type, flags, dtype and the payload bound; the per-type rules are in check_frame.
 Status decode_header(const uint8_t in[kHeaderBytes], Header* h);
 // The per-type rules a server applies to a worker's frame (sizes agree with dtype and count,
-// partition and worker in range, reply-only types refused): kInvalidArg saying which.
-Status check_request(const Header& h, uint32_t workers);
+// partition and worker in range, reply-only types refused): kInvalidArg saying which. codec: the
+// store's (null: none); an encoded Push/PushPull must name it in flags, be f32 and carry exactly
+// codec->encoded_size(count) bytes.
+Status check_request(const Header& h, uint32_t workers, const coll::Codec* codec = nullptr);
 // A reply's rules as a worker checks them.
 Status check_reply(const Header& h);
 
 std::vector<uint8_t> encode_hello(const StoreConfig& c, const std::string& token);
 Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* token);
-// A config a server accepts: mode/update enumerators, the ranges of each field.
+// A config a server accepts: mode/update enumerators, the ranges of each field, a codec spec that
+// parses, is canonical and names a byte codec (not powersgd).
 Status check_config(const StoreConfig& c);
 // The mode as docs/parameter-server.md writes it: "bsp", "ssp:2", "asp", "sync:3".
 std::string mode_text(const StoreConfig& c);
 // The update: "sum", "sgd:0.1,momentum=0.9".
 std::string update_text(const StoreConfig& c);
+// A codec spec a store accepts (check_config's codec rule): parsed, a byte codec, not none or
+// powersgd (kInvalidArg saying why).
+Result<coll::CodecSpec> check_codec_spec(std::string_view text);
 
 }  // namespace gw::kv

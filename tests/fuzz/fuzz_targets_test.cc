@@ -137,6 +137,7 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   } else if (name == "kv_frames") {
     reached("kv.decoded");
     reached("kv.applied");
+    reached("kv.decoded_push");  // an encoded push went through a codec's decode
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");

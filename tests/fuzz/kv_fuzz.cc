@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/compress/codec.h"
+#include "kv/push_codec.h"
 #include "kv/rules.h"
 #include "kv/wire.h"
 #include "tests/fuzz/fuzz_targets.h"
@@ -21,7 +23,14 @@ std::vector<uint8_t> frame(kv::Header h, const std::vector<uint8_t>& payload) {
 
 }  // namespace
 
-// Input: a config byte (mode and update), then frames (80-byte header + payload) back to back.
+// The store's codec by bits 3-4 of the config byte: none, fp16, topk:0.5, sign (canonical forms).
+const char* fuzz_codec(uint8_t cfg) {
+  static const char* const kCodecs[] = {"", "fp16,ef=0", "topk:0.5,ef=1", "sign,ef=1,chunk=2048"};
+  return kCodecs[(cfg >> 3) & 3];
+}
+
+// Input: a config byte (mode, update, codec), then frames (80-byte header + payload) back to
+// back. Encoded pushes are decoded as a server does (kv/push_codec.h) before the rules see them.
 int kv_frames(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   kv::StoreConfig c;
@@ -33,8 +42,16 @@ int kv_frames(const uint8_t* data, size_t size) {
   c.lr = 0.5;
   c.momentum = 0.25;
   c.partition_bytes = 4096;
+  c.codec = fuzz_codec(data[0]);
   check(kv::check_config(c).ok(), "kv: the fuzz config is valid");
+  std::unique_ptr<coll::Codec> codec;
+  if (!c.codec.empty()) {
+    auto made = coll::Codec::create(*kv::check_codec_spec(c.codec));
+    check(made.ok(), "kv: the fuzz codec is made");
+    codec = std::move(*made);
+  }
   kv::StoreRules rules(c, 0);
+  std::vector<uint8_t> decoded;
   size_t at = 1;
   std::vector<kv::Answer> out;
   while (at + kv::kHeaderBytes <= size) {
@@ -47,7 +64,7 @@ int kv_frames(const uint8_t* data, size_t size) {
     kv::encode_header(h, again);
     check(std::memcmp(again, head, kv::kHeaderBytes) == 0, "kv: header round trip");
     (void)kv::check_reply(h);
-    if (!kv::check_request(h, c.workers).ok()) break;
+    if (!kv::check_request(h, c.workers, codec.get()).ok()) break;
     if (h.payload > size - at) break;
     const uint8_t* payload = data + at;
     at += h.payload;
@@ -58,6 +75,12 @@ int kv_frames(const uint8_t* data, size_t size) {
       continue;
     }
     std::vector<uint8_t> copy(payload, payload + h.payload);  // the rules read exactly this
+    if (h.flags != 0) {
+      if (!kv::decode_push(*codec, &h, copy.data(), &decoded).ok()) break;
+      ++counter("kv.decoded_push");
+      check(h.flags == 0 && h.payload == h.count * sizeof(float), "kv: a decoded push is raw f32");
+      copy = decoded;
+    }
     out.clear();
     if (h.type == kv::Type::kBye) {
       rules.on_bye(h.worker, &out);
@@ -76,8 +99,11 @@ int kv_frames(const uint8_t* data, size_t size) {
 
 std::vector<std::vector<uint8_t>> kv_seeds() {
   std::vector<std::vector<uint8_t>> seeds;
-  for (uint8_t cfg : {0, 1, 2, 3, 4, 7}) {
+  for (uint8_t cfg : {0, 1, 2, 3, 4, 7, 8, 16 | 2, 24 | 4}) {
     std::vector<uint8_t> s = {cfg};
+    std::unique_ptr<coll::Codec> codec;
+    if (*fuzz_codec(cfg) != '\0')
+      codec = std::move(*coll::Codec::create(*kv::check_codec_spec(fuzz_codec(cfg))));
     std::vector<uint8_t> value(16);
     float f[4] = {1, 2, 3, 4};
     std::memcpy(value.data(), f, sizeof(f));
@@ -92,7 +118,15 @@ std::vector<std::vector<uint8_t>> kv_seeds() {
       s.insert(s.end(), fr.begin(), fr.end());
       h.type = kv::Type::kPush;
       h.req_id = 2;
-      fr = frame(h, value);
+      if (codec) {  // the push as a worker encodes it
+        std::vector<uint8_t> enc(codec->encoded_size(4));
+        (void)codec->encode(f, nullptr, 4, enc.data(), enc.size(), kv::push_context(5, 0, 0, w));
+        h.flags = static_cast<uint16_t>(codec->spec().kind);
+        fr = frame(h, enc);
+        h.flags = 0;
+      } else {
+        fr = frame(h, value);
+      }
       s.insert(s.end(), fr.begin(), fr.end());
       h.type = kv::Type::kPull;
       h.req_id = 3;

@@ -158,6 +158,24 @@ def test_one_rank_torch_values_and_requests(comm):
         assert s.clock == 2 and s.min_clock <= s.clock and s.dropped_pushes == 0
 
 
+@needs_kv
+def test_one_rank_fp16_pushes_arrive_as_their_fp16_rounding(comm):
+    import gradwire.kv
+    with gradwire.kv.KVStore(comm, mode="bsp", codec="fp16", partition_bytes=256) as kv:
+        v = (np.arange(300, dtype=np.float32) * np.float32(0.1)) + np.float32(1e-4)
+        kv.init(3, np.zeros(300, np.float32))
+        out = kv.pushpull(3, v, np.empty(300, np.float32))
+        # One worker, sum: the value is the push as fp16 carried it (exactly).
+        assert np.array_equal(out, v.astype(np.float16).astype(np.float32))
+        assert not np.array_equal(out, v)  # the rounding is visible: the push was encoded
+        kv.clock()
+        with pytest.raises(gradwire.InvalidArgument, match="f32 values only"):
+            kv.init(4, np.zeros(4, np.int32))
+    for spec, why in {"powersgd:2": "not a byte codec", "zstd": "", "topk:2": ""}.items():
+        with pytest.raises(gradwire.InvalidArgument, match=why):
+            gradwire.kv.KVStore(comm, codec=spec)
+
+
 # ---- the modes' rules at 2-3 ranks, a worker held back ---------------------------------------
 @needs_kv
 @pytest.mark.parametrize("case", ["bsp", "ssp", "asp", "sync"])

@@ -237,7 +237,33 @@ TEST(KvCapiTest, BspPullWaitsForAHeldBackWorker) { bsp_held_back_case(); }
 TEST(KvCapiTest, SspPullWaitsOnlyBeyondTheStaleness) { ssp_case(); }
 TEST(KvCapiTest, AspNeverWaitsAndSyncDropsTheStraggler) { asp_sync_case(); }
 TEST(KvCapiTest, ServerSgdWithMomentumExact) { sgd_case(); }
+// codec "fp16": two workers' pushes arrive as their fp16 rounding, summed exactly; an integer key
+// is refused at init.
+void fp16_case() {
+  gw_kv_config_t cfg = GW_KV_CONFIG_INIT;
+  cfg.partition_bytes = 64;
+  cfg.codec = "fp16";
+  constexpr size_t n = 100;
+  with_store(2, cfg, [&](int r, gw_kv_t kv) {
+    std::vector<float> zero(n, 0.f), v(n), out(n, -1.f);
+    ASSERT_EQ(gw_kv_init(kv, 8, zero.data(), n, GW_FLOAT32), GW_OK) << gw_last_error();
+    // Even i: i + 0.25 (exact in fp16); odd i: 1 + 2^-12, which fp16 rounds to 1.
+    for (size_t i = 0; i < n; ++i) v[i] = i % 2 == 0 ? i + 0.25f : 1.0f + 1.0f / 4096;
+    ASSERT_EQ(gw_kv_pushpull(kv, 8, v.data(), out.data(), n, GW_FLOAT32, 0), GW_OK)
+        << gw_last_error();
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], i % 2 == 0 ? 2 * (i + 0.25f) : 2.0f) << "rank " << r << " i " << i;
+    }
+    ASSERT_EQ(gw_kv_clock(kv), GW_OK) << gw_last_error();
+    std::vector<int32_t> ints(4, 1);
+    EXPECT_EQ(gw_kv_init(kv, 9, ints.data(), 4, GW_INT32), GW_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(gw_last_error()).find("f32 values only"), std::string::npos)
+        << gw_last_error();
+  });
+}
+
 TEST(KvCapiTest, BadInputIsRefusedAndNeverApplied) { bad_input_case(); }
+TEST(KvCapiTest, Fp16PushesArriveAsTheirRoundingSummed) { fp16_case(); }
 
 TEST(KvCapiTest, BadConfigsAreRefused) {
   ASSERT_EQ(gw_config_set("GW_TIMEOUT_MS", "20000"), GW_OK);
@@ -268,8 +294,11 @@ TEST(KvCapiTest, BadConfigsAreRefused) {
     bad.update = GW_KV_UPDATE_SGD;
     refused(bad, GW_ERR_INVALID_ARG, "lr");
     bad = cfg;
-    bad.codec = "topk:0.01";
-    refused(bad, GW_ERR_UNSUPPORTED, "codec");
+    bad.codec = "powersgd:4";
+    refused(bad, GW_ERR_INVALID_ARG, "not a byte codec");
+    bad = cfg;
+    bad.codec = "zstd";
+    refused(bad, GW_ERR_INVALID_ARG, "cfg.codec 'zstd'");
     bad = cfg;
     bad.partition_bytes = 8;
     refused(bad, GW_ERR_INVALID_ARG, "partition_bytes");
@@ -321,6 +350,7 @@ TEST_F(KvCapiDaemonTest, BspPullWaitsForAHeldBackWorker) { bsp_held_back_case();
 TEST_F(KvCapiDaemonTest, SspPullWaitsOnlyBeyondTheStaleness) { ssp_case(); }
 TEST_F(KvCapiDaemonTest, AspNeverWaitsAndSyncDropsTheStraggler) { asp_sync_case(); }
 TEST_F(KvCapiDaemonTest, ServerSgdWithMomentumExact) { sgd_case(); }
+TEST_F(KvCapiDaemonTest, Fp16PushesArriveAsTheirRoundingSummed) { fp16_case(); }
 // A world of one: no rendezvous store; its job's server is its own.
 TEST_F(KvCapiDaemonTest, BadInputIsRefusedAndNeverApplied) { bad_input_case(); }
 

@@ -1,0 +1,60 @@
+// Compressed pushes (docs/parameter-server.md, "Compressed pushes"): the worker encodes each
+// partition of a Push/PushPull with the store's codec and keeps, per (key, partition), the
+// residual of error feedback (what the codec dropped is added to that partition's next push); the
+// server decodes the encoding into a scratch buffer and applies it as a raw f32 push. Pulls and
+// inits are never encoded.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/compress/codec.h"
+#include "core/status.h"
+#include "kv/wire.h"
+
+namespace gw::kv {
+
+// The context both sides give the codec for one push of (key, partition): randomk's shared
+// indices and qsgd's rounding stream depend on it. step: how many pushes of that partition this
+// worker encoded before (carried in the frame's aux).
+coll::CodecContext push_context(uint64_t key, uint32_t partition, uint64_t step, uint32_t worker);
+
+class PushEncoder {
+ public:
+  // spec: a store's codec (check_codec_spec).
+  static Result<std::unique_ptr<PushEncoder>> create(const std::string& spec, uint32_t worker);
+  const coll::Codec& codec() const { return *codec_; }
+
+  // Encodes n f32 elements of (key, partition) plus that partition's residual, updating the
+  // residual (when the codec's spec has error feedback). *step: the step sent in the frame.
+  Result<std::shared_ptr<std::vector<uint8_t>>> encode(uint64_t key, uint32_t partition,
+                                                       const float* v, size_t n, uint64_t* step);
+  // The residual of (key, partition) now (empty before its first push, or without error
+  // feedback). For tests and the docs' figure.
+  std::vector<float> residual(uint64_t key, uint32_t partition) const;
+
+ private:
+  struct State {
+    std::vector<float> residual;
+    uint64_t step = 0;
+  };
+  PushEncoder(std::unique_ptr<coll::Codec> codec, uint32_t worker)
+      : codec_(std::move(codec)), worker_(worker) {}
+  std::unique_ptr<coll::Codec> codec_;
+  const uint32_t worker_;
+  mutable std::mutex mu_;
+  std::map<std::pair<uint64_t, uint32_t>, State> states_;
+};
+
+// The server's half: h is an encoded Push/PushPull that passed check_request with `codec`; decodes
+// its payload into *scratch (h->count f32 values) and turns *h into the raw push of them (flags 0,
+// payload = count x 4). A corrupt encoding is kInvalidArg naming the frame.
+Status decode_push(const coll::Codec& codec, Header* h, const uint8_t* payload,
+                   std::vector<uint8_t>* scratch);
+
+}  // namespace gw::kv
