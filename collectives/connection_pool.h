@@ -62,10 +62,20 @@ class ConnectionPool {
   // Closes every connection (peers' pending operations then fail fast).
   void close_all();
 
+  // Publishes which process this rank is (pid, its start time and pid namespace), so that a peer
+  // on the same host that waits on it to connect learns at once that it has exited (a rank that
+  // leaves after set-up, before its first collective, publishes no handle and refuses nothing).
+  // Call once, during set-up, before the ranks' last exchange.
+  Status announce(Deadline deadline);
+
  private:
   static std::string key(int src, int dst, int chan) {
     return fmt::format("conn/{}/{}/{}", src, dst, chan);
   }
+
+  // Why `peer` is known gone ("" when it is not known): a rank on this host whose announced
+  // process has exited. Reads the peer's announcement once; cheap enough to ask every 100 ms.
+  std::string gone(int peer);
 
   const Group& group_;
   PoolOptions options_;
@@ -74,6 +84,7 @@ class ConnectionPool {
   std::vector<std::string> auto_failed_;  // backends auto saw fail with kUnsupported here
   std::map<std::pair<int, int>, std::unique_ptr<net::SendComm>> send_;  // (peer, chan)
   std::map<std::pair<int, int>, std::unique_ptr<net::RecvComm>> recv_;
+  std::map<int, std::string> announced_;  // peer -> its announcement, once read
 };
 
 }  // namespace gw::coll
