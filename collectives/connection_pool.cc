@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -18,6 +19,9 @@ namespace gw::coll {
 namespace {
 
 std::string alive_key(int rank) { return fmt::format("alive/{}", rank); }
+
+// Linux's largest pid (PID_MAX_LIMIT, 2^22).
+constexpr unsigned long long kMaxPid = 4194304;
 
 // The pid namespace's inode: a pid means the same process only within one namespace.
 unsigned long long pid_namespace() {
@@ -42,12 +46,38 @@ bool read_process(long pid, char* state, unsigned long long* start) {
 
 }  // namespace
 
+std::string format_announcement(const ProcessAnnouncement& a) {
+  return fmt::format("{} {} {}", a.pid, a.start, a.pidns);
+}
+
+std::optional<ProcessAnnouncement> parse_announcement(std::string_view text) {
+  // Three decimal fields split by single spaces, nothing else.
+  unsigned long long v[3] = {0, 0, 0};
+  size_t at = 0;
+  for (int field = 0; field < 3; ++field) {
+    if (field > 0) {
+      if (at >= text.size() || text[at] != ' ') return std::nullopt;
+      ++at;
+    }
+    const char* begin = text.data() + at;
+    const auto [end, ec] = std::from_chars(begin, text.data() + text.size(), v[field]);
+    if (ec != std::errc() || end == begin) return std::nullopt;
+    at += static_cast<size_t>(end - begin);
+  }
+  if (at != text.size() || v[0] == 0 || v[0] > kMaxPid || v[2] == 0) return std::nullopt;
+  ProcessAnnouncement a;
+  a.pid = static_cast<long>(v[0]);
+  a.start = v[1];
+  a.pidns = v[2];
+  return a;
+}
+
 Status ConnectionPool::announce(Deadline deadline) {
   char state = 0;
   unsigned long long start = 0;
   const long pid = static_cast<long>(::getpid());
   if (group_.store() == nullptr || !read_process(pid, &state, &start)) return ok_status();
-  const std::string v = fmt::format("{} {} {}", pid, start, pid_namespace());
+  const std::string v = format_announcement({pid, start, pid_namespace()});
   return group_.store()->set(alive_key(group_.rank()), Bytes(v.begin(), v.end()), deadline);
 }
 
@@ -61,15 +91,13 @@ std::string ConnectionPool::gone(int peer) {
     if (!v.ok()) return std::string();  // not announced (yet): not known
     it = announced_.emplace(peer, std::string(v->begin(), v->end())).first;
   }
-  std::istringstream in(it->second);
-  long pid = 0;
-  unsigned long long start = 0, ns = 0;
-  if (!(in >> pid >> start >> ns) || pid <= 0 || ns == 0 || ns != pid_namespace()) {
-    return std::string();
-  }
+  const std::optional<ProcessAnnouncement> a = parse_announcement(it->second);
+  if (!a || a->pidns != pid_namespace()) return std::string();  // another namespace: not judged
+  const long pid = a->pid;
   char state = 0;
   unsigned long long now_start = 0;
-  if (read_process(pid, &state, &now_start) && now_start == start && state != 'Z' && state != 'X') {
+  if (read_process(pid, &state, &now_start) && now_start == a->start && state != 'Z' &&
+      state != 'X') {
     return std::string();
   }
   return fmt::format(

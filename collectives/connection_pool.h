@@ -13,7 +13,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,6 +41,17 @@ struct PoolOptions {
   config::Snapshot config;  // handed to the transports
   std::string route_host;   // handed to the transports (TransportOptions::route_host)
 };
+
+// Who a rank is, as ConnectionPool::announce publishes it in the store ("pid start pidns": the
+// pid, its start time in clock ticks after boot, the pid namespace's inode). parse_announcement
+// takes a peer's bytes: nullopt unless exactly three decimal fields, pid > 0 and pidns > 0.
+struct ProcessAnnouncement {
+  long pid = 0;
+  unsigned long long start = 0;
+  unsigned long long pidns = 0;
+};
+std::string format_announcement(const ProcessAnnouncement& a);
+std::optional<ProcessAnnouncement> parse_announcement(std::string_view text);
 
 class ConnectionPool {
  public:
