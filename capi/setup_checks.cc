@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <system_error>
 #include <thread>
 
 #include "capi/direct_session.h"
@@ -13,6 +12,7 @@
 #include "core/config.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
+#include "daemon/client.h"
 
 namespace gw::capi {
 
@@ -52,12 +52,12 @@ Status check_daemon_locally(const std::string& address) {
           path, path);
     }
     const int err = errno;
-    if (err != ENOENT || sys::expired(until)) {
-      return invalid_arg(
-          "GW_DAEMON=unix:{}: no gradwired listens there ({}): start gradwired with --socket {}, "
-          "or point GW_DAEMON at its socket (gradwirectl status --socket PATH says whether one "
-          "answers)",
-          path, std::error_code(err, std::generic_category()).message(), path);
+    // (ENOTDIR: a directory of the path is a file; no socket there either.)
+    if (err == ENOTDIR || (err == ENOENT && sys::expired(until))) {
+      return daemon::no_daemon_error(path);
+    }
+    if (err != ENOENT) {
+      return system_error(fmt::format("GW_DAEMON=unix:{}: stat {}", path, path), err);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

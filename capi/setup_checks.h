@@ -17,8 +17,10 @@ Status fail_before_rendezvous(const SessionOptions& options, const Status& why);
 
 // Daemon mode's local checks: the settings (config::validate), GW_DAEMON's form (unix:PATH, a
 // path a unix socket can have), and a socket file at PATH. A file that is not there yet is waited
-// for up to a second (a daemon started just before its trainers); then kInvalidArg naming the
-// path and what to do. Does not connect: the daemon sees no connection without a hello.
+// for up to a second (a daemon started just before its trainers); then daemon::no_daemon_error
+// (kPeer, the answer Client::connect gives a socket file nobody listens on: the setting may be
+// right, the daemon is what is missing). A malformed GW_DAEMON or a path that is not a socket is
+// kInvalidArg. Does not connect: the daemon sees no connection without a hello.
 Status check_daemon_locally(const std::string& address);
 
 }  // namespace gw::capi

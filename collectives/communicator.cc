@@ -188,6 +188,9 @@ Status CommImpl::set_up() {
     cost_ = cost_params_for_levels(flat, intra, inter);
     cost_.kernel_hosts = group_.max_hosts_per_kernel();
     cost_.cpus = cost_cpus();
+    // Before the last exchange of the set-up: a peer that waits on this rank later can then tell
+    // that it has gone (best effort; without it that peer waits out its deadline as before).
+    (void)pool_.announce(deadline_after_ms(settings_.timeout_ms));
     GW_RETURN_IF_ERROR(agree_cost_params());
     const double contention = crossing_contention(cost_, group_.max_local_size());
     if (multi_host && contention > 1) {

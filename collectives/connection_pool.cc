@@ -1,13 +1,108 @@
 #include "collectives/connection_pool.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <fstream>
+#include <iterator>
 #include <set>
+#include <sstream>
 
 #include "collectives/backoff.h"
 #include "core/log.h"
 #include "core/net/auto_backend.h"
 
 namespace gw::coll {
+namespace {
+
+std::string alive_key(int rank) { return fmt::format("alive/{}", rank); }
+
+// Linux's largest pid (PID_MAX_LIMIT, 2^22).
+constexpr unsigned long long kMaxPid = 4194304;
+
+// The pid namespace's inode: a pid means the same process only within one namespace.
+unsigned long long pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
+// State and start time (clock ticks after boot: field 22 of /proc/PID/stat, which tells a process
+// from a later one with its pid) of `pid`; false when there is no such process.
+bool read_process(long pid, char* state, unsigned long long* start) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (name_end == std::string::npos) return false;
+  std::istringstream fields(text.substr(name_end + 1));
+  std::string skip;
+  fields >> *state;
+  for (int field = 4; field < 22; ++field) fields >> skip;
+  fields >> *start;
+  return !fields.fail();
+}
+
+}  // namespace
+
+std::string format_announcement(const ProcessAnnouncement& a) {
+  return fmt::format("{} {} {}", a.pid, a.start, a.pidns);
+}
+
+std::optional<ProcessAnnouncement> parse_announcement(std::string_view text) {
+  // Three decimal fields split by single spaces, nothing else.
+  unsigned long long v[3] = {0, 0, 0};
+  size_t at = 0;
+  for (int field = 0; field < 3; ++field) {
+    if (field > 0) {
+      if (at >= text.size() || text[at] != ' ') return std::nullopt;
+      ++at;
+    }
+    const char* begin = text.data() + at;
+    const auto [end, ec] = std::from_chars(begin, text.data() + text.size(), v[field]);
+    if (ec != std::errc() || end == begin) return std::nullopt;
+    at += static_cast<size_t>(end - begin);
+  }
+  if (at != text.size() || v[0] == 0 || v[0] > kMaxPid || v[2] == 0) return std::nullopt;
+  ProcessAnnouncement a;
+  a.pid = static_cast<long>(v[0]);
+  a.start = v[1];
+  a.pidns = v[2];
+  return a;
+}
+
+Status ConnectionPool::announce(Deadline deadline) {
+  char state = 0;
+  unsigned long long start = 0;
+  const long pid = static_cast<long>(::getpid());
+  if (group_.store() == nullptr || !read_process(pid, &state, &start)) return ok_status();
+  const std::string v = format_announcement({pid, start, pid_namespace()});
+  return group_.store()->set(alive_key(group_.rank()), Bytes(v.begin(), v.end()), deadline);
+}
+
+std::string ConnectionPool::gone(int peer) {
+  if (peer < 0 || peer >= group_.size() || !group_.same_host(peer) || group_.store() == nullptr) {
+    return std::string();
+  }
+  auto it = announced_.find(peer);
+  if (it == announced_.end()) {
+    auto v = group_.store()->get(alive_key(peer), deadline_after_ms(20));
+    if (!v.ok()) return std::string();  // not announced (yet): not known
+    it = announced_.emplace(peer, std::string(v->begin(), v->end())).first;
+  }
+  const std::optional<ProcessAnnouncement> a = parse_announcement(it->second);
+  if (!a || a->pidns != pid_namespace()) return std::string();  // another namespace: not judged
+  const long pid = a->pid;
+  char state = 0;
+  unsigned long long now_start = 0;
+  if (read_process(pid, &state, &now_start) && now_start == a->start && state != 'Z' &&
+      state != 'X') {
+    return std::string();
+  }
+  return fmt::format(
+      "its process (pid {}, on this host) has exited since it set up this communicator", pid);
+}
 
 ConnectionPool::ConnectionPool(const Group& group, PoolOptions options,
                                const std::atomic<bool>* aborted)
@@ -102,6 +197,10 @@ Status ConnectionPool::connect_all(const char* name, const std::vector<Plan>& pl
       auto slice = std::min(deadline, deadline_after_ms(100));
       v = store.get(key(rank, peer, chan), slice);
       if (v.ok() || v.status().code() != Code::kTimeout || Clock::now() >= deadline) break;
+      // A peer that left after set-up never publishes its handle: known only where it ran here.
+      if (std::string why = gone(peer); !why.empty()) {
+        return peer_error("{}: rank {} is gone: {}", ctx(), peer, why);
+      }
     }
     if (!v.ok()) return v.status().with_context(ctx() + ": waiting for its handle");
     if (v->size() != net::kHandleSize) {
@@ -118,8 +217,22 @@ Status ConnectionPool::connect_all(const char* name, const std::vector<Plan>& pl
   }
   // 3. Poll connects and accepts alternately until all are up.
   Backoff backoff(options_.spin_us);
+  auto check_at = Clock::now() + std::chrono::milliseconds(100);
   while (!listeners.empty() || !connectors.empty()) {
     bool any = false;
+    if (Clock::now() >= check_at) {
+      // A peer gone after publishing its handle (one that refuses, the connector sees itself).
+      check_at = Clock::now() + std::chrono::milliseconds(100);
+      std::set<int> waited;
+      for (const auto& c : connectors) waited.insert(c.first.first);
+      for (const auto& l : listeners) waited.insert(l.first.first);
+      for (int peer : waited) {
+        if (std::string why = gone(peer); !why.empty()) {
+          return peer_error("{}: connecting with rank {}: rank {} is gone: {}", name, peer, peer,
+                            why);
+        }
+      }
+    }
     for (auto it = connectors.begin(); it != connectors.end();) {
       auto sc = it->second->poll();
       if (!sc.ok()) {

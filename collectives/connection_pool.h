@@ -13,7 +13,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +42,17 @@ struct PoolOptions {
   std::string route_host;   // handed to the transports (TransportOptions::route_host)
 };
 
+// Who a rank is, as ConnectionPool::announce publishes it in the store ("pid start pidns": the
+// pid, its start time in clock ticks after boot, the pid namespace's inode). parse_announcement
+// takes a peer's bytes: nullopt unless exactly three decimal fields, pid > 0 and pidns > 0.
+struct ProcessAnnouncement {
+  long pid = 0;
+  unsigned long long start = 0;
+  unsigned long long pidns = 0;
+};
+std::string format_announcement(const ProcessAnnouncement& a);
+std::optional<ProcessAnnouncement> parse_announcement(std::string_view text);
+
 class ConnectionPool {
  public:
   // `group` (its store) and `aborted` must outlive the pool.
@@ -62,10 +75,20 @@ class ConnectionPool {
   // Closes every connection (peers' pending operations then fail fast).
   void close_all();
 
+  // Publishes which process this rank is (pid, its start time and pid namespace), so that a peer
+  // on the same host that waits on it to connect learns at once that it has exited (a rank that
+  // leaves after set-up, before its first collective, publishes no handle and refuses nothing).
+  // Call once, during set-up, before the ranks' last exchange.
+  Status announce(Deadline deadline);
+
  private:
   static std::string key(int src, int dst, int chan) {
     return fmt::format("conn/{}/{}/{}", src, dst, chan);
   }
+
+  // Why `peer` is known gone ("" when it is not known): a rank on this host whose announced
+  // process has exited. Reads the peer's announcement once; cheap enough to ask every 100 ms.
+  std::string gone(int peer);
 
   const Group& group_;
   PoolOptions options_;
@@ -74,6 +97,7 @@ class ConnectionPool {
   std::vector<std::string> auto_failed_;  // backends auto saw fail with kUnsupported here
   std::map<std::pair<int, int>, std::unique_ptr<net::SendComm>> send_;  // (peer, chan)
   std::map<std::pair<int, int>, std::unique_ptr<net::RecvComm>> recv_;
+  std::map<int, std::string> announced_;  // peer -> its announcement, once read
 };
 
 }  // namespace gw::coll

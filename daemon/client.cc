@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,6 +93,17 @@ Status check_daemon_peer(const ucred& daemon, uid_t self, const gid_t* group,
       group != nullptr ? fmt::format(", nor in group {} (GW_DAEMON_GROUP)", *group) : "");
 }
 
+Status no_daemon_error(const std::string& path) {
+  struct stat st {};
+  const bool there = ::stat(path.c_str(), &st) == 0;
+  return peer_error(
+      "GW_DAEMON=unix:{}: no gradwired there: {} is {}; start gradwired with --socket {} (or point "
+      "GW_DAEMON at its socket), and `gradwirectl status --socket {}` says whether one answers",
+      path, path,
+      there ? "a socket nobody listens on: a gradwired that died left it" : "no such file", path,
+      path);
+}
+
 Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const Hello& h,
                                                 int64_t spin_ns) {
   const sys::Deadline deadline = sys::deadline_after_ms(h.timeout_ms);
@@ -118,13 +130,10 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const H
       c->sock_ = std::move(*fd);
       break;
     }
-    if (fd.status().code() != Code::kPeer || sys::expired(connect_by) ||
-        (nobody && sys::expired(grace_by))) {
-      return fd.status().with_context(fmt::format(
-          "no gradwired answers on {} (GW_DAEMON=unix:{}){}", path, path,
-          nobody ? ": start gradwired there, or point GW_DAEMON at its socket (gradwirectl "
-                   "status --socket PATH says whether one answers)"
-                 : ""));
+    if (nobody && sys::expired(grace_by)) return no_daemon_error(path);
+    if (fd.status().code() != Code::kPeer || sys::expired(connect_by)) {
+      return fd.status().with_context(
+          fmt::format("no gradwired answers on {} (GW_DAEMON=unix:{})", path, path));
     }
     if (sys::Clock::now() >= say_at) {
       GW_LOG_WARN(

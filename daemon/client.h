@@ -39,6 +39,11 @@ namespace gw::daemon {
 Status check_daemon_peer(const ucred& daemon, uid_t self, const gid_t* group,
                          const std::vector<gid_t>& daemon_groups, const std::string& path);
 
+// The one answer, kPeer, when no gradwired answers at `path`, whichever way it is found: no file
+// there, or a socket file nobody listens on (a gradwired that died left it; connect is refused).
+// It names the path and what is there, and says what to do. Looks at `path` itself (stat).
+Status no_daemon_error(const std::string& path);
+
 class Client {
  public:
   // Connects to the daemon listening on `path` (retrying while it may still be starting: until

@@ -152,6 +152,13 @@ Status listener_unproven_error(std::string_view peer) {
       peer);
 }
 
+Status listener_gone_error(std::string_view peer, int64_t refused_ms) {
+  return peer_error(
+      "connect to {}: connection refused for {} ms where it listened: that rank is gone (its "
+      "process exited or closed the communicator)",
+      peer, refused_ms);
+}
+
 Status connect_timeout_error(std::string_view peer, int64_t timeout_ms,
                              std::string_view last_problem) {
   return timeout_error("connect to {}: no connection within {} ms ({})", peer, timeout_ms,

@@ -150,4 +150,12 @@ Status listener_unproven_error(std::string_view peer);   // the listener's proof
 Status connect_timeout_error(std::string_view peer, int64_t timeout_ms,
                              std::string_view last_problem);
 
+// A handle exists only once its listener listens (every backend's listen() makes the socket
+// listen before it writes the handle), so a connect refused at a handle's address means that
+// listener is gone: its process exited or closed it. It is retried for kListenerGoneMs only (the
+// refusals of a listen queue overflowing, where a kernel answers so, pass within it), then
+// listener_gone_error (kPeer) instead of waiting out timeout_ms.
+inline constexpr int64_t kListenerGoneMs = 1000;
+Status listener_gone_error(std::string_view peer, int64_t refused_ms);
+
 }  // namespace gw::net::handshake

@@ -306,11 +306,22 @@ class ShmConnector final : public Connector {
     if (phase_ == Phase::kIdle) {
       if (now_ns() < retry_at_ns_) return std::unique_ptr<SendComm>();
       GW_ASSIGN_OR_RETURN(sys::UnixAddress addr, sys::UnixAddress::abstract(name_));
-      Result<Fd> fd = sys::connect_unix(addr, SOCK_SEQPACKET);
+      bool nobody = false;
+      Result<Fd> fd = sys::connect_unix(addr, SOCK_SEQPACKET, &nobody);
       if (!fd.ok()) {
         if (fd.status().code() != Code::kPeer) return fd.status();
         last_problem_ = fmt::format("last attempt: {}", fd.status().message());
-        retry_at_ns_ = now_ns() + kRetryNs;
+        const int64_t now = now_ns();
+        retry_at_ns_ = now + kRetryNs;
+        // No listener at the name: it listened before its handle was published, so once this
+        // lasts kListenerGoneMs it is gone (a full queue, EAGAIN, is waited for).
+        if (!nobody) {
+          refused_since_ns_ = 0;
+        } else if (refused_since_ns_ == 0) {
+          refused_since_ns_ = now;
+        } else if (now - refused_since_ns_ >= handshake::kListenerGoneMs * 1000000) {
+          return handshake::listener_gone_error(peer_, (now - refused_since_ns_) / 1000000);
+        }
         return std::unique_ptr<SendComm>();
       }
       fd_ = std::move(*fd);
@@ -405,6 +416,7 @@ class ShmConnector final : public Connector {
   Fd fd_;
   Phase phase_ = Phase::kIdle;
   int64_t retry_at_ns_ = 0;
+  int64_t refused_since_ns_ = 0;  // the first of the refusals in a row, 0: none
   Status error_;
   std::string last_problem_;
   bool returned_ = false;

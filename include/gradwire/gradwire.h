@@ -118,7 +118,10 @@ gw_status_t gw_config_set(const char* name, const char* value);
  * gw_comm_init alike): communicators made with the same store address and job token share this
  * process's store (rank 0 hosts its server once, until its last such communicator is destroyed),
  * each under its own keys. Every rank must then create them in the same order, and collectives on
- * each are matched among that communicator's ranks only, as for gw_comm_split. */
+ * each are matched among that communicator's ranks only, as for gw_comm_split.
+ * Daemon mode (GW_DAEMON=unix:PATH): no gradwired at PATH (no file there, or a socket file nobody
+ * listens on, a dead daemon's) is GW_ERR_PEER on every rank within about a second; a malformed
+ * GW_DAEMON is GW_ERR_INVALID_ARG. */
 gw_status_t gw_comm_init_from_env(gw_comm_t* comm);
 
 /* Same, with explicit configuration (see gw_config_t). config must not be NULL and config->size

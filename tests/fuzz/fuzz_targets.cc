@@ -21,6 +21,7 @@ std::vector<std::vector<uint8_t>> daemon_control_seeds();
 std::vector<std::vector<uint8_t>> daemon_import_seeds();
 std::vector<std::vector<uint8_t>> metrics_http_seeds();
 std::vector<std::vector<uint8_t>> kv_seeds();
+std::vector<std::vector<uint8_t>> pool_announcement_seeds();
 #ifdef GW_FUZZ_VERBS
 std::vector<std::vector<uint8_t>> verbs_seeds();
 #endif
@@ -53,6 +54,7 @@ const std::vector<Target>& targets() {
       {"daemon_import", &daemon_import, &daemon_import_seeds},
       {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
       {"kv_frames", &kv_frames, &kv_seeds},
+      {"pool_announcement", &pool_announcement, &pool_announcement_seeds},
 #ifdef GW_FUZZ_VERBS
       {"verbs_wire", &verbs_wire, &verbs_seeds},
 #endif

@@ -48,6 +48,9 @@ int metrics_http_request(const uint8_t* data, size_t size);
 // The parameter server's frames (kv/wire.h): decoded, checked, applied to one store's rules, and
 // its answers checked as a worker checks replies.
 int kv_frames(const uint8_t* data, size_t size);
+// A peer's announcement in the store (collectives/connection_pool.h, parse_announcement): what
+// parses has a pid and a pid namespace, and formats back to itself.
+int pool_announcement(const uint8_t* data, size_t size);
 // verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
 // hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
 // (GW_FUZZ_VERBS).

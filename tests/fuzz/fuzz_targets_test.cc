@@ -134,6 +134,8 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("verbs.handle_accepted");
     reached("verbs.listener_replied");
     reached("verbs.connector_refused_answer");
+  } else if (name == "pool_announcement") {
+    reached("pool.announcement_parsed");
   } else if (name == "kv_frames") {
     reached("kv.decoded");
     reached("kv.applied");

@@ -1,9 +1,11 @@
-// The NCCL plugin's handle and the TOML configuration loader (fuzz_targets.h).
+// The NCCL plugin's handle, the TOML configuration loader and a peer's announcement in the
+// store (fuzz_targets.h).
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
+#include "collectives/connection_pool.h"
 #include "core/config_file.h"
 #include "core/net/shm_transport.h"
 #include "core/net/tcp_transport.h"
@@ -101,6 +103,28 @@ std::vector<std::vector<uint8_t>> config_seeds() {
           "x = [ { " + parts(n - 1, ".") + " = 1 }, { y = 2 } ]\n"}) {
       out.emplace_back(s.begin(), s.end());
     }
+  }
+  return out;
+}
+
+int pool_announcement(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const auto a = coll::parse_announcement(text);
+  if (!a) return 0;
+  ++counter("pool.announcement_parsed");
+  check(a->pid > 0 && a->pidns > 0, "announcement: pid and pid namespace are set");
+  const auto again = coll::parse_announcement(coll::format_announcement(*a));
+  check(again && again->pid == a->pid && again->start == a->start && again->pidns == a->pidns,
+        "announcement: formats back to itself");
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> pool_announcement_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  for (std::string_view s : {"4242 123456 4026531836", "1 0 1", "4194304 18446744073709551615 7",
+                             "4194305 1 1", "0 1 1", "12 34", "12  34 56", "-1 2 3", "1 2 3 ",
+                             "+1 2 3", "1 2 0", "99999999999999999999999 1 1"}) {
+    out.emplace_back(s.begin(), s.end());
   }
   return out;
 }

@@ -11,6 +11,9 @@
  *   mismatch           rank r calls allreduce with count 1000 + 17 r: must fail, not hang
  *   die KILLER COUNT   rank KILLER starts an allreduce of COUNT floats and SIGKILLs itself while it
  *                      runs; the others keep calling allreduce until it fails
+ *   leave WHO HOW      rank WHO leaves right after gw_comm_init returns, before any collective
+ *                      (HOW: "exit", exit(0) without gw_comm_destroy, or "kill", SIGKILL); the
+ *                      others call one allreduce, which must fail naming it
  *   identity           prints the rank/size the library detected next to the launcher variables,
  *                      then checks one allreduce
  *   twice              creates a second communicator the same way as the first (same
@@ -260,6 +263,25 @@ static int run_die(gw_comm_t comm, int rank, int killer, size_t count) {
   return 0;
 }
 
+static int run_leave(gw_comm_t comm, int rank, int who, const char* how) {
+  if (rank == who) {
+    printf("LEAVING rank=%d\n", rank);
+    fflush(stdout);
+    if (strcmp(how, "kill") == 0) raise(SIGKILL);
+    exit(0);
+  }
+  float buf[1024];
+  memset(buf, 0, sizeof(buf));
+  double t0 = now_ms();
+  gw_status_t s = gw_allreduce(comm, buf, buf, 1024, GW_FLOAT32, GW_SUM);
+  if (s == GW_OK) {
+    printf("RESULT rank=%d status=0 elapsed_ms=%.0f (a rank left, yet the allreduce ran)\n", rank,
+           now_ms() - t0);
+    return 1;
+  }
+  return report_failure("the first allreduce after a rank left", s, t0);
+}
+
 static int run_identity(gw_comm_t comm, int rank, int world) {
   const char* vars[] = {"GW_RANK",      "RANK",       "OMPI_COMM_WORLD_RANK",
                         "SLURM_PROCID", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
@@ -318,7 +340,8 @@ int main(int argc, char** argv) {
     }
   }
   if (i >= argc) {
-    fprintf(stderr, "usage: %s [options] suite|mismatch|die|identity|twice [args]\n", argv[0]);
+    fprintf(stderr, "usage: %s [options] suite|mismatch|die|leave|identity|twice [args]\n",
+            argv[0]);
     return 2;
   }
   const char* scenario = argv[i++];
@@ -338,6 +361,8 @@ int main(int argc, char** argv) {
     rc = run_mismatch(comm, rank);
   } else if (strcmp(scenario, "die") == 0 && argc - i == 2) {
     rc = run_die(comm, rank, atoi(argv[i]), (size_t)strtoull(argv[i + 1], NULL, 10));
+  } else if (strcmp(scenario, "leave") == 0 && argc - i == 2) {
+    rc = run_leave(comm, rank, atoi(argv[i]), argv[i + 1]);
   } else if (strcmp(scenario, "identity") == 0) {
     rc = run_identity(comm, rank, world);
   } else if (strcmp(scenario, "twice") == 0) {

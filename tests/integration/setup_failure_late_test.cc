@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -136,7 +137,9 @@ TEST(SetupFailureLateTest, AJobWhoseRanksAllSetUpRuns) {
 }
 
 // GW_DAEMON naming a socket nobody listens on is a known answer at any number of ranks: no file
-// there (before: 10 s of retries) or a file nothing listens on (a dead daemon's: refused).
+// there (before: 10 s of retries) or a file nothing listens on (a dead daemon's: refused), the
+// same status and message either way (before: GW_ERR_INVALID_ARG for one, GW_ERR_PEER for the
+// other, worded apart).
 class NoDaemonListens : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(NoDaemonListens, EveryRankFailsAtOnce) {
@@ -160,11 +163,21 @@ TEST_P(NoDaemonListens, EveryRankFailsAtOnce) {
   auto results = g.wait_all(4 * kTimeoutMs);
   ASSERT_EQ(results.size(), static_cast<size_t>(world));
   expect_failed_promptly(results, kPromptMs, kSpreadMs);
+  // One answer whichever way it is found: GW_ERR_PEER, the path, what is there, what to do.
+  const std::string found =
+      file_there ? path + " is a socket nobody listens on: a gradwired that died left it"
+                 : path + " is no such file";
   for (const auto& res : results) {
-    EXPECT_NE(res.output.find(path), std::string::npos) << res.describe();
-    EXPECT_NE(res.output.find(file_there ? "refused" : "No such file"), std::string::npos)
+    EXPECT_EQ(res.exit_code, 10 + 3) << "GW_ERR_PEER: " << res.describe();
+    EXPECT_NE(res.output.find("GW_DAEMON=unix:" + path + ": no gradwired there"), std::string::npos)
         << res.describe();
-    EXPECT_NE(res.output.find("start gradwired"), std::string::npos) << res.describe();
+    EXPECT_NE(res.output.find(found), std::string::npos) << res.describe();
+    EXPECT_NE(res.output.find("start gradwired with --socket " + path), std::string::npos)
+        << res.describe();
+    EXPECT_NE(res.output.find("`gradwirectl status --socket " + path + "`"), std::string::npos)
+        << res.describe();
+    std::printf("[ figure ] no daemon (%s) at %d rank(s): failed in %.0f ms\n",
+                file_there ? "dead socket" : "no file", world, res.elapsed_ms);
   }
 }
 

@@ -14,8 +14,10 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
 #include "tests/support/connected_pair.h"
@@ -196,6 +198,33 @@ TEST(ShmTransport, BogusHandshakeIsRefusedAndListenerKeepsListening) {
     }
   }
   EXPECT_TRUE(send_comm && recv_comm);
+}
+
+// As for tcp: a handle's listener listened before the handle was written, so a name nobody
+// listens at any more is a listener gone, said after kListenerGoneMs, not after the deadline.
+TEST(ShmTransport, AConnectorToAListenerThatIsGoneFailsFast) {
+  auto t = make_shm_transport(options("host-a", 60000));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  Handle h;
+  {
+    auto l = (*t)->listen(&h);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+  }
+  auto c = (*t)->connect(h);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const int64_t t0 = now_ms();
+  Result<std::unique_ptr<SendComm>> r = std::unique_ptr<SendComm>();
+  while (r.ok() && !*r && now_ms() - t0 < 20000) {
+    r = (*c)->poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int64_t took = now_ms() - t0;
+  ASSERT_FALSE(r.ok()) << "connected to a closed listener?";
+  EXPECT_EQ(r.status().code(), Code::kPeer) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("rank 1"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("is gone"), std::string::npos) << r.status().message();
+  EXPECT_GE(took, handshake::kListenerGoneMs - 50);
+  EXPECT_LT(took, 10000) << "waited towards the deadline";
 }
 
 }  // namespace

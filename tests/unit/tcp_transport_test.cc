@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
 #include "core/sys/fd.h"
 #include "tests/support/connected_pair.h"
@@ -667,6 +668,37 @@ TEST(TcpThreads, WaitFdsOfferAnEventfdSignalledOnCompletion) {
   done = false;
   while (!done && now_ms() < deadline) ASSERT_TRUE(conn.send->test(*s, &done, &got).ok());
   EXPECT_TRUE(done);
+}
+
+// A handle is written only once its listener listens, so a connect refused at its address means
+// the listener is gone: the connector says so after kListenerGoneMs of refusals, naming the rank
+// and address, not after its 60 s deadline.
+TEST(TcpTransport, AConnectorToAListenerThatIsGoneFailsFast) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  auto t = make_tcp_transport(options(60000));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  Handle h;
+  {
+    auto l = (*t)->listen(&h);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+  }  // the listener closes: its port now refuses
+  auto c = (*t)->connect(h);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const int64_t t0 = now_ms();
+  Result<std::unique_ptr<SendComm>> r = std::unique_ptr<SendComm>();
+  while (r.ok() && !*r && now_ms() - t0 < 20000) {
+    r = (*c)->poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int64_t took = now_ms() - t0;
+  ASSERT_FALSE(r.ok()) << "connected to a closed listener?";
+  EXPECT_EQ(r.status().code(), Code::kPeer) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("rank 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("127.0.0.1:"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("is gone"), std::string::npos) << r.status().message();
+  // Structural: the refusals were retried for the window first; generous above it.
+  EXPECT_GE(took, handshake::kListenerGoneMs - 50);
+  EXPECT_LT(took, 10000) << "waited towards the deadline";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The tcp connector: connects every socket of a connection (retrying while the listener is not
-// up yet) and runs the connector's half of the handshake (docs/wire-tcp.md).
+// The tcp connector: connects every socket of a connection (retrying what may pass; a listener
+// that refuses for kListenerGoneMs is gone) and runs the connector's half of the handshake
+// (docs/wire-tcp.md).
 #include "core/net/tcp/connector.h"
 
 #include <poll.h>
@@ -81,7 +82,8 @@ class TcpConnector final : public Connector {
     Phase phase = Phase::kIdle;
     size_t sent = 0;  // bytes of the current phase's message moved
     int64_t retry_at_ns = 0;
-    Hello hello{};  // this socket's hello (its own index and challenge)
+    int64_t refused_since_ns = 0;  // the first of the refusals in a row, 0: none
+    Hello hello{};                 // this socket's hello (its own index and challenge)
     Challenge challenge{};
     Proof proof{};
   };
@@ -108,12 +110,23 @@ class TcpConnector final : public Connector {
     return true;
   }
 
-  void retry_later(Sock& s, int err) {
+  // Another attempt later; but a refusal that lasts kListenerGoneMs is an answer: the handle's
+  // listener listened before its handle was published, so it is gone (handshake.h).
+  Status retry_later(Sock& s, int err) {
     char buf[128];
     last_problem_ = fmt::format("last attempt: {}", strerror_r(err, buf, sizeof(buf)));
     s.fd.reset();
     s.phase = Phase::kIdle;
-    s.retry_at_ns = now_ns() + kRetryNs;
+    const int64_t now = now_ns();
+    s.retry_at_ns = now + kRetryNs;
+    if (err != ECONNREFUSED) {
+      s.refused_since_ns = 0;
+    } else if (s.refused_since_ns == 0) {
+      s.refused_since_ns = now;
+    } else if (now - s.refused_since_ns >= handshake::kListenerGoneMs * 1000000) {
+      return handshake::listener_gone_error(peer_, (now - s.refused_since_ns) / 1000000);
+    }
+    return ok_status();
   }
 
   Status advance(Sock& s, uint16_t index) {
@@ -130,8 +143,7 @@ class TcpConnector final : public Connector {
           } else if (errno == EINPROGRESS || errno == EINTR) {
             s.phase = Phase::kConnecting;
           } else if (is_peer_errno(errno) || errno == EAGAIN) {
-            retry_later(s, errno);
-            return ok_status();
+            return retry_later(s, errno);
           } else {
             return socket_error("connect to", peer_, errno);
           }
@@ -146,8 +158,7 @@ class TcpConnector final : public Connector {
           if (err == 0) {
             s.phase = Phase::kHello;
           } else if (is_peer_errno(err)) {
-            retry_later(s, err);
-            return ok_status();
+            return retry_later(s, err);
           } else {
             return socket_error("connect to", peer_, err);
           }
