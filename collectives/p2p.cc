@@ -305,19 +305,25 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
 void PointToPoint::Impl::step() {
   // Announced as a driver (as drive does), so that a progress thread that looks meanwhile stands
   // aside for its 1 ms wait instead of competing with a caller polling in a loop; not woken when
-  // leaving: it takes over within that wait if the caller stops polling.
+  // leaving (it takes over within that wait if the caller stops polling), except for a
+  // connection's set-up: the store lookup, which may wait, is the progress thread's.
   drivers.fetch_add(1);
+  bool wake_thread = false;
   {
     std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
     // Taken: another thread is moving the engine right now, which is all this pass would do.
     if (lock.owns_lock() && started && !stop && !aborted->load()) {
       held = &lock;
+      polling = true;
       progress_locked();
       check_deadlines();
+      polling = false;
+      wake_thread = lookup_wanted;
+      lookup_wanted = false;
     }
   }
   drivers.fetch_sub(1);
-  if (aborted->load()) cv.notify_all();
+  if (wake_thread || aborted->load()) cv.notify_all();
 }
 
 void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {

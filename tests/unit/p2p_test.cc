@@ -345,6 +345,47 @@ TEST(P2PTest, TestAloneDrivesAPingPong) {
   EXPECT_LT(best_us, 500.0) << "best median round trip of 3 rounds";
 }
 
+// gw_test returns at once while its peer's connection is being set up: the store lookup, which
+// waits for the peer's handles (up to 20 ms a try), stays with the progress thread. Rank 1 makes
+// its first point-to-point call 300 ms late; rank 0 polls its send meanwhile.
+TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
+  std::vector<double> call_us;
+  run_world(2, "tcp", 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
+    int32_t v = 41 + rank;
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      GW_CHECK_RANK(rank, e, gw_recv(c, &v, 1, GW_INT32, 0, 3));
+      if (v != 41) e.add(rank, "got " + std::to_string(v));
+      return;
+    }
+    gw_request_t q = nullptr;
+    GW_CHECK_RANK(rank, e, gw_isend(c, &v, 1, GW_INT32, 1, 3, &q));
+    if (q == nullptr) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int done = 0; !done;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (gw_test(q, &done) != GW_OK) {
+        e.add(rank, std::string("gw_test: ") + gw_last_error());
+        return;
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      call_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (t1 > until) {
+        e.add(rank, "send not done after 10 s");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  if (HasFailure()) return;
+  ASSERT_GT(call_us.size(), 10u);  // rank 1 came 300 ms late
+  std::sort(call_us.begin(), call_us.end());
+  const double median = call_us[call_us.size() / 2];
+  std::printf("gw_test during set-up: %zu calls, median %.1f us, max %.1f us\n", call_us.size(),
+              median, call_us.back());
+  EXPECT_LT(median, 5000.0);
+}
+
 TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
   run_world(2, "tcp", 1500, [](gw_comm_t c, int rank, int, RankErrors& e) {
     int32_t x = 0;
