@@ -347,7 +347,9 @@ TEST(P2PTest, TestAloneDrivesAPingPong) {
 
 // gw_test returns at once while its peer's connection is being set up: the store lookup, which
 // waits for the peer's handles (up to 20 ms a try), stays with the progress thread. Rank 1 makes
-// its first point-to-point call 300 ms late; rank 0 polls its send meanwhile.
+// its first point-to-point call 300 ms late; rank 0 polls its send meanwhile. (Both end with a
+// barrier: a receiver that destroys its communicator right after its first receive may leave
+// the sender without its ACK: a known gap, docs/collectives.md "Point to point".)
 TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
   std::vector<double> call_us;
   run_world(2, "tcp", 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
@@ -356,6 +358,7 @@ TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       GW_CHECK_RANK(rank, e, gw_recv(c, &v, 1, GW_INT32, 0, 3));
       if (v != 41) e.add(rank, "got " + std::to_string(v));
+      GW_CHECK_RANK(rank, e, gw_barrier(c));  // destroy only once rank 0 has its ACK
       return;
     }
     gw_request_t q = nullptr;
@@ -376,14 +379,17 @@ TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    GW_CHECK_RANK(rank, e, gw_barrier(c));
   });
   if (HasFailure()) return;
   ASSERT_GT(call_us.size(), 10u);  // rank 1 came 300 ms late
   std::sort(call_us.begin(), call_us.end());
-  const double median = call_us[call_us.size() / 2];
-  std::printf("gw_test during set-up: %zu calls, median %.1f us, max %.1f us\n", call_us.size(),
-              median, call_us.back());
-  EXPECT_LT(median, 5000.0);
+  double total_us = 0;
+  for (double t : call_us) total_us += t;
+  std::printf("gw_test during set-up: %zu calls, median %.1f us, max %.1f us, %.1f ms in all\n",
+              call_us.size(), call_us[call_us.size() / 2], call_us.back(), total_us / 1000);
+  // With the lookup in the caller's pass, most of the 300 ms went into 20 ms waits on the store.
+  EXPECT_LT(total_us, 100000.0) << "time spent inside gw_test while rank 1 was late";
 }
 
 TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
