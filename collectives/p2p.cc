@@ -67,9 +67,25 @@ Status P2PRequest::wait(int64_t timeout_ms) {
   return status_;
 }
 
-Status P2PRequest::test(bool* done) {
+Status P2PRequest::test(bool* out) {
+  if (driver_ && !done()) {
+    // One pass of the engine in this thread, so that a caller that only polls sees its op end
+    // as soon as its bytes are in (not when the progress thread next looks, up to 1 ms later).
+    PointToPoint::Impl* engine = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(driver_->mu);
+      engine = driver_->impl;
+      if (engine) ++driver_->users;
+    }
+    if (engine) {
+      engine->step();
+      std::lock_guard<std::mutex> lock(driver_->mu);
+      --driver_->users;
+      driver_->cv.notify_all();
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  *done = done_;
+  *out = done_;
   return done_ ? status_ : ok_status();
 }
 
@@ -284,6 +300,30 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
   // requests); otherwise it looks again within its 1 ms wait, and a caller that goes on to its
   // next call does not have it woken on its core first.
   if (active > 0 || aborted->load() || stop) cv.notify_all();
+}
+
+void PointToPoint::Impl::step() {
+  // Announced as a driver (as drive does), so that a progress thread that looks meanwhile stands
+  // aside for its 1 ms wait instead of competing with a caller polling in a loop; not woken when
+  // leaving (it takes over within that wait if the caller stops polling), except for a
+  // connection's set-up: the store lookup, which may wait, is the progress thread's.
+  drivers.fetch_add(1);
+  bool wake_thread = false;
+  {
+    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+    // Taken: another thread is moving the engine right now, which is all this pass would do.
+    if (lock.owns_lock() && started && !stop && !aborted->load()) {
+      held = &lock;
+      polling = true;
+      progress_locked();
+      check_deadlines();
+      polling = false;
+      wake_thread = lookup_wanted;
+      lookup_wanted = false;
+    }
+  }
+  drivers.fetch_sub(1);
+  if (wake_thread || aborted->load()) cv.notify_all();
 }
 
 void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {

@@ -52,7 +52,9 @@ class P2PRequest {
   // costs no thread hand-off: it spins on its own request (GW_SPIN_US, then yields and polls as
   // the progress thread does) instead of sleeping until the progress thread wakes it.
   Status wait(int64_t timeout_ms);
-  // Sets *done; when done, returns the op's final status.
+  // Sets *done; when done, returns the op's final status. Not done yet: first moves the engine
+  // once in this thread (one non-blocking pass, as a waiting caller's, skipped while another
+  // thread moves it), so that a caller polling with test alone costs no thread hand-off either.
   Status test(bool* done);
   // Once done with OK: the bytes received (or sent) and the source rank (receives).
   size_t bytes() const;

@@ -169,6 +169,11 @@ struct PointToPoint::Impl {
   std::shared_ptr<P2PDriver> driver = std::make_shared<P2PDriver>();
   // A caller's turn at moving the engine for req, until req is done, until, or the engine stops.
   void drive(const P2PRequest& req, Clock::time_point until);
+  // A polling caller's turn (P2PRequest::test): one non-blocking pass of progress and deadlines,
+  // skipped when another thread holds mu (it is moving the engine then).
+  void step();
+  bool polling = false;        // step's pass: no store lookups (they may wait)
+  bool lookup_wanted = false;  // step skipped one: the progress thread is woken for it
   // A new op's first step, in the caller's thread with mu held (lock): its peer's connections
   // moved once (an RTS posted, an arrived message matched) before any thread hand-off.
   void kick(std::unique_lock<std::mutex>* lock, int peer);

@@ -51,7 +51,11 @@ bool PointToPoint::Impl::progress_peer(int p) {
       }
     }
   }
-  if (peer.want_connect && !peer.sc[0] && !peer.conn[0] && Clock::now() >= peer.next_lookup) {
+  const bool lookup_due =
+      peer.want_connect && !peer.sc[0] && !peer.conn[0] && Clock::now() >= peer.next_lookup;
+  // A polling caller's pass (step) leaves the store's round trip, which may wait, to the thread.
+  if (lookup_due && polling) lookup_wanted = true;
+  if (lookup_due && !polling) {
     peer.next_lookup = Clock::now() + std::chrono::milliseconds(2);
     // Both handles (the peer publishes them together); mu is released for the store's round trip.
     Result<Bytes> v[2] = {Status(Code::kTimeout, ""), Status(Code::kTimeout, "")};

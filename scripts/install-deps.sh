@@ -15,11 +15,11 @@ build_pkgs=(
   libibverbs-dev librdmacm-dev liburing-dev libnuma-dev libpmix-dev
   libdpdk-dev libxdp-dev libbpf-dev
 )
-# The tests, fuzzers, peers and benchmarks: clang's libFuzzer, Open MPI, Debian's torch, network
-# namespaces and captures; a Prometheus server and a Slurm (tests/ops/).
+# The tests, fuzzers, peers and benchmarks: clang's libFuzzer, Open MPI, UCX's ucx_perftest,
+# Debian's torch, network namespaces and captures; a Prometheus server and a Slurm (tests/ops/).
 test_pkgs=(
   clang-14 libfuzzer-14-dev
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev ucx-utils
   python3 python3-torch python3-numpy python3-matplotlib python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
   iproute2 procps ethtool dpdk tshark

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -275,6 +276,120 @@ void expect_deadline(int rank, RankErrors& e, const std::function<gw_status_t()>
           .count();
   if (s != GW_ERR_TIMEOUT) e.add(rank, "status " + std::to_string(s) + ": " + last_error());
   if (ms < 1000 || ms > 10000) e.add(rank, "ended after " + std::to_string(ms) + " ms");
+}
+
+// Polls a request with gw_test alone until it ends (false: it failed or 10 s passed).
+bool poll_until_done(gw_request_t q, int rank, RankErrors& errors) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    int done = 0;
+    if (gw_test(q, &done) != GW_OK) {
+      errors.add(rank, std::string("gw_test: ") + gw_last_error());
+      return false;
+    }
+    if (done) return true;
+    // A polling caller does something else between tests; here: give the core away, so that on
+    // a machine with more threads than cores the peer rank runs (a pure spin waits a time slice).
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() > until) {
+      errors.add(rank, "request not done after 10 s of gw_test");
+      return false;
+    }
+  }
+}
+
+// gw_test moves the engine itself: a ping-pong driven only by gw_isend/gw_irecv and gw_test loops
+// (no blocking wait) does not wait for the progress thread's 1 ms period. Round trips measured on
+// rank 0; best median of 3 rounds, since the machine may be loaded.
+TEST(P2PTest, TestAloneDrivesAPingPong) {
+  constexpr int kWarm = 20, kTrips = 200;
+  double best_us = 1e18;
+  for (int round = 0; round < 3 && best_us >= 500; ++round) {
+    std::vector<double> rtt_us;
+    run_world(2, "shm", 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
+      const int peer = 1 - rank;
+      for (int i = 0; i < kWarm + kTrips; ++i) {
+        int64_t out = int64_t{i} * 2 + rank, in = -1;
+        gw_request_t rq = nullptr, sq = nullptr;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (gw_irecv(c, &in, 1, GW_INT64, peer, 7, &rq) != GW_OK) {
+          e.add(rank, std::string("irecv: ") + gw_last_error());
+          return;
+        }
+        if (rank == 1 && !poll_until_done(rq, rank, e)) return;
+        if (gw_isend(c, &out, 1, GW_INT64, peer, 7, &sq) != GW_OK) {
+          e.add(rank, std::string("isend: ") + gw_last_error());
+          return;
+        }
+        if (rank == 0 && !poll_until_done(rq, rank, e)) return;
+        if (!poll_until_done(sq, rank, e)) return;
+        if (rank == 0 && i >= kWarm) {
+          rtt_us.push_back(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count());
+        }
+        if (in != int64_t{i} * 2 + peer) {
+          e.add(rank, "trip " + std::to_string(i) + ": got " + std::to_string(in));
+          return;
+        }
+      }
+    });
+    if (HasFailure()) return;
+    ASSERT_EQ(rtt_us.size(), static_cast<size_t>(kTrips));
+    std::sort(rtt_us.begin(), rtt_us.end());
+    const double median = rtt_us[rtt_us.size() / 2];
+    std::printf("gw_test-driven shm ping-pong, round %d: median round trip %.1f us (min %.1f)\n",
+                round, median, rtt_us.front());
+    best_us = std::min(best_us, median);
+  }
+  EXPECT_LT(best_us, 500.0) << "best median round trip of 3 rounds";
+}
+
+// gw_test returns at once while its peer's connection is being set up: the store lookup, which
+// waits for the peer's handles (up to 20 ms a try), stays with the progress thread. Rank 1 makes
+// its first point-to-point call 300 ms late; rank 0 polls its send meanwhile. (Both end with a
+// barrier: a receiver that destroys its communicator right after its first receive may leave
+// the sender without its ACK: a known gap, docs/collectives.md "Point to point".)
+TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
+  std::vector<double> call_us;
+  run_world(2, "tcp", 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
+    int32_t v = 41 + rank;
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      GW_CHECK_RANK(rank, e, gw_recv(c, &v, 1, GW_INT32, 0, 3));
+      if (v != 41) e.add(rank, "got " + std::to_string(v));
+      GW_CHECK_RANK(rank, e, gw_barrier(c));  // destroy only once rank 0 has its ACK
+      return;
+    }
+    gw_request_t q = nullptr;
+    GW_CHECK_RANK(rank, e, gw_isend(c, &v, 1, GW_INT32, 1, 3, &q));
+    if (q == nullptr) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int done = 0; !done;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (gw_test(q, &done) != GW_OK) {
+        e.add(rank, std::string("gw_test: ") + gw_last_error());
+        return;
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      call_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (t1 > until) {
+        e.add(rank, "send not done after 10 s");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    GW_CHECK_RANK(rank, e, gw_barrier(c));
+  });
+  if (HasFailure()) return;
+  ASSERT_GT(call_us.size(), 10u);  // rank 1 came 300 ms late
+  std::sort(call_us.begin(), call_us.end());
+  double total_us = 0;
+  for (double t : call_us) total_us += t;
+  std::printf("gw_test during set-up: %zu calls, median %.1f us, max %.1f us, %.1f ms in all\n",
+              call_us.size(), call_us[call_us.size() / 2], call_us.back(), total_us / 1000);
+  // With the lookup in the caller's pass, most of the 300 ms went into 20 ms waits on the store.
+  EXPECT_LT(total_us, 100000.0) << "time spent inside gw_test while rank 1 was late";
 }
 
 TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
