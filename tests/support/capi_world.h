@@ -146,11 +146,11 @@ struct RankErrors {
 
 using WorldFn = std::function<void(gw_comm_t, int rank, int world, RankErrors&)>;
 
-// Runs fn on `world` ranks (threads), each with its own communicator over `transport`;
+// Runs fn on `world` ranks (threads) in the environment as the caller left it, each with its own
+// communicator over `transport` (nullptr: the environment's) and a store at a free port;
 // destroy_inside: fn destroys it. Each rank's errors become test failures.
-inline void run_world(int world, const char* transport, int timeout_ms, const WorldFn& fn,
-                      bool destroy_inside = false) {
-  CleanEnv env;
+inline void run_world_in_env(int world, const char* transport, int timeout_ms, const WorldFn& fn,
+                             bool destroy_inside = false) {
   const std::string addr = "127.0.0.1:" + std::to_string(free_port());
   RankErrors errors;
   std::vector<std::thread> threads;
@@ -175,6 +175,13 @@ inline void run_world(int world, const char* transport, int timeout_ms, const Wo
   }
   for (auto& t : threads) t.join();
   for (const auto& e : errors.list) ADD_FAILURE() << e;
+}
+
+// run_world_in_env with the launcher and daemon variables cleared (CleanEnv).
+inline void run_world(int world, const char* transport, int timeout_ms, const WorldFn& fn,
+                      bool destroy_inside = false) {
+  CleanEnv env;
+  run_world_in_env(world, transport, timeout_ms, fn, destroy_inside);
 }
 
 }  // namespace gw::testing

@@ -51,31 +51,9 @@ void run_ranks(int world, const std::string& socket, const gw::testing::WorldFn&
   if (!socket.empty()) ::setenv("GW_DAEMON", ("unix:" + socket).c_str(), 1);
   ::setenv("GW_DAEMON_ARENA", arena, 1);
   ::setenv("GW_DAEMON_CHUNK", chunk, 1);
-  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
-  RankErrors errors;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      gw_config_t cfg = GW_CONFIG_INIT;
-      cfg.rank = r;
-      cfg.world_size = world;
-      cfg.store_addr = addr.c_str();
-      cfg.timeout_ms = 30000;
-      gw_comm_t comm = nullptr;
-      if (gw_comm_init(&comm, &cfg) != GW_OK) {
-        errors.add(r, "init: " + last_error());
-        return;
-      }
-      fn(comm, r, world, errors);
-      if (!destroy_inside && gw_comm_destroy(comm) != GW_OK) {
-        errors.add(r, "destroy: " + last_error());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  gw::testing::run_world_in_env(world, nullptr, 30000, fn, destroy_inside);
   ::unsetenv("GW_DAEMON_ARENA");
   ::unsetenv("GW_DAEMON_CHUNK");
-  for (const auto& e : errors.list) ADD_FAILURE() << e;
 }
 
 class DaemonCollectivesTest : public ::testing::Test {
