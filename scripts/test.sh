@@ -58,12 +58,17 @@ phase "release build"
 # The later phases' builds run in the background at the lowest CPU priority while the tests run:
 # the tests wait a lot (shaped links, deadlines, the soak and chaos scripts) and a nice-19 build
 # takes only the CPU they leave idle, so the tests keep their timing and the suite saves most of
-# a build. Each build's output goes to build/bg-NAME.log, shown if it fails.
+# a build. Each build's output goes to build/bg-NAME.log, shown if it fails. setsid gives the build
+# a scheduler autogroup of its own (kernel.sched_autogroup_enabled, on in Debian's kernels), where
+# nice alone would weigh it against its own processes only and the autogroup would take half the
+# CPUs from the tests: the autogroup gets nice 19 too (where the kernel has no autogroups, the
+# write fails and nice alone does it).
 mkdir -p build
 bg_start() {  # NAME COMMAND...: in a process group of its own, ended with this script
   local name=$1
   shift
-  setsid bash -c 'nice -n 19 "$@" >"build/bg-$0.log" 2>&1; echo $? >"build/bg-$0.rc"' \
+  setsid bash -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null || true
+    nice -n 19 "$@" >"build/bg-$0.log" 2>&1; echo $? >"build/bg-$0.rc"' \
     "$name" "$@" &
   bg_pids[$name]=$!
 }

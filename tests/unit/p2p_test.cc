@@ -300,11 +300,15 @@ bool poll_until_done(gw_request_t q, int rank, RankErrors& errors) {
 
 // gw_test moves the engine itself: a ping-pong driven only by gw_isend/gw_irecv and gw_test loops
 // (no blocking wait) does not wait for the progress thread's 1 ms period. Round trips measured on
-// rank 0; best median of 3 rounds, since the machine may be loaded.
+// rank 0. A trip that waits for that period takes about 1 ms (it did, before gw_test moved the
+// engine: every trip 1-1.1 ms), so a fifth of the trips under 300 us shows the engine moved by the
+// callers themselves. Not the median: beside a parallel test and the suite's background builds the
+// median has been 0.9-4 ms with the fastest trips still at 7-14 us. Best of up to 5 rounds.
 TEST(P2PTest, TestAloneDrivesAPingPong) {
   constexpr int kWarm = 20, kTrips = 200;
-  double best_us = 1e18;
-  for (int round = 0; round < 3 && best_us >= 500; ++round) {
+  constexpr double kBoundUs = 300;
+  double best_p20_us = 1e18;
+  for (int round = 0; round < 5 && best_p20_us >= kBoundUs; ++round) {
     std::vector<double> rtt_us;
     run_world(2, "shm", 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
       const int peer = 1 - rank;
@@ -337,12 +341,14 @@ TEST(P2PTest, TestAloneDrivesAPingPong) {
     if (HasFailure()) return;
     ASSERT_EQ(rtt_us.size(), static_cast<size_t>(kTrips));
     std::sort(rtt_us.begin(), rtt_us.end());
-    const double median = rtt_us[rtt_us.size() / 2];
-    std::printf("gw_test-driven shm ping-pong, round %d: median round trip %.1f us (min %.1f)\n",
-                round, median, rtt_us.front());
-    best_us = std::min(best_us, median);
+    const double p20 = rtt_us[rtt_us.size() / 5];
+    std::printf(
+        "gw_test-driven shm ping-pong, round %d: round trip min %.1f us, 20th percentile %.1f, "
+        "median %.1f\n",
+        round, rtt_us.front(), p20, rtt_us[rtt_us.size() / 2]);
+    best_p20_us = std::min(best_p20_us, p20);
   }
-  EXPECT_LT(best_us, 500.0) << "best median round trip of 3 rounds";
+  EXPECT_LT(best_p20_us, kBoundUs) << "best 20th-percentile round trip of up to 5 rounds";
 }
 
 // gw_test returns at once while its peer's connection is being set up: the store lookup, which
@@ -388,8 +394,10 @@ TEST(P2PTest, TestDoesNotWaitForTheStoreDuringSetUp) {
   for (double t : call_us) total_us += t;
   std::printf("gw_test during set-up: %zu calls, median %.1f us, max %.1f us, %.1f ms in all\n",
               call_us.size(), call_us[call_us.size() / 2], call_us.back(), total_us / 1000);
-  // With the lookup in the caller's pass, most of the 300 ms went into 20 ms waits on the store.
-  EXPECT_LT(total_us, 100000.0) << "time spent inside gw_test while rank 1 was late";
+  // With the lookup in the caller's pass, most of the 300 ms went into 20 ms waits on the store:
+  // every call took about 20 ms. The median, not the total: on a loaded machine a few calls are
+  // preempted for milliseconds.
+  EXPECT_LT(call_us[call_us.size() / 2], 5000.0) << "median gw_test call while rank 1 was late";
 }
 
 TEST(P2PTest, DeadlineEndsAnUnmatchedReceive) {
