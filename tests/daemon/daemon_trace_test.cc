@@ -158,6 +158,49 @@ TEST(DaemonTrace, ATraceOfTwoSecondsHoldsEveryPhaseOfTheJobsCollectives) {
   EXPECT_TRUE(j.is_object() && j["traceEvents"].is_array()) << again.output.substr(0, 400);
 }
 
+// An allreduce of 8 MiB across hosts runs in pieces (allreduce_pipelined): each piece's phases on
+// the job thread, and its time among the daemons on the inter-host lane.
+TEST(DaemonTrace, APipelinedAllreduceShowsItsPiecesInFlight) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 2; ++r) {
+    d.start_trainer_on(g, r, r, 2, port, {"bench", std::to_string(8 << 20), "100000", "mem"}, "",
+                       "128M");  // chunks of 8 MiB (an eighth of the arena, rounded down)
+  }
+  const std::string sock = d.socket(0);
+  std::string job;
+  ASSERT_TRUE(eventually(
+      [&] {
+        json j =
+            json::parse(gradwirectl({"jobs", "--json", "--socket", sock}).output, nullptr, false);
+        if (!j.is_array() || j.empty() || j[0]["state"] != "running") return false;
+        job = j[0]["job"];
+        return true;
+      },
+      30000));
+  ProcResult r = gradwirectl({"trace", job, "--seconds", "2", "--socket", sock});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  json trace = json::parse(r.output, nullptr, false);
+  ASSERT_TRUE(trace.is_object()) << r.output.substr(0, 400);
+  std::map<std::string, int> seen;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ++seen[e["name"].get<std::string>() + "@" + std::to_string(e["tid"].get<int>())];
+    if (e["name"] == "allreduce piece") EXPECT_EQ(e["args"]["bytes"], 4 << 20) << e;
+    if (e["name"] == "allreduce") EXPECT_EQ(e["args"]["bytes"], 8 << 20) << e;
+  }
+  for (const char* want : {"allreduce@0", "local_reduce@0", "inter_host@0", "copy_back@0",
+                           "allreduce piece@1", "queued@10"}) {
+    EXPECT_GT(seen[want], 0) << want << " missing in " << r.output.substr(0, 2000);
+  }
+  // Two pieces per allreduce.
+  EXPECT_GE(seen["allreduce piece@1"], 2 * seen["allreduce@0"] - 2);
+}
+
 TEST(DaemonTrace, TheDaemonNamesTheTrainerAnAllreduceWaitsFor) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
