@@ -72,7 +72,7 @@ void Job::watch_stall() {
 }
 
 int Job::stall_poll_ms(int cap) const {
-  if (stall_since_ns == 0) return cap;
+  if (stall_since_ns == 0 || !failure.ok()) return cap;  // a failed job is not watched
   const int64_t ms = (stall_next_ns - sys::now_ns()) / 1000000 + 1;
   return static_cast<int>(std::clamp<int64_t>(ms, 1, cap));
 }

@@ -211,7 +211,12 @@ bool Server::Impl::step_trace(PendingConn& p) {
 }
 
 void Server::Impl::finish_trace(PendingConn& p) {
-  answer_control(p.sock, encode_control_result(ControlCommand::kTrace, p.trace->result()));
+  std::string body = encode_control_result(ControlCommand::kTrace, p.trace->result());
+  if (body.size() > kMaxControlResponseBytes) {  // kMaxTraceEvents keeps it well below
+    body = encode_control_error(no_memory("trace of job {}: {} bytes of JSON (at most {})",
+                                          p.trace->job(), body.size(), kMaxControlResponseBytes));
+  }
+  answer_control(p.sock, body);
   p.trace.reset();
 }
 
