@@ -28,6 +28,17 @@ std::string rank_list(const std::vector<int32_t>& ranks) {
   return out;
 }
 
+// "allreduce (float32 sum, 1000 elements, 4000 bytes)", "broadcast (root 3, ...)".
+std::string what(const Request& r) {
+  const bool reducing = r.opcode == Opcode::kAllreduce || r.opcode == Opcode::kReduceScatter ||
+                        r.opcode == Opcode::kAllreduceCompressed;
+  std::string s = fmt::format("{} ({}", opcode_name(r.opcode), coll::dtype_name(r.dtype));
+  if (reducing) s += fmt::format(" {}", coll::op_name(r.op));
+  if (r.opcode == Opcode::kBroadcast) s += fmt::format(", root {}", r.root);
+  const uint64_t bytes = r.opcode == Opcode::kReduceScatter ? r.recv_bytes : r.send_bytes;
+  return s + fmt::format(", {} elements, {} bytes)", r.count, bytes);
+}
+
 }  // namespace
 
 void Job::watch_stall() {
@@ -60,13 +71,11 @@ void Job::watch_stall() {
   }
   if (now < stall_next_ns) return;
   stall_next_ns = now + period;
-  const uint64_t bytes =
-      front->opcode == Opcode::kReduceScatter ? front->recv_bytes : front->send_bytes;
   GW_LOG_WARN(
-      "stall: gradwired job {} (host {} of {}): {} of {} bytes has waited {:.1f} s for ranks [{}], "
-      "which have not entered it (ranks [{}] of this host have; not called yet, or called another "
+      "stall: gradwired job {} (host {} of {}): {} has waited {:.1f} s for ranks [{}], which have "
+      "not entered it (ranks [{}] of this host have; not called yet, or called another "
       "collective); GW_STALL_WARN_S={}",
-      job_name(first), first.host_index, first.num_hosts, describe(*front), bytes,
+      job_name(first), first.host_index, first.num_hosts, what(*front),
       static_cast<double>(now - stall_since_ns) / 1e9, rank_list(missing), rank_list(entered),
       stall_warn_s);
 }

@@ -196,8 +196,12 @@ TEST(DaemonTrace, APipelinedAllreduceShowsItsPiecesInFlight) {
   for (const json& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     ++seen[e["name"].get<std::string>() + "@" + std::to_string(e["tid"].get<int>())];
-    if (e["name"] == "allreduce piece") EXPECT_EQ(e["args"]["bytes"], 4 << 20) << e;
-    if (e["name"] == "allreduce") EXPECT_EQ(e["args"]["bytes"], 8 << 20) << e;
+    if (e["name"] == "allreduce piece") {
+      EXPECT_EQ(e["args"]["bytes"], 4 << 20) << e;
+    }
+    if (e["name"] == "allreduce") {
+      EXPECT_EQ(e["args"]["bytes"], 8 << 20) << e;
+    }
   }
   for (const char* want : {"allreduce@0", "local_reduce@0", "inter_host@0", "copy_back@0",
                            "allreduce piece@1", "queued@10"}) {
@@ -247,8 +251,8 @@ TEST(DaemonTrace, TheDaemonNamesTheTrainerAnAllreduceWaitsFor) {
   // The first warning: the op, its size, the wait, the missing and the entered ranks.
   std::smatch m;
   const std::regex warn(
-      "stall: gradwired job [0-9a-f]{16} \\(host 0 of 1\\): allreduce float32 [0-9]+ count 1000 "
-      "root 0 of 4000 bytes has waited ([0-9.]+) s for ranks \\[1\\], which have not entered it "
+      "stall: gradwired job [0-9a-f]{16} \\(host 0 of 1\\): allreduce \\(float32 sum, 1000 "
+      "elements, 4000 bytes\\) has waited ([0-9.]+) s for ranks \\[1\\], which have not entered it "
       "\\(ranks \\[0\\] of this host have");
   const int repeated = warnings();
   const std::string out = d.daemon_output(0);
