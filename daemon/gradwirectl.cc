@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -176,12 +177,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string ctl = gw::daemon::control_socket_path(socket_path);
-  // A trace is answered when it ends: the wait is its length, then --timeout-ms.
-  auto answer = *command == gw::daemon::ControlCommand::kTrace
-                    ? gw::daemon::control_call_body(
-                          ctl, gw::daemon::encode_trace_request(trace), *command,
-                          timeout_ms + static_cast<int64_t>(std::min(trace.seconds, 1e6) * 1000))
-                    : gw::daemon::control_call(ctl, *command, timeout_ms);
+  // A trace is answered when it ends: the wait is its length, then --timeout-ms (a length out of
+  // range is the daemon's to refuse, at once).
+  const double wait_s = std::isfinite(trace.seconds) && trace.seconds > 0
+                            ? std::min(trace.seconds, gw::daemon::kMaxTraceSeconds)
+                            : 0;
+  auto answer =
+      *command == gw::daemon::ControlCommand::kTrace
+          ? gw::daemon::control_call_body(ctl, gw::daemon::encode_trace_request(trace), *command,
+                                          timeout_ms + static_cast<int64_t>(wait_s * 1000))
+          : gw::daemon::control_call(ctl, *command, timeout_ms);
   if (!answer.ok()) {
     std::fprintf(stderr, "gradwirectl: %s\n", answer.status().message().c_str());
     return 1;
