@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include "daemon/control_trace.h"
+
 namespace gw::daemon {
 namespace {
 
@@ -145,16 +147,18 @@ const char* control_command_name(ControlCommand command) {
       return "config";
     case ControlCommand::kKv:
       return "kv";
+    case ControlCommand::kTrace:
+      return "trace";
   }
   return "?";
 }
 
 Result<ControlCommand> parse_control_command(std::string_view name) {
   for (ControlCommand c : {ControlCommand::kStatus, ControlCommand::kJobs, ControlCommand::kClients,
-                           ControlCommand::kConfig, ControlCommand::kKv}) {
+                           ControlCommand::kConfig, ControlCommand::kKv, ControlCommand::kTrace}) {
     if (name == control_command_name(c)) return c;
   }
-  return invalid_arg("unknown control command '{}' (status, jobs, clients, config, kv)",
+  return invalid_arg("unknown control command '{}' (status, jobs, clients, config, kv, trace)",
                      name.substr(0, 64));
 }
 
@@ -236,6 +240,9 @@ Result<json> decode_control_response(const uint8_t* body, size_t size, ControlCo
       break;
     case ControlCommand::kKv:
       GW_RETURN_IF_ERROR(check_rows(result, kKvFields, "a kv store"));
+      break;
+    case ControlCommand::kTrace:
+      GW_RETURN_IF_ERROR(check_trace_result(result));
       break;
   }
   return result;

@@ -29,9 +29,10 @@ inline constexpr int kControlVersion = 1;
 inline constexpr size_t kMaxControlRequestBytes = 1024;
 inline constexpr size_t kMaxControlResponseBytes = 16u << 20;
 
-enum class ControlCommand { kStatus, kJobs, kClients, kConfig, kKv };
+// kTrace: the answer comes when the trace ends, not at once (daemon/control_trace.h).
+enum class ControlCommand { kStatus, kJobs, kClients, kConfig, kKv, kTrace };
 
-// "status", "jobs", "clients", "config", "kv".
+// "status", "jobs", "clients", "config", "kv", "trace".
 const char* control_command_name(ControlCommand command);
 // The control socket of a daemon whose trainers' socket is `socket_path`: beside it,
 // `socket_path` + ".ctl". GW_DAEMON=auto probes it.
@@ -65,5 +66,8 @@ std::vector<uint8_t> frame_control(const std::string& body);
 // daemon does not answer in time.
 Result<nlohmann::json> control_call(const std::string& control_path, ControlCommand command,
                                     int64_t timeout_ms);
+// The same with the request's body given (a command with arguments: encode_trace_request()).
+Result<nlohmann::json> control_call_body(const std::string& control_path, const std::string& body,
+                                         ControlCommand command, int64_t timeout_ms);
 
 }  // namespace gw::daemon

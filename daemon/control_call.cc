@@ -16,6 +16,11 @@ using nlohmann::json;
 
 Result<json> control_call(const std::string& control_path, ControlCommand command,
                           int64_t timeout_ms) {
+  return control_call_body(control_path, encode_control_request(command), command, timeout_ms);
+}
+
+Result<json> control_call_body(const std::string& control_path, const std::string& body,
+                               ControlCommand command, int64_t timeout_ms) {
   const sys::Deadline deadline = sys::deadline_after_ms(timeout_ms);
   GW_ASSIGN_OR_RETURN(auto addr, sys::UnixAddress::path(control_path));
   auto fd = sys::connect_unix(addr, SOCK_STREAM);
@@ -28,7 +33,7 @@ Result<json> control_call(const std::string& control_path, ControlCommand comman
     }
     return fd.status();
   }
-  const std::vector<uint8_t> req = frame_control(encode_control_request(command));
+  const std::vector<uint8_t> req = frame_control(body);
   // A daemon that refuses the connection (another uid) answers and closes without reading: the
   // send may fail, but the refusal, which says why, is there to read.
   const Status sent =

@@ -16,6 +16,7 @@ namespace gw::daemon {
 namespace {
 constexpr size_t kMaxControlConns = 16;
 constexpr int64_t kControlTimeoutMs = 2000;
+}  // namespace
 
 void answer_control(sys::Fd& sock, const std::string& body) {
   const std::vector<uint8_t> frame = frame_control(body);
@@ -25,8 +26,6 @@ void answer_control(sys::Fd& sock, const std::string& body) {
   if (!s.ok()) GW_LOG_WARN("gradwired: control answer: {}", s.message());
   sock.reset();
 }
-
-}  // namespace
 
 void Server::Impl::accept_control() {
   // At most kMaxControlConns a round, so a newcomer evicts only connections of earlier rounds.
@@ -65,6 +64,7 @@ void Server::Impl::accept_control() {
 }
 
 bool Server::Impl::step_control(PendingConn& p) {
+  if (p.trace) return step_trace(p);  // asked already: only a close is expected
   uint8_t tmp[512];
   std::vector<sys::Fd> fds;
   auto n = sys::recv_with_fds(p.sock.get(), tmp, sizeof(tmp), &fds, sys::kNoWait, "control");
@@ -89,6 +89,9 @@ bool Server::Impl::step_control(PendingConn& p) {
       bad = peer_error("bytes after the control request");
     } else {
       auto command = decode_control_request(p.buf.data() + kFrameHeaderBytes, len);
+      if (command.ok() && *command == ControlCommand::kTrace) {
+        return start_trace(p, p.buf.data() + kFrameHeaderBytes, len);  // answered at its end
+      }
       if (command.ok()) {
         answer_control(p.sock, encode_control_result(*command, answer(*command)));
         return true;
@@ -204,11 +207,14 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       }
       return rows;
     }
+    case ControlCommand::kTrace:  // answered by finish_trace (job_trace.cc)
+      break;
   }
   return json::object();
 }
 
 void Server::Impl::expire_control(PendingConn& p) {
+  if (p.trace) return finish_trace(p);
   answer_control(p.sock, encode_control_error(timeout_error(
                              "no complete control request within {} ms", kControlTimeoutMs)));
 }

@@ -1,19 +1,25 @@
 // gradwirectl: asks the host's gradwired what it is doing (docs/daemon.md, "gradwirectl").
 //
 //   gradwirectl status | jobs | clients | config | kv [--socket PATH] [--json] [--timeout-ms MS]
+//   gradwirectl trace JOB --seconds N [-o FILE] [--socket PATH] [--timeout-ms MS]
 //
 // It talks to the daemon's control socket (the trainers' socket + ".ctl"; --socket names the
 // trainers' socket, as gradwired's option does, default GW_DAEMON_SOCKET) with the protocol of
 // daemon/control.h, and prints a table, or the daemon's answer as JSON with --json. Exit status: 0
-// answered, 1 the daemon refused or could not be reached (the reason on stderr), 2 usage.
+// answered, 1 the daemon refused or could not be reached (the reason on stderr), 2 usage. trace
+// waits for its --seconds, then prints the Chrome trace (JSON) or writes it to -o FILE.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "daemon/control.h"
+#include "daemon/control_trace.h"
 #include "daemon/daemon_config.h"
 
 namespace {
@@ -118,6 +124,8 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
       }
       return table({"NAME", "VALUE", "SOURCE", "DEFAULT"}, rows);
     }
+    case ControlCommand::kTrace:  // the Chrome trace itself, as JSON
+      return r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   }
   return "";
 }
@@ -146,6 +154,16 @@ int main(int argc, char** argv) {
                                         : "its resolved settings";
     app.add_subcommand(name, help)->fallthrough()->callback([&chosen, name] { chosen = name; });
   }
+  gw::daemon::TraceRequest trace;
+  std::string trace_out;
+  CLI::App* tr = app.add_subcommand(
+      "trace",
+      "record a job's collectives in the daemon for --seconds; print them (or write -o) "
+      "as a Chrome trace");
+  tr->fallthrough()->callback([&chosen] { chosen = "trace"; });
+  tr->add_option("job", trace.job, "the job, as `gradwirectl jobs` names it")->required();
+  tr->add_option("--seconds", trace.seconds, "how long to record (at most 600)")->required();
+  tr->add_option("-o,--output", trace_out, "write the trace to this file instead of stdout");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -158,8 +176,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradwirectl: %s\n", command.status().message().c_str());
     return 2;
   }
+  const std::string ctl = gw::daemon::control_socket_path(socket_path);
+  // A trace is answered when it ends: the wait is its length, then --timeout-ms (a length out of
+  // range is the daemon's to refuse, at once).
+  const double wait_s = std::isfinite(trace.seconds) && trace.seconds > 0
+                            ? std::min(trace.seconds, gw::daemon::kMaxTraceSeconds)
+                            : 0;
   auto answer =
-      gw::daemon::control_call(gw::daemon::control_socket_path(socket_path), *command, timeout_ms);
+      *command == gw::daemon::ControlCommand::kTrace
+          ? gw::daemon::control_call_body(ctl, gw::daemon::encode_trace_request(trace), *command,
+                                          timeout_ms + static_cast<int64_t>(wait_s * 1000))
+          : gw::daemon::control_call(ctl, *command, timeout_ms);
   if (!answer.ok()) {
     std::fprintf(stderr, "gradwirectl: %s\n", answer.status().message().c_str());
     return 1;
@@ -167,6 +194,19 @@ int main(int argc, char** argv) {
   const std::string out = as_json
                               ? answer->dump(2, ' ', false, json::error_handler_t::replace) + "\n"
                               : render(*command, *answer);
+  if (!trace_out.empty()) {
+    std::FILE* f = std::fopen(trace_out.c_str(), "w");
+    if (f == nullptr || std::fputs(out.c_str(), f) < 0 || std::fclose(f) != 0) {
+      std::fprintf(stderr, "gradwirectl: cannot write %s: %s\n", trace_out.c_str(),
+                   std::strerror(errno));
+      return 1;
+    }
+    const json& other = answer->at("otherData");
+    std::printf("gradwirectl: wrote %s: %s events of job %s (host %s), %s dropped at the cap\n",
+                trace_out.c_str(), num(other, "events").c_str(), str(other, "job").c_str(),
+                num(other, "host_index").c_str(), num(other, "dropped").c_str());
+    return 0;
+  }
   std::fputs(out.c_str(), stdout);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/net/handshake.h"
 #include "core/sys/time.h"
+#include "core/timeline.h"
 #include "daemon/transport_offer.h"
 
 namespace gw::daemon {
@@ -265,6 +266,7 @@ void Job::consume(Trainer& t) {
     }
     if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
     if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
+    if (tracing.load(std::memory_order_relaxed)) t.queued_us[t.next_seq] = timeline::now_us();
     t.pending.push_back(*r);
     t.requests.fetch_add(1, std::memory_order_relaxed);
     ++t.next_seq;
@@ -309,6 +311,8 @@ void Job::run_ready() {
       }
     }
     done_info.clear();
+    trace_now = current_trace();
+    const int64_t t0_us = trace_now ? timeline::now_us() : 0;
     if (s.ok()) s = execute(reqs);
     if (!s.ok() && s.code() == Code::kAborted) {
       // The main thread aborts the communicator when a trainer of the job goes: say that.
@@ -319,6 +323,8 @@ void Job::run_ready() {
         }
       }
     }
+    if (trace_now) record_collective(reqs, t0_us, s);
+    trace_now.reset();
     counters->collective(reqs[0].opcode, s);
     if (s.ok()) {
       counters->collectives.fetch_add(1);
@@ -366,7 +372,7 @@ bool Job::wait_for_work() {
   for (const auto& m : members) {
     if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
   }
-  int rc = ::poll(pfds.data(), pfds.size(), 1000);
+  int rc = ::poll(pfds.data(), pfds.size(), stall_poll_ms(1000));
   if (rc < 0 && errno != EINTR) {
     GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
     return false;
@@ -406,6 +412,7 @@ void Job::run() {
       continue;
     }
     run_ready();
+    watch_stall();
   }
   if (stop.load()) {
     // Stopping: what the trainers asked is answered with why before their sockets close (the

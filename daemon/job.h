@@ -29,6 +29,7 @@
 #include "core/sys/memfd_region.h"
 #include "daemon/counters.h"
 #include "daemon/device_import.h"
+#include "daemon/job_trace.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/ring.h"
@@ -71,6 +72,8 @@ struct Trainer {
   // opened (as answered). Closed when the trainer goes (the last reference to it).
   AllocSizes alloc_sizes;
   std::map<uint32_t, std::unique_ptr<DeviceImport>> imports;
+  // While the job is traced (job_trace.h): when the job thread read each submission, by seq.
+  std::map<uint64_t, int64_t> queued_us;
 
   void mark_lost(std::string why);
   std::string reason();
@@ -143,6 +146,19 @@ struct Job {
   std::vector<DeviceStage> stage;
   bool said_device_path = false;
 
+  // gradwirectl trace (job_trace.cc). The serve loop starts one (kInvalidArg while another of
+  // this job runs); the job thread records into trace_now for the collective it runs.
+  std::mutex trace_mu;
+  std::weak_ptr<JobTrace> trace;  // the asker's connection holds it
+  std::atomic<bool> tracing{false};
+  std::shared_ptr<JobTrace> trace_now;
+  Status begin_trace(const std::shared_ptr<JobTrace>& t);
+  // The stall watch (job_stall.cc, job thread): GW_STALL_WARN_S of this daemon (-1: not read
+  // yet), and since when (0: none) which collective has waited for some of this host's trainers.
+  double stall_warn_s = -1;
+  int64_t stall_since_ns = 0, stall_next_ns = 0;
+  uint64_t stall_index = 0;
+
   // The job thread's body.
   void run();
   void count_inter(uint64_t in, uint64_t out) { counters->inter(tslot, in, out); }
@@ -181,6 +197,14 @@ struct Job {
     if (r.recv_alloc == 0) return members[i]->data + r.recv_off;
     return stage[i].shared ? stage[i].in.data() : stage[i].out.data();
   }
+  // job_trace.cc: the trace running now (null: none; the common case is one relaxed load), and
+  // the collective just run with its trainers' queued times.
+  std::shared_ptr<JobTrace> current_trace();
+  void record_collective(const std::vector<Request>& reqs, int64_t t0_us, const Status& s);
+  // job_stall.cc: logs a WARN, every GW_STALL_WARN_S, naming the trainers of this host a
+  // collective waits for; and how long wait_for_work may sleep before the next look (<= cap).
+  void watch_stall();
+  int stall_poll_ms(int cap) const;
   // job_collectives.cc
   Status execute_host(const std::vector<Request>& reqs);
   Status alltoall(const std::vector<Request>& reqs);

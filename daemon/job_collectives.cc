@@ -6,6 +6,7 @@
 
 #include "collectives/reduce.h"
 #include "core/sys/time.h"
+#include "core/timeline.h"
 #include "daemon/job.h"
 
 namespace gw::daemon {
@@ -15,7 +16,7 @@ Status Job::execute_host(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   coll::Communicator* cm = comm.get();
   // Phases and bytes for the metrics.
-  PhaseClock clock(counters);
+  TracedPhases clock(this);
   switch (r.opcode) {
     case Opcode::kBarrier:
       if (cm) {
@@ -88,7 +89,7 @@ Status Job::execute_host(const std::vector<Request>& reqs) {
         std::memcpy(s, src_of(root_local, reqs[root_local]), bytes);
         counters->arena(bytes, 0);
       }
-      clock.mark(Phase::kLocalReduce);
+      clock.mark(Phase::kLocalReduce, "copy_in");
       if (cm) {
         GW_RETURN_IF_ERROR(cm->broadcast(s, r.count, r.dtype, host_of_rank[r.root]));
         root_local >= 0 ? count_inter(0, bytes) : count_inter(bytes, 0);
@@ -125,7 +126,7 @@ Status Job::execute_host(const std::vector<Request>& reqs) {
                     block);
       }
       counters->arena(block * n, 0);
-      clock.mark(Phase::kLocalReduce);
+      clock.mark(Phase::kLocalReduce, "copy_in");
       for (size_t i = 0; i < n && total > 0; ++i) {
         uint8_t* out = dst_of(i, reqs[i]);
         if (reqs[i].recv_stride == block) {
@@ -183,7 +184,7 @@ Status Job::allgather_by_host(const std::vector<Request>& reqs) {
   const size_t n = members.size();
   const size_t num_hosts = ranks_of_host.size();
   const size_t me = static_cast<size_t>(first.host_index);
-  PhaseClock clock(counters);
+  TracedPhases clock(this);
   GW_ASSIGN_OR_RETURN(HostSlots hs, host_slots(ranks_of_host, me, members, block));
   // [my slot][every host's slot]
   const size_t need = hs.slot * (num_hosts + 1);
@@ -195,7 +196,7 @@ Status Job::allgather_by_host(const std::vector<Request>& reqs) {
   }
   if (members.size() < hs.lmax) std::memset(mine + n * block, 0, (hs.lmax - n) * block);
   counters->arena(block * n, 0);
-  clock.mark(Phase::kLocalReduce);
+  clock.mark(Phase::kLocalReduce, "copy_in");
   GW_RETURN_IF_ERROR(comm->allgather(mine, all, hs.slot, coll::DataType::kU8));
   count_inter(hs.slot * num_hosts, hs.slot);
   clock.mark(Phase::kInterHost);
@@ -223,7 +224,7 @@ Status Job::reduce_scatter_by_host(const std::vector<Request>& reqs) {
   const size_t num_hosts = ranks_of_host.size();
   const size_t me = static_cast<size_t>(first.host_index);
   const coll::ReduceOp op = r.op == coll::ReduceOp::kAvg ? coll::ReduceOp::kSum : r.op;
-  PhaseClock clock(counters);
+  TracedPhases clock(this);
   GW_ASSIGN_OR_RETURN(HostSlots hs, host_slots(ranks_of_host, me, members, block));
   // [every host's slot][my slot, reduced]
   const size_t need = hs.slot * (num_hosts + 1);
@@ -294,7 +295,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
   if (scratch.size() < need) scratch.resize(need);
   uint8_t* out = scratch.data();
   uint8_t* in = comm ? out + total : out;
-  PhaseClock clock(counters);
+  TracedPhases clock(this);
   for (size_t g = 0; g < num_hosts; ++g) {
     for (size_t i = 0; i < hosts[me].size(); ++i) {
       const size_t m = member_of[i];
@@ -306,7 +307,7 @@ Status Job::alltoall(const std::vector<Request>& reqs) {
     }
   }
   counters->arena(block * first.world_size * n, 0);
-  clock.mark(Phase::kLocalReduce);
+  clock.mark(Phase::kLocalReduce, "copy_in");
   if (comm) {
     GW_RETURN_IF_ERROR(comm->alltoall(out, in, slot, coll::DataType::kU8));
     count_inter((num_hosts - 1) * slot, (num_hosts - 1) * slot);
@@ -367,20 +368,42 @@ Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
   struct Flight {
     size_t off = 0, len = 0;
     std::unique_ptr<coll::AsyncOp> op;
+    int64_t sent_us = 0;  // traced: when it was handed to the communicator
   };
   std::deque<Flight> flight;
   int64_t spent[kNumPhases] = {};
   Status err;
-  auto timed = [&](Phase phase, auto&& work) {
+  // Traced, each piece's phases are events of the job thread (inter_host: waiting for the piece)
+  // and each piece's time among the daemons one on the inter-host lane.
+  auto timed = [&](Phase phase, auto&& work, uint64_t piece_bytes) {
     const int64_t t0 = sys::now_ns();
+    const int64_t t0_us = trace_now ? timeline::now_us() : 0;
     work();
     spent[static_cast<int>(phase)] += sys::now_ns() - t0;
+    if (trace_now) {
+      TraceEvent e;
+      e.name = phase_name(phase);
+      e.ts_us = t0_us;
+      e.dur_us = timeline::now_us() - t0_us;
+      e.bytes = piece_bytes;
+      trace_now->add(e);
+    }
   };
   auto retire = [&]() {
     Flight f = std::move(flight.front());
     flight.pop_front();
     Status st;
-    timed(Phase::kInterHost, [&] { st = f.op->wait(-1); });
+    timed(
+        Phase::kInterHost, [&] { st = f.op->wait(-1); }, f.len);
+    if (trace_now) {
+      TraceEvent e;
+      e.name = "allreduce piece";
+      e.ts_us = f.sent_us;
+      e.dur_us = timeline::now_us() - f.sent_us;
+      e.tid = kTraceTidInterHost;
+      e.bytes = f.len;
+      trace_now->add(e);
+    }
     if (!st.ok()) {
       if (err.ok()) {
         err = st;
@@ -389,23 +412,27 @@ Status Job::allreduce_pipelined(const std::vector<Request>& reqs) {
       return;
     }
     if (!err.ok()) return;
-    timed(Phase::kCopyBack, [&] {
-      if (r.op == coll::ReduceOp::kAvg) {
-        coll::finalize_avg(r.dtype, s + f.off, f.len / elem, first.world_size);
-      }
-      copy_back(reqs, s + f.off, f.off, f.len);
-    });
+    timed(
+        Phase::kCopyBack,
+        [&] {
+          if (r.op == coll::ReduceOp::kAvg) {
+            coll::finalize_avg(r.dtype, s + f.off, f.len / elem, first.world_size);
+          }
+          copy_back(reqs, s + f.off, f.off, f.len);
+        },
+        f.len);
   };
   for (size_t off = 0; off < bytes && err.ok();) {
     const size_t len = std::min(piece, bytes - off);
-    timed(Phase::kLocalReduce, [&] { local_sum(reqs, op, s + off, off, len); });
+    timed(
+        Phase::kLocalReduce, [&] { local_sum(reqs, op, s + off, off, len); }, len);
     auto a = comm->iallreduce(s + off, s + off, len / elem, r.dtype, op);
     if (!a.ok()) {
       err = a.status();
       abort_comm();
       break;
     }
-    flight.push_back(Flight{off, len, std::move(*a)});
+    flight.push_back(Flight{off, len, std::move(*a), trace_now ? timeline::now_us() : 0});
     off += len;
     if (flight.size() >= kPiecesInFlight) retire();
   }
@@ -423,7 +450,7 @@ Status Job::allreduce_compressed(const std::vector<Request>& reqs) {
   const Request& r = reqs[0];
   const size_t n = members.size();
   const size_t bytes = r.send_bytes;
-  PhaseClock clock(counters);
+  TracedPhases clock(this);
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint8_t* s = scratch.data();
   local_sum(reqs, coll::ReduceOp::kSum, s, 0, bytes);

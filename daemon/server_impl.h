@@ -23,6 +23,7 @@
 #include "daemon/control.h"
 #include "daemon/counters.h"
 #include "daemon/job.h"
+#include "daemon/job_trace.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/server.h"
@@ -38,6 +39,9 @@ struct PendingConn {
   uid_t uid = 0;
   std::vector<uint8_t> buf;
   sys::Deadline deadline;
+  // gradwirectl trace (job_trace.cc): the recording this connection waits for (its deadline is
+  // the trace's end).
+  std::shared_ptr<JobTrace> trace;
 };
 
 // admission.cc: listening sockets (also used for the control socket by create()).
@@ -48,6 +52,9 @@ Result<sys::Fd> bind_listener(const std::string& path);
 Result<gid_t> resolve_group(const std::string& name);
 // Opens a listening socket to the group: owned by it, mode 0660.
 Status share_with_group(const std::string& path, gid_t gid, const std::string& name);
+
+// control_server.cc: sends a control answer (bounded: 500 ms) and closes the connection.
+void answer_control(sys::Fd& sock, const std::string& body);
 
 struct Server::Impl {
   ServerOptions opt;
@@ -107,6 +114,12 @@ struct Server::Impl {
   // Answers a control connection whose request did not come in time.
   void expire_control(PendingConn& p);
   nlohmann::json answer(ControlCommand command) const;
+  // gradwirectl trace (job_trace.cc): starts recording the job the request names (false: the
+  // connection waits for the trace's end) or answers why not (true); a traced connection that
+  // closes or speaks again ends its trace; at its deadline the trace is answered.
+  bool start_trace(PendingConn& p, const uint8_t* body, size_t size);
+  bool step_trace(PendingConn& p);
+  void finish_trace(PendingConn& p);
 
   // ---- the serve loop (server.cc) -------------------------------------------------------------
   Status serve();

@@ -153,6 +153,11 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("daemon.import_accepted");
     reached("daemon.import_refused");
     reached("daemon.device_collective");
+  } else if (name == "daemon_control_trace") {
+    reached("trace.request_accepted");
+    reached("trace.request_refused");
+    reached("trace.answer_accepted");
+    reached("trace.answer_refused");
   } else if (name == "metrics_http_request") {
     reached("http.complete");
     reached("http.incomplete");
