@@ -719,7 +719,10 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   }
   m.posted.push_back(r);
   m.kick(&lock, peer);
-  m.wake();
+  // Not m.wake(): the caller's wait or test moves the engine for the receive (the hand-off to
+  // the progress thread cost a third of the tcp ping-pong's latency, docs/collectives.md), and
+  // that thread takes it over within its 1 ms wait when nobody does. A lookup the kick asked for
+  // woke it already.
   return r->req;
 }
 
