@@ -293,7 +293,9 @@ void PointToPoint::Impl::loop() {
       backoff.reset();
       continue;
     }
-    if (active == 0) {
+    // Completed eager sends leave their frames with the transport, which moves their bytes only
+    // when tested (a full socket buffer): the thread keeps at them as for an active op.
+    if (active == 0 && !control_pending()) {
       cv.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       lock.unlock();

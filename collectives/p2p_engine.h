@@ -82,10 +82,12 @@ struct Unexpected {
   std::shared_ptr<SendOp> self;  // a rendezvous-size send to oneself
 };
 
-// A control frame waiting for its connection; an eager send completes when its RTS is posted.
+// A control frame waiting for its connection (post_control).
 struct CtlFrame {
   std::vector<uint8_t> bytes;
-  std::shared_ptr<SendOp> send;  // kRtsEager: the send it completes once handed to the transport
+  // An RTS: its send. An eager one completes once the frame is handed to the transport; the RTS
+  // of a send that ended first (abort, destroy, deadline) is dropped, never announced.
+  std::shared_ptr<SendOp> send;
 };
 
 struct InFlight {
@@ -236,6 +238,13 @@ struct PointToPoint::Impl {
     if (r->req->finish(std::move(st), r->bytes, r->source) && active > 0) --active;
   }
   void end_all(const Status& why);
+  // Some peer has control frames queued or not yet taken by the transport.
+  bool control_pending() const {
+    for (const Peer& p : peers) {
+      if (p.broken.ok() && (!p.ctl_send.empty() || !p.ctl_out.empty())) return true;
+    }
+    return false;
+  }
   // Posts the control frames already queued (the RTS of eager sends that completed, the replies
   // of messages this rank received) and waits until the transport took them, up to ms.
   void flush_control(int64_t ms);
