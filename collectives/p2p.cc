@@ -12,6 +12,7 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,51 +127,80 @@ PointToPoint::~PointToPoint() {
     if (auto r = w.lock())
       r->finish(aborted_error("point-to-point: communicator destroyed"), 0, -1);
   }
-  impl_->flush_control(200);
+  impl_->flush_control(kFlushMs);
   impl_->end_all(aborted_error("point-to-point: communicator destroyed"));
 }
 
-// Best effort, bounded: sends the control frames already queued (the ACKs of messages this rank
-// received), so that a rank that received its last message and closes does not leave the sender
-// without its answer.
+// Best effort, bounded: posts the control frames already queued and waits until the transport
+// took them. They are the RTS of eager sends that completed (their frame must reach the wire
+// although this rank leaves) and the replies of messages this rank received (so that a rank that
+// received its last message and closes does not leave the sender without its answer). The RTS of
+// sends that ended before it was posted (destroy and abort end them first) is dropped.
 void PointToPoint::Impl::flush_control(int64_t ms) {
   const Deadline deadline = deadline_after_ms(ms);
 
   while (Clock::now() < deadline) {
     bool pending = false;
-    for (auto& peer : peers) {
+    for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+      Peer& peer = peers[p];
       net::SendComm* sc = peer.sc[0].get();
       if (!sc || !peer.broken.ok()) continue;
+      bool failed_conn = false;
       while (!peer.ctl_send.empty()) {
         bool done = false;
         size_t size = 0;
         if (!sc->test(peer.ctl_send.front().req, &done, &size).ok()) {
-          peer.ctl_out.clear();
-          peer.ctl_send.clear();
+          failed_conn = true;
           break;
         }
         if (!done) break;
         peer.ctl_send.pop_front();
       }
-      while (!peer.ctl_out.empty() &&
-             peer.ctl_send.size() < static_cast<size_t>(net::kMaxRequests)) {
-        auto r = sc->isend(peer.ctl_out.front().data(), peer.ctl_out.front().size(), 0, nullptr);
-        if (!r.ok()) {
-          peer.ctl_out.clear();
-          break;
-        }
-        if (*r == nullptr) break;
-        InFlight f{};
-        f.req = *r;
-        f.frame = std::move(peer.ctl_out.front());
-        peer.ctl_out.pop_front();
-        peer.ctl_send.push_back(std::move(f));
+      bool moved = false;
+      Status why;
+      if (failed_conn || !post_control(p, &moved, &why)) {
+        peer.ctl_out.clear();
+        peer.ctl_send.clear();
+        continue;
       }
       pending = pending || !peer.ctl_send.empty() || !peer.ctl_out.empty();
     }
     if (!pending) return;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  GW_LOG_DEBUG("point-to-point: control frames still queued after {} ms at shutdown", ms);
+}
+
+bool PointToPoint::Impl::post_control(int p, bool* moved, Status* why) {
+  Peer& peer = peers[p];
+  net::SendComm* sc = peer.sc[0].get();
+  while (!peer.ctl_out.empty() && peer.ctl_send.size() < static_cast<size_t>(net::kMaxRequests)) {
+    CtlFrame& fr = peer.ctl_out.front();
+    if (fr.send && fr.send->req->done()) {  // ended meanwhile (abort, destroy): never announced
+      peer.ctl_out.pop_front();
+      continue;
+    }
+    auto r = sc->isend(fr.bytes.data(), fr.bytes.size(), 0, nullptr);
+    if (!r.ok()) {
+      *why = r.status();
+      return false;
+    }
+    if (*r == nullptr) break;
+    InFlight f{};
+    f.req = *r;
+    f.frame = std::move(fr.bytes);
+    std::shared_ptr<SendOp> s = std::move(fr.send);
+    peer.ctl_out.pop_front();
+    peer.ctl_send.push_back(std::move(f));
+    *moved = true;
+    if (s) {
+      s->on_wire = true;
+      // Standard mode: the payload is in the frame, which the transport now holds; the receiver
+      // sends nothing back for it.
+      if (s->bytes <= kEagerBytes) finish_send(s, ok_status());
+    }
+  }
+  return true;
 }
 
 void PointToPoint::Impl::end_all(const Status& why) {
@@ -263,7 +293,9 @@ void PointToPoint::Impl::loop() {
       backoff.reset();
       continue;
     }
-    if (active == 0) {
+    // Completed eager sends leave their frames with the transport, which moves their bytes only
+    // when tested (a full socket buffer): the thread keeps at them as for an active op.
+    if (active == 0 && !control_pending()) {
       cv.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       lock.unlock();
@@ -329,26 +361,37 @@ void PointToPoint::Impl::step() {
 void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
   if (peer == kAnySource || peer == me()) return;
   const Peer& p = peers[peer];
-  // Not while the connections are being set up: that looks up the store, which may wait.
-  if (!p.broken.ok() || (p.want_connect && !p.sc[0]) || p.listen[0]) return;
+  // Not while this rank's connection to the peer is being set up: the progress thread looks the
+  // store up for it. (The peer's connection to this rank may still be pending: a rank that only
+  // sends eager messages to another is never connected back.)
+  if (!p.broken.ok() || (p.want_connect && !p.sc[0])) return;
   held = lock;
+  polling = true;  // a frame that asks for a connection back leaves its lookup to the thread
   progress_peer(peer);
+  polling = false;
+  if (lookup_wanted) {
+    lookup_wanted = false;
+    wake();
+  }
 }
 
 void PointToPoint::Impl::reply(int p, uint32_t type, uint64_t id, uint64_t bytes) {
   Peer& peer = peers[p];
   if (!peer.broken.ok()) return;
-  peer.ctl_out.push_back(make_frame(type, 0, bytes, id));
+  peer.ctl_out.push_back(CtlFrame{make_frame(type, 0, bytes, id), nullptr});
   peer.want_connect = true;
 }
 
 void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m) {
   r->source = m.src;
+  const bool eager = m.bytes <= kEagerBytes;
   if (m.bytes > r->cap) {
     r->bytes = 0;
     finish_recv(r, invalid_arg("point-to-point: message truncated: rank {} sent {} bytes with tag "
                                "{}, the receive holds {} bytes",
                                m.src, m.bytes, m.tag, r->cap));
+    // An eager send completed already (standard mode): only the receive fails.
+    if (eager) return;
     if (m.self) {
       finish_send(m.self,
                   invalid_arg("point-to-point: message truncated: the receive for tag {} on "
@@ -360,14 +403,13 @@ void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m
     return;
   }
   r->bytes = m.bytes;
-  if (m.self) {
+  if (eager) {  // from the RTS (or, sent to oneself, the copy made by isend); nothing goes back
+    if (m.bytes > 0) std::memcpy(r->buf, m.eager.data(), m.bytes);
+    finish_recv(r, ok_status());
+  } else if (m.self) {
     if (m.bytes > 0) std::memcpy(r->buf, m.self->buf, m.bytes);
     finish_recv(r, ok_status());
     finish_send(m.self, ok_status());
-  } else if (m.bytes <= kEagerBytes) {
-    if (m.bytes > 0) std::memcpy(r->buf, m.eager.data(), m.bytes);
-    finish_recv(r, ok_status());
-    reply(m.src, kAck, m.id, 0);
   } else {
     r->msg_id = m.id;
     peers[m.src].to_recv.push_back(r);
@@ -391,7 +433,9 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
       break_peer(p, peer_error("point-to-point: rank {} sent a malformed message header", p));
       return;
     }
-    peer.want_connect = true;  // replies go back
+    // A rendezvous message is answered (CTS or NAK, then ACK); an eager one is not, so a rank
+    // that only receives eager messages never connects back (nothing to fail when it leaves).
+    if (h.type == kRts) peer.want_connect = true;
     Unexpected m{p, h.tag, h.bytes, h.id, {}, nullptr};
     if (h.type == kRtsEager) m.eager.assign(data + sizeof h, data + size);
     for (auto it = posted.begin(); it != posted.end(); ++it) {
@@ -413,10 +457,9 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
   }
   auto s = it->second;
   if (h.type == kAck) {
-    // Eager: matched and copied. Rendezvous: every byte arrived (its last chunk may not have
-    // tested done here yet; it completes then).
+    // Every byte arrived (its last chunk may not have tested done here yet; it completes then).
     s->acked = true;
-    if (s->bytes <= kEagerBytes || s->data_done) {
+    if (s->data_done) {
       peer.awaiting.erase(it);
       finish_send(s, ok_status());
     }
@@ -443,12 +486,15 @@ void PointToPoint::Impl::break_peer(int p, const Status& why,
     peer.conn[c].reset();
     peer.listen[c].reset();
   }
-  peer.ctl_out.clear();
-  peer.ctl_send.clear();
-  peer.ctl_recv.clear();
   auto st = [&](const std::shared_ptr<P2PRequest>& r) {
     return r == culprit ? culprit_status : why;
   };
+  for (auto& f : peer.ctl_out) {
+    if (f.send) finish_send(f.send, st(f.send->req));  // its RTS never reached the transport
+  }
+  peer.ctl_out.clear();
+  peer.ctl_send.clear();
+  peer.ctl_recv.clear();
   for (auto& f : peer.data_send) {
     if (f.send && f.last && !f.send->acked) finish_send(f.send, st(f.send->req));
   }
@@ -480,7 +526,18 @@ void PointToPoint::Impl::break_peer(int p, const Status& why,
       ++it;
     }
   }
-  unexpected.remove_if([p](const Unexpected& m) { return m.src == p; });
+  // Eager messages that arrived stay receivable: their sends completed, and the peer may have
+  // closed right after them (a rank that sends and destroys). Per tag only up to the first
+  // rendezvous one, whose bytes will not come: a later receive must not skip it.
+  std::set<int> cut;
+  for (auto it = unexpected.begin(); it != unexpected.end();) {
+    if (it->src == p && (it->bytes > kEagerBytes || cut.count(it->tag) > 0)) {
+      cut.insert(it->tag);
+      it = unexpected.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 bool PointToPoint::Impl::check_deadlines() {
@@ -533,6 +590,9 @@ bool PointToPoint::Impl::check_deadlines() {
       }
     };
     for (auto& s : peer.pending_rts) check_send(s);
+    for (auto& f : peer.ctl_out) {
+      if (f.send) check_send(f.send);
+    }
     for (auto& kv : peer.awaiting) check_send(kv.second);
     for (auto& s : peer.to_send) check_send(s);
     for (auto& r : peer.to_recv) check_recv(r);
@@ -584,7 +644,15 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   }
   ++m.active;
   if (peer == m.me()) {
-    Unexpected u{peer, tag, bytes, 0, {}, s};
+    // An eager send to oneself is copied now and completes (as one to another rank completes
+    // once the transport holds its RTS); a larger one waits for its receive.
+    Unexpected u{peer, tag, bytes, 0, {}, nullptr};
+    if (bytes <= PointToPoint::kEagerBytes) {
+      u.eager.assign(s->buf, s->buf + bytes);
+      m.finish_send(s, ok_status());
+    } else {
+      u.self = s;
+    }
     for (auto it = m.posted.begin(); it != m.posted.end(); ++it) {
       if (((*it)->peer == peer || (*it)->peer == kAnySource) && (*it)->tag == tag) {
         auto r = *it;
@@ -605,8 +673,8 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   p.pending_rts.push_back(s);
   p.want_connect = true;
   m.kick(&lock, peer);
-  // An eager message whose RTS the kick put on the wire needs nothing more than its ACK: the
-  // caller's wait drives for it, else the progress thread sees it within its 1 ms wait. Waking
+  // An eager message whose RTS the kick handed to the transport is done: the progress thread
+  // tests the frame within its 1 ms wait (or the caller's next call moves the engine). Waking
   // that thread here would only make it compete with the caller (often on the same core).
   if (!(s->on_wire && bytes <= PointToPoint::kEagerBytes)) m.wake();
   return s->req;
@@ -627,7 +695,11 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   if (m.aborted->load()) return aborted_error("receive: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
-  if (peer >= 0 && peer != m.me() && !m.peers[peer].broken.ok()) {
+  auto match = std::find_if(m.unexpected.begin(), m.unexpected.end(), [&](const Unexpected& u) {
+    return (peer == kAnySource || u.src == peer) && u.tag == tag;
+  });
+  // A broken peer's eager messages that arrived before it broke are still received (break_peer).
+  if (match == m.unexpected.end() && peer >= 0 && peer != m.me() && !m.peers[peer].broken.ok()) {
     const Status& b = m.peers[peer].broken;
     return Status(b.code(), fmt::format("receive from rank {}: {}", peer, b.message()));
   }
@@ -641,17 +713,18 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   r->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.all.push_back(r->req);
   ++m.active;
-  for (auto it = m.unexpected.begin(); it != m.unexpected.end(); ++it) {
-    if ((peer == kAnySource || it->src == peer) && it->tag == tag) {
-      Unexpected u = std::move(*it);
-      m.unexpected.erase(it);
-      m.deliver(r, u);
-      return r->req;
-    }
+  if (match != m.unexpected.end()) {
+    Unexpected u = std::move(*match);
+    m.unexpected.erase(match);
+    m.deliver(r, u);
+    return r->req;
   }
   m.posted.push_back(r);
   m.kick(&lock, peer);
-  m.wake();
+  // Not m.wake(): the caller's wait or test moves the engine for the receive (the hand-off to
+  // the progress thread cost a third of the tcp ping-pong's latency, docs/collectives.md), and
+  // that thread takes it over within its 1 ms wait when nobody does. A lookup the kick asked for
+  // woke it already.
   return r->req;
 }
 

@@ -4,19 +4,26 @@
 //
 // Protocol, per ordered pair of ranks: a control connection (channel 0) and a data connection
 // (channel 1) each way, set up lazily: a rank's engine starts on its first point-to-point call,
-// listens for every peer at once, connects to a peer when it first sends to it or when the peer
-// connected to it (replies travel back on that connection).
+// listens for every peer at once, and connects to a peer when it first sends to it or has to
+// answer one of its rendezvous messages (replies travel back on that connection). A rank that
+// only receives eager messages from a peer never connects back to it.
 // - The sender posts an RTS frame (tag, bytes, id) on its control connection; messages of at
-//   most kEagerBytes travel inside it.
+//   most kEagerBytes travel inside it (eager), larger ones follow a CTS (rendezvous).
 // - The receiver matches each RTS, in arrival order, against its posted receives in posting order
 //   (source or kAnySource, equal tag); an RTS without a match waits in the unexpected list, which
 //   a later receive searches first (in arrival order), so messages of one sender with one tag are
-//   received in the order they were sent.
-// - On a match: a message larger than the receive fails the receive and sends NAK (the send then
-//   fails too, "message truncated"); an eager one is copied and ACKed; a larger one gets CTS and
-//   its bytes follow on the data connection in CTS order, chunked and pipelined.
-// - A send completes when its ACK arrives or its last chunk is sent (synchronous mode: a send
-//   completes only once the receiver matched it). Sends to oneself are matched and copied here.
+//   received in the order they were sent, eager and rendezvous alike (one control connection).
+// - Eager (standard mode): the send completes once its RTS, the payload copied into it, is handed
+//   to the transport; nothing comes back. A receive smaller than the message fails alone
+//   ("message truncated"). A send to oneself is copied and completes at once.
+// - Rendezvous (synchronous): on a match, a message larger than the receive fails the receive and
+//   sends NAK (the send then fails too, "message truncated"); else CTS, and its bytes follow on
+//   the data connection in CTS order, chunked and pipelined; the receiver ACKs the last chunk and
+//   the send completes on that ACK (once its last chunk is sent). A send to oneself waits for
+//   its receive.
+// - Destruction first posts the queued control frames (eager RTSs that completed, replies),
+//   bounded by kFlushMs, so a rank that sends and destroys at once still delivers. A peer's eager
+//   messages that arrived before its connections broke stay receivable.
 // One progress thread per engine moves everything; every op has the communicator's deadline. A
 // transport error or an op that times out after it reached the wire closes that peer's
 // connections and fails every op with that peer; abort and destruction fail every op at once.

@@ -41,6 +41,9 @@ static_assert(sizeof(Frame) == 32);
 // posted receive, also one whose frame (the last ACK) had already arrived.
 inline constexpr int kCtlSlots = 1;
 inline constexpr int kDataWindow = 4;  // chunks in flight per data connection
+// How long destruction waits for the queued control frames to reach the transport (only while
+// some are queued): the RTS of completed eager sends, the replies of received messages.
+inline constexpr int64_t kFlushMs = 1000;
 
 struct SendOp {
   std::shared_ptr<P2PRequest> req;
@@ -50,7 +53,7 @@ struct SendOp {
   int tag;
   uint64_t id = 0;
   Deadline deadline;
-  bool on_wire = false;    // its RTS was posted
+  bool on_wire = false;    // its RTS was handed to the transport (eager: the send is done)
   bool data_done = false;  // rendezvous: its last chunk was sent
   bool acked = false;      // the receiver's ACK arrived
   size_t posted = 0;       // data bytes posted
@@ -75,8 +78,16 @@ struct Unexpected {
   int tag;
   uint64_t bytes;
   uint64_t id;
-  std::vector<uint8_t> eager;    // kRtsEager's bytes
-  std::shared_ptr<SendOp> self;  // a send to oneself
+  std::vector<uint8_t> eager;    // kRtsEager's bytes (also an eager send to oneself)
+  std::shared_ptr<SendOp> self;  // a rendezvous-size send to oneself
+};
+
+// A control frame waiting for its connection (post_control).
+struct CtlFrame {
+  std::vector<uint8_t> bytes;
+  // An RTS: its send. An eager one completes once the frame is handed to the transport; the RTS
+  // of a send that ended first (abort, destroy, deadline) is dropped, never announced.
+  std::shared_ptr<SendOp> send;
 };
 
 struct InFlight {
@@ -96,11 +107,11 @@ struct Peer {
   std::unique_ptr<net::SendComm> sc[2];
   bool want_connect = false;
   Clock::time_point next_lookup{};
-  Status broken;                             // not ok: connections closed for good
-  std::deque<std::vector<uint8_t>> ctl_out;  // frames waiting for the control connection
+  Status broken;                 // not ok: connections closed for good
+  std::deque<CtlFrame> ctl_out;  // frames waiting for the control connection
   std::deque<InFlight> ctl_send, ctl_recv, data_send, data_recv;
   std::vector<std::vector<uint8_t>> slots;
-  std::map<uint64_t, std::shared_ptr<SendOp>> awaiting;  // RTS sent, reply not yet in
+  std::map<uint64_t, std::shared_ptr<SendOp>> awaiting;  // rendezvous RTS sent, reply not yet in
   std::deque<std::shared_ptr<SendOp>> pending_rts;       // RTS not yet posted
   std::deque<std::shared_ptr<SendOp>> to_send;           // CTS received, data to post
   std::deque<std::shared_ptr<RecvOp>> to_recv;           // CTS sent, data to post
@@ -172,10 +183,11 @@ struct PointToPoint::Impl {
   // A polling caller's turn (P2PRequest::test): one non-blocking pass of progress and deadlines,
   // skipped when another thread holds mu (it is moving the engine then).
   void step();
-  bool polling = false;        // step's pass: no store lookups (they may wait)
+  bool polling = false;        // step's and kick's pass: no store lookups (they may wait)
   bool lookup_wanted = false;  // step skipped one: the progress thread is woken for it
   // A new op's first step, in the caller's thread with mu held (lock): its peer's connections
-  // moved once (an RTS posted, an arrived message matched) before any thread hand-off.
+  // moved once (an RTS posted, so an eager send is done; an arrived message matched) before any
+  // thread hand-off.
   void kick(std::unique_lock<std::mutex>* lock, int peer);
 
   // Written by a new operation so that a progress thread blocked in poll() wakes at once.
@@ -213,6 +225,7 @@ struct PointToPoint::Impl {
   void loop();
   bool progress_locked();
   bool progress_peer(int p);
+  bool receive_control(int p, bool* any);
   void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m);
   void reply(int p, uint32_t type, uint64_t id, uint64_t bytes);
   void on_frame(int p, const uint8_t* data, size_t size);
@@ -225,7 +238,19 @@ struct PointToPoint::Impl {
     if (r->req->finish(std::move(st), r->bytes, r->source) && active > 0) --active;
   }
   void end_all(const Status& why);
+  // Some peer has control frames queued or not yet taken by the transport.
+  bool control_pending() const {
+    for (const Peer& p : peers) {
+      if (p.broken.ok() && (!p.ctl_send.empty() || !p.ctl_out.empty())) return true;
+    }
+    return false;
+  }
+  // Posts the control frames already queued (the RTS of eager sends that completed, the replies
+  // of messages this rank received) and waits until the transport took them, up to ms.
   void flush_control(int64_t ms);
+  // Posts peer p's queued control frames while the transport has request slots; an eager send
+  // whose RTS is posted completes here. false: the connection failed (*why).
+  bool post_control(int p, bool* moved, Status* why);
   bool check_deadlines();
 };
 

@@ -21,6 +21,49 @@ Status test_front(net::Comm* c, std::deque<InFlight>& q, bool* done, size_t* siz
 }
 }  // namespace
 
+// Control receives: keeps kCtlSlots posted and handles the frames in order. false: the peer
+// broke (a failed connection, or a frame that broke it).
+bool PointToPoint::Impl::receive_control(int p, bool* any) {
+  Peer& peer = peers[p];
+  net::RecvComm* rc = peer.rc[0].get();
+  if (rc == nullptr) return true;
+  auto fail = [&](const Status& s) {
+    break_peer(p, s.with_context(fmt::format("point-to-point: control message from rank {}", p)));
+    return false;
+  };
+  while (true) {
+    bool done;
+    size_t size;
+    Status s = test_front(rc, peer.ctl_recv, &done, &size);
+    if (!s.ok()) return fail(s);
+    if (!done) break;
+    const int slot = peer.ctl_recv.front().slot;
+    peer.ctl_recv.pop_front();
+    *any = true;
+    on_frame(p, peer.slots[slot].data(), size);
+    if (!peer.broken.ok()) return false;
+    auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
+    if (!r.ok()) return fail(r.status());
+    if (*r == nullptr) return fail(internal_error("no request slot"));
+    InFlight f{};
+    f.req = *r;
+    f.slot = slot;
+    peer.ctl_recv.push_back(std::move(f));
+  }
+  if (peer.ctl_recv.empty()) {
+    for (int slot = 0; slot < kCtlSlots; ++slot) {
+      auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
+      if (!r.ok()) return fail(r.status());
+      if (*r == nullptr) break;
+      InFlight f{};
+      f.req = *r;
+      f.slot = slot;
+      peer.ctl_recv.push_back(std::move(f));
+    }
+  }
+  return true;
+}
+
 bool PointToPoint::Impl::progress_locked() {
   bool any = false;
   for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
@@ -47,10 +90,12 @@ bool PointToPoint::Impl::progress_peer(int p) {
         peer.listen[c].reset();
         GW_LOG_DEBUG("point-to-point: accepted rank {} channel {}", p, c);
         any = true;
-        if (c == 0) peer.want_connect = true;
       }
     }
   }
+  // Control receives before this rank's own set-up steps: frames the peer sent before it left
+  // (its last eager messages) are taken before a failed connection back to it breaks the peer.
+  if (!receive_control(p, &any)) return true;
   const bool lookup_due =
       peer.want_connect && !peer.sc[0] && !peer.conn[0] && Clock::now() >= peer.next_lookup;
   // A polling caller's pass (step) leaves the store's round trip, which may wait, to the thread.
@@ -101,48 +146,17 @@ bool PointToPoint::Impl::progress_peer(int p) {
       }
     }
   }
-  // Control receives: keep kCtlSlots posted, handle frames in order.
-  if (net::RecvComm* rc = peer.rc[0].get()) {
-    while (true) {
-      bool done;
-      size_t size;
-      Status s = test_front(rc, peer.ctl_recv, &done, &size);
-      if (!s.ok()) return fail(s, "control message from");
-      if (!done) break;
-      const int slot = peer.ctl_recv.front().slot;
-      peer.ctl_recv.pop_front();
-      any = true;
-      on_frame(p, peer.slots[slot].data(), size);
-      if (!peer.broken.ok()) return true;
-      auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
-      if (!r.ok()) return fail(r.status(), "control receive from");
-      if (*r == nullptr) return fail(internal_error("no request slot"), "control receive from");
-      InFlight f{};
-      f.req = *r;
-      f.slot = slot;
-      peer.ctl_recv.push_back(std::move(f));
-    }
-    if (peer.ctl_recv.empty() && peer.broken.ok()) {
-      for (int slot = 0; slot < kCtlSlots; ++slot) {
-        auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
-        if (!r.ok()) return fail(r.status(), "control receive from");
-        if (*r == nullptr) break;
-        InFlight f{};
-        f.req = *r;
-        f.slot = slot;
-        peer.ctl_recv.push_back(std::move(f));
-      }
-    }
-  }
   // Control sends: RTS of new sends, then replies, in order.
   if (net::SendComm* sc = peer.sc[0].get(); sc && peer.sc[1]) {
     while (!peer.pending_rts.empty()) {
       auto s = peer.pending_rts.front();
       peer.pending_rts.pop_front();
+      // Eager: the payload is copied into the frame here; the send completes when the frame is
+      // posted (post_control). Rendezvous: answered by CTS or NAK.
       const bool eager = s->bytes <= kEagerBytes;
-      peer.ctl_out.push_back(make_frame(eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf));
-      s->on_wire = true;
-      peer.awaiting[s->id] = s;
+      peer.ctl_out.push_back(
+          CtlFrame{make_frame(eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
+      if (!eager) peer.awaiting[s->id] = s;
     }
     while (true) {
       bool done;
@@ -153,18 +167,8 @@ bool PointToPoint::Impl::progress_peer(int p) {
       peer.ctl_send.pop_front();
       any = true;
     }
-    while (!peer.ctl_out.empty() && peer.ctl_send.size() < static_cast<size_t>(net::kMaxRequests)) {
-      auto& fr = peer.ctl_out.front();
-      auto r = sc->isend(fr.data(), fr.size(), 0, nullptr);
-      if (!r.ok()) return fail(r.status(), "control message to");
-      if (*r == nullptr) break;
-      InFlight f{};
-      f.req = *r;
-      f.frame = std::move(fr);
-      peer.ctl_out.pop_front();
-      peer.ctl_send.push_back(std::move(f));
-      any = true;
-    }
+    Status why;
+    if (!post_control(p, &any, &why)) return fail(why, "control message to");
   }
   const size_t chunk = std::max<size_t>(opts.chunk_bytes, 4096);
   // Data sends: in CTS order, chunked, kDataWindow in flight.

@@ -318,17 +318,22 @@ gw_status_t gw_test(gw_request_t request, int* done);
  *   were sent (non-overtaking). A receive matches the earliest message it can take; receives are
  *   matched in the order they were posted.
  * - Sizes are in bytes (count x dtype size); the dtype of the two sides is not compared. A
- *   receive smaller than the message fails on both sides with GW_ERR_INVALID_ARG ("message
- *   truncated", naming both sizes); a larger one receives the message, and gw_wait_recv /
- *   gw_test_recv report its real count and its source.
- * - A send completes once the receiver has matched it (synchronous mode): two ranks that each
- *   gw_send to the other before receiving wait for each other, so use gw_isend there. Sends and
- *   receives may be posted in any order otherwise, from any thread, interleaved with collectives
- *   on the same communicator: point-to-point has connections of its own and never delays or
- *   reorders a collective.
+ *   receive smaller than the message fails with GW_ERR_INVALID_ARG ("message truncated", naming
+ *   both sizes): only the receive for a message of at most 16 KiB (its send had completed
+ *   already, below), both sides for a larger one. A larger receive receives the message, and
+ *   gw_wait_recv / gw_test_recv report its real count and its source.
+ * - A send of at most 16 KiB (eager) completes once its bytes are copied out of the buffer and
+ *   handed to the transport, whether or not the receiver has posted its receive (MPI's standard
+ *   mode); it is delivered even if the sender destroys its communicator right after. A larger
+ *   send completes once the receiver has matched it and taken its bytes (synchronous mode): two
+ *   ranks that each gw_send a large message to the other before receiving wait for each other,
+ *   so use gw_isend there. Sends and receives may be posted in any order otherwise, from any
+ *   thread, interleaved with collectives on the same communicator: point-to-point has
+ *   connections of its own and never delays or reorders a collective.
  * - Every send and receive has the communicator's deadline (GW_TIMEOUT_MS): a peer that died or
  *   never answers ends it with GW_ERR_PEER or GW_ERR_TIMEOUT; the connections with that peer are
- *   then closed and its other pending sends and receives end too (later ones to it fail at once).
+ *   then closed and its other pending sends and receives end too (later ones to it fail at once,
+ *   except receives of eager messages it sent before it died, which are still received).
  * - gw_comm_abort and gw_comm_destroy end every pending request with GW_ERR_ABORTED, as
  *   gw_iallreduce's.
  * - Device memory: as the collectives (above), the received bytes copied back by the wait. A
@@ -339,8 +344,9 @@ gw_status_t gw_test(gw_request_t request, int* done);
  *   GW_ERR_UNSUPPORTED there. */
 #define GW_ANY_SOURCE (-1)
 
-/* Blocking send / receive: return once the message is matched and the buffer is free (send) or
- * holds the message (receive), or at the deadline. */
+/* Blocking send / receive: return once the buffer is free (send: at most 16 KiB, once copied
+ * out; larger, once the receiver took the message) or holds the message (receive), or at the
+ * deadline. */
 gw_status_t gw_send(gw_comm_t comm, const void* buf, size_t count, gw_dtype_t dtype, int peer,
                     int tag);
 gw_status_t gw_recv(gw_comm_t comm, void* buf, size_t count, gw_dtype_t dtype, int peer, int tag);

@@ -2,8 +2,10 @@
 
 The rules are the header's: tag >= 0; a receive names a rank or ANY_SOURCE; messages from one
 sender to one receiver with one tag arrive in the order sent; a receive larger than the message
-takes it and reports its real count, a smaller one fails on both sides; a send completes once the
-receiver matched it (so two ranks that both send first must use isend).
+takes it and reports its real count, a smaller one fails (and its sender too when the message is
+larger than 16 KiB); a send of at most 16 KiB completes once its bytes are handed to the transport,
+a larger one once the receiver matched it (so two ranks that both send a large message first must
+use isend).
 """
 
 from __future__ import annotations
@@ -83,15 +85,15 @@ class PointToPoint:
         return _buffer.view(buf, f"{what} buf", writable=recv)
 
     def send(self, buf: Array, peer: int, tag: int = 0) -> None:
-        """Sends buf to rank peer; returns once peer's receive has matched it (or raises at the
-        deadline: PeerError, TimeoutError)."""
+        """Sends buf to rank peer; returns once buf is free: at most 16 KiB, once copied out; larger,
+        once peer's receive has matched it (or raises at the deadline: PeerError, TimeoutError)."""
         b = self._p2p_args(buf, peer, tag, "send", recv=False)
         check(_lib.lib.gw_send(self.handle, b.ptr, b.count, b.dtype, peer, tag), "send")
 
     def recv(self, buf: Array, peer: int = ANY_SOURCE, tag: int = 0) -> Received:
         """Receives a message from rank peer (default: any rank) with this tag into buf; returns
         Received(source, count). A message larger than buf raises InvalidArgument ("message
-        truncated") here and at its sender."""
+        truncated") here, and at its sender when it is larger than 16 KiB."""
         return self.irecv(buf, peer, tag).received()
 
     def isend(self, buf: Array, peer: int, tag: int = 0) -> P2PRequest:

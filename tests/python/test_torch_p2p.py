@@ -54,7 +54,8 @@ def test_comm_p2p_bad_arguments_refused(comm):
 
 def test_comm_p2p_truncation_fails_both_sides(comm):
     import gradwire
-    req = comm.isend(np.zeros(8, dtype=np.float32), 0, tag=9)
+    # Past the eager size (16 KiB): a smaller eager message fails only the receive.
+    req = comm.isend(np.zeros(8192, dtype=np.float32), 0, tag=9)
     with pytest.raises(gradwire.InvalidArgument, match="truncated"):
         comm.recv(np.zeros(2, dtype=np.float32), 0, tag=9)
     with pytest.raises(gradwire.InvalidArgument, match="truncated"):
