@@ -194,11 +194,13 @@ class ServerLink {
     client_->set_broken(s);
   }
 
+  // Its reads take no stop flag: stop() shuts the socket down, which ends them at once (EOF), so an
+  // idle link sleeps without a timer; died() then sees stop_ and stays quiet.
   void recv_loop() {
     std::vector<uint8_t> scratch;
     for (;;) {
       Header h;
-      Status s = read_header(fd_.get(), &h, sys::Deadline::max(), &stop_);
+      Status s = read_header(fd_.get(), &h, sys::Deadline::max(), nullptr);
       if (s.ok()) s = check_reply(h);
       if (!s.ok()) {
         died(s);
@@ -207,7 +209,7 @@ class ServerLink {
       if (h.type == Type::kError) {
         std::string msg(h.payload, '\0');
         s = read_exact(fd_.get(), msg.data(), msg.size(),
-                       sys::deadline_after_ms(client_->timeout_ms()), &stop_);
+                       sys::deadline_after_ms(client_->timeout_ms()), nullptr);
         if (!s.ok()) {
           died(s);
           return;
@@ -250,7 +252,7 @@ class ServerLink {
           }
         }
         s = read_exact(fd_.get(), dst, h.payload, sys::deadline_after_ms(client_->timeout_ms()),
-                       &stop_);
+                       nullptr);
         if (counted) {
           std::lock_guard<std::mutex> lock(op->mu);
           if (--op->reading == 0) op->cv.notify_all();

@@ -209,7 +209,10 @@ Status read_exact(int fd, void* buf, size_t n, sys::Deadline deadline,
     if (sys::expired(deadline)) return timeout_error("kv: reading a frame: deadline passed");
     pollfd pf[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     if (stop_fd < 0) {
-      poll(pf, 1, std::min(kPollSliceMs, sys::ms_until(deadline)));
+      // A stop flag is looked at every slice; without one, only data or the deadline end it.
+      poll(pf, 1,
+           stop != nullptr ? std::min(kPollSliceMs, sys::ms_until(deadline))
+                           : sys::ms_until(deadline));
       continue;
     }
     if (poll(pf, 2, sys::ms_until(deadline)) > 0 && (pf[1].revents & POLLIN) != 0) {

@@ -1,5 +1,6 @@
 // kv::Server's own costs (kv/server.h): an idle server, and one with a worker joined but silent,
-// is never woken (no timer: its threads make no voluntary context switch while nothing arrives);
+// is never woken (no timer: its threads make no voluntary context switch while nothing arrives),
+// nor is a worker's idle link to it (kv::Client);
 // a connection's threads are joined as it ends, so after 200 short connections (joined and
 // said goodbye, or closed before any hello) the server holds no thread and the process is back to
 // its thread count before them.
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv/client.h"
 #include "kv/io.h"
 #include "kv/server.h"
 #include "kv/wire.h"
@@ -116,6 +118,32 @@ TEST(KvServerTest, AnIdleServerIsNeverWoken) {
   std::printf("kv server stop with a silent worker: %.3f s\n", stop_s);
   EXPECT_LT(stop_s, 10.0);  // a hang, not a timing figure
   EXPECT_EQ(srv->connection_threads(), 0u);
+}
+
+TEST(KvServerTest, AnIdleWorkerLinkIsNeverWoken) {
+  auto srv = start_server();
+  ASSERT_TRUE(srv);
+  const auto before = voluntary_switches();  // the server's accept thread is not counted
+  ClientOptions co;
+  co.store_id = 1;
+  co.config.workers = 1;
+  co.config.partition_bytes = 1024;
+  co.token = "tok";
+  co.timeout_ms = kTimeoutMs;
+  co.servers.push_back(srv->address());
+  auto cl = Client::connect(co);
+  ASSERT_TRUE(cl.ok()) << cl.status().message();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The worker's sender and receiver, the server's reader and writer of the connection.
+  const long idle = wakeups_of_new_threads(before, 2000);
+  std::printf("an idle worker link: %ld voluntary context switches in 2 s\n", idle);
+  EXPECT_LE(idle, 3);
+  // close() still ends the link at once (it shuts the socket down): the goodbye reaches the
+  // server, whose store is then finished.
+  Status s = (*cl)->close();
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(srv->wait_finished(1, sys::deadline_after_ms(kTimeoutMs)).ok());
+  srv->stop();
 }
 
 TEST(KvServerTest, FinishedConnectionThreadsAreReapedAsTheyEnd) {
