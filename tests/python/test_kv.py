@@ -170,8 +170,12 @@ def test_one_rank_fp16_pushes_arrive_as_their_fp16_rounding(comm):
         assert np.array_equal(out, v.astype(np.float16).astype(np.float32))
         assert not np.array_equal(out, v)  # the rounding is visible: the push was encoded
         kv.clock()
-        with pytest.raises(gradwire.InvalidArgument, match="f32 values only"):
+        with pytest.raises(gradwire.InvalidArgument, match="floating values only .* not int32"):
             kv.init(4, np.zeros(4, np.int32))
+        # A float16 key is converted at the worker: fp16 of float16 values arrives exactly.
+        h = (np.arange(40, dtype=np.float16) * np.float16(0.125))
+        kv.init(5, np.zeros(40, np.float16))
+        assert np.array_equal(kv.pushpull(5, h, np.empty(40, np.float16)), h)
     for spec, why in {"powersgd:2": "not a byte codec", "zstd": "", "topk:2": ""}.items():
         with pytest.raises(gradwire.InvalidArgument, match=why):
             gradwire.kv.KVStore(comm, codec=spec)
