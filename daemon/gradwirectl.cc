@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
     const char* help = n == "status"    ? "the daemon: version, pid, counts"
                        : n == "jobs"    ? "the jobs it serves"
                        : n == "clients" ? "the trainers connected"
-                       : n == "kv"      ? "the parameter-server stores it holds: keys, clocks, lag"
+                       : n == "kv"      ? "the parameter-server stores: codec, keys, clocks, lag"
                                         : "its resolved settings";
     app.add_subcommand(name, help)->fallthrough()->callback([&chosen, name] { chosen = name; });
   }
