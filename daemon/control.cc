@@ -96,12 +96,12 @@ constexpr Field kClientFields[] = {{"id", Kind::kInt},          {"pid", Kind::kI
                                    {"rank", Kind::kInt},        {"local_rank", Kind::kInt},
                                    {"arena_bytes", Kind::kInt}, {"requests", Kind::kInt}};
 constexpr Field kKvFields[] = {
-    {"job", Kind::kString},  {"host_index", Kind::kInt}, {"store", Kind::kInt},
-    {"mode", Kind::kString}, {"update", Kind::kString},  {"workers", Kind::kInt},
-    {"live", Kind::kInt},    {"keys", Kind::kInt},       {"partitions", Kind::kInt},
-    {"bytes", Kind::kInt},   {"min_clock", Kind::kInt},  {"max_clock", Kind::kInt},
-    {"lag", Kind::kInt},     {"dropped", Kind::kInt},    {"lost", Kind::kInt},
-    {"state", Kind::kString}};
+    {"job", Kind::kString},     {"host_index", Kind::kInt}, {"store", Kind::kInt},
+    {"mode", Kind::kString},    {"update", Kind::kString},  {"codec", Kind::kString},
+    {"workers", Kind::kInt},    {"live", Kind::kInt},       {"keys", Kind::kInt},
+    {"partitions", Kind::kInt}, {"bytes", Kind::kInt},      {"min_clock", Kind::kInt},
+    {"max_clock", Kind::kInt},  {"lag", Kind::kInt},        {"dropped", Kind::kInt},
+    {"lost", Kind::kInt},       {"state", Kind::kString}};
 constexpr Field kConfigFields[] = {{"name", Kind::kString},
                                    {"key", Kind::kString},
                                    {"value", Kind::kString},

@@ -175,6 +175,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         r["store"] = k.store;
         r["mode"] = k.mode;
         r["update"] = k.update;
+        r["codec"] = k.codec;
         r["workers"] = k.workers;
         r["live"] = k.live;
         r["keys"] = k.keys;

@@ -106,6 +106,7 @@ std::vector<KvStoreStats> Counters::kv_stores() const {
       k.store = info.id;
       k.mode = kv::mode_text(m.config);
       k.update = kv::update_text(m.config);
+      k.codec = m.config.codec.empty() ? "none" : m.config.codec;
       k.workers = m.config.workers;
       k.live = m.live;
       k.lost = m.lost;

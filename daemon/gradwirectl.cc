@@ -108,13 +108,13 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
       std::vector<std::vector<std::string>> rows;
       for (const json& k : r) {
         rows.push_back({str(k, "job"), num(k, "host_index"), num(k, "store"), str(k, "mode"),
-                        str(k, "update"), num(k, "live") + "/" + num(k, "workers"), num(k, "keys"),
-                        num(k, "partitions"), num(k, "bytes"),
+                        str(k, "update"), str(k, "codec"), num(k, "live") + "/" + num(k, "workers"),
+                        num(k, "keys"), num(k, "partitions"), num(k, "bytes"),
                         num(k, "min_clock") + ".." + num(k, "max_clock"), num(k, "lag"),
                         num(k, "dropped"), num(k, "lost"), str(k, "state")});
       }
-      return table({"JOB", "HOST", "STORE", "MODE", "UPDATE", "WORKERS", "KEYS", "PARTITIONS",
-                    "BYTES", "CLOCK", "LAG", "DROPPED", "LOST", "STATE"},
+      return table({"JOB", "HOST", "STORE", "MODE", "UPDATE", "CODEC", "WORKERS", "KEYS",
+                    "PARTITIONS", "BYTES", "CLOCK", "LAG", "DROPPED", "LOST", "STATE"},
                    rows);
     }
     case ControlCommand::kConfig: {
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     const char* help = n == "status"    ? "the daemon: version, pid, counts"
                        : n == "jobs"    ? "the jobs it serves"
                        : n == "clients" ? "the trainers connected"
-                       : n == "kv"      ? "the parameter-server stores it holds: keys, clocks, lag"
+                       : n == "kv"      ? "the parameter-server stores: codec, keys, clocks, lag"
                                         : "its resolved settings";
     app.add_subcommand(name, help)->fallthrough()->callback([&chosen, name] { chosen = name; });
   }

@@ -96,7 +96,7 @@ std::vector<prometheus::MetricFamily> collect(const Server& server) {
       double(st.kv_stores.size()));
   auto kv_add = [&](const char* name, const char* help, T type, double v, const KvStoreStats& k) {
     add(name, help, type, v,
-        {{"job", k.job}, {"store", std::to_string(k.store)}, {"mode", k.mode}});
+        {{"job", k.job}, {"store", std::to_string(k.store)}, {"mode", k.mode}, {"codec", k.codec}});
   };
   for (const KvStoreStats& k : st.kv_stores) {
     kv_add("gradwired_kv_keys", "keys of the store with a partition on this daemon", T::Gauge,

@@ -88,6 +88,7 @@ struct KvStoreStats {
   int32_t host_index = 0;
   uint64_t store = 0;  // the store's id in its job
   std::string mode, update;
+  std::string codec;  // the pushes' codec spec (canonical), "none" for raw pushes
   uint32_t workers = 0, live = 0, lost = 0;
   uint64_t keys = 0, partitions = 0, bytes = 0;
   uint64_t min_clock = 0, max_clock = 0;  // over the live workers / every worker

@@ -194,11 +194,13 @@ class ServerLink {
     client_->set_broken(s);
   }
 
+  // Its reads take no stop flag: stop() shuts the socket down, which ends them at once (EOF), so an
+  // idle link sleeps without a timer; died() then sees stop_ and stays quiet.
   void recv_loop() {
     std::vector<uint8_t> scratch;
     for (;;) {
       Header h;
-      Status s = read_header(fd_.get(), &h, sys::Deadline::max(), &stop_);
+      Status s = read_header(fd_.get(), &h, sys::Deadline::max(), nullptr);
       if (s.ok()) s = check_reply(h);
       if (!s.ok()) {
         died(s);
@@ -207,7 +209,7 @@ class ServerLink {
       if (h.type == Type::kError) {
         std::string msg(h.payload, '\0');
         s = read_exact(fd_.get(), msg.data(), msg.size(),
-                       sys::deadline_after_ms(client_->timeout_ms()), &stop_);
+                       sys::deadline_after_ms(client_->timeout_ms()), nullptr);
         if (!s.ok()) {
           died(s);
           return;
@@ -250,7 +252,7 @@ class ServerLink {
           }
         }
         s = read_exact(fd_.get(), dst, h.payload, sys::deadline_after_ms(client_->timeout_ms()),
-                       &stop_);
+                       nullptr);
         if (counted) {
           std::lock_guard<std::mutex> lock(op->mu);
           if (--op->reading == 0) op->cv.notify_all();
@@ -397,10 +399,17 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
     std::lock_guard<std::mutex> lock(mu_);
     auto it = keys_.find(key);
     if (kind == Kind::kInit) {
-      if (encoder_ && dtype != coll::DataType::kF32) {
+      if (encoder_ && !encodable_dtype(dtype)) {
         return invalid_arg(
-            "key {}: the store's pushes are encoded with {}, which takes f32 values only, not {}",
+            "key {}: the store's pushes are encoded with {}, which takes floating values only "
+            "(float32, float64, float16, bfloat16), not {}",
             key, options_.config.codec, coll::dtype_name(dtype));
+      }
+      if (encoder_ && per > kMaxPayload / sizeof(float)) {
+        return invalid_arg(
+            "key {}: a partition of {} {} elements decodes to more than {} bytes of f32 on the "
+            "server (lower partition_bytes for encoded pushes of 16-bit keys)",
+            key, per, coll::dtype_name(dtype), kMaxPayload);
       }
       if (options_.config.update == 1 && dtype != coll::DataType::kF32 &&
           dtype != coll::DataType::kF64 && dtype != coll::DataType::kF16 &&
@@ -467,8 +476,9 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
       // Encoded here, in the caller's thread: the frame carries the encoding, and the residual
       // of (key, p) keeps what the codec dropped for this partition's next push.
       uint64_t step = 0;
-      auto enc = encoder_->encode(key, static_cast<uint32_t>(p),
-                                  static_cast<const float*>(value) + first, n, &step);
+      auto enc =
+          encoder_->encode(key, static_cast<uint32_t>(p),
+                           static_cast<const uint8_t*>(value) + first * elem, dtype, n, &step);
       if (!enc.ok()) {
         op->finish_one(enc.status());
         continue;

@@ -186,7 +186,7 @@ Status write_frame(int fd, const Header& h, const void* payload, sys::Deadline d
 }
 
 Status read_exact(int fd, void* buf, size_t n, sys::Deadline deadline,
-                  const std::atomic<bool>* stop, bool eof_ok) {
+                  const std::atomic<bool>* stop, bool eof_ok, int stop_fd) {
   auto* p = static_cast<uint8_t*>(buf);
   size_t got = 0;
   while (got < n) {
@@ -207,15 +207,25 @@ Status read_exact(int fd, void* buf, size_t n, sys::Deadline deadline,
       return aborted_error("kv: stopped");
     }
     if (sys::expired(deadline)) return timeout_error("kv: reading a frame: deadline passed");
-    pollfd pf{fd, POLLIN, 0};
-    poll(&pf, 1, std::min(kPollSliceMs, sys::ms_until(deadline)));
+    pollfd pf[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    if (stop_fd < 0) {
+      // A stop flag is looked at every slice; without one, only data or the deadline end it.
+      poll(pf, 1,
+           stop != nullptr ? std::min(kPollSliceMs, sys::ms_until(deadline))
+                           : sys::ms_until(deadline));
+      continue;
+    }
+    if (poll(pf, 2, sys::ms_until(deadline)) > 0 && (pf[1].revents & POLLIN) != 0) {
+      return aborted_error("kv: stopped");
+    }
   }
   return ok_status();
 }
 
-Status read_header(int fd, Header* h, sys::Deadline deadline, const std::atomic<bool>* stop) {
+Status read_header(int fd, Header* h, sys::Deadline deadline, const std::atomic<bool>* stop,
+                   int stop_fd) {
   uint8_t head[kHeaderBytes];
-  GW_RETURN_IF_ERROR(read_exact(fd, head, kHeaderBytes, deadline, stop, true));
+  GW_RETURN_IF_ERROR(read_exact(fd, head, kHeaderBytes, deadline, stop, true, stop_fd));
   return decode_header(head, h);
 }
 

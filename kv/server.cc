@@ -1,7 +1,13 @@
 #include "kv/server.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/log.h"
 #include "kv/io.h"
@@ -10,8 +16,24 @@
 namespace gw::kv {
 
 namespace {
-constexpr int kAcceptSliceMs = 50;
 constexpr int64_t kProbeMs = 500;  // serve(): how often it asks whether the job is still there
+
+Result<sys::Fd> make_eventfd() {
+  sys::Fd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd.valid()) return system_error("kv server eventfd()", errno);
+  return fd;
+}
+
+void signal_fd(int fd) {
+  const uint64_t one = 1;
+  // Only EAGAIN (the counter full) can fail here, and then the fd is readable anyway.
+  (void)!::write(fd, &one, sizeof(one));
+}
+
+void drain_fd(int fd) {
+  uint64_t v = 0;
+  (void)!::read(fd, &v, sizeof(v));
+}
 }  // namespace
 
 Server::Server(const ServerOptions& options) : options_(options) {}
@@ -20,6 +42,8 @@ Result<std::unique_ptr<Server>> Server::start(const ServerOptions& options) {
   std::unique_ptr<Server> s(new Server(options));
   int port = 0;
   GW_ASSIGN_OR_RETURN(s->listen_fd_, listen_any(&port));
+  GW_ASSIGN_OR_RETURN(s->stop_efd_, make_eventfd());
+  GW_ASSIGN_OR_RETURN(s->reap_efd_, make_eventfd());
   s->address_ = advertised_address(options.route_host, port);
   s->last_store_ = sys::Clock::now();
   s->accept_thread_ = std::thread([p = s.get()] { p->accept_loop(); });
@@ -30,19 +54,60 @@ Server::~Server() { stop(); }
 
 void Server::stop() {
   stop_.store(true, std::memory_order_release);
+  if (stop_efd_.valid()) signal_fd(stop_efd_.get());
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::vector<std::thread> threads;
+  std::map<uint64_t, std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    threads.swap(threads_);
+    threads.swap(conn_threads_);
+    ended_.clear();
   }
-  for (auto& t : threads) t.join();
+  for (auto& [n, t] : threads) t.join();
   cv_.notify_all();
 }
 
+size_t Server::connection_threads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return conn_threads_.size();
+}
+
+void Server::reap_ended() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t n : ended_) {
+      auto it = conn_threads_.find(n);
+      if (it == conn_threads_.end()) continue;
+      done.push_back(std::move(it->second));
+      conn_threads_.erase(it);
+    }
+    ended_.clear();
+  }
+  // Each has pushed its number as its last act: the joins wait for the thread's return only.
+  for (auto& t : done) t.join();
+}
+
 void Server::accept_loop() {
+  enum { kListen, kStop, kReap };
+  pollfd pfds[3] = {
+      {listen_fd_.get(), POLLIN, 0}, {stop_efd_.get(), POLLIN, 0}, {reap_efd_.get(), POLLIN, 0}};
   while (!stop_.load(std::memory_order_acquire)) {
-    auto fd = accept_one(listen_fd_.get(), kAcceptSliceMs);
+    // No timeout: stop() writes stop_efd_, so the wait ends with the server, and an idle server
+    // (a daemon's job that never makes a store) is never woken.
+    const int n = ::poll(pfds, 3, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      GW_LOG_WARN("kv server {}: poll: {}", options_.rank, std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    if (pfds[kStop].revents != 0) break;
+    if (pfds[kReap].revents != 0) {
+      drain_fd(reap_efd_.get());
+      reap_ended();
+    }
+    if (pfds[kListen].revents == 0) continue;
+    auto fd = accept_one(listen_fd_.get(), 0);
     if (!fd.ok()) {
       GW_LOG_WARN("kv server {}: {}", options_.rank, fd.status().message());
       continue;
@@ -52,7 +117,17 @@ void Server::accept_loop() {
     conn->fd = std::move(*fd);
     std::lock_guard<std::mutex> lock(mu_);
     ++open_conns_;
-    threads_.emplace_back([this, conn] { serve_conn(conn); });
+    const uint64_t id = next_conn_++;
+    conn_threads_.emplace(id, std::thread([this, conn, id] {
+                            serve_conn(conn);
+                            {
+                              std::lock_guard<std::mutex> l(mu_);
+                              --open_conns_;
+                              ended_.push_back(id);
+                              cv_.notify_all();
+                            }
+                            signal_fd(reap_efd_.get());
+                          }));
   }
 }
 
@@ -171,13 +246,13 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
   Header h;
   Status why;
   // The hello: within the deadline.
-  why = read_header(fd, &h, sys::deadline_after_ms(options_.timeout_ms), &stop_);
+  why = read_header(fd, &h, sys::deadline_after_ms(options_.timeout_ms), &stop_, stop_efd_.get());
   if (why.ok() && h.type != Type::kHello) why = invalid_arg("kv: first frame is not a hello");
   if (why.ok()) why = check_request(h, kMaxWorkers);
   if (why.ok()) {
     payload.resize(h.payload);
     why = read_exact(fd, payload.data(), payload.size(),
-                     sys::deadline_after_ms(options_.timeout_ms), &stop_);
+                     sys::deadline_after_ms(options_.timeout_ms), &stop_, false, stop_efd_.get());
   }
   if (why.ok()) why = join(*conn, h, payload);
   if (!why.ok()) {
@@ -208,7 +283,7 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
     }
     std::vector<uint8_t> decoded;  // an encoded push's values (kv/push_codec.h)
     while (why.ok()) {
-      why = read_header(fd, &h, sys::Deadline::max(), &stop_);
+      why = read_header(fd, &h, sys::Deadline::max(), &stop_, stop_efd_.get());
       if (!why.ok()) break;
       why = check_request(h, workers, codec.get());
       if (why.ok() && h.worker != conn->worker) {
@@ -221,7 +296,7 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
       }
       payload.resize(h.payload);
       why = read_exact(fd, payload.data(), payload.size(),
-                       sys::deadline_after_ms(options_.timeout_ms), &stop_);
+                       sys::deadline_after_ms(options_.timeout_ms), &stop_, false, stop_efd_.get());
       if (!why.ok()) break;
       const uint8_t* data = payload.data();
       if (h.flags != 0) {  // outside mu_: other connections go on while this one decodes
@@ -256,9 +331,6 @@ void Server::serve_conn(std::shared_ptr<Conn> conn) {
     close_writer(*conn);
   }
   conn->fd.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  --open_conns_;
-  cv_.notify_all();
 }
 
 Status Server::serve(const std::function<bool()>& job_alive) {

@@ -2,7 +2,13 @@
 // thread (its queue of replies, so that a connection's pulls are sent while pushes arrive on
 // every connection, and no reader waits on another worker's socket), and the stores it serves
 // (kv/rules.h, one per store id, created by the first worker's Hello). Run as its own process
-// (gw_kv_serve, GW_ROLE=server) or as a thread of every worker (GW_KV_SERVERS=0).
+// (gw_kv_serve, GW_ROLE=server), as a thread of every worker (GW_KV_SERVERS=0), or in gradwired
+// for every job (daemon/job.h).
+//
+// Idle, it costs one thread asleep in poll() on the listening socket and two eventfds (stop, and
+// "a connection ended"), and no timer: no wake-up until a worker connects. A connection's threads
+// are joined as soon as it ends (the accept thread reaps them), so a long-lived server with many
+// short connections holds threads only for the connections open now.
 #pragma once
 
 #include <atomic>
@@ -58,6 +64,9 @@ class Server {
     StoreSummary summary;
   };
   std::vector<StoreInfo> stores() const;
+  // Connection threads not yet joined: those of the connections open now, plus any that ended a
+  // moment ago and wait for the accept thread to reap them. Thread-safe.
+  size_t connection_threads() const;
   // Ends every connection and thread; idempotent.
   void stop();
 
@@ -89,7 +98,11 @@ class Server {
   };
 
   explicit Server(const ServerOptions& options);
+  // Sleeps in poll() on the listening socket, stop_efd_ and reap_efd_ (no timeout: stop() ends
+  // it); accepts, reaps ended connection threads, returns at stop().
   void accept_loop();
+  // Joins the threads of the connections that ended (ended_).
+  void reap_ended();
   void serve_conn(std::shared_ptr<Conn> conn);
   // Hello: joins the connection to its store. An Error frame is sent when refused.
   Status join(Conn& conn, const Header& h, const std::vector<uint8_t>& payload);
@@ -105,12 +118,16 @@ class Server {
   sys::Fd listen_fd_;
   std::string address_;
   std::atomic<bool> stop_{false};
+  sys::Fd stop_efd_;  // written once by stop(), never drained: every poll on it sees it
+  sys::Fd reap_efd_;  // written by a connection's thread as it ends; drained by accept_loop
   std::thread accept_thread_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, StoreEntry> stores_;
-  std::vector<std::thread> threads_;
+  std::map<uint64_t, std::thread> conn_threads_;  // by connection number
+  std::vector<uint64_t> ended_;                   // connections whose thread returns now
+  uint64_t next_conn_ = 0;
   sys::Deadline last_store_{};  // the last new store, or the last store finishing
   int open_conns_ = 0;
 };

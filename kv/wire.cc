@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -128,11 +129,16 @@ Status check_request(const Header& h, uint32_t workers, const coll::Codec* codec
                          coll::format_codec_spec(codec->spec()),
                          static_cast<int>(codec->spec().kind));
     }
-    if (h.dtype != static_cast<uint8_t>(coll::DataType::kF32)) {
-      return invalid_arg("kv {}: an encoded push of dtype {} (only f32 is encoded)",
-                         type_name(h.type), h.dtype);
+    const auto dt = static_cast<coll::DataType>(h.dtype);
+    if (dt != coll::DataType::kF32 && dt != coll::DataType::kF64 && dt != coll::DataType::kF16 &&
+        dt != coll::DataType::kBF16) {
+      return invalid_arg(
+          "kv {}: an encoded push of dtype {} (only float32, float64, float16 and bfloat16 are "
+          "encoded)",
+          type_name(h.type), h.dtype);
     }
-    if (h.count == 0 || h.count > kMaxPayload / sizeof(float)) {
+    // The server decodes it into f32, then into the dtype: both within kMaxPayload.
+    if (h.count == 0 || h.count > kMaxPayload / std::max(sizeof(float), coll::dtype_size(dt))) {
       return invalid_arg("kv {}: partition count {} out of range", type_name(h.type), h.count);
     }
     if (h.total < h.count) {

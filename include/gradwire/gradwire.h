@@ -507,7 +507,7 @@ typedef struct {
   double lr;              /* sgd: > 0 */
   double momentum;        /* sgd: in [0, 1) */
   size_t partition_bytes; /* 0: GW_KV_PARTITION_BYTES (default 4 MiB) */
-  const char* codec;      /* NULL, "" or "none": raw pushes; else the pushes' codec (f32 keys) */
+  const char* codec;      /* NULL, "" or "none": raw pushes; else the pushes' codec (float keys) */
 } gw_kv_config_t;
 #define GW_KV_CONFIG_INIT \
   { sizeof(gw_kv_config_t), GW_KV_BSP, 0, 0, GW_KV_UPDATE_SUM, 0.0, 0.0, 0, NULL }

@@ -187,7 +187,8 @@ class KVStore:
 
     mode: "bsp", "ssp:S", "asp" or "sync:K"; update: "sum" or "sgd:LR[,momentum=M]"; codec: a
     codec spec ("fp16", "topk:0.01", ... as Comm.allreduce_compressed takes; not powersgd) for the
-    pushes of float32 keys, error feedback kept on the worker per (key, partition);
+    pushes of floating keys (float16/bfloat16/float64 converted to float32 at the worker), error
+    feedback kept on the worker per (key, partition);
     partition_bytes: the largest piece of a value on one server (default GW_KV_PARTITION_BYTES,
     4 MiB). Collective: every rank of comm creates it with the same arguments. Calls on one store
     come from one thread at a time. The C library states what each call waits for in each mode

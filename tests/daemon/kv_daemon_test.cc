@@ -1,7 +1,8 @@
 // The parameter server in daemon mode across two gradwired daemons (docs/parameter-server.md,
 // "Daemon mode"): two trainer processes on each (kv_daemon_trainer.cc), every daemon serving a
-// share of one key's partitions; push_pull under bsp exact; `gradwirectl kv` and /metrics show
-// the store on each daemon (keys, partitions, clocks, lag), and no longer once the job ended; a
+// share of one key's partitions; push_pull under bsp exact (its pushes fp16-encoded); `gradwirectl
+// kv` and /metrics show the store on each daemon (codec, keys, partitions, clocks, lag), and no
+// longer once the job ended; a
 // daemon keeps serving its keys after its own trainers left, while other hosts' workers use them; a
 // daemon killed mid-push_pull fails every worker with GW_ERR_PEER naming its kv server, within
 // the deadline.
@@ -46,7 +47,7 @@ TEST(KvDaemon, TwoDaemonsServeTheKeysAndShowTheStore) {
   const int port = free_port();
   constexpr int kWorld = 4;
   for (int r = 0; r < kWorld; ++r) {
-    d.start_trainer(g, r, kWorld, port, {"pushpull", "3", hold});
+    d.start_trainer(g, r, kWorld, port, {"--codec", "fp16", "pushpull", "3", hold});
   }
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(g.wait_for_output(r, "HOLDING", 60000)) << "rank " << r << ":\n"
@@ -64,6 +65,7 @@ TEST(KvDaemon, TwoDaemonsServeTheKeysAndShowTheStore) {
     const auto& k = rows[0];
     EXPECT_EQ(k["mode"], "bsp");
     EXPECT_EQ(k["update"], "sum");
+    EXPECT_EQ(k["codec"], "fp16,ef=0");  // the canonical spec the Hello carries
     EXPECT_EQ(k["host_index"], h);
     EXPECT_EQ(k["workers"], kWorld);
     EXPECT_EQ(k["live"], kWorld);
@@ -81,6 +83,8 @@ TEST(KvDaemon, TwoDaemonsServeTheKeysAndShowTheStore) {
   const std::string text = gradwirectl_kv(d, 0, false);
   EXPECT_NE(text.find("PARTITIONS"), std::string::npos) << text;
   EXPECT_NE(text.find("bsp"), std::string::npos) << text;
+  EXPECT_NE(text.find("CODEC"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp16,ef=0"), std::string::npos) << text;
 #ifdef GW_HAVE_PROMETHEUS
   const std::string m = scrape(metrics_port);
   EXPECT_EQ(sample(m, "gradwired_kv_stores"), 1) << m;
@@ -88,6 +92,7 @@ TEST(KvDaemon, TwoDaemonsServeTheKeysAndShowTheStore) {
   EXPECT_EQ(sum_samples(m, "gradwired_kv_lag_clocks"), 0) << m;
   EXPECT_EQ(sum_samples(m, "gradwired_kv_dropped_pushes_total"), 0) << m;
   EXPECT_EQ(sum_samples(m, "gradwired_kv_keys"), 1) << m;
+  EXPECT_EQ(sum_samples(m, "gradwired_kv_keys", {"codec=\"fp16,ef=0\""}), 1) << m;
 #endif
   { std::ofstream(hold) << "go\n"; }
   auto results = g.wait_all(60000, true);
@@ -134,6 +139,13 @@ TEST(KvDaemon, ADaemonServesItsKeysAfterItsOwnTrainersLeft) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(clients.is_array() && clients.empty()) << clients.dump();
+  // Both daemons still hold their share of the store, whose pushes are raw.
+  for (int h = 0; h < 2; ++h) {
+    auto rows = nlohmann::json::parse(gradwirectl_kv(d, h, true), nullptr, false);
+    ASSERT_TRUE(rows.is_array() && rows.size() == 1u) << "daemon " << h << ": " << rows.dump();
+    EXPECT_EQ(rows[0]["mode"], "asp");
+    EXPECT_EQ(rows[0]["codec"], "none");
+  }
   { std::ofstream(hold) << "go\n"; }
   auto results = g.wait_all(60000, true);
   ASSERT_EQ(results.size(), static_cast<size_t>(kWorld));

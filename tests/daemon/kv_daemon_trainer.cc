@@ -2,7 +2,10 @@
 // include/gradwire/gradwire.h only; GW_DAEMON in its environment picks daemon mode, so the job's
 // daemons are the kv servers.
 //
-// usage: kv_daemon_trainer --rank R --world N [--store HOST:PORT] [--timeout-ms MS] SCENARIO ARGS
+// usage: kv_daemon_trainer --rank R --world N [--store HOST:PORT] [--timeout-ms MS] [--codec SPEC]
+//                          SCENARIO ARGS
+// --codec: the store's pushes' codec (gw_kv_config_t.codec; pushpull's values stay exact under
+// fp16 and bf16: small integers).
 // Scenarios:
 //   pushpull STEPS HOLD   a bsp/sum store, key 7 of 100 floats in 64-byte partitions (over every
 //                         daemon): STEPS push_pulls, each checked to be the clock's exact sum;
@@ -134,6 +137,7 @@ int run_early(gw_kv_t kv, int rank, int world, const std::string& hold) {
 
 int main(int argc, char** argv) {
   gw_config_t cfg = GW_CONFIG_INIT;
+  const char* codec = nullptr;
   int i = 1;
   for (; i + 1 < argc && std::strncmp(argv[i], "--", 2) == 0; i += 2) {
     if (std::strcmp(argv[i], "--rank") == 0) {
@@ -144,6 +148,8 @@ int main(int argc, char** argv) {
       cfg.store_addr = argv[i + 1];
     } else if (std::strcmp(argv[i], "--timeout-ms") == 0) {
       cfg.timeout_ms = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--codec") == 0) {
+      codec = argv[i + 1];
     } else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
   gw_kv_config_t kc = GW_KV_CONFIG_INIT;
   kc.partition_bytes = 64;  // 16 floats a partition: key 7 spreads over every daemon
   if (scenario == "early") kc.mode = GW_KV_ASP;
+  kc.codec = codec;
   gw_kv_t kv = nullptr;
   s = gw_kv_create(comm, &kc, &kv);
   if (s != GW_OK) {

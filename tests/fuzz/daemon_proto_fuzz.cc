@@ -269,6 +269,7 @@ std::vector<std::vector<uint8_t>> seeds() {
                                               {"store", 3},
                                               {"mode", "ssp:2"},
                                               {"update", "sum"},
+                                              {"codec", "topk:0.01,ef=1"},
                                               {"workers", 4},
                                               {"live", 3},
                                               {"keys", 2},

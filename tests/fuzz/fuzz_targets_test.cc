@@ -139,7 +139,8 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
   } else if (name == "kv_frames") {
     reached("kv.decoded");
     reached("kv.applied");
-    reached("kv.decoded_push");  // an encoded push went through a codec's decode
+    reached("kv.decoded_push");            // an encoded push went through a codec's decode
+    reached("kv.decoded_push_converted");  // ... into a key's float16 (or other non-f32) dtype
   } else if (name == "codec_payload") {
     reached("codec.decoded");
     reached("codec.refused");

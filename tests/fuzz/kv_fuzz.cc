@@ -78,7 +78,11 @@ int kv_frames(const uint8_t* data, size_t size) {
     if (h.flags != 0) {
       if (!kv::decode_push(*codec, &h, copy.data(), &decoded).ok()) break;
       ++counter("kv.decoded_push");
-      check(h.flags == 0 && h.payload == h.count * sizeof(float), "kv: a decoded push is raw f32");
+      if (h.dtype != static_cast<uint8_t>(coll::DataType::kF32))
+        ++counter("kv.decoded_push_converted");
+      check(h.flags == 0 &&
+                h.payload == h.count * coll::dtype_size(static_cast<coll::DataType>(h.dtype)),
+            "kv: a decoded push is raw, in its dtype");
       copy = decoded;
     }
     out.clear();
@@ -128,6 +132,22 @@ std::vector<std::vector<uint8_t>> kv_seeds() {
         fr = frame(h, value);
       }
       s.insert(s.end(), fr.begin(), fr.end());
+      if (codec) {  // a float16 key: encoded as f32, decoded back into float16 by the server
+        kv::Header k16 = h;
+        k16.type = kv::Type::kInit;
+        k16.key = 6;
+        k16.dtype = static_cast<uint8_t>(coll::DataType::kF16);
+        k16.req_id = 4;
+        fr = frame(k16, std::vector<uint8_t>(8, 0x3c));
+        s.insert(s.end(), fr.begin(), fr.end());
+        k16.type = kv::Type::kPush;
+        k16.req_id = 5;
+        std::vector<uint8_t> enc(codec->encoded_size(4));
+        (void)codec->encode(f, nullptr, 4, enc.data(), enc.size(), kv::push_context(6, 0, 0, w));
+        k16.flags = static_cast<uint16_t>(codec->spec().kind);
+        fr = frame(k16, enc);
+        s.insert(s.end(), fr.begin(), fr.end());
+      }
       h.type = kv::Type::kPull;
       h.req_id = 3;
       fr = frame(h, {});

@@ -1,10 +1,11 @@
 """gradwire.kv (the parameter server, issue 30): each mode's rule with a held-back worker, the
 servers' sgd, bad input refused, PSOptimizer training a small model, a killed worker under asp
 (the job goes on) and bsp (the others raise), gradwire-run --servers, and the rules again in
-daemon mode (the job's gradwired as the server).
+daemon mode (the job's gradwired as the server), PSOptimizer there ending where direct mode does.
 
 The rules are checked inside the workers (tests/python/workers/kv_rules.py): exact values where
 the rule is exact, its bounds and waits where it gives bounds."""
+import contextlib
 import json
 import os
 import re
@@ -169,8 +170,12 @@ def test_one_rank_fp16_pushes_arrive_as_their_fp16_rounding(comm):
         assert np.array_equal(out, v.astype(np.float16).astype(np.float32))
         assert not np.array_equal(out, v)  # the rounding is visible: the push was encoded
         kv.clock()
-        with pytest.raises(gradwire.InvalidArgument, match="f32 values only"):
+        with pytest.raises(gradwire.InvalidArgument, match="floating values only .* not int32"):
             kv.init(4, np.zeros(4, np.int32))
+        # A float16 key is converted at the worker: fp16 of float16 values arrives exactly.
+        h = (np.arange(40, dtype=np.float16) * np.float16(0.125))
+        kv.init(5, np.zeros(40, np.float16))
+        assert np.array_equal(kv.pushpull(5, h, np.empty(40, np.float16)), h)
     for spec, why in {"powersgd:2": "not a byte codec", "zstd": "", "topk:2": ""}.items():
         with pytest.raises(gradwire.InvalidArgument, match=why):
             gradwire.kv.KVStore(comm, codec=spec)
@@ -206,23 +211,25 @@ def _gradwired() -> Path | None:
     return daemon if daemon.exists() else None
 
 
-@needs_kv
-@pytest.mark.parametrize("case", ["bsp", "sync"])
-def test_mode_rule_in_daemon_mode(tmp_path, case):
-    # The same rules with the job's daemon as the server (GW_DAEMON): its kv server holds the keys.
+@contextlib.contextmanager
+def _private_gradwired(tmp_path: Path):
+    """A gradwired of its own on tmp_path/gwd.sock (skips without one in the build); yields the
+    environment that makes a trainer its client, and a function giving its accepted trainers."""
     daemon = _gradwired()
     if daemon is None:
         pytest.skip("no gradwired in the build")
     sock = tmp_path / "gwd.sock"
     d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _run(3, case, extra_env={"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "4M"})
-        # The ranks were the daemon's clients (not direct mode).
+
+    def accepted() -> int:
         st = subprocess.run([str(daemon.parent / "gradwirectl"), "status", "--json", "--socket",
                              str(sock)], env=env(), capture_output=True, text=True, timeout=30)
         assert st.returncode == 0, st.stdout + st.stderr
-        assert json.loads(st.stdout)["accepted"] == 3, st.stdout
+        return json.loads(st.stdout)["accepted"]
+
+    try:
+        yield {"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "4M"}, accepted
     finally:
         d.terminate()
         try:
@@ -230,6 +237,42 @@ def test_mode_rule_in_daemon_mode(tmp_path, case):
         except subprocess.TimeoutExpired:
             d.kill()
             d.wait()
+
+
+@needs_kv
+@pytest.mark.parametrize("case", ["bsp", "sync"])
+def test_mode_rule_in_daemon_mode(tmp_path, case):
+    # The same rules with the job's daemon as the server (GW_DAEMON): its kv server holds the keys.
+    with _private_gradwired(tmp_path) as (daemon_env, accepted):
+        _run(3, case, extra_env=daemon_env)
+        assert accepted() == 3  # the ranks were the daemon's clients (not direct mode)
+
+
+@needs_kv
+def test_ps_optimizer_in_daemon_mode_ends_where_direct_mode_does(tmp_path):
+    # PSOptimizer (bsp, sum) with 2 trainers: once with the job's gradwired as the server, once in
+    # direct mode (a server thread in each worker). Each clock's sum of two gradients is exact in
+    # any order, so every rank's parameters agree with direct mode's to float tolerance.
+    def train(save: Path, extra_env: dict) -> None:
+        p = launch(2, worker("kv_train.py"), "bsp", "sum", str(save), timeout=60,
+                   extra_env=extra_env)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert len(re.findall(r"final loss ([0-9.]+)", out)) == 2, out
+
+    with _private_gradwired(tmp_path) as (daemon_env, accepted):
+        train(tmp_path / "daemon", daemon_env)
+        assert accepted() == 2  # daemon mode, not direct
+    train(tmp_path / "direct", {})
+    n = 16 * 32 + 32 + 32 * 4 + 4  # kv_train.py's model
+    start = None
+    for r in range(2):
+        d = np.fromfile(tmp_path / f"daemon.{r}", np.float32)
+        ref = np.fromfile(tmp_path / f"direct.{r}", np.float32)
+        assert d.size == n and ref.size == n
+        np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+        start = ref if start is None else start
+        np.testing.assert_array_equal(ref, start)  # bsp with sum: the ranks agree
 
 
 # ---- faults -----------------------------------------------------------------------------------

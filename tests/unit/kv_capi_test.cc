@@ -257,7 +257,7 @@ void fp16_case() {
     ASSERT_EQ(gw_kv_clock(kv), GW_OK) << gw_last_error();
     std::vector<int32_t> ints(4, 1);
     EXPECT_EQ(gw_kv_init(kv, 9, ints.data(), 4, GW_INT32), GW_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(gw_last_error()).find("f32 values only"), std::string::npos)
+    EXPECT_NE(std::string(gw_last_error()).find("floating values only"), std::string::npos)
         << gw_last_error();
   });
 }

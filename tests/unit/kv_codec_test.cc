@@ -1,8 +1,9 @@
 // Compressed kv pushes (kv/push_codec.h): two workers (kv::Client) and two servers (kv::Server)
 // in this process over loopback. Each clock's pulled value is exactly what the codec's own
 // encode (with each worker's residual) and decode give, summed by hand; error feedback is shown
-// (what arrived over the clocks plus the final residual is what was pushed); bad codecs, dtypes
-// and codec fields in frames are refused.
+// (what arrived over the clocks plus the final residual is what was pushed), for float64, float16
+// and bfloat16 keys too (converted at the worker, the conversions' losses fed back); bad codecs,
+// dtypes and codec fields in frames are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "collectives/compress/codec.h"
+#include "collectives/reduce.h"
 #include "kv/client.h"
 #include "kv/io.h"
 #include "kv/push_codec.h"
@@ -195,6 +197,87 @@ TEST(KvCodecTest, SignPushesWithErrorFeedback) {
   EXPECT_TRUE(run_codec_case("sign", 700, 1024, 3));
 }
 
+// One worker, bsp, sum: each clock's pulled value is exactly what that clock's push applied, in the
+// key's dtype. Over the clocks, what arrived plus the worker's residual is what was pushed, to f32
+// rounding, although the server rounds every decoded value into float16 or bfloat16 (a loss of up
+// to 2^-11 or 2^-8 of each value per clock, which the worker's residual carries); float64 values
+// arrive through f32.
+template <typename T>
+void run_dtype_case(coll::DataType dtype, const std::string& spec_text, T (*from)(double),
+                    double (*to)(T)) {
+  StoreConfig c = config(spec_text, 256);
+  c.workers = 1;
+  Job job;
+  start_job(c, 1, &job);
+  if (::testing::Test::HasFatalFailure()) return;
+  Client& w = *job.workers[0];
+  constexpr size_t kCount = 300;  // partitions of 128 (16-bit) or 32 (float64) elements
+  std::vector<T> zero(kCount, from(0.0));
+  wait_ok(w.start(Client::Kind::kInit, kKey, zero.data(), nullptr, kCount, dtype, 0));
+  std::vector<double> sum_pushed(kCount, 0.0), sum_arrived(kCount, 0.0);
+  for (int clock = 0; clock < 12; ++clock) {
+    std::vector<T> v(kCount), out(kCount, from(-1.0));
+    for (size_t i = 0; i < kCount; ++i) {
+      v[i] = from(static_cast<double>(pushed(0, clock, i)) * 3.0 + 1e-9 * static_cast<double>(i));
+      sum_pushed[i] += to(v[i]);
+    }
+    wait_ok(w.start(Client::Kind::kPushPull, kKey, v.data(), out.data(), kCount, dtype, 0));
+    for (size_t i = 0; i < kCount; ++i) sum_arrived[i] += to(out[i]);
+    ASSERT_TRUE(w.clock().ok());
+  }
+  const size_t per = 256 / coll::dtype_size(dtype);
+  double worst = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    const std::vector<float> r = w.encoder()->residual(kKey, static_cast<uint32_t>(i / per));
+    ASSERT_EQ(r.size(), std::min(per, kCount - i / per * per));
+    const double err = std::fabs(sum_arrived[i] + r[i % per] - sum_pushed[i]);
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 2e-4) << spec_text << " on " << coll::dtype_name(dtype) << " i " << i
+                         << ": arrived " << sum_arrived[i] << " + residual " << r[i % per]
+                         << ", pushed " << sum_pushed[i];
+    if (::testing::Test::HasFailure()) break;
+  }
+  std::printf("%s on %s: |arrived + residual - pushed| <= %.3g over 12 clocks\n", spec_text.c_str(),
+              std::string(coll::dtype_name(dtype)).c_str(), worst);
+  EXPECT_TRUE(w.close().ok());
+}
+
+uint16_t f16_from(double x) { return coll::float_to_half(static_cast<float>(x)); }
+double f16_to(uint16_t h) { return coll::half_to_float(h); }
+uint16_t bf16_from(double x) { return coll::float_to_bf16(static_cast<float>(x)); }
+double bf16_to(uint16_t h) { return coll::bf16_to_float(h); }
+double f64_from(double x) { return x; }
+double f64_to(double x) { return x; }
+
+TEST(KvCodecTest, Float16KeysFeedTheServersRoundingBack) {
+  run_dtype_case<uint16_t>(coll::DataType::kF16, "topk:0.3", f16_from, f16_to);
+}
+
+TEST(KvCodecTest, Bfloat16KeysFeedTheServersRoundingBack) {
+  run_dtype_case<uint16_t>(coll::DataType::kBF16, "qsgd:8", bf16_from, bf16_to);
+}
+
+TEST(KvCodecTest, Float64KeysGoThroughF32) {
+  run_dtype_case<double>(coll::DataType::kF64, "topk:0.3", f64_from, f64_to);
+}
+
+// A 16-bit key with the codec that matches it arrives exactly: fp16 of float16 values is lossless.
+TEST(KvCodecTest, Fp16OfFloat16KeysIsExact) {
+  StoreConfig c = config("fp16", 256);
+  c.workers = 1;
+  Job job;
+  start_job(c, 2, &job);
+  if (::testing::Test::HasFatalFailure()) return;
+  Client& w = *job.workers[0];
+  std::vector<uint16_t> v(500), out(500);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = coll::float_to_half(0.001f * i - 0.2f);
+  wait_ok(w.start(Client::Kind::kInit, kKey, v.data(), nullptr, v.size(), coll::DataType::kF16, 0));
+  wait_ok(w.start(Client::Kind::kPushPull, kKey, v.data(), out.data(), v.size(),
+                  coll::DataType::kF16, 0));
+  EXPECT_EQ(out, v);
+  EXPECT_TRUE(w.close().ok());
+}
+
 TEST(KvCodecTest, BadCodecsAndDtypesAreRefused) {
   auto psgd = check_codec_spec("powersgd:4");
   ASSERT_FALSE(psgd.ok());
@@ -207,7 +290,7 @@ TEST(KvCodecTest, BadCodecsAndDtypesAreRefused) {
   EXPECT_FALSE(check_config(c).ok());
   c.codec = "powersgd:2";
   EXPECT_FALSE(check_config(c).ok());
-  // A store with a codec takes f32 keys only.
+  // A store with a codec takes floating keys only.
   Job job;
   start_job(config("fp16", 1024), 1, &job);
   std::vector<int32_t> ints(10, 1);
@@ -215,7 +298,9 @@ TEST(KvCodecTest, BadCodecsAndDtypesAreRefused) {
                                  coll::DataType::kI32, 0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalidArg);
-  EXPECT_NE(r.status().message().find("f32 values only"), std::string::npos);
+  EXPECT_NE(r.status().message().find("floating values only"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("not int32"), std::string::npos) << r.status().message();
   for (auto& w : job.workers) EXPECT_TRUE(w->close().ok());
 }
 
@@ -249,9 +334,17 @@ TEST(KvCodecTest, CodecFieldsAreChecked) {
   bad = h;
   bad.payload -= 4;
   EXPECT_FALSE(check_request(bad, 2, codec->get()).ok());
-  bad = h;
-  bad.dtype = static_cast<uint8_t>(coll::DataType::kF64);
-  EXPECT_FALSE(check_request(bad, 2, codec->get()).ok());
+  for (auto dt : {coll::DataType::kF64, coll::DataType::kF16, coll::DataType::kBF16}) {
+    bad = h;  // floating keys are encoded too (converted at the worker)
+    bad.dtype = static_cast<uint8_t>(dt);
+    EXPECT_TRUE(check_request(bad, 2, codec->get()).ok()) << coll::dtype_name(dt);
+  }
+  for (auto dt : {coll::DataType::kI32, coll::DataType::kI64, coll::DataType::kU8}) {
+    bad = h;
+    bad.dtype = static_cast<uint8_t>(dt);
+    Status s = check_request(bad, 2, codec->get());
+    EXPECT_EQ(s.code(), Code::kInvalidArg) << coll::dtype_name(dt);
+  }
   bad = h;
   bad.flags = 0;  // a raw push to an encoded store
   bad.payload = 64;

@@ -114,6 +114,12 @@ elif case == "sync":
         t0 = time.monotonic()
         out = kv.pushpull(0, np.full(2, (r + 1) * (c + 1), np.float32), np.empty(2, np.float32))
         kv.clock()
+        if c == 0:
+            # Everyone is at clock 1 before anyone pushes it. Without this a loaded machine could
+            # let the fast ranks close clocks 0-2 before the last rank's clock-0 push arrived:
+            # dropped, it would then join clock 3 (the newest closed + 1), which nobody else
+            # pushes, and its "late" pull would wait for that clock until the deadline.
+            comm.barrier()
         if r != last and c == 1:
             assert time.monotonic() - t0 < HOLD * 0.6, "sync:K waited for the held-back rank"
             assert np.all(out == fast_total * (c + 1)), (c, out)

@@ -1,9 +1,11 @@
 """Worker: PSOptimizer trains a small classifier (one changed line against plain local training).
 
-    kv_train.py MODE UPDATE      e.g. bsp sum | asp server | ssp:1 sum
+    kv_train.py MODE UPDATE [SAVE]      e.g. bsp sum | asp server | ssp:1 sum
 
 Prints "first loss X" and "final loss Y" (each rank's loss on the whole data set); under bsp with
-sum every rank must end with the same parameters (checked against rank 0's).
+sum every rank must end with the same parameters (checked against rank 0's). SAVE: each rank
+writes its final parameters, flat float32, to SAVE.<rank> (test_kv.py compares daemon and direct
+mode).
 """
 import sys
 
@@ -13,6 +15,7 @@ import gradwire
 import gradwire.torch.kv
 
 mode, update = sys.argv[1], sys.argv[2]
+save = sys.argv[3] if len(sys.argv) > 3 else None
 comm = gradwire.init()
 r, n = comm.rank, comm.size
 torch.set_num_threads(1)
@@ -44,6 +47,8 @@ if mode in ("bsp", "ssp:0") and update == "sum":
     ref = flat.clone()
     comm.broadcast(ref, root=0)
     assert torch.equal(flat, ref), "bsp with sum: the ranks' parameters differ"
+if save:
+    torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tofile(f"{save}.{r}")
 comm.barrier()
 print(f"rank {r}: final loss {full_loss():.4f}", flush=True)
 opt.close()
