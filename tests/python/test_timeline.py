@@ -180,7 +180,7 @@ def test_daemon_mode_trainers_write_their_side_beside_the_daemons_trace(tmp_path
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ctl = str(daemon.parent / "gradwirectl")
     try:
-        job_env = env(GW_DAEMON=f"unix:{sock}", GW_DAEMON_ARENA="16M", TL_SECONDS="4",
+        job_env = env(GW_DAEMON=f"unix:{sock}", GW_DAEMON_ARENA="16M", TL_SECONDS="6",
                       GW_TIMELINE=str(tmp_path / "tl.%r.json"))
         ranks = subprocess.Popen([PYTHON, "-m", "gradwire.run", "-np", "2", "--", PYTHON, "-c",
                                   DAEMON_WORKER], cwd=ROOT, env=job_env, stdout=subprocess.PIPE,
