@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "capi/daemon_session.h"
+#include "capi/daemon_session_trace.h"
 #include "core/log.h"
 
 namespace gw::capi {
@@ -60,6 +61,7 @@ SqEntry entry_of(Opcode opcode, coll::DataType dtype) {
 
 void DaemonSession::in_order() {
   if (tl_worker == this || pending_.load() == 0) return;
+  PhaseSpan waiting("wait for queued calls");
   queue_.wait_idle();  // bounded: each queued call ends within its deadline, or at once aborted
 }
 
@@ -99,6 +101,12 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::queue_iallreduce(const vo
 }
 
 Status DaemonSession::run(const coll::CollectiveCall& call) {
+  // One event for the call, whichever calls it is composed of (capi/daemon_session_trace.h).
+  CallSpan span(coll::call_name(call.kind), call_bytes(call, size_), call.dtype,
+                call.kind == coll::CallKind::kAllreduce || call.kind == coll::CallKind::kReduce ||
+                        call.kind == coll::CallKind::kReduceScatter
+                    ? &call.op
+                    : nullptr);
   in_order();
   switch (call.kind) {
     case coll::CallKind::kReduce:
@@ -159,7 +167,10 @@ Status DaemonSession::run_scratch(const ScratchCall& sc) {
     return Chunk{*seq, off, len, ps.off, pr.off, ps.staged, pr.staged};
   };
   auto finish_chunk = [&](const Chunk& c, bool ok) {
-    if (ok && sc.keep) sc.keep(c.offset, c.len, data() + c.recv_off);
+    if (ok && sc.keep) {
+      PhaseSpan copying(kCopyFromArena, c.len);
+      sc.keep(c.offset, c.len, data() + c.recv_off);
+    }
     client_->unplace(Placed{c.recv_off, c.recv_staged});
     if (c.send_off != c.recv_off) client_->unplace(Placed{c.send_off, c.send_staged});
   };
@@ -281,6 +292,7 @@ Status DaemonSession::alltoallv_call(const coll::CollectiveCall& c) {
           p * len, o.status().message());
     }
     uint8_t* at = data() + *o;
+    PhaseSpan copying(kCopyToArena, p * len);
     for (size_t j = 0; j < p; ++j) {
       const size_t real = c.sendcounts[j] * elem;
       const size_t n = off < real ? std::min(len, real - off) : 0;
@@ -301,6 +313,7 @@ Status DaemonSession::alltoallv_call(const coll::CollectiveCall& c) {
   };
   auto finish_chunk = [&](const Chunk& ch, bool ok) {
     if (ok) {
+      PhaseSpan copying(kCopyFromArena, p * ch.len);
       const uint8_t* at = data() + ch.recv_off;
       for (size_t j = 0; j < p; ++j) {
         const size_t real = c.recvcounts[j] * elem;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "capi/daemon_session.h"
+#include "capi/daemon_session_trace.h"
 #include "capi/device_memory.h"
 #include "collectives/call.h"
 #include "core/log.h"
@@ -29,6 +30,8 @@ std::shared_ptr<DeviceMemory> DaemonSession::device_memory() const {
 
 Status DaemonSession::device_collective(const coll::CollectiveCall& c) {
   using coll::CallKind;
+  const bool reduces = c.kind == CallKind::kAllreduce || c.kind == CallKind::kReduceScatter;
+  CallSpan span(coll::call_name(c.kind), call_bytes(c, size_), c.dtype, reduces ? &c.op : nullptr);
   in_order();  // after the i-forms queued before it (capi/daemon_calls.cc)
   switch (c.kind) {
     case CallKind::kAllreduce:
@@ -144,6 +147,7 @@ struct Staging {
 
 Status copy(const cuda::Driver& d, void* dst, const void* src, size_t n, bool to_device) {
   if (n == 0) return ok_status();
+  PhaseSpan staging(to_device ? "stage to device" : "stage from device", n);
   const cuda::CUresult r = to_device
                                ? d.cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(dst), src, n)
                                : d.cuMemcpyDtoH(dst, reinterpret_cast<cuda::CUdeviceptr>(src), n);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "capi/daemon_session_trace.h"
 #include "capi/direct_session.h"
 #include "capi/setup_checks.h"
 #include "collectives/compress/codec.h"
@@ -27,182 +28,6 @@ namespace gw::capi {
 
 using daemon::Opcode;
 using daemon::SqEntry;
-
-// ---- set-up ------------------------------------------------------------------------------------
-
-namespace {
-
-std::string solo_token() {
-  std::random_device rd;
-  return fmt::format("solo-{}-{:08x}{:08x}", ::getpid(), rd(), rd());
-}
-
-}  // namespace
-
-Result<std::unique_ptr<Session>> DaemonSession::create(const SessionOptions& options,
-                                                       const std::string& address) {
-  // What this rank can check alone is checked before it meets the others, who learn at once
-  // why it will not come (as direct mode's settings are).
-  if (Status local = check_daemon_locally(address); !local.ok()) {
-    return fail_before_rendezvous(options, local);
-  }
-  const sys::Deadline deadline = sys::deadline_after_ms(options.timeout_ms);
-  daemon::Hello h;
-  h.rank = options.rank;
-  h.world_size = options.world_size;
-  h.timeout_ms = options.timeout_ms;
-  h.arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kArena));
-  h.host_id = host_identity();
-  h.store_token = options.job_token;
-  std::shared_ptr<Store> store;
-  std::unique_ptr<Store> agreed;  // under this communicator's own key prefix
-  std::vector<int> host_of_rank(1, 0);
-  if (options.world_size > 1) {
-    GW_ASSIGN_OR_RETURN(store, open_job_store(options));
-    // The keys a direct-mode communicator agrees its token and host map under: a job whose ranks
-    // run some in daemon mode and some directly meets there, and the modes exchanged with the
-    // host map fail it at once on every rank.
-    auto prefix = next_communicator_prefix(*store, options.rank, deadline);
-    if (!prefix.ok()) return prefix.status().with_context("rendezvous store");
-    agreed = make_prefix_store(store, *prefix);
-    if (!options.job_token.empty()) {
-      h.job_token = options.job_token;
-    } else {
-      GW_ASSIGN_OR_RETURN(h.job_token, agree_job_token(*agreed, options.rank, deadline));
-    }
-    GW_ASSIGN_OR_RETURN(
-        HostMap map, exchange_hosts(*agreed, options.rank, options.world_size, deadline, "daemon"));
-    h.host_index = map.my_host;
-    h.num_hosts = static_cast<int32_t>(map.ranks_of_host.size());
-    h.local_rank = map.local_rank;
-    h.local_size = static_cast<int32_t>(map.ranks_of_host[map.my_host].size());
-    h.store_host = options.store_host;
-    h.store_port = static_cast<uint16_t>(options.store_port);
-    host_of_rank = map.host_of_rank;
-  } else {
-    h.job_token = options.job_token.empty() ? solo_token() : options.job_token;
-  }
-  auto s = connect(h, address, std::move(store), std::move(host_of_rank));
-  if (agreed) {
-    GW_RETURN_IF_ERROR(agree_chunk(*agreed, options.rank, options.world_size, s.status(),
-                                   s.ok() ? &(*s)->chunk_bytes_ : nullptr, deadline));
-  }
-  if (!s.ok()) return s.status();
-  return std::unique_ptr<Session>(std::move(*s));
-}
-
-Status DaemonSession::agree_chunk(Store& store, int rank, int size, const Status& joined,
-                                  size_t* chunk, sys::Deadline deadline) {
-  // Every rank must cut chunks and slices alike (the daemons pair them up one by one), and each
-  // rank's chunk comes from its own GW_DAEMON_CHUNK and arena: the job takes the least of them.
-  // This is the set-up's last use of the store, so it ends with store_release_host.
-  auto key_of = [](int r) { return fmt::format("daemon_chunk/{}", r); };
-  const std::string release_key = "daemon_chunk_read";
-  constexpr std::string_view kFailed = "failed: ";
-  if (!joined.ok()) {
-    // Best effort: the others learn at once why this rank is missing instead of waiting out
-    // their deadline, and rank 0 keeps its store until they have read it.
-    const std::string why = std::string(kFailed) + joined.message();
-    if (store.set(key_of(rank), Bytes(why.begin(), why.end()), deadline).ok()) {
-      (void)store_release_host(store, release_key, rank, size, deadline);
-    }
-    return joined;
-  }
-  const size_t own = *chunk;
-  const std::string mine = std::to_string(own);
-  GW_RETURN_IF_ERROR(store.set(key_of(rank), Bytes(mine.begin(), mine.end()), deadline)
-                         .with_context("daemon mode: publishing this rank's chunk"));
-  GW_ASSIGN_OR_RETURN(auto all, gather_joined(store, size, key_of, deadline));
-  // Read everything first: a rank's failure is the error to report, even when the release that
-  // follows times out (a rank that died since it published).
-  Status failed;
-  size_t least = own;
-  size_t whose = static_cast<size_t>(rank);
-  for (size_t r = 0; r < all.size() && failed.ok(); ++r) {
-    const std::string text(all[r].begin(), all[r].end());
-    size_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.rfind(kFailed, 0) == 0) {
-      failed = peer_error("daemon mode: rank {} could not join its daemon: {}", r,
-                          text.substr(kFailed.size()));
-    } else if (ec != std::errc() || end != text.data() + text.size() || v < 4096) {
-      failed = peer_error("daemon mode: rank {} published a chunk of '{}' bytes", r, text);
-    } else if (v < least) {
-      least = v;
-      whose = r;
-    }
-  }
-  Status released = store_release_host(store, release_key, rank, size, deadline)
-                        .with_context("daemon mode: the end of the set-up");
-  if (!failed.ok()) return failed;
-  GW_RETURN_IF_ERROR(released);
-  if (least < own) {
-    GW_LOG_INFO("daemon mode: chunks of {} (rank {}'s), not {}: every rank of the job cuts alike",
-                coll::format_bytes(least), whose, coll::format_bytes(own));
-    *chunk = least;
-  }
-  return ok_status();
-}
-
-Result<std::unique_ptr<DaemonSession>> DaemonSession::connect(const daemon::Hello& h,
-                                                              const std::string& address,
-                                                              std::shared_ptr<Store> store,
-                                                              std::vector<int> host_of_rank) {
-  std::unique_ptr<DaemonSession> s(new DaemonSession());
-  s->link_->session = s.get();
-  s->rank_ = h.rank;
-  s->size_ = h.world_size;
-  s->timeout_ms_ = h.timeout_ms;
-  s->address_ = address;
-  s->hello_ = h;
-  s->store_ = std::move(store);
-  s->host_of_rank_ = std::move(host_of_rank);
-
-  const int64_t spin_ns = std::max<int64_t>(0, config::get_int(daemon_config::kSpinUs)) * 1000;
-  GW_ASSIGN_OR_RETURN(s->client_, daemon::Client::connect(address.substr(5), h, spin_ns));
-  const daemon::Welcome& geo = s->client_->welcome();
-  // Chunks of GW_DAEMON_CHUNK, or less where the arena could not stage a few in flight: the
-  // largest power of two within an eighth of the data region (ranks with the same
-  // GW_DAEMON_ARENA and GW_DAEMON_CHUNK cut the same way).
-  size_t fit = 4096;
-  while (fit * 2 <= geo.data_bytes / 8) fit *= 2;
-  s->chunk_bytes_ = std::min(
-      fit, static_cast<size_t>(std::max<int64_t>(4096, config::get_int(daemon_config::kChunk))));
-  GW_LOG_INFO("daemon mode: rank {} of {} on host {} of {} (local {} of {}), {} arena", h.rank,
-              h.world_size, h.host_index, h.num_hosts, h.local_rank, h.local_size, geo.arena_bytes);
-  return s;
-}
-
-std::string DaemonSession::describe() const {
-  return fmt::format("daemon mode ({}; {} host{}, {} trainer{} here, {} among the daemons)",
-                     address_, hello_.num_hosts, hello_.num_hosts == 1 ? "" : "s",
-                     hello_.local_size, hello_.local_size == 1 ? "" : "s",
-                     client_->welcome().transport.empty() ? "?" : client_->welcome().transport);
-}
-
-std::map<std::string, std::string> DaemonSession::resolved() const {
-  const std::string among = hello_.num_hosts == 1
-                                ? std::string("local sum in gradwired (one host)")
-                                : fmt::format("local sum in gradwired, then {} among {} daemons",
-                                              client_->welcome().transport, hello_.num_hosts);
-  return {{"summary", describe()},
-          {"transport", "daemon"},
-          {"transport_within_hosts", "daemon"},
-          {"interface", address_.substr(5)},
-          {"daemon_transport", client_->welcome().transport},
-          {"channels", "the daemon's"},
-          {"chunk", coll::format_bytes(chunk_bytes_)},
-          {"device_memory", "imported into gradwired (CUDA IPC), else staged through the arena"},
-          {"allreduce", among}};
-}
-
-DaemonSession::~DaemonSession() {
-  stop_queue();  // the worker's calls use the connection
-  // Requests still outstanding no longer reach this session (its arena goes with it): nothing
-  // is copied into a caller's buffer after this.
-  std::lock_guard<std::mutex> lock(link_->mu);
-  link_->session = nullptr;
-}
 
 // ---- the data path -----------------------------------------------------------------------------
 
@@ -272,6 +97,7 @@ Status DaemonSession::run_chunks(
 
 Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 coll::DataType dtype, coll::ReduceOp op) {
+  CallSpan span("allreduce", count * coll::dtype_size(dtype), dtype, &op);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
@@ -307,7 +133,7 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
                  placed.second.staged};
   };
   auto finish_chunk = [&](const Chunk& c, bool ok) {
-    if (ok && c.recv_staged) std::memcpy(rb + c.offset, data() + c.recv_off, c.len);
+    if (ok && c.recv_staged) copy_from_arena(rb + c.offset, data() + c.recv_off, c.len);
     client_->unplace_pair(Placed{c.send_off, c.send_staged}, Placed{c.recv_off, c.recv_staged},
                           in_place);
   };
@@ -319,14 +145,18 @@ Status DaemonSession::allreduce(const void* sendbuf, void* recvbuf, size_t count
 class DaemonRequest final : public SessionRequest {
  public:
   DaemonRequest(std::shared_ptr<DaemonSession::Link> link, uint64_t seq, DaemonSession::Placed send,
-                DaemonSession::Placed recv, void* user_recv, size_t bytes, bool in_place)
+                DaemonSession::Placed recv, void* user_recv, size_t bytes, bool in_place,
+                coll::DataType dtype, coll::ReduceOp op, int64_t posted_us)
       : link_(std::move(link)),
         seq_(seq),
         send_(send),
         recv_(recv),
         user_recv_(user_recv),
         bytes_(bytes),
-        in_place_(in_place) {}
+        in_place_(in_place),
+        dtype_(dtype),
+        op_(op),
+        posted_us_(posted_us) {}
   ~DaemonRequest() override {
     if (!finished_) (void)wait(-1);  // bounded by the communicator's deadline
   }
@@ -363,10 +193,17 @@ class DaemonRequest final : public SessionRequest {
     bool done = false;
     Status st = s->client_->wait_for(seq_, deadline, &done, "iallreduce");
     if (!done) return st;  // kTimeout: still running
-    if (st.ok() && recv_.staged) std::memcpy(user_recv_, s->data() + recv_.off, bytes_);
+    if (st.ok() && recv_.staged) copy_from_arena(user_recv_, s->data() + recv_.off, bytes_);
     s->client_->unplace_pair(send_, recv_, in_place_);
     finished_ = true;
     final_ = st;
+    if (posted_us_ >= 0) {  // its event: from the post to the completion seen here
+      timeline::CallNotes notes;
+      notes.first_seq = seq_;
+      notes.submissions = 1;
+      notes.failed = !st.ok();
+      record_call("iallreduce", posted_us_, bytes_, dtype_, &op_, notes);
+    }
     return st;
   }
   std::shared_ptr<DaemonSession::Link> link_;
@@ -375,6 +212,9 @@ class DaemonRequest final : public SessionRequest {
   void* user_recv_;
   size_t bytes_;
   bool in_place_;
+  coll::DataType dtype_;
+  coll::ReduceOp op_;
+  int64_t posted_us_;  // -1: the timeline was off
   bool finished_ = false;
   Status final_;
 };
@@ -384,6 +224,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
                                                                   coll::DataType dtype,
                                                                   coll::ReduceOp op) {
   if (behind_queue()) return queue_iallreduce(sendbuf, recvbuf, count, dtype, op);
+  const int64_t posted_us = timeline::on() ? timeline::now_us() : -1;
   std::lock_guard<std::mutex> lock(mu_);
   const size_t bytes = count * coll::dtype_size(dtype);
   GW_ASSIGN_OR_RETURN(auto placed, client_->place_pair(sendbuf, recvbuf, bytes));
@@ -399,11 +240,12 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::iallreduce(const void* se
     client_->unplace_pair(s, r, recvbuf == sendbuf);
     return seq.status();
   }
-  return std::unique_ptr<SessionRequest>(
-      new DaemonRequest(link_, *seq, s, r, recvbuf, bytes, recvbuf == sendbuf));
+  return std::unique_ptr<SessionRequest>(new DaemonRequest(
+      link_, *seq, s, r, recvbuf, bytes, recvbuf == sendbuf, dtype, op, posted_us));
 }
 
 Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, int root) {
+  CallSpan span("broadcast", count * coll::dtype_size(dtype), dtype, nullptr);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t elem = coll::dtype_size(dtype);
@@ -431,7 +273,8 @@ Status DaemonSession::broadcast(void* buf, size_t count, coll::DataType dtype, i
     return Chunk{*seq, off, len, p.off, p.off, p.staged, p.staged};
   };
   auto finish_chunk = [&](const Chunk& c, bool ok) {
-    if (ok && c.recv_staged && rank_ != root) std::memcpy(b + c.offset, data() + c.recv_off, c.len);
+    if (ok && c.recv_staged && rank_ != root)
+      copy_from_arena(b + c.offset, data() + c.recv_off, c.len);
     client_->unplace(Placed{c.recv_off, c.recv_staged});
   };
   return run_chunks(bytes, elem, "broadcast", post_chunk, finish_chunk);
@@ -469,6 +312,7 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
           world * len, o.status().message());
     }
     if (copy_in) {
+      PhaseSpan copying(kCopyToArena, world * len);
       for (size_t b = 0; b < world; ++b)
         std::memcpy(data() + *o + b * len, base + b * block + off, len);
     }
@@ -499,8 +343,9 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
   auto finish_chunk = [&](const Chunk& c, bool ok) {
     if (ok && c.recv_staged) {
       if (!recv_all) {
-        std::memcpy(rb + c.offset, data() + c.recv_off, c.len);
+        copy_from_arena(rb + c.offset, data() + c.recv_off, c.len);
       } else {
+        PhaseSpan copying(kCopyFromArena, world * c.len);
         for (size_t b = 0; b < world; ++b) {
           std::memcpy(rb + b * block + c.offset, data() + c.recv_off + b * c.len, c.len);
         }
@@ -514,6 +359,8 @@ Status DaemonSession::run_sliced(Opcode opcode, const void* sendbuf, void* recvb
 
 Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 coll::DataType dtype) {
+  CallSpan span("allgather", sendcount * coll::dtype_size(dtype) * static_cast<size_t>(size_),
+                dtype, nullptr);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = sendcount * coll::dtype_size(dtype);
@@ -529,7 +376,7 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
   bool inside = block > 0 && sb >= rb && sb + block <= rb + total;
   if (inside) {
     s.off = r.off + static_cast<uint64_t>(sb - rb);
-    if (r.staged) std::memcpy(data() + s.off, sendbuf, block);
+    if (r.staged) copy_to_arena(data() + s.off, sendbuf, block);
   } else {
     auto ps = client_->place(sendbuf, block, true);
     if (!ps.ok()) {
@@ -544,7 +391,7 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
   e.send_off = s.off;
   e.recv_off = r.off;
   Status st = client_->submit(e, "allgather");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, total);
+  if (st.ok() && r.staged) copy_from_arena(recvbuf, data() + r.off, total);
   if (!inside) client_->unplace(s);
   client_->unplace(r);
   return st;
@@ -552,6 +399,8 @@ Status DaemonSession::allgather(const void* sendbuf, void* recvbuf, size_t sendc
 
 Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                      coll::DataType dtype, coll::ReduceOp op) {
+  CallSpan span("reduce_scatter", recvcount * coll::dtype_size(dtype) * static_cast<size_t>(size_),
+                dtype, &op);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const size_t block = recvcount * coll::dtype_size(dtype);
@@ -583,13 +432,14 @@ Status DaemonSession::reduce_scatter(const void* sendbuf, void* recvbuf, size_t 
   e.send_off = s.off;
   e.recv_off = r.off;
   Status st = client_->submit(e, "reduce_scatter");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, block);
+  if (st.ok() && r.staged) copy_from_arena(recvbuf, data() + r.off, block);
   if (!inside) client_->unplace(r);
   client_->unplace(s);
   return st;
 }
 
 Status DaemonSession::barrier() {
+  CallSpan span("barrier", 0, coll::DataType::kU8, nullptr);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   return client_->submit(entry(Opcode::kBarrier), "barrier");
@@ -597,9 +447,10 @@ Status DaemonSession::barrier() {
 
 Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
                                coll::DataType dtype) {
+  const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
+  CallSpan span("alltoall", total, dtype, nullptr);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t total = count * coll::dtype_size(dtype) * static_cast<size_t>(size_);
   if (total > slice_bytes()) {
     return run_sliced(Opcode::kAlltoall, sendbuf, recvbuf, count * coll::dtype_size(dtype), dtype,
                       coll::ReduceOp::kSum, "alltoall");
@@ -613,7 +464,7 @@ Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
   e.send_off = s.off;
   e.recv_off = r.off;
   Status st = client_->submit(e, "alltoall");
-  if (st.ok() && r.staged) std::memcpy(recvbuf, data() + r.off, total);
+  if (st.ok() && r.staged) copy_from_arena(recvbuf, data() + r.off, total);
   client_->unplace_pair(s, r, recvbuf == sendbuf);
   return st;
 }
@@ -621,6 +472,8 @@ Status DaemonSession::alltoall(const void* sendbuf, void* recvbuf, size_t count,
 Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
                                            std::string_view codec_spec,
                                            std::string_view tensor_key) {
+  const coll::ReduceOp sum = coll::ReduceOp::kSum;
+  CallSpan span("allreduce_compressed", count * coll::dtype_size(dtype), dtype, &sum);
   in_order();
   std::lock_guard<std::mutex> lock(mu_);
   const char* what = "allreduce_compressed";
@@ -671,7 +524,7 @@ Status DaemonSession::allreduce_compressed(void* buf, size_t count, coll::DataTy
   e.key_len = static_cast<uint32_t>(key.size());
   daemon::CompressedDone info;
   Status st = client_->submit(e, what, &info);
-  if (st.ok() && b.staged) std::memcpy(buf, data() + b.off, bytes);
+  if (st.ok() && b.staged) copy_from_arena(buf, data() + b.off, bytes);
   client_->unplace(mp);
   client_->unplace(b);
   if (!st.ok()) return st;
@@ -704,66 +557,7 @@ Status DaemonSession::release_compression() {
   return ok_status();
 }
 
-Result<std::unique_ptr<Session>> DaemonSession::split(int color, int key) {
-  // Every rank learns every rank's (color, key) through the daemon, then the ranks of one color
-  // join the daemons as a job of their own: its token derived from this job's (HMAC, so only
-  // those who hold this one know it), its host layout from this one's, the same store.
-  const int32_t mine[2] = {color, key};
-  std::vector<int32_t> all(2 * static_cast<size_t>(size_));
-  GW_RETURN_IF_ERROR(allgather(mine, all.data(), 2, coll::DataType::kI32).with_context("split"));
-  uint64_t seq = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    seq = ++splits_;
-  }
-  if (color < 0) return std::unique_ptr<Session>();
-  std::vector<int> members;  // parent ranks of the new communicator, in new-rank order
-  for (int r = 0; r < size_; ++r) {
-    if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
-  }
-  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
-  });
-  std::vector<int> hosts;  // parent host indexes of the members, ascending
-  for (int r : members) hosts.push_back(host_of_rank_[static_cast<size_t>(r)]);
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  auto new_host = [&](int parent_rank) {
-    const int h = host_of_rank_[static_cast<size_t>(parent_rank)];
-    return static_cast<int>(std::lower_bound(hosts.begin(), hosts.end(), h) - hosts.begin());
-  };
-  daemon::Hello h = hello_;
-  h.world_size = static_cast<int32_t>(members.size());
-  h.num_hosts = static_cast<int32_t>(hosts.size());
-  h.host_index = new_host(rank_);
-  h.local_rank = 0;
-  h.local_size = 0;
-  std::vector<int> child_hosts;
-  for (size_t c = 0; c < members.size(); ++c) {
-    const int host = new_host(members[c]);
-    child_hosts.push_back(host);
-    if (members[c] == rank_) {
-      h.rank = static_cast<int32_t>(c);
-      h.local_rank = h.local_size;
-    }
-    if (host == h.host_index) ++h.local_size;
-  }
-  const std::string label = fmt::format("gradwire split {} color {}", seq, color);
-  const net::handshake::Mac tag = net::handshake::hmac_sha256(
-      hello_.job_token, reinterpret_cast<const uint8_t*>(label.data()), label.size());
-  h.job_token = to_hex(tag.data(), tag.size());
-  if (h.num_hosts == 1) {  // the new job's daemons need not meet
-    h.store_host.clear();
-    h.store_port = 0;
-  }
-  GW_ASSIGN_OR_RETURN(auto child, connect(h, address_, store_, std::move(child_hosts)));
-  // The parent's chunk is the job's least, and no rank's own is smaller: all cut alike again.
-  child->chunk_bytes_ = std::min(child->chunk_bytes_, chunk_bytes_);
-  return std::unique_ptr<Session>(std::move(child));
-}
-
-// ---- memory and abort
-// ----------------------------------------------------------------------------
+// ---- memory and abort --------------------------------------------------------------------------
 
 Result<void*> DaemonSession::mem_alloc(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);

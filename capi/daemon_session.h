@@ -4,7 +4,9 @@
 // (daemon/client.h: the hello, the shared arena, its rings) and posts every collective to the
 // arena's submission ring; the daemon sums the host's trainers and runs the inter-host part with
 // the job's other daemons. This file is the session's logic: where buffers go in the arena, how a
-// large collective is cut, split, and the compressed allreduce's bookkeeping.
+// large collective is cut, split, and the compressed allreduce's bookkeeping (set-up and split:
+// daemon_session_setup.cc; the data path: daemon_session.cc; GW_TIMELINE's events of the
+// trainer's side: daemon_session_trace.h).
 //
 // Buffers from mem_alloc() lie in the arena and are used in place; any other buffer is copied into
 // arena staging and back. Every collective of the C ABI is supported: allreduce, iallreduce

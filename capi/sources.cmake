@@ -5,7 +5,9 @@ set(GW_CAPI_SRC
     collectives.cc      # the collectives and their i-forms
     requests.cc         # gw_wait/gw_test and point-to-point
     direct_session.cc   # direct mode: a Communicator in this process
-    daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h)
+    daemon_session.cc   # daemon mode: a client of gradwired (daemon/client.h): the data path
+    daemon_session_setup.cc  # daemon mode: rendezvous, connection, agreed chunk, split
+    daemon_session_trace.cc  # daemon mode: the trainer's side of GW_TIMELINE
     daemon_device.cc    # daemon mode: device buffers imported into gradwired, or staged
     daemon_calls.cc     # daemon mode: reduce/gather/scatter/alltoallv composed; the i-forms
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store

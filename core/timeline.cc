@@ -107,6 +107,11 @@ void close() {
   f.f = nullptr;
 }
 
+CallNotes*& call_notes() {
+  thread_local CallNotes* notes = nullptr;
+  return notes;
+}
+
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())

@@ -45,6 +45,17 @@ int64_t now_us();
 void complete(std::string_view name, std::string_view cat, int64_t ts_us, int64_t dur_us,
               std::string_view args = {});
 
+// What the layers under a call being recorded on this thread learn of it, for the call's event: a
+// daemon-mode trainer's call (capi/daemon_session_trace.h) gets the sequence numbers of the
+// submissions it posted, and whether the daemon failed one, from its client (daemon/client.cc).
+struct CallNotes {
+  uint64_t first_seq = 0;  // 0: none posted
+  uint32_t submissions = 0;
+  bool failed = false;
+};
+// This thread's call being recorded; null when none (always when the timeline is off).
+CallNotes*& call_notes();
+
 // Records [construction, destruction) as a complete event when the timeline is on.
 class Span {
  public:

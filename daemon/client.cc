@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "core/sys/unix_socket.h"
+#include "core/timeline.h"
 #include "daemon/daemon_config.h"
 
 namespace gw::daemon {
@@ -74,6 +75,29 @@ Status check_daemon(int sock, const std::string& path) {
     groups = sys::peer_groups(sock).value_or(std::vector<gid_t>{});
   return check_daemon_peer(cred, ::geteuid(), group ? &*group : nullptr, groups, path);
 }
+
+// GW_TIMELINE in a daemon-mode trainer (capi/daemon_session_trace.h): the phases the client sees.
+// A wait for a completion, recorded when it ends: when the completion came (or the connection
+// broke), or when a wait with a deadline ran out; a look without waiting (gw_test) that found
+// nothing is not a phase.
+class WaitPhase {
+ public:
+  WaitPhase(uint64_t seq, const bool* done, sys::Deadline deadline)
+      : seq_(seq), done_(done), looks_only_(deadline == sys::kNoWait), ts_(timeline::now_us()) {}
+  ~WaitPhase() {
+    if (!*done_ && looks_only_) return;
+    timeline::complete("wait for daemon", "phase", ts_, timeline::now_us() - ts_,
+                       fmt::format("\"seq\":{}", seq_));
+  }
+  WaitPhase(const WaitPhase&) = delete;
+  WaitPhase& operator=(const WaitPhase&) = delete;
+
+ private:
+  uint64_t seq_;
+  const bool* done_;
+  bool looks_only_;
+  int64_t ts_;
+};
 
 }  // namespace
 
@@ -233,7 +257,14 @@ Result<Client::Placed> Client::place(const void* p, size_t bytes, bool copy_in) 
   }
   out.off = *off;
   out.staged = true;
-  if (copy_in) std::memcpy(data_ + out.off, p, bytes);
+  if (copy_in) {
+    const int64_t ts = timeline::on() ? timeline::now_us() : -1;
+    std::memcpy(data_ + out.off, p, bytes);
+    if (ts >= 0) {
+      timeline::complete("copy to arena", "phase", ts, timeline::now_us() - ts,
+                         fmt::format("\"bytes\":{}", bytes));
+    }
+  }
   return out;
 }
 
@@ -261,6 +292,12 @@ Result<uint64_t> Client::post(SqEntry e, const char* what) {
   }
   e.seq = sq_.tail() + 1;
   sq_.push(e);
+  if (timeline::on()) {
+    if (timeline::CallNotes* n = timeline::call_notes(); n != nullptr) {
+      if (n->first_seq == 0) n->first_seq = e.seq;
+      ++n->submissions;
+    }
+  }
   // A daemon busy-polling the ring sees the entry without a wake-up (docs/wire-daemon.md §5).
   if (Status kicked = sq_.kick(); !kicked.ok()) {
     return broken(kicked.with_context("signalling gradwired"));
@@ -285,6 +322,8 @@ Status Client::drain_completions() {
 Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
                         CompressedDone* info) {
   *done = false;
+  std::optional<WaitPhase> phase;
+  if (timeline::on()) phase.emplace(seq, done, deadline);
   // Poll the completion counter for GW_DAEMON_SPIN_US first, yielding the core between looks (a
   // small collective completes within it: no wake-up on either side, and on a host with fewer
   // cores than trainers plus the daemon the yield lets the others run), then sleep on the eventfd
@@ -307,6 +346,10 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
       if (info != nullptr) *info = it->second.info;
       done_.erase(it);
       *done = true;
+      if (!st.ok() && timeline::on()) {
+        timeline::CallNotes* n = timeline::call_notes();
+        if (n != nullptr && n->first_seq != 0 && seq >= n->first_seq) n->failed = true;
+      }
       if (!st.ok()) return st.with_context(what);
       return st;
     }

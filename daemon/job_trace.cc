@@ -19,6 +19,12 @@ namespace gw::daemon {
 
 using nlohmann::json;
 
+namespace {
+// The pid of a daemon's trace: host index + this, a range of its own apart from the trainers'
+// timelines (pid = rank), so that perf/merge_timeline.py lays both side by side.
+constexpr int kDaemonPidBase = 1000000;
+}  // namespace
+
 JobTrace::JobTrace(std::string job, int host_index, int num_hosts, int local_size, double seconds)
     : job_(std::move(job)),
       host_index_(host_index),
@@ -43,7 +49,7 @@ json JobTrace::result() const {
   auto meta = [&](const char* what, int tid, std::string name) {
     events.push_back({{"name", what},
                       {"ph", "M"},
-                      {"pid", host_index_},
+                      {"pid", kDaemonPidBase + host_index_},
                       {"tid", tid},
                       {"args", {{"name", std::move(name)}}}});
   };
@@ -71,7 +77,7 @@ json JobTrace::result() const {
                       {"ph", "X"},
                       {"ts", e.ts_us},
                       {"dur", std::max<int64_t>(e.dur_us, 0)},
-                      {"pid", host_index_},
+                      {"pid", kDaemonPidBase + host_index_},
                       {"tid", e.tid},
                       {"args", std::move(args)}});
   }

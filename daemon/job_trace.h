@@ -3,10 +3,11 @@
 // events ("ph":"X") in wall-clock microseconds, so perf/merge_timeline.py lays them beside the
 // trainers' own timelines.
 //
-// pid is the daemon's host index in the job; tid a lane (kTraceTid*): the job thread's collectives
-// and their phases (local_reduce or copy_in, inter_host, copy_back), the pieces of a pipelined
-// allreduce in flight among the daemons, and one lane per local trainer with its submissions
-// queued in the daemon (from when the job thread read them to when their collective started).
+// pid is 1000000 + the daemon's host index in the job (the trainers' timelines have pid = rank);
+// tid a lane (kTraceTid*): the job thread's collectives and their phases (local_reduce or copy_in,
+// inter_host, copy_back), the pieces of a pipelined allreduce in flight among the daemons, and one
+// lane per local trainer with its submissions queued in the daemon (from when the job thread read
+// them to when their collective started).
 //
 // The serve loop makes a JobTrace for a control request (Server::Impl::start_trace) and hands it
 // to the job (Job::begin_trace); the job thread appends to it while it lasts; the serve loop

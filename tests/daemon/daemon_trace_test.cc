@@ -4,6 +4,7 @@
 //   has the trace-event fields, with each phase the daemon sees (queued per local trainer,
 //   local_reduce, inter_host, copy_back) inside its collective; a second trace of the same job
 //   at once, a job that does not exist and --seconds out of range are refused, saying why.
+// - GW_TIMELINE in daemon-mode trainers: each writes its side of every call with its phases.
 // - One of two trainers on a daemon sleeps before an allreduce: the daemon names it in a WARN
 //   within GW_STALL_WARN_S + 1 s and repeats it until it comes; the allreduce then completes.
 #include <gtest/gtest.h>
@@ -86,7 +87,7 @@ TEST(DaemonTrace, ATraceOfTwoSecondsHoldsEveryPhaseOfTheJobsCollectives) {
     ASSERT_TRUE(e.is_object()) << e;
     ASSERT_TRUE(e["name"].is_string() && e["ph"].is_string()) << e;
     ASSERT_TRUE(e["pid"].is_number_integer() && e["tid"].is_number_integer()) << e;
-    EXPECT_EQ(e["pid"], 0) << e;  // the daemon's host index
+    EXPECT_EQ(e["pid"], 1000000) << e;  // 1000000 + the daemon's host index
     if (e["ph"] == "M") {
       if (e["name"] == "thread_name") thread_names.insert(e["args"]["name"].get<std::string>());
       continue;
@@ -262,6 +263,82 @@ TEST(DaemonTrace, TheDaemonNamesTheTrainerAnAllreduceWaitsFor) {
   EXPECT_GE(waited, 1.0);
   EXPECT_LE(waited, 2.0);         // within GW_STALL_WARN_S + 1 s
   EXPECT_GE(repeated, 3) << out;  // repeated every period while it slept 5 s
+}
+
+// GW_TIMELINE in daemon-mode trainers (capi/daemon_session_trace.h): one trainer per daemon runs
+// the suite (every collective, malloc'd and gw_mem_alloc'd buffers); each writes a trace-event
+// array of its calls (pid = rank) with the phases it sees: malloc'd buffers copied into and out of
+// the arena around the wait for the daemon, arena buffers only waited for.
+TEST(DaemonTrace, DaemonModeTrainersWriteTheirSideOfEveryCall) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  ASSERT_TRUE(d.start());
+  ProcGroup g;
+  const int port = free_port();
+  const Env tl = {{"GW_TIMELINE", dir.path() + "/tl.%r.json"}};
+  for (int r = 0; r < 2; ++r)
+    d.start_trainer_on(g, r, r, 2, port, {"suite", "1000"}, "", "16M", tl);
+  auto done = g.wait_all(120000);
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& r : done) ASSERT_EQ(r.exit_code, 0) << r.describe();
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = dir.path() + "/tl." + std::to_string(r) + ".json";
+    std::ifstream in(file);
+    json events = json::parse(in, nullptr, false);
+    ASSERT_TRUE(events.is_array()) << "not a JSON array: " << file;
+    std::vector<json> calls, phases;
+    bool named = false;
+    for (const json& e : events) {
+      ASSERT_TRUE(e.is_object() && e["name"].is_string() && e["ph"].is_string()) << e;
+      ASSERT_TRUE(e["pid"].is_number_integer() && e["tid"].is_number_integer()) << e;
+      EXPECT_EQ(e["pid"], r) << e;
+      if (e["ph"] == "M") {
+        named = named ||
+                (e["name"] == "process_name" && e["args"]["name"].get<std::string>().rfind(
+                                                    "rank " + std::to_string(r) + " ", 0) == 0);
+        continue;
+      }
+      ASSERT_EQ(e["ph"], "X") << e;
+      ASSERT_TRUE(e["ts"].is_number_integer() && e["dur"].is_number_integer()) << e;
+      EXPECT_GE(e["dur"].get<int64_t>(), 0) << e;
+      (e["cat"] == "collective" ? calls : phases).push_back(e);
+    }
+    EXPECT_TRUE(named) << "no process_name \"rank " << r << " ...\" in " << file;
+    std::map<std::string, int> seen;
+    std::set<uint64_t> first_seqs;
+    int copied = 0, in_arena = 0;
+    for (const json& c : calls) {
+      const std::string name = c["name"];
+      ++seen[name];
+      EXPECT_EQ(c["args"]["mode"], "daemon") << c;
+      EXPECT_FALSE(c["args"].contains("failed")) << c;
+      ASSERT_TRUE(c["args"]["seq"].is_number_integer()) << c;  // every call submits
+      EXPECT_GE(c["args"]["submissions"].get<int>(), 1) << c;
+      // No two calls claim the same submission.
+      EXPECT_TRUE(first_seqs.insert(c["args"]["seq"].get<uint64_t>()).second) << c;
+      if (name != "allreduce") continue;
+      const int64_t ts = c["ts"], end = ts + c["dur"].get<int64_t>();
+      std::set<std::string> inside;
+      for (const json& p : phases) {
+        const int64_t pts = p["ts"];
+        if (p["tid"] == c["tid"] && pts >= ts && pts + p["dur"].get<int64_t>() <= end) {
+          inside.insert(p["name"].get<std::string>());
+        }
+      }
+      EXPECT_TRUE(inside.count("wait for daemon")) << c;
+      if (inside.count("copy to arena") && inside.count("copy from arena")) ++copied;
+      if (!inside.count("copy to arena") && !inside.count("copy from arena")) ++in_arena;
+    }
+    for (const char* want :
+         {"allreduce", "reduce_scatter", "broadcast", "allgather", "barrier", "iallreduce"}) {
+      EXPECT_GT(seen[want], 0) << want << " missing from " << file;
+    }
+    EXPECT_GT(copied, 0) << "no allreduce of malloc'd buffers copied in and out";
+    EXPECT_GT(in_arena, 0) << "no allreduce of gw_mem_alloc'd buffers without copies";
+    std::printf("rank %d: %zu calls, %zu phases; allreduces: %d copied, %d in the arena\n", r,
+                calls.size(), phases.size(), copied, in_arena);
+  }
 }
 
 }  // namespace
