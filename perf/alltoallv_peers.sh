@@ -29,15 +29,20 @@ sizes="64K 4M 64M"
 np=4
 reps=5
 build="$root/build/release"
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+for a in "$@"; do [ "$a" = --help ] && { usage; exit 0; }; done
 while getopts "s:n:r:B:h" opt; do
   case "$opt" in
     s) sizes="$OPTARG" ;;
     n) np="$OPTARG" ;;
     r) reps="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
-    *) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    h) usage; exit 0 ;;
+    *) usage; exit 2 ;;
   esac
 done
+shift $((OPTIND - 1))
+[ $# -eq 0 ] || { echo "alltoallv_peers: unexpected argument '$1' (--help)" >&2; exit 2; }
 to_bytes() {  # 4M -> 4194304
   local s="$1" n="${1%[KkMmGg]}"
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "alltoallv_peers: bad size '$s'" >&2; exit 2; }
