@@ -14,7 +14,8 @@
 
 namespace gw::perf {
 
-enum class Collective { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kAlltoall };
+// kAlltoallv is checked by perf/coll_alltoallv.h (its own uneven splits), not by count_wrong.
+enum class Collective { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kAlltoall, kAlltoallv };
 
 // The value rank `rank` contributes at (global) index `index`, for this dtype/op/world.
 int64_t pattern_value(coll::DataType dtype, coll::ReduceOp op, int world, int rank, size_t index);

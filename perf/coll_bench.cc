@@ -135,6 +135,7 @@ double busbw_factor(Collective coll, int nranks) {
     case Collective::kAllgather:
     case Collective::kReduceScatter:
     case Collective::kAlltoall:
+    case Collective::kAlltoallv:
       return (n - 1) / n;
     case Collective::kBroadcast:
       return 1.0;

@@ -1,5 +1,5 @@
 // The collective sweeps of gradwire-perf (allreduce, allgather, reduce_scatter, broadcast,
-// alltoall),
+// alltoall, alltoallv),
 // nccl-tests style, run through the C ABI (libgradwire.so) exactly as an application would.
 #pragma once
 

@@ -20,6 +20,7 @@
 #include "core/core_config.h"
 #include "core/net/backend_registry.h"
 #include "gradwire/gradwire.h"
+#include "perf/coll_alltoallv.h"
 #include "perf/coll_report.h"
 #include "perf/rank_launcher.h"
 
@@ -207,6 +208,16 @@ class RankRun {
                        c_.check_iters > 0 ? fmt::format("{} iteration{}", c_.check_iters,
                                                         c_.check_iters == 1 ? "" : "s")
                                           : std::string("off"));
+    if (c_.coll == Collective::kAlltoallv) {
+      // The weights of the split rule (perf/coll_alltoallv.h), so a peer can be compared.
+      for (int s = 0; s < world_; ++s) {
+        out += fmt::format("# alltoallv weights (seed {}) rank {}:", kAlltoallvSeed, s);
+        for (uint64_t w : alltoallv_weights(world_, s)) {
+          out += fmt::format(" {}", w);
+        }
+        out += "\n";
+      }
+    }
     out += fmt::format("# time: {}, out-of-place and in-place\n", time_rule(c_));
     out += fmt::format("# buffers: {}\n",
                        c_.mem_alloc ? "gw_mem_alloc (--mem-alloc; in daemon mode the arena: "
@@ -258,6 +269,8 @@ class RankRun {
     }
     sh.send_count = c_.coll == Collective::kAllgather ? sh.arg_count : sh.total;
     sh.recv_count = c_.coll == Collective::kReduceScatter ? sh.arg_count : sh.total;
+    // alltoallv: receives differ by rank; every rank's buffer holds the largest receive.
+    if (c_.coll == Collective::kAlltoallv) sh.recv_count = alltoallv_max_recv(sh.total, world_);
     return sh;
   }
 
@@ -283,6 +296,7 @@ class RankRun {
     switch (c_.coll) {
       case Collective::kAllreduce:
       case Collective::kAlltoall:
+      case Collective::kAlltoallv:
       case Collective::kBroadcast:
         b.send = b.recv = b.out = recvbuf_.data();
         break;
@@ -305,7 +319,16 @@ class RankRun {
       return;
     }
     if (!in_place) return;  // out of place, sendbuf keeps the pattern of the size
-    fill_pattern(b.send, sh.send_count, c_.dtype, c_.op, world_, rank_, 0);
+    fill_send(b.send, sh);
+  }
+
+  // This rank's input of one size: the pattern of check_pattern.h, or alltoallv's blocks.
+  void fill_send(void* buf, const Shape& sh) {
+    if (c_.coll == Collective::kAlltoallv) {
+      alltoallv_fill(buf, layout_, c_.dtype, rank_);
+    } else {
+      fill_pattern(buf, sh.send_count, c_.dtype, c_.op, world_, rank_, 0);
+    }
   }
 
   // The per-iteration times of one placement, combined across ranks as -a says. Returns 2 on error.
@@ -406,7 +429,9 @@ class RankRun {
         return fail(what(bytes, in_place ? "in-place checked run" : "checked run"), s);
       }
       mine += static_cast<int64_t>(
-          count_wrong(c_.coll, b.out, sh.arg_count, c_.dtype, c_.op, world_, rank_, c_.root));
+          c_.coll == Collective::kAlltoallv
+              ? alltoallv_wrong(b.out, layout_, c_.dtype, rank_)
+              : count_wrong(c_.coll, b.out, sh.arg_count, c_.dtype, c_.op, world_, rank_, c_.root));
     }
     gw_status_t s = gw_allreduce(comm_, &mine, wrong, 1, GW_INT64, GW_SUM);
     if (s != GW_OK) return fail("allreduce(sum) of the wrong-element counts", s);
@@ -420,7 +445,8 @@ class RankRun {
     // Buffers sized for the largest row; sendbuf/recvbuf hold the whole gathered/scattered data
     // (alltoall: both hold the whole per-rank buffer, size blocks of count).
     size_t recv_bytes = biggest.recv_count * esz;
-    if (c_.coll == Collective::kAllgather || c_.coll == Collective::kAlltoall) {
+    if (c_.coll == Collective::kAllgather || c_.coll == Collective::kAlltoall ||
+        c_.coll == Collective::kAlltoallv) {
       // In place, the whole gathered / exchanged buffer lives in recvbuf.
       recv_bytes = std::max(recv_bytes, biggest.total * esz);
     }
@@ -439,7 +465,8 @@ class RankRun {
     int result = 0;
     for (size_t k = 0; k < sizes.size(); ++k) {
       const Shape sh = shape_for(sizes[k]);
-      fill_pattern(sendbuf_.data(), sh.send_count, c_.dtype, c_.op, world_, rank_, 0);
+      if (c_.coll == Collective::kAlltoallv) layout_ = alltoallv_layout(sh.total, world_, rank_);
+      fill_send(sendbuf_.data(), sh);
       fill_inputs(false, sh, bufs_for(false, sh));
       const int iters = c_.iters > 0 ? c_.iters : adaptive_iters(sh.total * esz, world_);
       Placement oop, ip;
@@ -494,6 +521,9 @@ class RankRun {
         return gw_broadcast(comm_, recv, count, dt, c_.root);
       case Collective::kAlltoall:
         return gw_alltoall(comm_, send, recv, count, dt);
+      case Collective::kAlltoallv:
+        return gw_alltoallv(comm_, send, layout_.sendcounts.data(), layout_.sdispls.data(), recv,
+                            layout_.recvcounts.data(), layout_.rdispls.data(), dt);
     }
     return GW_ERR_INVALID_ARG;
   }
@@ -585,6 +615,7 @@ class RankRun {
   SteadyClock::time_point last_beat_ = SteadyClock::now();
   SweepBuffer sendbuf_;
   SweepBuffer recvbuf_;
+  AlltoallvLayout layout_;  // alltoallv: this rank's counts and displacements of the current size
 };
 
 }  // namespace

@@ -58,6 +58,8 @@ std::string busbw_formula(Collective c) {
     case Collective::kReduceScatter:
     case Collective::kAlltoall:
       return "algbw * (n-1)/n";
+    case Collective::kAlltoallv:
+      return "algbw * (n-1)/n (size = the send buffer of one rank, uneven splits)";
     case Collective::kBroadcast:
       return "algbw";
   }

@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
                "print every GW_* tunable with its default and current value, then exit");
   app.add_flag("--toml", toml, "with --dump-config: print it as a TOML file");
 
-  CollCli allreduce, allgather, reduce_scatter, broadcast, alltoall;
+  CollCli allreduce, allgather, reduce_scatter, broadcast, alltoall, alltoallv;
   std::vector<std::pair<CLI::App*, CollCli*>> colls = {
       {add_collective(app, "allreduce", Collective::kAllreduce,
                       "allreduce sweep; busbw = algbw * 2(n-1)/n", &allreduce),
@@ -255,6 +255,12 @@ int main(int argc, char** argv) {
                       "rank); busbw = algbw * (n-1)/n",
                       &alltoall),
        &alltoall},
+      {add_collective(app, "alltoallv", Collective::kAlltoallv,
+                      "all-to-all-v sweep (gw_alltoallv): size = the whole send buffer of a rank, "
+                      "split unevenly by a fixed-seed rule (weights 1..8 per destination, seed 29; "
+                      "perf/coll_alltoallv.h); busbw = algbw * (n-1)/n",
+                      &alltoallv),
+       &alltoallv},
   };
 
   gw::perf::CompressCmdConfig compress;  // gradwire-perf compress, allreduce --codec
