@@ -375,7 +375,7 @@ void PointToPoint::Impl::step() {
   if (wake_thread || aborted->load()) cv.notify_all();
 }
 
-void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer, bool send) {
+void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
   if (peer == kAnySource || peer == me()) return;
   const Peer& p = peers[peer];
   // Not while this rank's connection to the peer is being set up: the progress thread looks the
@@ -383,15 +383,6 @@ void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer, bool
   // sends eager messages to another is never connected back.)
   if (!p.broken.ok() || (p.want_connect && !p.sc[0])) return;
   held = lock;
-  if (send && p.sc[0] && p.sc[1] && !p.conn[0] && !p.conn[1]) {
-    bool moved = false;
-    Status why;
-    if (!send_control(peer, static_cast<size_t>(net::kMaxRequests) / 2, &moved, &why)) {
-      break_peer(peer,
-                 why.with_context(fmt::format("point-to-point: control message to rank {}", peer)));
-    }
-    return;
-  }
   polling = true;  // a frame that asks for a connection back leaves its lookup to the thread
   progress_peer(peer);
   polling = false;
@@ -708,7 +699,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->id = p.next_id++;
   p.pending_rts.push_back(s);
   p.want_connect = true;
-  m.kick(&lock, peer, true);
+  m.kick(&lock, peer);
   // An eager message whose RTS the kick handed to the transport is done: the progress thread
   // tests the frame within its 1 ms wait (or the caller's next call moves the engine). Waking
   // that thread here would only make it compete with the caller (often on the same core).
@@ -757,7 +748,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
     return r->req;
   }
   m.posted.push_back(r);
-  m.kick(&lock, peer, false);
+  m.kick(&lock, peer);
   // Not m.wake(): the caller's wait or test moves the engine for the receive (the hand-off to
   // the progress thread cost a third of the tcp ping-pong's latency, docs/collectives.md), and
   // that thread takes it over within its 1 ms wait when nobody does. A lookup the kick asked for

@@ -208,10 +208,7 @@ struct PointToPoint::Impl {
   // A new op's first step, in the caller's thread with mu held (lock): its peer's connections
   // moved once (an RTS posted, so an eager send is done; an arrived message matched) before any
   // thread hand-off.
-  // send: a new send's, which only posts its RTS (testing the control frames in flight once
-  // half the transport's slots hold them) when the connections are up: frames that arrived
-  // wait for the caller's wait or the next pass.
-  void kick(std::unique_lock<std::mutex>* lock, int peer, bool send);
+  void kick(std::unique_lock<std::mutex>* lock, int peer);
 
   // Written by a new operation so that a progress thread blocked in poll() wakes at once.
   int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -248,8 +245,7 @@ struct PointToPoint::Impl {
   void loop();
   bool progress_locked();
   bool progress_peer(int p);
-  // *deferred: a frame ended an op and the slots are not posted again yet (the next pass does).
-  bool receive_control(int p, bool* any, bool* deferred);
+  bool receive_control(int p, bool* any);
   // eager: the message's bytes where they are (a control slot), else m.eager.
   void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m, const uint8_t* eager = nullptr);
   void reply(int p, uint32_t type, uint64_t id, uint64_t bytes);
@@ -257,14 +253,10 @@ struct PointToPoint::Impl {
   void break_peer(int p, const Status& why, const std::shared_ptr<P2PRequest>& culprit = nullptr,
                   const Status& culprit_status = ok_status());
   void finish_send(const std::shared_ptr<SendOp>& s, Status st) {
-    if (!s->req->finish(std::move(st), s->bytes, me())) return;
-    ++finished;
-    if (active > 0) --active;
+    if (s->req->finish(std::move(st), s->bytes, me()) && active > 0) --active;
   }
   void finish_recv(const std::shared_ptr<RecvOp>& r, Status st) {
-    if (!r->req->finish(std::move(st), r->bytes, r->source)) return;
-    ++finished;
-    if (active > 0) --active;
+    if (r->req->finish(std::move(st), r->bytes, r->source) && active > 0) --active;
   }
   void end_all(const Status& why);
   // Some peer has control frames queued or not yet taken by the transport.
@@ -280,10 +272,6 @@ struct PointToPoint::Impl {
   // Posts peer p's queued control frames while the transport has request slots; an eager send
   // whose RTS is posted completes here. false: the connection failed (*why).
   bool post_control(int p, bool* moved, Status* why);
-  // Queues peer p's new RTSs, tests its posted control frames while more than test_from are in
-  // flight, and posts the queued ones (post_control). false: the connection failed (*why).
-  bool send_control(int p, size_t test_from, bool* moved, Status* why);
-  uint64_t finished = 0;  // ops ended so far (receive_control returns to their callers first)
   // Ends the ops past their deadline (now); skipped while now < earliest.
   bool check_deadlines(Clock::time_point now);
   Clock::time_point earliest{};  // no op's deadline is before it (a scan finds the next one)

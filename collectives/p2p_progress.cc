@@ -23,7 +23,7 @@ Status test_front(net::Comm* c, std::deque<InFlight>& q, bool* done, size_t* siz
 
 // Control receives: keeps kCtlSlots posted and handles the frames in order. false: the peer
 // broke (a failed connection, or a frame that broke it).
-bool PointToPoint::Impl::receive_control(int p, bool* any, bool* deferred) {
+bool PointToPoint::Impl::receive_control(int p, bool* any) {
   Peer& peer = peers[p];
   net::RecvComm* rc = peer.rc[0].get();
   if (rc == nullptr) return true;
@@ -32,22 +32,6 @@ bool PointToPoint::Impl::receive_control(int p, bool* any, bool* deferred) {
     return false;
   };
   while (true) {
-    // The slots are posted again at the start of a pass, not right after a frame that ended an
-    // op: that op's caller gets its result first (posting costs the transport a pass, a system
-    // call on tcp), and the next pass (the caller's next call, or the progress thread within
-    // its 1 ms wait) posts them.
-    if (peer.ctl_recv.empty()) {
-      for (int slot = 0; slot < kCtlSlots; ++slot) {
-        auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
-        if (!r.ok()) return fail(r.status());
-        if (*r == nullptr) break;
-        InFlight f{};
-        f.req = *r;
-        f.slot = slot;
-        peer.ctl_recv.push_back(std::move(f));
-      }
-      if (peer.ctl_recv.empty()) return fail(internal_error("no request slot"));
-    }
     bool done;
     size_t size;
     Status s = test_front(rc, peer.ctl_recv, &done, &size);
@@ -56,41 +40,28 @@ bool PointToPoint::Impl::receive_control(int p, bool* any, bool* deferred) {
     const int slot = peer.ctl_recv.front().slot;
     peer.ctl_recv.pop_front();
     *any = true;
-    const uint64_t ended = finished;
     on_frame(p, peer.slots[slot].data(), size);
     if (!peer.broken.ok()) return false;
-    if (finished != ended && peer.ctl_recv.empty()) {
-      *deferred = true;
-      break;
+    auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
+    if (!r.ok()) return fail(r.status());
+    if (*r == nullptr) return fail(internal_error("no request slot"));
+    InFlight f{};
+    f.req = *r;
+    f.slot = slot;
+    peer.ctl_recv.push_back(std::move(f));
+  }
+  if (peer.ctl_recv.empty()) {
+    for (int slot = 0; slot < kCtlSlots; ++slot) {
+      auto r = rc->irecv(peer.slots[slot].data(), peer.slots[slot].size(), 0, nullptr);
+      if (!r.ok()) return fail(r.status());
+      if (*r == nullptr) break;
+      InFlight f{};
+      f.req = *r;
+      f.slot = slot;
+      peer.ctl_recv.push_back(std::move(f));
     }
   }
   return true;
-}
-
-bool PointToPoint::Impl::send_control(int p, size_t test_from, bool* any, Status* why) {
-  Peer& peer = peers[p];
-  net::SendComm* sc = peer.sc[0].get();
-  while (!peer.pending_rts.empty()) {
-    auto s = std::move(peer.pending_rts.front());
-    peer.pending_rts.pop_front();
-    // Eager: the payload is copied into the frame here; the send completes when the frame is
-    // posted (post_control). Rendezvous: answered by CTS or NAK.
-    const bool eager = s->bytes <= kEagerBytes;
-    auto frame = make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf);
-    if (!eager) peer.awaiting[s->id] = s;
-    peer.ctl_out.push_back(CtlFrame{std::move(frame), std::move(s)});
-  }
-  while (peer.ctl_send.size() > test_from) {
-    bool done;
-    size_t size;
-    *why = test_front(sc, peer.ctl_send, &done, &size);
-    if (!why->ok()) return false;
-    if (!done) break;
-    recycle_frame(&peer, std::move(peer.ctl_send.front().frame));
-    peer.ctl_send.pop_front();
-    *any = true;
-  }
-  return post_control(p, any, why);
 }
 
 bool PointToPoint::Impl::progress_locked() {
@@ -124,11 +95,7 @@ bool PointToPoint::Impl::progress_peer(int p) {
   }
   // Control receives before this rank's own set-up steps: frames the peer sent before it left
   // (its last eager messages) are taken before a failed connection back to it breaks the peer.
-  bool deferred = false;
-  if (!receive_control(p, &any, &deferred)) return true;
-  // A frame ended an op: the rest of this pass (and the slot's next receive) waits for the next
-  // one, which reads the peer's remaining frames before its own set-up steps, as here.
-  if (deferred) return true;
+  if (!receive_control(p, &any)) return true;
   const bool lookup_due =
       peer.want_connect && !peer.sc[0] && !peer.conn[0] && Clock::now() >= peer.next_lookup;
   // A polling caller's pass (step) leaves the store's round trip, which may wait, to the thread.
@@ -180,9 +147,29 @@ bool PointToPoint::Impl::progress_peer(int p) {
     }
   }
   // Control sends: RTS of new sends, then replies, in order.
-  if (peer.sc[0] && peer.sc[1]) {
+  if (net::SendComm* sc = peer.sc[0].get(); sc && peer.sc[1]) {
+    while (!peer.pending_rts.empty()) {
+      auto s = peer.pending_rts.front();
+      peer.pending_rts.pop_front();
+      // Eager: the payload is copied into the frame here; the send completes when the frame is
+      // posted (post_control). Rendezvous: answered by CTS or NAK.
+      const bool eager = s->bytes <= kEagerBytes;
+      peer.ctl_out.push_back(CtlFrame{
+          make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
+      if (!eager) peer.awaiting[s->id] = s;
+    }
+    while (true) {
+      bool done;
+      size_t size;
+      Status st = test_front(sc, peer.ctl_send, &done, &size);
+      if (!st.ok()) return fail(st, "control message to");
+      if (!done) break;
+      recycle_frame(&peer, std::move(peer.ctl_send.front().frame));
+      peer.ctl_send.pop_front();
+      any = true;
+    }
     Status why;
-    if (!send_control(p, 0, &any, &why)) return fail(why, "control message to");
+    if (!post_control(p, &any, &why)) return fail(why, "control message to");
   }
   const size_t chunk = std::max<size_t>(opts.chunk_bytes, 4096);
   // Data sends: in CTS order, chunked, kDataWindow in flight.
