@@ -25,29 +25,32 @@ class Backoff {
   explicit Backoff(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
   void reset() { idle_ = 0; }
   // gather(&fds) appends the descriptors to wait on and returns false if some connection
-  // cannot be waited on that way.
+  // cannot be waited on that way. Returns the time it read on entry (one read per call: a
+  // spinning caller makes many, and may use it as its own "now").
   template <typename Gather>
-  void idle(Gather&& gather) {
-    if (idle_++ == 0) since_ = Clock::now();
-    const auto waited = Clock::now() - since_;
-    if (waited < kPureSpin) return;
+  Clock::time_point idle(Gather&& gather) {
+    const auto now = Clock::now();
+    if (idle_++ == 0) since_ = now;
+    const auto waited = now - since_;
+    if (waited < kPureSpin) return now;
     if (waited < spin_) {
       sched_yield();
-      return;
+      return now;
     }
     fds_.clear();
     if (gather(&fds_) && !fds_.empty()) {
       (void)::poll(fds_.data(), fds_.size(), 1);
-      return;
+      return now;
     }
     if (waited < spin_ + std::chrono::milliseconds(2)) {
       sched_yield();
-      return;
+      return now;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return now;
   }
-  void idle() {
-    idle([](std::vector<pollfd>*) { return false; });
+  Clock::time_point idle() {
+    return idle([](std::vector<pollfd>*) { return false; });
   }
 
  private:

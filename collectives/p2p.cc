@@ -29,16 +29,19 @@ bool P2PRequest::finish(Status s, size_t bytes, int source) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return false;
   done_ = true;
-  done_flag_.store(true, std::memory_order_release);
   status_ = std::move(s);
   bytes_ = bytes;
   source_ = source;
+  // Last: a reader that sees the flag (acquire) reads the results without mu_; they never
+  // change again.
+  done_flag_.store(true, std::memory_order_release);
   cv_.notify_all();
   return true;
 }
 
 Status P2PRequest::wait(int64_t timeout_ms) {
-  if (driver_ && !done()) {
+  if (done()) return status_;  // no lock: written before the flag (finish)
+  if (driver_) {
     const auto until = timeout_ms < 0 ? Clock::time_point::max()
                                       : Clock::now() + std::chrono::milliseconds(timeout_ms);
     PointToPoint::Impl* engine = nullptr;
@@ -58,6 +61,7 @@ Status P2PRequest::wait(int64_t timeout_ms) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
       timeout_ms = std::max<int64_t>(0, left.count());
     }
+    if (done()) return status_;
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout_ms < 0) {
@@ -69,7 +73,11 @@ Status P2PRequest::wait(int64_t timeout_ms) {
 }
 
 Status P2PRequest::test(bool* out) {
-  if (driver_ && !done()) {
+  if (done()) {
+    *out = true;
+    return status_;
+  }
+  if (driver_) {
     // One pass of the engine in this thread, so that a caller that only polls sees its op end
     // as soon as its bytes are in (not when the progress thread next looks, up to 1 ms later).
     PointToPoint::Impl* engine = nullptr;
@@ -91,11 +99,13 @@ Status P2PRequest::test(bool* out) {
 }
 
 size_t P2PRequest::bytes() const {
+  if (done()) return bytes_;
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;
 }
 
 int P2PRequest::source() const {
+  if (done()) return source_;
   std::lock_guard<std::mutex> lock(mu_);
   return source_;
 }
@@ -288,7 +298,7 @@ void PointToPoint::Impl::loop() {
     }
     held = &lock;
     bool moved = progress_locked();
-    moved = check_deadlines() || moved;
+    moved = check_deadlines(Clock::now()) || moved;
     if (moved) {
       backoff.reset();
       continue;
@@ -314,17 +324,24 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
     return;
   }
   Backoff backoff(opts.spin_us);
-  while (!req.done() && !stop && !aborted->load() && Clock::now() < until) {
+  const bool bounded = until != Clock::time_point::max();
+  // One clock read per pass, shared by the caller's bound, the deadlines and the backoff: the
+  // backoff's (taken before it yields or polls: up to 1 ms old, so a deadline is seen one pass
+  // later at worst), or a fresh one after a pass that moved something.
+  auto now = Clock::now();
+  while (!req.done() && !stop && !aborted->load()) {
+    if (bounded && now >= until) break;
     held = &lock;
     bool moved = progress_locked();
-    moved = check_deadlines() || moved;
+    moved = check_deadlines(now) || moved;
     if (req.done()) break;
     if (moved) {
       backoff.reset();
+      now = Clock::now();
       continue;
     }
     lock.unlock();
-    backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
+    now = backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
     lock.lock();
   }
   drivers.fetch_sub(1);
@@ -348,7 +365,7 @@ void PointToPoint::Impl::step() {
       held = &lock;
       polling = true;
       progress_locked();
-      check_deadlines();
+      check_deadlines(Clock::now());
       polling = false;
       wake_thread = lookup_wanted;
       lookup_wanted = false;
@@ -378,11 +395,12 @@ void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
 void PointToPoint::Impl::reply(int p, uint32_t type, uint64_t id, uint64_t bytes) {
   Peer& peer = peers[p];
   if (!peer.broken.ok()) return;
-  peer.ctl_out.push_back(CtlFrame{make_frame(type, 0, bytes, id), nullptr});
+  peer.ctl_out.push_back(CtlFrame{make_frame(&peer, type, 0, bytes, id), nullptr});
   peer.want_connect = true;
 }
 
-void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m) {
+void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m,
+                                 const uint8_t* eager_bytes) {
   r->source = m.src;
   const bool eager = m.bytes <= kEagerBytes;
   if (m.bytes > r->cap) {
@@ -404,7 +422,7 @@ void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m
   }
   r->bytes = m.bytes;
   if (eager) {  // from the RTS (or, sent to oneself, the copy made by isend); nothing goes back
-    if (m.bytes > 0) std::memcpy(r->buf, m.eager.data(), m.bytes);
+    if (m.bytes > 0) std::memcpy(r->buf, eager_bytes ? eager_bytes : m.eager.data(), m.bytes);
     finish_recv(r, ok_status());
   } else if (m.self) {
     if (m.bytes > 0) std::memcpy(r->buf, m.self->buf, m.bytes);
@@ -437,15 +455,15 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
     // that only receives eager messages never connects back (nothing to fail when it leaves).
     if (h.type == kRts) peer.want_connect = true;
     Unexpected m{p, h.tag, h.bytes, h.id, {}, nullptr};
-    if (h.type == kRtsEager) m.eager.assign(data + sizeof h, data + size);
     for (auto it = posted.begin(); it != posted.end(); ++it) {
       if (((*it)->peer == p || (*it)->peer == kAnySource) && (*it)->tag == h.tag) {
-        auto r = *it;
+        auto r = std::move(*it);
         posted.erase(it);
-        deliver(r, m);
+        deliver(r, m, data + sizeof h);  // an eager message's bytes straight from the slot
         return;
       }
     }
+    if (h.type == kRtsEager) m.eager.assign(data + sizeof h, data + size);
     unexpected.push_back(std::move(m));
     return;
   }
@@ -540,13 +558,17 @@ void PointToPoint::Impl::break_peer(int p, const Status& why,
   }
 }
 
-bool PointToPoint::Impl::check_deadlines() {
-  const auto now = Clock::now();
+bool PointToPoint::Impl::check_deadlines(Clock::time_point now) {
+  // No op ends before `earliest` (each new op lowers it; every scan sets it anew from what it
+  // saw): the scan is skipped until then, and at least every kRescanMs in any case.
+  if (now < earliest) return false;
+  earliest = now + std::chrono::milliseconds(kRescanMs);
+  auto seen = [&](Clock::time_point d) { earliest = std::min(earliest, d); };
   bool any = false;
   // Receives no message has matched yet touch nothing: they end alone.
   for (auto it = posted.begin(); it != posted.end();) {
     if (now >= (*it)->deadline) {
-      auto r = *it;
+      auto r = std::move(*it);
       it = posted.erase(it);
       const std::string from =
           r->peer == kAnySource ? std::string("any rank") : fmt::format("rank {}", r->peer);
@@ -555,6 +577,7 @@ bool PointToPoint::Impl::check_deadlines() {
                                    from, r->tag, opts.timeout_ms));
       any = true;
     } else {
+      seen((*it)->deadline);
       ++it;
     }
   }
@@ -567,6 +590,7 @@ bool PointToPoint::Impl::check_deadlines() {
       it = unexpected.erase(it);
       any = true;
     } else {
+      if (it->self) seen(it->self->deadline);
       ++it;
     }
   }
@@ -578,12 +602,14 @@ bool PointToPoint::Impl::check_deadlines() {
     std::shared_ptr<P2PRequest> late;
     std::string what;
     auto check_send = [&](const std::shared_ptr<SendOp>& s) {
+      seen(s->deadline);
       if (!late && now >= s->deadline) {
         late = s->req;
         what = fmt::format("send to rank {} with tag {} ({} bytes)", p, s->tag, s->bytes);
       }
     };
     auto check_recv = [&](const std::shared_ptr<RecvOp>& r) {
+      seen(r->deadline);
       if (!late && now >= r->deadline) {
         late = r->req;
         what = fmt::format("receive from rank {} with tag {} ({} bytes)", p, r->tag, r->bytes);
@@ -636,6 +662,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->peer = peer;
   s->tag = tag;
   s->deadline = deadline_after_ms(m.opts.timeout_ms);
+  m.earliest = std::min(m.earliest, s->deadline);
   m.all.push_back(s->req);
   if (m.all.size() > 1024) {
     m.all.erase(std::remove_if(m.all.begin(), m.all.end(),
@@ -655,7 +682,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
     }
     for (auto it = m.posted.begin(); it != m.posted.end(); ++it) {
       if (((*it)->peer == peer || (*it)->peer == kAnySource) && (*it)->tag == tag) {
-        auto r = *it;
+        auto r = std::move(*it);
         m.posted.erase(it);
         m.deliver(r, u);
         return s->req;
@@ -711,6 +738,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   r->peer = peer;
   r->tag = tag;
   r->deadline = deadline_after_ms(m.opts.timeout_ms);
+  m.earliest = std::min(m.earliest, r->deadline);
   m.all.push_back(r->req);
   ++m.active;
   if (match != m.unexpected.end()) {

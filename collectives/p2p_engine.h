@@ -44,6 +44,9 @@ inline constexpr int kDataWindow = 4;  // chunks in flight per data connection
 // How long destruction waits for the queued control frames to reach the transport (only while
 // some are queued): the RTS of completed eager sends, the replies of received messages.
 inline constexpr int64_t kFlushMs = 1000;
+// check_deadlines scans every op at least this often (it skips scans until the earliest known
+// deadline in between).
+inline constexpr int64_t kRescanMs = 50;
 
 struct SendOp {
   std::shared_ptr<P2PRequest> req;
@@ -116,20 +119,37 @@ struct Peer {
   std::deque<std::shared_ptr<SendOp>> to_send;           // CTS received, data to post
   std::deque<std::shared_ptr<RecvOp>> to_recv;           // CTS sent, data to post
   uint64_t next_id = 1;
+  // Control frames' buffers the transport gave back, reused so that a small message allocates
+  // no frame (make_frame).
+  std::vector<std::vector<uint8_t>> spare;
 };
+
+// Buffers kept per peer for reuse (each holds up to one eager frame, 16 KiB + 32 bytes).
+inline constexpr size_t kSpareFrames = 8;
 
 inline std::string key(int src, int dst, int chan) {
   return fmt::format("p2p/{}/{}/{}", src, dst, chan);
 }
 
-inline std::vector<uint8_t> make_frame(uint32_t type, int tag, uint64_t bytes, uint64_t id,
-                                       const uint8_t* eager = nullptr) {
+// A frame in one of peer's spare buffers (a new one when it has none).
+inline std::vector<uint8_t> make_frame(Peer* peer, uint32_t type, int tag, uint64_t bytes,
+                                       uint64_t id, const uint8_t* eager = nullptr) {
   const size_t extra = type == kRtsEager ? bytes : 0;
-  std::vector<uint8_t> f(sizeof(Frame) + extra);
+  std::vector<uint8_t> f;
+  if (!peer->spare.empty()) {
+    f = std::move(peer->spare.back());
+    peer->spare.pop_back();
+  }
+  f.resize(sizeof(Frame) + extra);
   Frame h{type, tag, bytes, id, 0};
   std::memcpy(f.data(), &h, sizeof h);
   if (extra > 0 && eager != nullptr) std::memcpy(f.data() + sizeof h, eager, extra);
   return f;
+}
+
+// Gives a frame's buffer back to its peer (kept when the peer has fewer than kSpareFrames).
+inline void recycle_frame(Peer* peer, std::vector<uint8_t>&& f) {
+  if (peer->spare.size() < kSpareFrames && f.capacity() > 0) peer->spare.push_back(std::move(f));
 }
 
 }  // namespace p2p_engine
@@ -166,7 +186,7 @@ struct PointToPoint::Impl {
   std::thread thread;
   std::unique_lock<std::mutex>* held = nullptr;  // the progress thread's lock of mu
   std::vector<Peer> peers;
-  std::list<std::shared_ptr<RecvOp>> posted;   // unmatched receives, posting order
+  std::deque<std::shared_ptr<RecvOp>> posted;  // unmatched receives, posting order
   std::list<Unexpected> unexpected;            // unmatched messages, arrival order
   size_t active = 0;                           // ops not yet finished (for the idle wait)
   std::vector<std::weak_ptr<P2PRequest>> all;  // every op, to end them at shutdown
@@ -226,7 +246,8 @@ struct PointToPoint::Impl {
   bool progress_locked();
   bool progress_peer(int p);
   bool receive_control(int p, bool* any);
-  void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m);
+  // eager: the message's bytes where they are (a control slot), else m.eager.
+  void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m, const uint8_t* eager = nullptr);
   void reply(int p, uint32_t type, uint64_t id, uint64_t bytes);
   void on_frame(int p, const uint8_t* data, size_t size);
   void break_peer(int p, const Status& why, const std::shared_ptr<P2PRequest>& culprit = nullptr,
@@ -251,7 +272,9 @@ struct PointToPoint::Impl {
   // Posts peer p's queued control frames while the transport has request slots; an eager send
   // whose RTS is posted completes here. false: the connection failed (*why).
   bool post_control(int p, bool* moved, Status* why);
-  bool check_deadlines();
+  // Ends the ops past their deadline (now); skipped while now < earliest.
+  bool check_deadlines(Clock::time_point now);
+  Clock::time_point earliest{};  // no op's deadline is before it (a scan finds the next one)
 };
 
 }  // namespace gw::coll

@@ -154,8 +154,8 @@ bool PointToPoint::Impl::progress_peer(int p) {
       // Eager: the payload is copied into the frame here; the send completes when the frame is
       // posted (post_control). Rendezvous: answered by CTS or NAK.
       const bool eager = s->bytes <= kEagerBytes;
-      peer.ctl_out.push_back(
-          CtlFrame{make_frame(eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
+      peer.ctl_out.push_back(CtlFrame{
+          make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
       if (!eager) peer.awaiting[s->id] = s;
     }
     while (true) {
@@ -164,6 +164,7 @@ bool PointToPoint::Impl::progress_peer(int p) {
       Status st = test_front(sc, peer.ctl_send, &done, &size);
       if (!st.ok()) return fail(st, "control message to");
       if (!done) break;
+      recycle_frame(&peer, std::move(peer.ctl_send.front().frame));
       peer.ctl_send.pop_front();
       any = true;
     }

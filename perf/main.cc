@@ -319,7 +319,8 @@ int main(int argc, char** argv) {
   p2p_cmd->add_flag("--capi", p2p.capi,
                     "through the C ABI (gw_isend/gw_irecv bandwidth, gw_send/gw_recv ping-pong "
                     "latency) between 2 ranks forked here (or a launcher's 2), instead of the "
-                    "bare transport");
+                    "bare transport; the bandwidth clock stops on the receiver's reply after "
+                    "its last receive");
 
   auto* doctor_cmd = app.add_subcommand(
       "doctor",

@@ -76,7 +76,8 @@ class CapiRank {
   }
 
   // rounds x window messages of b bytes, rank 0 to rank 1; every send and receive shares one
-  // buffer (the bytes are not checked), as perftest does.
+  // buffer (the bytes are not checked), as perftest does. Rank 0's clock stops when rank 1's
+  // 1-byte reply after its last receive arrived, so the bytes are counted as delivered.
   int bandwidth(uint64_t b) {
     const int window = std::max(1, c_.window);
     const int msgs = c_.iters > 0 ? c_.iters : p2p_adaptive_iters(b);
@@ -93,11 +94,20 @@ class CapiRank {
       }
       return 0;
     };
+    // The receiver's 1-byte reply after its last receive: an eager gw_isend completes once the
+    // transport holds its bytes, so the sender's clock alone would time how fast it posts.
+    auto reply = [&]() -> int {
+      gw_status_t s = rank_ == 0 ? gw_recv(comm_, &ack_, 1, GW_UINT8, peer_, 3)
+                                 : gw_send(comm_, &ack_, 1, GW_UINT8, peer_, 3);
+      return s == GW_OK ? 0 : fail(rank_ == 0 ? "gw_recv (reply)" : "gw_send (reply)", s);
+    };
     if (int rc = round(); rc != 0) return rc;  // warm-up
+    if (int rc = reply(); rc != 0) return rc;
     const auto t0 = Clock::now();
     for (int i = 0; i < rounds; ++i) {
       if (int rc = round(); rc != 0) return rc;
     }
+    if (int rc = reply(); rc != 0) return rc;
     const double sec = seconds_since(t0);
     if (rank_ == 0) {
       const double bytes = static_cast<double>(b) * rounds * window;
@@ -167,6 +177,7 @@ class CapiRank {
   int msg_fd_;
   gw_comm_t comm_ = nullptr;
   int rank_ = -1;
+  uint8_t ack_ = 0;  // the bandwidth loop's reply
   int peer_ = -1;
   std::vector<uint8_t> buf_;
 };

@@ -5,7 +5,8 @@
 // flags the ranks share), never by timing: an eager send done before its receive is posted, order
 // of eager and rendezvous sends with one tag, truncation failing only the receive, delivery after
 // the sender destroyed its communicator, a receiver that destroys right after its receive, a
-// dead sender's last messages, the deadline of an eager send nobody can take.
+// dead sender's last messages, the deadline of an eager send nobody can take, frames reused
+// across messages of changing sizes.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -293,6 +294,61 @@ TEST(P2PEagerTest, DeadSendersLastMessagesArriveThenPeerError) {
         gw_comm_destroy(c);
       },
       true);
+}
+
+// The engine reuses its frame buffers (a spare list per peer) and copies a message that meets a
+// posted receive straight from its control slot: eager messages of changing sizes, first all
+// unexpected (rank 1 receives only once rank 0 sent them all), then all matching posted receives
+// (rank 0 sends only once rank 1 posted them all), each arrive whole, with their own size.
+TEST(P2PEagerTest, ReusedFramesCarryEachMessageWhole) {
+  for (const char* transport : {"tcp", "shm"}) {
+    SCOPED_TRACE(transport);
+    std::atomic<bool> all_sent{false}, all_posted{false};
+    run_world(2, transport, 60000, [&](gw_comm_t c, int rank, int, RankErrors& e) {
+      constexpr int kN = 40;
+      const size_t sizes[] = {kEager, 1, 0, 777, 8, kEager - 1, 32};
+      auto size_of = [&](int i) { return sizes[i % 7]; };
+      auto byte_of = [](int i, size_t j) { return static_cast<uint8_t>(i * 31 + j * 7 + 1); };
+      uint8_t warm = 0;
+      for (int phase = 0; phase < 2; ++phase) {
+        const int tag = 20 + phase;
+        if (rank == 0) {
+          if (phase == 0) GW_CHECK_RANK(rank, e, gw_send(c, &warm, 1, GW_UINT8, 1, 1));
+          if (phase == 1 && !await(all_posted)) e.add(rank, "rank 1 never posted its receives");
+          std::vector<std::vector<uint8_t>> bufs(kN);
+          for (int i = 0; i < kN; ++i) {
+            bufs[i].resize(size_of(i));
+            for (size_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = byte_of(i, j);
+            GW_CHECK_RANK(rank, e, gw_send(c, bufs[i].data(), bufs[i].size(), GW_UINT8, 1, tag));
+          }
+          if (phase == 0) all_sent = true;
+          continue;
+        }
+        if (phase == 0) {
+          GW_CHECK_RANK(rank, e, gw_recv(c, &warm, 1, GW_UINT8, 0, 1));
+          if (!await(all_sent)) e.add(rank, "rank 0 never sent its messages");
+        }
+        std::vector<std::vector<uint8_t>> bufs(kN, std::vector<uint8_t>(kEager, 0xee));
+        std::vector<gw_request_t> reqs(kN, nullptr);
+        for (int i = 0; i < kN; ++i) {
+          GW_CHECK_RANK(rank, e, gw_irecv(c, bufs[i].data(), kEager, GW_UINT8, 0, tag, &reqs[i]));
+        }
+        if (phase == 1) all_posted = true;
+        for (int i = 0; i < kN; ++i) {
+          if (reqs[i] == nullptr) continue;
+          size_t n = 0;
+          GW_CHECK_RANK(rank, e, gw_wait_recv(reqs[i], -1, &n, nullptr));
+          bool whole = n == size_of(i);
+          for (size_t j = 0; whole && j < n; ++j) whole = bufs[i][j] == byte_of(i, j);
+          if (whole && n < kEager) whole = bufs[i][n] == 0xee;  // nothing written past it
+          if (!whole) {
+            e.add(rank, "phase " + std::to_string(phase) + ", message " + std::to_string(i) + ": " +
+                            std::to_string(n) + " bytes, wrong size or content");
+          }
+        }
+      }
+    });
+  }
 }
 
 // An eager send to a rank that never makes a point-to-point call cannot reach the transport (no

@@ -472,9 +472,10 @@ TEST(P2PTest, DeadPeerEndsPendingOpsWithPeerError) {
 }
 
 TEST(P2PTest, DestroyAndAbortEndPendingRequests) {
+  std::atomic<int> started{0};
   run_world(
       2, "auto", 60000,
-      [](gw_comm_t c, int rank, int, RankErrors& e) {
+      [&](gw_comm_t c, int rank, int, RankErrors& e) {
         int32_t x = 0, y = 0;
         std::vector<int32_t> z(8192);  // past the eager size: waits for its receive
         gw_request_t r1 = nullptr, r2 = nullptr, s1 = nullptr;
@@ -482,6 +483,14 @@ TEST(P2PTest, DestroyAndAbortEndPendingRequests) {
         GW_CHECK_RANK(rank, e, gw_irecv(c, &y, 1, GW_INT32, GW_ANY_SOURCE, 2, &r2));
         // Self, never received.
         GW_CHECK_RANK(rank, e, gw_isend(c, z.data(), z.size(), GW_INT32, rank, 3, &s1));
+        // Both engines started (their handles published in the store, which rank 0's
+        // communicator may host) before either rank ends its communicator.
+        ++started;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (started.load() < 2 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (started.load() < 2) e.add(rank, "the other rank never started its requests");
         if (rank == 0) {
           gw_comm_abort(c);
           if (gw_wait(r1, -1) != GW_ERR_ABORTED) e.add(rank, "abort: " + last_error());
