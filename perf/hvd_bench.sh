@@ -89,15 +89,18 @@ bench="$py $here/hvd_synthetic_bench.py --model $model --batch-size $batch --ima
 --warmup $warmup --steps $steps"
 world=$((hosts * rph))
 
-echo "# hvd_bench: $(date -u '+%F %H:%M UTC'), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')," \
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
+echo "# hvd_bench: $(date -u '+%F %H:%M UTC'), commit $commit," \
   "$hosts hosts x $rph ranks, link $rate, $model batch $batch/rank ${image}x$image," \
   "$warmup warm-up + $steps timed steps, one run per system"
-echo "# load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs (a shared machine: every figure is under that load)"
+echo "# load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs" \
+  "(a shared machine: every figure is under that load)"
 
 # Ceiling 1: compute, the same ranks with no communication.
 if testbed -n "$hosts" -R "$rph" -t "$timeout_s" -- "$env_common exec $bench --mode local"; then
-  read -r comp_ips grad_bytes < <(sed -n 's/^\[h[0-9]*r[0-9]*\] hvd_bench mode=local .*images_per_sec=\([0-9.]*\) .*grad_bytes=\([0-9]*\).*/\1 \2/p' \
-    "$work/tb.out" | awk '{ s += $1; g = $2; n++ } END { if (n) printf "%.2f %d\n", s, g }')
+  pat='s/^\[h[0-9]*r[0-9]*\] hvd_bench mode=local .*images_per_sec=\([0-9.]*\) .*grad_bytes=\([0-9]*\).*/\1 \2/p'
+  sum='{ s += $1; g = $2; n++ } END { if (n) printf "%.2f %d\n", s, g }'
+  read -r comp_ips grad_bytes < <(sed -n "$pat" "$work/tb.out" | awk "$sum")
 fi
 if [ -z "${comp_ips:-}" ]; then
   echo "hvd_bench: the compute ceiling run failed:" >&2; tail -20 "$work/tb.out" >&2; exit 1

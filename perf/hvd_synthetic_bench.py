@@ -24,8 +24,8 @@ prints one line:
   hvd_bench mode=MODE model=NAME ranks=R batch=B image=S steps=N time_s=T images_per_sec=X
   step_ms=Y grad_bytes=G fusion_threshold=F
 images_per_sec counts every rank's images (B x R x N / T; in local mode the rank's own,
-B x N / T); grad_bytes is the model's float32 gradient, what each step reduces. --threads sets torch's intra-op
-threads (default 1: ranks share the machine's cores). Needs Debian's /usr/bin/python3 with
+B x N / T); grad_bytes is the model's float32 gradient, what each step reduces. --threads
+sets torch's intra-op threads (default 1: ranks share the machine's cores). Needs Debian's /usr/bin/python3 with
 python3-torch and python3-torchvision.
 """
 import argparse
@@ -107,7 +107,7 @@ def main() -> int:
         import torch.distributed as dist
 
         if a.mode == "ddp-gradwire":
-            import gradwire.torch  # noqa: F401  (registers the backend)
+            import gradwire.torch  # noqa: F401  (the import registers the backend)
         dist.init_process_group("gloo" if a.mode == "ddp-gloo" else "gradwire")
         rank, world = dist.get_rank(), dist.get_world_size()
         net = torch.nn.parallel.DistributedDataParallel(model)
