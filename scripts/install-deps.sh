@@ -20,7 +20,7 @@ build_pkgs=(
 test_pkgs=(
   clang-14 libfuzzer-14-dev
   openmpi-bin libopenmpi-dev ucx-utils
-  python3 python3-torch python3-numpy python3-matplotlib python3-pytest
+  python3 python3-torch python3-torchvision python3-numpy python3-matplotlib python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
   iproute2 procps ethtool dpdk tshark
   prometheus munge slurmctld slurmd slurm-client
