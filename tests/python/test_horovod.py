@@ -23,7 +23,7 @@ def test_every_call(np_):
     ("fp16", None),
     ("codec", None),
     ("syncbn", None),
-    ("overlap", "3000"),    # reductions start while backward runs
+    ("overlap", "1000"),    # reductions start while backward runs (3 buckets of 2 parameters)
 ])
 def test_training_matches_ddp(mode, fusion):
     extra = {"GRADWIRE_FUSION_THRESHOLD": fusion} if fusion is not None else None

@@ -3,8 +3,8 @@
 A hook on each parameter's gradient accumulator marks the parameter ready (after
 backward_passes_per_step backward passes). Parameters are grouped, in reverse of their order in
 the optimizer (roughly the order backward produces them), into fusion buckets of one dtype and
-device up to GRADWIRE_FUSION_THRESHOLD bytes (default 25 MiB, the first bucket at most 1 MiB; 0: one
-bucket per parameter). A bucket
+device, each closed once it reaches GRADWIRE_FUSION_THRESHOLD bytes (default 25 MiB, the first
+bucket 1 MiB; 0: one bucket per parameter), as DDP's reducer cuts them. A bucket
 whose parameters are all ready is copied into one flat buffer and reduced as one collective on
 the communicator's worker thread while backward goes on. Buckets are started strictly in bucket
 order, as DDP's reducer does: the library matches collectives by order, and backward may finish
@@ -114,12 +114,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             b = p.numel() * p.element_size()
             cap = min(self._threshold, FIRST_BUCKET_BYTES) if not self._buckets \
                 else self._threshold
-            if cur and (cur[0].dtype != p.dtype or cur[0].device != p.device
-                        or nbytes + b > cap):
+            if cur and (cur[0].dtype != p.dtype or cur[0].device != p.device):
                 self._buckets.append(_Bucket(len(self._buckets), cur))
                 cur, nbytes = [], 0
             cur.append(p)
             nbytes += b
+            # DDP's rule: a bucket closes once it reaches its cap (its last parameter may take it
+            # past), not before it would pass it. Closing before left a lone first bucket of a
+            # few bytes (a model's last bias, before a large weight) and a larger last bucket,
+            # which starts only when backward ends (docs/perf.md, Horovod API vs DDP).
+            if nbytes >= cap:
+                self._buckets.append(_Bucket(len(self._buckets), cur))
+                cur, nbytes = [], 0
         if cur:
             self._buckets.append(_Bucket(len(self._buckets), cur))
         for bk in self._buckets:
