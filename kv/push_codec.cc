@@ -77,17 +77,19 @@ Result<std::unique_ptr<PushEncoder>> PushEncoder::create(const std::string& spec
   return std::unique_ptr<PushEncoder>(new PushEncoder(std::move(codec), worker));
 }
 
+float* PushEncoder::residual_of(State& st, size_t n) const {
+  if (!codec_->spec().error_feedback) return nullptr;
+  if (st.residual.size() != n) st.residual.assign(n, 0.0f);
+  return st.residual.data();
+}
+
 Result<std::shared_ptr<std::vector<uint8_t>>> PushEncoder::encode(uint64_t key, uint32_t partition,
                                                                   const float* v, size_t n,
                                                                   uint64_t* step) {
   auto out = std::make_shared<std::vector<uint8_t>>(codec_->encoded_size(n));
   std::lock_guard<std::mutex> lock(mu_);
   State& st = states_[{key, partition}];
-  float* residual = nullptr;
-  if (codec_->spec().error_feedback) {
-    if (st.residual.size() != n) st.residual.assign(n, 0.0f);
-    residual = st.residual.data();
-  }
+  float* residual = residual_of(st, n);
   *step = st.step;
   GW_RETURN_IF_ERROR(codec_->encode(v, residual, n, out->data(), out->size(),
                                     push_context(key, partition, st.step, worker_)));
@@ -109,11 +111,7 @@ Result<std::shared_ptr<std::vector<uint8_t>>> PushEncoder::encode(uint64_t key, 
   auto out = std::make_shared<std::vector<uint8_t>>(codec_->encoded_size(n));
   std::lock_guard<std::mutex> lock(mu_);
   State& st = states_[{key, partition}];
-  float* residual = nullptr;
-  if (codec_->spec().error_feedback) {
-    if (st.residual.size() != n) st.residual.assign(n, 0.0f);
-    residual = st.residual.data();
-  }
+  float* residual = residual_of(st, n);
   const coll::CodecContext ctx = push_context(key, partition, st.step, worker_);
   if (residual != nullptr && dtype == DataType::kF64) {
     // The low bits the conversion dropped join the residual before the codec adds it.

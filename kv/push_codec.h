@@ -55,6 +55,9 @@ class PushEncoder {
   };
   PushEncoder(std::unique_ptr<coll::Codec> codec, uint32_t worker)
       : codec_(std::move(codec)), worker_(worker) {}
+  // The residual of st for n values (sized, zeroed on a size change), or null where the codec
+  // has no error feedback. Under mu_.
+  float* residual_of(State& st, size_t n) const;
   std::unique_ptr<coll::Codec> codec_;
   const uint32_t worker_;
   mutable std::mutex mu_;
