@@ -59,6 +59,8 @@ done
 (( np >= 2 )) || { echo "alltoallv_peers: -n $np: need at least 2 ranks" >&2; exit 2; }
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
+# ceiling() and ratio()
+source "$here/peers_common.sh"
 [ -x "$perf" ] || { echo "alltoallv_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
@@ -71,16 +73,6 @@ if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
 elif ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_alltoallv.c" 2>"$work/mpicc.log"; then
   missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log" | tr '\n' ' ')"
 fi
-
-ceiling() {  # benchmark regex -> GB/s
-  [ -x "$micro" ] || { echo "n/a (no $micro)"; return; }
-  "$micro" --benchmark_filter="$1" --benchmark_repetitions=3 --benchmark_min_time=0.3 \
-    --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
-    /usr/bin/python3 -c 'import json,sys
-d=json.load(sys.stdin)["benchmarks"]
-m=[b for b in d if b.get("aggregate_name")=="median"]
-print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")' 2>/dev/null || echo "n/a"
-}
 
 mpirun_np() { timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 
@@ -150,13 +142,6 @@ cell() {  # impl size
   if [[ "$1" == mpi-* && -n "$missing_mpi" ]]; then echo "missing"; return; fi
   # shellcheck disable=SC2086
   median ${runs[$1 $2]:-}
-}
-ratio() {  # a b -> a/b
-  if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
-    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'
-  else
-    echo "-"
-  fi
 }
 
 echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"

@@ -55,6 +55,8 @@ for v in "$lat_iters" "$window" "$reps" "$bw_bytes" "$lat_bytes"; do
 done
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
+# ceiling() and ratio()
+source "$here/peers_common.sh"
 [ -x "$perf" ] || { echo "p2p_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
@@ -75,15 +77,6 @@ missing_ucx=""
 command -v ucx_perftest >/dev/null || missing_ucx="missing: ucx_perftest (apt-get install ucx-utils)"
 
 # The ceilings: memcpy of 16 MiB (one core) and a plain loopback TCP stream, median of 3 each.
-ceiling() {  # benchmark regex -> GB/s
-  [ -x "$micro" ] || { echo "n/a (no $micro)"; return; }
-  "$micro" --benchmark_filter="$1" --benchmark_repetitions=3 --benchmark_min_time=0.3 \
-    --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
-    /usr/bin/python3 -c 'import json,sys
-d=json.load(sys.stdin)["benchmarks"]
-m=[b for b in d if b.get("aggregate_name")=="median"]
-print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")' 2>/dev/null || echo "n/a"
-}
 
 # Reads the perftest-like output of gradwire-perf p2p --capi and mpi_pingpong: "LAT BW".
 parse_pt() {
@@ -178,13 +171,6 @@ cell() {  # lat|bw impl
   fi
   # shellcheck disable=SC2086
   if [ "$1" = lat ]; then median ${lats[$impl]:-}; else median ${bws[$impl]:-}; fi
-}
-ratio() {  # a b -> a/b
-  if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
-    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'
-  else
-    echo "-"
-  fi
 }
 
 echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
