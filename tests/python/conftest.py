@@ -5,6 +5,7 @@ interpreter, against build/release/capi/libgradwire.so unless GRADWIRE_LIBRARY i
 the package of the source tree: pytest.ini puts python/ on this process's path, and env() on the
 workers' (PYTHONPATH).
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -47,6 +48,40 @@ def launch_cmd(np_: int, *cmd_args: str, timeout: float = 60, extra_env: dict | 
 
 def worker(name: str) -> str:
     return str(WORKERS / name)
+
+
+def gradwired_path() -> Path | None:
+    """The build's gradwired, or None: beside GRADWIRE_LIBRARY's build when it is set (the
+    project's build, capi/ beside daemon/, or a standalone one, perf/gpu/), else build/release."""
+    daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
+    lib = os.environ.get("GRADWIRE_LIBRARY", "")
+    if lib:
+        here = Path(lib).resolve().parent
+        daemon = here / "gradwired"
+        if not daemon.exists():
+            daemon = here.parent / "daemon" / "gradwired"
+    return daemon if daemon.exists() else None
+
+
+@contextlib.contextmanager
+def private_gradwired(tmp_path: Path):
+    """A gradwired of its own (unprivileged) on tmp_path/gwd.sock, skipping the test without one
+    in the build; yields (its path, its socket) and stops it on the way out."""
+    daemon = gradwired_path()
+    if daemon is None:
+        pytest.skip("no gradwired in the build")
+    sock = tmp_path / "gwd.sock"
+    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield daemon, sock
+    finally:
+        d.terminate()
+        try:
+            d.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
 
 
 @pytest.fixture(scope="module")

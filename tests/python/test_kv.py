@@ -7,7 +7,6 @@ The rules are checked inside the workers (tests/python/workers/kv_rules.py): exa
 the rule is exact, its bounds and waits where it gives bounds."""
 import contextlib
 import json
-import os
 import re
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, env, launch, launch_cmd, worker
+from conftest import PYTHON, ROOT, env, launch, launch_cmd, private_gradwired, worker
 
 import gradwire
 from gradwire import _lib
@@ -199,44 +198,19 @@ def test_server_sgd_values():
     _run(2, "sgd")
 
 
-def _gradwired() -> Path | None:
-    """The build's gradwired (beside GRADWIRE_LIBRARY's build when it is set), or None."""
-    daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
-    lib = os.environ.get("GRADWIRE_LIBRARY", "")
-    if lib:
-        here = Path(lib).resolve().parent
-        daemon = here / "gradwired"
-        if not daemon.exists():
-            daemon = here.parent / "daemon" / "gradwired"
-    return daemon if daemon.exists() else None
-
-
 @contextlib.contextmanager
 def _private_gradwired(tmp_path: Path):
-    """A gradwired of its own on tmp_path/gwd.sock (skips without one in the build); yields the
-    environment that makes a trainer its client, and a function giving its accepted trainers."""
-    daemon = _gradwired()
-    if daemon is None:
-        pytest.skip("no gradwired in the build")
-    sock = tmp_path / "gwd.sock"
-    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A gradwired of its own (conftest.private_gradwired); yields the environment that makes a
+    trainer its client, and a function giving its accepted trainers."""
+    with private_gradwired(tmp_path) as (daemon, sock):
+        def accepted() -> int:
+            st = subprocess.run([str(daemon.parent / "gradwirectl"), "status", "--json",
+                                 "--socket", str(sock)], env=env(), capture_output=True,
+                                text=True, timeout=30)
+            assert st.returncode == 0, st.stdout + st.stderr
+            return json.loads(st.stdout)["accepted"]
 
-    def accepted() -> int:
-        st = subprocess.run([str(daemon.parent / "gradwirectl"), "status", "--json", "--socket",
-                             str(sock)], env=env(), capture_output=True, text=True, timeout=30)
-        assert st.returncode == 0, st.stdout + st.stderr
-        return json.loads(st.stdout)["accepted"]
-
-    try:
         yield {"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "4M"}, accepted
-    finally:
-        d.terminate()
-        try:
-            d.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
 
 
 @needs_kv

@@ -3,12 +3,11 @@ import json
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, env, launch, worker
+from conftest import PYTHON, ROOT, env, launch, private_gradwired, worker
 
 
 def test_import_from_source_tree():
@@ -170,19 +169,7 @@ def test_mem_empty_direct_on_ranks(np_):
 
 def test_mem_empty_in_daemon_mode(tmp_path):
     # A real gradwired (unprivileged, socket in tmp_path): the arrays lie in its arena.
-    daemon = ROOT / "build" / "release" / "daemon" / "gradwired"
-    lib = os.environ.get("GRADWIRE_LIBRARY", "")
-    if lib:  # the project's build (capi/ beside daemon/), or a standalone one (perf/gpu/)
-        here = Path(lib).resolve().parent
-        daemon = here / "gradwired"
-        if not daemon.exists():
-            daemon = here.parent / "daemon" / "gradwired"
-    if not daemon.exists():
-        pytest.skip(f"no gradwired at {daemon}")
-    sock = tmp_path / "gwd.sock"
-    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with private_gradwired(tmp_path) as (daemon, sock):
         p = launch(2, worker("mem.py"), timeout=90,
                    extra_env={"GW_DAEMON": f"unix:{sock}", "GW_DAEMON_ARENA": "16M"})
         assert p.returncode == 0, p.stdout + p.stderr
@@ -193,10 +180,3 @@ def test_mem_empty_in_daemon_mode(tmp_path):
                             capture_output=True, text=True, timeout=30)
         assert st.returncode == 0, st.stdout + st.stderr
         assert json.loads(st.stdout)["accepted"] == 2, st.stdout
-    finally:
-        d.terminate()
-        try:
-            d.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ROOT, env, launch, worker
+from conftest import PYTHON, ROOT, env, launch, private_gradwired, worker
 
 PH = set("BEXiIbnesftPCMNODRcp()")  # the trace-event format's phase letters
 
@@ -137,11 +137,6 @@ def test_daemon_traces_merge_on_pids_of_their_own(tmp_path):
         assert sum(1 for e in events if e["pid"] == pid and e["ph"] == "X") == 1, (pid, events)
 
 
-def _gradwired():
-    d = ROOT / "build" / "release" / "daemon" / "gradwired"
-    return d if d.exists() else None
-
-
 DAEMON_WORKER = """
 import os, time
 import numpy as np
@@ -172,14 +167,8 @@ def test_daemon_mode_trainers_write_their_side_beside_the_daemons_trace(tmp_path
     # Two trainers of one gradwired with GW_TIMELINE: each writes its calls with the phases it
     # sees; the daemon's trace of the job (gradwirectl trace), taken meanwhile, merges beside them,
     # and every collective it holds is a submission of a call in rank 0's file (local rank 0).
-    daemon = _gradwired()
-    if daemon is None:
-        pytest.skip("no gradwired in the build")
-    sock = tmp_path / "gwd.sock"
-    d = subprocess.Popen([str(daemon), "--foreground", "--socket", str(sock)], env=env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ctl = str(daemon.parent / "gradwirectl")
-    try:
+    with private_gradwired(tmp_path) as (daemon, sock):
+        ctl = str(daemon.parent / "gradwirectl")
         job_env = env(GW_DAEMON=f"unix:{sock}", GW_DAEMON_ARENA="16M", TL_SECONDS="6",
                       GW_TIMELINE=str(tmp_path / "tl.%r.json"))
         ranks = subprocess.Popen([PYTHON, "-m", "gradwire.run", "-np", "2", "--", PYTHON, "-c",
@@ -204,13 +193,6 @@ def test_daemon_mode_trainers_write_their_side_beside_the_daemons_trace(tmp_path
         out = ranks.communicate(timeout=120)[0]
         assert ranks.returncode == 0, out
         assert t.returncode == 0, t.stdout + t.stderr
-    finally:
-        d.terminate()
-        try:
-            d.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
 
     calls0 = []
     for r in range(2):
