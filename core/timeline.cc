@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -113,9 +115,18 @@ CallNotes*& call_notes() {
 }
 
 int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  // The wall clock, so that traces of several processes line up, but never backwards within the
+  // process: on some virtual machines it steps back by a microsecond or more between reads (seen
+  // in CI: a phase that began "before" the collective it belongs to), and the events' nesting
+  // depends on their order. A read behind the latest one returns the latest one.
+  static std::atomic<int64_t> latest{0};
+  int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  int64_t seen = latest.load(std::memory_order_relaxed);
+  while (now > seen && !latest.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+  return std::max(now, seen);
 }
 
 void complete(std::string_view name, std::string_view cat, int64_t ts_us, int64_t dur_us,

@@ -37,7 +37,8 @@ Status open(std::string_view pattern, int rank);
 // Writes the closing "]" and closes the file (also done at exit). on() is false afterwards.
 void close();
 
-// Microseconds of the wall clock (the events' time base).
+// Microseconds of the wall clock (the events' time base), never less than an earlier call's in
+// this process.
 int64_t now_us();
 
 // A complete event: `name` in category `cat` from ts_us for dur_us. args: "" or the members of a

@@ -140,7 +140,14 @@ TEST(DaemonTrace, ATraceOfTwoSecondsHoldsEveryPhaseOfTheJobsCollectives) {
     // The collective that started last at or before the phase (one at a time on the job thread).
     auto at = std::upper_bound(spans.begin(), spans.end(), std::make_pair(ts, INT64_MAX));
     const bool inside = at != spans.begin() && end <= std::prev(at)->second;
-    EXPECT_TRUE(inside) << "a phase outside every collective: " << e;
+    auto span = [&](auto it) {
+      return it == spans.end()
+                 ? std::string("none")
+                 : "[" + std::to_string(it->first) + ", " + std::to_string(it->second) + ")";
+    };
+    EXPECT_TRUE(inside) << "a phase outside every collective: " << e << "; the collective before: "
+                        << (at == spans.begin() ? std::string("none") : span(std::prev(at)))
+                        << ", after: " << span(at);
   }
   // Recorded for about the 2 s asked (a collective under way at the end finishes in the trace).
   EXPECT_LE(last - first, 4'000'000) << "events span " << last - first << " us";
