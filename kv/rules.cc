@@ -304,30 +304,46 @@ void StoreRules::on_bye(uint32_t worker, std::vector<Answer>* out) {
   workers_[worker].bye = true;
   close_all();
   release(out);
+  drop_values_if_finished();
 }
 
 void StoreRules::on_dead(uint32_t worker, const std::string& why, std::vector<Answer>* out) {
   Worker& wk = workers_[worker];
   if (!wk.alive || wk.bye) return;
   wk.alive = false;
-  if (!failed_.ok()) return;
+  if (!failed_.ok()) {
+    drop_values_if_finished();
+    return;
+  }
   if (config_.mode == kBsp) {
     fail(peer_error("worker {} died ({}): under bsp every clock waits for every worker", worker,
                     why),
          out);
-    return;
-  }
-  if (config_.mode == kSync && live() < static_cast<uint32_t>(config_.sync_k)) {
+  } else if (config_.mode == kSync && live() < static_cast<uint32_t>(config_.sync_k)) {
     fail(peer_error("worker {} died ({}): {} live workers are fewer than sync:{}", worker, why,
                     live(), config_.sync_k),
          out);
-    return;
+  } else {
+    ++lost_;
+    GW_LOG_WARN("kv server {}: worker {} lost ({}); the store goes on with {} of {} workers",
+                server_rank_, worker, why, live(), workers_.size());
+    close_all();
+    release(out);
   }
-  ++lost_;
-  GW_LOG_WARN("kv server {}: worker {} lost ({}); the store goes on with {} of {} workers",
-              server_rank_, worker, why, live(), workers_.size());
-  close_all();
-  release(out);
+  drop_values_if_finished();
+}
+
+void StoreRules::drop_values_if_finished() {
+  if (!finished()) return;
+  // No worker can pull any more (a worker that said goodbye or died is refused a new hello), so
+  // the values, momenta and open rounds are memory held for nobody: give it back now rather than
+  // when the job ends. The partitions stay listed (keys, partitions, clocks) with 0 bytes.
+  for (auto& [key, p] : parts_) {
+    std::vector<uint8_t>().swap(p.value);
+    std::vector<double>().swap(p.velocity);
+    p.rounds.clear();
+  }
+  waiting_.clear();
 }
 
 }  // namespace gw::kv

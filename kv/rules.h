@@ -28,7 +28,7 @@ struct StoreSummary {
   StoreConfig config;
   uint64_t keys = 0;        // distinct keys with a partition here
   uint64_t partitions = 0;  // partitions held here
-  uint64_t bytes = 0;       // their values' bytes
+  uint64_t bytes = 0;       // their values' bytes (0 once the store finished: freed)
   uint64_t min_clock = 0;   // over the live workers (every worker's once none is live)
   uint64_t max_clock = 0;   // over every worker
   uint64_t dropped = 0;
@@ -102,6 +102,8 @@ class StoreRules {
   // Answers the waiting pulls that the rule now allows.
   void release(std::vector<Answer>* out);
   void fail(Status s, std::vector<Answer>* out);
+  // Once every worker said goodbye or died: frees the values (summary().bytes becomes 0).
+  void drop_values_if_finished();
   uint32_t live() const;
 
   const StoreConfig config_;

@@ -358,7 +358,17 @@ Status Server::serve(const std::function<bool()>& job_alive) {
       return timeout_error("kv server {} at {}: no worker came within GW_TIMEOUT_MS ({} ms)",
                            options_.rank, address_, options_.timeout_ms);
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    // Asleep until something it decides on can have changed: a connection ending (the only way
+    // a store finishes and all_done turns true; it notifies cv_), the idle deadline, or the next
+    // probe of the job. While stores are in use it is never woken by a timer.
+    if (all_done) {
+      cv_.wait_until(
+          lock, std::min(next_probe, last_store_ + std::chrono::milliseconds(options_.timeout_ms)));
+    } else if (stores_.empty()) {
+      cv_.wait_until(lock, last_store_ + std::chrono::milliseconds(options_.timeout_ms));
+    } else {
+      cv_.wait(lock);
+    }
   }
 }
 

@@ -295,8 +295,12 @@ TEST(KvRulesTest, ByeLetsTheOthersGoOn) {
   r.rules.on_bye(1, &out);
   EXPECT_EQ(values_for(out, 0), (std::vector<std::vector<float>>{{4}}));
   EXPECT_FALSE(r.rules.finished());
+  EXPECT_GT(r.rules.summary().bytes, 0u);
   r.rules.on_bye(0, &out);
   EXPECT_TRUE(r.rules.finished());
+  // Nobody can pull any more: the values are freed, the partition stays listed.
+  EXPECT_EQ(r.rules.summary().bytes, 0u);
+  EXPECT_EQ(r.rules.summary().partitions, 1u);
 }
 
 TEST(KvWireTest, HeaderRoundTripAndBadFieldsRefused) {

@@ -1,12 +1,14 @@
 // kv::Server's own costs (kv/server.h): an idle server, and one with a worker joined but silent,
 // is never woken (no timer: its threads make no voluntary context switch while nothing arrives),
-// nor is a worker's idle link to it (kv::Client);
+// nor is a worker's idle link to it (kv::Client), nor a standalone server's serve() while a
+// store is in use; a finished store's values are freed at once;
 // a connection's threads are joined as it ends, so after 200 short connections (joined and
 // said goodbye, or closed before any hello) the server holds no thread and the process is back to
 // its thread count before them.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -143,6 +145,60 @@ TEST(KvServerTest, AnIdleWorkerLinkIsNeverWoken) {
   Status s = (*cl)->close();
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_TRUE(srv->wait_finished(1, sys::deadline_after_ms(kTimeoutMs)).ok());
+  srv->stop();
+}
+
+TEST(KvServerTest, ServeSleepsWhileAStoreIsInUseAndFreesItsValuesWhenFinished) {
+  auto srv = start_server();
+  ASSERT_TRUE(srv);
+  ClientOptions co;
+  co.store_id = 7;
+  co.config.workers = 1;
+  co.config.partition_bytes = 1024;
+  co.token = "tok";
+  co.timeout_ms = kTimeoutMs;
+  co.servers.push_back(srv->address());
+  auto cl = Client::connect(co);
+  ASSERT_TRUE(cl.ok()) << cl.status().message();
+  std::vector<float> v(1000, 1.5f);  // 4000 bytes: 4 partitions of at most 1024 bytes
+  auto op =
+      (*cl)->start(Client::Kind::kInit, 3, v.data(), nullptr, v.size(), coll::DataType::kF32, 0);
+  ASSERT_TRUE(op.ok()) << op.status().message();
+  ASSERT_TRUE((*op)->wait(sys::deadline_after_ms(kTimeoutMs), false).ok());
+  auto held = srv->stores();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].summary.bytes, 4000u);
+  EXPECT_EQ(held[0].summary.partitions, 4u);
+
+  // serve() of a standalone server (GW_ROLE=server) while the store is in use: asleep, with no
+  // timer (it used to wake every 100 ms), until the worker's connection ends.
+  std::atomic<bool> job_alive{true};
+  Status served = internal_error("serve() did not return");
+  const auto before = voluntary_switches();
+  std::thread server_thread([&] { served = srv->serve([&] { return job_alive.load(); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const long in_use = wakeups_of_new_threads(before, 2000);
+  std::printf("kv serve() with a store in use: %ld voluntary context switches in 2 s\n", in_use);
+  EXPECT_LE(in_use, 3);
+
+  // The goodbye finishes the store: its values are freed at once (its row stays, 0 bytes).
+  ASSERT_TRUE((*cl)->close().ok());
+  ASSERT_TRUE(srv->wait_finished(7, sys::deadline_after_ms(kTimeoutMs)).ok());
+  held = srv->stores();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_TRUE(held[0].summary.finished);
+  EXPECT_EQ(held[0].summary.bytes, 0u);
+  EXPECT_EQ(held[0].summary.partitions, 4u);
+  EXPECT_EQ(held[0].summary.keys, 1u);
+
+  // Every store finished: serve() asks whether the job is still there (every 500 ms) and returns
+  // once it is not, long before GW_TIMEOUT_MS (20 s).
+  const auto t0 = std::chrono::steady_clock::now();
+  job_alive = false;
+  server_thread.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(served.ok()) << served.message();
+  EXPECT_LT(took, 10.0) << "serve() did not see the job end";
   srv->stop();
 }
 
