@@ -23,6 +23,7 @@ nps="2 4"
 reps=3
 lat_runs=10
 build="$root/build/release"
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
 while getopts "s:n:r:L:B:h" opt; do
   case "$opt" in
     s) sizes="$OPTARG" ;;
@@ -30,6 +31,7 @@ while getopts "s:n:r:L:B:h" opt; do
     r) reps="$OPTARG" ;;
     L) lat_runs="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
+    h) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done

@@ -116,16 +116,18 @@ if [ "${1:-}" = "--host" ]; then
 fi
 
 # ---- the driver --------------------------------------------------------------------------------
-usage() { sed -n '11,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '11,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 die() { echo "dpdk_vs_tcp: $*" >&2; exit 2; }
 perf="$root/build/release/perf/gradwire-perf"
 reps=3 hosts=4 ports="af_xdp" losses="0 0.01" ar_sizes="4K 256M 4" p2p_sizes="64K 4M 64"
 iters="" lat_iters=2000 mtu="" limit="" keep=""
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
 while getopts "b:r:n:p:l:s:q:i:L:m:t:o:h" opt; do
   case "$opt" in
     b) perf="$OPTARG" ;; r) reps="$OPTARG" ;; n) hosts="$OPTARG" ;; p) ports="$OPTARG" ;;
     l) losses="$OPTARG" ;; s) ar_sizes="$OPTARG" ;; q) p2p_sizes="$OPTARG" ;; i) iters="$OPTARG" ;;
     L) lat_iters="$OPTARG" ;; m) mtu="$OPTARG" ;; t) limit="$OPTARG" ;; o) keep="$OPTARG" ;;
+    h) usage 0 ;;
     *) usage ;;
   esac
 done

@@ -20,6 +20,7 @@ reps=5
 filter=.
 min_time=0.5
 outdir=build/release/micro-results
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
 while getopts "b:r:f:t:o:h" opt; do
   case $opt in
     b) bin=$OPTARG ;;

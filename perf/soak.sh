@@ -17,10 +17,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 DURATION=120; HOSTS=2; RPH=2; RATE=1gbit; FAULT_EVERY=8; SEED=$(date +%s)
 PERF=$root/build/release/perf/gradwire-perf; TB=$root/tests/testbed/testbed.sh
-while getopts "d:n:R:r:f:s:p:t:" o; do
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
+while getopts "d:n:R:r:f:s:p:t:h" o; do
   case $o in
     d) DURATION=$OPTARG ;; n) HOSTS=$OPTARG ;; R) RPH=$OPTARG ;; r) RATE=$OPTARG ;;
     f) FAULT_EVERY=$OPTARG ;; s) SEED=$OPTARG ;; p) PERF=$OPTARG ;; t) TB=$OPTARG ;;
+    h) sed -n '2,14p' "$0"; exit 0 ;;
     *) sed -n '2,14p' "$0" >&2; exit 2 ;;
   esac
 done

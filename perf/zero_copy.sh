@@ -21,6 +21,7 @@ build=build/release
 reps=5
 sizes=67108864
 variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto tcp:uring"
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
 while getopts "B:r:s:v:h" opt; do
   case $opt in
     B) build=$OPTARG ;;
