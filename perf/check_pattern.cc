@@ -185,6 +185,33 @@ size_t count_wrong(Collective coll, const void* out, size_t count, DataType dtyp
         if (load(out, i, dtype) != want) ++wrong;
       }
       break;
+    case Collective::kReduce:
+      if (rank != root) break;
+      for (size_t i = 0; i < count; ++i) {
+        if (!matches(dtype, load(out, i, dtype), expected_reduction(dtype, op, world, i), world)) {
+          ++wrong;
+        }
+      }
+      break;
+    case Collective::kGather:
+      if (rank != root) break;
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          double want = static_cast<double>(pattern_value(dtype, op, world, r, i));
+          if (load(out, static_cast<size_t>(r) * count + i, dtype) != want) ++wrong;
+        }
+      }
+      break;
+    case Collective::kScatter:
+      // This rank's block of the root's input.
+      for (size_t i = 0; i < count; ++i) {
+        double want = static_cast<double>(
+            pattern_value(dtype, op, world, root, static_cast<size_t>(rank) * count + i));
+        if (load(out, i, dtype) != want) ++wrong;
+      }
+      break;
+    case Collective::kAlltoallv:
+      break;  // perf/coll_alltoallv.h
     case Collective::kAlltoall:
       // Block r of the output is block `rank` of rank r's input.
       for (int r = 0; r < world; ++r) {

@@ -136,8 +136,11 @@ double busbw_factor(Collective coll, int nranks) {
     case Collective::kReduceScatter:
     case Collective::kAlltoall:
     case Collective::kAlltoallv:
+    case Collective::kGather:
+    case Collective::kScatter:
       return (n - 1) / n;
     case Collective::kBroadcast:
+    case Collective::kReduce:
       return 1.0;
   }
   return 0;
@@ -151,7 +154,8 @@ int adaptive_iters(uint64_t bytes, int nranks) {
 size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks) {
   size_t count = bytes / coll::dtype_size(dtype);
   if (coll == Collective::kAllgather || coll == Collective::kReduceScatter ||
-      coll == Collective::kAlltoall) {
+      coll == Collective::kAlltoall || coll == Collective::kGather ||
+      coll == Collective::kScatter) {
     size_t n = static_cast<size_t>(std::max(nranks, 1));
     count = count / n * n;
   }

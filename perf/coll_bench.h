@@ -1,5 +1,5 @@
 // The collective sweeps of gradwire-perf (allreduce, allgather, reduce_scatter, broadcast,
-// alltoall, alltoallv),
+// alltoall, alltoallv, and the rooted reduce, gather, scatter),
 // nccl-tests style, run through the C ABI (libgradwire.so) exactly as an application would.
 #pragma once
 
@@ -50,8 +50,8 @@ std::string comm_describe(gw_comm_t comm, const char* key);
 // Writes one JSON document (text, already serialized) to path; false with a message on stderr.
 bool write_json_text(const std::string& path, const std::string& text);
 
-// Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n, allgather, reduce_scatter and alltoall
-// (n-1)/n, broadcast 1.
+// Bus-bandwidth factor of nccl-tests: allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall,
+// gather and scatter (n-1)/n; broadcast and reduce 1.
 double busbw_factor(Collective coll, int nranks);
 
 // Sets a setting at the API layer of the configuration, both in this program and in libgradwire
@@ -63,8 +63,8 @@ Status set_api_value(const config::Row& row, const std::string& value);
 int adaptive_iters(uint64_t bytes, int nranks);
 
 // The element count nccl-tests uses for a size: whole elements, a multiple of nranks for
-// allgather / reduce_scatter / alltoall (the size column is then the whole gathered / scattered
-// buffer; for alltoall the whole send buffer of one rank).
+// allgather / reduce_scatter / alltoall / gather / scatter (the size column is then the whole
+// gathered / scattered buffer; for alltoall the whole send buffer of one rank).
 size_t count_for_size(Collective coll, uint64_t bytes, coll::DataType dtype, int nranks);
 
 // Checks the configuration (sizes, factor, root, iterations) before any rank starts.

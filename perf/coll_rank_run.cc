@@ -93,7 +93,7 @@ class RankRun {
     }
     if ((s = gw_comm_rank(comm_, &rank_)) != GW_OK) return fail("gw_comm_rank", s);
     if ((s = gw_comm_size(comm_, &world_)) != GW_OK) return fail("gw_comm_size", s);
-    if (c_.coll == Collective::kBroadcast && c_.root >= world_) {
+    if (is_rooted(c_.coll) && c_.root >= world_) {
       return fail_msg(fmt::format("--root {} is not a rank of this {}-rank job", c_.root, world_));
     }
     int rc = gather_hosts();
@@ -199,7 +199,7 @@ class RankRun {
                        c_.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c_.algo);
     out += fmt::format("# dtype: {}  op: {}  root: {}\n", coll::dtype_name(c_.dtype),
                        has_op(c_.coll) ? coll::op_name(c_.op) : "none",
-                       c_.coll == Collective::kBroadcast ? c_.root : -1);
+                       is_rooted(c_.coll) ? c_.root : -1);
     out += fmt::format("# sizes: {} .. {} bytes, {}  iters: {}  warmup: {}  check: {}\n",
                        c_.min_bytes, c_.max_bytes,
                        c_.step_bytes > 0 ? fmt::format("increment {}", c_.step_bytes)
@@ -263,20 +263,22 @@ class RankRun {
     Shape sh;
     sh.total = count_for_size(c_.coll, bytes, c_.dtype, world_);
     sh.arg_count = sh.total;
-    if (c_.coll == Collective::kAllgather || c_.coll == Collective::kReduceScatter ||
-        c_.coll == Collective::kAlltoall) {
+    const bool gathers = c_.coll == Collective::kAllgather || c_.coll == Collective::kGather;
+    const bool scatters = c_.coll == Collective::kReduceScatter || c_.coll == Collective::kScatter;
+    if (gathers || scatters || c_.coll == Collective::kAlltoall) {
       sh.arg_count = sh.total / static_cast<size_t>(world_);
     }
-    sh.send_count = c_.coll == Collective::kAllgather ? sh.arg_count : sh.total;
-    sh.recv_count = c_.coll == Collective::kReduceScatter ? sh.arg_count : sh.total;
+    sh.send_count = gathers ? sh.arg_count : sh.total;
+    sh.recv_count = scatters ? sh.arg_count : sh.total;
     // alltoallv: receives differ by rank; every rank's buffer holds the largest receive.
     if (c_.coll == Collective::kAlltoallv) sh.recv_count = alltoallv_max_recv(sh.total, world_);
     return sh;
   }
 
   // The buffers of one call. In place, the data lives in one buffer as the C header defines it:
-  // allreduce and alltoall sendbuf == recvbuf; allgather's input is this rank's block of recvbuf;
-  // reduce_scatter's output is this rank's block of sendbuf; broadcast has one buffer anyway.
+  // allreduce, alltoall and reduce sendbuf == recvbuf; allgather's and gather's input is this
+  // rank's block of recvbuf; reduce_scatter's and scatter's output is this rank's block of
+  // sendbuf; broadcast has one buffer anyway.
   struct Bufs {
     void* send = nullptr;
     void* recv = nullptr;
@@ -298,13 +300,16 @@ class RankRun {
       case Collective::kAlltoall:
       case Collective::kAlltoallv:
       case Collective::kBroadcast:
+      case Collective::kReduce:
         b.send = b.recv = b.out = recvbuf_.data();
         break;
       case Collective::kAllgather:
+      case Collective::kGather:
         b.recv = b.out = recvbuf_.data();
         b.send = recvbuf_.data() + own;
         break;
       case Collective::kReduceScatter:
+      case Collective::kScatter:
         b.send = sendbuf_.data();
         b.recv = b.out = sendbuf_.data() + own;
         break;
@@ -414,7 +419,7 @@ class RankRun {
         if (in_place) {
           // The input first, then the output's part of it not used as input gets the sentinel.
           fill_inputs(true, sh, b);
-          if (c_.coll == Collective::kAllgather) {
+          if (c_.coll == Collective::kAllgather || c_.coll == Collective::kGather) {
             const size_t esz = coll::dtype_size(c_.dtype);
             fill_sentinel(recvbuf_.data(), static_cast<size_t>(rank_) * sh.arg_count, c_.dtype);
             const size_t after = static_cast<size_t>(rank_ + 1) * sh.arg_count;
@@ -446,7 +451,7 @@ class RankRun {
     // (alltoall: both hold the whole per-rank buffer, size blocks of count).
     size_t recv_bytes = biggest.recv_count * esz;
     if (c_.coll == Collective::kAllgather || c_.coll == Collective::kAlltoall ||
-        c_.coll == Collective::kAlltoallv) {
+        c_.coll == Collective::kAlltoallv || c_.coll == Collective::kGather) {
       // In place, the whole gathered / exchanged buffer lives in recvbuf.
       recv_bytes = std::max(recv_bytes, biggest.total * esz);
     }
@@ -524,6 +529,12 @@ class RankRun {
       case Collective::kAlltoallv:
         return gw_alltoallv(comm_, send, layout_.sendcounts.data(), layout_.sdispls.data(), recv,
                             layout_.recvcounts.data(), layout_.rdispls.data(), dt);
+      case Collective::kReduce:
+        return gw_reduce(comm_, send, recv, count, dt, op, c_.root);
+      case Collective::kGather:
+        return gw_gather(comm_, send, recv, count, dt, c_.root);
+      case Collective::kScatter:
+        return gw_scatter(comm_, send, recv, count, dt, c_.root);
     }
     return GW_ERR_INVALID_ARG;
   }
@@ -557,7 +568,7 @@ class RankRun {
     busbw_sum_ += o.busbw;
     ++rows_;
     auto wrong_s = [](int64_t w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
-    const int root = c_.coll == Collective::kBroadcast ? c_.root : -1;  // nccl-tests: -1 unrooted
+    const int root = is_rooted(c_.coll) ? c_.root : -1;  // nccl-tests: -1 unrooted
     std::printf(
         "  %10zu  %12zu  %8s  %6s  %6d  %10.1f  %11.3f  %11.3f  %6s  %10.1f  %11.3f  %11.3f  "
         "%6s\n",

@@ -43,7 +43,9 @@ const char* average_name(CollConfig::Average a) {
 
 }  // namespace
 
-bool has_op(Collective c) { return c == Collective::kAllreduce || c == Collective::kReduceScatter; }
+bool has_op(Collective c) {
+  return c == Collective::kAllreduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+}
 
 std::string table_type(coll::DataType t) {
   const char* n = nccl_type_name(t);
@@ -57,10 +59,13 @@ std::string busbw_formula(Collective c) {
     case Collective::kAllgather:
     case Collective::kReduceScatter:
     case Collective::kAlltoall:
+    case Collective::kGather:
+    case Collective::kScatter:
       return "algbw * (n-1)/n";
     case Collective::kAlltoallv:
       return "algbw * (n-1)/n (size = the send buffer of one rank, uneven splits)";
     case Collective::kBroadcast:
+    case Collective::kReduce:
       return "algbw";
   }
   return "?";
@@ -119,7 +124,7 @@ json config_json(const CollConfig& c) {
   j["algorithm_requested"] = c.algo.empty() ? config::get_string(coll::coll_config::kAlgo) : c.algo;
   j["dtype"] = std::string(coll::dtype_name(c.dtype));
   j["op"] = has_op(c.coll) ? std::string(coll::op_name(c.op)) : "none";
-  j["root"] = c.coll == Collective::kBroadcast ? c.root : -1;
+  j["root"] = is_rooted(c.coll) ? c.root : -1;
   j["min_bytes"] = c.min_bytes;
   j["max_bytes"] = c.max_bytes;
   j["step_factor"] = c.factor;

@@ -145,11 +145,12 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "float32, float64, float16, bfloat16, int32, int64, uint8 (or nccl-tests' "
                   "names: float, double, half)")
       ->capture_default_str();
-  if (coll == Collective::kAllreduce || coll == Collective::kReduceScatter) {
+  if (coll == Collective::kAllreduce || coll == Collective::kReduceScatter ||
+      coll == Collective::kReduce) {
     sub->add_option("-o,--op", cli->op, "sum, prod, min, max, avg")->capture_default_str();
   }
-  if (coll == Collective::kBroadcast) {
-    sub->add_option("-r,--root", c.root, "root rank of the broadcast")->capture_default_str();
+  if (gw::perf::is_rooted(coll)) {
+    sub->add_option("-r,--root", c.root, "root rank of the " + name)->capture_default_str();
   }
   sub->add_option("--np", c.np,
                   "fork this many ranks on this machine with a private store; without it the "
@@ -233,7 +234,8 @@ int main(int argc, char** argv) {
                "print every GW_* tunable with its default and current value, then exit");
   app.add_flag("--toml", toml, "with --dump-config: print it as a TOML file");
 
-  CollCli allreduce, allgather, reduce_scatter, broadcast, alltoall, alltoallv;
+  CollCli allreduce, allgather, reduce_scatter, broadcast, alltoall, alltoallv, reduce, gather,
+      scatter;
   std::vector<std::pair<CLI::App*, CollCli*>> colls = {
       {add_collective(app, "allreduce", Collective::kAllreduce,
                       "allreduce sweep; busbw = algbw * 2(n-1)/n", &allreduce),
@@ -261,6 +263,20 @@ int main(int argc, char** argv) {
                       "perf/coll_alltoallv.h); busbw = algbw * (n-1)/n",
                       &alltoallv),
        &alltoallv},
+      {add_collective(app, "reduce", Collective::kReduce,
+                      "reduce sweep (gw_reduce: the sum lands at --root only); busbw = algbw",
+                      &reduce),
+       &reduce},
+      {add_collective(app, "gather", Collective::kGather,
+                      "gather sweep (gw_gather; size = the whole gathered buffer at --root); busbw "
+                      "= algbw * (n-1)/n",
+                      &gather),
+       &gather},
+      {add_collective(app, "scatter", Collective::kScatter,
+                      "scatter sweep (gw_scatter; size = the whole buffer --root scatters); busbw "
+                      "= algbw * (n-1)/n",
+                      &scatter),
+       &scatter},
   };
 
   gw::perf::CompressCmdConfig compress;  // gradwire-perf compress, allreduce --codec

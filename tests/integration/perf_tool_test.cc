@@ -178,7 +178,8 @@ TEST(PerfToolTest, HelpDescribesEverySubcommand) {
   auto res = run_perf({"--help"});
   ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
   for (const char* sub :
-       {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "p2p"}) {
+       {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "alltoallv", "reduce",
+        "gather", "scatter", "p2p", "compress", "doctor"}) {
     EXPECT_NE(res.output.find(sub), std::string::npos) << sub << "\n" << res.output;
   }
 }
@@ -583,7 +584,7 @@ TEST_P(PerfCollectiveTest, CheckFindsNoWrongElement) {
     args.push_back("-o");
     args.push_back(c.op);
   }
-  if (c.coll == "broadcast") {
+  if (c.coll == "broadcast" || c.coll == "reduce" || c.coll == "gather" || c.coll == "scatter") {
     args.push_back("--root");
     args.push_back(std::to_string(c.np - 1));
   }
@@ -611,7 +612,13 @@ INSTANTIATE_TEST_SUITE_P(Collectives, PerfCollectiveTest,
                                            CollCase{"broadcast", "int32", "", "shm", 2},
                                            CollCase{"alltoall", "float32", "", "tcp", 3},
                                            CollCase{"alltoall", "bfloat16", "", "tcp", 4},
-                                           CollCase{"alltoall", "uint8", "", "shm", 2}),
+                                           CollCase{"alltoall", "uint8", "", "shm", 2},
+                                           CollCase{"reduce", "float32", "sum", "shm", 3},
+                                           CollCase{"reduce", "int64", "max", "tcp", 4},
+                                           CollCase{"gather", "bfloat16", "", "tcp", 3},
+                                           CollCase{"gather", "uint8", "", "shm", 2},
+                                           CollCase{"scatter", "float64", "", "shm", 4},
+                                           CollCase{"scatter", "int32", "", "tcp", 3}),
                          [](const auto& info) {
                            const auto& c = info.param;
                            return c.coll + "_" + c.dtype + (c.op.empty() ? "" : "_" + c.op) + "_" +
