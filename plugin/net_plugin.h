@@ -29,6 +29,10 @@
 
 namespace gw::plugin {
 
+// Largest message the plugin accepts: test() reports sizes as int, and NCCL's own FIFO
+// limit for registered user buffers is 1 GiB (MAX_NET_SIZE).
+inline constexpr size_t kMaxMessageBytes = size_t{1} << 30;
+
 // What getProperties reports for one device. Built once per process and never freed: NCCL
 // keeps the name and pciPath pointers.
 struct DeviceInfo {

@@ -1,0 +1,70 @@
+// NetPlugin's connection set-up: listen, connect and accept (none of them blocks: "not yet" is a
+// NULL comm with an OK status, and NCCL calls again), and the closes.
+#include <cstring>
+
+#include "plugin/net_plugin.h"
+
+namespace gw::plugin {
+
+Status NetPlugin::listen(Context* ctx, int dev, void* handle, ListenComm** listen_comm) {
+  if (handle == nullptr) return internal_error("NULL handle buffer");
+  GW_ASSIGN_OR_RETURN(std::shared_ptr<net::Transport> t, transport_for(dev));
+  net::Handle h;
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<net::Listener> listener, t->listen(&h));
+  auto lc = std::make_unique<ListenComm>();
+  lc->dev = dev;
+  lc->transport = std::move(t);
+  lc->listener = std::move(listener);
+  std::memcpy(handle, h.bytes.data(), h.bytes.size());
+  *listen_comm = lc.release();
+  return ok_status();
+}
+
+Status NetPlugin::connect(Context* ctx, int dev, void* handle, PluginComm** send_comm) {
+  *send_comm = nullptr;
+  if (handle == nullptr) return internal_error("NULL handle buffer");
+  std::lock_guard<std::mutex> lock(ctx->mu);
+  auto it = ctx->pending.find(handle);
+  if (it != ctx->pending.end() &&
+      std::memcmp(it->second.handle.bytes.data(), handle, net::kHandleSize) != 0) {
+    ctx->pending.erase(it);  // the buffer now holds another peer's handle
+    it = ctx->pending.end();
+  }
+  if (it == ctx->pending.end()) {
+    Context::PendingConnect pc;
+    std::memcpy(pc.handle.bytes.data(), handle, net::kHandleSize);
+    GW_ASSIGN_OR_RETURN(pc.transport, transport_for(dev));
+    GW_ASSIGN_OR_RETURN(pc.connector, pc.transport->connect(pc.handle));
+    it = ctx->pending.emplace(handle, std::move(pc)).first;
+  }
+  auto polled = it->second.connector->poll();
+  if (!polled.ok()) {
+    ctx->pending.erase(it);
+    return polled.status();
+  }
+  if (*polled == nullptr) return ok_status();  // NCCL calls again with the same handle
+  *send_comm = new PluginComm(it->second.transport, std::move(*polled));
+  ctx->pending.erase(it);
+  return ok_status();
+}
+
+Status NetPlugin::accept(ListenComm* lc, PluginComm** recv_comm) {
+  *recv_comm = nullptr;
+  GW_ASSIGN_OR_RETURN(std::unique_ptr<net::RecvComm> recv, lc->listener->accept());
+  if (recv == nullptr) return ok_status();
+  *recv_comm = new PluginComm(lc->transport, std::move(recv));
+  return ok_status();
+}
+
+Status NetPlugin::close_listen(ListenComm* lc) {
+  lc->magic = 0;
+  delete lc;
+  return ok_status();
+}
+
+Status NetPlugin::close_comm(PluginComm* comm, bool send) {
+  delete comm;
+  return ok_status();
+}
+
+}  // namespace gw::plugin
