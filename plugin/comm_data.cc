@@ -2,9 +2,35 @@
 // pool of request slots (NCCL keeps at most NCCL_NET_MAX_REQUESTS in flight per comm).
 #include <algorithm>
 
+#include "core/timeline.h"
 #include "plugin/net_plugin.h"
+#include "plugin/plugin_timeline.h"
 
 namespace gw::plugin {
+
+namespace {
+
+// What the timeline needs of a request being posted: one relaxed load when it is off.
+void note_post(Request* r, Request::Kind kind, int tag, size_t bytes) {
+  r->posted_us = timeline::on() ? timeline::now_us() : -1;
+  r->kind = kind;
+  r->tag = tag;
+  r->bytes = bytes;
+}
+
+const char* event_name(Request::Kind kind) {
+  switch (kind) {
+    case Request::Kind::kSend:
+      return "isend";
+    case Request::Kind::kRecv:
+      return "irecv";
+    case Request::Kind::kFlush:
+      return "iflush";
+  }
+  return "?";
+}
+
+}  // namespace
 
 Status PluginComm::check_buffer(const void* data, size_t size, MemHandle* mh,
                                 const char* op) const {
@@ -56,6 +82,7 @@ Status PluginComm::isend(const void* data, size_t size, int tag, MemHandle* mh, 
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = take_slot();
   if (r == nullptr) return ok_status();  // NCCL retries after testing an older request
+  note_post(r, Request::Kind::kSend, tag, size);
   return adopt(r, send_->isend(data, size, tag, mh ? mh->mr : nullptr), request);
 }
 
@@ -66,6 +93,7 @@ Status PluginComm::irecv(void* data, size_t size, int tag, MemHandle* mh, Reques
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = take_slot();
   if (r == nullptr) return ok_status();
+  note_post(r, Request::Kind::kRecv, tag, size);
   return adopt(r, recv_->irecv(data, size, tag, mh ? mh->mr : nullptr), request);
 }
 
@@ -82,22 +110,32 @@ Status PluginComm::iflush(void* data, size_t size, MemHandle* mh, Request** requ
     return internal_error("iflush: all {} request slots of the comm with {} are in flight", kSlots,
                           peer_name());
   }
+  note_post(r, Request::Kind::kFlush, 0, size);
   return adopt(r, recv_->iflush(data, size, mh->mr), request);
 }
 
 Status PluginComm::test(Request* r, bool* done, size_t* size) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (r->magic != Request::kMagic || r->comm != this) {
-    return internal_error("request {} is not in flight on this comm", (void*)r);
-  }
   bool finished = false;
   size_t bytes = 0;
-  Status st = comm()->test(r->req, &finished, &bytes);
-  if (!st.ok()) {
-    put_slot(r);  // core/net frees a failed request
-    return st;
+  Status st;
+  Request posted;  // what the timeline reports once the slot is free again
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r->magic != Request::kMagic || r->comm != this) {
+      return internal_error("request {} is not in flight on this comm", (void*)r);
+    }
+    st = comm()->test(r->req, &finished, &bytes);
+    if (!st.ok() || finished) {
+      posted = *r;
+      put_slot(r);  // core/net frees a failed request
+    }
   }
-  if (finished) put_slot(r);
+  if (posted.posted_us >= 0) {  // the timeline was on when it was posted
+    const bool failed = !st.ok();
+    trace::transfer(*this, event_name(posted.kind), posted.posted_us, failed ? 0 : bytes,
+                    posted.bytes, posted.tag, failed);
+  }
+  if (!st.ok()) return st;
   *done = finished;
   *size = bytes;
   return ok_status();

@@ -3,7 +3,9 @@
 // registrations have a lock of their own.
 #include <algorithm>
 
+#include "core/timeline.h"
 #include "plugin/net_plugin.h"
+#include "plugin/plugin_timeline.h"
 
 namespace gw::plugin {
 
@@ -43,16 +45,31 @@ net::Comm* PluginComm::comm() const {
 std::string PluginComm::peer_name() const { return comm()->peer_name(); }
 
 Result<MemHandle*> PluginComm::reg_mr(void* data, size_t size, bool cuda) {
-  if (data == nullptr && size > 0) return internal_error("NULL buffer of {} bytes", size);
-  GW_ASSIGN_OR_RETURN(net::MemRegion * mr,
-                      comm()->reg_mr(data, size, cuda ? net::MemType::kCuda : net::MemType::kHost));
-  return track(mr, data, size);
+  const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+  auto reg = [&]() -> Result<MemHandle*> {
+    if (data == nullptr && size > 0) return internal_error("NULL buffer of {} bytes", size);
+    GW_ASSIGN_OR_RETURN(
+        net::MemRegion * mr,
+        comm()->reg_mr(data, size, cuda ? net::MemType::kCuda : net::MemType::kHost));
+    return track(mr, data, size);
+  };
+  Result<MemHandle*> mh = reg();
+  if (t0 >= 0) trace::registration(*this, "regMr", t0, size, cuda ? "cuda" : "host", !mh.ok());
+  return mh;
 }
 
 Result<MemHandle*> PluginComm::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) {
-  if (data == nullptr || size == 0) return internal_error("dma-buf of {} bytes at {}", size, data);
-  GW_ASSIGN_OR_RETURN(net::MemRegion * mr, comm()->reg_mr_dmabuf(data, size, offset, fd));
-  return track(mr, data, size);
+  const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+  auto reg = [&]() -> Result<MemHandle*> {
+    if (data == nullptr || size == 0) {
+      return internal_error("dma-buf of {} bytes at {}", size, data);
+    }
+    GW_ASSIGN_OR_RETURN(net::MemRegion * mr, comm()->reg_mr_dmabuf(data, size, offset, fd));
+    return track(mr, data, size);
+  };
+  Result<MemHandle*> mh = reg();
+  if (t0 >= 0) trace::registration(*this, "regMrDmaBuf", t0, size, "dmabuf", !mh.ok());
+  return mh;
 }
 
 MemHandle* PluginComm::track(net::MemRegion* mr, void* data, size_t size) {
@@ -70,13 +87,20 @@ Status PluginComm::dereg_mr(MemHandle* mh) {
   if (mh == nullptr) return internal_error("NULL memory handle");
   if (mh->comm != this)
     return internal_error("memory handle {} belongs to another comm", (void*)mh);
-  std::lock_guard<std::mutex> lock(mr_mu_);
-  auto it = std::find(mrs_.begin(), mrs_.end(), mh);
-  if (it == mrs_.end()) return internal_error("memory handle {} is not registered", (void*)mh);
-  mrs_.erase(it);
-  Status st = mh->mr != nullptr ? comm()->dereg_mr(mh->mr) : ok_status();
-  mh->magic = 0;
-  delete mh;
+  const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+  const size_t bytes = mh->size;
+  const bool cuda = mh->mr != nullptr && mh->mr->type == net::MemType::kCuda;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mr_mu_);
+    auto it = std::find(mrs_.begin(), mrs_.end(), mh);
+    if (it == mrs_.end()) return internal_error("memory handle {} is not registered", (void*)mh);
+    mrs_.erase(it);
+    st = mh->mr != nullptr ? comm()->dereg_mr(mh->mr) : ok_status();
+    mh->magic = 0;
+    delete mh;
+  }
+  if (t0 >= 0) trace::registration(*this, "deregMr", t0, bytes, cuda ? "cuda" : "host", !st.ok());
   return st;
 }
 }  // namespace gw::plugin

@@ -14,6 +14,7 @@
 #include "core/core_config.h"
 #include "core/log.h"
 #include "plugin/plugin_config.h"
+#include "plugin/plugin_timeline.h"
 
 namespace gw::plugin {
 
@@ -188,6 +189,13 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
         own_token ? "from GW_JOB_TOKEN" : "default (set GW_JOB_TOKEN on every rank)",
         pinned_ ? "pinned" : "not pinned", d.gpudirect);
     GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", channels);
+    // GW_TIMELINE: the transfers as a Chrome trace (plugin/plugin_timeline.h). A file that cannot
+    // be created costs the trace, not the communicator.
+    if (auto tl = trace::open_from_env(); !tl.ok()) {
+      GWP_WARN("NET/gradwire: no timeline: {}", tl.status().to_string());
+    } else if (!tl->empty()) {
+      GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", *tl);
+    }
   }
   auto* ctx = new Context;
   ctx->comm_id = comm_id;

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -530,6 +532,53 @@ Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role) {
   if (api.close_send(sc) != ncclSuccess || api.close_recv(rc) != ncclSuccess) return "close";
   if (api.finalize(ctx) != ncclSuccess) return "finalize";
   return "";
+}
+
+// ---- the peer helper ----------------------------------------------------------------------
+
+// Runs the peer helper with extra environment ("NAME=value" sets, "-NAME" removes); returns its
+// exit status, or -1 when it crashed or had to be killed.
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args) {
+  // Everything is built before fork: the child of a threaded process may only exec.
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string v(*e);
+    bool replaced = false;
+    for (const std::string& change : env) {
+      std::string name = change[0] == '-' ? change.substr(1) : change.substr(0, change.find('='));
+      if (v.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
+    }
+    if (!replaced) vars.push_back(v);
+  }
+  for (const std::string& change : env) {
+    if (change[0] != '-') vars.push_back(change);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_s = {GW_PLUGIN_PEER_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execve(GW_PLUGIN_PEER_PATH, argv.data(), envp.data());
+    _exit(127);
+  }
+  if (pid < 0) return -1;
+  // Reap with a deadline; kill a peer that hangs.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    usleep(10000);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace gw::plugin_test

@@ -97,6 +97,18 @@ Error post_recv(NetApi& api, void* rc, void* data, size_t size, int tag, void* m
 
 std::string handle_hex(const uint8_t* handle);
 
+// Runs the nccl_plugin_peer helper (GW_PLUGIN_PEER_PATH) with `args` and extra environment
+// ("NAME=value" sets, "-NAME" removes); returns its exit status, or -1 when it crashed or had to
+// be killed (30 s deadline).
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args);
+
+// The transfers of nccl_plugin_peer's "timeline" scenario, which the timeline test finds in the
+// trace: message i has kTimelineSizes[i] bytes, tag kTimelineTag0 + i, and a receive posted
+// kTimelineRecvExtra bytes larger.
+inline constexpr size_t kTimelineSizes[] = {0, 333, 4096, size_t{1} << 20, (size_t{3} << 20) + 7};
+inline constexpr int kTimelineTag0 = 100;
+inline constexpr size_t kTimelineRecvExtra = 64;
+
 }  // namespace gw::plugin_test
 
 namespace gw::plugin_test {
