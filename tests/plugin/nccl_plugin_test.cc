@@ -95,8 +95,8 @@ TEST(PluginLibrary, ExportsOnlyTheNetAndTunerTables) {
   }
   int rc = pclose(p);
   if (rc != 0 && symbols.empty()) GTEST_SKIP() << "nm is not available";
-  std::set<std::string> want = {"ncclNetPlugin_v11", "ncclNetPlugin_v10", "ncclNetPlugin_v9",
-                                "ncclNetPlugin_v8", "ncclTunerPlugin_v5"};
+  std::set<std::string> want = {"ncclNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v10",
+                                "ncclNetPlugin_v9",  "ncclNetPlugin_v8",  "ncclTunerPlugin_v5"};
   EXPECT_EQ(symbols, want);
 }
 
@@ -511,7 +511,7 @@ TEST_P(EveryVersion, FullLifecycle) {
   EXPECT_EQ(api->finalize(ctx), ncclSuccess);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tables, EveryVersion, ::testing::Values("v8", "v9", "v10", "v11"));
+INSTANTIATE_TEST_SUITE_P(Tables, EveryVersion, ::testing::Values("v8", "v9", "v10", "v11", "v12"));
 
 // ---- fresh-process scenarios ---------------------------------------------------------------
 

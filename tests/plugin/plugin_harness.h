@@ -2,7 +2,7 @@
 // no NCCL and no GPU: dlopen, init with a recording logger, connect and accept alternately from
 // one thread, post with retry on NULL requests, test until done. Every loop has a deadline.
 //
-// NetApi gives one shape to the four exported tables (v8..v11) so the same scenarios run
+// NetApi gives one shape to the five exported tables (v8..v12) so the same scenarios run
 // through each version's function pointers.
 #pragma once
 
@@ -20,6 +20,7 @@ namespace gw::plugin_test {
 // call sets the environment the tests rely on (loopback only, short deadlines).
 struct Loaded {
   void* lib = nullptr;
+  ncclNet_v12_t* v12 = nullptr;
   ncclNet_v11_t* v11 = nullptr;
   ncclNet_v10_t* v10 = nullptr;
   ncclNet_v9_t* v9 = nullptr;
@@ -59,7 +60,7 @@ class NetApi {
   virtual ncclResult_t close_listen(void* lc) = 0;
 };
 
-// "v8", "v9", "v10", "v11".
+// "v8", "v9", "v10", "v11", "v12".
 std::unique_ptr<NetApi> make_api(const std::string& version);
 
 // Page-aligned host buffer.
