@@ -15,6 +15,11 @@ void NetPlugin::name_comm(PluginComm* comm, uint64_t comm_id, int dev) {
   auto d = device(dev);
   o.backend = d.ok() ? (*d)->backend : "?";
   comm->set_origin(std::move(o));
+  if (timeline::on()) {
+    CommOrigin with_args = comm->origin();
+    with_args.trace_args = trace::origin_args(*comm);
+    comm->set_origin(std::move(with_args));
+  }
 }
 
 Status NetPlugin::listen(Context* ctx, int dev, void* handle, ListenComm** listen_comm) {

@@ -107,9 +107,10 @@ struct Request {
 
 // Where a comm came from, for its timeline events (plugin/plugin_timeline.h).
 struct CommOrigin {
-  uint64_t comm_id = 0;  // NCCL's communicator hash (v11 init); 0 for the pre-v11 shared context
-  int conn = 0;          // this process's connection number, counted from 1
-  std::string backend;   // "tcp", "verbs", ...
+  uint64_t comm_id = 0;    // NCCL's communicator hash (v11 init); 0 for the pre-v11 shared context
+  int conn = 0;            // this process's connection number, counted from 1
+  std::string backend;     // "tcp", "verbs", ...
+  std::string trace_args;  // its timeline events' JSON members; made only while the timeline is on
 };
 
 // A send or receive connection, wrapping the core/net comm and a fixed pool of request
@@ -129,6 +130,7 @@ class PluginComm {
   bool is_send() const { return magic_ == kSendMagic; }
   std::string peer_name() const;
   const CommOrigin& origin() const { return origin_; }
+  // Set once, before NCCL sees the comm.
   void set_origin(CommOrigin o) { origin_ = std::move(o); }
 
   // `cuda`: device memory (NCCL_PTR_CUDA), registered through the transport's GPUDirect path.

@@ -36,8 +36,16 @@ std::string json_text(std::string_view s) {
   return out;
 }
 
-// The members every event of a comm carries.
+std::string origin_members(const PluginComm& c);
+
+// The members every event of a comm carries: made once per comm (name_comm) while the timeline
+// is on; made here for a comm named while it was off.
 std::string comm_args(const PluginComm& c) {
+  const std::string& made = c.origin().trace_args;
+  return made.empty() ? origin_members(c) : made;
+}
+
+std::string origin_members(const PluginComm& c) {
   const CommOrigin& o = c.origin();
   return fmt::format(R"("peer":"{}","comm":"0x{:016x}","conn":{},"transport":"{}")",
                      json_text(c.peer_name()), o.comm_id, o.conn, json_text(o.backend));
@@ -94,6 +102,8 @@ Result<std::string> open_from_env() {
   });
   return said;
 }
+
+std::string origin_args(const PluginComm& c) { return origin_members(c); }
 
 int next_conn() {
   static std::atomic<int> n{0};

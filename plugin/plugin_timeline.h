@@ -44,6 +44,9 @@ RankChoice launcher_rank();
 // cannot be created (the plugin warns and runs without it).
 Result<std::string> open_from_env();
 
+// The JSON members naming `c` in its events (peer, comm, conn, transport), from its origin.
+std::string origin_args(const PluginComm& c);
+
 // A new connection number (1, 2, ...).
 int next_conn();
 
