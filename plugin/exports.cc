@@ -1,12 +1,13 @@
-// The exported NCCL tables: ncclNetPlugin_v11 (NCCL 2.28.3+), _v10, _v9 and _v8, and the tuner
-// ncclTunerPlugin_v5 (plugin/tuner.h). Each entry point only reshapes its arguments for NetPlugin
-// or the tuner, maps the Status to an ncclResult_t and, on failure, logs one WARN through NCCL's
-// logger that says what to do. No exception crosses into NCCL. These five symbols are the only
-// ones the library exports (plugin/exports.map).
+// The exported NCCL tables: ncclNetPlugin_v12 (NCCL 2.30+), _v11 (2.28.3+), _v10, _v9 and _v8,
+// and the tuner ncclTunerPlugin_v5 (plugin/tuner.h). Each entry point only reshapes its arguments
+// for NetPlugin or the tuner, maps the Status to an ncclResult_t and, on failure, logs one WARN
+// through NCCL's logger that says what to do (plugin/nccl_edge.h). No exception crosses into
+// NCCL. These six symbols are the only ones the library exports (plugin/exports.map).
 #include <climits>
 #include <cstring>
 #include <new>
 
+#include "plugin/nccl_edge.h"
 #include "plugin/nccl_net_abi.h"
 #include "plugin/nccl_tuner_abi.h"
 #include "plugin/net_plugin.h"
@@ -17,135 +18,7 @@ namespace {
 
 constexpr const char* kPluginName = "gradwire";
 
-ncclResult_t to_nccl(const Status& s, const char* op) {
-  if (s.ok()) return ncclSuccess;
-  ncclResult_t r = ncclSystemError;
-  const char* hint = "";
-  switch (s.code()) {
-    case Code::kSystem:
-    case Code::kPeer:
-    case Code::kTimeout:
-    case Code::kNoMemory:
-    case Code::kAborted:
-      r = ncclSystemError;
-      hint =
-          "check that the peer process is alive and reachable over the interface chosen by "
-          "NCCL_SOCKET_IFNAME / GW_SOCKET_IFNAME, that GW_JOB_TOKEN is the same on every rank, "
-          "and that GW_TIMEOUT_MS is long enough";
-      break;
-    case Code::kInvalidArg:
-    case Code::kUnsupported:
-      r = ncclInvalidUsage;
-      hint =
-          "fix the configuration named above (GW_* and NCCL_SOCKET_IFNAME, see "
-          "docs/nccl-plugin.md), or set NCCL_NET=Socket to use NCCL's own transport";
-      break;
-    case Code::kInternal:
-    case Code::kOk:
-      r = ncclInternalError;
-      hint = "NCCL and the plugin disagree about the API; report it with NCCL_DEBUG=INFO output";
-      break;
-  }
-  GWP_WARN("NET/gradwire: {} failed: {}; {}", op, s.to_string(), hint);
-  return r;
-}
-
-// Runs `body` (returning Status) and converts everything, exceptions included, at the C edge.
-template <typename F>
-ncclResult_t guarded(const char* op, F&& body) {
-  try {
-    return to_nccl(body(), op);
-  } catch (const std::bad_alloc&) {
-    return to_nccl(no_memory("out of memory"), op);
-  } catch (const std::exception& e) {
-    return to_nccl(internal_error("unexpected exception: {}", e.what()), op);
-  } catch (...) {
-    return to_nccl(internal_error("unexpected exception"), op);
-  }
-}
-
 NetPlugin& plugin() { return NetPlugin::instance(); }
-
-// ---- shared implementations -------------------------------------------------------------
-
-ncclResult_t count_devices(int* ndev) {
-  return guarded("devices", [&]() -> Status {
-    if (ndev == nullptr) return internal_error("NULL ndev");
-    GW_ASSIGN_OR_RETURN(*ndev, plugin().device_count());
-    return ok_status();
-  });
-}
-
-ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t* props) {
-  return guarded("getProperties", [&]() -> Status {
-    if (props == nullptr) return internal_error("NULL properties");
-    GW_ASSIGN_OR_RETURN(const DeviceInfo* d, plugin().device(dev));
-    std::memset(props, 0, sizeof(*props));
-    props->name = const_cast<char*>(d->name.c_str());
-    props->pciPath = d->pci_path.empty() ? nullptr : const_cast<char*>(d->pci_path.c_str());
-    props->guid = d->guid;
-    props->ptrSupport = d->ptr_support;
-    props->regIsGlobal = 0;  // registrations belong to one comm
-    props->forceFlush = 0;
-    props->speed = d->speed_mbps;
-    props->port = 0;
-    props->latency = d->latency_us;
-    props->maxComms = d->max_comms;
-    props->maxRecvs = 1;  // no grouped receives
-    props->netDeviceType = NCCL_NET_DEVICE_HOST;
-    props->netDeviceVersion = 0;
-    props->vProps.ndevs = 1;
-    props->vProps.devs[0] = dev;
-    props->maxP2pBytes = size_t{1} << 30;  // test_request() reports int sizes
-    props->maxCollBytes = size_t{1} << 30;
-    props->maxMultiRequestSize = 1;
-    return ok_status();
-  });
-}
-
-ncclResult_t get_properties_v10(int dev, ncclNetProperties_v10_t* props) {
-  if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
-  ncclNetProperties_v11_t p;
-  ncclResult_t r = get_properties_v11(dev, &p);
-  if (r != ncclSuccess) return r;
-  props->name = p.name;
-  props->pciPath = p.pciPath;
-  props->guid = p.guid;
-  props->ptrSupport = p.ptrSupport;
-  props->regIsGlobal = p.regIsGlobal;
-  props->forceFlush = p.forceFlush;
-  props->speed = p.speed;
-  props->port = p.port;
-  props->latency = p.latency;
-  props->maxComms = p.maxComms;
-  props->maxRecvs = p.maxRecvs;
-  props->netDeviceType = p.netDeviceType;
-  props->netDeviceVersion = p.netDeviceVersion;
-  props->vProps = p.vProps;
-  props->maxP2pBytes = p.maxP2pBytes;
-  props->maxCollBytes = p.maxCollBytes;
-  return ncclSuccess;
-}
-
-ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
-  if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
-  ncclNetProperties_v11_t p;
-  ncclResult_t r = get_properties_v11(dev, &p);
-  if (r != ncclSuccess) return r;
-  props->name = p.name;
-  props->pciPath = p.pciPath;
-  props->guid = p.guid;
-  props->ptrSupport = p.ptrSupport;
-  props->regIsGlobal = p.regIsGlobal;
-  props->speed = p.speed;
-  props->port = p.port;
-  props->latency = p.latency;
-  props->maxComms = p.maxComms;
-  props->maxRecvs = p.maxRecvs;
-  props->netDeviceType = p.netDeviceType;
-  props->netDeviceVersion = p.netDeviceVersion;
-  return ncclSuccess;
-}
 
 ncclResult_t listen_in(Result<Context*> ctx, int dev, void* handle, void** listen_comm) {
   return guarded("listen", [&]() -> Status {
@@ -456,6 +329,19 @@ using namespace gw::plugin;  // NOLINT: the tables below list many of its functi
 #define GW_EXPORT __attribute__((visibility("default")))
 
 extern "C" {
+
+// NCCL 2.30 probes v12 first; 2.28.x knows v11 at most, so both are exported (the same
+// implementation; only getProperties' struct differs).
+GW_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
+    kPluginName,  init_v11,     count_devices,  get_properties_v12, listen_v11,   connect_v11,
+    accept_conn,  reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_v10,    irecv_v10,
+    iflush_any,   test_request, close_send,     close_recv,         close_listen,
+    nullptr,  // getDeviceMr: no device offload
+    nullptr,  // irecvConsumed: no device offload
+    nullptr,  // makeVDevice: physical devices only
+    finalize_v11,
+    nullptr,  // setNetAttr: hints not used
+};
 
 GW_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
     kPluginName,  init_v11,     count_devices,  get_properties_v11, listen_v11,   connect_v11,

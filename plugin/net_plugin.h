@@ -29,6 +29,10 @@
 
 namespace gw::plugin {
 
+// Largest message the plugin accepts: test() reports sizes as int, and NCCL's own FIFO
+// limit for registered user buffers is 1 GiB (MAX_NET_SIZE).
+inline constexpr size_t kMaxMessageBytes = size_t{1} << 30;
+
 // What getProperties reports for one device. Built once per process and never freed: NCCL
 // keeps the name and pciPath pointers.
 struct DeviceInfo {
@@ -60,6 +64,7 @@ struct Context {
     net::Handle handle;
     std::unique_ptr<net::Connector> connector;
     std::shared_ptr<net::Transport> transport;
+    int64_t since_us = -1;  // the first connect() call, for the timeline (-1: timeline off)
   };
   std::mutex mu;
   std::map<const void*, PendingConnect> pending;
@@ -69,8 +74,10 @@ struct ListenComm {
   static constexpr uint32_t kMagic = 0x47574c53;  // "GWLS"
   uint32_t magic = kMagic;
   int dev = 0;
+  uint64_t comm_id = 0;  // the context's, for the timeline
   std::shared_ptr<net::Transport> transport;
   std::unique_ptr<net::Listener> listener;
+  int64_t accept_since_us = -1;  // the first accept() call, for the timeline (-1: none yet / off)
 };
 
 class PluginComm;
@@ -90,6 +97,20 @@ struct Request {
   PluginComm* comm = nullptr;
   net::Request* req = nullptr;
   int slot = -1;
+  // For the timeline: when it was posted (-1: timeline off at the post), what, and its size/tag.
+  enum class Kind : uint8_t { kSend, kRecv, kFlush };
+  int64_t posted_us = -1;
+  Kind kind = Kind::kSend;
+  int tag = 0;
+  size_t bytes = 0;
+};
+
+// Where a comm came from, for its timeline events (plugin/plugin_timeline.h).
+struct CommOrigin {
+  uint64_t comm_id = 0;    // NCCL's communicator hash (v11 init); 0 for the pre-v11 shared context
+  int conn = 0;            // this process's connection number, counted from 1
+  std::string backend;     // "tcp", "verbs", ...
+  std::string trace_args;  // its timeline events' JSON members; made only while the timeline is on
 };
 
 // A send or receive connection, wrapping the core/net comm and a fixed pool of request
@@ -108,6 +129,9 @@ class PluginComm {
 
   bool is_send() const { return magic_ == kSendMagic; }
   std::string peer_name() const;
+  const CommOrigin& origin() const { return origin_; }
+  // Set once, before NCCL sees the comm.
+  void set_origin(CommOrigin o) { origin_ = std::move(o); }
 
   // `cuda`: device memory (NCCL_PTR_CUDA), registered through the transport's GPUDirect path.
   Result<MemHandle*> reg_mr(void* data, size_t size, bool cuda = false);
@@ -135,6 +159,7 @@ class PluginComm {
   Status check_buffer(const void* data, size_t size, MemHandle* mh, const char* op) const;
   net::Comm* comm() const;
 
+  CommOrigin origin_;
   std::shared_ptr<net::Transport> transport_;  // keeps the backend alive while this comm lives
   std::unique_ptr<net::SendComm> send_;
   std::unique_ptr<net::RecvComm> recv_;
@@ -176,6 +201,8 @@ class NetPlugin {
   Status close_comm(PluginComm* comm, bool send);
 
  private:
+  // Names `comm`'s origin (context, connection number, backend) for the timeline.
+  void name_comm(PluginComm* comm, uint64_t comm_id, int dev);
   NetPlugin() = default;
   Status discover();  // mu_ held
   Result<std::shared_ptr<net::Transport>> transport_for(int dev);

@@ -14,6 +14,11 @@
 //                                    WANT channels (0: none) for a large allreduce of comm 5 on 2
 //                                    nodes, and for none on one node, for other comms, for small
 //                                    or point-to-point operations
+//   nccl_plugin_peer timeline ON     one connection pair (v11, comm 0x1234), the kTimelineSizes
+//                                    transfers (plugin_harness.h), each buffer registered and
+//                                    deregistered, then close and finalize: the trace GW_TIMELINE
+//                                    asks for is checked by the caller; the first init's INFO
+//                                    lines name a timeline file (ON 1) or none (ON 0)
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -24,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "plugin/nccl_tuner_abi.h"
 #include "tests/plugin/plugin_harness.h"
@@ -269,6 +275,49 @@ int run_gdr(const char* fake_cuda) {
   return 0;
 }
 
+int run_timeline(bool on) {
+  const Loaded& l = plugin();
+  if (l.first_init != ncclSuccess) return fail("init failed");
+  bool said = false;
+  for (const std::string& line : l.first_init_log) {
+    if (line.rfind("INFO NET/gradwire: timeline to ", 0) == 0) said = true;
+  }
+  if (said != on) return fail(on ? "no timeline INFO line" : "a timeline INFO line, unasked");
+  auto api = make_api("v11");
+  void* ctx = nullptr;
+  if (api->init(&ctx) != ncclSuccess) return fail("init");
+  void *sc = nullptr, *rc = nullptr;
+  if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+  int i = 0;
+  for (size_t size : kTimelineSizes) {
+    const int tag = kTimelineTag0 + i;
+    Buffer out(size), in(size + kTimelineRecvExtra);
+    fill_pattern(out.data, size, 40 + i);
+    void *smh = nullptr, *rmh = nullptr, *sreq = nullptr, *rreq = nullptr;
+    if (api->reg_mr(sc, out.data, out.size, NCCL_PTR_HOST, &smh) != ncclSuccess ||
+        api->reg_mr(rc, in.data, in.size, NCCL_PTR_HOST, &rmh) != ncclSuccess) {
+      return fail("regMr");
+    }
+    if (Error e = post_recv(*api, rc, in.data, in.size, tag, rmh, &rreq); !e.empty())
+      return fail(e);
+    if (Error e = post_send(*api, sc, out.data, size, tag, smh, &sreq); !e.empty()) return fail(e);
+    std::vector<int> sizes;
+    if (Error e = wait_all(*api, {sreq, rreq}, &sizes); !e.empty()) return fail(e);
+    if (sizes[1] != static_cast<int>(size) || check_pattern(in.data, size, 40 + i) != -1) {
+      return fail("message " + std::to_string(i) + " arrived wrong");
+    }
+    if (api->dereg_mr(sc, smh) != ncclSuccess || api->dereg_mr(rc, rmh) != ncclSuccess) {
+      return fail("deregMr");
+    }
+    ++i;
+  }
+  if (api->close_send(sc) != ncclSuccess || api->close_recv(rc) != ncclSuccess) {
+    return fail("close");
+  }
+  if (api->finalize(ctx) != ncclSuccess) return fail("finalize");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,6 +338,7 @@ int main(int argc, char** argv) {
     if (mode == "tuner" && argc == 3) return run_tuner(std::atoi(argv[2]));
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
     if (mode == "gdr" && argc == 3) return run_gdr(argv[2]);
+    if (mode == "timeline" && argc == 3) return run_timeline(std::atoi(argv[2]) != 0);
   } catch (const std::exception& e) {
     return fail(e.what());
   }

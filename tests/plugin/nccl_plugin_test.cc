@@ -38,51 +38,6 @@ std::string all_lines() {
   return s;
 }
 
-// Runs the peer helper with extra environment ("NAME=value" sets, "-NAME" removes); returns its
-// exit status, or -1 when it crashed or had to be killed.
-int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args) {
-  // Everything is built before fork: the child of a threaded process may only exec.
-  std::vector<std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string v(*e);
-    bool replaced = false;
-    for (const std::string& change : env) {
-      std::string name = change[0] == '-' ? change.substr(1) : change.substr(0, change.find('='));
-      if (v.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
-    }
-    if (!replaced) vars.push_back(v);
-  }
-  for (const std::string& change : env) {
-    if (change[0] != '-') vars.push_back(change);
-  }
-  std::vector<char*> envp;
-  for (std::string& v : vars) envp.push_back(v.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_s = {GW_PLUGIN_PEER_PATH};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execve(GW_PLUGIN_PEER_PATH, argv.data(), envp.data());
-    _exit(127);
-  }
-  if (pid < 0) return -1;
-  // Reap with a deadline; kill a peer that hangs.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    usleep(10000);
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 class PluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -140,8 +95,8 @@ TEST(PluginLibrary, ExportsOnlyTheNetAndTunerTables) {
   }
   int rc = pclose(p);
   if (rc != 0 && symbols.empty()) GTEST_SKIP() << "nm is not available";
-  std::set<std::string> want = {"ncclNetPlugin_v11", "ncclNetPlugin_v10", "ncclNetPlugin_v9",
-                                "ncclNetPlugin_v8", "ncclTunerPlugin_v5"};
+  std::set<std::string> want = {"ncclNetPlugin_v12", "ncclNetPlugin_v11", "ncclNetPlugin_v10",
+                                "ncclNetPlugin_v9",  "ncclNetPlugin_v8",  "ncclTunerPlugin_v5"};
   EXPECT_EQ(symbols, want);
 }
 
@@ -556,7 +511,7 @@ TEST_P(EveryVersion, FullLifecycle) {
   EXPECT_EQ(api->finalize(ctx), ncclSuccess);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tables, EveryVersion, ::testing::Values("v8", "v9", "v10", "v11"));
+INSTANTIATE_TEST_SUITE_P(Tables, EveryVersion, ::testing::Values("v8", "v9", "v10", "v11", "v12"));
 
 // ---- fresh-process scenarios ---------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +54,7 @@ const Loaded& plugin() {
     if (l->lib == nullptr) {
       throw std::runtime_error(fmt::format("dlopen {}: {}", GW_PLUGIN_PATH, dlerror()));
     }
+    l->v12 = static_cast<ncclNet_v12_t*>(dlsym(l->lib, "ncclNetPlugin_v12"));
     l->v11 = static_cast<ncclNet_v11_t*>(dlsym(l->lib, "ncclNetPlugin_v11"));
     l->v10 = static_cast<ncclNet_v10_t*>(dlsym(l->lib, "ncclNetPlugin_v10"));
     l->v9 = static_cast<ncclNet_v9_t*>(dlsym(l->lib, "ncclNetPlugin_v9"));
@@ -133,6 +136,46 @@ class ApiBase : public NetApi {
 
  protected:
   Table* t_;
+};
+
+// v12 (NCCL 2.30): v11's calls; its properties carry 8 virtual-device slots, railId and planeId.
+class V12 : public ApiBase<ncclNet_v12_t> {
+ public:
+  using ApiBase::ApiBase;
+  const char* version() const override { return "v12"; }
+  ncclResult_t init(void** ctx) override {
+    ncclNetCommConfig_v12_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
+    return t_->init(ctx, 0x1234, &cfg, record_log, nullptr);
+  }
+  ncclResult_t finalize(void* ctx) override { return t_->finalize(ctx); }
+  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
+    ncclNetProperties_v12_t s{};
+    ncclResult_t r = t_->getProperties(dev, &s);
+    common_props(s, p);
+    p->forceFlush = s.forceFlush;
+    p->vProps.ndevs = s.vProps.ndevs;
+    for (int i = 0; i < s.vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC; ++i) {
+      p->vProps.devs[i] = s.vProps.devs[i];
+    }
+    p->maxP2pBytes = s.maxP2pBytes;
+    p->maxCollBytes = s.maxCollBytes;
+    p->maxMultiRequestSize = s.maxMultiRequestSize;
+    return r;
+  }
+  ncclResult_t listen(void* ctx, int dev, void* h, void** lc) override {
+    return t_->listen(ctx, dev, h, lc);
+  }
+  ncclResult_t connect(void* ctx, int dev, void* h, void** sc) override {
+    ncclNetDeviceHandle_v12_t* dev_comm = nullptr;
+    return t_->connect(ctx, dev, h, sc, &dev_comm);
+  }
+  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
+    return t_->isend(sc, d, s, tag, mh, nullptr, r);
+  }
+  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
+    void* phandle = nullptr;
+    return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
+  }
 };
 
 class V11 : public ApiBase<ncclNet_v11_t> {
@@ -268,6 +311,7 @@ class V8 : public ApiBase<ncclNet_v8_t> {
 
 std::unique_ptr<NetApi> make_api(const std::string& version) {
   const Loaded& l = plugin();
+  if (version == "v12") return std::make_unique<V12>(l.v12);
   if (version == "v11") return std::make_unique<V11>(l.v11);
   if (version == "v10") return std::make_unique<V10>(l.v10);
   if (version == "v9") return std::make_unique<V9>(l.v9);
@@ -530,6 +574,53 @@ Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role) {
   if (api.close_send(sc) != ncclSuccess || api.close_recv(rc) != ncclSuccess) return "close";
   if (api.finalize(ctx) != ncclSuccess) return "finalize";
   return "";
+}
+
+// ---- the peer helper ----------------------------------------------------------------------
+
+// Runs the peer helper with extra environment ("NAME=value" sets, "-NAME" removes); returns its
+// exit status, or -1 when it crashed or had to be killed.
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args) {
+  // Everything is built before fork: the child of a threaded process may only exec.
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string v(*e);
+    bool replaced = false;
+    for (const std::string& change : env) {
+      std::string name = change[0] == '-' ? change.substr(1) : change.substr(0, change.find('='));
+      if (v.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
+    }
+    if (!replaced) vars.push_back(v);
+  }
+  for (const std::string& change : env) {
+    if (change[0] != '-') vars.push_back(change);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_s = {GW_PLUGIN_PEER_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execve(GW_PLUGIN_PEER_PATH, argv.data(), envp.data());
+    _exit(127);
+  }
+  if (pid < 0) return -1;
+  // Reap with a deadline; kill a peer that hangs.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    usleep(10000);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace gw::plugin_test

@@ -2,7 +2,7 @@
 // no NCCL and no GPU: dlopen, init with a recording logger, connect and accept alternately from
 // one thread, post with retry on NULL requests, test until done. Every loop has a deadline.
 //
-// NetApi gives one shape to the four exported tables (v8..v11) so the same scenarios run
+// NetApi gives one shape to the five exported tables (v8..v12) so the same scenarios run
 // through each version's function pointers.
 #pragma once
 
@@ -20,6 +20,7 @@ namespace gw::plugin_test {
 // call sets the environment the tests rely on (loopback only, short deadlines).
 struct Loaded {
   void* lib = nullptr;
+  ncclNet_v12_t* v12 = nullptr;
   ncclNet_v11_t* v11 = nullptr;
   ncclNet_v10_t* v10 = nullptr;
   ncclNet_v9_t* v9 = nullptr;
@@ -59,7 +60,7 @@ class NetApi {
   virtual ncclResult_t close_listen(void* lc) = 0;
 };
 
-// "v8", "v9", "v10", "v11".
+// "v8", "v9", "v10", "v11", "v12".
 std::unique_ptr<NetApi> make_api(const std::string& version);
 
 // Page-aligned host buffer.
@@ -96,6 +97,18 @@ Error post_recv(NetApi& api, void* rc, void* data, size_t size, int tag, void* m
                 int deadline_ms = 10000);
 
 std::string handle_hex(const uint8_t* handle);
+
+// Runs the nccl_plugin_peer helper (GW_PLUGIN_PEER_PATH) with `args` and extra environment
+// ("NAME=value" sets, "-NAME" removes); returns its exit status, or -1 when it crashed or had to
+// be killed (30 s deadline).
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args);
+
+// The transfers of nccl_plugin_peer's "timeline" scenario, which the timeline test finds in the
+// trace: message i has kTimelineSizes[i] bytes, tag kTimelineTag0 + i, and a receive posted
+// kTimelineRecvExtra bytes larger.
+inline constexpr size_t kTimelineSizes[] = {0, 333, 4096, size_t{1} << 20, (size_t{3} << 20) + 7};
+inline constexpr int kTimelineTag0 = 100;
+inline constexpr size_t kTimelineRecvExtra = 64;
 
 }  // namespace gw::plugin_test
 
