@@ -99,8 +99,9 @@ constinit const config::Row kStoreMaxBytes{
 
 constinit const config::Row kTimeline{
     "GW_TIMELINE", Type::String, "", "",
-    "write a Chrome trace of every collective to this path, one file per rank (%r: the rank; "
-    "else .<rank> before .json); core/timeline.h"};
+    "write a Chrome trace of every C ABI call to this path, one file per rank (%r: the rank; "
+    "else .<rank> before .json); the NCCL net plugin writes its transfers beside it (.nccl "
+    "before .json); core/timeline.h"};
 
 const config::RowSet& rows() {
   static const config::RowSet set(
