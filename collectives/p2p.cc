@@ -312,10 +312,13 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
   // One clock read per pass, shared by the caller's bound, the deadlines and the backoff: the
   // backoff's (taken before it yields or polls: up to 1 ms old, so a deadline is seen one pass
   // later at worst), or a fresh one after a pass that moved something.
-  // Between two such reads, up to kQuietPolls passes that moved nothing poll again at once, mu
-  // kept: a message that lands during them is seen a clock read (~20-50 ns) sooner, and the
-  // deadlines are checked a few hundred nanoseconds late at worst.
+  // Within kQuietSpan of the last pass that moved something (the backoff's pure spin), up to
+  // kQuietPolls passes that move nothing poll again at once, mu kept, between two such reads: a
+  // message that lands then is seen a clock read (~20-50 ns) sooner, the deadlines checked a
+  // few hundred nanoseconds late at worst. A longer wait goes through the backoff on every pass
+  // (it yields the core), as before.
   auto now = Clock::now();
+  auto moved_at = now;
   int quiet = 0;
   while (!req.done() && !stop && !aborted->load()) {
     if (bounded && now >= until) break;
@@ -327,9 +330,10 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
       backoff.reset();
       quiet = 0;
       now = Clock::now();
+      moved_at = now;
       continue;
     }
-    if (++quiet < kQuietPolls) continue;
+    if (now - moved_at < kQuietSpan && ++quiet < kQuietPolls) continue;
     quiet = 0;
     lock.unlock();
     now = backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });

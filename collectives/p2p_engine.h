@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -45,8 +46,10 @@ inline constexpr int kDataWindow = 4;  // chunks in flight per data connection
 // some are queued): the RTS of completed eager sends, the replies of received messages.
 inline constexpr int64_t kFlushMs = 1000;
 // A caller driving the engine (drive) polls this many times in a row, holding mu, between two
-// turns of its backoff (each reads the clock, and may yield or poll()).
+// turns of its backoff (each reads the clock, and may yield or poll()), within kQuietSpan of
+// the last pass that moved something.
 inline constexpr int kQuietPolls = 8;
+inline constexpr std::chrono::microseconds kQuietSpan{2};
 // check_deadlines scans every op at least this often (it skips scans until the earliest known
 // deadline in between).
 inline constexpr int64_t kRescanMs = 50;
