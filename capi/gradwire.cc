@@ -2,15 +2,16 @@
 //
 // Every entry point validates its arguments before touching anything, converts Status to
 // gw_status_t (same numeric values) and keeps the message for gw_last_error(); no exception
-// leaves it. Handles are checked against a registry of live ones, so a destroyed or foreign
-// handle is reported instead of dereferenced (as long as its address has not been reused by a
-// newer handle). The checks that hold whatever runs the collectives (NULL pointers, dtype/op,
-// sizes, overlaps, root) are made here, once; the Session does the rest.
+// leaves it. Handles are slots of a table (capi/handle_table.h) checked without a lock, so a
+// destroyed or foreign handle is reported instead of dereferenced (as long as its slot has not
+// been reused by a newer handle). The checks that hold whatever runs the collectives (NULL
+// pointers, dtype/op, sizes, overlaps, root) are made here, once; the Session does the rest.
 #include "gradwire/gradwire.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -21,11 +22,11 @@
 #include <new>
 #include <string>
 #include <thread>
-#include <unordered_set>
 
 #include "capi/capi_internal.h"
 #include "capi/daemon_session.h"
 #include "capi/direct_session.h"
+#include "capi/handle_table.h"
 #include "capi/session.h"
 #include "collectives/types.h"
 #include "core/bootstrap.h"
@@ -62,31 +63,32 @@ constexpr std::chrono::seconds kDestroyWait{5};
 
 using namespace gw::capi;  // NOLINT: this file implements gw::capi
 
+// A slot of the handle table (capi/handle_table.h). A call resolves its handle without a lock
+// (lookup): it announces itself in `users`, then reads `magic`; gw_comm_destroy clears `magic`,
+// then waits until `users` is 0 before it takes `session` away, so a call either sees the handle
+// destroyed or holds the session (seq_cst on both sides).
 struct gw_comm {
-  uint64_t magic = kCommMagic;
+  std::atomic<uint64_t> magic{0};  // kCommMagic while the handle is live
+  std::atomic<int> users{0};       // lookups between their check of magic and their copy
   std::shared_ptr<Session> session;
 };
 
 namespace {
 
-// Live handles. Allocated once and never freed, so calls made during static destruction still
-// find it.
-struct Registry {
-  std::mutex mu;
-  std::unordered_set<gw_comm*> comms;
-};
+using CommTable = HandleTable<gw_comm>;
 
-Registry& registry() {
-  static Registry* r = new Registry();
-  return *r;
+// Creation and destruction of handles, one at a time (lookups do not take it).
+std::mutex& comms_mu() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
 }
 
-gw_comm_t register_comm(std::shared_ptr<Session> session) {
-  auto* h = new gw_comm();
+Result<gw_comm_t> register_comm(std::shared_ptr<Session> session) {
+  std::lock_guard<std::mutex> lock(comms_mu());
+  gw_comm* h = CommTable::instance().acquire();
+  if (h == nullptr) return gw::no_memory("too many communicators alive at once");
   h->session = std::move(session);
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  reg.comms.insert(h);
+  h->magic.store(kCommMagic, std::memory_order_seq_cst);
   return h;
 }
 
@@ -257,7 +259,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
     GW_ASSIGN_OR_RETURN(session, DirectSession::create(o));
   }
   GW_LOG_INFO("{}", startup_line(o, *session));
-  *out = register_comm(std::move(session));
+  GW_ASSIGN_OR_RETURN(*out, register_comm(std::move(session)));
   return gw::ok_status();
 }
 
@@ -346,12 +348,17 @@ Status check_buffer(const char* name, const void* p, size_t bytes) {
 
 Result<std::shared_ptr<Session>> lookup(gw_comm_t comm) {
   if (comm == nullptr) return gw::invalid_arg("comm is NULL");
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  if (reg.comms.count(comm) == 0 || comm->magic != kCommMagic || !comm->session) {
+  // No lock: the table tells its slots from other pointers; a slot is read only through its
+  // atomics until magic says it is live, and destroy waits for users to leave.
+  if (!CommTable::instance().contains(comm)) {
     return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
   }
-  return comm->session;
+  comm->users.fetch_add(1, std::memory_order_seq_cst);
+  std::shared_ptr<Session> session;
+  if (comm->magic.load(std::memory_order_seq_cst) == kCommMagic) session = comm->session;
+  comm->users.fetch_sub(1, std::memory_order_release);
+  if (!session) return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
+  return session;
 }
 
 // A live communicator that has not been aborted.
@@ -385,14 +392,16 @@ GW_EXPORT gw_status_t gw_comm_destroy(gw_comm_t comm) {
     if (comm == nullptr) return gw::ok_status();
     std::shared_ptr<Session> session;
     {
-      Registry& reg = registry();
-      std::lock_guard<std::mutex> lock(reg.mu);
-      if (reg.comms.erase(comm) == 0 || comm->magic != kCommMagic) {
+      std::lock_guard<std::mutex> lock(comms_mu());
+      if (!CommTable::instance().contains(comm) ||
+          comm->magic.load(std::memory_order_seq_cst) != kCommMagic) {
         return gw::invalid_arg("comm was destroyed or is not a gradwire communicator");
       }
-      comm->magic = 0;
+      comm->magic.store(0, std::memory_order_seq_cst);
+      // A lookup that saw the handle live is copying the session: a few instructions.
+      while (comm->users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
       session = std::move(comm->session);
-      delete comm;
+      CommTable::instance().release(comm);
     }
     // Pending work ends now: an iallreduce in flight and calls blocked on other threads end in
     // GW_ERR_ABORTED, and this returns only once none of them can still touch a caller's buffer.
@@ -434,7 +443,7 @@ GW_EXPORT gw_status_t gw_comm_split(gw_comm_t comm, int color, int key, gw_comm_
       return gw::ok_status();
     }
     if (!child) return gw::internal_error("split with color {} returned no communicator", color);
-    *newcomm = register_comm(std::move(child));
+    GW_ASSIGN_OR_RETURN(*newcomm, register_comm(std::move(child)));
     return gw::ok_status();
   });
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -44,6 +45,11 @@ inline constexpr int kDataWindow = 4;  // chunks in flight per data connection
 // How long destruction waits for the queued control frames to reach the transport (only while
 // some are queued): the RTS of completed eager sends, the replies of received messages.
 inline constexpr int64_t kFlushMs = 1000;
+// A caller driving the engine (drive) polls this many times in a row, holding mu, between two
+// turns of its backoff (each reads the clock, and may yield or poll()), within kQuietSpan of
+// the last pass that moved something.
+inline constexpr int kQuietPolls = 8;
+inline constexpr std::chrono::microseconds kQuietSpan{2};
 // check_deadlines scans every op at least this often (it skips scans until the earliest known
 // deadline in between).
 inline constexpr int64_t kRescanMs = 50;
@@ -156,13 +162,29 @@ inline void recycle_frame(Peer* peer, std::vector<uint8_t>&& f) {
 
 using namespace p2p_engine;  // NOLINT: the two files of the engine
 
-// The engine as a waiting caller reaches it (P2PRequest::wait): impl is cleared, under mu, when
-// the engine is destroyed, which first waits until no caller is inside it (users == 0).
+// The engine as a waiting caller reaches it (P2PRequest::wait/test), without a lock: a caller
+// announces itself in users, then reads impl; the engine's destruction clears impl, then waits
+// (on cv, under mu) until users is 0, so a caller either finds no engine or is waited for
+// (seq_cst on both sides).
 struct P2PDriver {
-  std::mutex mu;
+  std::mutex mu;  // only for cv: the destruction's wait for the callers to leave
   std::condition_variable cv;
-  PointToPoint::Impl* impl = nullptr;
-  int users = 0;
+  std::atomic<PointToPoint::Impl*> impl{nullptr};
+  std::atomic<int> users{0};
+  // The engine, entered (leave() after), or nullptr when it is gone.
+  PointToPoint::Impl* enter() {
+    users.fetch_add(1, std::memory_order_seq_cst);
+    PointToPoint::Impl* e = impl.load(std::memory_order_seq_cst);
+    if (e == nullptr) leave();
+    return e;
+  }
+  void leave() {
+    users.fetch_sub(1, std::memory_order_seq_cst);
+    if (impl.load(std::memory_order_seq_cst) == nullptr) {
+      { std::lock_guard<std::mutex> lock(mu); }  // the destruction waits on cv, or sees users
+      cv.notify_all();
+    }
+  }
 };
 
 struct PointToPoint::Impl {

@@ -12,12 +12,16 @@
 # are measured in the same run. docs/perf.md, "Point to point against Open MPI and UCX".
 #
 # usage: perf/p2p_peers.sh [-s BW_SIZE] [-l LAT_SIZE] [-i LAT_ITERS] [-w WINDOW] [-r R] [-B BUILD_DIR]
+#                          [-b BASE_BUILD_DIR]
 #   -s  bandwidth message size (K/M suffixes), default 4M
 #   -l  latency message size, default 8
 #   -i  ping-pong round trips per run, default 2000
 #   -w  sends in flight while streaming (gradwire and Open MPI), default 4
 #   -r  repetitions, default 5
 #   -B  build directory holding perf/gradwire-perf, default build/release
+#   -b  a second build (another commit: "before"), run as the columns base-tcp and base-shm in the
+#       same interleaved repetitions; its perf/gradwire-perf runs with its capi/ first on
+#       LD_LIBRARY_PATH, so a copy of the two files (BASE/perf/, BASE/capi/) will do
 # A peer that is not installed shows "missing" (and why, in a comment line); it never fails the
 # script. Exit status: 0, 1 when a gradwire run failed, 2 on bad arguments.
 set -uo pipefail
@@ -30,7 +34,8 @@ lat_iters=2000
 window=4
 reps=5
 build="$root/build/release"
-while getopts "s:l:i:w:r:B:h" opt; do
+base=""
+while getopts "s:l:i:w:r:B:b:h" opt; do
   case "$opt" in
     s) bw_size="$OPTARG" ;;
     l) lat_size="$OPTARG" ;;
@@ -38,7 +43,8 @@ while getopts "s:l:i:w:r:B:h" opt; do
     w) window="$OPTARG" ;;
     r) reps="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
-    *) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    b) base="$(cd "$OPTARG" && pwd)" ;;
+    *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 to_bytes() {  # 4M -> 4194304
@@ -106,6 +112,11 @@ run_one() {  # impl -> "LAT BW" or nothing
     gw-tcp|gw-shm)
       timeout 300 "$perf" p2p --capi --transport "${impl#gw-}" -s "$bw_bytes" --window "$window" \
         --lat-size "$lat_bytes" --lat-iters "$lat_iters" 2>"$work/err" | parse_pt ;;
+    base-tcp|base-shm)
+      LD_LIBRARY_PATH="$base/capi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 \
+        "$base/perf/gradwire-perf" p2p --capi --transport "${impl#base-}" -s "$bw_bytes" \
+        --window "$window" --lat-size "$lat_bytes" --lat-iters "$lat_iters" 2>"$work/err" |
+        parse_pt ;;
     mpi-tcp)
       timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
         --mca btl_tcp_if_include lo "$mpi_bin" -s "$bw_bytes" -w "$window" -l "$lat_iters" \
@@ -127,6 +138,10 @@ run_one() {  # impl -> "LAT BW" or nothing
 }
 
 impls="gw-tcp gw-shm"
+if [ -n "$base" ]; then
+  [ -x "$base/perf/gradwire-perf" ] || { echo "p2p_peers: $base/perf/gradwire-perf not found" >&2; exit 2; }
+  impls+=" base-tcp base-shm"
+fi
 [ -z "$missing_mpi" ] && impls+=" mpi-tcp mpi-shm"
 [ -z "$missing_ucx" ] && impls+=" ucx-tcp ucx-shm"
 
@@ -136,6 +151,7 @@ tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 echo "# p2p_peers: 2 ranks on loopback; latency: ${lat_bytes} B half round trip (us, each run's median);" \
   "bandwidth: ${bw_bytes} B messages, window $window (MB/s, 10^6 B); $reps repetitions interleaved, medians"
 echo "# gradwire: $perf"
+[ -n "$base" ] && echo "# base (before): $base/perf/gradwire-perf"
 [ -n "$missing_mpi" ] && echo "# Open MPI: $missing_mpi"
 [ -n "$missing_ucx" ] && echo "# UCX: $missing_ucx"
 declare -A lats bws
@@ -145,7 +161,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     v=$(run_one "$impl")
     if [ -z "$v" ]; then
       echo "# rep $rep: $impl failed: $(tail -c 300 "$work/err" 2>/dev/null | tr '\n' ' ')" >&2
-      [[ "$impl" == gw-* ]] && failed=1
+      [[ "$impl" == gw-* || "$impl" == base-* ]] && failed=1
       v="fail fail"
     fi
     read -r l b <<<"$v"
@@ -176,7 +192,8 @@ cell() {  # lat|bw impl
 echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %12s   %-40s %s\n" "#impl" "lat_us" "bw_MBps" "lat runs" "bw runs"
-for impl in gw-tcp gw-shm mpi-tcp mpi-shm ucx-tcp ucx-shm; do
+for impl in gw-tcp gw-shm mpi-tcp mpi-shm ucx-tcp ucx-shm base-tcp base-shm; do
+  [[ "$impl" == base-* && -z "$base" ]] && continue
   printf "%-8s %10s %12s   %-40s %s\n" "$impl" "$(cell lat "$impl")" "$(cell bw "$impl")" \
     "${lats[$impl]:-}" "${bws[$impl]:-}"
 done
@@ -186,5 +203,9 @@ for t in tcp shm; do
     echo "# gw-$t vs $peer-$t: latency $(ratio "$(cell lat "$peer-$t")" "$(cell lat "gw-$t")")," \
       "bandwidth $(ratio "$(cell bw "gw-$t")" "$(cell bw "$peer-$t")")"
   done
+  if [ -n "$base" ]; then
+    echo "# gw-$t vs base-$t: latency $(ratio "$(cell lat "base-$t")" "$(cell lat "gw-$t")")," \
+      "bandwidth $(ratio "$(cell bw "gw-$t")" "$(cell bw "base-$t")")"
+  fi
 done
 exit "$failed"

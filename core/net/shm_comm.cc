@@ -60,9 +60,14 @@ class ShmCommCore {
   }
 
   // True once the peer's end of the unix socket is closed (it exited, crashed or closed the
-  // comm). Checked at most every kLivenessNs so that spinning on test() stays syscall-free.
+  // comm). Checked at most every kLivenessNs so that spinning on test() stays syscall-free, and
+  // the clock itself read only every kLivenessPolls calls: a caller spinning on test() makes
+  // tens of millions a second, and a clock read cost as much as the rest of a small message's
+  // poll (docs/perf.md, "Point to point").
   bool peer_gone(bool force) {
     if (gone_) return true;
+    if (!force && ++polls_ < kLivenessPolls) return false;
+    polls_ = 0;
     int64_t now = now_ns();
     if (!force && now - last_check_ns_ < kLivenessNs) return false;
     last_check_ns_ = now;
@@ -89,6 +94,9 @@ class ShmCommCore {
   uint64_t count_ = 0;    // local copy of head (sender) or tail (receiver)
   bool gone_ = false;
   int64_t last_check_ns_ = 0;
+  // peer_gone's calls since it last read the clock.
+  static constexpr int kLivenessPolls = 32;
+  int polls_ = 0;
 };
 
 // One direction of a connection; ShmSendComm forwards the SendComm interface to it.
