@@ -35,6 +35,7 @@ window=4
 reps=5
 build="$root/build/release"
 base=""
+for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
 while getopts "s:l:i:w:r:B:b:h" opt; do
   case "$opt" in
     s) bw_size="$OPTARG" ;;
@@ -44,6 +45,7 @@ while getopts "s:l:i:w:r:B:b:h" opt; do
     r) reps="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
     b) base="$(cd "$OPTARG" && pwd)" ;;
+    h) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
