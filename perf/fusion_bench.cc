@@ -172,7 +172,10 @@ int main(int argc, char** argv) {
   for (pid_t k : kids) {
     int st = 0;
     waitpid(k, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad = 1;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      bad = 1;
+      if (WIFSIGNALED(st)) std::fprintf(stderr, "a rank died of signal %d\n", WTERMSIG(st));
+    }
   }
   return bad;
 }
