@@ -26,6 +26,7 @@
 #include "capi/capi_internal.h"
 #include "capi/daemon_session.h"
 #include "capi/direct_session.h"
+#include "capi/fusion_session.h"
 #include "capi/handle_table.h"
 #include "capi/session.h"
 #include "collectives/types.h"
@@ -257,6 +258,7 @@ Status init(gw_comm_t* out, const gw_config_t& cfg) {
     GW_ASSIGN_OR_RETURN(session, DaemonSession::create(o, daemon));
   } else {
     GW_ASSIGN_OR_RETURN(session, DirectSession::create(o));
+    session = with_fusion(std::move(session), o.timeout_ms);  // daemon mode: no fusion yet
   }
   GW_LOG_INFO("{}", startup_line(o, *session));
   GW_ASSIGN_OR_RETURN(*out, register_comm(std::move(session)));

@@ -15,4 +15,6 @@ set(GW_CAPI_SRC
     kv.cc               # the parameter server's gw_kv_* (kv/)
     host_memory.cc      # which buffers are device memory; gw_mem_register
     device_memory.cc    # direct mode: allocation cache, staging pool, registrations
-    device_staging.cc)  # direct mode: device buffers copied through host memory
+    device_staging.cc   # direct mode: device buffers copied through host memory
+    fusion_queue.cc     # tensor fusion of small gw_iallreduce calls: the queue, the agreement
+    fusion_session.cc)  # a Session that fuses them and drains before other collectives

@@ -84,12 +84,22 @@ constinit const config::Row kStallWarnS{
     "seconds a collective may wait for its peers before every waiting rank logs a WARN naming "
     "the ranks that have not entered it, repeated every period (0 = off)"};
 
+constinit const config::Row kFusionThreshold{
+    "GW_FUSION_THRESHOLD", Type::Size, "64M", "",
+    "the C library fuses gw_iallreduce calls of at most 1 MiB each, queued on one communicator, "
+    "of one dtype and op, into allreduces of at most this many bytes (0 = off); "
+    "capi/fusion_queue.h"};
+constinit const config::Row kCycleTimeMs{
+    "GW_CYCLE_TIME_MS", Type::Double, "1", "",
+    "milliseconds a queued gw_iallreduce waits for others to fuse with before the ranks agree on a "
+    "batch (a wait or test on it, or another collective, starts one at once)"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "collectives",
-      {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter, &kNchannels,
-       &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs, &kCostIntraBwGbps,
-       &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus, &kStallWarnS});
+      "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
+                      &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
+                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus,
+                      &kStallWarnS, &kFusionThreshold, &kCycleTimeMs});
   return set;
 }
 

@@ -267,7 +267,14 @@ gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* send
 
 /* Starts an allreduce and returns at once with *request set. The buffers must stay valid and
  * unmodified until gw_wait/gw_test report completion or gw_comm_destroy returns (which aborts
- * it). Requests complete in issue order. Device memory: see above. */
+ * it). Requests complete in issue order. Device memory: see above.
+ * Tensor fusion (direct mode): a call of at most 1 MiB and at most GW_FUSION_THRESHOLD bytes
+ * (default 64M; 0: off) is queued and reduced with its neighbours of the same dtype and op as one
+ * allreduce of a fusion buffer (the result is the same). The ranks agree on each batch, so they
+ * may call and wait at different times and in different orders. A batch starts when its oldest
+ * call has waited GW_CYCLE_TIME_MS (default 1), when gw_wait/gw_test is called on a queued
+ * request, or before any other collective on the communicator (which keeps its place after the
+ * queued calls). A queued call that gw_comm_destroy ends fails with GW_ERR_ABORTED. */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                           gw_dtype_t dtype, gw_op_t op, gw_request_t* request);
 
