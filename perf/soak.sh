@@ -6,8 +6,9 @@
 # allreduce with a random codec; and every FAULT_EVERY-th case a fault: one rank's job killed at a
 # random moment, after which every other rank must fail with an error within GW_TIMEOUT_MS.
 # Ranks agree on each case through a shared seed (case k uses SEED+k), and after a fault case
-# they meet again at a common time. Stops at the first unexpected outcome (a wrong element, a
-# failure without a fault, a rank that outlives the deadline) and prints a summary either way.
+# they meet again (a file per rank in the run's folder, or at the latest the deadline of the
+# kill). Stops at the first unexpected outcome (a wrong element, a failure without a fault, a
+# rank that outlives the deadline) and prints a summary either way.
 #
 # usage: perf/soak.sh [-d DURATION_S] [-n HOSTS] [-R RANKS_PER_HOST] [-r RATE] [-f FAULT_EVERY]
 #                     [-s SEED] [-p GRADWIRE_PERF] [-t TESTBED_SH]
@@ -101,8 +102,14 @@ while [ "$(date +%s)" -lt "$end" ]; do
       fi
     fi
     log "ok $k fault $desc: status $rc after $ms ms"
-    # Meet again: every rank's job has ended within the deadline of the kill by now.
-    sleep $(( (delay_ms + 2 * TIMEOUT_MS + 9000 - ms) / 1000 + 1 ))
+    # Meet again: each rank marks case k done in OUTDIR (every host sees it) and waits for the
+    # others' marks, at most until every rank's job has ended within the deadline of the kill.
+    touch "$OUTDIR/met.$k.$GW_RANK"
+    meet_by=$(( $(date +%s) + (delay_ms + 2 * TIMEOUT_MS + 9000 - ms) / 1000 + 1 ))
+    while [ "$(find "$OUTDIR" -maxdepth 1 -name "met.$k.*" | wc -l)" -lt "$world" ] &&
+          [ "$(date +%s)" -lt "$meet_by" ]; do
+      sleep 0.1
+    done
   else
     if [ $rc != 0 ]; then
       log "FAIL $k $desc: status $rc: $(grep -m3 -iE 'error|wrong' "$OUTDIR/out.$GW_RANK" | tr '\n' ' ' | cut -c1-300)"
