@@ -84,12 +84,18 @@ constinit const config::Row kStallWarnS{
     "seconds a collective may wait for its peers before every waiting rank logs a WARN naming "
     "the ranks that have not entered it, repeated every period (0 = off)"};
 
+constinit const config::Row kShmDirectMin{
+    "GW_SHM_DIRECT_MIN", Type::Size, "1M", "",
+    "an allreduce of at least this many bytes among ranks of one host over shm reads the peers' "
+    "buffers straight into the sum (process_vm_readv) instead of the ring; 0 = always the ring. "
+    "Every rank must set the same"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
       "collectives",
       {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter, &kNchannels,
        &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs, &kCostIntraBwGbps,
-       &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus, &kStallWarnS});
+       &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus, &kStallWarnS, &kShmDirectMin});
   return set;
 }
 

@@ -20,6 +20,7 @@ extern const config::Row kCostInterAlphaUs;
 extern const config::Row kCostInterBwGbps;
 extern const config::Row kCostCpus;
 extern const config::Row kStallWarnS;
+extern const config::Row kShmDirectMin;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();
