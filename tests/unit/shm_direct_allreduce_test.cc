@@ -13,6 +13,8 @@
 #include "collectives/reduce.h"
 #include "collectives/shm_direct.h"
 #include "core/net/shm_config.h"
+#include "core/store.h"
+#include "tests/support/exec_child.h"
 #include "tests/support/ranks.h"
 
 namespace gw::coll {
@@ -186,6 +188,51 @@ TEST(ShmDirectAllreduce, PeerThatGoesAwayFailsTheCall) {
     EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
     EXPECT_LT(took, std::chrono::seconds(30)) << "waited out its deadline";
   });
+}
+
+// Rank 1 of PeerKilledMidCallFailsTheSurvivor, in a process of its own: one direct allreduce,
+// then it sleeps until rank 0 kills it (SIGKILL) while rank 0 waits in the next one.
+const bool kRank1Child = testing::register_child_case("ShmDirectChild", "Rank1", [] {
+  TcpStoreOptions o;
+  o.port = std::atoi(testing::env_or_empty("GW_SD_STORE_PORT").c_str());
+  auto store = TcpStore::create(o);
+  if (!store.ok()) return 2;
+  auto comm = testing::create_rank(shm_ranks("1"), 1, 2, *store);
+  if (!comm.ok()) return 3;
+  std::vector<float> v(1 << 20, 1.0f);
+  if (!(*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum).ok()) {
+    return 4;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+  return 0;
+});
+
+TEST(ShmDirectAllreduce, PeerKilledMidCallFailsTheSurvivor) {
+  TcpStoreOptions so;
+  so.host_server = true;
+  auto store = TcpStore::create(so);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  testing::ExecChild child("ShmDirectChild.Rank1",
+                           {"GW_SD_STORE_PORT=" + std::to_string((*store)->port())});
+  ASSERT_TRUE(child.started());
+  auto comm = testing::create_rank(shm_ranks("1"), 0, 2, *store);
+  ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+  std::vector<float> v(1 << 20, 1.0f);
+  ASSERT_TRUE(
+      (*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum).ok());
+  EXPECT_EQ(v[12345], 2.0f);
+  EXPECT_GT(ShmDirect::calls(), 0u);
+  // Rank 0 is inside the next call, waiting for rank 1, when rank 1's process is killed.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    child.kill_now();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status s = (*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+  const auto took = std::chrono::steady_clock::now() - start;
+  killer.join();
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_LT(took, std::chrono::seconds(30)) << "waited out its deadline";
 }
 
 }  // namespace
