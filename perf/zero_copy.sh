@@ -4,8 +4,9 @@
 # 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
 # loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto, uring), at 64 MiB (busbw) and 4 KiB
 # (time), and the CPU time (getrusage of both ranks, user + system) per allreduce call: the
-# difference between runs of 12 and 2 timed calls (2002 and 2 at 4 KiB), steadier than time on a
-# loaded host.
+# difference between runs of 12 and 2 timed iterations (2002 and 2 at 4 KiB), steadier than time
+# on a loaded host, divided by the calls (gradwire-perf makes two per iteration, out of place and
+# in place; Open MPI's driver one).
 # Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
 # usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."]
@@ -29,8 +30,8 @@ while getopts "B:r:s:v:h" opt; do
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
-    h) sed -n '2,19p' "$0"; exit 0 ;;
-    *) sed -n '11,18p' "$0" >&2; exit 2 ;;
+    h) sed -n '2,20p' "$0"; exit 0 ;;
+    *) sed -n '12,19p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
@@ -110,7 +111,10 @@ run_one() {  # variant size col calls
   c_hi=$(cpu_of "$hi")
   c_lo=$(cpu_of "$lo")
   if [ -n "$fig" ] && [ -n "$c_hi" ] && [ -n "$c_lo" ] && [ -n "$lo" ]; then
-    cpu["$v $s"]+="$(awk -v a="$c_hi" -v b="$c_lo" -v n="$calls" 'BEGIN { printf "%.6f", (a - b) / n * 1e3 }') "
+    # gradwire-perf times every iteration out of place and then in place: two calls each.
+    local per=$calls
+    [ "${v%%:*}" = mpi ] || per=$((2 * calls))
+    cpu["$v $s"]+="$(awk -v a="$c_hi" -v b="$c_lo" -v n="$per" 'BEGIN { printf "%.6f", (a - b) / n * 1e3 }') "
   fi
 }
 declare -A res cpu
