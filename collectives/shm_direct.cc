@@ -93,7 +93,7 @@ ShmDirectOptions shm_direct_options(const config::Snapshot& config) {
 uint64_t ShmDirect::calls() { return g_calls.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
 
-Status ShmDirect::probe(Deadline deadline, const Exchange& exchange) {
+Status ShmDirect::probe(const Exchange& exchange) {
   const size_t n = static_cast<size_t>(size_);
   xbuf_.assign(n * sizeof(ProbeDesc), 0);
   ProbeDesc mine{kDescMagic, static_cast<int64_t>(getpid()),
@@ -123,7 +123,6 @@ Status ShmDirect::probe(Deadline deadline, const Exchange& exchange) {
   std::vector<uint8_t> ok(n, 0);
   ok[rank_] = why.empty() ? 1 : 2;
   GW_RETURN_IF_ERROR(exchange(ok.data(), 1));
-  (void)deadline;
   int refused_by = -1;
   for (int r = 0; r < size_; ++r) {
     if (ok[r] != 1 && ok[r] != 2) return internal_error("allreduce: corrupt probe verdict");
@@ -150,7 +149,7 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
                             ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
                             const Exchange& exchange, bool* ran) {
   *ran = false;
-  if (state_ == State::kUnknown) GW_RETURN_IF_ERROR(probe(deadline, exchange));
+  if (state_ == State::kUnknown) GW_RETURN_IF_ERROR(probe(exchange));
   if (state_ != State::kOn) return ok_status();
   *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);

@@ -72,7 +72,7 @@ class ShmDirect {
  private:
   // Every rank publishes its pid and the address of a known word; each reads every peer's word;
   // every rank publishes whether all its reads worked. kOn only when all did.
-  Status probe(Deadline deadline, const Exchange& exchange);
+  Status probe(const Exchange& exchange);
 
   int rank_;
   int size_;
