@@ -94,12 +94,18 @@ constinit const config::Row kCycleTimeMs{
     "milliseconds a queued gw_iallreduce waits for others to fuse with before the ranks agree on a "
     "batch (a wait or test on it, or another collective, starts one at once)"};
 
+constinit const config::Row kShmDirectMin{
+    "GW_SHM_DIRECT_MIN", Type::Size, "1M", "",
+    "an allreduce of at least this many bytes among ranks of one host over shm reads the peers' "
+    "buffers straight into the sum (process_vm_readv) instead of the ring; 0 = always the ring. "
+    "Every rank must set the same"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
       "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
                       &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
                       &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus,
-                      &kStallWarnS, &kFusionThreshold, &kCycleTimeMs});
+                      &kStallWarnS, &kFusionThreshold, &kCycleTimeMs, &kShmDirectMin});
   return set;
 }
 

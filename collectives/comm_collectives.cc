@@ -119,6 +119,20 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
       if (in != out && bytes) std::memcpy(out, in, bytes);
       return ok_status();
     }
+    if (direct_.wants(bytes)) {
+      // Within one host over shm: read the peers' buffers into the sum (shm_direct.h); the small
+      // exchanges are ring allgathers on this call's tags.
+      auto exchange = [&](uint8_t* buf, size_t blk) -> Status {
+        std::vector<Plan> xplans(1);
+        xplans[0].sched = ring_allgather(rank(), size(), blk);
+        return exec_.run("allreduce", tag_seq_, xplans, buf, buf, DataType::kU8, ReduceOp::kSum,
+                         deadline);
+      };
+      bool ran = false;
+      GW_RETURN_IF_ERROR(
+          direct_.allreduce(in, out, count, dtype, op, deadline, &aborted_, exchange, &ran));
+      if (ran) return ok_status();
+    }
     GW_ASSIGN_OR_RETURN(const CachedAllreduce* cached, allreduce_plans(count, es));
     const AllreduceChoice& choice = cached->choice;
     const AllreduceAlgorithm& algo = *choice.algorithm;

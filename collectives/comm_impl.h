@@ -24,6 +24,7 @@
 #include "collectives/group.h"
 #include "collectives/p2p.h"
 #include "collectives/schedule.h"
+#include "collectives/shm_direct.h"
 #include "core/config_snapshot.h"
 #include "core/log.h"
 
@@ -76,7 +77,8 @@ class CommImpl : public Communicator {
               PoolOptions{settings_.mode, settings_.factory, settings_.timeout_ms,
                           settings_.spin_us, settings_.config, settings_.route_host},
               &aborted_),
-        exec_(&pool_, &aborted_, executor_options(settings_, group_)) {}
+        exec_(&pool_, &aborted_, executor_options(settings_, group_)),
+        direct_(group_.rank(), group_.size(), shm_direct_options(settings_.config)) {}
   ~CommImpl() override;
 
   // set_up(), then, had it failed before the ranks compared outcomes (agree_cost_params), says so
@@ -223,6 +225,8 @@ class CommImpl : public Communicator {
   std::atomic<bool> aborted_{false};
   ConnectionPool pool_;
   Executor exec_;
+  // Large allreduces within one host over shm (collectives/shm_direct.h); eligible from set_up().
+  ShmDirect direct_;
   CostParams cost_;
 
   uint32_t seq_ = 0;

@@ -17,5 +17,6 @@ set(GW_COLL_SOURCES
     reduce.cc
     rooted_schedule.cc
     schedule.cc
+    shm_direct.cc
     stall.cc
     types.cc)

@@ -4,8 +4,9 @@
 # 1M, the default, and from 64K, which takes the collectives' 128 KiB chunks) and tcp over
 # loopback, 2 ranks (GW_SOCKET_ZEROCOPY off, on, auto, uring), at 64 MiB (busbw) and 4 KiB
 # (time), and the CPU time (getrusage of both ranks, user + system) per allreduce call: the
-# difference between runs of 12 and 2 timed calls (2002 and 2 at 4 KiB), steadier than time on a
-# loaded host.
+# difference between runs of 12 and 2 timed iterations (2002 and 2 at 4 KiB), steadier than time
+# on a loaded host, divided by the calls (gradwire-perf makes two per iteration, out of place and
+# in place; Open MPI's driver one).
 # Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
 # usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."]
@@ -13,7 +14,9 @@
 #   -r  repetitions (default 5)
 #   -s  large sizes in bytes (default 67108864); the 4096-byte latency row always runs
 #   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto
-#       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0)
+#       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0),
+#       shm:direct (the direct allreduce, GW_SHM_DIRECT_MIN=1M; the shm:ring/cma variants turn it
+#       off) and mpi:vader (Open MPI over shared memory, perf/peers/mpi_allreduce.c, via mpicc)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
@@ -28,8 +31,8 @@ while getopts "B:r:s:v:h" opt; do
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
-    h) sed -n '2,17p' "$0"; exit 0 ;;
-    *) sed -n '11,16p' "$0" >&2; exit 2 ;;
+    h) sed -n '2,20p' "$0"; exit 0 ;;
+    *) sed -n '12,19p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
@@ -51,9 +54,11 @@ print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
 
 env_of() {
   case "$1" in
-    shm:ring) echo "GW_SHM_CMA_MIN=0" ;;
-    shm:cma) echo "GW_SHM_CMA_MIN=1M" ;;        # the default: 128 KiB chunks stay on the ring
-    shm:cma-all) echo "GW_SHM_CMA_MIN=64K" ;;   # every pipeline chunk read single-copy
+    shm:ring) echo "GW_SHM_CMA_MIN=0 GW_SHM_DIRECT_MIN=0" ;;
+    shm:cma) echo "GW_SHM_CMA_MIN=1M GW_SHM_DIRECT_MIN=0" ;;  # 128 KiB chunks stay on the ring
+    shm:cma-all) echo "GW_SHM_CMA_MIN=64K GW_SHM_DIRECT_MIN=0" ;;  # every chunk read single-copy
+    shm:direct) echo "GW_SHM_DIRECT_MIN=1M" ;;  # the default: peers' buffers read into the sum
+    mpi:vader) echo "OMPI_MCA_btl=vader,self" ;;  # Open MPI's shared memory, perf/peers/mpi_allreduce
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
@@ -63,6 +68,12 @@ env_of() {
   esac
 }
 for v in $variants; do env_of "$v" >/dev/null || exit 2; done
+mpi_bin="$build/peers/mpi_allreduce"
+if [[ " $variants " == *" mpi:"* ]]; then
+  mkdir -p "$build/peers"
+  mpicc -O2 -o "$mpi_bin" "$(dirname "$0")/peers/mpi_allreduce.c" 2>"$work/mpicc.log" ||
+    { echo "zero_copy.sh: mpicc failed: $(head -c 200 "$work/mpicc.log")" >&2; exit 2; }
+fi
 memcpy_gbs=$(ceiling '^memcpy/16777216$')
 tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
 # Runs gradwire-perf under a parent that reports the CPU time of its children (both ranks and
@@ -75,6 +86,16 @@ print("# cpu_s %.6f" % (r.ru_utime + r.ru_stime))
 sys.exit(p.returncode)'
 run_perf() {  # variant size iters -> the perf tool's output and its "# cpu_s" line
   local v="$1" s="$2" n="$3"
+  if [ "${v%%:*}" = mpi ]; then
+    # Open MPI's driver prints "time_us=T busbw_GBps=B": shaped here like the perf tool's row
+    # (column 6 time, column 8 busbw). Its run is n timed calls, 2 warm-up and 1 check.
+    env $(env_of "$v") /usr/bin/python3 -c "$rusage_py" timeout 600 mpirun --allow-run-as-root \
+      --oversubscribe -np 2 "$mpi_bin" -n "$n" "$s" 2>"$work/err" |
+      awk '/time_us=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+             printf "%s 0 float sum -1 %s 0 %s 0 0 0 0 0\n", f["bytes"], f["time_us"], f["busbw_GBps"]; next }
+           { print }'
+    return "${PIPESTATUS[0]}"
+  fi
   env $(env_of "$v") GW_SOCKET_IFNAME=lo /usr/bin/python3 -c "$rusage_py" timeout 600 "$perf" \
     allreduce --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 2>"$work/err"
 }
@@ -91,7 +112,10 @@ run_one() {  # variant size col calls
   c_hi=$(cpu_of "$hi")
   c_lo=$(cpu_of "$lo")
   if [ -n "$fig" ] && [ -n "$c_hi" ] && [ -n "$c_lo" ] && [ -n "$lo" ]; then
-    cpu["$v $s"]+="$(awk -v a="$c_hi" -v b="$c_lo" -v n="$calls" 'BEGIN { printf "%.6f", (a - b) / n * 1e3 }') "
+    # gradwire-perf times every iteration out of place and then in place: two calls each.
+    local per=$calls
+    [ "${v%%:*}" = mpi ] || per=$((2 * calls))
+    cpu["$v $s"]+="$(awk -v a="$c_hi" -v b="$c_lo" -v n="$per" 'BEGIN { printf "%.6f", (a - b) / n * 1e3 }') "
   fi
 }
 declare -A res cpu

@@ -1,0 +1,87 @@
+// Allreduce among the ranks of one host over shm by reading the peers' buffers straight into the
+// sum (cross-memory attach, process_vm_readv), instead of streaming every byte through the ring
+// buffers twice (docs/wire-shm.md, "Direct allreduce"). Rank i owns block i of the vector
+// (block_range): it reads that block of every peer's input in cache-sized pieces and reduces each
+// piece at once into its output; after a barrier every rank reads the other ranks' reduced blocks
+// from their outputs into its own; a last barrier keeps every buffer alive until no peer reads
+// it. The small exchanges (addresses, barriers) run over the communicator's connections, through
+// the `Exchange` the communicator hands in, so they have its deadline and its peer-death reports.
+//
+// The first call that takes the path checks once whether every rank may read every other's
+// memory (the kernel's ptrace access check: Yama's ptrace_scope, other users, a non-dumpable
+// process, other pid namespaces); when any may not, every rank keeps the ring for good and says
+// why once. Not thread-safe: the communicator calls it under its collective lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "collectives/types.h"
+#include "core/config_snapshot.h"
+#include "core/status.h"
+#include "core/sys/time.h"
+
+namespace gw::coll {
+
+using sys::Deadline;
+using sys::expired;
+
+struct ShmDirectOptions {
+  size_t min_bytes = 0;        // GW_SHM_DIRECT_MIN; 0: never
+  bool inject_refuse = false;  // GW_SHM_CMA_INJECT_REFUSE: the probe reads address 0
+};
+
+// GW_SHM_DIRECT_MIN and GW_SHM_CMA_INJECT_REFUSE from the communicator's settings.
+ShmDirectOptions shm_direct_options(const config::Snapshot& config);
+
+// Gathers every rank's `blk` bytes at buf + r * blk (this rank's already there) to every rank.
+using Exchange = std::function<Status(uint8_t* buf, size_t blk)>;
+
+class ShmDirect {
+ public:
+  enum class State { kUnknown, kOn, kOff };
+
+  ShmDirect(int rank, int size, ShmDirectOptions options)
+      : rank_(rank), size_(size), options_(options) {}
+
+  // Set by the communicator once it knows every link of the group is shm within one host.
+  void set_eligible(bool eligible) { eligible_ = eligible; }
+  // Whether an allreduce of `bytes` takes this path (the same answer on every rank of a group
+  // whose ranks agree on GW_SHM_DIRECT_MIN).
+  bool wants(size_t bytes) const {
+    return eligible_ && options_.min_bytes > 0 && bytes >= options_.min_bytes &&
+           state_ != State::kOff && size_ > 1;
+  }
+  // The allreduce (in == out in place). When the first call's probe finds that some rank may not
+  // read another's memory, it returns ok with *ran = false and the caller runs the ring instead
+  // (every rank alike). A peer gone mid-call is kPeer; the deadline kTimeout; abort kAborted.
+  Status allreduce(const uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceOp op,
+                   Deadline deadline, const std::atomic<bool>* aborted, const Exchange& exchange,
+                   bool* ran);
+
+  State state() const { return state_; }
+
+  // Process-wide counters (tests and perf check which path ran): calls that ran the direct path,
+  // and bytes read from peers by it.
+  static uint64_t calls();
+  static uint64_t bytes_read();
+
+ private:
+  // Every rank publishes its pid and the address of a known word; each reads every peer's word;
+  // every rank publishes whether all its reads worked. kOn only when all did.
+  Status probe(const Exchange& exchange);
+
+  int rank_;
+  int size_;
+  ShmDirectOptions options_;
+  bool eligible_ = false;
+  State state_ = State::kUnknown;
+  std::vector<int64_t> pids_;  // every rank's pid, from the probe
+  std::vector<uint8_t> tmp_;   // a cache-sized piece of a peer's block
+  std::vector<uint8_t> xbuf_;  // exchange buffer
+};
+
+}  // namespace gw::coll

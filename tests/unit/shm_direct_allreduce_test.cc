@@ -1,0 +1,239 @@
+// The direct allreduce within one host over shm (collectives/shm_direct.h): every dtype and op,
+// odd sizes, in place and out of place, on 2, 3 and 4 ranks; the knob that turns it off; the
+// refused probe (every rank keeps the ring); a peer that goes away.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "collectives/coll_config.h"
+#include "collectives/communicator.h"
+#include "collectives/reduce.h"
+#include "collectives/shm_direct.h"
+#include "core/net/shm_config.h"
+#include "core/store.h"
+#include "tests/support/exec_child.h"
+#include "tests/support/ranks.h"
+
+namespace gw::coll {
+namespace {
+
+// Element i of rank r's input: a small integer (1..3) in the dtype, so that every sum and product
+// of up to 4 ranks is exact in every type and the order of the reduction does not matter.
+void fill(DataType t, int r, std::vector<uint8_t>& buf, size_t count) {
+  buf.assign(count * dtype_size(t), 0);
+  for (size_t i = 0; i < count; ++i) {
+    const int v = 1 + static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % 3);
+    uint8_t* p = buf.data() + i * dtype_size(t);
+    switch (t) {
+      case DataType::kF32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::kF64: {
+        double d = v;
+        std::memcpy(p, &d, 8);
+        break;
+      }
+      case DataType::kF16: {
+        uint16_t h = float_to_half(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBF16: {
+        uint16_t h = float_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kI32: {
+        int32_t x = v;
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::kI64: {
+        int64_t x = v;
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::kU8:
+        *p = static_cast<uint8_t>(v);
+        break;
+    }
+  }
+}
+
+std::vector<uint8_t> expected(DataType t, ReduceOp op, int n, size_t count) {
+  std::vector<uint8_t> acc, in;
+  fill(t, 0, acc, count);
+  for (int r = 1; r < n; ++r) {
+    fill(t, r, in, count);
+    reduce_portable(t, op, acc.data(), in.data(), acc.data(), count);
+  }
+  if (op == ReduceOp::kAvg) finalize_avg(t, acc.data(), count, n);
+  return acc;
+}
+
+config::Snapshot knobs(const char* min_bytes, bool refuse) {
+  auto a = config::Snapshot::capture().with(coll_config::kShmDirectMin, min_bytes);
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  auto b = a->with(net::shm_config::kShmCmaInjectRefuse, refuse ? "1" : "0");
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  return *b;
+}
+
+testing::RankOptions shm_ranks(const char* min_bytes, bool refuse = false) {
+  testing::RankOptions o;
+  o.backend = "shm";
+  o.timeout_ms = 60000;
+  o.tweak = [=](CommOptions& c, int) {
+    c.transport = "shm";
+    c.config = knobs(min_bytes, refuse);
+  };
+  return o;
+}
+
+// Every dtype and op, in place and not, over sizes that are multiples of nothing (and smaller
+// than the number of ranks), on n ranks; returns how many calls took the direct path.
+uint64_t run_all(int n, const testing::RankOptions& options) {
+  const uint64_t before = ShmDirect::calls();
+  const size_t counts[] = {1, 3, 1001, 100003};
+  testing::run_ranks(n, options, [&](std::unique_ptr<Communicator>& comm, int r) {
+    std::vector<uint8_t> in, out, keep;
+    for (int ti = 0; ti < kNumDataTypes; ++ti) {
+      for (int oi = 0; oi < kNumReduceOps; ++oi) {
+        for (size_t count : counts) {
+          for (bool in_place : {false, true}) {
+            const auto t = static_cast<DataType>(ti);
+            const auto op = static_cast<ReduceOp>(oi);
+            const std::vector<uint8_t> want = expected(t, op, n, count);
+            fill(t, r, in, count);
+            keep = in;
+            out.assign(in.size(), 0xEE);
+            void* dst = in_place ? in.data() : out.data();
+            Status s = comm->allreduce(in.data(), dst, count, t, op);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            const auto* got = static_cast<const uint8_t*>(dst);
+            ASSERT_EQ(0, std::memcmp(got, want.data(), want.size()))
+                << "rank " << r << " of " << n << ": " << dtype_name(t) << " " << op_name(op)
+                << " count " << count << (in_place ? " in place" : " out of place");
+            if (!in_place) {
+              ASSERT_EQ(in, keep) << "the input changed";
+            }
+          }
+        }
+      }
+    }
+  });
+  return ShmDirect::calls() - before;
+}
+
+constexpr uint64_t kCallsPerRank = kNumDataTypes * kNumReduceOps * 4 * 2;
+
+TEST(ShmDirectAllreduce, EveryDtypeOpAndOddSizeOnTwoThreeAndFourRanks) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    // GW_SHM_DIRECT_MIN=1: every call takes the path, so each rank counts every call.
+    EXPECT_EQ(run_all(n, shm_ranks("1")), kCallsPerRank * static_cast<uint64_t>(n));
+  }
+}
+
+TEST(ShmDirectAllreduce, ReadsThePeersBlocksOnce) {
+  // 2 ranks, 1 MiB of f32: each rank reads the peer's half of the input and its reduced half.
+  const uint64_t before = ShmDirect::bytes_read();
+  const size_t count = 262144;
+  testing::run_ranks(2, shm_ranks("1M"), [&](std::unique_ptr<Communicator>& comm, int r) {
+    std::vector<float> v(count, static_cast<float>(r + 1));
+    ASSERT_TRUE(comm->allreduce(v.data(), v.data(), count, DataType::kF32, ReduceOp::kSum).ok());
+    for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(v[i], 3.0f);
+  });
+  EXPECT_EQ(ShmDirect::bytes_read() - before, 2 * 2 * (count / 2) * sizeof(float));
+}
+
+TEST(ShmDirectAllreduce, KnobZeroKeepsTheRing) { EXPECT_EQ(run_all(2, shm_ranks("0")), 0u); }
+
+TEST(ShmDirectAllreduce, BelowTheThresholdKeepsTheRing) {
+  // 100003 u8 elements are the largest call of run_all: below 1M every call stays on the ring.
+  EXPECT_EQ(run_all(3, shm_ranks("1M")), 0u);
+}
+
+TEST(ShmDirectAllreduce, RefusedProbeFallsBackOnEveryRank) {
+  // One rank's probe fails as when ptrace access is refused: every rank keeps the ring, for every
+  // later call too, with the right results.
+  testing::RankOptions o = shm_ranks("1");
+  o.tweak = [](CommOptions& c, int r) {
+    c.transport = "shm";
+    c.config = knobs("1", r == 1);
+  };
+  EXPECT_EQ(run_all(3, o), 0u);
+  EXPECT_EQ(run_all(2, shm_ranks("1", /*refuse=*/true)), 0u);
+}
+
+TEST(ShmDirectAllreduce, PeerThatGoesAwayFailsTheCall) {
+  // Both ranks run one direct call; then rank 1 destroys its communicator while rank 0 is in the
+  // next one. Rank 0 fails with kPeer long before its 60 s deadline.
+  testing::run_ranks(2, shm_ranks("1"), [&](std::unique_ptr<Communicator>& comm, int r) {
+    std::vector<float> v(1 << 20, 1.0f);
+    ASSERT_TRUE(comm->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum).ok());
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm.reset();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Status s = comm->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+    EXPECT_LT(took, std::chrono::seconds(30)) << "waited out its deadline";
+  });
+}
+
+// Rank 1 of PeerKilledMidCallFailsTheSurvivor, in a process of its own: one direct allreduce,
+// then it sleeps until rank 0 kills it (SIGKILL) while rank 0 waits in the next one.
+const bool kRank1Child = testing::register_child_case("ShmDirectChild", "Rank1", [] {
+  TcpStoreOptions o;
+  o.port = std::atoi(testing::env_or_empty("GW_SD_STORE_PORT").c_str());
+  auto store = TcpStore::create(o);
+  if (!store.ok()) return 2;
+  auto comm = testing::create_rank(shm_ranks("1"), 1, 2, *store);
+  if (!comm.ok()) return 3;
+  std::vector<float> v(1 << 20, 1.0f);
+  if (!(*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum).ok()) {
+    return 4;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+  return 0;
+});
+
+TEST(ShmDirectAllreduce, PeerKilledMidCallFailsTheSurvivor) {
+  TcpStoreOptions so;
+  so.host_server = true;
+  auto store = TcpStore::create(so);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  testing::ExecChild child("ShmDirectChild.Rank1",
+                           {"GW_SD_STORE_PORT=" + std::to_string((*store)->port())});
+  ASSERT_TRUE(child.started());
+  auto comm = testing::create_rank(shm_ranks("1"), 0, 2, *store);
+  ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+  std::vector<float> v(1 << 20, 1.0f);
+  ASSERT_TRUE(
+      (*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum).ok());
+  EXPECT_EQ(v[12345], 2.0f);
+  EXPECT_GT(ShmDirect::calls(), 0u);
+  // Rank 0 is inside the next call, waiting for rank 1, when rank 1's process is killed.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    child.kill_now();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status s = (*comm)->allreduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum);
+  const auto took = std::chrono::steady_clock::now() - start;
+  killer.join();
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_LT(took, std::chrono::seconds(30)) << "waited out its deadline";
+}
+
+}  // namespace
+}  // namespace gw::coll
