@@ -7,7 +7,10 @@
 // threshold, or --threshold), and the bound: one gw_allreduce of the concatenated bytes. A step's
 // time is the slowest rank's (an allreduce MAX after the step); a run's figure is the median of
 // --steps steps after --warmup, and the program prints the median of --runs runs per mode. Every
-// result is checked (the sum of the ranks' values).
+// result is checked (the sum of the ranks' values). --gap-us G spins G us before each call (the
+// backward pass computing the next gradient), so that batches close on GW_CYCLE_TIME_MS
+// (--cycle-ms) while the "compute" goes on, as in training; the bound then is the compute plus one
+// allreduce of everything after it.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +36,16 @@ struct Args {
   int port = 29731;
   std::string transport = "auto";
   std::string threshold = "64M";
+  double gap_us = 0;
+  std::string cycle_ms;  // "" : GW_CYCLE_TIME_MS as set
 };
+
+void spin_us(double us) {
+  if (us <= 0) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(us);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(
@@ -55,6 +67,7 @@ double median(std::vector<double> v) {
 // communicator; returns the median step time (us) of the slowest rank.
 double run_mode(const Args& a, int rank, int mode, int run, std::vector<float>& data) {
   setenv("GW_FUSION_THRESHOLD", mode == 1 ? a.threshold.c_str() : "0", 1);
+  if (!a.cycle_ms.empty()) setenv("GW_CYCLE_TIME_MS", a.cycle_ms.c_str(), 1);
   const std::string addr = "127.0.0.1:" + std::to_string(a.port + 1 + run * 3 + mode);
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
@@ -73,11 +86,13 @@ double run_mode(const Args& a, int rank, int mode, int run, std::vector<float>& 
     if (gw_barrier(comm) != GW_OK) die("gw_barrier", rank);
     const double t0 = now_us();
     if (mode == 2) {
+      for (int i = 0; i < a.tensors; ++i) spin_us(a.gap_us);
       if (gw_allreduce(comm, data.data(), data.data(), data.size(), GW_FLOAT32, GW_SUM) != GW_OK) {
         die("gw_allreduce", rank);
       }
     } else {
       for (int i = 0; i < a.tensors; ++i) {
+        spin_us(a.gap_us);
         float* p = data.data() + static_cast<size_t>(i) * per;
         if (gw_iallreduce(comm, p, p, per, GW_FLOAT32, GW_SUM, &reqs[static_cast<size_t>(i)]) !=
             GW_OK) {
@@ -128,11 +143,17 @@ int main(int argc, char** argv) {
       a.transport = v;
     else if (k == "--threshold")
       a.threshold = v;
+    else if (k == "--gap-us")
+      a.gap_us = std::atof(v);
+    else if (k == "--cycle-ms")
+      a.cycle_ms = v;
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--np N] [--tensors N] [--bytes B] [--steps N] [--warmup N] "
-                   "[--runs N] [--port P] [--transport auto|tcp|shm] [--threshold SIZE]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--np N] [--tensors N] [--bytes B] [--steps N] [--warmup N] "
+          "[--runs N] [--port P] [--transport auto|tcp|shm] [--threshold SIZE] [--gap-us US] "
+          "[--cycle-ms MS]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -156,8 +177,10 @@ int main(int argc, char** argv) {
     if (r == 0) {
       std::printf(
           "# %d ranks, transport %s, %d x %zu B gw_iallreduce per step, then all waited;\n"
+          "# %.1f us of compute before each call; threshold %s, GW_CYCLE_TIME_MS %s\n"
           "# median of %d steps (slowest rank) per run, median of %d runs [min..max]\n",
-          a.np, a.transport.c_str(), a.tensors, a.bytes, a.steps, a.runs);
+          a.np, a.transport.c_str(), a.tensors, a.bytes, a.gap_us, a.threshold.c_str(),
+          a.cycle_ms.empty() ? "(as set)" : a.cycle_ms.c_str(), a.steps, a.runs);
       const char* names[3] = {"fusion off (GW_FUSION_THRESHOLD=0)", "fusion on",
                               "bound: one allreduce"};
       for (int m = 0; m < 3; ++m) {
