@@ -8,7 +8,7 @@
 // - 2 daemons x 2 trainers (child processes, two host identities): same-host pairs work, a peer
 //   on the other host is refused with GW_ERR_UNSUPPORTED;
 // - a trainer killed with receives posted from it and sends posted to it: the other's requests
-//   end in GW_ERR_PEER within the deadline;
+//   end in GW_ERR_PEER within the deadline; abort and destroy end pending ones (GW_ERR_ABORTED);
 // - the figure: 8 B round trip and 4 MiB bandwidth, daemon mode against direct mode.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -439,6 +439,41 @@ TEST_F(DaemonP2pTest, InterleavedWithCollectives) {
       }
     }
   });
+}
+
+// Abort and destroy end every pending send and receive with GW_ERR_ABORTED (a world of one: no
+// other trainer can leave first).
+TEST_F(DaemonP2pTest, AbortAndDestroyEndPendingRequests) {
+  gw::testing::CleanEnv env;
+  ::setenv("GW_DAEMON", ("unix:" + daemon_->socket()).c_str(), 1);
+  for (bool destroy : {false, true}) {
+    SCOPED_TRACE(destroy ? "destroy" : "abort");
+    gw_config_t cfg = GW_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    cfg.timeout_ms = 20000;
+    gw_comm_t c = nullptr;
+    ASSERT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last_error();
+    int32_t x = 0, y = 0;
+    std::vector<int32_t> z(8192);  // past the eager size: waits for its receive
+    gw_request_t r1 = nullptr, r2 = nullptr, s1 = nullptr;
+    ASSERT_EQ(gw_irecv(c, &x, 1, GW_INT32, 0, 1, &r1), GW_OK) << last_error();
+    ASSERT_EQ(gw_irecv(c, &y, 1, GW_INT32, GW_ANY_SOURCE, 2, &r2), GW_OK) << last_error();
+    ASSERT_EQ(gw_isend(c, z.data(), z.size(), GW_INT32, 0, 3, &s1), GW_OK) << last_error();
+    if (destroy) {
+      EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
+    } else {
+      gw_comm_abort(c);
+    }
+    EXPECT_EQ(gw_wait(r1, -1), GW_ERR_ABORTED) << last_error();
+    EXPECT_EQ(gw_wait(r2, -1), GW_ERR_ABORTED) << last_error();
+    int done = 0;
+    EXPECT_EQ(gw_test(s1, &done), GW_ERR_ABORTED) << last_error();
+    EXPECT_EQ(done, 1);
+    if (!destroy) {
+      EXPECT_EQ(gw_comm_destroy(c), GW_OK) << last_error();
+    }
+  }
 }
 
 // The figure (docs/perf.md): 8 B round trip (half of it: one-way latency) and 4 MiB one-way
