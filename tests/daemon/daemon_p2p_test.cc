@@ -203,6 +203,21 @@ TEST(P2pBoard, AMemberThatLeavesIsDroppedAlone) {
   EXPECT_EQ(b.find(2, 2)->source, 0);
 }
 
+// A client of version 6 (no send and recv) is refused at its hello, naming both versions.
+TEST(P2pProtocol, OldClientIsRefusedAtTheHello) {
+  gw::daemon::Hello h;
+  h.version = 6;
+  h.arena_bytes = 1 << 20;
+  h.job_token = "t";
+  h.host_id = "h";
+  const auto bytes = gw::daemon::encode_hello(h);
+  auto got = gw::daemon::decode_hello(bytes.data(), bytes.size());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), gw::Code::kUnsupported);
+  EXPECT_NE(got.status().message().find("version 6"), std::string::npos) << got.status().message();
+  EXPECT_NE(got.status().message().find("speaks 7"), std::string::npos) << got.status().message();
+}
+
 TEST(P2pBoard, PeerOnAnotherHostIsRefused) {
   Board b({0, 2}, {0, 1, 0, 1}, 0);
   b.send(0, 1, 1, 0, 0, 8);
