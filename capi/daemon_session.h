@@ -23,7 +23,9 @@
 // front end (device_memory()); allreduce_compressed refuses them (kUnsupported). Every wait has the
 // communicator's deadline, and a daemon that dies or cuts this client ends the call (and every
 // later one) with kPeer. Reduce, gather, scatter and alltoallv are composed over these, and the
-// other i-forms run on a worker in issue order (capi/daemon_calls.cc); point-to-point is refused.
+// other i-forms run on a worker in issue order (capi/daemon_calls.cc). Point-to-point
+// (capi/daemon_session_p2p.cc) goes to the daemon as send and recv submissions that it matches
+// among the job's trainers of this host; a peer on another host is refused (kUnsupported).
 #pragma once
 
 #include <atomic>
@@ -75,6 +77,12 @@ class DaemonSession final : public Session {
   // above; start() queues any call on a worker that runs them in issue order.
   Status run(const coll::CollectiveCall& call) override;
   Result<std::unique_ptr<SessionRequest>> start(const coll::CollectiveCall& call) override;
+  // capi/daemon_session_p2p.cc: a send or receive posted to the daemon (the buffer in place when
+  // it lies in the arena, else staged there); not ordered with the collectives.
+  Result<std::unique_ptr<SessionRequest>> isend(const void* buf, size_t bytes, int peer,
+                                                int tag) override;
+  Result<std::unique_ptr<SessionRequest>> irecv(void* buf, size_t bytes, int peer,
+                                                int tag) override;
   Status allreduce_compressed(void* buf, size_t count, coll::DataType dtype,
                               std::string_view codec_spec, std::string_view tensor_key) override;
   Result<gw_comm_stats_t> compression_stats() override;
@@ -205,6 +213,9 @@ class DaemonSession final : public Session {
 
   using Placed = daemon::Client::Placed;
   friend class DaemonRequest;
+  friend class DaemonP2pRequest;
+  Result<std::unique_ptr<SessionRequest>> post_p2p(bool send, void* buf, size_t bytes, int peer,
+                                                   int tag);
   // The data region of the arena (client_->data()).
   uint8_t* data() const { return client_->data(); }
 

@@ -122,7 +122,7 @@ class Session {
 
   // Point-to-point (gw_isend / gw_irecv, the header's rules): not collective, thread-safe.
   // The C layer has checked peer (a rank; irecv: or GW_ANY_SOURCE) and tag (>= 0). The default
-  // (daemon mode) refuses with kUnsupported.
+  // refuses with kUnsupported (both modes override it).
   virtual Result<std::unique_ptr<SessionRequest>> isend(const void* buf, size_t bytes, int peer,
                                                         int tag) {
     return Status(Code::kUnsupported, p2p_unsupported());

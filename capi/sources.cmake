@@ -10,6 +10,7 @@ set(GW_CAPI_SRC
     daemon_session_trace.cc  # daemon mode: the trainer's side of GW_TIMELINE
     daemon_device.cc    # daemon mode: device buffers imported into gradwired, or staged
     daemon_calls.cc     # daemon mode: reduce/gather/scatter/alltoallv composed; the i-forms
+    daemon_session_p2p.cc  # daemon mode: gw_send/gw_recv through gradwired
     setup_checks.cc     # both modes: checks before the rendezvous, failures said in the store
     compressed.cc       # gw_allreduce_compressed and its stats
     kv.cc               # the parameter server's gw_kv_* (kv/)

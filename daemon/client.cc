@@ -280,18 +280,14 @@ Status Client::broken(Status s) {
 Result<uint64_t> Client::post(SqEntry e, const char* what) {
   if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
   if (!broken_.ok()) return broken_;
-  // The ring holds sq_entries submissions not yet completed: make room by reading completions.
-  while (sq_.tail() - completed_ >= geo_.sq_entries) {
-    const uint64_t oldest = completed_ + 1;
-    bool done = false;
-    CompressedDone info;
-    Status s = wait_for(oldest, sys::deadline_after_ms(timeout_ms_), &done, what, &info);
-    if (!done) return broken(timeout_error("{}: the submission ring stays full", what));
-    if (!broken_.ok()) return broken_;
-    done_[oldest] = Done{s, info};  // an iallreduce's or a chunk's: keep it for its caller
+  // The ring holds sq_entries submissions not yet completed: make room by reading completions
+  // (kept in done_ for their callers: an iallreduce's, a chunk's, a send's or a receive's).
+  if (open_.size() >= geo_.sq_entries) {
+    GW_RETURN_IF_ERROR(wait_room(sys::deadline_after_ms(timeout_ms_), what));
   }
   e.seq = sq_.tail() + 1;
   sq_.push(e);
+  open_.insert(e.seq);
   if (timeline::on()) {
     if (timeline::CallNotes* n = timeline::call_notes(); n != nullptr) {
       if (n->first_seq == 0) n->first_seq = e.seq;
@@ -313,9 +309,14 @@ Status Client::drain_completions() {
     const CqEntry c = cq_.front();
     cq_.pop();
     Done got;
-    Status d = decode_completion(c, completed_ + 1, &got.status, &got.info);
+    const uint64_t lowest = open_.empty() ? sq_.tail() + 1 : *open_.begin();
+    Status d = decode_completion_in(c, lowest, sq_.tail(), &got.status, &got.info);
     if (!d.ok()) return broken(d);
-    done_[++completed_] = got;
+    if (open_.erase(c.seq) == 0) {
+      return broken(peer_error("completion of sequence {} twice", c.seq));
+    }
+    ++completed_;
+    done_[c.seq] = got;
   }
 }
 
@@ -329,7 +330,7 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
   // cores than trainers plus the daemon the yield lets the others run), then sleep on the eventfd
   // and the socket. While polling, the ring's polling flag tells the daemon to skip the eventfd;
   // it is cleared (and the ring looked at again, below) before sleeping (daemon/ring.h).
-  if (spin_ns_ > 0 && !cq_.posted() && completed_ < seq) {
+  if (spin_ns_ > 0 && !cq_.posted() && open_.count(seq) != 0) {
     cq_.begin_polling();
     const int64_t spin_until = sys::now_ns() + spin_ns_;
     while (!cq_.posted() && sys::now_ns() < spin_until &&
@@ -374,6 +375,26 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
           "{}: gradwired (unix:{}) closed the connection: the daemon stopped or died, or refused "
           "this trainer",
           what, path_));
+    }
+  }
+}
+
+Status Client::wait_room(sys::Deadline deadline, const char* what) {
+  for (;;) {
+    GW_RETURN_IF_ERROR(drain_completions());
+    if (open_.size() < geo_.sq_entries) return ok_status();
+    if (!broken_.ok()) return broken_;
+    if (aborted_.load()) return broken(aborted_error("{}: communicator aborted", what));
+    if (sys::expired(deadline)) {
+      return broken(timeout_error("{}: the submission ring stays full", what));
+    }
+    pollfd p[3] = {
+        {cq_.wake_fd(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
+    int n = ::poll(p, 3, std::min(sys::ms_until(deadline), 100));
+    if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
+    if (p[0].revents & POLLIN) cq_.drain_wake();
+    if (p[1].revents != 0 && !cq_.posted()) {
+      return broken(peer_error("{}: gradwired (unix:{}) closed the connection", what, path_));
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,6 +105,8 @@ class Client {
   Client() = default;
   // Reads every completion posted into done_.
   Status drain_completions();
+  // Until fewer than sq_entries submissions are open (completions read meanwhile are kept).
+  Status wait_room(sys::Deadline deadline, const char* what);
 
   std::string path_;
   int64_t timeout_ms_ = 0;
@@ -116,6 +119,9 @@ class Client {
   RingProducer<SqEntry> sq_;
   RingConsumer<CqEntry> cq_;
   uint64_t completed_ = 0;  // completions read
+  // Submissions posted whose completion has not been read: sends and receives (version 7)
+  // complete in any order, so a completion may answer any of them, once.
+  std::set<uint64_t> open_;
   struct Done {
     Status status;
     CompressedDone info;

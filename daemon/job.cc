@@ -266,6 +266,20 @@ void Job::consume(Trainer& t) {
     }
     if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
     if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
+    if (r->opcode == Opcode::kSend || r->opcode == Opcode::kRecv) {
+      // Not collective: matched at once with the other trainers' (job_p2p.h).
+      // The job's failure ends its collectives, not the sends and receives among the trainers
+      // still here (a trainer that left is dropped from the board alone).
+      if (p2p) {
+        p2p->submit(static_cast<size_t>(t.hello.local_rank), *r);
+      } else {
+        complete(t, r->seq, aborted_error("gradwired: the job has ended"));
+      }
+      t.requests.fetch_add(1, std::memory_order_relaxed);
+      ++t.next_seq;
+      t.sq.pop();
+      continue;
+    }
     if (tracing.load(std::memory_order_relaxed)) t.queued_us[t.next_seq] = timeline::now_us();
     t.pending.push_back(*r);
     t.requests.fetch_add(1, std::memory_order_relaxed);
@@ -385,6 +399,7 @@ bool Job::wait_for_work() {
 
 void Job::run() {
   Status s = start_comm();
+  make_p2p();
   if (!s.ok()) fail(s);
   while (!stop.load()) {
     if (!wait_for_work()) break;
@@ -393,7 +408,9 @@ void Job::run() {
       if (!m) continue;
       if (!m->lost.load(std::memory_order_acquire)) consume(*m);
       if (m->lost.load(std::memory_order_acquire)) {
-        fail(peer_error("{} left the job: {}", m->name(), m->reason()));
+        const Status why = peer_error("{} left the job: {}", m->name(), m->reason());
+        fail(why);
+        if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
         m.reset();  // the arena goes with the last reference
         continue;
       }
@@ -421,11 +438,14 @@ void Job::run() {
     for (auto& m : members) {
       if (!m || m->lost.load(std::memory_order_acquire)) continue;
       consume(*m);
+      if (p2p) p2p->fail_all(why);
       for (; !m->pending.empty(); m->pending.pop_front()) {
         complete(*m, m->pending.front().seq, why);
       }
     }
   }
+  if (p2p) p2p->fail_all(aborted_error("gradwired: the job has ended"));
+  p2p.reset();
   compressor.reset();  // it borrows comm
   if (kv) {
     // The job's other workers may still use this daemon's share of the keys: the server stays

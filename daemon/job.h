@@ -7,7 +7,7 @@
 // and transport_name().
 //
 // Files: job.cc (forming the daemons' communicator, the rings, the loop), job_collectives.cc
-// (what each collective does on this host and across hosts).
+// (what each collective does on this host and across hosts), job_p2p.h (sends and receives).
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +29,7 @@
 #include "core/sys/memfd_region.h"
 #include "daemon/counters.h"
 #include "daemon/device_import.h"
+#include "daemon/job_p2p.h"
 #include "daemon/job_trace.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
@@ -137,6 +138,8 @@ struct Job {
   // allreduce_compressed's error feedback between the daemons (per tensor key), made on first use.
   std::unique_ptr<coll::Compressor> compressor;
   std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
+  // Point-to-point among the local trainers (job_p2p.h): made once every trainer joined.
+  std::unique_ptr<P2pBoard> p2p;
   // The host path of device buffers (job_device.cc): each member's staging of its send and
   // receive ranges for the collective being run (`shared` when they are one range).
   struct DeviceStage {
@@ -177,6 +180,7 @@ struct Job {
   void fail(const Status& s);
   void refuse(Trainer& t, const Status& why);
   void consume(Trainer& t);
+  void make_p2p();  // job_p2p.cc
   void complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
   // Busy-polls the submission rings for spin_ns, then sleeps on their eventfds and wake;
   bool wait_for_work();  // false when poll fails

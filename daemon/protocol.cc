@@ -263,6 +263,10 @@ const char* opcode_name(Opcode op) {
       return "import";
     case Opcode::kRelease:
       return "release";
+    case Opcode::kSend:
+      return "send";
+    case Opcode::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -315,6 +319,35 @@ Result<Request> decode_import(const SqEntry& e, Request r, const uint8_t* data, 
   return r;
 }
 
+// send and recv (version 7): per-trainer messages, matched by the daemon (daemon/job_p2p.h).
+Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int32_t world_size) {
+  const bool send = r.opcode == Opcode::kSend;
+  if (e.dtype != 0 || e.op != 0 || e.meta_off != 0 || e.key_len != 0 || e.stride != 0 ||
+      (send ? e.recv_off : e.send_off) != 0) {
+    return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
+  }
+  const int32_t lowest = send ? 0 : -1;
+  if (e.root < lowest || e.root >= world_size) {
+    return peer_error("submission {}: {} peer {} out of {}..{}", e.seq, opcode_name(r.opcode),
+                      e.root, lowest, world_size - 1);
+  }
+  if (e.spec_len > 0x7fffffffu) {
+    return peer_error("submission {}: tag {} (0..2^31-1)", e.seq, e.spec_len);
+  }
+  const uint64_t off = send ? e.send_off : e.recv_off;
+  if (!range_ok(off, e.count, data_bytes)) {
+    return peer_error("submission {}: {} range [{}, +{}) outside the data region ({} bytes)", e.seq,
+                      opcode_name(r.opcode), off, e.count, data_bytes);
+  }
+  r.tag = static_cast<int32_t>(e.spec_len);
+  if (send) {
+    r.send_bytes = e.count;
+  } else {
+    r.recv_bytes = e.count;
+  }
+  return r;
+}
+
 }  // namespace
 
 Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
@@ -342,6 +375,10 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
     case static_cast<uint16_t>(Opcode::kRelease):
       r.opcode = static_cast<Opcode>(e.opcode);
       return decode_import(e, r, data, data_bytes, allocs);
+    case static_cast<uint16_t>(Opcode::kSend):
+    case static_cast<uint16_t>(Opcode::kRecv):
+      r.opcode = static_cast<Opcode>(e.opcode);
+      return decode_p2p(e, r, data_bytes, world_size);
     default:
       return peer_error("submission {}: unknown opcode {}", e.seq, e.opcode);
   }
@@ -483,6 +520,15 @@ Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carrie
                          CompressedDone* done) {
   if (e.seq != expected_seq) {
     return peer_error("completion of sequence {} where {} was due", e.seq, expected_seq);
+  }
+  return decode_completion_in(e, expected_seq, expected_seq, carried, done);
+}
+
+Status decode_completion_in(const CqEntry& e, uint64_t lowest, uint64_t highest, Status* carried,
+                            CompressedDone* done) {
+  if (e.seq < lowest || e.seq > highest) {
+    return peer_error("completion of sequence {} where one of {}..{} was due", e.seq, lowest,
+                      highest);
   }
   if (e.status < 0 || e.status > static_cast<int32_t>(Code::kInternal)) {
     return peer_error("completion {}: unknown status {}", e.seq, e.status);

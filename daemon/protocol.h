@@ -24,7 +24,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 6;
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -121,6 +121,12 @@ enum class Opcode : uint16_t {
   // release. Per trainer, not collective: the daemon answers each at once, in sequence order.
   kImport = 8,
   kRelease = 9,
+  // Version 7: point-to-point (daemon/job_p2p.h). Per trainer, not collective: root is the peer
+  // rank (recv: or -1, any source), spec_len the tag (0..2^31-1), count the bytes (dtype 0), the
+  // buffer at send_off (send) or recv_off (recv). Completed when matched, in any order relative
+  // to the trainer's other submissions; a successful one carries a P2pDone.
+  kSend = 10,
+  kRecv = 11,
 };
 // The collectives (1..7), which the counters keep apart; kImport and kRelease are not counted.
 inline constexpr int kNumOpcodes = 7;
@@ -186,6 +192,8 @@ struct Request {
   uint64_t alloc_bytes = 0;
   int32_t device = 0;
   uint8_t handle[64] = {};
+  // send / recv (version 7): the tag (root is the peer; recv: -1 any source).
+  int32_t tag = 0;
 };
 
 // What an import names (88 bytes in the data region, little-endian host layout).
@@ -212,6 +220,23 @@ struct CompressedDone {
   uint64_t nonfinite = 0;
 };
 
+// What the completion of a successful send or recv carries (msg_len 16, version 7): the bytes
+// moved (recv: the message's real size) and the source rank (send: the sender's own rank). It
+// travels in the same 16 bytes as CompressedDone: p2p_done() reads it from one.
+struct P2pDone {
+  uint64_t bytes = 0;
+  int32_t source = 0;
+};
+inline CompressedDone p2p_wire(const P2pDone& d) {
+  return CompressedDone{d.bytes, static_cast<uint64_t>(static_cast<uint32_t>(d.source))};
+}
+inline P2pDone p2p_done(const CompressedDone& c) {
+  return P2pDone{c.bytes_sent, static_cast<int32_t>(static_cast<uint32_t>(c.nonfinite))};
+}
+// Eager point-to-point: a send of at most this many bytes completes once the daemon holds a copy,
+// matched or not (direct mode's rule: collectives/p2p); a larger one once its receive took it.
+inline constexpr uint64_t kP2pEagerBytes = 16u << 10;
+
 // kPeer unless the entry is well formed for a client of `world_size` ranks whose data region
 // (`data_bytes` bytes at `data`) it points into and whose next sequence number is expected_seq.
 // The codec spec and tensor key of allreduce_compressed are copied out of `data` once.
@@ -229,6 +254,10 @@ CqEntry make_completion(uint64_t seq, const Status& s, const CompressedDone* don
 // a success carried (zeros when it carried nothing).
 Status decode_completion(const CqEntry& e, uint64_t expected_seq, Status* carried,
                          CompressedDone* done = nullptr);
+// The same for a completion of any sequence number in [lowest, highest] (version 7: sends and
+// receives complete out of order; the client checks the number is one it has not had answered).
+Status decode_completion_in(const CqEntry& e, uint64_t lowest, uint64_t highest, Status* carried,
+                            CompressedDone* done = nullptr);
 
 // The arena header, at offset 0. Counters only grow; a ring holds tail - head entries.
 struct alignas(64) ArenaHeader {

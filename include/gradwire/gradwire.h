@@ -316,7 +316,7 @@ gw_status_t gw_wait(gw_request_t request, int timeout_ms);
  * has finished, else sets *done to 0 and returns GW_OK. */
 gw_status_t gw_test(gw_request_t request, int* done);
 
-/* ---- Point-to-point (direct mode) -------------------------------------------------------------
+/* ---- Point-to-point ----------------------------------------------------------------------------
  *
  * Tagged messages between two ranks of a communicator. Not collective: only the two ranks call.
  * - tag >= 0. peer is a rank of comm and may be the caller's own rank; a receive may also name
@@ -347,8 +347,8 @@ gw_status_t gw_test(gw_request_t request, int* done);
  *   buffer may be NULL only when
  *   count is 0. The buffers of gw_isend/gw_irecv must stay valid (a send's unmodified) until the
  *   request is done.
- * - Daemon mode (GW_DAEMON) does not have point-to-point yet: every call below is
- *   GW_ERR_UNSUPPORTED there. */
+ * - Daemon mode (GW_DAEMON): the same rules between the trainers of one host (through their
+ *   gradwired; a message must fit the arena); a peer on another host is GW_ERR_UNSUPPORTED. */
 #define GW_ANY_SOURCE (-1)
 
 /* Blocking send / receive: return once the buffer is free (send: at most 16 KiB, once copied

@@ -123,6 +123,73 @@ int daemon_import(const uint8_t* data, size_t size) {
   return 0;
 }
 
+int daemon_p2p(const uint8_t* data, size_t size) {
+  // Submissions of 64 bytes, each made a send or a recv by its opcode's low bit (version 7),
+  // decoded against a 64 KiB data region and 8 ranks; then each 128 bytes as a completion of a
+  // window of open sequence numbers (the client's decode_completion_in).
+  using daemon::Opcode;
+  constexpr uint64_t kRegion = 64 << 10;
+  std::vector<uint8_t> region(kRegion, 0);
+  for (size_t at = 0; size - at >= sizeof(daemon::SqEntry); at += sizeof(daemon::SqEntry)) {
+    daemon::SqEntry e;
+    std::memcpy(&e, data + at, sizeof(e));
+    e.opcode = static_cast<uint16_t>((e.opcode & 1) ? Opcode::kRecv : Opcode::kSend);
+    auto r = daemon::decode_request(e, e.seq, region.data(), region.size(), 8);
+    if (!r.ok()) {
+      ++counter("daemon.p2p_refused");
+      continue;
+    }
+    ++counter(r->opcode == Opcode::kSend ? "daemon.p2p_send" : "daemon.p2p_recv");
+    const bool send = r->opcode == Opcode::kSend;
+    check(r->root >= (send ? 0 : -1) && r->root < 8, "p2p: the peer is a rank (or any)");
+    check(r->tag >= 0, "p2p: the tag is >= 0");
+    const uint64_t off = send ? r->send_off : r->recv_off;
+    const uint64_t n = send ? r->send_bytes : r->recv_bytes;
+    check(n == r->count && off <= kRegion && n <= kRegion - off, "p2p: the range lies inside");
+  }
+  for (size_t at = 0; size - at >= sizeof(daemon::CqEntry); at += sizeof(daemon::CqEntry)) {
+    daemon::CqEntry c;
+    std::memcpy(&c, data + at, sizeof(c));
+    Status carried;
+    daemon::CompressedDone done;
+    const uint64_t lo = c.seq & 0xff, hi = lo + 16;
+    Status d = daemon::decode_completion_in(c, lo, hi, &carried, &done);
+    if (d.ok()) {
+      ++counter("daemon.p2p_completion");
+      check(c.seq >= lo && c.seq <= hi, "p2p: a completion within the open window");
+    }
+  }
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> daemon_p2p_seeds() {
+  std::vector<uint8_t> v;
+  auto add = [&](const daemon::SqEntry& e) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&e);
+    v.insert(v.end(), b, b + sizeof(e));
+  };
+  daemon::SqEntry e{};
+  e.seq = 1;
+  e.opcode = 10;  // send of 100 bytes to rank 3, tag 7
+  e.root = 3;
+  e.count = 100;
+  e.send_off = 4096;
+  e.spec_len = 7;
+  add(e);
+  e = daemon::SqEntry{};
+  e.seq = 2;
+  e.opcode = 11;  // recv of 1000 bytes from any source, tag 7
+  e.root = -1;
+  e.count = 1000;
+  e.recv_off = 8192;
+  e.spec_len = 7;
+  add(e);
+  e.seq = 3;
+  e.count = 1 << 20;  // outside the region
+  add(e);
+  return {v};
+}
+
 namespace {
 std::vector<uint8_t> bytes(std::string_view s) { return {s.begin(), s.end()}; }
 }  // namespace

@@ -43,6 +43,8 @@ int daemon_control_request(const uint8_t* data, size_t size);
 // gradwired's device-buffer messages (version 5: import, release, collectives naming imported
 // allocations) as a job decodes them, one trainer's imports held from one to the next.
 int daemon_import(const uint8_t* data, size_t size);
+// gradwired's point-to-point messages (version 7: send, recv) and out-of-order completions.
+int daemon_p2p(const uint8_t* data, size_t size);
 // gradwirectl trace (daemon/control_trace.h): the request's arguments as gradwired reads them
 // (round trip), and the answer, a Chrome trace, as gradwirectl checks it; one selector byte.
 int daemon_control_trace(const uint8_t* data, size_t size);

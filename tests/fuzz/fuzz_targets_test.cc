@@ -154,6 +154,10 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("daemon.import_accepted");
     reached("daemon.import_refused");
     reached("daemon.device_collective");
+  } else if (name == "daemon_p2p") {
+    reached("daemon.p2p_send");
+    reached("daemon.p2p_recv");
+    reached("daemon.p2p_refused");
   } else if (name == "daemon_control_trace") {
     reached("trace.request_accepted");
     reached("trace.request_refused");
