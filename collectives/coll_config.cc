@@ -90,7 +90,7 @@ constinit const config::Row kFusionThreshold{
     "of one dtype and op, into allreduces of at most this many bytes (0 = off); "
     "capi/fusion_queue.h"};
 constinit const config::Row kCycleTimeMs{
-    "GW_CYCLE_TIME_MS", Type::Double, "1", "",
+    "GW_CYCLE_TIME_MS", Type::Double, "0.25", "",
     "milliseconds a queued gw_iallreduce waits for others to fuse with before the ranks agree on a "
     "batch (a wait or test on it, or another collective, starts one at once)"};
 

@@ -272,7 +272,7 @@ gw_status_t gw_alltoallv(gw_comm_t comm, const void* sendbuf, const size_t* send
  * (default 64M; 0: off) is queued and reduced with its neighbours of the same dtype and op as one
  * allreduce of a fusion buffer (the result is the same). The ranks agree on each batch, so they
  * may call and wait at different times and in different orders. A batch starts when its oldest
- * call has waited GW_CYCLE_TIME_MS (default 1), when gw_wait/gw_test is called on a queued
+ * call has waited GW_CYCLE_TIME_MS (default 0.25), when gw_wait/gw_test is called on a queued
  * request, or before any other collective on the communicator (which keeps its place after the
  * queued calls). A queued call that gw_comm_destroy ends fails with GW_ERR_ABORTED. */
 gw_status_t gw_iallreduce(gw_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
