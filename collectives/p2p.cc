@@ -293,7 +293,8 @@ void PointToPoint::Impl::loop() {
       cv.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       lock.unlock();
-      backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
+      backoff.idle(
+          [this, &lock](std::vector<pollfd>* fds) { return gather_fds_locked(lock, fds); });
       lock.lock();
     }
   }
@@ -336,7 +337,8 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
     if (now - moved_at < kQuietSpan && ++quiet < kQuietPolls) continue;
     quiet = 0;
     lock.unlock();
-    now = backoff.idle([this](std::vector<pollfd>* fds) { return gather_fds(fds); });
+    now = backoff.idle(
+        [this, &lock](std::vector<pollfd>* fds) { return gather_fds_locked(lock, fds); });
     lock.lock();
   }
   drivers.fetch_sub(1);

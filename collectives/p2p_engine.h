@@ -245,8 +245,15 @@ struct PointToPoint::Impl {
     }
   }
   // For Backoff::idle: the descriptors of every connection, false while some connection cannot
-  // be waited on (shm, or a listener or connector still pending). Only the progress thread
-  // changes the connections, so it may read them without mu.
+  // be waited on (shm, or a listener or connector still pending). Under mu: a connection's
+  // wait_fds reads its posted requests, which a caller's isend changes (ThreadSanitizer found
+  // the race when a waiting caller gathered while another thread posted).
+  bool gather_fds_locked(std::unique_lock<std::mutex>& lock, std::vector<pollfd>* fds) const {
+    lock.lock();
+    const bool ok = gather_fds(fds);
+    lock.unlock();
+    return ok;
+  }
   bool gather_fds(std::vector<pollfd>* fds) const {
     if (wake_fd < 0) return false;
     fds->push_back(pollfd{wake_fd, POLLIN, 0});
