@@ -6,6 +6,7 @@
 
 #include "collectives/comm_impl.h"
 #include "collectives/reduce.h"
+#include "core/timeline.h"
 
 namespace gw::coll {
 
@@ -121,17 +122,28 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
     }
     if (direct_.wants(bytes)) {
       // Within one host over shm: read the peers' buffers into the sum (shm_direct.h); the small
-      // exchanges are ring allgathers on this call's tags.
+      // exchanges are ring allgathers on this call's tags. The timeline shows the call as one
+      // allreduce of its bytes (path shm_direct) and, inside it, its few-byte exchanges as
+      // "shm_direct exchange" events (not as allreduces of their own).
+      const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+      const uint32_t seq = tag_seq_;
       auto exchange = [&](uint8_t* buf, size_t blk) -> Status {
         std::vector<Plan> xplans(1);
         xplans[0].sched = ring_allgather(rank(), size(), blk);
-        return exec_.run("allreduce", tag_seq_, xplans, buf, buf, DataType::kU8, ReduceOp::kSum,
-                         deadline);
+        return exec_.run("shm_direct exchange", tag_seq_, xplans, buf, buf, DataType::kU8,
+                         ReduceOp::kSum, deadline);
       };
       bool ran = false;
       GW_RETURN_IF_ERROR(
           direct_.allreduce(in, out, count, dtype, op, deadline, &aborted_, exchange, &ran));
-      if (ran) return ok_status();
+      if (ran) {
+        if (t0 >= 0) {
+          timeline::complete(
+              "allreduce", "collective", t0, timeline::now_us() - t0,
+              fmt::format("\"bytes\":{},\"tag\":{},\"path\":\"shm_direct\"", bytes, seq));
+        }
+        return ok_status();
+      }
     }
     GW_ASSIGN_OR_RETURN(const CachedAllreduce* cached, allreduce_plans(count, es));
     const AllreduceChoice& choice = cached->choice;
