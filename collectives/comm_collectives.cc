@@ -126,21 +126,30 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
       // allreduce of its bytes (path shm_direct) and, inside it, its few-byte exchanges as
       // "shm_direct exchange" events (not as allreduces of their own).
       const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+      int64_t peers_in = -1;  // the first exchange (the addresses) done: every peer is in the call
       const uint32_t seq = tag_seq_;
       auto exchange = [&](uint8_t* buf, size_t blk) -> Status {
         std::vector<Plan> xplans(1);
         xplans[0].sched = ring_allgather(rank(), size(), blk);
-        return exec_.run("shm_direct exchange", tag_seq_, xplans, buf, buf, DataType::kU8,
-                         ReduceOp::kSum, deadline);
+        Status st = exec_.run("shm_direct exchange", tag_seq_, xplans, buf, buf, DataType::kU8,
+                              ReduceOp::kSum, deadline);
+        if (t0 >= 0 && peers_in < 0) peers_in = timeline::now_us();
+        return st;
       };
       bool ran = false;
       GW_RETURN_IF_ERROR(
           direct_.allreduce(in, out, count, dtype, op, deadline, &aborted_, exchange, &ran));
       if (ran) {
         if (t0 >= 0) {
+          // The phases every collective shows: waiting for the peers (until the addresses are
+          // exchanged), then the transfer (reading and summing, the barriers).
+          const int64_t end = timeline::now_us();
+          const int64_t in = peers_in >= 0 ? peers_in : end;
           timeline::complete(
-              "allreduce", "collective", t0, timeline::now_us() - t0,
+              "allreduce", "collective", t0, end - t0,
               fmt::format("\"bytes\":{},\"tag\":{},\"path\":\"shm_direct\"", bytes, seq));
+          timeline::complete("wait for peers", "phase", t0, in - t0);
+          timeline::complete("transfer", "phase", in, end - in);
         }
         return ok_status();
       }
