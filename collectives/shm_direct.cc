@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "collectives/coll_config.h"
 #include "collectives/reduce.h"
@@ -45,8 +48,30 @@ struct CallDesc {
   uint64_t bytes;
 };
 
-// Reads len bytes at `remote` in process pid into `local`.
-Status read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len) {
+// Whether process pid is gone or on its way out: no /proc entry, or a zombie or dead state. A rank
+// killed mid-call loses its memory before it becomes a zombie, so its reads fail with EFAULT for a
+// moment first; this looks for up to 100 ms.
+bool process_exiting(int64_t pid) {
+  const std::string path = fmt::format("/proc/{}/stat", pid);
+  for (int i = 0; i < 20; ++i) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) return true;
+    char line[512] = {0};
+    const size_t n = std::fread(line, 1, sizeof(line) - 1, f);
+    std::fclose(f);
+    // "pid (comm) S ...": the state follows the last ')', as comm may hold one.
+    const char* close = std::strrchr(line, ')');
+    if (n == 0 || !close || close[1] != ' ') return true;
+    const char state = close[2];
+    if (state == 'Z' || state == 'X' || state == 'x') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace
+
+Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len) {
   auto* dst = static_cast<char*>(local);
   size_t done = 0;
   while (done < len) {
@@ -54,13 +79,20 @@ Status read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len
     iovec r{reinterpret_cast<void*>(remote + done), len - done};
     ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == ESRCH) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == ESRCH || (err == EFAULT && process_exiting(pid))) {
         return peer_error("allreduce: rank {} (pid {}) is gone: connection closed by peer", peer,
                           pid);
       }
+      if (err == EFAULT) {
+        return peer_error(
+            "allreduce: rank {}'s buffer (pid {}, {} bytes at {:#x}) is no longer mapped: it "
+            "freed or unmapped its buffer before the collective ended",
+            peer, pid, len - done, remote + done);
+      }
       return internal_error("allreduce: reading rank {}'s buffer (pid {}) failed: {}", peer, pid,
-                            std::strerror(errno));
+                            std::strerror(err));
     }
     if (n == 0) {
       return internal_error("allreduce: rank {}'s buffer ends early ({} of {} bytes)", peer, done,
@@ -71,6 +103,8 @@ Status read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len
   g_bytes_read.fetch_add(len, std::memory_order_relaxed);
   return ok_status();
 }
+
+namespace {
 
 Status check_stop(Deadline deadline, const std::atomic<bool>* aborted) {
   if (aborted && aborted->load(std::memory_order_relaxed)) {
@@ -185,7 +219,8 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
     const uint8_t* acc = in + at;
     for (int k = 1; k < size_; ++k) {
       const int peer = (rank_ + k) % size_;
-      GW_RETURN_IF_ERROR(read_peer(pids_[peer], peer, tmp_.data(), d[peer].in + at, elems * es));
+      GW_RETURN_IF_ERROR(
+          shm_direct_read_peer(pids_[peer], peer, tmp_.data(), d[peer].in + at, elems * es));
       reduce(dtype, op, acc, tmp_.data(), out + at, elems);
       acc = out + at;
     }
@@ -208,8 +243,8 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
     for (size_t off = 0; off < len; off += kGatherStep) {
       GW_RETURN_IF_ERROR(check_stop(deadline, aborted));
       const size_t step = std::min(kGatherStep, len - off);
-      GW_RETURN_IF_ERROR(
-          read_peer(pids_[peer], peer, out + base + off, d[peer].out + base + off, step));
+      GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, out + base + off,
+                                              d[peer].out + base + off, step));
     }
   }
 

@@ -37,6 +37,11 @@ struct ShmDirectOptions {
 // GW_SHM_DIRECT_MIN and GW_SHM_CMA_INJECT_REFUSE from the communicator's settings.
 ShmDirectOptions shm_direct_options(const config::Snapshot& config);
 
+// Reads len bytes at `remote` in process pid (rank `peer`) into `local`. A peer that is gone or
+// dying (its memory already released) is kPeer, and so is one whose buffer is no longer mapped;
+// other failures are kInternal.
+Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len);
+
 // Gathers every rank's `blk` bytes at buf + r * blk (this rank's already there) to every rank.
 using Exchange = std::function<Status(uint8_t* buf, size_t blk)>;
 

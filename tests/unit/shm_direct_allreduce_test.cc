@@ -2,6 +2,10 @@
 // odd sizes, in place and out of place, on 2, 3 and 4 ranks; the knob that turns it off; the
 // refused probe (every rank keeps the ring); a peer that goes away.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -233,6 +237,112 @@ TEST(ShmDirectAllreduce, PeerKilledMidCallFailsTheSurvivor) {
   killer.join();
   EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
   EXPECT_LT(took, std::chrono::seconds(30)) << "waited out its deadline";
+}
+
+// The read of a peer's buffer (shm_direct_read_peer) against a child process whose buffer goes
+// away under it: unmapped while it lives, or the whole process killed. Both are kPeer, never
+// kInternal: a rank killed mid-call made the survivors report "a bug in gradwire" before (its
+// memory is released before it is a zombie, so the read fails with EFAULT, not ESRCH).
+class PeerBuffer {
+ public:
+  PeerBuffer() {
+    if (pipe(to_child_) != 0 || pipe(to_parent_) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) child();
+    read_all(to_parent_[0], &addr_, sizeof(addr_));
+  }
+  ~PeerBuffer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      reap();
+    }
+    for (int fd : {to_child_[0], to_child_[1], to_parent_[0], to_parent_[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  uint64_t addr() const { return addr_; }
+  // The child unmaps its buffer and says so.
+  void unmap() {
+    char c = 'u';
+    ASSERT_EQ(write(to_child_[1], &c, 1), 1);
+    ASSERT_EQ(read(to_parent_[0], &c, 1), 1);
+  }
+  void reap() {
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  static void read_all(int fd, void* p, size_t n) {
+    auto* b = static_cast<char*>(p);
+    while (n > 0) {
+      ssize_t k = read(fd, b, n);
+      if (k <= 0) return;
+      b += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+  [[noreturn]] void child() {
+    void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) _exit(2);
+    std::memset(m, 0x5a, kBytes);
+    uint64_t a = reinterpret_cast<uint64_t>(m);
+    if (write(to_parent_[1], &a, sizeof(a)) != sizeof(a)) _exit(3);
+    char c;
+    if (read(to_child_[0], &c, 1) != 1) _exit(4);
+    munmap(m, kBytes);
+    if (write(to_parent_[1], &c, 1) != 1) _exit(5);
+    while (read(to_child_[0], &c, 1) > 0) {
+    }
+    _exit(0);
+  }
+
+ public:
+  static constexpr size_t kBytes = size_t{1} << 20;
+
+ private:
+  int to_child_[2] = {-1, -1};
+  int to_parent_[2] = {-1, -1};
+  pid_t pid_ = -1;
+  uint64_t addr_ = 0;
+};
+
+TEST(ShmDirectRead, ReadsALivePeersBuffer) {
+  PeerBuffer peer;
+  ASSERT_GT(peer.pid(), 0);
+  std::vector<uint8_t> got(PeerBuffer::kBytes, 0);
+  Status s = shm_direct_read_peer(peer.pid(), 1, got.data(), peer.addr(), got.size());
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(got.front(), 0x5a);
+  EXPECT_EQ(got.back(), 0x5a);
+}
+
+TEST(ShmDirectRead, AnUnmappedBufferIsThePeersFault) {
+  PeerBuffer peer;
+  ASSERT_GT(peer.pid(), 0);
+  peer.unmap();
+  std::vector<uint8_t> got(PeerBuffer::kBytes, 0);
+  Status s = shm_direct_read_peer(peer.pid(), 1, got.data(), peer.addr(), got.size());
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_NE(s.to_string().find("no longer mapped"), std::string::npos) << s.to_string();
+}
+
+TEST(ShmDirectRead, AKilledPeerIsGoneBeforeAndAfterItIsReaped) {
+  PeerBuffer peer;
+  ASSERT_GT(peer.pid(), 0);
+  const pid_t pid = peer.pid();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  std::vector<uint8_t> got(PeerBuffer::kBytes, 0);
+  // Whichever moment of its exit the read meets: memory being released, a zombie, or gone.
+  for (int i = 0; i < 50; ++i) {
+    Status s = shm_direct_read_peer(pid, 1, got.data(), peer.addr(), got.size());
+    ASSERT_EQ(s.code(), Code::kPeer) << "attempt " << i << ": " << s.to_string();
+    EXPECT_NE(s.to_string().find("is gone"), std::string::npos) << s.to_string();
+  }
+  peer.reap();
+  Status s = shm_direct_read_peer(pid, 1, got.data(), peer.addr(), got.size());
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
 }
 
 }  // namespace
