@@ -5,16 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "collectives/coll_config.h"
 #include "collectives/reduce.h"
 #include "collectives/schedule.h"
 #include "core/log.h"
+#include "core/net/shm_cma.h"
 #include "core/net/shm_config.h"
 
 namespace gw::coll {
@@ -48,27 +46,6 @@ struct CallDesc {
   uint64_t bytes;
 };
 
-// Whether process pid is gone or on its way out: no /proc entry, or a zombie or dead state. A rank
-// killed mid-call loses its memory before it becomes a zombie, so its reads fail with EFAULT for a
-// moment first; this looks for up to 100 ms.
-bool process_exiting(int64_t pid) {
-  const std::string path = fmt::format("/proc/{}/stat", pid);
-  for (int i = 0; i < 20; ++i) {
-    FILE* f = std::fopen(path.c_str(), "r");
-    if (!f) return true;
-    char line[512] = {0};
-    const size_t n = std::fread(line, 1, sizeof(line) - 1, f);
-    std::fclose(f);
-    // "pid (comm) S ...": the state follows the last ')', as comm may hold one.
-    const char* close = std::strrchr(line, ')');
-    if (n == 0 || !close || close[1] != ' ') return true;
-    const char state = close[2];
-    if (state == 'Z' || state == 'X' || state == 'x') return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
 }  // namespace
 
 Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len) {
@@ -81,7 +58,7 @@ Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote,
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) continue;
-      if (err == ESRCH || (err == EFAULT && process_exiting(pid))) {
+      if (err == ESRCH || (err == EFAULT && net::shm::peer_exiting(pid))) {
         return peer_error("allreduce: rank {} (pid {}) is gone: connection closed by peer", peer,
                           pid);
       }

@@ -36,9 +36,15 @@ static_assert(sizeof(CmaDesc) == 16);
 // instead, so the kernel's refusal path runs for real.
 bool cma_probe(int pid, uint64_t probe_addr, uint32_t expect, bool inject_refuse);
 
-// Reads len bytes at `remote` in process pid into `local`. ESRCH (the sender is gone) is kPeer;
-// anything else (EFAULT: the sender's buffer is no longer mapped) kInternal.
+// Reads len bytes at `remote` in process pid into `local`. The sender gone (ESRCH) or dying
+// (EFAULT while it exits: see peer_exiting) is kPeer "connection closed by peer"; a live sender
+// whose buffer is no longer mapped (EFAULT) is kPeer naming the address; anything else kInternal.
 Status cma_read(int pid, void* local, uint64_t remote, size_t len, const std::string& peer);
+
+// Whether process pid is gone or on its way out: no /proc entry, or a zombie or dead state. A
+// process killed while another reads its memory releases that memory before it becomes a zombie,
+// so for a moment the reads fail with EFAULT rather than ESRCH; this looks for up to 100 ms.
+bool peer_exiting(int64_t pid);
 
 // Bytes this process has received through cma_read (tests and perf check which path ran).
 uint64_t cma_bytes_read();
