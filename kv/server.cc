@@ -168,8 +168,9 @@ Status Server::join(Conn& conn, const Header& h, const std::vector<uint8_t>& pay
   } else if (!(e.rules->config() == c)) {
     return invalid_arg(
         "kv store {}: worker {} created it with other settings than the first worker (mode, "
-        "staleness, sync_k, update, lr, momentum, partition_bytes, codec and the number of workers "
-        "must agree)",
+        "staleness, sync_k, update, lr, momentum, partition_bytes, chunk_bytes "
+        "(GW_KV_CHUNK_BYTES), "
+        "codec and the number of workers must agree)",
         h.aux, h.worker);
   }
   if (e.conns.count(h.worker) != 0 || e.rules->said_bye(h.worker) || !e.rules->alive(h.worker)) {
