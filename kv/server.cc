@@ -191,9 +191,7 @@ void Server::dispatch_locked(uint64_t store, std::vector<Answer>& answers) {
     Conn& to = *c->second;
     Outgoing o;
     o.h = a.reply;
-    if (!a.payload.empty()) {
-      o.payload = std::make_shared<const std::vector<uint8_t>>(std::move(a.payload));
-    }
+    if (!a.payload.empty()) o.payload = a.payload.shared();
     std::lock_guard<std::mutex> lock(to.q_mu);
     if (to.broken || to.closing) continue;
     to.queue.push_back(std::move(o));
