@@ -27,7 +27,7 @@ constinit const config::Row kPartitionBytes{
     "a parameter-server value is cut into partitions of at most this many bytes, spread over the "
     "servers (gw_kv_config_t.partition_bytes = 0)"};
 constinit const config::Row kChunkBytes{
-    "GW_KV_CHUNK_BYTES", Type::Size, "1M", "",
+    "GW_KV_CHUNK_BYTES", Type::Size, "256K", "",
     "a partition is pushed, summed and answered in chunks of at most this many bytes, so a "
     "server answers a chunk as soon as every worker pushed it (0: whole partitions; every worker "
     "of a store must agree)"};

@@ -4,7 +4,7 @@
 # worker per host, in the same run (interleaved repetitions, perf/ps_bench_rank.py).
 #
 # usage: perf/ps_bench.sh [--workers N] [--rate RATE] [--size 64M] [--partition 4M]
-#                         [--chunks "0 1M"] [-n ITERS] [-r REPS] [--algo auto]
+#                         [--chunks "0 256K"] [-n ITERS] [-r REPS] [--algo auto]
 #                         [--layouts "servers colocated"] [-B BUILD_DIR] [-t TIMEOUT_S]
 #   layouts   servers: N worker hosts + N server-only hosts (GW_ROLE=server, python3 -m gradwire.kv,
 #             GW_KV_SERVERS=N); colocated: the N worker hosts only, one server thread inside each
@@ -15,7 +15,7 @@
 #   --rate    tc rate of every host's link (default 1gbit; "none" = unshaped)
 #   --chunks  GW_KV_CHUNK_BYTES of each store measured (one store per value, same session, rows
 #             interleaved): a partition is pushed, summed and answered in chunks of this size;
-#             0 = whole partitions (the store before streaming), the default "0 1M" sets both
+#             0 = whole partitions (the store before streaming), the default "0 256K" sets both
 #             side by side
 #
 # Rows: allreduce; per chunk C, "push_pull chunk=C": one key of the whole buffer (the library cuts
@@ -39,7 +39,7 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-workers=4; rate=1gbit; size=64M; part=4M; chunks="0 1M"; iters=3; reps=2; algo=auto; timeout_s=600
+workers=4; rate=1gbit; size=64M; part=4M; chunks="0 256K"; iters=3; reps=2; algo=auto; timeout_s=600
 layouts="servers colocated"; build="$root/build/release"
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
