@@ -8,8 +8,10 @@
 #include <queue>
 #include <thread>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "kv/io.h"
+#include "kv/kv_config.h"
 
 namespace gw::kv {
 
@@ -303,7 +305,19 @@ Client::Client(const ClientOptions& options)
 
 Client::~Client() { (void)close(); }
 
-Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
+Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& given) {
+  ClientOptions options = given;
+  // The chunk is resolved here, on the worker, and sent in the Hello: every worker of a store
+  // must agree (a server refuses a Hello whose chunk_bytes differ from the store's).
+  const int64_t chunk =
+      options.chunk_bytes >= 0 ? options.chunk_bytes : config::get_int(kv_config::kChunkBytes);
+  options.config.chunk_bytes =
+      chunk <= 0 || static_cast<uint64_t>(chunk) >= options.config.partition_bytes
+          ? 0
+          : static_cast<uint64_t>(chunk);
+  if (Status s = check_config(options.config); !s.ok()) {
+    return s.with_context(options.chunk_bytes < 0 ? "GW_KV_CHUNK_BYTES" : "kv store config");
+  }
   std::unique_ptr<Client> c(new Client(options));
   if (!options.config.codec.empty()) {
     GW_ASSIGN_OR_RETURN(c->encoder_, PushEncoder::create(options.config.codec, options.rank));
@@ -337,6 +351,12 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
 
 size_t Client::part_elems(coll::DataType dtype) const {
   return std::max<size_t>(1, options_.config.partition_bytes / coll::dtype_size(dtype));
+}
+
+size_t Client::chunk_elems(coll::DataType dtype) const {
+  const size_t per = part_elems(dtype);
+  if (options_.config.chunk_bytes == 0) return per;
+  return std::min(per, std::max<size_t>(1, options_.config.chunk_bytes / coll::dtype_size(dtype)));
 }
 
 Status Client::broken() const {
@@ -390,9 +410,15 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
   const size_t elem = coll::dtype_size(dtype);
   const size_t per = part_elems(dtype);
   const uint64_t parts = (count + per - 1) / per;
-  if (parts > kMaxPartitions) {
-    return invalid_arg("key {}: {} partitions exceed the limit {} (raise partition_bytes)", key,
-                       parts, kMaxPartitions);
+  // Each partition travels as units of `cper` elements (chunks; one unit when not streamed);
+  // unit j of partition p is frame partition p * upp + j, on partition p's server.
+  const size_t cper = chunk_elems(dtype);
+  const uint64_t upp = (per + cper - 1) / cper;
+  if (parts * upp > kMaxPartitions) {
+    return invalid_arg(
+        "key {}: {} partitions of {} chunks exceed the limit of {} units per key (raise "
+        "partition_bytes or GW_KV_CHUNK_BYTES)",
+        key, parts, upp, kMaxPartitions);
   }
   const bool sync_modes = options_.config.mode == 0 || options_.config.mode == 3;
   {
@@ -449,50 +475,56 @@ Result<std::shared_ptr<Op>> Client::start(Kind kind, uint64_t key, const void* v
                     : kind == Kind::kPull ? Type::kPull
                                           : Type::kPushPull;
   auto op = std::make_shared<Op>(sys::deadline_after_ms(options_.timeout_ms));
-  op->pending = parts;
+  const size_t last_n = count - (parts - 1) * per;
+  op->pending = (parts - 1) * upp + (last_n + cper - 1) / cper;
   const uint32_t servers = static_cast<uint32_t>(links_.size());
   for (uint64_t p = 0; p < parts; ++p) {
-    const size_t first = p * per;
-    const size_t n = std::min(per, count - first);
-    ServerLink::Item item;
-    item.epoch = clock_;
-    item.priority = priority;
-    item.op = op;
-    Header& h = item.h;
-    h.type = type;
-    h.dtype = static_cast<uint8_t>(dtype);
-    h.worker = options_.rank;
-    h.partition = static_cast<uint32_t>(p);
-    h.key = key;
-    h.clock = clock_;
-    h.req_id = next_req_++;
-    h.count = n;
-    h.total = count;
-    if (type != Type::kPull) {
-      item.payload = static_cast<const uint8_t*>(value) + first * elem;
-      h.payload = static_cast<uint32_t>(n * elem);
-    }
-    if (encoder_ && (type == Type::kPush || type == Type::kPushPull)) {
-      // Encoded here, in the caller's thread: the frame carries the encoding, and the residual
-      // of (key, p) keeps what the codec dropped for this partition's next push.
-      uint64_t step = 0;
-      auto enc =
-          encoder_->encode(key, static_cast<uint32_t>(p),
-                           static_cast<const uint8_t*>(value) + first * elem, dtype, n, &step);
-      if (!enc.ok()) {
-        op->finish_one(enc.status());
-        continue;
+    const size_t part_first = p * per;
+    const size_t part_n = std::min(per, count - part_first);
+    ServerLink* link = links_[server_of(key, static_cast<uint32_t>(p), servers)].get();
+    for (uint64_t j = 0; j * cper < part_n; ++j) {
+      const size_t first = part_first + j * cper;
+      const size_t n = std::min(cper, part_n - j * cper);
+      const uint32_t unit = static_cast<uint32_t>(p * upp + j);
+      ServerLink::Item item;
+      item.epoch = clock_;
+      item.priority = priority;
+      item.op = op;
+      Header& h = item.h;
+      h.type = type;
+      h.dtype = static_cast<uint8_t>(dtype);
+      h.worker = options_.rank;
+      h.partition = unit;
+      h.key = key;
+      h.clock = clock_;
+      h.req_id = next_req_++;
+      h.count = n;
+      h.total = count;
+      if (type != Type::kPull) {
+        item.payload = static_cast<const uint8_t*>(value) + first * elem;
+        h.payload = static_cast<uint32_t>(n * elem);
       }
-      item.owned = std::move(*enc);
-      item.payload = item.owned->data();
-      h.payload = static_cast<uint32_t>(item.owned->size());
-      h.flags = static_cast<uint16_t>(encoder_->codec().spec().kind);
-      h.aux = step;
+      if (encoder_ && (type == Type::kPush || type == Type::kPushPull)) {
+        // Encoded here, in the caller's thread: the frame carries the encoding, and the residual
+        // of (key, unit) keeps what the codec dropped for this unit's next push.
+        uint64_t step = 0;
+        auto enc = encoder_->encode(key, unit, static_cast<const uint8_t*>(value) + first * elem,
+                                    dtype, n, &step);
+        if (!enc.ok()) {
+          op->finish_one(enc.status());
+          continue;
+        }
+        item.owned = std::move(*enc);
+        item.payload = item.owned->data();
+        h.payload = static_cast<uint32_t>(item.owned->size());
+        h.flags = static_cast<uint16_t>(encoder_->codec().spec().kind);
+        h.aux = step;
+      }
+      if (type == Type::kPull || type == Type::kPushPull) {
+        item.out = static_cast<uint8_t*>(out) + first * elem;
+      }
+      link->enqueue(std::move(item));
     }
-    if (type == Type::kPull || type == Type::kPushPull) {
-      item.out = static_cast<uint8_t*>(out) + first * elem;
-    }
-    links_[server_of(key, static_cast<uint32_t>(p), servers)]->enqueue(std::move(item));
   }
   return op;
 }

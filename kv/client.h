@@ -1,8 +1,9 @@
 // A worker's side of a store: one connection per server, each with a sender thread (the pending
 // frames in order: clock, then priority, then issue order) and a receiver thread (replies
 // complete the requests, pull replies land in the caller's buffer). Partition p of key k goes to
-// server (splitmix64(k) + p) % S. Thread-compatible: one caller at a time issues requests;
-// requests are waited on from any thread.
+// server (splitmix64(k) + p) % S, in chunks of config.chunk_bytes (each chunk its own unit on
+// that server, so the server sums and answers a chunk once every worker pushed it).
+// Thread-compatible: one caller at a time issues requests; requests are waited on from any thread.
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,9 @@ struct ClientOptions {
   uint32_t rank = 0;
   uint64_t store_id = 0;
   StoreConfig config;
+  // The chunk of a streamed partition: -1 = GW_KV_CHUNK_BYTES (config.chunk_bytes is set from it
+  // at connect); 0 = whole partitions. At least partition_bytes is whole partitions too.
+  int64_t chunk_bytes = -1;
   std::string token;
   int64_t timeout_ms = 30000;
   std::vector<std::string> servers;  // addresses, by server index
@@ -113,6 +117,8 @@ class Client {
   // A reply's stats from server `server`.
   void note(uint32_t server, const Header& h);
   size_t part_elems(coll::DataType dtype) const;
+  // Elements of one chunk (the unit a frame carries) of a partition of `dtype`.
+  size_t chunk_elems(coll::DataType dtype) const;
 
   const ClientOptions options_;
   std::unique_ptr<PushEncoder> encoder_;  // options_.config.codec's (compressed pushes)

@@ -26,6 +26,11 @@ constinit const config::Row kPartitionBytes{
     "GW_KV_PARTITION_BYTES", Type::Size, "4M", "",
     "a parameter-server value is cut into partitions of at most this many bytes, spread over the "
     "servers (gw_kv_config_t.partition_bytes = 0)"};
+constinit const config::Row kChunkBytes{
+    "GW_KV_CHUNK_BYTES", Type::Size, "256K", "",
+    "a partition is pushed, summed and answered in chunks of at most this many bytes, so a "
+    "server answers a chunk as soon as every worker pushed it (0: whole partitions; every worker "
+    "of a store must agree)"};
 constinit const config::Row kRole{
     "GW_ROLE",
     Type::String,
@@ -36,7 +41,8 @@ constinit const config::Row kRole{
     &check_role};
 
 const config::RowSet& rows() {
-  static const config::RowSet set("kv", {&kServers, &kServerRank, &kPartitionBytes, &kRole});
+  static const config::RowSet set(
+      "kv", {&kServers, &kServerRank, &kPartitionBytes, &kChunkBytes, &kRole});
   return set;
 }
 

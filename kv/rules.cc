@@ -64,7 +64,7 @@ StoreSummary StoreRules::summary() const {
   return s;
 }
 
-Answer StoreRules::answer(const Header& h, const Partition* p, bool with_value) const {
+Answer StoreRules::answer(const Header& h, Partition* p, bool with_value) const {
   Answer a;
   a.worker = h.worker;
   Header& r = a.reply;
@@ -81,7 +81,8 @@ Answer StoreRules::answer(const Header& h, const Partition* p, bool with_value) 
   r.aux2 = dropped_;
   r.aux3 = lost_;
   if (with_value && p != nullptr) {
-    a.payload = p->value;
+    if (!p->snapshot) p->snapshot = std::make_shared<const std::vector<uint8_t>>(p->value);
+    a.payload = Bytes(p->snapshot);
     r.payload = static_cast<uint32_t>(a.payload.size());
   }
   return a;
@@ -110,6 +111,7 @@ Status StoreRules::check_shape(const Partition& p, const Header& h) const {
 }
 
 void StoreRules::apply(Partition& p, const uint8_t* contribution, uint32_t pushes) {
+  p.snapshot.reset();  // the value changes: answers from here on carry the new one
   if (config_.update == kSum) {
     if (config_.mode == kBsp || config_.mode == kSync) {
       std::memcpy(p.value.data(), contribution, p.value.size());  // the clock's sum
@@ -340,6 +342,7 @@ void StoreRules::drop_values_if_finished() {
   // when the job ends. The partitions stay listed (keys, partitions, clocks) with 0 bytes.
   for (auto& [key, p] : parts_) {
     std::vector<uint8_t>().swap(p.value);
+    p.snapshot.reset();
     std::vector<double>().swap(p.velocity);
     p.rounds.clear();
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,12 +16,33 @@
 
 namespace gw::kv {
 
+// An answer's payload, immutable and shared: the replies that carry one partition's value (every
+// worker's pull of a clock that just closed) hold one copy of it, not one each.
+class Bytes {
+ public:
+  Bytes() = default;
+  explicit Bytes(std::shared_ptr<const std::vector<uint8_t>> p) : p_(std::move(p)) {}
+  template <typename It>
+  void assign(It first, It last) {
+    p_ = std::make_shared<const std::vector<uint8_t>>(first, last);
+  }
+  size_t size() const { return p_ ? p_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const uint8_t* data() const { return p_ ? p_->data() : nullptr; }
+  const uint8_t* begin() const { return data(); }
+  const uint8_t* end() const { return data() + size(); }
+  const std::shared_ptr<const std::vector<uint8_t>>& shared() const { return p_; }
+
+ private:
+  std::shared_ptr<const std::vector<uint8_t>> p_;
+};
+
 // One frame for worker `worker`: a Reply (pulls: the partition's value as payload) or an Error
 // (aux: the gw::Code, payload: the message).
 struct Answer {
   uint32_t worker = 0;
   Header reply;
-  std::vector<uint8_t> payload;
+  Bytes payload;
 };
 
 // What an operator sees of one store on one server (gradwirectl kv, gradwired's /metrics).
@@ -76,6 +98,9 @@ class StoreRules {
     uint64_t count = 0;
     uint64_t total = 0;
     std::vector<uint8_t> value;
+    // A copy of value that answers share until value changes (null: none made since; every
+    // change of value resets it).
+    std::shared_ptr<const std::vector<uint8_t>> snapshot;
     std::vector<double> velocity;
     uint64_t next_clock = 0;  // bsp/sync: clocks below it are closed and applied
     std::map<uint64_t, Round> rounds;
@@ -97,7 +122,7 @@ class StoreRules {
   void close_rounds(Partition& p);
   void close_all();
   bool may_pull(const Partition& p, const Header& h) const;
-  Answer answer(const Header& h, const Partition* p, bool with_value) const;
+  Answer answer(const Header& h, Partition* p, bool with_value) const;
   Answer error(const Header& h, const Status& s) const;
   // Answers the waiting pulls that the rule now allows.
   void release(std::vector<Answer>* out);

@@ -168,8 +168,9 @@ Status Server::join(Conn& conn, const Header& h, const std::vector<uint8_t>& pay
   } else if (!(e.rules->config() == c)) {
     return invalid_arg(
         "kv store {}: worker {} created it with other settings than the first worker (mode, "
-        "staleness, sync_k, update, lr, momentum, partition_bytes, codec and the number of workers "
-        "must agree)",
+        "staleness, sync_k, update, lr, momentum, partition_bytes, chunk_bytes "
+        "(GW_KV_CHUNK_BYTES), "
+        "codec and the number of workers must agree)",
         h.aux, h.worker);
   }
   if (e.conns.count(h.worker) != 0 || e.rules->said_bye(h.worker) || !e.rules->alive(h.worker)) {
@@ -190,9 +191,7 @@ void Server::dispatch_locked(uint64_t store, std::vector<Answer>& answers) {
     Conn& to = *c->second;
     Outgoing o;
     o.h = a.reply;
-    if (!a.payload.empty()) {
-      o.payload = std::make_shared<const std::vector<uint8_t>>(std::move(a.payload));
-    }
+    if (!a.payload.empty()) o.payload = a.payload.shared();
     std::lock_guard<std::mutex> lock(to.q_mu);
     if (to.broken || to.closing) continue;
     to.queue.push_back(std::move(o));

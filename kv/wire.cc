@@ -73,6 +73,12 @@ void encode_header(const Header& h, uint8_t out[kHeaderBytes]) {
 
 Status decode_header(const uint8_t in[kHeaderBytes], Header* h) {
   const uint32_t magic = get<uint32_t>(in);
+  if (magic == kMagicV1) {
+    return invalid_arg(
+        "kv frame: the peer speaks kv wire version 1 (a gradwire from before streamed partitions), "
+        "this one version {}: run the same gradwire on every worker and server",
+        kWireVersion);
+  }
   if (magic != kMagic) return invalid_arg("kv frame: bad magic {:#010x} (not a kv peer?)", magic);
   const uint8_t type = in[4];
   if (type < static_cast<uint8_t>(Type::kHello) || type > static_cast<uint8_t>(Type::kError)) {
@@ -218,6 +224,7 @@ std::vector<uint8_t> encode_hello(const StoreConfig& c, const std::string& token
   put<double>(p + 24, c.lr);
   put<double>(p + 32, c.momentum);
   put<uint64_t>(p + 40, c.partition_bytes);
+  put<uint64_t>(p + 48, c.chunk_bytes);
   if (!c.codec.empty()) std::memcpy(p + kHelloFixedBytes, c.codec.data(), c.codec.size());
   // The token's length is the rest of the payload.
   if (!token.empty()) {
@@ -243,6 +250,7 @@ Status decode_hello(const uint8_t* p, size_t n, StoreConfig* c, std::string* tok
   c->lr = get<double>(p + 24);
   c->momentum = get<double>(p + 32);
   c->partition_bytes = get<uint64_t>(p + 40);
+  c->chunk_bytes = get<uint64_t>(p + 48);
   c->codec.assign(reinterpret_cast<const char*>(p + kHelloFixedBytes), codec_len);
   const size_t at = kHelloFixedBytes + codec_len;
   if (n - at > kMaxTokenBytes) return invalid_arg("kv hello: token of {} bytes", n - at);
@@ -268,6 +276,10 @@ Status check_config(const StoreConfig& c) {
   }
   if (c.partition_bytes < 64 || c.partition_bytes > kMaxPartitionBytes) {
     return invalid_arg("partition_bytes {} out of range [64, {}]", c.partition_bytes,
+                       kMaxPartitionBytes);
+  }
+  if (c.chunk_bytes != 0 && (c.chunk_bytes < 64 || c.chunk_bytes > kMaxPartitionBytes)) {
+    return invalid_arg("chunk_bytes {} out of range (0, or [64, {}])", c.chunk_bytes,
                        kMaxPartitionBytes);
   }
   if (!c.codec.empty()) {

@@ -15,12 +15,17 @@
 
 namespace gw::kv {
 
-inline constexpr uint32_t kMagic = 0x314b5747;  // "GWK1"
+// The frame magic carries the kv wire version: "GWK" + the version's digit. Version 2 added the
+// Hello's chunk_bytes (a partition streamed in chunks); a version-1 peer's frames are refused with
+// a message naming both versions (decode_header).
+inline constexpr uint32_t kWireVersion = 2;
+inline constexpr uint32_t kMagic = 0x324b5747;    // "GWK2"
+inline constexpr uint32_t kMagicV1 = 0x314b5747;  // "GWK1": gradwire before streamed partitions
 inline constexpr size_t kHeaderBytes = 80;
 // The largest payload of one frame: one partition (GW_KV_PARTITION_BYTES is capped to this).
 inline constexpr uint64_t kMaxPartitionBytes = 256ull << 20;
 inline constexpr uint64_t kMaxPayload = kMaxPartitionBytes;
-inline constexpr uint32_t kMaxPartitions = 1u << 24;  // per key
+inline constexpr uint32_t kMaxPartitions = 1u << 24;  // per key (units: chunks when streamed)
 inline constexpr uint32_t kMaxWorkers = 1u << 16;
 inline constexpr size_t kMaxErrorBytes = 4096;
 inline constexpr size_t kMaxTokenBytes = 1024;
@@ -71,12 +76,16 @@ struct StoreConfig {
   double lr = 0;
   double momentum = 0;
   uint64_t partition_bytes = 0;
+  // A partition travels and is aggregated in chunks of at most this many bytes, each its own unit
+  // on the partition's server (frames' `partition` field: the unit's index, see
+  // docs/wire-kv.md §1); 0 or >= partition_bytes: the partition is one unit.
+  uint64_t chunk_bytes = 0;
   std::string codec;  // "" (raw pushes) or the canonical codec spec of the pushes
   bool operator==(const StoreConfig&) const = default;
 };
-// StoreConfig's fixed fields (u32 at offset 20: the codec spec's length), then the codec spec, then
-// the token (the rest of the payload).
-inline constexpr size_t kHelloFixedBytes = 48;
+// StoreConfig's fixed fields (u32 at offset 20: the codec spec's length; u64 at 48: chunk_bytes),
+// then the codec spec, then the token (the rest of the payload).
+inline constexpr size_t kHelloFixedBytes = 56;
 
 void encode_header(const Header& h, uint8_t out[kHeaderBytes]);
 // Checks magic, type, flags, dtype and the payload bound; the per-type rules are in check_frame.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One worker of perf/ps_bench.sh (run by the testbed in its host's namespace; not by hand).
 
-    ps_bench_rank.py --bytes B --partition P -n ITERS -r REPS
+    ps_bench_rank.py --bytes B --partition P [--chunks C[,C...]] -n ITERS -r REPS
     ps_bench_rank.py --ceiling-only --hosts H --bytes B --ceiling-port PORT
 
 --ceiling-only (every host of a session, no gradwire): the machine ceiling: every host streams B
@@ -11,7 +11,9 @@ host prints "CEILING seconds". Otherwise, in one process, on the same workers an
 REPS times interleaved (kv_keys: the same buffer as B/P keys of P bytes, every part's ipushpull
 in flight at once, as BytePS partitions a tensor into keys on the worker): gw_allreduce (sum; GW_ALGO as the environment sets) of B bytes of float32,
 and KVStore push_pull (bsp, sum, partitions of P bytes, then clock) of the same buffer, ITERS
-timed calls each after one warm-up. Every result is checked (the sum of the ranks' values).
+timed calls each after one warm-up; one store per chunk size C of --chunks (GW_KV_CHUNK_BYTES when
+it is made: 0 = whole partitions), each with its kv and kv_keys rows (names suffixed _cC).
+Every result is checked (the sum of the ranks' values).
 Rank 0 prints one line per figure: "RESULT name=value ..." with the median seconds per call.
 """
 import argparse
@@ -29,6 +31,7 @@ import gradwire.kv
 ap = argparse.ArgumentParser()
 ap.add_argument("--bytes", type=int, required=True)
 ap.add_argument("--partition", type=int, default=4 << 20)
+ap.add_argument("--chunks", default="", help="comma-separated chunk bytes, one store each")
 ap.add_argument("-n", type=int, default=3)
 ap.add_argument("-r", type=int, default=2)
 ap.add_argument("--ceiling-port", type=int, default=0)
@@ -116,36 +119,45 @@ def worst(x: float) -> float:
 value = np.full(count, r + 1, np.float32)
 expect = n * (n + 1) / 2
 buf = np.empty(count, np.float32)
-kv = gradwire.kv.KVStore(comm, mode="bsp", update="sum", partition_bytes=a.partition)
-kv.init(0, np.zeros(count, np.float32))
+chunks = [int(c) for c in a.chunks.split(",") if c != ""] or [None]
 part = max(1, a.partition // 4)
 pieces = [(1 + i, s) for i, s in enumerate(range(0, count, part))]
-for key, start in pieces:
-    kv.init(key, np.zeros(min(part, count - start), np.float32))
-times = {"allreduce": [], "kv": [], "kv_keys": []}
+stores = {}
+for c in chunks:
+    if c is not None:  # read by the store's creation (kv/client.cc), then fixed for the store
+        os.environ["GW_KV_CHUNK_BYTES"] = str(c)
+    kv = gradwire.kv.KVStore(comm, mode="bsp", update="sum", partition_bytes=a.partition)
+    kv.init(0, np.zeros(count, np.float32))
+    for key, start in pieces:
+        kv.init(key, np.zeros(min(part, count - start), np.float32))
+    stores["" if c is None else f"_c{c}"] = kv
+whats = ["allreduce"] + [f"{w}{sfx}" for sfx in stores for w in ("kv", "kv_keys")]
+times = {w: [] for w in whats}
 for rep in range(a.r):
-    for what in ("allreduce", "kv", "kv_keys"):
+    for what in whats:
+        kv = stores.get(what[what.index("_c"):] if "_c" in what else "")
         for it in range(a.n + (1 if rep == 0 else 0)):
             buf[:] = value
             comm.barrier()
             t0 = time.monotonic()
             if what == "allreduce":
                 comm.allreduce(buf)
-            elif what == "kv":
-                kv.pushpull(0, buf)
-                kv.clock()
-            else:
+            elif what.startswith("kv_keys"):
                 reqs = [kv.ipushpull(key, buf[s:s + part], priority=-key)
                         for key, s in pieces]
                 for q in reqs:
                     q.wait()
+                kv.clock()
+            else:
+                kv.pushpull(0, buf)
                 kv.clock()
             dt = worst(time.monotonic() - t0)
             if not (buf[0] == expect and buf[-1] == expect and np.all(buf == expect)):
                 raise SystemExit(f"rank {r}: {what}: wrong result {buf[:4]}, expected {expect}")
             if rep > 0 or it > 0:  # the first call of the run is the warm-up
                 times[what].append(dt)
-kv.close()
+for kv in stores.values():
+    kv.close()
 if r == 0:
     fig = {k: statistics.median(v) for k, v in times.items() if v}
     print("RESULT " + " ".join([f"{k}_s={v:.4f}" for k, v in fig.items()] +

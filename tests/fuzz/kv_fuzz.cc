@@ -42,6 +42,7 @@ int kv_frames(const uint8_t* data, size_t size) {
   c.lr = 0.5;
   c.momentum = 0.25;
   c.partition_bytes = 4096;
+  c.chunk_bytes = (data[0] & 32) != 0 ? 1024 : 0;  // the rules see units alike either way
   c.codec = fuzz_codec(data[0]);
   check(kv::check_config(c).ok(), "kv: the fuzz config is valid");
   std::unique_ptr<coll::Codec> codec;
@@ -164,6 +165,7 @@ std::vector<std::vector<uint8_t>> kv_seeds() {
     kv::StoreConfig c;
     c.workers = 3;
     c.partition_bytes = 4096;
+    c.chunk_bytes = (cfg & 1) != 0 ? 1024 : 0;  // version 2's field: streamed partitions
     auto fr = frame(hello, kv::encode_hello(c, "token"));
     s.insert(s.end(), fr.begin(), fr.end());
     kv::Header bye;

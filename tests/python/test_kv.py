@@ -194,6 +194,14 @@ def test_mode_rule_with_dedicated_servers():
 
 
 @needs_kv
+@pytest.mark.parametrize("servers", [0, 2])
+def test_streamed_partitions_sum_exactly(servers):
+    # Partitions of 1024 bytes streamed in chunks of 256 (GW_KV_CHUNK_BYTES), co-located and on
+    # 2 server processes.
+    _run(3, "stream", servers=servers, extra_env={"GW_KV_CHUNK_BYTES": "256"})
+
+
+@needs_kv
 def test_server_sgd_values():
     _run(2, "sgd")
 

@@ -178,6 +178,26 @@ elif case in ("kill_asp", "kill_bsp"):
     comm.close()
     sys.exit(0)
 
+elif case == "stream":
+    # Streamed partitions (GW_KV_CHUNK_BYTES from the test, smaller than the 1024-byte
+    # partitions): bsp push_pull of 1000 floats is the exact sum every clock, and waits for the
+    # held-back rank's push; the stats see the clocks.
+    kv = gradwire.kv.KVStore(comm, mode="bsp", update="sum", partition_bytes=1024)
+    kv.init(0, np.zeros(1000, np.float32))
+    idx = np.arange(1000, dtype=np.float32)
+    for c in range(3):
+        if r == last and c == 1:
+            time.sleep(HOLD)
+        t0 = time.monotonic()
+        out = kv.pushpull(0, idx + (r + 1) * (c + 1), np.empty(1000, np.float32))
+        waited = time.monotonic() - t0
+        kv.clock()
+        assert np.array_equal(out, n * idx + n * (n + 1) / 2 * (c + 1)), (c, out[:8])
+        if c == 1 and r != last:
+            assert waited > HOLD * 0.6, f"clock 1 returned after {waited:.2f} s, before the push"
+    assert kv.stats().clock == 3
+    kv.close()
+
 else:
     sys.exit(f"unknown case {case}")
 
