@@ -369,7 +369,7 @@ bool Job::wait_for_work() {
     for (const auto& m : members) {
       if (m && (m->sq.posted() || m->lost.load(std::memory_order_relaxed))) return true;
     }
-    return remote && remote->fired();
+    return remote && (remote->fired() || remote->any_done());
   };
   bool ready = false;
   if (spin_ns > 0) {
@@ -393,7 +393,7 @@ bool Job::wait_for_work() {
   for (const auto& m : members) {
     if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
   }
-  int rc = ::poll(pfds.data(), pfds.size(), stall_poll_ms(1000));
+  int rc = ::poll(pfds.data(), pfds.size(), remote && remote->active() ? 1 : stall_poll_ms(1000));
   if (rc < 0 && errno != EINTR) {
     GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
     return false;

@@ -334,8 +334,17 @@ void RemoteP2p::progress() {
   publish();
 }
 
+bool RemoteP2p::any_done() const {
+  for (const Op& op : ops_) {
+    if (done(op)) return true;
+  }
+  return false;
+}
+
 void RemoteP2p::publish() {
   std::vector<std::shared_ptr<coll::P2PRequest>> active, idle;
+  active_ = 0;
+  for (const Op& op : ops_) active_ += op.kind != Kind::kHeader ? 1 : 0;
   for (const Op& op : ops_) {
     for (const auto& r : {op.req, op.payload}) {
       // Done ones are progress()'s already (a send's header, its payload still going).

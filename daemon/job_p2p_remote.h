@@ -76,6 +76,11 @@ class RemoteP2p : public P2pRemoteLink {
   void shutdown();
   // Set by the waker when an op is done (the job thread's spin looks at it).
   bool fired() const { return fired_.load(std::memory_order_acquire); }
+  // Sends and payloads in flight (the job thread then sleeps at most 1 ms between looks: the
+  // waker may be sleeping on a header receive), and whether any op is done (the job thread's spin
+  // looks at it: a header that lands then needs no wake-up).
+  bool active() const { return active_ > 0; }
+  bool any_done() const;
   size_t unexpected_bytes() const { return *used_; }
 
  private:
@@ -117,6 +122,7 @@ class RemoteP2p : public P2pRemoteLink {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<coll::P2PRequest>> watch_;  // active ops first
   size_t watch_active_ = 0;
+  size_t active_ = 0;  // ops other than header receives (job thread)
   uint64_t gen_ = 0;
   bool quit_ = false;
   std::atomic<bool> fired_{false};
