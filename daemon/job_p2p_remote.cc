@@ -27,7 +27,22 @@ RemoteP2p::~RemoteP2p() { shutdown(); }
 
 Status RemoteP2p::start() {
   for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
-    if (h != o_.host) (void)post_header(h);
+    if (h == o_.host) continue;
+    (void)post_header(h);
+    if (!down_[static_cast<size_t>(h)].ok()) continue;
+    // The hello: the connections to h exist from now on, so its daemon going is seen at once.
+    Op& op = ops_.emplace_back();
+    op.kind = Kind::kHello;
+    op.host = h;
+    op.h.flags = kXhostHello;
+    op.hdr = encode_xhost_header(op.h);
+    auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), h, kXhostTag);
+    if (!q.ok()) {
+      ops_.pop_back();
+      host_down(h, q.status());
+      continue;
+    }
+    op.req = *q;
   }
   waker_ = std::thread([this] { waker_loop(); });
   publish();
@@ -91,7 +106,7 @@ void RemoteP2p::forward(size_t member, const Request& r) {
   op.member = member;
   op.seq = r.seq;
   op.keep = o_.keep(member);
-  op.h = XhostHeader{board_->rank_of(member), r.root, r.tag, r.send_bytes};
+  op.h = XhostHeader{0, board_->rank_of(member), r.root, r.tag, r.send_bytes};
   op.hdr = encode_xhost_header(op.h);
   auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
   Status s = q.status();
@@ -186,6 +201,9 @@ bool RemoteP2p::finish(Op& op) {
       board_->landed(*op.msg);
       if (!st.ok()) host_down(op.host, st);
       return true;
+    case Kind::kHello:
+      if (!st.ok()) host_down(op.host, st);
+      return true;
     case Kind::kDrain:
       // Refused on purpose (truncated); anything else broke the pair's stream.
       if (!st.ok() && !truncated(st)) host_down(op.host, st);
@@ -201,7 +219,9 @@ void RemoteP2p::on_header(Op& op) {
   int32_t dst = -1;
   if (bad.ok()) {
     dst = board_->member_of(decoded->dst);
-    if (o_.host_of_rank[static_cast<size_t>(decoded->src)] != host || dst < 0) {
+    if (decoded->flags == kXhostHello) {
+      dst = 0;
+    } else if (o_.host_of_rank[static_cast<size_t>(decoded->src)] != host || dst < 0) {
       bad = peer_error("rank {} -> rank {}: not from that host or not to this one", decoded->src,
                        decoded->dst);
     }
@@ -214,6 +234,10 @@ void RemoteP2p::on_header(Op& op) {
   }
   const XhostHeader h = *decoded;
   const size_t member = static_cast<size_t>(dst);
+  if (h.flags == kXhostHello) {
+    (void)post_header(host);
+    return;
+  }
   P2pBoard::Recv rv;
   if (!failed_.ok() || board_->data(member) == nullptr) {
     post_drain(host, h.bytes);  // nobody to take it

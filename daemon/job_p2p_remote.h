@@ -84,7 +84,7 @@ class RemoteP2p : public P2pRemoteLink {
   size_t unexpected_bytes() const { return *used_; }
 
  private:
-  enum class Kind { kHeader, kSend, kPayloadArena, kPayloadBuffer, kDrain };
+  enum class Kind { kHeader, kHello, kSend, kPayloadArena, kPayloadBuffer, kDrain };
   struct Op {
     Kind kind = Kind::kHeader;
     int32_t host = 0;  // the other daemon

@@ -2,8 +2,11 @@
 // "Point-to-point across hosts"): the sender's daemon sends it to the receiver's daemon over the
 // job's daemon communicator, on tag kXhostTag, followed on the same tag by the payload (none for
 // 0 bytes). 32 bytes, little-endian:
-//   u32 magic 'GWXP'  u16 version (1)  u16 flags (0)  i32 src rank  i32 dst rank  i32 user tag
+//   u32 magic 'GWXP'  u16 version (1)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
 //   u32 reserved (0)  u64 bytes
+// flags 0: a message; kXhostHello: the first header each daemon sends each other (src, dst, tag
+// and bytes 0, no payload), so that the daemons' connections exist both ways from the start and
+// a daemon that goes is seen by the others at once.
 // decode_xhost_header refuses anything else (a daemon of another version, a rank outside the job,
 // a negative tag, more bytes than the receiving daemon takes) with kPeer naming the field.
 #pragma once
@@ -22,8 +25,10 @@ inline constexpr size_t kXhostHeaderBytes = 32;
 // The daemons' communicator carries nothing else point-to-point: one tag for header and payload,
 // so a payload follows its header in the per (source, tag) order.
 inline constexpr int kXhostTag = 0x6778;
+inline constexpr uint16_t kXhostHello = 1;
 
 struct XhostHeader {
+  uint16_t flags = 0;
   int32_t src = 0;
   int32_t dst = 0;
   int32_t tag = 0;
@@ -36,6 +41,7 @@ inline std::array<uint8_t, kXhostHeaderBytes> encode_xhost_header(const XhostHea
   const uint16_t version = kXhostVersion;
   std::memcpy(b.data() + 0, &magic, 4);
   std::memcpy(b.data() + 4, &version, 2);
+  std::memcpy(b.data() + 6, &h.flags, 2);
   std::memcpy(b.data() + 8, &h.src, 4);
   std::memcpy(b.data() + 12, &h.dst, 4);
   std::memcpy(b.data() + 16, &h.tag, 4);
@@ -50,21 +56,24 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
     return peer_error("cross-host point-to-point header of {} bytes, not {}", n, kXhostHeaderBytes);
   }
   uint32_t magic = 0, reserved = 0;
-  uint16_t version = 0, flags = 0;
+  uint16_t version = 0;
   XhostHeader h;
   std::memcpy(&magic, p + 0, 4);
   std::memcpy(&version, p + 4, 2);
-  std::memcpy(&flags, p + 6, 2);
+  std::memcpy(&h.flags, p + 6, 2);
   std::memcpy(&h.src, p + 8, 4);
   std::memcpy(&h.dst, p + 12, 4);
   std::memcpy(&h.tag, p + 16, 4);
   std::memcpy(&reserved, p + 20, 4);
   std::memcpy(&h.bytes, p + 24, 8);
   if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
-  if (version != kXhostVersion || flags != 0 || reserved != 0) {
+  if (version != kXhostVersion || (h.flags != 0 && h.flags != kXhostHello) || reserved != 0) {
     return peer_error(
         "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
-        version, flags, kXhostVersion);
+        version, h.flags, kXhostVersion);
+  }
+  if (h.flags == kXhostHello && (h.src != 0 || h.dst != 0 || h.tag != 0 || h.bytes != 0)) {
+    return peer_error("cross-host point-to-point hello with a message's fields");
   }
   if (h.src < 0 || h.src >= world || h.dst < 0 || h.dst >= world) {
     return peer_error("cross-host point-to-point header: ranks {} -> {} outside the job's {}",

@@ -10,6 +10,8 @@
 //   over 16 KiB fails too) and after the message landed (the send completed), both sizes named;
 // - a remote trainer killed with a receive from it posted: GW_ERR_PEER within the deadline, and
 //   a later send to it too;
+// - one daemon stopped (SIGTERM) with receives pending across hosts: both end with GW_ERR_PEER
+//   long before the deadline;
 // - the unexpected cap (GW_DAEMON_P2P_UNEXPECTED_MAX): the job's cross-host point-to-point fails
 //   naming it, the collectives go on;
 // - the figure: 8 B latency and 4 MiB bandwidth, 2 trainers on 2 daemons, against direct mode
@@ -143,10 +145,10 @@ TEST(P2pBoardLink, MessagesOfAnotherHostMatchInOrder) {
   EXPECT_EQ(*used, 0u);  // the board let go of the unexpected bytes
 }
 
-// Runs `world` trainers as children in case `what`, rank r on host r % 2 through daemon a or b
-// (a == nullptr: direct mode over tcp). Returns each child's wait status (-1: killed after 150 s).
-std::vector<int> spawn(const std::string& what, int world, const gw::testing::LocalDaemon* a,
-                       const gw::testing::LocalDaemon* b, int timeout_ms = 30000) {
+// Starts `world` trainers as children in case `what`, rank r on host r % 2 through daemon a or b
+// (a == nullptr: direct mode over tcp).
+std::vector<pid_t> start(const std::string& what, int world, const gw::testing::LocalDaemon* a,
+                         const gw::testing::LocalDaemon* b, int timeout_ms = 30000) {
   const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
   char self[4096] = {};
   EXPECT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
@@ -171,6 +173,11 @@ std::vector<int> spawn(const std::string& what, int world, const gw::testing::Lo
     }
     kids.push_back(pid);
   }
+  return kids;
+}
+
+// Each child's wait status (-1: killed after 150 s).
+std::vector<int> reap(const std::string& what, const std::vector<pid_t>& kids) {
   std::vector<int> statuses(kids.size(), -1);
   const auto until = Clock::now() + std::chrono::seconds(150);
   for (size_t r = 0; r < kids.size(); ++r) {
@@ -186,6 +193,11 @@ std::vector<int> spawn(const std::string& what, int world, const gw::testing::Lo
     }
   }
   return statuses;
+}
+
+std::vector<int> spawn(const std::string& what, int world, const gw::testing::LocalDaemon* a,
+                       const gw::testing::LocalDaemon* b, int timeout_ms = 30000) {
+  return reap(what, start(what, world, a, b, timeout_ms));
 }
 
 bool exited_ok(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
@@ -225,6 +237,26 @@ TEST(DaemonP2pXhost, KilledRemoteTrainerEndsPendingReceiveWithPeer) {
   ASSERT_EQ(st.size(), 2u);
   EXPECT_TRUE(exited_ok(st[0])) << st[0];
   EXPECT_TRUE(st[1] != -1 && WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL) << st[1];
+}
+
+// Daemon a stopped (SIGTERM) while its trainer waits on a receive from the other host, and the
+// other host's trainer on one from it: both end with GW_ERR_PEER at once, not at the deadline.
+TEST(DaemonP2pXhost, StopCompletesPendingReceivesOnBothHosts) {
+  TwoDaemons d;
+  ASSERT_TRUE(d.ready());
+  const std::string flag = "/tmp/gw-dpx-stop-" + std::to_string(::getpid());
+  ::unlink(flag.c_str());
+  ::setenv("GW_DPX_FLAG", flag.c_str(), 1);
+  const auto kids = start("stop", 2, d.a.get(), d.b.get(), 30000);
+  ::unsetenv("GW_DPX_FLAG");
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (::access(flag.c_str(), F_OK) != 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both receives reach the daemons
+  d.a.reset();                                                  // SIGTERM, and waits for it to exit
+  for (int s : reap("stop", kids)) EXPECT_TRUE(exited_ok(s)) << s;
+  ::unlink(flag.c_str());
 }
 
 TEST(DaemonP2pXhost, UnexpectedCapFailsTheJobsPointToPointNamingIt) {
@@ -454,6 +486,23 @@ void cap(gw_comm_t c, int rank) {
   EXPECT_EQ(v, 2.0f);
 }
 
+void stop(gw_comm_t c, int rank, int timeout_ms) {
+  std::vector<uint8_t> in(64);
+  gw_request_t q = nullptr;
+  CHECK_OK(gw_irecv(c, in.data(), in.size(), GW_UINT8, 1 - rank, 99, &q));  // never sent
+  CHECK_OK(gw_barrier(c));
+  if (rank == 0) {
+    FILE* f = std::fopen(::getenv("GW_DPX_FLAG"), "w");
+    if (f != nullptr) std::fclose(f);
+  }
+  const auto t0 = Clock::now();
+  EXPECT_EQ(gw_wait(q, -1), GW_ERR_PEER) << last_error();
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_LT(ms, timeout_ms / 2.0);  // promptly: not the deadline
+  std::printf("FIGURE xhost stop: rank %d's pending receive ended after %.0f ms: %s\n", rank, ms,
+              last_error().c_str());
+}
+
 void figure(gw_comm_t c, int rank) {
   const char* mode = ::getenv("GW_DAEMON") ? "2 daemons" : "direct tcp";
   const int peer = 1 - rank;
@@ -523,8 +572,9 @@ TEST(DaemonP2pXhostChild, Run) {
   if (w == "rules") rules(c, rank, world);
   if (w == "killed") killed(c, rank, timeout_ms);
   if (w == "cap") cap(c, rank);
+  if (w == "stop") stop(c, rank, timeout_ms);
   if (w == "figure") figure(c, rank);
-  if (w != "killed") {
+  if (w != "killed" && w != "stop") {
     EXPECT_EQ(gw_barrier(c), GW_OK) << last_error();
   }
   gw_comm_destroy(c);
