@@ -308,7 +308,9 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
     cv.notify_all();
     return;
   }
-  Backoff backoff(opts.spin_us);
+  Backoff backoff(opts.spin_us,
+                  std::max(std::chrono::microseconds(2),
+                           std::min(kDrivePureSpin, std::chrono::microseconds(opts.spin_us))));
   const bool bounded = until != Clock::time_point::max();
   // One clock read per pass, shared by the caller's bound, the deadlines and the backoff: the
   // backoff's (taken before it yields or polls: up to 1 ms old, so a deadline is seen one pass
@@ -372,7 +374,7 @@ void PointToPoint::Impl::step() {
   if (wake_thread || aborted->load()) cv.notify_all();
 }
 
-void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
+void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer, bool sends_first) {
   if (peer == kAnySource || peer == me()) return;
   const Peer& p = peers[peer];
   // Not while this rank's connection to the peer is being set up: the progress thread looks the
@@ -381,7 +383,7 @@ void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
   if (!p.broken.ok() || (p.want_connect && !p.sc[0])) return;
   held = lock;
   polling = true;  // a frame that asks for a connection back leaves its lookup to the thread
-  progress_peer(peer);
+  progress_peer(peer, sends_first);
   polling = false;
   if (lookup_wanted) {
     lookup_wanted = false;
@@ -696,7 +698,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->id = p.next_id++;
   p.pending_rts.push_back(s);
   p.want_connect = true;
-  m.kick(&lock, peer);
+  m.kick(&lock, peer, /*sends_first=*/true);
   // An eager message whose RTS the kick handed to the transport is done: the progress thread
   // tests the frame within its 1 ms wait (or the caller's next call moves the engine). Waking
   // that thread here would only make it compete with the caller (often on the same core).
