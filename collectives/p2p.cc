@@ -653,6 +653,9 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   if (m.aborted->load()) return aborted_error("send: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
+  if (peer != m.me()) {
+    if (auto done = m.send_eager_now(peer, buf, bytes, tag)) return done;
+  }
   auto s = std::make_shared<SendOp>();
   s->req = std::make_shared<P2PRequest>();
   s->req->set_driver(m.driver);

@@ -278,6 +278,10 @@ struct PointToPoint::Impl {
   Status start_locked();
   void loop();
   bool progress_locked();
+  // An eager send's fast path (isend): with peer p connected and nothing of its queued before
+  // it, the frame goes to the transport at once and the request is done; no op, no pass over
+  // the connections. nullptr: the ordinary path takes the send (nothing was sent).
+  std::shared_ptr<P2PRequest> send_eager_now(int p, const void* buf, size_t bytes, int tag);
   // sends_first: a new send's kick (its RTS posted before the control receive is tested).
   bool progress_peer(int p, bool sends_first = false);
   // Turns peer p's new sends into RTS frames, retires the control sends the transport finished

@@ -73,6 +73,32 @@ bool PointToPoint::Impl::progress_locked() {
   return any;
 }
 
+std::shared_ptr<P2PRequest> PointToPoint::Impl::send_eager_now(int p, const void* buf, size_t bytes,
+                                                               int tag) {
+  Peer& peer = peers[p];
+  net::SendComm* sc = peer.sc[0].get();
+  if (bytes > kEagerBytes || !peer.broken.ok() || sc == nullptr || !peer.sc[1] ||
+      !peer.pending_rts.empty() || !peer.ctl_out.empty() ||
+      peer.ctl_send.size() >= static_cast<size_t>(net::kMaxRequests)) {
+    return nullptr;
+  }
+  std::vector<uint8_t> f =
+      make_frame(&peer, kRtsEager, tag, bytes, peer.next_id, static_cast<const uint8_t*>(buf));
+  auto r = sc->isend(f.data(), f.size(), 0, nullptr);
+  if (!r.ok() || *r == nullptr) {  // the ordinary path posts it later, or fails the peer
+    recycle_frame(&peer, std::move(f));
+    return nullptr;
+  }
+  ++peer.next_id;
+  InFlight fl{};
+  fl.req = *r;
+  fl.frame = std::move(f);
+  peer.ctl_send.push_back(std::move(fl));
+  auto req = std::make_shared<P2PRequest>();
+  req->finish(ok_status(), bytes, me());
+  return req;
+}
+
 bool PointToPoint::Impl::send_control(int p, bool* any, Status* why) {
   Peer& peer = peers[p];
   net::SendComm* sc = peer.sc[0].get();
