@@ -665,12 +665,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->tag = tag;
   s->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, s->deadline);
-  m.all.push_back(s->req);
-  if (m.all.size() > 1024) {
-    m.all.erase(std::remove_if(m.all.begin(), m.all.end(),
-                               [](const std::weak_ptr<P2PRequest>& w) { return w.expired(); }),
-                m.all.end());
-  }
+  m.track(s->req);
   ++m.active;
   if (peer == m.me()) {
     // An eager send to oneself is copied now and completes (as one to another rank completes
@@ -741,7 +736,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   r->tag = tag;
   r->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, r->deadline);
-  m.all.push_back(r->req);
+  m.track(r->req);
   ++m.active;
   if (match != m.unexpected.end()) {
     Unexpected u = std::move(*match);

@@ -217,6 +217,16 @@ struct PointToPoint::Impl {
   std::list<Unexpected> unexpected;            // unmatched messages, arrival order
   size_t active = 0;                           // ops not yet finished (for the idle wait)
   std::vector<std::weak_ptr<P2PRequest>> all;  // every op, to end them at shutdown
+  // Adds an op to `all`, dropping the ended ones past 1024 (every call: a receive's as well as a
+  // send's, since an eager send's fast path adds none).
+  void track(const std::shared_ptr<P2PRequest>& req) {
+    all.push_back(req);
+    if (all.size() > 1024) {
+      all.erase(std::remove_if(all.begin(), all.end(),
+                               [](const std::weak_ptr<P2PRequest>& w) { return w.expired(); }),
+                all.end());
+    }
+  }
 
   int me() const { return group.rank(); }
 
