@@ -90,10 +90,31 @@ std::shared_ptr<P2PRequest> PointToPoint::Impl::send_eager_now(int p, const void
     return nullptr;
   }
   ++peer.next_id;
-  InFlight fl{};
-  fl.req = *r;
-  fl.frame = std::move(f);
-  peer.ctl_send.push_back(std::move(fl));
+  // A frame the transport took whole at once (shm's ring, a tcp socket with room) is retired
+  // here, not queued for the next pass (only behind no older one: requests end in order).
+  bool done = false;
+  if (peer.ctl_send.empty()) {
+    size_t size = 0;
+    Status st = sc->test(*r, &done, &size);
+    if (!st.ok()) {
+      // The send is done (standard mode: the transport took its frame) and the connection
+      // failed: as a pass would, the peer's last frames first, then the peer breaks.
+      bool any = false;
+      if (receive_control(p, &any) && peer.broken.ok()) {
+        break_peer(p,
+                   st.with_context(fmt::format("point-to-point: control message to rank {}", p)));
+      }
+      done = true;
+    }
+  }
+  if (done) {
+    recycle_frame(&peer, std::move(f));
+  } else {
+    InFlight fl{};
+    fl.req = *r;
+    fl.frame = std::move(f);
+    peer.ctl_send.push_back(std::move(fl));
+  }
   auto req = std::make_shared<P2PRequest>();
   req->finish(ok_status(), bytes, me());
   return req;
