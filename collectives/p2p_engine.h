@@ -52,8 +52,8 @@ inline constexpr int kQuietPolls = 8;
 inline constexpr std::chrono::microseconds kQuietSpan{2};
 // A caller driving the engine for its own request spins this long (at most GW_SPIN_US) before
 // its backoff yields the core: a round trip over loopback tcp takes 10-20 us, and a yield on a
-// loaded core hands it to another task for up to a time slice (the ping-pong's median went from
-// ~8 us to hundreds under load); Open MPI and UCX spin without yielding.
+// loaded core may hand it to another task for a time slice; Open MPI and UCX spin without
+// yielding. (Not measured alone: docs/collectives.md, "An eager send without an op".)
 inline constexpr std::chrono::microseconds kDrivePureSpin{20};
 // check_deadlines scans every op at least this often (it skips scans until the earliest known
 // deadline in between).
