@@ -22,7 +22,11 @@ namespace gw::coll {
 // at most 1 ms; otherwise (shm) yield for a while, then sleep briefly.
 class Backoff {
  public:
-  explicit Backoff(int64_t spin_us) : spin_(std::chrono::microseconds(spin_us)) {}
+  // pure_spin: how long to spin before the first sched_yield (a caller waiting on one message
+  // may spin longer: a yield on a loaded core can give it away for a whole time slice).
+  explicit Backoff(int64_t spin_us,
+                   std::chrono::microseconds pure_spin = std::chrono::microseconds(2))
+      : pure_spin_(pure_spin), spin_(std::chrono::microseconds(spin_us)) {}
   void reset() { idle_ = 0; }
   // gather(&fds) appends the descriptors to wait on and returns false if some connection
   // cannot be waited on that way. Returns the time it read on entry (one read per call: a
@@ -32,7 +36,7 @@ class Backoff {
     const auto now = Clock::now();
     if (idle_++ == 0) since_ = now;
     const auto waited = now - since_;
-    if (waited < kPureSpin) return now;
+    if (waited < pure_spin_) return now;
     if (waited < spin_) {
       sched_yield();
       return now;
@@ -54,7 +58,7 @@ class Backoff {
   }
 
  private:
-  static constexpr std::chrono::microseconds kPureSpin{2};
+  std::chrono::microseconds pure_spin_;
   std::vector<pollfd> fds_;
   std::chrono::microseconds spin_;
   int64_t idle_ = 0;

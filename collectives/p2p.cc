@@ -308,7 +308,9 @@ void PointToPoint::Impl::drive(const P2PRequest& req, Clock::time_point until) {
     cv.notify_all();
     return;
   }
-  Backoff backoff(opts.spin_us);
+  Backoff backoff(opts.spin_us,
+                  std::max(std::chrono::microseconds(2),
+                           std::min(kDrivePureSpin, std::chrono::microseconds(opts.spin_us))));
   const bool bounded = until != Clock::time_point::max();
   // One clock read per pass, shared by the caller's bound, the deadlines and the backoff: the
   // backoff's (taken before it yields or polls: up to 1 ms old, so a deadline is seen one pass
@@ -372,7 +374,7 @@ void PointToPoint::Impl::step() {
   if (wake_thread || aborted->load()) cv.notify_all();
 }
 
-void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
+void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer, bool sends_first) {
   if (peer == kAnySource || peer == me()) return;
   const Peer& p = peers[peer];
   // Not while this rank's connection to the peer is being set up: the progress thread looks the
@@ -381,7 +383,7 @@ void PointToPoint::Impl::kick(std::unique_lock<std::mutex>* lock, int peer) {
   if (!p.broken.ok() || (p.want_connect && !p.sc[0])) return;
   held = lock;
   polling = true;  // a frame that asks for a connection back leaves its lookup to the thread
-  progress_peer(peer);
+  progress_peer(peer, sends_first);
   polling = false;
   if (lookup_wanted) {
     lookup_wanted = false;
@@ -651,6 +653,9 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   if (m.aborted->load()) return aborted_error("send: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
+  if (peer != m.me()) {
+    if (auto done = m.send_eager_now(peer, buf, bytes, tag)) return done;
+  }
   auto s = std::make_shared<SendOp>();
   s->req = std::make_shared<P2PRequest>();
   s->req->set_driver(m.driver);
@@ -660,12 +665,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->tag = tag;
   s->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, s->deadline);
-  m.all.push_back(s->req);
-  if (m.all.size() > 1024) {
-    m.all.erase(std::remove_if(m.all.begin(), m.all.end(),
-                               [](const std::weak_ptr<P2PRequest>& w) { return w.expired(); }),
-                m.all.end());
-  }
+  m.track(s->req);
   ++m.active;
   if (peer == m.me()) {
     // An eager send to oneself is copied now and completes (as one to another rank completes
@@ -696,7 +696,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->id = p.next_id++;
   p.pending_rts.push_back(s);
   p.want_connect = true;
-  m.kick(&lock, peer);
+  m.kick(&lock, peer, /*sends_first=*/true);
   // An eager message whose RTS the kick handed to the transport is done: the progress thread
   // tests the frame within its 1 ms wait (or the caller's next call moves the engine). Waking
   // that thread here would only make it compete with the caller (often on the same core).
@@ -736,7 +736,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   r->tag = tag;
   r->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, r->deadline);
-  m.all.push_back(r->req);
+  m.track(r->req);
   ++m.active;
   if (match != m.unexpected.end()) {
     Unexpected u = std::move(*match);

@@ -50,6 +50,11 @@ inline constexpr int64_t kFlushMs = 1000;
 // the last pass that moved something.
 inline constexpr int kQuietPolls = 8;
 inline constexpr std::chrono::microseconds kQuietSpan{2};
+// A caller driving the engine for its own request spins this long (at most GW_SPIN_US) before
+// its backoff yields the core: a round trip over loopback tcp takes 10-20 us, and a yield on a
+// loaded core may hand it to another task for a time slice; Open MPI and UCX spin without
+// yielding. (Not measured alone: docs/collectives.md, "An eager send without an op".)
+inline constexpr std::chrono::microseconds kDrivePureSpin{20};
 // check_deadlines scans every op at least this often (it skips scans until the earliest known
 // deadline in between).
 inline constexpr int64_t kRescanMs = 50;
@@ -212,6 +217,16 @@ struct PointToPoint::Impl {
   std::list<Unexpected> unexpected;            // unmatched messages, arrival order
   size_t active = 0;                           // ops not yet finished (for the idle wait)
   std::vector<std::weak_ptr<P2PRequest>> all;  // every op, to end them at shutdown
+  // Adds an op to `all`, dropping the ended ones past 1024 (every call: a receive's as well as a
+  // send's, since an eager send's fast path adds none).
+  void track(const std::shared_ptr<P2PRequest>& req) {
+    all.push_back(req);
+    if (all.size() > 1024) {
+      all.erase(std::remove_if(all.begin(), all.end(),
+                               [](const std::weak_ptr<P2PRequest>& w) { return w.expired(); }),
+                all.end());
+    }
+  }
 
   int me() const { return group.rank(); }
 
@@ -230,7 +245,7 @@ struct PointToPoint::Impl {
   // A new op's first step, in the caller's thread with mu held (lock): its peer's connections
   // moved once (an RTS posted, so an eager send is done; an arrived message matched) before any
   // thread hand-off.
-  void kick(std::unique_lock<std::mutex>* lock, int peer);
+  void kick(std::unique_lock<std::mutex>* lock, int peer, bool sends_first = false);
 
   // Written by a new operation so that a progress thread blocked in poll() wakes at once.
   int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -273,7 +288,15 @@ struct PointToPoint::Impl {
   Status start_locked();
   void loop();
   bool progress_locked();
-  bool progress_peer(int p);
+  // An eager send's fast path (isend): with peer p connected and nothing of its queued before
+  // it, the frame goes to the transport at once and the request is done; no op, no pass over
+  // the connections. nullptr: the ordinary path takes the send (nothing was sent).
+  std::shared_ptr<P2PRequest> send_eager_now(int p, const void* buf, size_t bytes, int tag);
+  // sends_first: a new send's kick (its RTS posted before the control receive is tested).
+  bool progress_peer(int p, bool sends_first = false);
+  // Turns peer p's new sends into RTS frames, retires the control sends the transport finished
+  // and posts the queued frames (post_control). false: the connection failed (*why).
+  bool send_control(int p, bool* any, Status* why);
   bool receive_control(int p, bool* any);
   // eager: the message's bytes where they are (a control slot), else m.eager.
   void deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m, const uint8_t* eager = nullptr);

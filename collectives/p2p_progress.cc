@@ -73,13 +73,100 @@ bool PointToPoint::Impl::progress_locked() {
   return any;
 }
 
-bool PointToPoint::Impl::progress_peer(int p) {
+std::shared_ptr<P2PRequest> PointToPoint::Impl::send_eager_now(int p, const void* buf, size_t bytes,
+                                                               int tag) {
+  Peer& peer = peers[p];
+  net::SendComm* sc = peer.sc[0].get();
+  if (bytes > kEagerBytes || !peer.broken.ok() || sc == nullptr || !peer.sc[1] ||
+      !peer.pending_rts.empty() || !peer.ctl_out.empty() ||
+      peer.ctl_send.size() >= static_cast<size_t>(net::kMaxRequests)) {
+    return nullptr;
+  }
+  std::vector<uint8_t> f =
+      make_frame(&peer, kRtsEager, tag, bytes, peer.next_id, static_cast<const uint8_t*>(buf));
+  auto r = sc->isend(f.data(), f.size(), 0, nullptr);
+  if (!r.ok() || *r == nullptr) {  // the ordinary path posts it later, or fails the peer
+    recycle_frame(&peer, std::move(f));
+    return nullptr;
+  }
+  ++peer.next_id;
+  // A frame the transport took whole at once (shm's ring, a tcp socket with room) is retired
+  // here, not queued for the next pass (only behind no older one: requests end in order).
+  bool done = false;
+  if (peer.ctl_send.empty()) {
+    size_t size = 0;
+    Status st = sc->test(*r, &done, &size);
+    if (!st.ok()) {
+      // The send is done (standard mode: the transport took its frame) and the connection
+      // failed: as a pass would, the peer's last frames first, then the peer breaks.
+      bool any = false;
+      if (receive_control(p, &any) && peer.broken.ok()) {
+        break_peer(p,
+                   st.with_context(fmt::format("point-to-point: control message to rank {}", p)));
+      }
+      done = true;
+    }
+  }
+  if (done) {
+    recycle_frame(&peer, std::move(f));
+  } else {
+    InFlight fl{};
+    fl.req = *r;
+    fl.frame = std::move(f);
+    peer.ctl_send.push_back(std::move(fl));
+  }
+  auto req = std::make_shared<P2PRequest>();
+  req->finish(ok_status(), bytes, me());
+  return req;
+}
+
+bool PointToPoint::Impl::send_control(int p, bool* any, Status* why) {
+  Peer& peer = peers[p];
+  net::SendComm* sc = peer.sc[0].get();
+  if (sc == nullptr || !peer.sc[1]) return true;
+  while (!peer.pending_rts.empty()) {
+    auto s = peer.pending_rts.front();
+    peer.pending_rts.pop_front();
+    // Eager: the payload is copied into the frame here; the send completes when the frame is
+    // posted (post_control). Rendezvous: answered by CTS or NAK.
+    const bool eager = s->bytes <= kEagerBytes;
+    peer.ctl_out.push_back(
+        CtlFrame{make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
+    if (!eager) peer.awaiting[s->id] = s;
+  }
+  while (true) {
+    bool done;
+    size_t size;
+    Status st = test_front(sc, peer.ctl_send, &done, &size);
+    if (!st.ok()) {
+      *why = std::move(st);
+      return false;
+    }
+    if (!done) break;
+    recycle_frame(&peer, std::move(peer.ctl_send.front().frame));
+    peer.ctl_send.pop_front();
+    *any = true;
+  }
+  return post_control(p, any, why);
+}
+
+bool PointToPoint::Impl::progress_peer(int p, bool sends_first) {
   Peer& peer = peers[p];
   bool any = false;
   auto fail = [&](const Status& s, const char* what) {
     break_peer(p, s.with_context(fmt::format("point-to-point: {} rank {}", what, p)));
     return true;
   };
+  // A new send's kick: its RTS goes out before the control receive's test (on tcp a system
+  // call, most often finding nothing) so that the test is not on the message's way. A failed
+  // send takes the peer's frames first (below, as a normal pass does).
+  if (sends_first) {
+    if (Status why; !send_control(p, &any, &why)) {
+      receive_control(p, &any);
+      if (!peer.broken.ok()) return true;
+      return fail(why, "control message to");
+    }
+  }
   // Set-up: accept what the peer connects, connect where this rank has something to say.
   for (int c = 0; c < 2; ++c) {
     if (peer.listen[c]) {
@@ -147,30 +234,7 @@ bool PointToPoint::Impl::progress_peer(int p) {
     }
   }
   // Control sends: RTS of new sends, then replies, in order.
-  if (net::SendComm* sc = peer.sc[0].get(); sc && peer.sc[1]) {
-    while (!peer.pending_rts.empty()) {
-      auto s = peer.pending_rts.front();
-      peer.pending_rts.pop_front();
-      // Eager: the payload is copied into the frame here; the send completes when the frame is
-      // posted (post_control). Rendezvous: answered by CTS or NAK.
-      const bool eager = s->bytes <= kEagerBytes;
-      peer.ctl_out.push_back(CtlFrame{
-          make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
-      if (!eager) peer.awaiting[s->id] = s;
-    }
-    while (true) {
-      bool done;
-      size_t size;
-      Status st = test_front(sc, peer.ctl_send, &done, &size);
-      if (!st.ok()) return fail(st, "control message to");
-      if (!done) break;
-      recycle_frame(&peer, std::move(peer.ctl_send.front().frame));
-      peer.ctl_send.pop_front();
-      any = true;
-    }
-    Status why;
-    if (!post_control(p, &any, &why)) return fail(why, "control message to");
-  }
+  if (Status why; !send_control(p, &any, &why)) return fail(why, "control message to");
   const size_t chunk = std::max<size_t>(opts.chunk_bytes, 4096);
   // Data sends: in CTS order, chunked, kDataWindow in flight.
   if (net::SendComm* sc = peer.sc[1].get()) {

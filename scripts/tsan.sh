@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the tests labelled `tsan` (tests/CMakeLists.txt): the threaded parts (the
 # rendezvous store's server thread, the tcp transport's I/O threads, shm, the communicator's
-# progress thread and sub-communicators, the C ABI called from several threads, the transport
+# progress thread and sub-communicators, the C ABI called from several threads, point-to-point
+# (its engine's progress thread beside callers that drive it: p2p_test), the transport
 # conformance suite with the verbs emulator's NIC thread, the daemon's job threads). The tsan
 # preset (-O1 -g1, DPDK and CUDA off) builds only those binaries (target gw_tsan_tests) and runs
 # their cases but the slow ones (sweeps and leak loops test arithmetic and resources, not threads);

@@ -403,6 +403,67 @@ TEST(TcpTransport, WaitFdsBecomeReadyExactlyWhenThereIsProgressToMake) {
   EXPECT_TRUE(src == dst);
 }
 
+// Unthreaded, socket 0 reads a message's header with what follows it (up to 4 KiB) in one recv:
+// messages queued back to back, some with headers across that read's end, each arrive whole
+// into their own receive, and while read-ahead bytes wait for a posted receive, wait_fds says
+// the comm cannot be waited on with poll() (the kernel has nothing left to signal).
+TEST(TcpTransport, ReadAheadKeepsEveryMessageBoundary) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "1");
+  ScopedEnv th("GW_SOCKET_NTHREADS", "-1");
+  auto t = make_tcp_transport(options());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  Handle h;
+  auto l = (*t)->listen(&h);
+  ASSERT_TRUE(l.ok());
+  Conn conn = connect_pair(**t, **l, h);
+  ASSERT_TRUE(conn.send && conn.recv);
+  const std::vector<size_t> sizes = {0, 1, 8, 40, 4000, 4064, 4080, 100, 9000, 3, 4096, 16};
+  std::vector<std::vector<uint8_t>> src;
+  std::vector<Request*> sends;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src.emplace_back(sizes[i] + 1);
+    for (size_t b = 0; b < src[i].size(); ++b) src[i][b] = static_cast<uint8_t>(i * 31 + b);
+    auto s = conn.send->isend(src[i].data(), sizes[i], static_cast<int>(i), nullptr);
+    ASSERT_TRUE(s.ok() && *s) << i;
+    sends.push_back(*s);
+  }
+  const int64_t deadline = now_ms() + 10000;
+  for (Request* s : sends) {
+    bool done = false;
+    size_t got = 0;
+    while (!done && now_ms() < deadline) ASSERT_TRUE(conn.send->test(s, &done, &got).ok());
+    ASSERT_TRUE(done);
+  }
+  bool waited_on_read_ahead = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "message " << i << " of " << sizes[i] << " bytes");
+    std::vector<uint8_t> dst(sizes[i] + 1, 0xee);
+    auto r = conn.recv->irecv(dst.data(), sizes[i], static_cast<int>(i), nullptr);
+    ASSERT_TRUE(r.ok() && *r);
+    if (i > 0) {
+      // Message 0's read took the next messages' first bytes with it.
+      std::vector<pollfd> fds;
+      if (!conn.recv->wait_fds(&fds)) waited_on_read_ahead = true;
+    }
+    bool done = false;
+    size_t got = 0;
+    while (!done && now_ms() < deadline) {
+      ASSERT_TRUE(conn.recv->test(*r, &done, &got).ok());
+      if (done) break;
+      std::vector<pollfd> fds;
+      if (conn.recv->wait_fds(&fds) && !fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    }
+    ASSERT_TRUE(done);
+    EXPECT_EQ(got, sizes[i]);
+    EXPECT_TRUE(std::equal(dst.begin(), dst.begin() + sizes[i], src[i].begin()));
+    EXPECT_EQ(dst[sizes[i]], 0xee) << "a byte past the message was written";
+  }
+  EXPECT_TRUE(waited_on_read_ahead);
+  std::vector<pollfd> fds;
+  EXPECT_TRUE(conn.recv->wait_fds(&fds)) << "all read: poll() can wait again";
+}
+
 // ---- threaded mode (GW_SOCKET_NTHREADS) ------------------------------------------------------
 
 TEST(TcpThreads, KnobRangeAndPolicy) {

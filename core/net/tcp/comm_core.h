@@ -101,16 +101,17 @@ class TcpCommCore {
   // Bounded: workers are woken and never block for longer than one non-blocking syscall.
   void stop_workers();
 
-  // Unthreaded-mode post: a slot filled by `fill`, then the bytes start moving (errors surface
-  // in test()). Threaded: under mu_, then the sleeping workers are woken.
+  // Unthreaded-mode post: a slot filled by `fill`, then (start) the bytes start moving (errors
+  // surface in test()); without start the first test() moves them. Threaded: under mu_, then
+  // the sleeping workers are woken.
   template <typename Fill>
-  Result<Request*> post(Fill&& fill) {
+  Result<Request*> post(Fill&& fill, bool start = true) {
     if (threaded()) return post_threaded(std::forward<Fill>(fill));
     if (!error_.ok()) return error_;
     TcpRequest* r = reqs_.post();
     if (r == nullptr) return static_cast<Request*>(nullptr);
     fill(r);
-    (void)progress();  // start moving bytes now; errors surface in test()
+    if (start) (void)progress();  // start moving bytes now; errors surface in test()
     return static_cast<Request*>(r);
   }
 
