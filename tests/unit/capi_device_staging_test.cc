@@ -36,7 +36,9 @@ class Buf {
       return;
     }
     EXPECT_EQ(fake().mem_alloc(&dptr_, bytes_ == 0 ? 1 : bytes_), 0);
-    if (bytes_ > 0) EXPECT_EQ(fake().htod(dptr_, init.data(), bytes_), 0);
+    if (bytes_ > 0) {
+      EXPECT_EQ(fake().htod(dptr_, init.data(), bytes_), 0);
+    }
   }
   ~Buf() {
     if (device_ && dptr_ != 0) fake().mem_free(dptr_);
@@ -49,7 +51,9 @@ class Buf {
   std::vector<uint8_t> read() const {
     if (!device_) return host_;
     std::vector<uint8_t> out(bytes_);
-    if (bytes_ > 0) EXPECT_EQ(fake().dtoh(out.data(), dptr_, bytes_), 0);
+    if (bytes_ > 0) {
+      EXPECT_EQ(fake().dtoh(out.data(), dptr_, bytes_), 0);
+    }
     return out;
   }
 
@@ -85,7 +89,7 @@ struct Op {
   std::string name;
   std::function<size_t(int p)> send_elems, recv_elems;
   std::function<gw_status_t(gw_comm_t, gw_dtype_t, int r, int p, void* send, void* recv)> call;
-  std::function<size_t(int r, int p)> send_offset;  // set: in place
+  std::function<size_t(int r, int p)> send_offset = nullptr;  // set: in place
 };
 
 // The request is read after the call that sets it (a by-value argument could be read before).
