@@ -43,14 +43,7 @@ while getopts "s:n:r:B:h" opt; do
 done
 shift $((OPTIND - 1))
 [ $# -eq 0 ] || { echo "alltoallv_peers: unexpected argument '$1' (--help)" >&2; exit 2; }
-to_bytes() {  # 4M -> 4194304
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "alltoallv_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 byte_sizes=""
 for s in $sizes; do byte_sizes+=" $(to_bytes "$s")" || exit 2; done
 for v in "$np" "$reps" $byte_sizes; do

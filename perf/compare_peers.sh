@@ -40,14 +40,7 @@ done
 perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "compare_peers: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 
-to_bytes() {  # 64M -> 67108864
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 byte_sizes=""
 for s in $sizes; do byte_sizes+=" $(to_bytes "$s")"; done
 for n in $nps; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: bad rank count '$n'" >&2; exit 2; }; done

@@ -13,7 +13,7 @@
 #
 # usage: perf/p2p_peers.sh [-s BW_SIZE] [-l LAT_SIZE] [-i LAT_ITERS] [-w WINDOW] [-r R] [-B BUILD_DIR]
 #                          [-b BASE_BUILD_DIR]
-#   -s  bandwidth message size (K/M suffixes), default 4M
+#   -s  bandwidth message size (K/M/G suffixes), default 4M
 #   -l  latency message size, default 8
 #   -i  ping-pong round trips per run, default 2000
 #   -w  sends in flight while streaming (gradwire and Open MPI), default 4
@@ -49,13 +49,7 @@ while getopts "s:l:i:w:r:B:b:h" opt; do
     *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-to_bytes() {  # 4M -> 4194304
-  local s="$1" n="${1%[KkMm]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "p2p_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 bw_bytes=$(to_bytes "$bw_size")
 lat_bytes=$(to_bytes "$lat_size")
 for v in "$lat_iters" "$window" "$reps" "$bw_bytes" "$lat_bytes"; do

@@ -49,14 +49,7 @@ while [ $# -gt 0 ]; do
     *) echo "ps_bench: unknown argument '$1'" >&2; usage ;;
   esac
 done
-to_bytes() {  # 64M -> 67108864
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "ps_bench: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 bytes=$(to_bytes "$size"); pbytes=$(to_bytes "$part")
 for v in "$workers" "$iters" "$reps" "$timeout_s"; do
   if ! [[ "$v" =~ ^[0-9]+$ ]] || [ "$v" -lt 1 ]; then echo "ps_bench: '$v' is not a count >= 1" >&2; exit 2; fi
