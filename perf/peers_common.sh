@@ -1,5 +1,5 @@
-# Shared by the peer-comparison scripts (perf/p2p_peers.sh, perf/alltoallv_peers.sh), sourced
-# after they set $micro (the gradwire-micro binary).
+# Shared by the peer-comparison scripts (perf/p2p_peers.sh, perf/alltoallv_peers.sh) and
+# perf/zero_copy.sh, sourced after they set $micro (the gradwire-micro binary).
 
 ceiling() {  # benchmark regex -> GB/s (median of 3 repetitions of a gradwire-micro benchmark)
   [ -x "$micro" ] || { echo "n/a (no $micro)"; return; }
