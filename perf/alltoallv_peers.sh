@@ -10,7 +10,7 @@
 # every received element. Each repetition runs every column once per size, interleaved, so a
 # noisy neighbour hits every column alike; the table shows the medians of busbw (GB/s, 1e9 B/s)
 # and gradwire's ratio to Open MPI on the same kind of link. The machine's ceilings (memcpy of
-# 16 MiB on one core, a loopback TCP stream, from gradwire-micro when it is built) and its load
+# 64 MiB on one core, a loopback TCP stream, from gradwire-micro when it is built) and its load
 # average are measured in the same run. docs/perf.md, "All-to-all-v against Open MPI".
 #
 # usage: perf/alltoallv_peers.sh [-s "SIZE ..."] [-n NP] [-r R] [-B BUILD_DIR]
@@ -137,7 +137,7 @@ cell() {  # impl size
   median ${runs[$1 $2]:-}
 }
 
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %10s   %s\n" "#impl" "size_B" "busbw" "runs"
 for s in $byte_sizes; do
