@@ -52,20 +52,15 @@ done
 (( np >= 2 )) || { echo "alltoallv_peers: -n $np: need at least 2 ranks" >&2; exit 2; }
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
-# ceiling() and ratio()
+# ceiling(), ratio(), median(), mpi_driver()
 source "$here/peers_common.sh"
 [ -x "$perf" ] || { echo "alltoallv_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-missing_mpi=""
 mpi_bin="$work/mpi_alltoallv"
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-elif ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_alltoallv.c" 2>"$work/mpicc.log"; then
-  missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log" | tr '\n' ' ')"
-fi
+missing_mpi=$(mpi_driver "$here/peers/mpi_alltoallv.c" "$mpi_bin")
 
 mpirun_np() { timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 
@@ -124,13 +119,6 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-median() {  # values... ("fail" ignored) -> median or "fail"
-  local vals count
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
-  [ -z "$vals" ] && { echo "fail"; return; }
-  count=$(wc -l <<<"$vals")
-  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
-}
 cell() {  # impl size
   if [[ "$1" == mpi-* && -n "$missing_mpi" ]]; then echo "missing"; return; fi
   # shellcheck disable=SC2086

@@ -57,24 +57,17 @@ for v in "$lat_iters" "$window" "$reps" "$bw_bytes" "$lat_bytes"; do
 done
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
-# ceiling() and ratio()
+# ceiling(), ratio(), median() (2 decimals here), mpi_driver()
 source "$here/peers_common.sh"
+median_decimals=2
 [ -x "$perf" ] || { echo "p2p_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # Which peers can run here.
-missing_mpi=""
 mpi_bin="$build/peers/mpi_pingpong"
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-else
-  mkdir -p "$build/peers"
-  if ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_pingpong.c" 2>"$work/mpicc.log"; then
-    missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log")"
-  fi
-fi
+missing_mpi=$(mpi_driver "$here/peers/mpi_pingpong.c" "$mpi_bin")
 missing_ucx=""
 command -v ucx_perftest >/dev/null || missing_ucx="missing: ucx_perftest (apt-get install ucx-utils)"
 
@@ -168,13 +161,6 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-median() {  # values... ("fail" ignored) -> median or "fail"
-  local vals count
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
-  [ -z "$vals" ] && { echo "fail"; return; }
-  count=$(wc -l <<<"$vals")
-  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.2f", v[(c + 1) / 2]; else printf "%.2f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
-}
 cell() {  # lat|bw impl
   local impl="$2"
   if [[ "$impl" == mpi-* && -n "$missing_mpi" ]] || [[ "$impl" == ucx-* && -n "$missing_ucx" ]]; then
