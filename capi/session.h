@@ -184,9 +184,10 @@ class Session {
            " yet; use direct mode (GW_DAEMON unset) for it" +
            (nonblocking && has_blocking ? ", or the blocking call" : "");
   }
+  // The default for sessions without point-to-point: direct and daemon mode both have it and
+  // override isend/irecv, so only a mode added without it says this.
   static const char* p2p_unsupported() {
-    return "daemon mode (GW_DAEMON) does not have point-to-point (gw_send/gw_recv) yet; use "
-           "direct mode (GW_DAEMON unset) for it";
+    return "this communicator's mode has no point-to-point (gw_send/gw_recv/gw_isend/gw_irecv)";
   }
 };
 

@@ -10,7 +10,7 @@
 # every received element. Each repetition runs every column once per size, interleaved, so a
 # noisy neighbour hits every column alike; the table shows the medians of busbw (GB/s, 1e9 B/s)
 # and gradwire's ratio to Open MPI on the same kind of link. The machine's ceilings (memcpy of
-# 16 MiB on one core, a loopback TCP stream, from gradwire-micro when it is built) and its load
+# 64 MiB on one core, a loopback TCP stream, from gradwire-micro when it is built) and its load
 # average are measured in the same run. docs/perf.md, "All-to-all-v against Open MPI".
 #
 # usage: perf/alltoallv_peers.sh [-s "SIZE ..."] [-n NP] [-r R] [-B BUILD_DIR]
@@ -43,14 +43,7 @@ while getopts "s:n:r:B:h" opt; do
 done
 shift $((OPTIND - 1))
 [ $# -eq 0 ] || { echo "alltoallv_peers: unexpected argument '$1' (--help)" >&2; exit 2; }
-to_bytes() {  # 4M -> 4194304
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "alltoallv_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 byte_sizes=""
 for s in $sizes; do byte_sizes+=" $(to_bytes "$s")" || exit 2; done
 for v in "$np" "$reps" $byte_sizes; do
@@ -59,20 +52,15 @@ done
 (( np >= 2 )) || { echo "alltoallv_peers: -n $np: need at least 2 ranks" >&2; exit 2; }
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
-# ceiling() and ratio()
+# ceiling(), ratio(), median(), mpi_driver()
 source "$here/peers_common.sh"
 [ -x "$perf" ] || { echo "alltoallv_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-missing_mpi=""
 mpi_bin="$work/mpi_alltoallv"
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-elif ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_alltoallv.c" 2>"$work/mpicc.log"; then
-  missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log" | tr '\n' ' ')"
-fi
+missing_mpi=$(mpi_driver "$here/peers/mpi_alltoallv.c" "$mpi_bin")
 
 mpirun_np() { timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 
@@ -131,20 +119,13 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-median() {  # values... ("fail" ignored) -> median or "fail"
-  local vals count
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
-  [ -z "$vals" ] && { echo "fail"; return; }
-  count=$(wc -l <<<"$vals")
-  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
-}
 cell() {  # impl size
   if [[ "$1" == mpi-* && -n "$missing_mpi" ]]; then echo "missing"; return; fi
   # shellcheck disable=SC2086
   median ${runs[$1 $2]:-}
 }
 
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %10s   %s\n" "#impl" "size_B" "busbw" "runs"
 for s in $byte_sizes; do

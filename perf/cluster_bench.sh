@@ -109,14 +109,7 @@ for s in $systems; do
     gradwire-algo:?*|gloo|mpi-tuned|mpi-han) ;;
     *) echo "cluster_bench: unknown system '$s'" >&2; exit 2 ;; esac
 done
-to_bytes() {  # 64M -> 67108864
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "cluster_bench: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 world=0
 for v in "${rph_list[@]}"; do world=$((world + v)); done
 # Whole elements, and for allgather / reduce_scatter whole blocks of n elements, so that every

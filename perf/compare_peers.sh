@@ -40,14 +40,8 @@ done
 perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "compare_peers: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 
-to_bytes() {  # 64M -> 67108864
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
+source "$here/peers_common.sh"  # median(), ratio(), mpi_driver()
 byte_sizes=""
 for s in $sizes; do byte_sizes+=" $(to_bytes "$s")"; done
 for n in $nps; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: bad rank count '$n'" >&2; exit 2; }; done
@@ -60,16 +54,8 @@ missing_gloo=""
 if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
   missing_gloo="missing: /usr/bin/python3 with torch (apt-get install python3-torch)"
 fi
-missing_mpi=""
 mpi_bin="$build/peers/mpi_allreduce"
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-else
-  mkdir -p "$build/peers"
-  if ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_allreduce.c" 2>"$work/mpicc.log"; then
-    missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log")"
-  fi
-fi
+missing_mpi=$(mpi_driver "$here/peers/mpi_allreduce.c" "$mpi_bin")
 
 declare -A results  # "impl np size" -> list of busbw values
 run_one() {  # impl np size [field] -> prints busbw (GB/s), or time (us) with field "time"
@@ -119,14 +105,6 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
 done
 
-median() {  # values... ("fail" ignored) -> median or "fail"
-  local vals
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
-  [ -z "$vals" ] && { echo "fail"; return; }
-  local count
-  count=$(wc -l <<<"$vals")
-  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
-}
 cell() {  # impl n s
   local impl="$1"
   if [[ "$impl" == gloo && -n "$missing_gloo" ]] || [[ "$impl" == mpi-* && -n "$missing_mpi" ]]; then
@@ -135,13 +113,6 @@ cell() {  # impl n s
   fi
   # shellcheck disable=SC2086
   median ${results["$impl $2 $3"]}
-}
-ratio() {
-  if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
-    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'
-  else
-    echo "-"
-  fi
 }
 
 echo "#"

@@ -8,12 +8,12 @@
 # so a noisy neighbour hits every column alike; the table shows the medians over the
 # repetitions. Latency: the half round trip's median within a run (us); bandwidth: one way, MB/s
 # (10^6 bytes; ucx_perftest's MB/s are 2^20 bytes and are converted). The machine's ceilings
-# (memcpy of 16 MiB on one core, a loopback TCP stream, from gradwire-micro) and its load average
+# (memcpy of 64 MiB on one core, a loopback TCP stream, from gradwire-micro) and its load average
 # are measured in the same run. docs/perf.md, "Point to point against Open MPI and UCX".
 #
 # usage: perf/p2p_peers.sh [-s BW_SIZE] [-l LAT_SIZE] [-i LAT_ITERS] [-w WINDOW] [-r R] [-B BUILD_DIR]
 #                          [-b BASE_BUILD_DIR]
-#   -s  bandwidth message size (K/M suffixes), default 4M
+#   -s  bandwidth message size (K/M/G suffixes), default 4M
 #   -l  latency message size, default 8
 #   -i  ping-pong round trips per run, default 2000
 #   -w  sends in flight while streaming (gradwire and Open MPI), default 4
@@ -49,13 +49,7 @@ while getopts "s:l:i:w:r:B:b:h" opt; do
     *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-to_bytes() {  # 4M -> 4194304
-  local s="$1" n="${1%[KkMm]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "p2p_peers: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 bw_bytes=$(to_bytes "$bw_size")
 lat_bytes=$(to_bytes "$lat_size")
 for v in "$lat_iters" "$window" "$reps" "$bw_bytes" "$lat_bytes"; do
@@ -63,28 +57,21 @@ for v in "$lat_iters" "$window" "$reps" "$bw_bytes" "$lat_bytes"; do
 done
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
-# ceiling() and ratio()
+# ceiling(), ratio(), median() (2 decimals here), mpi_driver()
 source "$here/peers_common.sh"
+median_decimals=2
 [ -x "$perf" ] || { echo "p2p_peers: $perf not found; build gradwire-perf first" >&2; exit 2; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # Which peers can run here.
-missing_mpi=""
 mpi_bin="$build/peers/mpi_pingpong"
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-  missing_mpi="missing: mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-else
-  mkdir -p "$build/peers"
-  if ! mpicc -O2 -o "$mpi_bin" "$here/peers/mpi_pingpong.c" 2>"$work/mpicc.log"; then
-    missing_mpi="mpicc failed: $(head -c 200 "$work/mpicc.log")"
-  fi
-fi
+missing_mpi=$(mpi_driver "$here/peers/mpi_pingpong.c" "$mpi_bin")
 missing_ucx=""
 command -v ucx_perftest >/dev/null || missing_ucx="missing: ucx_perftest (apt-get install ucx-utils)"
 
-# The ceilings: memcpy of 16 MiB (one core) and a plain loopback TCP stream, median of 3 each.
+# The ceilings: memcpy of 64 MiB (one core) and a plain loopback TCP stream, median of 3 each.
 
 # Reads the perftest-like output of gradwire-perf p2p --capi and mpi_pingpong: "LAT BW".
 parse_pt() {
@@ -174,13 +161,6 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-median() {  # values... ("fail" ignored) -> median or "fail"
-  local vals count
-  vals=$(printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g)
-  [ -z "$vals" ] && { echo "fail"; return; }
-  count=$(wc -l <<<"$vals")
-  awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.2f", v[(c + 1) / 2]; else printf "%.2f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
-}
 cell() {  # lat|bw impl
   local impl="$2"
   if [[ "$impl" == mpi-* && -n "$missing_mpi" ]] || [[ "$impl" == ucx-* && -n "$missing_ucx" ]]; then
@@ -191,7 +171,7 @@ cell() {  # lat|bw impl
   if [ "$1" = lat ]; then median ${lats[$impl]:-}; else median ${bws[$impl]:-}; fi
 }
 
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %12s   %-40s %s\n" "#impl" "lat_us" "bw_MBps" "lat runs" "bw runs"
 for impl in gw-tcp gw-shm mpi-tcp mpi-shm ucx-tcp ucx-shm base-tcp base-shm; do

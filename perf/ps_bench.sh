@@ -59,14 +59,7 @@ while [ $# -gt 0 ]; do
     *) echo "ps_bench: unknown argument '$1'" >&2; usage ;;
   esac
 done
-to_bytes() {  # 64M -> 67108864
-  local s="$1" n="${1%[KkMmGg]}"
-  [[ "$n" =~ ^[0-9]+$ ]] || { echo "ps_bench: bad size '$s'" >&2; exit 2; }
-  case "$s" in
-    *[Kk]) echo $(( n << 10 )) ;; *[Mm]) echo $(( n << 20 )) ;; *[Gg]) echo $(( n << 30 )) ;;
-    *) echo "$n" ;;
-  esac
-}
+source "$here/sizes.sh"  # to_bytes()
 bytes=$(to_bytes "$size"); pbytes=$(to_bytes "$part")
 cbytes=(); for c in $chunks; do cbytes+=("$(to_bytes "$c")") || exit 2; done
 [ ${#cbytes[@]} -ge 1 ] || { echo "ps_bench: --chunks needs at least one size" >&2; exit 2; }

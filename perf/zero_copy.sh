@@ -42,15 +42,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # The ceilings: memcpy of 64 MiB (one core), and a plain loopback TCP stream.
-ceiling() {  # benchmark regex -> GB/s (median of 3)
-  [ -x "$micro" ] || { echo "n/a"; return; }
-  "$micro" --benchmark_filter="$1" --benchmark_repetitions=3 --benchmark_min_time=0.3 \
-    --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
-    /usr/bin/python3 -c 'import json,sys
-d=json.load(sys.stdin)["benchmarks"]
-m=[b for b in d if b.get("aggregate_name")=="median"]
-print("%.2f" % (m[0]["bytes_per_second"]/1e9) if m else "n/a")'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/peers_common.sh"  # ceiling(): median of 3, GB/s
 
 env_of() {
   case "$1" in

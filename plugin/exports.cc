@@ -321,6 +321,22 @@ ncclResult_t tuner_finalize_v5(void* ctx) {
   return guarded("tuner finalize", [&]() -> Status { return tuner_finalize(ctx); });
 }
 
+// The v11 and v12 tables: one context per communicator, the same 22 entries but for the struct
+// getProperties fills.
+template <typename Table, typename GetProperties>
+constexpr Table context_table(GetProperties get_properties) {
+  return Table{
+      kPluginName,  init_v11,     count_devices,  get_properties, listen_v11,   connect_v11,
+      accept_conn,  reg_mr,       reg_mr_dma_buf, dereg_mr,       isend_v10,    irecv_v10,
+      iflush_any,   test_request, close_send,     close_recv,     close_listen,
+      nullptr,  // getDeviceMr: no device offload
+      nullptr,  // irecvConsumed: no device offload
+      nullptr,  // makeVDevice: physical devices only
+      finalize_v11,
+      nullptr,  // setNetAttr: hints not used
+  };
+}
+
 }  // namespace
 }  // namespace gw::plugin
 
@@ -332,27 +348,10 @@ extern "C" {
 
 // NCCL 2.30 probes v12 first; 2.28.x knows v11 at most, so both are exported (the same
 // implementation; only getProperties' struct differs).
-GW_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
-    kPluginName,  init_v11,     count_devices,  get_properties_v12, listen_v11,   connect_v11,
-    accept_conn,  reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_v10,    irecv_v10,
-    iflush_any,   test_request, close_send,     close_recv,         close_listen,
-    nullptr,  // getDeviceMr: no device offload
-    nullptr,  // irecvConsumed: no device offload
-    nullptr,  // makeVDevice: physical devices only
-    finalize_v11,
-    nullptr,  // setNetAttr: hints not used
-};
-
-GW_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
-    kPluginName,  init_v11,     count_devices,  get_properties_v11, listen_v11,   connect_v11,
-    accept_conn,  reg_mr,       reg_mr_dma_buf, dereg_mr,           isend_v10,    irecv_v10,
-    iflush_any,   test_request, close_send,     close_recv,         close_listen,
-    nullptr,  // getDeviceMr: no device offload
-    nullptr,  // irecvConsumed: no device offload
-    nullptr,  // makeVDevice: physical devices only
-    finalize_v11,
-    nullptr,  // setNetAttr: hints not used
-};
+GW_EXPORT constinit ncclNet_v12_t ncclNetPlugin_v12 =
+    context_table<ncclNet_v12_t>(get_properties_v12);
+GW_EXPORT constinit ncclNet_v11_t ncclNetPlugin_v11 =
+    context_table<ncclNet_v11_t>(get_properties_v11);
 
 GW_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
     kPluginName, init_v10,     count_devices,  get_properties_v10, listen_old,   connect_v10,

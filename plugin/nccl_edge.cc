@@ -82,6 +82,51 @@ ncclResult_t get_properties_v12(int dev, ncclNetProperties_v12_t* props) {
   });
 }
 
+namespace {
+
+// The fields v8 and every later struct share, same name and meaning.
+template <typename From, typename To>
+void copy_v8_fields(const From& f, To* t) {
+  t->name = f.name;
+  t->pciPath = f.pciPath;
+  t->guid = f.guid;
+  t->ptrSupport = f.ptrSupport;
+  t->regIsGlobal = f.regIsGlobal;
+  t->speed = f.speed;
+  t->port = f.port;
+  t->latency = f.latency;
+  t->maxComms = f.maxComms;
+  t->maxRecvs = f.maxRecvs;
+  t->netDeviceType = f.netDeviceType;
+  t->netDeviceVersion = f.netDeviceVersion;
+}
+
+// v9/v10 add forceFlush, the virtual NIC and the message limits. The virtual NIC is copied entry by
+// entry: v12's holds more devices than the older ones (the caller checked that the count fits).
+template <typename From, typename To>
+void copy_v10_fields(const From& f, To* t) {
+  copy_v8_fields(f, t);
+  t->forceFlush = f.forceFlush;
+  t->vProps.ndevs = f.vProps.ndevs;
+  for (int i = 0; i < f.vProps.ndevs; ++i) t->vProps.devs[i] = f.vProps.devs[i];
+  t->maxP2pBytes = f.maxP2pBytes;
+  t->maxCollBytes = f.maxCollBytes;
+}
+
+// The structs older than v11 are filled from v11's (which checked the virtual NIC's size).
+template <typename To, typename Copy>
+ncclResult_t from_v11(int dev, To* props, Copy copy) {
+  if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
+  ncclNetProperties_v11_t p{};
+  ncclResult_t r = get_properties_v11(dev, &p);
+  if (r != ncclSuccess) return r;
+  std::memset(props, 0, sizeof(*props));
+  copy(p, props);
+  return ncclSuccess;
+}
+
+}  // namespace
+
 ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t* props) {
   if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
   ncclNetProperties_v12_t p{};
@@ -93,69 +138,17 @@ ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t* props) {
                    "getProperties");
   }
   std::memset(props, 0, sizeof(*props));
-  props->name = p.name;
-  props->pciPath = p.pciPath;
-  props->guid = p.guid;
-  props->ptrSupport = p.ptrSupport;
-  props->regIsGlobal = p.regIsGlobal;
-  props->forceFlush = p.forceFlush;
-  props->speed = p.speed;
-  props->port = p.port;
-  props->latency = p.latency;
-  props->maxComms = p.maxComms;
-  props->maxRecvs = p.maxRecvs;
-  props->netDeviceType = p.netDeviceType;
-  props->netDeviceVersion = p.netDeviceVersion;
-  props->vProps.ndevs = p.vProps.ndevs;
-  for (int i = 0; i < p.vProps.ndevs; ++i) props->vProps.devs[i] = p.vProps.devs[i];
-  props->maxP2pBytes = p.maxP2pBytes;
-  props->maxCollBytes = p.maxCollBytes;
+  copy_v10_fields(p, props);
   props->maxMultiRequestSize = p.maxMultiRequestSize;
   return ncclSuccess;
 }
 
 ncclResult_t get_properties_v10(int dev, ncclNetProperties_v10_t* props) {
-  if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
-  ncclNetProperties_v11_t p{};
-  ncclResult_t r = get_properties_v11(dev, &p);
-  if (r != ncclSuccess) return r;
-  props->name = p.name;
-  props->pciPath = p.pciPath;
-  props->guid = p.guid;
-  props->ptrSupport = p.ptrSupport;
-  props->regIsGlobal = p.regIsGlobal;
-  props->forceFlush = p.forceFlush;
-  props->speed = p.speed;
-  props->port = p.port;
-  props->latency = p.latency;
-  props->maxComms = p.maxComms;
-  props->maxRecvs = p.maxRecvs;
-  props->netDeviceType = p.netDeviceType;
-  props->netDeviceVersion = p.netDeviceVersion;
-  props->vProps = p.vProps;
-  props->maxP2pBytes = p.maxP2pBytes;
-  props->maxCollBytes = p.maxCollBytes;
-  return ncclSuccess;
+  return from_v11(dev, props, [](const auto& p, auto* t) { copy_v10_fields(p, t); });
 }
 
 ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
-  if (props == nullptr) return to_nccl(internal_error("NULL properties"), "getProperties");
-  ncclNetProperties_v11_t p{};
-  ncclResult_t r = get_properties_v11(dev, &p);
-  if (r != ncclSuccess) return r;
-  props->name = p.name;
-  props->pciPath = p.pciPath;
-  props->guid = p.guid;
-  props->ptrSupport = p.ptrSupport;
-  props->regIsGlobal = p.regIsGlobal;
-  props->speed = p.speed;
-  props->port = p.port;
-  props->latency = p.latency;
-  props->maxComms = p.maxComms;
-  props->maxRecvs = p.maxRecvs;
-  props->netDeviceType = p.netDeviceType;
-  props->netDeviceVersion = p.netDeviceVersion;
-  return ncclSuccess;
+  return from_v11(dev, props, [](const auto& p, auto* t) { copy_v8_fields(p, t); });
 }
 
 }  // namespace gw::plugin

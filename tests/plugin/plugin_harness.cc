@@ -138,57 +138,53 @@ class ApiBase : public NetApi {
   Table* t_;
 };
 
-// v12 (NCCL 2.30): v11's calls; its properties carry 8 virtual-device slots, railId and planeId.
-class V12 : public ApiBase<ncclNet_v12_t> {
- public:
-  using ApiBase::ApiBase;
-  const char* version() const override { return "v12"; }
-  ncclResult_t init(void** ctx) override {
-    ncclNetCommConfig_v12_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    return t_->init(ctx, 0x1234, &cfg, record_log, nullptr);
-  }
-  ncclResult_t finalize(void* ctx) override { return t_->finalize(ctx); }
-  ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
-    ncclNetProperties_v12_t s{};
-    ncclResult_t r = t_->getProperties(dev, &s);
-    common_props(s, p);
-    p->forceFlush = s.forceFlush;
-    p->vProps.ndevs = s.vProps.ndevs;
-    for (int i = 0; i < s.vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC; ++i) {
-      p->vProps.devs[i] = s.vProps.devs[i];
-    }
-    p->maxP2pBytes = s.maxP2pBytes;
-    p->maxCollBytes = s.maxCollBytes;
-    p->maxMultiRequestSize = s.maxMultiRequestSize;
-    return r;
-  }
-  ncclResult_t listen(void* ctx, int dev, void* h, void** lc) override {
-    return t_->listen(ctx, dev, h, lc);
-  }
-  ncclResult_t connect(void* ctx, int dev, void* h, void** sc) override {
-    ncclNetDeviceHandle_v12_t* dev_comm = nullptr;
-    return t_->connect(ctx, dev, h, sc, &dev_comm);
-  }
-  ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
-    return t_->isend(sc, d, s, tag, mh, nullptr, r);
-  }
-  ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
-    void* phandle = nullptr;
-    return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
-  }
-};
+// v9 and v10 (one struct): v8's fields, forceFlush, the virtual NIC and the message limits.
+template <typename Table>
+ncclResult_t v10_props(Table* t, int dev, ncclNetProperties_v11_t* p) {
+  ncclNetProperties_v10_t s{};
+  ncclResult_t r = t->getProperties(dev, &s);
+  common_props(s, p);
+  p->forceFlush = s.forceFlush;
+  p->vProps = s.vProps;
+  p->maxP2pBytes = s.maxP2pBytes;
+  p->maxCollBytes = s.maxCollBytes;
+  return r;
+}
 
-class V11 : public ApiBase<ncclNet_v11_t> {
+// What getProperties of each context-per-communicator version fills, in v11's struct. v12's
+// carries 8 virtual-device slots (v11's first 4 are kept), railId and planeId.
+ncclResult_t context_props(ncclNet_v11_t* t, int dev, ncclNetProperties_v11_t* p) {
+  return t->getProperties(dev, p);
+}
+ncclResult_t context_props(ncclNet_v12_t* t, int dev, ncclNetProperties_v11_t* p) {
+  ncclNetProperties_v12_t s{};
+  ncclResult_t r = t->getProperties(dev, &s);
+  common_props(s, p);
+  p->forceFlush = s.forceFlush;
+  p->vProps.ndevs = s.vProps.ndevs;
+  for (int i = 0; i < s.vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC; ++i) {
+    p->vProps.devs[i] = s.vProps.devs[i];
+  }
+  p->maxP2pBytes = s.maxP2pBytes;
+  p->maxCollBytes = s.maxCollBytes;
+  p->maxMultiRequestSize = s.maxMultiRequestSize;
+  return r;
+}
+
+// v11 and v12 (NCCL 2.30): the same calls, with a context per communicator; only the properties
+// struct differs.
+template <typename Table>
+class ContextApi : public ApiBase<Table> {
  public:
-  using ApiBase::ApiBase;
-  const char* version() const override { return "v11"; }
+  ContextApi(Table* t, const char* version) : ApiBase<Table>(t), version_(version) {}
+  const char* version() const override { return version_; }
   ncclResult_t init(void** ctx) override {
     ncclNetCommConfig_v11_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
     return t_->init(ctx, 0x1234, &cfg, record_log, nullptr);
   }
   ncclResult_t finalize(void* ctx) override { return t_->finalize(ctx); }
   ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
-    return t_->getProperties(dev, p);
+    return context_props(t_, dev, p);
   }
   ncclResult_t listen(void* ctx, int dev, void* h, void** lc) override {
     return t_->listen(ctx, dev, h, lc);
@@ -204,29 +200,33 @@ class V11 : public ApiBase<ncclNet_v11_t> {
     void* phandle = nullptr;
     return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
   }
+
+ private:
+  using ApiBase<Table>::t_;
+  const char* version_;
 };
 
-class V10 : public ApiBase<ncclNet_v10_t> {
+// v8 to v10: one process-wide context, nothing to finalize, listen without a context.
+template <typename Table>
+class SharedContextApi : public ApiBase<Table> {
  public:
-  using ApiBase::ApiBase;
+  using ApiBase<Table>::ApiBase;
+  ncclResult_t finalize(void*) override { return ncclSuccess; }
+  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
+    return this->t_->listen(dev, h, lc);
+  }
+};
+
+class V10 : public SharedContextApi<ncclNet_v10_t> {
+ public:
+  using SharedContextApi::SharedContextApi;
   const char* version() const override { return "v10"; }
   ncclResult_t init(void** ctx) override {
     *ctx = nullptr;
     return t_->init(record_log, nullptr);
   }
-  ncclResult_t finalize(void*) override { return ncclSuccess; }
   ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
-    ncclNetProperties_v10_t s{};
-    ncclResult_t r = t_->getProperties(dev, &s);
-    common_props(s, p);
-    p->forceFlush = s.forceFlush;
-    p->vProps = s.vProps;
-    p->maxP2pBytes = s.maxP2pBytes;
-    p->maxCollBytes = s.maxCollBytes;
-    return r;
-  }
-  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
-    return t_->listen(dev, h, lc);
+    return v10_props(t_, dev, p);
   }
   ncclResult_t connect(void*, int dev, void* h, void** sc) override {
     ncclNetCommConfig_v10_t cfg{NCCL_NET_TRAFFIC_CLASS_UNDEF};
@@ -242,27 +242,16 @@ class V10 : public ApiBase<ncclNet_v10_t> {
   }
 };
 
-class V9 : public ApiBase<ncclNet_v9_t> {
+class V9 : public SharedContextApi<ncclNet_v9_t> {
  public:
-  using ApiBase::ApiBase;
+  using SharedContextApi::SharedContextApi;
   const char* version() const override { return "v9"; }
   ncclResult_t init(void** ctx) override {
     *ctx = nullptr;
     return t_->init(record_log);
   }
-  ncclResult_t finalize(void*) override { return ncclSuccess; }
   ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
-    ncclNetProperties_v9_t s{};
-    ncclResult_t r = t_->getProperties(dev, &s);
-    common_props(s, p);
-    p->forceFlush = s.forceFlush;
-    p->vProps = s.vProps;
-    p->maxP2pBytes = s.maxP2pBytes;
-    p->maxCollBytes = s.maxCollBytes;
-    return r;
-  }
-  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
-    return t_->listen(dev, h, lc);
+    return v10_props(t_, dev, p);
   }
   ncclResult_t connect(void*, int dev, void* h, void** sc) override {
     ncclNetDeviceHandle_v9_t* dev_comm = nullptr;
@@ -276,23 +265,19 @@ class V9 : public ApiBase<ncclNet_v9_t> {
   }
 };
 
-class V8 : public ApiBase<ncclNet_v8_t> {
+class V8 : public SharedContextApi<ncclNet_v8_t> {
  public:
-  using ApiBase::ApiBase;
+  using SharedContextApi::SharedContextApi;
   const char* version() const override { return "v8"; }
   ncclResult_t init(void** ctx) override {
     *ctx = nullptr;
     return t_->init(record_log);
   }
-  ncclResult_t finalize(void*) override { return ncclSuccess; }
   ncclResult_t properties(int dev, ncclNetProperties_v11_t* p) override {
     ncclNetProperties_v8_t s{};
     ncclResult_t r = t_->getProperties(dev, &s);
     common_props(s, p);
     return r;
-  }
-  ncclResult_t listen(void*, int dev, void* h, void** lc) override {
-    return t_->listen(dev, h, lc);
   }
   ncclResult_t connect(void*, int dev, void* h, void** sc) override {
     ncclNetDeviceHandle_v8_t* dev_comm = nullptr;
@@ -311,8 +296,8 @@ class V8 : public ApiBase<ncclNet_v8_t> {
 
 std::unique_ptr<NetApi> make_api(const std::string& version) {
   const Loaded& l = plugin();
-  if (version == "v12") return std::make_unique<V12>(l.v12);
-  if (version == "v11") return std::make_unique<V11>(l.v11);
+  if (version == "v12") return std::make_unique<ContextApi<ncclNet_v12_t>>(l.v12, "v12");
+  if (version == "v11") return std::make_unique<ContextApi<ncclNet_v11_t>>(l.v11, "v11");
   if (version == "v10") return std::make_unique<V10>(l.v10);
   if (version == "v9") return std::make_unique<V9>(l.v9);
   if (version == "v8") return std::make_unique<V8>(l.v8);

@@ -116,6 +116,27 @@ class ExecChild {
   pid_t pid_ = -1;
 };
 
+// Reaps `pids` (children of this process, started by the test itself) in order, all within
+// `seconds` together; each must exit 0. Past the deadline every one is killed and the one waited
+// for fails the test as "<what> <index> still running after <seconds> s".
+inline void reap_within(const std::vector<pid_t>& pids, int seconds, const char* what) {
+  const int64_t deadline = now_ms() + int64_t{seconds} * 1000;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = -1;
+    while (waitpid(pids[i], &status, WNOHANG) == 0) {
+      if (now_ms() > deadline) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        ADD_FAILURE() << what << " " << i << " still running after " << seconds << " s";
+        waitpid(pids[i], &status, 0);
+        break;
+      }
+      usleep(20 * 1000);
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << what << " " << i << " status " << status;
+  }
+}
+
 // The value of environment variable `name`, or "" when unset.
 inline std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);

@@ -11,16 +11,13 @@
 #include "collectives/cost_model.h"
 #include "collectives/schedule.h"
 #include "collectives/types.h"
+#include "tests/support/dtype_values.h"  // encode, decode
 
 namespace gw::testing {
 
 inline constexpr coll::DataType kAllTypes[] = {
     coll::DataType::kF32, coll::DataType::kF64, coll::DataType::kF16, coll::DataType::kBF16,
     coll::DataType::kI32, coll::DataType::kI64, coll::DataType::kU8};
-
-// v as one element of dtype t at p (v must be representable: small integers are, in every dtype).
-void encode(coll::DataType t, double v, uint8_t* p);
-double decode(coll::DataType t, const uint8_t* p);
 
 // One rank of a simulation: its plans (several run together) and its buffers as bytes.
 struct SimRank {

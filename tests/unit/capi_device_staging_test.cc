@@ -36,7 +36,9 @@ class Buf {
       return;
     }
     EXPECT_EQ(fake().mem_alloc(&dptr_, bytes_ == 0 ? 1 : bytes_), 0);
-    if (bytes_ > 0) EXPECT_EQ(fake().htod(dptr_, init.data(), bytes_), 0);
+    if (bytes_ > 0) {
+      EXPECT_EQ(fake().htod(dptr_, init.data(), bytes_), 0);
+    }
   }
   ~Buf() {
     if (device_ && dptr_ != 0) fake().mem_free(dptr_);
@@ -49,7 +51,9 @@ class Buf {
   std::vector<uint8_t> read() const {
     if (!device_) return host_;
     std::vector<uint8_t> out(bytes_);
-    if (bytes_ > 0) EXPECT_EQ(fake().dtoh(out.data(), dptr_, bytes_), 0);
+    if (bytes_ > 0) {
+      EXPECT_EQ(fake().dtoh(out.data(), dptr_, bytes_), 0);
+    }
     return out;
   }
 
@@ -85,7 +89,7 @@ struct Op {
   std::string name;
   std::function<size_t(int p)> send_elems, recv_elems;
   std::function<gw_status_t(gw_comm_t, gw_dtype_t, int r, int p, void* send, void* recv)> call;
-  std::function<size_t(int r, int p)> send_offset;  // set: in place
+  std::function<size_t(int r, int p)> send_offset = nullptr;  // set: in place
 };
 
 // The request is read after the call that sets it (a by-value argument could be read before).
@@ -109,6 +113,13 @@ std::vector<size_t> v_displs(const std::vector<size_t>& counts) {
   }
   return d;
 }
+
+// All-to-all-v's send and receive counts and displacements at rank r of p.
+struct VLayout {
+  VLayout(int r, int p)
+      : sc(v_counts(r, p, true)), rc(v_counts(r, p, false)), sd(v_displs(sc)), rd(v_displs(rc)) {}
+  std::vector<size_t> sc, rc, sd, rd;
+};
 
 std::vector<Op> ops() {
   const auto one = [](int) { return kCount; };
@@ -153,11 +164,8 @@ std::vector<Op> ops() {
   const auto vext = [](int p) { return size_t{3 * 4 + 8} * static_cast<size_t>(p); };
   o.push_back(
       {"alltoallv", vext, vext, [](gw_comm_t c, gw_dtype_t d, int r, int p, void* s, void* rv) {
-         const auto sc = v_counts(r, p, true);
-         const auto rc = v_counts(r, p, false);
-         const auto sd = v_displs(sc);
-         const auto rd = v_displs(rc);
-         return gw_alltoallv(c, s, sc.data(), sd.data(), rv, rc.data(), rd.data(), d);
+         const VLayout v(r, p);
+         return gw_alltoallv(c, s, v.sc.data(), v.sd.data(), rv, v.rc.data(), v.rd.data(), d);
        }});
   o.push_back({"iallreduce", one, one, [](gw_comm_t c, gw_dtype_t d, int, int, void* s, void* r) {
                  gw_request_t q = nullptr;
@@ -195,13 +203,11 @@ std::vector<Op> ops() {
                }});
   o.push_back(
       {"ialltoallv", vext, vext, [](gw_comm_t c, gw_dtype_t d, int r, int p, void* s, void* rv) {
-         const auto sc = v_counts(r, p, true);
-         const auto rc = v_counts(r, p, false);
-         const auto sd = v_displs(sc);
-         const auto rd = v_displs(rc);
+         const VLayout v(r, p);
          gw_request_t q = nullptr;
-         return wait(gw_ialltoallv(c, s, sc.data(), sd.data(), rv, rc.data(), rd.data(), d, &q),
-                     &q);
+         return wait(
+             gw_ialltoallv(c, s, v.sc.data(), v.sd.data(), rv, v.rc.data(), v.rd.data(), d, &q),
+             &q);
        }});
   // Point-to-point around the ring: send to the next rank, receive from the previous one.
   o.push_back(

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/support/capi_world.h"
+#include "tests/support/exec_child.h"
 #include "tests/support/local_daemon.h"
 
 #ifdef GW_GRADWIRED_PATH
@@ -617,21 +618,7 @@ TEST(DaemonCollectivesTwoHosts, TwoDaemonsTwoTrainersEach) {
        {"GW_DC_TWO_HOSTS_STORE", "GW_DAEMON_ARENA", "GW_DAEMON_CHUNK", "GW_HOSTID", "GW_DC_RANK"}) {
     ::unsetenv(v);
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(240);
-  for (size_t r = 0; r < kids.size(); ++r) {
-    int status = -1;
-    while (::waitpid(kids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        for (pid_t k : kids) ::kill(k, SIGKILL);
-        ADD_FAILURE() << "trainer " << r << " still running after 240 s";
-        ::waitpid(kids[r], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "trainer " << r << " status " << status;
-  }
+  gw::testing::reap_within(kids, 240, "trainer");
 }
 
 // A trainer of TwoDaemonsTwoTrainersEach; skips unless started by it.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/reduce.h"
+#include "tests/support/dtype_values.h"
 
 namespace gw::coll {
 namespace {
@@ -69,24 +70,12 @@ std::vector<uint8_t> make_values(DataType dt, size_t n, uint32_t seed) {
     if (rng() % 13 == 0) v = specials[rng() % std::size(specials)];
     uint8_t* p = out.data() + i * dtype_size(dt);
     switch (dt) {
-      case DataType::kF32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
+      case DataType::kF32:
       case DataType::kF64:
-        std::memcpy(p, &v, 8);
+      case DataType::kF16:
+      case DataType::kBF16:
+        gw::testing::encode(dt, v, p);
         break;
-      case DataType::kF16: {
-        uint16_t h = float_to_half(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kBF16: {
-        uint16_t h = float_to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
       case DataType::kI32: {
         int32_t x = static_cast<int32_t>(rng());  // full range: sums and products overflow
         std::memcpy(p, &x, 4);

@@ -19,6 +19,7 @@
 #include "core/net/shm_cma.h"
 #include "core/net/shm_config.h"
 #include "core/store.h"
+#include "tests/support/dtype_values.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/ranks.h"
 
@@ -31,42 +32,7 @@ void fill(DataType t, int r, std::vector<uint8_t>& buf, size_t count) {
   buf.assign(count * dtype_size(t), 0);
   for (size_t i = 0; i < count; ++i) {
     const int v = 1 + static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % 3);
-    uint8_t* p = buf.data() + i * dtype_size(t);
-    switch (t) {
-      case DataType::kF32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::kF64: {
-        double d = v;
-        std::memcpy(p, &d, 8);
-        break;
-      }
-      case DataType::kF16: {
-        uint16_t h = float_to_half(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kBF16: {
-        uint16_t h = float_to_bf16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::kI32: {
-        int32_t x = v;
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::kI64: {
-        int64_t x = v;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::kU8:
-        *p = static_cast<uint8_t>(v);
-        break;
-    }
+    gw::testing::encode(t, v, buf.data() + i * dtype_size(t));
   }
 }
 
