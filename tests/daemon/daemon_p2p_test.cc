@@ -30,6 +30,7 @@
 #include "daemon/job_p2p.h"
 #include "gradwire/gradwire.h"
 #include "tests/support/capi_world.h"
+#include "tests/support/exec_child.h"
 #include "tests/support/local_daemon.h"
 #include "tests/support/test_env.h"
 
@@ -682,21 +683,7 @@ TEST(DaemonP2pTwoHosts, TwoDaemonsTwoTrainersEach) {
   for (const char* v : {"GW_DP_TWO_HOSTS_STORE", "GW_DAEMON_ARENA", "GW_HOSTID", "GW_DP_RANK"}) {
     ::unsetenv(v);
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (size_t r = 0; r < kids.size(); ++r) {
-    int status = -1;
-    while (::waitpid(kids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        for (pid_t k : kids) ::kill(k, SIGKILL);
-        ADD_FAILURE() << "trainer " << r << " still running after 120 s";
-        ::waitpid(kids[r], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "trainer " << r << " status " << status;
-  }
+  gw::testing::reap_within(kids, 120, "trainer");
 }
 
 TEST(DaemonP2pChild, TwoHosts) {
