@@ -175,8 +175,23 @@ void StoreRules::close_rounds(Partition& p) {
       if (!any && r == nullptr) return;  // nobody left to close clocks for
     }
     if (!closable) return;
-    if (r != nullptr && r->pushes > 0) apply(p, r->acc.data(), r->pushes);
-    if (r != nullptr) p.rounds.erase(it);
+    if (r == nullptr) {
+      // Nobody pushed clock c and every live worker is past it: the clocks up to the next one
+      // that has pushes, or that a live worker has not finished, close alike with nothing to
+      // apply. Jump there at once (a worker may claim a clock of 2^60: one step per clock would
+      // never end).
+      uint64_t next = UINT64_MAX;
+      auto nx = p.rounds.upper_bound(c);
+      if (nx != p.rounds.end()) next = nx->first;
+      for (const Worker& wk : workers_) {
+        if (wk.alive && !wk.bye) next = std::min(next, wk.clock);
+      }
+      if (next == UINT64_MAX) return;
+      p.next_clock = std::max(c + 1, next);
+      continue;
+    }
+    if (r->pushes > 0) apply(p, r->acc.data(), r->pushes);
+    p.rounds.erase(it);
     ++p.next_clock;
   }
 }

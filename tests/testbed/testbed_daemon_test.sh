@@ -177,7 +177,12 @@ layout() {  # layout HOSTS RANKS_PER_HOST
   tb_pid=""
   [ $rc -eq 77 ] && { cat "$work/$name/log"; echo "testbed_daemon_test: testbed unavailable"; exit 77; }
   if [ $rc -ne 0 ]; then
+    # The failed cases first (the daemons' log lines could push them out of the tail), then
+    # the session's last lines; the whole log is kept beside the build for a post-mortem.
+    grep 'case .* failed' "$work/$name/log" >&2
     grep -v '^\[h[0-9]*r[0-9]*\] *[0-9#]' "$work/$name/log" | tail -n 40 >&2
+    cp "$work/$name/log" "${TMPDIR:-/tmp}/testbed_daemon_$name.log" 2>/dev/null &&
+      echo "testbed_daemon_test: the whole log: ${TMPDIR:-/tmp}/testbed_daemon_$name.log" >&2
     fail "$name: status $rc (the lines above say which case)"
   fi
   # Every trainer ran every case (a trainer that stopped early would not fail the session).

@@ -286,6 +286,27 @@ TEST(KvRulesTest, DeadWorkerFailsBspNamingItButAspGoesOn) {
   EXPECT_EQ(k.rules.failed().code(), Code::kPeer);
 }
 
+TEST(KvRulesTest, AClockFarAheadClosesTheEmptyClocksAtOnce) {
+  // Workers that claim clocks far ahead (a clock frame says "finished every clock below"): the
+  // empty clocks between close at once, not one by one (one step per clock up to 2^60 never
+  // ended: a libFuzzer timeout), and a push at the far clock still waits for its round.
+  Rig r(config(2, 0));
+  r.init({0});
+  r.push(0, 0, {4});
+  r.push(1, 0, {5});
+  const uint64_t far = uint64_t{1} << 60;
+  r.clock(0, far);
+  r.clock(1, far);
+  r.push(0, far, {1});
+  EXPECT_TRUE(values_for(r.pull(0, far + 1), 0).empty());  // worker 1 has not pushed clock far
+  auto out = r.push(1, far, {2});
+  EXPECT_EQ(values_for(out, 0), (std::vector<std::vector<float>>{{3}}));  // bsp sum replaces
+  std::vector<Answer> bye;
+  r.rules.on_bye(1, &bye);
+  r.rules.on_bye(0, &bye);
+  EXPECT_TRUE(r.rules.finished());
+}
+
 TEST(KvRulesTest, ByeLetsTheOthersGoOn) {
   Rig r(config(2, 0));
   r.init({0});
