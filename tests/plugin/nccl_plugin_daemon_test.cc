@@ -1,0 +1,212 @@
+// Daemon mode of the plugin (GW_DAEMON; plugin/daemon_transport.h) across processes, with a
+// gradwired this test starts (plugin_harness: GW_PLUGIN_TEST_GRADWIRED): a process of another job
+// cannot connect to this job's endpoint, a rank killed mid-transfer fails its peer's request and
+// not the other connections, a killed daemon fails every call promptly; and the figures, daemon
+// mode against direct mode (tcp over lo), printed with the machine's ceilings (memcpy, loopback
+// TCP) measured in the same run. The whole conformance suite runs in daemon mode as the ctest
+// variants nccl_plugin_test.daemon and nccl_plugin_twoproc_test.daemon.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tests/plugin/plugin_harness.h"
+
+namespace gw::plugin_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class DaemonPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("GW_PLUGIN_TEST_GRADWIRED", GW_GRADWIRED_PATH, 0);
+    ASSERT_EQ(plugin().first_init, ncclSuccess);
+    ASSERT_NE(getenv("GW_DAEMON"), nullptr);
+    api_ = make_api("v11");
+    ASSERT_EQ(api_->init(&ctx_), ncclSuccess);
+  }
+  void TearDown() override {
+    if (api_) api_->finalize(ctx_);
+  }
+  // Calls accept on `lc` from a thread until a comm, an error or `stop`.
+  struct Acceptor {
+    std::atomic<bool> stop{false};
+    std::atomic<void*> comm{nullptr};
+    std::atomic<int> result{ncclSuccess};
+    std::thread thread;
+    void start(NetApi* api, void* lc) {
+      thread = std::thread([this, api, lc] {
+        const auto deadline = Clock::now() + std::chrono::seconds(40);
+        while (!stop.load() && Clock::now() < deadline) {
+          void* rc = nullptr;
+          ncclResult_t r = api->accept(lc, &rc);
+          if (r != ncclSuccess) {
+            result = r;
+            return;
+          }
+          if (rc != nullptr) {
+            comm = rc;
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      });
+    }
+    void join() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+    ~Acceptor() { join(); }
+  };
+  std::unique_ptr<NetApi> api_;
+  void* ctx_ = nullptr;
+};
+
+TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  // Another job's token: its connect fails (no hang) and the listener accepts nothing.
+  EXPECT_EQ(run_peer({"GW_JOB_TOKEN=another-job", "GW_TIMEOUT_MS=2000"},
+                     {"connect", handle_hex(handle), "fail"}),
+            0);
+  EXPECT_EQ(acc.comm.load(), nullptr) << "a process of another job reached the listener";
+  // The same job's process connects to the same endpoint and its message arrives.
+  ASSERT_EQ(run_peer({}, {"connect", handle_hex(handle), "send"}), 0);
+  acc.thread.join();
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr) << "accept returned " << acc.result.load();
+  Buffer in(8192);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 3, nullptr, &req), "");
+  std::vector<int> sizes;
+  ASSERT_EQ(wait_all(*api_, {req}, &sizes), "");
+  EXPECT_EQ(sizes[0], 4096);
+  EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+}
+
+TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
+  // A connection that lives through the death of the other process's.
+  void *sc2 = nullptr, *rc2 = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, &sc2, &rc2), "");
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
+  const auto t_acc = Clock::now() + std::chrono::seconds(20);
+  while (acc.comm.load() == nullptr && acc.result.load() == ncclSuccess && Clock::now() < t_acc) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr);
+  Buffer in(1 << 20);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 0, nullptr, &req), "");
+  clear_log();
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  peer.join();
+  EXPECT_EQ(r, ncclSystemError) << "the receive from a killed rank must fail, not hang";
+  EXPECT_EQ(done, 0);
+  std::printf("receive from the killed rank failed %.3f s after it was posted\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  // The other connection goes on.
+  Buffer out(1 << 20), in2(1 << 20);
+  fill_pattern(out.data, out.size, 12);
+  void *sreq = nullptr, *rreq = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc2, in2.data, in2.size, 5, nullptr, &rreq), "");
+  ASSERT_EQ(post_send(*api_, sc2, out.data, out.size, 5, nullptr, &sreq), "");
+  ASSERT_EQ(wait_all(*api_, {sreq, rreq}), "");
+  EXPECT_EQ(check_pattern(in2.data, in2.size, 12), -1);
+  EXPECT_EQ(api_->close_send(sc2), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc2), ncclSuccess);
+}
+
+TEST_F(DaemonPlugin, DaemonKilledFailsEveryCallPromptly) {
+  EXPECT_EQ(run_peer({}, {"daemon-dies", GW_GRADWIRED_PATH}), 0);
+}
+
+// The machine's ceilings: one memcpy of 64 MiB, and 64 MiB through one loopback TCP connection.
+double memcpy_gbps() {
+  constexpr size_t kN = size_t{64} << 20;
+  std::vector<uint8_t> a(kN, 1), b(kN, 0);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), kN);
+    best = std::max(best, kN / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  return best;
+}
+
+double loopback_tcp_gbps() {
+  constexpr size_t kN = size_t{64} << 20;
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(ls);
+    return 0;
+  }
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return 0;
+  int s = accept(ls, nullptr, nullptr);
+  close(ls);
+  std::vector<uint8_t> out(kN, 3), in(kN);
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    std::thread w([&] {
+      for (size_t off = 0; off < kN;) {
+        ssize_t n = write(c, out.data() + off, kN - off);
+        if (n <= 0) return;
+        off += static_cast<size_t>(n);
+      }
+    });
+    for (size_t off = 0; off < kN;) {
+      ssize_t n = read(s, in.data() + off, kN - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    w.join();
+    best = std::max(best, kN / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  close(c);
+  close(s);
+  return best;
+}
+
+TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
+  std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
+              loopback_tcp_gbps());
+  std::fflush(stdout);
+  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}), 0);
+  EXPECT_EQ(run_peer({}, {"bench"}), 0);
+}
+
+}  // namespace
+}  // namespace gw::plugin_test
