@@ -127,6 +127,10 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   peer.join();
   EXPECT_EQ(r, ncclSystemError) << "the receive from a killed rank must fail, not hang";
   EXPECT_EQ(done, 0);
+  bool named = false;
+  for (const std::string& line : log_lines())
+    named |= line.find("left the job") != std::string::npos;
+  EXPECT_TRUE(named) << "the failure names the rank that left";
   std::printf("receive from the killed rank failed %.3f s after it was posted\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
