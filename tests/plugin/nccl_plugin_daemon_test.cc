@@ -25,6 +25,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A count of `gradwirectl status --json` of the daemon at GW_DAEMON ("clients", "jobs",
+// "arenas"); -1 when it cannot be read.
+int daemon_count(const std::string& key) {
+  const char* d = getenv("GW_DAEMON");
+  if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return -1;
+  const std::string cmd =
+      std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " --json status 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return -1;
+  std::string out;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  pclose(f);
+  const size_t at = out.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + key.size() + 4);
+}
+
 class DaemonPlugin : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -135,6 +152,19 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
               std::chrono::duration<double>(Clock::now() - t0).count());
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
   EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  // The daemon let go of the dead rank's connection and arena (and this side's, closed): only
+  // the other connection's two clients and its job remain.
+  int clients = -1, arenas = -1, jobs = -1;
+  for (const auto t1 = Clock::now(); Clock::now() - t1 < std::chrono::seconds(10);) {
+    clients = daemon_count("clients");
+    arenas = daemon_count("arenas");
+    jobs = daemon_count("jobs");
+    if (clients == 2 && arenas == 2 && jobs == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(clients, 2);
+  EXPECT_EQ(arenas, 2);
+  EXPECT_EQ(jobs, 1);
   // The other connection goes on.
   Buffer out(1 << 20), in2(1 << 20);
   fill_pattern(out.data, out.size, 12);
