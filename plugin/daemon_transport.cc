@@ -35,13 +35,18 @@ struct Shared {
   int64_t spin_ns = 0;
 };
 
-// The key of one connection's job in the daemon: only a process with the same job token that
-// holds the handle computes it. Hex, so it is a printable token as the hello wants.
+// The key of one connection's job in the daemon: "nccl-<job id>-<connection>". Only a process
+// with the same job token that holds the handle computes the connection part; the job id (an
+// HMAC of the token, which it does not reveal) lets gradwirectl group a job's connections
+// (daemon/job.h nccl_job_of). Hex, so it is a printable token as the hello wants.
 std::string connection_token(const std::string& job_token, const std::array<uint8_t, 16>& nonce) {
+  static constexpr uint8_t kJobLabel[] = {'g', 'w', '-', 'n', 'c', 'c', 'l', '-', 'j', 'o', 'b'};
+  const net::handshake::Mac id =
+      net::handshake::hmac_sha256(job_token, kJobLabel, sizeof(kJobLabel));
   std::vector<uint8_t> msg = {'g', 'w', '-', 'n', 'e', 't', '/'};
   msg.insert(msg.end(), nonce.begin(), nonce.end());
   const net::handshake::Mac mac = net::handshake::hmac_sha256(job_token, msg.data(), msg.size());
-  return "nccl-" + to_hex(mac.data(), 16);
+  return "nccl-" + to_hex(id.data(), 8) + "-" + to_hex(mac.data(), 16);
 }
 
 Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, int rank) {
@@ -258,7 +263,7 @@ Result<bool> joined(Joining& j, const char* what) {
 }
 
 std::string conn_name(const std::string& token, const DaemonHandle& h, bool send) {
-  return fmt::format("daemon connection {} ({} pid {})", token.substr(5, 8),
+  return fmt::format("daemon connection {} ({} pid {})", token.substr(22, 8),
                      send ? "to listener" : "from connector of listener", h.pid);
 }
 

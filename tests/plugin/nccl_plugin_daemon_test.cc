@@ -25,19 +25,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A count of `gradwirectl status --json` of the daemon at GW_DAEMON ("clients", "jobs",
-// "arenas"); -1 when it cannot be read.
-int daemon_count(const std::string& key) {
+// What `gradwirectl ARGS` printed for the daemon at GW_DAEMON ("" when it cannot be run).
+std::string gradwirectl(const std::string& args) {
   const char* d = getenv("GW_DAEMON");
-  if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return -1;
+  if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return "";
   const std::string cmd =
-      std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " --json status 2>/dev/null";
+      std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " " + args + " 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) return -1;
+  if (f == nullptr) return "";
   std::string out;
   char buf[512];
   while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
   pclose(f);
+  return out;
+}
+
+// A count of `gradwirectl status --json` of the daemon at GW_DAEMON ("clients", "jobs",
+// "arenas"); -1 when it cannot be read.
+int daemon_count(const std::string& key) {
+  const std::string out = gradwirectl("--json status");
   const size_t at = out.find("\"" + key + "\": ");
   return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + key.size() + 4);
 }
@@ -111,6 +117,11 @@ TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
   ASSERT_EQ(wait_all(*api_, {req}, &sizes), "");
   EXPECT_EQ(sizes[0], 4096);
   EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+  // gradwirectl jobs: the connection under its NCCL job, with the bytes it carried.
+  const std::string jobs = gradwirectl("jobs");
+  EXPECT_NE(jobs.find("NCCL JOB"), std::string::npos) << jobs;
+  EXPECT_NE(gradwirectl("--json jobs").find("\"nccl_bytes\": 4096"), std::string::npos) << jobs;
+  std::printf("%s", jobs.c_str());
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
   EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
 }
