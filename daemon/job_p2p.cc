@@ -107,6 +107,7 @@ void P2pBoard::submit(size_t member, const Request& r) {
               nullptr);
     return;
   }
+  if (link_ != nullptr && (rv.source < 0 || member_of(rv.source) < 0)) link_->touch();
   auto& waiting = unexpected_[member];
   for (auto it = waiting.begin(); it != waiting.end(); ++it) {
     if ((rv.source == -1 || rv.source == it->src) && it->tag == rv.tag) {

@@ -47,6 +47,9 @@ struct P2pRemoteMsg {
 class P2pRemoteLink {
  public:
   virtual ~P2pRemoteLink() = default;
+  // A send or receive that may cross hosts is submitted (a receive naming a rank of another
+  // host, or any source): the link gets ready to see the other hosts go.
+  virtual void touch() = 0;
   // Sends member's send r (to a rank of another host) on; completes it later.
   virtual void forward(size_t member, const Request& r) = 0;
   // ok while ranks of `rank`'s host can be reached; else why not (pending receives end with it).

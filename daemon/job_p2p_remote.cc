@@ -26,11 +26,27 @@ RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
 RemoteP2p::~RemoteP2p() { shutdown(); }
 
 Status RemoteP2p::start() {
+  // Header receives only: this daemon's handles are in the store from now on, so a daemon that
+  // sends here later connects at once; no connection is made while the job sends nothing across.
   for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
-    if (h == o_.host) continue;
-    (void)post_header(h);
-    if (!down_[static_cast<size_t>(h)].ok()) continue;
-    // The hello: the connections to h exist from now on, so its daemon going is seen at once.
+    if (h != o_.host) (void)post_header(h);
+  }
+  waker_ = std::thread([this] { waker_loop(); });
+  publish();
+  for (const Status& s : down_) {
+    if (!s.ok()) return s;
+  }
+  return ok_status();
+}
+
+void RemoteP2p::touch() {
+  if (said_hello_) return;
+  said_hello_ = true;
+  // The hellos, at the job's first send or receive that may cross hosts: the connections with
+  // every other daemon exist from then on, so one going is seen at once (its pending receives
+  // end with kPeer, not at the deadline). Jobs without cross-host point-to-point never connect.
+  for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
+    if (h == o_.host || !down_[static_cast<size_t>(h)].ok()) continue;
     Op& op = ops_.emplace_back();
     op.kind = Kind::kHello;
     op.host = h;
@@ -44,12 +60,7 @@ Status RemoteP2p::start() {
     }
     op.req = *q;
   }
-  waker_ = std::thread([this] { waker_loop(); });
   publish();
-  for (const Status& s : down_) {
-    if (!s.ok()) return s;
-  }
-  return ok_status();
 }
 
 void RemoteP2p::shutdown() {
@@ -99,6 +110,7 @@ void RemoteP2p::post_drain(int32_t host, uint64_t bytes) {
 }
 
 void RemoteP2p::forward(size_t member, const Request& r) {
+  touch();
   const int32_t host = o_.host_of_rank[static_cast<size_t>(r.root)];
   Op& op = ops_.emplace_back();
   op.kind = Kind::kSend;

@@ -66,6 +66,8 @@ class RemoteP2p : public P2pRemoteLink {
 
   // Posts the header receives from every other host and starts the waker.
   Status start();
+  // The first send or receive that may cross hosts: says hello to every other daemon (once).
+  void touch() override;
   void forward(size_t member, const Request& r) override;
   Status reachable(int32_t rank) const override;
   // Job thread: handles every op done since, then tells the waker what is pending now.
@@ -115,6 +117,7 @@ class RemoteP2p : public P2pRemoteLink {
   std::list<Op> ops_;
   std::vector<Status> down_;  // by host: ok while reachable
   Status failed_;             // the job's cross-host point-to-point failed (the cap)
+  bool said_hello_ = false;   // touch()
   std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
 
   std::thread waker_;

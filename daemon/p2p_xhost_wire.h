@@ -4,9 +4,9 @@
 // 0 bytes). 32 bytes, little-endian:
 //   u32 magic 'GWXP'  u16 version (1)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
 //   u32 reserved (0)  u64 bytes
-// flags 0: a message; kXhostHello: the first header each daemon sends each other (src, dst, tag
-// and bytes 0, no payload), so that the daemons' connections exist both ways from the start and
-// a daemon that goes is seen by the others at once.
+// flags 0: a message; kXhostHello: the first header each daemon sends each other at the job's
+// first send or receive that may cross hosts (src, dst, tag and bytes 0, no payload), so that the
+// daemons' connections exist both ways from then on and a daemon that goes is seen at once.
 // decode_xhost_header refuses anything else (a daemon of another version, a rank outside the job,
 // a negative tag, more bytes than the receiving daemon takes) with kPeer naming the field.
 #pragma once

@@ -55,6 +55,7 @@ uint8_t pattern(int src, int dst, int tag, size_t i) {
 // ---- the board's side alone ---------------------------------------------------------------------
 
 struct FakeLink : gw::daemon::P2pRemoteLink {
+  void touch() override { ++touched; }
   void forward(size_t member, const gw::daemon::Request& r) override {
     forwarded.push_back({member, r.seq});
   }
@@ -63,6 +64,7 @@ struct FakeLink : gw::daemon::P2pRemoteLink {
   }
   std::vector<std::pair<size_t, uint64_t>> forwarded;
   int32_t down = -1;
+  int touched = 0;
 };
 
 TEST(P2pBoardLink, MessagesOfAnotherHostMatchInOrder) {
@@ -112,9 +114,12 @@ TEST(P2pBoardLink, MessagesOfAnotherHostMatchInOrder) {
   EXPECT_EQ(*used, 10u);
   std::fill(m2->bytes.begin(), m2->bytes.end(), 22);
   b.landed(*m2);
+  EXPECT_EQ(link.touched, 0);  // the board forwards sends: the link says its hellos itself
   b.submit(0, req(gw::daemon::Opcode::kRecv, 2, 1, 7, 100, 16));  // takes m1: not landed yet
   EXPECT_TRUE(done.empty());
+  EXPECT_EQ(link.touched, 1);  // a receive naming another host's rank
   b.submit(0, req(gw::daemon::Opcode::kRecv, 3, -1, 7, 200, 4));  // takes m2 (6 > 4): truncated
+  EXPECT_EQ(link.touched, 2);  // any source may be another host's
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].seq, 3u);
   EXPECT_EQ(done[0].code, gw::Code::kInvalidArg);
@@ -400,7 +405,9 @@ void rules(gw_comm_t c, int rank, int) {
     const int tag = count == 100 ? 4 : 5;
     std::vector<int32_t> b(count, rank);
     gw_request_t q = nullptr;
-    if (rank == 0) CHECK_OK(gw_irecv(c, b.data(), count / 2, GW_INT32, 1, tag, &q));
+    if (rank == 0) {
+      CHECK_OK(gw_irecv(c, b.data(), count / 2, GW_INT32, 1, tag, &q));
+    }
     CHECK_OK(gw_barrier(c));
     if (rank == 1) {
       const gw_status_t s = gw_send(c, b.data(), count, GW_INT32, 0, tag);
