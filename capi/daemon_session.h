@@ -25,7 +25,7 @@
 // later one) with kPeer. Reduce, gather, scatter and alltoallv are composed over these, and the
 // other i-forms run on a worker in issue order (capi/daemon_calls.cc). Point-to-point
 // (capi/daemon_session_p2p.cc) goes to the daemon as send and recv submissions that it matches
-// among the job's trainers of this host; a peer on another host is refused (kUnsupported).
+// among the job's trainers of this host, and with a peer on another host through the daemons.
 #pragma once
 
 #include <atomic>

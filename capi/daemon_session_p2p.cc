@@ -1,7 +1,8 @@
 // Daemon mode's point-to-point (gw_send, gw_recv, gw_isend, gw_irecv): each call is one send or
 // recv submission (protocol version 7, docs/wire-daemon.md "Point-to-point") whose buffer lies in
 // the arena (gw_mem_alloc memory, used in place) or is staged there; gradwired matches it among
-// the job's trainers of this host (daemon/job_p2p.h) and copies the message once, arena to arena.
+// the job's trainers of this host (daemon/job_p2p.h) and copies the message once, arena to arena,
+// or hands it to the daemon of the peer's host (daemon/job_p2p_remote.h).
 // Its completion may come before or after the trainer's other submissions'.
 //
 // A request's waits run in short slices, letting go of the session between them, so that a
@@ -145,15 +146,7 @@ Result<std::unique_ptr<SessionRequest>> DaemonSession::irecv(void* buf, size_t b
 Result<std::unique_ptr<SessionRequest>> DaemonSession::post_p2p(bool send, void* buf, size_t bytes,
                                                                 int peer, int tag) {
   const char* what = send ? "gw_isend" : "gw_irecv";
-  if (peer >= 0 && static_cast<size_t>(peer) < host_of_rank_.size() &&
-      host_of_rank_[static_cast<size_t>(peer)] != host_of_rank_[static_cast<size_t>(rank_)]) {
-    return Status(Code::kUnsupported,
-                  fmt::format("{}: rank {} is on another host (host {}; this rank's: {}): daemon "
-                              "mode (GW_DAEMON) carries point-to-point only between the trainers "
-                              "of one host yet; use direct mode (GW_DAEMON unset) for it",
-                              what, peer, host_of_rank_[static_cast<size_t>(peer)],
-                              host_of_rank_[static_cast<size_t>(rank_)]));
-  }
+  // A peer on another host is the daemons' business (daemon/job_p2p_remote.h): posted alike.
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes > client_->welcome().data_bytes) {
     return no_memory(

@@ -495,7 +495,17 @@ void PointToPoint::Impl::break_peer(int p, const Status& why,
                                     const Status& culprit_status) {
   Peer& peer = peers[p];
   if (!peer.broken.ok()) return;
-  GW_LOG_WARN("rank {}: {}", me(), why.to_string());
+  bool pending = !peer.ctl_out.empty() || !peer.data_send.empty() || !peer.data_recv.empty() ||
+                 !peer.awaiting.empty() || !peer.pending_rts.empty() || !peer.to_send.empty() ||
+                 !peer.to_recv.empty();
+  for (const auto& r : posted) pending = pending || r->peer == p;
+  if (pending) {
+    GW_LOG_WARN("rank {}: {}", me(), why.to_string());
+  } else {
+    // Nothing of this rank's was waiting on the peer: the usual end of a communicator whose
+    // peer went first (its later ops with the peer fail with `why`).
+    GW_LOG_DEBUG("rank {}: {}", me(), why.to_string());
+  }
   peer.broken = why;
   for (int c = 0; c < 2; ++c) {
     peer.sc[c].reset();

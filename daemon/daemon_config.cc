@@ -80,6 +80,11 @@ constinit const config::Row kPollUs{
     "gradwired: microseconds a job's thread busy-polls its trainers' submission rings before "
     "sleeping on their eventfds (spares a wake-up per small collective; 0: never)"};
 
+constinit const config::Row kP2pUnexpectedMax{
+    "GW_DAEMON_P2P_UNEXPECTED_MAX", Type::Size, "256M", "",
+    "gradwired: bytes one job's point-to-point messages from other hosts may hold here before a "
+    "receive is posted for them; beyond it the job's cross-host point-to-point fails naming it"};
+
 constinit const config::Row kReduceThreads{
     "GW_DAEMON_REDUCE_THREADS", Type::Int, "0", "",
     "gradwired: threads sharing a large collective's local sum and copy-back (the job's own "
@@ -102,7 +107,7 @@ constinit const config::Row kGroup{
 const config::RowSet& rows() {
   static const config::RowSet set(
       "daemon", {&kDaemon, &kArena, &kChunk, &kSocket, &kMaxArena, &kMaxClients, &kTransport,
-                 &kSpinUs, &kPollUs, &kReduceThreads, &kMetrics, &kGroup});
+                 &kSpinUs, &kPollUs, &kP2pUnexpectedMax, &kReduceThreads, &kMetrics, &kGroup});
   return set;
 }
 

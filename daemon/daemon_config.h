@@ -16,6 +16,7 @@ extern const config::Row kMaxClients;
 extern const config::Row kTransport;
 extern const config::Row kSpinUs;
 extern const config::Row kPollUs;
+extern const config::Row kP2pUnexpectedMax;
 extern const config::Row kReduceThreads;
 extern const config::Row kMetrics;
 extern const config::Row kGroup;

@@ -342,7 +342,14 @@ void Job::run_ready() {
     done_info.clear();
     trace_now = current_trace();
     const int64_t t0_us = trace_now ? timeline::now_us() : 0;
-    if (s.ok()) s = execute(reqs);
+    if (s.ok()) {
+      // Messages of other hosts are taken meanwhile by remote's waker (job_p2p_remote.h).
+      in_collective.store(true, std::memory_order_release);
+      p2p_mu.unlock();
+      s = execute(reqs);
+      p2p_mu.lock();
+      in_collective.store(false, std::memory_order_release);
+    }
     if (!s.ok() && s.code() == Code::kAborted) {
       // The main thread aborts the communicator when a trainer of the job goes: say that.
       for (const auto& m : members) {
@@ -377,7 +384,7 @@ bool Job::wait_for_work() {
     for (const auto& m : members) {
       if (m && (m->sq.posted() || m->lost.load(std::memory_order_relaxed))) return true;
     }
-    return false;
+    return remote && (remote->fired() || remote->any_done());
   };
   bool ready = false;
   if (spin_ns > 0) {
@@ -401,7 +408,7 @@ bool Job::wait_for_work() {
   for (const auto& m : members) {
     if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
   }
-  int rc = ::poll(pfds.data(), pfds.size(), stall_poll_ms(1000));
+  int rc = ::poll(pfds.data(), pfds.size(), remote && remote->active() ? 1 : stall_poll_ms(1000));
   if (rc < 0 && errno != EINTR) {
     GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
     return false;
@@ -413,6 +420,7 @@ bool Job::wait_for_work() {
 }
 
 void Job::run() {
+  p2p_mu.lock();  // let go only while a collective runs (run_ready)
   Status s = start_comm();
   make_p2p();
   if (!s.ok()) fail(s);
@@ -432,6 +440,7 @@ void Job::run() {
       ++live;
     }
     if (live == 0) break;
+    if (remote) remote->progress();  // sends and receives across hosts (job_p2p_remote.h)
     if (!failure.ok()) {
       // Answer whatever the remaining trainers ask with the job's failure.
       for (auto& m : members) {
@@ -454,12 +463,18 @@ void Job::run() {
       if (!m || m->lost.load(std::memory_order_acquire)) continue;
       consume(*m);
       if (p2p) p2p->fail_all(why);
+      if (remote) remote->fail_all(why);
       for (; !m->pending.empty(); m->pending.pop_front()) {
         complete(*m, m->pending.front().seq, why);
       }
     }
   }
   if (p2p) p2p->fail_all(aborted_error("gradwired: the job has ended"));
+  if (remote) {
+    remote->fail_all(aborted_error("gradwired: the job has ended"));
+    remote->shutdown();  // its ops end with the communicator below; it goes after that
+  }
+  if (p2p) p2p->set_link(nullptr);
   p2p.reset();
   compressor.reset();  // it borrows comm
   if (kv) {
@@ -474,6 +489,8 @@ void Job::run() {
     comm.reset();
     store.reset();
   }
+  remote.reset();  // no op can write into an arena or buffer any more
+  p2p_mu.unlock();
   members.clear();
   finished.store(true);
   (void)signal_eventfd(server_wake_fd);

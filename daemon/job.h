@@ -7,7 +7,8 @@
 // and transport_name().
 //
 // Files: job.cc (forming the daemons' communicator, the rings, the loop), job_collectives.cc
-// (what each collective does on this host and across hosts), job_p2p.h (sends and receives).
+// (what each collective does on this host and across hosts), job_p2p.h (sends and receives),
+// job_p2p_remote.h (those across hosts).
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +31,7 @@
 #include "daemon/counters.h"
 #include "daemon/device_import.h"
 #include "daemon/job_p2p.h"
+#include "daemon/job_p2p_remote.h"
 #include "daemon/job_trace.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
@@ -147,6 +149,11 @@ struct Job {
   std::vector<CompressedDone> done_info;  // by member, when the last collective carries one
   // Point-to-point among the local trainers (job_p2p.h): made once every trainer joined.
   std::unique_ptr<P2pBoard> p2p;
+  // Its link to the job's other hosts (job_p2p_remote.h): with more than one host. The job thread
+  // holds p2p_mu but while it runs a collective (in_collective), when remote's waker may take it.
+  std::unique_ptr<RemoteP2p> remote;
+  std::mutex p2p_mu;
+  std::atomic<bool> in_collective{false};
   // The host path of device buffers (job_device.cc): each member's staging of its send and
   // receive ranges for the collective being run (`shared` when they are one range).
   struct DeviceStage {

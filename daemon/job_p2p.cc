@@ -1,9 +1,12 @@
 #include "daemon/job_p2p.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <utility>
 
+#include "core/log.h"
+#include "daemon/daemon_config.h"
 #include "daemon/job.h"
 
 namespace gw::daemon {
@@ -37,6 +40,15 @@ void P2pBoard::submit(size_t member, const Request& r) {
   const int32_t me = rank_of_[member];
   if (r.opcode == Opcode::kSend) {
     const int32_t to = member_of(r.root);
+    if (to < 0 && link_ != nullptr) {
+      const Status why = link_->reachable(r.root);
+      if (why.ok()) {
+        link_->forward(member, r);
+      } else {
+        complete_(member, r.seq, why, nullptr);
+      }
+      return;
+    }
     if (to < 0) {
       const int32_t h = static_cast<size_t>(r.root) < host_of_rank_.size()
                             ? host_of_rank_[static_cast<size_t>(r.root)]
@@ -44,8 +56,7 @@ void P2pBoard::submit(size_t member, const Request& r) {
       complete_(member, r.seq,
                 Status(Code::kUnsupported,
                        fmt::format("point-to-point: rank {} is on host {}, not on this daemon's "
-                                   "host {}: daemon mode carries sends and receives only "
-                                   "between trainers of one host yet",
+                                   "host {}, and this board has no link to the other hosts",
                                    r.root, h, host_)),
                 nullptr);
       return;
@@ -56,6 +67,7 @@ void P2pBoard::submit(size_t member, const Request& r) {
     }
     Send s;
     s.member = member;
+    s.src = me;
     s.seq = r.seq;
     s.tag = r.tag;
     s.off = r.send_off;
@@ -86,29 +98,34 @@ void P2pBoard::submit(size_t member, const Request& r) {
   rv.tag = r.tag;
   rv.off = r.recv_off;
   rv.cap = r.recv_bytes;
-  if (rv.source >= 0 && member_of(rv.source) < 0) {
+  if (rv.source >= 0 && member_of(rv.source) < 0 && link_ == nullptr) {
     complete_(member, r.seq,
               Status(Code::kUnsupported,
-                     fmt::format("point-to-point: rank {} is not on this daemon's host {}: daemon "
-                                 "mode carries sends and receives only between trainers of one "
-                                 "host yet",
+                     fmt::format("point-to-point: rank {} is not on this daemon's host {}, and "
+                                 "this board has no link to the other hosts",
                                  rv.source, host_)),
               nullptr);
     return;
   }
+  if (link_ != nullptr && (rv.source < 0 || member_of(rv.source) < 0)) link_->touch();
   auto& waiting = unexpected_[member];
   for (auto it = waiting.begin(); it != waiting.end(); ++it) {
-    if ((rv.source == -1 || rv.source == rank_of_[it->member]) && it->tag == rv.tag) {
+    if ((rv.source == -1 || rv.source == it->src) && it->tag == rv.tag) {
       Send s = std::move(*it);
       waiting.erase(it);
-      deliver(s, rv);
+      if (s.remote) {
+        take_remote(s, rv);
+      } else {
+        deliver(s, rv);
+      }
       return;
     }
   }
   if (rv.source >= 0) {
-    const size_t from = static_cast<size_t>(member_of(rv.source));
-    if (!gone_[from].ok()) {
-      complete_(member, r.seq, gone_[from], nullptr);
+    const int32_t from = member_of(rv.source);
+    const Status why = from >= 0 ? gone_[static_cast<size_t>(from)] : link_->reachable(rv.source);
+    if (!why.ok()) {
+      complete_(member, r.seq, why, nullptr);
       return;
     }
   }
@@ -116,7 +133,7 @@ void P2pBoard::submit(size_t member, const Request& r) {
 }
 
 void P2pBoard::deliver(Send& s, const Recv& r) {
-  const int32_t from = rank_of_[s.member];
+  const int32_t from = s.src;
   const int32_t to = rank_of_[r.member];
   if (s.bytes > r.cap) {
     complete_(r.member, r.seq,
@@ -191,6 +208,75 @@ void P2pBoard::fail_all(const Status& s) {
   }
 }
 
+// ---- messages of other hosts ----
+
+bool P2pBoard::take_posted(size_t dst, int32_t src, int32_t tag, Recv* out) {
+  auto& posted = posted_[dst];
+  for (auto it = posted.begin(); it != posted.end(); ++it) {
+    if ((it->source == -1 || it->source == src) && it->tag == tag) {
+      *out = *it;
+      posted.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void P2pBoard::add_remote(size_t dst, int32_t src, int32_t tag, std::shared_ptr<P2pRemoteMsg> msg) {
+  Send s;
+  s.member = static_cast<size_t>(-1);
+  s.src = src;
+  s.tag = tag;
+  s.bytes = msg->bytes.size();
+  s.done = true;  // its sender's daemon completed it
+  s.remote = std::move(msg);
+  unexpected_[dst].push_back(std::move(s));
+}
+
+void P2pBoard::take_remote(Send& s, const Recv& r) {
+  P2pRemoteMsg& m = *s.remote;
+  m.claimed = true;
+  m.member = r.member;
+  m.seq = r.seq;
+  m.off = r.off;
+  m.cap = r.cap;
+  if (m.landed) landed(m);
+}
+
+void P2pBoard::landed(P2pRemoteMsg& m) {
+  m.landed = true;
+  if (!m.claimed) return;
+  m.claimed = false;
+  const uint64_t n = m.bytes.size();
+  if (!m.failed.ok()) {
+    complete_(m.member, m.seq, m.failed, nullptr);
+  } else if (n > m.cap) {
+    complete_(m.member, m.seq,
+              truncated_error("point-to-point: message truncated: rank {} sent {} bytes, the "
+                              "receive holds {} (tag {}; from another host)",
+                              m.src, n, m.cap, m.tag),
+              nullptr);
+  } else {
+    if (n > 0 && data_[m.member] != nullptr)
+      std::memcpy(data_[m.member] + m.off, m.bytes.data(), n);
+    const P2pDone got{n, m.src};
+    complete_(m.member, m.seq, ok_status(), &got);
+  }
+}
+
+void P2pBoard::fail_receives_from(const std::function<bool(int32_t)>& pred, const Status& s) {
+  for (auto& q : posted_) {
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->source >= 0 && pred(it->source)) {
+        complete_(it->member, it->seq, s, nullptr);
+        it = q.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
 // ---- the job's side ----
 
 void Job::make_p2p() {
@@ -211,6 +297,23 @@ void Job::make_p2p() {
           complete(*members[member], seq, s);
         }
       });
+  if (!comm || host_of_rank.empty() || first.num_hosts < 2) return;
+  RemoteP2p::Options o;
+  o.comm = comm.get();
+  o.host = first.host_index;
+  o.host_of_rank = host_of_rank;
+  o.unexpected_max = static_cast<uint64_t>(
+      std::max<int64_t>(0, config::get_int(daemon_config::kP2pUnexpectedMax)));
+  o.wake_fd = wake.get();
+  o.job_mu = &p2p_mu;
+  o.in_collective = &in_collective;
+  o.keep = [this](size_t m) -> std::shared_ptr<void> {
+    return m < members.size() ? members[m] : nullptr;
+  };
+  remote = std::make_unique<RemoteP2p>(std::move(o), p2p.get());
+  p2p->set_link(remote.get());
+  const Status s = remote->start();
+  if (!s.ok()) GW_LOG_WARN("gradwired: point-to-point across hosts: {}", s.message());
 }
 
 }  // namespace gw::daemon

@@ -5,24 +5,56 @@
 // waited for it), eager sends of at most kP2pEagerBytes completing once copied.
 //
 // The board belongs to a Job and runs on its thread only. A matched message is copied once, from
-// the sender's arena (or the eager copy) straight into the receiver's arena. Both trainers must
-// be of this host: a peer on another host is refused (kUnsupported) by the client before it posts
-// and again here. When the job fails (a trainer left, a collective failed, the daemon stops)
-// fail_all() completes every pending send and receive with the failure and forgets them; a
-// trainer that leaves is dropped alone (drop_member), so no entry outlives the arena it points
-// into.
+// the sender's arena (or the eager copy) straight into the receiver's arena. A peer on another
+// host goes through a P2pRemoteLink (daemon/job_p2p_remote.h: the job's daemon communicator);
+// without one (a board alone) it is refused with kUnsupported. Messages from other hosts join the
+// same queues (Send::remote), so the matching rules hold across hosts. When the job fails (a
+// trainer left, a collective failed, the daemon stops) fail_all() completes every pending send and
+// receive with the failure and forgets them; a trainer that leaves is dropped alone (drop_member),
+// so no entry outlives the arena it points into.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
 #include "daemon/protocol.h"
 
 namespace gw::daemon {
+
+// A message of another host: its bytes (in the unexpected buffer) and, once a receive took it
+// before they landed, that receive. `used` counts the job's unexpected bytes held (the cap).
+struct P2pRemoteMsg {
+  P2pRemoteMsg(uint64_t n, std::shared_ptr<uint64_t> u) : bytes(n), used(std::move(u)) {
+    *used += n;
+  }
+  ~P2pRemoteMsg() { *used -= bytes.size(); }
+  std::vector<uint8_t> bytes;
+  std::shared_ptr<uint64_t> used;
+  int32_t src = 0, tag = 0;
+  bool landed = false;  // the payload is in `bytes` (or failed)
+  Status failed;
+  bool claimed = false;  // a receive took it before it landed: the fields below
+  size_t member = 0;
+  uint64_t seq = 0, off = 0, cap = 0;
+};
+
+// The board's way to the job's other hosts (implemented by RemoteP2p).
+class P2pRemoteLink {
+ public:
+  virtual ~P2pRemoteLink() = default;
+  // A send or receive that may cross hosts is submitted (a receive naming a rank of another
+  // host, or any source): the link gets ready to see the other hosts go.
+  virtual void touch() = 0;
+  // Sends member's send r (to a rank of another host) on; completes it later.
+  virtual void forward(size_t member, const Request& r) = 0;
+  // ok while ranks of `rank`'s host can be reached; else why not (pending receives end with it).
+  virtual Status reachable(int32_t rank) const = 0;
+};
 
 class P2pBoard {
  public:
@@ -46,15 +78,6 @@ class P2pBoard {
   // Sends and receives pending now (gradwirectl, tests).
   size_t pending() const;
 
- private:
-  struct Send {
-    size_t member = 0;  // the sender
-    uint64_t seq = 0;
-    int32_t tag = 0;
-    uint64_t off = 0, bytes = 0;
-    bool done = false;          // eager: completed already, its bytes in `copy`
-    std::vector<uint8_t> copy;  // eager only
-  };
   struct Recv {
     size_t member = 0;
     uint64_t seq = 0;
@@ -62,15 +85,46 @@ class P2pBoard {
     int32_t tag = 0;
     uint64_t off = 0, cap = 0;
   };
+  // ---- for the link to other hosts (job thread) ----
+  void set_link(P2pRemoteLink* link) { link_ = link; }
+  int32_t member_of(int32_t rank) const;  // -1: not on this host
+  int32_t rank_of(size_t member) const { return rank_of_[member]; }
+  uint8_t* data(size_t member) const { return data_[member]; }  // null once it left
+  // A message from rank src (another host) to member dst arrived: the posted receive it matches
+  // (taken off the board) and true, or false (then add it with add_remote).
+  bool take_posted(size_t dst, int32_t src, int32_t tag, Recv* out);
+  // Queues it as unexpected for dst, in arrival order.
+  void add_remote(size_t dst, int32_t src, int32_t tag, std::shared_ptr<P2pRemoteMsg> msg);
+  // Its payload landed (or failed): a receive that claimed it gets it now.
+  void landed(P2pRemoteMsg& msg);
+  // Receives posted naming a rank for which pred holds end with s (a host that is gone).
+  void fail_receives_from(const std::function<bool(int32_t)>& pred, const Status& s);
+  void complete(size_t member, uint64_t seq, const Status& s, const P2pDone* d) {
+    complete_(member, seq, s, d);
+  }
+
+ private:
+  struct Send {
+    size_t member = 0;  // the sender (a message of another host: none)
+    int32_t src = 0;    // its rank
+    uint64_t seq = 0;
+    int32_t tag = 0;
+    uint64_t off = 0, bytes = 0;
+    bool done = false;                     // eager (or of another host): completed already
+    std::vector<uint8_t> copy;             // eager only
+    std::shared_ptr<P2pRemoteMsg> remote;  // of another host
+  };
   // Moves s into r (or fails both on truncation) and completes them.
   void deliver(Send& s, const Recv& r);
-  int32_t member_of(int32_t rank) const;  // -1: not on this host
+  // r takes a message of another host (now, or once it lands).
+  void take_remote(Send& s, const Recv& r);
 
   std::vector<int32_t> rank_of_;
   std::vector<uint8_t*> data_;
   std::vector<int32_t> host_of_rank_;
   int32_t host_ = 0;
   Complete complete_;
+  P2pRemoteLink* link_ = nullptr;
   // By receiving member: messages not yet matched (in arrival order) and receives posted.
   std::vector<std::deque<Send>> unexpected_;
   std::vector<std::deque<Recv>> posted_;

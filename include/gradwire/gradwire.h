@@ -347,8 +347,9 @@ gw_status_t gw_test(gw_request_t request, int* done);
  *   buffer may be NULL only when
  *   count is 0. The buffers of gw_isend/gw_irecv must stay valid (a send's unmodified) until the
  *   request is done.
- * - Daemon mode (GW_DAEMON): the same rules between the trainers of one host (through their
- *   gradwired; a message must fit the arena); a peer on another host is GW_ERR_UNSUPPORTED. */
+ * - Daemon mode (GW_DAEMON): the same rules (through the gradwired of the hosts; a message must
+ *   fit the arena); a send to a peer on another host completes once that host's daemon has the
+ *   message (docs/daemon.md, "Point-to-point"). */
 #define GW_ANY_SOURCE (-1)
 
 /* Blocking send / receive: return once the buffer is free (send: at most 16 KiB, once copied

@@ -22,6 +22,12 @@
 //                    BIG_MIB in all of malloc'd memory (staged slice by slice), then 2 chunks and
 //                    a bit in gw_mem_alloc buffers (the daemon uses the slices' blocks in place),
 //                    each also in place, and an alltoall from the arena into malloc'd memory
+//   p2p MAXBYTES     point-to-point among every rank (across hosts in a multi-host layout): a
+//                    ring both ways at sizes 0, 4, 100, 16K+4 and MAXBYTES (int32 patterns
+//                    naming sender and size, sends from malloc'd and gw_mem_alloc'd buffers),
+//                    rank 0 receiving one message from every other rank with GW_ANY_SOURCE (the
+//                    sources and counts checked), and three messages of one tag to the right
+//                    neighbour received in the order sent
 //   bench BYTES ITERS [mem]   allreduce float32 sum of BYTES, ITERS timed calls after 5 warm-up
 //                    calls; prints the median in microseconds (mem: gw_mem_alloc buffers)
 // Output: "RESULT rank=R status=S elapsed_ms=T" and "ERROR ..." lines; exit 0 when every call
@@ -611,6 +617,101 @@ int run_loop(gw_comm_t comm, int rank) {
   return 0;
 }
 
+int32_t p2p_value(int src, size_t bytes, size_t i) {
+  return static_cast<int32_t>(src * 1000003 + bytes * 7 + i);
+}
+
+int run_p2p(gw_comm_t comm, int rank, int world, size_t max_bytes) {
+  const double t0 = now_ms();
+  const int right = (rank + 1) % world, left = (rank + world - 1) % world;
+  int bad = 0;
+  auto check = [&](const std::vector<int32_t>& got, int src, size_t bytes, const char* what) {
+    for (size_t i = 0; i < bytes / 4; ++i) {
+      if (got[i] != p2p_value(src, bytes, i)) {
+        std::printf("ERROR rank=%d p2p %s of %zu bytes from rank %d: element %zu is %d\n", rank,
+                    what, bytes, src, i, got[i]);
+        bad = 1;
+        return;
+      }
+    }
+  };
+  max_bytes = std::max<size_t>(max_bytes / 4 * 4, 4);
+  // The ring, both ways: each size to the right (tag 1) and to the left (tag 2), all posted first.
+  for (size_t bytes : {size_t{0}, size_t{4}, size_t{100}, size_t{16388}, max_bytes}) {
+    for (int mem = 0; mem < 2; ++mem) {
+      const size_t n = bytes / 4;
+      std::vector<int32_t> from_left(n + 1, -1), from_right(n + 1, -1), out(n + 1);
+      for (size_t i = 0; i < n; ++i) out[i] = p2p_value(rank, bytes, i);
+      void* arena = nullptr;
+      if (mem && bytes > 0) {
+        gw_status_t s = gw_mem_alloc(comm, bytes, &arena);
+        if (s != GW_OK) return report("p2p gw_mem_alloc", s, t0);
+        std::memcpy(arena, out.data(), bytes);
+      }
+      const void* src = arena != nullptr ? arena : out.data();
+      gw_request_t r[4] = {};
+      gw_status_t s = gw_irecv(comm, from_left.data(), n, GW_INT32, left, 1, &r[0]);
+      if (s == GW_OK) s = gw_irecv(comm, from_right.data(), n, GW_INT32, right, 2, &r[1]);
+      if (s == GW_OK) s = gw_isend(comm, src, n, GW_INT32, right, 1, &r[2]);
+      if (s == GW_OK) s = gw_isend(comm, src, n, GW_INT32, left, 2, &r[3]);
+      for (int i = 0; i < 4 && s == GW_OK; ++i) s = gw_wait(r[i], -1);
+      if (arena != nullptr) (void)gw_mem_free(comm, arena);
+      if (s != GW_OK) return report("p2p ring", s, t0);
+      check(from_left, left, bytes, "from the left");
+      check(from_right, right, bytes, "from the right");
+    }
+  }
+  // Any source: rank 0 takes one message of 64 bytes from every other rank.
+  const size_t any_bytes = 64;
+  std::vector<int32_t> buf(any_bytes / 4);
+  if (rank == 0) {
+    std::vector<int> seen(static_cast<size_t>(world), 0);
+    for (int k = 1; k < world; ++k) {
+      gw_request_t r = nullptr;
+      size_t count = 0;
+      int source = -1;
+      gw_status_t s = gw_irecv(comm, buf.data(), buf.size(), GW_INT32, GW_ANY_SOURCE, 3, &r);
+      if (s == GW_OK) s = gw_wait_recv(r, -1, &count, &source);
+      if (s != GW_OK) return report("p2p any-source receive", s, t0);
+      if (source < 1 || source >= world || count != buf.size() || seen[source]++ != 0) {
+        std::printf("ERROR rank=0 any-source: source %d count %zu (seen before: %d)\n", source,
+                    count, source >= 0 && source < world ? seen[source] - 1 : -1);
+        bad = 1;
+        continue;
+      }
+      check(buf, source, any_bytes, "any-source");
+    }
+  } else {
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = p2p_value(rank, any_bytes, i);
+    gw_status_t s = gw_send(comm, buf.data(), buf.size(), GW_INT32, 0, 3);
+    if (s != GW_OK) return report("p2p send to rank 0", s, t0);
+  }
+  // Order: three messages of one tag to the right, received in the order sent.
+  std::vector<int32_t> got(3, -1);
+  gw_request_t r[6] = {};
+  gw_status_t s = GW_OK;
+  for (int i = 0; i < 3 && s == GW_OK; ++i) {
+    s = gw_irecv(comm, &got[i], 1, GW_INT32, left, 4, &r[i]);
+  }
+  const int32_t vals[3] = {rank * 10, rank * 10 + 1, rank * 10 + 2};
+  for (int i = 0; i < 3 && s == GW_OK; ++i) {
+    s = gw_isend(comm, &vals[i], 1, GW_INT32, right, 4, &r[3 + i]);
+  }
+  for (int i = 0; i < 6 && s == GW_OK; ++i) s = gw_wait(r[i], -1);
+  if (s != GW_OK) return report("p2p order", s, t0);
+  for (int i = 0; i < 3; ++i) {
+    if (got[i] != left * 10 + i) {
+      std::printf("ERROR rank=%d p2p order: message %d from rank %d is %d\n", rank, i, left,
+                  got[i]);
+      bad = 1;
+    }
+  }
+  s = gw_barrier(comm);
+  if (s != GW_OK) return report("p2p barrier", s, t0);
+  std::printf("RESULT rank=%d status=%d elapsed_ms=%.0f\n", rank, bad, now_ms() - t0);
+  return bad;
+}
+
 int run_bench(gw_comm_t comm, int rank, size_t bytes, int iters, bool mem) {
   const size_t count = bytes / 4;
   Buffers buf(comm, mem, count * 4 + 64);
@@ -635,7 +736,7 @@ int run_bench(gw_comm_t comm, int rank, size_t bytes, int iters, bool mem) {
 
 int main(int argc, char** argv) {
   return gw_trainer::trainer_main(
-      argc, argv, "suite|extra|die|loop|init|bench [args]", [] { return 0; },
+      argc, argv, "suite|extra|die|loop|init|p2p|bench [args]", [] { return 0; },
       [](const gw_trainer::Scenario& sc) {
         const int n = sc.argc;
         char** a = sc.argv;
@@ -651,6 +752,9 @@ int main(int argc, char** argv) {
                          n == 2 ? std::strtoull(a[1], nullptr, 10) : size_t{1} << 18);
         }
         if (sc.name == "loop") return run_loop(sc.comm, sc.rank);
+        if (sc.name == "p2p" && n == 1) {
+          return run_p2p(sc.comm, sc.rank, sc.world, std::strtoull(a[0], nullptr, 10));
+        }
         if (sc.name == "init" && n == 0) {
           // Nothing but the set-up: rank 0 destroys its communicator (and the store it hosts)
           // at once.

@@ -10,6 +10,7 @@
 
 #include "daemon/control.h"
 #include "daemon/http_request.h"
+#include "daemon/p2p_xhost_wire.h"
 #include "daemon/protocol.h"
 #include "tests/fuzz/fuzz_targets.h"
 
@@ -160,6 +161,40 @@ int daemon_p2p(const uint8_t* data, size_t size) {
     }
   }
   return 0;
+}
+
+int daemon_p2p_xhost(const uint8_t* data, size_t size) {
+  // Each 32 bytes as a cross-host point-to-point header (daemon/p2p_xhost_wire.h) from another
+  // daemon of an 8-rank job that takes at most 1 MiB; the rest as one short header.
+  constexpr uint64_t kMax = 1 << 20;
+  size_t at = 0;
+  for (; at < size; at += daemon::kXhostHeaderBytes) {
+    const size_t n = std::min(daemon::kXhostHeaderBytes, size - at);
+    auto h = daemon::decode_xhost_header(data + at, n, 8, kMax);
+    if (!h.ok()) {
+      ++counter("daemon.xhost_refused");
+      check(h.status().code() == Code::kPeer, "xhost: a refusal is kPeer");
+      continue;
+    }
+    ++counter("daemon.xhost_accepted");
+    check(n == daemon::kXhostHeaderBytes, "xhost: only a whole header");
+    check(h->src >= 0 && h->src < 8 && h->dst >= 0 && h->dst < 8, "xhost: ranks in the job");
+    check(h->tag >= 0 && h->bytes <= kMax, "xhost: tag and size in range");
+    const auto again = daemon::encode_xhost_header(*h);
+    check(std::memcmp(again.data(), data + at, again.size()) == 0, "xhost: round trip");
+  }
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> daemon_p2p_xhost_seeds() {
+  std::vector<uint8_t> v;
+  for (const auto& h : {daemon::XhostHeader{0, 1, 2, 7, 100}, daemon::XhostHeader{0, 3, 0, 0, 0},
+                        daemon::XhostHeader{0, 7, 6, 1 << 20, 1 << 20},
+                        daemon::XhostHeader{daemon::kXhostHello, 0, 0, 0, 0}}) {
+    const auto b = daemon::encode_xhost_header(h);
+    v.insert(v.end(), b.begin(), b.end());
+  }
+  return {v};
 }
 
 std::vector<std::vector<uint8_t>> daemon_p2p_seeds() {

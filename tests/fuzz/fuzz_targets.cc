@@ -21,6 +21,7 @@ std::vector<std::vector<uint8_t>> daemon_hello_seeds();
 std::vector<std::vector<uint8_t>> daemon_control_seeds();
 std::vector<std::vector<uint8_t>> daemon_import_seeds();
 std::vector<std::vector<uint8_t>> daemon_p2p_seeds();
+std::vector<std::vector<uint8_t>> daemon_p2p_xhost_seeds();
 std::vector<std::vector<uint8_t>> daemon_control_trace_seeds();
 std::vector<std::vector<uint8_t>> metrics_http_seeds();
 std::vector<std::vector<uint8_t>> kv_seeds();
@@ -57,6 +58,7 @@ const std::vector<Target>& targets() {
       {"daemon_control_request", &daemon_control_request, &daemon_control_seeds},
       {"daemon_import", &daemon_import, &daemon_import_seeds},
       {"daemon_p2p", &daemon_p2p, &daemon_p2p_seeds},
+      {"daemon_p2p_xhost", &daemon_p2p_xhost, &daemon_p2p_xhost_seeds},
       {"daemon_control_trace", &daemon_control_trace, &daemon_control_trace_seeds},
       {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
       {"kv_frames", &kv_frames, &kv_seeds},

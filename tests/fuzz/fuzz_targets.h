@@ -46,6 +46,9 @@ int daemon_control_request(const uint8_t* data, size_t size);
 int daemon_import(const uint8_t* data, size_t size);
 // gradwired's point-to-point messages (version 7: send, recv) and out-of-order completions.
 int daemon_p2p(const uint8_t* data, size_t size);
+// The header one gradwired sends another for a point-to-point message across hosts
+// (daemon/p2p_xhost_wire.h); round trip.
+int daemon_p2p_xhost(const uint8_t* data, size_t size);
 // gradwirectl trace (daemon/control_trace.h): the request's arguments as gradwired reads them
 // (round trip), and the answer, a Chrome trace, as gradwirectl checks it; one selector byte.
 int daemon_control_trace(const uint8_t* data, size_t size);

@@ -158,6 +158,9 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("daemon.p2p_send");
     reached("daemon.p2p_recv");
     reached("daemon.p2p_refused");
+  } else if (name == "daemon_p2p_xhost") {
+    reached("daemon.xhost_accepted");
+    reached("daemon.xhost_refused");
   } else if (name == "daemon_control_trace") {
     reached("trace.request_accepted");
     reached("trace.request_refused");

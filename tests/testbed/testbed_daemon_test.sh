@@ -10,6 +10,8 @@
 #   - barrier (and every dtype and op, iallreduces in flight) with tests/daemon's daemon_trainer
 #     suite, which gradwire-perf has no subcommand for;
 #   - alltoall, checked;
+#   - point-to-point across hosts through the daemons (daemon_trainer p2p: a ring both ways from
+#     0 B to 1 MiB, any-source at rank 0, order per tag), every element checked;
 #   - --mem-alloc really allocates from the arena: with GW_DAEMON_ARENA smaller than the buffers
 #     the run stops at gw_mem_alloc, saying so;
 #   - two jobs at once on the same daemons (two gradwire-perf launches per trainer, each with its
@@ -69,6 +71,10 @@ for a2a in "-d float32 --mem-alloc" "-d int64"; do
     --check >"$out.$k" 2>&1 || case_failed "alltoall $a2a"
 done
 echo "alltoall checked" >"$out.alltoall"
+
+# Point-to-point across hosts through the daemons (ring both ways to 1 MiB, any-source, order).
+k=$((k + 1))
+GW_STORE="10.79.0.1:$((TB_PORT + k))" "$TRAINER" p2p 1048576 >"$out.$k" 2>&1 || case_failed "daemon_trainer p2p"
 
 # --mem-alloc takes the buffers from the arena: 2 x 4 MiB do not fit in a 1 MiB one.
 k=$((k + 1))

@@ -192,7 +192,9 @@ void check_kernel(KernelFn fn, const char* name, DataType dt, ReduceOp op) {
       std::string what =
           fmt::format("{} {} {} n={} mode={}", name, dtype_name(dt), op_name(op), n, mode);
       expect_same(dt, o, want.data(), n, what);
-      if (mode == 0) EXPECT_EQ(out[n * dtype_size(dt)], 0xAB) << what << ": wrote past the end";
+      if (mode == 0) {
+        EXPECT_EQ(out[n * dtype_size(dt)], 0xAB) << what << ": wrote past the end";
+      }
     }
   }
 }

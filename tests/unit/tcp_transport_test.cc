@@ -165,7 +165,9 @@ TEST(TcpStripe, PartsTileTheMessageAndSmallMessagesUseSocketZero) {
         }
       }
       EXPECT_EQ(next, size) << "n=" << n;
-      if (size <= unit) EXPECT_EQ(tcp_stripe(size, n, unit, 0).end, size);
+      if (size <= unit) {
+        EXPECT_EQ(tcp_stripe(size, n, unit, 0).end, size);
+      }
     }
   }
   // 64 MiB on 4 sockets: four equal 16 MiB parts.
@@ -246,8 +248,12 @@ void roundtrip(Conn& c, size_t size) {
   size_t n = 0;
   int64_t deadline = now_ms() + 10000;
   while ((!sd || !rd) && now_ms() < deadline) {
-    if (!sd) ASSERT_TRUE(c.send->test(*s, &sd, &n).ok());
-    if (!rd) ASSERT_TRUE(c.recv->test(*r, &rd, &n).ok());
+    if (!sd) {
+      ASSERT_TRUE(c.send->test(*s, &sd, &n).ok());
+    }
+    if (!rd) {
+      ASSERT_TRUE(c.recv->test(*r, &rd, &n).ok());
+    }
   }
   ASSERT_TRUE(sd && rd);
   EXPECT_EQ(n, size);
@@ -559,8 +565,12 @@ TEST(TcpThreads, ThreadedAndUnthreadedEndsInteroperate) {
       bool sd = false, rd = false;
       size_t ssz = 0, rsz = 0;
       while ((!sd || !rd) && now_ms() < deadline) {
-        if (!sd) ASSERT_TRUE(conn.send->test(sreq[i], &sd, &ssz).ok());
-        if (!rd) ASSERT_TRUE(conn.recv->test(rreq[i], &rd, &rsz).ok());
+        if (!sd) {
+          ASSERT_TRUE(conn.send->test(sreq[i], &sd, &ssz).ok());
+        }
+        if (!rd) {
+          ASSERT_TRUE(conn.recv->test(rreq[i], &rd, &rsz).ok());
+        }
       }
       ASSERT_TRUE(sd && rd) << "message " << i;
       EXPECT_EQ(rsz, src[i].size());

@@ -1,0 +1,442 @@
+#include "daemon/job_p2p_remote.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/log.h"
+#include "daemon/ring.h"
+
+namespace gw::daemon {
+
+namespace {
+// The communicator's "message truncated" (collectives/p2p.h): a receive smaller than its message.
+bool truncated(const Status& s) { return s.truncated() || s.code() == Code::kInvalidArg; }
+// The most a header may announce: far beyond any arena (GW_DAEMON_MAX_ARENA), a guard only.
+constexpr uint64_t kMaxXhostBytes = 1ull << 40;
+}  // namespace
+
+RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
+    : o_(std::move(o)), board_(board), world_(static_cast<int32_t>(o_.host_of_rank.size())) {
+  int32_t hosts = 0;
+  for (int32_t h : o_.host_of_rank) hosts = std::max(hosts, h + 1);
+  down_.assign(static_cast<size_t>(hosts), ok_status());
+}
+
+RemoteP2p::~RemoteP2p() { shutdown(); }
+
+Status RemoteP2p::start() {
+  // Header receives only: this daemon's handles are in the store from now on, so a daemon that
+  // sends here later connects at once; no connection is made while the job sends nothing across.
+  for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
+    if (h != o_.host) (void)post_header(h);
+  }
+  waker_ = std::thread([this] { waker_loop(); });
+  publish();
+  for (const Status& s : down_) {
+    if (!s.ok()) return s;
+  }
+  return ok_status();
+}
+
+void RemoteP2p::touch() {
+  if (said_hello_) return;
+  said_hello_ = true;
+  // The hellos, at the job's first send or receive that may cross hosts: the connections with
+  // every other daemon exist from then on, so one going is seen at once (its pending receives
+  // end with kPeer, not at the deadline). Jobs without cross-host point-to-point never connect.
+  for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
+    if (h == o_.host || !down_[static_cast<size_t>(h)].ok()) continue;
+    Op& op = ops_.emplace_back();
+    op.kind = Kind::kHello;
+    op.host = h;
+    op.h.flags = kXhostHello;
+    op.hdr = encode_xhost_header(op.h);
+    auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), h, kXhostTag);
+    if (!q.ok()) {
+      ops_.pop_back();
+      host_down(h, q.status());
+      continue;
+    }
+    op.req = *q;
+  }
+  publish();
+}
+
+void RemoteP2p::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (waker_.joinable()) waker_.join();
+}
+
+Status RemoteP2p::reachable(int32_t rank) const {
+  if (!failed_.ok()) return failed_;
+  if (rank < 0 || rank >= world_) return invalid_arg("point-to-point: no rank {}", rank);
+  return down_[static_cast<size_t>(o_.host_of_rank[static_cast<size_t>(rank)])];
+}
+
+Status RemoteP2p::post_header(int32_t host) {
+  if (!down_[static_cast<size_t>(host)].ok()) return down_[static_cast<size_t>(host)];
+  Op& op = ops_.emplace_back();
+  op.kind = Kind::kHeader;
+  op.host = host;
+  auto q = o_.comm->irecv(op.hdr.data(), op.hdr.size(), host, kXhostTag);
+  if (!q.ok()) {
+    ops_.pop_back();
+    host_down(host, q.status());
+    return down_[static_cast<size_t>(host)];
+  }
+  op.req = *q;
+  return ok_status();
+}
+
+void RemoteP2p::post_drain(int32_t host, uint64_t bytes) {
+  if (bytes == 0) return;
+  // A receive of no bytes: the communicator refuses the message (an eager one is dropped, a
+  // larger one's sender fails "truncated"), and nothing of it is held here.
+  Op& op = ops_.emplace_back();
+  op.kind = Kind::kDrain;
+  op.host = host;
+  auto q = o_.comm->irecv(nullptr, 0, host, kXhostTag);
+  if (!q.ok()) {
+    ops_.pop_back();
+    host_down(host, q.status());
+    return;
+  }
+  op.req = *q;
+}
+
+void RemoteP2p::forward(size_t member, const Request& r) {
+  touch();
+  const int32_t host = o_.host_of_rank[static_cast<size_t>(r.root)];
+  Op& op = ops_.emplace_back();
+  op.kind = Kind::kSend;
+  op.host = host;
+  op.member = member;
+  op.seq = r.seq;
+  op.keep = o_.keep(member);
+  op.h = XhostHeader{0, board_->rank_of(member), r.root, r.tag, r.send_bytes};
+  op.hdr = encode_xhost_header(op.h);
+  auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
+  Status s = q.status();
+  if (q.ok()) {
+    op.req = *q;
+    if (r.send_bytes > 0) {
+      // Straight from the sender's arena: it stays mapped (op.keep) until the op ends.
+      auto p = o_.comm->isend(board_->data(member) + r.send_off, r.send_bytes, host, kXhostTag);
+      s = p.status();
+      if (p.ok()) op.payload = *p;
+    }
+  }
+  if (!s.ok()) {
+    const Status why =
+        peer_error("point-to-point: send to rank {} on host {}: {}", r.root, host, s.message());
+    board_->complete(member, r.seq, why, nullptr);
+    op.completed = true;
+    host_down(host, s);  // a header without its payload: the pair's stream is broken
+    if (!op.req) ops_.pop_back();
+  }
+}
+
+bool RemoteP2p::done(const Op& op) const {
+  return (!op.req || op.req->done()) && (!op.payload || op.payload->done());
+}
+
+bool RemoteP2p::finish(Op& op) {
+  if (!done(op)) return false;
+  bool d = false;
+  Status st = op.req ? op.req->test(&d) : ok_status();
+  if (st.ok() && op.payload) st = op.payload->test(&d);
+  switch (op.kind) {
+    case Kind::kHeader:
+      if (st.ok()) {
+        on_header(op);
+      } else if (st.code() == Code::kTimeout) {
+        (void)post_header(op.host);  // nothing came within the deadline: wait on
+      } else {
+        host_down(op.host, st);
+      }
+      return true;
+    case Kind::kSend: {
+      if (!op.completed) {
+        op.completed = true;
+        if (st.ok()) {
+          const P2pDone sent{op.h.bytes, op.h.src};
+          board_->complete(op.member, op.seq, ok_status(), &sent);
+        } else if (truncated(st)) {
+          board_->complete(
+              op.member, op.seq,
+              // A completion's message holds 111 characters: the knob's name comes early.
+              truncated_error("message truncated (or GW_DAEMON_P2P_UNEXPECTED_MAX passed): rank {} "
+                              "did not take {} bytes, tag {}",
+                              op.h.dst, op.h.bytes, op.h.tag),
+              nullptr);
+        } else if (st.code() == Code::kTimeout) {
+          board_->complete(op.member, op.seq,
+                           st.with_context(fmt::format("point-to-point: send to rank {} on host {}",
+                                                       op.h.dst, op.host)),
+                           nullptr);
+        } else {
+          board_->complete(op.member, op.seq,
+                           peer_error("point-to-point: send to rank {} on host {}: {}", op.h.dst,
+                                      op.host, st.message()),
+                           nullptr);
+        }
+      }
+      if (!st.ok() && !truncated(st) && st.code() != Code::kTimeout) host_down(op.host, st);
+      return true;
+    }
+    case Kind::kPayloadArena:
+      if (!op.completed) {
+        if (st.ok()) {
+          const P2pDone got{op.h.bytes, op.h.src};
+          board_->complete(op.member, op.seq, ok_status(), &got);
+        } else {
+          board_->complete(op.member, op.seq,
+                           peer_error("point-to-point: receive of {} bytes from rank {} (host "
+                                      "{}): {}",
+                                      op.h.bytes, op.h.src, op.host, st.message()),
+                           nullptr);
+        }
+      }
+      if (!st.ok()) host_down(op.host, st);
+      return true;
+    case Kind::kPayloadBuffer:
+      if (!st.ok()) {
+        op.msg->failed =
+            peer_error("point-to-point: message of {} bytes from rank {} (host {}): {}", op.h.bytes,
+                       op.h.src, op.host, st.message());
+      }
+      board_->landed(*op.msg);
+      if (!st.ok()) host_down(op.host, st);
+      return true;
+    case Kind::kHello:
+      if (!st.ok()) host_down(op.host, st);
+      return true;
+    case Kind::kDrain:
+      // Refused on purpose (truncated); anything else broke the pair's stream.
+      if (!st.ok() && !truncated(st)) host_down(op.host, st);
+      return true;
+  }
+  return true;
+}
+
+void RemoteP2p::on_header(Op& op) {
+  const int32_t host = op.host;
+  auto decoded = decode_xhost_header(op.hdr.data(), op.req->bytes(), world_, kMaxXhostBytes);
+  Status bad = decoded.status();
+  int32_t dst = -1;
+  if (bad.ok()) {
+    dst = board_->member_of(decoded->dst);
+    if (decoded->flags == kXhostHello) {
+      dst = 0;
+    } else if (o_.host_of_rank[static_cast<size_t>(decoded->src)] != host || dst < 0) {
+      bad = peer_error("rank {} -> rank {}: not from that host or not to this one", decoded->src,
+                       decoded->dst);
+    }
+  }
+  if (!bad.ok()) {
+    GW_LOG_WARN("gradwired: host {}'s daemon sent a bad point-to-point header: {}", host,
+                bad.message());
+    host_down(host, bad.with_context(fmt::format("host {}'s daemon", host)));
+    return;
+  }
+  const XhostHeader h = *decoded;
+  const size_t member = static_cast<size_t>(dst);
+  if (h.flags == kXhostHello) {
+    (void)post_header(host);
+    return;
+  }
+  P2pBoard::Recv rv;
+  if (!failed_.ok() || board_->data(member) == nullptr) {
+    post_drain(host, h.bytes);  // nobody to take it
+  } else if (board_->take_posted(member, h.src, h.tag, &rv)) {
+    if (h.bytes > rv.cap) {
+      board_->complete(
+          rv.member, rv.seq,
+          truncated_error("point-to-point: message truncated: rank {} sent {} bytes, the "
+                          "receive holds {} (tag {}; from host {})",
+                          h.src, h.bytes, rv.cap, h.tag, host),
+          nullptr);
+      post_drain(host, h.bytes);
+    } else if (h.bytes == 0) {
+      const P2pDone got{0, h.src};
+      board_->complete(rv.member, rv.seq, ok_status(), &got);
+    } else {
+      Op& p = ops_.emplace_back();
+      p.kind = Kind::kPayloadArena;
+      p.host = host;
+      p.member = rv.member;
+      p.seq = rv.seq;
+      p.h = h;
+      p.keep = o_.keep(rv.member);
+      auto q = o_.comm->irecv(board_->data(rv.member) + rv.off, h.bytes, host, kXhostTag);
+      if (q.ok()) {
+        p.req = *q;
+      } else {
+        board_->complete(rv.member, rv.seq, peer_error("point-to-point: {}", q.status().message()),
+                         nullptr);
+        ops_.pop_back();
+        host_down(host, q.status());
+        return;
+      }
+    }
+  } else if (*used_ + h.bytes > o_.unexpected_max) {
+    const uint64_t used = *used_;
+    post_drain(host, h.bytes);
+    GW_LOG_WARN(
+        "gradwired: a message of {} bytes from rank {} (host {}) to rank {} with tag {} found no "
+        "receive posted, and the job's unexpected messages here hold {} bytes already: more than "
+        "GW_DAEMON_P2P_UNEXPECTED_MAX ({} bytes); post receives earlier or raise it",
+        h.bytes, h.src, host, h.dst, h.tag, used, o_.unexpected_max);
+    fail_p2p(
+        no_memory("cross-host p2p failed: over GW_DAEMON_P2P_UNEXPECTED_MAX ({} B), {} B more "
+                  "from rank {}",
+                  o_.unexpected_max, h.bytes, h.src));
+  } else {
+    auto msg = std::make_shared<P2pRemoteMsg>(h.bytes, used_);
+    msg->src = h.src;
+    msg->tag = h.tag;
+    board_->add_remote(member, h.src, h.tag, msg);
+    if (h.bytes == 0) {
+      board_->landed(*msg);
+    } else {
+      Op& p = ops_.emplace_back();
+      p.kind = Kind::kPayloadBuffer;
+      p.host = host;
+      p.h = h;
+      p.msg = msg;
+      auto q = o_.comm->irecv(msg->bytes.data(), h.bytes, host, kXhostTag);
+      if (q.ok()) {
+        p.req = *q;
+      } else {
+        msg->failed = peer_error("point-to-point: {}", q.status().message());
+        board_->landed(*msg);
+        ops_.pop_back();
+        host_down(host, q.status());
+        return;
+      }
+    }
+  }
+  // After the payload's receive: it takes the bytes that follow this header.
+  (void)post_header(host);
+}
+
+void RemoteP2p::host_down(int32_t host, const Status& why) {
+  Status& d = down_[static_cast<size_t>(host)];
+  if (!d.ok()) return;
+  d = peer_error("point-to-point with host {}'s daemon ended: {}", host, why.message());
+  GW_LOG_INFO("gradwired: {}", d.message());
+  board_->fail_receives_from(
+      [&](int32_t rank) { return o_.host_of_rank[static_cast<size_t>(rank)] == host; }, d);
+}
+
+void RemoteP2p::fail_p2p(const Status& why) {
+  if (!failed_.ok()) return;
+  failed_ = why;
+  GW_LOG_WARN("gradwired: {}", why.message());
+  fail_all(why);
+  board_->fail_all(why);
+}
+
+void RemoteP2p::fail_all(const Status& s) {
+  for (Op& op : ops_) {
+    if ((op.kind == Kind::kSend || op.kind == Kind::kPayloadArena) && !op.completed) {
+      op.completed = true;
+      board_->complete(op.member, op.seq, s, nullptr);
+    }
+    if (op.kind == Kind::kPayloadBuffer && op.msg->claimed) {
+      op.msg->claimed = false;
+      board_->complete(op.msg->member, op.msg->seq, s, nullptr);
+    }
+  }
+}
+
+void RemoteP2p::progress() {
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (auto it = ops_.begin(); it != ops_.end();) {
+      if (finish(*it)) {
+        it = ops_.erase(it);
+        moved = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+  publish();
+}
+
+bool RemoteP2p::any_done() const {
+  for (const Op& op : ops_) {
+    if (done(op)) return true;
+  }
+  return false;
+}
+
+void RemoteP2p::publish() {
+  std::vector<std::shared_ptr<coll::P2PRequest>> active, idle;
+  active_ = 0;
+  for (const Op& op : ops_) active_ += op.kind != Kind::kHeader ? 1 : 0;
+  for (const Op& op : ops_) {
+    for (const auto& r : {op.req, op.payload}) {
+      // Done ones are progress()'s already (a send's header, its payload still going).
+      if (r && !r->done()) (op.kind == Kind::kHeader ? idle : active).push_back(r);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_active_ = active.size();
+    watch_ = std::move(active);
+    watch_.insert(watch_.end(), idle.begin(), idle.end());
+    ++gen_;
+    fired_.store(false, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void RemoteP2p::waker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!quit_) {
+    if (watch_.empty() || fired_.load(std::memory_order_relaxed)) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    const auto watch = watch_;
+    const size_t active = watch_active_;
+    const uint64_t gen = gen_;
+    lock.unlock();
+    auto any_done = [&] {
+      for (const auto& r : watch) {
+        if (r->done()) return true;
+      }
+      return false;
+    };
+    bool any = any_done();
+    if (!any) {
+      // One request is waited on (sleeping on it); the others are looked at between waits: an
+      // active op (a send, a payload) every millisecond, idle header receives every 5 ms.
+      const int64_t ms = watch.size() == 1 ? 100 : (active > 0 ? 1 : 5);
+      (void)watch.front()->wait(ms);
+      any = any_done();
+    }
+    if (any && o_.job_mu != nullptr && o_.in_collective->load(std::memory_order_acquire) &&
+        o_.job_mu->try_lock()) {
+      // The job thread runs a collective (it holds job_mu otherwise): take what came now.
+      progress();  // publishes (under mu_), which starts the next round afresh
+      o_.job_mu->unlock();
+      lock.lock();
+      continue;
+    }
+    lock.lock();
+    if (any && gen == gen_ && !quit_) {
+      fired_.store(true, std::memory_order_release);
+      (void)signal_eventfd(o_.wake_fd);
+    }
+  }
+}
+
+}  // namespace gw::daemon

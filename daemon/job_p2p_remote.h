@@ -1,0 +1,134 @@
+// Point-to-point between trainers of different hosts in daemon mode (docs/wire-daemon.md,
+// "Point-to-point across hosts"): the link of a job's P2pBoard to the job's other daemons, over
+// the daemons' communicator's own point-to-point (collectives/p2p.h), on one reserved tag.
+//
+// - A send to a rank of host B: this daemon sends B's daemon a 32-byte header (p2p_xhost_wire.h)
+//   and then the payload straight from the sender's arena (no copy here). The trainer's send
+//   completes once the daemons' send did: at most 16 KiB (the communicator's eager size) once it
+//   is on the wire, more once B's daemon took the bytes (into the receiving trainer's arena or its
+//   unexpected buffer). Like a buffered send, it does not wait for the receiving trainer.
+// - From every other host a header receive stays posted (per source host, so that the payload
+//   receive, posted before the next header receive, takes the bytes that follow the header). On a
+//   header: a matching receive posted on the board (same rules: per (sender, receiver, tag)
+//   order, receives in posting order, GW_ANY_SOURCE) gets the payload straight into its arena;
+//   a receive smaller than the message fails naming both sizes, and the bytes are refused to the
+//   sending daemon (a zero-byte receive), so a send over 16 KiB fails as in direct mode's
+//   rendezvous; an eager one has completed already. Without a matching receive the payload lands
+//   in an unexpected buffer, which later receives take in arrival order. The unexpected buffers of
+//   the job hold at most GW_DAEMON_P2P_UNEXPECTED_MAX bytes: beyond it the job's point-to-point
+//   fails (every pending send and receive, and every later one across hosts) with an error naming
+//   the cap; the refused message's bytes are not taken.
+// - Faults: an op with host B that fails (B's daemon gone, the job's communicator aborted because
+//   a trainer left or a collective failed) makes B unreachable: receives pending naming B's ranks
+//   and later sends to them end with kPeer; a stop completes everything pending at once.
+//
+// Job thread only (under Options::job_mu), but for a waker thread that sleeps on the pending
+// requests and signals the job's wake eventfd when one of them is done (the job thread then calls
+// progress()); while the job thread runs a collective, the waker calls progress() itself.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/p2p.h"
+#include "daemon/job_p2p.h"
+#include "daemon/p2p_xhost_wire.h"
+
+namespace gw::daemon {
+
+class RemoteP2p : public P2pRemoteLink {
+ public:
+  struct Options {
+    coll::Communicator* comm = nullptr;  // the daemons' (rank = host index)
+    int32_t host = 0;
+    std::vector<int32_t> host_of_rank;
+    uint64_t unexpected_max = 0;  // GW_DAEMON_P2P_UNEXPECTED_MAX
+    int wake_fd = -1;             // the job's wake eventfd
+    // Holds member m's arena mapped while an op points into it (the Trainer).
+    std::function<std::shared_ptr<void>(size_t)> keep;
+    // The job thread holds *job_mu but while it runs a collective (*in_collective set): the
+    // waker then moves the ops itself (try_lock), so that a message that comes meanwhile is
+    // taken (a cross-host send completes once this daemon has it, whatever its trainers do).
+    std::mutex* job_mu = nullptr;
+    const std::atomic<bool>* in_collective = nullptr;
+  };
+  RemoteP2p(Options o, P2pBoard* board);
+  ~RemoteP2p() override;  // joins the waker; call after the communicator ended its ops
+
+  // Posts the header receives from every other host and starts the waker.
+  Status start();
+  // The first send or receive that may cross hosts: says hello to every other daemon (once).
+  void touch() override;
+  void forward(size_t member, const Request& r) override;
+  Status reachable(int32_t rank) const override;
+  // Job thread: handles every op done since, then tells the waker what is pending now.
+  void progress();
+  // Completes every pending send with s; the ops stay until the communicator ends them.
+  void fail_all(const Status& s);
+  // Stops the waker (before the communicator goes).
+  void shutdown();
+  // Set by the waker when an op is done (the job thread's spin looks at it).
+  bool fired() const { return fired_.load(std::memory_order_acquire); }
+  // Sends and payloads in flight (the job thread then sleeps at most 1 ms between looks: the
+  // waker may be sleeping on a header receive), and whether any op is done (the job thread's spin
+  // looks at it: a header that lands then needs no wake-up).
+  bool active() const { return active_ > 0; }
+  bool any_done() const;
+  size_t unexpected_bytes() const { return *used_; }
+
+ private:
+  enum class Kind { kHeader, kHello, kSend, kPayloadArena, kPayloadBuffer, kDrain };
+  struct Op {
+    Kind kind = Kind::kHeader;
+    int32_t host = 0;  // the other daemon
+    std::shared_ptr<coll::P2PRequest> req, payload;
+    std::array<uint8_t, kXhostHeaderBytes> hdr{};
+    // kSend / kPayloadArena: the trainer's request (and its arena, held).
+    size_t member = 0;
+    uint64_t seq = 0;
+    bool completed = false;  // the trainer's request was answered (fail_all)
+    XhostHeader h;
+    std::shared_ptr<void> keep;
+    std::shared_ptr<P2pRemoteMsg> msg;  // kPayloadBuffer
+  };
+  bool done(const Op& op) const;
+  // Returns false when the op is still running.
+  bool finish(Op& op);
+  void on_header(Op& op);
+  Status post_header(int32_t host);
+  void post_drain(int32_t host, uint64_t bytes);
+  void host_down(int32_t host, const Status& why);
+  void fail_p2p(const Status& why);
+  void publish();
+  void waker_loop();
+
+  Options o_;
+  P2pBoard* board_;
+  int32_t world_ = 0;
+  std::list<Op> ops_;
+  std::vector<Status> down_;  // by host: ok while reachable
+  Status failed_;             // the job's cross-host point-to-point failed (the cap)
+  bool said_hello_ = false;   // touch()
+  std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
+
+  std::thread waker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<coll::P2PRequest>> watch_;  // active ops first
+  size_t watch_active_ = 0;
+  size_t active_ = 0;  // ops other than header receives (job thread)
+  uint64_t gen_ = 0;
+  bool quit_ = false;
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace gw::daemon

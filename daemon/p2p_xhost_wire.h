@@ -1,0 +1,90 @@
+// The header of a point-to-point message that crosses hosts in daemon mode (docs/wire-daemon.md,
+// "Point-to-point across hosts"): the sender's daemon sends it to the receiver's daemon over the
+// job's daemon communicator, on tag kXhostTag, followed on the same tag by the payload (none for
+// 0 bytes). 32 bytes, little-endian:
+//   u32 magic 'GWXP'  u16 version (1)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
+//   u32 reserved (0)  u64 bytes
+// flags 0: a message; kXhostHello: the first header each daemon sends each other at the job's
+// first send or receive that may cross hosts (src, dst, tag and bytes 0, no payload), so that the
+// daemons' connections exist both ways from then on and a daemon that goes is seen at once.
+// decode_xhost_header refuses anything else (a daemon of another version, a rank outside the job,
+// a negative tag, more bytes than the receiving daemon takes) with kPeer naming the field.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "core/status.h"
+
+namespace gw::daemon {
+
+inline constexpr uint32_t kXhostMagic = 0x50585747u;  // "GWXP" as little-endian bytes
+inline constexpr uint16_t kXhostVersion = 1;
+inline constexpr size_t kXhostHeaderBytes = 32;
+// The daemons' communicator carries nothing else point-to-point: one tag for header and payload,
+// so a payload follows its header in the per (source, tag) order.
+inline constexpr int kXhostTag = 0x6778;
+inline constexpr uint16_t kXhostHello = 1;
+
+struct XhostHeader {
+  uint16_t flags = 0;
+  int32_t src = 0;
+  int32_t dst = 0;
+  int32_t tag = 0;
+  uint64_t bytes = 0;
+};
+
+inline std::array<uint8_t, kXhostHeaderBytes> encode_xhost_header(const XhostHeader& h) {
+  std::array<uint8_t, kXhostHeaderBytes> b{};
+  const uint32_t magic = kXhostMagic;
+  const uint16_t version = kXhostVersion;
+  std::memcpy(b.data() + 0, &magic, 4);
+  std::memcpy(b.data() + 4, &version, 2);
+  std::memcpy(b.data() + 6, &h.flags, 2);
+  std::memcpy(b.data() + 8, &h.src, 4);
+  std::memcpy(b.data() + 12, &h.dst, 4);
+  std::memcpy(b.data() + 16, &h.tag, 4);
+  std::memcpy(b.data() + 24, &h.bytes, 8);
+  return b;
+}
+
+// world: the job's ranks; max_bytes: the largest payload the receiving daemon takes.
+inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32_t world,
+                                               uint64_t max_bytes) {
+  if (n != kXhostHeaderBytes) {
+    return peer_error("cross-host point-to-point header of {} bytes, not {}", n, kXhostHeaderBytes);
+  }
+  uint32_t magic = 0, reserved = 0;
+  uint16_t version = 0;
+  XhostHeader h;
+  std::memcpy(&magic, p + 0, 4);
+  std::memcpy(&version, p + 4, 2);
+  std::memcpy(&h.flags, p + 6, 2);
+  std::memcpy(&h.src, p + 8, 4);
+  std::memcpy(&h.dst, p + 12, 4);
+  std::memcpy(&h.tag, p + 16, 4);
+  std::memcpy(&reserved, p + 20, 4);
+  std::memcpy(&h.bytes, p + 24, 8);
+  if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
+  if (version != kXhostVersion || (h.flags != 0 && h.flags != kXhostHello) || reserved != 0) {
+    return peer_error(
+        "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
+        version, h.flags, kXhostVersion);
+  }
+  if (h.flags == kXhostHello && (h.src != 0 || h.dst != 0 || h.tag != 0 || h.bytes != 0)) {
+    return peer_error("cross-host point-to-point hello with a message's fields");
+  }
+  if (h.src < 0 || h.src >= world || h.dst < 0 || h.dst >= world) {
+    return peer_error("cross-host point-to-point header: ranks {} -> {} outside the job's {}",
+                      h.src, h.dst, world);
+  }
+  if (h.tag < 0) return peer_error("cross-host point-to-point header: tag {} < 0", h.tag);
+  if (h.bytes > max_bytes) {
+    return peer_error("cross-host point-to-point header: {} bytes, more than the {} taken", h.bytes,
+                      max_bytes);
+  }
+  return h;
+}
+
+}  // namespace gw::daemon
