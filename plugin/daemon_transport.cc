@@ -1,5 +1,6 @@
 #include "plugin/daemon_transport.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <array>
@@ -139,6 +140,10 @@ class DaemonComm {
     Status st =
         client_->wait_for(r->seq, sys::kNoWait, &finished, r->send ? "isend" : "irecv", &info);
     if (!finished) {
+      // The daemon's thread must run for this request to progress: on a host with more runnable
+      // threads than cores, NCCL's polling proxy thread gives its core up between looks (as the
+      // C ABI's client does while it waits).
+      sched_yield();
       const int64_t now = sys::now_ns();
       if (now - last_alive_ns_ < kAliveEveryNs) return ok_status();
       last_alive_ns_ = now;
