@@ -46,9 +46,12 @@ std::string job_name(const Hello& h) {
 std::string nccl_job_of(const Hello& h) {
   const std::string& t = h.job_token;
   constexpr size_t kId = 16;
-  if (t.size() <= 5 + kId + 1 || t.compare(0, 5, "nccl-") != 0 || t[5 + kId] != '-') return "";
-  for (size_t i = 5; i < 5 + kId; ++i) {
-    if (!std::isxdigit(static_cast<unsigned char>(t[i]))) return "";
+  constexpr size_t kConn = 32;
+  if (t.size() != 5 + kId + 1 + kConn || t.compare(0, 5, "nccl-") != 0 || t[5 + kId] != '-') {
+    return "";
+  }
+  for (size_t i = 5; i < t.size(); ++i) {
+    if (i != 5 + kId && !std::isxdigit(static_cast<unsigned char>(t[i]))) return "";
   }
   return t.substr(5, kId);
 }
@@ -71,6 +74,7 @@ Job::Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::strin
       tslot(c->other_slot()) {
   members.resize(h.local_size);
   nccl = !nccl_job_of(h).empty();
+  if (nccl) nccl_totals = c->nccl_totals(nccl_job_of(h));
 }
 
 namespace {
@@ -257,6 +261,7 @@ void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDo
   }
   if (nccl && done != nullptr && s.ok() && t.hello.rank == 1) {
     nccl_bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
+    nccl_totals->bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
   }
   t.cq.push(make_completion(seq, s, done));
   // A client busy-polling its completion ring sees the entry without a wake-up; a failed

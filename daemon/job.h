@@ -127,6 +127,7 @@ struct Job {
   // received, for gradwirectl jobs.
   bool nccl = false;
   std::atomic<uint64_t> nccl_bytes{0};
+  std::shared_ptr<Counters::NcclTotals> nccl_totals;  // its NCCL job's, for /metrics
   // Device allocations of its trainers imported now (gradwirectl jobs): held by each import.
   std::shared_ptr<std::atomic<uint64_t>> imports = std::make_shared<std::atomic<uint64_t>>(0);
 

@@ -8,7 +8,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include <thread>
 
 #include "tests/plugin/plugin_harness.h"
+#include "tests/support/free_port.h"
 
 namespace gw::plugin_test {
 namespace {
@@ -190,6 +193,74 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
 
 TEST_F(DaemonPlugin, DaemonKilledFailsEveryCallPromptly) {
   EXPECT_EQ(run_peer({}, {"daemon-dies", GW_GRADWIRED_PATH}), 0);
+}
+
+// GET /metrics of 127.0.0.1:port ("" when it cannot be read).
+std::string get_metrics(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+        out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The value of the sample `name` (with its labels) in a metrics page, or -1.
+double sample(const std::string& page, const std::string& name) {
+  const size_t at = page.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::atof(page.c_str() + at + name.size() + 2);
+}
+
+// /metrics counts an NCCL job's connections and the bytes they carried: a gradwired of this test's
+// own with --metrics, and one bench run through it by a peer process.
+TEST(DaemonPluginMetrics, NcclConnectionsAndBytesByJob) {
+  char dir[] = "/tmp/gw-plugin-metrics-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/s.sock";
+  const int port = gw::testing::free_port();
+  const std::string listen = "127.0.0.1:" + std::to_string(port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
+          "--metrics", listen.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 200 && access((sock + ".ctl").c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int rc = run_peer({"GW_DAEMON=unix:" + sock, "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"});
+  std::string page;
+  const std::string conns = "gradwired_nccl_connections{nccl_job=\"";
+  for (int i = 0; i < 100; ++i) {  // the connection's job ends just after the peer does
+    page = get_metrics(port);
+    const size_t at = page.find("\n" + conns);
+    if (at != std::string::npos && page.compare(page.find('}', at) + 1, 3, " 0\n") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  unlink(sock.c_str());
+  unlink((sock + ".ctl").c_str());
+  rmdir(dir);
+  ASSERT_EQ(rc, 0);
+  const size_t at = page.find("\n" + conns);
+  ASSERT_NE(at, std::string::npos) << page;
+  const std::string job = page.substr(at + 1 + conns.size(), 16);
+  EXPECT_EQ(sample(page, conns + job + "\"}"), 0) << page;
+  // The bench moves at least two 64 MiB messages (a checked warm-up and one timed).
+  EXPECT_GE(sample(page, "gradwired_nccl_bytes_total{nccl_job=\"" + job + "\"}"), 2.0 * (64 << 20))
+      << page;
 }
 
 // The machine's ceilings: one memcpy of 64 MiB, and 64 MiB through one loopback TCP connection.
