@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <random>
@@ -90,6 +91,9 @@ class DaemonComm {
           Code::kUnsupported,
           fmt::format("{}: tag {}: daemon mode matches exact tags (0..2^31-1) only", what, tag));
     }
+    // A receive may be posted larger than any message can be (direct mode takes up to 1 GiB):
+    // what it can take here is what a send can carry, the arena's data region.
+    if (!send) size = std::min<size_t>(size, client_->welcome().data_bytes);
     if (size > client_->welcome().data_bytes) {
       return no_memory(
           "{} of {} bytes: larger than the daemon arena's data region ({} bytes); "
