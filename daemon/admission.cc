@@ -254,7 +254,9 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
   w.transport = encode_offer(offer.names);
   // The job's parameter server, started with the job (a socket and a thread; docs/daemon.md).
   std::shared_ptr<kv::Server> kv = job ? job->kv : nullptr;
-  if (!job) {
+  // A connection of the NCCL plugin's daemon mode (nccl_job_of) is a job of its own and never
+  // uses one: it gets none (no socket and thread per NCCL connection).
+  if (!job && nccl_job_of(h).empty()) {
     auto started = start_kv_server(h);
     if (started.ok()) {
       kv = std::move(*started);

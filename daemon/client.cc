@@ -379,6 +379,19 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
   }
 }
 
+Status Client::check_alive(const char* what) {
+  if (!broken_.ok()) return broken_;
+  if (aborted_.load()) return broken(aborted_error("{}: communicator aborted", what));
+  pollfd p{sock_.get(), POLLIN, 0};
+  if (::poll(&p, 1, 0) > 0 && p.revents != 0 && !cq_.posted()) {
+    return broken(peer_error(
+        "{}: gradwired (unix:{}) closed the connection: the daemon stopped or died, or refused "
+        "this client",
+        what, path_));
+  }
+  return ok_status();
+}
+
 Status Client::wait_room(sys::Deadline deadline, const char* what) {
   for (;;) {
     GW_RETURN_IF_ERROR(drain_completions());

@@ -92,6 +92,10 @@ class Client {
   // completion carried.
   Status wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const char* what,
                   CompressedDone* info = nullptr);
+  // Without waiting: whether the daemon still holds the connection (its socket is not readable:
+  // the daemon never writes after the welcome). A closed one breaks the client (kPeer). For
+  // callers that poll with kNoWait (the NCCL plugin's test()), which never reach wait_for's poll.
+  Status check_alive(const char* what);
   // post, then wait_for with the hello's deadline (its expiry breaks the connection).
   Status submit(SqEntry e, const char* what, CompressedDone* info = nullptr);
   // Marks the connection unusable with s (the first such Status stays) and returns s.

@@ -144,6 +144,11 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         r["collectives"] = job->done.load();
         r["errors"] = job->errors.load();
         r["imports"] = job->imports->load();
+        // A connection of the NCCL plugin's daemon mode: its NCCL job and the bytes it carried.
+        if (job->nccl) {
+          r["nccl_job"] = nccl_job_of(h);
+          r["nccl_bytes"] = job->nccl_bytes.load();
+        }
         // Between the job's daemons: agreed when they met; none for a job of one host.
         r["transport"] = h.num_hosts == 1 ? std::string("local") : job->transport_name();
         rows.push_back(std::move(r));

@@ -69,6 +69,7 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
   }
   s.transport = encode_offer(offered);
   s.kv_stores = kv_stores();
+  s.nccl_jobs = nccl_jobs();
   for (int p = 0; p < kNumPhases; ++p) {
     for (int b = 0; b < DurationHistogram::kBuckets; ++b) {
       s.phases[p].buckets[b] = phases_[p].buckets[b].load();
@@ -77,6 +78,23 @@ ServerStats Counters::snapshot(const std::vector<std::string>& offered) const {
     s.phases[p].sum_s = static_cast<double>(phases_[p].sum_ns.load()) / 1e9;
   }
   return s;
+}
+
+std::shared_ptr<Counters::NcclTotals> Counters::nccl_totals(const std::string& nccl_job) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  std::shared_ptr<NcclTotals>& t = nccl_[nccl_job];
+  if (!t) t = std::make_shared<NcclTotals>();
+  return t;
+}
+
+std::vector<NcclJobStats> Counters::nccl_jobs() const {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  std::vector<NcclJobStats> out;
+  for (const auto& [id, t] : nccl_) {
+    // Held by the map and by each live connection's job.
+    out.push_back({id, static_cast<uint64_t>(t.use_count() - 1), t->bytes.load()});
+  }
+  return out;
 }
 
 void Counters::add_kv(const std::string& job, int32_t host_index,

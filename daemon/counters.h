@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,15 @@ class Counters {
   void add_kv(const std::string& job, int32_t host_index, const std::shared_ptr<kv::Server>& s);
   std::vector<KvStoreStats> kv_stores() const;
 
+  // The NCCL plugin's daemon-mode jobs, by NCCL job id: each connection's job holds its NCCL
+  // job's totals while it lives (the connections are their holders), and the bytes stay for the
+  // daemon's life.
+  struct NcclTotals {
+    std::atomic<uint64_t> bytes{0};
+  };
+  std::shared_ptr<NcclTotals> nccl_totals(const std::string& nccl_job);
+  std::vector<NcclJobStats> nccl_jobs() const;
+
   // Everything, for Server::stats(): `offered` (best first) are listed in stats.inter even
   // without bytes.
   ServerStats snapshot(const std::vector<std::string>& offered) const;
@@ -84,6 +94,8 @@ class Counters {
   };
   mutable std::mutex kv_mu_;
   mutable std::vector<KvEntry> kv_;  // entries whose server is gone are dropped when read
+  mutable std::mutex nccl_mu_;
+  std::map<std::string, std::shared_ptr<NcclTotals>> nccl_;
 };
 
 // A collective's phases for the metrics: each phase's time runs from the previous mark.

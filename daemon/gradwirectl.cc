@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -92,9 +93,26 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
                         str(j, "transport"), num(j, "collectives"), num(j, "errors"),
                         num_or_dash(j, "imports")});
       }
-      return table({"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "TRANSPORT", "COLLECTIVES",
-                    "ERRORS", "IMPORTS"},
-                   rows);
+      std::string out = table({"JOB", "WORLD", "HOSTS", "HOST", "LOCAL", "STATE", "TRANSPORT",
+                               "COLLECTIVES", "ERRORS", "IMPORTS"},
+                              rows);
+      // The NCCL plugin's daemon mode: each connection is a job of its own; per NCCL job, how
+      // many connections and the bytes they carried.
+      std::map<std::string, std::pair<uint64_t, uint64_t>> nccl;
+      for (const json& j : r) {
+        if (!j.contains("nccl_job") || !j["nccl_job"].is_string()) continue;
+        auto& [conns, bytes] = nccl[j["nccl_job"].get<std::string>()];
+        ++conns;
+        if (j.contains("nccl_bytes") && j["nccl_bytes"].is_number_unsigned()) {
+          bytes += j["nccl_bytes"].get<uint64_t>();
+        }
+      }
+      if (nccl.empty()) return out;
+      std::vector<std::vector<std::string>> nrows;
+      for (const auto& [id, cb] : nccl) {
+        nrows.push_back({id, std::to_string(cb.first), std::to_string(cb.second)});
+      }
+      return out + "\n" + table({"NCCL JOB", "CONNECTIONS", "BYTES"}, nrows);
     }
     case ControlCommand::kClients: {
       std::vector<std::vector<std::string>> rows;

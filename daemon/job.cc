@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -42,6 +43,19 @@ std::string job_name(const Hello& h) {
   return fmt::format("{:016x}", x);
 }
 
+std::string nccl_job_of(const Hello& h) {
+  const std::string& t = h.job_token;
+  constexpr size_t kId = 16;
+  constexpr size_t kConn = 32;
+  if (t.size() != 5 + kId + 1 + kConn || t.compare(0, 5, "nccl-") != 0 || t[5 + kId] != '-') {
+    return "";
+  }
+  for (size_t i = 5; i < t.size(); ++i) {
+    if (i != 5 + kId && !std::isxdigit(static_cast<unsigned char>(t[i]))) return "";
+  }
+  return t.substr(5, kId);
+}
+
 Result<std::shared_ptr<kv::Server>> start_kv_server(const Hello& h) {
   kv::ServerOptions o;
   o.rank = h.host_index;
@@ -59,6 +73,8 @@ Job::Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::strin
       offer(std::move(offer)),
       tslot(c->other_slot()) {
   members.resize(h.local_size);
+  nccl = !nccl_job_of(h).empty();
+  if (nccl) nccl_totals = c->nccl_totals(nccl_job_of(h));
 }
 
 namespace {
@@ -242,6 +258,10 @@ void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDo
   if (!ring.ok()) {
     refuse(t, ring);
     return;
+  }
+  if (nccl && done != nullptr && s.ok() && t.hello.rank == 1) {
+    nccl_bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
+    nccl_totals->bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
   }
   t.cq.push(make_completion(seq, s, done));
   // A client busy-polling its completion ring sees the entry without a wake-up; a failed

@@ -87,6 +87,9 @@ struct Trainer {
 std::string job_key(const Hello& h);
 // A job's name for gradwirectl and /metrics: a hash of its token (the token is the job's secret).
 std::string job_name(const Hello& h);
+// The NCCL job of a connection of the plugin's daemon mode (plugin/daemon_transport.h: its job
+// token is "nccl-<16 hex: the NCCL job's id>-<connection>"): the id, or "" for any other job.
+std::string nccl_job_of(const Hello& h);
 // The job's parameter server (docs/parameter-server.md, "Daemon mode"): started with the job,
 // listening on every interface, advertised as the address this host routes toward the job's store
 // (127.0.0.1 for a job without one); the job's trainers' Hellos must carry its job token.
@@ -120,6 +123,11 @@ struct Job {
   // For gradwirectl jobs (read by the serve loop).
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{0}, errors{0};
+  // A connection of the NCCL plugin's daemon mode (nccl_job_of): the bytes its listener (rank 1)
+  // received, for gradwirectl jobs.
+  bool nccl = false;
+  std::atomic<uint64_t> nccl_bytes{0};
+  std::shared_ptr<Counters::NcclTotals> nccl_totals;  // its NCCL job's, for /metrics
   // Device allocations of its trainers imported now (gradwirectl jobs): held by each import.
   std::shared_ptr<std::atomic<uint64_t>> imports = std::make_shared<std::atomic<uint64_t>>(0);
 

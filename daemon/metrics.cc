@@ -91,6 +91,17 @@ std::vector<prometheus::MetricFamily> collect(const Server& server) {
     add("gradwired_bytes_total", kBytesHelp, T::Counter, double(t.out),
         {{"transport", t.transport}, {"direction", "out"}});
   }
+  // The NCCL plugin's daemon mode, by NCCL job (docs/nccl-plugin.md "Daemon mode").
+  for (const NcclJobStats& n : st.nccl_jobs) {
+    add("gradwired_nccl_connections",
+        "connections of the NCCL plugin's daemon mode now, by NCCL job", T::Gauge,
+        double(n.connections), {{"nccl_job", n.job}});
+  }
+  for (const NcclJobStats& n : st.nccl_jobs) {
+    add("gradwired_nccl_bytes_total",
+        "bytes the NCCL plugin's daemon-mode connections received, by NCCL job", T::Counter,
+        double(n.bytes), {{"nccl_job", n.job}});
+  }
   // The parameter-server stores this daemon holds (each job's share of its keys).
   add("gradwired_kv_stores", "parameter-server stores held by this daemon's jobs", T::Gauge,
       double(st.kv_stores.size()));

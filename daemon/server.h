@@ -96,6 +96,14 @@ struct KvStoreStats {
   std::string state;  // "open", "finished" (every worker done), "failed"
 };
 
+// One NCCL job of the plugin's daemon mode (docs/nccl-plugin.md "Daemon mode"): its connections
+// in this daemon now, and the bytes they carried since the daemon started.
+struct NcclJobStats {
+  std::string job;  // 16 hex digits: an HMAC of its job token (daemon/job.h nccl_job_of)
+  uint64_t connections = 0;
+  uint64_t bytes = 0;
+};
+
 struct ServerStats {
   uint64_t accepted = 0;  // hellos accepted
   uint64_t refused = 0;   // connections refused or cut for misbehaviour
@@ -124,6 +132,7 @@ struct ServerStats {
   std::string transport;                 // what this daemon offers, best first ("dpdk,tcp")
   DurationHistogram phases[kNumPhases];  // by Phase
   std::vector<KvStoreStats> kv_stores;   // by job, then store id
+  std::vector<NcclJobStats> nccl_jobs;   // by NCCL job id
 };
 
 class Server {

@@ -20,6 +20,10 @@
 #include "core/net/tcp_config.h"
 #include "plugin/net_plugin.h"
 #include "plugin/plugin_config.h"
+#ifdef GW_PLUGIN_DAEMON
+#include "daemon/daemon_config.h"
+#include "plugin/daemon_transport.h"
+#endif
 
 namespace gw::plugin {
 
@@ -212,6 +216,39 @@ Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requeste
   }
 }
 
+// Daemon mode (GW_DAEMON; plugin/daemon_transport.h): the connections go through the host's
+// gradwired, and `nic` only describes the device to NCCL. *note (when given) says which mode and
+// why; `nic` comes back unchanged in direct mode.
+Result<std::unique_ptr<net::Transport>> through_daemon(std::unique_ptr<net::Transport> nic,
+                                                       std::string* note) {
+#ifdef GW_PLUGIN_DAEMON
+  std::string why;
+  GW_ASSIGN_OR_RETURN(std::string address, plugin_daemon_address(&why));
+  if (note != nullptr) *note = why;
+  if (address.empty()) return nic;
+  DaemonNetOptions o;
+  o.address = address;
+  o.job_token = job_token();
+  o.timeout_ms = config::get_int(core_config::kTimeoutMs);
+  o.arena_bytes = static_cast<uint64_t>(config::get_int(daemon_config::kArena));
+  if (note != nullptr) {
+    *note = fmt::format(
+        "daemon mode ({}): connections through gradwired, host buffers copied "
+        "through a {} byte arena per connection",
+        why, o.arena_bytes);
+  }
+  return make_daemon_transport(o, nic->properties());
+#else
+  const char* d = std::getenv("GW_DAEMON");
+  if (d != nullptr && *d != '\0' && std::string(d) != "auto") {
+    return Status(Code::kUnsupported,
+                  "GW_DAEMON is set but this self-contained plugin build has no daemon mode "
+                  "(build the plugin inside the project)");
+  }
+  return nic;
+#endif
+}
+
 int max_comms_for(int sockets_per_conn) {
   // Each connection holds sockets_per_conn descriptors (plus one listener while it is set up);
   // the open-file limit is what really caps the number of comms.
@@ -234,6 +271,8 @@ Status NetPlugin::discover() {
   GW_ASSIGN_OR_RETURN(std::unique_ptr<net::Transport> transport,
                       open_backend(config::get_string(plugin::plugin_config::kPluginBackend),
                                    &backend, &thread_policy));
+  std::string daemon_note;
+  GW_ASSIGN_OR_RETURN(transport, through_daemon(std::move(transport), &daemon_note));
   const net::Properties& p = transport->properties();
   DeviceInfo d;
   d.backend = backend;
@@ -241,6 +280,7 @@ Status NetPlugin::discover() {
   d.sockets_per_conn = std::max(1, p.sockets_per_conn);
   d.io_threads = p.io_threads;
   d.thread_policy = std::move(thread_policy);
+  d.daemon_note = std::move(daemon_note);
   d.latency_us = static_cast<float>(p.latency_us);
   // Device memory only where the transport registers it with its NIC (verbs with GPUDirect
   // RDMA); otherwise NCCL stages GPU buffers through host memory.
@@ -276,7 +316,7 @@ Result<std::shared_ptr<net::Transport>> NetPlugin::transport_for(int dev) {
     std::string backend;
     GW_ASSIGN_OR_RETURN(std::unique_ptr<net::Transport> t,
                         open_backend(devices_[dev].backend, &backend));
-    transports_[dev] = std::move(t);
+    GW_ASSIGN_OR_RETURN(transports_[dev], through_daemon(std::move(t), nullptr));
   }
   return transports_[dev];
 }

@@ -189,6 +189,7 @@ Result<Context*> NetPlugin::init(uint64_t comm_id, int traffic_class) {
         own_token ? "from GW_JOB_TOKEN" : "default (set GW_JOB_TOKEN on every rank)",
         pinned_ ? "pinned" : "not pinned", d.gpudirect);
     GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", channels);
+    if (!d.daemon_note.empty()) GWP_INFO(NCCL_INIT | NCCL_NET, "NET/gradwire: {}", d.daemon_note);
     // GW_TIMELINE: the transfers as a Chrome trace (plugin/plugin_timeline.h). A file that cannot
     // be created costs the trace, not the communicator.
     if (auto tl = trace::open_from_env(); !tl.ok()) {

@@ -48,7 +48,8 @@ struct DeviceInfo {
   int io_threads = 0;         // tcp I/O worker threads per comm (0 = NCCL's proxy thread)
   std::string thread_policy;  // why: "auto: 16 online CPUs", "GW_SOCKET_NTHREADS=2", ...
   int ptr_support = NCCL_PTR_HOST;
-  std::string gpudirect;  // "dma-buf", "nvidia-peermem", or "none: why"
+  std::string gpudirect;    // "dma-buf", "nvidia-peermem", or "none: why"
+  std::string daemon_note;  // GW_DAEMON: daemon mode and its address, or why not ("": unset)
 };
 
 // Per-communicator context returned by init (v11). v8..v10 share one process-wide context.

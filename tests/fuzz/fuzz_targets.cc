@@ -13,6 +13,7 @@ std::vector<std::vector<uint8_t>> shm_seeds();
 std::vector<std::vector<uint8_t>> shm_connector_seeds();
 std::vector<std::vector<uint8_t>> shm_ring_seeds();
 std::vector<std::vector<uint8_t>> plugin_handle_seeds();
+std::vector<std::vector<uint8_t>> plugin_daemon_handle_seeds();
 std::vector<std::vector<uint8_t>> codec_spec_seeds();
 std::vector<std::vector<uint8_t>> codec_payload_seeds();
 std::vector<std::vector<uint8_t>> config_seeds();
@@ -49,6 +50,7 @@ const std::vector<Target>& targets() {
       {"shm_connector", &shm_connector, &shm_connector_seeds},
       {"shm_ring", &shm_ring, &shm_ring_seeds},
       {"plugin_handle", &plugin_handle, &plugin_handle_seeds},
+      {"plugin_daemon_handle", &plugin_daemon_handle, &plugin_daemon_handle_seeds},
       {"codec_spec", &codec_spec, &codec_spec_seeds},
       {"codec_payload", &codec_payload, &codec_payload_seeds},
       {"config_toml", &config_toml, &config_seeds},

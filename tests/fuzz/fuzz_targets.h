@@ -29,6 +29,7 @@ int shm_connector(const uint8_t* data, size_t size);
 int shm_ring(const uint8_t* data, size_t size);
 // NCCL plugin: the 128-byte handle NCCL hands to connect(), decoded by tcp and shm.
 int plugin_handle(const uint8_t* data, size_t size);
+int plugin_daemon_handle(const uint8_t* data, size_t size);  // plugin/daemon_handle.h
 // The codec spec parser (GW_COMPRESS, gw_config_t.compress); parse/format round trip.
 int codec_spec(const uint8_t* data, size_t size);
 // The codecs' decoders fed a peer's encoded payload (decode_add, decode, decode_sum,

@@ -19,6 +19,7 @@
 //                                    deregistered, then close and finalize: the trace GW_TIMELINE
 //                                    asks for is checked by the caller; the first init's INFO
 //                                    lines name a timeline file (ON 1) or none (ON 0)
+//   daemon mode's scenarios: tests/plugin/daemon_scenarios.h
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "plugin/nccl_tuner_abi.h"
+#include "tests/plugin/daemon_scenarios.h"
 #include "tests/plugin/plugin_harness.h"
 #include "tests/support/fake_cuda.h"
 
@@ -339,6 +341,7 @@ int main(int argc, char** argv) {
     if (mode == "pin" && argc == 3) return run_pin(std::atoi(argv[2]) != 0);
     if (mode == "gdr" && argc == 3) return run_gdr(argv[2]);
     if (mode == "timeline" && argc == 3) return run_timeline(std::atoi(argv[2]) != 0);
+    if (int rc = run_daemon_scenario(argc, argv); rc >= 0) return rc;
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tests/support/local_daemon.h"
+
 namespace gw::plugin_test {
 
 namespace {
@@ -35,6 +37,16 @@ Clock::time_point after_ms(int ms) { return Clock::now() + std::chrono::millisec
 }  // namespace
 
 void set_test_environment() {
+  // Daemon mode (the *.daemon ctest variants set GW_PLUGIN_TEST_GRADWIRED to gradwired's path):
+  // a gradwired of this process's own, stopped at exit, with GW_DAEMON pointing at it for the
+  // plugin and for the peer processes, which inherit it (and so start none of their own).
+  const char* gradwired = getenv("GW_PLUGIN_TEST_GRADWIRED");
+  if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr) {
+    static gw::testing::LocalDaemon daemon(gradwired, "gw-plugin-test");
+    if (!daemon.ready() || !daemon.use()) {
+      throw std::runtime_error(fmt::format("gradwired {} did not come up", gradwired));
+    }
+  }
   // Loopback only, and deadlines short enough that a broken peer fails a test quickly.
   if (getenv("GW_SOCKET_IFNAME") == nullptr && getenv("NCCL_SOCKET_IFNAME") == nullptr) {
     setenv("GW_SOCKET_IFNAME", "lo", 0);

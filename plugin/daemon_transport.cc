@@ -1,0 +1,418 @@
+#include "plugin/daemon_transport.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/config.h"
+#include "core/net/handshake.h"
+#include "core/sys/time.h"
+#include "core/sys/unix_socket.h"
+#include "daemon/client.h"
+#include "daemon/control.h"
+#include "daemon/daemon_config.h"
+#include "plugin/daemon_handle.h"
+
+namespace gw::plugin {
+
+namespace {
+
+using daemon::Client;
+using daemon::Opcode;
+using daemon::SqEntry;
+
+// How often test() looks at the daemon's socket while a request is pending (a dead daemon).
+constexpr int64_t kAliveEveryNs = 1'000'000;
+
+struct Shared {
+  DaemonNetOptions options;
+  std::string host_id;
+  uint64_t host = 0;
+  int64_t spin_ns = 0;
+};
+
+// The key of one connection's job in the daemon: "nccl-<job id>-<connection>". Only a process
+// with the same job token that holds the handle computes the connection part; the job id (an
+// HMAC of the token, which it does not reveal) lets gradwirectl group a job's connections
+// (daemon/job.h nccl_job_of). Hex, so it is a printable token as the hello wants.
+std::string connection_token(const std::string& job_token, const std::array<uint8_t, 16>& nonce) {
+  static constexpr uint8_t kJobLabel[] = {'g', 'w', '-', 'n', 'c', 'c', 'l', '-', 'j', 'o', 'b'};
+  const net::handshake::Mac id =
+      net::handshake::hmac_sha256(job_token, kJobLabel, sizeof(kJobLabel));
+  std::vector<uint8_t> msg = {'g', 'w', '-', 'n', 'e', 't', '/'};
+  msg.insert(msg.end(), nonce.begin(), nonce.end());
+  const net::handshake::Mac mac = net::handshake::hmac_sha256(job_token, msg.data(), msg.size());
+  return "nccl-" + to_hex(id.data(), 8) + "-" + to_hex(mac.data(), 16);
+}
+
+Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, int rank) {
+  daemon::Hello h;
+  h.rank = rank;
+  h.world_size = 2;
+  h.host_index = 0;
+  h.num_hosts = 1;
+  h.local_rank = rank;
+  h.local_size = 2;
+  h.timeout_ms = s.options.timeout_ms;
+  h.arena_bytes = s.options.arena_bytes;
+  h.job_token = token;
+  h.host_id = s.host_id;
+  return Client::connect(s.options.address.substr(5), h, s.spin_ns);
+}
+
+class DaemonComm;
+
+struct DaemonRequest {
+  bool in_use = false;
+  bool send = false;
+  uint64_t seq = 0;
+  Client::Placed placed;
+  void* user = nullptr;
+  size_t cap = 0;
+};
+
+// One side of a connection: its client of the daemon and its requests (the backend's
+// net::Request is a DaemonRequest of this comm). One thread at a time (PluginComm's lock).
+class DaemonComm {
+ public:
+  DaemonComm(std::unique_ptr<Client> client, std::string name, int peer)
+      : client_(std::move(client)), name_(std::move(name)), peer_(peer) {}
+
+  Result<net::Request*> post(bool send, void* data, size_t size, int tag) {
+    const char* what = send ? "isend" : "irecv";
+    if (tag < 0) {
+      return Status(
+          Code::kUnsupported,
+          fmt::format("{}: tag {}: daemon mode matches exact tags (0..2^31-1) only", what, tag));
+    }
+    // A receive may be posted larger than any message can be (direct mode takes up to 1 GiB):
+    // what it can take here is what a send can carry, the arena's data region.
+    if (!send) size = std::min<size_t>(size, client_->welcome().data_bytes);
+    if (size > client_->welcome().data_bytes) {
+      return no_memory(
+          "{} of {} bytes: larger than the daemon arena's data region ({} bytes); "
+          "raise GW_DAEMON_ARENA",
+          what, size, client_->welcome().data_bytes);
+    }
+    DaemonRequest* r = nullptr;
+    size_t in_flight = 0;
+    for (DaemonRequest& q : reqs_) {
+      if (q.in_use) {
+        ++in_flight;
+      } else if (r == nullptr) {
+        r = &q;
+      }
+    }
+    if (r == nullptr) return static_cast<net::Request*>(nullptr);
+    auto placed = client_->place(data, size, send);
+    if (!placed.ok()) {
+      // The arena is held by requests in flight: NCCL tests them and posts again.
+      if (placed.status().code() == Code::kNoMemory && in_flight > 0) {
+        return static_cast<net::Request*>(nullptr);
+      }
+      return placed.status().with_context(what);
+    }
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(send ? Opcode::kSend : Opcode::kRecv);
+    e.root = peer_;
+    e.count = size;
+    (send ? e.send_off : e.recv_off) = placed->off;
+    e.spec_len = static_cast<uint32_t>(tag);
+    auto seq = client_->post(e, what);
+    if (!seq.ok()) {
+      client_->unplace(*placed);
+      return seq.status();
+    }
+    *r = DaemonRequest{true, send, *seq, *placed, data, size};
+    return reinterpret_cast<net::Request*>(r);
+  }
+
+  Status test(net::Request* request, bool* done, size_t* size) {
+    *done = false;
+    auto* r = reinterpret_cast<DaemonRequest*>(request);
+    if (r < reqs_.data() || r >= reqs_.data() + reqs_.size() || !r->in_use) {
+      return internal_error("request {} is not in flight on {}", (void*)request, name_);
+    }
+    bool finished = false;
+    daemon::CompressedDone info;
+    Status st =
+        client_->wait_for(r->seq, sys::kNoWait, &finished, r->send ? "isend" : "irecv", &info);
+    if (!finished) {
+      // The daemon's thread must run for this request to progress: on a host with more runnable
+      // threads than cores, NCCL's polling proxy thread gives its core up between looks (as the
+      // C ABI's client does while it waits).
+      sched_yield();
+      const int64_t now = sys::now_ns();
+      if (now - last_alive_ns_ < kAliveEveryNs) return ok_status();
+      last_alive_ns_ = now;
+      Status alive = client_->check_alive(r->send ? "isend" : "irecv");
+      if (alive.ok()) return ok_status();
+      st = alive;
+    }
+    size_t got = 0;
+    if (st.ok()) {
+      const daemon::P2pDone d = daemon::p2p_done(info);
+      if (d.bytes > r->cap) {
+        st = client_->broken(
+            peer_error("gradwired answered {} bytes for a buffer of {} bytes", d.bytes, r->cap));
+      } else {
+        got = static_cast<size_t>(d.bytes);
+        if (!r->send && r->placed.staged && got > 0) {
+          std::memcpy(r->user, client_->data() + r->placed.off, got);
+        }
+      }
+    }
+    client_->unplace(r->placed);
+    r->in_use = false;
+    if (!st.ok()) return st.with_context(name_);
+    *done = true;
+    *size = got;
+    return ok_status();
+  }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::string name_;
+  int peer_;
+  std::array<DaemonRequest, net::kMaxRequests> reqs_{};
+  int64_t last_alive_ns_ = 0;
+};
+
+Result<net::MemRegion*> host_region(void* data, size_t size, net::MemType type) {
+  if (type != net::MemType::kHost) {
+    return Status(Code::kUnsupported,
+                  "reg_mr: daemon mode (GW_DAEMON) moves host memory only yet; device buffers "
+                  "(dma-buf) are a later step");
+  }
+  auto* mr = new net::MemRegion;
+  mr->base = data;
+  mr->size = size;
+  mr->type = type;
+  return mr;
+}
+
+class DaemonSend final : public net::SendComm {
+ public:
+  explicit DaemonSend(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
+  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
+    return host_region(data, size, type);
+  }
+  Status dereg_mr(net::MemRegion* mr) override {
+    delete mr;
+    return ok_status();
+  }
+  Status test(net::Request* r, bool* done, size_t* size) override {
+    return c_->test(r, done, size);
+  }
+  std::string peer_name() const override { return c_->name(); }
+  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) override {
+    return c_->post(true, const_cast<void*>(data), size, tag);
+  }
+
+ private:
+  std::unique_ptr<DaemonComm> c_;
+};
+
+class DaemonRecv final : public net::RecvComm {
+ public:
+  explicit DaemonRecv(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
+  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
+    return host_region(data, size, type);
+  }
+  Status dereg_mr(net::MemRegion* mr) override {
+    delete mr;
+    return ok_status();
+  }
+  Status test(net::Request* r, bool* done, size_t* size) override {
+    return c_->test(r, done, size);
+  }
+  std::string peer_name() const override { return c_->name(); }
+  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion*) override {
+    return c_->post(false, data, size, tag);
+  }
+
+ private:
+  std::unique_ptr<DaemonComm> c_;
+};
+
+// Joining side of a connection: its client and the 0-byte message that proves the job complete.
+struct Joining {
+  std::unique_ptr<Client> client;
+  uint64_t seq = 0;
+};
+
+Result<Joining> join_and_post(const Shared& s, const std::string& token, bool sender) {
+  Joining j;
+  GW_ASSIGN_OR_RETURN(j.client, join(s, token, sender ? 0 : 1));
+  SqEntry e{};
+  e.opcode = static_cast<uint16_t>(sender ? Opcode::kSend : Opcode::kRecv);
+  e.root = sender ? 1 : 0;
+  GW_ASSIGN_OR_RETURN(j.seq, j.client->post(e, sender ? "connect" : "accept"));
+  return j;
+}
+
+// Whether the joining message completed: true with the client ready, false while pending.
+Result<bool> joined(Joining& j, const char* what) {
+  bool done = false;
+  Status st = j.client->wait_for(j.seq, sys::kNoWait, &done, what);
+  if (!done) {
+    GW_RETURN_IF_ERROR(j.client->check_alive(what));
+    return false;
+  }
+  GW_RETURN_IF_ERROR(st);
+  return true;
+}
+
+std::string conn_name(const std::string& token, const DaemonHandle& h, bool send) {
+  return fmt::format("daemon connection {} ({} pid {})", token.substr(22, 8),
+                     send ? "to listener" : "from connector of listener", h.pid);
+}
+
+class DaemonListener final : public net::Listener {
+ public:
+  DaemonListener(std::shared_ptr<const Shared> s, DaemonHandle h)
+      : s_(std::move(s)),
+        h_(std::move(h)),
+        token_(connection_token(s_->options.job_token, h_.nonce)) {}
+  Result<std::unique_ptr<net::RecvComm>> accept() override {
+    if (!j_.client) {
+      GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, false));
+    }
+    GW_ASSIGN_OR_RETURN(bool ready, joined(j_, "accept"));
+    if (!ready) return std::unique_ptr<net::RecvComm>();
+    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, false), 0);
+    j_ = Joining{};
+    return std::unique_ptr<net::RecvComm>(std::make_unique<DaemonRecv>(std::move(c)));
+  }
+
+ private:
+  std::shared_ptr<const Shared> s_;
+  DaemonHandle h_;
+  std::string token_;
+  Joining j_;
+};
+
+class DaemonConnector final : public net::Connector {
+ public:
+  DaemonConnector(std::shared_ptr<const Shared> s, DaemonHandle h)
+      : s_(std::move(s)),
+        h_(std::move(h)),
+        token_(connection_token(s_->options.job_token, h_.nonce)),
+        deadline_(sys::deadline_after_ms(s_->options.timeout_ms)) {}
+  Result<std::unique_ptr<net::SendComm>> poll() override {
+    if (!j_.client) {
+      GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, true));
+    }
+    GW_ASSIGN_OR_RETURN(bool ready, joined(j_, "connect"));
+    if (!ready) {
+      if (sys::expired(deadline_)) {
+        return timeout_error(
+            "connect: no process of this job accepted on the handle (listener pid {}) within {} "
+            "ms through gradwired ({}): the listener closed, or it runs with another "
+            "GW_JOB_TOKEN",
+            h_.pid, s_->options.timeout_ms, s_->options.address);
+      }
+      return std::unique_ptr<net::SendComm>();
+    }
+    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, true), 1);
+    j_ = Joining{};
+    return std::unique_ptr<net::SendComm>(std::make_unique<DaemonSend>(std::move(c)));
+  }
+
+ private:
+  std::shared_ptr<const Shared> s_;
+  DaemonHandle h_;
+  std::string token_;
+  sys::Deadline deadline_;
+  Joining j_;
+};
+
+class DaemonTransport final : public net::Transport {
+ public:
+  DaemonTransport(std::shared_ptr<const Shared> s, net::Properties p)
+      : s_(std::move(s)), props_(std::move(p)) {}
+  const net::Properties& properties() const override { return props_; }
+  Result<std::unique_ptr<net::Listener>> listen(net::Handle* handle) override {
+    DaemonHandle h;
+    h.host = s_->host;
+    h.pid = static_cast<uint32_t>(::getpid());
+    std::random_device rd;
+    for (size_t i = 0; i < h.nonce.size(); i += 4) {
+      const uint32_t v = rd();
+      std::memcpy(h.nonce.data() + i, &v, 4);
+    }
+    GW_RETURN_IF_ERROR(encode_daemon_handle(h, handle->bytes.data()));
+    return std::unique_ptr<net::Listener>(std::make_unique<DaemonListener>(s_, std::move(h)));
+  }
+  Result<std::unique_ptr<net::Connector>> connect(const net::Handle& handle) override {
+    GW_ASSIGN_OR_RETURN(DaemonHandle h,
+                        decode_daemon_handle(handle.bytes.data(), handle.bytes.size()));
+    if (h.host != s_->host) {
+      return Status(Code::kUnsupported,
+                    fmt::format("connect: the listener (pid {}) is on another host: daemon mode "
+                                "(GW_DAEMON) connects the NCCL ranks of one host yet; unset "
+                                "GW_DAEMON for jobs across hosts",
+                                h.pid));
+    }
+    return std::unique_ptr<net::Connector>(std::make_unique<DaemonConnector>(s_, std::move(h)));
+  }
+  DeviceMemory device_memory() const override {
+    DeviceMemory d;
+    d.why =
+        "daemon mode (GW_DAEMON) copies host buffers through the arena; device buffers "
+        "(dma-buf) are a later step";
+    return d;
+  }
+
+ private:
+  std::shared_ptr<const Shared> s_;
+  net::Properties props_;
+};
+
+}  // namespace
+
+Result<std::string> plugin_daemon_address(std::string* note) {
+  const std::string daemon = config::get_string(daemon_config::kDaemon);
+  if (daemon.empty()) return daemon;
+  if (daemon != "auto") {
+    if (daemon.rfind("unix:", 0) != 0 || daemon.size() <= 5) {
+      return invalid_arg("GW_DAEMON '{}': expected unix:/path/to/gradwired.sock or auto", daemon);
+    }
+    *note = fmt::format("GW_DAEMON={}", daemon);
+    return daemon;
+  }
+  const std::string path = config::get_string(daemon_config::kSocket);
+  auto addr = sys::UnixAddress::path(daemon::control_socket_path(path));
+  Status why = addr.status();
+  if (addr.ok()) {
+    auto probe = sys::connect_unix(*addr, SOCK_STREAM);
+    if (probe.ok()) {
+      *note = fmt::format("GW_DAEMON=auto found gradwired at {}", path);
+      return "unix:" + path;
+    }
+    why = probe.status();
+  }
+  *note = fmt::format("GW_DAEMON=auto: no gradwired answers at {} ({}): direct mode", path,
+                      why.message());
+  return std::string();
+}
+
+Result<std::unique_ptr<net::Transport>> make_daemon_transport(const DaemonNetOptions& options,
+                                                              const net::Properties& nic) {
+  auto s = std::make_shared<Shared>();
+  s->options = options;
+  s->host_id = host_identity();
+  s->host = host_hash(s->host_id);
+  s->spin_ns = 0;  // test() never waits: NCCL's proxy thread polls
+  return std::unique_ptr<net::Transport>(std::make_unique<DaemonTransport>(s, nic));
+}
+
+}  // namespace gw::plugin

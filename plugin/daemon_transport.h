@@ -1,0 +1,54 @@
+// Daemon mode of the NCCL plugin (GW_DAEMON set: an address "unix:PATH", or "auto"), one host:
+// the plugin's connections go through the host's gradwired instead of the in-process transports.
+//
+// DaemonTransport is a net::Transport (core/net/transport.h), so NetPlugin and PluginComm run on
+// it unchanged (request slots, buffer checks, timeline). Each connection is a client of the
+// daemon (daemon/client.h: the hello, the shared arena, its submission and completion rings),
+// exactly the C ABI's daemon client: the listener side and the connector side each join the
+// daemon as one of the two trainers of a job of their own, keyed by the job token (GW_JOB_TOKEN)
+// and the handle's nonce (plugin/daemon_handle.h), and their isend/irecv are the daemon's
+// point-to-point submissions (protocol version 7, docs/wire-daemon.md "Point-to-point";
+// daemon/job_p2p.h matches them: per tag in order, a receive larger than the message reports the
+// message's size, a smaller one fails with "message truncated"). test() polls the completion ring
+// (no socket round trip). Host buffers are copied into the process's arena at isend and out of it
+// when a receive completes; NCCL's buffers in the arena, and dma-buf device buffers, are later
+// steps.
+//
+// Connect: the connector joins, then sends a 0-byte message that completes only once the job has
+// both its trainers (the daemon starts a job when its last trainer joins); until then poll()
+// returns nullptr, and after timeout_ms it fails with kTimeout ("no process of this job accepted
+// on the handle"): a process of another job (another GW_JOB_TOKEN) computes another key and never
+// meets the listener. Accept: the listener's side joins on its first accept() and receives that
+// message.
+//
+// Faults: a peer process that dies leaves its job in the daemon, which ends the survivor's
+// requests with kPeer (drop_member); a daemon that dies closes every client's socket, which test()
+// notices within a millisecond of polling (Client::check_alive), and every later call fails.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/net/transport.h"
+#include "core/status.h"
+
+namespace gw::plugin {
+
+// GW_DAEMON as the plugin sees it: "" (direct mode), or "unix:PATH". "auto": the daemon at
+// GW_DAEMON_SOCKET when its control socket answers, else "" (direct mode). *note says which.
+Result<std::string> plugin_daemon_address(std::string* note);
+
+struct DaemonNetOptions {
+  std::string address;  // "unix:PATH"
+  std::string job_token;
+  int64_t timeout_ms = 30000;
+  uint64_t arena_bytes = 0;  // GW_DAEMON_ARENA
+};
+
+// A transport whose comms go through gradwired at options.address; properties() are `nic`'s
+// (what NCCL's topology sees), which it keeps only for them.
+Result<std::unique_ptr<net::Transport>> make_daemon_transport(const DaemonNetOptions& options,
+                                                              const net::Properties& nic);
+
+}  // namespace gw::plugin

@@ -1,0 +1,229 @@
+#include "tests/plugin/daemon_scenarios.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/plugin/plugin_harness.h"
+
+namespace gw::plugin_test {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int fail(const std::string& why) {
+  std::fprintf(stderr, "nccl_plugin_peer: %s\n", why.c_str());
+  return 1;
+}
+
+bool unhex(const std::string& hex, uint8_t* out) {
+  if (hex.size() != 2 * NCCL_NET_HANDLE_MAXSIZE) return false;
+  for (size_t i = 0; i < NCCL_NET_HANDLE_MAXSIZE; ++i) {
+    out[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  return true;
+}
+
+// Connects to `handle` until a comm, an error or 15 s: the result, *sc the comm.
+ncclResult_t connect_to(NetApi& api, void* ctx, uint8_t* handle, void** sc) {
+  *sc = nullptr;
+  ncclResult_t r = ncclSuccess;
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  while (r == ncclSuccess && *sc == nullptr && Clock::now() < deadline) {
+    r = api.connect(ctx, 0, handle, sc);
+    if (*sc == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return r;
+}
+
+int run_connect(const std::string& hex, const std::string& then) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  if (!unhex(hex, handle)) return fail("bad handle");
+  if (plugin().first_init != ncclSuccess) return fail("init failed");
+  auto api = make_api("v11");
+  void* ctx = nullptr;
+  if (api->init(&ctx) != ncclSuccess) return fail("init");
+  clear_log();
+  void* sc = nullptr;
+  const auto t0 = Clock::now();
+  ncclResult_t r = connect_to(*api, ctx, handle, &sc);
+  if (then == "fail") {
+    if (sc != nullptr) return fail("a process of another job connected to the listener");
+    if (r != ncclSystemError) return fail("connect returned " + std::to_string(r));
+    bool named = false;
+    for (const std::string& line : log_lines()) {
+      std::fprintf(stderr, "  %s\n", line.c_str());
+      if (line.rfind("WARN", 0) == 0 && line.find("GW_JOB_TOKEN") != std::string::npos) {
+        named = true;
+      }
+    }
+    if (!named) return fail("no WARN naming GW_JOB_TOKEN");
+    std::fprintf(stderr, "connect refused after %.1f s\n",
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+    return 0;
+  }
+  if (sc == nullptr) return fail("connect returned " + std::to_string(r) + " and no comm");
+  if (then == "die") {
+    // Long enough for the listener to post its receive: the rank dies with it in flight.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(::getpid(), SIGKILL);
+    return fail("still alive");
+  }
+  Buffer out(4096);
+  fill_pattern(out.data, out.size, 77);
+  void* req = nullptr;
+  if (Error e = post_send(*api, sc, out.data, out.size, 3, nullptr, &req); !e.empty()) {
+    return fail(e);
+  }
+  if (Error e = wait_all(*api, {req}); !e.empty()) return fail(e);
+  if (api->close_send(sc) != ncclSuccess) return fail("close");
+  return api->finalize(ctx) == ncclSuccess ? 0 : fail("finalize");
+}
+
+int run_daemon_dies(const char* gradwired) {
+  char dir[] = "/tmp/gw-plugin-dies-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return fail("mkdtemp");
+  const std::string sock = std::string(dir) + "/s.sock";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(gradwired, gradwired, "--foreground", "--socket", sock.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto cleanup = [&] {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    ::unlink(sock.c_str());
+    ::unlink((sock + ".ctl").c_str());
+    ::rmdir(dir);
+  };
+  for (int i = 0; i < 200 && ::access((sock + ".ctl").c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::setenv("GW_DAEMON", ("unix:" + sock).c_str(), 1);
+  int rc = [&]() -> int {
+    if (plugin().first_init != ncclSuccess) return fail("init failed");
+    auto api = make_api("v11");
+    void* ctx = nullptr;
+    if (api->init(&ctx) != ncclSuccess) return fail("init");
+    void *sc = nullptr, *rc = nullptr;
+    if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+    Buffer in(1 << 20);
+    void* req = nullptr;
+    if (Error e = post_recv(*api, rc, in.data, in.size, 0, nullptr, &req); !e.empty()) {
+      return fail(e);
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+    const auto t0 = Clock::now();
+    int done = 0, size = 0;
+    ncclResult_t r = ncclSuccess;
+    while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(5)) {
+      r = api->test(req, &done, &size);
+    }
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r == ncclSuccess) return fail(done ? "the receive completed" : "test() hung 5 s");
+    std::fprintf(stderr, "test() failed %.3f s after the daemon died\n", waited);
+    Buffer out(100);
+    void* sreq = nullptr;
+    r = api->isend(sc, out.data, 100, 0, nullptr, &sreq);
+    if (r == ncclSuccess && sreq != nullptr) {
+      done = 0;
+      const auto t1 = Clock::now();
+      while (r == ncclSuccess && !done && Clock::now() - t1 < std::chrono::seconds(5)) {
+        r = api->test(sreq, &done, &size);
+      }
+      if (r == ncclSuccess) return fail("a send after the daemon died did not fail");
+    }
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* lc = nullptr;
+    if (api->listen(ctx, 0, handle, &lc) != ncclSuccess) return fail("listen");
+    void* sc2 = nullptr;
+    const auto t2 = Clock::now();
+    r = connect_to(*api, ctx, handle, &sc2);
+    if (r == ncclSuccess) return fail("connect without a daemon did not fail");
+    std::fprintf(stderr, "connect failed %.3f s after it started\n",
+                 std::chrono::duration<double>(Clock::now() - t2).count());
+    api->close_listen(lc);
+    api->close_send(sc);
+    api->close_recv(rc);
+    api->finalize(ctx);
+    return 0;
+  }();
+  cleanup();
+  return rc;
+}
+
+int run_bench() {
+  if (plugin().first_init != ncclSuccess) return fail("init failed");
+  auto api = make_api("v11");
+  void* ctx = nullptr;
+  if (api->init(&ctx) != ncclSuccess) return fail("init");
+  void *sc = nullptr, *rc = nullptr;
+  if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+  auto one = [&](Buffer& out, Buffer& in, size_t size) -> Error {
+    void *sreq = nullptr, *rreq = nullptr;
+    if (Error e = post_recv(*api, rc, in.data, size, 1, nullptr, &rreq); !e.empty()) return e;
+    if (Error e = post_send(*api, sc, out.data, size, 1, nullptr, &sreq); !e.empty()) return e;
+    return wait_all(*api, {sreq, rreq});
+  };
+  constexpr size_t kBig = size_t{64} << 20;
+  Buffer out(kBig), in(kBig);
+  fill_pattern(out.data, kBig, 5);
+  if (Error e = one(out, in, kBig); !e.empty()) return fail(e);  // warm-up
+  if (check_pattern(in.data, kBig, 5) != -1) return fail("64 MiB arrived wrong");
+  // Best of several, each phase bounded in time so a loaded machine ends it early (run_peer's
+  // deadline is 30 s): 64 MiB transfers one at a time, then rounds of 500 8-byte messages.
+  double best_gbps = 0;
+  const auto bw_start = Clock::now();
+  for (int i = 0; i < 8 && Clock::now() - bw_start < std::chrono::seconds(5); ++i) {
+    const auto t0 = Clock::now();
+    if (Error e = one(out, in, kBig); !e.empty()) return fail(e);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best_gbps = std::max(best_gbps, double(kBig) / s / 1e9);
+  }
+  double best_us = 1e9;
+  const auto lat_start = Clock::now();
+  for (int round = 0; round < 10 && Clock::now() - lat_start < std::chrono::seconds(3); ++round) {
+    constexpr int kN = 500;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kN; ++i) {
+      if (Error e = one(out, in, 8); !e.empty()) return fail(e);
+    }
+    best_us =
+        std::min(best_us, std::chrono::duration<double>(Clock::now() - t0).count() * 1e6 / kN);
+  }
+  const char* d = std::getenv("GW_DAEMON");
+  std::printf("bench %s 64MiB %.2f GB/s 8B %.1f us\n", d != nullptr && *d ? "daemon" : "direct",
+              best_gbps, best_us);
+  std::fflush(stdout);
+  api->close_send(sc);
+  api->close_recv(rc);
+  api->finalize(ctx);
+  return 0;
+}
+
+}  // namespace
+
+int run_daemon_scenario(int argc, char** argv) {
+  const std::string mode = argv[1];
+  if (mode == "connect" && argc == 4) return run_connect(argv[2], argv[3]);
+  if (mode == "daemon-dies" && argc == 3) return run_daemon_dies(argv[2]);
+  if (mode == "bench" && argc == 2) return run_bench();
+  return -1;
+}
+
+}  // namespace gw::plugin_test

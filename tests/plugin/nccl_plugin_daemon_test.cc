@@ -1,0 +1,328 @@
+// Daemon mode of the plugin (GW_DAEMON; plugin/daemon_transport.h) across processes, with a
+// gradwired this test starts (plugin_harness: GW_PLUGIN_TEST_GRADWIRED): a process of another job
+// cannot connect to this job's endpoint, a rank killed mid-transfer fails its peer's request and
+// not the other connections, a killed daemon fails every call promptly; and the figures, daemon
+// mode against direct mode (tcp over lo), printed with the machine's ceilings (memcpy, loopback
+// TCP) measured in the same run. The whole conformance suite runs in daemon mode as the ctest
+// variants nccl_plugin_test.daemon and nccl_plugin_twoproc_test.daemon.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tests/plugin/plugin_harness.h"
+#include "tests/support/free_port.h"
+
+namespace gw::plugin_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What `gradwirectl ARGS` printed for the daemon at GW_DAEMON ("" when it cannot be run).
+std::string gradwirectl(const std::string& args) {
+  const char* d = getenv("GW_DAEMON");
+  if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return "";
+  const std::string cmd =
+      std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " " + args + " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string out;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  pclose(f);
+  return out;
+}
+
+// A count of `gradwirectl status --json` of the daemon at GW_DAEMON ("clients", "jobs",
+// "arenas"); -1 when it cannot be read.
+int daemon_count(const std::string& key) {
+  const std::string out = gradwirectl("--json status");
+  const size_t at = out.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + key.size() + 4);
+}
+
+class DaemonPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("GW_PLUGIN_TEST_GRADWIRED", GW_GRADWIRED_PATH, 0);
+    ASSERT_EQ(plugin().first_init, ncclSuccess);
+    ASSERT_NE(getenv("GW_DAEMON"), nullptr);
+    api_ = make_api("v11");
+    ASSERT_EQ(api_->init(&ctx_), ncclSuccess);
+  }
+  void TearDown() override {
+    if (api_) api_->finalize(ctx_);
+  }
+  // Calls accept on `lc` from a thread until a comm, an error or `stop`.
+  struct Acceptor {
+    std::atomic<bool> stop{false};
+    std::atomic<void*> comm{nullptr};
+    std::atomic<int> result{ncclSuccess};
+    std::thread thread;
+    void start(NetApi* api, void* lc) {
+      thread = std::thread([this, api, lc] {
+        const auto deadline = Clock::now() + std::chrono::seconds(40);
+        while (!stop.load() && Clock::now() < deadline) {
+          void* rc = nullptr;
+          ncclResult_t r = api->accept(lc, &rc);
+          if (r != ncclSuccess) {
+            result = r;
+            return;
+          }
+          if (rc != nullptr) {
+            comm = rc;
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      });
+    }
+    void join() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+    ~Acceptor() { join(); }
+  };
+  std::unique_ptr<NetApi> api_;
+  void* ctx_ = nullptr;
+};
+
+TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  // Another job's token: its connect fails (no hang) and the listener accepts nothing.
+  EXPECT_EQ(run_peer({"GW_JOB_TOKEN=another-job", "GW_TIMEOUT_MS=2000"},
+                     {"connect", handle_hex(handle), "fail"}),
+            0);
+  EXPECT_EQ(acc.comm.load(), nullptr) << "a process of another job reached the listener";
+  // The same job's process connects to the same endpoint and its message arrives.
+  ASSERT_EQ(run_peer({}, {"connect", handle_hex(handle), "send"}), 0);
+  acc.thread.join();
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr) << "accept returned " << acc.result.load();
+  Buffer in(8192);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 3, nullptr, &req), "");
+  std::vector<int> sizes;
+  ASSERT_EQ(wait_all(*api_, {req}, &sizes), "");
+  EXPECT_EQ(sizes[0], 4096);
+  EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+  // gradwirectl jobs: the connection under its NCCL job, with the bytes it carried.
+  const std::string jobs = gradwirectl("jobs");
+  EXPECT_NE(jobs.find("NCCL JOB"), std::string::npos) << jobs;
+  EXPECT_NE(gradwirectl("--json jobs").find("\"nccl_bytes\": 4096"), std::string::npos) << jobs;
+  std::printf("%s", jobs.c_str());
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+}
+
+TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
+  // A connection that lives through the death of the other process's.
+  void *sc2 = nullptr, *rc2 = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, &sc2, &rc2), "");
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
+  const auto t_acc = Clock::now() + std::chrono::seconds(20);
+  while (acc.comm.load() == nullptr && acc.result.load() == ncclSuccess && Clock::now() < t_acc) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr);
+  Buffer in(1 << 20);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 0, nullptr, &req), "");
+  clear_log();
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  peer.join();
+  EXPECT_EQ(r, ncclSystemError) << "the receive from a killed rank must fail, not hang";
+  EXPECT_EQ(done, 0);
+  bool named = false;
+  for (const std::string& line : log_lines())
+    named |= line.find("left the job") != std::string::npos;
+  EXPECT_TRUE(named) << "the failure names the rank that left";
+  std::printf("receive from the killed rank failed %.3f s after it was posted\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  // The daemon let go of the dead rank's connection and arena (and this side's, closed): only
+  // the other connection's two clients and its job remain.
+  int clients = -1, arenas = -1, jobs = -1;
+  for (const auto t1 = Clock::now(); Clock::now() - t1 < std::chrono::seconds(10);) {
+    clients = daemon_count("clients");
+    arenas = daemon_count("arenas");
+    jobs = daemon_count("jobs");
+    if (clients == 2 && arenas == 2 && jobs == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(clients, 2);
+  EXPECT_EQ(arenas, 2);
+  EXPECT_EQ(jobs, 1);
+  // The other connection goes on.
+  Buffer out(1 << 20), in2(1 << 20);
+  fill_pattern(out.data, out.size, 12);
+  void *sreq = nullptr, *rreq = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc2, in2.data, in2.size, 5, nullptr, &rreq), "");
+  ASSERT_EQ(post_send(*api_, sc2, out.data, out.size, 5, nullptr, &sreq), "");
+  ASSERT_EQ(wait_all(*api_, {sreq, rreq}), "");
+  EXPECT_EQ(check_pattern(in2.data, in2.size, 12), -1);
+  EXPECT_EQ(api_->close_send(sc2), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc2), ncclSuccess);
+}
+
+TEST_F(DaemonPlugin, DaemonKilledFailsEveryCallPromptly) {
+  EXPECT_EQ(run_peer({}, {"daemon-dies", GW_GRADWIRED_PATH}), 0);
+}
+
+// GET /metrics of 127.0.0.1:port ("" when it cannot be read).
+std::string get_metrics(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+        out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The value of the sample `name` (with its labels) in a metrics page, or -1.
+double sample(const std::string& page, const std::string& name) {
+  const size_t at = page.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::atof(page.c_str() + at + name.size() + 2);
+}
+
+// /metrics counts an NCCL job's connections and the bytes they carried: a gradwired of this test's
+// own with --metrics, and one bench run through it by a peer process.
+TEST(DaemonPluginMetrics, NcclConnectionsAndBytesByJob) {
+  char dir[] = "/tmp/gw-plugin-metrics-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/s.sock";
+  const int port = gw::testing::free_port();
+  const std::string listen = "127.0.0.1:" + std::to_string(port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(GW_GRADWIRED_PATH, GW_GRADWIRED_PATH, "--foreground", "--socket", sock.c_str(),
+          "--metrics", listen.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 200 && access((sock + ".ctl").c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int rc = run_peer({"GW_DAEMON=unix:" + sock, "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"});
+  std::string page;
+  const std::string conns = "gradwired_nccl_connections{nccl_job=\"";
+  for (int i = 0; i < 100; ++i) {  // the connection's job ends just after the peer does
+    page = get_metrics(port);
+    const size_t at = page.find("\n" + conns);
+    if (at != std::string::npos && page.compare(page.find('}', at) + 1, 3, " 0\n") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  unlink(sock.c_str());
+  unlink((sock + ".ctl").c_str());
+  rmdir(dir);
+  ASSERT_EQ(rc, 0);
+  const size_t at = page.find("\n" + conns);
+  ASSERT_NE(at, std::string::npos) << page;
+  const std::string job = page.substr(at + 1 + conns.size(), 16);
+  EXPECT_EQ(sample(page, conns + job + "\"}"), 0) << page;
+  // The bench moves at least two 64 MiB messages (a checked warm-up and one timed).
+  EXPECT_GE(sample(page, "gradwired_nccl_bytes_total{nccl_job=\"" + job + "\"}"), 2.0 * (64 << 20))
+      << page;
+}
+
+// The machine's ceilings: one memcpy of 64 MiB, and 64 MiB through one loopback TCP connection.
+double memcpy_gbps() {
+  constexpr size_t kN = size_t{64} << 20;
+  std::vector<uint8_t> a(kN, 1), b(kN, 0);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), kN);
+    best = std::max(best, kN / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  return best;
+}
+
+double loopback_tcp_gbps() {
+  constexpr size_t kN = size_t{64} << 20;
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(ls);
+    return 0;
+  }
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return 0;
+  int s = accept(ls, nullptr, nullptr);
+  close(ls);
+  std::vector<uint8_t> out(kN, 3), in(kN);
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    std::thread w([&] {
+      for (size_t off = 0; off < kN;) {
+        ssize_t n = write(c, out.data() + off, kN - off);
+        if (n <= 0) return;
+        off += static_cast<size_t>(n);
+      }
+    });
+    for (size_t off = 0; off < kN;) {
+      ssize_t n = read(s, in.data() + off, kN - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    w.join();
+    best = std::max(best, kN / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  close(c);
+  close(s);
+  return best;
+}
+
+TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
+  std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
+              loopback_tcp_gbps());
+  std::fflush(stdout);
+  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}), 0);
+  EXPECT_EQ(run_peer({}, {"bench"}), 0);
+}
+
+}  // namespace
+}  // namespace gw::plugin_test
