@@ -404,16 +404,17 @@ void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m
   const bool eager = m.bytes <= kEagerBytes;
   if (m.bytes > r->cap) {
     r->bytes = 0;
-    finish_recv(r, invalid_arg("point-to-point: message truncated: rank {} sent {} bytes with tag "
-                               "{}, the receive holds {} bytes",
-                               m.src, m.bytes, m.tag, r->cap));
+    finish_recv(r,
+                truncated_error("point-to-point: message truncated: rank {} sent {} bytes with tag "
+                                "{}, the receive holds {} bytes",
+                                m.src, m.bytes, m.tag, r->cap));
     // An eager send completed already (standard mode): only the receive fails.
     if (eager) return;
     if (m.self) {
       finish_send(m.self,
-                  invalid_arg("point-to-point: message truncated: the receive for tag {} on "
-                              "rank {} holds {} bytes, the message has {}",
-                              m.tag, me(), r->cap, m.bytes));
+                  truncated_error("point-to-point: message truncated: the receive for tag {} on "
+                                  "rank {} holds {} bytes, the message has {}",
+                                  m.tag, me(), r->cap, m.bytes));
     } else {
       reply(m.src, kNak, m.id, r->cap);
     }
@@ -482,9 +483,10 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
     }
   } else if (h.type == kNak) {
     peer.awaiting.erase(it);
-    finish_send(s, invalid_arg("point-to-point: message truncated: the receive for tag {} on rank "
-                               "{} holds {} bytes, the message has {}",
-                               s->tag, p, h.bytes, s->bytes));
+    finish_send(s,
+                truncated_error("point-to-point: message truncated: the receive for tag {} on rank "
+                                "{} holds {} bytes, the message has {}",
+                                s->tag, p, h.bytes, s->bytes));
   } else {
     peer.to_send.push_back(s);  // stays in awaiting until its ACK
   }

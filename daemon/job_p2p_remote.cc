@@ -11,7 +11,7 @@ namespace gw::daemon {
 
 namespace {
 // The communicator's "message truncated" (collectives/p2p.h): a receive smaller than its message.
-bool truncated(const Status& s) { return s.truncated() || s.code() == Code::kInvalidArg; }
+bool truncated(const Status& s) { return s.truncated(); }
 // The most a header may announce: far beyond any arena (GW_DAEMON_MAX_ARENA), a guard only.
 constexpr uint64_t kMaxXhostBytes = 1ull << 40;
 }  // namespace
