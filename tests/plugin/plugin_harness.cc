@@ -36,11 +36,37 @@ Clock::time_point after_ms(int ms) { return Clock::now() + std::chrono::millisec
 
 }  // namespace
 
+void become_peer_host() {
+  const char* d = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
+  const char* h = getenv("GW_PLUGIN_TEST_PEER_HOSTID");
+  if (d == nullptr || h == nullptr) return;
+  setenv("GW_DAEMON", d, 1);
+  setenv("GW_HOSTID", h, 1);
+}
+
 void set_test_environment() {
   // Daemon mode (the *.daemon ctest variants set GW_PLUGIN_TEST_GRADWIRED to gradwired's path):
   // a gradwired of this process's own, stopped at exit, with GW_DAEMON pointing at it for the
   // plugin and for the peer processes, which inherit it (and so start none of their own).
   const char* gradwired = getenv("GW_PLUGIN_TEST_GRADWIRED");
+  // Two hosts (GW_PLUGIN_TEST_XHOST=1, the *.daemon_xhost variants): two gradwired of this
+  // process's own with their own host identities; this process is on host a, every peer process
+  // on host b (nccl_plugin_peer moves there: GW_PLUGIN_TEST_PEER_DAEMON / _PEER_HOSTID).
+  const char* xhost = getenv("GW_PLUGIN_TEST_XHOST");
+  if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr &&
+      xhost != nullptr && std::string(xhost) == "1") {
+    setenv("GW_HOSTID", kXhostA, 1);
+    static gw::testing::LocalDaemon a(gradwired, "gw-plugin-xa");
+    setenv("GW_HOSTID", kXhostB, 1);
+    static gw::testing::LocalDaemon b(gradwired, "gw-plugin-xb");
+    setenv("GW_HOSTID", kXhostA, 1);
+    if (!a.ready() || !b.ready() || !a.use()) {
+      throw std::runtime_error(fmt::format("two gradwired ({}) did not come up", gradwired));
+    }
+    setenv("GW_PLUGIN_TEST_PEER_DAEMON", ("unix:" + b.socket()).c_str(), 1);
+    setenv("GW_PLUGIN_TEST_PEER_HOSTID", kXhostB, 1);
+    setenv("GW_PLUGIN_TEST_PEER_DAEMON_PID", std::to_string(b.pid()).c_str(), 1);
+  }
   if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr) {
     static gw::testing::LocalDaemon daemon(gradwired, "gw-plugin-test");
     if (!daemon.ready() || !daemon.use()) {

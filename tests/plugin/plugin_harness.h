@@ -31,6 +31,13 @@ struct Loaded {
 const Loaded& plugin();
 void set_test_environment();
 
+// The host identities (GW_HOSTID) of the two "hosts" of GW_PLUGIN_TEST_XHOST=1: this process and
+// its daemon on a, peer processes and theirs on b.
+inline constexpr const char* kXhostA = "gw-plugin-host-a";
+inline constexpr const char* kXhostB = "gw-plugin-host-b";
+// In a peer process: moves it to host b when the harness runs two hosts (before the plugin loads).
+void become_peer_host();
+
 // Lines the logger passed to init received, as "LEVEL message".
 std::vector<std::string> log_lines();
 void clear_log();
