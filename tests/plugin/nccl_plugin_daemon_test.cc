@@ -338,6 +338,27 @@ TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
   EXPECT_EQ(run_peer({}, {"bench"}), 0);
 }
 
+// Two hosts only (GW_PLUGIN_TEST_XHOST=1): the figures of one connection whose ends are on two
+// daemons ("two hosts", their messages over the daemons' tcp point-to-point), against direct mode
+// (tcp over lo) and one daemon, with the machine's ceilings, all in the same run.
+TEST_F(DaemonPlugin, FiguresAcrossTwoDaemons) {
+  const char* a = getenv("GW_PLUGIN_TEST_HOST_A_DAEMON");
+  if (a == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
+              loopback_tcp_gbps());
+  std::fflush(stdout);
+  const std::vector<std::string> not_peer = {"-GW_PLUGIN_TEST_PEER_DAEMON",
+                                             "-GW_PLUGIN_TEST_PEER_HOSTID"};
+  std::vector<std::string> direct = not_peer;
+  direct.push_back("-GW_DAEMON");
+  direct.push_back("-GW_PLUGIN_TEST_GRADWIRED");
+  EXPECT_EQ(run_peer(direct, {"bench"}), 0);
+  std::vector<std::string> one_daemon = not_peer;
+  one_daemon.push_back(std::string("GW_DAEMON=") + a);
+  EXPECT_EQ(run_peer(one_daemon, {"bench"}), 0);
+  EXPECT_EQ(run_peer({}, {"bench-xhost"}), 0);
+}
+
 // Two hosts only (the ctest variant nccl_plugin_daemon_test.xhost, GW_PLUGIN_TEST_XHOST=1): the
 // daemon of the connector's host killed while this host's receive from it is pending fails the
 // receive promptly (the daemons' connection closes), never a hang. Last: it kills daemon b.

@@ -66,6 +66,7 @@ void set_test_environment() {
     setenv("GW_PLUGIN_TEST_PEER_DAEMON", ("unix:" + b.socket()).c_str(), 1);
     setenv("GW_PLUGIN_TEST_PEER_HOSTID", kXhostB, 1);
     setenv("GW_PLUGIN_TEST_PEER_DAEMON_PID", std::to_string(b.pid()).c_str(), 1);
+    setenv("GW_PLUGIN_TEST_HOST_A_DAEMON", ("unix:" + a.socket()).c_str(), 1);
   }
   if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr) {
     static gw::testing::LocalDaemon daemon(gradwired, "gw-plugin-test");
@@ -342,6 +343,28 @@ std::unique_ptr<NetApi> make_api(const std::string& version) {
   throw std::invalid_argument("unknown plugin API version " + version);
 }
 
+std::unique_ptr<NetApi> make_api_of_copy() {
+  // A copy under another path: dlopen loads it again, with statics (configuration, host identity,
+  // daemon) of its own.
+  char path[] = "/tmp/gw-plugin-copy-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  FILE* in = std::fopen(GW_PLUGIN_PATH, "rb");
+  bool ok = in != nullptr;
+  char buf[1 << 16];
+  for (size_t n; ok && (n = std::fread(buf, 1, sizeof(buf), in)) > 0;) {
+    ok = write(fd, buf, n) == static_cast<ssize_t>(n);
+  }
+  if (in != nullptr) std::fclose(in);
+  close(fd);
+  void* lib = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  unlink(path);
+  if (lib == nullptr) throw std::runtime_error("loading a copy of " GW_PLUGIN_PATH " failed");
+  auto* v11 = static_cast<ncclNet_v11_t*>(dlsym(lib, "ncclNetPlugin_v11"));
+  if (v11 == nullptr) throw std::runtime_error("the plugin's copy has no ncclNetPlugin_v11");
+  return std::make_unique<ContextApi<ncclNet_v11_t>>(v11, "v11");
+}
+
 // ---- buffers and patterns ------------------------------------------------------------------
 
 Buffer::Buffer(size_t n) : size(n) {
@@ -372,6 +395,11 @@ int64_t check_pattern(const uint8_t* p, size_t n, uint32_t seed) {
 // ---- drivers -------------------------------------------------------------------------------
 
 Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm, int deadline_ms) {
+  return connect_pair(api, ctx, api, ctx, send_comm, recv_comm, deadline_ms);
+}
+
+Error connect_pair(NetApi& api, void* ctx, NetApi& capi, void* cctx, void** send_comm,
+                   void** recv_comm, int deadline_ms) {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void* lc = nullptr;
   *send_comm = nullptr;
@@ -382,7 +410,7 @@ Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm, i
   auto deadline = after_ms(deadline_ms);
   while (*send_comm == nullptr || *recv_comm == nullptr) {
     if (*send_comm == nullptr) {
-      if (ncclResult_t r = api.connect(ctx, 0, handle, send_comm); r != ncclSuccess) {
+      if (ncclResult_t r = capi.connect(cctx, 0, handle, send_comm); r != ncclSuccess) {
         api.close_listen(lc);
         return fmt::format("connect returned {}", static_cast<int>(r));
       }
