@@ -17,6 +17,7 @@ int plugin_daemon_handle(const uint8_t* data, size_t size) {
   ++counter("plugin.daemon_handle_ok");
   check(h->store.size() <= plugin::kStoreAddressMax, "daemon handle: address fits its room");
   if (!h->store.empty()) {
+    ++counter("plugin.daemon_handle_store");
     std::string host;
     int port = 0;
     check(plugin::split_store_address(h->store, &host, &port).ok() && !host.empty() && port > 0 &&
