@@ -1,5 +1,6 @@
 #include "plugin/daemon_handle.h"
 
+#include <cctype>
 #include <cstring>
 
 namespace gw::plugin {
@@ -30,6 +31,29 @@ uint64_t get64(const uint8_t* p) {
 }
 }  // namespace
 
+Status split_store_address(const std::string& a, std::string* host, int* port) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= a.size() || a.size() - colon > 6) {
+    return invalid_arg("store address '{}' is not host:port", a);
+  }
+  for (size_t i = 0; i < colon; ++i) {
+    const unsigned char c = static_cast<unsigned char>(a[i]);
+    if (!std::isalnum(c) && c != '.' && c != ':' && c != '%' && c != '-' && c != '_') {
+      return invalid_arg("store address '{}': byte {} is not an address character", a, i);
+    }
+  }
+  int p = 0;
+  for (size_t i = colon + 1; i < a.size(); ++i) {
+    if (a[i] < '0' || a[i] > '9')
+      return invalid_arg("store address '{}': the port is no number", a);
+    p = p * 10 + (a[i] - '0');
+  }
+  if (p <= 0 || p > 65535) return invalid_arg("store address '{}': port out of 1..65535", a);
+  *host = a.substr(0, colon);
+  *port = p;
+  return ok_status();
+}
+
 uint64_t host_hash(const std::string& host_identity) {
   uint64_t x = 0xcbf29ce484222325ull;
   for (unsigned char c : host_identity) x = (x ^ c) * 0x100000001b3ull;
@@ -37,18 +61,23 @@ uint64_t host_hash(const std::string& host_identity) {
 }
 
 Status encode_daemon_handle(const DaemonHandle& h, uint8_t* out) {
-  if (h.daemon.size() > kDaemonAddressMax) {
-    return invalid_arg("daemon address '{}' is longer than the handle's {} bytes", h.daemon,
-                       kDaemonAddressMax);
+  if (h.store.size() > kStoreAddressMax) {
+    return invalid_arg("store address '{}' is longer than the handle's {} bytes", h.store,
+                       kStoreAddressMax);
+  }
+  if (!h.store.empty()) {
+    std::string host;
+    int port = 0;
+    GW_RETURN_IF_ERROR(split_store_address(h.store, &host, &port));
   }
   std::memset(out, 0, kDaemonHandleBytes);
   put32(out, DaemonHandle::kMagic);
   put16(out + 4, DaemonHandle::kVersion);
-  put16(out + 6, static_cast<uint16_t>(h.daemon.size()));
+  put16(out + 6, static_cast<uint16_t>(h.store.size()));
   put64(out + 8, h.host);
   std::memcpy(out + 16, h.nonce.data(), h.nonce.size());
   put32(out + 32, h.pid);
-  if (!h.daemon.empty()) std::memcpy(out + kAddrAt, h.daemon.data(), h.daemon.size());
+  if (!h.store.empty()) std::memcpy(out + kAddrAt, h.store.data(), h.store.size());
   return ok_status();
 }
 
@@ -68,9 +97,9 @@ Result<DaemonHandle> decode_daemon_handle(const uint8_t* p, size_t n) {
                        get16(p + 4), DaemonHandle::kVersion);
   }
   const size_t len = get16(p + 6);
-  if (len > kDaemonAddressMax) {
+  if (len > kStoreAddressMax) {
     return invalid_arg("daemon-mode handle: address of {} bytes exceeds its {} bytes", len,
-                       kDaemonAddressMax);
+                       kStoreAddressMax);
   }
   for (size_t i = kAddrAt + len; i < kDaemonHandleBytes; ++i) {
     if (p[i] != 0) return invalid_arg("daemon-mode handle: non-zero byte {} past its fields", i);
@@ -79,7 +108,13 @@ Result<DaemonHandle> decode_daemon_handle(const uint8_t* p, size_t n) {
   h.host = get64(p + 8);
   std::memcpy(h.nonce.data(), p + 16, h.nonce.size());
   h.pid = get32(p + 32);
-  h.daemon.assign(reinterpret_cast<const char*>(p + kAddrAt), len);
+  h.store.assign(reinterpret_cast<const char*>(p + kAddrAt), len);
+  if (len > 0) {
+    std::string host;
+    int port = 0;
+    Status st = split_store_address(h.store, &host, &port);
+    if (!st.ok()) return st.with_context("daemon-mode handle");
+  }
   return h;
 }
 

@@ -1,17 +1,22 @@
 #include "plugin/daemon_transport.h"
 
+#include <arpa/inet.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <vector>
 
 #include "core/bootstrap.h"
 #include "core/config.h"
 #include "core/net/handshake.h"
+#include "core/net/socket_util.h"
+#include "core/net/tcp_config.h"
+#include "core/store.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
 #include "daemon/client.h"
@@ -30,12 +35,76 @@ using daemon::SqEntry;
 // How often test() looks at the daemon's socket while a request is pending (a dead daemon).
 constexpr int64_t kAliveEveryNs = 1'000'000;
 
+// How often a listener's accept() looks in its store for a connector of another host.
+constexpr int64_t kStoreLookEveryNs = 2'000'000;
+
+// The store a listening process hosts for the cross-host leg (one per transport, made at the
+// first listen): its daemons and a connector's announcement meet there. Requires the job token.
+struct ListenStore {
+  std::mutex mu;
+  std::shared_ptr<TcpStore> store;
+  std::string address;  // "host:port" as the handle carries it
+};
+
 struct Shared {
   DaemonNetOptions options;
   std::string host_id;
   uint64_t host = 0;
   int64_t spin_ns = 0;
+  std::shared_ptr<ListenStore> listen_store = std::make_shared<ListenStore>();
 };
+
+// The address of the interface GW_SOCKET_IFNAME / NCCL_SOCKET_IFNAME picks (direct mode's rule).
+Result<std::string> store_interface_address() {
+  GW_ASSIGN_OR_RETURN(std::vector<net::Interface> all, net::list_interfaces());
+  GW_ASSIGN_OR_RETURN(
+      net::Interface i,
+      net::select_interface(config::get_string(net::tcp_config::kSocketIfname), all, nullptr));
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* a =
+      i.addr.ss_family == AF_INET
+          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&i.addr)->sin_addr)
+          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&i.addr)->sin6_addr);
+  if (inet_ntop(i.addr.ss_family, a, buf, sizeof(buf)) == nullptr) {
+    return system_error("inet_ntop", errno);
+  }
+  return std::string(buf);
+}
+
+// The listening process's store, started on first use on an ephemeral port.
+Result<std::shared_ptr<TcpStore>> listen_store(const Shared& s, std::string* address) {
+  ListenStore& ls = *s.listen_store;
+  std::lock_guard<std::mutex> lock(ls.mu);
+  if (!ls.store) {
+    GW_ASSIGN_OR_RETURN(std::string ip, store_interface_address());
+    TcpStoreOptions o;
+    o.host = ip;
+    o.port = 0;
+    o.host_server = true;
+    o.token = s.options.job_token;
+    o.connect_timeout_ms = std::max<int64_t>(1, std::min<int64_t>(s.options.timeout_ms, 10000));
+    auto made = TcpStore::create(o);
+    if (!made.ok()) {
+      return made.status().with_context(
+          fmt::format("listen: the store of daemon mode's cross-host leg on {}", ip));
+    }
+    ls.store = *made;
+    ls.address = fmt::format("{}:{}", ip, ls.store->port());
+  }
+  *address = ls.address;
+  return ls.store;
+}
+
+// Where a cross-host connection's store is and what it requires: the listener's host:port.
+struct StorePlace {
+  std::string host;
+  int port = 0;
+};
+
+// The key under which a connector of another host announces itself to the listener.
+std::string announce_key(const std::string& token) {
+  return "gwp/" + token.substr(22) + "/connector";
+}
 
 // The key of one connection's job in the daemon: "nccl-<job id>-<connection>". Only a process
 // with the same job token that holds the handle computes the connection part; the job id (an
@@ -51,7 +120,10 @@ std::string connection_token(const std::string& job_token, const std::array<uint
   return "nccl-" + to_hex(id.data(), 8) + "-" + to_hex(mac.data(), 16);
 }
 
-Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, int rank) {
+// rank 0: the connector, 1: the listener. With `xhost`, each is its host's only trainer of a job
+// of two hosts (host index = rank) whose daemons meet in the listener's store.
+Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, int rank,
+                                     const StorePlace* xhost = nullptr) {
   daemon::Hello h;
   h.rank = rank;
   h.world_size = 2;
@@ -59,6 +131,15 @@ Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, 
   h.num_hosts = 1;
   h.local_rank = rank;
   h.local_size = 2;
+  if (xhost != nullptr) {
+    h.host_index = rank;
+    h.num_hosts = 2;
+    h.local_rank = 0;
+    h.local_size = 1;
+    h.store_host = xhost->host;
+    h.store_port = static_cast<uint16_t>(xhost->port);
+    h.store_token = s.options.job_token;
+  }
   h.timeout_ms = s.options.timeout_ms;
   h.arena_bytes = s.options.arena_bytes;
   h.job_token = token;
@@ -249,9 +330,10 @@ struct Joining {
   uint64_t seq = 0;
 };
 
-Result<Joining> join_and_post(const Shared& s, const std::string& token, bool sender) {
+Result<Joining> join_and_post(const Shared& s, const std::string& token, bool sender,
+                              const StorePlace* xhost = nullptr) {
   Joining j;
-  GW_ASSIGN_OR_RETURN(j.client, join(s, token, sender ? 0 : 1));
+  GW_ASSIGN_OR_RETURN(j.client, join(s, token, sender ? 0 : 1, xhost));
   SqEntry e{};
   e.opcode = static_cast<uint16_t>(sender ? Opcode::kSend : Opcode::kRecv);
   e.root = sender ? 1 : 0;
@@ -276,15 +358,37 @@ std::string conn_name(const std::string& token, const DaemonHandle& h, bool send
                      send ? "to listener" : "from connector of listener", h.pid);
 }
 
+// The listener joins its host's daemon as for a connector of this host on its first accept, and
+// meanwhile looks (every kStoreLookEveryNs) in the store it hosts for a connector of another
+// host's announcement: then it leaves that job and joins the two-host one instead.
 class DaemonListener final : public net::Listener {
  public:
-  DaemonListener(std::shared_ptr<const Shared> s, DaemonHandle h)
+  DaemonListener(std::shared_ptr<const Shared> s, DaemonHandle h, std::shared_ptr<TcpStore> store,
+                 StorePlace place)
       : s_(std::move(s)),
         h_(std::move(h)),
-        token_(connection_token(s_->options.job_token, h_.nonce)) {}
+        token_(connection_token(s_->options.job_token, h_.nonce)),
+        store_(std::move(store)),
+        place_(std::move(place)) {}
   Result<std::unique_ptr<net::RecvComm>> accept() override {
     if (!j_.client) {
       GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, false));
+    }
+    if (!xhost_ && store_) {
+      const int64_t now = sys::now_ns();
+      if (now - last_look_ns_ >= kStoreLookEveryNs) {
+        last_look_ns_ = now;
+        // A counter: add(0) reads it without waiting for the key (get would wait).
+        auto v =
+            store_->add(announce_key(token_), 0, sys::deadline_after_ms(s_->options.timeout_ms));
+        if (!v.ok()) return v.status().with_context("accept: the listener's store");
+        if (*v > 0) {
+          xhost_ = true;
+          (void)store_->erase(announce_key(token_), sys::deadline_after_ms(s_->options.timeout_ms));
+          j_ = Joining{};  // leaves the one-host job (never complete)
+          GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, false, &place_));
+        }
+      }
     }
     GW_ASSIGN_OR_RETURN(bool ready, joined(j_, "accept"));
     if (!ready) return std::unique_ptr<net::RecvComm>();
@@ -297,6 +401,10 @@ class DaemonListener final : public net::Listener {
   std::shared_ptr<const Shared> s_;
   DaemonHandle h_;
   std::string token_;
+  std::shared_ptr<TcpStore> store_;
+  StorePlace place_;
+  bool xhost_ = false;
+  int64_t last_look_ns_ = 0;
   Joining j_;
 };
 
@@ -309,7 +417,12 @@ class DaemonConnector final : public net::Connector {
         deadline_(sys::deadline_after_ms(s_->options.timeout_ms)) {}
   Result<std::unique_ptr<net::SendComm>> poll() override {
     if (!j_.client) {
-      GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, true));
+      if (h_.host == s_->host) {
+        GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, true));
+      } else {
+        GW_RETURN_IF_ERROR(announce());
+        GW_ASSIGN_OR_RETURN(j_, join_and_post(*s_, token_, true, &place_));
+      }
     }
     GW_ASSIGN_OR_RETURN(bool ready, joined(j_, "connect"));
     if (!ready) {
@@ -324,14 +437,46 @@ class DaemonConnector final : public net::Connector {
     }
     auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, true), 1);
     j_ = Joining{};
+    store_.reset();
     return std::unique_ptr<net::SendComm>(std::make_unique<DaemonSend>(std::move(c)));
   }
 
  private:
+  // A connector of another host: tells the listener through its store (which requires the job
+  // token: another job's process is refused there) to join the two-host job.
+  Status announce() {
+    if (h_.store.empty()) {
+      return Status(Code::kUnsupported,
+                    fmt::format("connect: the listener (pid {}) is on another host and its "
+                                "handle names no store (an older plugin)",
+                                h_.pid));
+    }
+    GW_RETURN_IF_ERROR(split_store_address(h_.store, &place_.host, &place_.port));
+    TcpStoreOptions o;
+    o.host = place_.host;
+    o.port = place_.port;
+    o.host_server = false;
+    o.token = s_->options.job_token;
+    o.connect_timeout_ms = std::max(1, sys::ms_until(deadline_));
+    auto made = TcpStore::create(o);
+    if (!made.ok()) {
+      return made.status().with_context(fmt::format(
+          "connect: the listener's store at {} (listener pid {} on another host; the same "
+          "GW_JOB_TOKEN on every rank?)",
+          h_.store, h_.pid));
+    }
+    store_ = *made;
+    return store_->add(announce_key(token_), 1, deadline_)
+        .status()
+        .with_context("connect: announcing this connector in the listener's store");
+  }
+
   std::shared_ptr<const Shared> s_;
   DaemonHandle h_;
   std::string token_;
   sys::Deadline deadline_;
+  StorePlace place_;
+  std::shared_ptr<TcpStore> store_;
   Joining j_;
 };
 
@@ -349,19 +494,16 @@ class DaemonTransport final : public net::Transport {
       const uint32_t v = rd();
       std::memcpy(h.nonce.data() + i, &v, 4);
     }
+    GW_ASSIGN_OR_RETURN(std::shared_ptr<TcpStore> store, listen_store(*s_, &h.store));
+    StorePlace place;
+    GW_RETURN_IF_ERROR(split_store_address(h.store, &place.host, &place.port));
     GW_RETURN_IF_ERROR(encode_daemon_handle(h, handle->bytes.data()));
-    return std::unique_ptr<net::Listener>(std::make_unique<DaemonListener>(s_, std::move(h)));
+    return std::unique_ptr<net::Listener>(
+        std::make_unique<DaemonListener>(s_, std::move(h), std::move(store), std::move(place)));
   }
   Result<std::unique_ptr<net::Connector>> connect(const net::Handle& handle) override {
     GW_ASSIGN_OR_RETURN(DaemonHandle h,
                         decode_daemon_handle(handle.bytes.data(), handle.bytes.size()));
-    if (h.host != s_->host) {
-      return Status(Code::kUnsupported,
-                    fmt::format("connect: the listener (pid {}) is on another host: daemon mode "
-                                "(GW_DAEMON) connects the NCCL ranks of one host yet; unset "
-                                "GW_DAEMON for jobs across hosts",
-                                h.pid));
-    }
     return std::unique_ptr<net::Connector>(std::make_unique<DaemonConnector>(s_, std::move(h)));
   }
   DeviceMemory device_memory() const override {

@@ -1,5 +1,5 @@
-// Daemon mode of the NCCL plugin (GW_DAEMON set: an address "unix:PATH", or "auto"), one host:
-// the plugin's connections go through the host's gradwired instead of the in-process transports.
+// Daemon mode of the NCCL plugin (GW_DAEMON set: an address "unix:PATH", or "auto"): the plugin's
+// connections go through the host's gradwired instead of the in-process transports.
 //
 // DaemonTransport is a net::Transport (core/net/transport.h), so NetPlugin and PluginComm run on
 // it unchanged (request slots, buffer checks, timeline). Each connection is a client of the
@@ -21,9 +21,22 @@
 // meets the listener. Accept: the listener's side joins on its first accept() and receives that
 // message.
 //
+// Across hosts: the listening process hosts a small store (core/store.h TcpStore, requiring the
+// job token) on an ephemeral port of the interface GW_SOCKET_IFNAME / NCCL_SOCKET_IFNAME picks (one
+// per transport, started at the first listen) and puts its host:port in the handle. A connector
+// whose host (the handle's host hash) is another announces itself there (a counter under a key of
+// the connection) and joins its daemon as rank 0, host 0 of a two-host job whose daemons meet in
+// that store; the listener, which joined as for a connector of its host, looks for the
+// announcement every 2 ms while accept() is polled, then leaves that job and joins as rank 1, host
+// 1. The messages then go daemon to daemon (docs/wire-daemon.md "Point-to-point across hosts") over
+// the transport the daemons agree. A process of another job is refused by the store (it does not
+// prove the job token), so it never meets the listener either.
+//
 // Faults: a peer process that dies leaves its job in the daemon, which ends the survivor's
 // requests with kPeer (drop_member); a daemon that dies closes every client's socket, which test()
-// notices within a millisecond of polling (Client::check_alive), and every later call fails.
+// notices within a millisecond of polling (Client::check_alive), and every later call fails. Across
+// hosts, the remote process's or daemon's end closes the daemons' connection, which fails the
+// pending requests with kPeer ("point-to-point with host N's daemon ended").
 #pragma once
 
 #include <cstdint>

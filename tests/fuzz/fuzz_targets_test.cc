@@ -121,6 +121,10 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("tcp.challenged");
     reached("tcp.message");
     reached("tcp.connector_refused_answer");
+  } else if (name == "plugin_daemon_handle") {
+    reached("plugin.daemon_handle_ok");
+    reached("plugin.daemon_handle_store");  // the listener's store address (cross-host leg)
+    reached("plugin.daemon_handle_refused");
   } else if (name == "shm_handshake") {
     reached("shm.challenged");
   } else if (name == "shm_connector") {

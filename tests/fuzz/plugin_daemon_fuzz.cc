@@ -15,7 +15,15 @@ int plugin_daemon_handle(const uint8_t* data, size_t size) {
     return 0;
   }
   ++counter("plugin.daemon_handle_ok");
-  check(h->daemon.size() <= plugin::kDaemonAddressMax, "daemon handle: address fits its room");
+  check(h->store.size() <= plugin::kStoreAddressMax, "daemon handle: address fits its room");
+  if (!h->store.empty()) {
+    ++counter("plugin.daemon_handle_store");
+    std::string host;
+    int port = 0;
+    check(plugin::split_store_address(h->store, &host, &port).ok() && !host.empty() && port > 0 &&
+              port <= 65535,
+          "daemon handle: a decoded store address is host:port");
+  }
   uint8_t again[plugin::kDaemonHandleBytes];
   check(plugin::encode_daemon_handle(*h, again).ok(), "daemon handle: a decoded one encodes");
   check(std::memcmp(again, data, sizeof(again)) == 0, "daemon handle: encode(decode(b)) == b");
@@ -31,9 +39,18 @@ std::vector<std::vector<uint8_t>> plugin_daemon_handle_seeds() {
   std::vector<uint8_t> b(plugin::kDaemonHandleBytes);
   (void)plugin::encode_daemon_handle(h, b.data());
   out.push_back(b);
-  h.daemon = "unix:/run/gradwire/gradwired.sock";
+  h.store = "10.0.0.2:41234";  // the listener's store (the cross-host leg)
   (void)plugin::encode_daemon_handle(h, b.data());
   out.push_back(b);
+  h.store = "fd00::2:41234";
+  (void)plugin::encode_daemon_handle(h, b.data());
+  out.push_back(b);
+  std::vector<uint8_t> bad = b;  // an address without a port: refused
+  const char kNoPort[] = "10.0.0.2";
+  bad[6] = sizeof(kNoPort) - 1;
+  std::memset(bad.data() + 36, 0, 64);
+  std::memcpy(bad.data() + 36, kNoPort, sizeof(kNoPort) - 1);
+  out.push_back(bad);
   out.push_back(std::vector<uint8_t>(plugin::kDaemonHandleBytes, 0));  // a direct-mode-like one
   b[4] = 9;                                                            // another version
   out.push_back(b);

@@ -167,18 +167,61 @@ int run_daemon_dies(const char* gradwired) {
   return rc;
 }
 
-int run_bench() {
+// xhost: the receiving end on this process's host (b, with its daemon), the sending end on
+// host a through daemon a (GW_PLUGIN_TEST_HOST_A_DAEMON), in a second instance of the plugin.
+int run_bench(bool xhost) {
   if (plugin().first_init != ncclSuccess) return fail("init failed");
   auto api = make_api("v11");
   void* ctx = nullptr;
   if (api->init(&ctx) != ncclSuccess) return fail("init");
+  std::unique_ptr<NetApi> capi;
+  void* cctx = ctx;
+  if (xhost) {
+    const char* a = std::getenv("GW_PLUGIN_TEST_HOST_A_DAEMON");
+    if (a == nullptr) return fail("bench-xhost: two hosts only (GW_PLUGIN_TEST_XHOST=1)");
+    // This instance opens its transport at its first listen: open it here, on host b, before
+    // the environment moves to host a for the second instance.
+    // Each instance's handle names its host (bytes [8, 16): FNV-1a 64 of the host identity), so
+    // the two ends are on two hosts, not both on the one the environment named last.
+    auto on_host = [](NetApi& x, void* c, const char* host) -> Error {
+      uint8_t h[NCCL_NET_HANDLE_MAXSIZE] = {};
+      void* lc = nullptr;
+      if (x.listen(c, 0, h, &lc) != ncclSuccess) return "listen";
+      x.close_listen(lc);
+      uint64_t want = 0xcbf29ce484222325ull, got = 0;
+      for (const char* p = host; *p != '\0'; ++p) {
+        want = (want ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
+      }
+      for (int i = 7; i >= 0; --i) got = (got << 8) | h[8 + i];
+      return got == want ? "" : std::string("an instance is not on host ") + host;
+    };
+    if (Error e = on_host(*api, ctx, kXhostB); !e.empty()) return fail(e);
+    setenv("GW_DAEMON", a, 1);
+    setenv("GW_HOSTID", kXhostA, 1);
+    capi = make_api_of_copy();
+    if (capi->init(&cctx) != ncclSuccess) return fail("init of the second instance");
+    if (Error e = on_host(*capi, cctx, kXhostA); !e.empty()) return fail(e);
+  }
   void *sc = nullptr, *rc = nullptr;
-  if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+  if (Error e = connect_pair(*api, ctx, capi ? *capi : *api, cctx, &sc, &rc); !e.empty()) {
+    return fail(e);
+  }
+  NetApi& sapi = capi ? *capi : *api;
   auto one = [&](Buffer& out, Buffer& in, size_t size) -> Error {
     void *sreq = nullptr, *rreq = nullptr;
     if (Error e = post_recv(*api, rc, in.data, size, 1, nullptr, &rreq); !e.empty()) return e;
-    if (Error e = post_send(*api, sc, out.data, size, 1, nullptr, &sreq); !e.empty()) return e;
-    return wait_all(*api, {sreq, rreq});
+    if (Error e = post_send(sapi, sc, out.data, size, 1, nullptr, &sreq); !e.empty()) return e;
+    if (!capi) return wait_all(*api, {sreq, rreq});
+    // Both requests, each through its own instance, polled in turn as two proxy threads would.
+    for (const auto until = Clock::now() + std::chrono::seconds(20);;) {
+      int sd = 0, rd = 0, n = 0;
+      if (sreq != nullptr && sapi.test(sreq, &sd, &n) != ncclSuccess) return "isend failed";
+      if (sd) sreq = nullptr;
+      if (rreq != nullptr && api->test(rreq, &rd, &n) != ncclSuccess) return "irecv failed";
+      if (rd) rreq = nullptr;
+      if (sreq == nullptr && rreq == nullptr) return "";
+      if (Clock::now() > until) return "transfer not done after 20 s";
+    }
   };
   constexpr size_t kBig = size_t{64} << 20;
   Buffer out(kBig), in(kBig);
@@ -207,11 +250,15 @@ int run_bench() {
         std::min(best_us, std::chrono::duration<double>(Clock::now() - t0).count() * 1e6 / kN);
   }
   const char* d = std::getenv("GW_DAEMON");
-  std::printf("bench %s 64MiB %.2f GB/s 8B %.1f us\n", d != nullptr && *d ? "daemon" : "direct",
+  std::printf("bench %s 64MiB %.2f GB/s 8B %.1f us\n",
+              xhost                ? "daemon-xhost"
+              : d != nullptr && *d ? "daemon"
+                                   : "direct",
               best_gbps, best_us);
   std::fflush(stdout);
-  api->close_send(sc);
+  sapi.close_send(sc);
   api->close_recv(rc);
+  if (capi) capi->finalize(cctx);
   api->finalize(ctx);
   return 0;
 }
@@ -222,7 +269,8 @@ int run_daemon_scenario(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "connect" && argc == 4) return run_connect(argv[2], argv[3]);
   if (mode == "daemon-dies" && argc == 3) return run_daemon_dies(argv[2]);
-  if (mode == "bench" && argc == 2) return run_bench();
+  if (mode == "bench" && argc == 2) return run_bench(false);
+  if (mode == "bench-xhost" && argc == 2) return run_bench(true);
   return -1;
 }
 

@@ -11,6 +11,9 @@
 //   bench              one connection pair in this process, as the proxy thread drives it: a
 //                      line "bench <mode> 64MiB <GB/s> GB/s 8B <us> us" (mode: daemon when
 //                      GW_DAEMON is set, else direct)
+//   bench-xhost        the same with the two ends on two hosts of GW_PLUGIN_TEST_XHOST: the
+//                      receiver here (host b), the sender in a second instance of the plugin on
+//                      host a through daemon a (mode daemon-xhost)
 #pragma once
 
 namespace gw::plugin_test {

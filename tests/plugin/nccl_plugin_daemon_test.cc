@@ -125,6 +125,15 @@ TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
   EXPECT_NE(jobs.find("NCCL JOB"), std::string::npos) << jobs;
   EXPECT_NE(gradwirectl("--json jobs").find("\"nccl_bytes\": 4096"), std::string::npos) << jobs;
   std::printf("%s", jobs.c_str());
+  if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr) {
+    // Two hosts: the connection is a job of both daemons, over the transport they agreed (tcp,
+    // or the one GW_PLUGIN_TEST_XHOST_TRANSPORT names: verbs under the emulator).
+    const char* t = getenv("GW_PLUGIN_TEST_XHOST_TRANSPORT");
+    const std::string want = t != nullptr ? t : "tcp";
+    const std::string json = gradwirectl("--json jobs");
+    EXPECT_NE(json.find("\"hosts\": 2"), std::string::npos) << json;
+    EXPECT_NE(json.find("\"transport\": \"" + want + "\""), std::string::npos) << json;
+  }
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
   EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
 }
@@ -159,8 +168,16 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   EXPECT_EQ(r, ncclSystemError) << "the receive from a killed rank must fail, not hang";
   EXPECT_EQ(done, 0);
   bool named = false;
-  for (const std::string& line : log_lines())
+  // Across hosts (GW_PLUGIN_TEST_XHOST) the connector's daemon ends the job when its rank
+  // leaves, and this host's daemon reports the end of point-to-point with that host.
+  const bool xhost = getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr;
+  for (const std::string& line : log_lines()) {
     named |= line.find("left the job") != std::string::npos;
+    named |= xhost && line.find("point-to-point with host 0's daemon ended") != std::string::npos;
+  }
+  if (!named) {
+    for (const std::string& line : log_lines()) std::printf("log: %s\n", line.c_str());
+  }
   EXPECT_TRUE(named) << "the failure names the rank that left";
   std::printf("receive from the killed rank failed %.3f s after it was posted\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
@@ -322,6 +339,66 @@ TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
   std::fflush(stdout);
   EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}), 0);
   EXPECT_EQ(run_peer({}, {"bench"}), 0);
+}
+
+// Two hosts only (GW_PLUGIN_TEST_XHOST=1): the figures of one connection whose ends are on two
+// daemons ("two hosts", their messages over the daemons' tcp point-to-point), against direct mode
+// (tcp over lo) and one daemon, with the machine's ceilings, all in the same run.
+TEST_F(DaemonPlugin, FiguresAcrossTwoDaemons) {
+  const char* a = getenv("GW_PLUGIN_TEST_HOST_A_DAEMON");
+  if (a == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
+              loopback_tcp_gbps());
+  std::fflush(stdout);
+  const std::vector<std::string> not_peer = {"-GW_PLUGIN_TEST_PEER_DAEMON",
+                                             "-GW_PLUGIN_TEST_PEER_HOSTID"};
+  std::vector<std::string> direct = not_peer;
+  direct.push_back("-GW_DAEMON");
+  direct.push_back("-GW_PLUGIN_TEST_GRADWIRED");
+  EXPECT_EQ(run_peer(direct, {"bench"}), 0);
+  std::vector<std::string> one_daemon = not_peer;
+  one_daemon.push_back(std::string("GW_DAEMON=") + a);
+  EXPECT_EQ(run_peer(one_daemon, {"bench"}), 0);
+  EXPECT_EQ(run_peer({}, {"bench-xhost"}), 0);
+}
+
+// Two hosts only (the ctest variant nccl_plugin_daemon_test.xhost, GW_PLUGIN_TEST_XHOST=1): the
+// daemon of the connector's host killed while this host's receive from it is pending fails the
+// receive promptly (the daemons' connection closes), never a hang. Last: it kills daemon b.
+TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
+  const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
+  if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  // The peer connects, sends its 4096 bytes (tag 3) and closes; its daemon stays until killed.
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
+  const auto t_acc = Clock::now() + std::chrono::seconds(20);
+  while (acc.comm.load() == nullptr && acc.result.load() == ncclSuccess && Clock::now() < t_acc) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr);
+  Buffer in(1 << 20);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 0, nullptr, &req), "");
+  ASSERT_EQ(kill(std::atoi(pid), SIGKILL), 0);  // within the peer's 300 ms of life
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  peer.join();
+  EXPECT_EQ(r, ncclSystemError) << "the receive through a killed remote daemon must fail";
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(s, 15.0) << "bounded by GW_TIMEOUT_MS, not a hang";
+  std::printf("receive across hosts failed %.3f s after the remote daemon was killed\n", s);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
 }
 
 }  // namespace

@@ -323,6 +323,7 @@ int run_timeline(bool on) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gw::plugin_test::become_peer_host();
   if (argc < 2)
     return fail(
         "usage: nccl_plugin_peer exchange ROLE | init CODE TEXT | info TEXT | channels VALUE | "

@@ -36,11 +36,38 @@ Clock::time_point after_ms(int ms) { return Clock::now() + std::chrono::millisec
 
 }  // namespace
 
+void become_peer_host() {
+  const char* d = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
+  const char* h = getenv("GW_PLUGIN_TEST_PEER_HOSTID");
+  if (d == nullptr || h == nullptr) return;
+  setenv("GW_DAEMON", d, 1);
+  setenv("GW_HOSTID", h, 1);
+}
+
 void set_test_environment() {
   // Daemon mode (the *.daemon ctest variants set GW_PLUGIN_TEST_GRADWIRED to gradwired's path):
   // a gradwired of this process's own, stopped at exit, with GW_DAEMON pointing at it for the
   // plugin and for the peer processes, which inherit it (and so start none of their own).
   const char* gradwired = getenv("GW_PLUGIN_TEST_GRADWIRED");
+  // Two hosts (GW_PLUGIN_TEST_XHOST=1, the *.daemon_xhost variants): two gradwired of this
+  // process's own with their own host identities; this process is on host a, every peer process
+  // on host b (nccl_plugin_peer moves there: GW_PLUGIN_TEST_PEER_DAEMON / _PEER_HOSTID).
+  const char* xhost = getenv("GW_PLUGIN_TEST_XHOST");
+  if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr &&
+      xhost != nullptr && std::string(xhost) == "1") {
+    setenv("GW_HOSTID", kXhostA, 1);
+    static gw::testing::LocalDaemon a(gradwired, "gw-plugin-xa");
+    setenv("GW_HOSTID", kXhostB, 1);
+    static gw::testing::LocalDaemon b(gradwired, "gw-plugin-xb");
+    setenv("GW_HOSTID", kXhostA, 1);
+    if (!a.ready() || !b.ready() || !a.use()) {
+      throw std::runtime_error(fmt::format("two gradwired ({}) did not come up", gradwired));
+    }
+    setenv("GW_PLUGIN_TEST_PEER_DAEMON", ("unix:" + b.socket()).c_str(), 1);
+    setenv("GW_PLUGIN_TEST_PEER_HOSTID", kXhostB, 1);
+    setenv("GW_PLUGIN_TEST_PEER_DAEMON_PID", std::to_string(b.pid()).c_str(), 1);
+    setenv("GW_PLUGIN_TEST_HOST_A_DAEMON", ("unix:" + a.socket()).c_str(), 1);
+  }
   if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr) {
     static gw::testing::LocalDaemon daemon(gradwired, "gw-plugin-test");
     if (!daemon.ready() || !daemon.use()) {
@@ -316,6 +343,28 @@ std::unique_ptr<NetApi> make_api(const std::string& version) {
   throw std::invalid_argument("unknown plugin API version " + version);
 }
 
+std::unique_ptr<NetApi> make_api_of_copy() {
+  // A copy under another path: dlopen loads it again, with statics (configuration, host identity,
+  // daemon) of its own.
+  char path[] = "/tmp/gw-plugin-copy-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  FILE* in = std::fopen(GW_PLUGIN_PATH, "rb");
+  bool ok = in != nullptr;
+  char buf[1 << 16];
+  for (size_t n; ok && (n = std::fread(buf, 1, sizeof(buf), in)) > 0;) {
+    ok = write(fd, buf, n) == static_cast<ssize_t>(n);
+  }
+  if (in != nullptr) std::fclose(in);
+  close(fd);
+  void* lib = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  unlink(path);
+  if (lib == nullptr) throw std::runtime_error("loading a copy of " GW_PLUGIN_PATH " failed");
+  auto* v11 = static_cast<ncclNet_v11_t*>(dlsym(lib, "ncclNetPlugin_v11"));
+  if (v11 == nullptr) throw std::runtime_error("the plugin's copy has no ncclNetPlugin_v11");
+  return std::make_unique<ContextApi<ncclNet_v11_t>>(v11, "v11");
+}
+
 // ---- buffers and patterns ------------------------------------------------------------------
 
 Buffer::Buffer(size_t n) : size(n) {
@@ -346,6 +395,11 @@ int64_t check_pattern(const uint8_t* p, size_t n, uint32_t seed) {
 // ---- drivers -------------------------------------------------------------------------------
 
 Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm, int deadline_ms) {
+  return connect_pair(api, ctx, api, ctx, send_comm, recv_comm, deadline_ms);
+}
+
+Error connect_pair(NetApi& api, void* ctx, NetApi& capi, void* cctx, void** send_comm,
+                   void** recv_comm, int deadline_ms) {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void* lc = nullptr;
   *send_comm = nullptr;
@@ -356,7 +410,7 @@ Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm, i
   auto deadline = after_ms(deadline_ms);
   while (*send_comm == nullptr || *recv_comm == nullptr) {
     if (*send_comm == nullptr) {
-      if (ncclResult_t r = api.connect(ctx, 0, handle, send_comm); r != ncclSuccess) {
+      if (ncclResult_t r = capi.connect(cctx, 0, handle, send_comm); r != ncclSuccess) {
         api.close_listen(lc);
         return fmt::format("connect returned {}", static_cast<int>(r));
       }

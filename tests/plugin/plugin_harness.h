@@ -31,6 +31,13 @@ struct Loaded {
 const Loaded& plugin();
 void set_test_environment();
 
+// The host identities (GW_HOSTID) of the two "hosts" of GW_PLUGIN_TEST_XHOST=1: this process and
+// its daemon on a, peer processes and theirs on b.
+inline constexpr const char* kXhostA = "gw-plugin-host-a";
+inline constexpr const char* kXhostB = "gw-plugin-host-b";
+// In a peer process: moves it to host b when the harness runs two hosts (before the plugin loads).
+void become_peer_host();
+
 // Lines the logger passed to init received, as "LEVEL message".
 std::vector<std::string> log_lines();
 void clear_log();
@@ -62,6 +69,9 @@ class NetApi {
 
 // "v8", "v9", "v10", "v11", "v12".
 std::unique_ptr<NetApi> make_api(const std::string& version);
+// The v11 API of a second instance of the plugin (a copy loaded again): it reads the environment
+// afresh at its init, so one process can hold ends on two "hosts" (GW_HOSTID, GW_DAEMON).
+std::unique_ptr<NetApi> make_api_of_copy();
 
 // Page-aligned host buffer.
 struct Buffer {
@@ -83,6 +93,9 @@ using Error = std::string;
 // both are non-NULL (deadline_ms). Closes the listen comm after accept, as NCCL does.
 Error connect_pair(NetApi& api, void* ctx, void** send_comm, void** recv_comm,
                    int deadline_ms = 10000);
+// The same with the listener on `api` and the connector on `capi` (another plugin instance).
+Error connect_pair(NetApi& api, void* ctx, NetApi& capi, void* cctx, void** send_comm,
+                   void** recv_comm, int deadline_ms = 10000);
 // Polls test() until done (or error/deadline); *size gets the reported size.
 Error wait_request(NetApi& api, void* req, int* size, int deadline_ms = 20000);
 // Polls every request round robin, as NCCL's progress thread does, until all are done; sizes

@@ -56,6 +56,8 @@ class LocalDaemon {
   }
   // Its socket's path ("" when no directory could be made).
   const std::string& socket() const { return socket_; }
+  // Its process id (-1 when it was not started).
+  pid_t pid() const { return pid_; }
   // Sets GW_DAEMON to it, for this process's communicators, until destruction; false when it has
   // no socket.
   bool use() {
