@@ -6,6 +6,7 @@
 // - through the C ABI, trainers as threads on a gradwired of the test's own (1 daemon x 2 and
 //   x 3 trainers), each case also run in direct mode: all pairs from 0 B to 4 MiB, order, any
 //   source, truncation, a larger receive's real size, self-send, arena (gw_mem_alloc) buffers;
+//   every dtype at 1..8 ranks (a ring both ways, values checked);
 // - 2 daemons x 2 trainers (child processes, two host identities): same-host pairs work, and a
 //   peer on the other host too (the cross-host cases: daemon_p2p_xhost_test.cc);
 // - a trainer killed with receives posted from it and sends posted to it: the other's requests
@@ -36,7 +37,10 @@
 
 namespace {
 
+using gw::testing::get_elem;
+using gw::testing::gw_dtype_bytes;
 using gw::testing::last_error;
+using gw::testing::put_elem;
 using gw::testing::RankErrors;
 
 // ---- the board alone --------------------------------------------------------------------------
@@ -427,6 +431,52 @@ TEST_F(DaemonP2pTest, AllPairsFromZeroBytesToFourMiB) {
                     all_pairs(c, rank, world, e, bytes, tag++);
                   }
                 });
+    }
+  }
+}
+
+// Every dtype at 1..8 ranks, in both modes: a ring both ways (1 rank: to itself), counts of
+// elements (the C ABI's bytes are count x the dtype's size), every element's value checked.
+TEST_F(DaemonP2pTest, EveryDtypeAtOneToEightRanks) {
+  const gw_dtype_t dtypes[] = {GW_FLOAT32, GW_FLOAT64, GW_FLOAT16, GW_BFLOAT16,
+                               GW_INT32,   GW_INT64,   GW_UINT8};
+  for (int world = 1; world <= 8; ++world) {
+    for (bool daemon : {true, false}) {
+      SCOPED_TRACE(std::string(daemon ? "daemon" : "direct") + " mode, " + std::to_string(world) +
+                   " ranks");
+      run_ranks(
+          world, daemon ? daemon_->socket() : "",
+          [&](gw_comm_t c, int rank, int world, RankErrors& e) {
+            const int right = (rank + 1) % world, left = (rank + world - 1) % world;
+            for (int k = 0; k < 7; ++k) {
+              const gw_dtype_t d = dtypes[k];
+              const size_t count = 1000 + static_cast<size_t>(world) * 37;
+              const size_t es = gw_dtype_bytes(d);
+              std::vector<uint8_t> out(count * es), from_left(count * es), from_right(count * es);
+              // Small integers: exact in every dtype (uint8 too).
+              auto value = [&](int src, size_t i) {
+                return static_cast<int>((src * 7 + k * 3 + i) % 100);
+              };
+              for (size_t i = 0; i < count; ++i) put_elem(d, out.data(), i, value(rank, i));
+              gw_request_t q[4] = {};
+              GW_CHECK_RANK(rank, e, gw_irecv(c, from_left.data(), count, d, left, 2 * k, &q[0]));
+              GW_CHECK_RANK(rank, e,
+                            gw_irecv(c, from_right.data(), count, d, right, 2 * k + 1, &q[1]));
+              GW_CHECK_RANK(rank, e, gw_isend(c, out.data(), count, d, right, 2 * k, &q[2]));
+              GW_CHECK_RANK(rank, e, gw_isend(c, out.data(), count, d, left, 2 * k + 1, &q[3]));
+              for (gw_request_t r : q) {
+                if (r != nullptr) GW_CHECK_RANK(rank, e, gw_wait(r, 30000));
+              }
+              for (size_t i = 0; i < count; ++i) {
+                if (get_elem(d, from_left.data(), i) != value(left, i) ||
+                    get_elem(d, from_right.data(), i) != value(right, i)) {
+                  e.add(rank, "dtype " + std::to_string(static_cast<int>(d)) + ": element " +
+                                  std::to_string(i) + " wrong");
+                  break;
+                }
+              }
+            }
+          });
     }
   }
 }
