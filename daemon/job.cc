@@ -350,7 +350,6 @@ void Job::run_ready() {
     if (s.ok()) {
       // Messages of other hosts are taken meanwhile by remote's waker (job_p2p_remote.h).
       in_collective.store(true, std::memory_order_release);
-      if (remote) remote->collective_begins();
       p2p_mu.unlock();
       s = execute(reqs);
       p2p_mu.lock();

@@ -70,11 +70,6 @@ void RemoteP2p::touch() {
   publish();
 }
 
-void RemoteP2p::collective_begins() {
-  { std::lock_guard<std::mutex> lock(mu_); }  // the waker waits on cv_ or sees the flag
-  cv_.notify_all();
-}
-
 void RemoteP2p::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -426,10 +421,7 @@ void RemoteP2p::publish() {
 void RemoteP2p::waker_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!quit_) {
-    // Outside a collective every op's end wakes the job thread itself (arm): the waker sleeps.
-    const bool job_looks =
-        o_.in_collective != nullptr && !o_.in_collective->load(std::memory_order_acquire);
-    if (watch_.empty() || fired_.load(std::memory_order_relaxed) || job_looks) {
+    if (watch_.empty() || fired_.load(std::memory_order_relaxed)) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }

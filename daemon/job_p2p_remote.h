@@ -24,9 +24,11 @@
 //
 // Job thread only (under Options::job_mu). Every op's request writes the job's wake eventfd when
 // it ends (P2PRequest::notify_on_done), from whichever thread moved the engine, so the job thread
-// sleeps in its own poll() and calls progress() when woken; while it spins it also moves the
-// engine itself (poke). While the job thread runs a collective, a waker thread sleeps on the
-// pending requests and calls progress() itself (try_lock on job_mu), else signals the eventfd.
+// sleeps in its own poll() without periodic looks and calls progress() when woken; while it spins
+// it also moves the engine itself (poke). A waker thread moves the engine meanwhile: it sleeps on
+// one pending request (the engine's progress thread looks at a receive nobody waits on only every
+// millisecond, collectives/p2p.h) and looks at the others between waits; while the job thread runs
+// a collective, it calls progress() itself (try_lock on job_mu), else signals the eventfd.
 #pragma once
 
 #include <array>
@@ -76,8 +78,6 @@ class RemoteP2p : public P2pRemoteLink {
   void progress();
   // Completes every pending send with s; the ops stay until the communicator ends them.
   void fail_all(const Status& s);
-  // Job thread, once *in_collective is set: the waker takes over the looks until it is cleared.
-  void collective_begins();
   // Stops the waker (before the communicator goes).
   void shutdown();
   // Set by the waker when an op is done (the job thread's spin looks at it).
