@@ -34,8 +34,13 @@ bool P2PRequest::finish(Status s, size_t bytes, int source) {
   source_ = source;
   // Last: a reader that sees the flag (acquire) reads the results without mu_; they never
   // change again.
-  done_flag_.store(true, std::memory_order_release);
+  // seq_cst, as notify_on_done's store: either this sees the fd, or its owner sees the flag.
+  done_flag_.store(true, std::memory_order_seq_cst);
   cv_.notify_all();
+  if (const int fd = notify_fd_.load(std::memory_order_seq_cst); fd >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(fd, &one, sizeof one);
+  }
   return true;
 }
 

@@ -72,10 +72,16 @@ class P2PRequest {
   // Used by the engine: the driver a waiting caller moves the engine through.
   void set_driver(std::shared_ptr<P2PDriver> d) { driver_ = std::move(d); }
   bool done() const { return done_flag_.load(std::memory_order_acquire); }
+  // An eventfd the op's end writes (1) once done() is true: its owner sleeps in poll() on it
+  // instead of on the request (daemon/job_p2p_remote.h). Set right after isend/irecv returned
+  // the request; an op that ended before is seen by the owner's next look at done(). The fd
+  // must stay open while the engine may end the op (until the engine is destroyed).
+  void notify_on_done(int fd) { notify_fd_.store(fd, std::memory_order_seq_cst); }
 
  private:
   std::shared_ptr<P2PDriver> driver_;
   std::atomic<bool> done_flag_{false};  // done_, readable without mu_ (a driver's spin)
+  std::atomic<int> notify_fd_{-1};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

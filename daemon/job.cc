@@ -391,13 +391,16 @@ bool Job::wait_for_work() {
     }
     return remote && (remote->fired() || remote->any_done());
   };
+  // While spinning, the job thread also moves the daemons' point-to-point itself (one engine
+  // pass per look), so that a header landing meanwhile needs no hand-off from the waker.
+  auto posted_or_landed = [&]() { return posted() || (remote && remote->poke()); };
   bool ready = false;
   if (spin_ns > 0) {
     for (const auto& m : members) {
       if (m) m->sq.begin_polling();
     }
     const int64_t spin_until = sys::now_ns() + spin_ns;
-    while (!(ready = posted()) && sys::now_ns() < spin_until &&
+    while (!(ready = posted_or_landed()) && sys::now_ns() < spin_until &&
            !stop.load(std::memory_order_relaxed)) {
       std::this_thread::yield();  // trainers sharing the core get it at once
     }
@@ -413,7 +416,8 @@ bool Job::wait_for_work() {
   for (const auto& m : members) {
     if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
   }
-  int rc = ::poll(pfds.data(), pfds.size(), remote && remote->active() ? 1 : stall_poll_ms(1000));
+  // The daemons' point-to-point ops write wake at their end (RemoteP2p::arm): no 1 ms looks.
+  int rc = ::poll(pfds.data(), pfds.size(), stall_poll_ms(1000));
   if (rc < 0 && errno != EINTR) {
     GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
     return false;

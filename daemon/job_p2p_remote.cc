@@ -25,6 +25,13 @@ RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
 
 RemoteP2p::~RemoteP2p() { shutdown(); }
 
+std::shared_ptr<coll::P2PRequest> RemoteP2p::arm(std::shared_ptr<coll::P2PRequest> r) const {
+  // Its end wakes the job thread straight from whichever thread moved the engine (its progress
+  // thread, the job thread's own spin, the waker): no look by the waker in between.
+  r->notify_on_done(o_.wake_fd);
+  return r;
+}
+
 Status RemoteP2p::start() {
   // Header receives only: this daemon's handles are in the store from now on, so a daemon that
   // sends here later connects at once; no connection is made while the job sends nothing across.
@@ -58,7 +65,7 @@ void RemoteP2p::touch() {
       host_down(h, q.status());
       continue;
     }
-    op.req = *q;
+    op.req = arm(*q);
   }
   publish();
 }
@@ -89,7 +96,7 @@ Status RemoteP2p::post_header(int32_t host) {
     host_down(host, q.status());
     return down_[static_cast<size_t>(host)];
   }
-  op.req = *q;
+  op.req = arm(*q);
   return ok_status();
 }
 
@@ -106,7 +113,7 @@ void RemoteP2p::post_drain(int32_t host, uint64_t bytes) {
     host_down(host, q.status());
     return;
   }
-  op.req = *q;
+  op.req = arm(*q);
 }
 
 void RemoteP2p::forward(size_t member, const Request& r) {
@@ -123,12 +130,12 @@ void RemoteP2p::forward(size_t member, const Request& r) {
   auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
   Status s = q.status();
   if (q.ok()) {
-    op.req = *q;
+    op.req = arm(*q);
     if (r.send_bytes > 0) {
       // Straight from the sender's arena: it stays mapped (op.keep) until the op ends.
       auto p = o_.comm->isend(board_->data(member) + r.send_off, r.send_bytes, host, kXhostTag);
       s = p.status();
-      if (p.ok()) op.payload = *p;
+      if (p.ok()) op.payload = arm(*p);
     }
   }
   if (!s.ok()) {
@@ -275,7 +282,7 @@ void RemoteP2p::on_header(Op& op) {
       p.keep = o_.keep(rv.member);
       auto q = o_.comm->irecv(board_->data(rv.member) + rv.off, h.bytes, host, kXhostTag);
       if (q.ok()) {
-        p.req = *q;
+        p.req = arm(*q);
       } else {
         board_->complete(rv.member, rv.seq, peer_error("point-to-point: {}", q.status().message()),
                          nullptr);
@@ -311,7 +318,7 @@ void RemoteP2p::on_header(Op& op) {
       p.msg = msg;
       auto q = o_.comm->irecv(msg->bytes.data(), h.bytes, host, kXhostTag);
       if (q.ok()) {
-        p.req = *q;
+        p.req = arm(*q);
       } else {
         msg->failed = peer_error("point-to-point: {}", q.status().message());
         board_->landed(*msg);
@@ -373,6 +380,19 @@ void RemoteP2p::progress() {
 bool RemoteP2p::any_done() const {
   for (const Op& op : ops_) {
     if (done(op)) return true;
+  }
+  return false;
+}
+
+bool RemoteP2p::poke() {
+  for (const Op& op : ops_) {
+    for (const auto& r : {op.req, op.payload}) {
+      if (r && !r->done()) {
+        bool d = false;
+        (void)r->test(&d);  // its status is finish()'s, once done
+        return any_done();
+      }
+    }
   }
   return false;
 }

@@ -22,9 +22,13 @@
 //   a trainer left or a collective failed) makes B unreachable: receives pending naming B's ranks
 //   and later sends to them end with kPeer; a stop completes everything pending at once.
 //
-// Job thread only (under Options::job_mu), but for a waker thread that sleeps on the pending
-// requests and signals the job's wake eventfd when one of them is done (the job thread then calls
-// progress()); while the job thread runs a collective, the waker calls progress() itself.
+// Job thread only (under Options::job_mu). Every op's request writes the job's wake eventfd when
+// it ends (P2PRequest::notify_on_done), from whichever thread moved the engine, so the job thread
+// sleeps in its own poll() without periodic looks and calls progress() when woken; while it spins
+// it also moves the engine itself (poke). A waker thread moves the engine meanwhile: it sleeps on
+// one pending request (the engine's progress thread looks at a receive nobody waits on only every
+// millisecond, collectives/p2p.h) and looks at the others between waits; while the job thread runs
+// a collective, it calls progress() itself (try_lock on job_mu), else signals the eventfd.
 #pragma once
 
 #include <array>
@@ -78,11 +82,15 @@ class RemoteP2p : public P2pRemoteLink {
   void shutdown();
   // Set by the waker when an op is done (the job thread's spin looks at it).
   bool fired() const { return fired_.load(std::memory_order_acquire); }
-  // Sends and payloads in flight (the job thread then sleeps at most 1 ms between looks: the
-  // waker may be sleeping on a header receive), and whether any op is done (the job thread's spin
-  // looks at it: a header that lands then needs no wake-up).
+  // Sends and payloads in flight, and whether any op is done (the job thread's spin looks at
+  // it: a header that lands then needs no wake-up).
   bool active() const { return active_ > 0; }
   bool any_done() const;
+  // Job thread, while it spins: one non-blocking pass of the engine in this thread
+  // (P2PRequest::test) through a pending op, then any_done(). A header or a send's end that
+  // lands while the job thread spins is then seen here, not after the waker's wake-up (a thread
+  // hand-off on a loaded core); skipped inside the engine while the waker is moving it.
+  bool poke();
   size_t unexpected_bytes() const { return *used_; }
 
  private:
@@ -101,6 +109,7 @@ class RemoteP2p : public P2pRemoteLink {
     std::shared_ptr<P2pRemoteMsg> msg;  // kPayloadBuffer
   };
   bool done(const Op& op) const;
+  std::shared_ptr<coll::P2PRequest> arm(std::shared_ptr<coll::P2PRequest> r) const;
   // Returns false when the op is still running.
   bool finish(Op& op);
   void on_header(Op& op);

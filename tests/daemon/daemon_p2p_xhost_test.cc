@@ -209,8 +209,10 @@ bool exited_ok(int status) { return status != -1 && WIFEXITED(status) && WEXITST
 
 // Two daemons with two host identities; the variable `name` = `value` is set for daemon b alone.
 struct TwoDaemons {
-  explicit TwoDaemons(const char* name = nullptr, const char* value = nullptr) {
+  // name=value: daemon b's environment (both: a's too).
+  explicit TwoDaemons(const char* name = nullptr, const char* value = nullptr, bool both = false) {
     ::setenv("GW_HOSTID", kHosts[0], 1);
+    if (both && name != nullptr) ::setenv(name, value, 1);
     a = std::make_unique<gw::testing::LocalDaemon>(GW_GRADWIRED_PATH, "gw-dpx-a");
     ::setenv("GW_HOSTID", kHosts[1], 1);
     if (name != nullptr) ::setenv(name, value, 1);
@@ -290,6 +292,15 @@ TEST(DaemonP2pXhost, FigureLatencyAndBandwidthAgainstDirectMode) {
     TwoDaemons d;
     ASSERT_TRUE(d.ready());
     for (int s : spawn("figure", 2, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+  }
+  {
+    // The job threads never spin (GW_DAEMON_POLL_US=0): every message waits on a wake-up, which
+    // shows a daemon-side look that is periodic rather than woken (a 1 ms one: ~500 us here).
+    TwoDaemons d("GW_DAEMON_POLL_US", "0", /*both=*/true);
+    ASSERT_TRUE(d.ready());
+    ::setenv("GW_DPX_LABEL", "no spin", 1);
+    for (int s : spawn("figure", 2, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+    ::unsetenv("GW_DPX_LABEL");
   }
   gw::testing::CleanEnv env;
   for (int s : spawn("figure", 2, nullptr, nullptr)) EXPECT_TRUE(exited_ok(s)) << s;
@@ -511,7 +522,8 @@ void stop(gw_comm_t c, int rank, int timeout_ms) {
 }
 
 void figure(gw_comm_t c, int rank) {
-  const char* mode = ::getenv("GW_DAEMON") ? "2 daemons" : "direct tcp";
+  const char* label = ::getenv("GW_DPX_LABEL");
+  const char* mode = !::getenv("GW_DAEMON") ? "direct tcp" : label ? label : "2 daemons";
   const int peer = 1 - rank;
   int64_t v = 0;
   double lat_us[5], bw_gbs[5];
