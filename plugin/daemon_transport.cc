@@ -280,9 +280,12 @@ Result<net::MemRegion*> host_region(void* data, size_t size, net::MemType type) 
   return mr;
 }
 
-class DaemonSend final : public net::SendComm {
+// What a send comm and a receive comm over the daemon share: host regions only, test and the
+// peer's name from the connection.
+template <class Base>
+class DaemonEnd : public Base {
  public:
-  explicit DaemonSend(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
+  explicit DaemonEnd(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return host_region(data, size, type);
   }
@@ -294,34 +297,25 @@ class DaemonSend final : public net::SendComm {
     return c_->test(r, done, size);
   }
   std::string peer_name() const override { return c_->name(); }
-  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) override {
-    return c_->post(true, const_cast<void*>(data), size, tag);
-  }
 
- private:
+ protected:
   std::unique_ptr<DaemonComm> c_;
 };
 
-class DaemonRecv final : public net::RecvComm {
+class DaemonSend final : public DaemonEnd<net::SendComm> {
  public:
-  explicit DaemonRecv(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
-  Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return host_region(data, size, type);
+  using DaemonEnd::DaemonEnd;
+  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) override {
+    return c_->post(true, const_cast<void*>(data), size, tag);
   }
-  Status dereg_mr(net::MemRegion* mr) override {
-    delete mr;
-    return ok_status();
-  }
-  Status test(net::Request* r, bool* done, size_t* size) override {
-    return c_->test(r, done, size);
-  }
-  std::string peer_name() const override { return c_->name(); }
+};
+
+class DaemonRecv final : public DaemonEnd<net::RecvComm> {
+ public:
+  using DaemonEnd::DaemonEnd;
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion*) override {
     return c_->post(false, data, size, tag);
   }
-
- private:
-  std::unique_ptr<DaemonComm> c_;
 };
 
 // Joining side of a connection: its client and the 0-byte message that proves the job complete.

@@ -87,6 +87,14 @@ class DaemonPlugin : public ::testing::Test {
         }
       });
     }
+    // The accepted comm, waited for up to 20 s (nullptr: none, or accept failed).
+    void* wait_comm() {
+      const auto until = Clock::now() + std::chrono::seconds(20);
+      while (comm.load() == nullptr && result.load() == ncclSuccess && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return comm.load();
+    }
     void join() {
       stop = true;
       if (thread.joinable()) thread.join();
@@ -148,11 +156,7 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   Acceptor acc;
   acc.start(api_.get(), lc);
   std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
-  const auto t_acc = Clock::now() + std::chrono::seconds(20);
-  while (acc.comm.load() == nullptr && acc.result.load() == ncclSuccess && Clock::now() < t_acc) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void* rc = acc.comm.load();
+  void* rc = acc.wait_comm();
   ASSERT_NE(rc, nullptr);
   Buffer in(1 << 20);
   void* req = nullptr;
@@ -375,11 +379,7 @@ TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
   acc.start(api_.get(), lc);
   // The peer connects, sends its 4096 bytes (tag 3) and closes; its daemon stays until killed.
   std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
-  const auto t_acc = Clock::now() + std::chrono::seconds(20);
-  while (acc.comm.load() == nullptr && acc.result.load() == ncclSuccess && Clock::now() < t_acc) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void* rc = acc.comm.load();
+  void* rc = acc.wait_comm();
   ASSERT_NE(rc, nullptr);
   Buffer in(1 << 20);
   void* req = nullptr;
