@@ -145,8 +145,8 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         r["errors"] = job->errors.load();
         r["imports"] = job->imports->load();
         // A connection of the NCCL plugin's daemon mode: its NCCL job and the bytes it carried.
-        if (job->nccl) {
-          r["nccl_job"] = nccl_job_of(h);
+        if (!job->nccl_job.empty()) {
+          r["nccl_job"] = job->nccl_job;
           r["nccl_bytes"] = job->nccl_bytes.load();
         }
         // Between the job's daemons: agreed when they met; none for a job of one host.

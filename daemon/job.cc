@@ -73,8 +73,8 @@ Job::Job(int server_wake_fd, const Hello& h, Counters* c, std::vector<std::strin
       offer(std::move(offer)),
       tslot(c->other_slot()) {
   members.resize(h.local_size);
-  nccl = !nccl_job_of(h).empty();
-  if (nccl) nccl_totals = c->nccl_totals(nccl_job_of(h));
+  nccl_job = nccl_job_of(h);
+  if (!nccl_job.empty()) nccl_totals = c->nccl_totals(nccl_job);
 }
 
 namespace {
@@ -259,9 +259,10 @@ void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDo
     refuse(t, ring);
     return;
   }
-  if (nccl && done != nullptr && s.ok() && t.hello.rank == 1) {
-    nccl_bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
-    nccl_totals->bytes.fetch_add(p2p_done(*done).bytes, std::memory_order_relaxed);
+  if (nccl_totals && done != nullptr && s.ok() && t.hello.rank == 1) {
+    const uint64_t bytes = p2p_done(*done).bytes;
+    nccl_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    nccl_totals->bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   t.cq.push(make_completion(seq, s, done));
   // A client busy-polling its completion ring sees the entry without a wake-up; a failed

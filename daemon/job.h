@@ -123,9 +123,9 @@ struct Job {
   // For gradwirectl jobs (read by the serve loop).
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{0}, errors{0};
-  // A connection of the NCCL plugin's daemon mode (nccl_job_of): the bytes its listener (rank 1)
-  // received, for gradwirectl jobs.
-  bool nccl = false;
+  // A connection of the NCCL plugin's daemon mode: its NCCL job (nccl_job_of; "" for any other
+  // job) and the bytes its listener (rank 1) received, for gradwirectl jobs.
+  std::string nccl_job;
   std::atomic<uint64_t> nccl_bytes{0};
   std::shared_ptr<Counters::NcclTotals> nccl_totals;  // its NCCL job's, for /metrics
   // Device allocations of its trainers imported now (gradwirectl jobs): held by each import.

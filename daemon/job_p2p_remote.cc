@@ -399,8 +399,6 @@ bool RemoteP2p::poke() {
 
 void RemoteP2p::publish() {
   std::vector<std::shared_ptr<coll::P2PRequest>> active, idle;
-  active_ = 0;
-  for (const Op& op : ops_) active_ += op.kind != Kind::kHeader ? 1 : 0;
   for (const Op& op : ops_) {
     for (const auto& r : {op.req, op.payload}) {
       // Done ones are progress()'s already (a send's header, its payload still going).

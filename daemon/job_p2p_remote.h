@@ -82,9 +82,8 @@ class RemoteP2p : public P2pRemoteLink {
   void shutdown();
   // Set by the waker when an op is done (the job thread's spin looks at it).
   bool fired() const { return fired_.load(std::memory_order_acquire); }
-  // Sends and payloads in flight, and whether any op is done (the job thread's spin looks at
-  // it: a header that lands then needs no wake-up).
-  bool active() const { return active_ > 0; }
+  // Whether any op is done (the job thread's spin looks at it: a header that lands then needs no
+  // wake-up).
   bool any_done() const;
   // Job thread, while it spins: one non-blocking pass of the engine in this thread
   // (P2PRequest::test) through a pending op, then any_done(). A header or a send's end that
@@ -134,7 +133,6 @@ class RemoteP2p : public P2pRemoteLink {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<coll::P2PRequest>> watch_;  // active ops first
   size_t watch_active_ = 0;
-  size_t active_ = 0;  // ops other than header receives (job thread)
   uint64_t gen_ = 0;
   bool quit_ = false;
   std::atomic<bool> fired_{false};
