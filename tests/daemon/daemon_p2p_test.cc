@@ -34,6 +34,7 @@
 #include "tests/support/exec_child.h"
 #include "tests/support/local_daemon.h"
 #include "tests/support/test_env.h"
+#include "tests/support/two_hosts.h"
 
 namespace {
 
@@ -707,46 +708,20 @@ TEST(DaemonP2pChild, Killed) {
 // crosses the daemons; a peer on the other host gets its message through the daemons.
 TEST(DaemonP2pTwoHosts, TwoDaemonsTwoTrainersEach) {
   gw::testing::CleanEnv env;
-  const std::string hosts[2] = {"dp-host-a", "dp-host-b"};
-  ::setenv("GW_HOSTID", hosts[0].c_str(), 1);
-  gw::testing::LocalDaemon a(GW_GRADWIRED_PATH, "gw-dp-a");
-  ::setenv("GW_HOSTID", hosts[1].c_str(), 1);
-  gw::testing::LocalDaemon b(GW_GRADWIRED_PATH, "gw-dp-b");
-  ASSERT_TRUE(a.ready() && b.ready());
-  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
-  char self[4096] = {};
-  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
-  ::setenv("GW_DP_TWO_HOSTS_STORE", addr.c_str(), 1);
-  ::setenv("GW_DAEMON_ARENA", "64M", 1);
-  std::vector<pid_t> kids;
-  for (int r = 0; r < 4; ++r) {
-    ::setenv("GW_HOSTID", hosts[r % 2].c_str(), 1);
-    ::setenv("GW_DAEMON", ("unix:" + (r % 2 ? b : a).socket()).c_str(), 1);
-    ::setenv("GW_DP_RANK", std::to_string(r).c_str(), 1);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execl(self, self, "--gtest_filter=DaemonP2pChild.TwoHosts", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    kids.push_back(pid);
-  }
-  for (const char* v : {"GW_DP_TWO_HOSTS_STORE", "GW_DAEMON_ARENA", "GW_HOSTID", "GW_DP_RANK"}) {
-    ::unsetenv(v);
-  }
-  gw::testing::reap_within(kids, 120, "trainer");
+  gw::testing::TwoHosts hosts(GW_GRADWIRED_PATH, "gw-dp", {"dp-host-a", "dp-host-b"});
+  ASSERT_TRUE(hosts.ready());
+  gw::testing::reap_within(hosts.start("DaemonP2pChild.TwoHosts", 4, {"GW_DAEMON_ARENA=64M"}), 120,
+                           "trainer");
 }
 
 TEST(DaemonP2pChild, TwoHosts) {
-  const char* store = ::getenv("GW_DP_TWO_HOSTS_STORE");
-  const char* rank_text = ::getenv("GW_DP_RANK");
-  if (store == nullptr || rank_text == nullptr) {
-    GTEST_SKIP() << "started only by TwoDaemonsTwoTrainersEach";
-  }
-  const int rank = std::atoi(rank_text);
+  const auto place = gw::testing::trainer_place();
+  if (!place) GTEST_SKIP() << "started only by TwoDaemonsTwoTrainersEach";
+  const int rank = place->rank;
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
-  cfg.world_size = 4;
-  cfg.store_addr = store;
+  cfg.world_size = place->world;
+  cfg.store_addr = place->store.c_str();
   cfg.timeout_ms = 30000;
   gw_comm_t c = nullptr;
   ASSERT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last_error();

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -40,13 +41,14 @@
 #include "tests/support/capi_world.h"
 #include "tests/support/local_daemon.h"
 #include "tests/support/test_env.h"
+#include "tests/support/two_hosts.h"
 
 namespace {
 
 using gw::testing::last_error;
 using Clock = std::chrono::steady_clock;
 
-const char* const kHosts[2] = {"dpx-host-a", "dpx-host-b"};
+const std::array<std::string, 2> kHosts = {"dpx-host-a", "dpx-host-b"};
 
 uint8_t pattern(int src, int dst, int tag, size_t i) {
   return static_cast<uint8_t>(src * 31 + dst * 17 + tag * 7 + i * 13 + (i >> 8));
@@ -150,35 +152,14 @@ TEST(P2pBoardLink, MessagesOfAnotherHostMatchInOrder) {
   EXPECT_EQ(*used, 0u);  // the board let go of the unexpected bytes
 }
 
-// Starts `world` trainers as children in case `what`, rank r on host r % 2 through daemon a or b
-// (a == nullptr: direct mode over tcp).
-std::vector<pid_t> start(const std::string& what, int world, const gw::testing::LocalDaemon* a,
-                         const gw::testing::LocalDaemon* b, int timeout_ms = 30000) {
-  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
-  char self[4096] = {};
-  EXPECT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("GW_HOSTID", kHosts[r % 2], 1);
-      if (a != nullptr) {
-        ::setenv("GW_DAEMON", ("unix:" + (r % 2 ? b : a)->socket()).c_str(), 1);
-      } else {
-        ::unsetenv("GW_DAEMON");
-      }
-      ::setenv("GW_DAEMON_ARENA", "64M", 1);
-      ::setenv("GW_DPX_CASE", what.c_str(), 1);
-      ::setenv("GW_DPX_STORE", addr.c_str(), 1);
-      ::setenv("GW_DPX_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("GW_DPX_WORLD", std::to_string(world).c_str(), 1);
-      ::setenv("GW_DPX_TIMEOUT", std::to_string(timeout_ms).c_str(), 1);
-      ::execl(self, self, "--gtest_filter=DaemonP2pXhostChild.Run", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    kids.push_back(pid);
-  }
-  return kids;
+// Starts `world` trainers as children in case `what`, rank r on host r % 2 through its daemon
+// of d (nullptr: direct mode over tcp); `env` ("NAME=value") added.
+std::vector<pid_t> start(const std::string& what, int world, const gw::testing::TwoHosts* d,
+                         int timeout_ms = 30000, std::vector<std::string> env = {}) {
+  env.push_back("GW_DAEMON_ARENA=64M");
+  env.push_back("GW_DPX_CASE=" + what);
+  env.push_back("GW_DPX_TIMEOUT=" + std::to_string(timeout_ms));
+  return gw::testing::start_trainers("DaemonP2pXhostChild.Run", world, kHosts, env, d);
 }
 
 // Each child's wait status (-1: killed after 150 s).
@@ -200,47 +181,38 @@ std::vector<int> reap(const std::string& what, const std::vector<pid_t>& kids) {
   return statuses;
 }
 
-std::vector<int> spawn(const std::string& what, int world, const gw::testing::LocalDaemon* a,
-                       const gw::testing::LocalDaemon* b, int timeout_ms = 30000) {
-  return reap(what, start(what, world, a, b, timeout_ms));
+std::vector<int> spawn(const std::string& what, int world, const gw::testing::TwoHosts* d,
+                       int timeout_ms = 30000, std::vector<std::string> env = {}) {
+  return reap(what, start(what, world, d, timeout_ms, std::move(env)));
 }
 
 bool exited_ok(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-// Two daemons with two host identities; the variable `name` = `value` is set for daemon b alone.
+// Two daemons with two host identities; `env` ("NAME=value") is daemon b's (both: a's too).
 struct TwoDaemons {
-  // name=value: daemon b's environment (both: a's too).
-  explicit TwoDaemons(const char* name = nullptr, const char* value = nullptr, bool both = false) {
-    ::setenv("GW_HOSTID", kHosts[0], 1);
-    if (both && name != nullptr) ::setenv(name, value, 1);
-    a = std::make_unique<gw::testing::LocalDaemon>(GW_GRADWIRED_PATH, "gw-dpx-a");
-    ::setenv("GW_HOSTID", kHosts[1], 1);
-    if (name != nullptr) ::setenv(name, value, 1);
-    b = std::make_unique<gw::testing::LocalDaemon>(GW_GRADWIRED_PATH, "gw-dpx-b");
-    if (name != nullptr) ::unsetenv(name);
-    ::unsetenv("GW_HOSTID");
-  }
-  bool ready() const { return a->ready() && b->ready(); }
-  gw::testing::CleanEnv env;
-  std::unique_ptr<gw::testing::LocalDaemon> a, b;
+  explicit TwoDaemons(std::vector<std::string> env = {}, bool both = false)
+      : hosts(GW_GRADWIRED_PATH, "gw-dpx", kHosts, env, both) {}
+  bool ready() const { return hosts.ready(); }
+  gw::testing::CleanEnv clean;
+  gw::testing::TwoHosts hosts;
 };
 
 TEST(DaemonP2pXhost, EveryPairZeroBytesToFourMiBBesideAllreduce) {
   TwoDaemons d;
   ASSERT_TRUE(d.ready());
-  for (int s : spawn("pairs", 4, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+  for (int s : spawn("pairs", 4, &d.hosts)) EXPECT_TRUE(exited_ok(s)) << s;
 }
 
 TEST(DaemonP2pXhost, OrderAnySourceTruncationAcrossHosts) {
   TwoDaemons d;
   ASSERT_TRUE(d.ready());
-  for (int s : spawn("rules", 4, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+  for (int s : spawn("rules", 4, &d.hosts)) EXPECT_TRUE(exited_ok(s)) << s;
 }
 
 TEST(DaemonP2pXhost, KilledRemoteTrainerEndsPendingReceiveWithPeer) {
   TwoDaemons d;
   ASSERT_TRUE(d.ready());
-  const auto st = spawn("killed", 2, d.a.get(), d.b.get(), 8000);
+  const auto st = spawn("killed", 2, &d.hosts, 8000);
   ASSERT_EQ(st.size(), 2u);
   EXPECT_TRUE(exited_ok(st[0])) << st[0];
   EXPECT_TRUE(st[1] != -1 && WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL) << st[1];
@@ -253,23 +225,21 @@ TEST(DaemonP2pXhost, StopCompletesPendingReceivesOnBothHosts) {
   ASSERT_TRUE(d.ready());
   const std::string flag = "/tmp/gw-dpx-stop-" + std::to_string(::getpid());
   ::unlink(flag.c_str());
-  ::setenv("GW_DPX_FLAG", flag.c_str(), 1);
-  const auto kids = start("stop", 2, d.a.get(), d.b.get(), 30000);
-  ::unsetenv("GW_DPX_FLAG");
+  const auto kids = start("stop", 2, &d.hosts, 30000, {"GW_DPX_FLAG=" + flag});
   const auto until = Clock::now() + std::chrono::seconds(60);
   while (::access(flag.c_str(), F_OK) != 0 && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both receives reach the daemons
-  d.a.reset();                                                  // SIGTERM, and waits for it to exit
+  d.hosts.stop(0);                                              // SIGTERM, and waits for it to exit
   for (int s : reap("stop", kids)) EXPECT_TRUE(exited_ok(s)) << s;
   ::unlink(flag.c_str());
 }
 
 TEST(DaemonP2pXhost, UnexpectedCapFailsTheJobsPointToPointNamingIt) {
-  TwoDaemons d("GW_DAEMON_P2P_UNEXPECTED_MAX", "1M");
+  TwoDaemons d({"GW_DAEMON_P2P_UNEXPECTED_MAX=1M"});
   ASSERT_TRUE(d.ready());
-  for (int s : spawn("cap", 2, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+  for (int s : spawn("cap", 2, &d.hosts)) EXPECT_TRUE(exited_ok(s)) << s;
 }
 
 TEST(DaemonP2pXhost, FigureLatencyAndBandwidthAgainstDirectMode) {
@@ -291,19 +261,19 @@ TEST(DaemonP2pXhost, FigureLatencyAndBandwidthAgainstDirectMode) {
   {
     TwoDaemons d;
     ASSERT_TRUE(d.ready());
-    for (int s : spawn("figure", 2, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
+    for (int s : spawn("figure", 2, &d.hosts)) EXPECT_TRUE(exited_ok(s)) << s;
   }
   {
     // The job threads never spin (GW_DAEMON_POLL_US=0): every message waits on a wake-up, which
     // shows a daemon-side look that is periodic rather than woken (a 1 ms one: ~500 us here).
-    TwoDaemons d("GW_DAEMON_POLL_US", "0", /*both=*/true);
+    TwoDaemons d({"GW_DAEMON_POLL_US=0"}, /*both=*/true);
     ASSERT_TRUE(d.ready());
-    ::setenv("GW_DPX_LABEL", "no spin", 1);
-    for (int s : spawn("figure", 2, d.a.get(), d.b.get())) EXPECT_TRUE(exited_ok(s)) << s;
-    ::unsetenv("GW_DPX_LABEL");
+    for (int s : spawn("figure", 2, &d.hosts, 30000, {"GW_DPX_LABEL=no spin"})) {
+      EXPECT_TRUE(exited_ok(s)) << s;
+    }
   }
   gw::testing::CleanEnv env;
-  for (int s : spawn("figure", 2, nullptr, nullptr)) EXPECT_TRUE(exited_ok(s)) << s;
+  for (int s : spawn("figure", 2, nullptr)) EXPECT_TRUE(exited_ok(s)) << s;
 }
 
 // ---- the trainers -----------------------------------------------------------------------------
@@ -575,13 +545,15 @@ void figure(gw_comm_t c, int rank) {
 TEST(DaemonP2pXhostChild, Run) {
   const char* what = ::getenv("GW_DPX_CASE");
   if (what == nullptr) GTEST_SKIP() << "started only by the DaemonP2pXhost cases";
-  const int rank = std::atoi(::getenv("GW_DPX_RANK"));
-  const int world = std::atoi(::getenv("GW_DPX_WORLD"));
+  const auto place = gw::testing::trainer_place();
+  ASSERT_TRUE(place.has_value());
+  const int rank = place->rank;
+  const int world = place->world;
   const int timeout_ms = std::atoi(::getenv("GW_DPX_TIMEOUT"));
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
   cfg.world_size = world;
-  cfg.store_addr = ::getenv("GW_DPX_STORE");
+  cfg.store_addr = place->store.c_str();
   cfg.timeout_ms = timeout_ms;
   if (::getenv("GW_DAEMON") == nullptr) cfg.transport = "tcp";
   gw_comm_t c = nullptr;

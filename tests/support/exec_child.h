@@ -47,6 +47,25 @@ inline bool register_child_case(const char* suite, const char* name, std::functi
   return true;
 }
 
+// This process's environment with `env` ("NAME=value") in it, each replacing the variable of
+// its name, less the variables named in `drop`: the environment of a child to exec.
+inline std::vector<std::string> environment_with(std::vector<std::string> env,
+                                                 const std::vector<std::string>& drop = {}) {
+  auto named = [](const std::vector<std::string>& list, const char* e, bool with_value) {
+    for (const std::string& a : list) {
+      const size_t n = with_value ? a.find('=') : a.size();
+      if (n != std::string::npos && std::strncmp(e, a.c_str(), n) == 0 && e[n] == '=') return true;
+    }
+    return false;
+  };
+  std::vector<std::string> own;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!named(env, *e, true) && !named(drop, *e, false)) own.emplace_back(*e);
+  }
+  env.insert(env.end(), own.begin(), own.end());
+  return env;
+}
+
 // A helper process running case `suite_dot_name` (registered with register_child_case) with
 // `env` ("NAME=value") added to this process's environment, replacing a variable of the same
 // name; descriptors without close-on-exec stay open in it. With `netns` (a path such as
@@ -59,16 +78,7 @@ class ExecChild {
             const std::string& netns = "") {
     std::vector<std::string> all = env;
     all.push_back(std::string(kChildCaseEnv) + "=" + suite_dot_name);
-    auto named = [&all](const char* e) {
-      for (const std::string& a : all) {
-        size_t eq = a.find('=');
-        if (eq != std::string::npos && std::strncmp(e, a.c_str(), eq + 1) == 0) return true;
-      }
-      return false;
-    };
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!named(*e)) all.emplace_back(*e);
-    }
+    all = environment_with(std::move(all));
     std::vector<char*> envp;
     for (std::string& e : all) envp.push_back(e.data());
     envp.push_back(nullptr);

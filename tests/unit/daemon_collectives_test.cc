@@ -25,6 +25,7 @@
 #include "tests/support/capi_world.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/local_daemon.h"
+#include "tests/support/two_hosts.h"
 
 #ifdef GW_GRADWIRED_PATH
 namespace {
@@ -589,50 +590,22 @@ TEST(DaemonCollectivesChild, Trainer) {
 // all-to-all-v and every i-form cross the daemons.
 TEST(DaemonCollectivesTwoHosts, TwoDaemonsTwoTrainersEach) {
   gw::testing::CleanEnv env;
-  const std::string hosts[2] = {"dc-host-a", "dc-host-b"};
-  ::setenv("GW_HOSTID", hosts[0].c_str(), 1);
-  gw::testing::LocalDaemon a(GW_GRADWIRED_PATH, "gw-dc-a");
-  ::setenv("GW_HOSTID", hosts[1].c_str(), 1);
-  gw::testing::LocalDaemon b(GW_GRADWIRED_PATH, "gw-dc-b");
-  ASSERT_FALSE(a.socket().empty() || b.socket().empty());
-  const std::string addr = "127.0.0.1:" + std::to_string(gw::testing::free_port());
-  char self[4096] = {};
-  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
-  ::setenv("GW_DC_TWO_HOSTS_STORE", addr.c_str(), 1);
-  ::setenv("GW_DAEMON_ARENA", "32M", 1);
-  ::setenv("GW_DAEMON_CHUNK", "65536", 1);
-  std::vector<pid_t> kids;
-  for (int r = 0; r < 4; ++r) {
-    ::setenv("GW_HOSTID", hosts[r % 2].c_str(), 1);
-    ::setenv("GW_DAEMON", ("unix:" + (r % 2 ? b : a).socket()).c_str(), 1);
-    ::setenv("GW_DC_RANK", std::to_string(r).c_str(), 1);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execl(self, self, "--gtest_filter=DaemonCollectivesChild.TwoHosts",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    kids.push_back(pid);
-  }
-  for (const char* v :
-       {"GW_DC_TWO_HOSTS_STORE", "GW_DAEMON_ARENA", "GW_DAEMON_CHUNK", "GW_HOSTID", "GW_DC_RANK"}) {
-    ::unsetenv(v);
-  }
-  gw::testing::reap_within(kids, 240, "trainer");
+  gw::testing::TwoHosts hosts(GW_GRADWIRED_PATH, "gw-dc", {"dc-host-a", "dc-host-b"});
+  ASSERT_TRUE(hosts.ready());
+  gw::testing::reap_within(hosts.start("DaemonCollectivesChild.TwoHosts", 4,
+                                       {"GW_DAEMON_ARENA=32M", "GW_DAEMON_CHUNK=65536"}),
+                           240, "trainer");
 }
 
 // A trainer of TwoDaemonsTwoTrainersEach; skips unless started by it.
 TEST(DaemonCollectivesChild, TwoHosts) {
-  const char* store = ::getenv("GW_DC_TWO_HOSTS_STORE");
-  const char* rank_text = ::getenv("GW_DC_RANK");
-  if (store == nullptr || rank_text == nullptr) {
-    GTEST_SKIP() << "started only by TwoDaemonsTwoTrainersEach";
-  }
-  const int rank = std::atoi(rank_text);
+  const auto place = gw::testing::trainer_place();
+  if (!place) GTEST_SKIP() << "started only by TwoDaemonsTwoTrainersEach";
+  const int rank = place->rank;
   gw_config_t cfg = GW_CONFIG_INIT;
   cfg.rank = rank;
-  cfg.world_size = 4;
-  cfg.store_addr = store;
+  cfg.world_size = place->world;
+  cfg.store_addr = place->store.c_str();
   cfg.timeout_ms = 30000;
   gw_comm_t c = nullptr;
   ASSERT_EQ(gw_comm_init(&c, &cfg), GW_OK) << last_error();
