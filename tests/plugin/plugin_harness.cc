@@ -80,8 +80,8 @@ std::optional<std::string> swap_env(const char* name, const char* value) {
 
 // Host h's (0: a, 1: b) daemon, started with its end of a net_memif pair (GW_DPDK_EAL_ARGS,
 // GW_DPDK_IP; the socket named after this process, so concurrent tests do not meet), INFO logging
-// and its stderr in a file; the environment is as before once it runs, so neither this process
-// nor the plugin processes it starts inherit the port.
+// and its stderr in a file; once it runs, GW_DPDK_EAL_ARGS and GW_DPDK_IP are unset, so neither
+// this process nor the plugin processes it starts inherit a port.
 std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwired, int h,
                                                             const char* prefix) {
   DaemonLogs& logs = daemon_logs();
@@ -96,21 +96,19 @@ std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwire
       "net_memif0,id=0,socket=/gw-plugin-xhost-{}.sock,role={},mac=02:72:00:00:00:0{}",
       ::getpid(), h == 0 ? "server" : "client", h + 1);
   const std::string ip = fmt::format("10.72.0.{}", h + 1);
-  auto eal_was = swap_env("GW_DPDK_EAL_ARGS", eal.c_str());
-  auto ip_was = swap_env("GW_DPDK_IP", ip.c_str());
-  auto level_was = swap_env("GW_LOG_LEVEL", "info");
+  setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
+  setenv("GW_DPDK_IP", ip.c_str(), 1);
+  const auto level_was = swap_env("GW_LOG_LEVEL", "info");  // its "dpdk: engine on" line
   // The daemon inherits this process's stderr at its fork: a file for that moment.
   const int log = ::open(logs.path[h].c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-  const int saved = ::dup(STDERR_FILENO);
+  const int saved = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
   if (log >= 0 && saved >= 0) ::dup2(log, STDERR_FILENO);
   auto daemon = std::make_unique<gw::testing::LocalDaemon>(gradwired, prefix);
   if (log >= 0 && saved >= 0) ::dup2(saved, STDERR_FILENO);
   if (saved >= 0) ::close(saved);
   if (log >= 0) ::close(log);
-  swap_env("GW_DPDK_EAL_ARGS", eal_was ? eal_was->c_str() : nullptr);
-  swap_env("GW_DPDK_IP", ip_was ? ip_was->c_str() : nullptr);
   swap_env("GW_LOG_LEVEL", level_was ? level_was->c_str() : nullptr);
-  // Neither can be inherited now: the ports are the daemons'.
+  // The ports are the daemons': nothing started later (plugin processes) may inherit one.
   unsetenv("GW_DPDK_EAL_ARGS");
   unsetenv("GW_DPDK_IP");
   return daemon;
