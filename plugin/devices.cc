@@ -187,10 +187,13 @@ Result<std::unique_ptr<net::Transport>> open_backend(const std::string& requeste
   }
   if (requested != "auto") {
     auto backend = net::find_backend(requested);
-    if (!backend.ok() || !backend->auto_across_hosts) {
+    // dpdk is never auto's choice (a port has one owner: one NCCL process per port, where daemon
+    // mode shares the port between them), but crosses hosts when named.
+    const bool named_only = requested == "dpdk";
+    if (!backend.ok() || !(backend->auto_across_hosts || named_only)) {
       return invalid_arg(
-          "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use {}; NCCL handles "
-          "ranks on one host itself)",
+          "GW_PLUGIN_BACKEND='{}' is not a backend for the NCCL plugin (use {}, or dpdk; NCCL "
+          "handles ranks on one host itself)",
           requested, net::describe_cross_host_backends());
     }
     auto t = net::make_transport(requested, options);

@@ -8,7 +8,7 @@ using config::Type;
 
 constinit const config::Row kPluginBackend{"GW_PLUGIN_BACKEND", Type::String, "auto", "",
                                            "transport under the NCCL net plugin, auto or a backend "
-                                           "auto may pick across hosts"};
+                                           "auto may pick across hosts, or dpdk (by name only)"};
 constinit const config::Row kPluginMinChannels{
     "GW_PLUGIN_MIN_CHANNELS", Type::Int, "0", "",
     "NCCL channels the plugin asks for by setting NCCL_MIN_NCHANNELS when the user has not: "

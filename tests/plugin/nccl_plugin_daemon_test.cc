@@ -18,7 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/plugin/plugin_harness.h"
 #include "tests/support/free_port.h"
@@ -28,9 +32,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What `gradwirectl ARGS` printed for the daemon at GW_DAEMON ("" when it cannot be run).
-std::string gradwirectl(const std::string& args) {
-  const char* d = getenv("GW_DAEMON");
+// What `gradwirectl ARGS` printed for the daemon at `daemon` (unix:PATH; GW_DAEMON when null),
+// "" when it cannot be run.
+std::string gradwirectl(const std::string& args, const char* daemon = nullptr) {
+  const char* d = daemon != nullptr ? daemon : getenv("GW_DAEMON");
   if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return "";
   const std::string cmd =
       std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " " + args + " 2>/dev/null";
@@ -59,6 +64,9 @@ class DaemonPlugin : public ::testing::Test {
     ASSERT_NE(getenv("GW_DAEMON"), nullptr);
     api_ = make_api("v11");
     ASSERT_EQ(api_->init(&ctx_), ncclSuccess);
+    if (const std::string why = dpdk_unavailable(); !why.empty()) {
+      GTEST_SKIP() << "DPDK cannot start here: " << why;
+    }
   }
   void TearDown() override {
     if (api_) api_->finalize(ctx_);
@@ -101,6 +109,40 @@ class DaemonPlugin : public ::testing::Test {
     }
     ~Acceptor() { join(); }
   };
+  // Two hosts over dpdk (GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk), found out once per process: one
+  // connection across the hosts, after which the daemons have started their ports (each at its
+  // first job); their rte_eal_init failure when EAL cannot start here, else "".
+  std::string dpdk_unavailable() {
+    static const std::string why = [this]() -> std::string {
+      if (xhost_transport() != "dpdk") return "";
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+      void* lc = nullptr;
+      if (api_->listen(ctx_, 0, handle, &lc) != ncclSuccess) return "";
+      Acceptor acc;
+      acc.start(api_.get(), lc);
+      const int rc = run_peer({}, {"connect", handle_hex(handle), "send"});
+      if (rc == 0) {
+        acc.thread.join();  // until its comm (up to 40 s)
+      } else {
+        acc.join();
+      }
+      bool received = false;
+      if (void* comm = acc.comm.load(); comm != nullptr) {
+        Buffer in(8192);
+        void* req = nullptr;
+        std::vector<int> sizes;
+        received = post_recv(*api_, comm, in.data, in.size, 3, nullptr, &req).empty() &&
+                   wait_all(*api_, {req}, &sizes).empty() && sizes[0] == 4096 &&
+                   check_pattern(in.data, 4096, 77) == -1;
+        api_->close_recv(comm);
+      }
+      api_->close_listen(lc);
+      std::printf("over dpdk: a first connection across the hosts %s\n",
+                  received ? "carried its 4096 bytes" : "failed");
+      return dpdk_cannot_start();
+    }();
+    return why;
+  }
   std::unique_ptr<NetApi> api_;
   void* ctx_ = nullptr;
 };
@@ -135,12 +177,13 @@ TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
   std::printf("%s", jobs.c_str());
   if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr) {
     // Two hosts: the connection is a job of both daemons, over the transport they agreed (tcp,
-    // or the one GW_PLUGIN_TEST_XHOST_TRANSPORT names: verbs under the emulator).
-    const char* t = getenv("GW_PLUGIN_TEST_XHOST_TRANSPORT");
-    const std::string want = t != nullptr ? t : "tcp";
+    // or the one GW_PLUGIN_TEST_XHOST_TRANSPORT names: verbs under the emulator, dpdk over the
+    // daemons' memif pair).
+    const std::string want = xhost_transport();
     const std::string json = gradwirectl("--json jobs");
     EXPECT_NE(json.find("\"hosts\": 2"), std::string::npos) << json;
     EXPECT_NE(json.find("\"transport\": \"" + want + "\""), std::string::npos) << json;
+    EXPECT_EQ(xhost_went_over_dpdk(), "");
   }
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
   EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
@@ -364,6 +407,146 @@ TEST_F(DaemonPlugin, FiguresAcrossTwoDaemons) {
   one_daemon.push_back(std::string("GW_DAEMON=") + a);
   EXPECT_EQ(run_peer(one_daemon, {"bench"}), 0);
   EXPECT_EQ(run_peer({}, {"bench-xhost"}), 0);
+}
+
+// The environment changes of a peer process on host a (run_peer's "-NAME": it stays on this
+// process's host and daemon instead of moving to host b).
+const std::vector<std::string> kOnHostA = {"-GW_PLUGIN_TEST_PEER_DAEMON",
+                                           "-GW_PLUGIN_TEST_PEER_HOSTID"};
+
+// How many times `needle` occurs in `text`.
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// Runs nccl_plugin_peer once per entry of `runs` (environment changes, arguments), all at once;
+// returns their exit statuses. `while_running` is called once, with the count of those already
+// ended, while they run (it may wait).
+std::vector<int> run_peers(
+    const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>& runs,
+    const std::function<void(const std::atomic<int>& ended)>& while_running = nullptr) {
+  std::vector<int> rcs(runs.size(), -1);
+  std::atomic<int> ended{0};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      rcs[i] = run_peer(runs[i].first, runs[i].second);
+      ++ended;
+    });
+  }
+  if (while_running) while_running(ended);
+  for (std::thread& t : threads) t.join();
+  return rcs;
+}
+
+// Two hosts only (the xhost variants: tcp, verbs_emu, dpdk): four plugin processes on host a and
+// four on host b, process i of each side connected both ways with process i of the other (eight
+// connections, each a job of both daemons), all at once: 0 B to 8 MiB both ways, one at a time
+// and then all in flight, every byte checked (nccl_plugin_peer share). While the eight
+// connections are up, each daemon lists them as jobs of two hosts over the variant's transport;
+// over dpdk, all go through the one port of each daemon (its engine started once, on its end of
+// the memif pair).
+TEST_F(DaemonPlugin, FourProcessesShareOneDaemonPort) {
+  const char* b = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
+  if (b == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  char dir[] = "/tmp/gw-plugin-share-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  constexpr int kPerHost = 4;
+  std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> runs;
+  for (int i = 0; i < kPerHost; ++i) {
+    runs.push_back({kOnHostA, {"share", dir, "a", std::to_string(i)}});
+    runs.push_back({{}, {"share", dir, "b", std::to_string(i)}});
+  }
+  const std::string want = "\"transport\": \"" + xhost_transport() + "\"";
+  std::string jobs_a, jobs_b;
+  int done = 0;
+  const auto t0 = Clock::now();
+  std::vector<int> rcs = run_peers(runs, [&](const std::atomic<int>& ended) {
+    // Until every process has moved its bytes (and so holds its two connections), or one ended.
+    for (const auto until = Clock::now() + std::chrono::seconds(40);
+         Clock::now() < until && ended.load() == 0;) {
+      done = 0;
+      for (int i = 0; i < kPerHost; ++i) {
+        for (const char* side : {"a", "b"}) {
+          const std::string f = std::string(dir) + "/" + side + std::to_string(i) + ".done";
+          done += access(f.c_str(), F_OK) == 0 ? 1 : 0;
+        }
+      }
+      if (done == 2 * kPerHost) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    jobs_a = gradwirectl("--json jobs");
+    jobs_b = gradwirectl("--json jobs", b);
+    // Let them close (each also waits for its peer to be done reading).
+    FILE* f = std::fopen((std::string(dir) + "/release").c_str(), "w");
+    if (f != nullptr) std::fclose(f);
+  });
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  for (size_t i = 0; i < rcs.size(); ++i) {
+    EXPECT_EQ(rcs[i], 0) << "share " << runs[i].second[2] << runs[i].second[3]
+                         << " failed (its reason is on stderr)";
+  }
+  EXPECT_EQ(done, 2 * kPerHost);
+  // Eight connections, each a job of two hosts in both daemons, over the variant's transport.
+  EXPECT_GE(occurrences(jobs_a, want), 2 * kPerHost) << jobs_a;
+  EXPECT_GE(occurrences(jobs_b, want), 2 * kPerHost) << jobs_b;
+  if (xhost_transport() == "dpdk") {
+    EXPECT_EQ(xhost_went_over_dpdk(), "");
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(occurrences(xhost_daemon_output(h), "dpdk: engine on "), 1)
+          << "one port per daemon, shared by every job:\n"
+          << xhost_daemon_output(h);
+    }
+  }
+  std::printf("4+4 processes, 8 connections across two daemons (%s): %.2f s\n",
+              xhost_transport().c_str(), s);
+}
+
+// Two hosts over dpdk only (nccl_plugin_daemon_test.xhost_dpdk): the figures over dpdk, each end
+// in a process of its own (direct mode needs that: EAL is once per process, so each end owns a
+// port), both modes measured alike (nccl_plugin_peer bench-pair): daemon mode, the ends on the
+// two daemons whose jobs run over their memif pair, against direct mode, the plugin's own dpdk
+// backend (GW_PLUGIN_BACKEND=dpdk) with each process on an end of a memif pair of its own; with
+// the machine's ceilings, in the same run.
+TEST_F(DaemonPlugin, FiguresOverDpdkInTwoProcesses) {
+  if (xhost_transport() != "dpdk") {
+    GTEST_SKIP() << "two hosts over dpdk only (GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk)";
+  }
+  std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
+              loopback_tcp_gbps());
+  std::fflush(stdout);
+  auto pair = [](const std::vector<std::string>& tx_env, const std::vector<std::string>& rx_env,
+                 const std::string& label) {
+    char dir[] = "/tmp/gw-plugin-bench-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return std::vector<int>{-1, -1};
+    std::vector<int> rcs = run_peers(
+        {{tx_env, {"bench-pair", dir, "tx", label}}, {rx_env, {"bench-pair", dir, "rx", label}}});
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    return rcs;
+  };
+  // Daemon mode: tx on host a, rx on host b.
+  EXPECT_EQ(pair(kOnHostA, {}, "daemon-xhost-dpdk"), (std::vector<int>{0, 0}));
+  // Direct mode: no daemon, each process on its end of a memif pair (named after this process).
+  std::vector<std::vector<std::string>> direct(2);
+  for (int h = 0; h < 2; ++h) {
+    direct[h] = {"-GW_DAEMON",
+                 "-GW_PLUGIN_TEST_GRADWIRED",
+                 "-GW_PLUGIN_TEST_PEER_DAEMON",
+                 "-GW_PLUGIN_TEST_PEER_HOSTID",
+                 "GW_PLUGIN_BACKEND=dpdk",
+                 std::string("GW_HOSTID=") + (h == 0 ? kXhostA : kXhostB),
+                 "GW_DPDK_IP=10.73.0." + std::to_string(h + 1),
+                 "GW_DPDK_EAL_ARGS=-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry "
+                 "--log-level=*:error --vdev net_memif0,id=0,socket=/gw-plugin-direct-" +
+                     std::to_string(getpid()) + ".sock,role=" + (h == 0 ? "server" : "client") +
+                     ",mac=02:73:00:00:00:0" + std::to_string(h + 1)};
+  }
+  EXPECT_EQ(pair(direct[0], direct[1], "direct-dpdk"), (std::vector<int>{0, 0}));
 }
 
 // Two hosts only (the ctest variant nccl_plugin_daemon_test.xhost, GW_PLUGIN_TEST_XHOST=1): the

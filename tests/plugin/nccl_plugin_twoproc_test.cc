@@ -64,8 +64,15 @@ TEST(PluginTwoProcesses, ExchangeSizesAndBurstsBothWays) {
   Error e = exchange_with_peer(*api, from_child[0], to_child[1], 0);
   close(to_child[1]);
   close(from_child[0]);
+  const int child_rc = child.wait(60);
+  // Two hosts over dpdk (GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk): EAL refused here, or the daemons
+  // really ran their DPDK engines.
+  if (e != "" && !dpdk_cannot_start().empty()) {
+    GTEST_SKIP() << "DPDK cannot start here: " << dpdk_cannot_start();
+  }
   EXPECT_EQ(e, "");
-  EXPECT_EQ(child.wait(60), 0) << "the peer process failed (its reason is on stderr)";
+  EXPECT_EQ(child_rc, 0) << "the peer process failed (its reason is on stderr)";
+  EXPECT_EQ(xhost_went_over_dpdk(), "");
 }
 
 }  // namespace

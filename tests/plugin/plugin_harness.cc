@@ -1,6 +1,7 @@
 #include "tests/plugin/plugin_harness.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,7 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -44,6 +48,115 @@ void become_peer_host() {
   setenv("GW_HOSTID", h, 1);
 }
 
+namespace {
+
+// The two daemons' stderr of GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk (read back by
+// xhost_daemon_output), in a directory removed at exit.
+struct DaemonLogs {
+  std::string dir, path[2];
+  ~DaemonLogs() {
+    for (const std::string& p : path) {
+      if (!p.empty()) ::unlink(p.c_str());
+    }
+    if (!dir.empty()) ::rmdir(dir.c_str());
+  }
+};
+DaemonLogs& daemon_logs() {
+  static DaemonLogs logs;
+  return logs;
+}
+
+// Sets (value non-null) or unsets `name`, returning what it was (nullopt: unset).
+std::optional<std::string> swap_env(const char* name, const char* value) {
+  const char* old = getenv(name);
+  std::optional<std::string> was = old == nullptr ? std::nullopt : std::optional(std::string(old));
+  if (value != nullptr) {
+    setenv(name, value, 1);
+  } else {
+    unsetenv(name);
+  }
+  return was;
+}
+
+// Host h's (0: a, 1: b) daemon, started with its end of a net_memif pair (GW_DPDK_EAL_ARGS,
+// GW_DPDK_IP; the socket named after this process, so concurrent tests do not meet), INFO logging
+// and its stderr in a file; once it runs, GW_DPDK_EAL_ARGS and GW_DPDK_IP are unset, so neither
+// this process nor the plugin processes it starts inherit a port.
+std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwired, int h,
+                                                            const char* prefix) {
+  DaemonLogs& logs = daemon_logs();
+  if (logs.dir.empty()) {
+    char tmpl[] = "/tmp/gw-plugin-xlog-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp for the daemons' logs");
+    logs.dir = tmpl;
+  }
+  logs.path[h] = logs.dir + (h == 0 ? "/a.log" : "/b.log");
+  const std::string eal = fmt::format(
+      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error --vdev "
+      "net_memif0,id=0,socket=/gw-plugin-xhost-{}.sock,role={},mac=02:72:00:00:00:0{}",
+      ::getpid(), h == 0 ? "server" : "client", h + 1);
+  const std::string ip = fmt::format("10.72.0.{}", h + 1);
+  setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
+  setenv("GW_DPDK_IP", ip.c_str(), 1);
+  const auto level_was = swap_env("GW_LOG_LEVEL", "info");  // its "dpdk: engine on" line
+  // The daemon inherits this process's stderr at its fork: a file for that moment.
+  const int log = ::open(logs.path[h].c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
+  const int saved = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
+  if (log >= 0 && saved >= 0) ::dup2(log, STDERR_FILENO);
+  auto daemon = std::make_unique<gw::testing::LocalDaemon>(gradwired, prefix);
+  if (log >= 0 && saved >= 0) ::dup2(saved, STDERR_FILENO);
+  if (saved >= 0) ::close(saved);
+  if (log >= 0) ::close(log);
+  swap_env("GW_LOG_LEVEL", level_was ? level_was->c_str() : nullptr);
+  // The ports are the daemons': nothing started later (plugin processes) may inherit one.
+  unsetenv("GW_DPDK_EAL_ARGS");
+  unsetenv("GW_DPDK_IP");
+  return daemon;
+}
+
+}  // namespace
+
+std::string xhost_transport() {
+  const char* t = getenv("GW_PLUGIN_TEST_XHOST_TRANSPORT");
+  return t != nullptr && *t != '\0' ? t : "tcp";
+}
+
+std::string xhost_daemon_output(int host) {
+  const std::string& p = daemon_logs().path[host == 0 ? 0 : 1];
+  if (p.empty()) return "";
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Error xhost_went_over_dpdk() {
+  if (xhost_transport() != "dpdk") return "";
+  for (int h = 0; h < 2; ++h) {
+    const std::string out = xhost_daemon_output(h);
+    if (out.find("dpdk: engine on net_memif0") == std::string::npos) {
+      return fmt::format("daemon {} did not say \"dpdk: engine on net_memif0\"; its output:\n{}",
+                         h == 0 ? 'a' : 'b', out);
+    }
+  }
+  return "";
+}
+
+std::string dpdk_cannot_start() {
+  if (xhost_transport() != "dpdk") return "";
+  for (int h = 0; h < 2; ++h) {
+    const std::string out = xhost_daemon_output(h);
+    const size_t at = out.find("rte_eal_init");
+    if (at != std::string::npos) {
+      const size_t from = out.rfind('\n', at);
+      const size_t to = out.find('\n', at);
+      return out.substr(from == std::string::npos ? 0 : from + 1,
+                        to == std::string::npos ? std::string::npos : to - from - 1);
+    }
+  }
+  return "";
+}
+
 void set_test_environment() {
   // Daemon mode (the *.daemon ctest variants set GW_PLUGIN_TEST_GRADWIRED to gradwired's path):
   // a gradwired of this process's own, stopped at exit, with GW_DAEMON pointing at it for the
@@ -55,11 +168,20 @@ void set_test_environment() {
   const char* xhost = getenv("GW_PLUGIN_TEST_XHOST");
   if (gradwired != nullptr && *gradwired != '\0' && getenv("GW_DAEMON") == nullptr &&
       xhost != nullptr && std::string(xhost) == "1") {
+    // Over dpdk (GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk) each daemon gets an end of a net_memif
+    // pair; given a port, each offers dpdk first, so their jobs run over it.
+    const bool dpdk = xhost_transport() == "dpdk";
+    auto start = [&](int h, const char* prefix) {
+      return dpdk ? start_dpdk_daemon(gradwired, h, prefix)
+                  : std::make_unique<gw::testing::LocalDaemon>(gradwired, prefix);
+    };
     setenv("GW_HOSTID", kXhostA, 1);
-    static gw::testing::LocalDaemon a(gradwired, "gw-plugin-xa");
+    static std::unique_ptr<gw::testing::LocalDaemon> a_daemon = start(0, "gw-plugin-xa");
     setenv("GW_HOSTID", kXhostB, 1);
-    static gw::testing::LocalDaemon b(gradwired, "gw-plugin-xb");
+    static std::unique_ptr<gw::testing::LocalDaemon> b_daemon = start(1, "gw-plugin-xb");
     setenv("GW_HOSTID", kXhostA, 1);
+    gw::testing::LocalDaemon& a = *a_daemon;
+    gw::testing::LocalDaemon& b = *b_daemon;
     if (!a.ready() || !b.ready() || !a.use()) {
       throw std::runtime_error(fmt::format("two gradwired ({}) did not come up", gradwired));
     }

@@ -37,6 +37,21 @@ inline constexpr const char* kXhostA = "gw-plugin-host-a";
 inline constexpr const char* kXhostB = "gw-plugin-host-b";
 // In a peer process: moves it to host b when the harness runs two hosts (before the plugin loads).
 void become_peer_host();
+// The transport the two hosts' daemons are to agree: GW_PLUGIN_TEST_XHOST_TRANSPORT (tcp when
+// unset; verbs: the emulator, GW_VERBS_EMULATE=1; dpdk: set_test_environment gives daemon a and
+// daemon b the two ends of a net_memif pair, GW_DPDK_EAL_ARGS / GW_DPDK_IP, and keeps their
+// stderr for the calls below).
+std::string xhost_transport();
+// Result of a helper: empty = success, else what went wrong.
+using Error = std::string;
+// Over dpdk: what daemon a (0) or b (1) wrote to stderr so far ("" otherwise).
+std::string xhost_daemon_output(int host);
+// Over dpdk: "" when both daemons said they run their DPDK engine on their memif end, else why
+// not (with their output); "" for the other transports.
+Error xhost_went_over_dpdk();
+// Over dpdk: the daemons' rte_eal_init failure line when EAL cannot start on this machine (the
+// tests then skip saying so), else "".
+std::string dpdk_cannot_start();
 
 // Lines the logger passed to init received, as "LEVEL message".
 std::vector<std::string> log_lines();
@@ -85,9 +100,6 @@ struct Buffer {
 void fill_pattern(uint8_t* p, size_t n, uint32_t seed);
 // Index of the first byte that differs from the pattern, or -1.
 int64_t check_pattern(const uint8_t* p, size_t n, uint32_t seed);
-
-// Result of a helper: empty = success, else what went wrong.
-using Error = std::string;
 
 // listen on `listen_ctx`'s side, then connect and accept alternately from this thread until
 // both are non-NULL (deadline_ms). Closes the listen comm after accept, as NCCL does.

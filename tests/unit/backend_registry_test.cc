@@ -148,7 +148,7 @@ TEST(BackendRegistry, DpdkAndVerbsAreKnownEvenWhenNotBuilt) {
       EXPECT_FALSE(s.message().empty());
     }
   }
-  // dpdk owns a port: only by name, never by auto, not offered to the NCCL plugin.
+  // dpdk owns a port: only by name, never by auto (the NCCL plugin too takes it only by name).
   auto dpdk = find_backend("dpdk");
   ASSERT_TRUE(dpdk.ok());
   EXPECT_FALSE(dpdk->auto_within_host);
