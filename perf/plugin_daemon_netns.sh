@@ -145,7 +145,7 @@ session() {  # session RATE: one testbed session, its table
   echo
   echo "## 2 namespace hosts, link: $link; $size x $transfers transfers (median of each run)," \
        "$rounds 8-byte round trips; $runs runs"
-  echo "$(grep -m1 -h 'INFO NET/gradwire: backend' "$dir"/h0.1.direct.log 2>/dev/null | sed 's/^ *//')"
+  grep -m1 -h 'INFO NET/gradwire: backend' "$dir"/h0.1.direct.log 2>/dev/null | sed 's/^ *//' 
   echo
   echo "| run | memcpy GB/s | one TCP conn. GB/s | direct GB/s | daemon GB/s | direct us (one-way) | daemon us (one-way) |"
   echo "|---|---|---|---|---|---|---|"

@@ -18,12 +18,19 @@ for bad in "-r 10xbit" "-s 0" "-n 0" "-T x"; do
 done
 work=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 # The ends disagree (4 MiB here, 8 MiB there), on loopback: the listener refuses at the hello.
 GW_SOCKET_IFNAME=lo timeout 30 "$peer" bench-connect "$work/h" 8M 3 10 >/dev/null 2>&1 &
 pids+=($!); disown
 out=$(GW_SOCKET_IFNAME=lo timeout 30 "$peer" bench-listen "$work/h" 4M 3 10 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "the ends disagree" <<<"$out" || fail "mismatched ends: status $rc: $out"
+if [ $rc -ne 1 ] || ! grep -q "the ends disagree" <<<"$out"; then
+  fail "mismatched ends: status $rc: $out"
+fi
 out=$(bash "$script" -B "$build" -r none -r 1gbit -n 1 -s 4M -T 3 -l 100 2>&1); rc=$?
 echo "$out"
 [ $rc -eq 77 ] && exit 77
