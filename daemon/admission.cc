@@ -320,7 +320,14 @@ void Server::Impl::poll_clients(const std::vector<pollfd>& pfds, size_t first,
     std::vector<sys::Fd> fds;
     auto n = sys::recv_with_fds(it->second->sock.get(), b, sizeof(b), &fds, sys::kNoWait, "client");
     if (n.ok() && *n == 0) {
-      gone.emplace_back(ids[i], "closed its connection");
+      // Whether it said, before closing, that it leaves on purpose (a killed process cannot).
+      Trainer& t = *it->second;
+      const bool left =
+          t.hdr != nullptr && t.hdr->client_leaving.load(std::memory_order_acquire) == 1;
+      t.left.store(left, std::memory_order_relaxed);  // published by mark_lost (release)
+      gone.emplace_back(ids[i], left ? "closed its connection"
+                                     : "its connection closed without a "
+                                       "goodbye (killed or crashed?)");
     } else if (n.ok()) {
       counters.refused.fetch_add(1);
       counters.error(ErrorKind::kProtocol);

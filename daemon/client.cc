@@ -218,6 +218,12 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& path, const H
   return c;
 }
 
+Client::~Client() {
+  if (data_ == nullptr) return;  // never welcomed: no arena to speak through
+  auto* hdr = static_cast<ArenaHeader*>(arena_.data());
+  hdr->client_leaving.store(1, std::memory_order_release);
+}
+
 bool Client::in_data(const void* p, size_t bytes, uint64_t* off) const {
   const auto* b = static_cast<const uint8_t*>(p);
   if (b < data_ || b > data_ + geo_.data_bytes) return false;

@@ -55,7 +55,9 @@ class Client {
   // busy-polls the completion ring before sleeping (GW_DAEMON_SPIN_US).
   static Result<std::unique_ptr<Client>> connect(const std::string& path, const Hello& hello,
                                                  int64_t spin_ns);
-  ~Client() = default;
+  // Tells the daemon, through the arena, that this trainer leaves on purpose (client_leaving)
+  // before the connection closes: its job then ends rather than fails.
+  ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 

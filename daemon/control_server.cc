@@ -140,6 +140,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
         r["state"] = !job->started          ? "joining"
                      : job->finished.load() ? "ended"
                      : job->failed.load()   ? "failed"
+                     : job->ended.load()    ? "ended"
                                             : "running";
         r["collectives"] = job->done.load();
         r["errors"] = job->errors.load();

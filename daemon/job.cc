@@ -224,13 +224,16 @@ Status Job::start_comm() {
   return ok_status();
 }
 
-void Job::fail(const Status& s) {
-  if (!failure.ok()) return;
-  failure = s;
-  failed.store(true);
+void Job::fail(const Status& s, bool left) {
   bool pending = false;
   for (const auto& m : members) pending = pending || (m && !m->pending.empty());
-  if (pending || s.code() != Code::kPeer) {
+  // A trainer that left on purpose between collectives ends the job; anything else fails it,
+  // even after such an end (a trainer killed after its peer closed).
+  const bool usual_end = left && !pending && s.code() == Code::kPeer;
+  (usual_end ? ended : failed).store(true);
+  if (!failure.ok()) return;
+  failure = s;
+  if (!usual_end) {
     GW_LOG_WARN("gradwired: job of {} ranks (host {} of {}) failed: {}", first.world_size,
                 first.host_index, first.num_hosts, s.message());
   } else {  // a trainer left between collectives: the usual end of a job
@@ -442,7 +445,7 @@ void Job::run() {
       if (!m->lost.load(std::memory_order_acquire)) consume(*m);
       if (m->lost.load(std::memory_order_acquire)) {
         const Status why = peer_error("{} left the job: {}", m->name(), m->reason());
-        fail(why);
+        fail(why, m->left.load(std::memory_order_acquire));
         if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
         m.reset();  // the arena goes with the last reference
         continue;

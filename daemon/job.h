@@ -61,6 +61,8 @@ struct Trainer {
 
   // Set once by whoever sees the trainer go (serve loop: socket closed; job thread: refused).
   std::atomic<bool> lost{false};
+  // With lost: it closed its connection on purpose (the arena's client_leaving), not killed.
+  std::atomic<bool> left{false};
   std::atomic<uint64_t> requests{0};  // submissions accepted (gradwirectl clients)
   std::mutex reason_mu;
   std::string lost_reason;
@@ -120,8 +122,10 @@ struct Job {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> finished{false};
-  // For gradwirectl jobs (read by the serve loop).
+  // For gradwirectl jobs (read by the serve loop): failed, or ended by a trainer that left on
+  // purpose between collectives (its other trainers may still be attached).
   std::atomic<bool> failed{false};
+  std::atomic<bool> ended{false};
   std::atomic<uint64_t> done{0}, errors{0};
   // A connection of the NCCL plugin's daemon mode: its NCCL job (nccl_job_of; "" for any other
   // job) and the bytes its listener (rank 1) received, for gradwirectl jobs.
@@ -192,7 +196,9 @@ struct Job {
  private:
   // job.cc
   Status start_comm();
-  void fail(const Status& s);
+  // left: a trainer that closed its connection on purpose is why (the job's usual end, unless a
+  // collective of the others waited for it).
+  void fail(const Status& s, bool left = false);
   void refuse(Trainer& t, const Status& why);
   void consume(Trainer& t);
   void make_p2p();  // job_p2p.cc

@@ -276,6 +276,11 @@ struct alignas(64) ArenaHeader {
   // reading 1 after publishing cq_tail (a seq_cst fence between the two), may skip the completion
   // eventfd. The client clears it, fences, and checks cq_tail again before it sleeps.
   alignas(64) std::atomic<uint32_t> client_spinning;
+  // 1 once the client closes its connection on purpose (its Client goes: the session or the
+  // plugin's comm closed), stored before the socket closes (written by the client only). The
+  // daemon reads it when the socket closes: 0 there (a killed or crashed process, or a client
+  // before this field) is a trainer that died, 1 one that left (docs/wire-daemon.md §5).
+  alignas(64) std::atomic<uint32_t> client_leaving;
 };
 static_assert(sizeof(ArenaHeader) <= kArenaHeaderBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

@@ -39,3 +39,36 @@ int run_daemon_scenario(int argc, char** argv);
 int run_file_scenario(int argc, char** argv);
 
 }  // namespace gw::plugin_test
+
+// The two ends of one connection in two processes (two hosts: perf/plugin_daemon_netns.sh), and
+// the ceilings printed beside them (daemon_scenarios.cc, its last part). Every wait is bounded
+// (60 s for the other end's start and for each message). BYTES takes K, M or G; 8 to 1G.
+//   bench-listen FILE BYTES TRANSFERS ROUNDS
+//        listens, writes its handle (hex) to FILE, accepts; the connecting end's first message
+//        brings its own handle (and its BYTES, TRANSFERS, ROUNDS, which must match) and this end
+//        connects back. Then 1 + TRANSFERS messages of BYTES from the connecting end, each timed
+//        here from posting its 8-byte go token (on the connection back) to the data's arrival, so
+//        a figure includes one small message's latency; the first is a warm-up; every one is
+//        pattern-checked (two seeds alternating). Then answers ROUNDS 8-byte pings. One line:
+//        "bench-listen mode=direct|daemon bytes=B transfers=T checked=T+1 gbps_median=X
+//        gbps_best=Y rounds=R rtt_us_median=Z oneway_us=Z/2" (rtt: the time between two pings'
+//        arrivals here, i.e. one round trip; one-way is half of it).
+//   bench-connect FILE BYTES TRANSFERS ROUNDS
+//        reads the handle from FILE (waiting for it), connects, sends its hello, accepts the
+//        connection back, sends each message when its go token arrives, then ROUNDS ping-pongs
+//        (8 bytes each way, the answer's receive posted first), each round trip timed here:
+//        "bench-connect mode=... bytes=B transfers=T rounds=R rtt_us_median=Z oneway_us=Z/2".
+//   ceiling-memcpy BYTES TRANSFERS
+//        "ceiling-memcpy bytes=B transfers=T gbps_median=X gbps_best=Y", one memcpy each.
+//   tcp-sink FILE BYTES TRANSFERS / tcp-source IP FILE BYTES TRANSFERS
+//        one raw TCP connection: the sink listens on every interface and writes its port to
+//        FILE, the source connects to IP; 1 + TRANSFERS messages, each timed at the sink from
+//        its one-byte go to the last byte, as bench-listen does (the last one checked):
+//        "tcp-sink bytes=B transfers=T gbps_median=X gbps_best=Y".
+// Exit status: 0 when the scenario held, 2 for bad arguments, 1 otherwise.
+namespace gw::plugin_test {
+
+// The scenario's exit status; -1 when argv names none of these.
+int run_bench_scenario(int argc, char** argv);
+
+}  // namespace gw::plugin_test

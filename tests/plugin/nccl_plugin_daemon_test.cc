@@ -586,3 +586,72 @@ TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
 
 }  // namespace
 }  // namespace gw::plugin_test
+
+namespace gw::plugin_test {
+namespace {
+
+// The state `gradwirectl --json jobs` gives the daemon's one job (the connection's), once it is
+// not `running` any more or 10 s have passed; "" when the daemon lists no job or several.
+std::string connection_job_state() {
+  std::string json;
+  for (const auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::seconds(10);) {
+    json = gradwirectl("--json jobs");
+    const size_t first = json.find("\"job\":");
+    if (first == std::string::npos || json.find("\"job\":", first + 1) != std::string::npos) {
+      return "";
+    }
+    const size_t at = json.find("\"state\": \"");
+    if (at == std::string::npos) return "";
+    const std::string state = json.substr(at + 10, json.find('"', at + 10) - at - 10);
+    if (state != "running") return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return "running";
+}
+
+// A connection whose peer process closes its comm and finalizes (then exits) has ended, not
+// failed: `gradwirectl jobs` says `ended` while this end is still open; a peer killed instead
+// leaves it `failed`. One daemon (the connection's two ends on it: the job the daemon can see).
+TEST_F(DaemonPlugin, PeerThatClosesEndsTheJobAndAKilledOneFailsIt) {
+  if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr) GTEST_SKIP() << "one daemon only";
+  // The daemon's jobs (-1: unreadable) once it has none, or after 10 s: the earlier tests'
+  // connections go with their job threads, just after their ends closed.
+  auto jobs_left = [] {
+    int jobs = -1;
+    for (const auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::seconds(10);) {
+      if ((jobs = daemon_count("jobs")) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return jobs;
+  };
+  ASSERT_EQ(jobs_left(), 0) << gradwirectl("jobs");
+  for (const std::string then : {"send", "die"}) {
+    SCOPED_TRACE("peer: connect " + then);
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* lc = nullptr;
+    ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+    Acceptor acc;
+    acc.start(api_.get(), lc);
+    const int rc = run_peer({}, {"connect", handle_hex(handle), then});
+    if (then == "send") {
+      EXPECT_EQ(rc, 0);
+    }
+    void* comm = acc.wait_comm();
+    ASSERT_NE(comm, nullptr);
+    if (then == "send") {
+      Buffer in(4096);
+      void* req = nullptr;
+      ASSERT_EQ(post_recv(*api_, comm, in.data, in.size, 3, nullptr, &req), "");
+      ASSERT_EQ(wait_all(*api_, {req}), "");
+      EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+    }
+    const std::string state = connection_job_state();
+    EXPECT_EQ(state, then == "send" ? "ended" : "failed") << gradwirectl("jobs");
+    EXPECT_EQ(api_->close_recv(comm), ncclSuccess);
+    EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+    EXPECT_EQ(jobs_left(), 0) << gradwirectl("jobs");  // both ends gone: the job too
+  }
+}
+
+}  // namespace
+}  // namespace gw::plugin_test

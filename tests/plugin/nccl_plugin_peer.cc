@@ -19,7 +19,8 @@
 //                                    deregistered, then close and finalize: the trace GW_TIMELINE
 //                                    asks for is checked by the caller; the first init's INFO
 //                                    lines name a timeline file (ON 1) or none (ON 0)
-//   daemon mode's scenarios: tests/plugin/daemon_scenarios.h
+//   daemon mode's scenarios, and the two-process bench with its ceilings:
+//                                    tests/plugin/daemon_scenarios.h
 // Exit status 0 means the scenario held; the reason for anything else goes to stderr.
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -343,6 +344,7 @@ int main(int argc, char** argv) {
     if (mode == "gdr" && argc == 3) return run_gdr(argv[2]);
     if (mode == "timeline" && argc == 3) return run_timeline(std::atoi(argv[2]) != 0);
     if (int rc = run_daemon_scenario(argc, argv); rc >= 0) return rc;
+    if (int rc = run_bench_scenario(argc, argv); rc >= 0) return rc;
   } catch (const std::exception& e) {
     return fail(e.what());
   }
