@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -147,19 +148,46 @@ Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, 
   return Client::connect(s.options.address.substr(5), h, s.spin_ns);
 }
 
-class DaemonComm;
+// A message of at least kChunkBytes travels as several daemon messages on its tag (the header's
+// "Pipelining" rules): every chunk but the last exactly kChunkBytes, the last shorter (0 bytes when
+// the size is a multiple). Both ends must agree on it: a constant, not a knob.
+constexpr size_t kChunkBytes = size_t{4} << 20;
+// A comm's chunks after the first of their message in flight at once (sends): the arena room and
+// the daemons' unexpected bytes one comm holds stay bounded (kChunkBytes each).
+constexpr size_t kChunksAhead = 4;
+
+// One daemon message of a request: its submission, its staging in the arena, where it lies in the
+// caller's buffer.
+struct Chunk {
+  uint64_t seq = 0;
+  Client::Placed placed;
+  size_t at = 0;   // offset in the caller's buffer
+  size_t len = 0;  // bytes sent, or the receive's capacity
+};
 
 struct DaemonRequest {
   bool in_use = false;
   bool send = false;
-  uint64_t seq = 0;
-  Client::Placed placed;
-  void* user = nullptr;
-  size_t cap = 0;
+  int tag = 0;
+  uint8_t* user = nullptr;
+  size_t size = 0;  // send: the message; recv: the buffer
+  size_t next = 0;  // bytes submitted (send) or asked for by receives posted (recv)
+  // send: the final chunk (< kChunkBytes) is submitted. recv: the receive posted last is smaller
+  // than kChunkBytes, so whatever it gets ends the message: no receive follows it.
+  bool last_out = false;
+  bool want_post = true;     // recv: a receive is due (the first, or after a full chunk)
+  bool ended = false;        // recv: the final chunk arrived
+  size_t got = 0;            // recv: bytes arrived and copied out
+  std::deque<Chunk> chunks;  // submitted, completion not yet read (in order)
+  Status failed;
 };
 
 // One side of a connection: its client of the daemon and its requests (the backend's
 // net::Request is a DaemonRequest of this comm). One thread at a time (PluginComm's lock).
+//
+// Every call moves the whole comm (pump): it reads the completions of every request's chunks
+// (a receive's next chunk is posted before the one that arrived is copied out), then submits
+// what is due in posting order, keeping each tag's chunks in message order.
 class DaemonComm {
  public:
   DaemonComm(std::unique_ptr<Client> client, std::string name, int peer)
@@ -172,45 +200,27 @@ class DaemonComm {
           Code::kUnsupported,
           fmt::format("{}: tag {}: daemon mode matches exact tags (0..2^31-1) only", what, tag));
     }
-    // A receive may be posted larger than any message can be (direct mode takes up to 1 GiB):
-    // what it can take here is what a send can carry, the arena's data region.
-    if (!send) size = std::min<size_t>(size, client_->welcome().data_bytes);
-    if (size > client_->welcome().data_bytes) {
-      return no_memory(
-          "{} of {} bytes: larger than the daemon arena's data region ({} bytes); "
-          "raise GW_DAEMON_ARENA",
-          what, size, client_->welcome().data_bytes);
-    }
+    if (!broken_.ok()) return broken_.with_context(name_);
     DaemonRequest* r = nullptr;
-    size_t in_flight = 0;
     for (DaemonRequest& q : reqs_) {
-      if (q.in_use) {
-        ++in_flight;
-      } else if (r == nullptr) {
+      if (!q.in_use) {
         r = &q;
+        break;
       }
     }
     if (r == nullptr) return static_cast<net::Request*>(nullptr);
-    auto placed = client_->place(data, size, send);
-    if (!placed.ok()) {
-      // The arena is held by requests in flight: NCCL tests them and posts again.
-      if (placed.status().code() == Code::kNoMemory && in_flight > 0) {
-        return static_cast<net::Request*>(nullptr);
-      }
-      return placed.status().with_context(what);
+    r->in_use = true;
+    r->send = send;
+    r->tag = tag;
+    r->user = static_cast<uint8_t*>(data);
+    r->size = size;
+    order_.push_back(r);
+    Status st = pump();
+    if (st.ok()) st = r->failed;
+    if (!st.ok()) {
+      release(*r);
+      return st.with_context(fmt::format("{} on {}", what, name_));
     }
-    SqEntry e{};
-    e.opcode = static_cast<uint16_t>(send ? Opcode::kSend : Opcode::kRecv);
-    e.root = peer_;
-    e.count = size;
-    (send ? e.send_off : e.recv_off) = placed->off;
-    e.spec_len = static_cast<uint32_t>(tag);
-    auto seq = client_->post(e, what);
-    if (!seq.ok()) {
-      client_->unplace(*placed);
-      return seq.status();
-    }
-    *r = DaemonRequest{true, send, *seq, *placed, data, size};
     return reinterpret_cast<net::Request*>(r);
   }
 
@@ -220,11 +230,10 @@ class DaemonComm {
     if (r < reqs_.data() || r >= reqs_.data() + reqs_.size() || !r->in_use) {
       return internal_error("request {} is not in flight on {}", (void*)request, name_);
     }
-    bool finished = false;
-    daemon::CompressedDone info;
-    Status st =
-        client_->wait_for(r->seq, sys::kNoWait, &finished, r->send ? "isend" : "irecv", &info);
-    if (!finished) {
+    const char* what = r->send ? "isend" : "irecv";
+    Status st = pump();
+    if (st.ok()) st = r->failed;
+    if (st.ok() && !finished(*r)) {
       // The daemon's thread must run for this request to progress: on a host with more runnable
       // threads than cores, NCCL's polling proxy thread gives its core up between looks (as the
       // C ABI's client does while it waits).
@@ -232,25 +241,11 @@ class DaemonComm {
       const int64_t now = sys::now_ns();
       if (now - last_alive_ns_ < kAliveEveryNs) return ok_status();
       last_alive_ns_ = now;
-      Status alive = client_->check_alive(r->send ? "isend" : "irecv");
-      if (alive.ok()) return ok_status();
-      st = alive;
+      st = client_->check_alive(what);
+      if (st.ok()) return ok_status();
     }
-    size_t got = 0;
-    if (st.ok()) {
-      const daemon::P2pDone d = daemon::p2p_done(info);
-      if (d.bytes > r->cap) {
-        st = client_->broken(
-            peer_error("gradwired answered {} bytes for a buffer of {} bytes", d.bytes, r->cap));
-      } else {
-        got = static_cast<size_t>(d.bytes);
-        if (!r->send && r->placed.staged && got > 0) {
-          std::memcpy(r->user, client_->data() + r->placed.off, got);
-        }
-      }
-    }
-    client_->unplace(r->placed);
-    r->in_use = false;
+    const size_t got = r->send ? r->size : r->got;
+    release(*r);
     if (!st.ok()) return st.with_context(name_);
     *done = true;
     *size = got;
@@ -260,10 +255,168 @@ class DaemonComm {
   const std::string& name() const { return name_; }
 
  private:
+  static bool finished(const DaemonRequest& r) {
+    return r.chunks.empty() && (r.send ? r.last_out : r.ended);
+  }
+
+  // Frees the request's slot and whatever arena it still holds. A chunk still pending in the
+  // daemon may leave its staging only once the comm places nothing more (broken_ is set first).
+  void release(DaemonRequest& r) {
+    for (const Chunk& c : r.chunks) client_->unplace(c.placed);
+    order_.erase(std::find(order_.begin(), order_.end(), &r));
+    r = DaemonRequest{};
+  }
+
+  // A request failed. Chunks of its message (or of the message a receive took part of) may still
+  // be in the daemon and would be matched by the next message on the tag: then the comm ends
+  // (direct mode's connection ends with a truncation or a dead peer too).
+  void fail(DaemonRequest& r, const Status& s, bool leaves_chunks) {
+    r.failed = s;
+    if (leaves_chunks && broken_.ok()) broken_ = s;
+  }
+
+  Status pump() {
+    if (!broken_.ok()) return broken_;
+    for (DaemonRequest* r : order_) {
+      if (r->failed.ok()) reap(*r);
+      if (!broken_.ok()) return broken_;
+    }
+    submit();
+    return broken_;
+  }
+
+  // Reads the completions of r's chunks.
+  void reap(DaemonRequest& r) {
+    const char* what = r.send ? "isend" : "irecv";
+    for (auto it = r.chunks.begin(); it != r.chunks.end();) {
+      bool fin = false;
+      daemon::CompressedDone info;
+      Status st = client_->wait_for(it->seq, sys::kNoWait, &fin, what, &info);
+      if (!fin) {
+        // A receive has one chunk in flight; a send's complete in order on one tag anyway.
+        ++it;
+        continue;
+      }
+      const Chunk c = *it;
+      it = r.chunks.erase(it);
+      size_t bytes = 0;
+      if (st.ok()) {
+        const daemon::P2pDone d = daemon::p2p_done(info);
+        if (d.bytes > c.len) {
+          st = client_->broken(
+              peer_error("gradwired answered {} bytes for a buffer of {} bytes", d.bytes, c.len));
+        }
+        bytes = static_cast<size_t>(d.bytes);
+      }
+      if (!st.ok()) {
+        client_->unplace(c.placed);
+        // A receive's failure may leave the rest of its message (a truncation of a chunked one),
+        // a chunked send's the chunks after it.
+        fail(r, st, !r.send || r.size >= kChunkBytes);
+        return;
+      }
+      if (!r.send) {
+        if (bytes == kChunkBytes) {
+          // More follow: the next receive goes to the daemon before this chunk is copied out.
+          r.want_post = true;
+          holding_ = true;  // c's staging is still taken: a full arena is "not yet"
+          post_receive(r);
+          holding_ = false;
+        } else {
+          r.ended = true;
+        }
+        if (c.placed.staged && bytes > 0) {
+          std::memcpy(r.user + c.at, client_->data() + c.placed.off, bytes);
+        }
+        r.got += bytes;
+      }
+      client_->unplace(c.placed);
+      if (!r.failed.ok()) return;
+    }
+  }
+
+  bool any_in_flight() const {
+    if (holding_) return true;
+    for (const DaemonRequest* r : order_) {
+      if (!r->chunks.empty()) return true;
+    }
+    return false;
+  }
+
+  // Stages and submits one chunk of r: [r.next, r.next + len). False when the arena has no room
+  // now (retried at the next call); a failure is r's.
+  bool submit_chunk(DaemonRequest& r, size_t len) {
+    const char* what = r.send ? "isend" : "irecv";
+    auto placed = client_->place(r.user + r.next, len, r.send);
+    if (!placed.ok()) {
+      // The arena is held by chunks in flight: they complete and free it.
+      if (placed.status().code() == Code::kNoMemory && any_in_flight()) return false;
+      fail(r, placed.status().with_context(what), r.next > 0);
+      return false;
+    }
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(r.send ? Opcode::kSend : Opcode::kRecv);
+    e.root = peer_;
+    e.count = len;
+    (r.send ? e.send_off : e.recv_off) = placed->off;
+    e.spec_len = static_cast<uint32_t>(r.tag);
+    auto seq = client_->post(e, what);
+    if (!seq.ok()) {
+      client_->unplace(*placed);
+      fail(r, seq.status(), true);
+      return false;
+    }
+    r.chunks.push_back(Chunk{*seq, *placed, r.next, len});
+    r.next += len;
+    if (len < kChunkBytes) r.last_out = true;
+    return true;
+  }
+
+  // A receive of min(kChunkBytes, what the buffer has left) when one is due.
+  void post_receive(DaemonRequest& r) {
+    if (!r.want_post || !r.failed.ok()) return;
+    if (submit_chunk(r, std::min(kChunkBytes, r.size - r.next))) r.want_post = false;
+  }
+
+  // Submits what is due, in posting order. A message's chunks go after every chunk of the
+  // messages posted before it on its tag (the daemon matches per tag in order), both ways: a send
+  // waits for the earlier send's last chunk to be out, a receive for the earlier receive's last
+  // one to be posted (a receive posted beyond the end of a message would take the next one's).
+  // A message's first chunk goes regardless of the others in flight (each message makes progress
+  // by itself, as in direct mode); later ones while fewer than kChunksAhead are in flight.
+  void submit() {
+    size_t ahead = 0;
+    for (const DaemonRequest* r : order_) {
+      for (const Chunk& c : r->chunks) ahead += r->send && c.at > 0 ? 1 : 0;
+    }
+    open_tags_.clear();
+    for (DaemonRequest* r : order_) {
+      if (!r->failed.ok()) continue;
+      const int key = r->send ? r->tag : ~r->tag;  // sends and receives apart (tags are >= 0)
+      const bool waits = std::find(open_tags_.begin(), open_tags_.end(), key) != open_tags_.end();
+      if (r->send) {
+        while (!waits && !r->last_out) {
+          if (r->next > 0 && ahead >= kChunksAhead) break;
+          const bool first = r->next == 0;
+          if (!submit_chunk(*r, std::min(kChunkBytes, r->size - r->next))) break;
+          if (!first) ++ahead;
+        }
+      } else if (!waits || r->next > 0) {
+        post_receive(*r);
+      }
+      const bool open = r->send ? !r->last_out : !(r->last_out || r->ended);
+      if (open) open_tags_.push_back(key);
+    }
+  }
+
   std::unique_ptr<Client> client_;
   std::string name_;
   int peer_;
   std::array<DaemonRequest, net::kMaxRequests> reqs_{};
+  std::vector<DaemonRequest*> order_;  // in flight, in posting order
+  std::vector<int> open_tags_;         // submit()'s scratch
+  Status broken_;                      // set once a failure may have left chunks in the daemon
+  bool holding_ = false;               // reap() holds a chunk's staging while posting the next
   int64_t last_alive_ns_ = 0;
 };
 

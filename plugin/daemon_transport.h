@@ -10,9 +10,31 @@
 // point-to-point submissions (protocol version 7, docs/wire-daemon.md "Point-to-point";
 // daemon/job_p2p.h matches them: per tag in order, a receive larger than the message reports the
 // message's size, a smaller one fails with "message truncated"). test() polls the completion ring
-// (no socket round trip). Host buffers are copied into the process's arena at isend and out of it
-// when a receive completes; NCCL's buffers in the arena, and dma-buf device buffers, are later
-// steps.
+// (no socket round trip). Host buffers are copied into the process's arena and out of it; NCCL's
+// buffers in the arena, and dma-buf device buffers, are later steps.
+//
+// Pipelining (docs/nccl-plugin.md "Daemon mode"): a message of at least C = 4 MiB (kChunkBytes in
+// the .cc; both ends must agree, so it is a constant) goes as several daemon messages on its tag,
+// so that the copy into the arena, the daemon's move and the copy out overlap:
+// - Chunks: every one but the last exactly C bytes, the last shorter (0 bytes when the size is a
+//   multiple of C). A message of at most C-1 bytes is one daemon message, as before.
+// - Sender: isend stages and submits the first chunk; every later call on the comm (NCCL's proxy
+//   polls test) stages and submits more while fewer than kChunksAhead (4) later chunks of the
+//   comm are in flight and the arena has room (a full arena is "not yet", never an error). A
+//   message's chunks go after every chunk of the sends posted before it on its tag.
+// - Receiver: a receive of min(C, what the buffer has left) at a time; a chunk of exactly C bytes
+//   means more follow: the next receive is posted before that chunk is copied out to the caller's
+//   buffer; a shorter one ends the message, whose size is the sum. Never more than one receive
+//   per message is posted, and a message's first receive only once the receive posted before it on
+//   its tag can no longer be followed (its last one was smaller than C, or its message ended): a
+//   receive posted past the end of a message would take the next message's chunk.
+// - Truncation is direct mode's: the chunk that does not fit fails the receive (kInvalidArg,
+//   "message truncated"), and the rest of the message may remain in the daemon, so the comm is
+//   ended with that error (every later call on it fails, as direct mode's connection does). Any
+//   failed receive, and a failed send of C bytes or more, end their comm so; a send under C bytes
+//   that fails fails alone, as before.
+// - Every request's chunks leave the arena when their completion is read, when the request fails,
+//   and when the comm closes (its client and arena go with it).
 //
 // Connect: the connector joins, then sends a 0-byte message that completes only once the job has
 // both its trainers (the daemon starts a job when its last trainer joins); until then poll()
