@@ -149,20 +149,33 @@ Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, 
 }
 
 // A message of at least kChunkBytes travels as several daemon messages on its tag (the header's
-// "Pipelining" rules): every chunk but the last exactly kChunkBytes, the last shorter (0 bytes when
-// the size is a multiple). Both ends must agree on it: a constant, not a knob.
+// "Pipelining" rules): the first exactly kChunkBytes, of which the last kSizeBytes give the
+// message's size, then the rest in chunks of at most kChunkBytes. Both ends must agree on it: a
+// constant, not a knob.
 constexpr size_t kChunkBytes = size_t{4} << 20;
-// A comm's chunks after the first of their message in flight at once (sends): the arena room and
-// the daemons' unexpected bytes one comm holds stay bounded (kChunkBytes each).
+constexpr size_t kSizeBytes = 8;
+constexpr size_t kFirstPayload = kChunkBytes - kSizeBytes;
+// A comm's chunks after the first of their message in flight at once (sends and receives alike):
+// the arena room and the daemons' unexpected bytes one comm holds stay bounded.
 constexpr size_t kChunksAhead = 4;
 
-// One daemon message of a request: its submission, its staging in the arena, where it lies in the
-// caller's buffer.
+void put_size(uint8_t* p, uint64_t v) {
+  for (size_t i = 0; i < kSizeBytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t get_size(const uint8_t* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < kSizeBytes; ++i) v |= uint64_t{p[i]} << (8 * i);
+  return v;
+}
+
+// One daemon message of a request: its submission, its staging in the arena, where its payload
+// lies in the caller's buffer.
 struct Chunk {
   uint64_t seq = 0;
   Client::Placed placed;
   size_t at = 0;   // offset in the caller's buffer
-  size_t len = 0;  // bytes sent, or the receive's capacity
+  size_t len = 0;  // bytes sent, or the receive's capacity (the first chunk's size included)
+  bool first = false;
 };
 
 struct DaemonRequest {
@@ -170,14 +183,12 @@ struct DaemonRequest {
   bool send = false;
   int tag = 0;
   uint8_t* user = nullptr;
-  size_t size = 0;  // send: the message; recv: the buffer
-  size_t next = 0;  // bytes submitted (send) or asked for by receives posted (recv)
-  // send: the final chunk (< kChunkBytes) is submitted. recv: the receive posted last is smaller
-  // than kChunkBytes, so whatever it gets ends the message: no receive follows it.
-  bool last_out = false;
-  bool want_post = true;     // recv: a receive is due (the first, or after a full chunk)
-  bool ended = false;        // recv: the final chunk arrived
-  size_t got = 0;            // recv: bytes arrived and copied out
+  size_t size = 0;       // send: the message; recv: the buffer
+  size_t total = 0;      // recv: the message's size once known
+  bool known = false;    // recv: total is known (the first chunk arrived)
+  bool started = false;  // the first chunk is submitted
+  size_t next = 0;       // payload bytes submitted (send) or asked for (recv), the first's included
+  size_t got = 0;        // recv: payload bytes arrived and copied out
   std::deque<Chunk> chunks;  // submitted, completion not yet read (in order)
   Status failed;
 };
@@ -186,8 +197,8 @@ struct DaemonRequest {
 // net::Request is a DaemonRequest of this comm). One thread at a time (PluginComm's lock).
 //
 // Every call moves the whole comm (pump): it reads the completions of every request's chunks
-// (a receive's next chunk is posted before the one that arrived is copied out), then submits
-// what is due in posting order, keeping each tag's chunks in message order.
+// (copying a receive's chunk out while the later ones move), then submits what is due in posting
+// order, keeping each tag's chunks in message order.
 class DaemonComm {
  public:
   DaemonComm(std::unique_ptr<Client> client, std::string name, int peer)
@@ -255,8 +266,14 @@ class DaemonComm {
   const std::string& name() const { return name_; }
 
  private:
+  // Whether every chunk of r's message is submitted (a receive: asked for).
+  static bool all_out(const DaemonRequest& r) {
+    if (!r.started) return false;
+    if (r.send) return r.next == r.size;
+    return r.known ? r.next == r.total : r.chunks.front().len < kChunkBytes;
+  }
   static bool finished(const DaemonRequest& r) {
-    return r.chunks.empty() && (r.send ? r.last_out : r.ended);
+    return r.chunks.empty() && r.started && (r.send ? r.next == r.size : r.known);
   }
 
   // Frees the request's slot and whatever arena it still holds. A chunk still pending in the
@@ -285,20 +302,17 @@ class DaemonComm {
     return broken_;
   }
 
-  // Reads the completions of r's chunks.
+  // Reads the completions of r's chunks (they complete in order on one tag).
   void reap(DaemonRequest& r) {
     const char* what = r.send ? "isend" : "irecv";
-    for (auto it = r.chunks.begin(); it != r.chunks.end();) {
+    while (!r.chunks.empty()) {
+      const Chunk c = r.chunks.front();
       bool fin = false;
       daemon::CompressedDone info;
-      Status st = client_->wait_for(it->seq, sys::kNoWait, &fin, what, &info);
-      if (!fin) {
-        // A receive has one chunk in flight; a send's complete in order on one tag anyway.
-        ++it;
-        continue;
-      }
-      const Chunk c = *it;
-      it = r.chunks.erase(it);
+      Status st = client_->wait_for(c.seq, sys::kNoWait, &fin, what, &info);
+      if (!fin) return;
+      r.chunks.pop_front();
+      if (!c.first && ahead_ > 0) --ahead_;
       size_t bytes = 0;
       if (st.ok()) {
         const daemon::P2pDone d = daemon::p2p_done(info);
@@ -308,51 +322,93 @@ class DaemonComm {
         }
         bytes = static_cast<size_t>(d.bytes);
       }
+      if (st.ok() && !r.send) st = arrived(r, c, bytes);
+      client_->unplace(c.placed);
       if (!st.ok()) {
-        client_->unplace(c.placed);
-        // A receive's failure may leave the rest of its message (a truncation of a chunked one),
-        // a chunked send's the chunks after it.
+        // A receive's failure may leave the rest of its message in the daemon, a chunked send's
+        // the chunks after it.
         fail(r, st, !r.send || r.size >= kChunkBytes);
         return;
       }
-      if (!r.send) {
-        if (bytes == kChunkBytes) {
-          // More follow: the next receive goes to the daemon before this chunk is copied out.
-          r.want_post = true;
-          holding_ = true;  // c's staging is still taken: a full arena is "not yet"
-          post_receive(r);
-          holding_ = false;
-        } else {
-          r.ended = true;
-        }
-        if (c.placed.staged && bytes > 0) {
-          std::memcpy(r.user + c.at, client_->data() + c.placed.off, bytes);
-        }
-        r.got += bytes;
-      }
-      client_->unplace(c.placed);
-      if (!r.failed.ok()) return;
     }
+  }
+
+  // A receive's chunk c arrived with `bytes`: learns the message's size from the first chunk of a
+  // chunked one, posts the receives now due, then copies the payload out.
+  Status arrived(DaemonRequest& r, const Chunk& c, size_t bytes) {
+    const uint8_t* staged = c.placed.staged ? client_->data() + c.placed.off : r.user + c.at;
+    size_t payload = bytes;
+    if (c.first) {
+      if (bytes < kChunkBytes) {
+        r.total = r.next = bytes;  // one chunk: the whole message
+      } else {
+        const uint64_t total = get_size(staged + kFirstPayload);
+        if (total < kChunkBytes) {
+          return peer_error("the first chunk of a message gives {} bytes (at least {} expected)",
+                            total, kChunkBytes);
+        }
+        if (total > r.size) {
+          // Refuse the next chunk too (a receive of 0 bytes), so that the sender learns it.
+          SqEntry e{};
+          e.opcode = static_cast<uint16_t>(Opcode::kRecv);
+          e.root = peer_;
+          e.spec_len = static_cast<uint32_t>(r.tag);
+          (void)client_->post(e, "irecv");
+          return truncated_error(
+              "message truncated: the peer sent {} bytes with tag {}, more than the receive's {}",
+              total, r.tag, r.size);
+        }
+        r.total = total;
+        payload = kFirstPayload;
+      }
+      r.known = true;
+      holding_ = true;  // c's staging is still taken: a full arena is "not yet"
+      submit_receives(r);
+      holding_ = false;
+    } else if (bytes != c.len) {
+      return peer_error("a chunk of {} bytes arrived where {} were due (tag {})", bytes, c.len,
+                        r.tag);
+    }
+    if (payload > 0 && c.placed.staged) std::memcpy(r.user + c.at, staged, payload);
+    r.got += payload;
+    return ok_status();
   }
 
   bool any_in_flight() const {
-    if (holding_) return true;
     for (const DaemonRequest* r : order_) {
       if (!r->chunks.empty()) return true;
     }
-    return false;
+    return holding_;
   }
 
-  // Stages and submits one chunk of r: [r.next, r.next + len). False when the arena has no room
-  // now (retried at the next call); a failure is r's.
-  bool submit_chunk(DaemonRequest& r, size_t len) {
+  // Stages and submits r's next chunk: `len` bytes of which `payload` come from the caller's buffer
+  // at r.next (the first chunk of a chunked message adds its size). False when the arena has no
+  // room now (retried at the next call); a failure is r's.
+  bool submit_chunk(DaemonRequest& r, size_t len, size_t payload) {
     const char* what = r.send ? "isend" : "irecv";
-    auto placed = client_->place(r.user + r.next, len, r.send);
+    const bool first = !r.started;
+    Result<Client::Placed> placed = Client::Placed{};
+    if (len != payload) {
+      // The size rides in the staging: always staged, whatever the caller's buffer is.
+      auto off = client_->alloc(len);
+      if (off.ok()) {
+        placed = Client::Placed{*off, true};
+      } else {
+        placed = no_memory("a {} byte chunk does not fit the free part of the daemon arena ({})",
+                           len, off.status().message());
+      }
+    } else {
+      placed = client_->place(r.user + r.next, len, r.send);
+    }
     if (!placed.ok()) {
       // The arena is held by chunks in flight: they complete and free it.
       if (placed.status().code() == Code::kNoMemory && any_in_flight()) return false;
-      fail(r, placed.status().with_context(what), r.next > 0);
+      fail(r, placed.status().with_context(what), r.started);
       return false;
+    }
+    if (r.send && len != payload) {
+      std::memcpy(client_->data() + placed->off, r.user, payload);
+      put_size(client_->data() + placed->off + payload, r.size);
     }
     SqEntry e{};
     e.opcode = static_cast<uint16_t>(r.send ? Opcode::kSend : Opcode::kRecv);
@@ -366,16 +422,20 @@ class DaemonComm {
       fail(r, seq.status(), true);
       return false;
     }
-    r.chunks.push_back(Chunk{*seq, *placed, r.next, len});
-    r.next += len;
-    if (len < kChunkBytes) r.last_out = true;
+    r.chunks.push_back(Chunk{*seq, *placed, r.next, len, first});
+    r.next += payload;
+    r.started = true;
     return true;
   }
 
-  // A receive of min(kChunkBytes, what the buffer has left) when one is due.
-  void post_receive(DaemonRequest& r) {
-    if (!r.want_post || !r.failed.ok()) return;
-    if (submit_chunk(r, std::min(kChunkBytes, r.size - r.next))) r.want_post = false;
+  // A receive's chunks after the first, once its size is known, while fewer than kChunksAhead
+  // such chunks of the comm are in flight.
+  void submit_receives(DaemonRequest& r) {
+    while (r.failed.ok() && r.known && r.next < r.total && ahead_ < kChunksAhead) {
+      const size_t n = std::min(kChunkBytes, r.total - r.next);
+      if (!submit_chunk(r, n, n)) return;
+      ++ahead_;
+    }
   }
 
   // Submits what is due, in posting order. A message's chunks go after every chunk of the
@@ -385,27 +445,38 @@ class DaemonComm {
   // A message's first chunk goes regardless of the others in flight (each message makes progress
   // by itself, as in direct mode); later ones while fewer than kChunksAhead are in flight.
   void submit() {
-    size_t ahead = 0;
+    ahead_ = 0;
     for (const DaemonRequest* r : order_) {
-      for (const Chunk& c : r->chunks) ahead += r->send && c.at > 0 ? 1 : 0;
+      for (const Chunk& c : r->chunks) ahead_ += c.first ? 0 : 1;
     }
     open_tags_.clear();
     for (DaemonRequest* r : order_) {
       if (!r->failed.ok()) continue;
       const int key = r->send ? r->tag : ~r->tag;  // sends and receives apart (tags are >= 0)
       const bool waits = std::find(open_tags_.begin(), open_tags_.end(), key) != open_tags_.end();
-      if (r->send) {
-        while (!waits && !r->last_out) {
-          if (r->next > 0 && ahead >= kChunksAhead) break;
-          const bool first = r->next == 0;
-          if (!submit_chunk(*r, std::min(kChunkBytes, r->size - r->next))) break;
-          if (!first) ++ahead;
+      if (!waits && !r->started) {
+        if (r->send) {
+          const bool chunked = r->size >= kChunkBytes;
+          submit_chunk(*r, chunked ? kChunkBytes : r->size, chunked ? kFirstPayload : r->size);
+        } else {
+          const size_t n = std::min(kChunkBytes, r->size);
+          if (n == kChunkBytes) {
+            submit_chunk(*r, n, kFirstPayload);  // the size lands in the staging
+          } else {
+            submit_chunk(*r, n, n);
+          }
         }
-      } else if (!waits || r->next > 0) {
-        post_receive(*r);
       }
-      const bool open = r->send ? !r->last_out : !(r->last_out || r->ended);
-      if (open) open_tags_.push_back(key);
+      if (r->send) {
+        while (r->started && r->failed.ok() && r->next < r->size && ahead_ < kChunksAhead) {
+          const size_t n = std::min(kChunkBytes, r->size - r->next);
+          if (!submit_chunk(*r, n, n)) break;
+          ++ahead_;
+        }
+      } else {
+        submit_receives(*r);
+      }
+      if (!r->failed.ok() || !all_out(*r)) open_tags_.push_back(key);
     }
   }
 
@@ -415,6 +486,7 @@ class DaemonComm {
   std::array<DaemonRequest, net::kMaxRequests> reqs_{};
   std::vector<DaemonRequest*> order_;  // in flight, in posting order
   std::vector<int> open_tags_;         // submit()'s scratch
+  size_t ahead_ = 0;                   // chunks after their message's first in flight
   Status broken_;                      // set once a failure may have left chunks in the daemon
   bool holding_ = false;               // reap() holds a chunk's staging while posting the next
   int64_t last_alive_ns_ = 0;

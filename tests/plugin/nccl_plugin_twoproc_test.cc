@@ -220,6 +220,8 @@ class PluginChunkEdges : public ::testing::Test {
     }
   }
 
+  void truncate(size_t size, size_t cap);
+
   std::unique_ptr<NetApi> a_, copy_;
   NetApi* b_ = nullptr;
   void* actx_ = nullptr;
@@ -230,7 +232,9 @@ class PluginChunkEdges : public ::testing::Test {
 TEST_F(PluginChunkEdges, SizesAroundTheChunkArriveWholeBothWays) {
   uint32_t seed = 1000;
   for (int dir = 0; dir < 2; ++dir) {
-    for (size_t n : {kChunk - 1, kChunk, kChunk + 1, 2 * kChunk, 3 * kChunk + 17}) {
+    // Also the edges of the first chunk's payload (kChunk less the 8 bytes of the size).
+    for (size_t n : {kChunk - 1, kChunk, kChunk + 1, kChunk + 7, kChunk + 8, 2 * kChunk - 8,
+                     2 * kChunk - 7, 2 * kChunk, 3 * kChunk + 17}) {
       SCOPED_TRACE(testing::Message() << "direction " << dir << ", " << n << " bytes");
       exchange(dir, {{n, n, 5}}, seed++);
     }
@@ -267,18 +271,20 @@ TEST_F(PluginChunkEdges, SeveralMessagesInFlightKeepTheirOrderPerTag) {
   }
 }
 
-TEST_F(PluginChunkEdges, OneByteOverTheChunkIntoAChunkFailsTheReceive) {
+// Posts a message of `size` bytes into a receive of `cap` (< size) on each pair: the receive must
+// fail with direct mode's class (ncclInvalidUsage), never complete nor write past its buffer; the
+// sender completes or fails, never hangs. The pairs are done after it.
+void PluginChunkEdges::truncate(size_t size, size_t cap) {
   for (int dir = 0; dir < 2; ++dir) {
     SCOPED_TRACE(testing::Message() << "direction " << dir);
     auto& [s, r] = pairs_[dir];
-    Buffer out(kChunk + 1), in(kChunk + 4096);
+    Buffer out(size), in(cap + 4096);
     fill_pattern(out.data, out.size, 77);
     std::memset(in.data, 0xEE, in.size);
     void *rreq = nullptr, *sreq = nullptr;
-    ASSERT_EQ(post_recv(*r.api, r.comm, in.data, kChunk, 9, nullptr, &rreq), "");
-    ASSERT_EQ(post_send(*s.api, s.comm, out.data, kChunk + 1, 9, nullptr, &sreq), "");
-    // Polled as NCCL's progress thread would: the receive must fail (direct mode's class,
-    // ncclInvalidUsage), never complete; the sender may complete or fail, never hang.
+    ASSERT_EQ(post_recv(*r.api, r.comm, in.data, cap, 9, nullptr, &rreq), "");
+    ASSERT_EQ(post_send(*s.api, s.comm, out.data, size, 9, nullptr, &sreq), "");
+    // Polled as NCCL's progress thread would.
     int rdone = 0, sdone = 0, n = 0;
     ncclResult_t rr = ncclSuccess, sr = ncclSuccess;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -288,13 +294,21 @@ TEST_F(PluginChunkEdges, OneByteOverTheChunkIntoAChunkFailsTheReceive) {
     }
     EXPECT_EQ(rr, ncclInvalidUsage) << "a truncated receive must fail, not complete";
     EXPECT_EQ(rdone, 0);
-    EXPECT_EQ(first_not(in.data, kChunk, in.size, 0xEE), in.size)
+    EXPECT_EQ(first_not(in.data, cap, in.size, 0xEE), in.size)
         << "the receive wrote past its buffer";
     while (sr == ncclSuccess && !sdone && std::chrono::steady_clock::now() < until) {
       sr = s.api->test(sreq, &sdone, &n);
     }
     EXPECT_TRUE(sdone || sr != ncclSuccess) << "the sender must end, completed or failed";
   }
+}
+
+TEST_F(PluginChunkEdges, OneByteOverTheChunkIntoAChunkFailsTheReceive) {
+  truncate(kChunk + 1, kChunk);
+}
+
+TEST_F(PluginChunkEdges, ALongerMessageIntoSeveralChunksFailsTheReceive) {
+  truncate(3 * kChunk + 1, 2 * kChunk);
 }
 
 }  // namespace
