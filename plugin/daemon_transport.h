@@ -20,15 +20,16 @@
 //   little endian); then the rest in chunks of C, the last one shorter when it comes out so. A
 //   message of at most C-1 bytes is one daemon message, as before (its size is the message's).
 // - Sender: isend stages and submits the first chunk; every later call on the comm (NCCL's proxy
-//   polls test) stages and submits more while fewer than kChunksAhead (4) chunks after a first are
+//   polls test) stages and submits more while fewer than kSendsAhead (4) chunks after a first are
 //   in flight on the comm and the arena has room (a full arena is "not yet", never an error).
 //   A message's chunks go after every chunk of the sends posted before it on its tag.
 // - Receiver: the first receive takes min(C, buffer) bytes. Fewer than C arrived: that is the
 //   whole message. C arrived: the size says how many chunks follow, and exactly those receives
-//   are posted (again at most kChunksAhead ahead), each chunk copied out to the caller's buffer
-//   while the later ones move. So no receive is ever posted past a message's end (it would take
-//   the next message's chunk); a message's first receive waits until every receive of the
-//   message before it on its tag is posted.
+//   are posted (at most kReceivesAhead, 8, ahead: more than the sender, so a chunk finds its
+//   receive posted), each chunk copied out to the caller's buffer while the later ones move. So no
+//   receive is ever posted past a message's end (it would take the next message's chunk); a
+//   message's first receive waits until every receive of the message before it on its tag is
+//   posted.
 // - Truncation is direct mode's: a message larger than the receive buffer fails the receive
 //   (kInvalidArg, "message truncated"), at its first chunk (the daemon's size check, or the size
 //   it carries; then a 0-byte receive refuses the next chunk, so that the sender fails too, as in
