@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -194,7 +193,9 @@ struct DaemonRequest {
   bool started = false;  // the first chunk is submitted
   size_t next = 0;       // payload bytes submitted (send) or asked for (recv), the first's included
   size_t got = 0;        // recv: payload bytes arrived and copied out
-  std::deque<Chunk> chunks;  // submitted, completion not yet read (in order)
+  // Submitted, completion not yet read (in order; at most 1 + kReceivesAhead). A vector whose
+  // room the slot keeps from one request to the next: no allocation per message.
+  std::vector<Chunk> chunks;
   Status failed;
 };
 
@@ -286,7 +287,10 @@ class DaemonComm {
   void release(DaemonRequest& r) {
     for (const Chunk& c : r.chunks) client_->unplace(c.placed);
     order_.erase(std::find(order_.begin(), order_.end(), &r));
+    std::vector<Chunk> room = std::move(r.chunks);
+    room.clear();
     r = DaemonRequest{};
+    r.chunks = std::move(room);
   }
 
   // A request failed. Chunks of its message (or of the message a receive took part of) may still
@@ -316,7 +320,7 @@ class DaemonComm {
       daemon::CompressedDone info;
       Status st = client_->wait_for(c.seq, sys::kNoWait, &fin, what, &info);
       if (!fin) return;
-      r.chunks.pop_front();
+      r.chunks.erase(r.chunks.begin());
       if (!c.first && ahead_ > 0) --ahead_;
       size_t bytes = 0;
       if (st.ok()) {
