@@ -3,7 +3,9 @@
 // listener's endpoint at its host's gradwired. 128 bytes (NCCL_NET_HANDLE_MAXSIZE), little-endian:
 //
 //   [0, 4)    magic "GWDH"
-//   [4, 6)    version (1)
+//   [4, 6)    version (2: messages of 4 MiB or more travel in chunks, plugin/daemon_transport.h
+//             "Pipelining"; a plugin that cuts them otherwise, or not at all (version 1), is
+//             refused at connect rather than misreading the chunks)
 //   [6, 8)    length of the store address below (0: none, a listener of an older plugin)
 //   [8, 16)   the listener's host: FNV-1a 64 of its host identity (core/bootstrap.h)
 //   [16, 32)  the endpoint's nonce (random, from the listener): with the job token it keys the
@@ -32,7 +34,7 @@ inline constexpr size_t kStoreAddressMax = 64;
 
 struct DaemonHandle {
   static constexpr uint32_t kMagic = 0x48445747;  // "GWDH" as little-endian bytes
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;
   uint64_t host = 0;
   std::array<uint8_t, 16> nonce{};
   uint32_t pid = 0;

@@ -10,9 +10,35 @@
 // point-to-point submissions (protocol version 7, docs/wire-daemon.md "Point-to-point";
 // daemon/job_p2p.h matches them: per tag in order, a receive larger than the message reports the
 // message's size, a smaller one fails with "message truncated"). test() polls the completion ring
-// (no socket round trip). Host buffers are copied into the process's arena at isend and out of it
-// when a receive completes; NCCL's buffers in the arena, and dma-buf device buffers, are later
-// steps.
+// (no socket round trip). Host buffers are copied into the process's arena and out of it; NCCL's
+// buffers in the arena, and dma-buf device buffers, are later steps.
+//
+// Pipelining (docs/nccl-plugin.md "Daemon mode"): a message of at least C = 4 MiB (kChunkBytes in
+// the .cc; both ends must cut alike, so it is a constant) goes as several daemon messages on its
+// tag, so that the copy into the arena, the daemon's move and the copy out overlap:
+// - Chunks: the first exactly C bytes: the message's first C-8 bytes, then its size (8 bytes,
+//   little endian); then the rest in chunks of C, the last one shorter when it comes out so. A
+//   message of at most C-1 bytes is one daemon message, as before (its size is the message's).
+// - Sender: isend stages and submits the first chunk; every later call on the comm (NCCL's proxy
+//   polls test) stages and submits more while fewer than kSendsAhead (4) chunks after a first are
+//   in flight on the comm and the arena has room (a full arena is "not yet", never an error).
+//   A message's chunks go after every chunk of the sends posted before it on its tag.
+// - Receiver: the first receive takes min(C, buffer) bytes. Fewer than C arrived: that is the
+//   whole message. C arrived: the size says how many chunks follow, and exactly those receives
+//   are posted (at most kReceivesAhead, 8, ahead: more than the sender, so a chunk finds its
+//   receive posted), each chunk copied out to the caller's buffer while the later ones move. So no
+//   receive is ever posted past a message's end (it would take the next message's chunk); a
+//   message's first receive waits until every receive of the message before it on its tag is
+//   posted.
+// - Truncation is direct mode's: a message larger than the receive buffer fails the receive
+//   (kInvalidArg, "message truncated"), at its first chunk (the daemon's size check, or the size
+//   it carries; then a 0-byte receive refuses the next chunk, so that the sender fails too, as in
+//   direct mode). The rest of the message may remain in the daemon, so the comm is ended with that
+//   error (every later call on it fails, as direct mode's connection ends). Any failed receive,
+//   and a failed send of C bytes or more, end their comm so; a shorter send that fails fails
+//   alone, as before.
+// - Every request's chunks leave the arena when their completion is read, when the request fails,
+//   and when the comm closes (its client and arena go with it).
 //
 // Connect: the connector joins, then sends a 0-byte message that completes only once the job has
 // both its trainers (the daemon starts a job when its last trainer joins); until then poll()
