@@ -236,11 +236,13 @@ std::vector<std::vector<uint8_t>> daemon_import_seeds() {
   w.kind = daemon::kImportCudaIpc;
   w.alloc_id = 5;
   w.bytes = 1 << 20;
-  std::vector<uint8_t> v(sizeof(w));
+  // The record, then four entries: sized once (no growth to reason about).
+  std::vector<uint8_t> v(sizeof(w) + 4 * sizeof(daemon::SqEntry));
   std::memcpy(v.data(), &w, sizeof(w));
+  size_t at = sizeof(w);
   auto add = [&](const daemon::SqEntry& e) {
-    const auto* b = reinterpret_cast<const uint8_t*>(&e);
-    v.insert(v.end(), b, b + sizeof(e));
+    std::memcpy(v.data() + at, &e, sizeof(e));
+    at += sizeof(e);
   };
   daemon::SqEntry e{};
   e.seq = 1;

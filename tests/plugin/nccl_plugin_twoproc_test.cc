@@ -163,7 +163,12 @@ class PluginChunkEdges : public ::testing::Test {
       NetApi& c = i == 0 ? *b_ : *a_;
       void* sc = nullptr;
       void* rc = nullptr;
-      ASSERT_EQ(connect_pair(l, i == 0 ? actx_ : bctx_, c, i == 0 ? bctx_ : actx_, &sc, &rc), "");
+      const Error e = connect_pair(l, i == 0 ? actx_ : bctx_, c, i == 0 ? bctx_ : actx_, &sc, &rc);
+      // Two hosts over dpdk: EAL refused here (the daemons start it at the first connection).
+      if (e != "" && !dpdk_cannot_start().empty()) {
+        GTEST_SKIP() << "DPDK cannot start here: " << dpdk_cannot_start();
+      }
+      ASSERT_EQ(e, "");
       pairs_[i] = {End{&c, sc}, End{&l, rc}};
     }
   }
