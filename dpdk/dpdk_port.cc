@@ -17,6 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -35,10 +37,52 @@ std::vector<std::string> split_eal_args(const std::string& args) {
   return out;
 }
 
+namespace {
+
+// EAL's log stream (see eal_log_stream). Writes straight to fd 2: no stdio stream, no syslog,
+// no lock but the kernel's. Always reports the whole buffer written, so stdio never retries.
+ssize_t eal_log_write(void* /*cookie*/, const char* buf, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(STDERR_FILENO, buf + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // stderr closed or full: the line is lost, never waited for
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(size);
+}
+
+// The stream EAL logs through in place of its default. DPDK 22.11's default stream copies each
+// line to stderr with stdio and to syslog; its interrupt thread logs while it holds that
+// stream's lock, and glibc's first syslog call opens /etc/localtime, which takes glibc's lock on
+// the list of streams. exit() holds that list lock while it flushes every stream, EAL's
+// included, and flushing EAL's stream calls syslog: when the interrupt thread logs as the
+// process exits (a net_memif peer leaving at that moment), each waits for the other for ever.
+// This stream takes no lock outside itself and is unbuffered, so exit() never has a line of it
+// to flush; it lives until the process ends (the interrupt thread may log until then).
+FILE* eal_log_stream() {
+  static FILE* stream = [] {
+    cookie_io_functions_t io{};
+    io.write = &eal_log_write;
+    FILE* f = ::fopencookie(nullptr, "w", io);
+    if (f != nullptr) std::setvbuf(f, nullptr, _IONBF, 0);
+    return f;
+  }();
+  return stream;
+}
+
+}  // namespace
+
 Status eal_init_once(const std::string& args) {
   static std::once_flag once;
   static Status result;
   std::call_once(once, [&] {
+    // Before rte_eal_init: its own lines, and its interrupt thread's, use this stream.
+    FILE* log = eal_log_stream();
+    if (log == nullptr || rte_openlog_stream(log) != 0) {
+      result = internal_error("dpdk: cannot give EAL its log stream: {}", std::strerror(errno));
+      return;
+    }
     std::vector<std::string> words = split_eal_args(args.empty() ? kDefaultEalArgs : args);
     words.insert(words.begin(), "gradwire");
     std::vector<char*> argv;

@@ -578,15 +578,6 @@ int run_bench_pair(const std::string& dir, const std::string& side, const std::s
   api->close_send(sc);
   api->close_recv(rc);
   if (api->finalize(ctx) != ncclSuccess) return fail(side + ": finalize");
-  if (backend != nullptr && std::string(backend) == "dpdk") {
-    // With DPDK in this process, end without exit()'s clean-up: the peer's exit closes the
-    // net_memif pair, and DPDK 22.11's interrupt thread then frees the memif regions and logs
-    // ("EAL: Error: Invalid memory") through its syslog stream while exit() flushes every stdio
-    // stream: glibc's syslog and stdio locks, taken in opposite orders, deadlock about one exit
-    // in ten. What is measured is done and printed; how the process ends is not.
-    std::fflush(nullptr);
-    ::_exit(0);
-  }
   return 0;
 }
 
