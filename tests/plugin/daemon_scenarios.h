@@ -1,5 +1,5 @@
 // nccl_plugin_peer's scenarios of daemon mode (GW_DAEMON; plugin/daemon_transport.h), each in a
-// process of its own (daemon_scenarios.cc):
+// process of its own (daemon_scenarios.cc; those that meet through files: file_scenarios.cc):
 //   connect HEX fail   connecting to the handle HEX must fail (ncclSystemError) within 15 s with
 //                      a WARN naming GW_JOB_TOKEN (run with another job's token)
 //   connect HEX send   connect to HEX and send 4096 bytes (pattern seed 77, tag 3), then close
@@ -41,7 +41,7 @@ int run_file_scenario(int argc, char** argv);
 }  // namespace gw::plugin_test
 
 // The two ends of one connection in two processes (two hosts: perf/plugin_daemon_netns.sh), and
-// the ceilings printed beside them (daemon_scenarios.cc, its last part). Every wait is bounded
+// the ceilings printed beside them (bench_scenarios.cc). Every wait is bounded
 // (60 s for the other end's start and for each message). BYTES takes K, M or G; 8 to 1G.
 //   bench-listen FILE BYTES TRANSFERS ROUNDS
 //        listens, writes its handle (hex) to FILE, accepts; the connecting end's first message
