@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -380,12 +381,24 @@ double loopback_tcp_gbps() {
   return best;
 }
 
+// The bench's row of a peer's output ("bench MODE ..."), or "" when it printed none.
+std::string bench_row(const std::string& out) {
+  const size_t at = out.find("bench ");
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// Each row measures what it names, in every variant: the direct-mode row has no daemon (under
+// GW_PLUGIN_TEST_XHOST too, where peers otherwise move to host b's daemon), the other goes
+// through one.
 TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
   std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
               loopback_tcp_gbps());
   std::fflush(stdout);
-  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}), 0);
-  EXPECT_EQ(run_peer({}, {"bench"}), 0);
+  std::string direct, daemon;
+  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}, &direct), 0);
+  EXPECT_EQ(run_peer({}, {"bench"}, &daemon), 0);
+  EXPECT_EQ(bench_row(direct).rfind("bench direct ", 0), 0u) << direct;
+  EXPECT_EQ(bench_row(daemon).rfind("bench daemon ", 0), 0u) << daemon;
 }
 
 // Two hosts only (GW_PLUGIN_TEST_XHOST=1): the figures of one connection whose ends are on two
@@ -402,11 +415,15 @@ TEST_F(DaemonPlugin, FiguresAcrossTwoDaemons) {
   std::vector<std::string> direct = not_peer;
   direct.push_back("-GW_DAEMON");
   direct.push_back("-GW_PLUGIN_TEST_GRADWIRED");
-  EXPECT_EQ(run_peer(direct, {"bench"}), 0);
+  std::string out[3];
+  EXPECT_EQ(run_peer(direct, {"bench"}, &out[0]), 0);
   std::vector<std::string> one_daemon = not_peer;
   one_daemon.push_back(std::string("GW_DAEMON=") + a);
-  EXPECT_EQ(run_peer(one_daemon, {"bench"}), 0);
-  EXPECT_EQ(run_peer({}, {"bench-xhost"}), 0);
+  EXPECT_EQ(run_peer(one_daemon, {"bench"}, &out[1]), 0);
+  EXPECT_EQ(run_peer({}, {"bench-xhost"}, &out[2]), 0);
+  EXPECT_EQ(bench_row(out[0]).rfind("bench direct ", 0), 0u) << out[0];
+  EXPECT_EQ(bench_row(out[1]).rfind("bench daemon ", 0), 0u) << out[1];
+  EXPECT_EQ(bench_row(out[2]).rfind("bench daemon-xhost ", 0), 0u) << out[2];
 }
 
 // The environment changes of a peer process on host a (run_peer's "-NAME": it stays on this
