@@ -359,7 +359,13 @@ void Server::Impl::client_gone(uint64_t id, const std::string& why) {
   std::shared_ptr<Job> job = jt->second;
   client_job.erase(jt);
   if (job->started) {
-    job->abort_comm();  // a collective in progress ends now, not at its deadline
+    // A collective in progress ends now, not at its deadline. A trainer that left on purpose
+    // between collectives is the job thread's to end (Job::fail): it says goodbye to the job's
+    // other daemons before it aborts the communicator, so they take the close for a usual end.
+    if (!c->left.load(std::memory_order_acquire) ||
+        job->in_collective.load(std::memory_order_acquire)) {
+      job->abort_comm();
+    }
     (void)signal_eventfd(job->wake.get());
     return;
   }

@@ -224,7 +224,7 @@ Status Job::start_comm() {
   return ok_status();
 }
 
-void Job::fail(const Status& s, bool left) {
+void Job::fail(const Status& s, bool left, int32_t who) {
   bool pending = false;
   for (const auto& m : members) pending = pending || (m && !m->pending.empty());
   // A trainer that left on purpose between collectives ends the job; anything else fails it,
@@ -239,6 +239,10 @@ void Job::fail(const Status& s, bool left) {
   } else {  // a trainer left between collectives: the usual end of a job
     GW_LOG_INFO("gradwired: job of {} ranks (host {} of {}) ends: {}", first.world_size,
                 first.host_index, first.num_hosts, s.message());
+    // Before the connections close: the other daemons then take their close for this end, not
+    // for a failure (job_p2p_remote.h). Bounded: a daemon that cannot be reached delays nobody.
+    if (remote && who >= 0)
+      remote->say_goodbye(who, std::min<int64_t>(kByeWaitMs, first.timeout_ms));
   }
   abort_comm();  // the job's other daemons see the connections close
 }
@@ -445,7 +449,7 @@ void Job::run() {
       if (!m->lost.load(std::memory_order_acquire)) consume(*m);
       if (m->lost.load(std::memory_order_acquire)) {
         const Status why = peer_error("{} left the job: {}", m->name(), m->reason());
-        fail(why, m->left.load(std::memory_order_acquire));
+        fail(why, m->left.load(std::memory_order_acquire), m->hello.rank);
         if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
         m.reset();  // the arena goes with the last reference
         continue;
@@ -453,7 +457,13 @@ void Job::run() {
       ++live;
     }
     if (live == 0) break;
-    if (remote) remote->progress();  // sends and receives across hosts (job_p2p_remote.h)
+    if (remote) {
+      remote->progress();  // sends and receives across hosts (job_p2p_remote.h)
+      // Another daemon's job ended because a trainer there left on purpose: so does this one.
+      if (failure.ok() && !remote->peer_left().ok()) {
+        fail(remote->peer_left(), true, remote->peer_left_rank());
+      }
+    }
     if (!failure.ok()) {
       // Answer whatever the remaining trainers ask with the job's failure.
       for (auto& m : members) {

@@ -105,6 +105,9 @@ inline constexpr size_t kMinPartBytes = 256u << 10;
 // start_comm's waits on the store (the daemons' communicator's too) run in slices this long, so a
 // stop ends them promptly.
 inline constexpr int kStopSliceMs = 200;
+// The longest a job that ends because a trainer left on purpose waits for its goodbyes to the
+// job's other daemons to be taken by the communicator (RemoteP2p::say_goodbye).
+inline constexpr int64_t kByeWaitMs = 1000;
 
 struct Job {
   // server_wake_fd: signalled when the job refuses a trainer or finishes.
@@ -197,8 +200,10 @@ struct Job {
   // job.cc
   Status start_comm();
   // left: a trainer that closed its connection on purpose is why (the job's usual end, unless a
-  // collective of the others waited for it).
-  void fail(const Status& s, bool left = false);
+  // collective of the others waited for it): rank `who` (here, or on another host whose daemon
+  // said goodbye). A usual end says goodbye to the job's other daemons (RemoteP2p::say_goodbye)
+  // before the communicator is aborted, so their jobs end too, without a failure.
+  void fail(const Status& s, bool left = false, int32_t who = -1);
   void refuse(Trainer& t, const Status& why);
   void consume(Trainer& t);
   void make_p2p();  // job_p2p.cc

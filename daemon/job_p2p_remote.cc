@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/sys/time.h"
 #include "daemon/ring.h"
 
 namespace gw::daemon {
@@ -21,6 +22,7 @@ RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
   int32_t hosts = 0;
   for (int32_t h : o_.host_of_rank) hosts = std::max(hosts, h + 1);
   down_.assign(static_cast<size_t>(hosts), ok_status());
+  linked_.assign(static_cast<size_t>(hosts), false);
 }
 
 RemoteP2p::~RemoteP2p() { shutdown(); }
@@ -47,7 +49,7 @@ Status RemoteP2p::start() {
 }
 
 void RemoteP2p::touch() {
-  if (said_hello_) return;
+  if (said_hello_ || said_bye_) return;
   said_hello_ = true;
   // The hellos, at the job's first send or receive that may cross hosts: the connections with
   // every other daemon exist from then on, so one going is seen at once (its pending receives
@@ -66,6 +68,42 @@ void RemoteP2p::touch() {
       continue;
     }
     op.req = arm(*q);
+    linked_[static_cast<size_t>(h)] = true;
+  }
+  publish();
+}
+
+void RemoteP2p::say_goodbye(int32_t rank, int64_t wait_ms) {
+  if (said_bye_) return;
+  said_bye_ = true;
+  std::vector<std::shared_ptr<coll::P2PRequest>> sent;
+  for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
+    // Only where the pair's connections exist: a job without cross-host point-to-point connects
+    // to nobody for its goodbye (its daemons see the end at their next collective).
+    if (h == o_.host || !down_[static_cast<size_t>(h)].ok() || !linked_[static_cast<size_t>(h)]) {
+      continue;
+    }
+    Op& op = ops_.emplace_back();
+    op.kind = Kind::kBye;
+    op.host = h;
+    op.h.flags = kXhostBye;
+    op.h.src = rank;
+    op.hdr = encode_xhost_header(op.h);
+    auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), h, kXhostTag);
+    if (!q.ok()) {
+      ops_.pop_back();
+      host_down(h, q.status());
+      continue;
+    }
+    op.req = arm(*q);
+    sent.push_back(op.req);
+  }
+  // An eager send is done once the communicator handed its frame to the transport; the abort or
+  // destruction that follows flushes such frames (collectives/p2p.h).
+  const sys::Deadline deadline = sys::deadline_after_ms(wait_ms);
+  for (const auto& r : sent) {
+    const int64_t left = sys::ms_until(deadline);
+    if (left > 0) (void)r->wait(left);
   }
   publish();
 }
@@ -221,6 +259,7 @@ bool RemoteP2p::finish(Op& op) {
       if (!st.ok()) host_down(op.host, st);
       return true;
     case Kind::kHello:
+    case Kind::kBye:
       if (!st.ok()) host_down(op.host, st);
       return true;
     case Kind::kDrain:
@@ -238,7 +277,7 @@ void RemoteP2p::on_header(Op& op) {
   int32_t dst = -1;
   if (bad.ok()) {
     dst = board_->member_of(decoded->dst);
-    if (decoded->flags == kXhostHello) {
+    if (decoded->flags == kXhostHello || decoded->flags == kXhostBye) {
       dst = 0;
     } else if (o_.host_of_rank[static_cast<size_t>(decoded->src)] != host || dst < 0) {
       bad = peer_error("rank {} -> rank {}: not from that host or not to this one", decoded->src,
@@ -253,8 +292,21 @@ void RemoteP2p::on_header(Op& op) {
   }
   const XhostHeader h = *decoded;
   const size_t member = static_cast<size_t>(dst);
+  linked_[static_cast<size_t>(host)] = true;
   if (h.flags == kXhostHello) {
     (void)post_header(host);
+    return;
+  }
+  if (h.flags == kXhostBye) {
+    // Its last header: no receive stays posted for that host (its connections close next, and
+    // must find nothing pending here), and its ranks are unreachable from now on.
+    const Status why =
+        peer_error("rank {} left the job on purpose (host {}'s job ended)", h.src, host);
+    if (peer_left_.ok()) {
+      peer_left_ = why;
+      peer_left_rank_ = h.src;
+    }
+    host_down(host, why);
     return;
   }
   P2pBoard::Recv rv;

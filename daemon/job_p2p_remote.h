@@ -21,6 +21,13 @@
 // - Faults: an op with host B that fails (B's daemon gone, the job's communicator aborted because
 //   a trainer left or a collective failed) makes B unreachable: receives pending naming B's ranks
 //   and later sends to them end with kPeer; a stop completes everything pending at once.
+// - A usual end: when the job ends on this daemon because a trainer left on purpose, say_goodbye()
+//   sends a goodbye (kXhostBye) to every daemon it exchanged headers with, before the job's
+//   communicator goes. The goodbye is the last header on the pair's stream, after every message
+//   sent before it: B's daemon then makes this host unreachable as above (its messages already
+//   there stay receivable), posts no more header receives from it (so the connections' close
+//   that follows finds nothing pending: no warning), and peer_left() tells its job, which ends
+//   there too (docs/wire-daemon.md, "Point-to-point across hosts").
 //
 // Job thread only (under Options::job_mu). Every op's request writes the job's wake eventfd when
 // it ends (P2PRequest::notify_on_done), from whichever thread moved the engine, so the job thread
@@ -78,6 +85,15 @@ class RemoteP2p : public P2pRemoteLink {
   void progress();
   // Completes every pending send with s; the ops stay until the communicator ends them.
   void fail_all(const Status& s);
+  // The job ends here because rank `rank` left on purpose: sends a goodbye to every reachable
+  // daemon it exchanged headers with, and waits (up to wait_ms) until the communicator took each,
+  // so that the abort or destruction that follows still delivers it. Once per job; nothing is
+  // sent across hosts after it.
+  void say_goodbye(int32_t rank, int64_t wait_ms);
+  // Not ok once another daemon said goodbye: why (kPeer, naming the rank that left on purpose).
+  const Status& peer_left() const { return peer_left_; }
+  // That rank (-1 before).
+  int32_t peer_left_rank() const { return peer_left_rank_; }
   // Stops the waker (before the communicator goes).
   void shutdown();
   // Set by the waker when an op is done (the job thread's spin looks at it).
@@ -93,7 +109,7 @@ class RemoteP2p : public P2pRemoteLink {
   size_t unexpected_bytes() const { return *used_; }
 
  private:
-  enum class Kind { kHeader, kHello, kSend, kPayloadArena, kPayloadBuffer, kDrain };
+  enum class Kind { kHeader, kHello, kBye, kSend, kPayloadArena, kPayloadBuffer, kDrain };
   struct Op {
     Kind kind = Kind::kHeader;
     int32_t host = 0;  // the other daemon
@@ -126,6 +142,10 @@ class RemoteP2p : public P2pRemoteLink {
   std::vector<Status> down_;  // by host: ok while reachable
   Status failed_;             // the job's cross-host point-to-point failed (the cap)
   bool said_hello_ = false;   // touch()
+  bool said_bye_ = false;     // say_goodbye()
+  std::vector<bool> linked_;  // by host: a hello went there or a header came from there
+  Status peer_left_;          // a goodbye came (the first)
+  int32_t peer_left_rank_ = -1;
   std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
 
   std::thread waker_;

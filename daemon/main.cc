@@ -130,8 +130,10 @@ int main(int argc, char** argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
-  std::printf("gradwired: listening on %s (host %s, pid %d)\n", o.socket_path.c_str(),
-              (*server)->host_id().c_str(), static_cast<int>(::getpid()));
+  // The one line that says it listens (the server logs none of its own: it would be a second).
+  std::printf("gradwired: listening on %s (host %s, pid %d); between daemons: %s\n",
+              o.socket_path.c_str(), (*server)->host_id().c_str(), static_cast<int>(::getpid()),
+              (*server)->transport_note().c_str());
   std::fflush(stdout);
   notifier.ready(fmt::format("listening on {} (host {})", o.socket_path, (*server)->host_id()));
   notifier.watchdog();

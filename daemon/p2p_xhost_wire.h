@@ -6,7 +6,10 @@
 //   u32 reserved (0)  u64 bytes
 // flags 0: a message; kXhostHello: the first header each daemon sends each other at the job's
 // first send or receive that may cross hosts (src, dst, tag and bytes 0, no payload), so that the
-// daemons' connections exist both ways from then on and a daemon that goes is seen at once.
+// daemons' connections exist both ways from then on and a daemon that goes is seen at once;
+// kXhostBye: the last header a daemon sends each daemon it exchanged headers with, when its job
+// ends because a trainer left on purpose (src: that trainer's rank; dst, tag and bytes 0, no
+// payload): nothing more comes from it, and its connections close next without a failure.
 // decode_xhost_header refuses anything else (a daemon of another version, a rank outside the job,
 // a negative tag, more bytes than the receiving daemon takes) with kPeer naming the field.
 #pragma once
@@ -26,6 +29,7 @@ inline constexpr size_t kXhostHeaderBytes = 32;
 // so a payload follows its header in the per (source, tag) order.
 inline constexpr int kXhostTag = 0x6778;
 inline constexpr uint16_t kXhostHello = 1;
+inline constexpr uint16_t kXhostBye = 2;
 
 struct XhostHeader {
   uint16_t flags = 0;
@@ -67,13 +71,17 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
   std::memcpy(&reserved, p + 20, 4);
   std::memcpy(&h.bytes, p + 24, 8);
   if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
-  if (version != kXhostVersion || (h.flags != 0 && h.flags != kXhostHello) || reserved != 0) {
+  if (version != kXhostVersion ||
+      (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye) || reserved != 0) {
     return peer_error(
         "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
         version, h.flags, kXhostVersion);
   }
   if (h.flags == kXhostHello && (h.src != 0 || h.dst != 0 || h.tag != 0 || h.bytes != 0)) {
     return peer_error("cross-host point-to-point hello with a message's fields");
+  }
+  if (h.flags == kXhostBye && (h.dst != 0 || h.tag != 0 || h.bytes != 0)) {
+    return peer_error("cross-host point-to-point goodbye with a message's fields");
   }
   if (h.src < 0 || h.src >= world || h.dst < 0 || h.dst >= world) {
     return peer_error("cross-host point-to-point header: ranks {} -> {} outside the job's {}",

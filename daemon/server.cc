@@ -110,14 +110,13 @@ void Server::stop() { (void)signal_eventfd(impl_->stop_efd.get()); }
 
 const std::string& Server::socket_path() const { return impl_->opt.socket_path; }
 const std::string& Server::host_id() const { return impl_->host_id; }
+const std::string& Server::transport_note() const { return impl_->offer.reason; }
 
 ServerStats Server::stats() const { return impl_->counters.snapshot(impl_->offer.names); }
 
 Status Server::run() { return impl_->serve(); }
 
 Status Server::Impl::serve() {
-  GW_LOG_INFO("gradwired: listening on {} (host {}); between daemons: {}", opt.socket_path, host_id,
-              offer.reason);
   std::vector<pollfd> pfds;
   std::vector<uint64_t> ids;
   for (;;) {

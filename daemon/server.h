@@ -150,6 +150,9 @@ class Server {
   ServerStats stats() const;
   const std::string& socket_path() const;
   const std::string& host_id() const;
+  // The transports it offers other daemons and why ("auto offers dpdk,tcp (...)"): for the one
+  // line gradwired prints when it listens (main.cc).
+  const std::string& transport_note() const;
 
   struct Impl;
 

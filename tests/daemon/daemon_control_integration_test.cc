@@ -282,6 +282,32 @@ TEST(DaemonIntegration, SdNotifyReadinessWatchdogAndStopping) {
   }
 }
 
+// gradwired says once that it listens (stdout and its INFO log together, as a terminal or the
+// journal shows them), with its host, pid and the transports it offers other daemons.
+TEST(DaemonIntegration, SaysOnceThatItListens) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);  // GW_LOG_LEVEL=info
+  ASSERT_TRUE(d.start());
+  for (int h = 0; h < 2; ++h) {
+    // Once the control socket answers, the serve loop runs: whatever it logs first is out.
+    ASSERT_EQ(gradwirectl({"status", "--socket", d.socket(h)}).exit_code, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its output read here too
+    const std::string out = d.daemon_output(h);
+    int lines = 0;
+    for (size_t at = out.find("listening on"); at != std::string::npos;
+         at = out.find("listening on", at + 1)) {
+      ++lines;
+    }
+    EXPECT_EQ(lines, 1) << out;
+    EXPECT_TRUE(std::regex_search(
+        out,
+        std::regex("gradwired: listening on " + d.socket(h) + " \\(host " + DaemonPair::host(h) +
+                   ", pid [0-9]+\\); between daemons: auto offers [a-z,]+")))
+        << out;
+  }
+}
+
 // GW_DAEMON=auto: the daemon at GW_DAEMON_SOCKET when one answers there (the trainers join it),
 // otherwise direct mode with one INFO line saying so.
 TEST(DaemonIntegration, AutoUsesTheDaemonWhenOneAnswersElseDirectMode) {

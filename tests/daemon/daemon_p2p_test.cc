@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "daemon/job_p2p.h"
+#include "daemon/p2p_xhost_wire.h"
 #include "gradwire/gradwire.h"
 #include "tests/support/capi_world.h"
 #include "tests/support/exec_child.h"
@@ -223,6 +224,29 @@ TEST(P2pProtocol, OldClientIsRefusedAtTheHello) {
   EXPECT_EQ(got.status().code(), gw::Code::kUnsupported);
   EXPECT_NE(got.status().message().find("version 6"), std::string::npos) << got.status().message();
   EXPECT_NE(got.status().message().find("speaks 7"), std::string::npos) << got.status().message();
+}
+
+// The daemons' goodbye (daemon/p2p_xhost_wire.h): it names the rank that left (any rank of the
+// job) and nothing else; a goodbye with a message's fields, or a flag no daemon sends, is refused.
+TEST(P2pXhostHeader, GoodbyeNamesTheRankThatLeftAndNothingElse) {
+  using gw::daemon::XhostHeader;
+  auto decode = [](const XhostHeader& h) {
+    const auto b = gw::daemon::encode_xhost_header(h);
+    return gw::daemon::decode_xhost_header(b.data(), b.size(), 4, 1 << 20);
+  };
+  auto bye = decode(XhostHeader{gw::daemon::kXhostBye, 3, 0, 0, 0});
+  ASSERT_TRUE(bye.ok()) << bye.status().to_string();
+  EXPECT_EQ(bye->flags, gw::daemon::kXhostBye);
+  EXPECT_EQ(bye->src, 3);
+  for (const XhostHeader& bad :
+       {XhostHeader{gw::daemon::kXhostBye, 3, 1, 0, 0},
+        XhostHeader{gw::daemon::kXhostBye, 3, 0, 7, 0},
+        XhostHeader{gw::daemon::kXhostBye, 3, 0, 0, 8},
+        XhostHeader{gw::daemon::kXhostBye, 4, 0, 0, 0}, XhostHeader{3, 0, 0, 0, 0}}) {
+    auto got = decode(bad);
+    ASSERT_FALSE(got.ok()) << "flags " << bad.flags << " src " << bad.src;
+    EXPECT_EQ(got.status().code(), gw::Code::kPeer);
+  }
 }
 
 TEST(P2pBoard, PeerOnAnotherHostIsRefused) {

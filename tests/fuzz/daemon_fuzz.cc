@@ -190,7 +190,8 @@ std::vector<std::vector<uint8_t>> daemon_p2p_xhost_seeds() {
   std::vector<uint8_t> v;
   for (const auto& h : {daemon::XhostHeader{0, 1, 2, 7, 100}, daemon::XhostHeader{0, 3, 0, 0, 0},
                         daemon::XhostHeader{0, 7, 6, 1 << 20, 1 << 20},
-                        daemon::XhostHeader{daemon::kXhostHello, 0, 0, 0, 0}}) {
+                        daemon::XhostHeader{daemon::kXhostHello, 0, 0, 0, 0},
+                        daemon::XhostHeader{daemon::kXhostBye, 5, 0, 0, 0}}) {
     const auto b = daemon::encode_xhost_header(h);
     v.insert(v.end(), b.begin(), b.end());
   }

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -380,12 +381,24 @@ double loopback_tcp_gbps() {
   return best;
 }
 
+// The bench's row of a peer's output ("bench MODE ..."), or "" when it printed none.
+std::string bench_row(const std::string& out) {
+  const size_t at = out.find("bench ");
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// Each row measures what it names, in every variant: the direct-mode row has no daemon (under
+// GW_PLUGIN_TEST_XHOST too, where peers otherwise move to host b's daemon), the other goes
+// through one.
 TEST_F(DaemonPlugin, FiguresAgainstDirectModeWithTheCeilings) {
   std::printf("ceiling: memcpy 64MiB %.2f GB/s, loopback TCP 64MiB %.2f GB/s\n", memcpy_gbps(),
               loopback_tcp_gbps());
   std::fflush(stdout);
-  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}), 0);
-  EXPECT_EQ(run_peer({}, {"bench"}), 0);
+  std::string direct, daemon;
+  EXPECT_EQ(run_peer({"-GW_DAEMON", "-GW_PLUGIN_TEST_GRADWIRED"}, {"bench"}, &direct), 0);
+  EXPECT_EQ(run_peer({}, {"bench"}, &daemon), 0);
+  EXPECT_EQ(bench_row(direct).rfind("bench direct ", 0), 0u) << direct;
+  EXPECT_EQ(bench_row(daemon).rfind("bench daemon ", 0), 0u) << daemon;
 }
 
 // Two hosts only (GW_PLUGIN_TEST_XHOST=1): the figures of one connection whose ends are on two
@@ -402,11 +415,15 @@ TEST_F(DaemonPlugin, FiguresAcrossTwoDaemons) {
   std::vector<std::string> direct = not_peer;
   direct.push_back("-GW_DAEMON");
   direct.push_back("-GW_PLUGIN_TEST_GRADWIRED");
-  EXPECT_EQ(run_peer(direct, {"bench"}), 0);
+  std::string out[3];
+  EXPECT_EQ(run_peer(direct, {"bench"}, &out[0]), 0);
   std::vector<std::string> one_daemon = not_peer;
   one_daemon.push_back(std::string("GW_DAEMON=") + a);
-  EXPECT_EQ(run_peer(one_daemon, {"bench"}), 0);
-  EXPECT_EQ(run_peer({}, {"bench-xhost"}), 0);
+  EXPECT_EQ(run_peer(one_daemon, {"bench"}, &out[1]), 0);
+  EXPECT_EQ(run_peer({}, {"bench-xhost"}, &out[2]), 0);
+  EXPECT_EQ(bench_row(out[0]).rfind("bench direct ", 0), 0u) << out[0];
+  EXPECT_EQ(bench_row(out[1]).rfind("bench daemon ", 0), 0u) << out[1];
+  EXPECT_EQ(bench_row(out[2]).rfind("bench daemon-xhost ", 0), 0u) << out[2];
 }
 
 // The environment changes of a peer process on host a (run_peer's "-NAME": it stays on this
@@ -549,41 +566,6 @@ TEST_F(DaemonPlugin, FiguresOverDpdkInTwoProcesses) {
   EXPECT_EQ(pair(direct[0], direct[1], "direct-dpdk"), (std::vector<int>{0, 0}));
 }
 
-// Two hosts only (the ctest variant nccl_plugin_daemon_test.xhost, GW_PLUGIN_TEST_XHOST=1): the
-// daemon of the connector's host killed while this host's receive from it is pending fails the
-// receive promptly (the daemons' connection closes), never a hang. Last: it kills daemon b.
-TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
-  const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
-  if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
-  // The peer connects, sends its 4096 bytes (tag 3) and closes; its daemon stays until killed.
-  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
-  void* rc = acc.wait_comm();
-  ASSERT_NE(rc, nullptr);
-  Buffer in(1 << 20);
-  void* req = nullptr;
-  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 0, nullptr, &req), "");
-  ASSERT_EQ(kill(std::atoi(pid), SIGKILL), 0);  // within the peer's 300 ms of life
-  int done = 0, size = 0;
-  ncclResult_t r = ncclSuccess;
-  const auto t0 = Clock::now();
-  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
-    r = api_->test(req, &done, &size);
-  }
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  peer.join();
-  EXPECT_EQ(r, ncclSystemError) << "the receive through a killed remote daemon must fail";
-  EXPECT_EQ(done, 0);
-  EXPECT_LT(s, 15.0) << "bounded by GW_TIMEOUT_MS, not a hang";
-  std::printf("receive across hosts failed %.3f s after the remote daemon was killed\n", s);
-  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
-  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
-}
-
 }  // namespace
 }  // namespace gw::plugin_test
 
@@ -591,11 +573,11 @@ namespace gw::plugin_test {
 namespace {
 
 // The state `gradwirectl --json jobs` gives the daemon's one job (the connection's), once it is
-// not `running` any more or 10 s have passed; "" when the daemon lists no job or several.
-std::string connection_job_state() {
-  std::string json;
-  for (const auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::seconds(10);) {
-    json = gradwirectl("--json jobs");
+// not `running` any more or 10 s have passed (now: at once); "" when the daemon lists no job or
+// several.
+std::string connection_job_state(bool now = false) {
+  for (const auto t0 = Clock::now();;) {
+    const std::string json = gradwirectl("--json jobs");
     const size_t first = json.find("\"job\":");
     if (first == std::string::npos || json.find("\"job\":", first + 1) != std::string::npos) {
       return "";
@@ -603,10 +585,9 @@ std::string connection_job_state() {
     const size_t at = json.find("\"state\": \"");
     if (at == std::string::npos) return "";
     const std::string state = json.substr(at + 10, json.find('"', at + 10) - at - 10);
-    if (state != "running") return state;
+    if (state != "running" || now || Clock::now() - t0 > std::chrono::seconds(10)) return state;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return "running";
 }
 
 // A connection whose peer process closes its comm and finalizes (then exits) has ended, not
@@ -651,6 +632,136 @@ TEST_F(DaemonPlugin, PeerThatClosesEndsTheJobAndAKilledOneFailsIt) {
     EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
     EXPECT_EQ(jobs_left(), 0) << gradwirectl("jobs");  // both ends gone: the job too
   }
+}
+
+}  // namespace
+}  // namespace gw::plugin_test
+
+namespace gw::plugin_test {
+namespace {
+
+// The jobs the daemon at `daemon` (unix:PATH) lists once it has none, or after 10 s (-1:
+// unreadable).
+int jobs_left_on(const char* daemon) {
+  int jobs = -1;
+  for (const auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::seconds(10);) {
+    const std::string out = gradwirectl("--json status", daemon);
+    const size_t at = out.find("\"jobs\": ");
+    jobs = at == std::string::npos ? -1 : std::atoi(out.c_str() + at + 8);
+    if (jobs == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return jobs;
+}
+
+// The lines of `text` logged at WARN or above (spdlog's names: "warning", "error", "critical").
+std::string warnings_in(const std::string& text) {
+  std::string found;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    for (const char* level : {"] warning ", "] error ", "] critical "}) {
+      if (line.find(level) != std::string::npos) found += line + "\n";
+    }
+  }
+  return found;
+}
+
+// Two hosts only (the xhost variants): a connection whose connector (on host b) sends, closes and
+// finalizes ends its job on the listener's daemon (host a) too, while the listener is still open:
+// `gradwirectl jobs` there says `ended`, as one daemon says it (PeerThatCloses... above), and
+// neither daemon logs a warning for that usual end. A connector killed instead is no usual end:
+// the listener's job is not `ended`, and its daemon warns that the connection broke.
+TEST_F(DaemonPlugin, RemotePeerThatClosesEndsTheJobOnBothHostsQuietly) {
+  const char* b = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
+  if (b == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  const char* a = getenv("GW_DAEMON");
+  // The earlier tests' connections go with their job threads, just after their ends closed.
+  ASSERT_EQ(jobs_left_on(a), 0) << gradwirectl("jobs", a);
+  ASSERT_EQ(jobs_left_on(b), 0) << gradwirectl("jobs", b);
+  for (const std::string then : {"send", "die"}) {
+    SCOPED_TRACE("peer: connect " + then);
+    const size_t said[2] = {xhost_daemon_output(0).size(), xhost_daemon_output(1).size()};
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* lc = nullptr;
+    ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+    Acceptor acc;
+    acc.start(api_.get(), lc);
+    const int rc = run_peer({}, {"connect", handle_hex(handle), then});
+    void* comm = acc.wait_comm();
+    ASSERT_NE(comm, nullptr);
+    if (then == "send") {
+      EXPECT_EQ(rc, 0);
+      Buffer in(4096);
+      void* req = nullptr;
+      ASSERT_EQ(post_recv(*api_, comm, in.data, in.size, 3, nullptr, &req), "");
+      ASSERT_EQ(wait_all(*api_, {req}), "");
+      EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+      // Daemon a learns that the connector left on purpose: its job ends, this end still open.
+      EXPECT_EQ(connection_job_state(), "ended") << gradwirectl("jobs", a);
+    } else {
+      // Daemon b has seen its trainer die (its job failed and went); daemon a, told nothing, must
+      // not take that for a usual end.
+      EXPECT_EQ(jobs_left_on(b), 0) << gradwirectl("jobs", b);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      EXPECT_EQ(connection_job_state(true), "running") << gradwirectl("jobs", a);
+    }
+    EXPECT_EQ(api_->close_recv(comm), ncclSuccess);
+    EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+    EXPECT_EQ(jobs_left_on(a), 0) << gradwirectl("jobs", a);
+    EXPECT_EQ(jobs_left_on(b), 0) << gradwirectl("jobs", b);
+    const std::string out_a = xhost_daemon_output(0).substr(said[0]);
+    const std::string out_b = xhost_daemon_output(1).substr(said[1]);
+    if (then == "send") {
+      EXPECT_EQ(warnings_in(out_a), "") << "daemon a, a usual close:\n" << out_a;
+      EXPECT_EQ(warnings_in(out_b), "") << "daemon b, a usual close:\n" << out_b;
+    } else {
+      // A real failure still warns: daemon b of its trainer's death, daemon a of the connection.
+      EXPECT_NE(warnings_in(out_b).find("failed"), std::string::npos) << out_b;
+      EXPECT_NE(warnings_in(out_a).find("point-to-point"), std::string::npos) << out_a;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gw::plugin_test
+
+namespace gw::plugin_test {
+namespace {
+
+// Two hosts only (the ctest variant nccl_plugin_daemon_test.xhost, GW_PLUGIN_TEST_XHOST=1): the
+// daemon of the connector's host killed while this host's receive from it is pending fails the
+// receive promptly (the daemons' connection closes), never a hang. Defined last, so run last
+// (gtest runs a file's tests in their order): it kills daemon b.
+TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
+  const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
+  if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  // The peer connects, sends its 4096 bytes (tag 3) and closes; its daemon stays until killed.
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
+  void* rc = acc.wait_comm();
+  ASSERT_NE(rc, nullptr);
+  Buffer in(1 << 20);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 0, nullptr, &req), "");
+  ASSERT_EQ(kill(std::atoi(pid), SIGKILL), 0);  // within the peer's 300 ms of life
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  peer.join();
+  EXPECT_EQ(r, ncclSystemError) << "the receive through a killed remote daemon must fail";
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(s, 15.0) << "bounded by GW_TIMEOUT_MS, not a hang";
+  std::printf("receive across hosts failed %.3f s after the remote daemon was killed\n", s);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
 }
 
 }  // namespace

@@ -50,8 +50,8 @@ void become_peer_host() {
 
 namespace {
 
-// The two daemons' stderr of GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk (read back by
-// xhost_daemon_output), in a directory removed at exit.
+// The two daemons' stderr under GW_PLUGIN_TEST_XHOST=1 (read back by xhost_daemon_output), in a
+// directory removed at exit.
 struct DaemonLogs {
   std::string dir, path[2];
   ~DaemonLogs() {
@@ -78,12 +78,12 @@ std::optional<std::string> swap_env(const char* name, const char* value) {
   return was;
 }
 
-// Host h's (0: a, 1: b) daemon, started with its end of a net_memif pair (GW_DPDK_EAL_ARGS,
-// GW_DPDK_IP; the socket named after this process, so concurrent tests do not meet), INFO logging
-// and its stderr in a file; once it runs, GW_DPDK_EAL_ARGS and GW_DPDK_IP are unset, so neither
-// this process nor the plugin processes it starts inherit a port.
-std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwired, int h,
-                                                            const char* prefix) {
+// Host h's (0: a, 1: b) daemon, with INFO logging and its stderr in a file (xhost_daemon_output).
+// Over dpdk, with its end of a net_memif pair (GW_DPDK_EAL_ARGS, GW_DPDK_IP; the socket named
+// after this process, so concurrent tests do not meet); once it runs, GW_DPDK_EAL_ARGS and
+// GW_DPDK_IP are unset, so neither this process nor the plugin processes it starts inherit a port.
+std::unique_ptr<gw::testing::LocalDaemon> start_xhost_daemon(const char* gradwired, int h,
+                                                             const char* prefix, bool dpdk) {
   DaemonLogs& logs = daemon_logs();
   if (logs.dir.empty()) {
     char tmpl[] = "/tmp/gw-plugin-xlog-XXXXXX";
@@ -91,14 +91,17 @@ std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwire
     logs.dir = tmpl;
   }
   logs.path[h] = logs.dir + (h == 0 ? "/a.log" : "/b.log");
-  const std::string eal = fmt::format(
-      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error --vdev "
-      "net_memif0,id=0,socket=/gw-plugin-xhost-{}.sock,role={},mac=02:72:00:00:00:0{}",
-      ::getpid(), h == 0 ? "server" : "client", h + 1);
-  const std::string ip = fmt::format("10.72.0.{}", h + 1);
-  setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
-  setenv("GW_DPDK_IP", ip.c_str(), 1);
-  const auto level_was = swap_env("GW_LOG_LEVEL", "info");  // its "dpdk: engine on" line
+  if (dpdk) {
+    const std::string eal = fmt::format(
+        "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error --vdev "
+        "net_memif0,id=0,socket=/gw-plugin-xhost-{}.sock,role={},mac=02:72:00:00:00:0{}",
+        ::getpid(), h == 0 ? "server" : "client", h + 1);
+    const std::string ip = fmt::format("10.72.0.{}", h + 1);
+    setenv("GW_DPDK_EAL_ARGS", eal.c_str(), 1);
+    setenv("GW_DPDK_IP", ip.c_str(), 1);
+  }
+  // INFO: the daemons' "dpdk: engine on" line, and what they say when a connection ends.
+  const auto level_was = swap_env("GW_LOG_LEVEL", "info");
   // The daemon inherits this process's stderr at its fork: a file for that moment.
   const int log = ::open(logs.path[h].c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
   const int saved = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
@@ -108,9 +111,11 @@ std::unique_ptr<gw::testing::LocalDaemon> start_dpdk_daemon(const char* gradwire
   if (saved >= 0) ::close(saved);
   if (log >= 0) ::close(log);
   swap_env("GW_LOG_LEVEL", level_was ? level_was->c_str() : nullptr);
-  // The ports are the daemons': nothing started later (plugin processes) may inherit one.
-  unsetenv("GW_DPDK_EAL_ARGS");
-  unsetenv("GW_DPDK_IP");
+  if (dpdk) {
+    // The ports are the daemons': nothing started later (plugin processes) may inherit one.
+    unsetenv("GW_DPDK_EAL_ARGS");
+    unsetenv("GW_DPDK_IP");
+  }
   return daemon;
 }
 
@@ -172,8 +177,7 @@ void set_test_environment() {
     // pair; given a port, each offers dpdk first, so their jobs run over it.
     const bool dpdk = xhost_transport() == "dpdk";
     auto start = [&](int h, const char* prefix) {
-      return dpdk ? start_dpdk_daemon(gradwired, h, prefix)
-                  : std::make_unique<gw::testing::LocalDaemon>(gradwired, prefix);
+      return start_xhost_daemon(gradwired, h, prefix, dpdk);
     };
     setenv("GW_HOSTID", kXhostA, 1);
     static std::unique_ptr<gw::testing::LocalDaemon> a_daemon = start(0, "gw-plugin-xa");
@@ -753,14 +757,23 @@ Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role) {
 
 // Runs the peer helper with extra environment ("NAME=value" sets, "-NAME" removes); returns its
 // exit status, or -1 when it crashed or had to be killed.
-int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args) {
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args,
+             std::string* out) {
   // Everything is built before fork: the child of a threaded process may only exec.
+  std::vector<std::string> names;  // the variables env replaces or removes
+  for (const std::string& change : env) {
+    names.push_back(change[0] == '-' ? change.substr(1) : change.substr(0, change.find('=')));
+    if (names.back() == "GW_DAEMON") {
+      // The caller chose the peer's daemon (or none): nothing may move it to host b's.
+      names.push_back("GW_PLUGIN_TEST_PEER_DAEMON");
+      names.push_back("GW_PLUGIN_TEST_PEER_HOSTID");
+    }
+  }
   std::vector<std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string v(*e);
     bool replaced = false;
-    for (const std::string& change : env) {
-      std::string name = change[0] == '-' ? change.substr(1) : change.substr(0, change.find('='));
+    for (const std::string& name : names) {
       if (v.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
     }
     if (!replaced) vars.push_back(v);
@@ -776,12 +789,38 @@ int run_peer(const std::vector<std::string>& env, const std::vector<std::string>
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
+  int pipe_fds[2] = {-1, -1};
+  if (out != nullptr) {
+    out->clear();
+    if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
+  }
+  std::fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
+    if (pipe_fds[1] >= 0) {
+      ::dup2(pipe_fds[1], STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy
+      ::fcntl(STDOUT_FILENO, F_SETFL, 0);  // the peer writes blocking
+    }
     execve(GW_PLUGIN_PEER_PATH, argv.data(), envp.data());
     _exit(127);
   }
-  if (pid < 0) return -1;
+  if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
+  // What the peer wrote so far, kept and echoed.
+  auto drain = [&] {
+    if (pipe_fds[0] < 0) return;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) {
+      out->append(buf, static_cast<size_t>(n));
+      std::fwrite(buf, 1, static_cast<size_t>(n), stdout);
+    }
+    std::fflush(stdout);
+  };
+  auto finish = [&](int rc) {
+    drain();
+    if (pipe_fds[0] >= 0) ::close(pipe_fds[0]);
+    return rc;
+  };
+  if (pid < 0) return finish(-1);
   // Reap with a deadline; kill a peer that hangs.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   int status = 0;
@@ -789,11 +828,12 @@ int run_peer(const std::vector<std::string>& env, const std::vector<std::string>
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
-      return -1;
+      return finish(-1);
     }
+    drain();  // a full pipe must not stop the peer
     usleep(10000);
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return finish(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
 }  // namespace gw::plugin_test

@@ -44,7 +44,8 @@ void become_peer_host();
 std::string xhost_transport();
 // Result of a helper: empty = success, else what went wrong.
 using Error = std::string;
-// Over dpdk: what daemon a (0) or b (1) wrote to stderr so far ("" otherwise).
+// Two hosts (GW_PLUGIN_TEST_XHOST=1, any transport): what daemon a (0) or b (1) wrote to stderr so
+// far, logging at INFO ("" otherwise).
 std::string xhost_daemon_output(int host);
 // Over dpdk: "" when both daemons said they run their DPDK engine on their memif end, else why
 // not (with their output); "" for the other transports.
@@ -125,8 +126,12 @@ std::string handle_hex(const uint8_t* handle);
 
 // Runs the nccl_plugin_peer helper (GW_PLUGIN_PEER_PATH) with `args` and extra environment
 // ("NAME=value" sets, "-NAME" removes); returns its exit status, or -1 when it crashed or had to
-// be killed (30 s deadline).
-int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args);
+// be killed (30 s deadline). A change of GW_DAEMON (set or removed) puts the peer where it says:
+// the variables that would move it to host b's daemon (GW_PLUGIN_TEST_PEER_DAEMON and
+// GW_PLUGIN_TEST_PEER_HOSTID, become_peer_host) are dropped too, so "-GW_DAEMON" is direct mode
+// in every variant. With `out`, the peer's stdout is also kept there (and still printed here).
+int run_peer(const std::vector<std::string>& env, const std::vector<std::string>& args,
+             std::string* out = nullptr);
 
 // The transfers of nccl_plugin_peer's "timeline" scenario, which the timeline test finds in the
 // trace: message i has kTimelineSizes[i] bytes, tag kTimelineTag0 + i, and a receive posted
