@@ -56,21 +56,28 @@ void RemoteP2p::touch() {
   // end with kPeer, not at the deadline). Jobs without cross-host point-to-point never connect.
   for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
     if (h == o_.host || !down_[static_cast<size_t>(h)].ok()) continue;
-    Op& op = ops_.emplace_back();
-    op.kind = Kind::kHello;
-    op.host = h;
-    op.h.flags = kXhostHello;
-    op.hdr = encode_xhost_header(op.h);
-    auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), h, kXhostTag);
-    if (!q.ok()) {
-      ops_.pop_back();
-      host_down(h, q.status());
-      continue;
+    if (send_control(h, Kind::kHello, kXhostHello, 0) != nullptr) {
+      linked_[static_cast<size_t>(h)] = true;
     }
-    op.req = arm(*q);
-    linked_[static_cast<size_t>(h)] = true;
   }
   publish();
+}
+
+RemoteP2p::Op* RemoteP2p::send_control(int32_t host, Kind kind, uint16_t flags, int32_t src) {
+  Op& op = ops_.emplace_back();
+  op.kind = kind;
+  op.host = host;
+  op.h.flags = flags;
+  op.h.src = src;
+  op.hdr = encode_xhost_header(op.h);
+  auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
+  if (!q.ok()) {
+    ops_.pop_back();
+    host_down(host, q.status());
+    return nullptr;
+  }
+  op.req = arm(*q);
+  return &op;
 }
 
 void RemoteP2p::say_goodbye(int32_t rank, int64_t wait_ms) {
@@ -83,20 +90,9 @@ void RemoteP2p::say_goodbye(int32_t rank, int64_t wait_ms) {
     if (h == o_.host || !down_[static_cast<size_t>(h)].ok() || !linked_[static_cast<size_t>(h)]) {
       continue;
     }
-    Op& op = ops_.emplace_back();
-    op.kind = Kind::kBye;
-    op.host = h;
-    op.h.flags = kXhostBye;
-    op.h.src = rank;
-    op.hdr = encode_xhost_header(op.h);
-    auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), h, kXhostTag);
-    if (!q.ok()) {
-      ops_.pop_back();
-      host_down(h, q.status());
-      continue;
+    if (Op* op = send_control(h, Kind::kBye, kXhostBye, rank); op != nullptr) {
+      sent.push_back(op->req);
     }
-    op.req = arm(*q);
-    sent.push_back(op.req);
   }
   // An eager send is done once the communicator handed its frame to the transport; the abort or
   // destruction that follows flushes such frames (collectives/p2p.h).

@@ -129,6 +129,9 @@ class RemoteP2p : public P2pRemoteLink {
   bool finish(Op& op);
   void on_header(Op& op);
   Status post_header(int32_t host);
+  // A hello or goodbye header (flags, src) to `host`'s daemon, as an op: nullptr when the send
+  // could not start (the host is then down).
+  Op* send_control(int32_t host, Kind kind, uint16_t flags, int32_t src);
   void post_drain(int32_t host, uint64_t bytes);
   void host_down(int32_t host, const Status& why);
   void fail_p2p(const Status& why);
