@@ -782,3 +782,53 @@ TEST(DaemonP2pChild, TwoHosts) {
 }
 
 }  // namespace
+
+// A test killed by ctest's timeout must not leave its gradwired behind (LocalDaemon's
+// PR_SET_PDEATHSIG): a child test starts a daemon and says its pid; the child is killed; the
+// daemon must be gone (or a zombie waiting for a reaper) within 5 s.
+TEST(LocalDaemonLife, DaemonDiesWithAKilledTest) {
+  char path[] = "/tmp/gw-ldl-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  gw::testing::ExecChild child("LocalDaemonLifeChild.Run",
+                               {std::string("GW_LDL_PID_FILE=") + path});
+  ASSERT_TRUE(child.started());
+  pid_t daemon = 0;
+  for (int i = 0; i < 200 && daemon <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (FILE* f = std::fopen(path, "r")) {
+      if (std::fscanf(f, "%d", &daemon) != 1) daemon = 0;
+      std::fclose(f);
+    }
+  }
+  ::unlink(path);
+  ASSERT_GT(daemon, 0) << "the child never said its daemon's pid";
+  child.kill_now();
+  auto alive = [daemon] {
+    FILE* f = std::fopen(("/proc/" + std::to_string(daemon) + "/stat").c_str(), "r");
+    if (f == nullptr) return false;
+    char state = '?';
+    const int n = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+    std::fclose(f);
+    return n == 1 && state != 'Z' && state != 'X';
+  };
+  bool gone = false;
+  for (int i = 0; i < 100 && !(gone = !alive()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!gone) ::kill(daemon, SIGKILL);
+  EXPECT_TRUE(gone) << "gradwired " << daemon << " outlived the test that started it";
+}
+
+TEST(LocalDaemonLifeChild, Run) {
+  const char* out = ::getenv("GW_LDL_PID_FILE");
+  if (out == nullptr) GTEST_SKIP() << "started only by LocalDaemonLife.DaemonDiesWithAKilledTest";
+  gw::testing::LocalDaemon d(GW_GRADWIRED_PATH, "gw-ldl");
+  ASSERT_TRUE(d.ready());
+  FILE* f = std::fopen(out, "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "%d\n", static_cast<int>(d.pid()));
+  std::fclose(f);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // killed long before
+}

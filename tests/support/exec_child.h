@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,8 +86,15 @@ class ExecChild {
     std::string exe = "/proc/self/exe", filter = "--gtest_filter=" + suite_dot_name;
     std::vector<char*> argv = {exe.data(), filter.data(), nullptr};
     int ns_fd = netns.empty() ? -1 : open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+    const pid_t parent = getpid();
+    // Only a child of the main thread: the signal comes when the forking thread ends.
+    const bool main_thread = gettid() == parent;
     pid_ = fork();  // everything above is built first: between fork and exec nothing allocates
     if (pid_ == 0) {
+      // The child dies with the test (a test killed by ctest's timeout leaves no child behind).
+      if (main_thread && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)) {
+        _exit(126);
+      }
       if (!netns.empty() && (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) != 0)) _exit(126);
       execve(exe.c_str(), argv.data(), envp.data());
       _exit(127);

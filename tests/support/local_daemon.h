@@ -1,12 +1,14 @@
 // A gradwired of the test's own, for the in-process tests that check daemon mode through the C
 // ABI: started (--foreground) on a socket in a fresh temporary directory, waited for until its
 // control socket is there (up to 10 s; ready() says whether it came), stopped with SIGTERM and its
-// files removed (and GW_DAEMON unset, if use() set it) on destruction. Header only; the test passes
-// the daemon's path (GW_GRADWIRED_PATH).
+// files removed (and GW_DAEMON unset, if use() set it) on destruction. Started from the main
+// thread, the daemon dies with the test (PR_SET_PDEATHSIG: a test killed by ctest's timeout leaves
+// no gradwired behind). Header only; the test passes the daemon's path (GW_GRADWIRED_PATH).
 #pragma once
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,8 +27,14 @@ class LocalDaemon {
     if (::mkdtemp(tmpl.data()) == nullptr) return;
     dir_ = tmpl;
     socket_ = dir_ + "/s.sock";
+    const pid_t parent = ::getpid();
+    // Only a child of the main thread: the signal comes when the forking thread ends.
+    const bool main_thread = ::gettid() == parent;
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (main_thread && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent)) {
+        ::_exit(126);
+      }
       ::execl(gradwired, gradwired, "--foreground", "--socket", socket_.c_str(),
               static_cast<char*>(nullptr));
       ::_exit(127);

@@ -6,6 +6,7 @@
 // passes the daemon's path (GW_GRADWIRED_PATH).
 #pragma once
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <array>
@@ -116,8 +117,14 @@ inline std::vector<pid_t> start_trainers(const std::string& gtest_filter, int wo
     for (std::string& e : all) envp.push_back(e.data());
     envp.push_back(nullptr);
     std::vector<char*> argv = {exe.data(), filter.data(), nullptr};
+    const pid_t parent = ::getpid();
+    // Only a child of the main thread: the signal comes when the forking thread ends.
+    const bool main_thread = ::gettid() == parent;
     const pid_t pid = ::fork();  // everything is built first: nothing allocates until exec
     if (pid == 0) {
+      if (main_thread && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent)) {
+        ::_exit(126);
+      }
       ::execve(exe.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
