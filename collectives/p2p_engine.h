@@ -260,9 +260,13 @@ struct PointToPoint::Impl {
     }
   }
   // For Backoff::idle: the descriptors of every connection, false while some connection cannot
-  // be waited on (shm, or a listener or connector still pending). Under mu: a connection's
-  // wait_fds reads its posted requests, which a caller's isend changes (ThreadSanitizer found
-  // the race when a waiting caller gathered while another thread posted).
+  // be waited on (shm). A listener or connector still pending has no descriptor, but the
+  // backoff's poll() returns within 1 ms and the pass after it looks at them, so they do not
+  // force the yield-and-sleep loop: a data listener that is never connected to (a peer that
+  // sends this rank only eager messages) left the thread waking every 50 us for the job's life,
+  // and a message arriving meanwhile waited for the next of those wake-ups. Under mu: a
+  // connection's wait_fds reads its posted requests, which a caller's isend changes
+  // (ThreadSanitizer found the race when a waiting caller gathered while another thread posted).
   bool gather_fds_locked(std::unique_lock<std::mutex>& lock, std::vector<pollfd>* fds) const {
     lock.lock();
     const bool ok = gather_fds(fds);
@@ -277,7 +281,7 @@ struct PointToPoint::Impl {
       const Peer& peer = peers[p];
       if (!peer.broken.ok()) continue;
       for (int c = 0; c < 2; ++c) {
-        if (peer.listen[c] || peer.conn[c]) return false;
+        if (peer.listen[c] || peer.conn[c]) continue;  // looked at after the poll (<= 1 ms)
         if (peer.sc[c] && !peer.sc[c]->wait_fds(fds)) return false;
         if (peer.rc[c] && !peer.rc[c]->wait_fds(fds)) return false;
       }

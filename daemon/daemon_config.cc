@@ -78,7 +78,9 @@ constinit const config::Row kSpinUs{
 constinit const config::Row kPollUs{
     "GW_DAEMON_POLL_US", Type::Int, "50", "",
     "gradwired: microseconds a job's thread busy-polls its trainers' submission rings before "
-    "sleeping on their eventfds (spares a wake-up per small collective; 0: never)"};
+    "sleeping on their eventfds (spares a wake-up per small collective; after 4 spins in a row "
+    "that found nothing it sleeps at once, until work comes within this long of a sleep; 0: "
+    "never)"};
 
 constinit const config::Row kP2pUnexpectedMax{
     "GW_DAEMON_P2P_UNEXPECTED_MAX", Type::Size, "256M", "",

@@ -403,7 +403,12 @@ bool Job::wait_for_work() {
   // pass per look), so that a header landing meanwhile needs no hand-off from the waker.
   auto posted_or_landed = [&]() { return posted() || (remote && remote->poke()); };
   bool ready = false;
-  if (spin_ns > 0) {
+  // Adaptive: after kSpinMisses spins in a row that found nothing (work comes further apart than
+  // the spin, as a ping-pong's next message, a round trip later), the thread sleeps at once: the
+  // spin then only took a core from the trainers and the other side's threads. It spins again
+  // once a sleep is ended by work within spin_ns of its start.
+  const bool spin = spin_ns > 0 && spin_misses < kSpinMisses;
+  if (spin) {
     for (const auto& m : members) {
       if (m) m->sq.begin_polling();
     }
@@ -416,6 +421,9 @@ bool Job::wait_for_work() {
       if (m) m->sq.end_polling();
     }
     ready = ready || posted();
+    spin_misses = ready ? 0 : spin_misses + 1;
+  } else {
+    ready = posted();
   }
   if (ready) return true;
   // Sleep until a trainer, the serve loop or stop() wakes this job.
@@ -425,11 +433,13 @@ bool Job::wait_for_work() {
     if (m) pfds.push_back({m->sq.wake_fd(), POLLIN, 0});
   }
   // The daemons' point-to-point ops write wake at their end (RemoteP2p::arm): no 1 ms looks.
+  const int64_t slept_ns = spin_ns > 0 ? sys::now_ns() : 0;
   int rc = ::poll(pfds.data(), pfds.size(), stall_poll_ms(1000));
   if (rc < 0 && errno != EINTR) {
     GW_LOG_ERROR("gradwired: job poll: {}", std::strerror(errno));
     return false;
   }
+  if (rc > 0 && spin_ns > 0 && sys::now_ns() - slept_ns < spin_ns) spin_misses = 0;
   for (const auto& p : pfds) {
     if (p.revents & POLLIN) drain_eventfd(p.fd);
   }

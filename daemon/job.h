@@ -118,6 +118,10 @@ struct Job {
   Counters* counters;
   std::vector<std::string> offer;  // the server's transports, best first (transport_offer.h)
   int64_t spin_ns = 0;
+  // wait_for_work's spins in a row that found no work (job thread); at kSpinMisses it stops
+  // spinning until work comes within spin_ns of a sleep's start.
+  int spin_misses = 0;
+  static constexpr int kSpinMisses = 4;
   std::vector<std::shared_ptr<Trainer>> members;  // by local rank
   int joined = 0;
   bool started = false;
@@ -208,7 +212,8 @@ struct Job {
   void consume(Trainer& t);
   void make_p2p();  // job_p2p.cc
   void complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
-  // Busy-polls the submission rings for spin_ns, then sleeps on their eventfds and wake;
+  // Busy-polls the submission rings for spin_ns (unless kSpinMisses spins in a row found
+  // nothing), then sleeps on their eventfds and wake;
   bool wait_for_work();  // false when poll fails
   void run_ready();
   std::string describe(const Request& r) const;

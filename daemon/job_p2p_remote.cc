@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "core/log.h"
@@ -69,7 +70,8 @@ RemoteP2p::Op* RemoteP2p::send_control(int32_t host, Kind kind, uint16_t flags, 
   op.host = host;
   op.h.flags = flags;
   op.h.src = src;
-  op.hdr = encode_xhost_header(op.h);
+  const auto hdr = encode_xhost_header(op.h);
+  op.hdr.assign(hdr.begin(), hdr.end());
   auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
   if (!q.ok()) {
     ops_.pop_back();
@@ -124,6 +126,7 @@ Status RemoteP2p::post_header(int32_t host) {
   Op& op = ops_.emplace_back();
   op.kind = Kind::kHeader;
   op.host = host;
+  op.hdr.resize(kXhostHeaderBytes + kXhostInlineBytes);  // a header, or one with its payload
   auto q = o_.comm->irecv(op.hdr.data(), op.hdr.size(), host, kXhostTag);
   if (!q.ok()) {
     ops_.pop_back();
@@ -159,13 +162,21 @@ void RemoteP2p::forward(size_t member, const Request& r) {
   op.member = member;
   op.seq = r.seq;
   op.keep = o_.keep(member);
-  op.h = XhostHeader{0, board_->rank_of(member), r.root, r.tag, r.send_bytes};
-  op.hdr = encode_xhost_header(op.h);
+  // A small payload rides behind its header: one send, one frame at the other daemon.
+  const bool inline_payload = r.send_bytes > 0 && r.send_bytes <= kXhostInlineBytes;
+  op.h = XhostHeader{inline_payload ? kXhostInline : uint16_t{0}, board_->rank_of(member), r.root,
+                     r.tag, r.send_bytes};
+  const auto hdr = encode_xhost_header(op.h);
+  op.hdr.assign(hdr.begin(), hdr.end());
+  if (inline_payload) {
+    const uint8_t* from = board_->data(member) + r.send_off;
+    op.hdr.insert(op.hdr.end(), from, from + r.send_bytes);
+  }
   auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
   Status s = q.status();
   if (q.ok()) {
     op.req = arm(*q);
-    if (r.send_bytes > 0) {
+    if (r.send_bytes > 0 && !inline_payload) {
       // Straight from the sender's arena: it stays mapped (op.keep) until the op ends.
       auto p = o_.comm->isend(board_->data(member) + r.send_off, r.send_bytes, host, kXhostTag);
       s = p.status();
@@ -288,6 +299,12 @@ void RemoteP2p::on_header(Op& op) {
   }
   const XhostHeader h = *decoded;
   const size_t member = static_cast<size_t>(dst);
+  // An inline payload came with the header (nothing follows it on the stream: none to refuse).
+  const bool inline_payload = h.flags == kXhostInline;
+  const uint8_t* inline_bytes = op.hdr.data() + kXhostHeaderBytes;
+  auto drain = [&] {
+    if (!inline_payload) post_drain(host, h.bytes);
+  };
   linked_[static_cast<size_t>(host)] = true;
   if (h.flags == kXhostHello) {
     (void)post_header(host);
@@ -307,7 +324,7 @@ void RemoteP2p::on_header(Op& op) {
   }
   P2pBoard::Recv rv;
   if (!failed_.ok() || board_->data(member) == nullptr) {
-    post_drain(host, h.bytes);  // nobody to take it
+    drain();  // nobody to take it
   } else if (board_->take_posted(member, h.src, h.tag, &rv)) {
     if (h.bytes > rv.cap) {
       board_->complete(
@@ -316,9 +333,13 @@ void RemoteP2p::on_header(Op& op) {
                           "receive holds {} (tag {}; from host {})",
                           h.src, h.bytes, rv.cap, h.tag, host),
           nullptr);
-      post_drain(host, h.bytes);
+      drain();
     } else if (h.bytes == 0) {
       const P2pDone got{0, h.src};
+      board_->complete(rv.member, rv.seq, ok_status(), &got);
+    } else if (inline_payload) {
+      std::memcpy(board_->data(rv.member) + rv.off, inline_bytes, h.bytes);
+      const P2pDone got{h.bytes, h.src};
       board_->complete(rv.member, rv.seq, ok_status(), &got);
     } else {
       Op& p = ops_.emplace_back();
@@ -341,7 +362,7 @@ void RemoteP2p::on_header(Op& op) {
     }
   } else if (*used_ + h.bytes > o_.unexpected_max) {
     const uint64_t used = *used_;
-    post_drain(host, h.bytes);
+    drain();
     GW_LOG_WARN(
         "gradwired: a message of {} bytes from rank {} (host {}) to rank {} with tag {} found no "
         "receive posted, and the job's unexpected messages here hold {} bytes already: more than "
@@ -356,7 +377,8 @@ void RemoteP2p::on_header(Op& op) {
     msg->src = h.src;
     msg->tag = h.tag;
     board_->add_remote(member, h.src, h.tag, msg);
-    if (h.bytes == 0) {
+    if (h.bytes == 0 || inline_payload) {
+      if (inline_payload) std::memcpy(msg->bytes.data(), inline_bytes, h.bytes);
       board_->landed(*msg);
     } else {
       Op& p = ops_.emplace_back();

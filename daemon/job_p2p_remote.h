@@ -3,14 +3,17 @@
 // the daemons' communicator's own point-to-point (collectives/p2p.h), on one reserved tag.
 //
 // - A send to a rank of host B: this daemon sends B's daemon a 32-byte header (p2p_xhost_wire.h)
-//   and then the payload straight from the sender's arena (no copy here). The trainer's send
+//   and then the payload straight from the sender's arena (no copy here); a payload of at most
+//   kXhostInlineBytes (4 KiB) is copied behind the header instead and goes in the same daemon
+//   message, so that a small message costs one send here and one hand-off there. The trainer's send
 //   completes once the daemons' send did: at most 16 KiB (the communicator's eager size) once it
 //   is on the wire, more once B's daemon took the bytes (into the receiving trainer's arena or its
 //   unexpected buffer). Like a buffered send, it does not wait for the receiving trainer.
 // - From every other host a header receive stays posted (per source host, so that the payload
 //   receive, posted before the next header receive, takes the bytes that follow the header). On a
 //   header: a matching receive posted on the board (same rules: per (sender, receiver, tag)
-//   order, receives in posting order, GW_ANY_SOURCE) gets the payload straight into its arena;
+//   order, receives in posting order, GW_ANY_SOURCE) gets the payload straight into its arena
+//   (an inline one is copied there from the header's receive, and completes at once);
 //   a receive smaller than the message fails naming both sizes, and the bytes are refused to the
 //   sending daemon (a zero-byte receive), so a send over 16 KiB fails as in direct mode's
 //   rendezvous; an eager one has completed already. Without a matching receive the payload lands
@@ -114,7 +117,8 @@ class RemoteP2p : public P2pRemoteLink {
     Kind kind = Kind::kHeader;
     int32_t host = 0;  // the other daemon
     std::shared_ptr<coll::P2PRequest> req, payload;
-    std::array<uint8_t, kXhostHeaderBytes> hdr{};
+    // A header (kHeader: room for an inline payload too; kSend: with its inline payload).
+    std::vector<uint8_t> hdr;
     // kSend / kPayloadArena: the trainer's request (and its arena, held).
     size_t member = 0;
     uint64_t seq = 0;

@@ -1,17 +1,21 @@
 // The header of a point-to-point message that crosses hosts in daemon mode (docs/wire-daemon.md,
 // "Point-to-point across hosts"): the sender's daemon sends it to the receiver's daemon over the
 // job's daemon communicator, on tag kXhostTag, followed on the same tag by the payload (none for
-// 0 bytes). 32 bytes, little-endian:
-//   u32 magic 'GWXP'  u16 version (1)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
+// 0 bytes), or with the payload in the same daemon message (kXhostInline). 32 bytes,
+// little-endian:
+//   u32 magic 'GWXP'  u16 version (2)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
 //   u32 reserved (0)  u64 bytes
-// flags 0: a message; kXhostHello: the first header each daemon sends each other at the job's
-// first send or receive that may cross hosts (src, dst, tag and bytes 0, no payload), so that the
-// daemons' connections exist both ways from then on and a daemon that goes is seen at once;
-// kXhostBye: the last header a daemon sends each daemon it exchanged headers with, when its job
-// ends because a trainer left on purpose (src: that trainer's rank; dst, tag and bytes 0, no
-// payload): nothing more comes from it, and its connections close next without a failure.
-// decode_xhost_header refuses anything else (a daemon of another version, a rank outside the job,
-// a negative tag, more bytes than the receiving daemon takes) with kPeer naming the field.
+// flags 0: a message of 0 or more than kXhostInlineBytes bytes, its payload the next message;
+// kXhostInline: a message of 1 to kXhostInlineBytes bytes, its payload right after these 32 bytes
+// in the same daemon message (one send, one frame, one hand-off at the receiver); kXhostHello: the
+// first header each daemon sends each other at the job's first send or receive that may cross hosts
+// (src, dst, tag and bytes 0, no payload), so that the daemons' connections exist both ways from
+// then on and a daemon that goes is seen at once; kXhostBye: the last header a daemon sends each
+// daemon it exchanged headers with, when its job ends because a trainer left on purpose (src: that
+// trainer's rank; dst, tag and bytes 0, no payload): nothing more comes from it, and its
+// connections close next without a failure. decode_xhost_header refuses anything else (a daemon of
+// another version, a rank outside the job, a negative tag, more bytes than the receiving daemon
+// takes) with kPeer naming the field.
 #pragma once
 
 #include <array>
@@ -23,13 +27,18 @@
 namespace gw::daemon {
 
 inline constexpr uint32_t kXhostMagic = 0x50585747u;  // "GWXP" as little-endian bytes
-inline constexpr uint16_t kXhostVersion = 1;
+// 2: kXhostInline (version 1 sent every payload as a message of its own).
+inline constexpr uint16_t kXhostVersion = 2;
 inline constexpr size_t kXhostHeaderBytes = 32;
 // The daemons' communicator carries nothing else point-to-point: one tag for header and payload,
 // so a payload follows its header in the per (source, tag) order.
 inline constexpr int kXhostTag = 0x6778;
 inline constexpr uint16_t kXhostHello = 1;
 inline constexpr uint16_t kXhostBye = 2;
+inline constexpr uint16_t kXhostInline = 4;
+// The largest payload sent inline (well under the communicator's 16 KiB eager size, so such a
+// message is one eager frame; a copy of this much costs less than a second send and wake-up).
+inline constexpr uint64_t kXhostInlineBytes = 4096;
 
 struct XhostHeader {
   uint16_t flags = 0;
@@ -53,10 +62,12 @@ inline std::array<uint8_t, kXhostHeaderBytes> encode_xhost_header(const XhostHea
   return b;
 }
 
-// world: the job's ranks; max_bytes: the largest payload the receiving daemon takes.
+// p: the n bytes of one daemon message; kXhostHeaderBytes, or that plus h.bytes for an inline
+// message (its payload at p + kXhostHeaderBytes). world: the job's ranks; max_bytes: the largest
+// payload the receiving daemon takes.
 inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32_t world,
                                                uint64_t max_bytes) {
-  if (n != kXhostHeaderBytes) {
+  if (n < kXhostHeaderBytes) {
     return peer_error("cross-host point-to-point header of {} bytes, not {}", n, kXhostHeaderBytes);
   }
   uint32_t magic = 0, reserved = 0;
@@ -72,10 +83,22 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
   std::memcpy(&h.bytes, p + 24, 8);
   if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
   if (version != kXhostVersion ||
-      (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye) || reserved != 0) {
+      (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye && h.flags != kXhostInline) ||
+      reserved != 0) {
     return peer_error(
         "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
         version, h.flags, kXhostVersion);
+  }
+  if (h.flags == kXhostInline && (h.bytes == 0 || h.bytes > kXhostInlineBytes)) {
+    return peer_error("cross-host point-to-point inline message of {} bytes (1 to {})", h.bytes,
+                      kXhostInlineBytes);
+  }
+  if (h.flags == 0 && h.bytes > 0 && h.bytes <= kXhostInlineBytes) {
+    return peer_error("cross-host point-to-point message of {} bytes not inline", h.bytes);
+  }
+  const size_t want = kXhostHeaderBytes + (h.flags == kXhostInline ? h.bytes : 0);
+  if (n != want) {
+    return peer_error("cross-host point-to-point header of {} bytes, not {}", n, want);
   }
   if (h.flags == kXhostHello && (h.src != 0 || h.dst != 0 || h.tag != 0 || h.bytes != 0)) {
     return peer_error("cross-host point-to-point hello with a message's fields");

@@ -249,6 +249,46 @@ TEST(P2pXhostHeader, GoodbyeNamesTheRankThatLeftAndNothingElse) {
   }
 }
 
+// A payload of 1 to 4 KiB rides behind its header in one daemon message (kXhostInline): the
+// message's size must be the header's plus the payload's; a larger one, an empty one, or a small
+// one sent apart (flags 0) is refused, as is a header whose size says another length.
+TEST(P2pXhostHeader, InlinePayloadIsExactlyTheMessageAfterTheHeader) {
+  using gw::daemon::kXhostHeaderBytes;
+  using gw::daemon::kXhostInline;
+  using gw::daemon::kXhostInlineBytes;
+  using gw::daemon::XhostHeader;
+  auto decode = [](const XhostHeader& h, size_t payload) {
+    const auto b = gw::daemon::encode_xhost_header(h);
+    std::vector<uint8_t> msg(b.begin(), b.end());
+    msg.resize(msg.size() + payload, 0xab);
+    return gw::daemon::decode_xhost_header(msg.data(), msg.size(), 4, 1 << 20);
+  };
+  for (uint64_t n : {uint64_t{1}, uint64_t{8}, kXhostInlineBytes}) {
+    auto got = decode(XhostHeader{kXhostInline, 0, 2, 5, n}, n);
+    ASSERT_TRUE(got.ok()) << n << ": " << got.status().to_string();
+    EXPECT_EQ(got->flags, kXhostInline);
+    EXPECT_EQ(got->bytes, n);
+  }
+  // Larger messages keep their payload apart; a 0-byte one has none.
+  EXPECT_TRUE(decode(XhostHeader{0, 0, 2, 5, kXhostInlineBytes + 1}, 0).ok());
+  EXPECT_TRUE(decode(XhostHeader{0, 0, 2, 5, 0}, 0).ok());
+  const std::pair<XhostHeader, size_t> bad[] = {
+      {XhostHeader{kXhostInline, 0, 2, 5, 8}, 7},  // shorter than it says
+      {XhostHeader{kXhostInline, 0, 2, 5, 8}, 9},  // longer
+      {XhostHeader{kXhostInline, 0, 2, 5, 8}, 0},  // the header alone
+      {XhostHeader{kXhostInline, 0, 2, 5, 0}, 0},  // nothing inline
+      {XhostHeader{kXhostInline, 0, 2, 5, kXhostInlineBytes + 1}, kXhostInlineBytes + 1},
+      {XhostHeader{0, 0, 2, 5, 8}, 0},                      // small, sent apart
+      {XhostHeader{0, 0, 2, 5, kXhostInlineBytes + 1}, 8},  // a header with bytes after it
+  };
+  for (const auto& [h, payload] : bad) {
+    auto got = decode(h, payload);
+    ASSERT_FALSE(got.ok()) << "flags " << h.flags << " bytes " << h.bytes << " + " << payload;
+    EXPECT_EQ(got.status().code(), gw::Code::kPeer);
+  }
+  EXPECT_EQ(kXhostHeaderBytes + kXhostInlineBytes, 4128u);
+}
+
 TEST(P2pBoard, PeerOnAnotherHostIsRefused) {
   Board b({0, 2}, {0, 1, 0, 1}, 0);
   b.send(0, 1, 1, 0, 0, 8);

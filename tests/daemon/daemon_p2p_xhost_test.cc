@@ -283,7 +283,9 @@ TEST(DaemonP2pXhost, FigureLatencyAndBandwidthAgainstDirectMode) {
 void pairs(gw_comm_t c, int rank, int world) {
   int tag = 40;
   for (size_t bytes :
-       {size_t{0}, size_t{8}, size_t{16384}, size_t{16385}, size_t{1} << 20, size_t{4} << 20}) {
+       // 4096 / 4097: the largest payload sent inline behind its header, and the smallest not.
+       {size_t{0}, size_t{8}, size_t{4096}, size_t{4097}, size_t{16384}, size_t{16385},
+        size_t{1} << 20, size_t{4} << 20}) {
     std::vector<std::vector<uint8_t>> out(world), in(world);
     std::vector<gw_request_t> reqs;
     auto sends = [&] {

@@ -164,36 +164,54 @@ int daemon_p2p(const uint8_t* data, size_t size) {
 }
 
 int daemon_p2p_xhost(const uint8_t* data, size_t size) {
-  // Each 32 bytes as a cross-host point-to-point header (daemon/p2p_xhost_wire.h) from another
-  // daemon of an 8-rank job that takes at most 1 MiB; the rest as one short header.
+  // The input as the daemon messages of one stream from another daemon of an 8-rank job that
+  // takes at most 1 MiB (daemon/p2p_xhost_wire.h): each a 32-byte header, plus the payload that a
+  // header flagged inline says follows it (as much of it as the input holds); the rest as one
+  // short header.
   constexpr uint64_t kMax = 1 << 20;
   size_t at = 0;
-  for (; at < size; at += daemon::kXhostHeaderBytes) {
-    const size_t n = std::min(daemon::kXhostHeaderBytes, size - at);
+  while (at < size) {
+    size_t n = std::min(daemon::kXhostHeaderBytes, size - at);
+    if (n == daemon::kXhostHeaderBytes) {
+      uint16_t flags = 0;
+      uint64_t bytes = 0;
+      std::memcpy(&flags, data + at + 6, 2);
+      std::memcpy(&bytes, data + at + 24, 8);
+      if (flags == daemon::kXhostInline && bytes <= daemon::kXhostInlineBytes) {
+        n = std::min<size_t>(size - at, daemon::kXhostHeaderBytes + bytes);
+      }
+    }
     auto h = daemon::decode_xhost_header(data + at, n, 8, kMax);
     if (!h.ok()) {
       ++counter("daemon.xhost_refused");
       check(h.status().code() == Code::kPeer, "xhost: a refusal is kPeer");
+      at += n;
       continue;
     }
-    ++counter("daemon.xhost_accepted");
-    check(n == daemon::kXhostHeaderBytes, "xhost: only a whole header");
+    ++counter(h->flags == daemon::kXhostInline ? "daemon.xhost_inline" : "daemon.xhost_accepted");
+    const bool inl = h->flags == daemon::kXhostInline;
+    check(n == daemon::kXhostHeaderBytes + (inl ? h->bytes : 0), "xhost: exactly its message");
+    check(!inl || (h->bytes >= 1 && h->bytes <= daemon::kXhostInlineBytes), "xhost: inline size");
+    check(inl || h->bytes == 0 || h->bytes > daemon::kXhostInlineBytes, "xhost: small is inline");
     check(h->src >= 0 && h->src < 8 && h->dst >= 0 && h->dst < 8, "xhost: ranks in the job");
     check(h->tag >= 0 && h->bytes <= kMax, "xhost: tag and size in range");
     const auto again = daemon::encode_xhost_header(*h);
     check(std::memcmp(again.data(), data + at, again.size()) == 0, "xhost: round trip");
+    at += n;
   }
   return 0;
 }
 
 std::vector<std::vector<uint8_t>> daemon_p2p_xhost_seeds() {
   std::vector<uint8_t> v;
-  for (const auto& h : {daemon::XhostHeader{0, 1, 2, 7, 100}, daemon::XhostHeader{0, 3, 0, 0, 0},
-                        daemon::XhostHeader{0, 7, 6, 1 << 20, 1 << 20},
-                        daemon::XhostHeader{daemon::kXhostHello, 0, 0, 0, 0},
-                        daemon::XhostHeader{daemon::kXhostBye, 5, 0, 0, 0}}) {
+  for (const auto& h :
+       {daemon::XhostHeader{daemon::kXhostInline, 1, 2, 7, 100}, daemon::XhostHeader{0, 3, 0, 0, 0},
+        daemon::XhostHeader{0, 7, 6, 1 << 20, 1 << 20},
+        daemon::XhostHeader{daemon::kXhostHello, 0, 0, 0, 0},
+        daemon::XhostHeader{daemon::kXhostBye, 5, 0, 0, 0}}) {
     const auto b = daemon::encode_xhost_header(h);
     v.insert(v.end(), b.begin(), b.end());
+    if (h.flags == daemon::kXhostInline) v.insert(v.end(), h.bytes, uint8_t{0x5a});
   }
   return {v};
 }

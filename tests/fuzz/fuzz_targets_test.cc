@@ -164,6 +164,7 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("daemon.p2p_refused");
   } else if (name == "daemon_p2p_xhost") {
     reached("daemon.xhost_accepted");
+    reached("daemon.xhost_inline");
     reached("daemon.xhost_refused");
   } else if (name == "daemon_control_trace") {
     reached("trace.request_accepted");
