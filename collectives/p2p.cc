@@ -770,6 +770,76 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   return r->req;
 }
 
+Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
+                                                 uint64_t offset, int fd, Deadline deadline) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf registration: peer {} is not another rank of this communicator",
+                       peer);
+  }
+  const char* dir = send ? "to" : "from";
+  std::unique_lock<std::mutex> lock(m.mu);
+  GW_RETURN_IF_ERROR(m.start_locked());
+  for (;;) {
+    if (m.aborted->load()) return aborted_error("dma-buf registration: communicator aborted");
+    if (!m.failed.ok()) return m.failed;
+    Peer& p = m.peers[peer];
+    if (!p.broken.ok()) {
+      return Status(p.broken.code(), fmt::format("dma-buf registration for the connection {} "
+                                                 "rank {}: {}",
+                                                 dir, peer, p.broken.message()));
+    }
+    net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+    if (c != nullptr) {
+      auto mr = c->reg_mr_dmabuf(iova, bytes, offset, fd);
+      if (!mr.ok()) {
+        return mr.status().with_context(
+            fmt::format("dma-buf registration on the connection {} rank {}", dir, peer));
+      }
+      return *mr;
+    }
+    if (send && !p.want_connect) {
+      p.want_connect = true;
+      m.wake();
+    }
+    if (Clock::now() >= deadline) {
+      return timeout_error("dma-buf registration: no data connection {} rank {} yet{}", dir, peer,
+                           send ? "" : " (it is made at the peer's first send here)");
+    }
+    m.cv.wait_for(lock, std::chrono::milliseconds(1));  // the progress thread connects meanwhile
+  }
+}
+
+Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf deregistration: peer {} is not another rank", peer);
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  Peer& p = m.peers[peer];
+  net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+  if (c == nullptr) {
+    return invalid_arg(
+        "dma-buf deregistration: the connection with rank {} is gone (and its "
+        "registrations with it)",
+        peer);
+  }
+  return c->dereg_mr(mr);
+}
+
+Result<net::MemRegion*> Communicator::reg_dmabuf(int, bool, void*, size_t, uint64_t, int,
+                                                 Deadline) {
+  return Status(Code::kUnsupported,
+                "dma-buf registration: this communicator has no "
+                "point-to-point");
+}
+
+Status Communicator::dereg_dmabuf(int, bool, net::MemRegion*) {
+  return Status(Code::kUnsupported,
+                "dma-buf deregistration: this communicator has no "
+                "point-to-point");
+}
+
 Result<std::shared_ptr<P2PRequest>> Communicator::isend(const void*, size_t, int, int) {
   return Status(Code::kUnsupported, "send: this communicator has no point-to-point");
 }

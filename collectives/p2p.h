@@ -40,6 +40,7 @@
 #include "collectives/communicator.h"
 #include "collectives/connection_pool.h"
 #include "collectives/group.h"
+#include "core/net/transport.h"
 #include "core/status.h"
 
 namespace gw::coll {
@@ -112,6 +113,20 @@ class PointToPoint {
   // must stay valid until the request is done.
   Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer, int tag);
   Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
+
+  // Registers device memory given as a dma-buf (net::Comm::reg_mr_dmabuf: [offset, + bytes) of
+  // `fd`, addressed as [iova, + bytes)) on the data connection with `peer`: the one to it (`send`)
+  // or the one from it. Waits, until `deadline` (kTimeout naming the peer), for that connection:
+  // this rank connects for a send; a receive's is the peer's to make (its first send here).
+  // kUnsupported from a transport that cannot register device memory; the peer's connections'
+  // failure. The region stays valid until dereg_dmabuf or the engine's end (which frees it with
+  // the connection); the engine never reads or writes [iova, + bytes) through the CPU.
+  // Thread-safe.
+  Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes, uint64_t offset,
+                                     int fd, Deadline deadline);
+  // Frees a region reg_dmabuf made with the same peer and direction; kInvalidArg when the
+  // connection it was made on is gone (it went with it) or it is not one.
+  Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
 
  private:
   std::unique_ptr<Impl> impl_;
