@@ -141,6 +141,13 @@ class Communicator {
   virtual Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
                                              uint64_t offset, int fd, Deadline deadline);
   virtual Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
+  // isend / irecv of a device buffer registered with reg_dmabuf (PointToPoint::isend's `mr`
+  // has the rules). The default: kUnsupported.
+  virtual Result<std::shared_ptr<P2PRequest>> isend_registered(const void* buf, size_t bytes,
+                                                               int peer, int tag,
+                                                               net::MemRegion* mr);
+  virtual Result<std::shared_ptr<P2PRequest>> irecv_registered(void* buf, size_t bytes, int peer,
+                                                               int tag, net::MemRegion* mr);
 
   // Thread-safe, idempotent, never blocks.
   virtual void abort() = 0;

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/p2p.h"
 #include "core/net/transport.h"
 #include "tests/support/fake_cuda.h"
+#include "tests/support/ranks.h"
 #include "tests/support/test_env.h"
 #include "tests/verbs/verbs_test_util.h"
 #include "verbs/emu/emu_verbs.h"
@@ -386,6 +389,102 @@ TEST_F(VerbsGpuDirect, ADmabufHandedInIsRegisteredAtItsOffset) {
   EXPECT_FALSE(past.ok()) << "[offset, offset + size) lies past the dma-buf's end";
   EXPECT_TRUE(p.send->dereg_mr(*ms).ok());
   EXPECT_TRUE(p.recv->dereg_mr(*md).ok());
+}
+
+// The point-to-point engine moves device buffers registered as dma-bufs (coll::PointToPoint's
+// reg_dmabuf, then isend / irecv with the region): two ranks on two "hosts" over the emulator.
+// Each rank's buffer is a memfd; the engine is given addresses in a PROT_NONE reservation (as
+// gradwired gives them), so a CPU access would crash the test: the bytes move only through the
+// registrations (the emulated NIC maps the memfd). Every byte checked; sizes across the eager
+// (16 KiB) and chunk (512 KiB) edges, all in flight at once on their own tags and several on one
+// tag (order per tag); truncation fails both ends; a device receive refuses an eager host
+// message; the refusals of what has no NIC path.
+TEST_F(VerbsGpuDirect, PointToPointMovesDmabufRegionsWithoutTheCpu) {
+  ::gw::testing::RankOptions o;
+  o.backend = "verbs";
+  o.host_of = {0, 1};
+  o.timeout_ms = 15000;
+  const std::vector<size_t> sizes = {0,      1,      4096,   16384,         16385,
+                                     524287, 524288, 524289, 3 * 524288 + 7};
+  std::vector<size_t> at;
+  size_t cap = 0;
+  for (size_t n : sizes) {
+    at.push_back(cap);
+    cap += (n + 4095) & ~size_t{4095};
+  }
+  const size_t extra = cap;  // a region for the truncation and refusal cases
+  cap += 1 << 20;
+  auto pattern = [](size_t k, size_t i) {
+    return static_cast<uint8_t>(k * 37 + i * 11 + (i >> 9));
+  };
+  ::gw::testing::run_ranks(2, o, [&](std::unique_ptr<coll::Communicator>& c, int rank) {
+    const bool sender = rank == 0;
+    DeviceBuf buf(cap, 0, sender ? "gw-p2p-dev-src" : "gw-p2p-dev-dst");
+    ASSERT_TRUE(buf.ok());
+    void* iova = mmap(nullptr, cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(iova, MAP_FAILED);
+    auto* base = static_cast<uint8_t*>(iova);
+    auto mr = c->reg_dmabuf(1 - rank, sender, iova, cap, 0, buf.fd(),
+                            std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+    // Refusals: a device buffer to oneself, from any source; no peer of its own.
+    EXPECT_EQ(c->isend_registered(base, 8, rank, 1, *mr).status().code(), Code::kUnsupported);
+    EXPECT_EQ(c->irecv_registered(base, 8, -1, 1, *mr).status().code(), Code::kUnsupported);
+    EXPECT_EQ(c->reg_dmabuf(rank, true, iova, cap, 0, buf.fd(), std::chrono::steady_clock::now())
+                  .status()
+                  .code(),
+              Code::kInvalidArg);
+    std::vector<std::shared_ptr<coll::P2PRequest>> reqs;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      if (sender) {
+        for (size_t i = 0; i < sizes[k]; ++i) buf[at[k] + i] = pattern(k, i);
+      }
+      // The first three on one tag (order per tag), the rest on their own.
+      const int tag = k < 3 ? 5 : 10 + static_cast<int>(k);
+      auto r = sender ? c->isend_registered(base + at[k], sizes[k], 1, tag, *mr)
+                      : c->irecv_registered(base + at[k], sizes[k], 0, tag, *mr);
+      ASSERT_TRUE(r.ok()) << k << ": " << r.status().to_string();
+      reqs.push_back(*r);
+    }
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      Status s = reqs[k]->wait(15000);
+      ASSERT_TRUE(s.ok()) << "message " << k << " (" << sizes[k] << " bytes): " << s.to_string();
+      EXPECT_EQ(reqs[k]->bytes(), sizes[k]);
+    }
+    if (!sender) {
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        size_t bad = sizes[k];
+        for (size_t i = 0; i < sizes[k] && bad == sizes[k]; ++i) {
+          if (buf[at[k] + i] != pattern(k, i)) bad = i;
+        }
+        EXPECT_EQ(bad, sizes[k]) << "message " << k << " differs at byte " << bad;
+      }
+    }
+    // Truncation: 600000 bytes into a receive of 500000 fails both ends, as direct mode's.
+    auto t = sender ? c->isend_registered(base + extra, 600000, 1, 77, *mr)
+                    : c->irecv_registered(base + extra, 500000, 0, 77, *mr);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    Status ts = (*t)->wait(15000);
+    EXPECT_EQ(ts.code(), Code::kInvalidArg) << ts.to_string();
+    EXPECT_TRUE(ts.truncated()) << ts.to_string();
+    // An eager message from a host buffer does not land in a device receive (a CPU copy).
+    std::vector<uint8_t> host(100, 7);
+    auto e = sender ? c->isend(host.data(), host.size(), 1, 78)
+                    : c->irecv_registered(base + extra, 4096, 0, 78, *mr);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    Status es = (*e)->wait(15000);
+    if (sender) {
+      EXPECT_TRUE(es.ok()) << "an eager send completes once sent: " << es.to_string();
+    } else {
+      EXPECT_EQ(es.code(), Code::kUnsupported) << es.to_string();
+    }
+    // Both ends done before either deregisters (the other's op may still use its own).
+    auto b = sender ? c->isend(nullptr, 0, 1, 79) : c->irecv(nullptr, 0, 0, 79);
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE((*b)->wait(15000).ok());
+    EXPECT_TRUE(c->dereg_dmabuf(1 - rank, sender, *mr).ok());
+    munmap(iova, cap);
+  });
 }
 
 }  // namespace
