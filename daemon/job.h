@@ -8,7 +8,8 @@
 //
 // Files: job.cc (forming the daemons' communicator, the rings, the loop), job_collectives.cc
 // (what each collective does on this host and across hosts), job_p2p.h (sends and receives),
-// job_p2p_remote.h (those across hosts).
+// job_p2p_remote.h (those across hosts), job_dmabuf.cc (trainers' dma-bufs registered with the
+// NIC of the job's link to another host).
 #pragma once
 
 #include <sys/types.h>
