@@ -123,6 +123,25 @@ class CommImpl : public Communicator {
     GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
     return p->irecv(buf, bytes, peer, tag);
   }
+  Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes, uint64_t offset,
+                                     int fd, Deadline deadline) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->reg_dmabuf(peer, send, iova, bytes, offset, fd, deadline);
+  }
+  Result<std::shared_ptr<P2PRequest>> isend_registered(const void* buf, size_t bytes, int peer,
+                                                       int tag, net::MemRegion* mr) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->isend(buf, bytes, peer, tag, mr);
+  }
+  Result<std::shared_ptr<P2PRequest>> irecv_registered(void* buf, size_t bytes, int peer, int tag,
+                                                       net::MemRegion* mr) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->irecv(buf, bytes, peer, tag, mr);
+  }
+  Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->dereg_dmabuf(peer, send, mr);
+  }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
   Algo choose_allreduce_algo(size_t bytes) const override {

@@ -23,6 +23,7 @@
 #include "collectives/call.h"
 #include "collectives/types.h"
 #include "core/config_snapshot.h"
+#include "core/net/transport.h"
 #include "core/status.h"
 #include "core/store.h"
 
@@ -135,6 +136,18 @@ class Communicator {
   virtual Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer,
                                                     int tag);
   virtual Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
+  // A dma-buf registered on the point-to-point data connection with `peer` (PointToPoint::
+  // reg_dmabuf has the rules), and its release. The default: kUnsupported.
+  virtual Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
+                                             uint64_t offset, int fd, Deadline deadline);
+  virtual Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
+  // isend / irecv of a device buffer registered with reg_dmabuf (PointToPoint::isend's `mr`
+  // has the rules). The default: kUnsupported.
+  virtual Result<std::shared_ptr<P2PRequest>> isend_registered(const void* buf, size_t bytes,
+                                                               int peer, int tag,
+                                                               net::MemRegion* mr);
+  virtual Result<std::shared_ptr<P2PRequest>> irecv_registered(void* buf, size_t bytes, int peer,
+                                                               int tag, net::MemRegion* mr);
 
   // Thread-safe, idempotent, never blocks.
   virtual void abort() = 0;

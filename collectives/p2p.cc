@@ -196,7 +196,7 @@ bool PointToPoint::Impl::post_control(int p, bool* moved, Status* why) {
       s->on_wire = true;
       // Standard mode: the payload is in the frame, which the transport now holds; the receiver
       // sends nothing back for it.
-      if (s->bytes <= kEagerBytes) finish_send(s, ok_status());
+      if (s->bytes <= kEagerBytes && s->mr == nullptr) finish_send(s, ok_status());
     }
   }
   return true;
@@ -406,7 +406,17 @@ void PointToPoint::Impl::reply(int p, uint32_t type, uint64_t id, uint64_t bytes
 void PointToPoint::Impl::deliver(const std::shared_ptr<RecvOp>& r, Unexpected& m,
                                  const uint8_t* eager_bytes) {
   r->source = m.src;
-  const bool eager = m.bytes <= kEagerBytes;
+  const bool eager = !m.rendezvous;
+  if (eager && r->mr != nullptr) {
+    // Its bytes are in a frame here: landing them in device memory would take a CPU copy.
+    r->bytes = 0;
+    finish_recv(r, Status(Code::kUnsupported,
+                          fmt::format("point-to-point: rank {} sent {} bytes with tag {} from a "
+                                      "host buffer (eagerly); a device receive takes only a "
+                                      "device send's (rendezvous) message",
+                                      m.src, m.bytes, m.tag)));
+    return;
+  }
   if (m.bytes > r->cap) {
     r->bytes = 0;
     finish_recv(r,
@@ -451,7 +461,8 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
   GW_LOG_DEBUG("point-to-point: frame {} from rank {} (tag {}, {} bytes, id {})", h.type, p, h.tag,
                h.bytes, h.id);
   if (h.type == kRts || h.type == kRtsEager) {
-    if ((h.type == kRtsEager) != (h.bytes <= kEagerBytes) ||
+    // A device send's RTS (kRts) may announce any size; an eager one at most kEagerBytes.
+    if ((h.type == kRtsEager && h.bytes > kEagerBytes) ||
         (h.type == kRtsEager && size != sizeof h + h.bytes) || h.tag < 0) {
       break_peer(p, peer_error("point-to-point: rank {} sent a malformed message header", p));
       return;
@@ -459,7 +470,7 @@ void PointToPoint::Impl::on_frame(int p, const uint8_t* data, size_t size) {
     // A rendezvous message is answered (CTS or NAK, then ACK); an eager one is not, so a rank
     // that only receives eager messages never connects back (nothing to fail when it leaves).
     if (h.type == kRts) peer.want_connect = true;
-    Unexpected m{p, h.tag, h.bytes, h.id, {}, nullptr};
+    Unexpected m{p, h.tag, h.bytes, h.id, {}, nullptr, h.type == kRts};
     for (auto it = posted.begin(); it != posted.end(); ++it) {
       if (((*it)->peer == p || (*it)->peer == kAnySource) && (*it)->tag == h.tag) {
         auto r = std::move(*it);
@@ -565,7 +576,7 @@ void PointToPoint::Impl::break_peer(int p, const Status& why,
   // rendezvous one, whose bytes will not come: a later receive must not skip it.
   std::set<int> cut;
   for (auto it = unexpected.begin(); it != unexpected.end();) {
-    if (it->src == p && (it->bytes > kEagerBytes || cut.count(it->tag) > 0)) {
+    if (it->src == p && (it->rendezvous || cut.count(it->tag) > 0)) {
       cut.insert(it->tag);
       it = unexpected.erase(it);
     } else {
@@ -658,7 +669,7 @@ bool PointToPoint::Impl::check_deadlines(Clock::time_point now) {
 }
 
 Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t bytes, int peer,
-                                                        int tag) {
+                                                        int tag, net::MemRegion* mr) {
   Impl& m = *impl_;
   if (peer < 0 || peer >= m.group.size()) {
     return invalid_arg("send: peer {} is not a rank of this communicator (size {})", peer,
@@ -670,7 +681,12 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   if (m.aborted->load()) return aborted_error("send: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
   if (!m.failed.ok()) return m.failed;
-  if (peer != m.me()) {
+  if (mr != nullptr && peer == m.me()) {
+    return Status(Code::kUnsupported,
+                  "send: a device buffer (registered region) to this rank itself: the engine "
+                  "has no loopback for device memory");
+  }
+  if (peer != m.me() && mr == nullptr) {
     if (auto done = m.send_eager_now(peer, buf, bytes, tag)) return done;
   }
   auto s = std::make_shared<SendOp>();
@@ -680,6 +696,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   s->bytes = bytes;
   s->peer = peer;
   s->tag = tag;
+  s->mr = mr;
   s->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, s->deadline);
   m.track(s->req);
@@ -687,7 +704,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   if (peer == m.me()) {
     // An eager send to oneself is copied now and completes (as one to another rank completes
     // once the transport holds its RTS); a larger one waits for its receive.
-    Unexpected u{peer, tag, bytes, 0, {}, nullptr};
+    Unexpected u{peer, tag, bytes, 0, {}, nullptr, bytes > PointToPoint::kEagerBytes};
     if (bytes <= PointToPoint::kEagerBytes) {
       u.eager.assign(s->buf, s->buf + bytes);
       m.finish_send(s, ok_status());
@@ -721,8 +738,8 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   return s->req;
 }
 
-Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes, int peer,
-                                                        int tag) {
+Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes, int peer, int tag,
+                                                        net::MemRegion* mr) {
   Impl& m = *impl_;
   if (peer < kAnySource || peer >= m.group.size()) {
     return invalid_arg(
@@ -732,6 +749,11 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   }
   if (tag < 0) return invalid_arg("receive: tag {} < 0", tag);
   if (bytes > 0 && buf == nullptr) return invalid_arg("receive: NULL buffer with {} bytes", bytes);
+  if (mr != nullptr && (peer == kAnySource || peer == m.me())) {
+    return Status(Code::kUnsupported,
+                  "receive: a device buffer (registered region) takes a message of one other "
+                  "rank only (its registration is with that rank's data connection)");
+  }
   std::unique_lock<std::mutex> lock(m.mu);
   if (m.aborted->load()) return aborted_error("receive: communicator aborted");
   GW_RETURN_IF_ERROR(m.start_locked());
@@ -751,6 +773,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   r->cap = bytes;
   r->peer = peer;
   r->tag = tag;
+  r->mr = mr;
   r->deadline = deadline_after_ms(m.opts.timeout_ms);
   m.earliest = std::min(m.earliest, r->deadline);
   m.track(r->req);
@@ -768,6 +791,86 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
   // that thread takes it over within its 1 ms wait when nobody does. A lookup the kick asked for
   // woke it already.
   return r->req;
+}
+
+Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
+                                                 uint64_t offset, int fd, Deadline deadline) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf registration: peer {} is not another rank of this communicator",
+                       peer);
+  }
+  const char* dir = send ? "to" : "from";
+  std::unique_lock<std::mutex> lock(m.mu);
+  GW_RETURN_IF_ERROR(m.start_locked());
+  for (;;) {
+    if (m.aborted->load()) return aborted_error("dma-buf registration: communicator aborted");
+    if (!m.failed.ok()) return m.failed;
+    Peer& p = m.peers[peer];
+    if (!p.broken.ok()) {
+      return Status(p.broken.code(), fmt::format("dma-buf registration for the connection {} "
+                                                 "rank {}: {}",
+                                                 dir, peer, p.broken.message()));
+    }
+    net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+    if (c != nullptr) {
+      auto mr = c->reg_mr_dmabuf(iova, bytes, offset, fd);
+      if (!mr.ok()) {
+        return mr.status().with_context(
+            fmt::format("dma-buf registration on the connection {} rank {}", dir, peer));
+      }
+      return *mr;
+    }
+    if (send && !p.want_connect) {
+      p.want_connect = true;
+      m.wake();
+    }
+    if (Clock::now() >= deadline) {
+      return timeout_error("dma-buf registration: no data connection {} rank {} yet{}", dir, peer,
+                           send ? "" : " (it is made at the peer's first send here)");
+    }
+    m.cv.wait_for(lock, std::chrono::milliseconds(1));  // the progress thread connects meanwhile
+  }
+}
+
+Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf deregistration: peer {} is not another rank", peer);
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  Peer& p = m.peers[peer];
+  net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+  if (c == nullptr) {
+    return invalid_arg(
+        "dma-buf deregistration: the connection with rank {} is gone (and its "
+        "registrations with it)",
+        peer);
+  }
+  return c->dereg_mr(mr);
+}
+
+Result<net::MemRegion*> Communicator::reg_dmabuf(int, bool, void*, size_t, uint64_t, int,
+                                                 Deadline) {
+  return Status(Code::kUnsupported,
+                "dma-buf registration: this communicator has no "
+                "point-to-point");
+}
+
+Status Communicator::dereg_dmabuf(int, bool, net::MemRegion*) {
+  return Status(Code::kUnsupported,
+                "dma-buf deregistration: this communicator has no "
+                "point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::isend_registered(const void*, size_t, int, int,
+                                                                   net::MemRegion*) {
+  return Status(Code::kUnsupported, "send: this communicator has no point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::irecv_registered(void*, size_t, int, int,
+                                                                   net::MemRegion*) {
+  return Status(Code::kUnsupported, "receive: this communicator has no point-to-point");
 }
 
 Result<std::shared_ptr<P2PRequest>> Communicator::isend(const void*, size_t, int, int) {

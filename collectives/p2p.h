@@ -8,7 +8,8 @@
 // answer one of its rendezvous messages (replies travel back on that connection). A rank that
 // only receives eager messages from a peer never connects back to it.
 // - The sender posts an RTS frame (tag, bytes, id) on its control connection; messages of at
-//   most kEagerBytes travel inside it (eager), larger ones follow a CTS (rendezvous).
+//   most kEagerBytes travel inside it (eager), larger ones follow a CTS (rendezvous), and so does
+//   a device buffer's of any size (isend's `mr`: the engine never touches it through the CPU).
 // - The receiver matches each RTS, in arrival order, against its posted receives in posting order
 //   (source or kAnySource, equal tag); an RTS without a match waits in the unexpected list, which
 //   a later receive searches first (in arrival order), so messages of one sender with one tag are
@@ -40,6 +41,7 @@
 #include "collectives/communicator.h"
 #include "collectives/connection_pool.h"
 #include "collectives/group.h"
+#include "core/net/transport.h"
 #include "core/status.h"
 
 namespace gw::coll {
@@ -110,8 +112,31 @@ class PointToPoint {
 
   // bytes > 0 needs a buffer; peer in [0, size) (irecv: or kAnySource); tag >= 0. The buffer
   // must stay valid until the request is done.
-  Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer, int tag);
-  Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag);
+  // `mr` (optional): the buffer is device memory registered with reg_dmabuf on the data
+  // connection with `peer` for this direction (the send's, or, for a receive, the one from the
+  // sender that matches: a receive from kAnySource with mr is refused). The engine never reads
+  // or writes it through the CPU: its message always goes by rendezvous (an RTS without payload,
+  // whatever its size), the data connection moves it with mr, in chunks as any; a device send to
+  // oneself is refused (kUnsupported), and a device receive matched by an eager message (a host
+  // buffer's, at most kEagerBytes) fails (kUnsupported) rather than copy it in.
+  Result<std::shared_ptr<P2PRequest>> isend(const void* buf, size_t bytes, int peer, int tag,
+                                            net::MemRegion* mr = nullptr);
+  Result<std::shared_ptr<P2PRequest>> irecv(void* buf, size_t bytes, int peer, int tag,
+                                            net::MemRegion* mr = nullptr);
+
+  // Registers device memory given as a dma-buf (net::Comm::reg_mr_dmabuf: [offset, + bytes) of
+  // `fd`, addressed as [iova, + bytes)) on the data connection with `peer`: the one to it (`send`)
+  // or the one from it. Waits, until `deadline` (kTimeout naming the peer), for that connection:
+  // this rank connects for a send; a receive's is the peer's to make (its first send here).
+  // kUnsupported from a transport that cannot register device memory; the peer's connections'
+  // failure. The region stays valid until dereg_dmabuf or the engine's end (which frees it with
+  // the connection); the engine never reads or writes [iova, + bytes) through the CPU.
+  // Thread-safe.
+  Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes, uint64_t offset,
+                                     int fd, Deadline deadline);
+  // Frees a region reg_dmabuf made with the same peer and direction; kInvalidArg when the
+  // connection it was made on is gone (it went with it) or it is not one.
+  Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -65,6 +65,7 @@ struct SendOp {
   size_t bytes;
   int peer;
   int tag;
+  net::MemRegion* mr = nullptr;  // a device buffer's registration: always rendezvous
   uint64_t id = 0;
   Deadline deadline;
   bool on_wire = false;    // its RTS was handed to the transport (eager: the send is done)
@@ -79,6 +80,7 @@ struct RecvOp {
   size_t cap;
   int peer;  // or kAnySource
   int tag;
+  net::MemRegion* mr = nullptr;  // a device buffer's registration: no eager message lands here
   Deadline deadline;
   int source = -1;      // once matched
   size_t bytes = 0;     // once matched
@@ -94,6 +96,8 @@ struct Unexpected {
   uint64_t id;
   std::vector<uint8_t> eager;    // kRtsEager's bytes (also an eager send to oneself)
   std::shared_ptr<SendOp> self;  // a rendezvous-size send to oneself
+  // Its bytes follow a CTS (kRts: larger than kEagerBytes, or a device buffer's of any size).
+  bool rendezvous = false;
 };
 
 // A control frame waiting for its connection (post_control).

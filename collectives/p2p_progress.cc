@@ -129,7 +129,7 @@ bool PointToPoint::Impl::send_control(int p, bool* any, Status* why) {
     peer.pending_rts.pop_front();
     // Eager: the payload is copied into the frame here; the send completes when the frame is
     // posted (post_control). Rendezvous: answered by CTS or NAK.
-    const bool eager = s->bytes <= kEagerBytes;
+    const bool eager = s->bytes <= kEagerBytes && s->mr == nullptr;
     peer.ctl_out.push_back(
         CtlFrame{make_frame(&peer, eager ? kRtsEager : kRts, s->tag, s->bytes, s->id, s->buf), s});
     if (!eager) peer.awaiting[s->id] = s;
@@ -258,7 +258,7 @@ bool PointToPoint::Impl::progress_peer(int p, bool sends_first) {
     while (!peer.to_send.empty() && peer.data_send.size() < kDataWindow) {
       auto& s = peer.to_send.front();
       const size_t n = std::min(chunk, s->bytes - s->posted);
-      auto r = sc->isend(s->buf + s->posted, n, 1, nullptr);
+      auto r = sc->isend(s->buf + s->posted, n, 1, s->mr);
       if (!r.ok()) return fail(r.status(), "data to");
       if (*r == nullptr) break;
       s->posted += n;
@@ -294,7 +294,7 @@ bool PointToPoint::Impl::progress_peer(int p, bool sends_first) {
     while (!peer.to_recv.empty() && peer.data_recv.size() < kDataWindow) {
       auto& r = peer.to_recv.front();
       const size_t n = std::min(chunk, r->bytes - r->posted);
-      auto q = rc->irecv(r->buf + r->posted, n, 1, nullptr);
+      auto q = rc->irecv(r->buf + r->posted, n, 1, r->mr);
       if (!q.ok()) return fail(q.status(), "data from");
       if (*q == nullptr) break;
       r->posted += n;

@@ -304,6 +304,37 @@ void Server::Impl::expire_pending(PendingConn& p) {
   refuse_conn(p.sock, p.pid, timeout_error("no complete hello within {} ms", opt.hello_timeout_ms));
 }
 
+Status Server::Impl::take_fd_records(Trainer& t, const uint8_t* b, size_t n,
+                                     std::vector<sys::Fd>* fds) {
+  t.sock_in.insert(t.sock_in.end(), b, b + n);
+  for (sys::Fd& fd : *fds) t.sock_fds.push_back(std::move(fd));
+  fds->clear();
+  while (t.sock_in.size() >= kFdRecordBytes) {
+    GW_ASSIGN_OR_RETURN(uint32_t ticket, decode_fd_record(t.sock_in.data()));
+    if (t.sock_fds.empty()) {
+      return peer_error("it sent a descriptor record (ticket {}) without a descriptor", ticket);
+    }
+    {
+      std::lock_guard<std::mutex> lock(t.fds_mu);
+      if (t.passed_fds.count(ticket) != 0 || t.passed_fds.size() >= kMaxPassedDmabufs) {
+        return peer_error(
+            "descriptor record: ticket {} in use, or more than {} descriptors "
+            "waiting for their registration",
+            ticket, kMaxPassedDmabufs);
+      }
+      t.passed_fds[ticket] = std::move(t.sock_fds.front());
+    }
+    t.fds_cv.notify_all();
+    t.sock_fds.pop_front();
+    t.sock_in.erase(t.sock_in.begin(), t.sock_in.begin() + kFdRecordBytes);
+  }
+  // A descriptor travels with its record's first byte: more than the records hold is a flood.
+  if (t.sock_fds.size() > (t.sock_in.empty() ? 0u : 1u)) {
+    return peer_error("it passed {} descriptors without their records", t.sock_fds.size());
+  }
+  return ok_status();
+}
+
 void Server::Impl::poll_clients(const std::vector<pollfd>& pfds, size_t first,
                                 const std::vector<uint64_t>& ids) {
   // Trainers refused by their job thread: cut them.
@@ -329,9 +360,13 @@ void Server::Impl::poll_clients(const std::vector<pollfd>& pfds, size_t first,
                                      : "its connection closed without a "
                                        "goodbye (killed or crashed?)");
     } else if (n.ok()) {
-      counters.refused.fetch_add(1);
-      counters.error(ErrorKind::kProtocol);
-      gone.emplace_back(ids[i], "refused: it sent bytes after its hello");
+      // Version 8: descriptor records (a dma-buf for a register_dmabuf), nothing else.
+      Status took = take_fd_records(*it->second, b, *n, &fds);
+      if (!took.ok()) {
+        counters.refused.fetch_add(1);
+        counters.error(ErrorKind::kProtocol);
+        gone.emplace_back(ids[i], "refused: " + took.message());
+      }
     } else if (n.status().code() != Code::kTimeout) {
       // kPeer: a flood of descriptors, say (not a reset: the daemon never writes after the
       // welcome, so a trainer that closes leaves nothing unread). Cut, and counted as refused.

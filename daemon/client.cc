@@ -1,5 +1,6 @@
 #include "daemon/client.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <sched.h>
@@ -276,6 +277,25 @@ Result<Client::Placed> Client::place(const void* p, size_t bytes, bool copy_in) 
 
 void Client::unplace(const Placed& p) {
   if (p.staged) (void)alloc_.free(p.off);
+}
+
+Result<uint32_t> Client::pass_fd(int fd, const char* what) {
+  if (!broken_.ok()) return broken_;
+  if (aborted_.load()) return aborted_error("{}: communicator aborted", what);
+  if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) {
+    return invalid_arg("{}: {} is not an open descriptor of this process", what, fd);
+  }
+  const uint32_t ticket = next_ticket_;
+  next_ticket_ = next_ticket_ >= 0x7fffffffu ? 1 : next_ticket_ + 1;
+  const std::vector<uint8_t> rec = encode_fd_record(ticket);
+  const int fds[1] = {fd};
+  Status s = sys::send_with_fds(sock_.get(), rec.data(), rec.size(), fds,
+                                sys::deadline_after_ms(timeout_ms_), what);
+  if (!s.ok()) {
+    return broken(s.with_context(
+        fmt::format("{}: passing a descriptor to gradwired (unix:{})", what, path_)));
+  }
+  return ticket;
 }
 
 Status Client::broken(Status s) {

@@ -103,6 +103,12 @@ class Client {
   // Marks the connection unusable with s (the first such Status stays) and returns s.
   Status broken(Status s);
 
+  // Version 8: lends the descriptor `fd` (a dma-buf) to the daemon in a descriptor record under
+  // a new ticket (protocol.h FdRecord) and returns the ticket, for the register_dmabuf the caller
+  // posts next. The caller keeps (and closes) its descriptor. kInvalidArg for a value that is not
+  // an open descriptor of this process (nothing is sent); a failed send breaks the connection.
+  Result<uint32_t> pass_fd(int fd, const char* what);
+
   // Ends every wait at once, and every later call, with kAborted. Thread-safe.
   void abort();
   bool aborted() const { return aborted_.load(); }
@@ -134,6 +140,7 @@ class Client {
   };
   std::map<uint64_t, Done> done_;  // read, not yet claimed by their caller
   ArenaAllocator alloc_{0};
+  uint32_t next_ticket_ = 1;
   Status broken_;  // set once the connection is unusable
   std::atomic<bool> aborted_{false};
 };

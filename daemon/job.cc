@@ -255,7 +255,8 @@ void Job::refuse(Trainer& t, const Status& why) {
   (void)signal_eventfd(server_wake_fd);
 }
 
-void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done) {
+void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done,
+                   bool moved) {
   if (t.lost.load(std::memory_order_acquire)) return;
   Result<uint64_t> used = t.cq.used();
   Status ring = used.status();
@@ -266,7 +267,7 @@ void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDo
     refuse(t, ring);
     return;
   }
-  if (nccl_totals && done != nullptr && s.ok() && t.hello.rank == 1) {
+  if (nccl_totals && done != nullptr && moved && s.ok() && t.hello.rank == 1) {
     const uint64_t bytes = p2p_done(*done).bytes;
     nccl_bytes.fetch_add(bytes, std::memory_order_relaxed);
     nccl_totals->bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -294,6 +295,13 @@ void Job::consume(Trainer& t) {
     }
     if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
     if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
+    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf) {
+      dmabuf_request(t, *r);  // the trainer's own, answered now (job_dmabuf.cc)
+      t.requests.fetch_add(1, std::memory_order_relaxed);
+      ++t.next_seq;
+      t.sq.pop();
+      continue;
+    }
     if (r->opcode == Opcode::kSend || r->opcode == Opcode::kRecv) {
       // Not collective: matched at once with the other trainers' (job_p2p.h).
       // The job's failure ends its collectives, not the sends and receives among the trainers
@@ -461,7 +469,8 @@ void Job::run() {
         const Status why = peer_error("{} left the job: {}", m->name(), m->reason());
         fail(why, m->left.load(std::memory_order_acquire), m->hello.rank);
         if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
-        m.reset();  // the arena goes with the last reference
+        release_dmabufs(*m);  // its device buffers leave the NIC now, not with the job
+        m.reset();            // the arena goes with the last reference
         continue;
       }
       ++live;
@@ -509,6 +518,9 @@ void Job::run() {
   }
   if (p2p) p2p->set_link(nullptr);
   p2p.reset();
+  for (auto& m : members) {
+    if (m) release_dmabufs(*m);  // before the connections they are registered on
+  }
   compressor.reset();  // it borrows comm
   if (kv) {
     // The job's other workers may still use this daemon's share of the keys: the server stays

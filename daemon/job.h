@@ -8,12 +8,14 @@
 //
 // Files: job.cc (forming the daemons' communicator, the rings, the loop), job_collectives.cc
 // (what each collective does on this host and across hosts), job_p2p.h (sends and receives),
-// job_p2p_remote.h (those across hosts).
+// job_p2p_remote.h (those across hosts), job_dmabuf.cc (trainers' dma-bufs registered with the
+// NIC of the job's link to another host).
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -39,6 +41,18 @@
 #include "kv/server.h"
 
 namespace gw::daemon {
+
+// A trainer's device buffer handed over as a dma-buf (register_dmabuf, job_dmabuf.cc): registered
+// on the job's daemons' communicator's data connections with the peer's host, addressed by an
+// address range the daemon reserved for it (no access: the daemon never touches the buffer
+// through a CPU mapping; only the NIC reaches it, through the dma-buf).
+struct DmabufRegistration {
+  int32_t peer_host = 0;  // the daemons' communicator's rank of the peer's host
+  void* iova = nullptr;   // the reserved range [iova, + bytes)
+  size_t bytes = 0;
+  net::MemRegion* send = nullptr;  // on the connection to peer_host (kDmabufSends)
+  net::MemRegion* recv = nullptr;  // on the connection from it (kDmabufReceives)
+};
 
 // The daemon's view of one trainer: its socket (serve loop only), its arena and eventfds, and the
 // job thread's ends of its rings.
@@ -79,6 +93,18 @@ struct Trainer {
   std::map<uint32_t, std::unique_ptr<DeviceImport>> imports;
   // While the job is traced (job_trace.h): when the job thread read each submission, by seq.
   std::map<uint64_t, int64_t> queued_us;
+  // Version 8: the descriptors it passed on its socket (protocol.h FdRecord), by ticket, until a
+  // register_dmabuf names one: the serve loop adds (after sock_in and sock_fds, its own, make a
+  // whole record), the job thread takes.
+  std::vector<uint8_t> sock_in;
+  std::deque<sys::Fd> sock_fds;
+  std::mutex fds_mu;
+  std::condition_variable fds_cv;
+  std::map<uint32_t, sys::Fd> passed_fds;
+  // Job thread: its dma-buf registrations by id (released by the job thread before the daemons'
+  // communicator goes, when the trainer goes or the job ends).
+  std::map<uint32_t, DmabufRegistration> dmabufs;
+  uint32_t next_dmabuf_id = 1;
 
   void mark_lost(std::string why);
   std::string reason();
@@ -211,7 +237,10 @@ struct Job {
   void refuse(Trainer& t, const Status& why);
   void consume(Trainer& t);
   void make_p2p();  // job_p2p.cc
-  void complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done = nullptr);
+  // `done`: what a success carries; `moved`: whether it counts as a message's bytes (not a
+  // register_dmabuf's id).
+  void complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done = nullptr,
+                bool moved = true);
   // Busy-polls the submission rings for spin_ns (unless kSpinMisses spins in a row found
   // nothing), then sleeps on their eventfds and wake;
   bool wait_for_work();  // false when poll fails
@@ -220,6 +249,11 @@ struct Job {
   // job_device.cc
   // Answers the imports and releases at the front of t's queue (they are t's own, not the job's).
   void settle(Trainer& t);
+  // job_dmabuf.cc: a register_dmabuf or deregister_dmabuf of t's, answered at once; and every
+  // registration of t's released (the trainer goes, or the job ends).
+  void dmabuf_request(Trainer& t, const Request& r);
+  Result<uint32_t> register_dmabuf(Trainer& t, const Request& r);
+  void release_dmabufs(Trainer& t);
   // The collective, with any imported device buffer staged through host memory around it.
   Status execute(const std::vector<Request>& reqs);
   Status stage_in(const std::vector<Request>& reqs);

@@ -267,8 +267,34 @@ const char* opcode_name(Opcode op) {
       return "send";
     case Opcode::kRecv:
       return "recv";
+    case Opcode::kRegisterDmabuf:
+      return "register_dmabuf";
+    case Opcode::kDeregisterDmabuf:
+      return "deregister_dmabuf";
   }
   return "?";
+}
+
+std::vector<uint8_t> encode_fd_record(uint32_t ticket) {
+  std::vector<uint8_t> b(kFdRecordBytes, 0);
+  std::memcpy(b.data(), &kFdRecordMagic, 4);
+  std::memcpy(b.data() + 4, &ticket, 4);
+  return b;
+}
+
+Result<uint32_t> decode_fd_record(const uint8_t* data) {
+  uint32_t magic = 0, ticket = 0;
+  uint64_t zero = 0;
+  std::memcpy(&magic, data, 4);
+  std::memcpy(&ticket, data + 4, 4);
+  std::memcpy(&zero, data + 8, 8);
+  if (magic != kFdRecordMagic || zero != 0) {
+    return peer_error("descriptor record: magic {:#x}, reserved {:#x} (not a record)", magic, zero);
+  }
+  if (ticket == 0 || ticket > 0x7fffffffu) {
+    return peer_error("descriptor record: ticket {} (1..2^31-1)", ticket);
+  }
+  return ticket;
 }
 
 namespace {
@@ -348,6 +374,43 @@ Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int
   return r;
 }
 
+// register_dmabuf and deregister_dmabuf (version 8): per-trainer messages. Whether the ticket's
+// descriptor came, the id is this trainer's and the job's link can register are the job thread's
+// to answer (a completion with the error, not a refusal: the trainer may go on with host buffers).
+Result<Request> decode_dmabuf(const SqEntry& e, Request r, int32_t world_size) {
+  if (e.dtype != 0 || e.op != 0 || e.recv_off != 0 || e.meta_off != 0 || e.stride != 0) {
+    return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
+  }
+  if (r.opcode == Opcode::kDeregisterDmabuf) {
+    if (e.root != 0 || e.count != 0 || e.send_off != 0 || e.key_len != 0 || e.spec_len == 0 ||
+        e.spec_len > 0x7fffffffu) {
+      return peer_error("submission {}: deregister_dmabuf of id {} (1..2^31-1, nothing else)",
+                        e.seq, e.spec_len);
+    }
+    r.alloc_id = e.spec_len;
+    return r;
+  }
+  if (e.root < 0 || e.root >= world_size) {
+    return peer_error("submission {}: register_dmabuf for peer {} out of 0..{}", e.seq, e.root,
+                      world_size - 1);
+  }
+  if (e.spec_len == 0 || e.spec_len > 0x7fffffffu) {
+    return peer_error("submission {}: register_dmabuf ticket {} (1..2^31-1)", e.seq, e.spec_len);
+  }
+  if (e.count == 0 || e.count > kMaxDmabufBytes || e.send_off > kMaxDmabufBytes) {
+    return peer_error("submission {}: register_dmabuf of {} bytes at offset {} (1..2^48 bytes)",
+                      e.seq, e.count, e.send_off);
+  }
+  if (e.key_len == 0 || (e.key_len & ~(kDmabufSends | kDmabufReceives)) != 0) {
+    return peer_error("submission {}: register_dmabuf for {:#x} (sends 1, receives 2)", e.seq,
+                      e.key_len);
+  }
+  r.ticket = e.spec_len;
+  r.dmabuf_use = e.key_len;
+  r.alloc_bytes = e.count;
+  return r;
+}
+
 }  // namespace
 
 Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const uint8_t* data,
@@ -379,6 +442,10 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
     case static_cast<uint16_t>(Opcode::kRecv):
       r.opcode = static_cast<Opcode>(e.opcode);
       return decode_p2p(e, r, data_bytes, world_size);
+    case static_cast<uint16_t>(Opcode::kRegisterDmabuf):
+    case static_cast<uint16_t>(Opcode::kDeregisterDmabuf):
+      r.opcode = static_cast<Opcode>(e.opcode);
+      return decode_dmabuf(e, r, world_size);
     default:
       return peer_error("submission {}: unknown opcode {}", e.seq, e.opcode);
   }

@@ -24,7 +24,7 @@
 
 namespace gw::daemon {
 
-inline constexpr uint16_t kProtocolVersion = 7;
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr uint32_t kHelloMagic = 0x48445747;             // "GWDH" (little-endian bytes)
 inline constexpr uint32_t kWelcomeMagic = 0x57445747;           // "GWDW"
 inline constexpr uint64_t kArenaMagic = 0x31414e4552415747ull;  // "GWARENA1"
@@ -127,7 +127,33 @@ enum class Opcode : uint16_t {
   // to the trainer's other submissions; a successful one carries a P2pDone.
   kSend = 10,
   kRecv = 11,
+  // Version 8: a device buffer handed over as a dma-buf (its descriptor passed beside, on the
+  // socket: FdRecord), registered with the NIC of the job's link to another host; and its
+  // deregistration. Per trainer, not collective, answered in any order (a registration's
+  // success carries its id: P2pDone.bytes). register_dmabuf: root the peer rank on another host
+  // the buffer is for, spec_len the record's ticket, send_off the offset in the dma-buf, count
+  // the bytes, key_len what for (kDmabufSends | kDmabufReceives). deregister_dmabuf: spec_len
+  // the id.
+  kRegisterDmabuf = 12,
+  kDeregisterDmabuf = 13,
 };
+inline constexpr uint32_t kDmabufSends = 1;
+inline constexpr uint32_t kDmabufReceives = 2;
+// The most registrations a trainer holds at once, and descriptors passed but not yet named by a
+// registration (the daemon cuts a trainer past either).
+inline constexpr uint32_t kMaxDmabufsPerClient = 1024;
+inline constexpr size_t kMaxPassedDmabufs = 64;
+// The largest dma-buf range a registration names (2^48 bytes).
+inline constexpr uint64_t kMaxDmabufBytes = 1ull << 48;
+
+// Version 8: the only bytes a trainer sends on its socket after the hello: 16-byte records, each
+// with one descriptor (SCM_RIGHTS) travelling with its first byte: magic, a ticket (1..2^31-1,
+// not in use by this trainer) that a register_dmabuf names, and 8 zero bytes.
+inline constexpr uint32_t kFdRecordMagic = 0x44465747;  // "GWFD"
+inline constexpr size_t kFdRecordBytes = 16;
+std::vector<uint8_t> encode_fd_record(uint32_t ticket);
+// kPeer unless `data` (kFdRecordBytes) is a well-formed record; then its ticket.
+Result<uint32_t> decode_fd_record(const uint8_t* data);
 // The collectives (1..7), which the counters keep apart; kImport and kRelease are not counted.
 inline constexpr int kNumOpcodes = 7;
 const char* opcode_name(Opcode op);
@@ -194,6 +220,11 @@ struct Request {
   uint8_t handle[64] = {};
   // send / recv (version 7): the tag (root is the peer; recv: -1 any source).
   int32_t tag = 0;
+  // register_dmabuf (version 8): the ticket of its descriptor, [send_off, + count) of the
+  // dma-buf, root the peer, what for (kDmabufSends | kDmabufReceives). deregister_dmabuf: the id
+  // in alloc_id.
+  uint32_t ticket = 0;
+  uint32_t dmabuf_use = 0;
 };
 
 // What an import names (88 bytes in the data region, little-endian host layout).

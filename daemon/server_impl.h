@@ -99,6 +99,10 @@ struct Server::Impl {
   Status admit(PendingConn& p, const Hello& h);
   // Reads what the admitted trainers' sockets say (only a close is expected) and forgets every
   // trainer that closed, misbehaved or was refused by its job thread.
+  // Version 8: a trainer's descriptor records (protocol.h FdRecord) of `n` new bytes `b` with
+  // the descriptors that came with them, handed to its job thread by ticket; kPeer for anything
+  // else (the trainer is then cut).
+  Status take_fd_records(Trainer& t, const uint8_t* b, size_t n, std::vector<sys::Fd>* fds);
   void poll_clients(const std::vector<pollfd>& pfds, size_t first,
                     const std::vector<uint64_t>& ids);
   // A trainer is gone: its job fails (started) or frees its place (joining).

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "core/bootstrap.h"
@@ -200,17 +201,19 @@ struct DaemonRequest {
 };
 
 // One side of a connection: its client of the daemon and its requests (the backend's
-// net::Request is a DaemonRequest of this comm). One thread at a time (PluginComm's lock).
+// net::Request is a DaemonRequest of this comm). Thread-safe (mu_): NCCL registers on one thread
+// while its proxy thread moves the data on another.
 //
 // Every call moves the whole comm (pump): it reads the completions of every request's chunks
 // (copying a receive's chunk out while the later ones move), then submits what is due in posting
 // order, keeping each tag's chunks in message order.
 class DaemonComm {
  public:
-  DaemonComm(std::unique_ptr<Client> client, std::string name, int peer)
-      : client_(std::move(client)), name_(std::move(name)), peer_(peer) {}
+  DaemonComm(std::unique_ptr<Client> client, std::string name, int peer, int64_t timeout_ms)
+      : client_(std::move(client)), name_(std::move(name)), peer_(peer), timeout_ms_(timeout_ms) {}
 
   Result<net::Request*> post(bool send, void* data, size_t size, int tag) {
+    std::lock_guard<std::mutex> lock(mu_);
     const char* what = send ? "isend" : "irecv";
     if (tag < 0) {
       return Status(
@@ -242,6 +245,7 @@ class DaemonComm {
   }
 
   Status test(net::Request* request, bool* done, size_t* size) {
+    std::lock_guard<std::mutex> lock(mu_);
     *done = false;
     auto* r = reinterpret_cast<DaemonRequest*>(request);
     if (r < reqs_.data() || r >= reqs_.data() + reqs_.size() || !r->in_use) {
@@ -271,7 +275,51 @@ class DaemonComm {
 
   const std::string& name() const { return name_; }
 
+  // regMrDmaBuf: lends the dma-buf to the daemon (Client::pass_fd) and has it registered with the
+  // NIC of this connection's link to the peer's host, for this end's direction; the daemon's id.
+  // One thread at a time, as every call on the comm.
+  Result<uint32_t> register_dmabuf(int fd, uint64_t offset, size_t size, bool send) {
+    const char* what = "regMrDmaBuf";
+    std::lock_guard<std::mutex> lock(mu_);
+    GW_RETURN_IF_ERROR(broken_);
+    GW_ASSIGN_OR_RETURN(uint32_t ticket, client_->pass_fd(fd, what));
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(Opcode::kRegisterDmabuf);
+    e.root = peer_;
+    e.spec_len = ticket;
+    e.send_off = offset;
+    e.count = size;
+    e.key_len = send ? daemon::kDmabufSends : daemon::kDmabufReceives;
+    daemon::CompressedDone info;
+    GW_RETURN_IF_ERROR(call(e, what, &info));
+    const uint64_t id = daemon::p2p_done(info).bytes;
+    if (id == 0 || id > 0x7fffffffu) {
+      return client_->broken(peer_error("gradwired answered a dma-buf registration id {}", id));
+    }
+    return static_cast<uint32_t>(id);
+  }
+  Status deregister_dmabuf(uint32_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(Opcode::kDeregisterDmabuf);
+    e.spec_len = id;
+    return call(e, "deregMr");
+  }
+
  private:
+  // One request the daemon answers by itself (not a message): posted, then waited for (the
+  // daemon's deadline), the comm's other requests' completions kept for them meanwhile.
+  Status call(const SqEntry& e, const char* what, daemon::CompressedDone* info = nullptr) {
+    GW_ASSIGN_OR_RETURN(uint64_t seq, client_->post(e, what));
+    bool done = false;
+    Status st = client_->wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what, info);
+    if (!done) {
+      return client_->broken(
+          timeout_error("{}: gradwired did not answer within {} ms", what, timeout_ms_));
+    }
+    return st;
+  }
+
   // Whether every chunk of r's message is submitted (a receive: asked for).
   static bool all_out(const DaemonRequest& r) {
     if (!r.started) return false;
@@ -490,9 +538,13 @@ class DaemonComm {
     }
   }
 
+  // The data path (one thread: PluginComm's lock) and the registrations (NCCL's other thread,
+  // regMrDmaBuf / deregMr) share the client: one at a time.
+  std::mutex mu_;
   std::unique_ptr<Client> client_;
   std::string name_;
   int peer_;
+  int64_t timeout_ms_;
   std::array<DaemonRequest, net::kMaxRequests> reqs_{};
   std::vector<DaemonRequest*> order_;  // in flight, in posting order
   std::vector<int> open_tags_;         // submit()'s scratch
@@ -502,21 +554,40 @@ class DaemonComm {
   int64_t last_alive_ns_ = 0;
 };
 
+// A region of a daemon-mode comm: host memory (copied through the arena), or a dma-buf the daemon
+// registered with its NIC (dmabuf_id != 0, its id in the daemon).
+struct DaemonRegion : net::MemRegion {
+  uint32_t dmabuf_id = 0;
+};
+
 Result<net::MemRegion*> host_region(void* data, size_t size, net::MemType type) {
   if (type != net::MemType::kHost) {
     return Status(Code::kUnsupported,
-                  "reg_mr: daemon mode (GW_DAEMON) moves host memory only yet; device buffers "
-                  "(dma-buf) are a later step");
+                  "reg_mr: daemon mode (GW_DAEMON) takes device buffers only as dma-bufs "
+                  "(regMrDmaBuf), which the daemon registers with its NIC; regMr of device "
+                  "memory without one is refused");
   }
-  auto* mr = new net::MemRegion;
+  auto* mr = new DaemonRegion;
   mr->base = data;
   mr->size = size;
   mr->type = type;
   return mr;
 }
 
-// What a send comm and a receive comm over the daemon share: host regions only, test and the
-// peer's name from the connection.
+// Device buffers are registered through the daemon (docs/nccl-plugin.md "Daemon mode"); moving
+// them is the data path's, which daemon mode does not have yet: refused, never copied by the CPU.
+Status host_only(net::MemRegion* mr, const char* what) {
+  if (mr != nullptr && mr->type != net::MemType::kHost) {
+    return Status(Code::kUnsupported,
+                  fmt::format("{}: daemon mode (GW_DAEMON) registers dma-bufs with the daemon's "
+                              "NIC but does not move device buffers yet",
+                              what));
+  }
+  return ok_status();
+}
+
+// What a send comm and a receive comm over the daemon share: regions, test and the peer's name
+// from the connection.
 template <class Base>
 class DaemonEnd : public Base {
  public:
@@ -524,9 +595,27 @@ class DaemonEnd : public Base {
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
     return host_region(data, size, type);
   }
+  // The dma-buf goes to the daemon, which registers it on the NIC of the job's link to the peer's
+  // host (for this end's direction); the daemon never maps it.
+  Result<net::MemRegion*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd) override {
+    if (data == nullptr || size == 0) {
+      return invalid_arg("regMrDmaBuf: {} bytes at {}", size, data);
+    }
+    GW_ASSIGN_OR_RETURN(uint32_t id,
+                        c_->register_dmabuf(fd, offset, size, std::is_same_v<Base, net::SendComm>));
+    auto* mr = new DaemonRegion;
+    mr->base = data;
+    mr->size = size;
+    mr->type = net::MemType::kCuda;
+    mr->dmabuf_id = id;
+    return mr;
+  }
   Status dereg_mr(net::MemRegion* mr) override {
-    delete mr;
-    return ok_status();
+    auto* r = static_cast<DaemonRegion*>(mr);
+    Status s;
+    if (r != nullptr && r->dmabuf_id != 0) s = c_->deregister_dmabuf(r->dmabuf_id);
+    delete r;
+    return s;
   }
   Status test(net::Request* r, bool* done, size_t* size) override {
     return c_->test(r, done, size);
@@ -540,7 +629,8 @@ class DaemonEnd : public Base {
 class DaemonSend final : public DaemonEnd<net::SendComm> {
  public:
   using DaemonEnd::DaemonEnd;
-  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion*) override {
+  Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(host_only(mr, "isend"));
     return c_->post(true, const_cast<void*>(data), size, tag);
   }
 };
@@ -548,7 +638,8 @@ class DaemonSend final : public DaemonEnd<net::SendComm> {
 class DaemonRecv final : public DaemonEnd<net::RecvComm> {
  public:
   using DaemonEnd::DaemonEnd;
-  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion*) override {
+  Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override {
+    GW_RETURN_IF_ERROR(host_only(mr, "irecv"));
     return c_->post(false, data, size, tag);
   }
 };
@@ -621,7 +712,8 @@ class DaemonListener final : public net::Listener {
     }
     GW_ASSIGN_OR_RETURN(bool ready, joined(j_, "accept"));
     if (!ready) return std::unique_ptr<net::RecvComm>();
-    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, false), 0);
+    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, false), 0,
+                                          s_->options.timeout_ms);
     j_ = Joining{};
     return std::unique_ptr<net::RecvComm>(std::make_unique<DaemonRecv>(std::move(c)));
   }
@@ -664,7 +756,8 @@ class DaemonConnector final : public net::Connector {
       }
       return std::unique_ptr<net::SendComm>();
     }
-    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, true), 1);
+    auto c = std::make_unique<DaemonComm>(std::move(j_.client), conn_name(token_, h_, true), 1,
+                                          s_->options.timeout_ms);
     j_ = Joining{};
     store_.reset();
     return std::unique_ptr<net::SendComm>(std::make_unique<DaemonSend>(std::move(c)));

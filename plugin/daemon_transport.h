@@ -7,11 +7,15 @@
 // exactly the C ABI's daemon client: the listener side and the connector side each join the
 // daemon as one of the two trainers of a job of their own, keyed by the job token (GW_JOB_TOKEN)
 // and the handle's nonce (plugin/daemon_handle.h), and their isend/irecv are the daemon's
-// point-to-point submissions (protocol version 7, docs/wire-daemon.md "Point-to-point";
+// point-to-point submissions (since protocol version 7, docs/wire-daemon.md "Point-to-point";
 // daemon/job_p2p.h matches them: per tag in order, a receive larger than the message reports the
 // message's size, a smaller one fails with "message truncated"). test() polls the completion ring
 // (no socket round trip). Host buffers are copied into the process's arena and out of it; NCCL's
-// buffers in the arena, and dma-buf device buffers, are later steps.
+// buffers in the arena are a later step. Device buffers: regMrDmaBuf lends the dma-buf to the
+// daemon, which registers it with the NIC of the job's link to the peer's host (protocol version
+// 8, docs/wire-daemon.md "Device buffers as dma-bufs"); moving them (isend/irecv of a registered
+// device buffer) is refused until the daemon's data path for them exists, and regMr of device
+// memory without a dma-buf is refused.
 //
 // Pipelining (docs/nccl-plugin.md "Daemon mode"): a message of at least C = 4 MiB (kChunkBytes in
 // the .cc; both ends must cut alike, so it is a constant) goes as several daemon messages on its

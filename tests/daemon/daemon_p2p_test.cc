@@ -223,7 +223,7 @@ TEST(P2pProtocol, OldClientIsRefusedAtTheHello) {
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), gw::Code::kUnsupported);
   EXPECT_NE(got.status().message().find("version 6"), std::string::npos) << got.status().message();
-  EXPECT_NE(got.status().message().find("speaks 7"), std::string::npos) << got.status().message();
+  EXPECT_NE(got.status().message().find("speaks 8"), std::string::npos) << got.status().message();
 }
 
 // The daemons' goodbye (daemon/p2p_xhost_wire.h): it names the rank that left (any rank of the

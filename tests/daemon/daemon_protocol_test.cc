@@ -134,6 +134,66 @@ TEST(DaemonProtocol, HelloRoundTripAndBounds) {
   EXPECT_EQ(decode_hello(b3.data(), b3.size()).status().code(), Code::kUnsupported);
 }
 
+// Version 8: the descriptor record (16 bytes: magic, ticket, zeros) and the two dma-buf opcodes,
+// whose every field is bounded; what the daemon answers (not a refusal) is the job's to check.
+TEST(DaemonProtocol, DmabufRecordAndRequestsAreBounded) {
+  std::vector<uint8_t> rec = encode_fd_record(42);
+  ASSERT_EQ(rec.size(), kFdRecordBytes);
+  auto t = decode_fd_record(rec.data());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(*t, 42u);
+  for (size_t at : {size_t{0}, size_t{9}, size_t{15}}) {  // magic, reserved bytes
+    std::vector<uint8_t> bad = rec;
+    bad[at] ^= 1;
+    EXPECT_EQ(decode_fd_record(bad.data()).status().code(), Code::kPeer) << at;
+  }
+  EXPECT_FALSE(decode_fd_record(encode_fd_record(0).data()).ok());
+  EXPECT_FALSE(decode_fd_record(encode_fd_record(0x80000000u).data()).ok());
+
+  uint8_t d[64] = {};
+  SqEntry reg{};
+  reg.seq = 1;
+  reg.opcode = static_cast<uint16_t>(Opcode::kRegisterDmabuf);
+  reg.root = 1;
+  reg.spec_len = 7;
+  reg.send_off = 4096;
+  reg.count = 1 << 20;
+  reg.key_len = kDmabufSends | kDmabufReceives;
+  auto r = decode_request(reg, 1, d, sizeof(d), 2);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->ticket, 7u);
+  EXPECT_EQ(r->dmabuf_use, kDmabufSends | kDmabufReceives);
+  EXPECT_EQ(r->alloc_bytes, 1u << 20);
+  EXPECT_EQ(r->send_off, 4096u);
+  auto refused = [&](auto change) {
+    SqEntry e = reg;
+    change(e);
+    return decode_request(e, 1, d, sizeof(d), 2).status().code() == Code::kPeer;
+  };
+  EXPECT_TRUE(refused([](SqEntry& e) { e.root = 2; }));  // not a rank of the job
+  EXPECT_TRUE(refused([](SqEntry& e) { e.root = -1; }));
+  EXPECT_TRUE(refused([](SqEntry& e) { e.spec_len = 0; }));  // no ticket
+  EXPECT_TRUE(refused([](SqEntry& e) { e.count = 0; }));     // empty
+  EXPECT_TRUE(refused([](SqEntry& e) { e.count = (1ull << 48) + 1; }));
+  EXPECT_TRUE(refused([](SqEntry& e) { e.send_off = (1ull << 48) + 1; }));
+  EXPECT_TRUE(refused([](SqEntry& e) { e.key_len = 0; }));   // for nothing
+  EXPECT_TRUE(refused([](SqEntry& e) { e.key_len = 4; }));   // unknown use
+  EXPECT_TRUE(refused([](SqEntry& e) { e.recv_off = 8; }));  // collective fields
+  EXPECT_TRUE(refused([](SqEntry& e) { e.dtype = 1; }));
+  SqEntry dereg{};
+  dereg.seq = 1;
+  dereg.opcode = static_cast<uint16_t>(Opcode::kDeregisterDmabuf);
+  dereg.spec_len = 3;
+  auto dr = decode_request(dereg, 1, d, sizeof(d), 2);
+  ASSERT_TRUE(dr.ok()) << dr.status().to_string();
+  EXPECT_EQ(dr->alloc_id, 3u);
+  dereg.spec_len = 0;
+  EXPECT_FALSE(decode_request(dereg, 1, d, sizeof(d), 2).ok());
+  dereg.spec_len = 3;
+  dereg.count = 1;
+  EXPECT_FALSE(decode_request(dereg, 1, d, sizeof(d), 2).ok());
+}
+
 TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {
   auto g = arena_geometry(1 << 20, 64);
   ASSERT_TRUE(g.ok());

@@ -127,7 +127,9 @@ int daemon_import(const uint8_t* data, size_t size) {
 int daemon_p2p(const uint8_t* data, size_t size) {
   // Submissions of 64 bytes, each made a send or a recv by its opcode's low bit (version 7),
   // decoded against a 64 KiB data region and 8 ranks; then each 128 bytes as a completion of a
-  // window of open sequence numbers (the client's decode_completion_in).
+  // window of open sequence numbers (the client's decode_completion_in). The same 64 bytes again
+  // as a register_dmabuf or deregister_dmabuf (by the opcode's second bit; version 8), and every
+  // 16 bytes as a descriptor record.
   using daemon::Opcode;
   constexpr uint64_t kRegion = 64 << 10;
   std::vector<uint8_t> region(kRegion, 0);
@@ -147,6 +149,33 @@ int daemon_p2p(const uint8_t* data, size_t size) {
     const uint64_t off = send ? r->send_off : r->recv_off;
     const uint64_t n = send ? r->send_bytes : r->recv_bytes;
     check(n == r->count && off <= kRegion && n <= kRegion - off, "p2p: the range lies inside");
+  }
+  for (size_t at = 0; size - at >= sizeof(daemon::SqEntry); at += sizeof(daemon::SqEntry)) {
+    daemon::SqEntry e;
+    std::memcpy(&e, data + at, sizeof(e));
+    const bool reg = (e.opcode & 2) == 0;
+    e.opcode = static_cast<uint16_t>(reg ? Opcode::kRegisterDmabuf : Opcode::kDeregisterDmabuf);
+    auto r = daemon::decode_request(e, e.seq, region.data(), region.size(), 8);
+    if (!r.ok()) {
+      ++counter("daemon.dmabuf_refused");
+      continue;
+    }
+    ++counter(reg ? "daemon.dmabuf_register" : "daemon.dmabuf_deregister");
+    if (reg) {
+      check(r->root >= 0 && r->root < 8, "dmabuf: the peer is a rank");
+      check(r->ticket >= 1 && r->ticket <= 0x7fffffffu, "dmabuf: a ticket");
+      check(r->alloc_bytes >= 1 && r->alloc_bytes <= daemon::kMaxDmabufBytes, "dmabuf: bytes");
+      check(r->dmabuf_use >= 1 && r->dmabuf_use <= 3, "dmabuf: its use");
+    } else {
+      check(r->alloc_id >= 1 && r->alloc_id <= 0x7fffffffu, "dmabuf: an id");
+    }
+  }
+  for (size_t at = 0; size - at >= daemon::kFdRecordBytes; at += daemon::kFdRecordBytes) {
+    auto t = daemon::decode_fd_record(data + at);
+    if (t.ok()) {
+      ++counter("daemon.fd_record");
+      check(*t >= 1 && *t <= 0x7fffffffu, "fd record: a ticket");
+    }
   }
   for (size_t at = 0; size - at >= sizeof(daemon::CqEntry); at += sizeof(daemon::CqEntry)) {
     daemon::CqEntry c;

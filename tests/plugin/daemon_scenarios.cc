@@ -53,6 +53,20 @@ int run_connect(const std::string& hex, const std::string& then) {
     return 0;
   }
   if (sc == nullptr) return fail("connect returned " + std::to_string(r) + " and no comm");
+  if (then == "dmabuf-die") {
+    // A device buffer registered through the daemon, then the process killed without a word:
+    // the daemon must release the registration with the client (the test reads its log).
+    MemfdBuffer dev(1 << 20, "gw-dmabuf-die");
+    void* mh = nullptr;
+    if (dev.data == nullptr) return fail("memfd");
+    if (api->reg_mr_dmabuf(sc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &mh) != ncclSuccess) {
+      return fail("regMrDmaBuf failed");
+    }
+    std::printf("registered\n");
+    std::fflush(stdout);
+    ::kill(::getpid(), SIGKILL);
+    return fail("still alive");
+  }
   if (then == "die") {
     // Long enough for the listener to post its receive: the rank dies with it in flight.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -5,6 +5,9 @@
 //   connect HEX send   connect to HEX and send 4096 bytes (pattern seed 77, tag 3), then close
 //   connect HEX die    connect to HEX, wait 300 ms, then SIGKILL itself (a rank killed
 //                      while its peer's receive is in flight)
+//   connect HEX dmabuf-die
+//                      connect to HEX, register a 1 MiB dma-buf (a memfd) through the daemon,
+//                      print "registered", then SIGKILL itself
 //   daemon-dies PATH   start gradwired (PATH) of its own, connect a pair through it, post a
 //                      receive, SIGKILL the daemon: test() must fail within 5 s, and so must
 //                      every later call (isend, listen+connect)

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/client.h"
 #include "tests/plugin/plugin_harness.h"
 #include "tests/support/free_port.h"
 
@@ -188,6 +189,179 @@ TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
   }
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
   EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+}
+
+// Whether a WARN the plugin logged since clear_log() contains `text` (printing them all if not).
+bool warned(const std::string& text) {
+  for (const std::string& line : log_lines()) {
+    if (line.rfind("WARN", 0) == 0 && line.find(text) != std::string::npos) return true;
+  }
+  for (const std::string& line : log_lines()) std::printf("log: %s\n", line.c_str());
+  return false;
+}
+
+// Device buffers handed to regMrDmaBuf go to the daemon as dma-bufs (docs/nccl-plugin.md, "Daemon
+// mode"): across two daemons whose job agreed verbs (the emulator, which maps the descriptor the
+// daemon received: the registration proves it arrived whole), both ends register, bad input is
+// refused without harming the connection, and another job's client cannot name a registration.
+// Over tcp, and between two processes of one host, the refusal says why. Stage B of issue 28: the
+// registered buffers are not moved yet, which isend says.
+TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
+  const char* peer_daemon = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
+  const char* peer_host = getenv("GW_PLUGIN_TEST_PEER_HOSTID");
+  const bool xhost = peer_daemon != nullptr && peer_host != nullptr;
+  const bool verbs = xhost && xhost_transport() == "verbs";
+  // The connecting end: on host b (a second instance of the plugin) when there are two hosts.
+  std::unique_ptr<NetApi> capi;
+  void* cctx = ctx_;
+  if (xhost) {
+    const std::string daemon_was = getenv("GW_DAEMON");
+    const std::string host_was = getenv("GW_HOSTID") != nullptr ? getenv("GW_HOSTID") : "";
+    setenv("GW_DAEMON", peer_daemon, 1);
+    setenv("GW_HOSTID", peer_host, 1);
+    capi = make_api_of_copy();
+    ASSERT_EQ(capi->init(&cctx), ncclSuccess);
+    setenv("GW_DAEMON", daemon_was.c_str(), 1);
+    setenv("GW_HOSTID", host_was.c_str(), 1);
+  }
+  NetApi& sapi = capi ? *capi : *api_;
+  void *sc = nullptr, *rc = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, sapi, cctx, &sc, &rc), "");
+  MemfdBuffer dev(3 << 20, "gw-daemon-dmabuf");
+  ASSERT_NE(dev.data, nullptr);
+  constexpr size_t kMiB = 1 << 20;
+  void *ms = nullptr, *md = nullptr;
+  clear_log();
+  const ncclResult_t rs =
+      sapi.reg_mr_dmabuf(sc, dev.data + 4096, kMiB, NCCL_PTR_CUDA, 4096, dev.fd, &ms);
+  const ncclResult_t rr =
+      api_->reg_mr_dmabuf(rc, dev.data + 2 * kMiB, kMiB, NCCL_PTR_CUDA, 2 * kMiB, dev.fd, &md);
+  if (!verbs) {
+    EXPECT_NE(rs, ncclSuccess);
+    EXPECT_NE(rr, ncclSuccess);
+    EXPECT_TRUE(warned(xhost ? "dma-bufs need verbs across hosts" : "is on this host"));
+  } else {
+    ASSERT_EQ(rs, ncclSuccess) << "the sender's daemon registers the dma-buf on its verbs PD";
+    ASSERT_EQ(rr, ncclSuccess) << "the receiver's daemon too";
+    // Not moved yet (the data path is a later stage): refused clearly, never staged by the CPU.
+    void* req = nullptr;
+    clear_log();
+    EXPECT_NE(sapi.isend(sc, dev.data + 4096, 4096, 1, ms, &req), ncclSuccess);
+    EXPECT_TRUE(warned("does not move device buffers yet"));
+    // Bad input: no descriptor, a descriptor that is no buffer (a pipe), a range past the
+    // buffer's end. Each is refused, and the connection still moves host buffers after them.
+    void* bad = nullptr;
+    EXPECT_NE(sapi.reg_mr_dmabuf(sc, dev.data, 4096, NCCL_PTR_CUDA, 0, -1, &bad), ncclSuccess);
+    int pipe_fds[2];
+    ASSERT_EQ(::pipe(pipe_fds), 0);
+    EXPECT_NE(sapi.reg_mr_dmabuf(sc, dev.data, 4096, NCCL_PTR_CUDA, 0, pipe_fds[0], &bad),
+              ncclSuccess);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    EXPECT_NE(sapi.reg_mr_dmabuf(sc, dev.data, kMiB, NCCL_PTR_CUDA, 3 * kMiB - 4096, dev.fd, &bad),
+              ncclSuccess);
+    Buffer out(70000), in(70000);
+    fill_pattern(out.data, out.size, 31);
+    void *sreq = nullptr, *rreq = nullptr;
+    ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 2, nullptr, &rreq), "");
+    ASSERT_EQ(post_send(sapi, sc, out.data, out.size, 2, nullptr, &sreq), "");
+    for (const auto until = Clock::now() + std::chrono::seconds(20); sreq || rreq;) {
+      int d = 0, n = 0;
+      if (sreq != nullptr) {
+        ASSERT_EQ(sapi.test(sreq, &d, &n), ncclSuccess);
+        if (d) sreq = nullptr;
+      }
+      if (rreq != nullptr) {
+        ASSERT_EQ(api_->test(rreq, &d, &n), ncclSuccess);
+        if (d) rreq = nullptr;
+      }
+      ASSERT_LT(Clock::now(), until) << "host transfer after the refusals";
+    }
+    EXPECT_EQ(check_pattern(in.data, in.size, 31), -1);
+    // Isolation: a client of another job on host b's daemon names the sender's registration
+    // (id 1: its trainer's first): refused, and the sender's stays (its deregMr succeeds).
+    daemon::Hello h;
+    h.job_token = "gw-dmabuf-isolation-other-job";
+    h.host_id = peer_host;
+    h.arena_bytes = daemon::kMinArenaBytes;
+    h.timeout_ms = 4000;
+    auto other = daemon::Client::connect(std::string(peer_daemon).substr(5), h, 0);
+    ASSERT_TRUE(other.ok()) << other.status().to_string();
+    auto ask = [&](daemon::SqEntry e) {
+      auto seq = (*other)->post(e, "test");
+      if (!seq.ok()) return seq.status();
+      bool done = false;
+      Status st = (*other)->wait_for(*seq, sys::deadline_after_ms(8000), &done, "test");
+      return done ? st : timeout_error("no answer");
+    };
+    daemon::SqEntry dereg{};
+    dereg.opcode = static_cast<uint16_t>(daemon::Opcode::kDeregisterDmabuf);
+    dereg.spec_len = 1;
+    Status st = ask(dereg);
+    EXPECT_EQ(st.code(), Code::kInvalidArg) << st.to_string();
+    EXPECT_NE(st.message().find("is not a dma-buf registration of this client"), std::string::npos)
+        << st.to_string();
+    // Its own descriptor for a peer of its own host (its job has one): refused saying why.
+    auto ticket = (*other)->pass_fd(dev.fd, "test");
+    ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
+    daemon::SqEntry reg{};
+    reg.opcode = static_cast<uint16_t>(daemon::Opcode::kRegisterDmabuf);
+    reg.spec_len = *ticket;
+    reg.count = 4096;
+    reg.key_len = daemon::kDmabufSends;
+    st = ask(reg);
+    EXPECT_EQ(st.code(), Code::kUnsupported) << st.to_string();
+    EXPECT_NE(st.message().find("is on this host"), std::string::npos) << st.to_string();
+    // A ticket no descriptor came with.
+    reg.spec_len = *ticket + 7;
+    st = ask(reg);
+    EXPECT_EQ(st.code(), Code::kInvalidArg) << st.to_string();
+    EXPECT_NE(st.message().find("no descriptor came"), std::string::npos) << st.to_string();
+    // A non-descriptor is refused before anything is sent.
+    EXPECT_EQ((*other)->pass_fd(-1, "test").status().code(), Code::kInvalidArg);
+    other->reset();
+    EXPECT_EQ(sapi.dereg_mr(sc, ms), ncclSuccess);
+    EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess);
+  }
+  EXPECT_EQ(sapi.close_send(sc), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  if (capi) capi->finalize(cctx);
+}
+
+// Every registration of a client goes when the client goes, a killed process's included: the
+// peer process on host b registers a dma-buf through daemon b and is killed; daemon b says it
+// released it.
+TEST_F(DaemonPlugin, DmabufRegistrationsGoWithAKilledProcess) {
+  if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") == nullptr || xhost_transport() != "verbs") {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  auto released = [] {
+    const std::string out = xhost_daemon_output(1);
+    size_t n = 0;
+    for (size_t at = 0; (at = out.find("dma-buf registrations released", at)) != std::string::npos;
+         ++at) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t before = released();
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  std::string out;
+  const int rc = run_peer({}, {"connect", handle_hex(handle), "dmabuf-die"}, &out);
+  EXPECT_EQ(rc, -1) << "the peer kills itself";
+  EXPECT_NE(out.find("registered"), std::string::npos) << out;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (released() == before && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(released(), before) << "daemon b's output:\n" << xhost_daemon_output(1);
+  acc.join();
+  if (void* comm = acc.comm.load()) api_->close_recv(comm);
+  api_->close_listen(lc);
 }
 
 TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {

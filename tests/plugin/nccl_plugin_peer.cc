@@ -7,9 +7,11 @@
 //   nccl_plugin_peer pin EXPECT      after init/finalize/dlclose the library is (1) or is not (0)
 //                                    still mapped
 //   nccl_plugin_peer gdr FAKE_CUDA   with the stand-in CUDA driver at FAKE_CUDA loaded first (its
-//                                    "device memory" is marked host memory): the plugin reports
-//                                    NCCL_PTR_CUDA|NCCL_PTR_DMABUF, regMr(NCCL_PTR_CUDA) and
-//                                    regMrDmaBuf register, and bytes move between such buffers
+//                                    "device memory" is a memfd mapping, marked, whose dma-buf is
+//                                    that memfd): the plugin reports NCCL_PTR_CUDA|NCCL_PTR_DMABUF,
+//                                    regMr(NCCL_PTR_CUDA) and regMrDmaBuf register, and bytes move
+//                                    between such buffers (the emulated NIC reaches them only
+//                                    through the dma-buf)
 //   nccl_plugin_peer tuner WANT      with the net inited for comm 5, the exported tuner asks for
 //                                    WANT channels (0: none) for a large allreduce of comm 5 on 2
 //                                    nodes, and for none on one node, for other comms, for small
@@ -200,12 +202,12 @@ Error move(NetApi& api, void* sc, void* rc, uint8_t* src, uint8_t* dst, size_t n
 
 int run_gdr(const char* fake_cuda) {
   const gw::testing::FakeCuda& cuda = gw::testing::fake_cuda(fake_cuda);
-  if (cuda.mark == nullptr || cuda.exports == nullptr) {
+  if (cuda.mark_dmabuf == nullptr || cuda.exports == nullptr) {
     const char* why = dlerror();
     return fail(std::string("cannot use the stand-in driver ") + fake_cuda + ": " +
                 (why != nullptr ? why : "it lacks its hooks"));
   }
-  auto mark = cuda.mark;
+  auto mark = cuda.mark_dmabuf;
   auto exports = cuda.exports;
   const Loaded& l = plugin();
   if (l.first_init != ncclSuccess) return fail("init failed");
@@ -229,9 +231,10 @@ int run_gdr(const char* fake_cuda) {
   void *sc = nullptr, *rc = nullptr;
   if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
   constexpr size_t kBytes = 1 << 20;
-  Buffer src(kBytes), dst(kBytes);
-  mark(src.data, kBytes, 0);
-  mark(dst.data, kBytes, 0);
+  MemfdBuffer src(kBytes, "gw-nccl-device-src"), dst(kBytes, "gw-nccl-device-dst");
+  if (src.data == nullptr || dst.data == nullptr) return fail("memfd");
+  mark(src.data, kBytes, src.fd);
+  mark(dst.data, kBytes, dst.fd);
   // regMr of device memory: the plugin exports a dma-buf itself.
   void *ms = nullptr, *md = nullptr;
   const long before = exports();
@@ -258,20 +261,26 @@ int run_gdr(const char* fake_cuda) {
   }
   api->dereg_mr(sc, ms);
   api->dereg_mr(rc, md);
-  // regMrDmaBuf: NCCL exported the buffer and hands over fd and offset.
-  int fd = memfd_create("gw-nccl-dmabuf", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, 2 * kBytes) != 0) return fail("memfd");
+  // regMrDmaBuf: NCCL exported the buffer and hands over fd and offset. Both buffers lie in one
+  // dma-buf (the send buffer at 4096, the receive buffer at kBytes + 8192), the buffers ARE its
+  // pages: the bytes arrive only if the NIC reached them through the fd at those offsets.
   ms = md = nullptr;
-  if (l.v11->regMrDmaBuf(sc, src.data, kBytes, NCCL_PTR_CUDA, 4096, fd, &ms) != ncclSuccess ||
-      l.v11->regMrDmaBuf(rc, dst.data, kBytes, NCCL_PTR_CUDA, 0, fd, &md) != ncclSuccess) {
-    return fail("regMrDmaBuf failed");
+  {
+    MemfdBuffer whole(2 * kBytes + 8192, "gw-nccl-dmabuf");
+    if (whole.data == nullptr) return fail("memfd");
+    uint8_t* s = whole.data + 4096;
+    uint8_t* d = whole.data + kBytes + 8192;
+    if (l.v11->regMrDmaBuf(sc, s, kBytes, NCCL_PTR_CUDA, 4096, whole.fd, &ms) != ncclSuccess ||
+        l.v11->regMrDmaBuf(rc, d, kBytes, NCCL_PTR_CUDA, kBytes + 8192, whole.fd, &md) !=
+            ncclSuccess) {
+      return fail("regMrDmaBuf failed");
+    }
+    if (Error e = move(*api, sc, rc, s, d, kBytes, ms, md, 12); !e.empty()) {
+      return fail("dma-buf-registered transfer: " + e);
+    }
+    api->dereg_mr(sc, ms);
+    api->dereg_mr(rc, md);
   }
-  close(fd);
-  if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 12); !e.empty()) {
-    return fail("dma-buf-registered transfer: " + e);
-  }
-  api->dereg_mr(sc, ms);
-  api->dereg_mr(rc, md);
   api->close_send(sc);
   api->close_recv(rc);
   api->finalize(ctx);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -361,6 +362,10 @@ class ContextApi : public ApiBase<Table> {
   ncclResult_t isend(void* sc, void* d, size_t s, int tag, void* mh, void** r) override {
     return t_->isend(sc, d, s, tag, mh, nullptr, r);
   }
+  ncclResult_t reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mh) override {
+    return t_->regMrDmaBuf(comm, data, size, type, offset, fd, mh);
+  }
   ncclResult_t irecv(void* rc, void* d, size_t s, int tag, void* mh, void** r) override {
     void* phandle = nullptr;
     return t_->irecv(rc, 1, &d, &s, &tag, &mh, &phandle, r);
@@ -500,6 +505,21 @@ Buffer::Buffer(size_t n) : size(n) {
 }
 
 Buffer::~Buffer() { std::free(data); }
+
+MemfdBuffer::MemfdBuffer(size_t n, const char* name) : size(n) {
+  const size_t rounded = (n + 4095) / 4096 * 4096;
+  fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return;
+  if (ftruncate(fd, static_cast<off_t>(rounded == 0 ? 4096 : rounded)) != 0) return;
+  void* m = mmap(nullptr, rounded == 0 ? 4096 : rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m != MAP_FAILED) data = static_cast<uint8_t*>(m);
+}
+
+MemfdBuffer::~MemfdBuffer() {
+  const size_t rounded = (size + 4095) / 4096 * 4096;
+  if (data != nullptr) munmap(data, rounded == 0 ? 4096 : rounded);
+  if (fd >= 0) close(fd);
+}
 
 void fill_pattern(uint8_t* p, size_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + static_cast<uint32_t>(n);

@@ -75,6 +75,11 @@ class NetApi {
   virtual ncclResult_t accept(void* lc, void** rc) = 0;
   virtual ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mh) = 0;
   virtual ncclResult_t dereg_mr(void* comm, void* mh) = 0;
+  // regMrDmaBuf (v11 and v12 only; the others answer ncclInternalError).
+  virtual ncclResult_t reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset,
+                                     int fd, void** mh) {
+    return ncclInternalError;
+  }
   virtual ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) = 0;
   virtual ncclResult_t irecv(void* rc, void* data, size_t size, int tag, void* mh, void** req) = 0;
   virtual ncclResult_t test(void* req, int* done, int* size) = 0;
@@ -97,6 +102,18 @@ struct Buffer {
   Buffer& operator=(const Buffer&) = delete;
   uint8_t* data = nullptr;
   size_t size = 0;
+};
+// A stand-in device buffer: a memfd of `size` bytes (whole pages) mapped here; `fd` is its
+// dma-buf, so a NIC that reaches the dma-buf (the verbs emulator maps it itself) reaches these
+// very bytes. data is null when the memfd could not be made.
+struct MemfdBuffer {
+  MemfdBuffer(size_t size, const char* name);
+  ~MemfdBuffer();
+  MemfdBuffer(const MemfdBuffer&) = delete;
+  MemfdBuffer& operator=(const MemfdBuffer&) = delete;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  int fd = -1;
 };
 void fill_pattern(uint8_t* p, size_t n, uint32_t seed);
 // Index of the first byte that differs from the pattern, or -1.

@@ -11,9 +11,11 @@ namespace gw::testing {
 
 struct FakeCuda {
   void (*mark)(const void*, size_t, int) = nullptr;  // [p, p+bytes) is device (managed) memory
-  void (*clear)() = nullptr;                         // forget every marked range
-  long (*queries)() = nullptr;                       // cuPointerGetAttribute calls so far
-  long (*exports)() = nullptr;                       // dma-bufs exported so far
+  // [p, p+bytes) is device memory whose dma-buf is `fd`, a memfd mapped at p (offset 0 is p)
+  void (*mark_dmabuf)(const void*, size_t, int) = nullptr;
+  void (*clear)() = nullptr;    // forget every marked range
+  long (*queries)() = nullptr;  // cuPointerGetAttribute calls so far
+  long (*exports)() = nullptr;  // dma-bufs exported so far
   // The allocation block: device memory the CPU cannot touch (PROT_NONE; a freed range is handed
   // out again at the same address with a new buffer id), and the driver's copies into and out of
   // it.
@@ -33,6 +35,8 @@ inline const FakeCuda& fake_cuda(const char* path) {
     void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) return d;
     d.mark = reinterpret_cast<void (*)(const void*, size_t, int)>(dlsym(lib, "gw_fake_cuda_mark"));
+    d.mark_dmabuf = reinterpret_cast<void (*)(const void*, size_t, int)>(
+        dlsym(lib, "gw_fake_cuda_mark_dmabuf"));
     d.clear = reinterpret_cast<void (*)()>(dlsym(lib, "gw_fake_cuda_clear"));
     d.queries = reinterpret_cast<long (*)()>(dlsym(lib, "gw_fake_cuda_queries"));
     d.exports = reinterpret_cast<long (*)()>(dlsym(lib, "gw_fake_cuda_exports"));

@@ -8,9 +8,11 @@
  * A test dlopen()s it by path before gradwire looks for the driver: the dynamic loader then
  * resolves gradwire's dlopen("libcuda.so.1") to this library by its soname. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The allocation block (below): the live cuMemAlloc allocation holding ptr, for the calls above. */
@@ -18,6 +20,7 @@ struct FakeAlloc;
 static struct FakeAlloc* fake_alloc_find(unsigned long long ptr);
 static int fake_alloc_attribute(struct FakeAlloc* a, void* data, int attribute);
 static void fake_alloc_range(struct FakeAlloc* a, unsigned long long* base, size_t* size);
+static int fake_alloc_fd(struct FakeAlloc* a);
 
 #define FAKE_SUCCESS 0
 #define FAKE_INVALID_VALUE 1
@@ -34,6 +37,7 @@ struct Range {
   uintptr_t begin;
   uintptr_t end;
   int managed;
+  int fd; /* the memfd whose offset 0 is `begin` (gw_fake_cuda_mark_dmabuf), else -1 */
 };
 static struct Range g_ranges[16];
 static int g_nranges;
@@ -45,11 +49,26 @@ EXPORT void gw_fake_cuda_mark(const void* p, size_t bytes, int managed) {
     g_ranges[g_nranges].begin = (uintptr_t)p;
     g_ranges[g_nranges].end = (uintptr_t)p + bytes;
     g_ranges[g_nranges].managed = managed;
+    g_ranges[g_nranges].fd = -1;
     g_nranges++;
   }
 }
+/* Marks [p, p + bytes) as device memory that a dma-buf can export: `fd` is a memfd mapped at p
+ * (its offset 0 is p; the driver keeps a duplicate). Its export is that memfd, so a NIC that
+ * reaches the dma-buf (the verbs emulator maps it) reaches these very bytes. */
+EXPORT void gw_fake_cuda_mark_dmabuf(const void* p, size_t bytes, int fd) {
+  if (g_nranges < 16) {
+    gw_fake_cuda_mark(p, bytes, 0);
+    g_ranges[g_nranges - 1].fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  }
+}
 /* Forgets every range. */
-EXPORT void gw_fake_cuda_clear(void) { g_nranges = 0; }
+EXPORT void gw_fake_cuda_clear(void) {
+  for (int i = 0; i < g_nranges; i++) {
+    if (g_ranges[i].fd >= 0) close(g_ranges[i].fd);
+  }
+  g_nranges = 0;
+}
 /* How many times cuPointerGetAttribute was called. */
 EXPORT long gw_fake_cuda_queries(void) { return g_queries; }
 
@@ -123,22 +142,35 @@ static long g_exports;
 /* How many dma-bufs cuMemGetHandleForAddressRange exported. */
 EXPORT long gw_fake_cuda_exports(void) { return g_exports; }
 
-/* A dma-buf stand-in: a memfd named "gw-fake-dmabuf" of the range's size, for a range inside a
- * marked allocation (type 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD). */
+/* The dma-buf of [ptr, ptr + size) (type 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD): the memory
+ * itself, as the real driver's is: a duplicate of the memfd an allocation's shadow lies in, or of
+ * the one a range was marked with (gw_fake_cuda_mark_dmabuf), its offset 0 being ptr. A marked
+ * range without a memfd has no dma-buf (CUDA_ERROR_NOT_SUPPORTED): a NIC could not reach it. */
 EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, size_t size,
                                          int type, unsigned long long flags) {
   if (handle == NULL || type != 1 || flags != 0 || size == 0) return FAKE_INVALID_VALUE;
-  int inside = fake_alloc_find(ptr) != NULL;
-  for (int i = 0; i < g_nranges; i++) {
-    if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) inside = 1;
+  int src = -1;
+  struct FakeAlloc* a = fake_alloc_find(ptr);
+  if (a != NULL) {
+    unsigned long long base = 0;
+    fake_alloc_range(a, &base, NULL);
+    if (ptr != base) return FAKE_INVALID_VALUE;
+    src = fake_alloc_fd(a);
+  } else {
+    int inside = 0;
+    for (int i = 0; i < g_nranges; i++) {
+      if (ptr >= g_ranges[i].begin && ptr < g_ranges[i].end) {
+        inside = 1;
+        if (ptr == g_ranges[i].begin) src = g_ranges[i].fd;
+      }
+    }
+    if (!inside) return FAKE_INVALID_VALUE;
   }
-  if (!inside) return FAKE_INVALID_VALUE;
-  int fd = memfd_create("gw-fake-dmabuf", MFD_CLOEXEC);
+  if (src < 0) return FAKE_NOT_SUPPORTED;
+  struct stat st;
+  if (fstat(src, &st) != 0 || (unsigned long long)st.st_size < size) return FAKE_INVALID_VALUE;
+  int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return FAKE_NOT_SUPPORTED;
-  if (ftruncate(fd, (off_t)size) != 0) {
-    close(fd);
-    return FAKE_NOT_SUPPORTED;
-  }
   *(int*)handle = fd;
   g_exports++;
   return FAKE_SUCCESS;
@@ -220,6 +252,8 @@ static int fake_alloc_attribute(struct FakeAlloc* a, void* data, int attribute) 
       return FAKE_NOT_SUPPORTED;
   }
 }
+
+static int fake_alloc_fd(struct FakeAlloc* a) { return a->fd; }
 
 static void fake_alloc_range(struct FakeAlloc* a, unsigned long long* base, size_t* size) {
   if (base) *base = a->base;

@@ -287,8 +287,15 @@ TEST_F(EmuTest, DmabufProbeAndRegistrationAreRecorded) {
   set_dmabuf_supported(true);
   int fd = memfd_create("gw-dmabuf-test", 0);
   ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
   std::vector<uint8_t> host(8192);
-  ibv_mr* mr = t_->reg_dmabuf_mr(pd_, 4096, 4096, reinterpret_cast<uint64_t>(host.data()), fd, kRw);
+  const auto iova = reinterpret_cast<uint64_t>(host.data());
+  // Past the buffer's end, or empty: refused as a driver refuses the attachment.
+  EXPECT_EQ(t_->reg_dmabuf_mr(pd_, 4096, 8192, iova, fd, kRw), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(t_->reg_dmabuf_mr(pd_, 0, 0, iova, fd, kRw), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* mr = t_->reg_dmabuf_mr(pd_, 4096, 4096, iova, fd, kRw);
   ASSERT_NE(mr, nullptr);
   mrs_.push_back(mr);
   std::vector<DmabufRecord> rec = dmabuf_records();
@@ -298,6 +305,53 @@ TEST_F(EmuTest, DmabufProbeAndRegistrationAreRecorded) {
   EXPECT_EQ(rec.back().length, 4096u);
   EXPECT_EQ(rec.back().access, kRw);
   close(fd);
+}
+
+// The NIC reaches a dma-buf MR's bytes through the fd, never through the CPU address its iova
+// happens to be: a write into it lands in the memfd at the registered offset, a read and a write
+// from it take the memfd's bytes, and the memory at the iova's CPU address is never touched.
+TEST_F(EmuTest, DmabufMrIsReachedThroughTheFdNotTheIova) {
+  set_dmabuf_supported(true);
+  connect_for_read();
+  const size_t n = 10000;
+  int fd = memfd_create("gw-dmabuf-reach", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 6 * 4096), 0);
+  auto* buf =
+      static_cast<uint8_t*>(mmap(nullptr, 6 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(buf, MAP_FAILED);
+  const size_t off = 4096 + 100;        // not page aligned: the NIC's mapping starts mid-page
+  std::vector<uint8_t> decoy(n, 0xdd);  // the iova's CPU address: must stay as it is
+  const auto iova = reinterpret_cast<uint64_t>(decoy.data());
+  ibv_mr* dm = t_->reg_dmabuf_mr(pd_, off, n, iova, fd, kRwr);
+  ASSERT_NE(dm, nullptr) << strerror(errno);
+  close(fd);  // the registration holds the buffer
+  std::vector<uint8_t> src(n), back(n, 0);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 11 + 3);
+  ibv_mr* ms = reg(src.data(), n, kRwr);
+  ibv_mr* mb = reg(back.data(), n, kRwr);
+  ASSERT_TRUE(ms && mb);
+  // a writes into the dma-buf MR (remote side b's registration; same PD, same NIC).
+  ASSERT_EQ(write(a_, src.data(), n, ms->lkey, iova, dm->rkey, false), 0);
+  ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(buf + off, src.data(), n), 0) << "the bytes are in the dma-buf";
+  EXPECT_TRUE(std::all_of(decoy.begin(), decoy.end(), [](uint8_t b) { return b == 0xdd; }));
+  // a reads the dma-buf MR back into host memory.
+  ASSERT_EQ(rdma_read(a_, back.data(), n, mb->lkey, iova + 0, dm->rkey), 0);
+  ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+  EXPECT_EQ(back, src);
+  // a writes from the dma-buf MR (a local SGE of it) into host memory.
+  buf[off + 7] = 0x42;
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_EQ(write(a_, reinterpret_cast<const void*>(iova), n, dm->lkey,
+                  reinterpret_cast<uint64_t>(back.data()), mb->rkey, false),
+            0);
+  ASSERT_EQ(next_wc(cq_a_).status, IBV_WC_SUCCESS);
+  EXPECT_EQ(back[7], 0x42);
+  EXPECT_EQ(std::memcmp(back.data() + 8, src.data() + 8, n - 8), 0);
+  EXPECT_TRUE(std::all_of(decoy.begin(), decoy.end(), [](uint8_t b) { return b == 0xdd; }));
+  EXPECT_EQ(t_->dereg_mr(dm), 0);
+  munmap(buf, 6 * 4096);
 }
 
 }  // namespace

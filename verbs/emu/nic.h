@@ -58,7 +58,14 @@ class Nic {
     auto it = mrs.find(key);
     return it == mrs.end() ? nullptr : it->second;
   }
+  // Where the NIC reaches address `addr` of `mr` (checked with in_range): a CPU address for a
+  // plain MR, a place in the fd's mapping for a dma-buf one.
+  static uint8_t* bytes_at(const EmuMr* mr, uint64_t addr) {
+    if (mr->view == nullptr) return reinterpret_cast<uint8_t*>(addr);
+    return mr->view + (addr - reinterpret_cast<uint64_t>(mr->mr.addr));
+  }
   static bool in_range(const EmuMr* mr, uint64_t addr, uint64_t len) {
+    if (mr->unreachable) return false;
     auto base = reinterpret_cast<uint64_t>(mr->mr.addr);
     return addr >= base && addr - base <= mr->mr.length && len <= mr->mr.length - (addr - base);
   }

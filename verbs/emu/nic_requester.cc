@@ -161,7 +161,7 @@ uint8_t* Nic::sge_piece(const Wr& w, uint64_t off, uint64_t* avail) {
       EmuMr* mr = find_mr(s.lkey);
       if (mr == nullptr || !in_range(mr, s.addr, s.length)) return nullptr;
       *avail = s.length - off;
-      return reinterpret_cast<uint8_t*>(s.addr) + off;
+      return bytes_at(mr, s.addr) + off;
     }
     off -= s.length;
   }

@@ -82,6 +82,7 @@ void Nic::on_header(InConn& c) {
       c.verdict = kNakAccess;
       return;
     }
+    c.dest = mr != nullptr ? bytes_at(mr, h.remote_addr) : nullptr;  // read from, at once
     c.verdict = kReadResp;
     return;
   }
@@ -100,7 +101,7 @@ void Nic::on_header(InConn& c) {
       c.verdict = kNakAccess;
       return;
     }
-    c.dest = reinterpret_cast<uint8_t*>(h.remote_addr);
+    c.dest = bytes_at(mr, h.remote_addr);
     c.rkey = h.rkey;
     if (h.length <= kOrderedCopyMax) c.scratch.resize(h.length);
   }
@@ -130,8 +131,8 @@ void Nic::on_request_done(InConn& c) {
   }
   if (c.verdict == kReadResp) {
     // The bytes as they are now (the registration was checked with the header).
-    respond(c, kReadResp, h.psn, 0, reinterpret_cast<const uint8_t*>(h.remote_addr),
-            static_cast<uint32_t>(h.length));
+    respond(c, kReadResp, h.psn, 0, c.dest, static_cast<uint32_t>(h.length));
+    c.dest = nullptr;
     if (h.psn == q->rq_psn) q->rq_psn = (q->rq_psn + 1) & 0xffffff;
     return;
   }

@@ -18,9 +18,20 @@ namespace gw::verbs::emu {
 struct EmuPd;
 struct EmuCq;
 
+// An MR of a dma-buf (ibv_reg_dmabuf_mr) is addressed by its iova, not by a CPU address: the NIC
+// reaches its bytes through `view`, the emulator's own mapping of the fd's registered range (as a
+// real NIC's DMA reaches the exporter's pages through the dma-buf). `map`/`map_len` is that
+// mapping, page aligned, unmapped at deregistration. Plain MRs have view == nullptr. A dma-buf the
+// emulator cannot map (a GPU's, on a GPU host) is registered `unreachable`: the registration
+// stands, and every access of the NIC to it fails as a protection error (the emulated NIC has no
+// way to its bytes, and must not pretend to).
 struct EmuMr {
   ibv_mr mr{};
   int access = 0;
+  uint8_t* view = nullptr;
+  void* map = nullptr;
+  size_t map_len = 0;
+  bool unreachable = false;
 };
 
 struct EmuCq {

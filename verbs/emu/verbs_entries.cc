@@ -3,6 +3,8 @@
 // and poll completions. The data moves in the NIC thread (verbs/emu/nic.h).
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -247,6 +249,13 @@ ibv_mr* emu_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
   return make_mr(pd, addr, length, access);
 }
 
+// The emulated NIC reaches a dma-buf's bytes as a real one does through its DMA: through the
+// buffer the fd names, never through a CPU address of the registering process. So it maps the
+// fd's [offset, offset + length) (the emulator's stand-in for the exporter's pages; a memfd in the
+// tests) and addresses it by [iova, iova + length) (Nic::bytes_at). The fd may be closed after the
+// call: the mapping holds the buffer, as a registration holds a real dma-buf. A dma-buf that
+// cannot be mapped (a GPU's, where the GPU check runs over the emulator) is still registered, as
+// unreachable: every access of the NIC to it is a protection error, never a CPU address.
 ibv_mr* emu_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                           int access) {
   Nic& nic = Nic::get();
@@ -261,14 +270,40 @@ ibv_mr* emu_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t i
     errno = EBADF;  // the probe's answer on a device that supports dma-buf
     return nullptr;
   }
-  ibv_mr* mr = make_mr(pd, reinterpret_cast<void*>(iova), length, access);
-  if (mr != nullptr) {
-    char target[256] = {};
-    const std::string link = "/proc/self/fd/" + std::to_string(fd);
-    ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
-    std::lock_guard<std::mutex> lock(nic.mu);
-    nic.dmabuf.push_back({fd, offset, length, iova, access, n > 0 ? std::string(target, n) : ""});
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return nullptr;
+  if (length == 0 || iova == 0 || offset > static_cast<uint64_t>(st.st_size) ||
+      length > static_cast<uint64_t>(st.st_size) - offset || iova + length < iova) {
+    errno = EINVAL;  // outside the buffer (as a driver's dma_buf_map_attachment refuses)
+    return nullptr;
   }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t lead = offset % page;
+  const size_t map_len = static_cast<size_t>(lead + length);
+  void* map = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                   static_cast<off_t>(offset - lead));
+  const bool reachable = map != MAP_FAILED;
+  if (!reachable && (errno == EACCES || errno == EBADF)) return nullptr;  // not a readable buffer
+  ibv_mr* mr = make_mr(pd, reinterpret_cast<void*>(iova), length, access);
+  if (mr == nullptr) {
+    const int err = errno;
+    if (reachable) munmap(map, map_len);
+    errno = err;
+    return nullptr;
+  }
+  char target[256] = {};
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+  std::lock_guard<std::mutex> lock(nic.mu);
+  EmuMr* m = nic.find_mr(mr->lkey);
+  if (reachable) {
+    m->map = map;
+    m->map_len = map_len;
+    m->view = static_cast<uint8_t*>(map) + lead;
+  } else {
+    m->unreachable = true;  // a GPU's dma-buf, say: registered, but the emulator cannot reach it
+  }
+  nic.dmabuf.push_back({fd, offset, length, iova, access, n > 0 ? std::string(target, n) : ""});
   return mr;
 }
 
@@ -278,6 +313,7 @@ int emu_dereg_mr(ibv_mr* mr) {
   auto it = nic.mrs.find(mr->lkey);
   if (it == nic.mrs.end() || &it->second->mr != mr) return EINVAL;
   --reinterpret_cast<EmuPd*>(mr->pd)->users;
+  if (it->second->map != nullptr) munmap(it->second->map, it->second->map_len);
   delete it->second;
   nic.mrs.erase(it);
   return 0;

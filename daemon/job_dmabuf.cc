@@ -1,0 +1,166 @@
+// Trainers' device buffers handed over as dma-bufs (docs/wire-daemon.md, "Device buffers as
+// dma-bufs"; version 8): the NCCL plugin's daemon mode passes the descriptor NCCL gave regMrDmaBuf
+// on its socket, and the daemon registers it with the NIC of the job's link to the peer's host
+// (the daemons' communicator's point-to-point data connections, PointToPoint::reg_dmabuf), so
+// that its queue pairs reach the buffer without a copy (GPUDirect RDMA). The daemon addresses the
+// registration by an address range it reserves without access: it never reads or writes the
+// buffer through a CPU mapping of its own (on a GPU host it could not: a GPU's dma-buf is not
+// mappable), only the NIC does, through the dma-buf.
+//
+// Only a job whose daemons agreed verbs registers (tcp and dpdk move bytes through the CPU), and
+// only for a peer on another host (two trainers of one host have no NIC between them): anything
+// else is kUnsupported, which the plugin reports as such. Ids are the trainer's own: another
+// trainer (of this job or another) naming one is answered kInvalidArg, never given it.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/log.h"
+#include "daemon/job.h"
+
+namespace gw::daemon {
+
+namespace {
+
+// How long a register_dmabuf waits for its descriptor, which the trainer sends on its socket
+// before it posts the submission (the serve loop reads it; normally at once).
+constexpr int64_t kFdWaitMs = 2000;
+
+}  // namespace
+
+void Job::dmabuf_request(Trainer& t, const Request& r) {
+  if (r.opcode == Opcode::kDeregisterDmabuf) {
+    auto it = t.dmabufs.find(r.alloc_id);
+    if (it == t.dmabufs.end()) {
+      complete(t, r.seq,
+               invalid_arg("id {} is not a dma-buf registration of this client", r.alloc_id));
+      return;
+    }
+    DmabufRegistration reg = it->second;
+    t.dmabufs.erase(it);
+    // comm changes only on this thread (the serve loop only aborts it, under comm_mu).
+    Status s;
+    if (comm && reg.send != nullptr) s = comm->dereg_dmabuf(reg.peer_host, true, reg.send);
+    if (comm && reg.recv != nullptr) {
+      Status r2 = comm->dereg_dmabuf(reg.peer_host, false, reg.recv);
+      if (s.ok()) s = r2;
+    }
+    ::munmap(reg.iova, reg.bytes);
+    complete(t, r.seq, s);
+    return;
+  }
+  auto id = register_dmabuf(t, r);
+  if (!id.ok()) {
+    GW_LOG_INFO("gradwired: {} could not register a dma-buf of {} bytes: {}", t.name(),
+                r.alloc_bytes, id.status().message());
+    complete(t, r.seq, id.status());
+    return;
+  }
+  const CompressedDone done = p2p_wire(P2pDone{*id, 0});
+  complete(t, r.seq, ok_status(), &done, /*moved=*/false);
+}
+
+Result<uint32_t> Job::register_dmabuf(Trainer& t, const Request& r) {
+  // The descriptor first: it is the trainer's whatever the answer, and must not stay behind.
+  sys::Fd fd;
+  {
+    std::unique_lock<std::mutex> lock(t.fds_mu);
+    const bool came = t.fds_cv.wait_for(lock, std::chrono::milliseconds(kFdWaitMs), [&] {
+      return t.passed_fds.count(r.ticket) != 0 || t.lost.load(std::memory_order_acquire);
+    });
+    auto it = t.passed_fds.find(r.ticket);
+    if (!came || it == t.passed_fds.end()) {
+      return invalid_arg("no descriptor came with ticket {} within {} ms", r.ticket, kFdWaitMs);
+    }
+    fd = std::move(it->second);
+    t.passed_fds.erase(it);
+  }
+  GW_RETURN_IF_ERROR(failure);
+  if (t.dmabufs.size() >= kMaxDmabufsPerClient) {
+    return no_memory("register_dmabuf: {} holds {} registrations already (the most)", t.name(),
+                     kMaxDmabufsPerClient);
+  }
+  const int32_t peer_host = host_of_rank.empty() ? first.host_index : host_of_rank[r.root];
+  if (first.num_hosts < 2 || peer_host == first.host_index) {
+    // The completion carries 112 bytes of text: the reason first, the detail in the daemon's log.
+    GW_LOG_INFO(
+        "gradwired: {}: rank {} is on this host: device buffers go through the daemon "
+        "only to a peer on another host (its NIC); host buffers between one host's "
+        "trainers",
+        t.name(), r.root);
+    return Status(
+        Code::kUnsupported,
+        fmt::format("rank {} is on this host (dma-bufs: peers on other hosts only)", r.root));
+  }
+  const std::string agreed = transport_name();
+  if (agreed != "verbs") {
+    GW_LOG_INFO(
+        "gradwired: {}: the job's daemons agreed {} across hosts, which moves bytes "
+        "through the CPU; device buffers (dma-buf) need verbs (GPUDirect RDMA) on every "
+        "host of the job",
+        t.name(), agreed.empty() ? "no transport" : agreed);
+    return Status(Code::kUnsupported,
+                  fmt::format("daemons agreed {}: dma-bufs need verbs across hosts",
+                              agreed.empty() ? "no transport" : agreed));
+  }
+  DmabufRegistration reg;
+  reg.peer_host = peer_host;
+  reg.bytes = static_cast<size_t>(r.alloc_bytes);
+  // The address range the registration is known by: reserved, never accessible.
+  void* iova =
+      ::mmap(nullptr, reg.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (iova == MAP_FAILED) {
+    return system_error(fmt::format("register_dmabuf: reserving {} bytes of addresses", reg.bytes),
+                        errno);
+  }
+  reg.iova = iova;
+  const sys::Deadline deadline = sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000));
+  // comm changes only on this thread; the serve loop may abort it meanwhile (under comm_mu, which
+  // is not held here: the wait for a connection must not hold the serve loop up).
+  Status s;
+  if (!comm) s = aborted_error("register_dmabuf: the job's daemons have no communicator");
+  for (const bool send : {true, false}) {
+    if (!s.ok() || (r.dmabuf_use & (send ? kDmabufSends : kDmabufReceives)) == 0) continue;
+    auto mr = comm->reg_dmabuf(peer_host, send, iova, reg.bytes, r.send_off, fd.get(), deadline);
+    if (!mr.ok()) {
+      s = mr.status();
+      break;
+    }
+    (send ? reg.send : reg.recv) = *mr;
+  }
+  if (!s.ok()) {
+    if (reg.send != nullptr) (void)comm->dereg_dmabuf(peer_host, true, reg.send);
+    if (reg.recv != nullptr) (void)comm->dereg_dmabuf(peer_host, false, reg.recv);
+  }
+  if (!s.ok()) {
+    ::munmap(iova, reg.bytes);
+    return s;
+  }
+  uint32_t id = t.next_dmabuf_id;
+  while (t.dmabufs.count(id) != 0 || id == 0 || id > 0x7fffffffu) {
+    id = id >= 0x7fffffffu ? 1 : id + 1;
+  }
+  t.next_dmabuf_id = id >= 0x7fffffffu ? 1 : id + 1;
+  t.dmabufs[id] = reg;
+  GW_LOG_DEBUG("gradwired: {} registered dma-buf id {} ({} bytes at offset {}) for host {}",
+               t.name(), id, reg.bytes, r.send_off, peer_host);
+  return id;
+}
+
+void Job::release_dmabufs(Trainer& t) {
+  for (auto& [id, reg] : t.dmabufs) {
+    if (comm && reg.send != nullptr) (void)comm->dereg_dmabuf(reg.peer_host, true, reg.send);
+    if (comm && reg.recv != nullptr) (void)comm->dereg_dmabuf(reg.peer_host, false, reg.recv);
+    ::munmap(reg.iova, reg.bytes);
+  }
+  if (!t.dmabufs.empty()) {
+    GW_LOG_INFO("gradwired: {}'s {} dma-buf registrations released", t.name(), t.dmabufs.size());
+  }
+  t.dmabufs.clear();
+  std::lock_guard<std::mutex> lock(t.fds_mu);
+  t.passed_fds.clear();
+}
+
+}  // namespace gw::daemon
