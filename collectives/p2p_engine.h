@@ -1,6 +1,6 @@
 // Internal to gw_coll: the point-to-point engine's state (PointToPoint::Impl) and its wire
-// frames, shared by p2p.cc (requests, set-up, matching, deadlines, the public calls) and
-// p2p_progress.cc (moving the frames and data of every peer's connections).
+// frames, shared by p2p.cc (requests, set-up, matching, deadlines), p2p_calls.cc (the public
+// calls) and p2p_progress.cc (moving the frames and data of every peer's connections).
 #pragma once
 
 #include <fmt/format.h>

@@ -13,6 +13,7 @@ set(GW_COLL_SOURCES
     executor.cc
     group.cc
     p2p.cc
+    p2p_calls.cc
     p2p_progress.cc
     reduce.cc
     rooted_schedule.cc

@@ -1,0 +1,229 @@
+// Point-to-point (p2p.h): the public calls: isend and irecv (checks, the eager fast path, queuing
+// for the engine), the registration of dma-buf regions on a peer's data connection, and the
+// Communicator's defaults for communicators without point-to-point. The engine: p2p.cc and
+// p2p_progress.cc.
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "collectives/p2p.h"
+#include "collectives/p2p_engine.h"
+
+namespace gw::coll {
+
+Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t bytes, int peer,
+                                                        int tag, net::MemRegion* mr) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size()) {
+    return invalid_arg("send: peer {} is not a rank of this communicator (size {})", peer,
+                       m.group.size());
+  }
+  if (tag < 0) return invalid_arg("send: tag {} < 0", tag);
+  if (bytes > 0 && buf == nullptr) return invalid_arg("send: NULL buffer with {} bytes", bytes);
+  std::unique_lock<std::mutex> lock(m.mu);
+  if (m.aborted->load()) return aborted_error("send: communicator aborted");
+  GW_RETURN_IF_ERROR(m.start_locked());
+  if (!m.failed.ok()) return m.failed;
+  if (mr != nullptr && peer == m.me()) {
+    return Status(Code::kUnsupported,
+                  "send: a device buffer (registered region) to this rank itself: the engine "
+                  "has no loopback for device memory");
+  }
+  if (peer != m.me() && mr == nullptr) {
+    if (auto done = m.send_eager_now(peer, buf, bytes, tag)) return done;
+  }
+  auto s = std::make_shared<SendOp>();
+  s->req = std::make_shared<P2PRequest>();
+  s->req->set_driver(m.driver);
+  s->buf = static_cast<const uint8_t*>(buf);
+  s->bytes = bytes;
+  s->peer = peer;
+  s->tag = tag;
+  s->mr = mr;
+  s->deadline = deadline_after_ms(m.opts.timeout_ms);
+  m.earliest = std::min(m.earliest, s->deadline);
+  m.track(s->req);
+  ++m.active;
+  if (peer == m.me()) {
+    // An eager send to oneself is copied now and completes (as one to another rank completes
+    // once the transport holds its RTS); a larger one waits for its receive.
+    Unexpected u{peer, tag, bytes, 0, {}, nullptr, bytes > PointToPoint::kEagerBytes};
+    if (bytes <= PointToPoint::kEagerBytes) {
+      u.eager.assign(s->buf, s->buf + bytes);
+      m.finish_send(s, ok_status());
+    } else {
+      u.self = s;
+    }
+    for (auto it = m.posted.begin(); it != m.posted.end(); ++it) {
+      if (((*it)->peer == peer || (*it)->peer == kAnySource) && (*it)->tag == tag) {
+        auto r = std::move(*it);
+        m.posted.erase(it);
+        m.deliver(r, u);
+        return s->req;
+      }
+    }
+    m.unexpected.push_back(std::move(u));
+    return s->req;
+  }
+  Peer& p = m.peers[peer];
+  if (!p.broken.ok()) {
+    --m.active;
+    return Status(p.broken.code(), fmt::format("send to rank {}: {}", peer, p.broken.message()));
+  }
+  s->id = p.next_id++;
+  p.pending_rts.push_back(s);
+  p.want_connect = true;
+  m.kick(&lock, peer, /*sends_first=*/true);
+  // An eager message whose RTS the kick handed to the transport is done: the progress thread
+  // tests the frame within its 1 ms wait (or the caller's next call moves the engine). Waking
+  // that thread here would only make it compete with the caller (often on the same core).
+  if (!(s->on_wire && bytes <= PointToPoint::kEagerBytes)) m.wake();
+  return s->req;
+}
+
+Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes, int peer, int tag,
+                                                        net::MemRegion* mr) {
+  Impl& m = *impl_;
+  if (peer < kAnySource || peer >= m.group.size()) {
+    return invalid_arg(
+        "receive: peer {} is not a rank of this communicator (size {}) nor any "
+        "source (-1)",
+        peer, m.group.size());
+  }
+  if (tag < 0) return invalid_arg("receive: tag {} < 0", tag);
+  if (bytes > 0 && buf == nullptr) return invalid_arg("receive: NULL buffer with {} bytes", bytes);
+  if (mr != nullptr && (peer == kAnySource || peer == m.me())) {
+    return Status(Code::kUnsupported,
+                  "receive: a device buffer (registered region) takes a message of one other "
+                  "rank only (its registration is with that rank's data connection)");
+  }
+  std::unique_lock<std::mutex> lock(m.mu);
+  if (m.aborted->load()) return aborted_error("receive: communicator aborted");
+  GW_RETURN_IF_ERROR(m.start_locked());
+  if (!m.failed.ok()) return m.failed;
+  auto match = std::find_if(m.unexpected.begin(), m.unexpected.end(), [&](const Unexpected& u) {
+    return (peer == kAnySource || u.src == peer) && u.tag == tag;
+  });
+  // A broken peer's eager messages that arrived before it broke are still received (break_peer).
+  if (match == m.unexpected.end() && peer >= 0 && peer != m.me() && !m.peers[peer].broken.ok()) {
+    const Status& b = m.peers[peer].broken;
+    return Status(b.code(), fmt::format("receive from rank {}: {}", peer, b.message()));
+  }
+  auto r = std::make_shared<RecvOp>();
+  r->req = std::make_shared<P2PRequest>();
+  r->req->set_driver(m.driver);
+  r->buf = static_cast<uint8_t*>(buf);
+  r->cap = bytes;
+  r->peer = peer;
+  r->tag = tag;
+  r->mr = mr;
+  r->deadline = deadline_after_ms(m.opts.timeout_ms);
+  m.earliest = std::min(m.earliest, r->deadline);
+  m.track(r->req);
+  ++m.active;
+  if (match != m.unexpected.end()) {
+    Unexpected u = std::move(*match);
+    m.unexpected.erase(match);
+    m.deliver(r, u);
+    return r->req;
+  }
+  m.posted.push_back(r);
+  m.kick(&lock, peer);
+  // Not m.wake(): the caller's wait or test moves the engine for the receive (the hand-off to
+  // the progress thread cost a third of the tcp ping-pong's latency, docs/collectives.md), and
+  // that thread takes it over within its 1 ms wait when nobody does. A lookup the kick asked for
+  // woke it already.
+  return r->req;
+}
+
+Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
+                                                 uint64_t offset, int fd, Deadline deadline) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf registration: peer {} is not another rank of this communicator",
+                       peer);
+  }
+  const char* dir = send ? "to" : "from";
+  std::unique_lock<std::mutex> lock(m.mu);
+  GW_RETURN_IF_ERROR(m.start_locked());
+  for (;;) {
+    if (m.aborted->load()) return aborted_error("dma-buf registration: communicator aborted");
+    if (!m.failed.ok()) return m.failed;
+    Peer& p = m.peers[peer];
+    if (!p.broken.ok()) {
+      return Status(p.broken.code(), fmt::format("dma-buf registration for the connection {} "
+                                                 "rank {}: {}",
+                                                 dir, peer, p.broken.message()));
+    }
+    net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+    if (c != nullptr) {
+      auto mr = c->reg_mr_dmabuf(iova, bytes, offset, fd);
+      if (!mr.ok()) {
+        return mr.status().with_context(
+            fmt::format("dma-buf registration on the connection {} rank {}", dir, peer));
+      }
+      return *mr;
+    }
+    if (send && !p.want_connect) {
+      p.want_connect = true;
+      m.wake();
+    }
+    if (Clock::now() >= deadline) {
+      return timeout_error("dma-buf registration: no data connection {} rank {} yet{}", dir, peer,
+                           send ? "" : " (it is made at the peer's first send here)");
+    }
+    m.cv.wait_for(lock, std::chrono::milliseconds(1));  // the progress thread connects meanwhile
+  }
+}
+
+Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf deregistration: peer {} is not another rank", peer);
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  Peer& p = m.peers[peer];
+  net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+  if (c == nullptr) {
+    return invalid_arg(
+        "dma-buf deregistration: the connection with rank {} is gone (and its "
+        "registrations with it)",
+        peer);
+  }
+  return c->dereg_mr(mr);
+}
+
+Result<net::MemRegion*> Communicator::reg_dmabuf(int, bool, void*, size_t, uint64_t, int,
+                                                 Deadline) {
+  return Status(Code::kUnsupported,
+                "dma-buf registration: this communicator has no "
+                "point-to-point");
+}
+
+Status Communicator::dereg_dmabuf(int, bool, net::MemRegion*) {
+  return Status(Code::kUnsupported,
+                "dma-buf deregistration: this communicator has no "
+                "point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::isend_registered(const void*, size_t, int, int,
+                                                                   net::MemRegion*) {
+  return Status(Code::kUnsupported, "send: this communicator has no point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::irecv_registered(void*, size_t, int, int,
+                                                                   net::MemRegion*) {
+  return Status(Code::kUnsupported, "receive: this communicator has no point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::isend(const void*, size_t, int, int) {
+  return Status(Code::kUnsupported, "send: this communicator has no point-to-point");
+}
+
+Result<std::shared_ptr<P2PRequest>> Communicator::irecv(void*, size_t, int, int) {
+  return Status(Code::kUnsupported, "receive: this communicator has no point-to-point");
+}
+
+}  // namespace gw::coll
