@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target for a bounded time on a copy of its checked-in corpus
-# (tests/fuzz/corpus/<target>/), GW_FUZZ_JOBS targets at a time (default 2). The targets are built
-# by the debug preset (clang 14, ASan + UBSan, GW_FUZZ: every fuzz_* binary beside the ASan tests
-# in build/debug; `cmake --build --preset debug` builds them with the rest, this script's build
-# step only them and what they link), and are those it lists in build/debug/libfuzzers.txt (one
-# per row of tests/fuzz/fuzz_targets.cc's table, plus daemon_proto and dpdk_decoder).
+# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan; its build preset builds
+# only gw_libfuzzers, every fuzz_* binary, and what they link) and runs each for a bounded time on
+# a copy of its checked-in corpus (tests/fuzz/corpus/<target>/), GW_FUZZ_JOBS targets at a time
+# (default 2). The targets are those the build lists in build/fuzz/libfuzzers.txt (one per row of
+# tests/fuzz/fuzz_targets.cc's table, plus daemon_proto and dpdk_decoder).
 # usage: scripts/fuzz.sh [seconds per target, default 20] [target ...]
-# A crash leaves its input in build/debug/fuzz/artifacts/; make it a regression seed and a fix.
+# A crash leaves its input in build/fuzz/artifacts/; make it a regression seed and a fix.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,30 +17,29 @@ jobs="${GW_FUZZ_JOBS:-2}"
 # background); default both.
 step="${GW_FUZZ_STEP:-all}"
 t0=$(date +%s)
-[ "$step" = run ] || cmake --preset debug >/dev/null
-mapfile -t all <build/debug/libfuzzers.txt
+[ "$step" = run ] || cmake --preset fuzz >/dev/null
+mapfile -t all <build/fuzz/libfuzzers.txt
 targets=("$@")
-build=(--target gw_libfuzzers)  # every fuzz_* binary, or only the targets named
+build=()  # the preset's gw_libfuzzers, or only the targets named
 [ ${#targets[@]} -gt 0 ] && build=(--target "${targets[@]/#/fuzz_}")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 if [ "$step" != run ]; then
-  cmake --build --preset debug -j"$(nproc)" "${build[@]}"
+  cmake --build --preset fuzz -j"$(nproc)" "${build[@]}"
   echo "fuzz.sh: built ${#targets[@]} targets in $(( $(date +%s) - t0 )) s"
   [ "$step" = build ] && exit 0
 fi
 
-out=build/debug/fuzz
-mkdir -p "$out/artifacts"
-# One target: a fresh copy of its corpus, `secs` seconds; the verdict in $out/<t>.status.
+mkdir -p build/fuzz/artifacts
+# One target: a fresh copy of its corpus, `secs` seconds; the verdict in build/fuzz/<t>.status.
 run_one() {
   local t="$1" bin work rc=0
-  bin=$(find build/debug -type f -name "fuzz_$t" -perm -u+x | head -1)
+  bin=$(find build/fuzz -type f -name "fuzz_$t" -perm -u+x | head -1)
   work=$(mktemp -d)
   [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$work/"
   "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix="$out/artifacts/$t-" "$work" >"$out/$t.log" 2>&1 || rc=$?
+    -artifact_prefix="build/fuzz/artifacts/$t-" "$work" >"build/fuzz/$t.log" 2>&1 || rc=$?
   rm -rf "$work"
-  echo "$rc" >"$out/$t.status"
+  echo "$rc" >"build/fuzz/$t.status"
 }
 
 t1=$(date +%s)
@@ -59,12 +57,12 @@ wait || true
 
 status=0
 for t in "${targets[@]}"; do
-  if [ "$(cat "$out/$t.status" 2>/dev/null || echo 1)" != 0 ]; then
-    echo "fuzz.sh: $t FAILED ($out/$t.log)"
-    tail -30 "$out/$t.log" | cat -v
+  if [ "$(cat "build/fuzz/$t.status" 2>/dev/null || echo 1)" != 0 ]; then
+    echo "fuzz.sh: $t FAILED (build/fuzz/$t.log)"
+    tail -30 "build/fuzz/$t.log" | cat -v
     status=1
   else
-    echo "fuzz.sh: $t: $(grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" "$out/$t.log" | tail -1)"
+    echo "fuzz.sh: $t: $(grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" "build/fuzz/$t.log" | tail -1)"
   fi
 done
 echo "fuzz.sh: ran ${#targets[@]} targets in $(( $(date +%s) - t1 )) s, $jobs at a time"

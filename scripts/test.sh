@@ -6,10 +6,9 @@
 #   scripts/test.sh         the full suite, as CI runs it (.ci/run): dependencies; release build;
 #                           every unit test (release-unit), the integration tests (namespaces,
 #                           faults, timing: release-integration, once, one retry each); every
-#                           Python test; the ASan+UBSan build's unit tests (debug, clang 14);
-#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh); the
-#                           libFuzzer targets, built with the ASan+UBSan tests, for
-#                           GW_TEST_FUZZ_SECONDS each (default 10; 0 skips them).
+#                           Python test; the ASan+UBSan build's unit tests (debug); ThreadSanitizer
+#                           over the tests labelled tsan (scripts/tsan.sh); the libFuzzer targets
+#                           for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips them).
 # Each build after the first runs in the background, at the lowest priority, during the tests
 # before it. Fails on the first failure; an integration test that passed only on its retry is
 # listed at the end as a flake.
@@ -89,14 +88,13 @@ bg_wait() {  # NAME
 declare -A bg_pids
 trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 rm -f build/bg-*.rc
-# The debug preset's build is the ASan+UBSan tests and the libFuzzer targets (fuzz_*) in one
-# configuration.
 bg_start debug bash scripts/build.sh debug
-# The TSan build follows the ASan one at once (not when the tests reach the ASan phase), so that
-# CPU the tests leave idle after the ASan build is not lost.
+# The TSan and libFuzzer builds follow the ASan one at once (not when the tests reach the ASan
+# phase), so that CPU the tests leave idle after the ASan build is not lost.
 fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
 bg_start later bash -c "while [ ! -f build/bg-debug.rc ]; do sleep 2; done; \
-  bash scripts/tsan.sh build"
+  bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
+  GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
 
 # Tests are independent (every port is chosen by the kernel), so they may run side by side. Unit
 # tests must pass at the first attempt. Integration tests (real processes, network namespaces,
@@ -122,14 +120,14 @@ phase "debug (ASan+UBSan) build, what was left of it"
 ctest --preset debug -j"$jobs"
 phase "debug (ASan+UBSan) unit tests"
 bg_wait later
-phase "ThreadSanitizer build, what was left of it"
+phase "ThreadSanitizer and libFuzzer builds, what was left of them"
 
 bash scripts/tsan.sh run
 phase "ThreadSanitizer tests"
 
-# The fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided; build/debug),
-# starting from its checked-in corpus. The gtest drivers (label fuzz) only replay seeds and fixed
-# mutations in the release build, as regression tests.
+# The fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided), starting from
+# its checked-in corpus. The gtest drivers (label fuzz) only replay seeds and fixed mutations in
+# the release build, as regression tests.
 if [ "$fuzz_seconds" -gt 0 ]; then
   GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
   phase "libFuzzer runs"

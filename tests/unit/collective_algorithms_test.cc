@@ -109,8 +109,7 @@ TEST(CollectiveAlgorithms, HierCostsFollowTheCallsChunk) {
 
 TEST(CollectiveAlgorithms, CostModelPicksHierWhenTheHostLinkIsTheBottleneck) {
   const CostParams p = two_level();
-  for (auto shape : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
-    const int nhosts = shape.first, local = shape.second;  // (clang 14: no captured bindings)
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
     for (size_t bytes : {size_t{1} << 20, size_t{64} << 20, size_t{256} << 20}) {
       for (Collective kind : {Collective::kAllgather, Collective::kReduceScatter}) {
         auto c = choose_collective(kind, layout(hosts_of(nhosts, local)), bytes, p, Algo::kAuto);

@@ -289,8 +289,7 @@ size_t out_of_host0(const HostRanks& hosts, const MakePlans& make) {
 // A host's link carries (H-1)/H x the whole buffer per direction in the hierarchical forms, and
 // (p-1)/p x it in a flat ring over host-major ranks; the host chain broadcast carries it once.
 TEST(CollectiveShape, HierSendsLessAcrossHosts) {
-  for (auto shape : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
-    const int nhosts = shape.first, local = shape.second;  // (clang 14: no captured bindings)
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
     const int p = nhosts * local;
     const size_t per = 1 << 12, n = per * static_cast<size_t>(p);
     const std::string what = std::to_string(nhosts) + "x" + std::to_string(local);

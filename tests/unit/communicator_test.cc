@@ -264,10 +264,7 @@ TEST_P(CommTest, RanksThatDisagreeOnDtypeOpOrCollectiveAllFail) {
          return r == 0 ? c.allgather(buf.data(), buf.data(), n / 2, DataType::kF32)
                        : c.alltoall(buf.data(), buf.data() + n * 4, n / 2, DataType::kF32);
        }}};
-  for (const auto& [what_case, call_case] : cases) {
-    // Plain names for the lambda below (clang 14 cannot capture a structured binding).
-    const auto& what = what_case;
-    const auto& call = call_case;
+  for (const auto& [what, call] : cases) {
     std::atomic<int> failed{0}, named{0};
     run_ranks(
         GetParam(), 2,
@@ -337,9 +334,8 @@ TEST_P(CommTest, RanksThatDisagreeOnCountAllFailEvenWithWholeChunks) {
     ScopedEnv algo("GW_ALGO", coll.algo);
     for (int n : {2, 3, 4}) {
       const size_t u = coll.unit ? coll.unit : kC * static_cast<size_t>(n);
-      for (auto counts :
+      for (auto [c0, cn] :
            std::vector<std::pair<size_t, size_t>>{{u, 2 * u}, {2 * u, u}, {u, u + 1}}) {
-        const size_t c0 = counts.first, cn = counts.second;  // (clang 14: no captured bindings)
         // Only the mismatched call is timed, against a deadline twice as long: set-up and
         // teardown of n ranks on a loaded machine are no part of the claim.
         run_ranks(
@@ -566,8 +562,7 @@ TEST_P(CommTest, AlltoallRanksThatDisagreeOnCountAllFailWithinTheDeadline) {
   const std::vector<std::pair<size_t, size_t>> cases = {
       {100, 101}, {2 * k64, 3 * k64}, {3 * k64, 2 * k64}, {2 * k64, 2 * k64 + 1}, {0, 5}};
   for (int n : {2, 3, 4}) {
-    for (auto counts : cases) {
-      const size_t c0 = counts.first, cn = counts.second;  // (clang 14: no captured bindings)
+    for (auto [c0, cn] : cases) {
       const auto start = std::chrono::steady_clock::now();
       run_ranks(
           GetParam(), n,

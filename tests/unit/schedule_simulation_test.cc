@@ -377,8 +377,7 @@ TEST(ScheduleShape, DoubleBinaryTreesAreTreesWithDisjointInteriors) {
 // A hierarchical allreduce moves 2(H-1)/H x n across each host's link per direction; a flat ring
 // over the same host-major ranks moves 2(p-1)/p x n across each boundary it crosses.
 TEST(ScheduleShape, HierAllreduceSendsLessAcrossHosts) {
-  for (auto shape : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
-    const int nhosts = shape.first, local = shape.second;  // (clang 14: no captured bindings)
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
     const int p = nhosts * local;
     const size_t n = 1 << 16;
     const HostRanks hosts = numberings(std::vector<int>(nhosts, local))[0];
@@ -499,8 +498,7 @@ TEST(ScheduleSimulation, HierPipelinedAllreduceOnEveryUniformLayoutUpTo33Ranks) 
 // The pipelined form sends exactly what hier_allreduce sends, only cut into segments: the same
 // bytes across each host's link.
 TEST(ScheduleShape, HierPipelinedSendsWhatHierSends) {
-  for (auto shape : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
-    const int nhosts = shape.first, local = shape.second;  // (clang 14: no captured bindings)
+  for (auto [nhosts, local] : {std::pair{2, 2}, {2, 4}, {4, 2}, {3, 3}}) {
     const int p = nhosts * local;
     const size_t n = 1 << 16;
     const HostRanks hosts = numberings(std::vector<int>(nhosts, local))[0];
