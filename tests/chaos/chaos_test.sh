@@ -28,20 +28,28 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 TIMEOUT_MS=5000
 
-# Every rank: one gradwire-perf job (20 x 64 MiB, checked), its fault started in the background
-# by the rank that owns it; writes "status elapsed_ms fault_ms" (fault_ms: when the fault began,
-# relative to the start, -1 when this rank injected nothing) for the checker.
+# Every rank: one gradwire-perf job (10 x 64 MiB, checked: at 1 Gbit/s about 6 s, so the fault at
+# 2 s, and the blip's end at 3 s, find it mid-transfer), its fault started in the background by the
+# rank that owns it; writes "status elapsed_ms fault_ms" (fault_ms: when the fault began, relative
+# to the start, -1 when this rank injected nothing) for the checker. The stopped rank is continued
+# once every other rank has ended (each after waiting out its deadline), at the latest 4 s after
+# its deadline.
 cat >"$work/rank.sh" <<'EOS'
 perf=$1 case=$2
 t0=$(date +%s%N)
 ms() { echo $(( ($(date +%s%N) - t0) / 1000000 )); }
-"$perf" allreduce -b 64M -e 64M -n 20 -w 1 --check >"$OUTDIR/out.$GW_RANK" 2>&1 &
+"$perf" allreduce -b 64M -e 64M -n 10 -w 1 --check >"$OUTDIR/out.$GW_RANK" 2>&1 &
 pid=$!
 fault=-1
 case "$case:$GW_RANK" in
   link-blip:2)   sleep 2; fault=$(ms); ip link set d0 down; sleep 1; ip link set d0 up ;;
   link-down:2)   sleep 2; fault=$(ms); ip link set d0 down ;;
-  sigstop:3)     sleep 2; fault=$(ms); kill -STOP $pid; sleep $((TIMEOUT_MS / 1000 + 4)); kill -CONT $pid ;;
+  sigstop:3)     sleep 2; fault=$(ms); kill -STOP $pid
+                 for _ in $(seq $(( (TIMEOUT_MS / 1000 + 4) * 10 ))); do
+                   [ -f "$OUTDIR/rc.0" ] && [ -f "$OUTDIR/rc.1" ] && [ -f "$OUTDIR/rc.2" ] && break
+                   sleep 0.1
+                 done
+                 kill -CONT $pid ;;
   throttle:2)    sleep 2; fault=$(ms); tc qdisc replace dev d0 root tbf rate 1mbit burst 16kb latency 400ms ;;
   store-killed:0) sleep 2; fault=$(ms); kill -KILL $pid ;;
   setup-killed:3) sleep 0.3; fault=$(ms); kill -KILL $pid ;;
@@ -103,7 +111,8 @@ for c in $cases; do
       fail "$c: rank $r failed $((ms - fault)) ms after the fault (GW_TIMEOUT_MS=$TIMEOUT_MS)"
     grep -qiE "error|timeout|peer|closed|abort" "$out/out.$r" || fail "$c: rank $r failed without a message"
   done
-  sleep 1
+  # A second for the last processes to be reaped, no longer.
+  for _ in $(seq 10); do leftovers 2>/dev/null || break; sleep 0.1; done
   leftovers && fail "$c: gradwire-perf processes left behind"
   left=$(comm -13 <(echo "$before") <(our_shm) | tr '\n' ' ')
   [ -z "${left// /}" ] || fail "$c: files left in /dev/shm: $left"
