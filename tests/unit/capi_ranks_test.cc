@@ -126,17 +126,18 @@ void run_rank(int rank, int world, const std::string& addr, const char* transpor
   out->checked = true;
 }
 
-class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+class MultiRankTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(MultiRankTest, CollectivesThroughTheCApi) {
   CleanEnv env;
   auto [world, transport] = GetParam();
-  run_checked_ranks(world, transport, run_rank);
+  run_checked_ranks(world, transport.c_str(), run_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, MultiRankTest,
-                         ::testing::Values(std::make_tuple(2, "tcp"), std::make_tuple(3, "tcp"),
-                                           std::make_tuple(4, "auto")));
+                         ::testing::Values(std::make_tuple(2, std::string("tcp")),
+                                           std::make_tuple(3, std::string("tcp")),
+                                           std::make_tuple(4, std::string("auto"))));
 
 TEST(CapiFailureTest, MissingRankEndsInAnErrorNotAHang) {
   CleanEnv env;

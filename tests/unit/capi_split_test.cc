@@ -202,19 +202,23 @@ void run_split_rank(int rank, int world, const std::string& addr, const char* tr
   out->checked = true;
 }
 
-class SplitTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+class SplitTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(SplitTest, SubCommunicatorsBesideTheParent) {
   CleanEnv env;
   auto [world, transport] = GetParam();
-  run_checked_ranks(world, transport, run_split_rank);
+  run_checked_ranks(world, transport.c_str(), run_split_rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SplitTest,
-                         ::testing::Values(std::make_tuple(1, "tcp"), std::make_tuple(2, "tcp"),
-                                           std::make_tuple(3, "tcp"), std::make_tuple(4, "tcp"),
-                                           std::make_tuple(5, "tcp"), std::make_tuple(6, "auto"),
-                                           std::make_tuple(7, "tcp"), std::make_tuple(8, "auto")),
+                         ::testing::Values(std::make_tuple(1, std::string("tcp")),
+                                           std::make_tuple(2, std::string("tcp")),
+                                           std::make_tuple(3, std::string("tcp")),
+                                           std::make_tuple(4, std::string("tcp")),
+                                           std::make_tuple(5, std::string("tcp")),
+                                           std::make_tuple(6, std::string("auto")),
+                                           std::make_tuple(7, std::string("tcp")),
+                                           std::make_tuple(8, std::string("auto"))),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                   std::get<1>(info.param);
