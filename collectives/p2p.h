@@ -134,8 +134,9 @@ class PointToPoint {
   // Thread-safe.
   Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes, uint64_t offset,
                                      int fd, Deadline deadline);
-  // Frees a region reg_dmabuf made with the same peer and direction; kInvalidArg when the
-  // connection it was made on is gone (it went with it) or it is not one.
+  // Frees a region reg_dmabuf made with the same peer and direction. OK when the connection it
+  // was made on is gone (the region went with it: the usual end when the peer finished first);
+  // the transport's error for a region that is not one of that connection's.
   Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
 
  private:
