@@ -306,8 +306,13 @@ void Job::consume(Trainer& t) {
       // Not collective: matched at once with the other trainers' (job_p2p.h).
       // The job's failure ends its collectives, not the sends and receives among the trainers
       // still here (a trainer that left is dropped from the board alone).
-      if (p2p) {
-        p2p->submit(static_cast<size_t>(t.hello.local_rank), *r);
+      P2pDevice dev;
+      Status bad;
+      if (r->dmabuf != 0) bad = p2p_device(t, *r, &dev);
+      if (!bad.ok()) {
+        complete(t, r->seq, bad);
+      } else if (p2p) {
+        p2p->submit(static_cast<size_t>(t.hello.local_rank), *r, dev);
       } else {
         complete(t, r->seq, aborted_error("gradwired: the job has ended"));
       }

@@ -149,6 +149,35 @@ Result<uint32_t> Job::register_dmabuf(Trainer& t, const Request& r) {
   return id;
 }
 
+Status Job::p2p_device(Trainer& t, const Request& r, P2pDevice* dev) {
+  const bool send = r.opcode == Opcode::kSend;
+  auto it = t.dmabufs.find(r.dmabuf);
+  if (it == t.dmabufs.end()) {
+    return invalid_arg("{}: id {} is not a dma-buf registration of this client",
+                       send ? "send" : "recv", r.dmabuf);
+  }
+  const DmabufRegistration& reg = it->second;
+  net::MemRegion* mr = send ? reg.send : reg.recv;
+  if (mr == nullptr) {
+    return invalid_arg("{}: dma-buf {} is not registered for {}", send ? "send" : "recv", r.dmabuf,
+                       send ? "sends" : "receives");
+  }
+  const uint64_t off = send ? r.send_off : r.recv_off;
+  const uint64_t n = send ? r.send_bytes : r.recv_bytes;
+  if (off > reg.bytes || n > reg.bytes - off) {
+    return invalid_arg("{}: [{}, +{}) outside dma-buf {} ({} bytes)", send ? "send" : "recv", off,
+                       n, r.dmabuf, reg.bytes);
+  }
+  if (r.root < 0 || host_of_rank.empty() ||
+      host_of_rank[static_cast<size_t>(r.root)] != reg.peer_host) {
+    return invalid_arg("{}: rank {} is not on host {}, the one dma-buf {} is registered for",
+                       send ? "send" : "recv", r.root, reg.peer_host, r.dmabuf);
+  }
+  dev->mr = mr;
+  dev->at = static_cast<uint8_t*>(reg.iova) + off;
+  return ok_status();
+}
+
 void Job::release_dmabufs(Trainer& t) {
   for (auto& [id, reg] : t.dmabufs) {
     if (comm && reg.send != nullptr) (void)comm->dereg_dmabuf(reg.peer_host, true, reg.send);

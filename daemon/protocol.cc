@@ -348,7 +348,7 @@ Result<Request> decode_import(const SqEntry& e, Request r, const uint8_t* data, 
 // send and recv (version 7): per-trainer messages, matched by the daemon (daemon/job_p2p.h).
 Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int32_t world_size) {
   const bool send = r.opcode == Opcode::kSend;
-  if (e.dtype != 0 || e.op != 0 || e.meta_off != 0 || e.key_len != 0 || e.stride != 0 ||
+  if (e.dtype != 0 || e.op != 0 || e.meta_off != 0 || e.stride != 0 ||
       (send ? e.recv_off : e.send_off) != 0) {
     return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
   }
@@ -361,7 +361,12 @@ Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int
     return peer_error("submission {}: tag {} (0..2^31-1)", e.seq, e.spec_len);
   }
   const uint64_t off = send ? e.send_off : e.recv_off;
-  if (!range_ok(off, e.count, data_bytes)) {
+  if (e.key_len > 0x7fffffffu) {
+    return peer_error("submission {}: dma-buf id {} (1..2^31-1)", e.seq, e.key_len);
+  }
+  r.dmabuf = e.key_len;
+  if (e.key_len != 0 ? !range_ok(off, e.count, kMaxDmabufBytes)
+                     : !range_ok(off, e.count, data_bytes)) {
     return peer_error("submission {}: {} range [{}, +{}) outside the data region ({} bytes)", e.seq,
                       opcode_name(r.opcode), off, e.count, data_bytes);
   }
