@@ -137,6 +137,13 @@ class PointToPoint {
   // Frees a region reg_dmabuf made with the same peer and direction; kInvalidArg when the
   // connection it was made on is gone (it went with it) or it is not one.
   Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
+  // After a completed receive into [iova, + bytes) of a region reg_dmabuf registered for
+  // receives from `peer`: runs the data connection's RecvComm::iflush (verbs: a read back through
+  // a loopback queue pair, so the device sees every byte the NIC wrote) and waits for it until
+  // `deadline`. True once flushed, false when the connection says nothing needs doing (host
+  // memory, GW_IB_GDR_FLUSH=0). kInvalidArg when the connection the region was made on is gone.
+  Result<bool> flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
+                            Deadline deadline);
 
  private:
   std::unique_ptr<Impl> impl_;

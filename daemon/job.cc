@@ -295,7 +295,8 @@ void Job::consume(Trainer& t) {
     }
     if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
     if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
-    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf) {
+    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf ||
+        r->opcode == Opcode::kFlushDmabuf) {
       dmabuf_request(t, *r);  // the trainer's own, answered now (job_dmabuf.cc)
       t.requests.fetch_add(1, std::memory_order_relaxed);
       ++t.next_seq;

@@ -31,6 +31,35 @@ constexpr int64_t kFdWaitMs = 2000;
 }  // namespace
 
 void Job::dmabuf_request(Trainer& t, const Request& r) {
+  if (r.opcode == Opcode::kFlushDmabuf) {
+    auto it = t.dmabufs.find(r.alloc_id);
+    Status s;
+    if (it == t.dmabufs.end() || it->second.recv == nullptr) {
+      s = invalid_arg("flush: id {} is not a dma-buf registration of this client for receives",
+                      r.alloc_id);
+    } else if (r.recv_off > it->second.bytes || r.recv_bytes > it->second.bytes - r.recv_off) {
+      s = invalid_arg("flush: [{}, +{}) outside dma-buf {} ({} bytes)", r.recv_off, r.recv_bytes,
+                      r.alloc_id, it->second.bytes);
+    } else if (!comm) {
+      s = aborted_error("flush: the job's daemons have no communicator");
+    }
+    if (!s.ok()) {
+      complete(t, r.seq, s);
+      return;
+    }
+    const DmabufRegistration& reg = it->second;
+    // The data connection from the registration's host: the one its receives came on.
+    auto flushed = comm->flush_dmabuf(
+        reg.peer_host, static_cast<uint8_t*>(reg.iova) + r.recv_off, r.recv_bytes, reg.recv,
+        sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000)));
+    if (!flushed.ok()) {
+      complete(t, r.seq, flushed.status());
+      return;
+    }
+    const CompressedDone done = p2p_wire(P2pDone{*flushed ? 1u : 0u, 0});
+    complete(t, r.seq, ok_status(), &done, /*moved=*/false);
+    return;
+  }
   if (r.opcode == Opcode::kDeregisterDmabuf) {
     auto it = t.dmabufs.find(r.alloc_id);
     if (it == t.dmabufs.end()) {

@@ -138,6 +138,11 @@ enum class Opcode : uint16_t {
   // the id.
   kRegisterDmabuf = 12,
   kDeregisterDmabuf = 13,
+  // Version 8: after a completed recv into a dma-buf registration: its NIC's flush of
+  // [recv_off, + count) of registration spec_len (NCCL's iflush: the device then sees every byte
+  // the NIC wrote). Per trainer, answered at once; the success's P2pDone.bytes is 1 when a flush
+  // ran, 0 when the daemon's link says nothing needs doing.
+  kFlushDmabuf = 14,
 };
 inline constexpr uint32_t kDmabufSends = 1;
 inline constexpr uint32_t kDmabufReceives = 2;

@@ -305,6 +305,19 @@ class DaemonComm {
     }
     return static_cast<uint32_t>(id);
   }
+  // iflush of a device receive: the daemon runs its NIC's flush of [off, + size) of registration
+  // id (the data connection the receive came on). True when one ran, false when nothing needed it.
+  Result<bool> flush_dmabuf(uint32_t id, uint64_t off, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(Opcode::kFlushDmabuf);
+    e.spec_len = id;
+    e.recv_off = off;
+    e.count = size;
+    daemon::CompressedDone info;
+    GW_RETURN_IF_ERROR(call(e, "iflush", &info));
+    return daemon::p2p_done(info).bytes != 0;
+  }
   Status deregister_dmabuf(uint32_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     SqEntry e{};
@@ -689,6 +702,15 @@ class DaemonRecv final : public DaemonEnd<net::RecvComm> {
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override {
     GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "irecv"));
     return c_->post(false, data, size, tag, d.id, d.off);
+  }
+  // A device receive's flush runs in the daemon (its NIC wrote the bytes), synchronously: nothing
+  // is left to test. Host buffers need none (the daemon's copy is the CPU's).
+  Result<net::Request*> iflush(void* data, size_t size, net::MemRegion* mr) override {
+    GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "iflush"));
+    if (d.id == 0 || size == 0) return static_cast<net::Request*>(nullptr);
+    // Whether a flush ran or the daemon's link needed none, the bytes are the device's now.
+    GW_RETURN_IF_ERROR(c_->flush_dmabuf(d.id, d.off, size).status());
+    return static_cast<net::Request*>(nullptr);
   }
 };
 

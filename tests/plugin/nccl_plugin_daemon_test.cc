@@ -295,6 +295,15 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
       EXPECT_EQ(check_pattern(dst, n, static_cast<uint32_t>(n) + 3), -1);
       for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(dst[i], 0) << "written past the message";
     }
+    // iflush of a device receive runs in the receiving daemon (its NIC's flush on the data
+    // connection the bytes came on): done at once (no request left to test); a range outside the
+    // region is refused; a host buffer needs none.
+    {
+      void* freq = reinterpret_cast<void*>(1);
+      ASSERT_EQ(api_->iflush(rc, dst, 5 * kMiB, md, &freq), ncclSuccess);
+      EXPECT_EQ(freq, nullptr);
+      EXPECT_NE(api_->iflush(rc, dst + kRegion - 10, 4096, md, &freq), ncclSuccess);
+    }
     // Order on one tag: three sends before any receive (the receiving daemon holds the device
     // messages until their receives come), then the receives, each with its own message.
     {
