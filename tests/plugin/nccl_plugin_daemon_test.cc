@@ -469,6 +469,56 @@ TEST_F(DaemonPlugin, DmabufRegistrationsGoWithAKilledProcess) {
   api_->close_listen(lc);
 }
 
+// A device message whose sender is killed before the receiver takes it (its bytes wait at the
+// sender's daemon, the receiving daemon holds only its header): the receiver's pending device
+// receive fails (no hang), and so does a later one that would have taken the held message.
+TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
+  if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") == nullptr || xhost_transport() != "verbs") {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  std::string out;
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "dmabuf-send-die"}, &out); });
+  void* rc = acc.wait_comm();
+  ASSERT_NE(rc, nullptr);
+  MemfdBuffer dev(2 << 20, "gw-dmabuf-recv-of-killed");
+  ASSERT_NE(dev.data, nullptr);
+  void* md = nullptr;
+  ASSERT_EQ(api_->reg_mr_dmabuf(rc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &md),
+            ncclSuccess);
+  // Tag 2: nothing comes on it; the sender dies meanwhile.
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, dev.data, 1 << 20, 2, md, &req), "");
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  peer.join();
+  EXPECT_NE(out.find("sent"), std::string::npos) << out;
+  EXPECT_NE(r, ncclSuccess) << "the device receive from a killed rank must fail, not hang";
+  EXPECT_EQ(done, 0);
+  // Tag 1: the held device message, whose bytes went with the sender: refused or failed.
+  req = nullptr;
+  r = api_->irecv(rc, dev.data, 1 << 20, 1, md, &req);
+  done = 0;
+  const auto t1 = Clock::now();
+  while (r == ncclSuccess && req != nullptr && !done &&
+         Clock::now() - t1 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  EXPECT_TRUE(r != ncclSuccess || req == nullptr) << "a held device message of a killed sender";
+  EXPECT_EQ(done, 0);
+  (void)api_->dereg_mr(rc, md);
+  api_->close_recv(rc);
+  api_->close_listen(lc);
+}
+
 TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   // A connection that lives through the death of the other process's.
   void *sc2 = nullptr, *rc2 = nullptr;
