@@ -142,6 +142,11 @@ class CommImpl : public Communicator {
     GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
     return p->dereg_dmabuf(peer, send, mr);
   }
+  Result<bool> flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
+                            Deadline deadline) override {
+    GW_ASSIGN_OR_RETURN(PointToPoint * p, point_to_point());
+    return p->flush_dmabuf(peer, iova, bytes, mr, deadline);
+  }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
   Algo choose_allreduce_algo(size_t bytes) const override {

@@ -141,6 +141,9 @@ class Communicator {
   virtual Result<net::MemRegion*> reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
                                              uint64_t offset, int fd, Deadline deadline);
   virtual Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
+  // PointToPoint::flush_dmabuf. The default: kUnsupported.
+  virtual Result<bool> flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
+                                    Deadline deadline);
   // isend / irecv of a device buffer registered with reg_dmabuf (PointToPoint::isend's `mr`
   // has the rules). The default: kUnsupported.
   virtual Result<std::shared_ptr<P2PRequest>> isend_registered(const void* buf, size_t bytes,

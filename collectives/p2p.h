@@ -138,6 +138,13 @@ class PointToPoint {
   // was made on is gone (the region went with it: the usual end when the peer finished first);
   // the transport's error for a region that is not one of that connection's.
   Status dereg_dmabuf(int peer, bool send, net::MemRegion* mr);
+  // After a completed receive into [iova, + bytes) of a region reg_dmabuf registered for
+  // receives from `peer`: runs the data connection's RecvComm::iflush (verbs: a read back through
+  // a loopback queue pair, so the device sees every byte the NIC wrote) and waits for it until
+  // `deadline`. True once flushed, false when the connection says nothing needs doing (host
+  // memory, GW_IB_GDR_FLUSH=0). kInvalidArg when the connection the region was made on is gone.
+  Result<bool> flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
+                            Deadline deadline);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -1,11 +1,12 @@
 // Point-to-point (p2p.h): the public calls: isend and irecv (checks, the eager fast path, queuing
-// for the engine), the registration of dma-buf regions on a peer's data connection, and the
-// Communicator's defaults for communicators without point-to-point. The engine: p2p.cc and
+// for the engine), the registration and flush of dma-buf regions on a peer's data connection, and
+// the Communicator's defaults for communicators without point-to-point. The engine: p2p.cc and
 // p2p_progress.cc.
 #include <fmt/format.h>
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "collectives/p2p.h"
@@ -191,6 +192,48 @@ Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
   // first, not an error.
   if (c == nullptr) return ok_status();
   return c->dereg_mr(mr);
+}
+
+Result<bool> PointToPoint::flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
+                                        Deadline deadline) {
+  Impl& m = *impl_;
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("dma-buf flush: peer {} is not another rank", peer);
+  }
+  // Under the engine's lock, as the progress thread's use of the same connection.
+  std::unique_lock<std::mutex> lock(m.mu);
+  net::RecvComm* rc = m.peers[peer].rc[1].get();
+  if (rc == nullptr) {
+    return invalid_arg(
+        "dma-buf flush: the data connection from rank {} is gone (and its "
+        "registrations with it)",
+        peer);
+  }
+  auto r = rc->iflush(iova, bytes, mr);
+  if (!r.ok()) return r.status().with_context(fmt::format("dma-buf flush (from rank {})", peer));
+  if (*r == nullptr) return false;  // nothing needs doing
+  for (;;) {
+    bool done = false;
+    size_t n = 0;
+    const Status st = rc->test(*r, &done, &n);
+    if (!st.ok()) return st.with_context(fmt::format("dma-buf flush (from rank {})", peer));
+    if (done) return true;
+    if (Clock::now() >= deadline) {
+      return timeout_error("dma-buf flush: the connection from rank {} did not end it in time",
+                           peer);
+    }
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+    if (m.peers[peer].rc[1].get() != rc) {
+      return peer_error("dma-buf flush: the data connection from rank {} went meanwhile", peer);
+    }
+  }
+}
+
+Result<bool> Communicator::flush_dmabuf(int, void*, size_t, net::MemRegion*, Deadline) {
+  return Status(Code::kUnsupported,
+                "dma-buf flush: this communicator has no point-to-point engine");
 }
 
 Result<net::MemRegion*> Communicator::reg_dmabuf(int, bool, void*, size_t, uint64_t, int,

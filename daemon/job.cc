@@ -295,7 +295,8 @@ void Job::consume(Trainer& t) {
     }
     if (r->opcode == Opcode::kImport) t.alloc_sizes[r->alloc_id] = r->alloc_bytes;
     if (r->opcode == Opcode::kRelease) t.alloc_sizes.erase(r->alloc_id);
-    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf) {
+    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf ||
+        r->opcode == Opcode::kFlushDmabuf) {
       dmabuf_request(t, *r);  // the trainer's own, answered now (job_dmabuf.cc)
       t.requests.fetch_add(1, std::memory_order_relaxed);
       ++t.next_seq;
@@ -306,8 +307,13 @@ void Job::consume(Trainer& t) {
       // Not collective: matched at once with the other trainers' (job_p2p.h).
       // The job's failure ends its collectives, not the sends and receives among the trainers
       // still here (a trainer that left is dropped from the board alone).
-      if (p2p) {
-        p2p->submit(static_cast<size_t>(t.hello.local_rank), *r);
+      P2pDevice dev;
+      Status bad;
+      if (r->dmabuf != 0) bad = p2p_device(t, *r, &dev);
+      if (!bad.ok()) {
+        complete(t, r->seq, bad);
+      } else if (p2p) {
+        p2p->submit(static_cast<size_t>(t.hello.local_rank), *r, dev);
       } else {
         complete(t, r->seq, aborted_error("gradwired: the job has ended"));
       }

@@ -254,6 +254,9 @@ struct Job {
   void dmabuf_request(Trainer& t, const Request& r);
   Result<uint32_t> register_dmabuf(Trainer& t, const Request& r);
   void release_dmabufs(Trainer& t);
+  // A send's or recv's dma-buf (r.dmabuf): t's registration for that direction, the range inside
+  // it, the peer on the registration's host; kInvalidArg naming what is wrong.
+  Status p2p_device(Trainer& t, const Request& r, P2pDevice* dev);
   // The collective, with any imported device buffer staged through host memory around it.
   Status execute(const std::vector<Request>& reqs);
   Status stage_in(const std::vector<Request>& reqs);

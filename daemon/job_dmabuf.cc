@@ -31,6 +31,35 @@ constexpr int64_t kFdWaitMs = 2000;
 }  // namespace
 
 void Job::dmabuf_request(Trainer& t, const Request& r) {
+  if (r.opcode == Opcode::kFlushDmabuf) {
+    auto it = t.dmabufs.find(r.alloc_id);
+    Status s;
+    if (it == t.dmabufs.end() || it->second.recv == nullptr) {
+      s = invalid_arg("flush: id {} is not a dma-buf registration of this client for receives",
+                      r.alloc_id);
+    } else if (r.recv_off > it->second.bytes || r.recv_bytes > it->second.bytes - r.recv_off) {
+      s = invalid_arg("flush: [{}, +{}) outside dma-buf {} ({} bytes)", r.recv_off, r.recv_bytes,
+                      r.alloc_id, it->second.bytes);
+    } else if (!comm) {
+      s = aborted_error("flush: the job's daemons have no communicator");
+    }
+    if (!s.ok()) {
+      complete(t, r.seq, s);
+      return;
+    }
+    const DmabufRegistration& reg = it->second;
+    // The data connection from the registration's host: the one its receives came on.
+    auto flushed = comm->flush_dmabuf(
+        reg.peer_host, static_cast<uint8_t*>(reg.iova) + r.recv_off, r.recv_bytes, reg.recv,
+        sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000)));
+    if (!flushed.ok()) {
+      complete(t, r.seq, flushed.status());
+      return;
+    }
+    const CompressedDone done = p2p_wire(P2pDone{*flushed ? 1u : 0u, 0});
+    complete(t, r.seq, ok_status(), &done, /*moved=*/false);
+    return;
+  }
   if (r.opcode == Opcode::kDeregisterDmabuf) {
     auto it = t.dmabufs.find(r.alloc_id);
     if (it == t.dmabufs.end()) {
@@ -147,6 +176,35 @@ Result<uint32_t> Job::register_dmabuf(Trainer& t, const Request& r) {
   GW_LOG_DEBUG("gradwired: {} registered dma-buf id {} ({} bytes at offset {}) for host {}",
                t.name(), id, reg.bytes, r.send_off, peer_host);
   return id;
+}
+
+Status Job::p2p_device(Trainer& t, const Request& r, P2pDevice* dev) {
+  const bool send = r.opcode == Opcode::kSend;
+  auto it = t.dmabufs.find(r.dmabuf);
+  if (it == t.dmabufs.end()) {
+    return invalid_arg("{}: id {} is not a dma-buf registration of this client",
+                       send ? "send" : "recv", r.dmabuf);
+  }
+  const DmabufRegistration& reg = it->second;
+  net::MemRegion* mr = send ? reg.send : reg.recv;
+  if (mr == nullptr) {
+    return invalid_arg("{}: dma-buf {} is not registered for {}", send ? "send" : "recv", r.dmabuf,
+                       send ? "sends" : "receives");
+  }
+  const uint64_t off = send ? r.send_off : r.recv_off;
+  const uint64_t n = send ? r.send_bytes : r.recv_bytes;
+  if (off > reg.bytes || n > reg.bytes - off) {
+    return invalid_arg("{}: [{}, +{}) outside dma-buf {} ({} bytes)", send ? "send" : "recv", off,
+                       n, r.dmabuf, reg.bytes);
+  }
+  if (r.root < 0 || host_of_rank.empty() ||
+      host_of_rank[static_cast<size_t>(r.root)] != reg.peer_host) {
+    return invalid_arg("{}: rank {} is not on host {}, the one dma-buf {} is registered for",
+                       send ? "send" : "recv", r.root, reg.peer_host, r.dmabuf);
+  }
+  dev->mr = mr;
+  dev->at = static_cast<uint8_t*>(reg.iova) + off;
+  return ok_status();
 }
 
 void Job::release_dmabufs(Trainer& t) {

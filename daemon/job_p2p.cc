@@ -36,14 +36,24 @@ size_t P2pBoard::pending() const {
   return n;
 }
 
-void P2pBoard::submit(size_t member, const Request& r) {
+void P2pBoard::submit(size_t member, const Request& r, const P2pDevice& dev) {
   const int32_t me = rank_of_[member];
+  const bool remote_peer = r.root >= 0 && member_of(r.root) < 0;
+  if (dev.mr != nullptr && (!remote_peer || link_ == nullptr)) {
+    complete_(member, r.seq,
+              Status(Code::kUnsupported,
+                     fmt::format("point-to-point: a device buffer goes to or comes from a named "
+                                 "rank on another host only (rank {})",
+                                 r.root)),
+              nullptr);
+    return;
+  }
   if (r.opcode == Opcode::kSend) {
     const int32_t to = member_of(r.root);
     if (to < 0 && link_ != nullptr) {
       const Status why = link_->reachable(r.root);
       if (why.ok()) {
-        link_->forward(member, r);
+        link_->forward(member, r, dev);
       } else {
         complete_(member, r.seq, why, nullptr);
       }
@@ -98,6 +108,7 @@ void P2pBoard::submit(size_t member, const Request& r) {
   rv.tag = r.tag;
   rv.off = r.recv_off;
   rv.cap = r.recv_bytes;
+  rv.dev = dev;
   if (rv.source >= 0 && member_of(rv.source) < 0 && link_ == nullptr) {
     complete_(member, r.seq,
               Status(Code::kUnsupported,
@@ -235,11 +246,27 @@ void P2pBoard::add_remote(size_t dst, int32_t src, int32_t tag, std::shared_ptr<
 
 void P2pBoard::take_remote(Send& s, const Recv& r) {
   P2pRemoteMsg& m = *s.remote;
+  if (!m.device && r.dev.mr != nullptr && !m.bytes.empty()) {
+    // A host buffer's message, which this daemon holds in CPU memory: never written into a
+    // device buffer through the CPU. It is consumed (per-tag order holds) and the receive fails.
+    complete_(r.member, r.seq,
+              Status(Code::kUnsupported,
+                     fmt::format("point-to-point: rank {} sent {} bytes from a host buffer (tag "
+                                 "{}); a device receive takes device messages only",
+                                 m.src, m.bytes.size(), m.tag)),
+              nullptr);
+    return;
+  }
   m.claimed = true;
   m.member = r.member;
   m.seq = r.seq;
   m.off = r.off;
   m.cap = r.cap;
+  m.dev = r.dev;
+  if (m.device) {
+    link_->claim_device(s.remote);
+    return;
+  }
   if (m.landed) landed(m);
 }
 

@@ -24,7 +24,19 @@
 #include "core/status.h"
 #include "daemon/protocol.h"
 
+namespace gw::net {
+class MemRegion;
+}
+
 namespace gw::daemon {
+
+// A send's or receive's device buffer (version 8: a dma-buf registration, job_dmabuf.cc): the
+// region registered on the daemons' data connection with the peer's host, and the address the
+// registration knows the buffer's first byte by (never mapped: only the NIC reaches it).
+struct P2pDevice {
+  net::MemRegion* mr = nullptr;  // null: a host buffer (the trainer's data region)
+  uint8_t* at = nullptr;
+};
 
 // A message of another host: its bytes (in the unexpected buffer) and, once a receive took it
 // before they landed, that receive. `used` counts the job's unexpected bytes held (the cap).
@@ -41,6 +53,12 @@ struct P2pRemoteMsg {
   bool claimed = false;  // a receive took it before it landed: the fields below
   size_t member = 0;
   uint64_t seq = 0, off = 0, cap = 0;
+  P2pDevice dev;  // the receive's device buffer (mr null: its arena)
+  // A device message (kXhostDevice): its payload stays with the sending daemon until a receive
+  // takes it (nothing lands in `bytes`), then comes on its own tag from that host.
+  bool device = false;
+  uint64_t size = 0;
+  int32_t host = 0, payload_tag = 0;
 };
 
 // The board's way to the job's other hosts (implemented by RemoteP2p).
@@ -50,8 +68,11 @@ class P2pRemoteLink {
   // A send or receive that may cross hosts is submitted (a receive naming a rank of another
   // host, or any source): the link gets ready to see the other hosts go.
   virtual void touch() = 0;
-  // Sends member's send r (to a rank of another host) on; completes it later.
-  virtual void forward(size_t member, const Request& r) = 0;
+  // Sends member's send r (to a rank of another host) on; completes it later. dev.mr: from a
+  // device buffer.
+  virtual void forward(size_t member, const Request& r, const P2pDevice& dev) = 0;
+  // A receive (msg's claim fields) took a device message: its payload is fetched now.
+  virtual void claim_device(std::shared_ptr<P2pRemoteMsg> msg) = 0;
   // ok while ranks of `rank`'s host can be reached; else why not (pending receives end with it).
   virtual Status reachable(int32_t rank) const = 0;
 };
@@ -66,8 +87,11 @@ class P2pBoard {
   P2pBoard(std::vector<int32_t> rank_of, std::vector<uint8_t*> data,
            std::vector<int32_t> host_of_rank, int32_t host, Complete complete);
 
-  // A decoded send or recv of member `member` (in its submission order).
-  void submit(size_t member, const Request& r);
+  // A decoded send or recv of member `member` (in its submission order); dev.mr: its buffer is
+  // a device buffer (r.dmabuf's registration, resolved by the job), which only a peer on another
+  // host can send to or receive from (a device receive taking a host message of bytes fails
+  // kUnsupported: the daemon never writes a device buffer through the CPU).
+  void submit(size_t member, const Request& r, const P2pDevice& dev = {});
   // Member `member` left (its arena is about to go): its own requests are forgotten, the others'
   // sends to it and receives naming it end with `why` (kPeer), its eager messages stay
   // receivable, and later sends to it or receives naming it (once those are taken) end with `why`
@@ -84,6 +108,7 @@ class P2pBoard {
     int32_t source = -1;  // -1: any
     int32_t tag = 0;
     uint64_t off = 0, cap = 0;
+    P2pDevice dev;  // mr null: into the arena
   };
   // ---- for the link to other hosts (job thread) ----
   void set_link(P2pRemoteLink* link) { link_ = link; }

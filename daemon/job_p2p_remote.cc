@@ -24,6 +24,7 @@ RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
   for (int32_t h : o_.host_of_rank) hosts = std::max(hosts, h + 1);
   down_.assign(static_cast<size_t>(hosts), ok_status());
   linked_.assign(static_cast<size_t>(hosts), false);
+  next_payload_tag_.assign(static_cast<size_t>(hosts), kXhostDeviceTagFirst);
 }
 
 RemoteP2p::~RemoteP2p() { shutdown(); }
@@ -137,14 +138,14 @@ Status RemoteP2p::post_header(int32_t host) {
   return ok_status();
 }
 
-void RemoteP2p::post_drain(int32_t host, uint64_t bytes) {
+void RemoteP2p::post_drain(int32_t host, uint64_t bytes, int tag) {
   if (bytes == 0) return;
   // A receive of no bytes: the communicator refuses the message (an eager one is dropped, a
   // larger one's sender fails "truncated"), and nothing of it is held here.
   Op& op = ops_.emplace_back();
   op.kind = Kind::kDrain;
   op.host = host;
-  auto q = o_.comm->irecv(nullptr, 0, host, kXhostTag);
+  auto q = o_.comm->irecv(nullptr, 0, host, tag);
   if (!q.ok()) {
     ops_.pop_back();
     host_down(host, q.status());
@@ -153,7 +154,7 @@ void RemoteP2p::post_drain(int32_t host, uint64_t bytes) {
   op.req = arm(*q);
 }
 
-void RemoteP2p::forward(size_t member, const Request& r) {
+void RemoteP2p::forward(size_t member, const Request& r, const P2pDevice& dev) {
   touch();
   const int32_t host = o_.host_of_rank[static_cast<size_t>(r.root)];
   Op& op = ops_.emplace_back();
@@ -162,10 +163,20 @@ void RemoteP2p::forward(size_t member, const Request& r) {
   op.member = member;
   op.seq = r.seq;
   op.keep = o_.keep(member);
+  // A device buffer's bytes go by rendezvous on a tag of their own (p2p_xhost_wire.h), moved by
+  // the NIC from the registration; 0 bytes are a plain header.
+  const bool device = dev.mr != nullptr && r.send_bytes > 0;
   // A small payload rides behind its header: one send, one frame at the other daemon.
-  const bool inline_payload = r.send_bytes > 0 && r.send_bytes <= kXhostInlineBytes;
-  op.h = XhostHeader{inline_payload ? kXhostInline : uint16_t{0}, board_->rank_of(member), r.root,
-                     r.tag, r.send_bytes};
+  const bool inline_payload = !device && r.send_bytes > 0 && r.send_bytes <= kXhostInlineBytes;
+  op.h = XhostHeader{device           ? kXhostDevice
+                     : inline_payload ? kXhostInline
+                                      : uint16_t{0},
+                     board_->rank_of(member), r.root, r.tag, r.send_bytes};
+  if (device) {
+    int32_t& next = next_payload_tag_[static_cast<size_t>(host)];
+    op.h.payload_tag = next;
+    next = next == 0x7fffffff ? kXhostDeviceTagFirst : next + 1;
+  }
   const auto hdr = encode_xhost_header(op.h);
   op.hdr.assign(hdr.begin(), hdr.end());
   if (inline_payload) {
@@ -176,7 +187,12 @@ void RemoteP2p::forward(size_t member, const Request& r) {
   Status s = q.status();
   if (q.ok()) {
     op.req = arm(*q);
-    if (r.send_bytes > 0 && !inline_payload) {
+    if (device) {
+      // Straight from the device buffer, by the NIC: done once the receiving daemon took it.
+      auto p = o_.comm->isend_registered(dev.at, r.send_bytes, host, op.h.payload_tag, dev.mr);
+      s = p.status();
+      if (p.ok()) op.payload = arm(*p);
+    } else if (r.send_bytes > 0 && !inline_payload) {
       // Straight from the sender's arena: it stays mapped (op.keep) until the op ends.
       auto p = o_.comm->isend(board_->data(member) + r.send_off, r.send_bytes, host, kXhostTag);
       s = p.status();
@@ -323,9 +339,44 @@ void RemoteP2p::on_header(Op& op) {
     return;
   }
   P2pBoard::Recv rv;
+  if (h.flags == kXhostDevice) {
+    // Its payload waits at the sender on its own tag: the next header is received at once.
+    if (!failed_.ok() || board_->data(member) == nullptr) {
+      post_drain(host, h.bytes, h.payload_tag);  // nobody to take it: the sender fails
+    } else if (board_->take_posted(member, h.src, h.tag, &rv)) {
+      fetch_device(host, h, rv.member, rv.seq, rv.off, rv.cap, rv.dev);
+    } else {
+      // Held as unexpected without its bytes (none counted against the cap): the receive that
+      // takes it fetches them (claim_device).
+      auto msg = std::make_shared<P2pRemoteMsg>(0, used_);
+      msg->src = h.src;
+      msg->tag = h.tag;
+      msg->device = true;
+      msg->size = h.bytes;
+      msg->host = host;
+      msg->payload_tag = h.payload_tag;
+      board_->add_remote(member, h.src, h.tag, msg);
+    }
+    (void)post_header(host);
+    return;
+  }
   if (!failed_.ok() || board_->data(member) == nullptr) {
     drain();  // nobody to take it
   } else if (board_->take_posted(member, h.src, h.tag, &rv)) {
+    if (rv.dev.mr != nullptr && h.bytes > 0) {
+      // A host buffer's bytes (inline, or on the shared tag): never written into a device
+      // buffer through the CPU.
+      board_->complete(rv.member, rv.seq,
+                       Status(Code::kUnsupported,
+                              fmt::format("point-to-point: rank {} sent {} bytes from a host "
+                                          "buffer (tag {}); a device receive takes device "
+                                          "messages only",
+                                          h.src, h.bytes, h.tag)),
+                       nullptr);
+      drain();
+      (void)post_header(host);
+      return;
+    }
     if (h.bytes > rv.cap) {
       board_->complete(
           rv.member, rv.seq,
@@ -400,6 +451,60 @@ void RemoteP2p::on_header(Op& op) {
   }
   // After the payload's receive: it takes the bytes that follow this header.
   (void)post_header(host);
+}
+
+void RemoteP2p::fetch_device(int32_t host, const XhostHeader& h, size_t member, uint64_t seq,
+                             uint64_t off, uint64_t cap, const P2pDevice& dev) {
+  if (h.bytes > cap) {
+    // As for a host message: the receive fails naming both sizes, and the refused rendezvous
+    // fails the sender ("truncated").
+    board_->complete(member, seq,
+                     truncated_error("point-to-point: message truncated: rank {} sent {} bytes, "
+                                     "the receive holds {} (tag {}; from host {})",
+                                     h.src, h.bytes, cap, h.tag, host),
+                     nullptr);
+    post_drain(host, h.bytes, h.payload_tag);
+    return;
+  }
+  if (!down_[static_cast<size_t>(host)].ok()) {
+    board_->complete(member, seq, down_[static_cast<size_t>(host)], nullptr);
+    return;
+  }
+  if (dev.mr == nullptr && board_->data(member) == nullptr) {
+    post_drain(host, h.bytes, h.payload_tag);  // it left meanwhile: the sender fails
+    return;
+  }
+  Op& p = ops_.emplace_back();
+  p.kind = Kind::kPayloadArena;
+  p.host = host;
+  p.member = member;
+  p.seq = seq;
+  p.h = h;
+  p.keep = o_.keep(member);
+  // Into the device buffer by the NIC, or (a host receive) into the arena.
+  auto q = dev.mr != nullptr
+               ? o_.comm->irecv_registered(dev.at, h.bytes, host, h.payload_tag, dev.mr)
+               : o_.comm->irecv(board_->data(member) + off, h.bytes, host, h.payload_tag);
+  if (!q.ok()) {
+    board_->complete(member, seq, peer_error("point-to-point: {}", q.status().message()), nullptr);
+    ops_.pop_back();
+    host_down(host, q.status());
+    return;
+  }
+  p.req = arm(*q);
+}
+
+void RemoteP2p::claim_device(std::shared_ptr<P2pRemoteMsg> msg) {
+  msg->claimed = false;
+  XhostHeader h;
+  h.flags = kXhostDevice;
+  h.src = msg->src;
+  h.tag = msg->tag;
+  h.bytes = msg->size;
+  h.payload_tag = msg->payload_tag;
+  h.dst = board_->rank_of(msg->member);
+  fetch_device(msg->host, h, msg->member, msg->seq, msg->off, msg->cap, msg->dev);
+  publish();
 }
 
 void RemoteP2p::host_down(int32_t host, const Status& why) {

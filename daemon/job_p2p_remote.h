@@ -82,7 +82,8 @@ class RemoteP2p : public P2pRemoteLink {
   Status start();
   // The first send or receive that may cross hosts: says hello to every other daemon (once).
   void touch() override;
-  void forward(size_t member, const Request& r) override;
+  void forward(size_t member, const Request& r, const P2pDevice& dev) override;
+  void claim_device(std::shared_ptr<P2pRemoteMsg> msg) override;
   Status reachable(int32_t rank) const override;
   // Job thread: handles every op done since, then tells the waker what is pending now.
   void progress();
@@ -136,7 +137,11 @@ class RemoteP2p : public P2pRemoteLink {
   // A hello or goodbye header (flags, src) to `host`'s daemon, as an op: nullptr when the send
   // could not start (the host is then down).
   Op* send_control(int32_t host, Kind kind, uint16_t flags, int32_t src);
-  void post_drain(int32_t host, uint64_t bytes);
+  void post_drain(int32_t host, uint64_t bytes, int tag = kXhostTag);
+  // A receive (member, seq) that matched h, a device message from `host`: its payload, from
+  // the rendezvous on h.payload_tag into dev (or the arena at off), or its refusal.
+  void fetch_device(int32_t host, const XhostHeader& h, size_t member, uint64_t seq, uint64_t off,
+                    uint64_t cap, const P2pDevice& dev);
   void host_down(int32_t host, const Status& why);
   void fail_p2p(const Status& why);
   void publish();
@@ -151,7 +156,8 @@ class RemoteP2p : public P2pRemoteLink {
   bool said_hello_ = false;   // touch()
   bool said_bye_ = false;     // say_goodbye()
   std::vector<bool> linked_;  // by host: a hello went there or a header came from there
-  Status peer_left_;          // a goodbye came (the first)
+  std::vector<int32_t> next_payload_tag_;  // by host: the next device message's payload tag
+  Status peer_left_;                       // a goodbye came (the first)
   int32_t peer_left_rank_ = -1;
   std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
 

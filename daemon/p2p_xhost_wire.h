@@ -4,7 +4,7 @@
 // 0 bytes), or with the payload in the same daemon message (kXhostInline). 32 bytes,
 // little-endian:
 //   u32 magic 'GWXP'  u16 version (2)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
-//   u32 reserved (0)  u64 bytes
+//   u32 payload tag (kXhostDevice; else 0)  u64 bytes
 // flags 0: a message of 0 or more than kXhostInlineBytes bytes, its payload the next message;
 // kXhostInline: a message of 1 to kXhostInlineBytes bytes, its payload right after these 32 bytes
 // in the same daemon message (one send, one frame, one hand-off at the receiver); kXhostHello: the
@@ -36,6 +36,13 @@ inline constexpr int kXhostTag = 0x6778;
 inline constexpr uint16_t kXhostHello = 1;
 inline constexpr uint16_t kXhostBye = 2;
 inline constexpr uint16_t kXhostInline = 4;
+// A device message (a dma-buf registration's bytes, of 1 byte or more): its payload is not the
+// next message on kXhostTag but a rendezvous on a tag of its own, the header's u32 at 20 (the
+// payload tag, kXhostDeviceTagFirst or above), which the receiving daemon takes only once a
+// receive of its trainer matched the header: so a device message waits at its sender, never in
+// an unexpected CPU buffer, and the headers behind it are not held up.
+inline constexpr uint16_t kXhostDevice = 8;
+inline constexpr int32_t kXhostDeviceTagFirst = 0x40000000;
 // The largest payload sent inline (well under the communicator's 16 KiB eager size, so such a
 // message is one eager frame; a copy of this much costs less than a second send and wake-up).
 inline constexpr uint64_t kXhostInlineBytes = 4096;
@@ -46,6 +53,7 @@ struct XhostHeader {
   int32_t dst = 0;
   int32_t tag = 0;
   uint64_t bytes = 0;
+  int32_t payload_tag = 0;  // kXhostDevice only
 };
 
 inline std::array<uint8_t, kXhostHeaderBytes> encode_xhost_header(const XhostHeader& h) {
@@ -58,6 +66,7 @@ inline std::array<uint8_t, kXhostHeaderBytes> encode_xhost_header(const XhostHea
   std::memcpy(b.data() + 8, &h.src, 4);
   std::memcpy(b.data() + 12, &h.dst, 4);
   std::memcpy(b.data() + 16, &h.tag, 4);
+  std::memcpy(b.data() + 20, &h.payload_tag, 4);
   std::memcpy(b.data() + 24, &h.bytes, 8);
   return b;
 }
@@ -83,8 +92,9 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
   std::memcpy(&h.bytes, p + 24, 8);
   if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
   if (version != kXhostVersion ||
-      (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye && h.flags != kXhostInline) ||
-      reserved != 0) {
+      (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye && h.flags != kXhostInline &&
+       h.flags != kXhostDevice) ||
+      (h.flags != kXhostDevice && reserved != 0)) {
     return peer_error(
         "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
         version, h.flags, kXhostVersion);
@@ -92,6 +102,14 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
   if (h.flags == kXhostInline && (h.bytes == 0 || h.bytes > kXhostInlineBytes)) {
     return peer_error("cross-host point-to-point inline message of {} bytes (1 to {})", h.bytes,
                       kXhostInlineBytes);
+  }
+  if (h.flags == kXhostDevice) {
+    if (h.bytes == 0 || reserved < static_cast<uint32_t>(kXhostDeviceTagFirst) ||
+        reserved > 0x7fffffffu) {
+      return peer_error("cross-host point-to-point device message of {} bytes on payload tag {}",
+                        h.bytes, reserved);
+    }
+    h.payload_tag = static_cast<int32_t>(reserved);
   }
   if (h.flags == 0 && h.bytes > 0 && h.bytes <= kXhostInlineBytes) {
     return peer_error("cross-host point-to-point message of {} bytes not inline", h.bytes);

@@ -271,6 +271,8 @@ const char* opcode_name(Opcode op) {
       return "register_dmabuf";
     case Opcode::kDeregisterDmabuf:
       return "deregister_dmabuf";
+    case Opcode::kFlushDmabuf:
+      return "flush_dmabuf";
   }
   return "?";
 }
@@ -348,7 +350,7 @@ Result<Request> decode_import(const SqEntry& e, Request r, const uint8_t* data, 
 // send and recv (version 7): per-trainer messages, matched by the daemon (daemon/job_p2p.h).
 Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int32_t world_size) {
   const bool send = r.opcode == Opcode::kSend;
-  if (e.dtype != 0 || e.op != 0 || e.meta_off != 0 || e.key_len != 0 || e.stride != 0 ||
+  if (e.dtype != 0 || e.op != 0 || e.meta_off != 0 || e.stride != 0 ||
       (send ? e.recv_off : e.send_off) != 0) {
     return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
   }
@@ -361,7 +363,12 @@ Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int
     return peer_error("submission {}: tag {} (0..2^31-1)", e.seq, e.spec_len);
   }
   const uint64_t off = send ? e.send_off : e.recv_off;
-  if (!range_ok(off, e.count, data_bytes)) {
+  if (e.key_len > 0x7fffffffu) {
+    return peer_error("submission {}: dma-buf id {} (1..2^31-1)", e.seq, e.key_len);
+  }
+  r.dmabuf = e.key_len;
+  if (e.key_len != 0 ? !range_ok(off, e.count, kMaxDmabufBytes)
+                     : !range_ok(off, e.count, data_bytes)) {
     return peer_error("submission {}: {} range [{}, +{}) outside the data region ({} bytes)", e.seq,
                       opcode_name(r.opcode), off, e.count, data_bytes);
   }
@@ -378,6 +385,18 @@ Result<Request> decode_p2p(const SqEntry& e, Request r, uint64_t data_bytes, int
 // descriptor came, the id is this trainer's and the job's link can register are the job thread's
 // to answer (a completion with the error, not a refusal: the trainer may go on with host buffers).
 Result<Request> decode_dmabuf(const SqEntry& e, Request r, int32_t world_size) {
+  if (r.opcode == Opcode::kFlushDmabuf) {
+    if (e.dtype != 0 || e.op != 0 || e.root != 0 || e.send_off != 0 || e.meta_off != 0 ||
+        e.stride != 0 || e.key_len != 0 || e.spec_len == 0 || e.spec_len > 0x7fffffffu ||
+        e.recv_off > kMaxDmabufBytes || e.count > kMaxDmabufBytes - e.recv_off) {
+      return peer_error("submission {}: flush_dmabuf of id {}, [{}, +{}) (an id, a range)", e.seq,
+                        e.spec_len, e.recv_off, e.count);
+    }
+    r.alloc_id = e.spec_len;
+    r.recv_off = e.recv_off;
+    r.recv_bytes = e.count;
+    return r;
+  }
   if (e.dtype != 0 || e.op != 0 || e.recv_off != 0 || e.meta_off != 0 || e.stride != 0) {
     return peer_error("submission {}: {} with collective arguments", e.seq, opcode_name(r.opcode));
   }
@@ -444,6 +463,7 @@ Result<Request> decode_request(const SqEntry& e, uint64_t expected_seq, const ui
       return decode_p2p(e, r, data_bytes, world_size);
     case static_cast<uint16_t>(Opcode::kRegisterDmabuf):
     case static_cast<uint16_t>(Opcode::kDeregisterDmabuf):
+    case static_cast<uint16_t>(Opcode::kFlushDmabuf):
       r.opcode = static_cast<Opcode>(e.opcode);
       return decode_dmabuf(e, r, world_size);
     default:

@@ -124,7 +124,9 @@ enum class Opcode : uint16_t {
   // Version 7: point-to-point (daemon/job_p2p.h). Per trainer, not collective: root is the peer
   // rank (recv: or -1, any source), spec_len the tag (0..2^31-1), count the bytes (dtype 0), the
   // buffer at send_off (send) or recv_off (recv). Completed when matched, in any order relative
-  // to the trainer's other submissions; a successful one carries a P2pDone.
+  // to the trainer's other submissions; a successful one carries a P2pDone. Version 8: key_len
+  // non-zero names a dma-buf registration of this trainer (kRegisterDmabuf's id) instead of the
+  // data region, the offset then into that registration: a device buffer, moved by the NIC only.
   kSend = 10,
   kRecv = 11,
   // Version 8: a device buffer handed over as a dma-buf (its descriptor passed beside, on the
@@ -136,6 +138,11 @@ enum class Opcode : uint16_t {
   // the id.
   kRegisterDmabuf = 12,
   kDeregisterDmabuf = 13,
+  // Version 8: after a completed recv into a dma-buf registration: its NIC's flush of
+  // [recv_off, + count) of registration spec_len (NCCL's iflush: the device then sees every byte
+  // the NIC wrote). Per trainer, answered at once; the success's P2pDone.bytes is 1 when a flush
+  // ran, 0 when the daemon's link says nothing needs doing.
+  kFlushDmabuf = 14,
 };
 inline constexpr uint32_t kDmabufSends = 1;
 inline constexpr uint32_t kDmabufReceives = 2;
@@ -225,6 +232,9 @@ struct Request {
   // in alloc_id.
   uint32_t ticket = 0;
   uint32_t dmabuf_use = 0;
+  // send / recv (version 8): a dma-buf registration's id (0: the data region); send_off /
+  // recv_off are then offsets into it, checked by the job (the decoder does not know it).
+  uint32_t dmabuf = 0;
 };
 
 // What an import names (88 bytes in the data region, little-endian host layout).

@@ -194,6 +194,10 @@ struct DaemonRequest {
   bool started = false;  // the first chunk is submitted
   size_t next = 0;       // payload bytes submitted (send) or asked for (recv), the first's included
   size_t got = 0;        // recv: payload bytes arrived and copied out
+  // A device buffer (a dma-buf region): the daemon's registration id and the offset in it. Such a
+  // message is one daemon message naming the region (no staging, no chunks): the NICs move it.
+  uint32_t dmabuf = 0;
+  uint64_t dev_off = 0;
   // Submitted, completion not yet read (in order; at most 1 + kReceivesAhead). A vector whose
   // room the slot keeps from one request to the next: no allocation per message.
   std::vector<Chunk> chunks;
@@ -212,7 +216,8 @@ class DaemonComm {
   DaemonComm(std::unique_ptr<Client> client, std::string name, int peer, int64_t timeout_ms)
       : client_(std::move(client)), name_(std::move(name)), peer_(peer), timeout_ms_(timeout_ms) {}
 
-  Result<net::Request*> post(bool send, void* data, size_t size, int tag) {
+  Result<net::Request*> post(bool send, void* data, size_t size, int tag, uint32_t dmabuf = 0,
+                             uint64_t dev_off = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     const char* what = send ? "isend" : "irecv";
     if (tag < 0) {
@@ -234,6 +239,8 @@ class DaemonComm {
     r->tag = tag;
     r->user = static_cast<uint8_t*>(data);
     r->size = size;
+    r->dmabuf = dmabuf;
+    r->dev_off = dev_off;
     order_.push_back(r);
     Status st = pump();
     if (st.ok()) st = r->failed;
@@ -298,6 +305,19 @@ class DaemonComm {
     }
     return static_cast<uint32_t>(id);
   }
+  // iflush of a device receive: the daemon runs its NIC's flush of [off, + size) of registration
+  // id (the data connection the receive came on). True when one ran, false when nothing needed it.
+  Result<bool> flush_dmabuf(uint32_t id, uint64_t off, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(Opcode::kFlushDmabuf);
+    e.spec_len = id;
+    e.recv_off = off;
+    e.count = size;
+    daemon::CompressedDone info;
+    GW_RETURN_IF_ERROR(call(e, "iflush", &info));
+    return daemon::p2p_done(info).bytes != 0;
+  }
   Status deregister_dmabuf(uint32_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     SqEntry e{};
@@ -323,6 +343,7 @@ class DaemonComm {
   // Whether every chunk of r's message is submitted (a receive: asked for).
   static bool all_out(const DaemonRequest& r) {
     if (!r.started) return false;
+    if (r.dmabuf != 0) return true;  // one daemon message
     if (r.send) return r.next == r.size;
     return r.known ? r.next == r.total : r.chunks.front().len < kChunkBytes;
   }
@@ -379,12 +400,17 @@ class DaemonComm {
         }
         bytes = static_cast<size_t>(d.bytes);
       }
-      if (st.ok() && !r.send) st = arrived(r, c, bytes);
+      if (st.ok() && !r.send && r.dmabuf != 0) {
+        r.total = r.next = r.got = bytes;  // the NIC wrote it into the device buffer
+        r.known = true;
+      } else if (st.ok() && !r.send) {
+        st = arrived(r, c, bytes);
+      }
       client_->unplace(c.placed);
       if (!st.ok()) {
         // A receive's failure may leave the rest of its message in the daemon, a chunked send's
-        // the chunks after it.
-        fail(r, st, !r.send || r.size >= kChunkBytes);
+        // the chunks after it; a device message is one daemon message (refused whole).
+        fail(r, st, r.dmabuf == 0 && (!r.send || r.size >= kChunkBytes));
         return;
       }
     }
@@ -485,6 +511,27 @@ class DaemonComm {
     return true;
   }
 
+  // A device message: one submission naming the daemon's dma-buf registration (the offset in it),
+  // whatever its size; the daemon's NIC moves it (docs/wire-daemon.md, "Device buffers").
+  void submit_device(DaemonRequest& r) {
+    const char* what = r.send ? "isend" : "irecv";
+    SqEntry e{};
+    e.opcode = static_cast<uint16_t>(r.send ? Opcode::kSend : Opcode::kRecv);
+    e.root = peer_;
+    e.count = r.size;
+    (r.send ? e.send_off : e.recv_off) = r.dev_off;
+    e.spec_len = static_cast<uint32_t>(r.tag);
+    e.key_len = r.dmabuf;
+    auto seq = client_->post(e, what);
+    if (!seq.ok()) {
+      fail(r, seq.status(), true);
+      return;
+    }
+    r.chunks.push_back(Chunk{*seq, Client::Placed{}, 0, r.size, true});
+    r.next = r.size;
+    r.started = true;
+  }
+
   // A receive's chunks after the first, once its size is known, while fewer than kReceivesAhead
   // such chunks of the comm are in flight.
   void submit_receives(DaemonRequest& r) {
@@ -512,6 +559,11 @@ class DaemonComm {
       if (!r->failed.ok()) continue;
       const int key = r->send ? r->tag : ~r->tag;  // sends and receives apart (tags are >= 0)
       const bool waits = std::find(open_tags_.begin(), open_tags_.end(), key) != open_tags_.end();
+      if (r->dmabuf != 0) {
+        if (!waits && !r->started) submit_device(*r);
+        if (!r->failed.ok() || !all_out(*r)) open_tags_.push_back(key);
+        continue;
+      }
       if (!waits && !r->started) {
         if (r->send) {
           const bool chunked = r->size >= kChunkBytes;
@@ -574,16 +626,25 @@ Result<net::MemRegion*> host_region(void* data, size_t size, net::MemType type) 
   return mr;
 }
 
-// Device buffers are registered through the daemon (docs/nccl-plugin.md "Daemon mode"); moving
-// them is the data path's, which daemon mode does not have yet: refused, never copied by the CPU.
-Status host_only(net::MemRegion* mr, const char* what) {
-  if (mr != nullptr && mr->type != net::MemType::kHost) {
-    return Status(Code::kUnsupported,
-                  fmt::format("{}: daemon mode (GW_DAEMON) registers dma-bufs with the daemon's "
-                              "NIC but does not move device buffers yet",
-                              what));
+// A buffer in a device region (docs/nccl-plugin.md "Daemon mode"): the daemon's registration id
+// and the buffer's offset in it (0 for a host buffer, copied through the arena).
+struct DeviceAt {
+  uint32_t id = 0;
+  uint64_t off = 0;
+};
+Result<DeviceAt> device_at(net::MemRegion* mr, const void* data, size_t size, const char* what);
+
+Result<DeviceAt> device_at(net::MemRegion* mr, const void* data, size_t size, const char* what) {
+  if (mr == nullptr || mr->type == net::MemType::kHost) return DeviceAt{};
+  const auto* r = static_cast<const DaemonRegion*>(mr);
+  const auto* base = static_cast<const uint8_t*>(r->base);
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (r->dmabuf_id == 0 || p < base || static_cast<size_t>(p - base) > r->size ||
+      size > r->size - static_cast<size_t>(p - base)) {
+    return invalid_arg("{}: {} bytes at {} outside the device region [{}, +{})", what, size, data,
+                       r->base, r->size);
   }
-  return ok_status();
+  return DeviceAt{r->dmabuf_id, static_cast<uint64_t>(p - base)};
 }
 
 // What a send comm and a receive comm over the daemon share: regions, test and the peer's name
@@ -630,8 +691,8 @@ class DaemonSend final : public DaemonEnd<net::SendComm> {
  public:
   using DaemonEnd::DaemonEnd;
   Result<net::Request*> isend(const void* data, size_t size, int tag, net::MemRegion* mr) override {
-    GW_RETURN_IF_ERROR(host_only(mr, "isend"));
-    return c_->post(true, const_cast<void*>(data), size, tag);
+    GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "isend"));
+    return c_->post(true, const_cast<void*>(data), size, tag, d.id, d.off);
   }
 };
 
@@ -639,8 +700,17 @@ class DaemonRecv final : public DaemonEnd<net::RecvComm> {
  public:
   using DaemonEnd::DaemonEnd;
   Result<net::Request*> irecv(void* data, size_t size, int tag, net::MemRegion* mr) override {
-    GW_RETURN_IF_ERROR(host_only(mr, "irecv"));
-    return c_->post(false, data, size, tag);
+    GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "irecv"));
+    return c_->post(false, data, size, tag, d.id, d.off);
+  }
+  // A device receive's flush runs in the daemon (its NIC wrote the bytes), synchronously: nothing
+  // is left to test. Host buffers need none (the daemon's copy is the CPU's).
+  Result<net::Request*> iflush(void* data, size_t size, net::MemRegion* mr) override {
+    GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "iflush"));
+    if (d.id == 0 || size == 0) return static_cast<net::Request*>(nullptr);
+    // Whether a flush ran or the daemon's link needed none, the bytes are the device's now.
+    GW_RETURN_IF_ERROR(c_->flush_dmabuf(d.id, d.off, size).status());
+    return static_cast<net::Request*>(nullptr);
   }
 };
 

@@ -13,9 +13,10 @@
 // (no socket round trip). Host buffers are copied into the process's arena and out of it; NCCL's
 // buffers in the arena are a later step. Device buffers: regMrDmaBuf lends the dma-buf to the
 // daemon, which registers it with the NIC of the job's link to the peer's host (protocol version
-// 8, docs/wire-daemon.md "Device buffers as dma-bufs"); moving them (isend/irecv of a registered
-// device buffer) is refused until the daemon's data path for them exists, and regMr of device
-// memory without a dma-buf is refused.
+// 8, docs/wire-daemon.md "Device buffers as dma-bufs"); isend/irecv of a buffer in such a region
+// is one daemon message naming the region (no staging, no chunks: the daemons' NICs move it), and
+// iflush of one asks the receiving daemon to flush its NIC's writes. regMr of device memory
+// without a dma-buf is refused.
 //
 // Pipelining (docs/nccl-plugin.md "Daemon mode"): a message of at least C = 4 MiB (kChunkBytes in
 // the .cc; both ends must cut alike, so it is a constant) goes as several daemon messages on its

@@ -58,9 +58,16 @@ uint8_t pattern(int src, int dst, int tag, size_t i) {
 
 struct FakeLink : gw::daemon::P2pRemoteLink {
   void touch() override { ++touched; }
-  void forward(size_t member, const gw::daemon::Request& r) override {
+  void forward(size_t member, const gw::daemon::Request& r,
+               const gw::daemon::P2pDevice& dev) override {
     forwarded.push_back({member, r.seq});
+    forwarded_dev.push_back(dev.mr);
   }
+  void claim_device(std::shared_ptr<gw::daemon::P2pRemoteMsg> msg) override {
+    claimed.push_back(msg);
+  }
+  std::vector<gw::net::MemRegion*> forwarded_dev;
+  std::vector<std::shared_ptr<gw::daemon::P2pRemoteMsg>> claimed;
   gw::Status reachable(int32_t rank) const override {
     return rank == down ? gw::peer_error("host of rank {} gone", rank) : gw::ok_status();
   }
@@ -68,6 +75,79 @@ struct FakeLink : gw::daemon::P2pRemoteLink {
   int32_t down = -1;
   int touched = 0;
 };
+
+// Device buffers on the board (version 8): a device send goes to the link with its region; a
+// device message of another host waits as unexpected without bytes and, once a receive takes it
+// (in per-tag order with the host messages around it), goes back to the link to be fetched into
+// that receive's buffer; a host message taken by a device receive fails it (kUnsupported) and is
+// consumed; a device buffer with a peer of this host or any source is refused.
+TEST(P2pBoardLink, DeviceMessagesWaitForTheirReceiveInTagOrder) {
+  std::vector<std::vector<uint8_t>> regions(2, std::vector<uint8_t>(4096, 0));
+  std::vector<std::pair<uint64_t, gw::Code>> done;
+  gw::daemon::P2pBoard b(
+      {0, 2}, {regions[0].data(), regions[1].data()}, {0, 1, 0, 1}, 0,
+      [&](size_t, uint64_t seq, const gw::Status& s, const gw::daemon::P2pDone*) {
+        done.push_back({seq, s.code()});
+      });
+  FakeLink link;
+  b.set_link(&link);
+  auto req = [](gw::daemon::Opcode op, uint64_t seq, int32_t peer, int32_t tag, uint64_t n) {
+    gw::daemon::Request r;
+    r.opcode = op;
+    r.seq = seq;
+    r.root = peer;
+    r.tag = tag;
+    (op == gw::daemon::Opcode::kSend ? r.send_bytes : r.recv_bytes) = n;
+    return r;
+  };
+  auto* region = reinterpret_cast<gw::net::MemRegion*>(uintptr_t{0x1000});
+  gw::daemon::P2pDevice dev{region, reinterpret_cast<uint8_t*>(uintptr_t{0x2000})};
+  b.submit(0, req(gw::daemon::Opcode::kSend, 1, 1, 5, 64), dev);
+  ASSERT_EQ(link.forwarded_dev.size(), 1u);
+  EXPECT_EQ(link.forwarded_dev[0], region);
+  // Refused: a device send to a rank of this host, a device receive from any source.
+  b.submit(0, req(gw::daemon::Opcode::kSend, 2, 2, 5, 64), dev);
+  b.submit(0, req(gw::daemon::Opcode::kRecv, 3, -1, 5, 64), dev);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].second, gw::Code::kUnsupported);
+  EXPECT_EQ(done[1].second, gw::Code::kUnsupported);
+  done.clear();
+  // On tag 7 from rank 1: a device message, a host one (landed), a device one.
+  auto used = std::make_shared<uint64_t>(0);
+  auto d1 = std::make_shared<gw::daemon::P2pRemoteMsg>(0, used);
+  auto h2 = std::make_shared<gw::daemon::P2pRemoteMsg>(8, used);
+  auto d3 = std::make_shared<gw::daemon::P2pRemoteMsg>(0, used);
+  for (auto* m : {d1.get(), h2.get(), d3.get()}) {
+    m->src = 1;
+    m->tag = 7;
+  }
+  d1->device = d3->device = true;
+  d1->size = 1 << 20;
+  d3->size = 10;
+  b.add_remote(0, 1, 7, d1);
+  b.add_remote(0, 1, 7, h2);
+  b.add_remote(0, 1, 7, d3);
+  b.landed(*h2);
+  EXPECT_EQ(*used, 8u) << "a device message holds no bytes here";
+  // The first receive (a device one) takes d1: the link fetches it into that receive.
+  b.submit(0, req(gw::daemon::Opcode::kRecv, 4, 1, 7, 2 << 20), dev);
+  ASSERT_EQ(link.claimed.size(), 1u);
+  EXPECT_EQ(link.claimed[0], d1);
+  EXPECT_EQ(d1->seq, 4u);
+  EXPECT_EQ(d1->cap, 2u << 20);
+  EXPECT_EQ(d1->dev.mr, region);
+  EXPECT_TRUE(done.empty());
+  // The next device receive takes the host message: refused, consumed.
+  b.submit(0, req(gw::daemon::Opcode::kRecv, 5, 1, 7, 64), dev);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0], std::make_pair(uint64_t{5}, gw::Code::kUnsupported));
+  // A host receive takes the last device message (fetched into the arena: dev.mr null).
+  b.submit(0, req(gw::daemon::Opcode::kRecv, 6, 1, 7, 64));
+  ASSERT_EQ(link.claimed.size(), 2u);
+  EXPECT_EQ(link.claimed[1], d3);
+  EXPECT_EQ(d3->dev.mr, nullptr);
+  EXPECT_EQ(b.pending(), 0u);
+}
 
 TEST(P2pBoardLink, MessagesOfAnotherHostMatchInOrder) {
   // Ranks 0 and 2 here (host 0), 1 and 3 on host 1.

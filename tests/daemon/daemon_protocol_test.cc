@@ -192,6 +192,39 @@ TEST(DaemonProtocol, DmabufRecordAndRequestsAreBounded) {
   dereg.spec_len = 3;
   dereg.count = 1;
   EXPECT_FALSE(decode_request(dereg, 1, d, sizeof(d), 2).ok());
+  // flush_dmabuf: an id and a range received into (inside 2^48), nothing else.
+  SqEntry flush{};
+  flush.seq = 1;
+  flush.opcode = static_cast<uint16_t>(Opcode::kFlushDmabuf);
+  flush.spec_len = 5;
+  flush.recv_off = 4096;
+  flush.count = 1 << 20;
+  auto fr = decode_request(flush, 1, d, sizeof(d), 2);
+  ASSERT_TRUE(fr.ok()) << fr.status().to_string();
+  EXPECT_EQ(fr->alloc_id, 5u);
+  EXPECT_EQ(fr->recv_off, 4096u);
+  EXPECT_EQ(fr->recv_bytes, 1u << 20);
+  for (auto change : std::initializer_list<void (*)(SqEntry&)>{
+           [](SqEntry& e) { e.spec_len = 0; }, [](SqEntry& e) { e.send_off = 8; },
+           [](SqEntry& e) { e.root = 1; }, [](SqEntry& e) { e.key_len = 1; },
+           [](SqEntry& e) { e.count = (1ull << 48) - 4095; }}) {
+    SqEntry e = flush;
+    change(e);
+    EXPECT_EQ(decode_request(e, 1, d, sizeof(d), 2).status().code(), Code::kPeer);
+  }
+  // A send naming a dma-buf registration (key_len): its range is the registration's to check.
+  SqEntry dsend{};
+  dsend.seq = 1;
+  dsend.opcode = static_cast<uint16_t>(Opcode::kSend);
+  dsend.root = 1;
+  dsend.key_len = 9;
+  dsend.send_off = 1 << 30;
+  dsend.count = 4096;
+  auto ds = decode_request(dsend, 1, d, sizeof(d), 2);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->dmabuf, 9u);
+  dsend.key_len = 0;  // the data region's range then
+  EXPECT_EQ(decode_request(dsend, 1, d, sizeof(d), 2).status().code(), Code::kPeer);
 }
 
 TEST(DaemonProtocol, GeometryAndRequestsStayInsideTheArena) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/job_p2p.h"
@@ -258,6 +259,40 @@ TEST(P2pXhostHeader, InlinePayloadIsExactlyTheMessageAfterTheHeader) {
     EXPECT_EQ(got.status().code(), gw::Code::kPeer);
   }
   EXPECT_EQ(kXhostHeaderBytes + kXhostInlineBytes, 4128u);
+}
+
+// A device message (kXhostDevice) carries its payload tag in the header's u32 at 20 and may be of
+// any size of 1 byte or more (never inline); without bytes, with a payload tag below the device
+// range, or with bytes behind the header it is refused, and no other header may carry a tag there.
+TEST(P2pXhostHeader, DeviceMessageCarriesItsOwnPayloadTag) {
+  using gw::daemon::kXhostDevice;
+  using gw::daemon::kXhostDeviceTagFirst;
+  using gw::daemon::XhostHeader;
+  auto decode = [](const XhostHeader& h, size_t payload) {
+    const auto b = gw::daemon::encode_xhost_header(h);
+    std::vector<uint8_t> msg(b.begin(), b.end());
+    msg.resize(msg.size() + payload, 0xab);
+    return gw::daemon::decode_xhost_header(msg.data(), msg.size(), 4, 1 << 20);
+  };
+  for (uint64_t n : {uint64_t{1}, uint64_t{4096}, uint64_t{1 << 20}}) {
+    auto got = decode(XhostHeader{kXhostDevice, 0, 2, 5, n, kXhostDeviceTagFirst + 3}, 0);
+    ASSERT_TRUE(got.ok()) << n << ": " << got.status().to_string();
+    EXPECT_EQ(got->flags, kXhostDevice);
+    EXPECT_EQ(got->bytes, n);
+    EXPECT_EQ(got->payload_tag, kXhostDeviceTagFirst + 3);
+  }
+  const std::pair<XhostHeader, size_t> bad[] = {
+      {XhostHeader{kXhostDevice, 0, 2, 5, 0, kXhostDeviceTagFirst}, 0},              // no bytes
+      {XhostHeader{kXhostDevice, 0, 2, 5, 8, 0x6778}, 0},                            // a low tag
+      {XhostHeader{kXhostDevice, 0, 2, 5, 8, kXhostDeviceTagFirst}, 8},              // bytes behind
+      {XhostHeader{kXhostDevice, 0, 2, 5, (1 << 20) + 1, kXhostDeviceTagFirst}, 0},  // too big
+      {XhostHeader{0, 0, 2, 5, 8192, kXhostDeviceTagFirst}, 0},  // a tag on a host message
+  };
+  for (const auto& [h, payload] : bad) {
+    auto got = decode(h, payload);
+    ASSERT_FALSE(got.ok()) << "bytes " << h.bytes << " tag " << h.payload_tag;
+    EXPECT_EQ(got.status().code(), gw::Code::kPeer);
+  }
 }
 
 TEST(P2pBoard, PeerOnAnotherHostIsRefused) {

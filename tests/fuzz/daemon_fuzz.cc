@@ -148,7 +148,11 @@ int daemon_p2p(const uint8_t* data, size_t size) {
     check(r->tag >= 0, "p2p: the tag is >= 0");
     const uint64_t off = send ? r->send_off : r->recv_off;
     const uint64_t n = send ? r->send_bytes : r->recv_bytes;
-    check(n == r->count && off <= kRegion && n <= kRegion - off, "p2p: the range lies inside");
+    // Version 8: a dma-buf registration's range (key_len its id) is the job's to check against
+    // the registration; the data region's otherwise.
+    const uint64_t limit = r->dmabuf != 0 ? daemon::kMaxDmabufBytes : kRegion;
+    check(r->dmabuf == e.key_len && r->dmabuf <= 0x7fffffffu, "p2p: the dma-buf id is key_len");
+    check(n == r->count && off <= limit && n <= limit - off, "p2p: the range lies inside");
   }
   for (size_t at = 0; size - at >= sizeof(daemon::SqEntry); at += sizeof(daemon::SqEntry)) {
     daemon::SqEntry e;
@@ -221,7 +225,12 @@ int daemon_p2p_xhost(const uint8_t* data, size_t size) {
     const bool inl = h->flags == daemon::kXhostInline;
     check(n == daemon::kXhostHeaderBytes + (inl ? h->bytes : 0), "xhost: exactly its message");
     check(!inl || (h->bytes >= 1 && h->bytes <= daemon::kXhostInlineBytes), "xhost: inline size");
-    check(inl || h->bytes == 0 || h->bytes > daemon::kXhostInlineBytes, "xhost: small is inline");
+    const bool dev = h->flags == daemon::kXhostDevice;
+    check(inl || dev || h->bytes == 0 || h->bytes > daemon::kXhostInlineBytes,
+          "xhost: small is inline");
+    check(!dev || (h->bytes >= 1 && h->payload_tag >= daemon::kXhostDeviceTagFirst),
+          "xhost: a device message has bytes and its own payload tag");
+    check(dev || h->payload_tag == 0, "xhost: a payload tag on a device message only");
     check(h->src >= 0 && h->src < 8 && h->dst >= 0 && h->dst < 8, "xhost: ranks in the job");
     check(h->tag >= 0 && h->bytes <= kMax, "xhost: tag and size in range");
     const auto again = daemon::encode_xhost_header(*h);

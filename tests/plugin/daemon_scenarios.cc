@@ -67,6 +67,24 @@ int run_connect(const std::string& hex, const std::string& then) {
     ::kill(::getpid(), SIGKILL);
     return fail("still alive");
   }
+  if (then == "dmabuf-send-die") {
+    // A device message of 1 MiB sent (its bytes wait at this host's daemon until the listener's
+    // receive takes the header), then the process killed: the listener's receives fail.
+    MemfdBuffer dev(1 << 20, "gw-dmabuf-send-die");
+    void* mh = nullptr;
+    if (dev.data == nullptr) return fail("memfd");
+    if (api->reg_mr_dmabuf(sc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &mh) != ncclSuccess) {
+      return fail("regMrDmaBuf failed");
+    }
+    fill_pattern(dev.data, dev.size, 5);
+    void* req = nullptr;
+    if (Error e = post_send(*api, sc, dev.data, dev.size, 1, mh, &req); !e.empty()) return fail(e);
+    std::printf("sent\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(::getpid(), SIGKILL);
+    return fail("still alive");
+  }
   if (then == "die") {
     // Long enough for the listener to post its receive: the rank dies with it in flight.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));

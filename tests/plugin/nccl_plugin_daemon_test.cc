@@ -204,8 +204,12 @@ bool warned(const std::string& text) {
 // mode"): across two daemons whose job agreed verbs (the emulator, which maps the descriptor the
 // daemon received: the registration proves it arrived whole), both ends register, bad input is
 // refused without harming the connection, and another job's client cannot name a registration.
-// Over tcp, and between two processes of one host, the refusal says why. Stage B of issue 28: the
-// registered buffers are not moved yet, which isend says.
+// Over tcp, and between two processes of one host, the refusal says why. Over verbs the registered
+// buffers move (issue 28, stage C): one daemon message per isend / irecv naming the region, the
+// daemons' NICs move the bytes (the emulator reads and writes the memfd through its descriptor):
+// sizes across the inline, eager and chunk edges, every byte checked, order on one tag with the
+// sends posted before their receives (held by the receiving daemon, not staged), truncation of
+// both ends, a host receive of a device message, and a device receive of a host message refused.
 TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
   const char* peer_daemon = getenv("GW_PLUGIN_TEST_PEER_DAEMON");
   const char* peer_host = getenv("GW_PLUGIN_TEST_PEER_HOSTID");
@@ -227,15 +231,17 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
   NetApi& sapi = capi ? *capi : *api_;
   void *sc = nullptr, *rc = nullptr;
   ASSERT_EQ(connect_pair(*api_, ctx_, sapi, cctx, &sc, &rc), "");
-  MemfdBuffer dev(3 << 20, "gw-daemon-dmabuf");
-  ASSERT_NE(dev.data, nullptr);
   constexpr size_t kMiB = 1 << 20;
+  // The sender's region [4 KiB, + 7 MiB), the receiver's [8 MiB, + 7 MiB).
+  MemfdBuffer dev(16 * kMiB, "gw-daemon-dmabuf");
+  ASSERT_NE(dev.data, nullptr);
+  constexpr size_t kRegion = 7 * kMiB;
   void *ms = nullptr, *md = nullptr;
   clear_log();
   const ncclResult_t rs =
-      sapi.reg_mr_dmabuf(sc, dev.data + 4096, kMiB, NCCL_PTR_CUDA, 4096, dev.fd, &ms);
+      sapi.reg_mr_dmabuf(sc, dev.data + 4096, kRegion, NCCL_PTR_CUDA, 4096, dev.fd, &ms);
   const ncclResult_t rr =
-      api_->reg_mr_dmabuf(rc, dev.data + 2 * kMiB, kMiB, NCCL_PTR_CUDA, 2 * kMiB, dev.fd, &md);
+      api_->reg_mr_dmabuf(rc, dev.data + 8 * kMiB, kRegion, NCCL_PTR_CUDA, 8 * kMiB, dev.fd, &md);
   if (!verbs) {
     EXPECT_NE(rs, ncclSuccess);
     EXPECT_NE(rr, ncclSuccess);
@@ -243,11 +249,110 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
   } else {
     ASSERT_EQ(rs, ncclSuccess) << "the sender's daemon registers the dma-buf on its verbs PD";
     ASSERT_EQ(rr, ncclSuccess) << "the receiver's daemon too";
-    // Not moved yet (the data path is a later stage): refused clearly, never staged by the CPU.
+    uint8_t* const src = dev.data + 4096;
+    uint8_t* const dst = dev.data + 8 * kMiB;
+    // Waits for both requests (nullptr: none); their results and received sizes.
+    struct Ends {
+      ncclResult_t send = ncclSuccess, recv = ncclSuccess;
+      int got = -1;
+    };
+    auto finish = [&](void* sreq, void* rreq) {
+      Ends e;
+      for (const auto until = Clock::now() + std::chrono::seconds(30); sreq || rreq;) {
+        int d = 0, n = 0;
+        if (sreq != nullptr) {
+          e.send = sapi.test(sreq, &d, &n);
+          if (d || e.send != ncclSuccess) sreq = nullptr;
+        }
+        d = 0;
+        if (rreq != nullptr) {
+          e.recv = api_->test(rreq, &d, &n);
+          if (d || e.recv != ncclSuccess) {
+            rreq = nullptr;
+            if (d) e.got = n;
+          }
+        }
+        if (Clock::now() > until) {
+          ADD_FAILURE() << "device transfer did not end within 30 s";
+          break;
+        }
+      }
+      return e;
+    };
+    // Every size across the edges: inline (4 KiB), eager (16 KiB), the plugin's chunk (4 MiB).
+    for (const size_t n : {size_t{0}, size_t{1}, size_t{4096}, size_t{4097}, size_t{16385},
+                           kMiB + 7, size_t{4 * kMiB}, size_t{5 * kMiB}}) {
+      SCOPED_TRACE(n);
+      fill_pattern(src, n, static_cast<uint32_t>(n) + 3);
+      std::memset(dst, 0, n + 64);
+      void *sreq = nullptr, *rreq = nullptr;
+      ASSERT_EQ(post_recv(*api_, rc, dst, n + 64, 7, md, &rreq), "");
+      ASSERT_EQ(post_send(sapi, sc, src, n, 7, ms, &sreq), "");
+      const Ends e = finish(sreq, rreq);
+      ASSERT_EQ(e.send, ncclSuccess);
+      ASSERT_EQ(e.recv, ncclSuccess);
+      EXPECT_EQ(e.got, static_cast<int>(n));
+      EXPECT_EQ(check_pattern(dst, n, static_cast<uint32_t>(n) + 3), -1);
+      for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(dst[i], 0) << "written past the message";
+    }
+    // iflush of a device receive runs in the receiving daemon (its NIC's flush on the data
+    // connection the bytes came on): done at once (no request left to test); a range outside the
+    // region is refused; a host buffer needs none.
+    {
+      void* freq = reinterpret_cast<void*>(1);
+      ASSERT_EQ(api_->iflush(rc, dst, 5 * kMiB, md, &freq), ncclSuccess);
+      EXPECT_EQ(freq, nullptr);
+      EXPECT_NE(api_->iflush(rc, dst + kRegion - 10, 4096, md, &freq), ncclSuccess);
+    }
+    // Order on one tag: three sends before any receive (the receiving daemon holds the device
+    // messages until their receives come), then the receives, each with its own message.
+    {
+      const size_t sizes[3] = {3 * kMiB + 1, 5, 70001};
+      const size_t at[3] = {0, 4 * kMiB, 5 * kMiB};
+      void* sreq[3] = {};
+      void* rreq[3] = {};
+      for (int i = 0; i < 3; ++i) {
+        fill_pattern(src + at[i], sizes[i], 100 + i);
+        ASSERT_EQ(post_send(sapi, sc, src + at[i], sizes[i], 9, ms, &sreq[i]), "");
+      }
+      std::memset(dst, 0, kRegion);
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_EQ(post_recv(*api_, rc, dst + at[i], sizes[i], 9, md, &rreq[i]), "");
+      }
+      for (int i = 0; i < 3; ++i) {
+        const Ends e = finish(sreq[i], rreq[i]);
+        EXPECT_EQ(e.send, ncclSuccess) << i;
+        EXPECT_EQ(e.recv, ncclSuccess) << i;
+        EXPECT_EQ(e.got, static_cast<int>(sizes[i])) << i;
+        EXPECT_EQ(check_pattern(dst + at[i], sizes[i], 100 + i), -1) << i;
+      }
+    }
+    // A device message into a host buffer arrives (the NIC writes host memory as well).
+    {
+      Buffer host(20000);
+      fill_pattern(src, 20000, 55);
+      void *sreq = nullptr, *rreq = nullptr;
+      ASSERT_EQ(post_recv(*api_, rc, host.data, host.size, 11, nullptr, &rreq), "");
+      ASSERT_EQ(post_send(sapi, sc, src, 20000, 11, ms, &sreq), "");
+      const Ends e = finish(sreq, rreq);
+      EXPECT_EQ(e.send, ncclSuccess);
+      EXPECT_EQ(e.recv, ncclSuccess);
+      EXPECT_EQ(check_pattern(host.data, 20000, 55), -1);
+    }
+    // A buffer outside its region is refused at once.
     void* req = nullptr;
-    clear_log();
-    EXPECT_NE(sapi.isend(sc, dev.data + 4096, 4096, 1, ms, &req), ncclSuccess);
-    EXPECT_TRUE(warned("does not move device buffers yet"));
+    EXPECT_NE(sapi.isend(sc, src + kRegion - 100, 4096, 1, ms, &req), ncclSuccess);
+    // Truncation: a device receive smaller than its message fails,
+    // and so does the send.
+    {
+      fill_pattern(src, 8192, 9);
+      void *sreq = nullptr, *rreq = nullptr;
+      ASSERT_EQ(post_recv(*api_, rc, dst, 4096, 12, md, &rreq), "");
+      ASSERT_EQ(post_send(sapi, sc, src, 8192, 12, ms, &sreq), "");
+      const Ends e = finish(sreq, rreq);
+      EXPECT_NE(e.recv, ncclSuccess) << "a receive smaller than its message";
+      EXPECT_NE(e.send, ncclSuccess) << "the truncated message's send";
+    }
     // Bad input: no descriptor, a descriptor that is no buffer (a pipe), a range past the
     // buffer's end. Each is refused, and the connection still moves host buffers after them.
     void* bad = nullptr;
@@ -258,7 +363,7 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
               ncclSuccess);
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
-    EXPECT_NE(sapi.reg_mr_dmabuf(sc, dev.data, kMiB, NCCL_PTR_CUDA, 3 * kMiB - 4096, dev.fd, &bad),
+    EXPECT_NE(sapi.reg_mr_dmabuf(sc, dev.data, kMiB, NCCL_PTR_CUDA, 16 * kMiB - 4096, dev.fd, &bad),
               ncclSuccess);
     Buffer out(70000), in(70000);
     fill_pattern(out.data, out.size, 31);
@@ -361,6 +466,56 @@ TEST_F(DaemonPlugin, DmabufRegistrationsGoWithAKilledProcess) {
   EXPECT_GT(released(), before) << "daemon b's output:\n" << xhost_daemon_output(1);
   acc.join();
   if (void* comm = acc.comm.load()) api_->close_recv(comm);
+  api_->close_listen(lc);
+}
+
+// A device message whose sender is killed before the receiver takes it (its bytes wait at the
+// sender's daemon, the receiving daemon holds only its header): the receiver's pending device
+// receive fails (no hang), and so does a later one that would have taken the held message.
+TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
+  if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") == nullptr || xhost_transport() != "verbs") {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(api_.get(), lc);
+  std::string out;
+  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "dmabuf-send-die"}, &out); });
+  void* rc = acc.wait_comm();
+  ASSERT_NE(rc, nullptr);
+  MemfdBuffer dev(2 << 20, "gw-dmabuf-recv-of-killed");
+  ASSERT_NE(dev.data, nullptr);
+  void* md = nullptr;
+  ASSERT_EQ(api_->reg_mr_dmabuf(rc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &md),
+            ncclSuccess);
+  // Tag 2: nothing comes on it; the sender dies meanwhile.
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, dev.data, 1 << 20, 2, md, &req), "");
+  int done = 0, size = 0;
+  ncclResult_t r = ncclSuccess;
+  const auto t0 = Clock::now();
+  while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  peer.join();
+  EXPECT_NE(out.find("sent"), std::string::npos) << out;
+  EXPECT_NE(r, ncclSuccess) << "the device receive from a killed rank must fail, not hang";
+  EXPECT_EQ(done, 0);
+  // Tag 1: the held device message, whose bytes went with the sender: refused or failed.
+  req = nullptr;
+  r = api_->irecv(rc, dev.data, 1 << 20, 1, md, &req);
+  done = 0;
+  const auto t1 = Clock::now();
+  while (r == ncclSuccess && req != nullptr && !done &&
+         Clock::now() - t1 < std::chrono::seconds(20)) {
+    r = api_->test(req, &done, &size);
+  }
+  EXPECT_TRUE(r != ncclSuccess || req == nullptr) << "a held device message of a killed sender";
+  EXPECT_EQ(done, 0);
+  (void)api_->dereg_mr(rc, md);
+  api_->close_recv(rc);
   api_->close_listen(lc);
 }
 

@@ -296,6 +296,9 @@ class ApiBase : public NetApi {
   }
   ncclResult_t dereg_mr(void* c, void* mh) override { return t_->deregMr(c, mh); }
   ncclResult_t test(void* r, int* done, int* size) override { return t_->test(r, done, size); }
+  ncclResult_t iflush(void* rc, void* data, int size, void* mh, void** req) override {
+    return t_->iflush(rc, 1, &data, &size, &mh, req);
+  }
   ncclResult_t close_send(void* c) override { return t_->closeSend(c); }
   ncclResult_t close_recv(void* c) override { return t_->closeRecv(c); }
   ncclResult_t close_listen(void* c) override { return t_->closeListen(c); }

@@ -83,6 +83,8 @@ class NetApi {
   virtual ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) = 0;
   virtual ncclResult_t irecv(void* rc, void* data, size_t size, int tag, void* mh, void** req) = 0;
   virtual ncclResult_t test(void* req, int* done, int* size) = 0;
+  // iflush of one buffer (n = 1).
+  virtual ncclResult_t iflush(void* rc, void* data, int size, void* mh, void** req) = 0;
   virtual ncclResult_t close_send(void* sc) = 0;
   virtual ncclResult_t close_recv(void* rc) = 0;
   virtual ncclResult_t close_listen(void* lc) = 0;
