@@ -1,6 +1,5 @@
 #include "plugin/daemon_transport.h"
 
-#include <arpa/inet.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -14,9 +13,7 @@
 
 #include "core/bootstrap.h"
 #include "core/config.h"
-#include "core/net/handshake.h"
 #include "core/net/socket_util.h"
-#include "core/net/tcp_config.h"
 #include "core/store.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
@@ -24,6 +21,7 @@
 #include "daemon/control.h"
 #include "daemon/daemon_config.h"
 #include "plugin/daemon_handle.h"
+#include "plugin/daemon_meeting.h"
 
 namespace gw::plugin {
 
@@ -32,121 +30,21 @@ namespace {
 using daemon::Client;
 using daemon::Opcode;
 using daemon::SqEntry;
+using daemon_mode::announce_key;
+using daemon_mode::conn_name;
+using daemon_mode::connection_token;
+using daemon_mode::join_and_post;
+using daemon_mode::joined;
+using daemon_mode::Joining;
+using daemon_mode::listen_store;
+using daemon_mode::Shared;
+using daemon_mode::StorePlace;
 
 // How often test() looks at the daemon's socket while a request is pending (a dead daemon).
 constexpr int64_t kAliveEveryNs = 1'000'000;
 
 // How often a listener's accept() looks in its store for a connector of another host.
 constexpr int64_t kStoreLookEveryNs = 2'000'000;
-
-// The store a listening process hosts for the cross-host leg (one per transport, made at the
-// first listen): its daemons and a connector's announcement meet there. Requires the job token.
-struct ListenStore {
-  std::mutex mu;
-  std::shared_ptr<TcpStore> store;
-  std::string address;  // "host:port" as the handle carries it
-};
-
-struct Shared {
-  DaemonNetOptions options;
-  std::string host_id;
-  uint64_t host = 0;
-  int64_t spin_ns = 0;
-  std::shared_ptr<ListenStore> listen_store = std::make_shared<ListenStore>();
-};
-
-// The address of the interface GW_SOCKET_IFNAME / NCCL_SOCKET_IFNAME picks (direct mode's rule).
-Result<std::string> store_interface_address() {
-  GW_ASSIGN_OR_RETURN(std::vector<net::Interface> all, net::list_interfaces());
-  GW_ASSIGN_OR_RETURN(
-      net::Interface i,
-      net::select_interface(config::get_string(net::tcp_config::kSocketIfname), all, nullptr));
-  char buf[INET6_ADDRSTRLEN] = {};
-  const void* a =
-      i.addr.ss_family == AF_INET
-          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&i.addr)->sin_addr)
-          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&i.addr)->sin6_addr);
-  if (inet_ntop(i.addr.ss_family, a, buf, sizeof(buf)) == nullptr) {
-    return system_error("inet_ntop", errno);
-  }
-  return std::string(buf);
-}
-
-// The listening process's store, started on first use on an ephemeral port.
-Result<std::shared_ptr<TcpStore>> listen_store(const Shared& s, std::string* address) {
-  ListenStore& ls = *s.listen_store;
-  std::lock_guard<std::mutex> lock(ls.mu);
-  if (!ls.store) {
-    GW_ASSIGN_OR_RETURN(std::string ip, store_interface_address());
-    TcpStoreOptions o;
-    o.host = ip;
-    o.port = 0;
-    o.host_server = true;
-    o.token = s.options.job_token;
-    o.connect_timeout_ms = std::max<int64_t>(1, std::min<int64_t>(s.options.timeout_ms, 10000));
-    auto made = TcpStore::create(o);
-    if (!made.ok()) {
-      return made.status().with_context(
-          fmt::format("listen: the store of daemon mode's cross-host leg on {}", ip));
-    }
-    ls.store = *made;
-    ls.address = fmt::format("{}:{}", ip, ls.store->port());
-  }
-  *address = ls.address;
-  return ls.store;
-}
-
-// Where a cross-host connection's store is and what it requires: the listener's host:port.
-struct StorePlace {
-  std::string host;
-  int port = 0;
-};
-
-// The key under which a connector of another host announces itself to the listener.
-std::string announce_key(const std::string& token) {
-  return "gwp/" + token.substr(22) + "/connector";
-}
-
-// The key of one connection's job in the daemon: "nccl-<job id>-<connection>". Only a process
-// with the same job token that holds the handle computes the connection part; the job id (an
-// HMAC of the token, which it does not reveal) lets gradwirectl group a job's connections
-// (daemon/job.h nccl_job_of). Hex, so it is a printable token as the hello wants.
-std::string connection_token(const std::string& job_token, const std::array<uint8_t, 16>& nonce) {
-  static constexpr uint8_t kJobLabel[] = {'g', 'w', '-', 'n', 'c', 'c', 'l', '-', 'j', 'o', 'b'};
-  const net::handshake::Mac id =
-      net::handshake::hmac_sha256(job_token, kJobLabel, sizeof(kJobLabel));
-  std::vector<uint8_t> msg = {'g', 'w', '-', 'n', 'e', 't', '/'};
-  msg.insert(msg.end(), nonce.begin(), nonce.end());
-  const net::handshake::Mac mac = net::handshake::hmac_sha256(job_token, msg.data(), msg.size());
-  return "nccl-" + to_hex(id.data(), 8) + "-" + to_hex(mac.data(), 16);
-}
-
-// rank 0: the connector, 1: the listener. With `xhost`, each is its host's only trainer of a job
-// of two hosts (host index = rank) whose daemons meet in the listener's store.
-Result<std::unique_ptr<Client>> join(const Shared& s, const std::string& token, int rank,
-                                     const StorePlace* xhost = nullptr) {
-  daemon::Hello h;
-  h.rank = rank;
-  h.world_size = 2;
-  h.host_index = 0;
-  h.num_hosts = 1;
-  h.local_rank = rank;
-  h.local_size = 2;
-  if (xhost != nullptr) {
-    h.host_index = rank;
-    h.num_hosts = 2;
-    h.local_rank = 0;
-    h.local_size = 1;
-    h.store_host = xhost->host;
-    h.store_port = static_cast<uint16_t>(xhost->port);
-    h.store_token = s.options.job_token;
-  }
-  h.timeout_ms = s.options.timeout_ms;
-  h.arena_bytes = s.options.arena_bytes;
-  h.job_token = token;
-  h.host_id = s.host_id;
-  return Client::connect(s.options.address.substr(5), h, s.spin_ns);
-}
 
 // A message of at least kChunkBytes travels as several daemon messages on its tag (the header's
 // "Pipelining" rules): the first exactly kChunkBytes, of which the last kSizeBytes give the
@@ -715,39 +613,6 @@ class DaemonRecv final : public DaemonEnd<net::RecvComm> {
 };
 
 // Joining side of a connection: its client and the 0-byte message that proves the job complete.
-struct Joining {
-  std::unique_ptr<Client> client;
-  uint64_t seq = 0;
-};
-
-Result<Joining> join_and_post(const Shared& s, const std::string& token, bool sender,
-                              const StorePlace* xhost = nullptr) {
-  Joining j;
-  GW_ASSIGN_OR_RETURN(j.client, join(s, token, sender ? 0 : 1, xhost));
-  SqEntry e{};
-  e.opcode = static_cast<uint16_t>(sender ? Opcode::kSend : Opcode::kRecv);
-  e.root = sender ? 1 : 0;
-  GW_ASSIGN_OR_RETURN(j.seq, j.client->post(e, sender ? "connect" : "accept"));
-  return j;
-}
-
-// Whether the joining message completed: true with the client ready, false while pending.
-Result<bool> joined(Joining& j, const char* what) {
-  bool done = false;
-  Status st = j.client->wait_for(j.seq, sys::kNoWait, &done, what);
-  if (!done) {
-    GW_RETURN_IF_ERROR(j.client->check_alive(what));
-    return false;
-  }
-  GW_RETURN_IF_ERROR(st);
-  return true;
-}
-
-std::string conn_name(const std::string& token, const DaemonHandle& h, bool send) {
-  return fmt::format("daemon connection {} ({} pid {})", token.substr(22, 8),
-                     send ? "to listener" : "from connector of listener", h.pid);
-}
-
 // The listener joins its host's daemon as for a connector of this host on its first accept, and
 // meanwhile looks (every kStoreLookEveryNs) in the store it hosts for a connector of another
 // host's announcement: then it leaves that job and joins the two-host one instead.
@@ -912,32 +777,6 @@ class DaemonTransport final : public net::Transport {
 };
 
 }  // namespace
-
-Result<std::string> plugin_daemon_address(std::string* note) {
-  const std::string daemon = config::get_string(daemon_config::kDaemon);
-  if (daemon.empty()) return daemon;
-  if (daemon != "auto") {
-    if (daemon.rfind("unix:", 0) != 0 || daemon.size() <= 5) {
-      return invalid_arg("GW_DAEMON '{}': expected unix:/path/to/gradwired.sock or auto", daemon);
-    }
-    *note = fmt::format("GW_DAEMON={}", daemon);
-    return daemon;
-  }
-  const std::string path = config::get_string(daemon_config::kSocket);
-  auto addr = sys::UnixAddress::path(daemon::control_socket_path(path));
-  Status why = addr.status();
-  if (addr.ok()) {
-    auto probe = sys::connect_unix(*addr, SOCK_STREAM);
-    if (probe.ok()) {
-      *note = fmt::format("GW_DAEMON=auto found gradwired at {}", path);
-      return "unix:" + path;
-    }
-    why = probe.status();
-  }
-  *note = fmt::format("GW_DAEMON=auto: no gradwired answers at {} ({}): direct mode", path,
-                      why.message());
-  return std::string();
-}
 
 Result<std::unique_ptr<net::Transport>> make_daemon_transport(const DaemonNetOptions& options,
                                                               const net::Properties& nic) {
