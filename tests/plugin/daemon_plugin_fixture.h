@@ -1,0 +1,158 @@
+// The DaemonPlugin fixture of nccl_plugin_daemon_test (its .cc files share one test binary and so
+// one fixture type): a gradwired of the test's own (plugin_harness: GW_PLUGIN_TEST_GRADWIRED),
+// the plugin's v11 API initialised, the DPDK variant skipped where EAL cannot start; and the
+// gradwirectl helpers the cases read the daemon with.
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "daemon/client.h"
+#include "tests/plugin/plugin_harness.h"
+#include "tests/support/free_port.h"
+
+namespace gw::plugin_test {
+
+// What `gradwirectl ARGS` printed for the daemon at `daemon` (unix:PATH; GW_DAEMON when null),
+// "" when it cannot be run.
+inline std::string gradwirectl(const std::string& args, const char* daemon = nullptr) {
+  const char* d = daemon != nullptr ? daemon : getenv("GW_DAEMON");
+  if (d == nullptr || std::strncmp(d, "unix:", 5) != 0) return "";
+  const std::string cmd =
+      std::string(GW_GRADWIRECTL_PATH) + " --socket " + (d + 5) + " " + args + " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string out;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  pclose(f);
+  return out;
+}
+
+// A count of `gradwirectl status --json` of the daemon at GW_DAEMON ("clients", "jobs",
+// "arenas"); -1 when it cannot be read.
+inline int daemon_count(const std::string& key) {
+  const std::string out = gradwirectl("--json status");
+  const size_t at = out.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + key.size() + 4);
+}
+
+// Whether a WARN the plugin logged since clear_log() contains `text` (printing them all if not).
+inline bool warned(const std::string& text) {
+  for (const std::string& line : log_lines()) {
+    if (line.rfind("WARN", 0) == 0 && line.find(text) != std::string::npos) return true;
+  }
+  for (const std::string& line : log_lines()) std::printf("log: %s\n", line.c_str());
+  return false;
+}
+
+class DaemonPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("GW_PLUGIN_TEST_GRADWIRED", GW_GRADWIRED_PATH, 0);
+    ASSERT_EQ(plugin().first_init, ncclSuccess);
+    ASSERT_NE(getenv("GW_DAEMON"), nullptr);
+    api_ = make_api("v11");
+    ASSERT_EQ(api_->init(&ctx_), ncclSuccess);
+    if (const std::string why = dpdk_unavailable(); !why.empty()) {
+      GTEST_SKIP() << "DPDK cannot start here: " << why;
+    }
+  }
+  void TearDown() override {
+    if (api_) api_->finalize(ctx_);
+  }
+  // Calls accept on `lc` from a thread until a comm, an error or `stop`.
+  struct Acceptor {
+    std::atomic<bool> stop{false};
+    std::atomic<void*> comm{nullptr};
+    std::atomic<int> result{ncclSuccess};
+    std::thread thread;
+    void start(NetApi* api, void* lc) {
+      thread = std::thread([this, api, lc] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+        while (!stop.load() && std::chrono::steady_clock::now() < deadline) {
+          void* rc = nullptr;
+          ncclResult_t r = api->accept(lc, &rc);
+          if (r != ncclSuccess) {
+            result = r;
+            return;
+          }
+          if (rc != nullptr) {
+            comm = rc;
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      });
+    }
+    // The accepted comm, waited for up to 20 s (nullptr: none, or accept failed).
+    void* wait_comm() {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (comm.load() == nullptr && result.load() == ncclSuccess &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return comm.load();
+    }
+    void join() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+    ~Acceptor() { join(); }
+  };
+  // Two hosts over dpdk (GW_PLUGIN_TEST_XHOST_TRANSPORT=dpdk), found out once per process: one
+  // connection across the hosts, after which the daemons have started their ports (each at its
+  // first job); their rte_eal_init failure when EAL cannot start here, else "".
+  std::string dpdk_unavailable() {
+    static const std::string why = [this]() -> std::string {
+      if (xhost_transport() != "dpdk") return "";
+      uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+      void* lc = nullptr;
+      if (api_->listen(ctx_, 0, handle, &lc) != ncclSuccess) return "";
+      Acceptor acc;
+      acc.start(api_.get(), lc);
+      const int rc = run_peer({}, {"connect", handle_hex(handle), "send"});
+      if (rc == 0) {
+        acc.thread.join();  // until its comm (up to 40 s)
+      } else {
+        acc.join();
+      }
+      bool received = false;
+      if (void* comm = acc.comm.load(); comm != nullptr) {
+        Buffer in(8192);
+        void* req = nullptr;
+        std::vector<int> sizes;
+        received = post_recv(*api_, comm, in.data, in.size, 3, nullptr, &req).empty() &&
+                   wait_all(*api_, {req}, &sizes).empty() && sizes[0] == 4096 &&
+                   check_pattern(in.data, 4096, 77) == -1;
+        api_->close_recv(comm);
+      }
+      api_->close_listen(lc);
+      std::printf("over dpdk: a first connection across the hosts %s\n",
+                  received ? "carried its 4096 bytes" : "failed");
+      return dpdk_cannot_start();
+    }();
+    return why;
+  }
+  std::unique_ptr<NetApi> api_;
+  void* ctx_ = nullptr;
+};
+
+}  // namespace gw::plugin_test
