@@ -21,6 +21,7 @@
 
 #include "core/net/handshake.h"
 #include "core/net/socket_util.h"
+#include "core/net/tcp/wire.h"
 #include "core/sys/fd.h"
 #include "tests/support/connected_pair.h"
 #include "tests/support/test_env.h"
@@ -749,10 +750,28 @@ TEST(TcpTransport, AConnectorToAListenerThatIsGoneFailsFast) {
   auto t = make_tcp_transport(options(60000));
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   Handle h;
-  {
-    auto l = (*t)->listen(&h);
-    ASSERT_TRUE(l.ok()) << l.status().to_string();
-  }  // the listener closes: its port now refuses
+  // The listener closes and its port is then held by a socket that is bound but never listens:
+  // the port refuses every connect, and no listener of a test running beside this one can take
+  // it meanwhile (which once answered with a reset instead of a refusal). The address is the
+  // handle's (core/net/tcp/wire.h HandleWire); a port taken in between: try again.
+  sys::Fd hold;
+  for (int attempt = 0; attempt < 20 && !hold.valid(); ++attempt) {
+    {
+      auto l = (*t)->listen(&h);
+      ASSERT_TRUE(l.ok()) << l.status().to_string();
+    }
+    tcp::HandleWire w{};
+    std::memcpy(&w, h.bytes.data(), sizeof(w));
+    ASSERT_EQ(w.family, AF_INET);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = w.port_be;
+    std::memcpy(&a.sin_addr, w.addr, sizeof(a.sin_addr));
+    sys::Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_TRUE(s.valid());
+    if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0) hold = std::move(s);
+  }
+  ASSERT_TRUE(hold.valid()) << "every closed listener's port was taken before it could be held";
   auto c = (*t)->connect(h);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const int64_t t0 = now_ms();
