@@ -110,6 +110,13 @@ int daemon_import(const uint8_t* data, size_t size) {
       check(allocs.erase(r->alloc_id) == 1, "release: of an imported id");
       continue;
     }
+    // A dma-buf's requests, and a send or receive naming a dma-buf registration, carry offsets
+    // into that dma-buf, which the decoder does not know (the job checks them).
+    if (r->opcode == Opcode::kRegisterDmabuf || r->opcode == Opcode::kDeregisterDmabuf ||
+        r->opcode == Opcode::kFlushDmabuf || r->dmabuf != 0) {
+      ++counter("daemon.dmabuf_request");
+      continue;
+    }
     auto region_of = [&](uint32_t id) -> uint64_t {
       if (id == 0) return region.size();
       auto it = allocs.find(id);
