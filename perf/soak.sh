@@ -36,7 +36,9 @@ echo "soak: $HOSTS hosts x $RPH ranks at ${RATE:-full rate}, $DURATION s, a faul
 
 cat >"$work/rank.sh" <<'EOS'
 perf=$1
-end=$(( $(date +%s) + DURATION ))
+# One end for every rank (SOAK_END, set once by soak.sh): ends computed by each rank from its own
+# start could differ by a second, and a rank then started a case the others never ran.
+end=$SOAK_END
 world=$GW_WORLD_SIZE
 k=0
 log() { echo "$*" >>"$OUTDIR/log.$GW_RANK"; }
@@ -121,7 +123,8 @@ done
 log "done $k cases"
 EOS
 
-OUTDIR=$work DURATION=$DURATION SEED=$SEED FAULT_EVERY=$FAULT_EVERY TIMEOUT_MS=$TIMEOUT_MS \
+SOAK_END=$(( $(date +%s) + DURATION + 10 ))  # + the testbed's set-up before the ranks start
+OUTDIR=$work DURATION=$DURATION SOAK_END=$SOAK_END SEED=$SEED FAULT_EVERY=$FAULT_EVERY TIMEOUT_MS=$TIMEOUT_MS \
 GW_TIMEOUT_MS=30000 bash "$TB" -n "$HOSTS" -R "$RPH" ${RATE:+-r "$RATE"} -t $((DURATION + 300)) -- \
   "bash $work/rank.sh $PERF" >"$work/testbed.log" 2>&1
 rc=$?
