@@ -51,7 +51,21 @@ int run(const std::string& role, const std::string& socket, const std::string& m
   std::printf("open\n");  // a server listens from here on
   std::fflush(stdout);
   gw::dpdk::FramePort& p = **port;
-  // Send a broadcast frame every 10 ms until one arrives from the peer.
+  // Send a broadcast frame every 10 ms until one arrives from the peer, then 10 more (100 ms):
+  // the peer may have lost every frame sent before its side was up, and a side that stopped at
+  // its first frame left such a peer waiting (a failure seen under load).
+  auto send_one = [&p] {
+    gw::dpdk::FrameBuf b;
+    if (!p.alloc(&b)) return;
+    std::memset(b.data, 0xff, 6);
+    const gw::dpdk::MacAddr m = p.mac();
+    std::memcpy(b.data + 6, m.data(), 6);
+    b.data[12] = 0x88;  // local experimental ethertype
+    b.data[13] = 0xb5;
+    std::memset(b.data + 14, 0, 46);
+    b.len = 60;
+    if (p.tx_burst(&b, 1) != 1) p.free(b);
+  };
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   bool got = false;
   while (!got) {
@@ -60,17 +74,7 @@ int run(const std::string& role, const std::string& socket, const std::string& m
       return 4;
     }
     if (p.check_link()) {
-      gw::dpdk::FrameBuf b;
-      if (p.alloc(&b)) {
-        std::memset(b.data, 0xff, 6);
-        const gw::dpdk::MacAddr m = p.mac();
-        std::memcpy(b.data + 6, m.data(), 6);
-        b.data[12] = 0x88;  // local experimental ethertype
-        b.data[13] = 0xb5;
-        std::memset(b.data + 14, 0, 46);
-        b.len = 60;
-        if (p.tx_burst(&b, 1) != 1) p.free(b);
-      }
+      send_one();
       gw::dpdk::FrameBuf in[8];
       const size_t n = p.rx_burst(in, 8);
       for (size_t i = 0; i < n; ++i) {
@@ -78,6 +82,13 @@ int run(const std::string& role, const std::string& socket, const std::string& m
         p.free(in[i]);
       }
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int i = 0; i < 10; ++i) {
+    send_one();
+    gw::dpdk::FrameBuf in[8];
+    const size_t n = p.rx_burst(in, 8);
+    for (size_t j = 0; j < n; ++j) p.free(in[j]);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // Streams with output pending: exit() holds glibc's stream-list lock while it flushes them, so
