@@ -36,13 +36,30 @@ echo "soak: $HOSTS hosts x $RPH ranks at ${RATE:-full rate}, $DURATION s, a faul
 
 cat >"$work/rank.sh" <<'EOS'
 perf=$1
-# One end for every rank (SOAK_END, set once by soak.sh): ends computed by each rank from its own
-# start could differ by a second, and a rank then started a case the others never ran.
+# Rank 0 alone decides whether case k runs (SOAK_END, set once by soak.sh) and leaves its word in
+# OUTDIR (every host sees it); the others follow. Each rank reading the clock itself could
+# disagree about the last case across a second boundary, and a rank then started a case the
+# others never ran.
 end=$SOAK_END
 world=$GW_WORLD_SIZE
 k=0
 log() { echo "$*" >>"$OUTDIR/log.$GW_RANK"; }
-while [ "$(date +%s)" -lt "$end" ]; do
+runs() {
+  if [ "$GW_RANK" = 0 ]; then
+    if [ "$(date +%s)" -lt "$end" ]; then touch "$OUTDIR/go.$1"; return 0; fi
+    touch "$OUTDIR/stop.$1"
+    return 1
+  fi
+  # Rank 0 ends case k-1 at most a fault case's meeting (2 deadlines + 9 s) after this rank.
+  local by=$(( $(date +%s) + 2 * TIMEOUT_MS / 1000 + 30 ))
+  while :; do
+    [ -e "$OUTDIR/go.$1" ] && return 0
+    [ -e "$OUTDIR/stop.$1" ] && return 1
+    if [ "$(date +%s)" -ge "$by" ]; then log "FAIL $1: no word from rank 0 whether to run it"; exit 1; fi
+    sleep 0.05
+  done
+}
+while runs $((k + 1)); do
   k=$((k + 1))
   RANDOM=$((SEED + k))
   colls=(allreduce allreduce allgather reduce_scatter broadcast alltoall)
