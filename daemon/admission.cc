@@ -394,11 +394,13 @@ void Server::Impl::client_gone(uint64_t id, const std::string& why) {
   std::shared_ptr<Job> job = jt->second;
   client_job.erase(jt);
   if (job->started) {
-    // A collective in progress ends now, not at its deadline. A trainer that left on purpose
-    // between collectives is the job thread's to end (Job::fail): it says goodbye to the job's
-    // other daemons before it aborts the communicator, so they take the close for a usual end.
-    if (!c->left.load(std::memory_order_acquire) ||
-        job->in_collective.load(std::memory_order_acquire)) {
+    // A collective in progress (or a wait for a dma-buf's connection) ends now, not at its
+    // deadline. Otherwise the job thread, woken below, ends it (Job::fail): a trainer that left on
+    // purpose says goodbye to the job's other daemons first, so they take the close for a usual
+    // end, and the device messages held for any trainer that went are refused first, so their
+    // senders fail saying why (job_p2p_remote.h).
+    if (job->in_collective.load() ||
+        (!c->left.load(std::memory_order_acquire) && job->in_wait.load())) {
       job->abort_comm();
     }
     (void)signal_eventfd(job->wake.get());

@@ -257,6 +257,7 @@ void Job::refuse(Trainer& t, const Status& why) {
 
 void Job::complete(Trainer& t, uint64_t seq, const Status& s, const CompressedDone* done,
                    bool moved) {
+  if (!t.device_ops.empty()) t.device_ops.erase(seq);  // its registration is free to go
   if (t.lost.load(std::memory_order_acquire)) return;
   Result<uint64_t> used = t.cq.used();
   Status ring = used.status();
@@ -313,6 +314,8 @@ void Job::consume(Trainer& t) {
       if (!bad.ok()) {
         complete(t, r->seq, bad);
       } else if (p2p) {
+        // Until it is answered, its registration cannot be deregistered (job_dmabuf.cc).
+        if (r->dmabuf != 0) t.device_ops[r->seq] = r->dmabuf;
         p2p->submit(static_cast<size_t>(t.hello.local_rank), *r, dev);
       } else {
         complete(t, r->seq, aborted_error("gradwired: the job has ended"));
@@ -463,6 +466,7 @@ bool Job::wait_for_work() {
 void Job::run() {
   p2p_mu.lock();  // let go only while a collective runs (run_ready)
   Status s = start_comm();
+  dmabuf_link->comm = comm.get();  // the registrations' link (job_dmabuf.cc)
   make_p2p();
   if (!s.ok()) fail(s);
   while (!stop.load()) {
@@ -473,8 +477,11 @@ void Job::run() {
       if (!m->lost.load(std::memory_order_acquire)) consume(*m);
       if (m->lost.load(std::memory_order_acquire)) {
         const Status why = peer_error("{} left the job: {}", m->name(), m->reason());
-        fail(why, m->left.load(std::memory_order_acquire), m->hello.rank);
+        // Off the board first, while the communicator still carries the refusals of the device
+        // messages held for it (bounded), then the job ends (the communicator is aborted).
         if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
+        if (remote) remote->flush_refusals(std::min<int64_t>(kRefuseWaitMs, first.timeout_ms));
+        fail(why, m->left.load(std::memory_order_acquire), m->hello.rank);
         release_dmabufs(*m);  // its device buffers leave the NIC now, not with the job
         m.reset();            // the arena goes with the last reference
         continue;
@@ -525,7 +532,9 @@ void Job::run() {
   if (p2p) p2p->set_link(nullptr);
   p2p.reset();
   for (auto& m : members) {
-    if (m) release_dmabufs(*m);  // before the connections they are registered on
+    // Before the connections they are registered on (those an op of remote's still holds: with
+    // the connections, DmabufRegistration).
+    if (m) release_dmabufs(*m);
   }
   compressor.reset();  // it borrows comm
   if (kv) {
@@ -537,6 +546,9 @@ void Job::run() {
   }
   {
     std::lock_guard<std::mutex> lock(comm_mu);
+    // The registrations that ops still hold go with the connections they are registered on;
+    // those ops release only their addresses (remote.reset() below).
+    dmabuf_link->comm = nullptr;
     comm.reset();
     store.reset();
   }

@@ -42,11 +42,33 @@
 
 namespace gw::daemon {
 
+// The daemons' communicator dma-bufs are registered on, while it exists: the job clears it just
+// before the communicator goes (whose connections then free their registrations themselves), so
+// a registration that outlives it (held by an op to the end) only gives its addresses back.
+struct DmabufLink {
+  coll::Communicator* comm = nullptr;
+};
+
 // A trainer's device buffer handed over as a dma-buf (register_dmabuf, job_dmabuf.cc): registered
 // on the job's daemons' communicator's data connections with the peer's host, addressed by an
 // address range the daemon reserved for it (no access: the daemon never touches the buffer
 // through a CPU mapping; only the NIC reaches it, through the dma-buf).
+//
+// Shared: the trainer's table holds it until deregister_dmabuf or the trainer goes, and every
+// send or receive that names it (its P2pDevice::keep: on the board, in a held message's claim, in
+// a cross-host op of RemoteP2p) holds it until the communicator is done with the op. The last
+// holder releases it (its memory regions deregistered, its addresses unmapped): never under an op
+// the NIC may still run. Job thread (or the waker, under the job's p2p_mu) only.
 struct DmabufRegistration {
+  DmabufRegistration() = default;
+  DmabufRegistration(const DmabufRegistration&) = delete;
+  DmabufRegistration& operator=(const DmabufRegistration&) = delete;
+  ~DmabufRegistration() { (void)release(); }
+  // Deregisters the regions (on the link's communicator, while there is one) and unmaps the
+  // range; once (later calls return OK).
+  Status release();
+
+  std::shared_ptr<DmabufLink> link;
   int32_t peer_host = 0;  // the daemons' communicator's rank of the peer's host
   void* iova = nullptr;   // the reserved range [iova, + bytes)
   size_t bytes = 0;
@@ -101,10 +123,13 @@ struct Trainer {
   std::mutex fds_mu;
   std::condition_variable fds_cv;
   std::map<uint32_t, sys::Fd> passed_fds;
-  // Job thread: its dma-buf registrations by id (released by the job thread before the daemons'
-  // communicator goes, when the trainer goes or the job ends).
-  std::map<uint32_t, DmabufRegistration> dmabufs;
+  // Job thread: its dma-buf registrations by id (let go when the trainer goes or the job ends;
+  // each is released once the last op using it ended too: DmabufRegistration).
+  std::map<uint32_t, std::shared_ptr<DmabufRegistration>> dmabufs;
   uint32_t next_dmabuf_id = 1;
+  // Its sends and receives naming a registration, not answered yet: seq -> the registration's id
+  // (a deregister_dmabuf of one in use is refused). Under p2p_mu, as the completions.
+  std::map<uint64_t, uint32_t> device_ops;
 
   void mark_lost(std::string why);
   std::string reason();
@@ -134,6 +159,9 @@ inline constexpr int kStopSliceMs = 200;
 // The longest a job that ends because a trainer left on purpose waits for its goodbyes to the
 // job's other daemons to be taken by the communicator (RemoteP2p::say_goodbye).
 inline constexpr int64_t kByeWaitMs = 1000;
+// The longest a trainer's leaving waits for the refusals of the device messages held for it to be
+// taken by the communicator before the job's end aborts it (RemoteP2p::flush_refusals).
+inline constexpr int64_t kRefuseWaitMs = 500;
 
 struct Job {
   // server_wake_fd: signalled when the job refuses a trainer or finishes.
@@ -173,6 +201,9 @@ struct Job {
   int tslot;              // counters->transport_slot(transport), for the byte counters
   std::shared_ptr<Store> store;
   std::unique_ptr<coll::Communicator> comm;
+  // comm for the trainers' dma-buf registrations (job_dmabuf.cc): set once comm exists, cleared
+  // just before it goes.
+  std::shared_ptr<DmabufLink> dmabuf_link = std::make_shared<DmabufLink>();
   std::vector<int32_t> host_of_rank;
   std::vector<std::vector<int32_t>> ranks_of_host;  // ascending, by host index
   // The job's parameter server (null when it could not start): its stores live in this daemon's
@@ -192,6 +223,11 @@ struct Job {
   std::unique_ptr<RemoteP2p> remote;
   std::mutex p2p_mu;
   std::atomic<bool> in_collective{false};
+  // The job thread waits for a data connection (a dma-buf registration or flush, job_dmabuf.cc):
+  // the serve loop then aborts the communicator at once for a trainer that dies, as during a
+  // collective; else the job thread does (Job::fail), after the device messages held for that
+  // trainer were refused (their senders then fail saying why).
+  std::atomic<bool> in_wait{false};
   // The host path of device buffers (job_device.cc): each member's staging of its send and
   // receive ranges for the collective being run (`shared` when they are one range).
   struct DeviceStage {
@@ -257,6 +293,7 @@ struct Job {
   // A send's or recv's dma-buf (r.dmabuf): t's registration for that direction, the range inside
   // it, the peer on the registration's host; kInvalidArg naming what is wrong.
   Status p2p_device(Trainer& t, const Request& r, P2pDevice* dev);
+  class WaitMark;  // in_wait while the job thread waits for a data connection
   // The collective, with any imported device buffer staged through host memory around it.
   Status execute(const std::vector<Request>& reqs);
   Status stage_in(const std::vector<Request>& reqs);

@@ -30,16 +30,35 @@ constexpr int64_t kFdWaitMs = 2000;
 
 }  // namespace
 
+// Job::in_wait while the job thread may wait for a data connection: a trainer that dies
+// meanwhile has the serve loop abort the communicator, which ends the wait. gone(): a trainer of
+// the job went before the mark was set (the serve loop saw no wait then: the job thread ends the
+// job itself, so the wait is not started).
+class Job::WaitMark {
+ public:
+  explicit WaitMark(Job* job) : job_(job) { job_->in_wait.store(true); }
+  ~WaitMark() { job_->in_wait.store(false); }
+  Status gone() const {
+    for (const auto& m : job_->members) {
+      if (m && m->lost.load()) return aborted_error("{} left the job", m->name());
+    }
+    return ok_status();
+  }
+
+ private:
+  Job* job_;
+};
+
 void Job::dmabuf_request(Trainer& t, const Request& r) {
   if (r.opcode == Opcode::kFlushDmabuf) {
     auto it = t.dmabufs.find(r.alloc_id);
     Status s;
-    if (it == t.dmabufs.end() || it->second.recv == nullptr) {
+    if (it == t.dmabufs.end() || it->second->recv == nullptr) {
       s = invalid_arg("flush: id {} is not a dma-buf registration of this client for receives",
                       r.alloc_id);
-    } else if (r.recv_off > it->second.bytes || r.recv_bytes > it->second.bytes - r.recv_off) {
+    } else if (r.recv_off > it->second->bytes || r.recv_bytes > it->second->bytes - r.recv_off) {
       s = invalid_arg("flush: [{}, +{}) outside dma-buf {} ({} bytes)", r.recv_off, r.recv_bytes,
-                      r.alloc_id, it->second.bytes);
+                      r.alloc_id, it->second->bytes);
     } else if (!comm) {
       s = aborted_error("flush: the job's daemons have no communicator");
     }
@@ -47,11 +66,15 @@ void Job::dmabuf_request(Trainer& t, const Request& r) {
       complete(t, r.seq, s);
       return;
     }
-    const DmabufRegistration& reg = it->second;
+    const DmabufRegistration& reg = *it->second;
     // The data connection from the registration's host: the one its receives came on.
-    auto flushed = comm->flush_dmabuf(
-        reg.peer_host, static_cast<uint8_t*>(reg.iova) + r.recv_off, r.recv_bytes, reg.recv,
-        sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000)));
+    const WaitMark mark(this);
+    auto flushed =
+        mark.gone().ok()
+            ? comm->flush_dmabuf(reg.peer_host, static_cast<uint8_t*>(reg.iova) + r.recv_off,
+                                 r.recv_bytes, reg.recv,
+                                 sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000)))
+            : Result<bool>(mark.gone());
     if (!flushed.ok()) {
       complete(t, r.seq, flushed.status());
       return;
@@ -67,16 +90,26 @@ void Job::dmabuf_request(Trainer& t, const Request& r) {
                invalid_arg("id {} is not a dma-buf registration of this client", r.alloc_id));
       return;
     }
-    DmabufRegistration reg = it->second;
-    t.dmabufs.erase(it);
-    // comm changes only on this thread (the serve loop only aborts it, under comm_mu).
-    Status s;
-    if (comm && reg.send != nullptr) s = comm->dereg_dmabuf(reg.peer_host, true, reg.send);
-    if (comm && reg.recv != nullptr) {
-      Status r2 = comm->dereg_dmabuf(reg.peer_host, false, reg.recv);
-      if (s.ok()) s = r2;
+    // A send or receive of the trainer's that names it and is not answered yet: the NIC may
+    // still move its bytes, so the registration stays and the trainer is told (NCCL deregisters
+    // only once its requests completed: this is a caller's mistake, never a wait).
+    size_t users = 0;
+    for (const auto& [seq, id] : t.device_ops) users += id == r.alloc_id ? 1 : 0;
+    if (users > 0) {
+      GW_LOG_INFO(
+          "gradwired: {} deregisters dma-buf {} while {} of its sends/receives naming it are "
+          "not completed: refused (deregister it once they completed)",
+          t.name(), r.alloc_id, users);
+      complete(t, r.seq,
+               invalid_arg("dma-buf {} is in use by {} sends/receives not completed yet",
+                           r.alloc_id, users));
+      return;
     }
-    ::munmap(reg.iova, reg.bytes);
+    std::shared_ptr<DmabufRegistration> reg = std::move(it->second);
+    t.dmabufs.erase(it);
+    // Released now, unless an op already answered (failed) still holds it in the communicator:
+    // then when that op ends.
+    const Status s = reg.use_count() == 1 ? reg->release() : ok_status();
     complete(t, r.seq, s);
     return;
   }
@@ -134,39 +167,35 @@ Result<uint32_t> Job::register_dmabuf(Trainer& t, const Request& r) {
                   fmt::format("daemons agreed {}: dma-bufs need verbs across hosts",
                               agreed.empty() ? "no transport" : agreed));
   }
-  DmabufRegistration reg;
-  reg.peer_host = peer_host;
-  reg.bytes = static_cast<size_t>(r.alloc_bytes);
+  auto reg = std::make_shared<DmabufRegistration>();
+  reg->peer_host = peer_host;
+  reg->bytes = static_cast<size_t>(r.alloc_bytes);
   // The address range the registration is known by: reserved, never accessible.
   void* iova =
-      ::mmap(nullptr, reg.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      ::mmap(nullptr, reg->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (iova == MAP_FAILED) {
-    return system_error(fmt::format("register_dmabuf: reserving {} bytes of addresses", reg.bytes),
+    return system_error(fmt::format("register_dmabuf: reserving {} bytes of addresses", reg->bytes),
                         errno);
   }
-  reg.iova = iova;
+  reg->iova = iova;
+  reg->link = dmabuf_link;
   const sys::Deadline deadline = sys::deadline_after_ms(std::min<int64_t>(first.timeout_ms, 10000));
   // comm changes only on this thread; the serve loop may abort it meanwhile (under comm_mu, which
   // is not held here: the wait for a connection must not hold the serve loop up).
   Status s;
   if (!comm) s = aborted_error("register_dmabuf: the job's daemons have no communicator");
+  const WaitMark mark(this);
+  if (s.ok()) s = mark.gone();
   for (const bool send : {true, false}) {
     if (!s.ok() || (r.dmabuf_use & (send ? kDmabufSends : kDmabufReceives)) == 0) continue;
-    auto mr = comm->reg_dmabuf(peer_host, send, iova, reg.bytes, r.send_off, fd.get(), deadline);
+    auto mr = comm->reg_dmabuf(peer_host, send, iova, reg->bytes, r.send_off, fd.get(), deadline);
     if (!mr.ok()) {
       s = mr.status();
       break;
     }
-    (send ? reg.send : reg.recv) = *mr;
+    (send ? reg->send : reg->recv) = *mr;
   }
-  if (!s.ok()) {
-    if (reg.send != nullptr) (void)comm->dereg_dmabuf(peer_host, true, reg.send);
-    if (reg.recv != nullptr) (void)comm->dereg_dmabuf(peer_host, false, reg.recv);
-  }
-  if (!s.ok()) {
-    ::munmap(iova, reg.bytes);
-    return s;
-  }
+  if (!s.ok()) return s;  // reg's release gives back what was made
   uint32_t id = t.next_dmabuf_id;
   while (t.dmabufs.count(id) != 0 || id == 0 || id > 0x7fffffffu) {
     id = id >= 0x7fffffffu ? 1 : id + 1;
@@ -174,8 +203,22 @@ Result<uint32_t> Job::register_dmabuf(Trainer& t, const Request& r) {
   t.next_dmabuf_id = id >= 0x7fffffffu ? 1 : id + 1;
   t.dmabufs[id] = reg;
   GW_LOG_DEBUG("gradwired: {} registered dma-buf id {} ({} bytes at offset {}) for host {}",
-               t.name(), id, reg.bytes, r.send_off, peer_host);
+               t.name(), id, reg->bytes, r.send_off, peer_host);
   return id;
+}
+
+Status DmabufRegistration::release() {
+  Status s;
+  coll::Communicator* comm = link ? link->comm : nullptr;
+  if (comm != nullptr && send != nullptr) s = comm->dereg_dmabuf(peer_host, true, send);
+  if (comm != nullptr && recv != nullptr) {
+    Status r2 = comm->dereg_dmabuf(peer_host, false, recv);
+    if (s.ok()) s = r2;
+  }
+  send = recv = nullptr;
+  if (iova != nullptr) ::munmap(iova, bytes);
+  iova = nullptr;
+  return s;
 }
 
 Status Job::p2p_device(Trainer& t, const Request& r, P2pDevice* dev) {
@@ -185,7 +228,7 @@ Status Job::p2p_device(Trainer& t, const Request& r, P2pDevice* dev) {
     return invalid_arg("{}: id {} is not a dma-buf registration of this client",
                        send ? "send" : "recv", r.dmabuf);
   }
-  const DmabufRegistration& reg = it->second;
+  const DmabufRegistration& reg = *it->second;
   net::MemRegion* mr = send ? reg.send : reg.recv;
   if (mr == nullptr) {
     return invalid_arg("{}: dma-buf {} is not registered for {}", send ? "send" : "recv", r.dmabuf,
@@ -204,17 +247,19 @@ Status Job::p2p_device(Trainer& t, const Request& r, P2pDevice* dev) {
   }
   dev->mr = mr;
   dev->at = static_cast<uint8_t*>(reg.iova) + off;
+  dev->keep = it->second;  // held by the op until the communicator is done with it
   return ok_status();
 }
 
 void Job::release_dmabufs(Trainer& t) {
-  for (auto& [id, reg] : t.dmabufs) {
-    if (comm && reg.send != nullptr) (void)comm->dereg_dmabuf(reg.peer_host, true, reg.send);
-    if (comm && reg.recv != nullptr) (void)comm->dereg_dmabuf(reg.peer_host, false, reg.recv);
-    ::munmap(reg.iova, reg.bytes);
-  }
+  // Its requests are forgotten (the board dropped them; the ops the communicator still runs hold
+  // their registrations until they end: the comm is aborted when a trainer goes).
+  t.device_ops.clear();
+  size_t held = 0;
+  for (auto& [id, reg] : t.dmabufs) held += reg.use_count() > 1 ? 1 : 0;
   if (!t.dmabufs.empty()) {
-    GW_LOG_INFO("gradwired: {}'s {} dma-buf registrations released", t.name(), t.dmabufs.size());
+    GW_LOG_INFO("gradwired: {}'s {} dma-buf registrations released{}", t.name(), t.dmabufs.size(),
+                held > 0 ? fmt::format(" ({} once the ops using them end)", held) : "");
   }
   t.dmabufs.clear();
   std::lock_guard<std::mutex> lock(t.fds_mu);

@@ -179,11 +179,13 @@ void P2pBoard::drop_member(size_t member, const Status& why) {
   if (member >= gone_.size() || !gone_[member].ok()) return;
   gone_[member] = why.ok() ? peer_error("rank {} left the job", rank_of_[member]) : why;
   const int32_t rank = rank_of_[member];
-  // Its own receives and the messages waiting for it: the others' sends to it end.
-  for (const Send& x : unexpected_[member]) {
+  // Its own receives and the messages waiting for it: the others' sends to it end, and so do
+  // those of other hosts whose bytes still wait at their sender (device messages).
+  std::deque<Send> waiting = std::move(unexpected_[member]);
+  unexpected_[member].clear();
+  for (const Send& x : waiting) {
     if (!x.done && x.member != member) complete_(x.member, x.seq, gone_[member], nullptr);
   }
-  unexpected_[member].clear();
   posted_[member].clear();
   for (size_t m = 0; m < rank_of_.size(); ++m) {
     if (m == member) continue;
@@ -204,12 +206,22 @@ void P2pBoard::drop_member(size_t member, const Status& why) {
     }
   }
   data_[member] = nullptr;
+  refuse_held(waiting, peer_error("rank {} is gone: it left before receiving the message", rank));
+}
+
+void P2pBoard::refuse_held(const std::deque<Send>& q, const Status& why) {
+  if (link_ == nullptr) return;
+  for (const Send& x : q) {
+    if (x.remote && x.remote->device && !x.remote->claimed) link_->refuse_device(*x.remote, why);
+  }
 }
 
 void P2pBoard::fail_all(const Status& s) {
+  std::deque<Send> held;
   for (auto& q : unexpected_) {
-    for (const Send& x : q) {
+    for (Send& x : q) {
       if (!x.done) complete_(x.member, x.seq, s, nullptr);
+      if (x.remote && x.remote->device) held.push_back(std::move(x));
     }
     q.clear();
   }
@@ -217,6 +229,7 @@ void P2pBoard::fail_all(const Status& s) {
     for (const Recv& x : q) complete_(x.member, x.seq, s, nullptr);
     q.clear();
   }
+  refuse_held(held, s);
 }
 
 // ---- messages of other hosts ----

@@ -36,6 +36,9 @@ namespace gw::daemon {
 struct P2pDevice {
   net::MemRegion* mr = nullptr;  // null: a host buffer (the trainer's data region)
   uint8_t* at = nullptr;
+  // The registration (DmabufRegistration), held by whatever holds this until the communicator is
+  // done with the op: mr stays registered and `at` reserved meanwhile, whoever deregisters.
+  std::shared_ptr<void> keep;
 };
 
 // A message of another host: its bytes (in the unexpected buffer) and, once a receive took it
@@ -59,6 +62,7 @@ struct P2pRemoteMsg {
   bool device = false;
   uint64_t size = 0;
   int32_t host = 0, payload_tag = 0;
+  int32_t dst = 0;  // the receiving rank its header named
 };
 
 // The board's way to the job's other hosts (implemented by RemoteP2p).
@@ -73,6 +77,9 @@ class P2pRemoteLink {
   virtual void forward(size_t member, const Request& r, const P2pDevice& dev) = 0;
   // A receive (msg's claim fields) took a device message: its payload is fetched now.
   virtual void claim_device(std::shared_ptr<P2pRemoteMsg> msg) = 0;
+  // A device message held for a receive that will never come (its trainer left, the job's
+  // point-to-point failed): its rendezvous is refused, so that the sender fails now, with `why`.
+  virtual void refuse_device(const P2pRemoteMsg& msg, const Status& why) = 0;
   // ok while ranks of `rank`'s host can be reached; else why not (pending receives end with it).
   virtual Status reachable(int32_t rank) const = 0;
 };
@@ -95,9 +102,11 @@ class P2pBoard {
   // Member `member` left (its arena is about to go): its own requests are forgotten, the others'
   // sends to it and receives naming it end with `why` (kPeer), its eager messages stay
   // receivable, and later sends to it or receives naming it (once those are taken) end with `why`
-  // at once. The others go on among themselves, as in direct mode.
+  // at once; device messages of other hosts held for it are refused (the link's refuse_device),
+  // so their senders fail now. The others go on among themselves, as in direct mode.
   void drop_member(size_t member, const Status& why);
-  // Completes everything pending with s (the daemon stops, the job ends) and forgets it.
+  // Completes everything pending with s (the daemon stops, the job ends) and forgets it; held
+  // device messages of other hosts are refused.
   void fail_all(const Status& s);
   // Sends and receives pending now (gradwirectl, tests).
   size_t pending() const;
@@ -143,6 +152,8 @@ class P2pBoard {
   void deliver(Send& s, const Recv& r);
   // r takes a message of another host (now, or once it lands).
   void take_remote(Send& s, const Recv& r);
+  // The device messages of other hosts in q, which no receive will take: refused (the link).
+  void refuse_held(const std::deque<Send>& q, const Status& why);
 
   std::vector<int32_t> rank_of_;
   std::vector<uint8_t*> data_;

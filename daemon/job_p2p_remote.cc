@@ -66,11 +66,17 @@ void RemoteP2p::touch() {
 }
 
 RemoteP2p::Op* RemoteP2p::send_control(int32_t host, Kind kind, uint16_t flags, int32_t src) {
+  XhostHeader h;
+  h.flags = flags;
+  h.src = src;
+  return send_header(host, kind, h);
+}
+
+RemoteP2p::Op* RemoteP2p::send_header(int32_t host, Kind kind, const XhostHeader& h) {
   Op& op = ops_.emplace_back();
   op.kind = kind;
   op.host = host;
-  op.h.flags = flags;
-  op.h.src = src;
+  op.h = h;
   const auto hdr = encode_xhost_header(op.h);
   op.hdr.assign(hdr.begin(), hdr.end());
   auto q = o_.comm->isend(op.hdr.data(), op.hdr.size(), host, kXhostTag);
@@ -189,6 +195,7 @@ void RemoteP2p::forward(size_t member, const Request& r, const P2pDevice& dev) {
     op.req = arm(*q);
     if (device) {
       // Straight from the device buffer, by the NIC: done once the receiving daemon took it.
+      op.dev_keep = dev.keep;  // registered until the communicator is done with the send
       auto p = o_.comm->isend_registered(dev.at, r.send_bytes, host, op.h.payload_tag, dev.mr);
       s = p.status();
       if (p.ok()) op.payload = arm(*p);
@@ -283,6 +290,7 @@ bool RemoteP2p::finish(Op& op) {
       return true;
     case Kind::kHello:
     case Kind::kBye:
+    case Kind::kRefuse:
       if (!st.ok()) host_down(op.host, st);
       return true;
     case Kind::kDrain:
@@ -326,6 +334,29 @@ void RemoteP2p::on_header(Op& op) {
     (void)post_header(host);
     return;
   }
+  if (h.flags == kXhostRefuse) {
+    // h.dst's device send h.payload_tag: nobody there will take it (its rendezvous is refused
+    // right behind this header). The send ends with the reason, not as a truncation.
+    for (Op& s : ops_) {
+      if (s.kind == Kind::kSend && s.host == host && s.h.flags == kXhostDevice &&
+          s.h.payload_tag == h.payload_tag && s.h.src == h.dst && !s.completed) {
+        s.completed = true;
+        board_->complete(
+            s.member, s.seq,
+            h.tag == kXhostRefuseGone
+                ? peer_error("point-to-point: receiver gone: rank {} (host {}) did not take {} "
+                             "bytes, tag {}",
+                             h.src, host, s.h.bytes, s.h.tag)
+                : peer_error("point-to-point: refused by host {}: point-to-point failed there "
+                             "({} bytes to rank {}, tag {})",
+                             host, s.h.bytes, h.src, s.h.tag),
+            nullptr);
+        break;
+      }
+    }
+    (void)post_header(host);
+    return;
+  }
   if (h.flags == kXhostBye) {
     // Its last header: no receive stays posted for that host (its connections close next, and
     // must find nothing pending here), and its ranks are unreachable from now on.
@@ -342,7 +373,8 @@ void RemoteP2p::on_header(Op& op) {
   if (h.flags == kXhostDevice) {
     // Its payload waits at the sender on its own tag: the next header is received at once.
     if (!failed_.ok() || board_->data(member) == nullptr) {
-      post_drain(host, h.bytes, h.payload_tag);  // nobody to take it: the sender fails
+      // Nobody to take it: the sender fails now, saying why (failed_, or the receiver left).
+      refuse(host, h, !failed_.ok() ? failed_ : peer_error("rank {} left the job", h.dst));
     } else if (board_->take_posted(member, h.src, h.tag, &rv)) {
       fetch_device(host, h, rv.member, rv.seq, rv.off, rv.cap, rv.dev);
     } else {
@@ -352,6 +384,7 @@ void RemoteP2p::on_header(Op& op) {
       msg->src = h.src;
       msg->tag = h.tag;
       msg->device = true;
+      msg->dst = h.dst;
       msg->size = h.bytes;
       msg->host = host;
       msg->payload_tag = h.payload_tag;
@@ -471,7 +504,7 @@ void RemoteP2p::fetch_device(int32_t host, const XhostHeader& h, size_t member, 
     return;
   }
   if (dev.mr == nullptr && board_->data(member) == nullptr) {
-    post_drain(host, h.bytes, h.payload_tag);  // it left meanwhile: the sender fails
+    refuse(host, h, peer_error("rank {} left the job", h.dst));  // it left meanwhile
     return;
   }
   Op& p = ops_.emplace_back();
@@ -481,6 +514,7 @@ void RemoteP2p::fetch_device(int32_t host, const XhostHeader& h, size_t member, 
   p.seq = seq;
   p.h = h;
   p.keep = o_.keep(member);
+  p.dev_keep = dev.keep;  // registered until the communicator is done with the receive
   // Into the device buffer by the NIC, or (a host receive) into the arena.
   auto q = dev.mr != nullptr
                ? o_.comm->irecv_registered(dev.at, h.bytes, host, h.payload_tag, dev.mr)
@@ -505,6 +539,62 @@ void RemoteP2p::claim_device(std::shared_ptr<P2pRemoteMsg> msg) {
   h.dst = board_->rank_of(msg->member);
   fetch_device(msg->host, h, msg->member, msg->seq, msg->off, msg->cap, msg->dev);
   publish();
+}
+
+void RemoteP2p::refuse_device(const P2pRemoteMsg& msg, const Status& why) {
+  XhostHeader h;
+  h.flags = kXhostDevice;
+  h.src = msg.src;
+  h.tag = msg.tag;
+  h.bytes = msg.size;
+  h.payload_tag = msg.payload_tag;
+  h.dst = msg.dst;
+  refuse(msg.host, h, why);
+  publish();
+}
+
+void RemoteP2p::refuse(int32_t host, const XhostHeader& h, const Status& why) {
+  if (!down_[static_cast<size_t>(host)].ok()) return;  // its connections are gone: so is the send
+  GW_LOG_INFO(
+      "gradwired: refusing a device message of {} bytes from rank {} (host {}) to rank {}, tag "
+      "{}: {}",
+      h.bytes, h.src, host, h.dst, h.tag, why.message());
+  // The refusal first, then the rendezvous's: the sending daemon takes the header (on the pair's
+  // control stream, ahead of the refusal's reply) before its send ends, and names the reason
+  // (the receiver left, or this daemon's point-to-point for the job failed: failed_).
+  XhostHeader r;
+  r.flags = kXhostRefuse;
+  r.src = h.dst;
+  r.dst = h.src;
+  r.tag = failed_.ok() ? kXhostRefuseGone : kXhostRefuseFailed;
+  r.bytes = h.bytes;
+  r.payload_tag = h.payload_tag;
+  Op* op = send_header(host, Kind::kRefuse, r);
+  if (op == nullptr) return;  // the host is down now
+  refusing_.push_back(op->req);
+  post_drain(host, h.bytes, h.payload_tag);
+}
+
+void RemoteP2p::flush_refusals(int64_t wait_ms) {
+  // An eager send is done once the communicator handed its frame to the transport; the abort
+  // that follows flushes such frames (collectives/p2p.h), and the refusals of the rendezvous
+  // (replies) with them.
+  const sys::Deadline deadline = sys::deadline_after_ms(wait_ms);
+  for (const auto& r : refusing_) {
+    const int64_t left = sys::ms_until(deadline);
+    if (left > 0 && !r->done()) (void)r->wait(left);
+  }
+  refusing_.clear();
+  publish();
+}
+
+bool RemoteP2p::refused_late(const Op& op) const {
+  if (op.kind != Kind::kSend || op.completed || op.h.flags != kXhostDevice || !op.payload ||
+      !done(op)) {
+    return false;
+  }
+  bool d = false;
+  return truncated(op.payload->test(&d));
 }
 
 void RemoteP2p::host_down(int32_t host, const Status& why) {
@@ -538,14 +628,19 @@ void RemoteP2p::fail_all(const Status& s) {
 }
 
 void RemoteP2p::progress() {
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (auto it = ops_.begin(); it != ops_.end();) {
-      if (finish(*it)) {
-        it = ops_.erase(it);
-        moved = true;
-      } else {
-        ++it;
+  // Twice: the device sends refused by their receiving daemon (refused_late) wait for the second
+  // round, after every header that came, so that a refusal's reason (kXhostRefuse, which that
+  // daemon sends ahead of the refusal) answers the trainer rather than a plain "truncated".
+  for (const bool late : {false, true}) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto it = ops_.begin(); it != ops_.end();) {
+        if ((late || !refused_late(*it)) && finish(*it)) {
+          it = ops_.erase(it);
+          moved = true;
+        } else {
+          ++it;
+        }
       }
     }
   }

@@ -84,6 +84,7 @@ class RemoteP2p : public P2pRemoteLink {
   void touch() override;
   void forward(size_t member, const Request& r, const P2pDevice& dev) override;
   void claim_device(std::shared_ptr<P2pRemoteMsg> msg) override;
+  void refuse_device(const P2pRemoteMsg& msg, const Status& why) override;
   Status reachable(int32_t rank) const override;
   // Job thread: handles every op done since, then tells the waker what is pending now.
   void progress();
@@ -94,6 +95,9 @@ class RemoteP2p : public P2pRemoteLink {
   // so that the abort or destruction that follows still delivers it. Once per job; nothing is
   // sent across hosts after it.
   void say_goodbye(int32_t rank, int64_t wait_ms);
+  // Waits (up to wait_ms) until the communicator took the refusals sent since the last call
+  // (refuse_device), so that an abort that follows still delivers them.
+  void flush_refusals(int64_t wait_ms);
   // Not ok once another daemon said goodbye: why (kPeer, naming the rank that left on purpose).
   const Status& peer_left() const { return peer_left_; }
   // That rank (-1 before).
@@ -113,7 +117,7 @@ class RemoteP2p : public P2pRemoteLink {
   size_t unexpected_bytes() const { return *used_; }
 
  private:
-  enum class Kind { kHeader, kHello, kBye, kSend, kPayloadArena, kPayloadBuffer, kDrain };
+  enum class Kind { kHeader, kHello, kBye, kRefuse, kSend, kPayloadArena, kPayloadBuffer, kDrain };
   struct Op {
     Kind kind = Kind::kHeader;
     int32_t host = 0;  // the other daemon
@@ -126,6 +130,8 @@ class RemoteP2p : public P2pRemoteLink {
     bool completed = false;  // the trainer's request was answered (fail_all)
     XhostHeader h;
     std::shared_ptr<void> keep;
+    // A device buffer's registration (P2pDevice::keep), held until the communicator ended the op.
+    std::shared_ptr<void> dev_keep;
     std::shared_ptr<P2pRemoteMsg> msg;  // kPayloadBuffer
   };
   bool done(const Op& op) const;
@@ -137,6 +143,13 @@ class RemoteP2p : public P2pRemoteLink {
   // A hello or goodbye header (flags, src) to `host`'s daemon, as an op: nullptr when the send
   // could not start (the host is then down).
   Op* send_control(int32_t host, Kind kind, uint16_t flags, int32_t src);
+  Op* send_header(int32_t host, Kind kind, const XhostHeader& h);
+  // The device message h from `host`, which no receive here will take: a refusal header
+  // (kXhostRefuse) to its sender's daemon, then its rendezvous refused (a receive of 0 bytes).
+  void refuse(int32_t host, const XhostHeader& h, const Status& why);
+  // A device send that its receiving daemon refused (the communicator's "truncated") and whose
+  // trainer is not answered yet: handled after every header that came (a refusal's reason).
+  bool refused_late(const Op& op) const;
   void post_drain(int32_t host, uint64_t bytes, int tag = kXhostTag);
   // A receive (member, seq) that matched h, a device message from `host`: its payload, from
   // the rendezvous on h.payload_tag into dev (or the arena at off), or its refusal.
@@ -157,7 +170,8 @@ class RemoteP2p : public P2pRemoteLink {
   bool said_bye_ = false;     // say_goodbye()
   std::vector<bool> linked_;  // by host: a hello went there or a header came from there
   std::vector<int32_t> next_payload_tag_;  // by host: the next device message's payload tag
-  Status peer_left_;                       // a goodbye came (the first)
+  std::vector<std::shared_ptr<coll::P2PRequest>> refusing_;  // refusals' sends, until flushed
+  Status peer_left_;                                         // a goodbye came (the first)
   int32_t peer_left_rank_ = -1;
   std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
 

@@ -3,8 +3,8 @@
 // job's daemon communicator, on tag kXhostTag, followed on the same tag by the payload (none for
 // 0 bytes), or with the payload in the same daemon message (kXhostInline). 32 bytes,
 // little-endian:
-//   u32 magic 'GWXP'  u16 version (2)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
-//   u32 payload tag (kXhostDevice; else 0)  u64 bytes
+//   u32 magic 'GWXP'  u16 version (3)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
+//   u32 payload tag (kXhostDevice, kXhostRefuse; else 0)  u64 bytes
 // flags 0: a message of 0 or more than kXhostInlineBytes bytes, its payload the next message;
 // kXhostInline: a message of 1 to kXhostInlineBytes bytes, its payload right after these 32 bytes
 // in the same daemon message (one send, one frame, one hand-off at the receiver); kXhostHello: the
@@ -13,7 +13,12 @@
 // then on and a daemon that goes is seen at once; kXhostBye: the last header a daemon sends each
 // daemon it exchanged headers with, when its job ends because a trainer left on purpose (src: that
 // trainer's rank; dst, tag and bytes 0, no payload): nothing more comes from it, and its
-// connections close next without a failure. decode_xhost_header refuses anything else (a daemon of
+// connections close next without a failure; kXhostRefuse (version 3): a device message's
+// receiving daemon refuses it because no receive will take it (its receiving trainer left, or
+// the job's point-to-point there failed): src the receiving rank, dst the sender, bytes and
+// payload tag the message's, tag why (kXhostRefuseGone, kXhostRefuseFailed); sent just before the
+// rendezvous is refused with a receive of 0 bytes, so that the sending daemon fails the send naming
+// the reason rather than "truncated". decode_xhost_header refuses anything else (a daemon of
 // another version, a rank outside the job, a negative tag, more bytes than the receiving daemon
 // takes) with kPeer naming the field.
 #pragma once
@@ -27,8 +32,8 @@
 namespace gw::daemon {
 
 inline constexpr uint32_t kXhostMagic = 0x50585747u;  // "GWXP" as little-endian bytes
-// 2: kXhostInline (version 1 sent every payload as a message of its own).
-inline constexpr uint16_t kXhostVersion = 2;
+// 3: kXhostRefuse; 2: kXhostInline (version 1 sent every payload as a message of its own).
+inline constexpr uint16_t kXhostVersion = 3;
 inline constexpr size_t kXhostHeaderBytes = 32;
 // The daemons' communicator carries nothing else point-to-point: one tag for header and payload,
 // so a payload follows its header in the per (source, tag) order.
@@ -43,6 +48,11 @@ inline constexpr uint16_t kXhostInline = 4;
 // an unexpected CPU buffer, and the headers behind it are not held up.
 inline constexpr uint16_t kXhostDevice = 8;
 inline constexpr int32_t kXhostDeviceTagFirst = 0x40000000;
+// The refusal of a device message (from its receiving daemon: see above), its payload tag at 20.
+inline constexpr uint16_t kXhostRefuse = 16;
+// A refusal's tag: why no receive will take the message.
+inline constexpr int32_t kXhostRefuseGone = 0;    // its receiving trainer left
+inline constexpr int32_t kXhostRefuseFailed = 1;  // the job's point-to-point failed there
 // The largest payload sent inline (well under the communicator's 16 KiB eager size, so such a
 // message is one eager frame; a copy of this much costs less than a second send and wake-up).
 inline constexpr uint64_t kXhostInlineBytes = 4096;
@@ -93,8 +103,8 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
   if (magic != kXhostMagic) return peer_error("cross-host point-to-point header: bad magic");
   if (version != kXhostVersion ||
       (h.flags != 0 && h.flags != kXhostHello && h.flags != kXhostBye && h.flags != kXhostInline &&
-       h.flags != kXhostDevice) ||
-      (h.flags != kXhostDevice && reserved != 0)) {
+       h.flags != kXhostDevice && h.flags != kXhostRefuse) ||
+      (h.flags != kXhostDevice && h.flags != kXhostRefuse && reserved != 0)) {
     return peer_error(
         "cross-host point-to-point header version {} (flags {}): this daemon speaks version {}",
         version, h.flags, kXhostVersion);
@@ -103,11 +113,11 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
     return peer_error("cross-host point-to-point inline message of {} bytes (1 to {})", h.bytes,
                       kXhostInlineBytes);
   }
-  if (h.flags == kXhostDevice) {
+  if (h.flags == kXhostDevice || h.flags == kXhostRefuse) {
     if (h.bytes == 0 || reserved < static_cast<uint32_t>(kXhostDeviceTagFirst) ||
         reserved > 0x7fffffffu) {
-      return peer_error("cross-host point-to-point device message of {} bytes on payload tag {}",
-                        h.bytes, reserved);
+      return peer_error("cross-host point-to-point device message{} of {} bytes on payload tag {}",
+                        h.flags == kXhostRefuse ? "'s refusal" : "", h.bytes, reserved);
     }
     h.payload_tag = static_cast<int32_t>(reserved);
   }
@@ -129,6 +139,9 @@ inline Result<XhostHeader> decode_xhost_header(const uint8_t* p, size_t n, int32
                       h.src, h.dst, world);
   }
   if (h.tag < 0) return peer_error("cross-host point-to-point header: tag {} < 0", h.tag);
+  if (h.flags == kXhostRefuse && h.tag != kXhostRefuseGone && h.tag != kXhostRefuseFailed) {
+    return peer_error("cross-host point-to-point refusal for reason {}", h.tag);
+  }
   if (h.bytes > max_bytes) {
     return peer_error("cross-host point-to-point header: {} bytes, more than the {} taken", h.bytes,
                       max_bytes);

@@ -66,6 +66,10 @@ struct FakeLink : gw::daemon::P2pRemoteLink {
   void claim_device(std::shared_ptr<gw::daemon::P2pRemoteMsg> msg) override {
     claimed.push_back(msg);
   }
+  void refuse_device(const gw::daemon::P2pRemoteMsg& msg, const gw::Status&) override {
+    refused.push_back(msg.payload_tag);
+  }
+  std::vector<int32_t> refused;  // the held device messages refused, by payload tag
   std::vector<gw::net::MemRegion*> forwarded_dev;
   std::vector<std::shared_ptr<gw::daemon::P2pRemoteMsg>> claimed;
   gw::Status reachable(int32_t rank) const override {

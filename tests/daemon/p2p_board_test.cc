@@ -305,4 +305,109 @@ TEST(P2pBoard, PeerOnAnotherHostIsRefused) {
   EXPECT_EQ(b.find(1, 1)->code, gw::Code::kUnsupported);
 }
 
+// Issue 28: device messages of another host held on the board (their bytes wait at the sending
+// daemon) are refused through the link when no receive will take them: when their receiving
+// member leaves (only its own, with the reason), and when everything fails (all). One a receive
+// already claimed is not refused again; host messages held in CPU memory need no refusal.
+struct FakeLink : gw::daemon::P2pRemoteLink {
+  void touch() override {}
+  void forward(size_t, const gw::daemon::Request&, const gw::daemon::P2pDevice&) override {}
+  void claim_device(std::shared_ptr<gw::daemon::P2pRemoteMsg> msg) override {
+    claimed.push_back(msg->payload_tag);
+  }
+  void refuse_device(const gw::daemon::P2pRemoteMsg& msg, const gw::Status& why) override {
+    refused.push_back({msg.payload_tag, msg.dst, why.message()});
+  }
+  gw::Status reachable(int32_t) const override { return gw::ok_status(); }
+  struct Refusal {
+    int32_t payload_tag, dst;
+    std::string why;
+  };
+  std::vector<int32_t> claimed;
+  std::vector<Refusal> refused;
+};
+
+TEST(P2pBoard, HeldDeviceMessagesAreRefusedWhenNoReceiveWillTakeThem) {
+  // Ranks 0 and 2 here (host 0), 1 and 3 on host 1.
+  Board b({0, 2}, {0, 1, 0, 1}, 0);
+  FakeLink link;
+  b.board->set_link(&link);
+  auto used = std::make_shared<uint64_t>(0);
+  auto held = [&](size_t member, int32_t src, int32_t tag, int32_t payload_tag) {
+    auto m = std::make_shared<gw::daemon::P2pRemoteMsg>(0, used);
+    m->src = src;
+    m->tag = tag;
+    m->device = true;
+    m->size = 1 << 20;
+    m->host = 1;
+    m->payload_tag = payload_tag;
+    m->dst = b.board->rank_of(member);
+    b.board->add_remote(member, src, tag, m);
+  };
+  held(0, 1, 5, 0x40000001);
+  held(0, 3, 6, 0x40000002);
+  held(1, 1, 5, 0x40000003);
+  held(1, 1, 7, 0x40000004);
+  // A host message held in CPU memory for member 0: nothing waits at its sender.
+  auto host_msg = std::make_shared<gw::daemon::P2pRemoteMsg>(8, used);
+  host_msg->src = 1;
+  host_msg->tag = 9;
+  b.board->add_remote(0, 1, 9, host_msg);
+  // Member 1 (rank 2) takes one of its two: claimed, not refused later.
+  b.recv(1, 1, 1, 7, 0, 1 << 20);
+  ASSERT_EQ(link.claimed, std::vector<int32_t>{0x40000004});
+  // Member 0 leaves: its two device messages are refused, naming it; member 1's stay.
+  b.board->drop_member(0, gw::peer_error("rank 0 left the job"));
+  ASSERT_EQ(link.refused.size(), 2u);
+  EXPECT_EQ(link.refused[0].payload_tag, 0x40000001);
+  EXPECT_EQ(link.refused[1].payload_tag, 0x40000002);
+  EXPECT_EQ(link.refused[0].dst, 0);
+  EXPECT_NE(link.refused[0].why.find("rank 0"), std::string::npos) << link.refused[0].why;
+  // Everything fails: member 1's held one is refused with that failure.
+  b.board->fail_all(gw::aborted_error("the job has ended"));
+  ASSERT_EQ(link.refused.size(), 3u);
+  EXPECT_EQ(link.refused[2].payload_tag, 0x40000003);
+  EXPECT_EQ(link.refused[2].dst, 2);
+  EXPECT_NE(link.refused[2].why.find("the job has ended"), std::string::npos);
+  EXPECT_EQ(b.board->pending(), 0u);
+  b.board->set_link(nullptr);
+}
+
+// The refusal's header (kXhostRefuse, version 3): a device message's ranks, bytes and payload tag
+// (in the device range), its reason as the tag, no payload; anything else is refused.
+TEST(P2pXhostHeader, RefusalCarriesTheDeviceMessagesPayloadTagAndWhy) {
+  using gw::daemon::kXhostDeviceTagFirst;
+  using gw::daemon::kXhostRefuse;
+  using gw::daemon::kXhostRefuseFailed;
+  using gw::daemon::kXhostRefuseGone;
+  using gw::daemon::XhostHeader;
+  auto decode = [](const XhostHeader& h, size_t payload) {
+    const auto b = gw::daemon::encode_xhost_header(h);
+    std::vector<uint8_t> msg(b.begin(), b.end());
+    msg.resize(msg.size() + payload, 0xab);
+    return gw::daemon::decode_xhost_header(msg.data(), msg.size(), 4, 1 << 20);
+  };
+  for (const int32_t why : {kXhostRefuseGone, kXhostRefuseFailed}) {
+    auto got = decode(XhostHeader{kXhostRefuse, 1, 2, why, 4096, kXhostDeviceTagFirst + 9}, 0);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(got->flags, kXhostRefuse);
+    EXPECT_EQ(got->payload_tag, kXhostDeviceTagFirst + 9);
+    EXPECT_EQ(got->src, 1);
+    EXPECT_EQ(got->dst, 2);
+    EXPECT_EQ(got->tag, why);
+  }
+  const std::pair<XhostHeader, size_t> bad[] = {
+      {XhostHeader{kXhostRefuse, 1, 2, 0, 0, kXhostDeviceTagFirst}, 0},  // no bytes
+      {XhostHeader{kXhostRefuse, 1, 2, 0, 8, 7}, 0},                     // a low tag
+      {XhostHeader{kXhostRefuse, 1, 2, 0, 8, kXhostDeviceTagFirst}, 8},  // bytes behind
+      {XhostHeader{kXhostRefuse, 1, 9, 0, 8, kXhostDeviceTagFirst}, 0},  // a rank outside
+      {XhostHeader{kXhostRefuse, 1, 2, 2, 8, kXhostDeviceTagFirst}, 0},  // no such reason
+  };
+  for (const auto& [h, payload] : bad) {
+    auto r = decode(h, payload);
+    ASSERT_FALSE(r.ok()) << "bytes " << h.bytes << " tag " << h.payload_tag << " why " << h.tag;
+    EXPECT_EQ(r.status().code(), gw::Code::kPeer);
+  }
+}
+
 }  // namespace

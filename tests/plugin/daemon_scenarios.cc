@@ -26,7 +26,30 @@ using scenario::connect_to;
 using scenario::fail;
 using scenario::unhex;
 
-int run_connect(const std::string& hex, const std::string& then) {
+// DIR/name with `text`, whole or not at all (written aside, then renamed).
+bool put_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string tmp = dir + "/." + name + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  return std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), (dir + "/" + name).c_str()) == 0;
+}
+
+// Whether DIR/name appears within `ms`.
+bool await_file(const std::string& dir, const std::string& name, int ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  while (::access((dir + "/" + name).c_str(), F_OK) != 0) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// The device buffers of the killed-with-a-device-op scenarios (issue 28): large enough that the
+// emulated NICs move them for a while (the kill lands mid-transfer).
+constexpr size_t kInflightBytes = size_t{64} << 20;
+
+int run_connect(const std::string& hex, const std::string& then, const std::string& dir = "") {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
   if (!unhex(hex, handle)) return fail("bad handle");
   if (plugin().first_init != ncclSuccess) return fail("init failed");
@@ -85,6 +108,29 @@ int run_connect(const std::string& hex, const std::string& then) {
     ::kill(::getpid(), SIGKILL);
     return fail("still alive");
   }
+  if (then == "dmabuf-send-inflight") {
+    // A device send of 64 MiB once the listener posted its receive (DIR/posted), this process's
+    // pid in DIR/pid: the test kills it once the first bytes landed, the send in flight.
+    MemfdBuffer dev(kInflightBytes, "gw-dmabuf-send-inflight");
+    void* mh = nullptr;
+    if (dev.data == nullptr) return fail("memfd");
+    if (api->reg_mr_dmabuf(sc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &mh) != ncclSuccess) {
+      return fail("regMrDmaBuf failed");
+    }
+    fill_pattern(dev.data, dev.size, 21);
+    if (!put_file(dir, "pid", std::to_string(::getpid()))) return fail("DIR/pid");
+    if (!await_file(dir, "posted", 20000)) return fail("no DIR/posted within 20 s");
+    void* req = nullptr;
+    if (Error e = post_send(*api, sc, dev.data, dev.size, 1, mh, &req); !e.empty()) return fail(e);
+    std::printf("sent\n");
+    std::fflush(stdout);
+    int done = 0, size = 0;
+    for (const auto until = Clock::now() + std::chrono::seconds(25); Clock::now() < until;) {
+      if (api->test(req, &done, &size) != ncclSuccess) return fail("the send failed");
+      if (done) return fail("the send completed before the test killed this process");
+    }
+    return fail("the test did not kill this process");
+  }
   if (then == "die") {
     // Long enough for the listener to post its receive: the rank dies with it in flight.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -100,6 +146,61 @@ int run_connect(const std::string& hex, const std::string& then) {
   if (Error e = wait_all(*api, {req}); !e.empty()) return fail(e);
   if (api->close_send(sc) != ncclSuccess) return fail("close");
   return api->finalize(ctx) == ncclSuccess ? 0 : fail("finalize");
+}
+
+// listen DIR MODE: the receiving end on host b (docs in daemon_scenarios.h).
+int run_listen(const std::string& dir, const std::string& mode) {
+  if (plugin().first_init != ncclSuccess) return fail("init failed");
+  auto api = make_api("v11");
+  void* ctx = nullptr;
+  if (api->init(&ctx) != ncclSuccess) return fail("init");
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  if (api->listen(ctx, 0, handle, &lc) != ncclSuccess) return fail("listen");
+  if (!put_file(dir, "handle", handle_hex(handle))) return fail("DIR/handle");
+  void* rc = nullptr;
+  for (const auto until = Clock::now() + std::chrono::seconds(20); rc == nullptr;) {
+    if (api->accept(lc, &rc) != ncclSuccess) return fail("accept");
+    if (rc == nullptr && Clock::now() > until) return fail("nobody connected within 20 s");
+    if (rc == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  MemfdBuffer dev(kInflightBytes, "gw-dmabuf-listen");
+  void* mh = nullptr;
+  if (dev.data == nullptr) return fail("memfd");
+  // Waits (in the daemon) for the data connection the test's first device registration makes.
+  if (api->reg_mr_dmabuf(rc, dev.data, dev.size, NCCL_PTR_CUDA, 0, dev.fd, &mh) != ncclSuccess) {
+    return fail("regMrDmaBuf failed");
+  }
+  if (mode == "dmabuf-recv-inflight") {
+    // A device receive of 64 MiB posted (DIR/posted); once its first bytes landed, killed.
+    void* req = nullptr;
+    if (Error e = post_recv(*api, rc, dev.data, dev.size, 1, mh, &req); !e.empty()) return fail(e);
+    if (!put_file(dir, "posted", "")) return fail("DIR/posted");
+    const volatile uint8_t* first = dev.data;
+    for (const auto until = Clock::now() + std::chrono::seconds(20); Clock::now() < until;) {
+      bool landed = false;
+      for (size_t i = 0; i < 64 && !landed; ++i) landed = first[i] != 0;
+      if (landed) {
+        std::printf("landed\n");
+        std::fflush(stdout);
+        ::kill(::getpid(), SIGKILL);
+      }
+      std::this_thread::yield();  // the daemons share the cores
+    }
+    return fail("no byte landed within 20 s");
+  }
+  if (mode == "dmabuf-held") {
+    // Registered (DIR/registered), then killed 300 ms after the test sent (DIR/sent) without
+    // posting a receive: its daemon holds the device message's header.
+    if (!put_file(dir, "registered", "")) return fail("DIR/registered");
+    if (!await_file(dir, "sent", 20000)) return fail("no DIR/sent within 20 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::printf("killed\n");
+    std::fflush(stdout);
+    ::kill(::getpid(), SIGKILL);
+    return fail("still alive");
+  }
+  return fail("listen: no mode " + mode);
 }
 
 int run_daemon_dies(const char* gradwired) {
@@ -281,6 +382,8 @@ int run_bench(bool xhost) {
 int run_daemon_scenario(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "connect" && argc == 4) return run_connect(argv[2], argv[3]);
+  if (mode == "connect" && argc == 5) return run_connect(argv[2], argv[3], argv[4]);
+  if (mode == "listen" && argc == 4) return run_listen(argv[2], argv[3]);
   if (mode == "daemon-dies" && argc == 3) return run_daemon_dies(argv[2]);
   if (mode == "bench" && argc == 2) return run_bench(false);
   if (mode == "bench-xhost" && argc == 2) return run_bench(true);

@@ -8,6 +8,15 @@
 //   connect HEX dmabuf-die
 //                      connect to HEX, register a 1 MiB dma-buf (a memfd) through the daemon,
 //                      print "registered", then SIGKILL itself
+//   connect HEX dmabuf-send-inflight DIR
+//                      connect to HEX, register a 64 MiB dma-buf, write its pid to DIR/pid, wait
+//                      for DIR/posted, send it all (tag 1, pattern seed 21) and test the send
+//                      until the test kills this process (it fails if the send ends first)
+//   listen DIR MODE    listen (handle in hex to DIR/handle), accept, register a 64 MiB dma-buf for
+//                      receives, then MODE dmabuf-recv-inflight: post a device receive of it all
+//                      (tag 1), write DIR/posted and SIGKILL itself once its first bytes landed;
+//                      MODE dmabuf-held: write DIR/registered, wait for DIR/sent, and SIGKILL
+//                      itself 300 ms later without posting a receive
 //   daemon-dies PATH   start gradwired (PATH) of its own, connect a pair through it, post a
 //                      receive, SIGKILL the daemon: test() must fail within 5 s, and so must
 //                      every later call (isend, listen+connect)

@@ -3,13 +3,120 @@
 // daemon_plugin_fixture.h).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "tests/plugin/daemon_plugin_fixture.h"
 #include "tests/plugin/plugin_harness.h"
+#include "tests/plugin/scenario_util.h"
 
 namespace gw::plugin_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A directory the test and its peer process meet in (the peer's scenario files), removed after.
+struct MeetingDir {
+  MeetingDir() {
+    char t[] = "/tmp/gw-dmabuf-fault-XXXXXX";
+    if (::mkdtemp(t) != nullptr) path = t;
+  }
+  ~MeetingDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+  // DIR/name's text once it exists (up to ms), or nullopt.
+  std::optional<std::string> await(const std::string& name, int ms) const {
+    for (const auto until = Clock::now() + std::chrono::milliseconds(ms); Clock::now() < until;
+         std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
+      if (::access(file(name).c_str(), F_OK) == 0) {
+        std::ifstream in(file(name));
+        std::ostringstream s;
+        s << in.rdbuf();
+        return s.str();
+      }
+    }
+    return std::nullopt;
+  }
+  bool put(const std::string& name) const { return std::ofstream(file(name)).good(); }
+  std::string path;
+};
+
+// A second instance of the plugin on host a whose connections carry GW_TIMEOUT_MS=ms (the
+// fixture's has 4000): the faults below must end requests far sooner than that.
+std::unique_ptr<NetApi> api_with_timeout(int ms, void** ctx) {
+  const char* was = getenv("GW_TIMEOUT_MS");
+  const std::string old = was != nullptr ? was : "";
+  setenv("GW_TIMEOUT_MS", std::to_string(ms).c_str(), 1);
+  auto api = make_api_of_copy();
+  if (api->init(ctx) != ncclSuccess) api.reset();
+  if (was != nullptr) {
+    setenv("GW_TIMEOUT_MS", old.c_str(), 1);
+  } else {
+    unsetenv("GW_TIMEOUT_MS");
+  }
+  return api;
+}
+
+// Tests `req` until it ends (its result), or `ms` passed (ncclSuccess, *done 0).
+ncclResult_t test_until_end(NetApi& api, void* req, int ms, int* done) {
+  ncclResult_t r = ncclSuccess;
+  int size = 0;
+  *done = 0;
+  for (const auto until = Clock::now() + std::chrono::milliseconds(ms);
+       r == ncclSuccess && !*done && Clock::now() < until;) {
+    r = api.test(req, done, &size);
+  }
+  return r;
+}
+
+// After a trainer was killed with a device op in flight: both daemons are there and clean (no
+// sanitizer report, which the ASan build's daemons print), and a new job across them moves bytes.
+void expect_daemons_go_on(NetApi& api, void* ctx) {
+  for (int h = 0; h < 2; ++h) {
+    const std::string out = xhost_daemon_output(h);
+    EXPECT_EQ(out.find("AddressSanitizer"), std::string::npos) << "daemon " << h << ":\n" << out;
+    EXPECT_EQ(out.find("runtime error"), std::string::npos) << "daemon " << h << ":\n" << out;
+  }
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(api.listen(ctx, 0, handle, &lc), ncclSuccess);
+  struct Acc {
+    std::atomic<void*> comm{nullptr};
+  } acc;
+  std::thread t([&] {
+    for (const auto until = Clock::now() + std::chrono::seconds(30); Clock::now() < until;) {
+      void* rc = nullptr;
+      if (api.accept(lc, &rc) != ncclSuccess) return;
+      if (rc != nullptr) {
+        acc.comm = rc;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  EXPECT_EQ(run_peer({}, {"connect", handle_hex(handle), "send"}), 0) << "a new job across them";
+  t.join();
+  void* rc = acc.comm.load();
+  ASSERT_NE(rc, nullptr) << "the new job's connection";
+  Buffer in(8192);
+  void* req = nullptr;
+  std::vector<int> sizes;
+  ASSERT_EQ(post_recv(api, rc, in.data, in.size, 3, nullptr, &req), "");
+  ASSERT_EQ(wait_all(api, {req}, &sizes), "");
+  EXPECT_EQ(sizes[0], 4096);
+  EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
+  api.close_recv(rc);
+  api.close_listen(lc);
+}
+
+bool verbs_across_hosts() {
+  return getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr && xhost_transport() == "verbs";
+}
 
 // Device buffers handed to regMrDmaBuf go to the daemon as dma-bufs (docs/nccl-plugin.md, "Daemon
 // mode"): across two daemons whose job agreed verbs (the emulator, which maps the descriptor the
@@ -328,6 +435,268 @@ TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
   (void)api_->dereg_mr(rc, md);
   api_->close_recv(rc);
   api_->close_listen(lc);
+}
+
+// Issue 28's use-after-free: a trainer killed while the NIC moves its device send (the peer on
+// host b sends 64 MiB from a registered dma-buf; the test kills it once the first bytes landed
+// here). Its daemon fails the send's ops and releases the registration only once the
+// communicator let go of them: the daemon lives on (the ASan build reports nothing), the receive
+// here fails promptly (well under the 30 s GW_TIMEOUT_MS), and a new job across the daemons works.
+TEST_F(DaemonPlugin, DmabufTrainerKilledWithADeviceSendInFlight) {
+  if (!verbs_across_hosts()) {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  MeetingDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  void* lctx = nullptr;
+  auto lapi = api_with_timeout(30000, &lctx);
+  ASSERT_NE(lapi, nullptr);
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  ASSERT_EQ(lapi->listen(lctx, 0, handle, &lc), ncclSuccess);
+  Acceptor acc;
+  acc.start(lapi.get(), lc);
+  std::string out;
+  std::thread peer([&] {
+    run_peer({"GW_TIMEOUT_MS=30000"},
+             {"connect", handle_hex(handle), "dmabuf-send-inflight", dir.path}, &out);
+  });
+  void* rc = acc.wait_comm();
+  ASSERT_NE(rc, nullptr);
+  MemfdBuffer dst(size_t{64} << 20, "gw-dmabuf-recv-of-inflight");
+  ASSERT_NE(dst.data, nullptr);
+  void* md = nullptr;
+  ASSERT_EQ(lapi->reg_mr_dmabuf(rc, dst.data, dst.size, NCCL_PTR_CUDA, 0, dst.fd, &md),
+            ncclSuccess);
+  void* req = nullptr;
+  ASSERT_EQ(post_recv(*lapi, rc, dst.data, dst.size, 1, md, &req), "");
+  ASSERT_TRUE(dir.put("posted"));
+  const auto pid_text = dir.await("pid", 20000);
+  ASSERT_TRUE(pid_text.has_value()) << "the peer's pid";
+  const pid_t pid = static_cast<pid_t>(std::stol(*pid_text));
+  const volatile uint8_t* first = dst.data;
+  bool landed = false;
+  for (const auto until = Clock::now() + std::chrono::seconds(20); !landed && Clock::now() < until;
+       std::this_thread::yield()) {
+    for (size_t i = 0; i < 64 && !landed; ++i) landed = first[i] != 0;
+  }
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(landed) << "no byte of the device send landed within 20 s";
+  const bool whole = dst.data[dst.size - 1] != 0;
+  EXPECT_FALSE(whole) << "the send had ended before the kill: nothing was in flight";
+  int done = 0;
+  const ncclResult_t r = test_until_end(*lapi, req, 15000, &done);
+  const double took = seconds_since(t0);
+  peer.join();
+  EXPECT_NE(out.find("sent"), std::string::npos) << out;
+  EXPECT_NE(r, ncclSuccess) << "the receive from a rank killed mid-send must fail";
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(took, 5.0) << "promptly (GW_TIMEOUT_MS is 30 s)";
+  std::printf("receive from the rank killed mid-send failed %.3f s after the kill\n", took);
+  (void)lapi->dereg_mr(rc, md);
+  lapi->close_recv(rc);
+  lapi->close_listen(lc);
+  acc.join();
+  expect_daemons_go_on(*lapi, lctx);
+  lapi->finalize(lctx);
+}
+
+// The other direction: the peer on host b posts a device receive of 64 MiB and kills itself once
+// its first bytes landed (the NIC writing into its registration). The daemon lives on, the send
+// here fails promptly, and a new job across the daemons works.
+TEST_F(DaemonPlugin, DmabufTrainerKilledWithADeviceReceiveInFlight) {
+  if (!verbs_across_hosts()) {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  MeetingDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  void* sctx = nullptr;
+  auto sapi = api_with_timeout(30000, &sctx);
+  ASSERT_NE(sapi, nullptr);
+  std::string out;
+  std::thread peer([&] {
+    run_peer({"GW_TIMEOUT_MS=30000"}, {"listen", dir.path, "dmabuf-recv-inflight"}, &out);
+  });
+  const auto hex = dir.await("handle", 20000);
+  ASSERT_TRUE(hex.has_value()) << "the peer's listen handle";
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  ASSERT_TRUE(scenario::unhex(*hex, handle));
+  void* sc = nullptr;
+  ASSERT_EQ(scenario::connect_to(*sapi, sctx, handle, &sc), ncclSuccess);
+  ASSERT_NE(sc, nullptr);
+  MemfdBuffer src(size_t{64} << 20, "gw-dmabuf-send-to-inflight");
+  ASSERT_NE(src.data, nullptr);
+  fill_pattern(src.data, src.size, 21);
+  void* ms = nullptr;
+  ASSERT_EQ(sapi->reg_mr_dmabuf(sc, src.data, src.size, NCCL_PTR_CUDA, 0, src.fd, &ms),
+            ncclSuccess);
+  ASSERT_TRUE(dir.await("posted", 20000).has_value()) << "the peer's device receive";
+  void* req = nullptr;
+  const auto t0 = Clock::now();
+  ASSERT_EQ(post_send(*sapi, sc, src.data, src.size, 1, ms, &req), "");
+  int done = 0;
+  const ncclResult_t r = test_until_end(*sapi, req, 15000, &done);
+  const double took = seconds_since(t0);
+  peer.join();
+  EXPECT_NE(out.find("landed"), std::string::npos) << "killed mid-transfer:\n" << out;
+  EXPECT_NE(r, ncclSuccess) << "the send to a rank killed mid-receive must fail";
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(took, 5.0) << "promptly (GW_TIMEOUT_MS is 30 s)";
+  std::printf("send to the rank killed mid-receive failed %.3f s after it was posted\n", took);
+  (void)sapi->dereg_mr(sc, ms);
+  sapi->close_send(sc);
+  expect_daemons_go_on(*api_, ctx_);
+  sapi->finalize(sctx);
+}
+
+// Issue 28: a device message held by the receiving daemon (its header only; the bytes wait at
+// the sender) whose receiver is killed before it posted a receive. The receiving daemon refuses
+// the rendezvous saying why, so the sender's request fails within a few seconds (GW_TIMEOUT_MS is
+// 30 s) with the reason ("receiver gone"), and a new job across the daemons works.
+TEST_F(DaemonPlugin, DmabufHeldMessageOfAKilledReceiverFailsItsSender) {
+  if (!verbs_across_hosts()) {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  MeetingDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  void* sctx = nullptr;
+  auto sapi = api_with_timeout(30000, &sctx);
+  ASSERT_NE(sapi, nullptr);
+  std::string out;
+  std::thread peer([&] {
+    run_peer({"GW_TIMEOUT_MS=30000"}, {"listen", dir.path, "dmabuf-held"}, &out);
+  });
+  const auto hex = dir.await("handle", 20000);
+  ASSERT_TRUE(hex.has_value()) << "the peer's listen handle";
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  ASSERT_TRUE(scenario::unhex(*hex, handle));
+  void* sc = nullptr;
+  ASSERT_EQ(scenario::connect_to(*sapi, sctx, handle, &sc), ncclSuccess);
+  ASSERT_NE(sc, nullptr);
+  MemfdBuffer src(1 << 20, "gw-dmabuf-held-send");
+  ASSERT_NE(src.data, nullptr);
+  fill_pattern(src.data, src.size, 8);
+  void* ms = nullptr;
+  ASSERT_EQ(sapi->reg_mr_dmabuf(sc, src.data, src.size, NCCL_PTR_CUDA, 0, src.fd, &ms),
+            ncclSuccess);
+  ASSERT_TRUE(dir.await("registered", 20000).has_value()) << "the peer's registration";
+  void* req = nullptr;
+  ASSERT_EQ(post_send(*sapi, sc, src.data, src.size, 1, ms, &req), "");
+  clear_log();
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(dir.put("sent"));
+  int done = 0;
+  const ncclResult_t r = test_until_end(*sapi, req, 20000, &done);
+  const double took = seconds_since(t0);
+  peer.join();
+  EXPECT_NE(out.find("killed"), std::string::npos) << out;
+  EXPECT_NE(r, ncclSuccess) << "a device message whose receiver was killed must fail its send";
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(took, 3.0) << "within a few seconds of the kill (300 ms after the send)";
+  std::printf("send held for a killed receiver failed %.3f s after it was posted\n", took);
+  bool named = false;
+  for (const std::string& line : log_lines()) {
+    named |= line.find("receiver gone") != std::string::npos;
+  }
+  if (!named) {
+    for (const std::string& line : log_lines()) std::printf("log: %s\n", line.c_str());
+  }
+  EXPECT_TRUE(named) << "the send's failure says why: the receiver is gone";
+  (void)sapi->dereg_mr(sc, ms);
+  sapi->close_send(sc);
+  expect_daemons_go_on(*api_, ctx_);
+  sapi->finalize(sctx);
+}
+
+// Issue 28: deregMr of a registration that a send or receive of the same client names and that
+// has not completed is refused (GW_ERR_INVALID_ARG, "in use"; docs/wire-daemon.md): the NIC may
+// still move its bytes, so the registration stays (until the client goes, as the plugin drops
+// its handle) and the op completes whole. Before, the daemon freed it under the op.
+TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
+  if (!verbs_across_hosts()) {
+    GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
+  }
+  const std::string daemon_was = getenv("GW_DAEMON");
+  const std::string host_was = getenv("GW_HOSTID") != nullptr ? getenv("GW_HOSTID") : "";
+  setenv("GW_DAEMON", getenv("GW_PLUGIN_TEST_PEER_DAEMON"), 1);
+  setenv("GW_HOSTID", getenv("GW_PLUGIN_TEST_PEER_HOSTID"), 1);
+  std::unique_ptr<NetApi> capi = make_api_of_copy();
+  void* cctx = nullptr;
+  ASSERT_EQ(capi->init(&cctx), ncclSuccess);
+  setenv("GW_DAEMON", daemon_was.c_str(), 1);
+  setenv("GW_HOSTID", host_was.c_str(), 1);
+  void *sc = nullptr, *rc = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, *capi, cctx, &sc, &rc), "");
+  constexpr size_t kMiB = 1 << 20;
+  MemfdBuffer dev(8 * kMiB, "gw-dmabuf-dereg-in-use");
+  ASSERT_NE(dev.data, nullptr);
+  uint8_t* const src = dev.data;
+  uint8_t* const dst = dev.data + 4 * kMiB;
+  auto reg = [&](NetApi& api, void* comm, uint8_t* at) {
+    void* m = nullptr;
+    EXPECT_EQ(api.reg_mr_dmabuf(comm, at, 4 * kMiB, NCCL_PTR_CUDA, at - dev.data, dev.fd, &m),
+              ncclSuccess);
+    return m;
+  };
+  void* ms = reg(*capi, sc, src);
+  void* md = reg(*api_, rc, dst);
+  ASSERT_NE(ms, nullptr);
+  ASSERT_NE(md, nullptr);
+  auto both = [&](void* sreq, void* rreq, int* got) {
+    ncclResult_t s = ncclSuccess, r = ncclSuccess;
+    for (const auto until = Clock::now() + std::chrono::seconds(20);
+         (sreq || rreq) && Clock::now() < until;) {
+      int d = 0, n = 0;
+      if (sreq != nullptr && ((s = capi->test(sreq, &d, &n)) != ncclSuccess || d)) sreq = nullptr;
+      d = 0;
+      if (rreq != nullptr && ((r = api_->test(rreq, &d, &n)) != ncclSuccess || d)) {
+        rreq = nullptr;
+        if (d) *got = n;
+      }
+    }
+    return s == ncclSuccess && r == ncclSuccess && sreq == nullptr && rreq == nullptr;
+  };
+  // A device receive posted (nothing sent yet): its registration is in use.
+  fill_pattern(src, 3 * kMiB, 41);
+  std::memset(dst, 0, 4 * kMiB);
+  void *sreq = nullptr, *rreq = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, dst, 3 * kMiB, 4, md, &rreq), "");
+  clear_log();
+  EXPECT_NE(api_->dereg_mr(rc, md), ncclSuccess) << "deregMr under a pending device receive";
+  EXPECT_TRUE(warned("in use")) << "the refusal says why";
+  ASSERT_EQ(post_send(*capi, sc, src, 3 * kMiB, 4, ms, &sreq), "");
+  int got = -1;
+  const bool completed = both(sreq, rreq, &got);
+  EXPECT_TRUE(completed) << "the receive whose deregMr was refused completes";
+  if (!completed) {
+    for (int h = 0; h < 2; ++h) std::printf("daemon %d:\n%s\n", h, xhost_daemon_output(h).c_str());
+  }
+  EXPECT_EQ(got, static_cast<int>(3 * kMiB));
+  EXPECT_EQ(check_pattern(dst, 3 * kMiB, 41), -1);
+  // A device send posted before its receive (held at the receiving daemon, in flight at this
+  // one): the sender's deregMr is refused, and the message still arrives whole.
+  fill_pattern(src, 2 * kMiB, 42);
+  std::memset(dst, 0, 4 * kMiB);
+  md = reg(*api_, rc, dst);
+  ASSERT_NE(md, nullptr);
+  sreq = rreq = nullptr;
+  ASSERT_EQ(post_send(*capi, sc, src, 2 * kMiB, 5, ms, &sreq), "");
+  EXPECT_NE(capi->dereg_mr(sc, ms), ncclSuccess) << "deregMr under a pending device send";
+  ASSERT_EQ(post_recv(*api_, rc, dst, 2 * kMiB, 5, md, &rreq), "");
+  got = -1;
+  EXPECT_TRUE(both(sreq, rreq, &got)) << "the send whose deregMr was refused completes";
+  EXPECT_EQ(got, static_cast<int>(2 * kMiB));
+  EXPECT_EQ(check_pattern(dst, 2 * kMiB, 42), -1);
+  // Once its ops completed, a registration deregisters.
+  EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess);
+  EXPECT_EQ(capi->close_send(sc), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  capi->finalize(cctx);
+  for (int h = 0; h < 2; ++h) {
+    const std::string out = xhost_daemon_output(h);
+    EXPECT_EQ(out.find("AddressSanitizer"), std::string::npos) << "daemon " << h << ":\n" << out;
+  }
 }
 
 }  // namespace
