@@ -105,7 +105,7 @@ TEST(P2pBoardLink, DeviceMessagesWaitForTheirReceiveInTagOrder) {
     return r;
   };
   auto* region = reinterpret_cast<gw::net::MemRegion*>(uintptr_t{0x1000});
-  gw::daemon::P2pDevice dev{region, reinterpret_cast<uint8_t*>(uintptr_t{0x2000})};
+  gw::daemon::P2pDevice dev{region, reinterpret_cast<uint8_t*>(uintptr_t{0x2000}), nullptr};
   b.submit(0, req(gw::daemon::Opcode::kSend, 1, 1, 5, 64), dev);
   ASSERT_EQ(link.forwarded_dev.size(), 1u);
   EXPECT_EQ(link.forwarded_dev[0], region);
