@@ -107,12 +107,13 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
       for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(dst[i], 0) << "written past the message";
     }
     // iflush of a device receive runs in the receiving daemon (its NIC's flush on the data
-    // connection the bytes came on): done at once (no request left to test); a range outside the
-    // region is refused; a host buffer needs none.
+    // connection the bytes came on): a request that completes once the daemon answered; a range
+    // outside the region is refused; a host buffer needs none.
     {
-      void* freq = reinterpret_cast<void*>(1);
+      void* freq = nullptr;
       ASSERT_EQ(api_->iflush(rc, dst, 5 * kMiB, md, &freq), ncclSuccess);
-      EXPECT_EQ(freq, nullptr);
+      ASSERT_NE(freq, nullptr);
+      EXPECT_EQ(wait_all(*api_, {freq}), "");
       EXPECT_NE(api_->iflush(rc, dst + kRegion - 10, 4096, md, &freq), ncclSuccess);
     }
     // Order on one tag: three sends before any receive (the receiving daemon holds the device
