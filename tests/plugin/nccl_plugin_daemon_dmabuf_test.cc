@@ -23,6 +23,12 @@ TEST_F(DaemonPlugin, TheGdrScenarioRunsWhereTheDaemonTakesDeviceBuffers) {
       getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr && xhost_transport() == "verbs";
   ncclNetProperties_v11_t props{};
   ASSERT_EQ(api_->properties(0, &props), ncclSuccess);
+  // Every exported version reports the same pointer support.
+  for (const char* v : {"v8", "v9", "v10", "v11", "v12"}) {
+    ncclNetProperties_v11_t p{};
+    ASSERT_EQ(make_api(v)->properties(0, &p), ncclSuccess) << v;
+    EXPECT_EQ(p.ptrSupport, props.ptrSupport) << v;
+  }
   // regMr(NCCL_PTR_CUDA) where no CUDA driver can export the buffer (this process loads none): an
   // error saying so, never a host registration.
   {
