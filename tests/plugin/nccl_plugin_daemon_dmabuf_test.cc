@@ -60,6 +60,20 @@ TEST_F(DaemonPlugin, TheGdrScenarioRunsWhereTheDaemonTakesDeviceBuffers) {
   GTEST_SKIP() << why;
 }
 
+// A daemon whose status does not answer (none at the address) is taken as "no": host buffers
+// only, and the start-up line says why (the connections then fail as before, saying so).
+TEST_F(DaemonPlugin, NoStatusFromTheDaemonMeansHostBuffersOnly) {
+  const std::string sock = "unix:/tmp/gw-no-daemon-" + std::to_string(::getpid()) + ".sock";
+  EXPECT_EQ(run_peer({"GW_DAEMON=" + sock, "-GW_PLUGIN_TEST_GRADWIRED"},
+                     {"info", "pointer support HOST, "}),
+            0);
+  EXPECT_EQ(run_peer({"GW_DAEMON=" + sock, "-GW_PLUGIN_TEST_GRADWIRED"},
+                     {"info",
+                      "GPUDirect RDMA none through gradwired (gradwired's status did not answer "
+                      "(no gradwired listens on"}),
+            0);
+}
+
 // Device buffers handed to regMrDmaBuf go to the daemon as dma-bufs (docs/nccl-plugin.md, "Daemon
 // mode"): across two daemons whose job agreed verbs (the emulator, which maps the descriptor the
 // daemon received: the registration proves it arrived whole), both ends register, bad input is
