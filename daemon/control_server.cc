@@ -115,6 +115,8 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       r["socket"] = opt.socket_path;
       r["control_socket"] = ctl_path;
       r["transport"] = encode_offer(offer.names);
+      r["device_buffers"] = device_buffers.yes;
+      r["device_buffers_why"] = device_buffers.why;
       r["host_id"] = host_id;
       r["clients"] = counters.live_clients.load();
       r["jobs"] = counters.live_jobs.load();

@@ -63,6 +63,11 @@ std::string num_or_dash(const json& j, const char* key) {
   return j.contains(key) && j.at(key).is_number_integer() ? num(j, key) : "-";
 }
 
+// A string field an older daemon did not send (device_buffers_why): "-" when absent.
+std::string str_or_dash(const json& j, const char* key) {
+  return j.contains(key) && j.at(key).is_string() ? str(j, key) : "-";
+}
+
 std::string render(gw::daemon::ControlCommand command, const json& r) {
   using gw::daemon::ControlCommand;
   switch (command) {
@@ -75,6 +80,7 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
                                         {"socket", str(r, "socket")},
                                         {"control socket", str(r, "control_socket")},
                                         {"transport", str(r, "transport")},
+                                        {"device buffers", str_or_dash(r, "device_buffers_why")},
                                         {"host id", str(r, "host_id")},
                                         {"clients", num(r, "clients")},
                                         {"jobs", num(r, "jobs")},

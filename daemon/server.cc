@@ -15,6 +15,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/net/backend_registry.h"
+#include "core/net/transport.h"
 #include "daemon/ring.h"
 #include "daemon/server_impl.h"
 
@@ -71,6 +72,24 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     GW_ASSIGN_OR_RETURN(impl->offer,
                         offer_transports(options.transport.empty() ? "auto" : options.transport,
                                          &net::backend_status, dpdk_port));
+    impl->device_buffers = device_buffers_verdict(impl->offer, [] {
+      // The verbs device the jobs' communicators open (VerbsDevice caches it per process), asked
+      // with no CUDA driver: the NIC's own dma-buf probe.
+      DeviceBuffers d;
+      net::TransportOptions o;
+      o.job_token = "gradwired-dmabuf-probe";
+      auto t = net::make_transport("verbs", o);
+      if (!t.ok()) {
+        d.why = fmt::format("the verbs device does not open ({})", t.status().message());
+        return d;
+      }
+      const net::Transport::NicDmabuf n = (*t)->nic_dmabuf();
+      d.yes = n.ok;
+      d.why = n.why;
+      return d;
+    });
+    GW_LOG_INFO("gradwired: trainers' device buffers (dma-bufs) through this daemon: {}",
+                impl->device_buffers.why);
   }
   GW_ASSIGN_OR_RETURN(impl->listen, bind_listener(options.socket_path));
   impl->ctl_path = control_socket_path(options.socket_path);

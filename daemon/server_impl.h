@@ -58,7 +58,8 @@ void answer_control(sys::Fd& sock, const std::string& body);
 
 struct Server::Impl {
   ServerOptions opt;
-  TransportOffer offer;  // the transports this daemon offers its jobs, best first
+  TransportOffer offer;          // the transports this daemon offers its jobs, best first
+  DeviceBuffers device_buffers;  // whether trainers' dma-bufs can go through it, and why
   std::string host_id;
   std::string ctl_path;    // the control socket (gradwirectl)
   bool has_group = false;  // ServerOptions::group, resolved

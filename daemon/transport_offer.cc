@@ -48,6 +48,22 @@ Result<TransportOffer> offer_transports(const std::string& configured,
   return o;
 }
 
+DeviceBuffers device_buffers_verdict(const TransportOffer& offer,
+                                     const std::function<DeviceBuffers()>& probe_verbs_nic) {
+  DeviceBuffers d;
+  if (std::find(offer.names.begin(), offer.names.end(), "verbs") == offer.names.end()) {
+    d.why = fmt::format(
+        "no: this daemon offers {} between hosts; device buffers (dma-bufs) need verbs "
+        "(GW_DAEMON_TRANSPORT verbs, or auto with an RDMA device)",
+        encode_offer(offer.names));
+    return d;
+  }
+  const DeviceBuffers nic = probe_verbs_nic();
+  d.yes = nic.yes;
+  d.why = fmt::format("{}: {}", nic.yes ? "yes" : "no", nic.why);
+  return d;
+}
+
 std::string encode_offer(const std::vector<std::string>& names) {
   std::string s;
   for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;

@@ -34,6 +34,20 @@ Result<TransportOffer> offer_transports(const std::string& configured,
                                         const std::function<Status(const std::string&)>& status_of,
                                         bool dpdk_port);
 
+// Whether trainers' device buffers (dma-bufs, docs/wire-daemon.md "Device buffers as dma-bufs")
+// can go through this daemon: yes only when its offer holds verbs (GW_DAEMON_TRANSPORT verbs, or
+// auto with a verbs device) and the verbs NIC takes dma-bufs. probe_verbs_nic() asks the NIC of
+// the verbs device this daemon's jobs would use (called only when verbs is offered): its verdict
+// and one line. `why` is one line either way (gradwirectl status, the plugin's start-up line).
+// A job whose daemons then agree another transport (a peer daemon without verbs) still refuses
+// its dma-bufs, saying so.
+struct DeviceBuffers {
+  bool yes = false;
+  std::string why;
+};
+DeviceBuffers device_buffers_verdict(const TransportOffer& offer,
+                                     const std::function<DeviceBuffers()>& probe_verbs_nic);
+
 // "dpdk,tcp".
 std::string encode_offer(const std::vector<std::string>& names);
 // Refuses an empty offer, more than kMaxOfferNames names, a name that is empty, longer than

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include "daemon/client.h"
 #include "daemon/control.h"
 #include "daemon/daemon_config.h"
+#include "gpudirect/cuda_driver.h"
 #include "plugin/daemon_handle.h"
 #include "plugin/daemon_meeting.h"
 
@@ -96,6 +98,9 @@ struct DaemonRequest {
   // message is one daemon message naming the region (no staging, no chunks): the NICs move it.
   uint32_t dmabuf = 0;
   uint64_t dev_off = 0;
+  // iflush of a device receive: one flush_dmabuf submission (of [dev_off, + size) of dmabuf),
+  // answered by the receiving daemon once its NIC's flush ran; no message, no tag.
+  bool flush = false;
   // Submitted, completion not yet read (in order; at most 1 + kReceivesAhead). A vector whose
   // room the slot keeps from one request to the next: no allocation per message.
   std::vector<Chunk> chunks;
@@ -204,17 +209,36 @@ class DaemonComm {
     return static_cast<uint32_t>(id);
   }
   // iflush of a device receive: the daemon runs its NIC's flush of [off, + size) of registration
-  // id (the data connection the receive came on). True when one ran, false when nothing needed it.
-  Result<bool> flush_dmabuf(uint32_t id, uint64_t off, size_t size) {
+  // id (on the data connection the receive came on). A request that test() completes once the
+  // daemon answered (NCCL's proxy thread never waits for the daemon in iflush); nullptr when all
+  // of the comm's request slots are taken (NCCL calls again).
+  Result<net::Request*> post_flush(uint32_t id, uint64_t off, size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return broken_.with_context(name_);
+    DaemonRequest* r = nullptr;
+    for (DaemonRequest& q : reqs_) {
+      if (!q.in_use) {
+        r = &q;
+        break;
+      }
+    }
+    if (r == nullptr) return static_cast<net::Request*>(nullptr);
     SqEntry e{};
     e.opcode = static_cast<uint16_t>(Opcode::kFlushDmabuf);
     e.spec_len = id;
     e.recv_off = off;
     e.count = size;
-    daemon::CompressedDone info;
-    GW_RETURN_IF_ERROR(call(e, "iflush", &info));
-    return daemon::p2p_done(info).bytes != 0;
+    GW_ASSIGN_OR_RETURN(uint64_t seq, client_->post(e, "iflush"));
+    r->in_use = true;
+    r->flush = true;
+    r->dmabuf = id;
+    r->dev_off = off;
+    r->size = size;
+    r->next = size;
+    r->started = true;
+    r->chunks.push_back(Chunk{seq, Client::Placed{}, 0, size, true});
+    order_.push_back(r);
+    return reinterpret_cast<net::Request*>(r);
   }
   Status deregister_dmabuf(uint32_t id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -298,7 +322,9 @@ class DaemonComm {
         }
         bytes = static_cast<size_t>(d.bytes);
       }
-      if (st.ok() && !r.send && r.dmabuf != 0) {
+      if (st.ok() && r.flush) {
+        r.known = true;  // the daemon's NIC flush ran (or its link needed none)
+      } else if (st.ok() && !r.send && r.dmabuf != 0) {
         r.total = r.next = r.got = bytes;  // the NIC wrote it into the device buffer
         r.known = true;
       } else if (st.ok() && !r.send) {
@@ -454,7 +480,7 @@ class DaemonComm {
     }
     open_tags_.clear();
     for (DaemonRequest* r : order_) {
-      if (!r->failed.ok()) continue;
+      if (!r->failed.ok() || r->flush) continue;   // a flush is submitted when posted
       const int key = r->send ? r->tag : ~r->tag;  // sends and receives apart (tags are >= 0)
       const bool waits = std::find(open_tags_.begin(), open_tags_.end(), key) != open_tags_.end();
       if (r->dmabuf != 0) {
@@ -510,18 +536,69 @@ struct DaemonRegion : net::MemRegion {
   uint32_t dmabuf_id = 0;
 };
 
-Result<net::MemRegion*> host_region(void* data, size_t size, net::MemType type) {
-  if (type != net::MemType::kHost) {
-    return Status(Code::kUnsupported,
-                  "reg_mr: daemon mode (GW_DAEMON) takes device buffers only as dma-bufs "
-                  "(regMrDmaBuf), which the daemon registers with its NIC; regMr of device "
-                  "memory without one is refused");
-  }
+Result<net::MemRegion*> host_region(void* data, size_t size) {
   auto* mr = new DaemonRegion;
   mr->base = data;
   mr->size = size;
-  mr->type = type;
+  mr->type = net::MemType::kHost;
   return mr;
+}
+
+// regMr(NCCL_PTR_CUDA): device memory with no dma-buf handed in. As the direct verbs path does
+// with GPUDirect, the plugin exports one itself through the CUDA driver
+// (cuMemGetHandleForAddressRange over the allocation's pages) and hands it to `reg` (the daemon's
+// register_dmabuf) for the pages of [data, + size); the descriptor is closed after (the daemon's
+// registration holds the buffer). A driver that is missing or cannot export is an error naming
+// it: device memory never falls back to a host path here (the CPU cannot copy it).
+struct Exported {
+  uintptr_t begin = 0;  // the registered pages: [begin, begin + bytes)
+  size_t bytes = 0;
+  uint64_t offset = 0;  // begin's offset in the dma-buf
+};
+Result<Exported> export_dmabuf(void* data, size_t size,
+                               const std::function<Status(int fd, const Exported&)>& reg) {
+  const char* what = "regMr(NCCL_PTR_CUDA) in daemon mode";
+  const cuda::Driver* d = cuda::resident_driver();
+  if (d == nullptr) {
+    return Status(
+        Code::kUnsupported,
+        fmt::format("{}: no CUDA driver in this process to export the buffer's dma-buf", what));
+  }
+  if (d->cuMemGetHandleForAddressRange == nullptr || d->cuMemGetAddressRange == nullptr) {
+    return Status(Code::kUnsupported,
+                  fmt::format("{}: the CUDA driver ({}) cannot export dma-bufs "
+                              "(cuMemGetHandleForAddressRange needs CUDA 11.7 or later)",
+                              what, d->version));
+  }
+  const auto ptr = reinterpret_cast<cuda::CUdeviceptr>(data);
+  cuda::CUdeviceptr base = 0;
+  size_t alloc = 0;
+  if (cuda::CUresult r = d->cuMemGetAddressRange(&base, &alloc, ptr); r != cuda::kCudaSuccess) {
+    return cuda::cuda_error(*d, r, fmt::format("{}: cuMemGetAddressRange({:#x})", what, ptr));
+  }
+  if (ptr < base || size > alloc || ptr - base > alloc - size) {
+    return invalid_arg("{}: [{:#x}, +{}) is not inside one CUDA allocation ({:#x}, +{})", what, ptr,
+                       size, base, alloc);
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t export_size = (alloc + page - 1) & ~(page - 1);
+  int fd = -1;
+  if (cuda::CUresult r = d->cuMemGetHandleForAddressRange(&fd, base, export_size,
+                                                          cuda::kMemRangeHandleDmaBufFd, 0);
+      r != cuda::kCudaSuccess) {
+    return cuda::cuda_error(*d, r,
+                            fmt::format("{}: cuMemGetHandleForAddressRange(DMA_BUF_FD)", what));
+  }
+  Exported e;
+  e.begin = std::max<uintptr_t>(ptr & ~(page - 1), base);
+  const uintptr_t end =
+      std::min<uintptr_t>((ptr + size + page - 1) & ~(page - 1), base + export_size);
+  e.bytes = end - e.begin;
+  e.offset = e.begin - base;
+  Status s = reg(fd, e);
+  ::close(fd);
+  if (!s.ok()) return s;
+  return e;
 }
 
 // A buffer in a device region (docs/nccl-plugin.md "Daemon mode"): the daemon's registration id
@@ -552,7 +629,20 @@ class DaemonEnd : public Base {
  public:
   explicit DaemonEnd(std::unique_ptr<DaemonComm> c) : c_(std::move(c)) {}
   Result<net::MemRegion*> reg_mr(void* data, size_t size, net::MemType type) override {
-    return host_region(data, size, type);
+    if (type == net::MemType::kHost) return host_region(data, size);
+    if (data == nullptr || size == 0) return invalid_arg("regMr: {} bytes at {}", size, data);
+    uint32_t id = 0;
+    GW_ASSIGN_OR_RETURN(Exported e, export_dmabuf(data, size, [&](int fd, const Exported& x) {
+                          auto got = c_->register_dmabuf(fd, x.offset, x.bytes, kSend);
+                          if (got.ok()) id = *got;
+                          return got.status();
+                        }));
+    auto* mr = new DaemonRegion;
+    mr->base = reinterpret_cast<void*>(e.begin);
+    mr->size = e.bytes;
+    mr->type = net::MemType::kCuda;
+    mr->dmabuf_id = id;
+    return mr;
   }
   // The dma-buf goes to the daemon, which registers it on the NIC of the job's link to the peer's
   // host (for this end's direction); the daemon never maps it.
@@ -560,8 +650,7 @@ class DaemonEnd : public Base {
     if (data == nullptr || size == 0) {
       return invalid_arg("regMrDmaBuf: {} bytes at {}", size, data);
     }
-    GW_ASSIGN_OR_RETURN(uint32_t id,
-                        c_->register_dmabuf(fd, offset, size, std::is_same_v<Base, net::SendComm>));
+    GW_ASSIGN_OR_RETURN(uint32_t id, c_->register_dmabuf(fd, offset, size, kSend));
     auto* mr = new DaemonRegion;
     mr->base = data;
     mr->size = size;
@@ -582,6 +671,7 @@ class DaemonEnd : public Base {
   std::string peer_name() const override { return c_->name(); }
 
  protected:
+  static constexpr bool kSend = std::is_same_v<Base, net::SendComm>;
   std::unique_ptr<DaemonComm> c_;
 };
 
@@ -601,14 +691,13 @@ class DaemonRecv final : public DaemonEnd<net::RecvComm> {
     GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "irecv"));
     return c_->post(false, data, size, tag, d.id, d.off);
   }
-  // A device receive's flush runs in the daemon (its NIC wrote the bytes), synchronously: nothing
-  // is left to test. Host buffers need none (the daemon's copy is the CPU's).
+  // A device receive's flush runs in the receiving daemon (its NIC wrote the bytes): a request
+  // that completes when the daemon answered, as direct mode's GDR flush is one. Host buffers, and
+  // an empty receive, need none (no request).
   Result<net::Request*> iflush(void* data, size_t size, net::MemRegion* mr) override {
     GW_ASSIGN_OR_RETURN(DeviceAt d, device_at(mr, data, size, "iflush"));
     if (d.id == 0 || size == 0) return static_cast<net::Request*>(nullptr);
-    // Whether a flush ran or the daemon's link needed none, the bytes are the device's now.
-    GW_RETURN_IF_ERROR(c_->flush_dmabuf(d.id, d.off, size).status());
-    return static_cast<net::Request*>(nullptr);
+    return c_->post_flush(d.id, d.off, size);
   }
 };
 
@@ -763,18 +852,42 @@ class DaemonTransport final : public net::Transport {
                         decode_daemon_handle(handle.bytes.data(), handle.bytes.size()));
     return std::unique_ptr<net::Connector>(std::make_unique<DaemonConnector>(s_, std::move(h)));
   }
-  DeviceMemory device_memory() const override {
-    DeviceMemory d;
-    d.why =
-        "daemon mode (GW_DAEMON) copies host buffers through the arena; device buffers "
-        "(dma-buf) are a later step";
-    return d;
-  }
+  // What gradwired said at start-up (daemon_device_buffers): device buffers go through it as
+  // dma-bufs (regMrDmaBuf, or regMr(NCCL_PTR_CUDA) exporting one), or host buffers only.
+  DeviceMemory device_memory() const override { return device_; }
+  void set_device_memory(DeviceMemory d) { device_ = std::move(d); }
 
  private:
   std::shared_ptr<const Shared> s_;
   net::Properties props_;
+  DeviceMemory device_;
 };
+
+// Asks the daemon (its control socket's status: docs/wire-daemon.md "Control socket") whether
+// device buffers can go through it: `device_buffers` and its one-line `device_buffers_why`. A
+// daemon that does not answer in time, or an older one that does not say, means host buffers only.
+net::Transport::DeviceMemory daemon_device_buffers(const std::string& address, int64_t timeout_ms) {
+  net::Transport::DeviceMemory d;
+  const std::string ctl = daemon::control_socket_path(address.substr(5));
+  auto st = daemon::control_call(ctl, daemon::ControlCommand::kStatus,
+                                 std::clamp<int64_t>(timeout_ms, 1, 5000));
+  if (!st.ok()) {
+    d.why = fmt::format("gradwired's status did not answer ({}): host buffers only",
+                        st.status().message());
+    return d;
+  }
+  const auto& r = *st;
+  if (!r.contains("device_buffers") || !r["device_buffers"].is_boolean() ||
+      !r.contains("device_buffers_why") || !r["device_buffers_why"].is_string()) {
+    d.why =
+        "gradwired does not say whether device buffers go through it (an older daemon): "
+        "host buffers only";
+    return d;
+  }
+  d.reg = d.dmabuf = r["device_buffers"].get<bool>();
+  d.why = "gradwired says " + r["device_buffers_why"].get<std::string>();
+  return d;
+}
 
 }  // namespace
 
@@ -785,7 +898,9 @@ Result<std::unique_ptr<net::Transport>> make_daemon_transport(const DaemonNetOpt
   s->host_id = host_identity();
   s->host = host_hash(s->host_id);
   s->spin_ns = 0;  // test() never waits: NCCL's proxy thread polls
-  return std::unique_ptr<net::Transport>(std::make_unique<DaemonTransport>(s, nic));
+  auto t = std::make_unique<DaemonTransport>(s, nic);
+  t->set_device_memory(daemon_device_buffers(options.address, options.timeout_ms));
+  return std::unique_ptr<net::Transport>(std::move(t));
 }
 
 }  // namespace gw::plugin

@@ -289,7 +289,13 @@ Status NetPlugin::discover() {
   // RDMA); otherwise NCCL stages GPU buffers through host memory.
   const net::Transport::DeviceMemory dm = transport->device_memory();
   d.ptr_support = NCCL_PTR_HOST | (dm.reg ? NCCL_PTR_CUDA : 0) | (dm.dmabuf ? NCCL_PTR_DMABUF : 0);
+  // Daemon mode: what gradwired said, yes or no, with its reason (the start-up line shows it).
+  const bool daemon_mode = d.daemon_note.rfind("daemon mode", 0) == 0;
   d.gpudirect = dm.reg ? (dm.dmabuf ? "dma-buf" : "nvidia-peermem") : "none: " + dm.why;
+  if (daemon_mode) {
+    d.gpudirect = dm.dmabuf ? "dma-buf through gradwired (" + dm.why + ")"
+                            : "none through gradwired (" + dm.why + ")";
+  }
   std::vector<std::string> ifs = interface_names(p.interfaces);
   std::string joined;
   int speed = 0;

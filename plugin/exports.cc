@@ -73,8 +73,9 @@ ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandl
     }
     Result<MemHandle*> mh = c->reg_mr(data, size, type == NCCL_PTR_CUDA);
     if (!mh.ok() && type == NCCL_PTR_CUDA && mh.status().code() == Code::kUnsupported) {
-      // NCCL asks for this only where getProperties reported NCCL_PTR_CUDA.
-      return internal_error("NCCL_PTR_CUDA memory, but this device reports host memory only: {}",
+      // NCCL asks for this only where getProperties reported NCCL_PTR_CUDA (daemon mode: where
+      // the daemon said so, but the process may lack a driver that exports dma-bufs).
+      return internal_error("NCCL_PTR_CUDA memory this comm cannot register: {}",
                             mh.status().message());
     }
     if (!mh.ok()) return mh.status();

@@ -278,6 +278,34 @@ Result<VerbsDevice::Registration*> VerbsDevice::acquire(const void* addr, size_t
   return raw;
 }
 
+VerbsDevice::DmabufProbe VerbsDevice::dmabuf_probe() const {
+  DmabufProbe p;
+  if (ibv_->reg_dmabuf_mr == nullptr) {
+    p.why = "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)";
+    return p;
+  }
+  // The probe NCCL uses too: with fd -1 the kernel fails the lookup of the descriptor (EBADF) only
+  // once it has accepted the call; a provider without the verb answers EOPNOTSUPP (rdma-core's
+  // dummy op; some releases ENOSYS), a kernel without the ioctl method EPROTONOSUPPORT.
+  errno = 0;
+  ibv_mr* mr = ibv_->reg_dmabuf_mr(pd_, 0, 0, 0, -1, 0);
+  const int err = errno;
+  if (mr != nullptr) {
+    (void)ibv_->dereg_mr(mr);
+    p.why = fmt::format("{}: ibv_reg_dmabuf_mr of fd -1 registered (a broken driver?)", name_);
+  } else if (err == EBADF) {
+    p.ok = true;
+    p.why = fmt::format("{} takes dma-bufs (ibv_reg_dmabuf_mr probe: EBADF)", name_);
+  } else if (err == EOPNOTSUPP || err == ENOSYS || err == EPROTONOSUPPORT) {
+    p.why =
+        fmt::format("{} does not take dma-bufs (ibv_reg_dmabuf_mr: {})", name_, std::strerror(err));
+  } else {
+    p.why = fmt::format("{}: the dma-buf probe answered {} (EBADF expected where supported)", name_,
+                        err == 0 ? std::string("no errno") : std::strerror(err));
+  }
+  return p;
+}
+
 VerbsDevice::GpuDirectSupport VerbsDevice::gpudirect_support(const VerbsConfig& config) {
   // Not cached: the application may load the driver later, and the probe costs one failing call.
   GpuDirectSupport gdr;
@@ -286,22 +314,9 @@ VerbsDevice::GpuDirectSupport VerbsDevice::gpudirect_support(const VerbsConfig& 
     gdr.why = "no CUDA driver in this process";
     return gdr;
   }
-  std::string nic;
-  if (ibv_->reg_dmabuf_mr == nullptr) {
-    nic = "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core < 34)";
-  } else {
-    // The probe NCCL uses: a bad fd is EBADF where the device takes dma-bufs, EOPNOTSUPP where not.
-    errno = 0;
-    ibv_mr* mr = ibv_->reg_dmabuf_mr(pd_, 0, 0, 0, -1, 0);
-    if (mr != nullptr) {
-      (void)ibv_->dereg_mr(mr);
-      nic = "the dma-buf probe unexpectedly registered";
-    } else if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT) {
-      nic = fmt::format("{} does not take dma-bufs", name_);
-    }
-  }
-  if (!nic.empty()) {
-    gdr.why = nic;
+  const DmabufProbe nic = dmabuf_probe();
+  if (!nic.ok) {
+    gdr.why = nic.why;
   } else if (d->cuMemGetHandleForAddressRange == nullptr || d->cuMemGetAddressRange == nullptr) {
     gdr.why = fmt::format("the CUDA driver ({}) cannot export dma-bufs", d->version);
   } else {

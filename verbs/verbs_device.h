@@ -67,6 +67,17 @@ class VerbsDevice {
     std::string why;       // what was found, for INFO lines and errors
   };
   GpuDirectSupport gpudirect_support(const VerbsConfig& config);
+  // Whether this device's NIC and kernel driver take dma-buf registrations at all, asked of the
+  // NIC alone (no CUDA driver needed: the daemon, which never exports a dma-buf itself, asks it).
+  // The probe is one ibv_reg_dmabuf_mr of fd -1: EBADF where the kernel would look the fd up (the
+  // method exists and the driver implements it), EOPNOTSUPP / ENOSYS / EPROTONOSUPPORT where
+  // rdma-core's provider or the kernel lack it. Anything else (a registration, another errno)
+  // is a "no" that names what came back. Not cached; thread-safe.
+  struct DmabufProbe {
+    bool ok = false;
+    std::string why;  // one line: what the probe found
+  };
+  DmabufProbe dmabuf_probe() const;
   void release(Registration* r);
   size_t cached_registrations() const;
 

@@ -500,6 +500,14 @@ class VerbsTransport final : public net::Transport {
     return m;
   }
 
+  NicDmabuf nic_dmabuf() const override {
+    const VerbsDevice::DmabufProbe p = device_->dmabuf_probe();
+    NicDmabuf n;
+    n.ok = p.ok;
+    n.why = p.why;
+    return n;
+  }
+
   Result<std::unique_ptr<net::Listener>> listen(net::Handle* handle) override {
     if (handle == nullptr) return invalid_arg("listen: null handle");
     int fd = socket(iface_.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -189,6 +189,14 @@ class Transport {
     std::string why = "the transport moves host memory only";
   };
   virtual DeviceMemory device_memory() const { return {}; }
+  // Whether the transport's NIC takes dma-buf registrations (reg_mr_dmabuf), asked of the NIC
+  // alone, with no CUDA driver in the process (gradwired asks it: it never exports a dma-buf, its
+  // trainers hand theirs over). `why` is one line for logs and replies.
+  struct NicDmabuf {
+    bool ok = false;
+    std::string why = "the transport moves bytes through the CPU, not a NIC's DMA";
+  };
+  virtual NicDmabuf nic_dmabuf() const { return {}; }
 };
 
 // A transport of the registered backend `name` (not "auto": core/net/auto_backend.h resolves

@@ -626,6 +626,39 @@ TEST(DaemonTransportOffer, ANamedTransportIsOfferedAloneAndMustBeUsableHere) {
   EXPECT_NE(o.status().message().find("GW_DAEMON_TRANSPORT"), std::string::npos);
 }
 
+// Device buffers through the daemon: yes only when verbs is offered and its NIC takes dma-bufs;
+// the NIC is not even asked when verbs is not offered; every answer is one line that says why.
+TEST(DaemonTransportOffer, DeviceBuffersNeedAVerbsOfferAndANicThatTakesDmabufs) {
+  int asked = 0;
+  auto nic = [&](bool yes) {
+    return [&asked, yes] {
+      ++asked;
+      return DeviceBuffers{yes, yes ? "emu0 takes dma-bufs" : "emu0 does not take dma-bufs"};
+    };
+  };
+  TransportOffer tcp{{"tcp"}, ""};
+  DeviceBuffers d = device_buffers_verdict(tcp, nic(true));
+  EXPECT_FALSE(d.yes);
+  EXPECT_EQ(asked, 0);
+  EXPECT_EQ(d.why.rfind("no: this daemon offers tcp between hosts", 0), 0u) << d.why;
+  EXPECT_NE(d.why.find("need verbs"), std::string::npos) << d.why;
+  TransportOffer dpdk{{"dpdk", "tcp"}, ""};
+  d = device_buffers_verdict(dpdk, nic(true));
+  EXPECT_FALSE(d.yes);
+  EXPECT_NE(d.why.find("offers dpdk,tcp"), std::string::npos) << d.why;
+  TransportOffer verbs{{"verbs", "tcp"}, ""};
+  d = device_buffers_verdict(verbs, nic(true));
+  EXPECT_TRUE(d.yes);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(d.why, "yes: emu0 takes dma-bufs");
+  d = device_buffers_verdict(verbs, nic(false));
+  EXPECT_FALSE(d.yes);
+  EXPECT_EQ(d.why, "no: emu0 does not take dma-bufs");
+  for (const DeviceBuffers& v : {d, device_buffers_verdict(tcp, nic(true))}) {
+    EXPECT_EQ(v.why.find('\n'), std::string::npos) << "one line";
+  }
+}
+
 TEST(DaemonTransportOffer, AJobTakesHostZerosFirstChoiceThatEveryHostOffers) {
   using V = std::vector<std::string>;
   EXPECT_EQ(*agree_transport({V{"dpdk", "tcp"}, V{"dpdk", "tcp"}}), "dpdk");

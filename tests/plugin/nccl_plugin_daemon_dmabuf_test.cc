@@ -118,6 +118,69 @@ bool verbs_across_hosts() {
   return getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr && xhost_transport() == "verbs";
 }
 
+// The harness's gdr scenario (nccl_plugin_peer gdr: the one direct mode runs over the verbs
+// emulator) in daemon mode, unchanged: where the daemons take device buffers (two verbs-emulator
+// daemons), the plugin reports HOST|CUDA|DMABUF, regMr(NCCL_PTR_CUDA) exports and registers
+// through the daemon, regMrDmaBuf too, and every byte moved by the daemons' NICs is checked; the
+// flush of a device receive is a request that completes. Where they do not (tcp or dpdk between
+// the daemons, or one daemon), the plugin reports HOST only, says why at start-up, and the
+// scenario is skipped with that reason.
+TEST_F(DaemonPlugin, TheGdrScenarioRunsWhereTheDaemonTakesDeviceBuffers) {
+  const bool verbs =
+      getenv("GW_PLUGIN_TEST_PEER_DAEMON") != nullptr && xhost_transport() == "verbs";
+  ncclNetProperties_v11_t props{};
+  ASSERT_EQ(api_->properties(0, &props), ncclSuccess);
+  // Every exported version reports the same pointer support.
+  for (const char* v : {"v8", "v9", "v10", "v11", "v12"}) {
+    ncclNetProperties_v11_t p{};
+    ASSERT_EQ(make_api(v)->properties(0, &p), ncclSuccess) << v;
+    EXPECT_EQ(p.ptrSupport, props.ptrSupport) << v;
+  }
+  // regMr(NCCL_PTR_CUDA) where no CUDA driver can export the buffer (this process loads none): an
+  // error saying so, never a host registration.
+  {
+    void *sc = nullptr, *rc = nullptr;
+    ASSERT_EQ(connect_pair(*api_, ctx_, &sc, &rc), "");
+    Buffer b(1 << 16);
+    void* mh = nullptr;
+    clear_log();
+    EXPECT_NE(api_->reg_mr(sc, b.data, b.size, NCCL_PTR_CUDA, &mh), ncclSuccess);
+    EXPECT_EQ(mh, nullptr);
+    EXPECT_TRUE(warned("no CUDA driver in this process to export the buffer's dma-buf"));
+    api_->close_send(sc);
+    api_->close_recv(rc);
+  }
+  std::string out;
+  const int rc = run_peer({}, {"gdr", GW_FAKE_CUDA_PATH}, &out);
+  if (verbs) {
+    EXPECT_EQ(props.ptrSupport, NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(out.find("gdr skipped"), std::string::npos) << out;
+    return;
+  }
+  EXPECT_EQ(props.ptrSupport, NCCL_PTR_HOST);
+  ASSERT_EQ(rc, 77) << "the scenario must skip (exit 77), not pass or fail: " << out;
+  const size_t at = out.find("gdr skipped: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string why = out.substr(at, out.find('\n', at) - at);
+  EXPECT_NE(why.find("need verbs"), std::string::npos) << why;
+  GTEST_SKIP() << why;
+}
+
+// A daemon whose status does not answer (none at the address) is taken as "no": host buffers
+// only, and the start-up line says why (the connections then fail as before, saying so).
+TEST_F(DaemonPlugin, NoStatusFromTheDaemonMeansHostBuffersOnly) {
+  const std::string sock = "unix:/tmp/gw-no-daemon-" + std::to_string(::getpid()) + ".sock";
+  EXPECT_EQ(run_peer({"GW_DAEMON=" + sock, "-GW_PLUGIN_TEST_GRADWIRED"},
+                     {"info", "pointer support HOST, "}),
+            0);
+  EXPECT_EQ(run_peer({"GW_DAEMON=" + sock, "-GW_PLUGIN_TEST_GRADWIRED"},
+                     {"info",
+                      "GPUDirect RDMA none through gradwired (gradwired's status did not answer "
+                      "(no gradwired listens on"}),
+            0);
+}
+
 // Device buffers handed to regMrDmaBuf go to the daemon as dma-bufs (docs/nccl-plugin.md, "Daemon
 // mode"): across two daemons whose job agreed verbs (the emulator, which maps the descriptor the
 // daemon received: the registration proves it arrived whole), both ends register, bad input is
@@ -214,12 +277,13 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
       for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(dst[i], 0) << "written past the message";
     }
     // iflush of a device receive runs in the receiving daemon (its NIC's flush on the data
-    // connection the bytes came on): done at once (no request left to test); a range outside the
-    // region is refused; a host buffer needs none.
+    // connection the bytes came on): a request that completes once the daemon answered; a range
+    // outside the region is refused; a host buffer needs none.
     {
-      void* freq = reinterpret_cast<void*>(1);
+      void* freq = nullptr;
       ASSERT_EQ(api_->iflush(rc, dst, 5 * kMiB, md, &freq), ncclSuccess);
-      EXPECT_EQ(freq, nullptr);
+      ASSERT_NE(freq, nullptr);
+      EXPECT_EQ(wait_all(*api_, {freq}), "");
       EXPECT_NE(api_->iflush(rc, dst + kRegion - 10, 4096, md, &freq), ncclSuccess);
     }
     // Order on one tag: three sends before any receive (the receiving daemon holds the device

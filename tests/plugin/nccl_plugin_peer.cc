@@ -11,7 +11,11 @@
 //                                    that memfd): the plugin reports NCCL_PTR_CUDA|NCCL_PTR_DMABUF,
 //                                    regMr(NCCL_PTR_CUDA) and regMrDmaBuf register, and bytes move
 //                                    between such buffers (the emulated NIC reaches them only
-//                                    through the dma-buf)
+//                                    through the dma-buf). Daemon mode of two hosts: the sending
+//                                    end is a second instance on host a (its daemon's NIC moves
+//                                    the bytes to this host's). Where the daemon says device
+//                                    buffers do not go through it, the plugin must report HOST
+//                                    only: then "gdr skipped: <the plugin's reason>", exit 77
 //   nccl_plugin_peer tuner WANT      with the net inited for comm 5, the exported tuner asks for
 //                                    WANT channels (0: none) for a large allreduce of comm 5 on 2
 //                                    nodes, and for none on one node, for other comms, for small
@@ -29,6 +33,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -186,14 +191,30 @@ int run_pin(bool expect_loaded) {
 }
 
 // Sends `n` bytes from `src` to `dst` over the pair through the given handles; checks content.
+// `sapi` is the send comm's instance (the receive comm's, `api`, unless two hosts are in play).
 Error move(NetApi& api, void* sc, void* rc, uint8_t* src, uint8_t* dst, size_t n, void* ms,
-           void* md, uint32_t seed) {
+           void* md, uint32_t seed, NetApi* sapi = nullptr) {
   fill_pattern(src, n, seed);
   std::memset(dst, 0, n);
   void *rr = nullptr, *sr = nullptr;
   if (Error e = post_recv(api, rc, dst, n, 1, md, &rr); !e.empty()) return e;
-  if (Error e = post_send(api, sc, src, n, 1, ms, &sr); !e.empty()) return e;
-  if (Error e = wait_all(api, {sr, rr}); !e.empty()) return e;
+  if (Error e = post_send(sapi != nullptr ? *sapi : api, sc, src, n, 1, ms, &sr); !e.empty()) {
+    return e;
+  }
+  if (sapi == nullptr) {
+    if (Error e = wait_all(api, {sr, rr}); !e.empty()) return e;
+  } else {
+    // Each request through its own instance, polled in turn as two proxy threads would.
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);;) {
+      int sd = 0, rd = 0, got = 0;
+      if (sr != nullptr && sapi->test(sr, &sd, &got) != ncclSuccess) return "isend failed";
+      if (sd) sr = nullptr;
+      if (rr != nullptr && api.test(rr, &rd, &got) != ncclSuccess) return "irecv failed";
+      if (rd) rr = nullptr;
+      if (sr == nullptr && rr == nullptr) break;
+      if (std::chrono::steady_clock::now() > until) return "transfer not done after 20 s";
+    }
+  }
   if (int64_t bad = check_pattern(dst, n, seed); bad >= 0) {
     return "byte " + std::to_string(bad) + " differs";
   }
@@ -212,24 +233,53 @@ int run_gdr(const char* fake_cuda) {
   const Loaded& l = plugin();
   if (l.first_init != ncclSuccess) return fail("init failed");
   bool said = false;
+  std::string no_gdr;  // daemon mode: the start-up line's reason for host buffers only
   for (const std::string& line : l.first_init_log) {
     std::fprintf(stderr, "  %s\n", line.c_str());
     if (line.find("pointer support HOST|CUDA|DMABUF") != std::string::npos &&
         line.find("GPUDirect RDMA dma-buf") != std::string::npos) {
       said = true;
     }
+    const size_t at = line.find("GPUDirect RDMA none through gradwired (");
+    if (line.find("pointer support HOST,") != std::string::npos && at != std::string::npos) {
+      no_gdr = line.substr(at + 15);
+    }
   }
-  if (!said) return fail("the INFO line does not report HOST|CUDA|DMABUF via dma-buf");
   auto api = make_api("v11");
   void* ctx = nullptr;
   if (api->init(&ctx) != ncclSuccess) return fail("init failed");
   ncclNetProperties_v11_t props{};
   if (api->properties(0, &props) != ncclSuccess) return fail("getProperties failed");
+  if (!said && !no_gdr.empty() && props.ptrSupport == NCCL_PTR_HOST) {
+    // Daemon mode where the daemon takes no device buffers: NCCL stages them (nothing to run).
+    std::printf("gdr skipped: %s\n", no_gdr.c_str());
+    std::fflush(stdout);
+    api->finalize(ctx);
+    return 77;
+  }
+  if (!said) return fail("the INFO line does not report HOST|CUDA|DMABUF via dma-buf");
   if (props.ptrSupport != (NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF)) {
     return fail("ptrSupport is " + std::to_string(props.ptrSupport));
   }
+  // Two hosts (daemon mode, GW_PLUGIN_TEST_XHOST=1): the sending end on host a, in a second
+  // instance through daemon a; this process (the receiving end) is on host b.
+  std::unique_ptr<NetApi> capi;
+  void* cctx = ctx;
+  if (const char* a = std::getenv("GW_PLUGIN_TEST_HOST_A_DAEMON"); a != nullptr) {
+    // This instance's transport is made at its first listen: before the environment moves.
+    uint8_t h[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* lc = nullptr;
+    if (api->listen(ctx, 0, h, &lc) != ncclSuccess) return fail("listen on host b");
+    api->close_listen(lc);
+    setenv("GW_DAEMON", a, 1);
+    setenv("GW_HOSTID", kXhostA, 1);
+    capi = make_api_of_copy();
+    if (capi->init(&cctx) != ncclSuccess) return fail("init of the instance on host a");
+  }
+  NetApi& sapi = capi ? *capi : *api;
+  NetApi* two = capi ? capi.get() : nullptr;
   void *sc = nullptr, *rc = nullptr;
-  if (Error e = connect_pair(*api, ctx, &sc, &rc); !e.empty()) return fail(e);
+  if (Error e = connect_pair(*api, ctx, sapi, cctx, &sc, &rc); !e.empty()) return fail(e);
   constexpr size_t kBytes = 1 << 20;
   MemfdBuffer src(kBytes, "gw-nccl-device-src"), dst(kBytes, "gw-nccl-device-dst");
   if (src.data == nullptr || dst.data == nullptr) return fail("memfd");
@@ -238,12 +288,12 @@ int run_gdr(const char* fake_cuda) {
   // regMr of device memory: the plugin exports a dma-buf itself.
   void *ms = nullptr, *md = nullptr;
   const long before = exports();
-  if (api->reg_mr(sc, src.data, kBytes, NCCL_PTR_CUDA, &ms) != ncclSuccess ||
+  if (sapi.reg_mr(sc, src.data, kBytes, NCCL_PTR_CUDA, &ms) != ncclSuccess ||
       api->reg_mr(rc, dst.data, kBytes, NCCL_PTR_CUDA, &md) != ncclSuccess) {
     return fail("regMr(NCCL_PTR_CUDA) failed");
   }
   if (exports() - before != 2) return fail("regMr did not export dma-bufs");
-  if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 11); !e.empty()) {
+  if (Error e = move(*api, sc, rc, src.data, dst.data, kBytes, ms, md, 11, two); !e.empty()) {
     return fail("CUDA-registered transfer: " + e);
   }
   // The GDR flush of the received device buffer: a request that completes.
@@ -259,7 +309,7 @@ int run_gdr(const char* fake_cuda) {
   if (l.v11->iflush(rc, 1, data, sizes, mhs, &flush) != ncclSuccess || flush != nullptr) {
     return fail("iflush of an empty receive gave a request");
   }
-  api->dereg_mr(sc, ms);
+  sapi.dereg_mr(sc, ms);
   api->dereg_mr(rc, md);
   // regMrDmaBuf: NCCL exported the buffer and hands over fd and offset. Both buffers lie in one
   // dma-buf (the send buffer at 4096, the receive buffer at kBytes + 8192), the buffers ARE its
@@ -270,19 +320,20 @@ int run_gdr(const char* fake_cuda) {
     if (whole.data == nullptr) return fail("memfd");
     uint8_t* s = whole.data + 4096;
     uint8_t* d = whole.data + kBytes + 8192;
-    if (l.v11->regMrDmaBuf(sc, s, kBytes, NCCL_PTR_CUDA, 4096, whole.fd, &ms) != ncclSuccess ||
+    if (sapi.reg_mr_dmabuf(sc, s, kBytes, NCCL_PTR_CUDA, 4096, whole.fd, &ms) != ncclSuccess ||
         l.v11->regMrDmaBuf(rc, d, kBytes, NCCL_PTR_CUDA, kBytes + 8192, whole.fd, &md) !=
             ncclSuccess) {
       return fail("regMrDmaBuf failed");
     }
-    if (Error e = move(*api, sc, rc, s, d, kBytes, ms, md, 12); !e.empty()) {
+    if (Error e = move(*api, sc, rc, s, d, kBytes, ms, md, 12, two); !e.empty()) {
       return fail("dma-buf-registered transfer: " + e);
     }
-    api->dereg_mr(sc, ms);
+    sapi.dereg_mr(sc, ms);
     api->dereg_mr(rc, md);
   }
-  api->close_send(sc);
+  sapi.close_send(sc);
   api->close_recv(rc);
+  if (capi) capi->finalize(cctx);
   api->finalize(ctx);
   return 0;
 }

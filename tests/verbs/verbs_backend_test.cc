@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "core/net/auto_backend.h"
 #include "core/net/backend_registry.h"
 #include "core/net/transport.h"
+#include "gpudirect/cuda_driver.h"
 #include "tests/support/test_env.h"
 #include "tests/verbs/verbs_test_util.h"
 #include "verbs/device_select.h"
@@ -136,6 +139,59 @@ TEST(VerbsBackend, AutoPicksTheEmulatorAcrossHostsButNeverWithinAHost) {
   EXPECT_EQ(within->name, "shm");
   // A verbs factory that failed is left out: tcp then.
   EXPECT_EQ(net::choose_auto_backend(false, {"verbs"})->name, "tcp");
+}
+
+// The NIC-only dma-buf probe (gradwired's: no CUDA driver in the process): yes where the
+// emulated device takes dma-bufs (its ibv_reg_dmabuf_mr of fd -1 answers EBADF, as a kernel that
+// looks the descriptor up does), no with the reason where it does not (EOPNOTSUPP, rdma-core's
+// answer for a provider without the verb). The emulator answers a closed descriptor truthfully
+// too (EBADF, never a registration).
+TEST(VerbsBackend, TheNicDmabufProbeNeedsNoCudaDriver) {
+  ScopedEnv emulate("GW_VERBS_EMULATE", "1");
+  net::TransportOptions o;
+  o.job_token = "t";
+  auto t = make_verbs_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(cuda::resident_driver(), nullptr) << "this test binary must not load a CUDA driver";
+  EXPECT_FALSE((*t)->device_memory().reg) << "no CUDA driver: no GPUDirect for this process";
+  emu::set_dmabuf_supported(true);
+  net::Transport::NicDmabuf yes = (*t)->nic_dmabuf();
+  EXPECT_TRUE(yes.ok) << yes.why;
+  EXPECT_NE(yes.why.find("takes dma-bufs"), std::string::npos) << yes.why;
+  EXPECT_NE(yes.why.find("EBADF"), std::string::npos) << yes.why;
+  // A descriptor number that was open and is closed: EBADF, not a registration.
+  const IbvTable* ibv = emu::emu_table();
+  ibv_device** list = nullptr;
+  int n = 0;
+  list = ibv->get_device_list(&n);
+  ASSERT_GT(n, 0);
+  ibv_context* ctx = ibv->open_device(list[0]);
+  ibv->free_device_list(list);
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv->alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  int fds[2] = {-1, -1};
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  errno = 0;
+  EXPECT_EQ(ibv->reg_dmabuf_mr(pd, 0, 4096, 0x10000, fds[0], IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EBADF);
+  emu::set_dmabuf_supported(false);
+  net::Transport::NicDmabuf no = (*t)->nic_dmabuf();
+  errno = 0;
+  EXPECT_EQ(ibv->reg_dmabuf_mr(pd, 0, 0, 0, -1, 0), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  emu::set_dmabuf_supported(true);
+  EXPECT_FALSE(no.ok);
+  EXPECT_NE(no.why.find("does not take dma-bufs"), std::string::npos) << no.why;
+  EXPECT_NE(no.why.find(std::strerror(EOPNOTSUPP)), std::string::npos) << no.why;
+  ibv->dealloc_pd(pd);
+  ibv->close_device(ctx);
+  // Only verbs registers dma-bufs with a NIC: tcp says so.
+  auto tcp = net::make_transport("tcp", o);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().to_string();
+  EXPECT_FALSE((*tcp)->nic_dmabuf().ok);
 }
 
 TEST(VerbsBackend, ReadsItsRowsFromTheOptionsSnapshot) {
