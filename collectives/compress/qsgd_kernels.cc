@@ -61,16 +61,16 @@ inline void square_tail(const float* x, const float* r, size_t from, size_t n, f
 }
 
 // One element (j of the bucket at off), the reference every vector lane reproduces: its signed
-// level, and with r set the residual v - level * step (one rounding). floor(a + u) is floor(a) + 1
-// with probability frac(a): unbiased. No clamp of a before the draw: a + u >= levels gives levels
-// either way (the AVX-512 path's saturating unsigned conversion; the AVX2 one clamps a to levels).
+// level, and with r set the residual v - level * step (one rounding). The level is trunc(t), t =
+// fma(v, inv, +-u) with u carrying v's sign: -fma(|v|, inv, u), exactly, for a negative v, so its
+// magnitude is floor(a + u) (one rounding), which is floor(a) + 1 with probability frac(a):
+// unbiased. |t| is capped at levels (an f32 norm may be a few ulps below an element, or the
+// scale infinite), and a NaN t (a NaN v, or 0 * an infinite scale) gives 0.
 inline int8_t quantise(float v, const Scale& sc, int levels, uint32_t key, size_t off, size_t j,
                        float* r) {
-  float a = std::fabs(v) * sc.inv;
-  if (!(a >= 0.0f)) a = 0.0f;  // NaN
-  const float t = a + qsgd_uniform(key, off, j);
-  const int lv = t >= static_cast<float>(levels) ? levels : static_cast<int>(t);  // t >= 0
-  const int q = std::signbit(v) ? -lv : lv;
+  const float s = static_cast<float>(levels);
+  const float t = std::fma(v, sc.inv, std::copysign(qsgd_uniform(key, off, j), v));
+  const int q = std::isnan(t) ? 0 : static_cast<int>(std::copysign(std::fmin(std::fabs(t), s), t));
   if (r) *r = std::fma(-static_cast<float>(q), sc.step, v);
   return static_cast<int8_t>(q);
 }
@@ -171,18 +171,17 @@ GW_AVX2 static inline __m256 draw_hi(__m256i h) {
 }
 
 struct Quant8 {
-  __m256 inv, step, vs;
-  __m256i lim;
+  __m256 inv, step, vs, neg_vs;
 };
 // quantise() on 8 lanes: the signed levels, the residual stored when r is set.
 GW_AVX2 static inline __m256i quant8(const float* xp, float* r, __m256 u, const Quant8& c) {
   __m256 x = _mm256_loadu_ps(xp);
   if (r) x = _mm256_add_ps(x, _mm256_loadu_ps(r));
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m256 a = _mm256_mul_ps(_mm256_and_ps(x, abs_mask), c.inv);
-  a = _mm256_min_ps(_mm256_max_ps(a, _mm256_setzero_ps()), c.vs);  // max first: a NaN becomes 0
-  const __m256i lv = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(a, u)), c.lim);
-  const __m256i q = _mm256_sign_epi32(lv, _mm256_castps_si256(x));  // x == +0: lv is 0 anyway
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  __m256 t = _mm256_fmadd_ps(x, c.inv, _mm256_or_ps(u, _mm256_and_ps(x, sign)));
+  t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q));  // NaN: +0
+  t = _mm256_min_ps(_mm256_max_ps(t, c.neg_vs), c.vs);    // cap |t| at levels
+  const __m256i q = _mm256_cvttps_epi32(t);
   if (r) _mm256_storeu_ps(r, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(q), c.step, x));
   return q;
 }
@@ -217,7 +216,7 @@ GW_AVX2 void qsgd_encode(const float* in, float* residual, size_t count, size_t 
     const Scale sc = bucket_scale(sum64(lanes), x, r, n, s);
     store_norm(out, b, sc.norm);
     const Quant8 c{_mm256_set1_ps(sc.inv), _mm256_set1_ps(sc.step), _mm256_set1_ps(s),
-                   _mm256_set1_epi32(levels)};
+                   _mm256_set1_ps(-s)};
     // m = off + j / 2 at the start of every 32 elements (qsgd_uniform).
     __m256i h0 = _mm256_add_epi32(
         _mm256_set1_epi32(static_cast<int>(key + static_cast<uint32_t>(off) * kGolden)), lane_g);
@@ -304,19 +303,22 @@ GW_AVX512 static inline float sum64_regs(__m512 a0, __m512 a1, __m512 a2, __m512
 }
 
 struct Quant16 {
-  __m512 inv, step;
-  __m512i lim;
+  __m512 inv, step, vs;
 };
-// quantise() on 16 lanes: the signed levels, the residual stored when r is set. a is not
-// clamped: the unsigned conversion saturates a + u beyond 2^32 (or Inf) to 2^32 - 1, which the
-// minimum with levels makes levels, as for any a + u >= levels.
+// quantise() on 16 lanes: the signed levels, the residual stored when r is set. The cap is one
+// range operation (the smaller magnitude of t and levels, with t's sign), and
+// the conversion is masked to the ordered lanes (a NaN gives 0).
 GW_AVX512 static inline __m512i quant16(const float* xp, float* r, __m512 u, const Quant16& c) {
   __m512 x = _mm512_loadu_ps(xp);
   if (r) x = _mm512_add_ps(x, _mm512_loadu_ps(r));
-  const __m512 a = _mm512_max_ps(_mm512_mul_ps(_mm512_abs_ps(x), c.inv), _mm512_setzero_ps());
-  const __m512i lv = _mm512_min_epu32(_mm512_cvttps_epu32(_mm512_add_ps(a, u)), c.lim);
-  const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(x));
-  const __m512i q = _mm512_mask_sub_epi32(lv, neg, _mm512_setzero_si512(), lv);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  // u | (x & sign): ternary-logic C | (A & B) = 0xEA.
+  const __m512 us = _mm512_castsi512_ps(
+      _mm512_ternarylogic_epi32(_mm512_castps_si512(x), sign, _mm512_castps_si512(u), 0xEA));
+  __m512 t = _mm512_fmadd_ps(x, c.inv, us);
+  const __mmask16 ord = _mm512_cmp_ps_mask(t, t, _CMP_ORD_Q);
+  t = _mm512_range_ps(t, c.vs, 0x2);  // min by magnitude (imm 0b10), sign of t (0b00 << 2)
+  const __m512i q = _mm512_maskz_cvttps_epi32(ord, t);
   if (r) _mm512_storeu_ps(r, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q), c.step, x));
   return q;
 }
@@ -363,7 +365,7 @@ GW_AVX512 void qsgd_encode(const float* in, float* residual, size_t count, size_
     }
     const Scale sc = bucket_scale(sum, x, r, n, s);
     store_norm(out, b, sc.norm);
-    const Quant16 c{_mm512_set1_ps(sc.inv), _mm512_set1_ps(sc.step), _mm512_set1_epi32(levels)};
+    const Quant16 c{_mm512_set1_ps(sc.inv), _mm512_set1_ps(sc.step), _mm512_set1_ps(s)};
     // m = off + j / 2 at the start of every 32 elements (qsgd_uniform).
     __m512i h = _mm512_add_epi32(
         _mm512_set1_epi32(static_cast<int>(key + static_cast<uint32_t>(off) * kGolden)), lane_g);

@@ -6,11 +6,12 @@
 //
 // The encoding of count elements in buckets of `bucket` (codecs/qsgd.cc, docs/compression.md):
 // nb = ceil(count / bucket) f32 norms, then count int8 levels in [-levels, levels]. Element j of
-// bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2, a = |v| *
-// (levels / norm) (0 for a NaN, or when the norm is 0 or not finite) is sent as sign(v) * lv with
-// lv = min(floor(a + u), levels), u = qsgd_uniform(key, off, j), and decodes as level * norm /
-// levels. The residual becomes fma(-level, norm / levels, v). Only the bytes' layout is the
-// format; which of the two nearest levels a value rounds to (the draw) is the encoder's choice.
+// bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2, inv = levels
+// / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent as
+// trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
+// min(floor(|v| * inv + u), levels) with one rounding. It decodes as level * norm / levels. The
+// residual becomes fma(-level, norm / levels, v). Only the bytes' layout is the format; which of
+// the two nearest levels a value rounds to (the draw) is the encoder's choice.
 //
 // Thread-safe, never block; the buffers belong to the caller. in and residual must not overlap.
 #pragma once

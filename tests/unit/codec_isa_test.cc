@@ -119,11 +119,12 @@ TEST(CodecIsa, QsgdLevelsAreUnbiasedAndBounded) {
 }
 
 // The encoding against its definition (qsgd_kernels.h), element by element, with the bucket's
-// norm as the encoder wrote it (checked against an f64 norm): level = sign(v) * min(floor(a + u),
-// levels), a = |v| * (levels / norm), u = qsgd_uniform(key, bucket start, index in the bucket),
-// residual = fma(-level, norm / levels, v). The dispatching entry point (the widest path here)
-// is what is checked; the paths' agreement is the tests above. Buckets and counts that are not
-// multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf, subnormals.
+// norm as the encoder wrote it (checked against an f64 norm): level = sign(v) *
+// min(floor(fma(|v|, levels / norm, u)), levels), u = qsgd_uniform(key, bucket start, index in
+// the bucket), 0 for a NaN; residual = fma(-level, norm / levels, v). The dispatching entry point
+// (the widest path here) is what is checked; the paths' agreement is the tests above. Buckets and
+// counts that are not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf,
+// subnormals.
 TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
   for (size_t count : {size_t{1}, size_t{33}, size_t{100}, size_t{1000}, size_t{5003}}) {
     for (size_t bucket : {size_t{7}, size_t{64}, size_t{100}, size_t{512}}) {
@@ -155,10 +156,9 @@ TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
           const float inv = norm > 0 && std::isfinite(norm) ? s / norm : 0.0f;
           for (size_t j = 0; j < n; ++j) {
             const float v = in[off + j] + res0[off + j];
-            float a = std::fabs(v) * inv;
-            if (std::isnan(a)) a = 0.0f;
-            const float t = a + ck::qsgd_uniform(key, off, j);
-            const int lv = t >= s ? levels : static_cast<int>(std::floor(t));
+            // |t| = |v| * inv + u with one rounding; its floor, at most levels, with v's sign.
+            const float t = std::fma(std::fabs(v), inv, ck::qsgd_uniform(key, off, j));
+            const int lv = std::isnan(t) ? 0 : t >= s ? levels : static_cast<int>(std::floor(t));
             const int want = std::signbit(v) ? -lv : lv;
             ASSERT_EQ(static_cast<int8_t>(out[nb * 4 + off + j]), want) << "element " << off + j;
             const float want_res = std::fma(-static_cast<float>(want), norm / s, v);
