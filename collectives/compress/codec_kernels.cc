@@ -215,6 +215,36 @@ void store_stream_f32(const float* src, size_t n, float* dst) {
   if (n) std::memcpy(dst, src, n * 4);
 }
 
+size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub) {
+  size_t m = 0;
+  for (size_t j = 0; j < n; ++j) {
+    sub[m] = key[j];
+    m += (key[j] >> shift) == want;
+  }
+  return m;
+}
+
+size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                      size_t ties, float* restore, float take_t) {
+  size_t w = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t kj = key[j];
+    const size_t eq = kj == t;
+    const size_t keep = (kj > t) | (eq & (ties > 0));
+    const uint32_t ij = idx[j];
+    const float vj = val[j];
+    idx[w] = ij;  // w <= j: an in-place compaction
+    val[w] = vj;
+    w += keep;
+    ties -= eq & keep;
+    if (restore) {
+      const bool taken = std::fabs(vj) >= take_t;
+      if (taken != (keep != 0)) restore[ij] = keep ? 0.0f : vj;
+    }
+  }
+  return w;
+}
+
 }  // namespace portable
 
 // ------------------------------------------------------------------------------------------
@@ -604,6 +634,15 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
   portable::pq_row_axpy_out(a, x, ld, r, n, y);
 }
 
+size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub) {
+  if (have_avx512()) return avx512::select_compact(key, n, shift, want, sub);
+  return portable::select_compact(key, n, shift, want, sub);
+}
+size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                      size_t ties, float* restore, float take_t) {
+  if (have_avx512()) return avx512::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
+  return portable::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
+}
 void store_stream_f32(const float* src, size_t n, float* dst) {
   if (have_avx2()) return avx2::store_stream_f32(src, n, dst);
   portable::store_stream_f32(src, n, dst);

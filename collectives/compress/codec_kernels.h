@@ -59,6 +59,16 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
 size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
                         bool invert, float* out);
 
+// Top-k's selection steps over magnitude keys (topk_select.cc). select_compact: the keys of key[0,
+// n) with key >> shift == want, in order, into sub (room for n); returns how many.
+size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub);
+// keep_best_scan: an in-place compaction of the candidates (idx, val, key: n of them) that keeps,
+// in order, every one with key > t and the first `ties` with key == t; returns how many were kept.
+// With restore, for every candidate whose (|val| >= take_t) differs from whether it is kept,
+// restore[idx] = kept ? 0 : val (top-k's residual fix-up; take_t as in add_collect_abs_ge).
+size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                      size_t ties, float* restore, float take_t);
+
 // dst[i] += src[i].
 void add_f32(const float* src, size_t n, float* dst);
 // dst[i] = src[i], with streaming (non-temporal) stores where the CPU has them: dst's cache lines
@@ -130,6 +140,16 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
                         bool take = false, float take_threshold = 0.0f);
 size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
                         bool invert, float* out);
+size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub);
+size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                      size_t ties, float* restore, float take_t);
 }  // namespace avx512
+// The portable versions of the selection steps (no AVX2 version: without a compress instruction a
+// compaction is a table lookup per 8 keys, about what the scalar loop costs at these densities).
+namespace portable {
+size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub);
+size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                      size_t ties, float* restore, float take_t);
+}  // namespace portable
 
 }  // namespace gw::coll::codec_kernels

@@ -205,6 +205,70 @@ GW_AVX512 size_t gather_bits_take(const float* in, float* residual, size_t n, co
   return w + gather_bits_tail(in, residual, i, n, bits, invert, out + w);
 }
 
+// The keys whose top bits match, compressed 16 at a time (in a register, stored whole: sub has
+// room for n, and the store at m <= j stays below j + 16).
+GW_AVX512 size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want,
+                                uint32_t* sub) {
+  const __m512i w = _mm512_set1_epi32(static_cast<int>(want));
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  size_t m = 0, j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i k = _mm512_loadu_si512(key + j);
+    const __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_srl_epi32(k, sh), w);
+    _mm512_storeu_si512(sub + m, _mm512_maskz_compress_epi32(hit, k));
+    m += static_cast<size_t>(std::popcount(static_cast<unsigned>(hit)));
+  }
+  return m + portable::select_compact(key + j, n - j, shift, want, sub + m);
+}
+
+// 16 candidates at a time: the kept lanes (key > t, and the first of the ties while any are left:
+// equal keys are rare, so they take a scalar step) compressed in registers and stored whole at
+// the write position (<= j: the lanes it overwrites were loaded already). The residual fix-up
+// (a minority of lanes) is a scalar loop over the differing lanes' bits.
+GW_AVX512 size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n,
+                                uint32_t t, size_t ties, float* restore, float take_t) {
+  const __m512i tv = _mm512_set1_epi32(static_cast<int>(t));
+  const __m512 tt = _mm512_set1_ps(take_t);
+  size_t w = 0, j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i k = _mm512_loadu_si512(key + j);
+    const __m512i iv = _mm512_loadu_si512(idx + j);
+    const __m512 vv = _mm512_loadu_ps(val + j);
+    unsigned keep = _mm512_cmpgt_epu32_mask(k, tv);
+    unsigned eq = _mm512_cmpeq_epu32_mask(k, tv);
+    while (eq != 0 && ties > 0) {  // the lowest lanes first: the lower indices win the ties
+      keep |= eq & (0u - eq);
+      eq &= eq - 1;
+      --ties;
+    }
+    const __mmask16 km = static_cast<__mmask16>(keep);
+    _mm512_storeu_si512(idx + w, _mm512_maskz_compress_epi32(km, iv));
+    _mm512_storeu_ps(val + w, _mm512_maskz_compress_ps(km, vv));
+    if (restore) {
+      const unsigned taken = _mm512_cmp_ps_mask(_mm512_abs_ps(vv), tt, _CMP_GE_OQ);
+      unsigned diff = (taken ^ keep) & 0xFFFFu;
+      if (diff != 0) {
+        alignas(64) uint32_t li[16];
+        alignas(64) float lv[16];
+        _mm512_store_si512(li, iv);
+        _mm512_store_ps(lv, vv);
+        for (; diff != 0; diff &= diff - 1) {
+          const int l = std::countr_zero(diff);
+          restore[li[l]] = (keep >> l) & 1u ? 0.0f : lv[l];
+        }
+      }
+    }
+    w += static_cast<size_t>(std::popcount(keep));
+  }
+  // The tail continues the same compaction: portable's scan of [j, n) writes from w on.
+  if (j < n) {
+    std::memmove(idx + w, idx + j, (n - j) * 4);
+    std::memmove(val + w, val + j, (n - j) * 4);
+    w += portable::keep_best_scan(idx + w, val + w, key + j, n - j, t, ties, restore, take_t);
+  }
+  return w;
+}
+
 #undef GW_AVX512
 
 }  // namespace gw::coll::codec_kernels::avx512

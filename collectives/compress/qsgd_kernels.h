@@ -1,14 +1,17 @@
 // QSGD's CPU kernels: the whole encoding (bucket norms and int8 levels, error feedback fused in
 // the same pass) and its decode, in a portable, an AVX2 and an AVX-512 version, chosen once at
 // run time (codec_kernels::isa()). The three give the same bytes and the same floats (tests
-// compare them): the norm is an f32 sum in 16 fixed lanes (again in f64 when that overflows), the
-// rounding draw a hash of the element's index.
+// compare them): the norm is an f32 sum in 64 fixed lanes (again in f64 when that overflows), the
+// rounding draw a hash of the element's place in its bucket.
 //
 // The encoding of count elements in buckets of `bucket` (codecs/qsgd.cc, docs/compression.md):
-// nb = ceil(count / bucket) f32 norms, then count int8 levels in [-levels, levels]. Element i of
-// bucket b with v = in + residual, norm = ||v of b||2, a = min(|v| * levels / norm, levels) (0 for
-// a NaN, or when the norm is 0 or not finite) is sent as sign(v) * (floor(a) + (u_i < a -
-// floor(a))) with u_i = qsgd_uniform(key, i), and decodes as level * norm / levels.
+// nb = ceil(count / bucket) f32 norms, then count int8 levels in [-levels, levels]. Element j of
+// bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2, inv = levels
+// / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent as
+// trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
+// min(floor(|v| * inv + u), levels) with one rounding. It decodes as level * norm / levels. The
+// residual becomes fma(-level, norm / levels, v). Only the bytes' layout is the format; which of
+// the two nearest levels a value rounds to (the draw) is the encoder's choice.
 //
 // Thread-safe, never block; the buffers belong to the caller. in and residual must not overlap.
 #pragma once
@@ -18,23 +21,29 @@
 
 namespace gw::coll::codec_kernels {
 
-// The stochastic rounding draw of element i (its index modulo 2^32) for a call's key: a uniform
-// in [0, 1) with 24 bits, (mix32(key + i * 0x9E3779B9) >> 8) / 2^24, where mix32 is one
-// xorshift-multiply-xorshift round (one multiply: the draw is on the encoder's critical path, and
-// rounding needs uniform, not cryptographic, draws).
+// The stochastic rounding draw of element j of the bucket that starts at element off: a uniform in
+// [0, 1) with 16 bits, one half of h = mix32(key + m * 0x9E3779B9), m = off + (j / 32) * 16 + j %
+// 16: the low half for j % 32 < 16, the high half for the others (one hash gives two elements'
+// draws, 16 lanes apart, so a 16-lane vector hashes once per 32 elements). m is distinct per
+// (bucket, j / 32 * 16 + j % 16) within 2^32 elements. mix32 is one xorshift-multiply-xorshift
+// round (one multiply: the draw is on the encoder's critical path, and rounding needs uniform,
+// not cryptographic, draws).
 inline uint32_t qsgd_mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7FEB352Du;
   x ^= x >> 15;
   return x;
 }
-inline float qsgd_uniform(uint32_t key, uint64_t i) {
-  const uint32_t h = qsgd_mix32(key + static_cast<uint32_t>(i) * 0x9E3779B9u);
-  return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+inline float qsgd_uniform(uint32_t key, uint64_t off, uint64_t j) {
+  const uint32_t m = static_cast<uint32_t>(off + (j / 32) * 16 + j % 16);
+  const uint32_t h = qsgd_mix32(key + m * 0x9E3779B9u);
+  const uint32_t half = (j / 16) % 2 ? h >> 16 : h & 0xFFFFu;
+  return static_cast<float>(half) * (1.0f / 65536.0f);
 }
 
 // Writes the encoding of in (+ residual) into out (its size is the caller's check); with a
-// residual, residual = v - decode(out) in the same pass. bucket >= 1, 1 <= levels <= 127.
+// residual, residual = v - decode(out) (rounded once) in the same pass. bucket >= 1, 1 <= levels <=
+// 127.
 void qsgd_encode(const float* in, float* residual, size_t count, size_t bucket, int levels,
                  uint32_t key, uint8_t* out);
 // acc[i] += decode (add) or acc[i] = +0 + decode (!add) for i < count, in element order. Returns

@@ -4,6 +4,7 @@
 // squares overflow f32.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -115,6 +116,148 @@ TEST(CodecIsa, QsgdLevelsAreUnbiasedAndBounded) {
   }
   EXPECT_NEAR(sum / (n - 1), a, 0.01);
   EXPECT_LE(static_cast<int8_t>(out[4]), 0);
+}
+
+// The encoding against its definition (qsgd_kernels.h), element by element, with the bucket's
+// norm as the encoder wrote it (checked against an f64 norm): level = sign(v) *
+// min(floor(fma(|v|, levels / norm, u)), levels), u = qsgd_uniform(key, bucket start, index in
+// the bucket), 0 for a NaN; residual = fma(-level, norm / levels, v). The dispatching entry point
+// (the widest path here) is what is checked; the paths' agreement is the tests above. Buckets and
+// counts that are not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf,
+// subnormals.
+TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
+  for (size_t count : {size_t{1}, size_t{33}, size_t{100}, size_t{1000}, size_t{5003}}) {
+    for (size_t bucket : {size_t{7}, size_t{64}, size_t{100}, size_t{512}}) {
+      for (int levels : {1, 8, 127}) {
+        SCOPED_TRACE(testing::Message()
+                     << "count " << count << " bucket " << bucket << " levels " << levels);
+        const auto in = data(count, static_cast<uint32_t>(3 * count + bucket), true);
+        const auto res0 = data(count, 11, false);
+        const size_t nb = (count + bucket - 1) / bucket;
+        std::vector<uint8_t> out(nb * 4 + count);
+        auto res = res0;
+        const uint32_t key = 0xC0FFEEu + static_cast<uint32_t>(levels);
+        ck::qsgd_encode(in.data(), res.data(), count, bucket, levels, key, out.data());
+        for (size_t b = 0; b < nb; ++b) {
+          const size_t off = b * bucket, n = std::min(bucket, count - off);
+          float norm;
+          std::memcpy(&norm, out.data() + 4 * b, 4);
+          double sq = 0;
+          for (size_t j = 0; j < n; ++j) {
+            const double v = static_cast<double>(in[off + j] + res0[off + j]);
+            sq += v * v;
+          }
+          if (std::isfinite(sq)) {
+            ASSERT_NEAR(norm, std::sqrt(sq), 1e-5 * std::sqrt(sq)) << "bucket " << b;
+          } else {
+            ASSERT_FALSE(std::isfinite(norm)) << "bucket " << b;
+          }
+          const float s = static_cast<float>(levels);
+          const float inv = norm > 0 && std::isfinite(norm) ? s / norm : 0.0f;
+          for (size_t j = 0; j < n; ++j) {
+            const float v = in[off + j] + res0[off + j];
+            // |t| = |v| * inv + u with one rounding; its floor, at most levels, with v's sign.
+            const float t = std::fma(std::fabs(v), inv, ck::qsgd_uniform(key, off, j));
+            const int lv = std::isnan(t) ? 0 : t >= s ? levels : static_cast<int>(std::floor(t));
+            const int want = std::signbit(v) ? -lv : lv;
+            ASSERT_EQ(static_cast<int8_t>(out[nb * 4 + off + j]), want) << "element " << off + j;
+            const float want_res = std::fma(-static_cast<float>(want), norm / s, v);
+            ASSERT_EQ(std::memcmp(&res[off + j], &want_res, 4), 0)
+                << "element " << off + j << ": " << res[off + j] << " vs " << want_res;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The draws: every element of a tensor gets its own (hash input, half) pair, so no two elements
+// share a draw, whatever the bucket size; and they are uniform on [0, 1) in steps of 2^-16.
+TEST(CodecIsa, QsgdDrawsAreDistinctPerElementAndUniform) {
+  for (size_t bucket : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{33}, size_t{512}}) {
+    const size_t count = 4096 + 5;
+    std::vector<uint64_t> seen;
+    for (size_t off = 0; off < count; off += bucket) {
+      for (size_t j = 0; j < std::min(bucket, count - off); ++j) {
+        seen.push_back((off + (j / 32) * 16 + j % 16) * 2 + (j / 16) % 2);
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    ASSERT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "bucket " << bucket;
+  }
+  double sum = 0;
+  int below_quarter = 0;
+  const size_t n = 1 << 16;
+  for (size_t j = 0; j < n; ++j) {
+    const float u = ck::qsgd_uniform(77, 512 * (j / 512), j % 512);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    ASSERT_EQ(u * 65536.0f, std::floor(u * 65536.0f));
+    sum += u;
+    below_quarter += u < 0.25f;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.01);
+  EXPECT_NEAR(static_cast<double>(below_quarter) / n, 0.25, 0.01);
+}
+
+// Top-k's selection kernels: the AVX-512 compactions against the portable ones, with ties at the
+// threshold (kept lowest index first, as many as asked), runs of equal top bits, NaN values (never
+// taken), lengths around the vector width, and the residual fix-up.
+TEST(CodecIsa, TopkSelectionKernelsAvx512MatchPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  std::mt19937 rng(17);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{47},
+                   size_t{1000}, size_t{20001}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    std::vector<uint32_t> key(n), idx(n);
+    std::vector<float> val(n);
+    for (size_t j = 0; j < n; ++j) {
+      key[j] = (rng() % 8) << 21 | (rng() % 4) << 10 | rng() % 3;  // many equal keys
+      idx[j] = static_cast<uint32_t>(3 * j + 1);
+      val[j] = (rng() % 2 ? -1.0f : 1.0f) * static_cast<float>(rng() % 100) / 10.0f;
+      if (j % 37 == 5) val[j] = std::numeric_limits<float>::quiet_NaN();
+    }
+    for (uint32_t want : {0u, 3u, 7u, 9u}) {
+      std::vector<uint32_t> a(n + 16, 1), b(n + 16, 1);
+      const size_t ma = ck::portable::select_compact(key.data(), n, 21, want, a.data());
+      const size_t mb = ck::avx512::select_compact(key.data(), n, 21, want, b.data());
+      ASSERT_EQ(ma, mb) << "want " << want;
+      ASSERT_TRUE(std::equal(a.begin(), a.begin() + ma, b.begin())) << "want " << want;
+      // In place, the second step of the radix select.
+      const size_t ia = ck::portable::select_compact(a.data(), ma, 10, want * 4 + 1, a.data());
+      const size_t ib = ck::avx512::select_compact(b.data(), mb, 10, want * 4 + 1, b.data());
+      ASSERT_EQ(ia, ib);
+      ASSERT_TRUE(std::equal(a.begin(), a.begin() + ia, b.begin()));
+    }
+    for (uint32_t t : {0u, (3u << 21) | (2u << 10) | 1u, 8u << 21}) {
+      for (size_t ties : {size_t{0}, size_t{1}, size_t{5}, n}) {
+        for (bool fix : {false, true}) {
+          auto ia = idx, ib = idx;
+          auto va = val, vb = val;
+          std::vector<float> ra(3 * n + 1, 0.5f), rb = ra;
+          const size_t wa = ck::portable::keep_best_scan(ia.data(), va.data(), key.data(), n, t,
+                                                         ties, fix ? ra.data() : nullptr, 4.0f);
+          const size_t wb = ck::avx512::keep_best_scan(ib.data(), vb.data(), key.data(), n, t, ties,
+                                                       fix ? rb.data() : nullptr, 4.0f);
+          ASSERT_EQ(wa, wb) << "t " << t << " ties " << ties;
+          ia.resize(wa);
+          ib.resize(wb);
+          va.resize(wa);
+          vb.resize(wb);
+          ASSERT_EQ(ia, ib) << "t " << t << " ties " << ties;
+          ASSERT_TRUE(same_bits(va, vb));
+          ASSERT_TRUE(same_bits(ra, rb)) << "t " << t << " ties " << ties;
+          // The definition: every key above t, then the first `ties` equal ones.
+          size_t above = 0, eq = 0;
+          for (uint32_t k : key) {
+            above += k > t;
+            eq += k == t;
+          }
+          ASSERT_EQ(wa, above + std::min(ties, eq));
+        }
+      }
+    }
+  }
 }
 
 TEST(CodecIsa, CastAvx512MatchesPortable) {

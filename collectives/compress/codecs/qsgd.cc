@@ -22,8 +22,8 @@ class QsgdCodec final : public Codec {
   size_t encoded_size(size_t count) const override {
     return (count + spec_.bucket - 1) / spec_.bucket * 4 + count;
   }
-  // One pass over memory: per bucket, v = in + residual is written back and squared (the norm),
-  // then quantised from L1 (qsgd_kernels.h).
+  // One pass over memory: per bucket, v = in + residual is squared (the norm), then formed again
+  // from L1, quantised and the residual written (qsgd_kernels.h).
   Status encode(const float* in, float* residual, size_t count, uint8_t* out, size_t out_size,
                 const CodecContext& ctx) const override {
     GW_RETURN_IF_ERROR(check_out(out_size, encoded_size(count), "qsgd"));
