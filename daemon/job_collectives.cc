@@ -114,6 +114,9 @@ Status Job::execute_host(const std::vector<Request>& reqs) {
     case Opcode::kRelease:  // answered for their trainer alone (Job::settle)
     case Opcode::kSend:     // matched by the job's P2pBoard (job_p2p.h), never queued
     case Opcode::kRecv:
+    case Opcode::kRegisterDmabuf:  // a client's dma-buf requests (job_dmabuf.cc), never queued
+    case Opcode::kDeregisterDmabuf:
+    case Opcode::kFlushDmabuf:
       return internal_error("{} is not a collective", opcode_name(r.opcode));
     case Opcode::kAllgather: {
       if (cm && r.count > 0) return allgather_by_host(reqs);

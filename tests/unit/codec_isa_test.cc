@@ -411,7 +411,9 @@ TEST(CodecIsa, GatherBitsTakeAgreesAcrossPathsAndWithItsDefinition) {
           for (size_t j = got; j < out.size(); ++j) ASSERT_EQ(out[j], 7.0f) << n << " path " << p;
           out.resize(got);
           ASSERT_TRUE(same_bits(out, want_out)) << n << " path " << p << " invert " << invert;
-          if (with_res) ASSERT_TRUE(same_bits(res, want_res)) << n << " path " << p;
+          if (with_res) {
+            ASSERT_TRUE(same_bits(res, want_res)) << n << " path " << p;
+          }
         }
       }
     }

@@ -50,12 +50,18 @@ void roundtrip(Conn& c, size_t size) {
   size_t n = 0;
   int64_t deadline = now_ms() + 10000;
   while ((!sd || !rd) && now_ms() < deadline) {
-    if (!sd) ASSERT_TRUE(c.send->test(*s, &sd, &n).ok());
-    if (!rd) ASSERT_TRUE(c.recv->test(*r, &rd, &n).ok());
+    if (!sd) {
+      ASSERT_TRUE(c.send->test(*s, &sd, &n).ok());
+    }
+    if (!rd) {
+      ASSERT_TRUE(c.recv->test(*r, &rd, &n).ok());
+    }
   }
   ASSERT_TRUE(sd && rd);
   EXPECT_EQ(n, size);
-  if (size > 0) EXPECT_EQ(std::memcmp(src.data(), dst.data(), size), 0);
+  if (size > 0) {
+    EXPECT_EQ(std::memcmp(src.data(), dst.data(), size), 0);
+  }
   EXPECT_EQ(dst[size], 0x5A);
 }
 

@@ -280,7 +280,9 @@ TEST_F(VerbsEmuBackend, ASendTheReceiverTookSucceedsThoughTheReceiverClosedBefor
   // Drives both sides until the receive is done (the sender issues its write once the CTS lands).
   bool send_done = false, recv_done = false;
   for (int64_t end = now_ms() + 10000; !recv_done && now_ms() < end;) {
-    if (!send_done) ASSERT_TRUE(p.send->test(*s, &send_done, nullptr).ok());
+    if (!send_done) {
+      ASSERT_TRUE(p.send->test(*s, &send_done, nullptr).ok());
+    }
     ASSERT_TRUE(p.recv->test(*r, &recv_done, nullptr).ok());
   }
   ASSERT_TRUE(recv_done);
