@@ -675,8 +675,9 @@ TEST_F(DaemonPlugin, DmabufHeldMessageOfAKilledReceiverFailsItsSender) {
 
 // Issue 28: deregMr of a registration that a send or receive of the same client names and that
 // has not completed is refused (GW_ERR_INVALID_ARG, "in use"; docs/wire-daemon.md): the NIC may
-// still move its bytes, so the registration stays (until the client goes, as the plugin drops
-// its handle) and the op completes whole. Before, the daemon freed it under the op.
+// still move its bytes, so the registration stays and the op completes whole. The plugin keeps
+// its handle: the same deregMr, once the op completed, succeeds (before, the handle was freed
+// on the refusal and the registration stayed in the daemon until the client went).
 TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   if (!verbs_across_hosts()) {
     GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
@@ -738,6 +739,8 @@ TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   }
   EXPECT_EQ(got, static_cast<int>(3 * kMiB));
   EXPECT_EQ(check_pattern(dst, 3 * kMiB, 41), -1);
+  // The refused handle is still the registration: deregistered now, then registered again.
+  EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess) << "deregMr again once the receive completed";
   // A device send posted before its receive (held at the receiving daemon, in flight at this
   // one): the sender's deregMr is refused, and the message still arrives whole.
   fill_pattern(src, 2 * kMiB, 42);
@@ -752,7 +755,8 @@ TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   EXPECT_TRUE(both(sreq, rreq, &got)) << "the send whose deregMr was refused completes";
   EXPECT_EQ(got, static_cast<int>(2 * kMiB));
   EXPECT_EQ(check_pattern(dst, 2 * kMiB, 42), -1);
-  // Once its ops completed, a registration deregisters.
+  // Once its ops completed, a registration deregisters, the refused one with its same handle.
+  EXPECT_EQ(capi->dereg_mr(sc, ms), ncclSuccess) << "the sender's deregMr again";
   EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess);
   EXPECT_EQ(capi->close_send(sc), ncclSuccess);
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
