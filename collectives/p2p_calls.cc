@@ -13,6 +13,59 @@
 #include "collectives/p2p_engine.h"
 
 namespace gw::coll {
+namespace {
+
+using Impl = PointToPoint::Impl;
+
+// What isend and irecv check of their arguments before taking the engine's lock (`what`: "send"
+// or "receive"; the peer is checked by each, a receive's may be any source).
+Status check_message(const char* what, const void* buf, size_t bytes, int tag) {
+  if (tag < 0) return invalid_arg("{}: tag {} < 0", what, tag);
+  if (bytes > 0 && buf == nullptr) return invalid_arg("{}: NULL buffer with {} bytes", what, bytes);
+  return ok_status();
+}
+
+// The engine can take an op now (m.mu held): not aborted, started, not failed.
+Status check_ready_locked(Impl& m, const char* what) {
+  if (m.aborted->load()) return aborted_error("{}: communicator aborted", what);
+  GW_RETURN_IF_ERROR(m.start_locked());
+  return m.failed;
+}
+
+// A new send or receive op of the engine (m.mu held): its request, where it goes, its deadline;
+// counted as active until it completes.
+template <class Op>
+std::shared_ptr<Op> new_op(Impl& m, int peer, int tag, net::MemRegion* mr) {
+  auto o = std::make_shared<Op>();
+  o->req = std::make_shared<P2PRequest>();
+  o->req->set_driver(m.driver);
+  o->peer = peer;
+  o->tag = tag;
+  o->mr = mr;
+  o->deadline = deadline_after_ms(m.opts.timeout_ms);
+  m.earliest = std::min(m.earliest, o->deadline);
+  m.track(o->req);
+  ++m.active;
+  return o;
+}
+
+// The dma-buf calls name another rank of the communicator.
+Status check_other_rank(const Impl& m, int peer, const char* what) {
+  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
+    return invalid_arg("{}: peer {} is not another rank of this communicator", what, peer);
+  }
+  return ok_status();
+}
+
+// The peer's data connection in one direction (m.mu held); nullptr while there is none (not made
+// yet, or gone with its registrations).
+net::RecvComm* data_from(Impl& m, int peer) { return m.peers[peer].rc[1].get(); }
+net::Comm* data_comm(Impl& m, int peer, bool send) {
+  if (send) return m.peers[peer].sc[1].get();
+  return data_from(m, peer);
+}
+
+}  // namespace
 
 Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t bytes, int peer,
                                                         int tag, net::MemRegion* mr) {
@@ -21,12 +74,9 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
     return invalid_arg("send: peer {} is not a rank of this communicator (size {})", peer,
                        m.group.size());
   }
-  if (tag < 0) return invalid_arg("send: tag {} < 0", tag);
-  if (bytes > 0 && buf == nullptr) return invalid_arg("send: NULL buffer with {} bytes", bytes);
+  GW_RETURN_IF_ERROR(check_message("send", buf, bytes, tag));
   std::unique_lock<std::mutex> lock(m.mu);
-  if (m.aborted->load()) return aborted_error("send: communicator aborted");
-  GW_RETURN_IF_ERROR(m.start_locked());
-  if (!m.failed.ok()) return m.failed;
+  GW_RETURN_IF_ERROR(check_ready_locked(m, "send"));
   if (mr != nullptr && peer == m.me()) {
     return Status(Code::kUnsupported,
                   "send: a device buffer (registered region) to this rank itself: the engine "
@@ -35,18 +85,9 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::isend(const void* buf, size_t 
   if (peer != m.me() && mr == nullptr) {
     if (auto done = m.send_eager_now(peer, buf, bytes, tag)) return done;
   }
-  auto s = std::make_shared<SendOp>();
-  s->req = std::make_shared<P2PRequest>();
-  s->req->set_driver(m.driver);
+  auto s = new_op<SendOp>(m, peer, tag, mr);
   s->buf = static_cast<const uint8_t*>(buf);
   s->bytes = bytes;
-  s->peer = peer;
-  s->tag = tag;
-  s->mr = mr;
-  s->deadline = deadline_after_ms(m.opts.timeout_ms);
-  m.earliest = std::min(m.earliest, s->deadline);
-  m.track(s->req);
-  ++m.active;
   if (peer == m.me()) {
     // An eager send to oneself is copied now and completes (as one to another rank completes
     // once the transport holds its RTS); a larger one waits for its receive.
@@ -93,17 +134,14 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
         "source (-1)",
         peer, m.group.size());
   }
-  if (tag < 0) return invalid_arg("receive: tag {} < 0", tag);
-  if (bytes > 0 && buf == nullptr) return invalid_arg("receive: NULL buffer with {} bytes", bytes);
+  GW_RETURN_IF_ERROR(check_message("receive", buf, bytes, tag));
   if (mr != nullptr && (peer == kAnySource || peer == m.me())) {
     return Status(Code::kUnsupported,
                   "receive: a device buffer (registered region) takes a message of one other "
                   "rank only (its registration is with that rank's data connection)");
   }
   std::unique_lock<std::mutex> lock(m.mu);
-  if (m.aborted->load()) return aborted_error("receive: communicator aborted");
-  GW_RETURN_IF_ERROR(m.start_locked());
-  if (!m.failed.ok()) return m.failed;
+  GW_RETURN_IF_ERROR(check_ready_locked(m, "receive"));
   auto match = std::find_if(m.unexpected.begin(), m.unexpected.end(), [&](const Unexpected& u) {
     return (peer == kAnySource || u.src == peer) && u.tag == tag;
   });
@@ -112,18 +150,9 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
     const Status& b = m.peers[peer].broken;
     return Status(b.code(), fmt::format("receive from rank {}: {}", peer, b.message()));
   }
-  auto r = std::make_shared<RecvOp>();
-  r->req = std::make_shared<P2PRequest>();
-  r->req->set_driver(m.driver);
+  auto r = new_op<RecvOp>(m, peer, tag, mr);
   r->buf = static_cast<uint8_t*>(buf);
   r->cap = bytes;
-  r->peer = peer;
-  r->tag = tag;
-  r->mr = mr;
-  r->deadline = deadline_after_ms(m.opts.timeout_ms);
-  m.earliest = std::min(m.earliest, r->deadline);
-  m.track(r->req);
-  ++m.active;
   if (match != m.unexpected.end()) {
     Unexpected u = std::move(*match);
     m.unexpected.erase(match);
@@ -142,10 +171,7 @@ Result<std::shared_ptr<P2PRequest>> PointToPoint::irecv(void* buf, size_t bytes,
 Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova, size_t bytes,
                                                  uint64_t offset, int fd, Deadline deadline) {
   Impl& m = *impl_;
-  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
-    return invalid_arg("dma-buf registration: peer {} is not another rank of this communicator",
-                       peer);
-  }
+  GW_RETURN_IF_ERROR(check_other_rank(m, peer, "dma-buf registration"));
   const char* dir = send ? "to" : "from";
   std::unique_lock<std::mutex> lock(m.mu);
   GW_RETURN_IF_ERROR(m.start_locked());
@@ -158,7 +184,7 @@ Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova
                                                  "rank {}: {}",
                                                  dir, peer, p.broken.message()));
     }
-    net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+    net::Comm* c = data_comm(m, peer, send);
     if (c != nullptr) {
       auto mr = c->reg_mr_dmabuf(iova, bytes, offset, fd);
       if (!mr.ok()) {
@@ -181,12 +207,9 @@ Result<net::MemRegion*> PointToPoint::reg_dmabuf(int peer, bool send, void* iova
 
 Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
   Impl& m = *impl_;
-  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
-    return invalid_arg("dma-buf deregistration: peer {} is not another rank", peer);
-  }
+  GW_RETURN_IF_ERROR(check_other_rank(m, peer, "dma-buf deregistration"));
   std::lock_guard<std::mutex> lock(m.mu);
-  Peer& p = m.peers[peer];
-  net::Comm* c = send ? static_cast<net::Comm*>(p.sc[1].get()) : p.rc[1].get();
+  net::Comm* c = data_comm(m, peer, send);
   // The connection is gone (the peer left or broke, or the engine ended): its registrations went
   // with it, so there is nothing left to deregister. That is the usual end when the peer finishes
   // first, not an error.
@@ -197,12 +220,10 @@ Status PointToPoint::dereg_dmabuf(int peer, bool send, net::MemRegion* mr) {
 Result<bool> PointToPoint::flush_dmabuf(int peer, void* iova, size_t bytes, net::MemRegion* mr,
                                         Deadline deadline) {
   Impl& m = *impl_;
-  if (peer < 0 || peer >= m.group.size() || peer == m.me()) {
-    return invalid_arg("dma-buf flush: peer {} is not another rank", peer);
-  }
+  GW_RETURN_IF_ERROR(check_other_rank(m, peer, "dma-buf flush"));
   // Under the engine's lock, as the progress thread's use of the same connection.
   std::unique_lock<std::mutex> lock(m.mu);
-  net::RecvComm* rc = m.peers[peer].rc[1].get();
+  net::RecvComm* rc = data_from(m, peer);
   if (rc == nullptr) {
     return invalid_arg(
         "dma-buf flush: the data connection from rank {} is gone (and its "
@@ -225,7 +246,7 @@ Result<bool> PointToPoint::flush_dmabuf(int peer, void* iova, size_t bytes, net:
     lock.unlock();
     std::this_thread::yield();
     lock.lock();
-    if (m.peers[peer].rc[1].get() != rc) {
+    if (data_from(m, peer) != rc) {
       return peer_error("dma-buf flush: the data connection from rank {} went meanwhile", peer);
     }
   }

@@ -95,10 +95,14 @@ Status PluginComm::dereg_mr(MemHandle* mh) {
     std::lock_guard<std::mutex> lock(mr_mu_);
     auto it = std::find(mrs_.begin(), mrs_.end(), mh);
     if (it == mrs_.end()) return internal_error("memory handle {} is not registered", (void*)mh);
-    mrs_.erase(it);
     st = mh->mr != nullptr ? comm()->dereg_mr(mh->mr) : ok_status();
-    mh->magic = 0;
-    delete mh;
+    // A backend that fails leaves the region registered (daemon mode: the daemon refused, an op
+    // still names it): the handle stays valid, NCCL may deregister it again.
+    if (st.ok()) {
+      mrs_.erase(it);
+      mh->magic = 0;
+      delete mh;
+    }
   }
   if (t0 >= 0) trace::registration(*this, "deregMr", t0, bytes, cuda ? "cuda" : "host", !st.ok());
   return st;

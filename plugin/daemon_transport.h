@@ -19,7 +19,7 @@
 // without a dma-buf is refused.
 //
 // Pipelining (docs/nccl-plugin.md "Daemon mode"): a message of at least C = 4 MiB (kChunkBytes in
-// the .cc; both ends must cut alike, so it is a constant) goes as several daemon messages on its
+// daemon_comm.h; both ends must cut alike, a constant) goes as several daemon messages on its
 // tag, so that the copy into the arena, the daemon's move and the copy out overlap:
 // - Chunks: the first exactly C bytes: the message's first C-8 bytes, then its size (8 bytes,
 //   little endian); then the rest in chunks of C, the last one shorter when it comes out so. A

@@ -138,8 +138,9 @@ class PluginComm {
   Result<MemHandle*> reg_mr(void* data, size_t size, bool cuda = false);
   // Device memory handed over as a dma-buf (regMrDmaBuf).
   Result<MemHandle*> reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd);
+  // A failure (daemon mode: the daemon refused, an op still names the region) keeps the handle.
   Status dereg_mr(MemHandle* mh);
-  // A handle for a registration the comm made; kept until dereg_mr or the comm's end.
+  // A handle for a registration the comm made; kept until a dereg_mr succeeds or the comm's end.
   MemHandle* track(net::MemRegion* mr, void* data, size_t size);
   // *request = nullptr when no slot is free now.
   Status isend(const void* data, size_t size, int tag, MemHandle* mh, Request** request);

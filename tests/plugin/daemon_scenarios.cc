@@ -281,6 +281,41 @@ int run_daemon_dies(const char* gradwired) {
   return rc;
 }
 
+// Each instance's handle names its host (bytes [8, 16): FNV-1a 64 of the host identity), so the
+// two ends are on two hosts, not both on the one the environment named last: "" when `x`'s is
+// `host`. The instance's transport is made at its first listen, which this is.
+Error on_host(NetApi& x, void* c, const char* host) {
+  uint8_t h[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* lc = nullptr;
+  if (x.listen(c, 0, h, &lc) != ncclSuccess) return "listen";
+  x.close_listen(lc);
+  uint64_t want = 0xcbf29ce484222325ull, got = 0;
+  for (const char* p = host; *p != '\0'; ++p) {
+    want = (want ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
+  }
+  for (int i = 7; i >= 0; --i) got = (got << 8) | h[8 + i];
+  return got == want ? "" : std::string("an instance is not on host ") + host;
+}
+
+}  // namespace
+
+Error second_instance_on_host_a(NetApi& api, void* ctx, const char* daemon_a,
+                                std::unique_ptr<NetApi>* second, void** second_ctx) {
+  // This instance's transport opens on host b (its first listen) before the environment moves
+  // to host a for the second instance.
+  if (Error e = on_host(api, ctx, kXhostB); !e.empty()) return e;
+  setenv("GW_DAEMON", daemon_a, 1);
+  setenv("GW_HOSTID", kXhostA, 1);
+  *second = make_api_of_copy();
+  if ((*second)->init(second_ctx) != ncclSuccess) {
+    second->reset();
+    return "init of the second instance (host a)";
+  }
+  return on_host(**second, *second_ctx, kXhostA);
+}
+
+namespace {
+
 // xhost: the receiving end on this process's host (b, with its daemon), the sending end on
 // host a through daemon a (GW_PLUGIN_TEST_HOST_A_DAEMON), in a second instance of the plugin.
 int run_bench(bool xhost) {
@@ -293,28 +328,9 @@ int run_bench(bool xhost) {
   if (xhost) {
     const char* a = std::getenv("GW_PLUGIN_TEST_HOST_A_DAEMON");
     if (a == nullptr) return fail("bench-xhost: two hosts only (GW_PLUGIN_TEST_XHOST=1)");
-    // This instance opens its transport at its first listen: open it here, on host b, before
-    // the environment moves to host a for the second instance.
-    // Each instance's handle names its host (bytes [8, 16): FNV-1a 64 of the host identity), so
-    // the two ends are on two hosts, not both on the one the environment named last.
-    auto on_host = [](NetApi& x, void* c, const char* host) -> Error {
-      uint8_t h[NCCL_NET_HANDLE_MAXSIZE] = {};
-      void* lc = nullptr;
-      if (x.listen(c, 0, h, &lc) != ncclSuccess) return "listen";
-      x.close_listen(lc);
-      uint64_t want = 0xcbf29ce484222325ull, got = 0;
-      for (const char* p = host; *p != '\0'; ++p) {
-        want = (want ^ static_cast<unsigned char>(*p)) * 0x100000001b3ull;
-      }
-      for (int i = 7; i >= 0; --i) got = (got << 8) | h[8 + i];
-      return got == want ? "" : std::string("an instance is not on host ") + host;
-    };
-    if (Error e = on_host(*api, ctx, kXhostB); !e.empty()) return fail(e);
-    setenv("GW_DAEMON", a, 1);
-    setenv("GW_HOSTID", kXhostA, 1);
-    capi = make_api_of_copy();
-    if (capi->init(&cctx) != ncclSuccess) return fail("init of the second instance");
-    if (Error e = on_host(*capi, cctx, kXhostA); !e.empty()) return fail(e);
+    if (Error e = second_instance_on_host_a(*api, ctx, a, &capi, &cctx); !e.empty()) {
+      return fail("bench-xhost: " + e);
+    }
   }
   void *sc = nullptr, *rc = nullptr;
   if (Error e = connect_pair(*api, ctx, capi ? *capi : *api, cctx, &sc, &rc); !e.empty()) {

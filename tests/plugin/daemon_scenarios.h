@@ -43,6 +43,10 @@
 //                      the plugin's first init must say "backend dpdk"
 #pragma once
 
+#include <memory>
+
+#include "tests/plugin/plugin_harness.h"
+
 namespace gw::plugin_test {
 
 // The scenario's exit status; -1 when argv names none of these.
@@ -82,5 +86,12 @@ namespace gw::plugin_test {
 
 // The scenario's exit status; -1 when argv names none of these.
 int run_bench_scenario(int argc, char** argv);
+
+// Daemon mode across two hosts (GW_PLUGIN_TEST_HOST_A_DAEMON, the bench-xhost and gdr
+// scenarios): `api` (inited, `ctx`) is this process's instance, on host b; *second becomes a
+// second instance of the plugin on host a through `daemon_a` (its context in *second_ctx), the
+// environment left on host a. Both instances' handles must name their hosts. "" or what failed.
+Error second_instance_on_host_a(NetApi& api, void* ctx, const char* daemon_a,
+                                std::unique_ptr<NetApi>* second, void** second_ctx);
 
 }  // namespace gw::plugin_test

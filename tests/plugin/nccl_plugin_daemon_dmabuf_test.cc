@@ -46,6 +46,34 @@ struct MeetingDir {
   std::string path;
 };
 
+// The opening of a case whose peer process (nccl_plugin_peer, on host b) listens: the peer runs
+// {"listen", DIR, scenario} with GW_TIMEOUT_MS=30000 on a thread, this process reads its handle
+// from the meeting directory DIR and connects. The destructor waits for the peer.
+struct ListeningPeer {
+  ~ListeningPeer() { wait(); }
+  // `api`'s send comm to the peer in *sc: "" or what failed.
+  std::string connect(NetApi& api, void* ctx, const std::string& scenario, void** sc) {
+    if (dir.path.empty()) return "no meeting directory";
+    thread = std::thread([this, scenario] {
+      run_peer({"GW_TIMEOUT_MS=30000"}, {"listen", dir.path, scenario}, &out);
+    });
+    const auto hex = dir.await("handle", 20000);
+    if (!hex.has_value()) return "no listen handle from the peer";
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    if (!scenario::unhex(*hex, handle)) return "the peer's handle is not hex: " + *hex;
+    if (scenario::connect_to(api, ctx, handle, sc) != ncclSuccess || *sc == nullptr) {
+      return "connect to the peer failed";
+    }
+    return "";
+  }
+  void wait() {
+    if (thread.joinable()) thread.join();
+  }
+  MeetingDir dir;
+  std::thread thread;
+  std::string out;  // the peer's stdout, once wait() returned
+};
+
 // A second instance of the plugin on host a whose connections carry GW_TIMEOUT_MS=ms (the
 // fixture's has 4000): the faults below must end requests far sooner than that.
 std::unique_ptr<NetApi> api_with_timeout(int ms, void** ctx) {
@@ -59,6 +87,20 @@ std::unique_ptr<NetApi> api_with_timeout(int ms, void** ctx) {
   } else {
     unsetenv("GW_TIMEOUT_MS");
   }
+  return api;
+}
+
+// A second instance of the plugin on host b (GW_PLUGIN_TEST_PEER_DAEMON, _PEER_HOSTID), the
+// environment put back after; nullptr when its init fails.
+std::unique_ptr<NetApi> api_on_peer_host(void** ctx) {
+  const std::string daemon_was = getenv("GW_DAEMON");
+  const std::string host_was = getenv("GW_HOSTID") != nullptr ? getenv("GW_HOSTID") : "";
+  setenv("GW_DAEMON", getenv("GW_PLUGIN_TEST_PEER_DAEMON"), 1);
+  setenv("GW_HOSTID", getenv("GW_PLUGIN_TEST_PEER_HOSTID"), 1);
+  auto api = make_api_of_copy();
+  if (api->init(ctx) != ncclSuccess) api.reset();
+  setenv("GW_DAEMON", daemon_was.c_str(), 1);
+  setenv("GW_HOSTID", host_was.c_str(), 1);
   return api;
 }
 
@@ -82,26 +124,10 @@ void expect_daemons_go_on(NetApi& api, void* ctx) {
     EXPECT_EQ(out.find("AddressSanitizer"), std::string::npos) << "daemon " << h << ":\n" << out;
     EXPECT_EQ(out.find("runtime error"), std::string::npos) << "daemon " << h << ":\n" << out;
   }
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api.listen(ctx, 0, handle, &lc), ncclSuccess);
-  struct Acc {
-    std::atomic<void*> comm{nullptr};
-  } acc;
-  std::thread t([&] {
-    for (const auto until = Clock::now() + std::chrono::seconds(30); Clock::now() < until;) {
-      void* rc = nullptr;
-      if (api.accept(lc, &rc) != ncclSuccess) return;
-      if (rc != nullptr) {
-        acc.comm = rc;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
-  EXPECT_EQ(run_peer({}, {"connect", handle_hex(handle), "send"}), 0) << "a new job across them";
-  t.join();
-  void* rc = acc.comm.load();
+  ConnectingPeer peer(api, ctx);
+  ASSERT_TRUE(peer.listening());
+  EXPECT_EQ(peer.run({}, {"send"}), 0) << "a new job across them";
+  void* rc = peer.comm();
   ASSERT_NE(rc, nullptr) << "the new job's connection";
   Buffer in(8192);
   void* req = nullptr;
@@ -111,7 +137,6 @@ void expect_daemons_go_on(NetApi& api, void* ctx) {
   EXPECT_EQ(sizes[0], 4096);
   EXPECT_EQ(check_pattern(in.data, 4096, 77), -1);
   api.close_recv(rc);
-  api.close_listen(lc);
 }
 
 bool verbs_across_hosts() {
@@ -200,14 +225,8 @@ TEST_F(DaemonPlugin, DmabufIsRegisteredByTheDaemonOnItsVerbsLink) {
   std::unique_ptr<NetApi> capi;
   void* cctx = ctx_;
   if (xhost) {
-    const std::string daemon_was = getenv("GW_DAEMON");
-    const std::string host_was = getenv("GW_HOSTID") != nullptr ? getenv("GW_HOSTID") : "";
-    setenv("GW_DAEMON", peer_daemon, 1);
-    setenv("GW_HOSTID", peer_host, 1);
-    capi = make_api_of_copy();
-    ASSERT_EQ(capi->init(&cctx), ncclSuccess);
-    setenv("GW_DAEMON", daemon_was.c_str(), 1);
-    setenv("GW_HOSTID", host_was.c_str(), 1);
+    capi = api_on_peer_host(&cctx);
+    ASSERT_NE(capi, nullptr);
   }
   NetApi& sapi = capi ? *capi : *api_;
   void *sc = nullptr, *rc = nullptr;
@@ -432,23 +451,16 @@ TEST_F(DaemonPlugin, DmabufRegistrationsGoWithAKilledProcess) {
     return n;
   };
   const size_t before = released();
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
-  std::string out;
-  const int rc = run_peer({}, {"connect", handle_hex(handle), "dmabuf-die"}, &out);
-  EXPECT_EQ(rc, -1) << "the peer kills itself";
-  EXPECT_NE(out.find("registered"), std::string::npos) << out;
+  ConnectingPeer peer(*api_, ctx_);
+  ASSERT_TRUE(peer.listening());
+  EXPECT_EQ(peer.run({}, {"dmabuf-die"}), -1) << "the peer kills itself";
+  EXPECT_NE(peer.out().find("registered"), std::string::npos) << peer.out();
   const auto until = Clock::now() + std::chrono::seconds(10);
   while (released() == before && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_GT(released(), before) << "daemon b's output:\n" << xhost_daemon_output(1);
-  acc.join();
-  if (void* comm = acc.comm.load()) api_->close_recv(comm);
-  api_->close_listen(lc);
+  if (void* comm = peer.stop_accepting()) api_->close_recv(comm);
 }
 
 // A device message whose sender is killed before the receiver takes it (its bytes wait at the
@@ -458,14 +470,10 @@ TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
   if (getenv("GW_PLUGIN_TEST_PEER_DAEMON") == nullptr || xhost_transport() != "verbs") {
     GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
   }
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
-  std::string out;
-  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "dmabuf-send-die"}, &out); });
-  void* rc = acc.wait_comm();
+  ConnectingPeer peer(*api_, ctx_);
+  ASSERT_TRUE(peer.listening());
+  peer.start({}, {"dmabuf-send-die"});
+  void* rc = peer.comm();
   ASSERT_NE(rc, nullptr);
   MemfdBuffer dev(2 << 20, "gw-dmabuf-recv-of-killed");
   ASSERT_NE(dev.data, nullptr);
@@ -481,8 +489,8 @@ TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
   while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
     r = api_->test(req, &done, &size);
   }
-  peer.join();
-  EXPECT_NE(out.find("sent"), std::string::npos) << out;
+  peer.wait_peer();
+  EXPECT_NE(peer.out().find("sent"), std::string::npos) << peer.out();
   EXPECT_NE(r, ncclSuccess) << "the device receive from a killed rank must fail, not hang";
   EXPECT_EQ(done, 0);
   // Tag 1: the held device message, whose bytes went with the sender: refused or failed.
@@ -498,7 +506,6 @@ TEST_F(DaemonPlugin, DmabufSenderKilledFailsTheDeviceReceive) {
   EXPECT_EQ(done, 0);
   (void)api_->dereg_mr(rc, md);
   api_->close_recv(rc);
-  api_->close_listen(lc);
 }
 
 // Issue 28's use-after-free: a trainer killed while the NIC moves its device send (the peer on
@@ -515,17 +522,10 @@ TEST_F(DaemonPlugin, DmabufTrainerKilledWithADeviceSendInFlight) {
   void* lctx = nullptr;
   auto lapi = api_with_timeout(30000, &lctx);
   ASSERT_NE(lapi, nullptr);
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(lapi->listen(lctx, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(lapi.get(), lc);
-  std::string out;
-  std::thread peer([&] {
-    run_peer({"GW_TIMEOUT_MS=30000"},
-             {"connect", handle_hex(handle), "dmabuf-send-inflight", dir.path}, &out);
-  });
-  void* rc = acc.wait_comm();
+  ConnectingPeer peer(*lapi, lctx);
+  ASSERT_TRUE(peer.listening());
+  peer.start({"GW_TIMEOUT_MS=30000"}, {"dmabuf-send-inflight", dir.path});
+  void* rc = peer.comm();
   ASSERT_NE(rc, nullptr);
   MemfdBuffer dst(size_t{64} << 20, "gw-dmabuf-recv-of-inflight");
   ASSERT_NE(dst.data, nullptr);
@@ -552,16 +552,15 @@ TEST_F(DaemonPlugin, DmabufTrainerKilledWithADeviceSendInFlight) {
   int done = 0;
   const ncclResult_t r = test_until_end(*lapi, req, 15000, &done);
   const double took = seconds_since(t0);
-  peer.join();
-  EXPECT_NE(out.find("sent"), std::string::npos) << out;
+  peer.wait_peer();
+  EXPECT_NE(peer.out().find("sent"), std::string::npos) << peer.out();
   EXPECT_NE(r, ncclSuccess) << "the receive from a rank killed mid-send must fail";
   EXPECT_EQ(done, 0);
   EXPECT_LT(took, 5.0) << "promptly (GW_TIMEOUT_MS is 30 s)";
   std::printf("receive from the rank killed mid-send failed %.3f s after the kill\n", took);
   (void)lapi->dereg_mr(rc, md);
   lapi->close_recv(rc);
-  lapi->close_listen(lc);
-  acc.join();
+  peer.close_listen();
   expect_daemons_go_on(*lapi, lctx);
   lapi->finalize(lctx);
 }
@@ -573,37 +572,27 @@ TEST_F(DaemonPlugin, DmabufTrainerKilledWithADeviceReceiveInFlight) {
   if (!verbs_across_hosts()) {
     GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
   }
-  MeetingDir dir;
-  ASSERT_FALSE(dir.path.empty());
   void* sctx = nullptr;
   auto sapi = api_with_timeout(30000, &sctx);
   ASSERT_NE(sapi, nullptr);
-  std::string out;
-  std::thread peer([&] {
-    run_peer({"GW_TIMEOUT_MS=30000"}, {"listen", dir.path, "dmabuf-recv-inflight"}, &out);
-  });
-  const auto hex = dir.await("handle", 20000);
-  ASSERT_TRUE(hex.has_value()) << "the peer's listen handle";
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  ASSERT_TRUE(scenario::unhex(*hex, handle));
+  ListeningPeer peer;
   void* sc = nullptr;
-  ASSERT_EQ(scenario::connect_to(*sapi, sctx, handle, &sc), ncclSuccess);
-  ASSERT_NE(sc, nullptr);
+  ASSERT_EQ(peer.connect(*sapi, sctx, "dmabuf-recv-inflight", &sc), "");
   MemfdBuffer src(size_t{64} << 20, "gw-dmabuf-send-to-inflight");
   ASSERT_NE(src.data, nullptr);
   fill_pattern(src.data, src.size, 21);
   void* ms = nullptr;
   ASSERT_EQ(sapi->reg_mr_dmabuf(sc, src.data, src.size, NCCL_PTR_CUDA, 0, src.fd, &ms),
             ncclSuccess);
-  ASSERT_TRUE(dir.await("posted", 20000).has_value()) << "the peer's device receive";
+  ASSERT_TRUE(peer.dir.await("posted", 20000).has_value()) << "the peer's device receive";
   void* req = nullptr;
   const auto t0 = Clock::now();
   ASSERT_EQ(post_send(*sapi, sc, src.data, src.size, 1, ms, &req), "");
   int done = 0;
   const ncclResult_t r = test_until_end(*sapi, req, 15000, &done);
   const double took = seconds_since(t0);
-  peer.join();
-  EXPECT_NE(out.find("landed"), std::string::npos) << "killed mid-transfer:\n" << out;
+  peer.wait();
+  EXPECT_NE(peer.out.find("landed"), std::string::npos) << "killed mid-transfer:\n" << peer.out;
   EXPECT_NE(r, ncclSuccess) << "the send to a rank killed mid-receive must fail";
   EXPECT_EQ(done, 0);
   EXPECT_LT(took, 5.0) << "promptly (GW_TIMEOUT_MS is 30 s)";
@@ -622,39 +611,29 @@ TEST_F(DaemonPlugin, DmabufHeldMessageOfAKilledReceiverFailsItsSender) {
   if (!verbs_across_hosts()) {
     GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
   }
-  MeetingDir dir;
-  ASSERT_FALSE(dir.path.empty());
   void* sctx = nullptr;
   auto sapi = api_with_timeout(30000, &sctx);
   ASSERT_NE(sapi, nullptr);
-  std::string out;
-  std::thread peer([&] {
-    run_peer({"GW_TIMEOUT_MS=30000"}, {"listen", dir.path, "dmabuf-held"}, &out);
-  });
-  const auto hex = dir.await("handle", 20000);
-  ASSERT_TRUE(hex.has_value()) << "the peer's listen handle";
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  ASSERT_TRUE(scenario::unhex(*hex, handle));
+  ListeningPeer peer;
   void* sc = nullptr;
-  ASSERT_EQ(scenario::connect_to(*sapi, sctx, handle, &sc), ncclSuccess);
-  ASSERT_NE(sc, nullptr);
+  ASSERT_EQ(peer.connect(*sapi, sctx, "dmabuf-held", &sc), "");
   MemfdBuffer src(1 << 20, "gw-dmabuf-held-send");
   ASSERT_NE(src.data, nullptr);
   fill_pattern(src.data, src.size, 8);
   void* ms = nullptr;
   ASSERT_EQ(sapi->reg_mr_dmabuf(sc, src.data, src.size, NCCL_PTR_CUDA, 0, src.fd, &ms),
             ncclSuccess);
-  ASSERT_TRUE(dir.await("registered", 20000).has_value()) << "the peer's registration";
+  ASSERT_TRUE(peer.dir.await("registered", 20000).has_value()) << "the peer's registration";
   void* req = nullptr;
   ASSERT_EQ(post_send(*sapi, sc, src.data, src.size, 1, ms, &req), "");
   clear_log();
   const auto t0 = Clock::now();
-  ASSERT_TRUE(dir.put("sent"));
+  ASSERT_TRUE(peer.dir.put("sent"));
   int done = 0;
   const ncclResult_t r = test_until_end(*sapi, req, 20000, &done);
   const double took = seconds_since(t0);
-  peer.join();
-  EXPECT_NE(out.find("killed"), std::string::npos) << out;
+  peer.wait();
+  EXPECT_NE(peer.out.find("killed"), std::string::npos) << peer.out;
   EXPECT_NE(r, ncclSuccess) << "a device message whose receiver was killed must fail its send";
   EXPECT_EQ(done, 0);
   EXPECT_LT(took, 3.0) << "within a few seconds of the kill (300 ms after the send)";
@@ -675,21 +654,16 @@ TEST_F(DaemonPlugin, DmabufHeldMessageOfAKilledReceiverFailsItsSender) {
 
 // Issue 28: deregMr of a registration that a send or receive of the same client names and that
 // has not completed is refused (GW_ERR_INVALID_ARG, "in use"; docs/wire-daemon.md): the NIC may
-// still move its bytes, so the registration stays (until the client goes, as the plugin drops
-// its handle) and the op completes whole. Before, the daemon freed it under the op.
+// still move its bytes, so the registration stays and the op completes whole. The plugin keeps
+// its handle: the same deregMr, once the op completed, succeeds (before, the handle was freed
+// on the refusal and the registration stayed in the daemon until the client went).
 TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   if (!verbs_across_hosts()) {
     GTEST_SKIP() << "two hosts over verbs only (GW_PLUGIN_TEST_XHOST_TRANSPORT=verbs)";
   }
-  const std::string daemon_was = getenv("GW_DAEMON");
-  const std::string host_was = getenv("GW_HOSTID") != nullptr ? getenv("GW_HOSTID") : "";
-  setenv("GW_DAEMON", getenv("GW_PLUGIN_TEST_PEER_DAEMON"), 1);
-  setenv("GW_HOSTID", getenv("GW_PLUGIN_TEST_PEER_HOSTID"), 1);
-  std::unique_ptr<NetApi> capi = make_api_of_copy();
   void* cctx = nullptr;
-  ASSERT_EQ(capi->init(&cctx), ncclSuccess);
-  setenv("GW_DAEMON", daemon_was.c_str(), 1);
-  setenv("GW_HOSTID", host_was.c_str(), 1);
+  std::unique_ptr<NetApi> capi = api_on_peer_host(&cctx);
+  ASSERT_NE(capi, nullptr);
   void *sc = nullptr, *rc = nullptr;
   ASSERT_EQ(connect_pair(*api_, ctx_, *capi, cctx, &sc, &rc), "");
   constexpr size_t kMiB = 1 << 20;
@@ -738,6 +712,8 @@ TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   }
   EXPECT_EQ(got, static_cast<int>(3 * kMiB));
   EXPECT_EQ(check_pattern(dst, 3 * kMiB, 41), -1);
+  // The refused handle is still the registration: deregistered now, then registered again.
+  EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess) << "deregMr again once the receive completed";
   // A device send posted before its receive (held at the receiving daemon, in flight at this
   // one): the sender's deregMr is refused, and the message still arrives whole.
   fill_pattern(src, 2 * kMiB, 42);
@@ -752,7 +728,8 @@ TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
   EXPECT_TRUE(both(sreq, rreq, &got)) << "the send whose deregMr was refused completes";
   EXPECT_EQ(got, static_cast<int>(2 * kMiB));
   EXPECT_EQ(check_pattern(dst, 2 * kMiB, 42), -1);
-  // Once its ops completed, a registration deregisters.
+  // Once its ops completed, a registration deregisters, the refused one with its same handle.
+  EXPECT_EQ(capi->dereg_mr(sc, ms), ncclSuccess) << "the sender's deregMr again";
   EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess);
   EXPECT_EQ(capi->close_send(sc), ncclSuccess);
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);

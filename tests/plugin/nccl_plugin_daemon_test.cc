@@ -37,21 +37,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
+  ConnectingPeer peer(*api_, ctx_);
+  ASSERT_TRUE(peer.listening());
   // Another job's token: its connect fails (no hang) and the listener accepts nothing.
-  EXPECT_EQ(run_peer({"GW_JOB_TOKEN=another-job", "GW_TIMEOUT_MS=2000"},
-                     {"connect", handle_hex(handle), "fail"}),
-            0);
-  EXPECT_EQ(acc.comm.load(), nullptr) << "a process of another job reached the listener";
+  EXPECT_EQ(peer.run({"GW_JOB_TOKEN=another-job", "GW_TIMEOUT_MS=2000"}, {"fail"}), 0);
+  EXPECT_EQ(peer.accepted(), nullptr) << "a process of another job reached the listener";
   // The same job's process connects to the same endpoint and its message arrives.
-  ASSERT_EQ(run_peer({}, {"connect", handle_hex(handle), "send"}), 0);
-  acc.thread.join();
-  void* rc = acc.comm.load();
-  ASSERT_NE(rc, nullptr) << "accept returned " << acc.result.load();
+  ASSERT_EQ(peer.run({}, {"send"}), 0);
+  void* rc = peer.comm();
+  ASSERT_NE(rc, nullptr) << "accept returned " << peer.accept_result();
   Buffer in(8192);
   void* req = nullptr;
   ASSERT_EQ(post_recv(*api_, rc, in.data, in.size, 3, nullptr, &req), "");
@@ -75,20 +69,17 @@ TEST_F(DaemonPlugin, AProcessOfAnotherJobCannotConnect) {
     EXPECT_EQ(xhost_went_over_dpdk(), "");
   }
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
-  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  EXPECT_EQ(peer.close_listen(), ncclSuccess);
 }
 
 TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   // A connection that lives through the death of the other process's.
   void *sc2 = nullptr, *rc2 = nullptr;
   ASSERT_EQ(connect_pair(*api_, ctx_, &sc2, &rc2), "");
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
-  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
-  void* rc = acc.wait_comm();
+  ConnectingPeer peer(*api_, ctx_);
+  ASSERT_TRUE(peer.listening());
+  peer.start({}, {"die"});
+  void* rc = peer.comm();
   ASSERT_NE(rc, nullptr);
   Buffer in(1 << 20);
   void* req = nullptr;
@@ -100,7 +91,7 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   while (r == ncclSuccess && !done && Clock::now() - t0 < std::chrono::seconds(20)) {
     r = api_->test(req, &done, &size);
   }
-  peer.join();
+  peer.wait_peer();
   EXPECT_EQ(r, ncclSystemError) << "the receive from a killed rank must fail, not hang";
   EXPECT_EQ(done, 0);
   bool named = false;
@@ -118,7 +109,7 @@ TEST_F(DaemonPlugin, RankKilledMidTransferFailsItsPeerAndNotOthers) {
   std::printf("receive from the killed rank failed %.3f s after it was posted\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
-  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  EXPECT_EQ(peer.close_listen(), ncclSuccess);
   // The daemon let go of the dead rank's connection and arena (and this side's, closed): only
   // the other connection's two clients and its job remain.
   int clients = -1, arenas = -1, jobs = -1;
@@ -496,16 +487,13 @@ TEST_F(DaemonPlugin, PeerThatClosesEndsTheJobAndAKilledOneFailsIt) {
   ASSERT_EQ(jobs_left(), 0) << gradwirectl("jobs");
   for (const std::string then : {"send", "die"}) {
     SCOPED_TRACE("peer: connect " + then);
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* lc = nullptr;
-    ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-    Acceptor acc;
-    acc.start(api_.get(), lc);
-    const int rc = run_peer({}, {"connect", handle_hex(handle), then});
+    ConnectingPeer peer(*api_, ctx_);
+    ASSERT_TRUE(peer.listening());
+    const int rc = peer.run({}, {then});
     if (then == "send") {
       EXPECT_EQ(rc, 0);
     }
-    void* comm = acc.wait_comm();
+    void* comm = peer.comm();
     ASSERT_NE(comm, nullptr);
     if (then == "send") {
       Buffer in(4096);
@@ -517,7 +505,7 @@ TEST_F(DaemonPlugin, PeerThatClosesEndsTheJobAndAKilledOneFailsIt) {
     const std::string state = connection_job_state();
     EXPECT_EQ(state, then == "send" ? "ended" : "failed") << gradwirectl("jobs");
     EXPECT_EQ(api_->close_recv(comm), ncclSuccess);
-    EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+    EXPECT_EQ(peer.close_listen(), ncclSuccess);
     EXPECT_EQ(jobs_left(), 0) << gradwirectl("jobs");  // both ends gone: the job too
   }
 }
@@ -569,13 +557,10 @@ TEST_F(DaemonPlugin, RemotePeerThatClosesEndsTheJobOnBothHostsQuietly) {
   for (const std::string then : {"send", "die"}) {
     SCOPED_TRACE("peer: connect " + then);
     const size_t said[2] = {xhost_daemon_output(0).size(), xhost_daemon_output(1).size()};
-    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* lc = nullptr;
-    ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-    Acceptor acc;
-    acc.start(api_.get(), lc);
-    const int rc = run_peer({}, {"connect", handle_hex(handle), then});
-    void* comm = acc.wait_comm();
+    ConnectingPeer peer(*api_, ctx_);
+    ASSERT_TRUE(peer.listening());
+    const int rc = peer.run({}, {then});
+    void* comm = peer.comm();
     ASSERT_NE(comm, nullptr);
     if (then == "send") {
       EXPECT_EQ(rc, 0);
@@ -594,7 +579,7 @@ TEST_F(DaemonPlugin, RemotePeerThatClosesEndsTheJobOnBothHostsQuietly) {
       EXPECT_EQ(connection_job_state(true), "running") << gradwirectl("jobs", a);
     }
     EXPECT_EQ(api_->close_recv(comm), ncclSuccess);
-    EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+    EXPECT_EQ(peer.close_listen(), ncclSuccess);
     EXPECT_EQ(jobs_left_on(a), 0) << gradwirectl("jobs", a);
     EXPECT_EQ(jobs_left_on(b), 0) << gradwirectl("jobs", b);
     const std::string out_a = xhost_daemon_output(0).substr(said[0]);
@@ -623,14 +608,11 @@ namespace {
 TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
   const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
   if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-  void* lc = nullptr;
-  ASSERT_EQ(api_->listen(ctx_, 0, handle, &lc), ncclSuccess);
-  Acceptor acc;
-  acc.start(api_.get(), lc);
+  ConnectingPeer peer(*api_, ctx_);
+  ASSERT_TRUE(peer.listening());
   // The peer connects, sends its 4096 bytes (tag 3) and closes; its daemon stays until killed.
-  std::thread peer([&] { run_peer({}, {"connect", handle_hex(handle), "die"}); });
-  void* rc = acc.wait_comm();
+  peer.start({}, {"die"});
+  void* rc = peer.comm();
   ASSERT_NE(rc, nullptr);
   Buffer in(1 << 20);
   void* req = nullptr;
@@ -643,13 +625,13 @@ TEST_F(DaemonPlugin, RemoteDaemonKilledFailsThePendingReceive) {
     r = api_->test(req, &done, &size);
   }
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  peer.join();
+  peer.wait_peer();
   EXPECT_EQ(r, ncclSystemError) << "the receive through a killed remote daemon must fail";
   EXPECT_EQ(done, 0);
   EXPECT_LT(s, 15.0) << "bounded by GW_TIMEOUT_MS, not a hang";
   std::printf("receive across hosts failed %.3f s after the remote daemon was killed\n", s);
   EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
-  EXPECT_EQ(api_->close_listen(lc), ncclSuccess);
+  EXPECT_EQ(peer.close_listen(), ncclSuccess);
 }
 
 }  // namespace

@@ -266,15 +266,9 @@ int run_gdr(const char* fake_cuda) {
   std::unique_ptr<NetApi> capi;
   void* cctx = ctx;
   if (const char* a = std::getenv("GW_PLUGIN_TEST_HOST_A_DAEMON"); a != nullptr) {
-    // This instance's transport is made at its first listen: before the environment moves.
-    uint8_t h[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* lc = nullptr;
-    if (api->listen(ctx, 0, h, &lc) != ncclSuccess) return fail("listen on host b");
-    api->close_listen(lc);
-    setenv("GW_DAEMON", a, 1);
-    setenv("GW_HOSTID", kXhostA, 1);
-    capi = make_api_of_copy();
-    if (capi->init(&cctx) != ncclSuccess) return fail("init of the instance on host a");
+    if (Error e = second_instance_on_host_a(*api, ctx, a, &capi, &cctx); !e.empty()) {
+      return fail("gdr: " + e);
+    }
   }
   NetApi& sapi = capi ? *capi : *api;
   NetApi* two = capi ? capi.get() : nullptr;

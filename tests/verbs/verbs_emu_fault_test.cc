@@ -2,8 +2,10 @@
 // layer, injected drops and delays, forced QP errors, CQ overruns, asynchronous events and dma-buf
 // registration. Part of the verbs_emu_test binary (the fixture in verbs_emu_fixture.h).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -19,6 +22,7 @@
 #include "tests/support/exec_child.h"
 #include "tests/verbs/verbs_emu_fixture.h"
 #include "verbs/emu/emu_verbs.h"
+#include "verbs/emu/wire.h"
 
 namespace gw::verbs::emu {
 namespace {
@@ -352,6 +356,88 @@ TEST_F(EmuTest, DmabufMrIsReachedThroughTheFdNotTheIova) {
   EXPECT_TRUE(std::all_of(decoy.begin(), decoy.end(), [](uint8_t b) { return b == 0xdd; }));
   EXPECT_EQ(t_->dereg_mr(dm), 0);
   munmap(buf, 6 * 4096);
+}
+
+// The port's bytes not yet read by the socket of this host's TCP connection from local port
+// `from` to local port `to` (/proc/net/tcp's rx_queue of the `to` end); -1 when not found.
+long rx_queue(uint16_t to, uint16_t from) {
+  FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  long found = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned local_port = 0, rem_port = 0;
+    unsigned long txq = 0, rxq = 0;
+    if (std::sscanf(line, " %*d: %*8x:%4x %*8x:%4x %*x %lx:%lx", &local_port, &rem_port, &txq,
+                    &rxq) == 4 &&
+        local_port == to && rem_port == from) {
+      found = static_cast<long>(rxq);
+    }
+  }
+  std::fclose(f);
+  return found;
+}
+
+// A small RDMA WRITE is buffered by the responder until its last byte, then placed: an MR
+// deregistered after the request's header was read must not be written then. The requester here
+// is a raw connection speaking the emulated wire, so that the header and all but the last byte are
+// read by the NIC (the socket's receive queue empties) before the deregistration: the write gets
+// a remote access NAK, the responder's QP goes to error, and the freed region keeps its bytes.
+TEST_F(EmuTest, SmallWriteToAnMrDeregisteredMidRequestIsARemoteAccessError) {
+  connect();
+  std::vector<uint8_t> target(256, 0x5a);
+  ibv_mr* mr = t_->reg_mr(pd_, target.data(), target.size(), kRw);
+  ASSERT_NE(mr, nullptr);
+  ASSERT_EQ(post_recv(b_), 0);
+  ibv_port_attr pa{};
+  ibv_gid gid{};
+  ASSERT_EQ(t_->query_port(ctx_, 1, &pa), 0);
+  ASSERT_EQ(t_->query_gid(ctx_, 1, 3, &gid), 0);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  std::memcpy(&sa.sin_addr, &gid.raw[12], 4);
+  sa.sin_port = htons(pa.lid);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0) << strerror(errno);
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len), 0);
+  constexpr uint32_t kLen = 64;
+  WireRequest h{kMagic, kOpWrite, {},       b_->qp_num,
+                0,      0,        mr->rkey, reinterpret_cast<uint64_t>(target.data()),
+                kLen};
+  std::vector<uint8_t> payload(kLen, 0xee);
+  ASSERT_EQ(send(fd, &h, sizeof(h), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(h)));
+  ASSERT_EQ(send(fd, payload.data(), kLen - 1, MSG_NOSIGNAL), static_cast<ssize_t>(kLen - 1));
+  // The NIC has read the header and buffered the payload's first kLen - 1 bytes.
+  long q = -1;
+  for (const int64_t end = now_ms() + 5000; now_ms() < end;) {
+    q = rx_queue(pa.lid, ntohs(me.sin_port));
+    if (q == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(q, 0) << "the responder did not read the request";
+  ASSERT_EQ(t_->dereg_mr(mr), 0);
+  ASSERT_EQ(send(fd, payload.data() + kLen - 1, 1, MSG_NOSIGNAL), 1);
+  WireResponse r{};
+  size_t got = 0;
+  for (const int64_t end = now_ms() + 5000; got < sizeof(r) && now_ms() < end;) {
+    pollfd p{fd, POLLIN, 100};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = recv(fd, reinterpret_cast<char*>(&r) + got, sizeof(r) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  ASSERT_EQ(got, sizeof(r)) << "no response";
+  EXPECT_EQ(r.magic, kMagic);
+  EXPECT_EQ(r.type, kNakAccess) << "a write to a deregistered MR is a remote access error";
+  EXPECT_EQ(r.psn, 0u);
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](uint8_t b) { return b == 0x5a; }))
+      << "the deregistered region was written";
+  // The responder's QP is in error: its posted receive is flushed.
+  EXPECT_EQ(next_wc(cq_b_).status, IBV_WC_WR_FLUSH_ERR);
 }
 
 }  // namespace

@@ -141,6 +141,17 @@ void Nic::on_request_done(InConn& c) {
     return;
   }
   if (c.dest != nullptr && !c.scratch.empty()) {
+    // A buffered write lands only now: its registration may have gone since the header (a real
+    // NIC checks every packet against the MR it names). Then nothing is written: the requester
+    // gets a remote access error and this QP goes to error, as for a bad rkey.
+    EmuMr* mr = find_mr(c.rkey);
+    if (mr == nullptr || mr->mr.pd != q->qp.pd || !in_range(mr, h.remote_addr, h.length)) {
+      c.dest = nullptr;
+      respond(c, kNakAccess, h.psn, 0);
+      to_error(q, IBV_WC_REM_ACCESS_ERR);
+      return;
+    }
+    c.dest = bytes_at(mr, h.remote_addr);
     // Address order, the last 8 bytes last: a poller of the last word sees the rest.
     size_t n = c.scratch.size();
     size_t head = n > 8 ? n - 8 : 0;
