@@ -232,12 +232,14 @@ int daemon_p2p_xhost(const uint8_t* data, size_t size) {
     const bool inl = h->flags == daemon::kXhostInline;
     check(n == daemon::kXhostHeaderBytes + (inl ? h->bytes : 0), "xhost: exactly its message");
     check(!inl || (h->bytes >= 1 && h->bytes <= daemon::kXhostInlineBytes), "xhost: inline size");
-    const bool dev = h->flags == daemon::kXhostDevice;
+    // A device message and its refusal (version 3) both name the message's payload tag.
+    const bool dev = h->flags == daemon::kXhostDevice || h->flags == daemon::kXhostRefuse;
     check(inl || dev || h->bytes == 0 || h->bytes > daemon::kXhostInlineBytes,
           "xhost: small is inline");
     check(!dev || (h->bytes >= 1 && h->payload_tag >= daemon::kXhostDeviceTagFirst),
-          "xhost: a device message has bytes and its own payload tag");
-    check(dev || h->payload_tag == 0, "xhost: a payload tag on a device message only");
+          "xhost: a device message or its refusal has bytes and its own payload tag");
+    check(dev || h->payload_tag == 0,
+          "xhost: a payload tag on a device message or its refusal only");
     check(h->src >= 0 && h->src < 8 && h->dst >= 0 && h->dst < 8, "xhost: ranks in the job");
     check(h->tag >= 0 && h->bytes <= kMax, "xhost: tag and size in range");
     const auto again = daemon::encode_xhost_header(*h);
