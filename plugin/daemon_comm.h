@@ -98,6 +98,14 @@ class DaemonComm {
   DaemonComm(std::unique_ptr<Client> client, std::string name, int peer, int64_t timeout_ms)
       : client_(std::move(client)), name_(std::move(name)), peer_(peer), timeout_ms_(timeout_ms) {}
 
+  // A request slot not in use (mu_ held), or nullptr when all are taken (NCCL calls again).
+  DaemonRequest* free_request_locked() {
+    for (DaemonRequest& q : reqs_) {
+      if (!q.in_use) return &q;
+    }
+    return nullptr;
+  }
+
   Result<net::Request*> post(bool send, void* data, size_t size, int tag, uint32_t dmabuf = 0,
                              uint64_t dev_off = 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -108,13 +116,7 @@ class DaemonComm {
           fmt::format("{}: tag {}: daemon mode matches exact tags (0..2^31-1) only", what, tag));
     }
     if (!broken_.ok()) return broken_.with_context(name_);
-    DaemonRequest* r = nullptr;
-    for (DaemonRequest& q : reqs_) {
-      if (!q.in_use) {
-        r = &q;
-        break;
-      }
-    }
+    DaemonRequest* r = free_request_locked();
     if (r == nullptr) return static_cast<net::Request*>(nullptr);
     r->in_use = true;
     r->send = send;
@@ -194,13 +196,7 @@ class DaemonComm {
   Result<net::Request*> post_flush(uint32_t id, uint64_t off, size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) return broken_.with_context(name_);
-    DaemonRequest* r = nullptr;
-    for (DaemonRequest& q : reqs_) {
-      if (!q.in_use) {
-        r = &q;
-        break;
-      }
-    }
+    DaemonRequest* r = free_request_locked();
     if (r == nullptr) return static_cast<net::Request*>(nullptr);
     SqEntry e{};
     e.opcode = static_cast<uint16_t>(Opcode::kFlushDmabuf);
