@@ -121,10 +121,11 @@ TEST(CodecIsa, QsgdLevelsAreUnbiasedAndBounded) {
 // The encoding against its definition (qsgd_kernels.h), element by element, with the bucket's
 // norm as the encoder wrote it (checked against an f64 norm): level = sign(v) *
 // min(floor(fma(|v|, levels / norm, u)), levels), u = qsgd_uniform(key, bucket start, index in
-// the bucket), 0 for a NaN; residual = fma(-level, norm / levels, v). The dispatching entry point
-// (the widest path here) is what is checked; the paths' agreement is the tests above. Buckets and
-// counts that are not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf,
-// subnormals.
+// the bucket), 0 for a NaN. Without a residual the field is the norm; with one (error feedback)
+// the levels are the same, the field is norm * qsgd_ef_shrink(bucket's n, levels) rounded once,
+// and residual = fma(-level, field / levels, v). The dispatching entry point (the widest path
+// here) is what is checked; the paths' agreement is the tests above. Buckets and counts that are
+// not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf, subnormals.
 TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
   for (size_t count : {size_t{1}, size_t{33}, size_t{100}, size_t{1000}, size_t{5003}}) {
     for (size_t bucket : {size_t{7}, size_t{64}, size_t{100}, size_t{512}}) {
@@ -133,40 +134,62 @@ TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
                      << "count " << count << " bucket " << bucket << " levels " << levels);
         const auto in = data(count, static_cast<uint32_t>(3 * count + bucket), true);
         const auto res0 = data(count, 11, false);
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = in[i] + res0[i];
         const size_t nb = (count + bucket - 1) / bucket;
-        std::vector<uint8_t> out(nb * 4 + count);
+        std::vector<uint8_t> plain(nb * 4 + count), out(nb * 4 + count);
         auto res = res0;
         const uint32_t key = 0xC0FFEEu + static_cast<uint32_t>(levels);
+        ck::qsgd_encode(v.data(), nullptr, count, bucket, levels, key, plain.data());
         ck::qsgd_encode(in.data(), res.data(), count, bucket, levels, key, out.data());
+        ASSERT_EQ(std::memcmp(plain.data() + nb * 4, out.data() + nb * 4, count), 0)
+            << "error feedback changed the levels";
         for (size_t b = 0; b < nb; ++b) {
           const size_t off = b * bucket, n = std::min(bucket, count - off);
-          float norm;
-          std::memcpy(&norm, out.data() + 4 * b, 4);
+          float norm, field;
+          std::memcpy(&norm, plain.data() + 4 * b, 4);
+          std::memcpy(&field, out.data() + 4 * b, 4);
           double sq = 0;
-          for (size_t j = 0; j < n; ++j) {
-            const double v = static_cast<double>(in[off + j] + res0[off + j]);
-            sq += v * v;
-          }
+          for (size_t j = 0; j < n; ++j) sq += static_cast<double>(v[off + j]) * v[off + j];
           if (std::isfinite(sq)) {
             ASSERT_NEAR(norm, std::sqrt(sq), 1e-5 * std::sqrt(sq)) << "bucket " << b;
           } else {
             ASSERT_FALSE(std::isfinite(norm)) << "bucket " << b;
           }
+          const float want_field = norm * ck::qsgd_ef_shrink(n, levels);
+          ASSERT_EQ(std::memcmp(&field, &want_field, 4), 0) << "bucket " << b;
           const float s = static_cast<float>(levels);
           const float inv = norm > 0 && std::isfinite(norm) ? s / norm : 0.0f;
           for (size_t j = 0; j < n; ++j) {
-            const float v = in[off + j] + res0[off + j];
+            const float x = v[off + j];
             // |t| = |v| * inv + u with one rounding; its floor, at most levels, with v's sign.
-            const float t = std::fma(std::fabs(v), inv, ck::qsgd_uniform(key, off, j));
+            const float t = std::fma(std::fabs(x), inv, ck::qsgd_uniform(key, off, j));
             const int lv = std::isnan(t) ? 0 : t >= s ? levels : static_cast<int>(std::floor(t));
-            const int want = std::signbit(v) ? -lv : lv;
-            ASSERT_EQ(static_cast<int8_t>(out[nb * 4 + off + j]), want) << "element " << off + j;
-            const float want_res = std::fma(-static_cast<float>(want), norm / s, v);
+            const int want = std::signbit(x) ? -lv : lv;
+            ASSERT_EQ(static_cast<int8_t>(plain[nb * 4 + off + j]), want) << "element " << off + j;
+            const float want_res = std::fma(-static_cast<float>(want), field / s, x);
             ASSERT_EQ(std::memcmp(&res[off + j], &want_res, 4), 0)
                 << "element " << off + j << ": " << res[off + j] << " vs " << want_res;
           }
         }
       }
+    }
+  }
+}
+
+// The shrink with error feedback, 1 / (1 + omega), omega = min(n / (4 levels^2), sqrt(n) /
+// levels): qsgd:8 with 512-element buckets sends a third of C(v) (omega = 2), qsgd:127 almost all
+// of it, and a one-element bucket with 127 levels nearly all.
+TEST(CodecIsa, QsgdErrorFeedbackShrinkIsOneOverOnePlusOmega) {
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 8), 1.0f / 3.0f);
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 127), static_cast<float>(1.0 / (1.0 + 512.0 / 64516.0)));
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 1), static_cast<float>(1.0 / (1.0 + std::sqrt(512.0))));
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(1, 127), static_cast<float>(1.0 / (1.0 + 1.0 / 64516.0)));
+  for (size_t n : {size_t{1}, size_t{7}, size_t{512}, size_t{1} << 20}) {
+    for (int levels : {1, 2, 8, 127}) {
+      const float f = ck::qsgd_ef_shrink(n, levels);
+      EXPECT_GT(f, 0.0f);
+      EXPECT_LE(f, 1.0f);
     }
   }
 }
