@@ -444,15 +444,15 @@ GW_AVX512 size_t qsgd_decode(const uint8_t* in, size_t count, size_t bucket, int
 // ------------------------------------------------------------------------------------------
 void qsgd_encode(const float* in, float* residual, size_t count, size_t bucket, int levels,
                  uint32_t key, uint8_t* out) {
-  if (cpu_has_avx512()) return avx512::qsgd_encode(in, residual, count, bucket, levels, key, out);
-  if (cpu_has_avx2()) return avx2::qsgd_encode(in, residual, count, bucket, levels, key, out);
+  if (dispatch_avx512()) return avx512::qsgd_encode(in, residual, count, bucket, levels, key, out);
+  if (dispatch_avx2()) return avx2::qsgd_encode(in, residual, count, bucket, levels, key, out);
   portable::qsgd_encode(in, residual, count, bucket, levels, key, out);
 }
 
 size_t qsgd_decode(const uint8_t* in, size_t count, size_t bucket, int levels, float* acc,
                    bool add) {
-  if (cpu_has_avx512()) return avx512::qsgd_decode(in, count, bucket, levels, acc, add);
-  if (cpu_has_avx2()) return avx2::qsgd_decode(in, count, bucket, levels, acc, add);
+  if (dispatch_avx512()) return avx512::qsgd_decode(in, count, bucket, levels, acc, add);
+  if (dispatch_avx2()) return avx2::qsgd_decode(in, count, bucket, levels, acc, add);
   return portable::qsgd_decode(in, count, bucket, levels, acc, add);
 }
 
