@@ -2,8 +2,10 @@
 // bytes in the same binary and run: the per-core ceiling a memory-bound codec is measured against
 // (docs/perf.md, "Microbenchmarks"). Bytes are the f32 side: count * 4 per iteration.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +98,50 @@ void bench_decode(benchmark::State& state, const std::string& text) {
   state.SetLabel(std::string(coll::codec_kernels::isa()));
 }
 
+using SelectCompact = size_t (*)(const uint32_t*, size_t, uint32_t, uint32_t, uint32_t*);
+using KeepBestScan = size_t (*)(uint32_t*, float*, const uint32_t*, size_t, uint32_t, size_t,
+                                float*, float);
+
+// Top-k's selection steps alone, on one path: over n candidates (what a top-k:0.01 encode keeps
+// from its pass: ~20 k at 1 Mi elements, ~250 k at 16 Mi), the radix select's first compaction
+// (the keys of the bin that holds the k-th best, k = n / 1.9) and the keep-the-best scan with the
+// residual fix-up, after a copy of the candidates' indices and values (the scan works in place;
+// the copy, 8 bytes per candidate, is timed with it). Items are candidates.
+void bench_select_steps(benchmark::State& state, SelectCompact compact, KeepBestScan scan,
+                        bool runs) {
+  if (!runs) return state.SkipWithError("this CPU lacks the path");
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::vector<float> g = gaussian(n, 4);
+  std::vector<uint32_t> key(n), idx(n), sub(n), idx_w(n);
+  std::vector<float> val(n), val_w(n), restore(50 * n, 0.0f);
+  for (size_t j = 0; j < n; ++j) {
+    // Candidate magnitudes: a Gaussian's tail beyond ~2.2 deviations, as the pass collects them.
+    val[j] = std::copysign(2.2f + std::fabs(g[j]) * 0.4f, g[j]);
+    const uint32_t bits = std::bit_cast<uint32_t>(std::fabs(val[j]));
+    key[j] = bits + 1u;  // topk_select.cc's order key
+    idx[j] = static_cast<uint32_t>(j * 50);
+  }
+  const size_t k = static_cast<size_t>(static_cast<double>(n) / 1.9);
+  std::vector<uint32_t> sorted = key;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                   sorted.end(), std::greater<>());
+  const uint32_t t = sorted[k - 1];
+  const size_t above =
+      static_cast<size_t>(std::count_if(key.begin(), key.end(), [t](uint32_t x) { return x > t; }));
+  const float take_t = std::bit_cast<float>(t - 1u) * 1.02f;
+  for (auto _ : state) {
+    std::memcpy(idx_w.data(), idx.data(), n * 4);
+    std::memcpy(val_w.data(), val.data(), n * 4);
+    const size_t m = compact(key.data(), n, 21, t >> 21, sub.data());
+    const size_t w =
+        scan(idx_w.data(), val_w.data(), key.data(), n, t, k - above, restore.data(), take_t);
+    benchmark::DoNotOptimize(m);
+    benchmark::DoNotOptimize(w);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+
 const bool registered = [] {
   benchmark::RegisterBenchmark("memcpy", bench_memcpy)->Apply(element_counts);
   for (const char* c : kCodecs) {
@@ -120,6 +166,28 @@ const bool registered = [] {
       bench_encode(s, text, cap);
     })->Apply(element_counts);
   }
+  benchmark::RegisterBenchmark("topk_steps@portable",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::portable::select_compact,
+                                                    ck::portable::keep_best_scan, true);
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
+  benchmark::RegisterBenchmark("topk_steps@avx2",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::avx2::select_compact,
+                                                    ck::avx2::keep_best_scan, ck::cpu_has_avx2());
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
+  benchmark::RegisterBenchmark("topk_steps@avx512",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::avx512::select_compact,
+                                                    ck::avx512::keep_best_scan,
+                                                    ck::cpu_has_avx512());
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
   return true;
 }();
 
