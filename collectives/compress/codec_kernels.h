@@ -2,9 +2,10 @@
 //
 // Each kernel has a portable version, an AVX2 (+F16C, FMA) version and for the hottest ones an
 // AVX-512 (F, BW, DQ, VL) version, compiled with function target attributes; the dispatching
-// entry points pick one once at run time with __builtin_cpu_supports, so the build never assumes
-// the CPU it runs on (no -march=native). Every path produces bit-identical results (tests compare
-// them). Thread-safe, never block. QSGD's kernels are in qsgd_kernels.h.
+// entry points take the widest the CPU has (__builtin_cpu_supports, probed once) unless cap_isa
+// narrowed it, so the build never assumes the CPU it runs on (no -march=native). Every path
+// produces bit-identical results (tests compare them). Thread-safe, never block. QSGD's kernels
+// are in qsgd_kernels.h.
 #pragma once
 
 #include <cstddef>

@@ -5,10 +5,10 @@
 // rounding draw a hash of the element's place in its bucket.
 //
 // The encoding of count elements in buckets of `bucket` (codecs/qsgd.cc, docs/compression.md):
-// nb = ceil(count / bucket) f32 norms, then count int8 levels in [-levels, levels]. Element j of
-// bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2, inv = levels
-// / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent as
-// trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
+// nb = ceil(count / bucket) f32 fields (scales), then count int8 levels in [-levels, levels].
+// Element j of bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2,
+// inv = levels / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent
+// as trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
 // min(floor(|v| * inv + u), levels) with one rounding. The bucket's f32 field is its norm, or with
 // error feedback (a residual) field = norm * qsgd_ef_shrink(n, levels) (n: the bucket's elements),
 // rounded once; the levels are the same either way. It decodes as level * field / levels. The
