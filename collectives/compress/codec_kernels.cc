@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -102,9 +103,27 @@ __attribute__((always_inline)) inline void pq_row_axpy_out_body(const float* __r
 
 }  // namespace
 
-std::string_view isa() { return have_avx512() ? "avx512" : have_avx2() ? "avx2" : "portable"; }
+namespace {
+
+// The cap set by cap_isa (IsaCap as an int): one relaxed load per dispatched call.
+std::atomic<int>& isa_cap() {
+  static std::atomic<int> cap{static_cast<int>(IsaCap::kAvx512)};
+  return cap;
+}
+bool cap_allows(IsaCap want) {
+  return isa_cap().load(std::memory_order_relaxed) >= static_cast<int>(want);
+}
+
+}  // namespace
+
+std::string_view isa() {
+  return dispatch_avx512() ? "avx512" : dispatch_avx2() ? "avx2" : "portable";
+}
 bool cpu_has_avx2() { return have_avx2(); }
 bool cpu_has_avx512() { return have_avx512(); }
+void cap_isa(IsaCap cap) { isa_cap().store(static_cast<int>(cap), std::memory_order_relaxed); }
+bool dispatch_avx2() { return have_avx2() && cap_allows(IsaCap::kAvx2); }
+bool dispatch_avx512() { return have_avx512() && cap_allows(IsaCap::kAvx512); }
 
 // ------------------------------------------------------------------------------------------
 // Portable versions.
@@ -532,6 +551,82 @@ GW_AVX2 size_t gather_bits_take(const float* in, float* residual, size_t n, cons
   return w + gather_bits_tail(in, residual, i, n, bits, invert, out + w);
 }
 
+// The compaction of 8 keys at a time: the matching lanes moved to the front with kCompress's
+// shuffle and the whole register stored at the write position, which advances by their count (no
+// branch on the data). sub has room for n and m <= j, so the store (lanes [m, m + 8)) stays within
+// [0, j + 8), whose keys were loaded already: in place works.
+GW_AVX2 size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want,
+                              uint32_t* sub) {
+  const __m256i w = _mm256_set1_epi32(static_cast<int>(want));
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  size_t m = 0, j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + j));
+    const __m256i hit = _mm256_cmpeq_epi32(_mm256_srl_epi32(k, sh), w);
+    const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(hit)));
+    const __m256i perm = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[mask])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sub + m), _mm256_permutevar8x32_epi32(k, perm));
+    m += static_cast<size_t>(std::popcount(mask));
+  }
+  return m + portable::select_compact(key + j, n - j, shift, want, sub + m);
+}
+
+// 8 candidates at a time, as the AVX-512 version does 16: the kept lanes (key > t as unsigned,
+// and the first of the ties while any are left, lowest lane first: equal keys are rare, so they
+// take a scalar step) compressed with kCompress's shuffle and stored whole at the write position
+// (<= j); the residual fix-up loops over the few lanes where kept and taken differ.
+GW_AVX2 size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
+                              size_t ties, float* restore, float take_t) {
+  const __m256i bias = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i tv = _mm256_set1_epi32(static_cast<int>(t));
+  const __m256i tb = _mm256_xor_si256(tv, bias);  // unsigned order as signed: flip the top bit
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 tt = _mm256_set1_ps(take_t);
+  size_t w = 0, j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + j));
+    const __m256i iv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + j));
+    const __m256 vv = _mm256_loadu_ps(val + j);
+    unsigned keep = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, bias), tb))));
+    unsigned eq =
+        static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv))));
+    while (eq != 0 && ties > 0) {  // the lowest lanes first: the lower indices win the ties
+      keep |= eq & (0u - eq);
+      eq &= eq - 1;
+      --ties;
+    }
+    const __m256i perm = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.pos[keep])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + w), _mm256_permutevar8x32_epi32(iv, perm));
+    _mm256_storeu_ps(val + w, _mm256_permutevar8x32_ps(vv, perm));
+    if (restore) {
+      const unsigned taken = static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(vv, abs_mask), tt, _CMP_GE_OQ)));
+      unsigned diff = taken ^ keep;
+      if (diff != 0) {
+        alignas(32) uint32_t li[8];
+        alignas(32) float lv[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(li), iv);
+        _mm256_store_ps(lv, vv);
+        for (; diff != 0; diff &= diff - 1) {
+          const int l = std::countr_zero(diff);
+          restore[li[l]] = (keep >> l) & 1u ? 0.0f : lv[l];
+        }
+      }
+    }
+    w += static_cast<size_t>(std::popcount(keep));
+  }
+  // The tail continues the same compaction: portable's scan of [j, n) writes from w on.
+  if (j < n) {
+    std::memmove(idx + w, idx + j, (n - j) * 4);
+    std::memmove(val + w, val + j, (n - j) * 4);
+    w += portable::keep_best_scan(idx + w, val + w, key + j, n - j, t, ties, restore, take_t);
+  }
+  return w;
+}
+
 // No fma in this target: the compiler must not contract a * b + c, or the bits would differ from
 // the portable path.
 #define GW_AVX2_NOFMA __attribute__((target("avx2")))
@@ -569,46 +664,46 @@ __attribute__((target("avx2"))) void store_stream_f32(const float* src, size_t n
 // Dispatch.
 
 void encode_cast16(const float* in, float* residual, size_t n, uint16_t* out, bool bf16) {
-  if (have_avx512()) return avx512::encode_cast16(in, residual, n, out, bf16);
-  if (have_avx2()) return avx2::encode_cast16(in, residual, n, out, bf16);
+  if (dispatch_avx512()) return avx512::encode_cast16(in, residual, n, out, bf16);
+  if (dispatch_avx2()) return avx2::encode_cast16(in, residual, n, out, bf16);
   portable::encode_cast16(in, residual, n, out, bf16);
 }
 void decode_cast16(const uint16_t* in, size_t n, float* acc, bool bf16, bool add) {
-  if (have_avx512()) return avx512::decode_cast16(in, n, acc, bf16, add);
-  if (have_avx2()) return avx2::decode_cast16(in, n, acc, bf16, add);
+  if (dispatch_avx512()) return avx512::decode_cast16(in, n, acc, bf16, add);
+  if (dispatch_avx2()) return avx2::decode_cast16(in, n, acc, bf16, add);
   portable::decode_cast16(in, n, acc, bf16, add);
 }
 float sign_encode_chunk(const float* in, float* residual, size_t n, uint64_t* words) {
-  if (have_avx512()) return avx512::sign_encode_chunk(in, residual, n, words);
-  if (have_avx2()) return avx2::sign_encode_chunk(in, residual, n, words);
+  if (dispatch_avx512()) return avx512::sign_encode_chunk(in, residual, n, words);
+  if (dispatch_avx2()) return avx2::sign_encode_chunk(in, residual, n, words);
   return portable::sign_encode_chunk(in, residual, n, words);
 }
 void sign_decode_add(const uint64_t* words, float scale, size_t n, float* acc) {
-  if (have_avx2()) return avx2::sign_decode_add(words, scale, n, acc);
+  if (dispatch_avx2()) return avx2::sign_decode_add(words, scale, n, acc);
   portable::sign_decode_add(words, scale, n, acc);
 }
 void sign_decode_set(const uint64_t* words, float scale, size_t n, float* out) {
-  if (have_avx2()) return avx2::sign_decode_set(words, scale, n, out);
+  if (dispatch_avx2()) return avx2::sign_decode_set(words, scale, n, out);
   portable::sign_decode_set(words, scale, n, out);
 }
 void sign_decode_sum(const uint64_t* const* words, const float* scales, size_t nsrc, size_t n,
                      float* out) {
-  if (have_avx2()) return avx2::sign_decode_sum(words, scales, nsrc, n, out);
+  if (dispatch_avx2()) return avx2::sign_decode_sum(words, scales, nsrc, n, out);
   portable::sign_decode_sum(words, scales, nsrc, n, out);
 }
 void collect_abs_ge(const float* v, size_t n, float threshold, uint32_t offset,
                     std::vector<uint32_t>* out) {
-  if (have_avx2()) return avx2::collect_abs_ge(v, n, threshold, offset, out);
+  if (dispatch_avx2()) return avx2::collect_abs_ge(v, n, threshold, offset, out);
   portable::collect_abs_ge(v, n, threshold, offset, out);
 }
 void add_collect_abs_ge(const float* in, float* residual, size_t n, float threshold,
                         uint32_t offset, std::vector<uint32_t>* out, std::vector<float>* vals,
                         bool take, float take_threshold) {
-  if (have_avx512()) {
+  if (dispatch_avx512()) {
     return avx512::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take,
                                       take_threshold);
   }
-  if (have_avx2()) {
+  if (dispatch_avx2()) {
     return avx2::add_collect_abs_ge(in, residual, n, threshold, offset, out, vals, take,
                                     take_threshold);
   }
@@ -616,35 +711,37 @@ void add_collect_abs_ge(const float* in, float* residual, size_t n, float thresh
 }
 size_t gather_bits_take(const float* in, float* residual, size_t n, const uint64_t* bits,
                         bool invert, float* out) {
-  if (have_avx512()) return avx512::gather_bits_take(in, residual, n, bits, invert, out);
-  if (have_avx2()) return avx2::gather_bits_take(in, residual, n, bits, invert, out);
+  if (dispatch_avx512()) return avx512::gather_bits_take(in, residual, n, bits, invert, out);
+  if (dispatch_avx2()) return avx2::gather_bits_take(in, residual, n, bits, invert, out);
   return portable::gather_bits_take(in, residual, n, bits, invert, out);
 }
 
 void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out) {
-  if (have_avx2()) return avx2::pq_row_dots(row, q, ld, r, n, out);
+  if (dispatch_avx2()) return avx2::pq_row_dots(row, q, ld, r, n, out);
   portable::pq_row_dots(row, q, ld, r, n, out);
 }
 void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
-  if (have_avx2()) return avx2::pq_row_axpy_in(a, x, ld, r, n, y);
+  if (dispatch_avx2()) return avx2::pq_row_axpy_in(a, x, ld, r, n, y);
   portable::pq_row_axpy_in(a, x, ld, r, n, y);
 }
 void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y) {
-  if (have_avx2()) return avx2::pq_row_axpy_out(a, x, ld, r, n, y);
+  if (dispatch_avx2()) return avx2::pq_row_axpy_out(a, x, ld, r, n, y);
   portable::pq_row_axpy_out(a, x, ld, r, n, y);
 }
 
 size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub) {
-  if (have_avx512()) return avx512::select_compact(key, n, shift, want, sub);
+  if (dispatch_avx512()) return avx512::select_compact(key, n, shift, want, sub);
+  if (dispatch_avx2()) return avx2::select_compact(key, n, shift, want, sub);
   return portable::select_compact(key, n, shift, want, sub);
 }
 size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
                       size_t ties, float* restore, float take_t) {
-  if (have_avx512()) return avx512::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
+  if (dispatch_avx512()) return avx512::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
+  if (dispatch_avx2()) return avx2::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
   return portable::keep_best_scan(idx, val, key, n, t, ties, restore, take_t);
 }
 void store_stream_f32(const float* src, size_t n, float* dst) {
-  if (have_avx2()) return avx2::store_stream_f32(src, n, dst);
+  if (dispatch_avx2()) return avx2::store_stream_f32(src, n, dst);
   portable::store_stream_f32(src, n, dst);
 }
 

@@ -2,9 +2,10 @@
 //
 // Each kernel has a portable version, an AVX2 (+F16C, FMA) version and for the hottest ones an
 // AVX-512 (F, BW, DQ, VL) version, compiled with function target attributes; the dispatching
-// entry points pick one once at run time with __builtin_cpu_supports, so the build never assumes
-// the CPU it runs on (no -march=native). Every path produces bit-identical results (tests compare
-// them). Thread-safe, never block. QSGD's kernels are in qsgd_kernels.h.
+// entry points take the widest the CPU has (__builtin_cpu_supports, probed once) unless cap_isa
+// narrowed it, so the build never assumes the CPU it runs on (no -march=native). Every path
+// produces bit-identical results (tests compare them). Thread-safe, never block. QSGD's kernels
+// are in qsgd_kernels.h.
 #pragma once
 
 #include <cstddef>
@@ -14,12 +15,22 @@
 
 namespace gw::coll::codec_kernels {
 
-// "avx512", "avx2" or "portable": the widest path this CPU runs.
+// "avx512", "avx2" or "portable": the path the dispatching entry points take now (the widest
+// this CPU runs, unless cap_isa narrowed it).
 std::string_view isa();
 // Whether the AVX2 (+F16C, FMA) versions may run here, and the AVX-512 ones (which also need
-// AVX2).
+// AVX2): what the CPU has, whatever the cap.
 bool cpu_has_avx2();
 bool cpu_has_avx512();
+// The widest path the dispatching entry points may take, for measuring and testing one path
+// through the whole codec (every path gives the same bits, so results do not change): kAvx512,
+// the default, lets them take the widest the CPU runs. Process-wide, thread-safe (a relaxed
+// atomic read once per dispatched call); a path the CPU lacks is never taken.
+enum class IsaCap { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+void cap_isa(IsaCap cap);
+// Whether the dispatching entry points take the AVX2 / AVX-512 versions now (CPU and cap).
+bool dispatch_avx2();
+bool dispatch_avx512();
 
 // v = in + residual (residual may be null); out = cast16(v) with round to nearest even; when
 // residual is set it becomes v - widen(out). bf16 selects bfloat16, else IEEE half.
@@ -89,7 +100,8 @@ void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t
 
 // The portable and AVX2 versions, exposed for tests: the same signatures as the entry points
 // above (add_f32 has no AVX2 version: the compiler vectorises it). The avx2 ones must only be
-// called when isa() == "avx2".
+// called when cpu_has_avx2(). Top-k's selection steps (select_compact, keep_best_scan) compact
+// with a table-driven shuffle per 8 lanes on AVX2 (no compress instruction before AVX-512).
 // gather_bits_take's scalar steps for elements [from, n), which every path's tail shares.
 inline size_t gather_bits_tail(const float* in, float* residual, size_t from, size_t n,
                                const uint64_t* bits, bool invert, float* out) {
@@ -121,7 +133,11 @@ inline size_t gather_bits_tail(const float* in, float* residual, size_t from, si
   void store_stream_f32(const float* src, size_t n, float* dst);                                 \
   void pq_row_dots(const float* row, const float* q, size_t ld, size_t r, size_t n, float* out); \
   void pq_row_axpy_in(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);  \
-  void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y);
+  void pq_row_axpy_out(const float* a, const float* x, size_t ld, size_t r, size_t n, float* y); \
+  size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want,            \
+                        uint32_t* sub);                                                          \
+  size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,    \
+                        size_t ties, float* restore, float take_t);
 namespace portable {
 GW_CODEC_KERNEL_VARIANTS
 }  // namespace portable
@@ -144,12 +160,5 @@ size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t wa
 size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
                       size_t ties, float* restore, float take_t);
 }  // namespace avx512
-// The portable versions of the selection steps (no AVX2 version: without a compress instruction a
-// compaction is a table lookup per 8 keys, about what the scalar loop costs at these densities).
-namespace portable {
-size_t select_compact(const uint32_t* key, size_t n, uint32_t shift, uint32_t want, uint32_t* sub);
-size_t keep_best_scan(uint32_t* idx, float* val, const uint32_t* key, size_t n, uint32_t t,
-                      size_t ties, float* restore, float take_t);
-}  // namespace portable
 
 }  // namespace gw::coll::codec_kernels

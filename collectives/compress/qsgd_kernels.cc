@@ -35,19 +35,25 @@ inline float sum64(const float* l) {
 inline float v_at(const float* x, const float* r, size_t i) { return r ? x[i] + r[i] : x[i]; }
 
 struct Scale {
-  float norm, inv, step;
+  float norm;  // the bucket's scale field: its norm, times qsgd_ef_shrink with error feedback
+  float inv;   // levels / the norm itself
+  float step;  // the decoded size of one level: field / levels
 };
 // The scale of bucket v[0, n) from its f32 sum of squares (sum64). A bucket whose f32 sum is not
 // finite (an element beyond ~1.8e19, or a NaN/Inf) is summed again in f64, in element order, so
-// that finite inputs always get a finite norm where one exists.
-inline Scale bucket_scale(float sum, const float* x, const float* r, size_t n, float s) {
+// that finite inputs always get a finite norm where one exists. With error feedback (r set) the
+// field is the norm times qsgd_ef_shrink(n, levels): the levels are drawn against the norm, the
+// decode (and so the residual) uses the field.
+inline Scale bucket_scale(float sum, const float* x, const float* r, size_t n, int levels) {
+  const float s = static_cast<float>(levels);
   float norm = std::sqrt(sum);
   if (!std::isfinite(norm)) {
     double sq = 0;
     for (size_t i = 0; i < n; ++i) sq += static_cast<double>(v_at(x, r, i)) * v_at(x, r, i);
     norm = static_cast<float>(std::sqrt(sq));
   }
-  return {norm, norm > 0 && std::isfinite(norm) ? s / norm : 0.0f, norm / s};
+  const float field = r ? norm * qsgd_ef_shrink(n, levels) : norm;
+  return {field, norm > 0 && std::isfinite(norm) ? s / norm : 0.0f, field / s};
 }
 
 // The squares of v = x (+ r) for elements [from, n) of a bucket added to lanes[i % 64]: the
@@ -114,14 +120,13 @@ void qsgd_encode(const float* in, float* residual, size_t count, size_t bucket, 
                  uint32_t key, uint8_t* out) {
   const size_t nb = (count + bucket - 1) / bucket;
   auto* q = reinterpret_cast<int8_t*>(out + nb * 4);
-  const float s = static_cast<float>(levels);
   for (size_t b = 0; b < nb; ++b) {
     const size_t off = b * bucket, n = std::min(bucket, count - off);
     const float* x = in + off;
     float* r = residual ? residual + off : nullptr;
     float lanes[64] = {};
     square_tail(x, r, 0, n, lanes);
-    const Scale sc = bucket_scale(sum64(lanes), x, r, n, s);
+    const Scale sc = bucket_scale(sum64(lanes), x, r, n, levels);
     store_norm(out, b, sc.norm);
     for (size_t j = 0; j < n; ++j) {
       q[off + j] = quantise(v_at(x, r, j), sc, levels, key, off, j, r ? r + j : nullptr);
@@ -213,7 +218,7 @@ GW_AVX2 void qsgd_encode(const float* in, float* residual, size_t count, size_t 
     alignas(32) float lanes[64];
     for (int k = 0; k < 8; ++k) _mm256_store_ps(lanes + 8 * k, acc[k]);
     square_tail(x, r, i, n, lanes);
-    const Scale sc = bucket_scale(sum64(lanes), x, r, n, s);
+    const Scale sc = bucket_scale(sum64(lanes), x, r, n, levels);
     store_norm(out, b, sc.norm);
     const Quant8 c{_mm256_set1_ps(sc.inv), _mm256_set1_ps(sc.step), _mm256_set1_ps(s),
                    _mm256_set1_ps(-s)};
@@ -363,7 +368,7 @@ GW_AVX512 void qsgd_encode(const float* in, float* residual, size_t count, size_
       square_tail(x, r, i, n, lanes);
       sum = sum64(lanes);
     }
-    const Scale sc = bucket_scale(sum, x, r, n, s);
+    const Scale sc = bucket_scale(sum, x, r, n, levels);
     store_norm(out, b, sc.norm);
     const Quant16 c{_mm512_set1_ps(sc.inv), _mm512_set1_ps(sc.step), _mm512_set1_ps(s)};
     // m = off + j / 2 at the start of every 32 elements (qsgd_uniform).
@@ -439,15 +444,15 @@ GW_AVX512 size_t qsgd_decode(const uint8_t* in, size_t count, size_t bucket, int
 // ------------------------------------------------------------------------------------------
 void qsgd_encode(const float* in, float* residual, size_t count, size_t bucket, int levels,
                  uint32_t key, uint8_t* out) {
-  if (cpu_has_avx512()) return avx512::qsgd_encode(in, residual, count, bucket, levels, key, out);
-  if (cpu_has_avx2()) return avx2::qsgd_encode(in, residual, count, bucket, levels, key, out);
+  if (dispatch_avx512()) return avx512::qsgd_encode(in, residual, count, bucket, levels, key, out);
+  if (dispatch_avx2()) return avx2::qsgd_encode(in, residual, count, bucket, levels, key, out);
   portable::qsgd_encode(in, residual, count, bucket, levels, key, out);
 }
 
 size_t qsgd_decode(const uint8_t* in, size_t count, size_t bucket, int levels, float* acc,
                    bool add) {
-  if (cpu_has_avx512()) return avx512::qsgd_decode(in, count, bucket, levels, acc, add);
-  if (cpu_has_avx2()) return avx2::qsgd_decode(in, count, bucket, levels, acc, add);
+  if (dispatch_avx512()) return avx512::qsgd_decode(in, count, bucket, levels, acc, add);
+  if (dispatch_avx2()) return avx2::qsgd_decode(in, count, bucket, levels, acc, add);
   return portable::qsgd_decode(in, count, bucket, levels, acc, add);
 }
 

@@ -5,17 +5,22 @@
 // rounding draw a hash of the element's place in its bucket.
 //
 // The encoding of count elements in buckets of `bucket` (codecs/qsgd.cc, docs/compression.md):
-// nb = ceil(count / bucket) f32 norms, then count int8 levels in [-levels, levels]. Element j of
-// bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2, inv = levels
-// / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent as
-// trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
-// min(floor(|v| * inv + u), levels) with one rounding. It decodes as level * norm / levels. The
-// residual becomes fma(-level, norm / levels, v). Only the bytes' layout is the format; which of
-// the two nearest levels a value rounds to (the draw) is the encoder's choice.
+// nb = ceil(count / bucket) f32 fields (scales), then count int8 levels in [-levels, levels].
+// Element j of bucket b (which starts at element off) with v = in + residual, norm = ||v of b||2,
+// inv = levels / norm (0 when the norm is 0 or not finite), u = qsgd_uniform(key, off, j), is sent
+// as trunc(t) with t = fma(v, inv, u with v's sign), |t| capped at levels, 0 for a NaN t: sign(v) *
+// min(floor(|v| * inv + u), levels) with one rounding. The bucket's f32 field is its norm, or with
+// error feedback (a residual) field = norm * qsgd_ef_shrink(n, levels) (n: the bucket's elements),
+// rounded once; the levels are the same either way. It decodes as level * field / levels. The
+// residual becomes fma(-level, field / levels, v). Only the bytes' layout is the format; which of
+// the two nearest levels a value rounds to (the draw) and how far the field is shrunk are the
+// encoder's choice (a decoder reads the field as it is).
 //
 // Thread-safe, never block; the buffers belong to the caller. in and residual must not overlap.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,6 +44,23 @@ inline float qsgd_uniform(uint32_t key, uint64_t off, uint64_t j) {
   const uint32_t h = qsgd_mix32(key + m * 0x9E3779B9u);
   const uint32_t half = (j / 16) % 2 ? h >> 16 : h & 0xFFFFu;
   return static_cast<float>(half) * (1.0f / 65536.0f);
+}
+
+// Error feedback needs a contraction, E||v - C(v)||^2 <= (1 - delta) ||v||^2, and QSGD with few
+// levels is not one: its variance factor omega (E||C(v) - v||^2 <= omega ||v||^2; Alistarh et al.,
+// QSGD, Lemma 3.1: omega = min(n / s^2, sqrt(n) / s) for n elements and s levels; n / (4 s^2)
+// here, since every element's rounding variance is at most step^2 / 4) exceeds 1 (qsgd:8 with
+// 512-element buckets: 2), so with a residual the error grows without bound (about 1.15x a step
+// with a repeated gradient). Sending C(v) / (1 + omega) instead is a contraction with delta = 1 /
+// (1 + omega) (Stich and Karimireddy, "The error-feedback framework", 2019;
+// Beznosikov et al., "On biased compression", 2020): E||v - C/(1+w)||^2 = ||v||^2 (1 - 2/(1+w)) +
+// E||C||^2 / (1+w)^2 <= ||v||^2 w / (1+w), as E||C||^2 <= (1+w) ||v||^2. Returns 1 / (1 + omega)
+// for a bucket of n elements, omega = min(n / (4 levels^2), sqrt(n) / levels), the same f32 on
+// every path.
+inline float qsgd_ef_shrink(size_t n, int levels) {
+  const double s = levels, d = static_cast<double>(n);
+  const double omega = std::min(d / (4.0 * s * s), std::sqrt(d) / s);
+  return static_cast<float>(1.0 / (1.0 + omega));
 }
 
 // Writes the encoding of in (+ residual) into out (its size is the caller's check); with a

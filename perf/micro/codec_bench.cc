@@ -2,9 +2,13 @@
 // bytes in the same binary and run: the per-core ceiling a memory-bound codec is measured against
 // (docs/perf.md, "Microbenchmarks"). Bytes are the f32 side: count * 4 per iteration.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/compress/codec.h"
@@ -38,7 +42,15 @@ void bench_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n) * 4);
 }
 
-void bench_encode(benchmark::State& state, const std::string& text) {
+// Restores the widest dispatch when a benchmark that narrowed it returns.
+struct IsaCapScope {
+  explicit IsaCapScope(coll::codec_kernels::IsaCap cap) { coll::codec_kernels::cap_isa(cap); }
+  ~IsaCapScope() { coll::codec_kernels::cap_isa(coll::codec_kernels::IsaCap::kAvx512); }
+};
+
+void bench_encode(benchmark::State& state, const std::string& text,
+                  coll::codec_kernels::IsaCap cap = coll::codec_kernels::IsaCap::kAvx512) {
+  IsaCapScope scope(cap);
   auto codec = make_codec(text);
   if (!codec) return state.SkipWithError(("bad codec spec " + text).c_str());
   const size_t n = static_cast<size_t>(state.range(0));
@@ -46,22 +58,21 @@ void bench_encode(benchmark::State& state, const std::string& text) {
   std::vector<uint8_t> out(codec->encoded_size(n));
   float* res = codec->spec().error_feedback ? residual.data() : nullptr;
   coll::CodecContext ctx{coll::fnv1a64("micro"), 0, 0};
+  // The same gradient every step: every codec's error feedback is a contraction, so the residual
+  // settles at a bounded level (codec_error_feedback_test) and the steps time encodes of finite
+  // values. (Before qsgd shrank its output under error feedback, qsgd:8's residual grew ~1.15x a
+  // step and the benchmark restarted it every 32 steps.) The residual is checked after the loop.
   for (auto _ : state) {
-    // The same gradient every step makes some residuals grow without bound (qsgd:8 with
-    // 512-element buckets: each step's rounding error is ~1.15x the last's norm), until they
-    // overflow and every bucket takes the slow f64 norm: after ~300 steps the benchmark timed
-    // Inf and NaN, not an encode. Every 32 steps the residual starts again from 0 (untimed;
-    // at most ~90x growth in between, far from overflow).
-    if (res && ctx.step % 32 == 31) {
-      state.PauseTiming();
-      std::fill(residual.begin(), residual.end(), 0.0f);
-      state.ResumeTiming();
-    }
     Status st = codec->encode(in.data(), res, n, out.data(), out.size(), ctx);
     if (!st.ok()) return state.SkipWithError(st.message().c_str());
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
     ++ctx.step;
+  }
+  if (res &&
+      !std::all_of(residual.begin(), residual.end(), [](float x) { return std::isfinite(x); })) {
+    return state.SkipWithError(
+        ("the residual of " + text + " overflowed: error feedback diverged").c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n) * 4);
   state.SetLabel(std::string(coll::codec_kernels::isa()));
@@ -87,6 +98,50 @@ void bench_decode(benchmark::State& state, const std::string& text) {
   state.SetLabel(std::string(coll::codec_kernels::isa()));
 }
 
+using SelectCompact = size_t (*)(const uint32_t*, size_t, uint32_t, uint32_t, uint32_t*);
+using KeepBestScan = size_t (*)(uint32_t*, float*, const uint32_t*, size_t, uint32_t, size_t,
+                                float*, float);
+
+// Top-k's selection steps alone, on one path: over n candidates (what a top-k:0.01 encode keeps
+// from its pass: ~20 k at 1 Mi elements, ~250 k at 16 Mi), the radix select's first compaction
+// (the keys of the bin that holds the k-th best, k = n / 1.9) and the keep-the-best scan with the
+// residual fix-up, after a copy of the candidates' indices and values (the scan works in place;
+// the copy, 8 bytes per candidate, is timed with it). Items are candidates.
+void bench_select_steps(benchmark::State& state, SelectCompact compact, KeepBestScan scan,
+                        bool runs) {
+  if (!runs) return state.SkipWithError("this CPU lacks the path");
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::vector<float> g = gaussian(n, 4);
+  std::vector<uint32_t> key(n), idx(n), sub(n), idx_w(n);
+  std::vector<float> val(n), val_w(n), restore(50 * n, 0.0f);
+  for (size_t j = 0; j < n; ++j) {
+    // Candidate magnitudes: a Gaussian's tail beyond ~2.2 deviations, as the pass collects them.
+    val[j] = std::copysign(2.2f + std::fabs(g[j]) * 0.4f, g[j]);
+    const uint32_t bits = std::bit_cast<uint32_t>(std::fabs(val[j]));
+    key[j] = bits + 1u;  // topk_select.cc's order key
+    idx[j] = static_cast<uint32_t>(j * 50);
+  }
+  const size_t k = static_cast<size_t>(static_cast<double>(n) / 1.9);
+  std::vector<uint32_t> sorted = key;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                   sorted.end(), std::greater<>());
+  const uint32_t t = sorted[k - 1];
+  const size_t above =
+      static_cast<size_t>(std::count_if(key.begin(), key.end(), [t](uint32_t x) { return x > t; }));
+  const float take_t = std::bit_cast<float>(t - 1u) * 1.02f;
+  for (auto _ : state) {
+    std::memcpy(idx_w.data(), idx.data(), n * 4);
+    std::memcpy(val_w.data(), val.data(), n * 4);
+    const size_t m = compact(key.data(), n, 21, t >> 21, sub.data());
+    const size_t w =
+        scan(idx_w.data(), val_w.data(), key.data(), n, t, k - above, restore.data(), take_t);
+    benchmark::DoNotOptimize(m);
+    benchmark::DoNotOptimize(w);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+
 const bool registered = [] {
   benchmark::RegisterBenchmark("memcpy", bench_memcpy)->Apply(element_counts);
   for (const char* c : kCodecs) {
@@ -98,6 +153,41 @@ const bool registered = [] {
       bench_decode(s, text);
     })->Apply(element_counts);
   }
+  // Top-k's encode with the dispatch capped at each path (encode/topk:0.01@portable, @avx2,
+  // @avx512), interleaved with the rest: the vector selection steps against the portable ones in
+  // the same run. A cap above what the CPU has runs the widest it has (the label says which).
+  namespace ck = coll::codec_kernels;
+  for (auto [name, cap] :
+       {std::pair{"portable", ck::IsaCap::kPortable}, std::pair{"avx2", ck::IsaCap::kAvx2},
+        std::pair{"avx512", ck::IsaCap::kAvx512}}) {
+    const std::string text = "topk:0.01";
+    benchmark::RegisterBenchmark(("encode/" + text + "@" + name).c_str(), [text, cap = cap](
+                                                                              benchmark::State& s) {
+      bench_encode(s, text, cap);
+    })->Apply(element_counts);
+  }
+  benchmark::RegisterBenchmark("topk_steps@portable",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::portable::select_compact,
+                                                    ck::portable::keep_best_scan, true);
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
+  benchmark::RegisterBenchmark("topk_steps@avx2",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::avx2::select_compact,
+                                                    ck::avx2::keep_best_scan, ck::cpu_has_avx2());
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
+  benchmark::RegisterBenchmark("topk_steps@avx512",
+                               [](benchmark::State& s) {
+                                 bench_select_steps(s, ck::avx512::select_compact,
+                                                    ck::avx512::keep_best_scan,
+                                                    ck::cpu_has_avx512());
+                               })
+      ->Arg(20000)
+      ->Arg(250000);
   return true;
 }();
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "collectives/compress/codec.h"
 #include "collectives/compress/codec_kernels.h"
 #include "collectives/compress/qsgd_kernels.h"
 
@@ -121,10 +122,11 @@ TEST(CodecIsa, QsgdLevelsAreUnbiasedAndBounded) {
 // The encoding against its definition (qsgd_kernels.h), element by element, with the bucket's
 // norm as the encoder wrote it (checked against an f64 norm): level = sign(v) *
 // min(floor(fma(|v|, levels / norm, u)), levels), u = qsgd_uniform(key, bucket start, index in
-// the bucket), 0 for a NaN; residual = fma(-level, norm / levels, v). The dispatching entry point
-// (the widest path here) is what is checked; the paths' agreement is the tests above. Buckets and
-// counts that are not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf,
-// subnormals.
+// the bucket), 0 for a NaN. Without a residual the field is the norm; with one (error feedback)
+// the levels are the same, the field is norm * qsgd_ef_shrink(bucket's n, levels) rounded once,
+// and residual = fma(-level, field / levels, v). The dispatching entry point (the widest path
+// here) is what is checked; the paths' agreement is the tests above. Buckets and counts that are
+// not multiples of the vector widths (16, 32, 64), zeros of both signs, NaN, Inf, subnormals.
 TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
   for (size_t count : {size_t{1}, size_t{33}, size_t{100}, size_t{1000}, size_t{5003}}) {
     for (size_t bucket : {size_t{7}, size_t{64}, size_t{100}, size_t{512}}) {
@@ -133,40 +135,62 @@ TEST(CodecIsa, QsgdEncodingFollowsItsDefinition) {
                      << "count " << count << " bucket " << bucket << " levels " << levels);
         const auto in = data(count, static_cast<uint32_t>(3 * count + bucket), true);
         const auto res0 = data(count, 11, false);
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = in[i] + res0[i];
         const size_t nb = (count + bucket - 1) / bucket;
-        std::vector<uint8_t> out(nb * 4 + count);
+        std::vector<uint8_t> plain(nb * 4 + count), out(nb * 4 + count);
         auto res = res0;
         const uint32_t key = 0xC0FFEEu + static_cast<uint32_t>(levels);
+        ck::qsgd_encode(v.data(), nullptr, count, bucket, levels, key, plain.data());
         ck::qsgd_encode(in.data(), res.data(), count, bucket, levels, key, out.data());
+        ASSERT_EQ(std::memcmp(plain.data() + nb * 4, out.data() + nb * 4, count), 0)
+            << "error feedback changed the levels";
         for (size_t b = 0; b < nb; ++b) {
           const size_t off = b * bucket, n = std::min(bucket, count - off);
-          float norm;
-          std::memcpy(&norm, out.data() + 4 * b, 4);
+          float norm, field;
+          std::memcpy(&norm, plain.data() + 4 * b, 4);
+          std::memcpy(&field, out.data() + 4 * b, 4);
           double sq = 0;
-          for (size_t j = 0; j < n; ++j) {
-            const double v = static_cast<double>(in[off + j] + res0[off + j]);
-            sq += v * v;
-          }
+          for (size_t j = 0; j < n; ++j) sq += static_cast<double>(v[off + j]) * v[off + j];
           if (std::isfinite(sq)) {
             ASSERT_NEAR(norm, std::sqrt(sq), 1e-5 * std::sqrt(sq)) << "bucket " << b;
           } else {
             ASSERT_FALSE(std::isfinite(norm)) << "bucket " << b;
           }
+          const float want_field = norm * ck::qsgd_ef_shrink(n, levels);
+          ASSERT_EQ(std::memcmp(&field, &want_field, 4), 0) << "bucket " << b;
           const float s = static_cast<float>(levels);
           const float inv = norm > 0 && std::isfinite(norm) ? s / norm : 0.0f;
           for (size_t j = 0; j < n; ++j) {
-            const float v = in[off + j] + res0[off + j];
+            const float x = v[off + j];
             // |t| = |v| * inv + u with one rounding; its floor, at most levels, with v's sign.
-            const float t = std::fma(std::fabs(v), inv, ck::qsgd_uniform(key, off, j));
+            const float t = std::fma(std::fabs(x), inv, ck::qsgd_uniform(key, off, j));
             const int lv = std::isnan(t) ? 0 : t >= s ? levels : static_cast<int>(std::floor(t));
-            const int want = std::signbit(v) ? -lv : lv;
-            ASSERT_EQ(static_cast<int8_t>(out[nb * 4 + off + j]), want) << "element " << off + j;
-            const float want_res = std::fma(-static_cast<float>(want), norm / s, v);
+            const int want = std::signbit(x) ? -lv : lv;
+            ASSERT_EQ(static_cast<int8_t>(plain[nb * 4 + off + j]), want) << "element " << off + j;
+            const float want_res = std::fma(-static_cast<float>(want), field / s, x);
             ASSERT_EQ(std::memcmp(&res[off + j], &want_res, 4), 0)
                 << "element " << off + j << ": " << res[off + j] << " vs " << want_res;
           }
         }
       }
+    }
+  }
+}
+
+// The shrink with error feedback, 1 / (1 + omega), omega = min(n / (4 levels^2), sqrt(n) /
+// levels): qsgd:8 with 512-element buckets sends a third of C(v) (omega = 2), qsgd:127 almost all
+// of it, and a one-element bucket with 127 levels nearly all.
+TEST(CodecIsa, QsgdErrorFeedbackShrinkIsOneOverOnePlusOmega) {
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 8), 1.0f / 3.0f);
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 127), static_cast<float>(1.0 / (1.0 + 512.0 / 64516.0)));
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(512, 1), static_cast<float>(1.0 / (1.0 + std::sqrt(512.0))));
+  EXPECT_FLOAT_EQ(ck::qsgd_ef_shrink(1, 127), static_cast<float>(1.0 / (1.0 + 1.0 / 64516.0)));
+  for (size_t n : {size_t{1}, size_t{7}, size_t{512}, size_t{1} << 20}) {
+    for (int levels : {1, 2, 8, 127}) {
+      const float f = ck::qsgd_ef_shrink(n, levels);
+      EXPECT_GT(f, 0.0f);
+      EXPECT_LE(f, 1.0f);
     }
   }
 }
@@ -200,36 +224,41 @@ TEST(CodecIsa, QsgdDrawsAreDistinctPerElementAndUniform) {
   EXPECT_NEAR(static_cast<double>(below_quarter) / n, 0.25, 0.01);
 }
 
-// Top-k's selection kernels: the AVX-512 compactions against the portable ones, with ties at the
-// threshold (kept lowest index first, as many as asked), runs of equal top bits, NaN values (never
-// taken), lengths around the vector width, and the residual fix-up.
-TEST(CodecIsa, TopkSelectionKernelsAvx512MatchPortable) {
-  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+// Top-k's selection kernels: a vector path's compactions against the portable ones, with ties at
+// the threshold (kept lowest index first, as many as asked), runs of equal top bits, keys with the
+// top bit set (unsigned order), NaN values (never taken), lengths around the vector widths, and
+// the residual fix-up.
+using SelectCompact = size_t (*)(const uint32_t*, size_t, uint32_t, uint32_t, uint32_t*);
+using KeepBestScan = size_t (*)(uint32_t*, float*, const uint32_t*, size_t, uint32_t, size_t,
+                                float*, float);
+
+void expect_topk_selection_matches(SelectCompact compact, KeepBestScan scan) {
   std::mt19937 rng(17);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{47},
-                   size_t{1000}, size_t{20001}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
+                   size_t{17}, size_t{47}, size_t{1000}, size_t{20001}}) {
     SCOPED_TRACE(testing::Message() << "n " << n);
     std::vector<uint32_t> key(n), idx(n);
     std::vector<float> val(n);
     for (size_t j = 0; j < n; ++j) {
       key[j] = (rng() % 8) << 21 | (rng() % 4) << 10 | rng() % 3;  // many equal keys
+      if (j % 11 == 3) key[j] |= 0x80000000u;  // above every other key as unsigned
       idx[j] = static_cast<uint32_t>(3 * j + 1);
       val[j] = (rng() % 2 ? -1.0f : 1.0f) * static_cast<float>(rng() % 100) / 10.0f;
       if (j % 37 == 5) val[j] = std::numeric_limits<float>::quiet_NaN();
     }
-    for (uint32_t want : {0u, 3u, 7u, 9u}) {
+    for (uint32_t want : {0u, 3u, 7u, 9u, 0x400u + 3u}) {
       std::vector<uint32_t> a(n + 16, 1), b(n + 16, 1);
       const size_t ma = ck::portable::select_compact(key.data(), n, 21, want, a.data());
-      const size_t mb = ck::avx512::select_compact(key.data(), n, 21, want, b.data());
+      const size_t mb = compact(key.data(), n, 21, want, b.data());
       ASSERT_EQ(ma, mb) << "want " << want;
       ASSERT_TRUE(std::equal(a.begin(), a.begin() + ma, b.begin())) << "want " << want;
       // In place, the second step of the radix select.
       const size_t ia = ck::portable::select_compact(a.data(), ma, 10, want * 4 + 1, a.data());
-      const size_t ib = ck::avx512::select_compact(b.data(), mb, 10, want * 4 + 1, b.data());
+      const size_t ib = compact(b.data(), mb, 10, want * 4 + 1, b.data());
       ASSERT_EQ(ia, ib);
       ASSERT_TRUE(std::equal(a.begin(), a.begin() + ia, b.begin()));
     }
-    for (uint32_t t : {0u, (3u << 21) | (2u << 10) | 1u, 8u << 21}) {
+    for (uint32_t t : {0u, (3u << 21) | (2u << 10) | 1u, 8u << 21, 0x80000000u | (5u << 21)}) {
       for (size_t ties : {size_t{0}, size_t{1}, size_t{5}, n}) {
         for (bool fix : {false, true}) {
           auto ia = idx, ib = idx;
@@ -237,8 +266,8 @@ TEST(CodecIsa, TopkSelectionKernelsAvx512MatchPortable) {
           std::vector<float> ra(3 * n + 1, 0.5f), rb = ra;
           const size_t wa = ck::portable::keep_best_scan(ia.data(), va.data(), key.data(), n, t,
                                                          ties, fix ? ra.data() : nullptr, 4.0f);
-          const size_t wb = ck::avx512::keep_best_scan(ib.data(), vb.data(), key.data(), n, t, ties,
-                                                       fix ? rb.data() : nullptr, 4.0f);
+          const size_t wb =
+              scan(ib.data(), vb.data(), key.data(), n, t, ties, fix ? rb.data() : nullptr, 4.0f);
           ASSERT_EQ(wa, wb) << "t " << t << " ties " << ties;
           ia.resize(wa);
           ib.resize(wb);
@@ -254,6 +283,66 @@ TEST(CodecIsa, TopkSelectionKernelsAvx512MatchPortable) {
             eq += k == t;
           }
           ASSERT_EQ(wa, above + std::min(ties, eq));
+        }
+      }
+    }
+  }
+}
+
+TEST(CodecIsa, TopkSelectionKernelsAvx512MatchPortable) {
+  if (!ck::cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU";
+  expect_topk_selection_matches(ck::avx512::select_compact, ck::avx512::keep_best_scan);
+}
+
+TEST(CodecIsa, TopkSelectionKernelsAvx2MatchPortable) {
+  if (!ck::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  expect_topk_selection_matches(ck::avx2::select_compact, ck::avx2::keep_best_scan);
+}
+
+// Restores the widest dispatch when a test that narrowed it ends (also on a failed assertion).
+struct IsaCapGuard {
+  ~IsaCapGuard() { ck::cap_isa(ck::IsaCap::kAvx512); }
+};
+
+// The whole top-k and qsgd encodings with the dispatch capped at each path this CPU has: the same
+// bytes and residuals as the portable path (top-k's sampled pass with take and its fix-ups, its
+// exact selection, and ties; qsgd with error feedback), and isa() names the path taken.
+TEST(CodecIsa, TopkAndQsgdEncodeTheSameBytesUnderEveryIsaCap) {
+  IsaCapGuard guard;
+  std::vector<ck::IsaCap> caps = {ck::IsaCap::kPortable};
+  if (ck::cpu_has_avx2()) caps.push_back(ck::IsaCap::kAvx2);
+  if (ck::cpu_has_avx512()) caps.push_back(ck::IsaCap::kAvx512);
+  const char* const names[] = {"portable", "avx2", "avx512"};
+  for (size_t n : {size_t{70001}, size_t{(1 << 20) + 3}}) {
+    auto g = data(n, static_cast<uint32_t>(n), true);
+    for (size_t i = 100; i < 200; ++i) g[i] = 2.5f;  // ties at a large magnitude
+    for (const char* spec : {"topk:0.01", "topk:0.3", "topk:0.01,ef=0", "qsgd:8"}) {
+      SCOPED_TRACE(testing::Message() << spec << " n " << n);
+      auto parsed = parse_codec_spec(spec);
+      ASSERT_TRUE(parsed.ok());
+      auto codec = Codec::create(*parsed);
+      ASSERT_TRUE(codec.ok());
+      const bool ef = (*codec)->spec().error_feedback;
+      std::vector<uint8_t> want;
+      std::vector<float> want_res;
+      for (ck::IsaCap cap : caps) {
+        ck::cap_isa(cap);
+        ASSERT_EQ(ck::isa(), names[static_cast<int>(cap)]);
+        auto res = data(n, 3, false);
+        std::vector<uint8_t> out((*codec)->encoded_size(n));
+        for (uint64_t step = 0; step < 2; ++step) {  // the second step sees a residual
+          const CodecContext ctx{fnv1a64("t"), step, 1};
+          ASSERT_TRUE(
+              (*codec)
+                  ->encode(g.data(), ef ? res.data() : nullptr, n, out.data(), out.size(), ctx)
+                  .ok());
+        }
+        if (cap == ck::IsaCap::kPortable) {
+          want = out;
+          want_res = res;
+        } else {
+          ASSERT_EQ(want, out) << names[static_cast<int>(cap)];
+          ASSERT_TRUE(same_bits(want_res, res)) << names[static_cast<int>(cap)];
         }
       }
     }

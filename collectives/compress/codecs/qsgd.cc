@@ -14,7 +14,8 @@ namespace ck = codec_kernels;
 
 namespace {
 
-// Layout: nbuckets f32 norms, then count int8 levels in [-levels, levels] (qsgd_kernels.h).
+// Layout: nbuckets f32 scales (the bucket's norm; with error feedback the norm / (1 + omega), so
+// that the residual contracts), then count int8 levels in [-levels, levels] (qsgd_kernels.h).
 class QsgdCodec final : public Codec {
  public:
   explicit QsgdCodec(const CodecSpec& spec) : Codec(spec) {}
