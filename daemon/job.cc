@@ -244,6 +244,9 @@ void Job::fail(const Status& s, bool left, int32_t who) {
     if (remote && who >= 0)
       remote->say_goodbye(who, std::min<int64_t>(kByeWaitMs, first.timeout_ms));
   }
+  // The answer to another daemon's goodbye (its job ended first, which may have ended this one),
+  // which that daemon waits for before its connections close: delivered before the abort.
+  if (remote) remote->flush_replies(std::min<int64_t>(kRefuseWaitMs, first.timeout_ms));
   abort_comm();  // the job's other daemons see the connections close
 }
 
@@ -480,7 +483,7 @@ void Job::run() {
         // Off the board first, while the communicator still carries the refusals of the device
         // messages held for it (bounded), then the job ends (the communicator is aborted).
         if (p2p) p2p->drop_member(static_cast<size_t>(m->hello.local_rank), why);
-        if (remote) remote->flush_refusals(std::min<int64_t>(kRefuseWaitMs, first.timeout_ms));
+        if (remote) remote->flush_replies(std::min<int64_t>(kRefuseWaitMs, first.timeout_ms));
         fail(why, m->left.load(std::memory_order_acquire), m->hello.rank);
         release_dmabufs(*m);  // its device buffers leave the NIC now, not with the job
         m.reset();            // the arena goes with the last reference

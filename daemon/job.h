@@ -157,10 +157,11 @@ inline constexpr size_t kMinPartBytes = 256u << 10;
 // stop ends them promptly.
 inline constexpr int kStopSliceMs = 200;
 // The longest a job that ends because a trainer left on purpose waits for its goodbyes to the
-// job's other daemons to be taken by the communicator (RemoteP2p::say_goodbye).
+// job's other daemons to be taken by the communicator and answered (RemoteP2p::say_goodbye).
 inline constexpr int64_t kByeWaitMs = 1000;
-// The longest a trainer's leaving waits for the refusals of the device messages held for it to be
-// taken by the communicator before the job's end aborts it (RemoteP2p::flush_refusals).
+// The longest a trainer's leaving waits for the refusals of the device messages held for it (and
+// a job's end for its answers to other daemons' goodbyes) to be taken by the communicator before
+// the job's end aborts it (RemoteP2p::flush_replies).
 inline constexpr int64_t kRefuseWaitMs = 500;
 
 struct Job {

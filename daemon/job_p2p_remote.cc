@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "core/log.h"
@@ -24,6 +25,7 @@ RemoteP2p::RemoteP2p(Options o, P2pBoard* board)
   for (int32_t h : o_.host_of_rank) hosts = std::max(hosts, h + 1);
   down_.assign(static_cast<size_t>(hosts), ok_status());
   linked_.assign(static_cast<size_t>(hosts), false);
+  bye_to_.assign(static_cast<size_t>(hosts), false);
   next_payload_tag_.assign(static_cast<size_t>(hosts), kXhostDeviceTagFirst);
 }
 
@@ -93,14 +95,17 @@ void RemoteP2p::say_goodbye(int32_t rank, int64_t wait_ms) {
   if (said_bye_) return;
   said_bye_ = true;
   std::vector<std::shared_ptr<coll::P2PRequest>> sent;
+  std::vector<int32_t> told;
   for (int32_t h = 0; h < static_cast<int32_t>(down_.size()); ++h) {
     // Only where the pair's connections exist: a job without cross-host point-to-point connects
-    // to nobody for its goodbye (its daemons see the end at their next collective).
-    if (h == o_.host || !down_[static_cast<size_t>(h)].ok() || !linked_[static_cast<size_t>(h)]) {
-      continue;
-    }
+    // to nobody for its goodbye (its daemons see the end at their next collective). A daemon
+    // whose goodbye came first was answered then (on_header).
+    const size_t i = static_cast<size_t>(h);
+    if (h == o_.host || !down_[i].ok() || !linked_[i] || bye_to_[i]) continue;
     if (Op* op = send_control(h, Kind::kBye, kXhostBye, rank); op != nullptr) {
+      bye_to_[i] = true;
       sent.push_back(op->req);
+      told.push_back(h);
     }
   }
   // An eager send is done once the communicator handed its frame to the transport; the abort or
@@ -109,6 +114,30 @@ void RemoteP2p::say_goodbye(int32_t rank, int64_t wait_ms) {
   for (const auto& r : sent) {
     const int64_t left = sys::ms_until(deadline);
     if (left > 0) (void)r->wait(left);
+  }
+  // Then each one's answer (its goodbye: on_header makes that host down, as any end of its
+  // stream does). Its last header: whatever it sent before, such as a hello that crossed this
+  // goodbye while its connection here was still being made, is here now, so the close of this
+  // side's connections cannot break an op of it (a warning there), nor the close of its own
+  // find one of this side's pending here.
+  auto unanswered = [&] {
+    for (int32_t h : told) {
+      if (down_[static_cast<size_t>(h)].ok()) return h;
+    }
+    return int32_t{-1};
+  };
+  for (int32_t h = unanswered(); h >= 0 && sys::ms_until(deadline) > 0; h = unanswered()) {
+    std::shared_ptr<coll::P2PRequest> header;
+    for (const Op& op : ops_) {
+      if (op.kind == Kind::kHeader && op.host == h && op.req && !op.req->done()) header = op.req;
+    }
+    const int64_t slice = std::min<int64_t>(sys::ms_until(deadline), 10);
+    if (header) {
+      (void)header->wait(slice);  // moves the engine meanwhile
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // its header is done: take it
+    }
+    progress();
   }
   publish();
 }
@@ -359,7 +388,17 @@ void RemoteP2p::on_header(Op& op) {
   }
   if (h.flags == kXhostBye) {
     // Its last header: no receive stays posted for that host (its connections close next, and
-    // must find nothing pending here), and its ranks are unreachable from now on.
+    // must find nothing pending here), and its ranks are unreachable from now on. Answered with
+    // this daemon's goodbye, the last header of this side's stream (unless one went already:
+    // the goodbyes crossed), which that daemon waits for before its connections close
+    // (say_goodbye): what this side sent it before, a hello that crossed its goodbye included,
+    // gets there first. Flushed before this job's communicator goes (flush_replies).
+    if (!bye_to_[static_cast<size_t>(host)]) {
+      if (Op* answer = send_control(host, Kind::kBye, kXhostBye, h.src); answer != nullptr) {
+        bye_to_[static_cast<size_t>(host)] = true;
+        replies_.push_back(answer->req);
+      }
+    }
     const Status why =
         peer_error("rank {} left the job on purpose (host {}'s job ended)", h.src, host);
     if (peer_left_.ok()) {
@@ -571,20 +610,20 @@ void RemoteP2p::refuse(int32_t host, const XhostHeader& h, const Status& why) {
   r.payload_tag = h.payload_tag;
   Op* op = send_header(host, Kind::kRefuse, r);
   if (op == nullptr) return;  // the host is down now
-  refusing_.push_back(op->req);
+  replies_.push_back(op->req);
   post_drain(host, h.bytes, h.payload_tag);
 }
 
-void RemoteP2p::flush_refusals(int64_t wait_ms) {
+void RemoteP2p::flush_replies(int64_t wait_ms) {
   // An eager send is done once the communicator handed its frame to the transport; the abort
   // that follows flushes such frames (collectives/p2p.h), and the refusals of the rendezvous
   // (replies) with them.
   const sys::Deadline deadline = sys::deadline_after_ms(wait_ms);
-  for (const auto& r : refusing_) {
+  for (const auto& r : replies_) {
     const int64_t left = sys::ms_until(deadline);
     if (left > 0 && !r->done()) (void)r->wait(left);
   }
-  refusing_.clear();
+  replies_.clear();
   publish();
 }
 

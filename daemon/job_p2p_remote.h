@@ -30,7 +30,11 @@
 //   sent before it: B's daemon then makes this host unreachable as above (its messages already
 //   there stay receivable), posts no more header receives from it (so the connections' close
 //   that follows finds nothing pending: no warning), and peer_left() tells its job, which ends
-//   there too (docs/wire-daemon.md, "Point-to-point across hosts").
+//   there too (docs/wire-daemon.md, "Point-to-point across hosts"). B's daemon answers at once
+//   with a goodbye of its own (unless it sent one already), the last header of its stream, and
+//   this daemon waits for that answer (bounded) before its connections close: whatever B sent
+//   before it (a hello or a message that crossed this goodbye, B's connection to here still
+//   being made) is here first, so neither daemon's close finds the other's op pending.
 //
 // Job thread only (under Options::job_mu). Every op's request writes the job's wake eventfd when
 // it ends (P2PRequest::notify_on_done), from whichever thread moved the engine, so the job thread
@@ -91,13 +95,15 @@ class RemoteP2p : public P2pRemoteLink {
   // Completes every pending send with s; the ops stay until the communicator ends them.
   void fail_all(const Status& s);
   // The job ends here because rank `rank` left on purpose: sends a goodbye to every reachable
-  // daemon it exchanged headers with, and waits (up to wait_ms) until the communicator took each,
-  // so that the abort or destruction that follows still delivers it. Once per job; nothing is
-  // sent across hosts after it.
+  // daemon it exchanged headers with (and did not answer already), and waits (up to wait_ms in
+  // all) until the communicator took each, so that the abort or destruction that follows still
+  // delivers it, and then until each of those daemons answered with its goodbye (or went).
+  // Moves the ops meanwhile (progress()). Once per job; nothing is sent across hosts after it.
   void say_goodbye(int32_t rank, int64_t wait_ms);
-  // Waits (up to wait_ms) until the communicator took the refusals sent since the last call
-  // (refuse_device), so that an abort that follows still delivers them.
-  void flush_refusals(int64_t wait_ms);
+  // Waits (up to wait_ms) until the communicator took the refusals (refuse_device) and the
+  // answers to other daemons' goodbyes sent since the last call, so that an abort that follows
+  // still delivers them.
+  void flush_replies(int64_t wait_ms);
   // Not ok once another daemon said goodbye: why (kPeer, naming the rank that left on purpose).
   const Status& peer_left() const { return peer_left_; }
   // That rank (-1 before).
@@ -169,9 +175,11 @@ class RemoteP2p : public P2pRemoteLink {
   bool said_hello_ = false;   // touch()
   bool said_bye_ = false;     // say_goodbye()
   std::vector<bool> linked_;  // by host: a hello went there or a header came from there
+  std::vector<bool> bye_to_;  // by host: a goodbye (or an answer to its goodbye) went there
   std::vector<int32_t> next_payload_tag_;  // by host: the next device message's payload tag
-  std::vector<std::shared_ptr<coll::P2PRequest>> refusing_;  // refusals' sends, until flushed
-  Status peer_left_;                                         // a goodbye came (the first)
+  // Refusals' and goodbye answers' sends, until flushed.
+  std::vector<std::shared_ptr<coll::P2PRequest>> replies_;
+  Status peer_left_;  // a goodbye came (the first)
   int32_t peer_left_rank_ = -1;
   std::shared_ptr<uint64_t> used_ = std::make_shared<uint64_t>(0);
 

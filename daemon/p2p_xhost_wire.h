@@ -12,15 +12,15 @@
 // (src, dst, tag and bytes 0, no payload), so that the daemons' connections exist both ways from
 // then on and a daemon that goes is seen at once; kXhostBye: the last header a daemon sends each
 // daemon it exchanged headers with, when its job ends because a trainer left on purpose (src: that
-// trainer's rank; dst, tag and bytes 0, no payload): nothing more comes from it, and its
-// connections close next without a failure; kXhostRefuse (version 3): a device message's
-// receiving daemon refuses it because no receive will take it (its receiving trainer left, or
-// the job's point-to-point there failed): src the receiving rank, dst the sender, bytes and
-// payload tag the message's, tag why (kXhostRefuseGone, kXhostRefuseFailed); sent just before the
-// rendezvous is refused with a receive of 0 bytes, so that the sending daemon fails the send naming
-// the reason rather than "truncated". decode_xhost_header refuses anything else (a daemon of
-// another version, a rank outside the job, a negative tag, more bytes than the receiving daemon
-// takes) with kPeer naming the field.
+// trainer's rank; dst, tag and bytes 0, no payload), and the answer to one (the same src): nothing
+// more comes from it, and its connections close next without a failure; kXhostRefuse (version 3): a
+// device message's receiving daemon refuses it because no receive will take it (its receiving
+// trainer left, or the job's point-to-point there failed): src the receiving rank, dst the sender,
+// bytes and payload tag the message's, tag why (kXhostRefuseGone, kXhostRefuseFailed); sent just
+// before the rendezvous is refused with a receive of 0 bytes, so that the sending daemon fails the
+// send naming the reason rather than "truncated". decode_xhost_header refuses anything else (a
+// daemon of another version, a rank outside the job, a negative tag, more bytes than the receiving
+// daemon takes) with kPeer naming the field.
 #pragma once
 
 #include <array>
