@@ -808,14 +808,15 @@ struct StoppedDaemon {
   bool all = false;  // every thread of it is stopped
 };
 
-// A test() call's bound while a registration waits: with the registration off the comm's lock a
-// call takes well under 1 ms on a quiet host, but on the loaded 2-core build host a thread is
-// sometimes not scheduled for a few hundred ms (calls of 100-480 ms seen at a load average of
-// 34, with the fix). What tells the defect apart is that a call waited for the registration to
-// end: test_meanwhile's window then outlasts the registration (still_pending false), which a
-// window well shorter than the registration's hold never does otherwise; the bound catches a
-// call held for most of the window.
-constexpr double kTestBoundMs = 500;
+// How test() is held to account while a registration waits. With the registration off the
+// comm's lock a call takes well under 1 ms on a quiet host, but on the loaded 2-core build host a
+// thread is sometimes not scheduled for a few hundred ms, once 1.8 s in the ASan build (calls
+// and plain naps alike, with the fix). What tells the defect apart is a call that waits for the
+// registration to end: test_meanwhile's window (1-1.5 s) is far shorter than the registration's
+// wait (until SIGCONT, or GW_TIMEOUT_MS), so with the defect the window outlasts the registration
+// (still_pending false), which never happens otherwise; and at most kSlowCallsMax calls of a
+// window may take over 100 ms (the host's stalls).
+constexpr int kSlowCallsMax = 3;
 
 // What this thread, as NCCL's proxy thread, saw while it tested `reqs` (of one comm of `api`) for
 // `ms`: the longest test() call, how many calls (and how many took over 100 ms), each request's
@@ -856,9 +857,9 @@ ProxyLook test_meanwhile(NetApi& api, const std::vector<void*>& reqs,
 // The sender's daemon answers its regMrDmaBuf a second late; meanwhile the proxy thread tests two
 // sends of the same comm: one whose completion the daemon gave before it stopped completes, the
 // other (posted, its daemon stopped before it ran) stays pending, and no test() call waits for
-// the registration (kTestBoundMs). Once the daemon goes on, the registration completes (over verbs;
-// refused saying why over tcp and dpdk), the second send arrives whole, and over verbs a device
-// message goes through the registration.
+// the registration (kSlowCallsMax). Once the daemon goes on, the registration completes (over
+// verbs; refused saying why over tcp and dpdk), the second send arrives whole, and over verbs a
+// device message goes through the registration.
 TEST_F(DaemonPlugin, DmabufRegistrationPendingLeavesTestFree) {
   const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
   if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
@@ -900,8 +901,9 @@ TEST_F(DaemonPlugin, DmabufRegistrationPendingLeavesTestFree) {
       p.calls, p.longest_ms, p.over_100ms, p.longest_nap_ms,
       p.done[0] ? "completed" : "did not complete", p.done[1] ? "completed" : "did not complete");
   EXPECT_TRUE(p.still_pending) << "the registration ended within " << reg.seconds
-                               << " s: this case shows nothing";
-  EXPECT_LT(p.longest_ms, kTestBoundMs) << "test() waited for the registration";
+                               << " s: a test() call waited for it";
+  EXPECT_LE(p.over_100ms, kSlowCallsMax)
+      << "test() calls held up (the longest " << p.longest_ms << " ms)";
   EXPECT_EQ(p.result[0], ncclSuccess);
   EXPECT_EQ(p.done[0], 1) << "the send the daemon completed before it stopped";
   EXPECT_EQ(p.result[1], ncclSuccess);
@@ -996,8 +998,10 @@ TEST_F(DaemonPlugin, DmabufRegistrationTimeoutLeavesTestFree) {
     EXPECT_NE(capi->test(sreq, &d, &p.size[0]), ncclSuccess)
         << "the broken connection fails the send";
   }
-  EXPECT_TRUE(p.still_pending) << "the registration ended within " << reg.seconds << " s";
-  EXPECT_LT(p.longest_ms, kTestBoundMs) << "test() waited for the registration";
+  EXPECT_TRUE(p.still_pending) << "the registration ended within " << reg.seconds
+                               << " s: a test() call waited for it";
+  EXPECT_LE(p.over_100ms, kSlowCallsMax)
+      << "test() calls held up (the longest " << p.longest_ms << " ms)";
   EXPECT_EQ(p.result[0], ncclSuccess);
   EXPECT_EQ(p.done[0], 0) << "its daemon was stopped";
   EXPECT_NE(reg.result, ncclSuccess);
