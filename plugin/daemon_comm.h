@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/net/transport.h"
@@ -26,6 +28,11 @@ using daemon::SqEntry;
 
 // How often test() looks at the daemon's socket while a request is pending (a dead daemon).
 constexpr int64_t kAliveEveryNs = 1'000'000;
+// A registration's wait for the daemon's answer (DaemonComm::call) naps without the comm's lock
+// between looks: first kCallFirstNapNs, doubling up to kCallNapNs. The answer is seen at most
+// about a nap after it came; the data path takes the lock between looks.
+constexpr int64_t kCallFirstNapNs = 20'000;
+constexpr int64_t kCallNapNs = 1'000'000;
 
 // A message of at least kChunkBytes travels as several daemon messages on its tag (the header's
 // "Pipelining" rules): the first exactly kChunkBytes, of which the last kSizeBytes give the
@@ -88,7 +95,9 @@ struct DaemonRequest {
 
 // One side of a connection: its client of the daemon and its requests (the backend's
 // net::Request is a DaemonRequest of this comm). Thread-safe (mu_): NCCL registers on one thread
-// while its proxy thread moves the data on another.
+// while its proxy thread moves the data on another. A registration holds mu_ only while it uses
+// the client, never while it waits for the daemon's answer (call()): the daemon may hold that
+// answer for seconds, and test() / isend / irecv go on meanwhile.
 //
 // Every call moves the whole comm (pump): it reads the completions of every request's chunks
 // (copying a receive's chunk out while the later ones move), then submits what is due in posting
@@ -168,10 +177,10 @@ class DaemonComm {
 
   // regMrDmaBuf: lends the dma-buf to the daemon (Client::pass_fd) and has it registered with the
   // NIC of this connection's link to the peer's host, for this end's direction; the daemon's id.
-  // One thread at a time, as every call on the comm.
+  // Waits for the answer without the comm's lock (call()).
   Result<uint32_t> register_dmabuf(int fd, uint64_t offset, size_t size, bool send) {
     const char* what = "regMrDmaBuf";
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     GW_RETURN_IF_ERROR(broken_);
     GW_ASSIGN_OR_RETURN(uint32_t ticket, client_->pass_fd(fd, what));
     SqEntry e{};
@@ -182,7 +191,7 @@ class DaemonComm {
     e.count = size;
     e.key_len = send ? daemon::kDmabufSends : daemon::kDmabufReceives;
     daemon::CompressedDone info;
-    GW_RETURN_IF_ERROR(call(e, what, &info));
+    GW_RETURN_IF_ERROR(call(lock, e, what, &info));
     const uint64_t id = daemon::p2p_done(info).bytes;
     if (id == 0 || id > 0x7fffffffu) {
       return client_->broken(peer_error("gradwired answered a dma-buf registration id {}", id));
@@ -217,30 +226,47 @@ class DaemonComm {
   }
   // deregMr of registration id. *refused: the daemon answered with an error (an op still names
   // the id): the registration stays in the daemon and the caller keeps its handle to try again.
-  // Otherwise the registration is gone, with the comm's connection when that failed.
+  // Otherwise the registration is gone, with the comm's connection when that failed. Waits for
+  // the answer without the comm's lock (call()).
   Status deregister_dmabuf(uint32_t id, bool* refused) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     *refused = false;
     SqEntry e{};
     e.opcode = static_cast<uint16_t>(Opcode::kDeregisterDmabuf);
     e.spec_len = id;
-    Status s = call(e, "deregMr");
+    Status s = call(lock, e, "deregMr");
     *refused = !s.ok() && client_->check_alive("deregMr").ok();
     return s;
   }
 
  private:
-  // One request the daemon answers by itself (not a message): posted, then waited for (the
-  // daemon's deadline), the comm's other requests' completions kept for them meanwhile.
-  Status call(const SqEntry& e, const char* what, daemon::CompressedDone* info = nullptr) {
+  // One request the daemon answers by itself (not a message): posted, then waited for until
+  // GW_TIMEOUT_MS. `lock` holds mu_ on entry and on return, but not while the answer is awaited
+  // (the daemon may hold a registration's answer for seconds: docs/wire-daemon.md): each look
+  // reads the completions under it without waiting (kNoWait) and checks that the daemon still
+  // holds the connection, then it is released for a nap (kCallFirstNapNs doubling up to
+  // kCallNapNs), so that the data path runs meanwhile. Whoever reads the client's completions
+  // keeps the others' for them: the data path's reap keeps this one's, and this the data path's.
+  Status call(std::unique_lock<std::mutex>& lock, const SqEntry& e, const char* what,
+              daemon::CompressedDone* info = nullptr) {
     GW_ASSIGN_OR_RETURN(uint64_t seq, client_->post(e, what));
-    bool done = false;
-    Status st = client_->wait_for(seq, sys::deadline_after_ms(timeout_ms_), &done, what, info);
-    if (!done) {
-      return client_->broken(
-          timeout_error("{}: gradwired did not answer within {} ms", what, timeout_ms_));
+    const sys::Deadline deadline = sys::deadline_after_ms(timeout_ms_);
+    int64_t nap_ns = kCallFirstNapNs;
+    for (;;) {
+      bool done = false;
+      Status st = client_->wait_for(seq, sys::kNoWait, &done, what, info);
+      if (done) return st;  // the answer, or the connection broke (its Status)
+      GW_RETURN_IF_ERROR(client_->check_alive(what));
+      const int64_t left_ns = sys::ns_until(deadline);
+      if (left_ns <= 0) {
+        return client_->broken(
+            timeout_error("{}: gradwired did not answer within {} ms", what, timeout_ms_));
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(nap_ns, left_ns)));
+      lock.lock();
+      nap_ns = std::min(nap_ns * 2, kCallNapNs);
     }
-    return st;
   }
 
   // Whether every chunk of r's message is submitted (a receive: asked for).
@@ -496,7 +522,8 @@ class DaemonComm {
   }
 
   // The data path (one thread: PluginComm's lock) and the registrations (NCCL's other thread,
-  // regMrDmaBuf / deregMr) share the client: one at a time.
+  // regMrDmaBuf / deregMr) share the client (not thread-safe): one call at a time. A
+  // registration releases it while it waits for the daemon (call()).
   std::mutex mu_;
   std::unique_ptr<Client> client_;
   std::string name_;

@@ -73,6 +73,7 @@ int run_connect(const std::string& hex, const std::string& then, const std::stri
     if (!named) return fail("no WARN naming GW_JOB_TOKEN");
     std::fprintf(stderr, "connect refused after %.1f s\n",
                  std::chrono::duration<double>(Clock::now() - t0).count());
+    api->finalize(ctx);  // its context, or LeakSanitizer fails the ASan build's run
     return 0;
   }
   if (sc == nullptr) return fail("connect returned " + std::to_string(r) + " and no comm");

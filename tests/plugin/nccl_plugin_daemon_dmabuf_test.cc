@@ -3,7 +3,9 @@
 // daemon_plugin_fixture.h).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "tests/plugin/daemon_plugin_fixture.h"
 #include "tests/plugin/plugin_harness.h"
@@ -738,6 +740,278 @@ TEST_F(DaemonPlugin, DmabufDeregisterWhileInUseIsRefused) {
     const std::string out = xhost_daemon_output(h);
     EXPECT_EQ(out.find("AddressSanitizer"), std::string::npos) << "daemon " << h << ":\n" << out;
   }
+}
+
+// Issue 28: NCCL registers on one thread while its proxy thread tests the same comm's requests,
+// and a registration waits for the daemon's answer (which the daemon may hold up to
+// min(GW_TIMEOUT_MS, 10 s) until the job's data connection to the peer's host exists, or which a
+// busy daemon gives late): the comm's test() must not wait with it (before, the registration held
+// the comm's lock while it waited, and test() waited for the lock). The cases below hold the
+// answer by stopping the registering end's daemon (SIGSTOP, daemon b: the one whose pid the
+// harness gives) for a while: a daemon-side hold is not reachable through the plugin, whose
+// connect already makes the daemons' data connections.
+struct PendingRegistration {
+  std::thread thread;
+  std::atomic<bool> done{false};
+  ncclResult_t result = ncclInternalError;
+  void* mh = nullptr;
+  double seconds = 0;
+  // regMrDmaBuf of [at, + bytes) of `dev` on `comm`, on a thread of its own.
+  void start(NetApi& api, void* comm, MemfdBuffer& dev, uint8_t* at, size_t bytes) {
+    thread = std::thread([this, &api, comm, &dev, at, bytes] {
+      const auto t0 = Clock::now();
+      result = api.reg_mr_dmabuf(comm, at, bytes, NCCL_PTR_CUDA, at - dev.data, dev.fd, &mh);
+      seconds = seconds_since(t0);
+      done = true;
+    });
+  }
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+  ~PendingRegistration() { join(); }
+};
+
+// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/TID/stat).
+bool all_threads_stopped(pid_t pid) {
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& t :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(t.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = stat.rfind(") ");
+    if (at == std::string::npos || at + 2 >= stat.size() || stat[at + 2] != 'T') return false;
+    ++threads;
+  }
+  return !ec && threads > 0;
+}
+
+// Daemon b (GW_PLUGIN_TEST_PEER_DAEMON_PID) stopped, every thread of it, until continued (or the
+// end of the scope); `stopped` false when it could not be (within 2 s).
+struct StoppedDaemon {
+  explicit StoppedDaemon(pid_t p) : pid(p) {
+    if (::kill(pid, SIGSTOP) != 0) return;
+    stopped = true;  // continued at the end, whatever follows
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (!all_threads_stopped(pid) && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    all = all_threads_stopped(pid);
+  }
+  void resume() {
+    if (stopped) ::kill(pid, SIGCONT);
+    stopped = false;
+  }
+  ~StoppedDaemon() { resume(); }
+  pid_t pid;
+  bool stopped = false;
+  bool all = false;  // every thread of it is stopped
+};
+
+// How test() is held to account while a registration waits. With the registration off the
+// comm's lock a call takes well under 1 ms on a quiet host, but on the loaded 2-core build host a
+// thread is sometimes not scheduled for a few hundred ms, once 1.8 s in the ASan build (calls
+// and plain naps alike, with the fix). What tells the defect apart is a call that waits for the
+// registration to end: test_meanwhile's window (1-1.5 s) is far shorter than the registration's
+// wait (until SIGCONT, or GW_TIMEOUT_MS), so with the defect the window outlasts the registration
+// (still_pending false), which never happens otherwise; and at most kSlowCallsMax calls of a
+// window may take over 100 ms (the host's stalls).
+constexpr int kSlowCallsMax = 3;
+
+// What this thread, as NCCL's proxy thread, saw while it tested `reqs` (of one comm of `api`) for
+// `ms`: the longest test() call, how many calls (and how many took over 100 ms), each request's
+// result, completion and size, and whether the registration was still pending at the end.
+struct ProxyLook {
+  double longest_ms = 0;
+  int calls = 0;
+  int over_100ms = 0;
+  double longest_nap_ms = 0;  // the longest of this thread's 200 us naps: the host's stalls
+  std::vector<ncclResult_t> result;
+  std::vector<int> done, size;
+  bool still_pending = false;
+};
+ProxyLook test_meanwhile(NetApi& api, const std::vector<void*>& reqs,
+                         const PendingRegistration& reg, int ms) {
+  ProxyLook p;
+  p.result.assign(reqs.size(), ncclSuccess);
+  p.done.assign(reqs.size(), 0);
+  p.size.assign(reqs.size(), -1);
+  for (const auto until = Clock::now() + std::chrono::milliseconds(ms); Clock::now() < until;) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (p.done[i] || p.result[i] != ncclSuccess) continue;
+      const auto t0 = Clock::now();
+      p.result[i] = api.test(reqs[i], &p.done[i], &p.size[i]);
+      const double took_ms = seconds_since(t0) * 1e3;
+      p.longest_ms = std::max(p.longest_ms, took_ms);
+      p.over_100ms += took_ms > 100 ? 1 : 0;
+      ++p.calls;
+    }
+    const auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    p.longest_nap_ms = std::max(p.longest_nap_ms, seconds_since(t0) * 1e3);
+  }
+  p.still_pending = !reg.done.load();
+  return p;
+}
+
+// The sender's daemon answers its regMrDmaBuf a second late; meanwhile the proxy thread tests two
+// sends of the same comm: one whose completion the daemon gave before it stopped completes, the
+// other (posted, its daemon stopped before it ran) stays pending, and no test() call waits for
+// the registration (kSlowCallsMax). Once the daemon goes on, the registration completes (over
+// verbs; refused saying why over tcp and dpdk), the second send arrives whole, and over verbs a
+// device message goes through the registration.
+TEST_F(DaemonPlugin, DmabufRegistrationPendingLeavesTestFree) {
+  const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
+  if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  const bool verbs = verbs_across_hosts();
+  void* cctx = nullptr;
+  std::unique_ptr<NetApi> capi = api_on_peer_host(&cctx);
+  ASSERT_NE(capi, nullptr);
+  void *sc = nullptr, *rc = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, *capi, cctx, &sc, &rc), "");
+  constexpr size_t kMiB = 1 << 20;
+  MemfdBuffer dev(4 * kMiB, "gw-dmabuf-pending-registration");
+  ASSERT_NE(dev.data, nullptr);
+  Buffer out(8192), in1(8192), in2(8192);
+  fill_pattern(out.data, 4096, 51);
+  fill_pattern(out.data + 4096, 4096, 52);
+  // The first send completes in its daemon: its receive here completed, and then some.
+  void *s1 = nullptr, *r1 = nullptr, *s2 = nullptr, *r2 = nullptr;
+  ASSERT_EQ(post_recv(*api_, rc, in1.data, in1.size, 9, nullptr, &r1), "");
+  ASSERT_EQ(post_send(*capi, sc, out.data, 4096, 9, nullptr, &s1), "");
+  int n = 0;
+  ASSERT_EQ(wait_request(*api_, r1, &n), "");
+  EXPECT_EQ(n, 4096);
+  EXPECT_EQ(check_pattern(in1.data, 4096, 51), -1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  clear_log();
+  ProxyLook p;
+  PendingRegistration reg;
+  {
+    StoppedDaemon stop(static_cast<pid_t>(std::atoi(pid)));
+    ASSERT_TRUE(stop.stopped && stop.all) << "SIGSTOP of daemon b (pid " << pid << ")";
+    ASSERT_EQ(post_send(*capi, sc, out.data + 4096, 4096, 10, nullptr, &s2), "");
+    reg.start(*capi, sc, dev, dev.data, 2 * kMiB);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its submission goes first
+    p = test_meanwhile(*capi, {s1, s2}, reg, 1000);
+  }
+  std::printf(
+      "while the registration was pending: %d test() calls, the longest %.2f ms, %d over 100 ms "
+      "(the longest 200 us nap between them: %.2f ms); the first send %s, the second %s\n",
+      p.calls, p.longest_ms, p.over_100ms, p.longest_nap_ms,
+      p.done[0] ? "completed" : "did not complete", p.done[1] ? "completed" : "did not complete");
+  EXPECT_TRUE(p.still_pending) << "the registration ended within " << reg.seconds
+                               << " s: a test() call waited for it";
+  EXPECT_LE(p.over_100ms, kSlowCallsMax)
+      << "test() calls held up (the longest " << p.longest_ms << " ms)";
+  EXPECT_EQ(p.result[0], ncclSuccess);
+  EXPECT_EQ(p.done[0], 1) << "the send the daemon completed before it stopped";
+  EXPECT_EQ(p.result[1], ncclSuccess);
+  EXPECT_EQ(p.done[1], 0) << "the send posted while the daemon was stopped";
+  // The daemon goes on: the registration gets its answer, the second message arrives.
+  reg.join();
+  std::printf("the registration took %.3f s\n", reg.seconds);
+  EXPECT_LT(reg.seconds, 3.5) << "answered once the daemon went on";
+  if (verbs) {
+    EXPECT_EQ(reg.result, ncclSuccess) << "the sender's registration";
+  } else {
+    EXPECT_NE(reg.result, ncclSuccess);
+    EXPECT_TRUE(warned("dma-bufs need verbs across hosts"));
+  }
+  ASSERT_EQ(post_recv(*api_, rc, in2.data, in2.size, 10, nullptr, &r2), "");
+  std::vector<int> sizes;
+  EXPECT_EQ(wait_all(*api_, {r2}, &sizes), "");
+  if (!p.done[1] && p.result[1] == ncclSuccess) {
+    EXPECT_EQ(wait_request(*capi, s2, &n), "");
+  }
+  ASSERT_EQ(sizes.size(), 1u);
+  EXPECT_EQ(sizes[0], 4096);
+  EXPECT_EQ(check_pattern(in2.data, 4096, 52), -1);
+  if (verbs && reg.result == ncclSuccess) {
+    // A device message through the registration made while the proxy thread went on.
+    void* md = nullptr;
+    ASSERT_EQ(api_->reg_mr_dmabuf(rc, dev.data + 2 * kMiB, 2 * kMiB, NCCL_PTR_CUDA, 2 * kMiB,
+                                  dev.fd, &md),
+              ncclSuccess);
+    fill_pattern(dev.data, kMiB + 3, 53);
+    std::memset(dev.data + 2 * kMiB, 0, kMiB + 64);
+    void *sreq = nullptr, *rreq = nullptr;
+    ASSERT_EQ(post_recv(*api_, rc, dev.data + 2 * kMiB, kMiB + 64, 11, md, &rreq), "");
+    ASSERT_EQ(post_send(*capi, sc, dev.data, kMiB + 3, 11, reg.mh, &sreq), "");
+    int got = -1;
+    for (const auto until = Clock::now() + std::chrono::seconds(20);
+         (sreq || rreq) && Clock::now() < until;) {
+      int d = 0;
+      if (sreq != nullptr && (capi->test(sreq, &d, &n) != ncclSuccess || d)) sreq = nullptr;
+      d = 0;
+      if (rreq != nullptr && (api_->test(rreq, &d, &n) != ncclSuccess || d)) {
+        rreq = nullptr;
+        if (d) got = n;
+      }
+    }
+    EXPECT_EQ(got, static_cast<int>(kMiB + 3));
+    EXPECT_EQ(check_pattern(dev.data + 2 * kMiB, kMiB + 3, 53), -1);
+    EXPECT_EQ(capi->dereg_mr(sc, reg.mh), ncclSuccess);
+    EXPECT_EQ(api_->dereg_mr(rc, md), ncclSuccess);
+  }
+  EXPECT_EQ(capi->close_send(sc), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  capi->finalize(cctx);
+}
+
+// A registration whose answer does not come within the plugin's GW_TIMEOUT_MS (the harness's 4 s;
+// the daemon stays stopped until then): meanwhile every test() of the comm returns at once; then
+// regMrDmaBuf fails with the timeout, saying so, and the comm's pending send fails too (the
+// connection is broken, as before: the daemon may still answer the registration later).
+TEST_F(DaemonPlugin, DmabufRegistrationTimeoutLeavesTestFree) {
+  const char* pid = getenv("GW_PLUGIN_TEST_PEER_DAEMON_PID");
+  if (pid == nullptr) GTEST_SKIP() << "two hosts only (GW_PLUGIN_TEST_XHOST=1)";
+  void* cctx = nullptr;
+  std::unique_ptr<NetApi> capi = api_on_peer_host(&cctx);
+  const char* timeout = getenv("GW_TIMEOUT_MS");  // 4000, the harness's (set_test_environment)
+  ASSERT_NE(timeout, nullptr);
+  const double timeout_s = std::atoi(timeout) / 1e3;
+  ASSERT_NE(capi, nullptr);
+  void *sc = nullptr, *rc = nullptr;
+  ASSERT_EQ(connect_pair(*api_, ctx_, *capi, cctx, &sc, &rc), "");
+  MemfdBuffer dev(1 << 20, "gw-dmabuf-registration-timeout");
+  ASSERT_NE(dev.data, nullptr);
+  Buffer out(8192);
+  void* sreq = nullptr;
+  clear_log();
+  ProxyLook p;
+  PendingRegistration reg;
+  {
+    StoppedDaemon stop(static_cast<pid_t>(std::atoi(pid)));
+    ASSERT_TRUE(stop.stopped && stop.all) << "SIGSTOP of daemon b (pid " << pid << ")";
+    ASSERT_EQ(post_send(*capi, sc, out.data, 4096, 9, nullptr, &sreq), "");
+    reg.start(*capi, sc, dev, dev.data, 1 << 20);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    p = test_meanwhile(*capi, {sreq}, reg, 1500);
+    std::printf(
+        "while the registration was pending: %d test() calls, the longest %.2f ms, %d over "
+        "100 ms (the longest 200 us nap between them: %.2f ms)\n",
+        p.calls, p.longest_ms, p.over_100ms, p.longest_nap_ms);
+    reg.join();
+    // Before the daemon goes on (and could still answer the send): the connection is broken.
+    int d = 0;
+    EXPECT_NE(capi->test(sreq, &d, &p.size[0]), ncclSuccess)
+        << "the broken connection fails the send";
+  }
+  EXPECT_TRUE(p.still_pending) << "the registration ended within " << reg.seconds
+                               << " s: a test() call waited for it";
+  EXPECT_LE(p.over_100ms, kSlowCallsMax)
+      << "test() calls held up (the longest " << p.longest_ms << " ms)";
+  EXPECT_EQ(p.result[0], ncclSuccess);
+  EXPECT_EQ(p.done[0], 0) << "its daemon was stopped";
+  EXPECT_NE(reg.result, ncclSuccess);
+  EXPECT_GE(reg.seconds, timeout_s - 0.05);
+  EXPECT_LT(reg.seconds, timeout_s + 1.5) << "the registration's wait ends at GW_TIMEOUT_MS";
+  EXPECT_TRUE(
+      warned(std::string("regMrDmaBuf: gradwired did not answer within ") + timeout + " ms"));
+  EXPECT_EQ(capi->close_send(sc), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(rc), ncclSuccess);
+  capi->finalize(cctx);
 }
 
 }  // namespace
