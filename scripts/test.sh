@@ -5,10 +5,11 @@
 #                           (preset quick), the Python tests but the slow ones.
 #   scripts/test.sh         the full suite, as CI runs it (.ci/run): dependencies; release build;
 #                           every unit test (release-unit), the integration tests (namespaces,
-#                           faults, timing: release-integration, once, one retry each); every
-#                           Python test; the ASan+UBSan build's unit tests (debug); ThreadSanitizer
-#                           over the tests labelled tsan (scripts/tsan.sh); the libFuzzer targets
-#                           for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips them).
+#                           faults, timing: release-integration, once, one retry each) and beside
+#                           them every Python test; the ASan+UBSan build's unit tests (debug);
+#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh); the
+#                           libFuzzer targets for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips
+#                           them).
 # Each build after the first runs in the background, at the lowest priority, during the tests
 # before it. Fails on the first failure; an integration test that passed only on its retry is
 # listed at the end as a flake.
@@ -103,17 +104,33 @@ bg_start later bash -c "while [ ! -f build/bg-debug.rc ]; do sleep 2; done; \
 # retry is a flake, listed at the end.
 ctest --preset release-unit -j"$jobs"
 phase "release unit tests"
+# The Python tests run beside the integration tests: those wait for the most part (shaped links,
+# deadlines, daemons meeting; the phase used about 290 CPU-s) and the Python tests' ranks about
+# 200 CPU-s in 156 s. Each keeps its own deadlines (the integration tests their one retry,
+# GW_TIMEOUT_MS the Python ranks'). Their output goes to build/python-tests.log, shown when they
+# end.
+py_log=build/python-tests.log
+export -f pytests
+setsid bash -c 'pytests' >"$py_log" 2>&1 &  # a process group of its own, ended with this script
+py_pid=$!
+bg_pids[python]=$py_pid
 ctest_log=build/release/integration-ctest.log
 ctest --preset release-integration -j"$jobs" | tee "$ctest_log"
-phase "release integration tests"
+phase "release integration tests (the Python tests beside them)"
 # ctest prints a line per attempt ("Test #N: name ....***Failed", then "Test #N: name ....
 # Passed"): a name with both is a flake.
 flakes=$(awk '/Test +#[0-9]+: /{ name = $0; sub(/^.*Test +#[0-9]+: /, "", name); sub(/ .*/, "", name);
               if ($0 ~ /\*\*\*|Failed|Timeout|Exception/) failed[name] = 1; else if ($0 ~ / Passed /) passed[name] = 1 }
               END { for (n in failed) if (n in passed) print n }' "$ctest_log" | sort)
 
-pytests
-phase "python tests"
+py_rc=0
+wait "$py_pid" || py_rc=$?
+cat "$py_log"
+if [ "$py_rc" != 0 ]; then
+  echo "test.sh: the Python tests failed ($py_log)"
+  exit 1
+fi
+phase "python tests, what was left of them"
 
 bg_wait debug
 phase "debug (ASan+UBSan) build, what was left of it"
