@@ -8,7 +8,7 @@
 set -euo pipefail
 
 build_pkgs=(
-  build-essential cmake ninja-build pkg-config git clang-format
+  build-essential cmake ninja-build pkg-config git clang-format lld
   libspdlog-dev libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev prometheus-cpp-dev
   libsystemd-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev

@@ -7,14 +7,15 @@
 #                           every unit test (release-unit), the integration tests (namespaces,
 #                           faults, timing: release-integration, once, one retry each) and beside
 #                           them every Python test; the ASan+UBSan build's unit tests (debug);
-#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh); the
-#                           libFuzzer targets for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips
-#                           them).
-# Each build after the first runs in the background, at the lowest priority, during the tests
-# before it. Fails on the first failure; an integration test that passed only on its retry is
-# listed at the end as a flake.
-# usage: scripts/test.sh [quick]   (GW_TEST_JOBS overrides ctest's parallelism, default 2;
-#                                   GW_TEST_TIMEOUT_SCALE the harness deadlines', default 2)
+#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh) and
+#                           beside them the libFuzzer targets for GW_TEST_FUZZ_SECONDS each
+#                           (default 10; 0 skips them).
+# The sanitizer and libFuzzer builds run in the background, at the lowest priority, from the
+# start. Fails on the first failure; an integration test that passed only on its retry is listed
+# at the end as a flake.
+# usage: scripts/test.sh [quick]   (GW_TEST_JOBS overrides ctest's parallelism, default 2 and 3
+#                                   for the TSan tests; GW_TEST_TIMEOUT_SCALE the harness
+#                                   deadlines', default 2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -58,9 +59,6 @@ fi
 bash scripts/install-deps.sh
 phase "install-deps"
 
-bash scripts/build.sh release
-phase "release build"
-
 # The later phases' builds run in the background at the lowest CPU priority while the tests run:
 # the tests wait a lot (shaped links, deadlines, the soak and chaos scripts) and a nice-19 build
 # takes only the CPU they leave idle, so the tests keep their timing and the suite saves most of
@@ -82,20 +80,24 @@ bg_wait() {  # NAME
   wait "${bg_pids[$1]}" || true
   if [ "$(cat "build/bg-$1.rc" 2>/dev/null || echo 1)" != 0 ]; then
     tail -60 "build/bg-$1.log"
-    echo "test.sh: the $1 build failed (build/bg-$1.log)"
+    echo "test.sh: $1 failed (build/bg-$1.log)"
     exit 1
   fi
 }
 declare -A bg_pids
 trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 rm -f build/bg-*.rc
+# All three start with the release build (which, at normal priority, leaves them only what it
+# does not use: the cores its last, long compile and link steps leave idle), and the TSan and
+# libFuzzer builds beside the ASan one rather than after it, so that one build's tail of a single
+# long step is filled by the other's work.
 bg_start debug bash scripts/build.sh debug
-# The TSan and libFuzzer builds follow the ASan one at once (not when the tests reach the ASan
-# phase), so that CPU the tests leave idle after the ASan build is not lost.
 fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
-bg_start later bash -c "while [ ! -f build/bg-debug.rc ]; do sleep 2; done; \
-  bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
+bg_start later bash -c "bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
   GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
+
+bash scripts/build.sh release
+phase "release build"
 
 # Tests are independent (every port is chosen by the kernel), so they may run side by side. Unit
 # tests must pass at the first attempt. Integration tests (real processes, network namespaces,
@@ -139,15 +141,23 @@ phase "debug (ASan+UBSan) unit tests"
 bg_wait later
 phase "ThreadSanitizer and libFuzzer builds, what was left of them"
 
-bash scripts/tsan.sh run
-phase "ThreadSanitizer tests"
-
 # The fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided), starting from
-# its checked-in corpus. The gtest drivers (label fuzz) only replay seeds and fixed mutations in
-# the release build, as regression tests.
+# its checked-in corpus, for fuzz_seconds of wall-clock time each, two at a time. The gtest
+# drivers (label fuzz) only replay seeds and fixed mutations in the release build, as regression
+# tests. The runs start in the background at the lowest priority beside the TSan tests, which
+# wait for the most part (deadlines, peers that close): alone at -j2 they kept the 2-core machine
+# 58 % busy (117 CPU-s in 101 s). The targets that run beside them get the CPU the tests leave
+# (fewer executions in their time; each target's count is in the summary below).
 if [ "$fuzz_seconds" -gt 0 ]; then
-  GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
-  phase "libFuzzer runs"
+  bg_start fuzzing env GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
+fi
+# -j3: the TSan tests wait more than they compute (76 s at -j3, 101 at -j2, same machine).
+GW_TEST_JOBS="${GW_TEST_JOBS:-3}" bash scripts/tsan.sh run
+phase "ThreadSanitizer tests (the libFuzzer runs beside them)"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  bg_wait fuzzing
+  grep '^fuzz.sh: ' build/bg-fuzzing.log
+  phase "libFuzzer runs, what was left of them"
 fi
 
 if [ -n "$flakes" ]; then
