@@ -7,12 +7,12 @@
 #                           every unit test (release-unit), the integration tests (namespaces,
 #                           faults, timing: release-integration, once, one retry each) and beside
 #                           them every Python test; the ASan+UBSan build's unit tests (debug);
-#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh) and
-#                           beside them the libFuzzer targets for GW_TEST_FUZZ_SECONDS each
-#                           (default 10; 0 skips them).
-# The sanitizer and libFuzzer builds run in the background, at the lowest priority, from the
-# start. Fails on the first failure; an integration test that passed only on its retry is listed
-# at the end as a flake.
+#                           ThreadSanitizer over the tests labelled tsan (scripts/tsan.sh); the
+#                           libFuzzer targets for GW_TEST_FUZZ_SECONDS each (default 10; 0 skips
+#                           them).
+# After the release build, the sanitizer and libFuzzer builds and the fuzzing run one after
+# another in the background, at the lowest priority, beside the tests. Fails on the first
+# failure; an integration test that passed only on its retry is listed at the end as a flake.
 # usage: scripts/test.sh [quick]   (GW_TEST_JOBS overrides ctest's parallelism, default 2 and 3
 #                                   for the TSan tests; GW_TEST_TIMEOUT_SCALE the harness
 #                                   deadlines', default 2)
@@ -87,17 +87,30 @@ bg_wait() {  # NAME
 declare -A bg_pids
 trap 'for p in "${bg_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 rm -f build/bg-*.rc
-# All three start with the release build (which, at normal priority, leaves them only what it
-# does not use: the cores its last, long compile and link steps leave idle), and the TSan and
-# libFuzzer builds beside the ASan one rather than after it, so that one build's tail of a single
-# long step is filled by the other's work.
-bg_start debug bash scripts/build.sh debug
-fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
-bg_start later bash -c "bash scripts/tsan.sh build && if [ $fuzz_seconds -gt 0 ]; then \
-  GW_FUZZ_STEP=build bash scripts/fuzz.sh; fi"
-
 bash scripts/build.sh release
 phase "release build"
+
+# One chain in the background, each step at nice 19 as soon as the one before it ends: the ASan
+# build (for the ASan tests, the first to need one), the TSan build, the libFuzzer build, then the
+# fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided) from its checked-in
+# corpus, for fuzz_seconds of wall-clock time each, two at a time (scripts/fuzz.sh). The tests
+# leave idle CPU in every phase (they wait on deadlines, shaped links and peers: alone at -j2 the
+# TSan tests kept this 2-core machine 58 % busy, 117 CPU-s in 101 s), and a chain that always has
+# work takes it; the fuzzers that run beside tests get the CPU those leave (fewer executions in
+# their time: each target's count is in the summary at the end). The gtest drivers (label fuzz)
+# only replay seeds and fixed mutations in the release build, as regression tests.
+fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-10}"
+bg_after() {  # NAME AFTER COMMAND...: bg_start NAME once AFTER's step has ended
+  local name=$1 after=$2
+  shift 2
+  bg_start "$name" bash -c 'while [ ! -f "build/bg-$0.rc" ]; do sleep 2; done; "$@"' "$after" "$@"
+}
+bg_start debug bash scripts/build.sh debug
+bg_after tsan debug bash scripts/tsan.sh build
+if [ "$fuzz_seconds" -gt 0 ]; then
+  bg_after fuzzing tsan bash -c "GW_FUZZ_STEP=build bash scripts/fuzz.sh && \
+    GW_FUZZ_STEP=run bash scripts/fuzz.sh $fuzz_seconds"
+fi
 
 # Tests are independent (every port is chosen by the kernel), so they may run side by side. Unit
 # tests must pass at the first attempt. Integration tests (real processes, network namespaces,
@@ -138,26 +151,15 @@ bg_wait debug
 phase "debug (ASan+UBSan) build, what was left of it"
 ctest --preset debug -j"$jobs"
 phase "debug (ASan+UBSan) unit tests"
-bg_wait later
-phase "ThreadSanitizer and libFuzzer builds, what was left of them"
-
-# The fuzzing itself: every libFuzzer target (clang, ASan+UBSan, coverage-guided), starting from
-# its checked-in corpus, for fuzz_seconds of wall-clock time each, two at a time. The gtest
-# drivers (label fuzz) only replay seeds and fixed mutations in the release build, as regression
-# tests. The runs start in the background at the lowest priority beside the TSan tests, which
-# wait for the most part (deadlines, peers that close): alone at -j2 they kept the 2-core machine
-# 58 % busy (117 CPU-s in 101 s). The targets that run beside them get the CPU the tests leave
-# (fewer executions in their time; each target's count is in the summary below).
-if [ "$fuzz_seconds" -gt 0 ]; then
-  bg_start fuzzing env GW_FUZZ_STEP=run bash scripts/fuzz.sh "$fuzz_seconds"
-fi
+bg_wait tsan
+phase "ThreadSanitizer build, what was left of it"
 # -j3: the TSan tests wait more than they compute (76 s at -j3, 101 at -j2, same machine).
 GW_TEST_JOBS="${GW_TEST_JOBS:-3}" bash scripts/tsan.sh run
-phase "ThreadSanitizer tests (the libFuzzer runs beside them)"
+phase "ThreadSanitizer tests"
 if [ "$fuzz_seconds" -gt 0 ]; then
   bg_wait fuzzing
   grep '^fuzz.sh: ' build/bg-fuzzing.log
-  phase "libFuzzer runs, what was left of them"
+  phase "libFuzzer build and runs, what was left of them"
 fi
 
 if [ -n "$flakes" ]; then
