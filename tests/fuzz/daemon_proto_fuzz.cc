@@ -79,8 +79,13 @@ void fuzz_submissions(const uint8_t* p, size_t n) {
     tally(r.ok());
     if (!r.ok()) continue;
     ++expected;
-    check(r->send_off <= data_bytes && r->send_bytes <= data_bytes - r->send_off);
-    check(r->recv_off <= data_bytes && r->recv_bytes <= data_bytes - r->recv_off);
+    // A range lies in the data region, or (version 8) in a dma-buf registration, whose size
+    // only the job knows (it checks the range against it): a send's or recv's that names one
+    // (dmabuf), a flush's. There, within kMaxDmabufBytes.
+    const bool in_registration = r->dmabuf != 0 || r->opcode == Opcode::kFlushDmabuf;
+    const uint64_t region = in_registration ? kMaxDmabufBytes : data_bytes;
+    check(r->send_off <= region && r->send_bytes <= region - r->send_off);
+    check(r->recv_off <= region && r->recv_bytes <= region - r->recv_off);
     if (r->opcode == Opcode::kBroadcast) check(r->root >= 0 && r->root < world);
     if (r->opcode == Opcode::kAllreduceCompressed) {
       check(!r->spec.empty() && r->spec.size() <= kMaxCodecSpecBytes);

@@ -6,7 +6,9 @@
 
 #include <cstring>
 #include <random>
+#include <vector>
 
+#include "daemon/protocol.h"
 #include "tests/fuzz/corpus_io.h"
 
 namespace gw::daemon::fuzz {
@@ -18,6 +20,32 @@ TEST(DaemonProtoFuzz, SeedsAreAcceptedUnchanged) {
   const Counts after = counts();
   EXPECT_GT(after.accepted, before.accepted);
   EXPECT_EQ(after.refused, before.refused) << "a valid seed was refused";
+}
+
+// What libFuzzer found on 2026-11-30 (scripts/fuzz.sh in CI): the decoder accepts a send into
+// dma-buf registration 1 at an offset past the data region, and a flush of [0, +2^43) of
+// registration 1 (ranges in a registration, which the job checks against its size); the target's
+// own check had held both to the data region and aborted.
+TEST(DaemonProtoFuzz, RangesInADmabufRegistrationAreNotHeldToTheDataRegion) {
+  for (Opcode op : {Opcode::kSend, Opcode::kFlushDmabuf}) {
+    SqEntry e{};
+    e.seq = 1;
+    e.opcode = static_cast<uint16_t>(op);
+    if (op == Opcode::kSend) {
+      e.key_len = 1;  // registration 1, to peer rank 0
+      e.send_off = uint64_t{1} << 38;
+    } else {
+      e.spec_len = 1;  // registration 1
+      e.count = uint64_t{1} << 43;
+    }
+    // A submission, a data region of 1 byte, 1 rank, each entry's own sequence.
+    std::vector<uint8_t> in{kSubmission, 0, 0, 0};
+    const auto* b = reinterpret_cast<const uint8_t*>(&e);
+    in.insert(in.end(), b, b + sizeof(e));
+    const Counts before = counts();
+    ASSERT_EQ(LLVMFuzzerTestOneInput(in.data(), in.size()), 0);
+    EXPECT_EQ(counts().accepted, before.accepted + 1) << opcode_name(op) << " was refused";
+  }
 }
 
 // scripts/fuzz.sh starts libFuzzer from the checked-in corpus: the seeds above, encoded once.
