@@ -13,6 +13,7 @@
 #include "capi/device_memory.h"
 #include "capi/setup_checks.h"
 #include "collectives/p2p.h"
+#include "collectives/shared_host_memory.h"
 #include "core/bootstrap.h"
 #include "core/log.h"
 #include "gpudirect/cuda_driver.h"
@@ -154,13 +155,27 @@ std::map<std::string, std::string> DirectSession::resolved() const {
 
 // Out of line: DeviceCompression is complete only here.
 DirectSession::~DirectSession() {
-  for (void* p : mem_) std::free(p);
+  for (void* p : mem_) {
+    if (!coll::shared_host_memory::release(p)) std::free(p);
+  }
 }
 
+// Shared host memory when the communicator's allreduce maps its peers' buffers (one host, shm:
+// collectives/shm_direct.h); heap memory otherwise, or when the kernel refuses a region.
 Result<void*> DirectSession::mem_alloc(size_t bytes) {
   constexpr size_t kAlign = 64;
   if (bytes > SIZE_MAX - kAlign) return no_memory("gw_mem_alloc of {} bytes", bytes);
-  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  void* p = nullptr;
+  if (comm_->wants_shared_host_memory()) {
+    Result<void*> shared = coll::shared_host_memory::allocate(bytes);
+    if (shared.ok()) {
+      p = shared.value();
+    } else {
+      GW_LOG_DEBUG("gw_mem_alloc: no shared region of {} bytes ({}); heap memory instead", bytes,
+                   shared.status().message());
+    }
+  }
+  if (p == nullptr) p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   if (p == nullptr) return no_memory("gw_mem_alloc of {} bytes", bytes);
   std::lock_guard<std::mutex> lock(mem_mu_);
   mem_.insert(p);
@@ -172,7 +187,7 @@ Status DirectSession::mem_free(void* ptr) {
   if (mem_.erase(ptr) == 0) {
     return invalid_arg("pointer {} was not returned by gw_mem_alloc on this communicator", ptr);
   }
-  std::free(ptr);
+  if (!coll::shared_host_memory::release(ptr)) std::free(ptr);
   return ok_status();
 }
 

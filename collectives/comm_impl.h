@@ -149,6 +149,7 @@ class CommImpl : public Communicator {
   }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
+  bool wants_shared_host_memory() const override { return direct_.maps_shared_buffers(); }
   Algo choose_allreduce_algo(size_t bytes) const override {
     if (size() == 1)
       return settings_.forced_algo == Algo::kAuto ? Algo::kRing : settings_.forced_algo;

@@ -160,6 +160,11 @@ class Communicator {
   // their hosts) puts every rank on one host.
   virtual HostLayout host_layout() const;
 
+  // Whether host memory from gw_mem_alloc should be shared host memory (collectives/
+  // shared_host_memory.h), because this communicator's allreduce maps its peers' buffers when
+  // they lie in it. Fixed at creation; thread-safe. The default: false.
+  virtual bool wants_shared_host_memory() const { return false; }
+
   // Which algorithm allreduce would use for this many bytes (cost model + GW_ALGO).
   virtual Algo choose_allreduce_algo(size_t bytes) const = 0;
 

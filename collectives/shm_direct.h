@@ -7,6 +7,13 @@
 // it. The small exchanges (addresses, barriers) run over the communicator's connections, through
 // the `Exchange` the communicator hands in, so they have its deadline and its peer-death reports.
 //
+// When every rank's input and output lie in shared host memory (gw_mem_alloc's, collectives/
+// shared_host_memory.h), the ranks map each other's regions once and skip the kernel: rank i reads
+// block i of every input with plain loads, reduces it in cache-sized pieces and writes the result
+// into every rank's output with non-temporal stores; one barrier ends the call (docs/wire-shm.md,
+// "Shared buffers"). A rank that cannot map a peer's region turns that for good, on every rank,
+// back to the cross-memory reads.
+//
 // The first call that takes the path checks once whether every rank may read every other's
 // memory (the kernel's ptrace access check: Yama's ptrace_scope, other users, a non-dumpable
 // process, other pid namespaces); when any may not, every rank keeps the ring for good and says
@@ -17,11 +24,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "collectives/types.h"
 #include "core/config_snapshot.h"
 #include "core/status.h"
+#include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
 
 namespace gw::coll {
@@ -68,25 +77,65 @@ class ShmDirect {
                    bool* ran);
 
   State state() const { return state_; }
+  // Whether gw_mem_alloc should hand out shared host memory for this communicator: the path may
+  // run (fixed once set_eligible has been called, so any thread may ask).
+  bool maps_shared_buffers() const { return eligible_ && options_.min_bytes > 0 && size_ > 1; }
+  // Peers' regions this rank has mapped now (tests).
+  size_t peer_regions() const { return peer_regions_.size(); }
 
   // Process-wide counters (tests and perf check which path ran): calls that ran the direct path,
   // and bytes read from peers by it.
   static uint64_t calls();
   static uint64_t bytes_read();
+  // Calls that ran on shared buffers (no cross-memory reads).
+  static uint64_t shared_calls();
+
+  // One rank's buffer in the per-call exchange: where it lies in a shared region (gen 0: not in
+  // one). Public for the descriptor checks' tests.
+  struct SharedRef {
+    uint64_t gen;
+    uint64_t ino;
+    uint64_t region_bytes;
+    uint64_t offset;
+    int64_t fd;
+  };
+  // Whether a peer's reference can name `bytes` bytes of a region this rank may map: fd >= 0,
+  // offset + bytes within region_bytes (no overflow), gen > 0. The empty string when so, else why.
+  static std::string check_ref(const SharedRef& ref, uint64_t bytes);
 
  private:
   // Every rank publishes its pid and the address of a known word; each reads every peer's word;
   // every rank publishes whether all its reads worked. kOn only when all did.
   Status probe(const Exchange& exchange);
+  // The shared-buffer call (class comment), after the buffer exchange `refs` (every rank's input
+  // and output references, 2 per rank). *ran = false when some rank could not map a peer's
+  // region: nothing was written, the caller goes on with the cross-memory reads.
+  Status allreduce_shared(const uint8_t* in, uint8_t* out, size_t count, DataType dtype,
+                          ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
+                          const std::vector<SharedRef>& refs, const Exchange& exchange, bool* ran);
+  // Rank `peer`'s region that `ref` names, mapped here (once; kept for later calls, the least
+  // recently used let go beyond a few per peer), and the buffer's address in this process.
+  Result<uint8_t*> map_peer_buffer(int peer, const SharedRef& ref, uint64_t bytes);
+
+  struct PeerRegion {
+    int rank = -1;
+    uint64_t gen = 0;
+    uint64_t ino = 0;
+    uint64_t last_use = 0;
+    sys::MemfdRegion region;
+  };
 
   int rank_;
   int size_;
   ShmDirectOptions options_;
   bool eligible_ = false;
   State state_ = State::kUnknown;
-  std::vector<int64_t> pids_;  // every rank's pid, from the probe
-  std::vector<uint8_t> tmp_;   // a cache-sized piece of a peer's block
-  std::vector<uint8_t> xbuf_;  // exchange buffer
+  std::vector<int64_t> pids_;             // every rank's pid, from the probe
+  std::vector<uint8_t> tmp_;              // a cache-sized piece of a peer's block
+  std::vector<uint8_t> xbuf_;             // exchange buffer
+  State shared_state_ = State::kUnknown;  // mapping peers' shared regions: works / refused
+  std::vector<PeerRegion> peer_regions_;
+  uint64_t use_clock_ = 0;  // one tick per shared call, for peer_regions_' last_use
 };
 
 }  // namespace gw::coll

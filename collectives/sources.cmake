@@ -18,6 +18,7 @@ set(GW_COLL_SOURCES
     reduce.cc
     rooted_schedule.cc
     schedule.cc
+    shared_host_memory.cc
     shm_direct.cc
     stall.cc
     types.cc)

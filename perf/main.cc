@@ -210,11 +210,14 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
       ->type_name("0|1");
   sub->add_option("-J,--json", c.json_path,
                   "write one JSON document (configuration, rows, and \"error\" on failure)");
-  sub->add_flag("--mem-alloc", c.mem_alloc,
-                "take the send and receive buffers from gw_mem_alloc (freed with gw_mem_free): in "
-                "daemon mode (GW_DAEMON) memory of the trainer's shared arena, so the daemon reads "
-                "and writes them in place (zero-copy); in direct mode plain aligned host memory. "
-                "Default: ordinary heap buffers (daemon mode copies them through the arena)");
+  sub->add_flag(
+      "--mem-alloc", c.mem_alloc,
+      "take the send and receive buffers from gw_mem_alloc (freed with gw_mem_free): in "
+      "daemon mode (GW_DAEMON) memory of the trainer's shared arena, so the daemon reads "
+      "and writes them in place (zero-copy); in direct mode, ranks of one host over shm get "
+      "shared memory they map into each other (no kernel copy in a large allreduce), "
+      "others plain aligned host memory. "
+      "Default: ordinary heap buffers (daemon mode copies them through the arena)");
   sub->add_flag("--progress", c.progress, "progress lines on stderr (default: only on a tty)");
   sub->add_option("--timeout-ms", c.timeout_ms,
                   "deadline of every wait inside the library (default: GW_TIMEOUT_MS)");

@@ -16,7 +16,8 @@
 #   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto
 #       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0),
 #       shm:direct (the direct allreduce, GW_SHM_DIRECT_MIN=1M; the shm:ring/cma variants turn it
-#       off) and mpi:vader (Open MPI over shared memory, perf/peers/mpi_allreduce.c, via mpicc)
+#       off), shm:shared (the same with the buffers from gw_mem_alloc, which the ranks map into
+#       each other: no kernel copy) and mpi:vader (Open MPI over shared memory, perf/peers/mpi_allreduce.c, via mpicc)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
@@ -41,7 +42,7 @@ micro="$build/perf/micro/gradwire-micro"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The ceilings: memcpy of 64 MiB (one core), and a plain loopback TCP stream.
+# The ceilings: memcpy of 16 MiB (one core), and a plain loopback TCP stream.
 source "$(dirname "${BASH_SOURCE[0]}")/peers_common.sh"  # ceiling(): median of 3, GB/s
 
 env_of() {
@@ -50,6 +51,7 @@ env_of() {
     shm:cma) echo "GW_SHM_CMA_MIN=1M GW_SHM_DIRECT_MIN=0" ;;  # 128 KiB chunks stay on the ring
     shm:cma-all) echo "GW_SHM_CMA_MIN=64K GW_SHM_DIRECT_MIN=0" ;;  # every chunk read single-copy
     shm:direct) echo "GW_SHM_DIRECT_MIN=1M" ;;  # the default: peers' buffers read into the sum
+    shm:shared) echo "GW_SHM_DIRECT_MIN=1M" ;;  # ... and gw_mem_alloc buffers (args_of): mapped
     mpi:vader) echo "OMPI_MCA_btl=vader,self" ;;  # Open MPI's shared memory, perf/peers/mpi_allreduce
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
@@ -59,6 +61,7 @@ env_of() {
     *) echo "zero_copy.sh: unknown variant $1" >&2; return 1 ;;
   esac
 }
+args_of() { [ "$1" = shm:shared ] && echo --mem-alloc; }  # the perf tool's extra flags
 for v in $variants; do env_of "$v" >/dev/null || exit 2; done
 mpi_bin="$build/peers/mpi_allreduce"
 if [[ " $variants " == *" mpi:"* ]]; then
@@ -89,7 +92,8 @@ run_perf() {  # variant size iters -> the perf tool's output and its "# cpu_s" l
     return "${PIPESTATUS[0]}"
   fi
   env $(env_of "$v") GW_SOCKET_IFNAME=lo /usr/bin/python3 -c "$rusage_py" timeout 600 "$perf" \
-    allreduce --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 2>"$work/err"
+    allreduce --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 $(args_of "$v") \
+    2>"$work/err"
 }
 cpu_of() { awk '/^# cpu_s/ { print $3 }' <<<"$1"; }
 # One repetition of a variant at one size: the figure in column `col` of a run of `calls` + 2
@@ -127,7 +131,7 @@ median() {
 }
 status=0
 echo "# zero_copy: allreduce float32 sum, 2 ranks, $reps repetitions interleaved, medians"
-echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# cpu ms/call: user + system time of both ranks per allreduce call (getrusage)"
 printf '%-14s' variant
 for s in $sizes; do printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"; done

@@ -379,7 +379,11 @@ gw_status_t gw_test_recv(gw_request_t request, int* done, size_t* count, int* so
  * gw_mem_alloc sets *ptr to `bytes` (> 0) bytes of host memory, 64-byte aligned, that the
  * collectives of comm use best. In daemon mode (GW_DAEMON) it lies in the shared arena this trainer
  * and its gradwired both map, so a collective on it is zero-copy; any other buffer is copied into
- * the arena and back. In direct mode it is plain aligned host memory. GW_ERR_NO_MEMORY when the
+ * the arena and back. In direct mode, when all ranks of comm share one host over shm (and
+ * GW_SHM_DIRECT_MIN is not 0), it is shared memory (a memfd region, page-aligned) that the ranks
+ * map into each other, so a large allreduce whose buffers all come from here runs with no kernel
+ * copy (docs/wire-shm.md "Shared buffers"); a child the process forks shares it instead of
+ * getting a copy. Otherwise plain aligned host memory. GW_ERR_NO_MEMORY when the
  * arena (GW_DAEMON_ARENA) has no free range that large. The memory belongs to comm: free it with
  * gw_mem_free before gw_comm_destroy, which frees (in daemon mode: unmaps) what is left.
  * gw_mem_free with NULL does nothing; a pointer gw_mem_alloc did not return for comm is

@@ -366,6 +366,64 @@ TEST(CapiLeakTest, ThousandCommunicatorsLeaveFdsThreadsAndMemoryFlat) {
       << "resident memory grew from " << rss0 << " KiB to " << rss1 << " KiB";
 }
 
+// Whether `p` lies in a mapping of a gw_mem_alloc memfd region ("/memfd:gw-mem-alloc" in
+// /proc/self/maps).
+bool in_shared_region(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && a >= lo && a < hi) {
+      return line.find("/memfd:gw-mem-alloc") != std::string::npos;
+    }
+  }
+  return false;
+}
+
+// Direct mode, two ranks of one host over shm: gw_mem_alloc hands out shared memory, which the
+// ranks map into each other for the large allreduces (out of place and in place, values checked);
+// over tcp it is heap memory. gw_mem_free and gw_comm_destroy leave no descriptor behind.
+TEST(CapiMemAllocTest, ShmRanksGetSharedMemoryAndReduceInIt) {
+  CleanEnv env;
+  const size_t fds0 = count_dir("/proc/self/fd");
+  for (const char* transport : {"shm", "tcp"}) {
+    SCOPED_TRACE(transport);
+    std::vector<gw_comm_t> comms = two_ranks("capi-mem-alloc", transport);
+    ASSERT_TRUE(comms[0] && comms[1]);
+    const size_t count = (size_t{3} << 20) / 4 + 5;
+    std::vector<gw_status_t> st(4, GW_OK);
+    std::vector<float*> in(2), out(2);
+    for (int r = 0; r < 2; ++r) {
+      void* a = nullptr;
+      void* b = nullptr;
+      ASSERT_EQ(gw_mem_alloc(comms[r], count * 4, &a), GW_OK) << gw_last_error();
+      ASSERT_EQ(gw_mem_alloc(comms[r], count * 4, &b), GW_OK) << gw_last_error();
+      EXPECT_EQ(in_shared_region(a), std::string(transport) == "shm");
+      in[r] = static_cast<float*>(a);
+      out[r] = static_cast<float*>(b);
+      for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((i % 31) * (r + 1));
+    }
+    gw::testing::on_each_rank(comms, [&](int r, gw_comm_t comm) {
+      st[r] = gw_allreduce(comm, in[r], out[r], count, GW_FLOAT32, GW_SUM);
+      st[2 + r] = gw_allreduce(comm, in[r], in[r], count, GW_FLOAT32, GW_MAX);
+    });
+    for (gw_status_t s : st) EXPECT_EQ(s, GW_OK);
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[r][i], static_cast<float>(3 * (i % 31))) << "rank " << r << " at " << i;
+        ASSERT_EQ(in[r][i], static_cast<float>(2 * (i % 31))) << "rank " << r << " at " << i;
+      }
+    }
+    // One buffer freed now, the other left for gw_comm_destroy.
+    EXPECT_EQ(gw_mem_free(comms[0], in[0]), GW_OK);
+    EXPECT_EQ(gw_mem_free(comms[0], in[0]), GW_ERR_INVALID_ARG);
+    EXPECT_EQ(gw_comm_destroy(comms[0]), GW_OK);
+    EXPECT_EQ(gw_comm_destroy(comms[1]), GW_OK);
+  }
+  EXPECT_EQ(count_dir("/proc/self/fd"), fds0) << "a region's descriptor outlived its communicator";
+}
+
 // The header's promise for integer GW_AVG: summed in the dtype (wrapping), then divided.
 TEST(CapiAvgTest, IntegerAverageWrapsInTheDtypeAsDocumented) {
   CleanEnv env;

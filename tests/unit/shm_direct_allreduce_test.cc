@@ -1,12 +1,16 @@
 // The direct allreduce within one host over shm (collectives/shm_direct.h): every dtype and op,
 // odd sizes, in place and out of place, on 2, 3 and 4 ranks; the knob that turns it off; the
-// refused probe (every rank keeps the ring); a peer that goes away.
+// refused probe (every rank keeps the ring); a peer that goes away. Its shared-buffer form
+// (buffers in collectives/shared_host_memory.h regions, mapped by the peers): the same results,
+// a rank on the heap, a region a peer cannot map, the few regions kept per peer, bad references.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -15,6 +19,7 @@
 #include "collectives/coll_config.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
+#include "collectives/shared_host_memory.h"
 #include "collectives/shm_direct.h"
 #include "core/net/shm_cma.h"
 #include "core/net/shm_config.h"
@@ -66,12 +71,46 @@ testing::RankOptions shm_ranks(const char* min_bytes, bool refuse = false) {
   return o;
 }
 
+// A buffer of `bytes` in a shared host memory region (gw_mem_alloc's memory in direct mode),
+// released when it goes.
+class SharedBuf {
+ public:
+  explicit SharedBuf(size_t bytes) {
+    auto p = shared_host_memory::allocate(bytes);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    if (p.ok()) p_ = static_cast<uint8_t*>(*p);
+    bytes_ = bytes;
+  }
+  ~SharedBuf() {
+    if (p_) {
+      EXPECT_TRUE(shared_host_memory::release(p_));
+    }
+  }
+  SharedBuf(const SharedBuf&) = delete;
+  SharedBuf& operator=(const SharedBuf&) = delete;
+  uint8_t* data() const { return p_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // Every dtype and op, in place and not, over sizes that are multiples of nothing (and smaller
-// than the number of ranks), on n ranks; returns how many calls took the direct path.
-uint64_t run_all(int n, const testing::RankOptions& options) {
+// than the number of ranks), on n ranks; returns how many calls took the direct path. shared:
+// the ranks whose bit is set in it take their buffers from shared host memory (the values are
+// copied in and out of it), the others from the heap.
+uint64_t run_all(int n, const testing::RankOptions& options, unsigned shared = 0) {
   const uint64_t before = ShmDirect::calls();
   const size_t counts[] = {1, 3, 1001, 100003};
   testing::run_ranks(n, options, [&](std::unique_ptr<Communicator>& comm, int r) {
+    const bool mine_shared = (shared >> r) & 1;
+    const size_t most = 100003 * 8;
+    std::unique_ptr<SharedBuf> sin, sout;
+    if (mine_shared) {
+      sin = std::make_unique<SharedBuf>(most);
+      sout = std::make_unique<SharedBuf>(most);
+    }
     std::vector<uint8_t> in, out, keep;
     for (int ti = 0; ti < kNumDataTypes; ++ti) {
       for (int oi = 0; oi < kNumReduceOps; ++oi) {
@@ -83,9 +122,21 @@ uint64_t run_all(int n, const testing::RankOptions& options) {
             fill(t, r, in, count);
             keep = in;
             out.assign(in.size(), 0xEE);
-            void* dst = in_place ? in.data() : out.data();
-            Status s = comm->allreduce(in.data(), dst, count, t, op);
+            uint8_t* src = in.data();
+            uint8_t* dst = in_place ? in.data() : out.data();
+            if (mine_shared) {
+              std::memcpy(sin->data(), in.data(), in.size());
+              std::memset(sout->data(), 0xEE, in.size());
+              src = sin->data();
+              dst = in_place ? sin->data() : sout->data();
+            }
+            Status s = comm->allreduce(src, dst, count, t, op);
             ASSERT_TRUE(s.ok()) << s.to_string();
+            if (mine_shared) {
+              std::memcpy(in_place ? in.data() : out.data(), dst, in.size());
+              if (!in_place) std::memcpy(in.data(), sin->data(), in.size());
+              dst = in_place ? in.data() : out.data();
+            }
             const auto* got = static_cast<const uint8_t*>(dst);
             ASSERT_EQ(0, std::memcmp(got, want.data(), want.size()))
                 << "rank " << r << " of " << n << ": " << dtype_name(t) << " " << op_name(op)
@@ -140,6 +191,145 @@ TEST(ShmDirectAllreduce, RefusedProbeFallsBackOnEveryRank) {
   };
   EXPECT_EQ(run_all(3, o), 0u);
   EXPECT_EQ(run_all(2, shm_ranks("1", /*refuse=*/true)), 0u);
+}
+
+TEST(ShmSharedAllreduce, EveryDtypeOpAndOddSizeWithMappedBuffers) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(n);
+    const uint64_t shared0 = ShmDirect::shared_calls(), read0 = ShmDirect::bytes_read();
+    EXPECT_EQ(run_all(n, shm_ranks("1"), /*shared=*/0xF), kCallsPerRank * static_cast<uint64_t>(n));
+    EXPECT_EQ(ShmDirect::shared_calls() - shared0, kCallsPerRank * static_cast<uint64_t>(n));
+    EXPECT_EQ(ShmDirect::bytes_read(), read0) << "a shared call read with process_vm_readv";
+  }
+  EXPECT_EQ(shared_host_memory::count(), 0u);
+}
+
+TEST(ShmSharedAllreduce, ARankOnTheHeapKeepsTheCrossMemoryReads) {
+  // Ranks 0 and 2 in shared memory, rank 1 not: every rank reads with process_vm_readv.
+  const uint64_t shared0 = ShmDirect::shared_calls();
+  EXPECT_EQ(run_all(3, shm_ranks("1"), /*shared=*/0x5), kCallsPerRank * 3);
+  EXPECT_EQ(ShmDirect::shared_calls(), shared0);
+}
+
+TEST(ShmSharedAllreduce, LargeCallsStreamTheirStoresInPlaceAndNot) {
+  // Above the non-temporal store threshold (4 MiB), an odd count, 2 and 3 ranks.
+  for (int n : {2, 3}) {
+    const size_t count = (size_t{6} << 20) / 4 + 7;
+    const uint64_t shared0 = ShmDirect::shared_calls();
+    testing::run_ranks(n, shm_ranks("1M"), [&](std::unique_ptr<Communicator>& comm, int r) {
+      SharedBuf in(count * 4), out(count * 4);
+      auto* f = reinterpret_cast<float*>(in.data());
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>((i % 1000) * (r + 1));
+      auto* o = reinterpret_cast<float*>(out.data());
+      ASSERT_TRUE(comm->allreduce(f, o, count, DataType::kF32, ReduceOp::kSum).ok());
+      ASSERT_TRUE(comm->allreduce(f, f, count, DataType::kF32, ReduceOp::kAvg).ok());
+      const float tri = static_cast<float>(n * (n + 1) / 2);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(o[i], tri * static_cast<float>(i % 1000)) << "rank " << r << " at " << i;
+        ASSERT_EQ(f[i], tri * static_cast<float>(i % 1000) / static_cast<float>(n))
+            << "rank " << r << " at " << i;
+      }
+    });
+    EXPECT_EQ(ShmDirect::shared_calls() - shared0, 2u * static_cast<uint64_t>(n));
+  }
+}
+
+TEST(ShmSharedAllreduce, ARegionAPeerCannotMapTurnsTheMappingOffOnEveryRank) {
+  // Rank 1's input region's descriptor is made to name /dev/null: rank 0 cannot map it, every
+  // rank falls back to the cross-memory reads for this call and the later ones, results right.
+  const uint64_t shared0 = ShmDirect::shared_calls(), calls0 = ShmDirect::calls();
+  testing::run_ranks(2, shm_ranks("1"), [&](std::unique_ptr<Communicator>& comm, int r) {
+    const size_t count = 300001;
+    SharedBuf in(count * 4), out(count * 4);
+    if (r == 1) {
+      auto ref = shared_host_memory::find(in.data(), 0);
+      ASSERT_TRUE(ref.has_value());
+      const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      ASSERT_GE(null, 0);
+      ASSERT_EQ(::dup3(null, static_cast<int>(ref->fd), O_CLOEXEC), ref->fd);
+      ::close(null);
+    }
+    auto* f = reinterpret_cast<float*>(in.data());
+    auto* o = reinterpret_cast<float*>(out.data());
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(i % 13 + r);
+      ASSERT_TRUE(comm->allreduce(f, o, count, DataType::kF32, ReduceOp::kSum).ok());
+      for (size_t i = 0; i < count; i += 7) {
+        ASSERT_EQ(o[i], static_cast<float>(2 * (i % 13) + 1)) << "rank " << r << " at " << i;
+      }
+    }
+  });
+  EXPECT_EQ(ShmDirect::shared_calls(), shared0);
+  EXPECT_EQ(ShmDirect::calls() - calls0, 4u);
+}
+
+// Two ranks of ShmDirect itself as threads, their exchanges through memory (a barrier before and
+// after each copy), so a test can look at one rank's mapped regions.
+struct TwoDirectRanks {
+  std::barrier<> sync{2};
+  std::vector<uint8_t> board;
+  Exchange exchange_for(int r) {
+    return [this, r](uint8_t* buf, size_t blk) -> Status {
+      if (r == 0) board.assign(2 * blk, 0);
+      sync.arrive_and_wait();
+      std::memcpy(board.data() + r * blk, buf + r * blk, blk);
+      sync.arrive_and_wait();
+      std::memcpy(buf, board.data(), 2 * blk);
+      sync.arrive_and_wait();
+      return ok_status();
+    };
+  }
+};
+
+TEST(ShmSharedAllreduce, KeepsOnlyAFewRegionsOfAPeerMapped) {
+  // Eight calls, each on freshly allocated buffers (freed after the call): each rank keeps at most
+  // four of its peer's regions mapped, and the values are right every time.
+  TwoDirectRanks two;
+  ShmDirectOptions o;
+  o.min_bytes = 1;
+  testing::run_threads(2, [&](int r) {
+    ShmDirect direct(r, 2, o);
+    direct.set_eligible(true);
+    const Exchange ex = two.exchange_for(r);
+    const size_t count = 65537;
+    for (int call = 0; call < 8; ++call) {
+      SharedBuf in(count * 4), out(count * 4);
+      auto* f = reinterpret_cast<int32_t*>(in.data());
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<int32_t>(i) * (r + 1) + call;
+      bool ran = false;
+      Status s = direct.allreduce(in.data(), out.data(), count, DataType::kI32, ReduceOp::kSum,
+                                  sys::deadline_after_ms(30000), nullptr, ex, &ran);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_TRUE(ran);
+      auto* g = reinterpret_cast<const int32_t*>(out.data());
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(g[i], static_cast<int32_t>(i) * 3 + 2 * call) << "call " << call << " at " << i;
+      }
+      EXPECT_LE(direct.peer_regions(), 4u) << "call " << call;
+    }
+  });
+}
+
+TEST(ShmSharedAllreduce, AReferenceOutsideItsRegionIsRefused) {
+  ShmDirect::SharedRef r{/*gen=*/1, /*ino=*/5, /*region_bytes=*/4096, /*offset=*/0, /*fd=*/3};
+  EXPECT_EQ(ShmDirect::check_ref(r, 4096), "");
+  EXPECT_NE(ShmDirect::check_ref(r, 4097), "");
+  r.offset = 4096;
+  EXPECT_EQ(ShmDirect::check_ref(r, 0), "");
+  EXPECT_NE(ShmDirect::check_ref(r, 1), "");
+  r.offset = UINT64_MAX;
+  EXPECT_NE(ShmDirect::check_ref(r, 2), "") << "offset + bytes wraps";
+  r.offset = 0;
+  r.fd = -1;
+  EXPECT_NE(ShmDirect::check_ref(r, 1), "");
+  r.fd = int64_t{1} << 40;
+  EXPECT_NE(ShmDirect::check_ref(r, 1), "");
+  r.fd = 3;
+  r.gen = 0;
+  EXPECT_NE(ShmDirect::check_ref(r, 1), "");
+  r.gen = 1;
+  r.region_bytes = 0;
+  EXPECT_NE(ShmDirect::check_ref(r, 0), "");
 }
 
 TEST(ShmDirectAllreduce, PeerThatGoesAwayFailsTheCall) {
