@@ -1,5 +1,6 @@
-"""Worker: Comm.mem_empty arrays (numpy and torch) through every collective kind that takes them;
-with GW_DAEMON set they lie in the daemon's arena. Prints "mem ok RANK" when every result is right."""
+"""Worker: Comm.mem_empty arrays (numpy and torch, one of 2 MiB) through every collective kind that
+takes them; with GW_DAEMON set they lie in the daemon's arena. Prints "mem ok RANK" when every
+result is right."""
 import gc
 import sys
 
@@ -14,6 +15,12 @@ assert a.shape == (4, 256) and a.dtype == np.float32 and a.flags.c_contiguous
 a[:] = r + 1
 c.allreduce(a, a)
 assert (a == n * (n + 1) / 2).all(), a[:2]
+# 2 MiB: ranks of one host over shm map each other's mem_empty memory (the shared-buffer allreduce).
+big = c.mem_empty(1 << 19, "float32")
+big[:] = np.arange(1 << 19, dtype=np.float32) % 7 + r
+c.allreduce(big, big)
+assert (big == (np.arange(1 << 19) % 7) * n + n * (n - 1) / 2).all(), big[:8]
+del big
 b = c.mem_empty(1000, "int64")
 b[:] = np.arange(1000) + r
 c.broadcast(b, root=n - 1)
