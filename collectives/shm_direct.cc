@@ -38,7 +38,7 @@ constexpr size_t kPiece = size_t{256} * 1024;
 // The gather reads at most this much per call, so the deadline and abort are looked at often.
 constexpr size_t kGatherStep = size_t{8} << 20;
 
-constexpr uint64_t kDescMagic = 0x4357445247ull;  // "GRDWC"
+constexpr uint64_t kDescMagic = ShmDirect::kCallMagic;
 
 struct ProbeDesc {
   uint64_t magic;
@@ -46,14 +46,7 @@ struct ProbeDesc {
   uint64_t probe_addr;
 };
 
-struct CallDesc {
-  uint64_t magic;
-  uint64_t in;
-  uint64_t out;
-  uint64_t bytes;
-  ShmDirect::SharedRef in_ref;   // gen 0: the input is not in shared host memory
-  ShmDirect::SharedRef out_ref;  // the same for the output
-};
+using CallDesc = ShmDirect::CallDesc;
 
 ShmDirect::SharedRef ref_of(const void* p, size_t bytes) {
   ShmDirect::SharedRef r{};
@@ -170,6 +163,30 @@ ShmDirectOptions shm_direct_options(const config::Snapshot& config) {
 uint64_t ShmDirect::calls() { return g_calls.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::shared_calls() { return g_shared_calls.load(std::memory_order_relaxed); }
+
+Status ShmDirect::decode_calls(const uint8_t* buf, int n, int rank, uint64_t bytes,
+                               std::vector<CallDesc>* d) {
+  d->assign(static_cast<size_t>(n), CallDesc{});
+  for (int r = 0; r < n; ++r) {
+    CallDesc& c = (*d)[static_cast<size_t>(r)];
+    std::memcpy(&c, buf + static_cast<size_t>(r) * sizeof(CallDesc), sizeof(CallDesc));
+    if (c.magic != kDescMagic) {
+      return internal_error("allreduce: rank {} sent a corrupt buffer descriptor", r);
+    }
+    if (c.bytes != bytes) {
+      return invalid_arg("allreduce: ranks disagree on count: rank {} has {} bytes, rank {} {}",
+                         rank, bytes, r, c.bytes);
+    }
+  }
+  return ok_status();
+}
+
+bool ShmDirect::all_shared(const std::vector<CallDesc>& d) {
+  for (const CallDesc& c : d) {
+    if (c.in_ref.gen == 0 || c.out_ref.gen == 0) return false;
+  }
+  return !d.empty();
+}
 
 std::string ShmDirect::check_ref(const SharedRef& ref, uint64_t bytes) {
   if (ref.gen == 0) return "not in shared memory";
@@ -401,22 +418,11 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
                 ref_of(out, bytes)};
   std::memcpy(xbuf_.data() + rank_ * sizeof(CallDesc), &mine, sizeof(mine));
   GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(CallDesc)));
-  std::vector<CallDesc> d(n);
-  bool all_shared = shared_state_ != State::kOff;
-  for (size_t r = 0; r < n; ++r) {
-    std::memcpy(&d[r], xbuf_.data() + r * sizeof(CallDesc), sizeof(CallDesc));
-    if (d[r].magic != kDescMagic) {
-      return internal_error("allreduce: rank {} sent a corrupt buffer descriptor", r);
-    }
-    if (d[r].bytes != bytes) {
-      return invalid_arg("allreduce: ranks disagree on count: rank {} has {} bytes, rank {} {}",
-                         rank_, bytes, r, d[r].bytes);
-    }
-    all_shared = all_shared && d[r].in_ref.gen != 0 && d[r].out_ref.gen != 0;
-  }
+  std::vector<CallDesc> d;
+  GW_RETURN_IF_ERROR(decode_calls(xbuf_.data(), size_, rank_, bytes, &d));
   // Every rank's buffers in shared host memory: map them, no kernel copies (the same choice on
   // every rank: it rests on the exchanged descriptors and the exchanged verdicts).
-  if (all_shared) {
+  if (shared_state_ != State::kOff && all_shared(d)) {
     std::vector<SharedRef> refs(2 * n);
     for (size_t r = 0; r < n; ++r) {
       refs[2 * r] = d[r].in_ref;

@@ -99,6 +99,24 @@ class ShmDirect {
     uint64_t offset;
     int64_t fd;
   };
+  // The first word of every descriptor the exchanges carry.
+  static constexpr uint64_t kCallMagic = 0x4357445247ull;  // "GRDWC"
+  // One rank's buffers in the per-call exchange (its bytes as they travel).
+  struct CallDesc {
+    uint64_t magic;
+    uint64_t in;
+    uint64_t out;
+    uint64_t bytes;
+    SharedRef in_ref;   // gen 0: the input is not in shared host memory
+    SharedRef out_ref;  // the same for the output
+  };
+  // The n ranks' descriptors of a call of `bytes` bytes from the exchange's n * sizeof(CallDesc)
+  // bytes (this is rank `rank`): kInternal for a corrupt one, kInvalidArg when the ranks disagree
+  // on the size. The references are not checked here (check_ref, when a rank maps them).
+  static Status decode_calls(const uint8_t* buf, int n, int rank, uint64_t bytes,
+                             std::vector<CallDesc>* d);
+  // Whether every rank's input and output lie in shared regions (false for none).
+  static bool all_shared(const std::vector<CallDesc>& d);
   // Whether a peer's reference can name `bytes` bytes of a region this rank may map: fd >= 0,
   // offset + bytes within region_bytes (no overflow), gen > 0. The empty string when so, else why.
   static std::string check_ref(const SharedRef& ref, uint64_t bytes);

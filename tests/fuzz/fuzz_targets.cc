@@ -26,6 +26,7 @@ std::vector<std::vector<uint8_t>> daemon_control_trace_seeds();
 std::vector<std::vector<uint8_t>> metrics_http_seeds();
 std::vector<std::vector<uint8_t>> kv_seeds();
 std::vector<std::vector<uint8_t>> pool_announcement_seeds();
+std::vector<std::vector<uint8_t>> shm_direct_calls_seeds();
 #ifdef GW_FUZZ_VERBS
 std::vector<std::vector<uint8_t>> verbs_seeds();
 #endif
@@ -63,6 +64,7 @@ const std::vector<Target>& targets() {
       {"metrics_http_request", &metrics_http_request, &metrics_http_seeds},
       {"kv_frames", &kv_frames, &kv_seeds},
       {"pool_announcement", &pool_announcement, &pool_announcement_seeds},
+      {"shm_direct_calls", &shm_direct_calls, &shm_direct_calls_seeds},
 #ifdef GW_FUZZ_VERBS
       {"verbs_wire", &verbs_wire, &verbs_seeds},
 #endif

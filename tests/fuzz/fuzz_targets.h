@@ -60,6 +60,10 @@ int kv_frames(const uint8_t* data, size_t size);
 // A peer's announcement in the store (collectives/connection_pool.h, parse_announcement): what
 // parses has a pid and a pid namespace, and formats back to itself.
 int pool_announcement(const uint8_t* data, size_t size);
+// The direct allreduce's per-call descriptors (collectives/shm_direct.h, decode_calls and
+// check_ref): what decodes names the call's size, and an accepted shared reference stays inside
+// its region.
+int shm_direct_calls(const uint8_t* data, size_t size);
 // verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
 // hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
 // (GW_FUZZ_VERBS).

@@ -140,6 +140,10 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("verbs.connector_refused_answer");
   } else if (name == "pool_announcement") {
     reached("pool.announcement_parsed");
+  } else if (name == "shm_direct_calls") {
+    reached("direct.calls_decoded");
+    reached("direct.refs_accepted");
+    reached("direct.all_shared");
   } else if (name == "kv_frames") {
     reached("kv.decoded");
     reached("kv.applied");

@@ -1,11 +1,12 @@
-// The NCCL plugin's handle, the TOML configuration loader and a peer's announcement in the
-// store (fuzz_targets.h).
+// The NCCL plugin's handle, the TOML configuration loader, a peer's announcement in the store and
+// the direct allreduce's per-call descriptors (fuzz_targets.h).
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "collectives/connection_pool.h"
+#include "collectives/shm_direct.h"
 #include "core/config_file.h"
 #include "core/net/shm_transport.h"
 #include "core/net/tcp_transport.h"
@@ -125,6 +126,68 @@ std::vector<std::vector<uint8_t>> pool_announcement_seeds() {
                              "4194305 1 1", "0 1 1", "12 34", "12  34 56", "-1 2 3", "1 2 3 ",
                              "+1 2 3", "1 2 0", "99999999999999999999999 1 1"}) {
     out.emplace_back(s.begin(), s.end());
+  }
+  return out;
+}
+
+// Byte 0: ranks (1-8) and this rank; bytes 1-8: the call's size; the rest: the exchange buffer
+// (zero-padded). Whatever decodes names the call's size on every rank, and a shared reference
+// check_ref accepts stays inside its region.
+int shm_direct_calls(const uint8_t* data, size_t size) {
+  using coll::ShmDirect;
+  if (size < 9) return 0;
+  const int n = 1 + (data[0] & 7);
+  const int rank = (data[0] >> 3) % n;
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, data + 1, 8);
+  std::vector<uint8_t> buf(static_cast<size_t>(n) * sizeof(ShmDirect::CallDesc), 0);
+  std::memcpy(buf.data(), data + 9, std::min(buf.size(), size - 9));
+  std::vector<ShmDirect::CallDesc> d;
+  const Status s = ShmDirect::decode_calls(buf.data(), n, rank, bytes, &d);
+  if (!s.ok()) {
+    check(s.code() == Code::kInternal || s.code() == Code::kInvalidArg,
+          "direct calls: a bad descriptor is kInternal or kInvalidArg");
+    return 0;
+  }
+  ++counter("direct.calls_decoded");
+  check(d.size() == static_cast<size_t>(n), "direct calls: one descriptor per rank");
+  for (const ShmDirect::CallDesc& c : d) {
+    check(c.bytes == bytes, "direct calls: every rank's size is the call's");
+    for (const ShmDirect::SharedRef& r : {c.in_ref, c.out_ref}) {
+      if (!ShmDirect::check_ref(r, bytes).empty()) continue;
+      ++counter("direct.refs_accepted");
+      check(r.gen != 0 && r.fd >= 0 && r.fd <= INT32_MAX, "direct calls: accepted descriptor");
+      check(r.offset <= r.region_bytes && bytes <= r.region_bytes - r.offset,
+            "direct calls: an accepted reference stays in its region");
+    }
+  }
+  if (ShmDirect::all_shared(d)) ++counter("direct.all_shared");
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> shm_direct_calls_seeds() {
+  using coll::ShmDirect;
+  std::vector<std::vector<uint8_t>> out;
+  const uint64_t bytes = 1 << 20;
+  for (int n : {1, 2, 3}) {
+    for (bool shared : {false, true}) {
+      std::vector<uint8_t> s(9 + static_cast<size_t>(n) * sizeof(ShmDirect::CallDesc), 0);
+      s[0] = static_cast<uint8_t>((n - 1) | (1 << 3));
+      std::memcpy(s.data() + 1, &bytes, 8);
+      for (int r = 0; r < n; ++r) {
+        ShmDirect::CallDesc c{};
+        c.magic = ShmDirect::kCallMagic;
+        c.in = 0x10000 * static_cast<uint64_t>(r + 1);
+        c.out = c.in + bytes;
+        c.bytes = bytes;
+        if (shared) {
+          c.in_ref = {static_cast<uint64_t>(2 * r + 1), 77, 2 * bytes, 0, 5};
+          c.out_ref = {static_cast<uint64_t>(2 * r + 2), 78, 2 * bytes, bytes, 6};
+        }
+        std::memcpy(s.data() + 9 + static_cast<size_t>(r) * sizeof(c), &c, sizeof(c));
+      }
+      out.push_back(s);
+    }
   }
   return out;
 }
