@@ -34,6 +34,9 @@
 # rank gives bytes/n) and for reduce_scatter the input (each rank keeps bytes/n), rounded down to
 # a multiple of 4n (else of 4) so that every system runs exactly the same size; busbw = algbw x
 # 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast), n = H x R ranks.
+# Beside the link bound, the machine's own ceiling over the same links, measured first in the same
+# run: plain TCP, every host sending and receiving at once (perf/link_ceiling.py), the best of four
+# tries, as a "# machine ceiling" line and "(tcp ceiling)" rows (the link bound's bytes at it).
 # Needs root (network namespaces). A system that cannot run here (peer not installed, algorithm
 # not built, the op not in this torch's Gloo) is reported as missing with the reason, and never
 # fails the script; a run that fails or reports a wrong element is reported and counted as a
@@ -128,6 +131,9 @@ perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "cluster_bench: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "cluster_bench: needs root (network namespaces)" >&2; exit 77; }
 rate_arg=(-r "$rate"); [ "$rate" = none ] && rate_arg=()
+# The shaped rate in bits per second (none: unshaped, no link bound).
+rate_bps=""
+case "$rate" in *gbit) rate_bps=$(( ${rate%gbit} * 1000000000 )) ;; *mbit) rate_bps=$(( ${rate%mbit} * 1000000 )) ;; esac
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -287,6 +293,39 @@ failures=0
 echo "# cluster_bench: $op, $hosts hosts x $rph ranks, links $rate, float32$redop, sizes:$byte_sizes B, $reps repetitions (interleaved), medians"
 echo "# gradwire: $perf"
 for sys in $systems; do [ -n "${missing[$sys]:-}" ] && echo "# $sys: missing: ${missing[$sys]}"; done
+# The machine's own ceiling over the same links, before the systems: plain TCP, every host sending
+# to the next while receiving, all at once (perf/link_ceiling.py), twice with 1 and twice with 4
+# connections per link; the fastest of the four (a ceiling: the best plain TCP did), by its
+# slowest host, gives the rate. A quarter of a second of the link's rate (16-256 MiB; 256 MiB
+# unshaped). Its rows below: the link bound's bytes at that rate.
+ceil_bps=""
+if [ "$hosts" -gt 1 ]; then
+  ceil_bytes=$((256 << 20))
+  if [ -n "$rate_bps" ]; then
+    ceil_bytes=$(( rate_bps / 32 ))
+    [ "$ceil_bytes" -le $((256 << 20)) ] || ceil_bytes=$((256 << 20))
+    [ "$ceil_bytes" -ge $((16 << 20)) ] || ceil_bytes=$((16 << 20))
+  fi
+  best="" best_streams=""
+  for streams in 1 4 1 4; do
+    run_testbed -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "exec /usr/bin/python3 \
+$here/link_ceiling.py --hosts $hosts --bytes $ceil_bytes --streams $streams --port \$((TB_PORT + 7))" ||
+      continue
+    [ "$(grep -c '\] CEILING ' <<<"$out")" -eq "$hosts" ] || continue
+    secs=$(sed -n 's/^\[h[0-9]*\] CEILING //p' <<<"$out" | sort -g | tail -1)
+    if [ -z "$best" ] || awk -v a="$secs" -v b="$best" 'BEGIN { exit !(a < b) }'; then
+      best=$secs best_streams=$streams
+    fi
+  done
+  if [ -n "$best" ]; then
+    ceil_bps=$(awk -v b="$ceil_bytes" -v s="$best" 'BEGIN { printf "%.0f", b * 8 / s }')
+    echo "# machine ceiling, same run: plain TCP over the links, every host sending and receiving" \
+      "$ceil_bytes B at once, $best_streams connection(s) per link (the best of 2 tries with 1 and 2 with 4):" \
+      "$(awk -v r="$ceil_bps" 'BEGIN { printf "%.3f", r / 1e9 }') Gbit/s per host (tc rate $rate)"
+  else
+    echo "# machine ceiling: the plain TCP runs failed: $(tail -3 <<<"$out" | tr '\n' ' ')" >&2
+  fi
+fi
 for ((rep = 1; rep <= reps; rep++)); do
   for s in $byte_sizes; do
     for sys in $systems; do
@@ -314,8 +353,6 @@ median() {  # values... -> median, or "-" when none
 }
 # Link bound of a hierarchical schedule: each host sends and receives 2(H-1)/H x bytes
 # (allreduce), (H-1)/H x bytes (allgather, reduce_scatter), or bytes (broadcast, a chain of hosts).
-rate_bps=""
-case "$rate" in *gbit) rate_bps=$(( ${rate%gbit} * 1000000000 )) ;; *mbit) rate_bps=$(( ${rate%mbit} * 1000000 )) ;; esac
 echo "#"
 case "$op" in
   allreduce) link_share="2(H-1)/H x bytes"; bytes_are="the buffer" ;;
@@ -325,15 +362,18 @@ case "$op" in
 esac
 echo "# $op busbw in GB/s (nccl-tests: bytes * $busbw_formula / time, n = $world ranks; bytes = $bytes_are); time in us"
 [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && echo "# link bound ($link_share / rate) given per size"
+[ -n "$ceil_bps" ] && echo "# tcp ceiling: the same bytes at the plain TCP rate measured above"
 printf "%-26s %12s %14s %10s %6s\n" "#system" "bytes" "time_us" "busbw" "runs"
+bound_row() {  # LABEL BITS_PER_S BYTES: the row of the op's link share of BYTES at that rate
+  awk -v label="$1" -v r="$2" -v s="$3" -v h="$hosts" -v n="$world" -v op="$op" 'BEGIN {
+    share = op == "allreduce" ? 2 * (h - 1) / h : op == "broadcast" ? 1 : (h - 1) / h
+    f = op == "allreduce" ? 2 * (n - 1) / n : op == "broadcast" ? 1 : (n - 1) / n
+    t = share * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", label, s, t * 1e6, s * f / t / 1e9, "-" }'
+}
 rows=()
 for s in $byte_sizes; do
-  if [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ]; then
-    awk -v s="$s" -v h="$hosts" -v r="$rate_bps" -v n="$world" -v op="$op" 'BEGIN {
-      share = op == "allreduce" ? 2 * (h - 1) / h : op == "broadcast" ? 1 : (h - 1) / h
-      f = op == "allreduce" ? 2 * (n - 1) / n : op == "broadcast" ? 1 : (n - 1) / n
-      t = share * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", "(link bound)", s, t * 1e6, s * f / t / 1e9, "-" }'
-  fi
+  [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && bound_row "(link bound)" "$rate_bps" "$s"
+  [ -n "$ceil_bps" ] && bound_row "(tcp ceiling)" "$ceil_bps" "$s"
   for sys in $systems; do
     [ -n "${missing[$sys]:-}" ] && { printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "missing" "-" 0; continue; }
     # shellcheck disable=SC2086

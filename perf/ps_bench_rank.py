@@ -4,10 +4,9 @@
     ps_bench_rank.py --bytes B --partition P [--chunks C[,C...]] -n ITERS -r REPS
     ps_bench_rank.py --ceiling-only --hosts H --bytes B --ceiling-port PORT
 
---ceiling-only (every host of a session, no gradwire): the machine ceiling: every host streams B
-bytes of plain TCP (4 connections) over d0 to the next host while receiving B from the previous one, all at once
-(what the shaped links and this machine's CPUs carry with every host sending and receiving); each
-host prints "CEILING seconds". Otherwise, in one process, on the same workers and buffer,
+--ceiling-only (every host of a session): the machine ceiling of perf/link_ceiling.py (every host
+streams B bytes of plain TCP to the next while receiving B, all at once); each host prints
+"CEILING seconds". Otherwise, in one process, on the same workers and buffer,
 REPS times interleaved (kv_keys: the same buffer as B/P keys of P bytes, every part's ipushpull
 in flight at once, as BytePS partitions a tensor into keys on the worker): gw_allreduce (sum; GW_ALGO as the environment sets) of B bytes of float32,
 and KVStore push_pull (bsp, sum, partitions of P bytes, then clock) of the same buffer, ITERS
@@ -18,9 +17,7 @@ Rank 0 prints one line per figure: "RESULT name=value ..." with the median secon
 """
 import argparse
 import os
-import socket
 import statistics
-import threading
 import time
 
 import numpy as np
@@ -41,68 +38,11 @@ a = ap.parse_args()
 count = a.bytes // 4
 
 
-def ip(rank: int) -> str:
-    return f"10.77.0.{rank + 1}"  # the testbed's data address of host `rank`
-
-
-STREAMS = 4  # TCP connections per link, as gradwire's transports open several
-
-
-def ceiling(r: int, n: int) -> float:
-    """Seconds to send a.bytes to the next host while receiving a.bytes from the previous, over
-    STREAMS connections each way (all connections are made, and a start byte exchanged, before
-    the clock starts)."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((ip(r), a.ceiling_port))
-    srv.listen(STREAMS)
-    deadline = time.monotonic() + 60
-    outs = []
-    while len(outs) < STREAMS:
-        try:
-            outs.append(socket.create_connection((ip((r + 1) % n), a.ceiling_port), timeout=60))
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    ins = [srv.accept()[0] for _ in range(STREAMS)]
-    # Ready: each host says so to the next and waits for the previous one's word; then the
-    # ring is all connected, and the streams start within a hop's latency of each other.
-    for o in outs:
-        o.settimeout(None)
-        o.sendall(b"r")
-    for c in ins:
-        assert c.recv(1) == b"r"
-    share = a.bytes // STREAMS
-    got = [0] * STREAMS
-    payload = memoryview(bytearray(share))
-
-    def recv(i: int) -> None:
-        buf = bytearray(4 << 20)
-        while got[i] < share:
-            k = ins[i].recv_into(buf)
-            if k == 0:
-                break
-            got[i] += k
-
-    def send(i: int) -> None:
-        outs[i].sendall(payload)  # one call: the kernel's loop, not Python's
-
-    threads = [threading.Thread(target=f, args=(i,)) for i in range(STREAMS) for f in (recv, send)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.monotonic() - t0
-    for c in outs + ins + [srv]:
-        c.close()
-    assert sum(got) == share * STREAMS, f"ceiling: received {sum(got)} of {share * STREAMS} bytes"
-    return dt
-
-
 if a.ceiling_only:
-    print(f"CEILING {ceiling(int(os.environ['TB_HOST']), a.hosts):.4f}", flush=True)
+    from link_ceiling import ceiling  # perf/link_ceiling.py, beside this script
+
+    secs = ceiling(int(os.environ["TB_HOST"]), a.hosts, a.bytes, a.ceiling_port)
+    print(f"CEILING {secs:.4f}", flush=True)
     raise SystemExit(0)
 
 comm = gradwire.init()
