@@ -104,10 +104,14 @@ phase "release build"
 # every fuzzing second adds to it. A deeper search is `bash scripts/fuzz.sh 300` after a change to
 # a decoder.
 fuzz_seconds="${GW_TEST_FUZZ_SECONDS:-5}"
+wait_for() {  # FILE: returns once it exists (exported: the background steps' shells call it)
+  while [ ! -f "$1" ]; do sleep 2; done
+}
+export -f wait_for
 bg_after() {  # NAME AFTER COMMAND...: bg_start NAME once AFTER's step has ended
   local name=$1 after=$2
   shift 2
-  bg_start "$name" bash -c 'while [ ! -f "build/bg-$0.rc" ]; do sleep 2; done; "$@"' "$after" "$@"
+  bg_start "$name" bash -c 'wait_for "build/bg-$0.rc"; "$@"' "$after" "$@"
 }
 bg_start debug bash scripts/build.sh debug
 bg_after tsan debug bash scripts/tsan.sh build
@@ -116,7 +120,7 @@ bg_after tsan debug bash scripts/tsan.sh build
 # builds have nothing to do, would reach them that early).
 if [ "$fuzz_seconds" -gt 0 ]; then
   bg_after fuzzing tsan bash -c "GW_FUZZ_STEP=build bash scripts/fuzz.sh && \
-    while [ ! -f build/bg-gate.rc ]; do sleep 2; done && \
+    wait_for build/bg-gate.rc && \
     GW_FUZZ_STEP=run bash scripts/fuzz.sh $fuzz_seconds"
 fi
 
