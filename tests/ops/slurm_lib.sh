@@ -16,8 +16,27 @@ slurm_lib_need_tools() {
   done
 }
 
+# A TCP port free on every address, below the kernel's ephemeral range (20000-28999), so that no
+# other test's connect() can be handed it between this check and the daemon's bind: a port from
+# bind(0) comes from that range, and slurmctld once failed on one ("Address already in use").
+# Where the range starts lower, the kernel's pick.
 free_port() {
-  "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  "$py" -c '
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200 if lo > 20001 else 0):
+    p = random.randrange(20000, min(lo, 29000))
+    with socket.socket() as s:
+        try:
+            s.bind(("", p))
+        except OSError:
+            continue
+    print(p)
+    break
+else:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        print(s.getsockname()[1])'
 }
 
 # wait_until SECONDS WHAT COMMAND...: until COMMAND succeeds, failing after SECONDS or when a
