@@ -164,6 +164,19 @@ uint64_t ShmDirect::calls() { return g_calls.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::shared_calls() { return g_shared_calls.load(std::memory_order_relaxed); }
 
+Result<int> ShmDirect::first_refusal(const Exchange& exchange, bool mine_ok,
+                                     const char* what) const {
+  std::vector<uint8_t> ok(static_cast<size_t>(size_), 0);
+  ok[rank_] = mine_ok ? 1 : 2;
+  GW_RETURN_IF_ERROR(exchange(ok.data(), 1));
+  int refused_by = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (ok[r] != 1 && ok[r] != 2) return internal_error("allreduce: corrupt {} verdict", what);
+    if (ok[r] == 2 && refused_by < 0) refused_by = r;
+  }
+  return refused_by;
+}
+
 Status ShmDirect::decode_calls(const uint8_t* buf, int n, int rank, uint64_t bytes,
                                std::vector<CallDesc>* d) {
   d->assign(static_cast<size_t>(n), CallDesc{});
@@ -284,15 +297,7 @@ Status ShmDirect::allreduce_shared(const uint8_t* in, uint8_t* out, size_t count
     ins[r] = i.value();
     outs[r] = o.value();
   }
-  // Everyone's verdict, so that all ranks choose alike.
-  std::vector<uint8_t> ok(n, 0);
-  ok[rank_] = why.empty() ? 1 : 2;
-  GW_RETURN_IF_ERROR(exchange(ok.data(), 1));
-  int refused_by = -1;
-  for (int r = 0; r < size_; ++r) {
-    if (ok[r] != 1 && ok[r] != 2) return internal_error("allreduce: corrupt mapping verdict");
-    if (ok[r] == 2 && refused_by < 0) refused_by = r;
-  }
+  GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "mapping"));
   if (refused_by >= 0) {
     shared_state_ = State::kOff;
     peer_regions_.clear();
@@ -370,15 +375,7 @@ Status ShmDirect::probe(const Exchange& exchange) {
                         k < 0 ? std::strerror(errno) : "wrong probe value");
     }
   }
-  // Everyone's verdict, so that all ranks choose alike.
-  std::vector<uint8_t> ok(n, 0);
-  ok[rank_] = why.empty() ? 1 : 2;
-  GW_RETURN_IF_ERROR(exchange(ok.data(), 1));
-  int refused_by = -1;
-  for (int r = 0; r < size_; ++r) {
-    if (ok[r] != 1 && ok[r] != 2) return internal_error("allreduce: corrupt probe verdict");
-    if (ok[r] == 2 && refused_by < 0) refused_by = r;
-  }
+  GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "probe"));
   if (refused_by < 0) {
     state_ = State::kOn;
     GW_LOG_INFO(

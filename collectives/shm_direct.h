@@ -125,6 +125,9 @@ class ShmDirect {
   // Every rank publishes its pid and the address of a known word; each reads every peer's word;
   // every rank publishes whether all its reads worked. kOn only when all did.
   Status probe(const Exchange& exchange);
+  // Every rank's verdict (this one's: mine_ok), so that all ranks choose alike: the first rank
+  // that said no, or -1. `what` names the verdict in the error for a corrupt one.
+  Result<int> first_refusal(const Exchange& exchange, bool mine_ok, const char* what) const;
   // The shared-buffer call (class comment), after the buffer exchange `refs` (every rank's input
   // and output references, 2 per rank). *ran = false when some rank could not map a peer's
   // region: nothing was written, the caller goes on with the cross-memory reads.
