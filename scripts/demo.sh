@@ -2,7 +2,7 @@
 # The first result: installs what building needs, builds only what the demo runs (libgradwire and
 # gradwire-perf, in build/release, the tree the tests reuse) and runs a checked allreduce sweep
 # with 4 ranks forked on this machine (no launcher needed). On a 2-core machine the build takes
-# about 5-6 minutes cold (about 580 CPU seconds; the README has the measured time), seconds warm.
+# about 2 minutes cold (about 240 CPU seconds; the README has the measured time), seconds warm.
 # It ends with one line saying why the cost model chose the header's algorithm (its figures, as
 # the library logs them at INFO) and how to force another (--algo, GW_ALGO).
 set -euo pipefail
@@ -33,7 +33,7 @@ fi
 t0=$(date +%s)
 bash scripts/install-deps.sh --build
 echo "demo.sh: building libgradwire and gradwire-perf in build/release ($(nproc) cores;" \
-  "about 10 CPU-minutes cold, seconds warm)"
+  "about 4 CPU-minutes cold, seconds warm)"
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)" --target gradwire-perf
 echo
