@@ -17,7 +17,8 @@
 #       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0),
 #       shm:direct (the direct allreduce, GW_SHM_DIRECT_MIN=1M; the shm:ring/cma variants turn it
 #       off), shm:shared (the same with the buffers from gw_mem_alloc, which the ranks map into
-#       each other: no kernel copy) and mpi:vader (Open MPI over shared memory, perf/peers/mpi_allreduce.c, via mpicc)
+#       each other: no kernel copy) and mpi:vader (Open MPI over shared memory,
+#       perf/peers/mpi_allreduce.c, via mpicc)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
@@ -32,8 +33,8 @@ while getopts "B:r:s:v:h" opt; do
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
-    h) sed -n '2,20p' "$0"; exit 0 ;;
-    *) sed -n '12,19p' "$0" >&2; exit 2 ;;
+    h) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the whole header
+    *) awk '/^# usage:/ { p = 1 } /^# Exit status/ { exit } p' "$0" >&2; exit 2 ;;
   esac
 done
 perf="$build/perf/gradwire-perf"
