@@ -70,13 +70,7 @@ std::optional<Ref> find(const void* p, size_t len) {
   const uintptr_t base = it->first;
   const size_t size = e.region.size();
   if (a - base >= size || len > size - (a - base)) return std::nullopt;
-  Ref ref;
-  ref.fd = e.region.fd();
-  ref.ino = e.ino;
-  ref.gen = e.gen;
-  ref.region_bytes = size;
-  ref.offset = a - base;
-  return ref;
+  return Ref{e.gen, e.ino, size, a - base, e.region.fd()};
 }
 
 size_t count() {

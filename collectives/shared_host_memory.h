@@ -18,13 +18,15 @@
 
 namespace gw::coll::shared_host_memory {
 
-// Where a buffer lies in a registered region, as a peer needs it to map the region.
+// Where a buffer lies in a registered region, as a peer needs it to map the region. Its bytes
+// travel as they are in the direct allreduce's per-call exchange (shm_direct.h), which sends a
+// default Ref (gen 0) for a buffer in no region.
 struct Ref {
-  int64_t fd = -1;            // the region's descriptor in the owning process
-  uint64_t ino = 0;           // its inode: a peer checks it reopened the same region
   uint64_t gen = 0;           // this process's number for the allocation (from 1, never reused)
+  uint64_t ino = 0;           // its inode: a peer checks it reopened the same region
   uint64_t region_bytes = 0;  // the region's size (sealed: it cannot change)
   uint64_t offset = 0;        // the buffer's start within the region
+  int64_t fd = -1;            // the region's descriptor in the owning process
 };
 
 // `bytes` (> 0) zeroed bytes of shared memory, page-aligned, registered. kInvalidArg for 0,

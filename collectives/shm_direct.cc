@@ -48,17 +48,9 @@ struct ProbeDesc {
 
 using CallDesc = ShmDirect::CallDesc;
 
+// Where [p, p + bytes) lies in a shared region, or gen 0 when in none.
 ShmDirect::SharedRef ref_of(const void* p, size_t bytes) {
-  ShmDirect::SharedRef r{};
-  r.fd = -1;
-  if (auto f = shared_host_memory::find(p, bytes)) {
-    r.gen = f->gen;
-    r.ino = f->ino;
-    r.region_bytes = f->region_bytes;
-    r.offset = f->offset;
-    r.fd = f->fd;
-  }
-  return r;
+  return shared_host_memory::find(p, bytes).value_or(ShmDirect::SharedRef{});
 }
 
 // Peers' regions kept mapped per peer beyond the ones the current call uses.
@@ -270,7 +262,7 @@ Result<uint8_t*> ShmDirect::map_peer_buffer(int peer, const SharedRef& ref, uint
 
 Status ShmDirect::allreduce_shared(const uint8_t* in, uint8_t* out, size_t count, DataType dtype,
                                    ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
-                                   const std::vector<SharedRef>& refs, const Exchange& exchange,
+                                   const std::vector<CallDesc>& d, const Exchange& exchange,
                                    bool* ran) {
   *ran = false;
   const size_t es = dtype_size(dtype);
@@ -287,8 +279,8 @@ Status ShmDirect::allreduce_shared(const uint8_t* in, uint8_t* out, size_t count
       outs[r] = out;
       continue;
     }
-    Result<uint8_t*> i = map_peer_buffer(r, refs[2 * r], bytes);
-    Result<uint8_t*> o = i.ok() ? map_peer_buffer(r, refs[2 * r + 1], bytes) : i;
+    Result<uint8_t*> i = map_peer_buffer(r, d[r].in_ref, bytes);
+    Result<uint8_t*> o = i.ok() ? map_peer_buffer(r, d[r].out_ref, bytes) : i;
     if (!o.ok()) {
       why =
           fmt::format("rank {} could not map rank {}'s buffer: {}", rank_, r, o.status().message());
@@ -420,14 +412,9 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
   // Every rank's buffers in shared host memory: map them, no kernel copies (the same choice on
   // every rank: it rests on the exchanged descriptors and the exchanged verdicts).
   if (shared_state_ != State::kOff && all_shared(d)) {
-    std::vector<SharedRef> refs(2 * n);
-    for (size_t r = 0; r < n; ++r) {
-      refs[2 * r] = d[r].in_ref;
-      refs[2 * r + 1] = d[r].out_ref;
-    }
     bool shared = false;
     GW_RETURN_IF_ERROR(
-        allreduce_shared(in, out, count, dtype, op, deadline, aborted, refs, exchange, &shared));
+        allreduce_shared(in, out, count, dtype, op, deadline, aborted, d, exchange, &shared));
     if (shared) return ok_status();
   }
 

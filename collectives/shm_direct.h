@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/shared_host_memory.h"
 #include "collectives/types.h"
 #include "core/config_snapshot.h"
 #include "core/status.h"
@@ -91,14 +92,8 @@ class ShmDirect {
   static uint64_t shared_calls();
 
   // One rank's buffer in the per-call exchange: where it lies in a shared region (gen 0: not in
-  // one). Public for the descriptor checks' tests.
-  struct SharedRef {
-    uint64_t gen;
-    uint64_t ino;
-    uint64_t region_bytes;
-    uint64_t offset;
-    int64_t fd;
-  };
+  // one).
+  using SharedRef = shared_host_memory::Ref;
   // The first word of every descriptor the exchanges carry.
   static constexpr uint64_t kCallMagic = 0x4357445247ull;  // "GRDWC"
   // One rank's buffers in the per-call exchange (its bytes as they travel).
@@ -128,12 +123,12 @@ class ShmDirect {
   // Every rank's verdict (this one's: mine_ok), so that all ranks choose alike: the first rank
   // that said no, or -1. `what` names the verdict in the error for a corrupt one.
   Result<int> first_refusal(const Exchange& exchange, bool mine_ok, const char* what) const;
-  // The shared-buffer call (class comment), after the buffer exchange `refs` (every rank's input
-  // and output references, 2 per rank). *ran = false when some rank could not map a peer's
-  // region: nothing was written, the caller goes on with the cross-memory reads.
+  // The shared-buffer call (class comment), after the buffer exchange `d` (every rank's
+  // descriptor). *ran = false when some rank could not map a peer's region: nothing was written,
+  // the caller goes on with the cross-memory reads.
   Status allreduce_shared(const uint8_t* in, uint8_t* out, size_t count, DataType dtype,
                           ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
-                          const std::vector<SharedRef>& refs, const Exchange& exchange, bool* ran);
+                          const std::vector<CallDesc>& d, const Exchange& exchange, bool* ran);
   // Rank `peer`'s region that `ref` names, mapped here (once; kept for later calls, the least
   // recently used let go beyond a few per peer), and the buffer's address in this process.
   Result<uint8_t*> map_peer_buffer(int peer, const SharedRef& ref, uint64_t bytes);
