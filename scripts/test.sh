@@ -38,6 +38,12 @@ phase() {
   phase_start=$now
 }
 
+# A ctest run failed: why, printed last (a CI log is read from its tail), then the end.
+explain_failures() {  # BUILD_DIR
+  bash scripts/ctest_failures.sh "$1"
+  exit 1
+}
+
 # The Python package and the torch backend against the release libgradwire.so, with Debian's
 # python3 (its torch); a few ranks and short deadlines.
 pytests() {
@@ -48,7 +54,7 @@ pytests() {
 if [ "$mode" = quick ]; then
   bash scripts/build.sh release
   phase "release build"
-  ctest --preset quick -j"$jobs"
+  ctest --preset quick -j"$jobs" || explain_failures build/release
   phase "unit tests (not slow)"
   pytests -m "not slow"
   phase "python tests (not slow)"
@@ -129,7 +135,7 @@ fi
 # AF_XDP on veth) share the CPUs with each other and the kernel's softirq work, so each gets one
 # retry (the preset's until-pass:2); a test that fails twice fails the run, one that passed on its
 # retry is a flake, listed at the end.
-ctest --preset release-unit -j"$jobs"
+ctest --preset release-unit -j"$jobs" || explain_failures build/release
 phase "release unit tests"
 # The Python tests run beside the integration tests: those wait for the most part (shaped links,
 # deadlines, daemons meeting; the phase used about 290 CPU-s) and the Python tests' ranks about
@@ -142,7 +148,7 @@ setsid bash -c 'pytests' >"$py_log" 2>&1 &  # a process group of its own, ended 
 py_pid=$!
 bg_pids[python]=$py_pid
 ctest_log=build/release/integration-ctest.log
-ctest --preset release-integration -j"$jobs" | tee "$ctest_log"
+ctest --preset release-integration -j"$jobs" | tee "$ctest_log" || explain_failures build/release
 phase "release integration tests (the Python tests beside them)"
 # ctest prints a line per attempt ("Test #N: name ....***Failed", then "Test #N: name ....
 # Passed"): a name with both is a flake.
@@ -162,7 +168,7 @@ phase "python tests, what was left of them"
 bg_wait debug
 phase "debug (ASan+UBSan) build, what was left of it"
 echo 0 >build/bg-gate.rc  # the fuzz runs may start
-ctest --preset debug -j"$jobs"
+ctest --preset debug -j"$jobs" || explain_failures build/debug
 phase "debug (ASan+UBSan) unit tests"
 bg_wait tsan
 phase "ThreadSanitizer build, what was left of it"

@@ -21,5 +21,8 @@ if [ "$step" != run ]; then
   echo "tsan.sh: build took $(( $(date +%s) - start )) s"
   [ "$step" = build ] && exit 0
 fi
-ctest --preset tsan -j"${GW_TEST_JOBS:-2}"
+ctest --preset tsan -j"${GW_TEST_JOBS:-2}" || {
+  bash scripts/ctest_failures.sh build/tsan  # why, printed last (CI logs are read from the tail)
+  exit 1
+}
 echo "tsan.sh: tests took $(( $(date +%s) - start )) s"
