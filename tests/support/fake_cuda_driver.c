@@ -70,7 +70,7 @@ EXPORT void gw_fake_cuda_clear(void) {
   g_nranges = 0;
 }
 /* How many times cuPointerGetAttribute was called. */
-EXPORT long gw_fake_cuda_queries(void) { return g_queries; }
+EXPORT long gw_fake_cuda_queries(void) { return __atomic_load_n(&g_queries, __ATOMIC_RELAXED); }
 
 EXPORT int cuInit(unsigned flags) {
   (void)flags;
@@ -94,7 +94,7 @@ EXPORT int cuGetErrorName(int e, const char** s) {
   return FAKE_SUCCESS;
 }
 EXPORT int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
-  g_queries++;
+  __atomic_fetch_add(&g_queries, 1, __ATOMIC_RELAXED); /* ranks' threads query at once */
   struct FakeAlloc* a = fake_alloc_find(ptr);
   if (a != NULL) return fake_alloc_attribute(a, data, attribute);
   for (int i = 0; i < g_nranges; i++) {
@@ -140,7 +140,7 @@ EXPORT int cuMemGetAddressRange_v2(unsigned long long* base, size_t* size, unsig
 
 static long g_exports;
 /* How many dma-bufs cuMemGetHandleForAddressRange exported. */
-EXPORT long gw_fake_cuda_exports(void) { return g_exports; }
+EXPORT long gw_fake_cuda_exports(void) { return __atomic_load_n(&g_exports, __ATOMIC_RELAXED); }
 
 /* The dma-buf of [ptr, ptr + size) (type 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD): the memory
  * itself, as the real driver's is: a duplicate of the memfd an allocation's shadow lies in, or of
@@ -172,7 +172,7 @@ EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, s
   int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return FAKE_NOT_SUPPORTED;
   *(int*)handle = fd;
-  g_exports++;
+  __atomic_fetch_add(&g_exports, 1, __ATOMIC_RELAXED);
   return FAKE_SUCCESS;
 }
 
