@@ -41,9 +41,14 @@
 # not built, the op not in this torch's Gloo) is reported as missing with the reason, and never
 # fails the script; a run that fails or reports a wrong element is reported and counted as a
 # failure (exit 1 at the end).
+# CPU: gradwire-perf runs with --cpu; the column cpu_s/GB is the median of rank 0's "# cpu:"
+# machine figure (the machine's busy CPU time, /proc/stat, during its timed iterations, per GB of
+# the buffer: every rank and the kernel's TCP work over veth; the run's own only on an otherwise
+# idle machine); the peers' drivers (perf/peers/) measure the same over their timed loops (which
+# also hold a barrier and a time reduction per iteration); "-" for the codec systems.
 # JSON: a list of rows {"system", "op", "hosts", "ranks_per_host", "rate", "bytes", "time_us",
-# "busbw_gbps", "runs"}, medians over the repetitions; busbw is the nccl-tests busbw of the
-# uncompressed size. --png draws busbw against size per system (python3-matplotlib).
+# "busbw_gbps", "runs", "machine_cpu_s_per_gb"}, medians over the repetitions; busbw is the
+# nccl-tests busbw of the uncompressed size. --png draws busbw against size per system (python3-matplotlib).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -217,13 +222,10 @@ run_one() {
       [[ "$sys" == gradwire-algo:* ]] && algo=${sys#gradwire-algo:}
       # --algo sets GW_ALGO, the allreduce's; the other collectives have knobs of their own.
       if [ "$op" = allreduce ]; then force="--algo $algo"; else env="$algo_knob=$algo"; fi
-      cmd="$env $perf $op -b $s -e $s ${iters_gw[*]} --check $force"
+      cmd="$env $perf $op -b $s -e $s ${iters_gw[*]} --check --cpu $force"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" -- "$cmd" ||
         { echo "$out" | tail -20 >"$work/err"; return; }
-      # [h0r0]  size count type redop root time_us algbw busbw wrong (nccl-tests' columns)
-      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 13 { print; exit }')
-      [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      awk '$9 != 0 { exit 1 } { print $6, $8 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+      perf_row "$s" ;;
     gradwire-daemon|gradwire-daemon-copy)
       # One gradwired per testbed host (a testbed service: ready when gradwirectl gets an answer,
       # stopped with SIGTERM after the ranks, also when they fail); the host identity is the one
@@ -237,16 +239,14 @@ run_one() {
       arena=$(( 2 * s + (64 << 20) ))
       local sock="$sockdir/h\$TB_HOST.sock" hostid="gwtb\${TB_ID}h\$TB_HOST"
       cmd="GW_DAEMON=unix:$sock GW_HOSTID=$hostid GW_DAEMON_ARENA=$arena \
-        $perf $op -b $s -e $s ${iters_gw[*]} --check $mem"
+        $perf $op -b $s -e $s ${iters_gw[*]} --check --cpu $mem"
       run_testbed -n "$hosts" -R "$rph" "${rate_arg[@]}" -t "$timeout_s" \
         -S "GW_DAEMON_MAX_ARENA=$arena exec $gwd --foreground --socket $sock --host-id $hostid" \
         -W "$gwctl status --socket $sock --timeout-ms 2000" -- "$cmd"
       rc=$?
       rm -rf "$sockdir"
       [ $rc -eq 0 ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$s" '$1 == s && NF >= 13 { print; exit }')
-      [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
-      awk '$9 != 0 { exit 1 } { print $6, $8 }' <<<"$line" || echo "wrong elements: $line" >"$work/err" ;;
+      perf_row "$s" ;;
     gradwire-*)
       local spec="${sys#gradwire-}"
       cmd="$perf allreduce --codec $spec -b $s -e $s ${iters_gw[*]}"
@@ -280,15 +280,27 @@ run_one() {
       parse_peer "$out" ;;
   esac
 }
-parse_peer() {  # "... time_us=T busbw_GBps=B wrong=W" -> "T B"
-  local line
+# perf_row BYTES: gradwire-perf's row of BYTES in $out -> "time_us busbw cpu_s_per_GB" (cpu: the
+# "# cpu:" line's machine figure, "-" without one), or nothing (reason in $work/err).
+perf_row() {
+  local line cpu
+  # [h0r0]  size count type redop root time_us algbw busbw wrong (nccl-tests' columns)
+  line=$(sed -n 's/^\[h0r0\] *//p' <<<"$out" | awk -v s="$1" '$1 == s && NF >= 13 { print; exit }')
+  [ -n "$line" ] || { echo "$out" | tail -20 >"$work/err"; return; }
+  cpu=$(sed -n "s/^\[h0r0\] *# cpu: bytes=$1 machine_cpu_s_per_gb=\([0-9.]*\) .*/\1/p" <<<"$out" | head -1)
+  awk -v c="${cpu:--}" '$9 != 0 { exit 1 } { print $6, $8, c }' <<<"$line" ||
+    echo "wrong elements: $line" >"$work/err"
+}
+parse_peer() {  # "... time_us=T busbw_GBps=B wrong=W [machine_cpu_s_per_gb=C]" -> "T B C|-"
+  local line cpu
   line=$(grep -m1 -o 'time_us=[0-9.]* busbw_GBps=[0-9.]* wrong=[0-9]*' <<<"$1") ||
     { echo "$1" | tail -20 >"$work/err"; return; }
   if [ "${line##*wrong=}" != 0 ]; then echo "wrong elements: $line" >"$work/err"; return; fi
-  sed 's/time_us=\([0-9.]*\) busbw_GBps=\([0-9.]*\).*/\1 \2/' <<<"$line"
+  cpu=$(grep -m1 -o 'machine_cpu_s_per_gb=[0-9.]*' <<<"$1" | cut -d= -f2)
+  sed "s/time_us=\([0-9.]*\) busbw_GBps=\([0-9.]*\).*/\1 \2 ${cpu:--}/" <<<"$line"
 }
 
-declare -A times busbws
+declare -A times busbws cpus
 failures=0
 echo "# cluster_bench: $op, $hosts hosts x $rph ranks, links $rate, float32$redop, sizes:$byte_sizes B, $reps repetitions (interleaved), medians"
 echo "# gradwire: $perf"
@@ -341,8 +353,9 @@ for ((rep = 1; rep <= reps; rep++)); do
         failures=$((failures + 1))
         continue
       fi
-      times["$sys $s"]+="${v% *} "; busbws["$sys $s"]+="${v#* } "
-      echo "# rep $rep/$reps: $sys bytes=$s time_us=${v% *} busbw=${v#* } GB/s" >&2
+      read -r vt vb vc <<<"$v"
+      times["$sys $s"]+="$vt "; busbws["$sys $s"]+="$vb "; cpus["$sys $s"]+="${vc:--} "
+      echo "# rep $rep/$reps: $sys bytes=$s time_us=$vt busbw=$vb GB/s cpu=${vc:--} s/GB" >&2
     done
   done
 done
@@ -363,26 +376,31 @@ esac
 echo "# $op busbw in GB/s (nccl-tests: bytes * $busbw_formula / time, n = $world ranks; bytes = $bytes_are); time in us"
 [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && echo "# link bound ($link_share / rate) given per size"
 [ -n "$ceil_bps" ] && echo "# tcp ceiling: the same bytes at the plain TCP rate measured above"
-printf "%-26s %12s %14s %10s %6s\n" "#system" "bytes" "time_us" "busbw" "runs"
+echo "# cpu_s/GB: the whole machine's CPU time (/proc/stat: every rank, the kernel's network work)" \
+  "per GB of the buffer in rank 0's timed iterations (gradwire-perf --cpu; the peers' drivers alike);" \
+  "x $(awk -F: '/^cpu MHz/ { printf "%.2f", $2 / 1000; exit }' /proc/cpuinfo) GHz (nominal) =" \
+  "cycles per byte; a figure of the run alone only on an otherwise idle machine"
+printf "%-26s %12s %14s %10s %6s %10s\n" "#system" "bytes" "time_us" "busbw" "runs" "cpu_s/GB"
 bound_row() {  # LABEL BITS_PER_S BYTES: the row of the op's link share of BYTES at that rate
   awk -v label="$1" -v r="$2" -v s="$3" -v h="$hosts" -v n="$world" -v op="$op" 'BEGIN {
     share = op == "allreduce" ? 2 * (h - 1) / h : op == "broadcast" ? 1 : (h - 1) / h
     f = op == "allreduce" ? 2 * (n - 1) / n : op == "broadcast" ? 1 : (n - 1) / n
-    t = share * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s\n", label, s, t * 1e6, s * f / t / 1e9, "-" }'
+    t = share * s * 8 / r; printf "%-26s %12d %14.1f %10.4f %6s %10s\n", label, s, t * 1e6, s * f / t / 1e9, "-", "-" }'
 }
 rows=()
 for s in $byte_sizes; do
   [ -n "$rate_bps" ] && [ "$hosts" -gt 1 ] && bound_row "(link bound)" "$rate_bps" "$s"
   [ -n "$ceil_bps" ] && bound_row "(tcp ceiling)" "$ceil_bps" "$s"
   for sys in $systems; do
-    [ -n "${missing[$sys]:-}" ] && { printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "missing" "-" 0; continue; }
+    [ -n "${missing[$sys]:-}" ] && { printf "%-26s %12s %14s %10s %6s %10s\n" "$sys" "$s" "missing" "-" 0 "-"; continue; }
     # shellcheck disable=SC2086
-    t=$(median ${times["$sys $s"]:-}); b=$(median ${busbws["$sys $s"]:-})
+    t=$(median ${times["$sys $s"]:-}); b=$(median ${busbws["$sys $s"]:-}); c=$(median ${cpus["$sys $s"]:-})
     # shellcheck disable=SC2086
     n=$(wc -w <<<"${times["$sys $s"]:-}")
     [ "$t" != "-" ] && t=$(printf "%.1f" "$t")
-    printf "%-26s %12s %14s %10s %6s\n" "$sys" "$s" "$t" "$b" "$n"
-    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"op\": \"$op\", \"hosts\": $hosts, \"ranks_per_host\": $rph_json, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n}")
+    printf "%-26s %12s %14s %10s %6s %10s\n" "$sys" "$s" "$t" "$b" "$n" "$c"
+    cj=null; [ "$c" != "-" ] && cj=$c
+    [ "$t" != "-" ] && rows+=("{\"system\": \"$sys\", \"op\": \"$op\", \"hosts\": $hosts, \"ranks_per_host\": $rph_json, \"rate\": \"$rate\", \"bytes\": $s, \"time_us\": $t, \"busbw_gbps\": $b, \"runs\": $n, \"machine_cpu_s_per_gb\": $cj}")
   done
 done
 if [ -n "$json" ]; then

@@ -41,6 +41,9 @@ struct CollConfig {
   // --mem-alloc: the send and receive buffers come from gw_mem_alloc (daemon mode: the trainer's
   // shared arena, so collectives on them are zero-copy; direct mode: aligned host memory).
   bool mem_alloc = false;
+  // --cpu: after each row, rank 0's "# cpu:" line: the machine's CPU time (and rank 0's own) per
+  // GB moved in the out-of-place timed iterations (perf/cpu_meter.h).
+  bool cpu = false;
 };
 
 // gw_comm_describe(comm, key) as a string ("?" when the call fails): what the communicator

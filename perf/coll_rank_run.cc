@@ -22,6 +22,7 @@
 #include "gradwire/gradwire.h"
 #include "perf/coll_alltoallv.h"
 #include "perf/coll_report.h"
+#include "perf/cpu_meter.h"
 #include "perf/rank_launcher.h"
 
 namespace gw::perf {
@@ -349,6 +350,7 @@ class RankRun {
     }
     gw_status_t s = gw_barrier(comm_);
     if (s != GW_OK) return fail("barrier before timing", s);
+    if (!in_place) cpu_before_ = cpu_sample();
     if (!c_.blocking) {
       // nccl-tests' default: every iteration issued, then one wait; time = total / iters.
       std::vector<gw_request_t> reqs(static_cast<size_t>(iters), nullptr);
@@ -376,6 +378,7 @@ class RankRun {
         heartbeat();
       }
     }
+    if (!in_place) cpu_after_ = cpu_sample();
     return combine_times(times);
   }
 
@@ -596,6 +599,18 @@ class RankRun {
                   {"algbw_gbps", i.algbw},
                   {"busbw_gbps", i.busbw},
                   {"wrong", ip.wrong < 0 ? json(nullptr) : json(ip.wrong)}}}};
+    if (c_.cpu) {
+      const double gb = static_cast<double>(bytes) * iters / 1e9;
+      const std::string line = cpu_line(bytes, gb, cpu_before_, cpu_after_);
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      if (cpu_before_.machine_busy_s >= 0 && cpu_after_.machine_busy_s >= 0) {
+        row["cpu"] = {
+            {"machine_cpu_s_per_gb", (cpu_after_.machine_busy_s - cpu_before_.machine_busy_s) / gb},
+            {"rank_user_s_per_gb", (cpu_after_.self_user_s - cpu_before_.self_user_s) / gb},
+            {"rank_sys_s_per_gb", (cpu_after_.self_sys_s - cpu_before_.self_sys_s) / gb}};
+      }
+    }
     doc_["rows"].push_back(row);
     send_message(msg_fd_, "row " + row.dump());
   }
@@ -624,6 +639,7 @@ class RankRun {
   double busbw_sum_ = 0;
   int rows_ = 0;
   SteadyClock::time_point last_beat_ = SteadyClock::now();
+  CpuSample cpu_before_, cpu_after_;  // around the last out-of-place timed iterations (--cpu)
   SweepBuffer sendbuf_;
   SweepBuffer recvbuf_;
   AlltoallvLayout layout_;  // alltoallv: this rank's counts and displacements of the current size

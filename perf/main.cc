@@ -218,6 +218,12 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
       "shared memory they map into each other (no kernel copy in a large allreduce), "
       "others plain aligned host memory. "
       "Default: ordinary heap buffers (daemon mode copies them through the arena)");
+  sub->add_flag("--cpu", c.cpu,
+                "after each row, a '# cpu:' line: the whole machine's CPU time (/proc/stat: every "
+                "rank, the kernel's network work) and rank 0's user and system time per GB of "
+                "the buffer moved in the out-of-place timed iterations, and cycles per byte at "
+                "the nominal clock; the machine figure means something only on an otherwise idle "
+                "machine");
   sub->add_flag("--progress", c.progress, "progress lines on stderr (default: only on a tty)");
   sub->add_option("--timeout-ms", c.timeout_ms,
                   "deadline of every wait inside the library (default: GW_TIMEOUT_MS)");

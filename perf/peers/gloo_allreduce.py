@@ -16,7 +16,10 @@ clamp(2e9 / size / ranks, 3, 50) unless -n, 2 warm-up calls, per iteration the s
 output first overwritten with -1, is checked on every rank against a rank- and index-dependent
 pattern (a strided sample of at most 65536 elements that reaches every rank's block); wrong is
 the sum over the ranks. Rank 0 prints one line per size:
-  gloo np=N op=OP bytes=S time_us=T busbw_GBps=B wrong=W
+  gloo np=N op=OP bytes=S time_us=T busbw_GBps=B wrong=W machine_cpu_s_per_gb=C
+C: the whole machine's busy CPU time (/proc/stat) over rank 0's timed iterations per GB of the
+buffer, as gradwire-perf --cpu (its loop also has each iteration's barrier, time reduction and,
+for allreduce, the copy that restores the input); the run's own only on an otherwise idle machine.
 
 usage:
   gloo_allreduce.py [--op OP] [-n ITERS] SIZE_BYTES...        under a launcher (RANK, WORLD_SIZE,
@@ -35,6 +38,18 @@ import sys
 import time
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+
+
+def machine_busy_s() -> float:
+    """Every CPU's busy time so far (user nice system irq softirq steal of /proc/stat), -1 if
+    unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        v = [float(x) for x in fields[1:9]] + [0.0] * 8
+        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return -1.0
 
 
 def busbw_factor(op: str, world: int) -> float:
@@ -123,6 +138,7 @@ def run(rank: int, world: int, op: str, sizes: list, iters_fixed: int, init: str
         restore()
         call()
         times = []
+        busy0 = machine_busy_s()
         for _ in range(iters):
             restore()
             dist.barrier()
@@ -131,6 +147,8 @@ def run(rank: int, world: int, op: str, sizes: list, iters_fixed: int, init: str
             mine = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             times.append(mine.item())
+        busy1 = machine_busy_s()
+        cpu = "?" if busy0 < 0 or busy1 < 0 else f"{(busy1 - busy0) / (size * iters / 1e9):.4f}"
         # A wrong result is not a figure: one more call into an overwritten output, checked.
         restore()
         if not (op == "broadcast" and rank == 0) and op != "allreduce":
@@ -146,7 +164,7 @@ def run(rank: int, world: int, op: str, sizes: list, iters_fixed: int, init: str
         if rank == 0:
             print(f"gloo np={world} op={op} bytes={size} time_us={med * 1e6:.1f} "
                   f"busbw_GBps={size * busbw_factor(op, world) / med / 1e9:.4f} "
-                  f"wrong={int(wrong.item())}", flush=True)
+                  f"wrong={int(wrong.item())} machine_cpu_s_per_gb={cpu}", flush=True)
     dist.destroy_process_group()
 
 

@@ -12,15 +12,33 @@
  * its output first overwritten with -1, is checked on every rank against a rank- and
  * index-dependent pattern (a strided sample of at most 65536 elements that reaches every rank's
  * block); wrong is the sum over the ranks. Rank 0 prints one line per size:
- *   mpi np=N op=OP bytes=S time_us=T busbw_GBps=B wrong=W
+ *   mpi np=N op=OP bytes=S time_us=T busbw_GBps=B wrong=W machine_cpu_s_per_gb=C
+ * C: the whole machine's busy CPU time (/proc/stat) over rank 0's timed iterations per GB of the
+ * buffer, as gradwire-perf --cpu (with each iteration's barrier and time reduction); the run's own
+ * only on an otherwise idle machine ("?" when /proc/stat cannot be read).
  * usage: mpirun -np N mpi_allreduce [-o OP] [-n ITERS] SIZE_BYTES... */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum Op { kAllreduce, kBroadcast, kAllgather, kReduceScatter };
 static const char* const kOpNames[] = {"allreduce", "broadcast", "allgather", "reduce_scatter"};
+
+/* Every CPU's busy seconds so far (user nice system irq softirq steal of /proc/stat), -1 if
+ * unreadable. */
+static double machine_busy_s(void) {
+  FILE* f = fopen("/proc/stat", "r");
+  if (f == NULL) return -1;
+  double v[8] = {0};
+  const int got = fscanf(f, "cpu %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3],
+                         &v[4], &v[5], &v[6], &v[7]);
+  fclose(f);
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (got < 4 || hz <= 0) return -1;
+  return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)hz;
+}
 
 static int cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -122,12 +140,18 @@ int main(int argc, char** argv) {
     if (fixed_iters <= 0) iters = iters < 3 ? 3 : iters > 50 ? 50 : iters;
     for (int w = 0; w < 2; w++) run(op, MPI_FLOAT, in, out, count, blk);
     double* times = malloc(iters * sizeof(double));
+    const double busy0 = machine_busy_s();
     for (long i = 0; i < iters; i++) {
       MPI_Barrier(MPI_COMM_WORLD);
       double t = MPI_Wtime();
       run(op, MPI_FLOAT, in, out, count, blk);
       double mine = MPI_Wtime() - t;
       MPI_Allreduce(&mine, &times[i], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+    const double busy1 = machine_busy_s();
+    char cpu[32] = "?";
+    if (busy0 >= 0 && busy1 >= 0) {
+      snprintf(cpu, sizeof(cpu), "%.4f", (busy1 - busy0) / ((double)bytes * iters / 1e9));
     }
     /* A wrong result is not a figure: one more call into an overwritten output, checked. */
     for (long i = 0; i < out_count; i++) {
@@ -150,8 +174,10 @@ int main(int argc, char** argv) {
                           : op == kBroadcast ? 1.0
                                              : (double)(n - 1) / n;
     if (rank == 0) {
-      printf("mpi np=%d op=%s bytes=%ld time_us=%.1f busbw_GBps=%.4f wrong=%ld\n", n, kOpNames[op],
-             bytes, med * 1e6, bytes * factor / med / 1e9, total_bad);
+      printf(
+          "mpi np=%d op=%s bytes=%ld time_us=%.1f busbw_GBps=%.4f wrong=%ld "
+          "machine_cpu_s_per_gb=%s\n",
+          n, kOpNames[op], bytes, med * 1e6, bytes * factor / med / 1e9, total_bad, cpu);
       fflush(stdout);
     }
     free(times);
