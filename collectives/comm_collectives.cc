@@ -104,6 +104,41 @@ Result<const CommImpl::CachedCollective*> CommImpl::collective_plans(Collective 
   return &collective_choices_.emplace(key, std::move(c)).first->second;
 }
 
+Status CommImpl::run_direct(const char* name, size_t bytes, Deadline deadline,
+                            const std::function<Status(const Exchange&, bool*)>& call, bool* ran) {
+  // The small exchanges are ring allgathers on this call's tags. The timeline shows the call as
+  // one collective of its bytes (path shm_direct) and, inside it, its few-byte exchanges as
+  // "shm_direct exchange" events (not as collectives of their own).
+  const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
+  int64_t peers_in = -1;  // the first exchange done: every peer is in the call
+  const uint32_t seq = tag_seq_;
+  auto exchange = [&](uint8_t* buf, size_t blk) -> Status {
+    std::vector<Plan> xplans(1);
+    xplans[0].sched = ring_allgather(rank(), size(), blk);
+    Status st = exec_.run("shm_direct exchange", tag_seq_, xplans, buf, buf, DataType::kU8,
+                          ReduceOp::kSum, deadline);
+    if (t0 >= 0 && peers_in < 0) peers_in = timeline::now_us();
+    return st;
+  };
+  *ran = false;
+  GW_RETURN_IF_ERROR(call(exchange, ran));
+  if (*ran && t0 >= 0) {
+    // The phases every collective shows: waiting for the peers (until the addresses are
+    // exchanged), then the transfer (reading, summing, the barriers).
+    const int64_t end = timeline::now_us();
+    const int64_t in = peers_in >= 0 ? peers_in : end;
+    timeline::complete(name, "collective", t0, end - t0,
+                       fmt::format("\"bytes\":{},\"tag\":{},\"path\":\"shm_direct\"", bytes, seq));
+    timeline::complete("wait for peers", "phase", t0, in - t0);
+    timeline::complete("transfer", "phase", in, end - in);
+  }
+  return ok_status();
+}
+
+bool CommImpl::direct_wants(Collective kind, size_t bytes) const {
+  return settings_.forced_coll[static_cast<size_t>(kind)] == Algo::kAuto && direct_.wants(bytes);
+}
+
 Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                                   ReduceOp op) {
   GW_RETURN_IF_ERROR(validate_buffers("allreduce", sendbuf, recvbuf, count, dtype, count, count));
@@ -120,39 +155,16 @@ Status CommImpl::allreduce_locked(const void* sendbuf, void* recvbuf, size_t cou
       if (in != out && bytes) std::memcpy(out, in, bytes);
       return ok_status();
     }
-    if (direct_.wants(bytes)) {
-      // Within one host over shm: read the peers' buffers into the sum (shm_direct.h); the small
-      // exchanges are ring allgathers on this call's tags. The timeline shows the call as one
-      // allreduce of its bytes (path shm_direct) and, inside it, its few-byte exchanges as
-      // "shm_direct exchange" events (not as allreduces of their own).
-      const int64_t t0 = timeline::on() ? timeline::now_us() : -1;
-      int64_t peers_in = -1;  // the first exchange (the addresses) done: every peer is in the call
-      const uint32_t seq = tag_seq_;
-      auto exchange = [&](uint8_t* buf, size_t blk) -> Status {
-        std::vector<Plan> xplans(1);
-        xplans[0].sched = ring_allgather(rank(), size(), blk);
-        Status st = exec_.run("shm_direct exchange", tag_seq_, xplans, buf, buf, DataType::kU8,
-                              ReduceOp::kSum, deadline);
-        if (t0 >= 0 && peers_in < 0) peers_in = timeline::now_us();
-        return st;
-      };
+    if (settings_.forced_algo == Algo::kAuto && direct_.wants(bytes)) {
+      // Within one host over shm: read the peers' buffers into the sum (shm_direct.h).
       bool ran = false;
-      GW_RETURN_IF_ERROR(
-          direct_.allreduce(in, out, count, dtype, op, deadline, &aborted_, exchange, &ran));
-      if (ran) {
-        if (t0 >= 0) {
-          // The phases every collective shows: waiting for the peers (until the addresses are
-          // exchanged), then the transfer (reading and summing, the barriers).
-          const int64_t end = timeline::now_us();
-          const int64_t in = peers_in >= 0 ? peers_in : end;
-          timeline::complete(
-              "allreduce", "collective", t0, end - t0,
-              fmt::format("\"bytes\":{},\"tag\":{},\"path\":\"shm_direct\"", bytes, seq));
-          timeline::complete("wait for peers", "phase", t0, in - t0);
-          timeline::complete("transfer", "phase", in, end - in);
-        }
-        return ok_status();
-      }
+      GW_RETURN_IF_ERROR(run_direct(
+          "allreduce", bytes, deadline,
+          [&](const Exchange& exchange, bool* r) {
+            return direct_.allreduce(in, out, count, dtype, op, deadline, &aborted_, exchange, r);
+          },
+          &ran));
+      if (ran) return ok_status();
     }
     GW_ASSIGN_OR_RETURN(const CachedAllreduce* cached, allreduce_plans(count, es));
     const AllreduceChoice& choice = cached->choice;
@@ -183,12 +195,22 @@ Status CommImpl::broadcast_locked(void* buf, size_t count, DataType dtype, int r
   return run_collective("broadcast", sig, [&](Deadline deadline) -> Status {
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
+    auto* p = static_cast<uint8_t*>(buf);
+    if (direct_wants(Collective::kBroadcast, count * es)) {
+      bool ran = false;
+      GW_RETURN_IF_ERROR(run_direct(
+          "broadcast", count * es, deadline,
+          [&](const Exchange& exchange, bool* r) {
+            return direct_.broadcast(p, count * es, root, deadline, &aborted_, exchange, r);
+          },
+          &ran));
+      if (ran) return ok_status();
+    }
     GW_ASSIGN_OR_RETURN(const CachedCollective* c,
                         collective_plans(Collective::kBroadcast, count * es, count, root,
                                          count * es * static_cast<size_t>(size()) / 2, es));
     const std::vector<Plan>& plans = c->plans;
     log_choice(Collective::kBroadcast, count * es, c->choice, plans.size());
-    auto* p = static_cast<uint8_t*>(buf);
     return exec_.run("broadcast", tag_seq_, plans, p, p, dtype, ReduceOp::kSum, deadline);
   });
 }
@@ -210,6 +232,16 @@ Status CommImpl::allgather_locked(const void* sendbuf, void* recvbuf, size_t sen
     if (size() == 1) return ok_status();
     const size_t es = dtype_size(dtype);
     const size_t bytes = blk * static_cast<size_t>(size());
+    if (direct_wants(Collective::kAllgather, bytes)) {
+      bool ran = false;
+      GW_RETURN_IF_ERROR(run_direct(
+          "allgather", bytes, deadline,
+          [&](const Exchange& exchange, bool* r) {
+            return direct_.allgather(out, blk, deadline, &aborted_, exchange, r);
+          },
+          &ran));
+      if (ran) return ok_status();
+    }
     GW_ASSIGN_OR_RETURN(const CachedCollective* c,
                         collective_plans(Collective::kAllgather, bytes, sendcount, 0, 0, es));
     const std::vector<Plan>& plans = c->plans;
@@ -232,6 +264,21 @@ Status CommImpl::reduce_scatter_locked(const void* sendbuf, void* recvbuf, size_
     const size_t es = dtype_size(dtype);
     const size_t total = recvcount * static_cast<size_t>(size());
     const auto* in = static_cast<const uint8_t*>(sendbuf);
+    if (size() > 1 && direct_wants(Collective::kReduceScatter, total * es)) {
+      bool ran = false;
+      auto* out = static_cast<uint8_t*>(recvbuf);
+      GW_RETURN_IF_ERROR(run_direct(
+          "reduce_scatter", total * es, deadline,
+          [&](const Exchange& exchange, bool* r) {
+            return direct_.reduce_scatter(in, out, recvcount, dtype, op, deadline, &aborted_,
+                                          exchange, r);
+          },
+          &ran));
+      if (ran) {
+        if (op == ReduceOp::kAvg) finalize_avg(dtype, recvbuf, recvcount, size());
+        return ok_status();
+      }
+    }
     uint8_t* work = size() == 1 ? nullptr : exec_.scratch(total * es);
     if (size() > 1) {
       GW_ASSIGN_OR_RETURN(

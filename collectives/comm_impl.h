@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -149,7 +150,10 @@ class CommImpl : public Communicator {
   }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
-  bool wants_shared_host_memory() const override { return direct_.maps_shared_buffers(); }
+  // Only the allreduce maps shared buffers (the other collectives read with process_vm_readv).
+  bool wants_shared_host_memory() const override {
+    return settings_.forced_algo == Algo::kAuto && direct_.maps_shared_buffers();
+  }
   Algo choose_allreduce_algo(size_t bytes) const override {
     if (size() == 1)
       return settings_.forced_algo == Algo::kAuto ? Algo::kRing : settings_.forced_algo;
@@ -174,6 +178,13 @@ class CommImpl : public Communicator {
   }
   // The collectives' bodies; each runs under exec_mu_.
   Status run_locked(const CollectiveCall& call);
+  // Runs `call`, one of direct_'s collectives, with the exchanges it needs over this call's tags,
+  // and puts it on the timeline as `name` of `bytes`; *ran as the call's.
+  Status run_direct(const char* name, size_t bytes, Deadline deadline,
+                    const std::function<Status(const Exchange&, bool*)>& call, bool* ran);
+  // Whether a `kind` of `bytes` (its whole buffer) reads the peers' buffers (direct_), unless its
+  // GW_ALGO_* knob forces an algorithm.
+  bool direct_wants(Collective kind, size_t bytes) const;
   Status allreduce_locked(const void* sendbuf, void* recvbuf, size_t count, DataType dtype,
                           ReduceOp op);
   Status broadcast_locked(void* buf, size_t count, DataType dtype, int root);

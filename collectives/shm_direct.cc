@@ -99,7 +99,8 @@ void finish_streaming() {
 
 }  // namespace
 
-Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len) {
+Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
+                            const char* what) {
   auto* dst = static_cast<char*>(local);
   size_t done = 0;
   while (done < len) {
@@ -110,20 +111,20 @@ Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote,
       const int err = errno;
       if (err == EINTR) continue;
       if (err == ESRCH || (err == EFAULT && net::shm::peer_exiting(pid))) {
-        return peer_error("allreduce: rank {} (pid {}) is gone: connection closed by peer", peer,
+        return peer_error("{}: rank {} (pid {}) is gone: connection closed by peer", what, peer,
                           pid);
       }
       if (err == EFAULT) {
         return peer_error(
-            "allreduce: rank {}'s buffer (pid {}, {} bytes at {:#x}) is no longer mapped: it "
+            "{}: rank {}'s buffer (pid {}, {} bytes at {:#x}) is no longer mapped: it "
             "freed or unmapped its buffer before the collective ended",
-            peer, pid, len - done, remote + done);
+            what, peer, pid, len - done, remote + done);
       }
-      return internal_error("allreduce: reading rank {}'s buffer (pid {}) failed: {}", peer, pid,
+      return internal_error("{}: reading rank {}'s buffer (pid {}) failed: {}", what, peer, pid,
                             std::strerror(err));
     }
     if (n == 0) {
-      return internal_error("allreduce: rank {}'s buffer ends early ({} of {} bytes)", peer, done,
+      return internal_error("{}: rank {}'s buffer ends early ({} of {} bytes)", what, peer, done,
                             len);
     }
     done += static_cast<size_t>(n);
@@ -134,11 +135,14 @@ Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote,
 
 namespace {
 
-Status check_stop(Deadline deadline, const std::atomic<bool>* aborted) {
+Status check_stop(Deadline deadline, const std::atomic<bool>* aborted,
+                  const char* what = "allreduce") {
   if (aborted && aborted->load(std::memory_order_relaxed)) {
-    return aborted_error("allreduce: communicator aborted");
+    return aborted_error("{}: communicator aborted", what);
   }
-  if (expired(deadline)) return timeout_error("allreduce: deadline passed reading peers' buffers");
+  if (expired(deadline)) {
+    return timeout_error("{}: deadline passed reading peers' buffers", what);
+  }
   return ok_status();
 }
 
@@ -462,6 +466,210 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
   std::fill(flags.begin(), flags.end(), 0);
   flags[rank_] = 1;
   return exchange(flags.data(), 1);
+}
+
+}  // namespace gw::coll
+
+namespace gw::coll {
+
+Status ShmDirect::begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t* out,
+                             uint64_t out_bytes, uint64_t bytes, const Exchange& exchange,
+                             std::vector<CallDesc>* d, bool* ran) {
+  *ran = false;
+  if (state_ == State::kUnknown) GW_RETURN_IF_ERROR(probe(exchange));
+  if (state_ != State::kOn) return ok_status();
+  xbuf_.assign(static_cast<size_t>(size_) * sizeof(CallDesc), 0);
+  CallDesc mine{kDescMagic, reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
+                bytes,      ref_of(in, in_bytes),           ref_of(out, out_bytes)};
+  std::memcpy(xbuf_.data() + rank_ * sizeof(CallDesc), &mine, sizeof(mine));
+  GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(CallDesc)));
+  GW_RETURN_IF_ERROR(decode_calls(xbuf_.data(), size_, rank_, bytes, d));
+  *ran = true;
+  return ok_status();
+}
+
+Status ShmDirect::end_call(const Exchange& exchange) {
+  std::vector<uint8_t> flags(static_cast<size_t>(size_), 0);
+  flags[rank_] = 1;
+  return exchange(flags.data(), 1);
+}
+
+Status ShmDirect::map_peers(const std::vector<SharedRef>& refs, const std::vector<bool>& need,
+                            uint64_t bytes, const Exchange& exchange, std::vector<uint8_t*>* at,
+                            bool* ok, const char* what) {
+  *ok = false;
+  ++use_clock_;
+  at->assign(static_cast<size_t>(size_), nullptr);
+  std::string why;
+  for (int r = 0; r < size_ && why.empty(); ++r) {
+    if (r == rank_ || !need[r]) continue;
+    Result<uint8_t*> m = map_peer_buffer(r, refs[r], bytes);
+    if (!m.ok()) {
+      why =
+          fmt::format("rank {} could not map rank {}'s buffer: {}", rank_, r, m.status().message());
+      break;
+    }
+    (*at)[r] = m.value();
+  }
+  GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "mapping"));
+  if (refused_by >= 0) {
+    shared_state_ = State::kOff;
+    peer_regions_.clear();
+    GW_LOG_WARN(
+        "{} within the host: the ranks cannot map each other's gw_mem_alloc memory ({}); every "
+        "rank goes on without it",
+        what, why.empty() ? fmt::format("rank {} could not map a peer's buffer", refused_by) : why);
+    return ok_status();
+  }
+  if (shared_state_ == State::kUnknown) {
+    shared_state_ = State::kOn;
+    GW_LOG_INFO("{} within the host: buffers in gw_mem_alloc memory are mapped by every rank",
+                what);
+  }
+  *ok = true;
+  g_shared_calls.fetch_add(1, std::memory_order_relaxed);
+  return ok_status();
+}
+
+namespace {
+
+// n bytes from src to dst, with non-temporal stores from kStreamMin (see there).
+void copy_out(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
+  if (stream) {
+    stream_copy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+}  // namespace
+
+Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
+                            const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
+  const uint64_t total = static_cast<uint64_t>(blk) * static_cast<uint64_t>(size_);
+  std::vector<CallDesc> d;
+  GW_RETURN_IF_ERROR(begin_call(out + rank_ * blk, blk, out, total, blk, exchange, &d, ran));
+  if (!*ran) return ok_status();
+  *ran = false;
+  // Only with every output in shared memory: reading a peer's block with process_vm_readv costs
+  // about two memcpys of it (the pages are pinned one by one), and the ring's two copies, which
+  // the two ranks make at once, are as fast (docs/perf.md, "Direct collectives within a host").
+  std::vector<SharedRef> refs(d.size());
+  bool every = shared_state_ != State::kOff;
+  for (size_t r = 0; r < d.size(); ++r) {
+    refs[r] = d[r].out_ref;
+    every = every && refs[r].gen != 0;
+  }
+  if (!every) return ok_status();
+  std::vector<uint8_t*> outs;
+  bool mapped = false;
+  GW_RETURN_IF_ERROR(map_peers(refs, std::vector<bool>(d.size(), true), total, exchange, &outs,
+                               &mapped, "allgather"));
+  if (!mapped) return ok_status();
+  *ran = true;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  // Every rank's own block is in its output already (the caller put it there before the
+  // exchange) and no rank writes its own block during the call: copy each peer's from there.
+  const bool stream = total >= kStreamMin;
+  for (int k = 1; k < size_; ++k) {
+    const int peer = (rank_ + k) % size_;
+    const size_t at = static_cast<size_t>(peer) * blk;
+    for (size_t off = 0; off < blk; off += kGatherStep) {
+      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "allgather"));
+      copy_out(out + at + off, outs[peer] + at + off, std::min(kGatherStep, blk - off), stream);
+    }
+  }
+  finish_streaming();
+  return end_call(exchange);  // no rank hands its output back while a peer still reads it
+}
+
+Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
+                                 ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
+                                 const Exchange& exchange, bool* ran) {
+  const size_t es = dtype_size(dtype);
+  const size_t blk = recvcount * es;
+  const uint64_t total = static_cast<uint64_t>(blk) * static_cast<uint64_t>(size_);
+  std::vector<CallDesc> d;
+  GW_RETURN_IF_ERROR(begin_call(in, total, out, blk, total, exchange, &d, ran));
+  if (!*ran) return ok_status();
+  // Rank r writes block r of its output while its peers read the other blocks of its input:
+  // an output that overlaps the input anywhere but at the rank's own block would change what they
+  // read. Every rank sees every descriptor, so all of them decide alike and take the ring.
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t i0 = d[r].in, o0 = d[r].out;
+    const bool overlap = o0 < i0 + total && i0 < o0 + blk;
+    if (blk && overlap && o0 != i0 + static_cast<uint64_t>(r) * blk) {
+      *ran = false;
+      return ok_status();
+    }
+  }
+  // Every input in shared memory: map them and reduce from them directly; else read the peers'
+  // pieces with process_vm_readv.
+  std::vector<SharedRef> refs(d.size());
+  bool every = shared_state_ != State::kOff;
+  for (size_t r = 0; r < d.size(); ++r) {
+    refs[r] = d[r].in_ref;
+    every = every && refs[r].gen != 0;
+  }
+  std::vector<uint8_t*> ins;
+  bool mapped = false;
+  if (every) {
+    GW_RETURN_IF_ERROR(map_peers(refs, std::vector<bool>(d.size(), true), total, exchange, &ins,
+                                 &mapped, "reduce_scatter"));
+  }
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  const size_t piece_elems = std::max<size_t>(1, kPiece / es);
+  tmp_.resize(piece_elems * es);
+  const size_t base = static_cast<size_t>(rank_) * blk;
+  for (size_t off = 0; off < recvcount; off += piece_elems) {
+    GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "reduce_scatter"));
+    const size_t elems = std::min(piece_elems, recvcount - off);
+    const size_t at = base + off * es;
+    const uint8_t* acc = in + at;
+    for (int k = 1; k < size_; ++k) {
+      const int peer = (rank_ + k) % size_;
+      const uint8_t* theirs = tmp_.data();
+      if (mapped) {
+        theirs = ins[peer] + at;
+      } else {
+        GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, tmp_.data(), d[peer].in + at,
+                                                elems * es, "reduce_scatter"));
+      }
+      reduce(dtype, op, acc, theirs, out + off * es, elems);
+      acc = out + off * es;
+    }
+  }
+  return end_call(exchange);  // no rank hands its input back while a peer still reads it
+}
+
+Status ShmDirect::broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadline,
+                            const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
+  std::vector<CallDesc> d;
+  GW_RETURN_IF_ERROR(begin_call(buf, bytes, buf, bytes, bytes, exchange, &d, ran));
+  if (!*ran) return ok_status();
+  *ran = false;
+  // Only with the root's buffer in shared memory (allgather's reason: a cross-memory read of it
+  // is slower than the ring's two copies at once).
+  if (shared_state_ == State::kOff || d[root].out_ref.gen == 0) return ok_status();
+  std::vector<SharedRef> refs(d.size());
+  refs[root] = d[root].out_ref;
+  std::vector<bool> need(d.size(), false);
+  need[root] = true;
+  std::vector<uint8_t*> at;
+  bool mapped = false;
+  GW_RETURN_IF_ERROR(map_peers(refs, need, bytes, exchange, &at, &mapped, "broadcast"));
+  if (!mapped) return ok_status();
+  *ran = true;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  if (rank_ != root) {
+    const bool stream = bytes >= kStreamMin;
+    for (size_t off = 0; off < bytes; off += kGatherStep) {
+      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "broadcast"));
+      copy_out(buf + off, at[root] + off, std::min(kGatherStep, bytes - off), stream);
+    }
+    finish_streaming();
+  }
+  return end_call(exchange);  // the root keeps its buffer until every rank has read it
 }
 
 }  // namespace gw::coll

@@ -50,7 +50,9 @@ ShmDirectOptions shm_direct_options(const config::Snapshot& config);
 // Reads len bytes at `remote` in process pid (rank `peer`) into `local`. A peer that is gone or
 // dying (its memory already released) is kPeer, and so is one whose buffer is no longer mapped;
 // other failures are kInternal.
-Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len);
+// `what` names the collective in the errors.
+Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
+                            const char* what = "allreduce");
 
 // Gathers every rank's `blk` bytes at buf + r * blk (this rank's already there) to every rank.
 using Exchange = std::function<Status(uint8_t* buf, size_t blk)>;
@@ -76,6 +78,27 @@ class ShmDirect {
   Status allreduce(const uint8_t* in, uint8_t* out, size_t count, DataType dtype, ReduceOp op,
                    Deadline deadline, const std::atomic<bool>* aborted, const Exchange& exchange,
                    bool* ran);
+
+  // The other collectives of one host (docs/wire-shm.md, "Direct allgather, reduce-scatter and
+  // broadcast"), each one copy per byte where the ring makes two, and one barrier at the end (no
+  // rank hands a buffer back while a peer still reads it). *ran, errors and the probe as
+  // allreduce's; the caller decides with wants() on the call's whole buffer.
+  // allgather: only when every rank's output lies in shared host memory (gw_mem_alloc's), mapped
+  // by the peers; every rank's own block already at out + rank * blk (the caller moved it
+  // there), each rank copies the others' blocks from their outputs. Else *ran = false: the ring.
+  Status allgather(uint8_t* out, size_t blk, Deadline deadline, const std::atomic<bool>* aborted,
+                   const Exchange& exchange, bool* ran);
+  // reduce_scatter: block `rank` (recvcount elements) of every rank's input reduced into out,
+  // read with process_vm_readv, or from the mapped inputs when all are in shared host memory.
+  // An output that overlaps its input elsewhere than at its rank's block (on any rank) sends
+  // every rank to the ring (*ran = false).
+  Status reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
+                        ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
+                        const Exchange& exchange, bool* ran);
+  // broadcast: only when the root's buffer lies in shared host memory: every other rank copies
+  // it from the mapping. Else *ran = false: the ring.
+  Status broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadline,
+                   const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran);
 
   State state() const { return state_; }
   // Whether gw_mem_alloc should hand out shared host memory for this communicator: the path may
@@ -129,6 +152,19 @@ class ShmDirect {
   Status allreduce_shared(const uint8_t* in, uint8_t* out, size_t count, DataType dtype,
                           ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
                           const std::vector<CallDesc>& d, const Exchange& exchange, bool* ran);
+  // The start of the other collectives' calls: the probe when none ran yet, then every rank's
+  // descriptor {in, out, bytes, where in and out lie in shared regions} into *d. *ran = false
+  // (and nothing exchanged) when the path is refused on this host.
+  Status begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t* out, uint64_t out_bytes,
+                    uint64_t bytes, const Exchange& exchange, std::vector<CallDesc>* d, bool* ran);
+  // The barrier that ends a call.
+  Status end_call(const Exchange& exchange);
+  // Maps the `bytes` that refs[r] names for every peer r with need[r] into (*at)[r], then every
+  // rank's verdict: *ok = false on every rank when any could not (shared_state_ off for good, one
+  // WARN naming `what`; nothing was written).
+  Status map_peers(const std::vector<SharedRef>& refs, const std::vector<bool>& need,
+                   uint64_t bytes, const Exchange& exchange, std::vector<uint8_t*>* at, bool* ok,
+                   const char* what);
   // Rank `peer`'s region that `ref` names, mapped here (once; kept for later calls, the least
   // recently used let go beyond a few per peer), and the buffer's address in this process.
   Result<uint8_t*> map_peer_buffer(int peer, const SharedRef& ref, uint64_t bytes);

@@ -9,8 +9,12 @@
 # in place; Open MPI's driver one).
 # Repetitions interleaved; medians. docs/perf.md, "Copies on one host".
 #
-# usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."]
+# usage: perf/zero_copy.sh [-B BUILD_DIR] [-r REPS] [-s "BYTES..."] [-v "VARIANTS..."] [-o OP]
 #   -B  build directory with perf/gradwire-perf and perf/micro/gradwire-micro (default build/release)
+#   -o  the collective: allreduce (default), allgather, reduce_scatter or broadcast (from rank 0;
+#       sizes are the whole buffer, as gradwire-perf's -b); shm:direct and shm:shared are then
+#       that collective's direct path (allgather and broadcast take it only with shm:shared's
+#       buffers), shm:ring and shm:cma turn it off
 #   -r  repetitions (default 5)
 #   -s  large sizes in bytes (default 67108864); the 4096-byte latency row always runs
 #   -v  variants (default all: shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto
@@ -26,17 +30,23 @@ build=build/release
 reps=5
 sizes=67108864
 variants="shm:ring shm:cma shm:cma-all tcp:copy tcp:zc-on tcp:zc-auto tcp:uring"
+op=allreduce
 for a in "$@"; do [ "$a" = --help ] && set -- -h; done  # --help means -h
-while getopts "B:r:s:v:h" opt; do
+while getopts "B:r:s:v:o:h" opt; do
   case $opt in
     B) build=$OPTARG ;;
     r) reps=$OPTARG ;;
     s) sizes=$OPTARG ;;
     v) variants=$OPTARG ;;
+    o) op=$OPTARG ;;
     h) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the whole header
     *) awk '/^# usage:/ { p = 1 } /^# Exit status/ { exit } p' "$0" >&2; exit 2 ;;
   esac
 done
+case "$op" in
+  allreduce|allgather|reduce_scatter|broadcast) ;;
+  *) echo "zero_copy.sh: -o $op: not allreduce, allgather, reduce_scatter or broadcast" >&2; exit 2 ;;
+esac
 perf="$build/perf/gradwire-perf"
 micro="$build/perf/micro/gradwire-micro"
 [ -x "$perf" ] || { echo "zero_copy.sh: no $perf (build gradwire-perf)" >&2; exit 2; }
@@ -86,14 +96,14 @@ run_perf() {  # variant size iters -> the perf tool's output and its "# cpu_s" l
     # Open MPI's driver prints "time_us=T busbw_GBps=B": shaped here like the perf tool's row
     # (column 6 time, column 8 busbw). Its run is n timed calls, 2 warm-up and 1 check.
     env $(env_of "$v") /usr/bin/python3 -c "$rusage_py" timeout 600 mpirun --allow-run-as-root \
-      --oversubscribe -np 2 "$mpi_bin" -n "$n" "$s" 2>"$work/err" |
+      --oversubscribe -np 2 "$mpi_bin" -o "$op" -n "$n" "$s" 2>"$work/err" |
       awk '/time_us=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
              printf "%s 0 float sum -1 %s 0 %s 0 0 0 0 0\n", f["bytes"], f["time_us"], f["busbw_GBps"]; next }
            { print }'
     return "${PIPESTATUS[0]}"
   fi
   env $(env_of "$v") GW_SOCKET_IFNAME=lo /usr/bin/python3 -c "$rusage_py" timeout 600 "$perf" \
-    allreduce --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 $(args_of "$v") \
+    "$op" --np 2 --transport "${v%%:*}" -b "$s" -e "$s" -n "$n" -w 2 $(args_of "$v") \
     2>"$work/err"
 }
 cpu_of() { awk '/^# cpu_s/ { print $3 }' <<<"$1"; }
@@ -131,9 +141,9 @@ median() {
   awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
 }
 status=0
-echo "# zero_copy: allreduce float32 sum, 2 ranks, $reps repetitions interleaved, medians"
+echo "# zero_copy: $op float32$([ "$op" = allreduce ] || [ "$op" = reduce_scatter ] && echo " sum"), 2 ranks, $reps repetitions interleaved, medians"
 echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
-echo "# cpu ms/call: user + system time of both ranks per allreduce call (getrusage)"
+echo "# cpu ms/call: user + system time of both ranks per $op call (getrusage)"
 printf '%-14s' variant
 for s in $sizes; do printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"; done
 printf ' %16s %16s\n' "time@4096B us" "cpu@4096B ms"
