@@ -272,45 +272,23 @@ Status ShmDirect::allreduce_shared(const uint8_t* in, uint8_t* out, size_t count
   const size_t es = dtype_size(dtype);
   const size_t bytes = count * es;
   const size_t n = static_cast<size_t>(size_);
-  ++use_clock_;
   // Every rank's input and output in this process (this rank's own as they are).
   std::vector<const uint8_t*> ins(n);
   std::vector<uint8_t*> outs(n);
-  std::string why;
-  for (int r = 0; r < size_ && why.empty(); ++r) {
-    if (r == rank_) {
-      ins[r] = in;
-      outs[r] = out;
-      continue;
-    }
-    Result<uint8_t*> i = map_peer_buffer(r, d[r].in_ref, bytes);
-    Result<uint8_t*> o = i.ok() ? map_peer_buffer(r, d[r].out_ref, bytes) : i;
-    if (!o.ok()) {
-      why =
-          fmt::format("rank {} could not map rank {}'s buffer: {}", rank_, r, o.status().message());
-      break;
-    }
-    ins[r] = i.value();
-    outs[r] = o.value();
+  std::vector<uint8_t*> mapped_ins(n);
+  std::vector<PeerMapping> wants;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    wants.push_back({r, d[r].in_ref, bytes, &mapped_ins[r]});
+    wants.push_back({r, d[r].out_ref, bytes, &outs[r]});
   }
-  GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "mapping"));
-  if (refused_by >= 0) {
-    shared_state_ = State::kOff;
-    peer_regions_.clear();
-    GW_LOG_WARN(
-        "allreduce within the host: the ranks cannot map each other's gw_mem_alloc memory ({}); "
-        "every rank reads it with process_vm_readv instead",
-        why.empty() ? fmt::format("rank {} could not map a peer's buffer", refused_by) : why);
-    return ok_status();
-  }
-  if (shared_state_ == State::kUnknown) {
-    shared_state_ = State::kOn;
-    GW_LOG_INFO(
-        "allreduce within the host: buffers in gw_mem_alloc memory are mapped by every rank and "
-        "reduced with no kernel copy");
-  }
+  bool mapped = false;
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "allreduce"));
+  if (!mapped) return ok_status();  // the cross-memory reads, this call and every later one
+  for (int r = 0; r < size_; ++r) ins[r] = mapped_ins[r];
+  ins[rank_] = in;
+  outs[rank_] = out;
   *ran = true;
-  g_shared_calls.fetch_add(1, std::memory_order_relaxed);
 
   // This rank's block: reduced piece by piece into cache-resident scratch, then written to every
   // rank's output. Block i of any buffer is touched by rank i alone, so in place is safe.
@@ -494,22 +472,19 @@ Status ShmDirect::end_call(const Exchange& exchange) {
   return exchange(flags.data(), 1);
 }
 
-Status ShmDirect::map_peers(const std::vector<SharedRef>& refs, const std::vector<bool>& need,
-                            uint64_t bytes, const Exchange& exchange, std::vector<uint8_t*>* at,
+Status ShmDirect::map_peers(const std::vector<PeerMapping>& wants, const Exchange& exchange,
                             bool* ok, const char* what) {
   *ok = false;
   ++use_clock_;
-  at->assign(static_cast<size_t>(size_), nullptr);
   std::string why;
-  for (int r = 0; r < size_ && why.empty(); ++r) {
-    if (r == rank_ || !need[r]) continue;
-    Result<uint8_t*> m = map_peer_buffer(r, refs[r], bytes);
+  for (const PeerMapping& w : wants) {
+    Result<uint8_t*> m = map_peer_buffer(w.peer, w.ref, w.bytes);
     if (!m.ok()) {
-      why =
-          fmt::format("rank {} could not map rank {}'s buffer: {}", rank_, r, m.status().message());
+      why = fmt::format("rank {} could not map rank {}'s buffer: {}", rank_, w.peer,
+                        m.status().message());
       break;
     }
-    (*at)[r] = m.value();
+    *w.at = m.value();
   }
   GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "mapping"));
   if (refused_by >= 0) {
@@ -517,14 +492,16 @@ Status ShmDirect::map_peers(const std::vector<SharedRef>& refs, const std::vecto
     peer_regions_.clear();
     GW_LOG_WARN(
         "{} within the host: the ranks cannot map each other's gw_mem_alloc memory ({}); every "
-        "rank goes on without it",
+        "rank goes on without mapping it (process_vm_readv or the ring)",
         what, why.empty() ? fmt::format("rank {} could not map a peer's buffer", refused_by) : why);
     return ok_status();
   }
   if (shared_state_ == State::kUnknown) {
     shared_state_ = State::kOn;
-    GW_LOG_INFO("{} within the host: buffers in gw_mem_alloc memory are mapped by every rank",
-                what);
+    GW_LOG_INFO(
+        "{} within the host: buffers in gw_mem_alloc memory are mapped by every rank and read with "
+        "no kernel copy",
+        what);
   }
   *ok = true;
   g_shared_calls.fetch_add(1, std::memory_order_relaxed);
@@ -561,10 +538,13 @@ Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
     every = every && refs[r].gen != 0;
   }
   if (!every) return ok_status();
-  std::vector<uint8_t*> outs;
+  std::vector<uint8_t*> outs(d.size());
+  std::vector<PeerMapping> wants;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) wants.push_back({r, refs[r], total, &outs[r]});
+  }
   bool mapped = false;
-  GW_RETURN_IF_ERROR(map_peers(refs, std::vector<bool>(d.size(), true), total, exchange, &outs,
-                               &mapped, "allgather"));
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "allgather"));
   if (!mapped) return ok_status();
   *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);
@@ -611,11 +591,14 @@ Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcou
     refs[r] = d[r].in_ref;
     every = every && refs[r].gen != 0;
   }
-  std::vector<uint8_t*> ins;
+  std::vector<uint8_t*> ins(d.size());
   bool mapped = false;
   if (every) {
-    GW_RETURN_IF_ERROR(map_peers(refs, std::vector<bool>(d.size(), true), total, exchange, &ins,
-                                 &mapped, "reduce_scatter"));
+    std::vector<PeerMapping> wants;
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) wants.push_back({r, refs[r], total, &ins[r]});
+    }
+    GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "reduce_scatter"));
   }
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const size_t piece_elems = std::max<size_t>(1, kPiece / es);
@@ -651,13 +634,11 @@ Status ShmDirect::broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadl
   // Only with the root's buffer in shared memory (allgather's reason: a cross-memory read of it
   // is slower than the ring's two copies at once).
   if (shared_state_ == State::kOff || d[root].out_ref.gen == 0) return ok_status();
-  std::vector<SharedRef> refs(d.size());
-  refs[root] = d[root].out_ref;
-  std::vector<bool> need(d.size(), false);
-  need[root] = true;
-  std::vector<uint8_t*> at;
+  uint8_t* root_buf = nullptr;
+  std::vector<PeerMapping> wants;
+  if (rank_ != root) wants.push_back({root, d[root].out_ref, bytes, &root_buf});
   bool mapped = false;
-  GW_RETURN_IF_ERROR(map_peers(refs, need, bytes, exchange, &at, &mapped, "broadcast"));
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "broadcast"));
   if (!mapped) return ok_status();
   *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);
@@ -665,7 +646,7 @@ Status ShmDirect::broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadl
     const bool stream = bytes >= kStreamMin;
     for (size_t off = 0; off < bytes; off += kGatherStep) {
       GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "broadcast"));
-      copy_out(buf + off, at[root] + off, std::min(kGatherStep, bytes - off), stream);
+      copy_out(buf + off, root_buf + off, std::min(kGatherStep, bytes - off), stream);
     }
     finish_streaming();
   }

@@ -159,11 +159,16 @@ class ShmDirect {
                     uint64_t bytes, const Exchange& exchange, std::vector<CallDesc>* d, bool* ran);
   // The barrier that ends a call.
   Status end_call(const Exchange& exchange);
-  // Maps the `bytes` that refs[r] names for every peer r with need[r] into (*at)[r], then every
-  // rank's verdict: *ok = false on every rank when any could not (shared_state_ off for good, one
-  // WARN naming `what`; nothing was written).
-  Status map_peers(const std::vector<SharedRef>& refs, const std::vector<bool>& need,
-                   uint64_t bytes, const Exchange& exchange, std::vector<uint8_t*>* at, bool* ok,
+  // A peer's buffer to map: `bytes` at `ref` in rank `peer`'s region, its address here into *at.
+  struct PeerMapping {
+    int peer;
+    SharedRef ref;
+    uint64_t bytes;
+    uint8_t** at;
+  };
+  // Maps every wanted buffer, then every rank's verdict: *ok = false on every rank when any could
+  // not (shared_state_ off for good, one WARN naming `what`; nothing was written).
+  Status map_peers(const std::vector<PeerMapping>& wants, const Exchange& exchange, bool* ok,
                    const char* what);
   // Rank `peer`'s region that `ref` names, mapped here (once; kept for later calls, the least
   // recently used let go beyond a few per peer), and the buffer's address in this process.
