@@ -98,8 +98,8 @@ constinit const config::Row kShmDirectMin{
     "GW_SHM_DIRECT_MIN", Type::Size, "1M", "",
     "an allreduce or reduce-scatter of at least this many bytes (its whole buffer) among ranks of "
     "one host over shm reads the peers' buffers directly (process_vm_readv, or their mappings "
-    "when gw_mem_alloc gave them; allgather and broadcast too then) instead of going through the "
-    "ring; 0 = always the ring. Every rank must set the same"};
+    "when gw_mem_alloc gave them; allgather, broadcast and alltoall too then) instead of going "
+    "through the ring; 0 = always the ring. Every rank must set the same"};
 
 const config::RowSet& rows() {
   static const config::RowSet set(

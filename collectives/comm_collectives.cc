@@ -343,6 +343,17 @@ Status CommImpl::alltoall_locked(const void* sendbuf, void* recvbuf, size_t coun
     }
     if (in != out && blk > 0) std::memcpy(out + rank() * blk, in + rank() * blk, blk);
     if (size() == 1) return ok_status();
+    if (in != out && direct_.wants(p * blk)) {
+      // Within one host over shm, inputs in gw_mem_alloc memory: copy from the peers' mappings.
+      bool ran = false;
+      GW_RETURN_IF_ERROR(run_direct(
+          "alltoall", p * blk, deadline,
+          [&](const Exchange& exchange, bool* r) {
+            return direct_.alltoall(in, out, blk, deadline, &aborted_, exchange, r);
+          },
+          &ran));
+      if (ran) return ok_status();
+    }
     // The steps are independent: deal them round-robin to up to kAlltoallInFlight plans that run
     // together. Each step talks to a different peer, so no two plans share a connection.
     Schedule all = pairwise_alltoall(rank(), size(), count);

@@ -625,6 +625,43 @@ Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcou
   return end_call(exchange);  // no rank hands its input back while a peer still reads it
 }
 
+Status ShmDirect::alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline deadline,
+                           const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
+  const uint64_t total = static_cast<uint64_t>(blk) * static_cast<uint64_t>(size_);
+  std::vector<CallDesc> d;
+  GW_RETURN_IF_ERROR(begin_call(in, total, out, total, blk, exchange, &d, ran));
+  if (!*ran) return ok_status();
+  *ran = false;
+  // Only with every input in shared memory (allgather's reason), and out of place on every rank:
+  // rank j reads block j of this rank's input while this rank writes its output.
+  std::vector<uint8_t*> ins(d.size());
+  std::vector<PeerMapping> wants;
+  bool every = shared_state_ != State::kOff;
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t i0 = d[r].in, o0 = d[r].out;
+    every = every && d[r].in_ref.gen != 0 && (total == 0 || o0 >= i0 + total || i0 >= o0 + total);
+    if (r != rank_) wants.push_back({r, d[r].in_ref, total, &ins[r]});
+  }
+  if (!every) return ok_status();
+  bool mapped = false;
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "alltoall"));
+  if (!mapped) return ok_status();
+  *ran = true;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  const bool stream = total >= kStreamMin;
+  const size_t mine = static_cast<size_t>(rank_) * blk;
+  for (int k = 1; k < size_; ++k) {
+    const int peer = (rank_ + k) % size_;
+    for (size_t off = 0; off < blk; off += kGatherStep) {
+      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "alltoall"));
+      copy_out(out + static_cast<size_t>(peer) * blk + off, ins[peer] + mine + off,
+               std::min(kGatherStep, blk - off), stream);
+    }
+  }
+  finish_streaming();
+  return end_call(exchange);  // no rank hands its input back while a peer still reads it
+}
+
 Status ShmDirect::broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadline,
                             const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
   std::vector<CallDesc> d;

@@ -79,10 +79,10 @@ class ShmDirect {
                    Deadline deadline, const std::atomic<bool>* aborted, const Exchange& exchange,
                    bool* ran);
 
-  // The other collectives of one host (docs/wire-shm.md, "Direct allgather, reduce-scatter and
-  // broadcast"), each one copy per byte where the ring makes two, and one barrier at the end (no
-  // rank hands a buffer back while a peer still reads it). *ran, errors and the probe as
-  // allreduce's; the caller decides with wants() on the call's whole buffer.
+  // The other collectives of one host (docs/wire-shm.md, "Direct allgather, reduce-scatter,
+  // broadcast and alltoall"), each one copy per byte where the ring makes two, and one barrier at
+  // the end (no rank hands a buffer back while a peer still reads it). *ran, errors and the probe
+  // as allreduce's; the caller decides with wants() on the call's whole buffer.
   // allgather: only when every rank's output lies in shared host memory (gw_mem_alloc's), mapped
   // by the peers; every rank's own block already at out + rank * blk (the caller moved it
   // there), each rank copies the others' blocks from their outputs. Else *ran = false: the ring.
@@ -95,6 +95,11 @@ class ShmDirect {
   Status reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
                         ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
                         const Exchange& exchange, bool* ran);
+  // alltoall: only when every rank's input lies in shared host memory and no rank's output
+  // overlaps its input: rank i copies block i of every peer's mapped input into its output (its
+  // own block already there: the caller copied it). Else *ran = false: the pairwise exchange.
+  Status alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline deadline,
+                  const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran);
   // broadcast: only when the root's buffer lies in shared host memory: every other rank copies
   // it from the mapping. Else *ran = false: the ring.
   Status broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadline,

@@ -382,8 +382,9 @@ gw_status_t gw_test_recv(gw_request_t request, int* done, size_t* count, int* so
  * the arena and back. In direct mode, when all ranks of comm share one host over shm (and
  * GW_SHM_DIRECT_MIN is not 0), it is shared memory (a memfd region, page-aligned) that the ranks
  * map into each other, so a large allreduce or reduce-scatter whose buffers all come from here
- * runs with no kernel copy, and so do an allgather whose outputs and a broadcast whose root's
- * buffer come from here (docs/wire-shm.md "Shared buffers"); a child the process forks shares it instead of
+ * runs with no kernel copy, and so do an allgather whose outputs, a broadcast whose root's
+ * buffer and an out-of-place alltoall whose inputs come from here (docs/wire-shm.md "Shared
+ * buffers"); a child the process forks shares it instead of
  * getting a copy. Otherwise plain aligned host memory. GW_ERR_NO_MEMORY when the
  * arena (GW_DAEMON_ARENA) has no free range that large. The memory belongs to comm: free it with
  * gw_mem_free before gw_comm_destroy, which frees (in daemon mode: unmaps) what is left.

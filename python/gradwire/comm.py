@@ -172,8 +172,8 @@ class Comm(PointToPoint, Rooted):
         """A new, uninitialised array in memory from gw_mem_alloc: in daemon mode (GW_DAEMON) it
         lies in the daemon's shared arena, so collectives on it are zero-copy (any other array is
         copied into the arena and back); in direct mode, among ranks of one host over shm, shared
-        memory the ranks map into each other (a large allreduce, reduce-scatter, allgather or
-        broadcast on it has no kernel copy), else
+        memory the ranks map into each other (a large allreduce, reduce-scatter, allgather,
+        broadcast or alltoall on it has no kernel copy), else
         ordinary host memory.
 
         dtype: a numpy dtype name (float32, float64, float16, int32, int64, uint8), or bfloat16

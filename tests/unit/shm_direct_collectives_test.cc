@@ -1,11 +1,11 @@
-// The direct allgather, reduce-scatter and broadcast within one host over shm
+// The direct allgather, reduce-scatter, broadcast and alltoall within one host over shm
 // (collectives/shm_direct.h). Reduce-scatter reads the peers' inputs with process_vm_readv, or
-// from their mappings when every input is gw_mem_alloc memory (a shared region); allgather and
-// broadcast take the path only with their buffers in shared regions (the ring otherwise). Every
-// dtype and op (reduce-scatter), odd sizes, in place and out of place, on 2, 3 and 4 ranks, every
-// root (broadcast); the ring kept on the heap, below GW_SHM_DIRECT_MIN, with an algorithm forced,
-// with one rank's buffer on the heap, and for a reduce-scatter output that overlaps its input
-// elsewhere than at its block; a peer that goes away mid-call.
+// from their mappings when every input is gw_mem_alloc memory (a shared region); allgather,
+// broadcast and alltoall take the path only with their buffers in shared regions (the ring
+// otherwise). Every dtype and op (reduce-scatter), odd sizes, in place and out of place, on 2, 3
+// and 4 ranks, every root (broadcast); the ring kept on the heap, below GW_SHM_DIRECT_MIN, with an
+// algorithm forced, with one rank's buffer on the heap, and for a reduce-scatter output that
+// overlaps its input elsewhere than at its block; a peer that goes away mid-call.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -198,6 +198,42 @@ uint64_t run_broadcast(int n, const testing::RankOptions& options, unsigned shar
   return ShmDirect::calls() - before;
 }
 
+// Every rank's block r of every input to rank r; in place too (which keeps the pairwise
+// exchange: the caller's copy of the input is on the heap). Returns the direct calls.
+uint64_t run_alltoall(int n, const testing::RankOptions& options, unsigned shared) {
+  const uint64_t before = ShmDirect::calls();
+  testing::run_ranks(n, options, [&](std::unique_ptr<Communicator>& comm, int r) {
+    const bool mine_shared = (shared >> r) & 1;
+    for (DataType t : {DataType::kU8, DataType::kF64}) {
+      const size_t es = dtype_size(t);
+      for (size_t count : kCounts) {
+        const size_t blk = count * es;
+        std::vector<uint8_t> want;
+        for (int q = 0; q < n; ++q) {
+          const auto theirs = input(t, q + 20, count * static_cast<size_t>(n));
+          want.insert(want.end(), theirs.begin() + r * blk, theirs.begin() + (r + 1) * blk);
+        }
+        const std::vector<uint8_t> mine = input(t, r + 20, count * static_cast<size_t>(n));
+        for (bool in_place : {false, true}) {
+          Buf in(mine.size(), mine_shared), out(mine.size(), mine_shared);
+          in.set(mine);
+          out.set(std::vector<uint8_t>(mine.size(), 0xEE));
+          uint8_t* dst = in_place ? in.data() : out.data();
+          Status s = comm->alltoall(in.data(), dst, count, t);
+          ASSERT_TRUE(s.ok()) << s.to_string();
+          ASSERT_EQ(0, std::memcmp(dst, want.data(), want.size()))
+              << "rank " << r << " of " << n << ": " << dtype_name(t) << " count " << count
+              << (in_place ? " in place" : " out of place");
+          if (!in_place) {
+            ASSERT_EQ(in.bytes(), mine) << "the input changed";
+          }
+        }
+      }
+    }
+  });
+  return ShmDirect::calls() - before;
+}
+
 constexpr uint64_t kCounts_n = sizeof(kCounts) / sizeof(kCounts[0]);
 
 TEST(ShmDirectCollectives, AllgatherOfEverySizeAndPlacementWithMappedOutputs) {
@@ -246,6 +282,20 @@ TEST(ShmDirectCollectives, BroadcastFromEveryRootWithItsBufferMapped) {
   // the path (3 ranks each), the others keep the ring.
   EXPECT_EQ(run_broadcast(3, shm_ranks("1"), /*shared=*/0x1), kCounts_n * 3);
   EXPECT_EQ(run_broadcast(2, shm_ranks("1"), 0), 0u) << "on the heap: the ring";
+}
+
+TEST(ShmDirectCollectives, AlltoallWithMappedInputsOutOfPlace) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    const uint64_t shared0 = ShmDirect::shared_calls();
+    // Out of place only (in place copies the input to the heap first): 2 dtypes x 4 counts.
+    const uint64_t calls = 2 * kCounts_n * static_cast<uint64_t>(n);
+    EXPECT_EQ(run_alltoall(n, shm_ranks("1"), /*shared=*/0xF), calls);
+    EXPECT_EQ(ShmDirect::shared_calls() - shared0, calls);
+  }
+  EXPECT_EQ(run_alltoall(2, shm_ranks("1"), 0), 0u) << "on the heap: the pairwise exchange";
+  EXPECT_EQ(run_alltoall(3, shm_ranks("1"), 0x6), 0u) << "rank 0 on the heap";
+  EXPECT_EQ(run_alltoall(2, shm_ranks("4M"), 0x3), 0u) << "below the threshold";
 }
 
 TEST(ShmDirectCollectives, AnOutputOverlappingTheInputElsewhereKeepsTheRingOnEveryRank) {
