@@ -359,9 +359,9 @@ Status ShmDirect::probe(const Exchange& exchange) {
   } else {
     state_ = State::kOff;
     GW_LOG_WARN(
-        "allreduce within the host: cross-memory reads refused ({}); every rank keeps the ring "
-        "(ptrace_scope, different users or a container can cause this; GW_SHM_DIRECT_MIN=0 "
-        "silences this)",
+        "collectives within the host: cross-memory reads refused ({}); every rank keeps the ring "
+        "for allreduce, reduce-scatter, allgather, broadcast and alltoall (ptrace_scope, "
+        "different users or a container can cause this; GW_SHM_DIRECT_MIN=0 silences this)",
         why.empty() ? fmt::format("rank {} could not read a peer's memory", refused_by) : why);
   }
   return ok_status();
