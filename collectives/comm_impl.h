@@ -150,7 +150,8 @@ class CommImpl : public Communicator {
   }
   void abort() override { aborted_.store(true); }
   bool aborted() const override { return aborted_.load(); }
-  // Only the allreduce maps shared buffers (the other collectives read with process_vm_readv).
+  // Shared buffers while the allreduce's direct path may run (GW_ALGO not forced); every direct
+  // collective maps them then.
   bool wants_shared_host_memory() const override {
     return settings_.forced_algo == Algo::kAuto && direct_.maps_shared_buffers();
   }

@@ -209,9 +209,9 @@ Status CommImpl::set_up() {
   // Auto chunk: shared memory wants chunks whose staging stays in cache (docs/perf.md, "Why the
   // defaults"); sockets want fewer, larger calls (512K).
   if (settings_.chunk_cfg <= 0 && main == "shm") exec_.set_chunk_bytes(size_t{128} * 1024);
-  // One host, shm between every pair: large allreduces, allgathers, reduce-scatters and
-  // broadcasts may read the peers' buffers directly (collectives/shm_direct.h), each unless its
-  // GW_ALGO* knob forces an algorithm.
+  // One host, shm between every pair: large allreduces, allgathers, reduce-scatters, broadcasts
+  // and alltoalls may read the peers' buffers directly (collectives/shm_direct.h), each unless
+  // its GW_ALGO* knob forces an algorithm.
   direct_.set_eligible(world > 1 && !multi_host && resolved_["transport_within_hosts"] == "shm");
   GW_LOG_DEBUG("communicator rank {}/{}: transport {}, chunk {}, channels {}, algo {}", me, world,
                main, format_bytes(exec_.chunk_bytes()), settings_.nchannels_cfg,

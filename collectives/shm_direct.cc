@@ -97,6 +97,15 @@ void finish_streaming() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+// n bytes from src to dst, with non-temporal stores when `stream` (kStreamMin: see there).
+void copy_out(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
+  if (stream) {
+    stream_copy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
 }  // namespace
 
 Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
@@ -317,10 +326,7 @@ Status ShmDirect::allreduce_shared(const uint8_t* in, uint8_t* out, size_t count
   }
   finish_streaming();
 
-  // No rank hands its output back while a peer may still write into it.
-  std::vector<uint8_t> flags(n, 0);
-  flags[rank_] = 1;
-  return exchange(flags.data(), 1);
+  return barrier(exchange);  // no rank hands its output back while a peer may still write into it
 }
 
 Status ShmDirect::probe(const Exchange& exchange) {
@@ -370,27 +376,14 @@ Status ShmDirect::probe(const Exchange& exchange) {
 Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataType dtype,
                             ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
                             const Exchange& exchange, bool* ran) {
-  *ran = false;
-  if (state_ == State::kUnknown) GW_RETURN_IF_ERROR(probe(exchange));
-  if (state_ != State::kOn) return ok_status();
-  *ran = true;
-  g_calls.fetch_add(1, std::memory_order_relaxed);
   const size_t es = dtype_size(dtype);
   const size_t bytes = count * es;
-  const size_t n = static_cast<size_t>(size_);
 
   // 1. Everyone's buffers (and the proof that every rank has entered the call).
-  xbuf_.assign(n * sizeof(CallDesc), 0);
-  CallDesc mine{kDescMagic,
-                reinterpret_cast<uint64_t>(in),
-                reinterpret_cast<uint64_t>(out),
-                bytes,
-                ref_of(in, bytes),
-                ref_of(out, bytes)};
-  std::memcpy(xbuf_.data() + rank_ * sizeof(CallDesc), &mine, sizeof(mine));
-  GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(CallDesc)));
   std::vector<CallDesc> d;
-  GW_RETURN_IF_ERROR(decode_calls(xbuf_.data(), size_, rank_, bytes, &d));
+  GW_RETURN_IF_ERROR(begin_call(in, bytes, out, bytes, bytes, exchange, &d, ran));
+  if (!*ran) return ok_status();
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   // Every rank's buffers in shared host memory: map them, no kernel copies (the same choice on
   // every rank: it rests on the exchanged descriptors and the exchanged verdicts).
   if (shared_state_ != State::kOff && all_shared(d)) {
@@ -423,9 +416,7 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
 
   // 3. Every block is reduced before anyone reads it (and no one still reads an input block that
   // its owner's gather would overwrite in place).
-  std::vector<uint8_t> flags(n, 0);
-  flags[rank_] = 1;
-  GW_RETURN_IF_ERROR(exchange(flags.data(), 1));
+  GW_RETURN_IF_ERROR(barrier(exchange));
 
   // 4. The other blocks, from their owners' outputs straight into this one.
   for (int k = 1; k < size_; ++k) {
@@ -441,14 +432,8 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
   }
 
   // 5. No rank hands its buffers back while a peer may still read them.
-  std::fill(flags.begin(), flags.end(), 0);
-  flags[rank_] = 1;
-  return exchange(flags.data(), 1);
+  return barrier(exchange);
 }
-
-}  // namespace gw::coll
-
-namespace gw::coll {
 
 Status ShmDirect::begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t* out,
                              uint64_t out_bytes, uint64_t bytes, const Exchange& exchange,
@@ -466,10 +451,20 @@ Status ShmDirect::begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t
   return ok_status();
 }
 
-Status ShmDirect::end_call(const Exchange& exchange) {
+Status ShmDirect::barrier(const Exchange& exchange) {
   std::vector<uint8_t> flags(static_cast<size_t>(size_), 0);
   flags[rank_] = 1;
   return exchange(flags.data(), 1);
+}
+
+Status ShmDirect::copy_steps(uint8_t* dst, const uint8_t* src, size_t len, bool stream,
+                             Deadline deadline, const std::atomic<bool>* aborted,
+                             const char* what) {
+  for (size_t off = 0; off < len; off += kGatherStep) {
+    GW_RETURN_IF_ERROR(check_stop(deadline, aborted, what));
+    copy_out(dst + off, src + off, std::min(kGatherStep, len - off), stream);
+  }
+  return ok_status();
 }
 
 Status ShmDirect::map_peers(const std::vector<PeerMapping>& wants, const Exchange& exchange,
@@ -508,59 +503,37 @@ Status ShmDirect::map_peers(const std::vector<PeerMapping>& wants, const Exchang
   return ok_status();
 }
 
-namespace {
-
-// n bytes from src to dst, with non-temporal stores from kStreamMin (see there).
-void copy_out(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
-  if (stream) {
-    stream_copy(dst, src, n);
-  } else {
-    std::memcpy(dst, src, n);
-  }
-}
-
-}  // namespace
-
 Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
                             const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
+  *ran = false;
   const uint64_t total = static_cast<uint64_t>(blk) * static_cast<uint64_t>(size_);
   std::vector<CallDesc> d;
-  GW_RETURN_IF_ERROR(begin_call(out + rank_ * blk, blk, out, total, blk, exchange, &d, ran));
-  if (!*ran) return ok_status();
-  *ran = false;
+  bool on = false;
+  GW_RETURN_IF_ERROR(begin_call(out + rank_ * blk, blk, out, total, blk, exchange, &d, &on));
   // Only with every output in shared memory: reading a peer's block with process_vm_readv costs
   // about two memcpys of it (the pages are pinned one by one), and the ring's two copies, which
   // the two ranks make at once, are as fast (docs/perf.md, "Direct collectives within a host").
-  std::vector<SharedRef> refs(d.size());
-  bool every = shared_state_ != State::kOff;
-  for (size_t r = 0; r < d.size(); ++r) {
-    refs[r] = d[r].out_ref;
-    every = every && refs[r].gen != 0;
-  }
-  if (!every) return ok_status();
+  bool every = on && shared_state_ != State::kOff;
   std::vector<uint8_t*> outs(d.size());
   std::vector<PeerMapping> wants;
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_) wants.push_back({r, refs[r], total, &outs[r]});
+  for (int r = 0; r < static_cast<int>(d.size()); ++r) {
+    every = every && d[r].out_ref.gen != 0;
+    if (r != rank_) wants.push_back({r, d[r].out_ref, total, &outs[r]});
   }
-  bool mapped = false;
-  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "allgather"));
-  if (!mapped) return ok_status();
-  *ran = true;
+  if (!every) return ok_status();
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "allgather"));
+  if (!*ran) return ok_status();
   g_calls.fetch_add(1, std::memory_order_relaxed);
   // Every rank's own block is in its output already (the caller put it there before the
   // exchange) and no rank writes its own block during the call: copy each peer's from there.
-  const bool stream = total >= kStreamMin;
   for (int k = 1; k < size_; ++k) {
     const int peer = (rank_ + k) % size_;
     const size_t at = static_cast<size_t>(peer) * blk;
-    for (size_t off = 0; off < blk; off += kGatherStep) {
-      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "allgather"));
-      copy_out(out + at + off, outs[peer] + at + off, std::min(kGatherStep, blk - off), stream);
-    }
+    GW_RETURN_IF_ERROR(copy_steps(out + at, outs[peer] + at, blk, total >= kStreamMin, deadline,
+                                  aborted, "allgather"));
   }
   finish_streaming();
-  return end_call(exchange);  // no rank hands its output back while a peer still reads it
+  return barrier(exchange);  // no rank hands its output back while a peer still reads it
 }
 
 Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
@@ -585,21 +558,15 @@ Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcou
   }
   // Every input in shared memory: map them and reduce from them directly; else read the peers'
   // pieces with process_vm_readv.
-  std::vector<SharedRef> refs(d.size());
   bool every = shared_state_ != State::kOff;
-  for (size_t r = 0; r < d.size(); ++r) {
-    refs[r] = d[r].in_ref;
-    every = every && refs[r].gen != 0;
-  }
   std::vector<uint8_t*> ins(d.size());
-  bool mapped = false;
-  if (every) {
-    std::vector<PeerMapping> wants;
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) wants.push_back({r, refs[r], total, &ins[r]});
-    }
-    GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "reduce_scatter"));
+  std::vector<PeerMapping> wants;
+  for (int r = 0; r < size_; ++r) {
+    every = every && d[r].in_ref.gen != 0;
+    if (r != rank_) wants.push_back({r, d[r].in_ref, total, &ins[r]});
   }
+  bool mapped = false;
+  if (every) GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "reduce_scatter"));
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const size_t piece_elems = std::max<size_t>(1, kPiece / es);
   tmp_.resize(piece_elems * es);
@@ -622,72 +589,61 @@ Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcou
       acc = out + off * es;
     }
   }
-  return end_call(exchange);  // no rank hands its input back while a peer still reads it
+  return barrier(exchange);  // no rank hands its input back while a peer still reads it
 }
 
 Status ShmDirect::alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline deadline,
                            const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
+  *ran = false;
   const uint64_t total = static_cast<uint64_t>(blk) * static_cast<uint64_t>(size_);
   std::vector<CallDesc> d;
-  GW_RETURN_IF_ERROR(begin_call(in, total, out, total, blk, exchange, &d, ran));
-  if (!*ran) return ok_status();
-  *ran = false;
+  bool on = false;
+  GW_RETURN_IF_ERROR(begin_call(in, total, out, total, blk, exchange, &d, &on));
   // Only with every input in shared memory (allgather's reason), and out of place on every rank:
   // rank j reads block j of this rank's input while this rank writes its output.
   std::vector<uint8_t*> ins(d.size());
   std::vector<PeerMapping> wants;
-  bool every = shared_state_ != State::kOff;
-  for (int r = 0; r < size_; ++r) {
+  bool every = on && shared_state_ != State::kOff;
+  for (int r = 0; r < static_cast<int>(d.size()); ++r) {
     const uint64_t i0 = d[r].in, o0 = d[r].out;
     every = every && d[r].in_ref.gen != 0 && (total == 0 || o0 >= i0 + total || i0 >= o0 + total);
     if (r != rank_) wants.push_back({r, d[r].in_ref, total, &ins[r]});
   }
   if (!every) return ok_status();
-  bool mapped = false;
-  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "alltoall"));
-  if (!mapped) return ok_status();
-  *ran = true;
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "alltoall"));
+  if (!*ran) return ok_status();
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  const bool stream = total >= kStreamMin;
   const size_t mine = static_cast<size_t>(rank_) * blk;
   for (int k = 1; k < size_; ++k) {
     const int peer = (rank_ + k) % size_;
-    for (size_t off = 0; off < blk; off += kGatherStep) {
-      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "alltoall"));
-      copy_out(out + static_cast<size_t>(peer) * blk + off, ins[peer] + mine + off,
-               std::min(kGatherStep, blk - off), stream);
-    }
+    GW_RETURN_IF_ERROR(copy_steps(out + static_cast<size_t>(peer) * blk, ins[peer] + mine, blk,
+                                  total >= kStreamMin, deadline, aborted, "alltoall"));
   }
   finish_streaming();
-  return end_call(exchange);  // no rank hands its input back while a peer still reads it
+  return barrier(exchange);  // no rank hands its input back while a peer still reads it
 }
 
 Status ShmDirect::broadcast(uint8_t* buf, size_t bytes, int root, Deadline deadline,
                             const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
-  std::vector<CallDesc> d;
-  GW_RETURN_IF_ERROR(begin_call(buf, bytes, buf, bytes, bytes, exchange, &d, ran));
-  if (!*ran) return ok_status();
   *ran = false;
+  std::vector<CallDesc> d;
+  bool on = false;
+  GW_RETURN_IF_ERROR(begin_call(buf, bytes, buf, bytes, bytes, exchange, &d, &on));
   // Only with the root's buffer in shared memory (allgather's reason: a cross-memory read of it
   // is slower than the ring's two copies at once).
-  if (shared_state_ == State::kOff || d[root].out_ref.gen == 0) return ok_status();
+  if (!on || shared_state_ == State::kOff || d[root].out_ref.gen == 0) return ok_status();
   uint8_t* root_buf = nullptr;
   std::vector<PeerMapping> wants;
   if (rank_ != root) wants.push_back({root, d[root].out_ref, bytes, &root_buf});
-  bool mapped = false;
-  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "broadcast"));
-  if (!mapped) return ok_status();
-  *ran = true;
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "broadcast"));
+  if (!*ran) return ok_status();
   g_calls.fetch_add(1, std::memory_order_relaxed);
   if (rank_ != root) {
-    const bool stream = bytes >= kStreamMin;
-    for (size_t off = 0; off < bytes; off += kGatherStep) {
-      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "broadcast"));
-      copy_out(buf + off, root_buf + off, std::min(kGatherStep, bytes - off), stream);
-    }
+    GW_RETURN_IF_ERROR(
+        copy_steps(buf, root_buf, bytes, bytes >= kStreamMin, deadline, aborted, "broadcast"));
     finish_streaming();
   }
-  return end_call(exchange);  // the root keeps its buffer until every rank has read it
+  return barrier(exchange);  // the root keeps its buffer until every rank has read it
 }
 
 }  // namespace gw::coll

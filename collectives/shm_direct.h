@@ -162,8 +162,12 @@ class ShmDirect {
   // (and nothing exchanged) when the path is refused on this host.
   Status begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t* out, uint64_t out_bytes,
                     uint64_t bytes, const Exchange& exchange, std::vector<CallDesc>* d, bool* ran);
-  // The barrier that ends a call.
-  Status end_call(const Exchange& exchange);
+  // A barrier over the exchange (one byte per rank): every rank has reached it.
+  Status barrier(const Exchange& exchange);
+  // len bytes from src (a peer's mapped buffer) to dst, in kGatherStep steps that look at the
+  // deadline and abort between them; non-temporal stores when `stream`.
+  Status copy_steps(uint8_t* dst, const uint8_t* src, size_t len, bool stream, Deadline deadline,
+                    const std::atomic<bool>* aborted, const char* what);
   // A peer's buffer to map: `bytes` at `ref` in rank `peer`'s region, its address here into *at.
   struct PeerMapping {
     int peer;

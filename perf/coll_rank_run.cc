@@ -604,11 +604,11 @@ class RankRun {
       const std::string line = cpu_line(bytes, gb, cpu_before_, cpu_after_);
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
-      if (cpu_before_.machine_busy_s >= 0 && cpu_after_.machine_busy_s >= 0) {
-        row["cpu"] = {
-            {"machine_cpu_s_per_gb", (cpu_after_.machine_busy_s - cpu_before_.machine_busy_s) / gb},
-            {"rank_user_s_per_gb", (cpu_after_.self_user_s - cpu_before_.self_user_s) / gb},
-            {"rank_sys_s_per_gb", (cpu_after_.self_sys_s - cpu_before_.self_sys_s) / gb}};
+      const CpuPerGb c = cpu_per_gb(gb, cpu_before_, cpu_after_);
+      if (gb > 0 && c.machine >= 0) {
+        row["cpu"] = {{"machine_cpu_s_per_gb", c.machine},
+                      {"rank_user_s_per_gb", c.rank_user},
+                      {"rank_sys_s_per_gb", c.rank_sys}};
       }
     }
     doc_["rows"].push_back(row);

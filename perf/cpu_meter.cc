@@ -67,25 +67,33 @@ double cpu_nominal_ghz() {
   return 0;
 }
 
+CpuPerGb cpu_per_gb(double gb, const CpuSample& a, const CpuSample& b) {
+  CpuPerGb c;
+  c.rank_user = (b.self_user_s - a.self_user_s) / gb;
+  c.rank_sys = (b.self_sys_s - a.self_sys_s) / gb;
+  if (a.machine_busy_s >= 0 && b.machine_busy_s >= 0) {
+    c.machine = (b.machine_busy_s - a.machine_busy_s) / gb;
+  }
+  return c;
+}
+
 std::string cpu_line(size_t bytes, double gb, const CpuSample& a, const CpuSample& b) {
   if (gb <= 0) return "";
-  const double user = (b.self_user_s - a.self_user_s) / gb;
-  const double sys = (b.self_sys_s - a.self_sys_s) / gb;
+  const CpuPerGb c = cpu_per_gb(gb, a, b);
   const unsigned cpus = std::thread::hardware_concurrency();
-  if (a.machine_busy_s < 0 || b.machine_busy_s < 0) {
+  if (c.machine < 0) {
     return fmt::format(
         "# cpu: bytes={} machine_cpu_s_per_gb=? rank_user_s_per_gb={:.4f} "
         "rank_sys_s_per_gb={:.4f} (/proc/stat unreadable)",
-        bytes, user, sys);
+        bytes, c.rank_user, c.rank_sys);
   }
-  const double machine = (b.machine_busy_s - a.machine_busy_s) / gb;
   const double ghz = cpu_nominal_ghz();
   const std::string cycles =
-      ghz > 0 ? fmt::format("{:.2f}", machine * ghz) : std::string("?");  // s/GB x GHz = cyc/B
+      ghz > 0 ? fmt::format("{:.2f}", c.machine * ghz) : std::string("?");  // s/GB x GHz = cyc/B
   return fmt::format(
       "# cpu: bytes={} machine_cpu_s_per_gb={:.4f} cycles_per_byte={} ghz={:.2f} cpus={} "
       "rank_user_s_per_gb={:.4f} rank_sys_s_per_gb={:.4f}",
-      bytes, machine, cycles, ghz, cpus, user, sys);
+      bytes, c.machine, cycles, ghz, cpus, c.rank_user, c.rank_sys);
 }
 
 }  // namespace gw::perf

@@ -27,8 +27,17 @@ double cpu_nominal_ghz();
 // guest time is inside user already), -1 when there is none. Public for the tests.
 double proc_stat_busy_ticks(const std::string& text);
 
-// The "# cpu:" line gradwire-perf --cpu prints after a row: the section [a, b) that moved `gb`
-// gigabytes (the buffer's bytes times the timed iterations), per GB.
+// What the section [a, b) that moved `gb` gigabytes (the buffer's bytes times the timed
+// iterations) cost per GB: machine -1 when /proc/stat could not be read.
+struct CpuPerGb {
+  double machine = -1;
+  double rank_user = 0;
+  double rank_sys = 0;
+};
+CpuPerGb cpu_per_gb(double gb, const CpuSample& a, const CpuSample& b);
+
+// The "# cpu:" line gradwire-perf --cpu prints after a row (cpu_per_gb's figures); empty when
+// nothing moved.
 std::string cpu_line(size_t bytes, double gb, const CpuSample& a, const CpuSample& b);
 
 }  // namespace gw::perf
