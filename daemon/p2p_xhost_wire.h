@@ -3,7 +3,7 @@
 // job's daemon communicator, on tag kXhostTag, followed on the same tag by the payload (none for
 // 0 bytes), or with the payload in the same daemon message (kXhostInline). 32 bytes,
 // little-endian:
-//   u32 magic 'GWXP'  u16 version (3)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
+//   u32 magic 'GWXP'  u16 version (4)  u16 flags  i32 src rank  i32 dst rank  i32 user tag
 //   u32 payload tag (kXhostDevice, kXhostRefuse; else 0)  u64 bytes
 // flags 0: a message of 0 or more than kXhostInlineBytes bytes, its payload the next message;
 // kXhostInline: a message of 1 to kXhostInlineBytes bytes, its payload right after these 32 bytes
@@ -32,8 +32,10 @@
 namespace gw::daemon {
 
 inline constexpr uint32_t kXhostMagic = 0x50585747u;  // "GWXP" as little-endian bytes
-// 3: kXhostRefuse; 2: kXhostInline (version 1 sent every payload as a message of its own).
-inline constexpr uint16_t kXhostVersion = 3;
+// 4: a goodbye is answered with one (a daemon of version 3 did not answer, so one of version 4
+// would wait for the answer until its deadline); 3: kXhostRefuse; 2: kXhostInline (version 1
+// sent every payload as a message of its own).
+inline constexpr uint16_t kXhostVersion = 4;
 inline constexpr size_t kXhostHeaderBytes = 32;
 // The daemons' communicator carries nothing else point-to-point: one tag for header and payload,
 // so a payload follows its header in the per (source, tag) order.
