@@ -471,8 +471,13 @@ class RankRun {
     bool progress = rank_ == 0 && (c_.progress || isatty(STDERR_FILENO));
     auto t_start = SteadyClock::now();
     int result = 0;
+    uint64_t last_total = UINT64_MAX;
     for (size_t k = 0; k < sizes.size(); ++k) {
       const Shape sh = shape_for(sizes[k]);
+      // Sizes round down to whole elements: -b 0 steps 0, 1, 8, ... and 1 byte is 0 floats, the
+      // row before again (every rank skips alike).
+      if (sh.total == last_total) continue;
+      last_total = sh.total;
       if (c_.coll == Collective::kAlltoallv) layout_ = alltoallv_layout(sh.total, world_, rank_);
       fill_send(sendbuf_.data(), sh);
       fill_inputs(false, sh, bufs_for(false, sh));
@@ -601,9 +606,12 @@ class RankRun {
                   {"wrong", ip.wrong < 0 ? json(nullptr) : json(ip.wrong)}}}};
     if (c_.cpu) {
       const double gb = static_cast<double>(bytes) * iters / 1e9;
+      // A zero-byte row moves no GB: no line (cpu_line says nothing for it).
       const std::string line = cpu_line(bytes, gb, cpu_before_, cpu_after_);
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
+      if (!line.empty()) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      }
       const CpuPerGb c = cpu_per_gb(gb, cpu_before_, cpu_after_);
       if (gb > 0 && c.machine >= 0) {
         row["cpu"] = {{"machine_cpu_s_per_gb", c.machine},
