@@ -85,7 +85,9 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "p2p client with no server: exit status $rc: $out"
 grep -q 'refused' <<<"$out" && grep -q 'no p2p server' <<<"$out" ||
   bad "p2p client with no server does not say why: $out"
-[ $ms -lt 5000 ] || bad "p2p client with no server took $ms ms"
+# It tries for 1 s (a server may be starting); the deadline it must not wait out is GW_TIMEOUT_MS
+# (300 s by default). 15 s leaves room for a sanitizer build on a loaded machine (7.6 s seen).
+[ $ms -lt 15000 ] || bad "p2p client with no server took $ms ms"
 
 # gradwired --metrics on a port that another process holds.
 if "$gwd" --help 2>&1 | grep -q -- --metrics; then
