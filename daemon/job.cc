@@ -392,7 +392,10 @@ void Job::run_ready() {
         }
       }
     }
-    if (trace_now) record_collective(reqs, t0_us, s);
+    if (trace_now) {
+      record_collective(reqs, t0_us, s);
+      trace_now->commit();  // the collective and its phases, together
+    }
     trace_now.reset();
     counters->collective(reqs[0].opcode, s);
     if (s.ok()) {

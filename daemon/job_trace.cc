@@ -36,11 +36,19 @@ JobTrace::JobTrace(std::string job, int host_index, int num_hosts, int local_siz
 
 void JobTrace::add(const TraceEvent& e) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (events_.size() >= kMaxTraceEvents) {
-    ++dropped_;
-    return;
+  staged_.push_back(e);
+}
+
+void JobTrace::commit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const TraceEvent& e : staged_) {
+    if (events_.size() >= kMaxTraceEvents) {
+      ++dropped_;
+    } else {
+      events_.push_back(e);
+    }
   }
-  events_.push_back(e);
+  staged_.clear();
 }
 
 json JobTrace::result() const {

@@ -11,7 +11,7 @@
 //
 // The serve loop makes a JobTrace for a control request (Server::Impl::start_trace) and hands it
 // to the job (Job::begin_trace); the job thread appends to it while it lasts; the serve loop
-// answers with it at its end. add() and result() are thread-safe.
+// answers with it at its end. add(), commit() and result() are thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +50,11 @@ class JobTrace {
   const std::string& job() const { return job_; }
   int64_t end_us() const { return end_us_; }
   bool over(int64_t now_us) const { return now_us >= end_us_; }
-  // Keeps the event (up to kMaxTraceEvents; then counts it as dropped).
+  // Stages the event of the collective the job thread runs; commit() keeps what was staged (up to
+  // kMaxTraceEvents in all; then counts the rest as dropped). So an answer given while a
+  // collective runs holds all of its events or none: never a phase without its collective.
   void add(const TraceEvent& e);
+  void commit();
   // The answer (daemon/control_trace.h): the events with the lanes' names, and otherData.
   nlohmann::json result() const;
 
@@ -62,6 +65,7 @@ class JobTrace {
   const int64_t start_us_, end_us_;
   mutable std::mutex mu_;
   std::vector<TraceEvent> events_;
+  std::vector<TraceEvent> staged_;
   uint64_t dropped_ = 0;
 };
 

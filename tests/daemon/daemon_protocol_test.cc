@@ -21,7 +21,9 @@
 #include "core/sys/unix_socket.h"
 #include "daemon/arena_allocator.h"
 #include "daemon/control.h"
+#include "daemon/control_trace.h"
 #include "daemon/counters.h"
+#include "daemon/job_trace.h"
 #include "daemon/protocol.h"
 #include "daemon/reduce_pool.h"
 #include "daemon/ring.h"
@@ -680,5 +682,36 @@ TEST(DaemonTransportOffer, OffersFromTheStoreAreChecked) {
            std::string(33, 'a'), std::string("tc\0p", 4), std::string(300, 'a')}) {
     EXPECT_EQ(decode_offer(bad).status().code(), Code::kInvalidArg) << "'" << bad << "'";
   }
+}
+// gradwirectl trace answers at its deadline while the job thread may be inside a collective: the
+// answer holds a collective with all of its phases or not at all (a phase without its collective
+// made DaemonTrace's check fail under load).
+TEST(JobTraceTest, AnAnswerHoldsACollectiveWithItsPhasesOrNothingOfIt) {
+  JobTrace t("j", 0, 2, 2, 1.0);
+  TraceEvent phase;
+  phase.name = "local_reduce";
+  phase.ts_us = 10;
+  phase.dur_us = 5;
+  t.add(phase);
+  EXPECT_EQ(t.result()["otherData"]["events"], 0) << "a phase staged, its collective not ended";
+  TraceEvent c;
+  c.name = "allreduce";
+  c.cat = "collective";
+  c.ts_us = 9;
+  c.dur_us = 20;
+  c.dtype = "float32";
+  t.add(c);
+  t.commit();
+  const nlohmann::json r = t.result();
+  EXPECT_EQ(r["otherData"]["events"], 2);
+  EXPECT_EQ(r["otherData"]["dropped"], 0);
+  int complete = 0;
+  for (const auto& e : r["traceEvents"]) complete += e["ph"] == "X" ? 1 : 0;
+  EXPECT_EQ(complete, 2);
+  // Over the cap, the rest is counted as dropped at commit.
+  for (size_t i = 0; i < kMaxTraceEvents; ++i) t.add(phase);
+  t.commit();
+  EXPECT_EQ(t.result()["otherData"]["events"], kMaxTraceEvents);
+  EXPECT_EQ(t.result()["otherData"]["dropped"], 2);
 }
 }  // namespace gw::daemon
