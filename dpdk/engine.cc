@@ -288,11 +288,14 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
 
 void Engine::progress() {
   std::lock_guard<std::mutex> lock(mu_);
+  background_pass_ = true;
   progress_locked();
+  background_pass_ = false;
 }
 
 size_t Engine::progress_locked() {
   ++stats_.polls;
+  ++pass_;
   last_progress_ns_.store(sys::now_ns(), std::memory_order_relaxed);
   size_t total = 0;
   for (int round = 0; round < 4; ++round) {
@@ -313,9 +316,14 @@ size_t Engine::progress_locked() {
   for (auto& [id, c] : conns_) {
     timers(*c);
     pump(*c);
-    if (c->ack_due &&
-        (c->ack_now || c->rx_since_ack >= kAckEvery || now - c->ack_due_since >= kAckDelayNs)) {
-      if (c->ack_now) ++stats_.acks_prompt;
+    // An ACK of a message's end or a control frame waits for the next pass: the caller that
+    // learns of the message from this pass answers it first (a reply, a CTS), and the ACK leaves
+    // after the answer's frames rather than ahead of them (a frame sent over a copy-mode PMD costs
+    // its sender microseconds). The background thread's pass, with no caller, sends it at once.
+    const bool soon = c->ack_soon && (background_pass_ || pass_ > c->ack_soon_pass);
+    if (c->ack_due && (c->ack_now || soon || c->rx_since_ack >= kAckEvery ||
+                       now - c->ack_due_since >= kAckDelayNs)) {
+      if (c->ack_now || soon) ++stats_.acks_prompt;
       send_ack(*c);
     }
   }

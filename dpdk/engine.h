@@ -167,7 +167,9 @@ class Engine {
   struct Pending;
 
   Engine(std::unique_ptr<FramePort> port, const EngineConfig& config);
-  size_t progress_locked();  // returns the frames received
+  size_t progress_locked();       // returns the frames received
+  uint64_t pass_ = 0;             // progress passes so far (ack_soon)
+  bool background_pass_ = false;  // the background thread's pass (no caller to answer)
   Status test_locked(uint32_t conn, void* request, bool* done, size_t* size, bool* idle);
   void handle_frame(const FrameBuf& b);
   Status wait_released_locked(TxRef* ref, int64_t timeout_ms, const std::string& what);

@@ -139,7 +139,11 @@ struct Engine::Conn {
   uint32_t rcv_high = 0;  // one past the highest seq received
   std::vector<uint8_t> rcv_bits = std::vector<uint8_t>(kRcvWindow, 0);
   bool ack_due = false;
-  bool ack_now = false;         // acknowledge at the end of this pass
+  bool ack_now = false;  // acknowledge at the end of this pass
+  // The end of a message or a control frame came: acknowledge in the next pass, after the
+  // application had its turn (Engine::progress_locked), or at the end of a background pass.
+  bool ack_soon = false;
+  uint64_t ack_soon_pass = 0;   // the pass that saw it
   uint32_t rx_since_ack = 0;    // reliable frames received since our last ACK
   int64_t ack_due_since = 0;    // first unacknowledged frame
   uint32_t peer_window = 0;     // the peer's advertised receive window (0: not heard yet)

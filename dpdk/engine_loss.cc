@@ -122,6 +122,7 @@ void Engine::send_ack(Conn& c) {
   c.last_tx_ns = sys::now_ns();
   c.ack_due = false;
   c.ack_now = false;
+  c.ack_soon = false;
   c.rx_since_ack = 0;
 }
 

@@ -141,11 +141,14 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   c.ack_due = true;
   ++c.rx_since_ack;
   // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), a retransmission (it
-  // fills a gap: the sender's window is held up behind it), the end of a message (the send
-  // completes on it), control frames, and a sender about to fill the window we give it.
-  if (s != c.rcv_next || f.hdr.type != FrameType::kData ||
-      (f.hdr.flags & (kFlagLast | kFlagRetx)) || c.rx_since_ack >= advertised_window() / 4) {
+  // fills a gap: the sender's window is held up behind it) and a sender about to fill the window
+  // we give it, at the end of this pass; the end of a message (the send completes on it) and
+  // control frames in the next pass, after the caller's answer to them.
+  if (s != c.rcv_next || (f.hdr.flags & kFlagRetx) || c.rx_since_ack >= advertised_window() / 4) {
     c.ack_now = true;
+  } else if ((f.hdr.type != FrameType::kData || (f.hdr.flags & kFlagLast)) && !c.ack_soon) {
+    c.ack_soon = true;  // in the next pass (Engine::progress_locked)
+    c.ack_soon_pass = pass_;
   }
   if (seq_lt(s, c.rcv_next)) {
     ++stats_.duplicates;  // replayed or retransmitted: already delivered
