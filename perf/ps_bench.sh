@@ -95,16 +95,26 @@ echo "# ps_bench: $workers workers (one per host), links $rate, $bytes B float32
   "start (a shared machine: every figure is under load)"
 declare -A res ceil
 failed=0
-# The machine ceiling for each session size the layouts use.
+# The machine ceiling for each session size the layouts use: twice with 1 and twice with 4
+# connections per link (one carries more than four on a 2-core VM, four more on a fast host), the
+# best try by its slowest host, as perf/cluster_bench.sh measures it.
 sizes="$workers"; [[ " $layouts " == *" servers "* ]] && sizes+=" $((2 * workers))"
 for h in $sizes; do
-  bash "$root/tests/testbed/testbed.sh" -n "$h" "${rate_arg[@]}" -t "$timeout_s" -- \
-    "PYTHONPATH=$root/python GRADWIRE_LIBRARY=$lib exec $py $here/ps_bench_rank.py --ceiling-only \
-    --hosts $h --bytes $bytes --ceiling-port \$((TB_PORT + 7))" >"$work/ceil$h.out" 2>&1
-  ceil[$h]=$(sed -n 's/^\[h[0-9]*\] CEILING //p' "$work/ceil$h.out" | sort -g | tail -1)
-  n_ok=$(grep -c '\] CEILING ' "$work/ceil$h.out")
-  if [ "$n_ok" -ne "$h" ]; then
-    echo "# ceiling on $h hosts: FAILED ($n_ok of $h hosts reported):" >&2
+  ceil[$h]=""
+  for streams in 1 4 1 4; do
+    bash "$root/tests/testbed/testbed.sh" -n "$h" "${rate_arg[@]}" -t "$timeout_s" -- \
+      "PYTHONPATH=$root/python GRADWIRE_LIBRARY=$lib exec $py $here/ps_bench_rank.py --ceiling-only \
+      --hosts $h --bytes $bytes --ceiling-port \$((TB_PORT + 7)) --ceiling-streams $streams" \
+      >"$work/ceil$h.out" 2>&1
+    n_ok=$(grep -c '\] CEILING ' "$work/ceil$h.out")
+    [ "$n_ok" -eq "$h" ] || continue
+    secs=$(sed -n 's/^\[h[0-9]*\] CEILING //p' "$work/ceil$h.out" | sort -g | tail -1)
+    if [ -z "${ceil[$h]}" ] || awk -v a="$secs" -v b="${ceil[$h]}" 'BEGIN { exit !(a < b) }'; then
+      ceil[$h]=$secs
+    fi
+  done
+  if [ -z "${ceil[$h]}" ]; then
+    echo "# ceiling on $h hosts: FAILED (no try had all $h hosts report):" >&2
     tail -20 "$work/ceil$h.out" >&2; exit 1
   fi
 done

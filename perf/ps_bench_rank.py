@@ -2,10 +2,11 @@
 """One worker of perf/ps_bench.sh (run by the testbed in its host's namespace; not by hand).
 
     ps_bench_rank.py --bytes B --partition P [--chunks C[,C...]] -n ITERS -r REPS
-    ps_bench_rank.py --ceiling-only --hosts H --bytes B --ceiling-port PORT
+    ps_bench_rank.py --ceiling-only --hosts H --bytes B --ceiling-port PORT [--ceiling-streams S]
 
 --ceiling-only (every host of a session): the machine ceiling of perf/link_ceiling.py (every host
-streams B bytes of plain TCP to the next while receiving B, all at once); each host prints
+streams B bytes of plain TCP to the next while receiving B, all at once, over S connections per
+link, default 4); each host prints
 "CEILING seconds". Otherwise, in one process, on the same workers and buffer,
 REPS times interleaved (kv_keys: the same buffer as B/P keys of P bytes, every part's ipushpull
 in flight at once, as BytePS partitions a tensor into keys on the worker): gw_allreduce (sum; GW_ALGO as the environment sets) of B bytes of float32,
@@ -33,6 +34,7 @@ ap.add_argument("-n", type=int, default=3)
 ap.add_argument("-r", type=int, default=2)
 ap.add_argument("--ceiling-port", type=int, default=0)
 ap.add_argument("--ceiling-only", action="store_true")
+ap.add_argument("--ceiling-streams", type=int, default=4)
 ap.add_argument("--hosts", type=int, default=0)
 a = ap.parse_args()
 count = a.bytes // 4
@@ -41,7 +43,7 @@ count = a.bytes // 4
 if a.ceiling_only:
     from link_ceiling import ceiling  # perf/link_ceiling.py, beside this script
 
-    secs = ceiling(int(os.environ["TB_HOST"]), a.hosts, a.bytes, a.ceiling_port)
+    secs = ceiling(int(os.environ["TB_HOST"]), a.hosts, a.bytes, a.ceiling_port, a.ceiling_streams)
     print(f"CEILING {secs:.4f}", flush=True)
     raise SystemExit(0)
 
