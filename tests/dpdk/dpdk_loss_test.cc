@@ -276,5 +276,54 @@ TEST(DpdkLoss, SmallMessageRoundTrip) {
   EXPECT_EQ(a[0], b[0]);
 }
 
+// The end of a message is acknowledged after the receiver's answer, not before it (docs/
+// wire-dpdk.md, "Acknowledgements"): in an 8-byte ping-pong, b's pong leaves ahead of its ACK of
+// the ping, so the pong does not wait behind a frame the sender's kernel must carry first. No
+// background thread (progress_interval_us 0), so every pass is the test's; 20 exchanges, of which
+// nearly all must have the pong first (before the change none had: the ACK left at the end of
+// the pass that received the ping, before the receive was seen complete).
+TEST(DpdkLoss, AMessagesEndIsAcknowledgedAfterTheReceiversAnswer) {
+  EngineConfig ca = config_of(0x0a000001, 0, 1), cb = config_of(0x0a000002, 0, 2);
+  ca.progress_interval_us = cb.progress_interval_us = 0;
+  Pair p(ca, cb);
+  struct Seen {
+    uint32_t src_ip;
+    GwHeader hdr;
+  };
+  std::vector<Seen> log;
+  p.sw->set_filter([&log](const uint8_t* d, size_t n) {
+    Frame f;
+    if (decode_frame(d, n, false, &f) == DecodeError::kOk) log.push_back({f.src.ip, f.hdr});
+    return true;
+  });
+  uint8_t a[8] = {1}, b[8] = {};
+  for (int i = 0; i < 20; ++i) exchange(p, a, b, sizeof a);  // warm: RTT, windows
+  int pong_first = 0, tries = 0;
+  for (int i = 0; i < 20; ++i) {
+    log.clear();
+    exchange(p, a, b, sizeof a);
+    // The ping: a's eager data frame; then b's pong (its data frame) and b's ACK of the ping
+    // (to the ping's connection, acknowledging its sequence number).
+    auto ping = std::find_if(log.begin(), log.end(), [](const Seen& s) {
+      return s.src_ip == 0x0a000001 && s.hdr.type == FrameType::kData;
+    });
+    ASSERT_NE(ping, log.end());
+    const GwHeader ph = ping->hdr;
+    auto pong = std::find_if(ping, log.end(), [](const Seen& s) {
+      return s.src_ip == 0x0a000002 && s.hdr.type == FrameType::kData;
+    });
+    auto ack = std::find_if(ping, log.end(), [&](const Seen& s) {
+      return s.src_ip == 0x0a000002 && s.hdr.type == FrameType::kAck &&
+             s.hdr.dst_conn == ph.src_conn && static_cast<int32_t>(s.hdr.ack - ph.seq) > 0;
+    });
+    ASSERT_NE(pong, log.end());
+    ASSERT_NE(ack, log.end()) << "the ping was never acknowledged";
+    ++tries;
+    if (pong < ack) ++pong_first;
+  }
+  p.sw->set_filter(nullptr);
+  EXPECT_GE(pong_first, tries - 2) << pong_first << " of " << tries << " pongs left before the ACK";
+}
+
 }  // namespace
 }  // namespace gw::dpdk
