@@ -118,6 +118,7 @@ for s in $systems; do
     *) echo "cluster_bench: unknown system '$s'" >&2; exit 2 ;; esac
 done
 source "$here/sizes.sh"  # to_bytes()
+source "$here/link_ceiling.sh"  # ceiling_best()
 world=0
 for v in "${rph_list[@]}"; do world=$((world + v)); done
 # Whole elements, and for allgather / reduce_scatter whole blocks of n elements, so that every
@@ -323,11 +324,8 @@ if [ "$hosts" -gt 1 ]; then
     run_testbed -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- "exec /usr/bin/python3 \
 $here/link_ceiling.py --hosts $hosts --bytes $ceil_bytes --streams $streams --port \$((TB_PORT + 7))" ||
       continue
-    [ "$(grep -c '\] CEILING ' <<<"$out")" -eq "$hosts" ] || continue
-    secs=$(sed -n 's/^\[h[0-9]*\] CEILING //p' <<<"$out" | sort -g | tail -1)
-    if [ -z "$best" ] || awk -v a="$secs" -v b="$best" 'BEGIN { exit !(a < b) }'; then
-      best=$secs best_streams=$streams
-    fi
+    secs=$(ceiling_best "$out" "$hosts" "$best")
+    [ "$secs" = "$best" ] || best=$secs best_streams=$streams
   done
   if [ -n "$best" ]; then
     ceil_bps=$(awk -v b="$ceil_bytes" -v s="$best" 'BEGIN { printf "%.0f", b * 8 / s }')

@@ -31,6 +31,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/link_ceiling.sh"  # ceiling_best()
 root="$(cd "$here/.." && pwd)"
 hosts=2; rph=2; rate=1gbit; model=resnet18; batch=4; image=224; warmup=2; steps=6
 codec="topk:0.01"; systems="hvd hvd-nofusion hvd-fp16 hvd-codec ddp-gloo ddp-gradwire"
@@ -112,11 +113,7 @@ for streams in 1 4 1 4; do
   testbed -n "$hosts" "${rate_arg[@]}" -t "$timeout_s" -- \
     "$env_common exec $py $here/ps_bench_rank.py --ceiling-only --hosts $hosts --bytes $ceil_bytes \
 --ceiling-port \$((TB_PORT + 7)) --ceiling-streams $streams" || continue
-  [ "$(grep -c '\] CEILING ' "$work/tb.out")" -eq "$hosts" ] || continue
-  secs=$(sed -n 's/^\[h[0-9]*\] CEILING //p' "$work/tb.out" | sort -g | tail -1)
-  if [ -z "$link_s" ] || awk -v a="$secs" -v b="$link_s" 'BEGIN { exit !(a < b) }'; then
-    link_s=$secs
-  fi
+  link_s=$(ceiling_best "$(cat "$work/tb.out")" "$hosts" "$link_s")
 done
 if [ -z "$link_s" ]; then
   echo "hvd_bench: the link ceiling runs failed:" >&2; tail -20 "$work/tb.out" >&2; exit 1

@@ -60,6 +60,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 source "$here/sizes.sh"  # to_bytes()
+source "$here/link_ceiling.sh"  # ceiling_best()
 bytes=$(to_bytes "$size"); pbytes=$(to_bytes "$part")
 cbytes=(); for c in $chunks; do cbytes+=("$(to_bytes "$c")") || exit 2; done
 [ ${#cbytes[@]} -ge 1 ] || { echo "ps_bench: --chunks needs at least one size" >&2; exit 2; }
@@ -106,12 +107,7 @@ for h in $sizes; do
       "PYTHONPATH=$root/python GRADWIRE_LIBRARY=$lib exec $py $here/ps_bench_rank.py --ceiling-only \
       --hosts $h --bytes $bytes --ceiling-port \$((TB_PORT + 7)) --ceiling-streams $streams" \
       >"$work/ceil$h.out" 2>&1
-    n_ok=$(grep -c '\] CEILING ' "$work/ceil$h.out")
-    [ "$n_ok" -eq "$h" ] || continue
-    secs=$(sed -n 's/^\[h[0-9]*\] CEILING //p' "$work/ceil$h.out" | sort -g | tail -1)
-    if [ -z "${ceil[$h]}" ] || awk -v a="$secs" -v b="${ceil[$h]}" 'BEGIN { exit !(a < b) }'; then
-      ceil[$h]=$secs
-    fi
+    ceil[$h]=$(ceiling_best "$(cat "$work/ceil$h.out")" "$h" "${ceil[$h]}")
   done
   if [ -z "${ceil[$h]}" ]; then
     echo "# ceiling on $h hosts: FAILED (no try had all $h hosts report):" >&2
