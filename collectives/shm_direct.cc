@@ -503,6 +503,21 @@ Status ShmDirect::map_peers(const std::vector<PeerMapping>& wants, const Exchang
   return ok_status();
 }
 
+bool ShmDirect::shared_peers(const std::vector<CallDesc>& d, SharedRef CallDesc::*which,
+                             uint64_t bytes, std::vector<uint8_t*>* at,
+                             std::vector<PeerMapping>* wants) const {
+  wants->clear();
+  if (shared_state_ == State::kOff || d.empty()) return false;
+  for (const CallDesc& c : d) {
+    if ((c.*which).gen == 0) return false;
+  }
+  at->assign(d.size(), nullptr);
+  for (int r = 0; r < static_cast<int>(d.size()); ++r) {
+    if (r != rank_) wants->push_back({r, d[r].*which, bytes, &(*at)[r]});
+  }
+  return true;
+}
+
 Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
                             const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran) {
   *ran = false;
@@ -513,14 +528,9 @@ Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
   // Only with every output in shared memory: reading a peer's block with process_vm_readv costs
   // about two memcpys of it (the pages are pinned one by one), and the ring's two copies, which
   // the two ranks make at once, are as fast (docs/perf.md, "Direct collectives within a host").
-  bool every = on && shared_state_ != State::kOff;
-  std::vector<uint8_t*> outs(d.size());
+  std::vector<uint8_t*> outs;
   std::vector<PeerMapping> wants;
-  for (int r = 0; r < static_cast<int>(d.size()); ++r) {
-    every = every && d[r].out_ref.gen != 0;
-    if (r != rank_) wants.push_back({r, d[r].out_ref, total, &outs[r]});
-  }
-  if (!every) return ok_status();
+  if (!on || !shared_peers(d, &CallDesc::out_ref, total, &outs, &wants)) return ok_status();
   GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "allgather"));
   if (!*ran) return ok_status();
   g_calls.fetch_add(1, std::memory_order_relaxed);
@@ -558,15 +568,12 @@ Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcou
   }
   // Every input in shared memory: map them and reduce from them directly; else read the peers'
   // pieces with process_vm_readv.
-  bool every = shared_state_ != State::kOff;
-  std::vector<uint8_t*> ins(d.size());
+  std::vector<uint8_t*> ins;
   std::vector<PeerMapping> wants;
-  for (int r = 0; r < size_; ++r) {
-    every = every && d[r].in_ref.gen != 0;
-    if (r != rank_) wants.push_back({r, d[r].in_ref, total, &ins[r]});
-  }
   bool mapped = false;
-  if (every) GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "reduce_scatter"));
+  if (shared_peers(d, &CallDesc::in_ref, total, &ins, &wants)) {
+    GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "reduce_scatter"));
+  }
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const size_t piece_elems = std::max<size_t>(1, kPiece / es);
   tmp_.resize(piece_elems * es);
@@ -601,15 +608,13 @@ Status ShmDirect::alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline
   GW_RETURN_IF_ERROR(begin_call(in, total, out, total, blk, exchange, &d, &on));
   // Only with every input in shared memory (allgather's reason), and out of place on every rank:
   // rank j reads block j of this rank's input while this rank writes its output.
-  std::vector<uint8_t*> ins(d.size());
-  std::vector<PeerMapping> wants;
-  bool every = on && shared_state_ != State::kOff;
-  for (int r = 0; r < static_cast<int>(d.size()); ++r) {
-    const uint64_t i0 = d[r].in, o0 = d[r].out;
-    every = every && d[r].in_ref.gen != 0 && (total == 0 || o0 >= i0 + total || i0 >= o0 + total);
-    if (r != rank_) wants.push_back({r, d[r].in_ref, total, &ins[r]});
+  bool apart = on;
+  for (const CallDesc& c : d) {
+    apart = apart && (total == 0 || c.out >= c.in + total || c.in >= c.out + total);
   }
-  if (!every) return ok_status();
+  std::vector<uint8_t*> ins;
+  std::vector<PeerMapping> wants;
+  if (!apart || !shared_peers(d, &CallDesc::in_ref, total, &ins, &wants)) return ok_status();
   GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "alltoall"));
   if (!*ran) return ok_status();
   g_calls.fetch_add(1, std::memory_order_relaxed);

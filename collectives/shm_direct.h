@@ -179,6 +179,11 @@ class ShmDirect {
   // not (shared_state_ off for good, one WARN naming `what`; nothing was written).
   Status map_peers(const std::vector<PeerMapping>& wants, const Exchange& exchange, bool* ok,
                    const char* what);
+  // The peers' `which` buffers (`bytes` each) as mappings to ask for, their addresses into
+  // (*at)[peer]: false, and nothing in *wants, unless the path maps shared buffers and every
+  // rank's (d: begin_call's descriptors) is in shared memory.
+  bool shared_peers(const std::vector<CallDesc>& d, SharedRef CallDesc::*which, uint64_t bytes,
+                    std::vector<uint8_t*>* at, std::vector<PeerMapping>* wants) const;
   // Rank `peer`'s region that `ref` names, mapped here (once; kept for later calls, the least
   // recently used let go beyond a few per peer), and the buffer's address in this process.
   Result<uint8_t*> map_peer_buffer(int peer, const SharedRef& ref, uint64_t bytes);
