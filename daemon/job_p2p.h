@@ -43,12 +43,30 @@ struct P2pDevice {
 
 // A message of another host: its bytes (in the unexpected buffer) and, once a receive took it
 // before they landed, that receive. `used` counts the job's unexpected bytes held (the cap).
+// The unexpected buffer: left uninitialised (its payload is received or copied over it whole; a
+// zero-filled vector cost a memset of every message that came before its receive).
+class UnexpectedBytes {
+ public:
+  explicit UnexpectedBytes(uint64_t n)
+      : p_(n == 0 ? nullptr : std::make_unique_for_overwrite<uint8_t[]>(n)), n_(n) {}
+  uint8_t* data() { return p_.get(); }
+  const uint8_t* data() const { return p_.get(); }
+  uint64_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  uint8_t* begin() { return p_.get(); }
+  uint8_t* end() { return p_.get() + n_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> p_;
+  uint64_t n_;
+};
+
 struct P2pRemoteMsg {
   P2pRemoteMsg(uint64_t n, std::shared_ptr<uint64_t> u) : bytes(n), used(std::move(u)) {
     *used += n;
   }
   ~P2pRemoteMsg() { *used -= bytes.size(); }
-  std::vector<uint8_t> bytes;
+  UnexpectedBytes bytes;
   std::shared_ptr<uint64_t> used;
   int32_t src = 0, tag = 0;
   bool landed = false;  // the payload is in `bytes` (or failed)
