@@ -14,6 +14,14 @@
 # The peers are the project's own drivers in perf/peers/ (Gloo through Debian's python3-torch,
 # Open MPI through mpicc). A peer that is not installed is reported as such in the table; it
 # never fails the script.
+# The machine's own ceilings, measured in the same run before and after the repetitions
+# (gradwire-micro, median of 3 each; both "# machine ceilings" lines are printed and the table
+# takes the higher: noise only lowers a ceiling): memcpy of 16 MiB and a float32 sum into a
+# 16 MiB buffer on one core, and one loopback TCP stream of 64 MiB. "shm_ceil" is the
+# memory-bound busbw of a 2-rank allreduce, 0.8 x memcpy (each rank moves 2.5 N bytes through
+# memory: docs/perf.md, "Direct allreduce within a host"), at 2 ranks only; "tcp_ceil" is the
+# stream's rate (a 2-rank allreduce puts busbw x time bytes on each rank's connection; messages
+# that fit in the socket buffers can pass it). "%ceil" is gradwire's share of the one before.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,8 +39,8 @@ while getopts "s:n:r:L:B:h" opt; do
     r) reps="$OPTARG" ;;
     L) lat_runs="$OPTARG" ;;
     B) build="$(cd "$OPTARG" && pwd)" ;;
-    h) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    h) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: -r $reps: need a positive integer" >&2; exit 2; }
@@ -41,7 +49,8 @@ perf="$build/perf/gradwire-perf"
 [ -x "$perf" ] || { echo "compare_peers: $perf not found; build first (scripts/build.sh release)" >&2; exit 2; }
 
 source "$here/sizes.sh"  # to_bytes()
-source "$here/peers_common.sh"  # median(), ratio(), mpi_driver()
+source "$here/peers_common.sh"  # median(), ratio(), mpi_driver(), ceiling()
+micro="$build/perf/micro/gradwire-micro"
 byte_sizes=""
 for s in $sizes; do byte_sizes+=" $(to_bytes "$s")"; done
 for n in $nps; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "compare_peers: bad rank count '$n'" >&2; exit 2; }; done
@@ -89,6 +98,15 @@ echo "# compare_peers: allreduce float32 sum, sizes:$byte_sizes B, ranks: $nps, 
 echo "# gradwire: $perf ($("$perf" --dump-config >/dev/null 2>&1 && echo ok))"
 [ -n "$missing_gloo" ] && echo "# gloo: $missing_gloo"
 [ -n "$missing_mpi" ] && echo "# Open MPI: $missing_mpi"
+ceilings() {  # -> "memcpy sum tcp" GB/s (n/a where gradwire-micro is missing)
+  echo "$(ceiling '^memcpy/16777216$') $(ceiling '^reduce_sum_into/float32/16777216$') $(ceiling '^ceiling/loopback_tcp_64MiB')"
+}
+say_ceilings() {  # when memcpy sum tcp
+  echo "# machine ceilings, same run ($1): memcpy 16 MiB $2 GB/s, float32 sum-into 16 MiB $3 GB/s (one core each); loopback TCP stream $4 GB/s"
+}
+higher() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/) print b; else if (b !~ /^[0-9.]+$/ || a + 0 >= b + 0) print a; else print b }'; }
+read -r memcpy0 sum0 tcp0 <<<"$(ceilings)"
+say_ceilings before "$memcpy0" "$sum0" "$tcp0"
 for ((rep = 1; rep <= reps; rep++)); do
   for n in $nps; do
     for s in $byte_sizes; do
@@ -115,16 +133,31 @@ cell() {  # impl n s
   median ${results["$impl $2 $3"]}
 }
 
+read -r memcpy1 sum1 tcp1 <<<"$(ceilings)"
+say_ceilings after "$memcpy1" "$sum1" "$tcp1"
+memcpy_gbs=$(higher "$memcpy0" "$memcpy1"); tcp_gbs=$(higher "$tcp0" "$tcp1")
+pct() {  # a b -> a/b in percent ("-" where either is not a number)
+  if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'
+  else
+    echo "-"
+  fi
+}
 echo "#"
 echo "# busbw in GB/s (nccl-tests definition: bytes * 2(n-1)/n / time); ratios > 1 mean gradwire is faster"
-printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s\n" "#np" "size(B)" "gw-tcp" "gloo" "gw/gloo" \
-  "gw-shm" "mpi-shm" "gw/mpi-shm" "mpi-tcp"
+echo "# ceilings (the higher of the two measurements): shm ceil = 0.8 x memcpy ($memcpy_gbs GB/s), 2 ranks only; tcp ceil = the 64 MiB loopback stream (smaller messages can pass it: they fit in the socket buffers)"
+printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s %10s %8s %10s %8s\n" "#np" "size(B)" "gw-tcp" "gloo" \
+  "gw/gloo" "gw-shm" "mpi-shm" "gw/mpi-shm" "mpi-tcp" "shm_ceil" "%ceil" "tcp_ceil" "%ceil"
 for n in $nps; do
   for s in $byte_sizes; do
     gt=$(cell gw-tcp "$n" "$s"); gs=$(cell gw-shm "$n" "$s"); gl=$(cell gloo "$n" "$s")
     ms=$(cell mpi-shm "$n" "$s"); mt=$(cell mpi-tcp "$n" "$s")
-    printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s\n" "$n" "$s" "$gt" "$gl" "$(ratio "$gt" "$gl")" \
-      "$gs" "$ms" "$(ratio "$gs" "$ms")" "$mt"
+    sc="-"
+    [[ "$n" = 2 && "$memcpy_gbs" =~ ^[0-9.]+$ ]] && sc=$(awk -v m="$memcpy_gbs" 'BEGIN { printf "%.2f", 0.8 * m }')
+    tc="-"; [[ "$n" = 2 && "$tcp_gbs" =~ ^[0-9.]+$ ]] && tc=$tcp_gbs
+    printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s %10s %8s %10s %8s\n" "$n" "$s" "$gt" "$gl" \
+      "$(ratio "$gt" "$gl")" "$gs" "$ms" "$(ratio "$gs" "$ms")" "$mt" "$sc" "$(pct "$gs" "$sc")" "$tc" \
+      "$(pct "$gt" "$tc")"
   done
 done
 

@@ -24,7 +24,7 @@ out=$(timeout 600 bash "$src/perf/compare_peers.sh" -s 64K -n 2 -r 1 -L 0 -B "$b
 rc=$?
 [ $rc -eq 0 ] || { echo "$out" >&2; fail "compare_peers.sh exited $rc"; }
 row=$(grep -E '^2 +65536 ' <<<"$out") || { echo "$out" >&2; fail "no table row for np 2, 64 KiB"; }
-read -r _ _ gt gl _ gs ms _ mt <<<"$row"
+read -r _ _ gt gl _ gs ms _ mt sc sp tc tp <<<"$row"
 num='^[0-9]+(\.[0-9]+)?$'
 [[ "$gt" =~ $num ]] || { echo "$out" >&2; fail "gw-tcp: $gt"; }
 [[ "$gs" =~ $num ]] || { echo "$out" >&2; fail "gw-shm: $gs"; }
@@ -34,5 +34,16 @@ done
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   [[ "$ms" =~ $num && "$mt" =~ $num ]] || { echo "$out" >&2; fail "Open MPI installed but not run"; }
   [ -x "$build/peers/mpi_allreduce" ] || fail "the Open MPI driver was not built into $build/peers"
+fi
+# The machine's ceilings, measured in the same run (before and after), and gradwire's share.
+[ "$(grep -cE '^# machine ceilings, same run \((before|after)\): memcpy 16 MiB ' <<<"$out")" -eq 2 ] ||
+  { echo "$out" >&2; fail "no '# machine ceilings' lines before and after"; }
+if [ -x "$build/perf/micro/gradwire-micro" ]; then
+  grep -qE '^# machine ceilings, same run \(before\): memcpy 16 MiB [0-9.]+ GB/s, float32 sum-into 16 MiB [0-9.]+ GB/s .*loopback TCP stream [0-9.]+ GB/s$' <<<"$out" ||
+    { echo "$out" >&2; fail "a ceiling is not a number"; }
+  [[ "$sc" =~ $num && "$tc" =~ $num && "$sp" =~ ^[0-9]+%$ && "$tp" =~ ^[0-9]+%$ ]] ||
+    { echo "$out" >&2; fail "ceiling columns read '$sc $sp $tc $tp'"; }
+  awk -v c="$sc" -v g="$gs" -v p="${sp%\%}" 'BEGIN { d = 100 * g / c - p; exit !(d < 1 && d > -1) }' ||
+    fail "%ceil $sp is not gw-shm $gs over shm_ceil $sc"
 fi
 echo "compare_peers_test: ok ($row)"
