@@ -27,6 +27,10 @@ namespace gw::daemon {
 
 namespace {
 
+// The longest wait_for sleeps in one poll before it looks at the completion ring again (a
+// wake-up another thread drained, completion_fd(), is then late by at most this).
+constexpr int kWaitSliceMs = 10;
+
 Status write_frame(int sock, const std::vector<uint8_t>& body, sys::Deadline deadline) {
   const std::vector<uint8_t> frame = frame_message(body);
   return sys::send_with_fds(sock, frame.data(), frame.size(), {}, deadline, "hello to gradwired");
@@ -391,7 +395,7 @@ Status Client::wait_for(uint64_t seq, sys::Deadline deadline, bool* done, const 
     if (sys::expired(deadline)) return timeout_error("{}: still running", what);
     pollfd p[3] = {
         {cq_.wake_fd(), POLLIN, 0}, {sock_.get(), POLLIN, 0}, {abort_efd_.get(), POLLIN, 0}};
-    int n = ::poll(p, 3, sys::ms_until(deadline));
+    int n = ::poll(p, 3, std::min<int>(sys::ms_until(deadline), kWaitSliceMs));
     if (n < 0 && errno != EINTR) return broken(system_error("poll", errno));
     if (p[0].revents & POLLIN) cq_.drain_wake();
     if (p[1].revents != 0 && !cq_.posted()) {

@@ -98,6 +98,11 @@ class Client {
   // the daemon never writes after the welcome). A closed one breaks the client (kPeer). For
   // callers that poll with kNoWait (the NCCL plugin's test()), which never reach wait_for's poll.
   Status check_alive(const char* what);
+  // The eventfd the daemon writes when it posts a completion while this side is not busy-polling
+  // (daemon/ring.h): for a caller that sleeps on several clients at once (the NCCL plugin's
+  // test(), plugin/daemon_comm.h), which may drain it. wait_for's sleep is sliced (kWaitSliceMs)
+  // so that a wake-up drained there costs it at most a slice.
+  int completion_fd() const { return cq_.wake_fd(); }
   // post, then wait_for with the hello's deadline (its expiry breaks the connection).
   Status submit(SqEntry e, const char* what, CompressedDone* info = nullptr);
   // Marks the connection unusable with s (the first such Status stays) and returns s.

@@ -2,7 +2,10 @@
 // daemon and its requests. Only daemon_transport.cc includes it.
 #pragma once
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -19,6 +22,8 @@
 #include "core/sys/time.h"
 #include "daemon/client.h"
 #include "daemon/control.h"
+#include "daemon/ring.h"
+#include "plugin/plugin_config.h"
 
 namespace gw::plugin::daemon_mode {
 
@@ -33,6 +38,83 @@ constexpr int64_t kAliveEveryNs = 1'000'000;
 // about a nap after it came; the data path takes the lock between looks.
 constexpr int64_t kCallFirstNapNs = 20'000;
 constexpr int64_t kCallNapNs = 1'000'000;
+
+// Napping (GW_PLUGIN_NAP_US): NCCL's proxy thread calls test() in a loop. In daemon mode the
+// daemon moves the bytes, so on a host with fewer cores than runnable threads a proxy that only
+// yields between looks takes the core from the daemon it waits for (two namespace hosts on two
+// cores: the plugin processes ran 3.3-3.7 s of CPU against the daemons' 2 s, 11000-13000 context
+// switches each). Once a request has been pending kNapAfterNs, test() sleeps instead until any
+// daemon-mode comm of the process gets a completion (their eventfds, NapSet) or the nap ends;
+// a request that completes sooner (a small message's round trip) never naps.
+constexpr int64_t kNapAfterNs = 100'000;
+
+// GW_PLUGIN_NAP_US, read once: -1 (auto) is 200 us on hosts with fewer than 8 online CPUs (where
+// a spinning proxy competes with the daemon) and 0 (yield, as NCCL's own transports spin)
+// elsewhere; at most 10 ms.
+inline int64_t nap_us() {
+  static const int64_t us = [] {
+    int64_t v = config::get_int(plugin_config::kPluginNapUs);
+    if (v < 0) v = sysconf(_SC_NPROCESSORS_ONLN) < 8 ? 200 : 0;
+    return std::min<int64_t>(v, 10'000);
+  }();
+  return us;
+}
+
+// The completion eventfds of the process's daemon-mode comms. A nap polls them all, so that a
+// comm's completion ends another comm's nap (one proxy thread serves many connections), and
+// drains the readable ones (each comm finds its completions in its ring, not by the eventfd; a
+// registration waiting in Client::wait_for looks at the ring at least every 10 ms). The set
+// holds its own duplicate of each descriptor (the same eventfd), which a nap keeps open while it
+// polls: a comm that goes meanwhile neither waits for the nap nor has its number reused under it.
+class NapSet {
+ public:
+  static NapSet& get() {
+    static NapSet* set = new NapSet;  // never destroyed: comms may outlive static destruction
+    return *set;
+  }
+  // Adds owner's eventfd fd (duplicated); false when it cannot be duplicated (no nap sees it).
+  bool add(const void* owner, int fd) {
+    const int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return false;
+    auto held = std::shared_ptr<const int>(new int(d), [](const int* p) {
+      ::close(*p);
+      delete p;
+    });
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.emplace_back(owner, std::move(held));
+    return true;
+  }
+  void remove(const void* owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.erase(std::remove_if(fds_.begin(), fds_.end(),
+                              [owner](const auto& e) { return e.first == owner; }),
+               fds_.end());
+  }
+  // Sleeps until one of the eventfds is readable or us pass; drains the readable ones.
+  void nap(int64_t us) {
+    thread_local std::vector<std::shared_ptr<const int>> held;
+    thread_local std::vector<pollfd> polled;
+    held.clear();
+    polled.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& e : fds_) held.push_back(e.second);
+    }
+    for (const auto& fd : held) polled.push_back(pollfd{*fd, POLLIN, 0});
+    const timespec ts{static_cast<time_t>(us / 1'000'000),
+                      static_cast<long>(us % 1'000'000) * 1000};
+    if (::ppoll(polled.data(), polled.size(), &ts, nullptr) > 0) {
+      for (const pollfd& p : polled) {
+        if (p.revents & POLLIN) daemon::drain_eventfd(p.fd);
+      }
+    }
+    held.clear();  // the last holder of a gone comm's duplicate closes it
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<const void*, std::shared_ptr<const int>>> fds_;
+};
 
 // A message of at least kChunkBytes travels as several daemon messages on its tag (the header's
 // "Pipelining" rules): the first exactly kChunkBytes, of which the last kSizeBytes give the
@@ -74,12 +156,13 @@ struct DaemonRequest {
   bool send = false;
   int tag = 0;
   uint8_t* user = nullptr;
-  size_t size = 0;       // send: the message; recv: the buffer
-  size_t total = 0;      // recv: the message's size once known
-  bool known = false;    // recv: total is known (the first chunk arrived)
-  bool started = false;  // the first chunk is submitted
-  size_t next = 0;       // payload bytes submitted (send) or asked for (recv), the first's included
-  size_t got = 0;        // recv: payload bytes arrived and copied out
+  size_t size = 0;               // send: the message; recv: the buffer
+  size_t total = 0;              // recv: the message's size once known
+  bool known = false;            // recv: total is known (the first chunk arrived)
+  bool started = false;          // the first chunk is submitted
+  int64_t pending_since_ns = 0;  // when test() first found it not done (0: not yet)
+  size_t next = 0;  // payload bytes submitted (send) or asked for (recv), the first's included
+  size_t got = 0;   // recv: payload bytes arrived and copied out
   // A device buffer (a dma-buf region): the daemon's registration id and the offset in it. Such a
   // message is one daemon message naming the region (no staging, no chunks): the NICs move it.
   uint32_t dmabuf = 0;
@@ -105,7 +188,12 @@ struct DaemonRequest {
 class DaemonComm {
  public:
   DaemonComm(std::unique_ptr<Client> client, std::string name, int peer, int64_t timeout_ms)
-      : client_(std::move(client)), name_(std::move(name)), peer_(peer), timeout_ms_(timeout_ms) {}
+      : client_(std::move(client)), name_(std::move(name)), peer_(peer), timeout_ms_(timeout_ms) {
+    (void)NapSet::get().add(this, client_->completion_fd());
+  }
+  ~DaemonComm() { NapSet::get().remove(this); }
+  DaemonComm(const DaemonComm&) = delete;
+  DaemonComm& operator=(const DaemonComm&) = delete;
 
   // A request slot not in use (mu_ held), or nullptr when all are taken (NCCL calls again).
   DaemonRequest* free_request_locked() {
@@ -145,7 +233,7 @@ class DaemonComm {
   }
 
   Status test(net::Request* request, bool* done, size_t* size) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     *done = false;
     auto* r = reinterpret_cast<DaemonRequest*>(request);
     if (r < reqs_.data() || r >= reqs_.data() + reqs_.size() || !r->in_use) {
@@ -157,13 +245,24 @@ class DaemonComm {
     if (st.ok() && !finished(*r)) {
       // The daemon's thread must run for this request to progress: on a host with more runnable
       // threads than cores, NCCL's polling proxy thread gives its core up between looks (as the
-      // C ABI's client does while it waits).
-      sched_yield();
+      // C ABI's client does while it waits), or naps once the request has waited a while.
       const int64_t now = sys::now_ns();
-      if (now - last_alive_ns_ < kAliveEveryNs) return ok_status();
-      last_alive_ns_ = now;
-      st = client_->check_alive(what);
-      if (st.ok()) return ok_status();
+      if (r->pending_since_ns == 0) r->pending_since_ns = now;
+      if (now - last_alive_ns_ >= kAliveEveryNs) {
+        last_alive_ns_ = now;
+        st = client_->check_alive(what);
+      }
+      if (st.ok()) {
+        const int64_t nap = nap_us_;
+        const bool napping = nap > 0 && now - r->pending_since_ns >= kNapAfterNs;
+        lock.unlock();
+        if (napping) {
+          NapSet::get().nap(nap);
+        } else {
+          sched_yield();
+        }
+        return ok_status();
+      }
     }
     const size_t got = r->send ? r->size : r->got;
     release(*r);
@@ -536,6 +635,7 @@ class DaemonComm {
   Status broken_;                      // set once a failure may have left chunks in the daemon
   bool holding_ = false;               // reap() holds a chunk's staging while posting the next
   int64_t last_alive_ns_ = 0;
+  const int64_t nap_us_ = nap_us();
 };
 
 }  // namespace gw::plugin::daemon_mode
