@@ -678,14 +678,19 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
   auto& sw = p.sw;
   auto& s = p.s;
   auto& r = p.r;
-  // The next frames from b to a are lost (its ACK and its CTS for the message below); later
-  // ones, retransmissions included, get through.
+  // Every frame from b to a is lost until b closes (its ACK and its CTS for the message below,
+  // and any ACK it repeats: b acknowledges a message's end on its next progress pass, or its
+  // background pass, so how many frames that is depends on timing); from the close on, every
+  // frame, retransmissions included, gets through.
   std::atomic<int> dropped{0};
+  std::atomic<bool> closing{false};
   sw->set_filter([&](const uint8_t* data, size_t len) {
     Frame f;
     if (decode_frame(data, len, false, &f) != DecodeError::kOk) return true;
     if (f.src.ip != 0x0a000002u || f.hdr.type == FrameType::kClose) return true;
-    return dropped.fetch_add(1) >= 2;
+    if (closing.load()) return true;
+    dropped.fetch_add(1);
+    return false;
   });
   uint8_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8}, in[8] = {};
   auto rr = *r->irecv(in, sizeof(in), 0, nullptr);
@@ -701,7 +706,8 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
   bool sent = false;
   ASSERT_TRUE(s->test(sr, &sent, &n).ok());
   EXPECT_FALSE(sent);  // b's ACK and CTS were lost
-  r.reset();           // the receiver closes and goes
+  closing.store(true);
+  r.reset();  // the receiver closes and goes
   Status st;
   t0 = std::chrono::steady_clock::now();
   while (!sent && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
@@ -710,7 +716,7 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
   }
   EXPECT_TRUE(st.ok()) << st.to_string();
   EXPECT_TRUE(sent);
-  EXPECT_GE(dropped.load(), 2);
+  EXPECT_GE(dropped.load(), 1);  // b's answer (one frame or more) was lost before its close
 }
 
 // A connector whose only HELLO_ACK was lost still connects when the listener that accepted it
