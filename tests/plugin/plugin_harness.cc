@@ -138,14 +138,19 @@ std::string xhost_daemon_output(int host) {
 
 Error xhost_went_over_dpdk() {
   if (xhost_transport() != "dpdk") return "";
+  Error e;  // both daemons' outputs where either failed: each tells half of the meeting
   for (int h = 0; h < 2; ++h) {
     const std::string out = xhost_daemon_output(h);
     if (out.find("dpdk: engine on net_memif0") == std::string::npos) {
-      return fmt::format("daemon {} did not say \"dpdk: engine on net_memif0\"; its output:\n{}",
-                         h == 0 ? 'a' : 'b', out);
+      e +=
+          fmt::format("daemon {} did not say \"dpdk: engine on net_memif0\"; ", h == 0 ? 'a' : 'b');
     }
   }
-  return "";
+  if (e.empty()) return e;
+  for (int h = 0; h < 2; ++h) {
+    e += fmt::format("\ndaemon {}'s output:\n{}", h == 0 ? 'a' : 'b', xhost_daemon_output(h));
+  }
+  return e;
 }
 
 std::string dpdk_cannot_start() {
@@ -456,21 +461,38 @@ struct Step {
   uint32_t seed;
 };
 
+// `what`, with the plugin's last warning logged after the first `from` lines (the reason it
+// gives NCCL) where there is one: a failure in CI says why without a rerun.
+Error with_reason(const char* what, size_t from) {
+  const std::vector<std::string> lines = log_lines();
+  for (size_t i = lines.size(); i > from; --i) {
+    if (lines[i - 1].rfind("WARN ", 0) == 0) return fmt::format("{}: {}", what, lines[i - 1]);
+  }
+  return what;
+}
+
 }  // namespace
 
 Error exchange_with_peer(NetApi& api, int read_fd, int write_fd, int role) {
+  const size_t logged = log_lines().size();
   void* ctx = nullptr;
-  if (api.init(&ctx) != ncclSuccess) return "init failed";
+  if (api.init(&ctx) != ncclSuccess) return with_reason("init failed", logged);
   uint8_t mine[NCCL_NET_HANDLE_MAXSIZE] = {}, theirs[NCCL_NET_HANDLE_MAXSIZE] = {};
   void* lc = nullptr;
-  if (api.listen(ctx, 0, mine, &lc) != ncclSuccess || lc == nullptr) return "listen failed";
+  if (api.listen(ctx, 0, mine, &lc) != ncclSuccess || lc == nullptr) {
+    return with_reason("listen failed", logged);
+  }
   if (Error e = write_all(write_fd, mine, sizeof(mine)); !e.empty()) return e;
   if (Error e = read_all(read_fd, theirs, sizeof(theirs), 15000); !e.empty()) return e;
   void *sc = nullptr, *rc = nullptr;
   auto deadline = after_ms(15000);
   while (sc == nullptr || rc == nullptr) {
-    if (sc == nullptr && api.connect(ctx, 0, theirs, &sc) != ncclSuccess) return "connect failed";
-    if (rc == nullptr && api.accept(lc, &rc) != ncclSuccess) return "accept failed";
+    if (sc == nullptr && api.connect(ctx, 0, theirs, &sc) != ncclSuccess) {
+      return with_reason("connect failed", logged);
+    }
+    if (rc == nullptr && api.accept(lc, &rc) != ncclSuccess) {
+      return with_reason("accept failed", logged);
+    }
     if (past(deadline)) return "connect/accept across processes timed out";
   }
   api.close_listen(lc);
