@@ -447,12 +447,20 @@ TEST(P2PTest, DeadlineEndsAnUnmatchedSend) {
 }
 
 TEST(P2PTest, DeadPeerEndsPendingOpsWithPeerError) {
+  // Rank 1 dies only once rank 0's receive is posted: the receive must be pending when the peer
+  // goes (a fixed 200 ms was not always enough under TSan on a loaded 2-core machine: the
+  // receive was then posted after the death and failed at once, ci27, 2026-12-02).
+  std::atomic<bool> posted{false};
   run_world(
       2, "tcp", 30000,
-      [](gw_comm_t c, int rank, int, RankErrors& e) {
+      [&posted](gw_comm_t c, int rank, int, RankErrors& e) {
         int32_t x = 1;
         if (rank == 1) {
           GW_CHECK_RANK(rank, e, gw_send(c, &x, 1, GW_INT32, 0, 1));  // the link is up
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (!posted.load() && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           gw_comm_abort(c);  // dies: its connections close
           gw_comm_destroy(c);
@@ -462,6 +470,11 @@ TEST(P2PTest, DeadPeerEndsPendingOpsWithPeerError) {
         std::vector<uint8_t> big(1 << 20);
         gw_request_t r = nullptr;
         GW_CHECK_RANK(rank, e, gw_irecv(c, big.data(), big.size(), GW_UINT8, 1, 2, &r));
+        posted.store(true);
+        if (r == nullptr) {
+          gw_comm_destroy(c);
+          return;  // the post failed (recorded above): nothing to wait for
+        }
         const auto t0 = std::chrono::steady_clock::now();
         gw_status_t s = gw_wait(r, -1);
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
