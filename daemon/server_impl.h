@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/status.h"
@@ -128,6 +129,10 @@ struct Server::Impl {
 
   // ---- the serve loop (server.cc) -------------------------------------------------------------
   Status serve();
+
+  // A daemon that offers dpdk brings its port up at start, in this thread (server.cc
+  // start_dpdk_port). Last: destroyed (joined) first, before anything else of the Impl goes.
+  std::jthread port_start;
 };
 
 }  // namespace gw::daemon
