@@ -11,16 +11,22 @@
 #   daemon              the same two processes with GW_DAEMON=unix:<their host's gradwired>:
 #                       each end through its own host's daemon, the daemons' job over tcp on d0
 #                       (GW_DAEMON_TRANSPORT=tcp)
+# With -x dpdk both modes cross over DPDK instead: direct mode's ends each open net_af_xdp on
+# their host's d0 (GW_PLUGIN_BACKEND=dpdk), daemon mode's daemons do (GW_DAEMON_TRANSPORT=dpdk;
+# each brings its port up at its start); the veths' MTU is 3498 (one frame per 4 KiB umem
+# chunk). A port is one process's, so each rate gets two testbed sessions, one after the other:
+# the ceilings and direct mode without daemons, then daemon mode with them.
 # What bench-listen/-connect do (tests/plugin/daemon_scenarios.h): 1 + TRANSFERS messages of SIZE
 # host 1 -> host 0, each timed at the receiver from its 8-byte go token to the data's arrival
 # (the first a warm-up; every one pattern-checked), then ROUNDS 8-byte ping-pongs timed by the
 # sender; latency = round trip / 2 (one way), median of the rounds. A run's GB/s is the median of
 # its transfers; the table gives the median over the N runs.
 #
-# usage: perf/plugin_daemon_netns.sh [-B BUILD_DIR] [-r RATE]... [-n RUNS] [-s SIZE]
+# usage: perf/plugin_daemon_netns.sh [-B BUILD_DIR] [-r RATE]... [-x tcp|dpdk] [-n RUNS] [-s SIZE]
 #                                    [-T TRANSFERS] [-l ROUNDS] [-t TIMEOUT_S] [-k]
 #   -r RATE     a link rate to run at: "none" (unshaped veth) or tc's units (10gbit, 1gbit);
 #               repeatable; default: none and 10gbit (two sessions)
+#   -x XPORT    what crosses the link in both modes: tcp (default) or dpdk (AF_XDP on d0)
 #   -n RUNS     runs of each row per rate (default 3)
 #   -s SIZE     message size (default 64M; K, M, G)     -T TRANSFERS  timed messages (default 8)
 #   -l ROUNDS   8-byte round trips (default 2000)       -t TIMEOUT_S  per session (default 600)
@@ -29,6 +35,7 @@
 # cmake --build build/release --target nccl_plugin_peer nccl-net-gradwire gradwired gradwirectl):
 #   perf/plugin_daemon_netns.sh                  # unshaped and 10gbit, 3 runs each
 #   perf/plugin_daemon_netns.sh -r 1gbit -n 3    # another rate
+#   perf/plugin_daemon_netns.sh -x dpdk -r none  # both modes over DPDK (AF_XDP)
 # Environment passed through: GW_SOCKET_NSOCKS (both modes' tcp sockets per connection; unset:
 # the test harness's 2 for the plugin, auto for the daemons), GW_DAEMON_* of gradwired.
 # Exit status: 0 when every run of every row completed with its data checked; 77 when the
@@ -38,16 +45,19 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 build="$root/build/release"; rates=(); runs=3; size=64M; transfers=8; rounds=2000; timeout_s=600
-keep=0
+keep=0; xport=tcp
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
-while getopts "B:r:n:s:T:l:t:kh" o; do
+while getopts "B:r:x:n:s:T:l:t:kh" o; do
   case $o in
     B) build="$(cd "$OPTARG" && pwd)" || exit 2 ;;
-    r) rates+=("$OPTARG") ;; n) runs=$OPTARG ;; s) size=$OPTARG ;; T) transfers=$OPTARG ;;
+    r) rates+=("$OPTARG") ;; x) xport=$OPTARG ;; n) runs=$OPTARG ;; s) size=$OPTARG ;; T) transfers=$OPTARG ;;
     l) rounds=$OPTARG ;; t) timeout_s=$OPTARG ;; k) keep=1 ;; h) usage 0 ;; *) usage ;;
   esac
 done
 [ ${#rates[@]} -gt 0 ] || rates=(none 10gbit)
+[[ "$xport" = tcp || "$xport" = dpdk ]] ||
+  { echo "plugin_daemon_netns: -x '$xport': expected tcp or dpdk" >&2; exit 2; }
+mtu=9000; [ "$xport" = dpdk ] && mtu=3498
 for v in "$runs" "$transfers" "$rounds" "$timeout_s"; do
   [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "plugin_daemon_netns: '$v' is not a positive number" >&2; exit 2; }
 done
@@ -75,9 +85,17 @@ trap 'trap - INT TERM; [ -n "$tb_pid" ] && { kill -TERM "$tb_pid" 2>/dev/null; w
 # next, so the other host is never left waiting for the rest of the session.
 cat >"$work/host.sh" <<'EOF'
 set -u
-export GW_SOCKET_IFNAME=d0 GW_TIMEOUT_MS=20000 GW_PLUGIN_BACKEND=tcp GW_LOG_LEVEL=warn
+export GW_SOCKET_IFNAME=d0 GW_TIMEOUT_MS=20000 GW_PLUGIN_BACKEND=$XPORT GW_LOG_LEVEL=warn
 unset GW_DAEMON NCCL_SOCKET_IFNAME
+# Over dpdk, direct mode's end opens this host's d0 (no daemon runs in its session).
+[ "$XPORT" = dpdk ] && export GW_DPDK_IP="$TB_IP" \
+  GW_DPDK_EAL_ARGS="-l 0 $TB_EAL_MEM --no-pci --no-telemetry --log-level=*:error --vdev net_af_xdp0,iface=$TB_IFACE"
+# Daemon mode's store (the plugin's rendezvous, which the daemons' job meets through too): over
+# d0, but over the control net c0 with dpdk, whose daemons' ports take d0 from the kernel (an
+# AF_XDP port's XDP program hands the XSK every frame of its queue, ARP included).
+store_if=d0; [ "$XPORT" = dpdk ] && store_if=c0
 me="$OUT/h$TB_HOST"
+has() { [[ " $ROWS " == *" $1 "* ]]; }  # whether this session runs row kind $1
 row() {  # row NAME CMD...: the row's one output line to $me.NAME, its log beside it
   local name=$1; shift
   if "$@" >"$me.$name" 2>"$me.$name.log"; then return 0; fi
@@ -87,19 +105,26 @@ row() {  # row NAME CMD...: the row's one output line to $me.NAME, its log besid
 for i in $(seq 1 "$RUNS"); do
   f="$OUT/files/$i"
   if [ "$TB_HOST" = 0 ]; then
-    row "$i.memcpy" "$PEER" ceiling-memcpy "$SIZE" "$TRANSFERS"
-    row "$i.tcp" "$PEER" tcp-sink "$f.tcp" "$SIZE" "$TRANSFERS"
-    row "$i.direct" "$PEER" bench-listen "$f.direct" "$SIZE" "$TRANSFERS" "$ROUNDS"
-    row "$i.daemon" env GW_DAEMON="unix:$SOCKDIR/h0.sock" \
+    has ceil && row "$i.memcpy" "$PEER" ceiling-memcpy "$SIZE" "$TRANSFERS"
+    has ceil && row "$i.tcp" "$PEER" tcp-sink "$f.tcp" "$SIZE" "$TRANSFERS"
+    has direct && row "$i.direct" "$PEER" bench-listen "$f.direct" "$SIZE" "$TRANSFERS" "$ROUNDS"
+    has daemon && row "$i.daemon" env -u GW_DPDK_EAL_ARGS GW_SOCKET_IFNAME=$store_if GW_DAEMON="unix:$SOCKDIR/h0.sock" \
       "$PEER" bench-listen "$f.daemon" "$SIZE" "$TRANSFERS" "$ROUNDS"
   else
-    row "$i.tcp" "$PEER" tcp-source 10.77.0.1 "$f.tcp" "$SIZE" "$TRANSFERS"
-    row "$i.direct" "$PEER" bench-connect "$f.direct" "$SIZE" "$TRANSFERS" "$ROUNDS"
-    row "$i.daemon" env GW_DAEMON="unix:$SOCKDIR/h1.sock" \
+    has ceil && row "$i.tcp" "$PEER" tcp-source 10.77.0.1 "$f.tcp" "$SIZE" "$TRANSFERS"
+    has direct && row "$i.direct" "$PEER" bench-connect "$f.direct" "$SIZE" "$TRANSFERS" "$ROUNDS"
+    has daemon && row "$i.daemon" env -u GW_DPDK_EAL_ARGS GW_SOCKET_IFNAME=$store_if GW_DAEMON="unix:$SOCKDIR/h1.sock" \
       "$PEER" bench-connect "$f.daemon" "$SIZE" "$TRANSFERS" "$ROUNDS"
   fi
 done
 exit 0
+EOF
+
+# The testbed's service: this host's gradwired (over dpdk with its port on d0, up at its start).
+cat >"$work/svc.sh" <<'EOF'
+[ "$XPORT" = dpdk ] && export GW_DPDK_IP="$TB_IP" \
+  GW_DPDK_EAL_ARGS="-l 0 $TB_EAL_MEM --no-pci --no-telemetry --log-level=*:error --vdev net_af_xdp0,iface=$TB_IFACE"
+exec "$GWD" --foreground --socket "$SOCKDIR/h$TB_HOST.sock"
 EOF
 
 # field FILE KEY: KEY's value in the one line of FILE ("" when absent).
@@ -108,39 +133,50 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print ""; else if (N
 bad=0
 say() { echo "plugin_daemon_netns: $*"; }
 
-session() {  # session RATE: one testbed session, its table
-  local rate=$1 dir="$work/$1" rc sock
-  mkdir -p "$dir/files" "$dir/sock"
-  sock="$dir/sock/h\$TB_HOST.sock"
+tb_session() {  # tb_session RATE DIR ROWS LOG [daemons]: one testbed session running ROWS
+  local rate=$1 dir=$2 rows=$3 log=$4 daemons=${5:-} rc
   local shape=(); [ "$rate" != none ] && shape=(-r "$rate")
-  OUT="$dir" SOCKDIR="$dir/sock" PEER="$peer" RUNS="$runs" SIZE="$size" TRANSFERS="$transfers" \
-    ROUNDS="$rounds" GW_DAEMON_TRANSPORT=tcp GW_LOG_LEVEL=info \
-    bash "$tb" -n 2 "${shape[@]}" -t "$timeout_s" \
-      -S "exec $gwd --foreground --socket $sock" \
-      -W "$gwctl status --socket $sock --timeout-ms 2000" -- "bash $work/host.sh" \
-      >"$dir/log" 2>&1 &
+  local svc=()
+  [ -n "$daemons" ] && svc=(-S "exec bash $work/svc.sh"
+    -W "$gwctl status --socket $dir/sock/h\$TB_HOST.sock --timeout-ms 2000")
+  OUT="$dir" SOCKDIR="$dir/sock" PEER="$peer" GWD="$gwd" XPORT="$xport" ROWS="$rows" \
+    RUNS="$runs" SIZE="$size" TRANSFERS="$transfers" ROUNDS="$rounds" \
+    GW_DAEMON_TRANSPORT="$xport" GW_LOG_LEVEL=info \
+    bash "$tb" -n 2 -m "$mtu" "${shape[@]}" -t "$timeout_s" "${svc[@]}" -- "bash $work/host.sh" \
+      >"$log" 2>&1 &
   tb_pid=$!
   wait "$tb_pid"; rc=$?
   tb_pid=""
   if [ $rc -eq 77 ]; then
-    cat "$dir/log" >&2; say "SKIP: the testbed cannot be built here"; exit 77
+    cat "$log" >&2; say "SKIP: the testbed cannot be built here"; exit 77
   fi
   if [ $rc -ne 0 ]; then
-    grep -v '^\[h[0-9]s\]' "$dir/log" | tail -n 30 >&2
-    say "the session at rate $rate ended with status $rc"; bad=1
+    grep -v '^\[h[0-9]s\]' "$log" | tail -n 30 >&2
+    say "the session at rate $rate ($rows) ended with status $rc"; bad=1
   fi
-  grep -h 'failed (status' "$dir/log" >&2 && bad=1
+  grep -h 'failed (status' "$log" >&2 && bad=1
+}
+
+session() {  # session RATE: the rate's testbed session(s), its table
+  local rate=$1 dir="$work/$1"
+  mkdir -p "$dir/files" "$dir/sock"
+  if [ "$xport" = dpdk ]; then  # a port is one process's: direct mode without the daemons
+    tb_session "$rate" "$dir" "ceil direct" "$dir/log.direct"
+    tb_session "$rate" "$dir" "daemon" "$dir/log" daemons
+  else
+    tb_session "$rate" "$dir" "ceil direct daemon" "$dir/log" daemons
+  fi
   # Every daemon-mode connection (two per run: the data's and the one back) was a job of both
   # hosts' daemons, which met over tcp (their INFO lines, GW_LOG_LEVEL=info).
   local h n
   for h in 0 1; do
-    n=$(grep -c "^\[h${h}s\].*gradwired: job of 2 ranks (host [01] of 2): offered tcp;" "$dir/log")
+    n=$(grep -c "^\[h${h}s\].*gradwired: job of 2 ranks (host [01] of 2): offered $xport;" "$dir/log")
     if [ "$n" -lt $((2 * runs)) ]; then
-      say "rate $rate: host $h's daemon saw $n two-host jobs over tcp, expected $((2 * runs))"; bad=1
+      say "rate $rate: host $h's daemon saw $n two-host jobs over $xport, expected $((2 * runs))"; bad=1
     fi
   done
 
-  local link="unshaped veth (MTU 9000)"
+  local link="unshaped veth (MTU $mtu)"
   [ "$rate" != none ] && link="tc tbf $rate both ways on each host's d0"
   echo
   echo "## 2 namespace hosts, link: $link; $size x $transfers transfers (median of each run)," \
@@ -183,8 +219,8 @@ session() {  # session RATE: one testbed session, its table
   echo "| ceiling: memcpy | $mc | | | |"
   echo "| ceiling: one TCP connection over d0 | $tcp | | | |"
   echo "| ceiling: link rate | $rate_gbs | | | |"
-  echo "| direct (plugin tcp over d0) | $dg | 100 % | $dl | 0 |"
-  echo "| daemon (each end through its host's gradwired, tcp between them) | $ag | $pct | $al | $added |"
+  echo "| direct (plugin $xport over d0) | $dg | 100 % | $dl | 0 |"
+  echo "| daemon (each end through its host's gradwired, $xport between them) | $ag | $pct | $al | $added |"
 }
 
 say "$(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); rates: ${rates[*]}"
