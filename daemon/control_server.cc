@@ -117,6 +117,11 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       r["transport"] = encode_offer(offer.names);
       r["device_buffers"] = device_buffers.yes;
       r["device_buffers_why"] = device_buffers.why;
+      {
+        std::lock_guard<std::mutex> lock(dpdk_port->mu);
+        r["dpdk_port"] =
+            dpdk_port->text.empty() ? "none: this daemon offers no dpdk" : dpdk_port->text;
+      }
       r["host_id"] = host_id;
       r["clients"] = counters.live_clients.load();
       r["jobs"] = counters.live_jobs.load();

@@ -81,6 +81,7 @@ std::string render(gw::daemon::ControlCommand command, const json& r) {
                                         {"control socket", str(r, "control_socket")},
                                         {"transport", str(r, "transport")},
                                         {"device buffers", str_or_dash(r, "device_buffers_why")},
+                                        {"dpdk port", str_or_dash(r, "dpdk_port")},
                                         {"host id", str(r, "host_id")},
                                         {"clients", num(r, "clients")},
                                         {"jobs", num(r, "jobs")},

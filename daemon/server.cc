@@ -55,22 +55,33 @@ int until_first_deadline(const std::vector<PendingConn>& conns, int cap) {
 }
 
 // A daemon given a DPDK port owns it from its start, as a DPDK application does: EAL and the
-// port (seconds for a net_memif pair on a small host) come up once, before any job, instead of
-// inside the first cross-host job's connect deadline. In the background, so that the sockets
-// answer at once; a job that needs the port meanwhile waits for it (the backend makes its engine
-// once per process, under a lock). A port that does not come up is said at WARN now; a job whose
-// daemons agree on dpdk then fails with the same reason (the offer stays as configured: the
-// other daemons have read it).
-std::jthread start_dpdk_port() {
-  return std::jthread([] {
+// port (0.2 s for a net_memif port on a 2-core VM; more with hugepages or a NIC) come up once,
+// before any job, instead of inside the first cross-host job's connect deadline. In the background,
+// so that the sockets answer at once; a job that needs the port meanwhile waits for it (the backend
+// makes its engine once per process, under a lock). A port that does not come up is said at WARN
+// now; a job whose daemons agree on dpdk then fails with the same reason (the offer stays as
+// configured: the other daemons have read it).
+std::jthread start_dpdk_port(std::shared_ptr<Server::Impl::PortState> state) {
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->text = "starting";
+  }
+  return std::jthread([state] {
     const int64_t t0 = sys::now_ns();
     net::TransportOptions o;
     o.job_token = "gradwired-port-start";
     o.timeout_ms = 10000;  // no connection is made: any positive value
     auto t = net::make_transport("dpdk", o);
     const int64_t ms = (sys::now_ns() - t0) / 1'000'000;
+    std::string text = t.ok() ? fmt::format("open: {} in {} ms", (*t)->properties().interfaces, ms)
+                              : fmt::format("failed: {}", t.status().message());
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->text = text;
+    }
     if (t.ok()) {
-      GW_LOG_INFO("gradwired: DPDK port up at start ({} ms)", ms);
+      GW_LOG_INFO("gradwired: DPDK port open at start ({} ms): {}", ms,
+                  (*t)->properties().interfaces);
     } else {
       GW_LOG_WARN(
           "gradwired: the DPDK port did not come up ({} ms): {}; a job whose daemons agree on "
@@ -144,7 +155,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   // Only once nothing can refuse the start (a live daemon's socket above): that one owns the port.
   const auto& names = impl->offer.names;
   if (std::find(names.begin(), names.end(), "dpdk") != names.end()) {
-    impl->port_start = start_dpdk_port();
+    impl->port_start = start_dpdk_port(impl->dpdk_port);
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -130,8 +131,15 @@ struct Server::Impl {
   // ---- the serve loop (server.cc) -------------------------------------------------------------
   Status serve();
 
-  // A daemon that offers dpdk brings its port up at start, in this thread (server.cc
-  // start_dpdk_port). Last: destroyed (joined) first, before anything else of the Impl goes.
+  // A daemon that offers dpdk brings its port up at start, in port_start (server.cc
+  // start_dpdk_port), which says how that went in dpdk_port: "starting", "open: <port> in N ms" or
+  // "failed: <reason>" (gradwirectl status); "" while the daemon offers no dpdk. Shared with the
+  // thread. port_start is last: destroyed (joined) first, before anything else of the Impl goes.
+  struct PortState {
+    std::mutex mu;
+    std::string text;
+  };
+  std::shared_ptr<PortState> dpdk_port = std::make_shared<PortState>();
   std::jthread port_start;
 };
 

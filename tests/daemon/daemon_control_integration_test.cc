@@ -150,6 +150,43 @@ TEST(DaemonIntegration, GradwirectlConfigShowsTheJobTokenOnlyAsSet) {
   EXPECT_TRUE(shown) << raw.output;
 }
 
+// A daemon given a DPDK port brings it up at its start and gradwirectl status says how that went
+// ("starting", then "open: <port> in N ms"; its link is logged apart); one without a port says it
+// offers no dpdk.
+TEST(DaemonIntegration, GradwirectlStatusShowsTheDaemonsDpdkPort) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string with = dir.path() + "/p.sock", without = dir.path() + "/n.sock";
+  ProcGroup daemons;
+  Env env = clean_env();
+  env["GW_DPDK_IP"] = "10.74.0.1";
+  env["GW_DPDK_EAL_ARGS"] =
+      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error --vdev "
+      "net_memif0,id=0,socket=/gw-daemon-status-" +
+      std::to_string(getpid()) + ".sock,role=server";
+  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", with}, env);
+  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", without}, clean_env());
+  ASSERT_TRUE(daemons.wait_for_output(0, "listening", 20000)) << daemons.output(0);
+  ASSERT_TRUE(daemons.wait_for_output(1, "listening", 20000)) << daemons.output(1);
+  std::string port;
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto st = json_of(gradwirectl({"status", "--json", "--socket", with}));
+        port = st.is_object() && st["dpdk_port"].is_string() ? st["dpdk_port"].get<std::string>()
+                                                             : "(no dpdk_port)";
+        return port != "starting";
+      },
+      30000))
+      << port;
+  if (port.find("rte_eal_init") != std::string::npos) GTEST_SKIP() << "no DPDK here: " << port;
+  EXPECT_TRUE(std::regex_search(port, std::regex("^open: net_memif0 .* in [0-9]+ ms$"))) << port;
+  ProcResult table = gradwirectl({"status", "--socket", with});
+  EXPECT_TRUE(std::regex_search(table.output, std::regex("\\ndpdk port +open: net_memif0 ")))
+      << table.output;
+  auto none = json_of(gradwirectl({"status", "--json", "--socket", without}));
+  EXPECT_EQ(none["dpdk_port"], "none: this daemon offers no dpdk") << none;
+}
+
 // --group numbers that are no gid are refused with a message (issue 33, item 4): 2^32 would
 // wrap to gid 0 (root's group), 2^32-1 is chown's "no change", and a number past 2^64 used to
 // end in an uncaught exception.

@@ -156,7 +156,7 @@ TEST(DaemonIntegration, DaemonsWithDifferentOffersMeetOverWhatTheyShare) {
   EXPECT_TRUE(d.daemon_said(1, "auto offers tcp (", 1000)) << d.daemon_output(1);
   // The port is A's from its start (no job yet): EAL, the memif port (no client ever comes) and
   // the engine on it. B, with no port, starts none.
-  const bool port_up = d.daemon_said(0, "gradwired: DPDK port up at start", 30000);
+  const bool port_up = d.daemon_said(0, "gradwired: DPDK port open at start", 30000);
   if (port_up || d.daemon_output(0).find("rte_eal_init") == std::string::npos) {
     EXPECT_TRUE(port_up) << d.daemon_output(0);
     EXPECT_NE(d.daemon_output(0).find("dpdk: engine on"), std::string::npos) << d.daemon_output(0);
