@@ -251,7 +251,7 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
 
   Welcome w = c->geo;
   w.client_id = c->id;
-  w.transport = encode_offer(offer.names);
+  w.transport = encode_offer(job_offer());
   // The job's parameter server, started with the job (a socket and a thread; docs/daemon.md).
   std::shared_ptr<kv::Server> kv = job ? job->kv : nullptr;
   // A connection of the NCCL plugin's daemon mode (nccl_job_of) is a job of its own and never
@@ -274,7 +274,7 @@ Status Server::Impl::admit(PendingConn& p, const Hello& h) {
   c->sock = std::move(p.sock);
 
   if (!job) {
-    job = std::make_shared<Job>(wake_efd.get(), h, &counters, offer.names);
+    job = std::make_shared<Job>(wake_efd.get(), h, &counters, job_offer());
     job->spin_ns = opt.spin_us * 1000;
     job->pool = pool.get();
     GW_ASSIGN_OR_RETURN(job->wake, make_eventfd());

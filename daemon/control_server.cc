@@ -114,7 +114,7 @@ nlohmann::json Server::Impl::answer(ControlCommand command) const {
       r["uptime_s"] = static_cast<double>(sys::now_ns() - started_ns) / 1e9;
       r["socket"] = opt.socket_path;
       r["control_socket"] = ctl_path;
-      r["transport"] = encode_offer(offer.names);
+      r["transport"] = encode_offer(job_offer());
       r["device_buffers"] = device_buffers.yes;
       r["device_buffers_why"] = device_buffers.why;
       {

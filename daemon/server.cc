@@ -59,14 +59,15 @@ int until_first_deadline(const std::vector<PendingConn>& conns, int cap) {
 // before any job, instead of inside the first cross-host job's connect deadline. In the background,
 // so that the sockets answer at once; a job that needs the port meanwhile waits for it (the backend
 // makes its engine once per process, under a lock). A port that does not come up is said at WARN
-// now; a job whose daemons agree on dpdk then fails with the same reason (the offer stays as
-// configured: the other daemons have read it).
-std::jthread start_dpdk_port(std::shared_ptr<Server::Impl::PortState> state) {
+// now. With `fallback` (auto offered dpdk among others) the jobs that start from then on are
+// offered the rest (Impl::job_offer); a job that started before, or a daemon told dpdk by name,
+// fails with the same reason if its daemons agree on dpdk.
+std::jthread start_dpdk_port(std::shared_ptr<Server::Impl::PortState> state, bool fallback) {
   {
     std::lock_guard<std::mutex> lock(state->mu);
     state->text = "starting";
   }
-  return std::jthread([state] {
+  return std::jthread([state, fallback] {
     const int64_t t0 = sys::now_ns();
     net::TransportOptions o;
     o.job_token = "gradwired-port-start";
@@ -78,10 +79,16 @@ std::jthread start_dpdk_port(std::shared_ptr<Server::Impl::PortState> state) {
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->text = text;
+      state->failed = !t.ok();
     }
     if (t.ok()) {
       GW_LOG_INFO("gradwired: DPDK port open at start ({} ms): {}", ms,
                   (*t)->properties().interfaces);
+    } else if (fallback) {
+      GW_LOG_WARN(
+          "gradwired: the DPDK port did not come up ({} ms): {}; jobs starting from now are "
+          "offered the rest of auto's offer, without dpdk",
+          ms, t.status().message());
     } else {
       GW_LOG_WARN(
           "gradwired: the DPDK port did not come up ({} ms): {}; a job whose daemons agree on "
@@ -155,7 +162,9 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
   // Only once nothing can refuse the start (a live daemon's socket above): that one owns the port.
   const auto& names = impl->offer.names;
   if (std::find(names.begin(), names.end(), "dpdk") != names.end()) {
-    impl->port_start = start_dpdk_port(impl->dpdk_port);
+    const bool fallback =
+        (options.transport.empty() || options.transport == "auto") && names.size() > 1;
+    impl->port_start = start_dpdk_port(impl->dpdk_port, fallback);
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -177,6 +186,15 @@ const std::string& Server::transport_note() const { return impl_->offer.reason; 
 ServerStats Server::stats() const { return impl_->counters.snapshot(impl_->offer.names); }
 
 Status Server::run() { return impl_->serve(); }
+
+std::vector<std::string> Server::Impl::job_offer() const {
+  std::vector<std::string> names = offer.names;
+  std::lock_guard<std::mutex> lock(dpdk_port->mu);
+  if (dpdk_port->failed && names.size() > 1 && (opt.transport.empty() || opt.transport == "auto")) {
+    std::erase(names, std::string("dpdk"));
+  }
+  return names;
+}
 
 Status Server::Impl::serve() {
   std::vector<pollfd> pfds;

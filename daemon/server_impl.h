@@ -138,8 +138,12 @@ struct Server::Impl {
   struct PortState {
     std::mutex mu;
     std::string text;
+    bool failed = false;
   };
   std::shared_ptr<PortState> dpdk_port = std::make_shared<PortState>();
+  // The transports offered to a job starting now: the offer, less dpdk when the daemon chose it
+  // (auto) and its port failed to come up (jobs then meet over what else it offers, tcp).
+  std::vector<std::string> job_offer() const;
   std::jthread port_start;
 };
 

@@ -152,39 +152,65 @@ TEST(DaemonIntegration, GradwirectlConfigShowsTheJobTokenOnlyAsSet) {
 
 // A daemon given a DPDK port brings it up at its start and gradwirectl status says how that went
 // ("starting", then "open: <port> in N ms"; its link is logged apart); one without a port says it
-// offers no dpdk.
+// offers no dpdk. A port that fails (EAL refuses its arguments) is "failed: <reason>": under auto
+// the daemon then offers its jobs tcp alone (the status's transport), while one told dpdk by name
+// keeps offering it (its jobs fail with the reason).
 TEST(DaemonIntegration, GradwirectlStatusShowsTheDaemonsDpdkPort) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
-  const std::string with = dir.path() + "/p.sock", without = dir.path() + "/n.sock";
+  const std::string eal =
+      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error";
+  const std::vector<std::string> sock = {dir.path() + "/p.sock", dir.path() + "/n.sock",
+                                         dir.path() + "/f.sock", dir.path() + "/d.sock"};
   ProcGroup daemons;
-  Env env = clean_env();
-  env["GW_DPDK_IP"] = "10.74.0.1";
-  env["GW_DPDK_EAL_ARGS"] =
-      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error --vdev "
-      "net_memif0,id=0,socket=/gw-daemon-status-" +
-      std::to_string(getpid()) + ".sock,role=server";
-  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", with}, env);
-  daemons.start({GRADWIRED_PATH, "--foreground", "--socket", without}, clean_env());
-  ASSERT_TRUE(daemons.wait_for_output(0, "listening", 20000)) << daemons.output(0);
-  ASSERT_TRUE(daemons.wait_for_output(1, "listening", 20000)) << daemons.output(1);
-  std::string port;
-  ASSERT_TRUE(eventually(
-      [&] {
-        auto st = json_of(gradwirectl({"status", "--json", "--socket", with}));
-        port = st.is_object() && st["dpdk_port"].is_string() ? st["dpdk_port"].get<std::string>()
-                                                             : "(no dpdk_port)";
-        return port != "starting";
-      },
-      30000))
-      << port;
+  for (int i = 0; i < 4; ++i) {
+    Env env = clean_env();
+    env["GW_DPDK_IP"] = "10.74.0.1";
+    if (i == 0) {
+      env["GW_DPDK_EAL_ARGS"] = eal + " --vdev net_memif0,id=0,socket=/gw-daemon-status-" +
+                                std::to_string(getpid()) + ".sock,role=server";
+    } else if (i >= 2) {
+      env["GW_DPDK_EAL_ARGS"] = eal + " --no-such-eal-flag";
+    }
+    std::vector<std::string> argv = {GRADWIRED_PATH, "--foreground", "--socket", sock[i]};
+    if (i == 3) argv.insert(argv.end(), {"--transport", "dpdk"});
+    daemons.start(argv, env);
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(daemons.wait_for_output(i, "listening", 20000)) << daemons.output(i);
+  }
+  // The status of daemon i once its port is no longer starting.
+  auto settled = [&](int i) {
+    nlohmann::json st;
+    const bool done = eventually(
+        [&] {
+          st = json_of(gradwirectl({"status", "--json", "--socket", sock[i]}));
+          return st.is_object() && st["dpdk_port"].is_string() && st["dpdk_port"] != "starting";
+        },
+        30000);
+    EXPECT_TRUE(done) << i << ": " << st;
+    return st;
+  };
+  const nlohmann::json up = settled(0);
+  const std::string port = up.value("dpdk_port", "");
   if (port.find("rte_eal_init") != std::string::npos) GTEST_SKIP() << "no DPDK here: " << port;
   EXPECT_TRUE(std::regex_search(port, std::regex("^open: net_memif0 .* in [0-9]+ ms$"))) << port;
-  ProcResult table = gradwirectl({"status", "--socket", with});
+  EXPECT_EQ(up["transport"], "dpdk,tcp") << up;
+  ProcResult table = gradwirectl({"status", "--socket", sock[0]});
   EXPECT_TRUE(std::regex_search(table.output, std::regex("\\ndpdk port +open: net_memif0 ")))
       << table.output;
-  auto none = json_of(gradwirectl({"status", "--json", "--socket", without}));
+  const nlohmann::json none = settled(1);
   EXPECT_EQ(none["dpdk_port"], "none: this daemon offers no dpdk") << none;
+  EXPECT_EQ(none["transport"], "tcp") << none;
+  for (int i : {2, 3}) {
+    const nlohmann::json failed = settled(i);
+    EXPECT_EQ(failed.value("dpdk_port", "").rfind("failed: dpdk: rte_eal_init(", 0), 0u) << failed;
+    EXPECT_EQ(failed["transport"], i == 2 ? "tcp" : "dpdk") << failed;
+  }
+  EXPECT_TRUE(daemons.wait_for_output(2, "jobs starting from now are offered the rest", 5000))
+      << daemons.output(2);
+  EXPECT_TRUE(daemons.wait_for_output(3, "a job whose daemons agree on dpdk fails with this", 5000))
+      << daemons.output(3);
 }
 
 // --group numbers that are no gid are refused with a message (issue 33, item 4): 2^32 would

@@ -138,6 +138,40 @@ TEST(DaemonIntegration, DaemonsOverDpdkRunEveryCollective) {
   EXPECT_EQ(sample(text, "gradwired_bytes_total{transport=\"tcp\",direction=\"out\"}"), 0) << text;
 }
 
+// Both daemons are given DPDK ports under auto, but A's fails to come up (EAL refuses its
+// arguments): A then offers its jobs tcp alone, so their job runs over tcp instead of agreeing on
+// dpdk and failing on A.
+TEST(DaemonIntegration, ADaemonWhosePortFailedOffersTheRest) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DaemonPair d(dir);
+  const std::string eal =
+      "-l 0 --no-huge -m 512 --no-pci --no-shconf --no-telemetry --log-level=*:error";
+  d.set_env(0, "GW_DPDK_IP", "10.75.0.1");
+  d.set_env(0, "GW_DPDK_EAL_ARGS", eal + " --no-such-eal-flag");
+  d.set_env(1, "GW_DPDK_IP", "10.75.0.2");
+  d.set_env(1, "GW_DPDK_EAL_ARGS",
+            eal + " --vdev net_memif0,id=0,socket=/gw-daemon-fallback-" + std::to_string(getpid()) +
+                ".sock,role=server");
+  ASSERT_TRUE(d.start());
+  ASSERT_TRUE(d.daemon_said(0, "jobs starting from now are offered the rest", 30000))
+      << d.daemon_output(0);
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", "1000"});
+  auto results = g.wait_all(120000, true);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+        << d.daemon_output(0) << "\ndaemon B:\n"
+        << d.daemon_output(1);
+  }
+  EXPECT_TRUE(
+      d.daemon_said(1, "runs over tcp, not dpdk: host 0 offers tcp; host 1 offers dpdk,tcp", 5000))
+      << d.daemon_output(1);
+}
+
 // Daemons that offer different transports meet over the best they share: A has a DPDK port
 // (offers dpdk,tcp, and brings the port up at start, before any job), B has none (tcp): their job
 // runs over tcp, A says why, and gradwirectl shows the job's transport. A daemon told to use a
