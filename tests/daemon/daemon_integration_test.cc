@@ -37,6 +37,21 @@ namespace {
 
 using namespace ::gw::test::daemon_it;
 
+// Four trainers, two through each daemon, run the suite (1000 elements): every one ends well.
+void expect_suite_passes(DaemonPair& d) {
+  ProcGroup g;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", "1000"});
+  auto results = g.wait_all(120000, true);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
+        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
+        << d.daemon_output(0) << "\ndaemon B:\n"
+        << d.daemon_output(1);
+  }
+}
+
 TEST(DaemonIntegration, TwoHostsTwoTrainersEveryCollectiveAndDtype) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
@@ -156,17 +171,7 @@ TEST(DaemonIntegration, ADaemonWhosePortFailedOffersTheRest) {
   ASSERT_TRUE(d.start());
   ASSERT_TRUE(d.daemon_said(0, "jobs starting from now are offered the rest", 30000))
       << d.daemon_output(0);
-  ProcGroup g;
-  const int port = free_port();
-  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", "1000"});
-  auto results = g.wait_all(120000, true);
-  ASSERT_EQ(results.size(), 4u);
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
-        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
-        << d.daemon_output(0) << "\ndaemon B:\n"
-        << d.daemon_output(1);
-  }
+  expect_suite_passes(d);
   EXPECT_TRUE(
       d.daemon_said(1, "runs over tcp, not dpdk: host 0 offers tcp; host 1 offers dpdk,tcp", 5000))
       << d.daemon_output(1);
@@ -196,17 +201,7 @@ TEST(DaemonIntegration, DaemonsWithDifferentOffersMeetOverWhatTheyShare) {
     EXPECT_NE(d.daemon_output(0).find("dpdk: engine on"), std::string::npos) << d.daemon_output(0);
   }  // else DPDK cannot start here (its WARN names rte_eal_init): the job still runs over tcp
   EXPECT_EQ(d.daemon_output(1).find("EAL up"), std::string::npos) << d.daemon_output(1);
-  ProcGroup g;
-  const int port = free_port();
-  for (int r = 0; r < 4; ++r) d.start_trainer(g, r, 4, port, {"suite", "1000"});
-  auto results = g.wait_all(120000, true);
-  ASSERT_EQ(results.size(), 4u);
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_TRUE(results[r].exited && results[r].exit_code == 0)
-        << "rank " << r << ": " << results[r].describe() << "\ndaemon A:\n"
-        << d.daemon_output(0) << "\ndaemon B:\n"
-        << d.daemon_output(1);
-  }
+  expect_suite_passes(d);
   EXPECT_TRUE(
       d.daemon_said(0, "runs over tcp, not dpdk: host 0 offers dpdk,tcp; host 1 offers tcp", 5000))
       << d.daemon_output(0);
