@@ -19,7 +19,9 @@
 # What bench-listen/-connect do (tests/plugin/daemon_scenarios.h): 1 + TRANSFERS messages of SIZE
 # host 1 -> host 0, each timed at the receiver from its 8-byte go token to the data's arrival
 # (the first a warm-up; every one pattern-checked), then ROUNDS 8-byte ping-pongs timed by the
-# sender; latency = round trip / 2 (one way), median of the rounds. A run's GB/s is the median of
+# sender; latency = round trip / 2 (one way), median of the rounds; connect ms: the connecting
+# end's first connect call to its comm (daemon mode: both daemons' job meeting through the
+# store, as for each connection NCCL opens). A run's GB/s is the median of
 # its transfers; the table gives the median over the N runs.
 #
 # usage: perf/plugin_daemon_netns.sh [-B BUILD_DIR] [-r RATE]... [-x tcp|dpdk] [-n RUNS] [-s SIZE]
@@ -202,10 +204,11 @@ session() {  # session RATE: the rate's testbed session(s), its table
   med() {  # med HOST ROW KEY: the median over the runs
     for i in $(seq 1 "$runs"); do field "$dir/$1.$i.$2" "$3"; done | grep . | median
   }
-  local mc tcp dg ag dl al rate_gbs pct added
+  local mc tcp dg ag dl al dc ac rate_gbs pct added
   mc=$(med h0 memcpy gbps_median); tcp=$(med h0 tcp gbps_median)
   dg=$(med h0 direct gbps_median); ag=$(med h0 daemon gbps_median)
   dl=$(med h1 direct oneway_us); al=$(med h1 daemon oneway_us)
+  dc=$(med h1 direct connect_ms); ac=$(med h1 daemon connect_ms)
   rate_gbs="no rate (veth)"
   if [ "$rate" != none ]; then
     rate_gbs=$(awk -v r="$rate" 'BEGIN { n = r + 0; u = substr(r, length(n "") + 1);
@@ -214,13 +217,13 @@ session() {  # session RATE: the rate's testbed session(s), its table
   pct=$(awk -v a="$ag" -v d="$dg" 'BEGIN { if (d > 0 && a != "") printf "%.0f %%", 100 * a / d }')
   added=$(awk -v a="$al" -v d="$dl" 'BEGIN { if (a != "" && d != "") printf "%+.1f", a - d }')
   echo
-  echo "| mode (rate $rate) | $size GB/s (median of $runs) | % of direct | 8-byte latency us (one-way, median) | us added |"
-  echo "|---|---|---|---|---|"
-  echo "| ceiling: memcpy | $mc | | | |"
-  echo "| ceiling: one TCP connection over d0 | $tcp | | | |"
-  echo "| ceiling: link rate | $rate_gbs | | | |"
-  echo "| direct (plugin $xport over d0) | $dg | 100 % | $dl | 0 |"
-  echo "| daemon (each end through its host's gradwired, $xport between them) | $ag | $pct | $al | $added |"
+  echo "| mode (rate $rate) | $size GB/s (median of $runs) | % of direct | 8-byte latency us (one-way, median) | us added | connect ms (median) |"
+  echo "|---|---|---|---|---|---|"
+  echo "| ceiling: memcpy | $mc | | | | |"
+  echo "| ceiling: one TCP connection over d0 | $tcp | | | | |"
+  echo "| ceiling: link rate | $rate_gbs | | | | |"
+  echo "| direct (plugin $xport over d0) | $dg | 100 % | $dl | 0 | $dc |"
+  echo "| daemon (each end through its host's gradwired, $xport between them) | $ag | $pct | $al | $added | $ac |"
 }
 
 say "$(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); rates: ${rates[*]}"
