@@ -1,6 +1,9 @@
 #include "dpdk/dpdk_port.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <rte_dev.h>
 #include <rte_devargs.h>
 #include <rte_eal.h>
@@ -117,6 +120,24 @@ std::string devarg(const std::string& args, const std::string& key) {
     if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
   }
   return "";
+}
+
+// The IPv4 addresses the kernel has on a network interface ("10.77.0.1, 10.0.0.5"), or "".
+std::string kernel_ipv4(const std::string& iface) {
+  ifaddrs* all = nullptr;
+  if (iface.empty() || ::getifaddrs(&all) != 0) return "";
+  std::string out;
+  for (const ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || iface != a->ifa_name) {
+      continue;
+    }
+    char ip[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip)) == nullptr) continue;
+    out += (out.empty() ? "" : ", ") + std::string(ip);
+  }
+  ::freeifaddrs(all);
+  return out;
 }
 
 // The kernel MTU of a network interface, or 0.
@@ -441,6 +462,20 @@ class DpdkPort : public FramePort {
           name_, rte_strerror(-rc));
     } else {
       return unsupported("dpdk: rte_eth_dev_start({}): {}", name_, rte_strerror(-rc));
+    }
+    if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
+      // An AF_XDP port's XDP program hands this process every frame of its queue, ARP included:
+      // the kernel's own traffic on the interface stops (on a one-queue veth, all of it) while
+      // the port is open. Said where the kernel has addresses there that something may use.
+      const std::string iface = devarg(dargs, "iface"), ips = kernel_ipv4(iface);
+      const std::string q = devarg(dargs, "start_queue");
+      if (!ips.empty()) {
+        GW_LOG_WARN(
+            "dpdk: port {} takes the frames of {}'s queue {} from the kernel while it is open: "
+            "the kernel's traffic there ({}) stops (on a one-queue interface, all of it); run "
+            "the store and other kernel TCP over another interface (GW_SOCKET_IFNAME)",
+            name_, iface, q.empty() ? "0" : q, ips);
+      }
     }
     rte_eth_promiscuous_enable(port_id_);  // best effort (not every vdev supports it)
     rte_ether_addr a;
