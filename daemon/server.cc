@@ -79,7 +79,7 @@ std::jthread start_dpdk_port(std::shared_ptr<Server::Impl::PortState> state, boo
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->text = text;
-      state->failed = !t.ok();
+      state->drop_dpdk = !t.ok() && fallback;
     }
     if (t.ok()) {
       GW_LOG_INFO("gradwired: DPDK port open at start ({} ms): {}", ms,
@@ -190,9 +190,7 @@ Status Server::run() { return impl_->serve(); }
 std::vector<std::string> Server::Impl::job_offer() const {
   std::vector<std::string> names = offer.names;
   std::lock_guard<std::mutex> lock(dpdk_port->mu);
-  if (dpdk_port->failed && names.size() > 1 && (opt.transport.empty() || opt.transport == "auto")) {
-    std::erase(names, std::string("dpdk"));
-  }
+  if (dpdk_port->drop_dpdk) std::erase(names, std::string("dpdk"));
   return names;
 }
 

@@ -138,7 +138,7 @@ struct Server::Impl {
   struct PortState {
     std::mutex mu;
     std::string text;
-    bool failed = false;
+    bool drop_dpdk = false;  // it failed under auto (with more to offer): job_offer leaves dpdk out
   };
   std::shared_ptr<PortState> dpdk_port = std::make_shared<PortState>();
   // The transports offered to a job starting now: the offer, less dpdk when the daemon chose it

@@ -1,7 +1,6 @@
 #include "dpdk/dpdk_port.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <rte_dev.h>
@@ -28,6 +27,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "core/net/socket_util.h"
 #include "core/sys/time.h"
 
 namespace gw::dpdk {
@@ -124,19 +124,16 @@ std::string devarg(const std::string& args, const std::string& key) {
 
 // The IPv4 addresses the kernel has on a network interface ("10.77.0.1, 10.0.0.5"), or "".
 std::string kernel_ipv4(const std::string& iface) {
-  ifaddrs* all = nullptr;
-  if (iface.empty() || ::getifaddrs(&all) != 0) return "";
+  auto all = net::list_interfaces();
+  if (iface.empty() || !all.ok()) return "";
   std::string out;
-  for (const ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || iface != a->ifa_name) {
-      continue;
-    }
+  for (const net::Interface& i : *all) {
+    if (i.name != iface || i.addr.ss_family != AF_INET) continue;
     char ip[INET_ADDRSTRLEN] = {};
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&i.addr);
     if (::inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip)) == nullptr) continue;
     out += (out.empty() ? "" : ", ") + std::string(ip);
   }
-  ::freeifaddrs(all);
   return out;
 }
 
