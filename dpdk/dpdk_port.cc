@@ -1,6 +1,8 @@
 #include "dpdk/dpdk_port.h"
 
 #include <arpa/inet.h>
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <rte_dev.h>
@@ -22,6 +24,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <new>
 #include <sstream>
@@ -74,6 +77,8 @@ FILE* eal_log_stream() {
   return stream;
 }
 
+std::vector<std::string> add_af_xdp_queues(const std::vector<std::string>& words);
+
 }  // namespace
 
 Status eal_init_once(const std::string& args) {
@@ -86,7 +91,8 @@ Status eal_init_once(const std::string& args) {
       result = internal_error("dpdk: cannot give EAL its log stream: {}", std::strerror(errno));
       return;
     }
-    std::vector<std::string> words = split_eal_args(args.empty() ? kDefaultEalArgs : args);
+    std::vector<std::string> words =
+        add_af_xdp_queues(split_eal_args(args.empty() ? kDefaultEalArgs : args));
     words.insert(words.begin(), "gradwire");
     std::vector<char*> argv;
     for (auto& w : words) argv.push_back(w.data());
@@ -149,10 +155,85 @@ size_t kernel_mtu(const std::string& iface) {
   return mtu;
 }
 
+// How many receive queues a network interface has: ethtool's channel counts (combined ones plus
+// receive-only ones), else its rx-N entries in sysfs; 0 when neither says.
+size_t kernel_rx_queues(const std::string& iface) {
+  if (iface.empty() || iface.size() >= IFNAMSIZ) return 0;
+  if (int fd = socket(AF_INET, SOCK_DGRAM, 0); fd >= 0) {
+    ethtool_channels ch{};
+    ch.cmd = ETHTOOL_GCHANNELS;
+    ifreq ifr{};
+    std::memcpy(ifr.ifr_name, iface.c_str(), iface.size());
+    ifr.ifr_data = reinterpret_cast<char*>(&ch);
+    const int rc = ioctl(fd, SIOCETHTOOL, &ifr);
+    close(fd);
+    if (rc == 0 && ch.combined_count + ch.rx_count > 0) return ch.combined_count + ch.rx_count;
+  }
+  std::error_code ec;
+  size_t n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/sys/class/net/" + iface + "/queues", ec)) {
+    if (e.path().filename().string().rfind("rx-", 0) == 0) ++n;
+  }
+  return n;
+}
+
+// The most receive queues an AF_XDP port takes (one ethdev each, 2048 umem buffers each in the
+// fill ring of its queue): an interface with more is told to have fewer.
+constexpr size_t kAfXdpMaxQueues = 16;
+
+// The name of a queue's ethdev added for an AF_XDP vdev (add_af_xdp_queues): "<vdev>q<queue>".
+std::string af_xdp_queue_vdev(const std::string& vdev, size_t q) {
+  return fmt::format("{}q{}", vdev, q);
+}
+
+// An AF_XDP socket receives the frames of one queue of its interface, and an interface of several
+// receive queues spreads its incoming flows over them (RSS): a port on one queue would never see
+// the peers whose flows land elsewhere. So for each net_af_xdp vdev of the EAL arguments that
+// names no queue (no start_queue, no queue_count) on an interface of N > 1 receive queues, one
+// more vdev per other queue, "<vdev>q<k>,<its arguments>,start_queue=k" (k = 1 .. N-1, at most
+// kAfXdpMaxQueues in all), which DpdkPort opens as one port with it. (The 22.11 PMD's own
+// queue_count is refused above the interface's combined channels, so on a veth, which reports
+// none, and it would give one umem per queue anyway.)
+std::vector<std::string> add_af_xdp_queues(const std::vector<std::string>& words) {
+  std::vector<std::string> out, extra;
+  for (size_t i = 0; i < words.size(); ++i) {
+    out.push_back(words[i]);
+    std::string spec;
+    if (words[i] == "--vdev" && i + 1 < words.size()) {
+      spec = words[++i];
+      out.push_back(spec);
+    } else if (words[i].rfind("--vdev=", 0) == 0) {
+      spec = words[i].substr(7);
+    } else {
+      continue;
+    }
+    if (spec.rfind("net_af_xdp", 0) != 0) continue;
+    const size_t comma = spec.find(',');
+    const std::string vdev = spec.substr(0, comma);
+    const std::string args = comma == std::string::npos ? "" : spec.substr(comma + 1);
+    if (!devarg(args, "start_queue").empty() || !devarg(args, "queue_count").empty()) continue;
+    const std::string iface = devarg(args, "iface");
+    const size_t nq = kernel_rx_queues(iface);
+    if (nq <= 1) continue;
+    const size_t take = std::min(nq, kAfXdpMaxQueues);
+    for (size_t q = 1; q < take; ++q) {
+      extra.push_back("--vdev");
+      extra.push_back(fmt::format("{},{},start_queue={}", af_xdp_queue_vdev(vdev, q), args, q));
+    }
+    GW_LOG_INFO("dpdk: {} on {}: {} receive queues, the port takes {} (ethdevs {}q1 .. {}q{})",
+                vdev, iface, nq, take == nq ? "every one" : fmt::format("{}", take), vdev, vdev,
+                take - 1);
+  }
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
 class DpdkPort : public FramePort {
  public:
   ~DpdkPort() override {
     if (started_) rte_eth_dev_stop(port_id_);
+    for (uint16_t q : queue_ports_) rte_eth_dev_stop(q);
     // The mempool stays: the PMD may still reference mbufs of it until the process ends.
   }
 
@@ -300,7 +381,20 @@ class DpdkPort : public FramePort {
     rte_mbuf* ms[512];
     n = std::min<size_t>(n, 512);
     const int64_t t0 = mono_us();
-    uint16_t got = rte_eth_rx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    uint16_t got = 0;
+    if (queue_ports_.empty()) {
+      got = rte_eth_rx_burst(port_id_, 0, ms, static_cast<uint16_t>(n));
+    } else {
+      // An AF_XDP port over several queues (add_af_xdp_queues): each in turn, starting with the
+      // next one each call, so that a busy queue cannot starve the others.
+      const size_t k = queue_ports_.size() + 1;
+      for (size_t i = 0; i < k && got < n; ++i) {
+        const size_t at = (rx_next_ + i) % k;
+        const uint16_t pid = at == 0 ? port_id_ : queue_ports_[at - 1];
+        got += rte_eth_rx_burst(pid, 0, ms + got, static_cast<uint16_t>(n - got));
+      }
+      rx_next_ = (rx_next_ + 1) % k;
+    }
     note_time(t0, &slow_rx_, &max_rx_us_);
     size_t out = 0;
     for (uint16_t i = 0; i < got; ++i) {
@@ -373,8 +467,13 @@ class DpdkPort : public FramePort {
     // At least 10 KiB: af_packet wants its whole frame slot (framesz) to fit in one mbuf.
     size_t room = std::max<size_t>(want_mtu + kEthLen + 64, 10240) + RTE_PKTMBUF_HEADROOM;
     const std::string pname = fmt::format("gw_pool{}", port_id_);
+    const rte_devargs* da = info.device ? rte_dev_devargs(info.device) : nullptr;
+    const std::string dargs = da && da->args ? da->args : "";
     if (std::strcmp(info.driver_name, "net_af_xdp") == 0) {
-      GW_RETURN_IF_ERROR(make_umem_pool(pname, o.nb_mbufs));
+      find_queue_ports(dev_name, devarg(dargs, "iface"));
+      // The PMD puts 2048 buffers in each queue's fill ring from the one pool.
+      GW_RETURN_IF_ERROR(
+          make_umem_pool(pname, o.nb_mbufs + 2048 * static_cast<int>(queue_ports_.size())));
       // The kernel puts a received frame XDP_PACKET_HEADROOM (256) after the mbuf's own
       // headroom, in a 4 KiB chunk that starts with the object header and struct rte_mbuf.
       const size_t frame_max =
@@ -420,8 +519,6 @@ class DpdkPort : public FramePort {
     }
     // Jumbo where the port allows it; otherwise whatever MTU it has.
     uint16_t cur = 0;
-    const rte_devargs* da = info.device ? rte_dev_devargs(info.device) : nullptr;
-    const std::string dargs = da && da->args ? da->args : "";
     if (std::strcmp(info.driver_name, "net_af_packet") == 0) {
       // net_af_packet (22.11) reports a 1518-byte max frame, but what really bounds a frame is
       // its ring slot (framesz, minus the kernel's tpacket header and alignment: 142 bytes is
@@ -446,6 +543,7 @@ class DpdkPort : public FramePort {
     } else {
       mtu_ = std::min<size_t>(1500, want_mtu);
     }
+    for (uint16_t q : queue_ports_) GW_RETURN_IF_ERROR(start_queue_port(q, conf, nrx, ntx, s));
     memif_client_ =
         std::strcmp(info.driver_name, "net_memif") == 0 && devarg(dargs, "role") == "client";
     if (int rc = rte_eth_dev_start(port_id_); rc == 0) {
@@ -465,13 +563,32 @@ class DpdkPort : public FramePort {
       // the kernel's own traffic on the interface stops (on a one-queue veth, all of it) while
       // the port is open. Said where the kernel has addresses there that something may use.
       const std::string iface = devarg(dargs, "iface"), ips = kernel_ipv4(iface);
-      const std::string q = devarg(dargs, "start_queue");
+      const std::string first =
+          devarg(dargs, "start_queue").empty() ? "0" : devarg(dargs, "start_queue");
+      const std::string q = queue_ports_.empty() ? first : fmt::format("0-{}", queue_ports_.size());
+      // A frame that the interface hashes to a queue the port does not hold (RSS, per flow)
+      // goes to the kernel, which has no socket for it: the peers whose flows land there are
+      // never heard, and their operations time out. (A vdev that names no queue holds them all,
+      // up to kAfXdpMaxQueues: add_af_xdp_queues.)
+      if (const size_t nq = kernel_rx_queues(iface); nq > queue_ports_.size() + 1) {
+        GW_LOG_WARN(
+            "dpdk: port {} receives on queue(s) {} of {} only, and {} has {} receive queues: "
+            "frames it steers to another queue (by its hash of each flow) go to the kernel, so "
+            "peers whose frames land there are never heard and their operations time out. Give "
+            "{} fewer queues (`ethtool -L {} combined {}`; a veth: `rx 1 tx 1`), name no queue "
+            "in the vdev (the port then takes up to {}), or steer the engine's UDP port "
+            "(GW_DPDK_UDP_PORT, 47000 unless set) to queue {} (`ethtool -N {} flow-type udp4 "
+            "dst-port 47000 action {}`)",
+            name_, q, iface, iface, nq, iface, iface,
+            queue_ports_.empty() ? size_t{1} : kAfXdpMaxQueues, kAfXdpMaxQueues, first, iface,
+            first);
+      }
       if (!ips.empty()) {
         GW_LOG_WARN(
-            "dpdk: port {} takes the frames of {}'s queue {} from the kernel while it is open: "
+            "dpdk: port {} takes the frames of {}'s queue(s) {} from the kernel while it is open: "
             "the kernel's traffic there ({}) stops (on a one-queue interface, all of it); run "
             "the store and other kernel TCP over another interface (GW_SOCKET_IFNAME)",
-            name_, iface, q.empty() ? "0" : q, ips);
+            name_, iface, q, ips);
       }
     }
     rte_eth_promiscuous_enable(port_id_);  // best effort (not every vdev supports it)
@@ -580,6 +697,50 @@ class DpdkPort : public FramePort {
     return ok_status();
   }
 
+  // The ethdevs add_af_xdp_queues made for the other queues of this AF_XDP port's interface.
+  void find_queue_ports(const std::string& dev_name, const std::string& iface) {
+    uint16_t pid;
+    RTE_ETH_FOREACH_DEV(pid) {
+      if (pid == port_id_) continue;
+      char name[RTE_ETH_NAME_MAX_LEN] = {};
+      rte_eth_dev_info qi;
+      if (rte_eth_dev_get_name_by_port(pid, name) != 0 || rte_eth_dev_info_get(pid, &qi) != 0 ||
+          std::strcmp(qi.driver_name, "net_af_xdp") != 0) {
+        continue;
+      }
+      const rte_devargs* qa = qi.device ? rte_dev_devargs(qi.device) : nullptr;
+      const std::string args = qa && qa->args ? qa->args : "";
+      for (size_t q = 1; q < kAfXdpMaxQueues; ++q) {
+        if (name == af_xdp_queue_vdev(dev_name, q) && devarg(args, "iface") == iface) {
+          queue_ports_.push_back(pid);
+        }
+      }
+    }
+  }
+  // One more queue of an AF_XDP port: its ethdev with one RX queue on the port's pool (the same
+  // umem memory) and one TX queue (the PMD pairs them; the port sends on its first queue only).
+  Status start_queue_port(uint16_t pid, const rte_eth_conf& conf, uint16_t nrx, uint16_t ntx,
+                          unsigned socket) {
+    if (int rc = rte_eth_dev_configure(pid, 1, 1, &conf); rc != 0) {
+      return unsupported("dpdk: rte_eth_dev_configure(port {}, a queue of {}): {}", pid, name_,
+                         rte_strerror(-rc));
+    }
+    if (int rc = rte_eth_rx_queue_setup(pid, 0, nrx, socket, nullptr, pool_); rc != 0) {
+      return unsupported("dpdk: rx queue of port {} (a queue of {}): {}", pid, name_,
+                         rte_strerror(-rc));
+    }
+    if (int rc = rte_eth_tx_queue_setup(pid, 0, ntx, socket, nullptr); rc != 0) {
+      return unsupported("dpdk: tx queue of port {} (a queue of {}): {}", pid, name_,
+                         rte_strerror(-rc));
+    }
+    rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(mtu_));
+    if (int rc = rte_eth_dev_start(pid); rc != 0) {
+      return unsupported("dpdk: rte_eth_dev_start(port {}, a queue of {}): {}", pid, name_,
+                         rte_strerror(-rc));
+    }
+    return ok_status();
+  }
+
   static int64_t mono_us() { return sys::now_ns() / 1000; }
   static void note_time(int64_t t0, uint64_t* slow, uint64_t* max_us) {
     const int64_t us = mono_us() - t0;
@@ -588,6 +749,8 @@ class DpdkPort : public FramePort {
   }
 
   uint16_t port_id_ = 0;
+  std::vector<uint16_t> queue_ports_;  // an AF_XDP port's other queues (add_af_xdp_queues)
+  size_t rx_next_ = 0;                 // rx_burst's first queue next time
   size_t rx_desc_ = 1024;
   uint64_t slow_rx_ = 0, slow_tx_ = 0, max_rx_us_ = 0, max_tx_us_ = 0;
   rte_mempool* pool_ = nullptr;

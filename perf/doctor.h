@@ -1,9 +1,9 @@
 // gradwire-perf doctor: reads a host's RDMA and network set-up from sysfs and the process limits
 // and prints findings, each with what to change (docs/verbs.md, "doctor").
 //
-// Everything is read below a sysfs root (default /sys, GW_IB_SYSFS_ROOT), so tests run it against fixture trees
-// laid out as the kernel documents them (Documentation/ABI/stable/sysfs-class-infiniband,
-// sysfs-class-net, sysfs-kernel-mm-hugepages).
+// Everything is read below a sysfs root (default /sys, GW_IB_SYSFS_ROOT), so tests run it against
+// fixture trees laid out as the kernel documents them
+// (Documentation/ABI/stable/sysfs-class-infiniband, sysfs-class-net, sysfs-kernel-mm-hugepages).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@ struct DoctorInputs {
   uint64_t memlock_bytes = 0;       // RLIMIT_MEMLOCK's soft limit; UINT64_MAX = unlimited
   std::string kernel_release;       // uname -r, e.g. "6.1.0-18-amd64"
   bool have_dmabuf_symbol = false;  // libibverbs exports ibv_reg_dmabuf_mr (rdma-core >= 34)
+  std::string dpdk_eal_args;        // GW_DPDK_EAL_ARGS: its net_af_xdp ports' interfaces
 };
 
 // The inputs of this host: sysfs at /sys, getrlimit, uname, dlsym in libibverbs.

@@ -351,7 +351,8 @@ int main(int argc, char** argv) {
       "doctor",
       "read this host's RDMA and network set-up (RDMA devices and ports, link layer, LID, RoCE v2 "
       "GIDs and their netdev's MTU, ulimit -l, hugepages, GPUs, GPUDirect RDMA, NUMA of GPUs and "
-      "NICs) and print findings, each with what to change; exit 1 when one is an error");
+      "NICs, the receive queues of GW_DPDK_EAL_ARGS's AF_XDP interfaces) and print findings, each "
+      "with what to change; exit 1 when one is an error");
   bool doctor_json = false;
   std::string doctor_root;
   doctor_cmd->add_flag("--json", doctor_json, "print the findings as one JSON document");
@@ -390,6 +391,9 @@ int main(int argc, char** argv) {
       doctor_root = row != nullptr ? gw::config::get_string(*row) : "/sys";
     }
     in.root = doctor_root;
+    if (const gw::config::Row* row = gw::config::find("GW_DPDK_EAL_ARGS")) {
+      in.dpdk_eal_args = gw::config::get_string(*row);  // the environment or a config file
+    }
     const auto findings = gw::perf::run_doctor(in);
     const std::string text =
         doctor_json ? gw::perf::findings_json(findings) : gw::perf::format_findings(findings);

@@ -6,8 +6,8 @@
 # namespace of their own, where bridged frames skip the host firewall (bridge-nf-call-*tables
 # = 0 there only; the machine's settings are untouched): a switch, not a filtering host.
 #
-#   testbed.sh [-n HOSTS] [-R RANKS_PER_HOST] [-r RATE] [-m MTU] [-t TIMEOUT_S] [-H HUGEPAGES]
-#              [-c PCAP] [-S SERVICE -W READY] -- COMMAND...
+#   testbed.sh [-n HOSTS] [-R RANKS_PER_HOST] [-r RATE] [-m MTU] [-q QUEUES] [-t TIMEOUT_S]
+#              [-H HUGEPAGES] [-c PCAP] [-S SERVICE -W READY] -- COMMAND...
 #
 # COMMAND runs in every host at once (bash -c), with TB_HOST (0..N-1), TB_HOSTS, TB_IFACE (d0),
 # TB_IP, TB_CTL_IP, TB_STORE (10.79.0.1), TB_ID and TB_EAL_MEM (the EAL memory flags: hugepages
@@ -24,6 +24,9 @@
 # puts ranks 0-2 on host 0 and rank 3 on host 1. -r RATE shapes every host's data link to RATE (tc's units: 1gbit, 100mbit, ...)
 # in both directions with a token bucket (tc tbf on the host's d0 and on its port of the
 # bridge); the control network is never shaped. TB_RATE holds RATE ("" when unshaped).
+# -q QUEUES gives every data link QUEUES receive and transmit queues at both ends (default 1): the
+# bridge then spreads a host's incoming frames over d0's queues by its hash of each flow, as a
+# multi-queue NIC's RSS does (what an AF_XDP port on one queue meets on a real host).
 # -S SERVICE starts SERVICE (bash -c) once in every host before COMMAND, a per-host daemon such as
 # gradwired, with the host's TB_* environment and GW_SOCKET_IFNAME=d0; its output is prefixed
 # [h<i>s]. COMMAND starts only once READY (-W, bash -c, in the host with the same environment)
@@ -37,11 +40,11 @@
 # links, bridges, hugepage reservation and files) is removed on exit, whatever happened short of
 # SIGKILL; the namespaces of a session that was killed with SIGKILL are removed by the next one.
 set -u
-N=2; MTU=9000; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""; SERVICE=""; READY=""
-usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-t timeout_s] [-H hugepages] [-c pcap] [-S service -W ready] -- cmd"
-while getopts "n:R:r:m:t:H:c:S:W:" o; do
+N=2; MTU=9000; QUEUES=1; TIMEOUT=120; HUGE=0; PCAP=""; RPH=0; RPH_LIST=0; RATE=""; SERVICE=""; READY=""
+usage="usage: $0 [-n hosts] [-R ranks_per_host] [-r rate] [-m mtu] [-q queues] [-t timeout_s] [-H hugepages] [-c pcap] [-S service -W ready] -- cmd"
+while getopts "n:R:r:m:q:t:H:c:S:W:" o; do
   case $o in
-    n) N=$OPTARG ;; m) MTU=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
+    n) N=$OPTARG ;; m) MTU=$OPTARG ;; q) QUEUES=$OPTARG ;; t) TIMEOUT=$OPTARG ;; H) HUGE=$OPTARG ;; c) PCAP=$OPTARG ;;
     R) RPH_LIST=$OPTARG ;; r) RATE=$OPTARG ;; S) SERVICE=$OPTARG ;; W) READY=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -51,10 +54,11 @@ if { [ -n "$SERVICE" ] && [ -z "$READY" ]; } || { [ -z "$SERVICE" ] && [ -n "$RE
 fi
 SVC_STOP_S=${TB_SERVICE_STOP_S:-10}
 [[ "$SVC_STOP_S" =~ ^[0-9]+$ ]] || { echo "testbed: TB_SERVICE_STOP_S '$SVC_STOP_S' is not a number" >&2; exit 2; }
-for v in "$N" "$MTU" "$TIMEOUT" "$HUGE"; do
+for v in "$N" "$MTU" "$QUEUES" "$TIMEOUT" "$HUGE"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "testbed: '$v' is not a number; $usage" >&2; exit 2; }
 done
 [ "$N" -ge 1 ] && [ "$N" -le 200 ] || { echo "testbed: -n $N: need 1..200 hosts" >&2; exit 2; }
+[ "$QUEUES" -ge 1 ] && [ "$QUEUES" -le 64 ] || { echo "testbed: -q $QUEUES: need 1..64 queues" >&2; exit 2; }
 # Ranks per host: RPHS[i] for host i (all equal unless -R listed them), RANK0[i] its first rank.
 IFS=, read -r -a RPHS <<<"$RPH_LIST"
 for v in "${RPHS[@]}"; do
@@ -174,7 +178,8 @@ for i in $(seq 0 $((N - 1))); do
   ns="gwtb${ID}h$i"
   ip netns add "$ns" || fail_setup "ip netns add failed"
   NS+=("$ns")
-  ip -n "$SW" link add "gd${ID}h$i" mtu "$MTU" type veth peer name d0 mtu "$MTU" netns "$ns" ||
+  ip -n "$SW" link add "gd${ID}h$i" mtu "$MTU" numtxqueues "$QUEUES" numrxqueues "$QUEUES" \
+    type veth peer name d0 mtu "$MTU" numtxqueues "$QUEUES" numrxqueues "$QUEUES" netns "$ns" ||
     fail_setup "veth"
   ip -n "$SW" link add "gc${ID}h$i" type veth peer name c0 netns "$ns" || fail_setup "veth"
   ip -n "$SW" link set "gd${ID}h$i" master "gwbd$ID" up

@@ -168,6 +168,55 @@ TEST(Doctor, MemlockHugepagesGpuDirectAndNuma) {
   EXPECT_EQ(ok->severity, Severity::kOk);
 }
 
+TEST(Doctor, AfXdpPortOnAMultiQueueInterfaceIsFlagged) {
+  Fixture fx;
+  for (int q = 0; q < 4; ++q) {
+    fx.mkdir("sys/class/net/eth1/queues/rx-" + std::to_string(q));
+    fx.mkdir("sys/class/net/eth1/queues/tx-" + std::to_string(q));
+  }
+  fx.mkdir("sys/class/net/d0/queues/rx-0");
+  fx.mkdir("sys/class/net/d0/queues/tx-0");
+  auto in = inputs(fx);
+  // No AF_XDP port named: nothing said about it.
+  in.dpdk_eal_args = "-l 0 --no-huge --vdev net_af_packet0,iface=eth1";
+  EXPECT_EQ(find(run_doctor(in), "af_xdp", ""), nullptr);
+  // Four receive queues and a vdev that names none: the port takes them all.
+  in.dpdk_eal_args = "-l 0 --no-huge -m 512 --vdev net_af_xdp0,iface=eth1";
+  auto f = run_doctor(in);
+  const Finding* all = find(f, "af_xdp", "net_af_xdp0 on eth1: the port takes every one of its 4");
+  ASSERT_NE(all, nullptr) << format_findings(f);
+  EXPECT_EQ(all->severity, Severity::kOk);
+  // A vdev that names a queue holds that one only (both spellings of --vdev).
+  in.dpdk_eal_args = "-l 0 --no-huge -m 512 --vdev net_af_xdp0,iface=eth1,start_queue=2";
+  f = run_doctor(in);
+  const Finding* w = find(f, "af_xdp", "net_af_xdp0 receives on queue 2 of eth1, which has 4");
+  ASSERT_NE(w, nullptr) << format_findings(f);
+  EXPECT_EQ(w->severity, Severity::kWarn);
+  EXPECT_NE(w->fix.find("ethtool -L eth1 combined 1"), std::string::npos) << w->fix;
+  EXPECT_NE(w->fix.find("dst-port 47000 action 2"), std::string::npos) << w->fix;
+  // More queues than a port takes.
+  for (int q = 4; q < 20; ++q) fx.mkdir("sys/class/net/eth1/queues/rx-" + std::to_string(q));
+  in.dpdk_eal_args = "--vdev=net_af_xdp0,iface=eth1";
+  f = run_doctor(in);
+  const Finding* many = find(f, "af_xdp", "takes 16 of its 20 receive queues");
+  ASSERT_NE(many, nullptr) << format_findings(f);
+  EXPECT_EQ(many->severity, Severity::kWarn);
+  EXPECT_NE(many->fix.find("ethtool -L eth1 combined 16"), std::string::npos) << many->fix;
+  // One queue: fine. An interface this host lacks: an error.
+  in.dpdk_eal_args = "--vdev=net_af_xdp0,iface=d0 --vdev net_af_xdp1,iface=nosuch0";
+  f = run_doctor(in);
+  const Finding* ok = find(f, "af_xdp", "net_af_xdp0 on d0: one receive queue");
+  ASSERT_NE(ok, nullptr) << format_findings(f);
+  EXPECT_EQ(ok->severity, Severity::kOk);
+  const Finding* bad = find(f, "af_xdp", "'nosuch0'");
+  ASSERT_NE(bad, nullptr) << format_findings(f);
+  EXPECT_EQ(bad->severity, Severity::kError);
+  // A vdev without iface=, a trailing --vdev: an error and nothing, never a crash.
+  in.dpdk_eal_args = "--vdev net_af_xdp0 --vdev";
+  f = run_doctor(in);
+  ASSERT_NE(find(f, "af_xdp", "names interface ''"), nullptr) << format_findings(f);
+}
+
 TEST(Doctor, JsonCarriesEveryFindingAndTheCounts) {
   Fixture fx;
   fx.port("mlx5_3", 1, "4: ACTIVE", "InfiniBand");
