@@ -16,7 +16,14 @@
 #              scripts/gpu_prepare.sh copies from ../shared/peers beside the checkout),
 #              NPS ("2 4"), SIZES ("67108864 268435456"), RUN_TIMEOUT seconds per run (600),
 #              BUDGET seconds for all runs (330; runs that would start later are skipped, so
-#              the whole check fits one 10-minute device call with the build).
+#              the whole check fits one 10-minute device call with the build), DAEMON_BIN (the
+#              gradwired of the daemon-mode columns, default build/gpu-check/gradwired).
+# Daemon mode (docs/nccl-plugin.md): a column whose label starts with "gradwire daemon" runs each
+# rank through a gradwired of its own "host" (GW_HOSTID gwhost<r>, as NCCL_HOSTID; the ranks'
+# connections are jobs of two daemons, over tcp on lo: nccl_daemon_allreduce.py), one whose
+# label starts with "gradwire one daemon" runs every rank through one gradwired (one host's
+# ranks, arena to arena); the script starts and stops those daemons around the run and checks
+# in their logs that the connections went through them.
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,6 +61,35 @@ echo "== plugin: $plugin"
 logdir=$(mktemp -d /tmp/gw-nccl-check.XXXXXX)
 declare -A result
 
+daemon_bin=${DAEMON_BIN:-$root/build/gpu-check/gradwired}
+daemon_pids=()
+# start_daemons DIR COUNT: gradwired i (0 .. COUNT-1) on DIR/gwd<i>.sock, its log DIR/gwd<i>.log;
+# with COUNT > 1 each is a host of its own (GW_HOSTID gwhost<i>). Returns 1 when one does not
+# answer within 10 s.
+start_daemons() {
+  local dir=$1 count=$2 i hid
+  daemon_pids=()
+  for i in $(seq 0 $((count - 1))); do
+    hid=""
+    [ "$count" -gt 1 ] && hid="GW_HOSTID=gwhost$i"
+    # shellcheck disable=SC2086
+    env $hid GW_DAEMON_TRANSPORT=tcp GW_SOCKET_IFNAME=lo GW_LOG_LEVEL=info \
+      "$daemon_bin" --foreground --socket "$dir/gwd$i.sock" >"$dir/gwd$i.log" 2>&1 &
+    daemon_pids+=($!)
+  done
+  for i in $(seq 0 $((count - 1))); do
+    for _ in $(seq 100); do [ -S "$dir/gwd$i.sock" ] && break; sleep 0.1; done
+    [ -S "$dir/gwd$i.sock" ] || { echo "   gradwired $i did not start:" >&2; tail -5 "$dir/gwd$i.log" >&2; return 1; }
+  done
+}
+stop_daemons() {
+  local p
+  for p in "${daemon_pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${daemon_pids[@]}"; do wait "$p" 2>/dev/null; done
+  daemon_pids=()
+}
+trap stop_daemons EXIT
+
 # run LABEL NP ENV...: one nccl_torch_allreduce.py run over every size; fills result[LABEL,NP,SIZE]
 run() {
   local label=$1 np=$2
@@ -65,11 +101,45 @@ run() {
   fi
   local log="$logdir/${label// /_}-np$np.log"
   echo "== $label, $np ranks" >&2
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2206
+  local cmd=("$PYTHON" "$peers/nccl_torch_allreduce.py" "$np" $sizes) daemons=0 ddir=""
+  case $label in
+    "gradwire daemon"*) daemons=$np ;;
+    "gradwire one daemon"*) daemons=1 ;;
+  esac
+  if [ "$daemons" -gt 0 ]; then
+    [ -x "$daemon_bin" ] || die "no gradwired at $daemon_bin (set DAEMON_BIN=)"
+    ddir=$(mktemp -d /tmp/gw-nccl-daemons.XXXXXX)
+    if ! start_daemons "$ddir" "$daemons"; then
+      stop_daemons
+      for s in $sizes; do result[$label,$np,$s]="fail(daemon)"; done
+      return
+    fi
+    if [ "$daemons" = 1 ]; then
+      cmd=(env "GW_DAEMON=unix:$ddir/gwd0.sock" GW_SOCKET_IFNAME=lo "${cmd[@]}")
+    else
+      # shellcheck disable=SC2206
+      cmd=(env GW_SOCKET_IFNAME=lo "$PYTHON" "$here/nccl_daemon_allreduce.py"
+           "$peers/nccl_torch_allreduce.py" "$ddir" "$np" $sizes)
+    fi
+  fi
   timeout "$run_timeout" env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING "$@" \
-    bash "$peers/with_mps.sh" "$PYTHON" "$peers/nccl_torch_allreduce.py" "$np" $sizes \
-    >"$log" 2>&1
-  local rc=$?
+    bash "$peers/with_mps.sh" "${cmd[@]}" >"$log" 2>&1
+  local rc=$? bypassed=0
+  if [ "$daemons" -gt 0 ]; then
+    stop_daemons
+    # The connections must have been jobs of the daemons: a trainer joining a job of 2 ranks
+    # (both ends on one daemon; across hosts, one end each), and across hosts the daemons'
+    # "job of 2 ranks (host h of 2)".
+    local jobs
+    jobs=$(cat "$ddir"/gwd*.log | grep -cE "joined a job of 2 ranks|: job of 2 ranks \(host")
+    echo "   daemons: $jobs connection job(s) in their logs" >&2
+    grep -m1 "NET/gradwire: daemon mode" "$log" | sed 's/^.*INFO /   /' >&2 ||
+      echo "   (no daemon-mode INFO line in $log)" >&2
+    for f in "$ddir"/gwd*.log; do cp "$f" "$logdir/${label// /_}-np$np.$(basename "$f")"; done
+    rm -rf "$ddir"
+    [ "$jobs" = 0 ] && bypassed=1  # the plugin did not go through them: not daemon mode
+  fi
   for s in $sizes; do
     local line
     line=$(grep -E "^nccl net=.* np=$np bytes=$s " "$log" | tail -1)
@@ -77,7 +147,8 @@ run() {
       local bw ok
       bw=$(sed -E 's/.*busbw_GBps=([0-9.]+).*/\1/' <<<"$line")
       ok=$(sed -E 's/.* ok=([01]).*/\1/' <<<"$line")
-      [ "$ok" = 1 ] && result[$label,$np,$s]=$bw || result[$label,$np,$s]="$bw(BAD)"
+      [ "$ok" = 1 ] && [ "$bypassed" = 0 ] && result[$label,$np,$s]=$bw ||
+        result[$label,$np,$s]="$bw(BAD)"
     else
       result[$label,$np,$s]="fail(rc=$rc)"
     fi
