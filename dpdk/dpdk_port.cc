@@ -319,13 +319,15 @@ class DpdkPort : public FramePort {
     return sent;
   }
   Drops drops() const override {
-    rte_eth_stats st;
     Drops d;
-    if (rte_eth_stats_get(port_id_, &st) == 0) {
-      d.rx_missed = st.imissed;
-      d.rx_errors = st.ierrors;
-      d.rx_nombuf = st.rx_nombuf;
-      d.tx_errors = st.oerrors;
+    // Every queue's ethdev of an AF_XDP port (add_af_xdp_queues) drops on its own.
+    for (size_t i = 0; i <= queue_ports_.size(); ++i) {
+      rte_eth_stats st;
+      if (rte_eth_stats_get(i == 0 ? port_id_ : queue_ports_[i - 1], &st) != 0) continue;
+      d.rx_missed += st.imissed;
+      d.rx_errors += st.ierrors;
+      d.rx_nombuf += st.rx_nombuf;
+      d.tx_errors += st.oerrors;
     }
     d.slow_rx = slow_rx_;
     d.slow_tx = slow_tx_;
