@@ -3,6 +3,7 @@
 #include "perf/cpu_meter.h"
 
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include <chrono>
 
@@ -23,12 +24,21 @@ TEST(CpuMeter, BusyTicksAreUserNiceSystemIrqSoftirqStealNotIdleOrIowait) {
 TEST(CpuMeter, ASpinningSectionShowsUpInTheMachineAndTheProcess) {
   const CpuSample a = cpu_sample();
   ASSERT_GE(a.machine_busy_s, 0) << "/proc/stat unreadable";
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  // Spin until this process has had 0.3 s of CPU (on a loaded machine that takes longer than
+  // 0.3 s of wall-clock time: a deadline of 0.3 s gave the test 0.13 s of CPU beside a build),
+  // within 20 s.
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  const double cpu0 = cpu_now();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   volatile unsigned long spin = 0;
-  while (std::chrono::steady_clock::now() < until) spin = spin + 1;
+  while (cpu_now() - cpu0 < 0.3 && std::chrono::steady_clock::now() < give_up) spin = spin + 1;
   const CpuSample b = cpu_sample();
-  // This process spun for 0.3 s: its own user time and the machine's busy time both grew by
-  // most of it (ticks are 10 ms; a loaded machine only adds to the machine's figure).
+  // This process spun for 0.3 s of CPU: its own user time and the machine's busy time both grew
+  // by most of it (ticks are 10 ms; a loaded machine only adds to the machine's figure).
   EXPECT_GT(b.self_user_s + b.self_sys_s - a.self_user_s - a.self_sys_s, 0.15);
   EXPECT_GT(b.machine_busy_s - a.machine_busy_s, 0.15);
   const std::string line = cpu_line(1 << 20, 0.5, a, b);
