@@ -25,6 +25,9 @@ bash "$tb" -R x -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R x accepted"
 bash "$tb" -n 3 -R 2,1 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R with 2 counts for 3 hosts accepted"
 bash "$tb" -n 2 -R 2,0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-R with an empty host accepted"
 bash "$tb" -n 0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-n 0 accepted"
+bash "$tb" -q 0 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-q 0 accepted"
+bash "$tb" -q 65 -- true 2>/dev/null; [ $? -eq 2 ] || fail "-q 65 accepted"
+bash "$tb" -q x -- true 2>/dev/null; [ $? -eq 2 ] || fail "-q x accepted"
 
 out=$(bash "$tb" -n 2 -R 2 -r 200mbit -t 60 -- \
   'echo "env $GW_RANK $GW_WORLD_SIZE $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GW_STORE $MASTER_ADDR:$MASTER_PORT $GW_SOCKET_IFNAME $TB_HOST"
