@@ -7,11 +7,11 @@
 #   build      configure and build everything below (perf/gpu standalone, the plugin standalone)
 #   plugin     NCCL allreduce through libnccl-net-gradwire.so vs NCCL Socket at the same channel
 #              count (2 and 4), the plugin's tuner on and off, 2 and 4 ranks under MPS
-#   plugin-daemon  the plugin in daemon mode (build, then NCCL allreduce with each rank through
-#              the gradwired of its own host, and all ranks through one gradwired) against the
-#              plugin in direct mode and NCCL Socket, all at 4 channels, 64 and 256 MiB, 2 and 4
-#              ranks under MPS (issue 28); the plugin of build/gpu-check/plugin, which has daemon
-#              mode, for every gradwire column
+#   plugin-daemon  the plugin in daemon mode (builds gradwired and the plugin, then NCCL
+#              allreduce with each rank through the gradwired of its own host, and all ranks
+#              through one gradwired) against the plugin in direct mode and NCCL Socket, all at
+#              4 channels, 64 and 256 MiB, 2 and 4 ranks under MPS (issue 28); the plugin of
+#              build/gpu-check/plugin, which has daemon mode, for every gradwire column
 #   allreduce  gw_allreduce_compressed on GPU memory vs host memory (2 and 4 ranks), with timings
 #   kernels    gpudirect's CUDA codec kernels against the CPU ones + GB/s
 #   python     the Python package's tests (tests/python, CUDA tensors included), the host's torch
@@ -99,8 +99,9 @@ gradwire ch4=NCCL_MIN_NCHANNELS=4 NCCL_MAX_NCHANNELS=4
 gradwire daemon ch4=NCCL_MIN_NCHANNELS=4 NCCL_MAX_NCHANNELS=4
 gradwire one daemon ch4=NCCL_MIN_NCHANNELS=4 NCCL_MAX_NCHANNELS=4" \
     SIZES=${SIZES:-"67108864 268435456"} BUDGET=${PLUGIN_BUDGET:-300} RUN_TIMEOUT=90 OUT=$logs \
-    DAEMON_BIN="$root/build/gpu-check/gradwired" \
-    bash perf/gpu/run_nccl_gpu_check.sh "$root/build/gpu-check/plugin/libnccl-net-gradwire.so"
+    DAEMON_BIN="${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}/gradwired" \
+    bash perf/gpu/run_nccl_gpu_check.sh \
+    "${GW_GPU_CHECK_BUILD:-$root/build/gpu-check}/plugin/libnccl-net-gradwire.so"
 }
 
 export -f gpu plugin_check plugin_daemon_check
@@ -110,7 +111,8 @@ case $what in
   build) part build 300 gpu --build ;;
   plugin) part plugin 280 plugin_check ;;
   plugin-daemon)
-    part build 240 gpu --build
+    # Only what the check runs: gradwired and the plugin with daemon mode.
+    part build 300 gpu --targets gradwired nccl-net-gradwire
     part plugin-daemon $((budget - (SECONDS - start) - 10)) plugin_daemon_check
     ;;
   allreduce) part allreduce 200 gpu --allreduce ;;

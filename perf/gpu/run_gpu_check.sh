@@ -7,6 +7,8 @@
 #       1 GiB, median of 20); PASS or FAIL last; exit 0 pass, 1 fail, 3 no GPU
 #   --build      configure and build every program here, and the NCCL plugin standalone
 #                (build/plugin-gpu), side by side; the other modes build only what they run
+#   --targets T...  configure and build those targets of this build only (e.g. gradwired
+#                nccl-net-gradwire: the plugin with daemon mode, build/gpu-check/plugin)
 #   --allreduce  gw-gpu-allreduce-check: gw_allreduce_compressed on GPU memory against host
 #                memory, 2 and then 4 ranks forked on the one GPU (GW_GPU_NPS="2 4")
 #   --dmabuf     gw-gpu-dmabuf-check: verbs over its emulator registering real CUDA memory
@@ -78,6 +80,14 @@ case $mode in
     echo "built in $((SECONDS - t0)) s"
     [[ $rc == 0 ]] && echo PASS || echo FAIL
     exit $rc
+    ;;
+  --targets)
+    shift
+    t0=$SECONDS
+    build_targets "$@"
+    ls -la "$build/plugin" "$build/gradwired" 2>&1
+    echo "built in $((SECONDS - t0)) s"
+    echo PASS
     ;;
   --allreduce)
     build_targets gw-gpu-allreduce-check
