@@ -27,21 +27,13 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
-#include <sstream>
 
 #include "core/log.h"
 #include "core/net/socket_util.h"
 #include "core/sys/time.h"
+#include "dpdk/af_xdp_args.h"
 
 namespace gw::dpdk {
-
-std::vector<std::string> split_eal_args(const std::string& args) {
-  std::istringstream in(args);
-  std::vector<std::string> out;
-  std::string w;
-  while (in >> w) out.push_back(w);
-  return out;
-}
 
 namespace {
 
@@ -118,16 +110,6 @@ namespace {
 // buffers); a frame must also fit one 4 KiB umem chunk.
 constexpr size_t kAfXdpMtu = 3498;
 
-// The value of `key` in a vdev argument string "iface=d0,framesz=9216", or "".
-std::string devarg(const std::string& args, const std::string& key) {
-  std::istringstream in(args);
-  std::string kv;
-  while (std::getline(in, kv, ',')) {
-    if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
-  }
-  return "";
-}
-
 // The IPv4 addresses the kernel has on a network interface ("10.77.0.1, 10.0.0.5"), or "".
 std::string kernel_ipv4(const std::string& iface) {
   auto all = net::list_interfaces();
@@ -178,15 +160,6 @@ size_t kernel_rx_queues(const std::string& iface) {
   return n;
 }
 
-// The most receive queues an AF_XDP port takes (one ethdev each, 2048 umem buffers each in the
-// fill ring of its queue): an interface with more is told to have fewer.
-constexpr size_t kAfXdpMaxQueues = 16;
-
-// The name of a queue's ethdev added for an AF_XDP vdev (add_af_xdp_queues): "<vdev>q<queue>".
-std::string af_xdp_queue_vdev(const std::string& vdev, size_t q) {
-  return fmt::format("{}q{}", vdev, q);
-}
-
 // An AF_XDP socket receives the frames of one queue of its interface, and an interface of several
 // receive queues spreads its incoming flows over them (RSS): a port on one queue would never see
 // the peers whose flows land elsewhere. So for each net_af_xdp vdev of the EAL arguments that
@@ -196,35 +169,21 @@ std::string af_xdp_queue_vdev(const std::string& vdev, size_t q) {
 // queue_count is refused above the interface's combined channels, so on a veth, which reports
 // none, and it would give one umem per queue anyway.)
 std::vector<std::string> add_af_xdp_queues(const std::vector<std::string>& words) {
-  std::vector<std::string> out, extra;
-  for (size_t i = 0; i < words.size(); ++i) {
-    out.push_back(words[i]);
-    std::string spec;
-    if (words[i] == "--vdev" && i + 1 < words.size()) {
-      spec = words[++i];
-      out.push_back(spec);
-    } else if (words[i].rfind("--vdev=", 0) == 0) {
-      spec = words[i].substr(7);
-    } else {
-      continue;
-    }
-    if (spec.rfind("net_af_xdp", 0) != 0) continue;
-    const size_t comma = spec.find(',');
-    const std::string vdev = spec.substr(0, comma);
-    const std::string args = comma == std::string::npos ? "" : spec.substr(comma + 1);
-    if (!devarg(args, "start_queue").empty() || !devarg(args, "queue_count").empty()) continue;
-    const std::string iface = devarg(args, "iface");
-    const size_t nq = kernel_rx_queues(iface);
+  std::vector<std::string> extra;
+  for (const AfXdpVdev& v : af_xdp_vdevs(words)) {
+    if (v.names_queue) continue;
+    const size_t nq = kernel_rx_queues(v.iface);
     if (nq <= 1) continue;
     const size_t take = std::min(nq, kAfXdpMaxQueues);
     for (size_t q = 1; q < take; ++q) {
       extra.push_back("--vdev");
-      extra.push_back(fmt::format("{},{},start_queue={}", af_xdp_queue_vdev(vdev, q), args, q));
+      extra.push_back(fmt::format("{},{},start_queue={}", af_xdp_queue_vdev(v.name, q), v.args, q));
     }
     GW_LOG_INFO("dpdk: {} on {}: {} receive queues, the port takes {} (ethdevs {}q1 .. {}q{})",
-                vdev, iface, nq, take == nq ? "every one" : fmt::format("{}", take), vdev, vdev,
-                take - 1);
+                v.name, v.iface, nq, take == nq ? "every one" : fmt::format("{}", take), v.name,
+                v.name, take - 1);
   }
+  std::vector<std::string> out = words;
   out.insert(out.end(), extra.begin(), extra.end());
   return out;
 }
@@ -721,10 +680,8 @@ class DpdkPort : public FramePort {
       }
       const rte_devargs* qa = qi.device ? rte_dev_devargs(qi.device) : nullptr;
       const std::string args = qa && qa->args ? qa->args : "";
-      for (size_t q = 1; q < kAfXdpMaxQueues; ++q) {
-        if (name == af_xdp_queue_vdev(dev_name, q) && devarg(args, "iface") == iface) {
-          queue_ports_.push_back(pid);
-        }
+      if (af_xdp_queue_of(name, dev_name) && devarg(args, "iface") == iface) {
+        queue_ports_.push_back(pid);
       }
     }
   }

@@ -34,6 +34,4 @@ Status eal_init_once(const std::string& args);
 
 Result<std::unique_ptr<FramePort>> open_dpdk_port(const DpdkPortOptions& options);
 
-std::vector<std::string> split_eal_args(const std::string& args);
-
 }  // namespace gw::dpdk

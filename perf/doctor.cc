@@ -15,6 +15,8 @@
 #include <optional>
 #include <sstream>
 
+#include "dpdk/af_xdp_args.h"
+
 namespace gw::perf {
 namespace {
 
@@ -168,55 +170,18 @@ void check_port(const std::string& root, const std::string& dev, const std::stri
   }
 }
 
-// The AF_XDP ports of GW_DPDK_EAL_ARGS ("--vdev net_af_xdp0,iface=eth1,start_queue=2" or
-// "--vdev=..."): the ethdev's name, its interface and the queue it receives on.
-struct AfXdpPort {
-  std::string vdev, iface, queue = "0";
-  bool names_queue = false;  // start_queue= or queue_count=: the port holds that queue only
-};
-// The receive queues an AF_XDP vdev that names none takes (dpdk/dpdk_port.cc, kAfXdpMaxQueues).
-constexpr size_t kAfXdpMaxQueues = 16;
-std::vector<AfXdpPort> af_xdp_ports(const std::string& eal_args) {
-  std::vector<AfXdpPort> out;
-  std::istringstream words(eal_args);
-  std::string w, spec;
-  bool next_is_vdev = false;
-  while (words >> w) {
-    if (next_is_vdev) {
-      spec = w;
-    } else if (w.rfind("--vdev=", 0) == 0) {
-      spec = w.substr(7);
-    } else {
-      next_is_vdev = w == "--vdev";
-      continue;
-    }
-    next_is_vdev = false;
-    if (spec.rfind("net_af_xdp", 0) != 0) continue;
-    std::istringstream kvs(spec);
-    std::string kv;
-    AfXdpPort p;
-    std::getline(kvs, p.vdev, ',');
-    while (std::getline(kvs, kv, ',')) {
-      if (kv.rfind("iface=", 0) == 0) p.iface = kv.substr(6);
-      if (kv.rfind("start_queue=", 0) == 0) p.queue = kv.substr(12);
-      p.names_queue |= kv.rfind("start_queue=", 0) == 0 || kv.rfind("queue_count=", 0) == 0;
-    }
-    out.push_back(p);
-  }
-  return out;
-}
-
 // An AF_XDP socket receives on one queue of its interface: frames the interface hashes to the
 // queues the port does not hold (RSS) reach the kernel, not the port. A vdev that names no queue
 // holds every one, up to kAfXdpMaxQueues; one that names a queue holds that one.
 void check_af_xdp(const std::string& root, const std::string& eal_args, std::vector<Finding>* out) {
-  for (const AfXdpPort& p : af_xdp_ports(eal_args)) {
+  using dpdk::kAfXdpMaxQueues;
+  for (const dpdk::AfXdpVdev& p : dpdk::af_xdp_vdevs(dpdk::split_eal_args(eal_args))) {
     const fs::path queues = fs::path(root) / "class/net" / p.iface / "queues";
     if (p.iface.empty() || !fs::exists(fs::path(root) / "class/net" / p.iface)) {
       out->push_back({Severity::kError, "af_xdp",
                       fmt::format("GW_DPDK_EAL_ARGS: {} names interface '{}', which this host "
                                   "does not have",
-                                  p.vdev, p.iface),
+                                  p.name, p.iface),
                       "give the vdev iface=<a network interface of this host> (ip link)"});
       continue;
     }
@@ -226,31 +191,32 @@ void check_af_xdp(const std::string& root, const std::string& eal_args, std::vec
       const bool all = rx <= kAfXdpMaxQueues;
       out->push_back(
           {all ? Severity::kOk : Severity::kWarn, "af_xdp",
-           all ? fmt::format("{} on {}: the port takes every one of its {} receive queues", p.vdev,
+           all ? fmt::format("{} on {}: the port takes every one of its {} receive queues", p.name,
                              p.iface, rx)
                : fmt::format("{} on {}: the port takes {} of its {} receive queues: frames {} "
                              "steers to the others (its hash of each flow) go to the kernel, so "
                              "peers whose frames land there are never heard",
-                             p.vdev, p.iface, kAfXdpMaxQueues, rx, p.iface),
+                             p.name, p.iface, kAfXdpMaxQueues, rx, p.iface),
            all ? ""
                : fmt::format("give {} at most {} queues (ethtool -L {} combined {})", p.iface,
                              kAfXdpMaxQueues, p.iface, kAfXdpMaxQueues)});
     } else if (rx > 1) {
+      const std::string first = p.first_queue();
       out->push_back(
           {Severity::kWarn, "af_xdp",
            fmt::format("{} receives on queue {} of {}, which has {} receive queues: frames {} "
                        "steers to the others (its hash of each flow) go to the kernel, so peers "
                        "whose frames land there are never heard",
-                       p.vdev, p.queue, p.iface, rx, p.iface),
+                       p.name, first, p.iface, rx, p.iface),
            fmt::format("name no queue in the vdev (the port then takes every one, up to {}), "
                        "give {} one queue (ethtool -L {} combined 1; a veth: rx 1 tx 1), or "
                        "steer the engine's UDP port to queue {} (ethtool -N {} flow-type udp4 "
                        "dst-port 47000 action {}; GW_DPDK_UDP_PORT if you changed it)",
-                       kAfXdpMaxQueues, p.iface, p.iface, p.queue, p.iface, p.queue)});
+                       kAfXdpMaxQueues, p.iface, p.iface, first, p.iface, first)});
     } else {
       out->push_back({Severity::kOk, "af_xdp",
                       fmt::format("{} on {}: one receive queue, every frame reaches the port",
-                                  p.vdev, p.iface),
+                                  p.name, p.iface),
                       ""});
     }
   }
