@@ -33,10 +33,17 @@ constinit const config::Row kSocketZerocopyMin{
     "GW_SOCKET_ZEROCOPY_MIN", Type::Size, "256K", "",
     "smallest message sent zero-copy when GW_SOCKET_ZEROCOPY is auto, on or uring"};
 
+constinit const config::Row kSocketBusyPoll{
+    "GW_SOCKET_BUSY_POLL", Type::Int, "0", "",
+    "microseconds each TCP socket busy-polls its device queue when a receive finds it empty "
+    "(SO_BUSY_POLL + SO_PREFER_BUSY_POLL; 0 = off, 1-1000000): lower latency where packets "
+    "arrive through a NAPI context (a NIC queue, a veth with XDP), none over loopback; above "
+    "net.core.busy_read it needs CAP_NET_ADMIN, else a warning and no busy polling"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
       "tcp", {&kSocketIfname, &kSocketNsocks, &kSocketNthreads, &kSocketBufsize, &kSocketChunk,
-              &kSocketZerocopy, &kSocketZerocopyMin});
+              &kSocketZerocopy, &kSocketZerocopyMin, &kSocketBusyPoll});
   return set;
 }
 

@@ -12,6 +12,7 @@ extern const config::Row kSocketBufsize;
 extern const config::Row kSocketChunk;
 extern const config::Row kSocketZerocopy;
 extern const config::Row kSocketZerocopyMin;
+extern const config::Row kSocketBusyPoll;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

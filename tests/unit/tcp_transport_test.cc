@@ -5,22 +5,27 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/net/handshake.h"
 #include "core/net/socket_util.h"
+#include "core/net/tcp/socket.h"
 #include "core/net/tcp/wire.h"
 #include "core/sys/fd.h"
 #include "tests/support/connected_pair.h"
@@ -279,6 +284,100 @@ TEST(TcpTransport, OddSocketCountsAndStripeUnitsCarryEveryByte) {
       roundtrip(conn, size);
     }
   }
+}
+
+// The TCP sockets of this process that are not listening, by descriptor, with their SO_BUSY_POLL.
+std::vector<std::pair<int, int>> tcp_sockets_busy_poll() {
+  std::vector<std::pair<int, int>> out;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0, listening = 0, us = -1;
+    socklen_t len = sizeof(int);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    len = sizeof(int);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) continue;
+    len = sizeof(int);
+    if (getsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &us, &len) != 0) continue;
+    out.emplace_back(fd, us);
+  }
+  return out;
+}
+
+int busy_read_sysctl() {
+  FILE* f = std::fopen("/proc/sys/net/core/busy_read", "r");
+  int v = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%d", &v) != 1) v = 0;
+    std::fclose(f);
+  }
+  return v;
+}
+
+// Both ends' sockets of a connection (the connector's, and the accepted ones, which inherit it
+// from the listening socket) busy-poll for GW_SOCKET_BUSY_POLL microseconds, and the data flows.
+void expect_busy_polled_pair(int want) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  ScopedEnv n("GW_SOCKET_NSOCKS", "3");
+  ScopedEnv bp("GW_SOCKET_BUSY_POLL", "50");
+  std::vector<std::pair<int, int>> before = tcp_sockets_busy_poll();
+  auto t = make_tcp_transport(options());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  Handle h;
+  auto l = (*t)->listen(&h);
+  ASSERT_TRUE(l.ok());
+  Conn conn = connect_pair(**t, **l, h);
+  ASSERT_TRUE(conn.send && conn.recv);
+  roundtrip(conn, 1);
+  roundtrip(conn, (size_t{1} << 20) + 3);
+  size_t fresh = 0;
+  for (const auto& [fd, us] : tcp_sockets_busy_poll()) {
+    if (std::find(before.begin(), before.end(), std::make_pair(fd, us)) != before.end()) continue;
+    ++fresh;
+    EXPECT_EQ(us, want) << "socket " << fd;
+  }
+  EXPECT_EQ(fresh, 6u);  // 3 sockets each way
+}
+
+TEST(TcpTransport, BusyPollSetsEverySocketOfBothEnds) {
+  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
+  for (const char* bad : {"-1", "1000001"}) {
+    ScopedEnv e("GW_SOCKET_BUSY_POLL", bad);
+    auto t = make_tcp_transport(options());
+    EXPECT_EQ(t.status().code(), Code::kInvalidArg) << bad;
+    if (!t.ok()) {
+      EXPECT_NE(t.status().message().find("GW_SOCKET_BUSY_POLL"), std::string::npos);
+    }
+  }
+  // Raising a socket's busy polling above net.core.busy_read takes CAP_NET_ADMIN.
+  if (tcp::probe_busy_poll(50).ok()) {
+    expect_busy_polled_pair(50);
+  } else {
+    expect_busy_polled_pair(busy_read_sysctl());
+  }
+}
+
+// The child of BusyPollRefusedByTheKernelLeavesWorkingSockets: drops CAP_NET_ADMIN, then makes
+// a busy-polled connection; exits 0 when every check held.
+[[noreturn]] void busy_poll_without_cap_net_admin() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) std::_Exit(10);
+  data[0].effective &= ~(1u << CAP_NET_ADMIN);
+  data[0].permitted &= ~(1u << CAP_NET_ADMIN);
+  if (syscall(SYS_capset, &hdr, data) != 0) std::_Exit(11);
+  if (tcp::probe_busy_poll(50).ok()) std::_Exit(12);
+  expect_busy_polled_pair(busy_read_sysctl());
+  std::_Exit(::testing::Test::HasFailure() ? 13 : 0);
+}
+
+// Without CAP_NET_ADMIN the kernel refuses to raise a socket's busy polling: the transport says
+// so and works without it (a child process that drops the capability).
+TEST(TcpTransport, BusyPollRefusedByTheKernelLeavesWorkingSockets) {
+  if (busy_read_sysctl() >= 50) GTEST_SKIP() << "net.core.busy_read >= 50: nothing to refuse";
+  // The child re-runs this binary for this test alone: no threads of earlier tests in it (and
+  // the sanitizers' builds run it too).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ASSERT_EXIT(busy_poll_without_cap_net_admin(), ::testing::ExitedWithCode(0),
+              "GW_SOCKET_BUSY_POLL=50: the kernel refuses it");
 }
 
 sockaddr_in listener_addr(const Handle& h) {

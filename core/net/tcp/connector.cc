@@ -137,7 +137,7 @@ class TcpConnector final : public Connector {
           int fd = socket(addr_.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
           if (fd < 0) return system_error("socket", errno);
           s.fd.reset(fd);
-          GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize));
+          GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize, config_.busy_poll_us));
           if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr_), sockaddr_len(addr_)) == 0) {
             s.phase = Phase::kHello;
           } else if (errno == EINPROGRESS || errno == EINTR) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -62,8 +63,9 @@ class TcpTransport final : public Transport {
     int fd = socket(iface_.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return system_error("tcp listen: socket", errno);
     Fd owned(fd);
-    // Accepted sockets inherit the buffer sizes (they must be set before listen()).
-    GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize));
+    // Accepted sockets inherit the buffer sizes (they must be set before listen()) and busy
+    // polling.
+    GW_RETURN_IF_ERROR(configure_socket(fd, config_.bufsize, config_.busy_poll_us));
     sockaddr_storage addr = iface_.addr;
     if (addr.ss_family == AF_INET) {
       reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
@@ -177,6 +179,36 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportOptions& op
     return invalid_arg("GW_SOCKET_ZEROCOPY_MIN={} is out of range (0-1T)", zc_min);
   }
   cfg.zerocopy_min = static_cast<size_t>(zc_min);
+  const int64_t busy_poll = settings.get_int(net::tcp_config::kSocketBusyPoll);
+  if (busy_poll < 0 || busy_poll > 1000000) {
+    return invalid_arg("GW_SOCKET_BUSY_POLL={} is out of range (0 = off, 1-1000000 us)", busy_poll);
+  }
+  cfg.busy_poll_us = static_cast<int>(busy_poll);
+  if (cfg.busy_poll_us > 0) {
+    // Said once per process and setting: a transport is made per communicator.
+    static std::mutex said_mu;
+    static int said = 0;
+    Status can = tcp::probe_busy_poll(cfg.busy_poll_us);
+    std::lock_guard<std::mutex> lock(said_mu);
+    if (!can.ok()) {
+      if (said != -cfg.busy_poll_us) {
+        GW_LOG_WARN(
+            "tcp: GW_SOCKET_BUSY_POLL={}: the kernel refuses it ({}): sockets are not busy-polled "
+            "(above net.core.busy_read, now {}, it needs CAP_NET_ADMIN; or raise that sysctl, "
+            "which busy-polls every socket of the host)",
+            cfg.busy_poll_us, can.message(), tcp::read_busy_read());
+        said = -cfg.busy_poll_us;
+      }
+      cfg.busy_poll_us = 0;
+    } else if (said != cfg.busy_poll_us) {
+      GW_LOG_INFO(
+          "tcp: busy-polling every socket {} us (GW_SOCKET_BUSY_POLL: SO_BUSY_POLL, "
+          "SO_PREFER_BUSY_POLL); it helps where packets arrive through a NAPI context (a NIC "
+          "queue, a veth with XDP), not over loopback",
+          cfg.busy_poll_us);
+      said = cfg.busy_poll_us;
+    }
+  }
   GW_RETURN_IF_ERROR(handshake::check_options("tcp", options));
   GW_ASSIGN_OR_RETURN(std::vector<Interface> all, list_interfaces());
   // The interface that routes to the store's host, as NCCL follows the route to its bootstrap

@@ -93,6 +93,7 @@ struct TcpConfig {
   int threads = 0;                 // I/O worker threads per comm; 0 = the caller's thread
   ZcMode zerocopy = ZcMode::kOff;  // GW_SOCKET_ZEROCOPY (core/net/tcp/zerocopy.h)
   size_t zerocopy_min = 0;         // GW_SOCKET_ZEROCOPY_MIN
+  int busy_poll_us = 0;            // GW_SOCKET_BUSY_POLL (0 = off, or the kernel refused it)
 };
 
 }  // namespace gw::net::tcp
