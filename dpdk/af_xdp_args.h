@@ -36,19 +36,21 @@ inline std::string devarg(const std::string& args, const std::string& key) {
   return "";
 }
 
+// The first receive queue of a net_af_xdp vdev's arguments: its start_queue, else "0".
+inline std::string af_xdp_first_queue(const std::string& args) {
+  const std::string q = devarg(args, "start_queue");
+  return q.empty() ? "0" : q;
+}
+
 // One net_af_xdp vdev of the EAL arguments ("--vdev net_af_xdp0,iface=eth1,start_queue=2" or
 // "--vdev=...").
 struct AfXdpVdev {
-  size_t word = 0;   // index of the word that holds the spec (after "--vdev", or "--vdev=...")
   std::string name;  // the ethdev's name: "net_af_xdp0"
   std::string args;  // what follows the name's comma: "iface=eth1,start_queue=2"
   std::string iface;
   // start_queue= or queue_count= given: the port holds what it names, no further queue is added.
   bool names_queue = false;
-  std::string first_queue() const {
-    const std::string q = devarg(args, "start_queue");
-    return q.empty() ? "0" : q;
-  }
+  std::string first_queue() const { return af_xdp_first_queue(args); }
 };
 
 // Every net_af_xdp vdev of EAL argument words, in order; other words are skipped.
@@ -56,10 +58,8 @@ inline std::vector<AfXdpVdev> af_xdp_vdevs(const std::vector<std::string>& words
   std::vector<AfXdpVdev> out;
   for (size_t i = 0; i < words.size(); ++i) {
     std::string spec;
-    size_t at = i;
     if (words[i] == "--vdev" && i + 1 < words.size()) {
-      at = ++i;
-      spec = words[i];
+      spec = words[++i];
     } else if (words[i].rfind("--vdev=", 0) == 0) {
       spec = words[i].substr(7);
     } else {
@@ -67,7 +67,6 @@ inline std::vector<AfXdpVdev> af_xdp_vdevs(const std::vector<std::string>& words
     }
     if (spec.rfind("net_af_xdp", 0) != 0) continue;
     AfXdpVdev v;
-    v.word = at;
     const size_t comma = spec.find(',');
     v.name = spec.substr(0, comma);
     v.args = comma == std::string::npos ? "" : spec.substr(comma + 1);

@@ -593,8 +593,7 @@ class DpdkPort : public FramePort {
       // the kernel's own traffic on the interface stops (on a one-queue veth, all of it) while
       // the port is open. Said where the kernel has addresses there that something may use.
       const std::string iface = devarg(dargs, "iface"), ips = kernel_ipv4(iface);
-      const std::string first =
-          devarg(dargs, "start_queue").empty() ? "0" : devarg(dargs, "start_queue");
+      const std::string first = af_xdp_first_queue(dargs);
       const std::string q = queue_ports_.empty() ? first : fmt::format("0-{}", queue_ports_.size());
       // A frame that the interface hashes to a queue the port does not hold (RSS, per flow)
       // goes to the kernel, which has no socket for it: the peers whose flows land there are

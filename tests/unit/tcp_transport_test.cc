@@ -319,12 +319,7 @@ void expect_busy_polled_pair(int want) {
   ScopedEnv n("GW_SOCKET_NSOCKS", "3");
   ScopedEnv bp("GW_SOCKET_BUSY_POLL", "50");
   std::vector<std::pair<int, int>> before = tcp_sockets_busy_poll();
-  auto t = make_tcp_transport(options());
-  ASSERT_TRUE(t.ok()) << t.status().to_string();
-  Handle h;
-  auto l = (*t)->listen(&h);
-  ASSERT_TRUE(l.ok());
-  Conn conn = connect_pair(**t, **l, h);
+  Conn conn = connect_self(make_tcp_transport(options()));
   ASSERT_TRUE(conn.send && conn.recv);
   roundtrip(conn, 1);
   roundtrip(conn, (size_t{1} << 20) + 3);
