@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "core/net/tcp/socket.h"
 #include "core/net/tcp/uring_send.h"
@@ -42,14 +43,34 @@ Result<ZcMode> parse_zc_mode(const std::string& value) {
 }
 
 Status ZcTracker::note(uint32_t lo, uint32_t hi, bool copied) {
-  // The kernel reports in order for TCP, but a range may merge several calls.
-  const uint32_t expected = static_cast<uint32_t>(completed_);
+  // A range may merge several calls, and ranges may come out of order: place lo among the calls
+  // still outstanding (fewer than 2^32 of them), then check it overlaps nothing reported.
+  const uint64_t first = floor_ + static_cast<uint32_t>(lo - static_cast<uint32_t>(floor_));
   const uint64_t count = uint64_t{static_cast<uint32_t>(hi - lo)} + 1;
-  if (lo != expected || count > issued_ - completed_) {
+  const uint64_t end = first + count;
+  auto next = ahead_.lower_bound(first);
+  const bool past_issued = end > issued_;
+  const bool overlaps_next = next != ahead_.end() && next->first < end;
+  const bool overlaps_prev = next != ahead_.begin() && std::prev(next)->second > first;
+  if (past_issued || overlaps_next || overlaps_prev) {
     return internal_error(
-        "tcp zero-copy: notification for calls {}..{} does not follow the {} reported of {} "
-        "issued",
-        lo, hi, completed_, issued_);
+        "tcp zero-copy: notification for calls {}..{} covers calls not issued or already "
+        "reported ({} issued, {} reported)",
+        lo, hi, issued_, completed_);
+  }
+  uint64_t lo64 = first, hi64 = end;
+  if (next != ahead_.begin() && std::prev(next)->second == first) {
+    lo64 = std::prev(next)->first;
+    ahead_.erase(std::prev(next));
+  }
+  if (next != ahead_.end() && next->first == end) {
+    hi64 = next->second;
+    ahead_.erase(next);
+  }
+  if (lo64 == floor_) {
+    floor_ = hi64;
+  } else {
+    ahead_.emplace(lo64, hi64);
   }
   completed_ += count;
   g_reported.fetch_add(count, std::memory_order_relaxed);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "core/status.h"
@@ -30,8 +31,10 @@ class ZcTracker {
   // Every call numbered so far has been reported: no page of the user's is still referenced.
   bool idle() const { return completed_ == issued_; }
   // Folds one notification in: numbers lo..hi (inclusive, 32-bit, wrapping) are done; `copied`
-  // when the kernel copied their bytes after all. A range that covers numbers not issued or
-  // already reported is an error (the accounting would otherwise release buffers early).
+  // when the kernel copied their bytes after all. Ranges may arrive in any order (the kernel frees
+  // a retransmitted skb late and reports its call after later ones). A range that covers numbers
+  // not issued or already reported is an error (the accounting would otherwise release buffers
+  // early).
   Status note(uint32_t lo, uint32_t hi, bool copied);
   uint64_t issued() const { return issued_; }
   uint64_t completed() const { return completed_; }
@@ -39,8 +42,11 @@ class ZcTracker {
 
  private:
   uint64_t issued_ = 0;     // calls numbered (the kernel's counter is the low 32 bits)
-  uint64_t completed_ = 0;  // calls reported, always the oldest ones first
+  uint64_t completed_ = 0;  // calls reported, in any order
   uint64_t copied_ = 0;     // reported calls whose bytes the kernel copied
+  uint64_t floor_ = 0;      // every call below this number has been reported
+  // Reported ranges above floor_, [first, second) in 64-bit numbering, disjoint and not touching.
+  std::map<uint64_t, uint64_t> ahead_;
 };
 
 // SO_ZEROCOPY on fd; false when the kernel refuses it (the socket keeps copying).
