@@ -125,7 +125,7 @@ cell() {  # impl size
   median ${runs[$1 $2]:-}
 }
 
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %10s   %s\n" "#impl" "size_B" "busbw" "runs"
 for s in $byte_sizes; do

@@ -16,10 +16,11 @@
 # never fails the script.
 # The machine's own ceilings, measured in the same run before and after the repetitions
 # (gradwire-micro, median of 3 each; both "# machine ceilings" lines are printed and the table
-# takes the higher: noise only lowers a ceiling): memcpy of 16 MiB and a float32 sum into a
-# 16 MiB buffer on one core, and one loopback TCP stream of 64 MiB. "shm_ceil" is the
-# memory-bound busbw of a 2-rank allreduce, 0.8 x memcpy (each rank moves 2.5 N bytes through
-# memory: docs/perf.md, "Direct allreduce within a host"), at 2 ranks only; "tcp_ceil" is the
+# takes the higher: noise only lowers a ceiling): memcpy of 64 MiB and of 256 MiB (beyond the
+# last-level cache: the memory-bound figure) and a float32 sum into a 64 MiB buffer, on one core
+# each, and one loopback TCP stream of 64 MiB. "shm_ceil" is the memory-bound busbw of a 2-rank
+# allreduce, 0.8 x the 256 MiB memcpy (each rank moves 2.5 N bytes through memory:
+# docs/perf.md, "Direct allreduce within a host"), at 2 ranks only; "tcp_ceil" is the
 # stream's rate (a 2-rank allreduce puts busbw x time bytes on each rank's connection; messages
 # that fit in the socket buffers can pass it). "%ceil" is gradwire's share of the one before.
 set -uo pipefail
@@ -98,15 +99,15 @@ echo "# compare_peers: allreduce float32 sum, sizes:$byte_sizes B, ranks: $nps, 
 echo "# gradwire: $perf ($("$perf" --dump-config >/dev/null 2>&1 && echo ok))"
 [ -n "$missing_gloo" ] && echo "# gloo: $missing_gloo"
 [ -n "$missing_mpi" ] && echo "# Open MPI: $missing_mpi"
-ceilings() {  # -> "memcpy sum tcp" GB/s (n/a where gradwire-micro is missing)
-  echo "$(ceiling '^memcpy/16777216$') $(ceiling '^reduce_sum_into/float32/16777216$') $(ceiling '^ceiling/loopback_tcp_64MiB')"
+ceilings() {  # -> "memcpy mem sum tcp" GB/s (n/a where gradwire-micro is missing)
+  echo "$(ceiling '^memcpy/16777216$') $(ceiling '^memcpy/67108864$') $(ceiling '^reduce_sum_into/float32/16777216$') $(ceiling '^ceiling/loopback_tcp_64MiB')"
 }
-say_ceilings() {  # when memcpy sum tcp
-  echo "# machine ceilings, same run ($1): memcpy 16 MiB $2 GB/s, float32 sum-into 16 MiB $3 GB/s (one core each); loopback TCP stream $4 GB/s"
+say_ceilings() {  # when memcpy mem sum tcp
+  echo "# machine ceilings, same run ($1): memcpy 64 MiB $2 GB/s, 256 MiB $3 GB/s, float32 sum-into 64 MiB $4 GB/s (one core each); loopback TCP stream $5 GB/s"
 }
 higher() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/) print b; else if (b !~ /^[0-9.]+$/ || a + 0 >= b + 0) print a; else print b }'; }
-read -r memcpy0 sum0 tcp0 <<<"$(ceilings)"
-say_ceilings before "$memcpy0" "$sum0" "$tcp0"
+read -r memcpy0 mem0 sum0 tcp0 <<<"$(ceilings)"
+say_ceilings before "$memcpy0" "$mem0" "$sum0" "$tcp0"
 for ((rep = 1; rep <= reps; rep++)); do
   for n in $nps; do
     for s in $byte_sizes; do
@@ -133,9 +134,9 @@ cell() {  # impl n s
   median ${results["$impl $2 $3"]}
 }
 
-read -r memcpy1 sum1 tcp1 <<<"$(ceilings)"
-say_ceilings after "$memcpy1" "$sum1" "$tcp1"
-memcpy_gbs=$(higher "$memcpy0" "$memcpy1"); tcp_gbs=$(higher "$tcp0" "$tcp1")
+read -r memcpy1 mem1 sum1 tcp1 <<<"$(ceilings)"
+say_ceilings after "$memcpy1" "$mem1" "$sum1" "$tcp1"
+mem_gbs=$(higher "$mem0" "$mem1"); tcp_gbs=$(higher "$tcp0" "$tcp1")
 pct() {  # a b -> a/b in percent ("-" where either is not a number)
   if [[ "$1" =~ ^[0-9.]+$ && "$2" =~ ^[0-9.]+$ ]] && awk -v b="$2" 'BEGIN { exit !(b > 0) }'; then
     awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'
@@ -145,7 +146,7 @@ pct() {  # a b -> a/b in percent ("-" where either is not a number)
 }
 echo "#"
 echo "# busbw in GB/s (nccl-tests definition: bytes * 2(n-1)/n / time); ratios > 1 mean gradwire is faster"
-echo "# ceilings (the higher of the two measurements): shm ceil = 0.8 x memcpy ($memcpy_gbs GB/s), 2 ranks only; tcp ceil = the 64 MiB loopback stream (smaller messages can pass it: they fit in the socket buffers)"
+echo "# ceilings (the higher of the two measurements): shm ceil = 0.8 x memcpy 256 MiB ($mem_gbs GB/s), 2 ranks only; tcp ceil = the 64 MiB loopback stream (smaller messages can pass it: they fit in the socket buffers)"
 printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s %10s %8s %10s %8s\n" "#np" "size(B)" "gw-tcp" "gloo" \
   "gw/gloo" "gw-shm" "mpi-shm" "gw/mpi-shm" "mpi-tcp" "shm_ceil" "%ceil" "tcp_ceil" "%ceil"
 for n in $nps; do
@@ -153,7 +154,7 @@ for n in $nps; do
     gt=$(cell gw-tcp "$n" "$s"); gs=$(cell gw-shm "$n" "$s"); gl=$(cell gloo "$n" "$s")
     ms=$(cell mpi-shm "$n" "$s"); mt=$(cell mpi-tcp "$n" "$s")
     sc="-"
-    [[ "$n" = 2 && "$memcpy_gbs" =~ ^[0-9.]+$ ]] && sc=$(awk -v m="$memcpy_gbs" 'BEGIN { printf "%.2f", 0.8 * m }')
+    [[ "$n" = 2 && "$mem_gbs" =~ ^[0-9.]+$ ]] && sc=$(awk -v m="$mem_gbs" 'BEGIN { printf "%.2f", 0.8 * m }')
     tc="-"; [[ "$n" = 2 && "$tcp_gbs" =~ ^[0-9.]+$ ]] && tc=$tcp_gbs
     printf "%-4s %-12s %10s %10s %12s %10s %10s %12s %10s %10s %8s %10s %8s\n" "$n" "$s" "$gt" "$gl" \
       "$(ratio "$gt" "$gl")" "$gs" "$ms" "$(ratio "$gs" "$ms")" "$mt" "$sc" "$(pct "$gs" "$sc")" "$tc" \

@@ -8,7 +8,7 @@
 # so a noisy neighbour hits every column alike; the table shows the medians over the
 # repetitions. Latency: the half round trip's median within a run (us); bandwidth: one way, MB/s
 # (10^6 bytes; ucx_perftest's MB/s are 2^20 bytes and are converted). The machine's ceilings
-# (memcpy of 16 MiB on one core, a loopback TCP stream, from gradwire-micro) and its load average
+# (memcpy of 64 MiB on one core, a loopback TCP stream, from gradwire-micro) and its load average
 # are measured in the same run. docs/perf.md, "Point to point against Open MPI and UCX".
 #
 # usage: perf/p2p_peers.sh [-s BW_SIZE] [-l LAT_SIZE] [-i LAT_ITERS] [-w WINDOW] [-r R] [-B BUILD_DIR]
@@ -71,7 +71,7 @@ missing_mpi=$(mpi_driver "$here/peers/mpi_pingpong.c" "$mpi_bin")
 missing_ucx=""
 command -v ucx_perftest >/dev/null || missing_ucx="missing: ucx_perftest (apt-get install ucx-utils)"
 
-# The ceilings: memcpy of 16 MiB (one core) and a plain loopback TCP stream, median of 3 each.
+# The ceilings: memcpy of 64 MiB (one core) and a plain loopback TCP stream, median of 3 each.
 
 # Reads the perftest-like output of gradwire-perf p2p --capi and mpi_pingpong: "LAT BW".
 parse_pt() {
@@ -171,7 +171,7 @@ cell() {  # lat|bw impl
   if [ "$1" = lat ]; then median ${lats[$impl]:-}; else median ${bws[$impl]:-}; fi
 }
 
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
 echo "# load average (1 5 15 min): $load_before before, $load_after after ($(nproc) cores)"
 printf "%-8s %10s %12s   %-40s %s\n" "#impl" "lat_us" "bw_MBps" "lat runs" "bw runs"
 for impl in gw-tcp gw-shm mpi-tcp mpi-shm ucx-tcp ucx-shm base-tcp base-shm; do

@@ -21,8 +21,9 @@
 #       tcp:uring); also tcp:uring-all (SEND_ZC for every message, GW_SOCKET_ZEROCOPY_MIN=0),
 #       shm:direct (the direct allreduce, GW_SHM_DIRECT_MIN=1M; the shm:ring/cma variants turn it
 #       off), shm:shared (the same with the buffers from gw_mem_alloc, which the ranks map into
-#       each other: no kernel copy) and mpi:vader (Open MPI over shared memory,
-#       perf/peers/mpi_allreduce.c, via mpicc)
+#       each other: no kernel copy), mpi:vader (Open MPI over shared memory,
+#       perf/peers/mpi_allreduce.c, via mpicc) and mpi:vader-rb (the same with its allreduce
+#       forced to reduce + broadcast, which an EPYC guest ran 10x faster than Open MPI's choice)
 # Exit status: 0 every run gave a figure; 1 some failed (shown as "fail"); 2 bad arguments.
 set -uo pipefail
 
@@ -53,7 +54,8 @@ micro="$build/perf/micro/gradwire-micro"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The ceilings: memcpy of 16 MiB (one core), and a plain loopback TCP stream.
+# The ceilings: memcpy of 64 MiB and of 256 MiB (one core; 256 MiB leaves the last-level cache:
+# the memory-bound figure), and a plain loopback TCP stream.
 source "$(dirname "${BASH_SOURCE[0]}")/peers_common.sh"  # ceiling(): median of 3, GB/s
 
 env_of() {
@@ -64,6 +66,9 @@ env_of() {
     shm:direct) echo "GW_SHM_DIRECT_MIN=1M" ;;  # the default: peers' buffers read into the sum
     shm:shared) echo "GW_SHM_DIRECT_MIN=1M" ;;  # ... and gw_mem_alloc buffers (args_of): mapped
     mpi:vader) echo "OMPI_MCA_btl=vader,self" ;;  # Open MPI's shared memory, perf/peers/mpi_allreduce
+    # ... with its allreduce forced to reduce + broadcast (tuned algorithm 2): on an EPYC guest
+    # Open MPI's own choice (recursive doubling at 2 ranks) ran 10x slower than this.
+    mpi:vader-rb) echo "OMPI_MCA_btl=vader,self OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=2" ;;
     tcp:copy) echo "GW_SOCKET_ZEROCOPY=off" ;;
     tcp:zc-on) echo "GW_SOCKET_ZEROCOPY=on" ;;
     tcp:zc-auto) echo "GW_SOCKET_ZEROCOPY=auto" ;;
@@ -80,8 +85,10 @@ if [[ " $variants " == *" mpi:"* ]]; then
   mpicc -O2 -o "$mpi_bin" "$(dirname "$0")/peers/mpi_allreduce.c" 2>"$work/mpicc.log" ||
     { echo "zero_copy.sh: mpicc failed: $(head -c 200 "$work/mpicc.log")" >&2; exit 2; }
 fi
-memcpy_gbs=$(ceiling '^memcpy/16777216$')
 tcp_gbs=$(ceiling '^ceiling/loopback_tcp_64MiB')
+# memcpy swings with the neighbours' memory traffic on a shared host (an EPYC guest: 11-21 GB/s
+# at 64 MiB within minutes), so it is measured before every repetition and the median printed.
+memcpy_all="" mem_all=""
 # Runs gradwire-perf under a parent that reports the CPU time of its children (both ranks and
 # the launcher) as a "# cpu_s" line after the perf tool's output.
 rusage_py='import resource, subprocess, sys
@@ -127,6 +134,8 @@ run_one() {  # variant size col calls
 }
 declare -A res cpu
 for ((rep = 1; rep <= reps; rep++)); do
+  memcpy_all+="$(ceiling '^memcpy/16777216$') "
+  mem_all+="$(ceiling '^memcpy/67108864$') "
   for v in $variants; do
     for s in $sizes; do run_one "$v" "$s" 8 10; done
     run_one "$v" 4096 6 2000
@@ -140,18 +149,36 @@ median() {
   count=$(wc -l <<<"$vals")
   awk -v c="$count" '{ v[NR] = $1 } END { if (c % 2) printf "%.3f", v[(c + 1) / 2]; else printf "%.3f", (v[c / 2] + v[c / 2 + 1]) / 2 }' <<<"$vals"
 }
+memcpy_gbs=$(median $memcpy_all)
+mem_gbs=$(median $mem_all)
 status=0
 echo "# zero_copy: $op float32$([ "$op" = allreduce ] || [ "$op" = reduce_scatter ] && echo " sum"), 2 ranks, $reps repetitions interleaved, medians"
-echo "# machine ceilings, same run: memcpy 16 MiB ${memcpy_gbs} GB/s (one core); loopback TCP stream ${tcp_gbs} GB/s"
+echo "# machine ceilings, same run: memcpy 64 MiB ${memcpy_gbs} GB/s, 256 MiB ${mem_gbs} GB/s (one core each, medians of one measurement per repetition: ${memcpy_all% } / ${mem_all% }); loopback TCP stream ${tcp_gbs} GB/s"
+# The memory-bound ceiling of a 2-rank allreduce: each rank moves 2.5 N bytes through memory
+# (docs/perf.md, "Direct allreduce within a host"), so 0.8 x the memory-bound memcpy in busbw.
+ceil=""
+if [ "$op" = allreduce ] && [[ "$mem_gbs" =~ ^[0-9.]+$ ]]; then
+  ceil=$(awk -v m="$mem_gbs" 'BEGIN { printf "%.2f", 0.8 * m }')
+  echo "# shm ceiling: 0.8 x memcpy 256 MiB = $ceil GB/s busbw; \"of ceil\" is busbw / that"
+fi
 echo "# cpu ms/call: user + system time of both ranks per $op call (getrusage)"
 printf '%-14s' variant
-for s in $sizes; do printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"; done
+for s in $sizes; do
+  printf ' %18s %16s' "busbw@${s}B GB/s" "cpu@${s}B ms"
+  [ -n "$ceil" ] && printf ' %8s' "of ceil"
+done
 printf ' %16s %16s\n' "time@4096B us" "cpu@4096B ms"
 for v in $variants; do
   printf '%-14s' "$v"
   for s in $sizes; do
     m=$(median ${res["$v $s"]}); [ "$m" = fail ] && status=1
     printf ' %18s %16s' "$m" "$(median ${cpu["$v $s"]:-})"
+    if [ -n "$ceil" ]; then
+      f="-"
+      [ "${v%%:*}" != tcp ] && [[ "$m" =~ ^[0-9.]+$ ]] &&
+        f=$(awk -v b="$m" -v c="$ceil" 'BEGIN { printf "%.0f%%", 100 * b / c }')
+      printf ' %8s' "$f"
+    fi
   done
   m=$(median ${res["$v 4096"]}); [ "$m" = fail ] && status=1
   printf ' %16s %16s\n' "$m" "$(median ${cpu["$v 4096"]:-})"

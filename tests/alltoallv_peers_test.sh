@@ -31,7 +31,7 @@ grep -qE '^# checks: every element of every checked call right \(gw-tcp gw-shm m
   <<<"$out" || { echo "$out" >&2; fail "the checks did not all pass"; }
 grep -qE '^# splits: gradwire and Open MPI use the same weights \(rank 0: [1-8]' <<<"$out" ||
   { echo "$out" >&2; fail "no matching weights line"; }
-grep -qE '^# machine ceilings, same run: memcpy 16 MiB' <<<"$out" || { echo "$out" >&2; fail "no ceilings line"; }
+grep -qE '^# machine ceilings, same run: memcpy 64 MiB' <<<"$out" || { echo "$out" >&2; fail "no ceilings line"; }
 grep -qE '^# load average' <<<"$out" || { echo "$out" >&2; fail "no load average line"; }
 grep -qE '^# 102400 B: tcp [0-9.]+x, shm [0-9.]+x' <<<"$out" || { echo "$out" >&2; fail "no ratio line"; }
 echo "alltoallv_peers_test: ok"

@@ -36,14 +36,19 @@ if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   [ -x "$build/peers/mpi_allreduce" ] || fail "the Open MPI driver was not built into $build/peers"
 fi
 # The machine's ceilings, measured in the same run (before and after), and gradwire's share.
-[ "$(grep -cE '^# machine ceilings, same run \((before|after)\): memcpy 16 MiB ' <<<"$out")" -eq 2 ] ||
+[ "$(grep -cE '^# machine ceilings, same run \((before|after)\): memcpy 64 MiB ' <<<"$out")" -eq 2 ] ||
   { echo "$out" >&2; fail "no '# machine ceilings' lines before and after"; }
 if [ -x "$build/perf/micro/gradwire-micro" ]; then
-  grep -qE '^# machine ceilings, same run \(before\): memcpy 16 MiB [0-9.]+ GB/s, float32 sum-into 16 MiB [0-9.]+ GB/s .*loopback TCP stream [0-9.]+ GB/s$' <<<"$out" ||
+  grep -qE '^# machine ceilings, same run \(before\): memcpy 64 MiB [0-9.]+ GB/s, 256 MiB [0-9.]+ GB/s, float32 sum-into 64 MiB [0-9.]+ GB/s .*loopback TCP stream [0-9.]+ GB/s$' <<<"$out" ||
     { echo "$out" >&2; fail "a ceiling is not a number"; }
   [[ "$sc" =~ $num && "$tc" =~ $num && "$sp" =~ ^[0-9]+%$ && "$tp" =~ ^[0-9]+%$ ]] ||
     { echo "$out" >&2; fail "ceiling columns read '$sc $sp $tc $tp'"; }
   awk -v c="$sc" -v g="$gs" -v p="${sp%\%}" 'BEGIN { d = 100 * g / c - p; exit !(d < 1 && d > -1) }' ||
     fail "%ceil $sp is not gw-shm $gs over shm_ceil $sc"
+  # shm_ceil is 0.8 x the higher of the two memory-bound (256 MiB) memcpy figures.
+  mem=$(grep -E '^# machine ceilings, same run' <<<"$out" |
+    sed -E 's/.*, 256 MiB ([0-9.]+) GB\/s.*/\1/' | sort -g | tail -1)
+  awk -v c="$sc" -v m="$mem" 'BEGIN { d = c - 0.8 * m; exit !(d < 0.01 && d > -0.01) }' ||
+    fail "shm_ceil $sc is not 0.8 x the 256 MiB memcpy $mem"
 fi
 echo "compare_peers_test: ok ($row)"

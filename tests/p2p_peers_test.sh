@@ -37,7 +37,7 @@ for impl in gw-tcp gw-shm mpi-tcp mpi-shm ucx-tcp ucx-shm; do
   esac
 done
 [ -x "$build/peers/mpi_pingpong" ] || fail "the Open MPI driver was not built into $build/peers"
-grep -qE '^# machine ceilings, same run: memcpy 16 MiB [0-9.]+ GB/s' <<<"$out" ||
+grep -qE '^# machine ceilings, same run: memcpy 64 MiB [0-9.]+ GB/s' <<<"$out" ||
   { echo "$out" >&2; fail "no memcpy ceiling"; }
 grep -qE '^# load average' <<<"$out" || { echo "$out" >&2; fail "no load average line"; }
 grep -qE '^# gw-shm vs mpi-shm: latency [0-9.]+x, bandwidth [0-9.]+x' <<<"$out" ||
