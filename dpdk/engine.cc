@@ -102,6 +102,33 @@ Engine::~Engine() {
   }
   for (auto& b : tx_batch_) port_->free(b);
   tx_batch_.clear();
+  if (::gw::log::get().should_log(spdlog::level::debug)) {
+    EngineStats st = stats_;
+    st.yields = yields_;
+    st.port = port_->drops();
+    GW_LOG_DEBUG("dpdk: engine on {} at shutdown: {}", port_->name(), describe(st));
+  }
+}
+
+std::string describe(const EngineStats& st) {
+  return fmt::format(
+      "tx {} rx {} data_tx {} data_rx {} retx {} (timeout {} fast {} probe {}) dups {} spurious {} "
+      "tolerance {:.0f} us acks tx/rx {}/{} prompt {} polls {} idle {} srtt {:.0f} us rttvar "
+      "{:.0f} rto {:.0f} us pool_empty {} tx_ring_full {} decode_drops {} port: rx_missed {} "
+      "rx_err {} rx_nombuf {} tx_err {} slow rx/tx {}/{} max {}/{} us injected drop/dup/hold "
+      "{}/{}/{} zc frames {} bytes {} fallbacks {} rx_split {} yields {} eager {} early_full {} "
+      "not_for_us {} unknown_conn {} wrong_session {} wrong_token {} hello_refused {} bad_ack {} "
+      "out_of_window {}",
+      st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
+      st.timeout_retransmits, st.fast_retransmits, st.tail_probes, st.duplicates,
+      st.spurious_retransmits, st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt, st.polls,
+      st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty, st.tx_ring_full,
+      st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors, st.port.rx_nombuf,
+      st.port.tx_errors, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us,
+      st.injected_drops, st.injected_dups, st.injected_holds, st.zc_frames_tx, st.zc_bytes_tx,
+      st.zc_fallbacks, st.rx_split_frames, st.yields, st.eager_sends, st.early_full, st.not_for_us,
+      st.unknown_conn, st.wrong_session, st.wrong_token, st.hello_refused, st.bad_ack,
+      st.out_of_window);
 }
 
 std::string Engine::port_name() const { return port_->name(); }

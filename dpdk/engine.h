@@ -96,6 +96,10 @@ struct EngineStats {
   }
 };
 
+// Every counter of `s` on one line ("tx 12 rx 10 ... out_of_window 0"): dpdk_testbed_host prints
+// it, and an engine logs its own at debug level when it shuts down (GW_LOG_LEVEL=debug).
+std::string describe(const EngineStats& s);
+
 struct ConnectTarget {
   Endpoint ep;
   uint32_t listener_id = 0;

@@ -21,7 +21,9 @@
 #   -L  8-byte ping-pongs per p2p run (default 2000)
 #   -m  MTU of the veths (default 3498 with af_xdp: one frame per 4 KiB umem chunk; else 9000)
 #   -t  limit of the whole testbed session in seconds (default: 900 per repetition)
-#   -o  keep the JSON documents and logs of every run in DIR (default: a temporary directory)
+#   -o  keep the JSON documents and logs of every run in DIR (default: a temporary directory);
+#       with GW_LOG_LEVEL=debug in the environment (default info) each DPDK run's log ends with
+#       its engine's counters (frames, retransmissions by cause, RTT, the port's drops)
 # A failed run does not stop the others: the table lists it (its finished rows still count).
 # Exit status: 0 table printed, every run succeeded and every --check passed; 1 a run failed or a
 # check found wrong elements; 2 bad arguments or no binary; 77 the testbed cannot run here (needs
@@ -62,7 +64,7 @@ if [ "${1:-}" = "--host" ]; then
     name="$rep-$test-${cfg//:/-}"
     if [ "$h" -lt "$hosts" ]; then
       local -a env=(GW_RANK="$h" GW_WORLD_SIZE="$hosts" GW_STORE="$TB_STORE:$((29600 + phase))"
-        GW_TIMEOUT_MS="$DVT_TIMEOUT_MS" GW_LOG_LEVEL=info)
+        GW_TIMEOUT_MS="$DVT_TIMEOUT_MS" GW_LOG_LEVEL="$DVT_LOG_LEVEL")
       local -a args
       if [ "$cfg" = tcp ]; then
         env+=(GW_SOCKET_IFNAME="$TB_IFACE")
@@ -179,6 +181,7 @@ DVT_DIR="$dir" DVT_PERF="$perf" DVT_REPS="$reps" DVT_HOSTS="$hosts" DVT_PORTS="$
   DVT_LOSSES="$losses" DVT_AR_MIN="$ar_min" DVT_AR_MAX="$ar_max" DVT_AR_F="$ar_f" \
   DVT_P2P_MIN="$p2p_min" DVT_P2P_MAX="$p2p_max" DVT_P2P_F="$p2p_f" DVT_ITERS="$iters" \
   DVT_LAT_ITERS="$lat_iters" DVT_TIMEOUT_MS="${GW_TIMEOUT_MS:-30000}" DVT_PHASE_TIMEOUT=300 \
+  DVT_LOG_LEVEL="${GW_LOG_LEVEL:-info}" \
   bash "$testbed" -n "$hosts" -m "$mtu" -t "$limit" -- "bash '${BASH_SOURCE[0]}' --host"
 rc=$?
 if [ $rc = 77 ]; then

@@ -216,6 +216,24 @@ TEST(DpdkLoss, LostAcksDoNotWidenTheReorderingTolerance) {
   EXPECT_EQ(src, dst);
 }
 
+// The one-line form of the counters (dpdk_testbed_host's "stats:" line, an engine's debug line at
+// shutdown) names each retransmission's cause and the port's own drops.
+TEST(DpdkLoss, DescribeNamesEveryRetransmissionCauseAndThePortsDrops) {
+  EngineStats s;
+  s.retransmits = 5;
+  s.timeout_retransmits = 1;
+  s.fast_retransmits = 2;
+  s.tail_probes = 2;
+  s.srtt_us = 41.6;
+  s.port.rx_missed = 7;
+  s.out_of_window = 9;
+  const std::string d = describe(s);
+  EXPECT_NE(d.find("retx 5 (timeout 1 fast 2 probe 2)"), std::string::npos) << d;
+  EXPECT_NE(d.find("srtt 42 us"), std::string::npos) << d;
+  EXPECT_NE(d.find("port: rx_missed 7 "), std::string::npos) << d;
+  EXPECT_EQ(d.substr(d.size() - 15), "out_of_window 9") << d;
+}
+
 // With 1% random loss on both hosts (data and ACKs), every size from 64 KiB to 16 MiB keeps at
 // least half of its loss-free speed here (the figure on AF_XDP is in docs/dpdk.md); on a shared
 // 2-core machine the bound is loose, the table is what to read.

@@ -227,25 +227,7 @@ void run_p2p(Store& store, int host) {
 
 void print_stats() {
   auto st = take(dpdk::process_engine(), "engine")->stats();
-  std::printf(
-      "stats: tx %lu rx %lu data_tx %lu data_rx %lu retx %lu (timeout %lu fast %lu probe %lu) dups "
-      "%lu "
-      "spurious %lu tolerance %.0f us acks tx/rx %lu/%lu prompt %lu polls %lu idle %lu srtt %.0f "
-      "us rttvar %.0f rto %.0f us "
-      "pool_empty %lu tx_ring_full %lu decode_drops %lu port: rx_missed %lu rx_err %lu "
-      "rx_nombuf %lu tx_err %lu slow rx/tx %lu/%lu max %lu/%lu us injected drop/dup/hold "
-      "%lu/%lu/%lu zc frames %lu bytes %lu fallbacks %lu rx_split %lu yields %lu not_for_us %lu "
-      "unknown_conn %lu wrong_session %lu wrong_token %lu hello_refused %lu bad_ack %lu "
-      "out_of_window %lu\n",
-      st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
-      st.timeout_retransmits, st.fast_retransmits, st.tail_probes, st.duplicates,
-      st.spurious_retransmits, st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt, st.polls,
-      st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty, st.tx_ring_full,
-      st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors, st.port.rx_nombuf,
-      st.port.tx_errors, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us,
-      st.injected_drops, st.injected_dups, st.injected_holds, st.zc_frames_tx, st.zc_bytes_tx,
-      st.zc_fallbacks, st.rx_split_frames, st.yields, st.not_for_us, st.unknown_conn,
-      st.wrong_session, st.wrong_token, st.hello_refused, st.bad_ack, st.out_of_window);
+  std::printf("stats: %s\n", dpdk::describe(st).c_str());
   std::fflush(stdout);
 }
 
