@@ -30,9 +30,11 @@ std::shared_ptr<spdlog::logger> make_logger() {
   return logger;
 }
 
+// Never destroyed: objects held by statics (a DPDK engine, a daemon's transports) log from their
+// destructors at exit, after a function-local static logger would already be gone.
 std::shared_ptr<spdlog::logger>& instance() {
-  static std::shared_ptr<spdlog::logger> logger = make_logger();
-  return logger;
+  static auto* logger = new std::shared_ptr<spdlog::logger>(make_logger());
+  return *logger;
 }
 
 }  // namespace
