@@ -27,6 +27,7 @@ std::vector<std::vector<uint8_t>> metrics_http_seeds();
 std::vector<std::vector<uint8_t>> kv_seeds();
 std::vector<std::vector<uint8_t>> pool_announcement_seeds();
 std::vector<std::vector<uint8_t>> shm_direct_calls_seeds();
+std::vector<std::vector<uint8_t>> af_xdp_eal_args_seeds();
 #ifdef GW_FUZZ_VERBS
 std::vector<std::vector<uint8_t>> verbs_seeds();
 #endif
@@ -65,6 +66,7 @@ const std::vector<Target>& targets() {
       {"kv_frames", &kv_frames, &kv_seeds},
       {"pool_announcement", &pool_announcement, &pool_announcement_seeds},
       {"shm_direct_calls", &shm_direct_calls, &shm_direct_calls_seeds},
+      {"af_xdp_eal_args", &af_xdp_eal_args, &af_xdp_eal_args_seeds},
 #ifdef GW_FUZZ_VERBS
       {"verbs_wire", &verbs_wire, &verbs_seeds},
 #endif

@@ -64,6 +64,9 @@ int pool_announcement(const uint8_t* data, size_t size);
 // check_ref): what decodes names the call's size, and an accepted shared reference stays inside
 // its region.
 int shm_direct_calls(const uint8_t* data, size_t size);
+// The net_af_xdp vdevs of DPDK EAL arguments (GW_DPDK_EAL_ARGS, dpdk/af_xdp_args.h) as the port
+// and `gradwire-perf doctor` read them: names, interfaces, queues and the ethdevs added per queue.
+int af_xdp_eal_args(const uint8_t* data, size_t size);
 // verbs (over the emulator): the handle connect() decodes, the listener fed a raw or patched
 // hello and ready record, the connector fed a fake listener's reply. Built where gw_verbs is
 // (GW_FUZZ_VERBS).

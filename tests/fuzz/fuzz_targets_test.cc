@@ -140,6 +140,9 @@ TEST_P(FuzzTargets, SeedsMutationsAndRandomInputsKeepEveryProperty) {
     reached("verbs.connector_refused_answer");
   } else if (name == "pool_announcement") {
     reached("pool.announcement_parsed");
+  } else if (name == "af_xdp_eal_args") {
+    reached("af_xdp.vdev");
+    reached("af_xdp.queue_name");
   } else if (name == "shm_direct_calls") {
     reached("direct.calls_decoded");
     reached("direct.refs_accepted");

@@ -1,5 +1,7 @@
-// The NCCL plugin's handle, the TOML configuration loader, a peer's announcement in the store and
-// the direct allreduce's per-call descriptors (fuzz_targets.h).
+// The NCCL plugin's handle, the TOML configuration loader, a peer's announcement in the store,
+// the direct allreduce's per-call descriptors and the AF_XDP vdevs of DPDK's EAL arguments
+// (fuzz_targets.h).
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -11,6 +13,7 @@
 #include "core/net/shm_transport.h"
 #include "core/net/tcp_transport.h"
 #include "core/net/transport.h"
+#include "dpdk/af_xdp_args.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace gw::fuzz {
@@ -111,6 +114,57 @@ std::vector<std::vector<uint8_t>> config_seeds() {
           inl, cat("x = [ { ", parts(n - 1, "."), " = 1 }, { y = 2 } ]\n")}) {
       out.emplace_back(s.begin(), s.end());
     }
+  }
+  return out;
+}
+
+int af_xdp_eal_args(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::vector<std::string> words = dpdk::split_eal_args(text);
+  for (const std::string& w : words) {
+    check(!w.empty(), "af_xdp: no empty word");
+    for (char c : w)
+      check(!std::isspace(static_cast<unsigned char>(c)), "af_xdp: no blank in a word");
+  }
+  for (const dpdk::AfXdpVdev& v : dpdk::af_xdp_vdevs(words)) {
+    ++counter("af_xdp.vdev");
+    check(v.name.rfind("net_af_xdp", 0) == 0 && v.name.find(',') == std::string::npos,
+          "af_xdp: a vdev's name is net_af_xdp<...> up to its first comma");
+    check(v.iface == dpdk::devarg(v.args, "iface"), "af_xdp: iface is the args' iface=");
+    check(v.names_queue == (!dpdk::devarg(v.args, "start_queue").empty() ||
+                            !dpdk::devarg(v.args, "queue_count").empty()),
+          "af_xdp: names_queue iff start_queue= or queue_count= is given");
+    check(!v.first_queue().empty(), "af_xdp: a first queue is always named");
+    // The ethdev names the port adds for further queues map back to their queue, and only those.
+    for (size_t q = 0; q <= dpdk::kAfXdpMaxQueues; ++q) {
+      const auto back = dpdk::af_xdp_queue_of(dpdk::af_xdp_queue_vdev(v.name, q), v.name);
+      if (q >= 1 && q < dpdk::kAfXdpMaxQueues) {
+        check(back && *back == q, "af_xdp: a queue's ethdev name maps back to its queue");
+      } else {
+        check(!back, "af_xdp: queue 0 and queues past the cap have no ethdev of their own");
+      }
+    }
+    // Any word read as an ethdev name: what maps to a queue is exactly that queue's name.
+    for (const std::string& w : words) {
+      const auto q = dpdk::af_xdp_queue_of(w, v.name);
+      if (!q) continue;
+      ++counter("af_xdp.queue_name");
+      check(*q >= 1 && *q < dpdk::kAfXdpMaxQueues, "af_xdp: a named queue is within the cap");
+      check(dpdk::af_xdp_queue_vdev(v.name, *q) == w, "af_xdp: a queue's name round-trips");
+    }
+  }
+  return 0;
+}
+
+std::vector<std::vector<uint8_t>> af_xdp_eal_args_seeds() {
+  std::vector<std::vector<uint8_t>> out;
+  for (std::string_view s :
+       {"--vdev net_af_xdp0,iface=d0 net_af_xdp0q1 net_af_xdp0q15 net_af_xdp0q16",
+        "-l 0 --vdev=net_af_xdp1,iface=eth1,start_queue=2 --no-pci net_af_xdp1q02",
+        "--vdev net_af_xdp,iface=veth0,queue_count=4,framesz=9216 --vdev net_memif0,role=client",
+        "--vdev net_af_xdp2 --vdev=net_af_xdp3,,iface=,start_queue= net_af_xdp3q7 net_af_xdp2q",
+        "--vdev", "--vdev= --vdev=net_af_xdp9,iface=a,iface=b net_af_xdp9q1x"}) {
+    out.emplace_back(s.begin(), s.end());
   }
   return out;
 }
