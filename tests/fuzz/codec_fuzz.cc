@@ -132,14 +132,10 @@ int codec_payload(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::vector<uint8_t>> codec_spec_seeds() {
-  std::vector<std::vector<uint8_t>> out;
-  for (std::string_view s :
-       {"none", "fp16", "bf16,slice=0", "topk:0.01", "randomk:0.5,seed=9", "sign,chunk=128",
-        "qsgd:16,seed=3,bucket=256", "powersgd:4,ef=1,cols=64,warm=0", "topk:0.01,ef=0",
-        "fp16,slice=4096", "topk:1e-300", "qsgd:127", "powersgd:64"}) {
-    out.emplace_back(s.begin(), s.end());
-  }
-  return out;
+  return text_seeds({"none", "fp16", "bf16,slice=0", "topk:0.01", "randomk:0.5,seed=9",
+                     "sign,chunk=128", "qsgd:16,seed=3,bucket=256",
+                     "powersgd:4,ef=1,cols=64,warm=0", "topk:0.01,ef=0", "fp16,slice=4096",
+                     "topk:1e-300", "qsgd:127", "powersgd:64"});
 }
 
 std::vector<std::vector<uint8_t>> codec_payload_seeds() {

@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gw::fuzz {
@@ -86,5 +88,12 @@ uint64_t& counter(const std::string& name);
 
 // Aborts with a message (the fuzzer's crash) when `ok` is false.
 void check(bool ok, const char* what);
+
+// Seeds that are text: each string's bytes, in order.
+inline std::vector<std::vector<uint8_t>> text_seeds(std::initializer_list<std::string_view> texts) {
+  std::vector<std::vector<uint8_t>> out;
+  for (std::string_view s : texts) out.emplace_back(s.begin(), s.end());
+  return out;
+}
 
 }  // namespace gw::fuzz

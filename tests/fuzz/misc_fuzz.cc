@@ -81,16 +81,13 @@ std::vector<std::vector<uint8_t>> plugin_handle_seeds() {
 }
 
 std::vector<std::vector<uint8_t>> config_seeds() {
-  std::vector<std::vector<uint8_t>> out;
-  for (std::string_view s :
-       {"timeout_ms = 60000\ntransport = \"tcp\"\n",
-        "[dpdk]\nport = \"ring\"\nmtu = 1500\n[socket]\nifname = \"=eth0\"\n",
-        "compress = \"topk:0.01\"\nspin_us = 1.5\nflag = true\nlist = [1, 2, [3]]\n",
-        "a.b.c = 1\n[x.y]\nz = 'lit'\n[[arr]]\nk = 1\n[[arr]]\nk = 2\n",
-        "s = \"\"\"\nmulti\nline\"\"\"\nd = 1979-05-27T07:32:00Z\ni = { p = 1, q = 'x' }\n",
-        "bad = \n", "[unterminated\n", "x = 0x7fffffffffffffff\ny = -9223372036854775808\n"}) {
-    out.emplace_back(s.begin(), s.end());
-  }
+  std::vector<std::vector<uint8_t>> out = text_seeds(
+      {"timeout_ms = 60000\ntransport = \"tcp\"\n",
+       "[dpdk]\nport = \"ring\"\nmtu = 1500\n[socket]\nifname = \"=eth0\"\n",
+       "compress = \"topk:0.01\"\nspin_us = 1.5\nflag = true\nlist = [1, 2, [3]]\n",
+       "a.b.c = 1\n[x.y]\nz = 'lit'\n[[arr]]\nk = 1\n[[arr]]\nk = 2\n",
+       "s = \"\"\"\nmulti\nline\"\"\"\nd = 1979-05-27T07:32:00Z\ni = { p = 1, q = 'x' }\n",
+       "bad = \n", "[unterminated\n", "x = 0x7fffffffffffffff\ny = -9223372036854775808\n"});
   // At the depth cap (ConfigFile::kMaxDepth = 16 parts) and one past it: a header, a dotted key
   // under a header, inline tables within inline tables, an array of inline tables.
   auto parts = [](int n, std::string_view sep) {
@@ -157,16 +154,12 @@ int af_xdp_eal_args(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::vector<uint8_t>> af_xdp_eal_args_seeds() {
-  std::vector<std::vector<uint8_t>> out;
-  for (std::string_view s :
-       {"--vdev net_af_xdp0,iface=d0 net_af_xdp0q1 net_af_xdp0q15 net_af_xdp0q16",
-        "-l 0 --vdev=net_af_xdp1,iface=eth1,start_queue=2 --no-pci net_af_xdp1q02",
-        "--vdev net_af_xdp,iface=veth0,queue_count=4,framesz=9216 --vdev net_memif0,role=client",
-        "--vdev net_af_xdp2 --vdev=net_af_xdp3,,iface=,start_queue= net_af_xdp3q7 net_af_xdp2q",
-        "--vdev", "--vdev= --vdev=net_af_xdp9,iface=a,iface=b net_af_xdp9q1x"}) {
-    out.emplace_back(s.begin(), s.end());
-  }
-  return out;
+  return text_seeds(
+      {"--vdev net_af_xdp0,iface=d0 net_af_xdp0q1 net_af_xdp0q15 net_af_xdp0q16",
+       "-l 0 --vdev=net_af_xdp1,iface=eth1,start_queue=2 --no-pci net_af_xdp1q02",
+       "--vdev net_af_xdp,iface=veth0,queue_count=4,framesz=9216 --vdev net_memif0,role=client",
+       "--vdev net_af_xdp2 --vdev=net_af_xdp3,,iface=,start_queue= net_af_xdp3q7 net_af_xdp2q",
+       "--vdev", "--vdev= --vdev=net_af_xdp9,iface=a,iface=b net_af_xdp9q1x"});
 }
 
 int pool_announcement(const uint8_t* data, size_t size) {
@@ -182,13 +175,9 @@ int pool_announcement(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::vector<uint8_t>> pool_announcement_seeds() {
-  std::vector<std::vector<uint8_t>> out;
-  for (std::string_view s : {"4242 123456 4026531836", "1 0 1", "4194304 18446744073709551615 7",
-                             "4194305 1 1", "0 1 1", "12 34", "12  34 56", "-1 2 3", "1 2 3 ",
-                             "+1 2 3", "1 2 0", "99999999999999999999999 1 1"}) {
-    out.emplace_back(s.begin(), s.end());
-  }
-  return out;
+  return text_seeds({"4242 123456 4026531836", "1 0 1", "4194304 18446744073709551615 7",
+                     "4194305 1 1", "0 1 1", "12 34", "12  34 56", "-1 2 3", "1 2 3 ", "+1 2 3",
+                     "1 2 0", "99999999999999999999999 1 1"});
 }
 
 // Byte 0: ranks (1-8) and this rank; bytes 1-8: the call's size; the rest: the exchange buffer
