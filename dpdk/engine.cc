@@ -18,9 +18,8 @@ namespace {
 
 // A receiver acknowledges at once on a gap, a duplicate, the last fragment of a message or a
 // control frame, or after this many frames; otherwise at most kAckDelayNs after the first
-// unacknowledged frame (coalescing: one ACK per burst, not per frame).
+// unacknowledged frame (coalescing: one ACK per burst, not per frame; engine_internal.h).
 constexpr uint32_t kAckEvery = 16;
-constexpr int64_t kAckDelayNs = 50000;
 // test() calls that find nothing new before the caller's thread yields the CPU (spin-then-yield:
 // on a shared host the peer process may need this core to answer).
 constexpr int kSpinBeforeYield = 4;
@@ -113,22 +112,23 @@ Engine::~Engine() {
 std::string describe(const EngineStats& st) {
   return fmt::format(
       "tx {} rx {} data_tx {} data_rx {} retx {} (timeout {} fast {} probe {}) dups {} spurious {} "
-      "tolerance {:.0f} us acks tx/rx {}/{} prompt {} polls {} idle {} srtt {:.0f} us rttvar "
-      "{:.0f} rto {:.0f} us pool_empty {} tx_ring_full {} decode_drops {} port: rx_missed {} "
-      "rx_err {} rx_nombuf {} tx_err {} slow rx/tx {}/{} max {}/{} us injected drop/dup/hold "
+      "tolerance {:.0f} us acks tx/rx {}/{} prompt {} carried {} polls {} idle {} srtt {:.0f} us "
+      "rttvar {:.0f} rto {:.0f} us pool_empty {} tx_ring_full {} decode_drops {} port: "
+      "rx_missed {} rx_err {} rx_nombuf {} tx_err {} slow rx/tx {}/{} max {}/{} us injected "
+      "drop/dup/hold "
       "{}/{}/{} zc frames {} bytes {} fallbacks {} rx_split {} yields {} eager {} early_full {} "
       "not_for_us {} unknown_conn {} wrong_session {} wrong_token {} hello_refused {} bad_ack {} "
       "out_of_window {}",
       st.tx_frames, st.rx_frames, st.data_frames_tx, st.data_frames_rx, st.retransmits,
       st.timeout_retransmits, st.fast_retransmits, st.tail_probes, st.duplicates,
-      st.spurious_retransmits, st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt, st.polls,
-      st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty, st.tx_ring_full,
-      st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors, st.port.rx_nombuf,
-      st.port.tx_errors, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us, st.port.max_tx_us,
-      st.injected_drops, st.injected_dups, st.injected_holds, st.zc_frames_tx, st.zc_bytes_tx,
-      st.zc_fallbacks, st.rx_split_frames, st.yields, st.eager_sends, st.early_full, st.not_for_us,
-      st.unknown_conn, st.wrong_session, st.wrong_token, st.hello_refused, st.bad_ack,
-      st.out_of_window);
+      st.spurious_retransmits, st.tolerance_us, st.acks_tx, st.acks_rx, st.acks_prompt,
+      st.acks_carried, st.polls, st.idle_polls, st.srtt_us, st.rttvar_us, st.rto_us, st.pool_empty,
+      st.tx_ring_full, st.decode_drops_total(), st.port.rx_missed, st.port.rx_errors,
+      st.port.rx_nombuf, st.port.tx_errors, st.port.slow_rx, st.port.slow_tx, st.port.max_rx_us,
+      st.port.max_tx_us, st.injected_drops, st.injected_dups, st.injected_holds, st.zc_frames_tx,
+      st.zc_bytes_tx, st.zc_fallbacks, st.rx_split_frames, st.yields, st.eager_sends, st.early_full,
+      st.not_for_us, st.unknown_conn, st.wrong_session, st.wrong_token, st.hello_refused,
+      st.bad_ack, st.out_of_window);
 }
 
 std::string Engine::port_name() const { return port_->name(); }
@@ -183,6 +183,7 @@ Result<void*> Engine::isend(uint32_t conn, const void* data, size_t size, int ta
   void* handle = r.get();
   c->sends.push_back(std::move(r));
   pump(*c);
+  acks_with_answer();
   flush_tx();
   return handle;
 }
@@ -213,6 +214,7 @@ Result<void*> Engine::irecv(uint32_t conn, void* data, size_t size, int tag) {
   c->recvs.push_back(std::move(r));
   c->ctl_pending.push_back(p);  // the sender's eager send completes on it
   pump(*c);
+  acks_with_answer();
   flush_tx();
   return handle;
 }
@@ -357,6 +359,19 @@ size_t Engine::progress_locked() {
   release_held(false);
   flush_tx();
   return total;
+}
+
+// The caller's answer (this isend's or irecv's frames, queued) leaves in one burst with the ACKs
+// that waited for it (ack_soon: the end of a message, a control frame): over a copy-mode PMD each
+// burst is a system call that also runs the peer's receive path, and the peer, a ping-pong's
+// sender, waits for both the answer and the ACK (its send completes on the ACK).
+void Engine::acks_with_answer() {
+  for (auto& [id, c] : conns_) {
+    if (c->ack_due && c->ack_soon) {
+      ++stats_.acks_prompt;
+      send_ack(*c);
+    }
+  }
 }
 
 void Engine::fail_conn(Conn& c, Status s) {

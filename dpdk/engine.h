@@ -75,6 +75,9 @@ struct EngineStats {
   // Progress loop: passes, passes that received nothing, acks sent because the sender's window
   // looked full (prompt), acks coalesced away.
   uint64_t polls = 0, idle_polls = 0, acks_prompt = 0;
+  // ACKs not sent because a frame going the other way carried the same cumulative ACK (a reply,
+  // a CTS) with no gap to report (Engine::ack_carried).
+  uint64_t acks_carried = 0;
   uint64_t yields = 0;  // test() calls that found nothing and yielded the CPU
   // One-frame messages sent before their CTS, and eager frames refused (too many waiting).
   uint64_t eager_sends = 0, early_full = 0;
@@ -193,6 +196,8 @@ class Engine {
   bool emit_reliable(Conn& c, TxPkt pkt);
   void send_pkt(Conn& c, TxPkt& p, bool retx);
   void send_ack(Conn& c);
+  void ack_carried(Conn& c);
+  void acks_with_answer();
   void send_ctl(const Endpoint& dst, GwHeader hdr, const void* payload, size_t len);
   void send_simple(Conn& c, FrameType type, const void* payload = nullptr, size_t len = 0);
   void fail_conn(Conn& c, Status s);

@@ -30,6 +30,12 @@ inline uint32_t wire_ts(int64_t ns) {
 
 // Receive-side sequence tracking window (bits); bounds the send window too.
 inline constexpr uint32_t kRcvWindow = 4096;
+// An ACK due waits at most this long (the next pass after it sends it: Engine::progress_locked).
+inline constexpr int64_t kAckDelayNs = 50000;
+// A CTS waits at most this long for its ACK: the ACK rides on the sender's next data frame when
+// one follows soon (Engine::ack_carried), and half the delay leaves the peer's tail-loss probe
+// (at least 50 us, engine_loss.cc) time to see it.
+inline constexpr int64_t kCtsAckDelayNs = kAckDelayNs / 2;
 
 struct Engine::SendReq {
   uint32_t msg = 0;

@@ -126,6 +126,22 @@ void Engine::send_ack(Conn& c) {
   c.rx_since_ack = 0;
 }
 
+// A reliable frame to the peer (a reply's data, a CTS, a retransmission) carries the cumulative
+// ACK in its header, and the peer takes it from any frame (on_ack). When that is all an ACK due
+// would say (no gap for a SACK, and nothing that asked for one at once: a gap, a retransmission, a
+// sender at a quarter of our window), the ACK frame is not sent: in a ping-pong each message's ACK
+// rides on the reply and its CTS, two frames fewer per message, and over a copy-mode PMD every
+// frame costs its sender microseconds. The RTT then comes from the ACKs that are still sent
+// (bulk transfers, gaps, the delay timer, heartbeats): the timestamp of a frame acknowledged
+// this way is not echoed (the next ACK due echoes a frame after it).
+void Engine::ack_carried(Conn& c) {
+  if (!c.ack_due || c.ack_now || seq_lt(c.rcv_next, c.rcv_high)) return;
+  c.ack_due = false;
+  c.ack_soon = false;
+  c.rx_since_ack = 0;
+  ++stats_.acks_carried;
+}
+
 void Engine::rtt_sample(Conn& c, double sample) {
   {
     if (c.srtt_us == 0) {

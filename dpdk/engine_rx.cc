@@ -143,9 +143,14 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   // Prompt ACKs: a gap (the sender's fast retransmission needs the SACK), a retransmission (it
   // fills a gap: the sender's window is held up behind it) and a sender about to fill the window
   // we give it, at the end of this pass; the end of a message (the send completes on it) and
-  // control frames in the next pass, after the caller's answer to them.
+  // other control frames in the next pass, after the caller's answer to them. A CTS completes
+  // nothing at its sender (our data does, and its frames carry the ACK: Engine::ack_carried), so
+  // its ACK waits up to kCtsAckDelayNs for the data that usually follows: a ping-pong's sender
+  // gets its next CTS just after its message went, and acknowledged it in a frame of its own.
   if (s != c.rcv_next || (f.hdr.flags & kFlagRetx) || c.rx_since_ack >= advertised_window() / 4) {
     c.ack_now = true;
+  } else if (f.hdr.type == FrameType::kCts) {
+    c.ack_due_since = std::min(c.ack_due_since, sys::now_ns() - (kAckDelayNs - kCtsAckDelayNs));
   } else if ((f.hdr.type != FrameType::kData || (f.hdr.flags & kFlagLast)) && !c.ack_soon) {
     c.ack_soon = true;  // in the next pass (Engine::progress_locked)
     c.ack_soon_pass = pass_;

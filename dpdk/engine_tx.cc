@@ -174,6 +174,7 @@ void Engine::send_pkt(Conn& c, TxPkt& p, bool retx) {
   }
   if (p.type == FrameType::kData) ++stats_.data_frames_tx;
   c.last_tx_ns = p.sent_ns;
+  ack_carried(c);
   queue_tx(b);
 }
 
