@@ -29,6 +29,9 @@ struct CollConfig {
   std::string algo;  // "" : GW_ALGO as set in the environment
   int iters = 0;     // 0: adaptive
   int warmup = 2;
+  // --warmup-ms: before the first size is timed, untimed calls of it until this long has passed
+  // on every rank (a transport's first thousands of frames may be slower than the rest).
+  int64_t warmup_ms = 100;
   int check_iters = 0;  // -c N: checked calls per size and placement (0: no check)
   // -a: how one iteration's time is taken across ranks, as nccl-tests' -a: rank 0's, the mean,
   // the fastest rank's, or the slowest rank's (the default).

@@ -201,14 +201,17 @@ class RankRun {
     out += fmt::format("# dtype: {}  op: {}  root: {}\n", coll::dtype_name(c_.dtype),
                        has_op(c_.coll) ? coll::op_name(c_.op) : "none",
                        is_rooted(c_.coll) ? c_.root : -1);
-    out += fmt::format("# sizes: {} .. {} bytes, {}  iters: {}  warmup: {}  check: {}\n",
-                       c_.min_bytes, c_.max_bytes,
-                       c_.step_bytes > 0 ? fmt::format("increment {}", c_.step_bytes)
-                                         : fmt::format("factor {}", c_.factor),
-                       iters, c_.warmup,
-                       c_.check_iters > 0 ? fmt::format("{} iteration{}", c_.check_iters,
-                                                        c_.check_iters == 1 ? "" : "s")
-                                          : std::string("off"));
+    out += fmt::format(
+        "# sizes: {} .. {} bytes, {}  iters: {}  warmup: {}{}  check: {}\n", c_.min_bytes,
+        c_.max_bytes,
+        c_.step_bytes > 0 ? fmt::format("increment {}", c_.step_bytes)
+                          : fmt::format("factor {}", c_.factor),
+        iters, c_.warmup,
+        c_.warmup_ms > 0 ? fmt::format(" (and {} ms before the first size)", c_.warmup_ms)
+                         : std::string(),
+        c_.check_iters > 0
+            ? fmt::format("{} iteration{}", c_.check_iters, c_.check_iters == 1 ? "" : "s")
+            : std::string("off"));
     if (c_.coll == Collective::kAlltoallv) {
       // The weights of the split rule (perf/coll_alltoallv.h), so a peer can be compared.
       for (int s = 0; s < world_; ++s) {
@@ -343,6 +346,20 @@ class RankRun {
     const char* where = in_place ? "in-place" : "out-of-place";
     const Bufs b = bufs_for(in_place, sh);
     if (in_place) fill_inputs(true, sh, b);
+    if (!started_ && c_.warmup_ms > 0) {
+      // The start-up warm-up (--warmup-ms): calls until every rank has spent the time, agreed on
+      // after each call (an 8-byte allreduce of "done" flags, minimum), so all make as many.
+      started_ = true;
+      const auto t0 = SteadyClock::now();
+      for (int32_t all_done = 0; all_done == 0;) {
+        gw_status_t s = call(sh.arg_count, b.send, b.recv);
+        if (s != GW_OK) return fail(what(bytes, fmt::format("{} start-up warm-up", where)), s);
+        const int32_t done = SteadyClock::now() - t0 >= std::chrono::milliseconds(c_.warmup_ms);
+        s = gw_allreduce(comm_, &done, &all_done, 1, GW_INT32, GW_MIN);
+        if (s != GW_OK) return fail("the start-up warm-up's agreement (8-byte allreduce)", s);
+        heartbeat();
+      }
+    }
     for (int w = 0; w < c_.warmup; ++w) {
       gw_status_t s = call(sh.arg_count, b.send, b.recv);
       if (s != GW_OK) return fail(what(bytes, fmt::format("{} warm-up", where)), s);
@@ -646,6 +663,7 @@ class RankRun {
   json doc_ = json::object();
   double busbw_sum_ = 0;
   int rows_ = 0;
+  bool started_ = false;  // the start-up warm-up (--warmup-ms) ran
   SteadyClock::time_point last_beat_ = SteadyClock::now();
   CpuSample cpu_before_, cpu_after_;  // around the last out-of-place timed iterations (--cpu)
   SweepBuffer sendbuf_;

@@ -130,6 +130,7 @@ json config_json(const CollConfig& c) {
   j["step_factor"] = c.factor;
   j["iters"] = c.iters > 0 ? json(c.iters) : json("adaptive");
   j["warmup"] = c.warmup;
+  j["warmup_ms"] = c.warmup_ms;
   j["step_bytes"] = c.step_bytes;
   j["check"] = c.check_iters > 0;
   j["check_iters"] = c.check_iters;

@@ -170,6 +170,13 @@ CLI::App* add_collective(CLI::App& app, const std::string& name, Collective coll
                   "timed iterations per size; 0 = adaptive clamp(2e9/size/ranks, 3, 50)")
       ->capture_default_str();
   sub->add_option("-w,--warmup", c.warmup, "untimed iterations per size")->capture_default_str();
+  sub->add_option("--warmup-ms", c.warmup_ms,
+                  "before the first size is timed, untimed calls of it until this many "
+                  "milliseconds have passed on every rank (a transport's first frames can be "
+                  "slower than the rest: over AF_XDP on a shadow-paged guest the first 2048 "
+                  "received frames cost the kernel a page fault each); 0 = none")
+      ->check(CLI::Range(int64_t{0}, int64_t{600000}))
+      ->capture_default_str();
   add_count_option(sub, "-c,--check", &c.check_iters, 1,
                    "N checked calls per size, out of place and in place, each verified against a "
                    "rank- and index-dependent pattern (exact for integers, dtype rounding for "

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -289,6 +290,38 @@ TEST(PerfToolTest, AllreduceSweepChecksAndWritesJson) {
   EXPECT_EQ(auto_doc["config"]["transport"], "shm") << auto_doc.dump();
   EXPECT_EQ(auto_doc["config"]["interface"], "") << auto_doc.dump();
   EXPECT_NE(shm.output.find("# transport: shm (asked: auto)"), std::string::npos) << shm.output;
+}
+
+// --warmup-ms: untimed calls of the first size until every rank has spent the time (they agree
+// after each call, so no rank is left waiting in a call the others never make), then the sweep as
+// usual; 0 leaves it out; a negative value is refused.
+TEST(PerfToolTest, StartUpWarmupRunsItsTimeOnEveryRankBeforeTheFirstSize) {
+  TempFile out;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res =
+      run_perf({"allreduce", "--np",        "3",   "--transport", "tcp",     "-b",      "4K",
+                "-e",        "16K",         "-f",  "4",           "--iters", "2",       "--warmup",
+                "0",         "--warmup-ms", "700", "--check",     "--json",  out.path()});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(res.exited && res.exit_code == 0) << res.describe();
+  EXPECT_GE(secs, 0.7) << res.output;
+  EXPECT_EQ(data_rows(res.output).size(), 2u) << res.output;
+  EXPECT_NE(res.output.find("warmup: 0 (and 700 ms before the first size)"), std::string::npos)
+      << res.output;
+  json doc = out.read_json();
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc["check_passed"], true) << doc.dump();
+  EXPECT_EQ(doc["config"]["warmup_ms"], 700) << doc.dump();
+
+  auto none = run_perf({"allreduce", "--np", "2", "--transport", "tcp", "-b", "4K", "-e", "4K",
+                        "--iters", "1", "--warmup-ms", "0"});
+  ASSERT_TRUE(none.exited && none.exit_code == 0) << none.describe();
+  EXPECT_EQ(none.output.find("before the first size"), std::string::npos) << none.output;
+
+  auto bad = run_perf({"allreduce", "--np", "2", "--warmup-ms", "-5"});
+  ASSERT_TRUE(bad.exited) << bad.describe();
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("--warmup-ms"), std::string::npos) << bad.output;
 }
 
 // nccl-tests' habits: -c N check iterations, in-place columns, -a, -z, -i, --version.
