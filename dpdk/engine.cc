@@ -350,8 +350,8 @@ size_t Engine::progress_locked() {
     // after the answer's frames rather than ahead of them (a frame sent over a copy-mode PMD costs
     // its sender microseconds). The background thread's pass, with no caller, sends it at once.
     const bool soon = c->ack_soon && (background_pass_ || pass_ > c->ack_soon_pass);
-    if (c->ack_due && (c->ack_now || soon || c->rx_since_ack >= kAckEvery ||
-                       now - c->ack_due_since >= kAckDelayNs)) {
+    if (c->ack_due &&
+        (c->ack_now || soon || c->rx_since_ack >= kAckEvery || now >= c->ack_deadline_ns)) {
       if (c->ack_now || soon) ++stats_.acks_prompt;
       send_ack(*c);
     }

@@ -30,7 +30,8 @@ inline uint32_t wire_ts(int64_t ns) {
 
 // Receive-side sequence tracking window (bits); bounds the send window too.
 inline constexpr uint32_t kRcvWindow = 4096;
-// An ACK due waits at most this long (the next pass after it sends it: Engine::progress_locked).
+// An ACK due waits at most this long (the first pass after its deadline sends it:
+// Engine::progress_locked).
 inline constexpr int64_t kAckDelayNs = 50000;
 // A CTS waits at most this long for its ACK: the ACK rides on the sender's next data frame when
 // one follows soon (Engine::ack_carried), and half the delay leaves the peer's tail-loss probe
@@ -149,9 +150,11 @@ struct Engine::Conn {
   // The end of a message or a control frame came: acknowledge in the next pass, after the
   // application had its turn (Engine::progress_locked), or at the end of a background pass.
   bool ack_soon = false;
-  uint64_t ack_soon_pass = 0;   // the pass that saw it
-  uint32_t rx_since_ack = 0;    // reliable frames received since our last ACK
-  int64_t ack_due_since = 0;    // first unacknowledged frame
+  uint64_t ack_soon_pass = 0;  // the pass that saw it
+  uint32_t rx_since_ack = 0;   // reliable frames received since our last ACK
+  // An ACK due goes by then: kAckDelayNs after the first unacknowledged frame, kCtsAckDelayNs
+  // after a CTS if that is sooner (Engine::on_reliable).
+  int64_t ack_deadline_ns = 0;
   uint32_t peer_window = 0;     // the peer's advertised receive window (0: not heard yet)
   uint32_t ts_recent = 0;       // timestamp of the first frame our next ACK acknowledges
   bool peer_echoes_ts = false;  // the peer's ACKs echo timestamps: RTT comes from those

@@ -135,7 +135,7 @@ void Engine::deliver_eager(Conn& c, RecvReq& r, uint64_t len, int32_t tag, const
 void Engine::on_reliable(Conn& c, const Frame& f) {
   const uint32_t s = f.hdr.seq;
   if (!c.ack_due) {
-    c.ack_due_since = sys::now_ns();
+    c.ack_deadline_ns = sys::now_ns() + kAckDelayNs;
     c.ts_recent = f.hdr.ts;
   }
   c.ack_due = true;
@@ -150,7 +150,7 @@ void Engine::on_reliable(Conn& c, const Frame& f) {
   if (s != c.rcv_next || (f.hdr.flags & kFlagRetx) || c.rx_since_ack >= advertised_window() / 4) {
     c.ack_now = true;
   } else if (f.hdr.type == FrameType::kCts) {
-    c.ack_due_since = std::min(c.ack_due_since, sys::now_ns() - (kAckDelayNs - kCtsAckDelayNs));
+    c.ack_deadline_ns = std::min(c.ack_deadline_ns, sys::now_ns() + kCtsAckDelayNs);
   } else if ((f.hdr.type != FrameType::kData || (f.hdr.flags & kFlagLast)) && !c.ack_soon) {
     c.ack_soon = true;  // in the next pass (Engine::progress_locked)
     c.ack_soon_pass = pass_;
