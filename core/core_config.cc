@@ -79,7 +79,7 @@ constinit const config::Row kStoreMaxClients{
 constinit const config::Row kStoreMaxPendingHello{
     "GW_STORE_MAX_PENDING_HELLO", Type::Int, "64", "",
     "store server: connections that have not yet proved the job token (the oldest is dropped to "
-    "make room)"};
+    "make room once it has had 20 ms to speak; newcomers wait in the listen queue meanwhile)"};
 constinit const config::Row kStoreHelloTimeoutMs{
     "GW_STORE_HELLO_TIMEOUT_MS", Type::Int, "10000", "",
     "store server: a connection must prove the job token within this many ms"};

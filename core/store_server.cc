@@ -25,6 +25,7 @@
 #include "core/net/handshake.h"
 #include "core/store_socket.h"
 #include "core/store_wire.h"
+#include "core/sys/fd.h"
 
 namespace gw {
 
@@ -114,6 +115,7 @@ class TcpStoreServer {
     net::handshake::Nonce client_challenge{};
     net::handshake::Nonce server_challenge{};
     Deadline hello_deadline;  // until authenticated
+    Deadline evictable;       // its grace period's end (sys::kEvictGraceMs): not dropped before
     bool waiting = false;     // a get is parked in waiters_; later frames wait their turn
     bool close_after_flush = false;
     size_t keys_created = 0;  // keys this connection created, against max_keys_per_client
@@ -190,17 +192,29 @@ class TcpStoreServer {
 
   void accept_all() {
     for (;;) {
+      size_t pending = 0;
+      const Conn* oldest_pending = nullptr;
+      for (const Conn& c : conns_) {
+        if (c.authenticated) continue;
+        if (oldest_pending == nullptr) oldest_pending = &c;
+        ++pending;
+      }
+      const bool make_way = pending >= limits_.max_pending_hello ||
+                            (conns_.size() >= limits_.max_clients && pending > 0);
+      if (make_way && Clock::now() < oldest_pending->evictable) {
+        // Every stranger is in its grace period: the newcomers wait in the backlog until the
+        // oldest's ends, so a client whose hello comes a little after its connect is not pushed
+        // out by the connections behind it.
+        listen_paused_until_ = oldest_pending->evictable;
+        return;
+      }
       int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) shed_one();
         return;  // EAGAIN, or a transient error: try at the next wake-up
       }
-      size_t pending = 0;
-      for (const Conn& c : conns_) pending += c.authenticated ? 0 : 1;
-      if (pending >= limits_.max_pending_hello ||
-          (conns_.size() >= limits_.max_clients && pending > 0)) {
+      if (make_way)
         drop_oldest_pending();  // idle strangers make way for clients that may say hello
-      }
       if (conns_.size() >= limits_.max_clients) {
         GW_LOG_WARN("store server: refusing a client, {} connections already", conns_.size());
         ::close(fd);
@@ -209,6 +223,7 @@ class TcpStoreServer {
       conns_.emplace_back();
       conns_.back().fd.reset(fd);
       conns_.back().hello_deadline = deadline_after_ms(limits_.hello_timeout_ms);
+      conns_.back().evictable = deadline_after_ms(sys::kEvictGraceMs);
     }
   }
 

@@ -1,6 +1,7 @@
 // gradwired's admission (Server::Impl, daemon/server_impl.h): the trainers' socket, peer
 // credentials, the hello, a trainer's arena and welcome, its job, and its departure.
 #include <grp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,7 +50,7 @@ Result<sys::Fd> bind_listener(const std::string& path) {
     ::unlink(path.c_str());
   }
   const mode_t old = ::umask(0077);  // the socket is its owner's only
-  auto fd = sys::listen_unix(addr, SOCK_STREAM, 128);
+  auto fd = sys::listen_unix(addr, SOCK_STREAM, SOMAXCONN);
   ::umask(old);
   return fd;
 }
@@ -100,9 +101,10 @@ void Server::Impl::refuse_conn(sys::Fd& sock, pid_t pid, const Status& why, Erro
 }
 
 void Server::Impl::accept_all() {
-  // At most kMaxPendingHellos a round: a newcomer evicts only connections of earlier rounds, which
-  // had a round to send their hello (the rest wait in the backlog for the next round).
+  // At most kMaxPendingHellos a round, and a newcomer evicts only a connection that has had its
+  // grace period to send its hello (the rest wait in the backlog).
   for (size_t accepted = 0; accepted < kMaxPendingHellos; ++accepted) {
+    if (full_of_young(pending, kMaxPendingHellos)) return;
     auto fd = sys::accept_unix(listen.get());
     if (!fd.ok()) {
       GW_LOG_WARN("gradwired: accept: {}", fd.status().message());
@@ -112,6 +114,7 @@ void Server::Impl::accept_all() {
     PendingConn p;
     p.sock = std::move(*fd);
     p.deadline = sys::deadline_after_ms(opt.hello_timeout_ms);
+    p.evictable = sys::deadline_after_ms(sys::kEvictGraceMs);
     auto cred = sys::peer_credentials(p.sock.get());
     if (!cred.ok()) {
       refuse_conn(p.sock, 0, cred.status(), ErrorKind::kCredentials);

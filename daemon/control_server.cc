@@ -14,7 +14,6 @@
 namespace gw::daemon {
 
 namespace {
-constexpr size_t kMaxControlConns = 16;
 constexpr int64_t kControlTimeoutMs = 2000;
 }  // namespace
 
@@ -28,8 +27,10 @@ void answer_control(sys::Fd& sock, const std::string& body) {
 }
 
 void Server::Impl::accept_control() {
-  // At most kMaxControlConns a round, so a newcomer evicts only connections of earlier rounds.
+  // At most kMaxControlConns a round, and a newcomer evicts only a connection that has had its
+  // grace period to send its request (the rest wait in the backlog).
   for (size_t accepted = 0; accepted < kMaxControlConns; ++accepted) {
+    if (full_of_young(ctl_pending, kMaxControlConns)) return;
     auto fd = sys::accept_unix(ctl_listen.get());
     if (!fd.ok()) {
       GW_LOG_WARN("gradwired: control accept: {}", fd.status().message());
@@ -39,6 +40,7 @@ void Server::Impl::accept_control() {
     PendingConn p;
     p.sock = std::move(*fd);
     p.deadline = sys::deadline_after_ms(kControlTimeoutMs);
+    p.evictable = sys::deadline_after_ms(sys::kEvictGraceMs);
     auto cred = sys::peer_credentials(p.sock.get());
     Status ok = cred.ok() ? check_peer(p.sock.get(), *cred) : cred.status();
     if (!ok.ok()) {

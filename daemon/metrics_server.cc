@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -24,8 +25,9 @@ namespace gw::daemon {
 struct MetricsServer::Conn {
   sys::Fd fd;
   sys::Deadline deadline;
-  std::string in;   // the request so far
-  std::string out;  // the answer, once the request is whole
+  sys::Deadline evictable;  // its grace period's end: no newcomer evicts it before
+  std::string in;           // the request so far
+  std::string out;          // the answer, once the request is whole
   size_t sent = 0;
   bool answering = false;
 };
@@ -205,6 +207,7 @@ MetricsServer::MetricsServer(const MetricsServerOptions& o, BodyFn body, sys::Fd
       wake_(std::move(wake)),
       bound_(std::move(bound)) {
   options_.max_connections = std::max(1, options_.max_connections);
+  options_.grace_ms = std::clamp<int64_t>(options_.grace_ms, 0, options_.deadline_ms);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -232,14 +235,26 @@ bool MetricsServer::step(Conn& c, short events) {
   return (events & (POLLERR | POLLHUP)) == 0;
 }
 
-// Closes the oldest connection still reading its request (the oldest of all when every one is
-// being answered): a slowloris sender goes before a scraper's answer.
-void MetricsServer::evict_one(std::deque<Conn>& conns) {
-  auto victim =
-      std::find_if(conns.begin(), conns.end(), [](const Conn& c) { return !c.answering; });
-  if (victim == conns.end()) victim = conns.begin();
+// Closes the oldest connection past its grace period still reading its request (the oldest past it
+// when every one is being answered): a slowloris sender goes before a scraper's answer, and a
+// connection that has not had its grace period to speak goes not at all. False when every
+// connection is in its grace period.
+bool MetricsServer::evict_one(std::deque<Conn>& conns, sys::Deadline now) {
+  // conns are in accept order and have the same grace: those past it are a prefix.
+  const auto young =
+      std::find_if(conns.begin(), conns.end(), [now](const Conn& c) { return now < c.evictable; });
+  if (young == conns.begin()) return false;
+  auto victim = std::find_if(conns.begin(), young, [](const Conn& c) { return !c.answering; });
+  if (victim == young) victim = conns.begin();
   conns.erase(victim);
   evicted_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Every place taken by a connection in its grace period: no newcomer can be taken now.
+bool MetricsServer::full_of_young(const std::deque<Conn>& conns, sys::Deadline now) const {
+  return conns.size() >= static_cast<size_t>(options_.max_connections) &&
+         now < conns.front().evictable;
 }
 
 void MetricsServer::run() {
@@ -250,8 +265,15 @@ void MetricsServer::run() {
     // Wake at the first deadline (conns are in accept order, all with the same lifetime).
     int timeout = -1;
     if (!conns.empty()) timeout = sys::ms_until(conns.front().deadline);
-    const bool accepting = !shedder.paused(sys::now_ns());
+    bool accepting = !shedder.paused(sys::now_ns());
     if (!accepting) timeout = timeout < 0 ? 100 : std::min(timeout, 100);
+    // Full of connections in their grace period: newcomers wait in the kernel's queue until the
+    // oldest's grace ends.
+    if (accepting && full_of_young(conns, sys::Clock::now())) {
+      accepting = false;
+      const int grace_left = std::max(1, sys::ms_until(conns.front().evictable));
+      timeout = timeout < 0 ? grace_left : std::min(timeout, grace_left);
+    }
     pfds.clear();
     pfds.push_back({wake_.get(), POLLIN, 0});
     pfds.push_back({accepting ? listener_.get() : -1, POLLIN, 0});
@@ -284,22 +306,26 @@ void MetricsServer::run() {
     if (accepting && (pfds[1].revents & POLLIN)) {
       // A bounded batch per round, so the connections above are read between batches.
       for (int k = 0; k < 2 * options_.max_connections; ++k) {
+        // Every place in its grace period (this batch's newcomers): the rest wait in the queue.
+        if (full_of_young(conns, sys::Clock::now())) break;
         const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
           if (errno == EMFILE || errno == ENFILE) {
-            if (!conns.empty()) {
-              evict_one(conns);  // one of ours makes room for the newcomer
-              continue;
-            }
+            // One of ours makes room for the newcomer.
+            if (evict_one(conns, sys::Clock::now())) continue;
             shedder.shed(listener_.get(), sys::now_ns());
           }
           break;
         }
-        if (conns.size() >= static_cast<size_t>(options_.max_connections)) evict_one(conns);
+        const sys::Deadline accepted = sys::Clock::now();
+        if (conns.size() >= static_cast<size_t>(options_.max_connections)) {
+          (void)evict_one(conns, accepted);  // there is one: checked before the accept
+        }
         Conn c;
         c.fd = sys::Fd(fd);
-        c.deadline = sys::deadline_after_ms(options_.deadline_ms);
+        c.deadline = accepted + std::chrono::milliseconds(options_.deadline_ms);
+        c.evictable = accepted + std::chrono::milliseconds(options_.grace_ms);
         // A scraper's request is usually there with its connection: answered now, before a
         // flood of newcomers can push it out.
         if (step(c, POLLIN)) conns.push_back(std::move(c));

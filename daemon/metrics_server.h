@@ -2,9 +2,11 @@
 // non-blocking sockets, so that no client can hold it. Each connection has one deadline for its
 // whole life (request read, answer written); a connection past it is closed whatever it is doing,
 // checked on every round (not only for sockets without events). At most `max_connections` are open:
-// a newcomer evicts the oldest. So slowloris senders and idle connections cost the scraper nothing
-// but a place in a short queue that moves every deadline, however many an attacker opens
-// (docs/daemon.md "Metrics"; DESIGN.md says why not CivetWeb's worker pool).
+// a newcomer evicts the oldest one older than the grace period, and waits in the kernel's queue
+// while every one is younger, so a scraper whose request comes a little after its connection is
+// not pushed out by the newcomers behind it. So slowloris senders and idle connections cost the
+// scraper nothing but a place in a short queue that moves every grace period, however many an
+// attacker opens (docs/daemon.md "Metrics"; DESIGN.md says why not CivetWeb's worker pool).
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,7 @@
 
 #include "core/status.h"
 #include "core/sys/fd.h"
+#include "core/sys/time.h"
 
 namespace gw::daemon {
 
@@ -25,8 +28,12 @@ struct MetricsServerOptions {
   std::string address;
   // A connection's whole life: request read and answer written.
   int64_t deadline_ms = 2000;
-  // Open connections at most; a newcomer evicts the oldest.
-  int max_connections = 64;
+  // Open connections at most; a newcomer evicts the oldest past its grace period.
+  int max_connections = 256;
+  // A connection's time to send its request before a newcomer may evict it (capped at
+  // deadline_ms). While all max_connections are younger, newcomers wait in the accept queue: a
+  // flood is taken max_connections per grace period.
+  int64_t grace_ms = sys::kEvictGraceMs;
 };
 
 // What the server has done, for tests and the daemon's log.
@@ -61,7 +68,8 @@ class MetricsServer {
                 std::string bound);
   void run();
   bool step(Conn& c, short events);
-  void evict_one(std::deque<Conn>& conns);
+  bool evict_one(std::deque<Conn>& conns, sys::Deadline now);
+  bool full_of_young(const std::deque<Conn>& conns, sys::Deadline now) const;
 
   MetricsServerOptions options_;
   BodyFn body_;

@@ -54,6 +54,11 @@ int until_first_deadline(const std::vector<PendingConn>& conns, int cap) {
   return std::max(ms, 0);
 }
 
+// Milliseconds until the oldest connection's grace period ends (at least 1: poll wakes after it).
+int until_evictable(const std::vector<PendingConn>& conns) {
+  return std::max(1, sys::ms_until(conns.front().evictable));
+}
+
 // A daemon given a DPDK port owns it from its start, as a DPDK application does: EAL and the
 // port (0.2 s for a net_memif port on a 2-core VM; more with hugepages or a NIC) come up once,
 // before any job, instead of inside the first cross-host job's connect deadline. In the background,
@@ -202,8 +207,12 @@ Status Server::Impl::serve() {
     ids.clear();
     pfds.push_back({stop_efd.get(), POLLIN, 0});
     pfds.push_back({wake_efd.get(), POLLIN, 0});
-    pfds.push_back({listen.get(), POLLIN, 0});
-    pfds.push_back({ctl_listen.get(), POLLIN, 0});
+    // A listener whose places are all in their grace period is not polled until the oldest's
+    // grace ends (newcomers wait in its backlog).
+    const bool hellos_full = full_of_young(pending, kMaxPendingHellos);
+    const bool control_full = full_of_young(ctl_pending, kMaxControlConns);
+    pfds.push_back({hellos_full ? -1 : listen.get(), POLLIN, 0});
+    pfds.push_back({control_full ? -1 : ctl_listen.get(), POLLIN, 0});
     for (const auto& p : pending) pfds.push_back({p.sock.get(), POLLIN, 0});
     for (const auto& p : ctl_pending) pfds.push_back({p.sock.get(), POLLIN, 0});
     for (const auto& [id, c] : clients) {
@@ -215,6 +224,8 @@ Status Server::Impl::serve() {
         opt.tick_ms > 0 ? static_cast<int>(std::clamp<int64_t>(opt.tick_ms, 1, 200)) : 200;
     timeout_ms = until_first_deadline(pending, timeout_ms);
     timeout_ms = until_first_deadline(ctl_pending, timeout_ms);
+    if (hellos_full) timeout_ms = std::min(timeout_ms, until_evictable(pending));
+    if (control_full) timeout_ms = std::min(timeout_ms, until_evictable(ctl_pending));
     int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
     if (opt.on_tick) opt.on_tick();
     if (rc < 0 && errno != EINTR) return system_error("gradwired: poll", errno);

@@ -41,10 +41,21 @@ struct PendingConn {
   uid_t uid = 0;
   std::vector<uint8_t> buf;
   sys::Deadline deadline;
+  sys::Deadline evictable;  // its grace period's end (sys::kEvictGraceMs): no newcomer evicts it before
   // gradwirectl trace (job_trace.cc): the recording this connection waits for (its deadline is
   // the trace's end).
   std::shared_ptr<JobTrace> trace;
 };
+
+// Control connections waiting for their request at most (gradwirectl): a newcomer beyond it evicts
+// the oldest past its grace period.
+inline constexpr size_t kMaxControlConns = 16;
+
+// Every one of `max` places taken by a connection still in its grace period (conns are in accept
+// order): no newcomer can be taken now; the listener waits until the oldest's grace ends.
+inline bool full_of_young(const std::vector<PendingConn>& conns, size_t max) {
+  return conns.size() >= max && !sys::expired(conns.front().evictable);
+}
 
 // admission.cc: listening sockets (also used for the control socket by create()).
 // Listens on `path` (mode 0700 by the umask: the owner's only). A socket file left by a daemon that
@@ -85,7 +96,8 @@ struct Server::Impl {
   std::map<std::string, std::shared_ptr<Job>> jobs;
 
   // Accepts the connections waiting on `listen` into `pending` (or refuses them: credentials,
-  // GW_DAEMON_MAX_CLIENTS); beyond kMaxPendingHellos a newcomer evicts the oldest pending one.
+  // GW_DAEMON_MAX_CLIENTS); beyond kMaxPendingHellos a newcomer evicts the oldest pending one
+  // past its grace period (sys::kEvictGraceMs), or waits in the backlog while none is.
   void accept_all();
   // Reads what a pending connection sent; true when it is finished with (welcomed or refused).
   bool step_pending(PendingConn& p);

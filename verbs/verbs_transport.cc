@@ -126,6 +126,7 @@ class VerbsListener final : public net::Listener {
     size_t io = 0;
     Deadline deadline{};
     std::unique_ptr<QpSet> qps;
+    int64_t accepted_ns = 0;  // PendingAccept's: its grace period
     bool silent() const { return phase == Phase::kHello && io == 0; }
   };
 
@@ -523,7 +524,7 @@ class VerbsTransport final : public net::Transport {
     if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sockaddr_len(addr)) != 0) {
       return system_error("verbs listen: bind", errno);
     }
-    if (::listen(fd, 128) != 0) return system_error("verbs listen", errno);
+    if (::listen(fd, SOMAXCONN) != 0) return system_error("verbs listen", errno);
     socklen_t len = sizeof(addr);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       return system_error("getsockname", errno);

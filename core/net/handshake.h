@@ -35,7 +35,8 @@ inline constexpr uint8_t kChallenge = 'C';
 
 // Handshakes a tcp, shm or verbs listener (and the dpdk engine, through
 // EngineConfig::max_pending_handshakes) holds before they are authenticated: GW_LISTEN_MAX_PENDING
-// (at least 1); beyond it the silent ones, then the oldest, are dropped.
+// (at least 1); beyond it the silent ones, then the oldest, are dropped (a listener's only past
+// their grace period, core/net/pending_accept.h).
 size_t max_pending();
 // Connections a listener accepts per accept() call, so the handshakes it holds progress between
 // bursts of a flood.

@@ -13,7 +13,8 @@ constinit const config::Row kTransport{
 constinit const config::Row kListenMaxPending{
     "GW_LISTEN_MAX_PENDING", Type::Int, "64", "",
     "handshakes a tcp, shm or verbs listener (or the dpdk engine) holds before they prove the "
-    "job token; beyond it the silent ones, then the oldest, are dropped"};
+    "job token; beyond it the silent ones, then the oldest, are dropped (a listener's only "
+    "once it has had 20 ms to speak; newcomers wait in the listen queue meanwhile)"};
 
 const config::RowSet& rows() {
   static const config::RowSet set("net", {&kTransport, &kListenMaxPending});

@@ -5,7 +5,10 @@
 // - accept_burst() accepts at most handshake::kAcceptBurst connections per call, so the held
 //   handshakes progress between bursts.
 // - At GW_LISTEN_MAX_PENDING held handshakes (handshake::max_pending()), or out of descriptors,
-//   a held handshake that has not spoken makes way (else the oldest).
+//   a held handshake past its grace period (sys::kEvictGraceMs) that has not spoken makes way
+//   (else the oldest past it). While every one is in its grace period, newcomers wait in the
+//   listen backlog, so a peer whose hello comes a little after its connect is not pushed out by
+//   the flood behind it.
 // - Out of descriptors with none held, the waiting connection is shed with the spare descriptor
 //   and accepting pauses (sys::AcceptShedder).
 // - Drops are logged once a second at most (handshake::DropLog).
@@ -13,8 +16,9 @@
 // until its deadline.
 //
 // Pending (the listener's handshake state) must be movable and have `std::string addr` (the
-// peer, for warnings; empty when there is none worth naming) and `bool silent() const` (true
-// while it has not sent a byte). Thread-compatible: one per listener, used by its accept().
+// peer, for warnings; empty when there is none worth naming), `bool silent() const` (true
+// while it has not sent a byte) and `int64_t accepted_ns` (set here: when it was accepted).
+// Thread-compatible: one per listener, used by its accept().
 #pragma once
 
 #include <sys/socket.h>
@@ -56,6 +60,8 @@ class PendingAccept {
   Status accept_burst(int listen_fd, int64_t now, Admit&& admit) {
     if (shedder_.paused(now)) return ok_status();
     for (int burst = 0; burst < handshake::kAcceptBurst;) {
+      // Every place in its grace period: the newcomers wait in the backlog.
+      if (held_.size() >= max_pending_ && !past_grace(held_.front(), now)) return ok_status();
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len,
@@ -66,10 +72,7 @@ class PendingAccept {
         if (err == EAGAIN || err == EWOULDBLOCK) return ok_status();
         if (err == EMFILE || err == ENFILE) {
           ++burst;
-          if (!held_.empty()) {
-            drop_one("out of file descriptors");
-            continue;
-          }
+          if (drop_one(now, "out of file descriptors")) continue;
           GW_LOG_WARN("{} accept: {}; shedding a connection", proto_,
                       system_error("out of file descriptors", err).message());
           shedder_.shed(listen_fd, now);
@@ -80,19 +83,31 @@ class PendingAccept {
       ++burst;
       sys::Fd owned(fd);
       if (held_.size() >= max_pending_) {
-        drop_one(fmt::format("{} handshakes pending", held_.size()));
+        (void)drop_one(now, fmt::format("{} handshakes pending", held_.size()));  // checked above
       }
       std::optional<Pending> p = admit(std::move(owned), addr);
-      if (p) held_.push_back(std::move(*p));
+      if (p) {
+        p->accepted_ns = now;
+        held_.push_back(std::move(*p));
+      }
     }
     return ok_status();
   }
 
  private:
-  // Drops one held handshake: the oldest that has not spoken, else the oldest.
-  void drop_one(std::string_view why) {
-    auto it = std::find_if(held_.begin(), held_.end(), [](const Pending& p) { return p.silent(); });
-    if (it == held_.end()) it = held_.begin();
+  static bool past_grace(const Pending& p, int64_t now) {
+    return now - p.accepted_ns >= sys::kEvictGraceMs * 1000000;
+  }
+
+  // Drops one held handshake past its grace period: the oldest that has not spoken, else the
+  // oldest. False when every one is in its grace period (held_ is in accept order: those past it
+  // are a prefix).
+  bool drop_one(int64_t now, std::string_view why) {
+    const auto young = std::find_if(held_.begin(), held_.end(),
+                                    [now](const Pending& p) { return !past_grace(p, now); });
+    if (young == held_.begin()) return false;
+    auto it = std::find_if(held_.begin(), young, [](const Pending& p) { return p.silent(); });
+    if (it == young) it = held_.begin();
     uint64_t skipped = 0;
     if (drop_log_.should_log(sys::now_ns(), &skipped)) {
       const std::string who =
@@ -101,6 +116,7 @@ class PendingAccept {
                   why, who, skipped);
     }
     held_.erase(it);
+    return true;
   }
 
   std::string proto_;

@@ -117,7 +117,8 @@ class ShmListener final : public Listener {
     Hello hello{};
     handshake::Nonce challenge{};
     int pid = 0;
-    std::string addr;  // unnamed: a unix socket's peer has no address worth logging
+    std::string addr;         // unnamed: a unix socket's peer has no address worth logging
+    int64_t accepted_ns = 0;  // PendingAccept's: its grace period
     bool silent() const { return !challenged; }
   };
 
@@ -442,7 +443,7 @@ class ShmTransport final : public Transport {
     std::string name = "gradwire-shm-";
     for (uint8_t b : rnd) name += fmt::format("{:02x}", b);
     GW_ASSIGN_OR_RETURN(sys::UnixAddress addr, sys::UnixAddress::abstract(name));
-    Result<Fd> fd = sys::listen_unix(addr, SOCK_SEQPACKET, 64);
+    Result<Fd> fd = sys::listen_unix(addr, SOCK_SEQPACKET, SOMAXCONN);
     if (!fd.ok()) return fd.status().with_context("shm listen: ");
     HandleWire wire{};
     handshake::put_magic(wire.magic, "GWS1");

@@ -47,6 +47,14 @@ Status set_nonblocking(int fd);
 // Called whenever a store server or a tcp/shm transport is created. Thread-safe.
 void raise_descriptor_limit();
 
+// How long a connection that has not finished its hello (or request) keeps its place at an
+// accepting socket whatever comes after it. Every listener caps such connections and a newcomer
+// evicts the oldest; without this time a flood that reopens each evicted connection at once
+// pushed out a real client whose first bytes came a few milliseconds after its connect, every
+// time. While every place is younger, newcomers wait in the listen backlog: a flood is taken
+// (cap) connections per grace period.
+inline constexpr int64_t kEvictGraceMs = 20;
+
 // What an accepting socket does when accept() fails with EMFILE or ENFILE (out of descriptors):
 // it holds one spare descriptor, and shed() spends it to accept the waiting connection and close
 // it at once (its connector sees a reset and retries until its deadline), then takes the spare

@@ -144,6 +144,54 @@ TEST_F(DaemonAbuseTest, ControlTricklersAndSilentConnectionsDoNotHoldTheControlS
   }
 }
 
+// A trainer whose hello comes a little after its connect (a loaded host's late thread) beside
+// silent connections reopened as soon as they are dropped: before the grace period
+// (sys::kEvictGraceMs) the newcomers of the next round evicted it before it could speak.
+TEST_F(DaemonAbuseTest, ATrainerWhoseHelloComesLateIsNotEvictedByAChurningFlood) {
+  start(5000, 16);
+  const std::string path = server_->socket_path();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> reopened{0};
+  std::thread flood([&] {
+    std::vector<sys::Fd> conns(200);
+    while (!stop.load()) {
+      for (sys::Fd& c : conns) {
+        char b;
+        const ssize_t n = c.valid() ? ::recv(c.get(), &b, 1, MSG_DONTWAIT) : 0;
+        // Anything read is the daemon's refusal ("evicted: ..."), before it closes.
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        auto fd = test::dial(path);  // fails while the backlog is full: tried again next pass
+        c = fd.ok() ? std::move(*fd) : sys::Fd();
+        if (fd.ok()) reopened.fetch_add(1);
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  int welcomed = 0;
+  for (int j = 0; j < 10; ++j) {
+    sys::Fd keep;
+    auto fd = dial_retrying(path);
+    if (!fd.ok()) {
+      ADD_FAILURE() << "trainer " << j << ": " << fd.status().message();
+      continue;
+    }
+    keep = std::move(*fd);
+    std::this_thread::sleep_for(10ms);
+    std::vector<sys::Fd> fds;
+    auto w = test::exchange_hello(
+        keep.get(), frame_message(encode_hello(hello("late-" + std::to_string(j)))), &fds);
+    EXPECT_TRUE(w.ok()) << "trainer " << j << ": " << w.status().message();
+    welcomed += w.ok() ? 1 : 0;
+  }
+  stop = true;
+  flood.join();
+  std::printf("churning flood of 200 (%llu connections opened): %d/10 late hellos welcomed\n",
+              static_cast<unsigned long long>(reopened.load()), welcomed);
+  EXPECT_EQ(welcomed, 10);
+  EXPECT_GT(reopened.load(), 300u);  // the flood did churn (200 at first)
+}
+
 // Item 2: a hello claiming 2^20 local trainers sized the job's table by it (16 MiB a hello).
 TEST_F(DaemonAbuseTest, AHelloClaimingMoreLocalTrainersThanTheDaemonAdmitsIsRefused) {
   start(1000, 16);

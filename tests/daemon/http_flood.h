@@ -37,8 +37,9 @@ struct TimedGet {
   std::string text;       // the answer, status line included
 };
 
-// GET `path` with a limit of `limit_ms` on the whole exchange.
-inline TimedGet timed_get(int port, const std::string& path, int limit_ms) {
+// GET `path` with a limit of `limit_ms` on the whole exchange; the request leaves `send_after_ms`
+// after the connect (a scraper slow to write, or a loaded host's late thread).
+inline TimedGet timed_get(int port, const std::string& path, int limit_ms, int send_after_ms = 0) {
   TimedGet out;
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed_ms = [&] {
@@ -46,6 +47,7 @@ inline TimedGet timed_get(int port, const std::string& path, int limit_ms) {
   };
   const int fd = dial_loopback(port);
   if (fd < 0) return out;
+  if (send_after_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(send_after_ms));
   const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n";
   size_t sent = 0;
   for (;;) {

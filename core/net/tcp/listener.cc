@@ -76,6 +76,7 @@ class TcpListener final : public Listener {
     Proof proof{};
     size_t done = 0;  // bytes of the current phase's message moved
     int64_t deadline_ns = 0;
+    int64_t accepted_ns = 0;  // PendingAccept's: its grace period
     bool silent() const { return phase == Phase::kHello && done == 0; }
   };
   struct Group {

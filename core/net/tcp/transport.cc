@@ -76,7 +76,7 @@ class TcpTransport final : public Transport {
     if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sockaddr_len(addr)) != 0) {
       return system_error(fmt::format("tcp listen: bind {}", where), errno);
     }
-    if (::listen(fd, 256) != 0) return system_error("tcp listen: listen", errno);
+    if (::listen(fd, SOMAXCONN) != 0) return system_error("tcp listen: listen", errno);
     socklen_t len = sizeof(addr);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       return system_error("tcp listen: getsockname", errno);
