@@ -474,9 +474,8 @@ TEST_P(HandshakeAuth, AFloodOfIdleConnectionsOutOfDescriptorsDoesNotStopTheRealP
             static_cast<ssize_t>(h.bytes.size()));
   close(handle_pipe[0]);
   std::vector<sys::Fd> flood;
-  // 100: more than the child can hold and more than shm's backlog, fewer than the tcp and verbs
-  // backlogs, so the whole flood is queued before the real peer (a flood that arrives together
-  // with the real peer can push it out before it speaks: docs/security.md).
+  // 100: more than the child can hold, fewer than the listen queues (SOMAXCONN), so the whole
+  // flood is queued before the real peer.
   for (int i = 0; i < 100; ++i) flood.emplace_back(idle_connection(backend(), h));
   auto c = sender->connect(h);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
