@@ -228,6 +228,19 @@ bool read_exact(int fd, void* p, size_t n) {
   return true;
 }
 
+// A hello of rank 1 for the tcp listener (rank 0, one socket) that `h` names.
+TcpHello hello_for(const Handle& h, uint64_t conn_id) {
+  TcpHello hello{};
+  std::memcpy(hello.magic, "GWH2", 4);
+  hello.nsocks = 1;
+  hello.nonce = handle_nonce(h);
+  hello.conn_id = conn_id;
+  hello.rank = 1;
+  hello.listener_rank = 0;
+  EXPECT_TRUE(handshake::fresh_nonce(&hello.challenge).ok());
+  return hello;
+}
+
 // A captured hello and proof replayed on a new socket meet a fresh challenge and are refused;
 // the listener's own proof reflected back is refused too.
 TEST(TcpHandshakeWire, ReplayedAndReflectedProofsAreRefused) {
@@ -238,14 +251,7 @@ TEST(TcpHandshakeWire, ReplayedAndReflectedProofsAreRefused) {
   Handle h;
   auto listener = (*t)->listen(&h);
   ASSERT_TRUE(listener.ok());
-  TcpHello hello{};
-  std::memcpy(hello.magic, "GWH2", 4);
-  hello.nsocks = 1;
-  hello.nonce = handle_nonce(h);
-  hello.conn_id = 77;
-  hello.rank = 1;
-  hello.listener_rank = 0;
-  ASSERT_TRUE(handshake::fresh_nonce(&hello.challenge).ok());
+  TcpHello hello = hello_for(h, 77);
   uint8_t verdicts[3] = {0, 0, 0};
   std::thread client([&] {
     auto transcript = [&](const TcpChallenge& ch) {
@@ -594,14 +600,7 @@ TEST(TcpHandshakeWire, AHelloTenMillisecondsLateIsAnsweredBesideAChurningFlood) 
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   int answered = 0;
   for (int i = 0; i < 5; ++i) {
-    TcpHello hello{};
-    std::memcpy(hello.magic, "GWH2", 4);
-    hello.nsocks = 1;
-    hello.nonce = handle_nonce(h);
-    hello.conn_id = 100 + static_cast<uint64_t>(i);
-    hello.rank = 1;
-    hello.listener_rank = 0;
-    ASSERT_TRUE(handshake::fresh_nonce(&hello.challenge).ok());
+    const TcpHello hello = hello_for(h, 100 + static_cast<uint64_t>(i));
     sys::Fd fd = dial(handle_port(h));  // connected: in the listen backlog or accepted
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(send(fd.get(), &hello, sizeof(hello), MSG_NOSIGNAL), 64);
