@@ -244,6 +244,11 @@ TEST_F(PluginTest, SendLargerThanReceiveFailsClearly) {
   EXPECT_EQ(r, ncclInvalidUsage) << "a truncated receive must fail, not complete";
   EXPECT_EQ(rdone, 0);
   EXPECT_TRUE(any_line("truncated", "WARN")) << all_lines();
+  // The send may still be in flight (an I/O thread writing from `out`): the comms close before
+  // the buffers go (ASan saw a worker's sendmsg read `out` after it was freed, in TearDown's time).
+  EXPECT_EQ(api_->close_send(send_), ncclSuccess);
+  EXPECT_EQ(api_->close_recv(recv_), ncclSuccess);
+  send_ = recv_ = nullptr;
 }
 
 TEST_F(PluginTest, ThirtyTwoRegisteredBuffersInFlight) {
