@@ -489,9 +489,9 @@ Status poll_until_done(net::Connector& c, net::Listener& l, std::unique_ptr<Send
 
 TEST(DpdkEngine, TheTokenNeverCrossesTheWire) {
   const std::string token = "a-secret-job-token-0123456789";
-  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
-  std::mutex mu;
+  std::mutex mu;  // before the pair: what the tap captures outlives its engines
   std::vector<std::vector<uint8_t>> frames;
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
   p.sw->set_tap([&](const uint8_t* d, size_t n) {
     std::lock_guard<std::mutex> lock(mu);
     frames.emplace_back(d, d + n);
@@ -568,9 +568,9 @@ TEST(DpdkEngine, AHandshakeMeantForAnotherRankIsRefused) {
 // Someone who captured a whole handshake replays it (under a fresh session, as a new
 // connection): the listener's fresh challenge makes the captured proof worthless.
 TEST(DpdkEngine, AReplayedHandshakeIsRefused) {
-  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
-  std::mutex mu;
+  std::mutex mu;  // before the pair: what the tap captures outlives its engines
   std::vector<std::vector<uint8_t>> sent_by_b;
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
   p.sw->set_tap([&](const uint8_t* d, size_t n) {
     Frame f;
     if (decode_frame(d, n, false, &f) != DecodeError::kOk || f.src.ip != 0x0a000002) return;
@@ -674,6 +674,11 @@ TEST(DpdkEngine, SilentPeerFailsWithKPeerWithinThePeerTimeout) {
 // so the sender's delivered send completes instead of failing with "the peer closed the
 // connection". (CI hit this in perf/dpdk_vs_tcp.sh: p2p's final control message under 1% loss.)
 TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
+  // Before the pair: the filter's state and the buffers of requests still in flight when an
+  // assertion ends the test early outlive the engines that use them.
+  std::atomic<int> dropped{0};
+  std::atomic<bool> closing{false};
+  uint8_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8}, in[8] = {};
   EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
   p.connect('a');
   auto& sw = p.sw;
@@ -683,8 +688,6 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
   // and any ACK it repeats: b acknowledges a message's end on its next progress pass, or its
   // background pass, so how many frames that is depends on timing); from the close on, every
   // frame, retransmissions included, gets through.
-  std::atomic<int> dropped{0};
-  std::atomic<bool> closing{false};
   sw->set_filter([&](const uint8_t* data, size_t len) {
     Frame f;
     if (decode_frame(data, len, false, &f) != DecodeError::kOk) return true;
@@ -693,7 +696,6 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
     dropped.fetch_add(1);
     return false;
   });
-  uint8_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8}, in[8] = {};
   auto rr = *r->irecv(in, sizeof(in), 0, nullptr);
   auto sr = *s->isend(out, 0, 0, nullptr);  // a 0-byte message, as p2p's control message
   bool done = false;
@@ -730,6 +732,8 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
 TEST(DpdkEngine, APingPongsAcksRideOnItsRepliesAndReceives) {
   EngineConfig ca = mem_config(0x0a000001, false, 1), cb = mem_config(0x0a000002, false, 2);
   ca.progress_interval_us = cb.progress_interval_us = 0;
+  int acks = 0, cts = 0, data = 0;  // before the pair: its engines' last frames pass the filter
+  bool counting = false;
   EnginePair p(ca, cb, 5000);
   p.connect('a');  // a -> b: the pings
   std::unique_ptr<SendComm> back_s;
@@ -740,8 +744,6 @@ TEST(DpdkEngine, APingPongsAcksRideOnItsRepliesAndReceives) {
     auto c = *p.tb->connect(h);
     ASSERT_TRUE(poll_until_done(*c, *l, &back_s, &back_r).ok());  // b -> a: the pongs
   }
-  int acks = 0, cts = 0, data = 0;
-  bool counting = false;
   p.sw->set_filter([&](const uint8_t* frame, size_t len) {
     Frame f;
     if (counting && decode_frame(frame, len, false, &f) == DecodeError::kOk) {
@@ -810,8 +812,9 @@ TEST(DpdkEngine, APingPongsAcksRideOnItsRepliesAndReceives) {
 // engine answers the retransmitted HELLO from the connection it made. Before, the HELLO found
 // no listener and the connector timed out (the 4-host netns test's one-way "not established").
 TEST(DpdkEngine, LostHelloAckIsRepeatedAfterTheListenerIsClosed) {
+  std::atomic<int> acks_dropped{0};  // before the pair: the filter runs until its engines go
+  uint8_t out[4] = {1, 2, 3, 4}, in[4] = {};
   EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
-  std::atomic<int> acks_dropped{0};
   p.sw->set_filter([&](const uint8_t* data, size_t len) {
     Frame f;
     if (decode_frame(data, len, false, &f) != DecodeError::kOk) return true;
@@ -833,7 +836,6 @@ TEST(DpdkEngine, LostHelloAckIsRepeatedAfterTheListenerIsClosed) {
   EXPECT_TRUE(s != nullptr) << "the connector never saw a HELLO_ACK";
   EXPECT_GE(acks_dropped.load(), 1);
   if (s && r) {  // and the connection works
-    uint8_t out[4] = {1, 2, 3, 4}, in[4] = {};
     auto rr = *r->irecv(in, 4, 0, nullptr);
     auto sr = *s->isend(out, 4, 0, nullptr);
     bool rd = false, sd = false;
