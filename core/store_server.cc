@@ -193,10 +193,10 @@ class TcpStoreServer {
   void accept_all() {
     for (;;) {
       size_t pending = 0;
-      const Conn* oldest_pending = nullptr;
-      for (const Conn& c : conns_) {
-        if (c.authenticated) continue;
-        if (oldest_pending == nullptr) oldest_pending = &c;
+      ConnIt oldest_pending = conns_.end();  // conns_ is in order of arrival
+      for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+        if (it->authenticated) continue;
+        if (oldest_pending == conns_.end()) oldest_pending = it;
         ++pending;
       }
       const bool make_way = pending >= limits_.max_pending_hello ||
@@ -213,8 +213,10 @@ class TcpStoreServer {
         if (errno == EMFILE || errno == ENFILE) shed_one();
         return;  // EAGAIN, or a transient error: try at the next wake-up
       }
-      if (make_way)
-        drop_oldest_pending();  // idle strangers make way for clients that may say hello
+      if (make_way) {  // idle strangers make way for clients that may say hello
+        GW_LOG_WARN("store server: dropping a client that has not said hello (too many pending)");
+        drop(oldest_pending);
+      }
       if (conns_.size() >= limits_.max_clients) {
         GW_LOG_WARN("store server: refusing a client, {} connections already", conns_.size());
         ::close(fd);
@@ -240,16 +242,6 @@ class TcpStoreServer {
       spare_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     }
     listen_paused_until_ = Clock::now() + std::chrono::milliseconds(kDescriptorBackoffMs);
-  }
-
-  void drop_oldest_pending() {
-    for (auto it = conns_.begin(); it != conns_.end(); ++it) {  // oldest first
-      if (!it->authenticated) {
-        GW_LOG_WARN("store server: dropping a client that has not said hello (too many pending)");
-        drop(it);
-        return;
-      }
-    }
   }
 
   // A client that has not completed its hello in time is dropped without an answer.
