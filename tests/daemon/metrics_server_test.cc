@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "daemon/http_request.h"
 #include "tests/daemon/http_flood.h"
@@ -157,9 +158,18 @@ TEST(MetricsServerTest, TheOldestConnectionIsEvictedForANewcomer) {
   EXPECT_GE(closed, 6u);  // the first ones, closed by the server
 }
 
-// Five scrapes of /metrics on `port`, `pause` apart, each request sent `send_after_ms` after its
-// connection: each is expected answered with a 200 within 3 s; returns the slowest (ms).
-double worst_of_five_scrapes(int port, int send_after_ms, std::chrono::milliseconds pause) {
+// Serves /metrics beside 500 idle connections and 8 slowloris senders (each reopened as soon as the
+// server drops it) and scrapes it five times, `pause` apart, each request sent `send_after_ms`
+// after its connection: each is expected answered with a 200 within 3 s. Returns the slowest
+// scrape (ms) and the server's counts.
+std::pair<double, MetricsServerCounts> scrapes_beside_a_flood(int send_after_ms,
+                                                              std::chrono::milliseconds pause) {
+  auto s = serve();
+  EXPECT_NE(s, nullptr);
+  if (s == nullptr) return {1e9, {}};
+  const int port = port_of(*s);
+  testing::HttpFlood flood(port, 500, 8);
+  std::this_thread::sleep_for(500ms);
   double worst = 0;
   for (int i = 0; i < 5; ++i) {
     auto got = testing::timed_get(port, "/metrics", 3000, send_after_ms);
@@ -168,37 +178,27 @@ double worst_of_five_scrapes(int port, int send_after_ms, std::chrono::milliseco
     worst = std::max(worst, got.ms);
     std::this_thread::sleep_for(pause);
   }
-  return worst;
+  return {worst, s->counts()};
 }
 
 // The figure in-process: 8 slowloris senders and 500 idle connections, reopened when
 // dropped; every scrape answered within 1 s (it took over 10 s on CivetWeb's defaults).
 TEST(MetricsServerTest, AScrapeIsAnsweredWithinASecondBesideSlowlorisAndFiveHundredIdle) {
-  auto s = serve();
-  ASSERT_NE(s, nullptr);
-  const int port = port_of(*s);
-  testing::HttpFlood flood(port, 500, 8);
-  std::this_thread::sleep_for(500ms);
-  const double worst = worst_of_five_scrapes(port, /*send_after_ms=*/0, 500ms);
+  const auto [worst, counts] = scrapes_beside_a_flood(/*send_after_ms=*/0, 500ms);
   std::printf(
       "metrics flood: 500 idle + 8 slowloris; worst scrape %.1f ms; %llu expired, %llu "
       "evicted\n",
-      worst, static_cast<unsigned long long>(s->counts().expired),
-      static_cast<unsigned long long>(s->counts().evicted));
+      worst, static_cast<unsigned long long>(counts.expired),
+      static_cast<unsigned long long>(counts.evicted));
   EXPECT_LT(worst, 1000);
-  EXPECT_GT(s->counts().evicted, 0u);
+  EXPECT_GT(counts.evicted, 0u);
 }
 
 // A scraper whose request comes a little after its connection (a loaded host, a slow client) is
 // not evicted by the flood's newcomers before it could speak: every connection keeps its place
 // for the grace period (20 ms) whoever comes after it.
 TEST(MetricsServerTest, AScrapeWhoseRequestComesLateIsNotEvictedByTheFlood) {
-  auto s = serve();
-  ASSERT_NE(s, nullptr);
-  const int port = port_of(*s);
-  testing::HttpFlood flood(port, 500, 8);
-  std::this_thread::sleep_for(500ms);
-  const double worst = worst_of_five_scrapes(port, /*send_after_ms=*/10, 200ms);
+  const double worst = scrapes_beside_a_flood(/*send_after_ms=*/10, 200ms).first;
   std::printf("metrics flood, requests 10 ms after their connections: worst scrape %.1f ms\n",
               worst);
   EXPECT_LT(worst, 1000);

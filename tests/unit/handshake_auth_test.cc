@@ -228,6 +228,22 @@ bool read_exact(int fd, void* p, size_t n) {
   return true;
 }
 
+// A tcp listener of rank 0 on loopback, one socket per connection, for tests that speak its wire.
+struct TcpWireListener {
+  ScopedEnv lo{"GW_SOCKET_IFNAME", "lo"};
+  ScopedEnv one{"GW_SOCKET_NSOCKS", "1"};
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Listener> listener;
+  Handle h;
+  TcpWireListener() {
+    auto t = make_tcp_transport(opts("tok", 0));
+    if (!t.ok()) return;
+    transport = std::move(*t);
+    auto l = transport->listen(&h);
+    if (l.ok()) listener = std::move(*l);
+  }
+};
+
 // A hello of rank 1 for the tcp listener (rank 0, one socket) that `h` names.
 TcpHello hello_for(const Handle& h, uint64_t conn_id) {
   TcpHello hello{};
@@ -244,13 +260,9 @@ TcpHello hello_for(const Handle& h, uint64_t conn_id) {
 // A captured hello and proof replayed on a new socket meet a fresh challenge and are refused;
 // the listener's own proof reflected back is refused too.
 TEST(TcpHandshakeWire, ReplayedAndReflectedProofsAreRefused) {
-  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
-  ScopedEnv one("GW_SOCKET_NSOCKS", "1");
-  auto t = make_tcp_transport(opts("tok", 0));
-  ASSERT_TRUE(t.ok());
-  Handle h;
-  auto listener = (*t)->listen(&h);
-  ASSERT_TRUE(listener.ok());
+  TcpWireListener wire;
+  ASSERT_TRUE(wire.listener);
+  const Handle& h = wire.h;
   TcpHello hello = hello_for(h, 77);
   uint8_t verdicts[3] = {0, 0, 0};
   std::thread client([&] {
@@ -291,7 +303,7 @@ TEST(TcpHandshakeWire, ReplayedAndReflectedProofsAreRefused) {
   int accepted = 0;
   const int64_t deadline = now_ms() + kWaitMs;
   while (now_ms() < deadline && (verdicts[2] == 0)) {
-    auto a = (*listener)->accept();
+    auto a = wire.listener->accept();
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     if (*a) ++accepted;
   }
@@ -588,14 +600,10 @@ class AcceptingThread {
 // (a real connector then failed with "closed by the listener", docs/security.md). The policy is
 // core/net/pending_accept.h's, the same for the tcp, shm and verbs listeners.
 TEST(TcpHandshakeWire, AHelloTenMillisecondsLateIsAnsweredBesideAChurningFlood) {
-  ScopedEnv lo("GW_SOCKET_IFNAME", "lo");
-  ScopedEnv one("GW_SOCKET_NSOCKS", "1");
-  auto t = make_tcp_transport(opts("tok", 0));
-  ASSERT_TRUE(t.ok());
-  Handle h;
-  auto listener = (*t)->listen(&h);
-  ASSERT_TRUE(listener.ok());
-  AcceptingThread accepting(**listener);
+  TcpWireListener wire;
+  ASSERT_TRUE(wire.listener);
+  const Handle& h = wire.h;
+  AcceptingThread accepting(*wire.listener);
   ChurningFlood flood("tcp", h, 500);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   int answered = 0;
