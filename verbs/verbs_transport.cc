@@ -261,7 +261,6 @@ class VerbsConnector final : public net::Connector {
         config_(std::move(config)),
         deadline_(sys::deadline_after_ms(options.timeout_ms)),
         timeout_ms_(options.timeout_ms),
-        peer_rank_(handle.rank),
         peer_(fmt::format("{} via verbs ({})", net::rank_name(handle.rank),
                           net::format_sockaddr(reinterpret_cast<const sockaddr*>(&addr)))) {
     hello_ = HelloWire{};
@@ -433,7 +432,6 @@ class VerbsConnector final : public net::Connector {
   VerbsConfig config_;
   Deadline deadline_;
   int64_t timeout_ms_;
-  int peer_rank_;
   std::string peer_;
   HelloWire hello_{};
   ReplyWire reply_{};

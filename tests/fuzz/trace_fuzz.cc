@@ -1,6 +1,7 @@
 // gradwirectl trace's decoders (daemon/control_trace.h), behind one selector byte: the daemon's
 // reading of a trace request's arguments (even), and gradwirectl's check of the answer, a Chrome
 // trace (odd).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -47,8 +48,9 @@ void answer(const uint8_t* p, size_t n) {
 }
 
 std::vector<uint8_t> with(uint8_t selector, const std::string& s) {
-  std::vector<uint8_t> v{selector};
-  v.insert(v.end(), s.begin(), s.end());
+  std::vector<uint8_t> v(1 + s.size());
+  v[0] = selector;
+  std::copy(s.begin(), s.end(), v.begin() + 1);
   return v;
 }
 

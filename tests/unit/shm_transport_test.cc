@@ -124,9 +124,9 @@ std::vector<std::string> fd_targets() {
   DIR* d = opendir("/proc/self/fd");
   if (d == nullptr) return out;
   while (dirent* e = readdir(d)) {
-    char path[64], target[256];
-    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    char target[256];
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
     if (n > 0) out.emplace_back(target, static_cast<size_t>(n));
   }
   closedir(d);
