@@ -253,9 +253,16 @@ Status Engine::test_locked(uint32_t conn, void* request, bool* done, size_t* siz
     }
     Status s = (*it)->err;
     // A send that failed early (an eager message the CTS refused) may still have its frame in
-    // flight: that frame must not point at the request once it is gone.
+    // flight: it must not point at the request once it is gone, nor at the caller's buffer,
+    // which is the caller's again: a copy of its bytes goes with the frame (the receiver judges
+    // the message on it, and its sequence number must be delivered).
     for (TxPkt& p : c->inflight) {
-      if (p.req == static_cast<void*>(it->get())) p.req = nullptr;
+      if (p.req != static_cast<void*>(it->get())) continue;
+      p.req = nullptr;
+      if (!s.ok() && p.len > 0 && !p.owned) {
+        p.owned = std::make_shared<const std::vector<uint8_t>>(p.src, p.src + p.len);
+        p.src = p.owned->data();
+      }
     }
     q.erase(it);
     if (s.ok()) {

@@ -80,6 +80,9 @@ struct Engine::TxPkt {
   uint64_t offset = 0;
   uint32_t len = 0;
   const uint8_t* src = nullptr;
+  // The frame's own copy of its payload (src points into it), once its send failed and the
+  // caller's buffer is the caller's again (Engine::test_locked).
+  std::shared_ptr<const std::vector<uint8_t>> owned;
   SendReq* req = nullptr;
   int64_t sent_ns = 0;
   int tx_count = 0;

@@ -722,6 +722,45 @@ TEST(DpdkEngine, CloseAcknowledgesWhatThePeerReceived) {
   EXPECT_GE(dropped.load(), 1);  // b's answer (one frame or more) was lost before its close
 }
 
+// An eager send that its CTS refuses (truncated) while its frame is still unacknowledged: the
+// send fails and its buffer is the caller's again, so the frame's retransmission must not read
+// it: it goes with a copy of its bytes, and the receiver fails its receive on it. (Before, the
+// retransmission read the freed buffer: ASan's heap-use-after-free in the debug build.)
+TEST(DpdkEngine, ARefusedEagerSendsRetransmissionDoesNotReadItsBuffer) {
+  std::atomic<bool> dropping{true};  // before the pair: the filter runs until its engines go
+  uint8_t in[8] = {};
+  EnginePair p(mem_config(0x0a000001, false, 1), mem_config(0x0a000002, false, 2), 3000);
+  p.connect('a');  // a sends, b receives
+  p.sw->set_filter([&](const uint8_t* data, size_t len) {
+    Frame f;
+    if (decode_frame(data, len, false, &f) != DecodeError::kOk) return true;
+    return !(dropping.load() && f.hdr.type == FrameType::kData && f.src.ip == 0x0a000001u);
+  });
+  auto buf = std::make_unique<std::vector<uint8_t>>(100, 0x5a);
+  const uint64_t eager_before = p.a->stats().eager_sends;
+  auto sr = *p.s->isend(buf->data(), buf->size(), 0, nullptr);  // eager: its frame is lost
+  ASSERT_EQ(p.a->stats().eager_sends, eager_before + 1);
+  auto rr = *p.r->irecv(in, sizeof(in), 0, nullptr);  // its CTS refuses the 100 bytes
+  bool done = false;
+  size_t n = 0;
+  Status st;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (st.ok() && !done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+    st = p.s->test(sr, &done, &n);
+  }
+  EXPECT_EQ(st.code(), Code::kInvalidArg) << st.to_string();
+  buf.reset();  // the caller's again, and gone
+  dropping.store(false);
+  st = Status();
+  done = false;
+  while (st.ok() && !done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+    st = p.r->test(rr, &done, &n);
+  }
+  EXPECT_EQ(st.code(), Code::kInvalidArg) << st.to_string();
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.to_string();
+  EXPECT_GT(p.a->stats().retransmits, 0u);
+}
+
 // A ping-pong over the two one-way connections between two engines (perf p2p's latency loop),
 // driven step by step from one thread (no background passes) so the frames are the same on any
 // machine. Before, every message and every CTS drew an ACK frame of its own: four per round
