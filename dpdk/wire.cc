@@ -1,6 +1,7 @@
 #include "dpdk/wire.h"
 
 #include <fmt/format.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
@@ -45,9 +46,51 @@ uint32_t pseudo_sum(uint32_t src_ip, uint32_t dst_ip, uint16_t udp_len) {
 
 }  // namespace
 
+namespace {
+
+// The checksum's sum of 16-bit words, taken 32 bits at a time: each 8-byte word adds its two
+// 32-bit halves to a 64-bit accumulator (2^16 = 1 modulo 0xffff, so the fold at the end gives the
+// same ones'-complement sum; a frame is far too short for the accumulator to wrap).
+// AVX2: 64 bytes a step into 64-bit lanes, about four times the scalar loop's speed (the
+// checksum is the engine's own largest cost per frame: perf/micro's dpdk/checksum).
+__attribute__((target("avx2"))) uint64_t sum32_avx2(const uint8_t* p, size_t len) {
+  const __m256i low = _mm256_set1_epi64x(0xffffffff);
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (; len >= 64; len -= 64, p += 64) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+    a0 = _mm256_add_epi64(a0, _mm256_and_si256(x, low));
+    a1 = _mm256_add_epi64(a1, _mm256_srli_epi64(x, 32));
+    a0 = _mm256_add_epi64(a0, _mm256_and_si256(y, low));
+    a1 = _mm256_add_epi64(a1, _mm256_srli_epi64(y, 32));
+  }
+  if (len >= 32) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    a0 = _mm256_add_epi64(a0, _mm256_and_si256(x, low));
+    a1 = _mm256_add_epi64(a1, _mm256_srli_epi64(x, 32));
+  }
+  const __m256i a = _mm256_add_epi64(a0, a1);
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+}  // namespace
+
 uint32_t cksum_partial(const void* data, size_t len, uint32_t sum) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   uint64_t acc = sum;
+  if (len >= 64 && have_avx2()) {
+    const size_t n = len & ~size_t{31};
+    acc += sum32_avx2(p, n);
+    p += n;
+    len -= n;
+  }
   while (len >= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);
