@@ -170,7 +170,7 @@ void bench_dpdk_checksum(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(len));
 }
-BENCHMARK(bench_dpdk_checksum)->Name("dpdk/checksum")->Arg(3384)->Arg(8886);
+BENCHMARK(bench_dpdk_checksum)->Name("dpdk_frame/checksum")->Arg(3384)->Arg(8886);
 
 }  // namespace
 }  // namespace gw::micro
