@@ -332,7 +332,10 @@ void Engine::progress() {
 size_t Engine::progress_locked() {
   ++stats_.polls;
   ++pass_;
-  last_progress_ns_.store(sys::now_ns(), std::memory_order_relaxed);
+  // One clock reading serves the pass (a second one once frames came in): an idle pass of a
+  // busy-polling caller read it four or five times, 14-16 % of an 8-byte ping-pong's samples.
+  const int64_t start = sys::now_ns();
+  last_progress_ns_.store(start, std::memory_order_relaxed);
   size_t total = 0;
   for (int round = 0; round < 4; ++round) {
     size_t n = port_->rx_burst(rx_batch_.data(), rx_batch_.size());
@@ -344,13 +347,13 @@ size_t Engine::progress_locked() {
     total += n;
     if (n < rx_batch_.size()) break;
   }
-  const int64_t now = sys::now_ns();
+  const int64_t now = total > 0 ? sys::now_ns() : start;
   if (now >= next_link_check_ns_) {
     next_link_check_ns_ = now + kLinkCheckNs;
     link_up_ = port_->check_link();
   }
   for (auto& [id, c] : conns_) {
-    timers(*c);
+    timers(*c, now);
     pump(*c);
     // An ACK of a message's end or a control frame waits for the next pass: the caller that
     // learns of the message from this pass answers it first (a reply, a CTS), and the ACK leaves

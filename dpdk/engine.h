@@ -192,7 +192,7 @@ class Engine {
   void rack_detect(Conn& c, int64_t now);
   void rtt_sample(Conn& c, double us);
   void pump(Conn& c);
-  void timers(Conn& c);
+  void timers(Conn& c, int64_t now);  // now: the pass's clock reading (sys::now_ns())
   bool emit_reliable(Conn& c, TxPkt pkt);
   void send_pkt(Conn& c, TxPkt& p, bool retx);
   void send_ack(Conn& c);

@@ -28,8 +28,7 @@ constexpr int64_t kTimerScanNs = 250000;
 
 }  // namespace
 
-void Engine::timers(Conn& c) {
-  const int64_t now = sys::now_ns();
+void Engine::timers(Conn& c, int64_t now) {
   if (c.state == Conn::State::kConnecting) {
     if (c.sender && now - c.last_hello_ns >= config_.hello_interval_ms * 1000000 &&
         now < c.deadline_ns && !c.refused) {

@@ -247,6 +247,7 @@ void Engine::queue_tx(FrameBuf b) {
 }
 
 void Engine::release_held(bool all) {
+  if (held_.empty()) return;
   const int64_t now = sys::now_ns();
   for (size_t i = 0; i < held_.size();) {
     if (all || now - held_[i].since_ns > 200000) {

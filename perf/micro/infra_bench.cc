@@ -11,6 +11,8 @@
 #include "core/store_wire.h"
 #include "daemon/protocol.h"
 #include "daemon/ring.h"
+#include "dpdk/engine.h"
+#include "dpdk/engine_transport.h"
 #include "dpdk/wire.h"
 #include "perf/micro/micro_util.h"
 
@@ -171,6 +173,44 @@ void bench_dpdk_checksum(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(len));
 }
 BENCHMARK(bench_dpdk_checksum)->Name("dpdk_frame/checksum")->Arg(3384)->Arg(8886);
+
+// ---- The DPDK engine's idle pass: what a rank waiting for a frame repeats (receive burst,
+// timers and acknowledgements of every connection), over the in-memory switch with a
+// ping-pong's two connections open and nothing arriving; no background thread.
+void bench_dpdk_idle_pass(benchmark::State& state) {
+  auto sw = std::make_shared<dpdk::MemSwitch>();
+  dpdk::EngineConfig ca, cb;
+  ca.ip = 0x0a000001;
+  cb.ip = 0x0a000002;
+  ca.progress_interval_us = cb.progress_interval_us = 0;
+  auto a = dpdk::Engine::create(sw->attach({2, 0, 0, 0, 0, 1}), ca);
+  auto b = dpdk::Engine::create(sw->attach({2, 0, 0, 0, 0, 2}), cb);
+  if (!a.ok() || !b.ok()) return state.SkipWithError("no engine");
+  net::TransportOptions o;
+  o.job_token = "micro";
+  auto ta = dpdk::make_engine_transport(*a, o), tb = dpdk::make_engine_transport(*b, o);
+  std::unique_ptr<net::SendComm> s_ab, s_ba;
+  std::unique_ptr<net::RecvComm> r_ab, r_ba;
+  auto link = [&](net::Transport& from, net::Transport& to, std::unique_ptr<net::SendComm>* s,
+                  std::unique_ptr<net::RecvComm>* r) {
+    net::Handle h;
+    auto l = to.listen(&h);
+    auto c = from.connect(h);
+    if (!l.ok() || !c.ok()) return false;
+    for (int i = 0; i < 1000000 && (!*s || !*r); ++i) {
+      if (!*s) *s = std::move(*(*c)->poll());
+      if (!*r) *r = std::move(*(*l)->accept());
+    }
+    return *s && *r;
+  };
+  if (!link(*ta, *tb, &s_ab, &r_ab) || !link(*tb, *ta, &s_ba, &r_ba)) {
+    return state.SkipWithError("the engines did not connect");
+  }
+  for (int i = 0; i < 1000; ++i) (*a)->progress(), (*b)->progress();  // the handshakes' tails
+  for (auto _ : state) (*a)->progress();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(bench_dpdk_idle_pass)->Name("dpdk_engine/idle_pass");
 
 }  // namespace
 }  // namespace gw::micro
