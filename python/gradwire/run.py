@@ -45,24 +45,13 @@ import threading
 import time
 from typing import IO, Optional
 
+from ._ports import free_ports
+
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 def _is_local(host: str) -> bool:
     return host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn())
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def parse_hosts(spec: Optional[str], np_: int) -> list[tuple[str, int]]:
@@ -159,7 +148,7 @@ class Launcher:
         first = ranks[0][0]
         addr = self.args.master_addr or ("127.0.0.1" if _is_local(first) else first)
         ports = [self.args.master_port, self.args.master_port + 1] if self.args.master_port \
-            else _free_ports(2)
+            else free_ports(2)
         threads = []
         self.threads = threads
         jobs = [(host, rank, self._env(rank, lr, lws, group, addr, ports), list(self.args.command))
@@ -306,7 +295,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("-H", "--hosts", help="host:slots,... (default: all ranks on this host)")
     ap.add_argument("--master-addr", help="address of rank 0's host (default: the first host)")
     ap.add_argument("--master-port", type=int, default=0,
-                    help="MASTER_PORT; GW_STORE gets the next port (default: two free ports)")
+                    help="MASTER_PORT; GW_STORE gets the next port (default: two free ports below the "
+                         "ephemeral range)")
     ap.add_argument("--grace", type=float, default=5.0,
                     help="seconds between SIGTERM (or a forwarded signal) and SIGKILL when "
                     "ending the ranks (default 5)")

@@ -44,12 +44,9 @@ def test_refusals_on_one_rank():
     # Adasum, a bad backward_passes_per_step and duplicate names are refused with clear errors.
     import subprocess
 
-    import socket
-
     from conftest import env
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from gradwire._ports import free_ports
+    port = free_ports(1, "127.0.0.1")[0]
     code = (
         "import torch, gradwire, gradwire.torch as hvd\n"
         f"hvd.init(gradwire.Comm(rank=0, world_size=1, store_addr='127.0.0.1:{port}'))\n"

@@ -8,7 +8,6 @@ the rule is exact, its bounds and waits where it gives bounds."""
 import contextlib
 import json
 import re
-import socket
 import subprocess
 from pathlib import Path
 
@@ -259,11 +258,8 @@ def test_ps_optimizer_in_daemon_mode_ends_where_direct_mode_does(tmp_path):
 
 # ---- faults -----------------------------------------------------------------------------------
 def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    from gradwire._ports import free_ports
+    return free_ports(1, "127.0.0.1")[0]
 
 
 def _job(case: str, n: int = 3, servers: int = 1) -> tuple[list, list]:

@@ -140,10 +140,8 @@ def test_peer_death_raises_peer_error_within_timeout():
 
 
 def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    from gradwire._ports import free_ports
+    return free_ports(1)[0]
 
 
 def test_mem_empty_in_direct_mode(comm):

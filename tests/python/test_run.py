@@ -126,3 +126,22 @@ def test_a_job_runs_with_the_generated_token_and_a_stranger_token_is_refused():
                        cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0, p.stdout
     assert "ok" not in p.stdout
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    # A port from the ephemeral range can be taken by any outgoing connection before the
+    # rendezvous binds it (CI: torch's TCPStore failed on gradwire-run's MASTER_PORT with
+    # "Address already in use" beside tests that open thousands of connections).
+    import socket
+
+    from gradwire._ports import ephemeral_range, free_ports
+    lo, hi = ephemeral_range()
+    assert 1024 <= lo <= hi
+    for _ in range(20):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3
+        if lo - 1 - 10000 >= 1000:
+            assert all(10000 <= p < lo for p in ports), (ports, lo)
+        for p in ports:
+            with socket.socket() as s:
+                s.bind(("", p))

@@ -42,10 +42,8 @@ def test_rank_killed_mid_training_others_raise(mode):
     """The last of 2 ranks SIGKILLs itself at step 3; rank 0 must raise within GW_TIMEOUT_MS
     (3 s) rather than hang, in DDP and in a synchronous dist.broadcast (whose Work.wait() must
     raise). Started without the launcher, which would end rank 0 itself."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
+    from gradwire._ports import free_ports
+    port = free_ports(1)[0]
     procs = [subprocess.Popen([PYTHON, worker("kill.py"), *(["sync"] if mode == "sync" else [])],
                               cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 from datetime import timedelta
 from typing import Any, Optional
 
+from .._ports import free_ports
 from ..comm import Comm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def comm_over_store(store: Any, rank: int, size: int, timeout: Optional[timedelta] = None,
@@ -39,7 +33,7 @@ def comm_over_store(store: Any, rank: int, size: int, timeout: Optional[timedelt
     key = f"{prefix}/{size}/{generation}"
     if rank == 0:
         host = os.environ.get("GW_STORE_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        addr = f"{host}:{_free_port()}"
+        addr = f"{host}:{free_ports(1)[0]}"
         token = secrets.token_hex(16)
         store.set(f"{key}/addr", addr)
         store.set(f"{key}/token", token)
