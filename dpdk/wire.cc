@@ -44,10 +44,6 @@ uint32_t pseudo_sum(uint32_t src_ip, uint32_t dst_ip, uint16_t udp_len) {
   return cksum_partial(ph, sizeof(ph), 0);
 }
 
-}  // namespace
-
-namespace {
-
 // The checksum's sum of 16-bit words, taken 32 bits at a time: each 8-byte word adds its two
 // 32-bit halves to a 64-bit accumulator (2^16 = 1 modulo 0xffff, so the fold at the end gives the
 // same ones'-complement sum; a frame is far too short for the accumulator to wrap).

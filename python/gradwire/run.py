@@ -295,8 +295,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("-H", "--hosts", help="host:slots,... (default: all ranks on this host)")
     ap.add_argument("--master-addr", help="address of rank 0's host (default: the first host)")
     ap.add_argument("--master-port", type=int, default=0,
-                    help="MASTER_PORT; GW_STORE gets the next port (default: two free ports below the "
-                         "ephemeral range)")
+                    help="MASTER_PORT; GW_STORE gets the next port (default: two free ports "
+                    "below the ephemeral range)")
     ap.add_argument("--grace", type=float, default=5.0,
                     help="seconds between SIGTERM (or a forwarded signal) and SIGKILL when "
                     "ending the ranks (default 5)")
