@@ -97,16 +97,24 @@ constinit const config::Row kCycleTimeMs{
 constinit const config::Row kShmDirectMin{
     "GW_SHM_DIRECT_MIN", Type::Size, "1M", "",
     "an allreduce or reduce-scatter of at least this many bytes (its whole buffer) among ranks of "
-    "one host over shm reads the peers' buffers directly (process_vm_readv, or their mappings "
+    "one host over shm reads the peers' buffers directly (process_vm_readv, the allreduce writing "
+    "its result into theirs with process_vm_writev; or their mappings "
     "when gw_mem_alloc gave them; allgather, broadcast and alltoall too then) instead of going "
     "through the ring; 0 = always the ring. Every rank must set the same"};
 
+constinit const config::Row kShmHugepages{
+    "GW_SHM_HUGEPAGES", Type::Bool, "1", "",
+    "a heap buffer of 8 MiB or more that the direct shm collectives see a second time is turned "
+    "into transparent huge pages (MADV_COLLAPSE, Linux 6.1+; same bytes and addresses), so that "
+    "the peers' kernel copies pin 2 MiB pages instead of 4 KiB ones; 0 = leave buffers alone"};
+
 const config::RowSet& rows() {
   static const config::RowSet set(
-      "collectives", {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter,
-                      &kNchannels, &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs,
-                      &kCostIntraBwGbps, &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus,
-                      &kStallWarnS, &kFusionThreshold, &kCycleTimeMs, &kShmDirectMin});
+      "collectives",
+      {&kSpinUs, &kAlgo, &kAlgoBroadcast, &kAlgoAllgather, &kAlgoReduceScatter, &kNchannels,
+       &kChunkSize, &kCostAlphaUs, &kCostBwGbps, &kCostIntraAlphaUs, &kCostIntraBwGbps,
+       &kCostInterAlphaUs, &kCostInterBwGbps, &kCostCpus, &kStallWarnS, &kFusionThreshold,
+       &kCycleTimeMs, &kShmDirectMin, &kShmHugepages});
   return set;
 }
 

@@ -23,6 +23,7 @@ extern const config::Row kStallWarnS;
 extern const config::Row kFusionThreshold;  // read by capi/fusion_session.cc
 extern const config::Row kCycleTimeMs;
 extern const config::Row kShmDirectMin;
+extern const config::Row kShmHugepages;
 
 // The registered set; calling it links and registers the rows in a program that reads none.
 const config::RowSet& rows();

@@ -26,11 +26,14 @@ namespace {
 
 std::atomic<uint64_t> g_calls{0};
 std::atomic<uint64_t> g_bytes_read{0};
+std::atomic<uint64_t> g_bytes_written{0};
 std::atomic<uint64_t> g_shared_calls{0};
 
 // What a peer reads to learn that it may read this process's memory.
 constexpr uint64_t kProbeValue = 0x31544345524944ull;  // "DIRECT1"
 const volatile uint64_t g_probe_word = kProbeValue;
+// What a peer writes (kProbeValue, every peer the same) to learn that it may write here too.
+volatile uint64_t g_probe_sink = 0;
 
 // A piece of a peer's block read at a time in the reduction: it stays in cache between the read
 // and the sum.
@@ -44,6 +47,7 @@ struct ProbeDesc {
   uint64_t magic;
   int64_t pid;
   uint64_t probe_addr;
+  uint64_t sink_addr;
 };
 
 using CallDesc = ShmDirect::CallDesc;
@@ -108,14 +112,18 @@ void copy_out(uint8_t* dst, const uint8_t* src, size_t n, bool stream) {
 
 }  // namespace
 
-Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
-                            const char* what) {
-  auto* dst = static_cast<char*>(local);
+namespace {
+
+// process_vm_readv (write false: remote -> local) or process_vm_writev (local -> remote) of len
+// bytes with rank `peer` (pid), to the end; the errors as shm_direct_read_peer's.
+Status copy_with_peer(bool write, int64_t pid, int peer, char* local, uint64_t remote, size_t len,
+                      const char* what) {
   size_t done = 0;
   while (done < len) {
-    iovec l{dst + done, len - done};
+    iovec l{local + done, len - done};
     iovec r{reinterpret_cast<void*>(remote + done), len - done};
-    ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    ssize_t n = write ? process_vm_writev(static_cast<pid_t>(pid), &l, 1, &r, 1, 0)
+                      : process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) continue;
@@ -125,12 +133,13 @@ Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote,
       }
       if (err == EFAULT) {
         return peer_error(
-            "{}: rank {}'s buffer (pid {}, {} bytes at {:#x}) is no longer mapped: it "
+            "{}: rank {}'s {} (pid {}, {} bytes at {:#x}) is no longer mapped{}: it "
             "freed or unmapped its buffer before the collective ended",
-            what, peer, pid, len - done, remote + done);
+            what, peer, write ? "output" : "buffer", pid, len - done, remote + done,
+            write ? " or not writable" : "");
       }
-      return internal_error("{}: reading rank {}'s buffer (pid {}) failed: {}", what, peer, pid,
-                            std::strerror(err));
+      return internal_error("{}: {} rank {}'s buffer (pid {}) failed: {}", what,
+                            write ? "writing" : "reading", peer, pid, std::strerror(err));
     }
     if (n == 0) {
       return internal_error("{}: rank {}'s buffer ends early ({} of {} bytes)", what, peer, done,
@@ -138,8 +147,21 @@ Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote,
     }
     done += static_cast<size_t>(n);
   }
-  g_bytes_read.fetch_add(len, std::memory_order_relaxed);
+  (write ? g_bytes_written : g_bytes_read).fetch_add(len, std::memory_order_relaxed);
   return ok_status();
+}
+
+}  // namespace
+
+Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
+                            const char* what) {
+  return copy_with_peer(false, pid, peer, static_cast<char*>(local), remote, len, what);
+}
+
+Status shm_direct_write_peer(int64_t pid, int peer, const void* local, uint64_t remote, size_t len,
+                             const char* what) {
+  return copy_with_peer(true, pid, peer, const_cast<char*>(static_cast<const char*>(local)), remote,
+                        len, what);
 }
 
 namespace {
@@ -162,11 +184,13 @@ ShmDirectOptions shm_direct_options(const config::Snapshot& config) {
   o.min_bytes =
       static_cast<size_t>(std::max<int64_t>(0, config.get_int(coll_config::kShmDirectMin)));
   o.inject_refuse = config.get_bool(net::shm_config::kShmCmaInjectRefuse);
+  o.hugepages = config.get_bool(coll_config::kShmHugepages);
   return o;
 }
 
 uint64_t ShmDirect::calls() { return g_calls.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
+uint64_t ShmDirect::bytes_written() { return g_bytes_written.load(std::memory_order_relaxed); }
 uint64_t ShmDirect::shared_calls() { return g_shared_calls.load(std::memory_order_relaxed); }
 
 Result<int> ShmDirect::first_refusal(const Exchange& exchange, bool mine_ok,
@@ -333,7 +357,8 @@ Status ShmDirect::probe(const Exchange& exchange) {
   const size_t n = static_cast<size_t>(size_);
   xbuf_.assign(n * sizeof(ProbeDesc), 0);
   ProbeDesc mine{kDescMagic, static_cast<int64_t>(getpid()),
-                 reinterpret_cast<uint64_t>(&g_probe_word)};
+                 reinterpret_cast<uint64_t>(&g_probe_word),
+                 reinterpret_cast<uint64_t>(&g_probe_sink)};
   std::memcpy(xbuf_.data() + rank_ * sizeof(ProbeDesc), &mine, sizeof(mine));
   GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(ProbeDesc)));
   pids_.assign(n, 0);
@@ -353,19 +378,31 @@ Status ShmDirect::probe(const Exchange& exchange) {
     if (k != static_cast<ssize_t>(sizeof(got)) || got != kProbeValue) {
       why = fmt::format("rank {} may not read rank {}'s memory (pid {}: {})", rank_, r, d.pid,
                         k < 0 ? std::strerror(errno) : "wrong probe value");
+      continue;
+    }
+    // The allreduce writes its result into the peers' outputs (process_vm_writev): the same
+    // access check in the kernel, but a seccomp filter may allow one call and not the other.
+    const uint64_t put = kProbeValue;
+    iovec lw{const_cast<uint64_t*>(&put), sizeof(put)};
+    iovec remw{reinterpret_cast<void*>(d.sink_addr), sizeof(put)};
+    k = process_vm_writev(static_cast<pid_t>(d.pid), &lw, 1, &remw, 1, 0);
+    if (k != static_cast<ssize_t>(sizeof(put))) {
+      why = fmt::format("rank {} may not write rank {}'s memory (pid {}: {})", rank_, r, d.pid,
+                        k < 0 ? std::strerror(errno) : "short write");
     }
   }
   GW_ASSIGN_OR_RETURN(const int refused_by, first_refusal(exchange, why.empty(), "probe"));
   if (refused_by < 0) {
     state_ = State::kOn;
     GW_LOG_INFO(
-        "allreduce within the host: ranks read each other's buffers straight into the sum "
-        "(process_vm_readv) from {} bytes (GW_SHM_DIRECT_MIN)",
+        "allreduce within the host: ranks read each other's buffers straight into the sum and "
+        "write the result into each other's outputs (process_vm_readv/writev) from {} bytes "
+        "(GW_SHM_DIRECT_MIN)",
         options_.min_bytes);
   } else {
     state_ = State::kOff;
     GW_LOG_WARN(
-        "collectives within the host: cross-memory reads refused ({}); every rank keeps the ring "
+        "collectives within the host: cross-memory access refused ({}); every rank keeps the ring "
         "for allreduce, reduce-scatter, allgather, broadcast and alltoall (ptrace_scope, "
         "different users or a container can cause this; GW_SHM_DIRECT_MIN=0 silences this)",
         why.empty() ? fmt::format("rank {} could not read a peer's memory", refused_by) : why);
@@ -393,45 +430,38 @@ Status ShmDirect::allreduce(const uint8_t* in, uint8_t* out, size_t count, DataT
     if (shared) return ok_status();
   }
 
-  // 2. This rank's block: out = in op peer_1 op peer_2 ..., piece by piece.
+  // 2. This rank's block, piece by piece: acc = in op peer_1 op peer_2 ... in a cache-resident
+  // scratch, then written into this rank's output and every peer's (process_vm_writev). Block i
+  // of any buffer is touched by rank i alone (in place too: rank i reads a piece of a peer's
+  // input before it writes the same piece of that peer's output), so no barrier is needed
+  // between the reads and the writes.
   const Range mine_r = block_range(count, size_, rank_);
   const size_t piece_elems = std::max<size_t>(1, kPiece / es);
-  tmp_.resize(piece_elems * es);
+  const bool stream = bytes >= kStreamMin && out != in;
+  tmp_.resize(2 * piece_elems * es);
+  uint8_t* piece = tmp_.data();
+  uint8_t* acc = tmp_.data() + piece_elems * es;
   for (size_t off = 0; off < mine_r.count; off += piece_elems) {
     GW_RETURN_IF_ERROR(check_stop(deadline, aborted));
     const size_t elems = std::min(piece_elems, mine_r.count - off);
     const size_t at = (mine_r.offset + off) * es;
-    const uint8_t* acc = in + at;
     for (int k = 1; k < size_; ++k) {
       const int peer = (rank_ + k) % size_;
       GW_RETURN_IF_ERROR(
-          shm_direct_read_peer(pids_[peer], peer, tmp_.data(), d[peer].in + at, elems * es));
-      reduce(dtype, op, acc, tmp_.data(), out + at, elems);
-      acc = out + at;
+          shm_direct_read_peer(pids_[peer], peer, piece, d[peer].in + at, elems * es));
+      reduce(dtype, op, k == 1 ? in + at : acc, piece, acc, elems);
+    }
+    if (op == ReduceOp::kAvg) finalize_avg(dtype, acc, elems, size_);
+    copy_out(out + at, acc, elems * es, stream);
+    for (int k = 1; k < size_; ++k) {
+      const int peer = (rank_ + k) % size_;
+      GW_RETURN_IF_ERROR(
+          shm_direct_write_peer(pids_[peer], peer, acc, d[peer].out + at, elems * es));
     }
   }
-  if (op == ReduceOp::kAvg && mine_r.count) {
-    finalize_avg(dtype, out + mine_r.offset * es, mine_r.count, size_);
-  }
+  if (stream) finish_streaming();
 
-  // 3. Every block is reduced before anyone reads it (and no one still reads an input block that
-  // its owner's gather would overwrite in place).
-  GW_RETURN_IF_ERROR(barrier(exchange));
-
-  // 4. The other blocks, from their owners' outputs straight into this one.
-  for (int k = 1; k < size_; ++k) {
-    const int peer = (rank_ + k) % size_;
-    const Range r = block_range(count, size_, peer);
-    const size_t base = r.offset * es, len = r.count * es;
-    for (size_t off = 0; off < len; off += kGatherStep) {
-      GW_RETURN_IF_ERROR(check_stop(deadline, aborted));
-      const size_t step = std::min(kGatherStep, len - off);
-      GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, out + base + off,
-                                              d[peer].out + base + off, step));
-    }
-  }
-
-  // 5. No rank hands its buffers back while a peer may still read them.
+  // 3. No rank hands its buffers back while a peer may still read or write them.
   return barrier(exchange);
 }
 
@@ -444,6 +474,10 @@ Status ShmDirect::begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t
   xbuf_.assign(static_cast<size_t>(size_) * sizeof(CallDesc), 0);
   CallDesc mine{kDescMagic, reinterpret_cast<uint64_t>(in), reinterpret_cast<uint64_t>(out),
                 bytes,      ref_of(in, in_bytes),           ref_of(out, out_bytes)};
+  // A heap buffer the peers will copy through the kernel, seen again: huge pages (no peer
+  // touches it yet: they learn its address from the exchange below).
+  if (mine.in_ref.gen == 0) huge_.note(in, in_bytes);
+  if (mine.out_ref.gen == 0 && out != in) huge_.note(out, out_bytes);
   std::memcpy(xbuf_.data() + rank_ * sizeof(CallDesc), &mine, sizeof(mine));
   GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(CallDesc)));
   GW_RETURN_IF_ERROR(decode_calls(xbuf_.data(), size_, rank_, bytes, d));

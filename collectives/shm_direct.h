@@ -1,23 +1,27 @@
 // Allreduce among the ranks of one host over shm by reading the peers' buffers straight into the
-// sum (cross-memory attach, process_vm_readv), instead of streaming every byte through the ring
-// buffers twice (docs/wire-shm.md, "Direct allreduce"). Rank i owns block i of the vector
-// (block_range): it reads that block of every peer's input in cache-sized pieces and reduces each
-// piece at once into its output; after a barrier every rank reads the other ranks' reduced blocks
-// from their outputs into its own; a last barrier keeps every buffer alive until no peer reads
-// it. The small exchanges (addresses, barriers) run over the communicator's connections, through
-// the `Exchange` the communicator hands in, so they have its deadline and its peer-death reports.
+// sum and writing the result straight into theirs (cross-memory attach, process_vm_readv and
+// process_vm_writev), instead of streaming every byte through the ring buffers twice
+// (docs/wire-shm.md, "Direct allreduce"). Rank i owns block i of the vector (block_range): it
+// reads that block of every peer's input in cache-sized pieces, reduces each piece at once in
+// cache, and writes it into its own output and every peer's; a barrier then keeps every buffer
+// alive until no peer reads or writes it. The small exchanges (addresses, barriers) run over the
+// communicator's connections, through the `Exchange` the communicator hands in, so they have its
+// deadline and its peer-death reports. A heap buffer of 8 MiB or more seen a second time is
+// turned into transparent huge pages (GW_SHM_HUGEPAGES, core/sys/huge_pages.h), which the peers'
+// kernel copies pin 512 times less often.
 //
 // When every rank's input and output lie in shared host memory (gw_mem_alloc's, collectives/
 // shared_host_memory.h), the ranks map each other's regions once and skip the kernel: rank i reads
 // block i of every input with plain loads, reduces it in cache-sized pieces and writes the result
 // into every rank's output with non-temporal stores; one barrier ends the call (docs/wire-shm.md,
 // "Shared buffers"). A rank that cannot map a peer's region turns that for good, on every rank,
-// back to the cross-memory reads.
+// back to the cross-memory copies.
 //
-// The first call that takes the path checks once whether every rank may read every other's
-// memory (the kernel's ptrace access check: Yama's ptrace_scope, other users, a non-dumpable
-// process, other pid namespaces); when any may not, every rank keeps the ring for good and says
-// why once. Not thread-safe: the communicator calls it under its collective lock.
+// The first call that takes the path checks once whether every rank may read and write every
+// other's memory (the kernel's ptrace access check: Yama's ptrace_scope, other users, a
+// non-dumpable process, other pid namespaces; a seccomp filter); when any may not, every rank
+// keeps the ring for good and says why once. Not thread-safe: the communicator calls it under its
+// collective lock.
 #pragma once
 
 #include <atomic>
@@ -31,6 +35,7 @@
 #include "collectives/types.h"
 #include "core/config_snapshot.h"
 #include "core/status.h"
+#include "core/sys/huge_pages.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
 
@@ -42,9 +47,11 @@ using sys::expired;
 struct ShmDirectOptions {
   size_t min_bytes = 0;        // GW_SHM_DIRECT_MIN; 0: never
   bool inject_refuse = false;  // GW_SHM_CMA_INJECT_REFUSE: the probe reads address 0
+  bool hugepages = true;       // GW_SHM_HUGEPAGES
 };
 
-// GW_SHM_DIRECT_MIN and GW_SHM_CMA_INJECT_REFUSE from the communicator's settings.
+// GW_SHM_DIRECT_MIN, GW_SHM_HUGEPAGES and GW_SHM_CMA_INJECT_REFUSE from the communicator's
+// settings.
 ShmDirectOptions shm_direct_options(const config::Snapshot& config);
 
 // Reads len bytes at `remote` in process pid (rank `peer`) into `local`. A peer that is gone or
@@ -53,6 +60,10 @@ ShmDirectOptions shm_direct_options(const config::Snapshot& config);
 // `what` names the collective in the errors.
 Status shm_direct_read_peer(int64_t pid, int peer, void* local, uint64_t remote, size_t len,
                             const char* what = "allreduce");
+// Writes len bytes from `local` to `remote` in process pid (rank `peer`); errors as
+// shm_direct_read_peer's (a buffer no longer mapped, or not writable, is kPeer).
+Status shm_direct_write_peer(int64_t pid, int peer, const void* local, uint64_t remote, size_t len,
+                             const char* what = "allreduce");
 
 // Gathers every rank's `blk` bytes at buf + r * blk (this rank's already there) to every rank.
 using Exchange = std::function<Status(uint8_t* buf, size_t blk)>;
@@ -62,7 +73,7 @@ class ShmDirect {
   enum class State { kUnknown, kOn, kOff };
 
   ShmDirect(int rank, int size, ShmDirectOptions options)
-      : rank_(rank), size_(size), options_(options) {}
+      : rank_(rank), size_(size), options_(options), huge_(options.hugepages) {}
 
   // Set by the communicator once it knows every link of the group is shm within one host.
   void set_eligible(bool eligible) { eligible_ = eligible; }
@@ -113,9 +124,10 @@ class ShmDirect {
   size_t peer_regions() const { return peer_regions_.size(); }
 
   // Process-wide counters (tests and perf check which path ran): calls that ran the direct path,
-  // and bytes read from peers by it.
+  // and bytes read from peers and written into theirs by it.
   static uint64_t calls();
   static uint64_t bytes_read();
+  static uint64_t bytes_written();
   // Calls that ran on shared buffers (no cross-memory reads).
   static uint64_t shared_calls();
 
@@ -202,7 +214,8 @@ class ShmDirect {
   bool eligible_ = false;
   State state_ = State::kUnknown;
   std::vector<int64_t> pids_;             // every rank's pid, from the probe
-  std::vector<uint8_t> tmp_;              // a cache-sized piece of a peer's block
+  sys::HugePageCollapser huge_;           // this rank's heap buffers (begin_call)
+  std::vector<uint8_t> tmp_;              // cache-sized pieces: a peer's block, the sum
   std::vector<uint8_t> xbuf_;             // exchange buffer
   State shared_state_ = State::kUnknown;  // mapping peers' shared regions: works / refused
   std::vector<PeerRegion> peer_regions_;

@@ -35,6 +35,7 @@ set(GW_CORE_SOURCES
     net/tcp/uring_send.cc
     net/tcp/zerocopy.cc
     sys/fd.cc
+    sys/huge_pages.cc
     sys/memfd_region.cc
     sys/time.cc
     sys/unix_socket.cc)

@@ -1,6 +1,7 @@
 // The direct allreduce within one host over shm (collectives/shm_direct.h): every dtype and op,
 // odd sizes, in place and out of place, on 2, 3 and 4 ranks; the knob that turns it off; the
-// refused probe (every rank keeps the ring); a peer that goes away. Its shared-buffer form
+// refused probe (every rank keeps the ring); a peer that goes away; large heap buffers (streamed
+// stores, huge pages); the cross-memory reads' and writes' failures. Its shared-buffer form
 // (buffers in collectives/shared_host_memory.h regions, mapped by the peers): the same results,
 // a rank on the heap, a region a peer cannot map, the few regions kept per peer, bad references.
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include "core/net/shm_cma.h"
 #include "core/net/shm_config.h"
 #include "core/store.h"
+#include "core/sys/huge_pages.h"
 #include "tests/support/dtype_values.h"
 #include "tests/support/exec_child.h"
 #include "tests/support/ranks.h"
@@ -162,17 +164,76 @@ TEST(ShmDirectAllreduce, EveryDtypeOpAndOddSizeOnTwoThreeAndFourRanks) {
   }
 }
 
-TEST(ShmDirectAllreduce, ReadsThePeersBlocksOnce) {
-  // 2 ranks, 1 MiB of f32: each rank reads the peer's half of the input and its reduced half.
-  const uint64_t before = ShmDirect::bytes_read();
+TEST(ShmDirectAllreduce, ReadsThePeersBlocksAndWritesTheirOutputsOnce) {
+  // 2 ranks, 1 MiB of f32: each rank reads the peer's half of the input, reduces it with its own
+  // and writes the result into the peer's output (and its own): one read and one write of a half
+  // per rank.
+  const uint64_t read0 = ShmDirect::bytes_read(), written0 = ShmDirect::bytes_written();
   const size_t count = 262144;
   testing::run_ranks(2, shm_ranks("1M"), [&](std::unique_ptr<Communicator>& comm, int r) {
     std::vector<float> v(count, static_cast<float>(r + 1));
     ASSERT_TRUE(comm->allreduce(v.data(), v.data(), count, DataType::kF32, ReduceOp::kSum).ok());
     for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(v[i], 3.0f);
   });
-  EXPECT_EQ(ShmDirect::bytes_read() - before, 2 * 2 * (count / 2) * sizeof(float));
+  EXPECT_EQ(ShmDirect::bytes_read() - read0, 2 * (count / 2) * sizeof(float));
+  EXPECT_EQ(ShmDirect::bytes_written() - written0, 2 * (count / 2) * sizeof(float));
 }
+
+// Heap buffers above the non-temporal store threshold (16 MiB) and the huge-page size (8 MiB),
+// an odd count, 2 and 3 ranks, out of place three times (sum) and in place twice (avg): the
+// results, and whether the ranks asked the kernel for huge pages (from each buffer's second
+// call on; GW_SHM_HUGEPAGES=0: never).
+void large_heap_calls(bool hugepages) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(n);
+    const size_t count = (size_t{20} << 20) / 4 + 7;
+    const uint64_t calls0 = ShmDirect::calls();
+    const uint64_t tried0 = sys::HugePageCollapser::attempts();
+    testing::RankOptions o = shm_ranks("1M");
+    o.tweak = [=](CommOptions& c, int) {
+      c.transport = "shm";
+      auto k = knobs("1M", false).with(coll_config::kShmHugepages, hugepages ? "1" : "0");
+      ASSERT_TRUE(k.ok()) << k.status().to_string();
+      c.config = *k;
+    };
+    testing::run_ranks(n, o, [&](std::unique_ptr<Communicator>& comm, int r) {
+      std::vector<float> in(count), out(count, -1.0f);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i % 1000) * (r + 1));
+      const float tri = static_cast<float>(n * (n + 1) / 2);
+      for (int call = 0; call < 3; ++call) {
+        std::fill(out.begin(), out.end(), -1.0f);
+        ASSERT_TRUE(
+            comm->allreduce(in.data(), out.data(), count, DataType::kF32, ReduceOp::kSum).ok());
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(out[i], tri * static_cast<float>(i % 1000)) << "rank " << r << " at " << i;
+          ASSERT_EQ(in[i], static_cast<float>((i % 1000) * (r + 1))) << "the input changed";
+        }
+      }
+      for (int call = 0; call < 2; ++call) {
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i % 1000) * (r + 1));
+        ASSERT_TRUE(
+            comm->allreduce(in.data(), in.data(), count, DataType::kF32, ReduceOp::kAvg).ok());
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(in[i], tri * static_cast<float>(i % 1000) / static_cast<float>(n))
+              << "rank " << r << " at " << i;
+        }
+      }
+    });
+    EXPECT_EQ(ShmDirect::calls() - calls0, 5u * static_cast<uint64_t>(n));
+    // Each rank: its input on the second call (out of place), its output on the second.
+    if (hugepages) {
+      EXPECT_GE(sys::HugePageCollapser::attempts() - tried0, 2u * static_cast<uint64_t>(n));
+    } else {
+      EXPECT_EQ(sys::HugePageCollapser::attempts(), tried0);
+    }
+  }
+}
+
+TEST(ShmDirectAllreduce, LargeHeapCallsStreamTheirStoresAndAskForHugePages) {
+  large_heap_calls(true);
+}
+
+TEST(ShmDirectAllreduce, TheHugePageKnobOffLeavesTheBuffersAlone) { large_heap_calls(false); }
 
 TEST(ShmDirectAllreduce, KnobZeroKeepsTheRing) { EXPECT_EQ(run_all(2, shm_ranks("0")), 0u); }
 
@@ -508,6 +569,38 @@ TEST(ShmDirectRead, AKilledPeerIsGoneBeforeAndAfterItIsReaped) {
   EXPECT_TRUE(net::shm::peer_exiting(pid));
   s = shm_direct_read_peer(pid, 1, got.data(), peer.addr(), got.size());
   EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+}
+
+TEST(ShmDirectWrite, WritesALivePeersBuffer) {
+  PeerBuffer peer;
+  ASSERT_GT(peer.pid(), 0);
+  std::vector<uint8_t> mine(PeerBuffer::kBytes), got(PeerBuffer::kBytes, 0);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<uint8_t>(i * 13);
+  Status s = shm_direct_write_peer(peer.pid(), 1, mine.data(), peer.addr(), mine.size());
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  s = shm_direct_read_peer(peer.pid(), 1, got.data(), peer.addr(), got.size());
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(got, mine);
+}
+
+TEST(ShmDirectWrite, AnUnmappedOrKilledPeersOutputIsThePeersFault) {
+  std::vector<uint8_t> mine(PeerBuffer::kBytes, 0x11);
+  {
+    PeerBuffer peer;
+    ASSERT_GT(peer.pid(), 0);
+    peer.unmap();
+    Status s = shm_direct_write_peer(peer.pid(), 1, mine.data(), peer.addr(), mine.size());
+    EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+    EXPECT_NE(s.to_string().find("output"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.to_string().find("no longer mapped"), std::string::npos) << s.to_string();
+  }
+  PeerBuffer peer;
+  ASSERT_GT(peer.pid(), 0);
+  ASSERT_TRUE(peer.kill_and_wait_for_zombie());
+  Status s = shm_direct_write_peer(peer.pid(), 1, mine.data(), peer.addr(), mine.size());
+  EXPECT_EQ(s.code(), Code::kPeer) << s.to_string();
+  EXPECT_NE(s.to_string().find("is gone"), std::string::npos) << s.to_string();
+  peer.reap();
 }
 
 // The shm transport's single-copy receive (core/net/shm_cma.h) reads the same way and classifies

@@ -1,10 +1,13 @@
-// core/sys (descriptors, time, unix sockets with descriptor passing, memfd regions) and the two
-// helpers the transports share on top of it: the handshake fields and the comm adapters.
+// core/sys (descriptors, time, unix sockets with descriptor passing, memfd regions, huge pages) and
+// the two helpers the transports share on top of it: the handshake fields and the comm adapters.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -14,6 +17,7 @@
 #include "core/net/handshake.h"
 #include "core/store.h"
 #include "core/sys/fd.h"
+#include "core/sys/huge_pages.h"
 #include "core/sys/memfd_region.h"
 #include "core/sys/time.h"
 #include "core/sys/unix_socket.h"
@@ -240,6 +244,117 @@ TEST(SysMemfdRegion, RefusesADescriptorOfAnotherSize) {
   EXPECT_NE(wrong.status().message().find("8192"), std::string::npos) << wrong.status().to_string();
   EXPECT_EQ(MemfdRegion::map(Fd(), 8192).status().code(), Code::kInvalidArg);
   EXPECT_EQ(MemfdRegion::create("empty", 0).status().code(), Code::kInvalidArg);
+}
+
+// The collapser's policy with a stand-in for madvise: which ranges it hands to MADV_COLLAPSE,
+// when, and what a refusal does.
+struct AdviseLog {
+  std::vector<std::pair<uintptr_t, size_t>> calls;
+  int answer = 0;
+  HugePageCollapser::Advise fn() {
+    return [this](void* a, size_t n) {
+      calls.emplace_back(reinterpret_cast<uintptr_t>(a), n);
+      return answer;
+    };
+  }
+};
+
+TEST(SysHugePages, CollapsesTheAlignedInsideOfABufferSeenTwiceThenEverySixtyFourth) {
+  AdviseLog log;
+  HugePageCollapser c(true, log.fn());
+  constexpr size_t kMiB = size_t{1} << 20;
+  const auto* p = reinterpret_cast<const void*>(0x7f0000100000);  // 1 MiB past a 2 MiB boundary
+  c.note(p, 20 * kMiB);
+  EXPECT_TRUE(log.calls.empty()) << "a buffer seen once is not worth a copy";
+  c.note(p, 20 * kMiB);
+  ASSERT_EQ(log.calls.size(), 1u);
+  EXPECT_EQ(log.calls[0].first, 0x7f0000200000u);  // rounded up to 2 MiB
+  EXPECT_EQ(log.calls[0].second, 18 * kMiB);       // to the last whole huge page inside
+  for (int i = 3; i < 64; ++i) c.note(p, 20 * kMiB);
+  EXPECT_EQ(log.calls.size(), 1u);
+  c.note(p, 20 * kMiB);  // the 64th sighting
+  EXPECT_EQ(log.calls.size(), 2u);
+  // Another length at the same address is another buffer; small buffers are left alone.
+  c.note(p, 10 * kMiB);
+  c.note(p, 10 * kMiB);
+  EXPECT_EQ(log.calls.size(), 3u);
+  const auto* small = reinterpret_cast<const void*>(0x7f1000000000);
+  for (int i = 0; i < 4; ++i) c.note(small, HugePageCollapser::kMinBytes - 1);
+  EXPECT_EQ(log.calls.size(), 3u);
+  // 8 MiB starting 1 byte past a boundary holds only three whole huge pages.
+  const auto* odd = reinterpret_cast<const void*>(0x7f2000000001);
+  c.note(odd, 8 * kMiB);
+  c.note(odd, 8 * kMiB);
+  ASSERT_EQ(log.calls.size(), 4u);
+  EXPECT_EQ(log.calls[3].first, 0x7f2000200000u);
+  EXPECT_EQ(log.calls[3].second, 6 * kMiB);
+}
+
+TEST(SysHugePages, ARefusedBufferIsNotTriedAgainAndTheTableForgetsTheOldest) {
+  AdviseLog log;
+  HugePageCollapser c(true, log.fn());
+  constexpr size_t kBytes = size_t{16} << 20;
+  const auto* a = reinterpret_cast<const void*>(0x7f0000000000);
+  log.answer = EINVAL;  // a file mapping, MADV_NOHUGEPAGE, an old kernel
+  for (int i = 0; i < 200; ++i) c.note(a, kBytes);
+  EXPECT_EQ(log.calls.size(), 1u);
+  // Out of memory for huge pages now: tried again at the next retry.
+  log.answer = EAGAIN;
+  const auto* b = reinterpret_cast<const void*>(0x7f1000000000);
+  for (int i = 0; i < 64; ++i) c.note(b, kBytes);
+  EXPECT_EQ(log.calls.size(), 3u);
+  // kSlots other buffers push `b` out: seen again, it starts from its first sighting.
+  log.answer = 0;
+  for (size_t k = 0; k < HugePageCollapser::kSlots; ++k) {
+    c.note(reinterpret_cast<const void*>(0x7e0000000000 + k * kBytes * 2), kBytes);
+  }
+  const size_t before = log.calls.size();
+  c.note(b, kBytes);
+  EXPECT_EQ(log.calls.size(), before);
+  c.note(b, kBytes);
+  EXPECT_EQ(log.calls.size(), before + 1);
+  // Off: nothing, ever.
+  AdviseLog off_log;
+  HugePageCollapser off(false, off_log.fn());
+  for (int i = 0; i < 100; ++i) off.note(a, kBytes);
+  EXPECT_TRUE(off_log.calls.empty());
+}
+
+// The real call: a heap-like anonymous buffer, touched, seen twice, ends up in huge pages (where
+// the kernel has MADV_COLLAPSE and a free huge page), with its bytes unchanged.
+TEST(SysHugePages, TheKernelCollapsesAReusedBufferAndKeepsItsBytes) {
+  constexpr size_t kBytes = size_t{16} << 20;
+  std::vector<uint8_t> buf(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) buf[i] = static_cast<uint8_t>(i * 7 + 3);
+  int err = 0;
+  HugePageCollapser c(true, [&](void* a, size_t n) {
+    err = madvise(a, n, 25 /* MADV_COLLAPSE */) == 0 ? 0 : errno;
+    return err;
+  });
+  c.note(buf.data(), kBytes);
+  c.note(buf.data(), kBytes);
+  if (err != 0) GTEST_SKIP() << "MADV_COLLAPSE refused here: " << std::strerror(err);
+  for (size_t i = 0; i < kBytes; ++i) {
+    ASSERT_EQ(buf[i], static_cast<uint8_t>(i * 7 + 3)) << "at " << i;
+  }
+  // /proc/self/smaps: the mapping that holds the buffer has anonymous huge pages now.
+  FILE* f = fopen("/proc/self/smaps", "r");
+  ASSERT_NE(f, nullptr);
+  const auto at = reinterpret_cast<uintptr_t>(buf.data());
+  char line[512];
+  bool inside = false;
+  long huge_kb = -1;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    long kb = 0;
+    if (inside && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) huge_kb = kb;
+  }
+  fclose(f);
+  EXPECT_GE(huge_kb, 2048) << "no huge page in the buffer's mapping";
 }
 
 }  // namespace
