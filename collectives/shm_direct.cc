@@ -476,7 +476,8 @@ Status ShmDirect::begin_call(const uint8_t* in, uint64_t in_bytes, const uint8_t
                 bytes,      ref_of(in, in_bytes),           ref_of(out, out_bytes)};
   // A heap buffer the peers will copy through the kernel, seen again: huge pages (no peer
   // touches it yet: they learn its address from the exchange below).
-  if (mine.in_ref.gen == 0) huge_.note(in, in_bytes);
+  const bool in_inside_out = in >= out && in + in_bytes <= out + out_bytes;  // allgather
+  if (mine.in_ref.gen == 0 && !in_inside_out) huge_.note(in, in_bytes);
   if (mine.out_ref.gen == 0 && out != in) huge_.note(out, out_bytes);
   std::memcpy(xbuf_.data() + rank_ * sizeof(CallDesc), &mine, sizeof(mine));
   GW_RETURN_IF_ERROR(exchange(xbuf_.data(), sizeof(CallDesc)));
@@ -559,25 +560,45 @@ Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
   std::vector<CallDesc> d;
   bool on = false;
   GW_RETURN_IF_ERROR(begin_call(out + rank_ * blk, blk, out, total, blk, exchange, &d, &on));
-  // Only with every output in shared memory: reading a peer's block with process_vm_readv costs
-  // about two memcpys of it (the pages are pinned one by one), and the ring's two copies, which
-  // the two ranks make at once, are as fast (docs/perf.md, "Direct collectives within a host").
+  if (!on) return ok_status();
+  // Every rank's own block is in its output already (the caller put it there before the
+  // exchange) and no rank writes its own block during the call: each rank copies every peer's
+  // block from the peer's output.
   std::vector<uint8_t*> outs;
   std::vector<PeerMapping> wants;
-  if (!on || !shared_peers(d, &CallDesc::out_ref, total, &outs, &wants)) return ok_status();
-  GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "allgather"));
-  if (!*ran) return ok_status();
+  if (shared_peers(d, &CallDesc::out_ref, total, &outs, &wants)) {
+    bool mapped = false;
+    GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "allgather"));
+    if (mapped) {
+      *ran = true;
+      g_calls.fetch_add(1, std::memory_order_relaxed);
+      for (int k = 1; k < size_; ++k) {
+        const int peer = (rank_ + k) % size_;
+        const size_t at = static_cast<size_t>(peer) * blk;
+        GW_RETURN_IF_ERROR(copy_steps(out + at, outs[peer] + at, blk, total >= kStreamMin, deadline,
+                                      aborted, "allgather"));
+      }
+      finish_streaming();
+      return barrier(exchange);  // no rank hands its output back while a peer still reads it
+    }
+  }
+  // Some output on the heap (or a region a peer could not map: every rank alike): read each
+  // peer's block with process_vm_readv, kGatherStep at a time (the deadline and abort between).
+  // One kernel copy per byte where the ring makes two user copies; with huge pages (begin_call)
+  // it is the faster one (docs/perf.md, "Heap buffers at the memory ceiling").
+  *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  // Every rank's own block is in its output already (the caller put it there before the
-  // exchange) and no rank writes its own block during the call: copy each peer's from there.
   for (int k = 1; k < size_; ++k) {
     const int peer = (rank_ + k) % size_;
     const size_t at = static_cast<size_t>(peer) * blk;
-    GW_RETURN_IF_ERROR(copy_steps(out + at, outs[peer] + at, blk, total >= kStreamMin, deadline,
-                                  aborted, "allgather"));
+    for (size_t off = 0; off < blk; off += kGatherStep) {
+      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "allgather"));
+      const size_t step = std::min(kGatherStep, blk - off);
+      GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, out + at + off,
+                                              d[peer].out + at + off, step, "allgather"));
+    }
   }
-  finish_streaming();
-  return barrier(exchange);  // no rank hands its output back while a peer still reads it
+  return barrier(exchange);
 }
 
 Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,

@@ -94,9 +94,9 @@ class ShmDirect {
   // broadcast and alltoall"), each one copy per byte where the ring makes two, and one barrier at
   // the end (no rank hands a buffer back while a peer still reads it). *ran, errors and the probe
   // as allreduce's; the caller decides with wants() on the call's whole buffer.
-  // allgather: only when every rank's output lies in shared host memory (gw_mem_alloc's), mapped
-  // by the peers; every rank's own block already at out + rank * blk (the caller moved it
-  // there), each rank copies the others' blocks from their outputs. Else *ran = false: the ring.
+  // allgather: every rank's own block already at out + rank * blk (the caller moved it there),
+  // each rank copies the others' blocks from their outputs: from their mappings when every
+  // rank's output lies in shared host memory (gw_mem_alloc's), else with process_vm_readv.
   Status allgather(uint8_t* out, size_t blk, Deadline deadline, const std::atomic<bool>* aborted,
                    const Exchange& exchange, bool* ran);
   // reduce_scatter: block `rank` (recvcount elements) of every rank's input reduced into out,

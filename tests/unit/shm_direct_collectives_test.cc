@@ -1,11 +1,12 @@
 // The direct allgather, reduce-scatter, broadcast and alltoall within one host over shm
-// (collectives/shm_direct.h). Reduce-scatter reads the peers' inputs with process_vm_readv, or
-// from their mappings when every input is gw_mem_alloc memory (a shared region); allgather,
-// broadcast and alltoall take the path only with their buffers in shared regions (the ring
-// otherwise). Every dtype and op (reduce-scatter), odd sizes, in place and out of place, on 2, 3
-// and 4 ranks, every root (broadcast); the ring kept on the heap, below GW_SHM_DIRECT_MIN, with an
-// algorithm forced, with one rank's buffer on the heap, and for a reduce-scatter output that
-// overlaps its input elsewhere than at its block; a peer that goes away mid-call.
+// (collectives/shm_direct.h). Reduce-scatter reads the peers' inputs and allgather the peers'
+// outputs with process_vm_readv, or from their mappings when every buffer is gw_mem_alloc
+// memory (a shared region); broadcast and alltoall take the path only with their buffers in
+// shared regions (the ring otherwise). Every dtype and op (reduce-scatter), odd sizes, in place and
+// out of place, on 2, 3 and 4 ranks, every root (broadcast); the ring kept on the heap (broadcast,
+// alltoall), below GW_SHM_DIRECT_MIN, with an algorithm forced, with one rank's buffer on the heap
+// (broadcast, alltoall), and for a reduce-scatter output that overlaps its input elsewhere than at
+// its block; a peer that goes away mid-call.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -248,9 +249,33 @@ TEST(ShmDirectCollectives, AllgatherOfEverySizeAndPlacementWithMappedOutputs) {
   }
 }
 
-TEST(ShmDirectCollectives, AllgatherOnTheHeapOrWithOneRankOnItKeepsTheRing) {
-  EXPECT_EQ(run_allgather(2, shm_ranks("1"), 0), 0u);
-  EXPECT_EQ(run_allgather(3, shm_ranks("1"), /*shared=*/0x5), 0u) << "rank 1 on the heap";
+TEST(ShmDirectCollectives, AllgatherOnTheHeapOrWithOneRankOnItReadsThePeersOutputs) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    const uint64_t shared0 = ShmDirect::shared_calls(), read0 = ShmDirect::bytes_read();
+    const uint64_t calls = 3 * kCounts_n * 3 * static_cast<uint64_t>(n);
+    EXPECT_EQ(run_allgather(n, shm_ranks("1"), 0), calls);
+    EXPECT_EQ(ShmDirect::shared_calls(), shared0);
+    EXPECT_GT(ShmDirect::bytes_read(), read0) << "the heap's calls read with process_vm_readv";
+  }
+  const uint64_t shared1 = ShmDirect::shared_calls();
+  EXPECT_EQ(run_allgather(3, shm_ranks("1"), /*shared=*/0x5), 3 * kCounts_n * 3 * 3)
+      << "rank 1 on the heap";
+  EXPECT_EQ(ShmDirect::shared_calls(), shared1);
+}
+
+TEST(ShmDirectCollectives, AHeapAllgatherReadsEachPeersBlockOnce) {
+  // 3 ranks, 4 MiB blocks of f32: each rank reads the two other blocks, once.
+  const uint64_t read0 = ShmDirect::bytes_read();
+  const size_t count = size_t{1} << 20;
+  testing::run_ranks(3, shm_ranks("1M"), [&](std::unique_ptr<Communicator>& comm, int r) {
+    std::vector<float> mine(count, static_cast<float>(r + 1)), all(3 * count, 0.0f);
+    ASSERT_TRUE(comm->allgather(mine.data(), all.data(), count, DataType::kF32).ok());
+    for (size_t i = 0; i < all.size(); i += 4099) {
+      ASSERT_EQ(all[i], static_cast<float>(i / count + 1)) << "rank " << r << " at " << i;
+    }
+  });
+  EXPECT_EQ(ShmDirect::bytes_read() - read0, 3 * 2 * count * sizeof(float));
 }
 
 TEST(ShmDirectCollectives, ReduceScatterOfEveryDtypeAndOpReadFromTheHeap) {
