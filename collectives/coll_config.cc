@@ -96,10 +96,11 @@ constinit const config::Row kCycleTimeMs{
 
 constinit const config::Row kShmDirectMin{
     "GW_SHM_DIRECT_MIN", Type::Size, "1M", "",
-    "an allreduce, reduce-scatter or allgather of at least this many bytes (its whole buffer) "
+    "an allreduce, reduce-scatter, allgather or alltoall of at least this many bytes (its whole "
+    "buffer) "
     "among ranks of one host over shm reads the peers' buffers directly (process_vm_readv, the "
     "allreduce writing its result into theirs with process_vm_writev; or their mappings when "
-    "gw_mem_alloc gave them; broadcast and alltoall too then) instead of going "
+    "gw_mem_alloc gave them; broadcast too then) instead of going "
     "through the ring; 0 = always the ring. Every rank must set the same"};
 
 constinit const config::Row kShmHugepages{

@@ -344,7 +344,7 @@ Status CommImpl::alltoall_locked(const void* sendbuf, void* recvbuf, size_t coun
     if (in != out && blk > 0) std::memcpy(out + rank() * blk, in + rank() * blk, blk);
     if (size() == 1) return ok_status();
     if (in != out && direct_.wants(p * blk)) {
-      // Within one host over shm, inputs in gw_mem_alloc memory: copy from the peers' mappings.
+      // Within one host over shm: copy from the peers' inputs (mapped, or process_vm_readv).
       bool ran = false;
       GW_RETURN_IF_ERROR(run_direct(
           "alltoall", p * blk, deadline,

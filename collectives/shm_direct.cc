@@ -502,6 +502,40 @@ Status ShmDirect::copy_steps(uint8_t* dst, const uint8_t* src, size_t len, bool 
   return ok_status();
 }
 
+Result<bool> ShmDirect::map_if_shared(const std::vector<CallDesc>& d, SharedRef CallDesc::*which,
+                                      uint64_t bytes, std::vector<uint8_t*>* at,
+                                      const Exchange& exchange, const char* what) {
+  std::vector<PeerMapping> wants;
+  if (!shared_peers(d, which, bytes, at, &wants)) return false;
+  bool mapped = false;
+  GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, what));
+  return mapped;
+}
+
+Status ShmDirect::copy_peer_blocks(uint8_t* out, size_t blk, const std::vector<CallDesc>& d,
+                                   uint64_t CallDesc::*buf, const std::vector<uint8_t*>* mapped,
+                                   bool at_my_block, bool stream, Deadline deadline,
+                                   const std::atomic<bool>* aborted, const char* what) {
+  for (int k = 1; k < size_; ++k) {
+    const int peer = (rank_ + k) % size_;
+    const size_t from = static_cast<size_t>(at_my_block ? rank_ : peer) * blk;
+    uint8_t* to = out + static_cast<size_t>(peer) * blk;
+    if (mapped != nullptr) {
+      GW_RETURN_IF_ERROR(
+          copy_steps(to, (*mapped)[peer] + from, blk, stream, deadline, aborted, what));
+      continue;
+    }
+    for (size_t off = 0; off < blk; off += kGatherStep) {
+      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, what));
+      GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, to + off,
+                                              d[peer].*buf + from + off,
+                                              std::min(kGatherStep, blk - off), what));
+    }
+  }
+  if (mapped != nullptr) finish_streaming();
+  return ok_status();
+}
+
 Status ShmDirect::map_peers(const std::vector<PeerMapping>& wants, const Exchange& exchange,
                             bool* ok, const char* what) {
   *ok = false;
@@ -563,42 +597,18 @@ Status ShmDirect::allgather(uint8_t* out, size_t blk, Deadline deadline,
   if (!on) return ok_status();
   // Every rank's own block is in its output already (the caller put it there before the
   // exchange) and no rank writes its own block during the call: each rank copies every peer's
-  // block from the peer's output.
+  // block from the peer's output, mapped or with process_vm_readv (on the heap, one kernel copy
+  // per byte where the ring makes two user copies; with huge pages, begin_call, the faster one:
+  // docs/perf.md, "Heap buffers at the memory ceiling").
   std::vector<uint8_t*> outs;
-  std::vector<PeerMapping> wants;
-  if (shared_peers(d, &CallDesc::out_ref, total, &outs, &wants)) {
-    bool mapped = false;
-    GW_RETURN_IF_ERROR(map_peers(wants, exchange, &mapped, "allgather"));
-    if (mapped) {
-      *ran = true;
-      g_calls.fetch_add(1, std::memory_order_relaxed);
-      for (int k = 1; k < size_; ++k) {
-        const int peer = (rank_ + k) % size_;
-        const size_t at = static_cast<size_t>(peer) * blk;
-        GW_RETURN_IF_ERROR(copy_steps(out + at, outs[peer] + at, blk, total >= kStreamMin, deadline,
-                                      aborted, "allgather"));
-      }
-      finish_streaming();
-      return barrier(exchange);  // no rank hands its output back while a peer still reads it
-    }
-  }
-  // Some output on the heap (or a region a peer could not map: every rank alike): read each
-  // peer's block with process_vm_readv, kGatherStep at a time (the deadline and abort between).
-  // One kernel copy per byte where the ring makes two user copies; with huge pages (begin_call)
-  // it is the faster one (docs/perf.md, "Heap buffers at the memory ceiling").
+  GW_ASSIGN_OR_RETURN(const bool mapped,
+                      map_if_shared(d, &CallDesc::out_ref, total, &outs, exchange, "allgather"));
   *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  for (int k = 1; k < size_; ++k) {
-    const int peer = (rank_ + k) % size_;
-    const size_t at = static_cast<size_t>(peer) * blk;
-    for (size_t off = 0; off < blk; off += kGatherStep) {
-      GW_RETURN_IF_ERROR(check_stop(deadline, aborted, "allgather"));
-      const size_t step = std::min(kGatherStep, blk - off);
-      GW_RETURN_IF_ERROR(shm_direct_read_peer(pids_[peer], peer, out + at + off,
-                                              d[peer].out + at + off, step, "allgather"));
-    }
-  }
-  return barrier(exchange);
+  GW_RETURN_IF_ERROR(copy_peer_blocks(out, blk, d, &CallDesc::out, mapped ? &outs : nullptr,
+                                      /*at_my_block=*/false, total >= kStreamMin, deadline, aborted,
+                                      "allgather"));
+  return barrier(exchange);  // no rank hands its output back while a peer still reads it
 }
 
 Status ShmDirect::reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
@@ -661,25 +671,22 @@ Status ShmDirect::alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline
   std::vector<CallDesc> d;
   bool on = false;
   GW_RETURN_IF_ERROR(begin_call(in, total, out, total, blk, exchange, &d, &on));
-  // Only with every input in shared memory (allgather's reason), and out of place on every rank:
-  // rank j reads block j of this rank's input while this rank writes its output.
+  // Only out of place on every rank: rank j reads block j of this rank's input while this rank
+  // writes its output.
   bool apart = on;
   for (const CallDesc& c : d) {
     apart = apart && (total == 0 || c.out >= c.in + total || c.in >= c.out + total);
   }
+  if (!apart) return ok_status();
+  // Block `rank` of every peer's input, mapped or with process_vm_readv.
   std::vector<uint8_t*> ins;
-  std::vector<PeerMapping> wants;
-  if (!apart || !shared_peers(d, &CallDesc::in_ref, total, &ins, &wants)) return ok_status();
-  GW_RETURN_IF_ERROR(map_peers(wants, exchange, ran, "alltoall"));
-  if (!*ran) return ok_status();
+  GW_ASSIGN_OR_RETURN(const bool mapped,
+                      map_if_shared(d, &CallDesc::in_ref, total, &ins, exchange, "alltoall"));
+  *ran = true;
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  const size_t mine = static_cast<size_t>(rank_) * blk;
-  for (int k = 1; k < size_; ++k) {
-    const int peer = (rank_ + k) % size_;
-    GW_RETURN_IF_ERROR(copy_steps(out + static_cast<size_t>(peer) * blk, ins[peer] + mine, blk,
-                                  total >= kStreamMin, deadline, aborted, "alltoall"));
-  }
-  finish_streaming();
+  GW_RETURN_IF_ERROR(copy_peer_blocks(out, blk, d, &CallDesc::in, mapped ? &ins : nullptr,
+                                      /*at_my_block=*/true, total >= kStreamMin, deadline, aborted,
+                                      "alltoall"));
   return barrier(exchange);  // no rank hands its input back while a peer still reads it
 }
 

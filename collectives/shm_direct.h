@@ -106,9 +106,10 @@ class ShmDirect {
   Status reduce_scatter(const uint8_t* in, uint8_t* out, size_t recvcount, DataType dtype,
                         ReduceOp op, Deadline deadline, const std::atomic<bool>* aborted,
                         const Exchange& exchange, bool* ran);
-  // alltoall: only when every rank's input lies in shared host memory and no rank's output
-  // overlaps its input: rank i copies block i of every peer's mapped input into its output (its
-  // own block already there: the caller copied it). Else *ran = false: the pairwise exchange.
+  // alltoall: only when no rank's output overlaps its input (else *ran = false: the pairwise
+  // exchange): rank i copies block i of every peer's input into its output (its own block
+  // already there: the caller copied it), from their mappings when every input lies in shared
+  // host memory, else with process_vm_readv.
   Status alltoall(const uint8_t* in, uint8_t* out, size_t blk, Deadline deadline,
                   const std::atomic<bool>* aborted, const Exchange& exchange, bool* ran);
   // broadcast: only when the root's buffer lies in shared host memory: every other rank copies
@@ -180,6 +181,20 @@ class ShmDirect {
   // deadline and abort between them; non-temporal stores when `stream`.
   Status copy_steps(uint8_t* dst, const uint8_t* src, size_t len, bool stream, Deadline deadline,
                     const std::atomic<bool>* aborted, const char* what);
+  // shared_peers, then map_peers: true (the addresses in *at) when every rank mapped the peers'
+  // `which` buffers, false (every rank alike) when they are not all shared or some rank could
+  // not map them.
+  Result<bool> map_if_shared(const std::vector<CallDesc>& d, SharedRef CallDesc::*which,
+                             uint64_t bytes, std::vector<uint8_t*>* at, const Exchange& exchange,
+                             const char* what);
+  // For every peer, blk bytes of its buffer `buf` (CallDesc::in or ::out) at its block, or at
+  // this rank's block when at_my_block, into out at the peer's block: from the mappings in
+  // *mapped (non-temporal stores when `stream`), or, mapped null, with process_vm_readv;
+  // kGatherStep at a time, the deadline and abort looked at between.
+  Status copy_peer_blocks(uint8_t* out, size_t blk, const std::vector<CallDesc>& d,
+                          uint64_t CallDesc::*buf, const std::vector<uint8_t*>* mapped,
+                          bool at_my_block, bool stream, Deadline deadline,
+                          const std::atomic<bool>* aborted, const char* what);
   // A peer's buffer to map: `bytes` at `ref` in rank `peer`'s region, its address here into *at.
   struct PeerMapping {
     int peer;

@@ -1,12 +1,11 @@
 // The direct allgather, reduce-scatter, broadcast and alltoall within one host over shm
-// (collectives/shm_direct.h). Reduce-scatter reads the peers' inputs and allgather the peers'
-// outputs with process_vm_readv, or from their mappings when every buffer is gw_mem_alloc
-// memory (a shared region); broadcast and alltoall take the path only with their buffers in
-// shared regions (the ring otherwise). Every dtype and op (reduce-scatter), odd sizes, in place and
-// out of place, on 2, 3 and 4 ranks, every root (broadcast); the ring kept on the heap (broadcast,
-// alltoall), below GW_SHM_DIRECT_MIN, with an algorithm forced, with one rank's buffer on the heap
-// (broadcast, alltoall), and for a reduce-scatter output that overlaps its input elsewhere than at
-// its block; a peer that goes away mid-call.
+// (collectives/shm_direct.h). Reduce-scatter and alltoall read the peers' inputs and allgather
+// the peers' outputs with process_vm_readv, or from their mappings when every buffer is
+// gw_mem_alloc memory (a shared region); broadcast takes the path only with the root's buffer in
+// a shared region (the ring otherwise). Every dtype and op (reduce-scatter), odd sizes, in place
+// and out of place, on 2, 3 and 4 ranks, every root (broadcast); the ring kept for a broadcast
+// from the heap, below GW_SHM_DIRECT_MIN, with an algorithm forced, and for a reduce-scatter
+// output that overlaps its input elsewhere than at its block; a peer that goes away mid-call.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -317,18 +316,37 @@ TEST(ShmDirectCollectives, BroadcastFromEveryRootWithItsBufferMapped) {
   EXPECT_EQ(run_broadcast(2, shm_ranks("1"), 0), 0u) << "on the heap: the ring";
 }
 
-TEST(ShmDirectCollectives, AlltoallWithMappedInputsOutOfPlace) {
+TEST(ShmDirectCollectives, AlltoallFromMappedInputsOrFromTheHeap) {
+  // 2 dtypes x 4 counts, out of place and in place (which copies the input to the heap first).
   for (int n : {2, 3, 4}) {
     SCOPED_TRACE(n);
-    const uint64_t shared0 = ShmDirect::shared_calls();
-    // Out of place only (in place copies the input to the heap first): 2 dtypes x 4 counts.
-    const uint64_t calls = 2 * kCounts_n * static_cast<uint64_t>(n);
-    EXPECT_EQ(run_alltoall(n, shm_ranks("1"), /*shared=*/0xF), calls);
-    EXPECT_EQ(ShmDirect::shared_calls() - shared0, calls);
+    const uint64_t shared0 = ShmDirect::shared_calls(), read0 = ShmDirect::bytes_read();
+    const uint64_t per_mode = 2 * kCounts_n * static_cast<uint64_t>(n);
+    EXPECT_EQ(run_alltoall(n, shm_ranks("1"), /*shared=*/0xF), 2 * per_mode);
+    EXPECT_EQ(ShmDirect::shared_calls() - shared0, per_mode) << "out of place: the mappings";
+    EXPECT_GT(ShmDirect::bytes_read(), read0) << "in place: process_vm_readv of the copies";
   }
-  EXPECT_EQ(run_alltoall(2, shm_ranks("1"), 0), 0u) << "on the heap: the pairwise exchange";
-  EXPECT_EQ(run_alltoall(3, shm_ranks("1"), 0x6), 0u) << "rank 0 on the heap";
+  const uint64_t shared1 = ShmDirect::shared_calls(), read1 = ShmDirect::bytes_read();
+  EXPECT_EQ(run_alltoall(2, shm_ranks("1"), 0), 2 * 2 * kCounts_n * 2) << "on the heap";
+  EXPECT_EQ(run_alltoall(3, shm_ranks("1"), 0x6), 2 * 2 * kCounts_n * 3) << "rank 0 on the heap";
+  EXPECT_EQ(ShmDirect::shared_calls(), shared1);
+  EXPECT_GT(ShmDirect::bytes_read(), read1);
   EXPECT_EQ(run_alltoall(2, shm_ranks("4M"), 0x3), 0u) << "below the threshold";
+}
+
+TEST(ShmDirectCollectives, AHeapAlltoallReadsEachPeersBlockOnce) {
+  // 3 ranks, 1 MiB blocks of f32, out of place: each rank reads its block of the two others.
+  const uint64_t read0 = ShmDirect::bytes_read();
+  const size_t count = size_t{1} << 18;
+  testing::run_ranks(3, shm_ranks("1M"), [&](std::unique_ptr<Communicator>& comm, int r) {
+    std::vector<float> in(3 * count), out(3 * count, -1.0f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 10 + i / count);
+    ASSERT_TRUE(comm->alltoall(in.data(), out.data(), count, DataType::kF32).ok());
+    for (size_t i = 0; i < out.size(); i += 997) {
+      ASSERT_EQ(out[i], static_cast<float>((i / count) * 10 + r)) << "rank " << r << " at " << i;
+    }
+  });
+  EXPECT_EQ(ShmDirect::bytes_read() - read0, 3 * 2 * count * sizeof(float));
 }
 
 TEST(ShmDirectCollectives, AnOutputOverlappingTheInputElsewhereKeepsTheRingOnEveryRank) {
